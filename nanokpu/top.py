@@ -26,7 +26,7 @@ semantics):
   ``mult = 1``, ``shift = 0`` for raw accumulators when ``width = 0``); A is packed from the
   scratchpad (one read per real row of a word), B comes from ``m_axi``, the results are
   unpacked into the scratchpad (one write per real row).
-* ``REQUANT`` (:class:`~nanokpu.requant.Requantiser` + saturation to ``width``), ``SIGMOID``
+* ``REQUANT`` (the GEMM engine's requantiser, its ``rq_in`` port, + saturation to ``width``), ``SIGMOID``
   (:class:`~nanokpu.sigmoid.Sigmoid`), ``SITU`` (:class:`~nanokpu.situ.Situ`), ``ADD``/``COMBINE``/
   ``NORM`` (:class:`~nanokpu.vector.VectorUnit`): a streaming engine reads operands along a
   3-level affine walk, one element per cycle, and writes results back as they come.
@@ -71,7 +71,6 @@ from nanokpu.isa import (
     bus_bytes,
     word_width,
 )
-from nanokpu.requant import Requantiser
 from nanokpu.router import TopKRouter
 from nanokpu.sigmoid import Sigmoid
 from nanokpu.situ import Situ
@@ -144,7 +143,6 @@ class NanoKPU(wiring.Component):
         dma = m.submodules.dma = AxiMaster(32, 8 * BW)
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
         gemm = unit("gemm", GemmEngine(cfg, out_width=accw))
-        rq = unit("requant", Requantiser(cfg, 1, accw))
         sig = unit("sigmoid", Sigmoid(cfg))
         situ = unit("situ", Situ(cfg))
         vec = unit("vector", VectorUnit(cfg))
@@ -446,8 +444,8 @@ class NanoKPU(wiring.Component):
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
         m.d.comb += [
-            rq.mult.eq(rq_mult), rq.shift.eq(rq_shift),
-            rq.i.payload[0].eq(a_word[:accw].as_signed()),
+            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
+            gemm.rq_in.payload.eq(a_word[:accw].as_signed()),
             sig.i.payload[0].eq(a_word[:act].as_signed()),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
@@ -457,19 +455,20 @@ class NanoKPU(wiring.Component):
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
             vec.op.eq(vec_op),
-            rq.o.ready.eq(1), sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
+            sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
         ]
         # saturation to the instruction's output width rq_width (in [2, word width] once checked):
-        # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the requantiser's
-        # output (REQUANT) and the GEMM engine's (sat_in, driven by the GEMM unpacking)
+        # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the GEMM engine's
+        # requantiser, its lane 0 (REQUANT) or the lane the GEMM unpacking is at
         hi_sat, sat_in, rq_sat = Signal(signed(ww)), Signal(signed(accw)), Signal(signed(ww))
         m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(ww - 1)], 0)),
                      rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
         with m.If(eng_run):
             with m.Switch(op):
                 with m.Case(Op.REQUANT):
-                    m.d.comb += [rq.i.valid.eq(h_valid), eng_ready.eq(rq.i.ready),
-                                 out_valid.eq(rq.o.valid), out_data.eq(rq_sat)]
+                    m.d.comb += [gemm.rq_in.valid.eq(h_valid), eng_ready.eq(gemm.rq_in.ready),
+                                 gemm.c_out.ready.eq(1), out_valid.eq(gemm.c_out.valid),
+                                 out_data.eq(rq_sat)]
                 with m.Case(Op.SIGMOID):
                     m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
                                  out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
@@ -516,7 +515,7 @@ class NanoKPU(wiring.Component):
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
             gemm.b_in.payload.eq(dma.rd_data.payload),
-            sat_in.eq(Mux(op == Op.GEMM, gemm.c_out.payload[gc_lane], rq.o.payload[0])),
+            sat_in.eq(Mux(op == Op.GEMM, gemm.c_out.payload[gc_lane], gemm.c_out.payload[0])),
         ]
         with m.If(gemm_run):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]

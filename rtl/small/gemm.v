@@ -2,7 +2,8 @@
 
 (* top =  1  *)
 (* generator = "Amaranth" *)
-module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, busy, done, error, error_code, cmd__payload);
+module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, rq_in__payload, rq_in__valid, rq_mult, rq_shift, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, rq_in__ready, busy, done, error
+, error_code, cmd__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire [17:0] \$1 ;
   wire [17:0] \$10 ;
@@ -108,9 +109,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [32:0] \$190 ;
   wire [32:0] \$191 ;
   wire [32:0] \$192 ;
-  wire [18:0] \$193 ;
-  wire \$194 ;
-  wire \$195 ;
+  wire \$193 ;
+  wire [31:0] \$194 ;
+  wire [18:0] \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
@@ -145,84 +146,86 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
-  wire [63:0] \$226 ;
-  wire [63:0] \$227 ;
-  reg [255:0] \$228 ;
-  reg [16:0] \$229 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire [63:0] \$228 ;
+  wire [63:0] \$229 ;
   wire \$23 ;
-  reg \$230 ;
-  reg [18:0] \$231 ;
+  reg [255:0] \$230 ;
+  reg [16:0] \$231 ;
   reg \$232 ;
-  reg [1:0] \$233 ;
+  reg [18:0] \$233 ;
   reg \$234 ;
-  reg \$235 ;
-  reg [16:0] \$236 ;
-  reg [16:0] \$237 ;
-  reg \$238 ;
-  reg \$239 ;
+  reg [1:0] \$235 ;
+  reg \$236 ;
+  reg \$237 ;
+  reg [16:0] \$238 ;
+  reg [16:0] \$239 ;
   wire \$24 ;
-  reg [4:0] \$240 ;
+  reg \$240 ;
   reg \$241 ;
-  reg \$242 ;
+  reg [4:0] \$242 ;
   reg \$243 ;
-  reg [7:0] \$244 ;
+  reg \$244 ;
   reg \$245 ;
-  reg \$246 ;
+  reg [7:0] \$246 ;
   reg \$247 ;
-  reg [63:0] \$248 ;
-  reg [63:0] \$249 ;
+  reg \$248 ;
+  reg \$249 ;
   wire \$25 ;
-  reg \$250 ;
-  reg \$251 ;
-  reg [16:0] \$252 ;
-  reg [18:0] \$253 ;
+  reg [63:0] \$250 ;
+  reg [63:0] \$251 ;
+  reg \$252 ;
+  reg \$253 ;
   reg [16:0] \$254 ;
-  reg [16:0] \$255 ;
-  reg [18:0] \$256 ;
-  reg [18:0] \$257 ;
-  reg \$258 ;
-  reg \$259 ;
+  reg [18:0] \$255 ;
+  reg [16:0] \$256 ;
+  reg [16:0] \$257 ;
+  reg [18:0] \$258 ;
+  reg [18:0] \$259 ;
   wire \$26 ;
-  reg [18:0] \$260 ;
-  reg [3:0] \$261 ;
-  reg [3:0] \$262 ;
-  reg [18:0] \$263 ;
+  reg \$260 ;
+  reg \$261 ;
+  reg [18:0] \$262 ;
+  reg [3:0] \$263 ;
   reg [3:0] \$264 ;
-  reg \$265 ;
-  reg \$266 ;
+  reg [18:0] \$265 ;
+  reg [3:0] \$266 ;
   reg \$267 ;
-  reg [18:0] \$268 ;
+  reg \$268 ;
   reg \$269 ;
   wire \$27 ;
-  reg \$270 ;
-  reg [18:0] \$271 ;
+  reg [18:0] \$270 ;
+  reg \$271 ;
   reg \$272 ;
-  reg \$273 ;
-  reg [18:0] \$274 ;
-  reg [255:0] \$275 ;
-  reg [255:0] \$276 ;
+  reg [18:0] \$273 ;
+  reg \$274 ;
+  reg \$275 ;
+  reg [18:0] \$276 ;
   reg [255:0] \$277 ;
-  reg [1:0] \$278 ;
+  reg [255:0] \$278 ;
   reg [255:0] \$279 ;
   wire \$28 ;
-  reg \$280 ;
-  reg \$281 ;
-  reg [18:0] \$282 ;
-  reg [16:0] \$283 ;
-  reg [16:0] \$284 ;
-  reg [18:0] \$285 ;
-  reg [18:0] \$286 ;
-  reg \$287 ;
-  reg [7:0] \$288 ;
+  reg [1:0] \$280 ;
+  reg [255:0] \$281 ;
+  reg \$282 ;
+  reg \$283 ;
+  reg [18:0] \$284 ;
+  reg [16:0] \$285 ;
+  reg [16:0] \$286 ;
+  reg [18:0] \$287 ;
+  reg [18:0] \$288 ;
   reg \$289 ;
   wire \$29 ;
-  reg [101:0] \$290 ;
+  reg [7:0] \$290 ;
   reg \$291 ;
-  reg [2:0] \$292 ;
-  reg [2:0] \$293 ;
-  reg [16:0] \$294 ;
-  reg [18:0] \$295 ;
-  reg [18:0] \$296 ;
+  reg [101:0] \$292 ;
+  reg \$293 ;
+  reg [2:0] \$294 ;
+  reg [2:0] \$295 ;
+  reg [16:0] \$296 ;
+  reg [18:0] \$297 ;
+  reg [18:0] \$298 ;
   wire [19:0] \$3 ;
   wire \$30 ;
   wire \$31 ;
@@ -302,32 +305,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg [1:0] \$signal$34 ;
-  reg \$signal$37  = 1'h0;
-  reg \$signal$52  = 1'h0;
-  reg \$signal$53  = 1'h0;
+  reg [1:0] \$signal$39 ;
+  reg \$signal$42  = 1'h0;
+  reg \$signal$57  = 1'h0;
+  reg \$signal$58  = 1'h0;
   wire [11:0] \$signature__addr ;
-  wire [9:0] \$signature__addr$107 ;
-  wire [10:0] \$signature__addr$113 ;
+  wire [9:0] \$signature__addr$112 ;
+  wire [10:0] \$signature__addr$118 ;
   wire [63:0] \$signature__data ;
-  wire [63:0] \$signature__data$108 ;
-  wire [7:0] \$signature__data$108[0] ;
-  wire [7:0] \$signature__data$108[1] ;
-  wire [7:0] \$signature__data$108[2] ;
-  wire [7:0] \$signature__data$108[3] ;
-  wire [7:0] \$signature__data$108[4] ;
-  wire [7:0] \$signature__data$108[5] ;
-  wire [7:0] \$signature__data$108[6] ;
-  wire [7:0] \$signature__data$108[7] ;
-  wire [255:0] \$signature__data$112 ;
-  wire [31:0] \$signature__data$112[0] ;
-  wire [31:0] \$signature__data$112[1] ;
-  wire [31:0] \$signature__data$112[2] ;
-  wire [31:0] \$signature__data$112[3] ;
-  wire [31:0] \$signature__data$112[4] ;
-  wire [31:0] \$signature__data$112[5] ;
-  wire [31:0] \$signature__data$112[6] ;
-  wire [31:0] \$signature__data$112[7] ;
+  wire [63:0] \$signature__data$113 ;
+  wire [7:0] \$signature__data$113[0] ;
+  wire [7:0] \$signature__data$113[1] ;
+  wire [7:0] \$signature__data$113[2] ;
+  wire [7:0] \$signature__data$113[3] ;
+  wire [7:0] \$signature__data$113[4] ;
+  wire [7:0] \$signature__data$113[5] ;
+  wire [7:0] \$signature__data$113[6] ;
+  wire [7:0] \$signature__data$113[7] ;
+  wire [255:0] \$signature__data$117 ;
+  wire [31:0] \$signature__data$117[0] ;
+  wire [31:0] \$signature__data$117[1] ;
+  wire [31:0] \$signature__data$117[2] ;
+  wire [31:0] \$signature__data$117[3] ;
+  wire [31:0] \$signature__data$117[4] ;
+  wire [31:0] \$signature__data$117[5] ;
+  wire [31:0] \$signature__data$117[6] ;
+  wire [31:0] \$signature__data$117[7] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -338,8 +341,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \$signature__data[7] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$114 ;
-  wire \$signature__en$49 ;
+  wire \$signature__en$119 ;
+  wire \$signature__en$54 ;
   reg [63:0] a = 64'h0000000000000000;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -491,7 +494,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [3:0] d_cols = 4'h0;
   output done;
   reg done = 1'h0;
-  wire \done$68 ;
+  wire \done$73 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -509,7 +512,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [4:0] gap = 5'h00;
-  (* init = 256'h0000000000000000000000000000000000000000000000000000000000000000 *)
   wire [255:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
@@ -520,7 +522,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \i__payload[6] ;
   wire [31:0] \i__payload[7] ;
   wire i__ready;
-  (* init = 1'h0 *)
   wire i__valid;
   reg issuing = 1'h0;
   reg [16:0] k = 17'h00000;
@@ -552,27 +553,27 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [18:0] out_left = 19'h00000;
   reg [1:0] pending = 2'h0;
   wire [11:0] port__addr;
-  wire [9:0] \port__addr$110 ;
-  wire [10:0] \port__addr$122 ;
+  wire [9:0] \port__addr$115 ;
+  wire [10:0] \port__addr$127 ;
   wire [63:0] port__data;
-  wire [63:0] \port__data$23 ;
-  wire [7:0] \port__data$23[0] ;
-  wire [7:0] \port__data$23[1] ;
-  wire [7:0] \port__data$23[2] ;
-  wire [7:0] \port__data$23[3] ;
-  wire [7:0] \port__data$23[4] ;
-  wire [7:0] \port__data$23[5] ;
-  wire [7:0] \port__data$23[6] ;
-  wire [7:0] \port__data$23[7] ;
-  wire [255:0] \port__data$26 ;
-  wire [31:0] \port__data$26[0] ;
-  wire [31:0] \port__data$26[1] ;
-  wire [31:0] \port__data$26[2] ;
-  wire [31:0] \port__data$26[3] ;
-  wire [31:0] \port__data$26[4] ;
-  wire [31:0] \port__data$26[5] ;
-  wire [31:0] \port__data$26[6] ;
-  wire [31:0] \port__data$26[7] ;
+  wire [63:0] \port__data$28 ;
+  wire [7:0] \port__data$28[0] ;
+  wire [7:0] \port__data$28[1] ;
+  wire [7:0] \port__data$28[2] ;
+  wire [7:0] \port__data$28[3] ;
+  wire [7:0] \port__data$28[4] ;
+  wire [7:0] \port__data$28[5] ;
+  wire [7:0] \port__data$28[6] ;
+  wire [7:0] \port__data$28[7] ;
+  wire [255:0] \port__data$31 ;
+  wire [31:0] \port__data$31[0] ;
+  wire [31:0] \port__data$31[1] ;
+  wire [31:0] \port__data$31[2] ;
+  wire [31:0] \port__data$31[3] ;
+  wire [31:0] \port__data$31[4] ;
+  wire [31:0] \port__data$31[5] ;
+  wire [31:0] \port__data$31[6] ;
+  wire [31:0] \port__data$31[7] ;
   wire [7:0] \port__data[0] ;
   wire [7:0] \port__data[1] ;
   wire [7:0] \port__data[2] ;
@@ -587,6 +588,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg rbuf = 1'h0;
   reg [16:0] rows_c = 17'h00000;
   reg [16:0] rows_left = 17'h00000;
+  input [31:0] rq_in__payload;
+  wire [31:0] rq_in__payload;
+  output rq_in__ready;
+  wire rq_in__ready;
+  input rq_in__valid;
+  wire rq_in__valid;
+  input [15:0] rq_mult;
+  wire [15:0] rq_mult;
+  input [5:0] rq_shift;
+  wire [5:0] rq_shift;
   input rst;
   wire rst;
   reg [18:0] s_addr = 19'h00000;
@@ -596,7 +607,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [16:0] s_n = 17'h00000;
   reg [16:0] s_rows = 17'h00000;
   wire shift;
-  wire [5:0] \shift$116 ;
+  wire [5:0] \shift$121 ;
   reg [63:0] spad_a_rd_data = 64'h0000000000000000;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -5783,10 +5794,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[1023] = 64'h0000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$49 )
+    if (\$signature__en$54 )
       spad_b[\$174 [9:0]] <= b_in__payload;
   end
-  assign \port__data$23  = spad_b[\$183 [9:0]];
+  assign \port__data$28  = spad_b[\$183 [9:0]];
   (* no_rw_check = 32'd1 *)
   reg [255:0] spad_c [2047:0];
   initial begin
@@ -7841,15 +7852,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[10:0]] <= \$signature__data$112 ;
+      spad_c[w_addr[10:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$26  = spad_c[\$193 [10:0]];
+  assign \port__data$31  = spad_c[\$195 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$34 ;
+  assign \$6  = full | \$signal$39 ;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -7872,18 +7883,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$26  = full >> \$25 ;
   assign \$27  = wbuf != rbuf;
   assign \$28  = | b_k;
-  assign \$29  = \$signature__en$49  | \$28 ;
+  assign \$29  = \$signature__en$54  | \$28 ;
   assign \$30  = \$27  & \$29 ;
   assign \$31  = \$26  | \$30 ;
   assign \$32  = full >> rbuf;
   assign \$33  = wbuf == rbuf;
   assign \$34  = k + 1'h1;
   assign \$35  = b_k != \$34 ;
-  assign \$36  = \$signature__en$49  | \$35 ;
+  assign \$36  = \$signature__en$54  | \$35 ;
   assign \$37  = \$33  & \$36 ;
   assign \$38  = \$32  | \$37 ;
   assign \$39  = wbuf == rbuf;
-  assign \$40  = \$39  & \$signature__en$49 ;
+  assign \$40  = \$39  & \$signature__en$54 ;
   assign \$41  = b_ok | \$40 ;
   assign \$42  = gap < 5'h17;
   assign \$43  = gap + 1'h1;
@@ -7924,14 +7935,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$78  = cols_c <= 4'h8;
   assign \$79  = d_col + 1'h1;
   assign \$80  = d_col == 3'h7;
-  assign \$81  = \done$68  | drain_busy;
-  assign \$82  = \done$68  ? 4'h0 : d_col;
-  assign \$83  = \done$68  ? t_cols : d_cols;
+  assign \$81  = \done$73  | drain_busy;
+  assign \$82  = \done$73  ? 4'h0 : d_col;
+  assign \$83  = \done$73  ? t_cols : d_cols;
   assign \$84  = \$82  < \$83 ;
   assign \$85  = \$81  & \$84 ;
-  assign \$86  = \done$68  | drain_busy;
-  assign \$87  = \done$68  ? t_base : d_base;
-  assign \$88  = \done$68  ? 4'h0 : d_col;
+  assign \$86  = \done$73  | drain_busy;
+  assign \$87  = \done$73  ? t_base : d_base;
+  assign \$88  = \done$73  ? 4'h0 : d_col;
   assign \$89  = \$87  + \$88 ;
   assign \$90  = pending + tile_issued;
   assign \$91  = \$90  - tile_drained;
@@ -8004,7 +8015,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$158  = \$156  & \$157 ;
   assign \$159  = \$158  ? 3'h4 : 3'h5;
   assign \$160  = start | a_in__ready;
-  assign \$161  = \$160  | \$signal$37 ;
+  assign \$161  = \$160  | \$signal$42 ;
   assign \$162  = \$161  | issuing;
   assign \$163  = \$162  | drain_busy;
   assign \$164  = \$163  | col_busy0;
@@ -8017,10 +8028,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__en  = a_in__valid & a_in__ready;
   assign \$171  = full >> wbuf;
   assign \$172  = ~ \$171 ;
-  assign b_in__ready = \$signal$37  & \$172 ;
+  assign b_in__ready = \$signal$42  & \$172 ;
   assign \$173  = wbuf ? 10'h200 : 10'h000;
   assign \$174  = \$173  + b_k;
-  assign \$signature__en$49  = b_in__valid & b_in__ready;
+  assign \$signature__en$54  = b_in__valid & b_in__ready;
   assign \$175  = b_in__valid & b_in__ready;
   assign \$176  = b_k == k_m1;
   assign \$177  = issuing & a_ok;
@@ -8032,7 +8043,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$182  = rbuf ? 10'h200 : 10'h000;
   assign \$183  = \$182  + k;
   assign \$184  = d_col == 3'h7;
-  assign shift = \done$68  | drain_busy;
+  assign shift = \done$73  | drain_busy;
   assign \$185  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
   assign \$186  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
   assign \$187  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
@@ -8041,188 +8052,194 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$190  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
   assign \$191  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
   assign \$192  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
-  assign \$193  = storing ? s_addr : col_addr0;
-  assign \$194  = ~ storing;
-  assign \$195  = ~ q_valid;
-  assign \$196  = \$195  | i__ready;
-  assign spad_c_rd_en = \$194  | \$196 ;
+  assign mult = storing ? cmd[91:76] : rq_mult;
+  assign \shift$121  = storing ? cmd[97:92] : rq_shift;
+  assign i__valid = storing ? q_valid : rq_in__valid;
+  assign \$193  = ~ storing;
+  assign rq_in__ready = \$193  & i__ready;
+  assign \$194  = storing ? c_q[31:0] : rq_in__payload;
+  assign \$195  = storing ? s_addr : col_addr0;
+  assign \$196  = ~ storing;
+  assign \$197  = ~ q_valid;
+  assign \$198  = \$197  | i__ready;
+  assign spad_c_rd_en = \$196  | \$198 ;
   assign busy = ~ cmd__ready;
-  assign \$197  = cmd[98] | cmd[99];
-  assign \$198  = \$197  | cmd[101];
-  assign \$199  = ~ \$198 ;
-  assign \$200  = ! cmd[16:0];
-  assign \$201  = cmd[98] | cmd[99];
-  assign \$202  = ! cmd[33:17];
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = \$200  | \$203 ;
-  assign \$205  = cmd[99] | cmd[101];
-  assign \$206  = ! cmd[50:34];
-  assign \$207  = \$205  & \$206 ;
-  assign \$208  = \$204  | \$207 ;
-  assign \$209  = cmd[33:17] > 10'h200;
-  assign \$210  = cmd[99] & \$209 ;
-  assign \$211  = start | a_in__ready;
-  assign \$212  = \$211  | \$signal$37 ;
-  assign \$213  = \$212  | issuing;
-  assign \$214  = \$213  | drain_busy;
-  assign \$215  = \$214  | col_busy0;
-  assign \$216  = \$215  | col_busy1;
-  assign \$217  = \$216  | w_busy;
-  assign \$218  = ~ \$217 ;
-  assign \$219  = ! pending;
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = ! fsm_state;
-  assign \$222  = fsm_state == 1'h1;
-  assign \$223  = fsm_state == 2'h2;
-  assign \$224  = fsm_state == 2'h3;
-  assign \$225  = fsm_state == 3'h4;
+  assign \$199  = cmd[98] | cmd[99];
+  assign \$200  = \$199  | cmd[101];
+  assign \$201  = ~ \$200 ;
+  assign \$202  = ! cmd[16:0];
+  assign \$203  = cmd[98] | cmd[99];
+  assign \$204  = ! cmd[33:17];
+  assign \$205  = \$203  & \$204 ;
+  assign \$206  = \$202  | \$205 ;
+  assign \$207  = cmd[99] | cmd[101];
+  assign \$208  = ! cmd[50:34];
+  assign \$209  = \$207  & \$208 ;
+  assign \$210  = \$206  | \$209 ;
+  assign \$211  = cmd[33:17] > 10'h200;
+  assign \$212  = cmd[99] & \$211 ;
+  assign \$213  = start | a_in__ready;
+  assign \$214  = \$213  | \$signal$42 ;
+  assign \$215  = \$214  | issuing;
+  assign \$216  = \$215  | drain_busy;
+  assign \$217  = \$216  | col_busy0;
+  assign \$218  = \$217  | col_busy1;
+  assign \$219  = \$218  | w_busy;
+  assign \$220  = ~ \$219 ;
+  assign \$221  = ! pending;
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = ! fsm_state;
+  assign \$224  = fsm_state == 1'h1;
+  assign \$225  = fsm_state == 2'h2;
+  assign \$226  = fsm_state == 2'h3;
+  assign \$227  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$226 ;
+    spad_a_rd_data <= \$228 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$227 ;
+    spad_b_rd_data <= \$229 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$228 ;
+    spad_c_rd_data <= \$230 ;
   always @(posedge clk)
-    k_m1 <= \$229 ;
+    k_m1 <= \$231 ;
   always @(posedge clk)
-    start <= \$230 ;
+    start <= \$232 ;
   always @(posedge clk)
-    a_wptr <= \$231 ;
+    a_wptr <= \$233 ;
   always @(posedge clk)
-    a_in__ready <= \$232 ;
+    a_in__ready <= \$234 ;
   always @(posedge clk)
-    full <= \$233 ;
+    full <= \$235 ;
   always @(posedge clk)
-    \$signal$37  <= \$234 ;
+    \$signal$42  <= \$236 ;
   always @(posedge clk)
-    wbuf <= \$235 ;
+    wbuf <= \$237 ;
   always @(posedge clk)
-    b_k <= \$236 ;
+    b_k <= \$238 ;
   always @(posedge clk)
-    b_cols_left <= \$237 ;
+    b_cols_left <= \$239 ;
   always @(posedge clk)
-    a_ok <= \$238 ;
+    a_ok <= \$240 ;
   always @(posedge clk)
-    b_ok <= \$239 ;
+    b_ok <= \$241 ;
   always @(posedge clk)
-    gap <= \$240 ;
+    gap <= \$242 ;
   always @(posedge clk)
-    \$signal$52  <= \$241 ;
+    \$signal$57  <= \$243 ;
   always @(posedge clk)
-    \$signal$53  <= \$242 ;
+    \$signal$58  <= \$244 ;
   always @(posedge clk)
-    s_last <= \$243 ;
+    s_last <= \$245 ;
   always @(posedge clk)
-    s_mask <= \$244 ;
+    s_mask <= \$246 ;
   always @(posedge clk)
-    valid <= \$245 ;
+    valid <= \$247 ;
   always @(posedge clk)
-    first <= \$246 ;
+    first <= \$248 ;
   always @(posedge clk)
-    last <= \$247 ;
+    last <= \$249 ;
   always @(posedge clk)
-    b <= \$248 ;
+    b <= \$250 ;
   always @(posedge clk)
-    a <= \$249 ;
+    a <= \$251 ;
   always @(posedge clk)
-    issuing <= \$250 ;
+    issuing <= \$252 ;
   always @(posedge clk)
-    rbuf <= \$251 ;
+    rbuf <= \$253 ;
   always @(posedge clk)
-    k <= \$252 ;
+    k <= \$254 ;
   always @(posedge clk)
-    a_ptr <= \$253 ;
+    a_ptr <= \$255 ;
   always @(posedge clk)
-    rows_c <= \$254 ;
+    rows_c <= \$256 ;
   always @(posedge clk)
-    cols_c <= \$255 ;
+    cols_c <= \$257 ;
   always @(posedge clk)
-    c_panel <= \$256 ;
+    c_panel <= \$258 ;
   always @(posedge clk)
-    c_tile <= \$257 ;
+    c_tile <= \$259 ;
   always @(posedge clk)
-    last_k <= \$258 ;
+    last_k <= \$260 ;
   always @(posedge clk)
-    last_row <= \$259 ;
+    last_row <= \$261 ;
   always @(posedge clk)
-    t_base <= \$260 ;
+    t_base <= \$262 ;
   always @(posedge clk)
-    t_cols <= \$261 ;
+    t_cols <= \$263 ;
   always @(posedge clk)
-    d_col <= \$262 ;
+    d_col <= \$264 ;
   always @(posedge clk)
-    d_base <= \$263 ;
+    d_base <= \$265 ;
   always @(posedge clk)
-    d_cols <= \$264 ;
+    d_cols <= \$266 ;
   always @(posedge clk)
-    drain_busy <= \$265 ;
+    drain_busy <= \$267 ;
   always @(posedge clk)
-    col_valid0 <= \$266 ;
+    col_valid0 <= \$268 ;
   always @(posedge clk)
-    col_busy0 <= \$267 ;
+    col_busy0 <= \$269 ;
   always @(posedge clk)
-    col_addr0 <= \$268 ;
+    col_addr0 <= \$270 ;
   always @(posedge clk)
-    col_valid1 <= \$269 ;
+    col_valid1 <= \$271 ;
   always @(posedge clk)
-    col_busy1 <= \$270 ;
+    col_busy1 <= \$272 ;
   always @(posedge clk)
-    col_addr1 <= \$271 ;
+    col_addr1 <= \$273 ;
   always @(posedge clk)
-    w_valid <= \$272 ;
+    w_valid <= \$274 ;
   always @(posedge clk)
-    w_busy <= \$273 ;
+    w_busy <= \$275 ;
   always @(posedge clk)
-    w_addr <= \$274 ;
+    w_addr <= \$276 ;
   always @(posedge clk)
-    col_word0 <= \$275 ;
+    col_word0 <= \$277 ;
   always @(posedge clk)
-    col_word1 <= \$276 ;
+    col_word1 <= \$278 ;
   always @(posedge clk)
-    w_word <= \$277 ;
+    w_word <= \$279 ;
   always @(posedge clk)
-    pending <= \$278 ;
+    pending <= \$280 ;
   always @(posedge clk)
-    c_q <= \$279 ;
+    c_q <= \$281 ;
   always @(posedge clk)
-    q_valid <= \$280 ;
+    q_valid <= \$282 ;
   always @(posedge clk)
-    storing <= \$281 ;
+    storing <= \$283 ;
   always @(posedge clk)
-    s_addr <= \$282 ;
+    s_addr <= \$284 ;
   always @(posedge clk)
-    s_n <= \$283 ;
+    s_n <= \$285 ;
   always @(posedge clk)
-    s_rows <= \$284 ;
+    s_rows <= \$286 ;
   always @(posedge clk)
-    s_left <= \$285 ;
+    s_left <= \$287 ;
   always @(posedge clk)
-    out_left <= \$286 ;
+    out_left <= \$288 ;
   always @(posedge clk)
-    r_valid <= \$287 ;
+    r_valid <= \$289 ;
   always @(posedge clk)
-    r_mask <= \$288 ;
+    r_mask <= \$290 ;
   always @(posedge clk)
-    done <= \$289 ;
+    done <= \$291 ;
   always @(posedge clk)
-    cmd <= \$290 ;
+    cmd <= \$292 ;
   always @(posedge clk)
-    error <= \$291 ;
+    error <= \$293 ;
   always @(posedge clk)
-    error_code <= \$292 ;
+    error_code <= \$294 ;
   always @(posedge clk)
-    fsm_state <= \$293 ;
+    fsm_state <= \$295 ;
   always @(posedge clk)
-    rows_left <= \$294 ;
+    rows_left <= \$296 ;
   always @(posedge clk)
-    a_lim <= \$295 ;
+    a_lim <= \$297 ;
   always @(posedge clk)
-    c_lim <= \$296 ;
+    c_lim <= \$298 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$68 ),
+    .done(\done$73 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -8233,31 +8250,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   \nanokpu_gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(c_q),
-    .i__valid(q_valid),
+    .i__payload(i__payload),
+    .i__valid(i__valid),
+    .mult(mult),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$2592$76 (cmd[97:76]),
-    .rst(rst)
+    .rst(rst),
+    .shift(\shift$121 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = spad_c_rd_data;
+    \$230  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$228  = \port__data$26 ;
+      \$230  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = \$1 [16:0];
+    \$231  = \$1 [16:0];
     if (rst) begin
-      \$229  = 17'h00000;
+      \$231  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = 1'h0;
+    \$232  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8266,56 +8284,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$154 ) begin
           end else if (\$155 ) begin
-            \$230  = 1'h1;
+            \$232  = 1'h1;
           end
     endcase
-    if (rst) begin
-      \$230  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = a_wptr;
-    if (start) begin
-      \$231  = { 6'h00, cmd[63:51] };
-    end else if (\$2 ) begin
-      \$231  = \$3 [18:0];
-    end
-    if (rst) begin
-      \$231  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = a_in__ready;
-    if (start) begin
-      \$232  = cmd[98];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$232  = 1'h0;
-      end
-    end
     if (rst) begin
       \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = \$8 ;
+    \$233  = a_wptr;
+    if (start) begin
+      \$233  = { 6'h00, cmd[63:51] };
+    end else if (\$2 ) begin
+      \$233  = \$3 [18:0];
+    end
     if (rst) begin
-      \$233  = 2'h0;
+      \$233  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = \$signal$37 ;
+    \$234  = a_in__ready;
     if (start) begin
-      \$234  = cmd[99];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$234  = 1'h0;
-        end
+      \$234  = cmd[98];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$234  = 1'h0;
       end
     end
     if (rst) begin
@@ -8324,241 +8319,230 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = wbuf;
-    if (start) begin
-      \$235  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$235  = \$12 ;
-      end
-    end
+    \$235  = \$8 ;
     if (rst) begin
-      \$235  = 1'h0;
+      \$235  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = b_k;
+    \$236  = \$signal$42 ;
     if (start) begin
-      \$236  = 17'h00000;
+      \$236  = cmd[99];
     end else if (\$9 ) begin
-      \$236  = \$10 [16:0];
       if (\$11 ) begin
-        \$236  = 17'h00000;
+        if (\$14 ) begin
+          \$236  = 1'h0;
+        end
       end
     end
     if (rst) begin
-      \$236  = 17'h00000;
+      \$236  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = b_cols_left;
+    \$237  = wbuf;
     if (start) begin
-      \$237  = cmd[50:34];
+      \$237  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$237  = \$13 [16:0];
+        \$237  = \$12 ;
       end
     end
     if (rst) begin
-      \$237  = 17'h00000;
+      \$237  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$238  = b_k;
+    if (start) begin
+      \$238  = 17'h00000;
+    end else if (\$9 ) begin
+      \$238  = \$10 [16:0];
+      if (\$11 ) begin
+        \$238  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$238  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = b_cols_left;
+    if (start) begin
+      \$239  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$239  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
+      \$239  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$238  = \$15 ;
+      \$240  = \$15 ;
     end else begin
-      \$238  = \$21 ;
+      \$240  = \$21 ;
     end
     if (rst) begin
-      \$238  = 1'h0;
+      \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$239  = 1'h0;
+      \$241  = 1'h0;
     end else if (\$23 ) begin
-      \$239  = \$31 ;
+      \$241  = \$31 ;
     end else if (\$24 ) begin
-      \$239  = 1'h1;
+      \$241  = 1'h1;
     end else if (step) begin
-      \$239  = \$38 ;
+      \$241  = \$38 ;
     end else begin
-      \$239  = \$41 ;
+      \$241  = \$41 ;
     end
-    if (rst) begin
-      \$239  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = gap;
-    if (\$42 ) begin
-      \$240  = \$43 [4:0];
-    end
-    if (start) begin
-      \$240  = 5'h17;
-    end else if (step) begin
-      if (last_k) begin
-        \$240  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$240  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = step;
     if (rst) begin
       \$241  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = \$44 ;
+    \$242  = gap;
+    if (\$42 ) begin
+      \$242  = \$43 [4:0];
+    end
+    if (start) begin
+      \$242  = 5'h17;
+    end else if (step) begin
+      if (last_k) begin
+        \$242  = 5'h00;
+      end
+    end
     if (rst) begin
-      \$242  = 1'h0;
+      \$242  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = last_k;
+    \$243  = step;
     if (rst) begin
       \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
+    \$244  = \$44 ;
     if (rst) begin
-      \$244  = 8'h00;
+      \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = \$signal$52 ;
+    \$245  = last_k;
     if (rst) begin
       \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = \$signal$53 ;
+    \$246  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$246  = 1'h0;
+      \$246  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = s_last;
+    \$247  = \$signal$57 ;
     if (rst) begin
       \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = spad_b_rd_data;
+    \$248  = \$signal$58 ;
     if (rst) begin
-      \$248  = 64'h0000000000000000;
+      \$248  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249 [7:0] = \$53 ;
-    \$249 [15:8] = \$54 ;
-    \$249 [23:16] = \$55 ;
-    \$249 [31:24] = \$56 ;
-    \$249 [39:32] = \$57 ;
-    \$249 [47:40] = \$58 ;
-    \$249 [55:48] = \$59 ;
-    \$249 [63:56] = \$60 ;
+    \$249  = s_last;
     if (rst) begin
-      \$249  = 64'h0000000000000000;
+      \$249  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = issuing;
+    \$250  = spad_b_rd_data;
+    if (rst) begin
+      \$250  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251 [7:0] = \$53 ;
+    \$251 [15:8] = \$54 ;
+    \$251 [23:16] = \$55 ;
+    \$251 [31:24] = \$56 ;
+    \$251 [39:32] = \$57 ;
+    \$251 [47:40] = \$58 ;
+    \$251 [55:48] = \$59 ;
+    \$251 [63:56] = \$60 ;
+    if (rst) begin
+      \$251  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = issuing;
     if (start) begin
-      \$250  = cmd[99];
+      \$252  = cmd[99];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$78 ) begin
-            \$250  = 1'h0;
+            \$252  = 1'h0;
           end
         end
       end
     end
     if (rst) begin
-      \$250  = 1'h0;
+      \$252  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = rbuf;
+    \$253  = rbuf;
     if (start) begin
-      \$251  = 1'h0;
+      \$253  = 1'h0;
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$251  = \$73 ;
+          \$253  = \$73 ;
         end
       end
     end
     if (rst) begin
-      \$251  = 1'h0;
+      \$253  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = k;
+    \$254  = k;
     if (start) begin
-      \$252  = 17'h00000;
+      \$254  = 17'h00000;
     end else if (step) begin
-      \$252  = \$63 [16:0];
+      \$254  = \$63 [16:0];
       if (last_k) begin
-        \$252  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$252  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = a_ptr;
-    if (start) begin
-      \$253  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$253  = \$64 [18:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$253  = { 6'h00, cmd[63:51] };
-        end
-      end
-    end
-    if (rst) begin
-      \$253  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = rows_c;
-    if (start) begin
-      \$254  = cmd[16:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$254  = \$69 [16:0];
-        if (last_row) begin
-          \$254  = cmd[16:0];
-        end
+        \$254  = 17'h00000;
       end
     end
     if (rst) begin
@@ -8567,138 +8551,152 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = cols_c;
+    \$255  = a_ptr;
     if (start) begin
-      \$255  = cmd[50:34];
+      \$255  = { 6'h00, cmd[63:51] };
     end else if (step) begin
+      \$255  = \$64 [18:0];
       if (last_k) begin
         if (last_row) begin
-          \$255  = \$74 [16:0];
+          \$255  = { 6'h00, cmd[63:51] };
         end
       end
     end
     if (rst) begin
-      \$255  = 17'h00000;
+      \$255  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = c_panel;
+    \$256  = rows_c;
     if (start) begin
-      \$256  = { 7'h00, cmd[75:64] };
+      \$256  = cmd[16:0];
     end else if (step) begin
       if (last_k) begin
+        \$256  = \$69 [16:0];
         if (last_row) begin
-          \$256  = \$75 [18:0];
+          \$256  = cmd[16:0];
         end
       end
     end
     if (rst) begin
-      \$256  = 19'h00000;
+      \$256  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = c_tile;
+    \$257  = cols_c;
     if (start) begin
-      \$257  = { 7'h00, cmd[75:64] };
+      \$257  = cmd[50:34];
     end else if (step) begin
       if (last_k) begin
-        \$257  = \$70 [18:0];
         if (last_row) begin
-          \$257  = \$76 [18:0];
+          \$257  = \$74 [16:0];
         end
       end
     end
     if (rst) begin
-      \$257  = 19'h00000;
+      \$257  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = last_k;
+    \$258  = c_panel;
     if (start) begin
-      \$258  = \$61 ;
-    end else if (step) begin
-      \$258  = \$66 ;
-      if (last_k) begin
-        \$258  = \$71 ;
-      end
-    end
-    if (rst) begin
-      \$258  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = last_row;
-    if (start) begin
-      \$259  = \$62 ;
+      \$258  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (last_k) begin
-        \$259  = \$72 ;
         if (last_row) begin
-          \$259  = \$77 ;
+          \$258  = \$75 [18:0];
         end
       end
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$258  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = t_base;
+    \$259  = c_tile;
     if (start) begin
+      \$259  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (last_k) begin
-        \$260  = c_tile;
+        \$259  = \$70 [18:0];
+        if (last_row) begin
+          \$259  = \$76 [18:0];
+        end
       end
     end
     if (rst) begin
-      \$260  = 19'h00000;
+      \$259  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = t_cols;
+    \$260  = last_k;
     if (start) begin
+      \$260  = \$61 ;
     end else if (step) begin
+      \$260  = \$66 ;
       if (last_k) begin
-        \$261  = \$68 [3:0];
+        \$260  = \$71 ;
       end
     end
     if (rst) begin
-      \$261  = 4'h0;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = d_col;
-    if (\done$68 ) begin
-      \$262  = 4'h1;
+    \$261  = last_row;
+    if (start) begin
+      \$261  = \$62 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$261  = \$72 ;
+        if (last_row) begin
+          \$261  = \$77 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$261  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$262  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$262  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$263  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$263  = \$68 [3:0];
+      end
+    end
+    if (rst) begin
+      \$263  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$264  = d_col;
+    if (\done$73 ) begin
+      \$264  = 4'h1;
     end else if (drain_busy) begin
-      \$262  = \$79 [3:0];
-    end
-    if (rst) begin
-      \$262  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = d_base;
-    if (\done$68 ) begin
-      \$263  = t_base;
-    end
-    if (rst) begin
-      \$263  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = d_cols;
-    if (\done$68 ) begin
-      \$264  = t_cols;
+      \$264  = \$79 [3:0];
     end
     if (rst) begin
       \$264  = 4'h0;
@@ -8706,148 +8704,168 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = drain_busy;
-    if (\done$68 ) begin
-      \$265  = 1'h1;
+    \$265  = d_base;
+    if (\done$73 ) begin
+      \$265  = t_base;
+    end
+    if (rst) begin
+      \$265  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = d_cols;
+    if (\done$73 ) begin
+      \$266  = t_cols;
+    end
+    if (rst) begin
+      \$266  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = drain_busy;
+    if (\done$73 ) begin
+      \$267  = 1'h1;
     end else if (drain_busy) begin
       if (\$80 ) begin
-        \$265  = 1'h0;
+        \$267  = 1'h0;
       end
     end
-    if (rst) begin
-      \$265  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = \$85 ;
-    if (rst) begin
-      \$266  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = \$86 ;
     if (rst) begin
       \$267  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = \$89 [18:0];
+    \$268  = \$85 ;
     if (rst) begin
-      \$268  = 19'h00000;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = col_valid0;
+    \$269  = \$86 ;
     if (rst) begin
       \$269  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = col_busy0;
+    \$270  = \$89 [18:0];
     if (rst) begin
-      \$270  = 1'h0;
+      \$270  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = col_addr0;
+    \$271  = col_valid0;
     if (rst) begin
-      \$271  = 19'h00000;
+      \$271  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = col_valid1;
+    \$272  = col_busy0;
     if (rst) begin
       \$272  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = col_busy1;
+    \$273  = col_addr0;
     if (rst) begin
-      \$273  = 1'h0;
+      \$273  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = col_addr1;
+    \$274  = col_valid1;
     if (rst) begin
-      \$274  = 19'h00000;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = out;
+    \$275  = col_busy1;
     if (rst) begin
-      \$275  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$275  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = col_word0;
+    \$276  = col_addr1;
     if (rst) begin
-      \$276  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$276  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = col_word1;
+    \$277  = out;
     if (rst) begin
       \$277  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = \$91 [1:0];
+    \$278  = col_word0;
     if (rst) begin
-      \$278  = 2'h0;
+      \$278  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = c_q;
-    if (\$93 ) begin
-      \$279  = spad_c_rd_data;
-      if (\$96 ) begin
-        \$279 [31:0] = 32'd0;
-      end
-      if (\$99 ) begin
-        \$279 [63:32] = 32'd0;
-      end
-      if (\$102 ) begin
-        \$279 [95:64] = 32'd0;
-      end
-      if (\$105 ) begin
-        \$279 [127:96] = 32'd0;
-      end
-      if (\$108 ) begin
-        \$279 [159:128] = 32'd0;
-      end
-      if (\$111 ) begin
-        \$279 [191:160] = 32'd0;
-      end
-      if (\$114 ) begin
-        \$279 [223:192] = 32'd0;
-      end
-      if (\$117 ) begin
-        \$279 [255:224] = 32'd0;
-      end
-    end
+    \$279  = col_word1;
     if (rst) begin
       \$279  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = q_valid;
+    \$280  = \$91 [1:0];
+    if (rst) begin
+      \$280  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$281  = c_q;
     if (\$93 ) begin
-      \$280  = r_valid;
+      \$281  = spad_c_rd_data;
+      if (\$96 ) begin
+        \$281 [31:0] = 32'd0;
+      end
+      if (\$99 ) begin
+        \$281 [63:32] = 32'd0;
+      end
+      if (\$102 ) begin
+        \$281 [95:64] = 32'd0;
+      end
+      if (\$105 ) begin
+        \$281 [127:96] = 32'd0;
+      end
+      if (\$108 ) begin
+        \$281 [159:128] = 32'd0;
+      end
+      if (\$111 ) begin
+        \$281 [191:160] = 32'd0;
+      end
+      if (\$114 ) begin
+        \$281 [223:192] = 32'd0;
+      end
+      if (\$117 ) begin
+        \$281 [255:224] = 32'd0;
+      end
+    end
+    if (rst) begin
+      \$281  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$282  = q_valid;
+    if (\$93 ) begin
+      \$282  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -8860,18 +8878,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$170 ) begin
-            \$280  = 1'h0;
+            \$282  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$280  = 1'h0;
+      \$282  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = storing;
+    \$283  = storing;
     if (store_start) begin
-      \$281  = 1'h1;
+      \$283  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -8884,93 +8902,93 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$170 ) begin
-            \$281  = 1'h0;
+            \$283  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$281  = 1'h0;
+      \$283  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = s_addr;
+    \$284  = s_addr;
     if (store_start) begin
-      \$282  = { 7'h00, cmd[75:64] };
+      \$284  = { 7'h00, cmd[75:64] };
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$282  = \$125 [18:0];
+        \$284  = \$125 [18:0];
       end
     end
     if (rst) begin
-      \$282  = 19'h00000;
+      \$284  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = s_n;
+    \$285  = s_n;
     if (store_start) begin
-      \$283  = 17'h00000;
+      \$285  = 17'h00000;
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$283  = \$127 [16:0];
+        \$285  = \$127 [16:0];
         if (\$137 ) begin
-          \$283  = 17'h00000;
+          \$285  = 17'h00000;
         end
       end
     end
     if (rst) begin
-      \$283  = 17'h00000;
+      \$285  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = s_rows;
+    \$286  = s_rows;
     if (store_start) begin
-      \$284  = cmd[16:0];
+      \$286  = cmd[16:0];
     end else if (\$120 ) begin
       if (\$124 ) begin
         if (\$137 ) begin
-          \$284  = \$138 [16:0];
+          \$286  = \$138 [16:0];
         end
       end
     end
     if (rst) begin
-      \$284  = 17'h00000;
+      \$286  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = s_left;
+    \$287  = s_left;
     if (store_start) begin
-      \$285  = \$121 [18:0];
+      \$287  = \$121 [18:0];
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$285  = \$126 [18:0];
+        \$287  = \$126 [18:0];
       end
     end
     if (rst) begin
-      \$285  = 19'h00000;
+      \$287  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$286  = out_left;
+    \$288  = out_left;
     if (store_start) begin
-      \$286  = \$122 [18:0];
+      \$288  = \$122 [18:0];
     end
     if (\$139 ) begin
-      \$286  = \$140 [18:0];
+      \$288  = \$140 [18:0];
     end
     if (rst) begin
-      \$286  = 19'h00000;
+      \$288  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$287  = r_valid;
+    \$289  = r_valid;
     if (store_start) begin
     end else if (\$120 ) begin
-      \$287  = \$123 ;
+      \$289  = \$123 ;
     end
     casez (fsm_state)
       3'h0:
@@ -8983,51 +9001,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$170 ) begin
-            \$287  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$287  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$288  = r_mask;
-    if (store_start) begin
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$288  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
-      end
-    end
-    if (rst) begin
-      \$288  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$289  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$143 ) begin
-            \$289  = 1'h1;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$289  = 1'h1;
-          end
-      3'h3:
-          if (\$169 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$289  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$170 ) begin
-            \$289  = 1'h1;
+            \$289  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -9036,31 +9010,41 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$290  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$290  = cmd__payload;
-          end
-    endcase
+    \$290  = r_mask;
+    if (store_start) begin
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        \$290  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
+      end
+    end
     if (rst) begin
-      \$290  = 102'h00000000000000000000000000;
+      \$290  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$291  = error;
+    \$291  = 1'h0;
     casez (fsm_state)
       3'h0:
-          if (cmd__valid) begin
-            \$291  = 1'h0;
-          end
+          /* empty */;
       3'h1:
           if (\$143 ) begin
             \$291  = 1'h1;
           end
       3'h2:
           if (\$154 ) begin
+            \$291  = 1'h1;
+          end
+      3'h3:
+          if (\$169 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$291  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$170 ) begin
             \$291  = 1'h1;
           end
     endcase
@@ -9070,127 +9054,161 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$292  = error_code;
+    \$292  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$292  = 3'h0;
-          end
-      3'h1:
-          if (\$143 ) begin
-            \$292  = code;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$292  = \$159 ;
+            \$292  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$292  = 3'h0;
+      \$292  = 102'h00000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$293  = fsm_state;
+    \$293  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$293  = 3'h1;
+            \$293  = 1'h0;
+          end
+      3'h1:
+          if (\$143 ) begin
+            \$293  = 1'h1;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$293  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$293  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$294  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$294  = 3'h0;
+          end
+      3'h1:
+          if (\$143 ) begin
+            \$294  = code;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$294  = \$159 ;
+          end
+    endcase
+    if (rst) begin
+      \$294  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$295  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$295  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$143 ) begin
-            \$293  = 3'h0;
+            \$295  = 3'h0;
           end else begin
-            \$293  = 3'h2;
+            \$295  = 3'h2;
           end
       3'h2:
           if (\$154 ) begin
-            \$293  = 3'h0;
+            \$295  = 3'h0;
           end else if (\$155 ) begin
-            \$293  = 3'h3;
+            \$295  = 3'h3;
           end
       3'h3:
           if (\$169 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
-              \$293  = 3'h4;
+              \$295  = 3'h4;
             end else begin
-              \$293  = 3'h0;
+              \$295  = 3'h0;
             end
           end
       3'h4:
           if (\$170 ) begin
-            \$293  = 3'h0;
+            \$295  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$293  = 3'h0;
+      \$295  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$294  = rows_left;
+    \$296  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$294  = cmd[16:0];
+          \$296  = cmd[16:0];
       3'h2:
           if (\$144 ) begin
-            \$294  = \$145 [16:0];
+            \$296  = \$145 [16:0];
           end
     endcase
     if (rst) begin
-      \$294  = 17'h00000;
+      \$296  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$295  = a_lim;
+    \$297  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$295  = { 1'h0, \$141  };
+          \$297  = { 1'h0, \$141  };
       3'h2:
           if (\$144 ) begin
-            \$295  = \$146 [18:0];
+            \$297  = \$146 [18:0];
           end
     endcase
     if (rst) begin
-      \$295  = 19'h00000;
+      \$297  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$296  = c_lim;
+    \$298  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$296  = { 1'h0, \$142  };
+          \$298  = { 1'h0, \$142  };
       3'h2:
           if (\$144 ) begin
-            \$296  = \$147 [18:0];
+            \$298  = \$147 [18:0];
           end
     endcase
     if (rst) begin
-      \$296  = 19'h00000;
+      \$298  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$34  = 2'h0;
+    \$signal$39  = 2'h0;
     if (start) begin
     end else if (\$175 ) begin
       if (\$176 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$34 [0] = 1'h1;
+              \$signal$39 [0] = 1'h1;
           1'h1:
-              \$signal$34 [1] = 1'h1;
+              \$signal$39 [1] = 1'h1;
         endcase
       end
     end
@@ -9226,7 +9244,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$68 ) begin
+    if (\done$73 ) begin
     end else if (drain_busy) begin
       if (\$184 ) begin
         tile_drained = 1'h1;
@@ -9248,11 +9266,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$199 ) begin
+          if (\$201 ) begin
             code = 3'h1;
-          end else if (\$208 ) begin
-            code = 3'h2;
           end else if (\$210 ) begin
+            code = 3'h2;
+          end else if (\$212 ) begin
             code = 3'h3;
           end
     endcase
@@ -9268,7 +9286,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$220 ) begin
+          if (\$222 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9281,20 +9299,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$107  = \$174 [9:0];
-  assign \$signature__data$108  = b_in__payload;
+  assign \$signature__addr$112  = \$174 [9:0];
+  assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[11:0];
-  assign \port__addr$110  = \$183 [9:0];
-  assign \$signature__addr$113  = w_addr[10:0];
-  assign \$signature__en$114  = w_valid;
-  assign mult = cmd[91:76];
-  assign \shift$116  = cmd[97:92];
-  assign i__valid = q_valid;
-  assign i__payload = c_q;
+  assign \port__addr$115  = \$183 [9:0];
+  assign \$signature__addr$118  = w_addr[10:0];
+  assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$122  = \$193 [10:0];
+  assign \port__addr$127  = \$195 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9354,14 +9368,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \spad_b_rd_data[5]  = spad_b_rd_data[47:40];
   assign \spad_b_rd_data[6]  = spad_b_rd_data[55:48];
   assign \spad_b_rd_data[7]  = spad_b_rd_data[63:56];
-  assign \port__data$23[0]  = \port__data$23 [7:0];
-  assign \port__data$23[1]  = \port__data$23 [15:8];
-  assign \port__data$23[2]  = \port__data$23 [23:16];
-  assign \port__data$23[3]  = \port__data$23 [31:24];
-  assign \port__data$23[4]  = \port__data$23 [39:32];
-  assign \port__data$23[5]  = \port__data$23 [47:40];
-  assign \port__data$23[6]  = \port__data$23 [55:48];
-  assign \port__data$23[7]  = \port__data$23 [63:56];
+  assign \port__data$28[0]  = \port__data$28 [7:0];
+  assign \port__data$28[1]  = \port__data$28 [15:8];
+  assign \port__data$28[2]  = \port__data$28 [23:16];
+  assign \port__data$28[3]  = \port__data$28 [31:24];
+  assign \port__data$28[4]  = \port__data$28 [39:32];
+  assign \port__data$28[5]  = \port__data$28 [47:40];
+  assign \port__data$28[6]  = \port__data$28 [55:48];
+  assign \port__data$28[7]  = \port__data$28 [63:56];
   assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
   assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
   assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
@@ -9370,14 +9384,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \spad_c_rd_data[5]  = spad_c_rd_data[191:160];
   assign \spad_c_rd_data[6]  = spad_c_rd_data[223:192];
   assign \spad_c_rd_data[7]  = spad_c_rd_data[255:224];
-  assign \port__data$26[0]  = \port__data$26 [31:0];
-  assign \port__data$26[1]  = \port__data$26 [63:32];
-  assign \port__data$26[2]  = \port__data$26 [95:64];
-  assign \port__data$26[3]  = \port__data$26 [127:96];
-  assign \port__data$26[4]  = \port__data$26 [159:128];
-  assign \port__data$26[5]  = \port__data$26 [191:160];
-  assign \port__data$26[6]  = \port__data$26 [223:192];
-  assign \port__data$26[7]  = \port__data$26 [255:224];
+  assign \port__data$31[0]  = \port__data$31 [31:0];
+  assign \port__data$31[1]  = \port__data$31 [63:32];
+  assign \port__data$31[2]  = \port__data$31 [95:64];
+  assign \port__data$31[3]  = \port__data$31 [127:96];
+  assign \port__data$31[4]  = \port__data$31 [159:128];
+  assign \port__data$31[5]  = \port__data$31 [191:160];
+  assign \port__data$31[6]  = \port__data$31 [223:192];
+  assign \port__data$31[7]  = \port__data$31 [255:224];
   assign \cmd.m  = cmd[16:0];
   assign \cmd.k  = cmd[33:17];
   assign \cmd.n  = cmd[50:34];
@@ -9453,30 +9467,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[5]  = a_in__payload[47:40];
   assign \$signature__data[6]  = a_in__payload[55:48];
   assign \$signature__data[7]  = a_in__payload[63:56];
-  assign \$signature__data$108[0]  = b_in__payload[7:0];
-  assign \$signature__data$108[1]  = b_in__payload[15:8];
-  assign \$signature__data$108[2]  = b_in__payload[23:16];
-  assign \$signature__data$108[3]  = b_in__payload[31:24];
-  assign \$signature__data$108[4]  = b_in__payload[39:32];
-  assign \$signature__data$108[5]  = b_in__payload[47:40];
-  assign \$signature__data$108[6]  = b_in__payload[55:48];
-  assign \$signature__data$108[7]  = b_in__payload[63:56];
-  assign \$signature__data$112[0]  = \$signature__data$112 [31:0];
-  assign \$signature__data$112[1]  = \$signature__data$112 [63:32];
-  assign \$signature__data$112[2]  = \$signature__data$112 [95:64];
-  assign \$signature__data$112[3]  = \$signature__data$112 [127:96];
-  assign \$signature__data$112[4]  = \$signature__data$112 [159:128];
-  assign \$signature__data$112[5]  = \$signature__data$112 [191:160];
-  assign \$signature__data$112[6]  = \$signature__data$112 [223:192];
-  assign \$signature__data$112[7]  = \$signature__data$112 [255:224];
-  assign \i__payload[0]  = c_q[31:0];
-  assign \i__payload[1]  = c_q[63:32];
-  assign \i__payload[2]  = c_q[95:64];
-  assign \i__payload[3]  = c_q[127:96];
-  assign \i__payload[4]  = c_q[159:128];
-  assign \i__payload[5]  = c_q[191:160];
-  assign \i__payload[6]  = c_q[223:192];
-  assign \i__payload[7]  = c_q[255:224];
+  assign \$signature__data$113[0]  = b_in__payload[7:0];
+  assign \$signature__data$113[1]  = b_in__payload[15:8];
+  assign \$signature__data$113[2]  = b_in__payload[23:16];
+  assign \$signature__data$113[3]  = b_in__payload[31:24];
+  assign \$signature__data$113[4]  = b_in__payload[39:32];
+  assign \$signature__data$113[5]  = b_in__payload[47:40];
+  assign \$signature__data$113[6]  = b_in__payload[55:48];
+  assign \$signature__data$113[7]  = b_in__payload[63:56];
+  assign \$signature__data$117[0]  = \$signature__data$117 [31:0];
+  assign \$signature__data$117[1]  = \$signature__data$117 [63:32];
+  assign \$signature__data$117[2]  = \$signature__data$117 [95:64];
+  assign \$signature__data$117[3]  = \$signature__data$117 [127:96];
+  assign \$signature__data$117[4]  = \$signature__data$117 [159:128];
+  assign \$signature__data$117[5]  = \$signature__data$117 [191:160];
+  assign \$signature__data$117[6]  = \$signature__data$117 [223:192];
+  assign \$signature__data$117[7]  = \$signature__data$117 [255:224];
+  assign \i__payload[0]  = i__payload[31:0];
+  assign \i__payload[1]  = i__payload[63:32];
+  assign \i__payload[2]  = i__payload[95:64];
+  assign \i__payload[3]  = i__payload[127:96];
+  assign \i__payload[4]  = i__payload[159:128];
+  assign \i__payload[5]  = i__payload[191:160];
+  assign \i__payload[6]  = i__payload[223:192];
+  assign \i__payload[7]  = i__payload[255:224];
   assign \o__payload[0]  = c_out__payload[7:0];
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
@@ -9485,16 +9499,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign \$signature__data$112 [255:224] = \$192 [31:0];
-  assign \$signature__data$112 [223:192] = \$191 [31:0];
-  assign \$signature__data$112 [191:160] = \$190 [31:0];
-  assign \$signature__data$112 [159:128] = \$189 [31:0];
-  assign \$signature__data$112 [127:96] = \$188 [31:0];
-  assign \$signature__data$112 [95:64] = \$187 [31:0];
-  assign \$signature__data$112 [63:32] = \$186 [31:0];
-  assign \$signature__data$112 [31:0] = \$185 [31:0];
-  assign \$227  = \port__data$23 ;
-  assign \$226  = port__data;
+  assign i__payload[31:0] = \$194 ;
+  assign i__payload[255:32] = c_q[255:32];
+  assign \$signature__data$117 [255:224] = \$192 [31:0];
+  assign \$signature__data$117 [223:192] = \$191 [31:0];
+  assign \$signature__data$117 [191:160] = \$190 [31:0];
+  assign \$signature__data$117 [159:128] = \$189 [31:0];
+  assign \$signature__data$117 [127:96] = \$188 [31:0];
+  assign \$signature__data$117 [95:64] = \$187 [31:0];
+  assign \$signature__data$117 [63:32] = \$186 [31:0];
+  assign \$signature__data$117 [31:0] = \$185 [31:0];
+  assign \$229  = \port__data$28 ;
+  assign \$228  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25580,7 +25596,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$2592$76 , o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -27083,6 +27099,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   wire i__ready;
   input i__valid;
   wire i__valid;
+  input [15:0] mult;
   wire [15:0] mult;
   reg neg0 = 1'h0;
   reg neg1 = 1'h0;
@@ -27146,8 +27163,6 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   wire [35:0] p__7;
   wire [35:0] p__8;
   wire [35:0] p__9;
-  input [21:0] \port$2592$76 ;
-  wire [21:0] \port$2592$76 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
@@ -27158,6 +27173,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   reg [8:0] rounded7 = 9'h000;
   input rst;
   wire rst;
+  input [5:0] shift;
   wire [5:0] shift;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
@@ -27189,249 +27205,249 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[40:0];
-  assign \$3  = \port$2592$76 [21:19] > 1'h0;
-  assign \$4  = ! \port$2592$76 [21:19];
-  assign \$5  = \port$2592$76 [18:16] > 1'h0;
+  assign \$3  = shift[5:3] > 1'h0;
+  assign \$4  = ! shift[5:3];
+  assign \$5  = shift[2:0] > 1'h0;
   assign \$6  = \$4  & \$5 ;
   assign \$7  = \$3  | \$6 ;
-  assign \$8  = \port$2592$76 [21:19] > 1'h0;
-  assign \$9  = ! \port$2592$76 [21:19];
-  assign \$10  = \port$2592$76 [18:16] > 1'h1;
+  assign \$8  = shift[5:3] > 1'h0;
+  assign \$9  = ! shift[5:3];
+  assign \$10  = shift[2:0] > 1'h1;
   assign \$11  = \$9  & \$10 ;
   assign \$12  = \$8  | \$11 ;
-  assign \$13  = \port$2592$76 [21:19] > 1'h0;
-  assign \$14  = ! \port$2592$76 [21:19];
-  assign \$15  = \port$2592$76 [18:16] > 2'h2;
+  assign \$13  = shift[5:3] > 1'h0;
+  assign \$14  = ! shift[5:3];
+  assign \$15  = shift[2:0] > 2'h2;
   assign \$16  = \$14  & \$15 ;
   assign \$17  = \$13  | \$16 ;
-  assign \$18  = \port$2592$76 [21:19] > 1'h0;
-  assign \$19  = ! \port$2592$76 [21:19];
-  assign \$20  = \port$2592$76 [18:16] > 2'h3;
+  assign \$18  = shift[5:3] > 1'h0;
+  assign \$19  = ! shift[5:3];
+  assign \$20  = shift[2:0] > 2'h3;
   assign \$21  = \$19  & \$20 ;
   assign \$22  = \$18  | \$21 ;
-  assign \$23  = \port$2592$76 [21:19] > 1'h0;
-  assign \$24  = ! \port$2592$76 [21:19];
-  assign \$25  = \port$2592$76 [18:16] > 3'h4;
+  assign \$23  = shift[5:3] > 1'h0;
+  assign \$24  = ! shift[5:3];
+  assign \$25  = shift[2:0] > 3'h4;
   assign \$26  = \$24  & \$25 ;
   assign \$27  = \$23  | \$26 ;
-  assign \$28  = \port$2592$76 [21:19] > 1'h0;
-  assign \$29  = ! \port$2592$76 [21:19];
-  assign \$30  = \port$2592$76 [18:16] > 3'h5;
+  assign \$28  = shift[5:3] > 1'h0;
+  assign \$29  = ! shift[5:3];
+  assign \$30  = shift[2:0] > 3'h5;
   assign \$31  = \$29  & \$30 ;
   assign \$32  = \$28  | \$31 ;
-  assign \$33  = \port$2592$76 [21:19] > 1'h0;
-  assign \$34  = ! \port$2592$76 [21:19];
-  assign \$35  = \port$2592$76 [18:16] > 3'h6;
+  assign \$33  = shift[5:3] > 1'h0;
+  assign \$34  = ! shift[5:3];
+  assign \$35  = shift[2:0] > 3'h6;
   assign \$36  = \$34  & \$35 ;
   assign \$37  = \$33  | \$36 ;
-  assign \$38  = \port$2592$76 [21:19] > 1'h0;
-  assign \$39  = ! \port$2592$76 [21:19];
-  assign \$40  = \port$2592$76 [18:16] > 3'h7;
+  assign \$38  = shift[5:3] > 1'h0;
+  assign \$39  = ! shift[5:3];
+  assign \$40  = shift[2:0] > 3'h7;
   assign \$41  = \$39  & \$40 ;
   assign \$42  = \$38  | \$41 ;
-  assign \$43  = \port$2592$76 [21:19] > 1'h1;
-  assign \$44  = \port$2592$76 [21:19] == 1'h1;
-  assign \$45  = \port$2592$76 [18:16] > 1'h0;
+  assign \$43  = shift[5:3] > 1'h1;
+  assign \$44  = shift[5:3] == 1'h1;
+  assign \$45  = shift[2:0] > 1'h0;
   assign \$46  = \$44  & \$45 ;
   assign \$47  = \$43  | \$46 ;
-  assign \$48  = \port$2592$76 [21:19] > 1'h1;
-  assign \$49  = \port$2592$76 [21:19] == 1'h1;
-  assign \$50  = \port$2592$76 [18:16] > 1'h1;
+  assign \$48  = shift[5:3] > 1'h1;
+  assign \$49  = shift[5:3] == 1'h1;
+  assign \$50  = shift[2:0] > 1'h1;
   assign \$51  = \$49  & \$50 ;
   assign \$52  = \$48  | \$51 ;
-  assign \$53  = \port$2592$76 [21:19] > 1'h1;
-  assign \$54  = \port$2592$76 [21:19] == 1'h1;
-  assign \$55  = \port$2592$76 [18:16] > 2'h2;
+  assign \$53  = shift[5:3] > 1'h1;
+  assign \$54  = shift[5:3] == 1'h1;
+  assign \$55  = shift[2:0] > 2'h2;
   assign \$56  = \$54  & \$55 ;
   assign \$57  = \$53  | \$56 ;
-  assign \$58  = \port$2592$76 [21:19] > 1'h1;
-  assign \$59  = \port$2592$76 [21:19] == 1'h1;
-  assign \$60  = \port$2592$76 [18:16] > 2'h3;
+  assign \$58  = shift[5:3] > 1'h1;
+  assign \$59  = shift[5:3] == 1'h1;
+  assign \$60  = shift[2:0] > 2'h3;
   assign \$61  = \$59  & \$60 ;
   assign \$62  = \$58  | \$61 ;
-  assign \$63  = \port$2592$76 [21:19] > 1'h1;
-  assign \$64  = \port$2592$76 [21:19] == 1'h1;
-  assign \$65  = \port$2592$76 [18:16] > 3'h4;
+  assign \$63  = shift[5:3] > 1'h1;
+  assign \$64  = shift[5:3] == 1'h1;
+  assign \$65  = shift[2:0] > 3'h4;
   assign \$66  = \$64  & \$65 ;
   assign \$67  = \$63  | \$66 ;
-  assign \$68  = \port$2592$76 [21:19] > 1'h1;
-  assign \$69  = \port$2592$76 [21:19] == 1'h1;
-  assign \$70  = \port$2592$76 [18:16] > 3'h5;
+  assign \$68  = shift[5:3] > 1'h1;
+  assign \$69  = shift[5:3] == 1'h1;
+  assign \$70  = shift[2:0] > 3'h5;
   assign \$71  = \$69  & \$70 ;
   assign \$72  = \$68  | \$71 ;
-  assign \$73  = \port$2592$76 [21:19] > 1'h1;
-  assign \$74  = \port$2592$76 [21:19] == 1'h1;
-  assign \$75  = \port$2592$76 [18:16] > 3'h6;
+  assign \$73  = shift[5:3] > 1'h1;
+  assign \$74  = shift[5:3] == 1'h1;
+  assign \$75  = shift[2:0] > 3'h6;
   assign \$76  = \$74  & \$75 ;
   assign \$77  = \$73  | \$76 ;
-  assign \$78  = \port$2592$76 [21:19] > 1'h1;
-  assign \$79  = \port$2592$76 [21:19] == 1'h1;
-  assign \$80  = \port$2592$76 [18:16] > 3'h7;
+  assign \$78  = shift[5:3] > 1'h1;
+  assign \$79  = shift[5:3] == 1'h1;
+  assign \$80  = shift[2:0] > 3'h7;
   assign \$81  = \$79  & \$80 ;
   assign \$82  = \$78  | \$81 ;
-  assign \$83  = \port$2592$76 [21:19] > 2'h2;
-  assign \$84  = \port$2592$76 [21:19] == 2'h2;
-  assign \$85  = \port$2592$76 [18:16] > 1'h0;
+  assign \$83  = shift[5:3] > 2'h2;
+  assign \$84  = shift[5:3] == 2'h2;
+  assign \$85  = shift[2:0] > 1'h0;
   assign \$86  = \$84  & \$85 ;
   assign \$87  = \$83  | \$86 ;
-  assign \$88  = \port$2592$76 [21:19] > 2'h2;
-  assign \$89  = \port$2592$76 [21:19] == 2'h2;
-  assign \$90  = \port$2592$76 [18:16] > 1'h1;
+  assign \$88  = shift[5:3] > 2'h2;
+  assign \$89  = shift[5:3] == 2'h2;
+  assign \$90  = shift[2:0] > 1'h1;
   assign \$91  = \$89  & \$90 ;
   assign \$92  = \$88  | \$91 ;
-  assign \$93  = \port$2592$76 [21:19] > 2'h2;
-  assign \$94  = \port$2592$76 [21:19] == 2'h2;
-  assign \$95  = \port$2592$76 [18:16] > 2'h2;
+  assign \$93  = shift[5:3] > 2'h2;
+  assign \$94  = shift[5:3] == 2'h2;
+  assign \$95  = shift[2:0] > 2'h2;
   assign \$96  = \$94  & \$95 ;
   assign \$97  = \$93  | \$96 ;
-  assign \$98  = \port$2592$76 [21:19] > 2'h2;
-  assign \$99  = \port$2592$76 [21:19] == 2'h2;
-  assign \$100  = \port$2592$76 [18:16] > 2'h3;
+  assign \$98  = shift[5:3] > 2'h2;
+  assign \$99  = shift[5:3] == 2'h2;
+  assign \$100  = shift[2:0] > 2'h3;
   assign \$101  = \$99  & \$100 ;
   assign \$102  = \$98  | \$101 ;
-  assign \$103  = \port$2592$76 [21:19] > 2'h2;
-  assign \$104  = \port$2592$76 [21:19] == 2'h2;
-  assign \$105  = \port$2592$76 [18:16] > 3'h4;
+  assign \$103  = shift[5:3] > 2'h2;
+  assign \$104  = shift[5:3] == 2'h2;
+  assign \$105  = shift[2:0] > 3'h4;
   assign \$106  = \$104  & \$105 ;
   assign \$107  = \$103  | \$106 ;
-  assign \$108  = \port$2592$76 [21:19] > 2'h2;
-  assign \$109  = \port$2592$76 [21:19] == 2'h2;
-  assign \$110  = \port$2592$76 [18:16] > 3'h5;
+  assign \$108  = shift[5:3] > 2'h2;
+  assign \$109  = shift[5:3] == 2'h2;
+  assign \$110  = shift[2:0] > 3'h5;
   assign \$111  = \$109  & \$110 ;
   assign \$112  = \$108  | \$111 ;
-  assign \$113  = \port$2592$76 [21:19] > 2'h2;
-  assign \$114  = \port$2592$76 [21:19] == 2'h2;
-  assign \$115  = \port$2592$76 [18:16] > 3'h6;
+  assign \$113  = shift[5:3] > 2'h2;
+  assign \$114  = shift[5:3] == 2'h2;
+  assign \$115  = shift[2:0] > 3'h6;
   assign \$116  = \$114  & \$115 ;
   assign \$117  = \$113  | \$116 ;
-  assign \$118  = \port$2592$76 [21:19] > 2'h2;
-  assign \$119  = \port$2592$76 [21:19] == 2'h2;
-  assign \$120  = \port$2592$76 [18:16] > 3'h7;
+  assign \$118  = shift[5:3] > 2'h2;
+  assign \$119  = shift[5:3] == 2'h2;
+  assign \$120  = shift[2:0] > 3'h7;
   assign \$121  = \$119  & \$120 ;
   assign \$122  = \$118  | \$121 ;
-  assign \$123  = \port$2592$76 [21:19] > 2'h3;
-  assign \$124  = \port$2592$76 [21:19] == 2'h3;
-  assign \$125  = \port$2592$76 [18:16] > 1'h0;
+  assign \$123  = shift[5:3] > 2'h3;
+  assign \$124  = shift[5:3] == 2'h3;
+  assign \$125  = shift[2:0] > 1'h0;
   assign \$126  = \$124  & \$125 ;
   assign \$127  = \$123  | \$126 ;
-  assign \$128  = \port$2592$76 [21:19] > 2'h3;
-  assign \$129  = \port$2592$76 [21:19] == 2'h3;
-  assign \$130  = \port$2592$76 [18:16] > 1'h1;
+  assign \$128  = shift[5:3] > 2'h3;
+  assign \$129  = shift[5:3] == 2'h3;
+  assign \$130  = shift[2:0] > 1'h1;
   assign \$131  = \$129  & \$130 ;
   assign \$132  = \$128  | \$131 ;
-  assign \$133  = \port$2592$76 [21:19] > 2'h3;
-  assign \$134  = \port$2592$76 [21:19] == 2'h3;
-  assign \$135  = \port$2592$76 [18:16] > 2'h2;
+  assign \$133  = shift[5:3] > 2'h3;
+  assign \$134  = shift[5:3] == 2'h3;
+  assign \$135  = shift[2:0] > 2'h2;
   assign \$136  = \$134  & \$135 ;
   assign \$137  = \$133  | \$136 ;
-  assign \$138  = \port$2592$76 [21:19] > 2'h3;
-  assign \$139  = \port$2592$76 [21:19] == 2'h3;
-  assign \$140  = \port$2592$76 [18:16] > 2'h3;
+  assign \$138  = shift[5:3] > 2'h3;
+  assign \$139  = shift[5:3] == 2'h3;
+  assign \$140  = shift[2:0] > 2'h3;
   assign \$141  = \$139  & \$140 ;
   assign \$142  = \$138  | \$141 ;
-  assign \$143  = \port$2592$76 [21:19] > 2'h3;
-  assign \$144  = \port$2592$76 [21:19] == 2'h3;
-  assign \$145  = \port$2592$76 [18:16] > 3'h4;
+  assign \$143  = shift[5:3] > 2'h3;
+  assign \$144  = shift[5:3] == 2'h3;
+  assign \$145  = shift[2:0] > 3'h4;
   assign \$146  = \$144  & \$145 ;
   assign \$147  = \$143  | \$146 ;
-  assign \$148  = \port$2592$76 [21:19] > 2'h3;
-  assign \$149  = \port$2592$76 [21:19] == 2'h3;
-  assign \$150  = \port$2592$76 [18:16] > 3'h5;
+  assign \$148  = shift[5:3] > 2'h3;
+  assign \$149  = shift[5:3] == 2'h3;
+  assign \$150  = shift[2:0] > 3'h5;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = \$148  | \$151 ;
-  assign \$153  = \port$2592$76 [21:19] > 2'h3;
-  assign \$154  = \port$2592$76 [21:19] == 2'h3;
-  assign \$155  = \port$2592$76 [18:16] > 3'h6;
+  assign \$153  = shift[5:3] > 2'h3;
+  assign \$154  = shift[5:3] == 2'h3;
+  assign \$155  = shift[2:0] > 3'h6;
   assign \$156  = \$154  & \$155 ;
   assign \$157  = \$153  | \$156 ;
-  assign \$158  = \port$2592$76 [21:19] > 2'h3;
-  assign \$159  = \port$2592$76 [21:19] == 2'h3;
-  assign \$160  = \port$2592$76 [18:16] > 3'h7;
+  assign \$158  = shift[5:3] > 2'h3;
+  assign \$159  = shift[5:3] == 2'h3;
+  assign \$160  = shift[2:0] > 3'h7;
   assign \$161  = \$159  & \$160 ;
   assign \$162  = \$158  | \$161 ;
-  assign \$163  = \port$2592$76 [21:19] > 3'h4;
-  assign \$164  = \port$2592$76 [21:19] == 3'h4;
-  assign \$165  = \port$2592$76 [18:16] > 1'h0;
+  assign \$163  = shift[5:3] > 3'h4;
+  assign \$164  = shift[5:3] == 3'h4;
+  assign \$165  = shift[2:0] > 1'h0;
   assign \$166  = \$164  & \$165 ;
   assign \$167  = \$163  | \$166 ;
-  assign \$168  = \port$2592$76 [21:19] > 3'h4;
-  assign \$169  = \port$2592$76 [21:19] == 3'h4;
-  assign \$170  = \port$2592$76 [18:16] > 1'h1;
+  assign \$168  = shift[5:3] > 3'h4;
+  assign \$169  = shift[5:3] == 3'h4;
+  assign \$170  = shift[2:0] > 1'h1;
   assign \$171  = \$169  & \$170 ;
   assign \$172  = \$168  | \$171 ;
-  assign \$173  = \port$2592$76 [21:19] > 3'h4;
-  assign \$174  = \port$2592$76 [21:19] == 3'h4;
-  assign \$175  = \port$2592$76 [18:16] > 2'h2;
+  assign \$173  = shift[5:3] > 3'h4;
+  assign \$174  = shift[5:3] == 3'h4;
+  assign \$175  = shift[2:0] > 2'h2;
   assign \$176  = \$174  & \$175 ;
   assign \$177  = \$173  | \$176 ;
-  assign \$178  = \port$2592$76 [21:19] > 3'h4;
-  assign \$179  = \port$2592$76 [21:19] == 3'h4;
-  assign \$180  = \port$2592$76 [18:16] > 2'h3;
+  assign \$178  = shift[5:3] > 3'h4;
+  assign \$179  = shift[5:3] == 3'h4;
+  assign \$180  = shift[2:0] > 2'h3;
   assign \$181  = \$179  & \$180 ;
   assign \$182  = \$178  | \$181 ;
-  assign \$183  = \port$2592$76 [21:19] > 3'h4;
-  assign \$184  = \port$2592$76 [21:19] == 3'h4;
-  assign \$185  = \port$2592$76 [18:16] > 3'h4;
+  assign \$183  = shift[5:3] > 3'h4;
+  assign \$184  = shift[5:3] == 3'h4;
+  assign \$185  = shift[2:0] > 3'h4;
   assign \$186  = \$184  & \$185 ;
   assign \$187  = \$183  | \$186 ;
-  assign \$188  = \port$2592$76 [21:19] > 3'h4;
-  assign \$189  = \port$2592$76 [21:19] == 3'h4;
-  assign \$190  = \port$2592$76 [18:16] > 3'h5;
+  assign \$188  = shift[5:3] > 3'h4;
+  assign \$189  = shift[5:3] == 3'h4;
+  assign \$190  = shift[2:0] > 3'h5;
   assign \$191  = \$189  & \$190 ;
   assign \$192  = \$188  | \$191 ;
-  assign \$193  = \port$2592$76 [21:19] > 3'h4;
-  assign \$194  = \port$2592$76 [21:19] == 3'h4;
-  assign \$195  = \port$2592$76 [18:16] > 3'h6;
+  assign \$193  = shift[5:3] > 3'h4;
+  assign \$194  = shift[5:3] == 3'h4;
+  assign \$195  = shift[2:0] > 3'h6;
   assign \$196  = \$194  & \$195 ;
   assign \$197  = \$193  | \$196 ;
-  assign \$198  = \port$2592$76 [21:19] > 3'h4;
-  assign \$199  = \port$2592$76 [21:19] == 3'h4;
-  assign \$200  = \port$2592$76 [18:16] > 3'h7;
+  assign \$198  = shift[5:3] > 3'h4;
+  assign \$199  = shift[5:3] == 3'h4;
+  assign \$200  = shift[2:0] > 3'h7;
   assign \$201  = \$199  & \$200 ;
   assign \$202  = \$198  | \$201 ;
-  assign \$203  = \port$2592$76 [21:19] > 3'h5;
-  assign \$204  = \port$2592$76 [21:19] == 3'h5;
-  assign \$205  = \port$2592$76 [18:16] > 1'h0;
+  assign \$203  = shift[5:3] > 3'h5;
+  assign \$204  = shift[5:3] == 3'h5;
+  assign \$205  = shift[2:0] > 1'h0;
   assign \$206  = \$204  & \$205 ;
   assign \$207  = \$203  | \$206 ;
-  assign \$208  = \port$2592$76 [21:19] > 3'h5;
-  assign \$209  = \port$2592$76 [21:19] == 3'h5;
-  assign \$210  = \port$2592$76 [18:16] > 1'h1;
+  assign \$208  = shift[5:3] > 3'h5;
+  assign \$209  = shift[5:3] == 3'h5;
+  assign \$210  = shift[2:0] > 1'h1;
   assign \$211  = \$209  & \$210 ;
   assign \$212  = \$208  | \$211 ;
-  assign \$213  = \port$2592$76 [21:19] > 3'h5;
-  assign \$214  = \port$2592$76 [21:19] == 3'h5;
-  assign \$215  = \port$2592$76 [18:16] > 2'h2;
+  assign \$213  = shift[5:3] > 3'h5;
+  assign \$214  = shift[5:3] == 3'h5;
+  assign \$215  = shift[2:0] > 2'h2;
   assign \$216  = \$214  & \$215 ;
   assign \$217  = \$213  | \$216 ;
-  assign \$218  = \port$2592$76 [21:19] > 3'h5;
-  assign \$219  = \port$2592$76 [21:19] == 3'h5;
-  assign \$220  = \port$2592$76 [18:16] > 2'h3;
+  assign \$218  = shift[5:3] > 3'h5;
+  assign \$219  = shift[5:3] == 3'h5;
+  assign \$220  = shift[2:0] > 2'h3;
   assign \$221  = \$219  & \$220 ;
   assign \$222  = \$218  | \$221 ;
-  assign \$223  = \port$2592$76 [21:19] > 3'h5;
-  assign \$224  = \port$2592$76 [21:19] == 3'h5;
-  assign \$225  = \port$2592$76 [18:16] > 3'h4;
+  assign \$223  = shift[5:3] > 3'h5;
+  assign \$224  = shift[5:3] == 3'h5;
+  assign \$225  = shift[2:0] > 3'h4;
   assign \$226  = \$224  & \$225 ;
   assign \$227  = \$223  | \$226 ;
-  assign \$228  = \port$2592$76 [21:19] > 3'h5;
-  assign \$229  = \port$2592$76 [21:19] == 3'h5;
-  assign \$230  = \port$2592$76 [18:16] > 3'h5;
+  assign \$228  = shift[5:3] > 3'h5;
+  assign \$229  = shift[5:3] == 3'h5;
+  assign \$230  = shift[2:0] > 3'h5;
   assign \$231  = \$229  & \$230 ;
   assign \$232  = \$228  | \$231 ;
-  assign \$233  = \port$2592$76 [21:19] > 3'h5;
-  assign \$234  = \port$2592$76 [21:19] == 3'h5;
-  assign \$235  = \port$2592$76 [18:16] > 3'h6;
+  assign \$233  = shift[5:3] > 3'h5;
+  assign \$234  = shift[5:3] == 3'h5;
+  assign \$235  = shift[2:0] > 3'h6;
   assign \$236  = \$234  & \$235 ;
   assign \$237  = \$233  | \$236 ;
-  assign \$238  = \port$2592$76 [21:19] > 3'h5;
-  assign \$239  = \port$2592$76 [21:19] == 3'h5;
-  assign \$240  = \port$2592$76 [18:16] > 3'h7;
+  assign \$238  = shift[5:3] > 3'h5;
+  assign \$239  = shift[5:3] == 3'h5;
+  assign \$240  = shift[2:0] > 3'h7;
   assign \$241  = \$239  & \$240 ;
   assign \$242  = \$238  | \$241 ;
-  assign \$243  = \port$2592$76 [21:19] > 3'h6;
-  assign \$244  = \port$2592$76 [21:19] == 3'h6;
-  assign \$245  = \port$2592$76 [18:16] > 1'h0;
+  assign \$243  = shift[5:3] > 3'h6;
+  assign \$244  = shift[5:3] == 3'h6;
+  assign \$245  = shift[2:0] > 1'h0;
   assign \$246  = \$244  & \$245 ;
   assign \$247  = \$243  | \$246 ;
   assign \$250  = $signed(\$248 ) + $signed(\$249 );
@@ -27442,69 +27458,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$265  = $signed(\$263 ) + $signed(\$264 );
   assign \$268  = $signed(\$266 ) + $signed(\$267 );
   assign \$271  = $signed(\$269 ) + $signed(\$270 );
-  assign \$273  = \port$2592$76 [21] ? \$272  : { x0, 1'h0 };
-  assign \$276  = \port$2592$76 [21] ? \$275  : { x0, 1'h0 };
-  assign \$277  = \port$2592$76 [20] ? \$274  : \$276 [39:0];
-  assign \$280  = \port$2592$76 [21] ? \$279  : { x0, 1'h0 };
-  assign \$283  = \port$2592$76 [21] ? \$282  : { x0, 1'h0 };
-  assign \$284  = \port$2592$76 [20] ? \$281  : \$283 [39:0];
-  assign \$285  = \port$2592$76 [19] ? \$278  : \$284 [23:0];
-  assign \$288  = \port$2592$76 [21] ? \$287  : { x0, 1'h0 };
-  assign \$291  = \port$2592$76 [21] ? \$290  : { x0, 1'h0 };
-  assign \$292  = \port$2592$76 [20] ? \$289  : \$291 [39:0];
-  assign \$295  = \port$2592$76 [21] ? \$294  : { x0, 1'h0 };
-  assign \$298  = \port$2592$76 [21] ? \$297  : { x0, 1'h0 };
-  assign \$299  = \port$2592$76 [20] ? \$296  : \$298 [39:0];
-  assign \$300  = \port$2592$76 [19] ? \$293  : \$299 [23:0];
-  assign \$301  = \port$2592$76 [18] ? \$286  : \$300 [15:0];
-  assign \$304  = \port$2592$76 [21] ? \$303  : { x0, 1'h0 };
-  assign \$307  = \port$2592$76 [21] ? \$306  : { x0, 1'h0 };
-  assign \$308  = \port$2592$76 [20] ? \$305  : \$307 [39:0];
-  assign \$311  = \port$2592$76 [21] ? \$310  : { x0, 1'h0 };
-  assign \$314  = \port$2592$76 [21] ? \$313  : { x0, 1'h0 };
-  assign \$315  = \port$2592$76 [20] ? \$312  : \$314 [39:0];
-  assign \$316  = \port$2592$76 [19] ? \$309  : \$315 [23:0];
-  assign \$319  = \port$2592$76 [21] ? \$318  : { x0, 1'h0 };
-  assign \$322  = \port$2592$76 [21] ? \$321  : { x0, 1'h0 };
-  assign \$323  = \port$2592$76 [20] ? \$320  : \$322 [39:0];
-  assign \$326  = \port$2592$76 [21] ? \$325  : { x0, 1'h0 };
-  assign \$329  = \port$2592$76 [21] ? \$328  : { x0, 1'h0 };
-  assign \$330  = \port$2592$76 [20] ? \$327  : \$329 [39:0];
-  assign \$331  = \port$2592$76 [19] ? \$324  : \$330 [23:0];
-  assign \$332  = \port$2592$76 [18] ? \$317  : \$331 [15:0];
-  assign \$333  = \port$2592$76 [17] ? \$302  : \$332 [11:0];
-  assign \$336  = \port$2592$76 [21] ? \$335  : { x0, 1'h0 };
-  assign \$339  = \port$2592$76 [21] ? \$338  : { x0, 1'h0 };
-  assign \$340  = \port$2592$76 [20] ? \$337  : \$339 [39:0];
-  assign \$343  = \port$2592$76 [21] ? \$342  : { x0, 1'h0 };
-  assign \$346  = \port$2592$76 [21] ? \$345  : { x0, 1'h0 };
-  assign \$347  = \port$2592$76 [20] ? \$344  : \$346 [39:0];
-  assign \$348  = \port$2592$76 [19] ? \$341  : \$347 [23:0];
-  assign \$351  = \port$2592$76 [21] ? \$350  : { x0, 1'h0 };
-  assign \$354  = \port$2592$76 [21] ? \$353  : { x0, 1'h0 };
-  assign \$355  = \port$2592$76 [20] ? \$352  : \$354 [39:0];
-  assign \$358  = \port$2592$76 [21] ? \$357  : { x0, 1'h0 };
-  assign \$361  = \port$2592$76 [21] ? \$360  : { x0, 1'h0 };
-  assign \$362  = \port$2592$76 [20] ? \$359  : \$361 [39:0];
-  assign \$363  = \port$2592$76 [19] ? \$356  : \$362 [23:0];
-  assign \$364  = \port$2592$76 [18] ? \$349  : \$363 [15:0];
-  assign \$367  = \port$2592$76 [21] ? \$366  : { x0, 1'h0 };
-  assign \$370  = \port$2592$76 [21] ? \$369  : { x0, 1'h0 };
-  assign \$371  = \port$2592$76 [20] ? \$368  : \$370 [39:0];
-  assign \$374  = \port$2592$76 [21] ? \$373  : { x0, 1'h0 };
-  assign \$377  = \port$2592$76 [21] ? \$376  : { x0, 1'h0 };
-  assign \$378  = \port$2592$76 [20] ? \$375  : \$377 [39:0];
-  assign \$379  = \port$2592$76 [19] ? \$372  : \$378 [23:0];
-  assign \$382  = \port$2592$76 [21] ? \$381  : { x0, 1'h0 };
-  assign \$385  = \port$2592$76 [21] ? \$384  : { x0, 1'h0 };
-  assign \$386  = \port$2592$76 [20] ? \$383  : \$385 [39:0];
-  assign \$389  = \port$2592$76 [21] ? \$388  : { x0, 1'h0 };
-  assign \$392  = \port$2592$76 [21] ? \$391  : { x0, 1'h0 };
-  assign \$393  = \port$2592$76 [20] ? \$390  : \$392 [39:0];
-  assign \$394  = \port$2592$76 [19] ? \$387  : \$393 [23:0];
-  assign \$395  = \port$2592$76 [18] ? \$380  : \$394 [15:0];
-  assign \$396  = \port$2592$76 [17] ? \$365  : \$395 [11:0];
-  assign \$397  = \port$2592$76 [16] ? \$334  : \$396 [9:0];
+  assign \$273  = shift[5] ? \$272  : { x0, 1'h0 };
+  assign \$276  = shift[5] ? \$275  : { x0, 1'h0 };
+  assign \$277  = shift[4] ? \$274  : \$276 [39:0];
+  assign \$280  = shift[5] ? \$279  : { x0, 1'h0 };
+  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
+  assign \$284  = shift[4] ? \$281  : \$283 [39:0];
+  assign \$285  = shift[3] ? \$278  : \$284 [23:0];
+  assign \$288  = shift[5] ? \$287  : { x0, 1'h0 };
+  assign \$291  = shift[5] ? \$290  : { x0, 1'h0 };
+  assign \$292  = shift[4] ? \$289  : \$291 [39:0];
+  assign \$295  = shift[5] ? \$294  : { x0, 1'h0 };
+  assign \$298  = shift[5] ? \$297  : { x0, 1'h0 };
+  assign \$299  = shift[4] ? \$296  : \$298 [39:0];
+  assign \$300  = shift[3] ? \$293  : \$299 [23:0];
+  assign \$301  = shift[2] ? \$286  : \$300 [15:0];
+  assign \$304  = shift[5] ? \$303  : { x0, 1'h0 };
+  assign \$307  = shift[5] ? \$306  : { x0, 1'h0 };
+  assign \$308  = shift[4] ? \$305  : \$307 [39:0];
+  assign \$311  = shift[5] ? \$310  : { x0, 1'h0 };
+  assign \$314  = shift[5] ? \$313  : { x0, 1'h0 };
+  assign \$315  = shift[4] ? \$312  : \$314 [39:0];
+  assign \$316  = shift[3] ? \$309  : \$315 [23:0];
+  assign \$319  = shift[5] ? \$318  : { x0, 1'h0 };
+  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
+  assign \$323  = shift[4] ? \$320  : \$322 [39:0];
+  assign \$326  = shift[5] ? \$325  : { x0, 1'h0 };
+  assign \$329  = shift[5] ? \$328  : { x0, 1'h0 };
+  assign \$330  = shift[4] ? \$327  : \$329 [39:0];
+  assign \$331  = shift[3] ? \$324  : \$330 [23:0];
+  assign \$332  = shift[2] ? \$317  : \$331 [15:0];
+  assign \$333  = shift[1] ? \$302  : \$332 [11:0];
+  assign \$336  = shift[5] ? \$335  : { x0, 1'h0 };
+  assign \$339  = shift[5] ? \$338  : { x0, 1'h0 };
+  assign \$340  = shift[4] ? \$337  : \$339 [39:0];
+  assign \$343  = shift[5] ? \$342  : { x0, 1'h0 };
+  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
+  assign \$347  = shift[4] ? \$344  : \$346 [39:0];
+  assign \$348  = shift[3] ? \$341  : \$347 [23:0];
+  assign \$351  = shift[5] ? \$350  : { x0, 1'h0 };
+  assign \$354  = shift[5] ? \$353  : { x0, 1'h0 };
+  assign \$355  = shift[4] ? \$352  : \$354 [39:0];
+  assign \$358  = shift[5] ? \$357  : { x0, 1'h0 };
+  assign \$361  = shift[5] ? \$360  : { x0, 1'h0 };
+  assign \$362  = shift[4] ? \$359  : \$361 [39:0];
+  assign \$363  = shift[3] ? \$356  : \$362 [23:0];
+  assign \$364  = shift[2] ? \$349  : \$363 [15:0];
+  assign \$367  = shift[5] ? \$366  : { x0, 1'h0 };
+  assign \$370  = shift[5] ? \$369  : { x0, 1'h0 };
+  assign \$371  = shift[4] ? \$368  : \$370 [39:0];
+  assign \$374  = shift[5] ? \$373  : { x0, 1'h0 };
+  assign \$377  = shift[5] ? \$376  : { x0, 1'h0 };
+  assign \$378  = shift[4] ? \$375  : \$377 [39:0];
+  assign \$379  = shift[3] ? \$372  : \$378 [23:0];
+  assign \$382  = shift[5] ? \$381  : { x0, 1'h0 };
+  assign \$385  = shift[5] ? \$384  : { x0, 1'h0 };
+  assign \$386  = shift[4] ? \$383  : \$385 [39:0];
+  assign \$389  = shift[5] ? \$388  : { x0, 1'h0 };
+  assign \$392  = shift[5] ? \$391  : { x0, 1'h0 };
+  assign \$393  = shift[4] ? \$390  : \$392 [39:0];
+  assign \$394  = shift[3] ? \$387  : \$393 [23:0];
+  assign \$395  = shift[2] ? \$380  : \$394 [15:0];
+  assign \$396  = shift[1] ? \$365  : \$395 [11:0];
+  assign \$397  = shift[0] ? \$334  : \$396 [9:0];
   assign \$398  = { x0, 1'h0 } & below;
   assign \$399  = | \$398 ;
   assign \$400  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27517,69 +27533,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$407  = $signed(rounded0) > $signed(8'h7f);
   assign \$408  = \$407  ? 9'h07f : rounded0;
   assign \$409  = over2_0 ? { \$406 [7], \$406  } : \$408 ;
-  assign \$411  = \port$2592$76 [21] ? \$410  : { x1, 1'h0 };
-  assign \$414  = \port$2592$76 [21] ? \$413  : { x1, 1'h0 };
-  assign \$415  = \port$2592$76 [20] ? \$412  : \$414 [39:0];
-  assign \$418  = \port$2592$76 [21] ? \$417  : { x1, 1'h0 };
-  assign \$421  = \port$2592$76 [21] ? \$420  : { x1, 1'h0 };
-  assign \$422  = \port$2592$76 [20] ? \$419  : \$421 [39:0];
-  assign \$423  = \port$2592$76 [19] ? \$416  : \$422 [23:0];
-  assign \$426  = \port$2592$76 [21] ? \$425  : { x1, 1'h0 };
-  assign \$429  = \port$2592$76 [21] ? \$428  : { x1, 1'h0 };
-  assign \$430  = \port$2592$76 [20] ? \$427  : \$429 [39:0];
-  assign \$433  = \port$2592$76 [21] ? \$432  : { x1, 1'h0 };
-  assign \$436  = \port$2592$76 [21] ? \$435  : { x1, 1'h0 };
-  assign \$437  = \port$2592$76 [20] ? \$434  : \$436 [39:0];
-  assign \$438  = \port$2592$76 [19] ? \$431  : \$437 [23:0];
-  assign \$439  = \port$2592$76 [18] ? \$424  : \$438 [15:0];
-  assign \$442  = \port$2592$76 [21] ? \$441  : { x1, 1'h0 };
-  assign \$445  = \port$2592$76 [21] ? \$444  : { x1, 1'h0 };
-  assign \$446  = \port$2592$76 [20] ? \$443  : \$445 [39:0];
-  assign \$449  = \port$2592$76 [21] ? \$448  : { x1, 1'h0 };
-  assign \$452  = \port$2592$76 [21] ? \$451  : { x1, 1'h0 };
-  assign \$453  = \port$2592$76 [20] ? \$450  : \$452 [39:0];
-  assign \$454  = \port$2592$76 [19] ? \$447  : \$453 [23:0];
-  assign \$457  = \port$2592$76 [21] ? \$456  : { x1, 1'h0 };
-  assign \$460  = \port$2592$76 [21] ? \$459  : { x1, 1'h0 };
-  assign \$461  = \port$2592$76 [20] ? \$458  : \$460 [39:0];
-  assign \$464  = \port$2592$76 [21] ? \$463  : { x1, 1'h0 };
-  assign \$467  = \port$2592$76 [21] ? \$466  : { x1, 1'h0 };
-  assign \$468  = \port$2592$76 [20] ? \$465  : \$467 [39:0];
-  assign \$469  = \port$2592$76 [19] ? \$462  : \$468 [23:0];
-  assign \$470  = \port$2592$76 [18] ? \$455  : \$469 [15:0];
-  assign \$471  = \port$2592$76 [17] ? \$440  : \$470 [11:0];
-  assign \$474  = \port$2592$76 [21] ? \$473  : { x1, 1'h0 };
-  assign \$477  = \port$2592$76 [21] ? \$476  : { x1, 1'h0 };
-  assign \$478  = \port$2592$76 [20] ? \$475  : \$477 [39:0];
-  assign \$481  = \port$2592$76 [21] ? \$480  : { x1, 1'h0 };
-  assign \$484  = \port$2592$76 [21] ? \$483  : { x1, 1'h0 };
-  assign \$485  = \port$2592$76 [20] ? \$482  : \$484 [39:0];
-  assign \$486  = \port$2592$76 [19] ? \$479  : \$485 [23:0];
-  assign \$489  = \port$2592$76 [21] ? \$488  : { x1, 1'h0 };
-  assign \$492  = \port$2592$76 [21] ? \$491  : { x1, 1'h0 };
-  assign \$493  = \port$2592$76 [20] ? \$490  : \$492 [39:0];
-  assign \$496  = \port$2592$76 [21] ? \$495  : { x1, 1'h0 };
-  assign \$499  = \port$2592$76 [21] ? \$498  : { x1, 1'h0 };
-  assign \$500  = \port$2592$76 [20] ? \$497  : \$499 [39:0];
-  assign \$501  = \port$2592$76 [19] ? \$494  : \$500 [23:0];
-  assign \$502  = \port$2592$76 [18] ? \$487  : \$501 [15:0];
-  assign \$505  = \port$2592$76 [21] ? \$504  : { x1, 1'h0 };
-  assign \$508  = \port$2592$76 [21] ? \$507  : { x1, 1'h0 };
-  assign \$509  = \port$2592$76 [20] ? \$506  : \$508 [39:0];
-  assign \$512  = \port$2592$76 [21] ? \$511  : { x1, 1'h0 };
-  assign \$515  = \port$2592$76 [21] ? \$514  : { x1, 1'h0 };
-  assign \$516  = \port$2592$76 [20] ? \$513  : \$515 [39:0];
-  assign \$517  = \port$2592$76 [19] ? \$510  : \$516 [23:0];
-  assign \$520  = \port$2592$76 [21] ? \$519  : { x1, 1'h0 };
-  assign \$523  = \port$2592$76 [21] ? \$522  : { x1, 1'h0 };
-  assign \$524  = \port$2592$76 [20] ? \$521  : \$523 [39:0];
-  assign \$527  = \port$2592$76 [21] ? \$526  : { x1, 1'h0 };
-  assign \$530  = \port$2592$76 [21] ? \$529  : { x1, 1'h0 };
-  assign \$531  = \port$2592$76 [20] ? \$528  : \$530 [39:0];
-  assign \$532  = \port$2592$76 [19] ? \$525  : \$531 [23:0];
-  assign \$533  = \port$2592$76 [18] ? \$518  : \$532 [15:0];
-  assign \$534  = \port$2592$76 [17] ? \$503  : \$533 [11:0];
-  assign \$535  = \port$2592$76 [16] ? \$472  : \$534 [9:0];
+  assign \$411  = shift[5] ? \$410  : { x1, 1'h0 };
+  assign \$414  = shift[5] ? \$413  : { x1, 1'h0 };
+  assign \$415  = shift[4] ? \$412  : \$414 [39:0];
+  assign \$418  = shift[5] ? \$417  : { x1, 1'h0 };
+  assign \$421  = shift[5] ? \$420  : { x1, 1'h0 };
+  assign \$422  = shift[4] ? \$419  : \$421 [39:0];
+  assign \$423  = shift[3] ? \$416  : \$422 [23:0];
+  assign \$426  = shift[5] ? \$425  : { x1, 1'h0 };
+  assign \$429  = shift[5] ? \$428  : { x1, 1'h0 };
+  assign \$430  = shift[4] ? \$427  : \$429 [39:0];
+  assign \$433  = shift[5] ? \$432  : { x1, 1'h0 };
+  assign \$436  = shift[5] ? \$435  : { x1, 1'h0 };
+  assign \$437  = shift[4] ? \$434  : \$436 [39:0];
+  assign \$438  = shift[3] ? \$431  : \$437 [23:0];
+  assign \$439  = shift[2] ? \$424  : \$438 [15:0];
+  assign \$442  = shift[5] ? \$441  : { x1, 1'h0 };
+  assign \$445  = shift[5] ? \$444  : { x1, 1'h0 };
+  assign \$446  = shift[4] ? \$443  : \$445 [39:0];
+  assign \$449  = shift[5] ? \$448  : { x1, 1'h0 };
+  assign \$452  = shift[5] ? \$451  : { x1, 1'h0 };
+  assign \$453  = shift[4] ? \$450  : \$452 [39:0];
+  assign \$454  = shift[3] ? \$447  : \$453 [23:0];
+  assign \$457  = shift[5] ? \$456  : { x1, 1'h0 };
+  assign \$460  = shift[5] ? \$459  : { x1, 1'h0 };
+  assign \$461  = shift[4] ? \$458  : \$460 [39:0];
+  assign \$464  = shift[5] ? \$463  : { x1, 1'h0 };
+  assign \$467  = shift[5] ? \$466  : { x1, 1'h0 };
+  assign \$468  = shift[4] ? \$465  : \$467 [39:0];
+  assign \$469  = shift[3] ? \$462  : \$468 [23:0];
+  assign \$470  = shift[2] ? \$455  : \$469 [15:0];
+  assign \$471  = shift[1] ? \$440  : \$470 [11:0];
+  assign \$474  = shift[5] ? \$473  : { x1, 1'h0 };
+  assign \$477  = shift[5] ? \$476  : { x1, 1'h0 };
+  assign \$478  = shift[4] ? \$475  : \$477 [39:0];
+  assign \$481  = shift[5] ? \$480  : { x1, 1'h0 };
+  assign \$484  = shift[5] ? \$483  : { x1, 1'h0 };
+  assign \$485  = shift[4] ? \$482  : \$484 [39:0];
+  assign \$486  = shift[3] ? \$479  : \$485 [23:0];
+  assign \$489  = shift[5] ? \$488  : { x1, 1'h0 };
+  assign \$492  = shift[5] ? \$491  : { x1, 1'h0 };
+  assign \$493  = shift[4] ? \$490  : \$492 [39:0];
+  assign \$496  = shift[5] ? \$495  : { x1, 1'h0 };
+  assign \$499  = shift[5] ? \$498  : { x1, 1'h0 };
+  assign \$500  = shift[4] ? \$497  : \$499 [39:0];
+  assign \$501  = shift[3] ? \$494  : \$500 [23:0];
+  assign \$502  = shift[2] ? \$487  : \$501 [15:0];
+  assign \$505  = shift[5] ? \$504  : { x1, 1'h0 };
+  assign \$508  = shift[5] ? \$507  : { x1, 1'h0 };
+  assign \$509  = shift[4] ? \$506  : \$508 [39:0];
+  assign \$512  = shift[5] ? \$511  : { x1, 1'h0 };
+  assign \$515  = shift[5] ? \$514  : { x1, 1'h0 };
+  assign \$516  = shift[4] ? \$513  : \$515 [39:0];
+  assign \$517  = shift[3] ? \$510  : \$516 [23:0];
+  assign \$520  = shift[5] ? \$519  : { x1, 1'h0 };
+  assign \$523  = shift[5] ? \$522  : { x1, 1'h0 };
+  assign \$524  = shift[4] ? \$521  : \$523 [39:0];
+  assign \$527  = shift[5] ? \$526  : { x1, 1'h0 };
+  assign \$530  = shift[5] ? \$529  : { x1, 1'h0 };
+  assign \$531  = shift[4] ? \$528  : \$530 [39:0];
+  assign \$532  = shift[3] ? \$525  : \$531 [23:0];
+  assign \$533  = shift[2] ? \$518  : \$532 [15:0];
+  assign \$534  = shift[1] ? \$503  : \$533 [11:0];
+  assign \$535  = shift[0] ? \$472  : \$534 [9:0];
   assign \$536  = { x1, 1'h0 } & below;
   assign \$537  = | \$536 ;
   assign \$538  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27592,69 +27608,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$545  = $signed(rounded1) > $signed(8'h7f);
   assign \$546  = \$545  ? 9'h07f : rounded1;
   assign \$547  = over2_1 ? { \$544 [7], \$544  } : \$546 ;
-  assign \$549  = \port$2592$76 [21] ? \$548  : { x2, 1'h0 };
-  assign \$552  = \port$2592$76 [21] ? \$551  : { x2, 1'h0 };
-  assign \$553  = \port$2592$76 [20] ? \$550  : \$552 [39:0];
-  assign \$556  = \port$2592$76 [21] ? \$555  : { x2, 1'h0 };
-  assign \$559  = \port$2592$76 [21] ? \$558  : { x2, 1'h0 };
-  assign \$560  = \port$2592$76 [20] ? \$557  : \$559 [39:0];
-  assign \$561  = \port$2592$76 [19] ? \$554  : \$560 [23:0];
-  assign \$564  = \port$2592$76 [21] ? \$563  : { x2, 1'h0 };
-  assign \$567  = \port$2592$76 [21] ? \$566  : { x2, 1'h0 };
-  assign \$568  = \port$2592$76 [20] ? \$565  : \$567 [39:0];
-  assign \$571  = \port$2592$76 [21] ? \$570  : { x2, 1'h0 };
-  assign \$574  = \port$2592$76 [21] ? \$573  : { x2, 1'h0 };
-  assign \$575  = \port$2592$76 [20] ? \$572  : \$574 [39:0];
-  assign \$576  = \port$2592$76 [19] ? \$569  : \$575 [23:0];
-  assign \$577  = \port$2592$76 [18] ? \$562  : \$576 [15:0];
-  assign \$580  = \port$2592$76 [21] ? \$579  : { x2, 1'h0 };
-  assign \$583  = \port$2592$76 [21] ? \$582  : { x2, 1'h0 };
-  assign \$584  = \port$2592$76 [20] ? \$581  : \$583 [39:0];
-  assign \$587  = \port$2592$76 [21] ? \$586  : { x2, 1'h0 };
-  assign \$590  = \port$2592$76 [21] ? \$589  : { x2, 1'h0 };
-  assign \$591  = \port$2592$76 [20] ? \$588  : \$590 [39:0];
-  assign \$592  = \port$2592$76 [19] ? \$585  : \$591 [23:0];
-  assign \$595  = \port$2592$76 [21] ? \$594  : { x2, 1'h0 };
-  assign \$598  = \port$2592$76 [21] ? \$597  : { x2, 1'h0 };
-  assign \$599  = \port$2592$76 [20] ? \$596  : \$598 [39:0];
-  assign \$602  = \port$2592$76 [21] ? \$601  : { x2, 1'h0 };
-  assign \$605  = \port$2592$76 [21] ? \$604  : { x2, 1'h0 };
-  assign \$606  = \port$2592$76 [20] ? \$603  : \$605 [39:0];
-  assign \$607  = \port$2592$76 [19] ? \$600  : \$606 [23:0];
-  assign \$608  = \port$2592$76 [18] ? \$593  : \$607 [15:0];
-  assign \$609  = \port$2592$76 [17] ? \$578  : \$608 [11:0];
-  assign \$612  = \port$2592$76 [21] ? \$611  : { x2, 1'h0 };
-  assign \$615  = \port$2592$76 [21] ? \$614  : { x2, 1'h0 };
-  assign \$616  = \port$2592$76 [20] ? \$613  : \$615 [39:0];
-  assign \$619  = \port$2592$76 [21] ? \$618  : { x2, 1'h0 };
-  assign \$622  = \port$2592$76 [21] ? \$621  : { x2, 1'h0 };
-  assign \$623  = \port$2592$76 [20] ? \$620  : \$622 [39:0];
-  assign \$624  = \port$2592$76 [19] ? \$617  : \$623 [23:0];
-  assign \$627  = \port$2592$76 [21] ? \$626  : { x2, 1'h0 };
-  assign \$630  = \port$2592$76 [21] ? \$629  : { x2, 1'h0 };
-  assign \$631  = \port$2592$76 [20] ? \$628  : \$630 [39:0];
-  assign \$634  = \port$2592$76 [21] ? \$633  : { x2, 1'h0 };
-  assign \$637  = \port$2592$76 [21] ? \$636  : { x2, 1'h0 };
-  assign \$638  = \port$2592$76 [20] ? \$635  : \$637 [39:0];
-  assign \$639  = \port$2592$76 [19] ? \$632  : \$638 [23:0];
-  assign \$640  = \port$2592$76 [18] ? \$625  : \$639 [15:0];
-  assign \$643  = \port$2592$76 [21] ? \$642  : { x2, 1'h0 };
-  assign \$646  = \port$2592$76 [21] ? \$645  : { x2, 1'h0 };
-  assign \$647  = \port$2592$76 [20] ? \$644  : \$646 [39:0];
-  assign \$650  = \port$2592$76 [21] ? \$649  : { x2, 1'h0 };
-  assign \$653  = \port$2592$76 [21] ? \$652  : { x2, 1'h0 };
-  assign \$654  = \port$2592$76 [20] ? \$651  : \$653 [39:0];
-  assign \$655  = \port$2592$76 [19] ? \$648  : \$654 [23:0];
-  assign \$658  = \port$2592$76 [21] ? \$657  : { x2, 1'h0 };
-  assign \$661  = \port$2592$76 [21] ? \$660  : { x2, 1'h0 };
-  assign \$662  = \port$2592$76 [20] ? \$659  : \$661 [39:0];
-  assign \$665  = \port$2592$76 [21] ? \$664  : { x2, 1'h0 };
-  assign \$668  = \port$2592$76 [21] ? \$667  : { x2, 1'h0 };
-  assign \$669  = \port$2592$76 [20] ? \$666  : \$668 [39:0];
-  assign \$670  = \port$2592$76 [19] ? \$663  : \$669 [23:0];
-  assign \$671  = \port$2592$76 [18] ? \$656  : \$670 [15:0];
-  assign \$672  = \port$2592$76 [17] ? \$641  : \$671 [11:0];
-  assign \$673  = \port$2592$76 [16] ? \$610  : \$672 [9:0];
+  assign \$549  = shift[5] ? \$548  : { x2, 1'h0 };
+  assign \$552  = shift[5] ? \$551  : { x2, 1'h0 };
+  assign \$553  = shift[4] ? \$550  : \$552 [39:0];
+  assign \$556  = shift[5] ? \$555  : { x2, 1'h0 };
+  assign \$559  = shift[5] ? \$558  : { x2, 1'h0 };
+  assign \$560  = shift[4] ? \$557  : \$559 [39:0];
+  assign \$561  = shift[3] ? \$554  : \$560 [23:0];
+  assign \$564  = shift[5] ? \$563  : { x2, 1'h0 };
+  assign \$567  = shift[5] ? \$566  : { x2, 1'h0 };
+  assign \$568  = shift[4] ? \$565  : \$567 [39:0];
+  assign \$571  = shift[5] ? \$570  : { x2, 1'h0 };
+  assign \$574  = shift[5] ? \$573  : { x2, 1'h0 };
+  assign \$575  = shift[4] ? \$572  : \$574 [39:0];
+  assign \$576  = shift[3] ? \$569  : \$575 [23:0];
+  assign \$577  = shift[2] ? \$562  : \$576 [15:0];
+  assign \$580  = shift[5] ? \$579  : { x2, 1'h0 };
+  assign \$583  = shift[5] ? \$582  : { x2, 1'h0 };
+  assign \$584  = shift[4] ? \$581  : \$583 [39:0];
+  assign \$587  = shift[5] ? \$586  : { x2, 1'h0 };
+  assign \$590  = shift[5] ? \$589  : { x2, 1'h0 };
+  assign \$591  = shift[4] ? \$588  : \$590 [39:0];
+  assign \$592  = shift[3] ? \$585  : \$591 [23:0];
+  assign \$595  = shift[5] ? \$594  : { x2, 1'h0 };
+  assign \$598  = shift[5] ? \$597  : { x2, 1'h0 };
+  assign \$599  = shift[4] ? \$596  : \$598 [39:0];
+  assign \$602  = shift[5] ? \$601  : { x2, 1'h0 };
+  assign \$605  = shift[5] ? \$604  : { x2, 1'h0 };
+  assign \$606  = shift[4] ? \$603  : \$605 [39:0];
+  assign \$607  = shift[3] ? \$600  : \$606 [23:0];
+  assign \$608  = shift[2] ? \$593  : \$607 [15:0];
+  assign \$609  = shift[1] ? \$578  : \$608 [11:0];
+  assign \$612  = shift[5] ? \$611  : { x2, 1'h0 };
+  assign \$615  = shift[5] ? \$614  : { x2, 1'h0 };
+  assign \$616  = shift[4] ? \$613  : \$615 [39:0];
+  assign \$619  = shift[5] ? \$618  : { x2, 1'h0 };
+  assign \$622  = shift[5] ? \$621  : { x2, 1'h0 };
+  assign \$623  = shift[4] ? \$620  : \$622 [39:0];
+  assign \$624  = shift[3] ? \$617  : \$623 [23:0];
+  assign \$627  = shift[5] ? \$626  : { x2, 1'h0 };
+  assign \$630  = shift[5] ? \$629  : { x2, 1'h0 };
+  assign \$631  = shift[4] ? \$628  : \$630 [39:0];
+  assign \$634  = shift[5] ? \$633  : { x2, 1'h0 };
+  assign \$637  = shift[5] ? \$636  : { x2, 1'h0 };
+  assign \$638  = shift[4] ? \$635  : \$637 [39:0];
+  assign \$639  = shift[3] ? \$632  : \$638 [23:0];
+  assign \$640  = shift[2] ? \$625  : \$639 [15:0];
+  assign \$643  = shift[5] ? \$642  : { x2, 1'h0 };
+  assign \$646  = shift[5] ? \$645  : { x2, 1'h0 };
+  assign \$647  = shift[4] ? \$644  : \$646 [39:0];
+  assign \$650  = shift[5] ? \$649  : { x2, 1'h0 };
+  assign \$653  = shift[5] ? \$652  : { x2, 1'h0 };
+  assign \$654  = shift[4] ? \$651  : \$653 [39:0];
+  assign \$655  = shift[3] ? \$648  : \$654 [23:0];
+  assign \$658  = shift[5] ? \$657  : { x2, 1'h0 };
+  assign \$661  = shift[5] ? \$660  : { x2, 1'h0 };
+  assign \$662  = shift[4] ? \$659  : \$661 [39:0];
+  assign \$665  = shift[5] ? \$664  : { x2, 1'h0 };
+  assign \$668  = shift[5] ? \$667  : { x2, 1'h0 };
+  assign \$669  = shift[4] ? \$666  : \$668 [39:0];
+  assign \$670  = shift[3] ? \$663  : \$669 [23:0];
+  assign \$671  = shift[2] ? \$656  : \$670 [15:0];
+  assign \$672  = shift[1] ? \$641  : \$671 [11:0];
+  assign \$673  = shift[0] ? \$610  : \$672 [9:0];
   assign \$674  = { x2, 1'h0 } & below;
   assign \$675  = | \$674 ;
   assign \$676  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27667,69 +27683,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$683  = $signed(rounded2) > $signed(8'h7f);
   assign \$684  = \$683  ? 9'h07f : rounded2;
   assign \$685  = over2_2 ? { \$682 [7], \$682  } : \$684 ;
-  assign \$687  = \port$2592$76 [21] ? \$686  : { x3, 1'h0 };
-  assign \$690  = \port$2592$76 [21] ? \$689  : { x3, 1'h0 };
-  assign \$691  = \port$2592$76 [20] ? \$688  : \$690 [39:0];
-  assign \$694  = \port$2592$76 [21] ? \$693  : { x3, 1'h0 };
-  assign \$697  = \port$2592$76 [21] ? \$696  : { x3, 1'h0 };
-  assign \$698  = \port$2592$76 [20] ? \$695  : \$697 [39:0];
-  assign \$699  = \port$2592$76 [19] ? \$692  : \$698 [23:0];
-  assign \$702  = \port$2592$76 [21] ? \$701  : { x3, 1'h0 };
-  assign \$705  = \port$2592$76 [21] ? \$704  : { x3, 1'h0 };
-  assign \$706  = \port$2592$76 [20] ? \$703  : \$705 [39:0];
-  assign \$709  = \port$2592$76 [21] ? \$708  : { x3, 1'h0 };
-  assign \$712  = \port$2592$76 [21] ? \$711  : { x3, 1'h0 };
-  assign \$713  = \port$2592$76 [20] ? \$710  : \$712 [39:0];
-  assign \$714  = \port$2592$76 [19] ? \$707  : \$713 [23:0];
-  assign \$715  = \port$2592$76 [18] ? \$700  : \$714 [15:0];
-  assign \$718  = \port$2592$76 [21] ? \$717  : { x3, 1'h0 };
-  assign \$721  = \port$2592$76 [21] ? \$720  : { x3, 1'h0 };
-  assign \$722  = \port$2592$76 [20] ? \$719  : \$721 [39:0];
-  assign \$725  = \port$2592$76 [21] ? \$724  : { x3, 1'h0 };
-  assign \$728  = \port$2592$76 [21] ? \$727  : { x3, 1'h0 };
-  assign \$729  = \port$2592$76 [20] ? \$726  : \$728 [39:0];
-  assign \$730  = \port$2592$76 [19] ? \$723  : \$729 [23:0];
-  assign \$733  = \port$2592$76 [21] ? \$732  : { x3, 1'h0 };
-  assign \$736  = \port$2592$76 [21] ? \$735  : { x3, 1'h0 };
-  assign \$737  = \port$2592$76 [20] ? \$734  : \$736 [39:0];
-  assign \$740  = \port$2592$76 [21] ? \$739  : { x3, 1'h0 };
-  assign \$743  = \port$2592$76 [21] ? \$742  : { x3, 1'h0 };
-  assign \$744  = \port$2592$76 [20] ? \$741  : \$743 [39:0];
-  assign \$745  = \port$2592$76 [19] ? \$738  : \$744 [23:0];
-  assign \$746  = \port$2592$76 [18] ? \$731  : \$745 [15:0];
-  assign \$747  = \port$2592$76 [17] ? \$716  : \$746 [11:0];
-  assign \$750  = \port$2592$76 [21] ? \$749  : { x3, 1'h0 };
-  assign \$753  = \port$2592$76 [21] ? \$752  : { x3, 1'h0 };
-  assign \$754  = \port$2592$76 [20] ? \$751  : \$753 [39:0];
-  assign \$757  = \port$2592$76 [21] ? \$756  : { x3, 1'h0 };
-  assign \$760  = \port$2592$76 [21] ? \$759  : { x3, 1'h0 };
-  assign \$761  = \port$2592$76 [20] ? \$758  : \$760 [39:0];
-  assign \$762  = \port$2592$76 [19] ? \$755  : \$761 [23:0];
-  assign \$765  = \port$2592$76 [21] ? \$764  : { x3, 1'h0 };
-  assign \$768  = \port$2592$76 [21] ? \$767  : { x3, 1'h0 };
-  assign \$769  = \port$2592$76 [20] ? \$766  : \$768 [39:0];
-  assign \$772  = \port$2592$76 [21] ? \$771  : { x3, 1'h0 };
-  assign \$775  = \port$2592$76 [21] ? \$774  : { x3, 1'h0 };
-  assign \$776  = \port$2592$76 [20] ? \$773  : \$775 [39:0];
-  assign \$777  = \port$2592$76 [19] ? \$770  : \$776 [23:0];
-  assign \$778  = \port$2592$76 [18] ? \$763  : \$777 [15:0];
-  assign \$781  = \port$2592$76 [21] ? \$780  : { x3, 1'h0 };
-  assign \$784  = \port$2592$76 [21] ? \$783  : { x3, 1'h0 };
-  assign \$785  = \port$2592$76 [20] ? \$782  : \$784 [39:0];
-  assign \$788  = \port$2592$76 [21] ? \$787  : { x3, 1'h0 };
-  assign \$791  = \port$2592$76 [21] ? \$790  : { x3, 1'h0 };
-  assign \$792  = \port$2592$76 [20] ? \$789  : \$791 [39:0];
-  assign \$793  = \port$2592$76 [19] ? \$786  : \$792 [23:0];
-  assign \$796  = \port$2592$76 [21] ? \$795  : { x3, 1'h0 };
-  assign \$799  = \port$2592$76 [21] ? \$798  : { x3, 1'h0 };
-  assign \$800  = \port$2592$76 [20] ? \$797  : \$799 [39:0];
-  assign \$803  = \port$2592$76 [21] ? \$802  : { x3, 1'h0 };
-  assign \$806  = \port$2592$76 [21] ? \$805  : { x3, 1'h0 };
-  assign \$807  = \port$2592$76 [20] ? \$804  : \$806 [39:0];
-  assign \$808  = \port$2592$76 [19] ? \$801  : \$807 [23:0];
-  assign \$809  = \port$2592$76 [18] ? \$794  : \$808 [15:0];
-  assign \$810  = \port$2592$76 [17] ? \$779  : \$809 [11:0];
-  assign \$811  = \port$2592$76 [16] ? \$748  : \$810 [9:0];
+  assign \$687  = shift[5] ? \$686  : { x3, 1'h0 };
+  assign \$690  = shift[5] ? \$689  : { x3, 1'h0 };
+  assign \$691  = shift[4] ? \$688  : \$690 [39:0];
+  assign \$694  = shift[5] ? \$693  : { x3, 1'h0 };
+  assign \$697  = shift[5] ? \$696  : { x3, 1'h0 };
+  assign \$698  = shift[4] ? \$695  : \$697 [39:0];
+  assign \$699  = shift[3] ? \$692  : \$698 [23:0];
+  assign \$702  = shift[5] ? \$701  : { x3, 1'h0 };
+  assign \$705  = shift[5] ? \$704  : { x3, 1'h0 };
+  assign \$706  = shift[4] ? \$703  : \$705 [39:0];
+  assign \$709  = shift[5] ? \$708  : { x3, 1'h0 };
+  assign \$712  = shift[5] ? \$711  : { x3, 1'h0 };
+  assign \$713  = shift[4] ? \$710  : \$712 [39:0];
+  assign \$714  = shift[3] ? \$707  : \$713 [23:0];
+  assign \$715  = shift[2] ? \$700  : \$714 [15:0];
+  assign \$718  = shift[5] ? \$717  : { x3, 1'h0 };
+  assign \$721  = shift[5] ? \$720  : { x3, 1'h0 };
+  assign \$722  = shift[4] ? \$719  : \$721 [39:0];
+  assign \$725  = shift[5] ? \$724  : { x3, 1'h0 };
+  assign \$728  = shift[5] ? \$727  : { x3, 1'h0 };
+  assign \$729  = shift[4] ? \$726  : \$728 [39:0];
+  assign \$730  = shift[3] ? \$723  : \$729 [23:0];
+  assign \$733  = shift[5] ? \$732  : { x3, 1'h0 };
+  assign \$736  = shift[5] ? \$735  : { x3, 1'h0 };
+  assign \$737  = shift[4] ? \$734  : \$736 [39:0];
+  assign \$740  = shift[5] ? \$739  : { x3, 1'h0 };
+  assign \$743  = shift[5] ? \$742  : { x3, 1'h0 };
+  assign \$744  = shift[4] ? \$741  : \$743 [39:0];
+  assign \$745  = shift[3] ? \$738  : \$744 [23:0];
+  assign \$746  = shift[2] ? \$731  : \$745 [15:0];
+  assign \$747  = shift[1] ? \$716  : \$746 [11:0];
+  assign \$750  = shift[5] ? \$749  : { x3, 1'h0 };
+  assign \$753  = shift[5] ? \$752  : { x3, 1'h0 };
+  assign \$754  = shift[4] ? \$751  : \$753 [39:0];
+  assign \$757  = shift[5] ? \$756  : { x3, 1'h0 };
+  assign \$760  = shift[5] ? \$759  : { x3, 1'h0 };
+  assign \$761  = shift[4] ? \$758  : \$760 [39:0];
+  assign \$762  = shift[3] ? \$755  : \$761 [23:0];
+  assign \$765  = shift[5] ? \$764  : { x3, 1'h0 };
+  assign \$768  = shift[5] ? \$767  : { x3, 1'h0 };
+  assign \$769  = shift[4] ? \$766  : \$768 [39:0];
+  assign \$772  = shift[5] ? \$771  : { x3, 1'h0 };
+  assign \$775  = shift[5] ? \$774  : { x3, 1'h0 };
+  assign \$776  = shift[4] ? \$773  : \$775 [39:0];
+  assign \$777  = shift[3] ? \$770  : \$776 [23:0];
+  assign \$778  = shift[2] ? \$763  : \$777 [15:0];
+  assign \$781  = shift[5] ? \$780  : { x3, 1'h0 };
+  assign \$784  = shift[5] ? \$783  : { x3, 1'h0 };
+  assign \$785  = shift[4] ? \$782  : \$784 [39:0];
+  assign \$788  = shift[5] ? \$787  : { x3, 1'h0 };
+  assign \$791  = shift[5] ? \$790  : { x3, 1'h0 };
+  assign \$792  = shift[4] ? \$789  : \$791 [39:0];
+  assign \$793  = shift[3] ? \$786  : \$792 [23:0];
+  assign \$796  = shift[5] ? \$795  : { x3, 1'h0 };
+  assign \$799  = shift[5] ? \$798  : { x3, 1'h0 };
+  assign \$800  = shift[4] ? \$797  : \$799 [39:0];
+  assign \$803  = shift[5] ? \$802  : { x3, 1'h0 };
+  assign \$806  = shift[5] ? \$805  : { x3, 1'h0 };
+  assign \$807  = shift[4] ? \$804  : \$806 [39:0];
+  assign \$808  = shift[3] ? \$801  : \$807 [23:0];
+  assign \$809  = shift[2] ? \$794  : \$808 [15:0];
+  assign \$810  = shift[1] ? \$779  : \$809 [11:0];
+  assign \$811  = shift[0] ? \$748  : \$810 [9:0];
   assign \$812  = { x3, 1'h0 } & below;
   assign \$813  = | \$812 ;
   assign \$814  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27742,69 +27758,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$821  = $signed(rounded3) > $signed(8'h7f);
   assign \$822  = \$821  ? 9'h07f : rounded3;
   assign \$823  = over2_3 ? { \$820 [7], \$820  } : \$822 ;
-  assign \$825  = \port$2592$76 [21] ? \$824  : { x4, 1'h0 };
-  assign \$828  = \port$2592$76 [21] ? \$827  : { x4, 1'h0 };
-  assign \$829  = \port$2592$76 [20] ? \$826  : \$828 [39:0];
-  assign \$832  = \port$2592$76 [21] ? \$831  : { x4, 1'h0 };
-  assign \$835  = \port$2592$76 [21] ? \$834  : { x4, 1'h0 };
-  assign \$836  = \port$2592$76 [20] ? \$833  : \$835 [39:0];
-  assign \$837  = \port$2592$76 [19] ? \$830  : \$836 [23:0];
-  assign \$840  = \port$2592$76 [21] ? \$839  : { x4, 1'h0 };
-  assign \$843  = \port$2592$76 [21] ? \$842  : { x4, 1'h0 };
-  assign \$844  = \port$2592$76 [20] ? \$841  : \$843 [39:0];
-  assign \$847  = \port$2592$76 [21] ? \$846  : { x4, 1'h0 };
-  assign \$850  = \port$2592$76 [21] ? \$849  : { x4, 1'h0 };
-  assign \$851  = \port$2592$76 [20] ? \$848  : \$850 [39:0];
-  assign \$852  = \port$2592$76 [19] ? \$845  : \$851 [23:0];
-  assign \$853  = \port$2592$76 [18] ? \$838  : \$852 [15:0];
-  assign \$856  = \port$2592$76 [21] ? \$855  : { x4, 1'h0 };
-  assign \$859  = \port$2592$76 [21] ? \$858  : { x4, 1'h0 };
-  assign \$860  = \port$2592$76 [20] ? \$857  : \$859 [39:0];
-  assign \$863  = \port$2592$76 [21] ? \$862  : { x4, 1'h0 };
-  assign \$866  = \port$2592$76 [21] ? \$865  : { x4, 1'h0 };
-  assign \$867  = \port$2592$76 [20] ? \$864  : \$866 [39:0];
-  assign \$868  = \port$2592$76 [19] ? \$861  : \$867 [23:0];
-  assign \$871  = \port$2592$76 [21] ? \$870  : { x4, 1'h0 };
-  assign \$874  = \port$2592$76 [21] ? \$873  : { x4, 1'h0 };
-  assign \$875  = \port$2592$76 [20] ? \$872  : \$874 [39:0];
-  assign \$878  = \port$2592$76 [21] ? \$877  : { x4, 1'h0 };
-  assign \$881  = \port$2592$76 [21] ? \$880  : { x4, 1'h0 };
-  assign \$882  = \port$2592$76 [20] ? \$879  : \$881 [39:0];
-  assign \$883  = \port$2592$76 [19] ? \$876  : \$882 [23:0];
-  assign \$884  = \port$2592$76 [18] ? \$869  : \$883 [15:0];
-  assign \$885  = \port$2592$76 [17] ? \$854  : \$884 [11:0];
-  assign \$888  = \port$2592$76 [21] ? \$887  : { x4, 1'h0 };
-  assign \$891  = \port$2592$76 [21] ? \$890  : { x4, 1'h0 };
-  assign \$892  = \port$2592$76 [20] ? \$889  : \$891 [39:0];
-  assign \$895  = \port$2592$76 [21] ? \$894  : { x4, 1'h0 };
-  assign \$898  = \port$2592$76 [21] ? \$897  : { x4, 1'h0 };
-  assign \$899  = \port$2592$76 [20] ? \$896  : \$898 [39:0];
-  assign \$900  = \port$2592$76 [19] ? \$893  : \$899 [23:0];
-  assign \$903  = \port$2592$76 [21] ? \$902  : { x4, 1'h0 };
-  assign \$906  = \port$2592$76 [21] ? \$905  : { x4, 1'h0 };
-  assign \$907  = \port$2592$76 [20] ? \$904  : \$906 [39:0];
-  assign \$910  = \port$2592$76 [21] ? \$909  : { x4, 1'h0 };
-  assign \$913  = \port$2592$76 [21] ? \$912  : { x4, 1'h0 };
-  assign \$914  = \port$2592$76 [20] ? \$911  : \$913 [39:0];
-  assign \$915  = \port$2592$76 [19] ? \$908  : \$914 [23:0];
-  assign \$916  = \port$2592$76 [18] ? \$901  : \$915 [15:0];
-  assign \$919  = \port$2592$76 [21] ? \$918  : { x4, 1'h0 };
-  assign \$922  = \port$2592$76 [21] ? \$921  : { x4, 1'h0 };
-  assign \$923  = \port$2592$76 [20] ? \$920  : \$922 [39:0];
-  assign \$926  = \port$2592$76 [21] ? \$925  : { x4, 1'h0 };
-  assign \$929  = \port$2592$76 [21] ? \$928  : { x4, 1'h0 };
-  assign \$930  = \port$2592$76 [20] ? \$927  : \$929 [39:0];
-  assign \$931  = \port$2592$76 [19] ? \$924  : \$930 [23:0];
-  assign \$934  = \port$2592$76 [21] ? \$933  : { x4, 1'h0 };
-  assign \$937  = \port$2592$76 [21] ? \$936  : { x4, 1'h0 };
-  assign \$938  = \port$2592$76 [20] ? \$935  : \$937 [39:0];
-  assign \$941  = \port$2592$76 [21] ? \$940  : { x4, 1'h0 };
-  assign \$944  = \port$2592$76 [21] ? \$943  : { x4, 1'h0 };
-  assign \$945  = \port$2592$76 [20] ? \$942  : \$944 [39:0];
-  assign \$946  = \port$2592$76 [19] ? \$939  : \$945 [23:0];
-  assign \$947  = \port$2592$76 [18] ? \$932  : \$946 [15:0];
-  assign \$948  = \port$2592$76 [17] ? \$917  : \$947 [11:0];
-  assign \$949  = \port$2592$76 [16] ? \$886  : \$948 [9:0];
+  assign \$825  = shift[5] ? \$824  : { x4, 1'h0 };
+  assign \$828  = shift[5] ? \$827  : { x4, 1'h0 };
+  assign \$829  = shift[4] ? \$826  : \$828 [39:0];
+  assign \$832  = shift[5] ? \$831  : { x4, 1'h0 };
+  assign \$835  = shift[5] ? \$834  : { x4, 1'h0 };
+  assign \$836  = shift[4] ? \$833  : \$835 [39:0];
+  assign \$837  = shift[3] ? \$830  : \$836 [23:0];
+  assign \$840  = shift[5] ? \$839  : { x4, 1'h0 };
+  assign \$843  = shift[5] ? \$842  : { x4, 1'h0 };
+  assign \$844  = shift[4] ? \$841  : \$843 [39:0];
+  assign \$847  = shift[5] ? \$846  : { x4, 1'h0 };
+  assign \$850  = shift[5] ? \$849  : { x4, 1'h0 };
+  assign \$851  = shift[4] ? \$848  : \$850 [39:0];
+  assign \$852  = shift[3] ? \$845  : \$851 [23:0];
+  assign \$853  = shift[2] ? \$838  : \$852 [15:0];
+  assign \$856  = shift[5] ? \$855  : { x4, 1'h0 };
+  assign \$859  = shift[5] ? \$858  : { x4, 1'h0 };
+  assign \$860  = shift[4] ? \$857  : \$859 [39:0];
+  assign \$863  = shift[5] ? \$862  : { x4, 1'h0 };
+  assign \$866  = shift[5] ? \$865  : { x4, 1'h0 };
+  assign \$867  = shift[4] ? \$864  : \$866 [39:0];
+  assign \$868  = shift[3] ? \$861  : \$867 [23:0];
+  assign \$871  = shift[5] ? \$870  : { x4, 1'h0 };
+  assign \$874  = shift[5] ? \$873  : { x4, 1'h0 };
+  assign \$875  = shift[4] ? \$872  : \$874 [39:0];
+  assign \$878  = shift[5] ? \$877  : { x4, 1'h0 };
+  assign \$881  = shift[5] ? \$880  : { x4, 1'h0 };
+  assign \$882  = shift[4] ? \$879  : \$881 [39:0];
+  assign \$883  = shift[3] ? \$876  : \$882 [23:0];
+  assign \$884  = shift[2] ? \$869  : \$883 [15:0];
+  assign \$885  = shift[1] ? \$854  : \$884 [11:0];
+  assign \$888  = shift[5] ? \$887  : { x4, 1'h0 };
+  assign \$891  = shift[5] ? \$890  : { x4, 1'h0 };
+  assign \$892  = shift[4] ? \$889  : \$891 [39:0];
+  assign \$895  = shift[5] ? \$894  : { x4, 1'h0 };
+  assign \$898  = shift[5] ? \$897  : { x4, 1'h0 };
+  assign \$899  = shift[4] ? \$896  : \$898 [39:0];
+  assign \$900  = shift[3] ? \$893  : \$899 [23:0];
+  assign \$903  = shift[5] ? \$902  : { x4, 1'h0 };
+  assign \$906  = shift[5] ? \$905  : { x4, 1'h0 };
+  assign \$907  = shift[4] ? \$904  : \$906 [39:0];
+  assign \$910  = shift[5] ? \$909  : { x4, 1'h0 };
+  assign \$913  = shift[5] ? \$912  : { x4, 1'h0 };
+  assign \$914  = shift[4] ? \$911  : \$913 [39:0];
+  assign \$915  = shift[3] ? \$908  : \$914 [23:0];
+  assign \$916  = shift[2] ? \$901  : \$915 [15:0];
+  assign \$919  = shift[5] ? \$918  : { x4, 1'h0 };
+  assign \$922  = shift[5] ? \$921  : { x4, 1'h0 };
+  assign \$923  = shift[4] ? \$920  : \$922 [39:0];
+  assign \$926  = shift[5] ? \$925  : { x4, 1'h0 };
+  assign \$929  = shift[5] ? \$928  : { x4, 1'h0 };
+  assign \$930  = shift[4] ? \$927  : \$929 [39:0];
+  assign \$931  = shift[3] ? \$924  : \$930 [23:0];
+  assign \$934  = shift[5] ? \$933  : { x4, 1'h0 };
+  assign \$937  = shift[5] ? \$936  : { x4, 1'h0 };
+  assign \$938  = shift[4] ? \$935  : \$937 [39:0];
+  assign \$941  = shift[5] ? \$940  : { x4, 1'h0 };
+  assign \$944  = shift[5] ? \$943  : { x4, 1'h0 };
+  assign \$945  = shift[4] ? \$942  : \$944 [39:0];
+  assign \$946  = shift[3] ? \$939  : \$945 [23:0];
+  assign \$947  = shift[2] ? \$932  : \$946 [15:0];
+  assign \$948  = shift[1] ? \$917  : \$947 [11:0];
+  assign \$949  = shift[0] ? \$886  : \$948 [9:0];
   assign \$950  = { x4, 1'h0 } & below;
   assign \$951  = | \$950 ;
   assign \$952  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
@@ -27817,69 +27833,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$959  = $signed(rounded4) > $signed(8'h7f);
   assign \$960  = \$959  ? 9'h07f : rounded4;
   assign \$961  = over2_4 ? { \$958 [7], \$958  } : \$960 ;
-  assign \$963  = \port$2592$76 [21] ? \$962  : { x5, 1'h0 };
-  assign \$966  = \port$2592$76 [21] ? \$965  : { x5, 1'h0 };
-  assign \$967  = \port$2592$76 [20] ? \$964  : \$966 [39:0];
-  assign \$970  = \port$2592$76 [21] ? \$969  : { x5, 1'h0 };
-  assign \$973  = \port$2592$76 [21] ? \$972  : { x5, 1'h0 };
-  assign \$974  = \port$2592$76 [20] ? \$971  : \$973 [39:0];
-  assign \$975  = \port$2592$76 [19] ? \$968  : \$974 [23:0];
-  assign \$978  = \port$2592$76 [21] ? \$977  : { x5, 1'h0 };
-  assign \$981  = \port$2592$76 [21] ? \$980  : { x5, 1'h0 };
-  assign \$982  = \port$2592$76 [20] ? \$979  : \$981 [39:0];
-  assign \$985  = \port$2592$76 [21] ? \$984  : { x5, 1'h0 };
-  assign \$988  = \port$2592$76 [21] ? \$987  : { x5, 1'h0 };
-  assign \$989  = \port$2592$76 [20] ? \$986  : \$988 [39:0];
-  assign \$990  = \port$2592$76 [19] ? \$983  : \$989 [23:0];
-  assign \$991  = \port$2592$76 [18] ? \$976  : \$990 [15:0];
-  assign \$994  = \port$2592$76 [21] ? \$993  : { x5, 1'h0 };
-  assign \$997  = \port$2592$76 [21] ? \$996  : { x5, 1'h0 };
-  assign \$998  = \port$2592$76 [20] ? \$995  : \$997 [39:0];
-  assign \$1001  = \port$2592$76 [21] ? \$1000  : { x5, 1'h0 };
-  assign \$1004  = \port$2592$76 [21] ? \$1003  : { x5, 1'h0 };
-  assign \$1005  = \port$2592$76 [20] ? \$1002  : \$1004 [39:0];
-  assign \$1006  = \port$2592$76 [19] ? \$999  : \$1005 [23:0];
-  assign \$1009  = \port$2592$76 [21] ? \$1008  : { x5, 1'h0 };
-  assign \$1012  = \port$2592$76 [21] ? \$1011  : { x5, 1'h0 };
-  assign \$1013  = \port$2592$76 [20] ? \$1010  : \$1012 [39:0];
-  assign \$1016  = \port$2592$76 [21] ? \$1015  : { x5, 1'h0 };
-  assign \$1019  = \port$2592$76 [21] ? \$1018  : { x5, 1'h0 };
-  assign \$1020  = \port$2592$76 [20] ? \$1017  : \$1019 [39:0];
-  assign \$1021  = \port$2592$76 [19] ? \$1014  : \$1020 [23:0];
-  assign \$1022  = \port$2592$76 [18] ? \$1007  : \$1021 [15:0];
-  assign \$1023  = \port$2592$76 [17] ? \$992  : \$1022 [11:0];
-  assign \$1026  = \port$2592$76 [21] ? \$1025  : { x5, 1'h0 };
-  assign \$1029  = \port$2592$76 [21] ? \$1028  : { x5, 1'h0 };
-  assign \$1030  = \port$2592$76 [20] ? \$1027  : \$1029 [39:0];
-  assign \$1033  = \port$2592$76 [21] ? \$1032  : { x5, 1'h0 };
-  assign \$1036  = \port$2592$76 [21] ? \$1035  : { x5, 1'h0 };
-  assign \$1037  = \port$2592$76 [20] ? \$1034  : \$1036 [39:0];
-  assign \$1038  = \port$2592$76 [19] ? \$1031  : \$1037 [23:0];
-  assign \$1041  = \port$2592$76 [21] ? \$1040  : { x5, 1'h0 };
-  assign \$1044  = \port$2592$76 [21] ? \$1043  : { x5, 1'h0 };
-  assign \$1045  = \port$2592$76 [20] ? \$1042  : \$1044 [39:0];
-  assign \$1048  = \port$2592$76 [21] ? \$1047  : { x5, 1'h0 };
-  assign \$1051  = \port$2592$76 [21] ? \$1050  : { x5, 1'h0 };
-  assign \$1052  = \port$2592$76 [20] ? \$1049  : \$1051 [39:0];
-  assign \$1053  = \port$2592$76 [19] ? \$1046  : \$1052 [23:0];
-  assign \$1054  = \port$2592$76 [18] ? \$1039  : \$1053 [15:0];
-  assign \$1057  = \port$2592$76 [21] ? \$1056  : { x5, 1'h0 };
-  assign \$1060  = \port$2592$76 [21] ? \$1059  : { x5, 1'h0 };
-  assign \$1061  = \port$2592$76 [20] ? \$1058  : \$1060 [39:0];
-  assign \$1064  = \port$2592$76 [21] ? \$1063  : { x5, 1'h0 };
-  assign \$1067  = \port$2592$76 [21] ? \$1066  : { x5, 1'h0 };
-  assign \$1068  = \port$2592$76 [20] ? \$1065  : \$1067 [39:0];
-  assign \$1069  = \port$2592$76 [19] ? \$1062  : \$1068 [23:0];
-  assign \$1072  = \port$2592$76 [21] ? \$1071  : { x5, 1'h0 };
-  assign \$1075  = \port$2592$76 [21] ? \$1074  : { x5, 1'h0 };
-  assign \$1076  = \port$2592$76 [20] ? \$1073  : \$1075 [39:0];
-  assign \$1079  = \port$2592$76 [21] ? \$1078  : { x5, 1'h0 };
-  assign \$1082  = \port$2592$76 [21] ? \$1081  : { x5, 1'h0 };
-  assign \$1083  = \port$2592$76 [20] ? \$1080  : \$1082 [39:0];
-  assign \$1084  = \port$2592$76 [19] ? \$1077  : \$1083 [23:0];
-  assign \$1085  = \port$2592$76 [18] ? \$1070  : \$1084 [15:0];
-  assign \$1086  = \port$2592$76 [17] ? \$1055  : \$1085 [11:0];
-  assign \$1087  = \port$2592$76 [16] ? \$1024  : \$1086 [9:0];
+  assign \$963  = shift[5] ? \$962  : { x5, 1'h0 };
+  assign \$966  = shift[5] ? \$965  : { x5, 1'h0 };
+  assign \$967  = shift[4] ? \$964  : \$966 [39:0];
+  assign \$970  = shift[5] ? \$969  : { x5, 1'h0 };
+  assign \$973  = shift[5] ? \$972  : { x5, 1'h0 };
+  assign \$974  = shift[4] ? \$971  : \$973 [39:0];
+  assign \$975  = shift[3] ? \$968  : \$974 [23:0];
+  assign \$978  = shift[5] ? \$977  : { x5, 1'h0 };
+  assign \$981  = shift[5] ? \$980  : { x5, 1'h0 };
+  assign \$982  = shift[4] ? \$979  : \$981 [39:0];
+  assign \$985  = shift[5] ? \$984  : { x5, 1'h0 };
+  assign \$988  = shift[5] ? \$987  : { x5, 1'h0 };
+  assign \$989  = shift[4] ? \$986  : \$988 [39:0];
+  assign \$990  = shift[3] ? \$983  : \$989 [23:0];
+  assign \$991  = shift[2] ? \$976  : \$990 [15:0];
+  assign \$994  = shift[5] ? \$993  : { x5, 1'h0 };
+  assign \$997  = shift[5] ? \$996  : { x5, 1'h0 };
+  assign \$998  = shift[4] ? \$995  : \$997 [39:0];
+  assign \$1001  = shift[5] ? \$1000  : { x5, 1'h0 };
+  assign \$1004  = shift[5] ? \$1003  : { x5, 1'h0 };
+  assign \$1005  = shift[4] ? \$1002  : \$1004 [39:0];
+  assign \$1006  = shift[3] ? \$999  : \$1005 [23:0];
+  assign \$1009  = shift[5] ? \$1008  : { x5, 1'h0 };
+  assign \$1012  = shift[5] ? \$1011  : { x5, 1'h0 };
+  assign \$1013  = shift[4] ? \$1010  : \$1012 [39:0];
+  assign \$1016  = shift[5] ? \$1015  : { x5, 1'h0 };
+  assign \$1019  = shift[5] ? \$1018  : { x5, 1'h0 };
+  assign \$1020  = shift[4] ? \$1017  : \$1019 [39:0];
+  assign \$1021  = shift[3] ? \$1014  : \$1020 [23:0];
+  assign \$1022  = shift[2] ? \$1007  : \$1021 [15:0];
+  assign \$1023  = shift[1] ? \$992  : \$1022 [11:0];
+  assign \$1026  = shift[5] ? \$1025  : { x5, 1'h0 };
+  assign \$1029  = shift[5] ? \$1028  : { x5, 1'h0 };
+  assign \$1030  = shift[4] ? \$1027  : \$1029 [39:0];
+  assign \$1033  = shift[5] ? \$1032  : { x5, 1'h0 };
+  assign \$1036  = shift[5] ? \$1035  : { x5, 1'h0 };
+  assign \$1037  = shift[4] ? \$1034  : \$1036 [39:0];
+  assign \$1038  = shift[3] ? \$1031  : \$1037 [23:0];
+  assign \$1041  = shift[5] ? \$1040  : { x5, 1'h0 };
+  assign \$1044  = shift[5] ? \$1043  : { x5, 1'h0 };
+  assign \$1045  = shift[4] ? \$1042  : \$1044 [39:0];
+  assign \$1048  = shift[5] ? \$1047  : { x5, 1'h0 };
+  assign \$1051  = shift[5] ? \$1050  : { x5, 1'h0 };
+  assign \$1052  = shift[4] ? \$1049  : \$1051 [39:0];
+  assign \$1053  = shift[3] ? \$1046  : \$1052 [23:0];
+  assign \$1054  = shift[2] ? \$1039  : \$1053 [15:0];
+  assign \$1057  = shift[5] ? \$1056  : { x5, 1'h0 };
+  assign \$1060  = shift[5] ? \$1059  : { x5, 1'h0 };
+  assign \$1061  = shift[4] ? \$1058  : \$1060 [39:0];
+  assign \$1064  = shift[5] ? \$1063  : { x5, 1'h0 };
+  assign \$1067  = shift[5] ? \$1066  : { x5, 1'h0 };
+  assign \$1068  = shift[4] ? \$1065  : \$1067 [39:0];
+  assign \$1069  = shift[3] ? \$1062  : \$1068 [23:0];
+  assign \$1072  = shift[5] ? \$1071  : { x5, 1'h0 };
+  assign \$1075  = shift[5] ? \$1074  : { x5, 1'h0 };
+  assign \$1076  = shift[4] ? \$1073  : \$1075 [39:0];
+  assign \$1079  = shift[5] ? \$1078  : { x5, 1'h0 };
+  assign \$1082  = shift[5] ? \$1081  : { x5, 1'h0 };
+  assign \$1083  = shift[4] ? \$1080  : \$1082 [39:0];
+  assign \$1084  = shift[3] ? \$1077  : \$1083 [23:0];
+  assign \$1085  = shift[2] ? \$1070  : \$1084 [15:0];
+  assign \$1086  = shift[1] ? \$1055  : \$1085 [11:0];
+  assign \$1087  = shift[0] ? \$1024  : \$1086 [9:0];
   assign \$1088  = { x5, 1'h0 } & below;
   assign \$1089  = | \$1088 ;
   assign \$1090  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
@@ -27892,69 +27908,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$1097  = $signed(rounded5) > $signed(8'h7f);
   assign \$1098  = \$1097  ? 9'h07f : rounded5;
   assign \$1099  = over2_5 ? { \$1096 [7], \$1096  } : \$1098 ;
-  assign \$1101  = \port$2592$76 [21] ? \$1100  : { x6, 1'h0 };
-  assign \$1104  = \port$2592$76 [21] ? \$1103  : { x6, 1'h0 };
-  assign \$1105  = \port$2592$76 [20] ? \$1102  : \$1104 [39:0];
-  assign \$1108  = \port$2592$76 [21] ? \$1107  : { x6, 1'h0 };
-  assign \$1111  = \port$2592$76 [21] ? \$1110  : { x6, 1'h0 };
-  assign \$1112  = \port$2592$76 [20] ? \$1109  : \$1111 [39:0];
-  assign \$1113  = \port$2592$76 [19] ? \$1106  : \$1112 [23:0];
-  assign \$1116  = \port$2592$76 [21] ? \$1115  : { x6, 1'h0 };
-  assign \$1119  = \port$2592$76 [21] ? \$1118  : { x6, 1'h0 };
-  assign \$1120  = \port$2592$76 [20] ? \$1117  : \$1119 [39:0];
-  assign \$1123  = \port$2592$76 [21] ? \$1122  : { x6, 1'h0 };
-  assign \$1126  = \port$2592$76 [21] ? \$1125  : { x6, 1'h0 };
-  assign \$1127  = \port$2592$76 [20] ? \$1124  : \$1126 [39:0];
-  assign \$1128  = \port$2592$76 [19] ? \$1121  : \$1127 [23:0];
-  assign \$1129  = \port$2592$76 [18] ? \$1114  : \$1128 [15:0];
-  assign \$1132  = \port$2592$76 [21] ? \$1131  : { x6, 1'h0 };
-  assign \$1135  = \port$2592$76 [21] ? \$1134  : { x6, 1'h0 };
-  assign \$1136  = \port$2592$76 [20] ? \$1133  : \$1135 [39:0];
-  assign \$1139  = \port$2592$76 [21] ? \$1138  : { x6, 1'h0 };
-  assign \$1142  = \port$2592$76 [21] ? \$1141  : { x6, 1'h0 };
-  assign \$1143  = \port$2592$76 [20] ? \$1140  : \$1142 [39:0];
-  assign \$1144  = \port$2592$76 [19] ? \$1137  : \$1143 [23:0];
-  assign \$1147  = \port$2592$76 [21] ? \$1146  : { x6, 1'h0 };
-  assign \$1150  = \port$2592$76 [21] ? \$1149  : { x6, 1'h0 };
-  assign \$1151  = \port$2592$76 [20] ? \$1148  : \$1150 [39:0];
-  assign \$1154  = \port$2592$76 [21] ? \$1153  : { x6, 1'h0 };
-  assign \$1157  = \port$2592$76 [21] ? \$1156  : { x6, 1'h0 };
-  assign \$1158  = \port$2592$76 [20] ? \$1155  : \$1157 [39:0];
-  assign \$1159  = \port$2592$76 [19] ? \$1152  : \$1158 [23:0];
-  assign \$1160  = \port$2592$76 [18] ? \$1145  : \$1159 [15:0];
-  assign \$1161  = \port$2592$76 [17] ? \$1130  : \$1160 [11:0];
-  assign \$1164  = \port$2592$76 [21] ? \$1163  : { x6, 1'h0 };
-  assign \$1167  = \port$2592$76 [21] ? \$1166  : { x6, 1'h0 };
-  assign \$1168  = \port$2592$76 [20] ? \$1165  : \$1167 [39:0];
-  assign \$1171  = \port$2592$76 [21] ? \$1170  : { x6, 1'h0 };
-  assign \$1174  = \port$2592$76 [21] ? \$1173  : { x6, 1'h0 };
-  assign \$1175  = \port$2592$76 [20] ? \$1172  : \$1174 [39:0];
-  assign \$1176  = \port$2592$76 [19] ? \$1169  : \$1175 [23:0];
-  assign \$1179  = \port$2592$76 [21] ? \$1178  : { x6, 1'h0 };
-  assign \$1182  = \port$2592$76 [21] ? \$1181  : { x6, 1'h0 };
-  assign \$1183  = \port$2592$76 [20] ? \$1180  : \$1182 [39:0];
-  assign \$1186  = \port$2592$76 [21] ? \$1185  : { x6, 1'h0 };
-  assign \$1189  = \port$2592$76 [21] ? \$1188  : { x6, 1'h0 };
-  assign \$1190  = \port$2592$76 [20] ? \$1187  : \$1189 [39:0];
-  assign \$1191  = \port$2592$76 [19] ? \$1184  : \$1190 [23:0];
-  assign \$1192  = \port$2592$76 [18] ? \$1177  : \$1191 [15:0];
-  assign \$1195  = \port$2592$76 [21] ? \$1194  : { x6, 1'h0 };
-  assign \$1198  = \port$2592$76 [21] ? \$1197  : { x6, 1'h0 };
-  assign \$1199  = \port$2592$76 [20] ? \$1196  : \$1198 [39:0];
-  assign \$1202  = \port$2592$76 [21] ? \$1201  : { x6, 1'h0 };
-  assign \$1205  = \port$2592$76 [21] ? \$1204  : { x6, 1'h0 };
-  assign \$1206  = \port$2592$76 [20] ? \$1203  : \$1205 [39:0];
-  assign \$1207  = \port$2592$76 [19] ? \$1200  : \$1206 [23:0];
-  assign \$1210  = \port$2592$76 [21] ? \$1209  : { x6, 1'h0 };
-  assign \$1213  = \port$2592$76 [21] ? \$1212  : { x6, 1'h0 };
-  assign \$1214  = \port$2592$76 [20] ? \$1211  : \$1213 [39:0];
-  assign \$1217  = \port$2592$76 [21] ? \$1216  : { x6, 1'h0 };
-  assign \$1220  = \port$2592$76 [21] ? \$1219  : { x6, 1'h0 };
-  assign \$1221  = \port$2592$76 [20] ? \$1218  : \$1220 [39:0];
-  assign \$1222  = \port$2592$76 [19] ? \$1215  : \$1221 [23:0];
-  assign \$1223  = \port$2592$76 [18] ? \$1208  : \$1222 [15:0];
-  assign \$1224  = \port$2592$76 [17] ? \$1193  : \$1223 [11:0];
-  assign \$1225  = \port$2592$76 [16] ? \$1162  : \$1224 [9:0];
+  assign \$1101  = shift[5] ? \$1100  : { x6, 1'h0 };
+  assign \$1104  = shift[5] ? \$1103  : { x6, 1'h0 };
+  assign \$1105  = shift[4] ? \$1102  : \$1104 [39:0];
+  assign \$1108  = shift[5] ? \$1107  : { x6, 1'h0 };
+  assign \$1111  = shift[5] ? \$1110  : { x6, 1'h0 };
+  assign \$1112  = shift[4] ? \$1109  : \$1111 [39:0];
+  assign \$1113  = shift[3] ? \$1106  : \$1112 [23:0];
+  assign \$1116  = shift[5] ? \$1115  : { x6, 1'h0 };
+  assign \$1119  = shift[5] ? \$1118  : { x6, 1'h0 };
+  assign \$1120  = shift[4] ? \$1117  : \$1119 [39:0];
+  assign \$1123  = shift[5] ? \$1122  : { x6, 1'h0 };
+  assign \$1126  = shift[5] ? \$1125  : { x6, 1'h0 };
+  assign \$1127  = shift[4] ? \$1124  : \$1126 [39:0];
+  assign \$1128  = shift[3] ? \$1121  : \$1127 [23:0];
+  assign \$1129  = shift[2] ? \$1114  : \$1128 [15:0];
+  assign \$1132  = shift[5] ? \$1131  : { x6, 1'h0 };
+  assign \$1135  = shift[5] ? \$1134  : { x6, 1'h0 };
+  assign \$1136  = shift[4] ? \$1133  : \$1135 [39:0];
+  assign \$1139  = shift[5] ? \$1138  : { x6, 1'h0 };
+  assign \$1142  = shift[5] ? \$1141  : { x6, 1'h0 };
+  assign \$1143  = shift[4] ? \$1140  : \$1142 [39:0];
+  assign \$1144  = shift[3] ? \$1137  : \$1143 [23:0];
+  assign \$1147  = shift[5] ? \$1146  : { x6, 1'h0 };
+  assign \$1150  = shift[5] ? \$1149  : { x6, 1'h0 };
+  assign \$1151  = shift[4] ? \$1148  : \$1150 [39:0];
+  assign \$1154  = shift[5] ? \$1153  : { x6, 1'h0 };
+  assign \$1157  = shift[5] ? \$1156  : { x6, 1'h0 };
+  assign \$1158  = shift[4] ? \$1155  : \$1157 [39:0];
+  assign \$1159  = shift[3] ? \$1152  : \$1158 [23:0];
+  assign \$1160  = shift[2] ? \$1145  : \$1159 [15:0];
+  assign \$1161  = shift[1] ? \$1130  : \$1160 [11:0];
+  assign \$1164  = shift[5] ? \$1163  : { x6, 1'h0 };
+  assign \$1167  = shift[5] ? \$1166  : { x6, 1'h0 };
+  assign \$1168  = shift[4] ? \$1165  : \$1167 [39:0];
+  assign \$1171  = shift[5] ? \$1170  : { x6, 1'h0 };
+  assign \$1174  = shift[5] ? \$1173  : { x6, 1'h0 };
+  assign \$1175  = shift[4] ? \$1172  : \$1174 [39:0];
+  assign \$1176  = shift[3] ? \$1169  : \$1175 [23:0];
+  assign \$1179  = shift[5] ? \$1178  : { x6, 1'h0 };
+  assign \$1182  = shift[5] ? \$1181  : { x6, 1'h0 };
+  assign \$1183  = shift[4] ? \$1180  : \$1182 [39:0];
+  assign \$1186  = shift[5] ? \$1185  : { x6, 1'h0 };
+  assign \$1189  = shift[5] ? \$1188  : { x6, 1'h0 };
+  assign \$1190  = shift[4] ? \$1187  : \$1189 [39:0];
+  assign \$1191  = shift[3] ? \$1184  : \$1190 [23:0];
+  assign \$1192  = shift[2] ? \$1177  : \$1191 [15:0];
+  assign \$1195  = shift[5] ? \$1194  : { x6, 1'h0 };
+  assign \$1198  = shift[5] ? \$1197  : { x6, 1'h0 };
+  assign \$1199  = shift[4] ? \$1196  : \$1198 [39:0];
+  assign \$1202  = shift[5] ? \$1201  : { x6, 1'h0 };
+  assign \$1205  = shift[5] ? \$1204  : { x6, 1'h0 };
+  assign \$1206  = shift[4] ? \$1203  : \$1205 [39:0];
+  assign \$1207  = shift[3] ? \$1200  : \$1206 [23:0];
+  assign \$1210  = shift[5] ? \$1209  : { x6, 1'h0 };
+  assign \$1213  = shift[5] ? \$1212  : { x6, 1'h0 };
+  assign \$1214  = shift[4] ? \$1211  : \$1213 [39:0];
+  assign \$1217  = shift[5] ? \$1216  : { x6, 1'h0 };
+  assign \$1220  = shift[5] ? \$1219  : { x6, 1'h0 };
+  assign \$1221  = shift[4] ? \$1218  : \$1220 [39:0];
+  assign \$1222  = shift[3] ? \$1215  : \$1221 [23:0];
+  assign \$1223  = shift[2] ? \$1208  : \$1222 [15:0];
+  assign \$1224  = shift[1] ? \$1193  : \$1223 [11:0];
+  assign \$1225  = shift[0] ? \$1162  : \$1224 [9:0];
   assign \$1226  = { x6, 1'h0 } & below;
   assign \$1227  = | \$1226 ;
   assign \$1228  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
@@ -27967,69 +27983,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign \$1235  = $signed(rounded6) > $signed(8'h7f);
   assign \$1236  = \$1235  ? 9'h07f : rounded6;
   assign \$1237  = over2_6 ? { \$1234 [7], \$1234  } : \$1236 ;
-  assign \$1239  = \port$2592$76 [21] ? \$1238  : { x7, 1'h0 };
-  assign \$1242  = \port$2592$76 [21] ? \$1241  : { x7, 1'h0 };
-  assign \$1243  = \port$2592$76 [20] ? \$1240  : \$1242 [39:0];
-  assign \$1246  = \port$2592$76 [21] ? \$1245  : { x7, 1'h0 };
-  assign \$1249  = \port$2592$76 [21] ? \$1248  : { x7, 1'h0 };
-  assign \$1250  = \port$2592$76 [20] ? \$1247  : \$1249 [39:0];
-  assign \$1251  = \port$2592$76 [19] ? \$1244  : \$1250 [23:0];
-  assign \$1254  = \port$2592$76 [21] ? \$1253  : { x7, 1'h0 };
-  assign \$1257  = \port$2592$76 [21] ? \$1256  : { x7, 1'h0 };
-  assign \$1258  = \port$2592$76 [20] ? \$1255  : \$1257 [39:0];
-  assign \$1261  = \port$2592$76 [21] ? \$1260  : { x7, 1'h0 };
-  assign \$1264  = \port$2592$76 [21] ? \$1263  : { x7, 1'h0 };
-  assign \$1265  = \port$2592$76 [20] ? \$1262  : \$1264 [39:0];
-  assign \$1266  = \port$2592$76 [19] ? \$1259  : \$1265 [23:0];
-  assign \$1267  = \port$2592$76 [18] ? \$1252  : \$1266 [15:0];
-  assign \$1270  = \port$2592$76 [21] ? \$1269  : { x7, 1'h0 };
-  assign \$1273  = \port$2592$76 [21] ? \$1272  : { x7, 1'h0 };
-  assign \$1274  = \port$2592$76 [20] ? \$1271  : \$1273 [39:0];
-  assign \$1277  = \port$2592$76 [21] ? \$1276  : { x7, 1'h0 };
-  assign \$1280  = \port$2592$76 [21] ? \$1279  : { x7, 1'h0 };
-  assign \$1281  = \port$2592$76 [20] ? \$1278  : \$1280 [39:0];
-  assign \$1282  = \port$2592$76 [19] ? \$1275  : \$1281 [23:0];
-  assign \$1285  = \port$2592$76 [21] ? \$1284  : { x7, 1'h0 };
-  assign \$1288  = \port$2592$76 [21] ? \$1287  : { x7, 1'h0 };
-  assign \$1289  = \port$2592$76 [20] ? \$1286  : \$1288 [39:0];
-  assign \$1292  = \port$2592$76 [21] ? \$1291  : { x7, 1'h0 };
-  assign \$1295  = \port$2592$76 [21] ? \$1294  : { x7, 1'h0 };
-  assign \$1296  = \port$2592$76 [20] ? \$1293  : \$1295 [39:0];
-  assign \$1297  = \port$2592$76 [19] ? \$1290  : \$1296 [23:0];
-  assign \$1298  = \port$2592$76 [18] ? \$1283  : \$1297 [15:0];
-  assign \$1299  = \port$2592$76 [17] ? \$1268  : \$1298 [11:0];
-  assign \$1302  = \port$2592$76 [21] ? \$1301  : { x7, 1'h0 };
-  assign \$1305  = \port$2592$76 [21] ? \$1304  : { x7, 1'h0 };
-  assign \$1306  = \port$2592$76 [20] ? \$1303  : \$1305 [39:0];
-  assign \$1309  = \port$2592$76 [21] ? \$1308  : { x7, 1'h0 };
-  assign \$1312  = \port$2592$76 [21] ? \$1311  : { x7, 1'h0 };
-  assign \$1313  = \port$2592$76 [20] ? \$1310  : \$1312 [39:0];
-  assign \$1314  = \port$2592$76 [19] ? \$1307  : \$1313 [23:0];
-  assign \$1317  = \port$2592$76 [21] ? \$1316  : { x7, 1'h0 };
-  assign \$1320  = \port$2592$76 [21] ? \$1319  : { x7, 1'h0 };
-  assign \$1321  = \port$2592$76 [20] ? \$1318  : \$1320 [39:0];
-  assign \$1324  = \port$2592$76 [21] ? \$1323  : { x7, 1'h0 };
-  assign \$1327  = \port$2592$76 [21] ? \$1326  : { x7, 1'h0 };
-  assign \$1328  = \port$2592$76 [20] ? \$1325  : \$1327 [39:0];
-  assign \$1329  = \port$2592$76 [19] ? \$1322  : \$1328 [23:0];
-  assign \$1330  = \port$2592$76 [18] ? \$1315  : \$1329 [15:0];
-  assign \$1333  = \port$2592$76 [21] ? \$1332  : { x7, 1'h0 };
-  assign \$1336  = \port$2592$76 [21] ? \$1335  : { x7, 1'h0 };
-  assign \$1337  = \port$2592$76 [20] ? \$1334  : \$1336 [39:0];
-  assign \$1340  = \port$2592$76 [21] ? \$1339  : { x7, 1'h0 };
-  assign \$1343  = \port$2592$76 [21] ? \$1342  : { x7, 1'h0 };
-  assign \$1344  = \port$2592$76 [20] ? \$1341  : \$1343 [39:0];
-  assign \$1345  = \port$2592$76 [19] ? \$1338  : \$1344 [23:0];
-  assign \$1348  = \port$2592$76 [21] ? \$1347  : { x7, 1'h0 };
-  assign \$1351  = \port$2592$76 [21] ? \$1350  : { x7, 1'h0 };
-  assign \$1352  = \port$2592$76 [20] ? \$1349  : \$1351 [39:0];
-  assign \$1355  = \port$2592$76 [21] ? \$1354  : { x7, 1'h0 };
-  assign \$1358  = \port$2592$76 [21] ? \$1357  : { x7, 1'h0 };
-  assign \$1359  = \port$2592$76 [20] ? \$1356  : \$1358 [39:0];
-  assign \$1360  = \port$2592$76 [19] ? \$1353  : \$1359 [23:0];
-  assign \$1361  = \port$2592$76 [18] ? \$1346  : \$1360 [15:0];
-  assign \$1362  = \port$2592$76 [17] ? \$1331  : \$1361 [11:0];
-  assign \$1363  = \port$2592$76 [16] ? \$1300  : \$1362 [9:0];
+  assign \$1239  = shift[5] ? \$1238  : { x7, 1'h0 };
+  assign \$1242  = shift[5] ? \$1241  : { x7, 1'h0 };
+  assign \$1243  = shift[4] ? \$1240  : \$1242 [39:0];
+  assign \$1246  = shift[5] ? \$1245  : { x7, 1'h0 };
+  assign \$1249  = shift[5] ? \$1248  : { x7, 1'h0 };
+  assign \$1250  = shift[4] ? \$1247  : \$1249 [39:0];
+  assign \$1251  = shift[3] ? \$1244  : \$1250 [23:0];
+  assign \$1254  = shift[5] ? \$1253  : { x7, 1'h0 };
+  assign \$1257  = shift[5] ? \$1256  : { x7, 1'h0 };
+  assign \$1258  = shift[4] ? \$1255  : \$1257 [39:0];
+  assign \$1261  = shift[5] ? \$1260  : { x7, 1'h0 };
+  assign \$1264  = shift[5] ? \$1263  : { x7, 1'h0 };
+  assign \$1265  = shift[4] ? \$1262  : \$1264 [39:0];
+  assign \$1266  = shift[3] ? \$1259  : \$1265 [23:0];
+  assign \$1267  = shift[2] ? \$1252  : \$1266 [15:0];
+  assign \$1270  = shift[5] ? \$1269  : { x7, 1'h0 };
+  assign \$1273  = shift[5] ? \$1272  : { x7, 1'h0 };
+  assign \$1274  = shift[4] ? \$1271  : \$1273 [39:0];
+  assign \$1277  = shift[5] ? \$1276  : { x7, 1'h0 };
+  assign \$1280  = shift[5] ? \$1279  : { x7, 1'h0 };
+  assign \$1281  = shift[4] ? \$1278  : \$1280 [39:0];
+  assign \$1282  = shift[3] ? \$1275  : \$1281 [23:0];
+  assign \$1285  = shift[5] ? \$1284  : { x7, 1'h0 };
+  assign \$1288  = shift[5] ? \$1287  : { x7, 1'h0 };
+  assign \$1289  = shift[4] ? \$1286  : \$1288 [39:0];
+  assign \$1292  = shift[5] ? \$1291  : { x7, 1'h0 };
+  assign \$1295  = shift[5] ? \$1294  : { x7, 1'h0 };
+  assign \$1296  = shift[4] ? \$1293  : \$1295 [39:0];
+  assign \$1297  = shift[3] ? \$1290  : \$1296 [23:0];
+  assign \$1298  = shift[2] ? \$1283  : \$1297 [15:0];
+  assign \$1299  = shift[1] ? \$1268  : \$1298 [11:0];
+  assign \$1302  = shift[5] ? \$1301  : { x7, 1'h0 };
+  assign \$1305  = shift[5] ? \$1304  : { x7, 1'h0 };
+  assign \$1306  = shift[4] ? \$1303  : \$1305 [39:0];
+  assign \$1309  = shift[5] ? \$1308  : { x7, 1'h0 };
+  assign \$1312  = shift[5] ? \$1311  : { x7, 1'h0 };
+  assign \$1313  = shift[4] ? \$1310  : \$1312 [39:0];
+  assign \$1314  = shift[3] ? \$1307  : \$1313 [23:0];
+  assign \$1317  = shift[5] ? \$1316  : { x7, 1'h0 };
+  assign \$1320  = shift[5] ? \$1319  : { x7, 1'h0 };
+  assign \$1321  = shift[4] ? \$1318  : \$1320 [39:0];
+  assign \$1324  = shift[5] ? \$1323  : { x7, 1'h0 };
+  assign \$1327  = shift[5] ? \$1326  : { x7, 1'h0 };
+  assign \$1328  = shift[4] ? \$1325  : \$1327 [39:0];
+  assign \$1329  = shift[3] ? \$1322  : \$1328 [23:0];
+  assign \$1330  = shift[2] ? \$1315  : \$1329 [15:0];
+  assign \$1333  = shift[5] ? \$1332  : { x7, 1'h0 };
+  assign \$1336  = shift[5] ? \$1335  : { x7, 1'h0 };
+  assign \$1337  = shift[4] ? \$1334  : \$1336 [39:0];
+  assign \$1340  = shift[5] ? \$1339  : { x7, 1'h0 };
+  assign \$1343  = shift[5] ? \$1342  : { x7, 1'h0 };
+  assign \$1344  = shift[4] ? \$1341  : \$1343 [39:0];
+  assign \$1345  = shift[3] ? \$1338  : \$1344 [23:0];
+  assign \$1348  = shift[5] ? \$1347  : { x7, 1'h0 };
+  assign \$1351  = shift[5] ? \$1350  : { x7, 1'h0 };
+  assign \$1352  = shift[4] ? \$1349  : \$1351 [39:0];
+  assign \$1355  = shift[5] ? \$1354  : { x7, 1'h0 };
+  assign \$1358  = shift[5] ? \$1357  : { x7, 1'h0 };
+  assign \$1359  = shift[4] ? \$1356  : \$1358 [39:0];
+  assign \$1360  = shift[3] ? \$1353  : \$1359 [23:0];
+  assign \$1361  = shift[2] ? \$1346  : \$1360 [15:0];
+  assign \$1362  = shift[1] ? \$1331  : \$1361 [11:0];
+  assign \$1363  = shift[0] ? \$1300  : \$1362 [9:0];
   assign \$1364  = { x7, 1'h0 } & below;
   assign \$1365  = | \$1364 ;
   assign \$1366  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
@@ -28205,8 +28221,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$2570$0 (i__payload),
-    .\port$2592$76 (\port$2592$76 [15:0]),
+    .\port$2616$0 (i__payload),
+    .\port$300$0 (mult),
     .rst(rst)
   );
   always @* begin
@@ -28937,39 +28953,37 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$2592$76 [15:0] };
-  assign mult = \port$2592$76 [15:0];
+  assign b__0 = { 2'h0, mult };
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__1 = { 2'h0, mult };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__2 = { 2'h0, mult };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__3 = { 2'h0, mult };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__4 = { 2'h0, mult };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__5 = { 2'h0, mult };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__6 = { 2'h0, mult };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__7 = { 2'h0, mult };
   assign a__8 = { 1'h0, i__payload[144:128] };
-  assign b__8 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__8 = { 2'h0, mult };
   assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
-  assign b__9 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__9 = { 2'h0, mult };
   assign a__10 = { 1'h0, i__payload[176:160] };
-  assign b__10 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__10 = { 2'h0, mult };
   assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
-  assign b__11 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__11 = { 2'h0, mult };
   assign a__12 = { 1'h0, i__payload[208:192] };
-  assign b__12 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__12 = { 2'h0, mult };
   assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
-  assign b__13 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__13 = { 2'h0, mult };
   assign a__14 = { 1'h0, i__payload[240:224] };
-  assign b__14 = { 2'h0, \port$2592$76 [15:0] };
+  assign b__14 = { 2'h0, mult };
   assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
-  assign b__15 = { 2'h0, \port$2592$76 [15:0] };
-  assign shift = \port$2592$76 [21:16];
+  assign b__15 = { 2'h0, mult };
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -29509,7 +29523,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$259
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29676,10 +29690,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [255:0] \port$2570$0 ;
-  wire [255:0] \port$2570$0 ;
-  input [15:0] \port$2592$76 ;
-  wire [15:0] \port$2592$76 ;
+  input [255:0] \port$2616$0 ;
+  wire [255:0] \port$2616$0 ;
+  input [15:0] \port$300$0 ;
+  wire [15:0] \port$300$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29798,7 +29812,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$2592$76  };
+      \$27  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -29818,7 +29832,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$2570$0 [80:64] };
+      \$29  = { 1'h0, \port$2616$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29828,7 +29842,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$2592$76  };
+      \$30  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -29848,7 +29862,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95:81] };
+      \$32  = { \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29858,7 +29872,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$2592$76  };
+      \$33  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -29878,7 +29892,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$2570$0 [112:96] };
+      \$35  = { 1'h0, \port$2616$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -29888,7 +29902,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$2592$76  };
+      \$36  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -29908,7 +29922,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127:113] };
+      \$38  = { \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -29918,7 +29932,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$2592$76  };
+      \$39  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -29938,7 +29952,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$2570$0 [144:128] };
+      \$41  = { 1'h0, \port$2616$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -29948,7 +29962,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$2592$76  };
+      \$42  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -29968,7 +29982,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159:145] };
+      \$44  = { \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -29978,7 +29992,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$2592$76  };
+      \$45  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -29998,7 +30012,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$2570$0 [176:160] };
+      \$47  = { 1'h0, \port$2616$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30008,7 +30022,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$2592$76  };
+      \$48  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -30028,7 +30042,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191:177] };
+      \$50  = { \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30038,7 +30052,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$2592$76  };
+      \$51  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -30058,7 +30072,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$2570$0 [208:192] };
+      \$53  = { 1'h0, \port$2616$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30068,7 +30082,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$2592$76  };
+      \$54  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -30088,7 +30102,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223:209] };
+      \$56  = { \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30098,7 +30112,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$2592$76  };
+      \$57  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -30118,7 +30132,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$2570$0 [240:224] };
+      \$59  = { 1'h0, \port$2616$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30128,7 +30142,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$2592$76  };
+      \$60  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -30148,7 +30162,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255:241] };
+      \$62  = { \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30158,7 +30172,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$2592$76  };
+      \$63  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -30178,7 +30192,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$2570$0 [16:0] };
+      \$17  = { 1'h0, \port$2616$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30188,7 +30202,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$2592$76  };
+      \$18  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30208,7 +30222,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31:17] };
+      \$20  = { \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30218,7 +30232,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$2592$76  };
+      \$21  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30238,7 +30252,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$2570$0 [48:32] };
+      \$23  = { 1'h0, \port$2616$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30248,7 +30262,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$2592$76  };
+      \$24  = { 2'h0, \port$300$0  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30268,42 +30282,42 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63:49] };
+      \$26  = { \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$2570$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2592$76  };
-  assign a__1 = { \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2592$76  };
-  assign a__2 = { 1'h0, \port$2570$0 [48:32] };
-  assign b__2 = { 2'h0, \port$2592$76  };
-  assign a__3 = { \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63:49] };
-  assign b__3 = { 2'h0, \port$2592$76  };
-  assign a__4 = { 1'h0, \port$2570$0 [80:64] };
-  assign b__4 = { 2'h0, \port$2592$76  };
-  assign a__5 = { \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95:81] };
-  assign b__5 = { 2'h0, \port$2592$76  };
-  assign a__6 = { 1'h0, \port$2570$0 [112:96] };
-  assign b__6 = { 2'h0, \port$2592$76  };
-  assign a__7 = { \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127:113] };
-  assign b__7 = { 2'h0, \port$2592$76  };
-  assign a__8 = { 1'h0, \port$2570$0 [144:128] };
-  assign b__8 = { 2'h0, \port$2592$76  };
-  assign a__9 = { \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159:145] };
-  assign b__9 = { 2'h0, \port$2592$76  };
-  assign a__10 = { 1'h0, \port$2570$0 [176:160] };
-  assign b__10 = { 2'h0, \port$2592$76  };
-  assign a__11 = { \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191:177] };
-  assign b__11 = { 2'h0, \port$2592$76  };
-  assign a__12 = { 1'h0, \port$2570$0 [208:192] };
-  assign b__12 = { 2'h0, \port$2592$76  };
-  assign a__13 = { \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223:209] };
-  assign b__13 = { 2'h0, \port$2592$76  };
-  assign a__14 = { 1'h0, \port$2570$0 [240:224] };
-  assign b__14 = { 2'h0, \port$2592$76  };
-  assign a__15 = { \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255:241] };
-  assign b__15 = { 2'h0, \port$2592$76  };
+  assign a__0 = { 1'h0, \port$2616$0 [16:0] };
+  assign b__0 = { 2'h0, \port$300$0  };
+  assign a__1 = { \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31:17] };
+  assign b__1 = { 2'h0, \port$300$0  };
+  assign a__2 = { 1'h0, \port$2616$0 [48:32] };
+  assign b__2 = { 2'h0, \port$300$0  };
+  assign a__3 = { \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63:49] };
+  assign b__3 = { 2'h0, \port$300$0  };
+  assign a__4 = { 1'h0, \port$2616$0 [80:64] };
+  assign b__4 = { 2'h0, \port$300$0  };
+  assign a__5 = { \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95:81] };
+  assign b__5 = { 2'h0, \port$300$0  };
+  assign a__6 = { 1'h0, \port$2616$0 [112:96] };
+  assign b__6 = { 2'h0, \port$300$0  };
+  assign a__7 = { \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127:113] };
+  assign b__7 = { 2'h0, \port$300$0  };
+  assign a__8 = { 1'h0, \port$2616$0 [144:128] };
+  assign b__8 = { 2'h0, \port$300$0  };
+  assign a__9 = { \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159:145] };
+  assign b__9 = { 2'h0, \port$300$0  };
+  assign a__10 = { 1'h0, \port$2616$0 [176:160] };
+  assign b__10 = { 2'h0, \port$300$0  };
+  assign a__11 = { \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191:177] };
+  assign b__11 = { 2'h0, \port$300$0  };
+  assign a__12 = { 1'h0, \port$2616$0 [208:192] };
+  assign b__12 = { 2'h0, \port$300$0  };
+  assign a__13 = { \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223:209] };
+  assign b__13 = { 2'h0, \port$300$0  };
+  assign a__14 = { 1'h0, \port$2616$0 [240:224] };
+  assign b__14 = { 2'h0, \port$300$0  };
+  assign a__15 = { \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255:241] };
+  assign b__15 = { 2'h0, \port$300$0  };
 endmodule

@@ -2,7 +2,8 @@
 
 (* top =  1  *)
 (* generator = "Amaranth" *)
-module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, busy, done, error, error_code, cmd__payload);
+module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, rq_in__payload, rq_in__valid, rq_mult, rq_shift, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, rq_in__ready, busy, done, error
+, error_code, cmd__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -77,9 +78,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [32:0] \$162 ;
   wire [32:0] \$163 ;
   wire [32:0] \$164 ;
-  wire [13:0] \$165 ;
-  wire \$166 ;
-  wire \$167 ;
+  wire \$165 ;
+  wire [31:0] \$166 ;
+  wire [13:0] \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
@@ -113,86 +114,88 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
-  wire [31:0] \$198 ;
-  wire [31:0] \$199 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [127:0] \$200 ;
-  reg [11:0] \$201 ;
-  reg \$202 ;
-  reg [13:0] \$203 ;
+  wire [31:0] \$200 ;
+  wire [31:0] \$201 ;
+  reg [127:0] \$202 ;
+  reg [11:0] \$203 ;
   reg \$204 ;
-  reg [1:0] \$205 ;
+  reg [13:0] \$205 ;
   reg \$206 ;
-  reg \$207 ;
-  reg [11:0] \$208 ;
-  reg [11:0] \$209 ;
+  reg [1:0] \$207 ;
+  reg \$208 ;
+  reg \$209 ;
   wire \$21 ;
-  reg \$210 ;
-  reg \$211 ;
-  reg [3:0] \$212 ;
+  reg [11:0] \$210 ;
+  reg [11:0] \$211 ;
+  reg \$212 ;
   reg \$213 ;
-  reg \$214 ;
+  reg [3:0] \$214 ;
   reg \$215 ;
-  reg [3:0] \$216 ;
+  reg \$216 ;
   reg \$217 ;
-  reg \$218 ;
+  reg [3:0] \$218 ;
   reg \$219 ;
   wire \$22 ;
-  reg [31:0] \$220 ;
-  reg [31:0] \$221 ;
-  reg \$222 ;
-  reg \$223 ;
-  reg [11:0] \$224 ;
-  reg [13:0] \$225 ;
+  reg \$220 ;
+  reg \$221 ;
+  reg [31:0] \$222 ;
+  reg [31:0] \$223 ;
+  reg \$224 ;
+  reg \$225 ;
   reg [11:0] \$226 ;
-  reg [11:0] \$227 ;
-  reg [13:0] \$228 ;
-  reg [13:0] \$229 ;
+  reg [13:0] \$227 ;
+  reg [11:0] \$228 ;
+  reg [11:0] \$229 ;
   wire \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg [13:0] \$232 ;
-  reg [2:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [13:0] \$235 ;
+  reg [13:0] \$230 ;
+  reg [13:0] \$231 ;
+  reg \$232 ;
+  reg \$233 ;
+  reg [13:0] \$234 ;
+  reg [2:0] \$235 ;
   reg [2:0] \$236 ;
-  reg \$237 ;
-  reg \$238 ;
+  reg [13:0] \$237 ;
+  reg [2:0] \$238 ;
   reg \$239 ;
   wire \$24 ;
-  reg [13:0] \$240 ;
+  reg \$240 ;
   reg \$241 ;
-  reg \$242 ;
-  reg [13:0] \$243 ;
+  reg [13:0] \$242 ;
+  reg \$243 ;
   reg \$244 ;
-  reg \$245 ;
-  reg [13:0] \$246 ;
-  reg [127:0] \$247 ;
-  reg [127:0] \$248 ;
+  reg [13:0] \$245 ;
+  reg \$246 ;
+  reg \$247 ;
+  reg [13:0] \$248 ;
   reg [127:0] \$249 ;
   wire \$25 ;
-  reg [1:0] \$250 ;
+  reg [127:0] \$250 ;
   reg [127:0] \$251 ;
-  reg \$252 ;
-  reg \$253 ;
-  reg [13:0] \$254 ;
-  reg [11:0] \$255 ;
-  reg [11:0] \$256 ;
-  reg [13:0] \$257 ;
-  reg [13:0] \$258 ;
-  reg \$259 ;
+  reg [1:0] \$252 ;
+  reg [127:0] \$253 ;
+  reg \$254 ;
+  reg \$255 ;
+  reg [13:0] \$256 ;
+  reg [11:0] \$257 ;
+  reg [11:0] \$258 ;
+  reg [13:0] \$259 ;
   wire \$26 ;
-  reg [3:0] \$260 ;
+  reg [13:0] \$260 ;
   reg \$261 ;
-  reg [79:0] \$262 ;
+  reg [3:0] \$262 ;
   reg \$263 ;
-  reg [2:0] \$264 ;
-  reg [2:0] \$265 ;
-  reg [11:0] \$266 ;
-  reg [13:0] \$267 ;
-  reg [13:0] \$268 ;
+  reg [79:0] \$264 ;
+  reg \$265 ;
+  reg [2:0] \$266 ;
+  reg [2:0] \$267 ;
+  reg [11:0] \$268 ;
+  reg [13:0] \$269 ;
   wire \$27 ;
+  reg [13:0] \$270 ;
   wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
@@ -274,32 +277,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg [1:0] \$signal$34 ;
-  reg \$signal$37  = 1'h0;
-  reg \$signal$52  = 1'h0;
-  reg \$signal$53  = 1'h0;
+  reg [1:0] \$signal$39 ;
+  reg \$signal$42  = 1'h0;
+  reg \$signal$57  = 1'h0;
+  reg \$signal$58  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$107 ;
-  wire [7:0] \$signature__addr$113 ;
+  wire [6:0] \$signature__addr$112 ;
+  wire [7:0] \$signature__addr$118 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$108 ;
-  wire [7:0] \$signature__data$108[0] ;
-  wire [7:0] \$signature__data$108[1] ;
-  wire [7:0] \$signature__data$108[2] ;
-  wire [7:0] \$signature__data$108[3] ;
-  wire [127:0] \$signature__data$112 ;
-  wire [31:0] \$signature__data$112[0] ;
-  wire [31:0] \$signature__data$112[1] ;
-  wire [31:0] \$signature__data$112[2] ;
-  wire [31:0] \$signature__data$112[3] ;
+  wire [31:0] \$signature__data$113 ;
+  wire [7:0] \$signature__data$113[0] ;
+  wire [7:0] \$signature__data$113[1] ;
+  wire [7:0] \$signature__data$113[2] ;
+  wire [7:0] \$signature__data$113[3] ;
+  wire [127:0] \$signature__data$117 ;
+  wire [31:0] \$signature__data$117[0] ;
+  wire [31:0] \$signature__data$117[1] ;
+  wire [31:0] \$signature__data$117[2] ;
+  wire [31:0] \$signature__data$117[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$114 ;
-  wire \$signature__en$49 ;
+  wire \$signature__en$119 ;
+  wire \$signature__en$54 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -419,7 +422,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] d_cols = 3'h0;
   output done;
   reg done = 1'h0;
-  wire \done$68 ;
+  wire \done$73 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -437,14 +440,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [3:0] gap = 4'h0;
-  (* init = 128'h00000000000000000000000000000000 *)
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
   wire [31:0] \i__payload[2] ;
   wire [31:0] \i__payload[3] ;
   wire i__ready;
-  (* init = 1'h0 *)
   wire i__valid;
   reg issuing = 1'h0;
   reg [11:0] k = 12'h000;
@@ -468,19 +469,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
   wire [7:0] port__addr;
-  wire [6:0] \port__addr$110 ;
-  wire [7:0] \port__addr$122 ;
+  wire [6:0] \port__addr$115 ;
+  wire [7:0] \port__addr$127 ;
   wire [31:0] port__data;
-  wire [31:0] \port__data$23 ;
-  wire [7:0] \port__data$23[0] ;
-  wire [7:0] \port__data$23[1] ;
-  wire [7:0] \port__data$23[2] ;
-  wire [7:0] \port__data$23[3] ;
-  wire [127:0] \port__data$26 ;
-  wire [31:0] \port__data$26[0] ;
-  wire [31:0] \port__data$26[1] ;
-  wire [31:0] \port__data$26[2] ;
-  wire [31:0] \port__data$26[3] ;
+  wire [31:0] \port__data$28 ;
+  wire [7:0] \port__data$28[0] ;
+  wire [7:0] \port__data$28[1] ;
+  wire [7:0] \port__data$28[2] ;
+  wire [7:0] \port__data$28[3] ;
+  wire [127:0] \port__data$31 ;
+  wire [31:0] \port__data$31[0] ;
+  wire [31:0] \port__data$31[1] ;
+  wire [31:0] \port__data$31[2] ;
+  wire [31:0] \port__data$31[3] ;
   wire [7:0] \port__data[0] ;
   wire [7:0] \port__data[1] ;
   wire [7:0] \port__data[2] ;
@@ -491,6 +492,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
+  input [31:0] rq_in__payload;
+  wire [31:0] rq_in__payload;
+  output rq_in__ready;
+  wire rq_in__ready;
+  input rq_in__valid;
+  wire rq_in__valid;
+  input [15:0] rq_mult;
+  wire [15:0] rq_mult;
+  input [5:0] rq_shift;
+  wire [5:0] rq_shift;
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
@@ -500,7 +511,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$116 ;
+  wire [5:0] \shift$121 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -935,10 +946,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$49 )
+    if (\$signature__en$54 )
       spad_b[\$150 [6:0]] <= b_in__payload;
   end
-  assign \port__data$23  = spad_b[\$159 [6:0]];
+  assign \port__data$28  = spad_b[\$159 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [127:0] spad_c [255:0];
   initial begin
@@ -1201,15 +1212,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$112 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$26  = spad_c[\$165 [7:0]];
+  assign \port__data$31  = spad_c[\$167 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$34 ;
+  assign \$6  = full | \$signal$39 ;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -1232,18 +1243,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$26  = full >> \$25 ;
   assign \$27  = wbuf != rbuf;
   assign \$28  = | b_k;
-  assign \$29  = \$signature__en$49  | \$28 ;
+  assign \$29  = \$signature__en$54  | \$28 ;
   assign \$30  = \$27  & \$29 ;
   assign \$31  = \$26  | \$30 ;
   assign \$32  = full >> rbuf;
   assign \$33  = wbuf == rbuf;
   assign \$34  = k + 1'h1;
   assign \$35  = b_k != \$34 ;
-  assign \$36  = \$signature__en$49  | \$35 ;
+  assign \$36  = \$signature__en$54  | \$35 ;
   assign \$37  = \$33  & \$36 ;
   assign \$38  = \$32  | \$37 ;
   assign \$39  = wbuf == rbuf;
-  assign \$40  = \$39  & \$signature__en$49 ;
+  assign \$40  = \$39  & \$signature__en$54 ;
   assign \$41  = b_ok | \$40 ;
   assign \$42  = gap < 4'hb;
   assign \$43  = gap + 1'h1;
@@ -1276,14 +1287,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$70  = cols_c <= 3'h4;
   assign \$71  = d_col + 1'h1;
   assign \$72  = d_col == 2'h3;
-  assign \$73  = \done$68  | drain_busy;
-  assign \$74  = \done$68  ? 3'h0 : d_col;
-  assign \$75  = \done$68  ? t_cols : d_cols;
+  assign \$73  = \done$73  | drain_busy;
+  assign \$74  = \done$73  ? 3'h0 : d_col;
+  assign \$75  = \done$73  ? t_cols : d_cols;
   assign \$76  = \$74  < \$75 ;
   assign \$77  = \$73  & \$76 ;
-  assign \$78  = \done$68  | drain_busy;
-  assign \$79  = \done$68  ? t_base : d_base;
-  assign \$80  = \done$68  ? 3'h0 : d_col;
+  assign \$78  = \done$73  | drain_busy;
+  assign \$79  = \done$73  ? t_base : d_base;
+  assign \$80  = \done$73  ? 3'h0 : d_col;
   assign \$81  = \$79  + \$80 ;
   assign \$82  = pending + tile_issued;
   assign \$83  = \$82  - tile_drained;
@@ -1340,7 +1351,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$134  = \$132  & \$133 ;
   assign \$135  = \$134  ? 3'h4 : 3'h5;
   assign \$136  = start | a_in__ready;
-  assign \$137  = \$136  | \$signal$37 ;
+  assign \$137  = \$136  | \$signal$42 ;
   assign \$138  = \$137  | issuing;
   assign \$139  = \$138  | drain_busy;
   assign \$140  = \$139  | col_busy0;
@@ -1353,10 +1364,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__en  = a_in__valid & a_in__ready;
   assign \$147  = full >> wbuf;
   assign \$148  = ~ \$147 ;
-  assign b_in__ready = \$signal$37  & \$148 ;
+  assign b_in__ready = \$signal$42  & \$148 ;
   assign \$149  = wbuf ? 7'h40 : 7'h00;
   assign \$150  = \$149  + b_k;
-  assign \$signature__en$49  = b_in__valid & b_in__ready;
+  assign \$signature__en$54  = b_in__valid & b_in__ready;
   assign \$151  = b_in__valid & b_in__ready;
   assign \$152  = b_k == k_m1;
   assign \$153  = issuing & a_ok;
@@ -1368,193 +1379,199 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$158  = rbuf ? 7'h40 : 7'h00;
   assign \$159  = \$158  + k;
   assign \$160  = d_col == 2'h3;
-  assign shift = \done$68  | drain_busy;
+  assign shift = \done$73  | drain_busy;
   assign \$161  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
   assign \$162  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
   assign \$163  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
   assign \$164  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$165  = storing ? s_addr : col_addr0;
-  assign \$166  = ~ storing;
-  assign \$167  = ~ q_valid;
-  assign \$168  = \$167  | i__ready;
-  assign spad_c_rd_en = \$166  | \$168 ;
+  assign mult = storing ? cmd[69:54] : rq_mult;
+  assign \shift$121  = storing ? cmd[75:70] : rq_shift;
+  assign i__valid = storing ? q_valid : rq_in__valid;
+  assign \$165  = ~ storing;
+  assign rq_in__ready = \$165  & i__ready;
+  assign \$166  = storing ? c_q[31:0] : rq_in__payload;
+  assign \$167  = storing ? s_addr : col_addr0;
+  assign \$168  = ~ storing;
+  assign \$169  = ~ q_valid;
+  assign \$170  = \$169  | i__ready;
+  assign spad_c_rd_en = \$168  | \$170 ;
   assign busy = ~ cmd__ready;
-  assign \$169  = cmd[76] | cmd[77];
-  assign \$170  = \$169  | cmd[79];
-  assign \$171  = ~ \$170 ;
-  assign \$172  = ! cmd[11:0];
-  assign \$173  = cmd[76] | cmd[77];
-  assign \$174  = ! cmd[23:12];
-  assign \$175  = \$173  & \$174 ;
-  assign \$176  = \$172  | \$175 ;
-  assign \$177  = cmd[77] | cmd[79];
-  assign \$178  = ! cmd[35:24];
-  assign \$179  = \$177  & \$178 ;
-  assign \$180  = \$176  | \$179 ;
-  assign \$181  = cmd[23:12] > 7'h40;
-  assign \$182  = cmd[77] & \$181 ;
-  assign \$183  = start | a_in__ready;
-  assign \$184  = \$183  | \$signal$37 ;
-  assign \$185  = \$184  | issuing;
-  assign \$186  = \$185  | drain_busy;
-  assign \$187  = \$186  | col_busy0;
-  assign \$188  = \$187  | col_busy1;
-  assign \$189  = \$188  | w_busy;
-  assign \$190  = ~ \$189 ;
-  assign \$191  = ! pending;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = ! fsm_state;
-  assign \$194  = fsm_state == 1'h1;
-  assign \$195  = fsm_state == 2'h2;
-  assign \$196  = fsm_state == 2'h3;
-  assign \$197  = fsm_state == 3'h4;
+  assign \$171  = cmd[76] | cmd[77];
+  assign \$172  = \$171  | cmd[79];
+  assign \$173  = ~ \$172 ;
+  assign \$174  = ! cmd[11:0];
+  assign \$175  = cmd[76] | cmd[77];
+  assign \$176  = ! cmd[23:12];
+  assign \$177  = \$175  & \$176 ;
+  assign \$178  = \$174  | \$177 ;
+  assign \$179  = cmd[77] | cmd[79];
+  assign \$180  = ! cmd[35:24];
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = cmd[23:12] > 7'h40;
+  assign \$184  = cmd[77] & \$183 ;
+  assign \$185  = start | a_in__ready;
+  assign \$186  = \$185  | \$signal$42 ;
+  assign \$187  = \$186  | issuing;
+  assign \$188  = \$187  | drain_busy;
+  assign \$189  = \$188  | col_busy0;
+  assign \$190  = \$189  | col_busy1;
+  assign \$191  = \$190  | w_busy;
+  assign \$192  = ~ \$191 ;
+  assign \$193  = ! pending;
+  assign \$194  = \$192  & \$193 ;
+  assign \$195  = ! fsm_state;
+  assign \$196  = fsm_state == 1'h1;
+  assign \$197  = fsm_state == 2'h2;
+  assign \$198  = fsm_state == 2'h3;
+  assign \$199  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$198 ;
+    spad_a_rd_data <= \$200 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$199 ;
+    spad_b_rd_data <= \$201 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$200 ;
+    spad_c_rd_data <= \$202 ;
   always @(posedge clk)
-    k_m1 <= \$201 ;
+    k_m1 <= \$203 ;
   always @(posedge clk)
-    start <= \$202 ;
+    start <= \$204 ;
   always @(posedge clk)
-    a_wptr <= \$203 ;
+    a_wptr <= \$205 ;
   always @(posedge clk)
-    a_in__ready <= \$204 ;
+    a_in__ready <= \$206 ;
   always @(posedge clk)
-    full <= \$205 ;
+    full <= \$207 ;
   always @(posedge clk)
-    \$signal$37  <= \$206 ;
+    \$signal$42  <= \$208 ;
   always @(posedge clk)
-    wbuf <= \$207 ;
+    wbuf <= \$209 ;
   always @(posedge clk)
-    b_k <= \$208 ;
+    b_k <= \$210 ;
   always @(posedge clk)
-    b_cols_left <= \$209 ;
+    b_cols_left <= \$211 ;
   always @(posedge clk)
-    a_ok <= \$210 ;
+    a_ok <= \$212 ;
   always @(posedge clk)
-    b_ok <= \$211 ;
+    b_ok <= \$213 ;
   always @(posedge clk)
-    gap <= \$212 ;
+    gap <= \$214 ;
   always @(posedge clk)
-    \$signal$52  <= \$213 ;
+    \$signal$57  <= \$215 ;
   always @(posedge clk)
-    \$signal$53  <= \$214 ;
+    \$signal$58  <= \$216 ;
   always @(posedge clk)
-    s_last <= \$215 ;
+    s_last <= \$217 ;
   always @(posedge clk)
-    s_mask <= \$216 ;
+    s_mask <= \$218 ;
   always @(posedge clk)
-    valid <= \$217 ;
+    valid <= \$219 ;
   always @(posedge clk)
-    first <= \$218 ;
+    first <= \$220 ;
   always @(posedge clk)
-    last <= \$219 ;
+    last <= \$221 ;
   always @(posedge clk)
-    b <= \$220 ;
+    b <= \$222 ;
   always @(posedge clk)
-    a <= \$221 ;
+    a <= \$223 ;
   always @(posedge clk)
-    issuing <= \$222 ;
+    issuing <= \$224 ;
   always @(posedge clk)
-    rbuf <= \$223 ;
+    rbuf <= \$225 ;
   always @(posedge clk)
-    k <= \$224 ;
+    k <= \$226 ;
   always @(posedge clk)
-    a_ptr <= \$225 ;
+    a_ptr <= \$227 ;
   always @(posedge clk)
-    rows_c <= \$226 ;
+    rows_c <= \$228 ;
   always @(posedge clk)
-    cols_c <= \$227 ;
+    cols_c <= \$229 ;
   always @(posedge clk)
-    c_panel <= \$228 ;
+    c_panel <= \$230 ;
   always @(posedge clk)
-    c_tile <= \$229 ;
+    c_tile <= \$231 ;
   always @(posedge clk)
-    last_k <= \$230 ;
+    last_k <= \$232 ;
   always @(posedge clk)
-    last_row <= \$231 ;
+    last_row <= \$233 ;
   always @(posedge clk)
-    t_base <= \$232 ;
+    t_base <= \$234 ;
   always @(posedge clk)
-    t_cols <= \$233 ;
+    t_cols <= \$235 ;
   always @(posedge clk)
-    d_col <= \$234 ;
+    d_col <= \$236 ;
   always @(posedge clk)
-    d_base <= \$235 ;
+    d_base <= \$237 ;
   always @(posedge clk)
-    d_cols <= \$236 ;
+    d_cols <= \$238 ;
   always @(posedge clk)
-    drain_busy <= \$237 ;
+    drain_busy <= \$239 ;
   always @(posedge clk)
-    col_valid0 <= \$238 ;
+    col_valid0 <= \$240 ;
   always @(posedge clk)
-    col_busy0 <= \$239 ;
+    col_busy0 <= \$241 ;
   always @(posedge clk)
-    col_addr0 <= \$240 ;
+    col_addr0 <= \$242 ;
   always @(posedge clk)
-    col_valid1 <= \$241 ;
+    col_valid1 <= \$243 ;
   always @(posedge clk)
-    col_busy1 <= \$242 ;
+    col_busy1 <= \$244 ;
   always @(posedge clk)
-    col_addr1 <= \$243 ;
+    col_addr1 <= \$245 ;
   always @(posedge clk)
-    w_valid <= \$244 ;
+    w_valid <= \$246 ;
   always @(posedge clk)
-    w_busy <= \$245 ;
+    w_busy <= \$247 ;
   always @(posedge clk)
-    w_addr <= \$246 ;
+    w_addr <= \$248 ;
   always @(posedge clk)
-    col_word0 <= \$247 ;
+    col_word0 <= \$249 ;
   always @(posedge clk)
-    col_word1 <= \$248 ;
+    col_word1 <= \$250 ;
   always @(posedge clk)
-    w_word <= \$249 ;
+    w_word <= \$251 ;
   always @(posedge clk)
-    pending <= \$250 ;
+    pending <= \$252 ;
   always @(posedge clk)
-    c_q <= \$251 ;
+    c_q <= \$253 ;
   always @(posedge clk)
-    q_valid <= \$252 ;
+    q_valid <= \$254 ;
   always @(posedge clk)
-    storing <= \$253 ;
+    storing <= \$255 ;
   always @(posedge clk)
-    s_addr <= \$254 ;
+    s_addr <= \$256 ;
   always @(posedge clk)
-    s_n <= \$255 ;
+    s_n <= \$257 ;
   always @(posedge clk)
-    s_rows <= \$256 ;
+    s_rows <= \$258 ;
   always @(posedge clk)
-    s_left <= \$257 ;
+    s_left <= \$259 ;
   always @(posedge clk)
-    out_left <= \$258 ;
+    out_left <= \$260 ;
   always @(posedge clk)
-    r_valid <= \$259 ;
+    r_valid <= \$261 ;
   always @(posedge clk)
-    r_mask <= \$260 ;
+    r_mask <= \$262 ;
   always @(posedge clk)
-    done <= \$261 ;
+    done <= \$263 ;
   always @(posedge clk)
-    cmd <= \$262 ;
+    cmd <= \$264 ;
   always @(posedge clk)
-    error <= \$263 ;
+    error <= \$265 ;
   always @(posedge clk)
-    error_code <= \$264 ;
+    error_code <= \$266 ;
   always @(posedge clk)
-    fsm_state <= \$265 ;
+    fsm_state <= \$267 ;
   always @(posedge clk)
-    rows_left <= \$266 ;
+    rows_left <= \$268 ;
   always @(posedge clk)
-    a_lim <= \$267 ;
+    a_lim <= \$269 ;
   always @(posedge clk)
-    c_lim <= \$268 ;
+    c_lim <= \$270 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$68 ),
+    .done(\done$73 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -1565,31 +1582,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   \nanokpu_gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(c_q),
-    .i__valid(q_valid),
+    .i__payload(i__payload),
+    .i__valid(i__valid),
+    .mult(mult),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1456$54 (cmd[75:54]),
-    .rst(rst)
+    .rst(rst),
+    .shift(\shift$121 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = spad_c_rd_data;
+    \$202  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$200  = \port__data$26 ;
+      \$202  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = \$1 [11:0];
+    \$203  = \$1 [11:0];
     if (rst) begin
-      \$201  = 12'h000;
+      \$203  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = 1'h0;
+    \$204  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -1598,56 +1616,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$130 ) begin
           end else if (\$131 ) begin
-            \$202  = 1'h1;
+            \$204  = 1'h1;
           end
     endcase
-    if (rst) begin
-      \$202  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = a_wptr;
-    if (start) begin
-      \$203  = { 5'h00, cmd[44:36] };
-    end else if (\$2 ) begin
-      \$203  = \$3 [13:0];
-    end
-    if (rst) begin
-      \$203  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = a_in__ready;
-    if (start) begin
-      \$204  = cmd[76];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$204  = 1'h0;
-      end
-    end
     if (rst) begin
       \$204  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = \$8 ;
+    \$205  = a_wptr;
+    if (start) begin
+      \$205  = { 5'h00, cmd[44:36] };
+    end else if (\$2 ) begin
+      \$205  = \$3 [13:0];
+    end
     if (rst) begin
-      \$205  = 2'h0;
+      \$205  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = \$signal$37 ;
+    \$206  = a_in__ready;
     if (start) begin
-      \$206  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$206  = 1'h0;
-        end
+      \$206  = cmd[76];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$206  = 1'h0;
       end
     end
     if (rst) begin
@@ -1656,237 +1651,226 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = wbuf;
-    if (start) begin
-      \$207  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$207  = \$12 ;
-      end
-    end
+    \$207  = \$8 ;
     if (rst) begin
-      \$207  = 1'h0;
+      \$207  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = b_k;
+    \$208  = \$signal$42 ;
     if (start) begin
-      \$208  = 12'h000;
+      \$208  = cmd[77];
     end else if (\$9 ) begin
-      \$208  = \$10 [11:0];
       if (\$11 ) begin
-        \$208  = 12'h000;
+        if (\$14 ) begin
+          \$208  = 1'h0;
+        end
       end
     end
     if (rst) begin
-      \$208  = 12'h000;
+      \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = b_cols_left;
+    \$209  = wbuf;
     if (start) begin
-      \$209  = cmd[35:24];
+      \$209  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$209  = \$13 [11:0];
+        \$209  = \$12 ;
       end
     end
     if (rst) begin
-      \$209  = 12'h000;
+      \$209  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$210  = b_k;
+    if (start) begin
+      \$210  = 12'h000;
+    end else if (\$9 ) begin
+      \$210  = \$10 [11:0];
+      if (\$11 ) begin
+        \$210  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$210  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$211  = b_cols_left;
+    if (start) begin
+      \$211  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$211  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
+      \$211  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$210  = \$15 ;
+      \$212  = \$15 ;
     end else begin
-      \$210  = \$21 ;
+      \$212  = \$21 ;
     end
     if (rst) begin
-      \$210  = 1'h0;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$211  = 1'h0;
+      \$213  = 1'h0;
     end else if (\$23 ) begin
-      \$211  = \$31 ;
+      \$213  = \$31 ;
     end else if (\$24 ) begin
-      \$211  = 1'h1;
+      \$213  = 1'h1;
     end else if (step) begin
-      \$211  = \$38 ;
+      \$213  = \$38 ;
     end else begin
-      \$211  = \$41 ;
+      \$213  = \$41 ;
     end
-    if (rst) begin
-      \$211  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = gap;
-    if (\$42 ) begin
-      \$212  = \$43 [3:0];
-    end
-    if (start) begin
-      \$212  = 4'hb;
-    end else if (step) begin
-      if (last_k) begin
-        \$212  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$212  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = step;
     if (rst) begin
       \$213  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = \$44 ;
+    \$214  = gap;
+    if (\$42 ) begin
+      \$214  = \$43 [3:0];
+    end
+    if (start) begin
+      \$214  = 4'hb;
+    end else if (step) begin
+      if (last_k) begin
+        \$214  = 4'h0;
+      end
+    end
     if (rst) begin
-      \$214  = 1'h0;
+      \$214  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = last_k;
+    \$215  = step;
     if (rst) begin
       \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = { \$48 , \$47 , \$46 , \$45  };
+    \$216  = \$44 ;
     if (rst) begin
-      \$216  = 4'h0;
+      \$216  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = \$signal$52 ;
+    \$217  = last_k;
     if (rst) begin
       \$217  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$signal$53 ;
+    \$218  = { \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$218  = 1'h0;
+      \$218  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = s_last;
+    \$219  = \$signal$57 ;
     if (rst) begin
       \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = spad_b_rd_data;
+    \$220  = \$signal$58 ;
     if (rst) begin
-      \$220  = 32'd0;
+      \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221 [7:0] = \$49 ;
-    \$221 [15:8] = \$50 ;
-    \$221 [23:16] = \$51 ;
-    \$221 [31:24] = \$52 ;
+    \$221  = s_last;
     if (rst) begin
-      \$221  = 32'd0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = issuing;
+    \$222  = spad_b_rd_data;
+    if (rst) begin
+      \$222  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$223 [7:0] = \$49 ;
+    \$223 [15:8] = \$50 ;
+    \$223 [23:16] = \$51 ;
+    \$223 [31:24] = \$52 ;
+    if (rst) begin
+      \$223  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = issuing;
     if (start) begin
-      \$222  = cmd[77];
+      \$224  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$222  = 1'h0;
+            \$224  = 1'h0;
           end
         end
       end
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = rbuf;
+    \$225  = rbuf;
     if (start) begin
-      \$223  = 1'h0;
+      \$225  = 1'h0;
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$223  = \$65 ;
+          \$225  = \$65 ;
         end
       end
     end
     if (rst) begin
-      \$223  = 1'h0;
+      \$225  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = k;
+    \$226  = k;
     if (start) begin
-      \$224  = 12'h000;
+      \$226  = 12'h000;
     end else if (step) begin
-      \$224  = \$55 [11:0];
+      \$226  = \$55 [11:0];
       if (last_k) begin
-        \$224  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$224  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = a_ptr;
-    if (start) begin
-      \$225  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$225  = \$56 [13:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$225  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (rst) begin
-      \$225  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = rows_c;
-    if (start) begin
-      \$226  = cmd[11:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$226  = \$61 [11:0];
-        if (last_row) begin
-          \$226  = cmd[11:0];
-        end
+        \$226  = 12'h000;
       end
     end
     if (rst) begin
@@ -1895,138 +1879,152 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = cols_c;
+    \$227  = a_ptr;
     if (start) begin
-      \$227  = cmd[35:24];
+      \$227  = { 5'h00, cmd[44:36] };
     end else if (step) begin
+      \$227  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$227  = \$66 [11:0];
+          \$227  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (rst) begin
-      \$227  = 12'h000;
+      \$227  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = c_panel;
+    \$228  = rows_c;
     if (start) begin
-      \$228  = { 5'h00, cmd[53:45] };
+      \$228  = cmd[11:0];
     end else if (step) begin
       if (last_k) begin
+        \$228  = \$61 [11:0];
         if (last_row) begin
-          \$228  = \$67 [13:0];
+          \$228  = cmd[11:0];
         end
       end
     end
     if (rst) begin
-      \$228  = 14'h0000;
+      \$228  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = c_tile;
+    \$229  = cols_c;
     if (start) begin
-      \$229  = { 5'h00, cmd[53:45] };
+      \$229  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
-        \$229  = \$62 [13:0];
         if (last_row) begin
-          \$229  = \$68 [13:0];
+          \$229  = \$66 [11:0];
         end
       end
     end
     if (rst) begin
-      \$229  = 14'h0000;
+      \$229  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = last_k;
+    \$230  = c_panel;
     if (start) begin
-      \$230  = \$53 ;
-    end else if (step) begin
-      \$230  = \$58 ;
-      if (last_k) begin
-        \$230  = \$63 ;
-      end
-    end
-    if (rst) begin
-      \$230  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = last_row;
-    if (start) begin
-      \$231  = \$54 ;
+      \$230  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
-        \$231  = \$64 ;
         if (last_row) begin
-          \$231  = \$69 ;
+          \$230  = \$67 [13:0];
         end
       end
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$230  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = t_base;
+    \$231  = c_tile;
     if (start) begin
+      \$231  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
-        \$232  = c_tile;
+        \$231  = \$62 [13:0];
+        if (last_row) begin
+          \$231  = \$68 [13:0];
+        end
       end
     end
     if (rst) begin
-      \$232  = 14'h0000;
+      \$231  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = t_cols;
+    \$232  = last_k;
     if (start) begin
+      \$232  = \$53 ;
     end else if (step) begin
+      \$232  = \$58 ;
       if (last_k) begin
-        \$233  = \$60 [2:0];
+        \$232  = \$63 ;
       end
     end
     if (rst) begin
-      \$233  = 3'h0;
+      \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = d_col;
-    if (\done$68 ) begin
-      \$234  = 3'h1;
+    \$233  = last_row;
+    if (start) begin
+      \$233  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$233  = \$64 ;
+        if (last_row) begin
+          \$233  = \$69 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$233  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$234  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$234  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$234  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$235  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$235  = \$60 [2:0];
+      end
+    end
+    if (rst) begin
+      \$235  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = d_col;
+    if (\done$73 ) begin
+      \$236  = 3'h1;
     end else if (drain_busy) begin
-      \$234  = \$71 [2:0];
-    end
-    if (rst) begin
-      \$234  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = d_base;
-    if (\done$68 ) begin
-      \$235  = t_base;
-    end
-    if (rst) begin
-      \$235  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = d_cols;
-    if (\done$68 ) begin
-      \$236  = t_cols;
+      \$236  = \$71 [2:0];
     end
     if (rst) begin
       \$236  = 3'h0;
@@ -2034,136 +2032,156 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = drain_busy;
-    if (\done$68 ) begin
-      \$237  = 1'h1;
+    \$237  = d_base;
+    if (\done$73 ) begin
+      \$237  = t_base;
+    end
+    if (rst) begin
+      \$237  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$238  = d_cols;
+    if (\done$73 ) begin
+      \$238  = t_cols;
+    end
+    if (rst) begin
+      \$238  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = drain_busy;
+    if (\done$73 ) begin
+      \$239  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$237  = 1'h0;
+        \$239  = 1'h0;
       end
     end
-    if (rst) begin
-      \$237  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = \$77 ;
-    if (rst) begin
-      \$238  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = \$78 ;
     if (rst) begin
       \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = \$81 [13:0];
+    \$240  = \$77 ;
     if (rst) begin
-      \$240  = 14'h0000;
+      \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = col_valid0;
+    \$241  = \$78 ;
     if (rst) begin
       \$241  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = col_busy0;
+    \$242  = \$81 [13:0];
     if (rst) begin
-      \$242  = 1'h0;
+      \$242  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = col_addr0;
+    \$243  = col_valid0;
     if (rst) begin
-      \$243  = 14'h0000;
+      \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = col_valid1;
+    \$244  = col_busy0;
     if (rst) begin
       \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = col_busy1;
+    \$245  = col_addr0;
     if (rst) begin
-      \$245  = 1'h0;
+      \$245  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = col_addr1;
+    \$246  = col_valid1;
     if (rst) begin
-      \$246  = 14'h0000;
+      \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = out;
+    \$247  = col_busy1;
     if (rst) begin
-      \$247  = 128'h00000000000000000000000000000000;
+      \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = col_word0;
+    \$248  = col_addr1;
     if (rst) begin
-      \$248  = 128'h00000000000000000000000000000000;
+      \$248  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = col_word1;
+    \$249  = out;
     if (rst) begin
       \$249  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = \$83 [1:0];
+    \$250  = col_word0;
     if (rst) begin
-      \$250  = 2'h0;
+      \$250  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = c_q;
-    if (\$85 ) begin
-      \$251  = spad_c_rd_data;
-      if (\$88 ) begin
-        \$251 [31:0] = 32'd0;
-      end
-      if (\$91 ) begin
-        \$251 [63:32] = 32'd0;
-      end
-      if (\$94 ) begin
-        \$251 [95:64] = 32'd0;
-      end
-      if (\$97 ) begin
-        \$251 [127:96] = 32'd0;
-      end
-    end
+    \$251  = col_word1;
     if (rst) begin
       \$251  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = q_valid;
+    \$252  = \$83 [1:0];
+    if (rst) begin
+      \$252  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = c_q;
     if (\$85 ) begin
-      \$252  = r_valid;
+      \$253  = spad_c_rd_data;
+      if (\$88 ) begin
+        \$253 [31:0] = 32'd0;
+      end
+      if (\$91 ) begin
+        \$253 [63:32] = 32'd0;
+      end
+      if (\$94 ) begin
+        \$253 [95:64] = 32'd0;
+      end
+      if (\$97 ) begin
+        \$253 [127:96] = 32'd0;
+      end
+    end
+    if (rst) begin
+      \$253  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = q_valid;
+    if (\$85 ) begin
+      \$254  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -2176,18 +2194,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$252  = 1'h0;
+            \$254  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$252  = 1'h0;
+      \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = storing;
+    \$255  = storing;
     if (store_start) begin
-      \$253  = 1'h1;
+      \$255  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -2200,93 +2218,93 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$253  = 1'h0;
+            \$255  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$253  = 1'h0;
+      \$255  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = s_addr;
+    \$256  = s_addr;
     if (store_start) begin
-      \$254  = { 5'h00, cmd[53:45] };
+      \$256  = { 5'h00, cmd[53:45] };
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$254  = \$105 [13:0];
+        \$256  = \$105 [13:0];
       end
     end
     if (rst) begin
-      \$254  = 14'h0000;
+      \$256  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = s_n;
+    \$257  = s_n;
     if (store_start) begin
-      \$255  = 12'h000;
+      \$257  = 12'h000;
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$255  = \$107 [11:0];
+        \$257  = \$107 [11:0];
         if (\$113 ) begin
-          \$255  = 12'h000;
+          \$257  = 12'h000;
         end
       end
     end
     if (rst) begin
-      \$255  = 12'h000;
+      \$257  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = s_rows;
+    \$258  = s_rows;
     if (store_start) begin
-      \$256  = cmd[11:0];
+      \$258  = cmd[11:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
         if (\$113 ) begin
-          \$256  = \$114 [11:0];
+          \$258  = \$114 [11:0];
         end
       end
     end
     if (rst) begin
-      \$256  = 12'h000;
+      \$258  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = s_left;
+    \$259  = s_left;
     if (store_start) begin
-      \$257  = \$101 [13:0];
+      \$259  = \$101 [13:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$257  = \$106 [13:0];
+        \$259  = \$106 [13:0];
       end
     end
     if (rst) begin
-      \$257  = 14'h0000;
+      \$259  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = out_left;
+    \$260  = out_left;
     if (store_start) begin
-      \$258  = \$102 [13:0];
+      \$260  = \$102 [13:0];
     end
     if (\$115 ) begin
-      \$258  = \$116 [13:0];
+      \$260  = \$116 [13:0];
     end
     if (rst) begin
-      \$258  = 14'h0000;
+      \$260  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = r_valid;
+    \$261  = r_valid;
     if (store_start) begin
     end else if (\$100 ) begin
-      \$259  = \$103 ;
+      \$261  = \$103 ;
     end
     casez (fsm_state)
       3'h0:
@@ -2299,51 +2317,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$259  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$259  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = r_mask;
-    if (store_start) begin
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$260  = { \$111 , \$110 , \$109 , \$108  };
-      end
-    end
-    if (rst) begin
-      \$260  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$119 ) begin
-            \$261  = 1'h1;
-          end
-      3'h2:
-          if (\$130 ) begin
-            \$261  = 1'h1;
-          end
-      3'h3:
-          if (\$145 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$261  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$146 ) begin
-            \$261  = 1'h1;
+            \$261  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -2352,31 +2326,41 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$262  = cmd__payload;
-          end
-    endcase
+    \$262  = r_mask;
+    if (store_start) begin
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$262  = { \$111 , \$110 , \$109 , \$108  };
+      end
+    end
     if (rst) begin
-      \$262  = 80'h00000000000000000000;
+      \$262  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = error;
+    \$263  = 1'h0;
     casez (fsm_state)
       3'h0:
-          if (cmd__valid) begin
-            \$263  = 1'h0;
-          end
+          /* empty */;
       3'h1:
           if (\$119 ) begin
             \$263  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
+            \$263  = 1'h1;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$263  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
             \$263  = 1'h1;
           end
     endcase
@@ -2386,127 +2370,161 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = error_code;
+    \$264  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$264  = 3'h0;
-          end
-      3'h1:
-          if (\$119 ) begin
-            \$264  = code;
-          end
-      3'h2:
-          if (\$130 ) begin
-            \$264  = \$135 ;
+            \$264  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$264  = 3'h0;
+      \$264  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = fsm_state;
+    \$265  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$265  = 3'h1;
+            \$265  = 1'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$265  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$265  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$265  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$266  = 3'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$266  = code;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$266  = \$135 ;
+          end
+    endcase
+    if (rst) begin
+      \$266  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$267  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$119 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end else begin
-            \$265  = 3'h2;
+            \$267  = 3'h2;
           end
       3'h2:
           if (\$130 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end else if (\$131 ) begin
-            \$265  = 3'h3;
+            \$267  = 3'h3;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$265  = 3'h4;
+              \$267  = 3'h4;
             end else begin
-              \$265  = 3'h0;
+              \$267  = 3'h0;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$265  = 3'h0;
+      \$267  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = rows_left;
+    \$268  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$266  = cmd[11:0];
+          \$268  = cmd[11:0];
       3'h2:
           if (\$120 ) begin
-            \$266  = \$121 [11:0];
+            \$268  = \$121 [11:0];
           end
     endcase
     if (rst) begin
-      \$266  = 12'h000;
+      \$268  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = a_lim;
+    \$269  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$267  = { 1'h0, \$117  };
+          \$269  = { 1'h0, \$117  };
       3'h2:
           if (\$120 ) begin
-            \$267  = \$122 [13:0];
+            \$269  = \$122 [13:0];
           end
     endcase
     if (rst) begin
-      \$267  = 14'h0000;
+      \$269  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = c_lim;
+    \$270  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$268  = { 1'h0, \$118  };
+          \$270  = { 1'h0, \$118  };
       3'h2:
           if (\$120 ) begin
-            \$268  = \$123 [13:0];
+            \$270  = \$123 [13:0];
           end
     endcase
     if (rst) begin
-      \$268  = 14'h0000;
+      \$270  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$34  = 2'h0;
+    \$signal$39  = 2'h0;
     if (start) begin
     end else if (\$151 ) begin
       if (\$152 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$34 [0] = 1'h1;
+              \$signal$39 [0] = 1'h1;
           1'h1:
-              \$signal$34 [1] = 1'h1;
+              \$signal$39 [1] = 1'h1;
         endcase
       end
     end
@@ -2542,7 +2560,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$68 ) begin
+    if (\done$73 ) begin
     end else if (drain_busy) begin
       if (\$160 ) begin
         tile_drained = 1'h1;
@@ -2564,11 +2582,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$171 ) begin
+          if (\$173 ) begin
             code = 3'h1;
-          end else if (\$180 ) begin
-            code = 3'h2;
           end else if (\$182 ) begin
+            code = 3'h2;
+          end else if (\$184 ) begin
             code = 3'h3;
           end
     endcase
@@ -2584,7 +2602,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$192 ) begin
+          if (\$194 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2597,20 +2615,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$107  = \$150 [6:0];
-  assign \$signature__data$108  = b_in__payload;
+  assign \$signature__addr$112  = \$150 [6:0];
+  assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$110  = \$159 [6:0];
-  assign \$signature__addr$113  = w_addr[7:0];
-  assign \$signature__en$114  = w_valid;
-  assign mult = cmd[69:54];
-  assign \shift$116  = cmd[75:70];
-  assign i__valid = q_valid;
-  assign i__payload = c_q;
+  assign \port__addr$115  = \$159 [6:0];
+  assign \$signature__addr$118  = w_addr[7:0];
+  assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$122  = \$165 [7:0];
+  assign \port__addr$127  = \$167 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2646,18 +2660,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \spad_b_rd_data[1]  = spad_b_rd_data[15:8];
   assign \spad_b_rd_data[2]  = spad_b_rd_data[23:16];
   assign \spad_b_rd_data[3]  = spad_b_rd_data[31:24];
-  assign \port__data$23[0]  = \port__data$23 [7:0];
-  assign \port__data$23[1]  = \port__data$23 [15:8];
-  assign \port__data$23[2]  = \port__data$23 [23:16];
-  assign \port__data$23[3]  = \port__data$23 [31:24];
+  assign \port__data$28[0]  = \port__data$28 [7:0];
+  assign \port__data$28[1]  = \port__data$28 [15:8];
+  assign \port__data$28[2]  = \port__data$28 [23:16];
+  assign \port__data$28[3]  = \port__data$28 [31:24];
   assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
   assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
   assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
   assign \spad_c_rd_data[3]  = spad_c_rd_data[127:96];
-  assign \port__data$26[0]  = \port__data$26 [31:0];
-  assign \port__data$26[1]  = \port__data$26 [63:32];
-  assign \port__data$26[2]  = \port__data$26 [95:64];
-  assign \port__data$26[3]  = \port__data$26 [127:96];
+  assign \port__data$31[0]  = \port__data$31 [31:0];
+  assign \port__data$31[1]  = \port__data$31 [63:32];
+  assign \port__data$31[2]  = \port__data$31 [95:64];
+  assign \port__data$31[3]  = \port__data$31 [127:96];
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
   assign \cmd.n  = cmd[35:24];
@@ -2701,28 +2715,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[1]  = a_in__payload[15:8];
   assign \$signature__data[2]  = a_in__payload[23:16];
   assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data$108[0]  = b_in__payload[7:0];
-  assign \$signature__data$108[1]  = b_in__payload[15:8];
-  assign \$signature__data$108[2]  = b_in__payload[23:16];
-  assign \$signature__data$108[3]  = b_in__payload[31:24];
-  assign \$signature__data$112[0]  = \$signature__data$112 [31:0];
-  assign \$signature__data$112[1]  = \$signature__data$112 [63:32];
-  assign \$signature__data$112[2]  = \$signature__data$112 [95:64];
-  assign \$signature__data$112[3]  = \$signature__data$112 [127:96];
-  assign \i__payload[0]  = c_q[31:0];
-  assign \i__payload[1]  = c_q[63:32];
-  assign \i__payload[2]  = c_q[95:64];
-  assign \i__payload[3]  = c_q[127:96];
+  assign \$signature__data$113[0]  = b_in__payload[7:0];
+  assign \$signature__data$113[1]  = b_in__payload[15:8];
+  assign \$signature__data$113[2]  = b_in__payload[23:16];
+  assign \$signature__data$113[3]  = b_in__payload[31:24];
+  assign \$signature__data$117[0]  = \$signature__data$117 [31:0];
+  assign \$signature__data$117[1]  = \$signature__data$117 [63:32];
+  assign \$signature__data$117[2]  = \$signature__data$117 [95:64];
+  assign \$signature__data$117[3]  = \$signature__data$117 [127:96];
+  assign \i__payload[0]  = i__payload[31:0];
+  assign \i__payload[1]  = i__payload[63:32];
+  assign \i__payload[2]  = i__payload[95:64];
+  assign \i__payload[3]  = i__payload[127:96];
   assign \o__payload[0]  = c_out__payload[7:0];
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign \$signature__data$112 [127:96] = \$164 [31:0];
-  assign \$signature__data$112 [95:64] = \$163 [31:0];
-  assign \$signature__data$112 [63:32] = \$162 [31:0];
-  assign \$signature__data$112 [31:0] = \$161 [31:0];
-  assign \$199  = \port__data$23 ;
-  assign \$198  = port__data;
+  assign i__payload[31:0] = \$166 ;
+  assign i__payload[127:32] = c_q[127:32];
+  assign \$signature__data$117 [127:96] = \$164 [31:0];
+  assign \$signature__data$117 [95:64] = \$163 [31:0];
+  assign \$signature__data$117 [63:32] = \$162 [31:0];
+  assign \$signature__data$117 [31:0] = \$161 [31:0];
+  assign \$201  = \port__data$28 ;
+  assign \$200  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -6711,7 +6727,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$1456$54 , o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -7598,6 +7614,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   wire i__ready;
   input i__valid;
   wire i__valid;
+  input [15:0] mult;
   wire [15:0] mult;
   reg neg0 = 1'h0;
   reg neg1 = 1'h0;
@@ -7633,14 +7650,13 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$1456$54 ;
-  wire [21:0] \port$1456$54 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
   reg [8:0] rounded3 = 9'h000;
   input rst;
   wire rst;
+  input [5:0] shift;
   wire [5:0] shift;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
@@ -7657,173 +7673,173 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   reg [8:0] y1 = 9'h000;
   reg [8:0] y2 = 9'h000;
   reg [8:0] y3 = 9'h000;
-  assign \$148  = \port$1456$54 [21:19] > 2'h3;
-  assign \$149  = \port$1456$54 [21:19] == 2'h3;
-  assign \$150  = \port$1456$54 [18:16] > 3'h5;
+  assign \$148  = shift[5:3] > 2'h3;
+  assign \$149  = shift[5:3] == 2'h3;
+  assign \$150  = shift[2:0] > 3'h5;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = \$148  | \$151 ;
-  assign \$153  = \port$1456$54 [21:19] > 2'h3;
-  assign \$154  = \port$1456$54 [21:19] == 2'h3;
-  assign \$155  = \port$1456$54 [18:16] > 3'h6;
+  assign \$153  = shift[5:3] > 2'h3;
+  assign \$154  = shift[5:3] == 2'h3;
+  assign \$155  = shift[2:0] > 3'h6;
   assign \$156  = \$154  & \$155 ;
   assign \$157  = \$153  | \$156 ;
-  assign \$158  = \port$1456$54 [21:19] > 2'h3;
-  assign \$159  = \port$1456$54 [21:19] == 2'h3;
-  assign \$160  = \port$1456$54 [18:16] > 3'h7;
+  assign \$158  = shift[5:3] > 2'h3;
+  assign \$159  = shift[5:3] == 2'h3;
+  assign \$160  = shift[2:0] > 3'h7;
   assign \$161  = \$159  & \$160 ;
   assign \$162  = \$158  | \$161 ;
-  assign \$163  = \port$1456$54 [21:19] > 3'h4;
-  assign \$164  = \port$1456$54 [21:19] == 3'h4;
-  assign \$165  = \port$1456$54 [18:16] > 1'h0;
+  assign \$163  = shift[5:3] > 3'h4;
+  assign \$164  = shift[5:3] == 3'h4;
+  assign \$165  = shift[2:0] > 1'h0;
   assign \$166  = \$164  & \$165 ;
   assign \$167  = \$163  | \$166 ;
-  assign \$168  = \port$1456$54 [21:19] > 3'h4;
-  assign \$169  = \port$1456$54 [21:19] == 3'h4;
-  assign \$170  = \port$1456$54 [18:16] > 1'h1;
+  assign \$168  = shift[5:3] > 3'h4;
+  assign \$169  = shift[5:3] == 3'h4;
+  assign \$170  = shift[2:0] > 1'h1;
   assign \$171  = \$169  & \$170 ;
   assign \$172  = \$168  | \$171 ;
-  assign \$173  = \port$1456$54 [21:19] > 3'h4;
-  assign \$174  = \port$1456$54 [21:19] == 3'h4;
-  assign \$175  = \port$1456$54 [18:16] > 2'h2;
+  assign \$173  = shift[5:3] > 3'h4;
+  assign \$174  = shift[5:3] == 3'h4;
+  assign \$175  = shift[2:0] > 2'h2;
   assign \$176  = \$174  & \$175 ;
   assign \$177  = \$173  | \$176 ;
-  assign \$178  = \port$1456$54 [21:19] > 3'h4;
-  assign \$179  = \port$1456$54 [21:19] == 3'h4;
-  assign \$180  = \port$1456$54 [18:16] > 2'h3;
+  assign \$178  = shift[5:3] > 3'h4;
+  assign \$179  = shift[5:3] == 3'h4;
+  assign \$180  = shift[2:0] > 2'h3;
   assign \$181  = \$179  & \$180 ;
   assign \$182  = \$178  | \$181 ;
-  assign \$183  = \port$1456$54 [21:19] > 3'h4;
-  assign \$184  = \port$1456$54 [21:19] == 3'h4;
-  assign \$185  = \port$1456$54 [18:16] > 3'h4;
+  assign \$183  = shift[5:3] > 3'h4;
+  assign \$184  = shift[5:3] == 3'h4;
+  assign \$185  = shift[2:0] > 3'h4;
   assign \$186  = \$184  & \$185 ;
   assign \$187  = \$183  | \$186 ;
-  assign \$188  = \port$1456$54 [21:19] > 3'h4;
-  assign \$189  = \port$1456$54 [21:19] == 3'h4;
-  assign \$190  = \port$1456$54 [18:16] > 3'h5;
+  assign \$188  = shift[5:3] > 3'h4;
+  assign \$189  = shift[5:3] == 3'h4;
+  assign \$190  = shift[2:0] > 3'h5;
   assign \$191  = \$189  & \$190 ;
   assign \$192  = \$188  | \$191 ;
-  assign \$193  = \port$1456$54 [21:19] > 3'h4;
-  assign \$194  = \port$1456$54 [21:19] == 3'h4;
-  assign \$195  = \port$1456$54 [18:16] > 3'h6;
+  assign \$193  = shift[5:3] > 3'h4;
+  assign \$194  = shift[5:3] == 3'h4;
+  assign \$195  = shift[2:0] > 3'h6;
   assign \$196  = \$194  & \$195 ;
   assign \$197  = \$193  | \$196 ;
-  assign \$198  = \port$1456$54 [21:19] > 3'h4;
-  assign \$199  = \port$1456$54 [21:19] == 3'h4;
-  assign \$200  = \port$1456$54 [18:16] > 3'h7;
+  assign \$198  = shift[5:3] > 3'h4;
+  assign \$199  = shift[5:3] == 3'h4;
+  assign \$200  = shift[2:0] > 3'h7;
   assign \$201  = \$199  & \$200 ;
   assign \$202  = \$198  | \$201 ;
-  assign \$203  = \port$1456$54 [21:19] > 3'h5;
-  assign \$204  = \port$1456$54 [21:19] == 3'h5;
-  assign \$205  = \port$1456$54 [18:16] > 1'h0;
+  assign \$203  = shift[5:3] > 3'h5;
+  assign \$204  = shift[5:3] == 3'h5;
+  assign \$205  = shift[2:0] > 1'h0;
   assign \$206  = \$204  & \$205 ;
   assign \$207  = \$203  | \$206 ;
-  assign \$208  = \port$1456$54 [21:19] > 3'h5;
-  assign \$209  = \port$1456$54 [21:19] == 3'h5;
-  assign \$210  = \port$1456$54 [18:16] > 1'h1;
+  assign \$208  = shift[5:3] > 3'h5;
+  assign \$209  = shift[5:3] == 3'h5;
+  assign \$210  = shift[2:0] > 1'h1;
   assign \$211  = \$209  & \$210 ;
   assign \$212  = \$208  | \$211 ;
-  assign \$213  = \port$1456$54 [21:19] > 3'h5;
-  assign \$214  = \port$1456$54 [21:19] == 3'h5;
-  assign \$215  = \port$1456$54 [18:16] > 2'h2;
+  assign \$213  = shift[5:3] > 3'h5;
+  assign \$214  = shift[5:3] == 3'h5;
+  assign \$215  = shift[2:0] > 2'h2;
   assign \$216  = \$214  & \$215 ;
   assign \$217  = \$213  | \$216 ;
-  assign \$218  = \port$1456$54 [21:19] > 3'h5;
-  assign \$219  = \port$1456$54 [21:19] == 3'h5;
-  assign \$220  = \port$1456$54 [18:16] > 2'h3;
+  assign \$218  = shift[5:3] > 3'h5;
+  assign \$219  = shift[5:3] == 3'h5;
+  assign \$220  = shift[2:0] > 2'h3;
   assign \$221  = \$219  & \$220 ;
   assign \$222  = \$218  | \$221 ;
-  assign \$223  = \port$1456$54 [21:19] > 3'h5;
-  assign \$224  = \port$1456$54 [21:19] == 3'h5;
-  assign \$225  = \port$1456$54 [18:16] > 3'h4;
+  assign \$223  = shift[5:3] > 3'h5;
+  assign \$224  = shift[5:3] == 3'h5;
+  assign \$225  = shift[2:0] > 3'h4;
   assign \$226  = \$224  & \$225 ;
   assign \$227  = \$223  | \$226 ;
-  assign \$228  = \port$1456$54 [21:19] > 3'h5;
-  assign \$229  = \port$1456$54 [21:19] == 3'h5;
-  assign \$230  = \port$1456$54 [18:16] > 3'h5;
+  assign \$228  = shift[5:3] > 3'h5;
+  assign \$229  = shift[5:3] == 3'h5;
+  assign \$230  = shift[2:0] > 3'h5;
   assign \$231  = \$229  & \$230 ;
   assign \$232  = \$228  | \$231 ;
-  assign \$233  = \port$1456$54 [21:19] > 3'h5;
-  assign \$234  = \port$1456$54 [21:19] == 3'h5;
-  assign \$235  = \port$1456$54 [18:16] > 3'h6;
+  assign \$233  = shift[5:3] > 3'h5;
+  assign \$234  = shift[5:3] == 3'h5;
+  assign \$235  = shift[2:0] > 3'h6;
   assign \$236  = \$234  & \$235 ;
   assign \$237  = \$233  | \$236 ;
-  assign \$238  = \port$1456$54 [21:19] > 3'h5;
-  assign \$239  = \port$1456$54 [21:19] == 3'h5;
-  assign \$240  = \port$1456$54 [18:16] > 3'h7;
+  assign \$238  = shift[5:3] > 3'h5;
+  assign \$239  = shift[5:3] == 3'h5;
+  assign \$240  = shift[2:0] > 3'h7;
   assign \$241  = \$239  & \$240 ;
   assign \$242  = \$238  | \$241 ;
-  assign \$243  = \port$1456$54 [21:19] > 3'h6;
-  assign \$244  = \port$1456$54 [21:19] == 3'h6;
-  assign \$245  = \port$1456$54 [18:16] > 1'h0;
+  assign \$243  = shift[5:3] > 3'h6;
+  assign \$244  = shift[5:3] == 3'h6;
+  assign \$245  = shift[2:0] > 1'h0;
   assign \$246  = \$244  & \$245 ;
   assign \$247  = \$243  | \$246 ;
   assign \$250  = $signed(\$248 ) + $signed(\$249 );
   assign \$253  = $signed(\$251 ) + $signed(\$252 );
   assign \$256  = $signed(\$254 ) + $signed(\$255 );
   assign \$259  = $signed(\$257 ) + $signed(\$258 );
-  assign \$261  = \port$1456$54 [21] ? \$260  : { x0, 1'h0 };
-  assign \$264  = \port$1456$54 [21] ? \$263  : { x0, 1'h0 };
-  assign \$265  = \port$1456$54 [20] ? \$262  : \$264 [39:0];
-  assign \$268  = \port$1456$54 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$1456$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$1456$54 [20] ? \$269  : \$271 [39:0];
-  assign \$273  = \port$1456$54 [19] ? \$266  : \$272 [23:0];
-  assign \$276  = \port$1456$54 [21] ? \$275  : { x0, 1'h0 };
-  assign \$279  = \port$1456$54 [21] ? \$278  : { x0, 1'h0 };
-  assign \$280  = \port$1456$54 [20] ? \$277  : \$279 [39:0];
-  assign \$283  = \port$1456$54 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$1456$54 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$1456$54 [20] ? \$284  : \$286 [39:0];
-  assign \$288  = \port$1456$54 [19] ? \$281  : \$287 [23:0];
-  assign \$289  = \port$1456$54 [18] ? \$274  : \$288 [15:0];
-  assign \$292  = \port$1456$54 [21] ? \$291  : { x0, 1'h0 };
-  assign \$295  = \port$1456$54 [21] ? \$294  : { x0, 1'h0 };
-  assign \$296  = \port$1456$54 [20] ? \$293  : \$295 [39:0];
-  assign \$299  = \port$1456$54 [21] ? \$298  : { x0, 1'h0 };
-  assign \$302  = \port$1456$54 [21] ? \$301  : { x0, 1'h0 };
-  assign \$303  = \port$1456$54 [20] ? \$300  : \$302 [39:0];
-  assign \$304  = \port$1456$54 [19] ? \$297  : \$303 [23:0];
-  assign \$307  = \port$1456$54 [21] ? \$306  : { x0, 1'h0 };
-  assign \$310  = \port$1456$54 [21] ? \$309  : { x0, 1'h0 };
-  assign \$311  = \port$1456$54 [20] ? \$308  : \$310 [39:0];
-  assign \$314  = \port$1456$54 [21] ? \$313  : { x0, 1'h0 };
-  assign \$317  = \port$1456$54 [21] ? \$316  : { x0, 1'h0 };
-  assign \$318  = \port$1456$54 [20] ? \$315  : \$317 [39:0];
-  assign \$319  = \port$1456$54 [19] ? \$312  : \$318 [23:0];
-  assign \$320  = \port$1456$54 [18] ? \$305  : \$319 [15:0];
-  assign \$321  = \port$1456$54 [17] ? \$290  : \$320 [11:0];
-  assign \$324  = \port$1456$54 [21] ? \$323  : { x0, 1'h0 };
-  assign \$327  = \port$1456$54 [21] ? \$326  : { x0, 1'h0 };
-  assign \$328  = \port$1456$54 [20] ? \$325  : \$327 [39:0];
-  assign \$331  = \port$1456$54 [21] ? \$330  : { x0, 1'h0 };
-  assign \$334  = \port$1456$54 [21] ? \$333  : { x0, 1'h0 };
-  assign \$335  = \port$1456$54 [20] ? \$332  : \$334 [39:0];
-  assign \$336  = \port$1456$54 [19] ? \$329  : \$335 [23:0];
-  assign \$339  = \port$1456$54 [21] ? \$338  : { x0, 1'h0 };
-  assign \$342  = \port$1456$54 [21] ? \$341  : { x0, 1'h0 };
-  assign \$343  = \port$1456$54 [20] ? \$340  : \$342 [39:0];
-  assign \$346  = \port$1456$54 [21] ? \$345  : { x0, 1'h0 };
-  assign \$349  = \port$1456$54 [21] ? \$348  : { x0, 1'h0 };
-  assign \$350  = \port$1456$54 [20] ? \$347  : \$349 [39:0];
-  assign \$351  = \port$1456$54 [19] ? \$344  : \$350 [23:0];
-  assign \$352  = \port$1456$54 [18] ? \$337  : \$351 [15:0];
-  assign \$355  = \port$1456$54 [21] ? \$354  : { x0, 1'h0 };
-  assign \$358  = \port$1456$54 [21] ? \$357  : { x0, 1'h0 };
-  assign \$359  = \port$1456$54 [20] ? \$356  : \$358 [39:0];
-  assign \$362  = \port$1456$54 [21] ? \$361  : { x0, 1'h0 };
-  assign \$365  = \port$1456$54 [21] ? \$364  : { x0, 1'h0 };
-  assign \$366  = \port$1456$54 [20] ? \$363  : \$365 [39:0];
-  assign \$367  = \port$1456$54 [19] ? \$360  : \$366 [23:0];
-  assign \$370  = \port$1456$54 [21] ? \$369  : { x0, 1'h0 };
-  assign \$373  = \port$1456$54 [21] ? \$372  : { x0, 1'h0 };
-  assign \$374  = \port$1456$54 [20] ? \$371  : \$373 [39:0];
-  assign \$377  = \port$1456$54 [21] ? \$376  : { x0, 1'h0 };
-  assign \$380  = \port$1456$54 [21] ? \$379  : { x0, 1'h0 };
-  assign \$381  = \port$1456$54 [20] ? \$378  : \$380 [39:0];
-  assign \$382  = \port$1456$54 [19] ? \$375  : \$381 [23:0];
-  assign \$383  = \port$1456$54 [18] ? \$368  : \$382 [15:0];
-  assign \$384  = \port$1456$54 [17] ? \$353  : \$383 [11:0];
-  assign \$385  = \port$1456$54 [16] ? \$322  : \$384 [9:0];
+  assign \$261  = shift[5] ? \$260  : { x0, 1'h0 };
+  assign \$264  = shift[5] ? \$263  : { x0, 1'h0 };
+  assign \$265  = shift[4] ? \$262  : \$264 [39:0];
+  assign \$268  = shift[5] ? \$267  : { x0, 1'h0 };
+  assign \$271  = shift[5] ? \$270  : { x0, 1'h0 };
+  assign \$272  = shift[4] ? \$269  : \$271 [39:0];
+  assign \$273  = shift[3] ? \$266  : \$272 [23:0];
+  assign \$276  = shift[5] ? \$275  : { x0, 1'h0 };
+  assign \$279  = shift[5] ? \$278  : { x0, 1'h0 };
+  assign \$280  = shift[4] ? \$277  : \$279 [39:0];
+  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
+  assign \$286  = shift[5] ? \$285  : { x0, 1'h0 };
+  assign \$287  = shift[4] ? \$284  : \$286 [39:0];
+  assign \$288  = shift[3] ? \$281  : \$287 [23:0];
+  assign \$289  = shift[2] ? \$274  : \$288 [15:0];
+  assign \$292  = shift[5] ? \$291  : { x0, 1'h0 };
+  assign \$295  = shift[5] ? \$294  : { x0, 1'h0 };
+  assign \$296  = shift[4] ? \$293  : \$295 [39:0];
+  assign \$299  = shift[5] ? \$298  : { x0, 1'h0 };
+  assign \$302  = shift[5] ? \$301  : { x0, 1'h0 };
+  assign \$303  = shift[4] ? \$300  : \$302 [39:0];
+  assign \$304  = shift[3] ? \$297  : \$303 [23:0];
+  assign \$307  = shift[5] ? \$306  : { x0, 1'h0 };
+  assign \$310  = shift[5] ? \$309  : { x0, 1'h0 };
+  assign \$311  = shift[4] ? \$308  : \$310 [39:0];
+  assign \$314  = shift[5] ? \$313  : { x0, 1'h0 };
+  assign \$317  = shift[5] ? \$316  : { x0, 1'h0 };
+  assign \$318  = shift[4] ? \$315  : \$317 [39:0];
+  assign \$319  = shift[3] ? \$312  : \$318 [23:0];
+  assign \$320  = shift[2] ? \$305  : \$319 [15:0];
+  assign \$321  = shift[1] ? \$290  : \$320 [11:0];
+  assign \$324  = shift[5] ? \$323  : { x0, 1'h0 };
+  assign \$327  = shift[5] ? \$326  : { x0, 1'h0 };
+  assign \$328  = shift[4] ? \$325  : \$327 [39:0];
+  assign \$331  = shift[5] ? \$330  : { x0, 1'h0 };
+  assign \$334  = shift[5] ? \$333  : { x0, 1'h0 };
+  assign \$335  = shift[4] ? \$332  : \$334 [39:0];
+  assign \$336  = shift[3] ? \$329  : \$335 [23:0];
+  assign \$339  = shift[5] ? \$338  : { x0, 1'h0 };
+  assign \$342  = shift[5] ? \$341  : { x0, 1'h0 };
+  assign \$343  = shift[4] ? \$340  : \$342 [39:0];
+  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
+  assign \$349  = shift[5] ? \$348  : { x0, 1'h0 };
+  assign \$350  = shift[4] ? \$347  : \$349 [39:0];
+  assign \$351  = shift[3] ? \$344  : \$350 [23:0];
+  assign \$352  = shift[2] ? \$337  : \$351 [15:0];
+  assign \$355  = shift[5] ? \$354  : { x0, 1'h0 };
+  assign \$358  = shift[5] ? \$357  : { x0, 1'h0 };
+  assign \$359  = shift[4] ? \$356  : \$358 [39:0];
+  assign \$362  = shift[5] ? \$361  : { x0, 1'h0 };
+  assign \$365  = shift[5] ? \$364  : { x0, 1'h0 };
+  assign \$366  = shift[4] ? \$363  : \$365 [39:0];
+  assign \$367  = shift[3] ? \$360  : \$366 [23:0];
+  assign \$370  = shift[5] ? \$369  : { x0, 1'h0 };
+  assign \$373  = shift[5] ? \$372  : { x0, 1'h0 };
+  assign \$374  = shift[4] ? \$371  : \$373 [39:0];
+  assign \$377  = shift[5] ? \$376  : { x0, 1'h0 };
+  assign \$380  = shift[5] ? \$379  : { x0, 1'h0 };
+  assign \$381  = shift[4] ? \$378  : \$380 [39:0];
+  assign \$382  = shift[3] ? \$375  : \$381 [23:0];
+  assign \$383  = shift[2] ? \$368  : \$382 [15:0];
+  assign \$384  = shift[1] ? \$353  : \$383 [11:0];
+  assign \$385  = shift[0] ? \$322  : \$384 [9:0];
   assign \$386  = { x0, 1'h0 } & below;
   assign \$387  = | \$386 ;
   assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -7836,69 +7852,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   assign \$395  = $signed(rounded0) > $signed(8'h7f);
   assign \$396  = \$395  ? 9'h07f : rounded0;
   assign \$397  = over2_0 ? { \$394 [7], \$394  } : \$396 ;
-  assign \$399  = \port$1456$54 [21] ? \$398  : { x1, 1'h0 };
-  assign \$402  = \port$1456$54 [21] ? \$401  : { x1, 1'h0 };
-  assign \$403  = \port$1456$54 [20] ? \$400  : \$402 [39:0];
-  assign \$406  = \port$1456$54 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$1456$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$1456$54 [20] ? \$407  : \$409 [39:0];
-  assign \$411  = \port$1456$54 [19] ? \$404  : \$410 [23:0];
-  assign \$414  = \port$1456$54 [21] ? \$413  : { x1, 1'h0 };
-  assign \$417  = \port$1456$54 [21] ? \$416  : { x1, 1'h0 };
-  assign \$418  = \port$1456$54 [20] ? \$415  : \$417 [39:0];
-  assign \$421  = \port$1456$54 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$1456$54 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$1456$54 [20] ? \$422  : \$424 [39:0];
-  assign \$426  = \port$1456$54 [19] ? \$419  : \$425 [23:0];
-  assign \$427  = \port$1456$54 [18] ? \$412  : \$426 [15:0];
-  assign \$430  = \port$1456$54 [21] ? \$429  : { x1, 1'h0 };
-  assign \$433  = \port$1456$54 [21] ? \$432  : { x1, 1'h0 };
-  assign \$434  = \port$1456$54 [20] ? \$431  : \$433 [39:0];
-  assign \$437  = \port$1456$54 [21] ? \$436  : { x1, 1'h0 };
-  assign \$440  = \port$1456$54 [21] ? \$439  : { x1, 1'h0 };
-  assign \$441  = \port$1456$54 [20] ? \$438  : \$440 [39:0];
-  assign \$442  = \port$1456$54 [19] ? \$435  : \$441 [23:0];
-  assign \$445  = \port$1456$54 [21] ? \$444  : { x1, 1'h0 };
-  assign \$448  = \port$1456$54 [21] ? \$447  : { x1, 1'h0 };
-  assign \$449  = \port$1456$54 [20] ? \$446  : \$448 [39:0];
-  assign \$452  = \port$1456$54 [21] ? \$451  : { x1, 1'h0 };
-  assign \$455  = \port$1456$54 [21] ? \$454  : { x1, 1'h0 };
-  assign \$456  = \port$1456$54 [20] ? \$453  : \$455 [39:0];
-  assign \$457  = \port$1456$54 [19] ? \$450  : \$456 [23:0];
-  assign \$458  = \port$1456$54 [18] ? \$443  : \$457 [15:0];
-  assign \$459  = \port$1456$54 [17] ? \$428  : \$458 [11:0];
-  assign \$462  = \port$1456$54 [21] ? \$461  : { x1, 1'h0 };
-  assign \$465  = \port$1456$54 [21] ? \$464  : { x1, 1'h0 };
-  assign \$466  = \port$1456$54 [20] ? \$463  : \$465 [39:0];
-  assign \$469  = \port$1456$54 [21] ? \$468  : { x1, 1'h0 };
-  assign \$472  = \port$1456$54 [21] ? \$471  : { x1, 1'h0 };
-  assign \$473  = \port$1456$54 [20] ? \$470  : \$472 [39:0];
-  assign \$474  = \port$1456$54 [19] ? \$467  : \$473 [23:0];
-  assign \$477  = \port$1456$54 [21] ? \$476  : { x1, 1'h0 };
-  assign \$480  = \port$1456$54 [21] ? \$479  : { x1, 1'h0 };
-  assign \$481  = \port$1456$54 [20] ? \$478  : \$480 [39:0];
-  assign \$484  = \port$1456$54 [21] ? \$483  : { x1, 1'h0 };
-  assign \$487  = \port$1456$54 [21] ? \$486  : { x1, 1'h0 };
-  assign \$488  = \port$1456$54 [20] ? \$485  : \$487 [39:0];
-  assign \$489  = \port$1456$54 [19] ? \$482  : \$488 [23:0];
-  assign \$490  = \port$1456$54 [18] ? \$475  : \$489 [15:0];
-  assign \$493  = \port$1456$54 [21] ? \$492  : { x1, 1'h0 };
-  assign \$496  = \port$1456$54 [21] ? \$495  : { x1, 1'h0 };
-  assign \$497  = \port$1456$54 [20] ? \$494  : \$496 [39:0];
-  assign \$500  = \port$1456$54 [21] ? \$499  : { x1, 1'h0 };
-  assign \$503  = \port$1456$54 [21] ? \$502  : { x1, 1'h0 };
-  assign \$504  = \port$1456$54 [20] ? \$501  : \$503 [39:0];
-  assign \$505  = \port$1456$54 [19] ? \$498  : \$504 [23:0];
-  assign \$508  = \port$1456$54 [21] ? \$507  : { x1, 1'h0 };
-  assign \$511  = \port$1456$54 [21] ? \$510  : { x1, 1'h0 };
-  assign \$512  = \port$1456$54 [20] ? \$509  : \$511 [39:0];
-  assign \$515  = \port$1456$54 [21] ? \$514  : { x1, 1'h0 };
-  assign \$518  = \port$1456$54 [21] ? \$517  : { x1, 1'h0 };
-  assign \$519  = \port$1456$54 [20] ? \$516  : \$518 [39:0];
-  assign \$520  = \port$1456$54 [19] ? \$513  : \$519 [23:0];
-  assign \$521  = \port$1456$54 [18] ? \$506  : \$520 [15:0];
-  assign \$522  = \port$1456$54 [17] ? \$491  : \$521 [11:0];
-  assign \$523  = \port$1456$54 [16] ? \$460  : \$522 [9:0];
+  assign \$399  = shift[5] ? \$398  : { x1, 1'h0 };
+  assign \$402  = shift[5] ? \$401  : { x1, 1'h0 };
+  assign \$403  = shift[4] ? \$400  : \$402 [39:0];
+  assign \$406  = shift[5] ? \$405  : { x1, 1'h0 };
+  assign \$409  = shift[5] ? \$408  : { x1, 1'h0 };
+  assign \$410  = shift[4] ? \$407  : \$409 [39:0];
+  assign \$411  = shift[3] ? \$404  : \$410 [23:0];
+  assign \$414  = shift[5] ? \$413  : { x1, 1'h0 };
+  assign \$417  = shift[5] ? \$416  : { x1, 1'h0 };
+  assign \$418  = shift[4] ? \$415  : \$417 [39:0];
+  assign \$421  = shift[5] ? \$420  : { x1, 1'h0 };
+  assign \$424  = shift[5] ? \$423  : { x1, 1'h0 };
+  assign \$425  = shift[4] ? \$422  : \$424 [39:0];
+  assign \$426  = shift[3] ? \$419  : \$425 [23:0];
+  assign \$427  = shift[2] ? \$412  : \$426 [15:0];
+  assign \$430  = shift[5] ? \$429  : { x1, 1'h0 };
+  assign \$433  = shift[5] ? \$432  : { x1, 1'h0 };
+  assign \$434  = shift[4] ? \$431  : \$433 [39:0];
+  assign \$437  = shift[5] ? \$436  : { x1, 1'h0 };
+  assign \$440  = shift[5] ? \$439  : { x1, 1'h0 };
+  assign \$441  = shift[4] ? \$438  : \$440 [39:0];
+  assign \$442  = shift[3] ? \$435  : \$441 [23:0];
+  assign \$445  = shift[5] ? \$444  : { x1, 1'h0 };
+  assign \$448  = shift[5] ? \$447  : { x1, 1'h0 };
+  assign \$449  = shift[4] ? \$446  : \$448 [39:0];
+  assign \$452  = shift[5] ? \$451  : { x1, 1'h0 };
+  assign \$455  = shift[5] ? \$454  : { x1, 1'h0 };
+  assign \$456  = shift[4] ? \$453  : \$455 [39:0];
+  assign \$457  = shift[3] ? \$450  : \$456 [23:0];
+  assign \$458  = shift[2] ? \$443  : \$457 [15:0];
+  assign \$459  = shift[1] ? \$428  : \$458 [11:0];
+  assign \$462  = shift[5] ? \$461  : { x1, 1'h0 };
+  assign \$465  = shift[5] ? \$464  : { x1, 1'h0 };
+  assign \$466  = shift[4] ? \$463  : \$465 [39:0];
+  assign \$469  = shift[5] ? \$468  : { x1, 1'h0 };
+  assign \$472  = shift[5] ? \$471  : { x1, 1'h0 };
+  assign \$473  = shift[4] ? \$470  : \$472 [39:0];
+  assign \$474  = shift[3] ? \$467  : \$473 [23:0];
+  assign \$477  = shift[5] ? \$476  : { x1, 1'h0 };
+  assign \$480  = shift[5] ? \$479  : { x1, 1'h0 };
+  assign \$481  = shift[4] ? \$478  : \$480 [39:0];
+  assign \$484  = shift[5] ? \$483  : { x1, 1'h0 };
+  assign \$487  = shift[5] ? \$486  : { x1, 1'h0 };
+  assign \$488  = shift[4] ? \$485  : \$487 [39:0];
+  assign \$489  = shift[3] ? \$482  : \$488 [23:0];
+  assign \$490  = shift[2] ? \$475  : \$489 [15:0];
+  assign \$493  = shift[5] ? \$492  : { x1, 1'h0 };
+  assign \$496  = shift[5] ? \$495  : { x1, 1'h0 };
+  assign \$497  = shift[4] ? \$494  : \$496 [39:0];
+  assign \$500  = shift[5] ? \$499  : { x1, 1'h0 };
+  assign \$503  = shift[5] ? \$502  : { x1, 1'h0 };
+  assign \$504  = shift[4] ? \$501  : \$503 [39:0];
+  assign \$505  = shift[3] ? \$498  : \$504 [23:0];
+  assign \$508  = shift[5] ? \$507  : { x1, 1'h0 };
+  assign \$511  = shift[5] ? \$510  : { x1, 1'h0 };
+  assign \$512  = shift[4] ? \$509  : \$511 [39:0];
+  assign \$515  = shift[5] ? \$514  : { x1, 1'h0 };
+  assign \$518  = shift[5] ? \$517  : { x1, 1'h0 };
+  assign \$519  = shift[4] ? \$516  : \$518 [39:0];
+  assign \$520  = shift[3] ? \$513  : \$519 [23:0];
+  assign \$521  = shift[2] ? \$506  : \$520 [15:0];
+  assign \$522  = shift[1] ? \$491  : \$521 [11:0];
+  assign \$523  = shift[0] ? \$460  : \$522 [9:0];
   assign \$524  = { x1, 1'h0 } & below;
   assign \$525  = | \$524 ;
   assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -7911,69 +7927,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   assign \$533  = $signed(rounded1) > $signed(8'h7f);
   assign \$534  = \$533  ? 9'h07f : rounded1;
   assign \$535  = over2_1 ? { \$532 [7], \$532  } : \$534 ;
-  assign \$537  = \port$1456$54 [21] ? \$536  : { x2, 1'h0 };
-  assign \$540  = \port$1456$54 [21] ? \$539  : { x2, 1'h0 };
-  assign \$541  = \port$1456$54 [20] ? \$538  : \$540 [39:0];
-  assign \$544  = \port$1456$54 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$1456$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$1456$54 [20] ? \$545  : \$547 [39:0];
-  assign \$549  = \port$1456$54 [19] ? \$542  : \$548 [23:0];
-  assign \$552  = \port$1456$54 [21] ? \$551  : { x2, 1'h0 };
-  assign \$555  = \port$1456$54 [21] ? \$554  : { x2, 1'h0 };
-  assign \$556  = \port$1456$54 [20] ? \$553  : \$555 [39:0];
-  assign \$559  = \port$1456$54 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$1456$54 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$1456$54 [20] ? \$560  : \$562 [39:0];
-  assign \$564  = \port$1456$54 [19] ? \$557  : \$563 [23:0];
-  assign \$565  = \port$1456$54 [18] ? \$550  : \$564 [15:0];
-  assign \$568  = \port$1456$54 [21] ? \$567  : { x2, 1'h0 };
-  assign \$571  = \port$1456$54 [21] ? \$570  : { x2, 1'h0 };
-  assign \$572  = \port$1456$54 [20] ? \$569  : \$571 [39:0];
-  assign \$575  = \port$1456$54 [21] ? \$574  : { x2, 1'h0 };
-  assign \$578  = \port$1456$54 [21] ? \$577  : { x2, 1'h0 };
-  assign \$579  = \port$1456$54 [20] ? \$576  : \$578 [39:0];
-  assign \$580  = \port$1456$54 [19] ? \$573  : \$579 [23:0];
-  assign \$583  = \port$1456$54 [21] ? \$582  : { x2, 1'h0 };
-  assign \$586  = \port$1456$54 [21] ? \$585  : { x2, 1'h0 };
-  assign \$587  = \port$1456$54 [20] ? \$584  : \$586 [39:0];
-  assign \$590  = \port$1456$54 [21] ? \$589  : { x2, 1'h0 };
-  assign \$593  = \port$1456$54 [21] ? \$592  : { x2, 1'h0 };
-  assign \$594  = \port$1456$54 [20] ? \$591  : \$593 [39:0];
-  assign \$595  = \port$1456$54 [19] ? \$588  : \$594 [23:0];
-  assign \$596  = \port$1456$54 [18] ? \$581  : \$595 [15:0];
-  assign \$597  = \port$1456$54 [17] ? \$566  : \$596 [11:0];
-  assign \$600  = \port$1456$54 [21] ? \$599  : { x2, 1'h0 };
-  assign \$603  = \port$1456$54 [21] ? \$602  : { x2, 1'h0 };
-  assign \$604  = \port$1456$54 [20] ? \$601  : \$603 [39:0];
-  assign \$607  = \port$1456$54 [21] ? \$606  : { x2, 1'h0 };
-  assign \$610  = \port$1456$54 [21] ? \$609  : { x2, 1'h0 };
-  assign \$611  = \port$1456$54 [20] ? \$608  : \$610 [39:0];
-  assign \$612  = \port$1456$54 [19] ? \$605  : \$611 [23:0];
-  assign \$615  = \port$1456$54 [21] ? \$614  : { x2, 1'h0 };
-  assign \$618  = \port$1456$54 [21] ? \$617  : { x2, 1'h0 };
-  assign \$619  = \port$1456$54 [20] ? \$616  : \$618 [39:0];
-  assign \$622  = \port$1456$54 [21] ? \$621  : { x2, 1'h0 };
-  assign \$625  = \port$1456$54 [21] ? \$624  : { x2, 1'h0 };
-  assign \$626  = \port$1456$54 [20] ? \$623  : \$625 [39:0];
-  assign \$627  = \port$1456$54 [19] ? \$620  : \$626 [23:0];
-  assign \$628  = \port$1456$54 [18] ? \$613  : \$627 [15:0];
-  assign \$631  = \port$1456$54 [21] ? \$630  : { x2, 1'h0 };
-  assign \$634  = \port$1456$54 [21] ? \$633  : { x2, 1'h0 };
-  assign \$635  = \port$1456$54 [20] ? \$632  : \$634 [39:0];
-  assign \$638  = \port$1456$54 [21] ? \$637  : { x2, 1'h0 };
-  assign \$641  = \port$1456$54 [21] ? \$640  : { x2, 1'h0 };
-  assign \$642  = \port$1456$54 [20] ? \$639  : \$641 [39:0];
-  assign \$643  = \port$1456$54 [19] ? \$636  : \$642 [23:0];
-  assign \$646  = \port$1456$54 [21] ? \$645  : { x2, 1'h0 };
-  assign \$649  = \port$1456$54 [21] ? \$648  : { x2, 1'h0 };
-  assign \$650  = \port$1456$54 [20] ? \$647  : \$649 [39:0];
-  assign \$653  = \port$1456$54 [21] ? \$652  : { x2, 1'h0 };
-  assign \$656  = \port$1456$54 [21] ? \$655  : { x2, 1'h0 };
-  assign \$657  = \port$1456$54 [20] ? \$654  : \$656 [39:0];
-  assign \$658  = \port$1456$54 [19] ? \$651  : \$657 [23:0];
-  assign \$659  = \port$1456$54 [18] ? \$644  : \$658 [15:0];
-  assign \$660  = \port$1456$54 [17] ? \$629  : \$659 [11:0];
-  assign \$661  = \port$1456$54 [16] ? \$598  : \$660 [9:0];
+  assign \$537  = shift[5] ? \$536  : { x2, 1'h0 };
+  assign \$540  = shift[5] ? \$539  : { x2, 1'h0 };
+  assign \$541  = shift[4] ? \$538  : \$540 [39:0];
+  assign \$544  = shift[5] ? \$543  : { x2, 1'h0 };
+  assign \$547  = shift[5] ? \$546  : { x2, 1'h0 };
+  assign \$548  = shift[4] ? \$545  : \$547 [39:0];
+  assign \$549  = shift[3] ? \$542  : \$548 [23:0];
+  assign \$552  = shift[5] ? \$551  : { x2, 1'h0 };
+  assign \$555  = shift[5] ? \$554  : { x2, 1'h0 };
+  assign \$556  = shift[4] ? \$553  : \$555 [39:0];
+  assign \$559  = shift[5] ? \$558  : { x2, 1'h0 };
+  assign \$562  = shift[5] ? \$561  : { x2, 1'h0 };
+  assign \$563  = shift[4] ? \$560  : \$562 [39:0];
+  assign \$564  = shift[3] ? \$557  : \$563 [23:0];
+  assign \$565  = shift[2] ? \$550  : \$564 [15:0];
+  assign \$568  = shift[5] ? \$567  : { x2, 1'h0 };
+  assign \$571  = shift[5] ? \$570  : { x2, 1'h0 };
+  assign \$572  = shift[4] ? \$569  : \$571 [39:0];
+  assign \$575  = shift[5] ? \$574  : { x2, 1'h0 };
+  assign \$578  = shift[5] ? \$577  : { x2, 1'h0 };
+  assign \$579  = shift[4] ? \$576  : \$578 [39:0];
+  assign \$580  = shift[3] ? \$573  : \$579 [23:0];
+  assign \$583  = shift[5] ? \$582  : { x2, 1'h0 };
+  assign \$586  = shift[5] ? \$585  : { x2, 1'h0 };
+  assign \$587  = shift[4] ? \$584  : \$586 [39:0];
+  assign \$590  = shift[5] ? \$589  : { x2, 1'h0 };
+  assign \$593  = shift[5] ? \$592  : { x2, 1'h0 };
+  assign \$594  = shift[4] ? \$591  : \$593 [39:0];
+  assign \$595  = shift[3] ? \$588  : \$594 [23:0];
+  assign \$596  = shift[2] ? \$581  : \$595 [15:0];
+  assign \$597  = shift[1] ? \$566  : \$596 [11:0];
+  assign \$600  = shift[5] ? \$599  : { x2, 1'h0 };
+  assign \$603  = shift[5] ? \$602  : { x2, 1'h0 };
+  assign \$604  = shift[4] ? \$601  : \$603 [39:0];
+  assign \$607  = shift[5] ? \$606  : { x2, 1'h0 };
+  assign \$610  = shift[5] ? \$609  : { x2, 1'h0 };
+  assign \$611  = shift[4] ? \$608  : \$610 [39:0];
+  assign \$612  = shift[3] ? \$605  : \$611 [23:0];
+  assign \$615  = shift[5] ? \$614  : { x2, 1'h0 };
+  assign \$618  = shift[5] ? \$617  : { x2, 1'h0 };
+  assign \$619  = shift[4] ? \$616  : \$618 [39:0];
+  assign \$622  = shift[5] ? \$621  : { x2, 1'h0 };
+  assign \$625  = shift[5] ? \$624  : { x2, 1'h0 };
+  assign \$626  = shift[4] ? \$623  : \$625 [39:0];
+  assign \$627  = shift[3] ? \$620  : \$626 [23:0];
+  assign \$628  = shift[2] ? \$613  : \$627 [15:0];
+  assign \$631  = shift[5] ? \$630  : { x2, 1'h0 };
+  assign \$634  = shift[5] ? \$633  : { x2, 1'h0 };
+  assign \$635  = shift[4] ? \$632  : \$634 [39:0];
+  assign \$638  = shift[5] ? \$637  : { x2, 1'h0 };
+  assign \$641  = shift[5] ? \$640  : { x2, 1'h0 };
+  assign \$642  = shift[4] ? \$639  : \$641 [39:0];
+  assign \$643  = shift[3] ? \$636  : \$642 [23:0];
+  assign \$646  = shift[5] ? \$645  : { x2, 1'h0 };
+  assign \$649  = shift[5] ? \$648  : { x2, 1'h0 };
+  assign \$650  = shift[4] ? \$647  : \$649 [39:0];
+  assign \$653  = shift[5] ? \$652  : { x2, 1'h0 };
+  assign \$656  = shift[5] ? \$655  : { x2, 1'h0 };
+  assign \$657  = shift[4] ? \$654  : \$656 [39:0];
+  assign \$658  = shift[3] ? \$651  : \$657 [23:0];
+  assign \$659  = shift[2] ? \$644  : \$658 [15:0];
+  assign \$660  = shift[1] ? \$629  : \$659 [11:0];
+  assign \$661  = shift[0] ? \$598  : \$660 [9:0];
   assign \$662  = { x2, 1'h0 } & below;
   assign \$663  = | \$662 ;
   assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -7986,69 +8002,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   assign \$671  = $signed(rounded2) > $signed(8'h7f);
   assign \$672  = \$671  ? 9'h07f : rounded2;
   assign \$673  = over2_2 ? { \$670 [7], \$670  } : \$672 ;
-  assign \$675  = \port$1456$54 [21] ? \$674  : { x3, 1'h0 };
-  assign \$678  = \port$1456$54 [21] ? \$677  : { x3, 1'h0 };
-  assign \$679  = \port$1456$54 [20] ? \$676  : \$678 [39:0];
-  assign \$682  = \port$1456$54 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$1456$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$1456$54 [20] ? \$683  : \$685 [39:0];
-  assign \$687  = \port$1456$54 [19] ? \$680  : \$686 [23:0];
-  assign \$690  = \port$1456$54 [21] ? \$689  : { x3, 1'h0 };
-  assign \$693  = \port$1456$54 [21] ? \$692  : { x3, 1'h0 };
-  assign \$694  = \port$1456$54 [20] ? \$691  : \$693 [39:0];
-  assign \$697  = \port$1456$54 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$1456$54 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$1456$54 [20] ? \$698  : \$700 [39:0];
-  assign \$702  = \port$1456$54 [19] ? \$695  : \$701 [23:0];
-  assign \$703  = \port$1456$54 [18] ? \$688  : \$702 [15:0];
-  assign \$706  = \port$1456$54 [21] ? \$705  : { x3, 1'h0 };
-  assign \$709  = \port$1456$54 [21] ? \$708  : { x3, 1'h0 };
-  assign \$710  = \port$1456$54 [20] ? \$707  : \$709 [39:0];
-  assign \$713  = \port$1456$54 [21] ? \$712  : { x3, 1'h0 };
-  assign \$716  = \port$1456$54 [21] ? \$715  : { x3, 1'h0 };
-  assign \$717  = \port$1456$54 [20] ? \$714  : \$716 [39:0];
-  assign \$718  = \port$1456$54 [19] ? \$711  : \$717 [23:0];
-  assign \$721  = \port$1456$54 [21] ? \$720  : { x3, 1'h0 };
-  assign \$724  = \port$1456$54 [21] ? \$723  : { x3, 1'h0 };
-  assign \$725  = \port$1456$54 [20] ? \$722  : \$724 [39:0];
-  assign \$728  = \port$1456$54 [21] ? \$727  : { x3, 1'h0 };
-  assign \$731  = \port$1456$54 [21] ? \$730  : { x3, 1'h0 };
-  assign \$732  = \port$1456$54 [20] ? \$729  : \$731 [39:0];
-  assign \$733  = \port$1456$54 [19] ? \$726  : \$732 [23:0];
-  assign \$734  = \port$1456$54 [18] ? \$719  : \$733 [15:0];
-  assign \$735  = \port$1456$54 [17] ? \$704  : \$734 [11:0];
-  assign \$738  = \port$1456$54 [21] ? \$737  : { x3, 1'h0 };
-  assign \$741  = \port$1456$54 [21] ? \$740  : { x3, 1'h0 };
-  assign \$742  = \port$1456$54 [20] ? \$739  : \$741 [39:0];
-  assign \$745  = \port$1456$54 [21] ? \$744  : { x3, 1'h0 };
-  assign \$748  = \port$1456$54 [21] ? \$747  : { x3, 1'h0 };
-  assign \$749  = \port$1456$54 [20] ? \$746  : \$748 [39:0];
-  assign \$750  = \port$1456$54 [19] ? \$743  : \$749 [23:0];
-  assign \$753  = \port$1456$54 [21] ? \$752  : { x3, 1'h0 };
-  assign \$756  = \port$1456$54 [21] ? \$755  : { x3, 1'h0 };
-  assign \$757  = \port$1456$54 [20] ? \$754  : \$756 [39:0];
-  assign \$760  = \port$1456$54 [21] ? \$759  : { x3, 1'h0 };
-  assign \$763  = \port$1456$54 [21] ? \$762  : { x3, 1'h0 };
-  assign \$764  = \port$1456$54 [20] ? \$761  : \$763 [39:0];
-  assign \$765  = \port$1456$54 [19] ? \$758  : \$764 [23:0];
-  assign \$766  = \port$1456$54 [18] ? \$751  : \$765 [15:0];
-  assign \$769  = \port$1456$54 [21] ? \$768  : { x3, 1'h0 };
-  assign \$772  = \port$1456$54 [21] ? \$771  : { x3, 1'h0 };
-  assign \$773  = \port$1456$54 [20] ? \$770  : \$772 [39:0];
-  assign \$776  = \port$1456$54 [21] ? \$775  : { x3, 1'h0 };
-  assign \$779  = \port$1456$54 [21] ? \$778  : { x3, 1'h0 };
-  assign \$780  = \port$1456$54 [20] ? \$777  : \$779 [39:0];
-  assign \$781  = \port$1456$54 [19] ? \$774  : \$780 [23:0];
-  assign \$784  = \port$1456$54 [21] ? \$783  : { x3, 1'h0 };
-  assign \$787  = \port$1456$54 [21] ? \$786  : { x3, 1'h0 };
-  assign \$788  = \port$1456$54 [20] ? \$785  : \$787 [39:0];
-  assign \$791  = \port$1456$54 [21] ? \$790  : { x3, 1'h0 };
-  assign \$794  = \port$1456$54 [21] ? \$793  : { x3, 1'h0 };
-  assign \$795  = \port$1456$54 [20] ? \$792  : \$794 [39:0];
-  assign \$796  = \port$1456$54 [19] ? \$789  : \$795 [23:0];
-  assign \$797  = \port$1456$54 [18] ? \$782  : \$796 [15:0];
-  assign \$798  = \port$1456$54 [17] ? \$767  : \$797 [11:0];
-  assign \$799  = \port$1456$54 [16] ? \$736  : \$798 [9:0];
+  assign \$675  = shift[5] ? \$674  : { x3, 1'h0 };
+  assign \$678  = shift[5] ? \$677  : { x3, 1'h0 };
+  assign \$679  = shift[4] ? \$676  : \$678 [39:0];
+  assign \$682  = shift[5] ? \$681  : { x3, 1'h0 };
+  assign \$685  = shift[5] ? \$684  : { x3, 1'h0 };
+  assign \$686  = shift[4] ? \$683  : \$685 [39:0];
+  assign \$687  = shift[3] ? \$680  : \$686 [23:0];
+  assign \$690  = shift[5] ? \$689  : { x3, 1'h0 };
+  assign \$693  = shift[5] ? \$692  : { x3, 1'h0 };
+  assign \$694  = shift[4] ? \$691  : \$693 [39:0];
+  assign \$697  = shift[5] ? \$696  : { x3, 1'h0 };
+  assign \$700  = shift[5] ? \$699  : { x3, 1'h0 };
+  assign \$701  = shift[4] ? \$698  : \$700 [39:0];
+  assign \$702  = shift[3] ? \$695  : \$701 [23:0];
+  assign \$703  = shift[2] ? \$688  : \$702 [15:0];
+  assign \$706  = shift[5] ? \$705  : { x3, 1'h0 };
+  assign \$709  = shift[5] ? \$708  : { x3, 1'h0 };
+  assign \$710  = shift[4] ? \$707  : \$709 [39:0];
+  assign \$713  = shift[5] ? \$712  : { x3, 1'h0 };
+  assign \$716  = shift[5] ? \$715  : { x3, 1'h0 };
+  assign \$717  = shift[4] ? \$714  : \$716 [39:0];
+  assign \$718  = shift[3] ? \$711  : \$717 [23:0];
+  assign \$721  = shift[5] ? \$720  : { x3, 1'h0 };
+  assign \$724  = shift[5] ? \$723  : { x3, 1'h0 };
+  assign \$725  = shift[4] ? \$722  : \$724 [39:0];
+  assign \$728  = shift[5] ? \$727  : { x3, 1'h0 };
+  assign \$731  = shift[5] ? \$730  : { x3, 1'h0 };
+  assign \$732  = shift[4] ? \$729  : \$731 [39:0];
+  assign \$733  = shift[3] ? \$726  : \$732 [23:0];
+  assign \$734  = shift[2] ? \$719  : \$733 [15:0];
+  assign \$735  = shift[1] ? \$704  : \$734 [11:0];
+  assign \$738  = shift[5] ? \$737  : { x3, 1'h0 };
+  assign \$741  = shift[5] ? \$740  : { x3, 1'h0 };
+  assign \$742  = shift[4] ? \$739  : \$741 [39:0];
+  assign \$745  = shift[5] ? \$744  : { x3, 1'h0 };
+  assign \$748  = shift[5] ? \$747  : { x3, 1'h0 };
+  assign \$749  = shift[4] ? \$746  : \$748 [39:0];
+  assign \$750  = shift[3] ? \$743  : \$749 [23:0];
+  assign \$753  = shift[5] ? \$752  : { x3, 1'h0 };
+  assign \$756  = shift[5] ? \$755  : { x3, 1'h0 };
+  assign \$757  = shift[4] ? \$754  : \$756 [39:0];
+  assign \$760  = shift[5] ? \$759  : { x3, 1'h0 };
+  assign \$763  = shift[5] ? \$762  : { x3, 1'h0 };
+  assign \$764  = shift[4] ? \$761  : \$763 [39:0];
+  assign \$765  = shift[3] ? \$758  : \$764 [23:0];
+  assign \$766  = shift[2] ? \$751  : \$765 [15:0];
+  assign \$769  = shift[5] ? \$768  : { x3, 1'h0 };
+  assign \$772  = shift[5] ? \$771  : { x3, 1'h0 };
+  assign \$773  = shift[4] ? \$770  : \$772 [39:0];
+  assign \$776  = shift[5] ? \$775  : { x3, 1'h0 };
+  assign \$779  = shift[5] ? \$778  : { x3, 1'h0 };
+  assign \$780  = shift[4] ? \$777  : \$779 [39:0];
+  assign \$781  = shift[3] ? \$774  : \$780 [23:0];
+  assign \$784  = shift[5] ? \$783  : { x3, 1'h0 };
+  assign \$787  = shift[5] ? \$786  : { x3, 1'h0 };
+  assign \$788  = shift[4] ? \$785  : \$787 [39:0];
+  assign \$791  = shift[5] ? \$790  : { x3, 1'h0 };
+  assign \$794  = shift[5] ? \$793  : { x3, 1'h0 };
+  assign \$795  = shift[4] ? \$792  : \$794 [39:0];
+  assign \$796  = shift[3] ? \$789  : \$795 [23:0];
+  assign \$797  = shift[2] ? \$782  : \$796 [15:0];
+  assign \$798  = shift[1] ? \$767  : \$797 [11:0];
+  assign \$799  = shift[0] ? \$736  : \$798 [9:0];
   assign \$800  = { x3, 1'h0 } & below;
   assign \$801  = | \$800 ;
   assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -8144,149 +8160,149 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[40:0];
-  assign \$3  = \port$1456$54 [21:19] > 1'h0;
-  assign \$4  = ! \port$1456$54 [21:19];
-  assign \$5  = \port$1456$54 [18:16] > 1'h0;
+  assign \$3  = shift[5:3] > 1'h0;
+  assign \$4  = ! shift[5:3];
+  assign \$5  = shift[2:0] > 1'h0;
   assign \$6  = \$4  & \$5 ;
   assign \$7  = \$3  | \$6 ;
-  assign \$8  = \port$1456$54 [21:19] > 1'h0;
-  assign \$9  = ! \port$1456$54 [21:19];
-  assign \$10  = \port$1456$54 [18:16] > 1'h1;
+  assign \$8  = shift[5:3] > 1'h0;
+  assign \$9  = ! shift[5:3];
+  assign \$10  = shift[2:0] > 1'h1;
   assign \$11  = \$9  & \$10 ;
   assign \$12  = \$8  | \$11 ;
-  assign \$13  = \port$1456$54 [21:19] > 1'h0;
-  assign \$14  = ! \port$1456$54 [21:19];
-  assign \$15  = \port$1456$54 [18:16] > 2'h2;
+  assign \$13  = shift[5:3] > 1'h0;
+  assign \$14  = ! shift[5:3];
+  assign \$15  = shift[2:0] > 2'h2;
   assign \$16  = \$14  & \$15 ;
   assign \$17  = \$13  | \$16 ;
-  assign \$18  = \port$1456$54 [21:19] > 1'h0;
-  assign \$19  = ! \port$1456$54 [21:19];
-  assign \$20  = \port$1456$54 [18:16] > 2'h3;
+  assign \$18  = shift[5:3] > 1'h0;
+  assign \$19  = ! shift[5:3];
+  assign \$20  = shift[2:0] > 2'h3;
   assign \$21  = \$19  & \$20 ;
   assign \$22  = \$18  | \$21 ;
-  assign \$23  = \port$1456$54 [21:19] > 1'h0;
-  assign \$24  = ! \port$1456$54 [21:19];
-  assign \$25  = \port$1456$54 [18:16] > 3'h4;
+  assign \$23  = shift[5:3] > 1'h0;
+  assign \$24  = ! shift[5:3];
+  assign \$25  = shift[2:0] > 3'h4;
   assign \$26  = \$24  & \$25 ;
   assign \$27  = \$23  | \$26 ;
-  assign \$28  = \port$1456$54 [21:19] > 1'h0;
-  assign \$29  = ! \port$1456$54 [21:19];
-  assign \$30  = \port$1456$54 [18:16] > 3'h5;
+  assign \$28  = shift[5:3] > 1'h0;
+  assign \$29  = ! shift[5:3];
+  assign \$30  = shift[2:0] > 3'h5;
   assign \$31  = \$29  & \$30 ;
   assign \$32  = \$28  | \$31 ;
-  assign \$33  = \port$1456$54 [21:19] > 1'h0;
-  assign \$34  = ! \port$1456$54 [21:19];
-  assign \$35  = \port$1456$54 [18:16] > 3'h6;
+  assign \$33  = shift[5:3] > 1'h0;
+  assign \$34  = ! shift[5:3];
+  assign \$35  = shift[2:0] > 3'h6;
   assign \$36  = \$34  & \$35 ;
   assign \$37  = \$33  | \$36 ;
-  assign \$38  = \port$1456$54 [21:19] > 1'h0;
-  assign \$39  = ! \port$1456$54 [21:19];
-  assign \$40  = \port$1456$54 [18:16] > 3'h7;
+  assign \$38  = shift[5:3] > 1'h0;
+  assign \$39  = ! shift[5:3];
+  assign \$40  = shift[2:0] > 3'h7;
   assign \$41  = \$39  & \$40 ;
   assign \$42  = \$38  | \$41 ;
-  assign \$43  = \port$1456$54 [21:19] > 1'h1;
-  assign \$44  = \port$1456$54 [21:19] == 1'h1;
-  assign \$45  = \port$1456$54 [18:16] > 1'h0;
+  assign \$43  = shift[5:3] > 1'h1;
+  assign \$44  = shift[5:3] == 1'h1;
+  assign \$45  = shift[2:0] > 1'h0;
   assign \$46  = \$44  & \$45 ;
   assign \$47  = \$43  | \$46 ;
-  assign \$48  = \port$1456$54 [21:19] > 1'h1;
-  assign \$49  = \port$1456$54 [21:19] == 1'h1;
-  assign \$50  = \port$1456$54 [18:16] > 1'h1;
+  assign \$48  = shift[5:3] > 1'h1;
+  assign \$49  = shift[5:3] == 1'h1;
+  assign \$50  = shift[2:0] > 1'h1;
   assign \$51  = \$49  & \$50 ;
   assign \$52  = \$48  | \$51 ;
-  assign \$53  = \port$1456$54 [21:19] > 1'h1;
-  assign \$54  = \port$1456$54 [21:19] == 1'h1;
-  assign \$55  = \port$1456$54 [18:16] > 2'h2;
+  assign \$53  = shift[5:3] > 1'h1;
+  assign \$54  = shift[5:3] == 1'h1;
+  assign \$55  = shift[2:0] > 2'h2;
   assign \$56  = \$54  & \$55 ;
   assign \$57  = \$53  | \$56 ;
-  assign \$58  = \port$1456$54 [21:19] > 1'h1;
-  assign \$59  = \port$1456$54 [21:19] == 1'h1;
-  assign \$60  = \port$1456$54 [18:16] > 2'h3;
+  assign \$58  = shift[5:3] > 1'h1;
+  assign \$59  = shift[5:3] == 1'h1;
+  assign \$60  = shift[2:0] > 2'h3;
   assign \$61  = \$59  & \$60 ;
   assign \$62  = \$58  | \$61 ;
-  assign \$63  = \port$1456$54 [21:19] > 1'h1;
-  assign \$64  = \port$1456$54 [21:19] == 1'h1;
-  assign \$65  = \port$1456$54 [18:16] > 3'h4;
+  assign \$63  = shift[5:3] > 1'h1;
+  assign \$64  = shift[5:3] == 1'h1;
+  assign \$65  = shift[2:0] > 3'h4;
   assign \$66  = \$64  & \$65 ;
   assign \$67  = \$63  | \$66 ;
-  assign \$68  = \port$1456$54 [21:19] > 1'h1;
-  assign \$69  = \port$1456$54 [21:19] == 1'h1;
-  assign \$70  = \port$1456$54 [18:16] > 3'h5;
+  assign \$68  = shift[5:3] > 1'h1;
+  assign \$69  = shift[5:3] == 1'h1;
+  assign \$70  = shift[2:0] > 3'h5;
   assign \$71  = \$69  & \$70 ;
   assign \$72  = \$68  | \$71 ;
-  assign \$73  = \port$1456$54 [21:19] > 1'h1;
-  assign \$74  = \port$1456$54 [21:19] == 1'h1;
-  assign \$75  = \port$1456$54 [18:16] > 3'h6;
+  assign \$73  = shift[5:3] > 1'h1;
+  assign \$74  = shift[5:3] == 1'h1;
+  assign \$75  = shift[2:0] > 3'h6;
   assign \$76  = \$74  & \$75 ;
   assign \$77  = \$73  | \$76 ;
-  assign \$78  = \port$1456$54 [21:19] > 1'h1;
-  assign \$79  = \port$1456$54 [21:19] == 1'h1;
-  assign \$80  = \port$1456$54 [18:16] > 3'h7;
+  assign \$78  = shift[5:3] > 1'h1;
+  assign \$79  = shift[5:3] == 1'h1;
+  assign \$80  = shift[2:0] > 3'h7;
   assign \$81  = \$79  & \$80 ;
   assign \$82  = \$78  | \$81 ;
-  assign \$83  = \port$1456$54 [21:19] > 2'h2;
-  assign \$84  = \port$1456$54 [21:19] == 2'h2;
-  assign \$85  = \port$1456$54 [18:16] > 1'h0;
+  assign \$83  = shift[5:3] > 2'h2;
+  assign \$84  = shift[5:3] == 2'h2;
+  assign \$85  = shift[2:0] > 1'h0;
   assign \$86  = \$84  & \$85 ;
   assign \$87  = \$83  | \$86 ;
-  assign \$88  = \port$1456$54 [21:19] > 2'h2;
-  assign \$89  = \port$1456$54 [21:19] == 2'h2;
-  assign \$90  = \port$1456$54 [18:16] > 1'h1;
+  assign \$88  = shift[5:3] > 2'h2;
+  assign \$89  = shift[5:3] == 2'h2;
+  assign \$90  = shift[2:0] > 1'h1;
   assign \$91  = \$89  & \$90 ;
   assign \$92  = \$88  | \$91 ;
-  assign \$93  = \port$1456$54 [21:19] > 2'h2;
-  assign \$94  = \port$1456$54 [21:19] == 2'h2;
-  assign \$95  = \port$1456$54 [18:16] > 2'h2;
+  assign \$93  = shift[5:3] > 2'h2;
+  assign \$94  = shift[5:3] == 2'h2;
+  assign \$95  = shift[2:0] > 2'h2;
   assign \$96  = \$94  & \$95 ;
   assign \$97  = \$93  | \$96 ;
-  assign \$98  = \port$1456$54 [21:19] > 2'h2;
-  assign \$99  = \port$1456$54 [21:19] == 2'h2;
-  assign \$100  = \port$1456$54 [18:16] > 2'h3;
+  assign \$98  = shift[5:3] > 2'h2;
+  assign \$99  = shift[5:3] == 2'h2;
+  assign \$100  = shift[2:0] > 2'h3;
   assign \$101  = \$99  & \$100 ;
   assign \$102  = \$98  | \$101 ;
-  assign \$103  = \port$1456$54 [21:19] > 2'h2;
-  assign \$104  = \port$1456$54 [21:19] == 2'h2;
-  assign \$105  = \port$1456$54 [18:16] > 3'h4;
+  assign \$103  = shift[5:3] > 2'h2;
+  assign \$104  = shift[5:3] == 2'h2;
+  assign \$105  = shift[2:0] > 3'h4;
   assign \$106  = \$104  & \$105 ;
   assign \$107  = \$103  | \$106 ;
-  assign \$108  = \port$1456$54 [21:19] > 2'h2;
-  assign \$109  = \port$1456$54 [21:19] == 2'h2;
-  assign \$110  = \port$1456$54 [18:16] > 3'h5;
+  assign \$108  = shift[5:3] > 2'h2;
+  assign \$109  = shift[5:3] == 2'h2;
+  assign \$110  = shift[2:0] > 3'h5;
   assign \$111  = \$109  & \$110 ;
   assign \$112  = \$108  | \$111 ;
-  assign \$113  = \port$1456$54 [21:19] > 2'h2;
-  assign \$114  = \port$1456$54 [21:19] == 2'h2;
-  assign \$115  = \port$1456$54 [18:16] > 3'h6;
+  assign \$113  = shift[5:3] > 2'h2;
+  assign \$114  = shift[5:3] == 2'h2;
+  assign \$115  = shift[2:0] > 3'h6;
   assign \$116  = \$114  & \$115 ;
   assign \$117  = \$113  | \$116 ;
-  assign \$118  = \port$1456$54 [21:19] > 2'h2;
-  assign \$119  = \port$1456$54 [21:19] == 2'h2;
-  assign \$120  = \port$1456$54 [18:16] > 3'h7;
+  assign \$118  = shift[5:3] > 2'h2;
+  assign \$119  = shift[5:3] == 2'h2;
+  assign \$120  = shift[2:0] > 3'h7;
   assign \$121  = \$119  & \$120 ;
   assign \$122  = \$118  | \$121 ;
-  assign \$123  = \port$1456$54 [21:19] > 2'h3;
-  assign \$124  = \port$1456$54 [21:19] == 2'h3;
-  assign \$125  = \port$1456$54 [18:16] > 1'h0;
+  assign \$123  = shift[5:3] > 2'h3;
+  assign \$124  = shift[5:3] == 2'h3;
+  assign \$125  = shift[2:0] > 1'h0;
   assign \$126  = \$124  & \$125 ;
   assign \$127  = \$123  | \$126 ;
-  assign \$128  = \port$1456$54 [21:19] > 2'h3;
-  assign \$129  = \port$1456$54 [21:19] == 2'h3;
-  assign \$130  = \port$1456$54 [18:16] > 1'h1;
+  assign \$128  = shift[5:3] > 2'h3;
+  assign \$129  = shift[5:3] == 2'h3;
+  assign \$130  = shift[2:0] > 1'h1;
   assign \$131  = \$129  & \$130 ;
   assign \$132  = \$128  | \$131 ;
-  assign \$133  = \port$1456$54 [21:19] > 2'h3;
-  assign \$134  = \port$1456$54 [21:19] == 2'h3;
-  assign \$135  = \port$1456$54 [18:16] > 2'h2;
+  assign \$133  = shift[5:3] > 2'h3;
+  assign \$134  = shift[5:3] == 2'h3;
+  assign \$135  = shift[2:0] > 2'h2;
   assign \$136  = \$134  & \$135 ;
   assign \$137  = \$133  | \$136 ;
-  assign \$138  = \port$1456$54 [21:19] > 2'h3;
-  assign \$139  = \port$1456$54 [21:19] == 2'h3;
-  assign \$140  = \port$1456$54 [18:16] > 2'h3;
+  assign \$138  = shift[5:3] > 2'h3;
+  assign \$139  = shift[5:3] == 2'h3;
+  assign \$140  = shift[2:0] > 2'h3;
   assign \$141  = \$139  & \$140 ;
   assign \$142  = \$138  | \$141 ;
-  assign \$143  = \port$1456$54 [21:19] > 2'h3;
-  assign \$144  = \port$1456$54 [21:19] == 2'h3;
-  assign \$145  = \port$1456$54 [18:16] > 3'h4;
+  assign \$143  = shift[5:3] > 2'h3;
+  assign \$144  = shift[5:3] == 2'h3;
+  assign \$145  = shift[2:0] > 3'h4;
   assign \$146  = \$144  & \$145 ;
   assign \$147  = \$143  | \$146 ;
   \nanokpu_gemm.requant.mul  mul (
@@ -8300,8 +8316,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1434$0 (i__payload),
-    .\port$1456$54 (\port$1456$54 [15:0]),
+    .\port$1480$0 (i__payload),
+    .\port$264$0 (mult),
     .rst(rst)
   );
   always @* begin
@@ -8708,23 +8724,21 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$1456$54 [15:0] };
-  assign mult = \port$1456$54 [15:0];
+  assign b__0 = { 2'h0, mult };
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__1 = { 2'h0, mult };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__2 = { 2'h0, mult };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__3 = { 2'h0, mult };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__4 = { 2'h0, mult };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__5 = { 2'h0, mult };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$1456$54 [15:0] };
+  assign b__6 = { 2'h0, mult };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$1456$54 [15:0] };
-  assign shift = \port$1456$54 [21:16];
+  assign b__7 = { 2'h0, mult };
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -8996,7 +9010,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$145
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -9082,10 +9096,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$1434$0 ;
-  wire [127:0] \port$1434$0 ;
-  input [15:0] \port$1456$54 ;
-  wire [15:0] \port$1456$54 ;
+  input [127:0] \port$1480$0 ;
+  wire [127:0] \port$1480$0 ;
+  input [15:0] \port$264$0 ;
+  wire [15:0] \port$264$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9148,7 +9162,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1434$0 [16:0] };
+      \$9  = { 1'h0, \port$1480$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9158,7 +9172,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1456$54  };
+      \$10  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -9178,7 +9192,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31:17] };
+      \$12  = { \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9188,7 +9202,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1456$54  };
+      \$13  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9208,7 +9222,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1434$0 [48:32] };
+      \$15  = { 1'h0, \port$1480$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9218,7 +9232,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1456$54  };
+      \$16  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9238,7 +9252,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63:49] };
+      \$18  = { \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9248,7 +9262,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1456$54  };
+      \$19  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9268,7 +9282,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1434$0 [80:64] };
+      \$21  = { 1'h0, \port$1480$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9278,7 +9292,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1456$54  };
+      \$22  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9298,7 +9312,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95:81] };
+      \$24  = { \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9308,7 +9322,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1456$54  };
+      \$25  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9328,7 +9342,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1434$0 [112:96] };
+      \$27  = { 1'h0, \port$1480$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9338,7 +9352,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1456$54  };
+      \$28  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9358,7 +9372,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127:113] };
+      \$30  = { \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9368,7 +9382,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1456$54  };
+      \$31  = { 2'h0, \port$264$0  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9384,20 +9398,20 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1434$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1456$54  };
-  assign a__1 = { \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1456$54  };
-  assign a__2 = { 1'h0, \port$1434$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1456$54  };
-  assign a__3 = { \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1456$54  };
-  assign a__4 = { 1'h0, \port$1434$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1456$54  };
-  assign a__5 = { \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1456$54  };
-  assign a__6 = { 1'h0, \port$1434$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1456$54  };
-  assign a__7 = { \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1456$54  };
+  assign a__0 = { 1'h0, \port$1480$0 [16:0] };
+  assign b__0 = { 2'h0, \port$264$0  };
+  assign a__1 = { \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31:17] };
+  assign b__1 = { 2'h0, \port$264$0  };
+  assign a__2 = { 1'h0, \port$1480$0 [48:32] };
+  assign b__2 = { 2'h0, \port$264$0  };
+  assign a__3 = { \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63:49] };
+  assign b__3 = { 2'h0, \port$264$0  };
+  assign a__4 = { 1'h0, \port$1480$0 [80:64] };
+  assign b__4 = { 2'h0, \port$264$0  };
+  assign a__5 = { \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95:81] };
+  assign b__5 = { 2'h0, \port$264$0  };
+  assign a__6 = { 1'h0, \port$1480$0 [112:96] };
+  assign b__6 = { 2'h0, \port$264$0  };
+  assign a__7 = { \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127:113] };
+  assign b__7 = { 2'h0, \port$264$0  };
 endmodule

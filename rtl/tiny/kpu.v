@@ -937,62 +937,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* init = 32'd0 *)
   wire [31:0] \$signal$164 ;
   reg \$signal$169  = 1'h0;
-  wire [31:0] \$signal$177 ;
-  reg [5:0] \$signal$178  = 6'h00;
-  wire [31:0] \$signal$180 ;
+  wire [31:0] \$signal$176 ;
+  reg [5:0] \$signal$177  = 6'h00;
+  wire [31:0] \$signal$179 ;
   reg \$signal$183 ;
   (* init = 1'h0 *)
   wire \$signal$202 ;
-  reg [13:0] \$signal$215  = 14'h0000;
-  reg [12:0] \$signal$216  = 13'h0000;
-  reg [12:0] \$signal$219  = 13'h0000;
-  reg [3:0] \$signal$247  = 4'h0;
+  reg [13:0] \$signal$214  = 14'h0000;
+  reg [12:0] \$signal$215  = 13'h0000;
+  reg [12:0] \$signal$217  = 13'h0000;
+  reg [3:0] \$signal$244  = 4'h0;
+  reg \$signal$248  = 1'h0;
+  reg [31:0] \$signal$249  = 32'd0;
   reg \$signal$251  = 1'h0;
-  reg [31:0] \$signal$252  = 32'd0;
-  reg \$signal$254  = 1'h0;
-  reg [2:0] \$signal$255  = 3'h0;
-  reg \$signal$256  = 1'h0;
-  reg [3:0] \$signal$258  = 4'h0;
-  reg \$signal$263  = 1'h0;
-  reg \$signal$264  = 1'h0;
-  reg [12:0] \$signal$266  = 13'h0000;
-  reg [3:0] \$signal$267  = 4'h0;
-  reg \$signal$272  = 1'h0;
-  reg [12:0] \$signal$274  = 13'h0000;
-  reg [19:0] \$signal$276  = 20'h00000;
-  wire [2:0] \$signal$276.index ;
-  wire \$signal$276.last ;
-  wire [15:0] \$signal$276.weight ;
+  reg [2:0] \$signal$252  = 3'h0;
+  reg \$signal$253  = 1'h0;
+  reg [3:0] \$signal$255  = 4'h0;
+  reg \$signal$260  = 1'h0;
+  reg \$signal$261  = 1'h0;
+  reg [12:0] \$signal$263  = 13'h0000;
+  reg [3:0] \$signal$264  = 4'h0;
+  reg \$signal$269  = 1'h0;
+  reg [12:0] \$signal$271  = 13'h0000;
+  reg [19:0] \$signal$273  = 20'h00000;
+  wire [2:0] \$signal$273.index ;
+  wire \$signal$273.last ;
+  wire [15:0] \$signal$273.weight ;
+  reg [13:0] \$signal$274  = 14'h0000;
+  reg [31:0] \$signal$275  = 32'd0;
+  reg [12:0] \$signal$276  = 13'h0000;
   reg [13:0] \$signal$277  = 14'h0000;
-  reg [31:0] \$signal$278  = 32'd0;
+  reg [13:0] \$signal$278  = 14'h0000;
   reg [12:0] \$signal$279  = 13'h0000;
   reg [13:0] \$signal$280  = 14'h0000;
-  reg [13:0] \$signal$281  = 14'h0000;
-  reg [12:0] \$signal$282  = 13'h0000;
-  reg [13:0] \$signal$283  = 14'h0000;
-  reg [3:0] \$signal$284  = 4'h0;
-  reg [15:0] \$signal$285  = 16'h0000;
-  reg [14:0] \$signal$286  = 15'h0000;
-  reg [12:0] \$signal$287  = 13'h0000;
-  reg \$signal$288  = 1'h0;
-  reg [12:0] \$signal$289  = 13'h0000;
-  reg \$signal$299  = 1'h0;
-  reg \$signal$301  = 1'h0;
-  reg [12:0] \$signal$307  = 13'h0000;
-  reg [12:0] \$signal$309  = 13'h0000;
-  reg [12:0] \$signal$313  = 13'h0000;
-  reg [12:0] \$signal$315  = 13'h0000;
-  reg \$signal$317  = 1'h0;
-  reg [6:0] \$signal$320  = 7'h00;
-  reg [13:0] \$signal$322  = 14'h0000;
-  reg [8:0] \$signal$323  = 9'h000;
-  reg [1:0] \$signal$333  = 2'h0;
-  reg [13:0] \$signal$336  = 14'h0000;
+  reg [3:0] \$signal$281  = 4'h0;
+  reg [15:0] \$signal$282  = 16'h0000;
+  reg [14:0] \$signal$283  = 15'h0000;
+  reg [12:0] \$signal$284  = 13'h0000;
+  reg \$signal$285  = 1'h0;
+  reg [12:0] \$signal$286  = 13'h0000;
+  reg \$signal$296  = 1'h0;
+  reg \$signal$298  = 1'h0;
+  reg [12:0] \$signal$304  = 13'h0000;
+  reg [12:0] \$signal$306  = 13'h0000;
+  reg [12:0] \$signal$310  = 13'h0000;
+  reg [12:0] \$signal$312  = 13'h0000;
+  reg \$signal$314  = 1'h0;
+  reg [6:0] \$signal$317  = 7'h00;
+  reg [13:0] \$signal$319  = 14'h0000;
+  reg [8:0] \$signal$320  = 9'h000;
+  reg [1:0] \$signal$330  = 2'h0;
+  reg [13:0] \$signal$333  = 14'h0000;
+  reg \$signal$334  = 1'h0;
+  reg [13:0] \$signal$335  = 14'h0000;
+  wire [-1:0] \$signal$336 ;
   reg \$signal$337  = 1'h0;
-  reg [13:0] \$signal$338  = 14'h0000;
-  wire [-1:0] \$signal$339 ;
-  reg \$signal$340  = 1'h0;
-  reg [1:0] \$signal$344  = 2'h0;
+  reg [1:0] \$signal$341  = 2'h0;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
@@ -1104,7 +1104,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$331 ;
+  wire \error$328 ;
   reg exp_active = 1'h0;
   reg [3:0] fetch_word = 4'h0;
   reg [1:0] gc_lane = 2'h0;
@@ -1123,9 +1123,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] gm_wstart = 13'h0000;
   reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
-  reg [31:0] i__payload = 32'd0;
-  wire [15:0] \i__payload$165 ;
-  wire [15:0] \i__payload$165[0] ;
+  wire [15:0] i__payload;
   wire [31:0] \i__payload$166 ;
   wire [31:0] \i__payload$166[0] ;
   wire [15:0] \i__payload$166[0].g ;
@@ -1134,13 +1132,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] \i__payload$168.a ;
   wire [16:0] \i__payload$168.b ;
   wire \i__payload$168.last ;
-  wire [31:0] \i__payload[0] ;
+  wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$187 ;
   wire \i__ready$191 ;
   wire \i__ready$195 ;
   reg i__valid;
-  reg \i__valid$186 ;
   reg \i__valid$190 ;
   reg \i__valid$194 ;
   reg [8:0] im_wr__addr;
@@ -1244,21 +1240,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   output m_axi__wvalid;
   wire m_axi__wvalid;
   wire [15:0] m_eff;
-  wire [15:0] mult;
   wire [15:0] n;
   wire [12:0] o__payload;
   wire [15:0] \o__payload$193 ;
   wire [15:0] \o__payload$193[0] ;
   wire [15:0] \o__payload$197 ;
-  wire [31:0] \o__payload$205 ;
-  wire [31:0] \o__payload$205[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
   wire \o__ready$174 ;
   wire \o__ready$175 ;
-  wire \o__ready$176 ;
   wire o__valid;
-  wire \o__valid$188 ;
   wire \o__valid$192 ;
   wire \o__valid$196 ;
   (* enum_base_type = "VecOp" *)
@@ -1277,7 +1268,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$226 ;
+  wire [31:0] \rd_addr$223 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1295,7 +1286,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] \routes__payload.weight ;
   reg routes__ready;
   wire routes__valid;
+  reg [31:0] rq_in__payload = 32'd0;
+  wire rq_in__ready;
+  reg rq_in__valid;
+  wire [15:0] rq_mult;
   wire [31:0] rq_sat;
+  reg [5:0] rq_shift = 6'h00;
   reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
@@ -1355,7 +1351,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] scores_len = 14'h0000;
   reg [1:0] settle = 2'h0;
   reg shape_ok;
-  reg [5:0] shift = 6'h00;
   (* init = 36'h000000000 *)
   wire [35:0] st_beat;
   wire [31:0] \st_beat.data ;
@@ -1374,7 +1369,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$228 ;
+  wire [31:0] \wr_addr$225 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1980,62 +1975,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$167  = \$164  | \$166 ;
   assign \$170  = ins[5:0] == 4'hc;
   assign \$171  = \$170  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$172  = \$signal$178  > 1'h1;
-  assign \$173  = \$signal$178  > 2'h2;
-  assign \$174  = \$signal$178  > 2'h3;
-  assign \$175  = \$signal$178  > 3'h4;
-  assign \$176  = \$signal$178  > 3'h5;
-  assign \$177  = \$signal$178  > 3'h6;
-  assign \$178  = \$signal$178  > 3'h7;
-  assign \$179  = \$signal$178  > 4'h8;
-  assign \$180  = \$signal$178  > 4'h9;
-  assign \$181  = \$signal$178  > 4'ha;
-  assign \$182  = \$signal$178  > 4'hb;
-  assign \$183  = \$signal$178  > 4'hc;
-  assign \$184  = \$signal$178  > 4'hd;
-  assign \$185  = \$signal$178  > 4'he;
-  assign \$186  = \$signal$178  > 4'hf;
-  assign \$187  = \$signal$178  > 5'h10;
-  assign \$188  = \$signal$178  > 5'h11;
-  assign \$189  = \$signal$178  > 5'h12;
-  assign \$190  = \$signal$178  > 5'h13;
-  assign \$191  = \$signal$178  > 5'h14;
-  assign \$192  = \$signal$178  > 5'h15;
-  assign \$193  = \$signal$178  > 5'h16;
-  assign \$194  = \$signal$178  > 5'h17;
-  assign \$195  = \$signal$178  > 5'h18;
-  assign \$196  = \$signal$178  > 5'h19;
-  assign \$197  = \$signal$178  > 5'h1a;
-  assign \$198  = \$signal$178  > 5'h1b;
-  assign \$199  = \$signal$178  > 5'h1c;
-  assign \$200  = \$signal$178  > 5'h1d;
-  assign \$201  = \$signal$178  > 5'h1e;
-  assign \$202  = \$signal$178  > 5'h1f;
-  assign \$203  = $signed(\$signal$180 ) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  });
+  assign \$172  = \$signal$177  > 1'h1;
+  assign \$173  = \$signal$177  > 2'h2;
+  assign \$174  = \$signal$177  > 2'h3;
+  assign \$175  = \$signal$177  > 3'h4;
+  assign \$176  = \$signal$177  > 3'h5;
+  assign \$177  = \$signal$177  > 3'h6;
+  assign \$178  = \$signal$177  > 3'h7;
+  assign \$179  = \$signal$177  > 4'h8;
+  assign \$180  = \$signal$177  > 4'h9;
+  assign \$181  = \$signal$177  > 4'ha;
+  assign \$182  = \$signal$177  > 4'hb;
+  assign \$183  = \$signal$177  > 4'hc;
+  assign \$184  = \$signal$177  > 4'hd;
+  assign \$185  = \$signal$177  > 4'he;
+  assign \$186  = \$signal$177  > 4'hf;
+  assign \$187  = \$signal$177  > 5'h10;
+  assign \$188  = \$signal$177  > 5'h11;
+  assign \$189  = \$signal$177  > 5'h12;
+  assign \$190  = \$signal$177  > 5'h13;
+  assign \$191  = \$signal$177  > 5'h14;
+  assign \$192  = \$signal$177  > 5'h15;
+  assign \$193  = \$signal$177  > 5'h16;
+  assign \$194  = \$signal$177  > 5'h17;
+  assign \$195  = \$signal$177  > 5'h18;
+  assign \$196  = \$signal$177  > 5'h19;
+  assign \$197  = \$signal$177  > 5'h1a;
+  assign \$198  = \$signal$177  > 5'h1b;
+  assign \$199  = \$signal$177  > 5'h1c;
+  assign \$200  = \$signal$177  > 5'h1d;
+  assign \$201  = \$signal$177  > 5'h1e;
+  assign \$202  = \$signal$177  > 5'h1f;
+  assign \$203  = $signed(\$signal$179 ) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  });
   assign \$204  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$205  = $signed(\$signal$180 ) < $signed(\$204 );
+  assign \$205  = $signed(\$signal$179 ) < $signed(\$204 );
   assign \$206  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$207  = \$205  ? \$206  : \$signal$180 ;
+  assign \$207  = \$205  ? \$206  : \$signal$179 ;
   assign rq_sat = \$203  ? { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  } : \$207 ;
-  assign \$208  = | \$signal$178 ;
+  assign \$208  = | \$signal$177 ;
   assign \$209  = \$208  ? \$signal$160  : 32'd1;
-  assign \$210  = | \$signal$178 ;
-  assign \$211  = \$210  ? shift : 6'h00;
+  assign \$210  = | \$signal$177 ;
+  assign \$211  = \$210  ? rq_shift : 6'h00;
   assign \$212  = ins[5:0] == 2'h3;
   assign \$1119  = gc_lane * 6'h20;
   assign \$213  = c_out__payload >> \$1119 ;
-  assign \$signal$180  = \$212  ? \$213  : \o__payload$205 ;
+  assign \$signal$179  = \$212  ? \$213  : c_out__payload[31:0];
   assign \$214  = ~ a_in__valid;
   assign \$215  = ~ gm_afeed_done;
   assign \$216  = \$214  & \$215 ;
   assign \$217  = gm_lane == 3'h4;
-  assign \$218  = ! \$signal$215 [13:3];
-  assign \$219  = gm_lane >= \$signal$215 [2:0];
+  assign \$218  = ! \$signal$214 [13:3];
+  assign \$219  = gm_lane >= \$signal$214 [2:0];
   assign \$220  = \$218  & \$219 ;
   assign \$221  = \$217  | \$220 ;
   assign \$222  = ~ \$221 ;
   assign \$223  = \$216  & \$222 ;
-  assign \$226  = | \$signal$178 ;
+  assign \$226  = | \$signal$177 ;
   assign \$1136  = gc_lane * 6'h20;
   assign \$227  = c_out__payload >> \$1136 ;
   assign \$228  = \$226  ? rq_sat : \$227 ;
@@ -2051,67 +2046,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$240  = ins[100:88] + \$239 ;
   assign \$241  = \$240  + 1'h1;
   assign \$242  = ins[124:112] + el_i;
-  assign \$243  = ~ \$signal$251 ;
+  assign \$243  = ~ \$signal$248 ;
   assign \$244  = el_i < l0_acc;
   assign \$245  = ins[124:112] + el_i;
   assign \$246  = ins[243:238] == 1'h1;
   assign \$1158  = ld_e * 4'h8;
-  assign \$247  = \$signal$252  >> \$1158 ;
+  assign \$247  = \$signal$249  >> \$1158 ;
   assign \$248  = ins[243:238] == 2'h2;
   assign \$1162  = ld_e * 5'h10;
-  assign \$249  = \$signal$252  >> \$1162 ;
+  assign \$249  = \$signal$249  >> \$1162 ;
   assign \$1165  = ld_e * 6'h20;
-  assign \$250  = \$signal$252  >> \$1165 ;
+  assign \$250  = \$signal$249  >> \$1165 ;
   assign \$251  = \$248  ? { \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249  } : \$250 ;
   assign \$252  = \$246  ? { \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247  } : \$251 ;
-  assign \$253  = ~ \$signal$254 ;
-  assign \$254  = \$signal$255  < 1'h1;
+  assign \$253  = ~ \$signal$251 ;
+  assign \$254  = \$signal$252  < 1'h1;
   assign \$255  = \$253  & \$254 ;
   assign \$256  = el_i < l0_acc;
   assign \$257  = \$255  & \$256 ;
-  assign \$258  = ~ \$signal$256 ;
+  assign \$258  = ~ \$signal$253 ;
   assign \$259  = \$257  & \$258 ;
   assign \$260  = ins[76:64] + el_i;
-  assign \$261  = ins[100:88] + \$signal$258 ;
-  assign \$262  = | \$signal$258 ;
-  assign \$263  = \$signal$258  - 1'h1;
-  assign \$264  = ~ \$signal$263 ;
-  assign \$265  = ~ \$signal$264 ;
+  assign \$261  = ins[100:88] + \$signal$255 ;
+  assign \$262  = | \$signal$255 ;
+  assign \$263  = \$signal$255  - 1'h1;
+  assign \$264  = ~ \$signal$260 ;
+  assign \$265  = ~ \$signal$261 ;
   assign \$266  = \$264  & \$265 ;
   assign \$267  = rt_lane < 1'h1;
   assign \$268  = \$266  & \$267 ;
-  assign \$271  = \$signal$266  + \$signal$267 ;
-  assign \$272  = ~ \$signal$272 ;
+  assign \$271  = \$signal$263  + \$signal$264 ;
+  assign \$272  = ~ \$signal$269 ;
   assign \$273  = ~ rt_wphase;
-  assign \$274  = \$signal$272  & \$273 ;
-  assign \$275  = \$signal$274  + rt_s;
-  assign \$276  = \$signal$272  & rt_wphase;
-  assign \$277  = \$signal$274  + rt_s;
+  assign \$274  = \$signal$269  & \$273 ;
+  assign \$275  = \$signal$271  + rt_s;
+  assign \$276  = \$signal$269  & rt_wphase;
+  assign \$277  = \$signal$271  + rt_s;
   assign \$278  = \$277  + l1_acc[13:2];
-  assign \$279  = ins[124:112] + \$signal$277 ;
-  assign \$280  = \$signal$278  == \$signal$258 ;
-  assign \$281  = \$signal$279  + \$signal$280 ;
-  assign \$282  = \$signal$279  + l1_acc[13:2];
-  assign \$283  = \$282  + \$signal$280 ;
-  assign \$284  = \$signal$277  + 1'h1;
+  assign \$279  = ins[124:112] + \$signal$274 ;
+  assign \$280  = \$signal$275  == \$signal$255 ;
+  assign \$281  = \$signal$276  + \$signal$277 ;
+  assign \$282  = \$signal$276  + l1_acc[13:2];
+  assign \$283  = \$282  + \$signal$277 ;
+  assign \$284  = \$signal$274  + 1'h1;
   assign \$285  = \$284  < l1_acc[13:2];
-  assign \$286  = \$signal$282  + \$signal$258 ;
-  assign \$287  = \$signal$280  - \$signal$283 ;
-  assign \$288  = \$signal$282  + 4'h8;
-  assign \$289  = \$288  + \$signal$258 ;
-  assign \$290  = \$signal$284  >= 4'h8;
-  assign \$291  = ins[76:64] + \$signal$284 ;
+  assign \$286  = \$signal$279  + \$signal$255 ;
+  assign \$287  = \$signal$277  - \$signal$280 ;
+  assign \$288  = \$signal$279  + 4'h8;
+  assign \$289  = \$288  + \$signal$255 ;
+  assign \$290  = \$signal$281  >= 4'h8;
+  assign \$291  = ins[76:64] + \$signal$281 ;
   assign \$292  = ins[76:64] + 4'h8;
-  assign \$293  = \$292  + \$signal$284 ;
-  assign \$294  = \$signal$285  >= \$signal$130 ;
+  assign \$293  = \$292  + \$signal$281 ;
+  assign \$294  = \$signal$282  >= \$signal$130 ;
   assign \$295  = ins[100:88] + \$signal$139 ;
-  assign \$296  = \$295  + \$signal$285 ;
+  assign \$296  = \$295  + \$signal$282 ;
   assign \$297  = | l2_y;
-  assign \$298  = \$signal$286  < ins[61:48];
+  assign \$298  = \$signal$283  < ins[61:48];
   assign \$301  = ins[5:0] == 4'ha;
-  assign \$302  = \$301  ? l2_acc : { 1'h0, \$signal$287  };
+  assign \$302  = \$301  ? l2_acc : { 1'h0, \$signal$284  };
   assign \$303  = ins[76:64] + \$302 ;
-  assign \$304  = \$303  + \$signal$286 ;
+  assign \$304  = \$303  + \$signal$283 ;
   assign \$305  = ~ \$signal$108 ;
   assign \$306  = \$signal$103  & \$305 ;
   assign \$307  = ! ctrl_state;
@@ -2216,17 +2211,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$428  = \$signal$151  + sa0;
   assign \$429  = \$signal$153  + sb0;
   assign \$430  = rem1 - 1'h1;
-  assign \$431  = \$signal$307  + sa1;
-  assign \$432  = \$signal$307  + sa1;
-  assign \$433  = \$signal$309  + sb1;
-  assign \$434  = \$signal$309  + sb1;
+  assign \$431  = \$signal$304  + sa1;
+  assign \$432  = \$signal$304  + sa1;
+  assign \$433  = \$signal$306  + sb1;
+  assign \$434  = \$signal$306  + sb1;
   assign \$435  = rem2 - 1'h1;
-  assign \$436  = \$signal$313  + sa2;
-  assign \$437  = \$signal$313  + sa2;
-  assign \$438  = \$signal$313  + sa2;
-  assign \$439  = \$signal$315  + sb2;
-  assign \$440  = \$signal$315  + sb2;
-  assign \$441  = \$signal$315  + sb2;
+  assign \$436  = \$signal$310  + sa2;
+  assign \$437  = \$signal$310  + sa2;
+  assign \$438  = \$signal$310  + sa2;
+  assign \$439  = \$signal$312  + sb2;
+  assign \$440  = \$signal$312  + sb2;
+  assign \$441  = \$signal$312  + sb2;
   assign \$442  = | rem2[13:1];
   assign \$443  = ~ \$442 ;
   assign \$444  = ins[5:0] == 4'hd;
@@ -2237,61 +2232,61 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$449  = ~ gm_afeed_done;
   assign \$450  = \$448  & \$449 ;
   assign \$451  = gm_lane == 3'h4;
-  assign \$452  = ! \$signal$215 [13:3];
-  assign \$453  = gm_lane >= \$signal$215 [2:0];
+  assign \$452  = ! \$signal$214 [13:3];
+  assign \$453  = gm_lane >= \$signal$214 [2:0];
   assign \$454  = \$452  & \$453 ;
   assign \$455  = \$451  | \$454 ;
   assign \$456  = ~ \$455 ;
   assign \$457  = \$450  & \$456 ;
   assign \$460  = gm_lane + 1'h1;
-  assign \$461  = \$signal$216  + ins[38:32];
+  assign \$461  = \$signal$215  + ins[38:32];
   assign \$462  = ~ a_in__valid;
   assign \$463  = ~ gm_afeed_done;
   assign \$464  = \$462  & \$463 ;
   assign \$465  = gm_lane == 3'h4;
-  assign \$466  = ! \$signal$215 [13:3];
-  assign \$467  = gm_lane >= \$signal$215 [2:0];
+  assign \$466  = ! \$signal$214 [13:3];
+  assign \$467  = gm_lane >= \$signal$214 [2:0];
   assign \$468  = \$466  & \$467 ;
   assign \$469  = \$465  | \$468 ;
   assign \$470  = \$464  & \$469 ;
   assign \$471  = a_in__valid & a_in__ready;
-  assign \$472  = \$signal$320  + 1'h1;
+  assign \$472  = \$signal$317  + 1'h1;
   assign \$473  = \$472  < ins[38:32];
-  assign \$474  = \$signal$320  + 1'h1;
+  assign \$474  = \$signal$317  + 1'h1;
   assign \$475  = gm_wstart + 1'h1;
   assign \$476  = gm_wstart + 1'h1;
-  assign \$477  = \$signal$215  - 3'h4;
-  assign \$478  = \$signal$216  - ins[38:32];
+  assign \$477  = \$signal$214  - 3'h4;
+  assign \$478  = \$signal$215  - ins[38:32];
   assign \$479  = $signed(\$478 ) + $signed(2'h1);
-  assign \$480  = \$signal$216  - ins[38:32];
+  assign \$480  = \$signal$215  - ins[38:32];
   assign \$481  = $signed(\$480 ) + $signed(2'h1);
-  assign \$482  = ! \$signal$215 [13:3];
-  assign \$483  = \$signal$215 [2:0] <= 3'h4;
+  assign \$482  = ! \$signal$214 [13:3];
+  assign \$483  = \$signal$214 [2:0] <= 3'h4;
   assign \$484  = \$482  & \$483 ;
   assign \$485  = gc_lane + 1'h1;
-  assign \$486  = \$signal$219  + ins[56:48];
+  assign \$486  = \$signal$217  + ins[56:48];
   assign \$487  = gc_lane + 1'h1;
   assign \$488  = \$487  == 2'h3;
-  assign \$489  = ! \$signal$322 [13:3];
+  assign \$489  = ! \$signal$319 [13:3];
   assign \$490  = gc_lane + 1'h1;
   assign \$491  = \$490  + 1'h1;
-  assign \$492  = \$491  >= \$signal$322 [2:0];
+  assign \$492  = \$491  >= \$signal$319 [2:0];
   assign \$493  = \$489  & \$492 ;
   assign \$494  = \$488  | \$493 ;
-  assign \$495  = \$signal$323  + 1'h1;
+  assign \$495  = \$signal$320  + 1'h1;
   assign \$496  = \$495  < ins[56:48];
-  assign \$497  = \$signal$323  + 1'h1;
+  assign \$497  = \$signal$320  + 1'h1;
   assign \$498  = gc_wstart + 1'h1;
   assign \$499  = gc_wstart + 1'h1;
-  assign \$500  = ! \$signal$322 [13:3];
-  assign \$501  = \$signal$322 [2:0] <= 1'h1;
+  assign \$500  = ! \$signal$319 [13:3];
+  assign \$501  = \$signal$319 [2:0] <= 1'h1;
   assign \$502  = \$500  & \$501 ;
-  assign \$504  = \$signal$322  - 3'h4;
-  assign \$505  = \$signal$219  + 1'h1;
-  assign \$506  = \$signal$219  + 1'h1;
-  assign \$507  = \$signal$322  - 3'h4;
+  assign \$504  = \$signal$319  - 3'h4;
+  assign \$505  = \$signal$217  + 1'h1;
+  assign \$506  = \$signal$217  + 1'h1;
+  assign \$507  = \$signal$319  - 3'h4;
   assign \$508  = ! \$507 [13:3];
-  assign \$509  = \$signal$322  - 3'h4;
+  assign \$509  = \$signal$319  - 3'h4;
   assign \$510  = \$509 [2:0] <= 1'h1;
   assign \$511  = \$508  & \$510 ;
   assign \$513  = \$signal$118  + 1'h1;
@@ -2343,7 +2338,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$581  = ins[95:80] << \$580 ;
   assign \$582  = \$576  ? 18'h3ffff : \$581 [17:0];
   assign \$585  = \$584  ? \$signal$130  : ins[63:48];
-  assign \$592  = \$591  ? \$signal$247  : 4'h0;
+  assign \$592  = \$591  ? \$signal$244  : 4'h0;
   assign \$593  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
   assign \$594  = ins[5:0] == 4'hc;
   assign \$595  = ~ ph2;
@@ -2382,7 +2377,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$635  = ~ rd_busy;
   assign \$636  = pc + 1'h1;
   assign \$637  = \$signal$121  + 1'h1;
-  assign \$638  = ~ \$signal$251 ;
+  assign \$638  = ~ \$signal$248 ;
   assign \$639  = rd_data__valid & \$638 ;
   assign \$640  = el_i < l0_acc;
   assign \$641  = el_i + 1'h1;
@@ -2394,28 +2389,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$647  = \$644  ? 3'h4 : { 1'h0, \$646  };
   assign \$648  = \$643  >= \$647 ;
   assign \$649  = ~ rd_busy;
-  assign \$650  = ~ \$signal$251 ;
+  assign \$650  = ~ \$signal$248 ;
   assign \$651  = \$649  & \$650 ;
   assign \$652  = el_i < l0_acc;
   assign \$653  = ~ \$652 ;
   assign \$654  = \$651  & \$653 ;
   assign \$655  = pc + 1'h1;
   assign \$656  = \$signal$121  + 1'h1;
-  assign \$657  = ~ \$signal$254 ;
-  assign \$658  = \$signal$255  < 1'h1;
+  assign \$657  = ~ \$signal$251 ;
+  assign \$658  = \$signal$252  < 1'h1;
   assign \$659  = \$657  & \$658 ;
   assign \$660  = el_i < l0_acc;
   assign \$661  = \$659  & \$660 ;
-  assign \$662  = ~ \$signal$256 ;
+  assign \$662  = ~ \$signal$253 ;
   assign \$663  = \$661  & \$662 ;
   assign \$664  = el_i + 1'h1;
-  assign \$665  = \$signal$255  + 1'h1;
-  assign \$666  = ~ \$signal$254 ;
-  assign \$667  = ~ \$signal$256 ;
+  assign \$665  = \$signal$252  + 1'h1;
+  assign \$666  = ~ \$signal$251 ;
+  assign \$667  = ~ \$signal$253 ;
   assign \$668  = \$666  & \$667 ;
-  assign \$669  = | \$signal$255 ;
+  assign \$669  = | \$signal$252 ;
   assign \$670  = \$668  & \$669 ;
-  assign \$671  = \$signal$255  == 1'h1;
+  assign \$671  = \$signal$252  == 1'h1;
   assign \$672  = el_i < l0_acc;
   assign \$673  = ~ \$672 ;
   assign \$674  = \$671  | \$673 ;
@@ -2425,78 +2420,78 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$678  = el_i < l0_acc;
   assign \$679  = ~ \$678 ;
   assign \$680  = \$677  & \$679 ;
-  assign \$681  = ~ \$signal$254 ;
+  assign \$681  = ~ \$signal$251 ;
   assign \$682  = \$680  & \$681 ;
-  assign \$683  = ~ \$signal$256 ;
+  assign \$683  = ~ \$signal$253 ;
   assign \$684  = \$682  & \$683 ;
   assign \$685  = pc + 1'h1;
   assign \$686  = \$signal$121  + 1'h1;
-  assign \$687  = \$signal$258  + 1'h1;
-  assign \$688  = \$signal$258  == 4'h8;
-  assign \$689  = ~ \$signal$263 ;
-  assign \$690  = ~ \$signal$264 ;
+  assign \$687  = \$signal$255  + 1'h1;
+  assign \$688  = \$signal$255  == 4'h8;
+  assign \$689  = ~ \$signal$260 ;
+  assign \$690  = ~ \$signal$261 ;
   assign \$691  = \$689  & \$690 ;
   assign \$692  = rt_lane < 1'h1;
   assign \$693  = \$691  & \$692 ;
-  assign \$696  = \$signal$267  < 4'h8;
+  assign \$696  = \$signal$264  < 4'h8;
   assign \$697  = rt_lane + 1'h1;
-  assign \$698  = \$signal$267  + 1'h1;
-  assign \$699  = \$signal$340  ? rd0__data[12:0] : 13'h0000;
+  assign \$698  = \$signal$264  + 1'h1;
+  assign \$699  = \$signal$337  ? rd0__data[12:0] : 13'h0000;
   assign \$701  = scores__valid & scores__ready;
-  assign \$702  = \$signal$267  >= 4'h8;
-  assign \$703  = \$signal$336  - 1'h1;
-  assign \$704  = \$signal$266  + 4'h8;
-  assign \$705  = | \$signal$336 [13:1];
+  assign \$702  = \$signal$264  >= 4'h8;
+  assign \$703  = \$signal$333  - 1'h1;
+  assign \$704  = \$signal$263  + 4'h8;
+  assign \$705  = | \$signal$333 [13:1];
   assign \$706  = ~ \$705 ;
-  assign \$707  = ~ \$signal$272 ;
+  assign \$707  = ~ \$signal$269 ;
   assign \$708  = routes__valid & \$707 ;
   assign \$709  = ~ rt_wphase;
-  assign \$710  = \$signal$272  & \$709 ;
-  assign \$711  = \$signal$272  & rt_wphase;
+  assign \$710  = \$signal$269  & \$709 ;
+  assign \$711  = \$signal$269  & rt_wphase;
   assign \$712  = rt_s == 1'h1;
-  assign \$713  = \$signal$276 [19] | \$712 ;
-  assign \$714  = \$signal$338  - 1'h1;
-  assign \$715  = \$signal$274  + 2'h2;
+  assign \$713  = \$signal$273 [19] | \$712 ;
+  assign \$714  = \$signal$335  - 1'h1;
+  assign \$715  = \$signal$271  + 2'h2;
   assign \$716  = rt_s + 1'h1;
-  assign \$717  = ! \$signal$338 ;
-  assign \$718  = \$signal$278  == \$signal$258 ;
-  assign \$719  = \$signal$280  + 1'h1;
-  assign \$720  = \$signal$277  + 1'h1;
+  assign \$717  = ! \$signal$335 ;
+  assign \$718  = \$signal$275  == \$signal$255 ;
+  assign \$719  = \$signal$277  + 1'h1;
+  assign \$720  = \$signal$274  + 1'h1;
   assign \$721  = \$720  < l1_acc[13:2];
-  assign \$722  = \$signal$277  + 1'h1;
-  assign \$723  = \$signal$344  == 1'h1;
-  assign \$724  = \$signal$281  + 1'h1;
-  assign \$725  = \$signal$344  + 1'h1;
-  assign \$726  = \$signal$258  + 1'h1;
-  assign \$727  = \$signal$258  + 1'h1;
+  assign \$722  = \$signal$274  + 1'h1;
+  assign \$723  = \$signal$341  == 1'h1;
+  assign \$724  = \$signal$278  + 1'h1;
+  assign \$725  = \$signal$341  + 1'h1;
+  assign \$726  = \$signal$255  + 1'h1;
+  assign \$727  = \$signal$255  + 1'h1;
   assign \$728  = \$727  < 4'h8;
   assign \$729  = pc + 1'h1;
   assign \$730  = \$signal$121  + 1'h1;
-  assign \$731  = \$signal$284  >= 4'h8;
+  assign \$731  = \$signal$281  >= 4'h8;
   assign \$732  = \$signal$121  + 1'h1;
-  assign \$733  = \$signal$284  + 1'h1;
-  assign \$734  = | \$signal$278 ;
+  assign \$733  = \$signal$281  + 1'h1;
+  assign \$734  = | \$signal$275 ;
   assign \$735  = | rd1_q[23:14];
   assign \$736  = \$735  ? 14'h3fff : rd1_q[13:0];
   assign \$737  = pc + 1'h1;
   assign \$738  = \$signal$121  + 1'h1;
-  assign \$739  = \$signal$285  >= \$signal$130 ;
+  assign \$739  = \$signal$282  >= \$signal$130 ;
   assign \$740  = pc + 1'h1;
   assign \$741  = \$signal$121  + 1'h1;
-  assign \$742  = | \$signal$278 [31:16];
-  assign \$743  = \$signal$278 [15:0] >= m_eff;
+  assign \$742  = | \$signal$275 [31:16];
+  assign \$743  = \$signal$275 [15:0] >= m_eff;
   assign \$744  = \$742  | \$743 ;
   assign \$745  = | l2_y;
-  assign \$746  = \$signal$286  < ins[61:48];
-  assign \$749  = \$signal$286  + 1'h1;
+  assign \$746  = \$signal$283  < ins[61:48];
+  assign \$749  = \$signal$283  + 1'h1;
   assign \$750  = ins[5:0] == 4'ha;
-  assign \$751  = \$750  ? { 1'h0, \$signal$287  } : l2_acc;
+  assign \$751  = \$750  ? { 1'h0, \$signal$284  } : l2_acc;
   assign \$752  = ins[124:112] + \$751 ;
-  assign \$753  = \$752  + \$signal$286 ;
-  assign \$754  = \$signal$286  >= ins[61:48];
-  assign \$755  = \$754  & \$signal$288 ;
-  assign \$756  = \$signal$285  + 1'h1;
-  assign \$757  = \$signal$287  + ins[61:48];
+  assign \$753  = \$752  + \$signal$283 ;
+  assign \$754  = \$signal$283  >= ins[61:48];
+  assign \$755  = \$754  & \$signal$285 ;
+  assign \$756  = \$signal$282  + 1'h1;
+  assign \$757  = \$signal$284  + ins[61:48];
   assign \$758  = ~ rd_busy;
   assign \$759  = ~ wr_busy;
   assign \$760  = \$758  & \$759 ;
@@ -2557,13 +2552,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     \$signal$169  <= \$789 ;
   always @(posedge clk)
-    i__payload <= \$790 ;
+    rq_in__payload <= \$790 ;
   always @(posedge clk)
     b_word <= \$791 ;
   always @(posedge clk)
     \$signal$155  <= \$792 ;
   always @(posedge clk)
-    \$signal$299  <= \$793 ;
+    \$signal$296  <= \$793 ;
   always @(posedge clk)
     rem0 <= \$794 ;
   always @(posedge clk)
@@ -2573,51 +2568,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     rem1 <= \$797 ;
   always @(posedge clk)
-    \$signal$307  <= \$798 ;
+    \$signal$304  <= \$798 ;
   always @(posedge clk)
-    \$signal$309  <= \$799 ;
+    \$signal$306  <= \$799 ;
   always @(posedge clk)
     rem2 <= \$800 ;
   always @(posedge clk)
-    \$signal$313  <= \$801 ;
+    \$signal$310  <= \$801 ;
   always @(posedge clk)
-    \$signal$315  <= \$802 ;
+    \$signal$312  <= \$802 ;
   always @(posedge clk)
-    \$signal$301  <= \$803 ;
+    \$signal$298  <= \$803 ;
   always @(posedge clk)
     op <= \$804 ;
   always @(posedge clk)
-    \$signal$317  <= \$805 ;
+    \$signal$314  <= \$805 ;
   always @(posedge clk)
     gm_cap_lane <= \$806 ;
   always @(posedge clk)
     gm_lane <= \$807 ;
   always @(posedge clk)
-    \$signal$216  <= \$808 ;
+    \$signal$215  <= \$808 ;
   always @(posedge clk)
     a_in__payload <= \$809 ;
   always @(posedge clk)
     a_in__valid <= \$810 ;
   always @(posedge clk)
-    \$signal$320  <= \$811 ;
+    \$signal$317  <= \$811 ;
   always @(posedge clk)
     gm_wstart <= \$812 ;
   always @(posedge clk)
-    \$signal$215  <= \$813 ;
+    \$signal$214  <= \$813 ;
   always @(posedge clk)
     gm_afeed_done <= \$814 ;
   always @(posedge clk)
     gc_lane <= \$815 ;
   always @(posedge clk)
-    \$signal$219  <= \$816 ;
+    \$signal$217  <= \$816 ;
   always @(posedge clk)
     gc_last <= \$817 ;
   always @(posedge clk)
-    \$signal$323  <= \$818 ;
+    \$signal$320  <= \$818 ;
   always @(posedge clk)
     gc_wstart <= \$819 ;
   always @(posedge clk)
-    \$signal$322  <= \$820 ;
+    \$signal$319  <= \$820 ;
   always @(posedge clk)
     \$signal$118  <= \$821 ;
   always @(posedge clk)
@@ -2633,7 +2628,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     busy_move <= \$827 ;
   always @(posedge clk)
-    \$signal$278  <= \$828 ;
+    \$signal$275  <= \$828 ;
   always @(posedge clk)
     rd1_q <= \$829 ;
   always @(posedge clk)
@@ -2667,11 +2662,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     settle <= \$844 ;
   always @(posedge clk)
-    \$signal$178  <= \$845 ;
+    \$signal$177  <= \$845 ;
   always @(posedge clk)
     \$signal$160  <= \$846 ;
   always @(posedge clk)
-    shift <= \$847 ;
+    rq_shift <= \$847 ;
   always @(posedge clk)
     cnt0 <= \$848 ;
   always @(posedge clk)
@@ -2691,89 +2686,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     el_i <= \$856 ;
   always @(posedge clk)
-    \$signal$251  <= \$857 ;
+    \$signal$248  <= \$857 ;
   always @(posedge clk)
     ld_e <= \$858 ;
   always @(posedge clk)
-    \$signal$254  <= \$859 ;
+    \$signal$251  <= \$859 ;
   always @(posedge clk)
-    \$signal$255  <= \$860 ;
+    \$signal$252  <= \$860 ;
   always @(posedge clk)
-    \$signal$256  <= \$861 ;
+    \$signal$253  <= \$861 ;
   always @(posedge clk)
     wr_data__payload <= \$862 ;
   always @(posedge clk)
-    \$signal$258  <= \$863 ;
+    \$signal$255  <= \$863 ;
   always @(posedge clk)
-    \$signal$282  <= \$864 ;
+    \$signal$279  <= \$864 ;
   always @(posedge clk)
-    \$signal$279  <= \$865 ;
+    \$signal$276  <= \$865 ;
   always @(posedge clk)
-    \$signal$285  <= \$866 ;
+    \$signal$282  <= \$866 ;
   always @(posedge clk)
-    \$signal$287  <= \$867 ;
+    \$signal$284  <= \$867 ;
   always @(posedge clk)
     \$signal$144  <= \$868 ;
   always @(posedge clk)
     scores_len <= \$869 ;
   always @(posedge clk)
-    \$signal$252  <= \$870 ;
+    \$signal$249  <= \$870 ;
   always @(posedge clk)
-    \$signal$333  <= \$871 ;
+    \$signal$330  <= \$871 ;
   always @(posedge clk)
-    \$signal$336  <= \$872 ;
+    \$signal$333  <= \$872 ;
   always @(posedge clk)
-    \$signal$267  <= \$873 ;
+    \$signal$264  <= \$873 ;
   always @(posedge clk)
     rt_lane <= \$874 ;
   always @(posedge clk)
-    \$signal$263  <= \$875 ;
+    \$signal$260  <= \$875 ;
   always @(posedge clk)
-    \$signal$266  <= \$876 ;
+    \$signal$263  <= \$876 ;
   always @(posedge clk)
-    \$signal$274  <= \$877 ;
+    \$signal$271  <= \$877 ;
   always @(posedge clk)
-    \$signal$264  <= \$878 ;
+    \$signal$261  <= \$878 ;
   always @(posedge clk)
-    \$signal$337  <= \$879 ;
+    \$signal$334  <= \$879 ;
   always @(posedge clk)
-    \$signal$338  <= \$880 ;
+    \$signal$335  <= \$880 ;
   always @(posedge clk)
     rt_s <= \$881 ;
   always @(posedge clk)
-    \$signal$272  <= \$882 ;
+    \$signal$269  <= \$882 ;
   always @(posedge clk)
     rt_wphase <= \$883 ;
   always @(posedge clk)
-    \$signal$340  <= \$884 ;
+    \$signal$337  <= \$884 ;
   always @(posedge clk)
     rt_word <= \$885 ;
   always @(posedge clk)
-    \$signal$276  <= \$886 ;
+    \$signal$273  <= \$886 ;
   always @(posedge clk)
-    \$signal$277  <= \$887 ;
+    \$signal$274  <= \$887 ;
   always @(posedge clk)
-    \$signal$281  <= \$888 ;
+    \$signal$278  <= \$888 ;
   always @(posedge clk)
-    \$signal$344  <= \$889 ;
+    \$signal$341  <= \$889 ;
   always @(posedge clk)
-    \$signal$280  <= \$890 ;
+    \$signal$277  <= \$890 ;
   always @(posedge clk)
-    \$signal$283  <= \$891 ;
+    \$signal$280  <= \$891 ;
   always @(posedge clk)
-    \$signal$284  <= \$892 ;
+    \$signal$281  <= \$892 ;
   always @(posedge clk)
-    \$signal$247  <= \$893 ;
+    \$signal$244  <= \$893 ;
   always @(posedge clk)
     \$signal$130  <= \$894 ;
   always @(posedge clk)
     \$signal$139  <= \$895 ;
   always @(posedge clk)
-    \$signal$286  <= \$896 ;
+    \$signal$283  <= \$896 ;
   always @(posedge clk)
-    \$signal$288  <= \$897 ;
+    \$signal$285  <= \$897 ;
   always @(posedge clk)
-    \$signal$289  <= \$898 ;
+    \$signal$286  <= \$898 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -2883,7 +2878,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(error),
     .\port$1189$0 (\$899 ),
     .\port$1207$0 (\$900 ),
-    .\port$3637$2 (l4_acc[17:2]),
+    .\port$3236$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -2912,7 +2907,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$90 (done),
-    .error(\error$331 ),
+    .error(\error$328 ),
+    .rq_in__payload(rq_in__payload),
+    .rq_in__ready(rq_in__ready),
+    .rq_in__valid(rq_in__valid),
+    .rq_mult(\$signal$160 [15:0]),
+    .rq_shift(rq_shift),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -2940,18 +2940,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wr_data(wr_data),
     .wr_en(wr_en)
   );
-  \nanokpu_kpu.requant  requant (
-    .advance(i__ready),
-    .clk(clk),
-    .i__payload(i__payload),
-    .i__valid(i__valid),
-    .mult(\$signal$160 [15:0]),
-    .o__payload(\o__payload$205 ),
-    .o__valid(o__valid),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst)
-  );
   \nanokpu_kpu.router  router (
     .bias_addr(bias_addr),
     .bias_we(bias_we),
@@ -2970,14 +2958,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$187 ),
+    .advance(i__ready),
     .clk(clk),
-    .i__valid(\i__valid$186 ),
+    .i__valid(i__valid),
     .o__payload(o__payload),
-    .o__valid(\o__valid$188 ),
+    .o__valid(o__valid),
     .rst(rst),
     .unit_rst(unit_rst),
-    .x(i__payload[15:0])
+    .x(rq_in__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
     .advance(\i__ready$191 ),
@@ -3197,7 +3185,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
     if (gemm_run) begin
       if (\$225 ) begin
-        rd0__addr = \$signal$216 ;
+        rd0__addr = \$signal$215 ;
       end
     end
     casez (ctrl_state)
@@ -3467,11 +3455,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    i__valid = 1'h0;
+    rq_in__valid = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            i__valid = \$signal$156 ;
+            rq_in__valid = \$signal$156 ;
       endcase
     end
   end
@@ -3482,9 +3470,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            eng_ready = i__ready;
+            eng_ready = rq_in__ready;
         6'h05:
-            eng_ready = \i__ready$187 ;
+            eng_ready = i__ready;
         6'h06:
             eng_ready = \i__ready$191 ;
         default:
@@ -3494,14 +3482,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    c_out__ready = 1'h0;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            c_out__ready = 1'h1;
+      endcase
+    end
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          c_out__ready = 1'h1;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$183  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$183  = o__valid;
+            \$signal$183  = c_out__valid;
         6'h05:
-            \$signal$183  = \o__valid$188 ;
+            \$signal$183  = o__valid;
         6'h06:
             \$signal$183  = \o__valid$192 ;
         default:
@@ -3528,13 +3533,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$186  = 1'h0;
+    i__valid = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$186  = \$signal$156 ;
+            i__valid = \$signal$156 ;
       endcase
     end
   end
@@ -3612,7 +3617,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$219 ;
+        wr__addr = \$signal$217 ;
       end
     end
     casez (ctrl_state)
@@ -3639,7 +3644,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             if (\$244 ) begin
               wr__addr = \$245 [12:0];
             end
@@ -3688,8 +3693,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
-            wr__addr = \$signal$289 ;
+          if (\$signal$285 ) begin
+            wr__addr = \$signal$286 ;
           end
     endcase
   end
@@ -3725,7 +3730,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             if (\$244 ) begin
               wr__data = \$252 ;
             end
@@ -3737,10 +3742,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h10:
         begin
           if (\$274 ) begin
-            wr__data = { 29'h00000000, \$signal$276 [2:0] };
+            wr__data = { 29'h00000000, \$signal$273 [2:0] };
           end
           if (\$276 ) begin
-            wr__data = { 16'h0000, \$signal$276 [18:3] };
+            wr__data = { 16'h0000, \$signal$273 [18:3] };
           end
         end
       5'h11:
@@ -3749,10 +3754,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h13:
           if (\$280 ) begin
-            wr__data = { 18'h00000, \$signal$277  };
+            wr__data = { 18'h00000, \$signal$274  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$281  };
+          wr__data = { 18'h00000, \$signal$278  };
       5'h15:
           (* full_case = 32'd1 *)
           if (\$285 ) begin
@@ -3760,7 +3765,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             wr__data = { \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$283  };
+          wr__data = { 18'h00000, \$signal$280  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3774,7 +3779,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
+          if (\$signal$285 ) begin
             wr__data = rd0__data;
           end
     endcase
@@ -3811,7 +3816,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             if (\$244 ) begin
               wr__en = 1'h1;
             end
@@ -3860,21 +3865,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
+          if (\$signal$285 ) begin
             wr__en = 1'h1;
           end
     endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    c_out__ready = 1'h0;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          c_out__ready = 1'h1;
-        end
-      end
-    end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
@@ -4087,7 +4081,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$254 ;
+          wr_data__valid = \$signal$251 ;
     endcase
   end
   always @* begin
@@ -4257,7 +4251,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$263 ;
+          scores__valid = \$signal$260 ;
     endcase
   end
   always @* begin
@@ -4834,7 +4828,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$744 ) begin
           end else begin
-            \$774  = \$signal$278 [15:0];
+            \$774  = \$signal$275 [15:0];
           end
     endcase
     if (rst) begin
@@ -5166,7 +5160,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     \$789  = \$signal$169 ;
     if (eng_run) begin
       if (\$415 ) begin
-        \$789  = \$signal$299 ;
+        \$789  = \$signal$296 ;
       end
     end
     if (rst) begin
@@ -5175,7 +5169,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = i__payload;
+    \$790  = rq_in__payload;
     if (eng_run) begin
       if (\$415 ) begin
         \$790  = rd0__data;
@@ -5240,7 +5234,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$299 ;
+    \$793  = \$signal$296 ;
     if (eng_run) begin
       if (\$419 ) begin
         \$793  = \$422 ;
@@ -5451,7 +5445,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$307 ;
+    \$798  = \$signal$304 ;
     if (eng_run) begin
       if (\$419 ) begin
         if (\$424 ) begin
@@ -5500,7 +5494,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$309 ;
+    \$799  = \$signal$306 ;
     if (eng_run) begin
       if (\$419 ) begin
         if (\$424 ) begin
@@ -5597,7 +5591,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$313 ;
+    \$801  = \$signal$310 ;
     if (eng_run) begin
       if (\$419 ) begin
         if (\$424 ) begin
@@ -5645,7 +5639,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$315 ;
+    \$802  = \$signal$312 ;
     if (eng_run) begin
       if (\$419 ) begin
         if (\$424 ) begin
@@ -5693,7 +5687,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$301 ;
+    \$803  = \$signal$298 ;
     if (eng_run) begin
       if (\$419 ) begin
         if (\$424 ) begin
@@ -5750,7 +5744,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$317 ;
+    \$805  = \$signal$314 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
       if (\$459 ) begin
@@ -5823,7 +5817,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$216 ;
+    \$808  = \$signal$215 ;
     if (gemm_run) begin
       if (\$459 ) begin
         \$808  = \$461 [12:0];
@@ -5876,7 +5870,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$809  = a_in__payload;
     if (gemm_run) begin
-      if (\$signal$317 ) begin
+      if (\$signal$314 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
@@ -5976,7 +5970,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$320 ;
+    \$811  = \$signal$317 ;
     if (gemm_run) begin
       if (\$471 ) begin
         (* full_case = 32'd1 *)
@@ -6072,7 +6066,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$215 ;
+    \$813  = \$signal$214 ;
     if (gemm_run) begin
       if (\$471 ) begin
         (* full_case = 32'd1 *)
@@ -6214,7 +6208,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$219 ;
+    \$816  = \$signal$217 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         \$816  = \$486 [12:0];
@@ -6316,7 +6310,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$323 ;
+    \$818  = \$signal$320 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
@@ -6416,7 +6410,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$322 ;
+    \$820  = \$signal$319 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
@@ -7273,7 +7267,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             \$838  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$331 ) begin
+            if (\error$328 ) begin
               \$838  = 5'h02;
             end else begin
               \$838  = 5'h0f;
@@ -7522,7 +7516,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (error) begin
             \$839  = 8'h07;
           end else if (done) begin
-            if (\error$331 ) begin
+            if (\error$328 ) begin
               \$839  = 8'h03;
             end
           end
@@ -7722,7 +7716,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (error) begin
             \$840  = 6'h00;
           end else if (done) begin
-            if (\error$331 ) begin
+            if (\error$328 ) begin
               \$840  = 6'h00;
             end
           end
@@ -7935,7 +7929,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$178 ;
+    \$845  = \$signal$177 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8015,7 +8009,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = shift;
+    \$847  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8395,7 +8389,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             if (\$640 ) begin
               \$856  = \$641 [13:0];
             end
@@ -8411,7 +8405,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$251 ;
+    \$857  = \$signal$248 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8461,7 +8455,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$639 ) begin
             \$857  = 1'h1;
           end
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             if (\$648 ) begin
               \$857  = 1'h0;
             end
@@ -8524,7 +8518,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$639 ) begin
             \$858  = 3'h0;
           end
-          if (\$signal$251 ) begin
+          if (\$signal$248 ) begin
             \$858  = \$642 [2:0];
           end
         end
@@ -8535,7 +8529,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = \$signal$254 ;
+    \$859  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8600,7 +8594,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$255 ;
+    \$860  = \$signal$252 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8665,7 +8659,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$256 ;
+    \$861  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8719,7 +8713,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$663 ) begin
             \$861  = 1'h1;
           end
-          if (\$signal$256 ) begin
+          if (\$signal$253 ) begin
             \$861  = 1'h0;
           end
         end
@@ -8781,12 +8775,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$signal$256 ) begin
-            casez (\$signal$333 )
+          if (\$signal$253 ) begin
+            casez (\$signal$330 )
               2'h0:
                   \$862 [31:0] = rd0__data;
             endcase
-            casez (\$signal$333 )
+            casez (\$signal$330 )
               2'h0:
                   \$862 [35:32] = 4'hf;
             endcase
@@ -8802,7 +8796,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = \$signal$258 ;
+    \$863  = \$signal$255 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8880,7 +8874,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = \$signal$282 ;
+    \$864  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8924,7 +8918,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = \$signal$279 ;
+    \$865  = \$signal$276 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8968,7 +8962,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = \$signal$285 ;
+    \$866  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9064,7 +9058,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = \$signal$287 ;
+    \$867  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9214,7 +9208,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = \$signal$252 ;
+    \$870  = \$signal$249 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9247,7 +9241,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = \$signal$333 ;
+    \$871  = \$signal$330 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9273,7 +9267,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
           if (\$663 ) begin
-            \$871  = \$signal$255 [1:0];
+            \$871  = \$signal$252 [1:0];
           end
     endcase
     if (rst) begin
@@ -9282,7 +9276,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$336 ;
+    \$872  = \$signal$333 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9325,7 +9319,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = \$signal$267 ;
+    \$873  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9419,7 +9413,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = \$signal$263 ;
+    \$875  = \$signal$260 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9451,7 +9445,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end
       5'h10:
         begin
-          if (\$signal$337 ) begin
+          if (\$signal$334 ) begin
             if (\$700 ) begin
               \$875  = 1'h1;
             end
@@ -9467,7 +9461,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = \$signal$266 ;
+    \$876  = \$signal$263 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9510,7 +9504,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = \$signal$274 ;
+    \$877  = \$signal$271 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9553,7 +9547,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = \$signal$264 ;
+    \$878  = \$signal$261 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9598,7 +9592,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = \$signal$337 ;
+    \$879  = \$signal$334 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9642,7 +9636,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = \$signal$338 ;
+    \$880  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9731,7 +9725,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = \$signal$272 ;
+    \$882  = \$signal$269 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9823,7 +9817,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$884  = \$signal$340 ;
+    \$884  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9891,7 +9885,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$signal$337 ) begin
+          if (\$signal$334 ) begin
             \$885  = \$699 ;
           end
     endcase
@@ -9901,7 +9895,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$886  = \$signal$276 ;
+    \$886  = \$signal$273 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9940,7 +9934,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$887  = \$signal$277 ;
+    \$887  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9993,7 +9987,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$888  = \$signal$281 ;
+    \$888  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10048,7 +10042,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$889  = \$signal$344 ;
+    \$889  = \$signal$341 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10106,7 +10100,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$890  = \$signal$280 ;
+    \$890  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10153,7 +10147,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$891  = \$signal$283 ;
+    \$891  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10196,7 +10190,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$891  = \$signal$280 ;
+          \$891  = \$signal$277 ;
     endcase
     if (rst) begin
       \$891  = 14'h0000;
@@ -10204,7 +10198,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$892  = \$signal$284 ;
+    \$892  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10265,7 +10259,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$893  = \$signal$247 ;
+    \$893  = \$signal$244 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10313,7 +10307,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h18:
           if (\$734 ) begin
-            \$893  = \$signal$284 ;
+            \$893  = \$signal$281 ;
           end
     endcase
     if (rst) begin
@@ -10370,7 +10364,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h18:
           if (\$734 ) begin
-            \$894  = \$signal$278 [15:0];
+            \$894  = \$signal$275 [15:0];
           end
     endcase
     if (rst) begin
@@ -10436,7 +10430,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$896  = \$signal$286 ;
+    \$896  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10506,7 +10500,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$897  = \$signal$288 ;
+    \$897  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10579,7 +10573,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$898  = \$signal$289 ;
+    \$898  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10695,24 +10689,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = s_axil__araddr[4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$24 [31:0];
-  assign mult = \$signal$160 [15:0];
-  assign \$signal$162  = shift;
-  assign \$signal$164  = i__payload;
-  assign \i__payload$165  = i__payload[15:0];
+  assign rq_mult = \$signal$160 [15:0];
+  assign \$signal$162  = rq_shift;
+  assign \$signal$164  = rq_in__payload;
+  assign i__payload = rq_in__payload[15:0];
   assign n = ins[63:48];
   assign vec_op = op;
   assign o__ready = 1'h1;
   assign \o__ready$174  = 1'h1;
   assign \o__ready$175  = 1'h1;
-  assign \o__ready$176  = 1'h1;
-  assign \$signal$177  = { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
+  assign \$signal$176  = { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
   assign gm_word = a_in__payload;
   assign \$signal$202  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$226  = lh_acc[31:0];
-  assign \wr_addr$228  = lh_acc[31:0];
+  assign \rd_addr$223  = lh_acc[31:0];
+  assign \wr_addr$225  = lh_acc[31:0];
   assign rd_beats = { 8'h00, l4_acc[17:2] };
   assign wr_beats = { 8'h00, l4_acc[17:2] };
   assign s_axil__bresp = 2'h0;
@@ -10741,8 +10734,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.shift  = ins[237:232];
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
-  assign \i__payload[0]  = i__payload;
-  assign \i__payload$165[0]  = i__payload[15:0];
+  assign \i__payload[0]  = rq_in__payload[15:0];
   assign \i__payload$166[0]  = \i__payload$166 ;
   assign \i__payload$166[0].g  = \i__payload$166 [15:0];
   assign \i__payload$166[0].u  = \i__payload$166 [31:16];
@@ -10774,7 +10766,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \o__payload$205[0]  = \o__payload$205 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -10785,9 +10776,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$276.index  = \$signal$276 [2:0];
-  assign \$signal$276.weight  = \$signal$276 [18:3];
-  assign \$signal$276.last  = \$signal$276 [19];
+  assign \$signal$273.index  = \$signal$273 [2:0];
+  assign \$signal$273.weight  = \$signal$273 [18:3];
+  assign \$signal$273.last  = \$signal$273 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -10804,9 +10795,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[11:0] = m_eff[11:0];
   assign \i__payload$168 [33] = \$signal$169 ;
   assign \i__payload$168 [32:16] = \$171 ;
-  assign \i__payload$168 [15:0] = i__payload[15:0];
+  assign \i__payload$168 [15:0] = rq_in__payload[15:0];
   assign \i__payload$166 [31:16] = b_word[15:0];
-  assign \i__payload$166 [15:0] = i__payload[15:0];
+  assign \i__payload$166 [15:0] = rq_in__payload[15:0];
   assign \$16  = { \$signal$109 , 1'h0 };
   assign \$19  = { 1'h0, \$18 , 2'h0 };
   assign \$21  = { 7'h00, err, 8'h00 };
@@ -10833,8 +10824,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$169  = \$167 ;
   assign \$224  = 1'h1;
   assign \$225  = \$223 ;
-  assign \$237  = { \$signal$247 , 1'h0 };
-  assign \$239  = { \$signal$247 , 1'h0 };
+  assign \$237  = { \$signal$244 , 1'h0 };
+  assign \$239  = { \$signal$244 , 1'h0 };
   assign \$269  = 1'h1;
   assign \$270  = \$268 ;
   assign \$299  = 1'h1;
@@ -10858,9 +10849,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$384  = { lh_x, 1'h0 };
   assign \$386  = { 1'h0, lh_y[15:1] };
   assign \$420  = 1'h1;
-  assign \$421  = \$signal$301 ;
+  assign \$421  = \$signal$298 ;
   assign \$423  = 1'h1;
-  assign \$424  = \$signal$301 ;
+  assign \$424  = \$signal$298 ;
   assign \$458  = 1'h1;
   assign \$459  = \$457 ;
   assign \$503  = \$502 ;
@@ -10922,7 +10913,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1189$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1207$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3637$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3236$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11065,8 +11056,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$1189$0 ;
   output [5:0] \port$1207$0 ;
   wire [5:0] \port$1207$0 ;
-  input [15:0] \port$3637$2 ;
-  wire [15:0] \port$3637$2 ;
+  input [15:0] \port$3236$2 ;
+  wire [15:0] \port$3236$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11231,7 +11222,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3637$2  };
+      \$74  = { 8'h00, \port$3236$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11267,7 +11258,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3637$2  };
+      \$77  = { 8'h00, \port$3236$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11312,9 +11303,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3637$2  };
+  assign rd_beats = { 8'h00, \port$3236$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3637$2  };
+  assign wr_beats = { 8'h00, \port$3236$2  };
   assign \port$1189$0  = \$9 ;
   assign \port$1207$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -11330,7 +11321,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__payload, a_in__valid, rq_mult, rq_shift, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload
+, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -11405,9 +11397,9 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire [32:0] \$162 ;
   wire [32:0] \$163 ;
   wire [32:0] \$164 ;
-  wire [13:0] \$165 ;
-  wire \$166 ;
-  wire \$167 ;
+  wire \$165 ;
+  wire [31:0] \$166 ;
+  wire [13:0] \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
@@ -11441,86 +11433,88 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
-  wire [31:0] \$198 ;
-  wire [31:0] \$199 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [127:0] \$200 ;
-  reg [11:0] \$201 ;
-  reg \$202 ;
-  reg [13:0] \$203 ;
+  wire [31:0] \$200 ;
+  wire [31:0] \$201 ;
+  reg [127:0] \$202 ;
+  reg [11:0] \$203 ;
   reg \$204 ;
-  reg [1:0] \$205 ;
+  reg [13:0] \$205 ;
   reg \$206 ;
-  reg \$207 ;
-  reg [11:0] \$208 ;
-  reg [11:0] \$209 ;
+  reg [1:0] \$207 ;
+  reg \$208 ;
+  reg \$209 ;
   wire \$21 ;
-  reg \$210 ;
-  reg \$211 ;
-  reg [3:0] \$212 ;
+  reg [11:0] \$210 ;
+  reg [11:0] \$211 ;
+  reg \$212 ;
   reg \$213 ;
-  reg \$214 ;
+  reg [3:0] \$214 ;
   reg \$215 ;
-  reg [3:0] \$216 ;
+  reg \$216 ;
   reg \$217 ;
-  reg \$218 ;
+  reg [3:0] \$218 ;
   reg \$219 ;
   wire \$22 ;
-  reg [31:0] \$220 ;
-  reg [31:0] \$221 ;
-  reg \$222 ;
-  reg \$223 ;
-  reg [11:0] \$224 ;
-  reg [13:0] \$225 ;
+  reg \$220 ;
+  reg \$221 ;
+  reg [31:0] \$222 ;
+  reg [31:0] \$223 ;
+  reg \$224 ;
+  reg \$225 ;
   reg [11:0] \$226 ;
-  reg [11:0] \$227 ;
-  reg [13:0] \$228 ;
-  reg [13:0] \$229 ;
+  reg [13:0] \$227 ;
+  reg [11:0] \$228 ;
+  reg [11:0] \$229 ;
   wire \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg [13:0] \$232 ;
-  reg [2:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [13:0] \$235 ;
+  reg [13:0] \$230 ;
+  reg [13:0] \$231 ;
+  reg \$232 ;
+  reg \$233 ;
+  reg [13:0] \$234 ;
+  reg [2:0] \$235 ;
   reg [2:0] \$236 ;
-  reg \$237 ;
-  reg \$238 ;
+  reg [13:0] \$237 ;
+  reg [2:0] \$238 ;
   reg \$239 ;
   wire \$24 ;
-  reg [13:0] \$240 ;
+  reg \$240 ;
   reg \$241 ;
-  reg \$242 ;
-  reg [13:0] \$243 ;
+  reg [13:0] \$242 ;
+  reg \$243 ;
   reg \$244 ;
-  reg \$245 ;
-  reg [13:0] \$246 ;
-  reg [127:0] \$247 ;
-  reg [127:0] \$248 ;
+  reg [13:0] \$245 ;
+  reg \$246 ;
+  reg \$247 ;
+  reg [13:0] \$248 ;
   reg [127:0] \$249 ;
   wire \$25 ;
-  reg [1:0] \$250 ;
+  reg [127:0] \$250 ;
   reg [127:0] \$251 ;
-  reg \$252 ;
-  reg \$253 ;
-  reg [13:0] \$254 ;
-  reg [11:0] \$255 ;
-  reg [11:0] \$256 ;
-  reg [13:0] \$257 ;
-  reg [13:0] \$258 ;
-  reg \$259 ;
+  reg [1:0] \$252 ;
+  reg [127:0] \$253 ;
+  reg \$254 ;
+  reg \$255 ;
+  reg [13:0] \$256 ;
+  reg [11:0] \$257 ;
+  reg [11:0] \$258 ;
+  reg [13:0] \$259 ;
   wire \$26 ;
-  reg [3:0] \$260 ;
+  reg [13:0] \$260 ;
   reg \$261 ;
-  reg [79:0] \$262 ;
+  reg [3:0] \$262 ;
   reg \$263 ;
-  reg [2:0] \$264 ;
-  reg [2:0] \$265 ;
-  reg [11:0] \$266 ;
-  reg [13:0] \$267 ;
-  reg [13:0] \$268 ;
+  reg [79:0] \$264 ;
+  reg \$265 ;
+  reg [2:0] \$266 ;
+  reg [2:0] \$267 ;
+  reg [11:0] \$268 ;
+  reg [13:0] \$269 ;
   wire \$27 ;
+  reg [13:0] \$270 ;
   wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
@@ -11763,14 +11757,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [3:0] gap = 4'h0;
-  (* init = 128'h00000000000000000000000000000000 *)
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
   wire [31:0] \i__payload[2] ;
   wire [31:0] \i__payload[3] ;
   wire i__ready;
-  (* init = 1'h0 *)
   wire i__valid;
   reg issuing = 1'h0;
   reg [11:0] k = 12'h000;
@@ -11795,7 +11787,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [1:0] pending = 2'h0;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$108 ;
-  wire [7:0] \port__addr$121 ;
+  wire [7:0] \port__addr$126 ;
   wire [31:0] port__data;
   wire [127:0] \port__data$10 ;
   wire [31:0] \port__data$10[0] ;
@@ -11817,6 +11809,16 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
+  input [31:0] rq_in__payload;
+  wire [31:0] rq_in__payload;
+  output rq_in__ready;
+  wire rq_in__ready;
+  input rq_in__valid;
+  wire rq_in__valid;
+  input [15:0] rq_mult;
+  wire [15:0] rq_mult;
+  input [5:0] rq_shift;
+  wire [5:0] rq_shift;
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
@@ -11826,7 +11828,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$114 ;
+  wire [5:0] \shift$115 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -12531,7 +12533,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     if (w_valid)
       spad_c[w_addr[7:0]] <= \$signature__data$110 ;
   end
-  assign \port__data$10  = spad_c[\$165 [7:0]];
+  assign \port__data$10  = spad_c[\$167 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & \$signal ;
   assign \$3  = a_wptr + 1'h1;
@@ -12701,183 +12703,189 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$162  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
   assign \$163  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
   assign \$164  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$165  = storing ? s_addr : col_addr0;
-  assign \$166  = ~ storing;
-  assign \$167  = ~ q_valid;
-  assign \$168  = \$167  | i__ready;
-  assign spad_c_rd_en = \$166  | \$168 ;
+  assign mult = storing ? cmd[69:54] : rq_mult;
+  assign \shift$115  = storing ? cmd[75:70] : rq_shift;
+  assign i__valid = storing ? q_valid : rq_in__valid;
+  assign \$165  = ~ storing;
+  assign rq_in__ready = \$165  & i__ready;
+  assign \$166  = storing ? c_q[31:0] : rq_in__payload;
+  assign \$167  = storing ? s_addr : col_addr0;
+  assign \$168  = ~ storing;
+  assign \$169  = ~ q_valid;
+  assign \$170  = \$169  | i__ready;
+  assign spad_c_rd_en = \$168  | \$170 ;
   assign busy = ~ cmd__ready;
-  assign \$169  = cmd[76] | cmd[77];
-  assign \$170  = \$169  | cmd[79];
-  assign \$171  = ~ \$170 ;
-  assign \$172  = ! cmd[11:0];
-  assign \$173  = cmd[76] | cmd[77];
-  assign \$174  = ! cmd[23:12];
-  assign \$175  = \$173  & \$174 ;
-  assign \$176  = \$172  | \$175 ;
-  assign \$177  = cmd[77] | cmd[79];
-  assign \$178  = ! cmd[35:24];
-  assign \$179  = \$177  & \$178 ;
-  assign \$180  = \$176  | \$179 ;
-  assign \$181  = cmd[23:12] > 7'h40;
-  assign \$182  = cmd[77] & \$181 ;
-  assign \$183  = start | \$signal ;
-  assign \$184  = \$183  | \$signal$23 ;
-  assign \$185  = \$184  | issuing;
-  assign \$186  = \$185  | drain_busy;
-  assign \$187  = \$186  | col_busy0;
-  assign \$188  = \$187  | col_busy1;
-  assign \$189  = \$188  | w_busy;
-  assign \$190  = ~ \$189 ;
-  assign \$191  = ! pending;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = ! fsm_state;
-  assign \$194  = fsm_state == 1'h1;
-  assign \$195  = fsm_state == 2'h2;
-  assign \$196  = fsm_state == 2'h3;
-  assign \$197  = fsm_state == 3'h4;
+  assign \$171  = cmd[76] | cmd[77];
+  assign \$172  = \$171  | cmd[79];
+  assign \$173  = ~ \$172 ;
+  assign \$174  = ! cmd[11:0];
+  assign \$175  = cmd[76] | cmd[77];
+  assign \$176  = ! cmd[23:12];
+  assign \$177  = \$175  & \$176 ;
+  assign \$178  = \$174  | \$177 ;
+  assign \$179  = cmd[77] | cmd[79];
+  assign \$180  = ! cmd[35:24];
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = cmd[23:12] > 7'h40;
+  assign \$184  = cmd[77] & \$183 ;
+  assign \$185  = start | \$signal ;
+  assign \$186  = \$185  | \$signal$23 ;
+  assign \$187  = \$186  | issuing;
+  assign \$188  = \$187  | drain_busy;
+  assign \$189  = \$188  | col_busy0;
+  assign \$190  = \$189  | col_busy1;
+  assign \$191  = \$190  | w_busy;
+  assign \$192  = ~ \$191 ;
+  assign \$193  = ! pending;
+  assign \$194  = \$192  & \$193 ;
+  assign \$195  = ! fsm_state;
+  assign \$196  = fsm_state == 1'h1;
+  assign \$197  = fsm_state == 2'h2;
+  assign \$198  = fsm_state == 2'h3;
+  assign \$199  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$198 ;
+    spad_a_rd_data <= \$200 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$199 ;
+    spad_b_rd_data <= \$201 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$200 ;
+    spad_c_rd_data <= \$202 ;
   always @(posedge clk)
-    k_m1 <= \$201 ;
+    k_m1 <= \$203 ;
   always @(posedge clk)
-    start <= \$202 ;
+    start <= \$204 ;
   always @(posedge clk)
-    a_wptr <= \$203 ;
+    a_wptr <= \$205 ;
   always @(posedge clk)
-    \$signal  <= \$204 ;
+    \$signal  <= \$206 ;
   always @(posedge clk)
-    full <= \$205 ;
+    full <= \$207 ;
   always @(posedge clk)
-    \$signal$23  <= \$206 ;
+    \$signal$23  <= \$208 ;
   always @(posedge clk)
-    wbuf <= \$207 ;
+    wbuf <= \$209 ;
   always @(posedge clk)
-    b_k <= \$208 ;
+    b_k <= \$210 ;
   always @(posedge clk)
-    b_cols_left <= \$209 ;
+    b_cols_left <= \$211 ;
   always @(posedge clk)
-    a_ok <= \$210 ;
+    a_ok <= \$212 ;
   always @(posedge clk)
-    b_ok <= \$211 ;
+    b_ok <= \$213 ;
   always @(posedge clk)
-    gap <= \$212 ;
+    gap <= \$214 ;
   always @(posedge clk)
-    \$signal$38  <= \$213 ;
+    \$signal$38  <= \$215 ;
   always @(posedge clk)
-    \$signal$39  <= \$214 ;
+    \$signal$39  <= \$216 ;
   always @(posedge clk)
-    s_last <= \$215 ;
+    s_last <= \$217 ;
   always @(posedge clk)
-    s_mask <= \$216 ;
+    s_mask <= \$218 ;
   always @(posedge clk)
-    valid <= \$217 ;
+    valid <= \$219 ;
   always @(posedge clk)
-    first <= \$218 ;
+    first <= \$220 ;
   always @(posedge clk)
-    last <= \$219 ;
+    last <= \$221 ;
   always @(posedge clk)
-    b <= \$220 ;
+    b <= \$222 ;
   always @(posedge clk)
-    a <= \$221 ;
+    a <= \$223 ;
   always @(posedge clk)
-    issuing <= \$222 ;
+    issuing <= \$224 ;
   always @(posedge clk)
-    rbuf <= \$223 ;
+    rbuf <= \$225 ;
   always @(posedge clk)
-    k <= \$224 ;
+    k <= \$226 ;
   always @(posedge clk)
-    a_ptr <= \$225 ;
+    a_ptr <= \$227 ;
   always @(posedge clk)
-    rows_c <= \$226 ;
+    rows_c <= \$228 ;
   always @(posedge clk)
-    cols_c <= \$227 ;
+    cols_c <= \$229 ;
   always @(posedge clk)
-    c_panel <= \$228 ;
+    c_panel <= \$230 ;
   always @(posedge clk)
-    c_tile <= \$229 ;
+    c_tile <= \$231 ;
   always @(posedge clk)
-    last_k <= \$230 ;
+    last_k <= \$232 ;
   always @(posedge clk)
-    last_row <= \$231 ;
+    last_row <= \$233 ;
   always @(posedge clk)
-    t_base <= \$232 ;
+    t_base <= \$234 ;
   always @(posedge clk)
-    t_cols <= \$233 ;
+    t_cols <= \$235 ;
   always @(posedge clk)
-    d_col <= \$234 ;
+    d_col <= \$236 ;
   always @(posedge clk)
-    d_base <= \$235 ;
+    d_base <= \$237 ;
   always @(posedge clk)
-    d_cols <= \$236 ;
+    d_cols <= \$238 ;
   always @(posedge clk)
-    drain_busy <= \$237 ;
+    drain_busy <= \$239 ;
   always @(posedge clk)
-    col_valid0 <= \$238 ;
+    col_valid0 <= \$240 ;
   always @(posedge clk)
-    col_busy0 <= \$239 ;
+    col_busy0 <= \$241 ;
   always @(posedge clk)
-    col_addr0 <= \$240 ;
+    col_addr0 <= \$242 ;
   always @(posedge clk)
-    col_valid1 <= \$241 ;
+    col_valid1 <= \$243 ;
   always @(posedge clk)
-    col_busy1 <= \$242 ;
+    col_busy1 <= \$244 ;
   always @(posedge clk)
-    col_addr1 <= \$243 ;
+    col_addr1 <= \$245 ;
   always @(posedge clk)
-    w_valid <= \$244 ;
+    w_valid <= \$246 ;
   always @(posedge clk)
-    w_busy <= \$245 ;
+    w_busy <= \$247 ;
   always @(posedge clk)
-    w_addr <= \$246 ;
+    w_addr <= \$248 ;
   always @(posedge clk)
-    col_word0 <= \$247 ;
+    col_word0 <= \$249 ;
   always @(posedge clk)
-    col_word1 <= \$248 ;
+    col_word1 <= \$250 ;
   always @(posedge clk)
-    w_word <= \$249 ;
+    w_word <= \$251 ;
   always @(posedge clk)
-    pending <= \$250 ;
+    pending <= \$252 ;
   always @(posedge clk)
-    c_q <= \$251 ;
+    c_q <= \$253 ;
   always @(posedge clk)
-    q_valid <= \$252 ;
+    q_valid <= \$254 ;
   always @(posedge clk)
-    storing <= \$253 ;
+    storing <= \$255 ;
   always @(posedge clk)
-    s_addr <= \$254 ;
+    s_addr <= \$256 ;
   always @(posedge clk)
-    s_n <= \$255 ;
+    s_n <= \$257 ;
   always @(posedge clk)
-    s_rows <= \$256 ;
+    s_rows <= \$258 ;
   always @(posedge clk)
-    s_left <= \$257 ;
+    s_left <= \$259 ;
   always @(posedge clk)
-    out_left <= \$258 ;
+    out_left <= \$260 ;
   always @(posedge clk)
-    r_valid <= \$259 ;
+    r_valid <= \$261 ;
   always @(posedge clk)
-    r_mask <= \$260 ;
+    r_mask <= \$262 ;
   always @(posedge clk)
-    \done$90  <= \$261 ;
+    \done$90  <= \$263 ;
   always @(posedge clk)
-    cmd <= \$262 ;
+    cmd <= \$264 ;
   always @(posedge clk)
-    error <= \$263 ;
+    error <= \$265 ;
   always @(posedge clk)
-    error_code <= \$264 ;
+    error_code <= \$266 ;
   always @(posedge clk)
-    fsm_state <= \$265 ;
+    fsm_state <= \$267 ;
   always @(posedge clk)
-    rows_left <= \$266 ;
+    rows_left <= \$268 ;
   always @(posedge clk)
-    a_lim <= \$267 ;
+    a_lim <= \$269 ;
   always @(posedge clk)
-    c_lim <= \$268 ;
+    c_lim <= \$270 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -12894,35 +12902,36 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   \nanokpu_kpu.gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(c_q),
-    .i__valid(q_valid),
+    .i__payload(i__payload),
+    .i__valid(i__valid),
+    .mult(mult),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$4047$54 (cmd[75:54]),
     .rst(rst),
+    .shift(\shift$115 ),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$200  = spad_c_rd_data;
+    \$202  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$200  = \port__data$10 ;
+      \$202  = \port__data$10 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$201  = \$1 [11:0];
+    \$203  = \$1 [11:0];
     if (unit_rst) begin
-      \$201  = 12'h000;
+      \$203  = 12'h000;
     end
     if (rst) begin
-      \$201  = 12'h000;
+      \$203  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = 1'h0;
+    \$204  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -12931,208 +12940,188 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           if (\$130 ) begin
           end else if (\$131 ) begin
-            \$202  = 1'h1;
+            \$204  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$202  = 1'h0;
+      \$204  = 1'h0;
     end
     if (rst) begin
-      \$202  = 1'h0;
+      \$204  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = a_wptr;
+    \$205  = a_wptr;
     if (start) begin
-      \$203  = { 5'h00, cmd[44:36] };
+      \$205  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$203  = \$3 [13:0];
+      \$205  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$203  = 14'h0000;
+      \$205  = 14'h0000;
     end
     if (rst) begin
-      \$203  = 14'h0000;
+      \$205  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = \$signal ;
+    \$206  = \$signal ;
     if (start) begin
-      \$204  = cmd[76];
+      \$206  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$204  = 1'h0;
+        \$206  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$204  = 1'h0;
+      \$206  = 1'h0;
     end
     if (rst) begin
-      \$204  = 1'h0;
+      \$206  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = \$8 ;
+    \$207  = \$8 ;
     if (unit_rst) begin
-      \$205  = 2'h0;
+      \$207  = 2'h0;
     end
     if (rst) begin
-      \$205  = 2'h0;
+      \$207  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = \$signal$23 ;
+    \$208  = \$signal$23 ;
     if (start) begin
-      \$206  = cmd[77];
+      \$208  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$206  = 1'h0;
+          \$208  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$206  = 1'h0;
+      \$208  = 1'h0;
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = wbuf;
+    \$209  = wbuf;
     if (start) begin
-      \$207  = 1'h0;
+      \$209  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$207  = \$12 ;
+        \$209  = \$12 ;
       end
     end
     if (unit_rst) begin
-      \$207  = 1'h0;
+      \$209  = 1'h0;
     end
     if (rst) begin
-      \$207  = 1'h0;
+      \$209  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = b_k;
+    \$210  = b_k;
     if (start) begin
-      \$208  = 12'h000;
+      \$210  = 12'h000;
     end else if (\$9 ) begin
-      \$208  = \$10 [11:0];
+      \$210  = \$10 [11:0];
       if (\$11 ) begin
-        \$208  = 12'h000;
+        \$210  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$208  = 12'h000;
+      \$210  = 12'h000;
     end
     if (rst) begin
-      \$208  = 12'h000;
+      \$210  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = b_cols_left;
+    \$211  = b_cols_left;
     if (start) begin
-      \$209  = cmd[35:24];
+      \$211  = cmd[35:24];
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$209  = \$13 [11:0];
+        \$211  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
-      \$209  = 12'h000;
+      \$211  = 12'h000;
     end
     if (rst) begin
-      \$209  = 12'h000;
+      \$211  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$210  = \$15 ;
+      \$212  = \$15 ;
     end else begin
-      \$210  = \$21 ;
+      \$212  = \$21 ;
     end
     if (unit_rst) begin
-      \$210  = 1'h0;
+      \$212  = 1'h0;
     end
     if (rst) begin
-      \$210  = 1'h0;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$211  = 1'h0;
+      \$213  = 1'h0;
     end else if (\$23 ) begin
-      \$211  = \$31 ;
+      \$213  = \$31 ;
     end else if (\$24 ) begin
-      \$211  = 1'h1;
+      \$213  = 1'h1;
     end else if (step) begin
-      \$211  = \$38 ;
+      \$213  = \$38 ;
     end else begin
-      \$211  = \$41 ;
+      \$213  = \$41 ;
     end
     if (unit_rst) begin
-      \$211  = 1'h0;
+      \$213  = 1'h0;
     end
     if (rst) begin
-      \$211  = 1'h0;
+      \$213  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$212  = gap;
+    \$214  = gap;
     if (\$42 ) begin
-      \$212  = \$43 [3:0];
+      \$214  = \$43 [3:0];
     end
     if (start) begin
-      \$212  = 4'hb;
+      \$214  = 4'hb;
     end else if (step) begin
       if (last_k) begin
-        \$212  = 4'h0;
+        \$214  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$212  = 4'h0;
+      \$214  = 4'h0;
     end
     if (rst) begin
-      \$212  = 4'h0;
+      \$214  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$213  = step;
-    if (unit_rst) begin
-      \$213  = 1'h0;
-    end
-    if (rst) begin
-      \$213  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = \$44 ;
-    if (unit_rst) begin
-      \$214  = 1'h0;
-    end
-    if (rst) begin
-      \$214  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = last_k;
+    \$215  = step;
     if (unit_rst) begin
       \$215  = 1'h0;
     end
@@ -13142,17 +13131,17 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = { \$48 , \$47 , \$46 , \$45  };
+    \$216  = \$44 ;
     if (unit_rst) begin
-      \$216  = 4'h0;
+      \$216  = 1'h0;
     end
     if (rst) begin
-      \$216  = 4'h0;
+      \$216  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = \$signal$38 ;
+    \$217  = last_k;
     if (unit_rst) begin
       \$217  = 1'h0;
     end
@@ -13162,17 +13151,17 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = \$signal$39 ;
+    \$218  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
-      \$218  = 1'h0;
+      \$218  = 4'h0;
     end
     if (rst) begin
-      \$218  = 1'h0;
+      \$218  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = s_last;
+    \$219  = \$signal$38 ;
     if (unit_rst) begin
       \$219  = 1'h0;
     end
@@ -13182,116 +13171,96 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = spad_b_rd_data;
+    \$220  = \$signal$39 ;
     if (unit_rst) begin
-      \$220  = 32'd0;
+      \$220  = 1'h0;
     end
     if (rst) begin
-      \$220  = 32'd0;
+      \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221 [7:0] = \$49 ;
-    \$221 [15:8] = \$50 ;
-    \$221 [23:16] = \$51 ;
-    \$221 [31:24] = \$52 ;
+    \$221  = s_last;
     if (unit_rst) begin
-      \$221  = 32'd0;
+      \$221  = 1'h0;
     end
     if (rst) begin
-      \$221  = 32'd0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = issuing;
+    \$222  = spad_b_rd_data;
+    if (unit_rst) begin
+      \$222  = 32'd0;
+    end
+    if (rst) begin
+      \$222  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$223 [7:0] = \$49 ;
+    \$223 [15:8] = \$50 ;
+    \$223 [23:16] = \$51 ;
+    \$223 [31:24] = \$52 ;
+    if (unit_rst) begin
+      \$223  = 32'd0;
+    end
+    if (rst) begin
+      \$223  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$224  = issuing;
     if (start) begin
-      \$222  = cmd[77];
+      \$224  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$222  = 1'h0;
+            \$224  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$222  = 1'h0;
+      \$224  = 1'h0;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223  = rbuf;
+    \$225  = rbuf;
     if (start) begin
-      \$223  = 1'h0;
+      \$225  = 1'h0;
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$223  = \$65 ;
+          \$225  = \$65 ;
         end
       end
     end
     if (unit_rst) begin
-      \$223  = 1'h0;
+      \$225  = 1'h0;
     end
     if (rst) begin
-      \$223  = 1'h0;
+      \$225  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = k;
+    \$226  = k;
     if (start) begin
-      \$224  = 12'h000;
+      \$226  = 12'h000;
     end else if (step) begin
-      \$224  = \$55 [11:0];
+      \$226  = \$55 [11:0];
       if (last_k) begin
-        \$224  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$224  = 12'h000;
-    end
-    if (rst) begin
-      \$224  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = a_ptr;
-    if (start) begin
-      \$225  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$225  = \$56 [13:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$225  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$225  = 14'h0000;
-    end
-    if (rst) begin
-      \$225  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = rows_c;
-    if (start) begin
-      \$226  = cmd[11:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$226  = \$61 [11:0];
-        if (last_row) begin
-          \$226  = cmd[11:0];
-        end
+        \$226  = 12'h000;
       end
     end
     if (unit_rst) begin
@@ -13303,165 +13272,179 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = cols_c;
+    \$227  = a_ptr;
     if (start) begin
-      \$227  = cmd[35:24];
+      \$227  = { 5'h00, cmd[44:36] };
     end else if (step) begin
+      \$227  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$227  = \$66 [11:0];
+          \$227  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$227  = 12'h000;
+      \$227  = 14'h0000;
     end
     if (rst) begin
-      \$227  = 12'h000;
+      \$227  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$228  = c_panel;
+    \$228  = rows_c;
     if (start) begin
-      \$228  = { 5'h00, cmd[53:45] };
+      \$228  = cmd[11:0];
     end else if (step) begin
       if (last_k) begin
+        \$228  = \$61 [11:0];
         if (last_row) begin
-          \$228  = \$67 [13:0];
+          \$228  = cmd[11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$228  = 14'h0000;
+      \$228  = 12'h000;
     end
     if (rst) begin
-      \$228  = 14'h0000;
+      \$228  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$229  = c_tile;
+    \$229  = cols_c;
     if (start) begin
-      \$229  = { 5'h00, cmd[53:45] };
+      \$229  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
-        \$229  = \$62 [13:0];
         if (last_row) begin
-          \$229  = \$68 [13:0];
+          \$229  = \$66 [11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$229  = 14'h0000;
+      \$229  = 12'h000;
     end
     if (rst) begin
-      \$229  = 14'h0000;
+      \$229  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$230  = last_k;
+    \$230  = c_panel;
     if (start) begin
-      \$230  = \$53 ;
-    end else if (step) begin
-      \$230  = \$58 ;
-      if (last_k) begin
-        \$230  = \$63 ;
-      end
-    end
-    if (unit_rst) begin
-      \$230  = 1'h0;
-    end
-    if (rst) begin
-      \$230  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$231  = last_row;
-    if (start) begin
-      \$231  = \$54 ;
+      \$230  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
-        \$231  = \$64 ;
         if (last_row) begin
-          \$231  = \$69 ;
+          \$230  = \$67 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$231  = 1'h0;
+      \$230  = 14'h0000;
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$230  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$232  = t_base;
+    \$231  = c_tile;
     if (start) begin
+      \$231  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
-        \$232  = c_tile;
+        \$231  = \$62 [13:0];
+        if (last_row) begin
+          \$231  = \$68 [13:0];
+        end
       end
     end
     if (unit_rst) begin
-      \$232  = 14'h0000;
+      \$231  = 14'h0000;
     end
     if (rst) begin
-      \$232  = 14'h0000;
+      \$231  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$233  = t_cols;
+    \$232  = last_k;
     if (start) begin
+      \$232  = \$53 ;
     end else if (step) begin
+      \$232  = \$58 ;
       if (last_k) begin
-        \$233  = \$60 [2:0];
+        \$232  = \$63 ;
       end
     end
     if (unit_rst) begin
-      \$233  = 3'h0;
+      \$232  = 1'h0;
     end
     if (rst) begin
-      \$233  = 3'h0;
+      \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$234  = d_col;
+    \$233  = last_row;
+    if (start) begin
+      \$233  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$233  = \$64 ;
+        if (last_row) begin
+          \$233  = \$69 ;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$233  = 1'h0;
+    end
+    if (rst) begin
+      \$233  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$234  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$234  = c_tile;
+      end
+    end
+    if (unit_rst) begin
+      \$234  = 14'h0000;
+    end
+    if (rst) begin
+      \$234  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$235  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$235  = \$60 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$235  = 3'h0;
+    end
+    if (rst) begin
+      \$235  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$236  = d_col;
     if (done) begin
-      \$234  = 3'h1;
+      \$236  = 3'h1;
     end else if (drain_busy) begin
-      \$234  = \$71 [2:0];
-    end
-    if (unit_rst) begin
-      \$234  = 3'h0;
-    end
-    if (rst) begin
-      \$234  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$235  = d_base;
-    if (done) begin
-      \$235  = t_base;
-    end
-    if (unit_rst) begin
-      \$235  = 14'h0000;
-    end
-    if (rst) begin
-      \$235  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$236  = d_cols;
-    if (done) begin
-      \$236  = t_cols;
+      \$236  = \$71 [2:0];
     end
     if (unit_rst) begin
       \$236  = 3'h0;
@@ -13472,35 +13455,41 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$237  = drain_busy;
+    \$237  = d_base;
     if (done) begin
-      \$237  = 1'h1;
+      \$237  = t_base;
+    end
+    if (unit_rst) begin
+      \$237  = 14'h0000;
+    end
+    if (rst) begin
+      \$237  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$238  = d_cols;
+    if (done) begin
+      \$238  = t_cols;
+    end
+    if (unit_rst) begin
+      \$238  = 3'h0;
+    end
+    if (rst) begin
+      \$238  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$239  = drain_busy;
+    if (done) begin
+      \$239  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$237  = 1'h0;
+        \$239  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$237  = 1'h0;
-    end
-    if (rst) begin
-      \$237  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$238  = \$77 ;
-    if (unit_rst) begin
-      \$238  = 1'h0;
-    end
-    if (rst) begin
-      \$238  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$239  = \$78 ;
-    if (unit_rst) begin
       \$239  = 1'h0;
     end
     if (rst) begin
@@ -13509,17 +13498,17 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$240  = \$81 [13:0];
+    \$240  = \$77 ;
     if (unit_rst) begin
-      \$240  = 14'h0000;
+      \$240  = 1'h0;
     end
     if (rst) begin
-      \$240  = 14'h0000;
+      \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$241  = col_valid0;
+    \$241  = \$78 ;
     if (unit_rst) begin
       \$241  = 1'h0;
     end
@@ -13529,27 +13518,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$242  = col_busy0;
+    \$242  = \$81 [13:0];
     if (unit_rst) begin
-      \$242  = 1'h0;
+      \$242  = 14'h0000;
     end
     if (rst) begin
-      \$242  = 1'h0;
+      \$242  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$243  = col_addr0;
+    \$243  = col_valid0;
     if (unit_rst) begin
-      \$243  = 14'h0000;
+      \$243  = 1'h0;
     end
     if (rst) begin
-      \$243  = 14'h0000;
+      \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$244  = col_valid1;
+    \$244  = col_busy0;
     if (unit_rst) begin
       \$244  = 1'h0;
     end
@@ -13559,47 +13548,47 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$245  = col_busy1;
+    \$245  = col_addr0;
     if (unit_rst) begin
-      \$245  = 1'h0;
+      \$245  = 14'h0000;
     end
     if (rst) begin
-      \$245  = 1'h0;
+      \$245  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$246  = col_addr1;
+    \$246  = col_valid1;
     if (unit_rst) begin
-      \$246  = 14'h0000;
+      \$246  = 1'h0;
     end
     if (rst) begin
-      \$246  = 14'h0000;
+      \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$247  = out;
+    \$247  = col_busy1;
     if (unit_rst) begin
-      \$247  = 128'h00000000000000000000000000000000;
+      \$247  = 1'h0;
     end
     if (rst) begin
-      \$247  = 128'h00000000000000000000000000000000;
+      \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$248  = col_word0;
+    \$248  = col_addr1;
     if (unit_rst) begin
-      \$248  = 128'h00000000000000000000000000000000;
+      \$248  = 14'h0000;
     end
     if (rst) begin
-      \$248  = 128'h00000000000000000000000000000000;
+      \$248  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$249  = col_word1;
+    \$249  = out;
     if (unit_rst) begin
       \$249  = 128'h00000000000000000000000000000000;
     end
@@ -13609,44 +13598,64 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$250  = \$83 [1:0];
+    \$250  = col_word0;
     if (unit_rst) begin
-      \$250  = 2'h0;
+      \$250  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$250  = 2'h0;
+      \$250  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$251  = c_q;
+    \$251  = col_word1;
+    if (unit_rst) begin
+      \$251  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$251  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$252  = \$83 [1:0];
+    if (unit_rst) begin
+      \$252  = 2'h0;
+    end
+    if (rst) begin
+      \$252  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$253  = c_q;
     if (\$85 ) begin
-      \$251  = spad_c_rd_data;
+      \$253  = spad_c_rd_data;
       if (\$88 ) begin
-        \$251 [31:0] = 32'd0;
+        \$253 [31:0] = 32'd0;
       end
       if (\$91 ) begin
-        \$251 [63:32] = 32'd0;
+        \$253 [63:32] = 32'd0;
       end
       if (\$94 ) begin
-        \$251 [95:64] = 32'd0;
+        \$253 [95:64] = 32'd0;
       end
       if (\$97 ) begin
-        \$251 [127:96] = 32'd0;
+        \$253 [127:96] = 32'd0;
       end
     end
     if (unit_rst) begin
-      \$251  = 128'h00000000000000000000000000000000;
+      \$253  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$251  = 128'h00000000000000000000000000000000;
+      \$253  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$252  = q_valid;
+    \$254  = q_valid;
     if (\$85 ) begin
-      \$252  = r_valid;
+      \$254  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -13659,21 +13668,21 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$252  = 1'h0;
+            \$254  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$252  = 1'h0;
+      \$254  = 1'h0;
     end
     if (rst) begin
-      \$252  = 1'h0;
+      \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$253  = storing;
+    \$255  = storing;
     if (store_start) begin
-      \$253  = 1'h1;
+      \$255  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -13686,111 +13695,111 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$253  = 1'h0;
+            \$255  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$253  = 1'h0;
+      \$255  = 1'h0;
     end
     if (rst) begin
-      \$253  = 1'h0;
+      \$255  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$254  = s_addr;
+    \$256  = s_addr;
     if (store_start) begin
-      \$254  = { 5'h00, cmd[53:45] };
+      \$256  = { 5'h00, cmd[53:45] };
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$254  = \$105 [13:0];
+        \$256  = \$105 [13:0];
       end
     end
     if (unit_rst) begin
-      \$254  = 14'h0000;
+      \$256  = 14'h0000;
     end
     if (rst) begin
-      \$254  = 14'h0000;
+      \$256  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$255  = s_n;
+    \$257  = s_n;
     if (store_start) begin
-      \$255  = 12'h000;
+      \$257  = 12'h000;
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$255  = \$107 [11:0];
+        \$257  = \$107 [11:0];
         if (\$113 ) begin
-          \$255  = 12'h000;
+          \$257  = 12'h000;
         end
       end
     end
     if (unit_rst) begin
-      \$255  = 12'h000;
+      \$257  = 12'h000;
     end
     if (rst) begin
-      \$255  = 12'h000;
+      \$257  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$256  = s_rows;
+    \$258  = s_rows;
     if (store_start) begin
-      \$256  = cmd[11:0];
+      \$258  = cmd[11:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
         if (\$113 ) begin
-          \$256  = \$114 [11:0];
+          \$258  = \$114 [11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$256  = 12'h000;
+      \$258  = 12'h000;
     end
     if (rst) begin
-      \$256  = 12'h000;
+      \$258  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$257  = s_left;
+    \$259  = s_left;
     if (store_start) begin
-      \$257  = \$101 [13:0];
+      \$259  = \$101 [13:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$257  = \$106 [13:0];
+        \$259  = \$106 [13:0];
       end
     end
     if (unit_rst) begin
-      \$257  = 14'h0000;
+      \$259  = 14'h0000;
     end
     if (rst) begin
-      \$257  = 14'h0000;
+      \$259  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$258  = out_left;
+    \$260  = out_left;
     if (store_start) begin
-      \$258  = \$102 [13:0];
+      \$260  = \$102 [13:0];
     end
     if (\$115 ) begin
-      \$258  = \$116 [13:0];
+      \$260  = \$116 [13:0];
     end
     if (unit_rst) begin
-      \$258  = 14'h0000;
+      \$260  = 14'h0000;
     end
     if (rst) begin
-      \$258  = 14'h0000;
+      \$260  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$259  = r_valid;
+    \$261  = r_valid;
     if (store_start) begin
     end else if (\$100 ) begin
-      \$259  = \$103 ;
+      \$261  = \$103 ;
     end
     casez (fsm_state)
       3'h0:
@@ -13803,96 +13812,56 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$259  = 1'h0;
+            \$261  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$259  = 1'h0;
+      \$261  = 1'h0;
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$260  = r_mask;
+    \$262  = r_mask;
     if (store_start) begin
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$260  = { \$111 , \$110 , \$109 , \$108  };
+        \$262  = { \$111 , \$110 , \$109 , \$108  };
       end
     end
     if (unit_rst) begin
-      \$260  = 4'h0;
+      \$262  = 4'h0;
     end
     if (rst) begin
-      \$260  = 4'h0;
+      \$262  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$261  = 1'h0;
+    \$263  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$119 ) begin
-            \$261  = 1'h1;
+            \$263  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
-            \$261  = 1'h1;
+            \$263  = 1'h1;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$261  = 1'h1;
+              \$263  = 1'h1;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$261  = 1'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$261  = 1'h0;
-    end
-    if (rst) begin
-      \$261  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$262  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$262  = cmd__payload;
-          end
-    endcase
-    if (unit_rst) begin
-      \$262  = 80'h00000000000000000000;
-    end
-    if (rst) begin
-      \$262  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$263  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$263  = 1'h0;
-          end
-      3'h1:
-          if (\$119 ) begin
-            \$263  = 1'h1;
-          end
-      3'h2:
-          if (\$130 ) begin
             \$263  = 1'h1;
           end
     endcase
@@ -13905,128 +13874,168 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$264  = error_code;
+    \$264  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$264  = 3'h0;
-          end
-      3'h1:
-          if (\$119 ) begin
-            \$264  = code;
-          end
-      3'h2:
-          if (\$130 ) begin
-            \$264  = \$135 ;
+            \$264  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$264  = 3'h0;
+      \$264  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$264  = 3'h0;
+      \$264  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$265  = fsm_state;
+    \$265  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$265  = 3'h1;
+            \$265  = 1'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$265  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$265  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$265  = 1'h0;
+    end
+    if (rst) begin
+      \$265  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$266  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$266  = 3'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$266  = code;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$266  = \$135 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$266  = 3'h0;
+    end
+    if (rst) begin
+      \$266  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$267  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$267  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$119 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end else begin
-            \$265  = 3'h2;
+            \$267  = 3'h2;
           end
       3'h2:
           if (\$130 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end else if (\$131 ) begin
-            \$265  = 3'h3;
+            \$267  = 3'h3;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$265  = 3'h4;
+              \$267  = 3'h4;
             end else begin
-              \$265  = 3'h0;
+              \$267  = 3'h0;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$265  = 3'h0;
+            \$267  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$265  = 3'h0;
+      \$267  = 3'h0;
     end
     if (rst) begin
-      \$265  = 3'h0;
+      \$267  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$266  = rows_left;
+    \$268  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$266  = cmd[11:0];
+          \$268  = cmd[11:0];
       3'h2:
           if (\$120 ) begin
-            \$266  = \$121 [11:0];
+            \$268  = \$121 [11:0];
           end
     endcase
     if (unit_rst) begin
-      \$266  = 12'h000;
+      \$268  = 12'h000;
     end
     if (rst) begin
-      \$266  = 12'h000;
+      \$268  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$267  = a_lim;
+    \$269  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$267  = { 1'h0, \$117  };
+          \$269  = { 1'h0, \$117  };
       3'h2:
           if (\$120 ) begin
-            \$267  = \$122 [13:0];
+            \$269  = \$122 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$267  = 14'h0000;
+      \$269  = 14'h0000;
     end
     if (rst) begin
-      \$267  = 14'h0000;
+      \$269  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$268  = c_lim;
+    \$270  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$268  = { 1'h0, \$118  };
+          \$270  = { 1'h0, \$118  };
       3'h2:
           if (\$120 ) begin
-            \$268  = \$123 [13:0];
+            \$270  = \$123 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$268  = 14'h0000;
+      \$270  = 14'h0000;
     end
     if (rst) begin
-      \$268  = 14'h0000;
+      \$270  = 14'h0000;
     end
   end
   always @* begin
@@ -14098,11 +14107,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h0:
           /* empty */;
       3'h1:
-          if (\$171 ) begin
+          if (\$173 ) begin
             code = 3'h1;
-          end else if (\$180 ) begin
-            code = 3'h2;
           end else if (\$182 ) begin
+            code = 3'h2;
+          end else if (\$184 ) begin
             code = 3'h3;
           end
     endcase
@@ -14118,7 +14127,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           /* empty */;
       3'h3:
-          if (\$192 ) begin
+          if (\$194 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -14136,14 +14145,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \port__addr$108  = \$159 [6:0];
   assign \$signature__addr$111  = w_addr[7:0];
   assign \$signature__en$112  = w_valid;
-  assign mult = cmd[69:54];
-  assign \shift$114  = cmd[75:70];
-  assign i__valid = q_valid;
-  assign i__payload = c_q;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$121  = \$165 [7:0];
+  assign \port__addr$126  = \$167 [7:0];
   assign a_in__ready = \$signal ;
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
@@ -14239,10 +14244,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$signature__data$110[1]  = \$signature__data$110 [63:32];
   assign \$signature__data$110[2]  = \$signature__data$110 [95:64];
   assign \$signature__data$110[3]  = \$signature__data$110 [127:96];
-  assign \i__payload[0]  = c_q[31:0];
-  assign \i__payload[1]  = c_q[63:32];
-  assign \i__payload[2]  = c_q[95:64];
-  assign \i__payload[3]  = c_q[127:96];
+  assign \i__payload[0]  = i__payload[31:0];
+  assign \i__payload[1]  = i__payload[63:32];
+  assign \i__payload[2]  = i__payload[95:64];
+  assign \i__payload[3]  = i__payload[127:96];
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -14251,12 +14256,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
+  assign i__payload[31:0] = \$166 ;
+  assign i__payload[127:32] = c_q[127:32];
   assign \$signature__data$110 [127:96] = \$164 [31:0];
   assign \$signature__data$110 [95:64] = \$163 [31:0];
   assign \$signature__data$110 [63:32] = \$162 [31:0];
   assign \$signature__data$110 [31:0] = \$161 [31:0];
-  assign \$199  = \port__data$7 ;
-  assign \$198  = port__data;
+  assign \$201  = \port__data$7 ;
+  assign \$200  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18916,7 +18923,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$4047$54 , o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, advance, o__ready, unit_rst, i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -19803,6 +19810,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire i__ready;
   input i__valid;
   wire i__valid;
+  input [15:0] mult;
   wire [15:0] mult;
   reg neg0 = 1'h0;
   reg neg1 = 1'h0;
@@ -19838,14 +19846,13 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$4047$54 ;
-  wire [21:0] \port$4047$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
   reg [32:0] rounded3 = 33'h000000000;
   input rst;
   wire rst;
+  input [5:0] shift;
   wire [5:0] shift;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
@@ -19864,173 +19871,173 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$148  = \port$4047$54 [21:19] > 2'h3;
-  assign \$149  = \port$4047$54 [21:19] == 2'h3;
-  assign \$150  = \port$4047$54 [18:16] > 3'h5;
+  assign \$148  = shift[5:3] > 2'h3;
+  assign \$149  = shift[5:3] == 2'h3;
+  assign \$150  = shift[2:0] > 3'h5;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = \$148  | \$151 ;
-  assign \$153  = \port$4047$54 [21:19] > 2'h3;
-  assign \$154  = \port$4047$54 [21:19] == 2'h3;
-  assign \$155  = \port$4047$54 [18:16] > 3'h6;
+  assign \$153  = shift[5:3] > 2'h3;
+  assign \$154  = shift[5:3] == 2'h3;
+  assign \$155  = shift[2:0] > 3'h6;
   assign \$156  = \$154  & \$155 ;
   assign \$157  = \$153  | \$156 ;
-  assign \$158  = \port$4047$54 [21:19] > 2'h3;
-  assign \$159  = \port$4047$54 [21:19] == 2'h3;
-  assign \$160  = \port$4047$54 [18:16] > 3'h7;
+  assign \$158  = shift[5:3] > 2'h3;
+  assign \$159  = shift[5:3] == 2'h3;
+  assign \$160  = shift[2:0] > 3'h7;
   assign \$161  = \$159  & \$160 ;
   assign \$162  = \$158  | \$161 ;
-  assign \$163  = \port$4047$54 [21:19] > 3'h4;
-  assign \$164  = \port$4047$54 [21:19] == 3'h4;
-  assign \$165  = \port$4047$54 [18:16] > 1'h0;
+  assign \$163  = shift[5:3] > 3'h4;
+  assign \$164  = shift[5:3] == 3'h4;
+  assign \$165  = shift[2:0] > 1'h0;
   assign \$166  = \$164  & \$165 ;
   assign \$167  = \$163  | \$166 ;
-  assign \$168  = \port$4047$54 [21:19] > 3'h4;
-  assign \$169  = \port$4047$54 [21:19] == 3'h4;
-  assign \$170  = \port$4047$54 [18:16] > 1'h1;
+  assign \$168  = shift[5:3] > 3'h4;
+  assign \$169  = shift[5:3] == 3'h4;
+  assign \$170  = shift[2:0] > 1'h1;
   assign \$171  = \$169  & \$170 ;
   assign \$172  = \$168  | \$171 ;
-  assign \$173  = \port$4047$54 [21:19] > 3'h4;
-  assign \$174  = \port$4047$54 [21:19] == 3'h4;
-  assign \$175  = \port$4047$54 [18:16] > 2'h2;
+  assign \$173  = shift[5:3] > 3'h4;
+  assign \$174  = shift[5:3] == 3'h4;
+  assign \$175  = shift[2:0] > 2'h2;
   assign \$176  = \$174  & \$175 ;
   assign \$177  = \$173  | \$176 ;
-  assign \$178  = \port$4047$54 [21:19] > 3'h4;
-  assign \$179  = \port$4047$54 [21:19] == 3'h4;
-  assign \$180  = \port$4047$54 [18:16] > 2'h3;
+  assign \$178  = shift[5:3] > 3'h4;
+  assign \$179  = shift[5:3] == 3'h4;
+  assign \$180  = shift[2:0] > 2'h3;
   assign \$181  = \$179  & \$180 ;
   assign \$182  = \$178  | \$181 ;
-  assign \$183  = \port$4047$54 [21:19] > 3'h4;
-  assign \$184  = \port$4047$54 [21:19] == 3'h4;
-  assign \$185  = \port$4047$54 [18:16] > 3'h4;
+  assign \$183  = shift[5:3] > 3'h4;
+  assign \$184  = shift[5:3] == 3'h4;
+  assign \$185  = shift[2:0] > 3'h4;
   assign \$186  = \$184  & \$185 ;
   assign \$187  = \$183  | \$186 ;
-  assign \$188  = \port$4047$54 [21:19] > 3'h4;
-  assign \$189  = \port$4047$54 [21:19] == 3'h4;
-  assign \$190  = \port$4047$54 [18:16] > 3'h5;
+  assign \$188  = shift[5:3] > 3'h4;
+  assign \$189  = shift[5:3] == 3'h4;
+  assign \$190  = shift[2:0] > 3'h5;
   assign \$191  = \$189  & \$190 ;
   assign \$192  = \$188  | \$191 ;
-  assign \$193  = \port$4047$54 [21:19] > 3'h4;
-  assign \$194  = \port$4047$54 [21:19] == 3'h4;
-  assign \$195  = \port$4047$54 [18:16] > 3'h6;
+  assign \$193  = shift[5:3] > 3'h4;
+  assign \$194  = shift[5:3] == 3'h4;
+  assign \$195  = shift[2:0] > 3'h6;
   assign \$196  = \$194  & \$195 ;
   assign \$197  = \$193  | \$196 ;
-  assign \$198  = \port$4047$54 [21:19] > 3'h4;
-  assign \$199  = \port$4047$54 [21:19] == 3'h4;
-  assign \$200  = \port$4047$54 [18:16] > 3'h7;
+  assign \$198  = shift[5:3] > 3'h4;
+  assign \$199  = shift[5:3] == 3'h4;
+  assign \$200  = shift[2:0] > 3'h7;
   assign \$201  = \$199  & \$200 ;
   assign \$202  = \$198  | \$201 ;
-  assign \$203  = \port$4047$54 [21:19] > 3'h5;
-  assign \$204  = \port$4047$54 [21:19] == 3'h5;
-  assign \$205  = \port$4047$54 [18:16] > 1'h0;
+  assign \$203  = shift[5:3] > 3'h5;
+  assign \$204  = shift[5:3] == 3'h5;
+  assign \$205  = shift[2:0] > 1'h0;
   assign \$206  = \$204  & \$205 ;
   assign \$207  = \$203  | \$206 ;
-  assign \$208  = \port$4047$54 [21:19] > 3'h5;
-  assign \$209  = \port$4047$54 [21:19] == 3'h5;
-  assign \$210  = \port$4047$54 [18:16] > 1'h1;
+  assign \$208  = shift[5:3] > 3'h5;
+  assign \$209  = shift[5:3] == 3'h5;
+  assign \$210  = shift[2:0] > 1'h1;
   assign \$211  = \$209  & \$210 ;
   assign \$212  = \$208  | \$211 ;
-  assign \$213  = \port$4047$54 [21:19] > 3'h5;
-  assign \$214  = \port$4047$54 [21:19] == 3'h5;
-  assign \$215  = \port$4047$54 [18:16] > 2'h2;
+  assign \$213  = shift[5:3] > 3'h5;
+  assign \$214  = shift[5:3] == 3'h5;
+  assign \$215  = shift[2:0] > 2'h2;
   assign \$216  = \$214  & \$215 ;
   assign \$217  = \$213  | \$216 ;
-  assign \$218  = \port$4047$54 [21:19] > 3'h5;
-  assign \$219  = \port$4047$54 [21:19] == 3'h5;
-  assign \$220  = \port$4047$54 [18:16] > 2'h3;
+  assign \$218  = shift[5:3] > 3'h5;
+  assign \$219  = shift[5:3] == 3'h5;
+  assign \$220  = shift[2:0] > 2'h3;
   assign \$221  = \$219  & \$220 ;
   assign \$222  = \$218  | \$221 ;
-  assign \$223  = \port$4047$54 [21:19] > 3'h5;
-  assign \$224  = \port$4047$54 [21:19] == 3'h5;
-  assign \$225  = \port$4047$54 [18:16] > 3'h4;
+  assign \$223  = shift[5:3] > 3'h5;
+  assign \$224  = shift[5:3] == 3'h5;
+  assign \$225  = shift[2:0] > 3'h4;
   assign \$226  = \$224  & \$225 ;
   assign \$227  = \$223  | \$226 ;
-  assign \$228  = \port$4047$54 [21:19] > 3'h5;
-  assign \$229  = \port$4047$54 [21:19] == 3'h5;
-  assign \$230  = \port$4047$54 [18:16] > 3'h5;
+  assign \$228  = shift[5:3] > 3'h5;
+  assign \$229  = shift[5:3] == 3'h5;
+  assign \$230  = shift[2:0] > 3'h5;
   assign \$231  = \$229  & \$230 ;
   assign \$232  = \$228  | \$231 ;
-  assign \$233  = \port$4047$54 [21:19] > 3'h5;
-  assign \$234  = \port$4047$54 [21:19] == 3'h5;
-  assign \$235  = \port$4047$54 [18:16] > 3'h6;
+  assign \$233  = shift[5:3] > 3'h5;
+  assign \$234  = shift[5:3] == 3'h5;
+  assign \$235  = shift[2:0] > 3'h6;
   assign \$236  = \$234  & \$235 ;
   assign \$237  = \$233  | \$236 ;
-  assign \$238  = \port$4047$54 [21:19] > 3'h5;
-  assign \$239  = \port$4047$54 [21:19] == 3'h5;
-  assign \$240  = \port$4047$54 [18:16] > 3'h7;
+  assign \$238  = shift[5:3] > 3'h5;
+  assign \$239  = shift[5:3] == 3'h5;
+  assign \$240  = shift[2:0] > 3'h7;
   assign \$241  = \$239  & \$240 ;
   assign \$242  = \$238  | \$241 ;
-  assign \$243  = \port$4047$54 [21:19] > 3'h6;
-  assign \$244  = \port$4047$54 [21:19] == 3'h6;
-  assign \$245  = \port$4047$54 [18:16] > 1'h0;
+  assign \$243  = shift[5:3] > 3'h6;
+  assign \$244  = shift[5:3] == 3'h6;
+  assign \$245  = shift[2:0] > 1'h0;
   assign \$246  = \$244  & \$245 ;
   assign \$247  = \$243  | \$246 ;
   assign \$250  = $signed(\$248 ) + $signed(\$249 );
   assign \$253  = $signed(\$251 ) + $signed(\$252 );
   assign \$256  = $signed(\$254 ) + $signed(\$255 );
   assign \$259  = $signed(\$257 ) + $signed(\$258 );
-  assign \$261  = \port$4047$54 [21] ? \$260  : { x0, 1'h0 };
-  assign \$264  = \port$4047$54 [21] ? \$263  : { x0, 1'h0 };
-  assign \$265  = \port$4047$54 [20] ? \$262  : \$264 ;
-  assign \$268  = \port$4047$54 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$4047$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$4047$54 [20] ? \$269  : \$271 ;
-  assign \$273  = \port$4047$54 [19] ? \$266  : \$272 [47:0];
-  assign \$276  = \port$4047$54 [21] ? \$275  : { x0, 1'h0 };
-  assign \$279  = \port$4047$54 [21] ? \$278  : { x0, 1'h0 };
-  assign \$280  = \port$4047$54 [20] ? \$277  : \$279 ;
-  assign \$283  = \port$4047$54 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$4047$54 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$4047$54 [20] ? \$284  : \$286 ;
-  assign \$288  = \port$4047$54 [19] ? \$281  : \$287 [47:0];
-  assign \$289  = \port$4047$54 [18] ? \$274  : \$288 [39:0];
-  assign \$292  = \port$4047$54 [21] ? \$291  : { x0, 1'h0 };
-  assign \$295  = \port$4047$54 [21] ? \$294  : { x0, 1'h0 };
-  assign \$296  = \port$4047$54 [20] ? \$293  : \$295 ;
-  assign \$299  = \port$4047$54 [21] ? \$298  : { x0, 1'h0 };
-  assign \$302  = \port$4047$54 [21] ? \$301  : { x0, 1'h0 };
-  assign \$303  = \port$4047$54 [20] ? \$300  : \$302 ;
-  assign \$304  = \port$4047$54 [19] ? \$297  : \$303 [47:0];
-  assign \$307  = \port$4047$54 [21] ? \$306  : { x0, 1'h0 };
-  assign \$310  = \port$4047$54 [21] ? \$309  : { x0, 1'h0 };
-  assign \$311  = \port$4047$54 [20] ? \$308  : \$310 ;
-  assign \$314  = \port$4047$54 [21] ? \$313  : { x0, 1'h0 };
-  assign \$317  = \port$4047$54 [21] ? \$316  : { x0, 1'h0 };
-  assign \$318  = \port$4047$54 [20] ? \$315  : \$317 ;
-  assign \$319  = \port$4047$54 [19] ? \$312  : \$318 [47:0];
-  assign \$320  = \port$4047$54 [18] ? \$305  : \$319 [39:0];
-  assign \$321  = \port$4047$54 [17] ? \$290  : \$320 [35:0];
-  assign \$324  = \port$4047$54 [21] ? \$323  : { x0, 1'h0 };
-  assign \$327  = \port$4047$54 [21] ? \$326  : { x0, 1'h0 };
-  assign \$328  = \port$4047$54 [20] ? \$325  : \$327 ;
-  assign \$331  = \port$4047$54 [21] ? \$330  : { x0, 1'h0 };
-  assign \$334  = \port$4047$54 [21] ? \$333  : { x0, 1'h0 };
-  assign \$335  = \port$4047$54 [20] ? \$332  : \$334 ;
-  assign \$336  = \port$4047$54 [19] ? \$329  : \$335 [47:0];
-  assign \$339  = \port$4047$54 [21] ? \$338  : { x0, 1'h0 };
-  assign \$342  = \port$4047$54 [21] ? \$341  : { x0, 1'h0 };
-  assign \$343  = \port$4047$54 [20] ? \$340  : \$342 ;
-  assign \$346  = \port$4047$54 [21] ? \$345  : { x0, 1'h0 };
-  assign \$349  = \port$4047$54 [21] ? \$348  : { x0, 1'h0 };
-  assign \$350  = \port$4047$54 [20] ? \$347  : \$349 ;
-  assign \$351  = \port$4047$54 [19] ? \$344  : \$350 [47:0];
-  assign \$352  = \port$4047$54 [18] ? \$337  : \$351 [39:0];
-  assign \$355  = \port$4047$54 [21] ? \$354  : { x0, 1'h0 };
-  assign \$358  = \port$4047$54 [21] ? \$357  : { x0, 1'h0 };
-  assign \$359  = \port$4047$54 [20] ? \$356  : \$358 ;
-  assign \$362  = \port$4047$54 [21] ? \$361  : { x0, 1'h0 };
-  assign \$365  = \port$4047$54 [21] ? \$364  : { x0, 1'h0 };
-  assign \$366  = \port$4047$54 [20] ? \$363  : \$365 ;
-  assign \$367  = \port$4047$54 [19] ? \$360  : \$366 [47:0];
-  assign \$370  = \port$4047$54 [21] ? \$369  : { x0, 1'h0 };
-  assign \$373  = \port$4047$54 [21] ? \$372  : { x0, 1'h0 };
-  assign \$374  = \port$4047$54 [20] ? \$371  : \$373 ;
-  assign \$377  = \port$4047$54 [21] ? \$376  : { x0, 1'h0 };
-  assign \$380  = \port$4047$54 [21] ? \$379  : { x0, 1'h0 };
-  assign \$381  = \port$4047$54 [20] ? \$378  : \$380 ;
-  assign \$382  = \port$4047$54 [19] ? \$375  : \$381 [47:0];
-  assign \$383  = \port$4047$54 [18] ? \$368  : \$382 [39:0];
-  assign \$384  = \port$4047$54 [17] ? \$353  : \$383 [35:0];
-  assign \$385  = \port$4047$54 [16] ? \$322  : \$384 [33:0];
+  assign \$261  = shift[5] ? \$260  : { x0, 1'h0 };
+  assign \$264  = shift[5] ? \$263  : { x0, 1'h0 };
+  assign \$265  = shift[4] ? \$262  : \$264 ;
+  assign \$268  = shift[5] ? \$267  : { x0, 1'h0 };
+  assign \$271  = shift[5] ? \$270  : { x0, 1'h0 };
+  assign \$272  = shift[4] ? \$269  : \$271 ;
+  assign \$273  = shift[3] ? \$266  : \$272 [47:0];
+  assign \$276  = shift[5] ? \$275  : { x0, 1'h0 };
+  assign \$279  = shift[5] ? \$278  : { x0, 1'h0 };
+  assign \$280  = shift[4] ? \$277  : \$279 ;
+  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
+  assign \$286  = shift[5] ? \$285  : { x0, 1'h0 };
+  assign \$287  = shift[4] ? \$284  : \$286 ;
+  assign \$288  = shift[3] ? \$281  : \$287 [47:0];
+  assign \$289  = shift[2] ? \$274  : \$288 [39:0];
+  assign \$292  = shift[5] ? \$291  : { x0, 1'h0 };
+  assign \$295  = shift[5] ? \$294  : { x0, 1'h0 };
+  assign \$296  = shift[4] ? \$293  : \$295 ;
+  assign \$299  = shift[5] ? \$298  : { x0, 1'h0 };
+  assign \$302  = shift[5] ? \$301  : { x0, 1'h0 };
+  assign \$303  = shift[4] ? \$300  : \$302 ;
+  assign \$304  = shift[3] ? \$297  : \$303 [47:0];
+  assign \$307  = shift[5] ? \$306  : { x0, 1'h0 };
+  assign \$310  = shift[5] ? \$309  : { x0, 1'h0 };
+  assign \$311  = shift[4] ? \$308  : \$310 ;
+  assign \$314  = shift[5] ? \$313  : { x0, 1'h0 };
+  assign \$317  = shift[5] ? \$316  : { x0, 1'h0 };
+  assign \$318  = shift[4] ? \$315  : \$317 ;
+  assign \$319  = shift[3] ? \$312  : \$318 [47:0];
+  assign \$320  = shift[2] ? \$305  : \$319 [39:0];
+  assign \$321  = shift[1] ? \$290  : \$320 [35:0];
+  assign \$324  = shift[5] ? \$323  : { x0, 1'h0 };
+  assign \$327  = shift[5] ? \$326  : { x0, 1'h0 };
+  assign \$328  = shift[4] ? \$325  : \$327 ;
+  assign \$331  = shift[5] ? \$330  : { x0, 1'h0 };
+  assign \$334  = shift[5] ? \$333  : { x0, 1'h0 };
+  assign \$335  = shift[4] ? \$332  : \$334 ;
+  assign \$336  = shift[3] ? \$329  : \$335 [47:0];
+  assign \$339  = shift[5] ? \$338  : { x0, 1'h0 };
+  assign \$342  = shift[5] ? \$341  : { x0, 1'h0 };
+  assign \$343  = shift[4] ? \$340  : \$342 ;
+  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
+  assign \$349  = shift[5] ? \$348  : { x0, 1'h0 };
+  assign \$350  = shift[4] ? \$347  : \$349 ;
+  assign \$351  = shift[3] ? \$344  : \$350 [47:0];
+  assign \$352  = shift[2] ? \$337  : \$351 [39:0];
+  assign \$355  = shift[5] ? \$354  : { x0, 1'h0 };
+  assign \$358  = shift[5] ? \$357  : { x0, 1'h0 };
+  assign \$359  = shift[4] ? \$356  : \$358 ;
+  assign \$362  = shift[5] ? \$361  : { x0, 1'h0 };
+  assign \$365  = shift[5] ? \$364  : { x0, 1'h0 };
+  assign \$366  = shift[4] ? \$363  : \$365 ;
+  assign \$367  = shift[3] ? \$360  : \$366 [47:0];
+  assign \$370  = shift[5] ? \$369  : { x0, 1'h0 };
+  assign \$373  = shift[5] ? \$372  : { x0, 1'h0 };
+  assign \$374  = shift[4] ? \$371  : \$373 ;
+  assign \$377  = shift[5] ? \$376  : { x0, 1'h0 };
+  assign \$380  = shift[5] ? \$379  : { x0, 1'h0 };
+  assign \$381  = shift[4] ? \$378  : \$380 ;
+  assign \$382  = shift[3] ? \$375  : \$381 [47:0];
+  assign \$383  = shift[2] ? \$368  : \$382 [39:0];
+  assign \$384  = shift[1] ? \$353  : \$383 [35:0];
+  assign \$385  = shift[0] ? \$322  : \$384 [33:0];
   assign \$386  = { x0, 1'h0 } & below;
   assign \$387  = | \$386 ;
   assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -20043,69 +20050,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$395  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$396  = \$395  ? 33'h07fffffff : rounded0;
   assign \$397  = over2_0 ? { \$394 [31], \$394  } : \$396 ;
-  assign \$399  = \port$4047$54 [21] ? \$398  : { x1, 1'h0 };
-  assign \$402  = \port$4047$54 [21] ? \$401  : { x1, 1'h0 };
-  assign \$403  = \port$4047$54 [20] ? \$400  : \$402 ;
-  assign \$406  = \port$4047$54 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$4047$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$4047$54 [20] ? \$407  : \$409 ;
-  assign \$411  = \port$4047$54 [19] ? \$404  : \$410 [47:0];
-  assign \$414  = \port$4047$54 [21] ? \$413  : { x1, 1'h0 };
-  assign \$417  = \port$4047$54 [21] ? \$416  : { x1, 1'h0 };
-  assign \$418  = \port$4047$54 [20] ? \$415  : \$417 ;
-  assign \$421  = \port$4047$54 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$4047$54 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$4047$54 [20] ? \$422  : \$424 ;
-  assign \$426  = \port$4047$54 [19] ? \$419  : \$425 [47:0];
-  assign \$427  = \port$4047$54 [18] ? \$412  : \$426 [39:0];
-  assign \$430  = \port$4047$54 [21] ? \$429  : { x1, 1'h0 };
-  assign \$433  = \port$4047$54 [21] ? \$432  : { x1, 1'h0 };
-  assign \$434  = \port$4047$54 [20] ? \$431  : \$433 ;
-  assign \$437  = \port$4047$54 [21] ? \$436  : { x1, 1'h0 };
-  assign \$440  = \port$4047$54 [21] ? \$439  : { x1, 1'h0 };
-  assign \$441  = \port$4047$54 [20] ? \$438  : \$440 ;
-  assign \$442  = \port$4047$54 [19] ? \$435  : \$441 [47:0];
-  assign \$445  = \port$4047$54 [21] ? \$444  : { x1, 1'h0 };
-  assign \$448  = \port$4047$54 [21] ? \$447  : { x1, 1'h0 };
-  assign \$449  = \port$4047$54 [20] ? \$446  : \$448 ;
-  assign \$452  = \port$4047$54 [21] ? \$451  : { x1, 1'h0 };
-  assign \$455  = \port$4047$54 [21] ? \$454  : { x1, 1'h0 };
-  assign \$456  = \port$4047$54 [20] ? \$453  : \$455 ;
-  assign \$457  = \port$4047$54 [19] ? \$450  : \$456 [47:0];
-  assign \$458  = \port$4047$54 [18] ? \$443  : \$457 [39:0];
-  assign \$459  = \port$4047$54 [17] ? \$428  : \$458 [35:0];
-  assign \$462  = \port$4047$54 [21] ? \$461  : { x1, 1'h0 };
-  assign \$465  = \port$4047$54 [21] ? \$464  : { x1, 1'h0 };
-  assign \$466  = \port$4047$54 [20] ? \$463  : \$465 ;
-  assign \$469  = \port$4047$54 [21] ? \$468  : { x1, 1'h0 };
-  assign \$472  = \port$4047$54 [21] ? \$471  : { x1, 1'h0 };
-  assign \$473  = \port$4047$54 [20] ? \$470  : \$472 ;
-  assign \$474  = \port$4047$54 [19] ? \$467  : \$473 [47:0];
-  assign \$477  = \port$4047$54 [21] ? \$476  : { x1, 1'h0 };
-  assign \$480  = \port$4047$54 [21] ? \$479  : { x1, 1'h0 };
-  assign \$481  = \port$4047$54 [20] ? \$478  : \$480 ;
-  assign \$484  = \port$4047$54 [21] ? \$483  : { x1, 1'h0 };
-  assign \$487  = \port$4047$54 [21] ? \$486  : { x1, 1'h0 };
-  assign \$488  = \port$4047$54 [20] ? \$485  : \$487 ;
-  assign \$489  = \port$4047$54 [19] ? \$482  : \$488 [47:0];
-  assign \$490  = \port$4047$54 [18] ? \$475  : \$489 [39:0];
-  assign \$493  = \port$4047$54 [21] ? \$492  : { x1, 1'h0 };
-  assign \$496  = \port$4047$54 [21] ? \$495  : { x1, 1'h0 };
-  assign \$497  = \port$4047$54 [20] ? \$494  : \$496 ;
-  assign \$500  = \port$4047$54 [21] ? \$499  : { x1, 1'h0 };
-  assign \$503  = \port$4047$54 [21] ? \$502  : { x1, 1'h0 };
-  assign \$504  = \port$4047$54 [20] ? \$501  : \$503 ;
-  assign \$505  = \port$4047$54 [19] ? \$498  : \$504 [47:0];
-  assign \$508  = \port$4047$54 [21] ? \$507  : { x1, 1'h0 };
-  assign \$511  = \port$4047$54 [21] ? \$510  : { x1, 1'h0 };
-  assign \$512  = \port$4047$54 [20] ? \$509  : \$511 ;
-  assign \$515  = \port$4047$54 [21] ? \$514  : { x1, 1'h0 };
-  assign \$518  = \port$4047$54 [21] ? \$517  : { x1, 1'h0 };
-  assign \$519  = \port$4047$54 [20] ? \$516  : \$518 ;
-  assign \$520  = \port$4047$54 [19] ? \$513  : \$519 [47:0];
-  assign \$521  = \port$4047$54 [18] ? \$506  : \$520 [39:0];
-  assign \$522  = \port$4047$54 [17] ? \$491  : \$521 [35:0];
-  assign \$523  = \port$4047$54 [16] ? \$460  : \$522 [33:0];
+  assign \$399  = shift[5] ? \$398  : { x1, 1'h0 };
+  assign \$402  = shift[5] ? \$401  : { x1, 1'h0 };
+  assign \$403  = shift[4] ? \$400  : \$402 ;
+  assign \$406  = shift[5] ? \$405  : { x1, 1'h0 };
+  assign \$409  = shift[5] ? \$408  : { x1, 1'h0 };
+  assign \$410  = shift[4] ? \$407  : \$409 ;
+  assign \$411  = shift[3] ? \$404  : \$410 [47:0];
+  assign \$414  = shift[5] ? \$413  : { x1, 1'h0 };
+  assign \$417  = shift[5] ? \$416  : { x1, 1'h0 };
+  assign \$418  = shift[4] ? \$415  : \$417 ;
+  assign \$421  = shift[5] ? \$420  : { x1, 1'h0 };
+  assign \$424  = shift[5] ? \$423  : { x1, 1'h0 };
+  assign \$425  = shift[4] ? \$422  : \$424 ;
+  assign \$426  = shift[3] ? \$419  : \$425 [47:0];
+  assign \$427  = shift[2] ? \$412  : \$426 [39:0];
+  assign \$430  = shift[5] ? \$429  : { x1, 1'h0 };
+  assign \$433  = shift[5] ? \$432  : { x1, 1'h0 };
+  assign \$434  = shift[4] ? \$431  : \$433 ;
+  assign \$437  = shift[5] ? \$436  : { x1, 1'h0 };
+  assign \$440  = shift[5] ? \$439  : { x1, 1'h0 };
+  assign \$441  = shift[4] ? \$438  : \$440 ;
+  assign \$442  = shift[3] ? \$435  : \$441 [47:0];
+  assign \$445  = shift[5] ? \$444  : { x1, 1'h0 };
+  assign \$448  = shift[5] ? \$447  : { x1, 1'h0 };
+  assign \$449  = shift[4] ? \$446  : \$448 ;
+  assign \$452  = shift[5] ? \$451  : { x1, 1'h0 };
+  assign \$455  = shift[5] ? \$454  : { x1, 1'h0 };
+  assign \$456  = shift[4] ? \$453  : \$455 ;
+  assign \$457  = shift[3] ? \$450  : \$456 [47:0];
+  assign \$458  = shift[2] ? \$443  : \$457 [39:0];
+  assign \$459  = shift[1] ? \$428  : \$458 [35:0];
+  assign \$462  = shift[5] ? \$461  : { x1, 1'h0 };
+  assign \$465  = shift[5] ? \$464  : { x1, 1'h0 };
+  assign \$466  = shift[4] ? \$463  : \$465 ;
+  assign \$469  = shift[5] ? \$468  : { x1, 1'h0 };
+  assign \$472  = shift[5] ? \$471  : { x1, 1'h0 };
+  assign \$473  = shift[4] ? \$470  : \$472 ;
+  assign \$474  = shift[3] ? \$467  : \$473 [47:0];
+  assign \$477  = shift[5] ? \$476  : { x1, 1'h0 };
+  assign \$480  = shift[5] ? \$479  : { x1, 1'h0 };
+  assign \$481  = shift[4] ? \$478  : \$480 ;
+  assign \$484  = shift[5] ? \$483  : { x1, 1'h0 };
+  assign \$487  = shift[5] ? \$486  : { x1, 1'h0 };
+  assign \$488  = shift[4] ? \$485  : \$487 ;
+  assign \$489  = shift[3] ? \$482  : \$488 [47:0];
+  assign \$490  = shift[2] ? \$475  : \$489 [39:0];
+  assign \$493  = shift[5] ? \$492  : { x1, 1'h0 };
+  assign \$496  = shift[5] ? \$495  : { x1, 1'h0 };
+  assign \$497  = shift[4] ? \$494  : \$496 ;
+  assign \$500  = shift[5] ? \$499  : { x1, 1'h0 };
+  assign \$503  = shift[5] ? \$502  : { x1, 1'h0 };
+  assign \$504  = shift[4] ? \$501  : \$503 ;
+  assign \$505  = shift[3] ? \$498  : \$504 [47:0];
+  assign \$508  = shift[5] ? \$507  : { x1, 1'h0 };
+  assign \$511  = shift[5] ? \$510  : { x1, 1'h0 };
+  assign \$512  = shift[4] ? \$509  : \$511 ;
+  assign \$515  = shift[5] ? \$514  : { x1, 1'h0 };
+  assign \$518  = shift[5] ? \$517  : { x1, 1'h0 };
+  assign \$519  = shift[4] ? \$516  : \$518 ;
+  assign \$520  = shift[3] ? \$513  : \$519 [47:0];
+  assign \$521  = shift[2] ? \$506  : \$520 [39:0];
+  assign \$522  = shift[1] ? \$491  : \$521 [35:0];
+  assign \$523  = shift[0] ? \$460  : \$522 [33:0];
   assign \$524  = { x1, 1'h0 } & below;
   assign \$525  = | \$524 ;
   assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -20118,69 +20125,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$533  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$534  = \$533  ? 33'h07fffffff : rounded1;
   assign \$535  = over2_1 ? { \$532 [31], \$532  } : \$534 ;
-  assign \$537  = \port$4047$54 [21] ? \$536  : { x2, 1'h0 };
-  assign \$540  = \port$4047$54 [21] ? \$539  : { x2, 1'h0 };
-  assign \$541  = \port$4047$54 [20] ? \$538  : \$540 ;
-  assign \$544  = \port$4047$54 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$4047$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$4047$54 [20] ? \$545  : \$547 ;
-  assign \$549  = \port$4047$54 [19] ? \$542  : \$548 [47:0];
-  assign \$552  = \port$4047$54 [21] ? \$551  : { x2, 1'h0 };
-  assign \$555  = \port$4047$54 [21] ? \$554  : { x2, 1'h0 };
-  assign \$556  = \port$4047$54 [20] ? \$553  : \$555 ;
-  assign \$559  = \port$4047$54 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$4047$54 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$4047$54 [20] ? \$560  : \$562 ;
-  assign \$564  = \port$4047$54 [19] ? \$557  : \$563 [47:0];
-  assign \$565  = \port$4047$54 [18] ? \$550  : \$564 [39:0];
-  assign \$568  = \port$4047$54 [21] ? \$567  : { x2, 1'h0 };
-  assign \$571  = \port$4047$54 [21] ? \$570  : { x2, 1'h0 };
-  assign \$572  = \port$4047$54 [20] ? \$569  : \$571 ;
-  assign \$575  = \port$4047$54 [21] ? \$574  : { x2, 1'h0 };
-  assign \$578  = \port$4047$54 [21] ? \$577  : { x2, 1'h0 };
-  assign \$579  = \port$4047$54 [20] ? \$576  : \$578 ;
-  assign \$580  = \port$4047$54 [19] ? \$573  : \$579 [47:0];
-  assign \$583  = \port$4047$54 [21] ? \$582  : { x2, 1'h0 };
-  assign \$586  = \port$4047$54 [21] ? \$585  : { x2, 1'h0 };
-  assign \$587  = \port$4047$54 [20] ? \$584  : \$586 ;
-  assign \$590  = \port$4047$54 [21] ? \$589  : { x2, 1'h0 };
-  assign \$593  = \port$4047$54 [21] ? \$592  : { x2, 1'h0 };
-  assign \$594  = \port$4047$54 [20] ? \$591  : \$593 ;
-  assign \$595  = \port$4047$54 [19] ? \$588  : \$594 [47:0];
-  assign \$596  = \port$4047$54 [18] ? \$581  : \$595 [39:0];
-  assign \$597  = \port$4047$54 [17] ? \$566  : \$596 [35:0];
-  assign \$600  = \port$4047$54 [21] ? \$599  : { x2, 1'h0 };
-  assign \$603  = \port$4047$54 [21] ? \$602  : { x2, 1'h0 };
-  assign \$604  = \port$4047$54 [20] ? \$601  : \$603 ;
-  assign \$607  = \port$4047$54 [21] ? \$606  : { x2, 1'h0 };
-  assign \$610  = \port$4047$54 [21] ? \$609  : { x2, 1'h0 };
-  assign \$611  = \port$4047$54 [20] ? \$608  : \$610 ;
-  assign \$612  = \port$4047$54 [19] ? \$605  : \$611 [47:0];
-  assign \$615  = \port$4047$54 [21] ? \$614  : { x2, 1'h0 };
-  assign \$618  = \port$4047$54 [21] ? \$617  : { x2, 1'h0 };
-  assign \$619  = \port$4047$54 [20] ? \$616  : \$618 ;
-  assign \$622  = \port$4047$54 [21] ? \$621  : { x2, 1'h0 };
-  assign \$625  = \port$4047$54 [21] ? \$624  : { x2, 1'h0 };
-  assign \$626  = \port$4047$54 [20] ? \$623  : \$625 ;
-  assign \$627  = \port$4047$54 [19] ? \$620  : \$626 [47:0];
-  assign \$628  = \port$4047$54 [18] ? \$613  : \$627 [39:0];
-  assign \$631  = \port$4047$54 [21] ? \$630  : { x2, 1'h0 };
-  assign \$634  = \port$4047$54 [21] ? \$633  : { x2, 1'h0 };
-  assign \$635  = \port$4047$54 [20] ? \$632  : \$634 ;
-  assign \$638  = \port$4047$54 [21] ? \$637  : { x2, 1'h0 };
-  assign \$641  = \port$4047$54 [21] ? \$640  : { x2, 1'h0 };
-  assign \$642  = \port$4047$54 [20] ? \$639  : \$641 ;
-  assign \$643  = \port$4047$54 [19] ? \$636  : \$642 [47:0];
-  assign \$646  = \port$4047$54 [21] ? \$645  : { x2, 1'h0 };
-  assign \$649  = \port$4047$54 [21] ? \$648  : { x2, 1'h0 };
-  assign \$650  = \port$4047$54 [20] ? \$647  : \$649 ;
-  assign \$653  = \port$4047$54 [21] ? \$652  : { x2, 1'h0 };
-  assign \$656  = \port$4047$54 [21] ? \$655  : { x2, 1'h0 };
-  assign \$657  = \port$4047$54 [20] ? \$654  : \$656 ;
-  assign \$658  = \port$4047$54 [19] ? \$651  : \$657 [47:0];
-  assign \$659  = \port$4047$54 [18] ? \$644  : \$658 [39:0];
-  assign \$660  = \port$4047$54 [17] ? \$629  : \$659 [35:0];
-  assign \$661  = \port$4047$54 [16] ? \$598  : \$660 [33:0];
+  assign \$537  = shift[5] ? \$536  : { x2, 1'h0 };
+  assign \$540  = shift[5] ? \$539  : { x2, 1'h0 };
+  assign \$541  = shift[4] ? \$538  : \$540 ;
+  assign \$544  = shift[5] ? \$543  : { x2, 1'h0 };
+  assign \$547  = shift[5] ? \$546  : { x2, 1'h0 };
+  assign \$548  = shift[4] ? \$545  : \$547 ;
+  assign \$549  = shift[3] ? \$542  : \$548 [47:0];
+  assign \$552  = shift[5] ? \$551  : { x2, 1'h0 };
+  assign \$555  = shift[5] ? \$554  : { x2, 1'h0 };
+  assign \$556  = shift[4] ? \$553  : \$555 ;
+  assign \$559  = shift[5] ? \$558  : { x2, 1'h0 };
+  assign \$562  = shift[5] ? \$561  : { x2, 1'h0 };
+  assign \$563  = shift[4] ? \$560  : \$562 ;
+  assign \$564  = shift[3] ? \$557  : \$563 [47:0];
+  assign \$565  = shift[2] ? \$550  : \$564 [39:0];
+  assign \$568  = shift[5] ? \$567  : { x2, 1'h0 };
+  assign \$571  = shift[5] ? \$570  : { x2, 1'h0 };
+  assign \$572  = shift[4] ? \$569  : \$571 ;
+  assign \$575  = shift[5] ? \$574  : { x2, 1'h0 };
+  assign \$578  = shift[5] ? \$577  : { x2, 1'h0 };
+  assign \$579  = shift[4] ? \$576  : \$578 ;
+  assign \$580  = shift[3] ? \$573  : \$579 [47:0];
+  assign \$583  = shift[5] ? \$582  : { x2, 1'h0 };
+  assign \$586  = shift[5] ? \$585  : { x2, 1'h0 };
+  assign \$587  = shift[4] ? \$584  : \$586 ;
+  assign \$590  = shift[5] ? \$589  : { x2, 1'h0 };
+  assign \$593  = shift[5] ? \$592  : { x2, 1'h0 };
+  assign \$594  = shift[4] ? \$591  : \$593 ;
+  assign \$595  = shift[3] ? \$588  : \$594 [47:0];
+  assign \$596  = shift[2] ? \$581  : \$595 [39:0];
+  assign \$597  = shift[1] ? \$566  : \$596 [35:0];
+  assign \$600  = shift[5] ? \$599  : { x2, 1'h0 };
+  assign \$603  = shift[5] ? \$602  : { x2, 1'h0 };
+  assign \$604  = shift[4] ? \$601  : \$603 ;
+  assign \$607  = shift[5] ? \$606  : { x2, 1'h0 };
+  assign \$610  = shift[5] ? \$609  : { x2, 1'h0 };
+  assign \$611  = shift[4] ? \$608  : \$610 ;
+  assign \$612  = shift[3] ? \$605  : \$611 [47:0];
+  assign \$615  = shift[5] ? \$614  : { x2, 1'h0 };
+  assign \$618  = shift[5] ? \$617  : { x2, 1'h0 };
+  assign \$619  = shift[4] ? \$616  : \$618 ;
+  assign \$622  = shift[5] ? \$621  : { x2, 1'h0 };
+  assign \$625  = shift[5] ? \$624  : { x2, 1'h0 };
+  assign \$626  = shift[4] ? \$623  : \$625 ;
+  assign \$627  = shift[3] ? \$620  : \$626 [47:0];
+  assign \$628  = shift[2] ? \$613  : \$627 [39:0];
+  assign \$631  = shift[5] ? \$630  : { x2, 1'h0 };
+  assign \$634  = shift[5] ? \$633  : { x2, 1'h0 };
+  assign \$635  = shift[4] ? \$632  : \$634 ;
+  assign \$638  = shift[5] ? \$637  : { x2, 1'h0 };
+  assign \$641  = shift[5] ? \$640  : { x2, 1'h0 };
+  assign \$642  = shift[4] ? \$639  : \$641 ;
+  assign \$643  = shift[3] ? \$636  : \$642 [47:0];
+  assign \$646  = shift[5] ? \$645  : { x2, 1'h0 };
+  assign \$649  = shift[5] ? \$648  : { x2, 1'h0 };
+  assign \$650  = shift[4] ? \$647  : \$649 ;
+  assign \$653  = shift[5] ? \$652  : { x2, 1'h0 };
+  assign \$656  = shift[5] ? \$655  : { x2, 1'h0 };
+  assign \$657  = shift[4] ? \$654  : \$656 ;
+  assign \$658  = shift[3] ? \$651  : \$657 [47:0];
+  assign \$659  = shift[2] ? \$644  : \$658 [39:0];
+  assign \$660  = shift[1] ? \$629  : \$659 [35:0];
+  assign \$661  = shift[0] ? \$598  : \$660 [33:0];
   assign \$662  = { x2, 1'h0 } & below;
   assign \$663  = | \$662 ;
   assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -20193,69 +20200,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$671  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$672  = \$671  ? 33'h07fffffff : rounded2;
   assign \$673  = over2_2 ? { \$670 [31], \$670  } : \$672 ;
-  assign \$675  = \port$4047$54 [21] ? \$674  : { x3, 1'h0 };
-  assign \$678  = \port$4047$54 [21] ? \$677  : { x3, 1'h0 };
-  assign \$679  = \port$4047$54 [20] ? \$676  : \$678 ;
-  assign \$682  = \port$4047$54 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$4047$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$4047$54 [20] ? \$683  : \$685 ;
-  assign \$687  = \port$4047$54 [19] ? \$680  : \$686 [47:0];
-  assign \$690  = \port$4047$54 [21] ? \$689  : { x3, 1'h0 };
-  assign \$693  = \port$4047$54 [21] ? \$692  : { x3, 1'h0 };
-  assign \$694  = \port$4047$54 [20] ? \$691  : \$693 ;
-  assign \$697  = \port$4047$54 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$4047$54 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$4047$54 [20] ? \$698  : \$700 ;
-  assign \$702  = \port$4047$54 [19] ? \$695  : \$701 [47:0];
-  assign \$703  = \port$4047$54 [18] ? \$688  : \$702 [39:0];
-  assign \$706  = \port$4047$54 [21] ? \$705  : { x3, 1'h0 };
-  assign \$709  = \port$4047$54 [21] ? \$708  : { x3, 1'h0 };
-  assign \$710  = \port$4047$54 [20] ? \$707  : \$709 ;
-  assign \$713  = \port$4047$54 [21] ? \$712  : { x3, 1'h0 };
-  assign \$716  = \port$4047$54 [21] ? \$715  : { x3, 1'h0 };
-  assign \$717  = \port$4047$54 [20] ? \$714  : \$716 ;
-  assign \$718  = \port$4047$54 [19] ? \$711  : \$717 [47:0];
-  assign \$721  = \port$4047$54 [21] ? \$720  : { x3, 1'h0 };
-  assign \$724  = \port$4047$54 [21] ? \$723  : { x3, 1'h0 };
-  assign \$725  = \port$4047$54 [20] ? \$722  : \$724 ;
-  assign \$728  = \port$4047$54 [21] ? \$727  : { x3, 1'h0 };
-  assign \$731  = \port$4047$54 [21] ? \$730  : { x3, 1'h0 };
-  assign \$732  = \port$4047$54 [20] ? \$729  : \$731 ;
-  assign \$733  = \port$4047$54 [19] ? \$726  : \$732 [47:0];
-  assign \$734  = \port$4047$54 [18] ? \$719  : \$733 [39:0];
-  assign \$735  = \port$4047$54 [17] ? \$704  : \$734 [35:0];
-  assign \$738  = \port$4047$54 [21] ? \$737  : { x3, 1'h0 };
-  assign \$741  = \port$4047$54 [21] ? \$740  : { x3, 1'h0 };
-  assign \$742  = \port$4047$54 [20] ? \$739  : \$741 ;
-  assign \$745  = \port$4047$54 [21] ? \$744  : { x3, 1'h0 };
-  assign \$748  = \port$4047$54 [21] ? \$747  : { x3, 1'h0 };
-  assign \$749  = \port$4047$54 [20] ? \$746  : \$748 ;
-  assign \$750  = \port$4047$54 [19] ? \$743  : \$749 [47:0];
-  assign \$753  = \port$4047$54 [21] ? \$752  : { x3, 1'h0 };
-  assign \$756  = \port$4047$54 [21] ? \$755  : { x3, 1'h0 };
-  assign \$757  = \port$4047$54 [20] ? \$754  : \$756 ;
-  assign \$760  = \port$4047$54 [21] ? \$759  : { x3, 1'h0 };
-  assign \$763  = \port$4047$54 [21] ? \$762  : { x3, 1'h0 };
-  assign \$764  = \port$4047$54 [20] ? \$761  : \$763 ;
-  assign \$765  = \port$4047$54 [19] ? \$758  : \$764 [47:0];
-  assign \$766  = \port$4047$54 [18] ? \$751  : \$765 [39:0];
-  assign \$769  = \port$4047$54 [21] ? \$768  : { x3, 1'h0 };
-  assign \$772  = \port$4047$54 [21] ? \$771  : { x3, 1'h0 };
-  assign \$773  = \port$4047$54 [20] ? \$770  : \$772 ;
-  assign \$776  = \port$4047$54 [21] ? \$775  : { x3, 1'h0 };
-  assign \$779  = \port$4047$54 [21] ? \$778  : { x3, 1'h0 };
-  assign \$780  = \port$4047$54 [20] ? \$777  : \$779 ;
-  assign \$781  = \port$4047$54 [19] ? \$774  : \$780 [47:0];
-  assign \$784  = \port$4047$54 [21] ? \$783  : { x3, 1'h0 };
-  assign \$787  = \port$4047$54 [21] ? \$786  : { x3, 1'h0 };
-  assign \$788  = \port$4047$54 [20] ? \$785  : \$787 ;
-  assign \$791  = \port$4047$54 [21] ? \$790  : { x3, 1'h0 };
-  assign \$794  = \port$4047$54 [21] ? \$793  : { x3, 1'h0 };
-  assign \$795  = \port$4047$54 [20] ? \$792  : \$794 ;
-  assign \$796  = \port$4047$54 [19] ? \$789  : \$795 [47:0];
-  assign \$797  = \port$4047$54 [18] ? \$782  : \$796 [39:0];
-  assign \$798  = \port$4047$54 [17] ? \$767  : \$797 [35:0];
-  assign \$799  = \port$4047$54 [16] ? \$736  : \$798 [33:0];
+  assign \$675  = shift[5] ? \$674  : { x3, 1'h0 };
+  assign \$678  = shift[5] ? \$677  : { x3, 1'h0 };
+  assign \$679  = shift[4] ? \$676  : \$678 ;
+  assign \$682  = shift[5] ? \$681  : { x3, 1'h0 };
+  assign \$685  = shift[5] ? \$684  : { x3, 1'h0 };
+  assign \$686  = shift[4] ? \$683  : \$685 ;
+  assign \$687  = shift[3] ? \$680  : \$686 [47:0];
+  assign \$690  = shift[5] ? \$689  : { x3, 1'h0 };
+  assign \$693  = shift[5] ? \$692  : { x3, 1'h0 };
+  assign \$694  = shift[4] ? \$691  : \$693 ;
+  assign \$697  = shift[5] ? \$696  : { x3, 1'h0 };
+  assign \$700  = shift[5] ? \$699  : { x3, 1'h0 };
+  assign \$701  = shift[4] ? \$698  : \$700 ;
+  assign \$702  = shift[3] ? \$695  : \$701 [47:0];
+  assign \$703  = shift[2] ? \$688  : \$702 [39:0];
+  assign \$706  = shift[5] ? \$705  : { x3, 1'h0 };
+  assign \$709  = shift[5] ? \$708  : { x3, 1'h0 };
+  assign \$710  = shift[4] ? \$707  : \$709 ;
+  assign \$713  = shift[5] ? \$712  : { x3, 1'h0 };
+  assign \$716  = shift[5] ? \$715  : { x3, 1'h0 };
+  assign \$717  = shift[4] ? \$714  : \$716 ;
+  assign \$718  = shift[3] ? \$711  : \$717 [47:0];
+  assign \$721  = shift[5] ? \$720  : { x3, 1'h0 };
+  assign \$724  = shift[5] ? \$723  : { x3, 1'h0 };
+  assign \$725  = shift[4] ? \$722  : \$724 ;
+  assign \$728  = shift[5] ? \$727  : { x3, 1'h0 };
+  assign \$731  = shift[5] ? \$730  : { x3, 1'h0 };
+  assign \$732  = shift[4] ? \$729  : \$731 ;
+  assign \$733  = shift[3] ? \$726  : \$732 [47:0];
+  assign \$734  = shift[2] ? \$719  : \$733 [39:0];
+  assign \$735  = shift[1] ? \$704  : \$734 [35:0];
+  assign \$738  = shift[5] ? \$737  : { x3, 1'h0 };
+  assign \$741  = shift[5] ? \$740  : { x3, 1'h0 };
+  assign \$742  = shift[4] ? \$739  : \$741 ;
+  assign \$745  = shift[5] ? \$744  : { x3, 1'h0 };
+  assign \$748  = shift[5] ? \$747  : { x3, 1'h0 };
+  assign \$749  = shift[4] ? \$746  : \$748 ;
+  assign \$750  = shift[3] ? \$743  : \$749 [47:0];
+  assign \$753  = shift[5] ? \$752  : { x3, 1'h0 };
+  assign \$756  = shift[5] ? \$755  : { x3, 1'h0 };
+  assign \$757  = shift[4] ? \$754  : \$756 ;
+  assign \$760  = shift[5] ? \$759  : { x3, 1'h0 };
+  assign \$763  = shift[5] ? \$762  : { x3, 1'h0 };
+  assign \$764  = shift[4] ? \$761  : \$763 ;
+  assign \$765  = shift[3] ? \$758  : \$764 [47:0];
+  assign \$766  = shift[2] ? \$751  : \$765 [39:0];
+  assign \$769  = shift[5] ? \$768  : { x3, 1'h0 };
+  assign \$772  = shift[5] ? \$771  : { x3, 1'h0 };
+  assign \$773  = shift[4] ? \$770  : \$772 ;
+  assign \$776  = shift[5] ? \$775  : { x3, 1'h0 };
+  assign \$779  = shift[5] ? \$778  : { x3, 1'h0 };
+  assign \$780  = shift[4] ? \$777  : \$779 ;
+  assign \$781  = shift[3] ? \$774  : \$780 [47:0];
+  assign \$784  = shift[5] ? \$783  : { x3, 1'h0 };
+  assign \$787  = shift[5] ? \$786  : { x3, 1'h0 };
+  assign \$788  = shift[4] ? \$785  : \$787 ;
+  assign \$791  = shift[5] ? \$790  : { x3, 1'h0 };
+  assign \$794  = shift[5] ? \$793  : { x3, 1'h0 };
+  assign \$795  = shift[4] ? \$792  : \$794 ;
+  assign \$796  = shift[3] ? \$789  : \$795 [47:0];
+  assign \$797  = shift[2] ? \$782  : \$796 [39:0];
+  assign \$798  = shift[1] ? \$767  : \$797 [35:0];
+  assign \$799  = shift[0] ? \$736  : \$798 [33:0];
   assign \$800  = { x3, 1'h0 } & below;
   assign \$801  = | \$800 ;
   assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -20351,149 +20358,149 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[16:0];
-  assign \$3  = \port$4047$54 [21:19] > 1'h0;
-  assign \$4  = ! \port$4047$54 [21:19];
-  assign \$5  = \port$4047$54 [18:16] > 1'h0;
+  assign \$3  = shift[5:3] > 1'h0;
+  assign \$4  = ! shift[5:3];
+  assign \$5  = shift[2:0] > 1'h0;
   assign \$6  = \$4  & \$5 ;
   assign \$7  = \$3  | \$6 ;
-  assign \$8  = \port$4047$54 [21:19] > 1'h0;
-  assign \$9  = ! \port$4047$54 [21:19];
-  assign \$10  = \port$4047$54 [18:16] > 1'h1;
+  assign \$8  = shift[5:3] > 1'h0;
+  assign \$9  = ! shift[5:3];
+  assign \$10  = shift[2:0] > 1'h1;
   assign \$11  = \$9  & \$10 ;
   assign \$12  = \$8  | \$11 ;
-  assign \$13  = \port$4047$54 [21:19] > 1'h0;
-  assign \$14  = ! \port$4047$54 [21:19];
-  assign \$15  = \port$4047$54 [18:16] > 2'h2;
+  assign \$13  = shift[5:3] > 1'h0;
+  assign \$14  = ! shift[5:3];
+  assign \$15  = shift[2:0] > 2'h2;
   assign \$16  = \$14  & \$15 ;
   assign \$17  = \$13  | \$16 ;
-  assign \$18  = \port$4047$54 [21:19] > 1'h0;
-  assign \$19  = ! \port$4047$54 [21:19];
-  assign \$20  = \port$4047$54 [18:16] > 2'h3;
+  assign \$18  = shift[5:3] > 1'h0;
+  assign \$19  = ! shift[5:3];
+  assign \$20  = shift[2:0] > 2'h3;
   assign \$21  = \$19  & \$20 ;
   assign \$22  = \$18  | \$21 ;
-  assign \$23  = \port$4047$54 [21:19] > 1'h0;
-  assign \$24  = ! \port$4047$54 [21:19];
-  assign \$25  = \port$4047$54 [18:16] > 3'h4;
+  assign \$23  = shift[5:3] > 1'h0;
+  assign \$24  = ! shift[5:3];
+  assign \$25  = shift[2:0] > 3'h4;
   assign \$26  = \$24  & \$25 ;
   assign \$27  = \$23  | \$26 ;
-  assign \$28  = \port$4047$54 [21:19] > 1'h0;
-  assign \$29  = ! \port$4047$54 [21:19];
-  assign \$30  = \port$4047$54 [18:16] > 3'h5;
+  assign \$28  = shift[5:3] > 1'h0;
+  assign \$29  = ! shift[5:3];
+  assign \$30  = shift[2:0] > 3'h5;
   assign \$31  = \$29  & \$30 ;
   assign \$32  = \$28  | \$31 ;
-  assign \$33  = \port$4047$54 [21:19] > 1'h0;
-  assign \$34  = ! \port$4047$54 [21:19];
-  assign \$35  = \port$4047$54 [18:16] > 3'h6;
+  assign \$33  = shift[5:3] > 1'h0;
+  assign \$34  = ! shift[5:3];
+  assign \$35  = shift[2:0] > 3'h6;
   assign \$36  = \$34  & \$35 ;
   assign \$37  = \$33  | \$36 ;
-  assign \$38  = \port$4047$54 [21:19] > 1'h0;
-  assign \$39  = ! \port$4047$54 [21:19];
-  assign \$40  = \port$4047$54 [18:16] > 3'h7;
+  assign \$38  = shift[5:3] > 1'h0;
+  assign \$39  = ! shift[5:3];
+  assign \$40  = shift[2:0] > 3'h7;
   assign \$41  = \$39  & \$40 ;
   assign \$42  = \$38  | \$41 ;
-  assign \$43  = \port$4047$54 [21:19] > 1'h1;
-  assign \$44  = \port$4047$54 [21:19] == 1'h1;
-  assign \$45  = \port$4047$54 [18:16] > 1'h0;
+  assign \$43  = shift[5:3] > 1'h1;
+  assign \$44  = shift[5:3] == 1'h1;
+  assign \$45  = shift[2:0] > 1'h0;
   assign \$46  = \$44  & \$45 ;
   assign \$47  = \$43  | \$46 ;
-  assign \$48  = \port$4047$54 [21:19] > 1'h1;
-  assign \$49  = \port$4047$54 [21:19] == 1'h1;
-  assign \$50  = \port$4047$54 [18:16] > 1'h1;
+  assign \$48  = shift[5:3] > 1'h1;
+  assign \$49  = shift[5:3] == 1'h1;
+  assign \$50  = shift[2:0] > 1'h1;
   assign \$51  = \$49  & \$50 ;
   assign \$52  = \$48  | \$51 ;
-  assign \$53  = \port$4047$54 [21:19] > 1'h1;
-  assign \$54  = \port$4047$54 [21:19] == 1'h1;
-  assign \$55  = \port$4047$54 [18:16] > 2'h2;
+  assign \$53  = shift[5:3] > 1'h1;
+  assign \$54  = shift[5:3] == 1'h1;
+  assign \$55  = shift[2:0] > 2'h2;
   assign \$56  = \$54  & \$55 ;
   assign \$57  = \$53  | \$56 ;
-  assign \$58  = \port$4047$54 [21:19] > 1'h1;
-  assign \$59  = \port$4047$54 [21:19] == 1'h1;
-  assign \$60  = \port$4047$54 [18:16] > 2'h3;
+  assign \$58  = shift[5:3] > 1'h1;
+  assign \$59  = shift[5:3] == 1'h1;
+  assign \$60  = shift[2:0] > 2'h3;
   assign \$61  = \$59  & \$60 ;
   assign \$62  = \$58  | \$61 ;
-  assign \$63  = \port$4047$54 [21:19] > 1'h1;
-  assign \$64  = \port$4047$54 [21:19] == 1'h1;
-  assign \$65  = \port$4047$54 [18:16] > 3'h4;
+  assign \$63  = shift[5:3] > 1'h1;
+  assign \$64  = shift[5:3] == 1'h1;
+  assign \$65  = shift[2:0] > 3'h4;
   assign \$66  = \$64  & \$65 ;
   assign \$67  = \$63  | \$66 ;
-  assign \$68  = \port$4047$54 [21:19] > 1'h1;
-  assign \$69  = \port$4047$54 [21:19] == 1'h1;
-  assign \$70  = \port$4047$54 [18:16] > 3'h5;
+  assign \$68  = shift[5:3] > 1'h1;
+  assign \$69  = shift[5:3] == 1'h1;
+  assign \$70  = shift[2:0] > 3'h5;
   assign \$71  = \$69  & \$70 ;
   assign \$72  = \$68  | \$71 ;
-  assign \$73  = \port$4047$54 [21:19] > 1'h1;
-  assign \$74  = \port$4047$54 [21:19] == 1'h1;
-  assign \$75  = \port$4047$54 [18:16] > 3'h6;
+  assign \$73  = shift[5:3] > 1'h1;
+  assign \$74  = shift[5:3] == 1'h1;
+  assign \$75  = shift[2:0] > 3'h6;
   assign \$76  = \$74  & \$75 ;
   assign \$77  = \$73  | \$76 ;
-  assign \$78  = \port$4047$54 [21:19] > 1'h1;
-  assign \$79  = \port$4047$54 [21:19] == 1'h1;
-  assign \$80  = \port$4047$54 [18:16] > 3'h7;
+  assign \$78  = shift[5:3] > 1'h1;
+  assign \$79  = shift[5:3] == 1'h1;
+  assign \$80  = shift[2:0] > 3'h7;
   assign \$81  = \$79  & \$80 ;
   assign \$82  = \$78  | \$81 ;
-  assign \$83  = \port$4047$54 [21:19] > 2'h2;
-  assign \$84  = \port$4047$54 [21:19] == 2'h2;
-  assign \$85  = \port$4047$54 [18:16] > 1'h0;
+  assign \$83  = shift[5:3] > 2'h2;
+  assign \$84  = shift[5:3] == 2'h2;
+  assign \$85  = shift[2:0] > 1'h0;
   assign \$86  = \$84  & \$85 ;
   assign \$87  = \$83  | \$86 ;
-  assign \$88  = \port$4047$54 [21:19] > 2'h2;
-  assign \$89  = \port$4047$54 [21:19] == 2'h2;
-  assign \$90  = \port$4047$54 [18:16] > 1'h1;
+  assign \$88  = shift[5:3] > 2'h2;
+  assign \$89  = shift[5:3] == 2'h2;
+  assign \$90  = shift[2:0] > 1'h1;
   assign \$91  = \$89  & \$90 ;
   assign \$92  = \$88  | \$91 ;
-  assign \$93  = \port$4047$54 [21:19] > 2'h2;
-  assign \$94  = \port$4047$54 [21:19] == 2'h2;
-  assign \$95  = \port$4047$54 [18:16] > 2'h2;
+  assign \$93  = shift[5:3] > 2'h2;
+  assign \$94  = shift[5:3] == 2'h2;
+  assign \$95  = shift[2:0] > 2'h2;
   assign \$96  = \$94  & \$95 ;
   assign \$97  = \$93  | \$96 ;
-  assign \$98  = \port$4047$54 [21:19] > 2'h2;
-  assign \$99  = \port$4047$54 [21:19] == 2'h2;
-  assign \$100  = \port$4047$54 [18:16] > 2'h3;
+  assign \$98  = shift[5:3] > 2'h2;
+  assign \$99  = shift[5:3] == 2'h2;
+  assign \$100  = shift[2:0] > 2'h3;
   assign \$101  = \$99  & \$100 ;
   assign \$102  = \$98  | \$101 ;
-  assign \$103  = \port$4047$54 [21:19] > 2'h2;
-  assign \$104  = \port$4047$54 [21:19] == 2'h2;
-  assign \$105  = \port$4047$54 [18:16] > 3'h4;
+  assign \$103  = shift[5:3] > 2'h2;
+  assign \$104  = shift[5:3] == 2'h2;
+  assign \$105  = shift[2:0] > 3'h4;
   assign \$106  = \$104  & \$105 ;
   assign \$107  = \$103  | \$106 ;
-  assign \$108  = \port$4047$54 [21:19] > 2'h2;
-  assign \$109  = \port$4047$54 [21:19] == 2'h2;
-  assign \$110  = \port$4047$54 [18:16] > 3'h5;
+  assign \$108  = shift[5:3] > 2'h2;
+  assign \$109  = shift[5:3] == 2'h2;
+  assign \$110  = shift[2:0] > 3'h5;
   assign \$111  = \$109  & \$110 ;
   assign \$112  = \$108  | \$111 ;
-  assign \$113  = \port$4047$54 [21:19] > 2'h2;
-  assign \$114  = \port$4047$54 [21:19] == 2'h2;
-  assign \$115  = \port$4047$54 [18:16] > 3'h6;
+  assign \$113  = shift[5:3] > 2'h2;
+  assign \$114  = shift[5:3] == 2'h2;
+  assign \$115  = shift[2:0] > 3'h6;
   assign \$116  = \$114  & \$115 ;
   assign \$117  = \$113  | \$116 ;
-  assign \$118  = \port$4047$54 [21:19] > 2'h2;
-  assign \$119  = \port$4047$54 [21:19] == 2'h2;
-  assign \$120  = \port$4047$54 [18:16] > 3'h7;
+  assign \$118  = shift[5:3] > 2'h2;
+  assign \$119  = shift[5:3] == 2'h2;
+  assign \$120  = shift[2:0] > 3'h7;
   assign \$121  = \$119  & \$120 ;
   assign \$122  = \$118  | \$121 ;
-  assign \$123  = \port$4047$54 [21:19] > 2'h3;
-  assign \$124  = \port$4047$54 [21:19] == 2'h3;
-  assign \$125  = \port$4047$54 [18:16] > 1'h0;
+  assign \$123  = shift[5:3] > 2'h3;
+  assign \$124  = shift[5:3] == 2'h3;
+  assign \$125  = shift[2:0] > 1'h0;
   assign \$126  = \$124  & \$125 ;
   assign \$127  = \$123  | \$126 ;
-  assign \$128  = \port$4047$54 [21:19] > 2'h3;
-  assign \$129  = \port$4047$54 [21:19] == 2'h3;
-  assign \$130  = \port$4047$54 [18:16] > 1'h1;
+  assign \$128  = shift[5:3] > 2'h3;
+  assign \$129  = shift[5:3] == 2'h3;
+  assign \$130  = shift[2:0] > 1'h1;
   assign \$131  = \$129  & \$130 ;
   assign \$132  = \$128  | \$131 ;
-  assign \$133  = \port$4047$54 [21:19] > 2'h3;
-  assign \$134  = \port$4047$54 [21:19] == 2'h3;
-  assign \$135  = \port$4047$54 [18:16] > 2'h2;
+  assign \$133  = shift[5:3] > 2'h3;
+  assign \$134  = shift[5:3] == 2'h3;
+  assign \$135  = shift[2:0] > 2'h2;
   assign \$136  = \$134  & \$135 ;
   assign \$137  = \$133  | \$136 ;
-  assign \$138  = \port$4047$54 [21:19] > 2'h3;
-  assign \$139  = \port$4047$54 [21:19] == 2'h3;
-  assign \$140  = \port$4047$54 [18:16] > 2'h3;
+  assign \$138  = shift[5:3] > 2'h3;
+  assign \$139  = shift[5:3] == 2'h3;
+  assign \$140  = shift[2:0] > 2'h3;
   assign \$141  = \$139  & \$140 ;
   assign \$142  = \$138  | \$141 ;
-  assign \$143  = \port$4047$54 [21:19] > 2'h3;
-  assign \$144  = \port$4047$54 [21:19] == 2'h3;
-  assign \$145  = \port$4047$54 [18:16] > 3'h4;
+  assign \$143  = shift[5:3] > 2'h3;
+  assign \$144  = shift[5:3] == 2'h3;
+  assign \$145  = shift[2:0] > 3'h4;
   assign \$146  = \$144  & \$145 ;
   assign \$147  = \$143  | \$146 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
@@ -20507,8 +20514,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$4025$0 (i__payload),
-    .\port$4047$54 (\port$4047$54 [15:0]),
+    .\port$1541$0 (mult),
+    .\port$3664$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21036,23 +21043,21 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$4047$54 [15:0] };
-  assign mult = \port$4047$54 [15:0];
+  assign b__0 = { 2'h0, mult };
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__1 = { 2'h0, mult };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__2 = { 2'h0, mult };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__3 = { 2'h0, mult };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__4 = { 2'h0, mult };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__5 = { 2'h0, mult };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$4047$54 [15:0] };
+  assign b__6 = { 2'h0, mult };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$4047$54 [15:0] };
-  assign shift = \port$4047$54 [21:16];
+  assign b__7 = { 2'h0, mult };
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -21324,7 +21329,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$4047$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$3664$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21410,10 +21415,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$4025$0 ;
-  wire [127:0] \port$4025$0 ;
-  input [15:0] \port$4047$54 ;
-  wire [15:0] \port$4047$54 ;
+  input [15:0] \port$1541$0 ;
+  wire [15:0] \port$1541$0 ;
+  input [127:0] \port$3664$0 ;
+  wire [127:0] \port$3664$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21478,7 +21483,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$4025$0 [16:0] };
+      \$9  = { 1'h0, \port$3664$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21491,7 +21496,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$4047$54  };
+      \$10  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21517,7 +21522,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$4025$0 [31], \port$4025$0 [31], \port$4025$0 [31], \port$4025$0 [31:17] };
+      \$12  = { \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21530,7 +21535,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$4047$54  };
+      \$13  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21556,7 +21561,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$4025$0 [48:32] };
+      \$15  = { 1'h0, \port$3664$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21569,7 +21574,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$4047$54  };
+      \$16  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21595,7 +21600,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$4025$0 [63], \port$4025$0 [63], \port$4025$0 [63], \port$4025$0 [63:49] };
+      \$18  = { \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21608,7 +21613,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$4047$54  };
+      \$19  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21634,7 +21639,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$4025$0 [80:64] };
+      \$21  = { 1'h0, \port$3664$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21647,7 +21652,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$4047$54  };
+      \$22  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21673,7 +21678,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$4025$0 [95], \port$4025$0 [95], \port$4025$0 [95], \port$4025$0 [95:81] };
+      \$24  = { \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21686,7 +21691,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$4047$54  };
+      \$25  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21712,7 +21717,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$4025$0 [112:96] };
+      \$27  = { 1'h0, \port$3664$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21725,7 +21730,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$4047$54  };
+      \$28  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21751,7 +21756,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$4025$0 [127], \port$4025$0 [127], \port$4025$0 [127], \port$4025$0 [127:113] };
+      \$30  = { \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21764,7 +21769,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$4047$54  };
+      \$31  = { 2'h0, \port$1541$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21786,22 +21791,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4025$0 , \port$40
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$4025$0 [16:0] };
-  assign b__0 = { 2'h0, \port$4047$54  };
-  assign a__1 = { \port$4025$0 [31], \port$4025$0 [31], \port$4025$0 [31], \port$4025$0 [31:17] };
-  assign b__1 = { 2'h0, \port$4047$54  };
-  assign a__2 = { 1'h0, \port$4025$0 [48:32] };
-  assign b__2 = { 2'h0, \port$4047$54  };
-  assign a__3 = { \port$4025$0 [63], \port$4025$0 [63], \port$4025$0 [63], \port$4025$0 [63:49] };
-  assign b__3 = { 2'h0, \port$4047$54  };
-  assign a__4 = { 1'h0, \port$4025$0 [80:64] };
-  assign b__4 = { 2'h0, \port$4047$54  };
-  assign a__5 = { \port$4025$0 [95], \port$4025$0 [95], \port$4025$0 [95], \port$4025$0 [95:81] };
-  assign b__5 = { 2'h0, \port$4047$54  };
-  assign a__6 = { 1'h0, \port$4025$0 [112:96] };
-  assign b__6 = { 2'h0, \port$4047$54  };
-  assign a__7 = { \port$4025$0 [127], \port$4025$0 [127], \port$4025$0 [127], \port$4025$0 [127:113] };
-  assign b__7 = { 2'h0, \port$4047$54  };
+  assign a__0 = { 1'h0, \port$3664$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1541$0  };
+  assign a__1 = { \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1541$0  };
+  assign a__2 = { 1'h0, \port$3664$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1541$0  };
+  assign a__3 = { \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1541$0  };
+  assign a__4 = { 1'h0, \port$3664$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1541$0  };
+  assign a__5 = { \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1541$0  };
+  assign a__6 = { 1'h0, \port$3664$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1541$0  };
+  assign a__7 = { \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1541$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -22019,1242 +22024,8 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult, shift, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
-  wire \$1 ;
-  wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire \$108 ;
-  wire \$109 ;
-  wire \$11 ;
-  wire \$110 ;
-  wire \$111 ;
-  wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
-  wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire \$119 ;
-  wire \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
-  wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
-  wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire \$149 ;
-  wire \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
-  wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
-  wire \$17 ;
-  wire \$170 ;
-  wire \$171 ;
-  wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire \$179 ;
-  wire \$18 ;
-  wire \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
-  wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire \$198 ;
-  wire \$199 ;
-  wire [16:0] \$2 ;
-  wire \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
-  wire \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  wire \$209 ;
-  wire \$21 ;
-  wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
-  wire \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
-  wire \$22 ;
-  wire \$220 ;
-  wire \$221 ;
-  wire \$222 ;
-  wire \$223 ;
-  wire \$224 ;
-  wire \$225 ;
-  wire \$226 ;
-  wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
-  wire \$23 ;
-  wire \$230 ;
-  wire \$231 ;
-  wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
-  wire \$24 ;
-  wire \$240 ;
-  wire \$241 ;
-  wire \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire \$245 ;
-  wire \$246 ;
-  wire \$247 ;
-  wire [36:0] \$248 ;
-  wire [66:0] \$249 ;
-  wire \$25 ;
-  wire [67:0] \$250 ;
-  wire [48:0] \$251 ;
-  wire [48:0] \$252 ;
-  wire [48:0] \$253 ;
-  wire [48:0] \$254 ;
-  wire [48:0] \$255 ;
-  wire [48:0] \$256 ;
-  wire [47:0] \$257 ;
-  wire [48:0] \$258 ;
-  wire [48:0] \$259 ;
-  wire \$26 ;
-  wire [48:0] \$260 ;
-  wire [48:0] \$261 ;
-  wire [48:0] \$262 ;
-  wire [48:0] \$263 ;
-  wire [47:0] \$264 ;
-  wire [39:0] \$265 ;
-  wire [48:0] \$266 ;
-  wire [48:0] \$267 ;
-  wire [48:0] \$268 ;
-  wire [48:0] \$269 ;
-  wire \$27 ;
-  wire [48:0] \$270 ;
-  wire [48:0] \$271 ;
-  wire [47:0] \$272 ;
-  wire [48:0] \$273 ;
-  wire [48:0] \$274 ;
-  wire [48:0] \$275 ;
-  wire [48:0] \$276 ;
-  wire [48:0] \$277 ;
-  wire [48:0] \$278 ;
-  wire [47:0] \$279 ;
-  wire \$28 ;
-  wire [39:0] \$280 ;
-  wire [35:0] \$281 ;
-  wire [48:0] \$282 ;
-  wire [48:0] \$283 ;
-  wire [48:0] \$284 ;
-  wire [48:0] \$285 ;
-  wire [48:0] \$286 ;
-  wire [48:0] \$287 ;
-  wire [47:0] \$288 ;
-  wire [48:0] \$289 ;
-  wire \$29 ;
-  wire [48:0] \$290 ;
-  wire [48:0] \$291 ;
-  wire [48:0] \$292 ;
-  wire [48:0] \$293 ;
-  wire [48:0] \$294 ;
-  wire [47:0] \$295 ;
-  wire [39:0] \$296 ;
-  wire [48:0] \$297 ;
-  wire [48:0] \$298 ;
-  wire [48:0] \$299 ;
-  wire \$3 ;
-  wire \$30 ;
-  wire [48:0] \$300 ;
-  wire [48:0] \$301 ;
-  wire [48:0] \$302 ;
-  wire [47:0] \$303 ;
-  wire [48:0] \$304 ;
-  wire [48:0] \$305 ;
-  wire [48:0] \$306 ;
-  wire [48:0] \$307 ;
-  wire [48:0] \$308 ;
-  wire [48:0] \$309 ;
-  wire \$31 ;
-  wire [47:0] \$310 ;
-  wire [39:0] \$311 ;
-  wire [35:0] \$312 ;
-  wire [33:0] \$313 ;
-  wire [48:0] \$314 ;
-  wire [48:0] \$315 ;
-  wire [48:0] \$316 ;
-  wire [48:0] \$317 ;
-  wire [48:0] \$318 ;
-  wire [48:0] \$319 ;
-  wire \$32 ;
-  wire [47:0] \$320 ;
-  wire [48:0] \$321 ;
-  wire [48:0] \$322 ;
-  wire [48:0] \$323 ;
-  wire [48:0] \$324 ;
-  wire [48:0] \$325 ;
-  wire [48:0] \$326 ;
-  wire [47:0] \$327 ;
-  wire [39:0] \$328 ;
-  wire [48:0] \$329 ;
-  wire \$33 ;
-  wire [48:0] \$330 ;
-  wire [48:0] \$331 ;
-  wire [48:0] \$332 ;
-  wire [48:0] \$333 ;
-  wire [48:0] \$334 ;
-  wire [47:0] \$335 ;
-  wire [48:0] \$336 ;
-  wire [48:0] \$337 ;
-  wire [48:0] \$338 ;
-  wire [48:0] \$339 ;
-  wire \$34 ;
-  wire [48:0] \$340 ;
-  wire [48:0] \$341 ;
-  wire [47:0] \$342 ;
-  wire [39:0] \$343 ;
-  wire [35:0] \$344 ;
-  wire [48:0] \$345 ;
-  wire [48:0] \$346 ;
-  wire [48:0] \$347 ;
-  wire [48:0] \$348 ;
-  wire [48:0] \$349 ;
-  wire \$35 ;
-  wire [48:0] \$350 ;
-  wire [47:0] \$351 ;
-  wire [48:0] \$352 ;
-  wire [48:0] \$353 ;
-  wire [48:0] \$354 ;
-  wire [48:0] \$355 ;
-  wire [48:0] \$356 ;
-  wire [48:0] \$357 ;
-  wire [47:0] \$358 ;
-  wire [39:0] \$359 ;
-  wire \$36 ;
-  wire [48:0] \$360 ;
-  wire [48:0] \$361 ;
-  wire [48:0] \$362 ;
-  wire [48:0] \$363 ;
-  wire [48:0] \$364 ;
-  wire [48:0] \$365 ;
-  wire [47:0] \$366 ;
-  wire [48:0] \$367 ;
-  wire [48:0] \$368 ;
-  wire [48:0] \$369 ;
-  wire \$37 ;
-  wire [48:0] \$370 ;
-  wire [48:0] \$371 ;
-  wire [48:0] \$372 ;
-  wire [47:0] \$373 ;
-  wire [39:0] \$374 ;
-  wire [35:0] \$375 ;
-  wire [33:0] \$376 ;
-  wire [48:0] \$377 ;
-  wire \$378 ;
-  wire [48:0] \$379 ;
-  wire \$38 ;
-  wire [48:0] \$380 ;
-  wire \$381 ;
-  wire \$382 ;
-  wire \$383 ;
-  wire [32:0] \$384 ;
-  wire [31:0] \$385 ;
-  wire \$386 ;
-  wire [32:0] \$387 ;
-  wire [32:0] \$388 ;
-  reg [48:0] \$389 ;
-  wire \$39 ;
-  reg \$390 ;
-  reg \$391 ;
-  reg \$392 ;
-  reg [47:0] \$393 ;
-  reg \$394 ;
-  reg \$395 ;
-  reg \$396 ;
-  reg [32:0] \$397 ;
-  reg \$398 ;
-  reg \$399 ;
-  wire \$4 ;
-  wire \$40 ;
-  reg \$400 ;
-  reg [32:0] \$401 ;
-  reg \$402 ;
-  reg \$403 ;
-  reg [31:0] \$404 ;
-  wire \$41 ;
-  wire \$42 ;
-  wire \$43 ;
-  wire \$44 ;
-  wire \$45 ;
-  wire \$46 ;
-  wire \$47 ;
-  wire \$48 ;
-  wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
-  wire \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire \$54 ;
-  wire \$55 ;
-  wire \$56 ;
-  wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire \$74 ;
-  wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
-  wire \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire \$87 ;
-  wire \$88 ;
-  wire \$89 ;
-  wire \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
-  wire \$98 ;
-  wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$23  = 1'h0;
-  wire [17:0] a__0;
-  wire [17:0] a__1;
-  wire [48:0] above;
-  output advance;
-  wire advance;
-  wire [17:0] b__0;
-  wire [17:0] b__1;
-  reg [48:0] below = 49'h0000000000000;
-  input clk;
-  wire clk;
-  wire en;
-  input [31:0] i__payload;
-  wire [31:0] i__payload;
-  wire [31:0] \i__payload[0] ;
-  wire i__ready;
-  input i__valid;
-  wire i__valid;
-  input [15:0] mult;
-  wire [15:0] mult;
-  reg neg0 = 1'h0;
-  reg neg2_0 = 1'h0;
-  output [31:0] o__payload;
-  reg [31:0] o__payload = 32'd0;
-  wire [31:0] \o__payload[0] ;
-  wire o__ready;
-  output o__valid;
-  reg o__valid = 1'h0;
-  reg over0 = 1'h0;
-  reg over2_0 = 1'h0;
-  wire [35:0] p__0;
-  wire [35:0] p__1;
-  reg [32:0] rounded0 = 33'h000000000;
-  input rst;
-  wire rst;
-  input [5:0] shift;
-  wire [5:0] shift;
-  reg sticky0 = 1'h0;
-  input unit_rst;
-  wire unit_rst;
-  reg v2 = 1'h0;
-  reg v_round = 1'h0;
-  reg [47:0] x0 = 48'h000000000000;
-  reg x_valid = 1'h0;
-  reg [32:0] y0 = 33'h000000000;
-  assign \$1  = ~ o__valid;
-  assign \$2  = ~ below[16:0];
-  assign \$3  = shift[5:3] > 1'h0;
-  assign \$4  = ! shift[5:3];
-  assign \$5  = shift[2:0] > 1'h0;
-  assign \$6  = \$4  & \$5 ;
-  assign \$7  = \$3  | \$6 ;
-  assign \$8  = shift[5:3] > 1'h0;
-  assign \$9  = ! shift[5:3];
-  assign \$10  = shift[2:0] > 1'h1;
-  assign \$11  = \$9  & \$10 ;
-  assign \$12  = \$8  | \$11 ;
-  assign \$13  = shift[5:3] > 1'h0;
-  assign \$14  = ! shift[5:3];
-  assign \$15  = shift[2:0] > 2'h2;
-  assign \$16  = \$14  & \$15 ;
-  assign \$17  = \$13  | \$16 ;
-  assign \$18  = shift[5:3] > 1'h0;
-  assign \$19  = ! shift[5:3];
-  assign \$20  = shift[2:0] > 2'h3;
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = \$18  | \$21 ;
-  assign \$23  = shift[5:3] > 1'h0;
-  assign \$24  = ! shift[5:3];
-  assign \$25  = shift[2:0] > 3'h4;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign \$28  = shift[5:3] > 1'h0;
-  assign \$29  = ! shift[5:3];
-  assign \$30  = shift[2:0] > 3'h5;
-  assign \$31  = \$29  & \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = shift[5:3] > 1'h0;
-  assign \$34  = ! shift[5:3];
-  assign \$35  = shift[2:0] > 3'h6;
-  assign \$36  = \$34  & \$35 ;
-  assign \$37  = \$33  | \$36 ;
-  assign \$38  = shift[5:3] > 1'h0;
-  assign \$39  = ! shift[5:3];
-  assign \$40  = shift[2:0] > 3'h7;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = \$38  | \$41 ;
-  assign \$43  = shift[5:3] > 1'h1;
-  assign \$44  = shift[5:3] == 1'h1;
-  assign \$45  = shift[2:0] > 1'h0;
-  assign \$46  = \$44  & \$45 ;
-  assign \$47  = \$43  | \$46 ;
-  assign \$48  = shift[5:3] > 1'h1;
-  assign \$49  = shift[5:3] == 1'h1;
-  assign \$50  = shift[2:0] > 1'h1;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = \$48  | \$51 ;
-  assign \$53  = shift[5:3] > 1'h1;
-  assign \$54  = shift[5:3] == 1'h1;
-  assign \$55  = shift[2:0] > 2'h2;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = \$53  | \$56 ;
-  assign \$58  = shift[5:3] > 1'h1;
-  assign \$59  = shift[5:3] == 1'h1;
-  assign \$60  = shift[2:0] > 2'h3;
-  assign \$61  = \$59  & \$60 ;
-  assign \$62  = \$58  | \$61 ;
-  assign \$63  = shift[5:3] > 1'h1;
-  assign \$64  = shift[5:3] == 1'h1;
-  assign \$65  = shift[2:0] > 3'h4;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = \$63  | \$66 ;
-  assign \$68  = shift[5:3] > 1'h1;
-  assign \$69  = shift[5:3] == 1'h1;
-  assign \$70  = shift[2:0] > 3'h5;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = \$68  | \$71 ;
-  assign \$73  = shift[5:3] > 1'h1;
-  assign \$74  = shift[5:3] == 1'h1;
-  assign \$75  = shift[2:0] > 3'h6;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = \$73  | \$76 ;
-  assign \$78  = shift[5:3] > 1'h1;
-  assign \$79  = shift[5:3] == 1'h1;
-  assign \$80  = shift[2:0] > 3'h7;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = \$78  | \$81 ;
-  assign \$83  = shift[5:3] > 2'h2;
-  assign \$84  = shift[5:3] == 2'h2;
-  assign \$85  = shift[2:0] > 1'h0;
-  assign \$86  = \$84  & \$85 ;
-  assign \$87  = \$83  | \$86 ;
-  assign \$88  = shift[5:3] > 2'h2;
-  assign \$89  = shift[5:3] == 2'h2;
-  assign \$90  = shift[2:0] > 1'h1;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = \$88  | \$91 ;
-  assign \$93  = shift[5:3] > 2'h2;
-  assign \$94  = shift[5:3] == 2'h2;
-  assign \$95  = shift[2:0] > 2'h2;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = \$93  | \$96 ;
-  assign \$98  = shift[5:3] > 2'h2;
-  assign \$99  = shift[5:3] == 2'h2;
-  assign \$100  = shift[2:0] > 2'h3;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = \$98  | \$101 ;
-  assign \$103  = shift[5:3] > 2'h2;
-  assign \$104  = shift[5:3] == 2'h2;
-  assign \$105  = shift[2:0] > 3'h4;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = \$103  | \$106 ;
-  assign \$108  = shift[5:3] > 2'h2;
-  assign \$109  = shift[5:3] == 2'h2;
-  assign \$110  = shift[2:0] > 3'h5;
-  assign \$111  = \$109  & \$110 ;
-  assign \$112  = \$108  | \$111 ;
-  assign \$113  = shift[5:3] > 2'h2;
-  assign \$114  = shift[5:3] == 2'h2;
-  assign \$115  = shift[2:0] > 3'h6;
-  assign \$116  = \$114  & \$115 ;
-  assign \$117  = \$113  | \$116 ;
-  assign \$118  = shift[5:3] > 2'h2;
-  assign \$119  = shift[5:3] == 2'h2;
-  assign \$120  = shift[2:0] > 3'h7;
-  assign \$121  = \$119  & \$120 ;
-  assign \$122  = \$118  | \$121 ;
-  assign \$123  = shift[5:3] > 2'h3;
-  assign \$124  = shift[5:3] == 2'h3;
-  assign \$125  = shift[2:0] > 1'h0;
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = \$123  | \$126 ;
-  assign \$128  = shift[5:3] > 2'h3;
-  assign \$129  = shift[5:3] == 2'h3;
-  assign \$130  = shift[2:0] > 1'h1;
-  assign \$131  = \$129  & \$130 ;
-  assign \$132  = \$128  | \$131 ;
-  assign \$133  = shift[5:3] > 2'h3;
-  assign \$134  = shift[5:3] == 2'h3;
-  assign \$135  = shift[2:0] > 2'h2;
-  assign \$136  = \$134  & \$135 ;
-  assign \$137  = \$133  | \$136 ;
-  assign \$138  = shift[5:3] > 2'h3;
-  assign \$139  = shift[5:3] == 2'h3;
-  assign \$140  = shift[2:0] > 2'h3;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = shift[5:3] > 2'h3;
-  assign \$144  = shift[5:3] == 2'h3;
-  assign \$145  = shift[2:0] > 3'h4;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$143  | \$146 ;
-  assign \$148  = shift[5:3] > 2'h3;
-  assign \$149  = shift[5:3] == 2'h3;
-  assign \$150  = shift[2:0] > 3'h5;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = \$148  | \$151 ;
-  assign \$153  = shift[5:3] > 2'h3;
-  assign \$154  = shift[5:3] == 2'h3;
-  assign \$155  = shift[2:0] > 3'h6;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = shift[5:3] > 2'h3;
-  assign \$159  = shift[5:3] == 2'h3;
-  assign \$160  = shift[2:0] > 3'h7;
-  assign \$161  = \$159  & \$160 ;
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = shift[5:3] > 3'h4;
-  assign \$164  = shift[5:3] == 3'h4;
-  assign \$165  = shift[2:0] > 1'h0;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = shift[5:3] > 3'h4;
-  assign \$169  = shift[5:3] == 3'h4;
-  assign \$170  = shift[2:0] > 1'h1;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$168  | \$171 ;
-  assign \$173  = shift[5:3] > 3'h4;
-  assign \$174  = shift[5:3] == 3'h4;
-  assign \$175  = shift[2:0] > 2'h2;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = shift[5:3] > 3'h4;
-  assign \$179  = shift[5:3] == 3'h4;
-  assign \$180  = shift[2:0] > 2'h3;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = shift[5:3] > 3'h4;
-  assign \$184  = shift[5:3] == 3'h4;
-  assign \$185  = shift[2:0] > 3'h4;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \$183  | \$186 ;
-  assign \$188  = shift[5:3] > 3'h4;
-  assign \$189  = shift[5:3] == 3'h4;
-  assign \$190  = shift[2:0] > 3'h5;
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = \$188  | \$191 ;
-  assign \$193  = shift[5:3] > 3'h4;
-  assign \$194  = shift[5:3] == 3'h4;
-  assign \$195  = shift[2:0] > 3'h6;
-  assign \$196  = \$194  & \$195 ;
-  assign \$197  = \$193  | \$196 ;
-  assign \$198  = shift[5:3] > 3'h4;
-  assign \$199  = shift[5:3] == 3'h4;
-  assign \$200  = shift[2:0] > 3'h7;
-  assign \$201  = \$199  & \$200 ;
-  assign \$202  = \$198  | \$201 ;
-  assign \$203  = shift[5:3] > 3'h5;
-  assign \$204  = shift[5:3] == 3'h5;
-  assign \$205  = shift[2:0] > 1'h0;
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = \$203  | \$206 ;
-  assign \$208  = shift[5:3] > 3'h5;
-  assign \$209  = shift[5:3] == 3'h5;
-  assign \$210  = shift[2:0] > 1'h1;
-  assign \$211  = \$209  & \$210 ;
-  assign \$212  = \$208  | \$211 ;
-  assign \$213  = shift[5:3] > 3'h5;
-  assign \$214  = shift[5:3] == 3'h5;
-  assign \$215  = shift[2:0] > 2'h2;
-  assign \$216  = \$214  & \$215 ;
-  assign \$217  = \$213  | \$216 ;
-  assign \$218  = shift[5:3] > 3'h5;
-  assign \$219  = shift[5:3] == 3'h5;
-  assign \$220  = shift[2:0] > 2'h3;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = \$218  | \$221 ;
-  assign \$223  = shift[5:3] > 3'h5;
-  assign \$224  = shift[5:3] == 3'h5;
-  assign \$225  = shift[2:0] > 3'h4;
-  assign \$226  = \$224  & \$225 ;
-  assign \$227  = \$223  | \$226 ;
-  assign \$228  = shift[5:3] > 3'h5;
-  assign \$229  = shift[5:3] == 3'h5;
-  assign \$230  = shift[2:0] > 3'h5;
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = \$228  | \$231 ;
-  assign \$233  = shift[5:3] > 3'h5;
-  assign \$234  = shift[5:3] == 3'h5;
-  assign \$235  = shift[2:0] > 3'h6;
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = \$233  | \$236 ;
-  assign \$238  = shift[5:3] > 3'h5;
-  assign \$239  = shift[5:3] == 3'h5;
-  assign \$240  = shift[2:0] > 3'h7;
-  assign \$241  = \$239  & \$240 ;
-  assign \$242  = \$238  | \$241 ;
-  assign \$243  = shift[5:3] > 3'h6;
-  assign \$244  = shift[5:3] == 3'h6;
-  assign \$245  = shift[2:0] > 1'h0;
-  assign \$246  = \$244  & \$245 ;
-  assign \$247  = \$243  | \$246 ;
-  assign \$250  = $signed(\$248 ) + $signed(\$249 );
-  assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
-  assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
-  assign \$256  = shift[4] ? \$253  : \$255 ;
-  assign \$259  = shift[5] ? \$258  : { x0, 1'h0 };
-  assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
-  assign \$263  = shift[4] ? \$260  : \$262 ;
-  assign \$264  = shift[3] ? \$257  : \$263 [47:0];
-  assign \$267  = shift[5] ? \$266  : { x0, 1'h0 };
-  assign \$270  = shift[5] ? \$269  : { x0, 1'h0 };
-  assign \$271  = shift[4] ? \$268  : \$270 ;
-  assign \$274  = shift[5] ? \$273  : { x0, 1'h0 };
-  assign \$277  = shift[5] ? \$276  : { x0, 1'h0 };
-  assign \$278  = shift[4] ? \$275  : \$277 ;
-  assign \$279  = shift[3] ? \$272  : \$278 [47:0];
-  assign \$280  = shift[2] ? \$265  : \$279 [39:0];
-  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
-  assign \$286  = shift[5] ? \$285  : { x0, 1'h0 };
-  assign \$287  = shift[4] ? \$284  : \$286 ;
-  assign \$290  = shift[5] ? \$289  : { x0, 1'h0 };
-  assign \$293  = shift[5] ? \$292  : { x0, 1'h0 };
-  assign \$294  = shift[4] ? \$291  : \$293 ;
-  assign \$295  = shift[3] ? \$288  : \$294 [47:0];
-  assign \$298  = shift[5] ? \$297  : { x0, 1'h0 };
-  assign \$301  = shift[5] ? \$300  : { x0, 1'h0 };
-  assign \$302  = shift[4] ? \$299  : \$301 ;
-  assign \$305  = shift[5] ? \$304  : { x0, 1'h0 };
-  assign \$308  = shift[5] ? \$307  : { x0, 1'h0 };
-  assign \$309  = shift[4] ? \$306  : \$308 ;
-  assign \$310  = shift[3] ? \$303  : \$309 [47:0];
-  assign \$311  = shift[2] ? \$296  : \$310 [39:0];
-  assign \$312  = shift[1] ? \$281  : \$311 [35:0];
-  assign \$315  = shift[5] ? \$314  : { x0, 1'h0 };
-  assign \$318  = shift[5] ? \$317  : { x0, 1'h0 };
-  assign \$319  = shift[4] ? \$316  : \$318 ;
-  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
-  assign \$325  = shift[5] ? \$324  : { x0, 1'h0 };
-  assign \$326  = shift[4] ? \$323  : \$325 ;
-  assign \$327  = shift[3] ? \$320  : \$326 [47:0];
-  assign \$330  = shift[5] ? \$329  : { x0, 1'h0 };
-  assign \$333  = shift[5] ? \$332  : { x0, 1'h0 };
-  assign \$334  = shift[4] ? \$331  : \$333 ;
-  assign \$337  = shift[5] ? \$336  : { x0, 1'h0 };
-  assign \$340  = shift[5] ? \$339  : { x0, 1'h0 };
-  assign \$341  = shift[4] ? \$338  : \$340 ;
-  assign \$342  = shift[3] ? \$335  : \$341 [47:0];
-  assign \$343  = shift[2] ? \$328  : \$342 [39:0];
-  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
-  assign \$349  = shift[5] ? \$348  : { x0, 1'h0 };
-  assign \$350  = shift[4] ? \$347  : \$349 ;
-  assign \$353  = shift[5] ? \$352  : { x0, 1'h0 };
-  assign \$356  = shift[5] ? \$355  : { x0, 1'h0 };
-  assign \$357  = shift[4] ? \$354  : \$356 ;
-  assign \$358  = shift[3] ? \$351  : \$357 [47:0];
-  assign \$361  = shift[5] ? \$360  : { x0, 1'h0 };
-  assign \$364  = shift[5] ? \$363  : { x0, 1'h0 };
-  assign \$365  = shift[4] ? \$362  : \$364 ;
-  assign \$368  = shift[5] ? \$367  : { x0, 1'h0 };
-  assign \$371  = shift[5] ? \$370  : { x0, 1'h0 };
-  assign \$372  = shift[4] ? \$369  : \$371 ;
-  assign \$373  = shift[3] ? \$366  : \$372 [47:0];
-  assign \$374  = shift[2] ? \$359  : \$373 [39:0];
-  assign \$375  = shift[1] ? \$344  : \$374 [35:0];
-  assign \$376  = shift[0] ? \$313  : \$375 [33:0];
-  assign \$377  = { x0, 1'h0 } & below;
-  assign \$378  = | \$377 ;
-  assign \$379  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$380  = \$379  & { \$2 , 32'h00000000 };
-  assign \$381  = | \$380 ;
-  assign \$382  = sticky0 | y0[1];
-  assign \$383  = y0[0] & \$382 ;
-  assign \$384  = $signed(y0[32:1]) + $signed({ 1'h0, \$383  });
-  assign \$385  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
-  assign \$386  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$387  = \$386  ? 33'h07fffffff : rounded0;
-  assign \$388  = over2_0 ? { \$385 [31], \$385  } : \$387 ;
-  always @(posedge clk)
-    below <= \$389 ;
-  always @(posedge clk)
-    \$signal  <= \$390 ;
-  always @(posedge clk)
-    v2 <= \$391 ;
-  always @(posedge clk)
-    x_valid <= \$392 ;
-  always @(posedge clk)
-    x0 <= \$393 ;
-  always @(posedge clk)
-    \$signal$23  <= \$394 ;
-  always @(posedge clk)
-    v_round <= \$395 ;
-  always @(posedge clk)
-    o__valid <= \$396 ;
-  always @(posedge clk)
-    y0 <= \$397 ;
-  always @(posedge clk)
-    sticky0 <= \$398 ;
-  always @(posedge clk)
-    over0 <= \$399 ;
-  always @(posedge clk)
-    neg0 <= \$400 ;
-  always @(posedge clk)
-    rounded0 <= \$401 ;
-  always @(posedge clk)
-    over2_0 <= \$402 ;
-  always @(posedge clk)
-    neg2_0 <= \$403 ;
-  always @(posedge clk)
-    o__payload <= \$404 ;
-  \nanokpu_kpu.requant.mul  mul (
-    .clk(clk),
-    .en(1'h1),
-    .p__0(p__0),
-    .p__1(p__1),
-    .\port$3661$0 (i__payload),
-    .\port$3773$0 (mult),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$389  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
-    if (unit_rst) begin
-      \$389  = 49'h0000000000000;
-    end
-    if (rst) begin
-      \$389  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$390  = \$signal ;
-    if (advance) begin
-      \$390  = i__valid;
-    end
-    if (unit_rst) begin
-      \$390  = 1'h0;
-    end
-    if (rst) begin
-      \$390  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$391  = v2;
-    if (advance) begin
-      \$391  = \$signal ;
-    end
-    if (unit_rst) begin
-      \$391  = 1'h0;
-    end
-    if (rst) begin
-      \$391  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$392  = x_valid;
-    if (advance) begin
-      \$392  = v2;
-    end
-    if (unit_rst) begin
-      \$392  = 1'h0;
-    end
-    if (rst) begin
-      \$392  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$393  = x0;
-    if (advance) begin
-      \$393  = \$250 [47:0];
-    end
-    if (unit_rst) begin
-      \$393  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$393  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$394  = \$signal$23 ;
-    if (advance) begin
-      \$394  = x_valid;
-    end
-    if (unit_rst) begin
-      \$394  = 1'h0;
-    end
-    if (rst) begin
-      \$394  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$395  = v_round;
-    if (advance) begin
-      \$395  = \$signal$23 ;
-    end
-    if (unit_rst) begin
-      \$395  = 1'h0;
-    end
-    if (rst) begin
-      \$395  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$396  = o__valid;
-    if (advance) begin
-      \$396  = v_round;
-    end
-    if (unit_rst) begin
-      \$396  = 1'h0;
-    end
-    if (rst) begin
-      \$396  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$397  = y0;
-    if (advance) begin
-      \$397  = \$376 [32:0];
-    end
-    if (unit_rst) begin
-      \$397  = 33'h000000000;
-    end
-    if (rst) begin
-      \$397  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$398  = sticky0;
-    if (advance) begin
-      \$398  = \$378 ;
-    end
-    if (unit_rst) begin
-      \$398  = 1'h0;
-    end
-    if (rst) begin
-      \$398  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$399  = over0;
-    if (advance) begin
-      \$399  = \$381 ;
-    end
-    if (unit_rst) begin
-      \$399  = 1'h0;
-    end
-    if (rst) begin
-      \$399  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$400  = neg0;
-    if (advance) begin
-      \$400  = x0[47];
-    end
-    if (unit_rst) begin
-      \$400  = 1'h0;
-    end
-    if (rst) begin
-      \$400  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$401  = rounded0;
-    if (advance) begin
-      \$401  = \$384 ;
-    end
-    if (unit_rst) begin
-      \$401  = 33'h000000000;
-    end
-    if (rst) begin
-      \$401  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$402  = over2_0;
-    if (advance) begin
-      \$402  = over0;
-    end
-    if (unit_rst) begin
-      \$402  = 1'h0;
-    end
-    if (rst) begin
-      \$402  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$403  = neg2_0;
-    if (advance) begin
-      \$403  = neg0;
-    end
-    if (unit_rst) begin
-      \$403  = 1'h0;
-    end
-    if (rst) begin
-      \$403  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$404  = o__payload;
-    if (advance) begin
-      \$404  = \$388 [31:0];
-    end
-    if (unit_rst) begin
-      \$404  = 32'd0;
-    end
-    if (rst) begin
-      \$404  = 32'd0;
-    end
-  end
-  assign o__ready = 1'h1;
-  assign above = { \$2 , 32'h00000000 };
-  assign en = advance;
-  assign i__ready = advance;
-  assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, mult };
-  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, mult };
-  assign \i__payload[0]  = i__payload;
-  assign \o__payload[0]  = o__payload;
-  assign advance = 1'h1;
-  assign \$248  = { p__0[35], p__0 };
-  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$251  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$253  = { \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48:16] };
-  assign \$254  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$257  = { \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47:8] };
-  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$260  = { \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48:16] };
-  assign \$261  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$265  = { \$264 [39], \$264 [39], \$264 [39], \$264 [39], \$264 [39:4] };
-  assign \$266  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$268  = { \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48:16] };
-  assign \$269  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$272  = { \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47:8] };
-  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$275  = { \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48:16] };
-  assign \$276  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$281  = { \$280 [35], \$280 [35], \$280 [35:2] };
-  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$284  = { \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48:16] };
-  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$288  = { \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47:8] };
-  assign \$289  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$291  = { \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48:16] };
-  assign \$292  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$296  = { \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39:4] };
-  assign \$297  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$299  = { \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48:16] };
-  assign \$300  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$303  = { \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47:8] };
-  assign \$304  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$306  = { \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48:16] };
-  assign \$307  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$313  = { \$312 [33], \$312 [33:1] };
-  assign \$314  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$316  = { \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48:16] };
-  assign \$317  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$320  = { \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47:8] };
-  assign \$321  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
-  assign \$324  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$328  = { \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39:4] };
-  assign \$329  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$331  = { \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48:16] };
-  assign \$332  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$335  = { \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47:8] };
-  assign \$336  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$338  = { \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48:16] };
-  assign \$339  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$344  = { \$343 [35], \$343 [35], \$343 [35:2] };
-  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
-  assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
-  assign \$352  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$354  = { \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48:16] };
-  assign \$355  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$359  = { \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39:4] };
-  assign \$360  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$362  = { \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48:16] };
-  assign \$363  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$366  = { \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47:8] };
-  assign \$367  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$369  = { \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48:16] };
-  assign \$370  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3661$0 , \port$3773$0 , p__0, p__1, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
-  wire [35:0] \$1 ;
-  wire [35:0] \$2 ;
-  reg [17:0] \$3 ;
-  reg [17:0] \$4 ;
-  reg [35:0] \$5 ;
-  reg [17:0] \$6 ;
-  reg [17:0] \$7 ;
-  reg [35:0] \$8 ;
-  reg [17:0] a0_r = 18'h00000;
-  reg [17:0] a1_r = 18'h00000;
-  wire [17:0] a__0;
-  wire [17:0] a__1;
-  reg [17:0] b0_r = 18'h00000;
-  reg [17:0] b1_r = 18'h00000;
-  wire [17:0] b__0;
-  wire [17:0] b__1;
-  input clk;
-  wire clk;
-  input en;
-  wire en;
-  output [35:0] p__0;
-  reg [35:0] p__0 = 36'h000000000;
-  output [35:0] p__1;
-  reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3661$0 ;
-  wire [31:0] \port$3661$0 ;
-  input [15:0] \port$3773$0 ;
-  wire [15:0] \port$3773$0 ;
-  input rst;
-  wire rst;
-  input unit_rst;
-  wire unit_rst;
-  assign \$2  = $signed(a1_r) * $signed(b1_r);
-  always @(posedge clk)
-    a0_r <= \$3 ;
-  always @(posedge clk)
-    b0_r <= \$4 ;
-  always @(posedge clk)
-    p__0 <= \$5 ;
-  always @(posedge clk)
-    a1_r <= \$6 ;
-  always @(posedge clk)
-    b1_r <= \$7 ;
-  always @(posedge clk)
-    p__1 <= \$8 ;
-  assign \$1  = $signed(a0_r) * $signed(b0_r);
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$3  = a0_r;
-    if (en) begin
-      \$3  = { 1'h0, \port$3661$0 [16:0] };
-    end
-    if (unit_rst) begin
-      \$3  = 18'h00000;
-    end
-    if (rst) begin
-      \$3  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$4  = b0_r;
-    if (en) begin
-      \$4  = { 2'h0, \port$3773$0  };
-    end
-    if (unit_rst) begin
-      \$4  = 18'h00000;
-    end
-    if (rst) begin
-      \$4  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$5  = p__0;
-    if (en) begin
-      \$5  = \$1 ;
-    end
-    if (unit_rst) begin
-      \$5  = 36'h000000000;
-    end
-    if (rst) begin
-      \$5  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$6  = a1_r;
-    if (en) begin
-      \$6  = { \port$3661$0 [31], \port$3661$0 [31], \port$3661$0 [31], \port$3661$0 [31:17] };
-    end
-    if (unit_rst) begin
-      \$6  = 18'h00000;
-    end
-    if (rst) begin
-      \$6  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$7  = b1_r;
-    if (en) begin
-      \$7  = { 2'h0, \port$3773$0  };
-    end
-    if (unit_rst) begin
-      \$7  = 18'h00000;
-    end
-    if (rst) begin
-      \$7  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$8  = p__1;
-    if (en) begin
-      \$8  = \$2 ;
-    end
-    if (unit_rst) begin
-      \$8  = 36'h000000000;
-    end
-    if (rst) begin
-      \$8  = 36'h000000000;
-    end
-  end
-  assign a__0 = { 1'h0, \port$3661$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3773$0  };
-  assign a__1 = { \port$3661$0 [31], \port$3661$0 [31], \port$3661$0 [31], \port$3661$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3773$0  };
-endmodule
-
-(* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -23796,7 +22567,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -23807,7 +22578,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__addr = 3'h0;
     if (\$signal ) begin
       lw__addr = inc2_index;
@@ -23816,7 +22587,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__en = 1'h0;
     if (\$signal ) begin
       lw__en = 1'h1;
@@ -23825,7 +22596,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__data = 16'h0000;
     if (\$signal ) begin
       lw__data = \$30 [15:0];
@@ -23834,7 +22605,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -23847,7 +22618,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -23860,7 +22631,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -23875,7 +22646,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -23888,7 +22659,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -23898,7 +22669,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -23911,7 +22682,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -23926,7 +22697,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -23944,7 +22715,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -23954,7 +22725,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -23967,7 +22738,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -23983,7 +22754,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -23993,7 +22764,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -24003,7 +22774,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -24020,7 +22791,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -24037,7 +22808,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -24054,7 +22825,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -24073,7 +22844,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -24088,7 +22859,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -24103,7 +22874,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -24117,7 +22888,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -24131,7 +22902,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -24145,7 +22916,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -24159,7 +22930,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$151  = \$signal$37 ;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -24169,7 +22940,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -24179,7 +22950,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -24196,7 +22967,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -24211,7 +22982,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -24226,7 +22997,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -24245,7 +23016,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -24261,7 +23032,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -24277,7 +23048,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -24290,7 +23061,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -24306,7 +23077,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -24395,7 +23166,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -24443,7 +23214,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -24458,7 +23229,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -24473,7 +23244,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -24488,7 +23259,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -24508,7 +23279,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
   wire [4:0] \$3 ;
@@ -24552,7 +23323,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__p
     .y(o__payload)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$4  = valid;
     if (advance) begin
       \$4  = \$3 [3:0];
@@ -24580,7 +23351,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [16:0] \$11 ;
@@ -24933,42 +23704,42 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[16:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { 1'h0, \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [12:0];
@@ -24996,7 +23767,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   wire [30:0] \$10 ;
   reg [5:0] \$11 ;
@@ -25076,7 +23847,7 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     .y(\y$17 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$11  = valid;
     if (advance) begin
       \$11  = \$3 [5:0];
@@ -25089,14 +23860,14 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$12  = product;
     if (advance) begin
       \$12  = \$4 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$13  = o__payload;
     if (advance) begin
       \$13  = \$10 [15:0];
@@ -25126,7 +23897,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [17:0] \$11 ;
@@ -25607,42 +24378,42 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[17:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { \$7 [16], \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [13:0];
@@ -25670,7 +24441,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
   wire [19:0] \$11 ;
@@ -26791,42 +25562,42 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [5:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[19:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { 1'h0, \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [15:0];
@@ -35109,7 +33880,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   wire [16:0] \$10 ;
   wire [32:0] \$100 ;
@@ -35467,7 +34238,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -35492,7 +34263,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -35509,7 +34280,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -35526,7 +34297,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     den = 16'h0000;
     casez (op)
       2'h0:
@@ -35543,7 +34314,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \num$14  = 21'h000000;
     casez (op)
       2'h0:
@@ -35568,7 +34339,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \den$16  = 17'h00000;
     casez (op)
       2'h0:
@@ -35593,7 +34364,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \start$19  = 1'h0;
     casez (op)
       2'h0:
@@ -35620,7 +34391,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     q = 23'h000000;
     casez (op)
       2'h0:
@@ -35649,7 +34420,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     rm = 18'h00000;
     casez (op)
       2'h0:
@@ -35678,7 +34449,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$134  = 1'h0;
     casez (op)
       2'h0:
@@ -35719,7 +34490,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$135  = o__payload;
     casez (op)
       2'h0:
@@ -35760,7 +34531,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$136  = \$signal$7 ;
     casez (op)
       2'h0:
@@ -35778,7 +34549,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$137  = prod;
     casez (op)
       2'h0:
@@ -35796,7 +34567,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$138  = p_last;
     casez (op)
       2'h0:
@@ -35814,7 +34585,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$139  = acc;
     casez (op)
       2'h0:
@@ -35837,7 +34608,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$140  = sumsq;
     casez (op)
       2'h0:
@@ -35866,7 +34637,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$141  = fsm_state;
     casez (op)
       2'h0:
@@ -35919,7 +34690,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$142  = \rem$32 ;
     casez (op)
       2'h0:
@@ -35950,7 +34721,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$143  = root;
     casez (op)
       2'h0:
@@ -35984,7 +34755,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$144  = \bit ;
     casez (op)
       2'h0:
@@ -36013,7 +34784,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$145  = r;
     casez (op)
       2'h0:
@@ -36042,7 +34813,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$146  = neg;
     casez (op)
       2'h0:
@@ -36075,7 +34846,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$147  = row_end;
     casez (op)
       2'h0:
@@ -36147,7 +34918,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -36197,7 +34968,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -36212,7 +34983,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[19:0], \$5  };
@@ -36227,7 +34998,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -36242,7 +35013,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -36261,7 +35032,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg [15:0] \$10 ;
   wire \$2 ;
@@ -36310,7 +35081,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [16:0];
@@ -36325,7 +35096,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -36340,7 +35111,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -36355,7 +35126,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
