@@ -73,9 +73,8 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
 def run_profile(name: str, seed: int, dsp: str = "generic") -> tuple[KpuConfig, list[dict]]:
     """Time the block's GEMMs of profile ``name`` built with ``dsp`` on Verilator (``ice40``:
     with Yosys' SB_MAC16 model, and each shape also without store, ``cycles_compute``)."""
-    from fpga.flow import vendor_sim_model
     from nanokpu.gemm import GemmEngine
-    from sim.runner import run_bench
+    from sim.runner import run_bench, vendor_build_args
 
     cfg = profile(name, dsp=dsp)
     gemms = block_gemms(cfg, TOKENS[name])
@@ -83,7 +82,7 @@ def run_profile(name: str, seed: int, dsp: str = "generic") -> tuple[KpuConfig, 
     build_args = ()
     if dsp == "ice40":
         params |= {"overrides": {"dsp": dsp}, "compute_only": True}
-        build_args = (str(vendor_sim_model("SB_MAC16", "ice40")), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
+        build_args = vendor_build_args(dsp)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,

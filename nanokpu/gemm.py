@@ -170,11 +170,11 @@ class GemmEngine(wiring.Component):
     a_in : In(stream.Signature(ArrayLayout(signed(in_width), rows)))
     b_in : In(stream.Signature(ArrayLayout(signed(in_width), cols)))
     c_out : Out(stream.Signature(ArrayLayout(signed(out_width), rows)))
-    rq_in : In(stream.Signature(signed(acc_width)))
-        Values for the requantiser alone, for a user that has one requantiser for its GEMM
-        results and other values: each comes out of ``c_out`` in lane 0 (the other lanes are
-        don't-care) with the latency and interval of a stored word. Taken while no store
-        runs (``ready`` low during one); let the results out before the next command.
+    rq_in : In(stream.Signature(ArrayLayout(signed(acc_width), rows)))
+        Words of values for the requantiser alone, for a user that has one requantiser for its
+        GEMM results and other values: each word comes out of ``c_out``, lane for lane, with
+        the latency and interval of a stored word. Taken while no store runs (``ready`` low
+        during one); let the results out before the next command.
     rq_mult : In(unsigned(mult_width))
     rq_shift : In(unsigned(SHIFT_WIDTH))
         The requantiser's multiplier and right shift for ``rq_in``, held while its values are
@@ -203,7 +203,7 @@ class GemmEngine(wiring.Component):
             "a_in": In(stream.Signature(data.ArrayLayout(op, cfg.rows))),
             "b_in": In(stream.Signature(data.ArrayLayout(op, cfg.cols))),
             "c_out": Out(stream.Signature(data.ArrayLayout(signed(self.out_width), cfg.rows))),
-            "rq_in": In(stream.Signature(signed(cfg.acc_width))),
+            "rq_in": In(stream.Signature(data.ArrayLayout(signed(cfg.acc_width), cfg.rows))),
             "rq_mult": In(unsigned(cfg.mult_width)), "rq_shift": In(unsigned(SHIFT_WIDTH)),
             "busy": Out(1), "done": Out(1), "error": Out(1),
             "error_code": Out(GemmError),
@@ -422,14 +422,13 @@ class GemmEngine(wiring.Component):
         q_valid = Signal()          # c_q holds it
         out_left = Signal(wide)     # words not yet sent
         advance = ~q_valid | requant.i.ready
-        # the requantiser takes the stored words, or rq_in's values (lane 0) while no store runs
+        # the requantiser takes the stored words, or rq_in's while no store runs
         rq_in = self.rq_in
         m.d.comb += [requant.mult.eq(Mux(storing, cmd.mult, self.rq_mult)),
                      requant.shift.eq(Mux(storing, cmd.shift, self.rq_shift)),
                      requant.i.valid.eq(Mux(storing, q_valid, rq_in.valid)),
                      rq_in.ready.eq(~storing & requant.i.ready),
-                     requant.i.payload.eq(c_q),
-                     requant.i.payload[0].eq(Mux(storing, c_q[0], rq_in.payload))]
+                     requant.i.payload.eq(Mux(storing, c_q, rq_in.payload))]
         wiring.connect(m, requant.o, wiring.flipped(self.c_out))
         m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, col_addr[0])),
                      c_rd.en.eq(~storing | advance)]

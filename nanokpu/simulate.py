@@ -27,6 +27,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int, default=None,
                         help="tokens in the batch (default: 8 for tiny, 16 for small)")
     parser.add_argument("--seed", type=int, default=1, help="random block and batch")
+    parser.add_argument("--dsp", default="generic", choices=("generic", "ice40"),
+                        help="KpuConfig.dsp: ice40 simulates the design as built for the UP5K (SB_MAC16, "
+                             "SPRAM; Yosys' models)")
     parser.add_argument("--pause", type=float, default=0.0,
                         help="probability of an idle/backpressure cycle on every AXI channel")
     parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
@@ -37,24 +40,25 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
     ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
     from nanokpu.top import NanoKPU
-    from sim.runner import BenchFailure, build, run_bench, waves_file
+    from sim.runner import BenchFailure, build, run_bench, vendor_build_args, waves_file
 
     if tokens < 1:
         raise ValueError(f"tokens = {tokens}: must be >= 1")
-    name = f"kpu_{cfg.name}"
+    name = f"kpu_{cfg.name}" + ("" if cfg.dsp == "generic" else f"_{cfg.dsp}")
+    build_args = vendor_build_args(cfg.dsp)
     t0 = time.time()
     if progress:
         print(f"[nanokpu sim] building {name} on Verilator (cached under sim_build/) ...", flush=True)
-    build_dir = build(NanoKPU(cfg), name, waves=waves)
+    build_dir = build(NanoKPU(cfg), name, waves=waves, build_args=build_args)
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
-        params = {"profile": cfg.name, "tokens": tokens, "seed": seed, "seeds": 1, "pause": pause,
-                  "summary": str(summary), "progress": progress}
+        params = {"profile": cfg.name, "overrides": {"dsp": cfg.dsp}, "tokens": tokens, "seed": seed,
+                  "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
         if progress:
             print(f"[nanokpu sim] running the block ({tokens} tokens, seed {seed}) ...", flush=True)
         try:
             run_bench(NanoKPU(cfg), name, "bench_top", testcase="test_block", params=params,
-                      seed=seed, waves=waves)
+                      seed=seed, waves=waves, build_args=build_args)
         except BenchFailure as exc:
             return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0}
         result = json.loads(summary.read_text())[0]
@@ -85,7 +89,7 @@ def format_summary(cfg, r: dict) -> str:
 
 
 def run(args) -> int:
-    cfg = profile(args.profile)
+    cfg = profile(args.profile, dsp=args.dsp)
     tokens = args.tokens or DEFAULT_TOKENS.get(args.profile, 8)
     r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
     print(format_summary(cfg, r))

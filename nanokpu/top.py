@@ -16,10 +16,11 @@ Host interfaces
 Datapath
 --------
 One scratchpad (:class:`~nanokpu.dmem.DataMemory`: ``dmem_depth`` words, 2 read ports, 1 write
-port; single-port SPRAM with ``dsp = "ice40"``, where a cycle that writes reads nothing, so
-an element-wise op with both a read and a write per element takes 2 cycles per element)
-holds every activation; instructions run one at a time (:mod:`nanokpu.isa` gives the
-semantics):
+port) holds every activation; with ``dsp`` ``"ice40"`` (single-port SPRAM) or ``"ecp5"`` (one
+true-dual-port copy) a cycle that writes it reads nothing
+(:func:`~nanokpu.dmem.writes_block_reads`), so an element-wise op with a read and a write per
+element takes 2 cycles per element. Instructions run one at a time (:mod:`nanokpu.isa` gives
+the semantics):
 
 * ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (``out_width = acc_width``; its requantiser
   applies the instruction's ``mult``/``shift``, then the top level saturates to ``width``, or
@@ -150,7 +151,7 @@ class NanoKPU(wiring.Component):
 
         m.submodules.spad = spad = self._spad
         rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
-        # single-port scratchpad: a cycle that writes performs no read (every read site waits)
+        # a cycle that writes the scratchpad performs no read there: every read site waits
         blocked = wr.en if writes_block_reads(cfg) else Const(0)
         # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
         # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
@@ -440,12 +441,15 @@ class NanoKPU(wiring.Component):
 
         # unit inputs and outputs of the engine
         rq_mult, rq_shift, rq_width = Signal(32), Signal(6), Signal(6)
+        # REQUANT: the word being filled (rq_fill lanes so far, sent when rq_wvalid), the lane of
+        # the result word being written back
+        rq_word = Signal(data.ArrayLayout(signed(accw), R))
+        rq_fill, rq_wvalid, rq_lane = Signal(range(R + 1)), Signal(), Signal(range(R))
         out_valid, out_data = Signal(), Signal(signed(ww))
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
         m.d.comb += [
-            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
-            gemm.rq_in.payload.eq(a_word[:accw].as_signed()),
+            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift), gemm.rq_in.payload.eq(rq_word),
             sig.i.payload[0].eq(a_word[:act].as_signed()),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
@@ -466,9 +470,23 @@ class NanoKPU(wiring.Component):
         with m.If(eng_run):
             with m.Switch(op):
                 with m.Case(Op.REQUANT):
-                    m.d.comb += [gemm.rq_in.valid.eq(h_valid), eng_ready.eq(gemm.rq_in.ready),
-                                 gemm.c_out.ready.eq(1), out_valid.eq(gemm.c_out.valid),
-                                 out_data.eq(rq_sat)]
+                    # R values a word through the GEMM engine's requantiser (R lanes, one word
+                    # per interval), written back lane by lane; a lane is filled in the cycle
+                    # its word is sent (the requantiser takes the word at that edge)
+                    send = rq_wvalid & gemm.rq_in.ready
+                    fill = Mux(send, 0, rq_fill)
+                    m.d.comb += [gemm.rq_in.valid.eq(rq_wvalid), eng_ready.eq(~rq_wvalid | gemm.rq_in.ready),
+                                 out_valid.eq(gemm.c_out.valid), out_data.eq(rq_sat)]
+                    with m.If(send):
+                        m.d.sync += [rq_wvalid.eq(0), rq_fill.eq(0)]
+                    with m.If(h_valid & eng_ready):
+                        m.d.sync += [rq_word[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
+                        with m.If((fill == R - 1) | h_last):
+                            m.d.sync += rq_wvalid.eq(1)
+                    with m.If(gemm.c_out.valid):
+                        word_end = (rq_lane == R - 1) | (el_i + 1 == ln)
+                        m.d.comb += gemm.c_out.ready.eq(word_end)
+                        m.d.sync += rq_lane.eq(Mux(word_end, 0, rq_lane + 1))
                 with m.Case(Op.SIGMOID):
                     m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
                                  out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
@@ -515,7 +533,7 @@ class NanoKPU(wiring.Component):
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
             gemm.b_in.payload.eq(dma.rd_data.payload),
-            sat_in.eq(Mux(op == Op.GEMM, gemm.c_out.payload[gc_lane], gemm.c_out.payload[0])),
+            sat_in.eq(gemm.c_out.payload[Mux(op == Op.GEMM, gc_lane, rq_lane)]),
         ]
         with m.If(gemm_run):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
@@ -660,6 +678,7 @@ class NanoKPU(wiring.Component):
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]
                             m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0)
+                            m.d.sync += [rq_fill.eq(0), rq_wvalid.eq(0), rq_lane.eq(0)]
                             with m.If(ins.flags & F_RQ_EXPERT):
                                 m.next = "RQ_TABLE"
                             with m.Else():

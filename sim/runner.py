@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 __all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "bench_params",
-           "SIM_BUILD", "FAST_BUILD"]
+           "SIM_BUILD", "FAST_BUILD", "vendor_build_args"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -39,6 +39,21 @@ VERILATOR_WARNINGS = ["-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-CASEINCOMPLET
 #: Verilator arguments that compile the model without C++ optimisation: a large design (the
 #: k3 router) builds about 3x faster and simulates slower, the right trade for short benches.
 FAST_BUILD = ("-CFLAGS", "-O0")
+
+
+def vendor_build_args(dsp: str) -> tuple[str, ...]:
+    """Verilator build arguments for the primitives a design with ``KpuConfig.dsp = dsp``
+    instantiates by hand: on ``ice40`` Yosys' models of SB_MAC16 and SB_SPRAM256KA (the data
+    scratchpad, :mod:`nanokpu.dmem`); none for ``generic``. ``ecp5`` cannot be simulated
+    (MULT18X18D has no model): ValueError."""
+    if dsp == "generic":
+        return ()
+    if dsp != "ice40":
+        raise ValueError(f"dsp = {dsp!r}: only 'generic' and 'ice40' designs can be simulated "
+                         "(Yosys has no simulation model of the ECP5 MULT18X18D)")
+    from fpga.flow import vendor_sim_model
+    return tuple(str(vendor_sim_model(cell)) for cell in ("SB_MAC16", "SB_SPRAM256KA")) + \
+        ("-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
 
 
 class BenchFailure(AssertionError):

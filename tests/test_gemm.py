@@ -182,9 +182,10 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
 
 @pytest.mark.parametrize("rounding, out_width, seed", [("half_even", None, 1), ("half_up", 32, 2), ("floor", 16, 3)])
 def test_rq_in_values_through_the_requantiser(rounding, out_width, seed):
-    """``rq_in``: values alone through the engine's requantiser (the nano-KPU's REQUANT), lane 0
-    of ``c_out`` bit-exact to golden.intops.requantize: extreme accumulators, ties, saturation,
-    the largest multiplier and shifts, under random idle and backpressure (Amaranth simulator)."""
+    """``rq_in``: words of values alone through the engine's requantiser (the nano-KPU's REQUANT),
+    ``c_out`` lane for lane bit-exact to golden.intops.requantize: extreme accumulators, ties,
+    saturation, the largest multiplier and shifts, under random idle and backpressure
+    (Amaranth simulator)."""
     cfg = profile("tiny", rows=2, cols=2, rounding=rounding)
     dut = GemmEngine(cfg, out_width=out_width)
     ow = dut.out_width
@@ -193,23 +194,24 @@ def test_rq_in_values_through_the_requantiser(rounding, out_width, seed):
     groups = [(mmax, 0), (mmax, 63), (1, 4), (3, 1), (1, 0), (mmax, 31), (int(rng.integers(mmax)), 17)]
     sat = [min(amax, (1 << (ow - 1)) * 16), max(amin, -(1 << (ow - 1)) * 16 - 8)]   # saturate
     values = [amin, amax, -1, 0, 1, 7, 8, 9, -7, -8, -9, 24, -24, *sat]
-    values += [int(v) for v in rng.integers(amin, amax, 20, endpoint=True)]
+    values += [int(v) for v in rng.integers(amin, amax, 21, endpoint=True)]
+    words = [values[i:i + cfg.rows] for i in range(0, len(values), cfg.rows)]
 
     async def tb(ctx):
         for mult, shift in groups:
             ctx.set(dut.rq_mult, mult)
             ctx.set(dut.rq_shift, shift)
             sent, got = 0, []
-            for _ in range(40 * len(values) + 100):
-                valid = sent < len(values) and rng.random() < 0.7
+            for _ in range(40 * len(words) + 100):
+                valid = sent < len(words) and rng.random() < 0.7
                 ctx.set(dut.rq_in.valid, valid)
-                ctx.set(dut.rq_in.payload, values[min(sent, len(values) - 1)])
+                ctx.set(dut.rq_in.payload, words[min(sent, len(words) - 1)])
                 ctx.set(dut.c_out.ready, rng.random() < 0.7)
                 sent += valid and ctx.get(dut.rq_in.ready)
                 if ctx.get(dut.c_out.valid) and ctx.get(dut.c_out.ready):
-                    got.append(int(ctx.get(dut.c_out.payload)[0]))
+                    got += [int(v) for v in ctx.get(dut.c_out.payload)]
                 await ctx.tick()
-                if len(got) == len(values):
+                if len(got) == len(words) * cfg.rows:
                     break
             want = requantize(np.array(values), mult, shift, ow, rounding).tolist()
             assert got == want, f"seed {seed}: mult {mult} shift {shift}\n got {got}\n want {want}"

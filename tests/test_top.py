@@ -2,22 +2,17 @@
 
 import pytest
 
-from fpga.flow import vendor_sim_model
 from nanokpu.config import profile
 from nanokpu.top import NanoKPU
-from sim.runner import FAST_BUILD, run_bench
+from sim.runner import FAST_BUILD, run_bench, vendor_build_args
 
 
 def _bench(name, testcase, dsp="generic", **params):
     cfg = profile(name, dsp=dsp)
     # -O0: the C++ compile dominates; the run is bound by the Python bus models, not the model
-    build_args = FAST_BUILD
-    if dsp == "ice40":   # hand-instantiated SB_MAC16 and SB_SPRAM256KA: Yosys' models
-        build_args += tuple(str(vendor_sim_model(cell)) for cell in ("SB_MAC16", "SB_SPRAM256KA")) + \
-            ("-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
     run_bench(NanoKPU(cfg), f"kpu_{name}_{dsp}", "bench_top", testcase=testcase,
               params={"profile": name, "overrides": {"dsp": dsp}, **params}, seed=params.get("seed", 1),
-              build_args=build_args)
+              build_args=FAST_BUILD + vendor_build_args(dsp))
 
 
 def test_tiny_blocks_20_seeds():
@@ -29,6 +24,11 @@ def test_tiny_blocks_ice40():
     """The netlist the UP5K gets (SB_MAC16 products, the data scratchpad in single-port SPRAM,
     reads waiting for writes): 6 random blocks under bus stalls, bit for bit."""
     _bench("tiny", "test_block", dsp="ice40", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
+
+
+@pytest.mark.parametrize("dsp", ["generic", "ice40"])
+def test_requant_every_length(dsp):
+    _bench("tiny", "test_requant_lengths", dsp=dsp, seed=7)
 
 
 def test_bad_programs_stop_with_codes():

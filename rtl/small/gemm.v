@@ -110,8 +110,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [32:0] \$191 ;
   wire [32:0] \$192 ;
   wire \$193 ;
-  wire [31:0] \$194 ;
-  wire [18:0] \$195 ;
+  wire [18:0] \$194 ;
+  wire \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
@@ -147,85 +147,84 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire \$227 ;
+  wire [63:0] \$227 ;
   wire [63:0] \$228 ;
-  wire [63:0] \$229 ;
+  reg [255:0] \$229 ;
   wire \$23 ;
-  reg [255:0] \$230 ;
-  reg [16:0] \$231 ;
-  reg \$232 ;
-  reg [18:0] \$233 ;
-  reg \$234 ;
-  reg [1:0] \$235 ;
+  reg [16:0] \$230 ;
+  reg \$231 ;
+  reg [18:0] \$232 ;
+  reg \$233 ;
+  reg [1:0] \$234 ;
+  reg \$235 ;
   reg \$236 ;
-  reg \$237 ;
+  reg [16:0] \$237 ;
   reg [16:0] \$238 ;
-  reg [16:0] \$239 ;
+  reg \$239 ;
   wire \$24 ;
   reg \$240 ;
-  reg \$241 ;
-  reg [4:0] \$242 ;
+  reg [4:0] \$241 ;
+  reg \$242 ;
   reg \$243 ;
   reg \$244 ;
-  reg \$245 ;
-  reg [7:0] \$246 ;
+  reg [7:0] \$245 ;
+  reg \$246 ;
   reg \$247 ;
   reg \$248 ;
-  reg \$249 ;
+  reg [63:0] \$249 ;
   wire \$25 ;
   reg [63:0] \$250 ;
-  reg [63:0] \$251 ;
+  reg \$251 ;
   reg \$252 ;
-  reg \$253 ;
-  reg [16:0] \$254 ;
-  reg [18:0] \$255 ;
+  reg [16:0] \$253 ;
+  reg [18:0] \$254 ;
+  reg [16:0] \$255 ;
   reg [16:0] \$256 ;
-  reg [16:0] \$257 ;
+  reg [18:0] \$257 ;
   reg [18:0] \$258 ;
-  reg [18:0] \$259 ;
+  reg \$259 ;
   wire \$26 ;
   reg \$260 ;
-  reg \$261 ;
-  reg [18:0] \$262 ;
+  reg [18:0] \$261 ;
+  reg [3:0] \$262 ;
   reg [3:0] \$263 ;
-  reg [3:0] \$264 ;
-  reg [18:0] \$265 ;
-  reg [3:0] \$266 ;
+  reg [18:0] \$264 ;
+  reg [3:0] \$265 ;
+  reg \$266 ;
   reg \$267 ;
   reg \$268 ;
-  reg \$269 ;
+  reg [18:0] \$269 ;
   wire \$27 ;
-  reg [18:0] \$270 ;
+  reg \$270 ;
   reg \$271 ;
-  reg \$272 ;
-  reg [18:0] \$273 ;
+  reg [18:0] \$272 ;
+  reg \$273 ;
   reg \$274 ;
-  reg \$275 ;
-  reg [18:0] \$276 ;
+  reg [18:0] \$275 ;
+  reg [255:0] \$276 ;
   reg [255:0] \$277 ;
   reg [255:0] \$278 ;
-  reg [255:0] \$279 ;
+  reg [1:0] \$279 ;
   wire \$28 ;
-  reg [1:0] \$280 ;
-  reg [255:0] \$281 ;
+  reg [255:0] \$280 ;
+  reg \$281 ;
   reg \$282 ;
-  reg \$283 ;
-  reg [18:0] \$284 ;
+  reg [18:0] \$283 ;
+  reg [16:0] \$284 ;
   reg [16:0] \$285 ;
-  reg [16:0] \$286 ;
+  reg [18:0] \$286 ;
   reg [18:0] \$287 ;
-  reg [18:0] \$288 ;
-  reg \$289 ;
+  reg \$288 ;
+  reg [7:0] \$289 ;
   wire \$29 ;
-  reg [7:0] \$290 ;
-  reg \$291 ;
-  reg [101:0] \$292 ;
-  reg \$293 ;
+  reg \$290 ;
+  reg [101:0] \$291 ;
+  reg \$292 ;
+  reg [2:0] \$293 ;
   reg [2:0] \$294 ;
-  reg [2:0] \$295 ;
-  reg [16:0] \$296 ;
+  reg [16:0] \$295 ;
+  reg [18:0] \$296 ;
   reg [18:0] \$297 ;
-  reg [18:0] \$298 ;
   wire [19:0] \$3 ;
   wire \$30 ;
   wire \$31 ;
@@ -588,8 +587,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg rbuf = 1'h0;
   reg [16:0] rows_c = 17'h00000;
   reg [16:0] rows_left = 17'h00000;
-  input [31:0] rq_in__payload;
-  wire [31:0] rq_in__payload;
+  input [255:0] rq_in__payload;
+  wire [255:0] rq_in__payload;
+  wire [31:0] \rq_in__payload[0] ;
+  wire [31:0] \rq_in__payload[1] ;
+  wire [31:0] \rq_in__payload[2] ;
+  wire [31:0] \rq_in__payload[3] ;
+  wire [31:0] \rq_in__payload[4] ;
+  wire [31:0] \rq_in__payload[5] ;
+  wire [31:0] \rq_in__payload[6] ;
+  wire [31:0] \rq_in__payload[7] ;
   output rq_in__ready;
   wire rq_in__ready;
   input rq_in__valid;
@@ -7854,7 +7861,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[10:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$195 [10:0]];
+  assign \port__data$31  = spad_c[\$194 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -8057,184 +8064,184 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign i__valid = storing ? q_valid : rq_in__valid;
   assign \$193  = ~ storing;
   assign rq_in__ready = \$193  & i__ready;
-  assign \$194  = storing ? c_q[31:0] : rq_in__payload;
-  assign \$195  = storing ? s_addr : col_addr0;
-  assign \$196  = ~ storing;
-  assign \$197  = ~ q_valid;
-  assign \$198  = \$197  | i__ready;
-  assign spad_c_rd_en = \$196  | \$198 ;
+  assign i__payload = storing ? c_q : rq_in__payload;
+  assign \$194  = storing ? s_addr : col_addr0;
+  assign \$195  = ~ storing;
+  assign \$196  = ~ q_valid;
+  assign \$197  = \$196  | i__ready;
+  assign spad_c_rd_en = \$195  | \$197 ;
   assign busy = ~ cmd__ready;
-  assign \$199  = cmd[98] | cmd[99];
-  assign \$200  = \$199  | cmd[101];
-  assign \$201  = ~ \$200 ;
-  assign \$202  = ! cmd[16:0];
-  assign \$203  = cmd[98] | cmd[99];
-  assign \$204  = ! cmd[33:17];
-  assign \$205  = \$203  & \$204 ;
-  assign \$206  = \$202  | \$205 ;
-  assign \$207  = cmd[99] | cmd[101];
-  assign \$208  = ! cmd[50:34];
-  assign \$209  = \$207  & \$208 ;
-  assign \$210  = \$206  | \$209 ;
-  assign \$211  = cmd[33:17] > 10'h200;
-  assign \$212  = cmd[99] & \$211 ;
-  assign \$213  = start | a_in__ready;
-  assign \$214  = \$213  | \$signal$42 ;
-  assign \$215  = \$214  | issuing;
-  assign \$216  = \$215  | drain_busy;
-  assign \$217  = \$216  | col_busy0;
-  assign \$218  = \$217  | col_busy1;
-  assign \$219  = \$218  | w_busy;
-  assign \$220  = ~ \$219 ;
-  assign \$221  = ! pending;
-  assign \$222  = \$220  & \$221 ;
-  assign \$223  = ! fsm_state;
-  assign \$224  = fsm_state == 1'h1;
-  assign \$225  = fsm_state == 2'h2;
-  assign \$226  = fsm_state == 2'h3;
-  assign \$227  = fsm_state == 3'h4;
+  assign \$198  = cmd[98] | cmd[99];
+  assign \$199  = \$198  | cmd[101];
+  assign \$200  = ~ \$199 ;
+  assign \$201  = ! cmd[16:0];
+  assign \$202  = cmd[98] | cmd[99];
+  assign \$203  = ! cmd[33:17];
+  assign \$204  = \$202  & \$203 ;
+  assign \$205  = \$201  | \$204 ;
+  assign \$206  = cmd[99] | cmd[101];
+  assign \$207  = ! cmd[50:34];
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = \$205  | \$208 ;
+  assign \$210  = cmd[33:17] > 10'h200;
+  assign \$211  = cmd[99] & \$210 ;
+  assign \$212  = start | a_in__ready;
+  assign \$213  = \$212  | \$signal$42 ;
+  assign \$214  = \$213  | issuing;
+  assign \$215  = \$214  | drain_busy;
+  assign \$216  = \$215  | col_busy0;
+  assign \$217  = \$216  | col_busy1;
+  assign \$218  = \$217  | w_busy;
+  assign \$219  = ~ \$218 ;
+  assign \$220  = ! pending;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = ! fsm_state;
+  assign \$223  = fsm_state == 1'h1;
+  assign \$224  = fsm_state == 2'h2;
+  assign \$225  = fsm_state == 2'h3;
+  assign \$226  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$228 ;
+    spad_a_rd_data <= \$227 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$229 ;
+    spad_b_rd_data <= \$228 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$230 ;
+    spad_c_rd_data <= \$229 ;
   always @(posedge clk)
-    k_m1 <= \$231 ;
+    k_m1 <= \$230 ;
   always @(posedge clk)
-    start <= \$232 ;
+    start <= \$231 ;
   always @(posedge clk)
-    a_wptr <= \$233 ;
+    a_wptr <= \$232 ;
   always @(posedge clk)
-    a_in__ready <= \$234 ;
+    a_in__ready <= \$233 ;
   always @(posedge clk)
-    full <= \$235 ;
+    full <= \$234 ;
   always @(posedge clk)
-    \$signal$42  <= \$236 ;
+    \$signal$42  <= \$235 ;
   always @(posedge clk)
-    wbuf <= \$237 ;
+    wbuf <= \$236 ;
   always @(posedge clk)
-    b_k <= \$238 ;
+    b_k <= \$237 ;
   always @(posedge clk)
-    b_cols_left <= \$239 ;
+    b_cols_left <= \$238 ;
   always @(posedge clk)
-    a_ok <= \$240 ;
+    a_ok <= \$239 ;
   always @(posedge clk)
-    b_ok <= \$241 ;
+    b_ok <= \$240 ;
   always @(posedge clk)
-    gap <= \$242 ;
+    gap <= \$241 ;
   always @(posedge clk)
-    \$signal$57  <= \$243 ;
+    \$signal$57  <= \$242 ;
   always @(posedge clk)
-    \$signal$58  <= \$244 ;
+    \$signal$58  <= \$243 ;
   always @(posedge clk)
-    s_last <= \$245 ;
+    s_last <= \$244 ;
   always @(posedge clk)
-    s_mask <= \$246 ;
+    s_mask <= \$245 ;
   always @(posedge clk)
-    valid <= \$247 ;
+    valid <= \$246 ;
   always @(posedge clk)
-    first <= \$248 ;
+    first <= \$247 ;
   always @(posedge clk)
-    last <= \$249 ;
+    last <= \$248 ;
   always @(posedge clk)
-    b <= \$250 ;
+    b <= \$249 ;
   always @(posedge clk)
-    a <= \$251 ;
+    a <= \$250 ;
   always @(posedge clk)
-    issuing <= \$252 ;
+    issuing <= \$251 ;
   always @(posedge clk)
-    rbuf <= \$253 ;
+    rbuf <= \$252 ;
   always @(posedge clk)
-    k <= \$254 ;
+    k <= \$253 ;
   always @(posedge clk)
-    a_ptr <= \$255 ;
+    a_ptr <= \$254 ;
   always @(posedge clk)
-    rows_c <= \$256 ;
+    rows_c <= \$255 ;
   always @(posedge clk)
-    cols_c <= \$257 ;
+    cols_c <= \$256 ;
   always @(posedge clk)
-    c_panel <= \$258 ;
+    c_panel <= \$257 ;
   always @(posedge clk)
-    c_tile <= \$259 ;
+    c_tile <= \$258 ;
   always @(posedge clk)
-    last_k <= \$260 ;
+    last_k <= \$259 ;
   always @(posedge clk)
-    last_row <= \$261 ;
+    last_row <= \$260 ;
   always @(posedge clk)
-    t_base <= \$262 ;
+    t_base <= \$261 ;
   always @(posedge clk)
-    t_cols <= \$263 ;
+    t_cols <= \$262 ;
   always @(posedge clk)
-    d_col <= \$264 ;
+    d_col <= \$263 ;
   always @(posedge clk)
-    d_base <= \$265 ;
+    d_base <= \$264 ;
   always @(posedge clk)
-    d_cols <= \$266 ;
+    d_cols <= \$265 ;
   always @(posedge clk)
-    drain_busy <= \$267 ;
+    drain_busy <= \$266 ;
   always @(posedge clk)
-    col_valid0 <= \$268 ;
+    col_valid0 <= \$267 ;
   always @(posedge clk)
-    col_busy0 <= \$269 ;
+    col_busy0 <= \$268 ;
   always @(posedge clk)
-    col_addr0 <= \$270 ;
+    col_addr0 <= \$269 ;
   always @(posedge clk)
-    col_valid1 <= \$271 ;
+    col_valid1 <= \$270 ;
   always @(posedge clk)
-    col_busy1 <= \$272 ;
+    col_busy1 <= \$271 ;
   always @(posedge clk)
-    col_addr1 <= \$273 ;
+    col_addr1 <= \$272 ;
   always @(posedge clk)
-    w_valid <= \$274 ;
+    w_valid <= \$273 ;
   always @(posedge clk)
-    w_busy <= \$275 ;
+    w_busy <= \$274 ;
   always @(posedge clk)
-    w_addr <= \$276 ;
+    w_addr <= \$275 ;
   always @(posedge clk)
-    col_word0 <= \$277 ;
+    col_word0 <= \$276 ;
   always @(posedge clk)
-    col_word1 <= \$278 ;
+    col_word1 <= \$277 ;
   always @(posedge clk)
-    w_word <= \$279 ;
+    w_word <= \$278 ;
   always @(posedge clk)
-    pending <= \$280 ;
+    pending <= \$279 ;
   always @(posedge clk)
-    c_q <= \$281 ;
+    c_q <= \$280 ;
   always @(posedge clk)
-    q_valid <= \$282 ;
+    q_valid <= \$281 ;
   always @(posedge clk)
-    storing <= \$283 ;
+    storing <= \$282 ;
   always @(posedge clk)
-    s_addr <= \$284 ;
+    s_addr <= \$283 ;
   always @(posedge clk)
-    s_n <= \$285 ;
+    s_n <= \$284 ;
   always @(posedge clk)
-    s_rows <= \$286 ;
+    s_rows <= \$285 ;
   always @(posedge clk)
-    s_left <= \$287 ;
+    s_left <= \$286 ;
   always @(posedge clk)
-    out_left <= \$288 ;
+    out_left <= \$287 ;
   always @(posedge clk)
-    r_valid <= \$289 ;
+    r_valid <= \$288 ;
   always @(posedge clk)
-    r_mask <= \$290 ;
+    r_mask <= \$289 ;
   always @(posedge clk)
-    done <= \$291 ;
+    done <= \$290 ;
   always @(posedge clk)
-    cmd <= \$292 ;
+    cmd <= \$291 ;
   always @(posedge clk)
-    error <= \$293 ;
+    error <= \$292 ;
   always @(posedge clk)
-    error_code <= \$294 ;
+    error_code <= \$293 ;
   always @(posedge clk)
-    fsm_state <= \$295 ;
+    fsm_state <= \$294 ;
   always @(posedge clk)
-    rows_left <= \$296 ;
+    rows_left <= \$295 ;
   always @(posedge clk)
-    a_lim <= \$297 ;
+    a_lim <= \$296 ;
   always @(posedge clk)
-    c_lim <= \$298 ;
+    c_lim <= \$297 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8261,21 +8268,21 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = spad_c_rd_data;
+    \$229  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$230  = \port__data$31 ;
+      \$229  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = \$1 [16:0];
+    \$230  = \$1 [16:0];
     if (rst) begin
-      \$231  = 17'h00000;
+      \$230  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = 1'h0;
+    \$231  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8284,56 +8291,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$154 ) begin
           end else if (\$155 ) begin
-            \$232  = 1'h1;
+            \$231  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$232  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = a_wptr;
+    \$232  = a_wptr;
     if (start) begin
-      \$233  = { 6'h00, cmd[63:51] };
+      \$232  = { 6'h00, cmd[63:51] };
     end else if (\$2 ) begin
-      \$233  = \$3 [18:0];
+      \$232  = \$3 [18:0];
     end
     if (rst) begin
-      \$233  = 19'h00000;
+      \$232  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = a_in__ready;
+    \$233  = a_in__ready;
     if (start) begin
-      \$234  = cmd[98];
+      \$233  = cmd[98];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$234  = 1'h0;
+        \$233  = 1'h0;
       end
     end
     if (rst) begin
-      \$234  = 1'h0;
+      \$233  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = \$8 ;
+    \$234  = \$8 ;
     if (rst) begin
-      \$235  = 2'h0;
+      \$234  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = \$signal$42 ;
+    \$235  = \$signal$42 ;
     if (start) begin
-      \$236  = cmd[99];
+      \$235  = cmd[99];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$236  = 1'h0;
+          \$235  = 1'h0;
         end
+      end
+    end
+    if (rst) begin
+      \$235  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = wbuf;
+    if (start) begin
+      \$236  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$236  = \$12 ;
       end
     end
     if (rst) begin
@@ -8342,54 +8363,58 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = wbuf;
+    \$237  = b_k;
     if (start) begin
-      \$237  = 1'h0;
+      \$237  = 17'h00000;
     end else if (\$9 ) begin
+      \$237  = \$10 [16:0];
       if (\$11 ) begin
-        \$237  = \$12 ;
+        \$237  = 17'h00000;
       end
     end
     if (rst) begin
-      \$237  = 1'h0;
+      \$237  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = b_k;
+    \$238  = b_cols_left;
     if (start) begin
-      \$238  = 17'h00000;
+      \$238  = cmd[50:34];
     end else if (\$9 ) begin
-      \$238  = \$10 [16:0];
       if (\$11 ) begin
-        \$238  = 17'h00000;
+        \$238  = \$13 [16:0];
       end
     end
     if (rst) begin
       \$238  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = b_cols_left;
-    if (start) begin
-      \$239  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$239  = \$13 [16:0];
-      end
-    end
-    if (rst) begin
-      \$239  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$240  = \$15 ;
+      \$239  = \$15 ;
     end else begin
-      \$240  = \$21 ;
+      \$239  = \$21 ;
+    end
+    if (rst) begin
+      \$239  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$240  = 1'h0;
+    end else if (\$23 ) begin
+      \$240  = \$31 ;
+    end else if (\$24 ) begin
+      \$240  = 1'h1;
+    end else if (step) begin
+      \$240  = \$38 ;
+    end else begin
+      \$240  = \$41 ;
     end
     if (rst) begin
       \$240  = 1'h0;
@@ -8397,120 +8422,118 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$241  = 1'h0;
-    end else if (\$23 ) begin
-      \$241  = \$31 ;
-    end else if (\$24 ) begin
-      \$241  = 1'h1;
-    end else if (step) begin
-      \$241  = \$38 ;
-    end else begin
-      \$241  = \$41 ;
-    end
-    if (rst) begin
-      \$241  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = gap;
+    \$241  = gap;
     if (\$42 ) begin
-      \$242  = \$43 [4:0];
+      \$241  = \$43 [4:0];
     end
     if (start) begin
-      \$242  = 5'h17;
+      \$241  = 5'h17;
     end else if (step) begin
       if (last_k) begin
-        \$242  = 5'h00;
+        \$241  = 5'h00;
       end
     end
     if (rst) begin
-      \$242  = 5'h00;
+      \$241  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = step;
+    \$242  = step;
+    if (rst) begin
+      \$242  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$243  = \$44 ;
     if (rst) begin
       \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = \$44 ;
+    \$244  = last_k;
     if (rst) begin
       \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = last_k;
+    \$245  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$245  = 1'h0;
+      \$245  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
+    \$246  = \$signal$57 ;
     if (rst) begin
-      \$246  = 8'h00;
+      \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = \$signal$57 ;
+    \$247  = \$signal$58 ;
     if (rst) begin
       \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = \$signal$58 ;
+    \$248  = s_last;
     if (rst) begin
       \$248  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = s_last;
+    \$249  = spad_b_rd_data;
     if (rst) begin
-      \$249  = 1'h0;
+      \$249  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = spad_b_rd_data;
+    \$250 [7:0] = \$53 ;
+    \$250 [15:8] = \$54 ;
+    \$250 [23:16] = \$55 ;
+    \$250 [31:24] = \$56 ;
+    \$250 [39:32] = \$57 ;
+    \$250 [47:40] = \$58 ;
+    \$250 [55:48] = \$59 ;
+    \$250 [63:56] = \$60 ;
     if (rst) begin
       \$250  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251 [7:0] = \$53 ;
-    \$251 [15:8] = \$54 ;
-    \$251 [23:16] = \$55 ;
-    \$251 [31:24] = \$56 ;
-    \$251 [39:32] = \$57 ;
-    \$251 [47:40] = \$58 ;
-    \$251 [55:48] = \$59 ;
-    \$251 [63:56] = \$60 ;
-    if (rst) begin
-      \$251  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = issuing;
+    \$251  = issuing;
     if (start) begin
-      \$252  = cmd[99];
+      \$251  = cmd[99];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$78 ) begin
-            \$252  = 1'h0;
+            \$251  = 1'h0;
           end
+        end
+      end
+    end
+    if (rst) begin
+      \$251  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = rbuf;
+    if (start) begin
+      \$252  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$252  = \$73 ;
         end
       end
     end
@@ -8520,62 +8543,62 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = rbuf;
+    \$253  = k;
     if (start) begin
-      \$253  = 1'h0;
+      \$253  = 17'h00000;
     end else if (step) begin
+      \$253  = \$63 [16:0];
+      if (last_k) begin
+        \$253  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$253  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = a_ptr;
+    if (start) begin
+      \$254  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$254  = \$64 [18:0];
       if (last_k) begin
         if (last_row) begin
-          \$253  = \$73 ;
+          \$254  = { 6'h00, cmd[63:51] };
         end
       end
     end
     if (rst) begin
-      \$253  = 1'h0;
+      \$254  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = k;
+    \$255  = rows_c;
     if (start) begin
-      \$254  = 17'h00000;
+      \$255  = cmd[16:0];
     end else if (step) begin
-      \$254  = \$63 [16:0];
       if (last_k) begin
-        \$254  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$254  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = a_ptr;
-    if (start) begin
-      \$255  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$255  = \$64 [18:0];
-      if (last_k) begin
+        \$255  = \$69 [16:0];
         if (last_row) begin
-          \$255  = { 6'h00, cmd[63:51] };
+          \$255  = cmd[16:0];
         end
       end
     end
     if (rst) begin
-      \$255  = 19'h00000;
+      \$255  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = rows_c;
+    \$256  = cols_c;
     if (start) begin
-      \$256  = cmd[16:0];
+      \$256  = cmd[50:34];
     end else if (step) begin
       if (last_k) begin
-        \$256  = \$69 [16:0];
         if (last_row) begin
-          \$256  = cmd[16:0];
+          \$256  = \$74 [16:0];
         end
       end
     end
@@ -8585,29 +8608,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = cols_c;
+    \$257  = c_panel;
     if (start) begin
-      \$257  = cmd[50:34];
+      \$257  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$257  = \$74 [16:0];
+          \$257  = \$75 [18:0];
         end
       end
     end
     if (rst) begin
-      \$257  = 17'h00000;
+      \$257  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = c_panel;
+    \$258  = c_tile;
     if (start) begin
       \$258  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (last_k) begin
+        \$258  = \$70 [18:0];
         if (last_row) begin
-          \$258  = \$75 [18:0];
+          \$258  = \$76 [18:0];
         end
       end
     end
@@ -8617,30 +8641,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = c_tile;
+    \$259  = last_k;
     if (start) begin
-      \$259  = { 7'h00, cmd[75:64] };
+      \$259  = \$61 ;
     end else if (step) begin
+      \$259  = \$66 ;
       if (last_k) begin
-        \$259  = \$70 [18:0];
-        if (last_row) begin
-          \$259  = \$76 [18:0];
-        end
+        \$259  = \$71 ;
       end
     end
     if (rst) begin
-      \$259  = 19'h00000;
+      \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = last_k;
+    \$260  = last_row;
     if (start) begin
-      \$260  = \$61 ;
+      \$260  = \$62 ;
     end else if (step) begin
-      \$260  = \$66 ;
       if (last_k) begin
-        \$260  = \$71 ;
+        \$260  = \$72 ;
+        if (last_row) begin
+          \$260  = \$77 ;
+        end
       end
     end
     if (rst) begin
@@ -8649,42 +8673,37 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = last_row;
+    \$261  = t_base;
     if (start) begin
-      \$261  = \$62 ;
     end else if (step) begin
       if (last_k) begin
-        \$261  = \$72 ;
-        if (last_row) begin
-          \$261  = \$77 ;
-        end
+        \$261  = c_tile;
       end
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$261  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = t_base;
+    \$262  = t_cols;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$262  = c_tile;
+        \$262  = \$68 [3:0];
       end
     end
     if (rst) begin
-      \$262  = 19'h00000;
+      \$262  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$263  = \$68 [3:0];
-      end
+    \$263  = d_col;
+    if (\done$73 ) begin
+      \$263  = 4'h1;
+    end else if (drain_busy) begin
+      \$263  = \$79 [3:0];
     end
     if (rst) begin
       \$263  = 4'h0;
@@ -8692,180 +8711,192 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = d_col;
+    \$264  = d_base;
     if (\done$73 ) begin
-      \$264  = 4'h1;
-    end else if (drain_busy) begin
-      \$264  = \$79 [3:0];
+      \$264  = t_base;
     end
     if (rst) begin
-      \$264  = 4'h0;
+      \$264  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = d_base;
+    \$265  = d_cols;
     if (\done$73 ) begin
-      \$265  = t_base;
+      \$265  = t_cols;
     end
     if (rst) begin
-      \$265  = 19'h00000;
+      \$265  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = d_cols;
+    \$266  = drain_busy;
     if (\done$73 ) begin
-      \$266  = t_cols;
-    end
-    if (rst) begin
-      \$266  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = drain_busy;
-    if (\done$73 ) begin
-      \$267  = 1'h1;
+      \$266  = 1'h1;
     end else if (drain_busy) begin
       if (\$80 ) begin
-        \$267  = 1'h0;
+        \$266  = 1'h0;
       end
     end
+    if (rst) begin
+      \$266  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = \$85 ;
     if (rst) begin
       \$267  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = \$85 ;
+    \$268  = \$86 ;
     if (rst) begin
       \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = \$86 ;
+    \$269  = \$89 [18:0];
     if (rst) begin
-      \$269  = 1'h0;
+      \$269  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = \$89 [18:0];
+    \$270  = col_valid0;
     if (rst) begin
-      \$270  = 19'h00000;
+      \$270  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = col_valid0;
+    \$271  = col_busy0;
     if (rst) begin
       \$271  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = col_busy0;
+    \$272  = col_addr0;
     if (rst) begin
-      \$272  = 1'h0;
+      \$272  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = col_addr0;
+    \$273  = col_valid1;
     if (rst) begin
-      \$273  = 19'h00000;
+      \$273  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = col_valid1;
+    \$274  = col_busy1;
     if (rst) begin
       \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = col_busy1;
+    \$275  = col_addr1;
     if (rst) begin
-      \$275  = 1'h0;
+      \$275  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = col_addr1;
+    \$276  = out;
     if (rst) begin
-      \$276  = 19'h00000;
+      \$276  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = out;
+    \$277  = col_word0;
     if (rst) begin
       \$277  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = col_word0;
+    \$278  = col_word1;
     if (rst) begin
       \$278  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = col_word1;
+    \$279  = \$91 [1:0];
     if (rst) begin
-      \$279  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$279  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = \$91 [1:0];
-    if (rst) begin
-      \$280  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = c_q;
+    \$280  = c_q;
     if (\$93 ) begin
-      \$281  = spad_c_rd_data;
+      \$280  = spad_c_rd_data;
       if (\$96 ) begin
-        \$281 [31:0] = 32'd0;
+        \$280 [31:0] = 32'd0;
       end
       if (\$99 ) begin
-        \$281 [63:32] = 32'd0;
+        \$280 [63:32] = 32'd0;
       end
       if (\$102 ) begin
-        \$281 [95:64] = 32'd0;
+        \$280 [95:64] = 32'd0;
       end
       if (\$105 ) begin
-        \$281 [127:96] = 32'd0;
+        \$280 [127:96] = 32'd0;
       end
       if (\$108 ) begin
-        \$281 [159:128] = 32'd0;
+        \$280 [159:128] = 32'd0;
       end
       if (\$111 ) begin
-        \$281 [191:160] = 32'd0;
+        \$280 [191:160] = 32'd0;
       end
       if (\$114 ) begin
-        \$281 [223:192] = 32'd0;
+        \$280 [223:192] = 32'd0;
       end
       if (\$117 ) begin
-        \$281 [255:224] = 32'd0;
+        \$280 [255:224] = 32'd0;
       end
     end
     if (rst) begin
-      \$281  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$280  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = q_valid;
+    \$281  = q_valid;
     if (\$93 ) begin
-      \$282  = r_valid;
+      \$281  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$170 ) begin
+            \$281  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$281  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$282  = storing;
+    if (store_start) begin
+      \$282  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -8887,52 +8918,44 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = storing;
+    \$283  = s_addr;
     if (store_start) begin
-      \$283  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$170 ) begin
-            \$283  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$283  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = s_addr;
-    if (store_start) begin
-      \$284  = { 7'h00, cmd[75:64] };
+      \$283  = { 7'h00, cmd[75:64] };
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$284  = \$125 [18:0];
+        \$283  = \$125 [18:0];
       end
     end
     if (rst) begin
-      \$284  = 19'h00000;
+      \$283  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = s_n;
+    \$284  = s_n;
     if (store_start) begin
-      \$285  = 17'h00000;
+      \$284  = 17'h00000;
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$285  = \$127 [16:0];
+        \$284  = \$127 [16:0];
         if (\$137 ) begin
-          \$285  = 17'h00000;
+          \$284  = 17'h00000;
+        end
+      end
+    end
+    if (rst) begin
+      \$284  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$285  = s_rows;
+    if (store_start) begin
+      \$285  = cmd[16:0];
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        if (\$137 ) begin
+          \$285  = \$138 [16:0];
         end
       end
     end
@@ -8942,29 +8965,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$286  = s_rows;
+    \$286  = s_left;
     if (store_start) begin
-      \$286  = cmd[16:0];
+      \$286  = \$121 [18:0];
     end else if (\$120 ) begin
       if (\$124 ) begin
-        if (\$137 ) begin
-          \$286  = \$138 [16:0];
-        end
+        \$286  = \$126 [18:0];
       end
     end
     if (rst) begin
-      \$286  = 17'h00000;
+      \$286  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$287  = s_left;
+    \$287  = out_left;
     if (store_start) begin
-      \$287  = \$121 [18:0];
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$287  = \$126 [18:0];
-      end
+      \$287  = \$122 [18:0];
+    end
+    if (\$139 ) begin
+      \$287  = \$140 [18:0];
     end
     if (rst) begin
       \$287  = 19'h00000;
@@ -8972,23 +8992,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$288  = out_left;
-    if (store_start) begin
-      \$288  = \$122 [18:0];
-    end
-    if (\$139 ) begin
-      \$288  = \$140 [18:0];
-    end
-    if (rst) begin
-      \$288  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$289  = r_valid;
+    \$288  = r_valid;
     if (store_start) begin
     end else if (\$120 ) begin
-      \$289  = \$123 ;
+      \$288  = \$123 ;
     end
     casez (fsm_state)
       3'h0:
@@ -9001,106 +9008,145 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$170 ) begin
-            \$289  = 1'h0;
+            \$288  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$289  = 1'h0;
+      \$288  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$290  = r_mask;
+    \$289  = r_mask;
     if (store_start) begin
     end else if (\$120 ) begin
       if (\$124 ) begin
-        \$290  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
+        \$289  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
       end
     end
     if (rst) begin
-      \$290  = 8'h00;
+      \$289  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$291  = 1'h0;
+    \$290  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$143 ) begin
-            \$291  = 1'h1;
+            \$290  = 1'h1;
           end
       3'h2:
           if (\$154 ) begin
-            \$291  = 1'h1;
+            \$290  = 1'h1;
           end
       3'h3:
           if (\$169 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
             end else begin
-              \$291  = 1'h1;
+              \$290  = 1'h1;
             end
           end
       3'h4:
           if (\$170 ) begin
-            \$291  = 1'h1;
+            \$290  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$291  = 1'h0;
+      \$290  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$292  = cmd;
+    \$291  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$292  = cmd__payload;
+            \$291  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$292  = 102'h00000000000000000000000000;
+      \$291  = 102'h00000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$293  = error;
+    \$292  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$293  = 1'h0;
+            \$292  = 1'h0;
           end
       3'h1:
           if (\$143 ) begin
-            \$293  = 1'h1;
+            \$292  = 1'h1;
           end
       3'h2:
           if (\$154 ) begin
-            \$293  = 1'h1;
+            \$292  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$293  = 1'h0;
+      \$292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$294  = error_code;
+    \$293  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
+            \$293  = 3'h0;
+          end
+      3'h1:
+          if (\$143 ) begin
+            \$293  = code;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$293  = \$159 ;
+          end
+    endcase
+    if (rst) begin
+      \$293  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$294  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$294  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$143 ) begin
             \$294  = 3'h0;
-          end
-      3'h1:
-          if (\$143 ) begin
-            \$294  = code;
+          end else begin
+            \$294  = 3'h2;
           end
       3'h2:
           if (\$154 ) begin
-            \$294  = \$159 ;
+            \$294  = 3'h0;
+          end else if (\$155 ) begin
+            \$294  = 3'h3;
+          end
+      3'h3:
+          if (\$169 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$294  = 3'h4;
+            end else begin
+              \$294  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$170 ) begin
+            \$294  = 3'h0;
           end
     endcase
     if (rst) begin
@@ -9109,92 +9155,53 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$295  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$295  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$143 ) begin
-            \$295  = 3'h0;
-          end else begin
-            \$295  = 3'h2;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$295  = 3'h0;
-          end else if (\$155 ) begin
-            \$295  = 3'h3;
-          end
-      3'h3:
-          if (\$169 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-              \$295  = 3'h4;
-            end else begin
-              \$295  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$170 ) begin
-            \$295  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$295  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$296  = rows_left;
+    \$295  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$296  = cmd[16:0];
+          \$295  = cmd[16:0];
       3'h2:
           if (\$144 ) begin
-            \$296  = \$145 [16:0];
+            \$295  = \$145 [16:0];
           end
     endcase
     if (rst) begin
-      \$296  = 17'h00000;
+      \$295  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$297  = a_lim;
+    \$296  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$297  = { 1'h0, \$141  };
+          \$296  = { 1'h0, \$141  };
       3'h2:
           if (\$144 ) begin
-            \$297  = \$146 [18:0];
+            \$296  = \$146 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$296  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$297  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$297  = { 1'h0, \$142  };
+      3'h2:
+          if (\$144 ) begin
+            \$297  = \$147 [18:0];
           end
     endcase
     if (rst) begin
       \$297  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$298  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$298  = { 1'h0, \$142  };
-      3'h2:
-          if (\$144 ) begin
-            \$298  = \$147 [18:0];
-          end
-    endcase
-    if (rst) begin
-      \$298  = 19'h00000;
     end
   end
   always @* begin
@@ -9266,11 +9273,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$201 ) begin
+          if (\$200 ) begin
             code = 3'h1;
-          end else if (\$210 ) begin
+          end else if (\$209 ) begin
             code = 3'h2;
-          end else if (\$212 ) begin
+          end else if (\$211 ) begin
             code = 3'h3;
           end
     endcase
@@ -9286,7 +9293,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$222 ) begin
+          if (\$221 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9308,7 +9315,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$195 [10:0];
+  assign \port__addr$127  = \$194 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9344,6 +9351,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[5]  = c_out__payload[47:40];
   assign \c_out__payload[6]  = c_out__payload[55:48];
   assign \c_out__payload[7]  = c_out__payload[63:56];
+  assign \rq_in__payload[0]  = rq_in__payload[31:0];
+  assign \rq_in__payload[1]  = rq_in__payload[63:32];
+  assign \rq_in__payload[2]  = rq_in__payload[95:64];
+  assign \rq_in__payload[3]  = rq_in__payload[127:96];
+  assign \rq_in__payload[4]  = rq_in__payload[159:128];
+  assign \rq_in__payload[5]  = rq_in__payload[191:160];
+  assign \rq_in__payload[6]  = rq_in__payload[223:192];
+  assign \rq_in__payload[7]  = rq_in__payload[255:224];
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
   assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
@@ -9499,8 +9514,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign i__payload[31:0] = \$194 ;
-  assign i__payload[255:32] = c_q[255:32];
   assign \$signature__data$117 [255:224] = \$192 [31:0];
   assign \$signature__data$117 [223:192] = \$191 [31:0];
   assign \$signature__data$117 [191:160] = \$190 [31:0];
@@ -9509,8 +9522,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data$117 [95:64] = \$187 [31:0];
   assign \$signature__data$117 [63:32] = \$186 [31:0];
   assign \$signature__data$117 [31:0] = \$185 [31:0];
-  assign \$229  = \port__data$28 ;
-  assign \$228  = port__data;
+  assign \$228  = \port__data$28 ;
+  assign \$227  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25596,7 +25609,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advance, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -28221,8 +28234,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__paylo
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$2616$0 (i__payload),
     .\port$300$0 (mult),
+    .\port$305$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -29523,7 +29536,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__paylo
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29690,10 +29703,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [255:0] \port$2616$0 ;
-  wire [255:0] \port$2616$0 ;
   input [15:0] \port$300$0 ;
   wire [15:0] \port$300$0 ;
+  input [255:0] \port$305$0 ;
+  wire [255:0] \port$305$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29832,7 +29845,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$2616$0 [80:64] };
+      \$29  = { 1'h0, \port$305$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29862,7 +29875,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95:81] };
+      \$32  = { \port$305$0 [95], \port$305$0 [95], \port$305$0 [95], \port$305$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29892,7 +29905,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$2616$0 [112:96] };
+      \$35  = { 1'h0, \port$305$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -29922,7 +29935,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127:113] };
+      \$38  = { \port$305$0 [127], \port$305$0 [127], \port$305$0 [127], \port$305$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -29952,7 +29965,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$2616$0 [144:128] };
+      \$41  = { 1'h0, \port$305$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -29982,7 +29995,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159:145] };
+      \$44  = { \port$305$0 [159], \port$305$0 [159], \port$305$0 [159], \port$305$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -30012,7 +30025,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$2616$0 [176:160] };
+      \$47  = { 1'h0, \port$305$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30042,7 +30055,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191:177] };
+      \$50  = { \port$305$0 [191], \port$305$0 [191], \port$305$0 [191], \port$305$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30072,7 +30085,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$2616$0 [208:192] };
+      \$53  = { 1'h0, \port$305$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30102,7 +30115,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223:209] };
+      \$56  = { \port$305$0 [223], \port$305$0 [223], \port$305$0 [223], \port$305$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30132,7 +30145,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$2616$0 [240:224] };
+      \$59  = { 1'h0, \port$305$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30162,7 +30175,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255:241] };
+      \$62  = { \port$305$0 [255], \port$305$0 [255], \port$305$0 [255], \port$305$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30192,7 +30205,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$2616$0 [16:0] };
+      \$17  = { 1'h0, \port$305$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30222,7 +30235,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31:17] };
+      \$20  = { \port$305$0 [31], \port$305$0 [31], \port$305$0 [31], \port$305$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30252,7 +30265,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$2616$0 [48:32] };
+      \$23  = { 1'h0, \port$305$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30282,42 +30295,42 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , en, \port$2616$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63:49] };
+      \$26  = { \port$305$0 [63], \port$305$0 [63], \port$305$0 [63], \port$305$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$2616$0 [16:0] };
+  assign a__0 = { 1'h0, \port$305$0 [16:0] };
   assign b__0 = { 2'h0, \port$300$0  };
-  assign a__1 = { \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31], \port$2616$0 [31:17] };
+  assign a__1 = { \port$305$0 [31], \port$305$0 [31], \port$305$0 [31], \port$305$0 [31:17] };
   assign b__1 = { 2'h0, \port$300$0  };
-  assign a__2 = { 1'h0, \port$2616$0 [48:32] };
+  assign a__2 = { 1'h0, \port$305$0 [48:32] };
   assign b__2 = { 2'h0, \port$300$0  };
-  assign a__3 = { \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63], \port$2616$0 [63:49] };
+  assign a__3 = { \port$305$0 [63], \port$305$0 [63], \port$305$0 [63], \port$305$0 [63:49] };
   assign b__3 = { 2'h0, \port$300$0  };
-  assign a__4 = { 1'h0, \port$2616$0 [80:64] };
+  assign a__4 = { 1'h0, \port$305$0 [80:64] };
   assign b__4 = { 2'h0, \port$300$0  };
-  assign a__5 = { \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95], \port$2616$0 [95:81] };
+  assign a__5 = { \port$305$0 [95], \port$305$0 [95], \port$305$0 [95], \port$305$0 [95:81] };
   assign b__5 = { 2'h0, \port$300$0  };
-  assign a__6 = { 1'h0, \port$2616$0 [112:96] };
+  assign a__6 = { 1'h0, \port$305$0 [112:96] };
   assign b__6 = { 2'h0, \port$300$0  };
-  assign a__7 = { \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127], \port$2616$0 [127:113] };
+  assign a__7 = { \port$305$0 [127], \port$305$0 [127], \port$305$0 [127], \port$305$0 [127:113] };
   assign b__7 = { 2'h0, \port$300$0  };
-  assign a__8 = { 1'h0, \port$2616$0 [144:128] };
+  assign a__8 = { 1'h0, \port$305$0 [144:128] };
   assign b__8 = { 2'h0, \port$300$0  };
-  assign a__9 = { \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159], \port$2616$0 [159:145] };
+  assign a__9 = { \port$305$0 [159], \port$305$0 [159], \port$305$0 [159], \port$305$0 [159:145] };
   assign b__9 = { 2'h0, \port$300$0  };
-  assign a__10 = { 1'h0, \port$2616$0 [176:160] };
+  assign a__10 = { 1'h0, \port$305$0 [176:160] };
   assign b__10 = { 2'h0, \port$300$0  };
-  assign a__11 = { \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191], \port$2616$0 [191:177] };
+  assign a__11 = { \port$305$0 [191], \port$305$0 [191], \port$305$0 [191], \port$305$0 [191:177] };
   assign b__11 = { 2'h0, \port$300$0  };
-  assign a__12 = { 1'h0, \port$2616$0 [208:192] };
+  assign a__12 = { 1'h0, \port$305$0 [208:192] };
   assign b__12 = { 2'h0, \port$300$0  };
-  assign a__13 = { \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223], \port$2616$0 [223:209] };
+  assign a__13 = { \port$305$0 [223], \port$305$0 [223], \port$305$0 [223], \port$305$0 [223:209] };
   assign b__13 = { 2'h0, \port$300$0  };
-  assign a__14 = { 1'h0, \port$2616$0 [240:224] };
+  assign a__14 = { 1'h0, \port$305$0 [240:224] };
   assign b__14 = { 2'h0, \port$300$0  };
-  assign a__15 = { \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255], \port$2616$0 [255:241] };
+  assign a__15 = { \port$305$0 [255], \port$305$0 [255], \port$305$0 [255], \port$305$0 [255:241] };
   assign b__15 = { 2'h0, \port$300$0  };
 endmodule

@@ -79,8 +79,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [32:0] \$163 ;
   wire [32:0] \$164 ;
   wire \$165 ;
-  wire [31:0] \$166 ;
-  wire [13:0] \$167 ;
+  wire [13:0] \$166 ;
+  wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
@@ -115,87 +115,86 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire \$199 ;
+  wire [31:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   wire [31:0] \$200 ;
-  wire [31:0] \$201 ;
-  reg [127:0] \$202 ;
-  reg [11:0] \$203 ;
-  reg \$204 ;
-  reg [13:0] \$205 ;
-  reg \$206 ;
-  reg [1:0] \$207 ;
+  reg [127:0] \$201 ;
+  reg [11:0] \$202 ;
+  reg \$203 ;
+  reg [13:0] \$204 ;
+  reg \$205 ;
+  reg [1:0] \$206 ;
+  reg \$207 ;
   reg \$208 ;
-  reg \$209 ;
+  reg [11:0] \$209 ;
   wire \$21 ;
   reg [11:0] \$210 ;
-  reg [11:0] \$211 ;
+  reg \$211 ;
   reg \$212 ;
-  reg \$213 ;
-  reg [3:0] \$214 ;
+  reg [3:0] \$213 ;
+  reg \$214 ;
   reg \$215 ;
   reg \$216 ;
-  reg \$217 ;
-  reg [3:0] \$218 ;
+  reg [3:0] \$217 ;
+  reg \$218 ;
   reg \$219 ;
   wire \$22 ;
   reg \$220 ;
-  reg \$221 ;
+  reg [31:0] \$221 ;
   reg [31:0] \$222 ;
-  reg [31:0] \$223 ;
+  reg \$223 ;
   reg \$224 ;
-  reg \$225 ;
-  reg [11:0] \$226 ;
-  reg [13:0] \$227 ;
+  reg [11:0] \$225 ;
+  reg [13:0] \$226 ;
+  reg [11:0] \$227 ;
   reg [11:0] \$228 ;
-  reg [11:0] \$229 ;
+  reg [13:0] \$229 ;
   wire \$23 ;
   reg [13:0] \$230 ;
-  reg [13:0] \$231 ;
+  reg \$231 ;
   reg \$232 ;
-  reg \$233 ;
-  reg [13:0] \$234 ;
+  reg [13:0] \$233 ;
+  reg [2:0] \$234 ;
   reg [2:0] \$235 ;
-  reg [2:0] \$236 ;
-  reg [13:0] \$237 ;
-  reg [2:0] \$238 ;
+  reg [13:0] \$236 ;
+  reg [2:0] \$237 ;
+  reg \$238 ;
   reg \$239 ;
   wire \$24 ;
   reg \$240 ;
-  reg \$241 ;
-  reg [13:0] \$242 ;
+  reg [13:0] \$241 ;
+  reg \$242 ;
   reg \$243 ;
-  reg \$244 ;
-  reg [13:0] \$245 ;
+  reg [13:0] \$244 ;
+  reg \$245 ;
   reg \$246 ;
-  reg \$247 ;
-  reg [13:0] \$248 ;
+  reg [13:0] \$247 ;
+  reg [127:0] \$248 ;
   reg [127:0] \$249 ;
   wire \$25 ;
   reg [127:0] \$250 ;
-  reg [127:0] \$251 ;
-  reg [1:0] \$252 ;
-  reg [127:0] \$253 ;
+  reg [1:0] \$251 ;
+  reg [127:0] \$252 ;
+  reg \$253 ;
   reg \$254 ;
-  reg \$255 ;
-  reg [13:0] \$256 ;
+  reg [13:0] \$255 ;
+  reg [11:0] \$256 ;
   reg [11:0] \$257 ;
-  reg [11:0] \$258 ;
+  reg [13:0] \$258 ;
   reg [13:0] \$259 ;
   wire \$26 ;
-  reg [13:0] \$260 ;
-  reg \$261 ;
-  reg [3:0] \$262 ;
-  reg \$263 ;
-  reg [79:0] \$264 ;
-  reg \$265 ;
+  reg \$260 ;
+  reg [3:0] \$261 ;
+  reg \$262 ;
+  reg [79:0] \$263 ;
+  reg \$264 ;
+  reg [2:0] \$265 ;
   reg [2:0] \$266 ;
-  reg [2:0] \$267 ;
-  reg [11:0] \$268 ;
+  reg [11:0] \$267 ;
+  reg [13:0] \$268 ;
   reg [13:0] \$269 ;
   wire \$27 ;
-  reg [13:0] \$270 ;
   wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
@@ -492,8 +491,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
-  input [31:0] rq_in__payload;
-  wire [31:0] rq_in__payload;
+  input [127:0] rq_in__payload;
+  wire [127:0] rq_in__payload;
+  wire [31:0] \rq_in__payload[0] ;
+  wire [31:0] \rq_in__payload[1] ;
+  wire [31:0] \rq_in__payload[2] ;
+  wire [31:0] \rq_in__payload[3] ;
   output rq_in__ready;
   wire rq_in__ready;
   input rq_in__valid;
@@ -1214,7 +1217,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[7:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$167 [7:0]];
+  assign \port__data$31  = spad_c[\$166 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -1389,184 +1392,184 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign i__valid = storing ? q_valid : rq_in__valid;
   assign \$165  = ~ storing;
   assign rq_in__ready = \$165  & i__ready;
-  assign \$166  = storing ? c_q[31:0] : rq_in__payload;
-  assign \$167  = storing ? s_addr : col_addr0;
-  assign \$168  = ~ storing;
-  assign \$169  = ~ q_valid;
-  assign \$170  = \$169  | i__ready;
-  assign spad_c_rd_en = \$168  | \$170 ;
+  assign i__payload = storing ? c_q : rq_in__payload;
+  assign \$166  = storing ? s_addr : col_addr0;
+  assign \$167  = ~ storing;
+  assign \$168  = ~ q_valid;
+  assign \$169  = \$168  | i__ready;
+  assign spad_c_rd_en = \$167  | \$169 ;
   assign busy = ~ cmd__ready;
-  assign \$171  = cmd[76] | cmd[77];
-  assign \$172  = \$171  | cmd[79];
-  assign \$173  = ~ \$172 ;
-  assign \$174  = ! cmd[11:0];
-  assign \$175  = cmd[76] | cmd[77];
-  assign \$176  = ! cmd[23:12];
-  assign \$177  = \$175  & \$176 ;
-  assign \$178  = \$174  | \$177 ;
-  assign \$179  = cmd[77] | cmd[79];
-  assign \$180  = ! cmd[35:24];
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = cmd[23:12] > 7'h40;
-  assign \$184  = cmd[77] & \$183 ;
-  assign \$185  = start | a_in__ready;
-  assign \$186  = \$185  | \$signal$42 ;
-  assign \$187  = \$186  | issuing;
-  assign \$188  = \$187  | drain_busy;
-  assign \$189  = \$188  | col_busy0;
-  assign \$190  = \$189  | col_busy1;
-  assign \$191  = \$190  | w_busy;
-  assign \$192  = ~ \$191 ;
-  assign \$193  = ! pending;
-  assign \$194  = \$192  & \$193 ;
-  assign \$195  = ! fsm_state;
-  assign \$196  = fsm_state == 1'h1;
-  assign \$197  = fsm_state == 2'h2;
-  assign \$198  = fsm_state == 2'h3;
-  assign \$199  = fsm_state == 3'h4;
+  assign \$170  = cmd[76] | cmd[77];
+  assign \$171  = \$170  | cmd[79];
+  assign \$172  = ~ \$171 ;
+  assign \$173  = ! cmd[11:0];
+  assign \$174  = cmd[76] | cmd[77];
+  assign \$175  = ! cmd[23:12];
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = cmd[77] | cmd[79];
+  assign \$179  = ! cmd[35:24];
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = cmd[23:12] > 7'h40;
+  assign \$183  = cmd[77] & \$182 ;
+  assign \$184  = start | a_in__ready;
+  assign \$185  = \$184  | \$signal$42 ;
+  assign \$186  = \$185  | issuing;
+  assign \$187  = \$186  | drain_busy;
+  assign \$188  = \$187  | col_busy0;
+  assign \$189  = \$188  | col_busy1;
+  assign \$190  = \$189  | w_busy;
+  assign \$191  = ~ \$190 ;
+  assign \$192  = ! pending;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = ! fsm_state;
+  assign \$195  = fsm_state == 1'h1;
+  assign \$196  = fsm_state == 2'h2;
+  assign \$197  = fsm_state == 2'h3;
+  assign \$198  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$200 ;
+    spad_a_rd_data <= \$199 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$201 ;
+    spad_b_rd_data <= \$200 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$202 ;
+    spad_c_rd_data <= \$201 ;
   always @(posedge clk)
-    k_m1 <= \$203 ;
+    k_m1 <= \$202 ;
   always @(posedge clk)
-    start <= \$204 ;
+    start <= \$203 ;
   always @(posedge clk)
-    a_wptr <= \$205 ;
+    a_wptr <= \$204 ;
   always @(posedge clk)
-    a_in__ready <= \$206 ;
+    a_in__ready <= \$205 ;
   always @(posedge clk)
-    full <= \$207 ;
+    full <= \$206 ;
   always @(posedge clk)
-    \$signal$42  <= \$208 ;
+    \$signal$42  <= \$207 ;
   always @(posedge clk)
-    wbuf <= \$209 ;
+    wbuf <= \$208 ;
   always @(posedge clk)
-    b_k <= \$210 ;
+    b_k <= \$209 ;
   always @(posedge clk)
-    b_cols_left <= \$211 ;
+    b_cols_left <= \$210 ;
   always @(posedge clk)
-    a_ok <= \$212 ;
+    a_ok <= \$211 ;
   always @(posedge clk)
-    b_ok <= \$213 ;
+    b_ok <= \$212 ;
   always @(posedge clk)
-    gap <= \$214 ;
+    gap <= \$213 ;
   always @(posedge clk)
-    \$signal$57  <= \$215 ;
+    \$signal$57  <= \$214 ;
   always @(posedge clk)
-    \$signal$58  <= \$216 ;
+    \$signal$58  <= \$215 ;
   always @(posedge clk)
-    s_last <= \$217 ;
+    s_last <= \$216 ;
   always @(posedge clk)
-    s_mask <= \$218 ;
+    s_mask <= \$217 ;
   always @(posedge clk)
-    valid <= \$219 ;
+    valid <= \$218 ;
   always @(posedge clk)
-    first <= \$220 ;
+    first <= \$219 ;
   always @(posedge clk)
-    last <= \$221 ;
+    last <= \$220 ;
   always @(posedge clk)
-    b <= \$222 ;
+    b <= \$221 ;
   always @(posedge clk)
-    a <= \$223 ;
+    a <= \$222 ;
   always @(posedge clk)
-    issuing <= \$224 ;
+    issuing <= \$223 ;
   always @(posedge clk)
-    rbuf <= \$225 ;
+    rbuf <= \$224 ;
   always @(posedge clk)
-    k <= \$226 ;
+    k <= \$225 ;
   always @(posedge clk)
-    a_ptr <= \$227 ;
+    a_ptr <= \$226 ;
   always @(posedge clk)
-    rows_c <= \$228 ;
+    rows_c <= \$227 ;
   always @(posedge clk)
-    cols_c <= \$229 ;
+    cols_c <= \$228 ;
   always @(posedge clk)
-    c_panel <= \$230 ;
+    c_panel <= \$229 ;
   always @(posedge clk)
-    c_tile <= \$231 ;
+    c_tile <= \$230 ;
   always @(posedge clk)
-    last_k <= \$232 ;
+    last_k <= \$231 ;
   always @(posedge clk)
-    last_row <= \$233 ;
+    last_row <= \$232 ;
   always @(posedge clk)
-    t_base <= \$234 ;
+    t_base <= \$233 ;
   always @(posedge clk)
-    t_cols <= \$235 ;
+    t_cols <= \$234 ;
   always @(posedge clk)
-    d_col <= \$236 ;
+    d_col <= \$235 ;
   always @(posedge clk)
-    d_base <= \$237 ;
+    d_base <= \$236 ;
   always @(posedge clk)
-    d_cols <= \$238 ;
+    d_cols <= \$237 ;
   always @(posedge clk)
-    drain_busy <= \$239 ;
+    drain_busy <= \$238 ;
   always @(posedge clk)
-    col_valid0 <= \$240 ;
+    col_valid0 <= \$239 ;
   always @(posedge clk)
-    col_busy0 <= \$241 ;
+    col_busy0 <= \$240 ;
   always @(posedge clk)
-    col_addr0 <= \$242 ;
+    col_addr0 <= \$241 ;
   always @(posedge clk)
-    col_valid1 <= \$243 ;
+    col_valid1 <= \$242 ;
   always @(posedge clk)
-    col_busy1 <= \$244 ;
+    col_busy1 <= \$243 ;
   always @(posedge clk)
-    col_addr1 <= \$245 ;
+    col_addr1 <= \$244 ;
   always @(posedge clk)
-    w_valid <= \$246 ;
+    w_valid <= \$245 ;
   always @(posedge clk)
-    w_busy <= \$247 ;
+    w_busy <= \$246 ;
   always @(posedge clk)
-    w_addr <= \$248 ;
+    w_addr <= \$247 ;
   always @(posedge clk)
-    col_word0 <= \$249 ;
+    col_word0 <= \$248 ;
   always @(posedge clk)
-    col_word1 <= \$250 ;
+    col_word1 <= \$249 ;
   always @(posedge clk)
-    w_word <= \$251 ;
+    w_word <= \$250 ;
   always @(posedge clk)
-    pending <= \$252 ;
+    pending <= \$251 ;
   always @(posedge clk)
-    c_q <= \$253 ;
+    c_q <= \$252 ;
   always @(posedge clk)
-    q_valid <= \$254 ;
+    q_valid <= \$253 ;
   always @(posedge clk)
-    storing <= \$255 ;
+    storing <= \$254 ;
   always @(posedge clk)
-    s_addr <= \$256 ;
+    s_addr <= \$255 ;
   always @(posedge clk)
-    s_n <= \$257 ;
+    s_n <= \$256 ;
   always @(posedge clk)
-    s_rows <= \$258 ;
+    s_rows <= \$257 ;
   always @(posedge clk)
-    s_left <= \$259 ;
+    s_left <= \$258 ;
   always @(posedge clk)
-    out_left <= \$260 ;
+    out_left <= \$259 ;
   always @(posedge clk)
-    r_valid <= \$261 ;
+    r_valid <= \$260 ;
   always @(posedge clk)
-    r_mask <= \$262 ;
+    r_mask <= \$261 ;
   always @(posedge clk)
-    done <= \$263 ;
+    done <= \$262 ;
   always @(posedge clk)
-    cmd <= \$264 ;
+    cmd <= \$263 ;
   always @(posedge clk)
-    error <= \$265 ;
+    error <= \$264 ;
   always @(posedge clk)
-    error_code <= \$266 ;
+    error_code <= \$265 ;
   always @(posedge clk)
-    fsm_state <= \$267 ;
+    fsm_state <= \$266 ;
   always @(posedge clk)
-    rows_left <= \$268 ;
+    rows_left <= \$267 ;
   always @(posedge clk)
-    a_lim <= \$269 ;
+    a_lim <= \$268 ;
   always @(posedge clk)
-    c_lim <= \$270 ;
+    c_lim <= \$269 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1593,21 +1596,21 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = spad_c_rd_data;
+    \$201  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$202  = \port__data$31 ;
+      \$201  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = \$1 [11:0];
+    \$202  = \$1 [11:0];
     if (rst) begin
-      \$203  = 12'h000;
+      \$202  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = 1'h0;
+    \$203  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -1616,56 +1619,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$130 ) begin
           end else if (\$131 ) begin
-            \$204  = 1'h1;
+            \$203  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$204  = 1'h0;
+      \$203  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = a_wptr;
+    \$204  = a_wptr;
     if (start) begin
-      \$205  = { 5'h00, cmd[44:36] };
+      \$204  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$205  = \$3 [13:0];
+      \$204  = \$3 [13:0];
     end
     if (rst) begin
-      \$205  = 14'h0000;
+      \$204  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = a_in__ready;
+    \$205  = a_in__ready;
     if (start) begin
-      \$206  = cmd[76];
+      \$205  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$206  = 1'h0;
+        \$205  = 1'h0;
       end
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$205  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$8 ;
+    \$206  = \$8 ;
     if (rst) begin
-      \$207  = 2'h0;
+      \$206  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$signal$42 ;
+    \$207  = \$signal$42 ;
     if (start) begin
-      \$208  = cmd[77];
+      \$207  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$208  = 1'h0;
+          \$207  = 1'h0;
         end
+      end
+    end
+    if (rst) begin
+      \$207  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$208  = wbuf;
+    if (start) begin
+      \$208  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$208  = \$12 ;
       end
     end
     if (rst) begin
@@ -1674,54 +1691,58 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = wbuf;
+    \$209  = b_k;
     if (start) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end else if (\$9 ) begin
+      \$209  = \$10 [11:0];
       if (\$11 ) begin
-        \$209  = \$12 ;
+        \$209  = 12'h000;
       end
     end
     if (rst) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = b_k;
+    \$210  = b_cols_left;
     if (start) begin
-      \$210  = 12'h000;
+      \$210  = cmd[35:24];
     end else if (\$9 ) begin
-      \$210  = \$10 [11:0];
       if (\$11 ) begin
-        \$210  = 12'h000;
+        \$210  = \$13 [11:0];
       end
     end
     if (rst) begin
       \$210  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = b_cols_left;
-    if (start) begin
-      \$211  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$211  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$211  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$212  = \$15 ;
+      \$211  = \$15 ;
     end else begin
-      \$212  = \$21 ;
+      \$211  = \$21 ;
+    end
+    if (rst) begin
+      \$211  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$212  = 1'h0;
+    end else if (\$23 ) begin
+      \$212  = \$31 ;
+    end else if (\$24 ) begin
+      \$212  = 1'h1;
+    end else if (step) begin
+      \$212  = \$38 ;
+    end else begin
+      \$212  = \$41 ;
     end
     if (rst) begin
       \$212  = 1'h0;
@@ -1729,116 +1750,114 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$213  = 1'h0;
-    end else if (\$23 ) begin
-      \$213  = \$31 ;
-    end else if (\$24 ) begin
-      \$213  = 1'h1;
-    end else if (step) begin
-      \$213  = \$38 ;
-    end else begin
-      \$213  = \$41 ;
-    end
-    if (rst) begin
-      \$213  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = gap;
+    \$213  = gap;
     if (\$42 ) begin
-      \$214  = \$43 [3:0];
+      \$213  = \$43 [3:0];
     end
     if (start) begin
-      \$214  = 4'hb;
+      \$213  = 4'hb;
     end else if (step) begin
       if (last_k) begin
-        \$214  = 4'h0;
+        \$213  = 4'h0;
       end
     end
     if (rst) begin
-      \$214  = 4'h0;
+      \$213  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = step;
+    \$214  = step;
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$215  = \$44 ;
     if (rst) begin
       \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = \$44 ;
+    \$216  = last_k;
     if (rst) begin
       \$216  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = last_k;
+    \$217  = { \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$217  = 1'h0;
+      \$217  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = { \$48 , \$47 , \$46 , \$45  };
+    \$218  = \$signal$57 ;
     if (rst) begin
-      \$218  = 4'h0;
+      \$218  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = \$signal$57 ;
+    \$219  = \$signal$58 ;
     if (rst) begin
       \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = \$signal$58 ;
+    \$220  = s_last;
     if (rst) begin
       \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = s_last;
+    \$221  = spad_b_rd_data;
     if (rst) begin
-      \$221  = 1'h0;
+      \$221  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = spad_b_rd_data;
+    \$222 [7:0] = \$49 ;
+    \$222 [15:8] = \$50 ;
+    \$222 [23:16] = \$51 ;
+    \$222 [31:24] = \$52 ;
     if (rst) begin
       \$222  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223 [7:0] = \$49 ;
-    \$223 [15:8] = \$50 ;
-    \$223 [23:16] = \$51 ;
-    \$223 [31:24] = \$52 ;
-    if (rst) begin
-      \$223  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = issuing;
+    \$223  = issuing;
     if (start) begin
-      \$224  = cmd[77];
+      \$223  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$224  = 1'h0;
+            \$223  = 1'h0;
           end
+        end
+      end
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = rbuf;
+    if (start) begin
+      \$224  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$224  = \$65 ;
         end
       end
     end
@@ -1848,62 +1867,62 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = rbuf;
+    \$225  = k;
     if (start) begin
-      \$225  = 1'h0;
+      \$225  = 12'h000;
     end else if (step) begin
+      \$225  = \$55 [11:0];
+      if (last_k) begin
+        \$225  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$225  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$226  = a_ptr;
+    if (start) begin
+      \$226  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$226  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$225  = \$65 ;
+          \$226  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$226  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = k;
+    \$227  = rows_c;
     if (start) begin
-      \$226  = 12'h000;
+      \$227  = cmd[11:0];
     end else if (step) begin
-      \$226  = \$55 [11:0];
       if (last_k) begin
-        \$226  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$226  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = a_ptr;
-    if (start) begin
-      \$227  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$227  = \$56 [13:0];
-      if (last_k) begin
+        \$227  = \$61 [11:0];
         if (last_row) begin
-          \$227  = { 5'h00, cmd[44:36] };
+          \$227  = cmd[11:0];
         end
       end
     end
     if (rst) begin
-      \$227  = 14'h0000;
+      \$227  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = rows_c;
+    \$228  = cols_c;
     if (start) begin
-      \$228  = cmd[11:0];
+      \$228  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
-        \$228  = \$61 [11:0];
         if (last_row) begin
-          \$228  = cmd[11:0];
+          \$228  = \$66 [11:0];
         end
       end
     end
@@ -1913,29 +1932,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = cols_c;
+    \$229  = c_panel;
     if (start) begin
-      \$229  = cmd[35:24];
+      \$229  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$229  = \$66 [11:0];
+          \$229  = \$67 [13:0];
         end
       end
     end
     if (rst) begin
-      \$229  = 12'h000;
+      \$229  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = c_panel;
+    \$230  = c_tile;
     if (start) begin
       \$230  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
+        \$230  = \$62 [13:0];
         if (last_row) begin
-          \$230  = \$67 [13:0];
+          \$230  = \$68 [13:0];
         end
       end
     end
@@ -1945,30 +1965,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = c_tile;
+    \$231  = last_k;
     if (start) begin
-      \$231  = { 5'h00, cmd[53:45] };
+      \$231  = \$53 ;
     end else if (step) begin
+      \$231  = \$58 ;
       if (last_k) begin
-        \$231  = \$62 [13:0];
-        if (last_row) begin
-          \$231  = \$68 [13:0];
-        end
+        \$231  = \$63 ;
       end
     end
     if (rst) begin
-      \$231  = 14'h0000;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = last_k;
+    \$232  = last_row;
     if (start) begin
-      \$232  = \$53 ;
+      \$232  = \$54 ;
     end else if (step) begin
-      \$232  = \$58 ;
       if (last_k) begin
-        \$232  = \$63 ;
+        \$232  = \$64 ;
+        if (last_row) begin
+          \$232  = \$69 ;
+        end
       end
     end
     if (rst) begin
@@ -1977,42 +1997,37 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = last_row;
+    \$233  = t_base;
     if (start) begin
-      \$233  = \$54 ;
     end else if (step) begin
       if (last_k) begin
-        \$233  = \$64 ;
-        if (last_row) begin
-          \$233  = \$69 ;
-        end
+        \$233  = c_tile;
       end
     end
     if (rst) begin
-      \$233  = 1'h0;
+      \$233  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = t_base;
+    \$234  = t_cols;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$234  = c_tile;
+        \$234  = \$60 [2:0];
       end
     end
     if (rst) begin
-      \$234  = 14'h0000;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$235  = \$60 [2:0];
-      end
+    \$235  = d_col;
+    if (\done$73 ) begin
+      \$235  = 3'h1;
+    end else if (drain_busy) begin
+      \$235  = \$71 [2:0];
     end
     if (rst) begin
       \$235  = 3'h0;
@@ -2020,168 +2035,180 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = d_col;
+    \$236  = d_base;
     if (\done$73 ) begin
-      \$236  = 3'h1;
-    end else if (drain_busy) begin
-      \$236  = \$71 [2:0];
+      \$236  = t_base;
     end
     if (rst) begin
-      \$236  = 3'h0;
+      \$236  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = d_base;
+    \$237  = d_cols;
     if (\done$73 ) begin
-      \$237  = t_base;
+      \$237  = t_cols;
     end
     if (rst) begin
-      \$237  = 14'h0000;
+      \$237  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = d_cols;
+    \$238  = drain_busy;
     if (\done$73 ) begin
-      \$238  = t_cols;
-    end
-    if (rst) begin
-      \$238  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = drain_busy;
-    if (\done$73 ) begin
-      \$239  = 1'h1;
+      \$238  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$239  = 1'h0;
+        \$238  = 1'h0;
       end
     end
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = \$77 ;
     if (rst) begin
       \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = \$77 ;
+    \$240  = \$78 ;
     if (rst) begin
       \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = \$78 ;
+    \$241  = \$81 [13:0];
     if (rst) begin
-      \$241  = 1'h0;
+      \$241  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = \$81 [13:0];
+    \$242  = col_valid0;
     if (rst) begin
-      \$242  = 14'h0000;
+      \$242  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = col_valid0;
+    \$243  = col_busy0;
     if (rst) begin
       \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = col_busy0;
+    \$244  = col_addr0;
     if (rst) begin
-      \$244  = 1'h0;
+      \$244  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = col_addr0;
+    \$245  = col_valid1;
     if (rst) begin
-      \$245  = 14'h0000;
+      \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = col_valid1;
+    \$246  = col_busy1;
     if (rst) begin
       \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = col_busy1;
+    \$247  = col_addr1;
     if (rst) begin
-      \$247  = 1'h0;
+      \$247  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = col_addr1;
+    \$248  = out;
     if (rst) begin
-      \$248  = 14'h0000;
+      \$248  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = out;
+    \$249  = col_word0;
     if (rst) begin
       \$249  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = col_word0;
+    \$250  = col_word1;
     if (rst) begin
       \$250  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = col_word1;
+    \$251  = \$83 [1:0];
     if (rst) begin
-      \$251  = 128'h00000000000000000000000000000000;
+      \$251  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = \$83 [1:0];
-    if (rst) begin
-      \$252  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = c_q;
+    \$252  = c_q;
     if (\$85 ) begin
-      \$253  = spad_c_rd_data;
+      \$252  = spad_c_rd_data;
       if (\$88 ) begin
-        \$253 [31:0] = 32'd0;
+        \$252 [31:0] = 32'd0;
       end
       if (\$91 ) begin
-        \$253 [63:32] = 32'd0;
+        \$252 [63:32] = 32'd0;
       end
       if (\$94 ) begin
-        \$253 [95:64] = 32'd0;
+        \$252 [95:64] = 32'd0;
       end
       if (\$97 ) begin
-        \$253 [127:96] = 32'd0;
+        \$252 [127:96] = 32'd0;
       end
     end
     if (rst) begin
-      \$253  = 128'h00000000000000000000000000000000;
+      \$252  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = q_valid;
+    \$253  = q_valid;
     if (\$85 ) begin
-      \$254  = r_valid;
+      \$253  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$253  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = storing;
+    if (store_start) begin
+      \$254  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -2203,52 +2230,44 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = storing;
+    \$255  = s_addr;
     if (store_start) begin
-      \$255  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$146 ) begin
-            \$255  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = s_addr;
-    if (store_start) begin
-      \$256  = { 5'h00, cmd[53:45] };
+      \$255  = { 5'h00, cmd[53:45] };
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$256  = \$105 [13:0];
+        \$255  = \$105 [13:0];
       end
     end
     if (rst) begin
-      \$256  = 14'h0000;
+      \$255  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = s_n;
+    \$256  = s_n;
     if (store_start) begin
-      \$257  = 12'h000;
+      \$256  = 12'h000;
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$257  = \$107 [11:0];
+        \$256  = \$107 [11:0];
         if (\$113 ) begin
-          \$257  = 12'h000;
+          \$256  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$256  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$257  = s_rows;
+    if (store_start) begin
+      \$257  = cmd[11:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        if (\$113 ) begin
+          \$257  = \$114 [11:0];
         end
       end
     end
@@ -2258,29 +2277,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = s_rows;
+    \$258  = s_left;
     if (store_start) begin
-      \$258  = cmd[11:0];
+      \$258  = \$101 [13:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
-        if (\$113 ) begin
-          \$258  = \$114 [11:0];
-        end
+        \$258  = \$106 [13:0];
       end
     end
     if (rst) begin
-      \$258  = 12'h000;
+      \$258  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = s_left;
+    \$259  = out_left;
     if (store_start) begin
-      \$259  = \$101 [13:0];
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$259  = \$106 [13:0];
-      end
+      \$259  = \$102 [13:0];
+    end
+    if (\$115 ) begin
+      \$259  = \$116 [13:0];
     end
     if (rst) begin
       \$259  = 14'h0000;
@@ -2288,23 +2304,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = out_left;
-    if (store_start) begin
-      \$260  = \$102 [13:0];
-    end
-    if (\$115 ) begin
-      \$260  = \$116 [13:0];
-    end
-    if (rst) begin
-      \$260  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = r_valid;
+    \$260  = r_valid;
     if (store_start) begin
     end else if (\$100 ) begin
-      \$261  = \$103 ;
+      \$260  = \$103 ;
     end
     casez (fsm_state)
       3'h0:
@@ -2317,106 +2320,145 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$261  = 1'h0;
+            \$260  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$261  = 1'h0;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = r_mask;
+    \$261  = r_mask;
     if (store_start) begin
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$262  = { \$111 , \$110 , \$109 , \$108  };
+        \$261  = { \$111 , \$110 , \$109 , \$108  };
       end
     end
     if (rst) begin
-      \$262  = 4'h0;
+      \$261  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = 1'h0;
+    \$262  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$119 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$263  = 1'h1;
+              \$262  = 1'h1;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$263  = 1'h0;
+      \$262  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = cmd;
+    \$263  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$264  = cmd__payload;
+            \$263  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$264  = 80'h00000000000000000000;
+      \$263  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = error;
+    \$264  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$265  = 1'h0;
+            \$264  = 1'h0;
           end
       3'h1:
           if (\$119 ) begin
-            \$265  = 1'h1;
+            \$264  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
-            \$265  = 1'h1;
+            \$264  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$265  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = error_code;
+    \$265  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
+            \$265  = 3'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$265  = code;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$265  = \$135 ;
+          end
+    endcase
+    if (rst) begin
+      \$265  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$266  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$119 ) begin
             \$266  = 3'h0;
-          end
-      3'h1:
-          if (\$119 ) begin
-            \$266  = code;
+          end else begin
+            \$266  = 3'h2;
           end
       3'h2:
           if (\$130 ) begin
-            \$266  = \$135 ;
+            \$266  = 3'h0;
+          end else if (\$131 ) begin
+            \$266  = 3'h3;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$266  = 3'h4;
+            end else begin
+              \$266  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
+            \$266  = 3'h0;
           end
     endcase
     if (rst) begin
@@ -2425,92 +2467,53 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$267  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$119 ) begin
-            \$267  = 3'h0;
-          end else begin
-            \$267  = 3'h2;
-          end
-      3'h2:
-          if (\$130 ) begin
-            \$267  = 3'h0;
-          end else if (\$131 ) begin
-            \$267  = 3'h3;
-          end
-      3'h3:
-          if (\$145 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$267  = 3'h4;
-            end else begin
-              \$267  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$146 ) begin
-            \$267  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$267  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = rows_left;
+    \$267  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$268  = cmd[11:0];
+          \$267  = cmd[11:0];
       3'h2:
           if (\$120 ) begin
-            \$268  = \$121 [11:0];
+            \$267  = \$121 [11:0];
           end
     endcase
     if (rst) begin
-      \$268  = 12'h000;
+      \$267  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = a_lim;
+    \$268  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$269  = { 1'h0, \$117  };
+          \$268  = { 1'h0, \$117  };
       3'h2:
           if (\$120 ) begin
-            \$269  = \$122 [13:0];
+            \$268  = \$122 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$268  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$269  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$269  = { 1'h0, \$118  };
+      3'h2:
+          if (\$120 ) begin
+            \$269  = \$123 [13:0];
           end
     endcase
     if (rst) begin
       \$269  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$270  = { 1'h0, \$118  };
-      3'h2:
-          if (\$120 ) begin
-            \$270  = \$123 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$270  = 14'h0000;
     end
   end
   always @* begin
@@ -2582,11 +2585,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$173 ) begin
+          if (\$172 ) begin
             code = 3'h1;
-          end else if (\$182 ) begin
+          end else if (\$181 ) begin
             code = 3'h2;
-          end else if (\$184 ) begin
+          end else if (\$183 ) begin
             code = 3'h3;
           end
     endcase
@@ -2602,7 +2605,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$194 ) begin
+          if (\$193 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2624,7 +2627,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$167 [7:0];
+  assign \port__addr$127  = \$166 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2648,6 +2651,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[1]  = c_out__payload[15:8];
   assign \c_out__payload[2]  = c_out__payload[23:16];
   assign \c_out__payload[3]  = c_out__payload[31:24];
+  assign \rq_in__payload[0]  = rq_in__payload[31:0];
+  assign \rq_in__payload[1]  = rq_in__payload[63:32];
+  assign \rq_in__payload[2]  = rq_in__payload[95:64];
+  assign \rq_in__payload[3]  = rq_in__payload[127:96];
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
   assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
@@ -2731,14 +2738,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign i__payload[31:0] = \$166 ;
-  assign i__payload[127:32] = c_q[127:32];
   assign \$signature__data$117 [127:96] = \$164 [31:0];
   assign \$signature__data$117 [95:64] = \$163 [31:0];
   assign \$signature__data$117 [63:32] = \$162 [31:0];
   assign \$signature__data$117 [31:0] = \$161 [31:0];
-  assign \$201  = \port__data$28 ;
-  assign \$200  = port__data;
+  assign \$200  = \port__data$28 ;
+  assign \$199  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -6727,7 +6732,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advance, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -8316,8 +8321,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__paylo
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1480$0 (i__payload),
     .\port$264$0 (mult),
+    .\port$269$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -9010,7 +9015,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, advance, i__paylo
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -9096,10 +9101,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$1480$0 ;
-  wire [127:0] \port$1480$0 ;
   input [15:0] \port$264$0 ;
   wire [15:0] \port$264$0 ;
+  input [127:0] \port$269$0 ;
+  wire [127:0] \port$269$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9162,7 +9167,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1480$0 [16:0] };
+      \$9  = { 1'h0, \port$269$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9192,7 +9197,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31:17] };
+      \$12  = { \port$269$0 [31], \port$269$0 [31], \port$269$0 [31], \port$269$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9222,7 +9227,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1480$0 [48:32] };
+      \$15  = { 1'h0, \port$269$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9252,7 +9257,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63:49] };
+      \$18  = { \port$269$0 [63], \port$269$0 [63], \port$269$0 [63], \port$269$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9282,7 +9287,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1480$0 [80:64] };
+      \$21  = { 1'h0, \port$269$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9312,7 +9317,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95:81] };
+      \$24  = { \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9342,7 +9347,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1480$0 [112:96] };
+      \$27  = { 1'h0, \port$269$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9372,7 +9377,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127:113] };
+      \$30  = { \port$269$0 [127], \port$269$0 [127], \port$269$0 [127], \port$269$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9398,20 +9403,20 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , en, \port$1480$0 , p__0, p_
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1480$0 [16:0] };
+  assign a__0 = { 1'h0, \port$269$0 [16:0] };
   assign b__0 = { 2'h0, \port$264$0  };
-  assign a__1 = { \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31], \port$1480$0 [31:17] };
+  assign a__1 = { \port$269$0 [31], \port$269$0 [31], \port$269$0 [31], \port$269$0 [31:17] };
   assign b__1 = { 2'h0, \port$264$0  };
-  assign a__2 = { 1'h0, \port$1480$0 [48:32] };
+  assign a__2 = { 1'h0, \port$269$0 [48:32] };
   assign b__2 = { 2'h0, \port$264$0  };
-  assign a__3 = { \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63], \port$1480$0 [63:49] };
+  assign a__3 = { \port$269$0 [63], \port$269$0 [63], \port$269$0 [63], \port$269$0 [63:49] };
   assign b__3 = { 2'h0, \port$264$0  };
-  assign a__4 = { 1'h0, \port$1480$0 [80:64] };
+  assign a__4 = { 1'h0, \port$269$0 [80:64] };
   assign b__4 = { 2'h0, \port$264$0  };
-  assign a__5 = { \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95], \port$1480$0 [95:81] };
+  assign a__5 = { \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95:81] };
   assign b__5 = { 2'h0, \port$264$0  };
-  assign a__6 = { 1'h0, \port$1480$0 [112:96] };
+  assign a__6 = { 1'h0, \port$269$0 [112:96] };
   assign b__6 = { 2'h0, \port$264$0  };
-  assign a__7 = { \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127], \port$1480$0 [127:113] };
+  assign a__7 = { \port$269$0 [127], \port$269$0 [127], \port$269$0 [127], \port$269$0 [127:113] };
   assign b__7 = { 2'h0, \port$264$0  };
 endmodule

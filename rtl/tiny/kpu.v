@@ -21,19 +21,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$11 ;
   wire \$110 ;
   wire [9:0] \$111 ;
-  wire [7:0] \$1119 ;
   wire \$112 ;
   wire \$113 ;
-  wire [7:0] \$1136 ;
   wire \$114 ;
   wire \$115 ;
-  wire [6:0] \$1158 ;
+  wire [7:0] \$1153 ;
   wire \$116 ;
-  wire [7:0] \$1162 ;
-  wire [8:0] \$1165 ;
+  wire [7:0] \$1169 ;
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
+  wire [6:0] \$1191 ;
+  wire [7:0] \$1195 ;
+  wire [8:0] \$1198 ;
   wire \$12 ;
   wire \$120 ;
   wire [9:0] \$121 ;
@@ -133,18 +133,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] \$206 ;
   wire [31:0] \$207 ;
   wire \$208 ;
-  wire [31:0] \$209 ;
+  wire \$209 ;
   wire [22:0] \$21 ;
   wire \$210 ;
-  wire [5:0] \$211 ;
+  wire [14:0] \$211 ;
   wire \$212 ;
-  wire [31:0] \$213 ;
+  wire \$213 ;
   wire \$214 ;
-  wire \$215 ;
+  wire [31:0] \$215 ;
   wire \$216 ;
-  wire \$217 ;
+  wire [5:0] \$217 ;
   wire \$218 ;
-  wire \$219 ;
+  wire [1:0] \$219 ;
   wire [22:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
@@ -153,100 +153,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire [31:0] \$227 ;
-  wire [31:0] \$228 ;
+  wire \$227 ;
+  wire \$228 ;
   wire \$229 ;
   wire [43:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
+  wire [31:0] \$233 ;
+  wire [31:0] \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire [4:0] \$237 ;
-  wire [13:0] \$238 ;
-  wire [4:0] \$239 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire [43:0] \$24 ;
-  wire [13:0] \$240 ;
-  wire [14:0] \$241 ;
-  wire [14:0] \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire [14:0] \$245 ;
-  wire \$246 ;
-  wire [7:0] \$247 ;
-  wire \$248 ;
-  wire [15:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire [4:0] \$243 ;
+  wire [13:0] \$244 ;
+  wire [4:0] \$245 ;
+  wire [13:0] \$246 ;
+  wire [14:0] \$247 ;
+  wire [14:0] \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  wire [31:0] \$250 ;
-  wire [31:0] \$251 ;
-  wire [31:0] \$252 ;
-  wire \$253 ;
+  wire \$250 ;
+  wire [14:0] \$251 ;
+  wire \$252 ;
+  wire [7:0] \$253 ;
   wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
-  wire \$258 ;
+  wire [15:0] \$255 ;
+  wire [31:0] \$256 ;
+  wire [31:0] \$257 ;
+  wire [31:0] \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire [14:0] \$260 ;
-  wire [13:0] \$261 ;
+  wire \$260 ;
+  wire \$261 ;
   wire \$262 ;
-  wire [4:0] \$263 ;
+  wire \$263 ;
   wire \$264 ;
   wire \$265 ;
-  wire \$266 ;
-  wire \$267 ;
+  wire [14:0] \$266 ;
+  wire [13:0] \$267 ;
   wire \$268 ;
-  wire \$269 ;
+  wire [4:0] \$269 ;
   wire \$27 ;
   wire \$270 ;
-  wire [13:0] \$271 ;
+  wire \$271 ;
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
-  wire [13:0] \$275 ;
+  wire \$275 ;
   wire \$276 ;
   wire [13:0] \$277 ;
-  wire [14:0] \$278 ;
-  wire [14:0] \$279 ;
+  wire \$278 ;
+  wire \$279 ;
   wire \$28 ;
   wire \$280 ;
-  wire [14:0] \$281 ;
-  wire [13:0] \$282 ;
-  wire [14:0] \$283 ;
+  wire [13:0] \$281 ;
+  wire \$282 ;
+  wire [13:0] \$283 ;
   wire [14:0] \$284 ;
-  wire \$285 ;
-  wire [13:0] \$286 ;
+  wire [14:0] \$285 ;
+  wire \$286 ;
   wire [14:0] \$287 ;
   wire [13:0] \$288 ;
   wire [14:0] \$289 ;
   wire \$29 ;
-  wire \$290 ;
-  wire [13:0] \$291 ;
+  wire [14:0] \$290 ;
+  wire \$291 ;
   wire [13:0] \$292 ;
   wire [14:0] \$293 ;
-  wire \$294 ;
+  wire [13:0] \$294 ;
   wire [14:0] \$295 ;
-  wire [16:0] \$296 ;
-  wire \$297 ;
-  wire \$298 ;
-  wire \$299 ;
+  wire \$296 ;
+  wire [13:0] \$297 ;
+  wire [13:0] \$298 ;
+  wire [14:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
   wire \$300 ;
-  wire \$301 ;
-  wire [13:0] \$302 ;
-  wire [14:0] \$303 ;
-  wire [15:0] \$304 ;
+  wire [14:0] \$301 ;
+  wire [16:0] \$302 ;
+  wire \$303 ;
+  wire \$304 ;
   wire \$305 ;
   wire \$306 ;
   wire \$307 ;
-  wire \$308 ;
-  wire \$309 ;
+  wire [13:0] \$308 ;
+  wire [14:0] \$309 ;
   wire [9:0] \$31 ;
-  wire \$310 ;
+  wire [15:0] \$310 ;
   wire \$311 ;
   wire \$312 ;
   wire \$313 ;
@@ -279,64 +279,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$338 ;
   wire \$339 ;
   wire \$34 ;
-  wire [14:0] \$340 ;
+  wire \$340 ;
   wire \$341 ;
-  wire [14:0] \$342 ;
-  wire [13:0] \$343 ;
-  wire [14:0] \$344 ;
-  wire [14:0] \$345 ;
-  wire [15:0] \$346 ;
+  wire \$342 ;
+  wire \$343 ;
+  wire \$344 ;
+  wire \$345 ;
+  wire [14:0] \$346 ;
   wire \$347 ;
   wire [14:0] \$348 ;
-  wire \$349 ;
+  wire [13:0] \$349 ;
   wire \$35 ;
   wire [14:0] \$350 ;
-  wire [13:0] \$351 ;
-  wire [14:0] \$352 ;
-  wire [14:0] \$353 ;
-  wire [15:0] \$354 ;
+  wire [14:0] \$351 ;
+  wire [15:0] \$352 ;
+  wire \$353 ;
+  wire [14:0] \$354 ;
   wire \$355 ;
   wire [14:0] \$356 ;
-  wire \$357 ;
+  wire [13:0] \$357 ;
   wire [14:0] \$358 ;
-  wire [13:0] \$359 ;
+  wire [14:0] \$359 ;
   wire \$36 ;
-  wire [14:0] \$360 ;
-  wire [14:0] \$361 ;
-  wire [15:0] \$362 ;
+  wire [15:0] \$360 ;
+  wire \$361 ;
+  wire [14:0] \$362 ;
   wire \$363 ;
   wire [14:0] \$364 ;
-  wire \$365 ;
+  wire [13:0] \$365 ;
   wire [14:0] \$366 ;
-  wire [13:0] \$367 ;
-  wire [14:0] \$368 ;
-  wire [14:0] \$369 ;
+  wire [14:0] \$367 ;
+  wire [15:0] \$368 ;
+  wire \$369 ;
   wire \$37 ;
-  wire [15:0] \$370 ;
+  wire [14:0] \$370 ;
   wire \$371 ;
-  wire [18:0] \$372 ;
-  wire \$373 ;
-  wire [18:0] \$374 ;
-  wire [17:0] \$375 ;
-  wire [18:0] \$376 ;
-  wire [18:0] \$377 ;
-  wire [15:0] \$378 ;
+  wire [14:0] \$372 ;
+  wire [13:0] \$373 ;
+  wire [14:0] \$374 ;
+  wire [14:0] \$375 ;
+  wire [15:0] \$376 ;
+  wire \$377 ;
+  wire [18:0] \$378 ;
   wire \$379 ;
   wire \$38 ;
-  wire [33:0] \$380 ;
-  wire \$381 ;
-  wire [33:0] \$382 ;
-  wire [32:0] \$383 ;
-  wire [33:0] \$384 ;
-  wire [33:0] \$385 ;
-  wire [15:0] \$386 ;
+  wire [18:0] \$380 ;
+  wire [17:0] \$381 ;
+  wire [18:0] \$382 ;
+  wire [18:0] \$383 ;
+  wire [15:0] \$384 ;
+  wire \$385 ;
+  wire [33:0] \$386 ;
   wire \$387 ;
-  wire \$388 ;
-  wire [14:0] \$389 ;
+  wire [33:0] \$388 ;
+  wire [32:0] \$389 ;
   wire \$39 ;
-  wire \$390 ;
-  wire \$391 ;
-  wire \$392 ;
+  wire [33:0] \$390 ;
+  wire [33:0] \$391 ;
+  wire [15:0] \$392 ;
   wire \$393 ;
   wire \$394 ;
   wire [14:0] \$395 ;
@@ -347,24 +347,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$4 ;
   wire \$40 ;
   wire \$400 ;
-  wire \$401 ;
-  wire [14:0] \$402 ;
+  wire [14:0] \$401 ;
+  wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
   wire \$406 ;
   wire \$407 ;
-  wire \$408 ;
+  wire [14:0] \$408 ;
   wire \$409 ;
   wire \$41 ;
-  wire [33:0] \$410 ;
-  wire [32:0] \$411 ;
+  wire \$410 ;
+  wire \$411 ;
   wire \$412 ;
   wire \$413 ;
   wire \$414 ;
   wire \$415 ;
-  wire \$416 ;
-  wire \$417 ;
+  wire [33:0] \$416 ;
+  wire [32:0] \$417 ;
   wire \$418 ;
   wire \$419 ;
   wire \$42 ;
@@ -375,277 +375,277 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$424 ;
   wire \$425 ;
   wire \$426 ;
-  wire [14:0] \$427 ;
-  wire [13:0] \$428 ;
-  wire [13:0] \$429 ;
+  wire \$427 ;
+  wire \$428 ;
+  wire \$429 ;
   wire \$43 ;
-  wire [14:0] \$430 ;
-  wire [13:0] \$431 ;
-  wire [13:0] \$432 ;
-  wire [13:0] \$433 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire \$432 ;
+  wire [14:0] \$433 ;
   wire [13:0] \$434 ;
-  wire [14:0] \$435 ;
-  wire [13:0] \$436 ;
+  wire [13:0] \$435 ;
+  wire [14:0] \$436 ;
   wire [13:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire \$44 ;
   wire [13:0] \$440 ;
-  wire [13:0] \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire \$444 ;
-  wire \$445 ;
-  wire [1:0] \$446 ;
-  wire [1:0] \$447 ;
+  wire [14:0] \$441 ;
+  wire [13:0] \$442 ;
+  wire [13:0] \$443 ;
+  wire [13:0] \$444 ;
+  wire [13:0] \$445 ;
+  wire [13:0] \$446 ;
+  wire [13:0] \$447 ;
   wire \$448 ;
   wire \$449 ;
   wire \$45 ;
   wire \$450 ;
   wire \$451 ;
-  wire \$452 ;
-  wire \$453 ;
+  wire [1:0] \$452 ;
+  wire [1:0] \$453 ;
   wire \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire \$457 ;
+  wire [2:0] \$457 ;
   wire \$458 ;
-  wire \$459 ;
+  wire [2:0] \$459 ;
   wire \$46 ;
   wire [3:0] \$460 ;
-  wire [13:0] \$461 ;
-  wire \$462 ;
+  wire \$461 ;
+  wire [2:0] \$462 ;
   wire \$463 ;
   wire \$464 ;
   wire \$465 ;
-  wire \$466 ;
+  wire [14:0] \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire \$469 ;
+  wire [2:0] \$469 ;
   wire \$47 ;
-  wire \$470 ;
+  wire [2:0] \$470 ;
   wire \$471 ;
-  wire [7:0] \$472 ;
+  wire \$472 ;
   wire \$473 ;
-  wire [7:0] \$474 ;
-  wire [13:0] \$475 ;
-  wire [13:0] \$476 ;
-  wire [14:0] \$477 ;
-  wire [13:0] \$478 ;
-  wire [14:0] \$479 ;
+  wire \$474 ;
+  wire \$475 ;
+  wire \$476 ;
+  wire \$477 ;
+  wire \$478 ;
+  wire \$479 ;
   wire \$48 ;
-  wire [13:0] \$480 ;
-  wire [14:0] \$481 ;
+  wire \$480 ;
+  wire \$481 ;
   wire \$482 ;
-  wire \$483 ;
-  wire \$484 ;
-  wire [2:0] \$485 ;
-  wire [13:0] \$486 ;
-  wire [2:0] \$487 ;
+  wire [3:0] \$483 ;
+  wire [13:0] \$484 ;
+  wire \$485 ;
+  wire \$486 ;
+  wire \$487 ;
   wire \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire [2:0] \$490 ;
-  wire [3:0] \$491 ;
+  wire \$490 ;
+  wire \$491 ;
   wire \$492 ;
   wire \$493 ;
   wire \$494 ;
-  wire [9:0] \$495 ;
+  wire [7:0] \$495 ;
   wire \$496 ;
-  wire [9:0] \$497 ;
+  wire [7:0] \$497 ;
   wire [13:0] \$498 ;
   wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire \$500 ;
-  wire \$501 ;
-  wire \$502 ;
-  wire \$503 ;
+  wire [14:0] \$500 ;
+  wire [13:0] \$501 ;
+  wire [14:0] \$502 ;
+  wire [13:0] \$503 ;
   wire [14:0] \$504 ;
-  wire [13:0] \$505 ;
-  wire [13:0] \$506 ;
-  wire [14:0] \$507 ;
-  wire \$508 ;
-  wire [14:0] \$509 ;
+  wire \$505 ;
+  wire \$506 ;
+  wire \$507 ;
+  wire [2:0] \$508 ;
+  wire [13:0] \$509 ;
   wire \$51 ;
-  wire \$510 ;
+  wire [2:0] \$510 ;
   wire \$511 ;
   wire \$512 ;
-  wire [32:0] \$513 ;
-  wire [32:0] \$514 ;
-  wire [32:0] \$515 ;
-  wire [32:0] \$516 ;
-  wire [32:0] \$517 ;
-  wire [32:0] \$518 ;
-  wire [32:0] \$519 ;
+  wire [2:0] \$513 ;
+  wire [3:0] \$514 ;
+  wire \$515 ;
+  wire \$516 ;
+  wire \$517 ;
+  wire [9:0] \$518 ;
+  wire \$519 ;
   wire \$52 ;
-  wire \$520 ;
-  wire [4:0] \$521 ;
-  wire \$522 ;
-  wire [9:0] \$523 ;
+  wire [9:0] \$520 ;
+  wire [13:0] \$521 ;
+  wire [13:0] \$522 ;
+  wire \$523 ;
   wire \$524 ;
-  wire [15:0] \$525 ;
+  wire \$525 ;
   wire \$526 ;
-  wire [13:0] \$527 ;
-  wire [9:0] \$528 ;
-  wire \$529 ;
+  wire [14:0] \$527 ;
+  wire [13:0] \$528 ;
+  wire [13:0] \$529 ;
   wire \$53 ;
-  wire [15:0] \$530 ;
+  wire [14:0] \$530 ;
   wire \$531 ;
-  wire [13:0] \$532 ;
-  wire [9:0] \$533 ;
+  wire [14:0] \$532 ;
+  wire \$533 ;
   wire \$534 ;
-  wire [15:0] \$535 ;
-  wire [16:0] \$536 ;
-  wire [17:0] \$537 ;
-  wire [17:0] \$538 ;
-  wire \$539 ;
+  wire \$535 ;
+  wire [32:0] \$536 ;
+  wire [32:0] \$537 ;
+  wire [32:0] \$538 ;
+  wire [32:0] \$539 ;
   wire \$54 ;
-  wire [13:0] \$540 ;
-  wire [9:0] \$541 ;
-  wire \$542 ;
-  wire [15:0] \$543 ;
-  wire [16:0] \$544 ;
-  wire [17:0] \$545 ;
-  wire [17:0] \$546 ;
+  wire [32:0] \$540 ;
+  wire [32:0] \$541 ;
+  wire [32:0] \$542 ;
+  wire \$543 ;
+  wire [4:0] \$544 ;
+  wire \$545 ;
+  wire [9:0] \$546 ;
   wire \$547 ;
-  wire [13:0] \$548 ;
-  wire [16:0] \$549 ;
+  wire [15:0] \$548 ;
+  wire \$549 ;
   wire \$55 ;
-  wire [17:0] \$550 ;
-  wire [17:0] \$551 ;
-  wire [18:0] \$552 ;
-  wire \$553 ;
-  wire [18:0] \$554 ;
-  wire [17:0] \$555 ;
+  wire [13:0] \$550 ;
+  wire [9:0] \$551 ;
+  wire \$552 ;
+  wire [15:0] \$553 ;
+  wire \$554 ;
+  wire [13:0] \$555 ;
   wire [9:0] \$556 ;
   wire \$557 ;
   wire [15:0] \$558 ;
-  wire \$559 ;
+  wire [16:0] \$559 ;
   wire \$56 ;
-  wire [13:0] \$560 ;
-  wire \$561 ;
-  wire [13:0] \$562 ;
-  wire \$563 ;
-  wire [13:0] \$564 ;
-  wire [9:0] \$565 ;
-  wire \$566 ;
-  wire [15:0] \$567 ;
-  wire [9:0] \$568 ;
-  wire \$569 ;
+  wire [17:0] \$560 ;
+  wire [17:0] \$561 ;
+  wire \$562 ;
+  wire [13:0] \$563 ;
+  wire [9:0] \$564 ;
+  wire \$565 ;
+  wire [15:0] \$566 ;
+  wire [16:0] \$567 ;
+  wire [17:0] \$568 ;
+  wire [17:0] \$569 ;
   wire \$57 ;
-  wire [15:0] \$570 ;
-  wire \$571 ;
-  wire \$572 ;
-  wire \$573 ;
-  wire [1:0] \$574 ;
+  wire \$570 ;
+  wire [13:0] \$571 ;
+  wire [16:0] \$572 ;
+  wire [17:0] \$573 ;
+  wire [17:0] \$574 ;
   wire [18:0] \$575 ;
   wire \$576 ;
-  wire \$577 ;
-  wire \$578 ;
-  wire \$579 ;
+  wire [18:0] \$577 ;
+  wire [17:0] \$578 ;
+  wire [9:0] \$579 ;
   wire \$58 ;
-  wire [1:0] \$580 ;
-  wire [18:0] \$581 ;
-  wire [17:0] \$582 ;
-  wire [9:0] \$583 ;
+  wire \$580 ;
+  wire [15:0] \$581 ;
+  wire \$582 ;
+  wire [13:0] \$583 ;
   wire \$584 ;
-  wire [15:0] \$585 ;
-  wire [18:0] \$586 ;
-  wire \$587 ;
-  wire [18:0] \$588 ;
-  wire [17:0] \$589 ;
+  wire [13:0] \$585 ;
+  wire \$586 ;
+  wire [13:0] \$587 ;
+  wire [9:0] \$588 ;
+  wire \$589 ;
   wire \$59 ;
-  wire [9:0] \$590 ;
-  wire \$591 ;
-  wire [3:0] \$592 ;
-  wire \$593 ;
+  wire [15:0] \$590 ;
+  wire [9:0] \$591 ;
+  wire \$592 ;
+  wire [15:0] \$593 ;
   wire \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire \$597 ;
-  wire \$598 ;
+  wire [1:0] \$597 ;
+  wire [18:0] \$598 ;
   wire \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [2:0] \$600 ;
+  wire \$600 ;
   wire \$601 ;
   wire \$602 ;
-  wire \$603 ;
-  wire \$604 ;
-  wire \$605 ;
-  wire \$606 ;
+  wire [1:0] \$603 ;
+  wire [18:0] \$604 ;
+  wire [17:0] \$605 ;
+  wire [9:0] \$606 ;
   wire \$607 ;
-  wire \$608 ;
-  wire \$609 ;
+  wire [15:0] \$608 ;
+  wire [18:0] \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire \$611 ;
-  wire \$612 ;
-  wire [32:0] \$613 ;
-  wire [9:0] \$614 ;
-  wire \$615 ;
+  wire [18:0] \$611 ;
+  wire [17:0] \$612 ;
+  wire [9:0] \$613 ;
+  wire \$614 ;
+  wire [3:0] \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
   wire \$619 ;
   wire \$62 ;
-  wire [9:0] \$620 ;
+  wire \$620 ;
   wire \$621 ;
-  wire [12:0] \$622 ;
-  wire [13:0] \$623 ;
-  wire [12:0] \$624 ;
-  wire [13:0] \$625 ;
-  wire [14:0] \$626 ;
+  wire \$622 ;
+  wire [2:0] \$623 ;
+  wire \$624 ;
+  wire \$625 ;
+  wire \$626 ;
   wire \$627 ;
-  wire [14:0] \$628 ;
+  wire \$628 ;
   wire \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
   wire \$632 ;
-  wire [13:0] \$633 ;
-  wire [32:0] \$634 ;
+  wire \$633 ;
+  wire \$634 ;
   wire \$635 ;
-  wire [13:0] \$636 ;
-  wire [32:0] \$637 ;
+  wire [32:0] \$636 ;
+  wire [9:0] \$637 ;
   wire \$638 ;
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire [14:0] \$641 ;
-  wire [3:0] \$642 ;
-  wire [3:0] \$643 ;
+  wire \$641 ;
+  wire \$642 ;
+  wire [9:0] \$643 ;
   wire \$644 ;
-  wire \$645 ;
-  wire [1:0] \$646 ;
-  wire [2:0] \$647 ;
-  wire \$648 ;
-  wire \$649 ;
+  wire [12:0] \$645 ;
+  wire [13:0] \$646 ;
+  wire [12:0] \$647 ;
+  wire [13:0] \$648 ;
+  wire [14:0] \$649 ;
   wire \$65 ;
   wire \$650 ;
-  wire \$651 ;
+  wire [14:0] \$651 ;
   wire \$652 ;
   wire \$653 ;
   wire \$654 ;
-  wire [13:0] \$655 ;
-  wire [32:0] \$656 ;
-  wire \$657 ;
+  wire \$655 ;
+  wire [13:0] \$656 ;
+  wire [32:0] \$657 ;
   wire \$658 ;
-  wire \$659 ;
+  wire [13:0] \$659 ;
   wire \$66 ;
-  wire \$660 ;
+  wire [32:0] \$660 ;
   wire \$661 ;
   wire \$662 ;
   wire \$663 ;
   wire [14:0] \$664 ;
   wire [3:0] \$665 ;
-  wire \$666 ;
+  wire [3:0] \$666 ;
   wire \$667 ;
   wire \$668 ;
-  wire \$669 ;
+  wire [1:0] \$669 ;
   wire \$67 ;
-  wire \$670 ;
+  wire [2:0] \$670 ;
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
@@ -653,18 +653,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$675 ;
   wire \$676 ;
   wire \$677 ;
-  wire \$678 ;
-  wire \$679 ;
+  wire [13:0] \$678 ;
+  wire [32:0] \$679 ;
   wire \$68 ;
   wire \$680 ;
   wire \$681 ;
   wire \$682 ;
   wire \$683 ;
   wire \$684 ;
-  wire [13:0] \$685 ;
-  wire [32:0] \$686 ;
-  wire [4:0] \$687 ;
-  wire \$688 ;
+  wire \$685 ;
+  wire \$686 ;
+  wire [14:0] \$687 ;
+  wire [3:0] \$688 ;
   wire \$689 ;
   wire \$69 ;
   wire \$690 ;
@@ -674,236 +674,263 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$694 ;
   wire \$695 ;
   wire \$696 ;
-  wire [1:0] \$697 ;
-  wire [4:0] \$698 ;
-  wire [12:0] \$699 ;
+  wire \$697 ;
+  wire \$698 ;
+  wire \$699 ;
   wire \$7 ;
   wire \$70 ;
   wire \$700 ;
   wire \$701 ;
   wire \$702 ;
-  wire [14:0] \$703 ;
-  wire [13:0] \$704 ;
+  wire \$703 ;
+  wire \$704 ;
   wire \$705 ;
   wire \$706 ;
   wire \$707 ;
-  wire \$708 ;
-  wire \$709 ;
+  wire [13:0] \$708 ;
+  wire [32:0] \$709 ;
   wire \$71 ;
-  wire \$710 ;
+  wire [4:0] \$710 ;
   wire \$711 ;
   wire \$712 ;
   wire \$713 ;
-  wire [14:0] \$714 ;
-  wire [13:0] \$715 ;
-  wire [2:0] \$716 ;
+  wire \$714 ;
+  wire \$715 ;
+  wire \$716 ;
   wire \$717 ;
   wire \$718 ;
-  wire [14:0] \$719 ;
+  wire \$719 ;
   wire \$72 ;
-  wire [14:0] \$720 ;
-  wire \$721 ;
-  wire [14:0] \$722 ;
+  wire [1:0] \$720 ;
+  wire [4:0] \$721 ;
+  wire [12:0] \$722 ;
   wire \$723 ;
-  wire [14:0] \$724 ;
-  wire [2:0] \$725 ;
-  wire [4:0] \$726 ;
-  wire [4:0] \$727 ;
+  wire \$724 ;
+  wire \$725 ;
+  wire [14:0] \$726 ;
+  wire [13:0] \$727 ;
   wire \$728 ;
-  wire [13:0] \$729 ;
+  wire \$729 ;
   wire \$73 ;
-  wire [32:0] \$730 ;
+  wire \$730 ;
   wire \$731 ;
-  wire [32:0] \$732 ;
-  wire [4:0] \$733 ;
+  wire \$732 ;
+  wire \$733 ;
   wire \$734 ;
   wire \$735 ;
-  wire [13:0] \$736 ;
-  wire [13:0] \$737 ;
-  wire [32:0] \$738 ;
-  wire \$739 ;
+  wire \$736 ;
+  wire [14:0] \$737 ;
+  wire [13:0] \$738 ;
+  wire [2:0] \$739 ;
   wire \$74 ;
-  wire [13:0] \$740 ;
-  wire [32:0] \$741 ;
-  wire \$742 ;
-  wire \$743 ;
+  wire \$740 ;
+  wire \$741 ;
+  wire [14:0] \$742 ;
+  wire [14:0] \$743 ;
   wire \$744 ;
-  wire \$745 ;
+  wire [14:0] \$745 ;
   wire \$746 ;
-  wire \$747 ;
-  wire \$748 ;
-  wire [15:0] \$749 ;
+  wire [14:0] \$747 ;
+  wire [2:0] \$748 ;
+  wire [4:0] \$749 ;
   wire \$75 ;
-  wire \$750 ;
-  wire [13:0] \$751 ;
-  wire [14:0] \$752 ;
-  wire [15:0] \$753 ;
+  wire [4:0] \$750 ;
+  wire \$751 ;
+  wire [13:0] \$752 ;
+  wire [32:0] \$753 ;
   wire \$754 ;
-  wire \$755 ;
-  wire [16:0] \$756 ;
-  wire [14:0] \$757 ;
+  wire [32:0] \$755 ;
+  wire [4:0] \$756 ;
+  wire \$757 ;
   wire \$758 ;
-  wire \$759 ;
+  wire [13:0] \$759 ;
   wire \$76 ;
-  wire \$760 ;
-  wire \$761 ;
+  wire [13:0] \$760 ;
+  wire [32:0] \$761 ;
   wire \$762 ;
-  reg [31:0] \$763 ;
-  reg [31:0] \$764 ;
-  reg [19:0] \$765 ;
-  reg [13:0] \$766 ;
-  reg [13:0] \$767 ;
-  reg [15:0] \$768 ;
-  reg [13:0] \$769 ;
+  wire [13:0] \$763 ;
+  wire [32:0] \$764 ;
+  wire \$765 ;
+  wire \$766 ;
+  wire \$767 ;
+  wire \$768 ;
+  wire \$769 ;
   wire \$77 ;
-  reg [13:0] \$770 ;
-  reg [15:0] \$771 ;
-  reg [13:0] \$772 ;
-  reg [13:0] \$773 ;
-  reg [15:0] \$774 ;
-  reg [13:0] \$775 ;
-  reg [13:0] \$776 ;
-  reg [15:0] \$777 ;
-  reg [17:0] \$778 ;
-  reg [17:0] \$779 ;
+  wire \$770 ;
+  wire \$771 ;
+  wire [15:0] \$772 ;
+  wire \$773 ;
+  wire [13:0] \$774 ;
+  wire [14:0] \$775 ;
+  wire [15:0] \$776 ;
+  wire \$777 ;
+  wire \$778 ;
+  wire [16:0] \$779 ;
   wire \$78 ;
-  reg [15:0] \$780 ;
-  reg [32:0] \$781 ;
-  reg [32:0] \$782 ;
-  reg [15:0] \$783 ;
-  reg \$784 ;
-  reg \$785 ;
-  reg \$786 ;
-  reg [7:0] \$787 ;
-  reg \$788 ;
-  reg \$789 ;
+  wire [14:0] \$780 ;
+  wire \$781 ;
+  wire \$782 ;
+  wire \$783 ;
+  wire \$784 ;
+  wire \$785 ;
+  reg [31:0] \$786 ;
+  reg [31:0] \$787 ;
+  reg [19:0] \$788 ;
+  reg [13:0] \$789 ;
   wire \$79 ;
-  reg [31:0] \$790 ;
-  reg [31:0] \$791 ;
-  reg \$792 ;
-  reg \$793 ;
-  reg [13:0] \$794 ;
-  reg [12:0] \$795 ;
-  reg [12:0] \$796 ;
-  reg [13:0] \$797 ;
-  reg [12:0] \$798 ;
-  reg [12:0] \$799 ;
+  reg [13:0] \$790 ;
+  reg [15:0] \$791 ;
+  reg [13:0] \$792 ;
+  reg [13:0] \$793 ;
+  reg [15:0] \$794 ;
+  reg [13:0] \$795 ;
+  reg [13:0] \$796 ;
+  reg [15:0] \$797 ;
+  reg [13:0] \$798 ;
+  reg [13:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [13:0] \$800 ;
-  reg [12:0] \$801 ;
-  reg [12:0] \$802 ;
-  reg \$803 ;
-  reg [1:0] \$804 ;
-  reg \$805 ;
-  reg [1:0] \$806 ;
-  reg [2:0] \$807 ;
-  reg [12:0] \$808 ;
-  reg [31:0] \$809 ;
+  reg [15:0] \$800 ;
+  reg [17:0] \$801 ;
+  reg [17:0] \$802 ;
+  reg [15:0] \$803 ;
+  reg [32:0] \$804 ;
+  reg [32:0] \$805 ;
+  reg [15:0] \$806 ;
+  reg \$807 ;
+  reg \$808 ;
+  reg \$809 ;
   wire \$81 ;
-  reg \$810 ;
-  reg [6:0] \$811 ;
-  reg [12:0] \$812 ;
-  reg [13:0] \$813 ;
-  reg \$814 ;
-  reg [1:0] \$815 ;
-  reg [12:0] \$816 ;
-  reg \$817 ;
-  reg [8:0] \$818 ;
+  reg [7:0] \$810 ;
+  reg \$811 ;
+  reg \$812 ;
+  reg [31:0] \$813 ;
+  reg [31:0] \$814 ;
+  reg \$815 ;
+  reg \$816 ;
+  reg [13:0] \$817 ;
+  reg [12:0] \$818 ;
   reg [12:0] \$819 ;
   wire \$82 ;
   reg [13:0] \$820 ;
-  reg [31:0] \$821 ;
-  reg [31:0] \$822 ;
-  reg [31:0] \$823 ;
-  reg [31:0] \$824 ;
-  reg [31:0] \$825 ;
-  reg [31:0] \$826 ;
-  reg [31:0] \$827 ;
-  reg [31:0] \$828 ;
-  reg [31:0] \$829 ;
+  reg [12:0] \$821 ;
+  reg [12:0] \$822 ;
+  reg [13:0] \$823 ;
+  reg [12:0] \$824 ;
+  reg [12:0] \$825 ;
+  reg \$826 ;
+  reg [1:0] \$827 ;
+  reg \$828 ;
+  reg [2:0] \$829 ;
   wire \$83 ;
-  reg \$830 ;
-  reg \$831 ;
-  reg [7:0] \$832 ;
-  reg [12:0] \$833 ;
-  reg [31:0] \$834 ;
-  reg \$835 ;
-  reg \$836 ;
+  reg [127:0] \$830 ;
+  reg [1:0] \$831 ;
+  reg \$832 ;
+  reg [1:0] \$833 ;
+  reg [2:0] \$834 ;
+  reg [12:0] \$835 ;
+  reg [31:0] \$836 ;
   reg \$837 ;
-  reg [4:0] \$838 ;
-  reg [7:0] \$839 ;
+  reg [6:0] \$838 ;
+  reg [12:0] \$839 ;
   wire \$84 ;
-  reg [5:0] \$840 ;
-  reg [3:0] \$841 ;
-  reg [255:0] \$842 ;
-  reg \$843 ;
-  reg [1:0] \$844 ;
-  reg [5:0] \$845 ;
-  reg [31:0] \$846 ;
-  reg [5:0] \$847 ;
-  reg [13:0] \$848 ;
-  reg [13:0] \$849 ;
+  reg [13:0] \$840 ;
+  reg \$841 ;
+  reg [1:0] \$842 ;
+  reg [12:0] \$843 ;
+  reg \$844 ;
+  reg [8:0] \$845 ;
+  reg [12:0] \$846 ;
+  reg [13:0] \$847 ;
+  reg [31:0] \$848 ;
+  reg [31:0] \$849 ;
   wire [9:0] \$85 ;
-  reg [12:0] \$850 ;
-  reg \$851 ;
-  reg [12:0] \$852 ;
-  reg \$853 ;
-  reg \$854 ;
-  reg [12:0] \$855 ;
-  reg [13:0] \$856 ;
+  reg [31:0] \$850 ;
+  reg [31:0] \$851 ;
+  reg [31:0] \$852 ;
+  reg [31:0] \$853 ;
+  reg [31:0] \$854 ;
+  reg [31:0] \$855 ;
+  reg [31:0] \$856 ;
   reg \$857 ;
-  reg [2:0] \$858 ;
-  reg \$859 ;
+  reg \$858 ;
+  reg [7:0] \$859 ;
   wire \$86 ;
-  reg [2:0] \$860 ;
-  reg \$861 ;
-  reg [35:0] \$862 ;
-  reg [3:0] \$863 ;
-  reg [12:0] \$864 ;
-  reg [12:0] \$865 ;
-  reg [15:0] \$866 ;
-  reg [12:0] \$867 ;
-  reg [12:0] \$868 ;
-  reg [13:0] \$869 ;
+  reg [12:0] \$860 ;
+  reg [31:0] \$861 ;
+  reg \$862 ;
+  reg \$863 ;
+  reg \$864 ;
+  reg [4:0] \$865 ;
+  reg [7:0] \$866 ;
+  reg [5:0] \$867 ;
+  reg [3:0] \$868 ;
+  reg [255:0] \$869 ;
   wire [4:0] \$87 ;
-  reg [31:0] \$870 ;
+  reg \$870 ;
   reg [1:0] \$871 ;
-  reg [13:0] \$872 ;
-  reg [3:0] \$873 ;
-  reg \$874 ;
-  reg \$875 ;
-  reg [12:0] \$876 ;
+  reg [5:0] \$872 ;
+  reg [31:0] \$873 ;
+  reg [5:0] \$874 ;
+  reg [13:0] \$875 ;
+  reg [13:0] \$876 ;
   reg [12:0] \$877 ;
   reg \$878 ;
-  reg \$879 ;
+  reg [12:0] \$879 ;
   wire [9:0] \$88 ;
-  reg [13:0] \$880 ;
-  reg [1:0] \$881 ;
-  reg \$882 ;
-  reg \$883 ;
+  reg \$880 ;
+  reg \$881 ;
+  reg [12:0] \$882 ;
+  reg [13:0] \$883 ;
   reg \$884 ;
-  reg [12:0] \$885 ;
-  reg [19:0] \$886 ;
-  reg [13:0] \$887 ;
-  reg [13:0] \$888 ;
-  reg [1:0] \$889 ;
+  reg [2:0] \$885 ;
+  reg \$886 ;
+  reg [2:0] \$887 ;
+  reg \$888 ;
+  reg [35:0] \$889 ;
   wire \$89 ;
-  reg [13:0] \$890 ;
-  reg [13:0] \$891 ;
-  reg [3:0] \$892 ;
-  reg [3:0] \$893 ;
-  reg [15:0] \$894 ;
-  reg [13:0] \$895 ;
-  reg [14:0] \$896 ;
-  reg \$897 ;
-  reg [12:0] \$898 ;
-  wire [5:0] \$899 ;
+  reg [3:0] \$890 ;
+  reg [12:0] \$891 ;
+  reg [12:0] \$892 ;
+  reg [15:0] \$893 ;
+  reg [12:0] \$894 ;
+  reg [12:0] \$895 ;
+  reg [13:0] \$896 ;
+  reg [31:0] \$897 ;
+  reg [1:0] \$898 ;
+  reg [13:0] \$899 ;
   wire \$9 ;
   wire [4:0] \$90 ;
-  wire [5:0] \$900 ;
+  reg [3:0] \$900 ;
+  reg \$901 ;
+  reg \$902 ;
+  reg [12:0] \$903 ;
+  reg [12:0] \$904 ;
+  reg \$905 ;
+  reg \$906 ;
+  reg [13:0] \$907 ;
+  reg [1:0] \$908 ;
+  reg \$909 ;
   wire \$91 ;
+  reg \$910 ;
+  reg \$911 ;
+  reg [12:0] \$912 ;
+  reg [19:0] \$913 ;
+  reg [13:0] \$914 ;
+  reg [13:0] \$915 ;
+  reg [1:0] \$916 ;
+  reg [13:0] \$917 ;
+  reg [13:0] \$918 ;
+  reg [3:0] \$919 ;
   wire [13:0] \$92 ;
+  reg [3:0] \$920 ;
+  reg [15:0] \$921 ;
+  reg [13:0] \$922 ;
+  reg [14:0] \$923 ;
+  reg \$924 ;
+  reg [12:0] \$925 ;
+  wire [5:0] \$926 ;
+  wire [5:0] \$927 ;
   wire [14:0] \$93 ;
   wire \$94 ;
   wire [14:0] \$95 ;
@@ -934,65 +961,66 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$signal$160  = 32'd0;
   (* init = 6'h00 *)
   wire [5:0] \$signal$162 ;
-  (* init = 32'd0 *)
-  wire [31:0] \$signal$164 ;
-  reg \$signal$169  = 1'h0;
-  wire [31:0] \$signal$176 ;
-  reg [5:0] \$signal$177  = 6'h00;
-  wire [31:0] \$signal$179 ;
-  reg \$signal$183 ;
+  reg [31:0] \$signal$166  = 32'd0;
+  reg \$signal$170  = 1'h0;
+  wire [31:0] \$signal$177 ;
+  reg [5:0] \$signal$178  = 6'h00;
+  wire [31:0] \$signal$180 ;
+  reg \$signal$182  = 1'h0;
+  reg \$signal$184 ;
   (* init = 1'h0 *)
-  wire \$signal$202 ;
-  reg [13:0] \$signal$214  = 14'h0000;
-  reg [12:0] \$signal$215  = 13'h0000;
-  reg [12:0] \$signal$217  = 13'h0000;
-  reg [3:0] \$signal$244  = 4'h0;
-  reg \$signal$248  = 1'h0;
-  reg [31:0] \$signal$249  = 32'd0;
+  wire \$signal$206 ;
+  reg [13:0] \$signal$218  = 14'h0000;
+  reg [12:0] \$signal$219  = 13'h0000;
+  reg [12:0] \$signal$221  = 13'h0000;
+  reg [3:0] \$signal$248  = 4'h0;
   reg \$signal$251  = 1'h0;
-  reg [2:0] \$signal$252  = 3'h0;
-  reg \$signal$253  = 1'h0;
-  reg [3:0] \$signal$255  = 4'h0;
-  reg \$signal$260  = 1'h0;
-  reg \$signal$261  = 1'h0;
-  reg [12:0] \$signal$263  = 13'h0000;
-  reg [3:0] \$signal$264  = 4'h0;
-  reg \$signal$269  = 1'h0;
-  reg [12:0] \$signal$271  = 13'h0000;
-  reg [19:0] \$signal$273  = 20'h00000;
-  wire [2:0] \$signal$273.index ;
-  wire \$signal$273.last ;
-  wire [15:0] \$signal$273.weight ;
-  reg [13:0] \$signal$274  = 14'h0000;
-  reg [31:0] \$signal$275  = 32'd0;
-  reg [12:0] \$signal$276  = 13'h0000;
+  reg [31:0] \$signal$252  = 32'd0;
+  reg \$signal$254  = 1'h0;
+  reg [2:0] \$signal$255  = 3'h0;
+  reg \$signal$256  = 1'h0;
+  reg [3:0] \$signal$258  = 4'h0;
+  reg \$signal$263  = 1'h0;
+  reg \$signal$264  = 1'h0;
+  reg [12:0] \$signal$266  = 13'h0000;
+  reg [3:0] \$signal$267  = 4'h0;
+  reg \$signal$272  = 1'h0;
+  reg [12:0] \$signal$274  = 13'h0000;
+  reg [19:0] \$signal$276  = 20'h00000;
+  wire [2:0] \$signal$276.index ;
+  wire \$signal$276.last ;
+  wire [15:0] \$signal$276.weight ;
   reg [13:0] \$signal$277  = 14'h0000;
-  reg [13:0] \$signal$278  = 14'h0000;
+  reg [31:0] \$signal$278  = 32'd0;
   reg [12:0] \$signal$279  = 13'h0000;
   reg [13:0] \$signal$280  = 14'h0000;
-  reg [3:0] \$signal$281  = 4'h0;
-  reg [15:0] \$signal$282  = 16'h0000;
-  reg [14:0] \$signal$283  = 15'h0000;
-  reg [12:0] \$signal$284  = 13'h0000;
-  reg \$signal$285  = 1'h0;
-  reg [12:0] \$signal$286  = 13'h0000;
-  reg \$signal$296  = 1'h0;
-  reg \$signal$298  = 1'h0;
-  reg [12:0] \$signal$304  = 13'h0000;
-  reg [12:0] \$signal$306  = 13'h0000;
-  reg [12:0] \$signal$310  = 13'h0000;
-  reg [12:0] \$signal$312  = 13'h0000;
-  reg \$signal$314  = 1'h0;
-  reg [6:0] \$signal$317  = 7'h00;
-  reg [13:0] \$signal$319  = 14'h0000;
-  reg [8:0] \$signal$320  = 9'h000;
-  reg [1:0] \$signal$330  = 2'h0;
-  reg [13:0] \$signal$333  = 14'h0000;
-  reg \$signal$334  = 1'h0;
-  reg [13:0] \$signal$335  = 14'h0000;
-  wire [-1:0] \$signal$336 ;
-  reg \$signal$337  = 1'h0;
-  reg [1:0] \$signal$341  = 2'h0;
+  reg [13:0] \$signal$281  = 14'h0000;
+  reg [12:0] \$signal$282  = 13'h0000;
+  reg [13:0] \$signal$283  = 14'h0000;
+  reg [3:0] \$signal$284  = 4'h0;
+  reg [15:0] \$signal$285  = 16'h0000;
+  reg [14:0] \$signal$286  = 15'h0000;
+  reg [12:0] \$signal$287  = 13'h0000;
+  reg \$signal$288  = 1'h0;
+  reg [12:0] \$signal$289  = 13'h0000;
+  reg \$signal$299  = 1'h0;
+  reg \$signal$301  = 1'h0;
+  reg [12:0] \$signal$307  = 13'h0000;
+  reg [12:0] \$signal$309  = 13'h0000;
+  reg [12:0] \$signal$313  = 13'h0000;
+  reg [12:0] \$signal$315  = 13'h0000;
+  reg [2:0] \$signal$317  = 3'h0;
+  reg \$signal$318  = 1'h0;
+  reg [6:0] \$signal$321  = 7'h00;
+  reg [13:0] \$signal$323  = 14'h0000;
+  reg [8:0] \$signal$324  = 9'h000;
+  reg [1:0] \$signal$334  = 2'h0;
+  reg [13:0] \$signal$337  = 14'h0000;
+  reg \$signal$338  = 1'h0;
+  reg [13:0] \$signal$339  = 14'h0000;
+  wire [-1:0] \$signal$340 ;
+  reg \$signal$341  = 1'h0;
+  reg [1:0] \$signal$345  = 2'h0;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
@@ -1104,7 +1132,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$328 ;
+  wire \error$332 ;
   reg exp_active = 1'h0;
   reg [3:0] fetch_word = 4'h0;
   reg [1:0] gc_lane = 2'h0;
@@ -1124,21 +1152,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$166 ;
-  wire [31:0] \i__payload$166[0] ;
-  wire [15:0] \i__payload$166[0].g ;
-  wire [15:0] \i__payload$166[0].u ;
-  wire [33:0] \i__payload$168 ;
-  wire [15:0] \i__payload$168.a ;
-  wire [16:0] \i__payload$168.b ;
-  wire \i__payload$168.last ;
+  wire [31:0] \i__payload$167 ;
+  wire [31:0] \i__payload$167[0] ;
+  wire [15:0] \i__payload$167[0].g ;
+  wire [15:0] \i__payload$167[0].u ;
+  wire [33:0] \i__payload$169 ;
+  wire [15:0] \i__payload$169.a ;
+  wire [16:0] \i__payload$169.b ;
+  wire \i__payload$169.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$191 ;
   wire \i__ready$195 ;
+  wire \i__ready$199 ;
   reg i__valid;
-  reg \i__valid$190 ;
   reg \i__valid$194 ;
+  reg \i__valid$198 ;
   reg [8:0] im_wr__addr;
   wire [31:0] im_wr__data;
   reg im_wr__en;
@@ -1242,16 +1270,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] m_eff;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$193 ;
-  wire [15:0] \o__payload$193[0] ;
   wire [15:0] \o__payload$197 ;
+  wire [15:0] \o__payload$197[0] ;
+  wire [15:0] \o__payload$201 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$174 ;
   wire \o__ready$175 ;
+  wire \o__ready$176 ;
   wire o__valid;
-  wire \o__valid$192 ;
   wire \o__valid$196 ;
+  wire \o__valid$200 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -1268,7 +1296,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$223 ;
+  wire [31:0] \rd_addr$227 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1286,12 +1314,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] \routes__payload.weight ;
   reg routes__ready;
   wire routes__valid;
-  reg [31:0] rq_in__payload = 32'd0;
+  reg [127:0] rq_in__payload = 128'h00000000000000000000000000000000;
+  wire [31:0] \rq_in__payload[0] ;
+  wire [31:0] \rq_in__payload[1] ;
+  wire [31:0] \rq_in__payload[2] ;
+  wire [31:0] \rq_in__payload[3] ;
   wire rq_in__ready;
   reg rq_in__valid;
+  reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
   wire [31:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
+  (* init = 128'h00000000000000000000000000000000 *)
+  wire [127:0] rq_word;
+  wire [31:0] \rq_word[0] ;
+  wire [31:0] \rq_word[1] ;
+  wire [31:0] \rq_word[2] ;
+  wire [31:0] \rq_word[3] ;
   reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
@@ -1369,7 +1408,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$225 ;
+  wire [31:0] \wr_addr$229 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1906,6 +1945,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
+  assign \$68  = \$66  | \$67 ;
+  assign \$69  = \$63  & \$68 ;
+  assign \$70  = m_eff >= 1'h1;
+  assign \$71  = ins[63:48] >= 1'h1;
+  assign \$72  = \$70  & \$71 ;
+  assign \$73  = ins[243:238] == 3'h4;
+  assign \$74  = \$72  & \$73 ;
+  assign \$75  = m_eff >= 1'h1;
+  assign \$76  = ins[63:48] >= 1'h1;
+  assign \$77  = \$75  & \$76 ;
+  assign \$78  = ins[243:238] >= 2'h2;
+  assign \$79  = \$77  & \$78 ;
+  assign \$80  = ins[243:238] <= 6'h20;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = \$82  & \$83 ;
+  assign \$87  = \$86  ? 5'h10 : 5'h00;
+  assign \$90  = \$89  ? 5'h10 : 5'h00;
+  assign \$91  = | ins[63:62];
+  assign \$92  = \$91  ? 14'h3fff : ins[61:48];
+  assign \$93  = l1_acc + 5'h10;
   assign \$95  = l1_acc + 5'h10;
   assign \$96  = \$94  ? 14'h3fff : \$95 [13:0];
   assign \$98  = | \$97 [16:14];
@@ -1975,800 +2036,831 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$167  = \$164  | \$166 ;
   assign \$170  = ins[5:0] == 4'hc;
   assign \$171  = \$170  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$172  = \$signal$177  > 1'h1;
-  assign \$173  = \$signal$177  > 2'h2;
-  assign \$174  = \$signal$177  > 2'h3;
-  assign \$175  = \$signal$177  > 3'h4;
-  assign \$176  = \$signal$177  > 3'h5;
-  assign \$177  = \$signal$177  > 3'h6;
-  assign \$178  = \$signal$177  > 3'h7;
-  assign \$179  = \$signal$177  > 4'h8;
-  assign \$180  = \$signal$177  > 4'h9;
-  assign \$181  = \$signal$177  > 4'ha;
-  assign \$182  = \$signal$177  > 4'hb;
-  assign \$183  = \$signal$177  > 4'hc;
-  assign \$184  = \$signal$177  > 4'hd;
-  assign \$185  = \$signal$177  > 4'he;
-  assign \$186  = \$signal$177  > 4'hf;
-  assign \$187  = \$signal$177  > 5'h10;
-  assign \$188  = \$signal$177  > 5'h11;
-  assign \$189  = \$signal$177  > 5'h12;
-  assign \$190  = \$signal$177  > 5'h13;
-  assign \$191  = \$signal$177  > 5'h14;
-  assign \$192  = \$signal$177  > 5'h15;
-  assign \$193  = \$signal$177  > 5'h16;
-  assign \$194  = \$signal$177  > 5'h17;
-  assign \$195  = \$signal$177  > 5'h18;
-  assign \$196  = \$signal$177  > 5'h19;
-  assign \$197  = \$signal$177  > 5'h1a;
-  assign \$198  = \$signal$177  > 5'h1b;
-  assign \$199  = \$signal$177  > 5'h1c;
-  assign \$200  = \$signal$177  > 5'h1d;
-  assign \$201  = \$signal$177  > 5'h1e;
-  assign \$202  = \$signal$177  > 5'h1f;
-  assign \$203  = $signed(\$signal$179 ) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  });
+  assign \$172  = \$signal$178  > 1'h1;
+  assign \$173  = \$signal$178  > 2'h2;
+  assign \$174  = \$signal$178  > 2'h3;
+  assign \$175  = \$signal$178  > 3'h4;
+  assign \$176  = \$signal$178  > 3'h5;
+  assign \$177  = \$signal$178  > 3'h6;
+  assign \$178  = \$signal$178  > 3'h7;
+  assign \$179  = \$signal$178  > 4'h8;
+  assign \$180  = \$signal$178  > 4'h9;
+  assign \$181  = \$signal$178  > 4'ha;
+  assign \$182  = \$signal$178  > 4'hb;
+  assign \$183  = \$signal$178  > 4'hc;
+  assign \$184  = \$signal$178  > 4'hd;
+  assign \$185  = \$signal$178  > 4'he;
+  assign \$186  = \$signal$178  > 4'hf;
+  assign \$187  = \$signal$178  > 5'h10;
+  assign \$188  = \$signal$178  > 5'h11;
+  assign \$189  = \$signal$178  > 5'h12;
+  assign \$190  = \$signal$178  > 5'h13;
+  assign \$191  = \$signal$178  > 5'h14;
+  assign \$192  = \$signal$178  > 5'h15;
+  assign \$193  = \$signal$178  > 5'h16;
+  assign \$194  = \$signal$178  > 5'h17;
+  assign \$195  = \$signal$178  > 5'h18;
+  assign \$196  = \$signal$178  > 5'h19;
+  assign \$197  = \$signal$178  > 5'h1a;
+  assign \$198  = \$signal$178  > 5'h1b;
+  assign \$199  = \$signal$178  > 5'h1c;
+  assign \$200  = \$signal$178  > 5'h1d;
+  assign \$201  = \$signal$178  > 5'h1e;
+  assign \$202  = \$signal$178  > 5'h1f;
+  assign \$203  = $signed(\$signal$180 ) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  });
   assign \$204  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$205  = $signed(\$signal$179 ) < $signed(\$204 );
+  assign \$205  = $signed(\$signal$180 ) < $signed(\$204 );
   assign \$206  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$207  = \$205  ? \$206  : \$signal$179 ;
+  assign \$207  = \$205  ? \$206  : \$signal$180 ;
   assign rq_sat = \$203  ? { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  } : \$207 ;
-  assign \$208  = | \$signal$177 ;
-  assign \$209  = \$208  ? \$signal$160  : 32'd1;
-  assign \$210  = | \$signal$177 ;
-  assign \$211  = \$210  ? rq_shift : 6'h00;
-  assign \$212  = ins[5:0] == 2'h3;
-  assign \$1119  = gc_lane * 6'h20;
-  assign \$213  = c_out__payload >> \$1119 ;
-  assign \$signal$179  = \$212  ? \$213  : c_out__payload[31:0];
-  assign \$214  = ~ a_in__valid;
-  assign \$215  = ~ gm_afeed_done;
-  assign \$216  = \$214  & \$215 ;
-  assign \$217  = gm_lane == 3'h4;
-  assign \$218  = ! \$signal$214 [13:3];
-  assign \$219  = gm_lane >= \$signal$214 [2:0];
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = \$217  | \$220 ;
-  assign \$222  = ~ \$221 ;
-  assign \$223  = \$216  & \$222 ;
-  assign \$226  = | \$signal$177 ;
-  assign \$1136  = gc_lane * 6'h20;
-  assign \$227  = c_out__payload >> \$1136 ;
-  assign \$228  = \$226  ? rq_sat : \$227 ;
-  assign \$229  = pc >= 7'h40;
-  assign \$230  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$231  = ins[5:0] == 4'hc;
-  assign \$232  = ~ ph2;
-  assign \$233  = \$231  & \$232 ;
-  assign \$234  = ! ins[5:0];
-  assign \$235  = settle != 2'h2;
-  assign \$236  = | decode_q;
-  assign \$238  = ins[100:88] + \$237 ;
-  assign \$240  = ins[100:88] + \$239 ;
-  assign \$241  = \$240  + 1'h1;
-  assign \$242  = ins[124:112] + el_i;
-  assign \$243  = ~ \$signal$248 ;
-  assign \$244  = el_i < l0_acc;
-  assign \$245  = ins[124:112] + el_i;
-  assign \$246  = ins[243:238] == 1'h1;
-  assign \$1158  = ld_e * 4'h8;
-  assign \$247  = \$signal$249  >> \$1158 ;
-  assign \$248  = ins[243:238] == 2'h2;
-  assign \$1162  = ld_e * 5'h10;
-  assign \$249  = \$signal$249  >> \$1162 ;
-  assign \$1165  = ld_e * 6'h20;
-  assign \$250  = \$signal$249  >> \$1165 ;
-  assign \$251  = \$248  ? { \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249  } : \$250 ;
-  assign \$252  = \$246  ? { \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247 [7], \$247  } : \$251 ;
-  assign \$253  = ~ \$signal$251 ;
-  assign \$254  = \$signal$252  < 1'h1;
-  assign \$255  = \$253  & \$254 ;
-  assign \$256  = el_i < l0_acc;
-  assign \$257  = \$255  & \$256 ;
-  assign \$258  = ~ \$signal$253 ;
-  assign \$259  = \$257  & \$258 ;
-  assign \$260  = ins[76:64] + el_i;
-  assign \$261  = ins[100:88] + \$signal$255 ;
-  assign \$262  = | \$signal$255 ;
-  assign \$263  = \$signal$255  - 1'h1;
-  assign \$264  = ~ \$signal$260 ;
-  assign \$265  = ~ \$signal$261 ;
-  assign \$266  = \$264  & \$265 ;
-  assign \$267  = rt_lane < 1'h1;
-  assign \$268  = \$266  & \$267 ;
-  assign \$271  = \$signal$263  + \$signal$264 ;
-  assign \$272  = ~ \$signal$269 ;
-  assign \$273  = ~ rt_wphase;
-  assign \$274  = \$signal$269  & \$273 ;
-  assign \$275  = \$signal$271  + rt_s;
-  assign \$276  = \$signal$269  & rt_wphase;
-  assign \$277  = \$signal$271  + rt_s;
-  assign \$278  = \$277  + l1_acc[13:2];
-  assign \$279  = ins[124:112] + \$signal$274 ;
-  assign \$280  = \$signal$275  == \$signal$255 ;
-  assign \$281  = \$signal$276  + \$signal$277 ;
-  assign \$282  = \$signal$276  + l1_acc[13:2];
-  assign \$283  = \$282  + \$signal$277 ;
-  assign \$284  = \$signal$274  + 1'h1;
-  assign \$285  = \$284  < l1_acc[13:2];
-  assign \$286  = \$signal$279  + \$signal$255 ;
-  assign \$287  = \$signal$277  - \$signal$280 ;
-  assign \$288  = \$signal$279  + 4'h8;
-  assign \$289  = \$288  + \$signal$255 ;
-  assign \$290  = \$signal$281  >= 4'h8;
-  assign \$291  = ins[76:64] + \$signal$281 ;
-  assign \$292  = ins[76:64] + 4'h8;
-  assign \$293  = \$292  + \$signal$281 ;
-  assign \$294  = \$signal$282  >= \$signal$130 ;
-  assign \$295  = ins[100:88] + \$signal$139 ;
-  assign \$296  = \$295  + \$signal$282 ;
-  assign \$297  = | l2_y;
-  assign \$298  = \$signal$283  < ins[61:48];
-  assign \$301  = ins[5:0] == 4'ha;
-  assign \$302  = \$301  ? l2_acc : { 1'h0, \$signal$284  };
-  assign \$303  = ins[76:64] + \$302 ;
-  assign \$304  = \$303  + \$signal$283 ;
-  assign \$305  = ~ \$signal$108 ;
-  assign \$306  = \$signal$103  & \$305 ;
-  assign \$307  = ! ctrl_state;
-  assign \$308  = ctrl_state == 1'h1;
-  assign \$309  = ctrl_state == 2'h2;
-  assign \$310  = ctrl_state == 2'h3;
-  assign \$311  = ctrl_state == 3'h4;
-  assign \$312  = ctrl_state == 3'h5;
-  assign \$313  = ctrl_state == 3'h6;
-  assign \$314  = ctrl_state == 3'h7;
-  assign \$315  = ctrl_state == 4'h8;
-  assign \$316  = ctrl_state == 4'h9;
-  assign \$317  = ctrl_state == 4'ha;
-  assign \$318  = ctrl_state == 4'hb;
-  assign \$319  = ctrl_state == 4'hc;
-  assign \$320  = ctrl_state == 4'hd;
-  assign \$321  = ctrl_state == 4'he;
-  assign \$322  = ctrl_state == 4'hf;
-  assign \$323  = ctrl_state == 5'h10;
-  assign \$324  = ctrl_state == 5'h11;
-  assign \$325  = ctrl_state == 5'h12;
-  assign \$326  = ctrl_state == 5'h13;
-  assign \$327  = ctrl_state == 5'h14;
-  assign \$328  = ctrl_state == 5'h15;
-  assign \$329  = ctrl_state == 5'h16;
-  assign \$330  = ctrl_state == 5'h17;
-  assign \$331  = ctrl_state == 5'h18;
-  assign \$332  = ctrl_state == 5'h19;
-  assign \$333  = ctrl_state == 5'h1a;
-  assign \$334  = ctrl_state == 5'h1b;
-  assign \$335  = wr_addr == 4'hc;
-  assign \$336  = wr_en & \$335 ;
-  assign \$337  = wr_addr == 5'h10;
-  assign \$338  = wr_en & \$337 ;
-  assign \$339  = | l0_y;
-  assign \$340  = l0_acc + l0_x;
-  assign \$342  = l0_acc + l0_x;
-  assign \$343  = \$341  ? 14'h3fff : \$342 [13:0];
-  assign \$345  = l0_x[13] ? 15'h3fff : \$344 ;
-  assign \$347  = | l1_y;
-  assign \$348  = l1_acc + l1_x;
-  assign \$350  = l1_acc + l1_x;
-  assign \$351  = \$349  ? 14'h3fff : \$350 [13:0];
-  assign \$353  = l1_x[13] ? 15'h3fff : \$352 ;
-  assign \$355  = | l2_y;
-  assign \$356  = l2_acc + l2_x;
-  assign \$358  = l2_acc + l2_x;
-  assign \$359  = \$357  ? 14'h3fff : \$358 [13:0];
-  assign \$361  = l2_x[13] ? 15'h3fff : \$360 ;
-  assign \$363  = | l3_y;
-  assign \$364  = l3_acc + l3_x;
-  assign \$366  = l3_acc + l3_x;
-  assign \$367  = \$365  ? 14'h3fff : \$366 [13:0];
-  assign \$369  = l3_x[13] ? 15'h3fff : \$368 ;
-  assign \$371  = | l4_y;
-  assign \$372  = l4_acc + l4_x;
-  assign \$374  = l4_acc + l4_x;
-  assign \$375  = \$373  ? 18'h3ffff : \$374 [17:0];
-  assign \$377  = l4_x[17] ? 19'h3ffff : \$376 ;
-  assign \$379  = | lh_y;
-  assign \$380  = lh_acc + lh_x;
-  assign \$382  = lh_acc + lh_x;
-  assign \$383  = \$381  ? 33'h1ffffffff : \$382 [32:0];
-  assign \$385  = lh_x[32] ? 34'h1ffffffff : \$384 ;
-  assign \$387  = ! \$signal$136 ;
-  assign \$388  = ! ins[87:78];
-  assign \$389  = ins[77:64] + \$signal$136 ;
-  assign \$390  = \$389  <= 14'h2000;
-  assign \$391  = \$388  & \$390 ;
-  assign \$392  = \$387  | \$391 ;
-  assign \$393  = ! \$signal$138 ;
-  assign \$394  = ! ins[111:102];
-  assign \$395  = ins[101:88] + \$signal$138 ;
+  assign \$208  = ~ \$signal$182 ;
+  assign \$209  = \$208  | rq_in__ready;
+  assign \$210  = rq_lane == 2'h3;
+  assign \$211  = el_i + 1'h1;
+  assign \$212  = \$211  == l0_acc;
+  assign \$213  = \$210  | \$212 ;
+  assign \$214  = | \$signal$178 ;
+  assign \$215  = \$214  ? \$signal$160  : 32'd1;
+  assign \$216  = | \$signal$178 ;
+  assign \$217  = \$216  ? rq_shift : 6'h00;
+  assign \$218  = ins[5:0] == 2'h3;
+  assign \$219  = \$218  ? gc_lane : rq_lane;
+  assign \$1153  = \$219  * 6'h20;
+  assign \$signal$180  = c_out__payload >> \$1153 ;
+  assign \$220  = ~ a_in__valid;
+  assign \$221  = ~ gm_afeed_done;
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = gm_lane == 3'h4;
+  assign \$224  = ! \$signal$218 [13:3];
+  assign \$225  = gm_lane >= \$signal$218 [2:0];
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = \$223  | \$226 ;
+  assign \$228  = ~ \$227 ;
+  assign \$229  = \$222  & \$228 ;
+  assign \$232  = | \$signal$178 ;
+  assign \$1169  = gc_lane * 6'h20;
+  assign \$233  = c_out__payload >> \$1169 ;
+  assign \$234  = \$232  ? rq_sat : \$233 ;
+  assign \$235  = pc >= 7'h40;
+  assign \$236  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$237  = ins[5:0] == 4'hc;
+  assign \$238  = ~ ph2;
+  assign \$239  = \$237  & \$238 ;
+  assign \$240  = ! ins[5:0];
+  assign \$241  = settle != 2'h2;
+  assign \$242  = | decode_q;
+  assign \$244  = ins[100:88] + \$243 ;
+  assign \$246  = ins[100:88] + \$245 ;
+  assign \$247  = \$246  + 1'h1;
+  assign \$248  = ins[124:112] + el_i;
+  assign \$249  = ~ \$signal$251 ;
+  assign \$250  = el_i < l0_acc;
+  assign \$251  = ins[124:112] + el_i;
+  assign \$252  = ins[243:238] == 1'h1;
+  assign \$1191  = ld_e * 4'h8;
+  assign \$253  = \$signal$252  >> \$1191 ;
+  assign \$254  = ins[243:238] == 2'h2;
+  assign \$1195  = ld_e * 5'h10;
+  assign \$255  = \$signal$252  >> \$1195 ;
+  assign \$1198  = ld_e * 6'h20;
+  assign \$256  = \$signal$252  >> \$1198 ;
+  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
+  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
+  assign \$259  = ~ \$signal$254 ;
+  assign \$260  = \$signal$255  < 1'h1;
+  assign \$261  = \$259  & \$260 ;
+  assign \$262  = el_i < l0_acc;
+  assign \$263  = \$261  & \$262 ;
+  assign \$264  = ~ \$signal$256 ;
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = ins[76:64] + el_i;
+  assign \$267  = ins[100:88] + \$signal$258 ;
+  assign \$268  = | \$signal$258 ;
+  assign \$269  = \$signal$258  - 1'h1;
+  assign \$270  = ~ \$signal$263 ;
+  assign \$271  = ~ \$signal$264 ;
+  assign \$272  = \$270  & \$271 ;
+  assign \$273  = rt_lane < 1'h1;
+  assign \$274  = \$272  & \$273 ;
+  assign \$277  = \$signal$266  + \$signal$267 ;
+  assign \$278  = ~ \$signal$272 ;
+  assign \$279  = ~ rt_wphase;
+  assign \$280  = \$signal$272  & \$279 ;
+  assign \$281  = \$signal$274  + rt_s;
+  assign \$282  = \$signal$272  & rt_wphase;
+  assign \$283  = \$signal$274  + rt_s;
+  assign \$284  = \$283  + l1_acc[13:2];
+  assign \$285  = ins[124:112] + \$signal$277 ;
+  assign \$286  = \$signal$278  == \$signal$258 ;
+  assign \$287  = \$signal$279  + \$signal$280 ;
+  assign \$288  = \$signal$279  + l1_acc[13:2];
+  assign \$289  = \$288  + \$signal$280 ;
+  assign \$290  = \$signal$277  + 1'h1;
+  assign \$291  = \$290  < l1_acc[13:2];
+  assign \$292  = \$signal$282  + \$signal$258 ;
+  assign \$293  = \$signal$280  - \$signal$283 ;
+  assign \$294  = \$signal$282  + 4'h8;
+  assign \$295  = \$294  + \$signal$258 ;
+  assign \$296  = \$signal$284  >= 4'h8;
+  assign \$297  = ins[76:64] + \$signal$284 ;
+  assign \$298  = ins[76:64] + 4'h8;
+  assign \$299  = \$298  + \$signal$284 ;
+  assign \$300  = \$signal$285  >= \$signal$130 ;
+  assign \$301  = ins[100:88] + \$signal$139 ;
+  assign \$302  = \$301  + \$signal$285 ;
+  assign \$303  = | l2_y;
+  assign \$304  = \$signal$286  < ins[61:48];
+  assign \$307  = ins[5:0] == 4'ha;
+  assign \$308  = \$307  ? l2_acc : { 1'h0, \$signal$287  };
+  assign \$309  = ins[76:64] + \$308 ;
+  assign \$310  = \$309  + \$signal$286 ;
+  assign \$311  = ~ \$signal$108 ;
+  assign \$312  = \$signal$103  & \$311 ;
+  assign \$313  = ! ctrl_state;
+  assign \$314  = ctrl_state == 1'h1;
+  assign \$315  = ctrl_state == 2'h2;
+  assign \$316  = ctrl_state == 2'h3;
+  assign \$317  = ctrl_state == 3'h4;
+  assign \$318  = ctrl_state == 3'h5;
+  assign \$319  = ctrl_state == 3'h6;
+  assign \$320  = ctrl_state == 3'h7;
+  assign \$321  = ctrl_state == 4'h8;
+  assign \$322  = ctrl_state == 4'h9;
+  assign \$323  = ctrl_state == 4'ha;
+  assign \$324  = ctrl_state == 4'hb;
+  assign \$325  = ctrl_state == 4'hc;
+  assign \$326  = ctrl_state == 4'hd;
+  assign \$327  = ctrl_state == 4'he;
+  assign \$328  = ctrl_state == 4'hf;
+  assign \$329  = ctrl_state == 5'h10;
+  assign \$330  = ctrl_state == 5'h11;
+  assign \$331  = ctrl_state == 5'h12;
+  assign \$332  = ctrl_state == 5'h13;
+  assign \$333  = ctrl_state == 5'h14;
+  assign \$334  = ctrl_state == 5'h15;
+  assign \$335  = ctrl_state == 5'h16;
+  assign \$336  = ctrl_state == 5'h17;
+  assign \$337  = ctrl_state == 5'h18;
+  assign \$338  = ctrl_state == 5'h19;
+  assign \$339  = ctrl_state == 5'h1a;
+  assign \$340  = ctrl_state == 5'h1b;
+  assign \$341  = wr_addr == 4'hc;
+  assign \$342  = wr_en & \$341 ;
+  assign \$343  = wr_addr == 5'h10;
+  assign \$344  = wr_en & \$343 ;
+  assign \$345  = | l0_y;
+  assign \$346  = l0_acc + l0_x;
+  assign \$348  = l0_acc + l0_x;
+  assign \$349  = \$347  ? 14'h3fff : \$348 [13:0];
+  assign \$351  = l0_x[13] ? 15'h3fff : \$350 ;
+  assign \$353  = | l1_y;
+  assign \$354  = l1_acc + l1_x;
+  assign \$356  = l1_acc + l1_x;
+  assign \$357  = \$355  ? 14'h3fff : \$356 [13:0];
+  assign \$359  = l1_x[13] ? 15'h3fff : \$358 ;
+  assign \$361  = | l2_y;
+  assign \$362  = l2_acc + l2_x;
+  assign \$364  = l2_acc + l2_x;
+  assign \$365  = \$363  ? 14'h3fff : \$364 [13:0];
+  assign \$367  = l2_x[13] ? 15'h3fff : \$366 ;
+  assign \$369  = | l3_y;
+  assign \$370  = l3_acc + l3_x;
+  assign \$372  = l3_acc + l3_x;
+  assign \$373  = \$371  ? 14'h3fff : \$372 [13:0];
+  assign \$375  = l3_x[13] ? 15'h3fff : \$374 ;
+  assign \$377  = | l4_y;
+  assign \$378  = l4_acc + l4_x;
+  assign \$380  = l4_acc + l4_x;
+  assign \$381  = \$379  ? 18'h3ffff : \$380 [17:0];
+  assign \$383  = l4_x[17] ? 19'h3ffff : \$382 ;
+  assign \$385  = | lh_y;
+  assign \$386  = lh_acc + lh_x;
+  assign \$388  = lh_acc + lh_x;
+  assign \$389  = \$387  ? 33'h1ffffffff : \$388 [32:0];
+  assign \$391  = lh_x[32] ? 34'h1ffffffff : \$390 ;
+  assign \$393  = ! \$signal$136 ;
+  assign \$394  = ! ins[87:78];
+  assign \$395  = ins[77:64] + \$signal$136 ;
   assign \$396  = \$395  <= 14'h2000;
   assign \$397  = \$394  & \$396 ;
   assign \$398  = \$393  | \$397 ;
-  assign \$399  = \$392  & \$398 ;
-  assign \$400  = ! wc;
-  assign \$401  = ! ins[135:126];
-  assign \$402  = ins[125:112] + wc;
-  assign \$403  = \$402  <= 14'h2000;
-  assign \$404  = \$401  & \$403 ;
-  assign \$405  = \$400  | \$404 ;
-  assign \$406  = \$399  & \$405 ;
-  assign \$407  = ! lh_acc[1:0];
-  assign \$408  = lh_acc >= \$signal$119 ;
-  assign \$409  = \$407  & \$408 ;
-  assign \$410  = lh_acc + { l4_acc[17:2], 2'h0 };
-  assign \$411  = \$signal$119  + host_size;
-  assign \$412  = \$410  <= \$411 ;
-  assign \$413  = \$409  & \$412 ;
-  assign \$414  = ~ \$signal$156 ;
-  assign \$415  = \$414  | eng_ready;
-  assign \$416  = ~ \$signal$155 ;
-  assign \$417  = ~ \$signal$156 ;
-  assign \$418  = \$417  | eng_ready;
-  assign \$419  = \$416  | \$418 ;
-  assign \$422  = rem0 == 1'h1;
-  assign \$425  = | rem0[13:1];
-  assign \$426  = | rem1[13:1];
-  assign \$427  = rem0 - 1'h1;
-  assign \$428  = \$signal$151  + sa0;
-  assign \$429  = \$signal$153  + sb0;
-  assign \$430  = rem1 - 1'h1;
-  assign \$431  = \$signal$304  + sa1;
-  assign \$432  = \$signal$304  + sa1;
-  assign \$433  = \$signal$306  + sb1;
-  assign \$434  = \$signal$306  + sb1;
-  assign \$435  = rem2 - 1'h1;
-  assign \$436  = \$signal$310  + sa2;
-  assign \$437  = \$signal$310  + sa2;
-  assign \$438  = \$signal$310  + sa2;
-  assign \$439  = \$signal$312  + sb2;
-  assign \$440  = \$signal$312  + sb2;
-  assign \$441  = \$signal$312  + sb2;
-  assign \$442  = | rem2[13:1];
-  assign \$443  = ~ \$442 ;
-  assign \$444  = ins[5:0] == 4'hd;
-  assign \$445  = ins[5:0] == 4'hc;
-  assign \$446  = \$445  ? 2'h1 : 2'h0;
-  assign \$447  = \$444  ? 2'h2 : \$446 ;
-  assign \$448  = ~ a_in__valid;
-  assign \$449  = ~ gm_afeed_done;
-  assign \$450  = \$448  & \$449 ;
-  assign \$451  = gm_lane == 3'h4;
-  assign \$452  = ! \$signal$214 [13:3];
-  assign \$453  = gm_lane >= \$signal$214 [2:0];
-  assign \$454  = \$452  & \$453 ;
-  assign \$455  = \$451  | \$454 ;
-  assign \$456  = ~ \$455 ;
-  assign \$457  = \$450  & \$456 ;
-  assign \$460  = gm_lane + 1'h1;
-  assign \$461  = \$signal$215  + ins[38:32];
-  assign \$462  = ~ a_in__valid;
-  assign \$463  = ~ gm_afeed_done;
-  assign \$464  = \$462  & \$463 ;
-  assign \$465  = gm_lane == 3'h4;
-  assign \$466  = ! \$signal$214 [13:3];
-  assign \$467  = gm_lane >= \$signal$214 [2:0];
-  assign \$468  = \$466  & \$467 ;
-  assign \$469  = \$465  | \$468 ;
-  assign \$470  = \$464  & \$469 ;
-  assign \$471  = a_in__valid & a_in__ready;
-  assign \$472  = \$signal$317  + 1'h1;
-  assign \$473  = \$472  < ins[38:32];
-  assign \$474  = \$signal$317  + 1'h1;
-  assign \$475  = gm_wstart + 1'h1;
-  assign \$476  = gm_wstart + 1'h1;
-  assign \$477  = \$signal$214  - 3'h4;
-  assign \$478  = \$signal$215  - ins[38:32];
-  assign \$479  = $signed(\$478 ) + $signed(2'h1);
-  assign \$480  = \$signal$215  - ins[38:32];
-  assign \$481  = $signed(\$480 ) + $signed(2'h1);
-  assign \$482  = ! \$signal$214 [13:3];
-  assign \$483  = \$signal$214 [2:0] <= 3'h4;
-  assign \$484  = \$482  & \$483 ;
-  assign \$485  = gc_lane + 1'h1;
-  assign \$486  = \$signal$217  + ins[56:48];
-  assign \$487  = gc_lane + 1'h1;
-  assign \$488  = \$487  == 2'h3;
-  assign \$489  = ! \$signal$319 [13:3];
-  assign \$490  = gc_lane + 1'h1;
-  assign \$491  = \$490  + 1'h1;
-  assign \$492  = \$491  >= \$signal$319 [2:0];
-  assign \$493  = \$489  & \$492 ;
-  assign \$494  = \$488  | \$493 ;
-  assign \$495  = \$signal$320  + 1'h1;
-  assign \$496  = \$495  < ins[56:48];
-  assign \$497  = \$signal$320  + 1'h1;
-  assign \$498  = gc_wstart + 1'h1;
-  assign \$499  = gc_wstart + 1'h1;
-  assign \$500  = ! \$signal$319 [13:3];
-  assign \$501  = \$signal$319 [2:0] <= 1'h1;
-  assign \$502  = \$500  & \$501 ;
-  assign \$504  = \$signal$319  - 3'h4;
-  assign \$505  = \$signal$217  + 1'h1;
-  assign \$506  = \$signal$217  + 1'h1;
-  assign \$507  = \$signal$319  - 3'h4;
-  assign \$508  = ! \$507 [13:3];
-  assign \$509  = \$signal$319  - 3'h4;
-  assign \$510  = \$509 [2:0] <= 1'h1;
-  assign \$511  = \$508  & \$510 ;
-  assign \$513  = \$signal$118  + 1'h1;
-  assign \$514  = busy_dma + 1'h1;
-  assign \$515  = busy_gemm + 1'h1;
-  assign \$516  = busy_act + 1'h1;
-  assign \$517  = busy_route + 1'h1;
-  assign \$518  = busy_vector + 1'h1;
-  assign \$519  = busy_move + 1'h1;
-  assign \$520  = pc >= 7'h40;
-  assign \$521  = fetch_word + 1'h1;
-  assign \$522  = fetch_word == 4'h8;
-  assign \$525  = \$524  ? \$signal$130  : ins[63:48];
-  assign \$526  = | ins[95:94];
-  assign \$527  = \$526  ? 14'h3fff : ins[93:80];
-  assign \$530  = \$529  ? \$signal$130  : ins[63:48];
-  assign \$531  = | ins[79:78];
-  assign \$532  = \$531  ? 14'h3fff : ins[77:64];
-  assign \$535  = \$534  ? \$signal$130  : ins[63:48];
-  assign \$536  = \$535  + 3'h4;
-  assign \$537  = \$536  - 1'h1;
-  assign \$539  = | ins[79:78];
-  assign \$540  = \$539  ? 14'h3fff : ins[77:64];
-  assign \$543  = \$542  ? \$signal$130  : ins[63:48];
-  assign \$544  = \$543  + 3'h4;
-  assign \$545  = \$544  - 1'h1;
-  assign \$547  = | ins[95:94];
-  assign \$548  = \$547  ? 14'h3fff : ins[93:80];
-  assign \$549  = ins[95:80] + 3'h4;
-  assign \$550  = \$549  - 1'h1;
+  assign \$399  = ! \$signal$138 ;
+  assign \$400  = ! ins[111:102];
+  assign \$401  = ins[101:88] + \$signal$138 ;
+  assign \$402  = \$401  <= 14'h2000;
+  assign \$403  = \$400  & \$402 ;
+  assign \$404  = \$399  | \$403 ;
+  assign \$405  = \$398  & \$404 ;
+  assign \$406  = ! wc;
+  assign \$407  = ! ins[135:126];
+  assign \$408  = ins[125:112] + wc;
+  assign \$409  = \$408  <= 14'h2000;
+  assign \$410  = \$407  & \$409 ;
+  assign \$411  = \$406  | \$410 ;
+  assign \$412  = \$405  & \$411 ;
+  assign \$413  = ! lh_acc[1:0];
+  assign \$414  = lh_acc >= \$signal$119 ;
+  assign \$415  = \$413  & \$414 ;
+  assign \$416  = lh_acc + { l4_acc[17:2], 2'h0 };
+  assign \$417  = \$signal$119  + host_size;
+  assign \$418  = \$416  <= \$417 ;
+  assign \$419  = \$415  & \$418 ;
+  assign \$420  = ~ \$signal$156 ;
+  assign \$421  = \$420  | eng_ready;
+  assign \$422  = ~ \$signal$155 ;
+  assign \$423  = ~ \$signal$156 ;
+  assign \$424  = \$423  | eng_ready;
+  assign \$425  = \$422  | \$424 ;
+  assign \$428  = rem0 == 1'h1;
+  assign \$431  = | rem0[13:1];
+  assign \$432  = | rem1[13:1];
+  assign \$433  = rem0 - 1'h1;
+  assign \$434  = \$signal$151  + sa0;
+  assign \$435  = \$signal$153  + sb0;
+  assign \$436  = rem1 - 1'h1;
+  assign \$437  = \$signal$307  + sa1;
+  assign \$438  = \$signal$307  + sa1;
+  assign \$439  = \$signal$309  + sb1;
+  assign \$440  = \$signal$309  + sb1;
+  assign \$441  = rem2 - 1'h1;
+  assign \$442  = \$signal$313  + sa2;
+  assign \$443  = \$signal$313  + sa2;
+  assign \$444  = \$signal$313  + sa2;
+  assign \$445  = \$signal$315  + sb2;
+  assign \$446  = \$signal$315  + sb2;
+  assign \$447  = \$signal$315  + sb2;
+  assign \$448  = | rem2[13:1];
+  assign \$449  = ~ \$448 ;
+  assign \$450  = ins[5:0] == 4'hd;
+  assign \$451  = ins[5:0] == 4'hc;
+  assign \$452  = \$451  ? 2'h1 : 2'h0;
+  assign \$453  = \$450  ? 2'h2 : \$452 ;
+  assign \$454  = \$signal$182  & rq_in__ready;
+  assign \$455  = \$signal$156  & eng_ready;
+  assign \$456  = \$signal$182  & rq_in__ready;
+  assign \$457  = \$456  ? 3'h0 : \$signal$317 ;
+  assign \$458  = \$signal$182  & rq_in__ready;
+  assign \$459  = \$458  ? 3'h0 : \$signal$317 ;
+  assign \$460  = \$459  + 1'h1;
+  assign \$461  = \$signal$182  & rq_in__ready;
+  assign \$462  = \$461  ? 3'h0 : \$signal$317 ;
+  assign \$463  = \$462  == 2'h3;
+  assign \$464  = \$463  | \$signal$170 ;
+  assign \$465  = rq_lane == 2'h3;
+  assign \$466  = el_i + 1'h1;
+  assign \$467  = \$466  == l0_acc;
+  assign \$468  = \$465  | \$467 ;
+  assign \$469  = rq_lane + 1'h1;
+  assign \$470  = \$468  ? 3'h0 : \$469 ;
+  assign \$471  = ~ a_in__valid;
+  assign \$472  = ~ gm_afeed_done;
+  assign \$473  = \$471  & \$472 ;
+  assign \$474  = gm_lane == 3'h4;
+  assign \$475  = ! \$signal$218 [13:3];
+  assign \$476  = gm_lane >= \$signal$218 [2:0];
+  assign \$477  = \$475  & \$476 ;
+  assign \$478  = \$474  | \$477 ;
+  assign \$479  = ~ \$478 ;
+  assign \$480  = \$473  & \$479 ;
+  assign \$483  = gm_lane + 1'h1;
+  assign \$484  = \$signal$219  + ins[38:32];
+  assign \$485  = ~ a_in__valid;
+  assign \$486  = ~ gm_afeed_done;
+  assign \$487  = \$485  & \$486 ;
+  assign \$488  = gm_lane == 3'h4;
+  assign \$489  = ! \$signal$218 [13:3];
+  assign \$490  = gm_lane >= \$signal$218 [2:0];
+  assign \$491  = \$489  & \$490 ;
+  assign \$492  = \$488  | \$491 ;
+  assign \$493  = \$487  & \$492 ;
+  assign \$494  = a_in__valid & a_in__ready;
+  assign \$495  = \$signal$321  + 1'h1;
+  assign \$496  = \$495  < ins[38:32];
+  assign \$497  = \$signal$321  + 1'h1;
+  assign \$498  = gm_wstart + 1'h1;
+  assign \$499  = gm_wstart + 1'h1;
+  assign \$500  = \$signal$218  - 3'h4;
+  assign \$501  = \$signal$219  - ins[38:32];
+  assign \$502  = $signed(\$501 ) + $signed(2'h1);
+  assign \$503  = \$signal$219  - ins[38:32];
+  assign \$504  = $signed(\$503 ) + $signed(2'h1);
+  assign \$505  = ! \$signal$218 [13:3];
+  assign \$506  = \$signal$218 [2:0] <= 3'h4;
+  assign \$507  = \$505  & \$506 ;
+  assign \$508  = gc_lane + 1'h1;
+  assign \$509  = \$signal$221  + ins[56:48];
+  assign \$510  = gc_lane + 1'h1;
+  assign \$511  = \$510  == 2'h3;
+  assign \$512  = ! \$signal$323 [13:3];
+  assign \$513  = gc_lane + 1'h1;
+  assign \$514  = \$513  + 1'h1;
+  assign \$515  = \$514  >= \$signal$323 [2:0];
+  assign \$516  = \$512  & \$515 ;
+  assign \$517  = \$511  | \$516 ;
+  assign \$518  = \$signal$324  + 1'h1;
+  assign \$519  = \$518  < ins[56:48];
+  assign \$520  = \$signal$324  + 1'h1;
+  assign \$521  = gc_wstart + 1'h1;
+  assign \$522  = gc_wstart + 1'h1;
+  assign \$523  = ! \$signal$323 [13:3];
+  assign \$524  = \$signal$323 [2:0] <= 1'h1;
+  assign \$525  = \$523  & \$524 ;
+  assign \$527  = \$signal$323  - 3'h4;
+  assign \$528  = \$signal$221  + 1'h1;
+  assign \$529  = \$signal$221  + 1'h1;
+  assign \$530  = \$signal$323  - 3'h4;
+  assign \$531  = ! \$530 [13:3];
+  assign \$532  = \$signal$323  - 3'h4;
+  assign \$533  = \$532 [2:0] <= 1'h1;
+  assign \$534  = \$531  & \$533 ;
+  assign \$536  = \$signal$118  + 1'h1;
+  assign \$537  = busy_dma + 1'h1;
+  assign \$538  = busy_gemm + 1'h1;
+  assign \$539  = busy_act + 1'h1;
+  assign \$540  = busy_route + 1'h1;
+  assign \$541  = busy_vector + 1'h1;
+  assign \$542  = busy_move + 1'h1;
+  assign \$543  = pc >= 7'h40;
+  assign \$544  = fetch_word + 1'h1;
+  assign \$545  = fetch_word == 4'h8;
+  assign \$548  = \$547  ? \$signal$130  : ins[63:48];
+  assign \$549  = | ins[95:94];
+  assign \$550  = \$549  ? 14'h3fff : ins[93:80];
+  assign \$553  = \$552  ? \$signal$130  : ins[63:48];
+  assign \$554  = | ins[79:78];
+  assign \$555  = \$554  ? 14'h3fff : ins[77:64];
   assign \$558  = \$557  ? \$signal$130  : ins[63:48];
-  assign \$559  = | ins[79:78];
-  assign \$560  = \$559  ? 14'h3fff : ins[77:64];
-  assign \$561  = | ins[95:94];
-  assign \$562  = \$561  ? 14'h3fff : ins[93:80];
-  assign \$563  = | ins[95:94];
-  assign \$564  = \$563  ? 14'h3fff : ins[93:80];
-  assign \$567  = \$566  ? \$signal$130  : ins[63:48];
-  assign \$570  = \$569  ? \$signal$130  : ins[63:48];
-  assign \$571  = \$signature__data [19:14] == 3'h4;
-  assign \$572  = \$signature__data [19:14] == 2'h2;
-  assign \$573  = \$572  ? 1'h1 : 1'h0;
-  assign \$574  = \$571  ? 2'h2 : { 1'h0, \$573  };
-  assign \$575  = ins[95:80] << \$574 ;
-  assign \$577  = \$signature__data [19:14] == 3'h4;
-  assign \$578  = \$signature__data [19:14] == 2'h2;
-  assign \$579  = \$578  ? 1'h1 : 1'h0;
-  assign \$580  = \$577  ? 2'h2 : { 1'h0, \$579  };
-  assign \$581  = ins[95:80] << \$580 ;
-  assign \$582  = \$576  ? 18'h3ffff : \$581 [17:0];
-  assign \$585  = \$584  ? \$signal$130  : ins[63:48];
-  assign \$592  = \$591  ? \$signal$244  : 4'h0;
-  assign \$593  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$594  = ins[5:0] == 4'hc;
-  assign \$595  = ~ ph2;
-  assign \$596  = \$594  & \$595 ;
-  assign \$597  = ! ins[5:0];
-  assign \$598  = settle != 2'h2;
-  assign \$599  = | decode_q;
-  assign \$600  = settle + 1'h1;
-  assign \$601  = ins[5:0] == 1'h1;
-  assign \$602  = ins[5:0] == 2'h2;
-  assign \$603  = ins[5:0] == 2'h3;
-  assign \$604  = ins[5:0] == 3'h4;
-  assign \$605  = ins[5:0] == 3'h5;
-  assign \$606  = ins[5:0] == 3'h6;
-  assign \$607  = ins[5:0] == 4'h8;
-  assign \$608  = ins[5:0] == 3'h7;
-  assign \$609  = ins[5:0] == 4'hc;
-  assign \$610  = ins[5:0] == 4'hd;
-  assign \$611  = ins[5:0] == 4'ha;
-  assign \$612  = ins[5:0] == 4'hb;
-  assign \$613  = \$signal$121  + 1'h1;
-  assign \$616  = ! m_eff[13:3];
-  assign \$617  = m_eff[2:0] <= 1'h1;
-  assign \$618  = \$616  & \$617 ;
-  assign \$623  = ins[124:112] + \$622 ;
-  assign \$625  = ins[124:112] + \$624 ;
-  assign \$626  = \$625  + 5'h10;
-  assign \$627  = ins[5:0] == 2'h3;
-  assign \$628  = el_i + 1'h1;
-  assign \$629  = el_i < l0_acc;
-  assign \$630  = ~ \$629 ;
-  assign \$631  = eng_run & \$630 ;
-  assign \$632  = ins[5:0] == 3'h5;
-  assign \$633  = pc + 1'h1;
-  assign \$634  = \$signal$121  + 1'h1;
-  assign \$635  = ~ rd_busy;
-  assign \$636  = pc + 1'h1;
-  assign \$637  = \$signal$121  + 1'h1;
-  assign \$638  = ~ \$signal$248 ;
-  assign \$639  = rd_data__valid & \$638 ;
-  assign \$640  = el_i < l0_acc;
-  assign \$641  = el_i + 1'h1;
-  assign \$642  = ld_e + 1'h1;
-  assign \$643  = ld_e + 1'h1;
-  assign \$644  = ins[243:238] == 1'h1;
-  assign \$645  = ins[243:238] == 2'h2;
-  assign \$646  = \$645  ? 2'h2 : 2'h1;
-  assign \$647  = \$644  ? 3'h4 : { 1'h0, \$646  };
-  assign \$648  = \$643  >= \$647 ;
-  assign \$649  = ~ rd_busy;
-  assign \$650  = ~ \$signal$248 ;
-  assign \$651  = \$649  & \$650 ;
+  assign \$559  = \$558  + 3'h4;
+  assign \$560  = \$559  - 1'h1;
+  assign \$562  = | ins[79:78];
+  assign \$563  = \$562  ? 14'h3fff : ins[77:64];
+  assign \$566  = \$565  ? \$signal$130  : ins[63:48];
+  assign \$567  = \$566  + 3'h4;
+  assign \$568  = \$567  - 1'h1;
+  assign \$570  = | ins[95:94];
+  assign \$571  = \$570  ? 14'h3fff : ins[93:80];
+  assign \$572  = ins[95:80] + 3'h4;
+  assign \$573  = \$572  - 1'h1;
+  assign \$581  = \$580  ? \$signal$130  : ins[63:48];
+  assign \$582  = | ins[79:78];
+  assign \$583  = \$582  ? 14'h3fff : ins[77:64];
+  assign \$584  = | ins[95:94];
+  assign \$585  = \$584  ? 14'h3fff : ins[93:80];
+  assign \$586  = | ins[95:94];
+  assign \$587  = \$586  ? 14'h3fff : ins[93:80];
+  assign \$590  = \$589  ? \$signal$130  : ins[63:48];
+  assign \$593  = \$592  ? \$signal$130  : ins[63:48];
+  assign \$594  = \$signature__data [19:14] == 3'h4;
+  assign \$595  = \$signature__data [19:14] == 2'h2;
+  assign \$596  = \$595  ? 1'h1 : 1'h0;
+  assign \$597  = \$594  ? 2'h2 : { 1'h0, \$596  };
+  assign \$598  = ins[95:80] << \$597 ;
+  assign \$600  = \$signature__data [19:14] == 3'h4;
+  assign \$601  = \$signature__data [19:14] == 2'h2;
+  assign \$602  = \$601  ? 1'h1 : 1'h0;
+  assign \$603  = \$600  ? 2'h2 : { 1'h0, \$602  };
+  assign \$604  = ins[95:80] << \$603 ;
+  assign \$605  = \$599  ? 18'h3ffff : \$604 [17:0];
+  assign \$608  = \$607  ? \$signal$130  : ins[63:48];
+  assign \$615  = \$614  ? \$signal$248  : 4'h0;
+  assign \$616  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$617  = ins[5:0] == 4'hc;
+  assign \$618  = ~ ph2;
+  assign \$619  = \$617  & \$618 ;
+  assign \$620  = ! ins[5:0];
+  assign \$621  = settle != 2'h2;
+  assign \$622  = | decode_q;
+  assign \$623  = settle + 1'h1;
+  assign \$624  = ins[5:0] == 1'h1;
+  assign \$625  = ins[5:0] == 2'h2;
+  assign \$626  = ins[5:0] == 2'h3;
+  assign \$627  = ins[5:0] == 3'h4;
+  assign \$628  = ins[5:0] == 3'h5;
+  assign \$629  = ins[5:0] == 3'h6;
+  assign \$630  = ins[5:0] == 4'h8;
+  assign \$631  = ins[5:0] == 3'h7;
+  assign \$632  = ins[5:0] == 4'hc;
+  assign \$633  = ins[5:0] == 4'hd;
+  assign \$634  = ins[5:0] == 4'ha;
+  assign \$635  = ins[5:0] == 4'hb;
+  assign \$636  = \$signal$121  + 1'h1;
+  assign \$639  = ! m_eff[13:3];
+  assign \$640  = m_eff[2:0] <= 1'h1;
+  assign \$641  = \$639  & \$640 ;
+  assign \$646  = ins[124:112] + \$645 ;
+  assign \$648  = ins[124:112] + \$647 ;
+  assign \$649  = \$648  + 5'h10;
+  assign \$650  = ins[5:0] == 2'h3;
+  assign \$651  = el_i + 1'h1;
   assign \$652  = el_i < l0_acc;
   assign \$653  = ~ \$652 ;
-  assign \$654  = \$651  & \$653 ;
-  assign \$655  = pc + 1'h1;
-  assign \$656  = \$signal$121  + 1'h1;
-  assign \$657  = ~ \$signal$251 ;
-  assign \$658  = \$signal$252  < 1'h1;
-  assign \$659  = \$657  & \$658 ;
-  assign \$660  = el_i < l0_acc;
-  assign \$661  = \$659  & \$660 ;
-  assign \$662  = ~ \$signal$253 ;
-  assign \$663  = \$661  & \$662 ;
+  assign \$654  = eng_run & \$653 ;
+  assign \$655  = ins[5:0] == 3'h5;
+  assign \$656  = pc + 1'h1;
+  assign \$657  = \$signal$121  + 1'h1;
+  assign \$658  = ~ rd_busy;
+  assign \$659  = pc + 1'h1;
+  assign \$660  = \$signal$121  + 1'h1;
+  assign \$661  = ~ \$signal$251 ;
+  assign \$662  = rd_data__valid & \$661 ;
+  assign \$663  = el_i < l0_acc;
   assign \$664  = el_i + 1'h1;
-  assign \$665  = \$signal$252  + 1'h1;
-  assign \$666  = ~ \$signal$251 ;
-  assign \$667  = ~ \$signal$253 ;
-  assign \$668  = \$666  & \$667 ;
-  assign \$669  = | \$signal$252 ;
-  assign \$670  = \$668  & \$669 ;
-  assign \$671  = \$signal$252  == 1'h1;
-  assign \$672  = el_i < l0_acc;
-  assign \$673  = ~ \$672 ;
-  assign \$674  = \$671  | \$673 ;
-  assign \$675  = \$670  & \$674 ;
-  assign \$676  = wr_data__valid & wr_data__ready;
-  assign \$677  = ~ wr_busy;
-  assign \$678  = el_i < l0_acc;
-  assign \$679  = ~ \$678 ;
-  assign \$680  = \$677  & \$679 ;
-  assign \$681  = ~ \$signal$251 ;
+  assign \$665  = ld_e + 1'h1;
+  assign \$666  = ld_e + 1'h1;
+  assign \$667  = ins[243:238] == 1'h1;
+  assign \$668  = ins[243:238] == 2'h2;
+  assign \$669  = \$668  ? 2'h2 : 2'h1;
+  assign \$670  = \$667  ? 3'h4 : { 1'h0, \$669  };
+  assign \$671  = \$666  >= \$670 ;
+  assign \$672  = ~ rd_busy;
+  assign \$673  = ~ \$signal$251 ;
+  assign \$674  = \$672  & \$673 ;
+  assign \$675  = el_i < l0_acc;
+  assign \$676  = ~ \$675 ;
+  assign \$677  = \$674  & \$676 ;
+  assign \$678  = pc + 1'h1;
+  assign \$679  = \$signal$121  + 1'h1;
+  assign \$680  = ~ \$signal$254 ;
+  assign \$681  = \$signal$255  < 1'h1;
   assign \$682  = \$680  & \$681 ;
-  assign \$683  = ~ \$signal$253 ;
+  assign \$683  = el_i < l0_acc;
   assign \$684  = \$682  & \$683 ;
-  assign \$685  = pc + 1'h1;
-  assign \$686  = \$signal$121  + 1'h1;
-  assign \$687  = \$signal$255  + 1'h1;
-  assign \$688  = \$signal$255  == 4'h8;
-  assign \$689  = ~ \$signal$260 ;
-  assign \$690  = ~ \$signal$261 ;
+  assign \$685  = ~ \$signal$256 ;
+  assign \$686  = \$684  & \$685 ;
+  assign \$687  = el_i + 1'h1;
+  assign \$688  = \$signal$255  + 1'h1;
+  assign \$689  = ~ \$signal$254 ;
+  assign \$690  = ~ \$signal$256 ;
   assign \$691  = \$689  & \$690 ;
-  assign \$692  = rt_lane < 1'h1;
+  assign \$692  = | \$signal$255 ;
   assign \$693  = \$691  & \$692 ;
-  assign \$696  = \$signal$264  < 4'h8;
-  assign \$697  = rt_lane + 1'h1;
-  assign \$698  = \$signal$264  + 1'h1;
-  assign \$699  = \$signal$337  ? rd0__data[12:0] : 13'h0000;
-  assign \$701  = scores__valid & scores__ready;
-  assign \$702  = \$signal$264  >= 4'h8;
-  assign \$703  = \$signal$333  - 1'h1;
-  assign \$704  = \$signal$263  + 4'h8;
-  assign \$705  = | \$signal$333 [13:1];
-  assign \$706  = ~ \$705 ;
-  assign \$707  = ~ \$signal$269 ;
-  assign \$708  = routes__valid & \$707 ;
-  assign \$709  = ~ rt_wphase;
-  assign \$710  = \$signal$269  & \$709 ;
-  assign \$711  = \$signal$269  & rt_wphase;
-  assign \$712  = rt_s == 1'h1;
-  assign \$713  = \$signal$273 [19] | \$712 ;
-  assign \$714  = \$signal$335  - 1'h1;
-  assign \$715  = \$signal$271  + 2'h2;
-  assign \$716  = rt_s + 1'h1;
-  assign \$717  = ! \$signal$335 ;
-  assign \$718  = \$signal$275  == \$signal$255 ;
-  assign \$719  = \$signal$277  + 1'h1;
-  assign \$720  = \$signal$274  + 1'h1;
-  assign \$721  = \$720  < l1_acc[13:2];
-  assign \$722  = \$signal$274  + 1'h1;
-  assign \$723  = \$signal$341  == 1'h1;
-  assign \$724  = \$signal$278  + 1'h1;
-  assign \$725  = \$signal$341  + 1'h1;
-  assign \$726  = \$signal$255  + 1'h1;
-  assign \$727  = \$signal$255  + 1'h1;
-  assign \$728  = \$727  < 4'h8;
-  assign \$729  = pc + 1'h1;
-  assign \$730  = \$signal$121  + 1'h1;
-  assign \$731  = \$signal$281  >= 4'h8;
-  assign \$732  = \$signal$121  + 1'h1;
-  assign \$733  = \$signal$281  + 1'h1;
-  assign \$734  = | \$signal$275 ;
-  assign \$735  = | rd1_q[23:14];
-  assign \$736  = \$735  ? 14'h3fff : rd1_q[13:0];
-  assign \$737  = pc + 1'h1;
-  assign \$738  = \$signal$121  + 1'h1;
-  assign \$739  = \$signal$282  >= \$signal$130 ;
-  assign \$740  = pc + 1'h1;
-  assign \$741  = \$signal$121  + 1'h1;
-  assign \$742  = | \$signal$275 [31:16];
-  assign \$743  = \$signal$275 [15:0] >= m_eff;
-  assign \$744  = \$742  | \$743 ;
-  assign \$745  = | l2_y;
-  assign \$746  = \$signal$283  < ins[61:48];
-  assign \$749  = \$signal$283  + 1'h1;
-  assign \$750  = ins[5:0] == 4'ha;
-  assign \$751  = \$750  ? { 1'h0, \$signal$284  } : l2_acc;
-  assign \$752  = ins[124:112] + \$751 ;
-  assign \$753  = \$752  + \$signal$283 ;
-  assign \$754  = \$signal$283  >= ins[61:48];
-  assign \$755  = \$754  & \$signal$285 ;
-  assign \$756  = \$signal$282  + 1'h1;
-  assign \$757  = \$signal$284  + ins[61:48];
-  assign \$758  = ~ rd_busy;
-  assign \$759  = ~ wr_busy;
-  assign \$760  = \$758  & \$759 ;
-  assign \$761  = ~ \$signal$108 ;
-  assign \$762  = \$signal$103  & \$761 ;
+  assign \$694  = \$signal$255  == 1'h1;
+  assign \$695  = el_i < l0_acc;
+  assign \$696  = ~ \$695 ;
+  assign \$697  = \$694  | \$696 ;
+  assign \$698  = \$693  & \$697 ;
+  assign \$699  = wr_data__valid & wr_data__ready;
+  assign \$700  = ~ wr_busy;
+  assign \$701  = el_i < l0_acc;
+  assign \$702  = ~ \$701 ;
+  assign \$703  = \$700  & \$702 ;
+  assign \$704  = ~ \$signal$254 ;
+  assign \$705  = \$703  & \$704 ;
+  assign \$706  = ~ \$signal$256 ;
+  assign \$707  = \$705  & \$706 ;
+  assign \$708  = pc + 1'h1;
+  assign \$709  = \$signal$121  + 1'h1;
+  assign \$710  = \$signal$258  + 1'h1;
+  assign \$711  = \$signal$258  == 4'h8;
+  assign \$712  = ~ \$signal$263 ;
+  assign \$713  = ~ \$signal$264 ;
+  assign \$714  = \$712  & \$713 ;
+  assign \$715  = rt_lane < 1'h1;
+  assign \$716  = \$714  & \$715 ;
+  assign \$719  = \$signal$267  < 4'h8;
+  assign \$720  = rt_lane + 1'h1;
+  assign \$721  = \$signal$267  + 1'h1;
+  assign \$722  = \$signal$341  ? rd0__data[12:0] : 13'h0000;
+  assign \$724  = scores__valid & scores__ready;
+  assign \$725  = \$signal$267  >= 4'h8;
+  assign \$726  = \$signal$337  - 1'h1;
+  assign \$727  = \$signal$266  + 4'h8;
+  assign \$728  = | \$signal$337 [13:1];
+  assign \$729  = ~ \$728 ;
+  assign \$730  = ~ \$signal$272 ;
+  assign \$731  = routes__valid & \$730 ;
+  assign \$732  = ~ rt_wphase;
+  assign \$733  = \$signal$272  & \$732 ;
+  assign \$734  = \$signal$272  & rt_wphase;
+  assign \$735  = rt_s == 1'h1;
+  assign \$736  = \$signal$276 [19] | \$735 ;
+  assign \$737  = \$signal$339  - 1'h1;
+  assign \$738  = \$signal$274  + 2'h2;
+  assign \$739  = rt_s + 1'h1;
+  assign \$740  = ! \$signal$339 ;
+  assign \$741  = \$signal$278  == \$signal$258 ;
+  assign \$742  = \$signal$280  + 1'h1;
+  assign \$743  = \$signal$277  + 1'h1;
+  assign \$744  = \$743  < l1_acc[13:2];
+  assign \$745  = \$signal$277  + 1'h1;
+  assign \$746  = \$signal$345  == 1'h1;
+  assign \$747  = \$signal$281  + 1'h1;
+  assign \$748  = \$signal$345  + 1'h1;
+  assign \$749  = \$signal$258  + 1'h1;
+  assign \$750  = \$signal$258  + 1'h1;
+  assign \$751  = \$750  < 4'h8;
+  assign \$752  = pc + 1'h1;
+  assign \$753  = \$signal$121  + 1'h1;
+  assign \$754  = \$signal$284  >= 4'h8;
+  assign \$755  = \$signal$121  + 1'h1;
+  assign \$756  = \$signal$284  + 1'h1;
+  assign \$757  = | \$signal$278 ;
+  assign \$758  = | rd1_q[23:14];
+  assign \$759  = \$758  ? 14'h3fff : rd1_q[13:0];
+  assign \$760  = pc + 1'h1;
+  assign \$761  = \$signal$121  + 1'h1;
+  assign \$762  = \$signal$285  >= \$signal$130 ;
+  assign \$763  = pc + 1'h1;
+  assign \$764  = \$signal$121  + 1'h1;
+  assign \$765  = | \$signal$278 [31:16];
+  assign \$766  = \$signal$278 [15:0] >= m_eff;
+  assign \$767  = \$765  | \$766 ;
+  assign \$768  = | l2_y;
+  assign \$769  = \$signal$286  < ins[61:48];
+  assign \$772  = \$signal$286  + 1'h1;
+  assign \$773  = ins[5:0] == 4'ha;
+  assign \$774  = \$773  ? { 1'h0, \$signal$287  } : l2_acc;
+  assign \$775  = ins[124:112] + \$774 ;
+  assign \$776  = \$775  + \$signal$286 ;
+  assign \$777  = \$signal$286  >= ins[61:48];
+  assign \$778  = \$777  & \$signal$288 ;
+  assign \$779  = \$signal$285  + 1'h1;
+  assign \$780  = \$signal$287  + ins[61:48];
+  assign \$781  = ~ rd_busy;
+  assign \$782  = ~ wr_busy;
+  assign \$783  = \$781  & \$782 ;
+  assign \$784  = ~ \$signal$108 ;
+  assign \$785  = \$signal$103  & \$784 ;
   always @(posedge clk)
-    \$signal$119  <= \$763 ;
+    \$signal$119  <= \$786 ;
   always @(posedge clk)
-    host_size <= \$764 ;
+    host_size <= \$787 ;
   always @(posedge clk)
-    rsel <= \$765 ;
+    rsel <= \$788 ;
   always @(posedge clk)
-    l0_acc <= \$766 ;
+    l0_acc <= \$789 ;
   always @(posedge clk)
-    l0_x <= \$767 ;
+    l0_x <= \$790 ;
   always @(posedge clk)
-    l0_y <= \$768 ;
+    l0_y <= \$791 ;
   always @(posedge clk)
-    l1_acc <= \$769 ;
+    l1_acc <= \$792 ;
   always @(posedge clk)
-    l1_x <= \$770 ;
+    l1_x <= \$793 ;
   always @(posedge clk)
-    l1_y <= \$771 ;
+    l1_y <= \$794 ;
   always @(posedge clk)
-    l2_acc <= \$772 ;
+    l2_acc <= \$795 ;
   always @(posedge clk)
-    l2_x <= \$773 ;
+    l2_x <= \$796 ;
   always @(posedge clk)
-    l2_y <= \$774 ;
+    l2_y <= \$797 ;
   always @(posedge clk)
-    l3_acc <= \$775 ;
+    l3_acc <= \$798 ;
   always @(posedge clk)
-    l3_x <= \$776 ;
+    l3_x <= \$799 ;
   always @(posedge clk)
-    l3_y <= \$777 ;
+    l3_y <= \$800 ;
   always @(posedge clk)
-    l4_acc <= \$778 ;
+    l4_acc <= \$801 ;
   always @(posedge clk)
-    l4_x <= \$779 ;
+    l4_x <= \$802 ;
   always @(posedge clk)
-    l4_y <= \$780 ;
+    l4_y <= \$803 ;
   always @(posedge clk)
-    lh_acc <= \$781 ;
+    lh_acc <= \$804 ;
   always @(posedge clk)
-    lh_x <= \$782 ;
+    lh_x <= \$805 ;
   always @(posedge clk)
-    lh_y <= \$783 ;
+    lh_y <= \$806 ;
   always @(posedge clk)
-    \$signal$142  <= \$784 ;
+    \$signal$142  <= \$807 ;
   always @(posedge clk)
-    \$signal$146  <= \$785 ;
+    \$signal$146  <= \$808 ;
   always @(posedge clk)
-    host_ok <= \$786 ;
+    host_ok <= \$809 ;
   always @(posedge clk)
-    decode_q <= \$787 ;
+    decode_q <= \$810 ;
   always @(posedge clk)
-    \$signal$156  <= \$788 ;
+    \$signal$156  <= \$811 ;
   always @(posedge clk)
-    \$signal$169  <= \$789 ;
+    \$signal$170  <= \$812 ;
   always @(posedge clk)
-    rq_in__payload <= \$790 ;
+    \$signal$166  <= \$813 ;
   always @(posedge clk)
-    b_word <= \$791 ;
+    b_word <= \$814 ;
   always @(posedge clk)
-    \$signal$155  <= \$792 ;
+    \$signal$155  <= \$815 ;
   always @(posedge clk)
-    \$signal$296  <= \$793 ;
+    \$signal$299  <= \$816 ;
   always @(posedge clk)
-    rem0 <= \$794 ;
+    rem0 <= \$817 ;
   always @(posedge clk)
-    \$signal$151  <= \$795 ;
+    \$signal$151  <= \$818 ;
   always @(posedge clk)
-    \$signal$153  <= \$796 ;
+    \$signal$153  <= \$819 ;
   always @(posedge clk)
-    rem1 <= \$797 ;
+    rem1 <= \$820 ;
   always @(posedge clk)
-    \$signal$304  <= \$798 ;
+    \$signal$307  <= \$821 ;
   always @(posedge clk)
-    \$signal$306  <= \$799 ;
+    \$signal$309  <= \$822 ;
   always @(posedge clk)
-    rem2 <= \$800 ;
+    rem2 <= \$823 ;
   always @(posedge clk)
-    \$signal$310  <= \$801 ;
+    \$signal$313  <= \$824 ;
   always @(posedge clk)
-    \$signal$312  <= \$802 ;
+    \$signal$315  <= \$825 ;
   always @(posedge clk)
-    \$signal$298  <= \$803 ;
+    \$signal$301  <= \$826 ;
   always @(posedge clk)
-    op <= \$804 ;
+    op <= \$827 ;
   always @(posedge clk)
-    \$signal$314  <= \$805 ;
+    \$signal$182  <= \$828 ;
   always @(posedge clk)
-    gm_cap_lane <= \$806 ;
+    \$signal$317  <= \$829 ;
   always @(posedge clk)
-    gm_lane <= \$807 ;
+    rq_in__payload <= \$830 ;
   always @(posedge clk)
-    \$signal$215  <= \$808 ;
+    rq_lane <= \$831 ;
   always @(posedge clk)
-    a_in__payload <= \$809 ;
+    \$signal$318  <= \$832 ;
   always @(posedge clk)
-    a_in__valid <= \$810 ;
+    gm_cap_lane <= \$833 ;
   always @(posedge clk)
-    \$signal$317  <= \$811 ;
+    gm_lane <= \$834 ;
   always @(posedge clk)
-    gm_wstart <= \$812 ;
+    \$signal$219  <= \$835 ;
   always @(posedge clk)
-    \$signal$214  <= \$813 ;
+    a_in__payload <= \$836 ;
   always @(posedge clk)
-    gm_afeed_done <= \$814 ;
+    a_in__valid <= \$837 ;
   always @(posedge clk)
-    gc_lane <= \$815 ;
+    \$signal$321  <= \$838 ;
   always @(posedge clk)
-    \$signal$217  <= \$816 ;
+    gm_wstart <= \$839 ;
   always @(posedge clk)
-    gc_last <= \$817 ;
+    \$signal$218  <= \$840 ;
   always @(posedge clk)
-    \$signal$320  <= \$818 ;
+    gm_afeed_done <= \$841 ;
   always @(posedge clk)
-    gc_wstart <= \$819 ;
+    gc_lane <= \$842 ;
   always @(posedge clk)
-    \$signal$319  <= \$820 ;
+    \$signal$221  <= \$843 ;
   always @(posedge clk)
-    \$signal$118  <= \$821 ;
+    gc_last <= \$844 ;
   always @(posedge clk)
-    busy_dma <= \$822 ;
+    \$signal$324  <= \$845 ;
   always @(posedge clk)
-    busy_gemm <= \$823 ;
+    gc_wstart <= \$846 ;
   always @(posedge clk)
-    busy_act <= \$824 ;
+    \$signal$323  <= \$847 ;
   always @(posedge clk)
-    busy_route <= \$825 ;
+    \$signal$118  <= \$848 ;
   always @(posedge clk)
-    busy_vector <= \$826 ;
+    busy_dma <= \$849 ;
   always @(posedge clk)
-    busy_move <= \$827 ;
+    busy_gemm <= \$850 ;
   always @(posedge clk)
-    \$signal$275  <= \$828 ;
+    busy_act <= \$851 ;
   always @(posedge clk)
-    rd1_q <= \$829 ;
+    busy_route <= \$852 ;
   always @(posedge clk)
-    \$signal$108  <= \$830 ;
+    busy_vector <= \$853 ;
   always @(posedge clk)
-    \$signal$109  <= \$831 ;
+    busy_move <= \$854 ;
   always @(posedge clk)
-    err <= \$832 ;
+    \$signal$278  <= \$855 ;
   always @(posedge clk)
-    pc <= \$833 ;
+    rd1_q <= \$856 ;
   always @(posedge clk)
-    \$signal$121  <= \$834 ;
+    \$signal$108  <= \$857 ;
   always @(posedge clk)
-    \$signal$140  <= \$835 ;
+    \$signal$109  <= \$858 ;
   always @(posedge clk)
-    exp_active <= \$836 ;
+    err <= \$859 ;
   always @(posedge clk)
-    \$signal$143  <= \$837 ;
+    pc <= \$860 ;
   always @(posedge clk)
-    ctrl_state <= \$838 ;
+    \$signal$121  <= \$861 ;
   always @(posedge clk)
-    stop_code <= \$839 ;
+    \$signal$140  <= \$862 ;
   always @(posedge clk)
-    cur_unit <= \$840 ;
+    exp_active <= \$863 ;
   always @(posedge clk)
-    fetch_word <= \$841 ;
+    \$signal$143  <= \$864 ;
   always @(posedge clk)
-    ins <= \$842 ;
+    ctrl_state <= \$865 ;
   always @(posedge clk)
-    ph2 <= \$843 ;
+    stop_code <= \$866 ;
   always @(posedge clk)
-    settle <= \$844 ;
+    cur_unit <= \$867 ;
   always @(posedge clk)
-    \$signal$177  <= \$845 ;
+    fetch_word <= \$868 ;
   always @(posedge clk)
-    \$signal$160  <= \$846 ;
+    ins <= \$869 ;
   always @(posedge clk)
-    rq_shift <= \$847 ;
+    ph2 <= \$870 ;
   always @(posedge clk)
-    cnt0 <= \$848 ;
+    settle <= \$871 ;
   always @(posedge clk)
-    cnt1 <= \$849 ;
+    \$signal$178  <= \$872 ;
   always @(posedge clk)
-    sa0 <= \$850 ;
+    \$signal$160  <= \$873 ;
   always @(posedge clk)
-    sa1 <= \$851 ;
+    rq_shift <= \$874 ;
   always @(posedge clk)
-    sa2 <= \$852 ;
+    cnt0 <= \$875 ;
   always @(posedge clk)
-    sb0 <= \$853 ;
+    cnt1 <= \$876 ;
   always @(posedge clk)
-    sb1 <= \$854 ;
+    sa0 <= \$877 ;
   always @(posedge clk)
-    sb2 <= \$855 ;
+    sa1 <= \$878 ;
   always @(posedge clk)
-    el_i <= \$856 ;
+    sa2 <= \$879 ;
   always @(posedge clk)
-    \$signal$248  <= \$857 ;
+    sb0 <= \$880 ;
   always @(posedge clk)
-    ld_e <= \$858 ;
+    sb1 <= \$881 ;
   always @(posedge clk)
-    \$signal$251  <= \$859 ;
+    sb2 <= \$882 ;
   always @(posedge clk)
-    \$signal$252  <= \$860 ;
+    el_i <= \$883 ;
   always @(posedge clk)
-    \$signal$253  <= \$861 ;
+    \$signal$251  <= \$884 ;
   always @(posedge clk)
-    wr_data__payload <= \$862 ;
+    ld_e <= \$885 ;
   always @(posedge clk)
-    \$signal$255  <= \$863 ;
+    \$signal$254  <= \$886 ;
   always @(posedge clk)
-    \$signal$279  <= \$864 ;
+    \$signal$255  <= \$887 ;
   always @(posedge clk)
-    \$signal$276  <= \$865 ;
+    \$signal$256  <= \$888 ;
   always @(posedge clk)
-    \$signal$282  <= \$866 ;
+    wr_data__payload <= \$889 ;
   always @(posedge clk)
-    \$signal$284  <= \$867 ;
+    \$signal$258  <= \$890 ;
   always @(posedge clk)
-    \$signal$144  <= \$868 ;
+    \$signal$282  <= \$891 ;
   always @(posedge clk)
-    scores_len <= \$869 ;
+    \$signal$279  <= \$892 ;
   always @(posedge clk)
-    \$signal$249  <= \$870 ;
+    \$signal$285  <= \$893 ;
   always @(posedge clk)
-    \$signal$330  <= \$871 ;
+    \$signal$287  <= \$894 ;
   always @(posedge clk)
-    \$signal$333  <= \$872 ;
+    \$signal$144  <= \$895 ;
   always @(posedge clk)
-    \$signal$264  <= \$873 ;
+    scores_len <= \$896 ;
   always @(posedge clk)
-    rt_lane <= \$874 ;
+    \$signal$252  <= \$897 ;
   always @(posedge clk)
-    \$signal$260  <= \$875 ;
+    \$signal$334  <= \$898 ;
   always @(posedge clk)
-    \$signal$263  <= \$876 ;
+    \$signal$337  <= \$899 ;
   always @(posedge clk)
-    \$signal$271  <= \$877 ;
+    \$signal$267  <= \$900 ;
   always @(posedge clk)
-    \$signal$261  <= \$878 ;
+    rt_lane <= \$901 ;
   always @(posedge clk)
-    \$signal$334  <= \$879 ;
+    \$signal$263  <= \$902 ;
   always @(posedge clk)
-    \$signal$335  <= \$880 ;
+    \$signal$266  <= \$903 ;
   always @(posedge clk)
-    rt_s <= \$881 ;
+    \$signal$274  <= \$904 ;
   always @(posedge clk)
-    \$signal$269  <= \$882 ;
+    \$signal$264  <= \$905 ;
   always @(posedge clk)
-    rt_wphase <= \$883 ;
+    \$signal$338  <= \$906 ;
   always @(posedge clk)
-    \$signal$337  <= \$884 ;
+    \$signal$339  <= \$907 ;
   always @(posedge clk)
-    rt_word <= \$885 ;
+    rt_s <= \$908 ;
   always @(posedge clk)
-    \$signal$273  <= \$886 ;
+    \$signal$272  <= \$909 ;
   always @(posedge clk)
-    \$signal$274  <= \$887 ;
+    rt_wphase <= \$910 ;
   always @(posedge clk)
-    \$signal$278  <= \$888 ;
+    \$signal$341  <= \$911 ;
   always @(posedge clk)
-    \$signal$341  <= \$889 ;
+    rt_word <= \$912 ;
   always @(posedge clk)
-    \$signal$277  <= \$890 ;
+    \$signal$276  <= \$913 ;
   always @(posedge clk)
-    \$signal$280  <= \$891 ;
+    \$signal$277  <= \$914 ;
   always @(posedge clk)
-    \$signal$281  <= \$892 ;
+    \$signal$281  <= \$915 ;
   always @(posedge clk)
-    \$signal$244  <= \$893 ;
+    \$signal$345  <= \$916 ;
   always @(posedge clk)
-    \$signal$130  <= \$894 ;
+    \$signal$280  <= \$917 ;
   always @(posedge clk)
-    \$signal$139  <= \$895 ;
+    \$signal$283  <= \$918 ;
   always @(posedge clk)
-    \$signal$283  <= \$896 ;
+    \$signal$284  <= \$919 ;
   always @(posedge clk)
-    \$signal$285  <= \$897 ;
+    \$signal$248  <= \$920 ;
   always @(posedge clk)
-    \$signal$286  <= \$898 ;
+    \$signal$130  <= \$921 ;
+  always @(posedge clk)
+    \$signal$139  <= \$922 ;
+  always @(posedge clk)
+    \$signal$286  <= \$923 ;
+  always @(posedge clk)
+    \$signal$288  <= \$924 ;
+  always @(posedge clk)
+    \$signal$289  <= \$925 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -2835,28 +2927,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$65  = ins[243:238] == 2'h2;
   assign \$66  = \$64  | \$65 ;
   assign \$67  = ins[243:238] == 3'h4;
-  assign \$68  = \$66  | \$67 ;
-  assign \$69  = \$63  & \$68 ;
-  assign \$70  = m_eff >= 1'h1;
-  assign \$71  = ins[63:48] >= 1'h1;
-  assign \$72  = \$70  & \$71 ;
-  assign \$73  = ins[243:238] == 3'h4;
-  assign \$74  = \$72  & \$73 ;
-  assign \$75  = m_eff >= 1'h1;
-  assign \$76  = ins[63:48] >= 1'h1;
-  assign \$77  = \$75  & \$76 ;
-  assign \$78  = ins[243:238] >= 2'h2;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = ins[243:238] <= 6'h20;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = \$82  & \$83 ;
-  assign \$87  = \$86  ? 5'h10 : 5'h00;
-  assign \$90  = \$89  ? 5'h10 : 5'h00;
-  assign \$91  = | ins[63:62];
-  assign \$92  = \$91  ? 14'h3fff : ins[61:48];
-  assign \$93  = l1_acc + 5'h10;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -2876,9 +2946,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1189$0 (\$899 ),
-    .\port$1207$0 (\$900 ),
-    .\port$3236$2 (l4_acc[17:2]),
+    .\port$1225$0 (\$926 ),
+    .\port$1243$0 (\$927 ),
+    .\port$3272$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -2907,7 +2977,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$90 (done),
-    .error(\error$328 ),
+    .error(\error$332 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -2965,15 +3035,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .o__valid(o__valid),
     .rst(rst),
     .unit_rst(unit_rst),
-    .x(rq_in__payload[15:0])
+    .x(\$signal$166 [15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$191 ),
+    .advance(\i__ready$195 ),
     .clk(clk),
-    .i__payload(\i__payload$166 ),
-    .i__valid(\i__valid$190 ),
-    .o__payload(\o__payload$193 ),
-    .o__valid(\o__valid$192 ),
+    .i__payload(\i__payload$167 ),
+    .i__valid(\i__valid$194 ),
+    .o__payload(\o__payload$197 ),
+    .o__valid(\o__valid$196 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -2992,12 +3062,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$168 ),
-    .i__ready(\i__ready$195 ),
-    .i__valid(\i__valid$194 ),
+    .i__payload(\i__payload$169 ),
+    .i__ready(\i__ready$199 ),
+    .i__valid(\i__valid$198 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$197 ),
-    .o__valid(\o__valid$196 ),
+    .o__payload(\o__payload$201 ),
+    .o__valid(\o__valid$200 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -3184,8 +3254,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__addr = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$225 ) begin
-        rd0__addr = \$signal$215 ;
+      if (\$231 ) begin
+        rd0__addr = \$signal$219 ;
       end
     end
     casez (ctrl_state)
@@ -3198,7 +3268,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$238 [12:0];
+          rd0__addr = \$244 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3212,17 +3282,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$259 ) begin
-            rd0__addr = \$260 [12:0];
+          if (\$265 ) begin
+            rd0__addr = \$266 [12:0];
           end
       5'h0a:
-          rd0__addr = \$261 [12:0];
+          rd0__addr = \$267 [12:0];
       5'h10:
-          if (\$270 ) begin
-            rd0__addr = \$271 [12:0];
+          if (\$276 ) begin
+            rd0__addr = \$277 [12:0];
           end
       5'h11:
-          rd0__addr = \$279 [12:0];
+          rd0__addr = \$285 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -3235,9 +3305,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$290 ) begin
+          if (\$296 ) begin
           end else begin
-            rd0__addr = \$291 [12:0];
+            rd0__addr = \$297 [12:0];
           end
       5'h17:
           /* empty */;
@@ -3245,18 +3315,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$300 ) begin
           end else begin
-            rd0__addr = \$296 [12:0];
+            rd0__addr = \$302 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$297 ) begin
-          end else if (\$300 ) begin
-            rd0__addr = \$304 [12:0];
+          if (\$303 ) begin
+          end else if (\$306 ) begin
+            rd0__addr = \$310 [12:0];
           end
     endcase
   end
@@ -3276,7 +3346,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$241 [12:0];
+          rd1__addr = \$247 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3309,9 +3379,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$290 ) begin
+          if (\$296 ) begin
           end else begin
-            rd1__addr = \$293 [12:0];
+            rd1__addr = \$299 [12:0];
           end
     endcase
   end
@@ -3322,7 +3392,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__en = \$163 ;
     end
     if (gemm_run) begin
-      if (\$225 ) begin
+      if (\$231 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3350,13 +3420,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$259 ) begin
+          if (\$265 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$270 ) begin
+          if (\$276 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
@@ -3373,7 +3443,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$290 ) begin
+          if (\$296 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3383,7 +3453,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$300 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3392,8 +3462,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$297 ) begin
-          end else if (\$300 ) begin
+          if (\$303 ) begin
+          end else if (\$306 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3447,7 +3517,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$290 ) begin
+          if (\$296 ) begin
           end else begin
             rd1__en = 1'h1;
           end
@@ -3459,7 +3529,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            rq_in__valid = \$signal$156 ;
+            rq_in__valid = \$signal$182 ;
       endcase
     end
   end
@@ -3470,47 +3540,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            eng_ready = rq_in__ready;
+            eng_ready = \$209 ;
         6'h05:
             eng_ready = i__ready;
         6'h06:
-            eng_ready = \i__ready$191 ;
-        default:
             eng_ready = \i__ready$195 ;
+        default:
+            eng_ready = \i__ready$199 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    c_out__ready = 1'h0;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            c_out__ready = 1'h1;
-      endcase
-    end
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          c_out__ready = 1'h1;
-        end
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$183  = 1'h0;
+    \$signal$184  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$183  = c_out__valid;
+            \$signal$184  = c_out__valid;
         6'h05:
-            \$signal$183  = o__valid;
+            \$signal$184  = o__valid;
         6'h06:
-            \$signal$183  = \o__valid$192 ;
+            \$signal$184  = \o__valid$196 ;
         default:
-            \$signal$183  = \o__valid$196 ;
+            \$signal$184  = \o__valid$200 ;
       endcase
     end
   end
@@ -3525,10 +3578,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193  };
-        default:
             out_data = { \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197  };
+        default:
+            out_data = { \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201  };
       endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    c_out__ready = 1'h0;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            if (c_out__valid) begin
+              c_out__ready = \$213 ;
+            end
+      endcase
+    end
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          c_out__ready = 1'h1;
+        end
+      end
     end
   end
   always @* begin
@@ -3545,7 +3617,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$190  = 1'h0;
+    \i__valid$194  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -3553,13 +3625,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$190  = \$signal$156 ;
+            \i__valid$194  = \$signal$156 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$194  = 1'h0;
+    \i__valid$198  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -3570,7 +3642,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$194  = \$signal$156 ;
+            \i__valid$198  = \$signal$156 ;
       endcase
     end
   end
@@ -3609,7 +3681,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$243 ;
+          rd_data__ready = \$249 ;
     endcase
   end
   always @* begin
@@ -3617,7 +3689,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$217 ;
+        wr__addr = \$signal$221 ;
       end
     end
     casez (ctrl_state)
@@ -3634,8 +3706,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$183 ) begin
-            wr__addr = \$242 [12:0];
+          if (\$signal$184 ) begin
+            wr__addr = \$248 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3644,9 +3716,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$248 ) begin
-            if (\$244 ) begin
-              wr__addr = \$245 [12:0];
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
+              wr__addr = \$251 [12:0];
             end
           end
       5'h09:
@@ -3655,11 +3727,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$274 ) begin
-            wr__addr = \$275 [12:0];
+          if (\$280 ) begin
+            wr__addr = \$281 [12:0];
           end
-          if (\$276 ) begin
-            wr__addr = \$278 [12:0];
+          if (\$282 ) begin
+            wr__addr = \$284 [12:0];
           end
         end
       5'h11:
@@ -3667,19 +3739,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$280 ) begin
-            wr__addr = \$281 [12:0];
+          if (\$286 ) begin
+            wr__addr = \$287 [12:0];
           end
       5'h14:
-          wr__addr = \$283 [12:0];
+          wr__addr = \$289 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$285 ) begin
+          if (\$291 ) begin
           end else begin
-            wr__addr = \$286 [12:0];
+            wr__addr = \$292 [12:0];
           end
       5'h16:
-          wr__addr = \$289 [12:0];
+          wr__addr = \$295 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -3693,8 +3765,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
-            wr__addr = \$signal$286 ;
+          if (\$signal$288 ) begin
+            wr__addr = \$signal$289 ;
           end
     endcase
   end
@@ -3703,7 +3775,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$228 ;
+        wr__data = \$234 ;
       end
     end
     casez (ctrl_state)
@@ -3720,7 +3792,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$183 ) begin
+          if (\$signal$184 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -3730,9 +3802,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$248 ) begin
-            if (\$244 ) begin
-              wr__data = \$252 ;
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
+              wr__data = \$258 ;
             end
           end
       5'h09:
@@ -3741,11 +3813,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$274 ) begin
-            wr__data = { 29'h00000000, \$signal$273 [2:0] };
+          if (\$280 ) begin
+            wr__data = { 29'h00000000, \$signal$276 [2:0] };
           end
-          if (\$276 ) begin
-            wr__data = { 16'h0000, \$signal$273 [18:3] };
+          if (\$282 ) begin
+            wr__data = { 16'h0000, \$signal$276 [18:3] };
           end
         end
       5'h11:
@@ -3753,19 +3825,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$280 ) begin
-            wr__data = { 18'h00000, \$signal$274  };
+          if (\$286 ) begin
+            wr__data = { 18'h00000, \$signal$277  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$278  };
+          wr__data = { 18'h00000, \$signal$281  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$285 ) begin
+          if (\$291 ) begin
           end else begin
-            wr__data = { \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287 [14], \$287  };
+            wr__data = { \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$280  };
+          wr__data = { 18'h00000, \$signal$283  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3779,7 +3851,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
+          if (\$signal$288 ) begin
             wr__data = rd0__data;
           end
     endcase
@@ -3806,7 +3878,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$183 ) begin
+          if (\$signal$184 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -3816,8 +3888,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$248 ) begin
-            if (\$244 ) begin
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3827,10 +3899,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$274 ) begin
+          if (\$280 ) begin
             wr__en = 1'h1;
           end
-          if (\$276 ) begin
+          if (\$282 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3839,14 +3911,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$280 ) begin
+          if (\$286 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$285 ) begin
+          if (\$291 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -3865,7 +3937,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
+          if (\$signal$288 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -3878,7 +3950,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$229 ) begin
+          if (\$235 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -3894,7 +3966,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$229 ) begin
+          if (\$235 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -3914,11 +3986,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$230 ) begin
-          end else if (\$233 ) begin
-          end else if (\$234 ) begin
-          end else if (\$235 ) begin
-          end else if (\$236 ) begin
+          if (\$236 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
+          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -3961,11 +4033,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$230 ) begin
-          end else if (\$233 ) begin
-          end else if (\$234 ) begin
-          end else if (\$235 ) begin
-          end else if (\$236 ) begin
+          if (\$236 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
+          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4081,7 +4153,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$251 ;
+          wr_data__valid = \$signal$254 ;
     endcase
   end
   always @* begin
@@ -4113,7 +4185,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$262 ) begin
+          if (\$268 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4147,8 +4219,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$262 ) begin
-            bias_addr = \$263 [2:0];
+          if (\$268 ) begin
+            bias_addr = \$269 [2:0];
           end
     endcase
   end
@@ -4181,7 +4253,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$262 ) begin
+          if (\$268 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4251,7 +4323,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$260 ;
+          scores__valid = \$signal$263 ;
     endcase
   end
   always @* begin
@@ -4285,7 +4357,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$272 ;
+          routes__ready = \$278 ;
     endcase
   end
   always @* begin
@@ -4411,46 +4483,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$306 ) begin
+    if (\$312 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = \$signal$119 ;
-    if (\$336 ) begin
-      \$763  = wr_data;
+    \$786  = \$signal$119 ;
+    if (\$342 ) begin
+      \$786  = wr_data;
     end
     if (rst) begin
-      \$763  = 32'd0;
+      \$786  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = host_size;
-    if (\$338 ) begin
-      \$764  = wr_data;
+    \$787  = host_size;
+    if (\$344 ) begin
+      \$787  = wr_data;
     end
     if (rst) begin
-      \$764  = 32'd0;
+      \$787  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = rsel;
+    \$788  = rsel;
     if (rd_en) begin
-      \$765  = s_axil__araddr;
+      \$788  = s_axil__araddr;
     end
     if (rst) begin
-      \$765  = 20'h00000;
+      \$788  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = l0_acc;
-    if (\$339 ) begin
+    \$789  = l0_acc;
+    if (\$345 ) begin
       if (l0_y[0]) begin
-        \$766  = \$343 ;
+        \$789  = \$349 ;
       end
     end
     casez (ctrl_state)
@@ -4459,22 +4531,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$766  = 14'h0000;
+                  \$789  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 14'h0000;
+      \$789  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = l0_x;
-    if (\$339 ) begin
-      \$767  = \$345 [13:0];
+    \$790  = l0_x;
+    if (\$345 ) begin
+      \$790  = \$351 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4482,22 +4554,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$767  = \$527 ;
+                  \$790  = \$550 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$767  = 14'h0000;
+      \$790  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = l0_y;
-    if (\$339 ) begin
-      \$768  = \$346 ;
+    \$791  = l0_y;
+    if (\$345 ) begin
+      \$791  = \$352 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4505,24 +4577,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$768  = 16'h0000;
+          if (\$545 ) begin
+            \$791  = 16'h0000;
             casez (ins[37:32])
               6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$768  = \$525 ;
+                  \$791  = \$548 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$768  = 16'h0000;
+      \$791  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = l1_acc;
-    if (\$347 ) begin
+    \$792  = l1_acc;
+    if (\$353 ) begin
       if (l1_y[0]) begin
-        \$769  = \$351 ;
+        \$792  = \$357 ;
       end
     end
     casez (ctrl_state)
@@ -4531,28 +4603,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$769  = 14'h0000;
+                  \$792  = 14'h0000;
               6'h0c:
-                  \$769  = 14'h0000;
+                  \$792  = 14'h0000;
               6'h0a, 6'h0b:
-                  \$769  = 14'h0000;
+                  \$792  = 14'h0000;
               6'h08:
-                  \$769  = 14'h0000;
+                  \$792  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$769  = 14'h0000;
+      \$792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = l1_x;
-    if (\$347 ) begin
-      \$770  = \$353 [13:0];
+    \$793  = l1_x;
+    if (\$353 ) begin
+      \$793  = \$359 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4560,28 +4632,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$770  = \$532 ;
+                  \$793  = \$555 ;
               6'h0c:
-                  \$770  = \$560 ;
+                  \$793  = \$583 ;
               6'h0a, 6'h0b:
-                  \$770  = \$564 ;
+                  \$793  = \$587 ;
               6'h08:
-                  \$770  = 14'h0008;
+                  \$793  = 14'h0008;
             endcase
           end
     endcase
     if (rst) begin
-      \$770  = 14'h0000;
+      \$793  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = l1_y;
-    if (\$347 ) begin
-      \$771  = \$354 ;
+    \$794  = l1_y;
+    if (\$353 ) begin
+      \$794  = \$360 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4589,30 +4661,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$771  = 16'h0000;
+          if (\$545 ) begin
+            \$794  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$771  = \$530 ;
+                  \$794  = \$553 ;
               6'h0c:
-                  \$771  = \$558 ;
+                  \$794  = \$581 ;
               6'h0a, 6'h0b:
-                  \$771  = \$signal$130 ;
+                  \$794  = \$signal$130 ;
               6'h08:
-                  \$771  = \$567 ;
+                  \$794  = \$590 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$771  = 16'h0000;
+      \$794  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = l2_acc;
-    if (\$355 ) begin
+    \$795  = l2_acc;
+    if (\$361 ) begin
       if (l2_y[0]) begin
-        \$772  = \$359 ;
+        \$795  = \$365 ;
       end
     end
     casez (ctrl_state)
@@ -4621,12 +4693,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$772  = 14'h0000;
+                  \$795  = 14'h0000;
               6'h0c:
-                  \$772  = 14'h0000;
+                  \$795  = 14'h0000;
             endcase
           end
       5'h04:
@@ -4675,20 +4747,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$744 ) begin
+          if (\$767 ) begin
           end else begin
-            \$772  = 14'h0000;
+            \$795  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$772  = 14'h0000;
+      \$795  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = l2_x;
-    if (\$355 ) begin
-      \$773  = \$361 [13:0];
+    \$796  = l2_x;
+    if (\$361 ) begin
+      \$796  = \$367 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4696,12 +4768,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$773  = \$540 ;
+                  \$796  = \$563 ;
               6'h0c:
-                  \$773  = \$562 ;
+                  \$796  = \$585 ;
             endcase
           end
       5'h04:
@@ -4750,20 +4822,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$744 ) begin
+          if (\$767 ) begin
           end else begin
-            \$773  = ins[61:48];
+            \$796  = ins[61:48];
           end
     endcase
     if (rst) begin
-      \$773  = 14'h0000;
+      \$796  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = l2_y;
-    if (\$355 ) begin
-      \$774  = \$362 ;
+    \$797  = l2_y;
+    if (\$361 ) begin
+      \$797  = \$368 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4771,13 +4843,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$774  = 16'h0000;
+          if (\$545 ) begin
+            \$797  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$774  = \$538 [15:0];
+                  \$797  = \$561 [15:0];
               6'h0c:
-                  \$774  = ins[79:64];
+                  \$797  = ins[79:64];
             endcase
           end
       5'h04:
@@ -4826,21 +4898,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$744 ) begin
+          if (\$767 ) begin
           end else begin
-            \$774  = \$signal$275 [15:0];
+            \$797  = \$signal$278 [15:0];
           end
     endcase
     if (rst) begin
-      \$774  = 16'h0000;
+      \$797  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = l3_acc;
-    if (\$363 ) begin
+    \$798  = l3_acc;
+    if (\$369 ) begin
       if (l3_y[0]) begin
-        \$775  = \$367 ;
+        \$798  = \$373 ;
       end
     end
     casez (ctrl_state)
@@ -4849,27 +4921,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$775  = 14'h0000;
+                  \$798  = 14'h0000;
             endcase
           end
       5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-            \$775  = 14'h0000;
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+            \$798  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$775  = 14'h0000;
+      \$798  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = l3_x;
-    if (\$363 ) begin
-      \$776  = \$369 [13:0];
+    \$799  = l3_x;
+    if (\$369 ) begin
+      \$799  = \$375 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4877,27 +4949,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$776  = \$548 ;
+                  \$799  = \$571 ;
             endcase
           end
       5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-            \$776  = l2_acc;
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+            \$799  = l2_acc;
           end
     endcase
     if (rst) begin
-      \$776  = 14'h0000;
+      \$799  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = l3_y;
-    if (\$363 ) begin
-      \$777  = \$370 ;
+    \$800  = l3_y;
+    if (\$369 ) begin
+      \$800  = \$376 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4905,29 +4977,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$777  = 16'h0000;
+          if (\$545 ) begin
+            \$800  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$777  = \$546 [15:0];
+                  \$800  = \$569 [15:0];
             endcase
           end
       5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-            \$777  = m_eff;
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+            \$800  = m_eff;
           end
     endcase
     if (rst) begin
-      \$777  = 16'h0000;
+      \$800  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = l4_acc;
-    if (\$371 ) begin
+    \$801  = l4_acc;
+    if (\$377 ) begin
       if (l4_y[0]) begin
-        \$778  = \$375 ;
+        \$801  = \$381 ;
       end
     end
     casez (ctrl_state)
@@ -4936,10 +5008,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$778  = 18'h00000;
+                  \$801  = 18'h00000;
               6'h0c:
                   /* empty */;
               6'h0a, 6'h0b:
@@ -4947,21 +5019,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h08:
                   /* empty */;
               6'h01:
-                  \$778  = 18'h00003;
+                  \$801  = 18'h00003;
               6'h02:
-                  \$778  = 18'h00003;
+                  \$801  = 18'h00003;
             endcase
           end
     endcase
     if (rst) begin
-      \$778  = 18'h00000;
+      \$801  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = l4_x;
-    if (\$371 ) begin
-      \$779  = \$377 [17:0];
+    \$802  = l4_x;
+    if (\$377 ) begin
+      \$802  = \$383 [17:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4969,10 +5041,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
+          if (\$545 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$779  = \$555 ;
+                  \$802  = \$578 ;
               6'h0c:
                   /* empty */;
               6'h0a, 6'h0b:
@@ -4980,21 +5052,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h08:
                   /* empty */;
               6'h01:
-                  \$779  = \$582 ;
+                  \$802  = \$605 ;
               6'h02:
-                  \$779  = \$589 ;
+                  \$802  = \$612 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$779  = 18'h00000;
+      \$802  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = l4_y;
-    if (\$371 ) begin
-      \$780  = \$378 ;
+    \$803  = l4_y;
+    if (\$377 ) begin
+      \$803  = \$384 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -5002,11 +5074,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$780  = 16'h0000;
+          if (\$545 ) begin
+            \$803  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$780  = \$551 [15:0];
+                  \$803  = \$574 [15:0];
               6'h0c:
                   /* empty */;
               6'h0a, 6'h0b:
@@ -5014,22 +5086,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h08:
                   /* empty */;
               6'h01:
-                  \$780  = \$570 ;
+                  \$803  = \$593 ;
               6'h02:
-                  \$780  = \$585 ;
+                  \$803  = \$608 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$780  = 16'h0000;
+      \$803  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = lh_acc;
-    if (\$379 ) begin
+    \$804  = lh_acc;
+    if (\$385 ) begin
       if (lh_y[0]) begin
-        \$781  = \$383 ;
+        \$804  = \$389 ;
       end
     end
     casez (ctrl_state)
@@ -5038,19 +5110,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$781  = { 1'h0, ins[199:168] };
+          if (\$545 ) begin
+            \$804  = { 1'h0, ins[199:168] };
           end
     endcase
     if (rst) begin
-      \$781  = 33'h000000000;
+      \$804  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = lh_x;
-    if (\$379 ) begin
-      \$782  = \$385 [32:0];
+    \$805  = lh_x;
+    if (\$385 ) begin
+      \$805  = \$391 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -5058,19 +5130,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$782  = { 1'h0, ins[231:200] };
+          if (\$545 ) begin
+            \$805  = { 1'h0, ins[231:200] };
           end
     endcase
     if (rst) begin
-      \$782  = 33'h000000000;
+      \$805  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = lh_y;
-    if (\$379 ) begin
-      \$783  = \$386 ;
+    \$806  = lh_y;
+    if (\$385 ) begin
+      \$806  = \$392 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -5078,48 +5150,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$522 ) begin
-            \$783  = { 12'h000, \$592  };
+          if (\$545 ) begin
+            \$806  = { 12'h000, \$615  };
           end
     endcase
     if (rst) begin
-      \$783  = 16'h0000;
+      \$806  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = shape_ok;
+    \$807  = shape_ok;
     if (rst) begin
-      \$784  = 1'h0;
+      \$807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = \$406 ;
+    \$808  = \$412 ;
     if (rst) begin
-      \$785  = 1'h0;
+      \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$413 ;
+    \$809  = \$419 ;
     if (rst) begin
-      \$786  = 1'h0;
+      \$809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = decode_err;
+    \$810  = decode_err;
     if (rst) begin
-      \$787  = 8'h00;
+      \$810  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = \$signal$156 ;
+    \$811  = \$signal$156 ;
     if (eng_run) begin
-      if (\$415 ) begin
-        \$788  = \$signal$155 ;
+      if (\$421 ) begin
+        \$811  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -5131,72 +5203,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$788  = 1'h0;
+                  \$811  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$788  = 1'h0;
+                  \$811  = 1'h0;
               6'h0c:
-                  \$788  = 1'h0;
+                  \$811  = 1'h0;
               6'h0d:
-                  \$788  = 1'h0;
+                  \$811  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$788  = 1'h0;
+      \$811  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = \$signal$169 ;
+    \$812  = \$signal$170 ;
     if (eng_run) begin
-      if (\$415 ) begin
-        \$789  = \$signal$296 ;
+      if (\$421 ) begin
+        \$812  = \$signal$299 ;
       end
     end
     if (rst) begin
-      \$789  = 1'h0;
+      \$812  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = rq_in__payload;
+    \$813  = \$signal$166 ;
     if (eng_run) begin
-      if (\$415 ) begin
-        \$790  = rd0__data;
+      if (\$421 ) begin
+        \$813  = rd0__data;
       end
     end
     if (rst) begin
-      \$790  = 32'd0;
+      \$813  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = b_word;
+    \$814  = b_word;
     if (eng_run) begin
-      if (\$415 ) begin
-        \$791  = rd1__data;
+      if (\$421 ) begin
+        \$814  = rd1__data;
       end
     end
     if (rst) begin
-      \$791  = 32'd0;
+      \$814  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$155 ;
+    \$815  = \$signal$155 ;
     if (eng_run) begin
-      if (\$419 ) begin
-        \$792  = \$421 ;
+      if (\$425 ) begin
+        \$815  = \$427 ;
       end
     end
     casez (ctrl_state)
@@ -5208,55 +5280,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$792  = 1'h0;
+                  \$815  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$792  = 1'h0;
+                  \$815  = 1'h0;
               6'h0c:
-                  \$792  = 1'h0;
+                  \$815  = 1'h0;
               6'h0d:
-                  \$792  = 1'h0;
+                  \$815  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$792  = 1'h0;
+      \$815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$296 ;
+    \$816  = \$signal$299 ;
     if (eng_run) begin
-      if (\$419 ) begin
-        \$793  = \$422 ;
+      if (\$425 ) begin
+        \$816  = \$428 ;
       end
     end
     if (rst) begin
-      \$793  = 1'h0;
+      \$816  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = rem0;
+    \$817  = rem0;
     if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
           (* full_case = 32'd1 *)
-          if (\$425 ) begin
-            \$794  = \$427 [13:0];
-          end else if (\$426 ) begin
-            \$794  = cnt0;
+          if (\$431 ) begin
+            \$817  = \$433 [13:0];
+          end else if (\$432 ) begin
+            \$817  = cnt0;
           end else begin
-            \$794  = cnt0;
+            \$817  = cnt0;
           end
         end
       end
@@ -5270,43 +5342,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$794  = l0_acc;
+                  \$817  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$794  = l0_acc;
+                  \$817  = l0_acc;
               6'h0c:
-                  \$794  = ins[45:32];
+                  \$817  = ins[45:32];
               6'h0d:
-                  \$794  = ins[61:48];
+                  \$817  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$794  = 14'h0000;
+      \$817  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = \$signal$151 ;
+    \$818  = \$signal$151 ;
     if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
           (* full_case = 32'd1 *)
-          if (\$425 ) begin
-            \$795  = \$428 [12:0];
-          end else if (\$426 ) begin
-            \$795  = \$432 [12:0];
+          if (\$431 ) begin
+            \$818  = \$434 [12:0];
+          end else if (\$432 ) begin
+            \$818  = \$438 [12:0];
           end else begin
-            \$795  = \$438 [12:0];
+            \$818  = \$444 [12:0];
           end
         end
       end
@@ -5320,43 +5392,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$795  = ins[76:64];
+                  \$818  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$795  = ins[76:64];
+                  \$818  = ins[76:64];
               6'h0c:
-                  \$795  = ins[76:64];
+                  \$818  = ins[76:64];
               6'h0d:
-                  \$795  = ins[76:64];
+                  \$818  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$795  = 13'h0000;
+      \$818  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$153 ;
+    \$819  = \$signal$153 ;
     if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
           (* full_case = 32'd1 *)
-          if (\$425 ) begin
-            \$796  = \$429 [12:0];
-          end else if (\$426 ) begin
-            \$796  = \$434 [12:0];
+          if (\$431 ) begin
+            \$819  = \$435 [12:0];
+          end else if (\$432 ) begin
+            \$819  = \$440 [12:0];
           end else begin
-            \$796  = \$441 [12:0];
+            \$819  = \$447 [12:0];
           end
         end
       end
@@ -5370,1037 +5442,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$796  = ins[100:88];
+                  \$819  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$796  = ins[100:88];
+                  \$819  = ins[100:88];
               6'h0c:
-                  \$796  = ins[100:88];
+                  \$819  = ins[100:88];
               6'h0d:
-                  \$796  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$796  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = rem1;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-            \$797  = \$430 [13:0];
-          end else begin
-            \$797  = cnt1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$797  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$797  = 14'h0001;
-              6'h0c:
-                  \$797  = ins[61:48];
-              6'h0d:
-                  \$797  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$797  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$304 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-            \$798  = \$431 [12:0];
-          end else begin
-            \$798  = \$437 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$798  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$798  = ins[76:64];
-              6'h0c:
-                  \$798  = ins[76:64];
-              6'h0d:
-                  \$798  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$798  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$306 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-            \$799  = \$433 [12:0];
-          end else begin
-            \$799  = \$440 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$799  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$799  = ins[100:88];
-              6'h0c:
-                  \$799  = ins[100:88];
-              6'h0d:
-                  \$799  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$799  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = rem2;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-          end else begin
-            \$800  = \$435 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$800  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$800  = 14'h0001;
-              6'h0c:
-                  \$800  = m_eff[13:0];
-              6'h0d:
-                  \$800  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$800  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$310 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-          end else begin
-            \$801  = \$436 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$801  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$801  = ins[76:64];
-              6'h0c:
-                  \$801  = ins[76:64];
-              6'h0d:
-                  \$801  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$801  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$312 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-          end else begin
-            \$802  = \$439 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$802  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$802  = ins[100:88];
-              6'h0c:
-                  \$802  = ins[100:88];
-              6'h0d:
-                  \$802  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$802  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$298 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        if (\$424 ) begin
-          (* full_case = 32'd1 *)
-          if (\$425 ) begin
-          end else if (\$426 ) begin
-          end else begin
-            if (\$443 ) begin
-              \$803  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$803  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$803  = 1'h1;
-              6'h0c:
-                  \$803  = 1'h1;
-              6'h0d:
-                  \$803  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$803  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$447 ;
-    if (rst) begin
-      \$804  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$314 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$459 ) begin
-        \$805  = 1'h1;
-      end else begin
-        \$805  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$805  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$459 ) begin
-        \$806  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$806  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = gm_lane;
-    if (gemm_run) begin
-      if (\$459 ) begin
-        \$807  = \$460 [2:0];
-      end
-      if (\$471 ) begin
-        \$807  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$807  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$807  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$215 ;
-    if (gemm_run) begin
-      if (\$459 ) begin
-        \$808  = \$461 [12:0];
-      end
-      if (\$471 ) begin
-        (* full_case = 32'd1 *)
-        if (\$473 ) begin
-          \$808  = \$476 [12:0];
-        end else begin
-          \$808  = \$481 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$808  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$808  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$314 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$809 [7:0] = rd0__data[7:0];
-          2'h1:
-              \$809 [15:8] = rd0__data[7:0];
-          2'h2:
-              \$809 [23:16] = rd0__data[7:0];
-          2'h3:
-              \$809 [31:24] = rd0__data[7:0];
-        endcase
-      end
-      if (\$471 ) begin
-        \$809  = 32'd0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$809  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$809  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = a_in__valid;
-    if (gemm_run) begin
-      if (\$470 ) begin
-        \$810  = 1'h1;
-      end
-      if (\$471 ) begin
-        \$810  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$810  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$810  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$317 ;
-    if (gemm_run) begin
-      if (\$471 ) begin
-        (* full_case = 32'd1 *)
-        if (\$473 ) begin
-          \$811  = \$474 [6:0];
-        end else begin
-          \$811  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$811  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$811  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = gm_wstart;
-    if (gemm_run) begin
-      if (\$471 ) begin
-        (* full_case = 32'd1 *)
-        if (\$473 ) begin
-          \$812  = \$475 [12:0];
-        end else begin
-          \$812  = \$479 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$812  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$812  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$214 ;
-    if (gemm_run) begin
-      if (\$471 ) begin
-        (* full_case = 32'd1 *)
-        if (\$473 ) begin
-        end else begin
-          \$813  = \$477 [13:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$813  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$813  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$471 ) begin
-        (* full_case = 32'd1 *)
-        if (\$473 ) begin
-        end else begin
-          if (\$484 ) begin
-            \$814  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$814  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$814  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$815  = \$485 [1:0];
-        if (gc_last) begin
-          \$815  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$815  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$815  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$217 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$816  = \$486 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$496 ) begin
-            \$816  = \$499 [12:0];
-          end else begin
-            \$816  = \$506 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$816  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$816  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$817  = \$494 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$496 ) begin
-            \$817  = \$503 ;
-          end else begin
-            \$817  = \$512 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$817  = \$619 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$817  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$320 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$496 ) begin
-            \$818  = \$497 [8:0];
-          end else begin
-            \$818  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$818  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$818  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$496 ) begin
-            \$819  = \$498 [12:0];
-          end else begin
-            \$819  = \$505 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$819  = ins[124:112];
+                  \$819  = ins[100:88];
             endcase
           end
     endcase
@@ -6410,14 +5468,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$319 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$820  = rem1;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
           (* full_case = 32'd1 *)
-          if (\$496 ) begin
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+            \$820  = \$436 [13:0];
           end else begin
-            \$820  = \$504 [13:0];
+            \$820  = cnt1;
           end
         end
       end
@@ -6431,25 +5491,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$820  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$820  = 14'h0001;
               6'h0c:
-                  /* empty */;
+                  \$820  = ins[61:48];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$820  = m_eff[13:0];
+                  \$820  = 14'h0002;
             endcase
           end
     endcase
@@ -6459,686 +5517,673 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$821  = \$513 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$821  = 32'd0;
+    \$821  = \$signal$307 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+            \$821  = \$437 [12:0];
+          end else begin
+            \$821  = \$443 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$821  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$822  = \$514 [31:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$822  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$822  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$823  = \$515 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$823  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$823  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$824  = \$516 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$824  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$824  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$825  = \$517 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$825  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$825  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$826  = \$518 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$826  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$826  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$827  = \$519 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$827  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$827  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = rd0__data;
-    if (rst) begin
-      \$828  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = rd1__data;
-    if (rst) begin
-      \$829  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$830  = 1'h1;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-            \$830  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$760 ) begin
-            \$830  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$830  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$831  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-            \$831  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$760 ) begin
-            \$831  = 1'h0;
-          end
-    endcase
-    if (\$762 ) begin
-      \$831  = 1'h0;
-    end
-    if (rst) begin
-      \$831  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$832  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$760 ) begin
-            \$832  = stop_code;
-          end
-    endcase
-    if (\$762 ) begin
-      \$832  = 8'h00;
-    end
-    if (rst) begin
-      \$832  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$833  = 13'h0000;
-          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$833  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  \$821  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$821  = ins[76:64];
+              6'h0c:
+                  \$821  = ins[76:64];
+              6'h0d:
+                  \$821  = ins[76:64];
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$631 ) begin
-            \$833  = \$633 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$635 ) begin
-            \$833  = \$636 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$654 ) begin
-            \$833  = \$655 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$684 ) begin
-            \$833  = \$685 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$728 ) begin
-          end else begin
-            \$833  = \$729 [12:0];
-          end
-      5'h0b:
-          if (\$731 ) begin
-            \$833  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$833  = \$737 [12:0];
-          end
-      5'h0c:
-          if (\$739 ) begin
-            \$833  = \$740 [12:0];
           end
     endcase
     if (rst) begin
-      \$833  = 13'h0000;
+      \$821  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$121 ;
+    \$822  = \$signal$309 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+            \$822  = \$439 [12:0];
+          end else begin
+            \$822  = \$446 [12:0];
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$834  = 32'd0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$834  = \$613 [31:0];
+                  /* empty */;
+              6'h04:
+                  \$822  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$822  = ins[100:88];
+              6'h0c:
+                  \$822  = ins[100:88];
+              6'h0d:
+                  \$822  = ins[100:88];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$631 ) begin
-            \$834  = \$634 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$635 ) begin
-            \$834  = \$637 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$654 ) begin
-            \$834  = \$656 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$684 ) begin
-            \$834  = \$686 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$728 ) begin
-          end else begin
-            \$834  = \$730 [31:0];
-          end
-      5'h0b:
-          if (\$731 ) begin
-            \$834  = \$732 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$834  = \$738 [31:0];
-          end
-      5'h0c:
-          if (\$739 ) begin
-            \$834  = \$741 [31:0];
-          end
     endcase
     if (rst) begin
-      \$834  = 32'd0;
+      \$822  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$140 ;
+    \$823  = rem2;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$823  = \$441 [13:0];
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$835  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
-            \$835  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$823  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$823  = 14'h0001;
+              6'h0c:
+                  \$823  = m_eff[13:0];
+              6'h0d:
+                  \$823  = m_eff[13:0];
+            endcase
           end
     endcase
     if (rst) begin
-      \$835  = 1'h0;
+      \$823  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = exp_active;
+    \$824  = \$signal$313 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$824  = \$442 [12:0];
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$836  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
-            \$836  = 1'h0;
-          end
-      5'h0b:
-          if (\$731 ) begin
-            \$836  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$836  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$824  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$824  = ins[76:64];
+              6'h0c:
+                  \$824  = ins[76:64];
+              6'h0d:
+                  \$824  = ins[76:64];
+            endcase
           end
     endcase
     if (rst) begin
-      \$836  = 1'h0;
+      \$824  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$143 ;
+    \$825  = \$signal$315 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$825  = \$445 [12:0];
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$837  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$631 ) begin
-            if (\$632 ) begin
-              \$837  = 1'h1;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$825  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$825  = ins[100:88];
+              6'h0c:
+                  \$825  = ins[100:88];
+              6'h0d:
+                  \$825  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$825  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = \$signal$301 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$430 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            if (\$449 ) begin
+              \$826  = 1'h0;
             end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$826  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$826  = 1'h1;
+              6'h0c:
+                  \$826  = 1'h1;
+              6'h0d:
+                  \$826  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$826  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = \$453 ;
+    if (rst) begin
+      \$827  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = \$signal$182 ;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+          begin
+            if (\$454 ) begin
+              \$828  = 1'h0;
+            end
+            if (\$455 ) begin
+              if (\$464 ) begin
+                \$828  = 1'h1;
+              end
+            end
+          end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$828  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$828  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = \$signal$317 ;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+          begin
+            if (\$454 ) begin
+              \$829  = 3'h0;
+            end
+            if (\$455 ) begin
+              \$829  = \$460 [2:0];
+            end
+          end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$829  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$829  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = rq_in__payload;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            if (\$455 ) begin
+              casez (\$457 )
+                3'h0:
+                    \$830 [31:0] = \$signal$166 ;
+                3'h1:
+                    \$830 [63:32] = \$signal$166 ;
+                3'h2:
+                    \$830 [95:64] = \$signal$166 ;
+                3'h3:
+                    \$830 [127:96] = \$signal$166 ;
+              endcase
+            end
+      endcase
+    end
+    if (rst) begin
+      \$830  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = rq_lane;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            if (c_out__valid) begin
+              \$831  = \$470 [1:0];
+            end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$831  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$831  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = \$signal$318 ;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$482 ) begin
+        \$832  = 1'h1;
+      end else begin
+        \$832  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$832  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$833  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$482 ) begin
+        \$833  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$833  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = gm_lane;
+    if (gemm_run) begin
+      if (\$482 ) begin
+        \$834  = \$483 [2:0];
+      end
+      if (\$494 ) begin
+        \$834  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$834  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$834  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = \$signal$219 ;
+    if (gemm_run) begin
+      if (\$482 ) begin
+        \$835  = \$484 [12:0];
+      end
+      if (\$494 ) begin
+        (* full_case = 32'd1 *)
+        if (\$496 ) begin
+          \$835  = \$499 [12:0];
+        end else begin
+          \$835  = \$504 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$835  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$835  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$836  = a_in__payload;
+    if (gemm_run) begin
+      if (\$signal$318 ) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$836 [7:0] = rd0__data[7:0];
+          2'h1:
+              \$836 [15:8] = rd0__data[7:0];
+          2'h2:
+              \$836 [23:16] = rd0__data[7:0];
+          2'h3:
+              \$836 [31:24] = rd0__data[7:0];
+        endcase
+      end
+      if (\$494 ) begin
+        \$836  = 32'd0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$836  = 32'd0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$836  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = a_in__valid;
+    if (gemm_run) begin
+      if (\$493 ) begin
+        \$837  = 1'h1;
+      end
+      if (\$494 ) begin
+        \$837  = 1'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$837  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
@@ -7147,1320 +6192,699 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = ctrl_state;
+    \$838  = \$signal$321 ;
+    if (gemm_run) begin
+      if (\$494 ) begin
+        (* full_case = 32'd1 *)
+        if (\$496 ) begin
+          \$838  = \$497 [6:0];
+        end else begin
+          \$838  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$838  = 7'h00;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$838  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$839  = gm_wstart;
+    if (gemm_run) begin
+      if (\$494 ) begin
+        (* full_case = 32'd1 *)
+        if (\$496 ) begin
+          \$839  = \$498 [12:0];
+        end else begin
+          \$839  = \$502 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$839  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$839  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = \$signal$218 ;
+    if (gemm_run) begin
+      if (\$494 ) begin
+        (* full_case = 32'd1 *)
+        if (\$496 ) begin
+        end else begin
+          \$840  = \$500 [13:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$840  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$840  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$494 ) begin
+        (* full_case = 32'd1 *)
+        if (\$496 ) begin
+        end else begin
+          if (\$507 ) begin
+            \$841  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$841  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$841  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$842  = \$508 [1:0];
+        if (gc_last) begin
+          \$842  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$842  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$842  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$221 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$843  = \$509 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$519 ) begin
+            \$843  = \$522 [12:0];
+          end else begin
+            \$843  = \$529 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$843  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$843  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$844  = \$517 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$519 ) begin
+            \$844  = \$526 ;
+          end else begin
+            \$844  = \$535 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$844  = \$642 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$844  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = \$signal$324 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$519 ) begin
+            \$845  = \$520 [8:0];
+          end else begin
+            \$845  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$845  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$845  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$519 ) begin
+            \$846  = \$521 [12:0];
+          end else begin
+            \$846  = \$528 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$846  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$846  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$323 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$519 ) begin
+          end else begin
+            \$847  = \$527 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$847  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$847  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$848  = \$536 [31:0];
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$838  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$520 ) begin
-            \$838  = 5'h02;
-          end else begin
-            \$838  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          if (\$522 ) begin
-            \$838  = 5'h04;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-            \$838  = 5'h00;
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-            \$838  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$838  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$615 ) begin
-                    \$838  = 5'h05;
-                  end else begin
-                    \$838  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$838  = 5'h06;
-              6'h0c:
-                  \$838  = 5'h06;
-              6'h0d:
-                  \$838  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$621 ) begin
-                    \$838  = 5'h05;
-                  end else begin
-                    \$838  = 5'h07;
-                  end
-              6'h01:
-                  \$838  = 5'h08;
-              6'h02:
-                  \$838  = 5'h09;
-              6'h08:
-                  \$838  = 5'h0a;
-              6'h09:
-                  \$838  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$838  = 5'h0c;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$838  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$627 ) begin
-            \$838  = 5'h07;
-          end else begin
-            \$838  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$631 ) begin
-            \$838  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h07:
-        begin
-          if (cmd__ready) begin
-            \$838  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (error) begin
-            \$838  = 5'h02;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$328 ) begin
-              \$838  = 5'h02;
-            end else begin
-              \$838  = 5'h0f;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$635 ) begin
-            \$838  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$838  = 5'h02;
-          end else if (\$654 ) begin
-            \$838  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$838  = 5'h02;
-          end else if (\$684 ) begin
-            \$838  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$688 ) begin
-            \$838  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$717 ) begin
-            \$838  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          \$838  = 5'h12;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$838  = 5'h13;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$718 ) begin
-            \$838  = 5'h14;
-          end else begin
-            \$838  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$838  = 5'h15;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$721 ) begin
-            \$838  = 5'h11;
-          end else begin
-            \$838  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$728 ) begin
-            \$838  = 5'h11;
-          end else begin
-            \$838  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$731 ) begin
-            \$838  = 5'h01;
-          end else begin
-            \$838  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$838  = 5'h18;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$734 ) begin
-            \$838  = 5'h01;
-          end else begin
-            \$838  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$739 ) begin
-            \$838  = 5'h01;
-          end else begin
-            \$838  = 5'h19;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h19:
-        begin
-          \$838  = 5'h1a;
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h1a:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$744 ) begin
-            \$838  = 5'h02;
-          end else begin
-            \$838  = 5'h1b;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h1b:
-        begin
-          if (\$755 ) begin
-            \$838  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$838  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$760 ) begin
-            \$838  = 5'h00;
+            \$848  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$838  = 5'h00;
+      \$848  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = stop_code;
+    \$849  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$849  = \$537 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$520 ) begin
-            \$839  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-            \$839  = decode_q;
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$839  = 8'h07;
-          end else if (done) begin
-            if (\error$328 ) begin
-              \$839  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$839  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$839  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-      5'h1a:
-        begin
-          if (\$744 ) begin
-            \$839  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$839  = 8'h00;
+          if (\$signal ) begin
+            \$849  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$839  = 8'h00;
+      \$849  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = cur_unit;
+    \$850  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$850  = \$538 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$520 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-            \$840  = 6'h00;
-          end else begin
-            if (\$601 ) begin
-              \$840  = 6'h01;
-            end
-            if (\$602 ) begin
-              \$840  = 6'h01;
-            end
-            if (\$603 ) begin
-              \$840  = 6'h02;
-            end
-            if (\$604 ) begin
-              \$840  = 6'h04;
-            end
-            if (\$605 ) begin
-              \$840  = 6'h04;
-            end
-            if (\$606 ) begin
-              \$840  = 6'h04;
-            end
-            if (\$607 ) begin
-              \$840  = 6'h08;
-            end
-            if (\$608 ) begin
-              \$840  = 6'h10;
-            end
-            if (\$609 ) begin
-              \$840  = 6'h10;
-            end
-            if (\$610 ) begin
-              \$840  = 6'h10;
-            end
-            if (\$611 ) begin
-              \$840  = 6'h20;
-            end
-            if (\$612 ) begin
-              \$840  = 6'h20;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$840  = 6'h00;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$631 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$840  = 6'h00;
-          end else if (done) begin
-            if (\error$328 ) begin
-              \$840  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$635 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$840  = 6'h00;
-          end else if (\$654 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$840  = 6'h00;
-          end else if (\$684 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$728 ) begin
-          end else begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$731 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$734 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$739 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$744 ) begin
-            \$840  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$840  = 6'h00;
+          if (\$signal ) begin
+            \$850  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$840  = 6'h00;
+      \$850  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = fetch_word;
+    \$851  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$851  = \$539 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          (* full_case = 32'd1 *)
-          if (\$520 ) begin
-          end else begin
-            \$841  = 4'h1;
+          if (\$signal ) begin
+            \$851  = 32'd0;
           end
-      5'h03:
-          \$841  = \$521 [3:0];
     endcase
     if (rst) begin
-      \$841  = 4'h0;
+      \$851  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = ins;
+    \$852  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$852  = \$540 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$842  = { \$signature__data , ins[255:32] };
+          if (\$signal ) begin
+            \$852  = 32'd0;
+          end
     endcase
     if (rst) begin
-      \$842  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$852  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = ph2;
+    \$853  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$853  = \$541 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$522 ) begin
-            \$843  = 1'h0;
-          end
-      5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-            \$843  = 1'h1;
+          if (\$signal ) begin
+            \$853  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$843  = 1'h0;
+      \$853  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = settle;
+    \$854  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$854  = \$542 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$522 ) begin
-            \$844  = 2'h0;
-          end
-      5'h04:
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-            \$844  = \$600 [1:0];
+          if (\$signal ) begin
+            \$854  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$844  = 2'h0;
+      \$854  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$177 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$845  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$845  = ins[243:238];
-            endcase
-          end
-    endcase
+    \$855  = rd0__data;
     if (rst) begin
-      \$845  = 6'h00;
+      \$855  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$160 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$846  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$846  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$846  = { 16'h0000, rd0__data[15:0] };
-    endcase
+    \$856  = rd1__data;
     if (rst) begin
-      \$846  = 32'd0;
+      \$856  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = rq_shift;
+    \$857  = \$signal$108 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$847  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$847  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$847  = rd1__data[5:0];
-    endcase
-    if (rst) begin
-      \$847  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = cnt0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$848  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$848  = l0_acc;
-              6'h0c:
-                  \$848  = ins[45:32];
-              6'h0d:
-                  \$848  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$848  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$849  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$849  = 14'h0001;
-              6'h0c:
-                  \$849  = ins[61:48];
-              6'h0d:
-                  \$849  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$849  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$850  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$850  = 13'h0001;
-              6'h0c:
-                  \$850  = ins[60:48];
-              6'h0d:
-                  \$850  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$850  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$851  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$851  = 1'h0;
-              6'h0c:
-                  \$851  = 1'h1;
-              6'h0d:
-                  \$851  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$851  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$852  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$852  = 13'h0000;
-              6'h0c:
-                  \$852  = l2_acc[12:0];
-              6'h0d:
-                  \$852  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$852  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$853  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$853  = 1'h1;
-              6'h0c:
-                  \$853  = 1'h1;
-              6'h0d:
-                  \$853  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$853  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$854  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$854  = 1'h0;
-              6'h0c:
-                  \$854  = 1'h0;
-              6'h0d:
-                  \$854  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$854  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$855  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$855  = 13'h0000;
-              6'h0c:
-                  \$855  = ins[44:32];
-              6'h0d:
-                  \$855  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$855  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$856  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$856  = 14'h0000;
-              6'h0c:
-                  \$856  = 14'h0000;
-              6'h0d:
-                  \$856  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$856  = 14'h0000;
-              6'h02:
-                  \$856  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$183 ) begin
-            \$856  = \$628 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$248 ) begin
-            if (\$640 ) begin
-              \$856  = \$641 [13:0];
-            end
-          end
-      5'h09:
-          if (\$663 ) begin
-            \$856  = \$664 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$856  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$248 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$857  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$639 ) begin
+          if (\$signal ) begin
             \$857  = 1'h1;
           end
-          if (\$signal$248 ) begin
-            if (\$648 ) begin
-              \$857  = 1'h0;
-            end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+            \$857  = 1'h0;
           end
-        end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$783 ) begin
+            \$857  = 1'h0;
+          end
     endcase
     if (rst) begin
       \$857  = 1'h0;
@@ -8468,540 +6892,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = ld_e;
+    \$858  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$858  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$858  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$639 ) begin
-            \$858  = 3'h0;
-          end
-          if (\$signal$248 ) begin
-            \$858  = \$642 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$858  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$859  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$675 ) begin
-            \$859  = 1'h1;
-          end
-          if (\$676 ) begin
-            \$859  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$859  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$252 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$860  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$663 ) begin
-            \$860  = \$665 [2:0];
-          end
-          if (\$676 ) begin
-            \$860  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$860  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$861  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$663 ) begin
-            \$861  = 1'h1;
-          end
-          if (\$signal$253 ) begin
-            \$861  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$861  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$862 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$253 ) begin
-            casez (\$signal$330 )
-              2'h0:
-                  \$862 [31:0] = rd0__data;
-            endcase
-            casez (\$signal$330 )
-              2'h0:
-                  \$862 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$676 ) begin
-            \$862 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$862  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = \$signal$255 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$863  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$863  = \$687 [3:0];
-      5'h10:
-          if (\$717 ) begin
-            \$863  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$863  = \$726 [3:0];
-    endcase
-    if (rst) begin
-      \$863  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = \$signal$279 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$864  = \$623 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$864  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = \$signal$276 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$865  = \$626 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$865  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = \$signal$282 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$866  = 16'h0000;
-            endcase
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+            \$858  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -9048,57 +6953,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$755 ) begin
-            \$866  = \$756 [15:0];
+          /* empty */;
+      5'h02:
+          if (\$783 ) begin
+            \$858  = 1'h0;
           end
     endcase
+    if (\$785 ) begin
+      \$858  = 1'h0;
+    end
     if (rst) begin
-      \$866  = 16'h0000;
+      \$858  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = \$signal$284 ;
+    \$859  = err;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$859  = 8'h00;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$593 ) begin
-          end else if (\$596 ) begin
-          end else if (\$597 ) begin
-          end else if (\$598 ) begin
-          end else if (\$599 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$867  = 13'h0000;
-            endcase
-          end
+          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -9144,107 +7025,207 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$755 ) begin
-            \$867  = \$757 [12:0];
+          /* empty */;
+      5'h02:
+          if (\$783 ) begin
+            \$859  = stop_code;
           end
     endcase
+    if (\$785 ) begin
+      \$859  = 8'h00;
+    end
     if (rst) begin
-      \$867  = 13'h0000;
+      \$859  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = \$signal$144 ;
+    \$860  = pc;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$860  = 13'h0000;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$631 ) begin
-            if (\$632 ) begin
-              \$868  = ins[124:112];
-            end
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$860  = { 1'h0, ins[255:244] };
+            endcase
           end
-    endcase
-    if (rst) begin
-      \$868  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$631 ) begin
-            if (\$632 ) begin
-              \$869  = l0_acc;
-            end
+          if (\$654 ) begin
+            \$860  = \$656 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$869  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = \$signal$249 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          /* empty */;
+          if (\$658 ) begin
+            \$860  = \$659 [12:0];
+          end
       5'h08:
-          if (\$639 ) begin
-            \$870  = m_axi__rdata;
+          if (error) begin
+          end else if (\$677 ) begin
+            \$860  = \$678 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$707 ) begin
+            \$860  = \$708 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$860  = \$752 [12:0];
+          end
+      5'h0b:
+          if (\$754 ) begin
+            \$860  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$860  = \$760 [12:0];
+          end
+      5'h0c:
+          if (\$762 ) begin
+            \$860  = \$763 [12:0];
           end
     endcase
     if (rst) begin
-      \$870  = 32'd0;
+      \$860  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = \$signal$330 ;
+    \$861  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
+          if (\$signal ) begin
+            \$861  = 32'd0;
+          end
+      5'h01:
           /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$861  = \$636 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$654 ) begin
+            \$861  = \$657 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$658 ) begin
+            \$861  = \$660 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$677 ) begin
+            \$861  = \$679 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$707 ) begin
+            \$861  = \$709 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$861  = \$753 [31:0];
+          end
+      5'h0b:
+          if (\$754 ) begin
+            \$861  = \$755 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$861  = \$761 [31:0];
+          end
+      5'h0c:
+          if (\$762 ) begin
+            \$861  = \$764 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$861  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = \$signal$140 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$862  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
@@ -9266,8 +7247,902 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$663 ) begin
-            \$871  = \$signal$252 [1:0];
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$862  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$862  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$863  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$863  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$863  = 1'h0;
+          end
+      5'h0b:
+          if (\$754 ) begin
+            \$863  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$863  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$863  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$864  = \$signal$143 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$864  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$654 ) begin
+            if (\$655 ) begin
+              \$864  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$864  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$865  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$865  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+            \$865  = 5'h02;
+          end else begin
+            \$865  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          if (\$545 ) begin
+            \$865  = 5'h04;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+            \$865  = 5'h00;
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+            \$865  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$865  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$638 ) begin
+                    \$865  = 5'h05;
+                  end else begin
+                    \$865  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$865  = 5'h06;
+              6'h0c:
+                  \$865  = 5'h06;
+              6'h0d:
+                  \$865  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$644 ) begin
+                    \$865  = 5'h05;
+                  end else begin
+                    \$865  = 5'h07;
+                  end
+              6'h01:
+                  \$865  = 5'h08;
+              6'h02:
+                  \$865  = 5'h09;
+              6'h08:
+                  \$865  = 5'h0a;
+              6'h09:
+                  \$865  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$865  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$865  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$650 ) begin
+            \$865  = 5'h07;
+          end else begin
+            \$865  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$654 ) begin
+            \$865  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$865  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$865  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$332 ) begin
+              \$865  = 5'h02;
+            end else begin
+              \$865  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$658 ) begin
+            \$865  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$865  = 5'h02;
+          end else if (\$677 ) begin
+            \$865  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$865  = 5'h02;
+          end else if (\$707 ) begin
+            \$865  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$711 ) begin
+            \$865  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$740 ) begin
+            \$865  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$865  = 5'h12;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$865  = 5'h13;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$741 ) begin
+            \$865  = 5'h14;
+          end else begin
+            \$865  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$865  = 5'h15;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$744 ) begin
+            \$865  = 5'h11;
+          end else begin
+            \$865  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+            \$865  = 5'h11;
+          end else begin
+            \$865  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$754 ) begin
+            \$865  = 5'h01;
+          end else begin
+            \$865  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$865  = 5'h18;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$757 ) begin
+            \$865  = 5'h01;
+          end else begin
+            \$865  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$762 ) begin
+            \$865  = 5'h01;
+          end else begin
+            \$865  = 5'h19;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h19:
+        begin
+          \$865  = 5'h1a;
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h1a:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$767 ) begin
+            \$865  = 5'h02;
+          end else begin
+            \$865  = 5'h1b;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$778 ) begin
+            \$865  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$865  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$783 ) begin
+            \$865  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$865  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$866  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$543 ) begin
+            \$866  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+            \$866  = decode_q;
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$866  = 8'h07;
+          end else if (done) begin
+            if (\error$332 ) begin
+              \$866  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$866  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$866  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$767 ) begin
+            \$866  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$866  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$866  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$867  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$543 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+            \$867  = 6'h00;
+          end else begin
+            if (\$624 ) begin
+              \$867  = 6'h01;
+            end
+            if (\$625 ) begin
+              \$867  = 6'h01;
+            end
+            if (\$626 ) begin
+              \$867  = 6'h02;
+            end
+            if (\$627 ) begin
+              \$867  = 6'h04;
+            end
+            if (\$628 ) begin
+              \$867  = 6'h04;
+            end
+            if (\$629 ) begin
+              \$867  = 6'h04;
+            end
+            if (\$630 ) begin
+              \$867  = 6'h08;
+            end
+            if (\$631 ) begin
+              \$867  = 6'h10;
+            end
+            if (\$632 ) begin
+              \$867  = 6'h10;
+            end
+            if (\$633 ) begin
+              \$867  = 6'h10;
+            end
+            if (\$634 ) begin
+              \$867  = 6'h20;
+            end
+            if (\$635 ) begin
+              \$867  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$867  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$654 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$867  = 6'h00;
+          end else if (done) begin
+            if (\error$332 ) begin
+              \$867  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$658 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$867  = 6'h00;
+          end else if (\$677 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$867  = 6'h00;
+          end else if (\$707 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$754 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$757 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$762 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$767 ) begin
+            \$867  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$867  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$867  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$868  = fetch_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else begin
+            \$868  = 4'h1;
+          end
+      5'h03:
+          \$868  = \$544 [3:0];
+    endcase
+    if (rst) begin
+      \$868  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$869  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$869  = { \$signature__data , ins[255:32] };
+    endcase
+    if (rst) begin
+      \$869  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$870  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$545 ) begin
+            \$870  = 1'h0;
+          end
+      5'h04:
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+            \$870  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$870  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$871  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$545 ) begin
+            \$871  = 2'h0;
+          end
+      5'h04:
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+            \$871  = \$623 [1:0];
           end
     endcase
     if (rst) begin
@@ -9276,7 +8151,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$333 ;
+    \$872  = \$signal$178 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9285,41 +8160,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$872  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$701 ) begin
-            if (\$702 ) begin
-              \$872  = \$703 [13:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$872  = ins[243:238];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$872  = ins[243:238];
+            endcase
           end
     endcase
     if (rst) begin
-      \$872  = 14'h0000;
+      \$872  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = \$signal$264 ;
+    \$873  = \$signal$160 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9328,46 +8198,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$873  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$873  = ins[231:200];
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$873  = 4'h0;
-          end
-      5'h10:
-        begin
-          if (\$695 ) begin
-            \$873  = \$698 [3:0];
-          end
-          if (\$701 ) begin
-            if (\$702 ) begin
-              \$873  = 4'h0;
-            end
-          end
-        end
+          \$873  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$873  = 4'h0;
+      \$873  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = rt_lane;
+    \$874  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9376,44 +8240,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$874  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$874  = ins[237:232];
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$874  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$695 ) begin
-            \$874  = \$697 [0];
-          end
-          if (\$701 ) begin
-            \$874  = 1'h0;
-          end
-        end
+          \$874  = rd1__data[5:0];
     endcase
     if (rst) begin
-      \$874  = 1'h0;
+      \$874  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = \$signal$260 ;
+    \$875  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9422,46 +8282,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$875  = 1'h0;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$875  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$875  = l0_acc;
+              6'h0c:
+                  \$875  = ins[45:32];
+              6'h0d:
+                  \$875  = ins[61:48];
+            endcase
           end
-      5'h10:
-        begin
-          if (\$signal$334 ) begin
-            if (\$700 ) begin
-              \$875  = 1'h1;
-            end
-          end
-          if (\$701 ) begin
-            \$875  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
-      \$875  = 1'h0;
+      \$875  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = \$signal$263 ;
+    \$876  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9470,41 +8318,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$876  = ins[76:64];
-          end
-      5'h10:
-          if (\$701 ) begin
-            if (\$702 ) begin
-              \$876  = \$704 [12:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$876  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$876  = 14'h0001;
+              6'h0c:
+                  \$876  = ins[61:48];
+              6'h0d:
+                  \$876  = 14'h0002;
+            endcase
           end
     endcase
     if (rst) begin
-      \$876  = 13'h0000;
+      \$876  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = \$signal$271 ;
+    \$877  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9513,32 +8354,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$877  = ins[124:112];
-          end
-      5'h10:
-          if (\$711 ) begin
-            if (\$713 ) begin
-              \$877  = \$715 [12:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$877  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$877  = 13'h0001;
+              6'h0c:
+                  \$877  = ins[60:48];
+              6'h0d:
+                  \$877  = 13'h0001;
+            endcase
           end
     endcase
     if (rst) begin
@@ -9547,7 +8381,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = \$signal$261 ;
+    \$878  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9556,34 +8390,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$878  = 1'h0;
-          end
-      5'h10:
-          if (\$701 ) begin
-            if (\$702 ) begin
-              if (\$706 ) begin
-                \$878  = 1'h1;
-              end
-            end
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$878  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$878  = 1'h0;
+              6'h0c:
+                  \$878  = 1'h1;
+              6'h0d:
+                  \$878  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
@@ -9592,7 +8417,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = \$signal$334 ;
+    \$879  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9601,42 +8426,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$879  = 1'h0;
-          end
-      5'h10:
           (* full_case = 32'd1 *)
-          if (\$695 ) begin
-            \$879  = 1'h1;
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
           end else begin
-            \$879  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$879  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$879  = 13'h0000;
+              6'h0c:
+                  \$879  = l2_acc[12:0];
+              6'h0d:
+                  \$879  = ins[60:48];
+            endcase
           end
     endcase
     if (rst) begin
-      \$879  = 1'h0;
+      \$879  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = \$signal$335 ;
+    \$880  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9645,13 +8462,148 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$880  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$880  = 1'h1;
+              6'h0c:
+                  \$880  = 1'h1;
+              6'h0d:
+                  \$880  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$880  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$881  = sb1;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$881  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$881  = 1'h0;
+              6'h0c:
+                  \$881  = 1'h0;
+              6'h0d:
+                  \$881  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$881  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$882  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$882  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$882  = 13'h0000;
+              6'h0c:
+                  \$882  = ins[44:32];
+              6'h0d:
+                  \$882  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$882  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$883  = el_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$883  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$883  = 14'h0000;
+              6'h0c:
+                  \$883  = 14'h0000;
+              6'h0d:
+                  \$883  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$883  = 14'h0000;
+              6'h02:
+                  \$883  = 14'h0000;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
+          if (\$signal$184 ) begin
+            \$883  = \$651 [13:0];
+          end
       5'h07:
           /* empty */;
       5'h0e:
@@ -9659,27 +8611,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$880  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$711 ) begin
-            if (\$713 ) begin
-              \$880  = \$714 [13:0];
+          if (\$signal$251 ) begin
+            if (\$663 ) begin
+              \$883  = \$664 [13:0];
             end
           end
+      5'h09:
+          if (\$686 ) begin
+            \$883  = \$687 [13:0];
+          end
     endcase
     if (rst) begin
-      \$880  = 14'h0000;
+      \$883  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$881  = rt_s;
+    \$884  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9688,7 +8636,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$884  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -9702,153 +8673,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$881  = 2'h0;
+        begin
+          if (\$662 ) begin
+            \$884  = 1'h1;
           end
-      5'h10:
-          if (\$711 ) begin
-            (* full_case = 32'd1 *)
-            if (\$713 ) begin
-              \$881  = 2'h0;
-            end else begin
-              \$881  = \$716 [1:0];
+          if (\$signal$251 ) begin
+            if (\$671 ) begin
+              \$884  = 1'h0;
             end
           end
-    endcase
-    if (rst) begin
-      \$881  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = \$signal$269 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$882  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$708 ) begin
-            \$882  = 1'h1;
-          end
-          if (\$711 ) begin
-            \$882  = 1'h0;
-          end
         end
-    endcase
-    if (rst) begin
-      \$882  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$883  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$688 ) begin
-            \$883  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$710 ) begin
-            \$883  = 1'h1;
-          end
-          if (\$711 ) begin
-            \$883  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$883  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$884  = \$signal$337 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$695 ) begin
-            \$884  = \$696 ;
-          end
     endcase
     if (rst) begin
       \$884  = 1'h0;
@@ -9856,7 +8690,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$885  = rt_word;
+    \$885  = ld_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9865,7 +8699,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$885  = 3'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -9879,23 +8736,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$334 ) begin
-            \$885  = \$699 ;
+        begin
+          if (\$662 ) begin
+            \$885  = 3'h0;
           end
+          if (\$signal$251 ) begin
+            \$885  = \$665 [2:0];
+          end
+        end
     endcase
     if (rst) begin
-      \$885  = 13'h0000;
+      \$885  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$886  = \$signal$273 ;
+    \$886  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9904,7 +8760,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$886  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -9920,21 +8801,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$708 ) begin
-            \$886  = routes__payload;
+        begin
+          if (\$698 ) begin
+            \$886  = 1'h1;
           end
+          if (\$699 ) begin
+            \$886  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$886  = 20'h00000;
+      \$886  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$887  = \$signal$274 ;
+    \$887  = \$signal$255 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9943,7 +8825,236 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$887  = 3'h0;
+            endcase
+          end
+      5'h05:
           /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$686 ) begin
+            \$887  = \$688 [2:0];
+          end
+          if (\$699 ) begin
+            \$887  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$887  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$888  = \$signal$256 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$888  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$686 ) begin
+            \$888  = 1'h1;
+          end
+          if (\$signal$256 ) begin
+            \$888  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$888  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$889  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$889 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$signal$256 ) begin
+            casez (\$signal$334 )
+              2'h0:
+                  \$889 [31:0] = rd0__data;
+            endcase
+            casez (\$signal$334 )
+              2'h0:
+                  \$889 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$699 ) begin
+            \$889 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$889  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$890  = \$signal$258 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$890  = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -9961,10 +9072,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          \$890  = \$710 [3:0];
       5'h10:
-          if (\$717 ) begin
-            \$887  = 14'h0000;
+          if (\$740 ) begin
+            \$890  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -9975,19 +9086,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$721 ) begin
-            \$887  = \$722 [13:0];
-          end
+          /* empty */;
       5'h16:
-          \$887  = 14'h0000;
+          \$890  = \$749 [3:0];
     endcase
     if (rst) begin
-      \$887  = 14'h0000;
+      \$890  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$888  = \$signal$278 ;
+    \$891  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9996,7 +9105,126 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$891  = \$646 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$891  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$892  = \$signal$279 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$892  = \$649 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$892  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$893  = \$signal$285 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$893  = 16'h0000;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -10016,9 +9244,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$717 ) begin
-            \$888  = 14'h0000;
-          end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
@@ -10028,21 +9254,251 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$721 ) begin
-            if (\$723 ) begin
-              \$888  = \$724 [13:0];
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$778 ) begin
+            \$893  = \$779 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$893  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$894  = \$signal$287 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$616 ) begin
+          end else if (\$619 ) begin
+          end else if (\$620 ) begin
+          end else if (\$621 ) begin
+          end else if (\$622 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$894  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$778 ) begin
+            \$894  = \$780 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$894  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$895  = \$signal$144 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$654 ) begin
+            if (\$655 ) begin
+              \$895  = ins[124:112];
             end
           end
-      5'h16:
-          \$888  = 14'h0000;
     endcase
     if (rst) begin
-      \$888  = 14'h0000;
+      \$895  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$889  = \$signal$341 ;
+    \$896  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$654 ) begin
+            if (\$655 ) begin
+              \$896  = l0_acc;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$896  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$897  = \$signal$252 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$662 ) begin
+            \$897  = m_axi__rdata;
+          end
+    endcase
+    if (rst) begin
+      \$897  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$898  = \$signal$334 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$686 ) begin
+            \$898  = \$signal$255 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$898  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$899  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10069,38 +9525,746 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$717 ) begin
-            \$889  = 2'h0;
+          if (\$711 ) begin
+            \$899  = m_eff[13:0];
           end
-      5'h11:
+      5'h10:
+          if (\$724 ) begin
+            if (\$725 ) begin
+              \$899  = \$726 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$899  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$900  = \$signal$267 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h12:
+      5'h01:
           /* empty */;
-      5'h13:
+      5'h03:
           /* empty */;
-      5'h14:
+      5'h04:
           /* empty */;
-      5'h15:
-          if (\$721 ) begin
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$900  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$718 ) begin
+            \$900  = \$721 [3:0];
+          end
+          if (\$724 ) begin
+            if (\$725 ) begin
+              \$900  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$900  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$901  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$901  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$718 ) begin
+            \$901  = \$720 [0];
+          end
+          if (\$724 ) begin
+            \$901  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$901  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$902  = \$signal$263 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$902  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$338 ) begin
+            if (\$723 ) begin
+              \$902  = 1'h1;
+            end
+          end
+          if (\$724 ) begin
+            \$902  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$902  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$903  = \$signal$266 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$903  = ins[76:64];
+          end
+      5'h10:
+          if (\$724 ) begin
+            if (\$725 ) begin
+              \$903  = \$727 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$903  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$904  = \$signal$274 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$904  = ins[124:112];
+          end
+      5'h10:
+          if (\$734 ) begin
+            if (\$736 ) begin
+              \$904  = \$738 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$904  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$905  = \$signal$264 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$905  = 1'h0;
+          end
+      5'h10:
+          if (\$724 ) begin
+            if (\$725 ) begin
+              if (\$729 ) begin
+                \$905  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$905  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$906  = \$signal$338 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$906  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$718 ) begin
+            \$906  = 1'h1;
+          end else begin
+            \$906  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$906  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$907  = \$signal$339 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$907  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$734 ) begin
+            if (\$736 ) begin
+              \$907  = \$737 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$907  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$908  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$908  = 2'h0;
+          end
+      5'h10:
+          if (\$734 ) begin
             (* full_case = 32'd1 *)
-            if (\$723 ) begin
-              \$889  = 2'h0;
+            if (\$736 ) begin
+              \$908  = 2'h0;
             end else begin
-              \$889  = \$725 [1:0];
+              \$908  = \$739 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$908  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$909  = \$signal$272 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$909  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$731 ) begin
+            \$909  = 1'h1;
+          end
+          if (\$734 ) begin
+            \$909  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$909  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$910  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$711 ) begin
+            \$910  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$733 ) begin
+            \$910  = 1'h1;
+          end
+          if (\$734 ) begin
+            \$910  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$910  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$911  = \$signal$341 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$718 ) begin
+            \$911  = \$719 ;
+          end
+    endcase
+    if (rst) begin
+      \$911  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$912  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$338 ) begin
+            \$912  = \$722 ;
+          end
+    endcase
+    if (rst) begin
+      \$912  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$913  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$731 ) begin
+            \$913  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$913  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$914  = \$signal$277 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$740 ) begin
+            \$914  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$744 ) begin
+            \$914  = \$745 [13:0];
+          end
+      5'h16:
+          \$914  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$914  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$915  = \$signal$281 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$740 ) begin
+            \$915  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$744 ) begin
+            if (\$746 ) begin
+              \$915  = \$747 [13:0];
             end
           end
       5'h16:
-          \$889  = 2'h0;
+          \$915  = 14'h0000;
     endcase
     if (rst) begin
-      \$889  = 2'h0;
+      \$915  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$890  = \$signal$277 ;
+    \$916  = \$signal$345 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10129,55 +10293,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$717 ) begin
-            \$890  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$890  = \$719 [13:0];
-    endcase
-    if (rst) begin
-      \$890  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$891  = \$signal$280 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$717 ) begin
-            \$891  = 14'h0000;
+          if (\$740 ) begin
+            \$916  = 2'h0;
           end
       5'h11:
           /* empty */;
@@ -10188,319 +10305,354 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h16:
-          \$891  = \$signal$277 ;
-    endcase
-    if (rst) begin
-      \$891  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$892  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$728 ) begin
-          end else begin
-            \$892  = 4'h0;
-          end
-      5'h0b:
-          if (\$731 ) begin
-            \$892  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$892  = \$733 [3:0];
-    endcase
-    if (rst) begin
-      \$892  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$893  = \$signal$244 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$893  = \$signal$281 ;
-          end
-    endcase
-    if (rst) begin
-      \$893  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$894  = \$signal$130 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$894  = \$signal$275 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$894  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$895  = \$signal$139 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$734 ) begin
-            \$895  = \$736 ;
-          end
-    endcase
-    if (rst) begin
-      \$895  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$896  = \$signal$283 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
           if (\$744 ) begin
-          end else begin
-            \$896  = 15'h0000;
+            (* full_case = 32'd1 *)
+            if (\$746 ) begin
+              \$916  = 2'h0;
+            end else begin
+              \$916  = \$748 [1:0];
+            end
           end
-      5'h1b:
-          if (\$745 ) begin
-          end else if (\$748 ) begin
-            \$896  = \$749 [14:0];
-          end
+      5'h16:
+          \$916  = 2'h0;
     endcase
     if (rst) begin
-      \$896  = 15'h0000;
+      \$916  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$897  = \$signal$285 ;
+    \$917  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$740 ) begin
+            \$917  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$917  = \$742 [13:0];
+    endcase
+    if (rst) begin
+      \$917  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$918  = \$signal$283 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$740 ) begin
+            \$918  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$918  = \$signal$280 ;
+    endcase
+    if (rst) begin
+      \$918  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$919  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$751 ) begin
+          end else begin
+            \$919  = 4'h0;
+          end
+      5'h0b:
+          if (\$754 ) begin
+            \$919  = 4'h8;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          \$919  = \$756 [3:0];
+    endcase
+    if (rst) begin
+      \$919  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$920  = \$signal$248 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$920  = \$signal$284 ;
+          end
+    endcase
+    if (rst) begin
+      \$920  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$921  = \$signal$130 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$921  = \$signal$278 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$921  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$922  = \$signal$139 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$757 ) begin
+            \$922  = \$759 ;
+          end
+    endcase
+    if (rst) begin
+      \$922  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$923  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10554,26 +10706,96 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$744 ) begin
+          if (\$767 ) begin
           end else begin
-            \$897  = 1'h0;
+            \$923  = 15'h0000;
           end
       5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$745 ) begin
-          end else if (\$748 ) begin
-            \$897  = 1'h1;
-          end else begin
-            \$897  = 1'h0;
+          if (\$768 ) begin
+          end else if (\$771 ) begin
+            \$923  = \$772 [14:0];
           end
     endcase
     if (rst) begin
-      \$897  = 1'h0;
+      \$923  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$898  = \$signal$286 ;
+    \$924  = \$signal$288 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$767 ) begin
+          end else begin
+            \$924  = 1'h0;
+          end
+      5'h1b:
+          (* full_case = 32'd1 *)
+          if (\$768 ) begin
+          end else if (\$771 ) begin
+            \$924  = 1'h1;
+          end else begin
+            \$924  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$924  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$925  = \$signal$289 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10628,13 +10850,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$745 ) begin
-          end else if (\$748 ) begin
-            \$898  = \$753 [12:0];
+          if (\$768 ) begin
+          end else if (\$771 ) begin
+            \$925  = \$776 [12:0];
           end
     endcase
     if (rst) begin
-      \$898  = 13'h0000;
+      \$925  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -10659,14 +10881,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$899 [5], \$899 [5], \$899  };
+  assign bus__arlen = { \$926 [5], \$926 [5], \$926  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$900 [5], \$900 [5], \$900  };
+  assign bus__awlen = { \$927 [5], \$927 [5], \$927  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -10691,33 +10913,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign status = \$24 [31:0];
   assign rq_mult = \$signal$160 [15:0];
   assign \$signal$162  = rq_shift;
-  assign \$signal$164  = rq_in__payload;
-  assign i__payload = rq_in__payload[15:0];
+  assign rq_word = rq_in__payload;
+  assign i__payload = \$signal$166 [15:0];
   assign n = ins[63:48];
   assign vec_op = op;
   assign o__ready = 1'h1;
-  assign \o__ready$174  = 1'h1;
   assign \o__ready$175  = 1'h1;
-  assign \$signal$176  = { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
+  assign \o__ready$176  = 1'h1;
+  assign \$signal$177  = { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
   assign gm_word = a_in__payload;
-  assign \$signal$202  = a_in__valid;
+  assign \$signal$206  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$223  = lh_acc[31:0];
-  assign \wr_addr$225  = lh_acc[31:0];
+  assign \rd_addr$227  = lh_acc[31:0];
+  assign \wr_addr$229  = lh_acc[31:0];
   assign rd_beats = { 8'h00, l4_acc[17:2] };
   assign wr_beats = { 8'h00, l4_acc[17:2] };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$900 [5], \$900 [5], \$900  };
+  assign m_axi__awlen = { \$927 [5], \$927 [5], \$927  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$899 [5], \$899 [5], \$899  };
+  assign m_axi__arlen = { \$926 [5], \$926 [5], \$926  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -10734,15 +10956,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.shift  = ins[237:232];
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
-  assign \i__payload[0]  = rq_in__payload[15:0];
-  assign \i__payload$166[0]  = \i__payload$166 ;
-  assign \i__payload$166[0].g  = \i__payload$166 [15:0];
-  assign \i__payload$166[0].u  = \i__payload$166 [31:16];
-  assign \i__payload$168.a  = \i__payload$168 [15:0];
-  assign \i__payload$168.b  = \i__payload$168 [32:16];
-  assign \i__payload$168.last  = \i__payload$168 [33];
+  assign \rq_in__payload[0]  = rq_in__payload[31:0];
+  assign \rq_in__payload[1]  = rq_in__payload[63:32];
+  assign \rq_in__payload[2]  = rq_in__payload[95:64];
+  assign \rq_in__payload[3]  = rq_in__payload[127:96];
+  assign \rq_word[0]  = rq_in__payload[31:0];
+  assign \rq_word[1]  = rq_in__payload[63:32];
+  assign \rq_word[2]  = rq_in__payload[95:64];
+  assign \rq_word[3]  = rq_in__payload[127:96];
+  assign \i__payload[0]  = \$signal$166 [15:0];
+  assign \i__payload$167[0]  = \i__payload$167 ;
+  assign \i__payload$167[0].g  = \i__payload$167 [15:0];
+  assign \i__payload$167[0].u  = \i__payload$167 [31:16];
+  assign \i__payload$169.a  = \i__payload$169 [15:0];
+  assign \i__payload$169.b  = \i__payload$169 [32:16];
+  assign \i__payload$169.last  = \i__payload$169 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$193[0]  = \o__payload$193 ;
+  assign \o__payload$197[0]  = \o__payload$197 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -10776,9 +11006,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$273.index  = \$signal$273 [2:0];
-  assign \$signal$273.weight  = \$signal$273 [18:3];
-  assign \$signal$273.last  = \$signal$273 [19];
+  assign \$signal$276.index  = \$signal$276 [2:0];
+  assign \$signal$276.weight  = \$signal$276 [18:3];
+  assign \$signal$276.last  = \$signal$276 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -10786,18 +11016,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$211 ;
-  assign cmd__payload[69:54] = \$209 [15:0];
+  assign cmd__payload[75:70] = \$217 ;
+  assign cmd__payload[69:54] = \$215 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$168 [33] = \$signal$169 ;
-  assign \i__payload$168 [32:16] = \$171 ;
-  assign \i__payload$168 [15:0] = rq_in__payload[15:0];
-  assign \i__payload$166 [31:16] = b_word[15:0];
-  assign \i__payload$166 [15:0] = rq_in__payload[15:0];
+  assign \i__payload$169 [33] = \$signal$170 ;
+  assign \i__payload$169 [32:16] = \$171 ;
+  assign \i__payload$169 [15:0] = \$signal$166 [15:0];
+  assign \i__payload$167 [31:16] = b_word[15:0];
+  assign \i__payload$167 [15:0] = \$signal$166 [15:0];
   assign \$16  = { \$signal$109 , 1'h0 };
   assign \$19  = { 1'h0, \$18 , 2'h0 };
   assign \$21  = { 7'h00, err, 8'h00 };
@@ -10822,98 +11052,98 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$163  = \$161 ;
   assign \$168  = 1'h1;
   assign \$169  = \$167 ;
-  assign \$224  = 1'h1;
-  assign \$225  = \$223 ;
-  assign \$237  = { \$signal$244 , 1'h0 };
-  assign \$239  = { \$signal$244 , 1'h0 };
-  assign \$269  = 1'h1;
-  assign \$270  = \$268 ;
-  assign \$299  = 1'h1;
-  assign \$300  = \$298 ;
-  assign \$341  = \$340 [14];
-  assign \$344  = { l0_x, 1'h0 };
-  assign \$346  = { 1'h0, l0_y[15:1] };
-  assign \$349  = \$348 [14];
-  assign \$352  = { l1_x, 1'h0 };
-  assign \$354  = { 1'h0, l1_y[15:1] };
-  assign \$357  = \$356 [14];
-  assign \$360  = { l2_x, 1'h0 };
-  assign \$362  = { 1'h0, l2_y[15:1] };
-  assign \$365  = \$364 [14];
-  assign \$368  = { l3_x, 1'h0 };
-  assign \$370  = { 1'h0, l3_y[15:1] };
-  assign \$373  = \$372 [18];
-  assign \$376  = { l4_x, 1'h0 };
-  assign \$378  = { 1'h0, l4_y[15:1] };
-  assign \$381  = \$380 [33];
-  assign \$384  = { lh_x, 1'h0 };
-  assign \$386  = { 1'h0, lh_y[15:1] };
-  assign \$420  = 1'h1;
-  assign \$421  = \$signal$298 ;
-  assign \$423  = 1'h1;
-  assign \$424  = \$signal$298 ;
-  assign \$458  = 1'h1;
-  assign \$459  = \$457 ;
-  assign \$503  = \$502 ;
-  assign \$512  = \$511 ;
-  assign \$523 [9:1] = 9'h000;
-  assign \$523 [0] = ins[38];
-  assign \$524  = ins[38];
-  assign \$528 [9:1] = 9'h000;
-  assign \$528 [0] = ins[38];
-  assign \$529  = ins[38];
-  assign \$533 [9:1] = 9'h000;
-  assign \$533 [0] = ins[38];
-  assign \$534  = ins[38];
-  assign \$538  = { \$537 [17], \$537 [17], \$537 [17:2] };
-  assign \$541 [9:1] = 9'h000;
-  assign \$541 [0] = ins[38];
-  assign \$542  = ins[38];
-  assign \$546  = { \$545 [17], \$545 [17], \$545 [17:2] };
-  assign \$551  = { \$550 [17], \$550 [17], \$550 [17:2] };
-  assign \$552  = { 1'h0, ins[79:64], 2'h0 };
-  assign \$553  = \$552 [18];
-  assign \$554  = { 1'h0, ins[79:64], 2'h0 };
+  assign \$230  = 1'h1;
+  assign \$231  = \$229 ;
+  assign \$243  = { \$signal$248 , 1'h0 };
+  assign \$245  = { \$signal$248 , 1'h0 };
+  assign \$275  = 1'h1;
+  assign \$276  = \$274 ;
+  assign \$305  = 1'h1;
+  assign \$306  = \$304 ;
+  assign \$347  = \$346 [14];
+  assign \$350  = { l0_x, 1'h0 };
+  assign \$352  = { 1'h0, l0_y[15:1] };
+  assign \$355  = \$354 [14];
+  assign \$358  = { l1_x, 1'h0 };
+  assign \$360  = { 1'h0, l1_y[15:1] };
+  assign \$363  = \$362 [14];
+  assign \$366  = { l2_x, 1'h0 };
+  assign \$368  = { 1'h0, l2_y[15:1] };
+  assign \$371  = \$370 [14];
+  assign \$374  = { l3_x, 1'h0 };
+  assign \$376  = { 1'h0, l3_y[15:1] };
+  assign \$379  = \$378 [18];
+  assign \$382  = { l4_x, 1'h0 };
+  assign \$384  = { 1'h0, l4_y[15:1] };
+  assign \$387  = \$386 [33];
+  assign \$390  = { lh_x, 1'h0 };
+  assign \$392  = { 1'h0, lh_y[15:1] };
+  assign \$426  = 1'h1;
+  assign \$427  = \$signal$301 ;
+  assign \$429  = 1'h1;
+  assign \$430  = \$signal$301 ;
+  assign \$481  = 1'h1;
+  assign \$482  = \$480 ;
+  assign \$526  = \$525 ;
+  assign \$535  = \$534 ;
+  assign \$546 [9:1] = 9'h000;
+  assign \$546 [0] = ins[38];
+  assign \$547  = ins[38];
+  assign \$551 [9:1] = 9'h000;
+  assign \$551 [0] = ins[38];
+  assign \$552  = ins[38];
   assign \$556 [9:1] = 9'h000;
   assign \$556 [0] = ins[38];
   assign \$557  = ins[38];
-  assign \$565 [9:1] = 9'h000;
-  assign \$565 [0] = ins[38];
-  assign \$566  = ins[38];
-  assign \$568 [9:1] = 9'h000;
-  assign \$568 [0] = ins[38];
-  assign \$569  = ins[38];
+  assign \$561  = { \$560 [17], \$560 [17], \$560 [17:2] };
+  assign \$564 [9:1] = 9'h000;
+  assign \$564 [0] = ins[38];
+  assign \$565  = ins[38];
+  assign \$569  = { \$568 [17], \$568 [17], \$568 [17:2] };
+  assign \$574  = { \$573 [17], \$573 [17], \$573 [17:2] };
+  assign \$575  = { 1'h0, ins[79:64], 2'h0 };
   assign \$576  = \$575 [18];
-  assign \$583 [9:1] = 9'h000;
-  assign \$583 [0] = ins[38];
-  assign \$584  = ins[38];
-  assign \$586  = { 1'h0, ins[95:80], 2'h0 };
-  assign \$587  = \$586 [18];
-  assign \$588  = { 1'h0, ins[95:80], 2'h0 };
-  assign { \$590 [9:2], \$590 [0] } = 9'h000;
-  assign \$590 [1] = ins[39];
-  assign { \$614 [9:3], \$614 [1:0] } = 9'h000;
-  assign \$614 [2] = ins[8];
-  assign \$615  = ins[8];
-  assign \$619  = \$618 ;
-  assign { \$620 [9:3], \$620 [1:0] } = 9'h000;
-  assign \$620 [2] = ins[8];
-  assign \$621  = ins[8];
-  assign \$622  = { l1_acc[13:2], 1'h0 };
-  assign \$624  = { l1_acc[13:2], 1'h0 };
-  assign \$694  = 1'h1;
-  assign \$695  = \$693 ;
-  assign \$700  = 1'h1;
-  assign \$747  = 1'h1;
-  assign \$748  = \$746 ;
-  assign \$555  = \$554 [17:0];
-  assign \$589  = \$588 [17:0];
-  assign \$591  = ins[39];
+  assign \$577  = { 1'h0, ins[79:64], 2'h0 };
+  assign \$579 [9:1] = 9'h000;
+  assign \$579 [0] = ins[38];
+  assign \$580  = ins[38];
+  assign \$588 [9:1] = 9'h000;
+  assign \$588 [0] = ins[38];
+  assign \$589  = ins[38];
+  assign \$591 [9:1] = 9'h000;
+  assign \$591 [0] = ins[38];
+  assign \$592  = ins[38];
+  assign \$599  = \$598 [18];
+  assign \$606 [9:1] = 9'h000;
+  assign \$606 [0] = ins[38];
+  assign \$607  = ins[38];
+  assign \$609  = { 1'h0, ins[95:80], 2'h0 };
+  assign \$610  = \$609 [18];
+  assign \$611  = { 1'h0, ins[95:80], 2'h0 };
+  assign { \$613 [9:2], \$613 [0] } = 9'h000;
+  assign \$613 [1] = ins[39];
+  assign { \$637 [9:3], \$637 [1:0] } = 9'h000;
+  assign \$637 [2] = ins[8];
+  assign \$638  = ins[8];
+  assign \$642  = \$641 ;
+  assign { \$643 [9:3], \$643 [1:0] } = 9'h000;
+  assign \$643 [2] = ins[8];
+  assign \$644  = ins[8];
+  assign \$645  = { l1_acc[13:2], 1'h0 };
+  assign \$647  = { l1_acc[13:2], 1'h0 };
+  assign \$717  = 1'h1;
+  assign \$718  = \$716 ;
+  assign \$723  = 1'h1;
+  assign \$770  = 1'h1;
+  assign \$771  = \$769 ;
+  assign \$578  = \$577 [17:0];
+  assign \$612  = \$611 [17:0];
+  assign \$614  = ins[39];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1189$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1207$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3236$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1225$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1243$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3272$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11052,12 +11282,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1189$0 ;
-  wire [5:0] \port$1189$0 ;
-  output [5:0] \port$1207$0 ;
-  wire [5:0] \port$1207$0 ;
-  input [15:0] \port$3236$2 ;
-  wire [15:0] \port$3236$2 ;
+  output [5:0] \port$1225$0 ;
+  wire [5:0] \port$1225$0 ;
+  output [5:0] \port$1243$0 ;
+  wire [5:0] \port$1243$0 ;
+  input [15:0] \port$3272$2 ;
+  wire [15:0] \port$3272$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11222,7 +11452,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3236$2  };
+      \$74  = { 8'h00, \port$3272$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11258,7 +11488,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3236$2  };
+      \$77  = { 8'h00, \port$3272$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11303,11 +11533,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3236$2  };
+  assign rd_beats = { 8'h00, \port$3272$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3236$2  };
-  assign \port$1189$0  = \$9 ;
-  assign \port$1207$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3272$2  };
+  assign \port$1225$0  = \$9 ;
+  assign \port$1243$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -11398,8 +11628,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [32:0] \$163 ;
   wire [32:0] \$164 ;
   wire \$165 ;
-  wire [31:0] \$166 ;
-  wire [13:0] \$167 ;
+  wire [13:0] \$166 ;
+  wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
@@ -11434,87 +11664,86 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire \$199 ;
+  wire [31:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   wire [31:0] \$200 ;
-  wire [31:0] \$201 ;
-  reg [127:0] \$202 ;
-  reg [11:0] \$203 ;
-  reg \$204 ;
-  reg [13:0] \$205 ;
-  reg \$206 ;
-  reg [1:0] \$207 ;
+  reg [127:0] \$201 ;
+  reg [11:0] \$202 ;
+  reg \$203 ;
+  reg [13:0] \$204 ;
+  reg \$205 ;
+  reg [1:0] \$206 ;
+  reg \$207 ;
   reg \$208 ;
-  reg \$209 ;
+  reg [11:0] \$209 ;
   wire \$21 ;
   reg [11:0] \$210 ;
-  reg [11:0] \$211 ;
+  reg \$211 ;
   reg \$212 ;
-  reg \$213 ;
-  reg [3:0] \$214 ;
+  reg [3:0] \$213 ;
+  reg \$214 ;
   reg \$215 ;
   reg \$216 ;
-  reg \$217 ;
-  reg [3:0] \$218 ;
+  reg [3:0] \$217 ;
+  reg \$218 ;
   reg \$219 ;
   wire \$22 ;
   reg \$220 ;
-  reg \$221 ;
+  reg [31:0] \$221 ;
   reg [31:0] \$222 ;
-  reg [31:0] \$223 ;
+  reg \$223 ;
   reg \$224 ;
-  reg \$225 ;
-  reg [11:0] \$226 ;
-  reg [13:0] \$227 ;
+  reg [11:0] \$225 ;
+  reg [13:0] \$226 ;
+  reg [11:0] \$227 ;
   reg [11:0] \$228 ;
-  reg [11:0] \$229 ;
+  reg [13:0] \$229 ;
   wire \$23 ;
   reg [13:0] \$230 ;
-  reg [13:0] \$231 ;
+  reg \$231 ;
   reg \$232 ;
-  reg \$233 ;
-  reg [13:0] \$234 ;
+  reg [13:0] \$233 ;
+  reg [2:0] \$234 ;
   reg [2:0] \$235 ;
-  reg [2:0] \$236 ;
-  reg [13:0] \$237 ;
-  reg [2:0] \$238 ;
+  reg [13:0] \$236 ;
+  reg [2:0] \$237 ;
+  reg \$238 ;
   reg \$239 ;
   wire \$24 ;
   reg \$240 ;
-  reg \$241 ;
-  reg [13:0] \$242 ;
+  reg [13:0] \$241 ;
+  reg \$242 ;
   reg \$243 ;
-  reg \$244 ;
-  reg [13:0] \$245 ;
+  reg [13:0] \$244 ;
+  reg \$245 ;
   reg \$246 ;
-  reg \$247 ;
-  reg [13:0] \$248 ;
+  reg [13:0] \$247 ;
+  reg [127:0] \$248 ;
   reg [127:0] \$249 ;
   wire \$25 ;
   reg [127:0] \$250 ;
-  reg [127:0] \$251 ;
-  reg [1:0] \$252 ;
-  reg [127:0] \$253 ;
+  reg [1:0] \$251 ;
+  reg [127:0] \$252 ;
+  reg \$253 ;
   reg \$254 ;
-  reg \$255 ;
-  reg [13:0] \$256 ;
+  reg [13:0] \$255 ;
+  reg [11:0] \$256 ;
   reg [11:0] \$257 ;
-  reg [11:0] \$258 ;
+  reg [13:0] \$258 ;
   reg [13:0] \$259 ;
   wire \$26 ;
-  reg [13:0] \$260 ;
-  reg \$261 ;
-  reg [3:0] \$262 ;
-  reg \$263 ;
-  reg [79:0] \$264 ;
-  reg \$265 ;
+  reg \$260 ;
+  reg [3:0] \$261 ;
+  reg \$262 ;
+  reg [79:0] \$263 ;
+  reg \$264 ;
+  reg [2:0] \$265 ;
   reg [2:0] \$266 ;
-  reg [2:0] \$267 ;
-  reg [11:0] \$268 ;
+  reg [11:0] \$267 ;
+  reg [13:0] \$268 ;
   reg [13:0] \$269 ;
   wire \$27 ;
-  reg [13:0] \$270 ;
   wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
@@ -11809,8 +12038,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
-  input [31:0] rq_in__payload;
-  wire [31:0] rq_in__payload;
+  input [127:0] rq_in__payload;
+  wire [127:0] rq_in__payload;
+  wire [31:0] \rq_in__payload[0] ;
+  wire [31:0] \rq_in__payload[1] ;
+  wire [31:0] \rq_in__payload[2] ;
+  wire [31:0] \rq_in__payload[3] ;
   output rq_in__ready;
   wire rq_in__ready;
   input rq_in__valid;
@@ -12533,7 +12766,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     if (w_valid)
       spad_c[w_addr[7:0]] <= \$signature__data$110 ;
   end
-  assign \port__data$10  = spad_c[\$167 [7:0]];
+  assign \port__data$10  = spad_c[\$166 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & \$signal ;
   assign \$3  = a_wptr + 1'h1;
@@ -12708,184 +12941,184 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign i__valid = storing ? q_valid : rq_in__valid;
   assign \$165  = ~ storing;
   assign rq_in__ready = \$165  & i__ready;
-  assign \$166  = storing ? c_q[31:0] : rq_in__payload;
-  assign \$167  = storing ? s_addr : col_addr0;
-  assign \$168  = ~ storing;
-  assign \$169  = ~ q_valid;
-  assign \$170  = \$169  | i__ready;
-  assign spad_c_rd_en = \$168  | \$170 ;
+  assign i__payload = storing ? c_q : rq_in__payload;
+  assign \$166  = storing ? s_addr : col_addr0;
+  assign \$167  = ~ storing;
+  assign \$168  = ~ q_valid;
+  assign \$169  = \$168  | i__ready;
+  assign spad_c_rd_en = \$167  | \$169 ;
   assign busy = ~ cmd__ready;
-  assign \$171  = cmd[76] | cmd[77];
-  assign \$172  = \$171  | cmd[79];
-  assign \$173  = ~ \$172 ;
-  assign \$174  = ! cmd[11:0];
-  assign \$175  = cmd[76] | cmd[77];
-  assign \$176  = ! cmd[23:12];
-  assign \$177  = \$175  & \$176 ;
-  assign \$178  = \$174  | \$177 ;
-  assign \$179  = cmd[77] | cmd[79];
-  assign \$180  = ! cmd[35:24];
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = cmd[23:12] > 7'h40;
-  assign \$184  = cmd[77] & \$183 ;
-  assign \$185  = start | \$signal ;
-  assign \$186  = \$185  | \$signal$23 ;
-  assign \$187  = \$186  | issuing;
-  assign \$188  = \$187  | drain_busy;
-  assign \$189  = \$188  | col_busy0;
-  assign \$190  = \$189  | col_busy1;
-  assign \$191  = \$190  | w_busy;
-  assign \$192  = ~ \$191 ;
-  assign \$193  = ! pending;
-  assign \$194  = \$192  & \$193 ;
-  assign \$195  = ! fsm_state;
-  assign \$196  = fsm_state == 1'h1;
-  assign \$197  = fsm_state == 2'h2;
-  assign \$198  = fsm_state == 2'h3;
-  assign \$199  = fsm_state == 3'h4;
+  assign \$170  = cmd[76] | cmd[77];
+  assign \$171  = \$170  | cmd[79];
+  assign \$172  = ~ \$171 ;
+  assign \$173  = ! cmd[11:0];
+  assign \$174  = cmd[76] | cmd[77];
+  assign \$175  = ! cmd[23:12];
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = cmd[77] | cmd[79];
+  assign \$179  = ! cmd[35:24];
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = cmd[23:12] > 7'h40;
+  assign \$183  = cmd[77] & \$182 ;
+  assign \$184  = start | \$signal ;
+  assign \$185  = \$184  | \$signal$23 ;
+  assign \$186  = \$185  | issuing;
+  assign \$187  = \$186  | drain_busy;
+  assign \$188  = \$187  | col_busy0;
+  assign \$189  = \$188  | col_busy1;
+  assign \$190  = \$189  | w_busy;
+  assign \$191  = ~ \$190 ;
+  assign \$192  = ! pending;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = ! fsm_state;
+  assign \$195  = fsm_state == 1'h1;
+  assign \$196  = fsm_state == 2'h2;
+  assign \$197  = fsm_state == 2'h3;
+  assign \$198  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$200 ;
+    spad_a_rd_data <= \$199 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$201 ;
+    spad_b_rd_data <= \$200 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$202 ;
+    spad_c_rd_data <= \$201 ;
   always @(posedge clk)
-    k_m1 <= \$203 ;
+    k_m1 <= \$202 ;
   always @(posedge clk)
-    start <= \$204 ;
+    start <= \$203 ;
   always @(posedge clk)
-    a_wptr <= \$205 ;
+    a_wptr <= \$204 ;
   always @(posedge clk)
-    \$signal  <= \$206 ;
+    \$signal  <= \$205 ;
   always @(posedge clk)
-    full <= \$207 ;
+    full <= \$206 ;
   always @(posedge clk)
-    \$signal$23  <= \$208 ;
+    \$signal$23  <= \$207 ;
   always @(posedge clk)
-    wbuf <= \$209 ;
+    wbuf <= \$208 ;
   always @(posedge clk)
-    b_k <= \$210 ;
+    b_k <= \$209 ;
   always @(posedge clk)
-    b_cols_left <= \$211 ;
+    b_cols_left <= \$210 ;
   always @(posedge clk)
-    a_ok <= \$212 ;
+    a_ok <= \$211 ;
   always @(posedge clk)
-    b_ok <= \$213 ;
+    b_ok <= \$212 ;
   always @(posedge clk)
-    gap <= \$214 ;
+    gap <= \$213 ;
   always @(posedge clk)
-    \$signal$38  <= \$215 ;
+    \$signal$38  <= \$214 ;
   always @(posedge clk)
-    \$signal$39  <= \$216 ;
+    \$signal$39  <= \$215 ;
   always @(posedge clk)
-    s_last <= \$217 ;
+    s_last <= \$216 ;
   always @(posedge clk)
-    s_mask <= \$218 ;
+    s_mask <= \$217 ;
   always @(posedge clk)
-    valid <= \$219 ;
+    valid <= \$218 ;
   always @(posedge clk)
-    first <= \$220 ;
+    first <= \$219 ;
   always @(posedge clk)
-    last <= \$221 ;
+    last <= \$220 ;
   always @(posedge clk)
-    b <= \$222 ;
+    b <= \$221 ;
   always @(posedge clk)
-    a <= \$223 ;
+    a <= \$222 ;
   always @(posedge clk)
-    issuing <= \$224 ;
+    issuing <= \$223 ;
   always @(posedge clk)
-    rbuf <= \$225 ;
+    rbuf <= \$224 ;
   always @(posedge clk)
-    k <= \$226 ;
+    k <= \$225 ;
   always @(posedge clk)
-    a_ptr <= \$227 ;
+    a_ptr <= \$226 ;
   always @(posedge clk)
-    rows_c <= \$228 ;
+    rows_c <= \$227 ;
   always @(posedge clk)
-    cols_c <= \$229 ;
+    cols_c <= \$228 ;
   always @(posedge clk)
-    c_panel <= \$230 ;
+    c_panel <= \$229 ;
   always @(posedge clk)
-    c_tile <= \$231 ;
+    c_tile <= \$230 ;
   always @(posedge clk)
-    last_k <= \$232 ;
+    last_k <= \$231 ;
   always @(posedge clk)
-    last_row <= \$233 ;
+    last_row <= \$232 ;
   always @(posedge clk)
-    t_base <= \$234 ;
+    t_base <= \$233 ;
   always @(posedge clk)
-    t_cols <= \$235 ;
+    t_cols <= \$234 ;
   always @(posedge clk)
-    d_col <= \$236 ;
+    d_col <= \$235 ;
   always @(posedge clk)
-    d_base <= \$237 ;
+    d_base <= \$236 ;
   always @(posedge clk)
-    d_cols <= \$238 ;
+    d_cols <= \$237 ;
   always @(posedge clk)
-    drain_busy <= \$239 ;
+    drain_busy <= \$238 ;
   always @(posedge clk)
-    col_valid0 <= \$240 ;
+    col_valid0 <= \$239 ;
   always @(posedge clk)
-    col_busy0 <= \$241 ;
+    col_busy0 <= \$240 ;
   always @(posedge clk)
-    col_addr0 <= \$242 ;
+    col_addr0 <= \$241 ;
   always @(posedge clk)
-    col_valid1 <= \$243 ;
+    col_valid1 <= \$242 ;
   always @(posedge clk)
-    col_busy1 <= \$244 ;
+    col_busy1 <= \$243 ;
   always @(posedge clk)
-    col_addr1 <= \$245 ;
+    col_addr1 <= \$244 ;
   always @(posedge clk)
-    w_valid <= \$246 ;
+    w_valid <= \$245 ;
   always @(posedge clk)
-    w_busy <= \$247 ;
+    w_busy <= \$246 ;
   always @(posedge clk)
-    w_addr <= \$248 ;
+    w_addr <= \$247 ;
   always @(posedge clk)
-    col_word0 <= \$249 ;
+    col_word0 <= \$248 ;
   always @(posedge clk)
-    col_word1 <= \$250 ;
+    col_word1 <= \$249 ;
   always @(posedge clk)
-    w_word <= \$251 ;
+    w_word <= \$250 ;
   always @(posedge clk)
-    pending <= \$252 ;
+    pending <= \$251 ;
   always @(posedge clk)
-    c_q <= \$253 ;
+    c_q <= \$252 ;
   always @(posedge clk)
-    q_valid <= \$254 ;
+    q_valid <= \$253 ;
   always @(posedge clk)
-    storing <= \$255 ;
+    storing <= \$254 ;
   always @(posedge clk)
-    s_addr <= \$256 ;
+    s_addr <= \$255 ;
   always @(posedge clk)
-    s_n <= \$257 ;
+    s_n <= \$256 ;
   always @(posedge clk)
-    s_rows <= \$258 ;
+    s_rows <= \$257 ;
   always @(posedge clk)
-    s_left <= \$259 ;
+    s_left <= \$258 ;
   always @(posedge clk)
-    out_left <= \$260 ;
+    out_left <= \$259 ;
   always @(posedge clk)
-    r_valid <= \$261 ;
+    r_valid <= \$260 ;
   always @(posedge clk)
-    r_mask <= \$262 ;
+    r_mask <= \$261 ;
   always @(posedge clk)
-    \done$90  <= \$263 ;
+    \done$90  <= \$262 ;
   always @(posedge clk)
-    cmd <= \$264 ;
+    cmd <= \$263 ;
   always @(posedge clk)
-    error <= \$265 ;
+    error <= \$264 ;
   always @(posedge clk)
-    error_code <= \$266 ;
+    error_code <= \$265 ;
   always @(posedge clk)
-    fsm_state <= \$267 ;
+    fsm_state <= \$266 ;
   always @(posedge clk)
-    rows_left <= \$268 ;
+    rows_left <= \$267 ;
   always @(posedge clk)
-    a_lim <= \$269 ;
+    a_lim <= \$268 ;
   always @(posedge clk)
-    c_lim <= \$270 ;
+    c_lim <= \$269 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -12914,24 +13147,24 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = spad_c_rd_data;
+    \$201  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$202  = \port__data$10 ;
+      \$201  = \port__data$10 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = \$1 [11:0];
+    \$202  = \$1 [11:0];
     if (unit_rst) begin
-      \$203  = 12'h000;
+      \$202  = 12'h000;
     end
     if (rst) begin
-      \$203  = 12'h000;
+      \$202  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = 1'h0;
+    \$203  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -12940,71 +13173,88 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
       3'h2:
           if (\$130 ) begin
           end else if (\$131 ) begin
-            \$204  = 1'h1;
+            \$203  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$204  = 1'h0;
+      \$203  = 1'h0;
     end
     if (rst) begin
-      \$204  = 1'h0;
+      \$203  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = a_wptr;
+    \$204  = a_wptr;
     if (start) begin
-      \$205  = { 5'h00, cmd[44:36] };
+      \$204  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$205  = \$3 [13:0];
+      \$204  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$205  = 14'h0000;
+      \$204  = 14'h0000;
     end
     if (rst) begin
-      \$205  = 14'h0000;
+      \$204  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = \$signal ;
+    \$205  = \$signal ;
     if (start) begin
-      \$206  = cmd[76];
+      \$205  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$206  = 1'h0;
+        \$205  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$206  = 1'h0;
+      \$205  = 1'h0;
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$205  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$8 ;
+    \$206  = \$8 ;
     if (unit_rst) begin
-      \$207  = 2'h0;
+      \$206  = 2'h0;
     end
     if (rst) begin
-      \$207  = 2'h0;
+      \$206  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = \$signal$23 ;
+    \$207  = \$signal$23 ;
     if (start) begin
-      \$208  = cmd[77];
+      \$207  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$208  = 1'h0;
+          \$207  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
+      \$207  = 1'h0;
+    end
+    if (rst) begin
+      \$207  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$208  = wbuf;
+    if (start) begin
+      \$208  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$208  = \$12 ;
+      end
+    end
+    if (unit_rst) begin
       \$208  = 1'h0;
     end
     if (rst) begin
@@ -13013,30 +13263,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = wbuf;
+    \$209  = b_k;
     if (start) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end else if (\$9 ) begin
+      \$209  = \$10 [11:0];
       if (\$11 ) begin
-        \$209  = \$12 ;
+        \$209  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end
     if (rst) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$210  = b_k;
+    \$210  = b_cols_left;
     if (start) begin
-      \$210  = 12'h000;
+      \$210  = cmd[35:24];
     end else if (\$9 ) begin
-      \$210  = \$10 [11:0];
       if (\$11 ) begin
-        \$210  = 12'h000;
+        \$210  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
@@ -13044,84 +13294,77 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
     if (rst) begin
       \$210  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$211  = b_cols_left;
-    if (start) begin
-      \$211  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$211  = \$13 [11:0];
-      end
-    end
-    if (unit_rst) begin
-      \$211  = 12'h000;
-    end
-    if (rst) begin
-      \$211  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$212  = \$15 ;
+      \$211  = \$15 ;
     end else begin
-      \$212  = \$21 ;
+      \$211  = \$21 ;
     end
     if (unit_rst) begin
-      \$212  = 1'h0;
+      \$211  = 1'h0;
     end
     if (rst) begin
-      \$212  = 1'h0;
+      \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$213  = 1'h0;
+      \$212  = 1'h0;
     end else if (\$23 ) begin
-      \$213  = \$31 ;
+      \$212  = \$31 ;
     end else if (\$24 ) begin
-      \$213  = 1'h1;
+      \$212  = 1'h1;
     end else if (step) begin
-      \$213  = \$38 ;
+      \$212  = \$38 ;
     end else begin
-      \$213  = \$41 ;
+      \$212  = \$41 ;
     end
     if (unit_rst) begin
-      \$213  = 1'h0;
+      \$212  = 1'h0;
     end
     if (rst) begin
-      \$213  = 1'h0;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = gap;
+    \$213  = gap;
     if (\$42 ) begin
-      \$214  = \$43 [3:0];
+      \$213  = \$43 [3:0];
     end
     if (start) begin
-      \$214  = 4'hb;
+      \$213  = 4'hb;
     end else if (step) begin
       if (last_k) begin
-        \$214  = 4'h0;
+        \$213  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$214  = 4'h0;
+      \$213  = 4'h0;
     end
     if (rst) begin
-      \$214  = 4'h0;
+      \$213  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = step;
+    \$214  = step;
+    if (unit_rst) begin
+      \$214  = 1'h0;
+    end
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$215  = \$44 ;
     if (unit_rst) begin
       \$215  = 1'h0;
     end
@@ -13131,7 +13374,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = \$44 ;
+    \$216  = last_k;
     if (unit_rst) begin
       \$216  = 1'h0;
     end
@@ -13141,27 +13384,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = last_k;
+    \$217  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
-      \$217  = 1'h0;
+      \$217  = 4'h0;
     end
     if (rst) begin
-      \$217  = 1'h0;
+      \$217  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = { \$48 , \$47 , \$46 , \$45  };
+    \$218  = \$signal$38 ;
     if (unit_rst) begin
-      \$218  = 4'h0;
+      \$218  = 1'h0;
     end
     if (rst) begin
-      \$218  = 4'h0;
+      \$218  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = \$signal$38 ;
+    \$219  = \$signal$39 ;
     if (unit_rst) begin
       \$219  = 1'h0;
     end
@@ -13171,7 +13414,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = \$signal$39 ;
+    \$220  = s_last;
     if (unit_rst) begin
       \$220  = 1'h0;
     end
@@ -13181,17 +13424,20 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221  = s_last;
+    \$221  = spad_b_rd_data;
     if (unit_rst) begin
-      \$221  = 1'h0;
+      \$221  = 32'd0;
     end
     if (rst) begin
-      \$221  = 1'h0;
+      \$221  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = spad_b_rd_data;
+    \$222 [7:0] = \$49 ;
+    \$222 [15:8] = \$50 ;
+    \$222 [23:16] = \$51 ;
+    \$222 [31:24] = \$52 ;
     if (unit_rst) begin
       \$222  = 32'd0;
     end
@@ -13201,32 +13447,38 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223 [7:0] = \$49 ;
-    \$223 [15:8] = \$50 ;
-    \$223 [23:16] = \$51 ;
-    \$223 [31:24] = \$52 ;
-    if (unit_rst) begin
-      \$223  = 32'd0;
-    end
-    if (rst) begin
-      \$223  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = issuing;
+    \$223  = issuing;
     if (start) begin
-      \$224  = cmd[77];
+      \$223  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$224  = 1'h0;
+            \$223  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$224  = rbuf;
+    if (start) begin
+      \$224  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$224  = \$65 ;
+        end
+      end
+    end
+    if (unit_rst) begin
       \$224  = 1'h0;
     end
     if (rst) begin
@@ -13235,71 +13487,71 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = rbuf;
+    \$225  = k;
     if (start) begin
-      \$225  = 1'h0;
+      \$225  = 12'h000;
     end else if (step) begin
+      \$225  = \$55 [11:0];
+      if (last_k) begin
+        \$225  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$225  = 12'h000;
+    end
+    if (rst) begin
+      \$225  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$226  = a_ptr;
+    if (start) begin
+      \$226  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$226  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$225  = \$65 ;
+          \$226  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$225  = 1'h0;
+      \$226  = 14'h0000;
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$226  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = k;
+    \$227  = rows_c;
     if (start) begin
-      \$226  = 12'h000;
+      \$227  = cmd[11:0];
     end else if (step) begin
-      \$226  = \$55 [11:0];
       if (last_k) begin
-        \$226  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$226  = 12'h000;
-    end
-    if (rst) begin
-      \$226  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = a_ptr;
-    if (start) begin
-      \$227  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$227  = \$56 [13:0];
-      if (last_k) begin
+        \$227  = \$61 [11:0];
         if (last_row) begin
-          \$227  = { 5'h00, cmd[44:36] };
+          \$227  = cmd[11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$227  = 14'h0000;
+      \$227  = 12'h000;
     end
     if (rst) begin
-      \$227  = 14'h0000;
+      \$227  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$228  = rows_c;
+    \$228  = cols_c;
     if (start) begin
-      \$228  = cmd[11:0];
+      \$228  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
-        \$228  = \$61 [11:0];
         if (last_row) begin
-          \$228  = cmd[11:0];
+          \$228  = \$66 [11:0];
         end
       end
     end
@@ -13312,32 +13564,33 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$229  = cols_c;
+    \$229  = c_panel;
     if (start) begin
-      \$229  = cmd[35:24];
+      \$229  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$229  = \$66 [11:0];
+          \$229  = \$67 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$229  = 12'h000;
+      \$229  = 14'h0000;
     end
     if (rst) begin
-      \$229  = 12'h000;
+      \$229  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$230  = c_panel;
+    \$230  = c_tile;
     if (start) begin
       \$230  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
+        \$230  = \$62 [13:0];
         if (last_row) begin
-          \$230  = \$67 [13:0];
+          \$230  = \$68 [13:0];
         end
       end
     end
@@ -13350,33 +13603,33 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$231  = c_tile;
+    \$231  = last_k;
     if (start) begin
-      \$231  = { 5'h00, cmd[53:45] };
+      \$231  = \$53 ;
     end else if (step) begin
+      \$231  = \$58 ;
       if (last_k) begin
-        \$231  = \$62 [13:0];
-        if (last_row) begin
-          \$231  = \$68 [13:0];
-        end
+        \$231  = \$63 ;
       end
     end
     if (unit_rst) begin
-      \$231  = 14'h0000;
+      \$231  = 1'h0;
     end
     if (rst) begin
-      \$231  = 14'h0000;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$232  = last_k;
+    \$232  = last_row;
     if (start) begin
-      \$232  = \$53 ;
+      \$232  = \$54 ;
     end else if (step) begin
-      \$232  = \$58 ;
       if (last_k) begin
-        \$232  = \$63 ;
+        \$232  = \$64 ;
+        if (last_row) begin
+          \$232  = \$69 ;
+        end
       end
     end
     if (unit_rst) begin
@@ -13388,108 +13641,98 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$233  = last_row;
+    \$233  = t_base;
     if (start) begin
-      \$233  = \$54 ;
     end else if (step) begin
       if (last_k) begin
-        \$233  = \$64 ;
-        if (last_row) begin
-          \$233  = \$69 ;
-        end
+        \$233  = c_tile;
       end
     end
     if (unit_rst) begin
-      \$233  = 1'h0;
+      \$233  = 14'h0000;
     end
     if (rst) begin
-      \$233  = 1'h0;
+      \$233  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$234  = t_base;
+    \$234  = t_cols;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$234  = c_tile;
+        \$234  = \$60 [2:0];
       end
     end
     if (unit_rst) begin
-      \$234  = 14'h0000;
+      \$234  = 3'h0;
     end
     if (rst) begin
-      \$234  = 14'h0000;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$235  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$235  = \$60 [2:0];
-      end
-    end
-    if (unit_rst) begin
-      \$235  = 3'h0;
-    end
-    if (rst) begin
-      \$235  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$236  = d_col;
+    \$235  = d_col;
     if (done) begin
-      \$236  = 3'h1;
+      \$235  = 3'h1;
     end else if (drain_busy) begin
-      \$236  = \$71 [2:0];
+      \$235  = \$71 [2:0];
     end
     if (unit_rst) begin
-      \$236  = 3'h0;
+      \$235  = 3'h0;
     end
     if (rst) begin
-      \$236  = 3'h0;
+      \$235  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$237  = d_base;
+    \$236  = d_base;
     if (done) begin
-      \$237  = t_base;
+      \$236  = t_base;
     end
     if (unit_rst) begin
-      \$237  = 14'h0000;
+      \$236  = 14'h0000;
     end
     if (rst) begin
-      \$237  = 14'h0000;
+      \$236  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$238  = d_cols;
+    \$237  = d_cols;
     if (done) begin
-      \$238  = t_cols;
+      \$237  = t_cols;
     end
     if (unit_rst) begin
-      \$238  = 3'h0;
+      \$237  = 3'h0;
     end
     if (rst) begin
-      \$238  = 3'h0;
+      \$237  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$239  = drain_busy;
+    \$238  = drain_busy;
     if (done) begin
-      \$239  = 1'h1;
+      \$238  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$239  = 1'h0;
+        \$238  = 1'h0;
       end
     end
     if (unit_rst) begin
+      \$238  = 1'h0;
+    end
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$239  = \$77 ;
+    if (unit_rst) begin
       \$239  = 1'h0;
     end
     if (rst) begin
@@ -13498,7 +13741,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$240  = \$77 ;
+    \$240  = \$78 ;
     if (unit_rst) begin
       \$240  = 1'h0;
     end
@@ -13508,27 +13751,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$241  = \$78 ;
+    \$241  = \$81 [13:0];
     if (unit_rst) begin
-      \$241  = 1'h0;
+      \$241  = 14'h0000;
     end
     if (rst) begin
-      \$241  = 1'h0;
+      \$241  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$242  = \$81 [13:0];
+    \$242  = col_valid0;
     if (unit_rst) begin
-      \$242  = 14'h0000;
+      \$242  = 1'h0;
     end
     if (rst) begin
-      \$242  = 14'h0000;
+      \$242  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$243  = col_valid0;
+    \$243  = col_busy0;
     if (unit_rst) begin
       \$243  = 1'h0;
     end
@@ -13538,27 +13781,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$244  = col_busy0;
+    \$244  = col_addr0;
     if (unit_rst) begin
-      \$244  = 1'h0;
+      \$244  = 14'h0000;
     end
     if (rst) begin
-      \$244  = 1'h0;
+      \$244  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$245  = col_addr0;
+    \$245  = col_valid1;
     if (unit_rst) begin
-      \$245  = 14'h0000;
+      \$245  = 1'h0;
     end
     if (rst) begin
-      \$245  = 14'h0000;
+      \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$246  = col_valid1;
+    \$246  = col_busy1;
     if (unit_rst) begin
       \$246  = 1'h0;
     end
@@ -13568,27 +13811,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$247  = col_busy1;
+    \$247  = col_addr1;
     if (unit_rst) begin
-      \$247  = 1'h0;
+      \$247  = 14'h0000;
     end
     if (rst) begin
-      \$247  = 1'h0;
+      \$247  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$248  = col_addr1;
+    \$248  = out;
     if (unit_rst) begin
-      \$248  = 14'h0000;
+      \$248  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$248  = 14'h0000;
+      \$248  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$249  = out;
+    \$249  = col_word0;
     if (unit_rst) begin
       \$249  = 128'h00000000000000000000000000000000;
     end
@@ -13598,7 +13841,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$250  = col_word0;
+    \$250  = col_word1;
     if (unit_rst) begin
       \$250  = 128'h00000000000000000000000000000000;
     end
@@ -13608,54 +13851,71 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$251  = col_word1;
+    \$251  = \$83 [1:0];
     if (unit_rst) begin
-      \$251  = 128'h00000000000000000000000000000000;
+      \$251  = 2'h0;
     end
     if (rst) begin
-      \$251  = 128'h00000000000000000000000000000000;
+      \$251  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$252  = \$83 [1:0];
-    if (unit_rst) begin
-      \$252  = 2'h0;
-    end
-    if (rst) begin
-      \$252  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$253  = c_q;
+    \$252  = c_q;
     if (\$85 ) begin
-      \$253  = spad_c_rd_data;
+      \$252  = spad_c_rd_data;
       if (\$88 ) begin
-        \$253 [31:0] = 32'd0;
+        \$252 [31:0] = 32'd0;
       end
       if (\$91 ) begin
-        \$253 [63:32] = 32'd0;
+        \$252 [63:32] = 32'd0;
       end
       if (\$94 ) begin
-        \$253 [95:64] = 32'd0;
+        \$252 [95:64] = 32'd0;
       end
       if (\$97 ) begin
-        \$253 [127:96] = 32'd0;
+        \$252 [127:96] = 32'd0;
       end
     end
     if (unit_rst) begin
-      \$253  = 128'h00000000000000000000000000000000;
+      \$252  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$253  = 128'h00000000000000000000000000000000;
+      \$252  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$254  = q_valid;
+    \$253  = q_valid;
     if (\$85 ) begin
-      \$254  = r_valid;
+      \$253  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$253  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$253  = 1'h0;
+    end
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$254  = storing;
+    if (store_start) begin
+      \$254  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -13680,58 +13940,50 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$255  = storing;
+    \$255  = s_addr;
     if (store_start) begin
-      \$255  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$146 ) begin
-            \$255  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$255  = 1'h0;
-    end
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$256  = s_addr;
-    if (store_start) begin
-      \$256  = { 5'h00, cmd[53:45] };
+      \$255  = { 5'h00, cmd[53:45] };
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$256  = \$105 [13:0];
+        \$255  = \$105 [13:0];
       end
     end
     if (unit_rst) begin
-      \$256  = 14'h0000;
+      \$255  = 14'h0000;
     end
     if (rst) begin
-      \$256  = 14'h0000;
+      \$255  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$257  = s_n;
+    \$256  = s_n;
     if (store_start) begin
-      \$257  = 12'h000;
+      \$256  = 12'h000;
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$257  = \$107 [11:0];
+        \$256  = \$107 [11:0];
         if (\$113 ) begin
-          \$257  = 12'h000;
+          \$256  = 12'h000;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$256  = 12'h000;
+    end
+    if (rst) begin
+      \$256  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$257  = s_rows;
+    if (store_start) begin
+      \$257  = cmd[11:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        if (\$113 ) begin
+          \$257  = \$114 [11:0];
         end
       end
     end
@@ -13744,62 +13996,43 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$258  = s_rows;
+    \$258  = s_left;
     if (store_start) begin
-      \$258  = cmd[11:0];
+      \$258  = \$101 [13:0];
     end else if (\$100 ) begin
       if (\$104 ) begin
-        if (\$113 ) begin
-          \$258  = \$114 [11:0];
-        end
+        \$258  = \$106 [13:0];
       end
     end
     if (unit_rst) begin
-      \$258  = 12'h000;
+      \$258  = 14'h0000;
     end
     if (rst) begin
-      \$258  = 12'h000;
+      \$258  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$259  = s_left;
+    \$259  = out_left;
     if (store_start) begin
-      \$259  = \$101 [13:0];
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$259  = \$106 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$259  = 14'h0000;
-    end
-    if (rst) begin
-      \$259  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$260  = out_left;
-    if (store_start) begin
-      \$260  = \$102 [13:0];
+      \$259  = \$102 [13:0];
     end
     if (\$115 ) begin
-      \$260  = \$116 [13:0];
+      \$259  = \$116 [13:0];
     end
     if (unit_rst) begin
-      \$260  = 14'h0000;
+      \$259  = 14'h0000;
     end
     if (rst) begin
-      \$260  = 14'h0000;
+      \$259  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$261  = r_valid;
+    \$260  = r_valid;
     if (store_start) begin
     end else if (\$100 ) begin
-      \$261  = \$103 ;
+      \$260  = \$103 ;
     end
     casez (fsm_state)
       3'h0:
@@ -13812,203 +14045,223 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
           /* empty */;
       3'h4:
           if (\$146 ) begin
-            \$261  = 1'h0;
+            \$260  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$261  = 1'h0;
+      \$260  = 1'h0;
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$262  = r_mask;
+    \$261  = r_mask;
     if (store_start) begin
     end else if (\$100 ) begin
       if (\$104 ) begin
-        \$262  = { \$111 , \$110 , \$109 , \$108  };
+        \$261  = { \$111 , \$110 , \$109 , \$108  };
       end
     end
     if (unit_rst) begin
-      \$262  = 4'h0;
+      \$261  = 4'h0;
     end
     if (rst) begin
-      \$262  = 4'h0;
+      \$261  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$263  = 1'h0;
+    \$262  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$119 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$263  = 1'h1;
+              \$262  = 1'h1;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$263  = 1'h1;
+            \$262  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$263  = 1'h0;
+      \$262  = 1'h0;
     end
     if (rst) begin
-      \$263  = 1'h0;
+      \$262  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$264  = cmd;
+    \$263  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$264  = cmd__payload;
+            \$263  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$264  = 80'h00000000000000000000;
+      \$263  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$264  = 80'h00000000000000000000;
+      \$263  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$265  = error;
+    \$264  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$265  = 1'h0;
+            \$264  = 1'h0;
           end
       3'h1:
           if (\$119 ) begin
-            \$265  = 1'h1;
+            \$264  = 1'h1;
           end
       3'h2:
           if (\$130 ) begin
-            \$265  = 1'h1;
+            \$264  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$265  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$265  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$266  = error_code;
+    \$265  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$266  = 3'h0;
+            \$265  = 3'h0;
           end
       3'h1:
           if (\$119 ) begin
-            \$266  = code;
+            \$265  = code;
           end
       3'h2:
           if (\$130 ) begin
-            \$266  = \$135 ;
+            \$265  = \$135 ;
           end
     endcase
     if (unit_rst) begin
-      \$266  = 3'h0;
+      \$265  = 3'h0;
     end
     if (rst) begin
-      \$266  = 3'h0;
+      \$265  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$267  = fsm_state;
+    \$266  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$267  = 3'h1;
+            \$266  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$119 ) begin
-            \$267  = 3'h0;
+            \$266  = 3'h0;
           end else begin
-            \$267  = 3'h2;
+            \$266  = 3'h2;
           end
       3'h2:
           if (\$130 ) begin
-            \$267  = 3'h0;
+            \$266  = 3'h0;
           end else if (\$131 ) begin
-            \$267  = 3'h3;
+            \$266  = 3'h3;
           end
       3'h3:
           if (\$145 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$267  = 3'h4;
+              \$266  = 3'h4;
             end else begin
-              \$267  = 3'h0;
+              \$266  = 3'h0;
             end
           end
       3'h4:
           if (\$146 ) begin
-            \$267  = 3'h0;
+            \$266  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$267  = 3'h0;
+      \$266  = 3'h0;
     end
     if (rst) begin
-      \$267  = 3'h0;
+      \$266  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$268  = rows_left;
+    \$267  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$268  = cmd[11:0];
+          \$267  = cmd[11:0];
       3'h2:
           if (\$120 ) begin
-            \$268  = \$121 [11:0];
+            \$267  = \$121 [11:0];
           end
     endcase
     if (unit_rst) begin
-      \$268  = 12'h000;
+      \$267  = 12'h000;
     end
     if (rst) begin
-      \$268  = 12'h000;
+      \$267  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$269  = a_lim;
+    \$268  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$269  = { 1'h0, \$117  };
+          \$268  = { 1'h0, \$117  };
       3'h2:
           if (\$120 ) begin
-            \$269  = \$122 [13:0];
+            \$268  = \$122 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$268  = 14'h0000;
+    end
+    if (rst) begin
+      \$268  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$269  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$269  = { 1'h0, \$118  };
+      3'h2:
+          if (\$120 ) begin
+            \$269  = \$123 [13:0];
           end
     endcase
     if (unit_rst) begin
@@ -14016,26 +14269,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
     if (rst) begin
       \$269  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$270  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$270  = { 1'h0, \$118  };
-      3'h2:
-          if (\$120 ) begin
-            \$270  = \$123 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$270  = 14'h0000;
-    end
-    if (rst) begin
-      \$270  = 14'h0000;
     end
   end
   always @* begin
@@ -14107,11 +14340,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
       3'h0:
           /* empty */;
       3'h1:
-          if (\$173 ) begin
+          if (\$172 ) begin
             code = 3'h1;
-          end else if (\$182 ) begin
+          end else if (\$181 ) begin
             code = 3'h2;
-          end else if (\$184 ) begin
+          end else if (\$183 ) begin
             code = 3'h3;
           end
     endcase
@@ -14127,7 +14360,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
       3'h2:
           /* empty */;
       3'h3:
-          if (\$194 ) begin
+          if (\$193 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -14148,7 +14381,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$126  = \$167 [7:0];
+  assign \port__addr$126  = \$166 [7:0];
   assign a_in__ready = \$signal ;
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
@@ -14248,6 +14481,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
   assign \i__payload[3]  = i__payload[127:96];
+  assign \rq_in__payload[0]  = rq_in__payload[31:0];
+  assign \rq_in__payload[1]  = rq_in__payload[63:32];
+  assign \rq_in__payload[2]  = rq_in__payload[95:64];
+  assign \rq_in__payload[3]  = rq_in__payload[127:96];
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -14256,14 +14493,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
-  assign i__payload[31:0] = \$166 ;
-  assign i__payload[127:32] = c_q[127:32];
   assign \$signature__data$110 [127:96] = \$164 [31:0];
   assign \$signature__data$110 [95:64] = \$163 [31:0];
   assign \$signature__data$110 [63:32] = \$162 [31:0];
   assign \$signature__data$110 [31:0] = \$161 [31:0];
-  assign \$201  = \port__data$7 ;
-  assign \$200  = port__data;
+  assign \$200  = \port__data$7 ;
+  assign \$199  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18923,7 +19158,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, advance, o__ready, unit_rst, i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advance, o__ready, unit_rst, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -20514,8 +20749,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, advance, o__ready,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1541$0 (mult),
-    .\port$3664$0 (i__payload),
+    .\port$1577$0 (mult),
+    .\port$1582$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21087,8 +21322,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, advance, o__ready,
   assign \$278  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$281  = { \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47:8] };
   assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$284  = { \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48:16] };
+  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$290  = { \$289 [35], \$289 [35], \$289 [35:2] };
   assign \$291  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$293  = { \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48:16] };
@@ -21329,7 +21564,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, advance, o__ready,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$3664$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21415,10 +21650,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1541$0 ;
-  wire [15:0] \port$1541$0 ;
-  input [127:0] \port$3664$0 ;
-  wire [127:0] \port$3664$0 ;
+  input [15:0] \port$1577$0 ;
+  wire [15:0] \port$1577$0 ;
+  input [127:0] \port$1582$0 ;
+  wire [127:0] \port$1582$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21483,7 +21718,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3664$0 [16:0] };
+      \$9  = { 1'h0, \port$1582$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21496,7 +21731,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1541$0  };
+      \$10  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21522,7 +21757,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31:17] };
+      \$12  = { \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21535,7 +21770,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1541$0  };
+      \$13  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21561,7 +21796,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3664$0 [48:32] };
+      \$15  = { 1'h0, \port$1582$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21574,7 +21809,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1541$0  };
+      \$16  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21600,7 +21835,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63:49] };
+      \$18  = { \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21613,7 +21848,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1541$0  };
+      \$19  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21639,7 +21874,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3664$0 [80:64] };
+      \$21  = { 1'h0, \port$1582$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21652,7 +21887,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1541$0  };
+      \$22  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21678,7 +21913,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95:81] };
+      \$24  = { \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21691,7 +21926,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1541$0  };
+      \$25  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21717,7 +21952,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3664$0 [112:96] };
+      \$27  = { 1'h0, \port$1582$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21730,7 +21965,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1541$0  };
+      \$28  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21756,7 +21991,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127:113] };
+      \$30  = { \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21769,7 +22004,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1541$0  };
+      \$31  = { 2'h0, \port$1577$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21791,22 +22026,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1541$0 , en, unit_rst, \port$36
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3664$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1541$0  };
-  assign a__1 = { \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31], \port$3664$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1541$0  };
-  assign a__2 = { 1'h0, \port$3664$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1541$0  };
-  assign a__3 = { \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63], \port$3664$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1541$0  };
-  assign a__4 = { 1'h0, \port$3664$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1541$0  };
-  assign a__5 = { \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95], \port$3664$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1541$0  };
-  assign a__6 = { 1'h0, \port$3664$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1541$0  };
-  assign a__7 = { \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127], \port$3664$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1541$0  };
+  assign a__0 = { 1'h0, \port$1582$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1577$0  };
+  assign a__1 = { \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1577$0  };
+  assign a__2 = { 1'h0, \port$1582$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1577$0  };
+  assign a__3 = { \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1577$0  };
+  assign a__4 = { 1'h0, \port$1582$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1577$0  };
+  assign a__5 = { \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1577$0  };
+  assign a__6 = { 1'h0, \port$1582$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1577$0  };
+  assign a__7 = { \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1577$0  };
 endmodule
 
 (* generator = "Amaranth" *)
