@@ -61,7 +61,10 @@ class TB:
 
     async def reset(self):
         d = self.dut
-        for sig in (d.cmd__valid, d.a_in__valid, d.b_in__valid, d.c_out__ready):
+        # every input driven (rq_in is not used here: on Icarus an undriven input is z, which the
+        # requantiser's input mux would turn into x)
+        for sig in (d.cmd__valid, d.a_in__valid, d.b_in__valid, d.c_out__ready, d.rq_in__valid,
+                    d.rq_in__payload, d.rq_mult, d.rq_shift):
             sig.value = 0
         d.rst.value = 1
         for _ in range(3):
