@@ -445,6 +445,7 @@ class NanoKPU(wiring.Component):
         # the result word being written back
         rq_word = Signal(data.ArrayLayout(signed(accw), R))
         rq_fill, rq_wvalid, rq_lane = Signal(range(R + 1)), Signal(), Signal(range(R))
+        rq_at_last = Signal()     # registered: the next write is the instruction's last (el_i == len - 1)
         out_valid, out_data = Signal(), Signal(signed(ww))
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
@@ -484,7 +485,7 @@ class NanoKPU(wiring.Component):
                         with m.If((fill == R - 1) | h_last):
                             m.d.sync += rq_wvalid.eq(1)
                     with m.If(gemm.c_out.valid):
-                        word_end = (rq_lane == R - 1) | (el_i + 1 == ln)
+                        word_end = (rq_lane == R - 1) | rq_at_last
                         m.d.comb += gemm.c_out.ready.eq(word_end)
                         m.d.sync += rq_lane.eq(Mux(word_end, 0, rq_lane + 1))
                 with m.Case(Op.SIGMOID):
@@ -678,7 +679,7 @@ class NanoKPU(wiring.Component):
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]
                             m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0)
-                            m.d.sync += [rq_fill.eq(0), rq_wvalid.eq(0), rq_lane.eq(0)]
+                            m.d.sync += [rq_fill.eq(0), rq_wvalid.eq(0), rq_lane.eq(0), rq_at_last.eq(ln == 1)]
                             with m.If(ins.flags & F_RQ_EXPERT):
                                 m.next = "RQ_TABLE"
                             with m.Else():
@@ -738,7 +739,7 @@ class NanoKPU(wiring.Component):
                 m.d.comb += eng_run.eq(1)
                 with m.If(out_valid):
                     m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(out_data), wr.en.eq(1)]
-                    m.d.sync += el_i.eq(el_i + 1)
+                    m.d.sync += [el_i.eq(el_i + 1), rq_at_last.eq(el_i + 2 == ln)]
                 with m.If(eng_done):
                     with m.If(op == Op.SIGMOID):
                         m.d.sync += [scores_ok.eq(1), scores_a.eq(c_), scores_len.eq(ln)]

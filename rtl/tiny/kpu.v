@@ -25,15 +25,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$113 ;
   wire \$114 ;
   wire \$115 ;
-  wire [7:0] \$1153 ;
+  wire [7:0] \$1151 ;
   wire \$116 ;
-  wire [7:0] \$1169 ;
+  wire [7:0] \$1167 ;
   wire \$117 ;
   wire \$118 ;
+  wire [6:0] \$1189 ;
   wire \$119 ;
-  wire [6:0] \$1191 ;
-  wire [7:0] \$1195 ;
-  wire [8:0] \$1198 ;
+  wire [7:0] \$1193 ;
+  wire [8:0] \$1196 ;
   wire \$12 ;
   wire \$120 ;
   wire [9:0] \$121 ;
@@ -136,15 +136,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$209 ;
   wire [22:0] \$21 ;
   wire \$210 ;
-  wire [14:0] \$211 ;
+  wire \$211 ;
   wire \$212 ;
-  wire \$213 ;
+  wire [31:0] \$213 ;
   wire \$214 ;
-  wire [31:0] \$215 ;
+  wire [5:0] \$215 ;
   wire \$216 ;
-  wire [5:0] \$217 ;
+  wire [1:0] \$217 ;
   wire \$218 ;
-  wire [1:0] \$219 ;
+  wire \$219 ;
   wire [22:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
@@ -158,10 +158,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$229 ;
   wire [43:0] \$23 ;
   wire \$230 ;
-  wire \$231 ;
-  wire \$232 ;
-  wire [31:0] \$233 ;
-  wire [31:0] \$234 ;
+  wire [31:0] \$231 ;
+  wire [31:0] \$232 ;
+  wire \$233 ;
+  wire \$234 ;
   wire \$235 ;
   wire \$236 ;
   wire \$237 ;
@@ -169,84 +169,84 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$239 ;
   wire [43:0] \$24 ;
   wire \$240 ;
-  wire \$241 ;
-  wire \$242 ;
+  wire [4:0] \$241 ;
+  wire [13:0] \$242 ;
   wire [4:0] \$243 ;
   wire [13:0] \$244 ;
-  wire [4:0] \$245 ;
-  wire [13:0] \$246 ;
-  wire [14:0] \$247 ;
-  wire [14:0] \$248 ;
-  wire \$249 ;
+  wire [14:0] \$245 ;
+  wire [14:0] \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire [14:0] \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire [14:0] \$251 ;
+  wire [7:0] \$251 ;
   wire \$252 ;
-  wire [7:0] \$253 ;
-  wire \$254 ;
-  wire [15:0] \$255 ;
+  wire [15:0] \$253 ;
+  wire [31:0] \$254 ;
+  wire [31:0] \$255 ;
   wire [31:0] \$256 ;
-  wire [31:0] \$257 ;
-  wire [31:0] \$258 ;
+  wire \$257 ;
+  wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire \$264 ;
-  wire \$265 ;
-  wire [14:0] \$266 ;
-  wire [13:0] \$267 ;
+  wire [14:0] \$264 ;
+  wire [13:0] \$265 ;
+  wire \$266 ;
+  wire [4:0] \$267 ;
   wire \$268 ;
-  wire [4:0] \$269 ;
+  wire \$269 ;
   wire \$27 ;
   wire \$270 ;
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
-  wire \$275 ;
+  wire [13:0] \$275 ;
   wire \$276 ;
-  wire [13:0] \$277 ;
+  wire \$277 ;
   wire \$278 ;
-  wire \$279 ;
+  wire [13:0] \$279 ;
   wire \$28 ;
   wire \$280 ;
   wire [13:0] \$281 ;
-  wire \$282 ;
-  wire [13:0] \$283 ;
-  wire [14:0] \$284 ;
+  wire [14:0] \$282 ;
+  wire [14:0] \$283 ;
+  wire \$284 ;
   wire [14:0] \$285 ;
-  wire \$286 ;
+  wire [13:0] \$286 ;
   wire [14:0] \$287 ;
-  wire [13:0] \$288 ;
-  wire [14:0] \$289 ;
+  wire [14:0] \$288 ;
+  wire \$289 ;
   wire \$29 ;
-  wire [14:0] \$290 ;
-  wire \$291 ;
+  wire [13:0] \$290 ;
+  wire [14:0] \$291 ;
   wire [13:0] \$292 ;
   wire [14:0] \$293 ;
-  wire [13:0] \$294 ;
-  wire [14:0] \$295 ;
-  wire \$296 ;
-  wire [13:0] \$297 ;
-  wire [13:0] \$298 ;
+  wire \$294 ;
+  wire [13:0] \$295 ;
+  wire [13:0] \$296 ;
+  wire [14:0] \$297 ;
+  wire \$298 ;
   wire [14:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire [14:0] \$301 ;
-  wire [16:0] \$302 ;
+  wire [16:0] \$300 ;
+  wire \$301 ;
+  wire \$302 ;
   wire \$303 ;
   wire \$304 ;
   wire \$305 ;
-  wire \$306 ;
-  wire \$307 ;
-  wire [13:0] \$308 ;
-  wire [14:0] \$309 ;
+  wire [13:0] \$306 ;
+  wire [14:0] \$307 ;
+  wire [15:0] \$308 ;
+  wire \$309 ;
   wire [9:0] \$31 ;
-  wire [15:0] \$310 ;
+  wire \$310 ;
   wire \$311 ;
   wire \$312 ;
   wire \$313 ;
@@ -283,88 +283,88 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$341 ;
   wire \$342 ;
   wire \$343 ;
-  wire \$344 ;
+  wire [14:0] \$344 ;
   wire \$345 ;
   wire [14:0] \$346 ;
-  wire \$347 ;
+  wire [13:0] \$347 ;
   wire [14:0] \$348 ;
-  wire [13:0] \$349 ;
+  wire [14:0] \$349 ;
   wire \$35 ;
-  wire [14:0] \$350 ;
-  wire [14:0] \$351 ;
-  wire [15:0] \$352 ;
+  wire [15:0] \$350 ;
+  wire \$351 ;
+  wire [14:0] \$352 ;
   wire \$353 ;
   wire [14:0] \$354 ;
-  wire \$355 ;
+  wire [13:0] \$355 ;
   wire [14:0] \$356 ;
-  wire [13:0] \$357 ;
-  wire [14:0] \$358 ;
-  wire [14:0] \$359 ;
+  wire [14:0] \$357 ;
+  wire [15:0] \$358 ;
+  wire \$359 ;
   wire \$36 ;
-  wire [15:0] \$360 ;
+  wire [14:0] \$360 ;
   wire \$361 ;
   wire [14:0] \$362 ;
-  wire \$363 ;
+  wire [13:0] \$363 ;
   wire [14:0] \$364 ;
-  wire [13:0] \$365 ;
-  wire [14:0] \$366 ;
-  wire [14:0] \$367 ;
-  wire [15:0] \$368 ;
+  wire [14:0] \$365 ;
+  wire [15:0] \$366 ;
+  wire \$367 ;
+  wire [14:0] \$368 ;
   wire \$369 ;
   wire \$37 ;
   wire [14:0] \$370 ;
-  wire \$371 ;
+  wire [13:0] \$371 ;
   wire [14:0] \$372 ;
-  wire [13:0] \$373 ;
-  wire [14:0] \$374 ;
-  wire [14:0] \$375 ;
-  wire [15:0] \$376 ;
+  wire [14:0] \$373 ;
+  wire [15:0] \$374 ;
+  wire \$375 ;
+  wire [18:0] \$376 ;
   wire \$377 ;
   wire [18:0] \$378 ;
-  wire \$379 ;
+  wire [17:0] \$379 ;
   wire \$38 ;
   wire [18:0] \$380 ;
-  wire [17:0] \$381 ;
-  wire [18:0] \$382 ;
-  wire [18:0] \$383 ;
-  wire [15:0] \$384 ;
+  wire [18:0] \$381 ;
+  wire [15:0] \$382 ;
+  wire \$383 ;
+  wire [33:0] \$384 ;
   wire \$385 ;
   wire [33:0] \$386 ;
-  wire \$387 ;
+  wire [32:0] \$387 ;
   wire [33:0] \$388 ;
-  wire [32:0] \$389 ;
+  wire [33:0] \$389 ;
   wire \$39 ;
-  wire [33:0] \$390 ;
-  wire [33:0] \$391 ;
-  wire [15:0] \$392 ;
-  wire \$393 ;
+  wire [15:0] \$390 ;
+  wire \$391 ;
+  wire \$392 ;
+  wire [14:0] \$393 ;
   wire \$394 ;
-  wire [14:0] \$395 ;
+  wire \$395 ;
   wire \$396 ;
   wire \$397 ;
   wire \$398 ;
-  wire \$399 ;
+  wire [14:0] \$399 ;
   wire \$4 ;
   wire \$40 ;
   wire \$400 ;
-  wire [14:0] \$401 ;
+  wire \$401 ;
   wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
-  wire \$406 ;
+  wire [14:0] \$406 ;
   wire \$407 ;
-  wire [14:0] \$408 ;
+  wire \$408 ;
   wire \$409 ;
   wire \$41 ;
   wire \$410 ;
   wire \$411 ;
   wire \$412 ;
   wire \$413 ;
-  wire \$414 ;
-  wire \$415 ;
-  wire [33:0] \$416 ;
-  wire [32:0] \$417 ;
+  wire [33:0] \$414 ;
+  wire [32:0] \$415 ;
+  wire \$416 ;
+  wire \$417 ;
   wire \$418 ;
   wire \$419 ;
   wire \$42 ;
@@ -380,50 +380,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$429 ;
   wire \$43 ;
   wire \$430 ;
-  wire \$431 ;
-  wire \$432 ;
-  wire [14:0] \$433 ;
-  wire [13:0] \$434 ;
+  wire [14:0] \$431 ;
+  wire [13:0] \$432 ;
+  wire [13:0] \$433 ;
+  wire [14:0] \$434 ;
   wire [13:0] \$435 ;
-  wire [14:0] \$436 ;
+  wire [13:0] \$436 ;
   wire [13:0] \$437 ;
   wire [13:0] \$438 ;
-  wire [13:0] \$439 ;
+  wire [14:0] \$439 ;
   wire \$44 ;
   wire [13:0] \$440 ;
-  wire [14:0] \$441 ;
+  wire [13:0] \$441 ;
   wire [13:0] \$442 ;
   wire [13:0] \$443 ;
   wire [13:0] \$444 ;
   wire [13:0] \$445 ;
-  wire [13:0] \$446 ;
-  wire [13:0] \$447 ;
+  wire \$446 ;
+  wire \$447 ;
   wire \$448 ;
   wire \$449 ;
   wire \$45 ;
-  wire \$450 ;
-  wire \$451 ;
-  wire [1:0] \$452 ;
-  wire [1:0] \$453 ;
+  wire [1:0] \$450 ;
+  wire [1:0] \$451 ;
+  wire \$452 ;
+  wire \$453 ;
   wire \$454 ;
-  wire \$455 ;
+  wire [2:0] \$455 ;
   wire \$456 ;
   wire [2:0] \$457 ;
-  wire \$458 ;
-  wire [2:0] \$459 ;
+  wire [3:0] \$458 ;
+  wire \$459 ;
   wire \$46 ;
-  wire [3:0] \$460 ;
+  wire [2:0] \$460 ;
   wire \$461 ;
-  wire [2:0] \$462 ;
+  wire \$462 ;
   wire \$463 ;
   wire \$464 ;
-  wire \$465 ;
-  wire [14:0] \$466 ;
+  wire [2:0] \$465 ;
+  wire [2:0] \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire [2:0] \$469 ;
+  wire \$469 ;
   wire \$47 ;
-  wire [2:0] \$470 ;
+  wire \$470 ;
   wire \$471 ;
   wire \$472 ;
   wire \$473 ;
@@ -432,13 +432,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$476 ;
   wire \$477 ;
   wire \$478 ;
-  wire \$479 ;
+  wire [3:0] \$479 ;
   wire \$48 ;
-  wire \$480 ;
+  wire [13:0] \$480 ;
   wire \$481 ;
   wire \$482 ;
-  wire [3:0] \$483 ;
-  wire [13:0] \$484 ;
+  wire \$483 ;
+  wire \$484 ;
   wire \$485 ;
   wire \$486 ;
   wire \$487 ;
@@ -446,154 +446,154 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$489 ;
   wire \$49 ;
   wire \$490 ;
-  wire \$491 ;
+  wire [7:0] \$491 ;
   wire \$492 ;
-  wire \$493 ;
-  wire \$494 ;
-  wire [7:0] \$495 ;
-  wire \$496 ;
-  wire [7:0] \$497 ;
-  wire [13:0] \$498 ;
+  wire [7:0] \$493 ;
+  wire [13:0] \$494 ;
+  wire [13:0] \$495 ;
+  wire [14:0] \$496 ;
+  wire [13:0] \$497 ;
+  wire [14:0] \$498 ;
   wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
   wire [14:0] \$500 ;
-  wire [13:0] \$501 ;
-  wire [14:0] \$502 ;
-  wire [13:0] \$503 ;
-  wire [14:0] \$504 ;
-  wire \$505 ;
-  wire \$506 ;
+  wire \$501 ;
+  wire \$502 ;
+  wire \$503 ;
+  wire [2:0] \$504 ;
+  wire [13:0] \$505 ;
+  wire [2:0] \$506 ;
   wire \$507 ;
-  wire [2:0] \$508 ;
-  wire [13:0] \$509 ;
+  wire \$508 ;
+  wire [2:0] \$509 ;
   wire \$51 ;
-  wire [2:0] \$510 ;
+  wire [3:0] \$510 ;
   wire \$511 ;
   wire \$512 ;
-  wire [2:0] \$513 ;
-  wire [3:0] \$514 ;
+  wire \$513 ;
+  wire [9:0] \$514 ;
   wire \$515 ;
-  wire \$516 ;
-  wire \$517 ;
-  wire [9:0] \$518 ;
+  wire [9:0] \$516 ;
+  wire [13:0] \$517 ;
+  wire [13:0] \$518 ;
   wire \$519 ;
   wire \$52 ;
-  wire [9:0] \$520 ;
-  wire [13:0] \$521 ;
-  wire [13:0] \$522 ;
-  wire \$523 ;
-  wire \$524 ;
-  wire \$525 ;
-  wire \$526 ;
-  wire [14:0] \$527 ;
-  wire [13:0] \$528 ;
-  wire [13:0] \$529 ;
+  wire \$520 ;
+  wire \$521 ;
+  wire \$522 ;
+  wire [14:0] \$523 ;
+  wire [13:0] \$524 ;
+  wire [13:0] \$525 ;
+  wire [14:0] \$526 ;
+  wire \$527 ;
+  wire [14:0] \$528 ;
+  wire \$529 ;
   wire \$53 ;
-  wire [14:0] \$530 ;
+  wire \$530 ;
   wire \$531 ;
-  wire [14:0] \$532 ;
-  wire \$533 ;
-  wire \$534 ;
-  wire \$535 ;
+  wire [32:0] \$532 ;
+  wire [32:0] \$533 ;
+  wire [32:0] \$534 ;
+  wire [32:0] \$535 ;
   wire [32:0] \$536 ;
   wire [32:0] \$537 ;
   wire [32:0] \$538 ;
-  wire [32:0] \$539 ;
+  wire \$539 ;
   wire \$54 ;
-  wire [32:0] \$540 ;
-  wire [32:0] \$541 ;
-  wire [32:0] \$542 ;
+  wire [4:0] \$540 ;
+  wire \$541 ;
+  wire [9:0] \$542 ;
   wire \$543 ;
-  wire [4:0] \$544 ;
+  wire [15:0] \$544 ;
   wire \$545 ;
-  wire [9:0] \$546 ;
-  wire \$547 ;
-  wire [15:0] \$548 ;
-  wire \$549 ;
+  wire [13:0] \$546 ;
+  wire [9:0] \$547 ;
+  wire \$548 ;
+  wire [15:0] \$549 ;
   wire \$55 ;
-  wire [13:0] \$550 ;
-  wire [9:0] \$551 ;
-  wire \$552 ;
-  wire [15:0] \$553 ;
-  wire \$554 ;
-  wire [13:0] \$555 ;
-  wire [9:0] \$556 ;
-  wire \$557 ;
-  wire [15:0] \$558 ;
-  wire [16:0] \$559 ;
+  wire \$550 ;
+  wire [13:0] \$551 ;
+  wire [9:0] \$552 ;
+  wire \$553 ;
+  wire [15:0] \$554 ;
+  wire [16:0] \$555 ;
+  wire [17:0] \$556 ;
+  wire [17:0] \$557 ;
+  wire \$558 ;
+  wire [13:0] \$559 ;
   wire \$56 ;
-  wire [17:0] \$560 ;
-  wire [17:0] \$561 ;
-  wire \$562 ;
-  wire [13:0] \$563 ;
-  wire [9:0] \$564 ;
-  wire \$565 ;
-  wire [15:0] \$566 ;
-  wire [16:0] \$567 ;
-  wire [17:0] \$568 ;
+  wire [9:0] \$560 ;
+  wire \$561 ;
+  wire [15:0] \$562 ;
+  wire [16:0] \$563 ;
+  wire [17:0] \$564 ;
+  wire [17:0] \$565 ;
+  wire \$566 ;
+  wire [13:0] \$567 ;
+  wire [16:0] \$568 ;
   wire [17:0] \$569 ;
   wire \$57 ;
-  wire \$570 ;
-  wire [13:0] \$571 ;
-  wire [16:0] \$572 ;
-  wire [17:0] \$573 ;
+  wire [17:0] \$570 ;
+  wire [18:0] \$571 ;
+  wire \$572 ;
+  wire [18:0] \$573 ;
   wire [17:0] \$574 ;
-  wire [18:0] \$575 ;
+  wire [9:0] \$575 ;
   wire \$576 ;
-  wire [18:0] \$577 ;
-  wire [17:0] \$578 ;
-  wire [9:0] \$579 ;
+  wire [15:0] \$577 ;
+  wire \$578 ;
+  wire [13:0] \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire [15:0] \$581 ;
+  wire [13:0] \$581 ;
   wire \$582 ;
   wire [13:0] \$583 ;
-  wire \$584 ;
-  wire [13:0] \$585 ;
-  wire \$586 ;
-  wire [13:0] \$587 ;
-  wire [9:0] \$588 ;
-  wire \$589 ;
+  wire [9:0] \$584 ;
+  wire \$585 ;
+  wire [15:0] \$586 ;
+  wire [9:0] \$587 ;
+  wire \$588 ;
+  wire [15:0] \$589 ;
   wire \$59 ;
-  wire [15:0] \$590 ;
-  wire [9:0] \$591 ;
+  wire \$590 ;
+  wire \$591 ;
   wire \$592 ;
-  wire [15:0] \$593 ;
-  wire \$594 ;
+  wire [1:0] \$593 ;
+  wire [18:0] \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire [1:0] \$597 ;
-  wire [18:0] \$598 ;
-  wire \$599 ;
+  wire \$597 ;
+  wire \$598 ;
+  wire [1:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
-  wire \$601 ;
-  wire \$602 ;
-  wire [1:0] \$603 ;
-  wire [18:0] \$604 ;
-  wire [17:0] \$605 ;
-  wire [9:0] \$606 ;
-  wire \$607 ;
-  wire [15:0] \$608 ;
-  wire [18:0] \$609 ;
+  wire [18:0] \$600 ;
+  wire [17:0] \$601 ;
+  wire [9:0] \$602 ;
+  wire \$603 ;
+  wire [15:0] \$604 ;
+  wire [18:0] \$605 ;
+  wire \$606 ;
+  wire [18:0] \$607 ;
+  wire [17:0] \$608 ;
+  wire [9:0] \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [18:0] \$611 ;
-  wire [17:0] \$612 ;
-  wire [9:0] \$613 ;
+  wire [3:0] \$611 ;
+  wire \$612 ;
+  wire \$613 ;
   wire \$614 ;
-  wire [3:0] \$615 ;
+  wire \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
-  wire \$619 ;
+  wire [2:0] \$619 ;
   wire \$62 ;
   wire \$620 ;
   wire \$621 ;
   wire \$622 ;
-  wire [2:0] \$623 ;
+  wire \$623 ;
   wire \$624 ;
   wire \$625 ;
   wire \$626 ;
@@ -603,58 +603,58 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
-  wire \$632 ;
+  wire [32:0] \$632 ;
   wire \$633 ;
-  wire \$634 ;
+  wire [9:0] \$634 ;
   wire \$635 ;
-  wire [32:0] \$636 ;
-  wire [9:0] \$637 ;
+  wire \$636 ;
+  wire \$637 ;
   wire \$638 ;
   wire \$639 ;
   wire \$64 ;
-  wire \$640 ;
+  wire [9:0] \$640 ;
   wire \$641 ;
-  wire \$642 ;
-  wire [9:0] \$643 ;
-  wire \$644 ;
-  wire [12:0] \$645 ;
-  wire [13:0] \$646 ;
-  wire [12:0] \$647 ;
-  wire [13:0] \$648 ;
+  wire [12:0] \$642 ;
+  wire [13:0] \$643 ;
+  wire [12:0] \$644 ;
+  wire [13:0] \$645 ;
+  wire [14:0] \$646 ;
+  wire \$647 ;
+  wire [14:0] \$648 ;
   wire [14:0] \$649 ;
   wire \$65 ;
   wire \$650 ;
-  wire [14:0] \$651 ;
+  wire \$651 ;
   wire \$652 ;
   wire \$653 ;
   wire \$654 ;
-  wire \$655 ;
-  wire [13:0] \$656 ;
-  wire [32:0] \$657 ;
-  wire \$658 ;
-  wire [13:0] \$659 ;
+  wire [13:0] \$655 ;
+  wire [32:0] \$656 ;
+  wire \$657 ;
+  wire [13:0] \$658 ;
+  wire [32:0] \$659 ;
   wire \$66 ;
-  wire [32:0] \$660 ;
+  wire \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire \$663 ;
-  wire [14:0] \$664 ;
+  wire [14:0] \$663 ;
+  wire [3:0] \$664 ;
   wire [3:0] \$665 ;
-  wire [3:0] \$666 ;
+  wire \$666 ;
   wire \$667 ;
-  wire \$668 ;
-  wire [1:0] \$669 ;
+  wire [1:0] \$668 ;
+  wire [2:0] \$669 ;
   wire \$67 ;
-  wire [2:0] \$670 ;
+  wire \$670 ;
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
   wire \$674 ;
   wire \$675 ;
   wire \$676 ;
-  wire \$677 ;
-  wire [13:0] \$678 ;
-  wire [32:0] \$679 ;
+  wire [13:0] \$677 ;
+  wire [32:0] \$678 ;
+  wire \$679 ;
   wire \$68 ;
   wire \$680 ;
   wire \$681 ;
@@ -662,9 +662,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$683 ;
   wire \$684 ;
   wire \$685 ;
-  wire \$686 ;
-  wire [14:0] \$687 ;
-  wire [3:0] \$688 ;
+  wire [14:0] \$686 ;
+  wire [3:0] \$687 ;
+  wire \$688 ;
   wire \$689 ;
   wire \$69 ;
   wire \$690 ;
@@ -686,11 +686,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$704 ;
   wire \$705 ;
   wire \$706 ;
-  wire \$707 ;
-  wire [13:0] \$708 ;
-  wire [32:0] \$709 ;
+  wire [13:0] \$707 ;
+  wire [32:0] \$708 ;
+  wire [4:0] \$709 ;
   wire \$71 ;
-  wire [4:0] \$710 ;
+  wire \$710 ;
   wire \$711 ;
   wire \$712 ;
   wire \$713 ;
@@ -699,16 +699,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$716 ;
   wire \$717 ;
   wire \$718 ;
-  wire \$719 ;
+  wire [1:0] \$719 ;
   wire \$72 ;
-  wire [1:0] \$720 ;
-  wire [4:0] \$721 ;
-  wire [12:0] \$722 ;
+  wire [4:0] \$720 ;
+  wire [12:0] \$721 ;
+  wire \$722 ;
   wire \$723 ;
   wire \$724 ;
-  wire \$725 ;
-  wire [14:0] \$726 ;
-  wire [13:0] \$727 ;
+  wire [14:0] \$725 ;
+  wire [13:0] \$726 ;
+  wire \$727 ;
   wire \$728 ;
   wire \$729 ;
   wire \$73 ;
@@ -718,38 +718,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$733 ;
   wire \$734 ;
   wire \$735 ;
-  wire \$736 ;
-  wire [14:0] \$737 ;
-  wire [13:0] \$738 ;
-  wire [2:0] \$739 ;
+  wire [14:0] \$736 ;
+  wire [13:0] \$737 ;
+  wire [2:0] \$738 ;
+  wire \$739 ;
   wire \$74 ;
   wire \$740 ;
-  wire \$741 ;
+  wire [14:0] \$741 ;
   wire [14:0] \$742 ;
-  wire [14:0] \$743 ;
-  wire \$744 ;
-  wire [14:0] \$745 ;
-  wire \$746 ;
-  wire [14:0] \$747 ;
-  wire [2:0] \$748 ;
+  wire \$743 ;
+  wire [14:0] \$744 ;
+  wire \$745 ;
+  wire [14:0] \$746 ;
+  wire [2:0] \$747 ;
+  wire [4:0] \$748 ;
   wire [4:0] \$749 ;
   wire \$75 ;
-  wire [4:0] \$750 ;
-  wire \$751 ;
-  wire [13:0] \$752 ;
-  wire [32:0] \$753 ;
-  wire \$754 ;
-  wire [32:0] \$755 ;
-  wire [4:0] \$756 ;
+  wire \$750 ;
+  wire [13:0] \$751 ;
+  wire [32:0] \$752 ;
+  wire \$753 ;
+  wire [32:0] \$754 ;
+  wire [4:0] \$755 ;
+  wire \$756 ;
   wire \$757 ;
-  wire \$758 ;
+  wire [13:0] \$758 ;
   wire [13:0] \$759 ;
   wire \$76 ;
-  wire [13:0] \$760 ;
-  wire [32:0] \$761 ;
-  wire \$762 ;
-  wire [13:0] \$763 ;
-  wire [32:0] \$764 ;
+  wire [32:0] \$760 ;
+  wire \$761 ;
+  wire [13:0] \$762 ;
+  wire [32:0] \$763 ;
+  wire \$764 ;
   wire \$765 ;
   wire \$766 ;
   wire \$767 ;
@@ -757,91 +757,91 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$769 ;
   wire \$77 ;
   wire \$770 ;
-  wire \$771 ;
-  wire [15:0] \$772 ;
-  wire \$773 ;
-  wire [13:0] \$774 ;
-  wire [14:0] \$775 ;
-  wire [15:0] \$776 ;
+  wire [15:0] \$771 ;
+  wire \$772 ;
+  wire [13:0] \$773 ;
+  wire [14:0] \$774 ;
+  wire [15:0] \$775 ;
+  wire \$776 ;
   wire \$777 ;
-  wire \$778 ;
-  wire [16:0] \$779 ;
+  wire [16:0] \$778 ;
+  wire [14:0] \$779 ;
   wire \$78 ;
-  wire [14:0] \$780 ;
+  wire \$780 ;
   wire \$781 ;
   wire \$782 ;
   wire \$783 ;
   wire \$784 ;
-  wire \$785 ;
+  reg [31:0] \$785 ;
   reg [31:0] \$786 ;
-  reg [31:0] \$787 ;
-  reg [19:0] \$788 ;
+  reg [19:0] \$787 ;
+  reg [13:0] \$788 ;
   reg [13:0] \$789 ;
   wire \$79 ;
-  reg [13:0] \$790 ;
-  reg [15:0] \$791 ;
+  reg [15:0] \$790 ;
+  reg [13:0] \$791 ;
   reg [13:0] \$792 ;
-  reg [13:0] \$793 ;
-  reg [15:0] \$794 ;
+  reg [15:0] \$793 ;
+  reg [13:0] \$794 ;
   reg [13:0] \$795 ;
-  reg [13:0] \$796 ;
-  reg [15:0] \$797 ;
+  reg [15:0] \$796 ;
+  reg [13:0] \$797 ;
   reg [13:0] \$798 ;
-  reg [13:0] \$799 ;
+  reg [15:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [15:0] \$800 ;
+  reg [17:0] \$800 ;
   reg [17:0] \$801 ;
-  reg [17:0] \$802 ;
-  reg [15:0] \$803 ;
+  reg [15:0] \$802 ;
+  reg [32:0] \$803 ;
   reg [32:0] \$804 ;
-  reg [32:0] \$805 ;
-  reg [15:0] \$806 ;
+  reg [15:0] \$805 ;
+  reg \$806 ;
   reg \$807 ;
   reg \$808 ;
-  reg \$809 ;
+  reg [7:0] \$809 ;
   wire \$81 ;
-  reg [7:0] \$810 ;
+  reg \$810 ;
   reg \$811 ;
-  reg \$812 ;
+  reg [31:0] \$812 ;
   reg [31:0] \$813 ;
-  reg [31:0] \$814 ;
+  reg \$814 ;
   reg \$815 ;
-  reg \$816 ;
-  reg [13:0] \$817 ;
+  reg [13:0] \$816 ;
+  reg [12:0] \$817 ;
   reg [12:0] \$818 ;
-  reg [12:0] \$819 ;
+  reg [13:0] \$819 ;
   wire \$82 ;
-  reg [13:0] \$820 ;
+  reg [12:0] \$820 ;
   reg [12:0] \$821 ;
-  reg [12:0] \$822 ;
-  reg [13:0] \$823 ;
+  reg [13:0] \$822 ;
+  reg [12:0] \$823 ;
   reg [12:0] \$824 ;
-  reg [12:0] \$825 ;
-  reg \$826 ;
-  reg [1:0] \$827 ;
-  reg \$828 ;
-  reg [2:0] \$829 ;
+  reg \$825 ;
+  reg [1:0] \$826 ;
+  reg \$827 ;
+  reg [2:0] \$828 ;
+  reg [127:0] \$829 ;
   wire \$83 ;
-  reg [127:0] \$830 ;
-  reg [1:0] \$831 ;
-  reg \$832 ;
-  reg [1:0] \$833 ;
-  reg [2:0] \$834 ;
-  reg [12:0] \$835 ;
-  reg [31:0] \$836 ;
-  reg \$837 ;
-  reg [6:0] \$838 ;
-  reg [12:0] \$839 ;
+  reg [1:0] \$830 ;
+  reg \$831 ;
+  reg [1:0] \$832 ;
+  reg [2:0] \$833 ;
+  reg [12:0] \$834 ;
+  reg [31:0] \$835 ;
+  reg \$836 ;
+  reg [6:0] \$837 ;
+  reg [12:0] \$838 ;
+  reg [13:0] \$839 ;
   wire \$84 ;
-  reg [13:0] \$840 ;
-  reg \$841 ;
-  reg [1:0] \$842 ;
-  reg [12:0] \$843 ;
-  reg \$844 ;
-  reg [8:0] \$845 ;
-  reg [12:0] \$846 ;
-  reg [13:0] \$847 ;
+  reg \$840 ;
+  reg [1:0] \$841 ;
+  reg [12:0] \$842 ;
+  reg \$843 ;
+  reg [8:0] \$844 ;
+  reg [12:0] \$845 ;
+  reg [13:0] \$846 ;
+  reg [31:0] \$847 ;
   reg [31:0] \$848 ;
   reg [31:0] \$849 ;
   wire [9:0] \$85 ;
@@ -851,37 +851,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$853 ;
   reg [31:0] \$854 ;
   reg [31:0] \$855 ;
-  reg [31:0] \$856 ;
+  reg \$856 ;
   reg \$857 ;
-  reg \$858 ;
-  reg [7:0] \$859 ;
+  reg [7:0] \$858 ;
+  reg [12:0] \$859 ;
   wire \$86 ;
-  reg [12:0] \$860 ;
-  reg [31:0] \$861 ;
+  reg [31:0] \$860 ;
+  reg \$861 ;
   reg \$862 ;
   reg \$863 ;
-  reg \$864 ;
-  reg [4:0] \$865 ;
-  reg [7:0] \$866 ;
-  reg [5:0] \$867 ;
-  reg [3:0] \$868 ;
-  reg [255:0] \$869 ;
+  reg [4:0] \$864 ;
+  reg [7:0] \$865 ;
+  reg [5:0] \$866 ;
+  reg [3:0] \$867 ;
+  reg [255:0] \$868 ;
+  reg \$869 ;
   wire [4:0] \$87 ;
-  reg \$870 ;
-  reg [1:0] \$871 ;
-  reg [5:0] \$872 ;
-  reg [31:0] \$873 ;
-  reg [5:0] \$874 ;
+  reg [1:0] \$870 ;
+  reg [5:0] \$871 ;
+  reg [31:0] \$872 ;
+  reg [5:0] \$873 ;
+  reg [13:0] \$874 ;
   reg [13:0] \$875 ;
-  reg [13:0] \$876 ;
-  reg [12:0] \$877 ;
-  reg \$878 ;
-  reg [12:0] \$879 ;
+  reg [12:0] \$876 ;
+  reg \$877 ;
+  reg [12:0] \$878 ;
+  reg \$879 ;
   wire [9:0] \$88 ;
   reg \$880 ;
-  reg \$881 ;
-  reg [12:0] \$882 ;
-  reg [13:0] \$883 ;
+  reg [12:0] \$881 ;
+  reg [13:0] \$882 ;
+  reg \$883 ;
   reg \$884 ;
   reg [2:0] \$885 ;
   reg \$886 ;
@@ -974,53 +974,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] \$signal$219  = 13'h0000;
   reg [12:0] \$signal$221  = 13'h0000;
   reg [3:0] \$signal$248  = 4'h0;
-  reg \$signal$251  = 1'h0;
-  reg [31:0] \$signal$252  = 32'd0;
-  reg \$signal$254  = 1'h0;
-  reg [2:0] \$signal$255  = 3'h0;
-  reg \$signal$256  = 1'h0;
-  reg [3:0] \$signal$258  = 4'h0;
-  reg \$signal$263  = 1'h0;
+  reg \$signal$252  = 1'h0;
+  reg [31:0] \$signal$253  = 32'd0;
+  reg \$signal$255  = 1'h0;
+  reg [2:0] \$signal$256  = 3'h0;
+  reg \$signal$257  = 1'h0;
+  reg [3:0] \$signal$259  = 4'h0;
   reg \$signal$264  = 1'h0;
-  reg [12:0] \$signal$266  = 13'h0000;
-  reg [3:0] \$signal$267  = 4'h0;
-  reg \$signal$272  = 1'h0;
-  reg [12:0] \$signal$274  = 13'h0000;
-  reg [19:0] \$signal$276  = 20'h00000;
-  wire [2:0] \$signal$276.index ;
-  wire \$signal$276.last ;
-  wire [15:0] \$signal$276.weight ;
-  reg [13:0] \$signal$277  = 14'h0000;
-  reg [31:0] \$signal$278  = 32'd0;
-  reg [12:0] \$signal$279  = 13'h0000;
-  reg [13:0] \$signal$280  = 14'h0000;
+  reg \$signal$265  = 1'h0;
+  reg [12:0] \$signal$267  = 13'h0000;
+  reg [3:0] \$signal$268  = 4'h0;
+  reg \$signal$273  = 1'h0;
+  reg [12:0] \$signal$275  = 13'h0000;
+  reg [19:0] \$signal$277  = 20'h00000;
+  wire [2:0] \$signal$277.index ;
+  wire \$signal$277.last ;
+  wire [15:0] \$signal$277.weight ;
+  reg [13:0] \$signal$278  = 14'h0000;
+  reg [31:0] \$signal$279  = 32'd0;
+  reg [12:0] \$signal$280  = 13'h0000;
   reg [13:0] \$signal$281  = 14'h0000;
-  reg [12:0] \$signal$282  = 13'h0000;
-  reg [13:0] \$signal$283  = 14'h0000;
-  reg [3:0] \$signal$284  = 4'h0;
-  reg [15:0] \$signal$285  = 16'h0000;
-  reg [14:0] \$signal$286  = 15'h0000;
-  reg [12:0] \$signal$287  = 13'h0000;
-  reg \$signal$288  = 1'h0;
-  reg [12:0] \$signal$289  = 13'h0000;
-  reg \$signal$299  = 1'h0;
-  reg \$signal$301  = 1'h0;
-  reg [12:0] \$signal$307  = 13'h0000;
-  reg [12:0] \$signal$309  = 13'h0000;
-  reg [12:0] \$signal$313  = 13'h0000;
-  reg [12:0] \$signal$315  = 13'h0000;
-  reg [2:0] \$signal$317  = 3'h0;
-  reg \$signal$318  = 1'h0;
-  reg [6:0] \$signal$321  = 7'h00;
-  reg [13:0] \$signal$323  = 14'h0000;
-  reg [8:0] \$signal$324  = 9'h000;
-  reg [1:0] \$signal$334  = 2'h0;
-  reg [13:0] \$signal$337  = 14'h0000;
-  reg \$signal$338  = 1'h0;
-  reg [13:0] \$signal$339  = 14'h0000;
-  wire [-1:0] \$signal$340 ;
-  reg \$signal$341  = 1'h0;
-  reg [1:0] \$signal$345  = 2'h0;
+  reg [13:0] \$signal$282  = 14'h0000;
+  reg [12:0] \$signal$283  = 13'h0000;
+  reg [13:0] \$signal$284  = 14'h0000;
+  reg [3:0] \$signal$285  = 4'h0;
+  reg [15:0] \$signal$286  = 16'h0000;
+  reg [14:0] \$signal$287  = 15'h0000;
+  reg [12:0] \$signal$288  = 13'h0000;
+  reg \$signal$289  = 1'h0;
+  reg [12:0] \$signal$290  = 13'h0000;
+  reg \$signal$300  = 1'h0;
+  reg \$signal$302  = 1'h0;
+  reg [12:0] \$signal$308  = 13'h0000;
+  reg [12:0] \$signal$310  = 13'h0000;
+  reg [12:0] \$signal$314  = 13'h0000;
+  reg [12:0] \$signal$316  = 13'h0000;
+  reg [2:0] \$signal$318  = 3'h0;
+  reg \$signal$319  = 1'h0;
+  reg [6:0] \$signal$322  = 7'h00;
+  reg [13:0] \$signal$324  = 14'h0000;
+  reg [8:0] \$signal$325  = 9'h000;
+  reg [1:0] \$signal$335  = 2'h0;
+  reg [13:0] \$signal$338  = 14'h0000;
+  reg \$signal$339  = 1'h0;
+  reg [13:0] \$signal$340  = 14'h0000;
+  wire [-1:0] \$signal$341 ;
+  reg \$signal$342  = 1'h0;
+  reg [1:0] \$signal$346  = 2'h0;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
@@ -1132,7 +1132,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$332 ;
+  wire \error$333 ;
   reg exp_active = 1'h0;
   reg [3:0] fetch_word = 4'h0;
   reg [1:0] gc_lane = 2'h0;
@@ -1314,6 +1314,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] \routes__payload.weight ;
   reg routes__ready;
   wire routes__valid;
+  reg rq_at_last = 1'h0;
   reg [127:0] rq_in__payload = 128'h00000000000000000000000000000000;
   wire [31:0] \rq_in__payload[0] ;
   wire [31:0] \rq_in__payload[1] ;
@@ -2076,779 +2077,780 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$208  = ~ \$signal$182 ;
   assign \$209  = \$208  | rq_in__ready;
   assign \$210  = rq_lane == 2'h3;
-  assign \$211  = el_i + 1'h1;
-  assign \$212  = \$211  == l0_acc;
-  assign \$213  = \$210  | \$212 ;
+  assign \$211  = \$210  | rq_at_last;
+  assign \$212  = | \$signal$178 ;
+  assign \$213  = \$212  ? \$signal$160  : 32'd1;
   assign \$214  = | \$signal$178 ;
-  assign \$215  = \$214  ? \$signal$160  : 32'd1;
-  assign \$216  = | \$signal$178 ;
-  assign \$217  = \$216  ? rq_shift : 6'h00;
-  assign \$218  = ins[5:0] == 2'h3;
-  assign \$219  = \$218  ? gc_lane : rq_lane;
-  assign \$1153  = \$219  * 6'h20;
-  assign \$signal$180  = c_out__payload >> \$1153 ;
-  assign \$220  = ~ a_in__valid;
-  assign \$221  = ~ gm_afeed_done;
-  assign \$222  = \$220  & \$221 ;
-  assign \$223  = gm_lane == 3'h4;
-  assign \$224  = ! \$signal$218 [13:3];
-  assign \$225  = gm_lane >= \$signal$218 [2:0];
-  assign \$226  = \$224  & \$225 ;
-  assign \$227  = \$223  | \$226 ;
-  assign \$228  = ~ \$227 ;
-  assign \$229  = \$222  & \$228 ;
-  assign \$232  = | \$signal$178 ;
-  assign \$1169  = gc_lane * 6'h20;
-  assign \$233  = c_out__payload >> \$1169 ;
-  assign \$234  = \$232  ? rq_sat : \$233 ;
-  assign \$235  = pc >= 7'h40;
-  assign \$236  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$237  = ins[5:0] == 4'hc;
-  assign \$238  = ~ ph2;
-  assign \$239  = \$237  & \$238 ;
-  assign \$240  = ! ins[5:0];
-  assign \$241  = settle != 2'h2;
-  assign \$242  = | decode_q;
+  assign \$215  = \$214  ? rq_shift : 6'h00;
+  assign \$216  = ins[5:0] == 2'h3;
+  assign \$217  = \$216  ? gc_lane : rq_lane;
+  assign \$1151  = \$217  * 6'h20;
+  assign \$signal$180  = c_out__payload >> \$1151 ;
+  assign \$218  = ~ a_in__valid;
+  assign \$219  = ~ gm_afeed_done;
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = gm_lane == 3'h4;
+  assign \$222  = ! \$signal$218 [13:3];
+  assign \$223  = gm_lane >= \$signal$218 [2:0];
+  assign \$224  = \$222  & \$223 ;
+  assign \$225  = \$221  | \$224 ;
+  assign \$226  = ~ \$225 ;
+  assign \$227  = \$220  & \$226 ;
+  assign \$230  = | \$signal$178 ;
+  assign \$1167  = gc_lane * 6'h20;
+  assign \$231  = c_out__payload >> \$1167 ;
+  assign \$232  = \$230  ? rq_sat : \$231 ;
+  assign \$233  = pc >= 7'h40;
+  assign \$234  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$235  = ins[5:0] == 4'hc;
+  assign \$236  = ~ ph2;
+  assign \$237  = \$235  & \$236 ;
+  assign \$238  = ! ins[5:0];
+  assign \$239  = settle != 2'h2;
+  assign \$240  = | decode_q;
+  assign \$242  = ins[100:88] + \$241 ;
   assign \$244  = ins[100:88] + \$243 ;
-  assign \$246  = ins[100:88] + \$245 ;
-  assign \$247  = \$246  + 1'h1;
-  assign \$248  = ins[124:112] + el_i;
-  assign \$249  = ~ \$signal$251 ;
-  assign \$250  = el_i < l0_acc;
-  assign \$251  = ins[124:112] + el_i;
-  assign \$252  = ins[243:238] == 1'h1;
-  assign \$1191  = ld_e * 4'h8;
-  assign \$253  = \$signal$252  >> \$1191 ;
-  assign \$254  = ins[243:238] == 2'h2;
-  assign \$1195  = ld_e * 5'h10;
-  assign \$255  = \$signal$252  >> \$1195 ;
-  assign \$1198  = ld_e * 6'h20;
-  assign \$256  = \$signal$252  >> \$1198 ;
-  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
-  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
-  assign \$259  = ~ \$signal$254 ;
-  assign \$260  = \$signal$255  < 1'h1;
+  assign \$245  = \$244  + 1'h1;
+  assign \$246  = ins[124:112] + el_i;
+  assign \$247  = ~ \$signal$252 ;
+  assign \$248  = el_i < l0_acc;
+  assign \$249  = ins[124:112] + el_i;
+  assign \$250  = ins[243:238] == 1'h1;
+  assign \$1189  = ld_e * 4'h8;
+  assign \$251  = \$signal$253  >> \$1189 ;
+  assign \$252  = ins[243:238] == 2'h2;
+  assign \$1193  = ld_e * 5'h10;
+  assign \$253  = \$signal$253  >> \$1193 ;
+  assign \$1196  = ld_e * 6'h20;
+  assign \$254  = \$signal$253  >> \$1196 ;
+  assign \$255  = \$252  ? { \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253  } : \$254 ;
+  assign \$256  = \$250  ? { \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251  } : \$255 ;
+  assign \$257  = ~ \$signal$255 ;
+  assign \$258  = \$signal$256  < 1'h1;
+  assign \$259  = \$257  & \$258 ;
+  assign \$260  = el_i < l0_acc;
   assign \$261  = \$259  & \$260 ;
-  assign \$262  = el_i < l0_acc;
+  assign \$262  = ~ \$signal$257 ;
   assign \$263  = \$261  & \$262 ;
-  assign \$264  = ~ \$signal$256 ;
-  assign \$265  = \$263  & \$264 ;
-  assign \$266  = ins[76:64] + el_i;
-  assign \$267  = ins[100:88] + \$signal$258 ;
-  assign \$268  = | \$signal$258 ;
-  assign \$269  = \$signal$258  - 1'h1;
-  assign \$270  = ~ \$signal$263 ;
-  assign \$271  = ~ \$signal$264 ;
+  assign \$264  = ins[76:64] + el_i;
+  assign \$265  = ins[100:88] + \$signal$259 ;
+  assign \$266  = | \$signal$259 ;
+  assign \$267  = \$signal$259  - 1'h1;
+  assign \$268  = ~ \$signal$264 ;
+  assign \$269  = ~ \$signal$265 ;
+  assign \$270  = \$268  & \$269 ;
+  assign \$271  = rt_lane < 1'h1;
   assign \$272  = \$270  & \$271 ;
-  assign \$273  = rt_lane < 1'h1;
-  assign \$274  = \$272  & \$273 ;
-  assign \$277  = \$signal$266  + \$signal$267 ;
-  assign \$278  = ~ \$signal$272 ;
-  assign \$279  = ~ rt_wphase;
-  assign \$280  = \$signal$272  & \$279 ;
-  assign \$281  = \$signal$274  + rt_s;
-  assign \$282  = \$signal$272  & rt_wphase;
-  assign \$283  = \$signal$274  + rt_s;
-  assign \$284  = \$283  + l1_acc[13:2];
-  assign \$285  = ins[124:112] + \$signal$277 ;
-  assign \$286  = \$signal$278  == \$signal$258 ;
-  assign \$287  = \$signal$279  + \$signal$280 ;
-  assign \$288  = \$signal$279  + l1_acc[13:2];
-  assign \$289  = \$288  + \$signal$280 ;
-  assign \$290  = \$signal$277  + 1'h1;
-  assign \$291  = \$290  < l1_acc[13:2];
-  assign \$292  = \$signal$282  + \$signal$258 ;
-  assign \$293  = \$signal$280  - \$signal$283 ;
-  assign \$294  = \$signal$282  + 4'h8;
-  assign \$295  = \$294  + \$signal$258 ;
-  assign \$296  = \$signal$284  >= 4'h8;
-  assign \$297  = ins[76:64] + \$signal$284 ;
-  assign \$298  = ins[76:64] + 4'h8;
-  assign \$299  = \$298  + \$signal$284 ;
-  assign \$300  = \$signal$285  >= \$signal$130 ;
-  assign \$301  = ins[100:88] + \$signal$139 ;
-  assign \$302  = \$301  + \$signal$285 ;
-  assign \$303  = | l2_y;
-  assign \$304  = \$signal$286  < ins[61:48];
-  assign \$307  = ins[5:0] == 4'ha;
-  assign \$308  = \$307  ? l2_acc : { 1'h0, \$signal$287  };
-  assign \$309  = ins[76:64] + \$308 ;
-  assign \$310  = \$309  + \$signal$286 ;
-  assign \$311  = ~ \$signal$108 ;
-  assign \$312  = \$signal$103  & \$311 ;
-  assign \$313  = ! ctrl_state;
-  assign \$314  = ctrl_state == 1'h1;
-  assign \$315  = ctrl_state == 2'h2;
-  assign \$316  = ctrl_state == 2'h3;
-  assign \$317  = ctrl_state == 3'h4;
-  assign \$318  = ctrl_state == 3'h5;
-  assign \$319  = ctrl_state == 3'h6;
-  assign \$320  = ctrl_state == 3'h7;
-  assign \$321  = ctrl_state == 4'h8;
-  assign \$322  = ctrl_state == 4'h9;
-  assign \$323  = ctrl_state == 4'ha;
-  assign \$324  = ctrl_state == 4'hb;
-  assign \$325  = ctrl_state == 4'hc;
-  assign \$326  = ctrl_state == 4'hd;
-  assign \$327  = ctrl_state == 4'he;
-  assign \$328  = ctrl_state == 4'hf;
-  assign \$329  = ctrl_state == 5'h10;
-  assign \$330  = ctrl_state == 5'h11;
-  assign \$331  = ctrl_state == 5'h12;
-  assign \$332  = ctrl_state == 5'h13;
-  assign \$333  = ctrl_state == 5'h14;
-  assign \$334  = ctrl_state == 5'h15;
-  assign \$335  = ctrl_state == 5'h16;
-  assign \$336  = ctrl_state == 5'h17;
-  assign \$337  = ctrl_state == 5'h18;
-  assign \$338  = ctrl_state == 5'h19;
-  assign \$339  = ctrl_state == 5'h1a;
-  assign \$340  = ctrl_state == 5'h1b;
-  assign \$341  = wr_addr == 4'hc;
+  assign \$275  = \$signal$267  + \$signal$268 ;
+  assign \$276  = ~ \$signal$273 ;
+  assign \$277  = ~ rt_wphase;
+  assign \$278  = \$signal$273  & \$277 ;
+  assign \$279  = \$signal$275  + rt_s;
+  assign \$280  = \$signal$273  & rt_wphase;
+  assign \$281  = \$signal$275  + rt_s;
+  assign \$282  = \$281  + l1_acc[13:2];
+  assign \$283  = ins[124:112] + \$signal$278 ;
+  assign \$284  = \$signal$279  == \$signal$259 ;
+  assign \$285  = \$signal$280  + \$signal$281 ;
+  assign \$286  = \$signal$280  + l1_acc[13:2];
+  assign \$287  = \$286  + \$signal$281 ;
+  assign \$288  = \$signal$278  + 1'h1;
+  assign \$289  = \$288  < l1_acc[13:2];
+  assign \$290  = \$signal$283  + \$signal$259 ;
+  assign \$291  = \$signal$281  - \$signal$284 ;
+  assign \$292  = \$signal$283  + 4'h8;
+  assign \$293  = \$292  + \$signal$259 ;
+  assign \$294  = \$signal$285  >= 4'h8;
+  assign \$295  = ins[76:64] + \$signal$285 ;
+  assign \$296  = ins[76:64] + 4'h8;
+  assign \$297  = \$296  + \$signal$285 ;
+  assign \$298  = \$signal$286  >= \$signal$130 ;
+  assign \$299  = ins[100:88] + \$signal$139 ;
+  assign \$300  = \$299  + \$signal$286 ;
+  assign \$301  = | l2_y;
+  assign \$302  = \$signal$287  < ins[61:48];
+  assign \$305  = ins[5:0] == 4'ha;
+  assign \$306  = \$305  ? l2_acc : { 1'h0, \$signal$288  };
+  assign \$307  = ins[76:64] + \$306 ;
+  assign \$308  = \$307  + \$signal$287 ;
+  assign \$309  = ~ \$signal$108 ;
+  assign \$310  = \$signal$103  & \$309 ;
+  assign \$311  = ! ctrl_state;
+  assign \$312  = ctrl_state == 1'h1;
+  assign \$313  = ctrl_state == 2'h2;
+  assign \$314  = ctrl_state == 2'h3;
+  assign \$315  = ctrl_state == 3'h4;
+  assign \$316  = ctrl_state == 3'h5;
+  assign \$317  = ctrl_state == 3'h6;
+  assign \$318  = ctrl_state == 3'h7;
+  assign \$319  = ctrl_state == 4'h8;
+  assign \$320  = ctrl_state == 4'h9;
+  assign \$321  = ctrl_state == 4'ha;
+  assign \$322  = ctrl_state == 4'hb;
+  assign \$323  = ctrl_state == 4'hc;
+  assign \$324  = ctrl_state == 4'hd;
+  assign \$325  = ctrl_state == 4'he;
+  assign \$326  = ctrl_state == 4'hf;
+  assign \$327  = ctrl_state == 5'h10;
+  assign \$328  = ctrl_state == 5'h11;
+  assign \$329  = ctrl_state == 5'h12;
+  assign \$330  = ctrl_state == 5'h13;
+  assign \$331  = ctrl_state == 5'h14;
+  assign \$332  = ctrl_state == 5'h15;
+  assign \$333  = ctrl_state == 5'h16;
+  assign \$334  = ctrl_state == 5'h17;
+  assign \$335  = ctrl_state == 5'h18;
+  assign \$336  = ctrl_state == 5'h19;
+  assign \$337  = ctrl_state == 5'h1a;
+  assign \$338  = ctrl_state == 5'h1b;
+  assign \$339  = wr_addr == 4'hc;
+  assign \$340  = wr_en & \$339 ;
+  assign \$341  = wr_addr == 5'h10;
   assign \$342  = wr_en & \$341 ;
-  assign \$343  = wr_addr == 5'h10;
-  assign \$344  = wr_en & \$343 ;
-  assign \$345  = | l0_y;
+  assign \$343  = | l0_y;
+  assign \$344  = l0_acc + l0_x;
   assign \$346  = l0_acc + l0_x;
-  assign \$348  = l0_acc + l0_x;
-  assign \$349  = \$347  ? 14'h3fff : \$348 [13:0];
-  assign \$351  = l0_x[13] ? 15'h3fff : \$350 ;
-  assign \$353  = | l1_y;
+  assign \$347  = \$345  ? 14'h3fff : \$346 [13:0];
+  assign \$349  = l0_x[13] ? 15'h3fff : \$348 ;
+  assign \$351  = | l1_y;
+  assign \$352  = l1_acc + l1_x;
   assign \$354  = l1_acc + l1_x;
-  assign \$356  = l1_acc + l1_x;
-  assign \$357  = \$355  ? 14'h3fff : \$356 [13:0];
-  assign \$359  = l1_x[13] ? 15'h3fff : \$358 ;
-  assign \$361  = | l2_y;
+  assign \$355  = \$353  ? 14'h3fff : \$354 [13:0];
+  assign \$357  = l1_x[13] ? 15'h3fff : \$356 ;
+  assign \$359  = | l2_y;
+  assign \$360  = l2_acc + l2_x;
   assign \$362  = l2_acc + l2_x;
-  assign \$364  = l2_acc + l2_x;
-  assign \$365  = \$363  ? 14'h3fff : \$364 [13:0];
-  assign \$367  = l2_x[13] ? 15'h3fff : \$366 ;
-  assign \$369  = | l3_y;
+  assign \$363  = \$361  ? 14'h3fff : \$362 [13:0];
+  assign \$365  = l2_x[13] ? 15'h3fff : \$364 ;
+  assign \$367  = | l3_y;
+  assign \$368  = l3_acc + l3_x;
   assign \$370  = l3_acc + l3_x;
-  assign \$372  = l3_acc + l3_x;
-  assign \$373  = \$371  ? 14'h3fff : \$372 [13:0];
-  assign \$375  = l3_x[13] ? 15'h3fff : \$374 ;
-  assign \$377  = | l4_y;
+  assign \$371  = \$369  ? 14'h3fff : \$370 [13:0];
+  assign \$373  = l3_x[13] ? 15'h3fff : \$372 ;
+  assign \$375  = | l4_y;
+  assign \$376  = l4_acc + l4_x;
   assign \$378  = l4_acc + l4_x;
-  assign \$380  = l4_acc + l4_x;
-  assign \$381  = \$379  ? 18'h3ffff : \$380 [17:0];
-  assign \$383  = l4_x[17] ? 19'h3ffff : \$382 ;
-  assign \$385  = | lh_y;
+  assign \$379  = \$377  ? 18'h3ffff : \$378 [17:0];
+  assign \$381  = l4_x[17] ? 19'h3ffff : \$380 ;
+  assign \$383  = | lh_y;
+  assign \$384  = lh_acc + lh_x;
   assign \$386  = lh_acc + lh_x;
-  assign \$388  = lh_acc + lh_x;
-  assign \$389  = \$387  ? 33'h1ffffffff : \$388 [32:0];
-  assign \$391  = lh_x[32] ? 34'h1ffffffff : \$390 ;
-  assign \$393  = ! \$signal$136 ;
-  assign \$394  = ! ins[87:78];
-  assign \$395  = ins[77:64] + \$signal$136 ;
-  assign \$396  = \$395  <= 14'h2000;
-  assign \$397  = \$394  & \$396 ;
-  assign \$398  = \$393  | \$397 ;
-  assign \$399  = ! \$signal$138 ;
-  assign \$400  = ! ins[111:102];
-  assign \$401  = ins[101:88] + \$signal$138 ;
-  assign \$402  = \$401  <= 14'h2000;
-  assign \$403  = \$400  & \$402 ;
-  assign \$404  = \$399  | \$403 ;
-  assign \$405  = \$398  & \$404 ;
-  assign \$406  = ! wc;
-  assign \$407  = ! ins[135:126];
-  assign \$408  = ins[125:112] + wc;
-  assign \$409  = \$408  <= 14'h2000;
-  assign \$410  = \$407  & \$409 ;
-  assign \$411  = \$406  | \$410 ;
-  assign \$412  = \$405  & \$411 ;
-  assign \$413  = ! lh_acc[1:0];
-  assign \$414  = lh_acc >= \$signal$119 ;
-  assign \$415  = \$413  & \$414 ;
-  assign \$416  = lh_acc + { l4_acc[17:2], 2'h0 };
-  assign \$417  = \$signal$119  + host_size;
-  assign \$418  = \$416  <= \$417 ;
-  assign \$419  = \$415  & \$418 ;
-  assign \$420  = ~ \$signal$156 ;
-  assign \$421  = \$420  | eng_ready;
-  assign \$422  = ~ \$signal$155 ;
-  assign \$423  = ~ \$signal$156 ;
-  assign \$424  = \$423  | eng_ready;
-  assign \$425  = \$422  | \$424 ;
-  assign \$428  = rem0 == 1'h1;
-  assign \$431  = | rem0[13:1];
-  assign \$432  = | rem1[13:1];
-  assign \$433  = rem0 - 1'h1;
-  assign \$434  = \$signal$151  + sa0;
-  assign \$435  = \$signal$153  + sb0;
-  assign \$436  = rem1 - 1'h1;
-  assign \$437  = \$signal$307  + sa1;
-  assign \$438  = \$signal$307  + sa1;
-  assign \$439  = \$signal$309  + sb1;
-  assign \$440  = \$signal$309  + sb1;
-  assign \$441  = rem2 - 1'h1;
-  assign \$442  = \$signal$313  + sa2;
-  assign \$443  = \$signal$313  + sa2;
-  assign \$444  = \$signal$313  + sa2;
-  assign \$445  = \$signal$315  + sb2;
-  assign \$446  = \$signal$315  + sb2;
-  assign \$447  = \$signal$315  + sb2;
-  assign \$448  = | rem2[13:1];
-  assign \$449  = ~ \$448 ;
-  assign \$450  = ins[5:0] == 4'hd;
-  assign \$451  = ins[5:0] == 4'hc;
-  assign \$452  = \$451  ? 2'h1 : 2'h0;
-  assign \$453  = \$450  ? 2'h2 : \$452 ;
+  assign \$387  = \$385  ? 33'h1ffffffff : \$386 [32:0];
+  assign \$389  = lh_x[32] ? 34'h1ffffffff : \$388 ;
+  assign \$391  = ! \$signal$136 ;
+  assign \$392  = ! ins[87:78];
+  assign \$393  = ins[77:64] + \$signal$136 ;
+  assign \$394  = \$393  <= 14'h2000;
+  assign \$395  = \$392  & \$394 ;
+  assign \$396  = \$391  | \$395 ;
+  assign \$397  = ! \$signal$138 ;
+  assign \$398  = ! ins[111:102];
+  assign \$399  = ins[101:88] + \$signal$138 ;
+  assign \$400  = \$399  <= 14'h2000;
+  assign \$401  = \$398  & \$400 ;
+  assign \$402  = \$397  | \$401 ;
+  assign \$403  = \$396  & \$402 ;
+  assign \$404  = ! wc;
+  assign \$405  = ! ins[135:126];
+  assign \$406  = ins[125:112] + wc;
+  assign \$407  = \$406  <= 14'h2000;
+  assign \$408  = \$405  & \$407 ;
+  assign \$409  = \$404  | \$408 ;
+  assign \$410  = \$403  & \$409 ;
+  assign \$411  = ! lh_acc[1:0];
+  assign \$412  = lh_acc >= \$signal$119 ;
+  assign \$413  = \$411  & \$412 ;
+  assign \$414  = lh_acc + { l4_acc[17:2], 2'h0 };
+  assign \$415  = \$signal$119  + host_size;
+  assign \$416  = \$414  <= \$415 ;
+  assign \$417  = \$413  & \$416 ;
+  assign \$418  = ~ \$signal$156 ;
+  assign \$419  = \$418  | eng_ready;
+  assign \$420  = ~ \$signal$155 ;
+  assign \$421  = ~ \$signal$156 ;
+  assign \$422  = \$421  | eng_ready;
+  assign \$423  = \$420  | \$422 ;
+  assign \$426  = rem0 == 1'h1;
+  assign \$429  = | rem0[13:1];
+  assign \$430  = | rem1[13:1];
+  assign \$431  = rem0 - 1'h1;
+  assign \$432  = \$signal$151  + sa0;
+  assign \$433  = \$signal$153  + sb0;
+  assign \$434  = rem1 - 1'h1;
+  assign \$435  = \$signal$308  + sa1;
+  assign \$436  = \$signal$308  + sa1;
+  assign \$437  = \$signal$310  + sb1;
+  assign \$438  = \$signal$310  + sb1;
+  assign \$439  = rem2 - 1'h1;
+  assign \$440  = \$signal$314  + sa2;
+  assign \$441  = \$signal$314  + sa2;
+  assign \$442  = \$signal$314  + sa2;
+  assign \$443  = \$signal$316  + sb2;
+  assign \$444  = \$signal$316  + sb2;
+  assign \$445  = \$signal$316  + sb2;
+  assign \$446  = | rem2[13:1];
+  assign \$447  = ~ \$446 ;
+  assign \$448  = ins[5:0] == 4'hd;
+  assign \$449  = ins[5:0] == 4'hc;
+  assign \$450  = \$449  ? 2'h1 : 2'h0;
+  assign \$451  = \$448  ? 2'h2 : \$450 ;
+  assign \$452  = \$signal$182  & rq_in__ready;
+  assign \$453  = \$signal$156  & eng_ready;
   assign \$454  = \$signal$182  & rq_in__ready;
-  assign \$455  = \$signal$156  & eng_ready;
+  assign \$455  = \$454  ? 3'h0 : \$signal$318 ;
   assign \$456  = \$signal$182  & rq_in__ready;
-  assign \$457  = \$456  ? 3'h0 : \$signal$317 ;
-  assign \$458  = \$signal$182  & rq_in__ready;
-  assign \$459  = \$458  ? 3'h0 : \$signal$317 ;
-  assign \$460  = \$459  + 1'h1;
-  assign \$461  = \$signal$182  & rq_in__ready;
-  assign \$462  = \$461  ? 3'h0 : \$signal$317 ;
-  assign \$463  = \$462  == 2'h3;
-  assign \$464  = \$463  | \$signal$170 ;
-  assign \$465  = rq_lane == 2'h3;
-  assign \$466  = el_i + 1'h1;
-  assign \$467  = \$466  == l0_acc;
-  assign \$468  = \$465  | \$467 ;
-  assign \$469  = rq_lane + 1'h1;
-  assign \$470  = \$468  ? 3'h0 : \$469 ;
-  assign \$471  = ~ a_in__valid;
-  assign \$472  = ~ gm_afeed_done;
+  assign \$457  = \$456  ? 3'h0 : \$signal$318 ;
+  assign \$458  = \$457  + 1'h1;
+  assign \$459  = \$signal$182  & rq_in__ready;
+  assign \$460  = \$459  ? 3'h0 : \$signal$318 ;
+  assign \$461  = \$460  == 2'h3;
+  assign \$462  = \$461  | \$signal$170 ;
+  assign \$463  = rq_lane == 2'h3;
+  assign \$464  = \$463  | rq_at_last;
+  assign \$465  = rq_lane + 1'h1;
+  assign \$466  = \$464  ? 3'h0 : \$465 ;
+  assign \$467  = ~ a_in__valid;
+  assign \$468  = ~ gm_afeed_done;
+  assign \$469  = \$467  & \$468 ;
+  assign \$470  = gm_lane == 3'h4;
+  assign \$471  = ! \$signal$218 [13:3];
+  assign \$472  = gm_lane >= \$signal$218 [2:0];
   assign \$473  = \$471  & \$472 ;
-  assign \$474  = gm_lane == 3'h4;
-  assign \$475  = ! \$signal$218 [13:3];
-  assign \$476  = gm_lane >= \$signal$218 [2:0];
-  assign \$477  = \$475  & \$476 ;
-  assign \$478  = \$474  | \$477 ;
-  assign \$479  = ~ \$478 ;
-  assign \$480  = \$473  & \$479 ;
-  assign \$483  = gm_lane + 1'h1;
-  assign \$484  = \$signal$219  + ins[38:32];
-  assign \$485  = ~ a_in__valid;
-  assign \$486  = ~ gm_afeed_done;
+  assign \$474  = \$470  | \$473 ;
+  assign \$475  = ~ \$474 ;
+  assign \$476  = \$469  & \$475 ;
+  assign \$479  = gm_lane + 1'h1;
+  assign \$480  = \$signal$219  + ins[38:32];
+  assign \$481  = ~ a_in__valid;
+  assign \$482  = ~ gm_afeed_done;
+  assign \$483  = \$481  & \$482 ;
+  assign \$484  = gm_lane == 3'h4;
+  assign \$485  = ! \$signal$218 [13:3];
+  assign \$486  = gm_lane >= \$signal$218 [2:0];
   assign \$487  = \$485  & \$486 ;
-  assign \$488  = gm_lane == 3'h4;
-  assign \$489  = ! \$signal$218 [13:3];
-  assign \$490  = gm_lane >= \$signal$218 [2:0];
-  assign \$491  = \$489  & \$490 ;
-  assign \$492  = \$488  | \$491 ;
-  assign \$493  = \$487  & \$492 ;
-  assign \$494  = a_in__valid & a_in__ready;
-  assign \$495  = \$signal$321  + 1'h1;
-  assign \$496  = \$495  < ins[38:32];
-  assign \$497  = \$signal$321  + 1'h1;
-  assign \$498  = gm_wstart + 1'h1;
-  assign \$499  = gm_wstart + 1'h1;
-  assign \$500  = \$signal$218  - 3'h4;
-  assign \$501  = \$signal$219  - ins[38:32];
-  assign \$502  = $signed(\$501 ) + $signed(2'h1);
-  assign \$503  = \$signal$219  - ins[38:32];
-  assign \$504  = $signed(\$503 ) + $signed(2'h1);
-  assign \$505  = ! \$signal$218 [13:3];
-  assign \$506  = \$signal$218 [2:0] <= 3'h4;
-  assign \$507  = \$505  & \$506 ;
-  assign \$508  = gc_lane + 1'h1;
-  assign \$509  = \$signal$221  + ins[56:48];
-  assign \$510  = gc_lane + 1'h1;
-  assign \$511  = \$510  == 2'h3;
-  assign \$512  = ! \$signal$323 [13:3];
-  assign \$513  = gc_lane + 1'h1;
-  assign \$514  = \$513  + 1'h1;
-  assign \$515  = \$514  >= \$signal$323 [2:0];
-  assign \$516  = \$512  & \$515 ;
-  assign \$517  = \$511  | \$516 ;
-  assign \$518  = \$signal$324  + 1'h1;
-  assign \$519  = \$518  < ins[56:48];
-  assign \$520  = \$signal$324  + 1'h1;
-  assign \$521  = gc_wstart + 1'h1;
-  assign \$522  = gc_wstart + 1'h1;
-  assign \$523  = ! \$signal$323 [13:3];
-  assign \$524  = \$signal$323 [2:0] <= 1'h1;
-  assign \$525  = \$523  & \$524 ;
-  assign \$527  = \$signal$323  - 3'h4;
-  assign \$528  = \$signal$221  + 1'h1;
-  assign \$529  = \$signal$221  + 1'h1;
-  assign \$530  = \$signal$323  - 3'h4;
-  assign \$531  = ! \$530 [13:3];
-  assign \$532  = \$signal$323  - 3'h4;
-  assign \$533  = \$532 [2:0] <= 1'h1;
-  assign \$534  = \$531  & \$533 ;
-  assign \$536  = \$signal$118  + 1'h1;
-  assign \$537  = busy_dma + 1'h1;
-  assign \$538  = busy_gemm + 1'h1;
-  assign \$539  = busy_act + 1'h1;
-  assign \$540  = busy_route + 1'h1;
-  assign \$541  = busy_vector + 1'h1;
-  assign \$542  = busy_move + 1'h1;
-  assign \$543  = pc >= 7'h40;
-  assign \$544  = fetch_word + 1'h1;
-  assign \$545  = fetch_word == 4'h8;
-  assign \$548  = \$547  ? \$signal$130  : ins[63:48];
-  assign \$549  = | ins[95:94];
-  assign \$550  = \$549  ? 14'h3fff : ins[93:80];
-  assign \$553  = \$552  ? \$signal$130  : ins[63:48];
-  assign \$554  = | ins[79:78];
-  assign \$555  = \$554  ? 14'h3fff : ins[77:64];
-  assign \$558  = \$557  ? \$signal$130  : ins[63:48];
-  assign \$559  = \$558  + 3'h4;
-  assign \$560  = \$559  - 1'h1;
-  assign \$562  = | ins[79:78];
-  assign \$563  = \$562  ? 14'h3fff : ins[77:64];
-  assign \$566  = \$565  ? \$signal$130  : ins[63:48];
-  assign \$567  = \$566  + 3'h4;
-  assign \$568  = \$567  - 1'h1;
-  assign \$570  = | ins[95:94];
-  assign \$571  = \$570  ? 14'h3fff : ins[93:80];
-  assign \$572  = ins[95:80] + 3'h4;
-  assign \$573  = \$572  - 1'h1;
-  assign \$581  = \$580  ? \$signal$130  : ins[63:48];
-  assign \$582  = | ins[79:78];
-  assign \$583  = \$582  ? 14'h3fff : ins[77:64];
-  assign \$584  = | ins[95:94];
-  assign \$585  = \$584  ? 14'h3fff : ins[93:80];
-  assign \$586  = | ins[95:94];
-  assign \$587  = \$586  ? 14'h3fff : ins[93:80];
-  assign \$590  = \$589  ? \$signal$130  : ins[63:48];
-  assign \$593  = \$592  ? \$signal$130  : ins[63:48];
-  assign \$594  = \$signature__data [19:14] == 3'h4;
-  assign \$595  = \$signature__data [19:14] == 2'h2;
-  assign \$596  = \$595  ? 1'h1 : 1'h0;
-  assign \$597  = \$594  ? 2'h2 : { 1'h0, \$596  };
-  assign \$598  = ins[95:80] << \$597 ;
-  assign \$600  = \$signature__data [19:14] == 3'h4;
-  assign \$601  = \$signature__data [19:14] == 2'h2;
-  assign \$602  = \$601  ? 1'h1 : 1'h0;
-  assign \$603  = \$600  ? 2'h2 : { 1'h0, \$602  };
-  assign \$604  = ins[95:80] << \$603 ;
-  assign \$605  = \$599  ? 18'h3ffff : \$604 [17:0];
-  assign \$608  = \$607  ? \$signal$130  : ins[63:48];
-  assign \$615  = \$614  ? \$signal$248  : 4'h0;
-  assign \$616  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$617  = ins[5:0] == 4'hc;
-  assign \$618  = ~ ph2;
-  assign \$619  = \$617  & \$618 ;
-  assign \$620  = ! ins[5:0];
-  assign \$621  = settle != 2'h2;
-  assign \$622  = | decode_q;
-  assign \$623  = settle + 1'h1;
-  assign \$624  = ins[5:0] == 1'h1;
-  assign \$625  = ins[5:0] == 2'h2;
-  assign \$626  = ins[5:0] == 2'h3;
-  assign \$627  = ins[5:0] == 3'h4;
-  assign \$628  = ins[5:0] == 3'h5;
-  assign \$629  = ins[5:0] == 3'h6;
-  assign \$630  = ins[5:0] == 4'h8;
-  assign \$631  = ins[5:0] == 3'h7;
-  assign \$632  = ins[5:0] == 4'hc;
-  assign \$633  = ins[5:0] == 4'hd;
-  assign \$634  = ins[5:0] == 4'ha;
-  assign \$635  = ins[5:0] == 4'hb;
-  assign \$636  = \$signal$121  + 1'h1;
-  assign \$639  = ! m_eff[13:3];
-  assign \$640  = m_eff[2:0] <= 1'h1;
-  assign \$641  = \$639  & \$640 ;
-  assign \$646  = ins[124:112] + \$645 ;
-  assign \$648  = ins[124:112] + \$647 ;
-  assign \$649  = \$648  + 5'h10;
-  assign \$650  = ins[5:0] == 2'h3;
-  assign \$651  = el_i + 1'h1;
-  assign \$652  = el_i < l0_acc;
-  assign \$653  = ~ \$652 ;
-  assign \$654  = eng_run & \$653 ;
-  assign \$655  = ins[5:0] == 3'h5;
-  assign \$656  = pc + 1'h1;
-  assign \$657  = \$signal$121  + 1'h1;
-  assign \$658  = ~ rd_busy;
-  assign \$659  = pc + 1'h1;
-  assign \$660  = \$signal$121  + 1'h1;
-  assign \$661  = ~ \$signal$251 ;
-  assign \$662  = rd_data__valid & \$661 ;
-  assign \$663  = el_i < l0_acc;
-  assign \$664  = el_i + 1'h1;
+  assign \$488  = \$484  | \$487 ;
+  assign \$489  = \$483  & \$488 ;
+  assign \$490  = a_in__valid & a_in__ready;
+  assign \$491  = \$signal$322  + 1'h1;
+  assign \$492  = \$491  < ins[38:32];
+  assign \$493  = \$signal$322  + 1'h1;
+  assign \$494  = gm_wstart + 1'h1;
+  assign \$495  = gm_wstart + 1'h1;
+  assign \$496  = \$signal$218  - 3'h4;
+  assign \$497  = \$signal$219  - ins[38:32];
+  assign \$498  = $signed(\$497 ) + $signed(2'h1);
+  assign \$499  = \$signal$219  - ins[38:32];
+  assign \$500  = $signed(\$499 ) + $signed(2'h1);
+  assign \$501  = ! \$signal$218 [13:3];
+  assign \$502  = \$signal$218 [2:0] <= 3'h4;
+  assign \$503  = \$501  & \$502 ;
+  assign \$504  = gc_lane + 1'h1;
+  assign \$505  = \$signal$221  + ins[56:48];
+  assign \$506  = gc_lane + 1'h1;
+  assign \$507  = \$506  == 2'h3;
+  assign \$508  = ! \$signal$324 [13:3];
+  assign \$509  = gc_lane + 1'h1;
+  assign \$510  = \$509  + 1'h1;
+  assign \$511  = \$510  >= \$signal$324 [2:0];
+  assign \$512  = \$508  & \$511 ;
+  assign \$513  = \$507  | \$512 ;
+  assign \$514  = \$signal$325  + 1'h1;
+  assign \$515  = \$514  < ins[56:48];
+  assign \$516  = \$signal$325  + 1'h1;
+  assign \$517  = gc_wstart + 1'h1;
+  assign \$518  = gc_wstart + 1'h1;
+  assign \$519  = ! \$signal$324 [13:3];
+  assign \$520  = \$signal$324 [2:0] <= 1'h1;
+  assign \$521  = \$519  & \$520 ;
+  assign \$523  = \$signal$324  - 3'h4;
+  assign \$524  = \$signal$221  + 1'h1;
+  assign \$525  = \$signal$221  + 1'h1;
+  assign \$526  = \$signal$324  - 3'h4;
+  assign \$527  = ! \$526 [13:3];
+  assign \$528  = \$signal$324  - 3'h4;
+  assign \$529  = \$528 [2:0] <= 1'h1;
+  assign \$530  = \$527  & \$529 ;
+  assign \$532  = \$signal$118  + 1'h1;
+  assign \$533  = busy_dma + 1'h1;
+  assign \$534  = busy_gemm + 1'h1;
+  assign \$535  = busy_act + 1'h1;
+  assign \$536  = busy_route + 1'h1;
+  assign \$537  = busy_vector + 1'h1;
+  assign \$538  = busy_move + 1'h1;
+  assign \$539  = pc >= 7'h40;
+  assign \$540  = fetch_word + 1'h1;
+  assign \$541  = fetch_word == 4'h8;
+  assign \$544  = \$543  ? \$signal$130  : ins[63:48];
+  assign \$545  = | ins[95:94];
+  assign \$546  = \$545  ? 14'h3fff : ins[93:80];
+  assign \$549  = \$548  ? \$signal$130  : ins[63:48];
+  assign \$550  = | ins[79:78];
+  assign \$551  = \$550  ? 14'h3fff : ins[77:64];
+  assign \$554  = \$553  ? \$signal$130  : ins[63:48];
+  assign \$555  = \$554  + 3'h4;
+  assign \$556  = \$555  - 1'h1;
+  assign \$558  = | ins[79:78];
+  assign \$559  = \$558  ? 14'h3fff : ins[77:64];
+  assign \$562  = \$561  ? \$signal$130  : ins[63:48];
+  assign \$563  = \$562  + 3'h4;
+  assign \$564  = \$563  - 1'h1;
+  assign \$566  = | ins[95:94];
+  assign \$567  = \$566  ? 14'h3fff : ins[93:80];
+  assign \$568  = ins[95:80] + 3'h4;
+  assign \$569  = \$568  - 1'h1;
+  assign \$577  = \$576  ? \$signal$130  : ins[63:48];
+  assign \$578  = | ins[79:78];
+  assign \$579  = \$578  ? 14'h3fff : ins[77:64];
+  assign \$580  = | ins[95:94];
+  assign \$581  = \$580  ? 14'h3fff : ins[93:80];
+  assign \$582  = | ins[95:94];
+  assign \$583  = \$582  ? 14'h3fff : ins[93:80];
+  assign \$586  = \$585  ? \$signal$130  : ins[63:48];
+  assign \$589  = \$588  ? \$signal$130  : ins[63:48];
+  assign \$590  = \$signature__data [19:14] == 3'h4;
+  assign \$591  = \$signature__data [19:14] == 2'h2;
+  assign \$592  = \$591  ? 1'h1 : 1'h0;
+  assign \$593  = \$590  ? 2'h2 : { 1'h0, \$592  };
+  assign \$594  = ins[95:80] << \$593 ;
+  assign \$596  = \$signature__data [19:14] == 3'h4;
+  assign \$597  = \$signature__data [19:14] == 2'h2;
+  assign \$598  = \$597  ? 1'h1 : 1'h0;
+  assign \$599  = \$596  ? 2'h2 : { 1'h0, \$598  };
+  assign \$600  = ins[95:80] << \$599 ;
+  assign \$601  = \$595  ? 18'h3ffff : \$600 [17:0];
+  assign \$604  = \$603  ? \$signal$130  : ins[63:48];
+  assign \$611  = \$610  ? \$signal$248  : 4'h0;
+  assign \$612  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$613  = ins[5:0] == 4'hc;
+  assign \$614  = ~ ph2;
+  assign \$615  = \$613  & \$614 ;
+  assign \$616  = ! ins[5:0];
+  assign \$617  = settle != 2'h2;
+  assign \$618  = | decode_q;
+  assign \$619  = settle + 1'h1;
+  assign \$620  = ins[5:0] == 1'h1;
+  assign \$621  = ins[5:0] == 2'h2;
+  assign \$622  = ins[5:0] == 2'h3;
+  assign \$623  = ins[5:0] == 3'h4;
+  assign \$624  = ins[5:0] == 3'h5;
+  assign \$625  = ins[5:0] == 3'h6;
+  assign \$626  = ins[5:0] == 4'h8;
+  assign \$627  = ins[5:0] == 3'h7;
+  assign \$628  = ins[5:0] == 4'hc;
+  assign \$629  = ins[5:0] == 4'hd;
+  assign \$630  = ins[5:0] == 4'ha;
+  assign \$631  = ins[5:0] == 4'hb;
+  assign \$632  = \$signal$121  + 1'h1;
+  assign \$633  = l0_acc == 1'h1;
+  assign \$636  = ! m_eff[13:3];
+  assign \$637  = m_eff[2:0] <= 1'h1;
+  assign \$638  = \$636  & \$637 ;
+  assign \$643  = ins[124:112] + \$642 ;
+  assign \$645  = ins[124:112] + \$644 ;
+  assign \$646  = \$645  + 5'h10;
+  assign \$647  = ins[5:0] == 2'h3;
+  assign \$648  = el_i + 1'h1;
+  assign \$649  = el_i + 2'h2;
+  assign \$650  = \$649  == l0_acc;
+  assign \$651  = el_i < l0_acc;
+  assign \$652  = ~ \$651 ;
+  assign \$653  = eng_run & \$652 ;
+  assign \$654  = ins[5:0] == 3'h5;
+  assign \$655  = pc + 1'h1;
+  assign \$656  = \$signal$121  + 1'h1;
+  assign \$657  = ~ rd_busy;
+  assign \$658  = pc + 1'h1;
+  assign \$659  = \$signal$121  + 1'h1;
+  assign \$660  = ~ \$signal$252 ;
+  assign \$661  = rd_data__valid & \$660 ;
+  assign \$662  = el_i < l0_acc;
+  assign \$663  = el_i + 1'h1;
+  assign \$664  = ld_e + 1'h1;
   assign \$665  = ld_e + 1'h1;
-  assign \$666  = ld_e + 1'h1;
-  assign \$667  = ins[243:238] == 1'h1;
-  assign \$668  = ins[243:238] == 2'h2;
-  assign \$669  = \$668  ? 2'h2 : 2'h1;
-  assign \$670  = \$667  ? 3'h4 : { 1'h0, \$669  };
-  assign \$671  = \$666  >= \$670 ;
-  assign \$672  = ~ rd_busy;
-  assign \$673  = ~ \$signal$251 ;
-  assign \$674  = \$672  & \$673 ;
-  assign \$675  = el_i < l0_acc;
-  assign \$676  = ~ \$675 ;
-  assign \$677  = \$674  & \$676 ;
-  assign \$678  = pc + 1'h1;
-  assign \$679  = \$signal$121  + 1'h1;
-  assign \$680  = ~ \$signal$254 ;
-  assign \$681  = \$signal$255  < 1'h1;
-  assign \$682  = \$680  & \$681 ;
-  assign \$683  = el_i < l0_acc;
-  assign \$684  = \$682  & \$683 ;
-  assign \$685  = ~ \$signal$256 ;
-  assign \$686  = \$684  & \$685 ;
-  assign \$687  = el_i + 1'h1;
-  assign \$688  = \$signal$255  + 1'h1;
-  assign \$689  = ~ \$signal$254 ;
-  assign \$690  = ~ \$signal$256 ;
-  assign \$691  = \$689  & \$690 ;
-  assign \$692  = | \$signal$255 ;
-  assign \$693  = \$691  & \$692 ;
-  assign \$694  = \$signal$255  == 1'h1;
-  assign \$695  = el_i < l0_acc;
-  assign \$696  = ~ \$695 ;
-  assign \$697  = \$694  | \$696 ;
-  assign \$698  = \$693  & \$697 ;
-  assign \$699  = wr_data__valid & wr_data__ready;
-  assign \$700  = ~ wr_busy;
-  assign \$701  = el_i < l0_acc;
-  assign \$702  = ~ \$701 ;
-  assign \$703  = \$700  & \$702 ;
-  assign \$704  = ~ \$signal$254 ;
-  assign \$705  = \$703  & \$704 ;
-  assign \$706  = ~ \$signal$256 ;
-  assign \$707  = \$705  & \$706 ;
-  assign \$708  = pc + 1'h1;
-  assign \$709  = \$signal$121  + 1'h1;
-  assign \$710  = \$signal$258  + 1'h1;
-  assign \$711  = \$signal$258  == 4'h8;
-  assign \$712  = ~ \$signal$263 ;
-  assign \$713  = ~ \$signal$264 ;
-  assign \$714  = \$712  & \$713 ;
-  assign \$715  = rt_lane < 1'h1;
-  assign \$716  = \$714  & \$715 ;
-  assign \$719  = \$signal$267  < 4'h8;
-  assign \$720  = rt_lane + 1'h1;
-  assign \$721  = \$signal$267  + 1'h1;
-  assign \$722  = \$signal$341  ? rd0__data[12:0] : 13'h0000;
-  assign \$724  = scores__valid & scores__ready;
-  assign \$725  = \$signal$267  >= 4'h8;
-  assign \$726  = \$signal$337  - 1'h1;
-  assign \$727  = \$signal$266  + 4'h8;
-  assign \$728  = | \$signal$337 [13:1];
-  assign \$729  = ~ \$728 ;
-  assign \$730  = ~ \$signal$272 ;
-  assign \$731  = routes__valid & \$730 ;
-  assign \$732  = ~ rt_wphase;
-  assign \$733  = \$signal$272  & \$732 ;
-  assign \$734  = \$signal$272  & rt_wphase;
-  assign \$735  = rt_s == 1'h1;
-  assign \$736  = \$signal$276 [19] | \$735 ;
-  assign \$737  = \$signal$339  - 1'h1;
-  assign \$738  = \$signal$274  + 2'h2;
-  assign \$739  = rt_s + 1'h1;
-  assign \$740  = ! \$signal$339 ;
-  assign \$741  = \$signal$278  == \$signal$258 ;
-  assign \$742  = \$signal$280  + 1'h1;
-  assign \$743  = \$signal$277  + 1'h1;
-  assign \$744  = \$743  < l1_acc[13:2];
-  assign \$745  = \$signal$277  + 1'h1;
-  assign \$746  = \$signal$345  == 1'h1;
-  assign \$747  = \$signal$281  + 1'h1;
-  assign \$748  = \$signal$345  + 1'h1;
-  assign \$749  = \$signal$258  + 1'h1;
-  assign \$750  = \$signal$258  + 1'h1;
-  assign \$751  = \$750  < 4'h8;
-  assign \$752  = pc + 1'h1;
-  assign \$753  = \$signal$121  + 1'h1;
-  assign \$754  = \$signal$284  >= 4'h8;
-  assign \$755  = \$signal$121  + 1'h1;
-  assign \$756  = \$signal$284  + 1'h1;
-  assign \$757  = | \$signal$278 ;
-  assign \$758  = | rd1_q[23:14];
-  assign \$759  = \$758  ? 14'h3fff : rd1_q[13:0];
-  assign \$760  = pc + 1'h1;
-  assign \$761  = \$signal$121  + 1'h1;
-  assign \$762  = \$signal$285  >= \$signal$130 ;
-  assign \$763  = pc + 1'h1;
-  assign \$764  = \$signal$121  + 1'h1;
-  assign \$765  = | \$signal$278 [31:16];
-  assign \$766  = \$signal$278 [15:0] >= m_eff;
-  assign \$767  = \$765  | \$766 ;
-  assign \$768  = | l2_y;
-  assign \$769  = \$signal$286  < ins[61:48];
-  assign \$772  = \$signal$286  + 1'h1;
-  assign \$773  = ins[5:0] == 4'ha;
-  assign \$774  = \$773  ? { 1'h0, \$signal$287  } : l2_acc;
-  assign \$775  = ins[124:112] + \$774 ;
-  assign \$776  = \$775  + \$signal$286 ;
-  assign \$777  = \$signal$286  >= ins[61:48];
-  assign \$778  = \$777  & \$signal$288 ;
-  assign \$779  = \$signal$285  + 1'h1;
-  assign \$780  = \$signal$287  + ins[61:48];
-  assign \$781  = ~ rd_busy;
-  assign \$782  = ~ wr_busy;
-  assign \$783  = \$781  & \$782 ;
-  assign \$784  = ~ \$signal$108 ;
-  assign \$785  = \$signal$103  & \$784 ;
+  assign \$666  = ins[243:238] == 1'h1;
+  assign \$667  = ins[243:238] == 2'h2;
+  assign \$668  = \$667  ? 2'h2 : 2'h1;
+  assign \$669  = \$666  ? 3'h4 : { 1'h0, \$668  };
+  assign \$670  = \$665  >= \$669 ;
+  assign \$671  = ~ rd_busy;
+  assign \$672  = ~ \$signal$252 ;
+  assign \$673  = \$671  & \$672 ;
+  assign \$674  = el_i < l0_acc;
+  assign \$675  = ~ \$674 ;
+  assign \$676  = \$673  & \$675 ;
+  assign \$677  = pc + 1'h1;
+  assign \$678  = \$signal$121  + 1'h1;
+  assign \$679  = ~ \$signal$255 ;
+  assign \$680  = \$signal$256  < 1'h1;
+  assign \$681  = \$679  & \$680 ;
+  assign \$682  = el_i < l0_acc;
+  assign \$683  = \$681  & \$682 ;
+  assign \$684  = ~ \$signal$257 ;
+  assign \$685  = \$683  & \$684 ;
+  assign \$686  = el_i + 1'h1;
+  assign \$687  = \$signal$256  + 1'h1;
+  assign \$688  = ~ \$signal$255 ;
+  assign \$689  = ~ \$signal$257 ;
+  assign \$690  = \$688  & \$689 ;
+  assign \$691  = | \$signal$256 ;
+  assign \$692  = \$690  & \$691 ;
+  assign \$693  = \$signal$256  == 1'h1;
+  assign \$694  = el_i < l0_acc;
+  assign \$695  = ~ \$694 ;
+  assign \$696  = \$693  | \$695 ;
+  assign \$697  = \$692  & \$696 ;
+  assign \$698  = wr_data__valid & wr_data__ready;
+  assign \$699  = ~ wr_busy;
+  assign \$700  = el_i < l0_acc;
+  assign \$701  = ~ \$700 ;
+  assign \$702  = \$699  & \$701 ;
+  assign \$703  = ~ \$signal$255 ;
+  assign \$704  = \$702  & \$703 ;
+  assign \$705  = ~ \$signal$257 ;
+  assign \$706  = \$704  & \$705 ;
+  assign \$707  = pc + 1'h1;
+  assign \$708  = \$signal$121  + 1'h1;
+  assign \$709  = \$signal$259  + 1'h1;
+  assign \$710  = \$signal$259  == 4'h8;
+  assign \$711  = ~ \$signal$264 ;
+  assign \$712  = ~ \$signal$265 ;
+  assign \$713  = \$711  & \$712 ;
+  assign \$714  = rt_lane < 1'h1;
+  assign \$715  = \$713  & \$714 ;
+  assign \$718  = \$signal$268  < 4'h8;
+  assign \$719  = rt_lane + 1'h1;
+  assign \$720  = \$signal$268  + 1'h1;
+  assign \$721  = \$signal$342  ? rd0__data[12:0] : 13'h0000;
+  assign \$723  = scores__valid & scores__ready;
+  assign \$724  = \$signal$268  >= 4'h8;
+  assign \$725  = \$signal$338  - 1'h1;
+  assign \$726  = \$signal$267  + 4'h8;
+  assign \$727  = | \$signal$338 [13:1];
+  assign \$728  = ~ \$727 ;
+  assign \$729  = ~ \$signal$273 ;
+  assign \$730  = routes__valid & \$729 ;
+  assign \$731  = ~ rt_wphase;
+  assign \$732  = \$signal$273  & \$731 ;
+  assign \$733  = \$signal$273  & rt_wphase;
+  assign \$734  = rt_s == 1'h1;
+  assign \$735  = \$signal$277 [19] | \$734 ;
+  assign \$736  = \$signal$340  - 1'h1;
+  assign \$737  = \$signal$275  + 2'h2;
+  assign \$738  = rt_s + 1'h1;
+  assign \$739  = ! \$signal$340 ;
+  assign \$740  = \$signal$279  == \$signal$259 ;
+  assign \$741  = \$signal$281  + 1'h1;
+  assign \$742  = \$signal$278  + 1'h1;
+  assign \$743  = \$742  < l1_acc[13:2];
+  assign \$744  = \$signal$278  + 1'h1;
+  assign \$745  = \$signal$346  == 1'h1;
+  assign \$746  = \$signal$282  + 1'h1;
+  assign \$747  = \$signal$346  + 1'h1;
+  assign \$748  = \$signal$259  + 1'h1;
+  assign \$749  = \$signal$259  + 1'h1;
+  assign \$750  = \$749  < 4'h8;
+  assign \$751  = pc + 1'h1;
+  assign \$752  = \$signal$121  + 1'h1;
+  assign \$753  = \$signal$285  >= 4'h8;
+  assign \$754  = \$signal$121  + 1'h1;
+  assign \$755  = \$signal$285  + 1'h1;
+  assign \$756  = | \$signal$279 ;
+  assign \$757  = | rd1_q[23:14];
+  assign \$758  = \$757  ? 14'h3fff : rd1_q[13:0];
+  assign \$759  = pc + 1'h1;
+  assign \$760  = \$signal$121  + 1'h1;
+  assign \$761  = \$signal$286  >= \$signal$130 ;
+  assign \$762  = pc + 1'h1;
+  assign \$763  = \$signal$121  + 1'h1;
+  assign \$764  = | \$signal$279 [31:16];
+  assign \$765  = \$signal$279 [15:0] >= m_eff;
+  assign \$766  = \$764  | \$765 ;
+  assign \$767  = | l2_y;
+  assign \$768  = \$signal$287  < ins[61:48];
+  assign \$771  = \$signal$287  + 1'h1;
+  assign \$772  = ins[5:0] == 4'ha;
+  assign \$773  = \$772  ? { 1'h0, \$signal$288  } : l2_acc;
+  assign \$774  = ins[124:112] + \$773 ;
+  assign \$775  = \$774  + \$signal$287 ;
+  assign \$776  = \$signal$287  >= ins[61:48];
+  assign \$777  = \$776  & \$signal$289 ;
+  assign \$778  = \$signal$286  + 1'h1;
+  assign \$779  = \$signal$288  + ins[61:48];
+  assign \$780  = ~ rd_busy;
+  assign \$781  = ~ wr_busy;
+  assign \$782  = \$780  & \$781 ;
+  assign \$783  = ~ \$signal$108 ;
+  assign \$784  = \$signal$103  & \$783 ;
   always @(posedge clk)
-    \$signal$119  <= \$786 ;
+    \$signal$119  <= \$785 ;
   always @(posedge clk)
-    host_size <= \$787 ;
+    host_size <= \$786 ;
   always @(posedge clk)
-    rsel <= \$788 ;
+    rsel <= \$787 ;
   always @(posedge clk)
-    l0_acc <= \$789 ;
+    l0_acc <= \$788 ;
   always @(posedge clk)
-    l0_x <= \$790 ;
+    l0_x <= \$789 ;
   always @(posedge clk)
-    l0_y <= \$791 ;
+    l0_y <= \$790 ;
   always @(posedge clk)
-    l1_acc <= \$792 ;
+    l1_acc <= \$791 ;
   always @(posedge clk)
-    l1_x <= \$793 ;
+    l1_x <= \$792 ;
   always @(posedge clk)
-    l1_y <= \$794 ;
+    l1_y <= \$793 ;
   always @(posedge clk)
-    l2_acc <= \$795 ;
+    l2_acc <= \$794 ;
   always @(posedge clk)
-    l2_x <= \$796 ;
+    l2_x <= \$795 ;
   always @(posedge clk)
-    l2_y <= \$797 ;
+    l2_y <= \$796 ;
   always @(posedge clk)
-    l3_acc <= \$798 ;
+    l3_acc <= \$797 ;
   always @(posedge clk)
-    l3_x <= \$799 ;
+    l3_x <= \$798 ;
   always @(posedge clk)
-    l3_y <= \$800 ;
+    l3_y <= \$799 ;
   always @(posedge clk)
-    l4_acc <= \$801 ;
+    l4_acc <= \$800 ;
   always @(posedge clk)
-    l4_x <= \$802 ;
+    l4_x <= \$801 ;
   always @(posedge clk)
-    l4_y <= \$803 ;
+    l4_y <= \$802 ;
   always @(posedge clk)
-    lh_acc <= \$804 ;
+    lh_acc <= \$803 ;
   always @(posedge clk)
-    lh_x <= \$805 ;
+    lh_x <= \$804 ;
   always @(posedge clk)
-    lh_y <= \$806 ;
+    lh_y <= \$805 ;
   always @(posedge clk)
-    \$signal$142  <= \$807 ;
+    \$signal$142  <= \$806 ;
   always @(posedge clk)
-    \$signal$146  <= \$808 ;
+    \$signal$146  <= \$807 ;
   always @(posedge clk)
-    host_ok <= \$809 ;
+    host_ok <= \$808 ;
   always @(posedge clk)
-    decode_q <= \$810 ;
+    decode_q <= \$809 ;
   always @(posedge clk)
-    \$signal$156  <= \$811 ;
+    \$signal$156  <= \$810 ;
   always @(posedge clk)
-    \$signal$170  <= \$812 ;
+    \$signal$170  <= \$811 ;
   always @(posedge clk)
-    \$signal$166  <= \$813 ;
+    \$signal$166  <= \$812 ;
   always @(posedge clk)
-    b_word <= \$814 ;
+    b_word <= \$813 ;
   always @(posedge clk)
-    \$signal$155  <= \$815 ;
+    \$signal$155  <= \$814 ;
   always @(posedge clk)
-    \$signal$299  <= \$816 ;
+    \$signal$300  <= \$815 ;
   always @(posedge clk)
-    rem0 <= \$817 ;
+    rem0 <= \$816 ;
   always @(posedge clk)
-    \$signal$151  <= \$818 ;
+    \$signal$151  <= \$817 ;
   always @(posedge clk)
-    \$signal$153  <= \$819 ;
+    \$signal$153  <= \$818 ;
   always @(posedge clk)
-    rem1 <= \$820 ;
+    rem1 <= \$819 ;
   always @(posedge clk)
-    \$signal$307  <= \$821 ;
+    \$signal$308  <= \$820 ;
   always @(posedge clk)
-    \$signal$309  <= \$822 ;
+    \$signal$310  <= \$821 ;
   always @(posedge clk)
-    rem2 <= \$823 ;
+    rem2 <= \$822 ;
   always @(posedge clk)
-    \$signal$313  <= \$824 ;
+    \$signal$314  <= \$823 ;
   always @(posedge clk)
-    \$signal$315  <= \$825 ;
+    \$signal$316  <= \$824 ;
   always @(posedge clk)
-    \$signal$301  <= \$826 ;
+    \$signal$302  <= \$825 ;
   always @(posedge clk)
-    op <= \$827 ;
+    op <= \$826 ;
   always @(posedge clk)
-    \$signal$182  <= \$828 ;
+    \$signal$182  <= \$827 ;
   always @(posedge clk)
-    \$signal$317  <= \$829 ;
+    \$signal$318  <= \$828 ;
   always @(posedge clk)
-    rq_in__payload <= \$830 ;
+    rq_in__payload <= \$829 ;
   always @(posedge clk)
-    rq_lane <= \$831 ;
+    rq_lane <= \$830 ;
   always @(posedge clk)
-    \$signal$318  <= \$832 ;
+    \$signal$319  <= \$831 ;
   always @(posedge clk)
-    gm_cap_lane <= \$833 ;
+    gm_cap_lane <= \$832 ;
   always @(posedge clk)
-    gm_lane <= \$834 ;
+    gm_lane <= \$833 ;
   always @(posedge clk)
-    \$signal$219  <= \$835 ;
+    \$signal$219  <= \$834 ;
   always @(posedge clk)
-    a_in__payload <= \$836 ;
+    a_in__payload <= \$835 ;
   always @(posedge clk)
-    a_in__valid <= \$837 ;
+    a_in__valid <= \$836 ;
   always @(posedge clk)
-    \$signal$321  <= \$838 ;
+    \$signal$322  <= \$837 ;
   always @(posedge clk)
-    gm_wstart <= \$839 ;
+    gm_wstart <= \$838 ;
   always @(posedge clk)
-    \$signal$218  <= \$840 ;
+    \$signal$218  <= \$839 ;
   always @(posedge clk)
-    gm_afeed_done <= \$841 ;
+    gm_afeed_done <= \$840 ;
   always @(posedge clk)
-    gc_lane <= \$842 ;
+    gc_lane <= \$841 ;
   always @(posedge clk)
-    \$signal$221  <= \$843 ;
+    \$signal$221  <= \$842 ;
   always @(posedge clk)
-    gc_last <= \$844 ;
+    gc_last <= \$843 ;
   always @(posedge clk)
-    \$signal$324  <= \$845 ;
+    \$signal$325  <= \$844 ;
   always @(posedge clk)
-    gc_wstart <= \$846 ;
+    gc_wstart <= \$845 ;
   always @(posedge clk)
-    \$signal$323  <= \$847 ;
+    \$signal$324  <= \$846 ;
   always @(posedge clk)
-    \$signal$118  <= \$848 ;
+    \$signal$118  <= \$847 ;
   always @(posedge clk)
-    busy_dma <= \$849 ;
+    busy_dma <= \$848 ;
   always @(posedge clk)
-    busy_gemm <= \$850 ;
+    busy_gemm <= \$849 ;
   always @(posedge clk)
-    busy_act <= \$851 ;
+    busy_act <= \$850 ;
   always @(posedge clk)
-    busy_route <= \$852 ;
+    busy_route <= \$851 ;
   always @(posedge clk)
-    busy_vector <= \$853 ;
+    busy_vector <= \$852 ;
   always @(posedge clk)
-    busy_move <= \$854 ;
+    busy_move <= \$853 ;
   always @(posedge clk)
-    \$signal$278  <= \$855 ;
+    \$signal$279  <= \$854 ;
   always @(posedge clk)
-    rd1_q <= \$856 ;
+    rd1_q <= \$855 ;
   always @(posedge clk)
-    \$signal$108  <= \$857 ;
+    \$signal$108  <= \$856 ;
   always @(posedge clk)
-    \$signal$109  <= \$858 ;
+    \$signal$109  <= \$857 ;
   always @(posedge clk)
-    err <= \$859 ;
+    err <= \$858 ;
   always @(posedge clk)
-    pc <= \$860 ;
+    pc <= \$859 ;
   always @(posedge clk)
-    \$signal$121  <= \$861 ;
+    \$signal$121  <= \$860 ;
   always @(posedge clk)
-    \$signal$140  <= \$862 ;
+    \$signal$140  <= \$861 ;
   always @(posedge clk)
-    exp_active <= \$863 ;
+    exp_active <= \$862 ;
   always @(posedge clk)
-    \$signal$143  <= \$864 ;
+    \$signal$143  <= \$863 ;
   always @(posedge clk)
-    ctrl_state <= \$865 ;
+    ctrl_state <= \$864 ;
   always @(posedge clk)
-    stop_code <= \$866 ;
+    stop_code <= \$865 ;
   always @(posedge clk)
-    cur_unit <= \$867 ;
+    cur_unit <= \$866 ;
   always @(posedge clk)
-    fetch_word <= \$868 ;
+    fetch_word <= \$867 ;
   always @(posedge clk)
-    ins <= \$869 ;
+    ins <= \$868 ;
   always @(posedge clk)
-    ph2 <= \$870 ;
+    ph2 <= \$869 ;
   always @(posedge clk)
-    settle <= \$871 ;
+    settle <= \$870 ;
   always @(posedge clk)
-    \$signal$178  <= \$872 ;
+    \$signal$178  <= \$871 ;
   always @(posedge clk)
-    \$signal$160  <= \$873 ;
+    \$signal$160  <= \$872 ;
   always @(posedge clk)
-    rq_shift <= \$874 ;
+    rq_shift <= \$873 ;
   always @(posedge clk)
-    cnt0 <= \$875 ;
+    cnt0 <= \$874 ;
   always @(posedge clk)
-    cnt1 <= \$876 ;
+    cnt1 <= \$875 ;
   always @(posedge clk)
-    sa0 <= \$877 ;
+    sa0 <= \$876 ;
   always @(posedge clk)
-    sa1 <= \$878 ;
+    sa1 <= \$877 ;
   always @(posedge clk)
-    sa2 <= \$879 ;
+    sa2 <= \$878 ;
   always @(posedge clk)
-    sb0 <= \$880 ;
+    sb0 <= \$879 ;
   always @(posedge clk)
-    sb1 <= \$881 ;
+    sb1 <= \$880 ;
   always @(posedge clk)
-    sb2 <= \$882 ;
+    sb2 <= \$881 ;
   always @(posedge clk)
-    el_i <= \$883 ;
+    el_i <= \$882 ;
   always @(posedge clk)
-    \$signal$251  <= \$884 ;
+    rq_at_last <= \$883 ;
+  always @(posedge clk)
+    \$signal$252  <= \$884 ;
   always @(posedge clk)
     ld_e <= \$885 ;
   always @(posedge clk)
-    \$signal$254  <= \$886 ;
+    \$signal$255  <= \$886 ;
   always @(posedge clk)
-    \$signal$255  <= \$887 ;
+    \$signal$256  <= \$887 ;
   always @(posedge clk)
-    \$signal$256  <= \$888 ;
+    \$signal$257  <= \$888 ;
   always @(posedge clk)
     wr_data__payload <= \$889 ;
   always @(posedge clk)
-    \$signal$258  <= \$890 ;
+    \$signal$259  <= \$890 ;
   always @(posedge clk)
-    \$signal$282  <= \$891 ;
+    \$signal$283  <= \$891 ;
   always @(posedge clk)
-    \$signal$279  <= \$892 ;
+    \$signal$280  <= \$892 ;
   always @(posedge clk)
-    \$signal$285  <= \$893 ;
+    \$signal$286  <= \$893 ;
   always @(posedge clk)
-    \$signal$287  <= \$894 ;
+    \$signal$288  <= \$894 ;
   always @(posedge clk)
     \$signal$144  <= \$895 ;
   always @(posedge clk)
     scores_len <= \$896 ;
   always @(posedge clk)
-    \$signal$252  <= \$897 ;
+    \$signal$253  <= \$897 ;
   always @(posedge clk)
-    \$signal$334  <= \$898 ;
+    \$signal$335  <= \$898 ;
   always @(posedge clk)
-    \$signal$337  <= \$899 ;
+    \$signal$338  <= \$899 ;
   always @(posedge clk)
-    \$signal$267  <= \$900 ;
+    \$signal$268  <= \$900 ;
   always @(posedge clk)
     rt_lane <= \$901 ;
   always @(posedge clk)
-    \$signal$263  <= \$902 ;
+    \$signal$264  <= \$902 ;
   always @(posedge clk)
-    \$signal$266  <= \$903 ;
+    \$signal$267  <= \$903 ;
   always @(posedge clk)
-    \$signal$274  <= \$904 ;
+    \$signal$275  <= \$904 ;
   always @(posedge clk)
-    \$signal$264  <= \$905 ;
+    \$signal$265  <= \$905 ;
   always @(posedge clk)
-    \$signal$338  <= \$906 ;
+    \$signal$339  <= \$906 ;
   always @(posedge clk)
-    \$signal$339  <= \$907 ;
+    \$signal$340  <= \$907 ;
   always @(posedge clk)
     rt_s <= \$908 ;
   always @(posedge clk)
-    \$signal$272  <= \$909 ;
+    \$signal$273  <= \$909 ;
   always @(posedge clk)
     rt_wphase <= \$910 ;
   always @(posedge clk)
-    \$signal$341  <= \$911 ;
+    \$signal$342  <= \$911 ;
   always @(posedge clk)
     rt_word <= \$912 ;
   always @(posedge clk)
-    \$signal$276  <= \$913 ;
+    \$signal$277  <= \$913 ;
   always @(posedge clk)
-    \$signal$277  <= \$914 ;
+    \$signal$278  <= \$914 ;
   always @(posedge clk)
-    \$signal$281  <= \$915 ;
+    \$signal$282  <= \$915 ;
   always @(posedge clk)
-    \$signal$345  <= \$916 ;
+    \$signal$346  <= \$916 ;
   always @(posedge clk)
-    \$signal$280  <= \$917 ;
+    \$signal$281  <= \$917 ;
   always @(posedge clk)
-    \$signal$283  <= \$918 ;
+    \$signal$284  <= \$918 ;
   always @(posedge clk)
-    \$signal$284  <= \$919 ;
+    \$signal$285  <= \$919 ;
   always @(posedge clk)
     \$signal$248  <= \$920 ;
   always @(posedge clk)
@@ -2856,11 +2858,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     \$signal$139  <= \$922 ;
   always @(posedge clk)
-    \$signal$286  <= \$923 ;
+    \$signal$287  <= \$923 ;
   always @(posedge clk)
-    \$signal$288  <= \$924 ;
+    \$signal$289  <= \$924 ;
   always @(posedge clk)
-    \$signal$289  <= \$925 ;
+    \$signal$290  <= \$925 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -2946,9 +2948,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1225$0 (\$926 ),
-    .\port$1243$0 (\$927 ),
-    .\port$3272$2 (l4_acc[17:2]),
+    .\port$1224$0 (\$926 ),
+    .\port$1242$0 (\$927 ),
+    .\port$3271$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -2977,7 +2979,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$90 (done),
-    .error(\error$332 ),
+    .error(\error$333 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -3254,7 +3256,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__addr = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$231 ) begin
+      if (\$229 ) begin
         rd0__addr = \$signal$219 ;
       end
     end
@@ -3268,7 +3270,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$244 [12:0];
+          rd0__addr = \$242 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3282,17 +3284,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
-            rd0__addr = \$266 [12:0];
+          if (\$263 ) begin
+            rd0__addr = \$264 [12:0];
           end
       5'h0a:
-          rd0__addr = \$267 [12:0];
+          rd0__addr = \$265 [12:0];
       5'h10:
-          if (\$276 ) begin
-            rd0__addr = \$277 [12:0];
+          if (\$274 ) begin
+            rd0__addr = \$275 [12:0];
           end
       5'h11:
-          rd0__addr = \$285 [12:0];
+          rd0__addr = \$283 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -3305,9 +3307,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$296 ) begin
+          if (\$294 ) begin
           end else begin
-            rd0__addr = \$297 [12:0];
+            rd0__addr = \$295 [12:0];
           end
       5'h17:
           /* empty */;
@@ -3315,18 +3317,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$300 ) begin
+          if (\$298 ) begin
           end else begin
-            rd0__addr = \$302 [12:0];
+            rd0__addr = \$300 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$303 ) begin
-          end else if (\$306 ) begin
-            rd0__addr = \$310 [12:0];
+          if (\$301 ) begin
+          end else if (\$304 ) begin
+            rd0__addr = \$308 [12:0];
           end
     endcase
   end
@@ -3346,7 +3348,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$247 [12:0];
+          rd1__addr = \$245 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3379,9 +3381,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$296 ) begin
+          if (\$294 ) begin
           end else begin
-            rd1__addr = \$299 [12:0];
+            rd1__addr = \$297 [12:0];
           end
     endcase
   end
@@ -3392,7 +3394,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__en = \$163 ;
     end
     if (gemm_run) begin
-      if (\$231 ) begin
+      if (\$229 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3420,13 +3422,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
+          if (\$263 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$276 ) begin
+          if (\$274 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
@@ -3443,7 +3445,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$296 ) begin
+          if (\$294 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3453,7 +3455,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$300 ) begin
+          if (\$298 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3462,8 +3464,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$303 ) begin
-          end else if (\$306 ) begin
+          if (\$301 ) begin
+          end else if (\$304 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3517,7 +3519,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$296 ) begin
+          if (\$294 ) begin
           end else begin
             rd1__en = 1'h1;
           end
@@ -3591,7 +3593,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       casez (ins[5:0])
         6'h04:
             if (c_out__valid) begin
-              c_out__ready = \$213 ;
+              c_out__ready = \$211 ;
             end
       endcase
     end
@@ -3681,7 +3683,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$249 ;
+          rd_data__ready = \$247 ;
     endcase
   end
   always @* begin
@@ -3707,7 +3709,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$184 ) begin
-            wr__addr = \$248 [12:0];
+            wr__addr = \$246 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3716,9 +3718,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
-              wr__addr = \$251 [12:0];
+          if (\$signal$252 ) begin
+            if (\$248 ) begin
+              wr__addr = \$249 [12:0];
             end
           end
       5'h09:
@@ -3727,11 +3729,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
-            wr__addr = \$281 [12:0];
+          if (\$278 ) begin
+            wr__addr = \$279 [12:0];
           end
-          if (\$282 ) begin
-            wr__addr = \$284 [12:0];
+          if (\$280 ) begin
+            wr__addr = \$282 [12:0];
           end
         end
       5'h11:
@@ -3739,19 +3741,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$286 ) begin
-            wr__addr = \$287 [12:0];
+          if (\$284 ) begin
+            wr__addr = \$285 [12:0];
           end
       5'h14:
-          wr__addr = \$289 [12:0];
+          wr__addr = \$287 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$291 ) begin
+          if (\$289 ) begin
           end else begin
-            wr__addr = \$292 [12:0];
+            wr__addr = \$290 [12:0];
           end
       5'h16:
-          wr__addr = \$295 [12:0];
+          wr__addr = \$293 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -3765,8 +3767,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
-            wr__addr = \$signal$289 ;
+          if (\$signal$289 ) begin
+            wr__addr = \$signal$290 ;
           end
     endcase
   end
@@ -3775,7 +3777,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$234 ;
+        wr__data = \$232 ;
       end
     end
     casez (ctrl_state)
@@ -3802,9 +3804,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
-              wr__data = \$258 ;
+          if (\$signal$252 ) begin
+            if (\$248 ) begin
+              wr__data = \$256 ;
             end
           end
       5'h09:
@@ -3813,11 +3815,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
-            wr__data = { 29'h00000000, \$signal$276 [2:0] };
+          if (\$278 ) begin
+            wr__data = { 29'h00000000, \$signal$277 [2:0] };
           end
-          if (\$282 ) begin
-            wr__data = { 16'h0000, \$signal$276 [18:3] };
+          if (\$280 ) begin
+            wr__data = { 16'h0000, \$signal$277 [18:3] };
           end
         end
       5'h11:
@@ -3825,19 +3827,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$286 ) begin
-            wr__data = { 18'h00000, \$signal$277  };
+          if (\$284 ) begin
+            wr__data = { 18'h00000, \$signal$278  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$281  };
+          wr__data = { 18'h00000, \$signal$282  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$291 ) begin
+          if (\$289 ) begin
           end else begin
-            wr__data = { \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293 [14], \$293  };
+            wr__data = { \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$283  };
+          wr__data = { 18'h00000, \$signal$284  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3851,7 +3853,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
+          if (\$signal$289 ) begin
             wr__data = rd0__data;
           end
     endcase
@@ -3888,8 +3890,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
+          if (\$signal$252 ) begin
+            if (\$248 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3899,10 +3901,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
+          if (\$278 ) begin
             wr__en = 1'h1;
           end
-          if (\$282 ) begin
+          if (\$280 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3911,14 +3913,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$286 ) begin
+          if (\$284 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$291 ) begin
+          if (\$289 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -3937,7 +3939,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$288 ) begin
+          if (\$signal$289 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -3950,7 +3952,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$235 ) begin
+          if (\$233 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -3966,7 +3968,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$235 ) begin
+          if (\$233 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -3986,11 +3988,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$236 ) begin
+          if (\$234 ) begin
+          end else if (\$237 ) begin
+          end else if (\$238 ) begin
           end else if (\$239 ) begin
           end else if (\$240 ) begin
-          end else if (\$241 ) begin
-          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4033,11 +4035,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$236 ) begin
+          if (\$234 ) begin
+          end else if (\$237 ) begin
+          end else if (\$238 ) begin
           end else if (\$239 ) begin
           end else if (\$240 ) begin
-          end else if (\$241 ) begin
-          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4153,7 +4155,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$254 ;
+          wr_data__valid = \$signal$255 ;
     endcase
   end
   always @* begin
@@ -4185,7 +4187,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$266 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4219,8 +4221,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
-            bias_addr = \$269 [2:0];
+          if (\$266 ) begin
+            bias_addr = \$267 [2:0];
           end
     endcase
   end
@@ -4253,7 +4255,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$266 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4323,7 +4325,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$263 ;
+          scores__valid = \$signal$264 ;
     endcase
   end
   always @* begin
@@ -4357,7 +4359,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$278 ;
+          routes__ready = \$276 ;
     endcase
   end
   always @* begin
@@ -4483,13 +4485,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$312 ) begin
+    if (\$310 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$signal$119 ;
+    \$785  = \$signal$119 ;
+    if (\$340 ) begin
+      \$785  = wr_data;
+    end
+    if (rst) begin
+      \$785  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = host_size;
     if (\$342 ) begin
       \$786  = wr_data;
     end
@@ -4499,30 +4511,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = host_size;
-    if (\$344 ) begin
-      \$787  = wr_data;
-    end
-    if (rst) begin
-      \$787  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = rsel;
+    \$787  = rsel;
     if (rd_en) begin
-      \$788  = s_axil__araddr;
+      \$787  = s_axil__araddr;
     end
     if (rst) begin
-      \$788  = 20'h00000;
+      \$787  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = l0_acc;
-    if (\$345 ) begin
+    \$788  = l0_acc;
+    if (\$343 ) begin
       if (l0_y[0]) begin
-        \$789  = \$349 ;
+        \$788  = \$347 ;
       end
     end
     casez (ctrl_state)
@@ -4531,10 +4533,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
             casez (ins[37:32])
               6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$789  = 14'h0000;
+                  \$788  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$788  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = l0_x;
+    if (\$343 ) begin
+      \$789  = \$349 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            casez (ins[37:32])
+              6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                  \$789  = \$546 ;
             endcase
           end
     endcase
@@ -4544,9 +4569,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = l0_x;
-    if (\$345 ) begin
-      \$790  = \$351 [13:0];
+    \$790  = l0_y;
+    if (\$343 ) begin
+      \$790  = \$350 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4554,47 +4579,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
+            \$790  = 16'h0000;
             casez (ins[37:32])
               6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$790  = \$550 ;
+                  \$790  = \$544 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$790  = 14'h0000;
+      \$790  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = l0_y;
-    if (\$345 ) begin
-      \$791  = \$352 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$791  = 16'h0000;
-            casez (ins[37:32])
-              6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$791  = \$548 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$791  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = l1_acc;
-    if (\$353 ) begin
+    \$791  = l1_acc;
+    if (\$351 ) begin
       if (l1_y[0]) begin
-        \$792  = \$357 ;
+        \$791  = \$355 ;
       end
     end
     casez (ctrl_state)
@@ -4603,16 +4605,45 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$792  = 14'h0000;
+                  \$791  = 14'h0000;
               6'h0c:
-                  \$792  = 14'h0000;
+                  \$791  = 14'h0000;
               6'h0a, 6'h0b:
-                  \$792  = 14'h0000;
+                  \$791  = 14'h0000;
               6'h08:
-                  \$792  = 14'h0000;
+                  \$791  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$791  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = l1_x;
+    if (\$351 ) begin
+      \$792  = \$357 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            casez (ins[37:32])
+              6'h03:
+                  \$792  = \$551 ;
+              6'h0c:
+                  \$792  = \$579 ;
+              6'h0a, 6'h0b:
+                  \$792  = \$583 ;
+              6'h08:
+                  \$792  = 14'h0008;
             endcase
           end
     endcase
@@ -4622,9 +4653,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = l1_x;
-    if (\$353 ) begin
-      \$793  = \$359 [13:0];
+    \$793  = l1_y;
+    if (\$351 ) begin
+      \$793  = \$358 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4632,59 +4663,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
+            \$793  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$793  = \$555 ;
+                  \$793  = \$549 ;
               6'h0c:
-                  \$793  = \$583 ;
+                  \$793  = \$577 ;
               6'h0a, 6'h0b:
-                  \$793  = \$587 ;
+                  \$793  = \$signal$130 ;
               6'h08:
-                  \$793  = 14'h0008;
+                  \$793  = \$586 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$793  = 14'h0000;
+      \$793  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = l1_y;
-    if (\$353 ) begin
-      \$794  = \$360 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$794  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$794  = \$553 ;
-              6'h0c:
-                  \$794  = \$581 ;
-              6'h0a, 6'h0b:
-                  \$794  = \$signal$130 ;
-              6'h08:
-                  \$794  = \$590 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$794  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = l2_acc;
-    if (\$361 ) begin
+    \$794  = l2_acc;
+    if (\$359 ) begin
       if (l2_y[0]) begin
-        \$795  = \$365 ;
+        \$794  = \$363 ;
       end
     end
     casez (ctrl_state)
@@ -4693,12 +4695,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$795  = 14'h0000;
+                  \$794  = 14'h0000;
               6'h0c:
-                  \$795  = 14'h0000;
+                  \$794  = 14'h0000;
             endcase
           end
       5'h04:
@@ -4747,9 +4749,84 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$767 ) begin
+          if (\$766 ) begin
           end else begin
-            \$795  = 14'h0000;
+            \$794  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$794  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = l2_x;
+    if (\$359 ) begin
+      \$795  = \$365 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            casez (ins[37:32])
+              6'h03:
+                  \$795  = \$559 ;
+              6'h0c:
+                  \$795  = \$581 ;
+            endcase
+          end
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$766 ) begin
+          end else begin
+            \$795  = ins[61:48];
           end
     endcase
     if (rst) begin
@@ -4758,9 +4835,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = l2_x;
-    if (\$361 ) begin
-      \$796  = \$367 [13:0];
+    \$796  = l2_y;
+    if (\$359 ) begin
+      \$796  = \$366 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4768,12 +4845,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
+            \$796  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$796  = \$563 ;
+                  \$796  = \$557 [15:0];
               6'h0c:
-                  \$796  = \$585 ;
+                  \$796  = ins[79:64];
             endcase
           end
       5'h04:
@@ -4822,97 +4900,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$767 ) begin
+          if (\$766 ) begin
           end else begin
-            \$796  = ins[61:48];
+            \$796  = \$signal$279 [15:0];
           end
     endcase
     if (rst) begin
-      \$796  = 14'h0000;
+      \$796  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = l2_y;
-    if (\$361 ) begin
-      \$797  = \$368 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$797  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$797  = \$561 [15:0];
-              6'h0c:
-                  \$797  = ins[79:64];
-            endcase
-          end
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$767 ) begin
-          end else begin
-            \$797  = \$signal$278 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$797  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = l3_acc;
-    if (\$369 ) begin
+    \$797  = l3_acc;
+    if (\$367 ) begin
       if (l3_y[0]) begin
-        \$798  = \$373 ;
+        \$797  = \$371 ;
       end
     end
     casez (ctrl_state)
@@ -4921,16 +4923,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$798  = 14'h0000;
+                  \$797  = 14'h0000;
             endcase
           end
       5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-            \$798  = 14'h0000;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+            \$797  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$797  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = l3_x;
+    if (\$367 ) begin
+      \$798  = \$373 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            casez (ins[37:32])
+              6'h03:
+                  \$798  = \$567 ;
+            endcase
+          end
+      5'h04:
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+            \$798  = l2_acc;
           end
     endcase
     if (rst) begin
@@ -4939,9 +4969,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = l3_x;
-    if (\$369 ) begin
-      \$799  = \$375 [13:0];
+    \$799  = l3_y;
+    if (\$367 ) begin
+      \$799  = \$374 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4949,57 +4979,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
+            \$799  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$799  = \$571 ;
+                  \$799  = \$565 [15:0];
             endcase
           end
       5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-            \$799  = l2_acc;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+            \$799  = m_eff;
           end
     endcase
     if (rst) begin
-      \$799  = 14'h0000;
+      \$799  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = l3_y;
-    if (\$369 ) begin
-      \$800  = \$376 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$800  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$800  = \$569 [15:0];
-            endcase
-          end
-      5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-            \$800  = m_eff;
-          end
-    endcase
-    if (rst) begin
-      \$800  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = l4_acc;
-    if (\$377 ) begin
+    \$800  = l4_acc;
+    if (\$375 ) begin
       if (l4_y[0]) begin
-        \$801  = \$381 ;
+        \$800  = \$379 ;
       end
     end
     casez (ctrl_state)
@@ -5008,10 +5010,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
             casez (ins[37:32])
               6'h03:
-                  \$801  = 18'h00000;
+                  \$800  = 18'h00000;
               6'h0c:
                   /* empty */;
               6'h0a, 6'h0b:
@@ -5019,9 +5021,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h08:
                   /* empty */;
               6'h01:
-                  \$801  = 18'h00003;
+                  \$800  = 18'h00003;
               6'h02:
-                  \$801  = 18'h00003;
+                  \$800  = 18'h00003;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$800  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = l4_x;
+    if (\$375 ) begin
+      \$801  = \$381 [17:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            casez (ins[37:32])
+              6'h03:
+                  \$801  = \$574 ;
+              6'h0c:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h01:
+                  \$801  = \$601 ;
+              6'h02:
+                  \$801  = \$608 ;
             endcase
           end
     endcase
@@ -5031,9 +5066,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = l4_x;
-    if (\$377 ) begin
-      \$802  = \$383 [17:0];
+    \$802  = l4_y;
+    if (\$375 ) begin
+      \$802  = \$382 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -5041,10 +5076,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
+          if (\$541 ) begin
+            \$802  = 16'h0000;
             casez (ins[37:32])
               6'h03:
-                  \$802  = \$578 ;
+                  \$802  = \$570 [15:0];
               6'h0c:
                   /* empty */;
               6'h0a, 6'h0b:
@@ -5052,56 +5088,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h08:
                   /* empty */;
               6'h01:
-                  \$802  = \$605 ;
+                  \$802  = \$589 ;
               6'h02:
-                  \$802  = \$612 ;
+                  \$802  = \$604 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$802  = 18'h00000;
+      \$802  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = l4_y;
-    if (\$377 ) begin
-      \$803  = \$384 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$803  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$803  = \$574 [15:0];
-              6'h0c:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h01:
-                  \$803  = \$593 ;
-              6'h02:
-                  \$803  = \$608 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$803  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = lh_acc;
-    if (\$385 ) begin
+    \$803  = lh_acc;
+    if (\$383 ) begin
       if (lh_y[0]) begin
-        \$804  = \$389 ;
+        \$803  = \$387 ;
       end
     end
     casez (ctrl_state)
@@ -5110,8 +5112,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
-            \$804  = { 1'h0, ins[199:168] };
+          if (\$541 ) begin
+            \$803  = { 1'h0, ins[199:168] };
+          end
+    endcase
+    if (rst) begin
+      \$803  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = lh_x;
+    if (\$383 ) begin
+      \$804  = \$389 [32:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$541 ) begin
+            \$804  = { 1'h0, ins[231:200] };
           end
     endcase
     if (rst) begin
@@ -5120,9 +5142,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = lh_x;
-    if (\$385 ) begin
-      \$805  = \$391 [32:0];
+    \$805  = lh_y;
+    if (\$383 ) begin
+      \$805  = \$390 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -5130,68 +5152,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
-            \$805  = { 1'h0, ins[231:200] };
+          if (\$541 ) begin
+            \$805  = { 12'h000, \$611  };
           end
     endcase
     if (rst) begin
-      \$805  = 33'h000000000;
+      \$805  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = lh_y;
-    if (\$385 ) begin
-      \$806  = \$392 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$545 ) begin
-            \$806  = { 12'h000, \$615  };
-          end
-    endcase
+    \$806  = shape_ok;
     if (rst) begin
-      \$806  = 16'h0000;
+      \$806  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = shape_ok;
+    \$807  = \$410 ;
     if (rst) begin
       \$807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$412 ;
+    \$808  = \$417 ;
     if (rst) begin
       \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = \$419 ;
+    \$809  = decode_err;
     if (rst) begin
-      \$809  = 1'h0;
+      \$809  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = decode_err;
-    if (rst) begin
-      \$810  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$156 ;
+    \$810  = \$signal$156 ;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$811  = \$signal$155 ;
+      if (\$419 ) begin
+        \$810  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -5203,48 +5205,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$811  = 1'h0;
+                  \$810  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$811  = 1'h0;
+                  \$810  = 1'h0;
               6'h0c:
-                  \$811  = 1'h0;
+                  \$810  = 1'h0;
               6'h0d:
-                  \$811  = 1'h0;
+                  \$810  = 1'h0;
             endcase
           end
     endcase
+    if (rst) begin
+      \$810  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = \$signal$170 ;
+    if (eng_run) begin
+      if (\$419 ) begin
+        \$811  = \$signal$300 ;
+      end
+    end
     if (rst) begin
       \$811  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$170 ;
+    \$812  = \$signal$166 ;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$812  = \$signal$299 ;
+      if (\$419 ) begin
+        \$812  = rd0__data;
       end
     end
     if (rst) begin
-      \$812  = 1'h0;
+      \$812  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$166 ;
+    \$813  = b_word;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$813  = rd0__data;
+      if (\$419 ) begin
+        \$813  = rd1__data;
       end
     end
     if (rst) begin
@@ -5253,22 +5267,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = b_word;
+    \$814  = \$signal$155 ;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$814  = rd1__data;
-      end
-    end
-    if (rst) begin
-      \$814  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$425 ) begin
-        \$815  = \$427 ;
+      if (\$423 ) begin
+        \$814  = \$425 ;
       end
     end
     casez (ctrl_state)
@@ -5280,55 +5282,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$815  = 1'h0;
+                  \$814  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$815  = 1'h0;
+                  \$814  = 1'h0;
               6'h0c:
-                  \$815  = 1'h0;
+                  \$814  = 1'h0;
               6'h0d:
-                  \$815  = 1'h0;
+                  \$814  = 1'h0;
             endcase
           end
     endcase
+    if (rst) begin
+      \$814  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$300 ;
+    if (eng_run) begin
+      if (\$423 ) begin
+        \$815  = \$426 ;
+      end
+    end
     if (rst) begin
       \$815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$299 ;
+    \$816  = rem0;
     if (eng_run) begin
-      if (\$425 ) begin
-        \$816  = \$428 ;
-      end
-    end
-    if (rst) begin
-      \$816  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = rem0;
-    if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$817  = \$433 [13:0];
-          end else if (\$432 ) begin
-            \$817  = cnt0;
+          if (\$429 ) begin
+            \$816  = \$431 [13:0];
+          end else if (\$430 ) begin
+            \$816  = cnt0;
           end else begin
-            \$817  = cnt0;
+            \$816  = cnt0;
           end
         end
       end
@@ -5342,43 +5344,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$817  = l0_acc;
+                  \$816  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$817  = l0_acc;
+                  \$816  = l0_acc;
               6'h0c:
-                  \$817  = ins[45:32];
+                  \$816  = ins[45:32];
               6'h0d:
-                  \$817  = ins[61:48];
+                  \$816  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$817  = 14'h0000;
+      \$816  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$151 ;
+    \$817  = \$signal$151 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$818  = \$434 [12:0];
-          end else if (\$432 ) begin
-            \$818  = \$438 [12:0];
+          if (\$429 ) begin
+            \$817  = \$432 [12:0];
+          end else if (\$430 ) begin
+            \$817  = \$436 [12:0];
           end else begin
-            \$818  = \$444 [12:0];
+            \$817  = \$442 [12:0];
           end
         end
       end
@@ -5392,23 +5394,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$818  = ins[76:64];
+                  \$817  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$818  = ins[76:64];
+                  \$817  = ins[76:64];
               6'h0c:
-                  \$818  = ins[76:64];
+                  \$817  = ins[76:64];
               6'h0d:
-                  \$818  = ins[76:64];
+                  \$817  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$817  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = \$signal$153 ;
+    if (eng_run) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
+          (* full_case = 32'd1 *)
+          if (\$429 ) begin
+            \$818  = \$433 [12:0];
+          end else if (\$430 ) begin
+            \$818  = \$438 [12:0];
+          end else begin
+            \$818  = \$445 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$818  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$818  = ins[100:88];
+              6'h0c:
+                  \$818  = ins[100:88];
+              6'h0d:
+                  \$818  = ins[100:88];
             endcase
           end
     endcase
@@ -5418,17 +5470,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$153 ;
+    \$819  = rem1;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$819  = \$435 [12:0];
-          end else if (\$432 ) begin
-            \$819  = \$440 [12:0];
+          if (\$429 ) begin
+          end else if (\$430 ) begin
+            \$819  = \$434 [13:0];
           end else begin
-            \$819  = \$447 [12:0];
+            \$819  = cnt1;
           end
         end
       end
@@ -5442,42 +5493,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$819  = ins[100:88];
+                  \$819  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$819  = ins[100:88];
+                  \$819  = 14'h0001;
               6'h0c:
-                  \$819  = ins[100:88];
+                  \$819  = ins[61:48];
               6'h0d:
-                  \$819  = ins[100:88];
+                  \$819  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$819  = 13'h0000;
+      \$819  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = rem1;
+    \$820  = \$signal$308 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
-            \$820  = \$436 [13:0];
+          if (\$429 ) begin
+          end else if (\$430 ) begin
+            \$820  = \$435 [12:0];
           end else begin
-            \$820  = cnt1;
+            \$820  = \$441 [12:0];
           end
         end
       end
@@ -5491,42 +5542,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$820  = 14'h0001;
+                  \$820  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$820  = 14'h0001;
+                  \$820  = ins[76:64];
               6'h0c:
-                  \$820  = ins[61:48];
+                  \$820  = ins[76:64];
               6'h0d:
-                  \$820  = 14'h0002;
+                  \$820  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$820  = 14'h0000;
+      \$820  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$307 ;
+    \$821  = \$signal$310 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
+          if (\$429 ) begin
+          end else if (\$430 ) begin
             \$821  = \$437 [12:0];
           end else begin
-            \$821  = \$443 [12:0];
+            \$821  = \$444 [12:0];
           end
         end
       end
@@ -5540,23 +5591,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$821  = ins[76:64];
+                  \$821  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$821  = ins[76:64];
+                  \$821  = ins[100:88];
               6'h0c:
-                  \$821  = ins[76:64];
+                  \$821  = ins[100:88];
               6'h0d:
-                  \$821  = ins[76:64];
+                  \$821  = ins[100:88];
             endcase
           end
     endcase
@@ -5566,16 +5617,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$309 ;
+    \$822  = rem2;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
-            \$822  = \$439 [12:0];
+          if (\$429 ) begin
+          end else if (\$430 ) begin
           end else begin
-            \$822  = \$446 [12:0];
+            \$822  = \$439 [13:0];
           end
         end
       end
@@ -5589,41 +5639,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$822  = ins[100:88];
+                  \$822  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$822  = ins[100:88];
+                  \$822  = 14'h0001;
               6'h0c:
-                  \$822  = ins[100:88];
+                  \$822  = m_eff[13:0];
               6'h0d:
-                  \$822  = ins[100:88];
+                  \$822  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$822  = 13'h0000;
+      \$822  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = rem2;
+    \$823  = \$signal$314 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
+          if (\$429 ) begin
+          end else if (\$430 ) begin
           end else begin
-            \$823  = \$441 [13:0];
+            \$823  = \$440 [12:0];
           end
         end
       end
@@ -5637,41 +5687,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$823  = 14'h0001;
+                  \$823  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$823  = 14'h0001;
+                  \$823  = ins[76:64];
               6'h0c:
-                  \$823  = m_eff[13:0];
+                  \$823  = ins[76:64];
               6'h0d:
-                  \$823  = m_eff[13:0];
+                  \$823  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$823  = 14'h0000;
+      \$823  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$313 ;
+    \$824  = \$signal$316 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
+          if (\$429 ) begin
+          end else if (\$430 ) begin
           end else begin
-            \$824  = \$442 [12:0];
+            \$824  = \$443 [12:0];
           end
         end
       end
@@ -5685,23 +5735,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$824  = ins[76:64];
+                  \$824  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$824  = ins[76:64];
+                  \$824  = ins[100:88];
               6'h0c:
-                  \$824  = ins[76:64];
+                  \$824  = ins[100:88];
               6'h0d:
-                  \$824  = ins[76:64];
+                  \$824  = ins[100:88];
             endcase
           end
     endcase
@@ -5711,64 +5761,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$315 ;
+    \$825  = \$signal$302 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
+      if (\$423 ) begin
+        if (\$428 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
+          if (\$429 ) begin
+          end else if (\$430 ) begin
           end else begin
-            \$825  = \$445 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$825  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$825  = ins[100:88];
-              6'h0c:
-                  \$825  = ins[100:88];
-              6'h0d:
-                  \$825  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$825  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$301 ;
-    if (eng_run) begin
-      if (\$425 ) begin
-        if (\$430 ) begin
-          (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$432 ) begin
-          end else begin
-            if (\$449 ) begin
-              \$826  = 1'h0;
+            if (\$447 ) begin
+              \$825  = 1'h0;
             end
           end
         end
@@ -5783,50 +5785,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$826  = 1'h1;
+                  \$825  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$826  = 1'h1;
+                  \$825  = 1'h1;
               6'h0c:
-                  \$826  = 1'h1;
+                  \$825  = 1'h1;
               6'h0d:
-                  \$826  = 1'h1;
+                  \$825  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$826  = 1'h0;
+      \$825  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$453 ;
+    \$826  = \$451 ;
     if (rst) begin
-      \$827  = 2'h0;
+      \$826  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$182 ;
+    \$827  = \$signal$182 ;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
           begin
-            if (\$454 ) begin
-              \$828  = 1'h0;
+            if (\$452 ) begin
+              \$827  = 1'h0;
             end
-            if (\$455 ) begin
-              if (\$464 ) begin
-                \$828  = 1'h1;
+            if (\$453 ) begin
+              if (\$462 ) begin
+                \$827  = 1'h1;
               end
             end
           end
@@ -5841,36 +5843,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$828  = 1'h0;
+                  \$827  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$828  = 1'h0;
+      \$827  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$317 ;
+    \$828  = \$signal$318 ;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
           begin
-            if (\$454 ) begin
-              \$829  = 3'h0;
+            if (\$452 ) begin
+              \$828  = 3'h0;
             end
-            if (\$455 ) begin
-              \$829  = \$460 [2:0];
+            if (\$453 ) begin
+              \$828  = \$458 [2:0];
             end
           end
       endcase
@@ -5884,56 +5886,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$829  = 3'h0;
+                  \$828  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$829  = 3'h0;
+      \$828  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = rq_in__payload;
+    \$829  = rq_in__payload;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            if (\$455 ) begin
-              casez (\$457 )
+            if (\$453 ) begin
+              casez (\$455 )
                 3'h0:
-                    \$830 [31:0] = \$signal$166 ;
+                    \$829 [31:0] = \$signal$166 ;
                 3'h1:
-                    \$830 [63:32] = \$signal$166 ;
+                    \$829 [63:32] = \$signal$166 ;
                 3'h2:
-                    \$830 [95:64] = \$signal$166 ;
+                    \$829 [95:64] = \$signal$166 ;
                 3'h3:
-                    \$830 [127:96] = \$signal$166 ;
+                    \$829 [127:96] = \$signal$166 ;
               endcase
             end
       endcase
     end
     if (rst) begin
-      \$830  = 128'h00000000000000000000000000000000;
+      \$829  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = rq_lane;
+    \$830  = rq_lane;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             if (c_out__valid) begin
-              \$831  = \$470 [1:0];
+              \$830  = \$466 [1:0];
             end
       endcase
     end
@@ -5946,60 +5948,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$831  = 2'h0;
+                  \$830  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$831  = 2'h0;
+      \$830  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$318 ;
+    \$831  = \$signal$319 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$482 ) begin
-        \$832  = 1'h1;
+      if (\$478 ) begin
+        \$831  = 1'h1;
       end else begin
-        \$832  = 1'h0;
+        \$831  = 1'h0;
       end
     end
     if (rst) begin
-      \$832  = 1'h0;
+      \$831  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = gm_cap_lane;
+    \$832  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$482 ) begin
-        \$833  = gm_lane[1:0];
+      if (\$478 ) begin
+        \$832  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$833  = 2'h0;
+      \$832  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = gm_lane;
+    \$833  = gm_lane;
     if (gemm_run) begin
-      if (\$482 ) begin
-        \$834  = \$483 [2:0];
+      if (\$478 ) begin
+        \$833  = \$479 [2:0];
       end
-      if (\$494 ) begin
-        \$834  = 3'h0;
+      if (\$490 ) begin
+        \$833  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -6011,11 +6013,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6029,27 +6031,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$834  = 3'h0;
+                  \$833  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$834  = 3'h0;
+      \$833  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$219 ;
+    \$834  = \$signal$219 ;
     if (gemm_run) begin
-      if (\$482 ) begin
-        \$835  = \$484 [12:0];
+      if (\$478 ) begin
+        \$834  = \$480 [12:0];
       end
-      if (\$494 ) begin
+      if (\$490 ) begin
         (* full_case = 32'd1 *)
-        if (\$496 ) begin
-          \$835  = \$499 [12:0];
+        if (\$492 ) begin
+          \$834  = \$495 [12:0];
         end else begin
-          \$835  = \$504 [12:0];
+          \$834  = \$500 [12:0];
         end
       end
     end
@@ -6062,11 +6064,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6080,33 +6082,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$835  = ins[76:64];
+                  \$834  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$835  = 13'h0000;
+      \$834  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = a_in__payload;
+    \$835  = a_in__payload;
     if (gemm_run) begin
-      if (\$signal$318 ) begin
+      if (\$signal$319 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$836 [7:0] = rd0__data[7:0];
+              \$835 [7:0] = rd0__data[7:0];
           2'h1:
-              \$836 [15:8] = rd0__data[7:0];
+              \$835 [15:8] = rd0__data[7:0];
           2'h2:
-              \$836 [23:16] = rd0__data[7:0];
+              \$835 [23:16] = rd0__data[7:0];
           2'h3:
-              \$836 [31:24] = rd0__data[7:0];
+              \$835 [31:24] = rd0__data[7:0];
         endcase
       end
-      if (\$494 ) begin
-        \$836  = 32'd0;
+      if (\$490 ) begin
+        \$835  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -6118,11 +6120,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6136,23 +6138,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$836  = 32'd0;
+                  \$835  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$836  = 32'd0;
+      \$835  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = a_in__valid;
+    \$836  = a_in__valid;
     if (gemm_run) begin
-      if (\$493 ) begin
-        \$837  = 1'h1;
+      if (\$489 ) begin
+        \$836  = 1'h1;
       end
-      if (\$494 ) begin
-        \$837  = 1'h0;
+      if (\$490 ) begin
+        \$836  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -6164,11 +6166,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6182,24 +6184,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$837  = 1'h0;
+                  \$836  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$837  = 1'h0;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$321 ;
+    \$837  = \$signal$322 ;
     if (gemm_run) begin
-      if (\$494 ) begin
+      if (\$490 ) begin
         (* full_case = 32'd1 *)
-        if (\$496 ) begin
-          \$838  = \$497 [6:0];
+        if (\$492 ) begin
+          \$837  = \$493 [6:0];
         end else begin
-          \$838  = 7'h00;
+          \$837  = 7'h00;
         end
       end
     end
@@ -6212,11 +6214,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6230,24 +6232,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$838  = 7'h00;
+                  \$837  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$838  = 7'h00;
+      \$837  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = gm_wstart;
+    \$838  = gm_wstart;
     if (gemm_run) begin
-      if (\$494 ) begin
+      if (\$490 ) begin
         (* full_case = 32'd1 *)
-        if (\$496 ) begin
-          \$839  = \$498 [12:0];
+        if (\$492 ) begin
+          \$838  = \$494 [12:0];
         end else begin
-          \$839  = \$502 [12:0];
+          \$838  = \$498 [12:0];
         end
       end
     end
@@ -6260,11 +6262,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6278,23 +6280,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$839  = ins[76:64];
+                  \$838  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$839  = 13'h0000;
+      \$838  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$218 ;
+    \$839  = \$signal$218 ;
     if (gemm_run) begin
-      if (\$494 ) begin
+      if (\$490 ) begin
         (* full_case = 32'd1 *)
-        if (\$496 ) begin
+        if (\$492 ) begin
         end else begin
-          \$840  = \$500 [13:0];
+          \$839  = \$496 [13:0];
         end
       end
     end
@@ -6307,11 +6309,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6325,24 +6327,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$840  = m_eff[13:0];
+                  \$839  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$840  = 14'h0000;
+      \$839  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = gm_afeed_done;
+    \$840  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$494 ) begin
+      if (\$490 ) begin
         (* full_case = 32'd1 *)
-        if (\$496 ) begin
+        if (\$492 ) begin
         end else begin
-          if (\$507 ) begin
-            \$841  = 1'h1;
+          if (\$503 ) begin
+            \$840  = 1'h1;
           end
         end
       end
@@ -6356,11 +6358,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6374,22 +6376,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$841  = 1'h0;
+                  \$840  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$841  = 1'h0;
+      \$840  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = gc_lane;
+    \$841  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$842  = \$508 [1:0];
+        \$841  = \$504 [1:0];
         if (gc_last) begin
-          \$842  = 2'h0;
+          \$841  = 2'h0;
         end
       end
     end
@@ -6402,11 +6404,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6420,26 +6422,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$842  = 2'h0;
+                  \$841  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$842  = 2'h0;
+      \$841  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$221 ;
+    \$842  = \$signal$221 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$843  = \$509 [12:0];
+        \$842  = \$505 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$519 ) begin
-            \$843  = \$522 [12:0];
+          if (\$515 ) begin
+            \$842  = \$518 [12:0];
           end else begin
-            \$843  = \$529 [12:0];
+            \$842  = \$525 [12:0];
           end
         end
       end
@@ -6453,11 +6455,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6471,26 +6473,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$843  = ins[124:112];
+                  \$842  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$843  = 13'h0000;
+      \$842  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = gc_last;
+    \$843  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$844  = \$517 ;
+        \$843  = \$513 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$519 ) begin
-            \$844  = \$526 ;
+          if (\$515 ) begin
+            \$843  = \$522 ;
           end else begin
-            \$844  = \$535 ;
+            \$843  = \$531 ;
           end
         end
       end
@@ -6504,11 +6506,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6522,75 +6524,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$844  = \$642 ;
+                  \$843  = \$639 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$844  = 1'h0;
+      \$843  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$324 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$519 ) begin
-            \$845  = \$520 [8:0];
-          end else begin
-            \$845  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$845  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$845  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = gc_wstart;
+    \$844  = \$signal$325 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$519 ) begin
-            \$846  = \$521 [12:0];
+          if (\$515 ) begin
+            \$844  = \$516 [8:0];
           end else begin
-            \$846  = \$528 [12:0];
+            \$844  = 9'h000;
           end
         end
       end
@@ -6604,11 +6556,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6622,24 +6574,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$846  = ins[124:112];
+                  \$844  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$846  = 13'h0000;
+      \$844  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$323 ;
+    \$845  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$519 ) begin
+          if (\$515 ) begin
+            \$845  = \$517 [12:0];
           end else begin
-            \$847  = \$527 [13:0];
+            \$845  = \$524 [12:0];
           end
         end
       end
@@ -6653,11 +6606,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6671,19 +6624,86 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$847  = m_eff[13:0];
+                  \$845  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$847  = 14'h0000;
+      \$845  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$118 ;
+    \$846  = \$signal$324 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$515 ) begin
+          end else begin
+            \$846  = \$523 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$846  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$846  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$848  = \$536 [31:0];
+      \$847  = \$532 [31:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$847  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$847  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$848  = \$533 [31:0];
+      end
     end
     casez (ctrl_state)
       5'h00:
@@ -6697,10 +6717,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = busy_dma;
+    \$849  = busy_gemm;
     if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$849  = \$537 [31:0];
+      if (cur_unit[1]) begin
+        \$849  = \$534 [31:0];
       end
     end
     casez (ctrl_state)
@@ -6715,10 +6735,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = busy_gemm;
+    \$850  = busy_act;
     if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$850  = \$538 [31:0];
+      if (cur_unit[2]) begin
+        \$850  = \$535 [31:0];
       end
     end
     casez (ctrl_state)
@@ -6733,10 +6753,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = busy_act;
+    \$851  = busy_route;
     if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$851  = \$539 [31:0];
+      if (cur_unit[3]) begin
+        \$851  = \$536 [31:0];
       end
     end
     casez (ctrl_state)
@@ -6751,10 +6771,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = busy_route;
+    \$852  = busy_vector;
     if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$852  = \$540 [31:0];
+      if (cur_unit[4]) begin
+        \$852  = \$537 [31:0];
       end
     end
     casez (ctrl_state)
@@ -6769,10 +6789,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = busy_vector;
+    \$853  = busy_move;
     if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$853  = \$541 [31:0];
+      if (cur_unit[5]) begin
+        \$853  = \$538 [31:0];
       end
     end
     casez (ctrl_state)
@@ -6787,53 +6807,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$854  = \$542 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$854  = 32'd0;
-          end
-    endcase
+    \$854  = rd0__data;
     if (rst) begin
       \$854  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rd0__data;
+    \$855  = rd1__data;
     if (rst) begin
       \$855  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = rd1__data;
-    if (rst) begin
-      \$856  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$108 ;
+    \$856  = \$signal$108 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$857  = 1'h1;
+            \$856  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-            \$857  = 1'h0;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+            \$856  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -6882,97 +6884,97 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$783 ) begin
+          if (\$782 ) begin
+            \$856  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$856  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$857  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$857  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+            \$857  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$782 ) begin
             \$857  = 1'h0;
           end
     endcase
+    if (\$784 ) begin
+      \$857  = 1'h0;
+    end
     if (rst) begin
       \$857  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$109 ;
+    \$858  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$858  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-            \$858  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$783 ) begin
-            \$858  = 1'h0;
-          end
-    endcase
-    if (\$785 ) begin
-      \$858  = 1'h0;
-    end
-    if (rst) begin
-      \$858  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$859  = 8'h00;
+            \$858  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -7027,24 +7029,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$783 ) begin
-            \$859  = stop_code;
+          if (\$782 ) begin
+            \$858  = stop_code;
           end
     endcase
-    if (\$785 ) begin
-      \$859  = 8'h00;
+    if (\$784 ) begin
+      \$858  = 8'h00;
     end
     if (rst) begin
-      \$859  = 8'h00;
+      \$858  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = pc;
+    \$859  = pc;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$860  = 13'h0000;
+            \$859  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -7052,15 +7054,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$860  = { 1'h0, ins[255:244] };
+                  \$859  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
@@ -7068,26 +7070,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$654 ) begin
-            \$860  = \$656 [12:0];
+          if (\$653 ) begin
+            \$859  = \$655 [12:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$658 ) begin
-            \$860  = \$659 [12:0];
+          if (\$657 ) begin
+            \$859  = \$658 [12:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$677 ) begin
-            \$860  = \$678 [12:0];
+          end else if (\$676 ) begin
+            \$859  = \$677 [12:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$707 ) begin
-            \$860  = \$708 [12:0];
+          end else if (\$706 ) begin
+            \$859  = \$707 [12:0];
           end
       5'h0a:
           /* empty */;
@@ -7105,36 +7107,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
+          if (\$750 ) begin
           end else begin
-            \$860  = \$752 [12:0];
+            \$859  = \$751 [12:0];
           end
       5'h0b:
-          if (\$754 ) begin
-            \$860  = { 1'h0, ins[255:244] };
+          if (\$753 ) begin
+            \$859  = { 1'h0, ins[255:244] };
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$757 ) begin
-            \$860  = \$760 [12:0];
+          if (\$756 ) begin
+            \$859  = \$759 [12:0];
           end
       5'h0c:
-          if (\$762 ) begin
-            \$860  = \$763 [12:0];
+          if (\$761 ) begin
+            \$859  = \$762 [12:0];
           end
     endcase
     if (rst) begin
-      \$860  = 13'h0000;
+      \$859  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$121 ;
+    \$860  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$861  = 32'd0;
+            \$860  = 32'd0;
           end
       5'h01:
           /* empty */;
@@ -7142,15 +7144,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$861  = \$636 [31:0];
+                  \$860  = \$632 [31:0];
             endcase
           end
       5'h05:
@@ -7158,26 +7160,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$654 ) begin
-            \$861  = \$657 [31:0];
+          if (\$653 ) begin
+            \$860  = \$656 [31:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$658 ) begin
-            \$861  = \$660 [31:0];
+          if (\$657 ) begin
+            \$860  = \$659 [31:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$677 ) begin
-            \$861  = \$679 [31:0];
+          end else if (\$676 ) begin
+            \$860  = \$678 [31:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$707 ) begin
-            \$861  = \$709 [31:0];
+          end else if (\$706 ) begin
+            \$860  = \$708 [31:0];
           end
       5'h0a:
           /* empty */;
@@ -7195,32 +7197,87 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
+          if (\$750 ) begin
           end else begin
-            \$861  = \$753 [31:0];
+            \$860  = \$752 [31:0];
           end
       5'h0b:
-          if (\$754 ) begin
-            \$861  = \$755 [31:0];
+          if (\$753 ) begin
+            \$860  = \$754 [31:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$757 ) begin
-            \$861  = \$761 [31:0];
+          if (\$756 ) begin
+            \$860  = \$760 [31:0];
           end
       5'h0c:
-          if (\$762 ) begin
-            \$861  = \$764 [31:0];
+          if (\$761 ) begin
+            \$860  = \$763 [31:0];
           end
     endcase
     if (rst) begin
-      \$861  = 32'd0;
+      \$860  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = \$signal$140 ;
+    \$861  = \$signal$140 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$861  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$750 ) begin
+          end else begin
+            \$861  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$861  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
@@ -7264,8 +7321,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
+          if (\$750 ) begin
           end else begin
+            \$862  = 1'h0;
+          end
+      5'h0b:
+          if (\$753 ) begin
+            \$862  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$756 ) begin
             \$862  = 1'h1;
           end
     endcase
@@ -7275,7 +7342,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = exp_active;
+    \$863  = \$signal$143 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
@@ -7292,46 +7359,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$751 ) begin
-          end else begin
-            \$863  = 1'h0;
-          end
-      5'h0b:
-          if (\$754 ) begin
-            \$863  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$757 ) begin
-            \$863  = 1'h1;
+          if (\$653 ) begin
+            if (\$654 ) begin
+              \$863  = 1'h1;
+            end
           end
     endcase
     if (rst) begin
@@ -7340,818 +7371,789 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = \$signal$143 ;
+    \$864  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$864  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$654 ) begin
-            if (\$655 ) begin
-              \$864  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$864  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = ctrl_state;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$865  = 5'h01;
+            \$864  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-            \$865  = 5'h02;
+          if (\$539 ) begin
+            \$864  = 5'h02;
           end else begin
-            \$865  = 5'h03;
+            \$864  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h03:
         begin
-          if (\$545 ) begin
-            \$865  = 5'h04;
+          if (\$541 ) begin
+            \$864  = 5'h04;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-            \$865  = 5'h00;
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-            \$865  = 5'h02;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+            \$864  = 5'h00;
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+            \$864  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$865  = 5'h01;
+                  \$864  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$638 ) begin
-                    \$865  = 5'h05;
+                  if (\$635 ) begin
+                    \$864  = 5'h05;
                   end else begin
-                    \$865  = 5'h06;
+                    \$864  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$865  = 5'h06;
+                  \$864  = 5'h06;
               6'h0c:
-                  \$865  = 5'h06;
+                  \$864  = 5'h06;
               6'h0d:
-                  \$865  = 5'h06;
+                  \$864  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$644 ) begin
-                    \$865  = 5'h05;
+                  if (\$641 ) begin
+                    \$864  = 5'h05;
                   end else begin
-                    \$865  = 5'h07;
+                    \$864  = 5'h07;
                   end
               6'h01:
-                  \$865  = 5'h08;
+                  \$864  = 5'h08;
               6'h02:
-                  \$865  = 5'h09;
+                  \$864  = 5'h09;
               6'h08:
-                  \$865  = 5'h0a;
+                  \$864  = 5'h0a;
               6'h09:
-                  \$865  = 5'h0b;
+                  \$864  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$865  = 5'h0c;
+                  \$864  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$865  = 5'h0d;
+          \$864  = 5'h0d;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$650 ) begin
-            \$865  = 5'h07;
+          if (\$647 ) begin
+            \$864  = 5'h07;
           end else begin
-            \$865  = 5'h06;
+            \$864  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$654 ) begin
-            \$865  = 5'h01;
+          if (\$653 ) begin
+            \$864  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$865  = 5'h0e;
+            \$864  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$332 ) begin
-              \$865  = 5'h02;
+            if (\error$333 ) begin
+              \$864  = 5'h02;
             end else begin
-              \$865  = 5'h0f;
+              \$864  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$658 ) begin
-            \$865  = 5'h01;
+          if (\$657 ) begin
+            \$864  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$865  = 5'h02;
-          end else if (\$677 ) begin
-            \$865  = 5'h01;
+            \$864  = 5'h02;
+          end else if (\$676 ) begin
+            \$864  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$865  = 5'h02;
-          end else if (\$707 ) begin
-            \$865  = 5'h01;
+            \$864  = 5'h02;
+          end else if (\$706 ) begin
+            \$864  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$711 ) begin
-            \$865  = 5'h10;
+          if (\$710 ) begin
+            \$864  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$740 ) begin
-            \$865  = 5'h11;
+          if (\$739 ) begin
+            \$864  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$865  = 5'h12;
+          \$864  = 5'h12;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$865  = 5'h13;
+          \$864  = 5'h13;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$741 ) begin
-            \$865  = 5'h14;
+          if (\$740 ) begin
+            \$864  = 5'h14;
           end else begin
-            \$865  = 5'h15;
+            \$864  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$865  = 5'h15;
+          \$864  = 5'h15;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$744 ) begin
-            \$865  = 5'h11;
+          if (\$743 ) begin
+            \$864  = 5'h11;
           end else begin
-            \$865  = 5'h16;
+            \$864  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
-            \$865  = 5'h11;
+          if (\$750 ) begin
+            \$864  = 5'h11;
           end else begin
-            \$865  = 5'h01;
+            \$864  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$754 ) begin
-            \$865  = 5'h01;
+          if (\$753 ) begin
+            \$864  = 5'h01;
           end else begin
-            \$865  = 5'h17;
+            \$864  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$865  = 5'h18;
+          \$864  = 5'h18;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$757 ) begin
-            \$865  = 5'h01;
+          if (\$756 ) begin
+            \$864  = 5'h01;
           end else begin
-            \$865  = 5'h0b;
+            \$864  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$762 ) begin
-            \$865  = 5'h01;
+          if (\$761 ) begin
+            \$864  = 5'h01;
           end else begin
-            \$865  = 5'h19;
+            \$864  = 5'h19;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$865  = 5'h1a;
+          \$864  = 5'h1a;
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$767 ) begin
-            \$865  = 5'h02;
+          if (\$766 ) begin
+            \$864  = 5'h02;
           end else begin
-            \$865  = 5'h1b;
+            \$864  = 5'h1b;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$778 ) begin
-            \$865  = 5'h0c;
+          if (\$777 ) begin
+            \$864  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$865  = 5'h02;
+            \$864  = 5'h02;
           end
         end
       5'h02:
-          if (\$783 ) begin
-            \$865  = 5'h00;
+          if (\$782 ) begin
+            \$864  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$865  = 5'h00;
+      \$864  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = stop_code;
+    \$865  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$543 ) begin
-            \$866  = 8'h06;
+          if (\$539 ) begin
+            \$865  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h04:
         begin
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-            \$866  = decode_q;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+            \$865  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$866  = 8'h07;
+            \$865  = 8'h07;
           end else if (done) begin
-            if (\error$332 ) begin
-              \$866  = 8'h03;
+            if (\error$333 ) begin
+              \$865  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$866  = 8'h07;
+            \$865  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$866  = 8'h07;
+            \$865  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h17:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h18:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h19:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$767 ) begin
-            \$866  = 8'h02;
+          if (\$766 ) begin
+            \$865  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$866  = 8'h00;
+            \$865  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$866  = 8'h00;
+      \$865  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = cur_unit;
+    \$866  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$543 ) begin
-            \$867  = 6'h00;
+          if (\$539 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-            \$867  = 6'h00;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+            \$866  = 6'h00;
           end else begin
+            if (\$620 ) begin
+              \$866  = 6'h01;
+            end
+            if (\$621 ) begin
+              \$866  = 6'h01;
+            end
+            if (\$622 ) begin
+              \$866  = 6'h02;
+            end
+            if (\$623 ) begin
+              \$866  = 6'h04;
+            end
             if (\$624 ) begin
-              \$867  = 6'h01;
+              \$866  = 6'h04;
             end
             if (\$625 ) begin
-              \$867  = 6'h01;
+              \$866  = 6'h04;
             end
             if (\$626 ) begin
-              \$867  = 6'h02;
+              \$866  = 6'h08;
             end
             if (\$627 ) begin
-              \$867  = 6'h04;
+              \$866  = 6'h10;
             end
             if (\$628 ) begin
-              \$867  = 6'h04;
+              \$866  = 6'h10;
             end
             if (\$629 ) begin
-              \$867  = 6'h04;
+              \$866  = 6'h10;
             end
             if (\$630 ) begin
-              \$867  = 6'h08;
+              \$866  = 6'h20;
             end
             if (\$631 ) begin
-              \$867  = 6'h10;
-            end
-            if (\$632 ) begin
-              \$867  = 6'h10;
-            end
-            if (\$633 ) begin
-              \$867  = 6'h10;
-            end
-            if (\$634 ) begin
-              \$867  = 6'h20;
-            end
-            if (\$635 ) begin
-              \$867  = 6'h20;
+              \$866  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$867  = 6'h00;
+                  \$866  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h06:
         begin
-          if (\$654 ) begin
-            \$867  = 6'h00;
+          if (\$653 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end else if (done) begin
-            if (\error$332 ) begin
-              \$867  = 6'h00;
+            if (\error$333 ) begin
+              \$866  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$658 ) begin
-            \$867  = 6'h00;
+          if (\$657 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$867  = 6'h00;
-          end else if (\$677 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
+          end else if (\$676 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$867  = 6'h00;
-          end else if (\$707 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
+          end else if (\$706 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
+          if (\$750 ) begin
           end else begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$754 ) begin
-            \$867  = 6'h00;
+          if (\$753 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h17:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h18:
         begin
-          if (\$757 ) begin
-            \$867  = 6'h00;
+          if (\$756 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$762 ) begin
-            \$867  = 6'h00;
+          if (\$761 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h19:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$767 ) begin
-            \$867  = 6'h00;
+          if (\$766 ) begin
+            \$866  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$867  = 6'h00;
+            \$866  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$867  = 6'h00;
+      \$866  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = fetch_word;
+    \$867  = fetch_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
+          if (\$539 ) begin
           end else begin
-            \$868  = 4'h1;
+            \$867  = 4'h1;
           end
       5'h03:
-          \$868  = \$544 [3:0];
+          \$867  = \$540 [3:0];
     endcase
     if (rst) begin
-      \$868  = 4'h0;
+      \$867  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = ins;
+    \$868  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$869  = { \$signature__data , ins[255:32] };
+          \$868  = { \$signature__data , ins[255:32] };
     endcase
     if (rst) begin
-      \$869  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$868  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = ph2;
+    \$869  = ph2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
-            \$870  = 1'h0;
+          if (\$541 ) begin
+            \$869  = 1'h0;
           end
       5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-            \$870  = 1'h1;
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+            \$869  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$870  = 1'h0;
+      \$869  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = settle;
+    \$870  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$545 ) begin
-            \$871  = 2'h0;
+          if (\$541 ) begin
+            \$870  = 2'h0;
           end
       5'h04:
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-            \$871  = \$623 [1:0];
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+            \$870  = \$619 [1:0];
           end
     endcase
     if (rst) begin
-      \$871  = 2'h0;
+      \$870  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$178 ;
+    \$871  = \$signal$178 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8161,17 +8163,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$872  = ins[243:238];
+                  \$871  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8179,17 +8181,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$872  = ins[243:238];
+                  \$871  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$872  = 6'h00;
+      \$871  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = \$signal$160 ;
+    \$872  = \$signal$160 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8199,17 +8201,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$873  = ins[231:200];
+                  \$872  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8217,63 +8219,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$873  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$873  = { 16'h0000, rd0__data[15:0] };
-    endcase
-    if (rst) begin
-      \$873  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = rq_shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$874  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$874  = ins[237:232];
+                  \$872  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$874  = rd1__data[5:0];
+          \$872  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$874  = 6'h00;
+      \$872  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = cnt0;
+    \$873  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8283,23 +8243,101 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$875  = l0_acc;
+                  \$873  = ins[237:232];
               6'h05, 6'h06, 6'h07:
-                  \$875  = l0_acc;
+                  /* empty */;
               6'h0c:
-                  \$875  = ins[45:32];
+                  /* empty */;
               6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$873  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$873  = rd1__data[5:0];
+    endcase
+    if (rst) begin
+      \$873  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$874  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$874  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$874  = l0_acc;
+              6'h0c:
+                  \$874  = ins[45:32];
+              6'h0d:
+                  \$874  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$874  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$875  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$875  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$875  = 14'h0001;
+              6'h0c:
                   \$875  = ins[61:48];
+              6'h0d:
+                  \$875  = 14'h0002;
             endcase
           end
     endcase
@@ -8309,7 +8347,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = cnt1;
+    \$876  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8319,33 +8357,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$876  = 14'h0001;
+                  \$876  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$876  = 14'h0001;
+                  \$876  = 13'h0001;
               6'h0c:
-                  \$876  = ins[61:48];
+                  \$876  = ins[60:48];
               6'h0d:
-                  \$876  = 14'h0002;
+                  \$876  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$876  = 14'h0000;
+      \$876  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = sa0;
+    \$877  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8355,33 +8393,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$877  = 13'h0001;
+                  \$877  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$877  = 13'h0001;
+                  \$877  = 1'h0;
               6'h0c:
-                  \$877  = ins[60:48];
+                  \$877  = 1'h1;
               6'h0d:
-                  \$877  = 13'h0001;
+                  \$877  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$877  = 13'h0000;
+      \$877  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = sa1;
+    \$878  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8391,33 +8429,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$878  = 1'h0;
+                  \$878  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$878  = 1'h0;
+                  \$878  = 13'h0000;
               6'h0c:
-                  \$878  = 1'h1;
+                  \$878  = l2_acc[12:0];
               6'h0d:
-                  \$878  = 1'h0;
+                  \$878  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$878  = 1'h0;
+      \$878  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = sa2;
+    \$879  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8427,33 +8465,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$879  = 13'h0000;
+                  \$879  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$879  = 13'h0000;
+                  \$879  = 1'h1;
               6'h0c:
-                  \$879  = l2_acc[12:0];
+                  \$879  = 1'h1;
               6'h0d:
-                  \$879  = ins[60:48];
+                  \$879  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$879  = 13'h0000;
+      \$879  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = sb0;
+    \$880  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8463,11 +8501,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8475,9 +8513,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h04:
                   \$880  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$880  = 1'h1;
+                  \$880  = 1'h0;
               6'h0c:
-                  \$880  = 1'h1;
+                  \$880  = 1'h0;
               6'h0d:
                   \$880  = 1'h0;
             endcase
@@ -8489,7 +8527,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$881  = sb1;
+    \$881  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8499,33 +8537,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$881  = 1'h0;
+                  \$881  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$881  = 1'h0;
+                  \$881  = 13'h0000;
               6'h0c:
-                  \$881  = 1'h0;
+                  \$881  = ins[44:32];
               6'h0d:
-                  \$881  = 1'h0;
+                  \$881  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$881  = 1'h0;
+      \$881  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = sb2;
+    \$882  = el_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8535,65 +8573,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$882  = 13'h0000;
+                  \$882  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$882  = 13'h0000;
+                  \$882  = 14'h0000;
               6'h0c:
-                  \$882  = ins[44:32];
+                  \$882  = 14'h0000;
               6'h0d:
-                  \$882  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$882  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$883  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$883  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$883  = 14'h0000;
-              6'h0c:
-                  \$883  = 14'h0000;
-              6'h0d:
-                  \$883  = 14'h0000;
+                  \$882  = 14'h0000;
               6'h03:
                   /* empty */;
               6'h01:
-                  \$883  = 14'h0000;
+                  \$882  = 14'h0000;
               6'h02:
-                  \$883  = 14'h0000;
+                  \$882  = 14'h0000;
             endcase
           end
       5'h05:
@@ -8602,7 +8604,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$184 ) begin
-            \$883  = \$651 [13:0];
+            \$882  = \$648 [13:0];
           end
       5'h07:
           /* empty */;
@@ -8611,23 +8613,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$663 ) begin
-              \$883  = \$664 [13:0];
+          if (\$signal$252 ) begin
+            if (\$662 ) begin
+              \$882  = \$663 [13:0];
             end
           end
       5'h09:
-          if (\$686 ) begin
-            \$883  = \$687 [13:0];
+          if (\$685 ) begin
+            \$882  = \$686 [13:0];
           end
     endcase
     if (rst) begin
-      \$883  = 14'h0000;
+      \$882  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$884  = \$signal$251 ;
+    \$883  = rq_at_last;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8637,11 +8639,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$883  = \$633 ;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$184 ) begin
+            \$883  = \$650 ;
+          end
+    endcase
+    if (rst) begin
+      \$883  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$884  = \$signal$252 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8674,11 +8714,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$662 ) begin
+          if (\$661 ) begin
             \$884  = 1'h1;
           end
-          if (\$signal$251 ) begin
-            if (\$671 ) begin
+          if (\$signal$252 ) begin
+            if (\$670 ) begin
               \$884  = 1'h0;
             end
           end
@@ -8700,11 +8740,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8737,11 +8777,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$662 ) begin
+          if (\$661 ) begin
             \$885  = 3'h0;
           end
-          if (\$signal$251 ) begin
-            \$885  = \$665 [2:0];
+          if (\$signal$252 ) begin
+            \$885  = \$664 [2:0];
           end
         end
     endcase
@@ -8751,7 +8791,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$886  = \$signal$254 ;
+    \$886  = \$signal$255 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8761,11 +8801,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8802,10 +8842,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$698 ) begin
+          if (\$697 ) begin
             \$886  = 1'h1;
           end
-          if (\$699 ) begin
+          if (\$698 ) begin
             \$886  = 1'h0;
           end
         end
@@ -8816,7 +8856,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$887  = \$signal$255 ;
+    \$887  = \$signal$256 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8826,11 +8866,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8867,10 +8907,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$686 ) begin
-            \$887  = \$688 [2:0];
+          if (\$685 ) begin
+            \$887  = \$687 [2:0];
           end
-          if (\$699 ) begin
+          if (\$698 ) begin
             \$887  = 3'h0;
           end
         end
@@ -8881,7 +8921,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$888  = \$signal$256 ;
+    \$888  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8891,11 +8931,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8932,10 +8972,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$686 ) begin
+          if (\$685 ) begin
             \$888  = 1'h1;
           end
-          if (\$signal$256 ) begin
+          if (\$signal$257 ) begin
             \$888  = 1'h0;
           end
         end
@@ -8956,11 +8996,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8997,17 +9037,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$signal$256 ) begin
-            casez (\$signal$334 )
+          if (\$signal$257 ) begin
+            casez (\$signal$335 )
               2'h0:
                   \$889 [31:0] = rd0__data;
             endcase
-            casez (\$signal$334 )
+            casez (\$signal$335 )
               2'h0:
                   \$889 [35:32] = 4'hf;
             endcase
           end
-          if (\$699 ) begin
+          if (\$698 ) begin
             \$889 [35:32] = 4'h0;
           end
         end
@@ -9018,7 +9058,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$890  = \$signal$258 ;
+    \$890  = \$signal$259 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9028,11 +9068,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9072,9 +9112,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$890  = \$710 [3:0];
+          \$890  = \$709 [3:0];
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$890  = 4'h0;
           end
       5'h11:
@@ -9088,7 +9128,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$890  = \$749 [3:0];
+          \$890  = \$748 [3:0];
     endcase
     if (rst) begin
       \$890  = 4'h0;
@@ -9096,7 +9136,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$891  = \$signal$282 ;
+    \$891  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9106,11 +9146,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9130,7 +9170,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$891  = \$646 [12:0];
+                  \$891  = \$643 [12:0];
             endcase
           end
     endcase
@@ -9140,7 +9180,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$892  = \$signal$279 ;
+    \$892  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9150,11 +9190,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9174,7 +9214,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$892  = \$649 [12:0];
+                  \$892  = \$646 [12:0];
             endcase
           end
     endcase
@@ -9184,7 +9224,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$893  = \$signal$285 ;
+    \$893  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9194,11 +9234,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9270,8 +9310,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$778 ) begin
-            \$893  = \$779 [15:0];
+          if (\$777 ) begin
+            \$893  = \$778 [15:0];
           end
     endcase
     if (rst) begin
@@ -9280,7 +9320,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$894  = \$signal$287 ;
+    \$894  = \$signal$288 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9290,11 +9330,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$616 ) begin
-          end else if (\$619 ) begin
-          end else if (\$620 ) begin
-          end else if (\$621 ) begin
-          end else if (\$622 ) begin
+          if (\$612 ) begin
+          end else if (\$615 ) begin
+          end else if (\$616 ) begin
+          end else if (\$617 ) begin
+          end else if (\$618 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9366,8 +9406,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$778 ) begin
-            \$894  = \$780 [12:0];
+          if (\$777 ) begin
+            \$894  = \$779 [12:0];
           end
     endcase
     if (rst) begin
@@ -9391,8 +9431,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$654 ) begin
-            if (\$655 ) begin
+          if (\$653 ) begin
+            if (\$654 ) begin
               \$895  = ins[124:112];
             end
           end
@@ -9418,8 +9458,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$654 ) begin
-            if (\$655 ) begin
+          if (\$653 ) begin
+            if (\$654 ) begin
               \$896  = l0_acc;
             end
           end
@@ -9430,7 +9470,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$897  = \$signal$252 ;
+    \$897  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9453,7 +9493,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$662 ) begin
+          if (\$661 ) begin
             \$897  = m_axi__rdata;
           end
     endcase
@@ -9463,7 +9503,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$898  = \$signal$334 ;
+    \$898  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9488,8 +9528,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$686 ) begin
-            \$898  = \$signal$255 [1:0];
+          if (\$685 ) begin
+            \$898  = \$signal$256 [1:0];
           end
     endcase
     if (rst) begin
@@ -9498,7 +9538,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$899  = \$signal$337 ;
+    \$899  = \$signal$338 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9525,13 +9565,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$899  = m_eff[13:0];
           end
       5'h10:
-          if (\$724 ) begin
-            if (\$725 ) begin
-              \$899  = \$726 [13:0];
+          if (\$723 ) begin
+            if (\$724 ) begin
+              \$899  = \$725 [13:0];
             end
           end
     endcase
@@ -9541,7 +9581,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$900  = \$signal$267 ;
+    \$900  = \$signal$268 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9568,16 +9608,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$900  = 4'h0;
           end
       5'h10:
         begin
-          if (\$718 ) begin
-            \$900  = \$721 [3:0];
+          if (\$717 ) begin
+            \$900  = \$720 [3:0];
           end
-          if (\$724 ) begin
-            if (\$725 ) begin
+          if (\$723 ) begin
+            if (\$724 ) begin
               \$900  = 4'h0;
             end
           end
@@ -9616,15 +9656,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$901  = 1'h0;
           end
       5'h10:
         begin
-          if (\$718 ) begin
-            \$901  = \$720 [0];
+          if (\$717 ) begin
+            \$901  = \$719 [0];
           end
-          if (\$724 ) begin
+          if (\$723 ) begin
             \$901  = 1'h0;
           end
         end
@@ -9635,7 +9675,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$902  = \$signal$263 ;
+    \$902  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9662,17 +9702,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$902  = 1'h0;
           end
       5'h10:
         begin
-          if (\$signal$338 ) begin
-            if (\$723 ) begin
+          if (\$signal$339 ) begin
+            if (\$722 ) begin
               \$902  = 1'h1;
             end
           end
-          if (\$724 ) begin
+          if (\$723 ) begin
             \$902  = 1'h0;
           end
         end
@@ -9683,7 +9723,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$903  = \$signal$266 ;
+    \$903  = \$signal$267 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9710,13 +9750,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$903  = ins[76:64];
           end
       5'h10:
-          if (\$724 ) begin
-            if (\$725 ) begin
-              \$903  = \$727 [12:0];
+          if (\$723 ) begin
+            if (\$724 ) begin
+              \$903  = \$726 [12:0];
             end
           end
     endcase
@@ -9726,7 +9766,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$904  = \$signal$274 ;
+    \$904  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9753,13 +9793,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$904  = ins[124:112];
           end
       5'h10:
-          if (\$734 ) begin
-            if (\$736 ) begin
-              \$904  = \$738 [12:0];
+          if (\$733 ) begin
+            if (\$735 ) begin
+              \$904  = \$737 [12:0];
             end
           end
     endcase
@@ -9769,7 +9809,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$905  = \$signal$264 ;
+    \$905  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9796,13 +9836,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$905  = 1'h0;
           end
       5'h10:
-          if (\$724 ) begin
-            if (\$725 ) begin
-              if (\$729 ) begin
+          if (\$723 ) begin
+            if (\$724 ) begin
+              if (\$728 ) begin
                 \$905  = 1'h1;
               end
             end
@@ -9814,7 +9854,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$906  = \$signal$338 ;
+    \$906  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9841,12 +9881,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$906  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$718 ) begin
+          if (\$717 ) begin
             \$906  = 1'h1;
           end else begin
             \$906  = 1'h0;
@@ -9858,7 +9898,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$907  = \$signal$339 ;
+    \$907  = \$signal$340 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9885,13 +9925,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$907  = m_eff[13:0];
           end
       5'h10:
-          if (\$734 ) begin
-            if (\$736 ) begin
-              \$907  = \$737 [13:0];
+          if (\$733 ) begin
+            if (\$735 ) begin
+              \$907  = \$736 [13:0];
             end
           end
     endcase
@@ -9928,16 +9968,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$908  = 2'h0;
           end
       5'h10:
-          if (\$734 ) begin
+          if (\$733 ) begin
             (* full_case = 32'd1 *)
-            if (\$736 ) begin
+            if (\$735 ) begin
               \$908  = 2'h0;
             end else begin
-              \$908  = \$739 [1:0];
+              \$908  = \$738 [1:0];
             end
           end
     endcase
@@ -9947,7 +9987,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$909  = \$signal$272 ;
+    \$909  = \$signal$273 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9974,15 +10014,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$909  = 1'h0;
           end
       5'h10:
         begin
-          if (\$731 ) begin
+          if (\$730 ) begin
             \$909  = 1'h1;
           end
-          if (\$734 ) begin
+          if (\$733 ) begin
             \$909  = 1'h0;
           end
         end
@@ -10020,15 +10060,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$711 ) begin
+          if (\$710 ) begin
             \$910  = 1'h0;
           end
       5'h10:
         begin
-          if (\$733 ) begin
+          if (\$732 ) begin
             \$910  = 1'h1;
           end
-          if (\$734 ) begin
+          if (\$733 ) begin
             \$910  = 1'h0;
           end
         end
@@ -10039,7 +10079,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$911  = \$signal$341 ;
+    \$911  = \$signal$342 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10068,8 +10108,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$718 ) begin
-            \$911  = \$719 ;
+          if (\$717 ) begin
+            \$911  = \$718 ;
           end
     endcase
     if (rst) begin
@@ -10107,8 +10147,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$signal$338 ) begin
-            \$912  = \$722 ;
+          if (\$signal$339 ) begin
+            \$912  = \$721 ;
           end
     endcase
     if (rst) begin
@@ -10117,7 +10157,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$913  = \$signal$276 ;
+    \$913  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10146,7 +10186,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$731 ) begin
+          if (\$730 ) begin
             \$913  = routes__payload;
           end
     endcase
@@ -10156,7 +10196,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$914  = \$signal$277 ;
+    \$914  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10185,7 +10225,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$914  = 14'h0000;
           end
       5'h11:
@@ -10197,8 +10237,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$744 ) begin
-            \$914  = \$745 [13:0];
+          if (\$743 ) begin
+            \$914  = \$744 [13:0];
           end
       5'h16:
           \$914  = 14'h0000;
@@ -10209,7 +10249,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$915  = \$signal$281 ;
+    \$915  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10238,7 +10278,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$915  = 14'h0000;
           end
       5'h11:
@@ -10250,9 +10290,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$744 ) begin
-            if (\$746 ) begin
-              \$915  = \$747 [13:0];
+          if (\$743 ) begin
+            if (\$745 ) begin
+              \$915  = \$746 [13:0];
             end
           end
       5'h16:
@@ -10264,7 +10304,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$916  = \$signal$345 ;
+    \$916  = \$signal$346 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10293,7 +10333,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$916  = 2'h0;
           end
       5'h11:
@@ -10305,12 +10345,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$744 ) begin
+          if (\$743 ) begin
             (* full_case = 32'd1 *)
-            if (\$746 ) begin
+            if (\$745 ) begin
               \$916  = 2'h0;
             end else begin
-              \$916  = \$748 [1:0];
+              \$916  = \$747 [1:0];
             end
           end
       5'h16:
@@ -10322,7 +10362,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$917  = \$signal$280 ;
+    \$917  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10351,7 +10391,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$917  = 14'h0000;
           end
       5'h11:
@@ -10361,7 +10401,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$917  = \$742 [13:0];
+          \$917  = \$741 [13:0];
     endcase
     if (rst) begin
       \$917  = 14'h0000;
@@ -10369,7 +10409,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$918  = \$signal$283 ;
+    \$918  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10398,7 +10438,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$740 ) begin
+          if (\$739 ) begin
             \$918  = 14'h0000;
           end
       5'h11:
@@ -10412,7 +10452,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$918  = \$signal$280 ;
+          \$918  = \$signal$281 ;
     endcase
     if (rst) begin
       \$918  = 14'h0000;
@@ -10420,7 +10460,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$919  = \$signal$284 ;
+    \$919  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10462,18 +10502,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$751 ) begin
+          if (\$750 ) begin
           end else begin
             \$919  = 4'h0;
           end
       5'h0b:
-          if (\$754 ) begin
+          if (\$753 ) begin
             \$919  = 4'h8;
           end
       5'h17:
           /* empty */;
       5'h18:
-          \$919  = \$756 [3:0];
+          \$919  = \$755 [3:0];
     endcase
     if (rst) begin
       \$919  = 4'h0;
@@ -10528,8 +10568,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$757 ) begin
-            \$920  = \$signal$284 ;
+          if (\$756 ) begin
+            \$920  = \$signal$285 ;
           end
     endcase
     if (rst) begin
@@ -10585,8 +10625,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$757 ) begin
-            \$921  = \$signal$278 [15:0];
+          if (\$756 ) begin
+            \$921  = \$signal$279 [15:0];
           end
     endcase
     if (rst) begin
@@ -10642,8 +10682,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$757 ) begin
-            \$922  = \$759 ;
+          if (\$756 ) begin
+            \$922  = \$758 ;
           end
     endcase
     if (rst) begin
@@ -10652,7 +10692,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$923  = \$signal$286 ;
+    \$923  = \$signal$287 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10706,14 +10746,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$767 ) begin
+          if (\$766 ) begin
           end else begin
             \$923  = 15'h0000;
           end
       5'h1b:
-          if (\$768 ) begin
-          end else if (\$771 ) begin
-            \$923  = \$772 [14:0];
+          if (\$767 ) begin
+          end else if (\$770 ) begin
+            \$923  = \$771 [14:0];
           end
     endcase
     if (rst) begin
@@ -10722,7 +10762,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$924  = \$signal$288 ;
+    \$924  = \$signal$289 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10776,14 +10816,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$767 ) begin
+          if (\$766 ) begin
           end else begin
             \$924  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$768 ) begin
-          end else if (\$771 ) begin
+          if (\$767 ) begin
+          end else if (\$770 ) begin
             \$924  = 1'h1;
           end else begin
             \$924  = 1'h0;
@@ -10795,7 +10835,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$925  = \$signal$289 ;
+    \$925  = \$signal$290 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10850,9 +10890,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$768 ) begin
-          end else if (\$771 ) begin
-            \$925  = \$776 [12:0];
+          if (\$767 ) begin
+          end else if (\$770 ) begin
+            \$925  = \$775 [12:0];
           end
     endcase
     if (rst) begin
@@ -11006,9 +11046,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$276.index  = \$signal$276 [2:0];
-  assign \$signal$276.weight  = \$signal$276 [18:3];
-  assign \$signal$276.last  = \$signal$276 [19];
+  assign \$signal$277.index  = \$signal$277 [2:0];
+  assign \$signal$277.weight  = \$signal$277 [18:3];
+  assign \$signal$277.last  = \$signal$277 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -11016,8 +11056,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$217 ;
-  assign cmd__payload[69:54] = \$215 [15:0];
+  assign cmd__payload[75:70] = \$215 ;
+  assign cmd__payload[69:54] = \$213 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
@@ -11052,98 +11092,98 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$163  = \$161 ;
   assign \$168  = 1'h1;
   assign \$169  = \$167 ;
-  assign \$230  = 1'h1;
-  assign \$231  = \$229 ;
+  assign \$228  = 1'h1;
+  assign \$229  = \$227 ;
+  assign \$241  = { \$signal$248 , 1'h0 };
   assign \$243  = { \$signal$248 , 1'h0 };
-  assign \$245  = { \$signal$248 , 1'h0 };
-  assign \$275  = 1'h1;
-  assign \$276  = \$274 ;
-  assign \$305  = 1'h1;
-  assign \$306  = \$304 ;
-  assign \$347  = \$346 [14];
-  assign \$350  = { l0_x, 1'h0 };
-  assign \$352  = { 1'h0, l0_y[15:1] };
-  assign \$355  = \$354 [14];
-  assign \$358  = { l1_x, 1'h0 };
-  assign \$360  = { 1'h0, l1_y[15:1] };
-  assign \$363  = \$362 [14];
-  assign \$366  = { l2_x, 1'h0 };
-  assign \$368  = { 1'h0, l2_y[15:1] };
-  assign \$371  = \$370 [14];
-  assign \$374  = { l3_x, 1'h0 };
-  assign \$376  = { 1'h0, l3_y[15:1] };
-  assign \$379  = \$378 [18];
-  assign \$382  = { l4_x, 1'h0 };
-  assign \$384  = { 1'h0, l4_y[15:1] };
-  assign \$387  = \$386 [33];
-  assign \$390  = { lh_x, 1'h0 };
-  assign \$392  = { 1'h0, lh_y[15:1] };
-  assign \$426  = 1'h1;
-  assign \$427  = \$signal$301 ;
-  assign \$429  = 1'h1;
-  assign \$430  = \$signal$301 ;
-  assign \$481  = 1'h1;
-  assign \$482  = \$480 ;
-  assign \$526  = \$525 ;
-  assign \$535  = \$534 ;
-  assign \$546 [9:1] = 9'h000;
-  assign \$546 [0] = ins[38];
-  assign \$547  = ins[38];
-  assign \$551 [9:1] = 9'h000;
-  assign \$551 [0] = ins[38];
-  assign \$552  = ins[38];
-  assign \$556 [9:1] = 9'h000;
-  assign \$556 [0] = ins[38];
-  assign \$557  = ins[38];
-  assign \$561  = { \$560 [17], \$560 [17], \$560 [17:2] };
-  assign \$564 [9:1] = 9'h000;
-  assign \$564 [0] = ins[38];
-  assign \$565  = ins[38];
-  assign \$569  = { \$568 [17], \$568 [17], \$568 [17:2] };
-  assign \$574  = { \$573 [17], \$573 [17], \$573 [17:2] };
-  assign \$575  = { 1'h0, ins[79:64], 2'h0 };
-  assign \$576  = \$575 [18];
-  assign \$577  = { 1'h0, ins[79:64], 2'h0 };
-  assign \$579 [9:1] = 9'h000;
-  assign \$579 [0] = ins[38];
-  assign \$580  = ins[38];
-  assign \$588 [9:1] = 9'h000;
-  assign \$588 [0] = ins[38];
-  assign \$589  = ins[38];
-  assign \$591 [9:1] = 9'h000;
-  assign \$591 [0] = ins[38];
-  assign \$592  = ins[38];
-  assign \$599  = \$598 [18];
-  assign \$606 [9:1] = 9'h000;
-  assign \$606 [0] = ins[38];
-  assign \$607  = ins[38];
-  assign \$609  = { 1'h0, ins[95:80], 2'h0 };
-  assign \$610  = \$609 [18];
-  assign \$611  = { 1'h0, ins[95:80], 2'h0 };
-  assign { \$613 [9:2], \$613 [0] } = 9'h000;
-  assign \$613 [1] = ins[39];
-  assign { \$637 [9:3], \$637 [1:0] } = 9'h000;
-  assign \$637 [2] = ins[8];
-  assign \$638  = ins[8];
-  assign \$642  = \$641 ;
-  assign { \$643 [9:3], \$643 [1:0] } = 9'h000;
-  assign \$643 [2] = ins[8];
-  assign \$644  = ins[8];
-  assign \$645  = { l1_acc[13:2], 1'h0 };
-  assign \$647  = { l1_acc[13:2], 1'h0 };
-  assign \$717  = 1'h1;
-  assign \$718  = \$716 ;
-  assign \$723  = 1'h1;
-  assign \$770  = 1'h1;
-  assign \$771  = \$769 ;
-  assign \$578  = \$577 [17:0];
-  assign \$612  = \$611 [17:0];
-  assign \$614  = ins[39];
+  assign \$273  = 1'h1;
+  assign \$274  = \$272 ;
+  assign \$303  = 1'h1;
+  assign \$304  = \$302 ;
+  assign \$345  = \$344 [14];
+  assign \$348  = { l0_x, 1'h0 };
+  assign \$350  = { 1'h0, l0_y[15:1] };
+  assign \$353  = \$352 [14];
+  assign \$356  = { l1_x, 1'h0 };
+  assign \$358  = { 1'h0, l1_y[15:1] };
+  assign \$361  = \$360 [14];
+  assign \$364  = { l2_x, 1'h0 };
+  assign \$366  = { 1'h0, l2_y[15:1] };
+  assign \$369  = \$368 [14];
+  assign \$372  = { l3_x, 1'h0 };
+  assign \$374  = { 1'h0, l3_y[15:1] };
+  assign \$377  = \$376 [18];
+  assign \$380  = { l4_x, 1'h0 };
+  assign \$382  = { 1'h0, l4_y[15:1] };
+  assign \$385  = \$384 [33];
+  assign \$388  = { lh_x, 1'h0 };
+  assign \$390  = { 1'h0, lh_y[15:1] };
+  assign \$424  = 1'h1;
+  assign \$425  = \$signal$302 ;
+  assign \$427  = 1'h1;
+  assign \$428  = \$signal$302 ;
+  assign \$477  = 1'h1;
+  assign \$478  = \$476 ;
+  assign \$522  = \$521 ;
+  assign \$531  = \$530 ;
+  assign \$542 [9:1] = 9'h000;
+  assign \$542 [0] = ins[38];
+  assign \$543  = ins[38];
+  assign \$547 [9:1] = 9'h000;
+  assign \$547 [0] = ins[38];
+  assign \$548  = ins[38];
+  assign \$552 [9:1] = 9'h000;
+  assign \$552 [0] = ins[38];
+  assign \$553  = ins[38];
+  assign \$557  = { \$556 [17], \$556 [17], \$556 [17:2] };
+  assign \$560 [9:1] = 9'h000;
+  assign \$560 [0] = ins[38];
+  assign \$561  = ins[38];
+  assign \$565  = { \$564 [17], \$564 [17], \$564 [17:2] };
+  assign \$570  = { \$569 [17], \$569 [17], \$569 [17:2] };
+  assign \$571  = { 1'h0, ins[79:64], 2'h0 };
+  assign \$572  = \$571 [18];
+  assign \$573  = { 1'h0, ins[79:64], 2'h0 };
+  assign \$575 [9:1] = 9'h000;
+  assign \$575 [0] = ins[38];
+  assign \$576  = ins[38];
+  assign \$584 [9:1] = 9'h000;
+  assign \$584 [0] = ins[38];
+  assign \$585  = ins[38];
+  assign \$587 [9:1] = 9'h000;
+  assign \$587 [0] = ins[38];
+  assign \$588  = ins[38];
+  assign \$595  = \$594 [18];
+  assign \$602 [9:1] = 9'h000;
+  assign \$602 [0] = ins[38];
+  assign \$603  = ins[38];
+  assign \$605  = { 1'h0, ins[95:80], 2'h0 };
+  assign \$606  = \$605 [18];
+  assign \$607  = { 1'h0, ins[95:80], 2'h0 };
+  assign { \$609 [9:2], \$609 [0] } = 9'h000;
+  assign \$609 [1] = ins[39];
+  assign { \$634 [9:3], \$634 [1:0] } = 9'h000;
+  assign \$634 [2] = ins[8];
+  assign \$635  = ins[8];
+  assign \$639  = \$638 ;
+  assign { \$640 [9:3], \$640 [1:0] } = 9'h000;
+  assign \$640 [2] = ins[8];
+  assign \$641  = ins[8];
+  assign \$642  = { l1_acc[13:2], 1'h0 };
+  assign \$644  = { l1_acc[13:2], 1'h0 };
+  assign \$716  = 1'h1;
+  assign \$717  = \$715 ;
+  assign \$722  = 1'h1;
+  assign \$769  = 1'h1;
+  assign \$770  = \$768 ;
+  assign \$574  = \$573 [17:0];
+  assign \$608  = \$607 [17:0];
+  assign \$610  = ins[39];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1225$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1243$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3272$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1224$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1242$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3271$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11282,12 +11322,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1225$0 ;
-  wire [5:0] \port$1225$0 ;
-  output [5:0] \port$1243$0 ;
-  wire [5:0] \port$1243$0 ;
-  input [15:0] \port$3272$2 ;
-  wire [15:0] \port$3272$2 ;
+  output [5:0] \port$1224$0 ;
+  wire [5:0] \port$1224$0 ;
+  output [5:0] \port$1242$0 ;
+  wire [5:0] \port$1242$0 ;
+  input [15:0] \port$3271$2 ;
+  wire [15:0] \port$3271$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11452,7 +11492,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3272$2  };
+      \$74  = { 8'h00, \port$3271$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11488,7 +11528,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3272$2  };
+      \$77  = { 8'h00, \port$3271$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11533,11 +11573,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3272$2  };
+  assign rd_beats = { 8'h00, \port$3271$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3272$2  };
-  assign \port$1225$0  = \$9 ;
-  assign \port$1243$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3271$2  };
+  assign \port$1224$0  = \$9 ;
+  assign \port$1242$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20749,8 +20789,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1577$0 (mult),
-    .\port$1582$0 (i__payload),
+    .\port$1576$0 (mult),
+    .\port$1581$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21338,8 +21378,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$309  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$312  = { \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47:8] };
   assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$315  = { \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48:16] };
   assign \$316  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$315  = { \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48:16] };
   assign \$322  = { \$321 [33], \$321 [33:1] };
   assign \$323  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$325  = { \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48:16] };
@@ -21348,12 +21388,12 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$330  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
   assign \$333  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$337  = { \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39:4] };
   assign \$338  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$337  = { \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39:4] };
   assign \$340  = { \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48:16] };
   assign \$341  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$344  = { \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47:8] };
   assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$344  = { \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47:8] };
   assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
   assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$353  = { \$352 [35], \$352 [35], \$352 [35:2] };
@@ -21564,7 +21604,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21650,10 +21690,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1577$0 ;
-  wire [15:0] \port$1577$0 ;
-  input [127:0] \port$1582$0 ;
-  wire [127:0] \port$1582$0 ;
+  input [15:0] \port$1576$0 ;
+  wire [15:0] \port$1576$0 ;
+  input [127:0] \port$1581$0 ;
+  wire [127:0] \port$1581$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21718,7 +21758,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1582$0 [16:0] };
+      \$9  = { 1'h0, \port$1581$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21731,7 +21771,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1577$0  };
+      \$10  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21757,7 +21797,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31:17] };
+      \$12  = { \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21770,7 +21810,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1577$0  };
+      \$13  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21796,7 +21836,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1582$0 [48:32] };
+      \$15  = { 1'h0, \port$1581$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21809,7 +21849,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1577$0  };
+      \$16  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21835,7 +21875,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63:49] };
+      \$18  = { \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21848,7 +21888,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1577$0  };
+      \$19  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21874,7 +21914,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1582$0 [80:64] };
+      \$21  = { 1'h0, \port$1581$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21887,7 +21927,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1577$0  };
+      \$22  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21913,7 +21953,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95:81] };
+      \$24  = { \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21926,7 +21966,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1577$0  };
+      \$25  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21952,7 +21992,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1582$0 [112:96] };
+      \$27  = { 1'h0, \port$1581$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21965,7 +22005,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1577$0  };
+      \$28  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21991,7 +22031,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127:113] };
+      \$30  = { \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -22004,7 +22044,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1577$0  };
+      \$31  = { 2'h0, \port$1576$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -22026,22 +22066,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1577$0 , \port$1582$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1582$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1577$0  };
-  assign a__1 = { \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31], \port$1582$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1577$0  };
-  assign a__2 = { 1'h0, \port$1582$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1577$0  };
-  assign a__3 = { \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63], \port$1582$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1577$0  };
-  assign a__4 = { 1'h0, \port$1582$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1577$0  };
-  assign a__5 = { \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95], \port$1582$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1577$0  };
-  assign a__6 = { 1'h0, \port$1582$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1577$0  };
-  assign a__7 = { \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127], \port$1582$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1577$0  };
+  assign a__0 = { 1'h0, \port$1581$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1576$0  };
+  assign a__1 = { \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1576$0  };
+  assign a__2 = { 1'h0, \port$1581$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1576$0  };
+  assign a__3 = { \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1576$0  };
+  assign a__4 = { 1'h0, \port$1581$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1576$0  };
+  assign a__5 = { \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1576$0  };
+  assign a__6 = { 1'h0, \port$1581$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1576$0  };
+  assign a__7 = { \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1576$0  };
 endmodule
 
 (* generator = "Amaranth" *)
