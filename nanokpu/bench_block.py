@@ -70,10 +70,10 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each unit's instructions, the rest is fetch and decode (12 cycles: the fetch reads the 8 words of an
-instruction one per cycle, plus the shift-add products of the instruction's fields, a few cycles
-more; measured below). Utilization factors exactly into
-three measured terms:
+each unit's instructions, the rest is fetch and decode (the fetch reads the 8 words of an
+instruction one per cycle; the decode computes the products of the instruction's fields one after
+the other on one shift-add lane, 7 cycles plus a cycle per bit of each multiplier, then checks
+them; measured below). Utilization factors exactly into three measured terms:
 
     utilization = MACs / (rows*cols * cycles)
                 = (GEMM busy / cycles) * (tile steps / GEMM busy) * (rows used in the tile steps)

@@ -209,6 +209,11 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
 
     def gemm(a, host_addr, c, m, kk, n, r: Requant, flags=0, b=0):
         """A GEMM with its requantiser fused (constants from the table at ``b`` with F_RQ_EXPERT)."""
+        mb = -(-T // cfg.rows)      # m <= T rows (an expert's count)
+        for name, words in (("spad_a_depth", mb * kk), ("spad_b_depth", 2 * kk), ("spad_c_depth", mb * n)):
+            if words > getattr(cfg, name):
+                raise ValueError(f"{name} = {getattr(cfg, name)}: the block with T={T} tokens has a "
+                                 f"{T} x {kk} x {n} GEMM, which needs {words} words there")
         if not flags & F_RQ_EXPERT:
             _check_requant(r, cfg, "requantiser")
         fixed = not flags & F_RQ_EXPERT

@@ -15,7 +15,18 @@ import numpy as np
 
 from golden import intops as I
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, route_table, word_width
+from nanokpu.isa import (
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_EXPERT,
+    IN_PLACE_OPS,
+    Err,
+    Instr,
+    Op,
+    bus_bytes,
+    route_table,
+    word_width,
+)
 
 __all__ = ["FuncSim", "RunResult", "KpuError", "check"]
 
@@ -149,28 +160,35 @@ class FuncSim:
         if op == Op.STORE:
             check(ins.width == 4, Err.BAD_SHAPE, "STORE width must be 4")
         if op == Op.REQUANT or (op == Op.GEMM and ins.width):
-            check(2 <= ins.width <= self.ww, Err.BAD_SHAPE, "requantiser width out of range")
+            check(2 <= ins.width <= cfg.acc_width, Err.BAD_SHAPE, "requantiser width not in [2, acc_width]")
         if op == Op.GEMM:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
                   and mb * n <= cfg.spad_c_depth, Err.BAD_SHAPE, "GEMM beyond the engine's scratchpads")
         if op == Op.ROUTE:
             check(self.scores == (a, ln), Err.NO_SCORES, "ROUTE before SIGMOID wrote its scores")
-        # -- scratchpad regions
-        regions = {
-            Op.LOAD: [(c, ln)], Op.STORE: [(a, ln)],
-            Op.GEMM: [(a, m * k), (c, m * n)] + ([(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []),
-            Op.REQUANT: [(a, ln), (c, ln)] + ([(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []),
-            Op.SIGMOID: [(a, ln), (c, ln)], Op.SITU: [(a, ln), (b, ln), (c, ln)],
-            Op.ADD: [(a, ln), (b, ln), (c, ln)], Op.NORM: [(a, ln), (c, ln)],
-            Op.ROUTE: [(a, ln), (b, n), (c, route_table(0, m, cfg)["end"])],
-            Op.EXPERT: [(a, 2 * n)],
-            Op.GATHER: [(a, ln), (b, self.offset + self.count), (c, self.count * n)],
-            Op.SCATTER: [(a, self.count * n), (b, self.offset + self.count), (c, ln)],
-            Op.COMBINE: [(a, m * k * n), (b, m * k), (c, ln)],
+        # -- scratchpad regions: the operands', then the result's
+        rq = [(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []
+        operands, result = {
+            Op.LOAD: ([], (c, ln)), Op.STORE: ([(a, ln)], None),
+            Op.GEMM: ([(a, m * k), *rq], (c, m * n)),
+            Op.REQUANT: ([(a, ln), *rq], (c, ln)),
+            Op.SIGMOID: ([(a, ln)], (c, ln)), Op.SITU: ([(a, ln), (b, ln)], (c, ln)),
+            Op.ADD: ([(a, ln), (b, ln)], (c, ln)), Op.NORM: ([(a, ln)], (c, ln)),
+            Op.ROUTE: ([(a, ln), (b, n)], (c, route_table(0, m, cfg)["end"])),
+            Op.EXPERT: ([(a, 2 * n)], None),
+            Op.GATHER: ([(a, ln), (b, self.offset + self.count)], (c, self.count * n)),
+            Op.SCATTER: ([(a, self.count * n), (b, self.offset + self.count)], (c, ln)),
+            Op.COMBINE: ([(a, m * k * n), (b, m * k)], (c, ln)),
         }[op]
-        for addr, words in regions:
+        for addr, words in operands + ([result] if result else []):
             self._region(addr, words)
+        if result:
+            rc, wc = result
+            for addr, words in operands:
+                in_place = op in IN_PLACE_OPS and (addr, words) == result
+                check(not (words and wc and addr < rc + wc and rc < addr + words) or in_place,
+                      Err.OVERLAP, f"result [{rc}, {rc + wc}) overlaps operand [{addr}, {addr + words})")
         # -- host window
         if op in (Op.LOAD, Op.STORE, Op.GEMM):
             addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)

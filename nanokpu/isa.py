@@ -42,8 +42,8 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
             ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
             engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
             spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
-``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``; with :data:`F_RQ_EXPERT`,
-            ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
+``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
+            :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
 ``SIGMOID`` ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
 ``SITU``    ``c[i] = situ_q(a[i], b[i])``.
 ``ADD``     ``c[i] = add_sat(a[i], b[i], act_width)``.
@@ -62,7 +62,11 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ==========  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
-an :class:`Err` code and nothing of that instruction is written. Gather/scatter indices are
+an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
+not overlap an operand region (``a``, ``b``, the ``F_RQ_EXPERT`` table) - the units stream, so
+an overlap would make results depend on timing - except exactly (same base and size) for the
+element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD`` and ``NORM``, which may run in
+place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``acc_width`` for
 ``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
@@ -81,7 +85,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
-           "INSTR_WORDS", "INSTR_LAYOUT", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH", "OP_UNIT", "UNITS",
+           "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH", "OP_UNIT", "UNITS",
            "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
 
@@ -118,6 +122,7 @@ class Err(enum.IntEnum):
     PC_RANGE = 6        # program counter or jump target beyond the instruction memory
     BUS_ERROR = 7       # the AXI4 slave answered SLVERR/DECERR
     NO_ROUTE = 8        # EXPERT/GATHER/SCATTER or an expert-indexed operand without a ROUTE
+    OVERLAP = 9         # the result region overlaps an operand region (other than exactly in place)
 
 
 #: Flag bits.
@@ -162,6 +167,9 @@ LOADS_BASE = 0x40000
 OP_UNIT = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
            Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
            Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
+
+#: Element-wise ops whose result region may be exactly an operand region (run in place).
+IN_PLACE_OPS = (Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM)
 
 
 def bus_bytes(cfg: KpuConfig) -> int:

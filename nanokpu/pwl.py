@@ -1,7 +1,7 @@
 """The piecewise-linear function evaluator shared by the activation units.
 
 :class:`PwlEvaluator` is the RTL of :class:`golden.intops.PwlTable`: ``lanes`` independent
-inputs per cycle through one table of ``n_seg + 1`` (value, slope) words, bit-exact to
+inputs per cycle through one table of ``n_seg`` (value, slope) words, bit-exact to
 ``PwlTable.__call__``. It is a stallable datapath without handshake (an ``en`` input
 advances every stage); :func:`stall_pipeline` wraps such a datapath in stream handshakes,
 and :func:`round_shift` is the RTL of :func:`golden.intops.round_shift`.
@@ -11,9 +11,10 @@ Evaluation (``s = seg_shift``, ``t`` the input's offset from the first breakpoin
     t = clip(x - x0, 0, n_seg << s);  i = t >> s;  f = t & (2**s - 1)
     y = value[i] + ((slope[i] * f) >> s);  out = round_shift(y, guard, rounding)
 
-Word ``n_seg`` of the table holds ``values[n_seg]`` with slope 0, so the last breakpoint
-(``t = n_seg << s``, where the golden uses segment ``n_seg - 1`` with ``f = 2**s``) reads
-it directly: the same result, one multiplier bit and one comparator fewer.
+The last breakpoint (``t = n_seg << s``, where the golden uses segment ``n_seg - 1`` with
+``f = 2**s``) takes ``values[n_seg]`` from a constant instead of the table word (``f`` is 0
+there): the same result, one multiplier bit fewer, and a table of ``n_seg`` words, so that
+a power-of-two ``n_seg`` fills its block RAMs (``n_seg + 1`` words would double their depth).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class PwlEvaluator(wiring.Component):
 
     Pipeline: address and fraction (1), table read into a register (2), ``slope * f``
     product (3), sum and rounding (4). Error against the real function: :attr:`error_bound`.
-    Costs one table of ``n_seg + 1`` words of ``value_width + slope_width`` bits (one read
+    Costs one table of ``n_seg`` words of ``value_width + slope_width`` bits (one read
     port per lane) and one ``slope_width x seg_shift`` multiplier per lane.
     """
 
@@ -145,34 +146,38 @@ class PwlEvaluator(wiring.Component):
 
     @property
     def words(self) -> list[dict]:
-        """The table as stored: ``{"value", "slope"}`` per segment, then the last breakpoint."""
+        """The table as stored: ``{"value", "slope"}`` per segment (the last breakpoint's value,
+        ``table.values[-1]``, is a constant in the logic)."""
         t = self.table
-        return ([{"value": v, "slope": s} for v, s in zip(t.values, t.slopes, strict=False)]
-                + [{"value": t.values[-1], "slope": 0}])
+        return [{"value": v, "slope": s} for v, s in zip(t.values[:-1], t.slopes, strict=True)]
 
     def elaborate(self, platform):
         t = self.table
         m = Module()
         word = data.StructLayout({"value": self.value_shape, "slope": self.slope_shape})
         # Block RAM even when Yosys would rather spend LUTs on a small many-ported ROM.
-        m.submodules.table = table = Memory(shape=word, depth=t.n_seg + 1, init=self.words,
+        m.submodules.table = table = Memory(shape=word, depth=t.n_seg, init=self.words,
                                             attrs={"rom_style": "block"})
         top = t.n_seg << t.seg_shift
         for lane in range(self.lanes):
             port = table.read_port()
             m.d.comb += port.en.eq(self.en)
-            # Stage 1: offset, clip, segment index (the table address) and fraction.
+            # Stage 1: offset, clip, segment index (the table address: 0 at the last
+            # breakpoint, whose word is not read) and fraction.
             offset = Signal(signed(t.in_width + 2))
             clipped = Signal(range(top + 1))
+            at_top = Signal()
             m.d.comb += [
                 offset.eq(self.x[lane] - t.x0),
-                clipped.eq(Mux(offset < 0, 0, Mux(offset > top, top, offset))),
-                port.addr.eq(clipped >> t.seg_shift),
+                at_top.eq(offset >= top),
+                clipped.eq(Mux(offset < 0, 0, Mux(at_top, top, offset))),
+                port.addr.eq(Mux(at_top, 0, clipped >> t.seg_shift)),
             ]
             # Data registers have no reset (only the valid bits of the stream wrapper do).
             def reg(shape, name, lane=lane):
                 return Signal(shape, name=f"{name}_{lane}", reset_less=True)
             frac1, frac2 = reg(t.seg_shift, "frac1"), reg(t.seg_shift, "frac2")
+            top1, top2 = reg(1, "top1"), reg(1, "top2")
             word2 = reg(word, "word2")
             value3 = reg(self.value_shape, "value3")
             product3 = reg(signed(self.slope_shape.width + t.seg_shift + 1), "product3")
@@ -181,11 +186,13 @@ class PwlEvaluator(wiring.Component):
             with m.If(self.en):
                 m.d.sync += [
                     frac1.eq(clipped[:t.seg_shift]),
+                    top1.eq(at_top),
                     # Stage 2: the table word arrives (registered: block RAM outputs are slow).
                     word2.eq(port.data),
+                    top2.eq(top1),
                     frac2.eq(frac1),
                     # Stage 3: the interpolation product.
-                    value3.eq(word2.value),
+                    value3.eq(Mux(top2, t.values[-1], word2.value)),    # the last breakpoint's
                     product3.eq(word2.slope * frac2),
                     # Stage 4: sum and round into the output register.
                     y4.eq(round_shift(value3 + (product3 >> t.seg_shift), t.guard, t.rounding)),

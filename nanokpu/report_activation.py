@@ -83,7 +83,7 @@ def _table_row(name: str, table: intops.PwlTable) -> str:
     value = range_shape(min(table.values), max(table.values))
     slope = range_shape(min(0, *table.slopes), max(0, *table.slopes))
     lo, hi = out_range(table)
-    words = table.n_seg + 1
+    words = table.n_seg      # the last breakpoint's value is a constant in the logic
     x_lo, x_hi = table.x0, table.x0 + (table.n_seg << table.seg_shift)
     return (f"| {name} | [{x_lo}, {x_hi}] | {table.n_seg} x {1 << table.seg_shift} | {words} "
             f"| {value.width} + {slope.width} | {words * (value.width + slope.width)} | [{lo}, {hi}] |")
@@ -233,11 +233,13 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
               "(`tests/test_situ.py` has such a config).",
               "- The sigmoid takes `act_lanes` logits per cycle; a router wanting `route_lanes` can "
               "build it from `cfg.replace(act_lanes=cfg.route_lanes)`.",
+              "- The table holds `n_seg` words: the last breakpoint's value is a constant in the "
+              "logic, so a power-of-two `n_seg` fills whole block RAM modes (257 sigmoid words took "
+              "4 UP5K blocks, 256 take 2).",
               "- Considered, not done: odd symmetry (`up`, and `sigmoid(-x) = 1 - sigmoid(x)`) halves "
-              "those tables in words, but `|x|` of the most negative input reaches the last breakpoint, "
-              "so the `up` table keeps 513 words: just past the 512-word modes of both block RAMs, it "
-              "would save no BRAM on these formats without a special case for that input (and it "
-              "needs a sign-magnitude evaluation in the golden `PwlTable`).",
+              "those tables in words (`|x|` of the most negative input is the last breakpoint, a "
+              "constant: the `up` table would be 512 words, 5 UP5K blocks instead of 9); it needs a "
+              "sign-magnitude evaluation in the golden `PwlTable`, bit-exact under every rounding mode.",
               ""]
     if synth:
         parts += ["## FPGA cost", "",

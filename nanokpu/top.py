@@ -61,6 +61,7 @@ from nanokpu.isa import (
     F_M_COUNT,
     F_RQ_EXPERT,
     IMEM_BASE,
+    IN_PLACE_OPS,
     INSTR_LAYOUT,
     INSTR_WORDS,
     LOADS_BASE,
@@ -77,7 +78,12 @@ from nanokpu.sigmoid import Sigmoid
 from nanokpu.situ import Situ
 from nanokpu.vector import VecOp, VectorUnit
 
-__all__ = ["NanoKPU"]
+__all__ = ["NanoKPU", "PRODUCT_STEPS"]
+
+#: Products of instruction fields the decode computes, one after the other on one shift-add
+#: lane: a step takes ``1 + bit_length(y)`` cycles (1 when the op leaves it unused), and one
+#: more cycle commits the last.
+PRODUCT_STEPS = 6
 
 
 class NanoKPU(wiring.Component):
@@ -237,33 +243,35 @@ class NanoKPU(wiring.Component):
                 return (value + d - 1) >> (d.bit_length() - 1)
             return (value + d - 1) // d
 
-        def lane(name, width=SW):
-            """A shift-add multiplier ``acc += y * x`` (saturating, ``width`` bits), one bit of
-            ``y`` per cycle, LSB first, while ``y != 0``: ``bit_length(y)`` cycles."""
-            y, x, acc = Signal(16, name=f"{name}_y"), Signal(width, name=f"{name}_x"), \
-                Signal(width, name=f"{name}_acc")
-            with m.If(y != 0):
-                with m.If(y[0]):
-                    m.d.sync += acc.eq(sat(acc + x, width))
-                m.d.sync += [x.eq(Mux(x[-1], (1 << width) - 1, x << 1)), y.eq(y >> 1)]
-            return y, x, acc
+        # Products of instruction fields, by one shift-add lane used in turn (``acc += y * x``,
+        # one bit of ``y`` per cycle, LSB first, while ``y != 0``; PW bits, saturating), a step per
+        # product: each step loads the lane and commits the previous step's product, saturated,
+        # to its register. Steps, by op:
+        #   ln = m*n (len); mk = m*k (GEMM, COMBINE), count*n (GATHER, SCATTER), 4*m*top_k (ROUTE);
+        #   p2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then row*n for each GATHER/SCATTER row;
+        #   p3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE: p2 as it is committed);
+        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) (GEMM), BW-1 + m*(n*width)
+        #   (LOAD, STORE: rounded down to a beat), LBW bits; host_eff = host + expert*stride.
+        # An unused step loads y = 0: a cycle. A step takes 1 + bit_length(y) cycles.
+        PW = max(SW, LBW, HW)
+        ln, mk, p2, p3 = (Signal(SW, name=n) for n in ("ln", "mk", "p2", "p3"))
+        l4, host_eff = Signal(LBW, name="l4"), Signal(HW, name="host_eff")
+        products = (ln, mk, p2, p3, l4, host_eff)
+        assert len(products) == PRODUCT_STEPS
+        lane_y, lane_x, lane_acc = Signal(16), Signal(PW), Signal(PW)
+        step = Signal(range(len(products) + 2))   # the lane multiplies product step - 1
+        lane_busy = lane_y != 0
+        with m.If(lane_busy):
+            with m.If(lane_y[0]):
+                m.d.sync += lane_acc.eq(sat(lane_acc + lane_x, PW))
+            m.d.sync += [lane_x.eq(Mux(lane_x[-1], (1 << PW) - 1, lane_x << 1)), lane_y.eq(lane_y >> 1)]
 
-        def load(lane_, y, x, acc=0):
-            m.d.sync += [lane_[0].eq(y), lane_[1].eq(x), lane_[2].eq(acc)]
+        def lane_load(y, x, acc=0):
+            m.d.sync += [lane_y.eq(y), lane_x.eq(x), lane_acc.eq(acc)]
 
-        # per instruction, loaded at fetch: L0 = m*n (len); L1 = m*k (GEMM, COMBINE), count*n
-        # (GATHER, SCATTER), 4*m*top_k (ROUTE); L2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then
-        # row*n for each GATHER/SCATTER row; L3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE, after
-        # L2); L4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) (GEMM), BW-1 + m*(n*width)
-        # (LOAD, STORE: rounded down to a beat), LBW bits; LH = host + expert*stride
-        mul = [lane(f"l{i}", LBW if i == 4 else SW) for i in range(5)]
-        LH = lane("lh", HW)
-        lanes_busy = Cat(*(y for y, _, _ in mul), LH[0]).any()
-        ln, mk, p2, p3, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], LH[2]
-        beats = mul[4][2][BW_LOG:]
+        beats = l4[BW_LOG:]
         nbytes = Cat(Const(0, BW_LOG), beats)
-        ph2 = Signal()       # COMBINE: L3 loaded with m*(k*n)
-        settle = Signal(2)   # DECODE cycles since the lanes settled: 2 for the checks to register
+        settle = Signal(2)   # DECODE cycles since the products settled: 2 for the checks to register
 
         op = ins.op
         m_eff = Signal(16)
@@ -271,33 +279,46 @@ class NanoKPU(wiring.Component):
         a_, b_, c_ = ins.a[:AW], ins.b[:AW], ins.c[:AW]
         m_s, n_s = m_eff[:SW], ins.n[:SW]   # exact once the checks passed
 
-        def load_lanes(nx):
-            """Load the lanes for the instruction word ``nx`` being latched."""
-            mx = Mux(nx.flags & F_M_COUNT, count, nx.m)
-            mb = ceil_div(mx, R)
-            for y, _, _ in mul + [LH]:
-                m.d.sync += y.eq(0)
-            with m.Switch(nx.op):
-                with m.Case(*[o for o in Op if o not in (Op.HALT, Op.JUMP, Op.EXPERT)]):
-                    load(mul[0], mx, sat(nx.n))
-            with m.Switch(nx.op):
-                with m.Case(Op.GEMM):
-                    load(mul[1], mx, sat(nx.k))
-                    load(mul[2], mb, sat(nx.k))
-                    load(mul[3], mb, sat(nx.n))
-                    load(mul[4], ceil_div(nx.n, C), sat(nx.k << BW_LOG, LBW))
-                with m.Case(Op.COMBINE):
-                    load(mul[1], mx, sat(nx.k))
-                    load(mul[2], nx.k, sat(nx.n))
-                with m.Case(Op.GATHER, Op.SCATTER):
-                    load(mul[1], count, sat(nx.n))
-                with m.Case(Op.ROUTE):
-                    load(mul[1], mx, sat(Const(4 * K)))
-                with m.Case(Op.LOAD):
-                    load(mul[4], mx, sat(nx.n << Mux(nx.width == 4, 2, Mux(nx.width == 2, 1, 0)), LBW), BW - 1)
-                with m.Case(Op.STORE):
-                    load(mul[4], mx, sat(nx.n << 2, LBW), BW - 1)
-            load(LH, Mux((nx.flags & F_HOST_EXPERT) != 0, expert, 0), nx.stride, nx.host)
+        # the lane's operands at step s (products above saturate like the lane: x need not)
+        st_y, st_x, st_acc = Signal(16), Signal(PW), Signal(PW)
+        mb = ceil_div(m_eff, R)
+        with m.Switch(step):
+            with m.Case(0):
+                with m.Switch(op):
+                    with m.Case(*[o for o in Op if o not in (Op.HALT, Op.JUMP, Op.EXPERT)]):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n)]
+            with m.Case(1):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM, Op.COMBINE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.k)]
+                    with m.Case(Op.GATHER, Op.SCATTER):
+                        m.d.comb += [st_y.eq(count), st_x.eq(ins.n)]
+                    with m.Case(Op.ROUTE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(4 * K)]
+            with m.Case(2):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.k)]
+                    with m.Case(Op.COMBINE):
+                        m.d.comb += [st_y.eq(ins.k), st_x.eq(ins.n)]
+            with m.Case(3):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.n)]
+                    with m.Case(Op.COMBINE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(sat(lane_acc))]   # p2, committed now
+            with m.Case(4):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(ceil_div(ins.n, C)), st_x.eq(ins.k << BW_LOG)]
+                    with m.Case(Op.LOAD):
+                        m.d.comb += [st_y.eq(m_eff), st_acc.eq(BW - 1),
+                                     st_x.eq(ins.n << Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0)))]
+                    with m.Case(Op.STORE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n << 2), st_acc.eq(BW - 1)]
+            with m.Case(5):
+                m.d.comb += [st_y.eq(Mux((ins.flags & F_HOST_EXPERT) != 0, expert, 0)),
+                             st_x.eq(ins.stride), st_acc.eq(ins.host)]
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
             (op == Op.GATHER) | (op == Op.SCATTER)
@@ -311,7 +332,7 @@ class NanoKPU(wiring.Component):
                 m.d.comb += shape_ok.eq(ins.n == E)
             with m.Case(Op.GEMM):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
-                                        & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= ww)))
+                                        & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= accw)))
                                         & (ins.k <= cfg.spad_b_depth // 2)
                                         & (p2 <= cfg.spad_a_depth)
                                         & (p3 <= cfg.spad_c_depth))
@@ -324,7 +345,7 @@ class NanoKPU(wiring.Component):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width == 4))
             with m.Case(Op.REQUANT):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width >= 2)
-                                        & (ins.width <= ww))
+                                        & (ins.width <= accw))
             with m.Default():
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
         # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
@@ -358,9 +379,16 @@ class NanoKPU(wiring.Component):
         def region_ok(base, words):
             return (words == 0) | ((base[SW:] == 0) & (base[:SW] + words <= D))
 
+        def overlaps(base, words):
+            """The result region ``(c, wc)`` overlaps the operand region ``(base, words)``, and
+            not exactly in place (regions checked: SW-bit bases)."""
+            x, r = base[:SW], ins.c[:SW]
+            in_place = Cat(*(op == o for o in IN_PLACE_OPS)).any() & (x == r) & (words == wc)
+            return (words != 0) & (wc != 0) & (x < r + wc) & (r < x + words) & ~in_place
+
         # the arithmetic checks registered, then decode_err from them registered (decode_q)
-        shape_q, spad_ok, host_ok = Signal(), Signal(), Signal()
-        m.d.sync += [shape_q.eq(shape_ok),
+        shape_q, spad_ok, host_ok, overlap_q = Signal(), Signal(), Signal(), Signal()
+        m.d.sync += [shape_q.eq(shape_ok), overlap_q.eq(overlaps(ins.a, wa) | overlaps(ins.b, wb)),
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
                      host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
                                 & (host_eff + nbytes <= host_base + host_size))]
@@ -380,6 +408,8 @@ class NanoKPU(wiring.Component):
             m.d.comb += decode_err.eq(Err.NO_SCORES)
         with m.Elif((op != Op.JUMP) & ~spad_ok):
             m.d.comb += decode_err.eq(Err.SPAD_RANGE)
+        with m.Elif(overlap_q):
+            m.d.comb += decode_err.eq(Err.OVERLAP)
         with m.Elif(uses_host & ~host_ok):
             m.d.comb += decode_err.eq(Err.HOST_RANGE)
         decode_q = Signal(8)
@@ -400,7 +430,10 @@ class NanoKPU(wiring.Component):
         # beat the selected unit sees), each advancing when the next one is free
         issuing, g_valid, g_last = Signal(), Signal(), Signal()
         h_valid, h_last = Signal(), Signal()
-        a_word, b_word = Signal(signed(ww)), Signal(signed(ww))
+        # the read data registered: rd0_q, rd1_q; the states that compare it wait a cycle (a
+        # *_WAIT state); in the streaming engine they are stage h's operands, held while it stalls
+        rd0_q, rd1_q = Signal(signed(ww)), Signal(signed(ww))
+        a_word, b_word = rd0_q, rd1_q
         # elements done, one counter for the engine's results, LOAD's writes and STORE's reads
         # (each instruction clears it); every one of them handles len = L0 elements
         el_i = Signal(SW)
@@ -422,7 +455,7 @@ class NanoKPU(wiring.Component):
         with m.If(eng_run):
             m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
             with m.If(h_free):
-                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last), a_word.eq(rd0.data), b_word.eq(rd1.data)]
+                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last)]
             with m.If(advance):
                 m.d.sync += [g_valid.eq(issuing & ~blocked), g_last.eq(rem[0] == 1)]
                 with m.If(issuing & ~blocked):
@@ -439,18 +472,23 @@ class NanoKPU(wiring.Component):
                         with m.If(~rem[2][1:].any()):
                             m.d.sync += issuing.eq(0)
 
+        # One register packs the words a unit takes whole: REQUANT's (R lanes of acc_width bits),
+        # GEMM's A word (R lanes, the low 8 bits of each) and ROUTE's score word (L lanes, the low
+        # score_width bits): one instruction at a time uses it
+        pack = Signal(data.ArrayLayout(signed(accw), max(R, L)))
+
         # unit inputs and outputs of the engine
         rq_mult, rq_shift, rq_width = Signal(32), Signal(6), Signal(6)
-        # REQUANT: the word being filled (rq_fill lanes so far, sent when rq_wvalid), the lane of
-        # the result word being written back
-        rq_word = Signal(data.ArrayLayout(signed(accw), R))
+        # REQUANT: the word being filled in pack (rq_fill lanes so far, sent when rq_wvalid), the
+        # lane of the result word being written back
         rq_fill, rq_wvalid, rq_lane = Signal(range(R + 1)), Signal(), Signal(range(R))
         rq_at_last = Signal()     # registered: the next write is the instruction's last (el_i == len - 1)
         out_valid, out_data = Signal(), Signal(signed(ww))
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
         m.d.comb += [
-            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift), gemm.rq_in.payload.eq(rq_word),
+            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
+            gemm.rq_in.payload.eq(pack.as_value()[:R * accw]),
             sig.i.payload[0].eq(a_word[:act].as_signed()),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
@@ -462,11 +500,11 @@ class NanoKPU(wiring.Component):
             vec.op.eq(vec_op),
             sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
         ]
-        # saturation to the instruction's output width rq_width (in [2, word width] once checked):
+        # saturation to the instruction's output width rq_width (in [2, acc_width] once checked):
         # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the GEMM engine's
         # requantiser, its lane 0 (REQUANT) or the lane the GEMM unpacking is at
-        hi_sat, sat_in, rq_sat = Signal(signed(ww)), Signal(signed(accw)), Signal(signed(ww))
-        m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(ww - 1)], 0)),
+        hi_sat, sat_in, rq_sat = Signal(signed(accw)), Signal(signed(accw)), Signal(signed(accw))
+        m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(accw - 1)], 0)),
                      rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
         with m.If(eng_run):
             with m.Switch(op):
@@ -481,7 +519,7 @@ class NanoKPU(wiring.Component):
                     with m.If(send):
                         m.d.sync += [rq_wvalid.eq(0), rq_fill.eq(0)]
                     with m.If(h_valid & eng_ready):
-                        m.d.sync += [rq_word[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
+                        m.d.sync += [pack[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
                         with m.If((fill == R - 1) | h_last):
                             m.d.sync += rq_wvalid.eq(1)
                     with m.If(gemm.c_out.valid):
@@ -508,7 +546,6 @@ class NanoKPU(wiring.Component):
         # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
         gm_left, gm_k, gm_lane = Signal(SW), Signal(KW), Signal(range(R + 1))
         gm_addr, gm_wstart = Signal(AW), Signal(AW)
-        gm_word = Signal(data.ArrayLayout(signed(8), R))
         gm_cap, gm_cap_lane = Signal(), Signal(range(R))
         gm_wvalid, gm_afeed_done = Signal(), Signal()
         gc_left, gc_n, gc_lane = Signal(SW), Signal(NW), Signal(range(R))
@@ -532,7 +569,7 @@ class NanoKPU(wiring.Component):
             gemm.cmd.payload.shift.eq(Mux(rq_width != 0, rq_shift, 0)),
             gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
-            gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
+            gemm.a_in.payload.eq(Cat(pack[i][:8] for i in range(R))), gemm.a_in.valid.eq(gm_wvalid),
             gemm.b_in.payload.eq(dma.rd_data.payload),
             sat_in.eq(gemm.c_out.payload[Mux(op == Op.GEMM, gc_lane, rq_lane)]),
         ]
@@ -548,11 +585,11 @@ class NanoKPU(wiring.Component):
             with m.Else():
                 m.d.sync += gm_cap.eq(0)
             with m.If(gm_cap):
-                m.d.sync += gm_word[gm_cap_lane].eq(rd0.data[:8].as_signed())
+                m.d.sync += pack.as_value().word_select(gm_cap_lane, accw)[:8].eq(rd0.data[:8])
             with m.If(~gm_wvalid & ~gm_afeed_done & word_full):
                 m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
             with m.If(gemm.a_in.valid & gemm.a_in.ready):
-                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), gm_word.eq(0)]
+                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), pack.eq(0)]
                 with m.If(gm_k + 1 < k_g):
                     m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
                 with m.Else():
@@ -580,8 +617,8 @@ class NanoKPU(wiring.Component):
                                      gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
 
         # -- LOAD / STORE -------------------------------------------------------------------------
-        ld_beat, ld_full, ld_e = Signal(8 * BW), Signal(), Signal(range(BW + 1))
         st_beat = Signal(dma.wr_layout)
+        ld_beat, ld_full, ld_e = st_beat.data, Signal(), Signal(range(BW + 1))   # LOAD's beat: STORE's
         st_full, st_e, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(), \
             Signal(range(BW))
         per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
@@ -611,7 +648,6 @@ class NanoKPU(wiring.Component):
         rt_j, rt_route_left, rt_s = Signal(range(E + 1)), Signal(SW), Signal(range(K + 1))
         rt_feed_left, rt_el, rt_lane = Signal(SW), Signal(range(E + L)), Signal(range(L + 1))
         rt_tbase, rt_tslot, rt_cb, rt_lp = Signal(AW), Signal(AW), Signal(AW), Signal(AW)
-        rt_word = Signal(data.ArrayLayout(unsigned(cfg.score_width), L))
         rt_cap, rt_cap_lane, rt_cap_ok, rt_wvalid, rt_feed_done = Signal(), Signal(range(L)), \
             Signal(), Signal(), Signal()
         rt_hold, rt_held, rt_wphase = Signal(), Signal(router.route_layout), Signal()
@@ -619,9 +655,8 @@ class NanoKPU(wiring.Component):
             Signal(SW)
         tk = mk[2:]      # ROUTE: L1 = 4 * m * top_k
         g_i, g_j, g_in, g_wv, g_wa = Signal(16), Signal(SW + 1), Signal(AW), Signal(), Signal(AW)
-        # the read data registered, for the states that compare it (a *_WAIT state in between)
-        rd0_q, rd1_q = Signal(signed(ww)), Signal(signed(ww))
-        m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
+        with m.If(~eng_run | h_free):
+            m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 
         @contextmanager
         def state(name):
@@ -652,15 +687,18 @@ class NanoKPU(wiring.Component):
                 m.d.comb += [im_rd.addr.eq(Cat(fetch_word[:WB], pc)), im_rd.en.eq(1)]
                 m.d.sync += [ins.eq(word), fetch_word.eq(fetch_word + 1)]
                 with m.If(fetch_word == INSTR_WORDS):
-                    m.d.sync += [ph2.eq(0), settle.eq(0)]
-                    load_lanes(data.View(INSTR_LAYOUT, word))
+                    m.d.sync += [step.eq(0), settle.eq(0)]
                     m.next = "DECODE"
             with state("DECODE"):
-                with m.If(lanes_busy):
-                    pass                      # the lanes multiply (bit_length cycles)
-                with m.Elif((op == Op.COMBINE) & ~ph2):
-                    load(mul[3], m_eff, p2)     # m * (k*n)
-                    m.d.sync += ph2.eq(1)
+                with m.If(lane_busy):
+                    pass                      # the lane multiplies (bit_length(y) cycles)
+                with m.Elif(step != len(products) + 1):
+                    with m.Switch(step):
+                        for i, product in enumerate(products):
+                            with m.Case(i + 1):
+                                m.d.sync += product.eq(sat(lane_acc, len(product)))
+                    lane_load(st_y, st_x, st_acc)
+                    m.d.sync += step.eq(step + 1)
                 with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
                     m.next = "IDLE"
@@ -696,7 +734,7 @@ class NanoKPU(wiring.Component):
                             m.next = "ENGINE"
                         with m.Case(Op.GEMM):
                             m.d.sync += [gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
-                                         gm_word.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
+                                         pack.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
                                          gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                          gc_last.eq(gc_last_of(m_s, 0)),
                                          gc_addr.eq(c_), gc_wstart.eq(c_)]
@@ -827,10 +865,12 @@ class NanoKPU(wiring.Component):
                 with m.Else():
                     m.d.sync += rt_cap.eq(0)
                 with m.If(rt_cap):
-                    m.d.sync += rt_word[rt_cap_lane].eq(Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
+                    m.d.sync += pack.as_value().word_select(rt_cap_lane, accw)[:cfg.score_width].eq(
+                        Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
                     with m.If(rt_cap_lane == L - 1):
                         m.d.sync += rt_wvalid.eq(1)
-                m.d.comb += [router.scores.payload.eq(rt_word), router.scores.valid.eq(rt_wvalid)]
+                m.d.comb += [router.scores.payload.eq(Cat(pack[i][:cfg.score_width] for i in range(L))),
+                             router.scores.valid.eq(rt_wvalid)]
                 with m.If(router.scores.valid & router.scores.ready):
                     m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
                     with m.If(rt_el >= E):
@@ -932,14 +972,15 @@ class NanoKPU(wiring.Component):
                 with m.If(r[16:].any() | (r[:16] >= m_eff)):     # r < 0 or r >= m
                     stop(Err.SPAD_RANGE)
                 with m.Else():
-                    load(mul[2], r[:16], n_s)      # r * n, exact: r < m
+                    lane_load(r[:16], n_s)      # r * n, exact: r < m
                     m.d.sync += [g_j.eq(0), g_wv.eq(0)]
                     m.next = "MOVE_COPY"
             with state("MOVE_COPY"):
-                # row r at r*n (L2, once multiplied), row i at g_in = i*n
-                src = a_ + Mux(gather, p2, g_in)
-                dst = c_ + Mux(gather, g_in, p2)
-                with m.If(mul[2][0] != 0):
+                # row r at r*n (the lane's product, once multiplied), row i at g_in = i*n
+                row = lane_acc[:AW]
+                src = a_ + Mux(gather, row, g_in)
+                dst = c_ + Mux(gather, g_in, row)
+                with m.If(lane_busy):
                     pass
                 with m.Elif((g_j < n_s) & ~blocked):
                     m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]

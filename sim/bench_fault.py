@@ -8,12 +8,13 @@ random idle and backpressure on every AXI channel (bench_top's ``TB``):
   counters must be bit-exact to ``golden.block.latent_moe_int``.
 * ``fuzz`` - a random program mixing well-formed instructions (every field in range, so both
   models execute them) and random ones (bad opcodes, random shapes, addresses, widths, flags,
-  jump targets), after a prologue that loads the first ``SPAD_WORDS`` scratchpad
-  words from host memory so that the state is known. :class:`nanokpu.funcsim.FuncSim` runs the
-  same program: when it stops (``HALT`` or an error) the RTL must stop with the same error code,
-  pc and done flag, and leave the host window byte for byte as FuncSim does; when it does not
-  stop (a jump loop) the RTL must still be running and the bus answering, and a soft reset
-  stops it.
+  jump targets), after a prologue that loads the first ``SPAD_WORDS`` scratchpad words from
+  host memory so that the state is known, and before an epilogue that stores them back (to
+  ``DUMP``), so that results no instruction stored are compared too.
+  :class:`nanokpu.funcsim.FuncSim` runs the same program: when it stops (``HALT`` or an error)
+  the RTL must stop with the same error code, pc and done flag, and leave the host window byte
+  for byte as FuncSim does; when it does not stop (a jump loop) the RTL must still be running
+  and the bus answering, and a soft reset stops it.
 * ``bus`` - a burst of random AXI4-Lite writes (registers, including random CTRL bits that may
   start whatever the instruction memory holds, instruction memory, the load counters' read-only
   window, unmapped addresses), idle or mid-run; the bus must keep answering, a soft reset must
@@ -54,12 +55,17 @@ BUS_TIMEOUT = 20_000
 FUZZ_WATCHDOG = 200_000
 #: Watchdog of a valid block.
 BLOCK_WATCHDOG = 5_000_000
-#: Host window of fuzz programs (random bytes), then a canary region that must never change.
+#: Host bytes the fuzzed instructions address (random bytes), then a canary region that must
+#: never change.
 WINDOW = 4096
 CANARY = 4096
 #: Scratchpad words loaded by the fuzz prologue; fuzz addresses stay below SPAD_WORDS - 64 or
 #: are out of range, so every word a fuzz program can read is known.
 SPAD_WORDS = 512
+#: A fuzz program's host window: WINDOW, then DUMP, where its epilogue stores the first
+#: SPAD_WORDS scratchpad words (so results no instruction stored are compared too).
+DUMP = WINDOW
+HOST_END = WINDOW + 4 * SPAD_WORDS
 #: Opcodes of fuzzed instructions: all but HALT (it ends the program).
 FUZZ_OPS = [op for op in Op if op != Op.HALT]
 #: FuncSim steps after which a fuzz program counts as non-terminating (a jump loop).
@@ -77,7 +83,7 @@ class Campaign:
         self.rng = random.Random(tb.seed)
         self.counts = {k: 0 for k in (
             "episodes", "valid_programs", "fuzz_programs", "fuzz_instructions", "fuzz_errors", "fuzz_nonterminating",
-            "bus_bursts", "bus_writes", "hard_resets", "soft_resets", "failures", "hangs", "bus_hangs",
+            "fuzz_dumps", "bus_bursts", "bus_writes", "hard_resets", "soft_resets", "failures", "hangs", "bus_hangs",
             "wrong_outputs", "writes_outside", "status_mismatches", "compiler_refusals")}
         self.failures: list[str] = []
 
@@ -176,8 +182,8 @@ class Campaign:
         addr = {f: r.choice([r.randrange(SPAD_WORDS - 320), r.randrange(SPAD_WORDS - 320),
                              D - r.randrange(1, 4), D + r.randrange(64), (1 << 24) - 1])
                 for f in ("a", "b", "c")}
-        host = r.choice([4 * r.randrange(WINDOW // 4), 4 * r.randrange(WINDOW // 4), WINDOW - 4,
-                         WINDOW + 4 * r.randrange(64), r.randrange(WINDOW) | 1, (1 << 32) - 4])
+        host = r.choice([4 * r.randrange(WINDOW // 4), 4 * r.randrange(WINDOW // 4), HOST_END - 4,
+                         HOST_END + 4 * r.randrange(64), r.randrange(WINDOW) | 1, (1 << 32) - 4])
         return Instr(op, flags=r.choice([0, 0, 0, 1, 2, 4, r.randrange(1 << 10)]), **dims, **addr, host=host,
                      stride=r.choice([0, 4, 64, r.randrange(1 << 32)]), mult=r.randrange(1 << 32),
                      shift=r.randrange(64), width=r.choice([0, 1, 2, 3, 4, 4, 8, r.randrange(64)]),
@@ -188,7 +194,13 @@ class Campaign:
         FuncSim and the RTL both execute it; operands within the first SPAD_WORDS words."""
         r, cfg = self.rng, self.cfg
         m, n, k = r.randint(1, 4), r.randint(1, 16), r.randint(1, 4)
-        a, b, c = (r.randrange(256) for _ in range(3))
+        # regions: disjoint (a < 40 holds up to 256 words, b < 30 up to 64 from 300, c from 400),
+        # else random (overlaps stop with OVERLAP), sometimes in place (c = a)
+        a, b, c = r.randrange(40), 300 + r.randrange(30), 400 + r.randrange(40)
+        if r.random() < 0.3:
+            a, b, c = (r.randrange(256) for _ in range(3))
+        elif r.random() < 0.2:
+            c = a
 
         def host(nbytes):
             return 4 * r.randrange((WINDOW - nbytes) // 4 + 1)
@@ -208,7 +220,7 @@ class Campaign:
             return [Instr(op, m=m, n=n, a=a, c=c, width=r.choice([8, 16]), mult=r.randrange(1 << cfg.mult_width),
                           shift=r.randrange(32))]
         if op == Op.ROUTE:
-            t, e, table = r.randint(1, 4), cfg.n_experts, r.randrange(256)
+            t, e, table = r.randint(1, 4), cfg.n_experts, r.choice([a, r.randrange(256)])   # over the logits
             route = [Instr(Op.SIGMOID, m=t, n=e, a=a, c=c), Instr(Op.ROUTE, m=t, n=e, k=cfg.top_k, a=c, b=b, c=table)]
             if r.random() < 0.5:     # then step the expert iterator over the table just written
                 route.append(Instr(Op.EXPERT, n=e, a=route_table(table, t, cfg)["counts"],
@@ -221,19 +233,20 @@ class Campaign:
         body = []
         for _ in range(r.randint(1, 6)):
             body += self.wellformed_instr() if r.random() < 0.6 else [self.fuzz_instr()]
-        prog = [Instr(Op.LOAD, m=1, n=SPAD_WORDS, c=0, host=0, width=4), *body]
+        prog = [Instr(Op.LOAD, m=1, n=SPAD_WORDS, c=0, host=0, width=4), *body,
+                Instr(Op.STORE, m=1, n=SPAD_WORDS, a=0, host=DUMP, width=4)]
         prog += [Instr(Op.HALT)] * (self.cfg.imem_depth - len(prog))    # no stale instruction left
-        image = bytes(r.randrange(256) for _ in range(WINDOW))
+        image = bytes(r.randrange(256) for _ in range(HOST_END))
         tb.ram.write(0, image)
-        self.set_canary(WINDOW)
-        sim = FuncSim(self.cfg, image, 0, WINDOW)
+        self.set_canary(HOST_END)
+        sim = FuncSim(self.cfg, image, 0, HOST_END)
         try:
             expected = sim.run(prog, max_steps=FUZZ_STEPS)
         except RuntimeError:
             expected = None                                               # a jump loop
         await tb.axil.write(IMEM_BASE, encode_program(prog))
         await self.wr(Reg.HOST_BASE, 0)
-        await self.wr(Reg.HOST_SIZE, WINDOW)
+        await self.wr(Reg.HOST_SIZE, HOST_END)
         await self.wr(Reg.CTRL, 1)
         self.counts["fuzz_programs"] += 1
         self.counts["fuzz_instructions"] += len(body)
@@ -259,9 +272,15 @@ class Campaign:
             raise AssertionError(f"{desc}: RTL stopped with {Err(got[0]).name} at pc {got[1]} done {got[2]}, "
                                  f"FuncSim {expected.error.name} at pc {expected.pc}")
         self.check_canary()
-        if tb.ram.read(0, WINDOW) != bytes(sim.host[:WINDOW]):
+        # the run ended at the HALT after the epilogue: the dump was compared
+        self.counts["fuzz_dumps"] += expected.error == Err.NONE and expected.pc == len(body) + 2
+        got_host, want_host = tb.ram.read(0, HOST_END), bytes(sim.host[:HOST_END])
+        if got_host != want_host:
             self.counts["wrong_outputs"] += 1
-            raise AssertionError(f"{desc}: host window differs from FuncSim's")
+            first = next(i for i, (g, w) in enumerate(zip(got_host, want_host, strict=True)) if g != w)
+            where = (f"scratchpad word {(first - DUMP) // 4} (the epilogue's dump)" if first >= DUMP
+                     else f"host byte {first:#x}")
+            raise AssertionError(f"{desc}: host window differs from FuncSim's, first at {where}")
         await self.soft_reset()
 
     async def bus(self):

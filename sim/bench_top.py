@@ -179,6 +179,16 @@ def _bad_programs(cfg):
         "no_route": ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
         "expert_before_route": ([Instr(Op.EXPERT, n=cfg.n_experts, a=0, target=0)], Err.NO_ROUTE),
         "gather_row_range": (gather_out_of_range(cfg), Err.SPAD_RANGE),
+        # the decode's products saturate: m*n = 2**32 - 2**17 + 1; COMBINE's m*(k*n) alone is
+        # out of range (40,000 words); GEMM's ceil(m/rows)*k exceeds scratchpad A
+        "product_saturates": ([Instr(Op.ADD, m=0xFFFF, n=0xFFFF)], Err.SPAD_RANGE),
+        "combine_product_range": ([Instr(Op.COMBINE, m=1, k=200, n=200)], Err.SPAD_RANGE),
+        "gemm_a_beyond_spad": ([Instr(Op.GEMM, m=0xFFFF, k=4, n=4, width=8)], Err.BAD_SHAPE),
+        # results over operands: NORM's row 1 would read row 0's result; ROUTE's table over its scores
+        "overlap": ([Instr(Op.NORM, m=2, n=4, a=0, c=4)], Err.OVERLAP),
+        "route_table_over_scores": ([Instr(Op.SIGMOID, m=2, n=cfg.n_experts, a=0, c=16),
+                                     Instr(Op.ROUTE, m=2, n=cfg.n_experts, k=cfg.top_k, a=16, b=100, c=20)],
+                                    Err.OVERLAP),
     }
 
 
@@ -288,9 +298,9 @@ async def test_soft_reset_mid_run(dut):
 @cocotb.test()
 async def test_requant_lengths(dut):
     """REQUANT of every length 1 .. 2*rows + 1 (so the last word through the GEMM engine's
-    requantiser is partly filled), back to back with varied multipliers, shifts and widths on
-    extreme and random int32 values, then a STORE of all results: the host memory equals
-    FuncSim's byte for byte."""
+    requantiser is partly filled), back to back with varied multipliers, shifts and widths (up to
+    acc_width) on extreme and random int32 values (their low acc_width bits), then a STORE of all
+    results: the host memory equals FuncSim's byte for byte."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, random.Random(tb.seed)
@@ -300,7 +310,8 @@ async def test_requant_lengths(dut):
     for length in range(1, 2 * cfg.rows + 2):
         prog.append(Instr(Op.REQUANT, m=1, n=length, a=rng.randrange(len(values) - length + 1), c=c,
                           mult=rng.choice([1, (1 << cfg.mult_width) - 1, rng.randrange(1 << cfg.mult_width)]),
-                          shift=rng.choice([0, 1, 7, 31, 63, rng.randrange(64)]), width=rng.choice([2, 8, 16, 32])))
+                          shift=rng.choice([0, 1, 7, 31, 63, rng.randrange(64)]),
+                          width=rng.choice([2, 8, 16, cfg.acc_width])))
         c += length
     out = 4 * len(values)
     prog += [Instr(Op.STORE, m=1, n=c - len(values), a=len(values), host=out, width=4), Instr(Op.HALT)]

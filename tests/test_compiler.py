@@ -45,6 +45,15 @@ def test_too_many_tokens_for_dmem():
         compile_block(Q, xq, cfg)
 
 
+@pytest.mark.parametrize("field, overrides", [
+    ("spad_c_depth", {"spad_c_depth": 128}), ("spad_a_depth", {"spad_a_depth": 128})])
+def test_too_many_tokens_for_the_gemm_engine(field, overrides):
+    cfg = profile("tiny", **overrides)
+    with pytest.raises(ValueError, match=f"{field} = .*T=17 tokens"):
+        compile_block(*_block(cfg, 17), cfg)
+    compile_block(*_block(cfg, 16), cfg)     # 16 tokens fit
+
+
 def test_program_too_long_for_imem():
     cfg = profile("tiny", imem_depth=16)
     Q, xq = _block(cfg, 4)

@@ -57,3 +57,11 @@ def test_invalid_values_name_the_field(field, value, message):
 def test_unknown_profile():
     with pytest.raises(ValueError, match="unknown profile 'huge'"):
         profile("huge")
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "k3"])
+def test_accumulators_never_wrap_in_one_gemm(name):
+    """Every GEMM the engine takes (k <= spad_b_depth/2) sums in acc_width bits exactly."""
+    cfg = profile(name)
+    largest = (1 << (cfg.in_width - 1)) ** 2 * (cfg.spad_b_depth // 2)
+    assert largest < 1 << (cfg.acc_width - 1)

@@ -22,6 +22,7 @@ def test_short_campaign(tmp_path):
     assert counts["fuzz_programs"] + counts["bus_bursts"] + counts["hard_resets"] + counts["soft_resets"] > 0
     text = fault_campaign.summary_markdown(result, "cmd", "tiny")
     assert "| hangs (program watchdog) | 0 |" in text and "`cmd`" in text
+    assert "fuzzed programs that ran to the end (their scratchpad compared too) |" in text
 
 
 @pytest.mark.slow

@@ -55,7 +55,15 @@ def _run(instrs, cfg=None, host=bytes(64)):
     ([Instr(63)], Err.BAD_OPCODE),
     ([Instr(Op.GEMM, m=2, k=2, n=2, c=8191)], Err.SPAD_RANGE),
     ([Instr(Op.GEMM, m=1, k=65, n=2)], Err.BAD_SHAPE),
-    ([Instr(Op.GEMM, m=1, k=8, n=2, host=60)], Err.HOST_RANGE),
+    ([Instr(Op.GEMM, m=1, k=8, n=2, c=100, host=60)], Err.HOST_RANGE),
+    ([Instr(Op.ADD, m=1, n=4, a=0, b=10, c=2)], Err.OVERLAP),
+    ([Instr(Op.ADD, m=1, n=4, a=10, b=2, c=2)], Err.NONE),    # in place on b: allowed
+    ([Instr(Op.NORM, m=2, n=4, a=0, c=0)], Err.NONE),            # in place: allowed
+    ([Instr(Op.NORM, m=2, n=4, a=0, c=4)], Err.OVERLAP),         # row 1 would read row 0's result
+    ([Instr(Op.GEMM, m=1, k=4, n=2, a=0, c=3, host=0)], Err.OVERLAP),
+    ([Instr(Op.COMBINE, m=1, k=2, n=2, a=0, b=8, c=0)], Err.OVERLAP),   # not element-wise
+    ([Instr(Op.SIGMOID, m=2, n=8, a=0, c=16), Instr(Op.ROUTE, m=2, n=8, k=2, a=16, b=100, c=20)],
+     Err.OVERLAP),                                               # the table over the scores
     ([Instr(Op.GEMM, m=0, k=2, n=2)], Err.BAD_SHAPE),
     ([Instr(Op.LOAD, m=1, n=4, width=3)], Err.BAD_SHAPE),
     ([Instr(Op.ROUTE, m=2, n=8, k=2, a=0, b=100, c=200)], Err.NO_SCORES),
@@ -69,10 +77,10 @@ def _run(instrs, cfg=None, host=bytes(64)):
     ([Instr(Op.EXPERT, n=8, a=0, target=0)], Err.NO_ROUTE),
 ])
 def test_bad_program_stops_with_code(instrs, code):
-    res, sim, before = _run(instrs)
+    res, sim, before = _run(instrs + [Instr(Op.HALT)])
     assert res.error == code
-    assert res.pc == len(instrs) - 1
-    if len(instrs) == 1:
+    assert res.pc == len(instrs) - (code != Err.NONE)
+    if len(instrs) == 1 and code != Err.NONE:
         assert np.array_equal(sim.spad, before)  # nothing written
 
 

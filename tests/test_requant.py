@@ -85,7 +85,7 @@ def run_requant(cfg, out_width, cases, seed, lanes=LANES):
 def test_requant_matches_golden(rounding, out_width, dsp):
     """``ice40``: the bit-serial product (fabric only, so the Amaranth simulator runs it)."""
     seed = 1000 + ROUNDING_MODES.index(rounding) * 10 + out_width
-    cfg = profile("tiny", rounding=rounding, dsp=dsp)
+    cfg = profile("tiny", rounding=rounding, dsp=dsp, acc_width=32)     # the widest: small's
     rng = np.random.default_rng(seed)
     cases = corner_cases(cfg, out_width)
     for _ in range(60):  # random (acc, mult, shift) too
@@ -103,11 +103,12 @@ def test_serial_requant_matches_golden(mult_width, lanes):
     """``ice40`` with short multipliers (zero-extended to 3 bits; the first product step adds in
     two bits) and odd lane counts (a lane pair with one lane): every corner and random case."""
     seed = 2000 + 10 * mult_width + lanes
-    cfg = profile("tiny", dsp="ice40", mult_width=mult_width)
+    cfg = profile("tiny", dsp="ice40", mult_width=mult_width)     # 24-bit accumulators
     rng = np.random.default_rng(seed)
     cases = corner_cases(cfg, 8)
+    half = 1 << (cfg.acc_width - 1)
     for _ in range(40):
-        cases.append((int(rng.integers(-(1 << 31), 1 << 31)), int(rng.integers(0, 1 << mult_width)),
+        cases.append((int(rng.integers(-half, half)), int(rng.integers(0, 1 << mult_width)),
                       int(rng.integers(0, 64))))
     groups, results = run_requant(cfg, 8, cases, seed, lanes)
     for (mult, shift), accs in groups.items():
@@ -159,7 +160,8 @@ def test_requant_rejects_bad_parameters(kwargs, message):
 
 
 def test_requant_rejects_a_product_wider_than_int64():
-    refused(ValueError, "KpuConfig.mult_width = 32", lambda: Requantiser(profile("tiny", mult_width=32), 1))
+    cfg = profile("tiny", acc_width=32, mult_width=32)
+    refused(ValueError, "KpuConfig.mult_width = 32", lambda: Requantiser(cfg, 1))
 
 
 def refused(exc, message, build):

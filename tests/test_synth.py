@@ -18,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 
 from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, made_from, synthesize
 from fpga.report import markdown_table, peak_macs, total_row
+from nanokpu.config import profile
 
 pytestmark = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
                                 reason="YoWASP Yosys/nextpnr not installed")
@@ -144,7 +145,7 @@ def test_timed_out_seed_is_retried_with_the_next(monkeypatch, capsys):
     assert (build / pnr["attempts"][0]["log"]).exists()
     assert "Program finished normally" in (build / pnr["attempts"][1]["log"]).read_text()
     assert "| register-wrapper | 2 |" in (out / "tiny-up5k.md").read_text()
-    assert made_from(report, RegisteredMac(), "nanokpu_mac_unit")  # the key: this RTLIL with seed 2
+    assert made_from(report, mac_unit(profile("tiny")), "nanokpu_mac_unit")  # the key: this RTLIL, seed 2
     assert not made_from(report, RegisteredMac(4), "nanokpu_mac_unit")
     assert main([*argv, "--reuse"]) == 0  # seed 2 is one of the seeds this run tries: reused
     assert "(unchanged, reused)" in capsys.readouterr().out

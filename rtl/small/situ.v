@@ -293,116 +293,132 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [16:0] \$1 ;
   wire [17:0] \$10 ;
-  reg [17:0] \$100 ;
-  reg [17:0] \$101 ;
-  reg [13:0] \$102 ;
-  reg [4:0] \$103 ;
-  reg [29:0] \$104 ;
+  reg \$100 ;
+  reg [4:0] \$101 ;
+  reg [17:0] \$102 ;
+  reg [17:0] \$103 ;
+  reg [13:0] \$104 ;
   reg [4:0] \$105 ;
-  reg [17:0] \$106 ;
-  reg [17:0] \$107 ;
-  reg [13:0] \$108 ;
-  wire [17:0] \$11 ;
+  reg \$106 ;
+  reg [29:0] \$107 ;
+  reg \$108 ;
+  reg [4:0] \$109 ;
+  wire [13:0] \$11 ;
+  reg [17:0] \$110 ;
+  reg [17:0] \$111 ;
+  reg [13:0] \$112 ;
+  reg [4:0] \$113 ;
+  reg \$114 ;
+  reg [29:0] \$115 ;
+  reg \$116 ;
+  reg [4:0] \$117 ;
+  reg [17:0] \$118 ;
+  reg [17:0] \$119 ;
   wire [13:0] \$12 ;
+  reg [13:0] \$120 ;
   wire [16:0] \$13 ;
   wire \$14 ;
-  wire \$15 ;
+  wire [17:0] \$15 ;
   wire [17:0] \$16 ;
-  wire [17:0] \$17 ;
+  wire [13:0] \$17 ;
   wire [13:0] \$18 ;
   wire [16:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$21 ;
+  wire [17:0] \$21 ;
   wire [17:0] \$22 ;
-  wire [17:0] \$23 ;
+  wire [13:0] \$23 ;
   wire [13:0] \$24 ;
-  wire [16:0] \$25 ;
-  wire [17:0] \$26 ;
-  wire [18:0] \$27 ;
+  wire [17:0] \$25 ;
+  wire [16:0] \$26 ;
+  wire [17:0] \$27 ;
   wire [18:0] \$28 ;
-  wire [17:0] \$29 ;
-  wire \$3 ;
-  wire [18:0] \$30 ;
-  wire [17:0] \$31 ;
-  wire [18:0] \$32 ;
-  wire \$33 ;
-  wire [17:0] \$34 ;
-  wire [18:0] \$35 ;
+  wire [18:0] \$29 ;
+  wire [17:0] \$3 ;
+  wire [17:0] \$30 ;
+  wire [18:0] \$31 ;
+  wire [17:0] \$32 ;
+  wire [18:0] \$33 ;
+  wire \$34 ;
+  wire [17:0] \$35 ;
   wire [18:0] \$36 ;
-  wire \$37 ;
+  wire [18:0] \$37 ;
   wire \$38 ;
-  wire [19:0] \$39 ;
+  wire \$39 ;
   wire [17:0] \$4 ;
-  wire [16:0] \$40 ;
+  wire [19:0] \$40 ;
   wire [17:0] \$41 ;
-  wire [18:0] \$42 ;
-  wire [18:0] \$43 ;
-  wire [17:0] \$44 ;
+  wire [16:0] \$42 ;
+  wire [17:0] \$43 ;
+  wire [18:0] \$44 ;
   wire [18:0] \$45 ;
   wire [17:0] \$46 ;
   wire [18:0] \$47 ;
-  wire \$48 ;
-  wire [17:0] \$49 ;
-  wire [17:0] \$5 ;
-  wire [18:0] \$50 ;
-  wire [18:0] \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire [19:0] \$54 ;
-  wire [16:0] \$55 ;
-  wire [17:0] \$56 ;
-  wire [18:0] \$57 ;
-  wire [18:0] \$58 ;
+  wire [17:0] \$48 ;
+  wire [18:0] \$49 ;
+  wire [13:0] \$5 ;
+  wire \$50 ;
+  wire [17:0] \$51 ;
+  wire [18:0] \$52 ;
+  wire [18:0] \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire [19:0] \$56 ;
+  wire [17:0] \$57 ;
+  wire [16:0] \$58 ;
   wire [17:0] \$59 ;
   wire [13:0] \$6 ;
   wire [18:0] \$60 ;
-  wire [17:0] \$61 ;
-  wire [18:0] \$62 ;
-  wire \$63 ;
+  wire [18:0] \$61 ;
+  wire [17:0] \$62 ;
+  wire [18:0] \$63 ;
   wire [17:0] \$64 ;
   wire [18:0] \$65 ;
-  wire [18:0] \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire [19:0] \$69 ;
+  wire \$66 ;
+  wire [17:0] \$67 ;
+  wire [18:0] \$68 ;
+  wire [18:0] \$69 ;
   wire [16:0] \$7 ;
-  wire [16:0] \$70 ;
-  wire [17:0] \$71 ;
-  wire [18:0] \$72 ;
-  wire [18:0] \$73 ;
-  wire [17:0] \$74 ;
-  wire [18:0] \$75 ;
-  wire [17:0] \$76 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire [19:0] \$72 ;
+  wire [17:0] \$73 ;
+  wire [16:0] \$74 ;
+  wire [17:0] \$75 ;
+  wire [18:0] \$76 ;
   wire [18:0] \$77 ;
-  wire \$78 ;
-  wire [17:0] \$79 ;
+  wire [17:0] \$78 ;
+  wire [18:0] \$79 ;
   wire \$8 ;
-  wire [18:0] \$80 ;
+  wire [17:0] \$80 ;
   wire [18:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
-  wire [19:0] \$84 ;
-  reg [4:0] \$85 ;
-  reg [29:0] \$86 ;
-  reg [4:0] \$87 ;
-  reg [17:0] \$88 ;
-  reg [17:0] \$89 ;
-  wire \$9 ;
-  reg [13:0] \$90 ;
-  reg [4:0] \$91 ;
-  reg [29:0] \$92 ;
+  wire [17:0] \$83 ;
+  wire [18:0] \$84 ;
+  wire [18:0] \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire [19:0] \$88 ;
+  reg [4:0] \$89 ;
+  wire [17:0] \$9 ;
+  reg \$90 ;
+  reg [29:0] \$91 ;
+  reg \$92 ;
   reg [4:0] \$93 ;
   reg [17:0] \$94 ;
   reg [17:0] \$95 ;
   reg [13:0] \$96 ;
   reg [4:0] \$97 ;
-  reg [29:0] \$98 ;
-  reg [4:0] \$99 ;
+  reg \$98 ;
+  reg [29:0] \$99 ;
+  wire at_top;
+  wire \at_top$11 ;
+  wire \at_top$17 ;
+  wire \at_top$23 ;
   wire [13:0] clipped;
-  wire [13:0] \clipped$10 ;
-  wire [13:0] \clipped$15 ;
-  wire [13:0] \clipped$20 ;
+  wire [13:0] \clipped$12 ;
+  wire [13:0] \clipped$18 ;
+  wire [13:0] \clipped$24 ;
   input clk;
   wire clk;
   wire en;
@@ -415,36 +431,44 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
   reg [4:0] frac2_2 = 5'h00;
   reg [4:0] frac2_3 = 5'h00;
   wire [17:0] offset;
-  wire [17:0] \offset$14 ;
-  wire [17:0] \offset$19 ;
-  wire [17:0] \offset$9 ;
+  wire [17:0] \offset$10 ;
+  wire [17:0] \offset$16 ;
+  wire [17:0] \offset$22 ;
   wire [8:0] port__addr;
-  wire [8:0] \port__addr$11 ;
-  wire [8:0] \port__addr$16 ;
-  wire [8:0] \port__addr$21 ;
+  wire [8:0] \port__addr$13 ;
+  wire [8:0] \port__addr$19 ;
+  wire [8:0] \port__addr$25 ;
   wire [29:0] port__data;
-  wire [29:0] \port__data$33 ;
-  wire [11:0] \port__data$33.slope ;
-  wire [17:0] \port__data$33.value ;
-  wire [29:0] \port__data$39 ;
-  wire [11:0] \port__data$39.slope ;
-  wire [17:0] \port__data$39.value ;
-  wire [29:0] \port__data$45 ;
-  wire [11:0] \port__data$45.slope ;
-  wire [17:0] \port__data$45.value ;
+  wire [29:0] \port__data$40 ;
+  wire [11:0] \port__data$40.slope ;
+  wire [17:0] \port__data$40.value ;
+  wire [29:0] \port__data$48 ;
+  wire [11:0] \port__data$48.slope ;
+  wire [17:0] \port__data$48.value ;
+  wire [29:0] \port__data$56 ;
+  wire [11:0] \port__data$56.slope ;
+  wire [17:0] \port__data$56.value ;
   wire [11:0] \port__data.slope ;
   wire [17:0] \port__data.value ;
   input port__en;
   wire port__en;
-  wire \port__en$13 ;
-  wire \port__en$18 ;
-  wire \port__en$8 ;
+  wire \port__en$15 ;
+  wire \port__en$21 ;
+  wire \port__en$9 ;
   reg [17:0] product3_0 = 18'h00000;
   reg [17:0] product3_1 = 18'h00000;
   reg [17:0] product3_2 = 18'h00000;
   reg [17:0] product3_3 = 18'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top1_1 = 1'h0;
+  reg top1_2 = 1'h0;
+  reg top1_3 = 1'h0;
+  reg top2_0 = 1'h0;
+  reg top2_1 = 1'h0;
+  reg top2_2 = 1'h0;
+  reg top2_3 = 1'h0;
   reg [17:0] value3_0 = 18'h00000;
   reg [17:0] value3_1 = 18'h00000;
   reg [17:0] value3_2 = 18'h00000;
@@ -478,7 +502,7 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
   wire [13:0] \y[2] ;
   wire [13:0] \y[3] ;
   (* rom_style = "block" *)
-  reg [29:0] \table  [384:0];
+  reg [29:0] \table  [383:0];
   initial begin
     \table [0] = 30'h00000000;
     \table [1] = 30'h00000000;
@@ -864,7 +888,6 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
     \table [381] = 30'h00010000;
     \table [382] = 30'h00010000;
     \table [383] = 30'h00010000;
-    \table [384] = 30'h00010000;
   end
   reg [29:0] _0_;
   reg [29:0] _1_;
@@ -884,298 +907,378 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
       _3_ <= \table [\$6 [8:0]];
     end
   end
-  assign \port__data$45  = _0_;
-  assign \port__data$39  = _1_;
-  assign \port__data$33  = _2_;
+  assign \port__data$56  = _0_;
+  assign \port__data$48  = _1_;
+  assign \port__data$40  = _2_;
   assign port__data = _3_;
   assign \$1  = $signed(x[15:0]) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h3000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(15'h3000);
-  assign \$4  = \$3  ? 18'h03000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
+  assign \$3  = at_top ? 18'h03000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
   assign \$7  = $signed(x[31:16]) - $signed(13'h1000);
+  assign \at_top$11  = $signed(\$7 ) >= $signed(15'h3000);
   assign \$8  = $signed(\$7 ) < $signed(1'h0);
-  assign \$9  = $signed(\$7 ) > $signed(15'h3000);
-  assign \$10  = \$9  ? 18'h03000 : { \$7 [16], \$7  };
-  assign \$11  = \$8  ? 18'h00000 : \$10 ;
+  assign \$9  = \at_top$11  ? 18'h03000 : { \$7 [16], \$7  };
+  assign \$10  = \$8  ? 18'h00000 : \$9 ;
+  assign \$12  = \at_top$11  ? 14'h0000 : \$11 ;
   assign \$13  = $signed(x[47:32]) - $signed(13'h1000);
+  assign \at_top$17  = $signed(\$13 ) >= $signed(15'h3000);
   assign \$14  = $signed(\$13 ) < $signed(1'h0);
-  assign \$15  = $signed(\$13 ) > $signed(15'h3000);
-  assign \$16  = \$15  ? 18'h03000 : { \$13 [16], \$13  };
-  assign \$17  = \$14  ? 18'h00000 : \$16 ;
+  assign \$15  = \at_top$17  ? 18'h03000 : { \$13 [16], \$13  };
+  assign \$16  = \$14  ? 18'h00000 : \$15 ;
+  assign \$18  = \at_top$17  ? 14'h0000 : \$17 ;
   assign \$19  = $signed(x[63:48]) - $signed(13'h1000);
+  assign \at_top$23  = $signed(\$19 ) >= $signed(15'h3000);
   assign \$20  = $signed(\$19 ) < $signed(1'h0);
-  assign \$21  = $signed(\$19 ) > $signed(15'h3000);
-  assign \$22  = \$21  ? 18'h03000 : { \$19 [16], \$19  };
-  assign \$23  = \$20  ? 18'h00000 : \$22 ;
-  assign \$25  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
-  assign \$27  = $signed(value3_0) + $signed(\$26 );
-  assign \$30  = $signed(value3_0) + $signed(\$29 );
-  assign \$32  = $signed(value3_0) + $signed(\$31 );
-  assign \$33  = | \$32 [2:0];
-  assign \$35  = $signed(value3_0) + $signed(\$34 );
-  assign \$37  = \$33  | \$36 [0];
-  assign \$38  = \$30 [3] & \$37 ;
-  assign \$39  = $signed(\$28 ) + $signed({ 1'h0, \$38  });
-  assign \$40  = $signed(word2_1[29:18]) * $signed({ 1'h0, frac2_1 });
-  assign \$42  = $signed(value3_1) + $signed(\$41 );
-  assign \$45  = $signed(value3_1) + $signed(\$44 );
+  assign \$21  = \at_top$23  ? 18'h03000 : { \$19 [16], \$19  };
+  assign \$22  = \$20  ? 18'h00000 : \$21 ;
+  assign \$24  = \at_top$23  ? 14'h0000 : \$23 ;
+  assign \$25  = top2_0 ? 18'h10000 : word2_0[17:0];
+  assign \$26  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
+  assign \$28  = $signed(value3_0) + $signed(\$27 );
+  assign \$31  = $signed(value3_0) + $signed(\$30 );
+  assign \$33  = $signed(value3_0) + $signed(\$32 );
+  assign \$34  = | \$33 [2:0];
+  assign \$36  = $signed(value3_0) + $signed(\$35 );
+  assign \$38  = \$34  | \$37 [0];
+  assign \$39  = \$31 [3] & \$38 ;
+  assign \$40  = $signed(\$29 ) + $signed({ 1'h0, \$39  });
+  assign \$41  = top2_1 ? 18'h10000 : word2_1[17:0];
+  assign \$42  = $signed(word2_1[29:18]) * $signed({ 1'h0, frac2_1 });
+  assign \$44  = $signed(value3_1) + $signed(\$43 );
   assign \$47  = $signed(value3_1) + $signed(\$46 );
-  assign \$48  = | \$47 [2:0];
-  assign \$50  = $signed(value3_1) + $signed(\$49 );
-  assign \$52  = \$48  | \$51 [0];
-  assign \$53  = \$45 [3] & \$52 ;
-  assign \$54  = $signed(\$43 ) + $signed({ 1'h0, \$53  });
-  assign \$55  = $signed(word2_2[29:18]) * $signed({ 1'h0, frac2_2 });
-  assign \$57  = $signed(value3_2) + $signed(\$56 );
+  assign \$49  = $signed(value3_1) + $signed(\$48 );
+  assign \$50  = | \$49 [2:0];
+  assign \$52  = $signed(value3_1) + $signed(\$51 );
+  assign \$54  = \$50  | \$53 [0];
+  assign \$55  = \$47 [3] & \$54 ;
+  assign \$56  = $signed(\$45 ) + $signed({ 1'h0, \$55  });
+  assign \$57  = top2_2 ? 18'h10000 : word2_2[17:0];
+  assign \$58  = $signed(word2_2[29:18]) * $signed({ 1'h0, frac2_2 });
   assign \$60  = $signed(value3_2) + $signed(\$59 );
-  assign \$62  = $signed(value3_2) + $signed(\$61 );
-  assign \$63  = | \$62 [2:0];
+  assign \$63  = $signed(value3_2) + $signed(\$62 );
   assign \$65  = $signed(value3_2) + $signed(\$64 );
-  assign \$67  = \$63  | \$66 [0];
-  assign \$68  = \$60 [3] & \$67 ;
-  assign \$69  = $signed(\$58 ) + $signed({ 1'h0, \$68  });
-  assign \$70  = $signed(word2_3[29:18]) * $signed({ 1'h0, frac2_3 });
-  assign \$72  = $signed(value3_3) + $signed(\$71 );
-  assign \$75  = $signed(value3_3) + $signed(\$74 );
-  assign \$77  = $signed(value3_3) + $signed(\$76 );
-  assign \$78  = | \$77 [2:0];
-  assign \$80  = $signed(value3_3) + $signed(\$79 );
-  assign \$82  = \$78  | \$81 [0];
-  assign \$83  = \$75 [3] & \$82 ;
-  assign \$84  = $signed(\$73 ) + $signed({ 1'h0, \$83  });
+  assign \$66  = | \$65 [2:0];
+  assign \$68  = $signed(value3_2) + $signed(\$67 );
+  assign \$70  = \$66  | \$69 [0];
+  assign \$71  = \$63 [3] & \$70 ;
+  assign \$72  = $signed(\$61 ) + $signed({ 1'h0, \$71  });
+  assign \$73  = top2_3 ? 18'h10000 : word2_3[17:0];
+  assign \$74  = $signed(word2_3[29:18]) * $signed({ 1'h0, frac2_3 });
+  assign \$76  = $signed(value3_3) + $signed(\$75 );
+  assign \$79  = $signed(value3_3) + $signed(\$78 );
+  assign \$81  = $signed(value3_3) + $signed(\$80 );
+  assign \$82  = | \$81 [2:0];
+  assign \$84  = $signed(value3_3) + $signed(\$83 );
+  assign \$86  = \$82  | \$85 [0];
+  assign \$87  = \$79 [3] & \$86 ;
+  assign \$88  = $signed(\$77 ) + $signed({ 1'h0, \$87  });
   always @(posedge clk)
-    frac1_0 <= \$85 ;
+    frac1_0 <= \$89 ;
   always @(posedge clk)
-    word2_0 <= \$86 ;
+    top1_0 <= \$90 ;
   always @(posedge clk)
-    frac2_0 <= \$87 ;
+    word2_0 <= \$91 ;
   always @(posedge clk)
-    value3_0 <= \$88 ;
+    top2_0 <= \$92 ;
   always @(posedge clk)
-    product3_0 <= \$89 ;
+    frac2_0 <= \$93 ;
   always @(posedge clk)
-    y4_0 <= \$90 ;
+    value3_0 <= \$94 ;
   always @(posedge clk)
-    frac1_1 <= \$91 ;
+    product3_0 <= \$95 ;
   always @(posedge clk)
-    word2_1 <= \$92 ;
+    y4_0 <= \$96 ;
   always @(posedge clk)
-    frac2_1 <= \$93 ;
+    frac1_1 <= \$97 ;
   always @(posedge clk)
-    value3_1 <= \$94 ;
+    top1_1 <= \$98 ;
   always @(posedge clk)
-    product3_1 <= \$95 ;
+    word2_1 <= \$99 ;
   always @(posedge clk)
-    y4_1 <= \$96 ;
+    top2_1 <= \$100 ;
   always @(posedge clk)
-    frac1_2 <= \$97 ;
+    frac2_1 <= \$101 ;
   always @(posedge clk)
-    word2_2 <= \$98 ;
+    value3_1 <= \$102 ;
   always @(posedge clk)
-    frac2_2 <= \$99 ;
+    product3_1 <= \$103 ;
   always @(posedge clk)
-    value3_2 <= \$100 ;
+    y4_1 <= \$104 ;
   always @(posedge clk)
-    product3_2 <= \$101 ;
+    frac1_2 <= \$105 ;
   always @(posedge clk)
-    y4_2 <= \$102 ;
+    top1_2 <= \$106 ;
   always @(posedge clk)
-    frac1_3 <= \$103 ;
+    word2_2 <= \$107 ;
   always @(posedge clk)
-    word2_3 <= \$104 ;
+    top2_2 <= \$108 ;
   always @(posedge clk)
-    frac2_3 <= \$105 ;
+    frac2_2 <= \$109 ;
   always @(posedge clk)
-    value3_3 <= \$106 ;
+    value3_2 <= \$110 ;
   always @(posedge clk)
-    product3_3 <= \$107 ;
+    product3_2 <= \$111 ;
   always @(posedge clk)
-    y4_3 <= \$108 ;
+    y4_2 <= \$112 ;
+  always @(posedge clk)
+    frac1_3 <= \$113 ;
+  always @(posedge clk)
+    top1_3 <= \$114 ;
+  always @(posedge clk)
+    word2_3 <= \$115 ;
+  always @(posedge clk)
+    top2_3 <= \$116 ;
+  always @(posedge clk)
+    frac2_3 <= \$117 ;
+  always @(posedge clk)
+    value3_3 <= \$118 ;
+  always @(posedge clk)
+    product3_3 <= \$119 ;
+  always @(posedge clk)
+    y4_3 <= \$120 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$85  = frac1_0;
+    \$89  = frac1_0;
     if (port__en) begin
-      \$85  = \$5 [4:0];
+      \$89  = \$4 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$86  = word2_0;
+    \$90  = top1_0;
     if (port__en) begin
-      \$86  = port__data;
+      \$90  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$87  = frac2_0;
+    \$91  = word2_0;
     if (port__en) begin
-      \$87  = frac1_0;
+      \$91  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$88  = value3_0;
+    \$92  = top2_0;
     if (port__en) begin
-      \$88  = word2_0[17:0];
+      \$92  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$89  = product3_0;
+    \$93  = frac2_0;
     if (port__en) begin
-      \$89  = { \$25 [16], \$25  };
+      \$93  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$90  = y4_0;
+    \$94  = value3_0;
     if (port__en) begin
-      \$90  = \$39 [13:0];
+      \$94  = \$25 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$91  = frac1_1;
+    \$95  = product3_0;
     if (port__en) begin
-      \$91  = \$11 [4:0];
+      \$95  = { \$26 [16], \$26  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$92  = word2_1;
+    \$96  = y4_0;
     if (port__en) begin
-      \$92  = \port__data$33 ;
+      \$96  = \$40 [13:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$93  = frac2_1;
+    \$97  = frac1_1;
     if (port__en) begin
-      \$93  = frac1_1;
+      \$97  = \$10 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$94  = value3_1;
+    \$98  = top1_1;
     if (port__en) begin
-      \$94  = word2_1[17:0];
+      \$98  = \at_top$11 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$95  = product3_1;
+    \$99  = word2_1;
     if (port__en) begin
-      \$95  = { \$40 [16], \$40  };
+      \$99  = \port__data$40 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$96  = y4_1;
+    \$100  = top2_1;
     if (port__en) begin
-      \$96  = \$54 [13:0];
+      \$100  = top1_1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$97  = frac1_2;
+    \$101  = frac2_1;
     if (port__en) begin
-      \$97  = \$17 [4:0];
+      \$101  = frac1_1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$98  = word2_2;
+    \$102  = value3_1;
     if (port__en) begin
-      \$98  = \port__data$39 ;
+      \$102  = \$41 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$99  = frac2_2;
+    \$103  = product3_1;
     if (port__en) begin
-      \$99  = frac1_2;
+      \$103  = { \$42 [16], \$42  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$100  = value3_2;
+    \$104  = y4_1;
     if (port__en) begin
-      \$100  = word2_2[17:0];
+      \$104  = \$56 [13:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$101  = product3_2;
+    \$105  = frac1_2;
     if (port__en) begin
-      \$101  = { \$55 [16], \$55  };
+      \$105  = \$16 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$102  = y4_2;
+    \$106  = top1_2;
     if (port__en) begin
-      \$102  = \$69 [13:0];
+      \$106  = \at_top$17 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$103  = frac1_3;
+    \$107  = word2_2;
     if (port__en) begin
-      \$103  = \$23 [4:0];
+      \$107  = \port__data$48 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$104  = word2_3;
+    \$108  = top2_2;
     if (port__en) begin
-      \$104  = \port__data$45 ;
+      \$108  = top1_2;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$105  = frac2_3;
+    \$109  = frac2_2;
     if (port__en) begin
-      \$105  = frac1_3;
+      \$109  = frac1_2;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$106  = value3_3;
+    \$110  = value3_2;
     if (port__en) begin
-      \$106  = word2_3[17:0];
+      \$110  = \$57 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$107  = product3_3;
+    \$111  = product3_2;
     if (port__en) begin
-      \$107  = { \$70 [16], \$70  };
+      \$111  = { \$58 [16], \$58  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$108  = y4_3;
+    \$112  = y4_2;
     if (port__en) begin
-      \$108  = \$84 [13:0];
+      \$112  = \$72 [13:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$113  = frac1_3;
+    if (port__en) begin
+      \$113  = \$22 [4:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$114  = top1_3;
+    if (port__en) begin
+      \$114  = \at_top$23 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$115  = word2_3;
+    if (port__en) begin
+      \$115  = \port__data$56 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$116  = top2_3;
+    if (port__en) begin
+      \$116  = top1_3;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$117  = frac2_3;
+    if (port__en) begin
+      \$117  = frac1_3;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$118  = value3_3;
+    if (port__en) begin
+      \$118  = \$73 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$119  = product3_3;
+    if (port__en) begin
+      \$119  = { \$74 [16], \$74  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$120  = y4_3;
+    if (port__en) begin
+      \$120  = \$88 [13:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [13:0];
+  assign clipped = \$4 [13:0];
   assign port__addr = \$6 [8:0];
-  assign \port__en$8  = port__en;
-  assign \offset$9  = { \$7 [16], \$7  };
-  assign \clipped$10  = \$11 [13:0];
-  assign \port__addr$11  = \$12 [8:0];
-  assign \port__en$13  = port__en;
-  assign \offset$14  = { \$13 [16], \$13  };
-  assign \clipped$15  = \$17 [13:0];
-  assign \port__addr$16  = \$18 [8:0];
-  assign \port__en$18  = port__en;
-  assign \offset$19  = { \$19 [16], \$19  };
-  assign \clipped$20  = \$23 [13:0];
-  assign \port__addr$21  = \$24 [8:0];
+  assign \port__en$9  = port__en;
+  assign \offset$10  = { \$7 [16], \$7  };
+  assign \clipped$12  = \$10 [13:0];
+  assign \port__addr$13  = \$12 [8:0];
+  assign \port__en$15  = port__en;
+  assign \offset$16  = { \$13 [16], \$13  };
+  assign \clipped$18  = \$16 [13:0];
+  assign \port__addr$19  = \$18 [8:0];
+  assign \port__en$21  = port__en;
+  assign \offset$22  = { \$19 [16], \$19  };
+  assign \clipped$24  = \$22 [13:0];
+  assign \port__addr$25  = \$24 [8:0];
   assign \x[0]  = x[15:0];
   assign \x[1]  = x[31:16];
   assign \x[2]  = x[47:32];
@@ -1190,48 +1293,48 @@ module \nanokpu_situ.gate (rst, port__en, x, y, clk);
   assign \port__data.slope  = port__data[29:18];
   assign \word2_1.value  = word2_1[17:0];
   assign \word2_1.slope  = word2_1[29:18];
-  assign \port__data$33.value  = \port__data$33 [17:0];
-  assign \port__data$33.slope  = \port__data$33 [29:18];
+  assign \port__data$40.value  = \port__data$40 [17:0];
+  assign \port__data$40.slope  = \port__data$40 [29:18];
   assign \word2_2.value  = word2_2[17:0];
   assign \word2_2.slope  = word2_2[29:18];
-  assign \port__data$39.value  = \port__data$39 [17:0];
-  assign \port__data$39.slope  = \port__data$39 [29:18];
+  assign \port__data$48.value  = \port__data$48 [17:0];
+  assign \port__data$48.slope  = \port__data$48 [29:18];
   assign \word2_3.value  = word2_3[17:0];
   assign \word2_3.slope  = word2_3[29:18];
-  assign \port__data$45.value  = \port__data$45 [17:0];
-  assign \port__data$45.slope  = \port__data$45 [29:18];
+  assign \port__data$56.value  = \port__data$56 [17:0];
+  assign \port__data$56.slope  = \port__data$56 [29:18];
   assign y[55:42] = y4_3;
   assign y[41:28] = y4_2;
   assign y[27:14] = y4_1;
   assign y[13:0] = y4_0;
-  assign \$6  = { 5'h00, \$5 [13:5] };
-  assign \$12  = { 5'h00, \$11 [13:5] };
-  assign \$18  = { 5'h00, \$17 [13:5] };
-  assign \$24  = { 5'h00, \$23 [13:5] };
-  assign \$26  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$28  = { \$27 [18], \$27 [18], \$27 [18], \$27 [18], \$27 [18:4] };
-  assign \$29  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$31  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$34  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$36  = { \$35 [18], \$35 [18], \$35 [18], \$35 [18], \$35 [18:4] };
-  assign \$41  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
-  assign \$43  = { \$42 [18], \$42 [18], \$42 [18], \$42 [18], \$42 [18:4] };
-  assign \$44  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$11  = { 5'h00, \$10 [13:5] };
+  assign \$17  = { 5'h00, \$16 [13:5] };
+  assign \$23  = { 5'h00, \$22 [13:5] };
+  assign \$27  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$29  = { \$28 [18], \$28 [18], \$28 [18], \$28 [18], \$28 [18:4] };
+  assign \$30  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$32  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$35  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$37  = { \$36 [18], \$36 [18], \$36 [18], \$36 [18], \$36 [18:4] };
+  assign \$43  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
+  assign \$45  = { \$44 [18], \$44 [18], \$44 [18], \$44 [18], \$44 [18:4] };
   assign \$46  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
-  assign \$49  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
-  assign \$51  = { \$50 [18], \$50 [18], \$50 [18], \$50 [18], \$50 [18:4] };
-  assign \$56  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
-  assign \$58  = { \$57 [18], \$57 [18], \$57 [18], \$57 [18], \$57 [18:4] };
+  assign \$48  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
+  assign \$51  = { product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17], product3_1[17:5] };
+  assign \$53  = { \$52 [18], \$52 [18], \$52 [18], \$52 [18], \$52 [18:4] };
   assign \$59  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
-  assign \$61  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
+  assign \$61  = { \$60 [18], \$60 [18], \$60 [18], \$60 [18], \$60 [18:4] };
+  assign \$62  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
   assign \$64  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
-  assign \$66  = { \$65 [18], \$65 [18], \$65 [18], \$65 [18], \$65 [18:4] };
-  assign \$71  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
-  assign \$73  = { \$72 [18], \$72 [18], \$72 [18], \$72 [18], \$72 [18:4] };
-  assign \$74  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
-  assign \$76  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
-  assign \$79  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
-  assign \$81  = { \$80 [18], \$80 [18], \$80 [18], \$80 [18], \$80 [18:4] };
+  assign \$67  = { product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17], product3_2[17:5] };
+  assign \$69  = { \$68 [18], \$68 [18], \$68 [18], \$68 [18], \$68 [18:4] };
+  assign \$75  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
+  assign \$77  = { \$76 [18], \$76 [18], \$76 [18], \$76 [18], \$76 [18:4] };
+  assign \$78  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
+  assign \$80  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
+  assign \$83  = { product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17], product3_3[17:5] };
+  assign \$85  = { \$84 [18], \$84 [18], \$84 [18], \$84 [18], \$84 [18:4] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -1239,116 +1342,132 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [16:0] \$1 ;
   wire [17:0] \$10 ;
-  reg [19:0] \$100 ;
-  reg [19:0] \$101 ;
-  reg [15:0] \$102 ;
-  reg [5:0] \$103 ;
-  reg [32:0] \$104 ;
+  reg \$100 ;
+  reg [5:0] \$101 ;
+  reg [19:0] \$102 ;
+  reg [19:0] \$103 ;
+  reg [15:0] \$104 ;
   reg [5:0] \$105 ;
-  reg [19:0] \$106 ;
-  reg [19:0] \$107 ;
-  reg [15:0] \$108 ;
-  wire [17:0] \$11 ;
+  reg \$106 ;
+  reg [32:0] \$107 ;
+  reg \$108 ;
+  reg [5:0] \$109 ;
+  wire [16:0] \$11 ;
+  reg [19:0] \$110 ;
+  reg [19:0] \$111 ;
+  reg [15:0] \$112 ;
+  reg [5:0] \$113 ;
+  reg \$114 ;
+  reg [32:0] \$115 ;
+  reg \$116 ;
+  reg [5:0] \$117 ;
+  reg [19:0] \$118 ;
+  reg [19:0] \$119 ;
   wire [16:0] \$12 ;
+  reg [15:0] \$120 ;
   wire [16:0] \$13 ;
   wire \$14 ;
-  wire \$15 ;
+  wire [17:0] \$15 ;
   wire [17:0] \$16 ;
-  wire [17:0] \$17 ;
+  wire [16:0] \$17 ;
   wire [16:0] \$18 ;
   wire [16:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$21 ;
+  wire [17:0] \$21 ;
   wire [17:0] \$22 ;
-  wire [17:0] \$23 ;
+  wire [16:0] \$23 ;
   wire [16:0] \$24 ;
-  wire [18:0] \$25 ;
-  wire [19:0] \$26 ;
-  wire [20:0] \$27 ;
+  wire [19:0] \$25 ;
+  wire [18:0] \$26 ;
+  wire [19:0] \$27 ;
   wire [20:0] \$28 ;
-  wire [19:0] \$29 ;
-  wire \$3 ;
-  wire [20:0] \$30 ;
-  wire [19:0] \$31 ;
-  wire [20:0] \$32 ;
-  wire \$33 ;
-  wire [19:0] \$34 ;
-  wire [20:0] \$35 ;
+  wire [20:0] \$29 ;
+  wire [17:0] \$3 ;
+  wire [19:0] \$30 ;
+  wire [20:0] \$31 ;
+  wire [19:0] \$32 ;
+  wire [20:0] \$33 ;
+  wire \$34 ;
+  wire [19:0] \$35 ;
   wire [20:0] \$36 ;
-  wire \$37 ;
+  wire [20:0] \$37 ;
   wire \$38 ;
-  wire [21:0] \$39 ;
+  wire \$39 ;
   wire [17:0] \$4 ;
-  wire [18:0] \$40 ;
+  wire [21:0] \$40 ;
   wire [19:0] \$41 ;
-  wire [20:0] \$42 ;
-  wire [20:0] \$43 ;
-  wire [19:0] \$44 ;
+  wire [18:0] \$42 ;
+  wire [19:0] \$43 ;
+  wire [20:0] \$44 ;
   wire [20:0] \$45 ;
   wire [19:0] \$46 ;
   wire [20:0] \$47 ;
-  wire \$48 ;
-  wire [19:0] \$49 ;
-  wire [17:0] \$5 ;
-  wire [20:0] \$50 ;
-  wire [20:0] \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire [21:0] \$54 ;
-  wire [18:0] \$55 ;
-  wire [19:0] \$56 ;
-  wire [20:0] \$57 ;
-  wire [20:0] \$58 ;
+  wire [19:0] \$48 ;
+  wire [20:0] \$49 ;
+  wire [16:0] \$5 ;
+  wire \$50 ;
+  wire [19:0] \$51 ;
+  wire [20:0] \$52 ;
+  wire [20:0] \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire [21:0] \$56 ;
+  wire [19:0] \$57 ;
+  wire [18:0] \$58 ;
   wire [19:0] \$59 ;
   wire [16:0] \$6 ;
   wire [20:0] \$60 ;
-  wire [19:0] \$61 ;
-  wire [20:0] \$62 ;
-  wire \$63 ;
+  wire [20:0] \$61 ;
+  wire [19:0] \$62 ;
+  wire [20:0] \$63 ;
   wire [19:0] \$64 ;
   wire [20:0] \$65 ;
-  wire [20:0] \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire [21:0] \$69 ;
+  wire \$66 ;
+  wire [19:0] \$67 ;
+  wire [20:0] \$68 ;
+  wire [20:0] \$69 ;
   wire [16:0] \$7 ;
-  wire [18:0] \$70 ;
-  wire [19:0] \$71 ;
-  wire [20:0] \$72 ;
-  wire [20:0] \$73 ;
-  wire [19:0] \$74 ;
-  wire [20:0] \$75 ;
-  wire [19:0] \$76 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire [21:0] \$72 ;
+  wire [19:0] \$73 ;
+  wire [18:0] \$74 ;
+  wire [19:0] \$75 ;
+  wire [20:0] \$76 ;
   wire [20:0] \$77 ;
-  wire \$78 ;
-  wire [19:0] \$79 ;
+  wire [19:0] \$78 ;
+  wire [20:0] \$79 ;
   wire \$8 ;
-  wire [20:0] \$80 ;
+  wire [19:0] \$80 ;
   wire [20:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
-  wire [21:0] \$84 ;
-  reg [5:0] \$85 ;
-  reg [32:0] \$86 ;
-  reg [5:0] \$87 ;
-  reg [19:0] \$88 ;
-  reg [19:0] \$89 ;
-  wire \$9 ;
-  reg [15:0] \$90 ;
-  reg [5:0] \$91 ;
-  reg [32:0] \$92 ;
+  wire [19:0] \$83 ;
+  wire [20:0] \$84 ;
+  wire [20:0] \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire [21:0] \$88 ;
+  reg [5:0] \$89 ;
+  wire [17:0] \$9 ;
+  reg \$90 ;
+  reg [32:0] \$91 ;
+  reg \$92 ;
   reg [5:0] \$93 ;
   reg [19:0] \$94 ;
   reg [19:0] \$95 ;
   reg [15:0] \$96 ;
   reg [5:0] \$97 ;
-  reg [32:0] \$98 ;
-  reg [5:0] \$99 ;
+  reg \$98 ;
+  reg [32:0] \$99 ;
+  wire at_top;
+  wire \at_top$11 ;
+  wire \at_top$17 ;
+  wire \at_top$23 ;
   wire [16:0] clipped;
-  wire [16:0] \clipped$10 ;
-  wire [16:0] \clipped$15 ;
-  wire [16:0] \clipped$20 ;
+  wire [16:0] \clipped$12 ;
+  wire [16:0] \clipped$18 ;
+  wire [16:0] \clipped$24 ;
   input clk;
   wire clk;
   wire en;
@@ -1361,36 +1480,44 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
   reg [5:0] frac2_2 = 6'h00;
   reg [5:0] frac2_3 = 6'h00;
   wire [17:0] offset;
-  wire [17:0] \offset$14 ;
-  wire [17:0] \offset$19 ;
-  wire [17:0] \offset$9 ;
-  wire [10:0] port__addr;
-  wire [10:0] \port__addr$11 ;
-  wire [10:0] \port__addr$16 ;
-  wire [10:0] \port__addr$21 ;
+  wire [17:0] \offset$10 ;
+  wire [17:0] \offset$16 ;
+  wire [17:0] \offset$22 ;
+  wire [9:0] port__addr;
+  wire [9:0] \port__addr$13 ;
+  wire [9:0] \port__addr$19 ;
+  wire [9:0] \port__addr$25 ;
   wire [32:0] port__data;
-  wire [32:0] \port__data$33 ;
-  wire [12:0] \port__data$33.slope ;
-  wire [19:0] \port__data$33.value ;
-  wire [32:0] \port__data$39 ;
-  wire [12:0] \port__data$39.slope ;
-  wire [19:0] \port__data$39.value ;
-  wire [32:0] \port__data$45 ;
-  wire [12:0] \port__data$45.slope ;
-  wire [19:0] \port__data$45.value ;
+  wire [32:0] \port__data$40 ;
+  wire [12:0] \port__data$40.slope ;
+  wire [19:0] \port__data$40.value ;
+  wire [32:0] \port__data$48 ;
+  wire [12:0] \port__data$48.slope ;
+  wire [19:0] \port__data$48.value ;
+  wire [32:0] \port__data$56 ;
+  wire [12:0] \port__data$56.slope ;
+  wire [19:0] \port__data$56.value ;
   wire [12:0] \port__data.slope ;
   wire [19:0] \port__data.value ;
   input port__en;
   wire port__en;
-  wire \port__en$13 ;
-  wire \port__en$18 ;
-  wire \port__en$8 ;
+  wire \port__en$15 ;
+  wire \port__en$21 ;
+  wire \port__en$9 ;
   reg [19:0] product3_0 = 20'h00000;
   reg [19:0] product3_1 = 20'h00000;
   reg [19:0] product3_2 = 20'h00000;
   reg [19:0] product3_3 = 20'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top1_1 = 1'h0;
+  reg top1_2 = 1'h0;
+  reg top1_3 = 1'h0;
+  reg top2_0 = 1'h0;
+  reg top2_1 = 1'h0;
+  reg top2_2 = 1'h0;
+  reg top2_3 = 1'h0;
   reg [19:0] value3_0 = 20'h00000;
   reg [19:0] value3_1 = 20'h00000;
   reg [19:0] value3_2 = 20'h00000;
@@ -1424,7 +1551,7 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
   wire [15:0] \y[2] ;
   wire [15:0] \y[3] ;
   (* rom_style = "block" *)
-  reg [32:0] \table  [1024:0];
+  reg [32:0] \table  [1023:0];
   initial begin
     \table [0] = 33'h00019c01d;
     \table [1] = 33'h00009c01e;
@@ -2450,7 +2577,6 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
     \table [1021] = 33'h000163fe1;
     \table [1022] = 33'h000063fe2;
     \table [1023] = 33'h000163fe2;
-    \table [1024] = 33'h000063fe3;
   end
   reg [32:0] _0_;
   reg [32:0] _1_;
@@ -2458,310 +2584,390 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
   reg [32:0] _3_;
   always @(posedge clk) begin
     if (port__en) begin
-      _0_ <= \table [\$24 [10:0]];
+      _0_ <= \table [\$24 [9:0]];
     end
     if (port__en) begin
-      _1_ <= \table [\$18 [10:0]];
+      _1_ <= \table [\$18 [9:0]];
     end
     if (port__en) begin
-      _2_ <= \table [\$12 [10:0]];
+      _2_ <= \table [\$12 [9:0]];
     end
     if (port__en) begin
-      _3_ <= \table [\$6 [10:0]];
+      _3_ <= \table [\$6 [9:0]];
     end
   end
-  assign \port__data$45  = _0_;
-  assign \port__data$39  = _1_;
-  assign \port__data$33  = _2_;
+  assign \port__data$56  = _0_;
+  assign \port__data$48  = _1_;
+  assign \port__data$40  = _2_;
   assign port__data = _3_;
   assign \$1  = $signed(x[15:0]) - $signed(16'h8000);
+  assign at_top = $signed(\$1 ) >= $signed(18'h10000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(18'h10000);
-  assign \$4  = \$3  ? 18'h10000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
+  assign \$3  = at_top ? 18'h10000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 17'h00000 : \$5 ;
   assign \$7  = $signed(x[31:16]) - $signed(16'h8000);
+  assign \at_top$11  = $signed(\$7 ) >= $signed(18'h10000);
   assign \$8  = $signed(\$7 ) < $signed(1'h0);
-  assign \$9  = $signed(\$7 ) > $signed(18'h10000);
-  assign \$10  = \$9  ? 18'h10000 : { \$7 [16], \$7  };
-  assign \$11  = \$8  ? 18'h00000 : \$10 ;
+  assign \$9  = \at_top$11  ? 18'h10000 : { \$7 [16], \$7  };
+  assign \$10  = \$8  ? 18'h00000 : \$9 ;
+  assign \$12  = \at_top$11  ? 17'h00000 : \$11 ;
   assign \$13  = $signed(x[47:32]) - $signed(16'h8000);
+  assign \at_top$17  = $signed(\$13 ) >= $signed(18'h10000);
   assign \$14  = $signed(\$13 ) < $signed(1'h0);
-  assign \$15  = $signed(\$13 ) > $signed(18'h10000);
-  assign \$16  = \$15  ? 18'h10000 : { \$13 [16], \$13  };
-  assign \$17  = \$14  ? 18'h00000 : \$16 ;
+  assign \$15  = \at_top$17  ? 18'h10000 : { \$13 [16], \$13  };
+  assign \$16  = \$14  ? 18'h00000 : \$15 ;
+  assign \$18  = \at_top$17  ? 17'h00000 : \$17 ;
   assign \$19  = $signed(x[63:48]) - $signed(16'h8000);
+  assign \at_top$23  = $signed(\$19 ) >= $signed(18'h10000);
   assign \$20  = $signed(\$19 ) < $signed(1'h0);
-  assign \$21  = $signed(\$19 ) > $signed(18'h10000);
-  assign \$22  = \$21  ? 18'h10000 : { \$19 [16], \$19  };
-  assign \$23  = \$20  ? 18'h00000 : \$22 ;
-  assign \$25  = word2_0[32:20] * frac2_0;
-  assign \$27  = $signed(value3_0) + $signed(\$26 );
-  assign \$30  = $signed(value3_0) + $signed(\$29 );
-  assign \$32  = $signed(value3_0) + $signed(\$31 );
-  assign \$33  = | \$32 [2:0];
-  assign \$35  = $signed(value3_0) + $signed(\$34 );
-  assign \$37  = \$33  | \$36 [0];
-  assign \$38  = \$30 [3] & \$37 ;
-  assign \$39  = $signed(\$28 ) + $signed({ 1'h0, \$38  });
-  assign \$40  = word2_1[32:20] * frac2_1;
-  assign \$42  = $signed(value3_1) + $signed(\$41 );
-  assign \$45  = $signed(value3_1) + $signed(\$44 );
+  assign \$21  = \at_top$23  ? 18'h10000 : { \$19 [16], \$19  };
+  assign \$22  = \$20  ? 18'h00000 : \$21 ;
+  assign \$24  = \at_top$23  ? 17'h00000 : \$23 ;
+  assign \$25  = top2_0 ? 20'h63fe3 : word2_0[19:0];
+  assign \$26  = word2_0[32:20] * frac2_0;
+  assign \$28  = $signed(value3_0) + $signed(\$27 );
+  assign \$31  = $signed(value3_0) + $signed(\$30 );
+  assign \$33  = $signed(value3_0) + $signed(\$32 );
+  assign \$34  = | \$33 [2:0];
+  assign \$36  = $signed(value3_0) + $signed(\$35 );
+  assign \$38  = \$34  | \$37 [0];
+  assign \$39  = \$31 [3] & \$38 ;
+  assign \$40  = $signed(\$29 ) + $signed({ 1'h0, \$39  });
+  assign \$41  = top2_1 ? 20'h63fe3 : word2_1[19:0];
+  assign \$42  = word2_1[32:20] * frac2_1;
+  assign \$44  = $signed(value3_1) + $signed(\$43 );
   assign \$47  = $signed(value3_1) + $signed(\$46 );
-  assign \$48  = | \$47 [2:0];
-  assign \$50  = $signed(value3_1) + $signed(\$49 );
-  assign \$52  = \$48  | \$51 [0];
-  assign \$53  = \$45 [3] & \$52 ;
-  assign \$54  = $signed(\$43 ) + $signed({ 1'h0, \$53  });
-  assign \$55  = word2_2[32:20] * frac2_2;
-  assign \$57  = $signed(value3_2) + $signed(\$56 );
+  assign \$49  = $signed(value3_1) + $signed(\$48 );
+  assign \$50  = | \$49 [2:0];
+  assign \$52  = $signed(value3_1) + $signed(\$51 );
+  assign \$54  = \$50  | \$53 [0];
+  assign \$55  = \$47 [3] & \$54 ;
+  assign \$56  = $signed(\$45 ) + $signed({ 1'h0, \$55  });
+  assign \$57  = top2_2 ? 20'h63fe3 : word2_2[19:0];
+  assign \$58  = word2_2[32:20] * frac2_2;
   assign \$60  = $signed(value3_2) + $signed(\$59 );
-  assign \$62  = $signed(value3_2) + $signed(\$61 );
-  assign \$63  = | \$62 [2:0];
+  assign \$63  = $signed(value3_2) + $signed(\$62 );
   assign \$65  = $signed(value3_2) + $signed(\$64 );
-  assign \$67  = \$63  | \$66 [0];
-  assign \$68  = \$60 [3] & \$67 ;
-  assign \$69  = $signed(\$58 ) + $signed({ 1'h0, \$68  });
-  assign \$70  = word2_3[32:20] * frac2_3;
-  assign \$72  = $signed(value3_3) + $signed(\$71 );
-  assign \$75  = $signed(value3_3) + $signed(\$74 );
-  assign \$77  = $signed(value3_3) + $signed(\$76 );
-  assign \$78  = | \$77 [2:0];
-  assign \$80  = $signed(value3_3) + $signed(\$79 );
-  assign \$82  = \$78  | \$81 [0];
-  assign \$83  = \$75 [3] & \$82 ;
-  assign \$84  = $signed(\$73 ) + $signed({ 1'h0, \$83  });
+  assign \$66  = | \$65 [2:0];
+  assign \$68  = $signed(value3_2) + $signed(\$67 );
+  assign \$70  = \$66  | \$69 [0];
+  assign \$71  = \$63 [3] & \$70 ;
+  assign \$72  = $signed(\$61 ) + $signed({ 1'h0, \$71  });
+  assign \$73  = top2_3 ? 20'h63fe3 : word2_3[19:0];
+  assign \$74  = word2_3[32:20] * frac2_3;
+  assign \$76  = $signed(value3_3) + $signed(\$75 );
+  assign \$79  = $signed(value3_3) + $signed(\$78 );
+  assign \$81  = $signed(value3_3) + $signed(\$80 );
+  assign \$82  = | \$81 [2:0];
+  assign \$84  = $signed(value3_3) + $signed(\$83 );
+  assign \$86  = \$82  | \$85 [0];
+  assign \$87  = \$79 [3] & \$86 ;
+  assign \$88  = $signed(\$77 ) + $signed({ 1'h0, \$87  });
   always @(posedge clk)
-    frac1_0 <= \$85 ;
+    frac1_0 <= \$89 ;
   always @(posedge clk)
-    word2_0 <= \$86 ;
+    top1_0 <= \$90 ;
   always @(posedge clk)
-    frac2_0 <= \$87 ;
+    word2_0 <= \$91 ;
   always @(posedge clk)
-    value3_0 <= \$88 ;
+    top2_0 <= \$92 ;
   always @(posedge clk)
-    product3_0 <= \$89 ;
+    frac2_0 <= \$93 ;
   always @(posedge clk)
-    y4_0 <= \$90 ;
+    value3_0 <= \$94 ;
   always @(posedge clk)
-    frac1_1 <= \$91 ;
+    product3_0 <= \$95 ;
   always @(posedge clk)
-    word2_1 <= \$92 ;
+    y4_0 <= \$96 ;
   always @(posedge clk)
-    frac2_1 <= \$93 ;
+    frac1_1 <= \$97 ;
   always @(posedge clk)
-    value3_1 <= \$94 ;
+    top1_1 <= \$98 ;
   always @(posedge clk)
-    product3_1 <= \$95 ;
+    word2_1 <= \$99 ;
   always @(posedge clk)
-    y4_1 <= \$96 ;
+    top2_1 <= \$100 ;
   always @(posedge clk)
-    frac1_2 <= \$97 ;
+    frac2_1 <= \$101 ;
   always @(posedge clk)
-    word2_2 <= \$98 ;
+    value3_1 <= \$102 ;
   always @(posedge clk)
-    frac2_2 <= \$99 ;
+    product3_1 <= \$103 ;
   always @(posedge clk)
-    value3_2 <= \$100 ;
+    y4_1 <= \$104 ;
   always @(posedge clk)
-    product3_2 <= \$101 ;
+    frac1_2 <= \$105 ;
   always @(posedge clk)
-    y4_2 <= \$102 ;
+    top1_2 <= \$106 ;
   always @(posedge clk)
-    frac1_3 <= \$103 ;
+    word2_2 <= \$107 ;
   always @(posedge clk)
-    word2_3 <= \$104 ;
+    top2_2 <= \$108 ;
   always @(posedge clk)
-    frac2_3 <= \$105 ;
+    frac2_2 <= \$109 ;
   always @(posedge clk)
-    value3_3 <= \$106 ;
+    value3_2 <= \$110 ;
   always @(posedge clk)
-    product3_3 <= \$107 ;
+    product3_2 <= \$111 ;
   always @(posedge clk)
-    y4_3 <= \$108 ;
+    y4_2 <= \$112 ;
+  always @(posedge clk)
+    frac1_3 <= \$113 ;
+  always @(posedge clk)
+    top1_3 <= \$114 ;
+  always @(posedge clk)
+    word2_3 <= \$115 ;
+  always @(posedge clk)
+    top2_3 <= \$116 ;
+  always @(posedge clk)
+    frac2_3 <= \$117 ;
+  always @(posedge clk)
+    value3_3 <= \$118 ;
+  always @(posedge clk)
+    product3_3 <= \$119 ;
+  always @(posedge clk)
+    y4_3 <= \$120 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$85  = frac1_0;
+    \$89  = frac1_0;
     if (port__en) begin
-      \$85  = \$5 [5:0];
+      \$89  = \$4 [5:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$86  = word2_0;
+    \$90  = top1_0;
     if (port__en) begin
-      \$86  = port__data;
+      \$90  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$87  = frac2_0;
+    \$91  = word2_0;
     if (port__en) begin
-      \$87  = frac1_0;
+      \$91  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$88  = value3_0;
+    \$92  = top2_0;
     if (port__en) begin
-      \$88  = word2_0[19:0];
+      \$92  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$89  = product3_0;
+    \$93  = frac2_0;
     if (port__en) begin
-      \$89  = { 1'h0, \$25  };
+      \$93  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$90  = y4_0;
+    \$94  = value3_0;
     if (port__en) begin
-      \$90  = \$39 [15:0];
+      \$94  = \$25 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$91  = frac1_1;
+    \$95  = product3_0;
     if (port__en) begin
-      \$91  = \$11 [5:0];
+      \$95  = { 1'h0, \$26  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$92  = word2_1;
+    \$96  = y4_0;
     if (port__en) begin
-      \$92  = \port__data$33 ;
+      \$96  = \$40 [15:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$93  = frac2_1;
+    \$97  = frac1_1;
     if (port__en) begin
-      \$93  = frac1_1;
+      \$97  = \$10 [5:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$94  = value3_1;
+    \$98  = top1_1;
     if (port__en) begin
-      \$94  = word2_1[19:0];
+      \$98  = \at_top$11 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$95  = product3_1;
+    \$99  = word2_1;
     if (port__en) begin
-      \$95  = { 1'h0, \$40  };
+      \$99  = \port__data$40 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$96  = y4_1;
+    \$100  = top2_1;
     if (port__en) begin
-      \$96  = \$54 [15:0];
+      \$100  = top1_1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$97  = frac1_2;
+    \$101  = frac2_1;
     if (port__en) begin
-      \$97  = \$17 [5:0];
+      \$101  = frac1_1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$98  = word2_2;
+    \$102  = value3_1;
     if (port__en) begin
-      \$98  = \port__data$39 ;
+      \$102  = \$41 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$99  = frac2_2;
+    \$103  = product3_1;
     if (port__en) begin
-      \$99  = frac1_2;
+      \$103  = { 1'h0, \$42  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$100  = value3_2;
+    \$104  = y4_1;
     if (port__en) begin
-      \$100  = word2_2[19:0];
+      \$104  = \$56 [15:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$101  = product3_2;
+    \$105  = frac1_2;
     if (port__en) begin
-      \$101  = { 1'h0, \$55  };
+      \$105  = \$16 [5:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$102  = y4_2;
+    \$106  = top1_2;
     if (port__en) begin
-      \$102  = \$69 [15:0];
+      \$106  = \at_top$17 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$103  = frac1_3;
+    \$107  = word2_2;
     if (port__en) begin
-      \$103  = \$23 [5:0];
+      \$107  = \port__data$48 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$104  = word2_3;
+    \$108  = top2_2;
     if (port__en) begin
-      \$104  = \port__data$45 ;
+      \$108  = top1_2;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$105  = frac2_3;
+    \$109  = frac2_2;
     if (port__en) begin
-      \$105  = frac1_3;
+      \$109  = frac1_2;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$106  = value3_3;
+    \$110  = value3_2;
     if (port__en) begin
-      \$106  = word2_3[19:0];
+      \$110  = \$57 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$107  = product3_3;
+    \$111  = product3_2;
     if (port__en) begin
-      \$107  = { 1'h0, \$70  };
+      \$111  = { 1'h0, \$58  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$108  = y4_3;
+    \$112  = y4_2;
     if (port__en) begin
-      \$108  = \$84 [15:0];
+      \$112  = \$72 [15:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$113  = frac1_3;
+    if (port__en) begin
+      \$113  = \$22 [5:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$114  = top1_3;
+    if (port__en) begin
+      \$114  = \at_top$23 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$115  = word2_3;
+    if (port__en) begin
+      \$115  = \port__data$56 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$116  = top2_3;
+    if (port__en) begin
+      \$116  = top1_3;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$117  = frac2_3;
+    if (port__en) begin
+      \$117  = frac1_3;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$118  = value3_3;
+    if (port__en) begin
+      \$118  = \$73 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$119  = product3_3;
+    if (port__en) begin
+      \$119  = { 1'h0, \$74  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$120  = y4_3;
+    if (port__en) begin
+      \$120  = \$88 [15:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [16:0];
-  assign port__addr = \$6 [10:0];
-  assign \port__en$8  = port__en;
-  assign \offset$9  = { \$7 [16], \$7  };
-  assign \clipped$10  = \$11 [16:0];
-  assign \port__addr$11  = \$12 [10:0];
-  assign \port__en$13  = port__en;
-  assign \offset$14  = { \$13 [16], \$13  };
-  assign \clipped$15  = \$17 [16:0];
-  assign \port__addr$16  = \$18 [10:0];
-  assign \port__en$18  = port__en;
-  assign \offset$19  = { \$19 [16], \$19  };
-  assign \clipped$20  = \$23 [16:0];
-  assign \port__addr$21  = \$24 [10:0];
+  assign clipped = \$4 [16:0];
+  assign port__addr = \$6 [9:0];
+  assign \port__en$9  = port__en;
+  assign \offset$10  = { \$7 [16], \$7  };
+  assign \clipped$12  = \$10 [16:0];
+  assign \port__addr$13  = \$12 [9:0];
+  assign \port__en$15  = port__en;
+  assign \offset$16  = { \$13 [16], \$13  };
+  assign \clipped$18  = \$16 [16:0];
+  assign \port__addr$19  = \$18 [9:0];
+  assign \port__en$21  = port__en;
+  assign \offset$22  = { \$19 [16], \$19  };
+  assign \clipped$24  = \$22 [16:0];
+  assign \port__addr$25  = \$24 [9:0];
   assign \x[0]  = x[15:0];
   assign \x[1]  = x[31:16];
   assign \x[2]  = x[47:32];
@@ -2776,46 +2982,46 @@ module \nanokpu_situ.up (rst, port__en, x, y, clk);
   assign \port__data.slope  = port__data[32:20];
   assign \word2_1.value  = word2_1[19:0];
   assign \word2_1.slope  = word2_1[32:20];
-  assign \port__data$33.value  = \port__data$33 [19:0];
-  assign \port__data$33.slope  = \port__data$33 [32:20];
+  assign \port__data$40.value  = \port__data$40 [19:0];
+  assign \port__data$40.slope  = \port__data$40 [32:20];
   assign \word2_2.value  = word2_2[19:0];
   assign \word2_2.slope  = word2_2[32:20];
-  assign \port__data$39.value  = \port__data$39 [19:0];
-  assign \port__data$39.slope  = \port__data$39 [32:20];
+  assign \port__data$48.value  = \port__data$48 [19:0];
+  assign \port__data$48.slope  = \port__data$48 [32:20];
   assign \word2_3.value  = word2_3[19:0];
   assign \word2_3.slope  = word2_3[32:20];
-  assign \port__data$45.value  = \port__data$45 [19:0];
-  assign \port__data$45.slope  = \port__data$45 [32:20];
+  assign \port__data$56.value  = \port__data$56 [19:0];
+  assign \port__data$56.slope  = \port__data$56 [32:20];
   assign y[63:48] = y4_3;
   assign y[47:32] = y4_2;
   assign y[31:16] = y4_1;
   assign y[15:0] = y4_0;
-  assign \$6  = { 6'h00, \$5 [16:6] };
-  assign \$12  = { 6'h00, \$11 [16:6] };
-  assign \$18  = { 6'h00, \$17 [16:6] };
-  assign \$24  = { 6'h00, \$23 [16:6] };
-  assign \$26  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$28  = { \$27 [20], \$27 [20], \$27 [20], \$27 [20], \$27 [20:4] };
-  assign \$29  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$31  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$34  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$36  = { \$35 [20], \$35 [20], \$35 [20], \$35 [20], \$35 [20:4] };
-  assign \$41  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
-  assign \$43  = { \$42 [20], \$42 [20], \$42 [20], \$42 [20], \$42 [20:4] };
-  assign \$44  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
+  assign \$5  = { 6'h00, \$4 [16:6] };
+  assign \$11  = { 6'h00, \$10 [16:6] };
+  assign \$17  = { 6'h00, \$16 [16:6] };
+  assign \$23  = { 6'h00, \$22 [16:6] };
+  assign \$27  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$29  = { \$28 [20], \$28 [20], \$28 [20], \$28 [20], \$28 [20:4] };
+  assign \$30  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$32  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$35  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$37  = { \$36 [20], \$36 [20], \$36 [20], \$36 [20], \$36 [20:4] };
+  assign \$43  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
+  assign \$45  = { \$44 [20], \$44 [20], \$44 [20], \$44 [20], \$44 [20:4] };
   assign \$46  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
-  assign \$49  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
-  assign \$51  = { \$50 [20], \$50 [20], \$50 [20], \$50 [20], \$50 [20:4] };
-  assign \$56  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
-  assign \$58  = { \$57 [20], \$57 [20], \$57 [20], \$57 [20], \$57 [20:4] };
+  assign \$48  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
+  assign \$51  = { product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19], product3_1[19:6] };
+  assign \$53  = { \$52 [20], \$52 [20], \$52 [20], \$52 [20], \$52 [20:4] };
   assign \$59  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
-  assign \$61  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
+  assign \$61  = { \$60 [20], \$60 [20], \$60 [20], \$60 [20], \$60 [20:4] };
+  assign \$62  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
   assign \$64  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
-  assign \$66  = { \$65 [20], \$65 [20], \$65 [20], \$65 [20], \$65 [20:4] };
-  assign \$71  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
-  assign \$73  = { \$72 [20], \$72 [20], \$72 [20], \$72 [20], \$72 [20:4] };
-  assign \$74  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
-  assign \$76  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
-  assign \$79  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
-  assign \$81  = { \$80 [20], \$80 [20], \$80 [20], \$80 [20], \$80 [20:4] };
+  assign \$67  = { product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19], product3_2[19:6] };
+  assign \$69  = { \$68 [20], \$68 [20], \$68 [20], \$68 [20], \$68 [20:4] };
+  assign \$75  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
+  assign \$77  = { \$76 [20], \$76 [20], \$76 [20], \$76 [20], \$76 [20:4] };
+  assign \$78  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
+  assign \$80  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
+  assign \$83  = { product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19], product3_3[19:6] };
+  assign \$85  = { \$84 [20], \$84 [20], \$84 [20], \$84 [20], \$84 [20:4] };
 endmodule

@@ -8,47 +8,47 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [13:0] \$100 ;
-  wire [16:0] \$101 ;
+  wire \$100 ;
+  wire \$101 ;
   wire \$102 ;
-  wire [16:0] \$103 ;
-  wire [13:0] \$104 ;
-  wire [16:0] \$105 ;
-  wire \$106 ;
-  wire [16:0] \$107 ;
-  wire [13:0] \$108 ;
-  wire \$109 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire [9:0] \$106 ;
+  wire \$107 ;
+  wire [4:0] \$108 ;
+  wire [9:0] \$109 ;
   wire \$11 ;
   wire \$110 ;
-  wire [9:0] \$111 ;
+  wire [6:0] \$1108 ;
+  wire [4:0] \$111 ;
   wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
+  wire [6:0] \$1124 ;
+  wire [13:0] \$113 ;
+  wire [14:0] \$114 ;
+  wire [6:0] \$1144 ;
+  wire [7:0] \$1148 ;
   wire \$115 ;
-  wire [7:0] \$1151 ;
-  wire \$116 ;
-  wire [7:0] \$1167 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [6:0] \$1189 ;
+  wire [8:0] \$1151 ;
+  wire [14:0] \$116 ;
+  wire [13:0] \$117 ;
+  wire [16:0] \$118 ;
   wire \$119 ;
-  wire [7:0] \$1193 ;
-  wire [8:0] \$1196 ;
   wire \$12 ;
-  wire \$120 ;
-  wire [9:0] \$121 ;
-  wire \$122 ;
+  wire [16:0] \$120 ;
+  wire [13:0] \$121 ;
+  wire [16:0] \$122 ;
   wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
+  wire [16:0] \$124 ;
+  wire [13:0] \$125 ;
+  wire [16:0] \$126 ;
   wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
+  wire [16:0] \$128 ;
+  wire [13:0] \$129 ;
   wire \$13 ;
   wire \$130 ;
   wire \$131 ;
-  wire \$132 ;
+  wire [9:0] \$132 ;
   wire \$133 ;
   wire \$134 ;
   wire \$135 ;
@@ -59,7 +59,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
-  wire \$142 ;
+  wire [9:0] \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
@@ -91,7 +91,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$169 ;
   wire [1:0] \$17 ;
   wire \$170 ;
-  wire [16:0] \$171 ;
+  wire \$171 ;
   wire \$172 ;
   wire \$173 ;
   wire \$174 ;
@@ -114,7 +114,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
-  wire \$192 ;
+  wire [16:0] \$192 ;
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
@@ -128,38 +128,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire [31:0] \$204 ;
+  wire \$204 ;
   wire \$205 ;
-  wire [31:0] \$206 ;
-  wire [31:0] \$207 ;
+  wire \$206 ;
+  wire \$207 ;
   wire \$208 ;
   wire \$209 ;
   wire [22:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
-  wire [31:0] \$213 ;
+  wire \$213 ;
   wire \$214 ;
-  wire [5:0] \$215 ;
+  wire \$215 ;
   wire \$216 ;
-  wire [1:0] \$217 ;
+  wire [23:0] \$217 ;
   wire \$218 ;
-  wire \$219 ;
+  wire [23:0] \$219 ;
   wire [22:0] \$22 ;
-  wire \$220 ;
+  wire [23:0] \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
-  wire \$226 ;
+  wire [31:0] \$226 ;
   wire \$227 ;
-  wire \$228 ;
+  wire [5:0] \$228 ;
   wire \$229 ;
   wire [43:0] \$23 ;
-  wire \$230 ;
-  wire [31:0] \$231 ;
-  wire [31:0] \$232 ;
+  wire [1:0] \$230 ;
+  wire \$231 ;
+  wire \$232 ;
   wire \$233 ;
   wire \$234 ;
   wire \$235 ;
@@ -169,35 +169,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$239 ;
   wire [43:0] \$24 ;
   wire \$240 ;
-  wire [4:0] \$241 ;
-  wire [13:0] \$242 ;
-  wire [4:0] \$243 ;
-  wire [13:0] \$244 ;
-  wire [14:0] \$245 ;
-  wire [14:0] \$246 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire [23:0] \$244 ;
+  wire [23:0] \$245 ;
+  wire \$246 ;
   wire \$247 ;
   wire \$248 ;
-  wire [14:0] \$249 ;
+  wire \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire [7:0] \$251 ;
-  wire \$252 ;
-  wire [15:0] \$253 ;
-  wire [31:0] \$254 ;
-  wire [31:0] \$255 ;
-  wire [31:0] \$256 ;
-  wire \$257 ;
+  wire \$251 ;
+  wire [4:0] \$252 ;
+  wire [13:0] \$253 ;
+  wire [4:0] \$254 ;
+  wire [13:0] \$255 ;
+  wire [14:0] \$256 ;
+  wire [14:0] \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire \$260 ;
+  wire [14:0] \$260 ;
   wire \$261 ;
-  wire \$262 ;
+  wire [7:0] \$262 ;
   wire \$263 ;
-  wire [14:0] \$264 ;
-  wire [13:0] \$265 ;
-  wire \$266 ;
-  wire [4:0] \$267 ;
+  wire [15:0] \$264 ;
+  wire [31:0] \$265 ;
+  wire [31:0] \$266 ;
+  wire [31:0] \$267 ;
   wire \$268 ;
   wire \$269 ;
   wire \$27 ;
@@ -206,56 +206,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
-  wire [13:0] \$275 ;
-  wire \$276 ;
+  wire [14:0] \$275 ;
+  wire [13:0] \$276 ;
   wire \$277 ;
-  wire \$278 ;
-  wire [13:0] \$279 ;
+  wire [4:0] \$278 ;
+  wire \$279 ;
   wire \$28 ;
   wire \$280 ;
-  wire [13:0] \$281 ;
-  wire [14:0] \$282 ;
-  wire [14:0] \$283 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
   wire \$284 ;
-  wire [14:0] \$285 ;
+  wire \$285 ;
   wire [13:0] \$286 ;
-  wire [14:0] \$287 ;
-  wire [14:0] \$288 ;
+  wire \$287 ;
+  wire \$288 ;
   wire \$289 ;
   wire \$29 ;
   wire [13:0] \$290 ;
-  wire [14:0] \$291 ;
+  wire \$291 ;
   wire [13:0] \$292 ;
   wire [14:0] \$293 ;
-  wire \$294 ;
-  wire [13:0] \$295 ;
-  wire [13:0] \$296 ;
-  wire [14:0] \$297 ;
-  wire \$298 ;
+  wire [14:0] \$294 ;
+  wire \$295 ;
+  wire [14:0] \$296 ;
+  wire [13:0] \$297 ;
+  wire [14:0] \$298 ;
   wire [14:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [16:0] \$300 ;
-  wire \$301 ;
-  wire \$302 ;
-  wire \$303 ;
-  wire \$304 ;
+  wire \$300 ;
+  wire [13:0] \$301 ;
+  wire [14:0] \$302 ;
+  wire [13:0] \$303 ;
+  wire [14:0] \$304 ;
   wire \$305 ;
   wire [13:0] \$306 ;
-  wire [14:0] \$307 ;
-  wire [15:0] \$308 ;
+  wire [13:0] \$307 ;
+  wire [14:0] \$308 ;
   wire \$309 ;
   wire [9:0] \$31 ;
-  wire \$310 ;
-  wire \$311 ;
+  wire [14:0] \$310 ;
+  wire [16:0] \$311 ;
   wire \$312 ;
   wire \$313 ;
   wire \$314 ;
   wire \$315 ;
   wire \$316 ;
-  wire \$317 ;
-  wire \$318 ;
-  wire \$319 ;
+  wire [12:0] \$317 ;
+  wire [13:0] \$318 ;
+  wire [15:0] \$319 ;
   wire \$32 ;
   wire \$320 ;
   wire \$321 ;
@@ -267,7 +267,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$327 ;
   wire \$328 ;
   wire \$329 ;
-  wire \$33 ;
+  wire [16:0] \$33 ;
   wire \$330 ;
   wire \$331 ;
   wire \$332 ;
@@ -278,97 +278,97 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
-  wire \$34 ;
+  wire [17:0] \$34 ;
   wire \$340 ;
   wire \$341 ;
   wire \$342 ;
   wire \$343 ;
-  wire [14:0] \$344 ;
+  wire \$344 ;
   wire \$345 ;
-  wire [14:0] \$346 ;
-  wire [13:0] \$347 ;
-  wire [14:0] \$348 ;
-  wire [14:0] \$349 ;
-  wire \$35 ;
-  wire [15:0] \$350 ;
+  wire \$346 ;
+  wire \$347 ;
+  wire \$348 ;
+  wire \$349 ;
+  wire [17:0] \$35 ;
+  wire \$350 ;
   wire \$351 ;
-  wire [14:0] \$352 ;
+  wire \$352 ;
   wire \$353 ;
-  wire [14:0] \$354 ;
-  wire [13:0] \$355 ;
-  wire [14:0] \$356 ;
-  wire [14:0] \$357 ;
-  wire [15:0] \$358 ;
-  wire \$359 ;
-  wire \$36 ;
-  wire [14:0] \$360 ;
-  wire \$361 ;
-  wire [14:0] \$362 ;
-  wire [13:0] \$363 ;
-  wire [14:0] \$364 ;
+  wire \$354 ;
+  wire [33:0] \$355 ;
+  wire \$356 ;
+  wire [33:0] \$357 ;
+  wire [32:0] \$358 ;
+  wire [33:0] \$359 ;
+  wire [16:0] \$36 ;
+  wire [33:0] \$360 ;
+  wire [15:0] \$361 ;
+  wire \$362 ;
+  wire \$363 ;
+  wire \$364 ;
   wire [14:0] \$365 ;
-  wire [15:0] \$366 ;
+  wire \$366 ;
   wire \$367 ;
   wire [14:0] \$368 ;
   wire \$369 ;
-  wire \$37 ;
-  wire [14:0] \$370 ;
-  wire [13:0] \$371 ;
-  wire [14:0] \$372 ;
-  wire [14:0] \$373 ;
-  wire [15:0] \$374 ;
+  wire [17:0] \$37 ;
+  wire \$370 ;
+  wire \$371 ;
+  wire \$372 ;
+  wire \$373 ;
+  wire \$374 ;
   wire \$375 ;
-  wire [18:0] \$376 ;
+  wire \$376 ;
   wire \$377 ;
-  wire [18:0] \$378 ;
-  wire [17:0] \$379 ;
-  wire \$38 ;
-  wire [18:0] \$380 ;
-  wire [18:0] \$381 ;
-  wire [15:0] \$382 ;
+  wire \$378 ;
+  wire \$379 ;
+  wire [17:0] \$38 ;
+  wire \$380 ;
+  wire \$381 ;
+  wire \$382 ;
   wire \$383 ;
-  wire [33:0] \$384 ;
+  wire \$384 ;
   wire \$385 ;
-  wire [33:0] \$386 ;
-  wire [32:0] \$387 ;
-  wire [33:0] \$388 ;
-  wire [33:0] \$389 ;
+  wire [14:0] \$386 ;
+  wire \$387 ;
+  wire \$388 ;
+  wire [14:0] \$389 ;
   wire \$39 ;
-  wire [15:0] \$390 ;
+  wire \$390 ;
   wire \$391 ;
   wire \$392 ;
-  wire [14:0] \$393 ;
+  wire \$393 ;
   wire \$394 ;
   wire \$395 ;
   wire \$396 ;
   wire \$397 ;
   wire \$398 ;
-  wire [14:0] \$399 ;
+  wire \$399 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [13:0] \$40 ;
   wire \$400 ;
   wire \$401 ;
   wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
-  wire [14:0] \$406 ;
-  wire \$407 ;
+  wire \$406 ;
+  wire [14:0] \$407 ;
   wire \$408 ;
   wire \$409 ;
-  wire \$41 ;
+  wire [16:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
   wire \$412 ;
-  wire \$413 ;
-  wire [33:0] \$414 ;
-  wire [32:0] \$415 ;
+  wire [14:0] \$413 ;
+  wire \$414 ;
+  wire \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
   wire \$419 ;
-  wire \$42 ;
-  wire \$420 ;
+  wire [17:0] \$42 ;
+  wire [14:0] \$420 ;
   wire \$421 ;
   wire \$422 ;
   wire \$423 ;
@@ -376,65 +376,65 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
-  wire \$428 ;
-  wire \$429 ;
-  wire \$43 ;
+  wire [33:0] \$428 ;
+  wire [32:0] \$429 ;
+  wire [17:0] \$43 ;
   wire \$430 ;
-  wire [14:0] \$431 ;
-  wire [13:0] \$432 ;
-  wire [13:0] \$433 ;
-  wire [14:0] \$434 ;
-  wire [13:0] \$435 ;
-  wire [13:0] \$436 ;
-  wire [13:0] \$437 ;
-  wire [13:0] \$438 ;
-  wire [14:0] \$439 ;
-  wire \$44 ;
-  wire [13:0] \$440 ;
-  wire [13:0] \$441 ;
-  wire [13:0] \$442 ;
-  wire [13:0] \$443 ;
-  wire [13:0] \$444 ;
-  wire [13:0] \$445 ;
-  wire \$446 ;
-  wire \$447 ;
-  wire \$448 ;
-  wire \$449 ;
+  wire \$431 ;
+  wire \$432 ;
+  wire \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire \$439 ;
+  wire [18:0] \$44 ;
+  wire \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire \$444 ;
+  wire [14:0] \$445 ;
+  wire [13:0] \$446 ;
+  wire [13:0] \$447 ;
+  wire [14:0] \$448 ;
+  wire [13:0] \$449 ;
   wire \$45 ;
-  wire [1:0] \$450 ;
-  wire [1:0] \$451 ;
-  wire \$452 ;
-  wire \$453 ;
-  wire \$454 ;
-  wire [2:0] \$455 ;
-  wire \$456 ;
-  wire [2:0] \$457 ;
-  wire [3:0] \$458 ;
-  wire \$459 ;
+  wire [13:0] \$450 ;
+  wire [13:0] \$451 ;
+  wire [13:0] \$452 ;
+  wire [14:0] \$453 ;
+  wire [13:0] \$454 ;
+  wire [13:0] \$455 ;
+  wire [13:0] \$456 ;
+  wire [13:0] \$457 ;
+  wire [13:0] \$458 ;
+  wire [13:0] \$459 ;
   wire \$46 ;
-  wire [2:0] \$460 ;
+  wire \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
-  wire \$464 ;
-  wire [2:0] \$465 ;
-  wire [2:0] \$466 ;
+  wire [1:0] \$464 ;
+  wire [1:0] \$465 ;
+  wire \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire \$469 ;
+  wire [2:0] \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire \$471 ;
-  wire \$472 ;
+  wire [2:0] \$471 ;
+  wire [3:0] \$472 ;
   wire \$473 ;
-  wire \$474 ;
+  wire [2:0] \$474 ;
   wire \$475 ;
   wire \$476 ;
   wire \$477 ;
   wire \$478 ;
-  wire [3:0] \$479 ;
-  wire \$48 ;
-  wire [13:0] \$480 ;
+  wire [2:0] \$479 ;
+  wire [1:0] \$48 ;
+  wire [2:0] \$480 ;
   wire \$481 ;
   wire \$482 ;
   wire \$483 ;
@@ -444,206 +444,206 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$487 ;
   wire \$488 ;
   wire \$489 ;
-  wire \$49 ;
+  wire [18:0] \$49 ;
   wire \$490 ;
-  wire [7:0] \$491 ;
+  wire \$491 ;
   wire \$492 ;
-  wire [7:0] \$493 ;
+  wire [3:0] \$493 ;
   wire [13:0] \$494 ;
-  wire [13:0] \$495 ;
-  wire [14:0] \$496 ;
-  wire [13:0] \$497 ;
-  wire [14:0] \$498 ;
-  wire [13:0] \$499 ;
+  wire \$495 ;
+  wire \$496 ;
+  wire \$497 ;
+  wire \$498 ;
+  wire \$499 ;
   wire \$5 ;
-  wire \$50 ;
-  wire [14:0] \$500 ;
+  wire [18:0] \$50 ;
+  wire \$500 ;
   wire \$501 ;
   wire \$502 ;
   wire \$503 ;
-  wire [2:0] \$504 ;
-  wire [13:0] \$505 ;
-  wire [2:0] \$506 ;
-  wire \$507 ;
-  wire \$508 ;
-  wire [2:0] \$509 ;
-  wire \$51 ;
-  wire [3:0] \$510 ;
-  wire \$511 ;
-  wire \$512 ;
-  wire \$513 ;
-  wire [9:0] \$514 ;
+  wire \$504 ;
+  wire [7:0] \$505 ;
+  wire \$506 ;
+  wire [7:0] \$507 ;
+  wire [13:0] \$508 ;
+  wire [13:0] \$509 ;
+  wire [9:0] \$51 ;
+  wire [14:0] \$510 ;
+  wire [13:0] \$511 ;
+  wire [14:0] \$512 ;
+  wire [13:0] \$513 ;
+  wire [14:0] \$514 ;
   wire \$515 ;
-  wire [9:0] \$516 ;
-  wire [13:0] \$517 ;
-  wire [13:0] \$518 ;
-  wire \$519 ;
+  wire \$516 ;
+  wire \$517 ;
+  wire [2:0] \$518 ;
+  wire [13:0] \$519 ;
   wire \$52 ;
-  wire \$520 ;
+  wire [2:0] \$520 ;
   wire \$521 ;
   wire \$522 ;
-  wire [14:0] \$523 ;
-  wire [13:0] \$524 ;
-  wire [13:0] \$525 ;
-  wire [14:0] \$526 ;
+  wire [2:0] \$523 ;
+  wire [3:0] \$524 ;
+  wire \$525 ;
+  wire \$526 ;
   wire \$527 ;
-  wire [14:0] \$528 ;
+  wire [9:0] \$528 ;
   wire \$529 ;
-  wire \$53 ;
-  wire \$530 ;
-  wire \$531 ;
-  wire [32:0] \$532 ;
-  wire [32:0] \$533 ;
-  wire [32:0] \$534 ;
-  wire [32:0] \$535 ;
-  wire [32:0] \$536 ;
-  wire [32:0] \$537 ;
-  wire [32:0] \$538 ;
-  wire \$539 ;
+  wire [3:0] \$53 ;
+  wire [9:0] \$530 ;
+  wire [13:0] \$531 ;
+  wire [13:0] \$532 ;
+  wire \$533 ;
+  wire \$534 ;
+  wire \$535 ;
+  wire \$536 ;
+  wire [14:0] \$537 ;
+  wire [13:0] \$538 ;
+  wire [13:0] \$539 ;
   wire \$54 ;
-  wire [4:0] \$540 ;
+  wire [14:0] \$540 ;
   wire \$541 ;
-  wire [9:0] \$542 ;
+  wire [14:0] \$542 ;
   wire \$543 ;
-  wire [15:0] \$544 ;
+  wire \$544 ;
   wire \$545 ;
-  wire [13:0] \$546 ;
-  wire [9:0] \$547 ;
-  wire \$548 ;
-  wire [15:0] \$549 ;
+  wire [32:0] \$546 ;
+  wire [32:0] \$547 ;
+  wire [32:0] \$548 ;
+  wire [32:0] \$549 ;
   wire \$55 ;
-  wire \$550 ;
-  wire [13:0] \$551 ;
-  wire [9:0] \$552 ;
+  wire [32:0] \$550 ;
+  wire [32:0] \$551 ;
+  wire [32:0] \$552 ;
   wire \$553 ;
-  wire [15:0] \$554 ;
-  wire [16:0] \$555 ;
-  wire [17:0] \$556 ;
-  wire [17:0] \$557 ;
-  wire \$558 ;
-  wire [13:0] \$559 ;
+  wire \$554 ;
+  wire \$555 ;
+  wire \$556 ;
+  wire \$557 ;
+  wire [4:0] \$558 ;
+  wire \$559 ;
   wire \$56 ;
-  wire [9:0] \$560 ;
+  wire \$560 ;
   wire \$561 ;
-  wire [15:0] \$562 ;
-  wire [16:0] \$563 ;
-  wire [17:0] \$564 ;
-  wire [17:0] \$565 ;
-  wire \$566 ;
-  wire [13:0] \$567 ;
-  wire [16:0] \$568 ;
-  wire [17:0] \$569 ;
+  wire \$562 ;
+  wire \$563 ;
+  wire \$564 ;
+  wire \$565 ;
+  wire [13:0] \$566 ;
+  wire \$567 ;
+  wire [13:0] \$568 ;
+  wire \$569 ;
   wire \$57 ;
-  wire [17:0] \$570 ;
-  wire [18:0] \$571 ;
-  wire \$572 ;
-  wire [18:0] \$573 ;
+  wire [13:0] \$570 ;
+  wire \$571 ;
+  wire [13:0] \$572 ;
+  wire \$573 ;
   wire [17:0] \$574 ;
-  wire [9:0] \$575 ;
-  wire \$576 ;
-  wire [15:0] \$577 ;
+  wire [3:0] \$575 ;
+  wire [2:0] \$576 ;
+  wire \$577 ;
   wire \$578 ;
-  wire [13:0] \$579 ;
+  wire \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire [13:0] \$581 ;
+  wire \$581 ;
   wire \$582 ;
-  wire [13:0] \$583 ;
-  wire [9:0] \$584 ;
+  wire \$583 ;
+  wire \$584 ;
   wire \$585 ;
-  wire [15:0] \$586 ;
-  wire [9:0] \$587 ;
+  wire \$586 ;
+  wire \$587 ;
   wire \$588 ;
-  wire [15:0] \$589 ;
+  wire [32:0] \$589 ;
   wire \$59 ;
   wire \$590 ;
-  wire \$591 ;
+  wire [9:0] \$591 ;
   wire \$592 ;
-  wire [1:0] \$593 ;
-  wire [18:0] \$594 ;
+  wire \$593 ;
+  wire \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire \$597 ;
+  wire [9:0] \$597 ;
   wire \$598 ;
-  wire [1:0] \$599 ;
+  wire [12:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [18:0] \$600 ;
-  wire [17:0] \$601 ;
-  wire [9:0] \$602 ;
-  wire \$603 ;
-  wire [15:0] \$604 ;
-  wire [18:0] \$605 ;
-  wire \$606 ;
-  wire [18:0] \$607 ;
-  wire [17:0] \$608 ;
-  wire [9:0] \$609 ;
+  wire [13:0] \$600 ;
+  wire [12:0] \$601 ;
+  wire [13:0] \$602 ;
+  wire [14:0] \$603 ;
+  wire \$604 ;
+  wire [14:0] \$605 ;
+  wire [14:0] \$606 ;
+  wire \$607 ;
+  wire \$608 ;
+  wire \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [3:0] \$611 ;
-  wire \$612 ;
-  wire \$613 ;
+  wire \$611 ;
+  wire [13:0] \$612 ;
+  wire [32:0] \$613 ;
   wire \$614 ;
-  wire \$615 ;
-  wire \$616 ;
+  wire [13:0] \$615 ;
+  wire [32:0] \$616 ;
   wire \$617 ;
   wire \$618 ;
-  wire [2:0] \$619 ;
+  wire \$619 ;
   wire \$62 ;
-  wire \$620 ;
-  wire \$621 ;
-  wire \$622 ;
+  wire [14:0] \$620 ;
+  wire [3:0] \$621 ;
+  wire [3:0] \$622 ;
   wire \$623 ;
   wire \$624 ;
-  wire \$625 ;
-  wire \$626 ;
+  wire [1:0] \$625 ;
+  wire [2:0] \$626 ;
   wire \$627 ;
   wire \$628 ;
   wire \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
-  wire [32:0] \$632 ;
+  wire \$632 ;
   wire \$633 ;
-  wire [9:0] \$634 ;
-  wire \$635 ;
+  wire [13:0] \$634 ;
+  wire [32:0] \$635 ;
   wire \$636 ;
   wire \$637 ;
   wire \$638 ;
   wire \$639 ;
   wire \$64 ;
-  wire [9:0] \$640 ;
+  wire \$640 ;
   wire \$641 ;
-  wire [12:0] \$642 ;
-  wire [13:0] \$643 ;
-  wire [12:0] \$644 ;
-  wire [13:0] \$645 ;
-  wire [14:0] \$646 ;
+  wire \$642 ;
+  wire [14:0] \$643 ;
+  wire [3:0] \$644 ;
+  wire \$645 ;
+  wire \$646 ;
   wire \$647 ;
-  wire [14:0] \$648 ;
-  wire [14:0] \$649 ;
+  wire \$648 ;
+  wire \$649 ;
   wire \$65 ;
   wire \$650 ;
   wire \$651 ;
   wire \$652 ;
   wire \$653 ;
   wire \$654 ;
-  wire [13:0] \$655 ;
-  wire [32:0] \$656 ;
+  wire \$655 ;
+  wire \$656 ;
   wire \$657 ;
-  wire [13:0] \$658 ;
-  wire [32:0] \$659 ;
+  wire \$658 ;
+  wire \$659 ;
   wire \$66 ;
   wire \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire [14:0] \$663 ;
-  wire [3:0] \$664 ;
-  wire [3:0] \$665 ;
-  wire \$666 ;
+  wire \$663 ;
+  wire [13:0] \$664 ;
+  wire [32:0] \$665 ;
+  wire [4:0] \$666 ;
   wire \$667 ;
-  wire [1:0] \$668 ;
-  wire [2:0] \$669 ;
+  wire \$668 ;
+  wire \$669 ;
   wire \$67 ;
   wire \$670 ;
   wire \$671 ;
@@ -651,293 +651,237 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$673 ;
   wire \$674 ;
   wire \$675 ;
-  wire \$676 ;
-  wire [13:0] \$677 ;
-  wire [32:0] \$678 ;
+  wire [1:0] \$676 ;
+  wire [4:0] \$677 ;
+  wire [12:0] \$678 ;
   wire \$679 ;
   wire \$68 ;
   wire \$680 ;
   wire \$681 ;
-  wire \$682 ;
-  wire \$683 ;
+  wire [14:0] \$682 ;
+  wire [13:0] \$683 ;
   wire \$684 ;
   wire \$685 ;
-  wire [14:0] \$686 ;
-  wire [3:0] \$687 ;
+  wire \$686 ;
+  wire \$687 ;
   wire \$688 ;
   wire \$689 ;
   wire \$69 ;
   wire \$690 ;
   wire \$691 ;
   wire \$692 ;
-  wire \$693 ;
-  wire \$694 ;
-  wire \$695 ;
+  wire [14:0] \$693 ;
+  wire [13:0] \$694 ;
+  wire [2:0] \$695 ;
   wire \$696 ;
   wire \$697 ;
-  wire \$698 ;
-  wire \$699 ;
+  wire [14:0] \$698 ;
+  wire [14:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
   wire \$700 ;
-  wire \$701 ;
+  wire [14:0] \$701 ;
   wire \$702 ;
-  wire \$703 ;
-  wire \$704 ;
-  wire \$705 ;
-  wire \$706 ;
-  wire [13:0] \$707 ;
-  wire [32:0] \$708 ;
-  wire [4:0] \$709 ;
+  wire [14:0] \$703 ;
+  wire [2:0] \$704 ;
+  wire [4:0] \$705 ;
+  wire [4:0] \$706 ;
+  wire \$707 ;
+  wire [13:0] \$708 ;
+  wire [32:0] \$709 ;
   wire \$71 ;
   wire \$710 ;
-  wire \$711 ;
-  wire \$712 ;
+  wire [32:0] \$711 ;
+  wire [4:0] \$712 ;
   wire \$713 ;
   wire \$714 ;
-  wire \$715 ;
-  wire \$716 ;
-  wire \$717 ;
+  wire [13:0] \$715 ;
+  wire [13:0] \$716 ;
+  wire [32:0] \$717 ;
   wire \$718 ;
-  wire [1:0] \$719 ;
+  wire [13:0] \$719 ;
   wire \$72 ;
-  wire [4:0] \$720 ;
-  wire [12:0] \$721 ;
+  wire [32:0] \$720 ;
+  wire \$721 ;
   wire \$722 ;
   wire \$723 ;
   wire \$724 ;
-  wire [14:0] \$725 ;
-  wire [13:0] \$726 ;
+  wire \$725 ;
+  wire \$726 ;
   wire \$727 ;
-  wire \$728 ;
+  wire [15:0] \$728 ;
   wire \$729 ;
   wire \$73 ;
-  wire \$730 ;
-  wire \$731 ;
-  wire \$732 ;
+  wire [12:0] \$730 ;
+  wire [13:0] \$731 ;
+  wire [15:0] \$732 ;
   wire \$733 ;
   wire \$734 ;
-  wire \$735 ;
+  wire [16:0] \$735 ;
   wire [14:0] \$736 ;
-  wire [13:0] \$737 ;
-  wire [2:0] \$738 ;
+  wire \$737 ;
+  wire \$738 ;
   wire \$739 ;
   wire \$74 ;
   wire \$740 ;
-  wire [14:0] \$741 ;
-  wire [14:0] \$742 ;
-  wire \$743 ;
-  wire [14:0] \$744 ;
-  wire \$745 ;
-  wire [14:0] \$746 ;
-  wire [2:0] \$747 ;
-  wire [4:0] \$748 ;
-  wire [4:0] \$749 ;
+  wire \$741 ;
+  reg [31:0] \$742 ;
+  reg [31:0] \$743 ;
+  reg [19:0] \$744 ;
+  reg [32:0] \$745 ;
+  reg [32:0] \$746 ;
+  reg [15:0] \$747 ;
+  reg \$748 ;
+  reg \$749 ;
   wire \$75 ;
-  wire \$750 ;
-  wire [13:0] \$751 ;
-  wire [32:0] \$752 ;
-  wire \$753 ;
-  wire [32:0] \$754 ;
-  wire [4:0] \$755 ;
-  wire \$756 ;
-  wire \$757 ;
-  wire [13:0] \$758 ;
-  wire [13:0] \$759 ;
+  reg \$750 ;
+  reg \$751 ;
+  reg [7:0] \$752 ;
+  reg \$753 ;
+  reg \$754 ;
+  reg \$755 ;
+  reg \$756 ;
+  reg [13:0] \$757 ;
+  reg [12:0] \$758 ;
+  reg [12:0] \$759 ;
   wire \$76 ;
-  wire [32:0] \$760 ;
-  wire \$761 ;
-  wire [13:0] \$762 ;
-  wire [32:0] \$763 ;
-  wire \$764 ;
-  wire \$765 ;
-  wire \$766 ;
-  wire \$767 ;
-  wire \$768 ;
-  wire \$769 ;
+  reg [13:0] \$760 ;
+  reg [12:0] \$761 ;
+  reg [12:0] \$762 ;
+  reg [13:0] \$763 ;
+  reg [12:0] \$764 ;
+  reg [12:0] \$765 ;
+  reg \$766 ;
+  reg [1:0] \$767 ;
+  reg \$768 ;
+  reg [2:0] \$769 ;
   wire \$77 ;
-  wire \$770 ;
-  wire [15:0] \$771 ;
-  wire \$772 ;
-  wire [13:0] \$773 ;
-  wire [14:0] \$774 ;
-  wire [15:0] \$775 ;
-  wire \$776 ;
-  wire \$777 ;
-  wire [16:0] \$778 ;
-  wire [14:0] \$779 ;
+  reg [95:0] \$770 ;
+  reg [1:0] \$771 ;
+  reg \$772 ;
+  reg [1:0] \$773 ;
+  reg [2:0] \$774 ;
+  reg [12:0] \$775 ;
+  reg \$776 ;
+  reg [6:0] \$777 ;
+  reg [12:0] \$778 ;
+  reg [13:0] \$779 ;
   wire \$78 ;
-  wire \$780 ;
-  wire \$781 ;
-  wire \$782 ;
-  wire \$783 ;
-  wire \$784 ;
-  reg [31:0] \$785 ;
-  reg [31:0] \$786 ;
-  reg [19:0] \$787 ;
-  reg [13:0] \$788 ;
-  reg [13:0] \$789 ;
+  reg \$780 ;
+  reg [1:0] \$781 ;
+  reg [12:0] \$782 ;
+  reg \$783 ;
+  reg [8:0] \$784 ;
+  reg [12:0] \$785 ;
+  reg [13:0] \$786 ;
+  reg [31:0] \$787 ;
+  reg [31:0] \$788 ;
+  reg [31:0] \$789 ;
   wire \$79 ;
-  reg [15:0] \$790 ;
-  reg [13:0] \$791 ;
-  reg [13:0] \$792 ;
-  reg [15:0] \$793 ;
-  reg [13:0] \$794 ;
-  reg [13:0] \$795 ;
-  reg [15:0] \$796 ;
-  reg [13:0] \$797 ;
-  reg [13:0] \$798 ;
-  reg [15:0] \$799 ;
+  reg [31:0] \$790 ;
+  reg [31:0] \$791 ;
+  reg [31:0] \$792 ;
+  reg [31:0] \$793 ;
+  reg [31:0] \$794 ;
+  reg [31:0] \$795 ;
+  reg \$796 ;
+  reg \$797 ;
+  reg [7:0] \$798 ;
+  reg [12:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [17:0] \$800 ;
-  reg [17:0] \$801 ;
-  reg [15:0] \$802 ;
-  reg [32:0] \$803 ;
-  reg [32:0] \$804 ;
-  reg [15:0] \$805 ;
-  reg \$806 ;
-  reg \$807 ;
-  reg \$808 ;
-  reg [7:0] \$809 ;
+  reg [31:0] \$800 ;
+  reg \$801 ;
+  reg \$802 ;
+  reg \$803 ;
+  reg [4:0] \$804 ;
+  reg [7:0] \$805 ;
+  reg [5:0] \$806 ;
+  reg [3:0] \$807 ;
+  reg [255:0] \$808 ;
+  reg [2:0] \$809 ;
   wire \$81 ;
-  reg \$810 ;
-  reg \$811 ;
-  reg [31:0] \$812 ;
-  reg [31:0] \$813 ;
-  reg \$814 ;
-  reg \$815 ;
-  reg [13:0] \$816 ;
-  reg [12:0] \$817 ;
-  reg [12:0] \$818 ;
-  reg [13:0] \$819 ;
+  reg [1:0] \$810 ;
+  reg [13:0] \$811 ;
+  reg [13:0] \$812 ;
+  reg [13:0] \$813 ;
+  reg [13:0] \$814 ;
+  reg [17:0] \$815 ;
+  reg [32:0] \$816 ;
+  reg [5:0] \$817 ;
+  reg [31:0] \$818 ;
+  reg [5:0] \$819 ;
   wire \$82 ;
-  reg [12:0] \$820 ;
-  reg [12:0] \$821 ;
-  reg [13:0] \$822 ;
-  reg [12:0] \$823 ;
+  reg [13:0] \$820 ;
+  reg [13:0] \$821 ;
+  reg [12:0] \$822 ;
+  reg \$823 ;
   reg [12:0] \$824 ;
   reg \$825 ;
-  reg [1:0] \$826 ;
-  reg \$827 ;
-  reg [2:0] \$828 ;
-  reg [127:0] \$829 ;
+  reg \$826 ;
+  reg [12:0] \$827 ;
+  reg [13:0] \$828 ;
+  reg \$829 ;
   wire \$83 ;
-  reg [1:0] \$830 ;
-  reg \$831 ;
-  reg [1:0] \$832 ;
+  reg \$830 ;
+  reg [2:0] \$831 ;
+  reg \$832 ;
   reg [2:0] \$833 ;
-  reg [12:0] \$834 ;
-  reg [31:0] \$835 ;
-  reg \$836 ;
-  reg [6:0] \$837 ;
+  reg \$834 ;
+  reg [35:0] \$835 ;
+  reg [3:0] \$836 ;
+  reg [12:0] \$837 ;
   reg [12:0] \$838 ;
-  reg [13:0] \$839 ;
+  reg [15:0] \$839 ;
   wire \$84 ;
-  reg \$840 ;
-  reg [1:0] \$841 ;
-  reg [12:0] \$842 ;
-  reg \$843 ;
-  reg [8:0] \$844 ;
-  reg [12:0] \$845 ;
-  reg [13:0] \$846 ;
-  reg [31:0] \$847 ;
-  reg [31:0] \$848 ;
-  reg [31:0] \$849 ;
-  wire [9:0] \$85 ;
-  reg [31:0] \$850 ;
-  reg [31:0] \$851 ;
-  reg [31:0] \$852 ;
-  reg [31:0] \$853 ;
-  reg [31:0] \$854 ;
-  reg [31:0] \$855 ;
+  reg [12:0] \$840 ;
+  reg [12:0] \$841 ;
+  reg [13:0] \$842 ;
+  reg [1:0] \$843 ;
+  reg [13:0] \$844 ;
+  reg [3:0] \$845 ;
+  reg \$846 ;
+  reg \$847 ;
+  reg [12:0] \$848 ;
+  reg [12:0] \$849 ;
+  wire \$85 ;
+  reg \$850 ;
+  reg \$851 ;
+  reg [13:0] \$852 ;
+  reg [1:0] \$853 ;
+  reg \$854 ;
+  reg \$855 ;
   reg \$856 ;
-  reg \$857 ;
-  reg [7:0] \$858 ;
-  reg [12:0] \$859 ;
+  reg [19:0] \$857 ;
+  reg [13:0] \$858 ;
+  reg [13:0] \$859 ;
   wire \$86 ;
-  reg [31:0] \$860 ;
-  reg \$861 ;
-  reg \$862 ;
-  reg \$863 ;
-  reg [4:0] \$864 ;
-  reg [7:0] \$865 ;
-  reg [5:0] \$866 ;
-  reg [3:0] \$867 ;
-  reg [255:0] \$868 ;
-  reg \$869 ;
-  wire [4:0] \$87 ;
-  reg [1:0] \$870 ;
-  reg [5:0] \$871 ;
-  reg [31:0] \$872 ;
-  reg [5:0] \$873 ;
-  reg [13:0] \$874 ;
-  reg [13:0] \$875 ;
-  reg [12:0] \$876 ;
-  reg \$877 ;
-  reg [12:0] \$878 ;
-  reg \$879 ;
-  wire [9:0] \$88 ;
-  reg \$880 ;
-  reg [12:0] \$881 ;
-  reg [13:0] \$882 ;
-  reg \$883 ;
-  reg \$884 ;
-  reg [2:0] \$885 ;
-  reg \$886 ;
-  reg [2:0] \$887 ;
-  reg \$888 ;
-  reg [35:0] \$889 ;
+  reg [1:0] \$860 ;
+  reg [13:0] \$861 ;
+  reg [13:0] \$862 ;
+  reg [3:0] \$863 ;
+  reg [3:0] \$864 ;
+  reg [15:0] \$865 ;
+  reg [13:0] \$866 ;
+  reg [14:0] \$867 ;
+  reg \$868 ;
+  reg [12:0] \$869 ;
+  wire \$87 ;
+  wire [5:0] \$870 ;
+  wire [5:0] \$871 ;
+  wire \$88 ;
   wire \$89 ;
-  reg [3:0] \$890 ;
-  reg [12:0] \$891 ;
-  reg [12:0] \$892 ;
-  reg [15:0] \$893 ;
-  reg [12:0] \$894 ;
-  reg [12:0] \$895 ;
-  reg [13:0] \$896 ;
-  reg [31:0] \$897 ;
-  reg [1:0] \$898 ;
-  reg [13:0] \$899 ;
   wire \$9 ;
-  wire [4:0] \$90 ;
-  reg [3:0] \$900 ;
-  reg \$901 ;
-  reg \$902 ;
-  reg [12:0] \$903 ;
-  reg [12:0] \$904 ;
-  reg \$905 ;
-  reg \$906 ;
-  reg [13:0] \$907 ;
-  reg [1:0] \$908 ;
-  reg \$909 ;
+  wire \$90 ;
   wire \$91 ;
-  reg \$910 ;
-  reg \$911 ;
-  reg [12:0] \$912 ;
-  reg [19:0] \$913 ;
-  reg [13:0] \$914 ;
-  reg [13:0] \$915 ;
-  reg [1:0] \$916 ;
-  reg [13:0] \$917 ;
-  reg [13:0] \$918 ;
-  reg [3:0] \$919 ;
-  wire [13:0] \$92 ;
-  reg [3:0] \$920 ;
-  reg [15:0] \$921 ;
-  reg [13:0] \$922 ;
-  reg [14:0] \$923 ;
-  reg \$924 ;
-  reg [12:0] \$925 ;
-  wire [5:0] \$926 ;
-  wire [5:0] \$927 ;
-  wire [14:0] \$93 ;
+  wire \$92 ;
+  wire \$93 ;
   wire \$94 ;
-  wire [14:0] \$95 ;
-  wire [13:0] \$96 ;
-  wire [16:0] \$97 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
   wire \$98 ;
-  wire [16:0] \$99 ;
+  wire \$99 ;
   wire \$signal ;
   wire \$signal$103 ;
   reg \$signal$108  = 1'h0;
@@ -946,85 +890,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$signal$119  = 32'd0;
   reg [31:0] \$signal$121  = 32'd0;
   reg [15:0] \$signal$130  = 16'h0000;
-  reg [13:0] \$signal$136 ;
-  reg [13:0] \$signal$138 ;
-  reg [13:0] \$signal$139  = 14'h0000;
-  reg \$signal$140  = 1'h0;
-  reg \$signal$142  = 1'h0;
-  reg \$signal$143  = 1'h0;
-  reg [12:0] \$signal$144  = 13'h0000;
+  reg [15:0] \$signal$132 ;
+  reg [32:0] \$signal$133 ;
+  reg [32:0] \$signal$134  = 33'h000000000;
+  reg [3:0] \$signal$136  = 4'h0;
+  reg [13:0] \$signal$140 ;
+  reg [13:0] \$signal$142 ;
+  reg [13:0] \$signal$144 ;
   reg \$signal$146  = 1'h0;
-  reg [12:0] \$signal$151  = 13'h0000;
-  reg [12:0] \$signal$153  = 13'h0000;
-  reg \$signal$155  = 1'h0;
-  reg \$signal$156  = 1'h0;
-  reg [31:0] \$signal$160  = 32'd0;
+  reg \$signal$148  = 1'h0;
+  reg \$signal$149  = 1'h0;
+  reg [12:0] \$signal$150  = 13'h0000;
+  reg \$signal$152  = 1'h0;
+  reg \$signal$153  = 1'h0;
+  reg \$signal$154  = 1'h0;
+  reg [12:0] \$signal$158  = 13'h0000;
+  reg [12:0] \$signal$160  = 13'h0000;
+  reg \$signal$162  = 1'h0;
+  reg \$signal$163  = 1'h0;
+  reg [31:0] \$signal$167  = 32'd0;
   (* init = 6'h00 *)
-  wire [5:0] \$signal$162 ;
-  reg [31:0] \$signal$166  = 32'd0;
-  reg \$signal$170  = 1'h0;
-  wire [31:0] \$signal$177 ;
-  reg [5:0] \$signal$178  = 6'h00;
-  wire [31:0] \$signal$180 ;
-  reg \$signal$182  = 1'h0;
-  reg \$signal$184 ;
+  wire [5:0] \$signal$169 ;
+  reg [31:0] \$signal$173  = 32'd0;
+  reg \$signal$177  = 1'h0;
+  wire [23:0] \$signal$184 ;
+  reg [5:0] \$signal$185  = 6'h00;
+  wire [23:0] \$signal$187 ;
+  reg \$signal$189  = 1'h0;
+  reg \$signal$191 ;
   (* init = 1'h0 *)
-  wire \$signal$206 ;
-  reg [13:0] \$signal$218  = 14'h0000;
-  reg [12:0] \$signal$219  = 13'h0000;
-  reg [12:0] \$signal$221  = 13'h0000;
-  reg [3:0] \$signal$248  = 4'h0;
-  reg \$signal$252  = 1'h0;
-  reg [31:0] \$signal$253  = 32'd0;
+  wire \$signal$212 ;
+  reg [13:0] \$signal$224  = 14'h0000;
+  reg [12:0] \$signal$225  = 13'h0000;
+  reg [12:0] \$signal$227  = 13'h0000;
+  reg [15:0] \$signal$243  = 16'h0000;
+  reg \$signal$251  = 1'h0;
+  reg \$signal$253  = 1'h0;
+  reg [2:0] \$signal$254  = 3'h0;
   reg \$signal$255  = 1'h0;
-  reg [2:0] \$signal$256  = 3'h0;
-  reg \$signal$257  = 1'h0;
-  reg [3:0] \$signal$259  = 4'h0;
-  reg \$signal$264  = 1'h0;
-  reg \$signal$265  = 1'h0;
-  reg [12:0] \$signal$267  = 13'h0000;
-  reg [3:0] \$signal$268  = 4'h0;
-  reg \$signal$273  = 1'h0;
-  reg [12:0] \$signal$275  = 13'h0000;
-  reg [19:0] \$signal$277  = 20'h00000;
-  wire [2:0] \$signal$277.index ;
-  wire \$signal$277.last ;
-  wire [15:0] \$signal$277.weight ;
+  reg [3:0] \$signal$257  = 4'h0;
+  reg \$signal$262  = 1'h0;
+  reg \$signal$263  = 1'h0;
+  reg [12:0] \$signal$265  = 13'h0000;
+  reg [3:0] \$signal$266  = 4'h0;
+  reg \$signal$270  = 1'h0;
+  reg [12:0] \$signal$272  = 13'h0000;
+  reg [19:0] \$signal$274  = 20'h00000;
+  wire [2:0] \$signal$274.index ;
+  wire \$signal$274.last ;
+  wire [15:0] \$signal$274.weight ;
+  reg [13:0] \$signal$275  = 14'h0000;
+  reg [12:0] \$signal$276  = 13'h0000;
+  reg [13:0] \$signal$277  = 14'h0000;
   reg [13:0] \$signal$278  = 14'h0000;
-  reg [31:0] \$signal$279  = 32'd0;
-  reg [12:0] \$signal$280  = 13'h0000;
-  reg [13:0] \$signal$281  = 14'h0000;
-  reg [13:0] \$signal$282  = 14'h0000;
-  reg [12:0] \$signal$283  = 13'h0000;
-  reg [13:0] \$signal$284  = 14'h0000;
-  reg [3:0] \$signal$285  = 4'h0;
-  reg [15:0] \$signal$286  = 16'h0000;
-  reg [14:0] \$signal$287  = 15'h0000;
-  reg [12:0] \$signal$288  = 13'h0000;
-  reg \$signal$289  = 1'h0;
-  reg [12:0] \$signal$290  = 13'h0000;
-  reg \$signal$300  = 1'h0;
-  reg \$signal$302  = 1'h0;
-  reg [12:0] \$signal$308  = 13'h0000;
-  reg [12:0] \$signal$310  = 13'h0000;
-  reg [12:0] \$signal$314  = 13'h0000;
-  reg [12:0] \$signal$316  = 13'h0000;
-  reg [2:0] \$signal$318  = 3'h0;
-  reg \$signal$319  = 1'h0;
-  reg [6:0] \$signal$322  = 7'h00;
-  reg [13:0] \$signal$324  = 14'h0000;
-  reg [8:0] \$signal$325  = 9'h000;
-  reg [1:0] \$signal$335  = 2'h0;
-  reg [13:0] \$signal$338  = 14'h0000;
-  reg \$signal$339  = 1'h0;
-  reg [13:0] \$signal$340  = 14'h0000;
-  wire [-1:0] \$signal$341 ;
-  reg \$signal$342  = 1'h0;
-  reg [1:0] \$signal$346  = 2'h0;
+  reg [12:0] \$signal$279  = 13'h0000;
+  reg [13:0] \$signal$280  = 14'h0000;
+  reg [15:0] \$signal$282  = 16'h0000;
+  reg [14:0] \$signal$283  = 15'h0000;
+  reg [12:0] \$signal$284  = 13'h0000;
+  reg \$signal$285  = 1'h0;
+  reg [12:0] \$signal$286  = 13'h0000;
+  reg [32:0] \$signal$290  = 33'h000000000;
+  reg \$signal$291  = 1'h0;
+  reg \$signal$292  = 1'h0;
+  reg [12:0] \$signal$298  = 13'h0000;
+  reg [12:0] \$signal$300  = 13'h0000;
+  reg [12:0] \$signal$304  = 13'h0000;
+  reg [12:0] \$signal$306  = 13'h0000;
+  reg [2:0] \$signal$308  = 3'h0;
+  reg \$signal$309  = 1'h0;
+  reg [6:0] \$signal$312  = 7'h00;
+  reg [13:0] \$signal$314  = 14'h0000;
+  reg [8:0] \$signal$315  = 9'h000;
+  reg [1:0] \$signal$325  = 2'h0;
+  reg [13:0] \$signal$328  = 14'h0000;
+  reg \$signal$329  = 1'h0;
+  reg [13:0] \$signal$330  = 14'h0000;
+  wire [-1:0] \$signal$331 ;
+  reg \$signal$332  = 1'h0;
+  reg [1:0] \$signal$336  = 2'h0;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
-  reg [31:0] a_in__payload = 32'd0;
+  wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
   wire [7:0] \a_in__payload[2] ;
@@ -1039,7 +987,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \b_in__payload[3] ;
   wire b_in__ready;
   reg b_in__valid;
-  reg [31:0] b_word = 32'd0;
   reg [2:0] bias_addr;
   reg [15:0] bias_data;
   reg bias_we;
@@ -1097,11 +1044,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] busy_move = 32'd0;
   reg [31:0] busy_route = 32'd0;
   reg [31:0] busy_vector = 32'd0;
-  wire [127:0] c_out__payload;
-  wire [31:0] \c_out__payload[0] ;
-  wire [31:0] \c_out__payload[1] ;
-  wire [31:0] \c_out__payload[2] ;
-  wire [31:0] \c_out__payload[3] ;
+  wire [95:0] c_out__payload;
+  wire [23:0] \c_out__payload[0] ;
+  wire [23:0] \c_out__payload[1] ;
+  wire [23:0] \c_out__payload[2] ;
+  wire [23:0] \c_out__payload[3] ;
   reg c_out__ready;
   wire c_out__valid;
   input clk;
@@ -1132,7 +1079,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$333 ;
+  wire \error$323 ;
   reg exp_active = 1'h0;
   reg [3:0] fetch_word = 4'h0;
   reg [1:0] gc_lane = 2'h0;
@@ -1142,31 +1089,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg gm_afeed_done = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
   reg [2:0] gm_lane = 3'h0;
-  (* init = 32'd0 *)
-  wire [31:0] gm_word;
-  wire [7:0] \gm_word[0] ;
-  wire [7:0] \gm_word[1] ;
-  wire [7:0] \gm_word[2] ;
-  wire [7:0] \gm_word[3] ;
   reg [12:0] gm_wstart = 13'h0000;
-  reg host_ok = 1'h0;
+  reg [32:0] host_eff = 33'h000000000;
   reg [31:0] host_size = 32'd0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$167 ;
-  wire [31:0] \i__payload$167[0] ;
-  wire [15:0] \i__payload$167[0].g ;
-  wire [15:0] \i__payload$167[0].u ;
-  wire [33:0] \i__payload$169 ;
-  wire [15:0] \i__payload$169.a ;
-  wire [16:0] \i__payload$169.b ;
-  wire \i__payload$169.last ;
+  wire [31:0] \i__payload$174 ;
+  wire [31:0] \i__payload$174[0] ;
+  wire [15:0] \i__payload$174[0].g ;
+  wire [15:0] \i__payload$174[0].u ;
+  wire [33:0] \i__payload$176 ;
+  wire [15:0] \i__payload$176.a ;
+  wire [16:0] \i__payload$176.b ;
+  wire \i__payload$176.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$195 ;
-  wire \i__ready$199 ;
+  wire \i__ready$202 ;
+  wire \i__ready$206 ;
   reg i__valid;
-  reg \i__valid$194 ;
-  reg \i__valid$198 ;
+  reg \i__valid$201 ;
+  reg \i__valid$205 ;
   reg [8:0] im_wr__addr;
   wire [31:0] im_wr__data;
   reg im_wr__en;
@@ -1187,25 +1128,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [5:0] \ins.width ;
   output irq;
   wire irq;
-  reg [13:0] l0_acc = 14'h0000;
-  reg [13:0] l0_x = 14'h0000;
-  reg [15:0] l0_y = 16'h0000;
-  reg [13:0] l1_acc = 14'h0000;
-  reg [13:0] l1_x = 14'h0000;
-  reg [15:0] l1_y = 16'h0000;
-  reg [13:0] l2_acc = 14'h0000;
-  reg [13:0] l2_x = 14'h0000;
-  reg [15:0] l2_y = 16'h0000;
-  reg [13:0] l3_acc = 14'h0000;
-  reg [13:0] l3_x = 14'h0000;
-  reg [15:0] l3_y = 16'h0000;
-  reg [17:0] l4_acc = 18'h00000;
-  reg [17:0] l4_x = 18'h00000;
-  reg [15:0] l4_y = 16'h0000;
+  reg [17:0] l4 = 18'h00000;
   reg [2:0] ld_e = 3'h0;
-  reg [32:0] lh_acc = 33'h000000000;
-  reg [32:0] lh_x = 33'h000000000;
-  reg [15:0] lh_y = 16'h0000;
+  reg [13:0] ln = 14'h0000;
   wire [2:0] load_addr;
   wire load_clear;
   wire [15:0] load_data;
@@ -1268,26 +1193,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   output m_axi__wvalid;
   wire m_axi__wvalid;
   wire [15:0] m_eff;
+  reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$197 ;
-  wire [15:0] \o__payload$197[0] ;
-  wire [15:0] \o__payload$201 ;
+  wire [15:0] \o__payload$204 ;
+  wire [15:0] \o__payload$204[0] ;
+  wire [15:0] \o__payload$208 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$175 ;
-  wire \o__ready$176 ;
+  wire \o__ready$182 ;
+  wire \o__ready$183 ;
   wire o__valid;
-  wire \o__valid$196 ;
-  wire \o__valid$200 ;
+  wire \o__valid$203 ;
+  wire \o__valid$207 ;
+  reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
   reg [1:0] op = 2'h0;
   reg [31:0] out_data;
+  reg [13:0] p2 = 14'h0000;
+  reg [13:0] p3 = 14'h0000;
+  (* init = 96'h000000000000000000000000 *)
+  wire [95:0] pack;
+  wire [23:0] \pack[0] ;
+  wire [23:0] \pack[1] ;
+  wire [23:0] \pack[2] ;
+  wire [23:0] \pack[3] ;
   reg [12:0] pc = 13'h0000;
-  reg ph2 = 1'h0;
   reg [12:0] rd0__addr;
   wire [31:0] rd0__data;
   reg rd0__en;
@@ -1296,7 +1230,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$227 ;
+  wire [31:0] \rd_addr$233 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1315,30 +1249,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg routes__ready;
   wire routes__valid;
   reg rq_at_last = 1'h0;
-  reg [127:0] rq_in__payload = 128'h00000000000000000000000000000000;
-  wire [31:0] \rq_in__payload[0] ;
-  wire [31:0] \rq_in__payload[1] ;
-  wire [31:0] \rq_in__payload[2] ;
-  wire [31:0] \rq_in__payload[3] ;
+  reg [95:0] rq_in__payload = 96'h000000000000000000000000;
+  wire [23:0] \rq_in__payload[0] ;
+  wire [23:0] \rq_in__payload[1] ;
+  wire [23:0] \rq_in__payload[2] ;
+  wire [23:0] \rq_in__payload[3] ;
   wire rq_in__ready;
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
-  wire [31:0] rq_sat;
+  wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
-  (* init = 128'h00000000000000000000000000000000 *)
-  wire [127:0] rq_word;
-  wire [31:0] \rq_word[0] ;
-  wire [31:0] \rq_word[1] ;
-  wire [31:0] \rq_word[2] ;
-  wire [31:0] \rq_word[3] ;
   reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
   reg rt_lane = 1'h0;
   reg [1:0] rt_s = 2'h0;
-  reg [12:0] rt_word = 13'h0000;
-  wire [12:0] \rt_word[0] ;
   reg rt_wphase = 1'h0;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
@@ -1384,6 +1310,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg sb0 = 1'h0;
   reg sb1 = 1'h0;
   reg [12:0] sb2 = 13'h0000;
+  reg [3:0] scan = 4'h0;
   reg [12:0] scores__payload;
   wire [12:0] \scores__payload[0] ;
   wire scores__ready;
@@ -1391,11 +1318,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] scores_len = 14'h0000;
   reg [1:0] settle = 2'h0;
   reg shape_ok;
+  reg [32:0] st_acc;
   (* init = 36'h000000000 *)
   wire [35:0] st_beat;
   wire [31:0] \st_beat.data ;
   wire [3:0] \st_beat.strb ;
   wire [31:0] status;
+  reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
   (* enum_base_type = "VecOp" *)
@@ -1404,12 +1333,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* enum_value_10 = "NORM" *)
   (* init = 2'h0 *)
   wire [1:0] vec_op;
-  reg [13:0] wc;
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$229 ;
+  wire [31:0] \wr_addr$235 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1946,923 +1874,850 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
-  assign \$68  = \$66  | \$67 ;
-  assign \$69  = \$63  & \$68 ;
-  assign \$70  = m_eff >= 1'h1;
-  assign \$71  = ins[63:48] >= 1'h1;
-  assign \$72  = \$70  & \$71 ;
-  assign \$73  = ins[243:238] == 3'h4;
-  assign \$74  = \$72  & \$73 ;
-  assign \$75  = m_eff >= 1'h1;
-  assign \$76  = ins[63:48] >= 1'h1;
-  assign \$77  = \$75  & \$76 ;
-  assign \$78  = ins[243:238] >= 2'h2;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = ins[243:238] <= 6'h20;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = \$82  & \$83 ;
-  assign \$87  = \$86  ? 5'h10 : 5'h00;
-  assign \$90  = \$89  ? 5'h10 : 5'h00;
-  assign \$91  = | ins[63:62];
-  assign \$92  = \$91  ? 14'h3fff : ins[61:48];
-  assign \$93  = l1_acc + 5'h10;
-  assign \$95  = l1_acc + 5'h10;
-  assign \$96  = \$94  ? 14'h3fff : \$95 [13:0];
-  assign \$98  = | \$97 [16:14];
-  assign \$100  = \$98  ? 14'h3fff : \$99 [13:0];
-  assign \$101  = \$signal$139  + \$signal$130 ;
-  assign \$102  = | \$101 [16:14];
-  assign \$103  = \$signal$139  + \$signal$130 ;
-  assign \$104  = \$102  ? 14'h3fff : \$103 [13:0];
-  assign \$105  = \$signal$139  + \$signal$130 ;
-  assign \$106  = | \$105 [16:14];
-  assign \$107  = \$signal$139  + \$signal$130 ;
-  assign \$108  = \$106  ? 14'h3fff : \$107 [13:0];
-  assign \$109  = ins[5:0] <= 4'he;
-  assign \$110  = ~ \$109 ;
-  assign \$112  = | \$111 ;
-  assign \$113  = ins[5:0] == 4'ha;
-  assign \$114  = \$112  | \$113 ;
-  assign \$115  = ins[5:0] == 4'hb;
-  assign \$116  = \$114  | \$115 ;
-  assign \$117  = ins[5:0] == 4'h9;
-  assign \$118  = \$116  | \$117 ;
-  assign \$119  = ~ \$signal$140 ;
-  assign \$120  = \$118  & \$119 ;
-  assign \$122  = | \$121 ;
-  assign \$123  = ins[5:0] == 4'ha;
-  assign \$124  = \$122  | \$123 ;
-  assign \$125  = ins[5:0] == 4'hb;
-  assign \$126  = \$124  | \$125 ;
-  assign \$127  = ~ exp_active;
-  assign \$128  = \$126  & \$127 ;
-  assign \$129  = \$120  | \$128 ;
-  assign \$130  = ins[5:0] == 4'he;
-  assign \$131  = ins[5:0] == 4'h9;
-  assign \$132  = \$130  | \$131 ;
-  assign \$133  = ins[255:244] < 7'h40;
-  assign \$134  = ~ \$133 ;
-  assign \$135  = \$132  & \$134 ;
-  assign \$136  = ins[5:0] != 4'he;
-  assign \$137  = ~ \$signal$142 ;
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = ins[5:0] == 4'h8;
-  assign \$140  = ! ins[87:77];
-  assign \$141  = \$signal$143  & \$140 ;
-  assign \$142  = \$signal$144  == ins[76:64];
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = scores_len == l0_acc;
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = ~ \$145 ;
-  assign \$147  = \$139  & \$146 ;
-  assign \$148  = ins[5:0] != 4'he;
-  assign \$149  = ~ \$signal$146 ;
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = ins[5:0] == 1'h1;
-  assign \$152  = ins[5:0] == 2'h2;
+  assign \$124  = offset + \$signal$130 ;
+  assign \$125  = \$123  ? 14'h3fff : \$124 [13:0];
+  assign \$126  = offset + \$signal$130 ;
+  assign \$127  = | \$126 [16:14];
+  assign \$128  = offset + \$signal$130 ;
+  assign \$129  = \$127  ? 14'h3fff : \$128 [13:0];
+  assign \$130  = ins[5:0] <= 4'he;
+  assign \$131  = ~ \$130 ;
+  assign \$133  = | \$132 ;
+  assign \$134  = ins[5:0] == 4'ha;
+  assign \$135  = \$133  | \$134 ;
+  assign \$136  = ins[5:0] == 4'hb;
+  assign \$137  = \$135  | \$136 ;
+  assign \$138  = ins[5:0] == 4'h9;
+  assign \$139  = \$137  | \$138 ;
+  assign \$140  = ~ \$signal$146 ;
+  assign \$141  = \$139  & \$140 ;
+  assign \$143  = | \$142 ;
+  assign \$144  = ins[5:0] == 4'ha;
+  assign \$145  = \$143  | \$144 ;
+  assign \$146  = ins[5:0] == 4'hb;
+  assign \$147  = \$145  | \$146 ;
+  assign \$148  = ~ exp_active;
+  assign \$149  = \$147  & \$148 ;
+  assign \$150  = \$141  | \$149 ;
+  assign \$151  = ins[5:0] == 4'he;
+  assign \$152  = ins[5:0] == 4'h9;
   assign \$153  = \$151  | \$152 ;
-  assign \$154  = ins[5:0] == 2'h3;
-  assign \$155  = \$153  | \$154 ;
-  assign \$156  = ~ host_ok;
-  assign \$157  = \$155  & \$156 ;
-  assign \$158  = ~ \$signal$155 ;
-  assign \$159  = ~ \$signal$156 ;
-  assign \$160  = \$159  | eng_ready;
-  assign \$161  = \$158  | \$160 ;
-  assign \$164  = ~ \$signal$155 ;
-  assign \$165  = ~ \$signal$156 ;
-  assign \$166  = \$165  | eng_ready;
-  assign \$167  = \$164  | \$166 ;
-  assign \$170  = ins[5:0] == 4'hc;
-  assign \$171  = \$170  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$172  = \$signal$178  > 1'h1;
-  assign \$173  = \$signal$178  > 2'h2;
-  assign \$174  = \$signal$178  > 2'h3;
-  assign \$175  = \$signal$178  > 3'h4;
-  assign \$176  = \$signal$178  > 3'h5;
-  assign \$177  = \$signal$178  > 3'h6;
-  assign \$178  = \$signal$178  > 3'h7;
-  assign \$179  = \$signal$178  > 4'h8;
-  assign \$180  = \$signal$178  > 4'h9;
-  assign \$181  = \$signal$178  > 4'ha;
-  assign \$182  = \$signal$178  > 4'hb;
-  assign \$183  = \$signal$178  > 4'hc;
-  assign \$184  = \$signal$178  > 4'hd;
-  assign \$185  = \$signal$178  > 4'he;
-  assign \$186  = \$signal$178  > 4'hf;
-  assign \$187  = \$signal$178  > 5'h10;
-  assign \$188  = \$signal$178  > 5'h11;
-  assign \$189  = \$signal$178  > 5'h12;
-  assign \$190  = \$signal$178  > 5'h13;
-  assign \$191  = \$signal$178  > 5'h14;
-  assign \$192  = \$signal$178  > 5'h15;
-  assign \$193  = \$signal$178  > 5'h16;
-  assign \$194  = \$signal$178  > 5'h17;
-  assign \$195  = \$signal$178  > 5'h18;
-  assign \$196  = \$signal$178  > 5'h19;
-  assign \$197  = \$signal$178  > 5'h1a;
-  assign \$198  = \$signal$178  > 5'h1b;
-  assign \$199  = \$signal$178  > 5'h1c;
-  assign \$200  = \$signal$178  > 5'h1d;
-  assign \$201  = \$signal$178  > 5'h1e;
-  assign \$202  = \$signal$178  > 5'h1f;
-  assign \$203  = $signed(\$signal$180 ) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  });
-  assign \$204  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$205  = $signed(\$signal$180 ) < $signed(\$204 );
-  assign \$206  = ~ { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign \$207  = \$205  ? \$206  : \$signal$180 ;
-  assign rq_sat = \$203  ? { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  } : \$207 ;
-  assign \$208  = ~ \$signal$182 ;
-  assign \$209  = \$208  | rq_in__ready;
-  assign \$210  = rq_lane == 2'h3;
-  assign \$211  = \$210  | rq_at_last;
-  assign \$212  = | \$signal$178 ;
-  assign \$213  = \$212  ? \$signal$160  : 32'd1;
-  assign \$214  = | \$signal$178 ;
-  assign \$215  = \$214  ? rq_shift : 6'h00;
-  assign \$216  = ins[5:0] == 2'h3;
-  assign \$217  = \$216  ? gc_lane : rq_lane;
-  assign \$1151  = \$217  * 6'h20;
-  assign \$signal$180  = c_out__payload >> \$1151 ;
-  assign \$218  = ~ a_in__valid;
-  assign \$219  = ~ gm_afeed_done;
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = gm_lane == 3'h4;
-  assign \$222  = ! \$signal$218 [13:3];
-  assign \$223  = gm_lane >= \$signal$218 [2:0];
-  assign \$224  = \$222  & \$223 ;
-  assign \$225  = \$221  | \$224 ;
-  assign \$226  = ~ \$225 ;
-  assign \$227  = \$220  & \$226 ;
-  assign \$230  = | \$signal$178 ;
-  assign \$1167  = gc_lane * 6'h20;
-  assign \$231  = c_out__payload >> \$1167 ;
-  assign \$232  = \$230  ? rq_sat : \$231 ;
-  assign \$233  = pc >= 7'h40;
-  assign \$234  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$235  = ins[5:0] == 4'hc;
-  assign \$236  = ~ ph2;
+  assign \$154  = ins[255:244] < 7'h40;
+  assign \$155  = ~ \$154 ;
+  assign \$156  = \$153  & \$155 ;
+  assign \$157  = ins[5:0] != 4'he;
+  assign \$158  = ~ \$signal$148 ;
+  assign \$159  = \$157  & \$158 ;
+  assign \$160  = ins[5:0] == 4'h8;
+  assign \$161  = ! ins[87:77];
+  assign \$162  = \$signal$149  & \$161 ;
+  assign \$163  = \$signal$150  == ins[76:64];
+  assign \$164  = \$162  & \$163 ;
+  assign \$165  = scores_len == ln;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = ~ \$166 ;
+  assign \$168  = \$160  & \$167 ;
+  assign \$169  = ins[5:0] != 4'he;
+  assign \$170  = ~ \$signal$152 ;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = ins[5:0] == 1'h1;
+  assign \$173  = ins[5:0] == 2'h2;
+  assign \$174  = \$172  | \$173 ;
+  assign \$175  = ins[5:0] == 2'h3;
+  assign \$176  = \$174  | \$175 ;
+  assign \$177  = ~ \$signal$154 ;
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = ~ \$signal$162 ;
+  assign \$180  = ~ \$signal$163 ;
+  assign \$181  = \$180  | eng_ready;
+  assign \$182  = \$179  | \$181 ;
+  assign \$185  = ~ \$signal$162 ;
+  assign \$186  = ~ \$signal$163 ;
+  assign \$187  = \$186  | eng_ready;
+  assign \$188  = \$185  | \$187 ;
+  assign \$191  = ins[5:0] == 4'hc;
+  assign \$192  = \$191  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
+  assign \$193  = \$signal$185  > 1'h1;
+  assign \$194  = \$signal$185  > 2'h2;
+  assign \$195  = \$signal$185  > 2'h3;
+  assign \$196  = \$signal$185  > 3'h4;
+  assign \$197  = \$signal$185  > 3'h5;
+  assign \$198  = \$signal$185  > 3'h6;
+  assign \$199  = \$signal$185  > 3'h7;
+  assign \$200  = \$signal$185  > 4'h8;
+  assign \$201  = \$signal$185  > 4'h9;
+  assign \$202  = \$signal$185  > 4'ha;
+  assign \$203  = \$signal$185  > 4'hb;
+  assign \$204  = \$signal$185  > 4'hc;
+  assign \$205  = \$signal$185  > 4'hd;
+  assign \$206  = \$signal$185  > 4'he;
+  assign \$207  = \$signal$185  > 4'hf;
+  assign \$208  = \$signal$185  > 5'h10;
+  assign \$209  = \$signal$185  > 5'h11;
+  assign \$210  = \$signal$185  > 5'h12;
+  assign \$211  = \$signal$185  > 5'h13;
+  assign \$212  = \$signal$185  > 5'h14;
+  assign \$213  = \$signal$185  > 5'h15;
+  assign \$214  = \$signal$185  > 5'h16;
+  assign \$215  = \$signal$185  > 5'h17;
+  assign \$216  = $signed(\$signal$187 ) > $signed({ 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  });
+  assign \$217  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
+  assign \$218  = $signed(\$signal$187 ) < $signed(\$217 );
+  assign \$219  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
+  assign \$220  = \$218  ? \$219  : \$signal$187 ;
+  assign rq_sat = \$216  ? { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  } : \$220 ;
+  assign \$221  = ~ \$signal$189 ;
+  assign \$222  = \$221  | rq_in__ready;
+  assign \$223  = rq_lane == 2'h3;
+  assign \$224  = \$223  | rq_at_last;
+  assign \$225  = | \$signal$185 ;
+  assign \$226  = \$225  ? \$signal$167  : 32'd1;
+  assign \$227  = | \$signal$185 ;
+  assign \$228  = \$227  ? rq_shift : 6'h00;
+  assign \$229  = ins[5:0] == 2'h3;
+  assign \$230  = \$229  ? gc_lane : rq_lane;
+  assign \$1108  = \$230  * 5'h18;
+  assign \$signal$187  = c_out__payload >> \$1108 ;
+  assign \$231  = ~ a_in__valid;
+  assign \$232  = ~ gm_afeed_done;
+  assign \$233  = \$231  & \$232 ;
+  assign \$234  = gm_lane == 3'h4;
+  assign \$235  = ! \$signal$224 [13:3];
+  assign \$236  = gm_lane >= \$signal$224 [2:0];
   assign \$237  = \$235  & \$236 ;
-  assign \$238  = ! ins[5:0];
-  assign \$239  = settle != 2'h2;
-  assign \$240  = | decode_q;
-  assign \$242  = ins[100:88] + \$241 ;
-  assign \$244  = ins[100:88] + \$243 ;
-  assign \$245  = \$244  + 1'h1;
-  assign \$246  = ins[124:112] + el_i;
-  assign \$247  = ~ \$signal$252 ;
-  assign \$248  = el_i < l0_acc;
-  assign \$249  = ins[124:112] + el_i;
-  assign \$250  = ins[243:238] == 1'h1;
-  assign \$1189  = ld_e * 4'h8;
-  assign \$251  = \$signal$253  >> \$1189 ;
-  assign \$252  = ins[243:238] == 2'h2;
-  assign \$1193  = ld_e * 5'h10;
-  assign \$253  = \$signal$253  >> \$1193 ;
-  assign \$1196  = ld_e * 6'h20;
-  assign \$254  = \$signal$253  >> \$1196 ;
-  assign \$255  = \$252  ? { \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253 [15], \$253  } : \$254 ;
-  assign \$256  = \$250  ? { \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251 [7], \$251  } : \$255 ;
-  assign \$257  = ~ \$signal$255 ;
-  assign \$258  = \$signal$256  < 1'h1;
-  assign \$259  = \$257  & \$258 ;
-  assign \$260  = el_i < l0_acc;
-  assign \$261  = \$259  & \$260 ;
-  assign \$262  = ~ \$signal$257 ;
-  assign \$263  = \$261  & \$262 ;
-  assign \$264  = ins[76:64] + el_i;
-  assign \$265  = ins[100:88] + \$signal$259 ;
-  assign \$266  = | \$signal$259 ;
-  assign \$267  = \$signal$259  - 1'h1;
-  assign \$268  = ~ \$signal$264 ;
-  assign \$269  = ~ \$signal$265 ;
+  assign \$238  = \$234  | \$237 ;
+  assign \$239  = ~ \$238 ;
+  assign \$240  = \$233  & \$239 ;
+  assign \$243  = | \$signal$185 ;
+  assign \$1124  = gc_lane * 5'h18;
+  assign \$244  = c_out__payload >> \$1124 ;
+  assign \$245  = \$243  ? rq_sat : \$244 ;
+  assign \$246  = pc >= 7'h40;
+  assign \$247  = | \$signal$243 ;
+  assign \$248  = step != 3'h7;
+  assign \$249  = ! ins[5:0];
+  assign \$250  = settle != 2'h2;
+  assign \$251  = | decode_q;
+  assign \$253  = ins[100:88] + \$252 ;
+  assign \$255  = ins[100:88] + \$254 ;
+  assign \$256  = \$255  + 1'h1;
+  assign \$257  = ins[124:112] + el_i;
+  assign \$258  = ~ \$signal$251 ;
+  assign \$259  = el_i < ln;
+  assign \$260  = ins[124:112] + el_i;
+  assign \$261  = ins[243:238] == 1'h1;
+  assign \$1144  = ld_e * 4'h8;
+  assign \$262  = wr_data__payload[31:0] >> \$1144 ;
+  assign \$263  = ins[243:238] == 2'h2;
+  assign \$1148  = ld_e * 5'h10;
+  assign \$264  = wr_data__payload[31:0] >> \$1148 ;
+  assign \$1151  = ld_e * 6'h20;
+  assign \$265  = wr_data__payload[31:0] >> \$1151 ;
+  assign \$266  = \$263  ? { \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264  } : \$265 ;
+  assign \$267  = \$261  ? { \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262  } : \$266 ;
+  assign \$268  = ~ \$signal$253 ;
+  assign \$269  = \$signal$254  < 1'h1;
   assign \$270  = \$268  & \$269 ;
-  assign \$271  = rt_lane < 1'h1;
+  assign \$271  = el_i < ln;
   assign \$272  = \$270  & \$271 ;
-  assign \$275  = \$signal$267  + \$signal$268 ;
-  assign \$276  = ~ \$signal$273 ;
-  assign \$277  = ~ rt_wphase;
-  assign \$278  = \$signal$273  & \$277 ;
-  assign \$279  = \$signal$275  + rt_s;
-  assign \$280  = \$signal$273  & rt_wphase;
-  assign \$281  = \$signal$275  + rt_s;
-  assign \$282  = \$281  + l1_acc[13:2];
-  assign \$283  = ins[124:112] + \$signal$278 ;
-  assign \$284  = \$signal$279  == \$signal$259 ;
-  assign \$285  = \$signal$280  + \$signal$281 ;
-  assign \$286  = \$signal$280  + l1_acc[13:2];
-  assign \$287  = \$286  + \$signal$281 ;
-  assign \$288  = \$signal$278  + 1'h1;
-  assign \$289  = \$288  < l1_acc[13:2];
-  assign \$290  = \$signal$283  + \$signal$259 ;
-  assign \$291  = \$signal$281  - \$signal$284 ;
-  assign \$292  = \$signal$283  + 4'h8;
-  assign \$293  = \$292  + \$signal$259 ;
-  assign \$294  = \$signal$285  >= 4'h8;
-  assign \$295  = ins[76:64] + \$signal$285 ;
-  assign \$296  = ins[76:64] + 4'h8;
-  assign \$297  = \$296  + \$signal$285 ;
-  assign \$298  = \$signal$286  >= \$signal$130 ;
-  assign \$299  = ins[100:88] + \$signal$139 ;
-  assign \$300  = \$299  + \$signal$286 ;
-  assign \$301  = | l2_y;
-  assign \$302  = \$signal$287  < ins[61:48];
-  assign \$305  = ins[5:0] == 4'ha;
-  assign \$306  = \$305  ? l2_acc : { 1'h0, \$signal$288  };
-  assign \$307  = ins[76:64] + \$306 ;
-  assign \$308  = \$307  + \$signal$287 ;
-  assign \$309  = ~ \$signal$108 ;
-  assign \$310  = \$signal$103  & \$309 ;
-  assign \$311  = ! ctrl_state;
-  assign \$312  = ctrl_state == 1'h1;
-  assign \$313  = ctrl_state == 2'h2;
-  assign \$314  = ctrl_state == 2'h3;
-  assign \$315  = ctrl_state == 3'h4;
-  assign \$316  = ctrl_state == 3'h5;
-  assign \$317  = ctrl_state == 3'h6;
-  assign \$318  = ctrl_state == 3'h7;
-  assign \$319  = ctrl_state == 4'h8;
-  assign \$320  = ctrl_state == 4'h9;
-  assign \$321  = ctrl_state == 4'ha;
-  assign \$322  = ctrl_state == 4'hb;
-  assign \$323  = ctrl_state == 4'hc;
-  assign \$324  = ctrl_state == 4'hd;
-  assign \$325  = ctrl_state == 4'he;
-  assign \$326  = ctrl_state == 4'hf;
-  assign \$327  = ctrl_state == 5'h10;
-  assign \$328  = ctrl_state == 5'h11;
-  assign \$329  = ctrl_state == 5'h12;
-  assign \$330  = ctrl_state == 5'h13;
-  assign \$331  = ctrl_state == 5'h14;
-  assign \$332  = ctrl_state == 5'h15;
-  assign \$333  = ctrl_state == 5'h16;
-  assign \$334  = ctrl_state == 5'h17;
-  assign \$335  = ctrl_state == 5'h18;
-  assign \$336  = ctrl_state == 5'h19;
-  assign \$337  = ctrl_state == 5'h1a;
-  assign \$338  = ctrl_state == 5'h1b;
-  assign \$339  = wr_addr == 4'hc;
-  assign \$340  = wr_en & \$339 ;
-  assign \$341  = wr_addr == 5'h10;
-  assign \$342  = wr_en & \$341 ;
-  assign \$343  = | l0_y;
-  assign \$344  = l0_acc + l0_x;
-  assign \$346  = l0_acc + l0_x;
-  assign \$347  = \$345  ? 14'h3fff : \$346 [13:0];
-  assign \$349  = l0_x[13] ? 15'h3fff : \$348 ;
-  assign \$351  = | l1_y;
-  assign \$352  = l1_acc + l1_x;
-  assign \$354  = l1_acc + l1_x;
-  assign \$355  = \$353  ? 14'h3fff : \$354 [13:0];
-  assign \$357  = l1_x[13] ? 15'h3fff : \$356 ;
-  assign \$359  = | l2_y;
-  assign \$360  = l2_acc + l2_x;
-  assign \$362  = l2_acc + l2_x;
-  assign \$363  = \$361  ? 14'h3fff : \$362 [13:0];
-  assign \$365  = l2_x[13] ? 15'h3fff : \$364 ;
-  assign \$367  = | l3_y;
-  assign \$368  = l3_acc + l3_x;
-  assign \$370  = l3_acc + l3_x;
-  assign \$371  = \$369  ? 14'h3fff : \$370 [13:0];
-  assign \$373  = l3_x[13] ? 15'h3fff : \$372 ;
-  assign \$375  = | l4_y;
-  assign \$376  = l4_acc + l4_x;
-  assign \$378  = l4_acc + l4_x;
-  assign \$379  = \$377  ? 18'h3ffff : \$378 [17:0];
-  assign \$381  = l4_x[17] ? 19'h3ffff : \$380 ;
-  assign \$383  = | lh_y;
-  assign \$384  = lh_acc + lh_x;
-  assign \$386  = lh_acc + lh_x;
-  assign \$387  = \$385  ? 33'h1ffffffff : \$386 [32:0];
-  assign \$389  = lh_x[32] ? 34'h1ffffffff : \$388 ;
-  assign \$391  = ! \$signal$136 ;
-  assign \$392  = ! ins[87:78];
-  assign \$393  = ins[77:64] + \$signal$136 ;
-  assign \$394  = \$393  <= 14'h2000;
-  assign \$395  = \$392  & \$394 ;
-  assign \$396  = \$391  | \$395 ;
-  assign \$397  = ! \$signal$138 ;
-  assign \$398  = ! ins[111:102];
-  assign \$399  = ins[101:88] + \$signal$138 ;
-  assign \$400  = \$399  <= 14'h2000;
-  assign \$401  = \$398  & \$400 ;
-  assign \$402  = \$397  | \$401 ;
-  assign \$403  = \$396  & \$402 ;
-  assign \$404  = ! wc;
-  assign \$405  = ! ins[135:126];
-  assign \$406  = ins[125:112] + wc;
-  assign \$407  = \$406  <= 14'h2000;
-  assign \$408  = \$405  & \$407 ;
-  assign \$409  = \$404  | \$408 ;
-  assign \$410  = \$403  & \$409 ;
-  assign \$411  = ! lh_acc[1:0];
-  assign \$412  = lh_acc >= \$signal$119 ;
-  assign \$413  = \$411  & \$412 ;
-  assign \$414  = lh_acc + { l4_acc[17:2], 2'h0 };
-  assign \$415  = \$signal$119  + host_size;
-  assign \$416  = \$414  <= \$415 ;
-  assign \$417  = \$413  & \$416 ;
-  assign \$418  = ~ \$signal$156 ;
-  assign \$419  = \$418  | eng_ready;
-  assign \$420  = ~ \$signal$155 ;
-  assign \$421  = ~ \$signal$156 ;
-  assign \$422  = \$421  | eng_ready;
-  assign \$423  = \$420  | \$422 ;
-  assign \$426  = rem0 == 1'h1;
-  assign \$429  = | rem0[13:1];
-  assign \$430  = | rem1[13:1];
-  assign \$431  = rem0 - 1'h1;
-  assign \$432  = \$signal$151  + sa0;
-  assign \$433  = \$signal$153  + sb0;
-  assign \$434  = rem1 - 1'h1;
-  assign \$435  = \$signal$308  + sa1;
-  assign \$436  = \$signal$308  + sa1;
-  assign \$437  = \$signal$310  + sb1;
-  assign \$438  = \$signal$310  + sb1;
-  assign \$439  = rem2 - 1'h1;
-  assign \$440  = \$signal$314  + sa2;
-  assign \$441  = \$signal$314  + sa2;
-  assign \$442  = \$signal$314  + sa2;
-  assign \$443  = \$signal$316  + sb2;
-  assign \$444  = \$signal$316  + sb2;
-  assign \$445  = \$signal$316  + sb2;
-  assign \$446  = | rem2[13:1];
-  assign \$447  = ~ \$446 ;
-  assign \$448  = ins[5:0] == 4'hd;
-  assign \$449  = ins[5:0] == 4'hc;
-  assign \$450  = \$449  ? 2'h1 : 2'h0;
-  assign \$451  = \$448  ? 2'h2 : \$450 ;
-  assign \$452  = \$signal$182  & rq_in__ready;
-  assign \$453  = \$signal$156  & eng_ready;
-  assign \$454  = \$signal$182  & rq_in__ready;
-  assign \$455  = \$454  ? 3'h0 : \$signal$318 ;
-  assign \$456  = \$signal$182  & rq_in__ready;
-  assign \$457  = \$456  ? 3'h0 : \$signal$318 ;
-  assign \$458  = \$457  + 1'h1;
-  assign \$459  = \$signal$182  & rq_in__ready;
-  assign \$460  = \$459  ? 3'h0 : \$signal$318 ;
-  assign \$461  = \$460  == 2'h3;
-  assign \$462  = \$461  | \$signal$170 ;
-  assign \$463  = rq_lane == 2'h3;
-  assign \$464  = \$463  | rq_at_last;
-  assign \$465  = rq_lane + 1'h1;
-  assign \$466  = \$464  ? 3'h0 : \$465 ;
-  assign \$467  = ~ a_in__valid;
-  assign \$468  = ~ gm_afeed_done;
-  assign \$469  = \$467  & \$468 ;
-  assign \$470  = gm_lane == 3'h4;
-  assign \$471  = ! \$signal$218 [13:3];
-  assign \$472  = gm_lane >= \$signal$218 [2:0];
-  assign \$473  = \$471  & \$472 ;
-  assign \$474  = \$470  | \$473 ;
-  assign \$475  = ~ \$474 ;
-  assign \$476  = \$469  & \$475 ;
-  assign \$479  = gm_lane + 1'h1;
-  assign \$480  = \$signal$219  + ins[38:32];
+  assign \$273  = ~ \$signal$255 ;
+  assign \$274  = \$272  & \$273 ;
+  assign \$275  = ins[76:64] + el_i;
+  assign \$276  = ins[100:88] + \$signal$257 ;
+  assign \$277  = | \$signal$257 ;
+  assign \$278  = \$signal$257  - 1'h1;
+  assign \$279  = ~ \$signal$262 ;
+  assign \$280  = ~ \$signal$263 ;
+  assign \$281  = \$279  & \$280 ;
+  assign \$282  = rt_lane < 1'h1;
+  assign \$283  = \$281  & \$282 ;
+  assign \$286  = \$signal$265  + \$signal$266 ;
+  assign \$287  = ~ \$signal$270 ;
+  assign \$288  = ~ rt_wphase;
+  assign \$289  = \$signal$270  & \$288 ;
+  assign \$290  = \$signal$272  + rt_s;
+  assign \$291  = \$signal$270  & rt_wphase;
+  assign \$292  = \$signal$272  + rt_s;
+  assign \$293  = \$292  + mk[13:2];
+  assign \$294  = ins[124:112] + \$signal$275 ;
+  assign \$295  = \$signal$173  == \$signal$257 ;
+  assign \$296  = \$signal$276  + \$signal$277 ;
+  assign \$297  = \$signal$276  + mk[13:2];
+  assign \$298  = \$297  + \$signal$277 ;
+  assign \$299  = \$signal$275  + 1'h1;
+  assign \$300  = \$299  < mk[13:2];
+  assign \$301  = \$signal$279  + \$signal$257 ;
+  assign \$302  = \$signal$277  - \$signal$280 ;
+  assign \$303  = \$signal$279  + 4'h8;
+  assign \$304  = \$303  + \$signal$257 ;
+  assign \$305  = scan >= 4'h8;
+  assign \$306  = ins[76:64] + scan;
+  assign \$307  = ins[76:64] + 4'h8;
+  assign \$308  = \$307  + scan;
+  assign \$309  = \$signal$282  >= \$signal$130 ;
+  assign \$310  = ins[100:88] + offset;
+  assign \$311  = \$310  + \$signal$282 ;
+  assign \$312  = | \$signal$243 ;
+  assign \$313  = \$signal$283  < ins[61:48];
+  assign \$316  = ins[5:0] == 4'ha;
+  assign \$317  = \$316  ? \$signal$134 [12:0] : \$signal$284 ;
+  assign \$318  = ins[76:64] + \$317 ;
+  assign \$319  = \$318  + \$signal$283 ;
+  assign \$320  = ~ \$signal$108 ;
+  assign \$321  = \$signal$103  & \$320 ;
+  assign \$322  = ! ctrl_state;
+  assign \$323  = ctrl_state == 1'h1;
+  assign \$324  = ctrl_state == 2'h2;
+  assign \$325  = ctrl_state == 2'h3;
+  assign \$326  = ctrl_state == 3'h4;
+  assign \$327  = ctrl_state == 3'h5;
+  assign \$328  = ctrl_state == 3'h6;
+  assign \$329  = ctrl_state == 3'h7;
+  assign \$330  = ctrl_state == 4'h8;
+  assign \$331  = ctrl_state == 4'h9;
+  assign \$332  = ctrl_state == 4'ha;
+  assign \$333  = ctrl_state == 4'hb;
+  assign \$334  = ctrl_state == 4'hc;
+  assign \$335  = ctrl_state == 4'hd;
+  assign \$336  = ctrl_state == 4'he;
+  assign \$337  = ctrl_state == 4'hf;
+  assign \$338  = ctrl_state == 5'h10;
+  assign \$339  = ctrl_state == 5'h11;
+  assign \$340  = ctrl_state == 5'h12;
+  assign \$341  = ctrl_state == 5'h13;
+  assign \$342  = ctrl_state == 5'h14;
+  assign \$343  = ctrl_state == 5'h15;
+  assign \$344  = ctrl_state == 5'h16;
+  assign \$345  = ctrl_state == 5'h17;
+  assign \$346  = ctrl_state == 5'h18;
+  assign \$347  = ctrl_state == 5'h19;
+  assign \$348  = ctrl_state == 5'h1a;
+  assign \$349  = ctrl_state == 5'h1b;
+  assign \$350  = wr_addr == 4'hc;
+  assign \$351  = wr_en & \$350 ;
+  assign \$352  = wr_addr == 5'h10;
+  assign \$353  = wr_en & \$352 ;
+  assign \$354  = | \$signal$243 ;
+  assign \$355  = \$signal$134  + \$signal$290 ;
+  assign \$357  = \$signal$134  + \$signal$290 ;
+  assign \$358  = \$356  ? 33'h1ffffffff : \$357 [32:0];
+  assign \$360  = \$signal$290 [32] ? 34'h1ffffffff : \$359 ;
+  assign \$362  = | \$signal$142 ;
+  assign \$363  = | \$signal$140 ;
+  assign \$364  = \$362  & \$363 ;
+  assign \$365  = ins[125:112] + \$signal$140 ;
+  assign \$366  = ins[77:64] < \$365 ;
+  assign \$367  = \$364  & \$366 ;
+  assign \$368  = ins[77:64] + \$signal$142 ;
+  assign \$369  = ins[125:112] < \$368 ;
+  assign \$370  = \$367  & \$369 ;
+  assign \$371  = ins[5:0] == 3'h4;
+  assign \$372  = ins[5:0] == 3'h5;
+  assign \$373  = ins[5:0] == 3'h6;
+  assign \$374  = ins[5:0] == 3'h7;
+  assign \$375  = ins[5:0] == 4'hd;
+  assign \$376  = | { \$375 , \$374 , \$373 , \$372 , \$371  };
+  assign \$377  = ins[77:64] == ins[125:112];
+  assign \$378  = \$376  & \$377 ;
+  assign \$379  = \$signal$142  == \$signal$140 ;
+  assign \$380  = \$378  & \$379 ;
+  assign \$381  = ~ \$380 ;
+  assign \$382  = \$370  & \$381 ;
+  assign \$383  = | \$signal$144 ;
+  assign \$384  = | \$signal$140 ;
+  assign \$385  = \$383  & \$384 ;
+  assign \$386  = ins[125:112] + \$signal$140 ;
+  assign \$387  = ins[101:88] < \$386 ;
+  assign \$388  = \$385  & \$387 ;
+  assign \$389  = ins[101:88] + \$signal$144 ;
+  assign \$390  = ins[125:112] < \$389 ;
+  assign \$391  = \$388  & \$390 ;
+  assign \$392  = ins[5:0] == 3'h4;
+  assign \$393  = ins[5:0] == 3'h5;
+  assign \$394  = ins[5:0] == 3'h6;
+  assign \$395  = ins[5:0] == 3'h7;
+  assign \$396  = ins[5:0] == 4'hd;
+  assign \$397  = | { \$396 , \$395 , \$394 , \$393 , \$392  };
+  assign \$398  = ins[101:88] == ins[125:112];
+  assign \$399  = \$397  & \$398 ;
+  assign \$400  = \$signal$144  == \$signal$140 ;
+  assign \$401  = \$399  & \$400 ;
+  assign \$402  = ~ \$401 ;
+  assign \$403  = \$391  & \$402 ;
+  assign \$404  = \$382  | \$403 ;
+  assign \$405  = ! \$signal$142 ;
+  assign \$406  = ! ins[87:78];
+  assign \$407  = ins[77:64] + \$signal$142 ;
+  assign \$408  = \$407  <= 14'h2000;
+  assign \$409  = \$406  & \$408 ;
+  assign \$410  = \$405  | \$409 ;
+  assign \$411  = ! \$signal$144 ;
+  assign \$412  = ! ins[111:102];
+  assign \$413  = ins[101:88] + \$signal$144 ;
+  assign \$414  = \$413  <= 14'h2000;
+  assign \$415  = \$412  & \$414 ;
+  assign \$416  = \$411  | \$415 ;
+  assign \$417  = \$410  & \$416 ;
+  assign \$418  = ! \$signal$140 ;
+  assign \$419  = ! ins[135:126];
+  assign \$420  = ins[125:112] + \$signal$140 ;
+  assign \$421  = \$420  <= 14'h2000;
+  assign \$422  = \$419  & \$421 ;
+  assign \$423  = \$418  | \$422 ;
+  assign \$424  = \$417  & \$423 ;
+  assign \$425  = ! host_eff[1:0];
+  assign \$426  = host_eff >= \$signal$119 ;
+  assign \$427  = \$425  & \$426 ;
+  assign \$428  = host_eff + { l4[17:2], 2'h0 };
+  assign \$429  = \$signal$119  + host_size;
+  assign \$430  = \$428  <= \$429 ;
+  assign \$431  = \$427  & \$430 ;
+  assign \$432  = ~ \$signal$163 ;
+  assign \$433  = \$432  | eng_ready;
+  assign \$434  = ~ \$signal$162 ;
+  assign \$435  = ~ \$signal$163 ;
+  assign \$436  = \$435  | eng_ready;
+  assign \$437  = \$434  | \$436 ;
+  assign \$440  = rem0 == 1'h1;
+  assign \$443  = | rem0[13:1];
+  assign \$444  = | rem1[13:1];
+  assign \$445  = rem0 - 1'h1;
+  assign \$446  = \$signal$158  + sa0;
+  assign \$447  = \$signal$160  + sb0;
+  assign \$448  = rem1 - 1'h1;
+  assign \$449  = \$signal$298  + sa1;
+  assign \$450  = \$signal$298  + sa1;
+  assign \$451  = \$signal$300  + sb1;
+  assign \$452  = \$signal$300  + sb1;
+  assign \$453  = rem2 - 1'h1;
+  assign \$454  = \$signal$304  + sa2;
+  assign \$455  = \$signal$304  + sa2;
+  assign \$456  = \$signal$304  + sa2;
+  assign \$457  = \$signal$306  + sb2;
+  assign \$458  = \$signal$306  + sb2;
+  assign \$459  = \$signal$306  + sb2;
+  assign \$460  = | rem2[13:1];
+  assign \$461  = ~ \$460 ;
+  assign \$462  = ins[5:0] == 4'hd;
+  assign \$463  = ins[5:0] == 4'hc;
+  assign \$464  = \$463  ? 2'h1 : 2'h0;
+  assign \$465  = \$462  ? 2'h2 : \$464 ;
+  assign \$466  = \$signal$189  & rq_in__ready;
+  assign \$467  = \$signal$163  & eng_ready;
+  assign \$468  = \$signal$189  & rq_in__ready;
+  assign \$469  = \$468  ? 3'h0 : \$signal$308 ;
+  assign \$470  = \$signal$189  & rq_in__ready;
+  assign \$471  = \$470  ? 3'h0 : \$signal$308 ;
+  assign \$472  = \$471  + 1'h1;
+  assign \$473  = \$signal$189  & rq_in__ready;
+  assign \$474  = \$473  ? 3'h0 : \$signal$308 ;
+  assign \$475  = \$474  == 2'h3;
+  assign \$476  = \$475  | \$signal$177 ;
+  assign \$477  = rq_lane == 2'h3;
+  assign \$478  = \$477  | rq_at_last;
+  assign \$479  = rq_lane + 1'h1;
+  assign \$480  = \$478  ? 3'h0 : \$479 ;
   assign \$481  = ~ a_in__valid;
   assign \$482  = ~ gm_afeed_done;
   assign \$483  = \$481  & \$482 ;
   assign \$484  = gm_lane == 3'h4;
-  assign \$485  = ! \$signal$218 [13:3];
-  assign \$486  = gm_lane >= \$signal$218 [2:0];
+  assign \$485  = ! \$signal$224 [13:3];
+  assign \$486  = gm_lane >= \$signal$224 [2:0];
   assign \$487  = \$485  & \$486 ;
   assign \$488  = \$484  | \$487 ;
-  assign \$489  = \$483  & \$488 ;
-  assign \$490  = a_in__valid & a_in__ready;
-  assign \$491  = \$signal$322  + 1'h1;
-  assign \$492  = \$491  < ins[38:32];
-  assign \$493  = \$signal$322  + 1'h1;
-  assign \$494  = gm_wstart + 1'h1;
-  assign \$495  = gm_wstart + 1'h1;
-  assign \$496  = \$signal$218  - 3'h4;
-  assign \$497  = \$signal$219  - ins[38:32];
-  assign \$498  = $signed(\$497 ) + $signed(2'h1);
-  assign \$499  = \$signal$219  - ins[38:32];
-  assign \$500  = $signed(\$499 ) + $signed(2'h1);
-  assign \$501  = ! \$signal$218 [13:3];
-  assign \$502  = \$signal$218 [2:0] <= 3'h4;
-  assign \$503  = \$501  & \$502 ;
-  assign \$504  = gc_lane + 1'h1;
-  assign \$505  = \$signal$221  + ins[56:48];
-  assign \$506  = gc_lane + 1'h1;
-  assign \$507  = \$506  == 2'h3;
-  assign \$508  = ! \$signal$324 [13:3];
-  assign \$509  = gc_lane + 1'h1;
-  assign \$510  = \$509  + 1'h1;
-  assign \$511  = \$510  >= \$signal$324 [2:0];
-  assign \$512  = \$508  & \$511 ;
-  assign \$513  = \$507  | \$512 ;
-  assign \$514  = \$signal$325  + 1'h1;
-  assign \$515  = \$514  < ins[56:48];
-  assign \$516  = \$signal$325  + 1'h1;
-  assign \$517  = gc_wstart + 1'h1;
-  assign \$518  = gc_wstart + 1'h1;
-  assign \$519  = ! \$signal$324 [13:3];
-  assign \$520  = \$signal$324 [2:0] <= 1'h1;
-  assign \$521  = \$519  & \$520 ;
-  assign \$523  = \$signal$324  - 3'h4;
-  assign \$524  = \$signal$221  + 1'h1;
-  assign \$525  = \$signal$221  + 1'h1;
-  assign \$526  = \$signal$324  - 3'h4;
-  assign \$527  = ! \$526 [13:3];
-  assign \$528  = \$signal$324  - 3'h4;
-  assign \$529  = \$528 [2:0] <= 1'h1;
-  assign \$530  = \$527  & \$529 ;
-  assign \$532  = \$signal$118  + 1'h1;
-  assign \$533  = busy_dma + 1'h1;
-  assign \$534  = busy_gemm + 1'h1;
-  assign \$535  = busy_act + 1'h1;
-  assign \$536  = busy_route + 1'h1;
-  assign \$537  = busy_vector + 1'h1;
-  assign \$538  = busy_move + 1'h1;
-  assign \$539  = pc >= 7'h40;
-  assign \$540  = fetch_word + 1'h1;
-  assign \$541  = fetch_word == 4'h8;
-  assign \$544  = \$543  ? \$signal$130  : ins[63:48];
-  assign \$545  = | ins[95:94];
-  assign \$546  = \$545  ? 14'h3fff : ins[93:80];
-  assign \$549  = \$548  ? \$signal$130  : ins[63:48];
-  assign \$550  = | ins[79:78];
-  assign \$551  = \$550  ? 14'h3fff : ins[77:64];
-  assign \$554  = \$553  ? \$signal$130  : ins[63:48];
-  assign \$555  = \$554  + 3'h4;
-  assign \$556  = \$555  - 1'h1;
-  assign \$558  = | ins[79:78];
-  assign \$559  = \$558  ? 14'h3fff : ins[77:64];
-  assign \$562  = \$561  ? \$signal$130  : ins[63:48];
-  assign \$563  = \$562  + 3'h4;
-  assign \$564  = \$563  - 1'h1;
-  assign \$566  = | ins[95:94];
-  assign \$567  = \$566  ? 14'h3fff : ins[93:80];
-  assign \$568  = ins[95:80] + 3'h4;
-  assign \$569  = \$568  - 1'h1;
-  assign \$577  = \$576  ? \$signal$130  : ins[63:48];
-  assign \$578  = | ins[79:78];
-  assign \$579  = \$578  ? 14'h3fff : ins[77:64];
-  assign \$580  = | ins[95:94];
-  assign \$581  = \$580  ? 14'h3fff : ins[93:80];
-  assign \$582  = | ins[95:94];
-  assign \$583  = \$582  ? 14'h3fff : ins[93:80];
-  assign \$586  = \$585  ? \$signal$130  : ins[63:48];
-  assign \$589  = \$588  ? \$signal$130  : ins[63:48];
-  assign \$590  = \$signature__data [19:14] == 3'h4;
-  assign \$591  = \$signature__data [19:14] == 2'h2;
-  assign \$592  = \$591  ? 1'h1 : 1'h0;
-  assign \$593  = \$590  ? 2'h2 : { 1'h0, \$592  };
-  assign \$594  = ins[95:80] << \$593 ;
-  assign \$596  = \$signature__data [19:14] == 3'h4;
-  assign \$597  = \$signature__data [19:14] == 2'h2;
-  assign \$598  = \$597  ? 1'h1 : 1'h0;
-  assign \$599  = \$596  ? 2'h2 : { 1'h0, \$598  };
-  assign \$600  = ins[95:80] << \$599 ;
-  assign \$601  = \$595  ? 18'h3ffff : \$600 [17:0];
-  assign \$604  = \$603  ? \$signal$130  : ins[63:48];
-  assign \$611  = \$610  ? \$signal$248  : 4'h0;
-  assign \$612  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$613  = ins[5:0] == 4'hc;
-  assign \$614  = ~ ph2;
-  assign \$615  = \$613  & \$614 ;
-  assign \$616  = ! ins[5:0];
-  assign \$617  = settle != 2'h2;
-  assign \$618  = | decode_q;
-  assign \$619  = settle + 1'h1;
-  assign \$620  = ins[5:0] == 1'h1;
-  assign \$621  = ins[5:0] == 2'h2;
-  assign \$622  = ins[5:0] == 2'h3;
-  assign \$623  = ins[5:0] == 3'h4;
-  assign \$624  = ins[5:0] == 3'h5;
-  assign \$625  = ins[5:0] == 3'h6;
-  assign \$626  = ins[5:0] == 4'h8;
-  assign \$627  = ins[5:0] == 3'h7;
-  assign \$628  = ins[5:0] == 4'hc;
-  assign \$629  = ins[5:0] == 4'hd;
-  assign \$630  = ins[5:0] == 4'ha;
-  assign \$631  = ins[5:0] == 4'hb;
-  assign \$632  = \$signal$121  + 1'h1;
-  assign \$633  = l0_acc == 1'h1;
-  assign \$636  = ! m_eff[13:3];
-  assign \$637  = m_eff[2:0] <= 1'h1;
+  assign \$489  = ~ \$488 ;
+  assign \$490  = \$483  & \$489 ;
+  assign \$493  = gm_lane + 1'h1;
+  assign \$494  = \$signal$225  + ins[38:32];
+  assign \$495  = ~ a_in__valid;
+  assign \$496  = ~ gm_afeed_done;
+  assign \$497  = \$495  & \$496 ;
+  assign \$498  = gm_lane == 3'h4;
+  assign \$499  = ! \$signal$224 [13:3];
+  assign \$500  = gm_lane >= \$signal$224 [2:0];
+  assign \$501  = \$499  & \$500 ;
+  assign \$502  = \$498  | \$501 ;
+  assign \$503  = \$497  & \$502 ;
+  assign \$504  = a_in__valid & a_in__ready;
+  assign \$505  = \$signal$312  + 1'h1;
+  assign \$506  = \$505  < ins[38:32];
+  assign \$507  = \$signal$312  + 1'h1;
+  assign \$508  = gm_wstart + 1'h1;
+  assign \$509  = gm_wstart + 1'h1;
+  assign \$510  = \$signal$224  - 3'h4;
+  assign \$511  = \$signal$225  - ins[38:32];
+  assign \$512  = $signed(\$511 ) + $signed(2'h1);
+  assign \$513  = \$signal$225  - ins[38:32];
+  assign \$514  = $signed(\$513 ) + $signed(2'h1);
+  assign \$515  = ! \$signal$224 [13:3];
+  assign \$516  = \$signal$224 [2:0] <= 3'h4;
+  assign \$517  = \$515  & \$516 ;
+  assign \$518  = gc_lane + 1'h1;
+  assign \$519  = \$signal$227  + ins[56:48];
+  assign \$520  = gc_lane + 1'h1;
+  assign \$521  = \$520  == 2'h3;
+  assign \$522  = ! \$signal$314 [13:3];
+  assign \$523  = gc_lane + 1'h1;
+  assign \$524  = \$523  + 1'h1;
+  assign \$525  = \$524  >= \$signal$314 [2:0];
+  assign \$526  = \$522  & \$525 ;
+  assign \$527  = \$521  | \$526 ;
+  assign \$528  = \$signal$315  + 1'h1;
+  assign \$529  = \$528  < ins[56:48];
+  assign \$530  = \$signal$315  + 1'h1;
+  assign \$531  = gc_wstart + 1'h1;
+  assign \$532  = gc_wstart + 1'h1;
+  assign \$533  = ! \$signal$314 [13:3];
+  assign \$534  = \$signal$314 [2:0] <= 1'h1;
+  assign \$535  = \$533  & \$534 ;
+  assign \$537  = \$signal$314  - 3'h4;
+  assign \$538  = \$signal$227  + 1'h1;
+  assign \$539  = \$signal$227  + 1'h1;
+  assign \$540  = \$signal$314  - 3'h4;
+  assign \$541  = ! \$540 [13:3];
+  assign \$542  = \$signal$314  - 3'h4;
+  assign \$543  = \$542 [2:0] <= 1'h1;
+  assign \$544  = \$541  & \$543 ;
+  assign \$546  = \$signal$118  + 1'h1;
+  assign \$547  = busy_dma + 1'h1;
+  assign \$548  = busy_gemm + 1'h1;
+  assign \$549  = busy_act + 1'h1;
+  assign \$550  = busy_route + 1'h1;
+  assign \$551  = busy_vector + 1'h1;
+  assign \$552  = busy_move + 1'h1;
+  assign \$553  = ~ eng_run;
+  assign \$554  = ~ \$signal$163 ;
+  assign \$555  = \$554  | eng_ready;
+  assign \$556  = \$553  | \$555 ;
+  assign \$557  = pc >= 7'h40;
+  assign \$558  = fetch_word + 1'h1;
+  assign \$559  = fetch_word == 4'h8;
+  assign \$560  = | \$signal$243 ;
+  assign \$561  = step != 3'h7;
+  assign \$562  = ! ins[5:0];
+  assign \$563  = settle != 2'h2;
+  assign \$564  = | decode_q;
+  assign \$565  = | \$signal$134 [32:14];
+  assign \$566  = \$565  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$567  = | \$signal$134 [32:14];
+  assign \$568  = \$567  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$569  = | \$signal$134 [32:14];
+  assign \$570  = \$569  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$571  = | \$signal$134 [32:14];
+  assign \$572  = \$571  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$573  = | \$signal$134 [32:18];
+  assign \$574  = \$573  ? 18'h3ffff : \$signal$134 [17:0];
+  assign \$575  = step + 1'h1;
+  assign \$576  = settle + 1'h1;
+  assign \$577  = ins[5:0] == 1'h1;
+  assign \$578  = ins[5:0] == 2'h2;
+  assign \$579  = ins[5:0] == 2'h3;
+  assign \$580  = ins[5:0] == 3'h4;
+  assign \$581  = ins[5:0] == 3'h5;
+  assign \$582  = ins[5:0] == 3'h6;
+  assign \$583  = ins[5:0] == 4'h8;
+  assign \$584  = ins[5:0] == 3'h7;
+  assign \$585  = ins[5:0] == 4'hc;
+  assign \$586  = ins[5:0] == 4'hd;
+  assign \$587  = ins[5:0] == 4'ha;
+  assign \$588  = ins[5:0] == 4'hb;
+  assign \$589  = \$signal$121  + 1'h1;
+  assign \$590  = ln == 1'h1;
+  assign \$593  = ! m_eff[13:3];
+  assign \$594  = m_eff[2:0] <= 1'h1;
+  assign \$595  = \$593  & \$594 ;
+  assign \$600  = ins[124:112] + \$599 ;
+  assign \$602  = ins[124:112] + \$601 ;
+  assign \$603  = \$602  + 5'h10;
+  assign \$604  = ins[5:0] == 2'h3;
+  assign \$605  = el_i + 1'h1;
+  assign \$606  = el_i + 2'h2;
+  assign \$607  = \$606  == ln;
+  assign \$608  = el_i < ln;
+  assign \$609  = ~ \$608 ;
+  assign \$610  = eng_run & \$609 ;
+  assign \$611  = ins[5:0] == 3'h5;
+  assign \$612  = pc + 1'h1;
+  assign \$613  = \$signal$121  + 1'h1;
+  assign \$614  = ~ rd_busy;
+  assign \$615  = pc + 1'h1;
+  assign \$616  = \$signal$121  + 1'h1;
+  assign \$617  = ~ \$signal$251 ;
+  assign \$618  = rd_data__valid & \$617 ;
+  assign \$619  = el_i < ln;
+  assign \$620  = el_i + 1'h1;
+  assign \$621  = ld_e + 1'h1;
+  assign \$622  = ld_e + 1'h1;
+  assign \$623  = ins[243:238] == 1'h1;
+  assign \$624  = ins[243:238] == 2'h2;
+  assign \$625  = \$624  ? 2'h2 : 2'h1;
+  assign \$626  = \$623  ? 3'h4 : { 1'h0, \$625  };
+  assign \$627  = \$622  >= \$626 ;
+  assign \$628  = ~ rd_busy;
+  assign \$629  = ~ \$signal$251 ;
+  assign \$630  = \$628  & \$629 ;
+  assign \$631  = el_i < ln;
+  assign \$632  = ~ \$631 ;
+  assign \$633  = \$630  & \$632 ;
+  assign \$634  = pc + 1'h1;
+  assign \$635  = \$signal$121  + 1'h1;
+  assign \$636  = ~ \$signal$253 ;
+  assign \$637  = \$signal$254  < 1'h1;
   assign \$638  = \$636  & \$637 ;
-  assign \$643  = ins[124:112] + \$642 ;
-  assign \$645  = ins[124:112] + \$644 ;
-  assign \$646  = \$645  + 5'h10;
-  assign \$647  = ins[5:0] == 2'h3;
-  assign \$648  = el_i + 1'h1;
-  assign \$649  = el_i + 2'h2;
-  assign \$650  = \$649  == l0_acc;
-  assign \$651  = el_i < l0_acc;
+  assign \$639  = el_i < ln;
+  assign \$640  = \$638  & \$639 ;
+  assign \$641  = ~ \$signal$255 ;
+  assign \$642  = \$640  & \$641 ;
+  assign \$643  = el_i + 1'h1;
+  assign \$644  = \$signal$254  + 1'h1;
+  assign \$645  = ~ \$signal$253 ;
+  assign \$646  = ~ \$signal$255 ;
+  assign \$647  = \$645  & \$646 ;
+  assign \$648  = | \$signal$254 ;
+  assign \$649  = \$647  & \$648 ;
+  assign \$650  = \$signal$254  == 1'h1;
+  assign \$651  = el_i < ln;
   assign \$652  = ~ \$651 ;
-  assign \$653  = eng_run & \$652 ;
-  assign \$654  = ins[5:0] == 3'h5;
-  assign \$655  = pc + 1'h1;
-  assign \$656  = \$signal$121  + 1'h1;
-  assign \$657  = ~ rd_busy;
-  assign \$658  = pc + 1'h1;
-  assign \$659  = \$signal$121  + 1'h1;
-  assign \$660  = ~ \$signal$252 ;
-  assign \$661  = rd_data__valid & \$660 ;
-  assign \$662  = el_i < l0_acc;
-  assign \$663  = el_i + 1'h1;
-  assign \$664  = ld_e + 1'h1;
-  assign \$665  = ld_e + 1'h1;
-  assign \$666  = ins[243:238] == 1'h1;
-  assign \$667  = ins[243:238] == 2'h2;
-  assign \$668  = \$667  ? 2'h2 : 2'h1;
-  assign \$669  = \$666  ? 3'h4 : { 1'h0, \$668  };
-  assign \$670  = \$665  >= \$669 ;
-  assign \$671  = ~ rd_busy;
-  assign \$672  = ~ \$signal$252 ;
-  assign \$673  = \$671  & \$672 ;
-  assign \$674  = el_i < l0_acc;
-  assign \$675  = ~ \$674 ;
-  assign \$676  = \$673  & \$675 ;
-  assign \$677  = pc + 1'h1;
-  assign \$678  = \$signal$121  + 1'h1;
-  assign \$679  = ~ \$signal$255 ;
-  assign \$680  = \$signal$256  < 1'h1;
-  assign \$681  = \$679  & \$680 ;
-  assign \$682  = el_i < l0_acc;
-  assign \$683  = \$681  & \$682 ;
-  assign \$684  = ~ \$signal$257 ;
-  assign \$685  = \$683  & \$684 ;
-  assign \$686  = el_i + 1'h1;
-  assign \$687  = \$signal$256  + 1'h1;
-  assign \$688  = ~ \$signal$255 ;
-  assign \$689  = ~ \$signal$257 ;
-  assign \$690  = \$688  & \$689 ;
-  assign \$691  = | \$signal$256 ;
-  assign \$692  = \$690  & \$691 ;
-  assign \$693  = \$signal$256  == 1'h1;
-  assign \$694  = el_i < l0_acc;
-  assign \$695  = ~ \$694 ;
-  assign \$696  = \$693  | \$695 ;
-  assign \$697  = \$692  & \$696 ;
-  assign \$698  = wr_data__valid & wr_data__ready;
-  assign \$699  = ~ wr_busy;
-  assign \$700  = el_i < l0_acc;
-  assign \$701  = ~ \$700 ;
-  assign \$702  = \$699  & \$701 ;
-  assign \$703  = ~ \$signal$255 ;
-  assign \$704  = \$702  & \$703 ;
-  assign \$705  = ~ \$signal$257 ;
-  assign \$706  = \$704  & \$705 ;
-  assign \$707  = pc + 1'h1;
-  assign \$708  = \$signal$121  + 1'h1;
-  assign \$709  = \$signal$259  + 1'h1;
-  assign \$710  = \$signal$259  == 4'h8;
-  assign \$711  = ~ \$signal$264 ;
-  assign \$712  = ~ \$signal$265 ;
-  assign \$713  = \$711  & \$712 ;
-  assign \$714  = rt_lane < 1'h1;
-  assign \$715  = \$713  & \$714 ;
-  assign \$718  = \$signal$268  < 4'h8;
-  assign \$719  = rt_lane + 1'h1;
-  assign \$720  = \$signal$268  + 1'h1;
-  assign \$721  = \$signal$342  ? rd0__data[12:0] : 13'h0000;
-  assign \$723  = scores__valid & scores__ready;
-  assign \$724  = \$signal$268  >= 4'h8;
-  assign \$725  = \$signal$338  - 1'h1;
-  assign \$726  = \$signal$267  + 4'h8;
-  assign \$727  = | \$signal$338 [13:1];
-  assign \$728  = ~ \$727 ;
-  assign \$729  = ~ \$signal$273 ;
-  assign \$730  = routes__valid & \$729 ;
-  assign \$731  = ~ rt_wphase;
-  assign \$732  = \$signal$273  & \$731 ;
-  assign \$733  = \$signal$273  & rt_wphase;
-  assign \$734  = rt_s == 1'h1;
-  assign \$735  = \$signal$277 [19] | \$734 ;
-  assign \$736  = \$signal$340  - 1'h1;
-  assign \$737  = \$signal$275  + 2'h2;
-  assign \$738  = rt_s + 1'h1;
-  assign \$739  = ! \$signal$340 ;
-  assign \$740  = \$signal$279  == \$signal$259 ;
-  assign \$741  = \$signal$281  + 1'h1;
-  assign \$742  = \$signal$278  + 1'h1;
-  assign \$743  = \$742  < l1_acc[13:2];
-  assign \$744  = \$signal$278  + 1'h1;
-  assign \$745  = \$signal$346  == 1'h1;
-  assign \$746  = \$signal$282  + 1'h1;
-  assign \$747  = \$signal$346  + 1'h1;
-  assign \$748  = \$signal$259  + 1'h1;
-  assign \$749  = \$signal$259  + 1'h1;
-  assign \$750  = \$749  < 4'h8;
-  assign \$751  = pc + 1'h1;
-  assign \$752  = \$signal$121  + 1'h1;
-  assign \$753  = \$signal$285  >= 4'h8;
-  assign \$754  = \$signal$121  + 1'h1;
-  assign \$755  = \$signal$285  + 1'h1;
-  assign \$756  = | \$signal$279 ;
-  assign \$757  = | rd1_q[23:14];
-  assign \$758  = \$757  ? 14'h3fff : rd1_q[13:0];
-  assign \$759  = pc + 1'h1;
-  assign \$760  = \$signal$121  + 1'h1;
-  assign \$761  = \$signal$286  >= \$signal$130 ;
-  assign \$762  = pc + 1'h1;
-  assign \$763  = \$signal$121  + 1'h1;
-  assign \$764  = | \$signal$279 [31:16];
-  assign \$765  = \$signal$279 [15:0] >= m_eff;
-  assign \$766  = \$764  | \$765 ;
-  assign \$767  = | l2_y;
-  assign \$768  = \$signal$287  < ins[61:48];
-  assign \$771  = \$signal$287  + 1'h1;
-  assign \$772  = ins[5:0] == 4'ha;
-  assign \$773  = \$772  ? { 1'h0, \$signal$288  } : l2_acc;
-  assign \$774  = ins[124:112] + \$773 ;
-  assign \$775  = \$774  + \$signal$287 ;
-  assign \$776  = \$signal$287  >= ins[61:48];
-  assign \$777  = \$776  & \$signal$289 ;
-  assign \$778  = \$signal$286  + 1'h1;
-  assign \$779  = \$signal$288  + ins[61:48];
-  assign \$780  = ~ rd_busy;
-  assign \$781  = ~ wr_busy;
-  assign \$782  = \$780  & \$781 ;
-  assign \$783  = ~ \$signal$108 ;
-  assign \$784  = \$signal$103  & \$783 ;
+  assign \$653  = \$650  | \$652 ;
+  assign \$654  = \$649  & \$653 ;
+  assign \$655  = wr_data__valid & wr_data__ready;
+  assign \$656  = ~ wr_busy;
+  assign \$657  = el_i < ln;
+  assign \$658  = ~ \$657 ;
+  assign \$659  = \$656  & \$658 ;
+  assign \$660  = ~ \$signal$253 ;
+  assign \$661  = \$659  & \$660 ;
+  assign \$662  = ~ \$signal$255 ;
+  assign \$663  = \$661  & \$662 ;
+  assign \$664  = pc + 1'h1;
+  assign \$665  = \$signal$121  + 1'h1;
+  assign \$666  = \$signal$257  + 1'h1;
+  assign \$667  = \$signal$257  == 4'h8;
+  assign \$668  = ~ \$signal$262 ;
+  assign \$669  = ~ \$signal$263 ;
+  assign \$670  = \$668  & \$669 ;
+  assign \$671  = rt_lane < 1'h1;
+  assign \$672  = \$670  & \$671 ;
+  assign \$675  = \$signal$266  < 4'h8;
+  assign \$676  = rt_lane + 1'h1;
+  assign \$677  = \$signal$266  + 1'h1;
+  assign \$678  = \$signal$332  ? rd0__data[12:0] : 13'h0000;
+  assign \$680  = scores__valid & scores__ready;
+  assign \$681  = \$signal$266  >= 4'h8;
+  assign \$682  = \$signal$328  - 1'h1;
+  assign \$683  = \$signal$265  + 4'h8;
+  assign \$684  = | \$signal$328 [13:1];
+  assign \$685  = ~ \$684 ;
+  assign \$686  = ~ \$signal$270 ;
+  assign \$687  = routes__valid & \$686 ;
+  assign \$688  = ~ rt_wphase;
+  assign \$689  = \$signal$270  & \$688 ;
+  assign \$690  = \$signal$270  & rt_wphase;
+  assign \$691  = rt_s == 1'h1;
+  assign \$692  = \$signal$274 [19] | \$691 ;
+  assign \$693  = \$signal$330  - 1'h1;
+  assign \$694  = \$signal$272  + 2'h2;
+  assign \$695  = rt_s + 1'h1;
+  assign \$696  = ! \$signal$330 ;
+  assign \$697  = \$signal$173  == \$signal$257 ;
+  assign \$698  = \$signal$277  + 1'h1;
+  assign \$699  = \$signal$275  + 1'h1;
+  assign \$700  = \$699  < mk[13:2];
+  assign \$701  = \$signal$275  + 1'h1;
+  assign \$702  = \$signal$336  == 1'h1;
+  assign \$703  = \$signal$278  + 1'h1;
+  assign \$704  = \$signal$336  + 1'h1;
+  assign \$705  = \$signal$257  + 1'h1;
+  assign \$706  = \$signal$257  + 1'h1;
+  assign \$707  = \$706  < 4'h8;
+  assign \$708  = pc + 1'h1;
+  assign \$709  = \$signal$121  + 1'h1;
+  assign \$710  = scan >= 4'h8;
+  assign \$711  = \$signal$121  + 1'h1;
+  assign \$712  = scan + 1'h1;
+  assign \$713  = | \$signal$173 ;
+  assign \$714  = | rd1_q[23:14];
+  assign \$715  = \$714  ? 14'h3fff : rd1_q[13:0];
+  assign \$716  = pc + 1'h1;
+  assign \$717  = \$signal$121  + 1'h1;
+  assign \$718  = \$signal$282  >= \$signal$130 ;
+  assign \$719  = pc + 1'h1;
+  assign \$720  = \$signal$121  + 1'h1;
+  assign \$721  = | \$signal$173 [31:16];
+  assign \$722  = \$signal$173 [15:0] >= m_eff;
+  assign \$723  = \$721  | \$722 ;
+  assign \$724  = | \$signal$243 ;
+  assign \$725  = \$signal$283  < ins[61:48];
+  assign \$728  = \$signal$283  + 1'h1;
+  assign \$729  = ins[5:0] == 4'ha;
+  assign \$730  = \$729  ? \$signal$284  : \$signal$134 [12:0];
+  assign \$731  = ins[124:112] + \$730 ;
+  assign \$732  = \$731  + \$signal$283 ;
+  assign \$733  = \$signal$283  >= ins[61:48];
+  assign \$734  = \$733  & \$signal$285 ;
+  assign \$735  = \$signal$282  + 1'h1;
+  assign \$736  = \$signal$284  + ins[61:48];
+  assign \$737  = ~ rd_busy;
+  assign \$738  = ~ wr_busy;
+  assign \$739  = \$737  & \$738 ;
+  assign \$740  = ~ \$signal$108 ;
+  assign \$741  = \$signal$103  & \$740 ;
   always @(posedge clk)
-    \$signal$119  <= \$785 ;
+    \$signal$119  <= \$742 ;
   always @(posedge clk)
-    host_size <= \$786 ;
+    host_size <= \$743 ;
   always @(posedge clk)
-    rsel <= \$787 ;
+    rsel <= \$744 ;
   always @(posedge clk)
-    l0_acc <= \$788 ;
+    \$signal$134  <= \$745 ;
   always @(posedge clk)
-    l0_x <= \$789 ;
+    \$signal$290  <= \$746 ;
   always @(posedge clk)
-    l0_y <= \$790 ;
+    \$signal$243  <= \$747 ;
   always @(posedge clk)
-    l1_acc <= \$791 ;
+    \$signal$148  <= \$748 ;
   always @(posedge clk)
-    l1_x <= \$792 ;
+    \$signal$153  <= \$749 ;
   always @(posedge clk)
-    l1_y <= \$793 ;
+    \$signal$152  <= \$750 ;
   always @(posedge clk)
-    l2_acc <= \$794 ;
+    \$signal$154  <= \$751 ;
   always @(posedge clk)
-    l2_x <= \$795 ;
+    decode_q <= \$752 ;
   always @(posedge clk)
-    l2_y <= \$796 ;
+    \$signal$163  <= \$753 ;
   always @(posedge clk)
-    l3_acc <= \$797 ;
+    \$signal$177  <= \$754 ;
   always @(posedge clk)
-    l3_x <= \$798 ;
+    \$signal$162  <= \$755 ;
   always @(posedge clk)
-    l3_y <= \$799 ;
+    \$signal$291  <= \$756 ;
   always @(posedge clk)
-    l4_acc <= \$800 ;
+    rem0 <= \$757 ;
   always @(posedge clk)
-    l4_x <= \$801 ;
+    \$signal$158  <= \$758 ;
   always @(posedge clk)
-    l4_y <= \$802 ;
+    \$signal$160  <= \$759 ;
   always @(posedge clk)
-    lh_acc <= \$803 ;
+    rem1 <= \$760 ;
   always @(posedge clk)
-    lh_x <= \$804 ;
+    \$signal$298  <= \$761 ;
   always @(posedge clk)
-    lh_y <= \$805 ;
+    \$signal$300  <= \$762 ;
   always @(posedge clk)
-    \$signal$142  <= \$806 ;
+    rem2 <= \$763 ;
   always @(posedge clk)
-    \$signal$146  <= \$807 ;
+    \$signal$304  <= \$764 ;
   always @(posedge clk)
-    host_ok <= \$808 ;
+    \$signal$306  <= \$765 ;
   always @(posedge clk)
-    decode_q <= \$809 ;
+    \$signal$292  <= \$766 ;
   always @(posedge clk)
-    \$signal$156  <= \$810 ;
+    op <= \$767 ;
   always @(posedge clk)
-    \$signal$170  <= \$811 ;
+    \$signal$189  <= \$768 ;
   always @(posedge clk)
-    \$signal$166  <= \$812 ;
+    \$signal$308  <= \$769 ;
   always @(posedge clk)
-    b_word <= \$813 ;
+    rq_in__payload <= \$770 ;
   always @(posedge clk)
-    \$signal$155  <= \$814 ;
+    rq_lane <= \$771 ;
   always @(posedge clk)
-    \$signal$300  <= \$815 ;
+    \$signal$309  <= \$772 ;
   always @(posedge clk)
-    rem0 <= \$816 ;
+    gm_cap_lane <= \$773 ;
   always @(posedge clk)
-    \$signal$151  <= \$817 ;
+    gm_lane <= \$774 ;
   always @(posedge clk)
-    \$signal$153  <= \$818 ;
+    \$signal$225  <= \$775 ;
   always @(posedge clk)
-    rem1 <= \$819 ;
+    a_in__valid <= \$776 ;
   always @(posedge clk)
-    \$signal$308  <= \$820 ;
+    \$signal$312  <= \$777 ;
   always @(posedge clk)
-    \$signal$310  <= \$821 ;
+    gm_wstart <= \$778 ;
   always @(posedge clk)
-    rem2 <= \$822 ;
+    \$signal$224  <= \$779 ;
   always @(posedge clk)
-    \$signal$314  <= \$823 ;
+    gm_afeed_done <= \$780 ;
   always @(posedge clk)
-    \$signal$316  <= \$824 ;
+    gc_lane <= \$781 ;
   always @(posedge clk)
-    \$signal$302  <= \$825 ;
+    \$signal$227  <= \$782 ;
   always @(posedge clk)
-    op <= \$826 ;
+    gc_last <= \$783 ;
   always @(posedge clk)
-    \$signal$182  <= \$827 ;
+    \$signal$315  <= \$784 ;
   always @(posedge clk)
-    \$signal$318  <= \$828 ;
+    gc_wstart <= \$785 ;
   always @(posedge clk)
-    rq_in__payload <= \$829 ;
+    \$signal$314  <= \$786 ;
   always @(posedge clk)
-    rq_lane <= \$830 ;
+    \$signal$118  <= \$787 ;
   always @(posedge clk)
-    \$signal$319  <= \$831 ;
+    busy_dma <= \$788 ;
   always @(posedge clk)
-    gm_cap_lane <= \$832 ;
+    busy_gemm <= \$789 ;
   always @(posedge clk)
-    gm_lane <= \$833 ;
+    busy_act <= \$790 ;
   always @(posedge clk)
-    \$signal$219  <= \$834 ;
+    busy_route <= \$791 ;
   always @(posedge clk)
-    a_in__payload <= \$835 ;
+    busy_vector <= \$792 ;
   always @(posedge clk)
-    a_in__valid <= \$836 ;
+    busy_move <= \$793 ;
   always @(posedge clk)
-    \$signal$322  <= \$837 ;
+    \$signal$173  <= \$794 ;
   always @(posedge clk)
-    gm_wstart <= \$838 ;
+    rd1_q <= \$795 ;
   always @(posedge clk)
-    \$signal$218  <= \$839 ;
+    \$signal$108  <= \$796 ;
   always @(posedge clk)
-    gm_afeed_done <= \$840 ;
+    \$signal$109  <= \$797 ;
   always @(posedge clk)
-    gc_lane <= \$841 ;
+    err <= \$798 ;
   always @(posedge clk)
-    \$signal$221  <= \$842 ;
+    pc <= \$799 ;
   always @(posedge clk)
-    gc_last <= \$843 ;
+    \$signal$121  <= \$800 ;
   always @(posedge clk)
-    \$signal$325  <= \$844 ;
+    \$signal$146  <= \$801 ;
   always @(posedge clk)
-    gc_wstart <= \$845 ;
+    exp_active <= \$802 ;
   always @(posedge clk)
-    \$signal$324  <= \$846 ;
+    \$signal$149  <= \$803 ;
   always @(posedge clk)
-    \$signal$118  <= \$847 ;
+    ctrl_state <= \$804 ;
   always @(posedge clk)
-    busy_dma <= \$848 ;
+    stop_code <= \$805 ;
   always @(posedge clk)
-    busy_gemm <= \$849 ;
+    cur_unit <= \$806 ;
   always @(posedge clk)
-    busy_act <= \$850 ;
+    fetch_word <= \$807 ;
   always @(posedge clk)
-    busy_route <= \$851 ;
+    ins <= \$808 ;
   always @(posedge clk)
-    busy_vector <= \$852 ;
+    step <= \$809 ;
   always @(posedge clk)
-    busy_move <= \$853 ;
+    settle <= \$810 ;
   always @(posedge clk)
-    \$signal$279  <= \$854 ;
+    ln <= \$811 ;
   always @(posedge clk)
-    rd1_q <= \$855 ;
+    mk <= \$812 ;
   always @(posedge clk)
-    \$signal$108  <= \$856 ;
+    p2 <= \$813 ;
   always @(posedge clk)
-    \$signal$109  <= \$857 ;
+    p3 <= \$814 ;
   always @(posedge clk)
-    err <= \$858 ;
+    l4 <= \$815 ;
   always @(posedge clk)
-    pc <= \$859 ;
+    host_eff <= \$816 ;
   always @(posedge clk)
-    \$signal$121  <= \$860 ;
+    \$signal$185  <= \$817 ;
   always @(posedge clk)
-    \$signal$140  <= \$861 ;
+    \$signal$167  <= \$818 ;
   always @(posedge clk)
-    exp_active <= \$862 ;
+    rq_shift <= \$819 ;
   always @(posedge clk)
-    \$signal$143  <= \$863 ;
+    cnt0 <= \$820 ;
   always @(posedge clk)
-    ctrl_state <= \$864 ;
+    cnt1 <= \$821 ;
   always @(posedge clk)
-    stop_code <= \$865 ;
+    sa0 <= \$822 ;
   always @(posedge clk)
-    cur_unit <= \$866 ;
+    sa1 <= \$823 ;
   always @(posedge clk)
-    fetch_word <= \$867 ;
+    sa2 <= \$824 ;
   always @(posedge clk)
-    ins <= \$868 ;
+    sb0 <= \$825 ;
   always @(posedge clk)
-    ph2 <= \$869 ;
+    sb1 <= \$826 ;
   always @(posedge clk)
-    settle <= \$870 ;
+    sb2 <= \$827 ;
   always @(posedge clk)
-    \$signal$178  <= \$871 ;
+    el_i <= \$828 ;
   always @(posedge clk)
-    \$signal$160  <= \$872 ;
+    rq_at_last <= \$829 ;
   always @(posedge clk)
-    rq_shift <= \$873 ;
+    \$signal$251  <= \$830 ;
   always @(posedge clk)
-    cnt0 <= \$874 ;
+    ld_e <= \$831 ;
   always @(posedge clk)
-    cnt1 <= \$875 ;
+    \$signal$253  <= \$832 ;
   always @(posedge clk)
-    sa0 <= \$876 ;
+    \$signal$254  <= \$833 ;
   always @(posedge clk)
-    sa1 <= \$877 ;
+    \$signal$255  <= \$834 ;
   always @(posedge clk)
-    sa2 <= \$878 ;
+    wr_data__payload <= \$835 ;
   always @(posedge clk)
-    sb0 <= \$879 ;
+    \$signal$257  <= \$836 ;
   always @(posedge clk)
-    sb1 <= \$880 ;
+    \$signal$279  <= \$837 ;
   always @(posedge clk)
-    sb2 <= \$881 ;
+    \$signal$276  <= \$838 ;
   always @(posedge clk)
-    el_i <= \$882 ;
+    \$signal$282  <= \$839 ;
   always @(posedge clk)
-    rq_at_last <= \$883 ;
+    \$signal$284  <= \$840 ;
   always @(posedge clk)
-    \$signal$252  <= \$884 ;
+    \$signal$150  <= \$841 ;
   always @(posedge clk)
-    ld_e <= \$885 ;
+    scores_len <= \$842 ;
   always @(posedge clk)
-    \$signal$255  <= \$886 ;
+    \$signal$325  <= \$843 ;
   always @(posedge clk)
-    \$signal$256  <= \$887 ;
+    \$signal$328  <= \$844 ;
   always @(posedge clk)
-    \$signal$257  <= \$888 ;
+    \$signal$266  <= \$845 ;
   always @(posedge clk)
-    wr_data__payload <= \$889 ;
+    rt_lane <= \$846 ;
   always @(posedge clk)
-    \$signal$259  <= \$890 ;
+    \$signal$262  <= \$847 ;
   always @(posedge clk)
-    \$signal$283  <= \$891 ;
+    \$signal$265  <= \$848 ;
   always @(posedge clk)
-    \$signal$280  <= \$892 ;
+    \$signal$272  <= \$849 ;
   always @(posedge clk)
-    \$signal$286  <= \$893 ;
+    \$signal$263  <= \$850 ;
   always @(posedge clk)
-    \$signal$288  <= \$894 ;
+    \$signal$329  <= \$851 ;
   always @(posedge clk)
-    \$signal$144  <= \$895 ;
+    \$signal$330  <= \$852 ;
   always @(posedge clk)
-    scores_len <= \$896 ;
+    rt_s <= \$853 ;
   always @(posedge clk)
-    \$signal$253  <= \$897 ;
+    \$signal$270  <= \$854 ;
   always @(posedge clk)
-    \$signal$335  <= \$898 ;
+    rt_wphase <= \$855 ;
   always @(posedge clk)
-    \$signal$338  <= \$899 ;
+    \$signal$332  <= \$856 ;
   always @(posedge clk)
-    \$signal$268  <= \$900 ;
+    \$signal$274  <= \$857 ;
   always @(posedge clk)
-    rt_lane <= \$901 ;
+    \$signal$275  <= \$858 ;
   always @(posedge clk)
-    \$signal$264  <= \$902 ;
+    \$signal$278  <= \$859 ;
   always @(posedge clk)
-    \$signal$267  <= \$903 ;
+    \$signal$336  <= \$860 ;
   always @(posedge clk)
-    \$signal$275  <= \$904 ;
+    \$signal$277  <= \$861 ;
   always @(posedge clk)
-    \$signal$265  <= \$905 ;
+    \$signal$280  <= \$862 ;
   always @(posedge clk)
-    \$signal$339  <= \$906 ;
+    scan <= \$863 ;
   always @(posedge clk)
-    \$signal$340  <= \$907 ;
+    \$signal$136  <= \$864 ;
   always @(posedge clk)
-    rt_s <= \$908 ;
+    \$signal$130  <= \$865 ;
   always @(posedge clk)
-    \$signal$273  <= \$909 ;
+    offset <= \$866 ;
   always @(posedge clk)
-    rt_wphase <= \$910 ;
+    \$signal$283  <= \$867 ;
   always @(posedge clk)
-    \$signal$342  <= \$911 ;
+    \$signal$285  <= \$868 ;
   always @(posedge clk)
-    rt_word <= \$912 ;
-  always @(posedge clk)
-    \$signal$277  <= \$913 ;
-  always @(posedge clk)
-    \$signal$278  <= \$914 ;
-  always @(posedge clk)
-    \$signal$282  <= \$915 ;
-  always @(posedge clk)
-    \$signal$346  <= \$916 ;
-  always @(posedge clk)
-    \$signal$281  <= \$917 ;
-  always @(posedge clk)
-    \$signal$284  <= \$918 ;
-  always @(posedge clk)
-    \$signal$285  <= \$919 ;
-  always @(posedge clk)
-    \$signal$248  <= \$920 ;
-  always @(posedge clk)
-    \$signal$130  <= \$921 ;
-  always @(posedge clk)
-    \$signal$139  <= \$922 ;
-  always @(posedge clk)
-    \$signal$287  <= \$923 ;
-  always @(posedge clk)
-    \$signal$289  <= \$924 ;
-  always @(posedge clk)
-    \$signal$290  <= \$925 ;
+    \$signal$286  <= \$869 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -2894,41 +2749,83 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$29  = ! rsel[19:7];
   assign \$30  = \$28  & \$29 ;
   assign m_eff = \$32  ? \$signal$130  : ins[31:16];
-  assign \$33  = m_eff >= 1'h1;
-  assign \$34  = ins[63:48] == 4'h8;
-  assign \$35  = \$33  & \$34 ;
-  assign \$36  = ins[47:32] == 2'h2;
-  assign \$37  = \$35  & \$36 ;
-  assign \$38  = ins[63:48] == 4'h8;
-  assign \$39  = m_eff >= 1'h1;
-  assign \$40  = ins[63:48] >= 1'h1;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = ins[47:32] >= 1'h1;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = ! ins[243:238];
-  assign \$45  = ins[243:238] >= 2'h2;
-  assign \$46  = ins[243:238] <= 6'h20;
-  assign \$47  = \$45  & \$46 ;
-  assign \$48  = \$44  | \$47 ;
-  assign \$49  = \$43  & \$48 ;
-  assign \$50  = ins[47:32] <= 7'h40;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = l2_acc <= 9'h100;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = l3_acc <= 9'h100;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = m_eff >= 1'h1;
-  assign \$57  = ins[63:48] >= 1'h1;
+  assign \$33  = m_eff + 3'h4;
+  assign \$34  = \$33  - 1'h1;
+  assign \$36  = m_eff + 3'h4;
+  assign \$37  = \$36  - 1'h1;
+  assign \$39  = | \$signal$134 [32:14];
+  assign \$40  = \$39  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$41  = ins[63:48] + 3'h4;
+  assign \$42  = \$41  - 1'h1;
+  assign \$45  = ins[243:238] == 3'h4;
+  assign \$46  = ins[243:238] == 2'h2;
+  assign \$47  = \$46  ? 1'h1 : 1'h0;
+  assign \$48  = \$45  ? 2'h2 : { 1'h0, \$47  };
+  assign \$49  = ins[63:48] << \$48 ;
+  assign \$53  = \$52  ? \$signal$136  : 4'h0;
+  assign \$54  = m_eff >= 1'h1;
+  assign \$55  = ins[63:48] == 4'h8;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = ins[47:32] == 2'h2;
   assign \$58  = \$56  & \$57 ;
-  assign \$59  = ins[47:32] >= 1'h1;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = m_eff >= 1'h1;
-  assign \$62  = ins[63:48] >= 1'h1;
-  assign \$63  = \$61  & \$62 ;
-  assign \$64  = ins[243:238] == 1'h1;
-  assign \$65  = ins[243:238] == 2'h2;
-  assign \$66  = \$64  | \$65 ;
-  assign \$67  = ins[243:238] == 3'h4;
+  assign \$59  = ins[63:48] == 4'h8;
+  assign \$60  = m_eff >= 1'h1;
+  assign \$61  = ins[63:48] >= 1'h1;
+  assign \$62  = \$60  & \$61 ;
+  assign \$63  = ins[47:32] >= 1'h1;
+  assign \$64  = \$62  & \$63 ;
+  assign \$65  = ! ins[243:238];
+  assign \$66  = ins[243:238] >= 2'h2;
+  assign \$67  = ins[243:238] <= 5'h18;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = \$65  | \$68 ;
+  assign \$70  = \$64  & \$69 ;
+  assign \$71  = ins[47:32] <= 7'h40;
+  assign \$72  = \$70  & \$71 ;
+  assign \$73  = p2 <= 9'h100;
+  assign \$74  = \$72  & \$73 ;
+  assign \$75  = p3 <= 9'h100;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = m_eff >= 1'h1;
+  assign \$78  = ins[63:48] >= 1'h1;
+  assign \$79  = \$77  & \$78 ;
+  assign \$80  = ins[47:32] >= 1'h1;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = \$82  & \$83 ;
+  assign \$85  = ins[243:238] == 1'h1;
+  assign \$86  = ins[243:238] == 2'h2;
+  assign \$87  = \$85  | \$86 ;
+  assign \$88  = ins[243:238] == 3'h4;
+  assign \$89  = \$87  | \$88 ;
+  assign \$90  = \$84  & \$89 ;
+  assign \$91  = m_eff >= 1'h1;
+  assign \$92  = ins[63:48] >= 1'h1;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = ins[243:238] == 3'h4;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = m_eff >= 1'h1;
+  assign \$97  = ins[63:48] >= 1'h1;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = ins[243:238] >= 2'h2;
+  assign \$100  = \$98  & \$99 ;
+  assign \$101  = ins[243:238] <= 5'h18;
+  assign \$102  = \$100  & \$101 ;
+  assign \$103  = m_eff >= 1'h1;
+  assign \$104  = ins[63:48] >= 1'h1;
+  assign \$105  = \$103  & \$104 ;
+  assign \$108  = \$107  ? 5'h10 : 5'h00;
+  assign \$111  = \$110  ? 5'h10 : 5'h00;
+  assign \$112  = | ins[63:62];
+  assign \$113  = \$112  ? 14'h3fff : ins[61:48];
+  assign \$114  = mk + 5'h10;
+  assign \$116  = mk + 5'h10;
+  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
+  assign \$119  = | \$118 [16:14];
+  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
+  assign \$122  = offset + \$signal$130 ;
+  assign \$123  = | \$122 [16:14];
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -2948,10 +2845,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1224$0 (\$926 ),
-    .\port$1242$0 (\$927 ),
-    .\port$3271$2 (l4_acc[17:2]),
-    .rd_addr(lh_acc[31:0]),
+    .\port$1185$0 (\$870 ),
+    .\port$1203$0 (\$871 ),
+    .\port$3317$2 (l4[17:2]),
+    .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
@@ -2965,7 +2862,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wr_start(wr_start)
   );
   \nanokpu_kpu.gemm  gemm (
-    .a_in__payload(a_in__payload),
     .a_in__ready(a_in__ready),
     .a_in__valid(a_in__valid),
     .b_in__payload(m_axi__rdata),
@@ -2979,11 +2875,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$90 (done),
-    .error(\error$333 ),
+    .error(\error$323 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
-    .rq_mult(\$signal$160 [15:0]),
+    .rq_mult(\$signal$167 [15:0]),
     .rq_shift(rq_shift),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -3037,15 +2933,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .o__valid(o__valid),
     .rst(rst),
     .unit_rst(unit_rst),
-    .x(\$signal$166 [15:0])
+    .x(\$signal$173 [15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$195 ),
+    .advance(\i__ready$202 ),
     .clk(clk),
-    .i__payload(\i__payload$167 ),
-    .i__valid(\i__valid$194 ),
-    .o__payload(\o__payload$197 ),
-    .o__valid(\o__valid$196 ),
+    .i__payload(\i__payload$174 ),
+    .i__valid(\i__valid$201 ),
+    .o__payload(\o__payload$204 ),
+    .o__valid(\o__valid$203 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -3064,12 +2960,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$169 ),
-    .i__ready(\i__ready$199 ),
-    .i__valid(\i__valid$198 ),
+    .i__payload(\i__payload$176 ),
+    .i__ready(\i__ready$206 ),
+    .i__valid(\i__valid$205 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$201 ),
-    .o__valid(\o__valid$200 ),
+    .o__payload(\o__payload$208 ),
+    .o__valid(\o__valid$207 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -3126,126 +3022,243 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$132  = 16'h0000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$signal$132  = m_eff;
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                \$signal$132  = m_eff;
+            6'h0a, 6'h0b:
+                \$signal$132  = \$signal$130 ;
+            6'h08:
+                \$signal$132  = m_eff;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$132  = \$35 [15:0];
+            6'h0c:
+                \$signal$132  = ins[47:32];
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$132  = \$38 [15:0];
+            6'h0c:
+                \$signal$132  = m_eff;
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$132  = \$43 [15:0];
+            6'h01:
+                \$signal$132  = m_eff;
+            6'h02:
+                \$signal$132  = m_eff;
+          endcase
+      3'h5:
+          \$signal$132  = { 12'h000, \$53  };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$133  = 33'h000000000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$signal$133  = { 17'h00000, ins[63:48] };
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                \$signal$133  = { 17'h00000, ins[47:32] };
+            6'h0a, 6'h0b:
+                \$signal$133  = { 17'h00000, ins[63:48] };
+            6'h08:
+                \$signal$133  = 33'h000000008;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$133  = { 17'h00000, ins[47:32] };
+            6'h0c:
+                \$signal$133  = { 17'h00000, ins[63:48] };
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$133  = { 17'h00000, ins[63:48] };
+            6'h0c:
+                \$signal$133  = { 19'h00000, \$40  };
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                \$signal$133  = { 14'h0000, \$44  };
+            6'h01:
+                \$signal$133  = { 14'h0000, \$49  };
+            6'h02:
+                \$signal$133  = { 14'h0000, \$50  };
+          endcase
+      3'h5:
+          \$signal$133  = { 1'h0, ins[199:168] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    st_acc = 33'h000000000;
+    casez (step)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                /* empty */;
+            6'h01:
+                st_acc = 33'h000000003;
+            6'h02:
+                st_acc = 33'h000000003;
+          endcase
+      3'h5:
+          st_acc = { 1'h0, ins[167:136] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     casez (ins[5:0])
       6'h08:
-          shape_ok = \$37 ;
+          shape_ok = \$58 ;
       6'h09:
-          shape_ok = \$38 ;
+          shape_ok = \$59 ;
       6'h03:
-          shape_ok = \$55 ;
+          shape_ok = \$76 ;
       6'h0c:
-          shape_ok = \$60 ;
-      6'h01:
-          shape_ok = \$69 ;
-      6'h02:
-          shape_ok = \$74 ;
-      6'h04:
           shape_ok = \$81 ;
+      6'h01:
+          shape_ok = \$90 ;
+      6'h02:
+          shape_ok = \$95 ;
+      6'h04:
+          shape_ok = \$102 ;
       default:
-          shape_ok = \$84 ;
+          shape_ok = \$105 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wc = 14'h0000;
+    \$signal$140  = 14'h0000;
     casez (ins[5:0])
       6'h01:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h02:
           /* empty */;
       6'h03:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h04:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h05, 6'h0d:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h06, 6'h07:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h08:
-          wc = \$96 ;
+          \$signal$140  = \$117 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wc = l1_acc;
+          \$signal$140  = mk;
       6'h0b:
-          wc = l0_acc;
+          \$signal$140  = ln;
       6'h0c:
-          wc = l0_acc;
+          \$signal$140  = ln;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$136  = 14'h0000;
+    \$signal$142  = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h03:
-          \$signal$136  = l1_acc;
+          \$signal$142  = mk;
       6'h04:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h05, 6'h0d:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h06, 6'h07:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h08:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h09:
-          \$signal$136  = \$100 ;
+          \$signal$142  = \$121 ;
       6'h0a:
-          \$signal$136  = l0_acc;
+          \$signal$142  = ln;
       6'h0b:
-          \$signal$136  = l1_acc;
+          \$signal$142  = mk;
       6'h0c:
-          \$signal$136  = l3_acc;
+          \$signal$142  = p3;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$138  = 14'h0000;
+    \$signal$144  = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
           /* empty */;
       6'h03:
-          \$signal$138  = { 9'h000, \$87  };
+          \$signal$144  = { 9'h000, \$108  };
       6'h04:
-          \$signal$138  = { 9'h000, \$90  };
+          \$signal$144  = { 9'h000, \$111  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
-          \$signal$138  = l0_acc;
+          \$signal$144  = ln;
       6'h08:
-          \$signal$138  = \$92 ;
+          \$signal$144  = \$113 ;
       6'h09:
           /* empty */;
       6'h0a:
-          \$signal$138  = \$104 ;
+          \$signal$144  = \$125 ;
       6'h0b:
-          \$signal$138  = \$108 ;
+          \$signal$144  = \$129 ;
       6'h0c:
-          \$signal$138  = l1_acc;
+          \$signal$144  = mk;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$110 ) begin
+    if (\$131 ) begin
       decode_err = 8'h01;
-    end else if (\$129 ) begin
-      decode_err = 8'h08;
-    end else if (\$135 ) begin
-      decode_err = 8'h06;
-    end else if (\$138 ) begin
-      decode_err = 8'h03;
-    end else if (\$147 ) begin
-      decode_err = 8'h04;
     end else if (\$150 ) begin
+      decode_err = 8'h08;
+    end else if (\$156 ) begin
+      decode_err = 8'h06;
+    end else if (\$159 ) begin
+      decode_err = 8'h03;
+    end else if (\$168 ) begin
+      decode_err = 8'h04;
+    end else if (\$171 ) begin
       decode_err = 8'h02;
-    end else if (\$157 ) begin
+    end else if (\$signal$153 ) begin
+      decode_err = 8'h09;
+    end else if (\$178 ) begin
       decode_err = 8'h05;
     end
   end
@@ -3253,11 +3266,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd0__addr = 13'h0000;
     if (eng_run) begin
-      rd0__addr = \$signal$151 ;
+      rd0__addr = \$signal$158 ;
     end
     if (gemm_run) begin
-      if (\$229 ) begin
-        rd0__addr = \$signal$219 ;
+      if (\$242 ) begin
+        rd0__addr = \$signal$225 ;
       end
     end
     casez (ctrl_state)
@@ -3270,7 +3283,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$242 [12:0];
+          rd0__addr = \$253 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3284,17 +3297,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$263 ) begin
-            rd0__addr = \$264 [12:0];
-          end
-      5'h0a:
-          rd0__addr = \$265 [12:0];
-      5'h10:
           if (\$274 ) begin
             rd0__addr = \$275 [12:0];
           end
+      5'h0a:
+          rd0__addr = \$276 [12:0];
+      5'h10:
+          if (\$285 ) begin
+            rd0__addr = \$286 [12:0];
+          end
       5'h11:
-          rd0__addr = \$283 [12:0];
+          rd0__addr = \$294 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -3307,9 +3320,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$305 ) begin
           end else begin
-            rd0__addr = \$295 [12:0];
+            rd0__addr = \$306 [12:0];
           end
       5'h17:
           /* empty */;
@@ -3317,18 +3330,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$298 ) begin
+          if (\$309 ) begin
           end else begin
-            rd0__addr = \$300 [12:0];
+            rd0__addr = \$311 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$301 ) begin
-          end else if (\$304 ) begin
-            rd0__addr = \$308 [12:0];
+          if (\$312 ) begin
+          end else if (\$315 ) begin
+            rd0__addr = \$319 [12:0];
           end
     endcase
   end
@@ -3336,7 +3349,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd1__addr = 13'h0000;
     if (eng_run) begin
-      rd1__addr = \$signal$153 ;
+      rd1__addr = \$signal$160 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -3348,7 +3361,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$245 [12:0];
+          rd1__addr = \$256 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3381,9 +3394,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$305 ) begin
           end else begin
-            rd1__addr = \$297 [12:0];
+            rd1__addr = \$308 [12:0];
           end
     endcase
   end
@@ -3391,10 +3404,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd0__en = 1'h1;
     if (eng_run) begin
-      rd0__en = \$163 ;
+      rd0__en = \$184 ;
     end
     if (gemm_run) begin
-      if (\$229 ) begin
+      if (\$242 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3422,13 +3435,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$263 ) begin
+          if (\$274 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$274 ) begin
+          if (\$285 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
@@ -3445,7 +3458,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$305 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3455,7 +3468,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$298 ) begin
+          if (\$309 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3464,8 +3477,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$301 ) begin
-          end else if (\$304 ) begin
+          if (\$312 ) begin
+          end else if (\$315 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3474,7 +3487,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd1__en = 1'h1;
     if (eng_run) begin
-      rd1__en = \$169 ;
+      rd1__en = \$190 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -3519,7 +3532,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$305 ) begin
           end else begin
             rd1__en = 1'h1;
           end
@@ -3531,7 +3544,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            rq_in__valid = \$signal$182 ;
+            rq_in__valid = \$signal$189 ;
       endcase
     end
   end
@@ -3542,30 +3555,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            eng_ready = \$209 ;
+            eng_ready = \$222 ;
         6'h05:
             eng_ready = i__ready;
         6'h06:
-            eng_ready = \i__ready$195 ;
+            eng_ready = \i__ready$202 ;
         default:
-            eng_ready = \i__ready$199 ;
+            eng_ready = \i__ready$206 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$184  = 1'h0;
+    \$signal$191  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$184  = c_out__valid;
+            \$signal$191  = c_out__valid;
         6'h05:
-            \$signal$184  = o__valid;
+            \$signal$191  = o__valid;
         6'h06:
-            \$signal$184  = \o__valid$196 ;
+            \$signal$191  = \o__valid$203 ;
         default:
-            \$signal$184  = \o__valid$200 ;
+            \$signal$191  = \o__valid$207 ;
       endcase
     end
   end
@@ -3576,13 +3589,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            out_data = rq_sat;
+            out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197  };
+            out_data = { \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204  };
         default:
-            out_data = { \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201 [15], \o__payload$201  };
+            out_data = { \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208  };
       endcase
     end
   end
@@ -3593,7 +3606,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       casez (ins[5:0])
         6'h04:
             if (c_out__valid) begin
-              c_out__ready = \$211 ;
+              c_out__ready = \$224 ;
             end
       endcase
     end
@@ -3613,13 +3626,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             /* empty */;
         6'h05:
-            i__valid = \$signal$156 ;
+            i__valid = \$signal$163 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$194  = 1'h0;
+    \i__valid$201  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -3627,13 +3640,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$194  = \$signal$156 ;
+            \i__valid$201  = \$signal$163 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$198  = 1'h0;
+    \i__valid$205  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -3644,7 +3657,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$198  = \$signal$156 ;
+            \i__valid$205  = \$signal$163 ;
       endcase
     end
   end
@@ -3683,7 +3696,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$247 ;
+          rd_data__ready = \$258 ;
     endcase
   end
   always @* begin
@@ -3691,7 +3704,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$221 ;
+        wr__addr = \$signal$227 ;
       end
     end
     casez (ctrl_state)
@@ -3708,8 +3721,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
-            wr__addr = \$246 [12:0];
+          if (\$signal$191 ) begin
+            wr__addr = \$257 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3718,9 +3731,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$252 ) begin
-            if (\$248 ) begin
-              wr__addr = \$249 [12:0];
+          if (\$signal$251 ) begin
+            if (\$259 ) begin
+              wr__addr = \$260 [12:0];
             end
           end
       5'h09:
@@ -3729,11 +3742,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
-            wr__addr = \$279 [12:0];
+          if (\$289 ) begin
+            wr__addr = \$290 [12:0];
           end
-          if (\$280 ) begin
-            wr__addr = \$282 [12:0];
+          if (\$291 ) begin
+            wr__addr = \$293 [12:0];
           end
         end
       5'h11:
@@ -3741,19 +3754,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
-            wr__addr = \$285 [12:0];
+          if (\$295 ) begin
+            wr__addr = \$296 [12:0];
           end
       5'h14:
-          wr__addr = \$287 [12:0];
+          wr__addr = \$298 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$300 ) begin
           end else begin
-            wr__addr = \$290 [12:0];
+            wr__addr = \$301 [12:0];
           end
       5'h16:
-          wr__addr = \$293 [12:0];
+          wr__addr = \$304 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -3767,8 +3780,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
-            wr__addr = \$signal$290 ;
+          if (\$signal$285 ) begin
+            wr__addr = \$signal$286 ;
           end
     endcase
   end
@@ -3777,7 +3790,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$232 ;
+        wr__data = { \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245  };
       end
     end
     casez (ctrl_state)
@@ -3794,7 +3807,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
+          if (\$signal$191 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -3804,9 +3817,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$252 ) begin
-            if (\$248 ) begin
-              wr__data = \$256 ;
+          if (\$signal$251 ) begin
+            if (\$259 ) begin
+              wr__data = \$267 ;
             end
           end
       5'h09:
@@ -3815,11 +3828,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
-            wr__data = { 29'h00000000, \$signal$277 [2:0] };
+          if (\$289 ) begin
+            wr__data = { 29'h00000000, \$signal$274 [2:0] };
           end
-          if (\$280 ) begin
-            wr__data = { 16'h0000, \$signal$277 [18:3] };
+          if (\$291 ) begin
+            wr__data = { 16'h0000, \$signal$274 [18:3] };
           end
         end
       5'h11:
@@ -3827,19 +3840,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
-            wr__data = { 18'h00000, \$signal$278  };
+          if (\$295 ) begin
+            wr__data = { 18'h00000, \$signal$275  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$282  };
+          wr__data = { 18'h00000, \$signal$278  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$300 ) begin
           end else begin
-            wr__data = { \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291  };
+            wr__data = { \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$284  };
+          wr__data = { 18'h00000, \$signal$280  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3853,7 +3866,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
+          if (\$signal$285 ) begin
             wr__data = rd0__data;
           end
     endcase
@@ -3880,7 +3893,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
+          if (\$signal$191 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -3890,8 +3903,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$252 ) begin
-            if (\$248 ) begin
+          if (\$signal$251 ) begin
+            if (\$259 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3901,10 +3914,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
+          if (\$289 ) begin
             wr__en = 1'h1;
           end
-          if (\$280 ) begin
+          if (\$291 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3913,14 +3926,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
+          if (\$295 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$300 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -3939,7 +3952,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
+          if (\$signal$285 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -3952,7 +3965,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$233 ) begin
+          if (\$246 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -3968,7 +3981,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$233 ) begin
+          if (\$246 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -3988,11 +4001,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$234 ) begin
-          end else if (\$237 ) begin
-          end else if (\$238 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
+          if (\$247 ) begin
+          end else if (\$248 ) begin
+          end else if (\$249 ) begin
+          end else if (\$250 ) begin
+          end else if (\$251 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4035,11 +4048,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$234 ) begin
-          end else if (\$237 ) begin
-          end else if (\$238 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
+          if (\$247 ) begin
+          end else if (\$248 ) begin
+          end else if (\$249 ) begin
+          end else if (\$250 ) begin
+          end else if (\$251 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4155,7 +4168,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$255 ;
+          wr_data__valid = \$signal$253 ;
     endcase
   end
   always @* begin
@@ -4187,7 +4200,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$266 ) begin
+          if (\$277 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4221,8 +4234,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$266 ) begin
-            bias_addr = \$267 [2:0];
+          if (\$277 ) begin
+            bias_addr = \$278 [2:0];
           end
     endcase
   end
@@ -4255,7 +4268,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$266 ) begin
+          if (\$277 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4291,7 +4304,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__payload = rt_word;
+          scores__payload = rq_in__payload[12:0];
     endcase
   end
   always @* begin
@@ -4325,7 +4338,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$264 ;
+          scores__valid = \$signal$262 ;
     endcase
   end
   always @* begin
@@ -4359,7 +4372,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$276 ;
+          routes__ready = \$287 ;
     endcase
   end
   always @* begin
@@ -4485,46 +4498,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$310 ) begin
+    if (\$321 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = \$signal$119 ;
-    if (\$340 ) begin
-      \$785  = wr_data;
+    \$742  = \$signal$119 ;
+    if (\$351 ) begin
+      \$742  = wr_data;
     end
     if (rst) begin
-      \$785  = 32'd0;
+      \$742  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = host_size;
-    if (\$342 ) begin
-      \$786  = wr_data;
+    \$743  = host_size;
+    if (\$353 ) begin
+      \$743  = wr_data;
     end
     if (rst) begin
-      \$786  = 32'd0;
+      \$743  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = rsel;
+    \$744  = rsel;
     if (rd_en) begin
-      \$787  = s_axil__araddr;
+      \$744  = s_axil__araddr;
     end
     if (rst) begin
-      \$787  = 20'h00000;
+      \$744  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = l0_acc;
-    if (\$343 ) begin
-      if (l0_y[0]) begin
-        \$788  = \$347 ;
+    \$745  = \$signal$134 ;
+    if (\$354 ) begin
+      if (\$signal$243 [0]) begin
+        \$745  = \$358 ;
       end
     end
     casez (ctrl_state)
@@ -4533,22 +4546,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$788  = 14'h0000;
-            endcase
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$745  = st_acc;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$723 ) begin
+          end else begin
+            \$745  = 33'h000000000;
           end
     endcase
     if (rst) begin
-      \$788  = 14'h0000;
+      \$745  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = l0_x;
-    if (\$343 ) begin
-      \$789  = \$349 [13:0];
+    \$746  = \$signal$290 ;
+    if (\$354 ) begin
+      \$746  = \$360 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4556,22 +4617,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$789  = \$546 ;
-            endcase
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$746  = \$signal$133 ;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$723 ) begin
+          end else begin
+            \$746  = { 19'h00000, ins[61:48] };
           end
     endcase
     if (rst) begin
-      \$789  = 14'h0000;
+      \$746  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = l0_y;
-    if (\$343 ) begin
-      \$790  = \$350 ;
+    \$747  = \$signal$243 ;
+    if (\$354 ) begin
+      \$747  = \$361 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4579,24 +4688,106 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            \$790  = 16'h0000;
-            casez (ins[37:32])
-              6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                  \$790  = \$544 ;
-            endcase
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$747  = \$signal$132 ;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$723 ) begin
+          end else begin
+            \$747  = \$signal$173 [15:0];
           end
     endcase
     if (rst) begin
-      \$790  = 16'h0000;
+      \$747  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = l1_acc;
-    if (\$351 ) begin
-      if (l1_y[0]) begin
-        \$791  = \$355 ;
+    \$748  = shape_ok;
+    if (rst) begin
+      \$748  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$749  = \$404 ;
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = \$424 ;
+    if (rst) begin
+      \$750  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = \$431 ;
+    if (rst) begin
+      \$751  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = decode_err;
+    if (rst) begin
+      \$752  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = \$signal$163 ;
+    if (eng_run) begin
+      if (\$433 ) begin
+        \$753  = \$signal$162 ;
       end
     end
     casez (ctrl_state)
@@ -4605,88 +4796,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$791  = 14'h0000;
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$753  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$753  = 1'h0;
               6'h0c:
-                  \$791  = 14'h0000;
-              6'h0a, 6'h0b:
-                  \$791  = 14'h0000;
-              6'h08:
-                  \$791  = 14'h0000;
+                  \$753  = 1'h0;
+              6'h0d:
+                  \$753  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$791  = 14'h0000;
+      \$753  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = l1_x;
-    if (\$351 ) begin
-      \$792  = \$357 [13:0];
+    \$754  = \$signal$177 ;
+    if (eng_run) begin
+      if (\$433 ) begin
+        \$754  = \$signal$291 ;
+      end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$792  = \$551 ;
-              6'h0c:
-                  \$792  = \$579 ;
-              6'h0a, 6'h0b:
-                  \$792  = \$583 ;
-              6'h08:
-                  \$792  = 14'h0008;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$792  = 14'h0000;
+      \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = l1_y;
-    if (\$351 ) begin
-      \$793  = \$358 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$793  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$793  = \$549 ;
-              6'h0c:
-                  \$793  = \$577 ;
-              6'h0a, 6'h0b:
-                  \$793  = \$signal$130 ;
-              6'h08:
-                  \$793  = \$586 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$793  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = l2_acc;
-    if (\$359 ) begin
-      if (l2_y[0]) begin
-        \$794  = \$363 ;
+    \$755  = \$signal$162 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        \$755  = \$439 ;
       end
     end
     casez (ctrl_state)
@@ -4695,14 +4849,1728 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$794  = 14'h0000;
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$755  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$755  = 1'h0;
               6'h0c:
-                  \$794  = 14'h0000;
+                  \$755  = 1'h0;
+              6'h0d:
+                  \$755  = 1'h0;
             endcase
           end
+    endcase
+    if (rst) begin
+      \$755  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$756  = \$signal$291 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        \$756  = \$440 ;
+      end
+    end
+    if (rst) begin
+      \$756  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$757  = rem0;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+            \$757  = \$445 [13:0];
+          end else if (\$444 ) begin
+            \$757  = cnt0;
+          end else begin
+            \$757  = cnt0;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$757  = ln;
+              6'h05, 6'h06, 6'h07:
+                  \$757  = ln;
+              6'h0c:
+                  \$757  = ins[45:32];
+              6'h0d:
+                  \$757  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$757  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$758  = \$signal$158 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+            \$758  = \$446 [12:0];
+          end else if (\$444 ) begin
+            \$758  = \$450 [12:0];
+          end else begin
+            \$758  = \$456 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$758  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$758  = ins[76:64];
+              6'h0c:
+                  \$758  = ins[76:64];
+              6'h0d:
+                  \$758  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$758  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$759  = \$signal$160 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+            \$759  = \$447 [12:0];
+          end else if (\$444 ) begin
+            \$759  = \$452 [12:0];
+          end else begin
+            \$759  = \$459 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$759  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$759  = ins[100:88];
+              6'h0c:
+                  \$759  = ins[100:88];
+              6'h0d:
+                  \$759  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$759  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$760  = rem1;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$760  = \$448 [13:0];
+          end else begin
+            \$760  = cnt1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$760  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$760  = 14'h0001;
+              6'h0c:
+                  \$760  = ins[61:48];
+              6'h0d:
+                  \$760  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$760  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$761  = \$signal$298 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$761  = \$449 [12:0];
+          end else begin
+            \$761  = \$455 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$761  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$761  = ins[76:64];
+              6'h0c:
+                  \$761  = ins[76:64];
+              6'h0d:
+                  \$761  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$761  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$762  = \$signal$300 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$762  = \$451 [12:0];
+          end else begin
+            \$762  = \$458 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$762  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$762  = ins[100:88];
+              6'h0c:
+                  \$762  = ins[100:88];
+              6'h0d:
+                  \$762  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$762  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$763  = rem2;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$763  = \$453 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$763  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$763  = 14'h0001;
+              6'h0c:
+                  \$763  = m_eff[13:0];
+              6'h0d:
+                  \$763  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$763  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$764  = \$signal$304 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$764  = \$454 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$764  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$764  = ins[76:64];
+              6'h0c:
+                  \$764  = ins[76:64];
+              6'h0d:
+                  \$764  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$764  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = \$signal$306 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$765  = \$457 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$765  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$765  = ins[100:88];
+              6'h0c:
+                  \$765  = ins[100:88];
+              6'h0d:
+                  \$765  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$765  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$766  = \$signal$292 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            if (\$461 ) begin
+              \$766  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$766  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$766  = 1'h1;
+              6'h0c:
+                  \$766  = 1'h1;
+              6'h0d:
+                  \$766  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$766  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = \$465 ;
+    if (rst) begin
+      \$767  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$768  = \$signal$189 ;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+          begin
+            if (\$466 ) begin
+              \$768  = 1'h0;
+            end
+            if (\$467 ) begin
+              if (\$476 ) begin
+                \$768  = 1'h1;
+              end
+            end
+          end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$768  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$768  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = \$signal$308 ;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+          begin
+            if (\$466 ) begin
+              \$769  = 3'h0;
+            end
+            if (\$467 ) begin
+              \$769  = \$472 [2:0];
+            end
+          end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$769  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$769  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = rq_in__payload;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            if (\$467 ) begin
+              casez (\$469 )
+                3'h0:
+                    \$770 [23:0] = \$signal$173 [23:0];
+                3'h1:
+                    \$770 [47:24] = \$signal$173 [23:0];
+                3'h2:
+                    \$770 [71:48] = \$signal$173 [23:0];
+                3'h3:
+                    \$770 [95:72] = \$signal$173 [23:0];
+              endcase
+            end
+      endcase
+    end
+    if (gemm_run) begin
+      if (\$signal$309 ) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$770 [7:0] = rd0__data[7:0];
+          2'h1:
+              \$770 [31:24] = rd0__data[7:0];
+          2'h2:
+              \$770 [55:48] = rd0__data[7:0];
+          2'h3:
+              \$770 [79:72] = rd0__data[7:0];
+        endcase
+      end
+      if (\$504 ) begin
+        \$770  = 96'h000000000000000000000000;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$770  = 96'h000000000000000000000000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$329 ) begin
+            \$770 [12:0] = \$678 ;
+          end
+    endcase
+    if (rst) begin
+      \$770  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = rq_lane;
+    if (eng_run) begin
+      casez (ins[5:0])
+        6'h04:
+            if (c_out__valid) begin
+              \$771  = \$480 [1:0];
+            end
+      endcase
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$771  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$771  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$772  = \$signal$309 ;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$492 ) begin
+        \$772  = 1'h1;
+      end else begin
+        \$772  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$772  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$492 ) begin
+        \$773  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$773  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$774  = gm_lane;
+    if (gemm_run) begin
+      if (\$492 ) begin
+        \$774  = \$493 [2:0];
+      end
+      if (\$504 ) begin
+        \$774  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$774  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$774  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = \$signal$225 ;
+    if (gemm_run) begin
+      if (\$492 ) begin
+        \$775  = \$494 [12:0];
+      end
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+          \$775  = \$509 [12:0];
+        end else begin
+          \$775  = \$514 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$775  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$775  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = a_in__valid;
+    if (gemm_run) begin
+      if (\$503 ) begin
+        \$776  = 1'h1;
+      end
+      if (\$504 ) begin
+        \$776  = 1'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$776  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$776  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = \$signal$312 ;
+    if (gemm_run) begin
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+          \$777  = \$507 [6:0];
+        end else begin
+          \$777  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$777  = 7'h00;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$777  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = gm_wstart;
+    if (gemm_run) begin
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+          \$778  = \$508 [12:0];
+        end else begin
+          \$778  = \$512 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$778  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$778  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$779  = \$signal$224 ;
+    if (gemm_run) begin
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+        end else begin
+          \$779  = \$510 [13:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$779  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+        end else begin
+          if (\$517 ) begin
+            \$780  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$780  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$780  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$781  = \$518 [1:0];
+        if (gc_last) begin
+          \$781  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$781  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$781  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = \$signal$227 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$782  = \$519 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$782  = \$532 [12:0];
+          end else begin
+            \$782  = \$539 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$782  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$782  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$783  = \$527 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$783  = \$536 ;
+          end else begin
+            \$783  = \$545 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$783  = \$596 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$783  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$784  = \$signal$315 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$784  = \$530 [8:0];
+          end else begin
+            \$784  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$784  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$784  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$785  = \$531 [12:0];
+          end else begin
+            \$785  = \$538 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$785  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$785  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = \$signal$314 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+          end else begin
+            \$786  = \$537 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$786  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$786  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$787  = \$546 [31:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$787  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$787  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$788  = \$547 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$788  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$788  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$789  = \$548 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$789  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$789  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$790  = \$549 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$790  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$790  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$791  = \$550 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$791  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$791  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$792  = \$551 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$792  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$792  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$793  = \$552 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$793  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$793  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = \$signal$173 ;
+    if (\$556 ) begin
+      \$794  = rd0__data;
+    end
+    if (rst) begin
+      \$794  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = rd1_q;
+    if (\$556 ) begin
+      \$795  = rd1__data;
+    end
+    if (rst) begin
+      \$795  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$796  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+            \$796  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$796  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$796  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$797  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+            \$797  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$797  = 1'h0;
+          end
+    endcase
+    if (\$741 ) begin
+      \$797  = 1'h0;
+    end
+    if (rst) begin
+      \$797  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$798  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
       5'h04:
           /* empty */;
       5'h05:
@@ -4748,36 +6616,213 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h19:
           /* empty */;
       5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$766 ) begin
-          end else begin
-            \$794  = 14'h0000;
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$798  = stop_code;
           end
     endcase
+    if (\$741 ) begin
+      \$798  = 8'h00;
+    end
     if (rst) begin
-      \$794  = 14'h0000;
+      \$798  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = l2_x;
-    if (\$359 ) begin
-      \$795  = \$365 [13:0];
-    end
+    \$799  = pc;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$799  = 13'h0000;
+          end
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$795  = \$559 ;
-              6'h0c:
-                  \$795  = \$581 ;
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$799  = { 1'h0, ins[255:244] };
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$610 ) begin
+            \$799  = \$612 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$614 ) begin
+            \$799  = \$615 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$633 ) begin
+            \$799  = \$634 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$663 ) begin
+            \$799  = \$664 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+          end else begin
+            \$799  = \$708 [12:0];
+          end
+      5'h0b:
+          if (\$710 ) begin
+            \$799  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$713 ) begin
+            \$799  = \$716 [12:0];
+          end
+      5'h0c:
+          if (\$718 ) begin
+            \$799  = \$719 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$799  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = \$signal$121 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$800  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$800  = \$589 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$610 ) begin
+            \$800  = \$613 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$614 ) begin
+            \$800  = \$616 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$633 ) begin
+            \$800  = \$635 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$663 ) begin
+            \$800  = \$665 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+          end else begin
+            \$800  = \$709 [31:0];
+          end
+      5'h0b:
+          if (\$710 ) begin
+            \$800  = \$711 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$713 ) begin
+            \$800  = \$717 [31:0];
+          end
+      5'h0c:
+          if (\$718 ) begin
+            \$800  = \$720 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$800  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = \$signal$146 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$801  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
       5'h04:
           /* empty */;
       5'h05:
@@ -4811,49 +6856,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$766 ) begin
+          if (\$707 ) begin
           end else begin
-            \$795  = ins[61:48];
+            \$801  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$795  = 14'h0000;
+      \$801  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = l2_y;
-    if (\$359 ) begin
-      \$796  = \$366 ;
-    end
+    \$802  = exp_active;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$802  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            \$796  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$796  = \$557 [15:0];
-              6'h0c:
-                  \$796  = ins[79:64];
-            endcase
-          end
+          /* empty */;
       5'h04:
           /* empty */;
       5'h05:
@@ -4887,315 +6911,1130 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+          end else begin
+            \$802  = 1'h0;
+          end
       5'h0b:
-          /* empty */;
+          if (\$710 ) begin
+            \$802  = 1'h0;
+          end
       5'h17:
           /* empty */;
       5'h18:
+          if (\$713 ) begin
+            \$802  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$802  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$803  = \$signal$149 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$803  = 1'h0;
+          end
+      5'h01:
           /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$610 ) begin
+            if (\$611 ) begin
+              \$803  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$803  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$804  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+            \$804  = 5'h02;
+          end else begin
+            \$804  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          if (\$559 ) begin
+            \$804  = 5'h04;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+            \$804  = 5'h00;
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$804  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$804  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$592 ) begin
+                    \$804  = 5'h05;
+                  end else begin
+                    \$804  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$804  = 5'h06;
+              6'h0c:
+                  \$804  = 5'h06;
+              6'h0d:
+                  \$804  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$598 ) begin
+                    \$804  = 5'h05;
+                  end else begin
+                    \$804  = 5'h07;
+                  end
+              6'h01:
+                  \$804  = 5'h08;
+              6'h02:
+                  \$804  = 5'h09;
+              6'h08:
+                  \$804  = 5'h0a;
+              6'h09:
+                  \$804  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$804  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$804  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$604 ) begin
+            \$804  = 5'h07;
+          end else begin
+            \$804  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$610 ) begin
+            \$804  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$804  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$804  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$323 ) begin
+              \$804  = 5'h02;
+            end else begin
+              \$804  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$614 ) begin
+            \$804  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$804  = 5'h02;
+          end else if (\$633 ) begin
+            \$804  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$804  = 5'h02;
+          end else if (\$663 ) begin
+            \$804  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$667 ) begin
+            \$804  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$696 ) begin
+            \$804  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$804  = 5'h12;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$804  = 5'h13;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$697 ) begin
+            \$804  = 5'h14;
+          end else begin
+            \$804  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$804  = 5'h15;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$700 ) begin
+            \$804  = 5'h11;
+          end else begin
+            \$804  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+            \$804  = 5'h11;
+          end else begin
+            \$804  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$710 ) begin
+            \$804  = 5'h01;
+          end else begin
+            \$804  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$804  = 5'h18;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$713 ) begin
+            \$804  = 5'h01;
+          end else begin
+            \$804  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
       5'h0c:
-          /* empty */;
+        begin
+          (* full_case = 32'd1 *)
+          if (\$718 ) begin
+            \$804  = 5'h01;
+          end else begin
+            \$804  = 5'h19;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
       5'h19:
-          /* empty */;
+        begin
+          \$804  = 5'h1a;
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
       5'h1a:
+        begin
           (* full_case = 32'd1 *)
-          if (\$766 ) begin
+          if (\$723 ) begin
+            \$804  = 5'h02;
           end else begin
-            \$796  = \$signal$279 [15:0];
+            \$804  = 5'h1b;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$734 ) begin
+            \$804  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$804  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$739 ) begin
+            \$804  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$796  = 16'h0000;
+      \$804  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = l3_acc;
-    if (\$367 ) begin
-      if (l3_y[0]) begin
-        \$797  = \$371 ;
-      end
+    \$805  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$557 ) begin
+            \$805  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$805  = decode_q;
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$805  = 8'h07;
+          end else if (done) begin
+            if (\error$323 ) begin
+              \$805  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$805  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$805  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$723 ) begin
+            \$805  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$805  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$805  = 8'h00;
     end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$557 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$806  = 6'h00;
+          end else begin
+            if (\$577 ) begin
+              \$806  = 6'h01;
+            end
+            if (\$578 ) begin
+              \$806  = 6'h01;
+            end
+            if (\$579 ) begin
+              \$806  = 6'h02;
+            end
+            if (\$580 ) begin
+              \$806  = 6'h04;
+            end
+            if (\$581 ) begin
+              \$806  = 6'h04;
+            end
+            if (\$582 ) begin
+              \$806  = 6'h04;
+            end
+            if (\$583 ) begin
+              \$806  = 6'h08;
+            end
+            if (\$584 ) begin
+              \$806  = 6'h10;
+            end
+            if (\$585 ) begin
+              \$806  = 6'h10;
+            end
+            if (\$586 ) begin
+              \$806  = 6'h10;
+            end
+            if (\$587 ) begin
+              \$806  = 6'h20;
+            end
+            if (\$588 ) begin
+              \$806  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$806  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$610 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$806  = 6'h00;
+          end else if (done) begin
+            if (\error$323 ) begin
+              \$806  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$614 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$806  = 6'h00;
+          end else if (\$633 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$806  = 6'h00;
+          end else if (\$663 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+          end else begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$710 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$713 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$718 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$723 ) begin
+            \$806  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$806  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$806  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$807  = fetch_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else begin
+            \$807  = 4'h1;
+          end
+      5'h03:
+          \$807  = \$558 [3:0];
+    endcase
+    if (rst) begin
+      \$807  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
+          \$808  = { \$signature__data , ins[255:32] };
+    endcase
+    if (rst) begin
+      \$808  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = step;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$559 ) begin
+            \$809  = 3'h0;
+          end
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$809  = \$575 [2:0];
+          end
+    endcase
+    if (rst) begin
+      \$809  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\$559 ) begin
+            \$810  = 2'h0;
+          end
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+            \$810  = \$576 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$810  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = ln;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  \$811  = \$566 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$811  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = mk;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  \$812  = \$568 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$812  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = p2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  \$813  = \$570 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$813  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = p3;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  \$814  = \$572 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$814  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = l4;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  /* empty */;
+              3'h5:
+                  \$815  = \$574 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$815  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = host_eff;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  /* empty */;
+              3'h5:
+                  /* empty */;
+              3'h6:
+                  \$816  = \$signal$134 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$816  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = \$signal$185 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$817  = ins[243:238];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
               6'h03:
-                  \$797  = 14'h0000;
+                  \$817  = ins[243:238];
             endcase
-          end
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-            \$797  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$797  = 14'h0000;
+      \$817  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = l3_x;
-    if (\$367 ) begin
-      \$798  = \$373 [13:0];
-    end
+    \$818  = \$signal$167 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$818  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
               6'h03:
-                  \$798  = \$567 ;
+                  \$818  = ins[231:200];
             endcase
           end
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-            \$798  = l2_acc;
-          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$818  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$798  = 14'h0000;
+      \$818  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = l3_y;
-    if (\$367 ) begin
-      \$799  = \$374 ;
-    end
+    \$819  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$541 ) begin
-            \$799  = 16'h0000;
-            casez (ins[37:32])
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$819  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
               6'h03:
-                  \$799  = \$565 [15:0];
+                  \$819  = ins[237:232];
             endcase
           end
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-            \$799  = m_eff;
-          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$819  = rd1__data[5:0];
     endcase
     if (rst) begin
-      \$799  = 16'h0000;
+      \$819  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = l4_acc;
-    if (\$375 ) begin
-      if (l4_y[0]) begin
-        \$800  = \$379 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$800  = 18'h00000;
-              6'h0c:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h01:
-                  \$800  = 18'h00003;
-              6'h02:
-                  \$800  = 18'h00003;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$800  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = l4_x;
-    if (\$375 ) begin
-      \$801  = \$381 [17:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            casez (ins[37:32])
-              6'h03:
-                  \$801  = \$574 ;
-              6'h0c:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h01:
-                  \$801  = \$601 ;
-              6'h02:
-                  \$801  = \$608 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$801  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = l4_y;
-    if (\$375 ) begin
-      \$802  = \$382 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$802  = 16'h0000;
-            casez (ins[37:32])
-              6'h03:
-                  \$802  = \$570 [15:0];
-              6'h0c:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h01:
-                  \$802  = \$589 ;
-              6'h02:
-                  \$802  = \$604 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$802  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = lh_acc;
-    if (\$383 ) begin
-      if (lh_y[0]) begin
-        \$803  = \$387 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$803  = { 1'h0, ins[199:168] };
-          end
-    endcase
-    if (rst) begin
-      \$803  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = lh_x;
-    if (\$383 ) begin
-      \$804  = \$389 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$804  = { 1'h0, ins[231:200] };
-          end
-    endcase
-    if (rst) begin
-      \$804  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = lh_y;
-    if (\$383 ) begin
-      \$805  = \$390 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$805  = { 12'h000, \$611  };
-          end
-    endcase
-    if (rst) begin
-      \$805  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = shape_ok;
-    if (rst) begin
-      \$806  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = \$410 ;
-    if (rst) begin
-      \$807  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$417 ;
-    if (rst) begin
-      \$808  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = decode_err;
-    if (rst) begin
-      \$809  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$156 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        \$810  = \$signal$155 ;
-      end
-    end
+    \$820  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5205,74 +8044,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$810  = 1'h0;
+                  \$820  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$810  = 1'h0;
+                  \$820  = ln;
               6'h0c:
-                  \$810  = 1'h0;
+                  \$820  = ins[45:32];
               6'h0d:
-                  \$810  = 1'h0;
+                  \$820  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$810  = 1'h0;
+      \$820  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$170 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        \$811  = \$signal$300 ;
-      end
-    end
-    if (rst) begin
-      \$811  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$166 ;
-    if (eng_run) begin
-      if (\$419 ) begin
-        \$812  = rd0__data;
-      end
-    end
-    if (rst) begin
-      \$812  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = b_word;
-    if (eng_run) begin
-      if (\$419 ) begin
-        \$813  = rd1__data;
-      end
-    end
-    if (rst) begin
-      \$813  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        \$814  = \$425 ;
-      end
-    end
+    \$821  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5282,59 +8080,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$814  = 1'h0;
+                  \$821  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$814  = 1'h0;
+                  \$821  = 14'h0001;
               6'h0c:
-                  \$814  = 1'h0;
+                  \$821  = ins[61:48];
               6'h0d:
-                  \$814  = 1'h0;
+                  \$821  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$814  = 1'h0;
+      \$821  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$300 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        \$815  = \$426 ;
-      end
-    end
-    if (rst) begin
-      \$815  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = rem0;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-            \$816  = \$431 [13:0];
-          end else if (\$430 ) begin
-            \$816  = cnt0;
-          end else begin
-            \$816  = cnt0;
-          end
-        end
-      end
-    end
+    \$822  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5344,47 +8116,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$816  = l0_acc;
+                  \$822  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$816  = l0_acc;
+                  \$822  = 13'h0001;
               6'h0c:
-                  \$816  = ins[45:32];
+                  \$822  = ins[60:48];
               6'h0d:
-                  \$816  = ins[61:48];
+                  \$822  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$816  = 14'h0000;
+      \$822  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$151 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-            \$817  = \$432 [12:0];
-          end else if (\$430 ) begin
-            \$817  = \$436 [12:0];
-          end else begin
-            \$817  = \$442 [12:0];
-          end
-        end
-      end
-    end
+    \$823  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5394,47 +8152,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$817  = ins[76:64];
+                  \$823  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$817  = ins[76:64];
+                  \$823  = 1'h0;
               6'h0c:
-                  \$817  = ins[76:64];
+                  \$823  = 1'h1;
               6'h0d:
-                  \$817  = ins[76:64];
+                  \$823  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$817  = 13'h0000;
+      \$823  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$153 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-            \$818  = \$433 [12:0];
-          end else if (\$430 ) begin
-            \$818  = \$438 [12:0];
-          end else begin
-            \$818  = \$445 [12:0];
-          end
-        end
-      end
-    end
+    \$824  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5444,314 +8188,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$818  = ins[100:88];
+                  \$824  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$818  = ins[100:88];
+                  \$824  = 13'h0000;
               6'h0c:
-                  \$818  = ins[100:88];
+                  \$824  = p2[12:0];
               6'h0d:
-                  \$818  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$818  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = rem1;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-            \$819  = \$434 [13:0];
-          end else begin
-            \$819  = cnt1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$819  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$819  = 14'h0001;
-              6'h0c:
-                  \$819  = ins[61:48];
-              6'h0d:
-                  \$819  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$819  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$308 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-            \$820  = \$435 [12:0];
-          end else begin
-            \$820  = \$441 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$820  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$820  = ins[76:64];
-              6'h0c:
-                  \$820  = ins[76:64];
-              6'h0d:
-                  \$820  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$820  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$310 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-            \$821  = \$437 [12:0];
-          end else begin
-            \$821  = \$444 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$821  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$821  = ins[100:88];
-              6'h0c:
-                  \$821  = ins[100:88];
-              6'h0d:
-                  \$821  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$821  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = rem2;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-          end else begin
-            \$822  = \$439 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$822  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$822  = 14'h0001;
-              6'h0c:
-                  \$822  = m_eff[13:0];
-              6'h0d:
-                  \$822  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$822  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$314 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-          end else begin
-            \$823  = \$440 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$823  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$823  = ins[76:64];
-              6'h0c:
-                  \$823  = ins[76:64];
-              6'h0d:
-                  \$823  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$823  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$316 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-          end else begin
-            \$824  = \$443 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$824  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$824  = ins[100:88];
-              6'h0c:
-                  \$824  = ins[100:88];
-              6'h0d:
-                  \$824  = ins[100:88];
+                  \$824  = ins[60:48];
             endcase
           end
     endcase
@@ -5761,21 +8214,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$302 ;
-    if (eng_run) begin
-      if (\$423 ) begin
-        if (\$428 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$430 ) begin
-          end else begin
-            if (\$447 ) begin
-              \$825  = 1'h0;
-            end
-          end
-        end
-      end
-    end
+    \$825  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5785,23 +8224,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$825  = 1'h1;
+                  \$825  = 1'h0;
               6'h05, 6'h06, 6'h07:
                   \$825  = 1'h1;
               6'h0c:
                   \$825  = 1'h1;
               6'h0d:
-                  \$825  = 1'h1;
+                  \$825  = 1'h0;
             endcase
           end
     endcase
@@ -5811,29 +8250,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$451 ;
-    if (rst) begin
-      \$826  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$182 ;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-          begin
-            if (\$452 ) begin
-              \$827  = 1'h0;
-            end
-            if (\$453 ) begin
-              if (\$462 ) begin
-                \$827  = 1'h1;
-              end
-            end
-          end
-      endcase
-    end
+    \$826  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5843,40 +8260,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$827  = 1'h0;
+                  \$826  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$826  = 1'h0;
+              6'h0c:
+                  \$826  = 1'h0;
+              6'h0d:
+                  \$826  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$827  = 1'h0;
+      \$826  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$318 ;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-          begin
-            if (\$452 ) begin
-              \$828  = 3'h0;
-            end
-            if (\$453 ) begin
-              \$828  = \$458 [2:0];
-            end
-          end
-      endcase
-    end
+    \$827  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5886,59 +8296,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$828  = 3'h0;
+                  \$827  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$827  = 13'h0000;
+              6'h0c:
+                  \$827  = ins[44:32];
+              6'h0d:
+                  \$827  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$828  = 3'h0;
+      \$827  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = rq_in__payload;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            if (\$453 ) begin
-              casez (\$455 )
-                3'h0:
-                    \$829 [31:0] = \$signal$166 ;
-                3'h1:
-                    \$829 [63:32] = \$signal$166 ;
-                3'h2:
-                    \$829 [95:64] = \$signal$166 ;
-                3'h3:
-                    \$829 [127:96] = \$signal$166 ;
-              endcase
-            end
-      endcase
-    end
-    if (rst) begin
-      \$829  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = rq_lane;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            if (c_out__valid) begin
-              \$830  = \$466 [1:0];
-            end
-      endcase
-    end
+    \$828  = el_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -5948,62 +8332,63 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$830  = 2'h0;
+                  \$828  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$828  = 14'h0000;
+              6'h0c:
+                  \$828  = 14'h0000;
+              6'h0d:
+                  \$828  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$828  = 14'h0000;
+              6'h02:
+                  \$828  = 14'h0000;
             endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$191 ) begin
+            \$828  = \$605 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$251 ) begin
+            if (\$619 ) begin
+              \$828  = \$620 [13:0];
+            end
+          end
+      5'h09:
+          if (\$642 ) begin
+            \$828  = \$643 [13:0];
           end
     endcase
     if (rst) begin
-      \$830  = 2'h0;
+      \$828  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$319 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$478 ) begin
-        \$831  = 1'h1;
-      end else begin
-        \$831  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$831  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$478 ) begin
-        \$832  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$832  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = gm_lane;
-    if (gemm_run) begin
-      if (\$478 ) begin
-        \$833  = \$479 [2:0];
-      end
-      if (\$490 ) begin
-        \$833  = 3'h0;
-      end
-    end
+    \$829  = rq_at_last;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -6013,11 +8398,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$829  = \$590 ;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$191 ) begin
+            \$829  = \$607 ;
+          end
+    endcase
+    if (rst) begin
+      \$829  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6031,9 +8454,225 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
+                  /* empty */;
+              6'h01:
+                  \$830  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$618 ) begin
+            \$830  = 1'h1;
+          end
+          if (\$signal$251 ) begin
+            if (\$627 ) begin
+              \$830  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$830  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = ld_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$831  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$618 ) begin
+            \$831  = 3'h0;
+          end
+          if (\$signal$251 ) begin
+            \$831  = \$621 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$831  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = \$signal$253 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$832  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$654 ) begin
+            \$832  = 1'h1;
+          end
+          if (\$655 ) begin
+            \$832  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$832  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$833  = \$signal$254 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
                   \$833  = 3'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$642 ) begin
+            \$833  = \$644 [2:0];
+          end
+          if (\$655 ) begin
+            \$833  = 3'h0;
+          end
+        end
     endcase
     if (rst) begin
       \$833  = 3'h0;
@@ -6041,20 +8680,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$219 ;
-    if (gemm_run) begin
-      if (\$478 ) begin
-        \$834  = \$480 [12:0];
-      end
-      if (\$490 ) begin
-        (* full_case = 32'd1 *)
-        if (\$492 ) begin
-          \$834  = \$495 [12:0];
-        end else begin
-          \$834  = \$500 [12:0];
+    \$834  = \$signal$255 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$834  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$642 ) begin
+            \$834  = 1'h1;
+          end
+          if (\$signal$255 ) begin
+            \$834  = 1'h0;
+          end
         end
-      end
+    endcase
+    if (rst) begin
+      \$834  = 1'h0;
     end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -6064,11 +8755,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6082,177 +8773,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$834  = ins[76:64];
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$835 [35:32] = 4'h0;
             endcase
           end
-    endcase
-    if (rst) begin
-      \$834  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$319 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$835 [7:0] = rd0__data[7:0];
-          2'h1:
-              \$835 [15:8] = rd0__data[7:0];
-          2'h2:
-              \$835 [23:16] = rd0__data[7:0];
-          2'h3:
-              \$835 [31:24] = rd0__data[7:0];
-        endcase
-      end
-      if (\$490 ) begin
-        \$835  = 32'd0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
+      5'h05:
           /* empty */;
-      5'h01:
+      5'h0d:
           /* empty */;
-      5'h03:
+      5'h06:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$835  = 32'd0;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$618 ) begin
+            \$835 [31:0] = m_axi__rdata;
+          end
+      5'h09:
+        begin
+          if (\$signal$255 ) begin
+            casez (\$signal$325 )
+              2'h0:
+                  \$835 [31:0] = rd0__data;
+            endcase
+            casez (\$signal$325 )
+              2'h0:
+                  \$835 [35:32] = 4'hf;
             endcase
           end
-    endcase
-    if (rst) begin
-      \$835  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = a_in__valid;
-    if (gemm_run) begin
-      if (\$489 ) begin
-        \$836  = 1'h1;
-      end
-      if (\$490 ) begin
-        \$836  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$836  = 1'h0;
-            endcase
+          if (\$655 ) begin
+            \$835 [35:32] = 4'h0;
           end
-    endcase
-    if (rst) begin
-      \$836  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$322 ;
-    if (gemm_run) begin
-      if (\$490 ) begin
-        (* full_case = 32'd1 *)
-        if (\$492 ) begin
-          \$837  = \$493 [6:0];
-        end else begin
-          \$837  = 7'h00;
         end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$837  = 7'h00;
-            endcase
-          end
     endcase
     if (rst) begin
-      \$837  = 7'h00;
+      \$835  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = gm_wstart;
-    if (gemm_run) begin
-      if (\$490 ) begin
-        (* full_case = 32'd1 *)
-        if (\$492 ) begin
-          \$838  = \$494 [12:0];
-        end else begin
-          \$838  = \$498 [12:0];
-        end
-      end
-    end
+    \$836  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -6262,11 +8829,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6280,7 +8847,135 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$838  = ins[76:64];
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$836  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$836  = \$666 [3:0];
+      5'h10:
+          if (\$696 ) begin
+            \$836  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$836  = \$705 [3:0];
+    endcase
+    if (rst) begin
+      \$836  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = \$signal$279 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$837  = \$600 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$837  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$838  = \$603 [12:0];
             endcase
           end
     endcase
@@ -6290,16 +8985,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$218 ;
-    if (gemm_run) begin
-      if (\$490 ) begin
-        (* full_case = 32'd1 *)
-        if (\$492 ) begin
-        end else begin
-          \$839  = \$496 [13:0];
-        end
-      end
-    end
+    \$839  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -6309,11 +8995,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6327,515 +9013,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$839  = m_eff[13:0];
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$839  = 16'h0000;
             endcase
-          end
-    endcase
-    if (rst) begin
-      \$839  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$490 ) begin
-        (* full_case = 32'd1 *)
-        if (\$492 ) begin
-        end else begin
-          if (\$503 ) begin
-            \$840  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$840  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$840  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$841  = \$504 [1:0];
-        if (gc_last) begin
-          \$841  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$841  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$841  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$221 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$842  = \$505 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-            \$842  = \$518 [12:0];
-          end else begin
-            \$842  = \$525 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$842  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$842  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$843  = \$513 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-            \$843  = \$522 ;
-          end else begin
-            \$843  = \$531 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$843  = \$639 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$843  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$325 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-            \$844  = \$516 [8:0];
-          end else begin
-            \$844  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$844  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$844  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-            \$845  = \$517 [12:0];
-          end else begin
-            \$845  = \$524 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$845  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$845  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$324 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-          end else begin
-            \$846  = \$523 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$846  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$846  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$847  = \$532 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$847  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$847  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$848  = \$533 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$848  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$848  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$849  = \$534 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$849  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$849  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$850  = \$535 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$850  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$850  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$851  = \$536 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$851  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$851  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$852  = \$537 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$852  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$852  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$853  = \$538 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$853  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$853  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = rd0__data;
-    if (rst) begin
-      \$854  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rd1__data;
-    if (rst) begin
-      \$855  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$856  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-            \$856  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -6882,10 +9071,773 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
+          if (\$734 ) begin
+            \$839  = \$735 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$839  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h02:
-          if (\$782 ) begin
-            \$856  = 1'h0;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$840  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$734 ) begin
+            \$840  = \$736 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$840  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = \$signal$150 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$610 ) begin
+            if (\$611 ) begin
+              \$841  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$841  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$610 ) begin
+            if (\$611 ) begin
+              \$842  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$842  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$325 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$642 ) begin
+            \$843  = \$signal$254 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$843  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$328 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$844  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$680 ) begin
+            if (\$681 ) begin
+              \$844  = \$682 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$844  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = \$signal$266 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$845  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$674 ) begin
+            \$845  = \$677 [3:0];
+          end
+          if (\$680 ) begin
+            if (\$681 ) begin
+              \$845  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$845  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$846  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$674 ) begin
+            \$846  = \$676 [0];
+          end
+          if (\$680 ) begin
+            \$846  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$846  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$262 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$847  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$329 ) begin
+            if (\$679 ) begin
+              \$847  = 1'h1;
+            end
+          end
+          if (\$680 ) begin
+            \$847  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$847  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$265 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$848  = ins[76:64];
+          end
+      5'h10:
+          if (\$680 ) begin
+            if (\$681 ) begin
+              \$848  = \$683 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$848  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = \$signal$272 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$849  = ins[124:112];
+          end
+      5'h10:
+          if (\$690 ) begin
+            if (\$692 ) begin
+              \$849  = \$694 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$849  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$850  = \$signal$263 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$850  = 1'h0;
+          end
+      5'h10:
+          if (\$680 ) begin
+            if (\$681 ) begin
+              if (\$685 ) begin
+                \$850  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$850  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$851  = \$signal$329 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$851  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+            \$851  = 1'h1;
+          end else begin
+            \$851  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$851  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$852  = \$signal$330 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$852  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$690 ) begin
+            if (\$692 ) begin
+              \$852  = \$693 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$852  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$853  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$853  = 2'h0;
+          end
+      5'h10:
+          if (\$690 ) begin
+            (* full_case = 32'd1 *)
+            if (\$692 ) begin
+              \$853  = 2'h0;
+            end else begin
+              \$853  = \$695 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$853  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$854  = \$signal$270 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$854  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$687 ) begin
+            \$854  = 1'h1;
+          end
+          if (\$690 ) begin
+            \$854  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$854  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$667 ) begin
+            \$855  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$689 ) begin
+            \$855  = 1'h1;
+          end
+          if (\$690 ) begin
+            \$855  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$855  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$856  = \$signal$332 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$674 ) begin
+            \$856  = \$675 ;
           end
     endcase
     if (rst) begin
@@ -6894,88 +9846,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$109 ;
+    \$857  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$857  = 1'h0;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-            \$857  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$782 ) begin
-            \$857  = 1'h0;
-          end
-    endcase
-    if (\$784 ) begin
-      \$857  = 1'h0;
-    end
-    if (rst) begin
-      \$857  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$858  = 8'h00;
-          end
       5'h01:
           /* empty */;
       5'h03:
@@ -7001,233 +9875,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$782 ) begin
-            \$858  = stop_code;
+          if (\$687 ) begin
+            \$857  = routes__payload;
           end
     endcase
-    if (\$784 ) begin
-      \$858  = 8'h00;
-    end
     if (rst) begin
-      \$858  = 8'h00;
+      \$857  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = pc;
+    \$858  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$859  = 13'h0000;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$859  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$653 ) begin
-            \$859  = \$655 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$657 ) begin
-            \$859  = \$658 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$676 ) begin
-            \$859  = \$677 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$706 ) begin
-            \$859  = \$707 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$859  = \$751 [12:0];
-          end
-      5'h0b:
-          if (\$753 ) begin
-            \$859  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$859  = \$759 [12:0];
-          end
-      5'h0c:
-          if (\$761 ) begin
-            \$859  = \$762 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$859  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$121 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$860  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$860  = \$632 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$653 ) begin
-            \$860  = \$656 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$657 ) begin
-            \$860  = \$659 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$676 ) begin
-            \$860  = \$678 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$706 ) begin
-            \$860  = \$708 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$860  = \$752 [31:0];
-          end
-      5'h0b:
-          if (\$753 ) begin
-            \$860  = \$754 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$860  = \$760 [31:0];
-          end
-      5'h0c:
-          if (\$761 ) begin
-            \$860  = \$763 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$860  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$140 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$861  = 1'h0;
-          end
       5'h01:
           /* empty */;
       5'h03:
@@ -7253,7 +9914,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$696 ) begin
+            \$858  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -7263,26 +9926,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$861  = 1'h1;
+          if (\$700 ) begin
+            \$858  = \$701 [13:0];
           end
+      5'h16:
+          \$858  = 14'h0000;
     endcase
     if (rst) begin
-      \$861  = 1'h0;
+      \$858  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = exp_active;
+    \$859  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$862  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
@@ -7308,7 +9967,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$696 ) begin
+            \$859  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -7318,842 +9979,238 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$862  = 1'h0;
-          end
-      5'h0b:
-          if (\$753 ) begin
-            \$862  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$862  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$862  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = \$signal$143 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$863  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$863  = 1'h1;
+          if (\$700 ) begin
+            if (\$702 ) begin
+              \$859  = \$703 [13:0];
             end
           end
+      5'h16:
+          \$859  = 14'h0000;
     endcase
     if (rst) begin
-      \$863  = 1'h0;
+      \$859  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = ctrl_state;
+    \$860  = \$signal$336 ;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$864  = 5'h01;
-          end
+          /* empty */;
       5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-            \$864  = 5'h02;
-          end else begin
-            \$864  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h03:
-        begin
-          if (\$541 ) begin
-            \$864  = 5'h04;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-            \$864  = 5'h00;
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-            \$864  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$864  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$635 ) begin
-                    \$864  = 5'h05;
-                  end else begin
-                    \$864  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$864  = 5'h06;
-              6'h0c:
-                  \$864  = 5'h06;
-              6'h0d:
-                  \$864  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$641 ) begin
-                    \$864  = 5'h05;
-                  end else begin
-                    \$864  = 5'h07;
-                  end
-              6'h01:
-                  \$864  = 5'h08;
-              6'h02:
-                  \$864  = 5'h09;
-              6'h08:
-                  \$864  = 5'h0a;
-              6'h09:
-                  \$864  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$864  = 5'h0c;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h05:
-        begin
-          \$864  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$647 ) begin
-            \$864  = 5'h07;
-          end else begin
-            \$864  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h06:
-        begin
-          if (\$653 ) begin
-            \$864  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h07:
-        begin
-          if (cmd__ready) begin
-            \$864  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0e:
-        begin
-          if (error) begin
-            \$864  = 5'h02;
-          end else if (done) begin
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$696 ) begin
+            \$860  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$700 ) begin
             (* full_case = 32'd1 *)
-            if (\error$333 ) begin
-              \$864  = 5'h02;
+            if (\$702 ) begin
+              \$860  = 2'h0;
             end else begin
-              \$864  = 5'h0f;
+              \$860  = \$704 [1:0];
             end
           end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+      5'h16:
+          \$860  = 2'h0;
+    endcase
+    if (rst) begin
+      \$860  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$861  = \$signal$277 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
       5'h0f:
-        begin
-          if (\$657 ) begin
-            \$864  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h08:
-        begin
-          if (error) begin
-            \$864  = 5'h02;
-          end else if (\$676 ) begin
-            \$864  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h09:
-        begin
-          if (error) begin
-            \$864  = 5'h02;
-          end else if (\$706 ) begin
-            \$864  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0a:
-        begin
+          /* empty */;
+      5'h10:
+          if (\$696 ) begin
+            \$861  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$861  = \$698 [13:0];
+    endcase
+    if (rst) begin
+      \$861  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$696 ) begin
+            \$862  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$862  = \$signal$277 ;
+    endcase
+    if (rst) begin
+      \$862  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$863  = scan;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$707 ) begin
+          end else begin
+            \$863  = 4'h0;
+          end
+      5'h0b:
           if (\$710 ) begin
-            \$864  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$739 ) begin
-            \$864  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          \$864  = 5'h12;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$864  = 5'h13;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$740 ) begin
-            \$864  = 5'h14;
-          end else begin
-            \$864  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$864  = 5'h15;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$743 ) begin
-            \$864  = 5'h11;
-          end else begin
-            \$864  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-            \$864  = 5'h11;
-          end else begin
-            \$864  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$753 ) begin
-            \$864  = 5'h01;
-          end else begin
-            \$864  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$864  = 5'h18;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$756 ) begin
-            \$864  = 5'h01;
-          end else begin
-            \$864  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$761 ) begin
-            \$864  = 5'h01;
-          end else begin
-            \$864  = 5'h19;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h19:
-        begin
-          \$864  = 5'h1a;
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h1a:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$766 ) begin
-            \$864  = 5'h02;
-          end else begin
-            \$864  = 5'h1b;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h1b:
-        begin
-          if (\$777 ) begin
-            \$864  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$864  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$782 ) begin
-            \$864  = 5'h00;
-          end
-    endcase
-    if (rst) begin
-      \$864  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = stop_code;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$539 ) begin
-            \$865  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-            \$865  = decode_q;
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$865  = 8'h07;
-          end else if (done) begin
-            if (\error$333 ) begin
-              \$865  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$865  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$865  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
+            \$863  = 4'h8;
           end
       5'h17:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
+          /* empty */;
       5'h18:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-      5'h1a:
-        begin
-          if (\$766 ) begin
-            \$865  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$865  = 8'h00;
-          end
+          \$863  = \$712 [3:0];
     endcase
     if (rst) begin
-      \$865  = 8'h00;
+      \$863  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = cur_unit;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$539 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-            \$866  = 6'h00;
-          end else begin
-            if (\$620 ) begin
-              \$866  = 6'h01;
-            end
-            if (\$621 ) begin
-              \$866  = 6'h01;
-            end
-            if (\$622 ) begin
-              \$866  = 6'h02;
-            end
-            if (\$623 ) begin
-              \$866  = 6'h04;
-            end
-            if (\$624 ) begin
-              \$866  = 6'h04;
-            end
-            if (\$625 ) begin
-              \$866  = 6'h04;
-            end
-            if (\$626 ) begin
-              \$866  = 6'h08;
-            end
-            if (\$627 ) begin
-              \$866  = 6'h10;
-            end
-            if (\$628 ) begin
-              \$866  = 6'h10;
-            end
-            if (\$629 ) begin
-              \$866  = 6'h10;
-            end
-            if (\$630 ) begin
-              \$866  = 6'h20;
-            end
-            if (\$631 ) begin
-              \$866  = 6'h20;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$866  = 6'h00;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$653 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$866  = 6'h00;
-          end else if (done) begin
-            if (\error$333 ) begin
-              \$866  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$657 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$866  = 6'h00;
-          end else if (\$676 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$866  = 6'h00;
-          end else if (\$706 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$753 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$756 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$761 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$766 ) begin
-            \$866  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$866  = 6'h00;
-          end
-    endcase
-    if (rst) begin
-      \$866  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = fetch_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$867  = 4'h1;
-          end
-      5'h03:
-          \$867  = \$540 [3:0];
-    endcase
-    if (rst) begin
-      \$867  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = ins;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$868  = { \$signature__data , ins[255:32] };
-    endcase
-    if (rst) begin
-      \$868  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = ph2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$869  = 1'h0;
-          end
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-            \$869  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$869  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = settle;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$541 ) begin
-            \$870  = 2'h0;
-          end
-      5'h04:
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-            \$870  = \$619 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$870  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = \$signal$178 ;
+    \$864  = \$signal$136 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8162,939 +10219,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$871  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$871  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$871  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$160 ;
-    casez (ctrl_state)
-      5'h00:
           /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$872  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$872  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$872  = { 16'h0000, rd0__data[15:0] };
-    endcase
-    if (rst) begin
-      \$872  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = rq_shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$873  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$873  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$873  = rd1__data[5:0];
-    endcase
-    if (rst) begin
-      \$873  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = cnt0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$874  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$874  = l0_acc;
-              6'h0c:
-                  \$874  = ins[45:32];
-              6'h0d:
-                  \$874  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$874  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$875  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$875  = 14'h0001;
-              6'h0c:
-                  \$875  = ins[61:48];
-              6'h0d:
-                  \$875  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$875  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$876  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$876  = 13'h0001;
-              6'h0c:
-                  \$876  = ins[60:48];
-              6'h0d:
-                  \$876  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$876  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$877  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$877  = 1'h0;
-              6'h0c:
-                  \$877  = 1'h1;
-              6'h0d:
-                  \$877  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$877  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$878  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$878  = 13'h0000;
-              6'h0c:
-                  \$878  = l2_acc[12:0];
-              6'h0d:
-                  \$878  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$878  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$879  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$879  = 1'h1;
-              6'h0c:
-                  \$879  = 1'h1;
-              6'h0d:
-                  \$879  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$879  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$880  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$880  = 1'h0;
-              6'h0c:
-                  \$880  = 1'h0;
-              6'h0d:
-                  \$880  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$880  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$881  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$881  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$881  = 13'h0000;
-              6'h0c:
-                  \$881  = ins[44:32];
-              6'h0d:
-                  \$881  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$881  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$882  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$882  = 14'h0000;
-              6'h0c:
-                  \$882  = 14'h0000;
-              6'h0d:
-                  \$882  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$882  = 14'h0000;
-              6'h02:
-                  \$882  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$184 ) begin
-            \$882  = \$648 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$252 ) begin
-            if (\$662 ) begin
-              \$882  = \$663 [13:0];
-            end
-          end
-      5'h09:
-          if (\$685 ) begin
-            \$882  = \$686 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$882  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$883  = rq_at_last;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$883  = \$633 ;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$184 ) begin
-            \$883  = \$650 ;
-          end
-    endcase
-    if (rst) begin
-      \$883  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$884  = \$signal$252 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$884  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$661 ) begin
-            \$884  = 1'h1;
-          end
-          if (\$signal$252 ) begin
-            if (\$670 ) begin
-              \$884  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$884  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$885  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$885  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$661 ) begin
-            \$885  = 3'h0;
-          end
-          if (\$signal$252 ) begin
-            \$885  = \$664 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$885  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$886  = \$signal$255 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$886  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$697 ) begin
-            \$886  = 1'h1;
-          end
-          if (\$698 ) begin
-            \$886  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$886  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$887  = \$signal$256 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$887  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$685 ) begin
-            \$887  = \$687 [2:0];
-          end
-          if (\$698 ) begin
-            \$887  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$887  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$888  = \$signal$257 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$888  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$685 ) begin
-            \$888  = 1'h1;
-          end
-          if (\$signal$257 ) begin
-            \$888  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$888  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$889  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$889 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$257 ) begin
-            casez (\$signal$335 )
-              2'h0:
-                  \$889 [31:0] = rd0__data;
-            endcase
-            casez (\$signal$335 )
-              2'h0:
-                  \$889 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$698 ) begin
-            \$889 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$889  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$890  = \$signal$259 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$890  = 4'h0;
-            endcase
-          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -9112,11 +10237,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$890  = \$709 [3:0];
+          /* empty */;
       5'h10:
-          if (\$739 ) begin
-            \$890  = 4'h0;
-          end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
@@ -9128,15 +10251,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$890  = \$748 [3:0];
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$713 ) begin
+            \$864  = scan;
+          end
     endcase
     if (rst) begin
-      \$890  = 4'h0;
+      \$864  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$891  = \$signal$283 ;
+    \$865  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9145,42 +10276,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$891  = \$643 [12:0];
-            endcase
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$713 ) begin
+            \$865  = \$signal$173 [15:0];
           end
     endcase
     if (rst) begin
-      \$891  = 13'h0000;
+      \$865  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$892  = \$signal$280 ;
+    \$866  = offset;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9189,42 +10333,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$892  = \$646 [12:0];
-            endcase
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$713 ) begin
+            \$866  = \$715 ;
           end
     endcase
     if (rst) begin
-      \$892  = 13'h0000;
+      \$866  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$893  = \$signal$286 ;
+    \$867  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9233,38 +10390,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$893  = 16'h0000;
-            endcase
-          end
+          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -9308,1391 +10434,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h19:
           /* empty */;
       5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$777 ) begin
-            \$893  = \$778 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$893  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$894  = \$signal$288 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
           (* full_case = 32'd1 *)
-          if (\$612 ) begin
-          end else if (\$615 ) begin
-          end else if (\$616 ) begin
-          end else if (\$617 ) begin
-          end else if (\$618 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$894  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$777 ) begin
-            \$894  = \$779 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$894  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$895  = \$signal$144 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$895  = ins[124:112];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$895  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$896  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$896  = l0_acc;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$896  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$897  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$661 ) begin
-            \$897  = m_axi__rdata;
-          end
-    endcase
-    if (rst) begin
-      \$897  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$898  = \$signal$335 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$685 ) begin
-            \$898  = \$signal$256 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$898  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$899  = \$signal$338 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$899  = m_eff[13:0];
-          end
-      5'h10:
           if (\$723 ) begin
-            if (\$724 ) begin
-              \$899  = \$725 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$899  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$900  = \$signal$268 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$900  = 4'h0;
-          end
-      5'h10:
-        begin
-          if (\$717 ) begin
-            \$900  = \$720 [3:0];
-          end
-          if (\$723 ) begin
-            if (\$724 ) begin
-              \$900  = 4'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$900  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$901  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$901  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$717 ) begin
-            \$901  = \$719 [0];
-          end
-          if (\$723 ) begin
-            \$901  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$901  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$902  = \$signal$264 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$902  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$signal$339 ) begin
-            if (\$722 ) begin
-              \$902  = 1'h1;
-            end
-          end
-          if (\$723 ) begin
-            \$902  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$902  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$903  = \$signal$267 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$903  = ins[76:64];
-          end
-      5'h10:
-          if (\$723 ) begin
-            if (\$724 ) begin
-              \$903  = \$726 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$903  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$904  = \$signal$275 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$904  = ins[124:112];
-          end
-      5'h10:
-          if (\$733 ) begin
-            if (\$735 ) begin
-              \$904  = \$737 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$904  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$905  = \$signal$265 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$905  = 1'h0;
-          end
-      5'h10:
-          if (\$723 ) begin
-            if (\$724 ) begin
-              if (\$728 ) begin
-                \$905  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$905  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$906  = \$signal$339 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$906  = 1'h0;
-          end
-      5'h10:
-          (* full_case = 32'd1 *)
-          if (\$717 ) begin
-            \$906  = 1'h1;
           end else begin
-            \$906  = 1'h0;
+            \$867  = 15'h0000;
+          end
+      5'h1b:
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$867  = \$728 [14:0];
           end
     endcase
     if (rst) begin
-      \$906  = 1'h0;
+      \$867  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$907  = \$signal$340 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$907  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$733 ) begin
-            if (\$735 ) begin
-              \$907  = \$736 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$907  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$908  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$908  = 2'h0;
-          end
-      5'h10:
-          if (\$733 ) begin
-            (* full_case = 32'd1 *)
-            if (\$735 ) begin
-              \$908  = 2'h0;
-            end else begin
-              \$908  = \$738 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$908  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$909  = \$signal$273 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$909  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$730 ) begin
-            \$909  = 1'h1;
-          end
-          if (\$733 ) begin
-            \$909  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$909  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$910  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$710 ) begin
-            \$910  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$732 ) begin
-            \$910  = 1'h1;
-          end
-          if (\$733 ) begin
-            \$910  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$910  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$911  = \$signal$342 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$717 ) begin
-            \$911  = \$718 ;
-          end
-    endcase
-    if (rst) begin
-      \$911  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$912  = rt_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$339 ) begin
-            \$912  = \$721 ;
-          end
-    endcase
-    if (rst) begin
-      \$912  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$913  = \$signal$277 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$730 ) begin
-            \$913  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$913  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$914  = \$signal$278 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$739 ) begin
-            \$914  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$743 ) begin
-            \$914  = \$744 [13:0];
-          end
-      5'h16:
-          \$914  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$914  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$915  = \$signal$282 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$739 ) begin
-            \$915  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$743 ) begin
-            if (\$745 ) begin
-              \$915  = \$746 [13:0];
-            end
-          end
-      5'h16:
-          \$915  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$915  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$916  = \$signal$346 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$739 ) begin
-            \$916  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$743 ) begin
-            (* full_case = 32'd1 *)
-            if (\$745 ) begin
-              \$916  = 2'h0;
-            end else begin
-              \$916  = \$747 [1:0];
-            end
-          end
-      5'h16:
-          \$916  = 2'h0;
-    endcase
-    if (rst) begin
-      \$916  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$917  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$739 ) begin
-            \$917  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$917  = \$741 [13:0];
-    endcase
-    if (rst) begin
-      \$917  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$918  = \$signal$284 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$739 ) begin
-            \$918  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$918  = \$signal$281 ;
-    endcase
-    if (rst) begin
-      \$918  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$919  = \$signal$285 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$750 ) begin
-          end else begin
-            \$919  = 4'h0;
-          end
-      5'h0b:
-          if (\$753 ) begin
-            \$919  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$919  = \$755 [3:0];
-    endcase
-    if (rst) begin
-      \$919  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$920  = \$signal$248 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$920  = \$signal$285 ;
-          end
-    endcase
-    if (rst) begin
-      \$920  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$921  = \$signal$130 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$921  = \$signal$279 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$921  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$922  = \$signal$139 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$756 ) begin
-            \$922  = \$758 ;
-          end
-    endcase
-    if (rst) begin
-      \$922  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$923  = \$signal$287 ;
+    \$868  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10746,96 +10505,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$766 ) begin
+          if (\$723 ) begin
           end else begin
-            \$923  = 15'h0000;
+            \$868  = 1'h0;
           end
       5'h1b:
-          if (\$767 ) begin
-          end else if (\$770 ) begin
-            \$923  = \$771 [14:0];
+          (* full_case = 32'd1 *)
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$868  = 1'h1;
+          end else begin
+            \$868  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$923  = 15'h0000;
+      \$868  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$924  = \$signal$289 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$766 ) begin
-          end else begin
-            \$924  = 1'h0;
-          end
-      5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$767 ) begin
-          end else if (\$770 ) begin
-            \$924  = 1'h1;
-          end else begin
-            \$924  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$924  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$925  = \$signal$290 ;
+    \$869  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10890,13 +10579,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$767 ) begin
-          end else if (\$770 ) begin
-            \$925  = \$775 [12:0];
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$869  = \$732 [12:0];
           end
     endcase
     if (rst) begin
-      \$925  = 13'h0000;
+      \$869  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -10921,14 +10610,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$926 [5], \$926 [5], \$926  };
+  assign bus__arlen = { \$870 [5], \$870 [5], \$870  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$927 [5], \$927 [5], \$927  };
+  assign bus__awlen = { \$871 [5], \$871 [5], \$871  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -10951,35 +10640,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = s_axil__araddr[4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$24 [31:0];
-  assign rq_mult = \$signal$160 [15:0];
-  assign \$signal$162  = rq_shift;
-  assign rq_word = rq_in__payload;
-  assign i__payload = \$signal$166 [15:0];
+  assign rq_mult = \$signal$167 [15:0];
+  assign \$signal$169  = rq_shift;
+  assign pack = rq_in__payload;
+  assign i__payload = \$signal$173 [15:0];
   assign n = ins[63:48];
   assign vec_op = op;
   assign o__ready = 1'h1;
-  assign \o__ready$175  = 1'h1;
-  assign \o__ready$176  = 1'h1;
-  assign \$signal$177  = { 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172  };
-  assign gm_word = a_in__payload;
-  assign \$signal$206  = a_in__valid;
+  assign \o__ready$182  = 1'h1;
+  assign \o__ready$183  = 1'h1;
+  assign \$signal$184  = { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
+  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
+  assign \$signal$212  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$227  = lh_acc[31:0];
-  assign \wr_addr$229  = lh_acc[31:0];
-  assign rd_beats = { 8'h00, l4_acc[17:2] };
-  assign wr_beats = { 8'h00, l4_acc[17:2] };
+  assign \rd_addr$233  = host_eff[31:0];
+  assign \wr_addr$235  = host_eff[31:0];
+  assign rd_beats = { 8'h00, l4[17:2] };
+  assign wr_beats = { 8'h00, l4[17:2] };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$927 [5], \$927 [5], \$927  };
+  assign m_axi__awlen = { \$871 [5], \$871 [5], \$871  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$926 [5], \$926 [5], \$926  };
+  assign m_axi__arlen = { \$870 [5], \$870 [5], \$870  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -10996,23 +10685,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.shift  = ins[237:232];
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
-  assign \rq_in__payload[0]  = rq_in__payload[31:0];
-  assign \rq_in__payload[1]  = rq_in__payload[63:32];
-  assign \rq_in__payload[2]  = rq_in__payload[95:64];
-  assign \rq_in__payload[3]  = rq_in__payload[127:96];
-  assign \rq_word[0]  = rq_in__payload[31:0];
-  assign \rq_word[1]  = rq_in__payload[63:32];
-  assign \rq_word[2]  = rq_in__payload[95:64];
-  assign \rq_word[3]  = rq_in__payload[127:96];
-  assign \i__payload[0]  = \$signal$166 [15:0];
-  assign \i__payload$167[0]  = \i__payload$167 ;
-  assign \i__payload$167[0].g  = \i__payload$167 [15:0];
-  assign \i__payload$167[0].u  = \i__payload$167 [31:16];
-  assign \i__payload$169.a  = \i__payload$169 [15:0];
-  assign \i__payload$169.b  = \i__payload$169 [32:16];
-  assign \i__payload$169.last  = \i__payload$169 [33];
+  assign \rq_in__payload[0]  = rq_in__payload[23:0];
+  assign \rq_in__payload[1]  = rq_in__payload[47:24];
+  assign \rq_in__payload[2]  = rq_in__payload[71:48];
+  assign \rq_in__payload[3]  = rq_in__payload[95:72];
+  assign \pack[0]  = rq_in__payload[23:0];
+  assign \pack[1]  = rq_in__payload[47:24];
+  assign \pack[2]  = rq_in__payload[71:48];
+  assign \pack[3]  = rq_in__payload[95:72];
+  assign \i__payload[0]  = \$signal$173 [15:0];
+  assign \i__payload$174[0]  = \i__payload$174 ;
+  assign \i__payload$174[0].g  = \i__payload$174 [15:0];
+  assign \i__payload$174[0].u  = \i__payload$174 [31:16];
+  assign \i__payload$176.a  = \i__payload$176 [15:0];
+  assign \i__payload$176.b  = \i__payload$176 [32:16];
+  assign \i__payload$176.last  = \i__payload$176 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$197[0]  = \o__payload$197 ;
+  assign \o__payload$204[0]  = \o__payload$204 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -11024,31 +10713,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \a_in__payload[0]  = a_in__payload[7:0];
-  assign \a_in__payload[1]  = a_in__payload[15:8];
-  assign \a_in__payload[2]  = a_in__payload[23:16];
-  assign \a_in__payload[3]  = a_in__payload[31:24];
-  assign \gm_word[0]  = a_in__payload[7:0];
-  assign \gm_word[1]  = a_in__payload[15:8];
-  assign \gm_word[2]  = a_in__payload[23:16];
-  assign \gm_word[3]  = a_in__payload[31:24];
+  assign \a_in__payload[0]  = rq_in__payload[7:0];
+  assign \a_in__payload[1]  = rq_in__payload[31:24];
+  assign \a_in__payload[2]  = rq_in__payload[55:48];
+  assign \a_in__payload[3]  = rq_in__payload[79:72];
   assign \b_in__payload[0]  = m_axi__rdata[7:0];
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \c_out__payload[0]  = c_out__payload[31:0];
-  assign \c_out__payload[1]  = c_out__payload[63:32];
-  assign \c_out__payload[2]  = c_out__payload[95:64];
-  assign \c_out__payload[3]  = c_out__payload[127:96];
+  assign \c_out__payload[0]  = c_out__payload[23:0];
+  assign \c_out__payload[1]  = c_out__payload[47:24];
+  assign \c_out__payload[2]  = c_out__payload[71:48];
+  assign \c_out__payload[3]  = c_out__payload[95:72];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \st_beat.data  = wr_data__payload[31:0];
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
-  assign \rt_word[0]  = rt_word;
-  assign \$signal$277.index  = \$signal$277 [2:0];
-  assign \$signal$277.weight  = \$signal$277 [18:3];
-  assign \$signal$277.last  = \$signal$277 [19];
+  assign \$signal$274.index  = \$signal$274 [2:0];
+  assign \$signal$274.weight  = \$signal$274 [18:3];
+  assign \$signal$274.last  = \$signal$274 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -11056,18 +10740,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$215 ;
-  assign cmd__payload[69:54] = \$213 [15:0];
+  assign cmd__payload[75:70] = \$228 ;
+  assign cmd__payload[69:54] = \$226 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$169 [33] = \$signal$170 ;
-  assign \i__payload$169 [32:16] = \$171 ;
-  assign \i__payload$169 [15:0] = \$signal$166 [15:0];
-  assign \i__payload$167 [31:16] = b_word[15:0];
-  assign \i__payload$167 [15:0] = \$signal$166 [15:0];
+  assign \i__payload$176 [33] = \$signal$177 ;
+  assign \i__payload$176 [32:16] = \$192 ;
+  assign \i__payload$176 [15:0] = \$signal$173 [15:0];
+  assign \i__payload$174 [31:16] = rd1_q[15:0];
+  assign \i__payload$174 [15:0] = \$signal$173 [15:0];
   assign \$16  = { \$signal$109 , 1'h0 };
   assign \$19  = { 1'h0, \$18 , 2'h0 };
   assign \$21  = { 7'h00, err, 8'h00 };
@@ -11075,115 +10759,69 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$31 [9:1] = 9'h000;
   assign \$31 [0] = ins[6];
   assign \$32  = ins[6];
-  assign { \$85 [9:3], \$85 [1:0] } = 9'h000;
-  assign \$85 [2] = ins[8];
-  assign \$86  = ins[8];
-  assign { \$88 [9:3], \$88 [1:0] } = 9'h000;
-  assign \$88 [2] = ins[8];
-  assign \$89  = ins[8];
-  assign \$94  = \$93 [14];
-  assign \$97  = { ins[63:48], 1'h0 };
-  assign \$99  = { ins[63:48], 1'h0 };
-  assign \$111 [9:3] = 7'h00;
-  assign \$111 [2:0] = ins[8:6];
-  assign \$121 [9:3] = 7'h00;
-  assign \$121 [2:0] = ins[8:6];
-  assign \$162  = 1'h1;
-  assign \$163  = \$161 ;
-  assign \$168  = 1'h1;
-  assign \$169  = \$167 ;
-  assign \$228  = 1'h1;
-  assign \$229  = \$227 ;
-  assign \$241  = { \$signal$248 , 1'h0 };
-  assign \$243  = { \$signal$248 , 1'h0 };
-  assign \$273  = 1'h1;
-  assign \$274  = \$272 ;
-  assign \$303  = 1'h1;
-  assign \$304  = \$302 ;
-  assign \$345  = \$344 [14];
-  assign \$348  = { l0_x, 1'h0 };
-  assign \$350  = { 1'h0, l0_y[15:1] };
-  assign \$353  = \$352 [14];
-  assign \$356  = { l1_x, 1'h0 };
-  assign \$358  = { 1'h0, l1_y[15:1] };
-  assign \$361  = \$360 [14];
-  assign \$364  = { l2_x, 1'h0 };
-  assign \$366  = { 1'h0, l2_y[15:1] };
-  assign \$369  = \$368 [14];
-  assign \$372  = { l3_x, 1'h0 };
-  assign \$374  = { 1'h0, l3_y[15:1] };
-  assign \$377  = \$376 [18];
-  assign \$380  = { l4_x, 1'h0 };
-  assign \$382  = { 1'h0, l4_y[15:1] };
-  assign \$385  = \$384 [33];
-  assign \$388  = { lh_x, 1'h0 };
-  assign \$390  = { 1'h0, lh_y[15:1] };
-  assign \$424  = 1'h1;
-  assign \$425  = \$signal$302 ;
-  assign \$427  = 1'h1;
-  assign \$428  = \$signal$302 ;
-  assign \$477  = 1'h1;
-  assign \$478  = \$476 ;
-  assign \$522  = \$521 ;
-  assign \$531  = \$530 ;
-  assign \$542 [9:1] = 9'h000;
-  assign \$542 [0] = ins[38];
-  assign \$543  = ins[38];
-  assign \$547 [9:1] = 9'h000;
-  assign \$547 [0] = ins[38];
-  assign \$548  = ins[38];
-  assign \$552 [9:1] = 9'h000;
-  assign \$552 [0] = ins[38];
-  assign \$553  = ins[38];
-  assign \$557  = { \$556 [17], \$556 [17], \$556 [17:2] };
-  assign \$560 [9:1] = 9'h000;
-  assign \$560 [0] = ins[38];
-  assign \$561  = ins[38];
-  assign \$565  = { \$564 [17], \$564 [17], \$564 [17:2] };
-  assign \$570  = { \$569 [17], \$569 [17], \$569 [17:2] };
-  assign \$571  = { 1'h0, ins[79:64], 2'h0 };
-  assign \$572  = \$571 [18];
-  assign \$573  = { 1'h0, ins[79:64], 2'h0 };
-  assign \$575 [9:1] = 9'h000;
-  assign \$575 [0] = ins[38];
-  assign \$576  = ins[38];
-  assign \$584 [9:1] = 9'h000;
-  assign \$584 [0] = ins[38];
-  assign \$585  = ins[38];
-  assign \$587 [9:1] = 9'h000;
-  assign \$587 [0] = ins[38];
-  assign \$588  = ins[38];
-  assign \$595  = \$594 [18];
-  assign \$602 [9:1] = 9'h000;
-  assign \$602 [0] = ins[38];
-  assign \$603  = ins[38];
-  assign \$605  = { 1'h0, ins[95:80], 2'h0 };
-  assign \$606  = \$605 [18];
-  assign \$607  = { 1'h0, ins[95:80], 2'h0 };
-  assign { \$609 [9:2], \$609 [0] } = 9'h000;
-  assign \$609 [1] = ins[39];
-  assign { \$634 [9:3], \$634 [1:0] } = 9'h000;
-  assign \$634 [2] = ins[8];
-  assign \$635  = ins[8];
-  assign \$639  = \$638 ;
-  assign { \$640 [9:3], \$640 [1:0] } = 9'h000;
-  assign \$640 [2] = ins[8];
-  assign \$641  = ins[8];
-  assign \$642  = { l1_acc[13:2], 1'h0 };
-  assign \$644  = { l1_acc[13:2], 1'h0 };
-  assign \$716  = 1'h1;
-  assign \$717  = \$715 ;
-  assign \$722  = 1'h1;
-  assign \$769  = 1'h1;
-  assign \$770  = \$768 ;
-  assign \$574  = \$573 [17:0];
-  assign \$608  = \$607 [17:0];
-  assign \$610  = ins[39];
+  assign \$35  = { \$34 [17], \$34 [17], \$34 [17:2] };
+  assign \$38  = { \$37 [17], \$37 [17], \$37 [17:2] };
+  assign \$43  = { \$42 [17], \$42 [17], \$42 [17:2] };
+  assign \$44  = { 1'h0, ins[47:32], 2'h0 };
+  assign \$50  = { 1'h0, ins[63:48], 2'h0 };
+  assign { \$51 [9:2], \$51 [0] } = 9'h000;
+  assign \$51 [1] = ins[7];
+  assign { \$106 [9:3], \$106 [1:0] } = 9'h000;
+  assign \$106 [2] = ins[8];
+  assign \$107  = ins[8];
+  assign { \$109 [9:3], \$109 [1:0] } = 9'h000;
+  assign \$109 [2] = ins[8];
+  assign \$110  = ins[8];
+  assign \$115  = \$114 [14];
+  assign \$118  = { ins[63:48], 1'h0 };
+  assign \$120  = { ins[63:48], 1'h0 };
+  assign \$132 [9:3] = 7'h00;
+  assign \$132 [2:0] = ins[8:6];
+  assign \$142 [9:3] = 7'h00;
+  assign \$142 [2:0] = ins[8:6];
+  assign \$183  = 1'h1;
+  assign \$184  = \$182 ;
+  assign \$189  = 1'h1;
+  assign \$190  = \$188 ;
+  assign \$241  = 1'h1;
+  assign \$242  = \$240 ;
+  assign \$252  = { \$signal$136 , 1'h0 };
+  assign \$254  = { \$signal$136 , 1'h0 };
+  assign \$284  = 1'h1;
+  assign \$285  = \$283 ;
+  assign \$314  = 1'h1;
+  assign \$315  = \$313 ;
+  assign \$356  = \$355 [33];
+  assign \$359  = { \$signal$290 , 1'h0 };
+  assign \$361  = { 1'h0, \$signal$243 [15:1] };
+  assign \$438  = 1'h1;
+  assign \$439  = \$signal$292 ;
+  assign \$441  = 1'h1;
+  assign \$442  = \$signal$292 ;
+  assign \$491  = 1'h1;
+  assign \$492  = \$490 ;
+  assign \$536  = \$535 ;
+  assign \$545  = \$544 ;
+  assign { \$591 [9:3], \$591 [1:0] } = 9'h000;
+  assign \$591 [2] = ins[8];
+  assign \$592  = ins[8];
+  assign \$596  = \$595 ;
+  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
+  assign \$597 [2] = ins[8];
+  assign \$598  = ins[8];
+  assign \$599  = { mk[13:2], 1'h0 };
+  assign \$601  = { mk[13:2], 1'h0 };
+  assign \$673  = 1'h1;
+  assign \$674  = \$672 ;
+  assign \$679  = 1'h1;
+  assign \$726  = 1'h1;
+  assign \$727  = \$725 ;
+  assign \$52  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1224$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1242$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3271$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1185$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1203$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3317$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11322,12 +10960,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1224$0 ;
-  wire [5:0] \port$1224$0 ;
-  output [5:0] \port$1242$0 ;
-  wire [5:0] \port$1242$0 ;
-  input [15:0] \port$3271$2 ;
-  wire [15:0] \port$3271$2 ;
+  output [5:0] \port$1185$0 ;
+  wire [5:0] \port$1185$0 ;
+  output [5:0] \port$1203$0 ;
+  wire [5:0] \port$1203$0 ;
+  input [15:0] \port$3317$2 ;
+  wire [15:0] \port$3317$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11492,7 +11130,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3271$2  };
+      \$74  = { 8'h00, \port$3317$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11528,7 +11166,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3271$2  };
+      \$77  = { 8'h00, \port$3317$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11573,11 +11211,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3271$2  };
+  assign rd_beats = { 8'h00, \port$3317$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3271$2  };
-  assign \port$1224$0  = \$9 ;
-  assign \port$1242$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3317$2  };
+  assign \port$1185$0  = \$9 ;
+  assign \port$1203$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -11591,8 +11229,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__payload, a_in__valid, rq_mult, rq_shift, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload
-, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__valid, rq_mult, rq_shift, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload
+);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -11663,10 +11301,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [12:0] \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [32:0] \$161 ;
-  wire [32:0] \$162 ;
-  wire [32:0] \$163 ;
-  wire [32:0] \$164 ;
+  wire [24:0] \$161 ;
+  wire [24:0] \$162 ;
+  wire [24:0] \$163 ;
+  wire [24:0] \$164 ;
   wire \$165 ;
   wire [13:0] \$166 ;
   wire \$167 ;
@@ -11708,7 +11346,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire \$2 ;
   wire \$20 ;
   wire [31:0] \$200 ;
-  reg [127:0] \$201 ;
+  reg [95:0] \$201 ;
   reg [11:0] \$202 ;
   reg \$203 ;
   reg [13:0] \$204 ;
@@ -11759,12 +11397,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg \$245 ;
   reg \$246 ;
   reg [13:0] \$247 ;
-  reg [127:0] \$248 ;
-  reg [127:0] \$249 ;
+  reg [95:0] \$248 ;
+  reg [95:0] \$249 ;
   wire \$25 ;
-  reg [127:0] \$250 ;
+  reg [95:0] \$250 ;
   reg [1:0] \$251 ;
-  reg [127:0] \$252 ;
+  reg [95:0] \$252 ;
   reg \$253 ;
   reg \$254 ;
   reg [13:0] \$255 ;
@@ -11877,11 +11515,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [7:0] \$signature__data$105[1] ;
   wire [7:0] \$signature__data$105[2] ;
   wire [7:0] \$signature__data$105[3] ;
-  wire [127:0] \$signature__data$110 ;
-  wire [31:0] \$signature__data$110[0] ;
-  wire [31:0] \$signature__data$110[1] ;
-  wire [31:0] \$signature__data$110[2] ;
-  wire [31:0] \$signature__data$110[3] ;
+  wire [95:0] \$signature__data$110 ;
+  wire [23:0] \$signature__data$110[0] ;
+  wire [23:0] \$signature__data$110[1] ;
+  wire [23:0] \$signature__data$110[2] ;
+  wire [23:0] \$signature__data$110[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -11895,7 +11533,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
-  input [31:0] a_in__payload;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -11931,22 +11568,22 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire b_take;
   wire busy;
   reg [13:0] c_lim = 14'h0000;
-  output [127:0] c_out__payload;
-  wire [127:0] c_out__payload;
-  wire [31:0] \c_out__payload[0] ;
-  wire [31:0] \c_out__payload[1] ;
-  wire [31:0] \c_out__payload[2] ;
-  wire [31:0] \c_out__payload[3] ;
+  output [95:0] c_out__payload;
+  wire [95:0] c_out__payload;
+  wire [23:0] \c_out__payload[0] ;
+  wire [23:0] \c_out__payload[1] ;
+  wire [23:0] \c_out__payload[2] ;
+  wire [23:0] \c_out__payload[3] ;
   input c_out__ready;
   wire c_out__ready;
   output c_out__valid;
   wire c_out__valid;
   reg [13:0] c_panel = 14'h0000;
-  reg [127:0] c_q = 128'h00000000000000000000000000000000;
-  wire [31:0] \c_q[0] ;
-  wire [31:0] \c_q[1] ;
-  wire [31:0] \c_q[2] ;
-  wire [31:0] \c_q[3] ;
+  reg [95:0] c_q = 96'h000000000000000000000000;
+  wire [23:0] \c_q[0] ;
+  wire [23:0] \c_q[1] ;
+  wire [23:0] \c_q[2] ;
+  wire [23:0] \c_q[3] ;
   reg [13:0] c_tile = 14'h0000;
   input clk;
   wire clk;
@@ -11993,16 +11630,16 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg col_busy1 = 1'h0;
   reg col_valid0 = 1'h0;
   reg col_valid1 = 1'h0;
-  reg [127:0] col_word0 = 128'h00000000000000000000000000000000;
-  wire [31:0] \col_word0[0] ;
-  wire [31:0] \col_word0[1] ;
-  wire [31:0] \col_word0[2] ;
-  wire [31:0] \col_word0[3] ;
-  reg [127:0] col_word1 = 128'h00000000000000000000000000000000;
-  wire [31:0] \col_word1[0] ;
-  wire [31:0] \col_word1[1] ;
-  wire [31:0] \col_word1[2] ;
-  wire [31:0] \col_word1[3] ;
+  reg [95:0] col_word0 = 96'h000000000000000000000000;
+  wire [23:0] \col_word0[0] ;
+  wire [23:0] \col_word0[1] ;
+  wire [23:0] \col_word0[2] ;
+  wire [23:0] \col_word0[3] ;
+  reg [95:0] col_word1 = 96'h000000000000000000000000;
+  wire [23:0] \col_word1[0] ;
+  wire [23:0] \col_word1[1] ;
+  wire [23:0] \col_word1[2] ;
+  wire [23:0] \col_word1[3] ;
   reg [11:0] cols_c = 12'h000;
   reg [13:0] d_base = 14'h0000;
   reg [2:0] d_col = 3'h0;
@@ -12026,11 +11663,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [3:0] gap = 4'h0;
-  wire [127:0] i__payload;
-  wire [31:0] \i__payload[0] ;
-  wire [31:0] \i__payload[1] ;
-  wire [31:0] \i__payload[2] ;
-  wire [31:0] \i__payload[3] ;
+  wire [95:0] i__payload;
+  wire [23:0] \i__payload[0] ;
+  wire [23:0] \i__payload[1] ;
+  wire [23:0] \i__payload[2] ;
+  wire [23:0] \i__payload[3] ;
   wire i__ready;
   wire i__valid;
   reg issuing = 1'h0;
@@ -12040,29 +11677,29 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg last_k = 1'h0;
   reg last_row = 1'h0;
   wire [15:0] mult;
-  wire [127:0] o__payload;
-  wire [31:0] \o__payload[0] ;
-  wire [31:0] \o__payload[1] ;
-  wire [31:0] \o__payload[2] ;
-  wire [31:0] \o__payload[3] ;
+  wire [95:0] o__payload;
+  wire [23:0] \o__payload[0] ;
+  wire [23:0] \o__payload[1] ;
+  wire [23:0] \o__payload[2] ;
+  wire [23:0] \o__payload[3] ;
   wire o__ready;
   wire o__valid;
-  wire [127:0] out;
-  wire [31:0] \out[0] ;
-  wire [31:0] \out[1] ;
-  wire [31:0] \out[2] ;
-  wire [31:0] \out[3] ;
+  wire [95:0] out;
+  wire [23:0] \out[0] ;
+  wire [23:0] \out[1] ;
+  wire [23:0] \out[2] ;
+  wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$108 ;
   wire [7:0] \port__addr$126 ;
   wire [31:0] port__data;
-  wire [127:0] \port__data$10 ;
-  wire [31:0] \port__data$10[0] ;
-  wire [31:0] \port__data$10[1] ;
-  wire [31:0] \port__data$10[2] ;
-  wire [31:0] \port__data$10[3] ;
+  wire [95:0] \port__data$10 ;
+  wire [23:0] \port__data$10[0] ;
+  wire [23:0] \port__data$10[1] ;
+  wire [23:0] \port__data$10[2] ;
+  wire [23:0] \port__data$10[3] ;
   wire [31:0] \port__data$7 ;
   wire [7:0] \port__data$7[0] ;
   wire [7:0] \port__data$7[1] ;
@@ -12078,12 +11715,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
-  input [127:0] rq_in__payload;
-  wire [127:0] rq_in__payload;
-  wire [31:0] \rq_in__payload[0] ;
-  wire [31:0] \rq_in__payload[1] ;
-  wire [31:0] \rq_in__payload[2] ;
-  wire [31:0] \rq_in__payload[3] ;
+  input [95:0] rq_in__payload;
+  wire [95:0] rq_in__payload;
+  wire [23:0] \rq_in__payload[0] ;
+  wire [23:0] \rq_in__payload[1] ;
+  wire [23:0] \rq_in__payload[2] ;
+  wire [23:0] \rq_in__payload[3] ;
   output rq_in__ready;
   wire rq_in__ready;
   input rq_in__valid;
@@ -12114,11 +11751,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [7:0] \spad_b_rd_data[2] ;
   wire [7:0] \spad_b_rd_data[3] ;
   wire spad_b_rd_en;
-  reg [127:0] spad_c_rd_data = 128'h00000000000000000000000000000000;
-  wire [31:0] \spad_c_rd_data[0] ;
-  wire [31:0] \spad_c_rd_data[1] ;
-  wire [31:0] \spad_c_rd_data[2] ;
-  wire [31:0] \spad_c_rd_data[3] ;
+  reg [95:0] spad_c_rd_data = 96'h000000000000000000000000;
+  wire [23:0] \spad_c_rd_data[0] ;
+  wire [23:0] \spad_c_rd_data[1] ;
+  wire [23:0] \spad_c_rd_data[2] ;
+  wire [23:0] \spad_c_rd_data[3] ;
   wire spad_c_rd_en;
   reg start = 1'h0;
   wire step;
@@ -12134,11 +11771,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg [13:0] w_addr = 14'h0000;
   reg w_busy = 1'h0;
   reg w_valid = 1'h0;
-  reg [127:0] w_word = 128'h00000000000000000000000000000000;
-  wire [31:0] \w_word[0] ;
-  wire [31:0] \w_word[1] ;
-  wire [31:0] \w_word[2] ;
-  wire [31:0] \w_word[3] ;
+  reg [95:0] w_word = 96'h000000000000000000000000;
+  wire [23:0] \w_word[0] ;
+  wire [23:0] \w_word[1] ;
+  wire [23:0] \w_word[2] ;
+  wire [23:0] \w_word[3] ;
   reg wbuf = 1'h0;
   (* no_rw_check = 32'd1 *)
   reg [31:0] spad_a [255:0];
@@ -12402,7 +12039,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= a_in__payload;
+      spad_a[a_wptr[7:0]] <= { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -12543,264 +12180,264 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   assign \port__data$7  = spad_b[\$159 [6:0]];
   (* no_rw_check = 32'd1 *)
-  reg [127:0] spad_c [255:0];
+  reg [95:0] spad_c [255:0];
   initial begin
-    spad_c[0] = 128'h00000000000000000000000000000000;
-    spad_c[1] = 128'h00000000000000000000000000000000;
-    spad_c[2] = 128'h00000000000000000000000000000000;
-    spad_c[3] = 128'h00000000000000000000000000000000;
-    spad_c[4] = 128'h00000000000000000000000000000000;
-    spad_c[5] = 128'h00000000000000000000000000000000;
-    spad_c[6] = 128'h00000000000000000000000000000000;
-    spad_c[7] = 128'h00000000000000000000000000000000;
-    spad_c[8] = 128'h00000000000000000000000000000000;
-    spad_c[9] = 128'h00000000000000000000000000000000;
-    spad_c[10] = 128'h00000000000000000000000000000000;
-    spad_c[11] = 128'h00000000000000000000000000000000;
-    spad_c[12] = 128'h00000000000000000000000000000000;
-    spad_c[13] = 128'h00000000000000000000000000000000;
-    spad_c[14] = 128'h00000000000000000000000000000000;
-    spad_c[15] = 128'h00000000000000000000000000000000;
-    spad_c[16] = 128'h00000000000000000000000000000000;
-    spad_c[17] = 128'h00000000000000000000000000000000;
-    spad_c[18] = 128'h00000000000000000000000000000000;
-    spad_c[19] = 128'h00000000000000000000000000000000;
-    spad_c[20] = 128'h00000000000000000000000000000000;
-    spad_c[21] = 128'h00000000000000000000000000000000;
-    spad_c[22] = 128'h00000000000000000000000000000000;
-    spad_c[23] = 128'h00000000000000000000000000000000;
-    spad_c[24] = 128'h00000000000000000000000000000000;
-    spad_c[25] = 128'h00000000000000000000000000000000;
-    spad_c[26] = 128'h00000000000000000000000000000000;
-    spad_c[27] = 128'h00000000000000000000000000000000;
-    spad_c[28] = 128'h00000000000000000000000000000000;
-    spad_c[29] = 128'h00000000000000000000000000000000;
-    spad_c[30] = 128'h00000000000000000000000000000000;
-    spad_c[31] = 128'h00000000000000000000000000000000;
-    spad_c[32] = 128'h00000000000000000000000000000000;
-    spad_c[33] = 128'h00000000000000000000000000000000;
-    spad_c[34] = 128'h00000000000000000000000000000000;
-    spad_c[35] = 128'h00000000000000000000000000000000;
-    spad_c[36] = 128'h00000000000000000000000000000000;
-    spad_c[37] = 128'h00000000000000000000000000000000;
-    spad_c[38] = 128'h00000000000000000000000000000000;
-    spad_c[39] = 128'h00000000000000000000000000000000;
-    spad_c[40] = 128'h00000000000000000000000000000000;
-    spad_c[41] = 128'h00000000000000000000000000000000;
-    spad_c[42] = 128'h00000000000000000000000000000000;
-    spad_c[43] = 128'h00000000000000000000000000000000;
-    spad_c[44] = 128'h00000000000000000000000000000000;
-    spad_c[45] = 128'h00000000000000000000000000000000;
-    spad_c[46] = 128'h00000000000000000000000000000000;
-    spad_c[47] = 128'h00000000000000000000000000000000;
-    spad_c[48] = 128'h00000000000000000000000000000000;
-    spad_c[49] = 128'h00000000000000000000000000000000;
-    spad_c[50] = 128'h00000000000000000000000000000000;
-    spad_c[51] = 128'h00000000000000000000000000000000;
-    spad_c[52] = 128'h00000000000000000000000000000000;
-    spad_c[53] = 128'h00000000000000000000000000000000;
-    spad_c[54] = 128'h00000000000000000000000000000000;
-    spad_c[55] = 128'h00000000000000000000000000000000;
-    spad_c[56] = 128'h00000000000000000000000000000000;
-    spad_c[57] = 128'h00000000000000000000000000000000;
-    spad_c[58] = 128'h00000000000000000000000000000000;
-    spad_c[59] = 128'h00000000000000000000000000000000;
-    spad_c[60] = 128'h00000000000000000000000000000000;
-    spad_c[61] = 128'h00000000000000000000000000000000;
-    spad_c[62] = 128'h00000000000000000000000000000000;
-    spad_c[63] = 128'h00000000000000000000000000000000;
-    spad_c[64] = 128'h00000000000000000000000000000000;
-    spad_c[65] = 128'h00000000000000000000000000000000;
-    spad_c[66] = 128'h00000000000000000000000000000000;
-    spad_c[67] = 128'h00000000000000000000000000000000;
-    spad_c[68] = 128'h00000000000000000000000000000000;
-    spad_c[69] = 128'h00000000000000000000000000000000;
-    spad_c[70] = 128'h00000000000000000000000000000000;
-    spad_c[71] = 128'h00000000000000000000000000000000;
-    spad_c[72] = 128'h00000000000000000000000000000000;
-    spad_c[73] = 128'h00000000000000000000000000000000;
-    spad_c[74] = 128'h00000000000000000000000000000000;
-    spad_c[75] = 128'h00000000000000000000000000000000;
-    spad_c[76] = 128'h00000000000000000000000000000000;
-    spad_c[77] = 128'h00000000000000000000000000000000;
-    spad_c[78] = 128'h00000000000000000000000000000000;
-    spad_c[79] = 128'h00000000000000000000000000000000;
-    spad_c[80] = 128'h00000000000000000000000000000000;
-    spad_c[81] = 128'h00000000000000000000000000000000;
-    spad_c[82] = 128'h00000000000000000000000000000000;
-    spad_c[83] = 128'h00000000000000000000000000000000;
-    spad_c[84] = 128'h00000000000000000000000000000000;
-    spad_c[85] = 128'h00000000000000000000000000000000;
-    spad_c[86] = 128'h00000000000000000000000000000000;
-    spad_c[87] = 128'h00000000000000000000000000000000;
-    spad_c[88] = 128'h00000000000000000000000000000000;
-    spad_c[89] = 128'h00000000000000000000000000000000;
-    spad_c[90] = 128'h00000000000000000000000000000000;
-    spad_c[91] = 128'h00000000000000000000000000000000;
-    spad_c[92] = 128'h00000000000000000000000000000000;
-    spad_c[93] = 128'h00000000000000000000000000000000;
-    spad_c[94] = 128'h00000000000000000000000000000000;
-    spad_c[95] = 128'h00000000000000000000000000000000;
-    spad_c[96] = 128'h00000000000000000000000000000000;
-    spad_c[97] = 128'h00000000000000000000000000000000;
-    spad_c[98] = 128'h00000000000000000000000000000000;
-    spad_c[99] = 128'h00000000000000000000000000000000;
-    spad_c[100] = 128'h00000000000000000000000000000000;
-    spad_c[101] = 128'h00000000000000000000000000000000;
-    spad_c[102] = 128'h00000000000000000000000000000000;
-    spad_c[103] = 128'h00000000000000000000000000000000;
-    spad_c[104] = 128'h00000000000000000000000000000000;
-    spad_c[105] = 128'h00000000000000000000000000000000;
-    spad_c[106] = 128'h00000000000000000000000000000000;
-    spad_c[107] = 128'h00000000000000000000000000000000;
-    spad_c[108] = 128'h00000000000000000000000000000000;
-    spad_c[109] = 128'h00000000000000000000000000000000;
-    spad_c[110] = 128'h00000000000000000000000000000000;
-    spad_c[111] = 128'h00000000000000000000000000000000;
-    spad_c[112] = 128'h00000000000000000000000000000000;
-    spad_c[113] = 128'h00000000000000000000000000000000;
-    spad_c[114] = 128'h00000000000000000000000000000000;
-    spad_c[115] = 128'h00000000000000000000000000000000;
-    spad_c[116] = 128'h00000000000000000000000000000000;
-    spad_c[117] = 128'h00000000000000000000000000000000;
-    spad_c[118] = 128'h00000000000000000000000000000000;
-    spad_c[119] = 128'h00000000000000000000000000000000;
-    spad_c[120] = 128'h00000000000000000000000000000000;
-    spad_c[121] = 128'h00000000000000000000000000000000;
-    spad_c[122] = 128'h00000000000000000000000000000000;
-    spad_c[123] = 128'h00000000000000000000000000000000;
-    spad_c[124] = 128'h00000000000000000000000000000000;
-    spad_c[125] = 128'h00000000000000000000000000000000;
-    spad_c[126] = 128'h00000000000000000000000000000000;
-    spad_c[127] = 128'h00000000000000000000000000000000;
-    spad_c[128] = 128'h00000000000000000000000000000000;
-    spad_c[129] = 128'h00000000000000000000000000000000;
-    spad_c[130] = 128'h00000000000000000000000000000000;
-    spad_c[131] = 128'h00000000000000000000000000000000;
-    spad_c[132] = 128'h00000000000000000000000000000000;
-    spad_c[133] = 128'h00000000000000000000000000000000;
-    spad_c[134] = 128'h00000000000000000000000000000000;
-    spad_c[135] = 128'h00000000000000000000000000000000;
-    spad_c[136] = 128'h00000000000000000000000000000000;
-    spad_c[137] = 128'h00000000000000000000000000000000;
-    spad_c[138] = 128'h00000000000000000000000000000000;
-    spad_c[139] = 128'h00000000000000000000000000000000;
-    spad_c[140] = 128'h00000000000000000000000000000000;
-    spad_c[141] = 128'h00000000000000000000000000000000;
-    spad_c[142] = 128'h00000000000000000000000000000000;
-    spad_c[143] = 128'h00000000000000000000000000000000;
-    spad_c[144] = 128'h00000000000000000000000000000000;
-    spad_c[145] = 128'h00000000000000000000000000000000;
-    spad_c[146] = 128'h00000000000000000000000000000000;
-    spad_c[147] = 128'h00000000000000000000000000000000;
-    spad_c[148] = 128'h00000000000000000000000000000000;
-    spad_c[149] = 128'h00000000000000000000000000000000;
-    spad_c[150] = 128'h00000000000000000000000000000000;
-    spad_c[151] = 128'h00000000000000000000000000000000;
-    spad_c[152] = 128'h00000000000000000000000000000000;
-    spad_c[153] = 128'h00000000000000000000000000000000;
-    spad_c[154] = 128'h00000000000000000000000000000000;
-    spad_c[155] = 128'h00000000000000000000000000000000;
-    spad_c[156] = 128'h00000000000000000000000000000000;
-    spad_c[157] = 128'h00000000000000000000000000000000;
-    spad_c[158] = 128'h00000000000000000000000000000000;
-    spad_c[159] = 128'h00000000000000000000000000000000;
-    spad_c[160] = 128'h00000000000000000000000000000000;
-    spad_c[161] = 128'h00000000000000000000000000000000;
-    spad_c[162] = 128'h00000000000000000000000000000000;
-    spad_c[163] = 128'h00000000000000000000000000000000;
-    spad_c[164] = 128'h00000000000000000000000000000000;
-    spad_c[165] = 128'h00000000000000000000000000000000;
-    spad_c[166] = 128'h00000000000000000000000000000000;
-    spad_c[167] = 128'h00000000000000000000000000000000;
-    spad_c[168] = 128'h00000000000000000000000000000000;
-    spad_c[169] = 128'h00000000000000000000000000000000;
-    spad_c[170] = 128'h00000000000000000000000000000000;
-    spad_c[171] = 128'h00000000000000000000000000000000;
-    spad_c[172] = 128'h00000000000000000000000000000000;
-    spad_c[173] = 128'h00000000000000000000000000000000;
-    spad_c[174] = 128'h00000000000000000000000000000000;
-    spad_c[175] = 128'h00000000000000000000000000000000;
-    spad_c[176] = 128'h00000000000000000000000000000000;
-    spad_c[177] = 128'h00000000000000000000000000000000;
-    spad_c[178] = 128'h00000000000000000000000000000000;
-    spad_c[179] = 128'h00000000000000000000000000000000;
-    spad_c[180] = 128'h00000000000000000000000000000000;
-    spad_c[181] = 128'h00000000000000000000000000000000;
-    spad_c[182] = 128'h00000000000000000000000000000000;
-    spad_c[183] = 128'h00000000000000000000000000000000;
-    spad_c[184] = 128'h00000000000000000000000000000000;
-    spad_c[185] = 128'h00000000000000000000000000000000;
-    spad_c[186] = 128'h00000000000000000000000000000000;
-    spad_c[187] = 128'h00000000000000000000000000000000;
-    spad_c[188] = 128'h00000000000000000000000000000000;
-    spad_c[189] = 128'h00000000000000000000000000000000;
-    spad_c[190] = 128'h00000000000000000000000000000000;
-    spad_c[191] = 128'h00000000000000000000000000000000;
-    spad_c[192] = 128'h00000000000000000000000000000000;
-    spad_c[193] = 128'h00000000000000000000000000000000;
-    spad_c[194] = 128'h00000000000000000000000000000000;
-    spad_c[195] = 128'h00000000000000000000000000000000;
-    spad_c[196] = 128'h00000000000000000000000000000000;
-    spad_c[197] = 128'h00000000000000000000000000000000;
-    spad_c[198] = 128'h00000000000000000000000000000000;
-    spad_c[199] = 128'h00000000000000000000000000000000;
-    spad_c[200] = 128'h00000000000000000000000000000000;
-    spad_c[201] = 128'h00000000000000000000000000000000;
-    spad_c[202] = 128'h00000000000000000000000000000000;
-    spad_c[203] = 128'h00000000000000000000000000000000;
-    spad_c[204] = 128'h00000000000000000000000000000000;
-    spad_c[205] = 128'h00000000000000000000000000000000;
-    spad_c[206] = 128'h00000000000000000000000000000000;
-    spad_c[207] = 128'h00000000000000000000000000000000;
-    spad_c[208] = 128'h00000000000000000000000000000000;
-    spad_c[209] = 128'h00000000000000000000000000000000;
-    spad_c[210] = 128'h00000000000000000000000000000000;
-    spad_c[211] = 128'h00000000000000000000000000000000;
-    spad_c[212] = 128'h00000000000000000000000000000000;
-    spad_c[213] = 128'h00000000000000000000000000000000;
-    spad_c[214] = 128'h00000000000000000000000000000000;
-    spad_c[215] = 128'h00000000000000000000000000000000;
-    spad_c[216] = 128'h00000000000000000000000000000000;
-    spad_c[217] = 128'h00000000000000000000000000000000;
-    spad_c[218] = 128'h00000000000000000000000000000000;
-    spad_c[219] = 128'h00000000000000000000000000000000;
-    spad_c[220] = 128'h00000000000000000000000000000000;
-    spad_c[221] = 128'h00000000000000000000000000000000;
-    spad_c[222] = 128'h00000000000000000000000000000000;
-    spad_c[223] = 128'h00000000000000000000000000000000;
-    spad_c[224] = 128'h00000000000000000000000000000000;
-    spad_c[225] = 128'h00000000000000000000000000000000;
-    spad_c[226] = 128'h00000000000000000000000000000000;
-    spad_c[227] = 128'h00000000000000000000000000000000;
-    spad_c[228] = 128'h00000000000000000000000000000000;
-    spad_c[229] = 128'h00000000000000000000000000000000;
-    spad_c[230] = 128'h00000000000000000000000000000000;
-    spad_c[231] = 128'h00000000000000000000000000000000;
-    spad_c[232] = 128'h00000000000000000000000000000000;
-    spad_c[233] = 128'h00000000000000000000000000000000;
-    spad_c[234] = 128'h00000000000000000000000000000000;
-    spad_c[235] = 128'h00000000000000000000000000000000;
-    spad_c[236] = 128'h00000000000000000000000000000000;
-    spad_c[237] = 128'h00000000000000000000000000000000;
-    spad_c[238] = 128'h00000000000000000000000000000000;
-    spad_c[239] = 128'h00000000000000000000000000000000;
-    spad_c[240] = 128'h00000000000000000000000000000000;
-    spad_c[241] = 128'h00000000000000000000000000000000;
-    spad_c[242] = 128'h00000000000000000000000000000000;
-    spad_c[243] = 128'h00000000000000000000000000000000;
-    spad_c[244] = 128'h00000000000000000000000000000000;
-    spad_c[245] = 128'h00000000000000000000000000000000;
-    spad_c[246] = 128'h00000000000000000000000000000000;
-    spad_c[247] = 128'h00000000000000000000000000000000;
-    spad_c[248] = 128'h00000000000000000000000000000000;
-    spad_c[249] = 128'h00000000000000000000000000000000;
-    spad_c[250] = 128'h00000000000000000000000000000000;
-    spad_c[251] = 128'h00000000000000000000000000000000;
-    spad_c[252] = 128'h00000000000000000000000000000000;
-    spad_c[253] = 128'h00000000000000000000000000000000;
-    spad_c[254] = 128'h00000000000000000000000000000000;
-    spad_c[255] = 128'h00000000000000000000000000000000;
+    spad_c[0] = 96'h000000000000000000000000;
+    spad_c[1] = 96'h000000000000000000000000;
+    spad_c[2] = 96'h000000000000000000000000;
+    spad_c[3] = 96'h000000000000000000000000;
+    spad_c[4] = 96'h000000000000000000000000;
+    spad_c[5] = 96'h000000000000000000000000;
+    spad_c[6] = 96'h000000000000000000000000;
+    spad_c[7] = 96'h000000000000000000000000;
+    spad_c[8] = 96'h000000000000000000000000;
+    spad_c[9] = 96'h000000000000000000000000;
+    spad_c[10] = 96'h000000000000000000000000;
+    spad_c[11] = 96'h000000000000000000000000;
+    spad_c[12] = 96'h000000000000000000000000;
+    spad_c[13] = 96'h000000000000000000000000;
+    spad_c[14] = 96'h000000000000000000000000;
+    spad_c[15] = 96'h000000000000000000000000;
+    spad_c[16] = 96'h000000000000000000000000;
+    spad_c[17] = 96'h000000000000000000000000;
+    spad_c[18] = 96'h000000000000000000000000;
+    spad_c[19] = 96'h000000000000000000000000;
+    spad_c[20] = 96'h000000000000000000000000;
+    spad_c[21] = 96'h000000000000000000000000;
+    spad_c[22] = 96'h000000000000000000000000;
+    spad_c[23] = 96'h000000000000000000000000;
+    spad_c[24] = 96'h000000000000000000000000;
+    spad_c[25] = 96'h000000000000000000000000;
+    spad_c[26] = 96'h000000000000000000000000;
+    spad_c[27] = 96'h000000000000000000000000;
+    spad_c[28] = 96'h000000000000000000000000;
+    spad_c[29] = 96'h000000000000000000000000;
+    spad_c[30] = 96'h000000000000000000000000;
+    spad_c[31] = 96'h000000000000000000000000;
+    spad_c[32] = 96'h000000000000000000000000;
+    spad_c[33] = 96'h000000000000000000000000;
+    spad_c[34] = 96'h000000000000000000000000;
+    spad_c[35] = 96'h000000000000000000000000;
+    spad_c[36] = 96'h000000000000000000000000;
+    spad_c[37] = 96'h000000000000000000000000;
+    spad_c[38] = 96'h000000000000000000000000;
+    spad_c[39] = 96'h000000000000000000000000;
+    spad_c[40] = 96'h000000000000000000000000;
+    spad_c[41] = 96'h000000000000000000000000;
+    spad_c[42] = 96'h000000000000000000000000;
+    spad_c[43] = 96'h000000000000000000000000;
+    spad_c[44] = 96'h000000000000000000000000;
+    spad_c[45] = 96'h000000000000000000000000;
+    spad_c[46] = 96'h000000000000000000000000;
+    spad_c[47] = 96'h000000000000000000000000;
+    spad_c[48] = 96'h000000000000000000000000;
+    spad_c[49] = 96'h000000000000000000000000;
+    spad_c[50] = 96'h000000000000000000000000;
+    spad_c[51] = 96'h000000000000000000000000;
+    spad_c[52] = 96'h000000000000000000000000;
+    spad_c[53] = 96'h000000000000000000000000;
+    spad_c[54] = 96'h000000000000000000000000;
+    spad_c[55] = 96'h000000000000000000000000;
+    spad_c[56] = 96'h000000000000000000000000;
+    spad_c[57] = 96'h000000000000000000000000;
+    spad_c[58] = 96'h000000000000000000000000;
+    spad_c[59] = 96'h000000000000000000000000;
+    spad_c[60] = 96'h000000000000000000000000;
+    spad_c[61] = 96'h000000000000000000000000;
+    spad_c[62] = 96'h000000000000000000000000;
+    spad_c[63] = 96'h000000000000000000000000;
+    spad_c[64] = 96'h000000000000000000000000;
+    spad_c[65] = 96'h000000000000000000000000;
+    spad_c[66] = 96'h000000000000000000000000;
+    spad_c[67] = 96'h000000000000000000000000;
+    spad_c[68] = 96'h000000000000000000000000;
+    spad_c[69] = 96'h000000000000000000000000;
+    spad_c[70] = 96'h000000000000000000000000;
+    spad_c[71] = 96'h000000000000000000000000;
+    spad_c[72] = 96'h000000000000000000000000;
+    spad_c[73] = 96'h000000000000000000000000;
+    spad_c[74] = 96'h000000000000000000000000;
+    spad_c[75] = 96'h000000000000000000000000;
+    spad_c[76] = 96'h000000000000000000000000;
+    spad_c[77] = 96'h000000000000000000000000;
+    spad_c[78] = 96'h000000000000000000000000;
+    spad_c[79] = 96'h000000000000000000000000;
+    spad_c[80] = 96'h000000000000000000000000;
+    spad_c[81] = 96'h000000000000000000000000;
+    spad_c[82] = 96'h000000000000000000000000;
+    spad_c[83] = 96'h000000000000000000000000;
+    spad_c[84] = 96'h000000000000000000000000;
+    spad_c[85] = 96'h000000000000000000000000;
+    spad_c[86] = 96'h000000000000000000000000;
+    spad_c[87] = 96'h000000000000000000000000;
+    spad_c[88] = 96'h000000000000000000000000;
+    spad_c[89] = 96'h000000000000000000000000;
+    spad_c[90] = 96'h000000000000000000000000;
+    spad_c[91] = 96'h000000000000000000000000;
+    spad_c[92] = 96'h000000000000000000000000;
+    spad_c[93] = 96'h000000000000000000000000;
+    spad_c[94] = 96'h000000000000000000000000;
+    spad_c[95] = 96'h000000000000000000000000;
+    spad_c[96] = 96'h000000000000000000000000;
+    spad_c[97] = 96'h000000000000000000000000;
+    spad_c[98] = 96'h000000000000000000000000;
+    spad_c[99] = 96'h000000000000000000000000;
+    spad_c[100] = 96'h000000000000000000000000;
+    spad_c[101] = 96'h000000000000000000000000;
+    spad_c[102] = 96'h000000000000000000000000;
+    spad_c[103] = 96'h000000000000000000000000;
+    spad_c[104] = 96'h000000000000000000000000;
+    spad_c[105] = 96'h000000000000000000000000;
+    spad_c[106] = 96'h000000000000000000000000;
+    spad_c[107] = 96'h000000000000000000000000;
+    spad_c[108] = 96'h000000000000000000000000;
+    spad_c[109] = 96'h000000000000000000000000;
+    spad_c[110] = 96'h000000000000000000000000;
+    spad_c[111] = 96'h000000000000000000000000;
+    spad_c[112] = 96'h000000000000000000000000;
+    spad_c[113] = 96'h000000000000000000000000;
+    spad_c[114] = 96'h000000000000000000000000;
+    spad_c[115] = 96'h000000000000000000000000;
+    spad_c[116] = 96'h000000000000000000000000;
+    spad_c[117] = 96'h000000000000000000000000;
+    spad_c[118] = 96'h000000000000000000000000;
+    spad_c[119] = 96'h000000000000000000000000;
+    spad_c[120] = 96'h000000000000000000000000;
+    spad_c[121] = 96'h000000000000000000000000;
+    spad_c[122] = 96'h000000000000000000000000;
+    spad_c[123] = 96'h000000000000000000000000;
+    spad_c[124] = 96'h000000000000000000000000;
+    spad_c[125] = 96'h000000000000000000000000;
+    spad_c[126] = 96'h000000000000000000000000;
+    spad_c[127] = 96'h000000000000000000000000;
+    spad_c[128] = 96'h000000000000000000000000;
+    spad_c[129] = 96'h000000000000000000000000;
+    spad_c[130] = 96'h000000000000000000000000;
+    spad_c[131] = 96'h000000000000000000000000;
+    spad_c[132] = 96'h000000000000000000000000;
+    spad_c[133] = 96'h000000000000000000000000;
+    spad_c[134] = 96'h000000000000000000000000;
+    spad_c[135] = 96'h000000000000000000000000;
+    spad_c[136] = 96'h000000000000000000000000;
+    spad_c[137] = 96'h000000000000000000000000;
+    spad_c[138] = 96'h000000000000000000000000;
+    spad_c[139] = 96'h000000000000000000000000;
+    spad_c[140] = 96'h000000000000000000000000;
+    spad_c[141] = 96'h000000000000000000000000;
+    spad_c[142] = 96'h000000000000000000000000;
+    spad_c[143] = 96'h000000000000000000000000;
+    spad_c[144] = 96'h000000000000000000000000;
+    spad_c[145] = 96'h000000000000000000000000;
+    spad_c[146] = 96'h000000000000000000000000;
+    spad_c[147] = 96'h000000000000000000000000;
+    spad_c[148] = 96'h000000000000000000000000;
+    spad_c[149] = 96'h000000000000000000000000;
+    spad_c[150] = 96'h000000000000000000000000;
+    spad_c[151] = 96'h000000000000000000000000;
+    spad_c[152] = 96'h000000000000000000000000;
+    spad_c[153] = 96'h000000000000000000000000;
+    spad_c[154] = 96'h000000000000000000000000;
+    spad_c[155] = 96'h000000000000000000000000;
+    spad_c[156] = 96'h000000000000000000000000;
+    spad_c[157] = 96'h000000000000000000000000;
+    spad_c[158] = 96'h000000000000000000000000;
+    spad_c[159] = 96'h000000000000000000000000;
+    spad_c[160] = 96'h000000000000000000000000;
+    spad_c[161] = 96'h000000000000000000000000;
+    spad_c[162] = 96'h000000000000000000000000;
+    spad_c[163] = 96'h000000000000000000000000;
+    spad_c[164] = 96'h000000000000000000000000;
+    spad_c[165] = 96'h000000000000000000000000;
+    spad_c[166] = 96'h000000000000000000000000;
+    spad_c[167] = 96'h000000000000000000000000;
+    spad_c[168] = 96'h000000000000000000000000;
+    spad_c[169] = 96'h000000000000000000000000;
+    spad_c[170] = 96'h000000000000000000000000;
+    spad_c[171] = 96'h000000000000000000000000;
+    spad_c[172] = 96'h000000000000000000000000;
+    spad_c[173] = 96'h000000000000000000000000;
+    spad_c[174] = 96'h000000000000000000000000;
+    spad_c[175] = 96'h000000000000000000000000;
+    spad_c[176] = 96'h000000000000000000000000;
+    spad_c[177] = 96'h000000000000000000000000;
+    spad_c[178] = 96'h000000000000000000000000;
+    spad_c[179] = 96'h000000000000000000000000;
+    spad_c[180] = 96'h000000000000000000000000;
+    spad_c[181] = 96'h000000000000000000000000;
+    spad_c[182] = 96'h000000000000000000000000;
+    spad_c[183] = 96'h000000000000000000000000;
+    spad_c[184] = 96'h000000000000000000000000;
+    spad_c[185] = 96'h000000000000000000000000;
+    spad_c[186] = 96'h000000000000000000000000;
+    spad_c[187] = 96'h000000000000000000000000;
+    spad_c[188] = 96'h000000000000000000000000;
+    spad_c[189] = 96'h000000000000000000000000;
+    spad_c[190] = 96'h000000000000000000000000;
+    spad_c[191] = 96'h000000000000000000000000;
+    spad_c[192] = 96'h000000000000000000000000;
+    spad_c[193] = 96'h000000000000000000000000;
+    spad_c[194] = 96'h000000000000000000000000;
+    spad_c[195] = 96'h000000000000000000000000;
+    spad_c[196] = 96'h000000000000000000000000;
+    spad_c[197] = 96'h000000000000000000000000;
+    spad_c[198] = 96'h000000000000000000000000;
+    spad_c[199] = 96'h000000000000000000000000;
+    spad_c[200] = 96'h000000000000000000000000;
+    spad_c[201] = 96'h000000000000000000000000;
+    spad_c[202] = 96'h000000000000000000000000;
+    spad_c[203] = 96'h000000000000000000000000;
+    spad_c[204] = 96'h000000000000000000000000;
+    spad_c[205] = 96'h000000000000000000000000;
+    spad_c[206] = 96'h000000000000000000000000;
+    spad_c[207] = 96'h000000000000000000000000;
+    spad_c[208] = 96'h000000000000000000000000;
+    spad_c[209] = 96'h000000000000000000000000;
+    spad_c[210] = 96'h000000000000000000000000;
+    spad_c[211] = 96'h000000000000000000000000;
+    spad_c[212] = 96'h000000000000000000000000;
+    spad_c[213] = 96'h000000000000000000000000;
+    spad_c[214] = 96'h000000000000000000000000;
+    spad_c[215] = 96'h000000000000000000000000;
+    spad_c[216] = 96'h000000000000000000000000;
+    spad_c[217] = 96'h000000000000000000000000;
+    spad_c[218] = 96'h000000000000000000000000;
+    spad_c[219] = 96'h000000000000000000000000;
+    spad_c[220] = 96'h000000000000000000000000;
+    spad_c[221] = 96'h000000000000000000000000;
+    spad_c[222] = 96'h000000000000000000000000;
+    spad_c[223] = 96'h000000000000000000000000;
+    spad_c[224] = 96'h000000000000000000000000;
+    spad_c[225] = 96'h000000000000000000000000;
+    spad_c[226] = 96'h000000000000000000000000;
+    spad_c[227] = 96'h000000000000000000000000;
+    spad_c[228] = 96'h000000000000000000000000;
+    spad_c[229] = 96'h000000000000000000000000;
+    spad_c[230] = 96'h000000000000000000000000;
+    spad_c[231] = 96'h000000000000000000000000;
+    spad_c[232] = 96'h000000000000000000000000;
+    spad_c[233] = 96'h000000000000000000000000;
+    spad_c[234] = 96'h000000000000000000000000;
+    spad_c[235] = 96'h000000000000000000000000;
+    spad_c[236] = 96'h000000000000000000000000;
+    spad_c[237] = 96'h000000000000000000000000;
+    spad_c[238] = 96'h000000000000000000000000;
+    spad_c[239] = 96'h000000000000000000000000;
+    spad_c[240] = 96'h000000000000000000000000;
+    spad_c[241] = 96'h000000000000000000000000;
+    spad_c[242] = 96'h000000000000000000000000;
+    spad_c[243] = 96'h000000000000000000000000;
+    spad_c[244] = 96'h000000000000000000000000;
+    spad_c[245] = 96'h000000000000000000000000;
+    spad_c[246] = 96'h000000000000000000000000;
+    spad_c[247] = 96'h000000000000000000000000;
+    spad_c[248] = 96'h000000000000000000000000;
+    spad_c[249] = 96'h000000000000000000000000;
+    spad_c[250] = 96'h000000000000000000000000;
+    spad_c[251] = 96'h000000000000000000000000;
+    spad_c[252] = 96'h000000000000000000000000;
+    spad_c[253] = 96'h000000000000000000000000;
+    spad_c[254] = 96'h000000000000000000000000;
+    spad_c[255] = 96'h000000000000000000000000;
   end
   always @(posedge clk) begin
     if (w_valid)
@@ -12972,10 +12609,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \$159  = \$158  + k;
   assign \$160  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$161  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$162  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$163  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$164  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$161  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
+  assign \$162  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
+  assign \$163  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
+  assign \$164  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
   assign mult = storing ? cmd[69:54] : rq_mult;
   assign \shift$115  = storing ? cmd[75:70] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
@@ -13863,30 +13500,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     \$248  = out;
     if (unit_rst) begin
-      \$248  = 128'h00000000000000000000000000000000;
+      \$248  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$248  = 128'h00000000000000000000000000000000;
+      \$248  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     \$249  = col_word0;
     if (unit_rst) begin
-      \$249  = 128'h00000000000000000000000000000000;
+      \$249  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$249  = 128'h00000000000000000000000000000000;
+      \$249  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     \$250  = col_word1;
     if (unit_rst) begin
-      \$250  = 128'h00000000000000000000000000000000;
+      \$250  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$250  = 128'h00000000000000000000000000000000;
+      \$250  = 96'h000000000000000000000000;
     end
   end
   always @* begin
@@ -13905,23 +13542,23 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     if (\$85 ) begin
       \$252  = spad_c_rd_data;
       if (\$88 ) begin
-        \$252 [31:0] = 32'd0;
+        \$252 [23:0] = 24'h000000;
       end
       if (\$91 ) begin
-        \$252 [63:32] = 32'd0;
+        \$252 [47:24] = 24'h000000;
       end
       if (\$94 ) begin
-        \$252 [95:64] = 32'd0;
+        \$252 [71:48] = 24'h000000;
       end
       if (\$97 ) begin
-        \$252 [127:96] = 32'd0;
+        \$252 [95:72] = 24'h000000;
       end
     end
     if (unit_rst) begin
-      \$252  = 128'h00000000000000000000000000000000;
+      \$252  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$252  = 128'h00000000000000000000000000000000;
+      \$252  = 96'h000000000000000000000000;
     end
   end
   always @* begin
@@ -14410,7 +14047,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign spad_a_rd_en = 1'h1;
   assign spad_b_rd_en = 1'h1;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = a_in__payload;
+  assign \$signature__data  = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
+  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign b_in__ready = b_take;
   assign \$signature__addr$104  = \$150 [6:0];
   assign \$signature__data$105  = b_in__payload;
@@ -14439,14 +14077,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \port__data$7[1]  = \port__data$7 [15:8];
   assign \port__data$7[2]  = \port__data$7 [23:16];
   assign \port__data$7[3]  = \port__data$7 [31:24];
-  assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
-  assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
-  assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
-  assign \spad_c_rd_data[3]  = spad_c_rd_data[127:96];
-  assign \port__data$10[0]  = \port__data$10 [31:0];
-  assign \port__data$10[1]  = \port__data$10 [63:32];
-  assign \port__data$10[2]  = \port__data$10 [95:64];
-  assign \port__data$10[3]  = \port__data$10 [127:96];
+  assign \spad_c_rd_data[0]  = spad_c_rd_data[23:0];
+  assign \spad_c_rd_data[1]  = spad_c_rd_data[47:24];
+  assign \spad_c_rd_data[2]  = spad_c_rd_data[71:48];
+  assign \spad_c_rd_data[3]  = spad_c_rd_data[95:72];
+  assign \port__data$10[0]  = \port__data$10 [23:0];
+  assign \port__data$10[1]  = \port__data$10 [47:24];
+  assign \port__data$10[2]  = \port__data$10 [71:48];
+  assign \port__data$10[3]  = \port__data$10 [95:72];
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
   assign \cmd.n  = cmd[35:24];
@@ -14466,26 +14104,26 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
   assign \a[3]  = a[31:24];
-  assign \col_word0[0]  = col_word0[31:0];
-  assign \col_word0[1]  = col_word0[63:32];
-  assign \col_word0[2]  = col_word0[95:64];
-  assign \col_word0[3]  = col_word0[127:96];
-  assign \out[0]  = out[31:0];
-  assign \out[1]  = out[63:32];
-  assign \out[2]  = out[95:64];
-  assign \out[3]  = out[127:96];
-  assign \col_word1[0]  = col_word1[31:0];
-  assign \col_word1[1]  = col_word1[63:32];
-  assign \col_word1[2]  = col_word1[95:64];
-  assign \col_word1[3]  = col_word1[127:96];
-  assign \w_word[0]  = w_word[31:0];
-  assign \w_word[1]  = w_word[63:32];
-  assign \w_word[2]  = w_word[95:64];
-  assign \w_word[3]  = w_word[127:96];
-  assign \c_q[0]  = c_q[31:0];
-  assign \c_q[1]  = c_q[63:32];
-  assign \c_q[2]  = c_q[95:64];
-  assign \c_q[3]  = c_q[127:96];
+  assign \col_word0[0]  = col_word0[23:0];
+  assign \col_word0[1]  = col_word0[47:24];
+  assign \col_word0[2]  = col_word0[71:48];
+  assign \col_word0[3]  = col_word0[95:72];
+  assign \out[0]  = out[23:0];
+  assign \out[1]  = out[47:24];
+  assign \out[2]  = out[71:48];
+  assign \out[3]  = out[95:72];
+  assign \col_word1[0]  = col_word1[23:0];
+  assign \col_word1[1]  = col_word1[47:24];
+  assign \col_word1[2]  = col_word1[71:48];
+  assign \col_word1[3]  = col_word1[95:72];
+  assign \w_word[0]  = w_word[23:0];
+  assign \w_word[1]  = w_word[47:24];
+  assign \w_word[2]  = w_word[71:48];
+  assign \w_word[3]  = w_word[95:72];
+  assign \c_q[0]  = c_q[23:0];
+  assign \c_q[1]  = c_q[47:24];
+  assign \c_q[2]  = c_q[71:48];
+  assign \c_q[3]  = c_q[95:72];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -14497,14 +14135,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = a_in__payload[7:0];
-  assign \$signature__data[1]  = a_in__payload[15:8];
-  assign \$signature__data[2]  = a_in__payload[23:16];
-  assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \a_in__payload[0]  = a_in__payload[7:0];
-  assign \a_in__payload[1]  = a_in__payload[15:8];
-  assign \a_in__payload[2]  = a_in__payload[23:16];
-  assign \a_in__payload[3]  = a_in__payload[31:24];
+  assign \$signature__data[0]  = rq_in__payload[7:0];
+  assign \$signature__data[1]  = rq_in__payload[31:24];
+  assign \$signature__data[2]  = rq_in__payload[55:48];
+  assign \$signature__data[3]  = rq_in__payload[79:72];
+  assign \a_in__payload[0]  = rq_in__payload[7:0];
+  assign \a_in__payload[1]  = rq_in__payload[31:24];
+  assign \a_in__payload[2]  = rq_in__payload[55:48];
+  assign \a_in__payload[3]  = rq_in__payload[79:72];
   assign \$signature__data$105[0]  = b_in__payload[7:0];
   assign \$signature__data$105[1]  = b_in__payload[15:8];
   assign \$signature__data$105[2]  = b_in__payload[23:16];
@@ -14513,30 +14151,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \$signature__data$110[0]  = \$signature__data$110 [31:0];
-  assign \$signature__data$110[1]  = \$signature__data$110 [63:32];
-  assign \$signature__data$110[2]  = \$signature__data$110 [95:64];
-  assign \$signature__data$110[3]  = \$signature__data$110 [127:96];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
-  assign \rq_in__payload[0]  = rq_in__payload[31:0];
-  assign \rq_in__payload[1]  = rq_in__payload[63:32];
-  assign \rq_in__payload[2]  = rq_in__payload[95:64];
-  assign \rq_in__payload[3]  = rq_in__payload[127:96];
-  assign \c_out__payload[0]  = c_out__payload[31:0];
-  assign \c_out__payload[1]  = c_out__payload[63:32];
-  assign \c_out__payload[2]  = c_out__payload[95:64];
-  assign \c_out__payload[3]  = c_out__payload[127:96];
-  assign \o__payload[0]  = c_out__payload[31:0];
-  assign \o__payload[1]  = c_out__payload[63:32];
-  assign \o__payload[2]  = c_out__payload[95:64];
-  assign \o__payload[3]  = c_out__payload[127:96];
-  assign \$signature__data$110 [127:96] = \$164 [31:0];
-  assign \$signature__data$110 [95:64] = \$163 [31:0];
-  assign \$signature__data$110 [63:32] = \$162 [31:0];
-  assign \$signature__data$110 [31:0] = \$161 [31:0];
+  assign \$signature__data$110[0]  = \$signature__data$110 [23:0];
+  assign \$signature__data$110[1]  = \$signature__data$110 [47:24];
+  assign \$signature__data$110[2]  = \$signature__data$110 [71:48];
+  assign \$signature__data$110[3]  = \$signature__data$110 [95:72];
+  assign \i__payload[0]  = i__payload[23:0];
+  assign \i__payload[1]  = i__payload[47:24];
+  assign \i__payload[2]  = i__payload[71:48];
+  assign \i__payload[3]  = i__payload[95:72];
+  assign \rq_in__payload[0]  = rq_in__payload[23:0];
+  assign \rq_in__payload[1]  = rq_in__payload[47:24];
+  assign \rq_in__payload[2]  = rq_in__payload[71:48];
+  assign \rq_in__payload[3]  = rq_in__payload[95:72];
+  assign \c_out__payload[0]  = c_out__payload[23:0];
+  assign \c_out__payload[1]  = c_out__payload[47:24];
+  assign \c_out__payload[2]  = c_out__payload[71:48];
+  assign \c_out__payload[3]  = c_out__payload[95:72];
+  assign \o__payload[0]  = c_out__payload[23:0];
+  assign \o__payload[1]  = c_out__payload[47:24];
+  assign \o__payload[2]  = c_out__payload[71:48];
+  assign \o__payload[3]  = c_out__payload[95:72];
+  assign \$signature__data$110 [95:72] = \$164 [23:0];
+  assign \$signature__data$110 [71:48] = \$163 [23:0];
+  assign \$signature__data$110 [47:24] = \$162 [23:0];
+  assign \$signature__data$110 [23:0] = \$161 [23:0];
   assign \$200  = \port__data$7 ;
   assign \$199  = port__data;
 endmodule
@@ -14781,12 +14419,12 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire \last_out$47 ;
   wire \last_out$64 ;
   wire \last_out$98 ;
-  output [127:0] out;
-  wire [127:0] out;
-  wire [31:0] \out[0] ;
-  wire [31:0] \out[1] ;
-  wire [31:0] \out[2] ;
-  wire [31:0] \out[3] ;
+  output [95:0] out;
+  wire [95:0] out;
+  wire [23:0] \out[0] ;
+  wire [23:0] \out[1] ;
+  wire [23:0] \out[2] ;
+  wire [23:0] \out[3] ;
   wire [15:0] p__0;
   wire [15:0] p__1;
   wire [15:0] p__10;
@@ -14819,34 +14457,34 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire [15:0] \prod$54 ;
   wire [15:0] \prod$73 ;
   wire [15:0] \prod$88 ;
-  wire [31:0] res;
-  wire [31:0] \res$108 ;
-  wire [31:0] \res$125 ;
-  wire [31:0] \res$135 ;
-  wire [31:0] \res$158 ;
-  wire [31:0] \res$175 ;
-  wire [31:0] \res$192 ;
-  wire [31:0] \res$202 ;
-  wire [31:0] \res$225 ;
-  wire [31:0] \res$242 ;
-  wire [31:0] \res$259 ;
-  wire [31:0] \res$269 ;
-  wire [31:0] \res$40 ;
-  wire [31:0] \res$57 ;
-  wire [31:0] \res$68 ;
-  wire [31:0] \res$91 ;
-  wire [31:0] res_in;
-  wire [31:0] \res_in$107 ;
-  wire [31:0] \res_in$124 ;
-  wire [31:0] \res_in$157 ;
-  wire [31:0] \res_in$174 ;
-  wire [31:0] \res_in$191 ;
-  wire [31:0] \res_in$224 ;
-  wire [31:0] \res_in$241 ;
-  wire [31:0] \res_in$258 ;
-  wire [31:0] \res_in$39 ;
-  wire [31:0] \res_in$56 ;
-  wire [31:0] \res_in$90 ;
+  wire [23:0] res;
+  wire [23:0] \res$108 ;
+  wire [23:0] \res$125 ;
+  wire [23:0] \res$135 ;
+  wire [23:0] \res$158 ;
+  wire [23:0] \res$175 ;
+  wire [23:0] \res$192 ;
+  wire [23:0] \res$202 ;
+  wire [23:0] \res$225 ;
+  wire [23:0] \res$242 ;
+  wire [23:0] \res$259 ;
+  wire [23:0] \res$269 ;
+  wire [23:0] \res$40 ;
+  wire [23:0] \res$57 ;
+  wire [23:0] \res$68 ;
+  wire [23:0] \res$91 ;
+  wire [23:0] res_in;
+  wire [23:0] \res_in$107 ;
+  wire [23:0] \res_in$124 ;
+  wire [23:0] \res_in$157 ;
+  wire [23:0] \res_in$174 ;
+  wire [23:0] \res_in$191 ;
+  wire [23:0] \res_in$224 ;
+  wire [23:0] \res_in$241 ;
+  wire [23:0] \res_in$258 ;
+  wire [23:0] \res_in$39 ;
+  wire [23:0] \res_in$56 ;
+  wire [23:0] \res_in$90 ;
   input rst;
   wire rst;
   input shift;
@@ -15767,14 +15405,14 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   assign \b[1]  = b[15:8];
   assign \b[2]  = b[23:16];
   assign \b[3]  = b[31:24];
-  assign \out[0]  = out[31:0];
-  assign \out[1]  = out[63:32];
-  assign \out[2]  = out[95:64];
-  assign \out[3]  = out[127:96];
-  assign out[127:96] = \res$269 ;
-  assign out[95:64] = \res$202 ;
-  assign out[63:32] = \res$135 ;
-  assign out[31:0] = \res$68 ;
+  assign \out[0]  = out[23:0];
+  assign \out[1]  = out[47:24];
+  assign \out[2]  = out[71:48];
+  assign \out[3]  = out[95:72];
+  assign out[95:72] = \res$269 ;
+  assign out[71:48] = \res$202 ;
+  assign out[47:24] = \res$135 ;
+  assign out[23:0] = \res$68 ;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -16134,12 +15772,12 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -16150,7 +15788,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -16169,15 +15807,15 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -16282,30 +15920,30 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -16318,7 +15956,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -16327,12 +15965,12 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -16343,7 +15981,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -16362,15 +16000,15 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -16475,30 +16113,30 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -16511,7 +16149,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -16520,12 +16158,12 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -16536,7 +16174,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -16555,15 +16193,15 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -16668,30 +16306,30 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -16704,7 +16342,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -16713,12 +16351,12 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -16728,7 +16366,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -16745,14 +16383,14 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -16856,30 +16494,30 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -16892,8 +16530,8 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -16902,12 +16540,12 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -16918,7 +16556,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -16937,15 +16575,15 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -17050,30 +16688,30 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -17086,7 +16724,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17095,12 +16733,12 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -17111,7 +16749,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -17130,15 +16768,15 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -17243,30 +16881,30 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -17279,7 +16917,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17288,12 +16926,12 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -17304,7 +16942,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -17323,15 +16961,15 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -17436,30 +17074,30 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -17472,7 +17110,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17481,12 +17119,12 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -17496,7 +17134,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -17513,14 +17151,14 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -17624,30 +17262,30 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -17660,8 +17298,8 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17670,12 +17308,12 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -17686,7 +17324,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -17705,15 +17343,15 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -17818,30 +17456,30 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -17854,7 +17492,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17863,12 +17501,12 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -17879,7 +17517,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -17898,15 +17536,15 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18011,30 +17649,30 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -18047,7 +17685,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18056,12 +17694,12 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -18072,7 +17710,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -18091,15 +17729,15 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18204,30 +17842,30 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -18240,7 +17878,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18249,12 +17887,12 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -18264,7 +17902,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   output [7:0] b_out;
@@ -18281,14 +17919,14 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18392,30 +18030,30 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -18428,8 +18066,8 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18438,12 +18076,12 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -18454,7 +18092,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   reg [7:0] b_out = 8'h00;
@@ -18472,15 +18110,15 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18585,30 +18223,30 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -18621,7 +18259,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18630,12 +18268,12 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -18646,7 +18284,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   reg [7:0] b_out = 8'h00;
@@ -18664,15 +18302,15 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18777,30 +18415,30 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -18813,7 +18451,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -18822,12 +18460,12 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -18838,7 +18476,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [7:0] a_in;
   output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   reg [7:0] b_out = 8'h00;
@@ -18856,15 +18494,15 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -18969,30 +18607,30 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
       \$13  = res_in;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -19005,7 +18643,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
+  assign total = \$4 [23:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -19014,12 +18652,12 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg [31:0] \$12 ;
-  reg [31:0] \$13 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
   reg \$14 ;
   wire \$2 ;
   wire \$3 ;
-  wire [32:0] \$4 ;
+  wire [24:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
   reg \$7 ;
@@ -19029,7 +18667,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
+  reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
   reg [7:0] b_out = 8'h00;
@@ -19046,14 +18684,14 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg p_last = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  wire [31:0] res_in;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire [31:0] total;
+  wire [23:0] total;
   input unit_rst;
   wire unit_rst;
   input valid_in;
@@ -19157,30 +18795,30 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = acc;
     if (\$1 ) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end else if (\$signal ) begin
-      \$12  = \$4 [31:0];
+      \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
     if (rst) begin
-      \$12  = 32'd0;
+      \$12  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = res;
     if (\$2 ) begin
-      \$13  = \$4 [31:0];
+      \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
     if (rst) begin
-      \$13  = 32'd0;
+      \$13  = 24'h000000;
     end
   end
   always @* begin
@@ -19193,8 +18831,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
       \$14  = 1'h0;
     end
   end
-  assign total = \$4 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -19321,721 +18959,681 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire \$208 ;
-  wire \$209 ;
+  wire [36:0] \$208 ;
+  wire [66:0] \$209 ;
   wire \$21 ;
-  wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
-  wire \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
+  wire [67:0] \$210 ;
+  wire [36:0] \$211 ;
+  wire [66:0] \$212 ;
+  wire [67:0] \$213 ;
+  wire [36:0] \$214 ;
+  wire [66:0] \$215 ;
+  wire [67:0] \$216 ;
+  wire [36:0] \$217 ;
+  wire [66:0] \$218 ;
+  wire [67:0] \$219 ;
   wire \$22 ;
-  wire \$220 ;
-  wire \$221 ;
-  wire \$222 ;
-  wire \$223 ;
-  wire \$224 ;
-  wire \$225 ;
-  wire \$226 ;
-  wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
+  wire [40:0] \$220 ;
+  wire [40:0] \$221 ;
+  wire [40:0] \$222 ;
+  wire [40:0] \$223 ;
+  wire [40:0] \$224 ;
+  wire [40:0] \$225 ;
+  wire [39:0] \$226 ;
+  wire [40:0] \$227 ;
+  wire [40:0] \$228 ;
+  wire [40:0] \$229 ;
   wire \$23 ;
-  wire \$230 ;
-  wire \$231 ;
-  wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
+  wire [40:0] \$230 ;
+  wire [40:0] \$231 ;
+  wire [40:0] \$232 ;
+  wire [39:0] \$233 ;
+  wire [31:0] \$234 ;
+  wire [40:0] \$235 ;
+  wire [40:0] \$236 ;
+  wire [40:0] \$237 ;
+  wire [40:0] \$238 ;
+  wire [40:0] \$239 ;
   wire \$24 ;
-  wire \$240 ;
-  wire \$241 ;
-  wire \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire \$245 ;
-  wire \$246 ;
-  wire \$247 ;
-  wire [36:0] \$248 ;
-  wire [66:0] \$249 ;
+  wire [40:0] \$240 ;
+  wire [39:0] \$241 ;
+  wire [40:0] \$242 ;
+  wire [40:0] \$243 ;
+  wire [40:0] \$244 ;
+  wire [40:0] \$245 ;
+  wire [40:0] \$246 ;
+  wire [40:0] \$247 ;
+  wire [39:0] \$248 ;
+  wire [31:0] \$249 ;
   wire \$25 ;
-  wire [67:0] \$250 ;
-  wire [36:0] \$251 ;
-  wire [66:0] \$252 ;
-  wire [67:0] \$253 ;
-  wire [36:0] \$254 ;
-  wire [66:0] \$255 ;
-  wire [67:0] \$256 ;
-  wire [36:0] \$257 ;
-  wire [66:0] \$258 ;
-  wire [67:0] \$259 ;
+  wire [27:0] \$250 ;
+  wire [40:0] \$251 ;
+  wire [40:0] \$252 ;
+  wire [40:0] \$253 ;
+  wire [40:0] \$254 ;
+  wire [40:0] \$255 ;
+  wire [40:0] \$256 ;
+  wire [39:0] \$257 ;
+  wire [40:0] \$258 ;
+  wire [40:0] \$259 ;
   wire \$26 ;
-  wire [48:0] \$260 ;
-  wire [48:0] \$261 ;
-  wire [48:0] \$262 ;
-  wire [48:0] \$263 ;
-  wire [48:0] \$264 ;
-  wire [48:0] \$265 ;
-  wire [47:0] \$266 ;
-  wire [48:0] \$267 ;
-  wire [48:0] \$268 ;
-  wire [48:0] \$269 ;
+  wire [40:0] \$260 ;
+  wire [40:0] \$261 ;
+  wire [40:0] \$262 ;
+  wire [40:0] \$263 ;
+  wire [39:0] \$264 ;
+  wire [31:0] \$265 ;
+  wire [40:0] \$266 ;
+  wire [40:0] \$267 ;
+  wire [40:0] \$268 ;
+  wire [40:0] \$269 ;
   wire \$27 ;
-  wire [48:0] \$270 ;
-  wire [48:0] \$271 ;
-  wire [48:0] \$272 ;
-  wire [47:0] \$273 ;
-  wire [39:0] \$274 ;
-  wire [48:0] \$275 ;
-  wire [48:0] \$276 ;
-  wire [48:0] \$277 ;
-  wire [48:0] \$278 ;
-  wire [48:0] \$279 ;
+  wire [40:0] \$270 ;
+  wire [40:0] \$271 ;
+  wire [39:0] \$272 ;
+  wire [40:0] \$273 ;
+  wire [40:0] \$274 ;
+  wire [40:0] \$275 ;
+  wire [40:0] \$276 ;
+  wire [40:0] \$277 ;
+  wire [40:0] \$278 ;
+  wire [39:0] \$279 ;
   wire \$28 ;
-  wire [48:0] \$280 ;
-  wire [47:0] \$281 ;
-  wire [48:0] \$282 ;
-  wire [48:0] \$283 ;
-  wire [48:0] \$284 ;
-  wire [48:0] \$285 ;
-  wire [48:0] \$286 ;
-  wire [48:0] \$287 ;
-  wire [47:0] \$288 ;
+  wire [31:0] \$280 ;
+  wire [27:0] \$281 ;
+  wire [25:0] \$282 ;
+  wire [40:0] \$283 ;
+  wire [40:0] \$284 ;
+  wire [40:0] \$285 ;
+  wire [40:0] \$286 ;
+  wire [40:0] \$287 ;
+  wire [40:0] \$288 ;
   wire [39:0] \$289 ;
   wire \$29 ;
-  wire [35:0] \$290 ;
-  wire [48:0] \$291 ;
-  wire [48:0] \$292 ;
-  wire [48:0] \$293 ;
-  wire [48:0] \$294 ;
-  wire [48:0] \$295 ;
-  wire [48:0] \$296 ;
-  wire [47:0] \$297 ;
-  wire [48:0] \$298 ;
-  wire [48:0] \$299 ;
+  wire [40:0] \$290 ;
+  wire [40:0] \$291 ;
+  wire [40:0] \$292 ;
+  wire [40:0] \$293 ;
+  wire [40:0] \$294 ;
+  wire [40:0] \$295 ;
+  wire [39:0] \$296 ;
+  wire [31:0] \$297 ;
+  wire [40:0] \$298 ;
+  wire [40:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [48:0] \$300 ;
-  wire [48:0] \$301 ;
-  wire [48:0] \$302 ;
-  wire [48:0] \$303 ;
-  wire [47:0] \$304 ;
-  wire [39:0] \$305 ;
-  wire [48:0] \$306 ;
-  wire [48:0] \$307 ;
-  wire [48:0] \$308 ;
-  wire [48:0] \$309 ;
+  wire [40:0] \$300 ;
+  wire [40:0] \$301 ;
+  wire [40:0] \$302 ;
+  wire [40:0] \$303 ;
+  wire [39:0] \$304 ;
+  wire [40:0] \$305 ;
+  wire [40:0] \$306 ;
+  wire [40:0] \$307 ;
+  wire [40:0] \$308 ;
+  wire [40:0] \$309 ;
   wire \$31 ;
-  wire [48:0] \$310 ;
-  wire [48:0] \$311 ;
-  wire [47:0] \$312 ;
-  wire [48:0] \$313 ;
-  wire [48:0] \$314 ;
-  wire [48:0] \$315 ;
-  wire [48:0] \$316 ;
-  wire [48:0] \$317 ;
-  wire [48:0] \$318 ;
-  wire [47:0] \$319 ;
+  wire [40:0] \$310 ;
+  wire [39:0] \$311 ;
+  wire [31:0] \$312 ;
+  wire [27:0] \$313 ;
+  wire [40:0] \$314 ;
+  wire [40:0] \$315 ;
+  wire [40:0] \$316 ;
+  wire [40:0] \$317 ;
+  wire [40:0] \$318 ;
+  wire [40:0] \$319 ;
   wire \$32 ;
   wire [39:0] \$320 ;
-  wire [35:0] \$321 ;
-  wire [33:0] \$322 ;
-  wire [48:0] \$323 ;
-  wire [48:0] \$324 ;
-  wire [48:0] \$325 ;
-  wire [48:0] \$326 ;
-  wire [48:0] \$327 ;
-  wire [48:0] \$328 ;
-  wire [47:0] \$329 ;
+  wire [40:0] \$321 ;
+  wire [40:0] \$322 ;
+  wire [40:0] \$323 ;
+  wire [40:0] \$324 ;
+  wire [40:0] \$325 ;
+  wire [40:0] \$326 ;
+  wire [39:0] \$327 ;
+  wire [31:0] \$328 ;
+  wire [40:0] \$329 ;
   wire \$33 ;
-  wire [48:0] \$330 ;
-  wire [48:0] \$331 ;
-  wire [48:0] \$332 ;
-  wire [48:0] \$333 ;
-  wire [48:0] \$334 ;
-  wire [48:0] \$335 ;
-  wire [47:0] \$336 ;
-  wire [39:0] \$337 ;
-  wire [48:0] \$338 ;
-  wire [48:0] \$339 ;
+  wire [40:0] \$330 ;
+  wire [40:0] \$331 ;
+  wire [40:0] \$332 ;
+  wire [40:0] \$333 ;
+  wire [40:0] \$334 ;
+  wire [39:0] \$335 ;
+  wire [40:0] \$336 ;
+  wire [40:0] \$337 ;
+  wire [40:0] \$338 ;
+  wire [40:0] \$339 ;
   wire \$34 ;
-  wire [48:0] \$340 ;
-  wire [48:0] \$341 ;
-  wire [48:0] \$342 ;
-  wire [48:0] \$343 ;
-  wire [47:0] \$344 ;
-  wire [48:0] \$345 ;
-  wire [48:0] \$346 ;
-  wire [48:0] \$347 ;
-  wire [48:0] \$348 ;
-  wire [48:0] \$349 ;
+  wire [40:0] \$340 ;
+  wire [40:0] \$341 ;
+  wire [39:0] \$342 ;
+  wire [31:0] \$343 ;
+  wire [27:0] \$344 ;
+  wire [25:0] \$345 ;
+  wire [40:0] \$346 ;
+  wire \$347 ;
+  wire [40:0] \$348 ;
+  wire [40:0] \$349 ;
   wire \$35 ;
-  wire [48:0] \$350 ;
-  wire [47:0] \$351 ;
-  wire [39:0] \$352 ;
-  wire [35:0] \$353 ;
-  wire [48:0] \$354 ;
-  wire [48:0] \$355 ;
-  wire [48:0] \$356 ;
-  wire [48:0] \$357 ;
-  wire [48:0] \$358 ;
-  wire [48:0] \$359 ;
+  wire \$350 ;
+  wire \$351 ;
+  wire \$352 ;
+  wire [24:0] \$353 ;
+  wire [23:0] \$354 ;
+  wire \$355 ;
+  wire [24:0] \$356 ;
+  wire [24:0] \$357 ;
+  wire [40:0] \$358 ;
+  wire [40:0] \$359 ;
   wire \$36 ;
-  wire [47:0] \$360 ;
-  wire [48:0] \$361 ;
-  wire [48:0] \$362 ;
-  wire [48:0] \$363 ;
-  wire [48:0] \$364 ;
-  wire [48:0] \$365 ;
-  wire [48:0] \$366 ;
-  wire [47:0] \$367 ;
-  wire [39:0] \$368 ;
-  wire [48:0] \$369 ;
+  wire [40:0] \$360 ;
+  wire [40:0] \$361 ;
+  wire [40:0] \$362 ;
+  wire [40:0] \$363 ;
+  wire [39:0] \$364 ;
+  wire [40:0] \$365 ;
+  wire [40:0] \$366 ;
+  wire [40:0] \$367 ;
+  wire [40:0] \$368 ;
+  wire [40:0] \$369 ;
   wire \$37 ;
-  wire [48:0] \$370 ;
-  wire [48:0] \$371 ;
-  wire [48:0] \$372 ;
-  wire [48:0] \$373 ;
-  wire [48:0] \$374 ;
-  wire [47:0] \$375 ;
-  wire [48:0] \$376 ;
-  wire [48:0] \$377 ;
-  wire [48:0] \$378 ;
-  wire [48:0] \$379 ;
+  wire [40:0] \$370 ;
+  wire [39:0] \$371 ;
+  wire [31:0] \$372 ;
+  wire [40:0] \$373 ;
+  wire [40:0] \$374 ;
+  wire [40:0] \$375 ;
+  wire [40:0] \$376 ;
+  wire [40:0] \$377 ;
+  wire [40:0] \$378 ;
+  wire [39:0] \$379 ;
   wire \$38 ;
-  wire [48:0] \$380 ;
-  wire [48:0] \$381 ;
-  wire [47:0] \$382 ;
-  wire [39:0] \$383 ;
-  wire [35:0] \$384 ;
-  wire [33:0] \$385 ;
-  wire [48:0] \$386 ;
-  wire \$387 ;
-  wire [48:0] \$388 ;
-  wire [48:0] \$389 ;
+  wire [40:0] \$380 ;
+  wire [40:0] \$381 ;
+  wire [40:0] \$382 ;
+  wire [40:0] \$383 ;
+  wire [40:0] \$384 ;
+  wire [40:0] \$385 ;
+  wire [39:0] \$386 ;
+  wire [31:0] \$387 ;
+  wire [27:0] \$388 ;
+  wire [40:0] \$389 ;
   wire \$39 ;
-  wire \$390 ;
-  wire \$391 ;
-  wire \$392 ;
-  wire [32:0] \$393 ;
-  wire [31:0] \$394 ;
-  wire \$395 ;
-  wire [32:0] \$396 ;
-  wire [32:0] \$397 ;
-  wire [48:0] \$398 ;
-  wire [48:0] \$399 ;
+  wire [40:0] \$390 ;
+  wire [40:0] \$391 ;
+  wire [40:0] \$392 ;
+  wire [40:0] \$393 ;
+  wire [40:0] \$394 ;
+  wire [39:0] \$395 ;
+  wire [40:0] \$396 ;
+  wire [40:0] \$397 ;
+  wire [40:0] \$398 ;
+  wire [40:0] \$399 ;
   wire \$4 ;
   wire \$40 ;
-  wire [48:0] \$400 ;
-  wire [48:0] \$401 ;
-  wire [48:0] \$402 ;
-  wire [48:0] \$403 ;
-  wire [47:0] \$404 ;
-  wire [48:0] \$405 ;
-  wire [48:0] \$406 ;
-  wire [48:0] \$407 ;
-  wire [48:0] \$408 ;
-  wire [48:0] \$409 ;
+  wire [40:0] \$400 ;
+  wire [40:0] \$401 ;
+  wire [39:0] \$402 ;
+  wire [31:0] \$403 ;
+  wire [40:0] \$404 ;
+  wire [40:0] \$405 ;
+  wire [40:0] \$406 ;
+  wire [40:0] \$407 ;
+  wire [40:0] \$408 ;
+  wire [40:0] \$409 ;
   wire \$41 ;
-  wire [48:0] \$410 ;
-  wire [47:0] \$411 ;
-  wire [39:0] \$412 ;
-  wire [48:0] \$413 ;
-  wire [48:0] \$414 ;
-  wire [48:0] \$415 ;
-  wire [48:0] \$416 ;
-  wire [48:0] \$417 ;
-  wire [48:0] \$418 ;
-  wire [47:0] \$419 ;
+  wire [39:0] \$410 ;
+  wire [40:0] \$411 ;
+  wire [40:0] \$412 ;
+  wire [40:0] \$413 ;
+  wire [40:0] \$414 ;
+  wire [40:0] \$415 ;
+  wire [40:0] \$416 ;
+  wire [39:0] \$417 ;
+  wire [31:0] \$418 ;
+  wire [27:0] \$419 ;
   wire \$42 ;
-  wire [48:0] \$420 ;
-  wire [48:0] \$421 ;
-  wire [48:0] \$422 ;
-  wire [48:0] \$423 ;
-  wire [48:0] \$424 ;
-  wire [48:0] \$425 ;
-  wire [47:0] \$426 ;
+  wire [25:0] \$420 ;
+  wire [40:0] \$421 ;
+  wire [40:0] \$422 ;
+  wire [40:0] \$423 ;
+  wire [40:0] \$424 ;
+  wire [40:0] \$425 ;
+  wire [40:0] \$426 ;
   wire [39:0] \$427 ;
-  wire [35:0] \$428 ;
-  wire [48:0] \$429 ;
+  wire [40:0] \$428 ;
+  wire [40:0] \$429 ;
   wire \$43 ;
-  wire [48:0] \$430 ;
-  wire [48:0] \$431 ;
-  wire [48:0] \$432 ;
-  wire [48:0] \$433 ;
-  wire [48:0] \$434 ;
-  wire [47:0] \$435 ;
-  wire [48:0] \$436 ;
-  wire [48:0] \$437 ;
-  wire [48:0] \$438 ;
-  wire [48:0] \$439 ;
+  wire [40:0] \$430 ;
+  wire [40:0] \$431 ;
+  wire [40:0] \$432 ;
+  wire [40:0] \$433 ;
+  wire [39:0] \$434 ;
+  wire [31:0] \$435 ;
+  wire [40:0] \$436 ;
+  wire [40:0] \$437 ;
+  wire [40:0] \$438 ;
+  wire [40:0] \$439 ;
   wire \$44 ;
-  wire [48:0] \$440 ;
-  wire [48:0] \$441 ;
-  wire [47:0] \$442 ;
-  wire [39:0] \$443 ;
-  wire [48:0] \$444 ;
-  wire [48:0] \$445 ;
-  wire [48:0] \$446 ;
-  wire [48:0] \$447 ;
-  wire [48:0] \$448 ;
-  wire [48:0] \$449 ;
+  wire [40:0] \$440 ;
+  wire [40:0] \$441 ;
+  wire [39:0] \$442 ;
+  wire [40:0] \$443 ;
+  wire [40:0] \$444 ;
+  wire [40:0] \$445 ;
+  wire [40:0] \$446 ;
+  wire [40:0] \$447 ;
+  wire [40:0] \$448 ;
+  wire [39:0] \$449 ;
   wire \$45 ;
-  wire [47:0] \$450 ;
-  wire [48:0] \$451 ;
-  wire [48:0] \$452 ;
-  wire [48:0] \$453 ;
-  wire [48:0] \$454 ;
-  wire [48:0] \$455 ;
-  wire [48:0] \$456 ;
-  wire [47:0] \$457 ;
+  wire [31:0] \$450 ;
+  wire [27:0] \$451 ;
+  wire [40:0] \$452 ;
+  wire [40:0] \$453 ;
+  wire [40:0] \$454 ;
+  wire [40:0] \$455 ;
+  wire [40:0] \$456 ;
+  wire [40:0] \$457 ;
   wire [39:0] \$458 ;
-  wire [35:0] \$459 ;
+  wire [40:0] \$459 ;
   wire \$46 ;
-  wire [33:0] \$460 ;
-  wire [48:0] \$461 ;
-  wire [48:0] \$462 ;
-  wire [48:0] \$463 ;
-  wire [48:0] \$464 ;
-  wire [48:0] \$465 ;
-  wire [48:0] \$466 ;
-  wire [47:0] \$467 ;
-  wire [48:0] \$468 ;
-  wire [48:0] \$469 ;
+  wire [40:0] \$460 ;
+  wire [40:0] \$461 ;
+  wire [40:0] \$462 ;
+  wire [40:0] \$463 ;
+  wire [40:0] \$464 ;
+  wire [39:0] \$465 ;
+  wire [31:0] \$466 ;
+  wire [40:0] \$467 ;
+  wire [40:0] \$468 ;
+  wire [40:0] \$469 ;
   wire \$47 ;
-  wire [48:0] \$470 ;
-  wire [48:0] \$471 ;
-  wire [48:0] \$472 ;
-  wire [48:0] \$473 ;
-  wire [47:0] \$474 ;
-  wire [39:0] \$475 ;
-  wire [48:0] \$476 ;
-  wire [48:0] \$477 ;
-  wire [48:0] \$478 ;
-  wire [48:0] \$479 ;
+  wire [40:0] \$470 ;
+  wire [40:0] \$471 ;
+  wire [40:0] \$472 ;
+  wire [39:0] \$473 ;
+  wire [40:0] \$474 ;
+  wire [40:0] \$475 ;
+  wire [40:0] \$476 ;
+  wire [40:0] \$477 ;
+  wire [40:0] \$478 ;
+  wire [40:0] \$479 ;
   wire \$48 ;
-  wire [48:0] \$480 ;
-  wire [48:0] \$481 ;
-  wire [47:0] \$482 ;
-  wire [48:0] \$483 ;
-  wire [48:0] \$484 ;
-  wire [48:0] \$485 ;
-  wire [48:0] \$486 ;
-  wire [48:0] \$487 ;
-  wire [48:0] \$488 ;
-  wire [47:0] \$489 ;
+  wire [39:0] \$480 ;
+  wire [31:0] \$481 ;
+  wire [27:0] \$482 ;
+  wire [25:0] \$483 ;
+  wire [40:0] \$484 ;
+  wire \$485 ;
+  wire [40:0] \$486 ;
+  wire [40:0] \$487 ;
+  wire \$488 ;
+  wire \$489 ;
   wire \$49 ;
-  wire [39:0] \$490 ;
-  wire [35:0] \$491 ;
-  wire [48:0] \$492 ;
-  wire [48:0] \$493 ;
-  wire [48:0] \$494 ;
-  wire [48:0] \$495 ;
-  wire [48:0] \$496 ;
-  wire [48:0] \$497 ;
-  wire [47:0] \$498 ;
-  wire [48:0] \$499 ;
+  wire \$490 ;
+  wire [24:0] \$491 ;
+  wire [23:0] \$492 ;
+  wire \$493 ;
+  wire [24:0] \$494 ;
+  wire [24:0] \$495 ;
+  wire [40:0] \$496 ;
+  wire [40:0] \$497 ;
+  wire [40:0] \$498 ;
+  wire [40:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [48:0] \$500 ;
-  wire [48:0] \$501 ;
-  wire [48:0] \$502 ;
-  wire [48:0] \$503 ;
-  wire [48:0] \$504 ;
-  wire [47:0] \$505 ;
-  wire [39:0] \$506 ;
-  wire [48:0] \$507 ;
-  wire [48:0] \$508 ;
-  wire [48:0] \$509 ;
+  wire [40:0] \$500 ;
+  wire [40:0] \$501 ;
+  wire [39:0] \$502 ;
+  wire [40:0] \$503 ;
+  wire [40:0] \$504 ;
+  wire [40:0] \$505 ;
+  wire [40:0] \$506 ;
+  wire [40:0] \$507 ;
+  wire [40:0] \$508 ;
+  wire [39:0] \$509 ;
   wire \$51 ;
-  wire [48:0] \$510 ;
-  wire [48:0] \$511 ;
-  wire [48:0] \$512 ;
-  wire [47:0] \$513 ;
-  wire [48:0] \$514 ;
-  wire [48:0] \$515 ;
-  wire [48:0] \$516 ;
-  wire [48:0] \$517 ;
-  wire [48:0] \$518 ;
-  wire [48:0] \$519 ;
+  wire [31:0] \$510 ;
+  wire [40:0] \$511 ;
+  wire [40:0] \$512 ;
+  wire [40:0] \$513 ;
+  wire [40:0] \$514 ;
+  wire [40:0] \$515 ;
+  wire [40:0] \$516 ;
+  wire [39:0] \$517 ;
+  wire [40:0] \$518 ;
+  wire [40:0] \$519 ;
   wire \$52 ;
-  wire [47:0] \$520 ;
-  wire [39:0] \$521 ;
-  wire [35:0] \$522 ;
-  wire [33:0] \$523 ;
-  wire [48:0] \$524 ;
-  wire \$525 ;
-  wire [48:0] \$526 ;
-  wire [48:0] \$527 ;
-  wire \$528 ;
-  wire \$529 ;
+  wire [40:0] \$520 ;
+  wire [40:0] \$521 ;
+  wire [40:0] \$522 ;
+  wire [40:0] \$523 ;
+  wire [39:0] \$524 ;
+  wire [31:0] \$525 ;
+  wire [27:0] \$526 ;
+  wire [40:0] \$527 ;
+  wire [40:0] \$528 ;
+  wire [40:0] \$529 ;
   wire \$53 ;
-  wire \$530 ;
-  wire [32:0] \$531 ;
-  wire [31:0] \$532 ;
-  wire \$533 ;
-  wire [32:0] \$534 ;
-  wire [32:0] \$535 ;
-  wire [48:0] \$536 ;
-  wire [48:0] \$537 ;
-  wire [48:0] \$538 ;
-  wire [48:0] \$539 ;
+  wire [40:0] \$530 ;
+  wire [40:0] \$531 ;
+  wire [40:0] \$532 ;
+  wire [39:0] \$533 ;
+  wire [40:0] \$534 ;
+  wire [40:0] \$535 ;
+  wire [40:0] \$536 ;
+  wire [40:0] \$537 ;
+  wire [40:0] \$538 ;
+  wire [40:0] \$539 ;
   wire \$54 ;
-  wire [48:0] \$540 ;
-  wire [48:0] \$541 ;
-  wire [47:0] \$542 ;
-  wire [48:0] \$543 ;
-  wire [48:0] \$544 ;
-  wire [48:0] \$545 ;
-  wire [48:0] \$546 ;
-  wire [48:0] \$547 ;
-  wire [48:0] \$548 ;
-  wire [47:0] \$549 ;
+  wire [39:0] \$540 ;
+  wire [31:0] \$541 ;
+  wire [40:0] \$542 ;
+  wire [40:0] \$543 ;
+  wire [40:0] \$544 ;
+  wire [40:0] \$545 ;
+  wire [40:0] \$546 ;
+  wire [40:0] \$547 ;
+  wire [39:0] \$548 ;
+  wire [40:0] \$549 ;
   wire \$55 ;
-  wire [39:0] \$550 ;
-  wire [48:0] \$551 ;
-  wire [48:0] \$552 ;
-  wire [48:0] \$553 ;
-  wire [48:0] \$554 ;
-  wire [48:0] \$555 ;
-  wire [48:0] \$556 ;
-  wire [47:0] \$557 ;
-  wire [48:0] \$558 ;
-  wire [48:0] \$559 ;
+  wire [40:0] \$550 ;
+  wire [40:0] \$551 ;
+  wire [40:0] \$552 ;
+  wire [40:0] \$553 ;
+  wire [40:0] \$554 ;
+  wire [39:0] \$555 ;
+  wire [31:0] \$556 ;
+  wire [27:0] \$557 ;
+  wire [25:0] \$558 ;
+  wire [40:0] \$559 ;
   wire \$56 ;
-  wire [48:0] \$560 ;
-  wire [48:0] \$561 ;
-  wire [48:0] \$562 ;
-  wire [48:0] \$563 ;
-  wire [47:0] \$564 ;
+  wire [40:0] \$560 ;
+  wire [40:0] \$561 ;
+  wire [40:0] \$562 ;
+  wire [40:0] \$563 ;
+  wire [40:0] \$564 ;
   wire [39:0] \$565 ;
-  wire [35:0] \$566 ;
-  wire [48:0] \$567 ;
-  wire [48:0] \$568 ;
-  wire [48:0] \$569 ;
+  wire [40:0] \$566 ;
+  wire [40:0] \$567 ;
+  wire [40:0] \$568 ;
+  wire [40:0] \$569 ;
   wire \$57 ;
-  wire [48:0] \$570 ;
-  wire [48:0] \$571 ;
-  wire [48:0] \$572 ;
-  wire [47:0] \$573 ;
-  wire [48:0] \$574 ;
-  wire [48:0] \$575 ;
-  wire [48:0] \$576 ;
-  wire [48:0] \$577 ;
-  wire [48:0] \$578 ;
-  wire [48:0] \$579 ;
+  wire [40:0] \$570 ;
+  wire [40:0] \$571 ;
+  wire [39:0] \$572 ;
+  wire [31:0] \$573 ;
+  wire [40:0] \$574 ;
+  wire [40:0] \$575 ;
+  wire [40:0] \$576 ;
+  wire [40:0] \$577 ;
+  wire [40:0] \$578 ;
+  wire [40:0] \$579 ;
   wire \$58 ;
-  wire [47:0] \$580 ;
-  wire [39:0] \$581 ;
-  wire [48:0] \$582 ;
-  wire [48:0] \$583 ;
-  wire [48:0] \$584 ;
-  wire [48:0] \$585 ;
-  wire [48:0] \$586 ;
-  wire [48:0] \$587 ;
-  wire [47:0] \$588 ;
-  wire [48:0] \$589 ;
+  wire [39:0] \$580 ;
+  wire [40:0] \$581 ;
+  wire [40:0] \$582 ;
+  wire [40:0] \$583 ;
+  wire [40:0] \$584 ;
+  wire [40:0] \$585 ;
+  wire [40:0] \$586 ;
+  wire [39:0] \$587 ;
+  wire [31:0] \$588 ;
+  wire [27:0] \$589 ;
   wire \$59 ;
-  wire [48:0] \$590 ;
-  wire [48:0] \$591 ;
-  wire [48:0] \$592 ;
-  wire [48:0] \$593 ;
-  wire [48:0] \$594 ;
-  wire [47:0] \$595 ;
+  wire [40:0] \$590 ;
+  wire [40:0] \$591 ;
+  wire [40:0] \$592 ;
+  wire [40:0] \$593 ;
+  wire [40:0] \$594 ;
+  wire [40:0] \$595 ;
   wire [39:0] \$596 ;
-  wire [35:0] \$597 ;
-  wire [33:0] \$598 ;
-  wire [48:0] \$599 ;
+  wire [40:0] \$597 ;
+  wire [40:0] \$598 ;
+  wire [40:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [48:0] \$600 ;
-  wire [48:0] \$601 ;
-  wire [48:0] \$602 ;
-  wire [48:0] \$603 ;
-  wire [48:0] \$604 ;
-  wire [47:0] \$605 ;
-  wire [48:0] \$606 ;
-  wire [48:0] \$607 ;
-  wire [48:0] \$608 ;
-  wire [48:0] \$609 ;
+  wire [40:0] \$600 ;
+  wire [40:0] \$601 ;
+  wire [40:0] \$602 ;
+  wire [39:0] \$603 ;
+  wire [31:0] \$604 ;
+  wire [40:0] \$605 ;
+  wire [40:0] \$606 ;
+  wire [40:0] \$607 ;
+  wire [40:0] \$608 ;
+  wire [40:0] \$609 ;
   wire \$61 ;
-  wire [48:0] \$610 ;
-  wire [48:0] \$611 ;
-  wire [47:0] \$612 ;
-  wire [39:0] \$613 ;
-  wire [48:0] \$614 ;
-  wire [48:0] \$615 ;
-  wire [48:0] \$616 ;
-  wire [48:0] \$617 ;
-  wire [48:0] \$618 ;
-  wire [48:0] \$619 ;
+  wire [40:0] \$610 ;
+  wire [39:0] \$611 ;
+  wire [40:0] \$612 ;
+  wire [40:0] \$613 ;
+  wire [40:0] \$614 ;
+  wire [40:0] \$615 ;
+  wire [40:0] \$616 ;
+  wire [40:0] \$617 ;
+  wire [39:0] \$618 ;
+  wire [31:0] \$619 ;
   wire \$62 ;
-  wire [47:0] \$620 ;
-  wire [48:0] \$621 ;
-  wire [48:0] \$622 ;
-  wire [48:0] \$623 ;
-  wire [48:0] \$624 ;
-  wire [48:0] \$625 ;
-  wire [48:0] \$626 ;
-  wire [47:0] \$627 ;
-  wire [39:0] \$628 ;
-  wire [35:0] \$629 ;
+  wire [27:0] \$620 ;
+  wire [25:0] \$621 ;
+  wire [40:0] \$622 ;
+  wire \$623 ;
+  wire [40:0] \$624 ;
+  wire [40:0] \$625 ;
+  wire \$626 ;
+  wire \$627 ;
+  wire \$628 ;
+  wire [24:0] \$629 ;
   wire \$63 ;
-  wire [48:0] \$630 ;
-  wire [48:0] \$631 ;
-  wire [48:0] \$632 ;
-  wire [48:0] \$633 ;
-  wire [48:0] \$634 ;
-  wire [48:0] \$635 ;
-  wire [47:0] \$636 ;
-  wire [48:0] \$637 ;
-  wire [48:0] \$638 ;
-  wire [48:0] \$639 ;
+  wire [23:0] \$630 ;
+  wire \$631 ;
+  wire [24:0] \$632 ;
+  wire [24:0] \$633 ;
+  wire [40:0] \$634 ;
+  wire [40:0] \$635 ;
+  wire [40:0] \$636 ;
+  wire [40:0] \$637 ;
+  wire [40:0] \$638 ;
+  wire [40:0] \$639 ;
   wire \$64 ;
-  wire [48:0] \$640 ;
-  wire [48:0] \$641 ;
-  wire [48:0] \$642 ;
-  wire [47:0] \$643 ;
-  wire [39:0] \$644 ;
-  wire [48:0] \$645 ;
-  wire [48:0] \$646 ;
-  wire [48:0] \$647 ;
-  wire [48:0] \$648 ;
-  wire [48:0] \$649 ;
+  wire [39:0] \$640 ;
+  wire [40:0] \$641 ;
+  wire [40:0] \$642 ;
+  wire [40:0] \$643 ;
+  wire [40:0] \$644 ;
+  wire [40:0] \$645 ;
+  wire [40:0] \$646 ;
+  wire [39:0] \$647 ;
+  wire [31:0] \$648 ;
+  wire [40:0] \$649 ;
   wire \$65 ;
-  wire [48:0] \$650 ;
-  wire [47:0] \$651 ;
-  wire [48:0] \$652 ;
-  wire [48:0] \$653 ;
-  wire [48:0] \$654 ;
-  wire [48:0] \$655 ;
-  wire [48:0] \$656 ;
-  wire [48:0] \$657 ;
-  wire [47:0] \$658 ;
-  wire [39:0] \$659 ;
+  wire [40:0] \$650 ;
+  wire [40:0] \$651 ;
+  wire [40:0] \$652 ;
+  wire [40:0] \$653 ;
+  wire [40:0] \$654 ;
+  wire [39:0] \$655 ;
+  wire [40:0] \$656 ;
+  wire [40:0] \$657 ;
+  wire [40:0] \$658 ;
+  wire [40:0] \$659 ;
   wire \$66 ;
-  wire [35:0] \$660 ;
-  wire [33:0] \$661 ;
-  wire [48:0] \$662 ;
-  wire \$663 ;
-  wire [48:0] \$664 ;
-  wire [48:0] \$665 ;
-  wire \$666 ;
-  wire \$667 ;
-  wire \$668 ;
-  wire [32:0] \$669 ;
+  wire [40:0] \$660 ;
+  wire [40:0] \$661 ;
+  wire [39:0] \$662 ;
+  wire [31:0] \$663 ;
+  wire [27:0] \$664 ;
+  wire [40:0] \$665 ;
+  wire [40:0] \$666 ;
+  wire [40:0] \$667 ;
+  wire [40:0] \$668 ;
+  wire [40:0] \$669 ;
   wire \$67 ;
-  wire [31:0] \$670 ;
-  wire \$671 ;
-  wire [32:0] \$672 ;
-  wire [32:0] \$673 ;
-  wire [48:0] \$674 ;
-  wire [48:0] \$675 ;
-  wire [48:0] \$676 ;
-  wire [48:0] \$677 ;
-  wire [48:0] \$678 ;
-  wire [48:0] \$679 ;
+  wire [40:0] \$670 ;
+  wire [39:0] \$671 ;
+  wire [40:0] \$672 ;
+  wire [40:0] \$673 ;
+  wire [40:0] \$674 ;
+  wire [40:0] \$675 ;
+  wire [40:0] \$676 ;
+  wire [40:0] \$677 ;
+  wire [39:0] \$678 ;
+  wire [31:0] \$679 ;
   wire \$68 ;
-  wire [47:0] \$680 ;
-  wire [48:0] \$681 ;
-  wire [48:0] \$682 ;
-  wire [48:0] \$683 ;
-  wire [48:0] \$684 ;
-  wire [48:0] \$685 ;
-  wire [48:0] \$686 ;
-  wire [47:0] \$687 ;
-  wire [39:0] \$688 ;
-  wire [48:0] \$689 ;
+  wire [40:0] \$680 ;
+  wire [40:0] \$681 ;
+  wire [40:0] \$682 ;
+  wire [40:0] \$683 ;
+  wire [40:0] \$684 ;
+  wire [40:0] \$685 ;
+  wire [39:0] \$686 ;
+  wire [40:0] \$687 ;
+  wire [40:0] \$688 ;
+  wire [40:0] \$689 ;
   wire \$69 ;
-  wire [48:0] \$690 ;
-  wire [48:0] \$691 ;
-  wire [48:0] \$692 ;
-  wire [48:0] \$693 ;
-  wire [48:0] \$694 ;
-  wire [47:0] \$695 ;
-  wire [48:0] \$696 ;
-  wire [48:0] \$697 ;
-  wire [48:0] \$698 ;
-  wire [48:0] \$699 ;
+  wire [40:0] \$690 ;
+  wire [40:0] \$691 ;
+  wire [40:0] \$692 ;
+  wire [39:0] \$693 ;
+  wire [31:0] \$694 ;
+  wire [27:0] \$695 ;
+  wire [25:0] \$696 ;
+  wire [40:0] \$697 ;
+  wire [40:0] \$698 ;
+  wire [40:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
-  wire [48:0] \$700 ;
-  wire [48:0] \$701 ;
-  wire [47:0] \$702 ;
+  wire [40:0] \$700 ;
+  wire [40:0] \$701 ;
+  wire [40:0] \$702 ;
   wire [39:0] \$703 ;
-  wire [35:0] \$704 ;
-  wire [48:0] \$705 ;
-  wire [48:0] \$706 ;
-  wire [48:0] \$707 ;
-  wire [48:0] \$708 ;
-  wire [48:0] \$709 ;
+  wire [40:0] \$704 ;
+  wire [40:0] \$705 ;
+  wire [40:0] \$706 ;
+  wire [40:0] \$707 ;
+  wire [40:0] \$708 ;
+  wire [40:0] \$709 ;
   wire \$71 ;
-  wire [48:0] \$710 ;
-  wire [47:0] \$711 ;
-  wire [48:0] \$712 ;
-  wire [48:0] \$713 ;
-  wire [48:0] \$714 ;
-  wire [48:0] \$715 ;
-  wire [48:0] \$716 ;
-  wire [48:0] \$717 ;
-  wire [47:0] \$718 ;
-  wire [39:0] \$719 ;
+  wire [39:0] \$710 ;
+  wire [31:0] \$711 ;
+  wire [40:0] \$712 ;
+  wire [40:0] \$713 ;
+  wire [40:0] \$714 ;
+  wire [40:0] \$715 ;
+  wire [40:0] \$716 ;
+  wire [40:0] \$717 ;
+  wire [39:0] \$718 ;
+  wire [40:0] \$719 ;
   wire \$72 ;
-  wire [48:0] \$720 ;
-  wire [48:0] \$721 ;
-  wire [48:0] \$722 ;
-  wire [48:0] \$723 ;
-  wire [48:0] \$724 ;
-  wire [48:0] \$725 ;
-  wire [47:0] \$726 ;
-  wire [48:0] \$727 ;
-  wire [48:0] \$728 ;
-  wire [48:0] \$729 ;
+  wire [40:0] \$720 ;
+  wire [40:0] \$721 ;
+  wire [40:0] \$722 ;
+  wire [40:0] \$723 ;
+  wire [40:0] \$724 ;
+  wire [39:0] \$725 ;
+  wire [31:0] \$726 ;
+  wire [27:0] \$727 ;
+  wire [40:0] \$728 ;
+  wire [40:0] \$729 ;
   wire \$73 ;
-  wire [48:0] \$730 ;
-  wire [48:0] \$731 ;
-  wire [48:0] \$732 ;
-  wire [47:0] \$733 ;
+  wire [40:0] \$730 ;
+  wire [40:0] \$731 ;
+  wire [40:0] \$732 ;
+  wire [40:0] \$733 ;
   wire [39:0] \$734 ;
-  wire [35:0] \$735 ;
-  wire [33:0] \$736 ;
-  wire [48:0] \$737 ;
-  wire [48:0] \$738 ;
-  wire [48:0] \$739 ;
+  wire [40:0] \$735 ;
+  wire [40:0] \$736 ;
+  wire [40:0] \$737 ;
+  wire [40:0] \$738 ;
+  wire [40:0] \$739 ;
   wire \$74 ;
-  wire [48:0] \$740 ;
-  wire [48:0] \$741 ;
-  wire [48:0] \$742 ;
-  wire [47:0] \$743 ;
-  wire [48:0] \$744 ;
-  wire [48:0] \$745 ;
-  wire [48:0] \$746 ;
-  wire [48:0] \$747 ;
-  wire [48:0] \$748 ;
-  wire [48:0] \$749 ;
+  wire [40:0] \$740 ;
+  wire [39:0] \$741 ;
+  wire [31:0] \$742 ;
+  wire [40:0] \$743 ;
+  wire [40:0] \$744 ;
+  wire [40:0] \$745 ;
+  wire [40:0] \$746 ;
+  wire [40:0] \$747 ;
+  wire [40:0] \$748 ;
+  wire [39:0] \$749 ;
   wire \$75 ;
-  wire [47:0] \$750 ;
-  wire [39:0] \$751 ;
-  wire [48:0] \$752 ;
-  wire [48:0] \$753 ;
-  wire [48:0] \$754 ;
-  wire [48:0] \$755 ;
-  wire [48:0] \$756 ;
-  wire [48:0] \$757 ;
-  wire [47:0] \$758 ;
-  wire [48:0] \$759 ;
+  wire [40:0] \$750 ;
+  wire [40:0] \$751 ;
+  wire [40:0] \$752 ;
+  wire [40:0] \$753 ;
+  wire [40:0] \$754 ;
+  wire [40:0] \$755 ;
+  wire [39:0] \$756 ;
+  wire [31:0] \$757 ;
+  wire [27:0] \$758 ;
+  wire [25:0] \$759 ;
   wire \$76 ;
-  wire [48:0] \$760 ;
-  wire [48:0] \$761 ;
-  wire [48:0] \$762 ;
-  wire [48:0] \$763 ;
-  wire [48:0] \$764 ;
-  wire [47:0] \$765 ;
-  wire [39:0] \$766 ;
-  wire [35:0] \$767 ;
-  wire [48:0] \$768 ;
-  wire [48:0] \$769 ;
+  wire [40:0] \$760 ;
+  wire \$761 ;
+  wire [40:0] \$762 ;
+  wire [40:0] \$763 ;
+  wire \$764 ;
+  wire \$765 ;
+  wire \$766 ;
+  wire [24:0] \$767 ;
+  wire [23:0] \$768 ;
+  wire \$769 ;
   wire \$77 ;
-  wire [48:0] \$770 ;
-  wire [48:0] \$771 ;
-  wire [48:0] \$772 ;
-  wire [48:0] \$773 ;
-  wire [47:0] \$774 ;
-  wire [48:0] \$775 ;
-  wire [48:0] \$776 ;
-  wire [48:0] \$777 ;
-  wire [48:0] \$778 ;
-  wire [48:0] \$779 ;
+  wire [24:0] \$770 ;
+  wire [24:0] \$771 ;
+  reg [40:0] \$772 ;
+  reg \$773 ;
+  reg \$774 ;
+  reg \$775 ;
+  reg [39:0] \$776 ;
+  reg [39:0] \$777 ;
+  reg [39:0] \$778 ;
+  reg [39:0] \$779 ;
   wire \$78 ;
-  wire [48:0] \$780 ;
-  wire [47:0] \$781 ;
-  wire [39:0] \$782 ;
-  wire [48:0] \$783 ;
-  wire [48:0] \$784 ;
-  wire [48:0] \$785 ;
-  wire [48:0] \$786 ;
-  wire [48:0] \$787 ;
-  wire [48:0] \$788 ;
-  wire [47:0] \$789 ;
+  reg \$780 ;
+  reg \$781 ;
+  reg \$782 ;
+  reg [24:0] \$783 ;
+  reg \$784 ;
+  reg \$785 ;
+  reg \$786 ;
+  reg [24:0] \$787 ;
+  reg \$788 ;
+  reg \$789 ;
   wire \$79 ;
-  wire [48:0] \$790 ;
-  wire [48:0] \$791 ;
-  wire [48:0] \$792 ;
-  wire [48:0] \$793 ;
-  wire [48:0] \$794 ;
-  wire [48:0] \$795 ;
-  wire [47:0] \$796 ;
-  wire [39:0] \$797 ;
-  wire [35:0] \$798 ;
-  wire [33:0] \$799 ;
+  reg [95:0] \$790 ;
+  reg [24:0] \$791 ;
+  reg \$792 ;
+  reg \$793 ;
+  reg \$794 ;
+  reg [24:0] \$795 ;
+  reg \$796 ;
+  reg \$797 ;
+  reg [24:0] \$798 ;
+  reg \$799 ;
   wire \$8 ;
   wire \$80 ;
-  wire [48:0] \$800 ;
-  wire \$801 ;
-  wire [48:0] \$802 ;
-  wire [48:0] \$803 ;
-  wire \$804 ;
-  wire \$805 ;
-  wire \$806 ;
-  wire [32:0] \$807 ;
-  wire [31:0] \$808 ;
-  wire \$809 ;
+  reg \$800 ;
+  reg \$801 ;
+  reg [24:0] \$802 ;
+  reg \$803 ;
+  reg \$804 ;
+  reg [24:0] \$805 ;
+  reg \$806 ;
+  reg \$807 ;
+  reg \$808 ;
+  reg [24:0] \$809 ;
   wire \$81 ;
-  wire [32:0] \$810 ;
-  wire [32:0] \$811 ;
-  reg [48:0] \$812 ;
-  reg \$813 ;
-  reg \$814 ;
-  reg \$815 ;
-  reg [47:0] \$816 ;
-  reg [47:0] \$817 ;
-  reg [47:0] \$818 ;
-  reg [47:0] \$819 ;
+  reg \$810 ;
+  reg \$811 ;
   wire \$82 ;
-  reg \$820 ;
-  reg \$821 ;
-  reg \$822 ;
-  reg [32:0] \$823 ;
-  reg \$824 ;
-  reg \$825 ;
-  reg \$826 ;
-  reg [32:0] \$827 ;
-  reg \$828 ;
-  reg \$829 ;
   wire \$83 ;
-  reg [127:0] \$830 ;
-  reg [32:0] \$831 ;
-  reg \$832 ;
-  reg \$833 ;
-  reg \$834 ;
-  reg [32:0] \$835 ;
-  reg \$836 ;
-  reg \$837 ;
-  reg [32:0] \$838 ;
-  reg \$839 ;
   wire \$84 ;
-  reg \$840 ;
-  reg \$841 ;
-  reg [32:0] \$842 ;
-  reg \$843 ;
-  reg \$844 ;
-  reg [32:0] \$845 ;
-  reg \$846 ;
-  reg \$847 ;
-  reg \$848 ;
-  reg [32:0] \$849 ;
   wire \$85 ;
-  reg \$850 ;
-  reg \$851 ;
   wire \$86 ;
   wire \$87 ;
   wire \$88 ;
@@ -20061,7 +19659,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire [17:0] a__5;
   wire [17:0] a__6;
   wire [17:0] a__7;
-  wire [48:0] above;
+  wire [40:0] above;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -20072,16 +19670,16 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire [17:0] b__5;
   wire [17:0] b__6;
   wire [17:0] b__7;
-  reg [48:0] below = 49'h0000000000000;
+  reg [40:0] below = 41'h00000000000;
   input clk;
   wire clk;
   wire en;
-  input [127:0] i__payload;
-  wire [127:0] i__payload;
-  wire [31:0] \i__payload[0] ;
-  wire [31:0] \i__payload[1] ;
-  wire [31:0] \i__payload[2] ;
-  wire [31:0] \i__payload[3] ;
+  input [95:0] i__payload;
+  wire [95:0] i__payload;
+  wire [23:0] \i__payload[0] ;
+  wire [23:0] \i__payload[1] ;
+  wire [23:0] \i__payload[2] ;
+  wire [23:0] \i__payload[3] ;
   wire i__ready;
   input i__valid;
   wire i__valid;
@@ -20095,12 +19693,12 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   reg neg2_2 = 1'h0;
   reg neg2_3 = 1'h0;
   reg neg3 = 1'h0;
-  output [127:0] o__payload;
-  reg [127:0] o__payload = 128'h00000000000000000000000000000000;
-  wire [31:0] \o__payload[0] ;
-  wire [31:0] \o__payload[1] ;
-  wire [31:0] \o__payload[2] ;
-  wire [31:0] \o__payload[3] ;
+  output [95:0] o__payload;
+  reg [95:0] o__payload = 96'h000000000000000000000000;
+  wire [23:0] \o__payload[0] ;
+  wire [23:0] \o__payload[1] ;
+  wire [23:0] \o__payload[2] ;
+  wire [23:0] \o__payload[3] ;
   input o__ready;
   wire o__ready;
   output o__valid;
@@ -20121,10 +19719,10 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  reg [32:0] rounded0 = 33'h000000000;
-  reg [32:0] rounded1 = 33'h000000000;
-  reg [32:0] rounded2 = 33'h000000000;
-  reg [32:0] rounded3 = 33'h000000000;
+  reg [24:0] rounded0 = 25'h0000000;
+  reg [24:0] rounded1 = 25'h0000000;
+  reg [24:0] rounded2 = 25'h0000000;
+  reg [24:0] rounded3 = 25'h0000000;
   input rst;
   wire rst;
   input [5:0] shift;
@@ -20137,55 +19735,15 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire unit_rst;
   reg v2 = 1'h0;
   reg v_round = 1'h0;
-  reg [47:0] x0 = 48'h000000000000;
-  reg [47:0] x1 = 48'h000000000000;
-  reg [47:0] x2 = 48'h000000000000;
-  reg [47:0] x3 = 48'h000000000000;
+  reg [39:0] x0 = 40'h0000000000;
+  reg [39:0] x1 = 40'h0000000000;
+  reg [39:0] x2 = 40'h0000000000;
+  reg [39:0] x3 = 40'h0000000000;
   reg x_valid = 1'h0;
-  reg [32:0] y0 = 33'h000000000;
-  reg [32:0] y1 = 33'h000000000;
-  reg [32:0] y2 = 33'h000000000;
-  reg [32:0] y3 = 33'h000000000;
-  assign \$148  = shift[5:3] > 2'h3;
-  assign \$149  = shift[5:3] == 2'h3;
-  assign \$150  = shift[2:0] > 3'h5;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = \$148  | \$151 ;
-  assign \$153  = shift[5:3] > 2'h3;
-  assign \$154  = shift[5:3] == 2'h3;
-  assign \$155  = shift[2:0] > 3'h6;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = shift[5:3] > 2'h3;
-  assign \$159  = shift[5:3] == 2'h3;
-  assign \$160  = shift[2:0] > 3'h7;
-  assign \$161  = \$159  & \$160 ;
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = shift[5:3] > 3'h4;
-  assign \$164  = shift[5:3] == 3'h4;
-  assign \$165  = shift[2:0] > 1'h0;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = shift[5:3] > 3'h4;
-  assign \$169  = shift[5:3] == 3'h4;
-  assign \$170  = shift[2:0] > 1'h1;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$168  | \$171 ;
-  assign \$173  = shift[5:3] > 3'h4;
-  assign \$174  = shift[5:3] == 3'h4;
-  assign \$175  = shift[2:0] > 2'h2;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = shift[5:3] > 3'h4;
-  assign \$179  = shift[5:3] == 3'h4;
-  assign \$180  = shift[2:0] > 2'h3;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = shift[5:3] > 3'h4;
-  assign \$184  = shift[5:3] == 3'h4;
-  assign \$185  = shift[2:0] > 3'h4;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \$183  | \$186 ;
+  reg [24:0] y0 = 25'h0000000;
+  reg [24:0] y1 = 25'h0000000;
+  reg [24:0] y2 = 25'h0000000;
+  reg [24:0] y3 = 25'h0000000;
   assign \$188  = shift[5:3] > 3'h4;
   assign \$189  = shift[5:3] == 3'h4;
   assign \$190  = shift[2:0] > 3'h5;
@@ -20206,430 +19764,390 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$205  = shift[2:0] > 1'h0;
   assign \$206  = \$204  & \$205 ;
   assign \$207  = \$203  | \$206 ;
-  assign \$208  = shift[5:3] > 3'h5;
-  assign \$209  = shift[5:3] == 3'h5;
-  assign \$210  = shift[2:0] > 1'h1;
-  assign \$211  = \$209  & \$210 ;
-  assign \$212  = \$208  | \$211 ;
-  assign \$213  = shift[5:3] > 3'h5;
-  assign \$214  = shift[5:3] == 3'h5;
-  assign \$215  = shift[2:0] > 2'h2;
-  assign \$216  = \$214  & \$215 ;
-  assign \$217  = \$213  | \$216 ;
-  assign \$218  = shift[5:3] > 3'h5;
-  assign \$219  = shift[5:3] == 3'h5;
-  assign \$220  = shift[2:0] > 2'h3;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = \$218  | \$221 ;
-  assign \$223  = shift[5:3] > 3'h5;
-  assign \$224  = shift[5:3] == 3'h5;
-  assign \$225  = shift[2:0] > 3'h4;
-  assign \$226  = \$224  & \$225 ;
-  assign \$227  = \$223  | \$226 ;
-  assign \$228  = shift[5:3] > 3'h5;
-  assign \$229  = shift[5:3] == 3'h5;
-  assign \$230  = shift[2:0] > 3'h5;
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = \$228  | \$231 ;
-  assign \$233  = shift[5:3] > 3'h5;
-  assign \$234  = shift[5:3] == 3'h5;
-  assign \$235  = shift[2:0] > 3'h6;
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = \$233  | \$236 ;
-  assign \$238  = shift[5:3] > 3'h5;
-  assign \$239  = shift[5:3] == 3'h5;
-  assign \$240  = shift[2:0] > 3'h7;
-  assign \$241  = \$239  & \$240 ;
-  assign \$242  = \$238  | \$241 ;
-  assign \$243  = shift[5:3] > 3'h6;
-  assign \$244  = shift[5:3] == 3'h6;
-  assign \$245  = shift[2:0] > 1'h0;
-  assign \$246  = \$244  & \$245 ;
-  assign \$247  = \$243  | \$246 ;
-  assign \$250  = $signed(\$248 ) + $signed(\$249 );
-  assign \$253  = $signed(\$251 ) + $signed(\$252 );
-  assign \$256  = $signed(\$254 ) + $signed(\$255 );
-  assign \$259  = $signed(\$257 ) + $signed(\$258 );
-  assign \$261  = shift[5] ? \$260  : { x0, 1'h0 };
-  assign \$264  = shift[5] ? \$263  : { x0, 1'h0 };
-  assign \$265  = shift[4] ? \$262  : \$264 ;
-  assign \$268  = shift[5] ? \$267  : { x0, 1'h0 };
-  assign \$271  = shift[5] ? \$270  : { x0, 1'h0 };
-  assign \$272  = shift[4] ? \$269  : \$271 ;
-  assign \$273  = shift[3] ? \$266  : \$272 [47:0];
-  assign \$276  = shift[5] ? \$275  : { x0, 1'h0 };
-  assign \$279  = shift[5] ? \$278  : { x0, 1'h0 };
-  assign \$280  = shift[4] ? \$277  : \$279 ;
-  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
-  assign \$286  = shift[5] ? \$285  : { x0, 1'h0 };
-  assign \$287  = shift[4] ? \$284  : \$286 ;
-  assign \$288  = shift[3] ? \$281  : \$287 [47:0];
-  assign \$289  = shift[2] ? \$274  : \$288 [39:0];
-  assign \$292  = shift[5] ? \$291  : { x0, 1'h0 };
-  assign \$295  = shift[5] ? \$294  : { x0, 1'h0 };
-  assign \$296  = shift[4] ? \$293  : \$295 ;
+  assign \$210  = $signed(\$208 ) + $signed(\$209 );
+  assign \$213  = $signed(\$211 ) + $signed(\$212 );
+  assign \$216  = $signed(\$214 ) + $signed(\$215 );
+  assign \$219  = $signed(\$217 ) + $signed(\$218 );
+  assign \$221  = shift[5] ? \$220  : { x0, 1'h0 };
+  assign \$224  = shift[5] ? \$223  : { x0, 1'h0 };
+  assign \$225  = shift[4] ? \$222  : \$224 ;
+  assign \$228  = shift[5] ? \$227  : { x0, 1'h0 };
+  assign \$231  = shift[5] ? \$230  : { x0, 1'h0 };
+  assign \$232  = shift[4] ? \$229  : \$231 ;
+  assign \$233  = shift[3] ? \$226  : \$232 [39:0];
+  assign \$236  = shift[5] ? \$235  : { x0, 1'h0 };
+  assign \$239  = shift[5] ? \$238  : { x0, 1'h0 };
+  assign \$240  = shift[4] ? \$237  : \$239 ;
+  assign \$243  = shift[5] ? \$242  : { x0, 1'h0 };
+  assign \$246  = shift[5] ? \$245  : { x0, 1'h0 };
+  assign \$247  = shift[4] ? \$244  : \$246 ;
+  assign \$248  = shift[3] ? \$241  : \$247 [39:0];
+  assign \$249  = shift[2] ? \$234  : \$248 [31:0];
+  assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
+  assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
+  assign \$256  = shift[4] ? \$253  : \$255 ;
+  assign \$259  = shift[5] ? \$258  : { x0, 1'h0 };
+  assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
+  assign \$263  = shift[4] ? \$260  : \$262 ;
+  assign \$264  = shift[3] ? \$257  : \$263 [39:0];
+  assign \$267  = shift[5] ? \$266  : { x0, 1'h0 };
+  assign \$270  = shift[5] ? \$269  : { x0, 1'h0 };
+  assign \$271  = shift[4] ? \$268  : \$270 ;
+  assign \$274  = shift[5] ? \$273  : { x0, 1'h0 };
+  assign \$277  = shift[5] ? \$276  : { x0, 1'h0 };
+  assign \$278  = shift[4] ? \$275  : \$277 ;
+  assign \$279  = shift[3] ? \$272  : \$278 [39:0];
+  assign \$280  = shift[2] ? \$265  : \$279 [31:0];
+  assign \$281  = shift[1] ? \$250  : \$280 [27:0];
+  assign \$284  = shift[5] ? \$283  : { x0, 1'h0 };
+  assign \$287  = shift[5] ? \$286  : { x0, 1'h0 };
+  assign \$288  = shift[4] ? \$285  : \$287 ;
+  assign \$291  = shift[5] ? \$290  : { x0, 1'h0 };
+  assign \$294  = shift[5] ? \$293  : { x0, 1'h0 };
+  assign \$295  = shift[4] ? \$292  : \$294 ;
+  assign \$296  = shift[3] ? \$289  : \$295 [39:0];
   assign \$299  = shift[5] ? \$298  : { x0, 1'h0 };
   assign \$302  = shift[5] ? \$301  : { x0, 1'h0 };
   assign \$303  = shift[4] ? \$300  : \$302 ;
-  assign \$304  = shift[3] ? \$297  : \$303 [47:0];
-  assign \$307  = shift[5] ? \$306  : { x0, 1'h0 };
-  assign \$310  = shift[5] ? \$309  : { x0, 1'h0 };
-  assign \$311  = shift[4] ? \$308  : \$310 ;
-  assign \$314  = shift[5] ? \$313  : { x0, 1'h0 };
-  assign \$317  = shift[5] ? \$316  : { x0, 1'h0 };
-  assign \$318  = shift[4] ? \$315  : \$317 ;
-  assign \$319  = shift[3] ? \$312  : \$318 [47:0];
-  assign \$320  = shift[2] ? \$305  : \$319 [39:0];
-  assign \$321  = shift[1] ? \$290  : \$320 [35:0];
-  assign \$324  = shift[5] ? \$323  : { x0, 1'h0 };
-  assign \$327  = shift[5] ? \$326  : { x0, 1'h0 };
-  assign \$328  = shift[4] ? \$325  : \$327 ;
-  assign \$331  = shift[5] ? \$330  : { x0, 1'h0 };
-  assign \$334  = shift[5] ? \$333  : { x0, 1'h0 };
-  assign \$335  = shift[4] ? \$332  : \$334 ;
-  assign \$336  = shift[3] ? \$329  : \$335 [47:0];
-  assign \$339  = shift[5] ? \$338  : { x0, 1'h0 };
-  assign \$342  = shift[5] ? \$341  : { x0, 1'h0 };
-  assign \$343  = shift[4] ? \$340  : \$342 ;
-  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
-  assign \$349  = shift[5] ? \$348  : { x0, 1'h0 };
-  assign \$350  = shift[4] ? \$347  : \$349 ;
-  assign \$351  = shift[3] ? \$344  : \$350 [47:0];
-  assign \$352  = shift[2] ? \$337  : \$351 [39:0];
-  assign \$355  = shift[5] ? \$354  : { x0, 1'h0 };
-  assign \$358  = shift[5] ? \$357  : { x0, 1'h0 };
-  assign \$359  = shift[4] ? \$356  : \$358 ;
-  assign \$362  = shift[5] ? \$361  : { x0, 1'h0 };
-  assign \$365  = shift[5] ? \$364  : { x0, 1'h0 };
-  assign \$366  = shift[4] ? \$363  : \$365 ;
-  assign \$367  = shift[3] ? \$360  : \$366 [47:0];
-  assign \$370  = shift[5] ? \$369  : { x0, 1'h0 };
-  assign \$373  = shift[5] ? \$372  : { x0, 1'h0 };
-  assign \$374  = shift[4] ? \$371  : \$373 ;
-  assign \$377  = shift[5] ? \$376  : { x0, 1'h0 };
-  assign \$380  = shift[5] ? \$379  : { x0, 1'h0 };
-  assign \$381  = shift[4] ? \$378  : \$380 ;
-  assign \$382  = shift[3] ? \$375  : \$381 [47:0];
-  assign \$383  = shift[2] ? \$368  : \$382 [39:0];
-  assign \$384  = shift[1] ? \$353  : \$383 [35:0];
-  assign \$385  = shift[0] ? \$322  : \$384 [33:0];
-  assign \$386  = { x0, 1'h0 } & below;
-  assign \$387  = | \$386 ;
-  assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$389  = \$388  & { \$2 , 32'h00000000 };
-  assign \$390  = | \$389 ;
-  assign \$391  = sticky0 | y0[1];
-  assign \$392  = y0[0] & \$391 ;
-  assign \$393  = $signed(y0[32:1]) + $signed({ 1'h0, \$392  });
-  assign \$394  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
-  assign \$395  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$396  = \$395  ? 33'h07fffffff : rounded0;
-  assign \$397  = over2_0 ? { \$394 [31], \$394  } : \$396 ;
-  assign \$399  = shift[5] ? \$398  : { x1, 1'h0 };
-  assign \$402  = shift[5] ? \$401  : { x1, 1'h0 };
-  assign \$403  = shift[4] ? \$400  : \$402 ;
-  assign \$406  = shift[5] ? \$405  : { x1, 1'h0 };
-  assign \$409  = shift[5] ? \$408  : { x1, 1'h0 };
-  assign \$410  = shift[4] ? \$407  : \$409 ;
-  assign \$411  = shift[3] ? \$404  : \$410 [47:0];
-  assign \$414  = shift[5] ? \$413  : { x1, 1'h0 };
-  assign \$417  = shift[5] ? \$416  : { x1, 1'h0 };
-  assign \$418  = shift[4] ? \$415  : \$417 ;
-  assign \$421  = shift[5] ? \$420  : { x1, 1'h0 };
-  assign \$424  = shift[5] ? \$423  : { x1, 1'h0 };
-  assign \$425  = shift[4] ? \$422  : \$424 ;
-  assign \$426  = shift[3] ? \$419  : \$425 [47:0];
-  assign \$427  = shift[2] ? \$412  : \$426 [39:0];
-  assign \$430  = shift[5] ? \$429  : { x1, 1'h0 };
-  assign \$433  = shift[5] ? \$432  : { x1, 1'h0 };
-  assign \$434  = shift[4] ? \$431  : \$433 ;
+  assign \$306  = shift[5] ? \$305  : { x0, 1'h0 };
+  assign \$309  = shift[5] ? \$308  : { x0, 1'h0 };
+  assign \$310  = shift[4] ? \$307  : \$309 ;
+  assign \$311  = shift[3] ? \$304  : \$310 [39:0];
+  assign \$312  = shift[2] ? \$297  : \$311 [31:0];
+  assign \$315  = shift[5] ? \$314  : { x0, 1'h0 };
+  assign \$318  = shift[5] ? \$317  : { x0, 1'h0 };
+  assign \$319  = shift[4] ? \$316  : \$318 ;
+  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
+  assign \$325  = shift[5] ? \$324  : { x0, 1'h0 };
+  assign \$326  = shift[4] ? \$323  : \$325 ;
+  assign \$327  = shift[3] ? \$320  : \$326 [39:0];
+  assign \$330  = shift[5] ? \$329  : { x0, 1'h0 };
+  assign \$333  = shift[5] ? \$332  : { x0, 1'h0 };
+  assign \$334  = shift[4] ? \$331  : \$333 ;
+  assign \$337  = shift[5] ? \$336  : { x0, 1'h0 };
+  assign \$340  = shift[5] ? \$339  : { x0, 1'h0 };
+  assign \$341  = shift[4] ? \$338  : \$340 ;
+  assign \$342  = shift[3] ? \$335  : \$341 [39:0];
+  assign \$343  = shift[2] ? \$328  : \$342 [31:0];
+  assign \$344  = shift[1] ? \$313  : \$343 [27:0];
+  assign \$345  = shift[0] ? \$282  : \$344 [25:0];
+  assign \$346  = { x0, 1'h0 } & below;
+  assign \$347  = | \$346 ;
+  assign \$348  = { x0, 1'h0 } ^ { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39] };
+  assign \$349  = \$348  & { \$2 , 24'h000000 };
+  assign \$350  = | \$349 ;
+  assign \$351  = sticky0 | y0[1];
+  assign \$352  = y0[0] & \$351 ;
+  assign \$353  = $signed(y0[24:1]) + $signed({ 1'h0, \$352  });
+  assign \$354  = neg2_0 ? 24'h800000 : 24'h7fffff;
+  assign \$355  = $signed(rounded0) > $signed(24'h7fffff);
+  assign \$356  = \$355  ? 25'h07fffff : rounded0;
+  assign \$357  = over2_0 ? { \$354 [23], \$354  } : \$356 ;
+  assign \$359  = shift[5] ? \$358  : { x1, 1'h0 };
+  assign \$362  = shift[5] ? \$361  : { x1, 1'h0 };
+  assign \$363  = shift[4] ? \$360  : \$362 ;
+  assign \$366  = shift[5] ? \$365  : { x1, 1'h0 };
+  assign \$369  = shift[5] ? \$368  : { x1, 1'h0 };
+  assign \$370  = shift[4] ? \$367  : \$369 ;
+  assign \$371  = shift[3] ? \$364  : \$370 [39:0];
+  assign \$374  = shift[5] ? \$373  : { x1, 1'h0 };
+  assign \$377  = shift[5] ? \$376  : { x1, 1'h0 };
+  assign \$378  = shift[4] ? \$375  : \$377 ;
+  assign \$381  = shift[5] ? \$380  : { x1, 1'h0 };
+  assign \$384  = shift[5] ? \$383  : { x1, 1'h0 };
+  assign \$385  = shift[4] ? \$382  : \$384 ;
+  assign \$386  = shift[3] ? \$379  : \$385 [39:0];
+  assign \$387  = shift[2] ? \$372  : \$386 [31:0];
+  assign \$390  = shift[5] ? \$389  : { x1, 1'h0 };
+  assign \$393  = shift[5] ? \$392  : { x1, 1'h0 };
+  assign \$394  = shift[4] ? \$391  : \$393 ;
+  assign \$397  = shift[5] ? \$396  : { x1, 1'h0 };
+  assign \$400  = shift[5] ? \$399  : { x1, 1'h0 };
+  assign \$401  = shift[4] ? \$398  : \$400 ;
+  assign \$402  = shift[3] ? \$395  : \$401 [39:0];
+  assign \$405  = shift[5] ? \$404  : { x1, 1'h0 };
+  assign \$408  = shift[5] ? \$407  : { x1, 1'h0 };
+  assign \$409  = shift[4] ? \$406  : \$408 ;
+  assign \$412  = shift[5] ? \$411  : { x1, 1'h0 };
+  assign \$415  = shift[5] ? \$414  : { x1, 1'h0 };
+  assign \$416  = shift[4] ? \$413  : \$415 ;
+  assign \$417  = shift[3] ? \$410  : \$416 [39:0];
+  assign \$418  = shift[2] ? \$403  : \$417 [31:0];
+  assign \$419  = shift[1] ? \$388  : \$418 [27:0];
+  assign \$422  = shift[5] ? \$421  : { x1, 1'h0 };
+  assign \$425  = shift[5] ? \$424  : { x1, 1'h0 };
+  assign \$426  = shift[4] ? \$423  : \$425 ;
+  assign \$429  = shift[5] ? \$428  : { x1, 1'h0 };
+  assign \$432  = shift[5] ? \$431  : { x1, 1'h0 };
+  assign \$433  = shift[4] ? \$430  : \$432 ;
+  assign \$434  = shift[3] ? \$427  : \$433 [39:0];
   assign \$437  = shift[5] ? \$436  : { x1, 1'h0 };
   assign \$440  = shift[5] ? \$439  : { x1, 1'h0 };
   assign \$441  = shift[4] ? \$438  : \$440 ;
-  assign \$442  = shift[3] ? \$435  : \$441 [47:0];
-  assign \$445  = shift[5] ? \$444  : { x1, 1'h0 };
-  assign \$448  = shift[5] ? \$447  : { x1, 1'h0 };
-  assign \$449  = shift[4] ? \$446  : \$448 ;
-  assign \$452  = shift[5] ? \$451  : { x1, 1'h0 };
-  assign \$455  = shift[5] ? \$454  : { x1, 1'h0 };
-  assign \$456  = shift[4] ? \$453  : \$455 ;
-  assign \$457  = shift[3] ? \$450  : \$456 [47:0];
-  assign \$458  = shift[2] ? \$443  : \$457 [39:0];
-  assign \$459  = shift[1] ? \$428  : \$458 [35:0];
-  assign \$462  = shift[5] ? \$461  : { x1, 1'h0 };
-  assign \$465  = shift[5] ? \$464  : { x1, 1'h0 };
-  assign \$466  = shift[4] ? \$463  : \$465 ;
-  assign \$469  = shift[5] ? \$468  : { x1, 1'h0 };
-  assign \$472  = shift[5] ? \$471  : { x1, 1'h0 };
-  assign \$473  = shift[4] ? \$470  : \$472 ;
-  assign \$474  = shift[3] ? \$467  : \$473 [47:0];
-  assign \$477  = shift[5] ? \$476  : { x1, 1'h0 };
-  assign \$480  = shift[5] ? \$479  : { x1, 1'h0 };
-  assign \$481  = shift[4] ? \$478  : \$480 ;
-  assign \$484  = shift[5] ? \$483  : { x1, 1'h0 };
-  assign \$487  = shift[5] ? \$486  : { x1, 1'h0 };
-  assign \$488  = shift[4] ? \$485  : \$487 ;
-  assign \$489  = shift[3] ? \$482  : \$488 [47:0];
-  assign \$490  = shift[2] ? \$475  : \$489 [39:0];
-  assign \$493  = shift[5] ? \$492  : { x1, 1'h0 };
-  assign \$496  = shift[5] ? \$495  : { x1, 1'h0 };
-  assign \$497  = shift[4] ? \$494  : \$496 ;
-  assign \$500  = shift[5] ? \$499  : { x1, 1'h0 };
-  assign \$503  = shift[5] ? \$502  : { x1, 1'h0 };
-  assign \$504  = shift[4] ? \$501  : \$503 ;
-  assign \$505  = shift[3] ? \$498  : \$504 [47:0];
-  assign \$508  = shift[5] ? \$507  : { x1, 1'h0 };
-  assign \$511  = shift[5] ? \$510  : { x1, 1'h0 };
-  assign \$512  = shift[4] ? \$509  : \$511 ;
-  assign \$515  = shift[5] ? \$514  : { x1, 1'h0 };
-  assign \$518  = shift[5] ? \$517  : { x1, 1'h0 };
-  assign \$519  = shift[4] ? \$516  : \$518 ;
-  assign \$520  = shift[3] ? \$513  : \$519 [47:0];
-  assign \$521  = shift[2] ? \$506  : \$520 [39:0];
-  assign \$522  = shift[1] ? \$491  : \$521 [35:0];
-  assign \$523  = shift[0] ? \$460  : \$522 [33:0];
-  assign \$524  = { x1, 1'h0 } & below;
-  assign \$525  = | \$524 ;
-  assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
-  assign \$527  = \$526  & { \$2 , 32'h00000000 };
-  assign \$528  = | \$527 ;
-  assign \$529  = sticky1 | y1[1];
-  assign \$530  = y1[0] & \$529 ;
-  assign \$531  = $signed(y1[32:1]) + $signed({ 1'h0, \$530  });
-  assign \$532  = neg2_1 ? 32'd2147483648 : 32'd2147483647;
-  assign \$533  = $signed(rounded1) > $signed(32'd2147483647);
-  assign \$534  = \$533  ? 33'h07fffffff : rounded1;
-  assign \$535  = over2_1 ? { \$532 [31], \$532  } : \$534 ;
-  assign \$537  = shift[5] ? \$536  : { x2, 1'h0 };
-  assign \$540  = shift[5] ? \$539  : { x2, 1'h0 };
-  assign \$541  = shift[4] ? \$538  : \$540 ;
-  assign \$544  = shift[5] ? \$543  : { x2, 1'h0 };
-  assign \$547  = shift[5] ? \$546  : { x2, 1'h0 };
-  assign \$548  = shift[4] ? \$545  : \$547 ;
-  assign \$549  = shift[3] ? \$542  : \$548 [47:0];
-  assign \$552  = shift[5] ? \$551  : { x2, 1'h0 };
-  assign \$555  = shift[5] ? \$554  : { x2, 1'h0 };
-  assign \$556  = shift[4] ? \$553  : \$555 ;
-  assign \$559  = shift[5] ? \$558  : { x2, 1'h0 };
-  assign \$562  = shift[5] ? \$561  : { x2, 1'h0 };
-  assign \$563  = shift[4] ? \$560  : \$562 ;
-  assign \$564  = shift[3] ? \$557  : \$563 [47:0];
-  assign \$565  = shift[2] ? \$550  : \$564 [39:0];
-  assign \$568  = shift[5] ? \$567  : { x2, 1'h0 };
-  assign \$571  = shift[5] ? \$570  : { x2, 1'h0 };
-  assign \$572  = shift[4] ? \$569  : \$571 ;
+  assign \$444  = shift[5] ? \$443  : { x1, 1'h0 };
+  assign \$447  = shift[5] ? \$446  : { x1, 1'h0 };
+  assign \$448  = shift[4] ? \$445  : \$447 ;
+  assign \$449  = shift[3] ? \$442  : \$448 [39:0];
+  assign \$450  = shift[2] ? \$435  : \$449 [31:0];
+  assign \$453  = shift[5] ? \$452  : { x1, 1'h0 };
+  assign \$456  = shift[5] ? \$455  : { x1, 1'h0 };
+  assign \$457  = shift[4] ? \$454  : \$456 ;
+  assign \$460  = shift[5] ? \$459  : { x1, 1'h0 };
+  assign \$463  = shift[5] ? \$462  : { x1, 1'h0 };
+  assign \$464  = shift[4] ? \$461  : \$463 ;
+  assign \$465  = shift[3] ? \$458  : \$464 [39:0];
+  assign \$468  = shift[5] ? \$467  : { x1, 1'h0 };
+  assign \$471  = shift[5] ? \$470  : { x1, 1'h0 };
+  assign \$472  = shift[4] ? \$469  : \$471 ;
+  assign \$475  = shift[5] ? \$474  : { x1, 1'h0 };
+  assign \$478  = shift[5] ? \$477  : { x1, 1'h0 };
+  assign \$479  = shift[4] ? \$476  : \$478 ;
+  assign \$480  = shift[3] ? \$473  : \$479 [39:0];
+  assign \$481  = shift[2] ? \$466  : \$480 [31:0];
+  assign \$482  = shift[1] ? \$451  : \$481 [27:0];
+  assign \$483  = shift[0] ? \$420  : \$482 [25:0];
+  assign \$484  = { x1, 1'h0 } & below;
+  assign \$485  = | \$484 ;
+  assign \$486  = { x1, 1'h0 } ^ { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39] };
+  assign \$487  = \$486  & { \$2 , 24'h000000 };
+  assign \$488  = | \$487 ;
+  assign \$489  = sticky1 | y1[1];
+  assign \$490  = y1[0] & \$489 ;
+  assign \$491  = $signed(y1[24:1]) + $signed({ 1'h0, \$490  });
+  assign \$492  = neg2_1 ? 24'h800000 : 24'h7fffff;
+  assign \$493  = $signed(rounded1) > $signed(24'h7fffff);
+  assign \$494  = \$493  ? 25'h07fffff : rounded1;
+  assign \$495  = over2_1 ? { \$492 [23], \$492  } : \$494 ;
+  assign \$497  = shift[5] ? \$496  : { x2, 1'h0 };
+  assign \$500  = shift[5] ? \$499  : { x2, 1'h0 };
+  assign \$501  = shift[4] ? \$498  : \$500 ;
+  assign \$504  = shift[5] ? \$503  : { x2, 1'h0 };
+  assign \$507  = shift[5] ? \$506  : { x2, 1'h0 };
+  assign \$508  = shift[4] ? \$505  : \$507 ;
+  assign \$509  = shift[3] ? \$502  : \$508 [39:0];
+  assign \$512  = shift[5] ? \$511  : { x2, 1'h0 };
+  assign \$515  = shift[5] ? \$514  : { x2, 1'h0 };
+  assign \$516  = shift[4] ? \$513  : \$515 ;
+  assign \$519  = shift[5] ? \$518  : { x2, 1'h0 };
+  assign \$522  = shift[5] ? \$521  : { x2, 1'h0 };
+  assign \$523  = shift[4] ? \$520  : \$522 ;
+  assign \$524  = shift[3] ? \$517  : \$523 [39:0];
+  assign \$525  = shift[2] ? \$510  : \$524 [31:0];
+  assign \$528  = shift[5] ? \$527  : { x2, 1'h0 };
+  assign \$531  = shift[5] ? \$530  : { x2, 1'h0 };
+  assign \$532  = shift[4] ? \$529  : \$531 ;
+  assign \$535  = shift[5] ? \$534  : { x2, 1'h0 };
+  assign \$538  = shift[5] ? \$537  : { x2, 1'h0 };
+  assign \$539  = shift[4] ? \$536  : \$538 ;
+  assign \$540  = shift[3] ? \$533  : \$539 [39:0];
+  assign \$543  = shift[5] ? \$542  : { x2, 1'h0 };
+  assign \$546  = shift[5] ? \$545  : { x2, 1'h0 };
+  assign \$547  = shift[4] ? \$544  : \$546 ;
+  assign \$550  = shift[5] ? \$549  : { x2, 1'h0 };
+  assign \$553  = shift[5] ? \$552  : { x2, 1'h0 };
+  assign \$554  = shift[4] ? \$551  : \$553 ;
+  assign \$555  = shift[3] ? \$548  : \$554 [39:0];
+  assign \$556  = shift[2] ? \$541  : \$555 [31:0];
+  assign \$557  = shift[1] ? \$526  : \$556 [27:0];
+  assign \$560  = shift[5] ? \$559  : { x2, 1'h0 };
+  assign \$563  = shift[5] ? \$562  : { x2, 1'h0 };
+  assign \$564  = shift[4] ? \$561  : \$563 ;
+  assign \$567  = shift[5] ? \$566  : { x2, 1'h0 };
+  assign \$570  = shift[5] ? \$569  : { x2, 1'h0 };
+  assign \$571  = shift[4] ? \$568  : \$570 ;
+  assign \$572  = shift[3] ? \$565  : \$571 [39:0];
   assign \$575  = shift[5] ? \$574  : { x2, 1'h0 };
   assign \$578  = shift[5] ? \$577  : { x2, 1'h0 };
   assign \$579  = shift[4] ? \$576  : \$578 ;
-  assign \$580  = shift[3] ? \$573  : \$579 [47:0];
-  assign \$583  = shift[5] ? \$582  : { x2, 1'h0 };
-  assign \$586  = shift[5] ? \$585  : { x2, 1'h0 };
-  assign \$587  = shift[4] ? \$584  : \$586 ;
-  assign \$590  = shift[5] ? \$589  : { x2, 1'h0 };
-  assign \$593  = shift[5] ? \$592  : { x2, 1'h0 };
-  assign \$594  = shift[4] ? \$591  : \$593 ;
-  assign \$595  = shift[3] ? \$588  : \$594 [47:0];
-  assign \$596  = shift[2] ? \$581  : \$595 [39:0];
-  assign \$597  = shift[1] ? \$566  : \$596 [35:0];
-  assign \$600  = shift[5] ? \$599  : { x2, 1'h0 };
-  assign \$603  = shift[5] ? \$602  : { x2, 1'h0 };
-  assign \$604  = shift[4] ? \$601  : \$603 ;
-  assign \$607  = shift[5] ? \$606  : { x2, 1'h0 };
-  assign \$610  = shift[5] ? \$609  : { x2, 1'h0 };
-  assign \$611  = shift[4] ? \$608  : \$610 ;
-  assign \$612  = shift[3] ? \$605  : \$611 [47:0];
-  assign \$615  = shift[5] ? \$614  : { x2, 1'h0 };
-  assign \$618  = shift[5] ? \$617  : { x2, 1'h0 };
-  assign \$619  = shift[4] ? \$616  : \$618 ;
-  assign \$622  = shift[5] ? \$621  : { x2, 1'h0 };
-  assign \$625  = shift[5] ? \$624  : { x2, 1'h0 };
-  assign \$626  = shift[4] ? \$623  : \$625 ;
-  assign \$627  = shift[3] ? \$620  : \$626 [47:0];
-  assign \$628  = shift[2] ? \$613  : \$627 [39:0];
-  assign \$631  = shift[5] ? \$630  : { x2, 1'h0 };
-  assign \$634  = shift[5] ? \$633  : { x2, 1'h0 };
-  assign \$635  = shift[4] ? \$632  : \$634 ;
-  assign \$638  = shift[5] ? \$637  : { x2, 1'h0 };
-  assign \$641  = shift[5] ? \$640  : { x2, 1'h0 };
-  assign \$642  = shift[4] ? \$639  : \$641 ;
-  assign \$643  = shift[3] ? \$636  : \$642 [47:0];
-  assign \$646  = shift[5] ? \$645  : { x2, 1'h0 };
-  assign \$649  = shift[5] ? \$648  : { x2, 1'h0 };
-  assign \$650  = shift[4] ? \$647  : \$649 ;
-  assign \$653  = shift[5] ? \$652  : { x2, 1'h0 };
-  assign \$656  = shift[5] ? \$655  : { x2, 1'h0 };
-  assign \$657  = shift[4] ? \$654  : \$656 ;
-  assign \$658  = shift[3] ? \$651  : \$657 [47:0];
-  assign \$659  = shift[2] ? \$644  : \$658 [39:0];
-  assign \$660  = shift[1] ? \$629  : \$659 [35:0];
-  assign \$661  = shift[0] ? \$598  : \$660 [33:0];
-  assign \$662  = { x2, 1'h0 } & below;
-  assign \$663  = | \$662 ;
-  assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
-  assign \$665  = \$664  & { \$2 , 32'h00000000 };
-  assign \$666  = | \$665 ;
-  assign \$667  = sticky2 | y2[1];
-  assign \$668  = y2[0] & \$667 ;
-  assign \$669  = $signed(y2[32:1]) + $signed({ 1'h0, \$668  });
-  assign \$670  = neg2_2 ? 32'd2147483648 : 32'd2147483647;
-  assign \$671  = $signed(rounded2) > $signed(32'd2147483647);
-  assign \$672  = \$671  ? 33'h07fffffff : rounded2;
-  assign \$673  = over2_2 ? { \$670 [31], \$670  } : \$672 ;
-  assign \$675  = shift[5] ? \$674  : { x3, 1'h0 };
-  assign \$678  = shift[5] ? \$677  : { x3, 1'h0 };
-  assign \$679  = shift[4] ? \$676  : \$678 ;
-  assign \$682  = shift[5] ? \$681  : { x3, 1'h0 };
-  assign \$685  = shift[5] ? \$684  : { x3, 1'h0 };
-  assign \$686  = shift[4] ? \$683  : \$685 ;
-  assign \$687  = shift[3] ? \$680  : \$686 [47:0];
-  assign \$690  = shift[5] ? \$689  : { x3, 1'h0 };
-  assign \$693  = shift[5] ? \$692  : { x3, 1'h0 };
-  assign \$694  = shift[4] ? \$691  : \$693 ;
-  assign \$697  = shift[5] ? \$696  : { x3, 1'h0 };
-  assign \$700  = shift[5] ? \$699  : { x3, 1'h0 };
-  assign \$701  = shift[4] ? \$698  : \$700 ;
-  assign \$702  = shift[3] ? \$695  : \$701 [47:0];
-  assign \$703  = shift[2] ? \$688  : \$702 [39:0];
-  assign \$706  = shift[5] ? \$705  : { x3, 1'h0 };
-  assign \$709  = shift[5] ? \$708  : { x3, 1'h0 };
-  assign \$710  = shift[4] ? \$707  : \$709 ;
+  assign \$582  = shift[5] ? \$581  : { x2, 1'h0 };
+  assign \$585  = shift[5] ? \$584  : { x2, 1'h0 };
+  assign \$586  = shift[4] ? \$583  : \$585 ;
+  assign \$587  = shift[3] ? \$580  : \$586 [39:0];
+  assign \$588  = shift[2] ? \$573  : \$587 [31:0];
+  assign \$591  = shift[5] ? \$590  : { x2, 1'h0 };
+  assign \$594  = shift[5] ? \$593  : { x2, 1'h0 };
+  assign \$595  = shift[4] ? \$592  : \$594 ;
+  assign \$598  = shift[5] ? \$597  : { x2, 1'h0 };
+  assign \$601  = shift[5] ? \$600  : { x2, 1'h0 };
+  assign \$602  = shift[4] ? \$599  : \$601 ;
+  assign \$603  = shift[3] ? \$596  : \$602 [39:0];
+  assign \$606  = shift[5] ? \$605  : { x2, 1'h0 };
+  assign \$609  = shift[5] ? \$608  : { x2, 1'h0 };
+  assign \$610  = shift[4] ? \$607  : \$609 ;
+  assign \$613  = shift[5] ? \$612  : { x2, 1'h0 };
+  assign \$616  = shift[5] ? \$615  : { x2, 1'h0 };
+  assign \$617  = shift[4] ? \$614  : \$616 ;
+  assign \$618  = shift[3] ? \$611  : \$617 [39:0];
+  assign \$619  = shift[2] ? \$604  : \$618 [31:0];
+  assign \$620  = shift[1] ? \$589  : \$619 [27:0];
+  assign \$621  = shift[0] ? \$558  : \$620 [25:0];
+  assign \$622  = { x2, 1'h0 } & below;
+  assign \$623  = | \$622 ;
+  assign \$624  = { x2, 1'h0 } ^ { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39] };
+  assign \$625  = \$624  & { \$2 , 24'h000000 };
+  assign \$626  = | \$625 ;
+  assign \$627  = sticky2 | y2[1];
+  assign \$628  = y2[0] & \$627 ;
+  assign \$629  = $signed(y2[24:1]) + $signed({ 1'h0, \$628  });
+  assign \$630  = neg2_2 ? 24'h800000 : 24'h7fffff;
+  assign \$631  = $signed(rounded2) > $signed(24'h7fffff);
+  assign \$632  = \$631  ? 25'h07fffff : rounded2;
+  assign \$633  = over2_2 ? { \$630 [23], \$630  } : \$632 ;
+  assign \$635  = shift[5] ? \$634  : { x3, 1'h0 };
+  assign \$638  = shift[5] ? \$637  : { x3, 1'h0 };
+  assign \$639  = shift[4] ? \$636  : \$638 ;
+  assign \$642  = shift[5] ? \$641  : { x3, 1'h0 };
+  assign \$645  = shift[5] ? \$644  : { x3, 1'h0 };
+  assign \$646  = shift[4] ? \$643  : \$645 ;
+  assign \$647  = shift[3] ? \$640  : \$646 [39:0];
+  assign \$650  = shift[5] ? \$649  : { x3, 1'h0 };
+  assign \$653  = shift[5] ? \$652  : { x3, 1'h0 };
+  assign \$654  = shift[4] ? \$651  : \$653 ;
+  assign \$657  = shift[5] ? \$656  : { x3, 1'h0 };
+  assign \$660  = shift[5] ? \$659  : { x3, 1'h0 };
+  assign \$661  = shift[4] ? \$658  : \$660 ;
+  assign \$662  = shift[3] ? \$655  : \$661 [39:0];
+  assign \$663  = shift[2] ? \$648  : \$662 [31:0];
+  assign \$666  = shift[5] ? \$665  : { x3, 1'h0 };
+  assign \$669  = shift[5] ? \$668  : { x3, 1'h0 };
+  assign \$670  = shift[4] ? \$667  : \$669 ;
+  assign \$673  = shift[5] ? \$672  : { x3, 1'h0 };
+  assign \$676  = shift[5] ? \$675  : { x3, 1'h0 };
+  assign \$677  = shift[4] ? \$674  : \$676 ;
+  assign \$678  = shift[3] ? \$671  : \$677 [39:0];
+  assign \$681  = shift[5] ? \$680  : { x3, 1'h0 };
+  assign \$684  = shift[5] ? \$683  : { x3, 1'h0 };
+  assign \$685  = shift[4] ? \$682  : \$684 ;
+  assign \$688  = shift[5] ? \$687  : { x3, 1'h0 };
+  assign \$691  = shift[5] ? \$690  : { x3, 1'h0 };
+  assign \$692  = shift[4] ? \$689  : \$691 ;
+  assign \$693  = shift[3] ? \$686  : \$692 [39:0];
+  assign \$694  = shift[2] ? \$679  : \$693 [31:0];
+  assign \$695  = shift[1] ? \$664  : \$694 [27:0];
+  assign \$698  = shift[5] ? \$697  : { x3, 1'h0 };
+  assign \$701  = shift[5] ? \$700  : { x3, 1'h0 };
+  assign \$702  = shift[4] ? \$699  : \$701 ;
+  assign \$705  = shift[5] ? \$704  : { x3, 1'h0 };
+  assign \$708  = shift[5] ? \$707  : { x3, 1'h0 };
+  assign \$709  = shift[4] ? \$706  : \$708 ;
+  assign \$710  = shift[3] ? \$703  : \$709 [39:0];
   assign \$713  = shift[5] ? \$712  : { x3, 1'h0 };
   assign \$716  = shift[5] ? \$715  : { x3, 1'h0 };
   assign \$717  = shift[4] ? \$714  : \$716 ;
-  assign \$718  = shift[3] ? \$711  : \$717 [47:0];
-  assign \$721  = shift[5] ? \$720  : { x3, 1'h0 };
-  assign \$724  = shift[5] ? \$723  : { x3, 1'h0 };
-  assign \$725  = shift[4] ? \$722  : \$724 ;
-  assign \$728  = shift[5] ? \$727  : { x3, 1'h0 };
-  assign \$731  = shift[5] ? \$730  : { x3, 1'h0 };
-  assign \$732  = shift[4] ? \$729  : \$731 ;
-  assign \$733  = shift[3] ? \$726  : \$732 [47:0];
-  assign \$734  = shift[2] ? \$719  : \$733 [39:0];
-  assign \$735  = shift[1] ? \$704  : \$734 [35:0];
-  assign \$738  = shift[5] ? \$737  : { x3, 1'h0 };
-  assign \$741  = shift[5] ? \$740  : { x3, 1'h0 };
-  assign \$742  = shift[4] ? \$739  : \$741 ;
-  assign \$745  = shift[5] ? \$744  : { x3, 1'h0 };
-  assign \$748  = shift[5] ? \$747  : { x3, 1'h0 };
-  assign \$749  = shift[4] ? \$746  : \$748 ;
-  assign \$750  = shift[3] ? \$743  : \$749 [47:0];
-  assign \$753  = shift[5] ? \$752  : { x3, 1'h0 };
-  assign \$756  = shift[5] ? \$755  : { x3, 1'h0 };
-  assign \$757  = shift[4] ? \$754  : \$756 ;
-  assign \$760  = shift[5] ? \$759  : { x3, 1'h0 };
-  assign \$763  = shift[5] ? \$762  : { x3, 1'h0 };
-  assign \$764  = shift[4] ? \$761  : \$763 ;
-  assign \$765  = shift[3] ? \$758  : \$764 [47:0];
-  assign \$766  = shift[2] ? \$751  : \$765 [39:0];
-  assign \$769  = shift[5] ? \$768  : { x3, 1'h0 };
-  assign \$772  = shift[5] ? \$771  : { x3, 1'h0 };
-  assign \$773  = shift[4] ? \$770  : \$772 ;
-  assign \$776  = shift[5] ? \$775  : { x3, 1'h0 };
-  assign \$779  = shift[5] ? \$778  : { x3, 1'h0 };
-  assign \$780  = shift[4] ? \$777  : \$779 ;
-  assign \$781  = shift[3] ? \$774  : \$780 [47:0];
-  assign \$784  = shift[5] ? \$783  : { x3, 1'h0 };
-  assign \$787  = shift[5] ? \$786  : { x3, 1'h0 };
-  assign \$788  = shift[4] ? \$785  : \$787 ;
-  assign \$791  = shift[5] ? \$790  : { x3, 1'h0 };
-  assign \$794  = shift[5] ? \$793  : { x3, 1'h0 };
-  assign \$795  = shift[4] ? \$792  : \$794 ;
-  assign \$796  = shift[3] ? \$789  : \$795 [47:0];
-  assign \$797  = shift[2] ? \$782  : \$796 [39:0];
-  assign \$798  = shift[1] ? \$767  : \$797 [35:0];
-  assign \$799  = shift[0] ? \$736  : \$798 [33:0];
-  assign \$800  = { x3, 1'h0 } & below;
-  assign \$801  = | \$800 ;
-  assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
-  assign \$803  = \$802  & { \$2 , 32'h00000000 };
-  assign \$804  = | \$803 ;
-  assign \$805  = sticky3 | y3[1];
-  assign \$806  = y3[0] & \$805 ;
-  assign \$807  = $signed(y3[32:1]) + $signed({ 1'h0, \$806  });
-  assign \$808  = neg2_3 ? 32'd2147483648 : 32'd2147483647;
-  assign \$809  = $signed(rounded3) > $signed(32'd2147483647);
-  assign \$810  = \$809  ? 33'h07fffffff : rounded3;
-  assign \$811  = over2_3 ? { \$808 [31], \$808  } : \$810 ;
+  assign \$720  = shift[5] ? \$719  : { x3, 1'h0 };
+  assign \$723  = shift[5] ? \$722  : { x3, 1'h0 };
+  assign \$724  = shift[4] ? \$721  : \$723 ;
+  assign \$725  = shift[3] ? \$718  : \$724 [39:0];
+  assign \$726  = shift[2] ? \$711  : \$725 [31:0];
+  assign \$729  = shift[5] ? \$728  : { x3, 1'h0 };
+  assign \$732  = shift[5] ? \$731  : { x3, 1'h0 };
+  assign \$733  = shift[4] ? \$730  : \$732 ;
+  assign \$736  = shift[5] ? \$735  : { x3, 1'h0 };
+  assign \$739  = shift[5] ? \$738  : { x3, 1'h0 };
+  assign \$740  = shift[4] ? \$737  : \$739 ;
+  assign \$741  = shift[3] ? \$734  : \$740 [39:0];
+  assign \$744  = shift[5] ? \$743  : { x3, 1'h0 };
+  assign \$747  = shift[5] ? \$746  : { x3, 1'h0 };
+  assign \$748  = shift[4] ? \$745  : \$747 ;
+  assign \$751  = shift[5] ? \$750  : { x3, 1'h0 };
+  assign \$754  = shift[5] ? \$753  : { x3, 1'h0 };
+  assign \$755  = shift[4] ? \$752  : \$754 ;
+  assign \$756  = shift[3] ? \$749  : \$755 [39:0];
+  assign \$757  = shift[2] ? \$742  : \$756 [31:0];
+  assign \$758  = shift[1] ? \$727  : \$757 [27:0];
+  assign \$759  = shift[0] ? \$696  : \$758 [25:0];
+  assign \$760  = { x3, 1'h0 } & below;
+  assign \$761  = | \$760 ;
+  assign \$762  = { x3, 1'h0 } ^ { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39] };
+  assign \$763  = \$762  & { \$2 , 24'h000000 };
+  assign \$764  = | \$763 ;
+  assign \$765  = sticky3 | y3[1];
+  assign \$766  = y3[0] & \$765 ;
+  assign \$767  = $signed(y3[24:1]) + $signed({ 1'h0, \$766  });
+  assign \$768  = neg2_3 ? 24'h800000 : 24'h7fffff;
+  assign \$769  = $signed(rounded3) > $signed(24'h7fffff);
+  assign \$770  = \$769  ? 25'h07fffff : rounded3;
+  assign \$771  = over2_3 ? { \$768 [23], \$768  } : \$770 ;
   always @(posedge clk)
-    below <= \$812 ;
+    below <= \$772 ;
   always @(posedge clk)
-    \$signal  <= \$813 ;
+    \$signal  <= \$773 ;
   always @(posedge clk)
-    v2 <= \$814 ;
+    v2 <= \$774 ;
   always @(posedge clk)
-    x_valid <= \$815 ;
+    x_valid <= \$775 ;
   always @(posedge clk)
-    x0 <= \$816 ;
+    x0 <= \$776 ;
   always @(posedge clk)
-    x1 <= \$817 ;
+    x1 <= \$777 ;
   always @(posedge clk)
-    x2 <= \$818 ;
+    x2 <= \$778 ;
   always @(posedge clk)
-    x3 <= \$819 ;
+    x3 <= \$779 ;
   always @(posedge clk)
-    \$signal$44  <= \$820 ;
+    \$signal$44  <= \$780 ;
   always @(posedge clk)
-    v_round <= \$821 ;
+    v_round <= \$781 ;
   always @(posedge clk)
-    o__valid <= \$822 ;
+    o__valid <= \$782 ;
   always @(posedge clk)
-    y0 <= \$823 ;
+    y0 <= \$783 ;
   always @(posedge clk)
-    sticky0 <= \$824 ;
+    sticky0 <= \$784 ;
   always @(posedge clk)
-    over0 <= \$825 ;
+    over0 <= \$785 ;
   always @(posedge clk)
-    neg0 <= \$826 ;
+    neg0 <= \$786 ;
   always @(posedge clk)
-    rounded0 <= \$827 ;
+    rounded0 <= \$787 ;
   always @(posedge clk)
-    over2_0 <= \$828 ;
+    over2_0 <= \$788 ;
   always @(posedge clk)
-    neg2_0 <= \$829 ;
+    neg2_0 <= \$789 ;
   always @(posedge clk)
-    o__payload <= \$830 ;
+    o__payload <= \$790 ;
   always @(posedge clk)
-    y1 <= \$831 ;
+    y1 <= \$791 ;
   always @(posedge clk)
-    sticky1 <= \$832 ;
+    sticky1 <= \$792 ;
   always @(posedge clk)
-    over1 <= \$833 ;
+    over1 <= \$793 ;
   always @(posedge clk)
-    neg1 <= \$834 ;
+    neg1 <= \$794 ;
   always @(posedge clk)
-    rounded1 <= \$835 ;
+    rounded1 <= \$795 ;
   always @(posedge clk)
-    over2_1 <= \$836 ;
+    over2_1 <= \$796 ;
   always @(posedge clk)
-    neg2_1 <= \$837 ;
+    neg2_1 <= \$797 ;
   always @(posedge clk)
-    y2 <= \$838 ;
+    y2 <= \$798 ;
   always @(posedge clk)
-    sticky2 <= \$839 ;
+    sticky2 <= \$799 ;
   always @(posedge clk)
-    over2 <= \$840 ;
+    over2 <= \$800 ;
   always @(posedge clk)
-    neg2 <= \$841 ;
+    neg2 <= \$801 ;
   always @(posedge clk)
-    rounded2 <= \$842 ;
+    rounded2 <= \$802 ;
   always @(posedge clk)
-    over2_2 <= \$843 ;
+    over2_2 <= \$803 ;
   always @(posedge clk)
-    neg2_2 <= \$844 ;
+    neg2_2 <= \$804 ;
   always @(posedge clk)
-    y3 <= \$845 ;
+    y3 <= \$805 ;
   always @(posedge clk)
-    sticky3 <= \$846 ;
+    sticky3 <= \$806 ;
   always @(posedge clk)
-    over3 <= \$847 ;
+    over3 <= \$807 ;
   always @(posedge clk)
-    neg3 <= \$848 ;
+    neg3 <= \$808 ;
   always @(posedge clk)
-    rounded3 <= \$849 ;
+    rounded3 <= \$809 ;
   always @(posedge clk)
-    over2_3 <= \$850 ;
+    over2_3 <= \$810 ;
   always @(posedge clk)
-    neg2_3 <= \$851 ;
+    neg2_3 <= \$811 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[16:0];
@@ -20778,6 +20296,46 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$145  = shift[2:0] > 3'h4;
   assign \$146  = \$144  & \$145 ;
   assign \$147  = \$143  | \$146 ;
+  assign \$148  = shift[5:3] > 2'h3;
+  assign \$149  = shift[5:3] == 2'h3;
+  assign \$150  = shift[2:0] > 3'h5;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = \$148  | \$151 ;
+  assign \$153  = shift[5:3] > 2'h3;
+  assign \$154  = shift[5:3] == 2'h3;
+  assign \$155  = shift[2:0] > 3'h6;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = shift[5:3] > 2'h3;
+  assign \$159  = shift[5:3] == 2'h3;
+  assign \$160  = shift[2:0] > 3'h7;
+  assign \$161  = \$159  & \$160 ;
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = shift[5:3] > 3'h4;
+  assign \$164  = shift[5:3] == 3'h4;
+  assign \$165  = shift[2:0] > 1'h0;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = shift[5:3] > 3'h4;
+  assign \$169  = shift[5:3] == 3'h4;
+  assign \$170  = shift[2:0] > 1'h1;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$168  | \$171 ;
+  assign \$173  = shift[5:3] > 3'h4;
+  assign \$174  = shift[5:3] == 3'h4;
+  assign \$175  = shift[2:0] > 2'h2;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = shift[5:3] > 3'h4;
+  assign \$179  = shift[5:3] == 3'h4;
+  assign \$180  = shift[2:0] > 2'h3;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = shift[5:3] > 3'h4;
+  assign \$184  = shift[5:3] == 3'h4;
+  assign \$185  = shift[2:0] > 3'h4;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -20789,822 +20347,822 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1576$0 (mult),
-    .\port$1581$0 (i__payload),
+    .\port$1537$0 (mult),
+    .\port$1542$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$812  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
+    \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
-      \$812  = 49'h0000000000000;
+      \$772  = 41'h00000000000;
     end
     if (rst) begin
-      \$812  = 49'h0000000000000;
+      \$772  = 41'h00000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$813  = \$signal ;
+    \$773  = \$signal ;
     if (advance) begin
-      \$813  = i__valid;
+      \$773  = i__valid;
     end
     if (unit_rst) begin
-      \$813  = 1'h0;
+      \$773  = 1'h0;
     end
     if (rst) begin
-      \$813  = 1'h0;
+      \$773  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$814  = v2;
+    \$774  = v2;
     if (advance) begin
-      \$814  = \$signal ;
+      \$774  = \$signal ;
     end
     if (unit_rst) begin
-      \$814  = 1'h0;
+      \$774  = 1'h0;
     end
     if (rst) begin
-      \$814  = 1'h0;
+      \$774  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$815  = x_valid;
+    \$775  = x_valid;
     if (advance) begin
-      \$815  = v2;
+      \$775  = v2;
     end
     if (unit_rst) begin
-      \$815  = 1'h0;
+      \$775  = 1'h0;
     end
     if (rst) begin
-      \$815  = 1'h0;
+      \$775  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$816  = x0;
+    \$776  = x0;
     if (advance) begin
-      \$816  = \$250 [47:0];
+      \$776  = \$210 [39:0];
     end
     if (unit_rst) begin
-      \$816  = 48'h000000000000;
+      \$776  = 40'h0000000000;
     end
     if (rst) begin
-      \$816  = 48'h000000000000;
+      \$776  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$817  = x1;
+    \$777  = x1;
     if (advance) begin
-      \$817  = \$253 [47:0];
+      \$777  = \$213 [39:0];
     end
     if (unit_rst) begin
-      \$817  = 48'h000000000000;
+      \$777  = 40'h0000000000;
     end
     if (rst) begin
-      \$817  = 48'h000000000000;
+      \$777  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$818  = x2;
+    \$778  = x2;
     if (advance) begin
-      \$818  = \$256 [47:0];
+      \$778  = \$216 [39:0];
     end
     if (unit_rst) begin
-      \$818  = 48'h000000000000;
+      \$778  = 40'h0000000000;
     end
     if (rst) begin
-      \$818  = 48'h000000000000;
+      \$778  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$819  = x3;
+    \$779  = x3;
     if (advance) begin
-      \$819  = \$259 [47:0];
+      \$779  = \$219 [39:0];
     end
     if (unit_rst) begin
-      \$819  = 48'h000000000000;
+      \$779  = 40'h0000000000;
     end
     if (rst) begin
-      \$819  = 48'h000000000000;
+      \$779  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$820  = \$signal$44 ;
+    \$780  = \$signal$44 ;
     if (advance) begin
-      \$820  = x_valid;
+      \$780  = x_valid;
     end
     if (unit_rst) begin
-      \$820  = 1'h0;
+      \$780  = 1'h0;
     end
     if (rst) begin
-      \$820  = 1'h0;
+      \$780  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$821  = v_round;
+    \$781  = v_round;
     if (advance) begin
-      \$821  = \$signal$44 ;
+      \$781  = \$signal$44 ;
     end
     if (unit_rst) begin
-      \$821  = 1'h0;
+      \$781  = 1'h0;
     end
     if (rst) begin
-      \$821  = 1'h0;
+      \$781  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$822  = o__valid;
+    \$782  = o__valid;
     if (advance) begin
-      \$822  = v_round;
+      \$782  = v_round;
     end
     if (unit_rst) begin
-      \$822  = 1'h0;
+      \$782  = 1'h0;
     end
     if (rst) begin
-      \$822  = 1'h0;
+      \$782  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$823  = y0;
+    \$783  = y0;
     if (advance) begin
-      \$823  = \$385 [32:0];
+      \$783  = \$345 [24:0];
     end
     if (unit_rst) begin
-      \$823  = 33'h000000000;
+      \$783  = 25'h0000000;
     end
     if (rst) begin
-      \$823  = 33'h000000000;
+      \$783  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$824  = sticky0;
+    \$784  = sticky0;
     if (advance) begin
-      \$824  = \$387 ;
+      \$784  = \$347 ;
     end
     if (unit_rst) begin
-      \$824  = 1'h0;
+      \$784  = 1'h0;
     end
     if (rst) begin
-      \$824  = 1'h0;
+      \$784  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$825  = over0;
+    \$785  = over0;
     if (advance) begin
-      \$825  = \$390 ;
+      \$785  = \$350 ;
     end
     if (unit_rst) begin
-      \$825  = 1'h0;
+      \$785  = 1'h0;
     end
     if (rst) begin
-      \$825  = 1'h0;
+      \$785  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$826  = neg0;
+    \$786  = neg0;
     if (advance) begin
-      \$826  = x0[47];
+      \$786  = x0[39];
     end
     if (unit_rst) begin
-      \$826  = 1'h0;
+      \$786  = 1'h0;
     end
     if (rst) begin
-      \$826  = 1'h0;
+      \$786  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$827  = rounded0;
+    \$787  = rounded0;
     if (advance) begin
-      \$827  = \$393 ;
+      \$787  = \$353 ;
     end
     if (unit_rst) begin
-      \$827  = 33'h000000000;
+      \$787  = 25'h0000000;
     end
     if (rst) begin
-      \$827  = 33'h000000000;
+      \$787  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$828  = over2_0;
+    \$788  = over2_0;
     if (advance) begin
-      \$828  = over0;
+      \$788  = over0;
     end
     if (unit_rst) begin
-      \$828  = 1'h0;
+      \$788  = 1'h0;
     end
     if (rst) begin
-      \$828  = 1'h0;
+      \$788  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$829  = neg2_0;
+    \$789  = neg2_0;
     if (advance) begin
-      \$829  = neg0;
+      \$789  = neg0;
     end
     if (unit_rst) begin
-      \$829  = 1'h0;
+      \$789  = 1'h0;
     end
     if (rst) begin
-      \$829  = 1'h0;
+      \$789  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$830  = o__payload;
+    \$790  = o__payload;
     if (advance) begin
-      \$830 [31:0] = \$397 [31:0];
-      \$830 [63:32] = \$535 [31:0];
-      \$830 [95:64] = \$673 [31:0];
-      \$830 [127:96] = \$811 [31:0];
+      \$790 [23:0] = \$357 [23:0];
+      \$790 [47:24] = \$495 [23:0];
+      \$790 [71:48] = \$633 [23:0];
+      \$790 [95:72] = \$771 [23:0];
     end
     if (unit_rst) begin
-      \$830  = 128'h00000000000000000000000000000000;
+      \$790  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$830  = 128'h00000000000000000000000000000000;
+      \$790  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$831  = y1;
+    \$791  = y1;
     if (advance) begin
-      \$831  = \$523 [32:0];
+      \$791  = \$483 [24:0];
     end
     if (unit_rst) begin
-      \$831  = 33'h000000000;
+      \$791  = 25'h0000000;
     end
     if (rst) begin
-      \$831  = 33'h000000000;
+      \$791  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$832  = sticky1;
+    \$792  = sticky1;
     if (advance) begin
-      \$832  = \$525 ;
+      \$792  = \$485 ;
     end
     if (unit_rst) begin
-      \$832  = 1'h0;
+      \$792  = 1'h0;
     end
     if (rst) begin
-      \$832  = 1'h0;
+      \$792  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$833  = over1;
+    \$793  = over1;
     if (advance) begin
-      \$833  = \$528 ;
+      \$793  = \$488 ;
     end
     if (unit_rst) begin
-      \$833  = 1'h0;
+      \$793  = 1'h0;
     end
     if (rst) begin
-      \$833  = 1'h0;
+      \$793  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$834  = neg1;
+    \$794  = neg1;
     if (advance) begin
-      \$834  = x1[47];
+      \$794  = x1[39];
     end
     if (unit_rst) begin
-      \$834  = 1'h0;
+      \$794  = 1'h0;
     end
     if (rst) begin
-      \$834  = 1'h0;
+      \$794  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$835  = rounded1;
+    \$795  = rounded1;
     if (advance) begin
-      \$835  = \$531 ;
+      \$795  = \$491 ;
     end
     if (unit_rst) begin
-      \$835  = 33'h000000000;
+      \$795  = 25'h0000000;
     end
     if (rst) begin
-      \$835  = 33'h000000000;
+      \$795  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$836  = over2_1;
+    \$796  = over2_1;
     if (advance) begin
-      \$836  = over1;
+      \$796  = over1;
     end
     if (unit_rst) begin
-      \$836  = 1'h0;
+      \$796  = 1'h0;
     end
     if (rst) begin
-      \$836  = 1'h0;
+      \$796  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$837  = neg2_1;
+    \$797  = neg2_1;
     if (advance) begin
-      \$837  = neg1;
+      \$797  = neg1;
     end
     if (unit_rst) begin
-      \$837  = 1'h0;
+      \$797  = 1'h0;
     end
     if (rst) begin
-      \$837  = 1'h0;
+      \$797  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$838  = y2;
+    \$798  = y2;
     if (advance) begin
-      \$838  = \$661 [32:0];
+      \$798  = \$621 [24:0];
     end
     if (unit_rst) begin
-      \$838  = 33'h000000000;
+      \$798  = 25'h0000000;
     end
     if (rst) begin
-      \$838  = 33'h000000000;
+      \$798  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$839  = sticky2;
+    \$799  = sticky2;
     if (advance) begin
-      \$839  = \$663 ;
+      \$799  = \$623 ;
     end
     if (unit_rst) begin
-      \$839  = 1'h0;
+      \$799  = 1'h0;
     end
     if (rst) begin
-      \$839  = 1'h0;
+      \$799  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$840  = over2;
+    \$800  = over2;
     if (advance) begin
-      \$840  = \$666 ;
+      \$800  = \$626 ;
     end
     if (unit_rst) begin
-      \$840  = 1'h0;
+      \$800  = 1'h0;
     end
     if (rst) begin
-      \$840  = 1'h0;
+      \$800  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$841  = neg2;
+    \$801  = neg2;
     if (advance) begin
-      \$841  = x2[47];
+      \$801  = x2[39];
     end
     if (unit_rst) begin
-      \$841  = 1'h0;
+      \$801  = 1'h0;
     end
     if (rst) begin
-      \$841  = 1'h0;
+      \$801  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$842  = rounded2;
+    \$802  = rounded2;
     if (advance) begin
-      \$842  = \$669 ;
+      \$802  = \$629 ;
     end
     if (unit_rst) begin
-      \$842  = 33'h000000000;
+      \$802  = 25'h0000000;
     end
     if (rst) begin
-      \$842  = 33'h000000000;
+      \$802  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$843  = over2_2;
+    \$803  = over2_2;
     if (advance) begin
-      \$843  = over2;
+      \$803  = over2;
     end
     if (unit_rst) begin
-      \$843  = 1'h0;
+      \$803  = 1'h0;
     end
     if (rst) begin
-      \$843  = 1'h0;
+      \$803  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$844  = neg2_2;
+    \$804  = neg2_2;
     if (advance) begin
-      \$844  = neg2;
+      \$804  = neg2;
     end
     if (unit_rst) begin
-      \$844  = 1'h0;
+      \$804  = 1'h0;
     end
     if (rst) begin
-      \$844  = 1'h0;
+      \$804  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$845  = y3;
+    \$805  = y3;
     if (advance) begin
-      \$845  = \$799 [32:0];
+      \$805  = \$759 [24:0];
     end
     if (unit_rst) begin
-      \$845  = 33'h000000000;
+      \$805  = 25'h0000000;
     end
     if (rst) begin
-      \$845  = 33'h000000000;
+      \$805  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$846  = sticky3;
+    \$806  = sticky3;
     if (advance) begin
-      \$846  = \$801 ;
+      \$806  = \$761 ;
     end
     if (unit_rst) begin
-      \$846  = 1'h0;
+      \$806  = 1'h0;
     end
     if (rst) begin
-      \$846  = 1'h0;
+      \$806  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$847  = over3;
+    \$807  = over3;
     if (advance) begin
-      \$847  = \$804 ;
+      \$807  = \$764 ;
     end
     if (unit_rst) begin
-      \$847  = 1'h0;
+      \$807  = 1'h0;
     end
     if (rst) begin
-      \$847  = 1'h0;
+      \$807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$848  = neg3;
+    \$808  = neg3;
     if (advance) begin
-      \$848  = x3[47];
+      \$808  = x3[39];
     end
     if (unit_rst) begin
-      \$848  = 1'h0;
+      \$808  = 1'h0;
     end
     if (rst) begin
-      \$848  = 1'h0;
+      \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$849  = rounded3;
+    \$809  = rounded3;
     if (advance) begin
-      \$849  = \$807 ;
+      \$809  = \$767 ;
     end
     if (unit_rst) begin
-      \$849  = 33'h000000000;
+      \$809  = 25'h0000000;
     end
     if (rst) begin
-      \$849  = 33'h000000000;
+      \$809  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$850  = over2_3;
+    \$810  = over2_3;
     if (advance) begin
-      \$850  = over3;
+      \$810  = over3;
     end
     if (unit_rst) begin
-      \$850  = 1'h0;
+      \$810  = 1'h0;
     end
     if (rst) begin
-      \$850  = 1'h0;
+      \$810  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$851  = neg2_3;
+    \$811  = neg2_3;
     if (advance) begin
-      \$851  = neg3;
+      \$811  = neg3;
     end
     if (unit_rst) begin
-      \$851  = 1'h0;
+      \$811  = 1'h0;
     end
     if (rst) begin
-      \$851  = 1'h0;
+      \$811  = 1'h0;
     end
   end
-  assign above = { \$2 , 32'h00000000 };
+  assign above = { \$2 , 24'h000000 };
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
   assign b__0 = { 2'h0, mult };
-  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
+  assign a__1 = { i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23], i__payload[23:17] };
   assign b__1 = { 2'h0, mult };
-  assign a__2 = { 1'h0, i__payload[48:32] };
+  assign a__2 = { 1'h0, i__payload[40:24] };
   assign b__2 = { 2'h0, mult };
-  assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
+  assign a__3 = { i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47], i__payload[47:41] };
   assign b__3 = { 2'h0, mult };
-  assign a__4 = { 1'h0, i__payload[80:64] };
+  assign a__4 = { 1'h0, i__payload[64:48] };
   assign b__4 = { 2'h0, mult };
-  assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
+  assign a__5 = { i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71], i__payload[71:65] };
   assign b__5 = { 2'h0, mult };
-  assign a__6 = { 1'h0, i__payload[112:96] };
+  assign a__6 = { 1'h0, i__payload[88:72] };
   assign b__6 = { 2'h0, mult };
-  assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
+  assign a__7 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95], i__payload[95:89] };
   assign b__7 = { 2'h0, mult };
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
-  assign \o__payload[0]  = o__payload[31:0];
-  assign \o__payload[1]  = o__payload[63:32];
-  assign \o__payload[2]  = o__payload[95:64];
-  assign \o__payload[3]  = o__payload[127:96];
-  assign \$248  = { p__0[35], p__0 };
-  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$251  = { p__2[35], p__2 };
-  assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$254  = { p__4[35], p__4 };
-  assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$257  = { p__6[35], p__6 };
-  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$262  = { \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48:16] };
-  assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$266  = { \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47:8] };
-  assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$269  = { \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48:16] };
-  assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:4] };
-  assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$277  = { \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48:16] };
-  assign \$278  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$281  = { \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47:8] };
-  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$284  = { \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48:16] };
-  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$290  = { \$289 [35], \$289 [35], \$289 [35:2] };
-  assign \$291  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$293  = { \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48:16] };
-  assign \$294  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$297  = { \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47:8] };
-  assign \$298  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$300  = { \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48:16] };
-  assign \$301  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$305  = { \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39:4] };
-  assign \$306  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$308  = { \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48:16] };
-  assign \$309  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$312  = { \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47:8] };
-  assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$316  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$315  = { \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48:16] };
-  assign \$322  = { \$321 [33], \$321 [33:1] };
-  assign \$323  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$325  = { \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48:16] };
-  assign \$326  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$329  = { \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47:8] };
-  assign \$330  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
-  assign \$333  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$338  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$337  = { \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39:4] };
-  assign \$340  = { \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48:16] };
-  assign \$341  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$344  = { \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47:8] };
-  assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
-  assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$353  = { \$352 [35], \$352 [35], \$352 [35:2] };
-  assign \$354  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$356  = { \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48:16] };
-  assign \$357  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$360  = { \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47:8] };
-  assign \$361  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$363  = { \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48:16] };
-  assign \$364  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$368  = { \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39:4] };
-  assign \$369  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
-  assign \$372  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$375  = { \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47:8] };
-  assign \$376  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$378  = { \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48:16] };
-  assign \$379  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$398  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$400  = { \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48:16] };
-  assign \$401  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$404  = { \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47:8] };
-  assign \$405  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$407  = { \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48:16] };
-  assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$412  = { \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39:4] };
-  assign \$413  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$415  = { \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48:16] };
-  assign \$416  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$419  = { \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47:8] };
-  assign \$420  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$422  = { \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48:16] };
-  assign \$423  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$428  = { \$427 [35], \$427 [35], \$427 [35:2] };
-  assign \$429  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$431  = { \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48:16] };
-  assign \$432  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$435  = { \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47:8] };
-  assign \$436  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$438  = { \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48:16] };
-  assign \$439  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$443  = { \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39:4] };
-  assign \$444  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$446  = { \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48:16] };
-  assign \$447  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$450  = { \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47:8] };
-  assign \$451  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$453  = { \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48:16] };
-  assign \$454  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$460  = { \$459 [33], \$459 [33:1] };
-  assign \$461  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$463  = { \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48:16] };
-  assign \$464  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$467  = { \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47:8] };
-  assign \$468  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$470  = { \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48:16] };
-  assign \$471  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$475  = { \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39:4] };
-  assign \$476  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$478  = { \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48:16] };
-  assign \$479  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$482  = { \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47:8] };
-  assign \$483  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$485  = { \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48:16] };
-  assign \$486  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$491  = { \$490 [35], \$490 [35], \$490 [35:2] };
-  assign \$492  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$494  = { \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48:16] };
-  assign \$495  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$498  = { \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47:8] };
-  assign \$499  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$501  = { \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48:16] };
-  assign \$502  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$506  = { \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39:4] };
-  assign \$507  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$509  = { \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48:16] };
-  assign \$510  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$513  = { \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47:8] };
-  assign \$514  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$516  = { \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48:16] };
-  assign \$517  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$536  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$538  = { \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48:16] };
-  assign \$539  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$542  = { \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47:8] };
-  assign \$543  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$545  = { \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48:16] };
-  assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$550  = { \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39:4] };
-  assign \$551  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$553  = { \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48:16] };
-  assign \$554  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$557  = { \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47:8] };
-  assign \$558  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$560  = { \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48:16] };
-  assign \$561  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$566  = { \$565 [35], \$565 [35], \$565 [35:2] };
-  assign \$567  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$569  = { \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48:16] };
-  assign \$570  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$573  = { \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47:8] };
-  assign \$574  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$576  = { \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48:16] };
-  assign \$577  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$581  = { \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39:4] };
-  assign \$582  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$584  = { \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48:16] };
-  assign \$585  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$588  = { \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47:8] };
-  assign \$589  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$591  = { \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48:16] };
-  assign \$592  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$598  = { \$597 [33], \$597 [33:1] };
-  assign \$599  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$601  = { \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48:16] };
-  assign \$602  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$605  = { \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47:8] };
-  assign \$606  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$608  = { \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48:16] };
-  assign \$609  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$613  = { \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39:4] };
-  assign \$614  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$616  = { \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48:16] };
-  assign \$617  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$620  = { \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47:8] };
-  assign \$621  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$623  = { \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48:16] };
-  assign \$624  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$629  = { \$628 [35], \$628 [35], \$628 [35:2] };
-  assign \$630  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$632  = { \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48:16] };
-  assign \$633  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$636  = { \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47:8] };
-  assign \$637  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$639  = { \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48:16] };
-  assign \$640  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$644  = { \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39:4] };
-  assign \$645  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$647  = { \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48:16] };
-  assign \$648  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$651  = { \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47:8] };
-  assign \$652  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$654  = { \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48:16] };
-  assign \$655  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$674  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$676  = { \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48:16] };
-  assign \$677  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$680  = { \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47:8] };
-  assign \$681  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$683  = { \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48:16] };
-  assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$688  = { \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39:4] };
-  assign \$689  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$691  = { \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48:16] };
-  assign \$692  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$695  = { \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47:8] };
-  assign \$696  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$698  = { \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48:16] };
-  assign \$699  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$704  = { \$703 [35], \$703 [35], \$703 [35:2] };
-  assign \$705  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$707  = { \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48:16] };
-  assign \$708  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$711  = { \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47:8] };
-  assign \$712  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$714  = { \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48:16] };
-  assign \$715  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$719  = { \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39:4] };
-  assign \$720  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$722  = { \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48:16] };
-  assign \$723  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$726  = { \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47:8] };
-  assign \$727  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$729  = { \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48:16] };
-  assign \$730  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$736  = { \$735 [33], \$735 [33:1] };
-  assign \$737  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$739  = { \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48:16] };
-  assign \$740  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$743  = { \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47:8] };
-  assign \$744  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$746  = { \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48:16] };
-  assign \$747  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$751  = { \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39:4] };
-  assign \$752  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$754  = { \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48:16] };
-  assign \$755  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$758  = { \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47:8] };
-  assign \$759  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$761  = { \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48:16] };
-  assign \$762  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$767  = { \$766 [35], \$766 [35], \$766 [35:2] };
-  assign \$768  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$770  = { \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48:16] };
-  assign \$771  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$774  = { \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47:8] };
-  assign \$775  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$777  = { \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48:16] };
-  assign \$778  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$782  = { \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39:4] };
-  assign \$783  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$785  = { \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48:16] };
-  assign \$786  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$789  = { \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47:8] };
-  assign \$790  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$792  = { \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48:16] };
-  assign \$793  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \i__payload[0]  = i__payload[23:0];
+  assign \i__payload[1]  = i__payload[47:24];
+  assign \i__payload[2]  = i__payload[71:48];
+  assign \i__payload[3]  = i__payload[95:72];
+  assign \o__payload[0]  = o__payload[23:0];
+  assign \o__payload[1]  = o__payload[47:24];
+  assign \o__payload[2]  = o__payload[71:48];
+  assign \o__payload[3]  = o__payload[95:72];
+  assign \$208  = { p__0[35], p__0 };
+  assign \$209  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$211  = { p__2[35], p__2 };
+  assign \$212  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$214  = { p__4[35], p__4 };
+  assign \$215  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$217  = { p__6[35], p__6 };
+  assign \$218  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$220  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$222  = { \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40:16] };
+  assign \$223  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$226  = { \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39:8] };
+  assign \$227  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$229  = { \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40], \$228 [40:16] };
+  assign \$230  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$234  = { \$233 [31], \$233 [31], \$233 [31], \$233 [31], \$233 [31:4] };
+  assign \$235  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$237  = { \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40:16] };
+  assign \$238  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$241  = { \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39:8] };
+  assign \$242  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$244  = { \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40], \$243 [40:16] };
+  assign \$245  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$250  = { \$249 [27], \$249 [27], \$249 [27:2] };
+  assign \$251  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$253  = { \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40], \$252 [40:16] };
+  assign \$254  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$257  = { \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39:8] };
+  assign \$258  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$260  = { \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40:16] };
+  assign \$261  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$265  = { \$264 [31], \$264 [31], \$264 [31], \$264 [31], \$264 [31:4] };
+  assign \$266  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$268  = { \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40], \$267 [40:16] };
+  assign \$269  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$272  = { \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39:8] };
+  assign \$273  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$275  = { \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40], \$274 [40:16] };
+  assign \$276  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$282  = { \$281 [25], \$281 [25:1] };
+  assign \$283  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$285  = { \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40], \$284 [40:16] };
+  assign \$286  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$289  = { \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39:8] };
+  assign \$290  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$292  = { \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40:16] };
+  assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$297  = { \$296 [31], \$296 [31], \$296 [31], \$296 [31], \$296 [31:4] };
+  assign \$298  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$300  = { \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40:16] };
+  assign \$301  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$304  = { \$303 [39], \$303 [39], \$303 [39], \$303 [39], \$303 [39], \$303 [39], \$303 [39], \$303 [39], \$303 [39:8] };
+  assign \$305  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$307  = { \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40:16] };
+  assign \$308  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$313  = { \$312 [27], \$312 [27], \$312 [27:2] };
+  assign \$314  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$316  = { \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40], \$315 [40:16] };
+  assign \$317  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$320  = { \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39:8] };
+  assign \$321  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$323  = { \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40:16] };
+  assign \$324  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$328  = { \$327 [31], \$327 [31], \$327 [31], \$327 [31], \$327 [31:4] };
+  assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$331  = { \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40:16] };
+  assign \$332  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:8] };
+  assign \$336  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$338  = { \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40:16] };
+  assign \$339  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$358  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$360  = { \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40:16] };
+  assign \$361  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$364  = { \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39:8] };
+  assign \$365  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$367  = { \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40], \$366 [40:16] };
+  assign \$368  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$372  = { \$371 [31], \$371 [31], \$371 [31], \$371 [31], \$371 [31:4] };
+  assign \$373  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$375  = { \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40], \$374 [40:16] };
+  assign \$376  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$379  = { \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39:8] };
+  assign \$380  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$382  = { \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40], \$381 [40:16] };
+  assign \$383  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$388  = { \$387 [27], \$387 [27], \$387 [27:2] };
+  assign \$389  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$391  = { \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40:16] };
+  assign \$392  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$395  = { \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39:8] };
+  assign \$396  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$398  = { \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40], \$397 [40:16] };
+  assign \$399  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$403  = { \$402 [31], \$402 [31], \$402 [31], \$402 [31], \$402 [31:4] };
+  assign \$404  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$406  = { \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40], \$405 [40:16] };
+  assign \$407  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$410  = { \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39:8] };
+  assign \$411  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$413  = { \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40], \$412 [40:16] };
+  assign \$414  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$420  = { \$419 [25], \$419 [25:1] };
+  assign \$421  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$423  = { \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40], \$422 [40:16] };
+  assign \$424  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$427  = { \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39:8] };
+  assign \$428  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$430  = { \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40], \$429 [40:16] };
+  assign \$431  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$435  = { \$434 [31], \$434 [31], \$434 [31], \$434 [31], \$434 [31:4] };
+  assign \$436  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$438  = { \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40], \$437 [40:16] };
+  assign \$439  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$442  = { \$441 [39], \$441 [39], \$441 [39], \$441 [39], \$441 [39], \$441 [39], \$441 [39], \$441 [39], \$441 [39:8] };
+  assign \$443  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$445  = { \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40], \$444 [40:16] };
+  assign \$446  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$451  = { \$450 [27], \$450 [27], \$450 [27:2] };
+  assign \$452  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$454  = { \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40], \$453 [40:16] };
+  assign \$455  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$458  = { \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39:8] };
+  assign \$459  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$461  = { \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40], \$460 [40:16] };
+  assign \$462  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$466  = { \$465 [31], \$465 [31], \$465 [31], \$465 [31], \$465 [31:4] };
+  assign \$467  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$469  = { \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40], \$468 [40:16] };
+  assign \$470  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$473  = { \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39:8] };
+  assign \$474  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$476  = { \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40], \$475 [40:16] };
+  assign \$477  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
+  assign \$496  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$498  = { \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40], \$497 [40:16] };
+  assign \$499  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$502  = { \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39:8] };
+  assign \$503  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$505  = { \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40], \$504 [40:16] };
+  assign \$506  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$510  = { \$509 [31], \$509 [31], \$509 [31], \$509 [31], \$509 [31:4] };
+  assign \$511  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$513  = { \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40], \$512 [40:16] };
+  assign \$514  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$517  = { \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39:8] };
+  assign \$518  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$520  = { \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40], \$519 [40:16] };
+  assign \$521  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$526  = { \$525 [27], \$525 [27], \$525 [27:2] };
+  assign \$527  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$529  = { \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40], \$528 [40:16] };
+  assign \$530  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$533  = { \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39:8] };
+  assign \$534  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$536  = { \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40], \$535 [40:16] };
+  assign \$537  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$541  = { \$540 [31], \$540 [31], \$540 [31], \$540 [31], \$540 [31:4] };
+  assign \$542  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$544  = { \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40], \$543 [40:16] };
+  assign \$545  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$548  = { \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39:8] };
+  assign \$549  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$551  = { \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40], \$550 [40:16] };
+  assign \$552  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$558  = { \$557 [25], \$557 [25:1] };
+  assign \$559  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$561  = { \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40], \$560 [40:16] };
+  assign \$562  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$565  = { \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39:8] };
+  assign \$566  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$568  = { \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40], \$567 [40:16] };
+  assign \$569  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$573  = { \$572 [31], \$572 [31], \$572 [31], \$572 [31], \$572 [31:4] };
+  assign \$574  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$576  = { \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40], \$575 [40:16] };
+  assign \$577  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$580  = { \$579 [39], \$579 [39], \$579 [39], \$579 [39], \$579 [39], \$579 [39], \$579 [39], \$579 [39], \$579 [39:8] };
+  assign \$581  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$583  = { \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40], \$582 [40:16] };
+  assign \$584  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$589  = { \$588 [27], \$588 [27], \$588 [27:2] };
+  assign \$590  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$592  = { \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40], \$591 [40:16] };
+  assign \$593  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$596  = { \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39:8] };
+  assign \$597  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$599  = { \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40], \$598 [40:16] };
+  assign \$600  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$604  = { \$603 [31], \$603 [31], \$603 [31], \$603 [31], \$603 [31:4] };
+  assign \$605  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$607  = { \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40], \$606 [40:16] };
+  assign \$608  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$611  = { \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39:8] };
+  assign \$612  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$614  = { \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40], \$613 [40:16] };
+  assign \$615  = { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39:31] };
+  assign \$634  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$636  = { \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40], \$635 [40:16] };
+  assign \$637  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$640  = { \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39:8] };
+  assign \$641  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$643  = { \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40], \$642 [40:16] };
+  assign \$644  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$648  = { \$647 [31], \$647 [31], \$647 [31], \$647 [31], \$647 [31:4] };
+  assign \$649  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$651  = { \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40], \$650 [40:16] };
+  assign \$652  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$655  = { \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39:8] };
+  assign \$656  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$658  = { \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40], \$657 [40:16] };
+  assign \$659  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$664  = { \$663 [27], \$663 [27], \$663 [27:2] };
+  assign \$665  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$667  = { \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40], \$666 [40:16] };
+  assign \$668  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$671  = { \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39:8] };
+  assign \$672  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$674  = { \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40], \$673 [40:16] };
+  assign \$675  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$679  = { \$678 [31], \$678 [31], \$678 [31], \$678 [31], \$678 [31:4] };
+  assign \$680  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$682  = { \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40], \$681 [40:16] };
+  assign \$683  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$686  = { \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39:8] };
+  assign \$687  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$689  = { \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40], \$688 [40:16] };
+  assign \$690  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$696  = { \$695 [25], \$695 [25:1] };
+  assign \$697  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$699  = { \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40], \$698 [40:16] };
+  assign \$700  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$703  = { \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39:8] };
+  assign \$704  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$706  = { \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40], \$705 [40:16] };
+  assign \$707  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$711  = { \$710 [31], \$710 [31], \$710 [31], \$710 [31], \$710 [31:4] };
+  assign \$712  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$714  = { \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40], \$713 [40:16] };
+  assign \$715  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$718  = { \$717 [39], \$717 [39], \$717 [39], \$717 [39], \$717 [39], \$717 [39], \$717 [39], \$717 [39], \$717 [39:8] };
+  assign \$719  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$721  = { \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40], \$720 [40:16] };
+  assign \$722  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$727  = { \$726 [27], \$726 [27], \$726 [27:2] };
+  assign \$728  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$730  = { \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40], \$729 [40:16] };
+  assign \$731  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$734  = { \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39:8] };
+  assign \$735  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$737  = { \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40], \$736 [40:16] };
+  assign \$738  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$742  = { \$741 [31], \$741 [31], \$741 [31], \$741 [31], \$741 [31:4] };
+  assign \$743  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$745  = { \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40], \$744 [40:16] };
+  assign \$746  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$749  = { \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39:8] };
+  assign \$750  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
+  assign \$752  = { \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40], \$751 [40:16] };
+  assign \$753  = { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21690,10 +21248,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1576$0 ;
-  wire [15:0] \port$1576$0 ;
-  input [127:0] \port$1581$0 ;
-  wire [127:0] \port$1581$0 ;
+  input [15:0] \port$1537$0 ;
+  wire [15:0] \port$1537$0 ;
+  input [95:0] \port$1542$0 ;
+  wire [95:0] \port$1542$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21758,7 +21316,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1581$0 [16:0] };
+      \$9  = { 1'h0, \port$1542$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21771,7 +21329,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1576$0  };
+      \$10  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21797,7 +21355,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31:17] };
+      \$12  = { \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21810,7 +21368,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1576$0  };
+      \$13  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21836,7 +21394,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1581$0 [48:32] };
+      \$15  = { 1'h0, \port$1542$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21849,7 +21407,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1576$0  };
+      \$16  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21875,7 +21433,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63:49] };
+      \$18  = { \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21888,7 +21446,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1576$0  };
+      \$19  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21914,7 +21472,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1581$0 [80:64] };
+      \$21  = { 1'h0, \port$1542$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21927,7 +21485,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1576$0  };
+      \$22  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21953,7 +21511,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95:81] };
+      \$24  = { \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21966,7 +21524,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1576$0  };
+      \$25  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21992,7 +21550,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1581$0 [112:96] };
+      \$27  = { 1'h0, \port$1542$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -22005,7 +21563,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1576$0  };
+      \$28  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -22031,7 +21589,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127:113] };
+      \$30  = { \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -22044,7 +21602,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1576$0  };
+      \$31  = { 2'h0, \port$1537$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -22066,22 +21624,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1576$0 , \port$1581$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1581$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1576$0  };
-  assign a__1 = { \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31], \port$1581$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1576$0  };
-  assign a__2 = { 1'h0, \port$1581$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1576$0  };
-  assign a__3 = { \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63], \port$1581$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1576$0  };
-  assign a__4 = { 1'h0, \port$1581$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1576$0  };
-  assign a__5 = { \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95], \port$1581$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1576$0  };
-  assign a__6 = { 1'h0, \port$1581$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1576$0  };
-  assign a__7 = { \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127], \port$1581$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1576$0  };
+  assign a__0 = { 1'h0, \port$1542$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1537$0  };
+  assign a__1 = { \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1537$0  };
+  assign a__2 = { 1'h0, \port$1542$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1537$0  };
+  assign a__3 = { \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1537$0  };
+  assign a__4 = { 1'h0, \port$1542$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1537$0  };
+  assign a__5 = { \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1537$0  };
+  assign a__6 = { 1'h0, \port$1542$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1537$0  };
+  assign a__7 = { \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1537$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -23629,31 +23187,35 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
-  wire [16:0] \$11 ;
-  wire [18:0] \$12 ;
-  wire [16:0] \$13 ;
-  wire [18:0] \$14 ;
-  wire \$15 ;
-  wire [16:0] \$16 ;
-  wire [18:0] \$17 ;
+  wire [18:0] \$11 ;
+  wire [16:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [16:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [16:0] \$17 ;
   wire [18:0] \$18 ;
-  wire \$19 ;
+  wire [18:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [19:0] \$21 ;
-  reg [4:0] \$22 ;
-  reg [27:0] \$23 ;
-  reg [4:0] \$24 ;
-  reg [16:0] \$25 ;
-  reg [16:0] \$26 ;
-  reg [12:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [27:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [16:0] \$28 ;
+  reg [16:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [12:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [13:0] \$5 ;
   wire [13:0] \$6 ;
-  wire [15:0] \$7 ;
-  wire [16:0] \$8 ;
-  wire [18:0] \$9 ;
+  wire [16:0] \$7 ;
+  wire [15:0] \$8 ;
+  wire [16:0] \$9 ;
+  wire at_top;
   wire [13:0] clipped;
   input clk;
   wire clk;
@@ -23661,7 +23223,7 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   reg [4:0] frac1_0 = 5'h00;
   reg [4:0] frac2_0 = 5'h00;
   wire [17:0] offset;
-  wire [8:0] port__addr;
+  wire [7:0] port__addr;
   wire [27:0] port__data;
   wire [10:0] \port__data.slope ;
   wire [16:0] \port__data.value ;
@@ -23670,6 +23232,8 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   reg [16:0] product3_0 = 17'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   input unit_rst;
   wire unit_rst;
   reg [16:0] value3_0 = 17'h00000;
@@ -23685,7 +23249,7 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   wire [12:0] y4_0;
   wire [12:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [27:0] \table  [256:0];
+  reg [27:0] \table  [255:0];
   initial begin
     \table [0] = 28'h0000000;
     \table [1] = 28'h0000000;
@@ -23943,87 +23507,106 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
     \table [253] = 28'h0010000;
     \table [254] = 28'h0010000;
     \table [255] = 28'h0010000;
-    \table [256] = 28'h0010000;
   end
   reg [27:0] _0_;
   always @(posedge clk) begin
     if (port__en) begin
-      _0_ <= \table [\$6 [8:0]];
+      _0_ <= \table [\$6 [7:0]];
     end
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h2000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(15'h2000);
-  assign \$4  = \$3  ? 18'h02000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = word2_0[27:17] * frac2_0;
-  assign \$9  = $signed({ 1'h0, value3_0 }) + $signed(\$8 );
-  assign \$12  = $signed({ 1'h0, value3_0 }) + $signed(\$11 );
-  assign \$14  = $signed({ 1'h0, value3_0 }) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed({ 1'h0, value3_0 }) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h02000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 17'h10000 : word2_0[16:0];
+  assign \$8  = word2_0[27:17] * frac2_0;
+  assign \$10  = $signed({ 1'h0, value3_0 }) + $signed(\$9 );
+  assign \$13  = $signed({ 1'h0, value3_0 }) + $signed(\$12 );
+  assign \$15  = $signed({ 1'h0, value3_0 }) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed({ 1'h0, value3_0 }) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [4:0];
+      \$23  = \$4 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[16:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { 1'h0, \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [12:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [12:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [13:0];
-  assign port__addr = \$6 [8:0];
+  assign clipped = \$4 [13:0];
+  assign port__addr = \$6 [7:0];
   assign y4_0 = y;
   assign \x[0]  = x;
   assign \y[0]  = y;
@@ -24031,13 +23614,13 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   assign \word2_0.slope  = word2_0[27:17];
   assign \port__data.value  = port__data[16:0];
   assign \port__data.slope  = port__data[27:17];
-  assign \$6  = { 5'h00, \$5 [13:5] };
-  assign \$8  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$10  = { \$9 [18], \$9 [18], \$9 [18], \$9 [18], \$9 [18:4] };
-  assign \$11  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$13  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$16  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$18  = { \$17 [18], \$17 [18], \$17 [18], \$17 [18], \$17 [18:4] };
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$14  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$17  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -24175,31 +23758,35 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
-  wire [17:0] \$11 ;
-  wire [18:0] \$12 ;
-  wire [17:0] \$13 ;
-  wire [18:0] \$14 ;
-  wire \$15 ;
-  wire [17:0] \$16 ;
-  wire [18:0] \$17 ;
+  wire [18:0] \$11 ;
+  wire [17:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [17:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [17:0] \$17 ;
   wire [18:0] \$18 ;
-  wire \$19 ;
+  wire [18:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [19:0] \$21 ;
-  reg [4:0] \$22 ;
-  reg [29:0] \$23 ;
-  reg [4:0] \$24 ;
-  reg [17:0] \$25 ;
-  reg [17:0] \$26 ;
-  reg [13:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [29:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [17:0] \$28 ;
+  reg [17:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [13:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [13:0] \$5 ;
   wire [13:0] \$6 ;
-  wire [16:0] \$7 ;
-  wire [17:0] \$8 ;
-  wire [18:0] \$9 ;
+  wire [17:0] \$7 ;
+  wire [16:0] \$8 ;
+  wire [17:0] \$9 ;
+  wire at_top;
   wire [13:0] clipped;
   input clk;
   wire clk;
@@ -24216,6 +23803,8 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   reg [17:0] product3_0 = 18'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   input unit_rst;
   wire unit_rst;
   reg [17:0] value3_0 = 18'h00000;
@@ -24231,7 +23820,7 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   wire [13:0] y4_0;
   wire [13:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [29:0] \table  [384:0];
+  reg [29:0] \table  [383:0];
   initial begin
     \table [0] = 30'h00000000;
     \table [1] = 30'h00000000;
@@ -24617,7 +24206,6 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
     \table [381] = 30'h00010000;
     \table [382] = 30'h00010000;
     \table [383] = 30'h00010000;
-    \table [384] = 30'h00010000;
   end
   reg [29:0] _0_;
   always @(posedge clk) begin
@@ -24627,76 +24215,96 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h3000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(15'h3000);
-  assign \$4  = \$3  ? 18'h03000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
-  assign \$9  = $signed(value3_0) + $signed(\$8 );
-  assign \$12  = $signed(value3_0) + $signed(\$11 );
-  assign \$14  = $signed(value3_0) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed(value3_0) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h03000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 18'h10000 : word2_0[17:0];
+  assign \$8  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [4:0];
+      \$23  = \$4 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[17:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { \$7 [16], \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [13:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { \$8 [16], \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [13:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [13:0];
+  assign clipped = \$4 [13:0];
   assign port__addr = \$6 [8:0];
   assign y4_0 = y;
   assign \x[0]  = x;
@@ -24705,13 +24313,13 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   assign \word2_0.slope  = word2_0[29:18];
   assign \port__data.value  = port__data[17:0];
   assign \port__data.slope  = port__data[29:18];
-  assign \$6  = { 5'h00, \$5 [13:5] };
-  assign \$8  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$10  = { \$9 [18], \$9 [18], \$9 [18], \$9 [18], \$9 [18:4] };
-  assign \$11  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$13  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$16  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$18  = { \$17 [18], \$17 [18], \$17 [18], \$17 [18], \$17 [18:4] };
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$14  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$17  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -24719,31 +24327,35 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
-  wire [19:0] \$11 ;
-  wire [20:0] \$12 ;
-  wire [19:0] \$13 ;
-  wire [20:0] \$14 ;
-  wire \$15 ;
-  wire [19:0] \$16 ;
-  wire [20:0] \$17 ;
+  wire [20:0] \$11 ;
+  wire [19:0] \$12 ;
+  wire [20:0] \$13 ;
+  wire [19:0] \$14 ;
+  wire [20:0] \$15 ;
+  wire \$16 ;
+  wire [19:0] \$17 ;
   wire [20:0] \$18 ;
-  wire \$19 ;
+  wire [20:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [21:0] \$21 ;
-  reg [5:0] \$22 ;
-  reg [32:0] \$23 ;
-  reg [5:0] \$24 ;
-  reg [19:0] \$25 ;
-  reg [19:0] \$26 ;
-  reg [15:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [21:0] \$22 ;
+  reg [5:0] \$23 ;
+  reg \$24 ;
+  reg [32:0] \$25 ;
+  reg \$26 ;
+  reg [5:0] \$27 ;
+  reg [19:0] \$28 ;
+  reg [19:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [15:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [16:0] \$5 ;
   wire [16:0] \$6 ;
-  wire [18:0] \$7 ;
-  wire [19:0] \$8 ;
-  wire [20:0] \$9 ;
+  wire [19:0] \$7 ;
+  wire [18:0] \$8 ;
+  wire [19:0] \$9 ;
+  wire at_top;
   wire [16:0] clipped;
   input clk;
   wire clk;
@@ -24751,7 +24363,7 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   reg [5:0] frac1_0 = 6'h00;
   reg [5:0] frac2_0 = 6'h00;
   wire [17:0] offset;
-  wire [10:0] port__addr;
+  wire [9:0] port__addr;
   wire [32:0] port__data;
   wire [12:0] \port__data.slope ;
   wire [19:0] \port__data.value ;
@@ -24760,6 +24372,8 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   reg [19:0] product3_0 = 20'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   input unit_rst;
   wire unit_rst;
   reg [19:0] value3_0 = 20'h00000;
@@ -24775,7 +24389,7 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   wire [15:0] y4_0;
   wire [15:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [32:0] \table  [1024:0];
+  reg [32:0] \table  [1023:0];
   initial begin
     \table [0] = 33'h00019c01d;
     \table [1] = 33'h00009c01e;
@@ -25801,87 +25415,106 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
     \table [1021] = 33'h000163fe1;
     \table [1022] = 33'h000063fe2;
     \table [1023] = 33'h000163fe2;
-    \table [1024] = 33'h000063fe3;
   end
   reg [32:0] _0_;
   always @(posedge clk) begin
     if (port__en) begin
-      _0_ <= \table [\$6 [10:0]];
+      _0_ <= \table [\$6 [9:0]];
     end
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(16'h8000);
+  assign at_top = $signed(\$1 ) >= $signed(18'h10000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(18'h10000);
-  assign \$4  = \$3  ? 18'h10000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = word2_0[32:20] * frac2_0;
-  assign \$9  = $signed(value3_0) + $signed(\$8 );
-  assign \$12  = $signed(value3_0) + $signed(\$11 );
-  assign \$14  = $signed(value3_0) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed(value3_0) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h10000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 17'h00000 : \$5 ;
+  assign \$7  = top2_0 ? 20'h63fe3 : word2_0[19:0];
+  assign \$8  = word2_0[32:20] * frac2_0;
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [5:0];
+      \$23  = \$4 [5:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[19:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { 1'h0, \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [15:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [15:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [16:0];
-  assign port__addr = \$6 [10:0];
+  assign clipped = \$4 [16:0];
+  assign port__addr = \$6 [9:0];
   assign y4_0 = y;
   assign \x[0]  = x;
   assign \y[0]  = y;
@@ -25889,13 +25522,13 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   assign \word2_0.slope  = word2_0[32:20];
   assign \port__data.value  = port__data[19:0];
   assign \port__data.slope  = port__data[32:20];
-  assign \$6  = { 6'h00, \$5 [16:6] };
-  assign \$8  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$10  = { \$9 [20], \$9 [20], \$9 [20], \$9 [20], \$9 [20:4] };
-  assign \$11  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$13  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$16  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$18  = { \$17 [20], \$17 [20], \$17 [20], \$17 [20], \$17 [20:4] };
+  assign \$5  = { 6'h00, \$4 [16:6] };
+  assign \$9  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$11  = { \$10 [20], \$10 [20], \$10 [20], \$10 [20], \$10 [20:4] };
+  assign \$12  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$14  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$17  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$19  = { \$18 [20], \$18 [20], \$18 [20], \$18 [20], \$18 [20:4] };
 endmodule
 
 (* generator = "Amaranth" *)

@@ -72,31 +72,35 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
-  wire [16:0] \$11 ;
-  wire [18:0] \$12 ;
-  wire [16:0] \$13 ;
-  wire [18:0] \$14 ;
-  wire \$15 ;
-  wire [16:0] \$16 ;
-  wire [18:0] \$17 ;
+  wire [18:0] \$11 ;
+  wire [16:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [16:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [16:0] \$17 ;
   wire [18:0] \$18 ;
-  wire \$19 ;
+  wire [18:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [19:0] \$21 ;
-  reg [4:0] \$22 ;
-  reg [27:0] \$23 ;
-  reg [4:0] \$24 ;
-  reg [16:0] \$25 ;
-  reg [16:0] \$26 ;
-  reg [12:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [27:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [16:0] \$28 ;
+  reg [16:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [12:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [13:0] \$5 ;
   wire [13:0] \$6 ;
-  wire [15:0] \$7 ;
-  wire [16:0] \$8 ;
-  wire [18:0] \$9 ;
+  wire [16:0] \$7 ;
+  wire [15:0] \$8 ;
+  wire [16:0] \$9 ;
+  wire at_top;
   wire [13:0] clipped;
   input clk;
   wire clk;
@@ -104,7 +108,7 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
   reg [4:0] frac1_0 = 5'h00;
   reg [4:0] frac2_0 = 5'h00;
   wire [17:0] offset;
-  wire [8:0] port__addr;
+  wire [7:0] port__addr;
   wire [27:0] port__data;
   wire [10:0] \port__data.slope ;
   wire [16:0] \port__data.value ;
@@ -113,6 +117,8 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
   reg [16:0] product3_0 = 17'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   reg [16:0] value3_0 = 17'h00000;
   reg [27:0] word2_0 = 28'h0000000;
   wire [10:0] \word2_0.slope ;
@@ -126,7 +132,7 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
   wire [12:0] y4_0;
   wire [12:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [27:0] \table  [256:0];
+  reg [27:0] \table  [255:0];
   initial begin
     \table [0] = 28'h0000000;
     \table [1] = 28'h0000000;
@@ -384,87 +390,106 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
     \table [253] = 28'h0010000;
     \table [254] = 28'h0010000;
     \table [255] = 28'h0010000;
-    \table [256] = 28'h0010000;
   end
   reg [27:0] _0_;
   always @(posedge clk) begin
     if (port__en) begin
-      _0_ <= \table [\$6 [8:0]];
+      _0_ <= \table [\$6 [7:0]];
     end
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h2000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(15'h2000);
-  assign \$4  = \$3  ? 18'h02000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = word2_0[27:17] * frac2_0;
-  assign \$9  = $signed({ 1'h0, value3_0 }) + $signed(\$8 );
-  assign \$12  = $signed({ 1'h0, value3_0 }) + $signed(\$11 );
-  assign \$14  = $signed({ 1'h0, value3_0 }) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed({ 1'h0, value3_0 }) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h02000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 17'h10000 : word2_0[16:0];
+  assign \$8  = word2_0[27:17] * frac2_0;
+  assign \$10  = $signed({ 1'h0, value3_0 }) + $signed(\$9 );
+  assign \$13  = $signed({ 1'h0, value3_0 }) + $signed(\$12 );
+  assign \$15  = $signed({ 1'h0, value3_0 }) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed({ 1'h0, value3_0 }) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [4:0];
+      \$23  = \$4 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[16:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { 1'h0, \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [12:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [12:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [13:0];
-  assign port__addr = \$6 [8:0];
+  assign clipped = \$4 [13:0];
+  assign port__addr = \$6 [7:0];
   assign y4_0 = y;
   assign \x[0]  = x;
   assign \y[0]  = y;
@@ -472,11 +497,11 @@ module \nanokpu_sigmoid.pwl (clk, rst, port__en, y, x);
   assign \word2_0.slope  = word2_0[27:17];
   assign \port__data.value  = port__data[16:0];
   assign \port__data.slope  = port__data[27:17];
-  assign \$6  = { 5'h00, \$5 [13:5] };
-  assign \$8  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$10  = { \$9 [18], \$9 [18], \$9 [18], \$9 [18], \$9 [18:4] };
-  assign \$11  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$13  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$16  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$18  = { \$17 [18], \$17 [18], \$17 [18], \$17 [18], \$17 [18:4] };
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$14  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$17  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
 endmodule

@@ -129,31 +129,35 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
-  wire [17:0] \$11 ;
-  wire [18:0] \$12 ;
-  wire [17:0] \$13 ;
-  wire [18:0] \$14 ;
-  wire \$15 ;
-  wire [17:0] \$16 ;
-  wire [18:0] \$17 ;
+  wire [18:0] \$11 ;
+  wire [17:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [17:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [17:0] \$17 ;
   wire [18:0] \$18 ;
-  wire \$19 ;
+  wire [18:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [19:0] \$21 ;
-  reg [4:0] \$22 ;
-  reg [29:0] \$23 ;
-  reg [4:0] \$24 ;
-  reg [17:0] \$25 ;
-  reg [17:0] \$26 ;
-  reg [13:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [29:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [17:0] \$28 ;
+  reg [17:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [13:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [13:0] \$5 ;
   wire [13:0] \$6 ;
-  wire [16:0] \$7 ;
-  wire [17:0] \$8 ;
-  wire [18:0] \$9 ;
+  wire [17:0] \$7 ;
+  wire [16:0] \$8 ;
+  wire [17:0] \$9 ;
+  wire at_top;
   wire [13:0] clipped;
   input clk;
   wire clk;
@@ -170,6 +174,8 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
   reg [17:0] product3_0 = 18'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   reg [17:0] value3_0 = 18'h00000;
   reg [29:0] word2_0 = 30'h00000000;
   wire [11:0] \word2_0.slope ;
@@ -183,7 +189,7 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
   wire [13:0] y4_0;
   wire [13:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [29:0] \table  [384:0];
+  reg [29:0] \table  [383:0];
   initial begin
     \table [0] = 30'h00000000;
     \table [1] = 30'h00000000;
@@ -569,7 +575,6 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
     \table [381] = 30'h00010000;
     \table [382] = 30'h00010000;
     \table [383] = 30'h00010000;
-    \table [384] = 30'h00010000;
   end
   reg [29:0] _0_;
   always @(posedge clk) begin
@@ -579,76 +584,96 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h3000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(15'h3000);
-  assign \$4  = \$3  ? 18'h03000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
-  assign \$9  = $signed(value3_0) + $signed(\$8 );
-  assign \$12  = $signed(value3_0) + $signed(\$11 );
-  assign \$14  = $signed(value3_0) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed(value3_0) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h03000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 18'h10000 : word2_0[17:0];
+  assign \$8  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [4:0];
+      \$23  = \$4 [4:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[17:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { \$7 [16], \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [13:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { \$8 [16], \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [13:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [13:0];
+  assign clipped = \$4 [13:0];
   assign port__addr = \$6 [8:0];
   assign y4_0 = y;
   assign \x[0]  = x;
@@ -657,13 +682,13 @@ module \nanokpu_situ.gate (clk, rst, port__en, y, x);
   assign \word2_0.slope  = word2_0[29:18];
   assign \port__data.value  = port__data[17:0];
   assign \port__data.slope  = port__data[29:18];
-  assign \$6  = { 5'h00, \$5 [13:5] };
-  assign \$8  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$10  = { \$9 [18], \$9 [18], \$9 [18], \$9 [18], \$9 [18:4] };
-  assign \$11  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$13  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$16  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$18  = { \$17 [18], \$17 [18], \$17 [18], \$17 [18], \$17 [18:4] };
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$14  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$17  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -671,31 +696,35 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
-  wire [19:0] \$11 ;
-  wire [20:0] \$12 ;
-  wire [19:0] \$13 ;
-  wire [20:0] \$14 ;
-  wire \$15 ;
-  wire [19:0] \$16 ;
-  wire [20:0] \$17 ;
+  wire [20:0] \$11 ;
+  wire [19:0] \$12 ;
+  wire [20:0] \$13 ;
+  wire [19:0] \$14 ;
+  wire [20:0] \$15 ;
+  wire \$16 ;
+  wire [19:0] \$17 ;
   wire [20:0] \$18 ;
-  wire \$19 ;
+  wire [20:0] \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire [21:0] \$21 ;
-  reg [5:0] \$22 ;
-  reg [32:0] \$23 ;
-  reg [5:0] \$24 ;
-  reg [19:0] \$25 ;
-  reg [19:0] \$26 ;
-  reg [15:0] \$27 ;
-  wire \$3 ;
+  wire \$21 ;
+  wire [21:0] \$22 ;
+  reg [5:0] \$23 ;
+  reg \$24 ;
+  reg [32:0] \$25 ;
+  reg \$26 ;
+  reg [5:0] \$27 ;
+  reg [19:0] \$28 ;
+  reg [19:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [15:0] \$30 ;
   wire [17:0] \$4 ;
-  wire [17:0] \$5 ;
+  wire [16:0] \$5 ;
   wire [16:0] \$6 ;
-  wire [18:0] \$7 ;
-  wire [19:0] \$8 ;
-  wire [20:0] \$9 ;
+  wire [19:0] \$7 ;
+  wire [18:0] \$8 ;
+  wire [19:0] \$9 ;
+  wire at_top;
   wire [16:0] clipped;
   input clk;
   wire clk;
@@ -703,7 +732,7 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
   reg [5:0] frac1_0 = 6'h00;
   reg [5:0] frac2_0 = 6'h00;
   wire [17:0] offset;
-  wire [10:0] port__addr;
+  wire [9:0] port__addr;
   wire [32:0] port__data;
   wire [12:0] \port__data.slope ;
   wire [19:0] \port__data.value ;
@@ -712,6 +741,8 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
   reg [19:0] product3_0 = 20'h00000;
   input rst;
   wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
   reg [19:0] value3_0 = 20'h00000;
   reg [32:0] word2_0 = 33'h000000000;
   wire [12:0] \word2_0.slope ;
@@ -725,7 +756,7 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
   wire [15:0] y4_0;
   wire [15:0] \y[0] ;
   (* rom_style = "block" *)
-  reg [32:0] \table  [1024:0];
+  reg [32:0] \table  [1023:0];
   initial begin
     \table [0] = 33'h00019c01d;
     \table [1] = 33'h00009c01e;
@@ -1751,87 +1782,106 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
     \table [1021] = 33'h000163fe1;
     \table [1022] = 33'h000063fe2;
     \table [1023] = 33'h000163fe2;
-    \table [1024] = 33'h000063fe3;
   end
   reg [32:0] _0_;
   always @(posedge clk) begin
     if (port__en) begin
-      _0_ <= \table [\$6 [10:0]];
+      _0_ <= \table [\$6 [9:0]];
     end
   end
   assign port__data = _0_;
   assign \$1  = $signed(x) - $signed(16'h8000);
+  assign at_top = $signed(\$1 ) >= $signed(18'h10000);
   assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = $signed(\$1 ) > $signed(18'h10000);
-  assign \$4  = \$3  ? 18'h10000 : { \$1 [16], \$1  };
-  assign \$5  = \$2  ? 18'h00000 : \$4 ;
-  assign \$7  = word2_0[32:20] * frac2_0;
-  assign \$9  = $signed(value3_0) + $signed(\$8 );
-  assign \$12  = $signed(value3_0) + $signed(\$11 );
-  assign \$14  = $signed(value3_0) + $signed(\$13 );
-  assign \$15  = | \$14 [2:0];
-  assign \$17  = $signed(value3_0) + $signed(\$16 );
-  assign \$19  = \$15  | \$18 [0];
-  assign \$20  = \$12 [3] & \$19 ;
-  assign \$21  = $signed(\$10 ) + $signed({ 1'h0, \$20  });
+  assign \$3  = at_top ? 18'h10000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 17'h00000 : \$5 ;
+  assign \$7  = top2_0 ? 20'h63fe3 : word2_0[19:0];
+  assign \$8  = word2_0[32:20] * frac2_0;
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
   always @(posedge clk)
-    frac1_0 <= \$22 ;
+    frac1_0 <= \$23 ;
   always @(posedge clk)
-    word2_0 <= \$23 ;
+    top1_0 <= \$24 ;
   always @(posedge clk)
-    frac2_0 <= \$24 ;
+    word2_0 <= \$25 ;
   always @(posedge clk)
-    value3_0 <= \$25 ;
+    top2_0 <= \$26 ;
   always @(posedge clk)
-    product3_0 <= \$26 ;
+    frac2_0 <= \$27 ;
   always @(posedge clk)
-    y <= \$27 ;
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$22  = frac1_0;
+    \$23  = frac1_0;
     if (port__en) begin
-      \$22  = \$5 [5:0];
+      \$23  = \$4 [5:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$23  = word2_0;
+    \$24  = top1_0;
     if (port__en) begin
-      \$23  = port__data;
+      \$24  = at_top;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$24  = frac2_0;
+    \$25  = word2_0;
     if (port__en) begin
-      \$24  = frac1_0;
+      \$25  = port__data;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$25  = value3_0;
+    \$26  = top2_0;
     if (port__en) begin
-      \$25  = word2_0[19:0];
+      \$26  = top1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$26  = product3_0;
+    \$27  = frac2_0;
     if (port__en) begin
-      \$26  = { 1'h0, \$7  };
+      \$27  = frac1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$27  = y;
+    \$28  = value3_0;
     if (port__en) begin
-      \$27  = \$21 [15:0];
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [15:0];
     end
   end
   assign en = port__en;
   assign offset = { \$1 [16], \$1  };
-  assign clipped = \$5 [16:0];
-  assign port__addr = \$6 [10:0];
+  assign clipped = \$4 [16:0];
+  assign port__addr = \$6 [9:0];
   assign y4_0 = y;
   assign \x[0]  = x;
   assign \y[0]  = y;
@@ -1839,11 +1889,11 @@ module \nanokpu_situ.up (clk, rst, port__en, y, x);
   assign \word2_0.slope  = word2_0[32:20];
   assign \port__data.value  = port__data[19:0];
   assign \port__data.slope  = port__data[32:20];
-  assign \$6  = { 6'h00, \$5 [16:6] };
-  assign \$8  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$10  = { \$9 [20], \$9 [20], \$9 [20], \$9 [20], \$9 [20:4] };
-  assign \$11  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$13  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$16  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$18  = { \$17 [20], \$17 [20], \$17 [20], \$17 [20], \$17 [20:4] };
+  assign \$5  = { 6'h00, \$4 [16:6] };
+  assign \$9  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$11  = { \$10 [20], \$10 [20], \$10 [20], \$10 [20], \$10 [20:4] };
+  assign \$12  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$14  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$17  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$19  = { \$18 [20], \$18 [20], \$18 [20], \$18 [20], \$18 [20:4] };
 endmodule
