@@ -25,6 +25,15 @@ def test_short_campaign(tmp_path):
     assert "fuzzed programs that ran to the end (their scratchpad compared too) |" in text
 
 
+def test_short_campaign_as_built_for_the_up5k(tmp_path):
+    """The ice40 netlist (SB_MAC16, SPRAM: a cycle that writes the scratchpad reads nothing)."""
+    result = fault_campaign.campaign("tiny", runs=1, episodes=12, seed=7, tokens=2, pause=0.2, work=tmp_path,
+                                     dsp="ice40")
+    assert not result["failures"], result["failures"]
+    assert result["counts"]["episodes"] == 12 and result["counts"]["valid_programs"] >= 1
+    assert "SB_SPRAM256KA" in fault_campaign.summary_markdown(result, "cmd", "tiny", "ice40")
+
+
 @pytest.mark.slow
 def test_documented_campaign(tmp_path):
     out = tmp_path / "fault_campaign.md"
