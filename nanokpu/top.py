@@ -435,7 +435,7 @@ class NanoKPU(wiring.Component):
         rd0_q, rd1_q = Signal(signed(ww)), Signal(signed(ww))
         a_word, b_word = rd0_q, rd1_q
         # elements done, one counter for the engine's results, LOAD's writes and STORE's reads
-        # (each instruction clears it); every one of them handles len = L0 elements
+        # (each instruction clears it); every one of them handles len = ln elements
         el_i = Signal(SW)
         el_more = el_i < ln
         eng_ready = Signal()         # the selected unit takes the current beat
@@ -653,7 +653,7 @@ class NanoKPU(wiring.Component):
         rt_hold, rt_held, rt_wphase = Signal(), Signal(router.route_layout), Signal()
         rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(SW), Signal(SW), Signal(range(K + 1)), Signal(SW), \
             Signal(SW)
-        tk = mk[2:]      # ROUTE: L1 = 4 * m * top_k
+        tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
         g_i, g_j, g_in, g_wv, g_wa = Signal(16), Signal(SW + 1), Signal(AW), Signal(), Signal(AW)
         with m.If(~eng_run | h_free):
             m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
