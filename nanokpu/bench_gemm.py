@@ -79,14 +79,12 @@ def run_profile(name: str, seed: int, dsp: str = "generic") -> tuple[KpuConfig, 
     cfg = profile(name, dsp=dsp)
     gemms = block_gemms(cfg, TOKENS[name])
     params = {"profile": name, "seed": seed, "timing": [[m, k, n] for _, m, k, n in gemms]}
-    build_args = ()
     if dsp == "ice40":
         params |= {"overrides": {"dsp": dsp}, "compute_only": True}
-        build_args = vendor_build_args(dsp)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,
-                  params={**params, "report": str(report)}, build_args=build_args)
+                  params={**params, "report": str(report)}, build_args=vendor_build_args(dsp))
         rows = json.loads(report.read_text())
     for (label, *_), row in zip(gemms, rows, strict=True):
         row["name"] = label

@@ -55,10 +55,10 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
     the UP5K, on Yosys' SB_MAC16 and SB_SPRAM256KA models); returns ``{"counts": totals,
     "failures": [...], "seeds": [...]}``."""
     from nanokpu.top import NanoKPU
-    from sim.runner import BenchFailure, run_bench, vendor_build_args
+    from sim.runner import BenchFailure, run_bench, vendor_build_args, vendor_name
 
     cfg = profile(profile_name, dsp=dsp)
-    name = f"kpu_{profile_name}" + ("" if dsp == "generic" else f"_{dsp}")
+    name = vendor_name(f"kpu_{profile_name}", dsp)
     build_args = vendor_build_args(dsp)
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)

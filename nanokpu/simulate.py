@@ -40,11 +40,11 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
     ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
     from nanokpu.top import NanoKPU
-    from sim.runner import BenchFailure, build, run_bench, vendor_build_args, waves_file
+    from sim.runner import BenchFailure, build, run_bench, vendor_build_args, vendor_name, waves_file
 
     if tokens < 1:
         raise ValueError(f"tokens = {tokens}: must be >= 1")
-    name = f"kpu_{cfg.name}" + ("" if cfg.dsp == "generic" else f"_{cfg.dsp}")
+    name = vendor_name(f"kpu_{cfg.name}", cfg.dsp)
     build_args = vendor_build_args(cfg.dsp)
     t0 = time.time()
     if progress:

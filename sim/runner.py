@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 __all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "bench_params",
-           "SIM_BUILD", "FAST_BUILD", "vendor_build_args"]
+           "SIM_BUILD", "FAST_BUILD", "vendor_build_args", "vendor_name"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -54,6 +54,12 @@ def vendor_build_args(dsp: str) -> tuple[str, ...]:
     from fpga.flow import vendor_sim_model
     return tuple(str(vendor_sim_model(cell)) for cell in ("SB_MAC16", "SB_SPRAM256KA")) + \
         ("-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
+
+
+def vendor_name(name: str, dsp: str) -> str:
+    """The build name of design ``name`` built with ``KpuConfig.dsp = dsp``: ``name``, then
+    ``_<dsp>`` unless ``generic`` (the two builds are cached side by side)."""
+    return name if dsp == "generic" else f"{name}_{dsp}"
 
 
 class BenchFailure(AssertionError):
