@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -47,8 +47,14 @@ def vector_in_layout(cfg: KpuConfig) -> data.StructLayout:
 
 
 def _sat(value, width: int):
-    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
-    return Mux(value > hi, hi, Mux(value < lo, lo, value))
+    """Signed ``value`` saturated to ``width`` bits: it fits when its bits from ``width - 1``
+    up all equal the sign (two reduction trees, where comparisons with the bounds would be
+    two carry chains as wide as ``value``)."""
+    if len(value) <= width:
+        return value
+    top = value[width - 1:]
+    hi = (1 << (width - 1)) - 1
+    return Mux(top.all() | ~top.any(), value[:width].as_signed(), Mux(value[-1], -hi - 1, hi))
 
 
 class VectorUnit(wiring.Component):
@@ -123,6 +129,12 @@ class VectorUnit(wiring.Component):
         beat = i.payload
         p_valid, p_last = Signal(), Signal()
         prod = Signal(signed(len(beat.a) + len(beat.b)))
+        # One product serves NORM (a * a) and COMBINE (a * b): b is an unsigned weight of
+        # weight_width bits, its top bit taken as a shifted copy of a, so that the multiplier is
+        # act_width x act_width signed (one SB_MAC16 at act_width 16).
+        hi = cfg.weight_width - 1
+        mul = beat.a * Mux(self.op == VecOp.NORM, beat.a, beat.b[:hi])
+        combined = Cat(mul[:hi], mul[hi:].as_signed() + Mux(beat.b[hi], beat.a, 0)).as_signed()
 
         # -- NORM --------------------------------------------------------------------------
         m.submodules.div_ms = div_ms = SeqDivider(self.sum_width, N_WIDTH)
@@ -146,7 +158,7 @@ class VectorUnit(wiring.Component):
                 p_free = ~p_valid | free
                 m.d.comb += i.ready.eq(p_free)
                 with m.If(p_free):
-                    m.d.sync += [p_valid.eq(i.valid), prod.eq(beat.a * beat.b), p_last.eq(beat.last)]
+                    m.d.sync += [p_valid.eq(i.valid), prod.eq(combined), p_last.eq(beat.last)]
                 total = acc + prod
                 with m.If(p_valid & free):
                     with m.If(p_last):
@@ -160,7 +172,7 @@ class VectorUnit(wiring.Component):
                     with m.State("SUM"):
                         m.d.comb += i.ready.eq(1)
                         with m.If(i.valid):
-                            m.d.sync += sumsq.eq(sumsq + beat.a * beat.a)
+                            m.d.sync += sumsq.eq(sumsq + mul)
                             with m.If(beat.last):
                                 m.next = "MEAN"
                     with m.State("MEAN"):

@@ -104,6 +104,11 @@ async def test_combine(dut):
     e[0], w[0] = hi, 1 << cfg.weight_frac   # saturates high
     e[1], w[1] = lo, 1 << cfg.weight_frac   # saturates low
     w[2] = 0                                 # all-zero weights
+    # any unsigned weight_width-bit weight (a program may COMBINE with words that are no
+    # renormalised weights): the top bit set, the largest value, against both extremes
+    w[3:6] = tb.rng.integers(0, 1 << cfg.weight_width, (3, k))
+    w[6], e[6] = (1 << cfg.weight_width) - 1, lo
+    w[7], e[7] = (1 << cfg.weight_width) - 1, hi
     beats = [(int(e[t, s, j]), int(w[t, s]), int(s == k - 1))
              for t in range(T) for j in range(n) for s in range(k)]
     got = await tb.run(VecOp.COMBINE, beats, T * n)

@@ -76,6 +76,8 @@ def cases(cfg, rng):
     e = rng.integers(lo, hi + 1, (2, cfg.top_k, 3))
     w = rng.integers(0, w_max + 1, (2, cfg.top_k))
     e[0], w[0] = hi, w_max  # weights 1.0 each: saturates
+    w[1] = [(1 << cfg.weight_width) - 1, w_max + 1]  # any weight_width-bit weight, top bit set
+    e[1, 0] = lo
     u = rng.integers(-300, 300, (3, 6))
     u[0] = 0              # zero row: r = isqrt(eps_q)
     u[1] = [hi, 0, 0, 0, 0, lo]  # extreme values, output saturation

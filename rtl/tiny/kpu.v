@@ -2847,7 +2847,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(error),
     .\port$1185$0 (\$870 ),
     .\port$1203$0 (\$871 ),
-    .\port$3317$2 (l4[17:2]),
+    .\port$3350$2 (l4[17:2]),
     .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10821,7 +10821,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1185$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1203$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3317$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3350$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -10964,8 +10964,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$1185$0 ;
   output [5:0] \port$1203$0 ;
   wire [5:0] \port$1203$0 ;
-  input [15:0] \port$3317$2 ;
-  wire [15:0] \port$3317$2 ;
+  input [15:0] \port$3350$2 ;
+  wire [15:0] \port$3350$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11130,7 +11130,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3317$2  };
+      \$74  = { 8'h00, \port$3350$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11166,7 +11166,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3317$2  };
+      \$77  = { 8'h00, \port$3350$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11211,9 +11211,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3317$2  };
+  assign rd_beats = { 8'h00, \port$3350$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3317$2  };
+  assign wr_beats = { 8'h00, \port$3350$2  };
   assign \port$1185$0  = \$9 ;
   assign \port$1203$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -33791,62 +33791,95 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   wire [16:0] \$10 ;
-  wire [32:0] \$100 ;
-  wire \$101 ;
+  wire [49:0] \$100 ;
+  wire [49:0] \$101 ;
   wire \$102 ;
-  wire \$103 ;
-  wire \$104 ;
+  wire [49:0] \$103 ;
+  wire [49:0] \$104 ;
   wire \$105 ;
   wire \$106 ;
-  wire \$107 ;
-  wire [18:0] \$108 ;
-  wire \$109 ;
+  wire [50:0] \$107 ;
+  wire [15:0] \$108 ;
+  wire [15:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [18:0] \$110 ;
+  wire [49:0] \$110 ;
   wire \$111 ;
-  wire \$112 ;
-  wire \$113 ;
-  wire [23:0] \$114 ;
+  wire [15:0] \$112 ;
+  wire [31:0] \$113 ;
+  wire [49:0] \$114 ;
   wire \$115 ;
-  wire [18:0] \$116 ;
-  wire \$117 ;
-  wire [18:0] \$118 ;
-  wire \$119 ;
+  wire [48:0] \$116 ;
+  wire [33:0] \$117 ;
+  wire \$118 ;
+  wire [33:0] \$119 ;
   wire [23:0] \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire [23:0] \$122 ;
-  wire \$123 ;
-  wire [18:0] \$124 ;
+  wire [34:0] \$120 ;
+  wire [32:0] \$121 ;
+  wire [33:0] \$122 ;
+  wire [32:0] \$123 ;
+  wire [32:0] \$124 ;
   wire \$125 ;
-  wire [18:0] \$126 ;
+  wire \$126 ;
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire [23:0] \$130 ;
-  wire [23:0] \$131 ;
-  wire [23:0] \$132 ;
-  wire [23:0] \$133 ;
-  reg \$134 ;
-  reg [15:0] \$135 ;
-  reg \$136 ;
-  reg [32:0] \$137 ;
-  reg \$138 ;
-  reg [48:0] \$139 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire [18:0] \$132 ;
+  wire \$133 ;
+  wire [18:0] \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire [23:0] \$138 ;
+  wire \$139 ;
   wire \$14 ;
-  reg [47:0] \$140 ;
-  reg [2:0] \$141 ;
-  reg [32:0] \$142 ;
-  reg [32:0] \$143 ;
-  reg [32:0] \$144 ;
-  reg [16:0] \$145 ;
-  reg \$146 ;
-  reg \$147 ;
+  wire [18:0] \$140 ;
+  wire \$141 ;
+  wire [18:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire [23:0] \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
   wire \$15 ;
+  wire [18:0] \$150 ;
+  wire \$151 ;
+  wire [18:0] \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire [23:0] \$156 ;
+  wire [18:0] \$157 ;
+  wire \$158 ;
+  wire [18:0] \$159 ;
   wire \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire [23:0] \$163 ;
+  wire [7:0] \$164 ;
+  wire [7:0] \$165 ;
+  wire [7:0] \$166 ;
+  reg \$167 ;
+  reg [15:0] \$168 ;
+  reg \$169 ;
   wire \$17 ;
+  reg [32:0] \$170 ;
+  reg \$171 ;
+  reg [48:0] \$172 ;
+  reg [47:0] \$173 ;
+  reg [2:0] \$174 ;
+  reg [32:0] \$175 ;
+  reg [32:0] \$176 ;
+  reg [32:0] \$177 ;
+  reg [16:0] \$178 ;
+  reg \$179 ;
   wire [21:0] \$18 ;
+  reg \$180 ;
   wire [21:0] \$19 ;
   wire \$2 ;
   wire [22:0] \$20 ;
@@ -33874,68 +33907,68 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   wire \$40 ;
   wire [17:0] \$41 ;
   wire \$42 ;
-  wire [17:0] \$43 ;
-  wire [17:0] \$44 ;
+  wire \$43 ;
+  wire \$44 ;
   wire [17:0] \$45 ;
-  wire \$46 ;
-  wire \$47 ;
-  wire \$48 ;
+  wire [17:0] \$46 ;
+  wire [15:0] \$47 ;
+  wire [15:0] \$48 ;
   wire \$49 ;
   wire \$5 ;
-  wire [32:0] \$50 ;
+  wire \$50 ;
   wire \$51 ;
   wire \$52 ;
   wire \$53 ;
-  wire [49:0] \$54 ;
-  wire [49:0] \$55 ;
-  wire [49:0] \$56 ;
-  wire [49:0] \$57 ;
-  wire \$58 ;
-  wire [49:0] \$59 ;
+  wire [15:0] \$54 ;
+  wire [31:0] \$55 ;
+  wire \$56 ;
+  wire [15:0] \$57 ;
+  wire [31:0] \$58 ;
+  wire [15:0] \$59 ;
   wire \$6 ;
-  wire [49:0] \$60 ;
+  wire [17:0] \$60 ;
   wire \$61 ;
   wire \$62 ;
-  wire [50:0] \$63 ;
-  wire \$64 ;
+  wire \$63 ;
+  wire [49:0] \$64 ;
   wire [49:0] \$65 ;
   wire [49:0] \$66 ;
   wire [49:0] \$67 ;
-  wire [49:0] \$68 ;
-  wire \$69 ;
+  wire \$68 ;
+  wire [49:0] \$69 ;
   wire \$7 ;
   wire [49:0] \$70 ;
-  wire [49:0] \$71 ;
+  wire \$71 ;
   wire \$72 ;
-  wire \$73 ;
-  wire [50:0] \$74 ;
-  wire \$75 ;
+  wire [50:0] \$73 ;
+  wire \$74 ;
+  wire [49:0] \$75 ;
   wire [49:0] \$76 ;
   wire [49:0] \$77 ;
   wire [49:0] \$78 ;
-  wire [49:0] \$79 ;
+  wire \$79 ;
   wire \$8 ;
-  wire \$80 ;
+  wire [49:0] \$80 ;
   wire [49:0] \$81 ;
-  wire [49:0] \$82 ;
+  wire \$82 ;
   wire \$83 ;
-  wire \$84 ;
-  wire [50:0] \$85 ;
-  wire [50:0] \$86 ;
-  wire [50:0] \$87 ;
+  wire [50:0] \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
   wire [49:0] \$88 ;
-  wire [31:0] \$89 ;
+  wire [49:0] \$89 ;
   wire \$9 ;
   wire [49:0] \$90 ;
-  wire \$91 ;
-  wire [48:0] \$92 ;
-  wire [33:0] \$93 ;
-  wire \$94 ;
-  wire [33:0] \$95 ;
-  wire [34:0] \$96 ;
-  wire [32:0] \$97 ;
-  wire [33:0] \$98 ;
-  wire [32:0] \$99 ;
+  wire [49:0] \$91 ;
+  wire \$92 ;
+  wire [49:0] \$93 ;
+  wire [49:0] \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire [50:0] \$97 ;
+  wire [49:0] \$98 ;
+  wire [49:0] \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
   reg \$signal$7  = 1'h0;
@@ -34023,107 +34056,136 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$35  = fsm_state == 3'h7;
   assign \$36  = ~ o__valid;
   assign \$39  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$40  = $signed(\$39 ) > $signed(16'h7fff);
+  assign \$40  = & \$39 [17:15];
   assign \$41  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$42  = $signed(\$41 ) < $signed(16'h8000);
-  assign \$43  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$44  = \$42  ? 18'h38000 : \$43 ;
-  assign \$45  = \$40  ? 18'h07fff : \$44 ;
-  assign \$46  = ~ \$signal$7 ;
-  assign \$47  = ~ o__valid;
-  assign \$50  = $signed(i__payload[15:0]) * $signed(i__payload[32:16]);
-  assign \$51  = ~ o__valid;
-  assign \$54  = $signed(acc) + $signed(prod);
-  assign \$56  = $signed(acc) + $signed(prod);
-  assign \$57  = $signed(acc) + $signed(prod);
-  assign \$58  = | \$57 [13:0];
-  assign \$59  = $signed(acc) + $signed(prod);
-  assign \$61  = \$58  | \$60 [0];
-  assign \$62  = \$56 [14] & \$61 ;
-  assign \$63  = $signed(\$55 ) + $signed({ 1'h0, \$62  });
-  assign \$64  = $signed(\$63 ) > $signed(16'h7fff);
-  assign \$65  = $signed(acc) + $signed(prod);
+  assign \$42  = | \$41 [17:15];
+  assign \$43  = ~ \$42 ;
+  assign \$44  = \$40  | \$43 ;
+  assign \$45  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$46  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$47  = \$46 [17] ? 16'h8000 : 16'h7fff;
+  assign \$48  = \$44  ? \$45 [15:0] : \$47 ;
+  assign \$49  = ~ \$signal$7 ;
+  assign \$50  = ~ o__valid;
+  assign \$53  = op == 2'h2;
+  assign \$54  = \$53  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
+  assign \$55  = $signed(i__payload[15:0]) * $signed(\$54 );
+  assign \$56  = op == 2'h2;
+  assign \$57  = \$56  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
+  assign \$58  = $signed(i__payload[15:0]) * $signed(\$57 );
+  assign \$59  = i__payload[31] ? i__payload[15:0] : 16'h0000;
+  assign \$60  = $signed(\$58 [31:15]) + $signed(\$59 );
+  assign \$61  = ~ o__valid;
+  assign \$64  = $signed(acc) + $signed(prod);
+  assign \$66  = $signed(acc) + $signed(prod);
   assign \$67  = $signed(acc) + $signed(prod);
-  assign \$68  = $signed(acc) + $signed(prod);
-  assign \$69  = | \$68 [13:0];
-  assign \$70  = $signed(acc) + $signed(prod);
-  assign \$72  = \$69  | \$71 [0];
-  assign \$73  = \$67 [14] & \$72 ;
-  assign \$74  = $signed(\$66 ) + $signed({ 1'h0, \$73  });
-  assign \$75  = $signed(\$74 ) < $signed(16'h8000);
-  assign \$76  = $signed(acc) + $signed(prod);
+  assign \$68  = | \$67 [13:0];
+  assign \$69  = $signed(acc) + $signed(prod);
+  assign \$71  = \$68  | \$70 [0];
+  assign \$72  = \$66 [14] & \$71 ;
+  assign \$73  = $signed(\$65 ) + $signed({ 1'h0, \$72  });
+  assign \$74  = & \$73 [50:15];
+  assign \$75  = $signed(acc) + $signed(prod);
+  assign \$77  = $signed(acc) + $signed(prod);
   assign \$78  = $signed(acc) + $signed(prod);
-  assign \$79  = $signed(acc) + $signed(prod);
-  assign \$80  = | \$79 [13:0];
-  assign \$81  = $signed(acc) + $signed(prod);
-  assign \$83  = \$80  | \$82 [0];
-  assign \$84  = \$78 [14] & \$83 ;
-  assign \$85  = $signed(\$77 ) + $signed({ 1'h0, \$84  });
-  assign \$86  = \$75  ? 51'h7ffffffff8000 : \$85 ;
-  assign \$87  = \$64  ? 51'h0000000007fff : \$86 ;
+  assign \$79  = | \$78 [13:0];
+  assign \$80  = $signed(acc) + $signed(prod);
+  assign \$82  = \$79  | \$81 [0];
+  assign \$83  = \$77 [14] & \$82 ;
+  assign \$84  = $signed(\$76 ) + $signed({ 1'h0, \$83  });
+  assign \$85  = | \$84 [50:15];
+  assign \$86  = ~ \$85 ;
+  assign \$87  = \$74  | \$86 ;
   assign \$88  = $signed(acc) + $signed(prod);
-  assign \$89  = $signed(i__payload[15:0]) * $signed(i__payload[15:0]);
-  assign \$90  = $signed({ 1'h0, sumsq }) + $signed(\$89 );
-  assign \$91  = ~ \busy$31 ;
-  assign \$92  = \quot$33  + 1'h1;
-  assign \$93  = root + \bit ;
-  assign \$94  = \rem$32  >= \$93 ;
-  assign \$95  = root + \bit ;
-  assign \$96  = \rem$32  - \$95 ;
-  assign \$98  = \$97  + \bit ;
-  assign \$101  = \bit  == 1'h1;
-  assign \$102  = ~ o__valid;
-  assign \$105  = $signed(i__payload[15:0]) < $signed(1'h0);
-  assign \$106  = ~ busy;
-  assign \$107  = ! r;
-  assign \$109  = \$108  > r;
-  assign \$111  = \$110  == r;
-  assign \$112  = \$111  & q[0];
-  assign \$113  = \$109  | \$112 ;
-  assign \$114  = $signed(q) + $signed({ 1'h0, \$113  });
-  assign \$115  = $signed(\$114 ) > $signed(8'h7f);
-  assign \$117  = \$116  > r;
-  assign \$119  = \$118  == r;
-  assign \$120  = \$119  & q[0];
-  assign \$121  = \$117  | \$120 ;
-  assign \$122  = $signed(q) + $signed({ 1'h0, \$121  });
-  assign \$123  = $signed(\$122 ) < $signed(8'h80);
-  assign \$125  = \$124  > r;
-  assign \$127  = \$126  == r;
-  assign \$128  = \$127  & q[0];
-  assign \$129  = \$125  | \$128 ;
-  assign \$130  = $signed(q) + $signed({ 1'h0, \$129  });
-  assign \$131  = \$123  ? 24'hffff80 : \$130 ;
-  assign \$132  = \$115  ? 24'h00007f : \$131 ;
-  assign \$133  = \$107  ? 24'h000000 : \$132 ;
+  assign \$90  = $signed(acc) + $signed(prod);
+  assign \$91  = $signed(acc) + $signed(prod);
+  assign \$92  = | \$91 [13:0];
+  assign \$93  = $signed(acc) + $signed(prod);
+  assign \$95  = \$92  | \$94 [0];
+  assign \$96  = \$90 [14] & \$95 ;
+  assign \$97  = $signed(\$89 ) + $signed({ 1'h0, \$96  });
+  assign \$98  = $signed(acc) + $signed(prod);
+  assign \$100  = $signed(acc) + $signed(prod);
+  assign \$101  = $signed(acc) + $signed(prod);
+  assign \$102  = | \$101 [13:0];
+  assign \$103  = $signed(acc) + $signed(prod);
+  assign \$105  = \$102  | \$104 [0];
+  assign \$106  = \$100 [14] & \$105 ;
+  assign \$107  = $signed(\$99 ) + $signed({ 1'h0, \$106  });
+  assign \$108  = \$107 [50] ? 16'h8000 : 16'h7fff;
+  assign \$109  = \$87  ? \$97 [15:0] : \$108 ;
+  assign \$110  = $signed(acc) + $signed(prod);
+  assign \$111  = op == 2'h2;
+  assign \$112  = \$111  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
+  assign \$113  = $signed(i__payload[15:0]) * $signed(\$112 );
+  assign \$114  = $signed({ 1'h0, sumsq }) + $signed(\$113 );
+  assign \$115  = ~ \busy$31 ;
+  assign \$116  = \quot$33  + 1'h1;
+  assign \$117  = root + \bit ;
+  assign \$118  = \rem$32  >= \$117 ;
+  assign \$119  = root + \bit ;
+  assign \$120  = \rem$32  - \$119 ;
+  assign \$122  = \$121  + \bit ;
+  assign \$125  = \bit  == 1'h1;
+  assign \$126  = ~ o__valid;
+  assign \$129  = $signed(i__payload[15:0]) < $signed(1'h0);
+  assign \$130  = ~ busy;
+  assign \$131  = ! r;
+  assign \$133  = \$132  > r;
+  assign \$135  = \$134  == r;
+  assign \$136  = \$135  & q[0];
+  assign \$137  = \$133  | \$136 ;
+  assign \$138  = $signed(q) + $signed({ 1'h0, \$137  });
+  assign \$139  = & \$138 [23:7];
+  assign \$141  = \$140  > r;
+  assign \$143  = \$142  == r;
+  assign \$144  = \$143  & q[0];
+  assign \$145  = \$141  | \$144 ;
+  assign \$146  = $signed(q) + $signed({ 1'h0, \$145  });
+  assign \$147  = | \$146 [23:7];
+  assign \$148  = ~ \$147 ;
+  assign \$149  = \$139  | \$148 ;
+  assign \$151  = \$150  > r;
+  assign \$153  = \$152  == r;
+  assign \$154  = \$153  & q[0];
+  assign \$155  = \$151  | \$154 ;
+  assign \$156  = $signed(q) + $signed({ 1'h0, \$155  });
+  assign \$158  = \$157  > r;
+  assign \$160  = \$159  == r;
+  assign \$161  = \$160  & q[0];
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = $signed(q) + $signed({ 1'h0, \$162  });
+  assign \$164  = \$163 [23] ? 8'h80 : 8'h7f;
+  assign \$165  = \$149  ? \$156 [7:0] : \$164 ;
+  assign \$166  = \$131  ? 8'h00 : \$165 ;
   always @(posedge clk)
-    o__valid <= \$134 ;
+    o__valid <= \$167 ;
   always @(posedge clk)
-    o__payload <= \$135 ;
+    o__payload <= \$168 ;
   always @(posedge clk)
-    \$signal$7  <= \$136 ;
+    \$signal$7  <= \$169 ;
   always @(posedge clk)
-    prod <= \$137 ;
+    prod <= \$170 ;
   always @(posedge clk)
-    p_last <= \$138 ;
+    p_last <= \$171 ;
   always @(posedge clk)
-    acc <= \$139 ;
+    acc <= \$172 ;
   always @(posedge clk)
-    sumsq <= \$140 ;
+    sumsq <= \$173 ;
   always @(posedge clk)
-    fsm_state <= \$141 ;
+    fsm_state <= \$174 ;
   always @(posedge clk)
-    \rem$32  <= \$142 ;
+    \rem$32  <= \$175 ;
   always @(posedge clk)
-    root <= \$143 ;
+    root <= \$176 ;
   always @(posedge clk)
-    \bit  <= \$144 ;
+    \bit  <= \$177 ;
   always @(posedge clk)
-    r <= \$145 ;
+    r <= \$178 ;
   always @(posedge clk)
-    neg <= \$146 ;
+    neg <= \$179 ;
   always @(posedge clk)
-    row_end <= \$147 ;
+    row_end <= \$180 ;
   \nanokpu_kpu.vector.div  div (
     .busy(busy),
     .clk(clk),
@@ -34358,16 +34420,16 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$134  = 1'h0;
+    \$167  = 1'h0;
     casez (op)
       2'h0:
           if (\$38 ) begin
-            \$134  = 1'h1;
+            \$167  = 1'h1;
           end
       2'h1:
-          if (\$53 ) begin
+          if (\$63 ) begin
             if (p_last) begin
-              \$134  = 1'h1;
+              \$167  = 1'h1;
             end
           end
       2'h2:
@@ -34385,30 +34447,30 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h5:
                 /* empty */;
             3'h6:
-                if (\$106 ) begin
-                  \$134  = 1'h1;
+                if (\$130 ) begin
+                  \$167  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$134  = 1'h0;
+      \$167  = 1'h0;
     end
     if (rst) begin
-      \$134  = 1'h0;
+      \$167  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$135  = o__payload;
+    \$168  = o__payload;
     casez (op)
       2'h0:
           if (\$38 ) begin
-            \$135  = \$45 [15:0];
+            \$168  = \$48 ;
           end
       2'h1:
-          if (\$53 ) begin
+          if (\$63 ) begin
             if (p_last) begin
-              \$135  = \$87 [15:0];
+              \$168  = \$109 ;
             end
           end
       2'h2:
@@ -34426,98 +34488,98 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h5:
                 /* empty */;
             3'h6:
-                if (\$106 ) begin
-                  \$135  = \$133 [15:0];
+                if (\$130 ) begin
+                  \$168  = { \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$135  = 16'h0000;
+      \$168  = 16'h0000;
     end
     if (rst) begin
-      \$135  = 16'h0000;
+      \$168  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$136  = \$signal$7 ;
+    \$169  = \$signal$7 ;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$49 ) begin
-            \$136  = i__valid;
+          if (\$52 ) begin
+            \$169  = i__valid;
           end
     endcase
     if (unit_rst) begin
-      \$136  = 1'h0;
+      \$169  = 1'h0;
     end
     if (rst) begin
-      \$136  = 1'h0;
+      \$169  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$137  = prod;
+    \$170  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$49 ) begin
-            \$137  = \$50 ;
+          if (\$52 ) begin
+            \$170  = { \$60 , \$55 [14:0] };
           end
     endcase
     if (unit_rst) begin
-      \$137  = 33'h000000000;
+      \$170  = 33'h000000000;
     end
     if (rst) begin
-      \$137  = 33'h000000000;
+      \$170  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$138  = p_last;
+    \$171  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$49 ) begin
-            \$138  = i__payload[33];
+          if (\$52 ) begin
+            \$171  = i__payload[33];
           end
     endcase
     if (unit_rst) begin
-      \$138  = 1'h0;
+      \$171  = 1'h0;
     end
     if (rst) begin
-      \$138  = 1'h0;
+      \$171  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$139  = acc;
+    \$172  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
+          if (\$63 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$139  = 49'h0000000000000;
+              \$172  = 49'h0000000000000;
             end else begin
-              \$139  = \$88 [48:0];
+              \$172  = \$110 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$139  = 49'h0000000000000;
+      \$172  = 49'h0000000000000;
     end
     if (rst) begin
-      \$139  = 49'h0000000000000;
+      \$172  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$140  = sumsq;
+    \$173  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -34527,26 +34589,26 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
           casez (fsm_state)
             3'h0:
                 if (i__valid) begin
-                  \$140  = \$90 [47:0];
+                  \$173  = \$114 [47:0];
                 end
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$91 ) begin
-                  \$140  = 48'h000000000000;
+                if (\$115 ) begin
+                  \$173  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$140  = 48'h000000000000;
+      \$173  = 48'h000000000000;
     end
     if (rst) begin
-      \$140  = 48'h000000000000;
+      \$173  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$141  = fsm_state;
+    \$174  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -34558,48 +34620,48 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h0:
                 if (i__valid) begin
                   if (i__payload[33]) begin
-                    \$141  = 3'h1;
+                    \$174  = 3'h1;
                   end
                 end
             3'h1:
-                \$141  = 3'h2;
+                \$174  = 3'h2;
             3'h2:
-                if (\$91 ) begin
-                  \$141  = 3'h3;
+                if (\$115 ) begin
+                  \$174  = 3'h3;
                 end
             3'h3:
-                if (\$101 ) begin
-                  \$141  = 3'h4;
+                if (\$125 ) begin
+                  \$174  = 3'h4;
                 end
             3'h4:
-                \$141  = 3'h5;
+                \$174  = 3'h5;
             3'h5:
-                if (\$104 ) begin
-                  \$141  = 3'h6;
+                if (\$128 ) begin
+                  \$174  = 3'h6;
                 end
             3'h6:
-                if (\$106 ) begin
-                  \$141  = 3'h7;
+                if (\$130 ) begin
+                  \$174  = 3'h7;
                 end
             3'h7:
               begin
-                \$141  = 3'h5;
+                \$174  = 3'h5;
                 if (row_end) begin
-                  \$141  = 3'h0;
+                  \$174  = 3'h0;
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$141  = 3'h0;
+      \$174  = 3'h0;
     end
     if (rst) begin
-      \$141  = 3'h0;
+      \$174  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$142  = \rem$32 ;
+    \$175  = \rem$32 ;
     casez (op)
       2'h0:
           /* empty */;
@@ -34612,25 +34674,25 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$91 ) begin
-                  \$142  = \$92 [32:0];
+                if (\$115 ) begin
+                  \$175  = \$116 [32:0];
                 end
             3'h3:
-                if (\$94 ) begin
-                  \$142  = \$96 [32:0];
+                if (\$118 ) begin
+                  \$175  = \$120 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$142  = 33'h000000000;
+      \$175  = 33'h000000000;
     end
     if (rst) begin
-      \$142  = 33'h000000000;
+      \$175  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$143  = root;
+    \$176  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -34643,28 +34705,28 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$91 ) begin
-                  \$143  = 33'h000000000;
+                if (\$115 ) begin
+                  \$176  = 33'h000000000;
                 end
             3'h3:
                 (* full_case = 32'd1 *)
-                if (\$94 ) begin
-                  \$143  = \$98 [32:0];
+                if (\$118 ) begin
+                  \$176  = \$122 [32:0];
                 end else begin
-                  \$143  = \$99 ;
+                  \$176  = \$123 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$143  = 33'h000000000;
+      \$176  = 33'h000000000;
     end
     if (rst) begin
-      \$143  = 33'h000000000;
+      \$176  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$144  = \bit ;
+    \$177  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -34677,52 +34739,23 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$91 ) begin
-                  \$144  = 33'h100000000;
+                if (\$115 ) begin
+                  \$177  = 33'h100000000;
                 end
             3'h3:
-                \$144  = \$100 ;
+                \$177  = \$124 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$144  = 33'h000000000;
+      \$177  = 33'h000000000;
     end
     if (rst) begin
-      \$144  = 33'h000000000;
+      \$177  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$145  = r;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                \$145  = root[16:0];
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$145  = 17'h00000;
-    end
-    if (rst) begin
-      \$145  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$146  = neg;
+    \$178  = r;
     casez (op)
       2'h0:
           /* empty */;
@@ -34739,23 +34772,19 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h3:
                 /* empty */;
             3'h4:
-                /* empty */;
-            3'h5:
-                if (\$104 ) begin
-                  \$146  = \$105 ;
-                end
+                \$178  = root[16:0];
           endcase
     endcase
     if (unit_rst) begin
-      \$146  = 1'h0;
+      \$178  = 17'h00000;
     end
     if (rst) begin
-      \$146  = 1'h0;
+      \$178  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$147  = row_end;
+    \$179  = neg;
     casez (op)
       2'h0:
           /* empty */;
@@ -34774,16 +34803,49 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h4:
                 /* empty */;
             3'h5:
-                if (\$104 ) begin
-                  \$147  = i__payload[33];
+                if (\$128 ) begin
+                  \$179  = \$129 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$147  = 1'h0;
+      \$179  = 1'h0;
     end
     if (rst) begin
-      \$147  = 1'h0;
+      \$179  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$180  = row_end;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                if (\$128 ) begin
+                  \$180  = i__payload[33];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$180  = 1'h0;
+    end
+    if (rst) begin
+      \$180  = 1'h0;
     end
   end
   assign \$signal  = o__valid;
@@ -34801,27 +34863,31 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$15  = i__valid;
   assign \$37  = 1'h1;
   assign \$38  = i__valid;
-  assign \$48  = 1'h1;
-  assign \$49  = 1'h1;
+  assign \$51  = 1'h1;
   assign \$52  = 1'h1;
-  assign \$53  = \$signal$7 ;
-  assign \$55  = { \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49:15] };
-  assign \$60  = { \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49:15] };
-  assign \$66  = { \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49:15] };
-  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
-  assign \$77  = { \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49], \$76 [49:15] };
-  assign \$82  = { \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49:15] };
-  assign \$97  = { 1'h0, root[32:1] };
-  assign \$99  = { 1'h0, root[32:1] };
-  assign \$100  = { 2'h0, \bit [32:2] };
-  assign \$103  = 1'h1;
-  assign \$104  = i__valid;
-  assign \$108  = { rm, 1'h0 };
-  assign \$110  = { rm, 1'h0 };
-  assign \$116  = { rm, 1'h0 };
-  assign \$118  = { rm, 1'h0 };
-  assign \$124  = { rm, 1'h0 };
-  assign \$126  = { rm, 1'h0 };
+  assign \$62  = 1'h1;
+  assign \$63  = \$signal$7 ;
+  assign \$65  = { \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49:15] };
+  assign \$70  = { \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49:15] };
+  assign \$76  = { \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49:15] };
+  assign \$81  = { \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49:15] };
+  assign \$89  = { \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49:15] };
+  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
+  assign \$99  = { \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49:15] };
+  assign \$104  = { \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49:15] };
+  assign \$121  = { 1'h0, root[32:1] };
+  assign \$123  = { 1'h0, root[32:1] };
+  assign \$124  = { 2'h0, \bit [32:2] };
+  assign \$127  = 1'h1;
+  assign \$128  = i__valid;
+  assign \$132  = { rm, 1'h0 };
+  assign \$134  = { rm, 1'h0 };
+  assign \$140  = { rm, 1'h0 };
+  assign \$142  = { rm, 1'h0 };
+  assign \$150  = { rm, 1'h0 };
+  assign \$152  = { rm, 1'h0 };
+  assign \$157  = { rm, 1'h0 };
+  assign \$159  = { rm, 1'h0 };
 endmodule
 
 (* generator = "Amaranth" *)
