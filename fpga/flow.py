@@ -92,7 +92,9 @@ class Target:
         Device, package and speed-grade arguments of ``nextpnr-<family>``.
     totals : dict
         The part's resources: ``lut`` (LUT4s), ``ff``, ``dsp`` (SB_MAC16 / MULT18X18D),
-        ``bram`` (SB_RAM40_4K / DP16KD), ``spram`` (SB_SPRAM256KA, iCE40 UP only).
+        ``bram`` (SB_RAM40_4K / DP16KD), ``spram`` (SB_SPRAM256KA, iCE40 UP only), ``lc``
+        (iCE40 only: logic cells, each one LUT4, one carry and one flip-flop; a design fits
+        when nextpnr's packer needs at most this many, see :func:`packed_cells`).
     goal_mhz : float
         The clock goal of the design on this part (nextpnr ``--freq``).
     """
@@ -112,7 +114,7 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "up5k": Target("up5k", "ice40", ("--up5k", "--package", "sg48"),
-                   {"lut": 5280, "ff": 5280, "dsp": 8, "bram": 30, "spram": 4}, 30.0),
+                   {"lut": 5280, "lc": 5280, "ff": 5280, "dsp": 8, "bram": 30, "spram": 4}, 30.0),
     "ecp5-25f": Target("ecp5-25f", "ecp5", ("--25k", "--package", "CSFBGA285", "--speed", "6"),
                        {"lut": 24288, "ff": 24288, "dsp": 28, "bram": 56, "spram": 0}, 100.0),
     "ecp5-85f": Target("ecp5-85f", "ecp5", ("--85k", "--package", "CABGA381", "--speed", "6"),
@@ -313,7 +315,8 @@ def read_stat_cells(stat_path: Path) -> dict[str, int]:
 def _parts(cwd: Path, top: str, target: Target) -> dict[str, dict[str, int]]:
     """:func:`~fpga.breakdown.breakdown` of the netlist ``cwd/<top>.json``, LUTs counted as in
     ``resources``: on ECP5 a CCU2C is two LUT4s (nextpnr's TRELLIS_COMB)."""
-    return breakdown(cwd / f"{top}.json", top, _CELLS[target.family], _CARRY_LUTS[target.family])
+    return breakdown(cwd / f"{top}.json", top, _CELLS[target.family], _CARRY_LUTS[target.family],
+                     logic_cells="lc" in target.totals)
 
 
 def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict:
@@ -341,6 +344,8 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
     else:
         resources["ff"] = post.get("TRELLIS_FF", 0)
     resources["lut"] += _CARRY_LUTS[target.family] * resources["carry"]
+    if "lc" in target.totals:
+        resources["lc"] = packed_cells(top, target, cwd, progress, t0)
     return {
         "resources": resources,
         "parts": _parts(cwd, top, target),
@@ -350,6 +355,19 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         "unmapped": {t: n for t, n in post.items() if t.startswith("$") and t not in _BOOKKEEPING},
         "check_warnings": warnings,
     }
+
+
+def packed_cells(top: str, target: Target, cwd: Path, progress=None, t0: float | None = None) -> int:
+    """iCE40 logic cells of the netlist ``cwd/<top>.json`` after nextpnr's packer (``--pack-only``,
+    seconds; log ``<top>.pack.log``). A cell holds one LUT4, one carry and one flip-flop, and
+    they share its inputs: a carry whose inputs no LUT4 shares (a comparison, a counter's
+    limit) or a flip-flop fed from elsewhere takes a cell of its own, so this count, not the
+    LUT4s, is what must fit the part."""
+    run_tool([f"nextpnr-{target.family}", *target.nextpnr_args, "--json", f"{top}.json", "--pack-only",
+              "--pcf-allow-unconstrained", "--report", f"{top}.pack.json", "-q", "-l", f"{top}.pack.log"],
+             cwd, f"{top}.pack.out", f"nextpnr-{target.family} --pack-only ({top})", progress,
+             time.monotonic() if t0 is None else t0)
+    return json.loads((cwd / f"{top}.pack.json").read_text())["utilization"]["ICESTORM_LC"]["used"]
 
 
 def parse_nextpnr_report(path: Path) -> dict:
@@ -505,7 +523,9 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     reuse : bool
         Return the ``report.json`` of ``build_dir`` instead of running the tools when it was
         made from the same RTLIL with the same options (its ``key``) by one of the seeds this
-        call would try, unless its place and route failed after a timeout.
+        call would try, unless its place and route failed after a timeout. The resource
+        breakdown (``parts``) is made again from the netlist, and the iCE40 logic-cell count
+        (``lc``) when the report has none.
 
     Returns
     -------
@@ -540,8 +560,12 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         if cached.get("key") in keys and not (timed_out and timing.get("seed") is None):
             if timing:  # reports from before the seed was recorded: the key says which
                 timing.setdefault("seed", keys[cached["key"]] if timing.get("fmax_mhz") is not None else None)
-            if "parts" not in cached and (cwd / f"{name}.json").exists():  # reports from before the parts
+            if (cwd / f"{name}.json").exists():  # seconds: the breakdown as this version makes it
                 cached["parts"] = _parts(cwd, name, target)
+            if "lc" in target.totals and "lc" not in cached["resources"]:  # from before the packed count
+                cached["resources"]["lc"] = packed_cells(name, target, cwd, progress, t0)
+                cached["totals"] = dict(target.totals)
+                cached["over"] = _over(cached["resources"], target)
             if progress:
                 progress(f"{_stamp(t0)} {name} on {target.name} (unchanged, reused): {summary_line(cached)}")
             return cached
@@ -549,7 +573,7 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     report = {"name": name, "target": target.name, "family": target.family,
               "totals": dict(target.totals), "build_dir": _shown(cwd), "key": _key(text, target, pnr, goal, seed)}
     report.update(_yosys(text, name, target, cwd, progress, t0))
-    report["over"] = [kind for kind, total in target.totals.items() if report["resources"].get(kind, 0) > total]
+    report["over"] = _over(report["resources"], target)
     over = [f"{kind.upper()} {report['resources'][kind]}/{target.totals[kind]}" for kind in report["over"]]
     if pnr:
         flow = "register-wrapper" if wrapped else "out-of-context"
@@ -584,11 +608,16 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     return report
 
 
+def _over(resources: dict, target: Target) -> list[str]:
+    """The resource kinds of which ``resources`` uses more than ``target`` has."""
+    return [kind for kind, total in target.totals.items() if resources.get(kind, 0) > total]
+
+
 def summary_line(report: dict) -> str:
     """One human line: resources against the part, Fmax against the goal."""
     r, t = report["resources"], report["totals"]
-    parts = [f"LUT {r['lut']}/{t['lut']}", f"FF {r['ff']}/{t['ff']}", f"DSP {r['dsp']}/{t['dsp']}",
-             f"BRAM {r['bram']}/{t['bram']}"]
+    parts = [f"LUT {r['lut']}/{t['lut']}"] + ([f"LC {r['lc']}/{t['lc']}"] if "lc" in t else [])
+    parts += [f"FF {r['ff']}/{t['ff']}", f"DSP {r['dsp']}/{t['dsp']}", f"BRAM {r['bram']}/{t['bram']}"]
     if t.get("spram"):
         parts.append(f"SPRAM {r.get('spram', 0)}/{t['spram']}")
     if report.get("over"):

@@ -12,7 +12,7 @@ from fpga.breakdown import markdown_parts
 
 __all__ = ["total_row", "markdown_table", "peak_macs", "format_rate", "write_reports", "write_chart"]
 
-_KINDS = ("lut", "ff", "dsp", "bram")
+_KINDS = ("lut", "lc", "ff", "dsp", "bram")
 _XMAX = 125  # % of the device shown; longer bars are cut
 
 
@@ -57,17 +57,18 @@ def format_rate(per_s: float | None) -> str:
 def markdown_table(reports: list[dict]) -> str:
     """One row per report: resources against the part, Fmax against the goal, peak MAC/s (units
     with an array), the timing flow and the nextpnr seed of the result, critical path."""
-    lines = ["| unit | profile | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
-             "| goal | peak MAC/s | timing flow | seed | critical path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| unit | profile | target | LUT4 | logic cells | FF | DSP | BRAM | SPRAM | latches | unmapped "
+             "| Fmax (MHz) | goal | peak MAC/s | timing flow | seed | critical path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         res, tot = r["resources"], r["totals"]
         pnr = r.get("pnr") or {}
         fmax = pnr.get("fmax_mhz")
         met = "" if not pnr else ("met" if pnr.get("met") else "**missed**")
         spram = _frac(res.get("spram", 0), tot["spram"]) if tot.get("spram") else "-"
+        lc = _frac(res["lc"], tot["lc"]) if "lc" in tot and "lc" in res else "-"
         lines.append(
-            f"| {r['name']} | {r.get('profile', '-')} | {r['target']} | {_frac(res['lut'], tot['lut'])} | "
+            f"| {r['name']} | {r.get('profile', '-')} | {r['target']} | {_frac(res['lut'], tot['lut'])} | {lc} | "
             f"{_frac(res['ff'], tot['ff'])} | {_frac(res['dsp'], tot['dsp'])} | "
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
@@ -78,7 +79,8 @@ def markdown_table(reports: list[dict]) -> str:
 
 
 def write_chart(reports: list[dict], path: Path, title: str) -> Path:
-    """Horizontal bars: each unit's LUT/FF/DSP/BRAM use as a percentage of the part."""
+    """Horizontal bars: each unit's LUT/LC (iCE40 logic cells)/FF/DSP/BRAM use as a percentage of
+    the part."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -87,10 +89,13 @@ def write_chart(reports: list[dict], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(reports) * len(_KINDS) / 2), layout="constrained")
     height = 0.8 / len(_KINDS)
     for k, kind in enumerate(_KINDS):
-        pct = [100 * r["resources"][kind] / r["totals"][kind] if r["totals"][kind] else 0 for r in reports]
+        pct = [100 * r["resources"].get(kind, 0) / r["totals"][kind] if r["totals"].get(kind) else 0
+               for r in reports]
         ys = [i + k * height for i in range(len(reports))]
         bars = ax.barh(ys, [min(p, _XMAX) for p in pct], height=height, label=kind.upper())
         for bar, r, p in zip(bars, reports, pct, strict=True):  # over the device: bar cut, text bold
+            if kind not in r["resources"] or not r["totals"].get(kind):
+                continue  # LC: iCE40 only
             ax.text(min(bar.get_width(), _XMAX - 12) + 0.5, bar.get_y() + height / 2,
                     f"{r['resources'][kind]}/{r['totals'][kind]}", va="center", fontsize=7,
                     fontweight="bold" if p > 100 else "normal", in_layout=False)

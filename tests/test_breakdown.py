@@ -76,6 +76,11 @@ def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
     assert TOP in parts and "dsp" not in parts[TOP], parts      # the final adder is the top level's
     for kind in ("lut", "ff", "dsp"):
         assert sum(p.get(kind, 0) for p in parts.values()) == report["resources"][kind], kind
+    if target == "up5k":  # the estimated logic cells against nextpnr's packer
+        lc = sum(p.get("lc", 0) for p in parts.values())
+        assert lc >= report["resources"]["lut"] and abs(lc - report["resources"]["lc"]) <= 2, (lc, report)
+    else:
+        assert not any("lc" in p for p in parts.values())
     write_reports([report], tmp_path, "two", "test")
     md = (tmp_path / "two.md").read_text()
     assert "## Where the resources go" in md and f"| part of `test_two_macs` (-, {target}) |" in md
@@ -90,3 +95,28 @@ def test_reused_report_without_parts_gets_them_from_its_netlist():
     (build / "report.json").write_text(json.dumps(on_disk))
     again = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build, reuse=True)
     assert again["elapsed_s"] == first["elapsed_s"] and again["parts"] == first["parts"]
+
+
+def test_logic_cells_follow_the_packing_rule(tmp_path):
+    """A flip-flop shares the cell of the LUT4 that drives only it; a carry shares the cell of a
+    LUT4 on its two inputs; everything else takes a cell of its own."""
+    def cell(t, **conn):
+        dirs = {p: "output" if p in ("O", "Q", "CO") else "input" for p in conn}
+        return {"type": t, "connections": {p: [b] for p, b in conn.items()}, "port_directions": dirs}
+
+    netlist = {"modules": {"top": {"ports": {"q": {"direction": "output", "bits": [7]}}, "cells": {
+        "a.lut": cell("SB_LUT4", I0=1, I1=2, I2=3, I3=4, O=5),
+        "a.ff": cell("SB_DFF", D=5, Q=6),             # shares a.lut's cell: its only load
+        "a.copy": cell("SB_DFF", D=6, Q=7),           # fed by a flip-flop: a cell of its own
+        "b.lut": cell("SB_LUT4", I0=1, I1=2, I2=3, I3=4, O=8),
+        "b.ff": cell("SB_DFF", D=8, Q=9),             # b.lut also drives b.other: its own cell
+        "b.other": cell("SB_LUT4", I0=8, I1=1, I2=1, I3=1, O=10),
+        "c.carry": cell("SB_CARRY", I0=2, I1=3, CI=11, CO=12),   # on a.lut's I1, I2: shares
+        "c.cmp": cell("SB_CARRY", I0=6, I1=9, CI=12, CO=13),     # a comparison: its own cell
+    }}}}
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(netlist))
+    cells = {"lut": ("SB_LUT4",), "carry": ("SB_CARRY",)}
+    parts = breakdown(path, "top", cells, logic_cells=True)
+    assert {k: v["lc"] for k, v in parts.items()} == {"a": 2, "b": 3, "c": 1}
+    assert all("lc" not in v for v in breakdown(path, "top", cells).values())
