@@ -8,8 +8,9 @@ board's FTDI UART reaches either
 * the whole nano-KPU (unit ``kpu``, the ULX3S default): :class:`nanokpu.uart_axil.UartKpu`,
   32-bit word access to its AXI4-Lite registers and to an on-chip host memory on its AXI4
   master port (:mod:`nanokpu.host` is the PC side); its ``irq`` drives LED 0; or
-* one unit (the iCEBreaker default: the whole ``tiny`` nano-KPU does not fit the UP5K):
-  :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers.
+* one unit (the iCEBreaker default: the ``tiny`` GEMM engine, as the whole nano-KPU does not
+  fit the UP5K): :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers
+  (:mod:`nanokpu.bridge_client` is the PC side, :func:`~nanokpu.bridge_client.run_gemm` a GEMM).
 
 Programming is left to the user (no board here): see ``fpga/README.md``.
 """
@@ -36,7 +37,7 @@ from fpga.flow import (
     run_tool,
 )
 from nanokpu.uart_axil import DEFAULT_HOST_BYTES, UartKpu
-from nanokpu.uart_bridge import UartBridge
+from nanokpu.uart_bridge import UartBridge, uart_divisor
 
 __all__ = ["BOARDS", "Board", "BoardTop", "KPU_UNIT", "BAUD", "board_design", "prepare_board", "build_board"]
 
@@ -53,13 +54,14 @@ class Board:
 
 
 BOARDS: dict[str, Board] = {
-    "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "sigmoid",
+    "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "gemm",
                         "top.bin"),
     "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "kpu", "top.bit"),
 }
 
 #: The unit that is the whole nano-KPU: built as :class:`~nanokpu.uart_axil.UartKpu`.
 KPU_UNIT = "kpu"
+#: Default bit rate of the board's UART (``nanokpu synth --board B --baud N`` sets another).
 BAUD = 115200
 
 
@@ -86,20 +88,23 @@ class BoardTop(Elaboratable):
         return m
 
 
-def board_design(unit: str, cfg, clk_freq: int):
-    """The design behind the board's UART: :class:`UartKpu` for :data:`KPU_UNIT`, else
-    ``unit`` of ``cfg`` inside a :class:`UartBridge` (both at :data:`BAUD`)."""
+def board_design(unit: str, cfg, clk_freq: int, baud: int = BAUD):
+    """The design behind the board's UART (``baud`` bits per second): :class:`UartKpu` for
+    :data:`KPU_UNIT`, else ``unit`` of ``cfg`` inside a :class:`UartBridge`."""
     from nanokpu.synth import resolve_unit
 
+    uart_divisor(clk_freq, baud)  # a bad rate fails before the unit is built
     if unit == KPU_UNIT:
-        return UartKpu(cfg, clk_freq, BAUD)
-    return UartBridge(resolve_unit(unit)(cfg), clk_freq, BAUD)
+        return UartKpu(cfg, clk_freq, baud)
+    return UartBridge(resolve_unit(unit)(cfg), clk_freq, baud)
 
 
-def prepare_board(board: str, *, profile_name: str | None = None, unit: str | None = None):
+def prepare_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
+                  baud: int = BAUD):
     """``(board spec, platform, build plan)`` of ``unit`` (built with the part's ``dsp``
-    mapping) behind its UART bridge on ``board`` (:func:`board_design`). Elaborates the whole
-    design without running a tool, so a design the board cannot build fails here in seconds."""
+    mapping) behind its UART bridge at ``baud`` on ``board`` (:func:`board_design`). Elaborates
+    the whole design without running a tool, so a design the board cannot build (or a bit rate
+    its clock cannot make, :func:`~nanokpu.uart_bridge.uart_divisor`) fails here in seconds."""
     from nanokpu.config import profile
 
     if board not in BOARDS:
@@ -109,7 +114,7 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
     module, cls = spec.platform.split(":")
     platform = getattr(importlib.import_module(module), cls)()
     cfg = profile(profile_name or spec.profile, dsp=target.family)
-    top = BoardTop(board_design(unit or spec.unit, cfg, int(platform.default_clk_frequency)))
+    top = BoardTop(board_design(unit or spec.unit, cfg, int(platform.default_clk_frequency), baud))
     synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""
     plan = platform.prepare(top, name="top", synth_opts=synth_opts,
                             script_after_read="proc; flatten; splitnets",
@@ -118,8 +123,8 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
 
 
 def build_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
-                seed: int = 1, seed_tries: int = SEED_TRIES, pnr_timeout: float | None = PNR_TIMEOUT_MIN,
-                progress: Callable[[str], None] | None = None) -> dict:
+                baud: int = BAUD, seed: int = 1, seed_tries: int = SEED_TRIES,
+                pnr_timeout: float | None = PNR_TIMEOUT_MIN, progress: Callable[[str], None] | None = None) -> dict:
     """Synthesize, place, route and pack ``unit`` (behind the UART bridge) for ``board``.
 
     nextpnr runs with seeds ``seed``, ``seed + 1``, ... until one meets the board clock within
@@ -129,7 +134,7 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     path. Raises ``ValueError`` on an unknown board and :class:`fpga.flow.ToolError` when a
     tool fails (e.g. timing missed with every seed).
     """
-    spec, platform, plan = prepare_board(board, profile_name=profile_name, unit=unit)
+    spec, platform, plan = prepare_board(board, profile_name=profile_name, unit=unit, baud=baud)
     target = TARGETS[spec.target]
     profile_name = profile_name or spec.profile
     unit = unit or spec.unit
@@ -153,7 +158,7 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     cells = read_stat_cells(cwd / "stat.json")
     bitstream = cwd / spec.bitstream
     report = {"board": board, "platform": spec.platform, "target": target.name, "profile": profile_name,
-              "unit": unit, "clock_mhz": clk_mhz, "fmax_mhz": timing["fmax_mhz"], "seed": timing["seed"],
+              "unit": unit, "baud": baud, "clock_mhz": clk_mhz, "fmax_mhz": timing["fmax_mhz"], "seed": timing["seed"],
               "attempts": timing["attempts"],
               "utilization": timing["utilization"], "critical_path": timing["critical_path"],
               "cells": cells, "bitstream": str(bitstream.relative_to(BUILD_DIR.parent.parent)),
@@ -170,8 +175,9 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     (REPORT_DIR / f"board-{board}.md").write_text(
         f"# Board build: {board}\n\nMade by `nanokpu synth --board {board}`"
         f"{'' if unit == spec.unit else f' --unit {unit}'}"
-        f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}.\n\n"
-        f"{bridge_text} ({BAUD} baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
+        f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}"
+        f"{'' if baud == BAUD else f' --baud {baud}'}.\n\n"
+        f"{bridge_text} ({baud} baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
         f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz (nextpnr seed {timing['seed']}). "
         f"Bitstream `{report['bitstream']}` "
         f"({report['bitstream_bytes']} bytes, not committed: rebuild it with the command above).\n\n"

@@ -1,4 +1,4 @@
-"""``nanokpu board-run``: the PC side of the board design (:class:`nanokpu.uart_axil.UartKpu`).
+"""``nanokpu board-run``: the PC side of the board designs.
 
 :class:`KpuClient` speaks the serial protocol of :mod:`nanokpu.uart_axil` over any transport
 with ``write(bytes)`` and ``read(n) -> bytes`` (a pyserial ``Serial``, which
@@ -7,10 +7,14 @@ runs a compiled block (:class:`nanokpu.compiler.Program`) the way the RTL bench 
 image into the host memory, program into the instruction memory, the host window, start, poll
 ``STATUS``, the outputs read back and decoded by :meth:`Program.outputs`.
 
-The command compiles a random ``tiny`` block, runs it on the board and checks the result bit
-for bit against :func:`golden.block.latent_moe_int`::
+The command compiles a random ``tiny`` block, runs it on the ULX3S build (the whole nano-KPU)
+and checks the result bit for bit against :func:`golden.block.latent_moe_int`; with ``--board
+icebreaker`` it runs a random GEMM on the iCEBreaker build (the GEMM engine behind the register
+bridge, :func:`nanokpu.bridge_client.run_gemm`) and checks it against
+:func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`::
 
     nanokpu board-run --port /dev/ttyUSB0 --tokens 8 --seed 1
+    nanokpu board-run --board icebreaker --port /dev/ttyUSB1 --gemm 16 32 16 --seed 1
 """
 
 from __future__ import annotations
@@ -20,9 +24,18 @@ import time
 from nanokpu.isa import IMEM_BASE, LOADS_BASE, Err, Reg, encode_program
 from nanokpu.uart_axil import CMD_READ, CMD_WRITE, DEFAULT_HOST_BYTES, KPU_BASE, MAX_WORDS, MEM_BASE
 
-__all__ = ["BusError", "KpuClient"]
+__all__ = ["BusError", "KpuClient", "serial_port"]
 
 _RESP = {0: "OKAY", 1: "EXOKAY", 2: "SLVERR", 3: "DECERR"}
+
+
+def serial_port(port: str, baud: int = 115200, timeout: float = 2.0):
+    """A pyserial ``Serial`` on ``port`` (8N1); ``RuntimeError`` when pyserial is missing."""
+    try:
+        import serial
+    except ImportError as exc:
+        raise RuntimeError("the board clients need pyserial: pip install pyserial") from exc
+    return serial.Serial(port, baud, timeout=timeout)
 
 
 class BusError(RuntimeError):
@@ -45,12 +58,8 @@ class KpuClient:
 
     @classmethod
     def open(cls, port: str, baud: int = 115200, timeout: float = 2.0, **kwargs) -> KpuClient:
-        """A client on serial port ``port`` (pyserial)."""
-        try:
-            import serial
-        except ImportError as exc:
-            raise RuntimeError("KpuClient.open needs pyserial: pip install pyserial") from exc
-        return cls(serial.Serial(port, baud, timeout=timeout), **kwargs)
+        """A client on serial port ``port`` (pyserial, :func:`serial_port`)."""
+        return cls(serial_port(port, baud, timeout), **kwargs)
 
     # -- words ---------------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -138,8 +147,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0, COM3)")
     parser.add_argument("--baud", type=int, default=115200)
     parser.add_argument("--profile", default="tiny", help="the profile the board was built with")
-    parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1, help="random block and batch")
+    parser.add_argument("--board", default="ulx3s", choices=("ulx3s", "icebreaker"),
+                        help="the board build: ulx3s (the whole nano-KPU: a block) or icebreaker (the GEMM engine)")
+    parser.add_argument("--tokens", type=int, default=8, help="ulx3s: tokens of the block")
+    parser.add_argument("--gemm", type=int, nargs=3, default=(16, 32, 16), metavar=("M", "K", "N"),
+                        help="icebreaker: the GEMM's shape (default 16 32 16)")
+    parser.add_argument("--seed", type=int, default=1, help="random block and batch, or GEMM operands")
 
 
 def run(args) -> int:
@@ -150,6 +163,8 @@ def run(args) -> int:
     from nanokpu.config import profile
 
     cfg = profile(args.profile)
+    if args.board == "icebreaker":
+        return _run_gemm(args, cfg)
     Q, xq, _, _ = random_block(cfg, args.tokens, np.random.default_rng(args.seed))
     prog = compile_block(Q, xq, cfg)
     client = KpuClient.open(args.port, args.baud)
@@ -160,4 +175,29 @@ def run(args) -> int:
     print(f"{args.profile} block, {args.tokens} tokens, seed {args.seed}: {result['instrs']} instructions, "
           f"{result['cycles']} cycles on the board ({time.monotonic() - t0:.1f} s with the UART transfers); "
           f"bit-exact with golden.block.latent_moe_int: {'yes' if exact else 'NO'}")
+    return 0 if exact else 1
+
+
+def _run_gemm(args, cfg) -> int:
+    """``board-run --board icebreaker``: one random GEMM on the board, checked bit for bit."""
+    import numpy as np
+
+    from golden.intops import matmul_int, requantize
+    from nanokpu.bridge_client import gemm_client, run_gemm
+
+    m, k, n = args.gemm
+    if min(m, k, n) < 1:
+        raise ValueError(f"gemm = {m} {k} {n}: M, K and N must be at least 1")
+    rng = np.random.default_rng(args.seed)
+    a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, n))
+    shift = max((k << 14).bit_length() - 8, 0)   # |a @ b| < k * 2**14: the result spans int8
+    client = gemm_client(serial_port(args.port, args.baud), cfg)
+    t0 = time.monotonic()
+    got = run_gemm(client, cfg, a, b, mult=1, shift=shift)
+    out_width = client.outputs["c_out.payload"][1] // cfg.rows
+    want = requantize(matmul_int(a, b, cfg.acc_width), 1, shift, out_width, cfg.rounding)
+    exact = np.array_equal(got, want)
+    print(f"{cfg.name} GEMM [{m}, {k}] @ [{k}, {n}] >> {shift}, seed {args.seed}, on the board "
+          f"({time.monotonic() - t0:.1f} s with the UART transfers): bit-exact with "
+          f"golden.intops.requantize(matmul_int(...)): {'yes' if exact else 'NO'}")
     return 0 if exact else 1

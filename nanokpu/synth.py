@@ -94,6 +94,8 @@ def add_arguments(parser) -> None:
                         help="benchmark: all units of tiny on up5k and small on ecp5-85f, the tiny kpu on ecp5-85f "
                              "-> summary.md")
     parser.add_argument("--board", default=None, help="board build with a bitstream (icebreaker, ulx3s)")
+    parser.add_argument("--baud", type=int, default=None,
+                        help="bit rate of a board build's UART (default 115200; the same for nanokpu board-run --baud)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
     parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
     parser.add_argument("--seed", type=int, default=1,
@@ -115,9 +117,12 @@ def run(args) -> int:
 
     out = args.out or REPORT_DIR
     command = "nanokpu synth " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "nanokpu synth"
+    if args.baud is not None and not args.board:
+        raise ValueError(f"baud = {args.baud}: only a board build (--board) has a UART")
     if args.board:
-        from fpga.boards import build_board
-        build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0], seed=args.seed,
+        from fpga.boards import BAUD, build_board
+        build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
+                    baud=BAUD if args.baud is None else args.baud, seed=args.seed,
                     seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
                     progress=lambda line: print(line, flush=True))
         return 0

@@ -48,7 +48,7 @@ from nanokpu.axi_lite import axi_lite_signature
 from nanokpu.axi_master import axi4_signature
 from nanokpu.config import KpuConfig
 from nanokpu.isa import ADDR_WIDTH, bus_bytes
-from nanokpu.uart_bridge import UartRx, UartTx
+from nanokpu.uart_bridge import UartRx, UartTx, uart_divisor
 
 __all__ = ["HostMemory", "UartAxiBridge", "UartKpu", "KPU_BASE", "MEM_BASE", "CMD_WRITE", "CMD_READ",
            "RESP_OKAY", "RESP_SLVERR", "DEFAULT_HOST_BYTES", "MAX_WORDS"]
@@ -206,7 +206,7 @@ class HostMemory(wiring.Component):
 
 
 class UartAxiBridge(wiring.Component):
-    """The serial protocol of this module (8N1, ``clk_freq / baud`` cycles a bit) on an
+    """The serial protocol of this module (8N1, ``uart_divisor(clk_freq, baud)`` cycles a bit) on an
     AXI4-Lite master (``axil``, the nano-KPU's registers) and a :class:`HostMemory` inside.
 
     Parameters
@@ -214,7 +214,8 @@ class UartAxiBridge(wiring.Component):
     clk_freq : int
         Clock frequency in Hz.
     baud : int
-        Bit rate; ``clk_freq / baud`` must be at least 4.
+        Bit rate: the divisor ``round(clk_freq / baud)`` must be at least 4 and give a rate
+        within 2 % of ``baud`` (:func:`~nanokpu.uart_bridge.uart_divisor`).
     host_bytes : int
         Host memory size (a power of two).
     data_width : int
@@ -242,9 +243,7 @@ class UartAxiBridge(wiring.Component):
 
     def __init__(self, clk_freq: int, baud: int = 115200, host_bytes: int = DEFAULT_HOST_BYTES,
                  data_width: int = 32, timeout: float = 0.1):
-        divisor = int(clk_freq) // int(baud)
-        if divisor < 4:
-            raise ValueError(f"baud = {baud!r}: must be at most clk_freq / 4 = {int(clk_freq) // 4}")
+        divisor = uart_divisor(clk_freq, baud)
         self.timeout_cycles = int(timeout * clk_freq)
         if self.timeout_cycles < 12 * divisor:
             raise ValueError(f"timeout = {timeout!r}: must be at least 12 bit times ({12 / baud:g} s)")

@@ -4,6 +4,9 @@ Every input port bit of the wrapped unit comes from a writable byte register, ev
 port bit is readable. The flattened input ports (in signature order, least significant bit
 first) form the byte-addressed space ``IN``; the output ports form ``OUT``.
 
+:func:`port_map` gives each port's bit offset and width; :class:`nanokpu.bridge_client.BridgeClient`
+is the PC side.
+
 Protocol (host -> bridge; unknown command bytes are ignored):
 
 ==========  ==================  =========================================================
@@ -25,13 +28,52 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ"]
+__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ", "BAUD_TOLERANCE",
+           "port_map", "uart_divisor"]
 
 CMD_WRITE, CMD_PULSE, CMD_READ = ord("W"), ord("P"), ord("R")
 
+#: Largest relative difference between the bit rate asked for and ``clk_freq / divisor``: the
+#: sampling point drifts by 10 times this over a frame (start, 8 data, stop bits), and the two
+#: ends of the line together must stay well inside half a bit.
+BAUD_TOLERANCE = 0.02
+
+
+def port_map(unit: wiring.Component) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """Where :class:`UartBridge` puts the ports of ``unit``: ``(inputs, outputs)``, each a dict
+    from the port's dotted path (``"cmd.payload"``, ``"a_in.valid"``) to ``(bit offset, width)``
+    in the ``IN`` or ``OUT`` byte space (signature order, least significant bit first)."""
+    spaces = {In: {}, Out: {}}
+    pos = {In: 0, Out: 0}
+    for path, member, value in unit.signature.flatten(unit):
+        width = len(Value.cast(value))
+        spaces[member.flow][".".join(map(str, path))] = (pos[member.flow], width)
+        pos[member.flow] += width
+    return spaces[In], spaces[Out]
+
+
+def uart_divisor(clk_freq: int, baud: int) -> int:
+    """Clock cycles per bit, ``round(clk_freq / baud)``, for a bit rate ``baud``; raises
+    ``ValueError`` naming ``baud`` when it is not positive, when the divisor is below 4 (the
+    receiver samples mid-bit) or when ``clk_freq / divisor`` misses ``baud`` by more than
+    :data:`BAUD_TOLERANCE`."""
+    if not isinstance(baud, int) or baud <= 0:
+        raise ValueError(f"baud = {baud!r}: must be a positive integer")
+    clk_freq = int(clk_freq)
+    divisor = max(round(clk_freq / baud), 1)
+    if divisor < 4:
+        raise ValueError(f"baud = {baud!r}: must be at most clk_freq / 4 = {clk_freq // 4}")
+    actual = clk_freq / divisor
+    if abs(actual - baud) > BAUD_TOLERANCE * baud:
+        near = " or ".join(str(round(clk_freq / d)) for d in (clk_freq // baud, clk_freq // baud + 1) if d >= 4)
+        raise ValueError(f"baud = {baud!r}: a {clk_freq / 1e6:g} MHz clock gives {actual:.0f} baud "
+                         f"({clk_freq} / {divisor}), more than {BAUD_TOLERANCE:.0%} off; the nearest "
+                         f"exact rates are {near}")
+    return divisor
+
 
 class UartBridge(wiring.Component):
-    """UART (8N1, ``clk_freq / baud`` cycles a bit) register access to the ports of ``unit``.
+    """UART (8N1, :func:`uart_divisor` cycles a bit) register access to the ports of ``unit``.
 
     Parameters
     ----------
@@ -41,7 +83,8 @@ class UartBridge(wiring.Component):
     clk_freq : int
         Clock frequency in Hz.
     baud : int
-        Bit rate; ``clk_freq / baud`` must be at least 4.
+        Bit rate: the divisor ``round(clk_freq / baud)`` must be at least 4 and give a rate
+        within 2 % of ``baud`` (:func:`~nanokpu.uart_bridge.uart_divisor`).
 
     Members
     -------
@@ -55,9 +98,7 @@ class UartBridge(wiring.Component):
     """
 
     def __init__(self, unit: wiring.Component, clk_freq: int, baud: int = 115200):
-        divisor = int(clk_freq) // int(baud)
-        if divisor < 4:
-            raise ValueError(f"baud = {baud!r}: must be at most clk_freq / 4 = {int(clk_freq) // 4}")
+        divisor = uart_divisor(clk_freq, baud)
         ports = [(m.flow, Value.cast(v)) for _, m, v in unit.signature.flatten(unit)]
         self.ins = [v for flow, v in ports if flow == In]
         self.outs = [v for flow, v in ports if flow == Out]

@@ -20,22 +20,9 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.intops import matmul_int, requantize, wrap
 from nanokpu.config import profile
-from nanokpu.gemm import GemmError, command_layout, gemm_cycles
+from nanokpu.gemm import GemmError, gemm_cycles
+from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
 from sim.runner import bench_params
-
-
-def pack(values, width: int) -> int:
-    """Lanes -> one integer, lane 0 in the low bits (Amaranth's ArrayLayout)."""
-    mask = (1 << width) - 1
-    return sum((int(v) & mask) << (i * width) for i, v in enumerate(values))
-
-
-def unpack(word: int, width: int, lanes: int) -> list[int]:
-    out = []
-    for i in range(lanes):
-        v = (word >> (i * width)) & ((1 << width) - 1)
-        out.append(v - (1 << width) if v >> (width - 1) else v)
-    return out
 
 
 class TB:
@@ -50,7 +37,6 @@ class TB:
         self.rng = np.random.default_rng(self.seed)
         self.idle = float(p.get("idle", 0.3))
         self.backpressure = float(p.get("backpressure", 0.3))
-        self.layout = command_layout(self.cfg)
         self.cycle = 0
         self.dut._log.info(f"seed {self.seed}, cfg {self.cfg.rows}x{self.cfg.cols} "
                            f"rounding {self.cfg.rounding}, idle {self.idle}, backpressure {self.backpressure}")
@@ -79,12 +65,7 @@ class TB:
             self.cycle += 1
 
     def command(self, **fields) -> int:
-        word = 0
-        for name, field in self.layout:
-            value = int(fields.get(name, 0))
-            assert 0 <= value < 1 << field.width, f"{name} = {value} does not fit its {field.width} bits"
-            word |= value << field.offset
-        return word
+        return command_word(self.cfg, **fields)
 
     async def send(self, valid, ready, payload, words, idle):
         """Drive ``words`` on a stream; returns the cycles of the transfers."""
@@ -124,32 +105,18 @@ class TB:
                 return self.cycle
         raise AssertionError(f"no done within {limit} cycles {self.where()}")
 
-    # -- data layout ---------------------------------------------------------------------
+    # -- data layout: lanes of rows >= M and columns >= N junk (the engine must ignore them) ---
     def a_words(self, a):
-        """Row blocks of A (lanes of rows >= M are junk: the engine must ignore them)."""
-        R = self.cfg.rows
-        m, k = a.shape
-        mb = -(-m // R)
-        pad = self.rng.integers(-128, 128, (mb * R, k))
-        pad[:m] = a
-        return [pack(pad[b * R:(b + 1) * R, kk], self.cfg.in_width) for b in range(mb) for kk in range(k)]
+        return a_words(self.cfg, a, self.rng)
 
     def b_words(self, b):
-        C = self.cfg.cols
-        k, n = b.shape
-        nb = -(-n // C)
-        pad = self.rng.integers(-128, 128, (k, nb * C))
-        pad[:, :n] = b
-        return [pack(pad[kk, p * C:(p + 1) * C], self.cfg.in_width) for p in range(nb) for kk in range(k)]
+        return b_words(self.cfg, b, self.rng)
 
     def c_matrix(self, words, m, n):
-        R = self.cfg.rows
-        out = np.zeros((-(-m // R) * R, n), dtype=np.int64)
-        for w, word in enumerate(words):
-            b, col = divmod(w, n)
-            out[b * R:(b + 1) * R, col] = unpack(word, self.out_width, R)
-        assert not out[m:].any(), f"lanes of rows >= M must be 0 {self.where()}"
-        return out[:m]
+        try:
+            return c_matrix(self.cfg, words, m, n, self.out_width)
+        except ValueError as exc:
+            raise AssertionError(f"{exc} {self.where()}") from None
 
     async def gemm(self, a=None, b=None, *, m, k, n, a_addr=0, c_addr=0, mult=1, shift=0,
                    load_a=True, compute=True, accumulate=False, store=True, idle=None,

@@ -11,65 +11,16 @@ Parameters (``NANOKPU_PARAMS``): ``profile``, ``tokens``, ``seed``, ``divisor``.
 
 from __future__ import annotations
 
-from collections import deque
-
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.task import bridge, resume
-from cocotb.triggers import ClockCycles, Event, FallingEdge, with_timeout
+from cocotb.task import bridge
 
 from golden.block import latent_moe_int, random_block
 from nanokpu.compiler import compile_block
 from nanokpu.config import profile
 from nanokpu.host import KpuClient
 from sim.runner import bench_params
-
-
-class SerialModel:
-    """``write``/``read`` of a serial port on ``dut.rx``/``dut.tx``, callable from a bridge thread."""
-
-    def __init__(self, dut, divisor: int):
-        self.dut, self.div = dut, divisor
-        self.out, self.inp = deque(), deque()
-        self.queued, self.arrived = Event(), Event()
-        cocotb.start_soon(self._send())
-        cocotb.start_soon(self._receive())
-
-    async def _send(self):
-        self.dut.rx.value = 1
-        while True:
-            if not self.out:
-                self.queued.clear()
-                await self.queued.wait()
-            byte = self.out.popleft()
-            for bit in [0, *((byte >> i) & 1 for i in range(8)), 1]:
-                self.dut.rx.value = bit
-                await ClockCycles(self.dut.clk, self.div)
-
-    async def _receive(self):
-        while True:
-            await FallingEdge(self.dut.tx)
-            await ClockCycles(self.dut.clk, self.div + self.div // 2)
-            byte = 0
-            for i in range(8):
-                byte |= int(self.dut.tx.value) << i
-                await ClockCycles(self.dut.clk, self.div)
-            assert int(self.dut.tx.value) == 1, "stop bit"
-            self.inp.append(byte)
-            self.arrived.set()
-
-    @resume
-    async def write(self, data: bytes):
-        self.out.extend(data)
-        self.queued.set()
-
-    @resume
-    async def read(self, n: int) -> bytes:
-        while len(self.inp) < n:
-            self.arrived.clear()
-            await with_timeout(self.arrived.wait(), 2_000_000, "ns")
-        return bytes(self.inp.popleft() for _ in range(n))
+from sim.serial_model import open_line
 
 
 @cocotb.test()
@@ -78,13 +29,7 @@ async def test_block_over_uart(dut):
     cfg = profile(p.get("profile", "tiny"))
     seed, tokens = int(p.get("seed", 1)), int(p.get("tokens", 4))
     dut._log.info(f"profile {cfg.name}, {tokens} tokens, seed {seed}")
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    dut.rx.value = 1
-    dut.rst.value = 1
-    await ClockCycles(dut.clk, 4)
-    dut.rst.value = 0
-    await ClockCycles(dut.clk, 4)
-    port = SerialModel(dut, int(p["divisor"]))
+    port = await open_line(dut, int(p["divisor"]))
     Q, xq, _, _ = random_block(cfg, tokens, np.random.default_rng(seed))
     prog = compile_block(Q, xq, cfg)
 

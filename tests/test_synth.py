@@ -16,7 +16,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, made_from, synthesize
+from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, made_from, summary_line, synthesize
 from fpga.report import markdown_table, peak_macs, total_row
 from nanokpu.config import profile
 
@@ -122,7 +122,7 @@ def test_timed_out_seed_is_retried_with_the_next(monkeypatch, capsys):
     real = flow.run_tool
 
     def run_tool(argv, cwd, log, stage, progress, t0, timeout_s=None):
-        if argv[0].startswith("nextpnr") and argv[argv.index("--seed") + 1] != "1":
+        if "--seed" in argv and argv[argv.index("--seed") + 1] != "1":  # place and route, not --pack-only
             timeout_s = None
         return real(argv, cwd, log, stage, progress, t0, timeout_s)
 
@@ -160,7 +160,7 @@ def test_every_seed_failing_is_reported(monkeypatch):
     tried = []
 
     def run_tool(argv, cwd, log, stage, progress, t0, timeout_s=None):
-        if not argv[0].startswith("nextpnr"):
+        if "--seed" not in argv:  # Yosys (and the iCE40 packer), not place and route
             return real(argv, cwd, log, stage, progress, t0, timeout_s)
         tried.append((int(argv[argv.index("--seed") + 1]), timeout_s))
         raise ToolError(f"{stage} failed (exit 1); log: {cwd / log}\nInfo: routing\nERROR: Failed to route design")
@@ -225,14 +225,26 @@ def test_board_designs_elaborate(board):
     assert "top.ys" in plan.files and any(name.endswith((".pcf", ".lpf")) for name in plan.files)
 
 
+def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(capsys):
+    from fpga.boards import prepare_board
+    from nanokpu.cli import main
+    spec, platform, plan = prepare_board("icebreaker", baud=1_000_000)  # 12 cycles a bit
+    assert "top.ys" in plan.files
+    assert main(["synth", "--board", "icebreaker", "--baud", "2500000"]) == 2
+    assert "baud = 2500000: a 12 MHz clock gives 2400000 baud" in capsys.readouterr().err
+    assert main(["synth", "--unit", "gemm", "--baud", "9600"]) == 2
+    assert "baud = 9600: only a board build (--board) has a UART" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_board_build_icebreaker():
-    """The iCEBreaker bitstream: the UART bridge around the tiny sigmoid (about 30 s)."""
+    """The iCEBreaker bitstream: the UART bridge around the tiny GEMM engine (about 2 minutes)."""
     from fpga.boards import build_board
     report = build_board("icebreaker")
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
     assert report["fmax_mhz"] > report["clock_mhz"]
     assert report["utilization"]["SB_IO"]["used"] == 3  # clk, rx, tx
+    assert report["unit"] == "gemm" and report["utilization"]["ICESTORM_DSP"]["used"] == 8
 
 
 def test_reuse_returns_the_same_report_without_running():
@@ -261,3 +273,30 @@ def test_design_too_big_is_reported_without_place_and_route():
     assert report["pnr"]["error"] == "ERROR: does not fit up5k: DSP 9/8"
     assert report["pnr"]["met"] is False and report["pnr"]["fmax_mhz"] is None
     assert "does not fit" in markdown_table([report])
+
+
+def test_fit_is_decided_by_packed_logic_cells():
+    """A comparison of two registered words is a carry chain its operands' flip-flops cannot
+    share a cell with: 80 of them fit the UP5K's LUT4s and flip-flops but not its logic cells."""
+    class Compares(wiring.Component):
+        def __init__(self, n):
+            self.n = n
+            super().__init__({"a": In(24).array(n), "b": In(24).array(n), "lt": Out(n)})
+
+        def elaborate(self, platform):
+            m = Module()
+            for i in range(self.n):
+                a, b = Signal(24, name=f"a{i}"), Signal(24, name=f"b{i}")
+                m.d.sync += [a.eq(self.a[i]), b.eq(self.b[i]), self.lt[i].eq(a < b)]
+            return m
+
+    report = synthesize(Compares(80), "test_compares", "up5k", pnr=True,
+                        build_dir=BUILD_DIR / "test-up5k-compares")
+    res = report["resources"]
+    assert res["lut"] <= 5280 and res["ff"] <= 5280 < res["lc"], res
+    assert report["over"] == ["lc"]
+    assert report["pnr"]["error"] == f"ERROR: does not fit up5k: LC {res['lc']}/5280"
+    assert "LC " in summary_line(report) and "does not fit up5k (LC over)" in summary_line(report)
+    pct = round(100 * res["lc"] / 5280)
+    assert f"| {res['lut']}/5280 ({round(100 * res['lut'] / 5280)}%) | {res['lc']}/5280 ({pct}%) |" \
+        in markdown_table([report])

@@ -15,7 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from nanokpu.uart_bridge import CMD_PULSE, CMD_READ, CMD_WRITE, UartBridge
+from nanokpu.uart_bridge import BAUD_TOLERANCE, CMD_PULSE, CMD_READ, CMD_WRITE, UartBridge, uart_divisor
 
 DIV = 5  # clock cycles per bit
 
@@ -113,3 +113,71 @@ def test_rejects_fast_baud_and_huge_units():
     with pytest.raises(ValueError, match="^unit: 257 input"):
         UartBridge(Wide(), clk_freq=12_000_000)
 
+
+
+@pytest.mark.parametrize("clk_freq,baud,divisor", [(12_000_000, 115200, 104), (25_000_000, 115200, 217),
+                                                  (12_000_000, 3_000_000, 4), (12_000_000, 921600, 13),
+                                                  (25_000_000, 1_000_000, 25)])
+def test_divisor_rounds_to_the_nearest_rate(clk_freq, baud, divisor):
+    assert uart_divisor(clk_freq, baud) == divisor
+    assert abs(clk_freq / divisor - baud) <= BAUD_TOLERANCE * baud
+
+
+@pytest.mark.parametrize("baud,message", [
+    (0, "must be a positive integer"), (-9600, "must be a positive"), (115200.0, "must be a positive integer"),
+    (4_000_000, "at most clk_freq / 4 = 3000000"),
+    (2_500_000, r"gives 2400000 baud \(12000000 / 5\), more than 2% off; the nearest exact rates are "
+                "3000000 or 2400000")])
+def test_bad_baud_names_the_field(baud, message):
+    with pytest.raises(ValueError, match=f"^baud = .*{message}"):
+        uart_divisor(12_000_000, baud)
+
+
+@pytest.mark.parametrize("dsp", ["ice40", pytest.param("generic", marks=pytest.mark.slow)])
+def test_gemm_over_the_uart(dsp):
+    """The iCEBreaker board design (the tiny GEMM engine in a UartBridge, as built for the UP5K:
+    SB_MAC16 by Yosys' model) on Verilator: BridgeClient runs GEMMs over the serial line,
+    bit-exact, and reports a refused command by its error code (sim/bench_uart_gemm.py)."""
+    from nanokpu.config import profile
+    from nanokpu.gemm import GemmEngine
+    from sim.runner import FAST_BUILD, run_bench, vendor_build_args, vendor_name
+
+    divisor = 4
+    cfg = profile("tiny", dsp=dsp)
+    run_bench(UartBridge(GemmEngine(cfg), clk_freq=divisor * 1_000_000, baud=1_000_000),
+              vendor_name("uart_gemm_tiny", dsp), "bench_uart_gemm",
+              params={"profile": "tiny", "dsp": dsp, "seed": 3, "divisor": divisor}, seed=3,
+              build_args=FAST_BUILD + vendor_build_args(dsp))
+
+
+def test_client_names_ports_and_refuses_bad_ones():
+    """BridgeClient's byte map is the bridge's: a write touches only the bytes of its port."""
+    from nanokpu.bridge_client import BridgeClient
+
+    class Line:
+        def __init__(self):
+            self.sent = b""
+
+        def write(self, data):
+            self.sent += data
+
+        def read(self, n):
+            return bytes([0xA5] * n)
+
+    line = Line()
+    client = BridgeClient(line, AddCount())
+    assert line.sent == bytes([CMD_WRITE, 0, 0, CMD_WRITE, 1, 0, CMD_WRITE, 2, 0])  # inputs from 0
+    line.sent = b""
+    assert client.inputs == {"a": (0, 8), "b": (8, 8), "inc": (16, 1)}
+    assert client.outputs == {"s": (0, 9), "count": (9, 16)}
+    client.set("b", 0x42)
+    client.set("b", 0x42)                 # unchanged: nothing sent
+    client.pulse("inc")
+    assert line.sent == bytes([CMD_WRITE, 1, 0x42, CMD_PULSE, 2, 1])
+    line.sent = b""
+    assert client.get("s", "count") == [0x1A5, (0xA5A5A5 >> 1) & 0xFFFF]
+    assert line.sent == bytes([CMD_READ, 0, CMD_READ, 1, CMD_READ, 2, CMD_READ, 3])  # each byte once
+    with pytest.raises(ValueError, match="^name = 'c': not a port of the unit"):
+        client.set("c", 1)
+    with pytest.raises(ValueError, match="^name = 'a': 8 bits wide"):
+        client.pulse("a")

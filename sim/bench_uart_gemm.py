@@ -1,0 +1,78 @@
+"""cocotb bench of the iCEBreaker board design (the GEMM engine in a UartBridge) through its serial line.
+
+The PC client :func:`nanokpu.bridge_client.run_gemm`, unchanged, runs in a ``cocotb`` bridge
+thread on :class:`sim.serial_model.SerialModel`: random GEMMs with edge tiles, the extreme
+operands with saturating and rounding requantiser settings, each checked bit for bit against
+:func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`; then a command the engine
+must refuse (K beyond a B panel), which the client must report by its error code; and
+``nanokpu board-run --board icebreaker`` with the simulated line as its serial port.
+
+Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``.
+"""
+
+from __future__ import annotations
+
+import cocotb
+import numpy as np
+from cocotb.task import bridge
+
+from golden.intops import matmul_int, requantize
+from nanokpu.bridge_client import gemm_client, run_gemm
+from nanokpu.config import profile
+from sim.runner import bench_params
+from sim.serial_model import open_line
+
+#: Wall-clock seconds a stream may stall in the client (the simulation is slower than a board).
+TIMEOUT_S = 120.0
+
+
+@cocotb.test()
+async def test_gemms_over_uart(dut):
+    p = bench_params()
+    cfg = profile(p.get("profile", "tiny"), dsp=p.get("dsp", "generic"))
+    seed = int(p.get("seed", 1))
+    rng = np.random.default_rng(seed)
+    dut._log.info(f"profile {cfg.name}, dsp {cfg.dsp}, seed {seed}")
+    port = await open_line(dut, int(p["divisor"]))
+    client = await bridge(lambda: gemm_client(port, cfg))()   # its first writes: the inputs to 0
+    out_width = client.outputs["c_out.payload"][1] // cfg.rows
+    cases = [  # (a, b, mult, shift, what)
+        (rng.integers(-128, 128, (5, 9)), rng.integers(-128, 128, (9, 6)), 1 << 12, 18, "edge tiles"),
+        (rng.integers(-128, 128, (3, 16)), rng.integers(-128, 128, (16, 2)), 3, 7, "one row block"),
+        (np.full((4, 8), -128), np.full((8, 4), -128), 1, 0, "extremes: saturates high"),
+        (np.full((4, 8), -128), np.full((8, 4), 127), 1, 0, "extremes: saturates low"),
+        (rng.integers(-128, 128, (4, 4)), rng.integers(-128, 128, (4, 4)), 1, 1, "halves: rounding ties"),
+    ]
+    for a, b, mult, shift, what in cases:
+        @bridge
+        def gemm(a=a, b=b, mult=mult, shift=shift):
+            return run_gemm(client, cfg, a, b, mult=mult, shift=shift, timeout=TIMEOUT_S)
+
+        got = await gemm()
+        want = requantize(matmul_int(a, b, cfg.acc_width), mult, shift, out_width, cfg.rounding)
+        assert np.array_equal(got, want), f"seed {seed}, {what}: got\n{got}\nwant\n{want}"
+        dut._log.info(f"{what}: {a.shape} @ {b.shape} bit-exact over the UART")
+
+    # the command line, its serial port being the simulated line
+    @bridge
+    def board_run():
+        import nanokpu.host
+        from nanokpu.cli import main
+        nanokpu.host.serial_port = lambda *args, **kwargs: client.port
+        return main(["board-run", "--board", "icebreaker", "--port", "sim", "--gemm", "6", "10", "5",
+                     "--seed", str(seed)])
+
+    assert await board_run() == 0, f"seed {seed}: nanokpu board-run --board icebreaker failed"
+
+    k_big = cfg.spad_b_depth // 2 + 1
+
+    @bridge
+    def refused():
+        try:
+            run_gemm(client, cfg, np.zeros((1, k_big), int), np.zeros((k_big, 1), int), timeout=TIMEOUT_S)
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
+    message = await refused()
+    assert message is not None and message.endswith("K_TOO_LARGE"), f"seed {seed}: {message!r}"

@@ -1,0 +1,75 @@
+"""A serial port on a design's ``rx``/``tx`` pins (8N1), for the PC clients in cocotb benches.
+
+The clients (:class:`nanokpu.host.KpuClient`, :class:`nanokpu.bridge_client.BridgeClient`) are
+plain blocking code; they run in a ``cocotb.task.bridge`` thread and call :meth:`SerialModel.write`
+and :meth:`SerialModel.read`, which resume the simulation until the bytes have gone or come.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.task import resume
+from cocotb.triggers import ClockCycles, Event, FallingEdge, with_timeout
+
+__all__ = ["SerialModel", "open_line"]
+
+
+async def open_line(dut, divisor: int) -> SerialModel:
+    """Start ``dut``'s 100 MHz clock, reset it (``rx`` idle high) and return the serial port
+    on its ``rx``/``tx`` (``divisor`` clock cycles a bit)."""
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    dut.rx.value = 1
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 4)
+    return SerialModel(dut, divisor)
+
+
+class SerialModel:
+    """``write``/``read`` of a serial port on ``dut.rx``/``dut.tx``, callable from a bridge thread."""
+
+    def __init__(self, dut, divisor: int):
+        self.dut, self.div = dut, divisor
+        self.out, self.inp = deque(), deque()
+        self.queued, self.arrived = Event(), Event()
+        cocotb.start_soon(self._send())
+        cocotb.start_soon(self._receive())
+
+    async def _send(self):
+        self.dut.rx.value = 1
+        while True:
+            if not self.out:
+                self.queued.clear()
+                await self.queued.wait()
+            byte = self.out.popleft()
+            for bit in [0, *((byte >> i) & 1 for i in range(8)), 1]:
+                self.dut.rx.value = bit
+                await ClockCycles(self.dut.clk, self.div)
+
+    async def _receive(self):
+        while True:
+            await FallingEdge(self.dut.tx)
+            await ClockCycles(self.dut.clk, self.div + self.div // 2)
+            byte = 0
+            for i in range(8):
+                byte |= int(self.dut.tx.value) << i
+                await ClockCycles(self.dut.clk, self.div)
+            assert int(self.dut.tx.value) == 1, "stop bit"
+            self.inp.append(byte)
+            self.arrived.set()
+
+    @resume
+    async def write(self, data: bytes):
+        self.out.extend(data)
+        self.queued.set()
+
+    @resume
+    async def read(self, n: int) -> bytes:
+        while len(self.inp) < n:
+            self.arrived.clear()
+            await with_timeout(self.arrived.wait(), 2_000_000, "ns")
+        return bytes(self.inp.popleft() for _ in range(n))
