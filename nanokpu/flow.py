@@ -37,12 +37,10 @@ def _step(n: int, title: str) -> float:
 def _synthesize(cfg, target: str, seed: int) -> dict:
     """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
     :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
-    from fpga.flow import summary_line
     from fpga.report import write_reports
     from nanokpu import synth
 
-    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]
-    print("  " + summary_line(r))
+    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]   # prints its summary
     print(f"  tool logs: {r['build_dir']}/")
     for path in write_reports([r], FLOW_DIR, f"{cfg.name}-{target}", f"nanokpu flow --profile {cfg.name}"):
         print(f"  wrote {path}")
