@@ -45,7 +45,7 @@ from amaranth.lib.wiring import In, Out
 from fpga.breakdown import breakdown
 
 __all__ = ["TARGETS", "Target", "ToolError", "ToolTimeout", "PlaceAndRouteError", "RegisterWrapper", "synthesize",
-           "made_from", "run_tool", "place_and_route", "check_retries", "parse_nextpnr_report", "vendor_sim_model",
+           "made_from", "run_tool", "place_and_route", "check_pnr_options", "parse_nextpnr_report", "vendor_sim_model",
            "has_toolchain", "BUILD_DIR", "REPORT_DIR", "PNR_TIMEOUT_MIN", "SEED_TRIES"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -395,8 +395,11 @@ def parse_nextpnr_report(path: Path) -> dict:
             "utilization": util, "critical_path": worst}
 
 
-def check_retries(seed_tries: int, pnr_timeout: float | None) -> None:
-    """Raise ``ValueError`` naming ``seed_tries`` (< 1) or ``pnr_timeout`` (< 0 minutes)."""
+def check_pnr_options(seed_tries: int, pnr_timeout: float | None, freq: float | None = None) -> None:
+    """Raise ``ValueError`` naming ``seed_tries`` (< 1), ``pnr_timeout`` (< 0 minutes) or
+    ``freq`` (not a positive number of MHz)."""
+    if freq is not None and not freq > 0:
+        raise ValueError(f"freq = {freq}: must be MHz > 0, or None for the target's goal")
     if seed_tries < 1:
         raise ValueError(f"seed_tries = {seed_tries}: must be at least 1")
     if pnr_timeout is not None and pnr_timeout < 0:
@@ -427,7 +430,7 @@ def place_and_route(argv: list[str], cwd: Path, top: str, stage: str, *, seed: i
     PlaceAndRouteError
         When no seed finishes; its message starts with ``ERROR:`` and names every seed's outcome.
     """
-    check_retries(seed_tries, pnr_timeout)
+    check_pnr_options(seed_tries, pnr_timeout)
     t0 = time.monotonic() if t0 is None else t0
     for old in cwd.glob(f"{top}.seed*.nextpnr.*"):
         old.unlink()
@@ -544,13 +547,13 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         if target not in TARGETS:
             raise ValueError(f"target = {target!r}: must be one of {sorted(TARGETS)}")
         target = TARGETS[target]
+    check_pnr_options(seed_tries, pnr_timeout, freq)
     t0 = time.monotonic()
     cwd = Path(build_dir) if build_dir else BUILD_DIR / f"{name}-{target.name}"
     cwd.mkdir(parents=True, exist_ok=True)
     goal = freq or target.goal_mhz
     if isinstance(component, str) and pnr and target.family == "ice40":
         raise ValueError("component: RTLIL text cannot be register-wrapped for iCE40 timing")
-    check_retries(seed_tries, pnr_timeout)
     text = component if isinstance(component, str) else rtlil.convert(component, name=name, emit_src=False)
     keys = {_key(text, target, pnr, goal, s): s for s in range(seed, seed + seed_tries)}
     if reuse and (cwd / "report.json").exists():

@@ -218,6 +218,8 @@ def random_block(cfg: KpuConfig, tokens: int, rng: np.random.Generator) -> Rando
     """Weights from :func:`golden.k3.init_latent_moe`, then ``x ~ N(0, 1)`` of shape
     ``[tokens, d_model]``, both drawn from ``rng`` in that order; quantised by
     :func:`quantize_latent_moe` and run through the float block."""
+    if tokens < 1:
+        raise ValueError(f"tokens = {tokens}: must be >= 1")
     P = k3.init_latent_moe(cfg, rng)
     x = rng.standard_normal((tokens, cfg.d_model))
     y, idx, _ = k3.latent_moe(x, P, cfg)

@@ -30,12 +30,14 @@ def run_router_bench(cfg: KpuConfig, testcase=None, *, tokens: int = 16, seed: i
     """Run the cocotb module sim/bench_router.py on the router of ``cfg``.
 
     ``cfg`` is a named profile with overrides (a custom name is taken relative to ``tiny``);
-    ``extra`` entries reach the bench in ``NANOKPU_PARAMS``. Raises
-    :class:`sim.runner.BenchFailure` if a bench test fails.
+    ``extra`` entries reach the bench in ``NANOKPU_PARAMS``. Raises ValueError if ``tokens < 1``
+    and :class:`sim.runner.BenchFailure` if a bench test fails.
     """
     from nanokpu.router import TopKRouter
     from sim.runner import run_bench
 
+    if tokens < 1:
+        raise ValueError(f"tokens = {tokens}: must be >= 1")
     base = PROFILES.get(cfg.name, PROFILES["tiny"])
     overrides = {k: v for k, v in cfg.as_dict().items() if v != getattr(base, k)}
     dut = TopKRouter(cfg)

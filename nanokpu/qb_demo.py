@@ -61,6 +61,8 @@ def run_loop(cfg: KpuConfig, tokens: int = 1024, steps: int = 5, seed: int = 1,
     """
     from nanokpu.bench_router import run_router_bench
 
+    if tokens < 1 or steps < 0:
+        raise ValueError(f"tokens = {tokens}, steps = {steps}: need tokens >= 1 and steps >= 0")
     if (tokens * cfg.top_k) % cfg.n_experts:
         raise ValueError(f"tokens = {tokens}: tokens * top_k must be a multiple of n_experts = "
                          f"{cfg.n_experts} (Quantile Balancing needs an integer target load)")

@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
                         help="KpuConfig.dsp: ice40 simulates the design as built for the UP5K (SB_MAC16, "
                              "SPRAM; Yosys' models)")
     parser.add_argument("--pause", type=float, default=0.0,
-                        help="probability of an idle/backpressure cycle on every AXI channel")
+                        help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
     parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
 
 
@@ -44,6 +44,8 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
 
     if tokens < 1:
         raise ValueError(f"tokens = {tokens}: must be >= 1")
+    if not 0 <= pause < 1:  # 1 would stall every AXI channel for ever
+        raise ValueError(f"pause = {pause}: must be in [0, 1)")
     name = vendor_name(f"kpu_{cfg.name}", cfg.dsp)
     build_args = vendor_build_args(cfg.dsp)
     t0 = time.time()
@@ -90,7 +92,7 @@ def format_summary(cfg, r: dict) -> str:
 
 def run(args) -> int:
     cfg = profile(args.profile, dsp=args.dsp)
-    tokens = args.tokens or DEFAULT_TOKENS.get(args.profile, 8)
+    tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
     r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
     print(format_summary(cfg, r))
     return 0 if r.get("bit_exact") else 1

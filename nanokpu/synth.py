@@ -64,11 +64,11 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
     The units are built with ``dsp`` set to the target's family (``ice40`` or ``ecp5``), so
     the reports measure the hand-instantiated DSP blocks of :class:`nanokpu.dsp.Multiplier`
     (simulation and the committed Verilog use ``generic``)."""
-    from fpga.flow import BUILD_DIR, PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS, check_retries, synthesize
+    from fpga.flow import BUILD_DIR, PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS, check_pnr_options, synthesize
     cfg = profile(profile_name, dsp=TARGETS[target].family)  # the hand-mapped DSP blocks
     seed_tries = SEED_TRIES if seed_tries is None else seed_tries
     pnr_timeout = PNR_TIMEOUT_MIN if pnr_timeout is None else pnr_timeout
-    check_retries(seed_tries, pnr_timeout)  # before a unit is built: an unused one warns
+    check_pnr_options(seed_tries, pnr_timeout, freq)  # before a unit is built: an unused one warns
     reports = []
     for unit in units:
         name = unit.split(":")[-1].lower()
@@ -97,7 +97,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--baud", type=int, default=None,
                         help="bit rate of a board build's UART (default 115200; the same for nanokpu board-run --baud)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
-    parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
+    parser.add_argument("--freq", type=float, default=None,
+                        help="nextpnr target in MHz, > 0 (default: the goal; not for --board)")
     parser.add_argument("--seed", type=int, default=1,
                         help="first nextpnr placer seed (the next ones follow a timeout or failure: --seed-tries)")
     parser.add_argument("--seed-tries", type=int, default=SEED_TRIES,
@@ -119,6 +120,8 @@ def run(args) -> int:
     command = "nanokpu synth " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "nanokpu synth"
     if args.baud is not None and not args.board:
         raise ValueError(f"baud = {args.baud}: only a board build (--board) has a UART")
+    if args.freq is not None and args.board:
+        raise ValueError(f"freq = {args.freq}: a board build's goal is its board's clock")
     if args.board:
         from fpga.boards import BAUD, build_board
         build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],

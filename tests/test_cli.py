@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from nanokpu import cli
 
 
@@ -24,6 +26,20 @@ def test_bad_input_is_one_clear_line(capsys):
     assert cli.main(["demo", "--tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert "error: --tokens = 0" in err and "Traceback" not in err
+    assert cli.main(["sim", "--tokens", "0"]) == 2      # not the default batch: an error, at once
+    err = capsys.readouterr().err
+    assert "nanokpu sim: error: tokens = 0" in err and "Traceback" not in err
+    assert cli.main(["sim", "--pause", "1"]) == 2       # every AXI channel stalled: would hang
+    assert "nanokpu sim: error: pause = 1.0: must be in [0, 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["qb-demo", "--tokens", "0", "--out", "{tmp}"],
+                                  ["bench-router", "--tokens", "0", "--out", "{tmp}/r.md"],
+                                  ["board-run", "--board", "ulx3s", "--port", "/dev/null", "--tokens", "0"]])
+def test_zero_tokens_is_one_clear_line_before_any_build(argv, capsys, tmp_path):
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"nanokpu {argv[0]}: error: tokens = 0" in err and "Traceback" not in err
 
 
 def test_console_entry_point_runs():

@@ -179,8 +179,9 @@ def test_every_seed_failing_is_reported(monkeypatch):
     assert report["resources"]["dsp"] == 1  # the synthesis report stays
 
 
-@pytest.mark.parametrize("flag,value", [("--seed-tries", "0"), ("--pnr-timeout", "-1")])
-def test_bad_retry_flags_name_the_field(flag, value, capsys):
+@pytest.mark.parametrize("flag,value", [("--seed-tries", "0"), ("--pnr-timeout", "-1"), ("--freq", "0"),
+                                        ("--freq", "-5")])
+def test_bad_pnr_flags_name_the_field(flag, value, capsys):
     from nanokpu.cli import main
     assert main(["synth", "--unit", "tests.test_synth:mac_unit", flag, value]) == 2
     assert flag[2:].replace("-", "_") + " = " in capsys.readouterr().err
@@ -234,6 +235,8 @@ def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(caps
     assert "baud = 2500000: a 12 MHz clock gives 2400000 baud" in capsys.readouterr().err
     assert main(["synth", "--unit", "gemm", "--baud", "9600"]) == 2
     assert "baud = 9600: only a board build (--board) has a UART" in capsys.readouterr().err
+    assert main(["synth", "--board", "icebreaker", "--freq", "50"]) == 2
+    assert "freq = 50.0: a board build's goal is its board's clock" in capsys.readouterr().err
 
 
 @pytest.mark.slow
