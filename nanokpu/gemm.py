@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from types import SimpleNamespace
 
 from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -11,6 +10,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
+from nanokpu.memport import unchecked_read_port
 from nanokpu.requant import SHIFT_WIDTH, Requantiser, requant_interval, requant_latency
 from nanokpu.systolic import SystolicArray, done_latency, min_tile_cycles
 
@@ -88,23 +88,6 @@ def store_cycles(cfg: KpuConfig, words: int) -> int:
     """Cycles of the store phase of ``words`` result words (the sink never stalls): the
     requantiser's interval per word, its latency, the scratchpad read and its register."""
     return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
-
-
-def _read_port(m: Module, memory: Memory, name: str) -> SimpleNamespace:
-    """A synchronous read port of ``memory`` (``addr``, ``en``, ``data``: the row read at the
-    last edge where ``en`` was high) whose data is undefined when the row is written in the
-    same cycle: an asynchronous read into a register, which Yosys merges into the block RAM
-    without soft logic for the collision (the memory's ``no_rw_check``; on iCE40 that logic
-    delays every write by a cycle and bypasses the read data: a register and a LUT per data
-    bit). The engine never uses a read of a row written in the same cycle: a step reads the A
-    and B words it found written (``a_ok``, ``b_ok``), the drain reads each result word once
-    per command, and the store reads after the last write."""
-    port = memory.read_port(domain="comb")
-    en = Signal(name=f"{name}_rd_en", init=1)
-    rd_data = Signal.like(port.data, name=f"{name}_rd_data", reset_less=True)
-    with m.If(en):
-        m.d.sync += rd_data.eq(port.data)
-    return SimpleNamespace(addr=port.addr, en=en, data=rd_data)
 
 
 class GemmEngine(wiring.Component):
@@ -235,7 +218,10 @@ class GemmEngine(wiring.Component):
                                           ("spad_c", cfg.acc_width, R, cfg.spad_c_depth)]:
             m.submodules[name] = spad = Memory(shape=data.ArrayLayout(signed(width), lanes), depth=depth, init=[],
                                                attrs={"no_rw_check": 1})
-            spads[name] = spad.write_port(), _read_port(m, spad, name)
+            # the engine never uses a read of a row written in the same cycle: a step reads the A
+            # and B words it found written (a_ok, b_ok), the drain reads each result word once per
+            # command, and the store reads after the last write
+            spads[name] = spad.write_port(), unchecked_read_port(m, spad, name)
         (a_wr, a_rd), (b_wr, b_rd), (c_wr, c_rd) = spads.values()
 
         # -- the latched command -------------------------------------------------------

@@ -16,8 +16,9 @@ Host interfaces
 Datapath
 --------
 One scratchpad (:class:`~nanokpu.dmem.DataMemory`: ``dmem_depth`` words, 2 read ports, 1 write
-port) holds every activation; with ``dsp`` ``"ice40"`` (single-port SPRAM) or ``"ecp5"`` (one
-true-dual-port copy) a cycle that writes it reads nothing
+port, the write performed in the cycle after it is issued; no instruction reads a word that
+soon after writing it) holds every activation; with ``dsp`` ``"ice40"`` (single-port SPRAM) or
+``"ecp5"`` (one true-dual-port copy) a cycle in which it writes reads nothing
 (:func:`~nanokpu.dmem.writes_block_reads`), so an element-wise op with a read and a write per
 element takes 2 cycles per element. Instructions run one at a time (:mod:`nanokpu.isa` gives
 the semantics):
@@ -157,8 +158,9 @@ class NanoKPU(wiring.Component):
 
         m.submodules.spad = spad = self._spad
         rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
-        # a cycle that writes the scratchpad performs no read there: every read site waits
-        blocked = wr.en if writes_block_reads(cfg) else Const(0)
+        # a cycle in which the scratchpad performs a write (the one after wr.en) performs no
+        # read there: every read site waits
+        blocked = spad.writing if writes_block_reads(cfg) else Const(0)
         # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
         # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
         # whole instruction per row would take INSTR_WORDS times the blocks
@@ -486,6 +488,12 @@ class NanoKPU(wiring.Component):
         out_valid, out_data = Signal(), Signal(signed(ww))
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
+        # the running op as registered flags (ins is stable from DECODE on): the states after
+        # DECODE select by these, not by comparing the opcode, whose decode would otherwise sit
+        # on the scratchpad's address and write-enable paths
+        run = {o: Signal(name=f"run_{o.name.lower()}")
+               for o in (Op.GEMM, Op.REQUANT, Op.SIGMOID, Op.SITU, Op.GATHER)}
+        m.d.sync += [flag.eq(op == o) for o, flag in run.items()]
         m.d.comb += [
             gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
             gemm.rq_in.payload.eq(pack.as_value()[:R * accw]),
@@ -493,7 +501,7 @@ class NanoKPU(wiring.Component):
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
             vec.i.payload.a.eq(a_word[:act].as_signed()),
-            vec.i.payload.b.eq(Mux(op == Op.COMBINE, b_word[:cfg.weight_width],
+            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width],
                                    b_word[:act].as_signed())),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
@@ -507,34 +515,33 @@ class NanoKPU(wiring.Component):
         m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(accw - 1)], 0)),
                      rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
         with m.If(eng_run):
-            with m.Switch(op):
-                with m.Case(Op.REQUANT):
-                    # R values a word through the GEMM engine's requantiser (R lanes, one word
-                    # per interval), written back lane by lane; a lane is filled in the cycle
-                    # its word is sent (the requantiser takes the word at that edge)
-                    send = rq_wvalid & gemm.rq_in.ready
-                    fill = Mux(send, 0, rq_fill)
-                    m.d.comb += [gemm.rq_in.valid.eq(rq_wvalid), eng_ready.eq(~rq_wvalid | gemm.rq_in.ready),
-                                 out_valid.eq(gemm.c_out.valid), out_data.eq(rq_sat)]
-                    with m.If(send):
-                        m.d.sync += [rq_wvalid.eq(0), rq_fill.eq(0)]
-                    with m.If(h_valid & eng_ready):
-                        m.d.sync += [pack[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
-                        with m.If((fill == R - 1) | h_last):
-                            m.d.sync += rq_wvalid.eq(1)
-                    with m.If(gemm.c_out.valid):
-                        word_end = (rq_lane == R - 1) | rq_at_last
-                        m.d.comb += gemm.c_out.ready.eq(word_end)
-                        m.d.sync += rq_lane.eq(Mux(word_end, 0, rq_lane + 1))
-                with m.Case(Op.SIGMOID):
-                    m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
-                                 out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
-                with m.Case(Op.SITU):
-                    m.d.comb += [situ.i.valid.eq(h_valid), eng_ready.eq(situ.i.ready),
-                                 out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
-                with m.Default():
-                    m.d.comb += [vec.i.valid.eq(h_valid), eng_ready.eq(vec.i.ready),
-                                 out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
+            with m.If(run[Op.REQUANT]):
+                # R values a word through the GEMM engine's requantiser (R lanes, one word
+                # per interval), written back lane by lane; a lane is filled in the cycle
+                # its word is sent (the requantiser takes the word at that edge)
+                send = rq_wvalid & gemm.rq_in.ready
+                fill = Mux(send, 0, rq_fill)
+                m.d.comb += [gemm.rq_in.valid.eq(rq_wvalid), eng_ready.eq(~rq_wvalid | gemm.rq_in.ready),
+                             out_valid.eq(gemm.c_out.valid), out_data.eq(rq_sat)]
+                with m.If(send):
+                    m.d.sync += [rq_wvalid.eq(0), rq_fill.eq(0)]
+                with m.If(h_valid & eng_ready):
+                    m.d.sync += [pack[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
+                    with m.If((fill == R - 1) | h_last):
+                        m.d.sync += rq_wvalid.eq(1)
+                with m.If(gemm.c_out.valid):
+                    word_end = (rq_lane == R - 1) | rq_at_last
+                    m.d.comb += gemm.c_out.ready.eq(word_end)
+                    m.d.sync += rq_lane.eq(Mux(word_end, 0, rq_lane + 1))
+            with m.Elif(run[Op.SIGMOID]):
+                m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
+                             out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
+            with m.Elif(run[Op.SITU]):
+                m.d.comb += [situ.i.valid.eq(h_valid), eng_ready.eq(situ.i.ready),
+                             out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+            with m.Else():
+                m.d.comb += [vec.i.valid.eq(h_valid), eng_ready.eq(vec.i.ready),
+                             out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
         eng_done = eng_run & ~el_more
 
         # -- GEMM operand packing ----------------------------------------------------------------
@@ -571,7 +578,7 @@ class NanoKPU(wiring.Component):
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(Cat(pack[i][:8] for i in range(R))), gemm.a_in.valid.eq(gm_wvalid),
             gemm.b_in.payload.eq(dma.rd_data.payload),
-            sat_in.eq(gemm.c_out.payload[Mux(op == Op.GEMM, gc_lane, rq_lane)]),
+            sat_in.eq(gemm.c_out.payload[Mux(run[Op.GEMM], gc_lane, rq_lane)]),
         ]
         with m.If(gemm_run):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
@@ -654,7 +661,11 @@ class NanoKPU(wiring.Component):
         rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(SW), Signal(SW), Signal(range(K + 1)), Signal(SW), \
             Signal(SW)
         tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
-        g_i, g_j, g_in, g_wv, g_wa = Signal(16), Signal(SW + 1), Signal(AW), Signal(), Signal(AW)
+        # GATHER/SCATTER copy: a word read (g_rv, its destination g_ra) is in rd0_q a cycle later
+        # and written from there (g_wv, g_wa): the write data comes off a flip-flop, never
+        # straight from the scratchpad's output (on the ECP5 that path crosses the die twice)
+        g_i, g_j, g_in = Signal(16), Signal(SW + 1), Signal(AW)
+        g_rv, g_ra, g_wv, g_wa = Signal(), Signal(AW), Signal(), Signal(AW)
         with m.If(~eng_run | h_free):
             m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 
@@ -769,7 +780,7 @@ class NanoKPU(wiring.Component):
                 m.next = "RQ_TABLE2"
             with state("RQ_TABLE2"):
                 m.d.sync += [rq_mult.eq(rd0.data[:cfg.mult_width]), rq_shift.eq(rd1.data[:6])]
-                with m.If(op == Op.GEMM):
+                with m.If(run[Op.GEMM]):
                     m.next = "GEMM_CMD"
                 with m.Else():
                     m.next = "ENGINE"
@@ -779,7 +790,7 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(out_data), wr.en.eq(1)]
                     m.d.sync += [el_i.eq(el_i + 1), rq_at_last.eq(el_i + 2 == ln)]
                 with m.If(eng_done):
-                    with m.If(op == Op.SIGMOID):
+                    with m.If(run[Op.SIGMOID]):
                         m.d.sync += [scores_ok.eq(1), scores_a.eq(c_), scores_len.eq(ln)]
                     goto_next()
 
@@ -899,8 +910,9 @@ class NanoKPU(wiring.Component):
                     m.next = "RT_DREAD"
             # dispatch: for each expert j, scan the idx table for its slots
             with state("RT_DREAD"):
-                m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
-                m.next = "RT_DWAIT"
+                with m.If(~blocked):     # RT_DOFF's write may be in progress
+                    m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
+                    m.next = "RT_DWAIT"
             with state("RT_DWAIT"):
                 m.next = "RT_DCMP"
             with state("RT_DCMP"):
@@ -958,11 +970,11 @@ class NanoKPU(wiring.Component):
                     m.next = "EXP_READ"
 
             # ---- GATHER / SCATTER: one row per listed token
-            gather = op == Op.GATHER
+            gather = run[Op.GATHER]
             with state("MOVE_LIST"):
                 with m.If(g_i >= count):
                     goto_next()
-                with m.Else():
+                with m.Elif(~blocked):     # MOVE_COPY's last write may be in progress
                     m.d.comb += [rd0.addr.eq(b_ + offset + g_i), rd0.en.eq(1)]
                     m.next = "MOVE_WAIT"
             with state("MOVE_WAIT"):
@@ -973,7 +985,7 @@ class NanoKPU(wiring.Component):
                     stop(Err.SPAD_RANGE)
                 with m.Else():
                     lane_load(r[:16], n_s)      # r * n, exact: r < m
-                    m.d.sync += [g_j.eq(0), g_wv.eq(0)]
+                    m.d.sync += [g_j.eq(0), g_rv.eq(0), g_wv.eq(0)]
                     m.next = "MOVE_COPY"
             with state("MOVE_COPY"):
                 # row r at r*n (the lane's product, once multiplied), row i at g_in = i*n
@@ -984,12 +996,13 @@ class NanoKPU(wiring.Component):
                     pass
                 with m.Elif((g_j < n_s) & ~blocked):
                     m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
-                    m.d.sync += [g_j.eq(g_j + 1), g_wv.eq(1), g_wa.eq(dst + g_j)]
+                    m.d.sync += [g_j.eq(g_j + 1), g_rv.eq(1), g_ra.eq(dst + g_j)]
                 with m.Else():
-                    m.d.sync += g_wv.eq(0)
+                    m.d.sync += g_rv.eq(0)
+                m.d.sync += [g_wv.eq(g_rv), g_wa.eq(g_ra)]
                 with m.If(g_wv):
-                    m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0.data), wr.en.eq(1)]
-                with m.If((g_j >= n_s) & g_wv):
+                    m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0_q), wr.en.eq(1)]
+                with m.If((g_j >= n_s) & ~g_rv & g_wv):
                     m.d.sync += [g_i.eq(g_i + 1), g_in.eq(g_in + n_s)]
                     m.next = "MOVE_LIST"
 

@@ -1,8 +1,9 @@
 """cocotb bench of :class:`nanokpu.dmem.DataMemory` (``dsp = "ice40"``: SB_SPRAM256KA, simulated
 with Yosys' model), cycle by cycle against :class:`DmemModel`.
 
-Random reads on both ports (issued in write cycles too, where the contract says they are not
-performed and the data holds), random writes, the lowest and highest addresses included.
+Random reads on both ports (issued while writing too, where the contract says they are not
+performed and the data holds), random writes, the lowest and highest addresses included;
+``writing`` checked every cycle.
 
 Parameters (``NANOKPU_PARAMS``): ``dmem_depth``, ``seed``, ``cycles``.
 """
@@ -20,23 +21,35 @@ from sim.runner import bench_params
 class DmemModel:
     """The contract of :class:`nanokpu.dmem.DataMemory`, one clock edge per :meth:`edge`.
 
-    ``data[p]`` is what read port ``p`` shows after the edge. With ``writes_block_reads`` a
-    read issued in a write cycle is not performed; otherwise it returns the word before the write.
+    ``data[p]`` is what read port ``p`` shows after the edge, ``None`` when undefined. A write
+    issued at one edge is performed at the next (``writing`` high in between). With
+    ``writes_block_reads`` a read issued while writing is not performed; otherwise a read of
+    the row being written is undefined.
     """
 
     def __init__(self, writes_block_reads: bool):
         self.writes_block_reads = writes_block_reads
         self.mem: dict[int, int] = {}
-        self.data = [0, 0]
+        self.data: list[int | None] = [0, 0]
+        self.pending: tuple[int, int] | None = None   # (addr, data) of the write being performed
+
+    @property
+    def writing(self) -> bool:
+        """``DataMemory.writing`` before the next edge."""
+        return self.pending is not None
 
     def edge(self, reads, write):
-        """``reads``: ``[(en, addr)] * 2``; ``write``: ``(en, addr, data)``."""
-        wr_en, wr_addr, wr_data = write
+        """``reads``: ``[(en, addr)] * 2``; ``write``: ``(en, addr, data)`` issued at this edge."""
         for p, (en, addr) in enumerate(reads):
-            if en and not (self.writes_block_reads and wr_en):
-                self.data[p] = self.mem.get(addr, 0)
-        if wr_en:
-            self.mem[wr_addr] = wr_data
+            if not en or (self.writes_block_reads and self.writing):
+                continue
+            collides = self.writing and self.pending[0] == addr
+            self.data[p] = None if collides else self.mem.get(addr, 0)
+        if self.pending is not None:
+            addr, value = self.pending
+            self.mem[addr] = value
+        wr_en, wr_addr, wr_data = write
+        self.pending = (wr_addr, wr_data) if wr_en else None
 
 
 def random_ops(depth: int, width: int, cycles: int, rng: np.random.Generator):
@@ -75,11 +88,12 @@ async def test_contract(dut):
         for (en, addr), (en_s, addr_s, _) in zip(reads, ports, strict=True):
             en_s.value, addr_s.value = en, addr
         dut.wr__en.value, dut.wr__addr.value, dut.wr__data.value = write
+        assert int(dut.writing.value) == model.writing, f"seed {seed} cycle {n}: writing"
         await RisingEdge(dut.clk)
         model.edge(reads, write)
         await FallingEdge(dut.clk)
         for i, (_, _, data) in enumerate(ports):
-            if n >= 8:   # after the writes that define every address used
+            if n > 8:   # after the writes that define every address used are performed
                 got = data.value.to_signed()
                 assert got == model.data[i], (f"seed {seed} cycle {n}: rd{i}.data = {got}, expected "
                                               f"{model.data[i]} (reads {reads}, write {write})")

@@ -4,11 +4,9 @@ and requantize, random idle and backpressure on every stream, refused bad comman
 Each hardware parameter set builds in its own directory (``sim_build/<name>-<verilog hash>``).
 """
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from amaranth import Mux, Signal
 from amaranth.sim import Simulator
 
 import nanokpu.gemm as gemm_module
@@ -16,6 +14,7 @@ from golden.intops import matmul_int, requantize, wrap
 from nanokpu.bench_gemm import breakdown
 from nanokpu.config import profile
 from nanokpu.gemm import GemmEngine, command_layout, gemm_cycles, tile_gap
+from nanokpu.memport import inverting_read_port
 from sim.runner import run_bench
 
 # (id, profile, overrides, out_width): at least 2x2, 4x4, 8x8 and a non-square array; all
@@ -95,22 +94,17 @@ def test_config_rejects_bad_scratchpads(field, value):
 
 def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
     """The scratchpads' read data is undefined when the row is written in the same cycle
-    (``no_rw_check``, ``nanokpu.gemm._read_port``): with the bits of such a read inverted,
-    random GEMMs (load, compute, accumulate, store) under random idle and backpressure stay
-    bit-exact, and such reads do happen (Amaranth simulator)."""
+    (``no_rw_check``, ``nanokpu.memport.unchecked_read_port``): with the bits of such a read
+    inverted, random GEMMs (load, compute, accumulate, store) under random idle and
+    backpressure stay bit-exact, and such reads do happen (Amaranth simulator)."""
     collisions = {}
 
     def inverted_on_collision(m, memory, name):
-        port, wr = memory.read_port(domain="comb"), memory.write_ports[0]
-        collisions[name] = collide = Signal(name=f"{name}_collide")
-        m.d.comb += collide.eq(wr.en.any() & (wr.addr == port.addr))
-        en = Signal(init=1, name=f"{name}_rd_en")
-        data = Signal.like(port.data, name=f"{name}_rd_data", reset_less=True)
-        with m.If(en):
-            m.d.sync += data.eq(Mux(collide, ~port.data.as_value(), port.data.as_value()))
-        return SimpleNamespace(addr=port.addr, en=en, data=data)
+        port = inverting_read_port(m, memory, name)
+        collisions[name] = port.collide
+        return port
 
-    monkeypatch.setattr(gemm_module, "_read_port", inverted_on_collision)
+    monkeypatch.setattr(gemm_module, "unchecked_read_port", inverted_on_collision)
     cfg = profile("tiny", rows=3, cols=2, spad_b_depth=64)
     R, C, seed = cfg.rows, cfg.cols, 5
     rng = np.random.default_rng(seed)

@@ -2,15 +2,17 @@
 
 import pytest
 
+import nanokpu.dmem as dmem_module
 from nanokpu.config import profile
+from nanokpu.memport import inverting_read_port
 from nanokpu.top import NanoKPU
 from sim.runner import FAST_BUILD, run_bench, vendor_build_args
 
 
-def _bench(name, testcase, dsp="generic", **params):
+def _bench(name, testcase, dsp="generic", build="", **params):
     cfg = profile(name, dsp=dsp)
     # -O0: the C++ compile dominates; the run is bound by the Python bus models, not the model
-    run_bench(NanoKPU(cfg), f"kpu_{name}_{dsp}", "bench_top", testcase=testcase,
+    run_bench(NanoKPU(cfg), f"kpu_{name}_{dsp}{build}", "bench_top", testcase=testcase,
               params={"profile": name, "overrides": {"dsp": dsp}, **params}, seed=params.get("seed", 1),
               build_args=FAST_BUILD + vendor_build_args(dsp))
 
@@ -24,6 +26,14 @@ def test_tiny_blocks_ice40():
     """The netlist the UP5K gets (SB_MAC16 products, the data scratchpad in single-port SPRAM,
     reads waiting for writes): 6 random blocks under bus stalls, bit for bit."""
     _bench("tiny", "test_block", dsp="ice40", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
+
+
+def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
+    """The data scratchpad's reads of the row it is writing are undefined (generic: no collision
+    logic, ``nanokpu.memport.unchecked_read_port``): with the bits of such a read inverted, random
+    blocks under bus stalls stay bit for bit."""
+    monkeypatch.setattr(dmem_module, "unchecked_read_port", inverting_read_port)
+    _bench("tiny", "test_block", build="_inverting", tokens=8, seed=40, seeds=4, vary_tokens=True, pause=0.3)
 
 
 @pytest.mark.parametrize("dsp", ["generic", "ice40"])

@@ -20,17 +20,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [9:0] \$109 ;
   wire \$11 ;
   wire \$110 ;
-  wire [6:0] \$1108 ;
   wire [4:0] \$111 ;
   wire \$112 ;
-  wire [6:0] \$1124 ;
+  wire [6:0] \$1120 ;
   wire [13:0] \$113 ;
+  wire [6:0] \$1136 ;
   wire [14:0] \$114 ;
-  wire [6:0] \$1144 ;
-  wire [7:0] \$1148 ;
   wire \$115 ;
-  wire [8:0] \$1151 ;
+  wire [6:0] \$1156 ;
   wire [14:0] \$116 ;
+  wire [7:0] \$1160 ;
+  wire [8:0] \$1163 ;
   wire [13:0] \$117 ;
   wire [16:0] \$118 ;
   wire \$119 ;
@@ -155,9 +155,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] \$226 ;
   wire \$227 ;
   wire [5:0] \$228 ;
-  wire \$229 ;
+  wire [1:0] \$229 ;
   wire [43:0] \$23 ;
-  wire [1:0] \$230 ;
+  wire \$230 ;
   wire \$231 ;
   wire \$232 ;
   wire \$233 ;
@@ -171,33 +171,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
-  wire \$243 ;
+  wire [23:0] \$243 ;
   wire [23:0] \$244 ;
-  wire [23:0] \$245 ;
+  wire \$245 ;
   wire \$246 ;
   wire \$247 ;
   wire \$248 ;
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire \$251 ;
-  wire [4:0] \$252 ;
-  wire [13:0] \$253 ;
-  wire [4:0] \$254 ;
-  wire [13:0] \$255 ;
+  wire [4:0] \$251 ;
+  wire [13:0] \$252 ;
+  wire [4:0] \$253 ;
+  wire [13:0] \$254 ;
+  wire [14:0] \$255 ;
   wire [14:0] \$256 ;
-  wire [14:0] \$257 ;
+  wire \$257 ;
   wire \$258 ;
-  wire \$259 ;
+  wire [14:0] \$259 ;
   wire \$26 ;
-  wire [14:0] \$260 ;
-  wire \$261 ;
-  wire [7:0] \$262 ;
-  wire \$263 ;
-  wire [15:0] \$264 ;
+  wire \$260 ;
+  wire [7:0] \$261 ;
+  wire \$262 ;
+  wire [15:0] \$263 ;
+  wire [31:0] \$264 ;
   wire [31:0] \$265 ;
   wire [31:0] \$266 ;
-  wire [31:0] \$267 ;
+  wire \$267 ;
   wire \$268 ;
   wire \$269 ;
   wire \$27 ;
@@ -205,11 +205,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
-  wire \$274 ;
-  wire [14:0] \$275 ;
-  wire [13:0] \$276 ;
-  wire \$277 ;
-  wire [4:0] \$278 ;
+  wire [14:0] \$274 ;
+  wire [13:0] \$275 ;
+  wire \$276 ;
+  wire [4:0] \$277 ;
+  wire \$278 ;
   wire \$279 ;
   wire \$28 ;
   wire \$280 ;
@@ -217,16 +217,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$282 ;
   wire \$283 ;
   wire \$284 ;
-  wire \$285 ;
-  wire [13:0] \$286 ;
+  wire [13:0] \$285 ;
+  wire \$286 ;
   wire \$287 ;
   wire \$288 ;
-  wire \$289 ;
+  wire [13:0] \$289 ;
   wire \$29 ;
-  wire [13:0] \$290 ;
-  wire \$291 ;
-  wire [13:0] \$292 ;
-  wire [14:0] \$293 ;
+  wire \$290 ;
+  wire [13:0] \$291 ;
+  wire [14:0] \$292 ;
+  wire \$293 ;
   wire [14:0] \$294 ;
   wire \$295 ;
   wire [14:0] \$296 ;
@@ -246,9 +246,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [14:0] \$308 ;
   wire \$309 ;
   wire [9:0] \$31 ;
-  wire [14:0] \$310 ;
-  wire [16:0] \$311 ;
-  wire \$312 ;
+  wire \$310 ;
+  wire [14:0] \$311 ;
+  wire [16:0] \$312 ;
   wire \$313 ;
   wire \$314 ;
   wire \$315 ;
@@ -421,25 +421,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire [2:0] \$469 ;
+  wire \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire [2:0] \$471 ;
-  wire [3:0] \$472 ;
+  wire \$471 ;
+  wire \$472 ;
   wire \$473 ;
   wire [2:0] \$474 ;
   wire \$475 ;
-  wire \$476 ;
-  wire \$477 ;
+  wire [2:0] \$476 ;
+  wire [3:0] \$477 ;
   wire \$478 ;
   wire [2:0] \$479 ;
   wire [1:0] \$48 ;
-  wire [2:0] \$480 ;
+  wire \$480 ;
   wire \$481 ;
   wire \$482 ;
   wire \$483 ;
-  wire \$484 ;
-  wire \$485 ;
+  wire [2:0] \$484 ;
+  wire [2:0] \$485 ;
   wire \$486 ;
   wire \$487 ;
   wire \$488 ;
@@ -448,13 +448,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$490 ;
   wire \$491 ;
   wire \$492 ;
-  wire [3:0] \$493 ;
-  wire [13:0] \$494 ;
+  wire \$493 ;
+  wire \$494 ;
   wire \$495 ;
   wire \$496 ;
   wire \$497 ;
-  wire \$498 ;
-  wire \$499 ;
+  wire [3:0] \$498 ;
+  wire [13:0] \$499 ;
   wire \$5 ;
   wire [18:0] \$50 ;
   wire \$500 ;
@@ -462,91 +462,91 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$502 ;
   wire \$503 ;
   wire \$504 ;
-  wire [7:0] \$505 ;
+  wire \$505 ;
   wire \$506 ;
-  wire [7:0] \$507 ;
-  wire [13:0] \$508 ;
-  wire [13:0] \$509 ;
+  wire \$507 ;
+  wire \$508 ;
+  wire \$509 ;
   wire [9:0] \$51 ;
-  wire [14:0] \$510 ;
-  wire [13:0] \$511 ;
-  wire [14:0] \$512 ;
+  wire [7:0] \$510 ;
+  wire \$511 ;
+  wire [7:0] \$512 ;
   wire [13:0] \$513 ;
-  wire [14:0] \$514 ;
-  wire \$515 ;
-  wire \$516 ;
-  wire \$517 ;
-  wire [2:0] \$518 ;
-  wire [13:0] \$519 ;
+  wire [13:0] \$514 ;
+  wire [14:0] \$515 ;
+  wire [13:0] \$516 ;
+  wire [14:0] \$517 ;
+  wire [13:0] \$518 ;
+  wire [14:0] \$519 ;
   wire \$52 ;
-  wire [2:0] \$520 ;
+  wire \$520 ;
   wire \$521 ;
   wire \$522 ;
   wire [2:0] \$523 ;
-  wire [3:0] \$524 ;
-  wire \$525 ;
+  wire [13:0] \$524 ;
+  wire [2:0] \$525 ;
   wire \$526 ;
   wire \$527 ;
-  wire [9:0] \$528 ;
-  wire \$529 ;
+  wire [2:0] \$528 ;
+  wire [3:0] \$529 ;
   wire [3:0] \$53 ;
-  wire [9:0] \$530 ;
-  wire [13:0] \$531 ;
-  wire [13:0] \$532 ;
-  wire \$533 ;
+  wire \$530 ;
+  wire \$531 ;
+  wire \$532 ;
+  wire [9:0] \$533 ;
   wire \$534 ;
-  wire \$535 ;
-  wire \$536 ;
-  wire [14:0] \$537 ;
-  wire [13:0] \$538 ;
-  wire [13:0] \$539 ;
+  wire [9:0] \$535 ;
+  wire [13:0] \$536 ;
+  wire [13:0] \$537 ;
+  wire \$538 ;
+  wire \$539 ;
   wire \$54 ;
-  wire [14:0] \$540 ;
+  wire \$540 ;
   wire \$541 ;
   wire [14:0] \$542 ;
-  wire \$543 ;
-  wire \$544 ;
-  wire \$545 ;
-  wire [32:0] \$546 ;
-  wire [32:0] \$547 ;
-  wire [32:0] \$548 ;
-  wire [32:0] \$549 ;
+  wire [13:0] \$543 ;
+  wire [13:0] \$544 ;
+  wire [14:0] \$545 ;
+  wire \$546 ;
+  wire [14:0] \$547 ;
+  wire \$548 ;
+  wire \$549 ;
   wire \$55 ;
-  wire [32:0] \$550 ;
+  wire \$550 ;
   wire [32:0] \$551 ;
   wire [32:0] \$552 ;
-  wire \$553 ;
-  wire \$554 ;
-  wire \$555 ;
-  wire \$556 ;
-  wire \$557 ;
-  wire [4:0] \$558 ;
+  wire [32:0] \$553 ;
+  wire [32:0] \$554 ;
+  wire [32:0] \$555 ;
+  wire [32:0] \$556 ;
+  wire [32:0] \$557 ;
+  wire \$558 ;
   wire \$559 ;
   wire \$56 ;
   wire \$560 ;
   wire \$561 ;
   wire \$562 ;
-  wire \$563 ;
+  wire [4:0] \$563 ;
   wire \$564 ;
   wire \$565 ;
-  wire [13:0] \$566 ;
+  wire \$566 ;
   wire \$567 ;
-  wire [13:0] \$568 ;
+  wire \$568 ;
   wire \$569 ;
   wire \$57 ;
-  wire [13:0] \$570 ;
-  wire \$571 ;
-  wire [13:0] \$572 ;
-  wire \$573 ;
-  wire [17:0] \$574 ;
-  wire [3:0] \$575 ;
-  wire [2:0] \$576 ;
-  wire \$577 ;
+  wire \$570 ;
+  wire [13:0] \$571 ;
+  wire \$572 ;
+  wire [13:0] \$573 ;
+  wire \$574 ;
+  wire [13:0] \$575 ;
+  wire \$576 ;
+  wire [13:0] \$577 ;
   wire \$578 ;
-  wire \$579 ;
+  wire [17:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
-  wire \$581 ;
+  wire [3:0] \$580 ;
+  wire [2:0] \$581 ;
   wire \$582 ;
   wire \$583 ;
   wire \$584 ;
@@ -554,72 +554,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$586 ;
   wire \$587 ;
   wire \$588 ;
-  wire [32:0] \$589 ;
+  wire \$589 ;
   wire \$59 ;
   wire \$590 ;
-  wire [9:0] \$591 ;
+  wire \$591 ;
   wire \$592 ;
   wire \$593 ;
-  wire \$594 ;
+  wire [32:0] \$594 ;
   wire \$595 ;
-  wire \$596 ;
-  wire [9:0] \$597 ;
+  wire [9:0] \$596 ;
+  wire \$597 ;
   wire \$598 ;
-  wire [12:0] \$599 ;
+  wire \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [13:0] \$600 ;
-  wire [12:0] \$601 ;
-  wire [13:0] \$602 ;
-  wire [14:0] \$603 ;
-  wire \$604 ;
-  wire [14:0] \$605 ;
-  wire [14:0] \$606 ;
-  wire \$607 ;
-  wire \$608 ;
-  wire \$609 ;
+  wire \$600 ;
+  wire \$601 ;
+  wire [9:0] \$602 ;
+  wire \$603 ;
+  wire [12:0] \$604 ;
+  wire [13:0] \$605 ;
+  wire [12:0] \$606 ;
+  wire [13:0] \$607 ;
+  wire [14:0] \$608 ;
+  wire [14:0] \$609 ;
   wire \$61 ;
-  wire \$610 ;
+  wire [14:0] \$610 ;
   wire \$611 ;
-  wire [13:0] \$612 ;
-  wire [32:0] \$613 ;
+  wire \$612 ;
+  wire \$613 ;
   wire \$614 ;
   wire [13:0] \$615 ;
   wire [32:0] \$616 ;
   wire \$617 ;
-  wire \$618 ;
-  wire \$619 ;
+  wire [13:0] \$618 ;
+  wire [32:0] \$619 ;
   wire \$62 ;
-  wire [14:0] \$620 ;
-  wire [3:0] \$621 ;
-  wire [3:0] \$622 ;
-  wire \$623 ;
-  wire \$624 ;
-  wire [1:0] \$625 ;
-  wire [2:0] \$626 ;
+  wire \$620 ;
+  wire \$621 ;
+  wire \$622 ;
+  wire [14:0] \$623 ;
+  wire [3:0] \$624 ;
+  wire [3:0] \$625 ;
+  wire \$626 ;
   wire \$627 ;
-  wire \$628 ;
-  wire \$629 ;
+  wire [1:0] \$628 ;
+  wire [2:0] \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
   wire \$632 ;
   wire \$633 ;
-  wire [13:0] \$634 ;
-  wire [32:0] \$635 ;
+  wire \$634 ;
+  wire \$635 ;
   wire \$636 ;
-  wire \$637 ;
-  wire \$638 ;
+  wire [13:0] \$637 ;
+  wire [32:0] \$638 ;
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
   wire \$641 ;
   wire \$642 ;
-  wire [14:0] \$643 ;
-  wire [3:0] \$644 ;
+  wire \$643 ;
+  wire \$644 ;
   wire \$645 ;
-  wire \$646 ;
-  wire \$647 ;
+  wire [14:0] \$646 ;
+  wire [3:0] \$647 ;
   wire \$648 ;
   wire \$649 ;
   wire \$65 ;
@@ -638,12 +638,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$661 ;
   wire \$662 ;
   wire \$663 ;
-  wire [13:0] \$664 ;
-  wire [32:0] \$665 ;
-  wire [4:0] \$666 ;
-  wire \$667 ;
-  wire \$668 ;
-  wire \$669 ;
+  wire \$664 ;
+  wire \$665 ;
+  wire \$666 ;
+  wire [13:0] \$667 ;
+  wire [32:0] \$668 ;
+  wire [4:0] \$669 ;
   wire \$67 ;
   wire \$670 ;
   wire \$671 ;
@@ -651,18 +651,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$673 ;
   wire \$674 ;
   wire \$675 ;
-  wire [1:0] \$676 ;
-  wire [4:0] \$677 ;
-  wire [12:0] \$678 ;
-  wire \$679 ;
+  wire \$676 ;
+  wire \$677 ;
+  wire \$678 ;
+  wire [1:0] \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire \$681 ;
-  wire [14:0] \$682 ;
-  wire [13:0] \$683 ;
+  wire [4:0] \$680 ;
+  wire [12:0] \$681 ;
+  wire \$682 ;
+  wire \$683 ;
   wire \$684 ;
-  wire \$685 ;
-  wire \$686 ;
+  wire [14:0] \$685 ;
+  wire [13:0] \$686 ;
   wire \$687 ;
   wire \$688 ;
   wire \$689 ;
@@ -670,206 +670,219 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$690 ;
   wire \$691 ;
   wire \$692 ;
-  wire [14:0] \$693 ;
-  wire [13:0] \$694 ;
-  wire [2:0] \$695 ;
-  wire \$696 ;
-  wire \$697 ;
-  wire [14:0] \$698 ;
-  wire [14:0] \$699 ;
+  wire \$693 ;
+  wire \$694 ;
+  wire \$695 ;
+  wire [14:0] \$696 ;
+  wire [13:0] \$697 ;
+  wire [2:0] \$698 ;
+  wire \$699 ;
   wire \$7 ;
   wire \$70 ;
   wire \$700 ;
-  wire [14:0] \$701 ;
-  wire \$702 ;
+  wire \$701 ;
+  wire [14:0] \$702 ;
   wire [14:0] \$703 ;
-  wire [2:0] \$704 ;
-  wire [4:0] \$705 ;
-  wire [4:0] \$706 ;
-  wire \$707 ;
-  wire [13:0] \$708 ;
-  wire [32:0] \$709 ;
+  wire \$704 ;
+  wire [14:0] \$705 ;
+  wire \$706 ;
+  wire [14:0] \$707 ;
+  wire [2:0] \$708 ;
+  wire [4:0] \$709 ;
   wire \$71 ;
-  wire \$710 ;
-  wire [32:0] \$711 ;
-  wire [4:0] \$712 ;
-  wire \$713 ;
+  wire [4:0] \$710 ;
+  wire \$711 ;
+  wire [13:0] \$712 ;
+  wire [32:0] \$713 ;
   wire \$714 ;
-  wire [13:0] \$715 ;
-  wire [13:0] \$716 ;
-  wire [32:0] \$717 ;
+  wire [32:0] \$715 ;
+  wire [4:0] \$716 ;
+  wire \$717 ;
   wire \$718 ;
   wire [13:0] \$719 ;
   wire \$72 ;
-  wire [32:0] \$720 ;
-  wire \$721 ;
+  wire [13:0] \$720 ;
+  wire [32:0] \$721 ;
   wire \$722 ;
   wire \$723 ;
-  wire \$724 ;
-  wire \$725 ;
+  wire [13:0] \$724 ;
+  wire [32:0] \$725 ;
   wire \$726 ;
   wire \$727 ;
-  wire [15:0] \$728 ;
+  wire \$728 ;
   wire \$729 ;
   wire \$73 ;
-  wire [12:0] \$730 ;
-  wire [13:0] \$731 ;
-  wire [15:0] \$732 ;
-  wire \$733 ;
-  wire \$734 ;
-  wire [16:0] \$735 ;
-  wire [14:0] \$736 ;
+  wire \$730 ;
+  wire \$731 ;
+  wire \$732 ;
+  wire [15:0] \$733 ;
+  wire [12:0] \$734 ;
+  wire [13:0] \$735 ;
+  wire [15:0] \$736 ;
   wire \$737 ;
   wire \$738 ;
   wire \$739 ;
   wire \$74 ;
   wire \$740 ;
-  wire \$741 ;
-  reg [31:0] \$742 ;
-  reg [31:0] \$743 ;
-  reg [19:0] \$744 ;
-  reg [32:0] \$745 ;
-  reg [32:0] \$746 ;
-  reg [15:0] \$747 ;
-  reg \$748 ;
-  reg \$749 ;
+  wire [16:0] \$741 ;
+  wire [14:0] \$742 ;
+  wire \$743 ;
+  wire \$744 ;
+  wire \$745 ;
+  wire \$746 ;
+  wire \$747 ;
+  reg [31:0] \$748 ;
+  reg [31:0] \$749 ;
   wire \$75 ;
-  reg \$750 ;
-  reg \$751 ;
-  reg [7:0] \$752 ;
-  reg \$753 ;
+  reg [19:0] \$750 ;
+  reg [32:0] \$751 ;
+  reg [32:0] \$752 ;
+  reg [15:0] \$753 ;
   reg \$754 ;
   reg \$755 ;
   reg \$756 ;
-  reg [13:0] \$757 ;
-  reg [12:0] \$758 ;
-  reg [12:0] \$759 ;
+  reg \$757 ;
+  reg [7:0] \$758 ;
+  reg \$759 ;
   wire \$76 ;
-  reg [13:0] \$760 ;
-  reg [12:0] \$761 ;
-  reg [12:0] \$762 ;
+  reg \$760 ;
+  reg \$761 ;
+  reg \$762 ;
   reg [13:0] \$763 ;
   reg [12:0] \$764 ;
   reg [12:0] \$765 ;
-  reg \$766 ;
-  reg [1:0] \$767 ;
-  reg \$768 ;
-  reg [2:0] \$769 ;
+  reg [13:0] \$766 ;
+  reg [12:0] \$767 ;
+  reg [12:0] \$768 ;
+  reg [13:0] \$769 ;
   wire \$77 ;
-  reg [95:0] \$770 ;
-  reg [1:0] \$771 ;
+  reg [12:0] \$770 ;
+  reg [12:0] \$771 ;
   reg \$772 ;
   reg [1:0] \$773 ;
-  reg [2:0] \$774 ;
-  reg [12:0] \$775 ;
+  reg \$774 ;
+  reg \$775 ;
   reg \$776 ;
-  reg [6:0] \$777 ;
-  reg [12:0] \$778 ;
-  reg [13:0] \$779 ;
+  reg \$777 ;
+  reg \$778 ;
+  reg \$779 ;
   wire \$78 ;
-  reg \$780 ;
-  reg [1:0] \$781 ;
-  reg [12:0] \$782 ;
+  reg [2:0] \$780 ;
+  reg [95:0] \$781 ;
+  reg [1:0] \$782 ;
   reg \$783 ;
-  reg [8:0] \$784 ;
-  reg [12:0] \$785 ;
-  reg [13:0] \$786 ;
-  reg [31:0] \$787 ;
-  reg [31:0] \$788 ;
-  reg [31:0] \$789 ;
+  reg [1:0] \$784 ;
+  reg [2:0] \$785 ;
+  reg [12:0] \$786 ;
+  reg \$787 ;
+  reg [6:0] \$788 ;
+  reg [12:0] \$789 ;
   wire \$79 ;
-  reg [31:0] \$790 ;
-  reg [31:0] \$791 ;
-  reg [31:0] \$792 ;
-  reg [31:0] \$793 ;
-  reg [31:0] \$794 ;
-  reg [31:0] \$795 ;
-  reg \$796 ;
-  reg \$797 ;
-  reg [7:0] \$798 ;
-  reg [12:0] \$799 ;
+  reg [13:0] \$790 ;
+  reg \$791 ;
+  reg [1:0] \$792 ;
+  reg [12:0] \$793 ;
+  reg \$794 ;
+  reg [8:0] \$795 ;
+  reg [12:0] \$796 ;
+  reg [13:0] \$797 ;
+  reg [31:0] \$798 ;
+  reg [31:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
   reg [31:0] \$800 ;
-  reg \$801 ;
-  reg \$802 ;
-  reg \$803 ;
-  reg [4:0] \$804 ;
-  reg [7:0] \$805 ;
-  reg [5:0] \$806 ;
-  reg [3:0] \$807 ;
-  reg [255:0] \$808 ;
-  reg [2:0] \$809 ;
+  reg [31:0] \$801 ;
+  reg [31:0] \$802 ;
+  reg [31:0] \$803 ;
+  reg [31:0] \$804 ;
+  reg [31:0] \$805 ;
+  reg [31:0] \$806 ;
+  reg \$807 ;
+  reg \$808 ;
+  reg [7:0] \$809 ;
   wire \$81 ;
-  reg [1:0] \$810 ;
-  reg [13:0] \$811 ;
-  reg [13:0] \$812 ;
-  reg [13:0] \$813 ;
-  reg [13:0] \$814 ;
-  reg [17:0] \$815 ;
-  reg [32:0] \$816 ;
+  reg [12:0] \$810 ;
+  reg [31:0] \$811 ;
+  reg \$812 ;
+  reg \$813 ;
+  reg \$814 ;
+  reg [4:0] \$815 ;
+  reg [7:0] \$816 ;
   reg [5:0] \$817 ;
-  reg [31:0] \$818 ;
-  reg [5:0] \$819 ;
+  reg [3:0] \$818 ;
+  reg [255:0] \$819 ;
   wire \$82 ;
-  reg [13:0] \$820 ;
-  reg [13:0] \$821 ;
-  reg [12:0] \$822 ;
-  reg \$823 ;
-  reg [12:0] \$824 ;
-  reg \$825 ;
-  reg \$826 ;
-  reg [12:0] \$827 ;
-  reg [13:0] \$828 ;
-  reg \$829 ;
+  reg [2:0] \$820 ;
+  reg [1:0] \$821 ;
+  reg [13:0] \$822 ;
+  reg [13:0] \$823 ;
+  reg [13:0] \$824 ;
+  reg [13:0] \$825 ;
+  reg [17:0] \$826 ;
+  reg [32:0] \$827 ;
+  reg [5:0] \$828 ;
+  reg [31:0] \$829 ;
   wire \$83 ;
-  reg \$830 ;
-  reg [2:0] \$831 ;
-  reg \$832 ;
-  reg [2:0] \$833 ;
+  reg [5:0] \$830 ;
+  reg [13:0] \$831 ;
+  reg [13:0] \$832 ;
+  reg [12:0] \$833 ;
   reg \$834 ;
-  reg [35:0] \$835 ;
-  reg [3:0] \$836 ;
-  reg [12:0] \$837 ;
+  reg [12:0] \$835 ;
+  reg \$836 ;
+  reg \$837 ;
   reg [12:0] \$838 ;
-  reg [15:0] \$839 ;
+  reg [13:0] \$839 ;
   wire \$84 ;
-  reg [12:0] \$840 ;
-  reg [12:0] \$841 ;
-  reg [13:0] \$842 ;
-  reg [1:0] \$843 ;
-  reg [13:0] \$844 ;
-  reg [3:0] \$845 ;
-  reg \$846 ;
-  reg \$847 ;
+  reg \$840 ;
+  reg \$841 ;
+  reg [2:0] \$842 ;
+  reg \$843 ;
+  reg [2:0] \$844 ;
+  reg \$845 ;
+  reg [35:0] \$846 ;
+  reg [3:0] \$847 ;
   reg [12:0] \$848 ;
   reg [12:0] \$849 ;
   wire \$85 ;
-  reg \$850 ;
-  reg \$851 ;
-  reg [13:0] \$852 ;
-  reg [1:0] \$853 ;
-  reg \$854 ;
-  reg \$855 ;
-  reg \$856 ;
-  reg [19:0] \$857 ;
-  reg [13:0] \$858 ;
-  reg [13:0] \$859 ;
+  reg [15:0] \$850 ;
+  reg [12:0] \$851 ;
+  reg [12:0] \$852 ;
+  reg [13:0] \$853 ;
+  reg [1:0] \$854 ;
+  reg [13:0] \$855 ;
+  reg [3:0] \$856 ;
+  reg \$857 ;
+  reg \$858 ;
+  reg [12:0] \$859 ;
   wire \$86 ;
-  reg [1:0] \$860 ;
-  reg [13:0] \$861 ;
-  reg [13:0] \$862 ;
-  reg [3:0] \$863 ;
-  reg [3:0] \$864 ;
-  reg [15:0] \$865 ;
-  reg [13:0] \$866 ;
-  reg [14:0] \$867 ;
-  reg \$868 ;
-  reg [12:0] \$869 ;
+  reg [12:0] \$860 ;
+  reg \$861 ;
+  reg \$862 ;
+  reg [13:0] \$863 ;
+  reg [1:0] \$864 ;
+  reg \$865 ;
+  reg \$866 ;
+  reg \$867 ;
+  reg [19:0] \$868 ;
+  reg [13:0] \$869 ;
   wire \$87 ;
-  wire [5:0] \$870 ;
-  wire [5:0] \$871 ;
+  reg [13:0] \$870 ;
+  reg [1:0] \$871 ;
+  reg [13:0] \$872 ;
+  reg [13:0] \$873 ;
+  reg [3:0] \$874 ;
+  reg [3:0] \$875 ;
+  reg [15:0] \$876 ;
+  reg [13:0] \$877 ;
+  reg [14:0] \$878 ;
+  reg \$879 ;
   wire \$88 ;
+  reg \$880 ;
+  reg [12:0] \$881 ;
+  reg [12:0] \$882 ;
+  wire [5:0] \$883 ;
+  wire [5:0] \$884 ;
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
@@ -912,63 +925,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* init = 6'h00 *)
   wire [5:0] \$signal$169 ;
   reg [31:0] \$signal$173  = 32'd0;
-  reg \$signal$177  = 1'h0;
+  reg \$signal$178  = 1'h0;
   wire [23:0] \$signal$184 ;
   reg [5:0] \$signal$185  = 6'h00;
   wire [23:0] \$signal$187 ;
-  reg \$signal$189  = 1'h0;
-  reg \$signal$191 ;
+  reg \$signal$192  = 1'h0;
+  reg \$signal$194 ;
   (* init = 1'h0 *)
-  wire \$signal$212 ;
-  reg [13:0] \$signal$224  = 14'h0000;
-  reg [12:0] \$signal$225  = 13'h0000;
-  reg [12:0] \$signal$227  = 13'h0000;
-  reg [15:0] \$signal$243  = 16'h0000;
-  reg \$signal$251  = 1'h0;
-  reg \$signal$253  = 1'h0;
-  reg [2:0] \$signal$254  = 3'h0;
+  wire \$signal$215 ;
+  reg [13:0] \$signal$228  = 14'h0000;
+  reg [12:0] \$signal$229  = 13'h0000;
+  reg [12:0] \$signal$231  = 13'h0000;
+  reg [15:0] \$signal$247  = 16'h0000;
   reg \$signal$255  = 1'h0;
-  reg [3:0] \$signal$257  = 4'h0;
-  reg \$signal$262  = 1'h0;
-  reg \$signal$263  = 1'h0;
-  reg [12:0] \$signal$265  = 13'h0000;
-  reg [3:0] \$signal$266  = 4'h0;
-  reg \$signal$270  = 1'h0;
-  reg [12:0] \$signal$272  = 13'h0000;
-  reg [19:0] \$signal$274  = 20'h00000;
-  wire [2:0] \$signal$274.index ;
-  wire \$signal$274.last ;
-  wire [15:0] \$signal$274.weight ;
-  reg [13:0] \$signal$275  = 14'h0000;
+  reg \$signal$257  = 1'h0;
+  reg [2:0] \$signal$258  = 3'h0;
+  reg \$signal$259  = 1'h0;
+  reg [3:0] \$signal$261  = 4'h0;
+  reg \$signal$266  = 1'h0;
+  reg \$signal$267  = 1'h0;
+  reg [12:0] \$signal$269  = 13'h0000;
+  reg [3:0] \$signal$270  = 4'h0;
+  reg \$signal$274  = 1'h0;
   reg [12:0] \$signal$276  = 13'h0000;
-  reg [13:0] \$signal$277  = 14'h0000;
-  reg [13:0] \$signal$278  = 14'h0000;
-  reg [12:0] \$signal$279  = 13'h0000;
-  reg [13:0] \$signal$280  = 14'h0000;
-  reg [15:0] \$signal$282  = 16'h0000;
-  reg [14:0] \$signal$283  = 15'h0000;
-  reg [12:0] \$signal$284  = 13'h0000;
-  reg \$signal$285  = 1'h0;
-  reg [12:0] \$signal$286  = 13'h0000;
-  reg [32:0] \$signal$290  = 33'h000000000;
-  reg \$signal$291  = 1'h0;
-  reg \$signal$292  = 1'h0;
-  reg [12:0] \$signal$298  = 13'h0000;
-  reg [12:0] \$signal$300  = 13'h0000;
-  reg [12:0] \$signal$304  = 13'h0000;
-  reg [12:0] \$signal$306  = 13'h0000;
-  reg [2:0] \$signal$308  = 3'h0;
-  reg \$signal$309  = 1'h0;
-  reg [6:0] \$signal$312  = 7'h00;
-  reg [13:0] \$signal$314  = 14'h0000;
-  reg [8:0] \$signal$315  = 9'h000;
-  reg [1:0] \$signal$325  = 2'h0;
-  reg [13:0] \$signal$328  = 14'h0000;
-  reg \$signal$329  = 1'h0;
-  reg [13:0] \$signal$330  = 14'h0000;
-  wire [-1:0] \$signal$331 ;
-  reg \$signal$332  = 1'h0;
-  reg [1:0] \$signal$336  = 2'h0;
+  reg [19:0] \$signal$278  = 20'h00000;
+  wire [2:0] \$signal$278.index ;
+  wire \$signal$278.last ;
+  wire [15:0] \$signal$278.weight ;
+  reg [13:0] \$signal$279  = 14'h0000;
+  reg [12:0] \$signal$280  = 13'h0000;
+  reg [13:0] \$signal$281  = 14'h0000;
+  reg [13:0] \$signal$282  = 14'h0000;
+  reg [12:0] \$signal$283  = 13'h0000;
+  reg [13:0] \$signal$284  = 14'h0000;
+  reg [15:0] \$signal$286  = 16'h0000;
+  reg [14:0] \$signal$287  = 15'h0000;
+  reg \$signal$290  = 1'h0;
+  reg [12:0] \$signal$291  = 13'h0000;
+  reg [32:0] \$signal$295  = 33'h000000000;
+  reg \$signal$296  = 1'h0;
+  reg \$signal$297  = 1'h0;
+  reg [12:0] \$signal$303  = 13'h0000;
+  reg [12:0] \$signal$305  = 13'h0000;
+  reg [12:0] \$signal$309  = 13'h0000;
+  reg [12:0] \$signal$311  = 13'h0000;
+  reg [2:0] \$signal$313  = 3'h0;
+  reg \$signal$314  = 1'h0;
+  reg [6:0] \$signal$317  = 7'h00;
+  reg [13:0] \$signal$319  = 14'h0000;
+  reg [8:0] \$signal$320  = 9'h000;
+  reg [1:0] \$signal$330  = 2'h0;
+  reg [13:0] \$signal$333  = 14'h0000;
+  reg \$signal$334  = 1'h0;
+  reg [13:0] \$signal$335  = 14'h0000;
+  wire [-1:0] \$signal$336 ;
+  reg \$signal$337  = 1'h0;
+  reg [1:0] \$signal$341  = 2'h0;
+  reg \$signal$342  = 1'h0;
+  reg [12:0] \$signal$343  = 13'h0000;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
@@ -1079,9 +1093,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$323 ;
+  wire \error$328 ;
   reg exp_active = 1'h0;
   reg [3:0] fetch_word = 4'h0;
+  reg [12:0] g_in = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
   reg [12:0] gc_wstart = 13'h0000;
@@ -1103,11 +1118,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \i__payload$176.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$202 ;
-  wire \i__ready$206 ;
+  wire \i__ready$205 ;
+  wire \i__ready$209 ;
   reg i__valid;
-  reg \i__valid$201 ;
-  reg \i__valid$205 ;
+  reg \i__valid$204 ;
+  reg \i__valid$208 ;
   reg [8:0] im_wr__addr;
   wire [31:0] im_wr__data;
   reg im_wr__en;
@@ -1196,22 +1211,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$204 ;
-  wire [15:0] \o__payload$204[0] ;
-  wire [15:0] \o__payload$208 ;
+  wire [15:0] \o__payload$207 ;
+  wire [15:0] \o__payload$207[0] ;
+  wire [15:0] \o__payload$211 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
   wire \o__ready$182 ;
   wire \o__ready$183 ;
   wire o__valid;
-  wire \o__valid$203 ;
-  wire \o__valid$207 ;
+  wire \o__valid$206 ;
+  wire \o__valid$210 ;
   reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
-  reg [1:0] op = 2'h0;
+  (* init = 2'h0 *)
+  wire [1:0] op;
   reg [31:0] out_data;
   reg [13:0] p2 = 14'h0000;
   reg [13:0] p3 = 14'h0000;
@@ -1230,7 +1246,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$233 ;
+  wire [31:0] \rd_addr$237 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1266,6 +1282,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rt_lane = 1'h0;
   reg [1:0] rt_s = 2'h0;
   reg rt_wphase = 1'h0;
+  reg run_gather = 1'h0;
+  reg run_gemm = 1'h0;
+  reg run_requant = 1'h0;
+  reg run_sigmoid = 1'h0;
+  reg run_situ = 1'h0;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1331,13 +1352,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
-  (* init = 2'h0 *)
-  wire [1:0] vec_op;
+  reg [1:0] vec_op = 2'h0;
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$235 ;
+  wire [31:0] \wr_addr$239 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1874,6 +1894,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
+  assign \$111  = \$110  ? 5'h10 : 5'h00;
+  assign \$112  = | ins[63:62];
+  assign \$113  = \$112  ? 14'h3fff : ins[61:48];
+  assign \$114  = mk + 5'h10;
+  assign \$116  = mk + 5'h10;
+  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
+  assign \$119  = | \$118 [16:14];
+  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
+  assign \$122  = offset + \$signal$130 ;
+  assign \$123  = | \$122 [16:14];
   assign \$124  = offset + \$signal$130 ;
   assign \$125  = \$123  ? 14'h3fff : \$124 [13:0];
   assign \$126  = offset + \$signal$130 ;
@@ -1935,7 +1965,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$186  = ~ \$signal$163 ;
   assign \$187  = \$186  | eng_ready;
   assign \$188  = \$185  | \$187 ;
-  assign \$191  = ins[5:0] == 4'hc;
+  assign \$191  = vec_op == 1'h1;
   assign \$192  = \$191  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
   assign \$193  = \$signal$185  > 1'h1;
   assign \$194  = \$signal$185  > 2'h2;
@@ -1966,7 +1996,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$219  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
   assign \$220  = \$218  ? \$219  : \$signal$187 ;
   assign rq_sat = \$216  ? { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  } : \$220 ;
-  assign \$221  = ~ \$signal$189 ;
+  assign \$221  = ~ \$signal$192 ;
   assign \$222  = \$221  | rq_in__ready;
   assign \$223  = rq_lane == 2'h3;
   assign \$224  = \$223  | rq_at_last;
@@ -1974,95 +2004,93 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$226  = \$225  ? \$signal$167  : 32'd1;
   assign \$227  = | \$signal$185 ;
   assign \$228  = \$227  ? rq_shift : 6'h00;
-  assign \$229  = ins[5:0] == 2'h3;
-  assign \$230  = \$229  ? gc_lane : rq_lane;
-  assign \$1108  = \$230  * 5'h18;
-  assign \$signal$187  = c_out__payload >> \$1108 ;
-  assign \$231  = ~ a_in__valid;
-  assign \$232  = ~ gm_afeed_done;
-  assign \$233  = \$231  & \$232 ;
-  assign \$234  = gm_lane == 3'h4;
-  assign \$235  = ! \$signal$224 [13:3];
-  assign \$236  = gm_lane >= \$signal$224 [2:0];
-  assign \$237  = \$235  & \$236 ;
-  assign \$238  = \$234  | \$237 ;
-  assign \$239  = ~ \$238 ;
-  assign \$240  = \$233  & \$239 ;
-  assign \$243  = | \$signal$185 ;
-  assign \$1124  = gc_lane * 5'h18;
-  assign \$244  = c_out__payload >> \$1124 ;
-  assign \$245  = \$243  ? rq_sat : \$244 ;
-  assign \$246  = pc >= 7'h40;
-  assign \$247  = | \$signal$243 ;
-  assign \$248  = step != 3'h7;
-  assign \$249  = ! ins[5:0];
-  assign \$250  = settle != 2'h2;
-  assign \$251  = | decode_q;
-  assign \$253  = ins[100:88] + \$252 ;
-  assign \$255  = ins[100:88] + \$254 ;
-  assign \$256  = \$255  + 1'h1;
-  assign \$257  = ins[124:112] + el_i;
-  assign \$258  = ~ \$signal$251 ;
-  assign \$259  = el_i < ln;
-  assign \$260  = ins[124:112] + el_i;
-  assign \$261  = ins[243:238] == 1'h1;
-  assign \$1144  = ld_e * 4'h8;
-  assign \$262  = wr_data__payload[31:0] >> \$1144 ;
-  assign \$263  = ins[243:238] == 2'h2;
-  assign \$1148  = ld_e * 5'h10;
-  assign \$264  = wr_data__payload[31:0] >> \$1148 ;
-  assign \$1151  = ld_e * 6'h20;
-  assign \$265  = wr_data__payload[31:0] >> \$1151 ;
-  assign \$266  = \$263  ? { \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264 [15], \$264  } : \$265 ;
-  assign \$267  = \$261  ? { \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262 [7], \$262  } : \$266 ;
-  assign \$268  = ~ \$signal$253 ;
-  assign \$269  = \$signal$254  < 1'h1;
-  assign \$270  = \$268  & \$269 ;
-  assign \$271  = el_i < ln;
-  assign \$272  = \$270  & \$271 ;
-  assign \$273  = ~ \$signal$255 ;
-  assign \$274  = \$272  & \$273 ;
-  assign \$275  = ins[76:64] + el_i;
-  assign \$276  = ins[100:88] + \$signal$257 ;
-  assign \$277  = | \$signal$257 ;
-  assign \$278  = \$signal$257  - 1'h1;
-  assign \$279  = ~ \$signal$262 ;
-  assign \$280  = ~ \$signal$263 ;
-  assign \$281  = \$279  & \$280 ;
-  assign \$282  = rt_lane < 1'h1;
-  assign \$283  = \$281  & \$282 ;
-  assign \$286  = \$signal$265  + \$signal$266 ;
-  assign \$287  = ~ \$signal$270 ;
-  assign \$288  = ~ rt_wphase;
-  assign \$289  = \$signal$270  & \$288 ;
-  assign \$290  = \$signal$272  + rt_s;
-  assign \$291  = \$signal$270  & rt_wphase;
-  assign \$292  = \$signal$272  + rt_s;
-  assign \$293  = \$292  + mk[13:2];
-  assign \$294  = ins[124:112] + \$signal$275 ;
-  assign \$295  = \$signal$173  == \$signal$257 ;
-  assign \$296  = \$signal$276  + \$signal$277 ;
-  assign \$297  = \$signal$276  + mk[13:2];
-  assign \$298  = \$297  + \$signal$277 ;
-  assign \$299  = \$signal$275  + 1'h1;
+  assign \$229  = run_gemm ? gc_lane : rq_lane;
+  assign \$1120  = \$229  * 5'h18;
+  assign \$signal$187  = c_out__payload >> \$1120 ;
+  assign \$230  = ~ a_in__valid;
+  assign \$231  = ~ gm_afeed_done;
+  assign \$232  = \$230  & \$231 ;
+  assign \$233  = gm_lane == 3'h4;
+  assign \$234  = ! \$signal$228 [13:3];
+  assign \$235  = gm_lane >= \$signal$228 [2:0];
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = \$233  | \$236 ;
+  assign \$238  = ~ \$237 ;
+  assign \$239  = \$232  & \$238 ;
+  assign \$242  = | \$signal$185 ;
+  assign \$1136  = gc_lane * 5'h18;
+  assign \$243  = c_out__payload >> \$1136 ;
+  assign \$244  = \$242  ? rq_sat : \$243 ;
+  assign \$245  = pc >= 7'h40;
+  assign \$246  = | \$signal$247 ;
+  assign \$247  = step != 3'h7;
+  assign \$248  = ! ins[5:0];
+  assign \$249  = settle != 2'h2;
+  assign \$250  = | decode_q;
+  assign \$252  = ins[100:88] + \$251 ;
+  assign \$254  = ins[100:88] + \$253 ;
+  assign \$255  = \$254  + 1'h1;
+  assign \$256  = ins[124:112] + el_i;
+  assign \$257  = ~ \$signal$255 ;
+  assign \$258  = el_i < ln;
+  assign \$259  = ins[124:112] + el_i;
+  assign \$260  = ins[243:238] == 1'h1;
+  assign \$1156  = ld_e * 4'h8;
+  assign \$261  = wr_data__payload[31:0] >> \$1156 ;
+  assign \$262  = ins[243:238] == 2'h2;
+  assign \$1160  = ld_e * 5'h10;
+  assign \$263  = wr_data__payload[31:0] >> \$1160 ;
+  assign \$1163  = ld_e * 6'h20;
+  assign \$264  = wr_data__payload[31:0] >> \$1163 ;
+  assign \$265  = \$262  ? { \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263  } : \$264 ;
+  assign \$266  = \$260  ? { \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261  } : \$265 ;
+  assign \$267  = ~ \$signal$257 ;
+  assign \$268  = \$signal$258  < 1'h1;
+  assign \$269  = \$267  & \$268 ;
+  assign \$270  = el_i < ln;
+  assign \$271  = \$269  & \$270 ;
+  assign \$272  = ~ \$signal$259 ;
+  assign \$273  = \$271  & \$272 ;
+  assign \$274  = ins[76:64] + el_i;
+  assign \$275  = ins[100:88] + \$signal$261 ;
+  assign \$276  = | \$signal$261 ;
+  assign \$277  = \$signal$261  - 1'h1;
+  assign \$278  = ~ \$signal$266 ;
+  assign \$279  = ~ \$signal$267 ;
+  assign \$280  = \$278  & \$279 ;
+  assign \$281  = rt_lane < 1'h1;
+  assign \$282  = \$280  & \$281 ;
+  assign \$285  = \$signal$269  + \$signal$270 ;
+  assign \$286  = ~ \$signal$274 ;
+  assign \$287  = ~ rt_wphase;
+  assign \$288  = \$signal$274  & \$287 ;
+  assign \$289  = \$signal$276  + rt_s;
+  assign \$290  = \$signal$274  & rt_wphase;
+  assign \$291  = \$signal$276  + rt_s;
+  assign \$292  = \$291  + mk[13:2];
+  assign \$294  = ins[124:112] + \$signal$279 ;
+  assign \$295  = \$signal$173  == \$signal$261 ;
+  assign \$296  = \$signal$280  + \$signal$281 ;
+  assign \$297  = \$signal$280  + mk[13:2];
+  assign \$298  = \$297  + \$signal$281 ;
+  assign \$299  = \$signal$279  + 1'h1;
   assign \$300  = \$299  < mk[13:2];
-  assign \$301  = \$signal$279  + \$signal$257 ;
-  assign \$302  = \$signal$277  - \$signal$280 ;
-  assign \$303  = \$signal$279  + 4'h8;
-  assign \$304  = \$303  + \$signal$257 ;
+  assign \$301  = \$signal$283  + \$signal$261 ;
+  assign \$302  = \$signal$281  - \$signal$284 ;
+  assign \$303  = \$signal$283  + 4'h8;
+  assign \$304  = \$303  + \$signal$261 ;
   assign \$305  = scan >= 4'h8;
   assign \$306  = ins[76:64] + scan;
   assign \$307  = ins[76:64] + 4'h8;
   assign \$308  = \$307  + scan;
-  assign \$309  = \$signal$282  >= \$signal$130 ;
-  assign \$310  = ins[100:88] + offset;
-  assign \$311  = \$310  + \$signal$282 ;
-  assign \$312  = | \$signal$243 ;
-  assign \$313  = \$signal$283  < ins[61:48];
-  assign \$316  = ins[5:0] == 4'ha;
-  assign \$317  = \$316  ? \$signal$134 [12:0] : \$signal$284 ;
+  assign \$309  = \$signal$286  >= \$signal$130 ;
+  assign \$311  = ins[100:88] + offset;
+  assign \$312  = \$311  + \$signal$286 ;
+  assign \$313  = | \$signal$247 ;
+  assign \$314  = \$signal$287  < ins[61:48];
+  assign \$317  = run_gather ? \$signal$134 [12:0] : g_in;
   assign \$318  = ins[76:64] + \$317 ;
-  assign \$319  = \$318  + \$signal$283 ;
+  assign \$319  = \$318  + \$signal$287 ;
   assign \$320  = ~ \$signal$108 ;
   assign \$321  = \$signal$103  & \$320 ;
   assign \$322  = ! ctrl_state;
@@ -2097,11 +2125,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$351  = wr_en & \$350 ;
   assign \$352  = wr_addr == 5'h10;
   assign \$353  = wr_en & \$352 ;
-  assign \$354  = | \$signal$243 ;
-  assign \$355  = \$signal$134  + \$signal$290 ;
-  assign \$357  = \$signal$134  + \$signal$290 ;
+  assign \$354  = | \$signal$247 ;
+  assign \$355  = \$signal$134  + \$signal$295 ;
+  assign \$357  = \$signal$134  + \$signal$295 ;
   assign \$358  = \$356  ? 33'h1ffffffff : \$357 [32:0];
-  assign \$360  = \$signal$290 [32] ? 34'h1ffffffff : \$359 ;
+  assign \$360  = \$signal$295 [32] ? 34'h1ffffffff : \$359 ;
   assign \$362  = | \$signal$142 ;
   assign \$363  = | \$signal$140 ;
   assign \$364  = \$362  & \$363 ;
@@ -2185,539 +2213,557 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$446  = \$signal$158  + sa0;
   assign \$447  = \$signal$160  + sb0;
   assign \$448  = rem1 - 1'h1;
-  assign \$449  = \$signal$298  + sa1;
-  assign \$450  = \$signal$298  + sa1;
-  assign \$451  = \$signal$300  + sb1;
-  assign \$452  = \$signal$300  + sb1;
+  assign \$449  = \$signal$303  + sa1;
+  assign \$450  = \$signal$303  + sa1;
+  assign \$451  = \$signal$305  + sb1;
+  assign \$452  = \$signal$305  + sb1;
   assign \$453  = rem2 - 1'h1;
-  assign \$454  = \$signal$304  + sa2;
-  assign \$455  = \$signal$304  + sa2;
-  assign \$456  = \$signal$304  + sa2;
-  assign \$457  = \$signal$306  + sb2;
-  assign \$458  = \$signal$306  + sb2;
-  assign \$459  = \$signal$306  + sb2;
+  assign \$454  = \$signal$309  + sa2;
+  assign \$455  = \$signal$309  + sa2;
+  assign \$456  = \$signal$309  + sa2;
+  assign \$457  = \$signal$311  + sb2;
+  assign \$458  = \$signal$311  + sb2;
+  assign \$459  = \$signal$311  + sb2;
   assign \$460  = | rem2[13:1];
   assign \$461  = ~ \$460 ;
   assign \$462  = ins[5:0] == 4'hd;
   assign \$463  = ins[5:0] == 4'hc;
   assign \$464  = \$463  ? 2'h1 : 2'h0;
   assign \$465  = \$462  ? 2'h2 : \$464 ;
-  assign \$466  = \$signal$189  & rq_in__ready;
-  assign \$467  = \$signal$163  & eng_ready;
-  assign \$468  = \$signal$189  & rq_in__ready;
-  assign \$469  = \$468  ? 3'h0 : \$signal$308 ;
-  assign \$470  = \$signal$189  & rq_in__ready;
-  assign \$471  = \$470  ? 3'h0 : \$signal$308 ;
-  assign \$472  = \$471  + 1'h1;
-  assign \$473  = \$signal$189  & rq_in__ready;
-  assign \$474  = \$473  ? 3'h0 : \$signal$308 ;
-  assign \$475  = \$474  == 2'h3;
-  assign \$476  = \$475  | \$signal$177 ;
-  assign \$477  = rq_lane == 2'h3;
-  assign \$478  = \$477  | rq_at_last;
-  assign \$479  = rq_lane + 1'h1;
-  assign \$480  = \$478  ? 3'h0 : \$479 ;
-  assign \$481  = ~ a_in__valid;
-  assign \$482  = ~ gm_afeed_done;
-  assign \$483  = \$481  & \$482 ;
-  assign \$484  = gm_lane == 3'h4;
-  assign \$485  = ! \$signal$224 [13:3];
-  assign \$486  = gm_lane >= \$signal$224 [2:0];
-  assign \$487  = \$485  & \$486 ;
-  assign \$488  = \$484  | \$487 ;
-  assign \$489  = ~ \$488 ;
-  assign \$490  = \$483  & \$489 ;
-  assign \$493  = gm_lane + 1'h1;
-  assign \$494  = \$signal$225  + ins[38:32];
-  assign \$495  = ~ a_in__valid;
-  assign \$496  = ~ gm_afeed_done;
-  assign \$497  = \$495  & \$496 ;
-  assign \$498  = gm_lane == 3'h4;
-  assign \$499  = ! \$signal$224 [13:3];
-  assign \$500  = gm_lane >= \$signal$224 [2:0];
-  assign \$501  = \$499  & \$500 ;
-  assign \$502  = \$498  | \$501 ;
-  assign \$503  = \$497  & \$502 ;
-  assign \$504  = a_in__valid & a_in__ready;
-  assign \$505  = \$signal$312  + 1'h1;
-  assign \$506  = \$505  < ins[38:32];
-  assign \$507  = \$signal$312  + 1'h1;
-  assign \$508  = gm_wstart + 1'h1;
-  assign \$509  = gm_wstart + 1'h1;
-  assign \$510  = \$signal$224  - 3'h4;
-  assign \$511  = \$signal$225  - ins[38:32];
-  assign \$512  = $signed(\$511 ) + $signed(2'h1);
-  assign \$513  = \$signal$225  - ins[38:32];
-  assign \$514  = $signed(\$513 ) + $signed(2'h1);
-  assign \$515  = ! \$signal$224 [13:3];
-  assign \$516  = \$signal$224 [2:0] <= 3'h4;
-  assign \$517  = \$515  & \$516 ;
-  assign \$518  = gc_lane + 1'h1;
-  assign \$519  = \$signal$227  + ins[56:48];
-  assign \$520  = gc_lane + 1'h1;
-  assign \$521  = \$520  == 2'h3;
-  assign \$522  = ! \$signal$314 [13:3];
+  assign \$466  = ins[5:0] == 2'h3;
+  assign \$467  = ins[5:0] == 3'h4;
+  assign \$468  = ins[5:0] == 3'h5;
+  assign \$469  = ins[5:0] == 3'h6;
+  assign \$470  = ins[5:0] == 4'ha;
+  assign \$471  = \$signal$192  & rq_in__ready;
+  assign \$472  = \$signal$163  & eng_ready;
+  assign \$473  = \$signal$192  & rq_in__ready;
+  assign \$474  = \$473  ? 3'h0 : \$signal$313 ;
+  assign \$475  = \$signal$192  & rq_in__ready;
+  assign \$476  = \$475  ? 3'h0 : \$signal$313 ;
+  assign \$477  = \$476  + 1'h1;
+  assign \$478  = \$signal$192  & rq_in__ready;
+  assign \$479  = \$478  ? 3'h0 : \$signal$313 ;
+  assign \$480  = \$479  == 2'h3;
+  assign \$481  = \$480  | \$signal$178 ;
+  assign \$482  = rq_lane == 2'h3;
+  assign \$483  = \$482  | rq_at_last;
+  assign \$484  = rq_lane + 1'h1;
+  assign \$485  = \$483  ? 3'h0 : \$484 ;
+  assign \$486  = ~ a_in__valid;
+  assign \$487  = ~ gm_afeed_done;
+  assign \$488  = \$486  & \$487 ;
+  assign \$489  = gm_lane == 3'h4;
+  assign \$490  = ! \$signal$228 [13:3];
+  assign \$491  = gm_lane >= \$signal$228 [2:0];
+  assign \$492  = \$490  & \$491 ;
+  assign \$493  = \$489  | \$492 ;
+  assign \$494  = ~ \$493 ;
+  assign \$495  = \$488  & \$494 ;
+  assign \$498  = gm_lane + 1'h1;
+  assign \$499  = \$signal$229  + ins[38:32];
+  assign \$500  = ~ a_in__valid;
+  assign \$501  = ~ gm_afeed_done;
+  assign \$502  = \$500  & \$501 ;
+  assign \$503  = gm_lane == 3'h4;
+  assign \$504  = ! \$signal$228 [13:3];
+  assign \$505  = gm_lane >= \$signal$228 [2:0];
+  assign \$506  = \$504  & \$505 ;
+  assign \$507  = \$503  | \$506 ;
+  assign \$508  = \$502  & \$507 ;
+  assign \$509  = a_in__valid & a_in__ready;
+  assign \$510  = \$signal$317  + 1'h1;
+  assign \$511  = \$510  < ins[38:32];
+  assign \$512  = \$signal$317  + 1'h1;
+  assign \$513  = gm_wstart + 1'h1;
+  assign \$514  = gm_wstart + 1'h1;
+  assign \$515  = \$signal$228  - 3'h4;
+  assign \$516  = \$signal$229  - ins[38:32];
+  assign \$517  = $signed(\$516 ) + $signed(2'h1);
+  assign \$518  = \$signal$229  - ins[38:32];
+  assign \$519  = $signed(\$518 ) + $signed(2'h1);
+  assign \$520  = ! \$signal$228 [13:3];
+  assign \$521  = \$signal$228 [2:0] <= 3'h4;
+  assign \$522  = \$520  & \$521 ;
   assign \$523  = gc_lane + 1'h1;
-  assign \$524  = \$523  + 1'h1;
-  assign \$525  = \$524  >= \$signal$314 [2:0];
-  assign \$526  = \$522  & \$525 ;
-  assign \$527  = \$521  | \$526 ;
-  assign \$528  = \$signal$315  + 1'h1;
-  assign \$529  = \$528  < ins[56:48];
-  assign \$530  = \$signal$315  + 1'h1;
-  assign \$531  = gc_wstart + 1'h1;
-  assign \$532  = gc_wstart + 1'h1;
-  assign \$533  = ! \$signal$314 [13:3];
-  assign \$534  = \$signal$314 [2:0] <= 1'h1;
-  assign \$535  = \$533  & \$534 ;
-  assign \$537  = \$signal$314  - 3'h4;
-  assign \$538  = \$signal$227  + 1'h1;
-  assign \$539  = \$signal$227  + 1'h1;
-  assign \$540  = \$signal$314  - 3'h4;
-  assign \$541  = ! \$540 [13:3];
-  assign \$542  = \$signal$314  - 3'h4;
-  assign \$543  = \$542 [2:0] <= 1'h1;
-  assign \$544  = \$541  & \$543 ;
-  assign \$546  = \$signal$118  + 1'h1;
-  assign \$547  = busy_dma + 1'h1;
-  assign \$548  = busy_gemm + 1'h1;
-  assign \$549  = busy_act + 1'h1;
-  assign \$550  = busy_route + 1'h1;
-  assign \$551  = busy_vector + 1'h1;
-  assign \$552  = busy_move + 1'h1;
-  assign \$553  = ~ eng_run;
-  assign \$554  = ~ \$signal$163 ;
-  assign \$555  = \$554  | eng_ready;
-  assign \$556  = \$553  | \$555 ;
-  assign \$557  = pc >= 7'h40;
-  assign \$558  = fetch_word + 1'h1;
-  assign \$559  = fetch_word == 4'h8;
-  assign \$560  = | \$signal$243 ;
-  assign \$561  = step != 3'h7;
-  assign \$562  = ! ins[5:0];
-  assign \$563  = settle != 2'h2;
-  assign \$564  = | decode_q;
-  assign \$565  = | \$signal$134 [32:14];
-  assign \$566  = \$565  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$567  = | \$signal$134 [32:14];
-  assign \$568  = \$567  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$569  = | \$signal$134 [32:14];
-  assign \$570  = \$569  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$571  = | \$signal$134 [32:14];
-  assign \$572  = \$571  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$573  = | \$signal$134 [32:18];
-  assign \$574  = \$573  ? 18'h3ffff : \$signal$134 [17:0];
-  assign \$575  = step + 1'h1;
-  assign \$576  = settle + 1'h1;
-  assign \$577  = ins[5:0] == 1'h1;
-  assign \$578  = ins[5:0] == 2'h2;
-  assign \$579  = ins[5:0] == 2'h3;
-  assign \$580  = ins[5:0] == 3'h4;
-  assign \$581  = ins[5:0] == 3'h5;
-  assign \$582  = ins[5:0] == 3'h6;
-  assign \$583  = ins[5:0] == 4'h8;
-  assign \$584  = ins[5:0] == 3'h7;
-  assign \$585  = ins[5:0] == 4'hc;
-  assign \$586  = ins[5:0] == 4'hd;
-  assign \$587  = ins[5:0] == 4'ha;
-  assign \$588  = ins[5:0] == 4'hb;
-  assign \$589  = \$signal$121  + 1'h1;
-  assign \$590  = ln == 1'h1;
-  assign \$593  = ! m_eff[13:3];
-  assign \$594  = m_eff[2:0] <= 1'h1;
-  assign \$595  = \$593  & \$594 ;
-  assign \$600  = ins[124:112] + \$599 ;
-  assign \$602  = ins[124:112] + \$601 ;
-  assign \$603  = \$602  + 5'h10;
-  assign \$604  = ins[5:0] == 2'h3;
-  assign \$605  = el_i + 1'h1;
-  assign \$606  = el_i + 2'h2;
-  assign \$607  = \$606  == ln;
-  assign \$608  = el_i < ln;
-  assign \$609  = ~ \$608 ;
-  assign \$610  = eng_run & \$609 ;
-  assign \$611  = ins[5:0] == 3'h5;
-  assign \$612  = pc + 1'h1;
-  assign \$613  = \$signal$121  + 1'h1;
-  assign \$614  = ~ rd_busy;
+  assign \$524  = \$signal$231  + ins[56:48];
+  assign \$525  = gc_lane + 1'h1;
+  assign \$526  = \$525  == 2'h3;
+  assign \$527  = ! \$signal$319 [13:3];
+  assign \$528  = gc_lane + 1'h1;
+  assign \$529  = \$528  + 1'h1;
+  assign \$530  = \$529  >= \$signal$319 [2:0];
+  assign \$531  = \$527  & \$530 ;
+  assign \$532  = \$526  | \$531 ;
+  assign \$533  = \$signal$320  + 1'h1;
+  assign \$534  = \$533  < ins[56:48];
+  assign \$535  = \$signal$320  + 1'h1;
+  assign \$536  = gc_wstart + 1'h1;
+  assign \$537  = gc_wstart + 1'h1;
+  assign \$538  = ! \$signal$319 [13:3];
+  assign \$539  = \$signal$319 [2:0] <= 1'h1;
+  assign \$540  = \$538  & \$539 ;
+  assign \$542  = \$signal$319  - 3'h4;
+  assign \$543  = \$signal$231  + 1'h1;
+  assign \$544  = \$signal$231  + 1'h1;
+  assign \$545  = \$signal$319  - 3'h4;
+  assign \$546  = ! \$545 [13:3];
+  assign \$547  = \$signal$319  - 3'h4;
+  assign \$548  = \$547 [2:0] <= 1'h1;
+  assign \$549  = \$546  & \$548 ;
+  assign \$551  = \$signal$118  + 1'h1;
+  assign \$552  = busy_dma + 1'h1;
+  assign \$553  = busy_gemm + 1'h1;
+  assign \$554  = busy_act + 1'h1;
+  assign \$555  = busy_route + 1'h1;
+  assign \$556  = busy_vector + 1'h1;
+  assign \$557  = busy_move + 1'h1;
+  assign \$558  = ~ eng_run;
+  assign \$559  = ~ \$signal$163 ;
+  assign \$560  = \$559  | eng_ready;
+  assign \$561  = \$558  | \$560 ;
+  assign \$562  = pc >= 7'h40;
+  assign \$563  = fetch_word + 1'h1;
+  assign \$564  = fetch_word == 4'h8;
+  assign \$565  = | \$signal$247 ;
+  assign \$566  = step != 3'h7;
+  assign \$567  = ! ins[5:0];
+  assign \$568  = settle != 2'h2;
+  assign \$569  = | decode_q;
+  assign \$570  = | \$signal$134 [32:14];
+  assign \$571  = \$570  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$572  = | \$signal$134 [32:14];
+  assign \$573  = \$572  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$574  = | \$signal$134 [32:14];
+  assign \$575  = \$574  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$576  = | \$signal$134 [32:14];
+  assign \$577  = \$576  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$578  = | \$signal$134 [32:18];
+  assign \$579  = \$578  ? 18'h3ffff : \$signal$134 [17:0];
+  assign \$580  = step + 1'h1;
+  assign \$581  = settle + 1'h1;
+  assign \$582  = ins[5:0] == 1'h1;
+  assign \$583  = ins[5:0] == 2'h2;
+  assign \$584  = ins[5:0] == 2'h3;
+  assign \$585  = ins[5:0] == 3'h4;
+  assign \$586  = ins[5:0] == 3'h5;
+  assign \$587  = ins[5:0] == 3'h6;
+  assign \$588  = ins[5:0] == 4'h8;
+  assign \$589  = ins[5:0] == 3'h7;
+  assign \$590  = ins[5:0] == 4'hc;
+  assign \$591  = ins[5:0] == 4'hd;
+  assign \$592  = ins[5:0] == 4'ha;
+  assign \$593  = ins[5:0] == 4'hb;
+  assign \$594  = \$signal$121  + 1'h1;
+  assign \$595  = ln == 1'h1;
+  assign \$598  = ! m_eff[13:3];
+  assign \$599  = m_eff[2:0] <= 1'h1;
+  assign \$600  = \$598  & \$599 ;
+  assign \$605  = ins[124:112] + \$604 ;
+  assign \$607  = ins[124:112] + \$606 ;
+  assign \$608  = \$607  + 5'h10;
+  assign \$609  = el_i + 1'h1;
+  assign \$610  = el_i + 2'h2;
+  assign \$611  = \$610  == ln;
+  assign \$612  = el_i < ln;
+  assign \$613  = ~ \$612 ;
+  assign \$614  = eng_run & \$613 ;
   assign \$615  = pc + 1'h1;
   assign \$616  = \$signal$121  + 1'h1;
-  assign \$617  = ~ \$signal$251 ;
-  assign \$618  = rd_data__valid & \$617 ;
-  assign \$619  = el_i < ln;
-  assign \$620  = el_i + 1'h1;
-  assign \$621  = ld_e + 1'h1;
-  assign \$622  = ld_e + 1'h1;
-  assign \$623  = ins[243:238] == 1'h1;
-  assign \$624  = ins[243:238] == 2'h2;
-  assign \$625  = \$624  ? 2'h2 : 2'h1;
-  assign \$626  = \$623  ? 3'h4 : { 1'h0, \$625  };
-  assign \$627  = \$622  >= \$626 ;
-  assign \$628  = ~ rd_busy;
-  assign \$629  = ~ \$signal$251 ;
-  assign \$630  = \$628  & \$629 ;
-  assign \$631  = el_i < ln;
-  assign \$632  = ~ \$631 ;
-  assign \$633  = \$630  & \$632 ;
-  assign \$634  = pc + 1'h1;
-  assign \$635  = \$signal$121  + 1'h1;
-  assign \$636  = ~ \$signal$253 ;
-  assign \$637  = \$signal$254  < 1'h1;
-  assign \$638  = \$636  & \$637 ;
-  assign \$639  = el_i < ln;
-  assign \$640  = \$638  & \$639 ;
-  assign \$641  = ~ \$signal$255 ;
-  assign \$642  = \$640  & \$641 ;
-  assign \$643  = el_i + 1'h1;
-  assign \$644  = \$signal$254  + 1'h1;
-  assign \$645  = ~ \$signal$253 ;
-  assign \$646  = ~ \$signal$255 ;
-  assign \$647  = \$645  & \$646 ;
-  assign \$648  = | \$signal$254 ;
-  assign \$649  = \$647  & \$648 ;
-  assign \$650  = \$signal$254  == 1'h1;
-  assign \$651  = el_i < ln;
-  assign \$652  = ~ \$651 ;
-  assign \$653  = \$650  | \$652 ;
-  assign \$654  = \$649  & \$653 ;
-  assign \$655  = wr_data__valid & wr_data__ready;
-  assign \$656  = ~ wr_busy;
-  assign \$657  = el_i < ln;
-  assign \$658  = ~ \$657 ;
-  assign \$659  = \$656  & \$658 ;
-  assign \$660  = ~ \$signal$253 ;
-  assign \$661  = \$659  & \$660 ;
-  assign \$662  = ~ \$signal$255 ;
-  assign \$663  = \$661  & \$662 ;
-  assign \$664  = pc + 1'h1;
-  assign \$665  = \$signal$121  + 1'h1;
-  assign \$666  = \$signal$257  + 1'h1;
-  assign \$667  = \$signal$257  == 4'h8;
-  assign \$668  = ~ \$signal$262 ;
-  assign \$669  = ~ \$signal$263 ;
-  assign \$670  = \$668  & \$669 ;
-  assign \$671  = rt_lane < 1'h1;
-  assign \$672  = \$670  & \$671 ;
-  assign \$675  = \$signal$266  < 4'h8;
-  assign \$676  = rt_lane + 1'h1;
-  assign \$677  = \$signal$266  + 1'h1;
-  assign \$678  = \$signal$332  ? rd0__data[12:0] : 13'h0000;
-  assign \$680  = scores__valid & scores__ready;
-  assign \$681  = \$signal$266  >= 4'h8;
-  assign \$682  = \$signal$328  - 1'h1;
-  assign \$683  = \$signal$265  + 4'h8;
-  assign \$684  = | \$signal$328 [13:1];
-  assign \$685  = ~ \$684 ;
-  assign \$686  = ~ \$signal$270 ;
-  assign \$687  = routes__valid & \$686 ;
-  assign \$688  = ~ rt_wphase;
-  assign \$689  = \$signal$270  & \$688 ;
-  assign \$690  = \$signal$270  & rt_wphase;
-  assign \$691  = rt_s == 1'h1;
-  assign \$692  = \$signal$274 [19] | \$691 ;
-  assign \$693  = \$signal$330  - 1'h1;
-  assign \$694  = \$signal$272  + 2'h2;
-  assign \$695  = rt_s + 1'h1;
-  assign \$696  = ! \$signal$330 ;
-  assign \$697  = \$signal$173  == \$signal$257 ;
-  assign \$698  = \$signal$277  + 1'h1;
-  assign \$699  = \$signal$275  + 1'h1;
-  assign \$700  = \$699  < mk[13:2];
-  assign \$701  = \$signal$275  + 1'h1;
-  assign \$702  = \$signal$336  == 1'h1;
-  assign \$703  = \$signal$278  + 1'h1;
-  assign \$704  = \$signal$336  + 1'h1;
-  assign \$705  = \$signal$257  + 1'h1;
-  assign \$706  = \$signal$257  + 1'h1;
-  assign \$707  = \$706  < 4'h8;
-  assign \$708  = pc + 1'h1;
-  assign \$709  = \$signal$121  + 1'h1;
-  assign \$710  = scan >= 4'h8;
-  assign \$711  = \$signal$121  + 1'h1;
-  assign \$712  = scan + 1'h1;
-  assign \$713  = | \$signal$173 ;
-  assign \$714  = | rd1_q[23:14];
-  assign \$715  = \$714  ? 14'h3fff : rd1_q[13:0];
-  assign \$716  = pc + 1'h1;
-  assign \$717  = \$signal$121  + 1'h1;
-  assign \$718  = \$signal$282  >= \$signal$130 ;
-  assign \$719  = pc + 1'h1;
-  assign \$720  = \$signal$121  + 1'h1;
-  assign \$721  = | \$signal$173 [31:16];
-  assign \$722  = \$signal$173 [15:0] >= m_eff;
-  assign \$723  = \$721  | \$722 ;
-  assign \$724  = | \$signal$243 ;
-  assign \$725  = \$signal$283  < ins[61:48];
-  assign \$728  = \$signal$283  + 1'h1;
-  assign \$729  = ins[5:0] == 4'ha;
-  assign \$730  = \$729  ? \$signal$284  : \$signal$134 [12:0];
-  assign \$731  = ins[124:112] + \$730 ;
-  assign \$732  = \$731  + \$signal$283 ;
-  assign \$733  = \$signal$283  >= ins[61:48];
-  assign \$734  = \$733  & \$signal$285 ;
-  assign \$735  = \$signal$282  + 1'h1;
-  assign \$736  = \$signal$284  + ins[61:48];
-  assign \$737  = ~ rd_busy;
-  assign \$738  = ~ wr_busy;
+  assign \$617  = ~ rd_busy;
+  assign \$618  = pc + 1'h1;
+  assign \$619  = \$signal$121  + 1'h1;
+  assign \$620  = ~ \$signal$255 ;
+  assign \$621  = rd_data__valid & \$620 ;
+  assign \$622  = el_i < ln;
+  assign \$623  = el_i + 1'h1;
+  assign \$624  = ld_e + 1'h1;
+  assign \$625  = ld_e + 1'h1;
+  assign \$626  = ins[243:238] == 1'h1;
+  assign \$627  = ins[243:238] == 2'h2;
+  assign \$628  = \$627  ? 2'h2 : 2'h1;
+  assign \$629  = \$626  ? 3'h4 : { 1'h0, \$628  };
+  assign \$630  = \$625  >= \$629 ;
+  assign \$631  = ~ rd_busy;
+  assign \$632  = ~ \$signal$255 ;
+  assign \$633  = \$631  & \$632 ;
+  assign \$634  = el_i < ln;
+  assign \$635  = ~ \$634 ;
+  assign \$636  = \$633  & \$635 ;
+  assign \$637  = pc + 1'h1;
+  assign \$638  = \$signal$121  + 1'h1;
+  assign \$639  = ~ \$signal$257 ;
+  assign \$640  = \$signal$258  < 1'h1;
+  assign \$641  = \$639  & \$640 ;
+  assign \$642  = el_i < ln;
+  assign \$643  = \$641  & \$642 ;
+  assign \$644  = ~ \$signal$259 ;
+  assign \$645  = \$643  & \$644 ;
+  assign \$646  = el_i + 1'h1;
+  assign \$647  = \$signal$258  + 1'h1;
+  assign \$648  = ~ \$signal$257 ;
+  assign \$649  = ~ \$signal$259 ;
+  assign \$650  = \$648  & \$649 ;
+  assign \$651  = | \$signal$258 ;
+  assign \$652  = \$650  & \$651 ;
+  assign \$653  = \$signal$258  == 1'h1;
+  assign \$654  = el_i < ln;
+  assign \$655  = ~ \$654 ;
+  assign \$656  = \$653  | \$655 ;
+  assign \$657  = \$652  & \$656 ;
+  assign \$658  = wr_data__valid & wr_data__ready;
+  assign \$659  = ~ wr_busy;
+  assign \$660  = el_i < ln;
+  assign \$661  = ~ \$660 ;
+  assign \$662  = \$659  & \$661 ;
+  assign \$663  = ~ \$signal$257 ;
+  assign \$664  = \$662  & \$663 ;
+  assign \$665  = ~ \$signal$259 ;
+  assign \$666  = \$664  & \$665 ;
+  assign \$667  = pc + 1'h1;
+  assign \$668  = \$signal$121  + 1'h1;
+  assign \$669  = \$signal$261  + 1'h1;
+  assign \$670  = \$signal$261  == 4'h8;
+  assign \$671  = ~ \$signal$266 ;
+  assign \$672  = ~ \$signal$267 ;
+  assign \$673  = \$671  & \$672 ;
+  assign \$674  = rt_lane < 1'h1;
+  assign \$675  = \$673  & \$674 ;
+  assign \$678  = \$signal$270  < 4'h8;
+  assign \$679  = rt_lane + 1'h1;
+  assign \$680  = \$signal$270  + 1'h1;
+  assign \$681  = \$signal$337  ? rd0__data[12:0] : 13'h0000;
+  assign \$683  = scores__valid & scores__ready;
+  assign \$684  = \$signal$270  >= 4'h8;
+  assign \$685  = \$signal$333  - 1'h1;
+  assign \$686  = \$signal$269  + 4'h8;
+  assign \$687  = | \$signal$333 [13:1];
+  assign \$688  = ~ \$687 ;
+  assign \$689  = ~ \$signal$274 ;
+  assign \$690  = routes__valid & \$689 ;
+  assign \$691  = ~ rt_wphase;
+  assign \$692  = \$signal$274  & \$691 ;
+  assign \$693  = \$signal$274  & rt_wphase;
+  assign \$694  = rt_s == 1'h1;
+  assign \$695  = \$signal$278 [19] | \$694 ;
+  assign \$696  = \$signal$335  - 1'h1;
+  assign \$697  = \$signal$276  + 2'h2;
+  assign \$698  = rt_s + 1'h1;
+  assign \$699  = ! \$signal$335 ;
+  assign \$701  = \$signal$173  == \$signal$261 ;
+  assign \$702  = \$signal$281  + 1'h1;
+  assign \$703  = \$signal$279  + 1'h1;
+  assign \$704  = \$703  < mk[13:2];
+  assign \$705  = \$signal$279  + 1'h1;
+  assign \$706  = \$signal$341  == 1'h1;
+  assign \$707  = \$signal$282  + 1'h1;
+  assign \$708  = \$signal$341  + 1'h1;
+  assign \$709  = \$signal$261  + 1'h1;
+  assign \$710  = \$signal$261  + 1'h1;
+  assign \$711  = \$710  < 4'h8;
+  assign \$712  = pc + 1'h1;
+  assign \$713  = \$signal$121  + 1'h1;
+  assign \$714  = scan >= 4'h8;
+  assign \$715  = \$signal$121  + 1'h1;
+  assign \$716  = scan + 1'h1;
+  assign \$717  = | \$signal$173 ;
+  assign \$718  = | rd1_q[23:14];
+  assign \$719  = \$718  ? 14'h3fff : rd1_q[13:0];
+  assign \$720  = pc + 1'h1;
+  assign \$721  = \$signal$121  + 1'h1;
+  assign \$722  = \$signal$286  >= \$signal$130 ;
+  assign \$724  = pc + 1'h1;
+  assign \$725  = \$signal$121  + 1'h1;
+  assign \$726  = | \$signal$173 [31:16];
+  assign \$727  = \$signal$173 [15:0] >= m_eff;
+  assign \$728  = \$726  | \$727 ;
+  assign \$729  = | \$signal$247 ;
+  assign \$730  = \$signal$287  < ins[61:48];
+  assign \$733  = \$signal$287  + 1'h1;
+  assign \$734  = run_gather ? g_in : \$signal$134 [12:0];
+  assign \$735  = ins[124:112] + \$734 ;
+  assign \$736  = \$735  + \$signal$287 ;
+  assign \$737  = \$signal$287  >= ins[61:48];
+  assign \$738  = ~ \$signal$342 ;
   assign \$739  = \$737  & \$738 ;
-  assign \$740  = ~ \$signal$108 ;
-  assign \$741  = \$signal$103  & \$740 ;
+  assign \$740  = \$739  & \$signal$290 ;
+  assign \$741  = \$signal$286  + 1'h1;
+  assign \$742  = g_in + ins[61:48];
+  assign \$743  = ~ rd_busy;
+  assign \$744  = ~ wr_busy;
+  assign \$745  = \$743  & \$744 ;
+  assign \$746  = ~ \$signal$108 ;
+  assign \$747  = \$signal$103  & \$746 ;
   always @(posedge clk)
-    \$signal$119  <= \$742 ;
+    \$signal$119  <= \$748 ;
   always @(posedge clk)
-    host_size <= \$743 ;
+    host_size <= \$749 ;
   always @(posedge clk)
-    rsel <= \$744 ;
+    rsel <= \$750 ;
   always @(posedge clk)
-    \$signal$134  <= \$745 ;
+    \$signal$134  <= \$751 ;
   always @(posedge clk)
-    \$signal$290  <= \$746 ;
+    \$signal$295  <= \$752 ;
   always @(posedge clk)
-    \$signal$243  <= \$747 ;
+    \$signal$247  <= \$753 ;
   always @(posedge clk)
-    \$signal$148  <= \$748 ;
+    \$signal$148  <= \$754 ;
   always @(posedge clk)
-    \$signal$153  <= \$749 ;
+    \$signal$153  <= \$755 ;
   always @(posedge clk)
-    \$signal$152  <= \$750 ;
+    \$signal$152  <= \$756 ;
   always @(posedge clk)
-    \$signal$154  <= \$751 ;
+    \$signal$154  <= \$757 ;
   always @(posedge clk)
-    decode_q <= \$752 ;
+    decode_q <= \$758 ;
   always @(posedge clk)
-    \$signal$163  <= \$753 ;
+    \$signal$163  <= \$759 ;
   always @(posedge clk)
-    \$signal$177  <= \$754 ;
+    \$signal$178  <= \$760 ;
   always @(posedge clk)
-    \$signal$162  <= \$755 ;
+    \$signal$162  <= \$761 ;
   always @(posedge clk)
-    \$signal$291  <= \$756 ;
+    \$signal$296  <= \$762 ;
   always @(posedge clk)
-    rem0 <= \$757 ;
+    rem0 <= \$763 ;
   always @(posedge clk)
-    \$signal$158  <= \$758 ;
+    \$signal$158  <= \$764 ;
   always @(posedge clk)
-    \$signal$160  <= \$759 ;
+    \$signal$160  <= \$765 ;
   always @(posedge clk)
-    rem1 <= \$760 ;
+    rem1 <= \$766 ;
   always @(posedge clk)
-    \$signal$298  <= \$761 ;
+    \$signal$303  <= \$767 ;
   always @(posedge clk)
-    \$signal$300  <= \$762 ;
+    \$signal$305  <= \$768 ;
   always @(posedge clk)
-    rem2 <= \$763 ;
+    rem2 <= \$769 ;
   always @(posedge clk)
-    \$signal$304  <= \$764 ;
+    \$signal$309  <= \$770 ;
   always @(posedge clk)
-    \$signal$306  <= \$765 ;
+    \$signal$311  <= \$771 ;
   always @(posedge clk)
-    \$signal$292  <= \$766 ;
+    \$signal$297  <= \$772 ;
   always @(posedge clk)
-    op <= \$767 ;
+    vec_op <= \$773 ;
   always @(posedge clk)
-    \$signal$189  <= \$768 ;
+    run_gemm <= \$774 ;
   always @(posedge clk)
-    \$signal$308  <= \$769 ;
+    run_requant <= \$775 ;
   always @(posedge clk)
-    rq_in__payload <= \$770 ;
+    run_sigmoid <= \$776 ;
   always @(posedge clk)
-    rq_lane <= \$771 ;
+    run_situ <= \$777 ;
   always @(posedge clk)
-    \$signal$309  <= \$772 ;
+    run_gather <= \$778 ;
   always @(posedge clk)
-    gm_cap_lane <= \$773 ;
+    \$signal$192  <= \$779 ;
   always @(posedge clk)
-    gm_lane <= \$774 ;
+    \$signal$313  <= \$780 ;
   always @(posedge clk)
-    \$signal$225  <= \$775 ;
+    rq_in__payload <= \$781 ;
   always @(posedge clk)
-    a_in__valid <= \$776 ;
+    rq_lane <= \$782 ;
   always @(posedge clk)
-    \$signal$312  <= \$777 ;
+    \$signal$314  <= \$783 ;
   always @(posedge clk)
-    gm_wstart <= \$778 ;
+    gm_cap_lane <= \$784 ;
   always @(posedge clk)
-    \$signal$224  <= \$779 ;
+    gm_lane <= \$785 ;
   always @(posedge clk)
-    gm_afeed_done <= \$780 ;
+    \$signal$229  <= \$786 ;
   always @(posedge clk)
-    gc_lane <= \$781 ;
+    a_in__valid <= \$787 ;
   always @(posedge clk)
-    \$signal$227  <= \$782 ;
+    \$signal$317  <= \$788 ;
   always @(posedge clk)
-    gc_last <= \$783 ;
+    gm_wstart <= \$789 ;
   always @(posedge clk)
-    \$signal$315  <= \$784 ;
+    \$signal$228  <= \$790 ;
   always @(posedge clk)
-    gc_wstart <= \$785 ;
+    gm_afeed_done <= \$791 ;
   always @(posedge clk)
-    \$signal$314  <= \$786 ;
+    gc_lane <= \$792 ;
   always @(posedge clk)
-    \$signal$118  <= \$787 ;
+    \$signal$231  <= \$793 ;
   always @(posedge clk)
-    busy_dma <= \$788 ;
+    gc_last <= \$794 ;
   always @(posedge clk)
-    busy_gemm <= \$789 ;
+    \$signal$320  <= \$795 ;
   always @(posedge clk)
-    busy_act <= \$790 ;
+    gc_wstart <= \$796 ;
   always @(posedge clk)
-    busy_route <= \$791 ;
+    \$signal$319  <= \$797 ;
   always @(posedge clk)
-    busy_vector <= \$792 ;
+    \$signal$118  <= \$798 ;
   always @(posedge clk)
-    busy_move <= \$793 ;
+    busy_dma <= \$799 ;
   always @(posedge clk)
-    \$signal$173  <= \$794 ;
+    busy_gemm <= \$800 ;
   always @(posedge clk)
-    rd1_q <= \$795 ;
+    busy_act <= \$801 ;
   always @(posedge clk)
-    \$signal$108  <= \$796 ;
+    busy_route <= \$802 ;
   always @(posedge clk)
-    \$signal$109  <= \$797 ;
+    busy_vector <= \$803 ;
   always @(posedge clk)
-    err <= \$798 ;
+    busy_move <= \$804 ;
   always @(posedge clk)
-    pc <= \$799 ;
+    \$signal$173  <= \$805 ;
   always @(posedge clk)
-    \$signal$121  <= \$800 ;
+    rd1_q <= \$806 ;
   always @(posedge clk)
-    \$signal$146  <= \$801 ;
+    \$signal$108  <= \$807 ;
   always @(posedge clk)
-    exp_active <= \$802 ;
+    \$signal$109  <= \$808 ;
   always @(posedge clk)
-    \$signal$149  <= \$803 ;
+    err <= \$809 ;
   always @(posedge clk)
-    ctrl_state <= \$804 ;
+    pc <= \$810 ;
   always @(posedge clk)
-    stop_code <= \$805 ;
+    \$signal$121  <= \$811 ;
   always @(posedge clk)
-    cur_unit <= \$806 ;
+    \$signal$146  <= \$812 ;
   always @(posedge clk)
-    fetch_word <= \$807 ;
+    exp_active <= \$813 ;
   always @(posedge clk)
-    ins <= \$808 ;
+    \$signal$149  <= \$814 ;
   always @(posedge clk)
-    step <= \$809 ;
+    ctrl_state <= \$815 ;
   always @(posedge clk)
-    settle <= \$810 ;
+    stop_code <= \$816 ;
   always @(posedge clk)
-    ln <= \$811 ;
+    cur_unit <= \$817 ;
   always @(posedge clk)
-    mk <= \$812 ;
+    fetch_word <= \$818 ;
   always @(posedge clk)
-    p2 <= \$813 ;
+    ins <= \$819 ;
   always @(posedge clk)
-    p3 <= \$814 ;
+    step <= \$820 ;
   always @(posedge clk)
-    l4 <= \$815 ;
+    settle <= \$821 ;
   always @(posedge clk)
-    host_eff <= \$816 ;
+    ln <= \$822 ;
   always @(posedge clk)
-    \$signal$185  <= \$817 ;
+    mk <= \$823 ;
   always @(posedge clk)
-    \$signal$167  <= \$818 ;
+    p2 <= \$824 ;
   always @(posedge clk)
-    rq_shift <= \$819 ;
+    p3 <= \$825 ;
   always @(posedge clk)
-    cnt0 <= \$820 ;
+    l4 <= \$826 ;
   always @(posedge clk)
-    cnt1 <= \$821 ;
+    host_eff <= \$827 ;
   always @(posedge clk)
-    sa0 <= \$822 ;
+    \$signal$185  <= \$828 ;
   always @(posedge clk)
-    sa1 <= \$823 ;
+    \$signal$167  <= \$829 ;
   always @(posedge clk)
-    sa2 <= \$824 ;
+    rq_shift <= \$830 ;
   always @(posedge clk)
-    sb0 <= \$825 ;
+    cnt0 <= \$831 ;
   always @(posedge clk)
-    sb1 <= \$826 ;
+    cnt1 <= \$832 ;
   always @(posedge clk)
-    sb2 <= \$827 ;
+    sa0 <= \$833 ;
   always @(posedge clk)
-    el_i <= \$828 ;
+    sa1 <= \$834 ;
   always @(posedge clk)
-    rq_at_last <= \$829 ;
+    sa2 <= \$835 ;
   always @(posedge clk)
-    \$signal$251  <= \$830 ;
+    sb0 <= \$836 ;
   always @(posedge clk)
-    ld_e <= \$831 ;
+    sb1 <= \$837 ;
   always @(posedge clk)
-    \$signal$253  <= \$832 ;
+    sb2 <= \$838 ;
   always @(posedge clk)
-    \$signal$254  <= \$833 ;
+    el_i <= \$839 ;
   always @(posedge clk)
-    \$signal$255  <= \$834 ;
+    rq_at_last <= \$840 ;
   always @(posedge clk)
-    wr_data__payload <= \$835 ;
+    \$signal$255  <= \$841 ;
   always @(posedge clk)
-    \$signal$257  <= \$836 ;
+    ld_e <= \$842 ;
   always @(posedge clk)
-    \$signal$279  <= \$837 ;
+    \$signal$257  <= \$843 ;
   always @(posedge clk)
-    \$signal$276  <= \$838 ;
+    \$signal$258  <= \$844 ;
   always @(posedge clk)
-    \$signal$282  <= \$839 ;
+    \$signal$259  <= \$845 ;
   always @(posedge clk)
-    \$signal$284  <= \$840 ;
+    wr_data__payload <= \$846 ;
   always @(posedge clk)
-    \$signal$150  <= \$841 ;
+    \$signal$261  <= \$847 ;
   always @(posedge clk)
-    scores_len <= \$842 ;
+    \$signal$283  <= \$848 ;
   always @(posedge clk)
-    \$signal$325  <= \$843 ;
+    \$signal$280  <= \$849 ;
   always @(posedge clk)
-    \$signal$328  <= \$844 ;
+    \$signal$286  <= \$850 ;
   always @(posedge clk)
-    \$signal$266  <= \$845 ;
+    g_in <= \$851 ;
   always @(posedge clk)
-    rt_lane <= \$846 ;
+    \$signal$150  <= \$852 ;
   always @(posedge clk)
-    \$signal$262  <= \$847 ;
+    scores_len <= \$853 ;
   always @(posedge clk)
-    \$signal$265  <= \$848 ;
+    \$signal$330  <= \$854 ;
   always @(posedge clk)
-    \$signal$272  <= \$849 ;
+    \$signal$333  <= \$855 ;
   always @(posedge clk)
-    \$signal$263  <= \$850 ;
+    \$signal$270  <= \$856 ;
   always @(posedge clk)
-    \$signal$329  <= \$851 ;
+    rt_lane <= \$857 ;
   always @(posedge clk)
-    \$signal$330  <= \$852 ;
+    \$signal$266  <= \$858 ;
   always @(posedge clk)
-    rt_s <= \$853 ;
+    \$signal$269  <= \$859 ;
   always @(posedge clk)
-    \$signal$270  <= \$854 ;
+    \$signal$276  <= \$860 ;
   always @(posedge clk)
-    rt_wphase <= \$855 ;
+    \$signal$267  <= \$861 ;
   always @(posedge clk)
-    \$signal$332  <= \$856 ;
+    \$signal$334  <= \$862 ;
   always @(posedge clk)
-    \$signal$274  <= \$857 ;
+    \$signal$335  <= \$863 ;
   always @(posedge clk)
-    \$signal$275  <= \$858 ;
+    rt_s <= \$864 ;
   always @(posedge clk)
-    \$signal$278  <= \$859 ;
+    \$signal$274  <= \$865 ;
   always @(posedge clk)
-    \$signal$336  <= \$860 ;
+    rt_wphase <= \$866 ;
   always @(posedge clk)
-    \$signal$277  <= \$861 ;
+    \$signal$337  <= \$867 ;
   always @(posedge clk)
-    \$signal$280  <= \$862 ;
+    \$signal$278  <= \$868 ;
   always @(posedge clk)
-    scan <= \$863 ;
+    \$signal$279  <= \$869 ;
   always @(posedge clk)
-    \$signal$136  <= \$864 ;
+    \$signal$282  <= \$870 ;
   always @(posedge clk)
-    \$signal$130  <= \$865 ;
+    \$signal$341  <= \$871 ;
   always @(posedge clk)
-    offset <= \$866 ;
+    \$signal$281  <= \$872 ;
   always @(posedge clk)
-    \$signal$283  <= \$867 ;
+    \$signal$284  <= \$873 ;
   always @(posedge clk)
-    \$signal$285  <= \$868 ;
+    scan <= \$874 ;
   always @(posedge clk)
-    \$signal$286  <= \$869 ;
+    \$signal$136  <= \$875 ;
+  always @(posedge clk)
+    \$signal$130  <= \$876 ;
+  always @(posedge clk)
+    offset <= \$877 ;
+  always @(posedge clk)
+    \$signal$287  <= \$878 ;
+  always @(posedge clk)
+    \$signal$342  <= \$879 ;
+  always @(posedge clk)
+    \$signal$290  <= \$880 ;
+  always @(posedge clk)
+    \$signal$343  <= \$881 ;
+  always @(posedge clk)
+    \$signal$291  <= \$882 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -2816,16 +2862,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$104  = ins[63:48] >= 1'h1;
   assign \$105  = \$103  & \$104 ;
   assign \$108  = \$107  ? 5'h10 : 5'h00;
-  assign \$111  = \$110  ? 5'h10 : 5'h00;
-  assign \$112  = | ins[63:62];
-  assign \$113  = \$112  ? 14'h3fff : ins[61:48];
-  assign \$114  = mk + 5'h10;
-  assign \$116  = mk + 5'h10;
-  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
-  assign \$119  = | \$118 [16:14];
-  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
-  assign \$122  = offset + \$signal$130 ;
-  assign \$123  = | \$122 [16:14];
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -2845,9 +2881,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1185$0 (\$870 ),
-    .\port$1203$0 (\$871 ),
-    .\port$3350$2 (l4[17:2]),
+    .\port$1197$0 (\$883 ),
+    .\port$1215$0 (\$884 ),
+    .\port$3378$2 (l4[17:2]),
     .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -2875,7 +2911,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$90 (done),
-    .error(\error$323 ),
+    .error(\error$328 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -2936,37 +2972,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .x(\$signal$173 [15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$202 ),
+    .advance(\i__ready$205 ),
     .clk(clk),
     .i__payload(\i__payload$174 ),
-    .i__valid(\i__valid$201 ),
-    .o__payload(\o__payload$204 ),
-    .o__valid(\o__valid$203 ),
+    .i__valid(\i__valid$204 ),
+    .o__payload(\o__payload$207 ),
+    .o__valid(\o__valid$206 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.spad  spad (
     .clk(clk),
-    .port_w__addr(wr__addr),
-    .port_w__data(wr__data),
-    .port_w__en(wr__en),
-    .rd0__addr(rd0__addr),
-    .rd0__data(rd0__data),
-    .rd0__en(rd0__en),
-    .rd1__addr(rd1__addr),
-    .rd1__data(rd1__data),
-    .rd1__en(rd1__en),
-    .rst(rst)
+    .port__addr(rd0__addr),
+    .\port__addr$20 (rd1__addr),
+    .rd0_rd_data(rd0__data),
+    .rd0_rd_en(rd0__en),
+    .rd1_rd_data(rd1__data),
+    .rd1_rd_en(rd1__en),
+    .rst(rst),
+    .wr__addr(wr__addr),
+    .wr__data(wr__data),
+    .wr__en(wr__en)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
     .i__payload(\i__payload$176 ),
-    .i__ready(\i__ready$206 ),
-    .i__valid(\i__valid$205 ),
+    .i__ready(\i__ready$209 ),
+    .i__valid(\i__valid$208 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$208 ),
-    .o__valid(\o__valid$207 ),
-    .op(op),
+    .o__payload(\o__payload$211 ),
+    .o__valid(\o__valid$210 ),
+    .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -3269,8 +3305,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__addr = \$signal$158 ;
     end
     if (gemm_run) begin
-      if (\$242 ) begin
-        rd0__addr = \$signal$225 ;
+      if (\$241 ) begin
+        rd0__addr = \$signal$229 ;
       end
     end
     casez (ctrl_state)
@@ -3283,7 +3319,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$253 [12:0];
+          rd0__addr = \$252 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3297,17 +3333,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$274 ) begin
-            rd0__addr = \$275 [12:0];
+          if (\$273 ) begin
+            rd0__addr = \$274 [12:0];
           end
       5'h0a:
-          rd0__addr = \$276 [12:0];
+          rd0__addr = \$275 [12:0];
       5'h10:
-          if (\$285 ) begin
-            rd0__addr = \$286 [12:0];
+          if (\$284 ) begin
+            rd0__addr = \$285 [12:0];
           end
       5'h11:
-          rd0__addr = \$294 [12:0];
+          if (\$293 ) begin
+            rd0__addr = \$294 [12:0];
+          end
       5'h12:
           /* empty */;
       5'h13:
@@ -3329,18 +3367,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h0c:
-          (* full_case = 32'd1 *)
           if (\$309 ) begin
-          end else begin
-            rd0__addr = \$311 [12:0];
+          end else if (\$310 ) begin
+            rd0__addr = \$312 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$312 ) begin
-          end else if (\$315 ) begin
+          if (\$313 ) begin
+          end else if (\$316 ) begin
             rd0__addr = \$319 [12:0];
           end
     endcase
@@ -3361,7 +3398,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$256 [12:0];
+          rd1__addr = \$255 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3407,7 +3444,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__en = \$184 ;
     end
     if (gemm_run) begin
-      if (\$242 ) begin
+      if (\$241 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3435,17 +3472,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$274 ) begin
+          if (\$273 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$285 ) begin
+          if (\$284 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
-          rd0__en = 1'h1;
+          if (\$293 ) begin
+            rd0__en = 1'h1;
+          end
       5'h12:
           /* empty */;
       5'h13:
@@ -3467,9 +3506,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h0c:
-          (* full_case = 32'd1 *)
           if (\$309 ) begin
-          end else begin
+          end else if (\$310 ) begin
             rd0__en = 1'h1;
           end
       5'h19:
@@ -3477,8 +3515,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$312 ) begin
-          end else if (\$315 ) begin
+          if (\$313 ) begin
+          end else if (\$316 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3542,10 +3580,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rq_in__valid = 1'h0;
     if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            rq_in__valid = \$signal$189 ;
-      endcase
+      if (run_requant) begin
+        rq_in__valid = \$signal$192 ;
+      end
     end
   end
   always @* begin
@@ -3553,33 +3590,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     eng_ready = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
-      casez (ins[5:0])
-        6'h04:
-            eng_ready = \$222 ;
-        6'h05:
-            eng_ready = i__ready;
-        6'h06:
-            eng_ready = \i__ready$202 ;
-        default:
-            eng_ready = \i__ready$206 ;
-      endcase
+      if (run_requant) begin
+        eng_ready = \$222 ;
+      end else if (run_sigmoid) begin
+        eng_ready = i__ready;
+      end else if (run_situ) begin
+        eng_ready = \i__ready$205 ;
+      end else begin
+        eng_ready = \i__ready$209 ;
+      end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$191  = 1'h0;
+    \$signal$194  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
-      casez (ins[5:0])
-        6'h04:
-            \$signal$191  = c_out__valid;
-        6'h05:
-            \$signal$191  = o__valid;
-        6'h06:
-            \$signal$191  = \o__valid$203 ;
-        default:
-            \$signal$191  = \o__valid$207 ;
-      endcase
+      if (run_requant) begin
+        \$signal$194  = c_out__valid;
+      end else if (run_sigmoid) begin
+        \$signal$194  = o__valid;
+      end else if (run_situ) begin
+        \$signal$194  = \o__valid$206 ;
+      end else begin
+        \$signal$194  = \o__valid$210 ;
+      end
     end
   end
   always @* begin
@@ -3587,28 +3622,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     out_data = 32'd0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
-      casez (ins[5:0])
-        6'h04:
-            out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
-        6'h05:
-            out_data = { 19'h00000, o__payload };
-        6'h06:
-            out_data = { \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204 [15], \o__payload$204  };
-        default:
-            out_data = { \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208  };
-      endcase
+      if (run_requant) begin
+        out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
+      end else if (run_sigmoid) begin
+        out_data = { 19'h00000, o__payload };
+      end else if (run_situ) begin
+        out_data = { \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207  };
+      end else begin
+        out_data = { \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211  };
+      end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     c_out__ready = 1'h0;
     if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            if (c_out__valid) begin
-              c_out__ready = \$224 ;
-            end
-      endcase
+      if (run_requant) begin
+        if (c_out__valid) begin
+          c_out__ready = \$224 ;
+        end
+      end
     end
     if (gemm_run) begin
       if (c_out__valid) begin
@@ -3622,43 +3655,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     i__valid = 1'h0;
     if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            /* empty */;
-        6'h05:
-            i__valid = \$signal$163 ;
-      endcase
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+        i__valid = \$signal$163 ;
+      end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$201  = 1'h0;
+    \i__valid$204  = 1'h0;
     if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            /* empty */;
-        6'h05:
-            /* empty */;
-        6'h06:
-            \i__valid$201  = \$signal$163 ;
-      endcase
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+      end else if (run_situ) begin
+        \i__valid$204  = \$signal$163 ;
+      end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$205  = 1'h0;
+    \i__valid$208  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
-      casez (ins[5:0])
-        6'h04:
-            /* empty */;
-        6'h05:
-            /* empty */;
-        6'h06:
-            /* empty */;
-        default:
-            \i__valid$205  = \$signal$163 ;
-      endcase
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+      end else if (run_situ) begin
+      end else begin
+        \i__valid$208  = \$signal$163 ;
+      end
     end
   end
   always @* begin
@@ -3696,7 +3720,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$258 ;
+          rd_data__ready = \$257 ;
     endcase
   end
   always @* begin
@@ -3704,7 +3728,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$227 ;
+        wr__addr = \$signal$231 ;
       end
     end
     casez (ctrl_state)
@@ -3721,8 +3745,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$191 ) begin
-            wr__addr = \$257 [12:0];
+          if (\$signal$194 ) begin
+            wr__addr = \$256 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3731,9 +3755,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$259 ) begin
-              wr__addr = \$260 [12:0];
+          if (\$signal$255 ) begin
+            if (\$258 ) begin
+              wr__addr = \$259 [12:0];
             end
           end
       5'h09:
@@ -3742,11 +3766,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$289 ) begin
-            wr__addr = \$290 [12:0];
+          if (\$288 ) begin
+            wr__addr = \$289 [12:0];
           end
-          if (\$291 ) begin
-            wr__addr = \$293 [12:0];
+          if (\$290 ) begin
+            wr__addr = \$292 [12:0];
           end
         end
       5'h11:
@@ -3780,8 +3804,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
-            wr__addr = \$signal$286 ;
+          if (\$signal$290 ) begin
+            wr__addr = \$signal$291 ;
           end
     endcase
   end
@@ -3790,7 +3814,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = { \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245 [23], \$245  };
+        wr__data = { \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244  };
       end
     end
     casez (ctrl_state)
@@ -3807,7 +3831,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$191 ) begin
+          if (\$signal$194 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -3817,9 +3841,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$259 ) begin
-              wr__data = \$267 ;
+          if (\$signal$255 ) begin
+            if (\$258 ) begin
+              wr__data = \$266 ;
             end
           end
       5'h09:
@@ -3828,11 +3852,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$289 ) begin
-            wr__data = { 29'h00000000, \$signal$274 [2:0] };
+          if (\$288 ) begin
+            wr__data = { 29'h00000000, \$signal$278 [2:0] };
           end
-          if (\$291 ) begin
-            wr__data = { 16'h0000, \$signal$274 [18:3] };
+          if (\$290 ) begin
+            wr__data = { 16'h0000, \$signal$278 [18:3] };
           end
         end
       5'h11:
@@ -3841,10 +3865,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h13:
           if (\$295 ) begin
-            wr__data = { 18'h00000, \$signal$275  };
+            wr__data = { 18'h00000, \$signal$279  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$278  };
+          wr__data = { 18'h00000, \$signal$282  };
       5'h15:
           (* full_case = 32'd1 *)
           if (\$300 ) begin
@@ -3852,7 +3876,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             wr__data = { \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$280  };
+          wr__data = { 18'h00000, \$signal$284  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3866,8 +3890,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
-            wr__data = rd0__data;
+          if (\$signal$290 ) begin
+            wr__data = \$signal$173 ;
           end
     endcase
   end
@@ -3893,7 +3917,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$191 ) begin
+          if (\$signal$194 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -3903,8 +3927,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$259 ) begin
+          if (\$signal$255 ) begin
+            if (\$258 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3914,10 +3938,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$289 ) begin
+          if (\$288 ) begin
             wr__en = 1'h1;
           end
-          if (\$291 ) begin
+          if (\$290 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3952,7 +3976,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$285 ) begin
+          if (\$signal$290 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -3965,7 +3989,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$246 ) begin
+          if (\$245 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -3981,7 +4005,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$246 ) begin
+          if (\$245 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -4001,11 +4025,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$247 ) begin
+          if (\$246 ) begin
+          end else if (\$247 ) begin
           end else if (\$248 ) begin
           end else if (\$249 ) begin
           end else if (\$250 ) begin
-          end else if (\$251 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4048,11 +4072,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$247 ) begin
+          if (\$246 ) begin
+          end else if (\$247 ) begin
           end else if (\$248 ) begin
           end else if (\$249 ) begin
           end else if (\$250 ) begin
-          end else if (\$251 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4168,7 +4192,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$253 ;
+          wr_data__valid = \$signal$257 ;
     endcase
   end
   always @* begin
@@ -4200,7 +4224,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$277 ) begin
+          if (\$276 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4234,8 +4258,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$277 ) begin
-            bias_addr = \$278 [2:0];
+          if (\$276 ) begin
+            bias_addr = \$277 [2:0];
           end
     endcase
   end
@@ -4268,7 +4292,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$277 ) begin
+          if (\$276 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4338,7 +4362,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$262 ;
+          scores__valid = \$signal$266 ;
     endcase
   end
   always @* begin
@@ -4372,7 +4396,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$287 ;
+          routes__ready = \$286 ;
     endcase
   end
   always @* begin
@@ -4504,40 +4528,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$119 ;
+    \$748  = \$signal$119 ;
     if (\$351 ) begin
-      \$742  = wr_data;
+      \$748  = wr_data;
     end
     if (rst) begin
-      \$742  = 32'd0;
+      \$748  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = host_size;
+    \$749  = host_size;
     if (\$353 ) begin
-      \$743  = wr_data;
+      \$749  = wr_data;
     end
     if (rst) begin
-      \$743  = 32'd0;
+      \$749  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = rsel;
+    \$750  = rsel;
     if (rd_en) begin
-      \$744  = s_axil__araddr;
+      \$750  = s_axil__araddr;
     end
     if (rst) begin
-      \$744  = 20'h00000;
+      \$750  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$signal$134 ;
+    \$751  = \$signal$134 ;
     if (\$354 ) begin
-      if (\$signal$243 [0]) begin
-        \$745  = \$358 ;
+      if (\$signal$247 [0]) begin
+        \$751  = \$358 ;
       end
     end
     casez (ctrl_state)
@@ -4548,9 +4572,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$745  = st_acc;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+            \$751  = st_acc;
           end
       5'h05:
           /* empty */;
@@ -4596,20 +4620,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
+          if (\$728 ) begin
           end else begin
-            \$745  = 33'h000000000;
+            \$751  = 33'h000000000;
           end
     endcase
     if (rst) begin
-      \$745  = 33'h000000000;
+      \$751  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$signal$290 ;
+    \$752  = \$signal$295 ;
     if (\$354 ) begin
-      \$746  = \$360 [32:0];
+      \$752  = \$360 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4619,9 +4643,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$746  = \$signal$133 ;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+            \$752  = \$signal$133 ;
           end
       5'h05:
           /* empty */;
@@ -4667,20 +4691,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
+          if (\$728 ) begin
           end else begin
-            \$746  = { 19'h00000, ins[61:48] };
+            \$752  = { 19'h00000, ins[61:48] };
           end
     endcase
     if (rst) begin
-      \$746  = 33'h000000000;
+      \$752  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$243 ;
+    \$753  = \$signal$247 ;
     if (\$354 ) begin
-      \$747  = \$361 ;
+      \$753  = \$361 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4690,9 +4714,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$747  = \$signal$132 ;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+            \$753  = \$signal$132 ;
           end
       5'h05:
           /* empty */;
@@ -4738,271 +4762,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
+          if (\$728 ) begin
           end else begin
-            \$747  = \$signal$173 [15:0];
+            \$753  = \$signal$173 [15:0];
           end
     endcase
     if (rst) begin
-      \$747  = 16'h0000;
+      \$753  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = shape_ok;
-    if (rst) begin
-      \$748  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = \$404 ;
-    if (rst) begin
-      \$749  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$424 ;
-    if (rst) begin
-      \$750  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$431 ;
-    if (rst) begin
-      \$751  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = decode_err;
-    if (rst) begin
-      \$752  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$163 ;
-    if (eng_run) begin
-      if (\$433 ) begin
-        \$753  = \$signal$162 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$753  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$753  = 1'h0;
-              6'h0c:
-                  \$753  = 1'h0;
-              6'h0d:
-                  \$753  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$753  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = \$signal$177 ;
-    if (eng_run) begin
-      if (\$433 ) begin
-        \$754  = \$signal$291 ;
-      end
-    end
+    \$754  = shape_ok;
     if (rst) begin
       \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$signal$162 ;
-    if (eng_run) begin
-      if (\$437 ) begin
-        \$755  = \$439 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$755  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$755  = 1'h0;
-              6'h0c:
-                  \$755  = 1'h0;
-              6'h0d:
-                  \$755  = 1'h0;
-            endcase
-          end
-    endcase
+    \$755  = \$404 ;
     if (rst) begin
       \$755  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = \$signal$291 ;
-    if (eng_run) begin
-      if (\$437 ) begin
-        \$756  = \$440 ;
-      end
-    end
+    \$756  = \$424 ;
     if (rst) begin
       \$756  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = rem0;
-    if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$757  = \$445 [13:0];
-          end else if (\$444 ) begin
-            \$757  = cnt0;
-          end else begin
-            \$757  = cnt0;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$757  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$757  = ln;
-              6'h0c:
-                  \$757  = ins[45:32];
-              6'h0d:
-                  \$757  = ins[61:48];
-            endcase
-          end
-    endcase
+    \$757  = \$431 ;
     if (rst) begin
-      \$757  = 14'h0000;
+      \$757  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$158 ;
-    if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$758  = \$446 [12:0];
-          end else if (\$444 ) begin
-            \$758  = \$450 [12:0];
-          end else begin
-            \$758  = \$456 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$758  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$758  = ins[76:64];
-              6'h0c:
-                  \$758  = ins[76:64];
-              6'h0d:
-                  \$758  = ins[76:64];
-            endcase
-          end
-    endcase
+    \$758  = decode_err;
     if (rst) begin
-      \$758  = 13'h0000;
+      \$758  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$160 ;
+    \$759  = \$signal$163 ;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$759  = \$447 [12:0];
-          end else if (\$444 ) begin
-            \$759  = \$452 [12:0];
-          end else begin
-            \$759  = \$459 [12:0];
-          end
-        end
+      if (\$433 ) begin
+        \$759  = \$signal$162 ;
       end
     end
     casez (ctrl_state)
@@ -5014,44 +4823,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$759  = ins[100:88];
+                  \$759  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$759  = ins[100:88];
+                  \$759  = 1'h0;
               6'h0c:
-                  \$759  = ins[100:88];
+                  \$759  = 1'h0;
               6'h0d:
-                  \$759  = ins[100:88];
+                  \$759  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$759  = 13'h0000;
+      \$759  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = rem1;
+    \$760  = \$signal$178 ;
+    if (eng_run) begin
+      if (\$433 ) begin
+        \$760  = \$signal$296 ;
+      end
+    end
+    if (rst) begin
+      \$760  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$761  = \$signal$162 ;
     if (eng_run) begin
       if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-            \$760  = \$448 [13:0];
-          end else begin
-            \$760  = cnt1;
-          end
-        end
+        \$761  = \$439 ;
       end
     end
     casez (ctrl_state)
@@ -5063,91 +4876,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$760  = 14'h0001;
+                  \$761  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$760  = 14'h0001;
+                  \$761  = 1'h0;
               6'h0c:
-                  \$760  = ins[61:48];
+                  \$761  = 1'h0;
               6'h0d:
-                  \$760  = 14'h0002;
+                  \$761  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$760  = 14'h0000;
+      \$761  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$298 ;
+    \$762  = \$signal$296 ;
     if (eng_run) begin
       if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-            \$761  = \$449 [12:0];
-          end else begin
-            \$761  = \$455 [12:0];
-          end
-        end
+        \$762  = \$440 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$761  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$761  = ins[76:64];
-              6'h0c:
-                  \$761  = ins[76:64];
-              6'h0d:
-                  \$761  = ins[76:64];
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$761  = 13'h0000;
+      \$762  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$300 ;
+    \$763  = rem0;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
           (* full_case = 32'd1 *)
           if (\$443 ) begin
+            \$763  = \$445 [13:0];
           end else if (\$444 ) begin
-            \$762  = \$451 [12:0];
+            \$763  = cnt0;
           end else begin
-            \$762  = \$458 [12:0];
+            \$763  = cnt0;
           end
         end
       end
@@ -5161,71 +4938,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$762  = ins[100:88];
+                  \$763  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$762  = ins[100:88];
+                  \$763  = ln;
               6'h0c:
-                  \$762  = ins[100:88];
+                  \$763  = ins[45:32];
               6'h0d:
-                  \$762  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$762  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = rem2;
-    if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-          end else begin
-            \$763  = \$453 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$763  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$763  = 14'h0001;
-              6'h0c:
-                  \$763  = m_eff[13:0];
-              6'h0d:
-                  \$763  = m_eff[13:0];
+                  \$763  = ins[61:48];
             endcase
           end
     endcase
@@ -5235,15 +4964,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = \$signal$304 ;
+    \$764  = \$signal$158 ;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
           (* full_case = 32'd1 *)
           if (\$443 ) begin
+            \$764  = \$446 [12:0];
           end else if (\$444 ) begin
+            \$764  = \$450 [12:0];
           end else begin
-            \$764  = \$454 [12:0];
+            \$764  = \$456 [12:0];
           end
         end
       end
@@ -5257,11 +4988,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5283,15 +5014,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$signal$306 ;
+    \$765  = \$signal$160 ;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
           (* full_case = 32'd1 *)
           if (\$443 ) begin
+            \$765  = \$447 [12:0];
           end else if (\$444 ) begin
+            \$765  = \$452 [12:0];
           end else begin
-            \$765  = \$457 [12:0];
+            \$765  = \$459 [12:0];
           end
         end
       end
@@ -5305,11 +5038,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5331,7 +5064,298 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = \$signal$292 ;
+    \$766  = rem1;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$766  = \$448 [13:0];
+          end else begin
+            \$766  = cnt1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$766  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$766  = 14'h0001;
+              6'h0c:
+                  \$766  = ins[61:48];
+              6'h0d:
+                  \$766  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$766  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = \$signal$303 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$767  = \$449 [12:0];
+          end else begin
+            \$767  = \$455 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$767  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$767  = ins[76:64];
+              6'h0c:
+                  \$767  = ins[76:64];
+              6'h0d:
+                  \$767  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$767  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$768  = \$signal$305 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+            \$768  = \$451 [12:0];
+          end else begin
+            \$768  = \$458 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$768  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$768  = ins[100:88];
+              6'h0c:
+                  \$768  = ins[100:88];
+              6'h0d:
+                  \$768  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$768  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = rem2;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$769  = \$453 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$769  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$769  = 14'h0001;
+              6'h0c:
+                  \$769  = m_eff[13:0];
+              6'h0d:
+                  \$769  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$769  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = \$signal$309 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$770  = \$454 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$770  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$770  = ins[76:64];
+              6'h0c:
+                  \$770  = ins[76:64];
+              6'h0d:
+                  \$770  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$770  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = \$signal$311 ;
+    if (eng_run) begin
+      if (\$437 ) begin
+        if (\$442 ) begin
+          (* full_case = 32'd1 *)
+          if (\$443 ) begin
+          end else if (\$444 ) begin
+          end else begin
+            \$771  = \$457 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$771  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$771  = ins[100:88];
+              6'h0c:
+                  \$771  = ins[100:88];
+              6'h0d:
+                  \$771  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$771  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$772  = \$signal$297 ;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5340,7 +5364,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$444 ) begin
           end else begin
             if (\$461 ) begin
-              \$766  = 1'h0;
+              \$772  = 1'h0;
             end
           end
         end
@@ -5355,439 +5379,189 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$766  = 1'h1;
+                  \$772  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$766  = 1'h1;
+                  \$772  = 1'h1;
               6'h0c:
-                  \$766  = 1'h1;
+                  \$772  = 1'h1;
               6'h0d:
-                  \$766  = 1'h1;
+                  \$772  = 1'h1;
             endcase
           end
     endcase
-    if (rst) begin
-      \$766  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$465 ;
-    if (rst) begin
-      \$767  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$189 ;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-          begin
-            if (\$466 ) begin
-              \$768  = 1'h0;
-            end
-            if (\$467 ) begin
-              if (\$476 ) begin
-                \$768  = 1'h1;
-              end
-            end
-          end
-      endcase
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$768  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$768  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = \$signal$308 ;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-          begin
-            if (\$466 ) begin
-              \$769  = 3'h0;
-            end
-            if (\$467 ) begin
-              \$769  = \$472 [2:0];
-            end
-          end
-      endcase
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$769  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$769  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = rq_in__payload;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            if (\$467 ) begin
-              casez (\$469 )
-                3'h0:
-                    \$770 [23:0] = \$signal$173 [23:0];
-                3'h1:
-                    \$770 [47:24] = \$signal$173 [23:0];
-                3'h2:
-                    \$770 [71:48] = \$signal$173 [23:0];
-                3'h3:
-                    \$770 [95:72] = \$signal$173 [23:0];
-              endcase
-            end
-      endcase
-    end
-    if (gemm_run) begin
-      if (\$signal$309 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$770 [7:0] = rd0__data[7:0];
-          2'h1:
-              \$770 [31:24] = rd0__data[7:0];
-          2'h2:
-              \$770 [55:48] = rd0__data[7:0];
-          2'h3:
-              \$770 [79:72] = rd0__data[7:0];
-        endcase
-      end
-      if (\$504 ) begin
-        \$770  = 96'h000000000000000000000000;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$770  = 96'h000000000000000000000000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$329 ) begin
-            \$770 [12:0] = \$678 ;
-          end
-    endcase
-    if (rst) begin
-      \$770  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = rq_lane;
-    if (eng_run) begin
-      casez (ins[5:0])
-        6'h04:
-            if (c_out__valid) begin
-              \$771  = \$480 [1:0];
-            end
-      endcase
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$771  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$771  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$signal$309 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$492 ) begin
-        \$772  = 1'h1;
-      end else begin
-        \$772  = 1'h0;
-      end
-    end
     if (rst) begin
       \$772  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$773  = gm_lane[1:0];
-      end
-    end
+    \$773  = \$465 ;
     if (rst) begin
       \$773  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = gm_lane;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$774  = \$493 [2:0];
-      end
-      if (\$504 ) begin
-        \$774  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$774  = 3'h0;
-            endcase
-          end
-    endcase
+    \$774  = \$466 ;
     if (rst) begin
-      \$774  = 3'h0;
+      \$774  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$signal$225 ;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$775  = \$494 [12:0];
-      end
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$775  = \$509 [12:0];
-        end else begin
-          \$775  = \$514 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$775  = ins[76:64];
-            endcase
-          end
-    endcase
+    \$775  = \$467 ;
     if (rst) begin
-      \$775  = 13'h0000;
+      \$775  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = a_in__valid;
-    if (gemm_run) begin
-      if (\$503 ) begin
-        \$776  = 1'h1;
-      end
-      if (\$504 ) begin
-        \$776  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$776  = 1'h0;
-            endcase
-          end
-    endcase
+    \$776  = \$468 ;
     if (rst) begin
       \$776  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$signal$312 ;
+    \$777  = \$469 ;
+    if (rst) begin
+      \$777  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = \$470 ;
+    if (rst) begin
+      \$778  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$779  = \$signal$192 ;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$471 ) begin
+          \$779  = 1'h0;
+        end
+        if (\$472 ) begin
+          if (\$481 ) begin
+            \$779  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$779  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = \$signal$313 ;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$471 ) begin
+          \$780  = 3'h0;
+        end
+        if (\$472 ) begin
+          \$780  = \$477 [2:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$780  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$780  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = rq_in__payload;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$472 ) begin
+          casez (\$474 )
+            3'h0:
+                \$781 [23:0] = \$signal$173 [23:0];
+            3'h1:
+                \$781 [47:24] = \$signal$173 [23:0];
+            3'h2:
+                \$781 [71:48] = \$signal$173 [23:0];
+            3'h3:
+                \$781 [95:72] = \$signal$173 [23:0];
+          endcase
+        end
+      end
+    end
     if (gemm_run) begin
-      if (\$504 ) begin
+      if (\$signal$314 ) begin
         (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$777  = \$507 [6:0];
-        end else begin
-          \$777  = 7'h00;
-        end
+        casez (gm_cap_lane)
+          2'h0:
+              \$781 [7:0] = rd0__data[7:0];
+          2'h1:
+              \$781 [31:24] = rd0__data[7:0];
+          2'h2:
+              \$781 [55:48] = rd0__data[7:0];
+          2'h3:
+              \$781 [79:72] = rd0__data[7:0];
+        endcase
+      end
+      if (\$509 ) begin
+        \$781  = 96'h000000000000000000000000;
       end
     end
     casez (ctrl_state)
@@ -5799,11 +5573,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5817,24 +5591,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$777  = 7'h00;
+                  \$781  = 96'h000000000000000000000000;
             endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$334 ) begin
+            \$781 [12:0] = \$681 ;
           end
     endcase
     if (rst) begin
-      \$777  = 7'h00;
+      \$781  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = gm_wstart;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$778  = \$508 [12:0];
-        end else begin
-          \$778  = \$512 [12:0];
+    \$782  = rq_lane;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (c_out__valid) begin
+          \$782  = \$485 [1:0];
         end
       end
     end
@@ -5847,289 +5640,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$778  = ins[76:64];
+                  \$782  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$778  = 13'h0000;
+      \$782  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$224 ;
+    \$783  = \$signal$314 ;
     if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-        end else begin
-          \$779  = \$510 [13:0];
-        end
+      (* full_case = 32'd1 *)
+      if (\$497 ) begin
+        \$783  = 1'h1;
+      end else begin
+        \$783  = 1'h0;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$779  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$779  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-        end else begin
-          if (\$517 ) begin
-            \$780  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$780  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$780  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$781  = \$518 [1:0];
-        if (gc_last) begin
-          \$781  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$781  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$781  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = \$signal$227 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$782  = \$519 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$782  = \$532 [12:0];
-          end else begin
-            \$782  = \$539 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$782  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$782  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$783  = \$527 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$783  = \$536 ;
-          end else begin
-            \$783  = \$545 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$783  = \$596 ;
-            endcase
-          end
-    endcase
     if (rst) begin
       \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = \$signal$315 ;
+    \$784  = gm_cap_lane;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$784  = \$530 [8:0];
-          end else begin
-            \$784  = 9'h000;
-          end
-        end
+      if (\$497 ) begin
+        \$784  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$784  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = gm_lane;
+    if (gemm_run) begin
+      if (\$497 ) begin
+        \$785  = \$498 [2:0];
+      end
+      if (\$509 ) begin
+        \$785  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -6141,11 +5705,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6159,26 +5723,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$784  = 9'h000;
+                  \$785  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$784  = 9'h000;
+      \$785  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = gc_wstart;
+    \$786  = \$signal$229 ;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$785  = \$531 [12:0];
-          end else begin
-            \$785  = \$538 [12:0];
-          end
+      if (\$497 ) begin
+        \$786  = \$499 [12:0];
+      end
+      if (\$509 ) begin
+        (* full_case = 32'd1 *)
+        if (\$511 ) begin
+          \$786  = \$514 [12:0];
+        end else begin
+          \$786  = \$519 [12:0];
         end
       end
     end
@@ -6191,11 +5756,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6209,26 +5774,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$785  = ins[124:112];
+                  \$786  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$785  = 13'h0000;
+      \$786  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$signal$314 ;
+    \$787  = a_in__valid;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-          end else begin
-            \$786  = \$537 [13:0];
-          end
-        end
+      if (\$508 ) begin
+        \$787  = 1'h1;
+      end
+      if (\$509 ) begin
+        \$787  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -6240,11 +5802,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6258,553 +5820,549 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$786  = m_eff[13:0];
+                  \$787  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$786  = 14'h0000;
+      \$787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = \$signal$118 ;
+    \$788  = \$signal$317 ;
+    if (gemm_run) begin
+      if (\$509 ) begin
+        (* full_case = 32'd1 *)
+        if (\$511 ) begin
+          \$788  = \$512 [6:0];
+        end else begin
+          \$788  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$788  = 7'h00;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$788  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = gm_wstart;
+    if (gemm_run) begin
+      if (\$509 ) begin
+        (* full_case = 32'd1 *)
+        if (\$511 ) begin
+          \$789  = \$513 [12:0];
+        end else begin
+          \$789  = \$517 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$789  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$789  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = \$signal$228 ;
+    if (gemm_run) begin
+      if (\$509 ) begin
+        (* full_case = 32'd1 *)
+        if (\$511 ) begin
+        end else begin
+          \$790  = \$515 [13:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$790  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$790  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$509 ) begin
+        (* full_case = 32'd1 *)
+        if (\$511 ) begin
+        end else begin
+          if (\$522 ) begin
+            \$791  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$791  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$791  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$792  = \$523 [1:0];
+        if (gc_last) begin
+          \$792  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$792  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$792  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = \$signal$231 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$793  = \$524 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$534 ) begin
+            \$793  = \$537 [12:0];
+          end else begin
+            \$793  = \$544 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$793  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$793  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$794  = \$532 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$534 ) begin
+            \$794  = \$541 ;
+          end else begin
+            \$794  = \$550 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$794  = \$601 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$794  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = \$signal$320 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$534 ) begin
+            \$795  = \$535 [8:0];
+          end else begin
+            \$795  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$795  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$795  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$534 ) begin
+            \$796  = \$536 [12:0];
+          end else begin
+            \$796  = \$543 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$796  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$796  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = \$signal$319 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$534 ) begin
+          end else begin
+            \$797  = \$542 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$797  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$797  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$787  = \$546 [31:0];
+      \$798  = \$551 [31:0];
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$787  = 32'd0;
+            \$798  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$787  = 32'd0;
+      \$798  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = busy_dma;
+    \$799  = busy_dma;
     if (\$signal$108 ) begin
       if (cur_unit[0]) begin
-        \$788  = \$547 [31:0];
+        \$799  = \$552 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$788  = 32'd0;
+            \$799  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$788  = 32'd0;
+      \$799  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = busy_gemm;
+    \$800  = busy_gemm;
     if (\$signal$108 ) begin
       if (cur_unit[1]) begin
-        \$789  = \$548 [31:0];
+        \$800  = \$553 [31:0];
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$789  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$789  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$790  = \$549 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$790  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$790  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$791  = \$550 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$791  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$791  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$792  = \$551 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$792  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$792  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$793  = \$552 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$793  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$793  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = \$signal$173 ;
-    if (\$556 ) begin
-      \$794  = rd0__data;
-    end
-    if (rst) begin
-      \$794  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = rd1_q;
-    if (\$556 ) begin
-      \$795  = rd1__data;
-    end
-    if (rst) begin
-      \$795  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$796  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$796  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$796  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$796  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$797  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$797  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$797  = 1'h0;
-          end
-    endcase
-    if (\$741 ) begin
-      \$797  = 1'h0;
-    end
-    if (rst) begin
-      \$797  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$798  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$798  = stop_code;
-          end
-    endcase
-    if (\$741 ) begin
-      \$798  = 8'h00;
-    end
-    if (rst) begin
-      \$798  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$799  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$799  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$610 ) begin
-            \$799  = \$612 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$614 ) begin
-            \$799  = \$615 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$633 ) begin
-            \$799  = \$634 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$663 ) begin
-            \$799  = \$664 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$707 ) begin
-          end else begin
-            \$799  = \$708 [12:0];
-          end
-      5'h0b:
-          if (\$710 ) begin
-            \$799  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$713 ) begin
-            \$799  = \$716 [12:0];
-          end
-      5'h0c:
-          if (\$718 ) begin
-            \$799  = \$719 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$799  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
             \$800  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$800  = \$589 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$610 ) begin
-            \$800  = \$613 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$614 ) begin
-            \$800  = \$616 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$633 ) begin
-            \$800  = \$635 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$663 ) begin
-            \$800  = \$665 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$707 ) begin
-          end else begin
-            \$800  = \$709 [31:0];
-          end
-      5'h0b:
-          if (\$710 ) begin
-            \$800  = \$711 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$713 ) begin
-            \$800  = \$717 [31:0];
-          end
-      5'h0c:
-          if (\$718 ) begin
-            \$800  = \$720 [31:0];
           end
     endcase
     if (rst) begin
@@ -6813,66 +6371,252 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$146 ;
+    \$801  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$801  = \$554 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$801  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$707 ) begin
-          end else begin
-            \$801  = 1'h1;
+            \$801  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$801  = 1'h0;
+      \$801  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = exp_active;
+    \$802  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$802  = \$555 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$802  = 1'h0;
+            \$802  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$802  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$803  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$803  = \$556 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$803  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$803  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$804  = \$557 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$804  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$804  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$805  = \$signal$173 ;
+    if (\$561 ) begin
+      \$805  = rd0__data;
+    end
+    if (rst) begin
+      \$805  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = rd1_q;
+    if (\$561 ) begin
+      \$806  = rd1__data;
+    end
+    if (rst) begin
+      \$806  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$807  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$807  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$807  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$745 ) begin
+            \$807  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$807  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$808  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$808  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$745 ) begin
+            \$808  = 1'h0;
+          end
+    endcase
+    if (\$747 ) begin
+      \$808  = 1'h0;
+    end
+    if (rst) begin
+      \$808  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$809  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -6911,33 +6655,220 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$745 ) begin
+            \$809  = stop_code;
+          end
+    endcase
+    if (\$747 ) begin
+      \$809  = 8'h00;
+    end
+    if (rst) begin
+      \$809  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$810  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
           (* full_case = 32'd1 *)
-          if (\$707 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
-            \$802  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  \$810  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            \$810  = \$615 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$617 ) begin
+            \$810  = \$618 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$636 ) begin
+            \$810  = \$637 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$666 ) begin
+            \$810  = \$667 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$711 ) begin
+          end else begin
+            \$810  = \$712 [12:0];
           end
       5'h0b:
-          if (\$710 ) begin
-            \$802  = 1'h0;
+          if (\$714 ) begin
+            \$810  = { 1'h0, ins[255:244] };
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$713 ) begin
-            \$802  = 1'h1;
+          if (\$717 ) begin
+            \$810  = \$720 [12:0];
+          end
+      5'h0c:
+          if (\$722 ) begin
+            \$810  = \$724 [12:0];
           end
     endcase
     if (rst) begin
-      \$802  = 1'h0;
+      \$810  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$149 ;
+    \$811  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$803  = 1'h0;
+            \$811  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$811  = \$594 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            \$811  = \$616 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$617 ) begin
+            \$811  = \$619 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$636 ) begin
+            \$811  = \$638 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$666 ) begin
+            \$811  = \$668 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$711 ) begin
+          end else begin
+            \$811  = \$713 [31:0];
+          end
+      5'h0b:
+          if (\$714 ) begin
+            \$811  = \$715 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$717 ) begin
+            \$811  = \$721 [31:0];
+          end
+      5'h0c:
+          if (\$722 ) begin
+            \$811  = \$725 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$811  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = \$signal$146 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$812  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6950,801 +6881,922 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$610 ) begin
-            if (\$611 ) begin
-              \$803  = 1'h1;
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$711 ) begin
+          end else begin
+            \$812  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$812  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$813  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$711 ) begin
+          end else begin
+            \$813  = 1'h0;
+          end
+      5'h0b:
+          if (\$714 ) begin
+            \$813  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$717 ) begin
+            \$813  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$813  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = \$signal$149 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$814  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (run_sigmoid) begin
+              \$814  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$803  = 1'h0;
+      \$814  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = ctrl_state;
+    \$815  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$804  = 5'h01;
+            \$815  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-            \$804  = 5'h02;
+          if (\$562 ) begin
+            \$815  = 5'h02;
           end else begin
-            \$804  = 5'h03;
+            \$815  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h03:
         begin
-          if (\$559 ) begin
-            \$804  = 5'h04;
+          if (\$564 ) begin
+            \$815  = 5'h04;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$804  = 5'h00;
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$804  = 5'h02;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$815  = 5'h00;
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+            \$815  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$804  = 5'h01;
+                  \$815  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$592 ) begin
-                    \$804  = 5'h05;
+                  if (\$597 ) begin
+                    \$815  = 5'h05;
                   end else begin
-                    \$804  = 5'h06;
+                    \$815  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$804  = 5'h06;
+                  \$815  = 5'h06;
               6'h0c:
-                  \$804  = 5'h06;
+                  \$815  = 5'h06;
               6'h0d:
-                  \$804  = 5'h06;
+                  \$815  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$598 ) begin
-                    \$804  = 5'h05;
+                  if (\$603 ) begin
+                    \$815  = 5'h05;
                   end else begin
-                    \$804  = 5'h07;
+                    \$815  = 5'h07;
                   end
               6'h01:
-                  \$804  = 5'h08;
+                  \$815  = 5'h08;
               6'h02:
-                  \$804  = 5'h09;
+                  \$815  = 5'h09;
               6'h08:
-                  \$804  = 5'h0a;
+                  \$815  = 5'h0a;
               6'h09:
-                  \$804  = 5'h0b;
+                  \$815  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$804  = 5'h0c;
+                  \$815  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$804  = 5'h0d;
+          \$815  = 5'h0d;
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$604 ) begin
-            \$804  = 5'h07;
+          if (run_gemm) begin
+            \$815  = 5'h07;
           end else begin
-            \$804  = 5'h06;
+            \$815  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$610 ) begin
-            \$804  = 5'h01;
+          if (\$614 ) begin
+            \$815  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$804  = 5'h0e;
+            \$815  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$323 ) begin
-              \$804  = 5'h02;
+            if (\error$328 ) begin
+              \$815  = 5'h02;
             end else begin
-              \$804  = 5'h0f;
+              \$815  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$614 ) begin
-            \$804  = 5'h01;
+          if (\$617 ) begin
+            \$815  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$804  = 5'h02;
-          end else if (\$633 ) begin
-            \$804  = 5'h01;
+            \$815  = 5'h02;
+          end else if (\$636 ) begin
+            \$815  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$804  = 5'h02;
-          end else if (\$663 ) begin
-            \$804  = 5'h01;
+            \$815  = 5'h02;
+          end else if (\$666 ) begin
+            \$815  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$667 ) begin
-            \$804  = 5'h10;
+          if (\$670 ) begin
+            \$815  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$696 ) begin
-            \$804  = 5'h11;
+          if (\$699 ) begin
+            \$815  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$804  = 5'h12;
+          if (\$700 ) begin
+            \$815  = 5'h12;
+          end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$804  = 5'h13;
+          \$815  = 5'h13;
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$697 ) begin
-            \$804  = 5'h14;
+          if (\$701 ) begin
+            \$815  = 5'h14;
           end else begin
-            \$804  = 5'h15;
+            \$815  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$804  = 5'h15;
+          \$815  = 5'h15;
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$700 ) begin
-            \$804  = 5'h11;
+          if (\$704 ) begin
+            \$815  = 5'h11;
           end else begin
-            \$804  = 5'h16;
+            \$815  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$707 ) begin
-            \$804  = 5'h11;
+          if (\$711 ) begin
+            \$815  = 5'h11;
           end else begin
-            \$804  = 5'h01;
+            \$815  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$710 ) begin
-            \$804  = 5'h01;
+          if (\$714 ) begin
+            \$815  = 5'h01;
           end else begin
-            \$804  = 5'h17;
+            \$815  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$804  = 5'h18;
+          \$815  = 5'h18;
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$713 ) begin
-            \$804  = 5'h01;
+          if (\$717 ) begin
+            \$815  = 5'h01;
           end else begin
-            \$804  = 5'h0b;
+            \$815  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h0c:
         begin
-          (* full_case = 32'd1 *)
-          if (\$718 ) begin
-            \$804  = 5'h01;
-          end else begin
-            \$804  = 5'h19;
+          if (\$722 ) begin
+            \$815  = 5'h01;
+          end else if (\$723 ) begin
+            \$815  = 5'h19;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$804  = 5'h1a;
+          \$815  = 5'h1a;
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
-            \$804  = 5'h02;
+          if (\$728 ) begin
+            \$815  = 5'h02;
           end else begin
-            \$804  = 5'h1b;
+            \$815  = 5'h1b;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$734 ) begin
-            \$804  = 5'h0c;
+          if (\$740 ) begin
+            \$815  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$804  = 5'h02;
+            \$815  = 5'h02;
           end
         end
       5'h02:
-          if (\$739 ) begin
-            \$804  = 5'h00;
+          if (\$745 ) begin
+            \$815  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$804  = 5'h00;
+      \$815  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = stop_code;
+    \$816  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$557 ) begin
-            \$805  = 8'h06;
+          if (\$562 ) begin
+            \$816  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h04:
         begin
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$805  = decode_q;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+            \$816  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$805  = 8'h07;
+            \$816  = 8'h07;
           end else if (done) begin
-            if (\error$323 ) begin
-              \$805  = 8'h03;
+            if (\error$328 ) begin
+              \$816  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$805  = 8'h07;
+            \$816  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$805  = 8'h07;
+            \$816  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h17:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h18:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h19:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$723 ) begin
-            \$805  = 8'h02;
+          if (\$728 ) begin
+            \$816  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$805  = 8'h00;
+            \$816  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$805  = 8'h00;
+      \$816  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = cur_unit;
+    \$817  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$557 ) begin
-            \$806  = 6'h00;
+          if (\$562 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$806  = 6'h00;
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+            \$817  = 6'h00;
           end else begin
-            if (\$577 ) begin
-              \$806  = 6'h01;
-            end
-            if (\$578 ) begin
-              \$806  = 6'h01;
-            end
-            if (\$579 ) begin
-              \$806  = 6'h02;
-            end
-            if (\$580 ) begin
-              \$806  = 6'h04;
-            end
-            if (\$581 ) begin
-              \$806  = 6'h04;
-            end
             if (\$582 ) begin
-              \$806  = 6'h04;
+              \$817  = 6'h01;
             end
             if (\$583 ) begin
-              \$806  = 6'h08;
+              \$817  = 6'h01;
             end
             if (\$584 ) begin
-              \$806  = 6'h10;
+              \$817  = 6'h02;
             end
             if (\$585 ) begin
-              \$806  = 6'h10;
+              \$817  = 6'h04;
             end
             if (\$586 ) begin
-              \$806  = 6'h10;
+              \$817  = 6'h04;
             end
             if (\$587 ) begin
-              \$806  = 6'h20;
+              \$817  = 6'h04;
             end
             if (\$588 ) begin
-              \$806  = 6'h20;
+              \$817  = 6'h08;
+            end
+            if (\$589 ) begin
+              \$817  = 6'h10;
+            end
+            if (\$590 ) begin
+              \$817  = 6'h10;
+            end
+            if (\$591 ) begin
+              \$817  = 6'h10;
+            end
+            if (\$592 ) begin
+              \$817  = 6'h20;
+            end
+            if (\$593 ) begin
+              \$817  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$806  = 6'h00;
+                  \$817  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h06:
         begin
-          if (\$610 ) begin
-            \$806  = 6'h00;
+          if (\$614 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end else if (done) begin
-            if (\error$323 ) begin
-              \$806  = 6'h00;
+            if (\error$328 ) begin
+              \$817  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$614 ) begin
-            \$806  = 6'h00;
+          if (\$617 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$806  = 6'h00;
-          end else if (\$633 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
+          end else if (\$636 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$806  = 6'h00;
-          end else if (\$663 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
+          end else if (\$666 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$707 ) begin
+          if (\$711 ) begin
           end else begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$710 ) begin
-            \$806  = 6'h00;
+          if (\$714 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h17:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h18:
         begin
-          if (\$713 ) begin
-            \$806  = 6'h00;
+          if (\$717 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$718 ) begin
-            \$806  = 6'h00;
+          if (\$722 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h19:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$723 ) begin
-            \$806  = 6'h00;
+          if (\$728 ) begin
+            \$817  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$806  = 6'h00;
+            \$817  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$806  = 6'h00;
+      \$817  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = fetch_word;
+    \$818  = fetch_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
+          if (\$562 ) begin
           end else begin
-            \$807  = 4'h1;
+            \$818  = 4'h1;
           end
       5'h03:
-          \$807  = \$558 [3:0];
+          \$818  = \$563 [3:0];
     endcase
     if (rst) begin
-      \$807  = 4'h0;
+      \$818  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = ins;
+    \$819  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$808  = { \$signature__data , ins[255:32] };
+          \$819  = { \$signature__data , ins[255:32] };
     endcase
     if (rst) begin
-      \$808  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$819  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = step;
+    \$820  = step;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$559 ) begin
-            \$809  = 3'h0;
+          if (\$564 ) begin
+            \$820  = 3'h0;
           end
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$809  = \$575 [2:0];
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+            \$820  = \$580 [2:0];
           end
     endcase
     if (rst) begin
-      \$809  = 3'h0;
+      \$820  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = settle;
+    \$821  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$559 ) begin
-            \$810  = 2'h0;
+          if (\$564 ) begin
+            \$821  = 2'h0;
           end
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-            \$810  = \$576 [1:0];
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+            \$821  = \$581 [1:0];
           end
     endcase
     if (rst) begin
-      \$810  = 2'h0;
+      \$821  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = ln;
+    \$822  = ln;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7753,21 +7805,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
-                  \$811  = \$566 ;
+                  \$822  = \$571 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$811  = 14'h0000;
+      \$822  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = mk;
+    \$823  = mk;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7776,23 +7828,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
-                  \$812  = \$568 ;
+                  \$823  = \$573 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$812  = 14'h0000;
+      \$823  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = p2;
+    \$824  = p2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7801,25 +7853,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
                   /* empty */;
               3'h3:
-                  \$813  = \$570 ;
+                  \$824  = \$575 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$813  = 14'h0000;
+      \$824  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = p3;
+    \$825  = p3;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7828,8 +7880,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7838,17 +7890,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h3:
                   /* empty */;
               3'h4:
-                  \$814  = \$572 ;
+                  \$825  = \$577 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$814  = 14'h0000;
+      \$825  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = l4;
+    \$826  = l4;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7857,8 +7909,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7869,17 +7921,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h4:
                   /* empty */;
               3'h5:
-                  \$815  = \$574 ;
+                  \$826  = \$579 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$815  = 18'h00000;
+      \$826  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = host_eff;
+    \$827  = host_eff;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7888,8 +7940,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7902,17 +7954,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$816  = \$signal$134 ;
+                  \$827  = \$signal$134 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$816  = 33'h000000000;
+      \$827  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$185 ;
+    \$828  = \$signal$185 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7922,17 +7974,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$817  = ins[243:238];
+                  \$828  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7940,17 +7992,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$817  = ins[243:238];
+                  \$828  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$817  = 6'h00;
+      \$828  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$167 ;
+    \$829  = \$signal$167 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7960,17 +8012,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$818  = ins[231:200];
+                  \$829  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7978,21 +8030,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$818  = ins[231:200];
+                  \$829  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$818  = { 16'h0000, rd0__data[15:0] };
+          \$829  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$818  = 32'd0;
+      \$829  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = rq_shift;
+    \$830  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8002,17 +8054,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$819  = ins[237:232];
+                  \$830  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8020,21 +8072,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$819  = ins[237:232];
+                  \$830  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$819  = rd1__data[5:0];
+          \$830  = rd1__data[5:0];
     endcase
     if (rst) begin
-      \$819  = 6'h00;
+      \$830  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = cnt0;
+    \$831  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8044,33 +8096,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$820  = ln;
+                  \$831  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$820  = ln;
+                  \$831  = ln;
               6'h0c:
-                  \$820  = ins[45:32];
+                  \$831  = ins[45:32];
               6'h0d:
-                  \$820  = ins[61:48];
+                  \$831  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$820  = 14'h0000;
+      \$831  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = cnt1;
+    \$832  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8080,33 +8132,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$821  = 14'h0001;
+                  \$832  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$821  = 14'h0001;
+                  \$832  = 14'h0001;
               6'h0c:
-                  \$821  = ins[61:48];
+                  \$832  = ins[61:48];
               6'h0d:
-                  \$821  = 14'h0002;
+                  \$832  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$821  = 14'h0000;
+      \$832  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = sa0;
+    \$833  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8116,33 +8168,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$822  = 13'h0001;
+                  \$833  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$822  = 13'h0001;
+                  \$833  = 13'h0001;
               6'h0c:
-                  \$822  = ins[60:48];
+                  \$833  = ins[60:48];
               6'h0d:
-                  \$822  = 13'h0001;
+                  \$833  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$822  = 13'h0000;
+      \$833  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = sa1;
+    \$834  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8152,592 +8204,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$823  = 1'h0;
+                  \$834  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$823  = 1'h0;
+                  \$834  = 1'h0;
               6'h0c:
-                  \$823  = 1'h1;
+                  \$834  = 1'h1;
               6'h0d:
-                  \$823  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$823  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$824  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$824  = 13'h0000;
-              6'h0c:
-                  \$824  = p2[12:0];
-              6'h0d:
-                  \$824  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$824  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$825  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$825  = 1'h1;
-              6'h0c:
-                  \$825  = 1'h1;
-              6'h0d:
-                  \$825  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$825  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$826  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$826  = 1'h0;
-              6'h0c:
-                  \$826  = 1'h0;
-              6'h0d:
-                  \$826  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$826  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$827  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$827  = 13'h0000;
-              6'h0c:
-                  \$827  = ins[44:32];
-              6'h0d:
-                  \$827  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$827  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$828  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$828  = 14'h0000;
-              6'h0c:
-                  \$828  = 14'h0000;
-              6'h0d:
-                  \$828  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$828  = 14'h0000;
-              6'h02:
-                  \$828  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$191 ) begin
-            \$828  = \$605 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$251 ) begin
-            if (\$619 ) begin
-              \$828  = \$620 [13:0];
-            end
-          end
-      5'h09:
-          if (\$642 ) begin
-            \$828  = \$643 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$828  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = rq_at_last;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$829  = \$590 ;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$191 ) begin
-            \$829  = \$607 ;
-          end
-    endcase
-    if (rst) begin
-      \$829  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$830  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$618 ) begin
-            \$830  = 1'h1;
-          end
-          if (\$signal$251 ) begin
-            if (\$627 ) begin
-              \$830  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$830  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$831  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$618 ) begin
-            \$831  = 3'h0;
-          end
-          if (\$signal$251 ) begin
-            \$831  = \$621 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$831  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$832  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$654 ) begin
-            \$832  = 1'h1;
-          end
-          if (\$655 ) begin
-            \$832  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$832  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$254 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$833  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$642 ) begin
-            \$833  = \$644 [2:0];
-          end
-          if (\$655 ) begin
-            \$833  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$833  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$255 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
                   \$834  = 1'h0;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$642 ) begin
-            \$834  = 1'h1;
-          end
-          if (\$signal$255 ) begin
-            \$834  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
       \$834  = 1'h0;
@@ -8745,7 +8230,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = wr_data__payload;
+    \$835  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8755,193 +8240,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$835  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$835  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$835  = p2[12:0];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$835 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$618 ) begin
-            \$835 [31:0] = m_axi__rdata;
-          end
-      5'h09:
-        begin
-          if (\$signal$255 ) begin
-            casez (\$signal$325 )
-              2'h0:
-                  \$835 [31:0] = rd0__data;
-            endcase
-            casez (\$signal$325 )
-              2'h0:
-                  \$835 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$655 ) begin
-            \$835 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$835  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = \$signal$257 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$836  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$836  = \$666 [3:0];
-      5'h10:
-          if (\$696 ) begin
-            \$836  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$836  = \$705 [3:0];
-    endcase
-    if (rst) begin
-      \$836  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$279 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$837  = \$600 [12:0];
+                  \$835  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$837  = 13'h0000;
+      \$835  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$276 ;
+    \$836  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8951,31 +8276,95 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$836  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$836  = 1'h1;
               6'h0c:
-                  /* empty */;
+                  \$836  = 1'h1;
               6'h0d:
+                  \$836  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$836  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
+              6'h04:
+                  \$837  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$837  = 1'h0;
+              6'h0c:
+                  \$837  = 1'h0;
+              6'h0d:
+                  \$837  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$837  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$838  = \$603 [12:0];
+              6'h04:
+                  \$838  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$838  = 13'h0000;
+              6'h0c:
+                  \$838  = ins[44:32];
+              6'h0d:
+                  \$838  = 13'h0000;
             endcase
           end
     endcase
@@ -8985,7 +8374,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$282 ;
+    \$839  = el_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8995,11 +8384,508 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$839  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$839  = 14'h0000;
+              6'h0c:
+                  \$839  = 14'h0000;
+              6'h0d:
+                  \$839  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$839  = 14'h0000;
+              6'h02:
+                  \$839  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$194 ) begin
+            \$839  = \$609 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$255 ) begin
+            if (\$622 ) begin
+              \$839  = \$623 [13:0];
+            end
+          end
+      5'h09:
+          if (\$645 ) begin
+            \$839  = \$646 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$839  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = rq_at_last;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$840  = \$595 ;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$194 ) begin
+            \$840  = \$611 ;
+          end
+    endcase
+    if (rst) begin
+      \$840  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = \$signal$255 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$841  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$621 ) begin
+            \$841  = 1'h1;
+          end
+          if (\$signal$255 ) begin
+            if (\$630 ) begin
+              \$841  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$841  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = ld_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$842  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$621 ) begin
+            \$842  = 3'h0;
+          end
+          if (\$signal$255 ) begin
+            \$842  = \$624 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$842  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$257 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$843  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$657 ) begin
+            \$843  = 1'h1;
+          end
+          if (\$658 ) begin
+            \$843  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$843  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$258 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$844  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$645 ) begin
+            \$844  = \$647 [2:0];
+          end
+          if (\$658 ) begin
+            \$844  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$844  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = \$signal$259 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$845  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$645 ) begin
+            \$845  = 1'h1;
+          end
+          if (\$signal$259 ) begin
+            \$845  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$845  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$846 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$621 ) begin
+            \$846 [31:0] = m_axi__rdata;
+          end
+      5'h09:
+        begin
+          if (\$signal$259 ) begin
+            casez (\$signal$330 )
+              2'h0:
+                  \$846 [31:0] = rd0__data;
+            endcase
+            casez (\$signal$330 )
+              2'h0:
+                  \$846 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$658 ) begin
+            \$846 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$846  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$261 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9019,11 +8905,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$839  = 16'h0000;
+                  \$847  = 4'h0;
             endcase
           end
       5'h05:
@@ -9043,9 +8925,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          \$847  = \$669 [3:0];
       5'h10:
-          /* empty */;
+          if (\$699 ) begin
+            \$847  = 4'h0;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -9057,31 +8941,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$734 ) begin
-            \$839  = \$735 [15:0];
-          end
+          \$847  = \$709 [3:0];
     endcase
     if (rst) begin
-      \$839  = 16'h0000;
+      \$847  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$284 ;
+    \$848  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9091,11 +8959,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9115,377 +8983,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$840  = 13'h0000;
+                  \$848  = \$605 [12:0];
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$734 ) begin
-            \$840  = \$736 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$840  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$150 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$610 ) begin
-            if (\$611 ) begin
-              \$841  = ins[124:112];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$841  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$610 ) begin
-            if (\$611 ) begin
-              \$842  = ln;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$842  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$325 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$642 ) begin
-            \$843  = \$signal$254 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$843  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$328 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$844  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$680 ) begin
-            if (\$681 ) begin
-              \$844  = \$682 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$844  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$266 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$845  = 4'h0;
-          end
-      5'h10:
-        begin
-          if (\$674 ) begin
-            \$845  = \$677 [3:0];
-          end
-          if (\$680 ) begin
-            if (\$681 ) begin
-              \$845  = 4'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$845  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$846  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$674 ) begin
-            \$846  = \$676 [0];
-          end
-          if (\$680 ) begin
-            \$846  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$846  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$262 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$847  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$signal$329 ) begin
-            if (\$679 ) begin
-              \$847  = 1'h1;
-            end
-          end
-          if (\$680 ) begin
-            \$847  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$847  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$265 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$848  = ins[76:64];
-          end
-      5'h10:
-          if (\$680 ) begin
-            if (\$681 ) begin
-              \$848  = \$683 [12:0];
-            end
           end
     endcase
     if (rst) begin
@@ -9494,7 +8993,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$272 ;
+    \$849  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9503,32 +9002,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$667 ) begin
-            \$849  = ins[124:112];
-          end
-      5'h10:
-          if (\$690 ) begin
-            if (\$692 ) begin
-              \$849  = \$694 [12:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$849  = \$608 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -9537,7 +9037,288 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = \$signal$263 ;
+    \$850  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$850  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$740 ) begin
+            \$850  = \$741 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$850  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$851  = g_in;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else if (\$569 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$851  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$740 ) begin
+            \$851  = \$742 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$851  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$852  = \$signal$150 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (run_sigmoid) begin
+              \$852  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$852  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$853  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (run_sigmoid) begin
+              \$853  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$853  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$854  = \$signal$330 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$645 ) begin
+            \$854  = \$signal$258 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$854  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = \$signal$333 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9564,25 +9345,296 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$850  = 1'h0;
+          if (\$670 ) begin
+            \$855  = m_eff[13:0];
           end
       5'h10:
-          if (\$680 ) begin
-            if (\$681 ) begin
-              if (\$685 ) begin
-                \$850  = 1'h1;
+          if (\$683 ) begin
+            if (\$684 ) begin
+              \$855  = \$685 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$855  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$856  = \$signal$270 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$856  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$677 ) begin
+            \$856  = \$680 [3:0];
+          end
+          if (\$683 ) begin
+            if (\$684 ) begin
+              \$856  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$856  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$857  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$857  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$677 ) begin
+            \$857  = \$679 [0];
+          end
+          if (\$683 ) begin
+            \$857  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$857  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$858  = \$signal$266 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$858  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$334 ) begin
+            if (\$682 ) begin
+              \$858  = 1'h1;
+            end
+          end
+          if (\$683 ) begin
+            \$858  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$858  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$859  = \$signal$269 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$859  = ins[76:64];
+          end
+      5'h10:
+          if (\$683 ) begin
+            if (\$684 ) begin
+              \$859  = \$686 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$859  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$860  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$860  = ins[124:112];
+          end
+      5'h10:
+          if (\$693 ) begin
+            if (\$695 ) begin
+              \$860  = \$697 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$860  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$861  = \$signal$267 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$670 ) begin
+            \$861  = 1'h0;
+          end
+      5'h10:
+          if (\$683 ) begin
+            if (\$684 ) begin
+              if (\$688 ) begin
+                \$861  = 1'h1;
               end
             end
           end
     endcase
     if (rst) begin
-      \$850  = 1'h0;
+      \$861  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = \$signal$329 ;
+    \$862  = \$signal$334 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9609,24 +9661,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$851  = 1'h0;
+          if (\$670 ) begin
+            \$862  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
-            \$851  = 1'h1;
+          if (\$677 ) begin
+            \$862  = 1'h1;
           end else begin
-            \$851  = 1'h0;
+            \$862  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$851  = 1'h0;
+      \$862  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = \$signal$330 ;
+    \$863  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9653,23 +9705,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$852  = m_eff[13:0];
+          if (\$670 ) begin
+            \$863  = m_eff[13:0];
           end
       5'h10:
-          if (\$690 ) begin
-            if (\$692 ) begin
-              \$852  = \$693 [13:0];
+          if (\$693 ) begin
+            if (\$695 ) begin
+              \$863  = \$696 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$852  = 14'h0000;
+      \$863  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = rt_s;
+    \$864  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9696,26 +9748,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$853  = 2'h0;
+          if (\$670 ) begin
+            \$864  = 2'h0;
           end
       5'h10:
-          if (\$690 ) begin
+          if (\$693 ) begin
             (* full_case = 32'd1 *)
-            if (\$692 ) begin
-              \$853  = 2'h0;
+            if (\$695 ) begin
+              \$864  = 2'h0;
             end else begin
-              \$853  = \$695 [1:0];
+              \$864  = \$698 [1:0];
             end
           end
     endcase
     if (rst) begin
-      \$853  = 2'h0;
+      \$864  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = \$signal$270 ;
+    \$865  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9742,26 +9794,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$854  = 1'h0;
+          if (\$670 ) begin
+            \$865  = 1'h0;
           end
       5'h10:
         begin
-          if (\$687 ) begin
-            \$854  = 1'h1;
-          end
           if (\$690 ) begin
-            \$854  = 1'h0;
+            \$865  = 1'h1;
+          end
+          if (\$693 ) begin
+            \$865  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$854  = 1'h0;
+      \$865  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rt_wphase;
+    \$866  = rt_wphase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9788,26 +9840,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$667 ) begin
-            \$855  = 1'h0;
+          if (\$670 ) begin
+            \$866  = 1'h0;
           end
       5'h10:
         begin
-          if (\$689 ) begin
-            \$855  = 1'h1;
+          if (\$692 ) begin
+            \$866  = 1'h1;
           end
-          if (\$690 ) begin
-            \$855  = 1'h0;
+          if (\$693 ) begin
+            \$866  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$855  = 1'h0;
+      \$866  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$332 ;
+    \$867  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9836,17 +9888,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$674 ) begin
-            \$856  = \$675 ;
+          if (\$677 ) begin
+            \$867  = \$678 ;
           end
     endcase
     if (rst) begin
-      \$856  = 1'h0;
+      \$867  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$274 ;
+    \$868  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9875,17 +9927,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$687 ) begin
-            \$857  = routes__payload;
+          if (\$690 ) begin
+            \$868  = routes__payload;
           end
     endcase
     if (rst) begin
-      \$857  = 20'h00000;
+      \$868  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$275 ;
+    \$869  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9914,8 +9966,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$696 ) begin
-            \$858  = 14'h0000;
+          if (\$699 ) begin
+            \$869  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -9926,19 +9978,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$700 ) begin
-            \$858  = \$701 [13:0];
+          if (\$704 ) begin
+            \$869  = \$705 [13:0];
           end
       5'h16:
-          \$858  = 14'h0000;
+          \$869  = 14'h0000;
     endcase
     if (rst) begin
-      \$858  = 14'h0000;
+      \$869  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = \$signal$278 ;
+    \$870  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9967,8 +10019,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$696 ) begin
-            \$859  = 14'h0000;
+          if (\$699 ) begin
+            \$870  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -9979,21 +10031,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$700 ) begin
-            if (\$702 ) begin
-              \$859  = \$703 [13:0];
+          if (\$704 ) begin
+            if (\$706 ) begin
+              \$870  = \$707 [13:0];
             end
           end
       5'h16:
-          \$859  = 14'h0000;
+          \$870  = 14'h0000;
     endcase
     if (rst) begin
-      \$859  = 14'h0000;
+      \$870  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$336 ;
+    \$871  = \$signal$341 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10022,8 +10074,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$696 ) begin
-            \$860  = 2'h0;
+          if (\$699 ) begin
+            \$871  = 2'h0;
           end
       5'h11:
           /* empty */;
@@ -10034,24 +10086,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$700 ) begin
+          if (\$704 ) begin
             (* full_case = 32'd1 *)
-            if (\$702 ) begin
-              \$860  = 2'h0;
+            if (\$706 ) begin
+              \$871  = 2'h0;
             end else begin
-              \$860  = \$704 [1:0];
+              \$871  = \$708 [1:0];
             end
           end
       5'h16:
-          \$860  = 2'h0;
+          \$871  = 2'h0;
     endcase
     if (rst) begin
-      \$860  = 2'h0;
+      \$871  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$277 ;
+    \$872  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10080,8 +10132,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$696 ) begin
-            \$861  = 14'h0000;
+          if (\$699 ) begin
+            \$872  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -10090,15 +10142,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$861  = \$698 [13:0];
+          \$872  = \$702 [13:0];
     endcase
     if (rst) begin
-      \$861  = 14'h0000;
+      \$872  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = \$signal$280 ;
+    \$873  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10127,8 +10179,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$696 ) begin
-            \$862  = 14'h0000;
+          if (\$699 ) begin
+            \$873  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -10141,15 +10193,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$862  = \$signal$277 ;
+          \$873  = \$signal$281 ;
     endcase
     if (rst) begin
-      \$862  = 14'h0000;
+      \$873  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = scan;
+    \$874  = scan;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10191,26 +10243,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$707 ) begin
+          if (\$711 ) begin
           end else begin
-            \$863  = 4'h0;
+            \$874  = 4'h0;
           end
       5'h0b:
-          if (\$710 ) begin
-            \$863  = 4'h8;
+          if (\$714 ) begin
+            \$874  = 4'h8;
           end
       5'h17:
           /* empty */;
       5'h18:
-          \$863  = \$712 [3:0];
+          \$874  = \$716 [3:0];
     endcase
     if (rst) begin
-      \$863  = 4'h0;
+      \$874  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = \$signal$136 ;
+    \$875  = \$signal$136 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10257,17 +10309,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$713 ) begin
-            \$864  = scan;
+          if (\$717 ) begin
+            \$875  = scan;
           end
     endcase
     if (rst) begin
-      \$864  = 4'h0;
+      \$875  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = \$signal$130 ;
+    \$876  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10314,17 +10366,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$713 ) begin
-            \$865  = \$signal$173 [15:0];
+          if (\$717 ) begin
+            \$876  = \$signal$173 [15:0];
           end
     endcase
     if (rst) begin
-      \$865  = 16'h0000;
+      \$876  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = offset;
+    \$877  = offset;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10371,17 +10423,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$713 ) begin
-            \$866  = \$715 ;
+          if (\$717 ) begin
+            \$877  = \$719 ;
           end
     endcase
     if (rst) begin
-      \$866  = 14'h0000;
+      \$877  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = \$signal$283 ;
+    \$878  = \$signal$287 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10435,23 +10487,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
+          if (\$728 ) begin
           end else begin
-            \$867  = 15'h0000;
+            \$878  = 15'h0000;
           end
       5'h1b:
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$867  = \$728 [14:0];
+          if (\$729 ) begin
+          end else if (\$732 ) begin
+            \$878  = \$733 [14:0];
           end
     endcase
     if (rst) begin
-      \$867  = 15'h0000;
+      \$878  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = \$signal$285 ;
+    \$879  = \$signal$342 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10505,26 +10557,93 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$723 ) begin
+          if (\$728 ) begin
           end else begin
-            \$868  = 1'h0;
+            \$879  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$868  = 1'h1;
+          if (\$729 ) begin
+          end else if (\$732 ) begin
+            \$879  = 1'h1;
           end else begin
-            \$868  = 1'h0;
+            \$879  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$868  = 1'h0;
+      \$879  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = \$signal$286 ;
+    \$880  = \$signal$290 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$728 ) begin
+          end else begin
+            \$880  = 1'h0;
+          end
+      5'h1b:
+          \$880  = \$signal$342 ;
+    endcase
+    if (rst) begin
+      \$880  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$881  = \$signal$343 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10579,13 +10698,76 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$869  = \$732 [12:0];
+          if (\$729 ) begin
+          end else if (\$732 ) begin
+            \$881  = \$736 [12:0];
           end
     endcase
     if (rst) begin
-      \$869  = 13'h0000;
+      \$881  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$882  = \$signal$291 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          \$882  = \$signal$343 ;
+    endcase
+    if (rst) begin
+      \$882  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -10610,14 +10792,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$870 [5], \$870 [5], \$870  };
+  assign bus__arlen = { \$883 [5], \$883 [5], \$883  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$871 [5], \$871 [5], \$871  };
+  assign bus__awlen = { \$884 [5], \$884 [5], \$884  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -10645,30 +10827,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign pack = rq_in__payload;
   assign i__payload = \$signal$173 [15:0];
   assign n = ins[63:48];
-  assign vec_op = op;
+  assign op = vec_op;
   assign o__ready = 1'h1;
   assign \o__ready$182  = 1'h1;
   assign \o__ready$183  = 1'h1;
   assign \$signal$184  = { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
-  assign \$signal$212  = a_in__valid;
+  assign \$signal$215  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$233  = host_eff[31:0];
-  assign \wr_addr$235  = host_eff[31:0];
+  assign \rd_addr$237  = host_eff[31:0];
+  assign \wr_addr$239  = host_eff[31:0];
   assign rd_beats = { 8'h00, l4[17:2] };
   assign wr_beats = { 8'h00, l4[17:2] };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$871 [5], \$871 [5], \$871  };
+  assign m_axi__awlen = { \$884 [5], \$884 [5], \$884  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$870 [5], \$870 [5], \$870  };
+  assign m_axi__arlen = { \$883 [5], \$883 [5], \$883  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -10701,7 +10883,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \i__payload$176.b  = \i__payload$176 [32:16];
   assign \i__payload$176.last  = \i__payload$176 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$204[0]  = \o__payload$204 ;
+  assign \o__payload$207[0]  = \o__payload$207 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -10730,9 +10912,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.data  = wr_data__payload[31:0];
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
-  assign \$signal$274.index  = \$signal$274 [2:0];
-  assign \$signal$274.weight  = \$signal$274 [18:3];
-  assign \$signal$274.last  = \$signal$274 [19];
+  assign \$signal$278.index  = \$signal$278 [2:0];
+  assign \$signal$278.weight  = \$signal$278 [18:3];
+  assign \$signal$278.last  = \$signal$278 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -10747,7 +10929,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$176 [33] = \$signal$177 ;
+  assign \i__payload$176 [33] = \$signal$178 ;
   assign \i__payload$176 [32:16] = \$192 ;
   assign \i__payload$176 [15:0] = \$signal$173 [15:0];
   assign \i__payload$174 [31:16] = rd1_q[15:0];
@@ -10783,45 +10965,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$184  = \$182 ;
   assign \$189  = 1'h1;
   assign \$190  = \$188 ;
-  assign \$241  = 1'h1;
-  assign \$242  = \$240 ;
-  assign \$252  = { \$signal$136 , 1'h0 };
-  assign \$254  = { \$signal$136 , 1'h0 };
-  assign \$284  = 1'h1;
-  assign \$285  = \$283 ;
-  assign \$314  = 1'h1;
-  assign \$315  = \$313 ;
+  assign \$240  = 1'h1;
+  assign \$241  = \$239 ;
+  assign \$251  = { \$signal$136 , 1'h0 };
+  assign \$253  = { \$signal$136 , 1'h0 };
+  assign \$283  = 1'h1;
+  assign \$284  = \$282 ;
+  assign \$293  = 1'h1;
+  assign \$310  = 1'h1;
+  assign \$315  = 1'h1;
+  assign \$316  = \$314 ;
   assign \$356  = \$355 [33];
-  assign \$359  = { \$signal$290 , 1'h0 };
-  assign \$361  = { 1'h0, \$signal$243 [15:1] };
+  assign \$359  = { \$signal$295 , 1'h0 };
+  assign \$361  = { 1'h0, \$signal$247 [15:1] };
   assign \$438  = 1'h1;
-  assign \$439  = \$signal$292 ;
+  assign \$439  = \$signal$297 ;
   assign \$441  = 1'h1;
-  assign \$442  = \$signal$292 ;
-  assign \$491  = 1'h1;
-  assign \$492  = \$490 ;
-  assign \$536  = \$535 ;
-  assign \$545  = \$544 ;
-  assign { \$591 [9:3], \$591 [1:0] } = 9'h000;
-  assign \$591 [2] = ins[8];
-  assign \$592  = ins[8];
-  assign \$596  = \$595 ;
-  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
-  assign \$597 [2] = ins[8];
-  assign \$598  = ins[8];
-  assign \$599  = { mk[13:2], 1'h0 };
-  assign \$601  = { mk[13:2], 1'h0 };
-  assign \$673  = 1'h1;
-  assign \$674  = \$672 ;
-  assign \$679  = 1'h1;
-  assign \$726  = 1'h1;
-  assign \$727  = \$725 ;
+  assign \$442  = \$signal$297 ;
+  assign \$496  = 1'h1;
+  assign \$497  = \$495 ;
+  assign \$541  = \$540 ;
+  assign \$550  = \$549 ;
+  assign { \$596 [9:3], \$596 [1:0] } = 9'h000;
+  assign \$596 [2] = ins[8];
+  assign \$597  = ins[8];
+  assign \$601  = \$600 ;
+  assign { \$602 [9:3], \$602 [1:0] } = 9'h000;
+  assign \$602 [2] = ins[8];
+  assign \$603  = ins[8];
+  assign \$604  = { mk[13:2], 1'h0 };
+  assign \$606  = { mk[13:2], 1'h0 };
+  assign \$676  = 1'h1;
+  assign \$677  = \$675 ;
+  assign \$682  = 1'h1;
+  assign \$700  = 1'h1;
+  assign \$723  = 1'h1;
+  assign \$731  = 1'h1;
+  assign \$732  = \$730 ;
   assign \$52  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1185$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1203$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3350$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1197$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1215$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3378$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -10960,12 +11146,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1185$0 ;
-  wire [5:0] \port$1185$0 ;
-  output [5:0] \port$1203$0 ;
-  wire [5:0] \port$1203$0 ;
-  input [15:0] \port$3350$2 ;
-  wire [15:0] \port$3350$2 ;
+  output [5:0] \port$1197$0 ;
+  wire [5:0] \port$1197$0 ;
+  output [5:0] \port$1215$0 ;
+  wire [5:0] \port$1215$0 ;
+  input [15:0] \port$3378$2 ;
+  wire [15:0] \port$3378$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11130,7 +11316,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3350$2  };
+      \$74  = { 8'h00, \port$3378$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11166,7 +11352,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3350$2  };
+      \$77  = { 8'h00, \port$3378$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11211,11 +11397,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3350$2  };
+  assign rd_beats = { 8'h00, \port$3378$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3350$2  };
-  assign \port$1185$0  = \$9 ;
-  assign \port$1203$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3378$2  };
+  assign \port$1197$0  = \$9 ;
+  assign \port$1215$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20347,8 +20533,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1537$0 (mult),
-    .\port$1542$0 (i__payload),
+    .\port$1549$0 (mult),
+    .\port$1554$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21162,7 +21348,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1549$0 , \port$1554$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21248,10 +21434,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1537$0 ;
-  wire [15:0] \port$1537$0 ;
-  input [95:0] \port$1542$0 ;
-  wire [95:0] \port$1542$0 ;
+  input [15:0] \port$1549$0 ;
+  wire [15:0] \port$1549$0 ;
+  input [95:0] \port$1554$0 ;
+  wire [95:0] \port$1554$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21316,7 +21502,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1542$0 [16:0] };
+      \$9  = { 1'h0, \port$1554$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21329,7 +21515,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1537$0  };
+      \$10  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21355,7 +21541,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23:17] };
+      \$12  = { \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21368,7 +21554,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1537$0  };
+      \$13  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21394,7 +21580,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1542$0 [40:24] };
+      \$15  = { 1'h0, \port$1554$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21407,7 +21593,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1537$0  };
+      \$16  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21433,7 +21619,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47:41] };
+      \$18  = { \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21446,7 +21632,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1537$0  };
+      \$19  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21472,7 +21658,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1542$0 [64:48] };
+      \$21  = { 1'h0, \port$1554$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21485,7 +21671,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1537$0  };
+      \$22  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21511,7 +21697,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71:65] };
+      \$24  = { \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21524,7 +21710,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1537$0  };
+      \$25  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21550,7 +21736,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1542$0 [88:72] };
+      \$27  = { 1'h0, \port$1554$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21563,7 +21749,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1537$0  };
+      \$28  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21589,7 +21775,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95:89] };
+      \$30  = { \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21602,7 +21788,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1537$0  };
+      \$31  = { 2'h0, \port$1549$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21624,22 +21810,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1537$0 , \port$1542$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1542$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1537$0  };
-  assign a__1 = { \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23], \port$1542$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1537$0  };
-  assign a__2 = { 1'h0, \port$1542$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1537$0  };
-  assign a__3 = { \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47], \port$1542$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1537$0  };
-  assign a__4 = { 1'h0, \port$1542$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1537$0  };
-  assign a__5 = { \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71], \port$1542$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1537$0  };
-  assign a__6 = { 1'h0, \port$1542$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1537$0  };
-  assign a__7 = { \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95], \port$1542$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1537$0  };
+  assign a__0 = { 1'h0, \port$1554$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1549$0  };
+  assign a__1 = { \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23], \port$1554$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1549$0  };
+  assign a__2 = { 1'h0, \port$1554$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1549$0  };
+  assign a__3 = { \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47], \port$1554$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1549$0  };
+  assign a__4 = { 1'h0, \port$1554$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1549$0  };
+  assign a__5 = { \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71], \port$1554$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1549$0  };
+  assign a__6 = { 1'h0, \port$1554$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1549$0  };
+  assign a__7 = { \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95], \port$1554$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1549$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25532,38 +25718,52 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, rd0__data, rd1__data, rd0__addr, rd1__addr, rd0__en, rd1__en, port_w__addr, port_w__data, port_w__en, clk);
-  wire [12:0] \$signature__addr ;
-  wire [12:0] \$signature__addr$12 ;
-  wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$17 ;
-  wire \$signature__en ;
-  wire \$signature__en$14 ;
+module \nanokpu_kpu.spad (rst, port__addr, \port__addr$20 , rd0_rd_en, rd1_rd_en, wr__addr, wr__data, wr__en, rd0_rd_data, rd1_rd_data, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg [45:0] \$1 ;
+  reg [31:0] \$2 ;
+  reg [31:0] \$3 ;
   input clk;
   wire clk;
-  input [12:0] port_w__addr;
+  input [12:0] port__addr;
+  wire [12:0] port__addr;
+  input [12:0] \port__addr$20 ;
+  wire [12:0] \port__addr$20 ;
+  wire [31:0] port__data;
+  wire [31:0] \port__data$11 ;
   wire [12:0] port_w__addr;
-  input [31:0] port_w__data;
   wire [31:0] port_w__data;
-  input port_w__en;
   wire port_w__en;
-  input [12:0] rd0__addr;
   wire [12:0] rd0__addr;
-  output [31:0] rd0__data;
+  (* init = 32'd0 *)
   wire [31:0] rd0__data;
-  input rd0__en;
   wire rd0__en;
-  input [12:0] rd1__addr;
+  output [31:0] rd0_rd_data;
+  reg [31:0] rd0_rd_data = 32'd0;
+  input rd0_rd_en;
+  wire rd0_rd_en;
   wire [12:0] rd1__addr;
-  output [31:0] rd1__data;
+  (* init = 32'd0 *)
   wire [31:0] rd1__data;
-  input rd1__en;
   wire rd1__en;
+  output [31:0] rd1_rd_data;
+  reg [31:0] rd1_rd_data = 32'd0;
+  input rd1_rd_en;
+  wire rd1_rd_en;
   input rst;
   wire rst;
+  reg [45:0] wq = 46'h000000000000;
+  wire [12:0] \wq.addr ;
+  wire [31:0] \wq.data ;
+  wire \wq.en ;
+  input [12:0] wr__addr;
   wire [12:0] wr__addr;
+  input [31:0] wr__data;
   wire [31:0] wr__data;
+  input wr__en;
   wire wr__en;
+  wire writing;
+  (* no_rw_check = 32'd1 *)
   reg [31:0] mem [8191:0];
   initial begin
     mem[0] = 32'd0;
@@ -33760,35 +33960,61 @@ module \nanokpu_kpu.spad (rst, rd0__data, rd1__data, rd0__addr, rd1__addr, rd0__
     mem[8191] = 32'd0;
   end
   always @(posedge clk) begin
-    if (port_w__en)
-      mem[port_w__addr] <= port_w__data;
+    if (wq[0])
+      mem[wq[13:1]] <= wq[45:14];
   end
-  reg [31:0] _0_;
-  reg [31:0] _1_;
-  always @(posedge clk) begin
-    if (rd0__en) begin
-      _0_ <= mem[rd0__addr];
-    end
-    if (rd1__en) begin
-      _1_ <= mem[rd1__addr];
+  assign \port__data$11  = mem[\port__addr$20 ];
+  assign port__data = mem[port__addr];
+  always @(posedge clk)
+    rd0_rd_data <= \$2 ;
+  always @(posedge clk)
+    rd1_rd_data <= \$3 ;
+  always @(posedge clk)
+    wq <= \$1 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$2  = rd0_rd_data;
+    if (rd0_rd_en) begin
+      \$2  = port__data;
     end
   end
-  assign rd0__data = _0_;
-  assign rd1__data = _1_;
-  assign wr__addr = port_w__addr;
-  assign wr__en = port_w__en;
-  assign wr__data = port_w__data;
-  assign \$signature__addr  = rd0__addr;
-  assign \$signature__en  = rd0__en;
-  assign \$signature__data  = rd0__data;
-  assign \$signature__addr$12  = rd1__addr;
-  assign \$signature__en$14  = rd1__en;
-  assign \$signature__data$17  = rd1__data;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$3  = rd1_rd_data;
+    if (rd1_rd_en) begin
+      \$3  = \port__data$11 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$1 [45:1] = wq[45:1];
+    \$1 [0] = wr__en;
+    if (wr__en) begin
+      \$1 [13:1] = wr__addr;
+      \$1 [45:14] = wr__data;
+    end
+    if (rst) begin
+      \$1  = 46'h000000000000;
+    end
+  end
+  assign writing = wq[0];
+  assign port_w__addr = wq[13:1];
+  assign port_w__en = wq[0];
+  assign port_w__data = wq[45:14];
+  assign rd0__addr = port__addr;
+  assign rd0__en = rd0_rd_en;
+  assign rd0__data = rd0_rd_data;
+  assign rd1__addr = \port__addr$20 ;
+  assign rd1__en = rd1_rd_en;
+  assign rd1__data = rd1_rd_data;
+  assign \wq.en  = wq[0];
+  assign \wq.addr  = wq[13:1];
+  assign \wq.data  = wq[45:14];
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   wire [16:0] \$10 ;
   wire [49:0] \$100 ;
@@ -34208,7 +34434,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -34233,7 +34459,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -34250,7 +34476,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -34267,7 +34493,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     den = 16'h0000;
     casez (op)
       2'h0:
@@ -34284,7 +34510,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \num$14  = 21'h000000;
     casez (op)
       2'h0:
@@ -34309,7 +34535,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \den$16  = 17'h00000;
     casez (op)
       2'h0:
@@ -34334,7 +34560,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \start$19  = 1'h0;
     casez (op)
       2'h0:
@@ -34361,7 +34587,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     q = 23'h000000;
     casez (op)
       2'h0:
@@ -34390,7 +34616,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     rm = 18'h00000;
     casez (op)
       2'h0:
@@ -34419,7 +34645,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$167  = 1'h0;
     casez (op)
       2'h0:
@@ -34460,7 +34686,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$168  = o__payload;
     casez (op)
       2'h0:
@@ -34501,7 +34727,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$169  = \$signal$7 ;
     casez (op)
       2'h0:
@@ -34519,7 +34745,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$170  = prod;
     casez (op)
       2'h0:
@@ -34537,7 +34763,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$171  = p_last;
     casez (op)
       2'h0:
@@ -34555,7 +34781,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$172  = acc;
     casez (op)
       2'h0:
@@ -34578,7 +34804,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$173  = sumsq;
     casez (op)
       2'h0:
@@ -34607,7 +34833,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$174  = fsm_state;
     casez (op)
       2'h0:
@@ -34660,7 +34886,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$175  = \rem$32 ;
     casez (op)
       2'h0:
@@ -34691,7 +34917,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$176  = root;
     casez (op)
       2'h0:
@@ -34725,7 +34951,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$177  = \bit ;
     casez (op)
       2'h0:
@@ -34754,7 +34980,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$178  = r;
     casez (op)
       2'h0:
@@ -34783,7 +35009,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$179  = neg;
     casez (op)
       2'h0:
@@ -34816,7 +35042,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$180  = row_end;
     casez (op)
       2'h0:
@@ -34892,7 +35118,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -34942,7 +35168,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -34957,7 +35183,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[19:0], \$5  };
@@ -34972,7 +35198,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -34987,7 +35213,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -35006,7 +35232,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg [15:0] \$10 ;
   wire \$2 ;
@@ -35055,7 +35281,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [16:0];
@@ -35070,7 +35296,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -35085,7 +35311,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -35100,7 +35326,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
