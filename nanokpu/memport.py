@@ -25,10 +25,16 @@ def unchecked_read_port(m: Module, memory: Memory, name: str) -> SimpleNamespace
     if memory.attrs.get("no_rw_check") != 1:
         raise ValueError(f"{name}: the memory needs attrs={{'no_rw_check': 1}}")
     port = memory.read_port(domain="comb")
+    return _registered(m, port, name, port.data)
+
+
+def _registered(m: Module, port, name: str, word) -> SimpleNamespace:
+    """The port ``port`` (an asynchronous read) with ``word`` (its data, or a function of it)
+    registered while ``en`` is high."""
     en = Signal(name=f"{name}_rd_en", init=1)
     data = Signal.like(port.data, name=f"{name}_rd_data", reset_less=True)
     with m.If(en):
-        m.d.sync += data.eq(port.data)
+        m.d.sync += data.eq(word)
     return SimpleNamespace(addr=port.addr, en=en, data=data)
 
 
@@ -40,9 +46,7 @@ def inverting_read_port(m: Module, memory: Memory, name: str) -> SimpleNamespace
     port, wr = memory.read_port(domain="comb"), memory.write_ports[0]
     collide = Signal(name=f"{name}_collide")
     m.d.comb += collide.eq(wr.en.any() & (wr.addr == port.addr))
-    en = Signal(name=f"{name}_rd_en", init=1)
-    data = Signal.like(port.data, name=f"{name}_rd_data", reset_less=True)
-    with m.If(en):
-        word = Value.cast(port.data)
-        m.d.sync += data.eq(Mux(collide, ~word, word))
-    return SimpleNamespace(addr=port.addr, en=en, data=data, collide=collide)
+    word = Value.cast(port.data)
+    registered = _registered(m, port, name, Mux(collide, ~word, word))
+    registered.collide = collide
+    return registered
