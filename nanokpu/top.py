@@ -159,7 +159,9 @@ class NanoKPU(wiring.Component):
         m.submodules.spad = spad = self._spad
         rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
         # a cycle in which the scratchpad performs a write (the one after wr.en) performs no
-        # read there: every read site waits
+        # read there: every read that can follow a write waits on `blocked` (the streaming
+        # engine, GEMM A packing, ROUTE scores and dispatch, GATHER/SCATTER list and copy); the
+        # others (RQ_TABLE, RT_BIAS, EXP_READ, STORE) follow the decode, never a write
         blocked = spad.writing if writes_block_reads(cfg) else Const(0)
         # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
         # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
