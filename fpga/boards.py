@@ -8,9 +8,11 @@ board's FTDI UART reaches either
 * the whole nano-KPU (unit ``kpu``, the ULX3S default): :class:`nanokpu.uart_axil.UartKpu`,
   32-bit word access to its AXI4-Lite registers and to an on-chip host memory on its AXI4
   master port (:mod:`nanokpu.host` is the PC side); its ``irq`` drives LED 0; or
-* one unit (the iCEBreaker default: the ``tiny`` GEMM engine, as the whole nano-KPU does not
-  fit the UP5K): :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers
-  (:mod:`nanokpu.bridge_client` is the PC side, :func:`~nanokpu.bridge_client.run_gemm` a GEMM).
+* one unit (the iCEBreaker default: the ``tiny`` GEMM engine as the nano-KPU has it,
+  :func:`nanokpu.gemm.kpu_engine`, as the whole nano-KPU does not fit the UP5K):
+  :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers
+  (:mod:`nanokpu.bridge_client` is the PC side, :func:`~nanokpu.bridge_client.run_gemm` a GEMM;
+  ``nanokpu board-run --board icebreaker`` runs a whole block with its GEMMs on the board).
 
 Programming is left to the user (no board here): see ``fpga/README.md``.
 """
@@ -49,13 +51,13 @@ class Board:
     platform: str          #: ``module:class`` in amaranth_boards
     target: str            #: key of :data:`fpga.flow.TARGETS`
     profile: str           #: default profile
-    unit: str              #: default unit (a name of nanokpu.generate.UNITS)
+    unit: str              #: default unit (a name of nanokpu.generate.UNITS or ``module:factory``)
     bitstream: str         #: file name of the bitstream
 
 
 BOARDS: dict[str, Board] = {
-    "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "gemm",
-                        "top.bin"),
+    "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny",
+                        "nanokpu.gemm:kpu_engine", "top.bin"),
     "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "kpu", "top.bit"),
 }
 

@@ -3,7 +3,9 @@
 
 :class:`BridgeClient` reads and writes the ports of the unit behind the bridge by their dotted
 paths (``"cmd.payload"``, ``"c_out.valid"``); :func:`run_gemm` streams one GEMM through the GEMM
-engine of the iCEBreaker build (``nanokpu synth --board icebreaker``) and returns its result.
+engine of the iCEBreaker build (``nanokpu synth --board icebreaker``) and returns its result;
+:class:`~nanokpu.funcsim.FuncSim` runs a whole compiled block with its GEMMs done that way
+(``nanokpu board-run --board icebreaker``).
 The unit object only supplies the port map (:func:`~nanokpu.uart_bridge.port_map`): it is never
 elaborated here.
 """
@@ -15,7 +17,7 @@ import time
 import numpy as np
 
 from nanokpu.config import KpuConfig
-from nanokpu.gemm import GemmEngine, GemmError
+from nanokpu.gemm import GemmError, kpu_engine
 from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
 from nanokpu.uart_bridge import CMD_PULSE, CMD_READ, CMD_WRITE, port_map
 
@@ -155,5 +157,6 @@ def run_gemm(client: BridgeClient, cfg: KpuConfig, a, b, *, mult: int = 1, shift
 
 
 def gemm_client(port, cfg: KpuConfig) -> BridgeClient:
-    """A :class:`BridgeClient` for the GEMM engine of ``cfg`` (the iCEBreaker build's unit)."""
-    return BridgeClient(port, GemmEngine(cfg))
+    """A :class:`BridgeClient` for the iCEBreaker build's unit: the GEMM engine of ``cfg`` as the
+    nano-KPU has it (:func:`~nanokpu.gemm.kpu_engine`, ``acc_width``-bit results)."""
+    return BridgeClient(port, kpu_engine(cfg))

@@ -69,6 +69,13 @@ class FuncSim:
         Initial host memory (addresses start at 0); :attr:`host` is a mutable copy.
     host_base, host_size : int
         The host window the program may touch (default: the whole host memory).
+    gemm : callable, optional
+        The GEMM engine: ``gemm(a, b, mult, shift)`` for int8 ``a`` ``[M, K]`` and ``b``
+        ``[K, N]`` returns ``requantize(matmul_int(a, b, acc_width), mult, shift, acc_width)``
+        ``[M, N]`` (:func:`~nanokpu.gemm.kpu_engine`'s contract; ``mult = 1``, ``shift = 0``
+        for raw accumulators); a ``GEMM`` instruction saturates it to its ``width``. The
+        default computes it with :mod:`golden.intops`; ``nanokpu board-run --board
+        icebreaker`` passes the iCEBreaker build's engine (:func:`nanokpu.bridge_client.run_gemm`).
 
     Members
     -------
@@ -78,8 +85,10 @@ class FuncSim:
         The routing load counters (saturating at ``2**load_width - 1``).
     """
 
-    def __init__(self, cfg: KpuConfig, host=b"", host_base: int = 0, host_size: int | None = None):
+    def __init__(self, cfg: KpuConfig, host=b"", host_base: int = 0, host_size: int | None = None,
+                 gemm=None):
         self.cfg = cfg
+        self.gemm = gemm or self._gemm
         self.host = bytearray(host)
         self.host_base = host_base
         self.host_size = len(self.host) - host_base if host_size is None else host_size
@@ -88,6 +97,10 @@ class FuncSim:
         self.ww = word_width(cfg)
 
     # -- helpers ---------------------------------------------------------------------------
+    def _gemm(self, a, b, mult: int, shift: int) -> np.ndarray:
+        acc = self.cfg.acc_width
+        return I.requantize(I.matmul_int(a, b, acc), mult, shift, acc, self.cfg.rounding)
+
     def _region(self, addr: int, words: int):
         check(addr + words <= self.cfg.dmem_depth, Err.SPAD_RANGE,
               f"[{addr}, {addr + words}) beyond dmem_depth={self.cfg.dmem_depth}")
@@ -210,10 +223,8 @@ class FuncSim:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
             panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
             B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
-            acc = I.matmul_int(A, B, cfg.acc_width)
-            if ins.width:
-                acc = I.requantize(acc, *self._rq_consts(ins), ins.width, cfg.rounding)
-            self._write(c, acc)
+            out = self.gemm(A, B, *(self._rq_consts(ins) if ins.width else (1, 0)))
+            self._write(c, I.saturate(out, ins.width) if ins.width else out)
             self.macs += m * k * n
             self.gemms.append((m, k, n))
         elif op == Op.REQUANT:

@@ -15,7 +15,7 @@ from nanokpu.requant import SHIFT_WIDTH, Requantiser, requant_interval, requant_
 from nanokpu.systolic import SystolicArray, done_latency, min_tile_cycles
 
 __all__ = ["GemmEngine", "GemmError", "command_layout", "columns_wait_in_array", "tile_gap", "gemm_cycles",
-           "store_cycles"]
+           "kpu_engine", "store_cycles"]
 
 
 class GemmError(enum.IntEnum):
@@ -88,6 +88,14 @@ def store_cycles(cfg: KpuConfig, words: int) -> int:
     """Cycles of the store phase of ``words`` result words (the sink never stalls): the
     requantiser's interval per word, its latency, the scratchpad read and its register."""
     return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
+
+
+def kpu_engine(cfg: KpuConfig) -> GemmEngine:
+    """The GEMM engine as the nano-KPU instantiates it, and the iCEBreaker board build carries
+    it: ``out_width = acc_width``, so a command with ``mult = 1``, ``shift = 0`` returns the raw
+    accumulators and any other requantises them, the narrower output width of an instruction
+    being a saturation outside the engine."""
+    return GemmEngine(cfg, out_width=cfg.acc_width)
 
 
 class GemmEngine(wiring.Component):

@@ -7,13 +7,17 @@ runs a compiled block (:class:`nanokpu.compiler.Program`) the way the RTL bench 
 image into the host memory, program into the instruction memory, the host window, start, poll
 ``STATUS``, the outputs read back and decoded by :meth:`Program.outputs`.
 
-The command compiles a random ``tiny`` block, runs it on the ULX3S build (the whole nano-KPU)
-and checks the result bit for bit against :func:`golden.block.latent_moe_int`; with ``--board
-icebreaker`` it runs a random GEMM on the iCEBreaker build (the GEMM engine behind the register
-bridge, :func:`nanokpu.bridge_client.run_gemm`) and checks it against
-:func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`::
+The command compiles a random ``tiny`` block, runs it on a board and checks the result bit for
+bit against :func:`golden.block.latent_moe_int`. On the ULX3S build the whole nano-KPU runs it.
+On the iCEBreaker build (the GEMM engine behind the register bridge: the whole nano-KPU does not
+fit the UP5K) the PC sequences the program in :class:`~nanokpu.funcsim.FuncSim` and every
+``GEMM`` runs on the board (:func:`nanokpu.bridge_client.run_gemm`, the engine's requantiser
+included), the other instructions on the PC. ``--gemm M K N`` runs one random GEMM on the
+iCEBreaker instead, checked against :func:`golden.intops.requantize` of
+:func:`golden.intops.matmul_int`::
 
     nanokpu board-run --port /dev/ttyUSB0 --tokens 8 --seed 1
+    nanokpu board-run --board icebreaker --port /dev/ttyUSB1 --tokens 8 --seed 1
     nanokpu board-run --board icebreaker --port /dev/ttyUSB1 --gemm 16 32 16 --seed 1
 """
 
@@ -148,10 +152,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--baud", type=int, default=115200)
     parser.add_argument("--profile", default="tiny", help="the profile the board was built with")
     parser.add_argument("--board", default="ulx3s", choices=("ulx3s", "icebreaker"),
-                        help="the board build: ulx3s (the whole nano-KPU: a block) or icebreaker (the GEMM engine)")
-    parser.add_argument("--tokens", type=int, default=8, help="ulx3s: tokens of the block")
-    parser.add_argument("--gemm", type=int, nargs=3, default=(16, 32, 16), metavar=("M", "K", "N"),
-                        help="icebreaker: the GEMM's shape (default 16 32 16)")
+                        help="the board build: ulx3s (the whole nano-KPU runs the block) or icebreaker "
+                             "(the GEMM engine runs the block's GEMMs, the PC the rest)")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens of the block")
+    parser.add_argument("--gemm", type=int, nargs=3, default=None, metavar=("M", "K", "N"),
+                        help="icebreaker: run one random GEMM of this shape instead of a block")
     parser.add_argument("--seed", type=int, default=1, help="random block and batch, or GEMM operands")
 
 
@@ -163,23 +168,44 @@ def run(args) -> int:
     from nanokpu.config import profile
 
     cfg = profile(args.profile)
-    if args.board == "icebreaker":
+    if args.gemm is not None:
+        if args.board != "icebreaker":
+            raise ValueError(f"gemm: one GEMM runs on the icebreaker build only, not on {args.board}")
         return _run_gemm(args, cfg)
     Q, xq, _, _ = random_block(cfg, args.tokens, np.random.default_rng(args.seed))
     prog = compile_block(Q, xq, cfg)
-    client = KpuClient.open(args.port, args.baud)
     t0 = time.monotonic()
-    result = client.run_block(prog)
+    if args.board == "icebreaker":
+        result = _run_block_on_gemm_board(args, cfg, prog)
+        where = f"{result['gemms']} GEMMs ({result['macs']} MACs) on the board, the rest on the PC"
+    else:
+        result = KpuClient.open(args.port, args.baud).run_block(prog)
+        where = f"{result['cycles']} cycles on the board"
     ref = latent_moe_int(xq, Q, cfg)
     exact = all(np.array_equal(result["outputs"][k], ref[k]) for k in ("y", "idx", "weights", "loads"))
     print(f"{args.profile} block, {args.tokens} tokens, seed {args.seed}: {result['instrs']} instructions, "
-          f"{result['cycles']} cycles on the board ({time.monotonic() - t0:.1f} s with the UART transfers); "
+          f"{where} ({time.monotonic() - t0:.1f} s with the UART transfers); "
           f"bit-exact with golden.block.latent_moe_int: {'yes' if exact else 'NO'}")
     return 0 if exact else 1
 
 
+def _run_block_on_gemm_board(args, cfg, prog) -> dict:
+    """The compiled block ``prog`` in :class:`~nanokpu.funcsim.FuncSim`, its GEMMs on the
+    iCEBreaker build: ``outputs``, ``instrs``, ``gemms`` and ``macs`` (those run on the board).
+    Raises ``RuntimeError`` when the program stops with an error."""
+    from nanokpu.bridge_client import gemm_client, run_gemm
+    from nanokpu.funcsim import FuncSim
+
+    client = gemm_client(serial_port(args.port, args.baud), cfg)
+    sim = FuncSim(cfg, prog.image, gemm=lambda a, b, mult, shift: run_gemm(client, cfg, a, b, mult=mult, shift=shift))
+    res = sim.run(prog.instrs)
+    if res.error != Err.NONE:
+        raise RuntimeError(f"the program stopped with {res.error.name} at pc {res.pc}")
+    return {"outputs": prog.outputs(sim.host), "instrs": res.retired, "gemms": len(res.gemms), "macs": res.macs}
+
+
 def _run_gemm(args, cfg) -> int:
-    """``board-run --board icebreaker``: one random GEMM on the board, checked bit for bit."""
+    """``board-run --board icebreaker --gemm M K N``: one random GEMM on the board, checked bit for bit."""
     import numpy as np
 
     from golden.intops import matmul_int, requantize

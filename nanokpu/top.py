@@ -23,7 +23,7 @@ soon after writing it) holds every activation; with ``dsp`` ``"ice40"`` (single-
 element takes 2 cycles per element. Instructions run one at a time (:mod:`nanokpu.isa` gives
 the semantics):
 
-* ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (``out_width = acc_width``; its requantiser
+* ``GEMM``: the GEMM engine (:func:`~nanokpu.gemm.kpu_engine`, ``out_width = acc_width``; its requantiser
   applies the instruction's ``mult``/``shift``, then the top level saturates to ``width``, or
   ``mult = 1``, ``shift = 0`` for raw accumulators when ``width = 0``); A is packed from the
   scratchpad (one read per real row of a word), B comes from ``m_axi``, the results are
@@ -55,7 +55,7 @@ from nanokpu.axi_lite import AxiLiteRegisters, axi_lite_signature
 from nanokpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.config import KpuConfig
 from nanokpu.dmem import DataMemory, check_dmem, writes_block_reads
-from nanokpu.gemm import GemmEngine
+from nanokpu.gemm import kpu_engine
 from nanokpu.isa import (
     ADDR_WIDTH,
     F_HOST_EXPERT,
@@ -150,7 +150,7 @@ class NanoKPU(wiring.Component):
         wiring.connect(m, wiring.flipped(self.s_axil), regs.bus)
         dma = m.submodules.dma = AxiMaster(32, 8 * BW)
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
-        gemm = unit("gemm", GemmEngine(cfg, out_width=accw))
+        gemm = unit("gemm", kpu_engine(cfg))
         sig = unit("sigmoid", Sigmoid(cfg))
         situ = unit("situ", Situ(cfg))
         vec = unit("vector", VectorUnit(cfg))

@@ -5,7 +5,8 @@ thread on :class:`sim.serial_model.SerialModel`: random GEMMs with edge tiles, t
 operands with saturating and rounding requantiser settings, each checked bit for bit against
 :func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`; then a command the engine
 must refuse (K beyond a B panel), which the client must report by its error code; and
-``nanokpu board-run --board icebreaker`` with the simulated line as its serial port.
+``nanokpu board-run --board icebreaker`` with the simulated line as its serial port: one GEMM
+(``--gemm``) and a 2-token ``tiny`` block whose GEMMs all run on the bench's engine.
 
 Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import cocotb
 import numpy as np
+from cocotb.simtime import get_sim_time
 from cocotb.task import bridge
 
 from golden.intops import matmul_int, requantize
@@ -36,11 +38,13 @@ async def test_gemms_over_uart(dut):
     port = await open_line(dut, int(p["divisor"]))
     client = await bridge(lambda: gemm_client(port, cfg))()   # its first writes: the inputs to 0
     out_width = client.outputs["c_out.payload"][1] // cfg.rows
+    top = (1 << cfg.mult_width) - 1   # 8 * 128**2 * top overflows the acc_width-bit output
     cases = [  # (a, b, mult, shift, what)
         (rng.integers(-128, 128, (5, 9)), rng.integers(-128, 128, (9, 6)), 1 << 12, 18, "edge tiles"),
         (rng.integers(-128, 128, (3, 16)), rng.integers(-128, 128, (16, 2)), 3, 7, "one row block"),
-        (np.full((4, 8), -128), np.full((8, 4), -128), 1, 0, "extremes: saturates high"),
-        (np.full((4, 8), -128), np.full((8, 4), 127), 1, 0, "extremes: saturates low"),
+        (np.full((4, 8), -128), np.full((8, 4), -128), top, 0, "extremes: saturates high"),
+        (np.full((4, 8), -128), np.full((8, 4), 127), top, 0, "extremes: saturates low"),
+        (np.full((4, 8), -128), np.full((8, 4), -128), 1, 0, "extremes: raw accumulators"),
         (rng.integers(-128, 128, (4, 4)), rng.integers(-128, 128, (4, 4)), 1, 1, "halves: rounding ties"),
     ]
     for a, b, mult, shift, what in cases:
@@ -52,17 +56,6 @@ async def test_gemms_over_uart(dut):
         want = requantize(matmul_int(a, b, cfg.acc_width), mult, shift, out_width, cfg.rounding)
         assert np.array_equal(got, want), f"seed {seed}, {what}: got\n{got}\nwant\n{want}"
         dut._log.info(f"{what}: {a.shape} @ {b.shape} bit-exact over the UART")
-
-    # the command line, its serial port being the simulated line
-    @bridge
-    def board_run():
-        import nanokpu.host
-        from nanokpu.cli import main
-        nanokpu.host.serial_port = lambda *args, **kwargs: client.port
-        return main(["board-run", "--board", "icebreaker", "--port", "sim", "--gemm", "6", "10", "5",
-                     "--seed", str(seed)])
-
-    assert await board_run() == 0, f"seed {seed}: nanokpu board-run --board icebreaker failed"
 
     k_big = cfg.spad_b_depth // 2 + 1
 
@@ -76,3 +69,18 @@ async def test_gemms_over_uart(dut):
 
     message = await refused()
     assert message is not None and message.endswith("K_TOO_LARGE"), f"seed {seed}: {message!r}"
+
+    # the command line, its serial port being the simulated line (last: its clients leave the
+    # bridge's input bytes other than `client`'s copy of them)
+    @bridge
+    def board_run(*argv):
+        import nanokpu.host
+        from nanokpu.cli import main
+        nanokpu.host.serial_port = lambda *args, **kwargs: client.port
+        return main(["board-run", "--board", "icebreaker", "--port", "sim", "--seed", str(seed), *argv])
+
+    assert await board_run("--gemm", "6", "10", "5") == 0, f"seed {seed}: board-run --gemm failed"
+    t0 = get_sim_time("ns")
+    assert await board_run("--tokens", "2") == 0, f"seed {seed}: board-run (a block) failed"
+    line_s = (get_sim_time("ns") - t0) * 1e-9 * (1e8 / int(p["divisor"])) / 115200
+    dut._log.info(f"the 2-token block's UART traffic: {line_s:.1f} s of line time at 115200 baud")

@@ -42,6 +42,12 @@ def test_zero_tokens_is_one_clear_line_before_any_build(argv, capsys, tmp_path):
     assert f"nanokpu {argv[0]}: error: tokens = 0" in err and "Traceback" not in err
 
 
+def test_one_gemm_only_on_the_icebreaker(capsys):
+    assert cli.main(["board-run", "--board", "ulx3s", "--port", "/dev/null", "--gemm", "4", "4", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "nanokpu board-run: error: gemm: one GEMM runs on the icebreaker build only, not on ulx3s" in err
+
+
 def test_console_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "nanokpu.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "nanokpu" in out.stdout

@@ -43,6 +43,32 @@ def test_small_block_bit_exact(seed):
     _check_block("small", 16, 100 + seed)
 
 
+def test_gemms_run_on_the_engine_passed_in():
+    """``FuncSim(gemm=...)`` (the iCEBreaker build's engine in ``board-run``) gets every GEMM with
+    its operands, requantiser constants of the instruction or its expert's table, and the block
+    is made of what it returns: bit-exact with an engine that keeps the contract, not with one
+    that is off by one."""
+    from golden import intops as I
+    cfg, Q, xq, prog = _compiled("tiny", 3, 5)
+    calls = []
+
+    def engine(a, b, mult, shift):
+        calls.append(((*a.shape, b.shape[1]), mult, shift))
+        assert a.min() >= -128 and a.max() <= 127 and b.min() >= -128 and b.max() <= 127
+        return I.requantize(I.matmul_int(a, b, cfg.acc_width), mult, shift, cfg.acc_width, cfg.rounding)
+
+    sim = FuncSim(cfg, prog.image, gemm=engine)
+    res = sim.run(prog.instrs)
+    ref = latent_moe_int(xq, Q, cfg)
+    assert res.error == Err.NONE and [shape for shape, _, _ in calls] == res.gemms
+    assert {(mult, shift) for _, mult, shift in calls} - {(1, 0)}, "no requantising GEMM in the block"
+    for key in ("y", "idx", "weights", "loads"):
+        assert np.array_equal(prog.outputs(sim.host)[key], ref[key]), key
+    off = FuncSim(cfg, prog.image, gemm=lambda a, b, mult, shift: engine(a, b, mult, shift) + 1)
+    assert off.run(prog.instrs).error == Err.NONE
+    assert not np.array_equal(prog.outputs(off.host)["y"], ref["y"])
+
+
 # -- bad programs ------------------------------------------------------------------------
 def _run(instrs, cfg=None, host=bytes(64)):
     cfg = cfg or profile("tiny")

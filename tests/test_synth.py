@@ -247,7 +247,7 @@ def test_board_build_icebreaker():
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
     assert report["fmax_mhz"] > report["clock_mhz"]
     assert report["utilization"]["SB_IO"]["used"] == 3  # clk, rx, tx
-    assert report["unit"] == "gemm" and report["utilization"]["ICESTORM_DSP"]["used"] == 8
+    assert report["unit"] == "nanokpu.gemm:kpu_engine" and report["utilization"]["ICESTORM_DSP"]["used"] == 8
 
 
 def test_reuse_returns_the_same_report_without_running():

@@ -139,12 +139,12 @@ def test_gemm_over_the_uart(dsp):
     SB_MAC16 by Yosys' model) on Verilator: BridgeClient runs GEMMs over the serial line,
     bit-exact, and reports a refused command by its error code (sim/bench_uart_gemm.py)."""
     from nanokpu.config import profile
-    from nanokpu.gemm import GemmEngine
+    from nanokpu.gemm import kpu_engine
     from sim.runner import FAST_BUILD, run_bench, vendor_build_args, vendor_name
 
     divisor = 4
     cfg = profile("tiny", dsp=dsp)
-    run_bench(UartBridge(GemmEngine(cfg), clk_freq=divisor * 1_000_000, baud=1_000_000),
+    run_bench(UartBridge(kpu_engine(cfg), clk_freq=divisor * 1_000_000, baud=1_000_000),
               vendor_name("uart_gemm_tiny", dsp), "bench_uart_gemm",
               params={"profile": "tiny", "dsp": dsp, "seed": 3, "divisor": divisor}, seed=3,
               build_args=FAST_BUILD + vendor_build_args(dsp))
