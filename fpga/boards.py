@@ -38,6 +38,7 @@ from fpga.flow import (
     read_stat_cells,
     run_tool,
 )
+from fpga.report import critical_path_text
 from nanokpu.uart_axil import DEFAULT_HOST_BYTES, UartKpu
 from nanokpu.uart_bridge import UartBridge, uart_divisor
 
@@ -180,7 +181,8 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
         f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}"
         f"{'' if baud == BAUD else f' --baud {baud}'}.\n\n"
         f"{bridge_text} ({baud} baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
-        f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz (nextpnr seed {timing['seed']}). "
+        f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz (nextpnr seed {timing['seed']}); critical path "
+        f"{critical_path_text(timing['critical_path'])}. "
         f"Bitstream `{report['bitstream']}` "
         f"({report['bitstream_bytes']} bytes, not committed: rebuild it with the command above).\n\n"
         f"| resource | used | available |\n|---|---|---|\n{util}\n")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fpga.breakdown import markdown_parts
 
-__all__ = ["total_row", "markdown_table", "peak_macs", "format_rate", "write_reports", "write_chart"]
+__all__ = ["total_row", "markdown_table", "critical_path_text", "peak_macs", "format_rate", "write_reports",
+           "write_chart"]
 
 _KINDS = ("lut", "lc", "ff", "dsp", "bram")
 _XMAX = 125  # % of the device shown; longer bars are cut
@@ -32,7 +33,9 @@ def _frac(used: int, total: int) -> str:
     return f"{used}/{total} ({100 * used / total:.0f}%)" if total else str(used)
 
 
-def _path(p: dict | None) -> str:
+def critical_path_text(p: dict | None) -> str:
+    """A nextpnr critical path (``report["pnr"]["critical_path"]``) as Markdown: start -> end,
+    delay split into logic and routing; ``""`` for none."""
     if not p:
         return ""
     return (f"`{p['start']}` → `{p['end']}` ({p['delay_ns']:.1f} ns: "
@@ -74,7 +77,7 @@ def markdown_table(reports: list[dict]) -> str:
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
             f"{pnr.get('goal_mhz', '-')} {met} | {format_rate(peak_macs(r))} | {pnr.get('flow', '-')} | "
             f"{pnr['seed'] if pnr.get('seed') is not None else '-'} | "
-            f"{_path(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
+            f"{critical_path_text(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"
 
 
