@@ -25,7 +25,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from golden import intops
-from nanokpu.config import ROUNDING_MODES
+from nanokpu.config import DSP_TARGETS, ROUNDING_MODES
 
 __all__ = ["PwlEvaluator", "error_bound", "out_range", "round_shift", "range_shape", "stall_pipeline"]
 
@@ -95,6 +95,16 @@ def stall_pipeline(m: Module, i, o, latency: int):
     return advance
 
 
+def _shift_add(a, f):
+    """``a * f`` for an unsigned ``f`` of a few bits: ``a << j`` where bit ``j`` of ``f`` is set,
+    added in a balanced tree, ``ceil(log2(len(f)))`` adders deep (one sum of them all takes
+    about a third fewer cells but is as deep as ``f`` is wide: SiTU fell below 100 MHz)."""
+    terms = [Mux(f[j], a, 0) << j for j in range(len(f))] or [Const(0)]
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 class PwlEvaluator(wiring.Component):
     """``lanes`` piecewise-linear evaluations per cycle of one :class:`~golden.intops.PwlTable`.
 
@@ -104,6 +114,9 @@ class PwlEvaluator(wiring.Component):
         The golden table (built at elaboration time, e.g. by :func:`golden.intops.gate_table`).
     lanes : int
         Inputs evaluated per cycle; all lanes read one table through their own read port.
+    dsp : str
+        One of :data:`~nanokpu.config.DSP_TARGETS`: how the interpolation product is built
+        (below); the result is the same.
 
     Members
     -------
@@ -117,19 +130,26 @@ class PwlEvaluator(wiring.Component):
     Pipeline: address and fraction (1), table read into a register (2), ``slope * f``
     product (3), sum and rounding (4). Error against the real function: :attr:`error_bound`.
     Costs one table of ``n_seg`` words of ``value_width + slope_width`` bits (one read
-    port per lane) and one ``slope_width x seg_shift`` multiplier per lane.
+    port per lane) and one ``slope_width x seg_shift`` product per lane: ``slope * f`` (a DSP
+    block) with ``dsp`` ``generic`` or ``ice40``; with ``ecp5``, ``seg_shift`` shifted copies
+    of the slope added in a tree in the logic (Yosys would give so narrow a product a whole
+    MULT18X18D, which the ECP5-25F runs out of before its LUTs; on the UP5K logic cells are
+    the scarcer resource: a product there costs about 155 of them).
     """
 
     #: Enabled cycles from ``x`` to ``y``.
     latency = 4
 
-    def __init__(self, table: intops.PwlTable, lanes: int):
+    def __init__(self, table: intops.PwlTable, lanes: int, *, dsp: str = "generic"):
         if not isinstance(table, intops.PwlTable):
             raise TypeError(f"table must be a PwlTable, not {table!r}")
         if not isinstance(lanes, int) or lanes <= 0:
             raise ValueError(f"lanes = {lanes!r}: must be a positive integer")
+        if dsp not in DSP_TARGETS:
+            raise ValueError(f"dsp = {dsp!r}: must be one of {DSP_TARGETS}")
         self.table = table
         self.lanes = lanes
+        self.dsp = dsp
         self.value_shape = range_shape(min(table.values), max(table.values))
         self.slope_shape = range_shape(min(0, *table.slopes), max(0, *table.slopes))
         self.out_shape = range_shape(*out_range(table))
@@ -193,7 +213,8 @@ class PwlEvaluator(wiring.Component):
                     frac2.eq(frac1),
                     # Stage 3: the interpolation product.
                     value3.eq(Mux(top2, t.values[-1], word2.value)),    # the last breakpoint's
-                    product3.eq(word2.slope * frac2),
+                    product3.eq(_shift_add(word2.slope, frac2) if self.dsp == "ecp5"
+                                else word2.slope * frac2),
                     # Stage 4: sum and round into the output register.
                     y4.eq(round_shift(value3 + (product3 >> t.seg_shift), t.guard, t.rounding)),
                 ]

@@ -129,13 +129,13 @@ SYNTH_RUNS = [(key, "ecp5-85f") for key in REPORT_CONFIGS] + [("tiny", "up5k")]
 
 
 def _synthesis(pnr: bool, progress) -> list[str]:
-    from fpga.flow import synthesize
+    from fpga.flow import TARGETS, synthesize
 
     rows = ["| config | target | unit | lanes | latency (cycles) | LUT4 | FF | DSP | BRAM "
             + ("| Fmax (MHz) |" if pnr else "|"),
             "|---|---|---|---|---|---|---|---|---" + ("|---|" if pnr else "|")]
     for key, target in SYNTH_RUNS:
-        cfg = REPORT_CONFIGS[key]
+        cfg = REPORT_CONFIGS[key].replace(dsp=TARGETS[target].family)   # as `nanokpu synth` builds it
         slug = key.replace(", ", "_").replace(" ", "").replace("/", "x")
         for unit in (Situ(cfg), Sigmoid(cfg)):
             name = f"act_{type(unit).__name__.lower()}_{slug}"
@@ -243,9 +243,11 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
               ""]
     if synth:
         parts += ["## FPGA cost", "",
-                  "`fpga.flow.synthesize` on the bare unit (`proc; flatten; splitnets; synth_ecp5` for the "
-                  "LFE5U-85F: DSP = MULT18X18D, BRAM = DP16KD (18 Kbit); `synth_ice40 -dsp` for the "
-                  "UP5K: DSP = SB_MAC16, BRAM = SB_RAM40_4K (4 Kbit), 30 on the part)"
+                  "`fpga.flow.synthesize` on the bare unit, built with `dsp` set to the target's family "
+                  "as `nanokpu synth` builds it (`proc; flatten; splitnets; synth_ecp5` for the "
+                  "LFE5U-85F: DSP = MULT18X18D, BRAM = DP16KD (18 Kbit), the PWL interpolation products "
+                  "in the logic; `synth_ice40 -dsp` for the UP5K: DSP = SB_MAC16, BRAM = SB_RAM40_4K "
+                  "(4 Kbit), 30 on the part)"
                   + ("; Fmax from nextpnr (ECP5 out of context, speed grade 6, goal 100 MHz; iCE40 "
                      "with register-wrapped ports, goal 30 MHz)." if pnr else "."), "",
                   *_synthesis(pnr, progress)]

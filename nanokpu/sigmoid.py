@@ -51,7 +51,7 @@ class Sigmoid(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.pwl = pwl = PwlEvaluator(self.table, self.cfg.act_lanes)
+        m.submodules.pwl = pwl = PwlEvaluator(self.table, self.cfg.act_lanes, dsp=self.cfg.dsp)
         # The table's outputs lie in [0, 2**score_frac]: the cast drops only zero bits.
         assert not pwl.out_shape.signed and pwl.out_shape.width <= self.cfg.score_width
         advance = stall_pipeline(m, self.i, self.o, self.latency)

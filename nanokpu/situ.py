@@ -102,8 +102,8 @@ class Situ(wiring.Component):
         cfg = self.cfg
         m = Module()
         lanes = cfg.act_lanes
-        m.submodules.gate = gate = PwlEvaluator(self.gate_table, lanes)
-        m.submodules.up = up = PwlEvaluator(self.up_table, lanes)
+        m.submodules.gate = gate = PwlEvaluator(self.gate_table, lanes, dsp=cfg.dsp)
+        m.submodules.up = up = PwlEvaluator(self.up_table, lanes, dsp=cfg.dsp)
         advance = stall_pipeline(m, self.i, self.o, self.latency)
         m.d.comb += [gate.en.eq(advance), up.en.eq(advance)]
         for lane in range(lanes):

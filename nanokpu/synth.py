@@ -31,8 +31,9 @@ from nanokpu.config import PROFILES, profile
 TOP_UNIT = "kpu"
 
 #: ``nanokpu synth --all``: (profile, target, units or None for every registered unit); the
-#: whole ``tiny`` nano-KPU also on the ECP5-85F, where it fits.
-BENCHMARK = [("tiny", "up5k", None), ("small", "ecp5-85f", None), ("tiny", "ecp5-85f", (TOP_UNIT,))]
+#: whole ``tiny`` nano-KPU also on the ECP5-85F (ULX3S) and the ECP5-25F (OrangeCrab 25F).
+BENCHMARK = [("tiny", "up5k", None), ("small", "ecp5-85f", None), ("tiny", "ecp5-85f", (TOP_UNIT,)),
+             ("tiny", "ecp5-25f", (TOP_UNIT,))]
 
 #: Default target of each profile.
 DEFAULT_TARGET = {"tiny": "up5k", "small": "ecp5-85f", "k3": "ecp5-85f"}

@@ -66,8 +66,8 @@ class ActivationBench(wiring.Component):
         members = {}
         for key, cfg in cfgs.items():
             situ, sigmoid = Situ(cfg), Sigmoid(cfg)
-            gate = PwlEvaluator(situ.gate_table, cfg.act_lanes)
-            up = PwlEvaluator(situ.up_table, cfg.act_lanes)
+            gate = PwlEvaluator(situ.gate_table, cfg.act_lanes, dsp=cfg.dsp)
+            up = PwlEvaluator(situ.up_table, cfg.act_lanes, dsp=cfg.dsp)
             self.units[key] = (situ, sigmoid, gate, up)
             members.update({
                 f"{key}_situ_i": situ.signature.members["i"],
@@ -299,7 +299,7 @@ async def situ_random(dut):
 BENCH_CONFIGS: dict[str, KpuConfig] = {
     f"b{b1}x{b2}_l{lanes}": profile("tiny", beta1=float(b1), beta2=float(b2), act_lanes=lanes)
     for b1, b2 in ((4, 25), (2, 8)) for lanes in (1, 4)
-}
+} | {"b4x25_l1_ecp5": profile("tiny", act_lanes=1, dsp="ecp5")}   # the PWL products in the logic
 
 
 @functools.cache

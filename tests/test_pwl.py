@@ -88,7 +88,8 @@ def _simulate(dut: PwlEvaluator, xs: np.ndarray, seed: int) -> np.ndarray:
     (2, "half_up", 0, 3),         # domain starts mid-range
     (4, "floor", -32, 4),         # the last breakpoint one past the largest input
 ])
-def test_evaluator_matches_golden_on_arbitrary_tables(guard, rounding, x0, seg_shift):
+@pytest.mark.parametrize("dsp", ["generic", "ecp5"])   # slope * f, or shifted adds in the logic
+def test_evaluator_matches_golden_on_arbitrary_tables(guard, rounding, x0, seg_shift, dsp):
     """Random (non-monotone, negative-slope) tables, every 6-bit input, two lanes."""
     seed = 1000 + seg_shift
     rng = np.random.default_rng(seed)
@@ -97,8 +98,8 @@ def test_evaluator_matches_golden_on_arbitrary_tables(guard, rounding, x0, seg_s
     table = PwlTable(in_width=6, out_frac=4, guard=guard, rounding=rounding, x0=x0,
                      seg_shift=seg_shift, values=values)
     xs = np.arange(-32, 32).reshape(-1, 2)
-    got = _simulate(PwlEvaluator(table, lanes=2), xs, seed)
-    np.testing.assert_array_equal(got, table(xs), err_msg=f"seed {seed}, table {table}")
+    got = _simulate(PwlEvaluator(table, lanes=2, dsp=dsp), xs, seed)
+    np.testing.assert_array_equal(got, table(xs), err_msg=f"seed {seed}, dsp {dsp}, table {table}")
 
 
 def test_evaluator_on_a_fitted_table():
@@ -125,6 +126,8 @@ def test_evaluator_rejects_bad_parameters():
         PwlEvaluator(table, 0)
     with pytest.raises(TypeError, match="PwlTable"):
         PwlEvaluator(table.values, 1)
+    with pytest.raises(ValueError, match="^dsp = 'xilinx': must be one of"):
+        PwlEvaluator(table, 1, dsp="xilinx")
 
 
 @pytest.mark.parametrize("key", sorted(bench_activation.BENCH_CONFIGS))

@@ -31,7 +31,7 @@ def test_sigmoid_ports_and_latency():
     assert dut.error_bound == 1.5 * 2.0 ** -cfg.score_frac
 
 
-@pytest.mark.parametrize("key", ["b4x25_l1", "b4x25_l4"])
+@pytest.mark.parametrize("key", ["b4x25_l1", "b4x25_l4", "b4x25_l1_ecp5"])
 def test_sigmoid_exhaustive_on_verilator(key):
     """Every logit through the RTL stream (shuffled; full rate, then random idle and backpressure)."""
     bench_activation.run(key, "sigmoid_exhaustive", seed=31)
