@@ -148,3 +148,16 @@ def test_factor_error_against_float(key):
     gate_err = np.abs(gate_q(xs, cfg) / 2.0 ** cfg.situ_frac - situ_gate(real, cfg.beta1))
     up_err = np.abs(up_q(xs, cfg) / 2.0 ** cfg.situ_frac - situ_up(real, cfg.beta2))
     assert gate_err.max() <= bound and up_err.max() <= bound, (gate_err.max(), up_err.max(), bound)
+
+
+@pytest.mark.parametrize("dsp, situ_products, sigmoid_products", [("generic", 3, 1), ("ice40", 3, 1), ("ecp5", 1, 0)])
+def test_interpolation_products_leave_the_dsps_on_ecp5_only(dsp, situ_products, sigmoid_products):
+    """On ECP5 the PWL products are shifted adds (the tiny nano-KPU then needs 28 MULT18X18D, the
+    ECP5-25F's count); the multiplications left in the netlist are SiTU's gate * up product."""
+    from amaranth.back import rtlil
+
+    from nanokpu.sigmoid import Sigmoid
+    from nanokpu.situ import Situ
+    cfg = profile("tiny", dsp=dsp)
+    assert rtlil.convert(Situ(cfg)).count("cell $mul ") == situ_products
+    assert rtlil.convert(Sigmoid(cfg)).count("cell $mul ") == sigmoid_products
