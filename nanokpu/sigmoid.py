@@ -20,7 +20,8 @@ class Sigmoid(wiring.Component):
     ----------
     cfg : KpuConfig
         Reads ``act_width``/``act_frac`` (logits), ``score_frac`` (scores), ``pwl_guard``,
-        ``rounding`` and ``act_lanes``. The table is :func:`golden.intops.sigmoid_table`.
+        ``rounding``, ``act_lanes`` and ``dsp`` (how the interpolation product is built). The
+        table is :func:`golden.intops.sigmoid_table`.
 
     Members
     -------

@@ -52,7 +52,8 @@ class Situ(wiring.Component):
     ----------
     cfg : KpuConfig
         Reads ``beta1``, ``beta2``, ``act_width``/``act_frac``, ``situ_frac``,
-        ``h_width``/``h_frac``, ``pwl_guard``, ``rounding`` and ``act_lanes``.
+        ``h_width``/``h_frac``, ``pwl_guard``, ``rounding``, ``act_lanes`` and ``dsp`` (how the
+        interpolation products are built).
 
     Members
     -------
