@@ -13,13 +13,24 @@ elaborated here.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
 from nanokpu.config import KpuConfig
 from nanokpu.gemm import GemmError, kpu_engine
 from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
-from nanokpu.uart_bridge import CMD_PULSE, CMD_READ, CMD_WRITE, port_map
+from nanokpu.uart_bridge import (
+    CMD_PULSE,
+    CMD_READ,
+    CMD_STATUS,
+    CMD_UNTIL,
+    CMD_WRITE,
+    RX_QUEUE_DEPTH,
+    STATUS_BYTES_LOST,
+    STATUS_WAIT_RAN_OUT,
+    port_map,
+)
 
 __all__ = ["BridgeClient", "run_gemm"]
 
@@ -31,26 +42,121 @@ class BridgeClient:
     ----------
     port
         The serial line: anything with ``write(bytes)`` and ``read(n) -> bytes`` (a pyserial
-        ``Serial``, or the bench's model of the line).
+        ``Serial``, or the bench's model of the line); a short read means the board did not
+        answer.
     unit : wiring.Component
         The unit the bridge was built around (same class and config): its signature gives
         the byte map.
+    queue_depth : int
+        The bridge's ``queue_depth`` (:data:`~nanokpu.uart_bridge.RX_QUEUE_DEPTH` unless it was
+        built with another).
 
     The client keeps a copy of the bridge's input bytes and writes whole bytes from it; it
-    starts by writing every one of them 0 (they keep what an earlier client left there).
+    starts by writing every one of them 0 (they keep what an earlier client left there) and
+    reading the bridge's status (``TimeoutError`` if nothing answers).
+
+    Commands that need no answer (:meth:`set`, :meth:`pulse`, :meth:`until`, the beats of
+    :meth:`send` and :meth:`receive`) go out at once and the client goes on without waiting:
+    the bridge queues them. The client only waits for the board when it needs a value
+    (:meth:`get`, :meth:`receive`), at the end of a transfer (:meth:`sync`), and to keep at
+    most ``queue_depth`` bytes unanswered (a status request each
+    half queue, read when the queue would be full). ``traffic`` counts ``bytes_out``,
+    ``bytes_in`` and ``waits`` (reads that wait for the board: round trips over the line).
     """
 
-    def __init__(self, port, unit):
-        self.port = port
+    def __init__(self, port, unit, queue_depth: int = RX_QUEUE_DEPTH):
+        self.port, self.queue_depth = port, queue_depth
         self.inputs, self.outputs = port_map(unit)
         in_bits = sum(width for _, width in self.inputs.values())
         self.shadow = bytearray(-(-in_bits // 8))
-        self.port.write(b"".join(bytes([CMD_WRITE, i, 0]) for i in range(len(self.shadow))))
+        self.traffic = {"bytes_out": 0, "bytes_in": 0, "waits": 0}
+        self._sent = self._taken = self._asked = 0  # bytes written; taken by the bridge; up to the last reply asked
+        self._pending = deque()   # (end of the command in bytes written, reply bytes, is a status reply)
+        self._inbox = bytearray()  # replies to R read from the line and not yet taken
+        self._write(b"".join(bytes([CMD_WRITE, i, 0]) for i in range(len(self.shadow))))
+        self.sync()
 
     def _field(self, space: dict, name: str) -> tuple[int, int]:
         if name not in space:
             raise ValueError(f"name = {name!r}: not a port of the unit; one of {sorted(space)}")
         return space[name]
+
+    def _bit(self, space: dict, name: str) -> tuple[int, int]:
+        offset, width = self._field(space, name)
+        if width != 1:
+            raise ValueError(f"name = {name!r}: {width} bits wide; must be a 1-bit port")
+        return offset // 8, 1 << (offset % 8)
+
+    def _put(self, data: bytes, replies: int = 0, status: bool = False) -> None:
+        self.port.write(data)
+        self._sent += len(data)
+        self.traffic["bytes_out"] += len(data)
+        if replies:
+            self._pending.append((self._sent, replies, status))
+            self._asked = self._sent
+
+    def _write(self, data: bytes, replies: int = 0, status: bool = False) -> None:
+        """Send ``data`` (commands with ``replies`` reply bytes in all; a status request if
+        ``status``), first reading replies while the bridge's queue could overflow (one byte is
+        kept free for a status request)."""
+        while self._sent + len(data) - self._taken > self.queue_depth - 1:
+            self._collect()
+        self._put(data, replies, status)
+        if self._sent - self._asked >= self.queue_depth // 2:
+            self._put(bytes([CMD_STATUS]), 1, status=True)
+
+    def _collect(self, entries: int = 1) -> None:
+        """Read the replies of the oldest ``entries`` unanswered commands, in one read (of a
+        status request's reply if no command is unanswered)."""
+        if not self._pending:
+            self._put(bytes([CMD_STATUS]), 1, status=True)
+        batch = [self._pending.popleft() for _ in range(min(entries, len(self._pending)))]
+        n = sum(replies for _, replies, _ in batch)
+        data = self.port.read(n)
+        self.traffic["waits"] += 1
+        self.traffic["bytes_in"] += len(data)
+        if len(data) != n:
+            raise TimeoutError(f"the board answered {len(data)} of {n} bytes")
+        pos = 0
+        for end, replies, status in batch:
+            self._taken = end
+            if not status:
+                self._inbox += data[pos:pos + replies]
+            elif data[pos] & STATUS_WAIT_RAN_OUT:
+                raise TimeoutError("a wait for a port of the unit ran out (the bridge's wait_limit)")
+            elif data[pos] & STATUS_BYTES_LOST:
+                raise RuntimeError("the bridge lost bytes (its receive queue was full)")
+            pos += replies
+
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` reply bytes of ``R`` commands, in the order they were sent (one read)."""
+        need, entries = n - len(self._inbox), 0
+        for _, replies, status in self._pending:
+            if need <= 0:
+                break
+            entries += 1
+            need -= 0 if status else replies
+        if entries:
+            self._collect(entries)
+        data = bytes(self._inbox[:n])
+        del self._inbox[:n]
+        return data
+
+    def _read_commands(self, names) -> tuple[bytes, list]:
+        """The ``R`` commands reading output ports ``names`` and how to decode their replies."""
+        fields = [self._field(self.outputs, n) for n in names]
+        spans = [(offset // 8, (offset + width - 1) // 8) for offset, width in fields]
+        addrs = sorted({a for first, last in spans for a in range(first, last + 1)})
+        return b"".join(bytes([CMD_READ, a]) for a in addrs), [addrs, fields, spans]
+
+    @staticmethod
+    def _decode(data: bytes, addrs, fields, spans) -> list[int]:
+        got = dict(zip(addrs, data, strict=True))
+        values = []
+        for (offset, width), (first, last) in zip(fields, spans, strict=True):
+            word = int.from_bytes(bytes(got[a] for a in range(first, last + 1)), "little")
+            values.append((word >> (offset - 8 * first)) & ((1 << width) - 1))
+        return values
 
     def set(self, name: str, value: int) -> None:
         """Drive input port ``name`` with ``value`` (its bits as an unsigned integer) until set
@@ -68,57 +174,61 @@ class BridgeClient:
                 self.shadow[i] = byte
                 out += bytes([CMD_WRITE, i, byte])
         if out:
-            self.port.write(bytes(out))
+            self._write(bytes(out))
 
     def pulse(self, name: str) -> None:
         """Raise the 1-bit input port ``name`` for exactly one clock cycle (a stream ``valid``
         or ``ready``: one beat moves if the other side is ready in that cycle)."""
-        offset, width = self._field(self.inputs, name)
-        if width != 1:
-            raise ValueError(f"name = {name!r}: {width} bits wide; only a 1-bit port can be pulsed")
-        i = offset // 8
-        self.port.write(bytes([CMD_PULSE, i, self.shadow[i] | 1 << (offset % 8)]))
+        i, bit = self._bit(self.inputs, name)
+        self._write(bytes([CMD_PULSE, i, self.shadow[i] | bit]))
+
+    def until(self, name: str) -> None:
+        """Make the bridge take no further command until the 1-bit output port ``name`` is 1.
+        Does not wait here: a wait that runs out (the bridge's ``wait_limit``, by default
+        :data:`~nanokpu.uart_bridge.WAIT_LIMIT` cycles) raises ``TimeoutError`` from the next
+        :meth:`sync`, :meth:`get` or :meth:`receive`."""
+        i, bit = self._bit(self.outputs, name)
+        self._write(bytes([CMD_UNTIL, i, bit]))
+
+    def sync(self) -> None:
+        """Wait until the bridge has taken every command sent; ``TimeoutError`` if a wait ran
+        out since the last check, ``RuntimeError`` if the bridge lost bytes."""
+        self._write(bytes([CMD_STATUS]), 1, status=True)
+        self._collect(len(self._pending))
 
     def get(self, *names: str) -> list[int]:
         """The current values of output ports ``names`` (unsigned), read in one exchange; a
         port wider than a byte is read byte by byte, so read only what holds still."""
-        fields = [self._field(self.outputs, n) for n in names]
-        spans = [(offset // 8, (offset + width - 1) // 8) for offset, width in fields]
-        addrs = sorted({a for first, last in spans for a in range(first, last + 1)})
-        self.port.write(b"".join(bytes([CMD_READ, a]) for a in addrs))
-        data = self.port.read(len(addrs))
-        if len(data) != len(addrs):
-            raise TimeoutError(f"the board answered {len(data)} of {len(addrs)} bytes")
-        got = dict(zip(addrs, data, strict=True))
-        values = []
-        for (offset, width), (first, last) in zip(fields, spans, strict=True):
-            word = int.from_bytes(bytes(got[a] for a in range(first, last + 1)), "little")
-            values.append((word >> (offset - 8 * first)) & ((1 << width) - 1))
-        return values
+        commands, layout = self._read_commands(names)
+        self._write(commands, len(layout[0]))
+        return self._decode(self._take(len(layout[0])), *layout)
 
-    def wait(self, name: str, timeout: float = 2.0) -> None:
-        """Poll output port ``name`` until it is 1; ``TimeoutError`` after ``timeout`` seconds."""
-        t0 = time.monotonic()
-        while not self.get(name)[0]:
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"{name} still low after {timeout} s")
+    def wait(self, name: str) -> None:
+        """Return when output port ``name`` is 1 (:meth:`until`, then :meth:`sync`)."""
+        self.until(name)
+        self.sync()
 
-    def send(self, stream: str, words, timeout: float = 2.0) -> None:
-        """Every word of ``words`` into the unit's input stream ``stream``, one beat each (the
-        ``ready`` read before each ``valid`` pulse: it stays high until a beat moves)."""
+    def send(self, stream: str, words) -> None:
+        """Every word of ``words`` into the unit's input stream ``stream``, one beat each
+        (``payload`` written, a wait for ``ready``, a ``valid`` pulse), then :meth:`sync`."""
         for word in words:
             self.set(f"{stream}.payload", word)
-            self.wait(f"{stream}.ready", timeout)
+            self.until(f"{stream}.ready")
             self.pulse(f"{stream}.valid")
+        self.sync()
 
-    def receive(self, stream: str, n: int, timeout: float = 2.0) -> list[int]:
-        """``n`` words out of the unit's output stream ``stream`` (a payload holds still while
-        ``valid`` waits for ``ready``)."""
-        words = []
+    def receive(self, stream: str, n: int) -> list[int]:
+        """``n`` words out of the unit's output stream ``stream`` (a wait for ``valid``, the
+        payload read, a ``ready`` pulse, for each), then :meth:`sync`."""
+        commands, layout = self._read_commands([f"{stream}.payload"])
         for _ in range(n):
-            self.wait(f"{stream}.valid", timeout)
-            words.append(self.get(f"{stream}.payload")[0])
+            self.until(f"{stream}.valid")
+            self._write(commands, len(layout[0]))
             self.pulse(f"{stream}.ready")
+        k = len(layout[0])
+        raw = self._take(n * k)
+        words = [self._decode(raw[i:i + k], *layout)[0] for i in range(0, n * k, k)]
+        self.sync()
         return words
 
 
@@ -130,13 +240,14 @@ def run_gemm(client: BridgeClient, cfg: KpuConfig, a, b, *, mult: int = 1, shift
     addresses 0), A and B streamed in, the ``[M, N]`` result read back. ``a`` is ``[M, K]``, ``b``
     ``[K, N]``, ``in_width``-bit integers. Raises ``RuntimeError`` naming the engine's
     :class:`~nanokpu.gemm.GemmError` when it refuses the command (a shape beyond its
-    scratchpads), ``TimeoutError`` when a stream stalls for ``timeout`` seconds.
+    scratchpads) or did not check it within ``timeout`` seconds, ``TimeoutError`` when the
+    board does not answer or a stream stalls (:meth:`BridgeClient.until`).
     """
     a, b = np.asarray(a), np.asarray(b)
     (m, k), (k2, n) = a.shape, b.shape
     if k2 != k:
         raise ValueError(f"b: {k2} rows, must equal the {k} columns of a")
-    client.wait("cmd.ready", timeout)
+    client.until("cmd.ready")
     client.set("cmd.payload", command_word(cfg, m=m, k=k, n=n, mult=mult, shift=shift,
                                            load_a=1, compute=1, store=1))
     client.pulse("cmd.valid")
@@ -149,9 +260,9 @@ def run_gemm(client: BridgeClient, cfg: KpuConfig, a, b, *, mult: int = 1, shift
             break
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"the GEMM engine took no A word within {timeout} s")
-    client.send("a_in", a_words(cfg, a), timeout)
-    client.send("b_in", b_words(cfg, b), timeout)
-    words = client.receive("c_out", -(-m // cfg.rows) * n, timeout)
+    client.send("a_in", a_words(cfg, a))
+    client.send("b_in", b_words(cfg, b))
+    words = client.receive("c_out", -(-m // cfg.rows) * n)
     out_width = client.outputs["c_out.payload"][1] // cfg.rows
     return c_matrix(cfg, words, m, n, out_width)
 

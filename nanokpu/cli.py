@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-gemm": ("nanokpu.bench_gemm", "time LatentMoE GEMMs on the RTL GEMM engine, write docs/bench/gemm.md"),
     "sim": ("nanokpu.simulate", "run a LatentMoE block on the nano-KPU RTL (Verilator) via its AXI buses"),
     "bench-block": ("nanokpu.bench_block", "block cycles, utilization, busy shares on the RTL; docs/bench/block.md"),
+    "bench-bridge": ("nanokpu.bench_bridge", "bytes and round trips of a block on the iCEBreaker serial line; "
+                     "docs/bench/bridge.md"),
     "board-run": ("nanokpu.host", "run a compiled block on the board design over its UART and check it bit for bit"),
     "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),

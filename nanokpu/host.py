@@ -177,7 +177,8 @@ def run(args) -> int:
     t0 = time.monotonic()
     if args.board == "icebreaker":
         result = _run_block_on_gemm_board(args, cfg, prog)
-        where = f"{result['gemms']} GEMMs ({result['macs']} MACs) on the board, the rest on the PC"
+        where = (f"{result['gemms']} GEMMs ({result['macs']} MACs) on the board, the rest on the PC; "
+                 f"{_traffic_text(result['traffic'])}")
     else:
         result = KpuClient.open(args.port, args.baud).run_block(prog)
         where = f"{result['cycles']} cycles on the board"
@@ -201,7 +202,14 @@ def _run_block_on_gemm_board(args, cfg, prog) -> dict:
     res = sim.run(prog.instrs)
     if res.error != Err.NONE:
         raise RuntimeError(f"the program stopped with {res.error.name} at pc {res.pc}")
-    return {"outputs": prog.outputs(sim.host), "instrs": res.retired, "gemms": len(res.gemms), "macs": res.macs}
+    return {"outputs": prog.outputs(sim.host), "instrs": res.retired, "gemms": len(res.gemms), "macs": res.macs,
+            "traffic": client.traffic}
+
+
+def _traffic_text(traffic: dict) -> str:
+    """``BridgeClient.traffic`` as a user reads it."""
+    return (f"{traffic['bytes_out']:,} bytes to the board, {traffic['bytes_in']:,} back, "
+            f"{traffic['waits']:,} waits for its answer")
 
 
 def _run_gemm(args, cfg) -> int:
@@ -224,6 +232,6 @@ def _run_gemm(args, cfg) -> int:
     want = requantize(matmul_int(a, b, cfg.acc_width), 1, shift, out_width, cfg.rounding)
     exact = np.array_equal(got, want)
     print(f"{cfg.name} GEMM [{m}, {k}] @ [{k}, {n}] >> {shift}, seed {args.seed}, on the board "
-          f"({time.monotonic() - t0:.1f} s with the UART transfers): bit-exact with "
+          f"({time.monotonic() - t0:.1f} s with the UART transfers; {_traffic_text(client.traffic)}): bit-exact with "
           f"golden.intops.requantize(matmul_int(...)): {'yes' if exact else 'NO'}")
     return 0 if exact else 1

@@ -16,9 +16,20 @@ bytes       reply               effect
 ``P a d``   none                ``IN[a] = d`` for exactly one clock cycle, then back: a
                                 stream ``valid`` pulse moves one beat if ``ready`` was high
 ``R a``     ``OUT[a]``          read one output byte (0 beyond the end)
+``U a m``   none                take no further command until ``OUT[a] & m`` is nonzero,
+                                or ``wait_limit`` cycles have passed (then the status
+                                byte's bit 0 is set)
+``S``       status              bit 0: a ``U`` ran out, bit 1: bytes were lost (the
+                                receive queue was full), both since the last ``S``, which
+                                clears them
 ==========  ==================  =========================================================
 
-``W``, ``P`` and ``R`` are the ASCII bytes 0x57, 0x50 and 0x52; ``a`` is one byte.
+``W``, ``P``, ``R``, ``U`` and ``S`` are the ASCII bytes 0x57, 0x50, 0x52, 0x55 and 0x53;
+``a`` is one byte. Received bytes wait in a queue of ``queue_depth`` bytes (by default
+:data:`RX_QUEUE_DEPTH`, one block RAM) while a ``U`` waits or a reply is being sent, so a PC
+can send a whole stream transfer (``W`` payload, ``U`` on ``ready``, ``P`` on ``valid``, beat
+after beat) without waiting for an answer, as long as it never has more than ``queue_depth``
+bytes unanswered.
 """
 
 from __future__ import annotations
@@ -26,12 +37,23 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ", "BAUD_TOLERANCE",
+__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ", "CMD_UNTIL", "CMD_STATUS",
+           "STATUS_WAIT_RAN_OUT", "STATUS_BYTES_LOST", "RX_QUEUE_DEPTH", "WAIT_LIMIT", "BAUD_TOLERANCE",
            "port_map", "uart_divisor"]
 
-CMD_WRITE, CMD_PULSE, CMD_READ = ord("W"), ord("P"), ord("R")
+CMD_WRITE, CMD_PULSE, CMD_READ, CMD_UNTIL, CMD_STATUS = (ord(c) for c in "WPRUS")
+
+#: Bits of the ``S`` reply.
+STATUS_WAIT_RAN_OUT, STATUS_BYTES_LOST = 1, 2
+
+#: Bytes the bridge holds while it is busy (a ``U`` waiting, a reply on the line).
+RX_QUEUE_DEPTH = 512
+
+#: Clock cycles a ``U`` waits at most (1.4 s at 12 MHz).
+WAIT_LIMIT = 1 << 24
 
 #: Largest relative difference between the bit rate asked for and ``clk_freq / divisor``: the
 #: sampling point drifts by 10 times this over a frame (start, 8 data, stop bits), and the two
@@ -85,6 +107,10 @@ class UartBridge(wiring.Component):
     baud : int
         Bit rate: the divisor ``round(clk_freq / baud)`` must be at least 4 and give a rate
         within 2 % of ``baud`` (:func:`~nanokpu.uart_bridge.uart_divisor`).
+    queue_depth : int
+        Bytes the receive queue holds (:data:`RX_QUEUE_DEPTH`; the PC client assumes that).
+    wait_limit : int
+        Clock cycles a ``U`` waits at most (:data:`WAIT_LIMIT`).
 
     Members
     -------
@@ -93,12 +119,18 @@ class UartBridge(wiring.Component):
     tx : Out(1, init=1)
         Serial output.
 
-    Latency: a ``W``/``P`` takes effect on the cycle after the stop bit of ``d`` is sampled;
-    the ``R`` reply starts one cycle after the stop bit of ``a``.
+    Latency, with the receive queue empty: a ``W``/``P`` takes effect 3 cycles after the
+    receiver delivers ``d`` (:class:`UartRx` ``strobe``); the start bit of an ``R``/``S`` reply
+    leaves 4 cycles after its last byte is delivered, or once the previous reply has left. A
+    ``U`` checks ``OUT[a] & m`` every cycle from the cycle after ``m`` is taken.
     """
 
-    def __init__(self, unit: wiring.Component, clk_freq: int, baud: int = 115200):
+    def __init__(self, unit: wiring.Component, clk_freq: int, baud: int = 115200, *,
+                 queue_depth: int = RX_QUEUE_DEPTH, wait_limit: int = WAIT_LIMIT):
         divisor = uart_divisor(clk_freq, baud)
+        for name, value in (("queue_depth", queue_depth), ("wait_limit", wait_limit)):
+            if not isinstance(value, int) or value < 2:
+                raise ValueError(f"{name} = {value!r}: must be an integer of at least 2")
         ports = [(m.flow, Value.cast(v)) for _, m, v in unit.signature.flatten(unit)]
         self.ins = [v for flow, v in ports if flow == In]
         self.outs = [v for flow, v in ports if flow == Out]
@@ -108,6 +140,7 @@ class UartBridge(wiring.Component):
             raise ValueError(f"unit: {self.in_bytes} input / {self.out_bytes} output bytes; "
                              "the bridge addresses at most 256 of each")
         self.unit, self.divisor = unit, divisor
+        self.queue_depth, self.wait_limit = queue_depth, wait_limit
         super().__init__({"rx": In(1, init=1), "tx": Out(1, init=1)})
 
     def elaborate(self, platform):
@@ -118,8 +151,14 @@ class UartBridge(wiring.Component):
         m.submodules.uart_rx = urx = UartRx(div)
         m.submodules.uart_tx = utx = UartTx(div)
         m.d.comb += [urx.rx.eq(self.rx), self.tx.eq(utx.tx)]
-        rx_strobe, rx_byte = urx.strobe, urx.data
-        tx_start, tx_data = utx.start, utx.data
+
+        # -- receive queue ----------------------------------------------------------------------
+        m.submodules.rx_queue = queue = SyncFIFOBuffered(width=8, depth=self.queue_depth)
+        m.d.comb += [queue.w_data.eq(urx.data), queue.w_en.eq(urx.strobe)]
+        byte = queue.r_data
+        wait_ran_out, bytes_lost = Signal(name="wait_ran_out"), Signal(name="bytes_lost")
+        with m.If(urx.strobe & ~queue.w_rdy):
+            m.d.sync += bytes_lost.eq(1)
 
         # -- register file and command decoder ------------------------------------------------
         in_regs = Array(Signal(8, name=f"in{i}") for i in range(self.in_bytes))
@@ -130,34 +169,61 @@ class UartBridge(wiring.Component):
             pos += len(value)
         out_bits = Cat(*self.outs)
         out_regs = Array(out_bits[8 * i:8 * i + 8] for i in range(self.out_bytes))
-        cmd, addr = Signal(8), Signal(8)
-        restore, restore_addr, restore_data = Signal(), Signal(8), Signal(8)
-        m.d.sync += [tx_start.eq(0), restore.eq(0)]
+        out_byte = Signal(8)
+        cmd, addr, mask = Signal(8, name="cmd"), Signal(8, name="addr"), Signal(8, name="mask")
+        with m.If(addr < self.out_bytes):
+            m.d.comb += out_byte.eq(out_regs[addr])
+        timer = Signal(range(self.wait_limit))
+        restore = Signal(name="restore")
+        restore_addr, restore_data = Signal(8, name="restore_addr"), Signal(8, name="restore_data")
+        m.d.sync += restore.eq(0)
         with m.If(restore):
             m.d.sync += in_regs[restore_addr].eq(restore_data)
         with m.FSM(name="bridge"):
             with m.State("CMD"):
-                with m.If(rx_strobe & ((rx_byte == CMD_WRITE) | (rx_byte == CMD_PULSE) |
-                                       (rx_byte == CMD_READ))):
-                    m.d.sync += cmd.eq(rx_byte)
-                    m.next = "ADDR"
+                m.d.comb += queue.r_en.eq(1)
+                with m.If(queue.r_rdy):
+                    m.d.sync += cmd.eq(byte)
+                    with m.If(byte == CMD_STATUS):
+                        m.next = "REPLY"
+                    with m.Elif((byte == CMD_WRITE) | (byte == CMD_PULSE) | (byte == CMD_READ) |
+                                (byte == CMD_UNTIL)):
+                        m.next = "ADDR"
             with m.State("ADDR"):
-                with m.If(rx_strobe):
-                    m.d.sync += addr.eq(rx_byte)
+                m.d.comb += queue.r_en.eq(1)
+                with m.If(queue.r_rdy):
+                    m.d.sync += addr.eq(byte)
+                    m.next = "DATA"
                     with m.If(cmd == CMD_READ):
-                        m.d.sync += [tx_data.eq(0), tx_start.eq(1)]
-                        with m.If(rx_byte < self.out_bytes):
-                            m.d.sync += tx_data.eq(out_regs[rx_byte])
-                        m.next = "CMD"
-                    with m.Else():
-                        m.next = "DATA"
+                        m.next = "REPLY"
             with m.State("DATA"):
-                with m.If(rx_strobe):
-                    with m.If(addr < self.in_bytes):
-                        m.d.sync += in_regs[addr].eq(rx_byte)
-                        with m.If(cmd == CMD_PULSE):
-                            m.d.sync += [restore.eq(1), restore_addr.eq(addr),
-                                         restore_data.eq(in_regs[addr])]
+                m.d.comb += queue.r_en.eq(1)
+                with m.If(queue.r_rdy):
+                    with m.If(cmd == CMD_UNTIL):
+                        m.d.sync += [mask.eq(byte), timer.eq(self.wait_limit - 1)]
+                        m.next = "UNTIL"
+                    with m.Else():
+                        with m.If(addr < self.in_bytes):
+                            m.d.sync += in_regs[addr].eq(byte)
+                            with m.If(cmd == CMD_PULSE):
+                                m.d.sync += [restore.eq(1), restore_addr.eq(addr),
+                                             restore_data.eq(in_regs[addr])]
+                        m.next = "CMD"
+            with m.State("UNTIL"):
+                m.d.sync += timer.eq(timer - 1)
+                with m.If((out_byte & mask).any()):
+                    m.next = "CMD"
+                with m.Elif(timer == 0):
+                    m.d.sync += wait_ran_out.eq(1)
+                    m.next = "CMD"
+            with m.State("REPLY"):
+                with m.If(~utx.busy):
+                    m.d.comb += utx.start.eq(1)
+                    with m.If(cmd == CMD_STATUS):
+                        m.d.comb += utx.data.eq(Cat(wait_ran_out, bytes_lost))
+                        m.d.sync += [wait_ran_out.eq(0), bytes_lost.eq(urx.strobe & ~queue.w_rdy)]
+                    with m.Else():
+                        m.d.comb += utx.data.eq(out_byte)
                     m.next = "CMD"
         return m
 

@@ -6,12 +6,16 @@ operands with saturating and rounding requantiser settings, each checked bit for
 :func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`; then a command the engine
 must refuse (K beyond a B panel), which the client must report by its error code; and
 ``nanokpu board-run --board icebreaker`` with the simulated line as its serial port: one GEMM
-(``--gemm``) and a 2-token ``tiny`` block whose GEMMs all run on the bench's engine.
+(``--gemm``, in ``test_gemms_over_uart``) and a ``tokens``-token block whose GEMMs all run on
+the bench's engine (``test_block_over_uart``, which writes the line's traffic to ``out``).
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``.
+Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``, ``tokens``
+(default 2), ``out`` (a JSON path, optional).
 """
 
 from __future__ import annotations
+
+import json
 
 import cocotb
 import numpy as np
@@ -70,17 +74,31 @@ async def test_gemms_over_uart(dut):
     message = await refused()
     assert message is not None and message.endswith("K_TOO_LARGE"), f"seed {seed}: {message!r}"
 
-    # the command line, its serial port being the simulated line (last: its clients leave the
-    # bridge's input bytes other than `client`'s copy of them)
-    @bridge
-    def board_run(*argv):
-        import nanokpu.host
-        from nanokpu.cli import main
-        nanokpu.host.serial_port = lambda *args, **kwargs: client.port
-        return main(["board-run", "--board", "icebreaker", "--port", "sim", "--seed", str(seed), *argv])
+    assert await board_run(client.port, seed, "--gemm", "6", "10", "5") == 0, f"seed {seed}: board-run --gemm failed"
 
-    assert await board_run("--gemm", "6", "10", "5") == 0, f"seed {seed}: board-run --gemm failed"
+
+@bridge
+def board_run(port, seed, *argv):
+    """``nanokpu board-run --board icebreaker`` with ``port`` as its serial port."""
+    import nanokpu.host
+    from nanokpu.cli import main
+    nanokpu.host.serial_port = lambda *args, **kwargs: port
+    return main(["board-run", "--board", "icebreaker", "--port", "sim", "--seed", str(seed), *argv])
+
+
+@cocotb.test()
+async def test_block_over_uart(dut):
+    """``board-run --tokens T``: the block bit-exact, every GEMM on the bench's engine; the
+    traffic on the line (bytes each way, reads that waited for the design) logged and, with
+    ``out``, written as JSON."""
+    p = bench_params()
+    seed, tokens = int(p.get("seed", 1)), int(p.get("tokens", 2))
+    port = await open_line(dut, int(p["divisor"]))
     t0 = get_sim_time("ns")
-    assert await board_run("--tokens", "2") == 0, f"seed {seed}: board-run (a block) failed"
-    line_s = (get_sim_time("ns") - t0) * 1e-9 * (1e8 / int(p["divisor"])) / 115200
-    dut._log.info(f"the 2-token block's UART traffic: {line_s:.1f} s of line time at 115200 baud")
+    assert await board_run(port, seed, "--tokens", str(tokens)) == 0, f"seed {seed}: board-run (a block) failed"
+    cycles = round((get_sim_time("ns") - t0) / 10)
+    traffic = {**port.traffic, "tokens": tokens, "seed": seed, "divisor": int(p["divisor"]), "cycles": cycles}
+    dut._log.info(f"the {tokens}-token block over the line: {traffic}")
+    if p.get("out"):
+        with open(p["out"], "w") as f:
+            json.dump(traffic, f)

@@ -30,10 +30,18 @@ async def open_line(dut, divisor: int) -> SerialModel:
 
 
 class SerialModel:
-    """``write``/``read`` of a serial port on ``dut.rx``/``dut.tx``, callable from a bridge thread."""
+    """``write``/``read`` of a serial port on ``dut.rx``/``dut.tx``, callable from a bridge thread.
+
+    ``traffic`` counts ``bytes_out`` (written), ``bytes_in`` (read), ``waits`` (the reads that
+    found fewer bytes than they asked for and waited for the design) and ``round_trips`` (the
+    waits whose answer came with nothing left to send but the byte on the line: the line to
+    the design idles until the client has the answer, so on a USB serial adapter each costs
+    the adapter's latency on top of the line time).
+    """
 
     def __init__(self, dut, divisor: int):
         self.dut, self.div = dut, divisor
+        self.traffic = {"bytes_out": 0, "bytes_in": 0, "waits": 0, "round_trips": 0}
         self.out, self.inp = deque(), deque()
         self.queued, self.arrived = Event(), Event()
         cocotb.start_soon(self._send())
@@ -65,11 +73,16 @@ class SerialModel:
     @resume
     async def write(self, data: bytes):
         self.out.extend(data)
+        self.traffic["bytes_out"] += len(data)
         self.queued.set()
 
     @resume
     async def read(self, n: int) -> bytes:
+        waited = len(self.inp) < n
         while len(self.inp) < n:
             self.arrived.clear()
             await with_timeout(self.arrived.wait(), 2_000_000, "ns")
+        self.traffic["waits"] += waited
+        self.traffic["round_trips"] += waited and not self.out
+        self.traffic["bytes_in"] += n
         return bytes(self.inp.popleft() for _ in range(n))
