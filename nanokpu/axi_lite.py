@@ -63,7 +63,8 @@ class AxiLiteRegisters(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
-        aw_ok, w_ok = Signal(), Signal()
+        aw_ok = Signal()
+        w_ok = Signal()
         awaddr = Signal(self.addr_width)
         m.d.comb += [
             bus.awready.eq(~aw_ok & ~bus.bvalid),

@@ -249,7 +249,9 @@ class GemmEngine(wiring.Component):
         # -- phase activity (set when a checked command starts) --------------------------
         start = Signal()            # registered pulse, the first cycle of RUN
         m.d.sync += start.eq(0)
-        a_loading, b_loading, issuing = Signal(), Signal(), Signal()
+        a_loading = Signal()
+        b_loading = Signal()
+        issuing = Signal()
         pending = Signal(range(4))  # tiles issued whose drain has not finished
         drain_busy = Signal()
         w_valid = Signal()          # the scratchpad C write stage holds a word to write
@@ -270,7 +272,8 @@ class GemmEngine(wiring.Component):
 
         # -- B loader: K-word panels into the free half of scratchpad B -----------------
         full = Signal(2)
-        full_set, full_clr = Signal(2), Signal(2)
+        full_set = Signal(2)
+        full_clr = Signal(2)
         m.d.sync += full.eq((full | full_set) & ~full_clr)
         wbuf = Signal()
         b_k = Signal(dim)
@@ -328,7 +331,9 @@ class GemmEngine(wiring.Component):
             m.d.sync += gap.eq(gap + 1)
         # the scratchpads' read data comes one cycle after the step, and is registered (the
         # feed stage) before the array: the array sees the step two cycles after its issue
-        s_valid, s_first, s_last = Signal(), Signal(), Signal()
+        s_valid = Signal()
+        s_first = Signal()
+        s_last = Signal()
         s_mask = Signal(R)
         m.d.sync += [s_valid.eq(step), s_first.eq(k == 0), s_last.eq(last_k),
                      s_mask.eq(lane_mask(rows_c))]

@@ -77,7 +77,8 @@ class ProcessingElement(wiring.Component):
             self.last_out.eq(self.last_in),
         ]
         # Stage 1: the tags of the product registered outside (``prod``).
-        p_valid, p_last = Signal(), Signal()
+        p_valid = Signal()
+        p_last = Signal()
         m.d.sync += [p_valid.eq(self.valid_in), p_last.eq(self.last_in)]
         # Stage 2: accumulate (wrapping), hand the finished sum to the drain chain. A step
         # tagged ``first`` clears the accumulator as it enters (its product arrives one cycle

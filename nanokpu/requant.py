@@ -151,7 +151,8 @@ class Requantiser(wiring.Component):
             return m
         x_valid = Signal()
         self._pipelined_product(m, x, x_valid, advance)
-        v_shift, v_round = Signal(), Signal()
+        v_shift = Signal()
+        v_round = Signal()
         with m.If(advance):
             m.d.sync += [v_shift.eq(x_valid), v_round.eq(v_shift), self.o.valid.eq(v_round)]
         for lane in range(lanes):
@@ -212,7 +213,8 @@ class Requantiser(wiring.Component):
         pairs = [(ac, mc) for ac in range(len(a_chunks)) for mc in range(len(m_chunks))]
         m.submodules.mul = mul = Multiplier(_CHUNK + 1, lanes * len(pairs), latency=2, target=cfg.dsp)
         m.d.comb += [mul.en.eq(advance), self.i.ready.eq(advance)]
-        v1, v2 = Signal(), Signal()
+        v1 = Signal()
+        v2 = Signal()
         with m.If(advance):
             m.d.sync += [v1.eq(self.i.valid), v2.eq(v1), x_valid.eq(v2)]
         for lane in range(lanes):

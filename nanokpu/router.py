@@ -302,7 +302,8 @@ class TopKRouter(wiring.Component):
         with m.If(pop):
             m.d.sync += picked.eq(0)
 
-        inc1_valid, inc1_index = Signal(), Signal(self.index_width)
+        inc1_valid = Signal()
+        inc1_index = Signal(self.index_width)
         m.d.sync += [inc1_valid.eq(pop), inc1_index.eq(best.index)]
         with m.If(take):
             for j in range(lanes):
@@ -327,7 +328,8 @@ class TopKRouter(wiring.Component):
         lw = loads.write_port()
         lr = loads.read_port(domain="sync", transparent_for=(lw,))
         lh = loads.read_port(domain="sync")
-        inc2_valid, inc2_index = Signal(), Signal(self.index_width)
+        inc2_valid = Signal()
+        inc2_index = Signal(self.index_width)
         sweep = Signal(range(n))
         sweep_write = clearing & ~inc1_valid & ~inc2_valid
         top = 2 ** cfg.load_width - 1

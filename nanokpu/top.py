@@ -185,18 +185,28 @@ class NanoKPU(wiring.Component):
         # host bytes of a LOAD/STORE/GEMM plus BW - 1 (LOAD/STORE) that passed its shape and region
         # checks, saturating like the sizes; wide enough for k * BW and n * width unsaturated
         LBW = max((max(4 * D, nbk_max * BW) + BW).bit_length(), 16 + max(2, BW_LOG))
-        running, done, err = Signal(), Signal(), Signal(8)
+        running = Signal()
+        done = Signal()
+        err = Signal(8)
         pc = Signal(13)
-        cycles, retired = Signal(32), Signal(32)
+        cycles = Signal(32)
+        retired = Signal(32)
         busy_cnt = [Signal(32, name=f"busy_{u}") for u in UNITS]
         cur_unit = Signal(len(UNITS))
-        host_base, host_size = Signal(32), Signal(32)
+        host_base = Signal(32)
+        host_size = Signal(32)
         ins = Signal(INSTR_LAYOUT)
-        route_done, exp_active = Signal(), Signal()
-        expert, scan = Signal(range(E + 1)), Signal(range(E + 2))
-        count, offset = Signal(16), Signal(SW)     # offset: the table's 24 bits, saturated
-        scores_ok, scores_a, scores_len = Signal(), Signal(AW), Signal(SW)
-        start_req, soft_req = Signal(), Signal()
+        route_done = Signal()
+        exp_active = Signal()
+        expert = Signal(range(E + 1))
+        scan = Signal(range(E + 2))
+        count = Signal(16)
+        offset = Signal(SW)     # the table's 24 bits, saturated
+        scores_ok = Signal()
+        scores_a = Signal(AW)
+        scores_len = Signal(SW)
+        start_req = Signal()
+        soft_req = Signal()
 
         # -- register bank ------------------------------------------------------------------
         ctrl_write = regs.wr_en & (regs.wr_addr == Reg.CTRL)
@@ -262,7 +272,9 @@ class NanoKPU(wiring.Component):
         l4, host_eff = Signal(LBW, name="l4"), Signal(HW, name="host_eff")
         products = (ln, mk, p2, p3, l4, host_eff)
         assert len(products) == PRODUCT_STEPS
-        lane_y, lane_x, lane_acc = Signal(16), Signal(PW), Signal(PW)
+        lane_y = Signal(16)
+        lane_x = Signal(PW)
+        lane_acc = Signal(PW)
         step = Signal(range(len(products) + 2))   # the lane multiplies product step - 1
         lane_busy = lane_y != 0
         with m.If(lane_busy):
@@ -284,7 +296,9 @@ class NanoKPU(wiring.Component):
         m_s, n_s = m_eff[:SW], ins.n[:SW]   # exact once the checks passed
 
         # the lane's operands at step s (products above saturate like the lane: x need not)
-        st_y, st_x, st_acc = Signal(16), Signal(PW), Signal(PW)
+        st_y = Signal(16)
+        st_x = Signal(PW)
+        st_acc = Signal(PW)
         mb = ceil_div(m_eff, R)
         with m.Switch(step):
             with m.Case(0):
@@ -353,7 +367,9 @@ class NanoKPU(wiring.Component):
             with m.Default():
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
         # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
-        wa, wb, wc = Signal(SW), Signal(SW), Signal(SW)
+        wa = Signal(SW)
+        wb = Signal(SW)
+        wc = Signal(SW)
         rq_table = Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0)
         list_words = sat(offset + count)
         with m.Switch(op):
@@ -391,7 +407,10 @@ class NanoKPU(wiring.Component):
             return (words != 0) & (wc != 0) & (x < r + wc) & (r < x + words) & ~in_place
 
         # the arithmetic checks registered, then decode_err from them registered (decode_q)
-        shape_q, spad_ok, host_ok, overlap_q = Signal(), Signal(), Signal(), Signal()
+        shape_q = Signal()
+        spad_ok = Signal()
+        host_ok = Signal()
+        overlap_q = Signal()
         m.d.sync += [shape_q.eq(shape_ok), overlap_q.eq(overlaps(ins.a, wa) | overlaps(ins.b, wb)),
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
                      host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
@@ -428,15 +447,23 @@ class NanoKPU(wiring.Component):
         # strides: sa1, sb0 and sb1 are 0 or 1 in every walk
         sa = [Signal(AW, name="sa0"), Signal(1, name="sa1"), Signal(AW, name="sa2")]
         sb = [Signal(1, name="sb0"), Signal(1, name="sb1"), Signal(AW, name="sb2")]
-        pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
-        pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
+        pa = Signal(AW)
+        ra1 = Signal(AW)
+        ra2 = Signal(AW)
+        pb = Signal(AW)
+        rb1 = Signal(AW)
+        rb2 = Signal(AW)
         # two stages: g (the scratchpad reads in flight) and h (the operands registered, the
         # beat the selected unit sees), each advancing when the next one is free
-        issuing, g_valid, g_last = Signal(), Signal(), Signal()
-        h_valid, h_last = Signal(), Signal()
+        issuing = Signal()
+        g_valid = Signal()
+        g_last = Signal()
+        h_valid = Signal()
+        h_last = Signal()
         # the read data registered: rd0_q, rd1_q; the states that compare it wait a cycle (a
         # *_WAIT state); in the streaming engine they are stage h's operands, held while it stalls
-        rd0_q, rd1_q = Signal(signed(ww)), Signal(signed(ww))
+        rd0_q = Signal(signed(ww))
+        rd1_q = Signal(signed(ww))
         a_word, b_word = rd0_q, rd1_q
         # elements done, one counter for the engine's results, LOAD's writes and STORE's reads
         # (each instruction clears it); every one of them handles len = ln elements
@@ -482,12 +509,17 @@ class NanoKPU(wiring.Component):
         pack = Signal(data.ArrayLayout(signed(accw), max(R, L)))
 
         # unit inputs and outputs of the engine
-        rq_mult, rq_shift, rq_width = Signal(32), Signal(6), Signal(6)
+        rq_mult = Signal(32)
+        rq_shift = Signal(6)
+        rq_width = Signal(6)
         # REQUANT: the word being filled in pack (rq_fill lanes so far, sent when rq_wvalid), the
         # lane of the result word being written back
-        rq_fill, rq_wvalid, rq_lane = Signal(range(R + 1)), Signal(), Signal(range(R))
+        rq_fill = Signal(range(R + 1))
+        rq_wvalid = Signal()
+        rq_lane = Signal(range(R))
         rq_at_last = Signal()     # registered: the next write is the instruction's last (el_i == len - 1)
-        out_valid, out_data = Signal(), Signal(signed(ww))
+        out_valid = Signal()
+        out_data = Signal(signed(ww))
         vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
         m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
         # the running op as registered flags (ins is stable from DECODE on): the states after
@@ -513,7 +545,9 @@ class NanoKPU(wiring.Component):
         # saturation to the instruction's output width rq_width (in [2, acc_width] once checked):
         # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the GEMM engine's
         # requantiser, its lane 0 (REQUANT) or the lane the GEMM unpacking is at
-        hi_sat, sat_in, rq_sat = Signal(signed(accw)), Signal(signed(accw)), Signal(signed(accw))
+        hi_sat = Signal(signed(accw))
+        sat_in = Signal(signed(accw))
+        rq_sat = Signal(signed(accw))
         m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(accw - 1)], 0)),
                      rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
         with m.If(eng_run):
@@ -553,12 +587,20 @@ class NanoKPU(wiring.Component):
         KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
         k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
         # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
-        gm_left, gm_k, gm_lane = Signal(SW), Signal(KW), Signal(range(R + 1))
-        gm_addr, gm_wstart = Signal(AW), Signal(AW)
-        gm_cap, gm_cap_lane = Signal(), Signal(range(R))
-        gm_wvalid, gm_afeed_done = Signal(), Signal()
-        gc_left, gc_n, gc_lane = Signal(SW), Signal(NW), Signal(range(R))
-        gc_addr, gc_wstart = Signal(AW), Signal(AW)
+        gm_left = Signal(SW)
+        gm_k = Signal(KW)
+        gm_lane = Signal(range(R + 1))
+        gm_addr = Signal(AW)
+        gm_wstart = Signal(AW)
+        gm_cap = Signal()
+        gm_cap_lane = Signal(range(R))
+        gm_wvalid = Signal()
+        gm_afeed_done = Signal()
+        gc_left = Signal(SW)
+        gc_n = Signal(NW)
+        gc_lane = Signal(range(R))
+        gc_addr = Signal(AW)
+        gc_wstart = Signal(AW)
         gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
 
         LB = (R + 1).bit_length()
@@ -627,9 +669,13 @@ class NanoKPU(wiring.Component):
 
         # -- LOAD / STORE -------------------------------------------------------------------------
         st_beat = Signal(dma.wr_layout)
-        ld_beat, ld_full, ld_e = st_beat.data, Signal(), Signal(range(BW + 1))   # LOAD's beat: STORE's
-        st_full, st_e, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(), \
-            Signal(range(BW))
+        ld_beat = st_beat.data   # LOAD's beat: STORE's
+        ld_full = Signal()
+        ld_e = Signal(range(BW + 1))
+        st_full = Signal()
+        st_e = Signal(range(BW + 1))
+        st_rd = Signal()
+        st_rd_e = Signal(range(BW))
         per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
         m.d.comb += dma.wr_data.payload.eq(st_beat)
 
@@ -654,20 +700,40 @@ class NanoKPU(wiring.Component):
 
         # route / dispatch / expert / gather / scatter registers
         # rt_feed_left, rt_route_left: tokens whose scores are still to feed / routes to write
-        rt_j, rt_route_left, rt_s = Signal(range(E + 1)), Signal(SW), Signal(range(K + 1))
-        rt_feed_left, rt_el, rt_lane = Signal(SW), Signal(range(E + L)), Signal(range(L + 1))
-        rt_tbase, rt_tslot, rt_cb, rt_lp = Signal(AW), Signal(AW), Signal(AW), Signal(AW)
-        rt_cap, rt_cap_lane, rt_cap_ok, rt_wvalid, rt_feed_done = Signal(), Signal(range(L)), \
-            Signal(), Signal(), Signal()
-        rt_hold, rt_held, rt_wphase = Signal(), Signal(router.route_layout), Signal()
-        rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(SW), Signal(SW), Signal(range(K + 1)), Signal(SW), \
-            Signal(SW)
+        rt_j = Signal(range(E + 1))
+        rt_route_left = Signal(SW)
+        rt_s = Signal(range(K + 1))
+        rt_feed_left = Signal(SW)
+        rt_el = Signal(range(E + L))
+        rt_lane = Signal(range(L + 1))
+        rt_tbase = Signal(AW)
+        rt_tslot = Signal(AW)
+        rt_cb = Signal(AW)
+        rt_lp = Signal(AW)
+        rt_cap = Signal()
+        rt_cap_lane = Signal(range(L))
+        rt_cap_ok = Signal()
+        rt_wvalid = Signal()
+        rt_feed_done = Signal()
+        rt_hold = Signal()
+        rt_held = Signal(router.route_layout)
+        rt_wphase = Signal()
+        rt_p = Signal(SW)
+        rt_pt = Signal(SW)
+        rt_ps = Signal(range(K + 1))
+        rt_pos = Signal(SW)
+        rt_off = Signal(SW)
         tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
         # GATHER/SCATTER copy: a word read (g_rv, its destination g_ra) is in rd0_q a cycle later
         # and written from there (g_wv, g_wa): the write data comes off a flip-flop, never
         # straight from the scratchpad's output (on the ECP5 that path crosses the die twice)
-        g_i, g_j, g_in = Signal(16), Signal(SW + 1), Signal(AW)
-        g_rv, g_ra, g_wv, g_wa = Signal(), Signal(AW), Signal(), Signal(AW)
+        g_i = Signal(16)
+        g_j = Signal(SW + 1)
+        g_in = Signal(AW)
+        g_rv = Signal()
+        g_ra = Signal(AW)
+        g_wv = Signal()
+        g_wa = Signal(AW)
         with m.If(~eng_run | h_free):
             m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 

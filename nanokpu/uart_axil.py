@@ -143,8 +143,12 @@ class HostMemory(wiring.Component):
         m.d.comb += self.rd_data.eq(rd.data.word_select(word_lane, 32))
 
         # -- writes -------------------------------------------------------------------------
-        w_active, w_err = Signal(), Signal()
-        w_addr, w_len, w_size, w_burst = Signal(32), Signal(8), Signal(3), Signal(2)
+        w_active = Signal()
+        w_err = Signal()
+        w_addr = Signal(32)
+        w_len = Signal(8)
+        w_size = Signal(3)
+        w_burst = Signal(2)
         w_left = Signal(9)
         m.d.comb += [
             bus.awready.eq(~w_active & ~bus.bvalid),
@@ -173,10 +177,17 @@ class HostMemory(wiring.Component):
             m.d.sync += bus.bvalid.eq(0)
 
         # -- reads: issue into the memory, data through a 2-entry FIFO ----------------------
-        r_addr, r_len, r_size, r_burst, r_id = Signal(32), Signal(8), Signal(3), Signal(2), Signal(1)
+        r_addr = Signal(32)
+        r_len = Signal(8)
+        r_size = Signal(3)
+        r_burst = Signal(2)
+        r_id = Signal(1)
         r_left = Signal(9)
         m.submodules.r_fifo = fifo = SyncFIFO(width=self.data_width + 3, depth=2)
-        inflight, inflight_err, inflight_last, inflight_id = Signal(), Signal(), Signal(), Signal()
+        inflight = Signal()
+        inflight_err = Signal()
+        inflight_last = Signal()
+        inflight_id = Signal()
         m.d.comb += bus.arready.eq(r_left == 0)
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [r_addr.eq(bus.araddr), r_len.eq(bus.arlen), r_size.eq(bus.arsize),
@@ -268,13 +279,17 @@ class UartAxiBridge(wiring.Component):
         axil = self.axil
         m.d.comb += [axil.wstrb.eq(0xF), axil.bready.eq(1), axil.rready.eq(1)]
 
-        cmd, addr, data, count = Signal(8), Signal(32), Signal(32), Signal(8)
+        cmd = Signal(8)
+        addr = Signal(32)
+        data = Signal(32)
+        count = Signal(8)
         nbyte = Signal(2)          # bytes of the current address/word received or sent
         status = Signal(2)
         in_kpu = addr[ADDR_WIDTH:] == KPU_BASE >> ADDR_WIDTH
         mem_bits = self.host_bytes.bit_length() - 1
         in_mem = addr[mem_bits:] == MEM_BASE >> mem_bits
-        aw_done, w_done = Signal(), Signal()
+        aw_done = Signal()
+        w_done = Signal()
         m.d.comb += [axil.awaddr.eq(addr), axil.araddr.eq(addr), axil.wdata.eq(data),
                      hm.addr.eq(addr), hm.wr_data.eq(data)]
 

@@ -156,7 +156,8 @@ class UartBridge(wiring.Component):
         m.submodules.rx_queue = queue = SyncFIFOBuffered(width=8, depth=self.queue_depth)
         m.d.comb += [queue.w_data.eq(urx.data), queue.w_en.eq(urx.strobe)]
         byte = queue.r_data
-        wait_ran_out, bytes_lost = Signal(name="wait_ran_out"), Signal(name="bytes_lost")
+        wait_ran_out = Signal()
+        bytes_lost = Signal()
         with m.If(urx.strobe & ~queue.w_rdy):
             m.d.sync += bytes_lost.eq(1)
 
@@ -170,12 +171,15 @@ class UartBridge(wiring.Component):
         out_bits = Cat(*self.outs)
         out_regs = Array(out_bits[8 * i:8 * i + 8] for i in range(self.out_bytes))
         out_byte = Signal(8)
-        cmd, addr, mask = Signal(8, name="cmd"), Signal(8, name="addr"), Signal(8, name="mask")
+        cmd = Signal(8)
+        addr = Signal(8)
+        mask = Signal(8)
         with m.If(addr < self.out_bytes):
             m.d.comb += out_byte.eq(out_regs[addr])
         timer = Signal(range(self.wait_limit))
-        restore = Signal(name="restore")
-        restore_addr, restore_data = Signal(8, name="restore_addr"), Signal(8, name="restore_data")
+        restore = Signal()
+        restore_addr = Signal(8)
+        restore_data = Signal(8)
         m.d.sync += restore.eq(0)
         with m.If(restore):
             m.d.sync += in_regs[restore_addr].eq(restore_data)

@@ -121,13 +121,15 @@ class VectorUnit(wiring.Component):
         # -- ADD / COMBINE: one beat per cycle, registered output -------------------------
         acc_width = act + cfg.weight_width + 1 + N_WIDTH
         acc = Signal(signed(acc_width))
-        o_valid, o_data = Signal(), Signal.like(o.payload)
+        o_valid = Signal()
+        o_data = Signal.like(o.payload)
         m.d.comb += [o.valid.eq(o_valid), o.payload.eq(o_data)]
         with m.If(o.ready):
             m.d.sync += o_valid.eq(0)
         free = ~o_valid | o.ready
         beat = i.payload
-        p_valid, p_last = Signal(), Signal()
+        p_valid = Signal()
+        p_last = Signal()
         prod = Signal(signed(len(beat.a) + len(beat.b)))
         # One product serves NORM (a * a) and COMBINE (a * b): b is an unsigned weight of
         # weight_width bits, its top bit taken as a shifted copy of a, so that the multiplier is

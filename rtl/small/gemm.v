@@ -302,12 +302,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  (* init = 1'h0 *)
-  wire \$signal ;
-  reg [1:0] \$signal$39 ;
-  reg \$signal$42  = 1'h0;
-  reg \$signal$57  = 1'h0;
-  reg \$signal$58  = 1'h0;
   wire [11:0] \$signature__addr ;
   wire [9:0] \$signature__addr$112 ;
   wire [10:0] \$signature__addr$118 ;
@@ -366,6 +360,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input a_in__valid;
   wire a_in__valid;
   reg [18:0] a_lim = 19'h00000;
+  (* init = 1'h0 *)
+  wire a_loading;
   reg a_ok = 1'h0;
   reg [18:0] a_ptr = 19'h00000;
   reg [18:0] a_wptr = 19'h00000;
@@ -394,6 +390,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input b_in__valid;
   wire b_in__valid;
   reg [16:0] b_k = 17'h00000;
+  reg b_loading = 1'h0;
   reg b_ok = 1'h0;
   wire b_take;
   output busy;
@@ -510,6 +507,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] fsm_state = 3'h0;
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
+  reg [1:0] full_set;
   reg [4:0] gap = 5'h00;
   wire [255:0] i__payload;
   wire [31:0] \i__payload[0] ;
@@ -608,11 +606,13 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [18:0] s_addr = 19'h00000;
+  reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [18:0] s_left = 19'h00000;
   reg [7:0] s_mask = 8'h00;
   reg [16:0] s_n = 17'h00000;
   reg [16:0] s_rows = 17'h00000;
+  reg s_valid = 1'h0;
   wire shift;
   wire [5:0] \shift$121 ;
   reg [63:0] spad_a_rd_data = 64'h0000000000000000;
@@ -7867,7 +7867,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$39 ;
+  assign \$6  = full | full_set;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -8022,7 +8022,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$158  = \$156  & \$157 ;
   assign \$159  = \$158  ? 3'h4 : 3'h5;
   assign \$160  = start | a_in__ready;
-  assign \$161  = \$160  | \$signal$42 ;
+  assign \$161  = \$160  | b_loading;
   assign \$162  = \$161  | issuing;
   assign \$163  = \$162  | drain_busy;
   assign \$164  = \$163  | col_busy0;
@@ -8035,7 +8035,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__en  = a_in__valid & a_in__ready;
   assign \$171  = full >> wbuf;
   assign \$172  = ~ \$171 ;
-  assign b_in__ready = \$signal$42  & \$172 ;
+  assign b_in__ready = b_loading & \$172 ;
   assign \$173  = wbuf ? 10'h200 : 10'h000;
   assign \$174  = \$173  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
@@ -8086,7 +8086,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$210  = cmd[33:17] > 10'h200;
   assign \$211  = cmd[99] & \$210 ;
   assign \$212  = start | a_in__ready;
-  assign \$213  = \$212  | \$signal$42 ;
+  assign \$213  = \$212  | b_loading;
   assign \$214  = \$213  | issuing;
   assign \$215  = \$214  | drain_busy;
   assign \$216  = \$215  | col_busy0;
@@ -8117,7 +8117,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @(posedge clk)
     full <= \$234 ;
   always @(posedge clk)
-    \$signal$42  <= \$235 ;
+    b_loading <= \$235 ;
   always @(posedge clk)
     wbuf <= \$236 ;
   always @(posedge clk)
@@ -8131,9 +8131,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @(posedge clk)
     gap <= \$241 ;
   always @(posedge clk)
-    \$signal$57  <= \$242 ;
+    s_valid <= \$242 ;
   always @(posedge clk)
-    \$signal$58  <= \$243 ;
+    s_first <= \$243 ;
   always @(posedge clk)
     s_last <= \$244 ;
   always @(posedge clk)
@@ -8333,7 +8333,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = \$signal$42 ;
+    \$235  = b_loading;
     if (start) begin
       \$235  = cmd[99];
     end else if (\$9 ) begin
@@ -8467,14 +8467,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = \$signal$57 ;
+    \$246  = s_valid;
     if (rst) begin
       \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = \$signal$58 ;
+    \$247  = s_first;
     if (rst) begin
       \$247  = 1'h0;
     end
@@ -9206,16 +9206,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$39  = 2'h0;
+    full_set = 2'h0;
     if (start) begin
     end else if (\$175 ) begin
       if (\$176 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$39 [0] = 1'h1;
+              full_set[0] = 1'h1;
           1'h1:
-              \$signal$39 [1] = 1'h1;
+              full_set[1] = 1'h1;
         endcase
       end
     end
@@ -9302,7 +9302,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   assign spad_a_rd_en = 1'h1;
   assign spad_b_rd_en = 1'h1;
-  assign \$signal  = a_in__ready;
+  assign a_loading = a_in__ready;
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
@@ -15360,7 +15360,6 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15382,6 +15381,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -15398,8 +15398,8 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -15412,7 +15412,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -15475,7 +15475,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -15521,7 +15521,6 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15543,6 +15542,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -15559,8 +15559,8 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -15573,7 +15573,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -15636,7 +15636,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -15682,7 +15682,6 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15704,6 +15703,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -15720,8 +15720,8 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -15734,7 +15734,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -15797,7 +15797,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -15843,7 +15843,6 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15865,6 +15864,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -15881,8 +15881,8 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -15895,7 +15895,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -15958,7 +15958,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16004,7 +16004,6 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16026,6 +16025,7 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16042,8 +16042,8 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16056,7 +16056,7 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16119,7 +16119,7 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16165,7 +16165,6 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16187,6 +16186,7 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16203,8 +16203,8 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16217,7 +16217,7 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16280,7 +16280,7 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16326,7 +16326,6 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16348,6 +16347,7 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16364,8 +16364,8 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16378,7 +16378,7 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16441,7 +16441,7 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16487,7 +16487,6 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -16506,6 +16505,7 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16520,8 +16520,8 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16534,7 +16534,7 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16597,7 +16597,7 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16644,7 +16644,6 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16666,6 +16665,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16682,8 +16682,8 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16696,7 +16696,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16759,7 +16759,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16805,7 +16805,6 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16827,6 +16826,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -16843,8 +16843,8 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16857,7 +16857,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16920,7 +16920,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -16966,7 +16966,6 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16988,6 +16987,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17004,8 +17004,8 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17018,7 +17018,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17081,7 +17081,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17127,7 +17127,6 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17149,6 +17148,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17165,8 +17165,8 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17179,7 +17179,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17242,7 +17242,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17288,7 +17288,6 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17310,6 +17309,7 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17326,8 +17326,8 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17340,7 +17340,7 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17403,7 +17403,7 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17449,7 +17449,6 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17471,6 +17470,7 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17487,8 +17487,8 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17501,7 +17501,7 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17564,7 +17564,7 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17610,7 +17610,6 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17632,6 +17631,7 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17648,8 +17648,8 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17662,7 +17662,7 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17725,7 +17725,7 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17771,7 +17771,6 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -17790,6 +17789,7 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17804,8 +17804,8 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17818,7 +17818,7 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17881,7 +17881,7 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -17928,7 +17928,6 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17950,6 +17949,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -17966,8 +17966,8 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17980,7 +17980,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18043,7 +18043,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18089,7 +18089,6 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18111,6 +18110,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18127,8 +18127,8 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18141,7 +18141,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18204,7 +18204,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18250,7 +18250,6 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18272,6 +18271,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18288,8 +18288,8 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18302,7 +18302,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18365,7 +18365,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18411,7 +18411,6 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18433,6 +18432,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18449,8 +18449,8 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18463,7 +18463,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18526,7 +18526,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18572,7 +18572,6 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18594,6 +18593,7 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18610,8 +18610,8 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18624,7 +18624,7 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18687,7 +18687,7 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18733,7 +18733,6 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18755,6 +18754,7 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18771,8 +18771,8 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18785,7 +18785,7 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18848,7 +18848,7 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -18894,7 +18894,6 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18916,6 +18915,7 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -18932,8 +18932,8 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18946,7 +18946,7 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19009,7 +19009,7 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19055,7 +19055,6 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -19074,6 +19073,7 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19088,8 +19088,8 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19102,7 +19102,7 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19165,7 +19165,7 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19212,7 +19212,6 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19234,6 +19233,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19250,8 +19250,8 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19264,7 +19264,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19327,7 +19327,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19373,7 +19373,6 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19395,6 +19394,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19411,8 +19411,8 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19425,7 +19425,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19488,7 +19488,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19534,7 +19534,6 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19556,6 +19555,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19572,8 +19572,8 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19586,7 +19586,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19649,7 +19649,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19695,7 +19695,6 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19717,6 +19716,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19733,8 +19733,8 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19747,7 +19747,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19810,7 +19810,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -19856,7 +19856,6 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19878,6 +19877,7 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -19894,8 +19894,8 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -19908,7 +19908,7 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -19971,7 +19971,7 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20017,7 +20017,6 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20039,6 +20038,7 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20055,8 +20055,8 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20069,7 +20069,7 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20132,7 +20132,7 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20178,7 +20178,6 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20200,6 +20199,7 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20216,8 +20216,8 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20230,7 +20230,7 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20293,7 +20293,7 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20339,7 +20339,6 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -20358,6 +20357,7 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20372,8 +20372,8 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20386,7 +20386,7 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20449,7 +20449,7 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20496,7 +20496,6 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20518,6 +20517,7 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20534,8 +20534,8 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20548,7 +20548,7 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20611,7 +20611,7 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20657,7 +20657,6 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20679,6 +20678,7 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20695,8 +20695,8 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20709,7 +20709,7 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20772,7 +20772,7 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20818,7 +20818,6 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20840,6 +20839,7 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -20856,8 +20856,8 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -20870,7 +20870,7 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -20933,7 +20933,7 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -20979,7 +20979,6 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21001,6 +21000,7 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21017,8 +21017,8 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21031,7 +21031,7 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21094,7 +21094,7 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21140,7 +21140,6 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21162,6 +21161,7 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21178,8 +21178,8 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21192,7 +21192,7 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21255,7 +21255,7 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21301,7 +21301,6 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21323,6 +21322,7 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21339,8 +21339,8 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21353,7 +21353,7 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21416,7 +21416,7 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21462,7 +21462,6 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21484,6 +21483,7 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21500,8 +21500,8 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21514,7 +21514,7 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21577,7 +21577,7 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21623,7 +21623,6 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -21642,6 +21641,7 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21656,8 +21656,8 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21670,7 +21670,7 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21733,7 +21733,7 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21780,7 +21780,6 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21802,6 +21801,7 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21818,8 +21818,8 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21832,7 +21832,7 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -21895,7 +21895,7 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -21941,7 +21941,6 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21963,6 +21962,7 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -21979,8 +21979,8 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -21993,7 +21993,7 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22056,7 +22056,7 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22102,7 +22102,6 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22124,6 +22123,7 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22140,8 +22140,8 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22154,7 +22154,7 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22217,7 +22217,7 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22263,7 +22263,6 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22285,6 +22284,7 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22301,8 +22301,8 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22315,7 +22315,7 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22378,7 +22378,7 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22424,7 +22424,6 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22446,6 +22445,7 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22462,8 +22462,8 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22476,7 +22476,7 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22539,7 +22539,7 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22585,7 +22585,6 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22607,6 +22606,7 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22623,8 +22623,8 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22637,7 +22637,7 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22700,7 +22700,7 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22746,7 +22746,6 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22768,6 +22767,7 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22784,8 +22784,8 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22798,7 +22798,7 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -22861,7 +22861,7 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -22907,7 +22907,6 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -22926,6 +22925,7 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -22940,8 +22940,8 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -22954,7 +22954,7 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23017,7 +23017,7 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23064,7 +23064,6 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23086,6 +23085,7 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23102,8 +23102,8 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23116,7 +23116,7 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23179,7 +23179,7 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23225,7 +23225,6 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23247,6 +23246,7 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23263,8 +23263,8 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23277,7 +23277,7 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23340,7 +23340,7 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23386,7 +23386,6 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23408,6 +23407,7 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23424,8 +23424,8 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23438,7 +23438,7 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23501,7 +23501,7 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23547,7 +23547,6 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23569,6 +23568,7 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23585,8 +23585,8 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23599,7 +23599,7 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23662,7 +23662,7 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23708,7 +23708,6 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23730,6 +23729,7 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23746,8 +23746,8 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23760,7 +23760,7 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23823,7 +23823,7 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -23869,7 +23869,6 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23891,6 +23890,7 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -23907,8 +23907,8 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -23921,7 +23921,7 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -23984,7 +23984,7 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24030,7 +24030,6 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24052,6 +24051,7 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24068,8 +24068,8 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24082,7 +24082,7 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24145,7 +24145,7 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24191,7 +24191,6 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24210,6 +24209,7 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24224,8 +24224,8 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24238,7 +24238,7 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24301,7 +24301,7 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24348,7 +24348,6 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24369,6 +24368,7 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24385,8 +24385,8 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24399,7 +24399,7 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24462,7 +24462,7 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24508,7 +24508,6 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24529,6 +24528,7 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24545,8 +24545,8 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24559,7 +24559,7 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24622,7 +24622,7 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24668,7 +24668,6 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24689,6 +24688,7 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24705,8 +24705,8 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24719,7 +24719,7 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24782,7 +24782,7 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24828,7 +24828,6 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24849,6 +24848,7 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -24865,8 +24865,8 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -24879,7 +24879,7 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -24942,7 +24942,7 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -24988,7 +24988,6 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25009,6 +25008,7 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -25025,8 +25025,8 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -25039,7 +25039,7 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -25102,7 +25102,7 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -25148,7 +25148,6 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25169,6 +25168,7 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -25185,8 +25185,8 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -25199,7 +25199,7 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -25262,7 +25262,7 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -25308,7 +25308,6 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25329,6 +25328,7 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -25345,8 +25345,8 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -25359,7 +25359,7 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -25422,7 +25422,7 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -25468,7 +25468,6 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -25487,6 +25486,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [31:0] res;
@@ -25501,8 +25501,8 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -25515,7 +25515,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -25578,7 +25578,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 32'd0;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [31:0];
     end
     if (rst) begin
@@ -27058,8 +27058,6 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$997 ;
   wire [39:0] \$998 ;
   wire [23:0] \$999 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$72  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__10;
@@ -27196,8 +27194,10 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   reg sticky5 = 1'h0;
   reg sticky6 = 1'h0;
   reg sticky7 = 1'h0;
+  reg v1 = 1'h0;
   reg v2 = 1'h0;
   reg v_round = 1'h0;
+  reg v_shift = 1'h0;
   reg [47:0] x0 = 48'h000000000000;
   reg [47:0] x1 = 48'h000000000000;
   reg [47:0] x2 = 48'h000000000000;
@@ -28074,7 +28074,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   always @(posedge clk)
     below <= \$1376 ;
   always @(posedge clk)
-    \$signal  <= \$1377 ;
+    v1 <= \$1377 ;
   always @(posedge clk)
     v2 <= \$1378 ;
   always @(posedge clk)
@@ -28096,7 +28096,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   always @(posedge clk)
     x7 <= \$1387 ;
   always @(posedge clk)
-    \$signal$72  <= \$1388 ;
+    v_shift <= \$1388 ;
   always @(posedge clk)
     v_round <= \$1389 ;
   always @(posedge clk)
@@ -28247,7 +28247,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1377  = \$signal ;
+    \$1377  = v1;
     if (advance) begin
       \$1377  = i__valid;
     end
@@ -28259,7 +28259,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
     \$1378  = v2;
     if (advance) begin
-      \$1378  = \$signal ;
+      \$1378  = v1;
     end
     if (rst) begin
       \$1378  = 1'h0;
@@ -28357,7 +28357,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1388  = \$signal$72 ;
+    \$1388  = v_shift;
     if (advance) begin
       \$1388  = x_valid;
     end
@@ -28369,7 +28369,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
     \$1389  = v_round;
     if (advance) begin
-      \$1389  = \$signal$72 ;
+      \$1389  = v_shift;
     end
     if (rst) begin
       \$1389  = 1'h0;

@@ -526,8 +526,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [41:0] \$97 ;
   wire [41:0] \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$80  = 1'h0;
   wire advance;
   reg [3:0] beat = 4'h0;
   reg [46:0] best = 47'h000000000000;
@@ -580,7 +578,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire idle;
   (* init = 6'h00 *)
   wire [5:0] inc1_index;
+  reg inc1_valid = 1'h0;
   reg [5:0] inc2_index = 6'h00;
+  reg inc2_valid = 1'h0;
   reg [34:0] l0_0 = 35'h000000000;
   wire [3:0] \l0_0.beat ;
   wire [16:0] \l0_0.key ;
@@ -1142,7 +1142,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @(posedge clk)
     picked <= \$477 ;
   always @(posedge clk)
-    \$signal$80  <= \$478 ;
+    inc1_valid <= \$478 ;
   always @(posedge clk)
     lr__addr <= \$479 ;
   always @(posedge clk)
@@ -1202,7 +1202,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @(posedge clk)
     res_score2 <= \$507 ;
   always @(posedge clk)
-    \$signal  <= \$508 ;
+    inc2_valid <= \$508 ;
   always @(posedge clk)
     inc2_index <= \$509 ;
   always @(posedge clk)
@@ -1314,9 +1314,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$76  = merging & \$75 ;
   assign \$77  = mid0[23:0] > mid1[23:0];
   assign \$78  = \$77  ? mid0 : mid1;
-  assign \$79  = ~ \$signal$80 ;
+  assign \$79  = ~ inc1_valid;
   assign \$80  = load_clearing & \$79 ;
-  assign \$81  = ~ \$signal ;
+  assign \$81  = ~ inc2_valid;
   assign \$82  = \$80  & \$81 ;
   assign \$83  = lr__data == 16'hffff;
   assign \$84  = lr__data + 1'h1;
@@ -1350,9 +1350,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$113  = \$111  & \$112 ;
   assign \$114  = ~ routes__valid;
   assign \$115  = \$113  & \$114 ;
-  assign \$116  = ~ \$signal$80 ;
+  assign \$116  = ~ inc1_valid;
   assign \$117  = \$115  & \$116 ;
-  assign \$118  = ~ \$signal ;
+  assign \$118  = ~ inc2_valid;
   assign \$119  = \$117  & \$118 ;
   assign \$120  = ~ load_clearing;
   assign idle = \$119  & \$120 ;
@@ -1672,9 +1672,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$438  = den + best[42:30];
   assign \$439  = merge_count + 1'h1;
   assign \$440  = merge_count == 2'h3;
-  assign \$441  = ~ \$signal$80 ;
+  assign \$441  = ~ inc1_valid;
   assign \$442  = load_clearing & \$441 ;
-  assign \$443  = ~ \$signal ;
+  assign \$443  = ~ inc2_valid;
   assign \$444  = \$442  & \$443 ;
   assign \$445  = sweep + 1'h1;
   assign \$446  = sweep == 6'h3f;
@@ -1745,7 +1745,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__addr = 6'h00;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__addr = inc2_index;
     end else if (\$82 ) begin
       lw__addr = sweep;
@@ -1754,7 +1754,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__en = 1'h0;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__en = 1'h1;
     end else if (\$82 ) begin
       lw__en = 1'h1;
@@ -1763,7 +1763,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__data = 16'h0000;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__data = \$85 [15:0];
     end else if (\$82 ) begin
       lw__data = 16'h0000;
@@ -2484,7 +2484,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$508  = \$signal$80 ;
+    \$508  = inc1_valid;
     if (rst) begin
       \$508  = 1'h0;
     end

@@ -274,12 +274,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  (* init = 1'h0 *)
-  wire \$signal ;
-  reg [1:0] \$signal$39 ;
-  reg \$signal$42  = 1'h0;
-  reg \$signal$57  = 1'h0;
-  reg \$signal$58  = 1'h0;
   wire [7:0] \$signature__addr ;
   wire [6:0] \$signature__addr$112 ;
   wire [7:0] \$signature__addr$118 ;
@@ -318,6 +312,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input a_in__valid;
   wire a_in__valid;
   reg [13:0] a_lim = 14'h0000;
+  (* init = 1'h0 *)
+  wire a_loading;
   reg a_ok = 1'h0;
   reg [13:0] a_ptr = 14'h0000;
   reg [13:0] a_wptr = 14'h0000;
@@ -338,6 +334,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input b_in__valid;
   wire b_in__valid;
   reg [11:0] b_k = 12'h000;
+  reg b_loading = 1'h0;
   reg b_ok = 1'h0;
   wire b_take;
   output busy;
@@ -438,6 +435,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] fsm_state = 3'h0;
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
+  reg [1:0] full_set;
   reg [3:0] gap = 4'h0;
   wire [95:0] i__payload;
   wire [23:0] \i__payload[0] ;
@@ -508,11 +506,13 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
+  reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [13:0] s_left = 14'h0000;
   reg [3:0] s_mask = 4'h0;
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
+  reg s_valid = 1'h0;
   wire shift;
   wire [5:0] \shift$121 ;
   reg [31:0] spad_a_rd_data = 32'd0;
@@ -1223,7 +1223,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$39 ;
+  assign \$6  = full | full_set;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -1354,7 +1354,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$134  = \$132  & \$133 ;
   assign \$135  = \$134  ? 3'h4 : 3'h5;
   assign \$136  = start | a_in__ready;
-  assign \$137  = \$136  | \$signal$42 ;
+  assign \$137  = \$136  | b_loading;
   assign \$138  = \$137  | issuing;
   assign \$139  = \$138  | drain_busy;
   assign \$140  = \$139  | col_busy0;
@@ -1367,7 +1367,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__en  = a_in__valid & a_in__ready;
   assign \$147  = full >> wbuf;
   assign \$148  = ~ \$147 ;
-  assign b_in__ready = \$signal$42  & \$148 ;
+  assign b_in__ready = b_loading & \$148 ;
   assign \$149  = wbuf ? 7'h40 : 7'h00;
   assign \$150  = \$149  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
@@ -1414,7 +1414,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$182  = cmd[23:12] > 7'h40;
   assign \$183  = cmd[77] & \$182 ;
   assign \$184  = start | a_in__ready;
-  assign \$185  = \$184  | \$signal$42 ;
+  assign \$185  = \$184  | b_loading;
   assign \$186  = \$185  | issuing;
   assign \$187  = \$186  | drain_busy;
   assign \$188  = \$187  | col_busy0;
@@ -1445,7 +1445,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @(posedge clk)
     full <= \$206 ;
   always @(posedge clk)
-    \$signal$42  <= \$207 ;
+    b_loading <= \$207 ;
   always @(posedge clk)
     wbuf <= \$208 ;
   always @(posedge clk)
@@ -1459,9 +1459,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @(posedge clk)
     gap <= \$213 ;
   always @(posedge clk)
-    \$signal$57  <= \$214 ;
+    s_valid <= \$214 ;
   always @(posedge clk)
-    \$signal$58  <= \$215 ;
+    s_first <= \$215 ;
   always @(posedge clk)
     s_last <= \$216 ;
   always @(posedge clk)
@@ -1661,7 +1661,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$signal$42 ;
+    \$207  = b_loading;
     if (start) begin
       \$207  = cmd[77];
     end else if (\$9 ) begin
@@ -1795,14 +1795,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$signal$57 ;
+    \$218  = s_valid;
     if (rst) begin
       \$218  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = \$signal$58 ;
+    \$219  = s_first;
     if (rst) begin
       \$219  = 1'h0;
     end
@@ -2518,16 +2518,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$39  = 2'h0;
+    full_set = 2'h0;
     if (start) begin
     end else if (\$151 ) begin
       if (\$152 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$39 [0] = 1'h1;
+              full_set[0] = 1'h1;
           1'h1:
-              \$signal$39 [1] = 1'h1;
+              full_set[1] = 1'h1;
         endcase
       end
     end
@@ -2614,7 +2614,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   assign spad_a_rd_en = 1'h1;
   assign spad_b_rd_en = 1'h1;
-  assign \$signal  = a_in__ready;
+  assign a_loading = a_in__ready;
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
@@ -4191,7 +4191,6 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4213,6 +4212,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -4229,8 +4229,8 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -4243,7 +4243,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -4306,7 +4306,7 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -4352,7 +4352,6 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4374,6 +4373,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -4390,8 +4390,8 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -4404,7 +4404,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -4467,7 +4467,7 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -4513,7 +4513,6 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4535,6 +4534,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -4551,8 +4551,8 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -4565,7 +4565,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -4628,7 +4628,7 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -4674,7 +4674,6 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -4693,6 +4692,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -4707,8 +4707,8 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -4721,7 +4721,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -4784,7 +4784,7 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -4831,7 +4831,6 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4853,6 +4852,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -4869,8 +4869,8 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -4883,7 +4883,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -4946,7 +4946,7 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -4992,7 +4992,6 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5014,6 +5013,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5030,8 +5030,8 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5044,7 +5044,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5107,7 +5107,7 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5153,7 +5153,6 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5175,6 +5174,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5191,8 +5191,8 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5205,7 +5205,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5268,7 +5268,7 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5314,7 +5314,6 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -5333,6 +5332,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5347,8 +5347,8 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5361,7 +5361,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5424,7 +5424,7 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5471,7 +5471,6 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5493,6 +5492,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5509,8 +5509,8 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5523,7 +5523,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5586,7 +5586,7 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5632,7 +5632,6 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5654,6 +5653,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5670,8 +5670,8 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5684,7 +5684,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5747,7 +5747,7 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5793,7 +5793,6 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5815,6 +5814,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5831,8 +5831,8 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -5845,7 +5845,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -5908,7 +5908,7 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -5954,7 +5954,6 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -5973,6 +5972,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -5987,8 +5987,8 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -6001,7 +6001,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -6064,7 +6064,7 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -6111,7 +6111,6 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6132,6 +6131,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -6148,8 +6148,8 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -6162,7 +6162,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -6225,7 +6225,7 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -6271,7 +6271,6 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6292,6 +6291,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -6308,8 +6308,8 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -6322,7 +6322,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -6385,7 +6385,7 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -6431,7 +6431,6 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6452,6 +6451,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -6468,8 +6468,8 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -6482,7 +6482,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -6545,7 +6545,7 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -6591,7 +6591,6 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -6610,6 +6609,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -6624,8 +6624,8 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -6638,7 +6638,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -6701,7 +6701,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (rst) begin
@@ -7545,8 +7545,6 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -7627,8 +7625,10 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
   reg sticky3 = 1'h0;
+  reg v1 = 1'h0;
   reg v2 = 1'h0;
   reg v_round = 1'h0;
+  reg v_shift = 1'h0;
   reg [39:0] x0 = 40'h0000000000;
   reg [39:0] x1 = 40'h0000000000;
   reg [39:0] x2 = 40'h0000000000;
@@ -7965,7 +7965,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   always @(posedge clk)
     below <= \$772 ;
   always @(posedge clk)
-    \$signal  <= \$773 ;
+    v1 <= \$773 ;
   always @(posedge clk)
     v2 <= \$774 ;
   always @(posedge clk)
@@ -7979,7 +7979,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   always @(posedge clk)
     x3 <= \$779 ;
   always @(posedge clk)
-    \$signal$44  <= \$780 ;
+    v_shift <= \$780 ;
   always @(posedge clk)
     v_round <= \$781 ;
   always @(posedge clk)
@@ -8254,7 +8254,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$773  = \$signal ;
+    \$773  = v1;
     if (advance) begin
       \$773  = i__valid;
     end
@@ -8266,7 +8266,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$774  = v2;
     if (advance) begin
-      \$774  = \$signal ;
+      \$774  = v1;
     end
     if (rst) begin
       \$774  = 1'h0;
@@ -8324,7 +8324,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$780  = \$signal$44 ;
+    \$780  = v_shift;
     if (advance) begin
       \$780  = x_valid;
     end
@@ -8336,7 +8336,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$781  = v_round;
     if (advance) begin
-      \$781  = \$signal$44 ;
+      \$781  = v_shift;
     end
     if (rst) begin
       \$781  = 1'h0;

@@ -895,94 +895,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  wire \$signal ;
-  wire \$signal$103 ;
-  reg \$signal$108  = 1'h0;
-  reg \$signal$109  = 1'h0;
-  reg [31:0] \$signal$118  = 32'd0;
-  reg [31:0] \$signal$119  = 32'd0;
-  reg [31:0] \$signal$121  = 32'd0;
-  reg [15:0] \$signal$130  = 16'h0000;
-  reg [15:0] \$signal$132 ;
-  reg [32:0] \$signal$133 ;
-  reg [32:0] \$signal$134  = 33'h000000000;
-  reg [3:0] \$signal$136  = 4'h0;
-  reg [13:0] \$signal$140 ;
-  reg [13:0] \$signal$142 ;
-  reg [13:0] \$signal$144 ;
-  reg \$signal$146  = 1'h0;
-  reg \$signal$148  = 1'h0;
-  reg \$signal$149  = 1'h0;
-  reg [12:0] \$signal$150  = 13'h0000;
-  reg \$signal$152  = 1'h0;
-  reg \$signal$153  = 1'h0;
-  reg \$signal$154  = 1'h0;
-  reg [12:0] \$signal$158  = 13'h0000;
-  reg [12:0] \$signal$160  = 13'h0000;
-  reg \$signal$162  = 1'h0;
-  reg \$signal$163  = 1'h0;
-  reg [31:0] \$signal$167  = 32'd0;
-  (* init = 6'h00 *)
-  wire [5:0] \$signal$169 ;
-  reg [31:0] \$signal$173  = 32'd0;
-  reg \$signal$178  = 1'h0;
-  wire [23:0] \$signal$184 ;
-  reg [5:0] \$signal$185  = 6'h00;
-  wire [23:0] \$signal$187 ;
-  reg \$signal$192  = 1'h0;
-  reg \$signal$194 ;
-  (* init = 1'h0 *)
-  wire \$signal$215 ;
-  reg [13:0] \$signal$228  = 14'h0000;
-  reg [12:0] \$signal$229  = 13'h0000;
-  reg [12:0] \$signal$231  = 13'h0000;
-  reg [15:0] \$signal$247  = 16'h0000;
-  reg \$signal$255  = 1'h0;
-  reg \$signal$257  = 1'h0;
-  reg [2:0] \$signal$258  = 3'h0;
-  reg \$signal$259  = 1'h0;
-  reg [3:0] \$signal$261  = 4'h0;
-  reg \$signal$266  = 1'h0;
-  reg \$signal$267  = 1'h0;
-  reg [12:0] \$signal$269  = 13'h0000;
-  reg [3:0] \$signal$270  = 4'h0;
-  reg \$signal$274  = 1'h0;
-  reg [12:0] \$signal$276  = 13'h0000;
-  reg [19:0] \$signal$278  = 20'h00000;
-  wire [2:0] \$signal$278.index ;
-  wire \$signal$278.last ;
-  wire [15:0] \$signal$278.weight ;
-  reg [13:0] \$signal$279  = 14'h0000;
-  reg [12:0] \$signal$280  = 13'h0000;
-  reg [13:0] \$signal$281  = 14'h0000;
-  reg [13:0] \$signal$282  = 14'h0000;
-  reg [12:0] \$signal$283  = 13'h0000;
-  reg [13:0] \$signal$284  = 14'h0000;
-  reg [15:0] \$signal$286  = 16'h0000;
-  reg [14:0] \$signal$287  = 15'h0000;
-  reg \$signal$290  = 1'h0;
-  reg [12:0] \$signal$291  = 13'h0000;
-  reg [32:0] \$signal$295  = 33'h000000000;
-  reg \$signal$296  = 1'h0;
-  reg \$signal$297  = 1'h0;
-  reg [12:0] \$signal$303  = 13'h0000;
-  reg [12:0] \$signal$305  = 13'h0000;
-  reg [12:0] \$signal$309  = 13'h0000;
-  reg [12:0] \$signal$311  = 13'h0000;
-  reg [2:0] \$signal$313  = 3'h0;
-  reg \$signal$314  = 1'h0;
-  reg [6:0] \$signal$317  = 7'h00;
-  reg [13:0] \$signal$319  = 14'h0000;
-  reg [8:0] \$signal$320  = 9'h000;
-  reg [1:0] \$signal$330  = 2'h0;
-  reg [13:0] \$signal$333  = 14'h0000;
-  reg \$signal$334  = 1'h0;
-  reg [13:0] \$signal$335  = 14'h0000;
-  wire [-1:0] \$signal$336 ;
-  reg \$signal$337  = 1'h0;
-  reg [1:0] \$signal$341  = 2'h0;
-  reg \$signal$342  = 1'h0;
-  reg [12:0] \$signal$343  = 13'h0000;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
   reg \$signature__en ;
@@ -1083,11 +995,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg cmd__valid;
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
+  reg [15:0] count = 16'h0000;
   reg [4:0] ctrl_state = 5'h00;
   reg [5:0] cur_unit = 6'h00;
+  reg [31:0] cycles = 32'd0;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
-  wire done;
+  reg done = 1'h0;
+  wire \done$327 ;
   reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
@@ -1095,17 +1010,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire error;
   wire \error$328 ;
   reg exp_active = 1'h0;
+  reg [3:0] expert = 4'h0;
   reg [3:0] fetch_word = 4'h0;
+  reg [15:0] g_i = 16'h0000;
   reg [12:0] g_in = 13'h0000;
+  reg [14:0] g_j = 15'h0000;
+  reg g_last = 1'h0;
+  reg [12:0] g_ra = 13'h0000;
+  reg g_rv = 1'h0;
+  reg g_valid = 1'h0;
+  reg [12:0] g_wa = 13'h0000;
+  reg g_wv = 1'h0;
+  reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
+  reg [13:0] gc_left = 14'h0000;
+  reg [8:0] gc_n = 9'h000;
   reg [12:0] gc_wstart = 13'h0000;
   reg gemm_run;
+  reg [12:0] gm_addr = 13'h0000;
   reg gm_afeed_done = 1'h0;
+  reg gm_cap = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
+  reg [6:0] gm_k = 7'h00;
   reg [2:0] gm_lane = 3'h0;
+  reg [13:0] gm_left = 14'h0000;
   reg [12:0] gm_wstart = 13'h0000;
+  (* init = 1'h0 *)
+  wire gm_wvalid;
+  reg h_last = 1'h0;
+  reg h_valid = 1'h0;
+  wire [23:0] hi_sat;
+  reg [31:0] host_base = 32'd0;
   reg [32:0] host_eff = 33'h000000000;
+  reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
   wire [15:0] i__payload;
   wire [31:0] \i__payload$174 ;
@@ -1143,8 +1081,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [5:0] \ins.width ;
   output irq;
   wire irq;
+  reg issuing = 1'h0;
   reg [17:0] l4 = 18'h00000;
+  reg [32:0] lane_acc = 33'h000000000;
+  reg [32:0] lane_x = 33'h000000000;
+  reg [15:0] lane_y = 16'h0000;
   reg [2:0] ld_e = 3'h0;
+  reg ld_full = 1'h0;
   reg [13:0] ln = 14'h0000;
   wire [2:0] load_addr;
   wire load_clear;
@@ -1229,18 +1172,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* init = 2'h0 *)
   wire [1:0] op;
   reg [31:0] out_data;
+  reg out_valid;
+  reg overlap_q = 1'h0;
   reg [13:0] p2 = 14'h0000;
   reg [13:0] p3 = 14'h0000;
+  reg [12:0] pa = 13'h0000;
   (* init = 96'h000000000000000000000000 *)
   wire [95:0] pack;
   wire [23:0] \pack[0] ;
   wire [23:0] \pack[1] ;
   wire [23:0] \pack[2] ;
   wire [23:0] \pack[3] ;
+  reg [12:0] pb = 13'h0000;
   reg [12:0] pc = 13'h0000;
+  reg [12:0] ra1 = 13'h0000;
+  reg [12:0] ra2 = 13'h0000;
+  reg [12:0] rb1 = 13'h0000;
+  reg [12:0] rb2 = 13'h0000;
   reg [12:0] rd0__addr;
   wire [31:0] rd0__data;
   reg rd0__en;
+  reg [31:0] rd0_q = 32'd0;
   reg [12:0] rd1__addr;
   wire [31:0] rd1__data;
   reg rd1__en;
@@ -1258,6 +1210,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] rem0 = 14'h0000;
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
+  reg [31:0] retired = 32'd0;
+  reg route_done = 1'h0;
   wire [19:0] routes__payload;
   wire [2:0] \routes__payload.index ;
   wire \routes__payload.last ;
@@ -1265,6 +1219,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg routes__ready;
   wire routes__valid;
   reg rq_at_last = 1'h0;
+  reg [2:0] rq_fill = 3'h0;
   reg [95:0] rq_in__payload = 96'h000000000000000000000000;
   wire [23:0] \rq_in__payload[0] ;
   wire [23:0] \rq_in__payload[1] ;
@@ -1274,19 +1229,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
+  reg [31:0] \rq_mult$167  = 32'd0;
   wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
+  (* init = 6'h00 *)
+  wire [5:0] \rq_shift$169 ;
+  reg [5:0] rq_width = 6'h00;
+  reg rq_wvalid = 1'h0;
   reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
+  reg rt_cap = 1'h0;
+  wire [-1:0] rt_cap_lane;
+  reg rt_cap_ok = 1'h0;
+  reg [12:0] rt_cb = 13'h0000;
+  reg [3:0] rt_el = 4'h0;
+  reg rt_feed_done = 1'h0;
+  reg [13:0] rt_feed_left = 14'h0000;
+  reg [19:0] rt_held = 20'h00000;
+  wire [2:0] \rt_held.index ;
+  wire \rt_held.last ;
+  wire [15:0] \rt_held.weight ;
+  reg rt_hold = 1'h0;
+  reg [3:0] rt_j = 4'h0;
   reg rt_lane = 1'h0;
+  reg [12:0] rt_lp = 13'h0000;
+  reg [13:0] rt_off = 14'h0000;
+  reg [13:0] rt_p = 14'h0000;
+  reg [13:0] rt_pos = 14'h0000;
+  reg [1:0] rt_ps = 2'h0;
+  reg [13:0] rt_pt = 14'h0000;
+  reg [13:0] rt_route_left = 14'h0000;
   reg [1:0] rt_s = 2'h0;
+  reg [12:0] rt_tbase = 13'h0000;
+  reg [12:0] rt_tslot = 13'h0000;
   reg rt_wphase = 1'h0;
+  reg rt_wvalid = 1'h0;
   reg run_gather = 1'h0;
   reg run_gemm = 1'h0;
   reg run_requant = 1'h0;
   reg run_sigmoid = 1'h0;
   reg run_situ = 1'h0;
+  reg running = 1'h0;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1328,6 +1312,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] sa0 = 13'h0000;
   reg sa1 = 1'h0;
   reg [12:0] sa2 = 13'h0000;
+  wire [23:0] sat_in;
   reg sb0 = 1'h0;
   reg sb1 = 1'h0;
   reg [12:0] sb2 = 13'h0000;
@@ -1336,14 +1321,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [12:0] \scores__payload[0] ;
   wire scores__ready;
   reg scores__valid;
+  reg [12:0] scores_a = 13'h0000;
   reg [13:0] scores_len = 14'h0000;
+  reg scores_ok = 1'h0;
   reg [1:0] settle = 2'h0;
   reg shape_ok;
+  reg shape_q = 1'h0;
+  wire soft_req;
+  reg spad_ok = 1'h0;
   reg [32:0] st_acc;
   (* init = 36'h000000000 *)
   wire [35:0] st_beat;
   wire [31:0] \st_beat.data ;
   wire [3:0] \st_beat.strb ;
+  reg [2:0] st_e = 3'h0;
+  reg st_full = 1'h0;
+  reg st_rd = 1'h0;
+  reg [1:0] st_rd_e = 2'h0;
+  reg [32:0] st_x;
+  reg [15:0] st_y;
+  wire start_req;
   wire [31:0] status;
   reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
@@ -1353,6 +1350,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
   reg [1:0] vec_op = 2'h0;
+  reg [13:0] wa;
+  reg [13:0] wb;
+  reg [13:0] wc;
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
@@ -1902,13 +1902,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
   assign \$119  = | \$118 [16:14];
   assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
-  assign \$122  = offset + \$signal$130 ;
+  assign \$122  = offset + count;
   assign \$123  = | \$122 [16:14];
-  assign \$124  = offset + \$signal$130 ;
+  assign \$124  = offset + count;
   assign \$125  = \$123  ? 14'h3fff : \$124 [13:0];
-  assign \$126  = offset + \$signal$130 ;
+  assign \$126  = offset + count;
   assign \$127  = | \$126 [16:14];
-  assign \$128  = offset + \$signal$130 ;
+  assign \$128  = offset + count;
   assign \$129  = \$127  ? 14'h3fff : \$128 [13:0];
   assign \$130  = ins[5:0] <= 4'he;
   assign \$131  = ~ \$130 ;
@@ -1919,7 +1919,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$137  = \$135  | \$136 ;
   assign \$138  = ins[5:0] == 4'h9;
   assign \$139  = \$137  | \$138 ;
-  assign \$140  = ~ \$signal$146 ;
+  assign \$140  = ~ route_done;
   assign \$141  = \$139  & \$140 ;
   assign \$143  = | \$142 ;
   assign \$144  = ins[5:0] == 4'ha;
@@ -1936,93 +1936,93 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$155  = ~ \$154 ;
   assign \$156  = \$153  & \$155 ;
   assign \$157  = ins[5:0] != 4'he;
-  assign \$158  = ~ \$signal$148 ;
+  assign \$158  = ~ shape_q;
   assign \$159  = \$157  & \$158 ;
   assign \$160  = ins[5:0] == 4'h8;
   assign \$161  = ! ins[87:77];
-  assign \$162  = \$signal$149  & \$161 ;
-  assign \$163  = \$signal$150  == ins[76:64];
+  assign \$162  = scores_ok & \$161 ;
+  assign \$163  = scores_a == ins[76:64];
   assign \$164  = \$162  & \$163 ;
   assign \$165  = scores_len == ln;
   assign \$166  = \$164  & \$165 ;
   assign \$167  = ~ \$166 ;
   assign \$168  = \$160  & \$167 ;
   assign \$169  = ins[5:0] != 4'he;
-  assign \$170  = ~ \$signal$152 ;
+  assign \$170  = ~ spad_ok;
   assign \$171  = \$169  & \$170 ;
   assign \$172  = ins[5:0] == 1'h1;
   assign \$173  = ins[5:0] == 2'h2;
   assign \$174  = \$172  | \$173 ;
   assign \$175  = ins[5:0] == 2'h3;
   assign \$176  = \$174  | \$175 ;
-  assign \$177  = ~ \$signal$154 ;
+  assign \$177  = ~ host_ok;
   assign \$178  = \$176  & \$177 ;
-  assign \$179  = ~ \$signal$162 ;
-  assign \$180  = ~ \$signal$163 ;
+  assign \$179  = ~ g_valid;
+  assign \$180  = ~ h_valid;
   assign \$181  = \$180  | eng_ready;
   assign \$182  = \$179  | \$181 ;
-  assign \$185  = ~ \$signal$162 ;
-  assign \$186  = ~ \$signal$163 ;
+  assign \$185  = ~ g_valid;
+  assign \$186  = ~ h_valid;
   assign \$187  = \$186  | eng_ready;
   assign \$188  = \$185  | \$187 ;
   assign \$191  = vec_op == 1'h1;
   assign \$192  = \$191  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$193  = \$signal$185  > 1'h1;
-  assign \$194  = \$signal$185  > 2'h2;
-  assign \$195  = \$signal$185  > 2'h3;
-  assign \$196  = \$signal$185  > 3'h4;
-  assign \$197  = \$signal$185  > 3'h5;
-  assign \$198  = \$signal$185  > 3'h6;
-  assign \$199  = \$signal$185  > 3'h7;
-  assign \$200  = \$signal$185  > 4'h8;
-  assign \$201  = \$signal$185  > 4'h9;
-  assign \$202  = \$signal$185  > 4'ha;
-  assign \$203  = \$signal$185  > 4'hb;
-  assign \$204  = \$signal$185  > 4'hc;
-  assign \$205  = \$signal$185  > 4'hd;
-  assign \$206  = \$signal$185  > 4'he;
-  assign \$207  = \$signal$185  > 4'hf;
-  assign \$208  = \$signal$185  > 5'h10;
-  assign \$209  = \$signal$185  > 5'h11;
-  assign \$210  = \$signal$185  > 5'h12;
-  assign \$211  = \$signal$185  > 5'h13;
-  assign \$212  = \$signal$185  > 5'h14;
-  assign \$213  = \$signal$185  > 5'h15;
-  assign \$214  = \$signal$185  > 5'h16;
-  assign \$215  = \$signal$185  > 5'h17;
-  assign \$216  = $signed(\$signal$187 ) > $signed({ 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  });
+  assign \$193  = rq_width > 1'h1;
+  assign \$194  = rq_width > 2'h2;
+  assign \$195  = rq_width > 2'h3;
+  assign \$196  = rq_width > 3'h4;
+  assign \$197  = rq_width > 3'h5;
+  assign \$198  = rq_width > 3'h6;
+  assign \$199  = rq_width > 3'h7;
+  assign \$200  = rq_width > 4'h8;
+  assign \$201  = rq_width > 4'h9;
+  assign \$202  = rq_width > 4'ha;
+  assign \$203  = rq_width > 4'hb;
+  assign \$204  = rq_width > 4'hc;
+  assign \$205  = rq_width > 4'hd;
+  assign \$206  = rq_width > 4'he;
+  assign \$207  = rq_width > 4'hf;
+  assign \$208  = rq_width > 5'h10;
+  assign \$209  = rq_width > 5'h11;
+  assign \$210  = rq_width > 5'h12;
+  assign \$211  = rq_width > 5'h13;
+  assign \$212  = rq_width > 5'h14;
+  assign \$213  = rq_width > 5'h15;
+  assign \$214  = rq_width > 5'h16;
+  assign \$215  = rq_width > 5'h17;
+  assign \$216  = $signed(sat_in) > $signed({ 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  });
   assign \$217  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
-  assign \$218  = $signed(\$signal$187 ) < $signed(\$217 );
+  assign \$218  = $signed(sat_in) < $signed(\$217 );
   assign \$219  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
-  assign \$220  = \$218  ? \$219  : \$signal$187 ;
+  assign \$220  = \$218  ? \$219  : sat_in;
   assign rq_sat = \$216  ? { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  } : \$220 ;
-  assign \$221  = ~ \$signal$192 ;
+  assign \$221  = ~ rq_wvalid;
   assign \$222  = \$221  | rq_in__ready;
   assign \$223  = rq_lane == 2'h3;
   assign \$224  = \$223  | rq_at_last;
-  assign \$225  = | \$signal$185 ;
-  assign \$226  = \$225  ? \$signal$167  : 32'd1;
-  assign \$227  = | \$signal$185 ;
+  assign \$225  = | rq_width;
+  assign \$226  = \$225  ? \rq_mult$167  : 32'd1;
+  assign \$227  = | rq_width;
   assign \$228  = \$227  ? rq_shift : 6'h00;
   assign \$229  = run_gemm ? gc_lane : rq_lane;
   assign \$1120  = \$229  * 5'h18;
-  assign \$signal$187  = c_out__payload >> \$1120 ;
+  assign sat_in = c_out__payload >> \$1120 ;
   assign \$230  = ~ a_in__valid;
   assign \$231  = ~ gm_afeed_done;
   assign \$232  = \$230  & \$231 ;
   assign \$233  = gm_lane == 3'h4;
-  assign \$234  = ! \$signal$228 [13:3];
-  assign \$235  = gm_lane >= \$signal$228 [2:0];
+  assign \$234  = ! gm_left[13:3];
+  assign \$235  = gm_lane >= gm_left[2:0];
   assign \$236  = \$234  & \$235 ;
   assign \$237  = \$233  | \$236 ;
   assign \$238  = ~ \$237 ;
   assign \$239  = \$232  & \$238 ;
-  assign \$242  = | \$signal$185 ;
+  assign \$242  = | rq_width;
   assign \$1136  = gc_lane * 5'h18;
   assign \$243  = c_out__payload >> \$1136 ;
   assign \$244  = \$242  ? rq_sat : \$243 ;
   assign \$245  = pc >= 7'h40;
-  assign \$246  = | \$signal$247 ;
+  assign \$246  = | lane_y;
   assign \$247  = step != 3'h7;
   assign \$248  = ! ins[5:0];
   assign \$249  = settle != 2'h2;
@@ -2031,7 +2031,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$254  = ins[100:88] + \$253 ;
   assign \$255  = \$254  + 1'h1;
   assign \$256  = ins[124:112] + el_i;
-  assign \$257  = ~ \$signal$255 ;
+  assign \$257  = ~ ld_full;
   assign \$258  = el_i < ln;
   assign \$259  = ins[124:112] + el_i;
   assign \$260  = ins[243:238] == 1'h1;
@@ -2044,55 +2044,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$264  = wr_data__payload[31:0] >> \$1163 ;
   assign \$265  = \$262  ? { \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263  } : \$264 ;
   assign \$266  = \$260  ? { \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261  } : \$265 ;
-  assign \$267  = ~ \$signal$257 ;
-  assign \$268  = \$signal$258  < 1'h1;
+  assign \$267  = ~ st_full;
+  assign \$268  = st_e < 1'h1;
   assign \$269  = \$267  & \$268 ;
   assign \$270  = el_i < ln;
   assign \$271  = \$269  & \$270 ;
-  assign \$272  = ~ \$signal$259 ;
+  assign \$272  = ~ st_rd;
   assign \$273  = \$271  & \$272 ;
   assign \$274  = ins[76:64] + el_i;
-  assign \$275  = ins[100:88] + \$signal$261 ;
-  assign \$276  = | \$signal$261 ;
-  assign \$277  = \$signal$261  - 1'h1;
-  assign \$278  = ~ \$signal$266 ;
-  assign \$279  = ~ \$signal$267 ;
+  assign \$275  = ins[100:88] + rt_j;
+  assign \$276  = | rt_j;
+  assign \$277  = rt_j - 1'h1;
+  assign \$278  = ~ rt_wvalid;
+  assign \$279  = ~ rt_feed_done;
   assign \$280  = \$278  & \$279 ;
   assign \$281  = rt_lane < 1'h1;
   assign \$282  = \$280  & \$281 ;
-  assign \$285  = \$signal$269  + \$signal$270 ;
-  assign \$286  = ~ \$signal$274 ;
+  assign \$285  = rt_tbase + rt_el;
+  assign \$286  = ~ rt_hold;
   assign \$287  = ~ rt_wphase;
-  assign \$288  = \$signal$274  & \$287 ;
-  assign \$289  = \$signal$276  + rt_s;
-  assign \$290  = \$signal$274  & rt_wphase;
-  assign \$291  = \$signal$276  + rt_s;
+  assign \$288  = rt_hold & \$287 ;
+  assign \$289  = rt_tslot + rt_s;
+  assign \$290  = rt_hold & rt_wphase;
+  assign \$291  = rt_tslot + rt_s;
   assign \$292  = \$291  + mk[13:2];
-  assign \$294  = ins[124:112] + \$signal$279 ;
-  assign \$295  = \$signal$173  == \$signal$261 ;
-  assign \$296  = \$signal$280  + \$signal$281 ;
-  assign \$297  = \$signal$280  + mk[13:2];
-  assign \$298  = \$297  + \$signal$281 ;
-  assign \$299  = \$signal$279  + 1'h1;
+  assign \$294  = ins[124:112] + rt_p;
+  assign \$295  = rd0_q == rt_j;
+  assign \$296  = rt_lp + rt_pos;
+  assign \$297  = rt_lp + mk[13:2];
+  assign \$298  = \$297  + rt_pos;
+  assign \$299  = rt_p + 1'h1;
   assign \$300  = \$299  < mk[13:2];
-  assign \$301  = \$signal$283  + \$signal$261 ;
-  assign \$302  = \$signal$281  - \$signal$284 ;
-  assign \$303  = \$signal$283  + 4'h8;
-  assign \$304  = \$303  + \$signal$261 ;
+  assign \$301  = rt_cb + rt_j;
+  assign \$302  = rt_pos - rt_off;
+  assign \$303  = rt_cb + 4'h8;
+  assign \$304  = \$303  + rt_j;
   assign \$305  = scan >= 4'h8;
   assign \$306  = ins[76:64] + scan;
   assign \$307  = ins[76:64] + 4'h8;
   assign \$308  = \$307  + scan;
-  assign \$309  = \$signal$286  >= \$signal$130 ;
+  assign \$309  = g_i >= count;
   assign \$311  = ins[100:88] + offset;
-  assign \$312  = \$311  + \$signal$286 ;
-  assign \$313  = | \$signal$247 ;
-  assign \$314  = \$signal$287  < ins[61:48];
-  assign \$317  = run_gather ? \$signal$134 [12:0] : g_in;
+  assign \$312  = \$311  + g_i;
+  assign \$313  = | lane_y;
+  assign \$314  = g_j < ins[61:48];
+  assign \$317  = run_gather ? lane_acc[12:0] : g_in;
   assign \$318  = ins[76:64] + \$317 ;
-  assign \$319  = \$318  + \$signal$287 ;
-  assign \$320  = ~ \$signal$108 ;
-  assign \$321  = \$signal$103  & \$320 ;
+  assign \$319  = \$318  + g_j;
+  assign \$320  = ~ running;
+  assign \$321  = soft_req & \$320 ;
   assign \$322  = ! ctrl_state;
   assign \$323  = ctrl_state == 1'h1;
   assign \$324  = ctrl_state == 2'h2;
@@ -2125,18 +2125,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$351  = wr_en & \$350 ;
   assign \$352  = wr_addr == 5'h10;
   assign \$353  = wr_en & \$352 ;
-  assign \$354  = | \$signal$247 ;
-  assign \$355  = \$signal$134  + \$signal$295 ;
-  assign \$357  = \$signal$134  + \$signal$295 ;
+  assign \$354  = | lane_y;
+  assign \$355  = lane_acc + lane_x;
+  assign \$357  = lane_acc + lane_x;
   assign \$358  = \$356  ? 33'h1ffffffff : \$357 [32:0];
-  assign \$360  = \$signal$295 [32] ? 34'h1ffffffff : \$359 ;
-  assign \$362  = | \$signal$142 ;
-  assign \$363  = | \$signal$140 ;
+  assign \$360  = lane_x[32] ? 34'h1ffffffff : \$359 ;
+  assign \$362  = | wa;
+  assign \$363  = | wc;
   assign \$364  = \$362  & \$363 ;
-  assign \$365  = ins[125:112] + \$signal$140 ;
+  assign \$365  = ins[125:112] + wc;
   assign \$366  = ins[77:64] < \$365 ;
   assign \$367  = \$364  & \$366 ;
-  assign \$368  = ins[77:64] + \$signal$142 ;
+  assign \$368  = ins[77:64] + wa;
   assign \$369  = ins[125:112] < \$368 ;
   assign \$370  = \$367  & \$369 ;
   assign \$371  = ins[5:0] == 3'h4;
@@ -2147,17 +2147,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$376  = | { \$375 , \$374 , \$373 , \$372 , \$371  };
   assign \$377  = ins[77:64] == ins[125:112];
   assign \$378  = \$376  & \$377 ;
-  assign \$379  = \$signal$142  == \$signal$140 ;
+  assign \$379  = wa == wc;
   assign \$380  = \$378  & \$379 ;
   assign \$381  = ~ \$380 ;
   assign \$382  = \$370  & \$381 ;
-  assign \$383  = | \$signal$144 ;
-  assign \$384  = | \$signal$140 ;
+  assign \$383  = | wb;
+  assign \$384  = | wc;
   assign \$385  = \$383  & \$384 ;
-  assign \$386  = ins[125:112] + \$signal$140 ;
+  assign \$386  = ins[125:112] + wc;
   assign \$387  = ins[101:88] < \$386 ;
   assign \$388  = \$385  & \$387 ;
-  assign \$389  = ins[101:88] + \$signal$144 ;
+  assign \$389  = ins[101:88] + wb;
   assign \$390  = ins[125:112] < \$389 ;
   assign \$391  = \$388  & \$390 ;
   assign \$392  = ins[5:0] == 3'h4;
@@ -2168,62 +2168,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$397  = | { \$396 , \$395 , \$394 , \$393 , \$392  };
   assign \$398  = ins[101:88] == ins[125:112];
   assign \$399  = \$397  & \$398 ;
-  assign \$400  = \$signal$144  == \$signal$140 ;
+  assign \$400  = wb == wc;
   assign \$401  = \$399  & \$400 ;
   assign \$402  = ~ \$401 ;
   assign \$403  = \$391  & \$402 ;
   assign \$404  = \$382  | \$403 ;
-  assign \$405  = ! \$signal$142 ;
+  assign \$405  = ! wa;
   assign \$406  = ! ins[87:78];
-  assign \$407  = ins[77:64] + \$signal$142 ;
+  assign \$407  = ins[77:64] + wa;
   assign \$408  = \$407  <= 14'h2000;
   assign \$409  = \$406  & \$408 ;
   assign \$410  = \$405  | \$409 ;
-  assign \$411  = ! \$signal$144 ;
+  assign \$411  = ! wb;
   assign \$412  = ! ins[111:102];
-  assign \$413  = ins[101:88] + \$signal$144 ;
+  assign \$413  = ins[101:88] + wb;
   assign \$414  = \$413  <= 14'h2000;
   assign \$415  = \$412  & \$414 ;
   assign \$416  = \$411  | \$415 ;
   assign \$417  = \$410  & \$416 ;
-  assign \$418  = ! \$signal$140 ;
+  assign \$418  = ! wc;
   assign \$419  = ! ins[135:126];
-  assign \$420  = ins[125:112] + \$signal$140 ;
+  assign \$420  = ins[125:112] + wc;
   assign \$421  = \$420  <= 14'h2000;
   assign \$422  = \$419  & \$421 ;
   assign \$423  = \$418  | \$422 ;
   assign \$424  = \$417  & \$423 ;
   assign \$425  = ! host_eff[1:0];
-  assign \$426  = host_eff >= \$signal$119 ;
+  assign \$426  = host_eff >= host_base;
   assign \$427  = \$425  & \$426 ;
   assign \$428  = host_eff + { l4[17:2], 2'h0 };
-  assign \$429  = \$signal$119  + host_size;
+  assign \$429  = host_base + host_size;
   assign \$430  = \$428  <= \$429 ;
   assign \$431  = \$427  & \$430 ;
-  assign \$432  = ~ \$signal$163 ;
+  assign \$432  = ~ h_valid;
   assign \$433  = \$432  | eng_ready;
-  assign \$434  = ~ \$signal$162 ;
-  assign \$435  = ~ \$signal$163 ;
+  assign \$434  = ~ g_valid;
+  assign \$435  = ~ h_valid;
   assign \$436  = \$435  | eng_ready;
   assign \$437  = \$434  | \$436 ;
   assign \$440  = rem0 == 1'h1;
   assign \$443  = | rem0[13:1];
   assign \$444  = | rem1[13:1];
   assign \$445  = rem0 - 1'h1;
-  assign \$446  = \$signal$158  + sa0;
-  assign \$447  = \$signal$160  + sb0;
+  assign \$446  = pa + sa0;
+  assign \$447  = pb + sb0;
   assign \$448  = rem1 - 1'h1;
-  assign \$449  = \$signal$303  + sa1;
-  assign \$450  = \$signal$303  + sa1;
-  assign \$451  = \$signal$305  + sb1;
-  assign \$452  = \$signal$305  + sb1;
+  assign \$449  = ra1 + sa1;
+  assign \$450  = ra1 + sa1;
+  assign \$451  = rb1 + sb1;
+  assign \$452  = rb1 + sb1;
   assign \$453  = rem2 - 1'h1;
-  assign \$454  = \$signal$309  + sa2;
-  assign \$455  = \$signal$309  + sa2;
-  assign \$456  = \$signal$309  + sa2;
-  assign \$457  = \$signal$311  + sb2;
-  assign \$458  = \$signal$311  + sb2;
-  assign \$459  = \$signal$311  + sb2;
+  assign \$454  = ra2 + sa2;
+  assign \$455  = ra2 + sa2;
+  assign \$456  = ra2 + sa2;
+  assign \$457  = rb2 + sb2;
+  assign \$458  = rb2 + sb2;
+  assign \$459  = rb2 + sb2;
   assign \$460  = | rem2[13:1];
   assign \$461  = ~ \$460 ;
   assign \$462  = ins[5:0] == 4'hd;
@@ -2235,17 +2235,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$468  = ins[5:0] == 3'h5;
   assign \$469  = ins[5:0] == 3'h6;
   assign \$470  = ins[5:0] == 4'ha;
-  assign \$471  = \$signal$192  & rq_in__ready;
-  assign \$472  = \$signal$163  & eng_ready;
-  assign \$473  = \$signal$192  & rq_in__ready;
-  assign \$474  = \$473  ? 3'h0 : \$signal$313 ;
-  assign \$475  = \$signal$192  & rq_in__ready;
-  assign \$476  = \$475  ? 3'h0 : \$signal$313 ;
+  assign \$471  = rq_wvalid & rq_in__ready;
+  assign \$472  = h_valid & eng_ready;
+  assign \$473  = rq_wvalid & rq_in__ready;
+  assign \$474  = \$473  ? 3'h0 : rq_fill;
+  assign \$475  = rq_wvalid & rq_in__ready;
+  assign \$476  = \$475  ? 3'h0 : rq_fill;
   assign \$477  = \$476  + 1'h1;
-  assign \$478  = \$signal$192  & rq_in__ready;
-  assign \$479  = \$478  ? 3'h0 : \$signal$313 ;
+  assign \$478  = rq_wvalid & rq_in__ready;
+  assign \$479  = \$478  ? 3'h0 : rq_fill;
   assign \$480  = \$479  == 2'h3;
-  assign \$481  = \$480  | \$signal$178 ;
+  assign \$481  = \$480  | h_last;
   assign \$482  = rq_lane == 2'h3;
   assign \$483  = \$482  | rq_at_last;
   assign \$484  = rq_lane + 1'h1;
@@ -2254,64 +2254,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$487  = ~ gm_afeed_done;
   assign \$488  = \$486  & \$487 ;
   assign \$489  = gm_lane == 3'h4;
-  assign \$490  = ! \$signal$228 [13:3];
-  assign \$491  = gm_lane >= \$signal$228 [2:0];
+  assign \$490  = ! gm_left[13:3];
+  assign \$491  = gm_lane >= gm_left[2:0];
   assign \$492  = \$490  & \$491 ;
   assign \$493  = \$489  | \$492 ;
   assign \$494  = ~ \$493 ;
   assign \$495  = \$488  & \$494 ;
   assign \$498  = gm_lane + 1'h1;
-  assign \$499  = \$signal$229  + ins[38:32];
+  assign \$499  = gm_addr + ins[38:32];
   assign \$500  = ~ a_in__valid;
   assign \$501  = ~ gm_afeed_done;
   assign \$502  = \$500  & \$501 ;
   assign \$503  = gm_lane == 3'h4;
-  assign \$504  = ! \$signal$228 [13:3];
-  assign \$505  = gm_lane >= \$signal$228 [2:0];
+  assign \$504  = ! gm_left[13:3];
+  assign \$505  = gm_lane >= gm_left[2:0];
   assign \$506  = \$504  & \$505 ;
   assign \$507  = \$503  | \$506 ;
   assign \$508  = \$502  & \$507 ;
   assign \$509  = a_in__valid & a_in__ready;
-  assign \$510  = \$signal$317  + 1'h1;
+  assign \$510  = gm_k + 1'h1;
   assign \$511  = \$510  < ins[38:32];
-  assign \$512  = \$signal$317  + 1'h1;
+  assign \$512  = gm_k + 1'h1;
   assign \$513  = gm_wstart + 1'h1;
   assign \$514  = gm_wstart + 1'h1;
-  assign \$515  = \$signal$228  - 3'h4;
-  assign \$516  = \$signal$229  - ins[38:32];
+  assign \$515  = gm_left - 3'h4;
+  assign \$516  = gm_addr - ins[38:32];
   assign \$517  = $signed(\$516 ) + $signed(2'h1);
-  assign \$518  = \$signal$229  - ins[38:32];
+  assign \$518  = gm_addr - ins[38:32];
   assign \$519  = $signed(\$518 ) + $signed(2'h1);
-  assign \$520  = ! \$signal$228 [13:3];
-  assign \$521  = \$signal$228 [2:0] <= 3'h4;
+  assign \$520  = ! gm_left[13:3];
+  assign \$521  = gm_left[2:0] <= 3'h4;
   assign \$522  = \$520  & \$521 ;
   assign \$523  = gc_lane + 1'h1;
-  assign \$524  = \$signal$231  + ins[56:48];
+  assign \$524  = gc_addr + ins[56:48];
   assign \$525  = gc_lane + 1'h1;
   assign \$526  = \$525  == 2'h3;
-  assign \$527  = ! \$signal$319 [13:3];
+  assign \$527  = ! gc_left[13:3];
   assign \$528  = gc_lane + 1'h1;
   assign \$529  = \$528  + 1'h1;
-  assign \$530  = \$529  >= \$signal$319 [2:0];
+  assign \$530  = \$529  >= gc_left[2:0];
   assign \$531  = \$527  & \$530 ;
   assign \$532  = \$526  | \$531 ;
-  assign \$533  = \$signal$320  + 1'h1;
+  assign \$533  = gc_n + 1'h1;
   assign \$534  = \$533  < ins[56:48];
-  assign \$535  = \$signal$320  + 1'h1;
+  assign \$535  = gc_n + 1'h1;
   assign \$536  = gc_wstart + 1'h1;
   assign \$537  = gc_wstart + 1'h1;
-  assign \$538  = ! \$signal$319 [13:3];
-  assign \$539  = \$signal$319 [2:0] <= 1'h1;
+  assign \$538  = ! gc_left[13:3];
+  assign \$539  = gc_left[2:0] <= 1'h1;
   assign \$540  = \$538  & \$539 ;
-  assign \$542  = \$signal$319  - 3'h4;
-  assign \$543  = \$signal$231  + 1'h1;
-  assign \$544  = \$signal$231  + 1'h1;
-  assign \$545  = \$signal$319  - 3'h4;
+  assign \$542  = gc_left - 3'h4;
+  assign \$543  = gc_addr + 1'h1;
+  assign \$544  = gc_addr + 1'h1;
+  assign \$545  = gc_left - 3'h4;
   assign \$546  = ! \$545 [13:3];
-  assign \$547  = \$signal$319  - 3'h4;
+  assign \$547  = gc_left - 3'h4;
   assign \$548  = \$547 [2:0] <= 1'h1;
   assign \$549  = \$546  & \$548 ;
-  assign \$551  = \$signal$118  + 1'h1;
+  assign \$551  = cycles + 1'h1;
   assign \$552  = busy_dma + 1'h1;
   assign \$553  = busy_gemm + 1'h1;
   assign \$554  = busy_act + 1'h1;
@@ -2319,27 +2319,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$556  = busy_vector + 1'h1;
   assign \$557  = busy_move + 1'h1;
   assign \$558  = ~ eng_run;
-  assign \$559  = ~ \$signal$163 ;
+  assign \$559  = ~ h_valid;
   assign \$560  = \$559  | eng_ready;
   assign \$561  = \$558  | \$560 ;
   assign \$562  = pc >= 7'h40;
   assign \$563  = fetch_word + 1'h1;
   assign \$564  = fetch_word == 4'h8;
-  assign \$565  = | \$signal$247 ;
+  assign \$565  = | lane_y;
   assign \$566  = step != 3'h7;
   assign \$567  = ! ins[5:0];
   assign \$568  = settle != 2'h2;
   assign \$569  = | decode_q;
-  assign \$570  = | \$signal$134 [32:14];
-  assign \$571  = \$570  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$572  = | \$signal$134 [32:14];
-  assign \$573  = \$572  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$574  = | \$signal$134 [32:14];
-  assign \$575  = \$574  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$576  = | \$signal$134 [32:14];
-  assign \$577  = \$576  ? 14'h3fff : \$signal$134 [13:0];
-  assign \$578  = | \$signal$134 [32:18];
-  assign \$579  = \$578  ? 18'h3ffff : \$signal$134 [17:0];
+  assign \$570  = | lane_acc[32:14];
+  assign \$571  = \$570  ? 14'h3fff : lane_acc[13:0];
+  assign \$572  = | lane_acc[32:14];
+  assign \$573  = \$572  ? 14'h3fff : lane_acc[13:0];
+  assign \$574  = | lane_acc[32:14];
+  assign \$575  = \$574  ? 14'h3fff : lane_acc[13:0];
+  assign \$576  = | lane_acc[32:14];
+  assign \$577  = \$576  ? 14'h3fff : lane_acc[13:0];
+  assign \$578  = | lane_acc[32:18];
+  assign \$579  = \$578  ? 18'h3ffff : lane_acc[17:0];
   assign \$580  = step + 1'h1;
   assign \$581  = settle + 1'h1;
   assign \$582  = ins[5:0] == 1'h1;
@@ -2354,7 +2354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$591  = ins[5:0] == 4'hd;
   assign \$592  = ins[5:0] == 4'ha;
   assign \$593  = ins[5:0] == 4'hb;
-  assign \$594  = \$signal$121  + 1'h1;
+  assign \$594  = retired + 1'h1;
   assign \$595  = ln == 1'h1;
   assign \$598  = ! m_eff[13:3];
   assign \$599  = m_eff[2:0] <= 1'h1;
@@ -2369,11 +2369,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$613  = ~ \$612 ;
   assign \$614  = eng_run & \$613 ;
   assign \$615  = pc + 1'h1;
-  assign \$616  = \$signal$121  + 1'h1;
+  assign \$616  = retired + 1'h1;
   assign \$617  = ~ rd_busy;
   assign \$618  = pc + 1'h1;
-  assign \$619  = \$signal$121  + 1'h1;
-  assign \$620  = ~ \$signal$255 ;
+  assign \$619  = retired + 1'h1;
+  assign \$620  = ~ ld_full;
   assign \$621  = rd_data__valid & \$620 ;
   assign \$622  = el_i < ln;
   assign \$623  = el_i + 1'h1;
@@ -2385,28 +2385,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$629  = \$626  ? 3'h4 : { 1'h0, \$628  };
   assign \$630  = \$625  >= \$629 ;
   assign \$631  = ~ rd_busy;
-  assign \$632  = ~ \$signal$255 ;
+  assign \$632  = ~ ld_full;
   assign \$633  = \$631  & \$632 ;
   assign \$634  = el_i < ln;
   assign \$635  = ~ \$634 ;
   assign \$636  = \$633  & \$635 ;
   assign \$637  = pc + 1'h1;
-  assign \$638  = \$signal$121  + 1'h1;
-  assign \$639  = ~ \$signal$257 ;
-  assign \$640  = \$signal$258  < 1'h1;
+  assign \$638  = retired + 1'h1;
+  assign \$639  = ~ st_full;
+  assign \$640  = st_e < 1'h1;
   assign \$641  = \$639  & \$640 ;
   assign \$642  = el_i < ln;
   assign \$643  = \$641  & \$642 ;
-  assign \$644  = ~ \$signal$259 ;
+  assign \$644  = ~ st_rd;
   assign \$645  = \$643  & \$644 ;
   assign \$646  = el_i + 1'h1;
-  assign \$647  = \$signal$258  + 1'h1;
-  assign \$648  = ~ \$signal$257 ;
-  assign \$649  = ~ \$signal$259 ;
+  assign \$647  = st_e + 1'h1;
+  assign \$648  = ~ st_full;
+  assign \$649  = ~ st_rd;
   assign \$650  = \$648  & \$649 ;
-  assign \$651  = | \$signal$258 ;
+  assign \$651  = | st_e;
   assign \$652  = \$650  & \$651 ;
-  assign \$653  = \$signal$258  == 1'h1;
+  assign \$653  = st_e == 1'h1;
   assign \$654  = el_i < ln;
   assign \$655  = ~ \$654 ;
   assign \$656  = \$653  | \$655 ;
@@ -2416,134 +2416,134 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$660  = el_i < ln;
   assign \$661  = ~ \$660 ;
   assign \$662  = \$659  & \$661 ;
-  assign \$663  = ~ \$signal$257 ;
+  assign \$663  = ~ st_full;
   assign \$664  = \$662  & \$663 ;
-  assign \$665  = ~ \$signal$259 ;
+  assign \$665  = ~ st_rd;
   assign \$666  = \$664  & \$665 ;
   assign \$667  = pc + 1'h1;
-  assign \$668  = \$signal$121  + 1'h1;
-  assign \$669  = \$signal$261  + 1'h1;
-  assign \$670  = \$signal$261  == 4'h8;
-  assign \$671  = ~ \$signal$266 ;
-  assign \$672  = ~ \$signal$267 ;
+  assign \$668  = retired + 1'h1;
+  assign \$669  = rt_j + 1'h1;
+  assign \$670  = rt_j == 4'h8;
+  assign \$671  = ~ rt_wvalid;
+  assign \$672  = ~ rt_feed_done;
   assign \$673  = \$671  & \$672 ;
   assign \$674  = rt_lane < 1'h1;
   assign \$675  = \$673  & \$674 ;
-  assign \$678  = \$signal$270  < 4'h8;
+  assign \$678  = rt_el < 4'h8;
   assign \$679  = rt_lane + 1'h1;
-  assign \$680  = \$signal$270  + 1'h1;
-  assign \$681  = \$signal$337  ? rd0__data[12:0] : 13'h0000;
+  assign \$680  = rt_el + 1'h1;
+  assign \$681  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
   assign \$683  = scores__valid & scores__ready;
-  assign \$684  = \$signal$270  >= 4'h8;
-  assign \$685  = \$signal$333  - 1'h1;
-  assign \$686  = \$signal$269  + 4'h8;
-  assign \$687  = | \$signal$333 [13:1];
+  assign \$684  = rt_el >= 4'h8;
+  assign \$685  = rt_feed_left - 1'h1;
+  assign \$686  = rt_tbase + 4'h8;
+  assign \$687  = | rt_feed_left[13:1];
   assign \$688  = ~ \$687 ;
-  assign \$689  = ~ \$signal$274 ;
+  assign \$689  = ~ rt_hold;
   assign \$690  = routes__valid & \$689 ;
   assign \$691  = ~ rt_wphase;
-  assign \$692  = \$signal$274  & \$691 ;
-  assign \$693  = \$signal$274  & rt_wphase;
+  assign \$692  = rt_hold & \$691 ;
+  assign \$693  = rt_hold & rt_wphase;
   assign \$694  = rt_s == 1'h1;
-  assign \$695  = \$signal$278 [19] | \$694 ;
-  assign \$696  = \$signal$335  - 1'h1;
-  assign \$697  = \$signal$276  + 2'h2;
+  assign \$695  = rt_held[19] | \$694 ;
+  assign \$696  = rt_route_left - 1'h1;
+  assign \$697  = rt_tslot + 2'h2;
   assign \$698  = rt_s + 1'h1;
-  assign \$699  = ! \$signal$335 ;
-  assign \$701  = \$signal$173  == \$signal$261 ;
-  assign \$702  = \$signal$281  + 1'h1;
-  assign \$703  = \$signal$279  + 1'h1;
+  assign \$699  = ! rt_route_left;
+  assign \$701  = rd0_q == rt_j;
+  assign \$702  = rt_pos + 1'h1;
+  assign \$703  = rt_p + 1'h1;
   assign \$704  = \$703  < mk[13:2];
-  assign \$705  = \$signal$279  + 1'h1;
-  assign \$706  = \$signal$341  == 1'h1;
-  assign \$707  = \$signal$282  + 1'h1;
-  assign \$708  = \$signal$341  + 1'h1;
-  assign \$709  = \$signal$261  + 1'h1;
-  assign \$710  = \$signal$261  + 1'h1;
+  assign \$705  = rt_p + 1'h1;
+  assign \$706  = rt_ps == 1'h1;
+  assign \$707  = rt_pt + 1'h1;
+  assign \$708  = rt_ps + 1'h1;
+  assign \$709  = rt_j + 1'h1;
+  assign \$710  = rt_j + 1'h1;
   assign \$711  = \$710  < 4'h8;
   assign \$712  = pc + 1'h1;
-  assign \$713  = \$signal$121  + 1'h1;
+  assign \$713  = retired + 1'h1;
   assign \$714  = scan >= 4'h8;
-  assign \$715  = \$signal$121  + 1'h1;
+  assign \$715  = retired + 1'h1;
   assign \$716  = scan + 1'h1;
-  assign \$717  = | \$signal$173 ;
+  assign \$717  = | rd0_q;
   assign \$718  = | rd1_q[23:14];
   assign \$719  = \$718  ? 14'h3fff : rd1_q[13:0];
   assign \$720  = pc + 1'h1;
-  assign \$721  = \$signal$121  + 1'h1;
-  assign \$722  = \$signal$286  >= \$signal$130 ;
+  assign \$721  = retired + 1'h1;
+  assign \$722  = g_i >= count;
   assign \$724  = pc + 1'h1;
-  assign \$725  = \$signal$121  + 1'h1;
-  assign \$726  = | \$signal$173 [31:16];
-  assign \$727  = \$signal$173 [15:0] >= m_eff;
+  assign \$725  = retired + 1'h1;
+  assign \$726  = | rd0_q[31:16];
+  assign \$727  = rd0_q[15:0] >= m_eff;
   assign \$728  = \$726  | \$727 ;
-  assign \$729  = | \$signal$247 ;
-  assign \$730  = \$signal$287  < ins[61:48];
-  assign \$733  = \$signal$287  + 1'h1;
-  assign \$734  = run_gather ? g_in : \$signal$134 [12:0];
+  assign \$729  = | lane_y;
+  assign \$730  = g_j < ins[61:48];
+  assign \$733  = g_j + 1'h1;
+  assign \$734  = run_gather ? g_in : lane_acc[12:0];
   assign \$735  = ins[124:112] + \$734 ;
-  assign \$736  = \$735  + \$signal$287 ;
-  assign \$737  = \$signal$287  >= ins[61:48];
-  assign \$738  = ~ \$signal$342 ;
+  assign \$736  = \$735  + g_j;
+  assign \$737  = g_j >= ins[61:48];
+  assign \$738  = ~ g_rv;
   assign \$739  = \$737  & \$738 ;
-  assign \$740  = \$739  & \$signal$290 ;
-  assign \$741  = \$signal$286  + 1'h1;
+  assign \$740  = \$739  & g_wv;
+  assign \$741  = g_i + 1'h1;
   assign \$742  = g_in + ins[61:48];
   assign \$743  = ~ rd_busy;
   assign \$744  = ~ wr_busy;
   assign \$745  = \$743  & \$744 ;
-  assign \$746  = ~ \$signal$108 ;
-  assign \$747  = \$signal$103  & \$746 ;
+  assign \$746  = ~ running;
+  assign \$747  = soft_req & \$746 ;
   always @(posedge clk)
-    \$signal$119  <= \$748 ;
+    host_base <= \$748 ;
   always @(posedge clk)
     host_size <= \$749 ;
   always @(posedge clk)
     rsel <= \$750 ;
   always @(posedge clk)
-    \$signal$134  <= \$751 ;
+    lane_acc <= \$751 ;
   always @(posedge clk)
-    \$signal$295  <= \$752 ;
+    lane_x <= \$752 ;
   always @(posedge clk)
-    \$signal$247  <= \$753 ;
+    lane_y <= \$753 ;
   always @(posedge clk)
-    \$signal$148  <= \$754 ;
+    shape_q <= \$754 ;
   always @(posedge clk)
-    \$signal$153  <= \$755 ;
+    overlap_q <= \$755 ;
   always @(posedge clk)
-    \$signal$152  <= \$756 ;
+    spad_ok <= \$756 ;
   always @(posedge clk)
-    \$signal$154  <= \$757 ;
+    host_ok <= \$757 ;
   always @(posedge clk)
     decode_q <= \$758 ;
   always @(posedge clk)
-    \$signal$163  <= \$759 ;
+    h_valid <= \$759 ;
   always @(posedge clk)
-    \$signal$178  <= \$760 ;
+    h_last <= \$760 ;
   always @(posedge clk)
-    \$signal$162  <= \$761 ;
+    g_valid <= \$761 ;
   always @(posedge clk)
-    \$signal$296  <= \$762 ;
+    g_last <= \$762 ;
   always @(posedge clk)
     rem0 <= \$763 ;
   always @(posedge clk)
-    \$signal$158  <= \$764 ;
+    pa <= \$764 ;
   always @(posedge clk)
-    \$signal$160  <= \$765 ;
+    pb <= \$765 ;
   always @(posedge clk)
     rem1 <= \$766 ;
   always @(posedge clk)
-    \$signal$303  <= \$767 ;
+    ra1 <= \$767 ;
   always @(posedge clk)
-    \$signal$305  <= \$768 ;
+    rb1 <= \$768 ;
   always @(posedge clk)
     rem2 <= \$769 ;
   always @(posedge clk)
-    \$signal$309  <= \$770 ;
+    ra2 <= \$770 ;
   always @(posedge clk)
-    \$signal$311  <= \$771 ;
+    rb2 <= \$771 ;
   always @(posedge clk)
-    \$signal$297  <= \$772 ;
+    issuing <= \$772 ;
   always @(posedge clk)
     vec_op <= \$773 ;
   always @(posedge clk)
@@ -2557,45 +2557,45 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     run_gather <= \$778 ;
   always @(posedge clk)
-    \$signal$192  <= \$779 ;
+    rq_wvalid <= \$779 ;
   always @(posedge clk)
-    \$signal$313  <= \$780 ;
+    rq_fill <= \$780 ;
   always @(posedge clk)
     rq_in__payload <= \$781 ;
   always @(posedge clk)
     rq_lane <= \$782 ;
   always @(posedge clk)
-    \$signal$314  <= \$783 ;
+    gm_cap <= \$783 ;
   always @(posedge clk)
     gm_cap_lane <= \$784 ;
   always @(posedge clk)
     gm_lane <= \$785 ;
   always @(posedge clk)
-    \$signal$229  <= \$786 ;
+    gm_addr <= \$786 ;
   always @(posedge clk)
     a_in__valid <= \$787 ;
   always @(posedge clk)
-    \$signal$317  <= \$788 ;
+    gm_k <= \$788 ;
   always @(posedge clk)
     gm_wstart <= \$789 ;
   always @(posedge clk)
-    \$signal$228  <= \$790 ;
+    gm_left <= \$790 ;
   always @(posedge clk)
     gm_afeed_done <= \$791 ;
   always @(posedge clk)
     gc_lane <= \$792 ;
   always @(posedge clk)
-    \$signal$231  <= \$793 ;
+    gc_addr <= \$793 ;
   always @(posedge clk)
     gc_last <= \$794 ;
   always @(posedge clk)
-    \$signal$320  <= \$795 ;
+    gc_n <= \$795 ;
   always @(posedge clk)
     gc_wstart <= \$796 ;
   always @(posedge clk)
-    \$signal$319  <= \$797 ;
+    gc_left <= \$797 ;
   always @(posedge clk)
-    \$signal$118  <= \$798 ;
+    cycles <= \$798 ;
   always @(posedge clk)
     busy_dma <= \$799 ;
   always @(posedge clk)
@@ -2609,25 +2609,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     busy_move <= \$804 ;
   always @(posedge clk)
-    \$signal$173  <= \$805 ;
+    rd0_q <= \$805 ;
   always @(posedge clk)
     rd1_q <= \$806 ;
   always @(posedge clk)
-    \$signal$108  <= \$807 ;
+    running <= \$807 ;
   always @(posedge clk)
-    \$signal$109  <= \$808 ;
+    done <= \$808 ;
   always @(posedge clk)
     err <= \$809 ;
   always @(posedge clk)
     pc <= \$810 ;
   always @(posedge clk)
-    \$signal$121  <= \$811 ;
+    retired <= \$811 ;
   always @(posedge clk)
-    \$signal$146  <= \$812 ;
+    route_done <= \$812 ;
   always @(posedge clk)
     exp_active <= \$813 ;
   always @(posedge clk)
-    \$signal$149  <= \$814 ;
+    scores_ok <= \$814 ;
   always @(posedge clk)
     ctrl_state <= \$815 ;
   always @(posedge clk)
@@ -2655,9 +2655,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     host_eff <= \$827 ;
   always @(posedge clk)
-    \$signal$185  <= \$828 ;
+    rq_width <= \$828 ;
   always @(posedge clk)
-    \$signal$167  <= \$829 ;
+    \rq_mult$167  <= \$829 ;
   always @(posedge clk)
     rq_shift <= \$830 ;
   always @(posedge clk)
@@ -2681,109 +2681,109 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     rq_at_last <= \$840 ;
   always @(posedge clk)
-    \$signal$255  <= \$841 ;
+    ld_full <= \$841 ;
   always @(posedge clk)
     ld_e <= \$842 ;
   always @(posedge clk)
-    \$signal$257  <= \$843 ;
+    st_full <= \$843 ;
   always @(posedge clk)
-    \$signal$258  <= \$844 ;
+    st_e <= \$844 ;
   always @(posedge clk)
-    \$signal$259  <= \$845 ;
+    st_rd <= \$845 ;
   always @(posedge clk)
     wr_data__payload <= \$846 ;
   always @(posedge clk)
-    \$signal$261  <= \$847 ;
+    rt_j <= \$847 ;
   always @(posedge clk)
-    \$signal$283  <= \$848 ;
+    rt_cb <= \$848 ;
   always @(posedge clk)
-    \$signal$280  <= \$849 ;
+    rt_lp <= \$849 ;
   always @(posedge clk)
-    \$signal$286  <= \$850 ;
+    g_i <= \$850 ;
   always @(posedge clk)
     g_in <= \$851 ;
   always @(posedge clk)
-    \$signal$150  <= \$852 ;
+    scores_a <= \$852 ;
   always @(posedge clk)
     scores_len <= \$853 ;
   always @(posedge clk)
-    \$signal$330  <= \$854 ;
+    st_rd_e <= \$854 ;
   always @(posedge clk)
-    \$signal$333  <= \$855 ;
+    rt_feed_left <= \$855 ;
   always @(posedge clk)
-    \$signal$270  <= \$856 ;
+    rt_el <= \$856 ;
   always @(posedge clk)
     rt_lane <= \$857 ;
   always @(posedge clk)
-    \$signal$266  <= \$858 ;
+    rt_wvalid <= \$858 ;
   always @(posedge clk)
-    \$signal$269  <= \$859 ;
+    rt_tbase <= \$859 ;
   always @(posedge clk)
-    \$signal$276  <= \$860 ;
+    rt_tslot <= \$860 ;
   always @(posedge clk)
-    \$signal$267  <= \$861 ;
+    rt_feed_done <= \$861 ;
   always @(posedge clk)
-    \$signal$334  <= \$862 ;
+    rt_cap <= \$862 ;
   always @(posedge clk)
-    \$signal$335  <= \$863 ;
+    rt_route_left <= \$863 ;
   always @(posedge clk)
     rt_s <= \$864 ;
   always @(posedge clk)
-    \$signal$274  <= \$865 ;
+    rt_hold <= \$865 ;
   always @(posedge clk)
     rt_wphase <= \$866 ;
   always @(posedge clk)
-    \$signal$337  <= \$867 ;
+    rt_cap_ok <= \$867 ;
   always @(posedge clk)
-    \$signal$278  <= \$868 ;
+    rt_held <= \$868 ;
   always @(posedge clk)
-    \$signal$279  <= \$869 ;
+    rt_p <= \$869 ;
   always @(posedge clk)
-    \$signal$282  <= \$870 ;
+    rt_pt <= \$870 ;
   always @(posedge clk)
-    \$signal$341  <= \$871 ;
+    rt_ps <= \$871 ;
   always @(posedge clk)
-    \$signal$281  <= \$872 ;
+    rt_pos <= \$872 ;
   always @(posedge clk)
-    \$signal$284  <= \$873 ;
+    rt_off <= \$873 ;
   always @(posedge clk)
     scan <= \$874 ;
   always @(posedge clk)
-    \$signal$136  <= \$875 ;
+    expert <= \$875 ;
   always @(posedge clk)
-    \$signal$130  <= \$876 ;
+    count <= \$876 ;
   always @(posedge clk)
     offset <= \$877 ;
   always @(posedge clk)
-    \$signal$287  <= \$878 ;
+    g_j <= \$878 ;
   always @(posedge clk)
-    \$signal$342  <= \$879 ;
+    g_rv <= \$879 ;
   always @(posedge clk)
-    \$signal$290  <= \$880 ;
+    g_wv <= \$880 ;
   always @(posedge clk)
-    \$signal$343  <= \$881 ;
+    g_ra <= \$881 ;
   always @(posedge clk)
-    \$signal$291  <= \$882 ;
+    g_wa <= \$882 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
-  assign \$signal  = \$2  & wr_data[0];
+  assign start_req = \$2  & wr_data[0];
   assign \$3  = ! wr_addr;
   assign \$4  = wr_en & \$3 ;
-  assign \$signal$103  = \$4  & wr_data[1];
+  assign soft_req = \$4  & wr_data[1];
   assign \$5  = ! wr_addr;
   assign \$6  = wr_en & \$5 ;
   assign load_clear = \$6  & wr_data[2];
-  assign \$7  = ~ \$signal$108 ;
+  assign \$7  = ~ running;
   assign \$8  = | err;
-  assign \$9  = \$signal$109  | \$8 ;
+  assign \$9  = done | \$8 ;
   assign irq = \$7  & \$9 ;
   assign \$10  = wr_addr[19:11] == 9'h100;
   assign \$11  = wr_addr[10:5] < 7'h40;
   assign \$12  = \$10  & \$11 ;
   assign \$13  = wr_en & \$12 ;
-  assign \$14  = ~ \$signal$108 ;
+  assign \$14  = ~ running;
   assign \$15  = \$13  & \$14 ;
-  assign \$17  = { 1'h0, \$signal$108  } | \$16 ;
+  assign \$17  = { 1'h0, running } | \$16 ;
   assign \$18  = | err;
   assign \$20  = { 2'h0, \$17  } | \$19 ;
   assign \$22  = { 19'h00000, \$20  } | \$21 ;
@@ -2794,13 +2794,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$28  = ! rsel[1:0];
   assign \$29  = ! rsel[19:7];
   assign \$30  = \$28  & \$29 ;
-  assign m_eff = \$32  ? \$signal$130  : ins[31:16];
+  assign m_eff = \$32  ? count : ins[31:16];
   assign \$33  = m_eff + 3'h4;
   assign \$34  = \$33  - 1'h1;
   assign \$36  = m_eff + 3'h4;
   assign \$37  = \$36  - 1'h1;
-  assign \$39  = | \$signal$134 [32:14];
-  assign \$40  = \$39  ? 14'h3fff : \$signal$134 [13:0];
+  assign \$39  = | lane_acc[32:14];
+  assign \$40  = \$39  ? 14'h3fff : lane_acc[13:0];
   assign \$41  = ins[63:48] + 3'h4;
   assign \$42  = \$41  - 1'h1;
   assign \$45  = ins[243:238] == 3'h4;
@@ -2808,7 +2808,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$47  = \$46  ? 1'h1 : 1'h0;
   assign \$48  = \$45  ? 2'h2 : { 1'h0, \$47  };
   assign \$49  = ins[63:48] << \$48 ;
-  assign \$53  = \$52  ? \$signal$136  : 4'h0;
+  assign \$53  = \$52  ? expert : 4'h0;
   assign \$54  = m_eff >= 1'h1;
   assign \$55  = ins[63:48] == 4'h8;
   assign \$56  = \$54  & \$55 ;
@@ -2898,8 +2898,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wr_start(wr_start)
   );
   \nanokpu_kpu.gemm  gemm (
-    .a_in__ready(a_in__ready),
     .a_in__valid(a_in__valid),
+    .a_loading(a_in__ready),
     .b_in__payload(m_axi__rdata),
     .b_in__valid(b_in__valid),
     .b_take(b_in__ready),
@@ -2910,12 +2910,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$90 (done),
+    .\done$90 (\done$327 ),
     .error(\error$328 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
-    .rq_mult(\$signal$167 [15:0]),
+    .rq_mult(\rq_mult$167 [15:0]),
     .rq_shift(rq_shift),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -2969,7 +2969,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .o__valid(o__valid),
     .rst(rst),
     .unit_rst(unit_rst),
-    .x(\$signal$173 [15:0])
+    .x(rd0_q[15:0])
   );
   \nanokpu_kpu.situ  situ (
     .advance(\i__ready$205 ),
@@ -3030,13 +3030,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         5'h01:
             rd_data = \$24 [31:0];
         5'h02:
-            rd_data = \$signal$118 ;
+            rd_data = cycles;
         5'h03:
-            rd_data = \$signal$119 ;
+            rd_data = host_base;
         5'h04:
             rd_data = host_size;
         5'h05:
-            rd_data = \$signal$121 ;
+            rd_data = retired;
         5'h10:
             rd_data = 32'd8192;
         5'h11:
@@ -3058,92 +3058,92 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$132  = 16'h0000;
+    st_y = 16'h0000;
     casez (step)
       3'h0:
           casez (ins[5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
           endcase
       3'h1:
           casez (ins[5:0])
             6'h03, 6'h0c:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
             6'h0a, 6'h0b:
-                \$signal$132  = \$signal$130 ;
+                st_y = count;
             6'h08:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
           endcase
       3'h2:
           casez (ins[5:0])
             6'h03:
-                \$signal$132  = \$35 [15:0];
+                st_y = \$35 [15:0];
             6'h0c:
-                \$signal$132  = ins[47:32];
+                st_y = ins[47:32];
           endcase
       3'h3:
           casez (ins[5:0])
             6'h03:
-                \$signal$132  = \$38 [15:0];
+                st_y = \$38 [15:0];
             6'h0c:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                \$signal$132  = \$43 [15:0];
+                st_y = \$43 [15:0];
             6'h01:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
             6'h02:
-                \$signal$132  = m_eff;
+                st_y = m_eff;
           endcase
       3'h5:
-          \$signal$132  = { 12'h000, \$53  };
+          st_y = { 12'h000, \$53  };
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$133  = 33'h000000000;
+    st_x = 33'h000000000;
     casez (step)
       3'h0:
           casez (ins[5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$signal$133  = { 17'h00000, ins[63:48] };
+                st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
           casez (ins[5:0])
             6'h03, 6'h0c:
-                \$signal$133  = { 17'h00000, ins[47:32] };
+                st_x = { 17'h00000, ins[47:32] };
             6'h0a, 6'h0b:
-                \$signal$133  = { 17'h00000, ins[63:48] };
+                st_x = { 17'h00000, ins[63:48] };
             6'h08:
-                \$signal$133  = 33'h000000008;
+                st_x = 33'h000000008;
           endcase
       3'h2:
           casez (ins[5:0])
             6'h03:
-                \$signal$133  = { 17'h00000, ins[47:32] };
+                st_x = { 17'h00000, ins[47:32] };
             6'h0c:
-                \$signal$133  = { 17'h00000, ins[63:48] };
+                st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h3:
           casez (ins[5:0])
             6'h03:
-                \$signal$133  = { 17'h00000, ins[63:48] };
+                st_x = { 17'h00000, ins[63:48] };
             6'h0c:
-                \$signal$133  = { 19'h00000, \$40  };
+                st_x = { 19'h00000, \$40  };
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                \$signal$133  = { 14'h0000, \$44  };
+                st_x = { 14'h0000, \$44  };
             6'h01:
-                \$signal$133  = { 14'h0000, \$49  };
+                st_x = { 14'h0000, \$49  };
             6'h02:
-                \$signal$133  = { 14'h0000, \$50  };
+                st_x = { 14'h0000, \$50  };
           endcase
       3'h5:
-          \$signal$133  = { 1'h0, ins[199:168] };
+          st_x = { 1'h0, ins[199:168] };
     endcase
   end
   always @* begin
@@ -3195,86 +3195,86 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$140  = 14'h0000;
+    wc = 14'h0000;
     casez (ins[5:0])
       6'h01:
-          \$signal$140  = ln;
+          wc = ln;
       6'h02:
           /* empty */;
       6'h03:
-          \$signal$140  = ln;
+          wc = ln;
       6'h04:
-          \$signal$140  = ln;
+          wc = ln;
       6'h05, 6'h0d:
-          \$signal$140  = ln;
+          wc = ln;
       6'h06, 6'h07:
-          \$signal$140  = ln;
+          wc = ln;
       6'h08:
-          \$signal$140  = \$117 ;
+          wc = \$117 ;
       6'h09:
           /* empty */;
       6'h0a:
-          \$signal$140  = mk;
+          wc = mk;
       6'h0b:
-          \$signal$140  = ln;
+          wc = ln;
       6'h0c:
-          \$signal$140  = ln;
+          wc = ln;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$142  = 14'h0000;
+    wa = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
-          \$signal$142  = ln;
+          wa = ln;
       6'h03:
-          \$signal$142  = mk;
+          wa = mk;
       6'h04:
-          \$signal$142  = ln;
+          wa = ln;
       6'h05, 6'h0d:
-          \$signal$142  = ln;
+          wa = ln;
       6'h06, 6'h07:
-          \$signal$142  = ln;
+          wa = ln;
       6'h08:
-          \$signal$142  = ln;
+          wa = ln;
       6'h09:
-          \$signal$142  = \$121 ;
+          wa = \$121 ;
       6'h0a:
-          \$signal$142  = ln;
+          wa = ln;
       6'h0b:
-          \$signal$142  = mk;
+          wa = mk;
       6'h0c:
-          \$signal$142  = p3;
+          wa = p3;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$144  = 14'h0000;
+    wb = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
           /* empty */;
       6'h03:
-          \$signal$144  = { 9'h000, \$108  };
+          wb = { 9'h000, \$108  };
       6'h04:
-          \$signal$144  = { 9'h000, \$111  };
+          wb = { 9'h000, \$111  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
-          \$signal$144  = ln;
+          wb = ln;
       6'h08:
-          \$signal$144  = \$113 ;
+          wb = \$113 ;
       6'h09:
           /* empty */;
       6'h0a:
-          \$signal$144  = \$125 ;
+          wb = \$125 ;
       6'h0b:
-          \$signal$144  = \$129 ;
+          wb = \$129 ;
       6'h0c:
-          \$signal$144  = mk;
+          wb = mk;
     endcase
   end
   always @* begin
@@ -3292,7 +3292,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       decode_err = 8'h04;
     end else if (\$171 ) begin
       decode_err = 8'h02;
-    end else if (\$signal$153 ) begin
+    end else if (overlap_q) begin
       decode_err = 8'h09;
     end else if (\$178 ) begin
       decode_err = 8'h05;
@@ -3302,11 +3302,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd0__addr = 13'h0000;
     if (eng_run) begin
-      rd0__addr = \$signal$158 ;
+      rd0__addr = pa;
     end
     if (gemm_run) begin
       if (\$241 ) begin
-        rd0__addr = \$signal$229 ;
+        rd0__addr = gm_addr;
       end
     end
     casez (ctrl_state)
@@ -3386,7 +3386,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd1__addr = 13'h0000;
     if (eng_run) begin
-      rd1__addr = \$signal$160 ;
+      rd1__addr = pb;
     end
     casez (ctrl_state)
       5'h00:
@@ -3581,7 +3581,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     rq_in__valid = 1'h0;
     if (eng_run) begin
       if (run_requant) begin
-        rq_in__valid = \$signal$192 ;
+        rq_in__valid = rq_wvalid;
       end
     end
   end
@@ -3603,17 +3603,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$194  = 1'h0;
+    out_valid = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
-        \$signal$194  = c_out__valid;
+        out_valid = c_out__valid;
       end else if (run_sigmoid) begin
-        \$signal$194  = o__valid;
+        out_valid = o__valid;
       end else if (run_situ) begin
-        \$signal$194  = \o__valid$206 ;
+        out_valid = \o__valid$206 ;
       end else begin
-        \$signal$194  = \o__valid$210 ;
+        out_valid = \o__valid$210 ;
       end
     end
   end
@@ -3657,7 +3657,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       if (run_requant) begin
       end else if (run_sigmoid) begin
-        i__valid = \$signal$163 ;
+        i__valid = h_valid;
       end
     end
   end
@@ -3668,7 +3668,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
-        \i__valid$204  = \$signal$163 ;
+        \i__valid$204  = h_valid;
       end
     end
   end
@@ -3681,7 +3681,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
       end else begin
-        \i__valid$208  = \$signal$163 ;
+        \i__valid$208  = h_valid;
       end
     end
   end
@@ -3728,7 +3728,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$231 ;
+        wr__addr = gc_addr;
       end
     end
     casez (ctrl_state)
@@ -3745,7 +3745,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$194 ) begin
+          if (out_valid) begin
             wr__addr = \$256 [12:0];
           end
       5'h07:
@@ -3755,7 +3755,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             if (\$258 ) begin
               wr__addr = \$259 [12:0];
             end
@@ -3804,8 +3804,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
-            wr__addr = \$signal$291 ;
+          if (g_wv) begin
+            wr__addr = g_wa;
           end
     endcase
   end
@@ -3831,7 +3831,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$194 ) begin
+          if (out_valid) begin
             wr__data = out_data;
           end
       5'h07:
@@ -3841,7 +3841,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             if (\$258 ) begin
               wr__data = \$266 ;
             end
@@ -3853,10 +3853,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h10:
         begin
           if (\$288 ) begin
-            wr__data = { 29'h00000000, \$signal$278 [2:0] };
+            wr__data = { 29'h00000000, rt_held[2:0] };
           end
           if (\$290 ) begin
-            wr__data = { 16'h0000, \$signal$278 [18:3] };
+            wr__data = { 16'h0000, rt_held[18:3] };
           end
         end
       5'h11:
@@ -3865,10 +3865,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h13:
           if (\$295 ) begin
-            wr__data = { 18'h00000, \$signal$279  };
+            wr__data = { 18'h00000, rt_p };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$282  };
+          wr__data = { 18'h00000, rt_pt };
       5'h15:
           (* full_case = 32'd1 *)
           if (\$300 ) begin
@@ -3876,7 +3876,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             wr__data = { \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$284  };
+          wr__data = { 18'h00000, rt_off };
       5'h0b:
           /* empty */;
       5'h17:
@@ -3890,8 +3890,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
-            wr__data = \$signal$173 ;
+          if (g_wv) begin
+            wr__data = rd0_q;
           end
     endcase
   end
@@ -3917,7 +3917,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$194 ) begin
+          if (out_valid) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -3927,7 +3927,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             if (\$258 ) begin
               wr__en = 1'h1;
             end
@@ -3976,7 +3976,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
+          if (g_wv) begin
             wr__en = 1'h1;
           end
     endcase
@@ -4192,7 +4192,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$257 ;
+          wr_data__valid = st_full;
     endcase
   end
   always @* begin
@@ -4362,7 +4362,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$266 ;
+          scores__valid = rt_wvalid;
     endcase
   end
   always @* begin
@@ -4528,7 +4528,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$signal$119 ;
+    \$748  = host_base;
     if (\$351 ) begin
       \$748  = wr_data;
     end
@@ -4558,9 +4558,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$signal$134 ;
+    \$751  = lane_acc;
     if (\$354 ) begin
-      if (\$signal$247 [0]) begin
+      if (lane_y[0]) begin
         \$751  = \$358 ;
       end
     end
@@ -4631,7 +4631,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = \$signal$295 ;
+    \$752  = lane_x;
     if (\$354 ) begin
       \$752  = \$360 [32:0];
     end
@@ -4645,7 +4645,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           if (\$565 ) begin
           end else if (\$566 ) begin
-            \$752  = \$signal$133 ;
+            \$752  = st_x;
           end
       5'h05:
           /* empty */;
@@ -4702,7 +4702,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$247 ;
+    \$753  = lane_y;
     if (\$354 ) begin
       \$753  = \$361 ;
     end
@@ -4716,7 +4716,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           if (\$565 ) begin
           end else if (\$566 ) begin
-            \$753  = \$signal$132 ;
+            \$753  = st_y;
           end
       5'h05:
           /* empty */;
@@ -4764,7 +4764,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$728 ) begin
           end else begin
-            \$753  = \$signal$173 [15:0];
+            \$753  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
@@ -4808,10 +4808,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$163 ;
+    \$759  = h_valid;
     if (eng_run) begin
       if (\$433 ) begin
-        \$759  = \$signal$162 ;
+        \$759  = g_valid;
       end
     end
     casez (ctrl_state)
@@ -4849,10 +4849,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = \$signal$178 ;
+    \$760  = h_last;
     if (eng_run) begin
       if (\$433 ) begin
-        \$760  = \$signal$296 ;
+        \$760  = g_last;
       end
     end
     if (rst) begin
@@ -4861,7 +4861,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$162 ;
+    \$761  = g_valid;
     if (eng_run) begin
       if (\$437 ) begin
         \$761  = \$439 ;
@@ -4902,7 +4902,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$296 ;
+    \$762  = g_last;
     if (eng_run) begin
       if (\$437 ) begin
         \$762  = \$440 ;
@@ -4964,7 +4964,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = \$signal$158 ;
+    \$764  = pa;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5014,7 +5014,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$signal$160 ;
+    \$765  = pb;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5113,7 +5113,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$signal$303 ;
+    \$767  = ra1;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5162,7 +5162,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$305 ;
+    \$768  = rb1;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5259,7 +5259,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$signal$309 ;
+    \$770  = ra2;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5307,7 +5307,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = \$signal$311 ;
+    \$771  = rb2;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5355,7 +5355,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$signal$297 ;
+    \$772  = issuing;
     if (eng_run) begin
       if (\$437 ) begin
         if (\$442 ) begin
@@ -5447,7 +5447,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$192 ;
+    \$779  = rq_wvalid;
     if (eng_run) begin
       if (run_requant) begin
         if (\$471 ) begin
@@ -5489,7 +5489,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = \$signal$313 ;
+    \$780  = rq_fill;
     if (eng_run) begin
       if (run_requant) begin
         if (\$471 ) begin
@@ -5535,19 +5535,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         if (\$472 ) begin
           casez (\$474 )
             3'h0:
-                \$781 [23:0] = \$signal$173 [23:0];
+                \$781 [23:0] = rd0_q[23:0];
             3'h1:
-                \$781 [47:24] = \$signal$173 [23:0];
+                \$781 [47:24] = rd0_q[23:0];
             3'h2:
-                \$781 [71:48] = \$signal$173 [23:0];
+                \$781 [71:48] = rd0_q[23:0];
             3'h3:
-                \$781 [95:72] = \$signal$173 [23:0];
+                \$781 [95:72] = rd0_q[23:0];
           endcase
         end
       end
     end
     if (gemm_run) begin
-      if (\$signal$314 ) begin
+      if (gm_cap) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
@@ -5613,7 +5613,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$signal$334 ) begin
+          if (rt_cap) begin
             \$781 [12:0] = \$681 ;
           end
     endcase
@@ -5660,7 +5660,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = \$signal$314 ;
+    \$783  = gm_cap;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
       if (\$497 ) begin
@@ -5733,7 +5733,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$signal$229 ;
+    \$786  = gm_addr;
     if (gemm_run) begin
       if (\$497 ) begin
         \$786  = \$499 [12:0];
@@ -5830,7 +5830,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = \$signal$317 ;
+    \$788  = gm_k;
     if (gemm_run) begin
       if (\$509 ) begin
         (* full_case = 32'd1 *)
@@ -5926,7 +5926,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = \$signal$228 ;
+    \$790  = gm_left;
     if (gemm_run) begin
       if (\$509 ) begin
         (* full_case = 32'd1 *)
@@ -6068,7 +6068,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$231 ;
+    \$793  = gc_addr;
     if (gemm_run) begin
       if (c_out__valid) begin
         \$793  = \$524 [12:0];
@@ -6170,7 +6170,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = \$signal$320 ;
+    \$795  = gc_n;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
@@ -6270,7 +6270,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$319 ;
+    \$797  = gc_left;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
@@ -6319,13 +6319,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$118 ;
-    if (\$signal$108 ) begin
+    \$798  = cycles;
+    if (running) begin
       \$798  = \$551 [31:0];
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$798  = 32'd0;
           end
     endcase
@@ -6336,14 +6336,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$799  = busy_dma;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[0]) begin
         \$799  = \$552 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$799  = 32'd0;
           end
     endcase
@@ -6354,14 +6354,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$800  = busy_gemm;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[1]) begin
         \$800  = \$553 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$800  = 32'd0;
           end
     endcase
@@ -6372,14 +6372,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$801  = busy_act;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[2]) begin
         \$801  = \$554 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$801  = 32'd0;
           end
     endcase
@@ -6390,14 +6390,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$802  = busy_route;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[3]) begin
         \$802  = \$555 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$802  = 32'd0;
           end
     endcase
@@ -6408,14 +6408,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$803  = busy_vector;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[4]) begin
         \$803  = \$556 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$803  = 32'd0;
           end
     endcase
@@ -6426,14 +6426,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$804  = busy_move;
-    if (\$signal$108 ) begin
+    if (running) begin
       if (cur_unit[5]) begin
         \$804  = \$557 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$804  = 32'd0;
           end
     endcase
@@ -6443,7 +6443,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$173 ;
+    \$805  = rd0_q;
     if (\$561 ) begin
       \$805  = rd0__data;
     end
@@ -6463,10 +6463,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = \$signal$108 ;
+    \$807  = running;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$807  = 1'h1;
           end
       5'h01:
@@ -6536,10 +6536,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$109 ;
+    \$808  = done;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$808  = 1'h0;
           end
       5'h01:
@@ -6615,7 +6615,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     \$809  = err;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$809  = 8'h00;
           end
       5'h01:
@@ -6687,7 +6687,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     \$810  = pc;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$810  = 13'h0000;
           end
       5'h01:
@@ -6774,10 +6774,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$121 ;
+    \$811  = retired;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$811  = 32'd0;
           end
       5'h01:
@@ -6864,10 +6864,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$146 ;
+    \$812  = route_done;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$812  = 1'h0;
           end
       5'h01:
@@ -6922,7 +6922,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     \$813  = exp_active;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$813  = 1'h0;
           end
       5'h01:
@@ -6984,10 +6984,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$149 ;
+    \$814  = scores_ok;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$814  = 1'h0;
           end
       5'h01:
@@ -7016,7 +7016,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     \$815  = ctrl_state;
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
+          if (start_req) begin
             \$815  = 5'h01;
           end
       5'h01:
@@ -7027,7 +7027,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h03;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7036,7 +7036,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$564 ) begin
             \$815  = 5'h04;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7086,14 +7086,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   \$815  = 5'h0c;
             endcase
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
       5'h05:
         begin
           \$815  = 5'h0d;
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7105,7 +7105,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h06;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7114,7 +7114,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$614 ) begin
             \$815  = 5'h01;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7123,7 +7123,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (cmd__ready) begin
             \$815  = 5'h0e;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7131,7 +7131,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         begin
           if (error) begin
             \$815  = 5'h02;
-          end else if (done) begin
+          end else if (\done$327 ) begin
             (* full_case = 32'd1 *)
             if (\error$328 ) begin
               \$815  = 5'h02;
@@ -7139,7 +7139,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               \$815  = 5'h0f;
             end
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7148,7 +7148,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$617 ) begin
             \$815  = 5'h01;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7159,7 +7159,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$636 ) begin
             \$815  = 5'h01;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7170,7 +7170,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$666 ) begin
             \$815  = 5'h01;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7179,7 +7179,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$670 ) begin
             \$815  = 5'h10;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7188,7 +7188,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$699 ) begin
             \$815  = 5'h11;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7197,14 +7197,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$700 ) begin
             \$815  = 5'h12;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
       5'h12:
         begin
           \$815  = 5'h13;
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7216,14 +7216,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h15;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
       5'h14:
         begin
           \$815  = 5'h15;
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7235,7 +7235,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h16;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7247,7 +7247,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h01;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7259,14 +7259,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h17;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
       5'h17:
         begin
           \$815  = 5'h18;
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7278,7 +7278,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h0b;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7289,14 +7289,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$723 ) begin
             \$815  = 5'h19;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
       5'h19:
         begin
           \$815  = 5'h1a;
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7308,7 +7308,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$815  = 5'h1b;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7317,7 +7317,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$740 ) begin
             \$815  = 5'h0c;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$815  = 5'h02;
           end
         end
@@ -7341,12 +7341,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$562 ) begin
             \$816  = 8'h06;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
       5'h03:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h04:
@@ -7358,41 +7358,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$569 ) begin
             \$816  = decode_q;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
       5'h05:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h0d:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h06:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h07:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
             \$816  = 8'h07;
-          end else if (done) begin
+          end else if (\done$327 ) begin
             if (\error$328 ) begin
               \$816  = 8'h03;
             end
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
       5'h0f:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h08:
@@ -7400,7 +7400,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (error) begin
             \$816  = 8'h07;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
@@ -7409,60 +7409,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (error) begin
             \$816  = 8'h07;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
       5'h0a:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h10:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h11:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h12:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h13:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h14:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h15:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h16:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h0b:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h17:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h18:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h0c:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h19:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
       5'h1a:
@@ -7470,12 +7470,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$728 ) begin
             \$816  = 8'h02;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
         end
       5'h1b:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$816  = 8'h00;
           end
     endcase
@@ -7494,12 +7494,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$562 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h03:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h04:
@@ -7553,16 +7553,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   \$817  = 6'h00;
             endcase
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h05:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h0d:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h06:
@@ -7570,24 +7570,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$614 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h07:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
             \$817  = 6'h00;
-          end else if (done) begin
+          end else if (\done$327 ) begin
             if (\error$328 ) begin
               \$817  = 6'h00;
             end
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
@@ -7596,7 +7596,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$617 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
@@ -7607,7 +7607,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$636 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
@@ -7618,36 +7618,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$666 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h0a:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h10:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h11:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h12:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h13:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h14:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h15:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h16:
@@ -7657,7 +7657,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
@@ -7666,12 +7666,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$714 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h17:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h18:
@@ -7679,7 +7679,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$717 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
@@ -7688,12 +7688,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$722 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h19:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
       5'h1a:
@@ -7701,12 +7701,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$728 ) begin
             \$817  = 6'h00;
           end
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
         end
       5'h1b:
-          if (\$signal$103 ) begin
+          if (soft_req) begin
             \$817  = 6'h00;
           end
     endcase
@@ -7954,7 +7954,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$827  = \$signal$134 ;
+                  \$827  = lane_acc;
             endcase
           end
     endcase
@@ -7964,7 +7964,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$185 ;
+    \$828  = rq_width;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8002,7 +8002,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$167 ;
+    \$829  = \rq_mult$167 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8414,7 +8414,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$194 ) begin
+          if (out_valid) begin
             \$839  = \$609 [13:0];
           end
       5'h07:
@@ -8424,7 +8424,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             if (\$622 ) begin
               \$839  = \$623 [13:0];
             end
@@ -8468,7 +8468,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$194 ) begin
+          if (out_valid) begin
             \$840  = \$611 ;
           end
     endcase
@@ -8478,7 +8478,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$255 ;
+    \$841  = ld_full;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8528,7 +8528,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$621 ) begin
             \$841  = 1'h1;
           end
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             if (\$630 ) begin
               \$841  = 1'h0;
             end
@@ -8591,7 +8591,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$621 ) begin
             \$842  = 3'h0;
           end
-          if (\$signal$255 ) begin
+          if (ld_full) begin
             \$842  = \$624 [2:0];
           end
         end
@@ -8602,7 +8602,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$257 ;
+    \$843  = st_full;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8667,7 +8667,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$258 ;
+    \$844  = st_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8732,7 +8732,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$259 ;
+    \$845  = st_rd;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8786,7 +8786,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$645 ) begin
             \$845  = 1'h1;
           end
-          if (\$signal$259 ) begin
+          if (st_rd) begin
             \$845  = 1'h0;
           end
         end
@@ -8850,12 +8850,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end
       5'h09:
         begin
-          if (\$signal$259 ) begin
-            casez (\$signal$330 )
+          if (st_rd) begin
+            casez (st_rd_e)
               2'h0:
                   \$846 [31:0] = rd0__data;
             endcase
-            casez (\$signal$330 )
+            casez (st_rd_e)
               2'h0:
                   \$846 [35:32] = 4'hf;
             endcase
@@ -8871,7 +8871,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$261 ;
+    \$847  = rt_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8949,7 +8949,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$283 ;
+    \$848  = rt_cb;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8993,7 +8993,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$280 ;
+    \$849  = rt_lp;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9037,7 +9037,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = \$signal$286 ;
+    \$850  = g_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9229,7 +9229,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = \$signal$150 ;
+    \$852  = scores_a;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9283,7 +9283,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = \$signal$330 ;
+    \$854  = st_rd_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9309,7 +9309,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
           if (\$645 ) begin
-            \$854  = \$signal$258 [1:0];
+            \$854  = st_e[1:0];
           end
     endcase
     if (rst) begin
@@ -9318,7 +9318,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = \$signal$333 ;
+    \$855  = rt_feed_left;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9361,7 +9361,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$270 ;
+    \$856  = rt_el;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9455,7 +9455,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$266 ;
+    \$858  = rt_wvalid;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9487,7 +9487,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end
       5'h10:
         begin
-          if (\$signal$334 ) begin
+          if (rt_cap) begin
             if (\$682 ) begin
               \$858  = 1'h1;
             end
@@ -9503,7 +9503,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = \$signal$269 ;
+    \$859  = rt_tbase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9546,7 +9546,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$276 ;
+    \$860  = rt_tslot;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9589,7 +9589,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = \$signal$267 ;
+    \$861  = rt_feed_done;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9634,7 +9634,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = \$signal$334 ;
+    \$862  = rt_cap;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9678,7 +9678,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = \$signal$335 ;
+    \$863  = rt_route_left;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9767,7 +9767,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = \$signal$274 ;
+    \$865  = rt_hold;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9859,7 +9859,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = \$signal$337 ;
+    \$867  = rt_cap_ok;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9898,7 +9898,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = \$signal$278 ;
+    \$868  = rt_held;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9937,7 +9937,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = \$signal$279 ;
+    \$869  = rt_p;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9990,7 +9990,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = \$signal$282 ;
+    \$870  = rt_pt;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10045,7 +10045,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = \$signal$341 ;
+    \$871  = rt_ps;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10103,7 +10103,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$281 ;
+    \$872  = rt_pos;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10150,7 +10150,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = \$signal$284 ;
+    \$873  = rt_off;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10193,7 +10193,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$873  = \$signal$281 ;
+          \$873  = rt_pos;
     endcase
     if (rst) begin
       \$873  = 14'h0000;
@@ -10262,7 +10262,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = \$signal$136 ;
+    \$875  = expert;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10319,7 +10319,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = \$signal$130 ;
+    \$876  = count;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10367,7 +10367,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h18:
           if (\$717 ) begin
-            \$876  = \$signal$173 [15:0];
+            \$876  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
@@ -10433,7 +10433,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = \$signal$287 ;
+    \$878  = g_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10503,7 +10503,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = \$signal$342 ;
+    \$879  = g_rv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10576,7 +10576,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = \$signal$290 ;
+    \$880  = g_wv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10635,7 +10635,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             \$880  = 1'h0;
           end
       5'h1b:
-          \$880  = \$signal$342 ;
+          \$880  = g_rv;
     endcase
     if (rst) begin
       \$880  = 1'h0;
@@ -10643,7 +10643,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$881  = \$signal$343 ;
+    \$881  = g_ra;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10709,7 +10709,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = \$signal$291 ;
+    \$882  = g_wa;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10764,7 +10764,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          \$882  = \$signal$343 ;
+          \$882  = g_ra;
     endcase
     if (rst) begin
       \$882  = 13'h0000;
@@ -10822,18 +10822,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = s_axil__araddr[4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$24 [31:0];
-  assign rq_mult = \$signal$167 [15:0];
-  assign \$signal$169  = rq_shift;
+  assign rq_mult = \rq_mult$167 [15:0];
+  assign \rq_shift$169  = rq_shift;
   assign pack = rq_in__payload;
-  assign i__payload = \$signal$173 [15:0];
+  assign i__payload = rd0_q[15:0];
   assign n = ins[63:48];
   assign op = vec_op;
   assign o__ready = 1'h1;
   assign \o__ready$182  = 1'h1;
   assign \o__ready$183  = 1'h1;
-  assign \$signal$184  = { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
+  assign hi_sat = { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
-  assign \$signal$215  = a_in__valid;
+  assign gm_wvalid = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
@@ -10875,7 +10875,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \pack[1]  = rq_in__payload[47:24];
   assign \pack[2]  = rq_in__payload[71:48];
   assign \pack[3]  = rq_in__payload[95:72];
-  assign \i__payload[0]  = \$signal$173 [15:0];
+  assign \i__payload[0]  = rd0_q[15:0];
   assign \i__payload$174[0]  = \i__payload$174 ;
   assign \i__payload$174[0].g  = \i__payload$174 [15:0];
   assign \i__payload$174[0].u  = \i__payload$174 [31:16];
@@ -10912,9 +10912,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.data  = wr_data__payload[31:0];
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
-  assign \$signal$278.index  = \$signal$278 [2:0];
-  assign \$signal$278.weight  = \$signal$278 [18:3];
-  assign \$signal$278.last  = \$signal$278 [19];
+  assign \rt_held.index  = rt_held[2:0];
+  assign \rt_held.weight  = rt_held[18:3];
+  assign \rt_held.last  = rt_held[19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -10929,12 +10929,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$176 [33] = \$signal$178 ;
+  assign \i__payload$176 [33] = h_last;
   assign \i__payload$176 [32:16] = \$192 ;
-  assign \i__payload$176 [15:0] = \$signal$173 [15:0];
+  assign \i__payload$176 [15:0] = rd0_q[15:0];
   assign \i__payload$174 [31:16] = rd1_q[15:0];
-  assign \i__payload$174 [15:0] = \$signal$173 [15:0];
-  assign \$16  = { \$signal$109 , 1'h0 };
+  assign \i__payload$174 [15:0] = rd0_q[15:0];
+  assign \$16  = { done, 1'h0 };
   assign \$19  = { 1'h0, \$18 , 2'h0 };
   assign \$21  = { 7'h00, err, 8'h00 };
   assign \$23  = { 15'h0000, pc, 16'h0000 };
@@ -10967,8 +10967,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$190  = \$188 ;
   assign \$240  = 1'h1;
   assign \$241  = \$239 ;
-  assign \$251  = { \$signal$136 , 1'h0 };
-  assign \$253  = { \$signal$136 , 1'h0 };
+  assign \$251  = { expert, 1'h0 };
+  assign \$253  = { expert, 1'h0 };
   assign \$283  = 1'h1;
   assign \$284  = \$282 ;
   assign \$293  = 1'h1;
@@ -10976,12 +10976,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$315  = 1'h1;
   assign \$316  = \$314 ;
   assign \$356  = \$355 [33];
-  assign \$359  = { \$signal$295 , 1'h0 };
-  assign \$361  = { 1'h0, \$signal$247 [15:1] };
+  assign \$359  = { lane_x, 1'h0 };
+  assign \$361  = { 1'h0, lane_y[15:1] };
   assign \$438  = 1'h1;
-  assign \$439  = \$signal$297 ;
+  assign \$439  = issuing;
   assign \$441  = 1'h1;
-  assign \$442  = \$signal$297 ;
+  assign \$442  = issuing;
   assign \$496  = 1'h1;
   assign \$497  = \$495 ;
   assign \$541  = \$540 ;
@@ -11415,7 +11415,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__valid, rq_mult, rq_shift, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload
+module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__valid, rq_mult, rq_shift, a_loading, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [12:0] \$1 ;
@@ -11687,11 +11687,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg [1:0] \$signal$19 ;
-  reg \$signal$23  = 1'h0;
-  reg \$signal$38  = 1'h0;
-  reg \$signal$39  = 1'h0;
   wire [7:0] \$signature__addr ;
   wire [6:0] \$signature__addr$104 ;
   wire [7:0] \$signature__addr$111 ;
@@ -11725,11 +11720,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [7:0] \a_in__payload[2] ;
   wire [7:0] \a_in__payload[3] ;
   (* init = 1'h0 *)
-  output a_in__ready;
   wire a_in__ready;
   input a_in__valid;
   wire a_in__valid;
   reg [13:0] a_lim = 14'h0000;
+  output a_loading;
+  reg a_loading = 1'h0;
   reg a_ok = 1'h0;
   reg [13:0] a_ptr = 14'h0000;
   reg [13:0] a_wptr = 14'h0000;
@@ -11749,6 +11745,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   input b_in__valid;
   wire b_in__valid;
   reg [11:0] b_k = 12'h000;
+  reg b_loading = 1'h0;
   reg b_ok = 1'h0;
   output b_take;
   wire b_take;
@@ -11848,6 +11845,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   reg [2:0] fsm_state = 3'h0;
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
+  reg [1:0] full_set;
   reg [3:0] gap = 4'h0;
   wire [95:0] i__payload;
   wire [23:0] \i__payload[0] ;
@@ -11918,11 +11916,13 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
+  reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [13:0] s_left = 14'h0000;
   reg [3:0] s_mask = 4'h0;
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
+  reg s_valid = 1'h0;
   wire shift;
   wire [5:0] \shift$115 ;
   reg [31:0] spad_a_rd_data = 32'd0;
@@ -12631,11 +12631,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   assign \port__data$10  = spad_c[\$166 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
-  assign \$2  = a_in__valid & \$signal ;
+  assign \$2  = a_in__valid & a_loading;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$19 ;
+  assign \$6  = full | full_set;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_take;
@@ -12645,7 +12645,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \$13  = b_cols_left - 3'h4;
   assign \$14  = b_cols_left <= 3'h4;
   assign \$15  = ~ cmd[76];
-  assign \$16  = ~ \$signal ;
+  assign \$16  = ~ a_loading;
   assign \$17  = \$16  | \$signature__en ;
   assign \$18  = a_ptr + 1'h1;
   assign \$19  = \$18  != a_wptr;
@@ -12765,8 +12765,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \$133  = a_lim > 9'h100;
   assign \$134  = \$132  & \$133 ;
   assign \$135  = \$134  ? 3'h4 : 3'h5;
-  assign \$136  = start | \$signal ;
-  assign \$137  = \$136  | \$signal$23 ;
+  assign \$136  = start | a_loading;
+  assign \$137  = \$136  | b_loading;
   assign \$138  = \$137  | issuing;
   assign \$139  = \$138  | drain_busy;
   assign \$140  = \$139  | col_busy0;
@@ -12776,10 +12776,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \$144  = ! pending;
   assign \$145  = \$143  & \$144 ;
   assign \$146  = ! out_left;
-  assign \$signature__en  = a_in__valid & \$signal ;
+  assign \$signature__en  = a_in__valid & a_loading;
   assign \$147  = full >> wbuf;
   assign \$148  = ~ \$147 ;
-  assign b_take = \$signal$23  & \$148 ;
+  assign b_take = b_loading & \$148 ;
   assign \$149  = wbuf ? 7'h40 : 7'h00;
   assign \$150  = \$149  + b_k;
   assign \$signature__en$35  = b_in__valid & b_take;
@@ -12825,8 +12825,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \$181  = \$177  | \$180 ;
   assign \$182  = cmd[23:12] > 7'h40;
   assign \$183  = cmd[77] & \$182 ;
-  assign \$184  = start | \$signal ;
-  assign \$185  = \$184  | \$signal$23 ;
+  assign \$184  = start | a_loading;
+  assign \$185  = \$184  | b_loading;
   assign \$186  = \$185  | issuing;
   assign \$187  = \$186  | drain_busy;
   assign \$188  = \$187  | col_busy0;
@@ -12853,11 +12853,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   always @(posedge clk)
     a_wptr <= \$204 ;
   always @(posedge clk)
-    \$signal  <= \$205 ;
+    a_loading <= \$205 ;
   always @(posedge clk)
     full <= \$206 ;
   always @(posedge clk)
-    \$signal$23  <= \$207 ;
+    b_loading <= \$207 ;
   always @(posedge clk)
     wbuf <= \$208 ;
   always @(posedge clk)
@@ -12871,9 +12871,9 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   always @(posedge clk)
     gap <= \$213 ;
   always @(posedge clk)
-    \$signal$38  <= \$214 ;
+    s_valid <= \$214 ;
   always @(posedge clk)
-    \$signal$39  <= \$215 ;
+    s_first <= \$215 ;
   always @(posedge clk)
     s_last <= \$216 ;
   always @(posedge clk)
@@ -13063,7 +13063,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = \$signal ;
+    \$205  = a_loading;
     if (start) begin
       \$205  = cmd[76];
     end else if (\$2 ) begin
@@ -13090,7 +13090,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$signal$23 ;
+    \$207  = b_loading;
     if (start) begin
       \$207  = cmd[77];
     end else if (\$9 ) begin
@@ -13257,7 +13257,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = \$signal$38 ;
+    \$218  = s_valid;
     if (unit_rst) begin
       \$218  = 1'h0;
     end
@@ -13267,7 +13267,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = \$signal$39 ;
+    \$219  = s_first;
     if (unit_rst) begin
       \$219  = 1'h0;
     end
@@ -14136,16 +14136,16 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$signal$19  = 2'h0;
+    full_set = 2'h0;
     if (start) begin
     end else if (\$151 ) begin
       if (\$152 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$19 [0] = 1'h1;
+              full_set[0] = 1'h1;
           1'h1:
-              \$signal$19 [1] = 1'h1;
+              full_set[1] = 1'h1;
         endcase
       end
     end
@@ -14232,6 +14232,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   assign spad_a_rd_en = 1'h1;
   assign spad_b_rd_en = 1'h1;
+  assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
@@ -14246,7 +14247,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
   assign \port__addr$126  = \$166 [7:0];
-  assign a_in__ready = \$signal ;
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
   assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
@@ -15969,7 +15969,6 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15991,6 +15990,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16009,8 +16009,8 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16023,7 +16023,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16107,7 +16107,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -16162,7 +16162,6 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16184,6 +16183,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16202,8 +16202,8 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16216,7 +16216,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16300,7 +16300,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -16355,7 +16355,6 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16377,6 +16376,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16395,8 +16395,8 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16409,7 +16409,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16493,7 +16493,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -16548,7 +16548,6 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -16567,6 +16566,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16583,8 +16583,8 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16597,7 +16597,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16681,7 +16681,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -16737,7 +16737,6 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16759,6 +16758,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16777,8 +16777,8 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16791,7 +16791,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -16875,7 +16875,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -16930,7 +16930,6 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16952,6 +16951,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -16970,8 +16970,8 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -16984,7 +16984,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17068,7 +17068,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -17123,7 +17123,6 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17145,6 +17144,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -17163,8 +17163,8 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17177,7 +17177,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17261,7 +17261,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -17316,7 +17316,6 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -17335,6 +17334,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -17351,8 +17351,8 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17365,7 +17365,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17449,7 +17449,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -17505,7 +17505,6 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17527,6 +17526,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -17545,8 +17545,8 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17559,7 +17559,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17643,7 +17643,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -17698,7 +17698,6 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17720,6 +17719,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -17738,8 +17738,8 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17752,7 +17752,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -17836,7 +17836,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -17891,7 +17891,6 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17913,6 +17912,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -17931,8 +17931,8 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -17945,7 +17945,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18029,7 +18029,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -18084,7 +18084,6 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -18103,6 +18102,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -18119,8 +18119,8 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18133,7 +18133,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18217,7 +18217,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -18273,7 +18273,6 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18294,6 +18293,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -18312,8 +18312,8 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18326,7 +18326,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18410,7 +18410,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -18465,7 +18465,6 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18486,6 +18485,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -18504,8 +18504,8 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18518,7 +18518,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18602,7 +18602,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -18657,7 +18657,6 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18678,6 +18677,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -18696,8 +18696,8 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18710,7 +18710,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18794,7 +18794,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -18849,7 +18849,6 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$7 ;
   reg \$8 ;
   reg \$9 ;
-  reg \$signal  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -18868,6 +18867,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   input [15:0] prod;
   wire [15:0] prod;
   output [23:0] res;
@@ -18884,8 +18884,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
   assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
@@ -18898,7 +18898,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     last_out <= \$9 ;
   always @(posedge clk)
-    \$signal  <= \$10 ;
+    p_valid <= \$10 ;
   always @(posedge clk)
     p_last <= \$11 ;
   always @(posedge clk)
@@ -18982,7 +18982,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
-    end else if (\$signal ) begin
+    end else if (p_valid) begin
       \$12  = \$4 [23:0];
     end
     if (unit_rst) begin
@@ -19835,8 +19835,6 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -19919,8 +19917,10 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   reg sticky3 = 1'h0;
   input unit_rst;
   wire unit_rst;
+  reg v1 = 1'h0;
   reg v2 = 1'h0;
   reg v_round = 1'h0;
+  reg v_shift = 1'h0;
   reg [39:0] x0 = 40'h0000000000;
   reg [39:0] x1 = 40'h0000000000;
   reg [39:0] x2 = 40'h0000000000;
@@ -20257,7 +20257,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   always @(posedge clk)
     below <= \$772 ;
   always @(posedge clk)
-    \$signal  <= \$773 ;
+    v1 <= \$773 ;
   always @(posedge clk)
     v2 <= \$774 ;
   always @(posedge clk)
@@ -20271,7 +20271,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   always @(posedge clk)
     x3 <= \$779 ;
   always @(posedge clk)
-    \$signal$44  <= \$780 ;
+    v_shift <= \$780 ;
   always @(posedge clk)
     v_round <= \$781 ;
   always @(posedge clk)
@@ -20550,7 +20550,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$773  = \$signal ;
+    \$773  = v1;
     if (advance) begin
       \$773  = i__valid;
     end
@@ -20565,7 +20565,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$774  = v2;
     if (advance) begin
-      \$774  = \$signal ;
+      \$774  = v1;
     end
     if (unit_rst) begin
       \$774  = 1'h0;
@@ -20641,7 +20641,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$780  = \$signal$44 ;
+    \$780  = v_shift;
     if (advance) begin
       \$780  = x_valid;
     end
@@ -20656,7 +20656,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$781  = v_round;
     if (advance) begin
-      \$781  = \$signal$44 ;
+      \$781  = v_shift;
     end
     if (unit_rst) begin
       \$781  = 1'h0;
@@ -21851,7 +21851,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
   wire \$7 ;
   wire \$8 ;
   wire \$9 ;
-  reg \$signal  = 1'h0;
+  reg aw_ok = 1'h0;
   (* init = 20'h00000 *)
   wire [19:0] awaddr;
   wire [19:0] bus__araddr;
@@ -21904,13 +21904,13 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
   output wr_en;
   wire wr_en;
   reg [3:0] wr_strb = 4'h0;
-  assign \$1  = ~ \$signal ;
+  assign \$1  = ~ aw_ok;
   assign \$2  = ~ bus__bvalid;
   assign bus__awready = \$1  & \$2 ;
   assign \$3  = ~ w_ok;
   assign \$4  = ~ bus__bvalid;
   assign bus__wready = \$3  & \$4 ;
-  assign wr_en = \$signal  & w_ok;
+  assign wr_en = aw_ok & w_ok;
   assign \$5  = ~ pending;
   assign \$6  = ~ bus__rvalid;
   assign bus__arready = \$5  & \$6 ;
@@ -21920,7 +21920,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
   assign \$9  = bus__bvalid & bus__bready;
   assign \$10  = bus__rvalid & bus__rready;
   always @(posedge clk)
-    \$signal  <= \$11 ;
+    aw_ok <= \$11 ;
   always @(posedge clk)
     wr_addr <= \$12 ;
   always @(posedge clk)
@@ -21939,7 +21939,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     bus__rdata <= \$19 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$11  = \$signal ;
+    \$11  = aw_ok;
     if (\$7 ) begin
       \$11  = 1'h1;
     end
@@ -22206,8 +22206,6 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$37  = 1'h0;
   wire advance;
   reg [2:0] beat = 3'h0;
   reg [37:0] best = 38'h0000000000;
@@ -22237,7 +22235,9 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   wire idle;
   (* init = 3'h0 *)
   wire [2:0] inc1_index;
+  reg inc1_valid = 1'h0;
   reg [2:0] inc2_index = 3'h0;
+  reg inc2_valid = 1'h0;
   reg [33:0] l0_0 = 34'h000000000;
   wire [2:0] \l0_0.beat ;
   wire [16:0] \l0_0.key ;
@@ -22409,9 +22409,9 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   assign \$21  = ~ nhead0[17];
   assign \$22  = nhead0[20:18] * 1'h1;
   assign \$23  = \$22  + 1'h0;
-  assign \$24  = ~ \$signal$37 ;
+  assign \$24  = ~ inc1_valid;
   assign \$25  = clearing & \$24 ;
-  assign \$26  = ~ \$signal ;
+  assign \$26  = ~ inc2_valid;
   assign \$27  = \$25  & \$26 ;
   assign \$28  = lr__data == 16'hffff;
   assign \$29  = lr__data + 1'h1;
@@ -22443,9 +22443,9 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   assign \$58  = \$56  & \$57 ;
   assign \$59  = ~ emitting;
   assign \$60  = \$58  & \$59 ;
-  assign \$61  = ~ \$signal$37 ;
+  assign \$61  = ~ inc1_valid;
   assign \$62  = \$60  & \$61 ;
-  assign \$63  = ~ \$signal ;
+  assign \$63  = ~ inc2_valid;
   assign \$64  = \$62  & \$63 ;
   assign \$65  = ~ clearing;
   assign idle = \$64  & \$65 ;
@@ -22498,9 +22498,9 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   assign \$113  = picked & \$112 ;
   assign \$114  = den + best[36:24];
   assign \$115  = merge_count + 1'h1;
-  assign \$117  = ~ \$signal$37 ;
+  assign \$117  = ~ inc1_valid;
   assign \$118  = clearing & \$117 ;
-  assign \$119  = ~ \$signal ;
+  assign \$119  = ~ inc2_valid;
   assign \$120  = \$118  & \$119 ;
   assign \$121  = sweep + 1'h1;
   assign \$122  = sweep == 3'h7;
@@ -22531,7 +22531,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   always @(posedge clk)
     picked <= \$138 ;
   always @(posedge clk)
-    \$signal$37  <= \$139 ;
+    inc1_valid <= \$139 ;
   always @(posedge clk)
     lr__addr <= \$140 ;
   always @(posedge clk)
@@ -22555,7 +22555,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   always @(posedge clk)
     res_score0 <= \$150 ;
   always @(posedge clk)
-    \$signal  <= \$151 ;
+    inc2_valid <= \$151 ;
   always @(posedge clk)
     inc2_index <= \$152 ;
   always @(posedge clk)
@@ -22599,7 +22599,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__addr = 3'h0;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__addr = inc2_index;
     end else if (\$27 ) begin
       lw__addr = sweep;
@@ -22608,7 +22608,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__en = 1'h0;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__en = 1'h1;
     end else if (\$27 ) begin
       lw__en = 1'h1;
@@ -22617,7 +22617,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     lw__data = 16'h0000;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__data = \$30 [15:0];
     end else if (\$27 ) begin
       lw__data = 16'h0000;
@@ -22950,7 +22950,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$151  = \$signal$37 ;
+    \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
     end
@@ -34195,9 +34195,6 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   wire [50:0] \$97 ;
   wire [49:0] \$98 ;
   wire [49:0] \$99 ;
-  (* init = 1'h0 *)
-  wire \$signal ;
-  reg \$signal$7  = 1'h0;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   wire busy;
@@ -34228,6 +34225,8 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   reg o__valid = 1'h0;
   (* init = 16'h0000 *)
   wire [15:0] o_data;
+  (* init = 1'h0 *)
+  wire o_valid;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -34235,6 +34234,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   input [1:0] op;
   wire [1:0] op;
   reg p_last = 1'h0;
+  reg p_valid = 1'h0;
   reg [32:0] prod = 33'h000000000;
   reg [22:0] q;
   wire [20:0] quot;
@@ -34253,7 +34253,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   input unit_rst;
   wire unit_rst;
   assign \$1  = ~ o__valid;
-  assign \$3  = ~ \$signal$7 ;
+  assign \$3  = ~ p_valid;
   assign \$4  = ~ o__valid;
   assign \$7  = ~ o__valid;
   assign \$9  = $signed(i__payload[15:0]) < $signed(1'h0);
@@ -34291,7 +34291,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$46  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
   assign \$47  = \$46 [17] ? 16'h8000 : 16'h7fff;
   assign \$48  = \$44  ? \$45 [15:0] : \$47 ;
-  assign \$49  = ~ \$signal$7 ;
+  assign \$49  = ~ p_valid;
   assign \$50  = ~ o__valid;
   assign \$53  = op == 2'h2;
   assign \$54  = \$53  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
@@ -34389,7 +34389,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   always @(posedge clk)
     o__payload <= \$168 ;
   always @(posedge clk)
-    \$signal$7  <= \$169 ;
+    p_valid <= \$169 ;
   always @(posedge clk)
     prod <= \$170 ;
   always @(posedge clk)
@@ -34728,7 +34728,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$169  = \$signal$7 ;
+    \$169  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
@@ -35074,7 +35074,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
       \$180  = 1'h0;
     end
   end
-  assign \$signal  = o__valid;
+  assign o_valid = o__valid;
   assign o_data = o__payload;
   assign o__ready = 1'h1;
   assign \i__payload.a  = i__payload[15:0];
@@ -35092,7 +35092,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$51  = 1'h1;
   assign \$52  = 1'h1;
   assign \$62  = 1'h1;
-  assign \$63  = \$signal$7 ;
+  assign \$63  = p_valid;
   assign \$65  = { \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49:15] };
   assign \$70  = { \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49:15] };
   assign \$76  = { \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49:15] };

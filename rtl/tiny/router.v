@@ -165,8 +165,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$45  = 1'h0;
   wire advance;
   reg [2:0] beat = 3'h0;
   reg [37:0] best = 38'h0000000000;
@@ -199,7 +197,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire idle;
   (* init = 3'h0 *)
   wire [2:0] inc1_index;
+  reg inc1_valid = 1'h0;
   reg [2:0] inc2_index = 3'h0;
+  reg inc2_valid = 1'h0;
   reg [33:0] l0_0 = 34'h000000000;
   wire [2:0] \l0_0.beat ;
   wire [16:0] \l0_0.key ;
@@ -368,9 +368,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$21  = ~ nhead0[17];
   assign \$22  = nhead0[20:18] * 1'h1;
   assign \$23  = \$22  + 1'h0;
-  assign \$24  = ~ \$signal$45 ;
+  assign \$24  = ~ inc1_valid;
   assign \$25  = load_clearing & \$24 ;
-  assign \$26  = ~ \$signal ;
+  assign \$26  = ~ inc2_valid;
   assign \$27  = \$25  & \$26 ;
   assign \$28  = lr__data == 16'hffff;
   assign \$29  = lr__data + 1'h1;
@@ -402,9 +402,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$58  = \$56  & \$57 ;
   assign \$59  = ~ routes__valid;
   assign \$60  = \$58  & \$59 ;
-  assign \$61  = ~ \$signal$45 ;
+  assign \$61  = ~ inc1_valid;
   assign \$62  = \$60  & \$61 ;
-  assign \$63  = ~ \$signal ;
+  assign \$63  = ~ inc2_valid;
   assign \$64  = \$62  & \$63 ;
   assign \$65  = ~ load_clearing;
   assign idle = \$64  & \$65 ;
@@ -457,9 +457,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$113  = picked & \$112 ;
   assign \$114  = den + best[36:24];
   assign \$115  = merge_count + 1'h1;
-  assign \$117  = ~ \$signal$45 ;
+  assign \$117  = ~ inc1_valid;
   assign \$118  = load_clearing & \$117 ;
-  assign \$119  = ~ \$signal ;
+  assign \$119  = ~ inc2_valid;
   assign \$120  = \$118  & \$119 ;
   assign \$121  = sweep + 1'h1;
   assign \$122  = sweep == 3'h7;
@@ -490,7 +490,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @(posedge clk)
     picked <= \$138 ;
   always @(posedge clk)
-    \$signal$45  <= \$139 ;
+    inc1_valid <= \$139 ;
   always @(posedge clk)
     lr__addr <= \$140 ;
   always @(posedge clk)
@@ -514,7 +514,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @(posedge clk)
     res_score0 <= \$150 ;
   always @(posedge clk)
-    \$signal  <= \$151 ;
+    inc2_valid <= \$151 ;
   always @(posedge clk)
     inc2_index <= \$152 ;
   always @(posedge clk)
@@ -557,7 +557,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__addr = 3'h0;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__addr = inc2_index;
     end else if (\$27 ) begin
       lw__addr = sweep;
@@ -566,7 +566,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__en = 1'h0;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__en = 1'h1;
     end else if (\$27 ) begin
       lw__en = 1'h1;
@@ -575,7 +575,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__data = 16'h0000;
-    if (\$signal ) begin
+    if (inc2_valid) begin
       lw__data = \$30 [15:0];
     end else if (\$27 ) begin
       lw__data = 16'h0000;
@@ -839,7 +839,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = \$signal$45 ;
+    \$151  = inc1_valid;
     if (rst) begin
       \$151  = 1'h0;
     end
