@@ -21,6 +21,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.gemm import GemmError, kpu_engine
 from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
 from nanokpu.uart_bridge import (
+    BREAK_DETECT_BITS,
     CMD_PULSE,
     CMD_READ,
     CMD_STATUS,
@@ -32,7 +33,14 @@ from nanokpu.uart_bridge import (
     port_map,
 )
 
-__all__ = ["BridgeClient", "run_gemm"]
+__all__ = ["BridgeClient", "run_gemm", "BREAK_BITS", "BREAK_SETTLE"]
+
+#: Bit times of the client's break: twice the bridge's :data:`~nanokpu.uart_bridge.BREAK_DETECT_BITS`.
+BREAK_BITS = 2 * BREAK_DETECT_BITS
+
+#: Seconds the client waits after a break before it drops the bytes received: a USB serial
+#: adapter passes on what it received up to 16 ms late.
+BREAK_SETTLE = 0.05
 
 
 class BridgeClient:
@@ -41,9 +49,9 @@ class BridgeClient:
     Parameters
     ----------
     port
-        The serial line: anything with ``write(bytes)`` and ``read(n) -> bytes`` (a pyserial
-        ``Serial``, or the bench's model of the line); a short read means the board did not
-        answer.
+        The serial line: a pyserial ``Serial`` or anything with its ``write(bytes)``,
+        ``read(n) -> bytes`` (a short read means the board did not answer), ``baudrate``,
+        ``send_break(duration)`` and ``reset_input_buffer()`` (the bench's model of the line).
     unit : wiring.Component
         The unit the bridge was built around (same class and config): its signature gives
         the byte map.
@@ -52,8 +60,9 @@ class BridgeClient:
         built with another).
 
     The client keeps a copy of the bridge's input bytes and writes whole bytes from it; it
-    starts by writing every one of them 0 (they keep what an earlier client left there) and
-    reading the bridge's status (``TimeoutError`` if nothing answers).
+    starts with :meth:`reset` (a break: the unit and the bridge as after power-up, whatever an
+    earlier client left behind) and reads the bridge's status (``TimeoutError`` if nothing
+    answers).
 
     Commands that need no answer (:meth:`set`, :meth:`pulse`, :meth:`until`, the beats of
     :meth:`send` and :meth:`receive`) go out at once and the client goes on without waiting:
@@ -70,10 +79,20 @@ class BridgeClient:
         in_bits = sum(width for _, width in self.inputs.values())
         self.shadow = bytearray(-(-in_bits // 8))
         self.traffic = {"bytes_out": 0, "bytes_in": 0, "waits": 0}
+        self.reset()
+
+    def reset(self) -> None:
+        """Reset the bridge and the unit with a break on the line (:data:`BREAK_BITS` bit times;
+        :mod:`nanokpu.uart_bridge`): every input port 0, commands still queued dropped. Then
+        drop what the line brought in meanwhile (replies not read, one cut off by the reset)
+        and check that the bridge answers (:meth:`sync`)."""
+        self.port.send_break(BREAK_BITS / self.port.baudrate)
+        time.sleep(BREAK_SETTLE)
+        self.port.reset_input_buffer()
+        self.shadow[:] = bytes(len(self.shadow))
         self._sent = self._taken = self._asked = 0  # bytes written; taken by the bridge; up to the last reply asked
         self._pending = deque()   # (end of the command in bytes written, reply bytes, is a status reply)
         self._inbox = bytearray()  # replies to R read from the line and not yet taken
-        self._write(b"".join(bytes([CMD_WRITE, i, 0]) for i in range(len(self.shadow))))
         self.sync()
 
     def _field(self, space: dict, name: str) -> tuple[int, int]:

@@ -24,6 +24,12 @@ bytes       reply               effect
                                 clears them
 ==========  ==================  =========================================================
 
+A break on the line (``rx`` low for :data:`BREAK_DETECT_BITS` bit times or more) resets the
+bridge and the unit: every ``IN`` byte 0, the queue empty, a reply being sent cut off, the
+status clear. The bridge takes bytes again once ``rx`` has been high for 10 bit times after
+it. :class:`~nanokpu.bridge_client.BridgeClient` starts with one, so a client that died in
+the middle of a transfer leaves nothing behind for the next.
+
 ``W``, ``P``, ``R``, ``U`` and ``S`` are the ASCII bytes 0x57, 0x50, 0x52, 0x55 and 0x53;
 ``a`` is one byte. Received bytes wait in a queue of ``queue_depth`` bytes (by default
 :data:`RX_QUEUE_DEPTH`, one block RAM) while a ``U`` waits or a reply is being sent, so a PC
@@ -34,7 +40,7 @@ bytes unanswered.
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Signal, Value
+from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import SyncFIFOBuffered
@@ -42,6 +48,7 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ", "CMD_UNTIL", "CMD_STATUS",
            "STATUS_WAIT_RAN_OUT", "STATUS_BYTES_LOST", "RX_QUEUE_DEPTH", "WAIT_LIMIT", "BAUD_TOLERANCE",
+           "BREAK_DETECT_BITS", "BREAK_RELEASE_BITS",
            "port_map", "uart_divisor"]
 
 CMD_WRITE, CMD_PULSE, CMD_READ, CMD_UNTIL, CMD_STATUS = (ord(c) for c in "WPRUS")
@@ -54,6 +61,13 @@ RX_QUEUE_DEPTH = 512
 
 #: Clock cycles a ``U`` waits at most (1.4 s at 12 MHz).
 WAIT_LIMIT = 1 << 24
+
+#: Bit times ``rx`` must stay low to count as a break: twice the longest low run of a byte
+#: (a 0x00 is 9 low bits, its stop bit high).
+BREAK_DETECT_BITS = 20
+
+#: Bit times ``rx`` must stay high after a break before the receiver takes bytes again.
+BREAK_RELEASE_BITS = 10
 
 #: Largest relative difference between the bit rate asked for and ``clk_freq / divisor``: the
 #: sampling point drifts by 10 times this over a frame (start, 8 data, stop bits), and the two
@@ -122,7 +136,10 @@ class UartBridge(wiring.Component):
     Latency, with the receive queue empty: a ``W``/``P`` takes effect 3 cycles after the
     receiver delivers ``d`` (:class:`UartRx` ``strobe``); the start bit of an ``R``/``S`` reply
     leaves 4 cycles after its last byte is delivered, or once the previous reply has left. A
-    ``U`` checks ``OUT[a] & m`` every cycle from the cycle after ``m`` is taken.
+    ``U`` checks ``OUT[a] & m`` every cycle from the cycle after ``m`` is taken. A break holds
+    the bridge and the unit in reset from 3 cycles after ``rx`` has been low for
+    :data:`BREAK_DETECT_BITS` bit times until 3 cycles after it has been high for
+    :data:`BREAK_RELEASE_BITS` (:class:`UartRx` ``brk``, one cycle late).
     """
 
     def __init__(self, unit: wiring.Component, clk_freq: int, baud: int = 115200, *,
@@ -144,13 +161,15 @@ class UartBridge(wiring.Component):
         super().__init__({"rx": In(1, init=1), "tx": Out(1, init=1)})
 
     def elaborate(self, platform):
+        top = Module()
+        top.submodules.uart_rx = urx = UartRx(self.divisor)
+        top.d.comb += urx.rx.eq(self.rx)
+        # everything else, the unit included, is reset by a break on the line
         m = Module()
+        top.submodules.core = ResetInserter(urx.brk)(m)
         m.submodules.unit = self.unit
-        div = self.divisor
-
-        m.submodules.uart_rx = urx = UartRx(div)
-        m.submodules.uart_tx = utx = UartTx(div)
-        m.d.comb += [urx.rx.eq(self.rx), self.tx.eq(utx.tx)]
+        m.submodules.uart_tx = utx = UartTx(self.divisor)
+        m.d.comb += self.tx.eq(utx.tx)
 
         # -- receive queue ----------------------------------------------------------------------
         m.submodules.rx_queue = queue = SyncFIFOBuffered(width=8, depth=self.queue_depth)
@@ -229,7 +248,7 @@ class UartBridge(wiring.Component):
                     with m.Else():
                         m.d.comb += utx.data.eq(out_byte)
                     m.next = "CMD"
-        return m
+        return top
 
 
 class UartRx(wiring.Component):
@@ -245,13 +264,17 @@ class UartRx(wiring.Component):
         High for one cycle when ``data`` is new: the cycle after the stop bit is sampled (the
         middle of the stop bit plus the 2 synchroniser cycles). A byte whose stop bit is low
         (framing error) is dropped.
+    brk : Out(1)
+        A break: high from the cycle ``rx`` (synchronised) has been low for
+        :data:`BREAK_DETECT_BITS` bit times until it has been high for
+        :data:`BREAK_RELEASE_BITS`; no byte starts while it is high, none is delivered.
     """
 
     def __init__(self, divisor: int):
         if divisor < 4:
             raise ValueError(f"divisor = {divisor!r}: must be at least 4")
         self.divisor = divisor
-        super().__init__({"rx": In(1, init=1), "data": Out(8), "strobe": Out(1)})
+        super().__init__({"rx": In(1, init=1), "data": Out(8), "strobe": Out(1), "brk": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -261,10 +284,18 @@ class UartRx(wiring.Component):
         rx_timer = Signal(range(div + div // 2 + 1))
         rx_bits = Signal(range(10))
         rx_shift = Signal(8)
+        # cycles rx has been low (no break) or high (in a break)
+        brk_timer = Signal(range(BREAK_DETECT_BITS * div))
+        with m.If(rx ^ self.brk):
+            m.d.sync += brk_timer.eq(0)
+        with m.Elif(brk_timer == Mux(self.brk, BREAK_RELEASE_BITS * div - 1, BREAK_DETECT_BITS * div - 1)):
+            m.d.sync += [brk_timer.eq(0), self.brk.eq(~self.brk)]
+        with m.Else():
+            m.d.sync += brk_timer.eq(brk_timer + 1)
         m.d.sync += self.strobe.eq(0)
         with m.FSM(name="uart_rx"):
             with m.State("IDLE"):
-                with m.If(~rx):
+                with m.If(~rx & ~self.brk):
                     m.d.sync += [rx_timer.eq(div + div // 2 - 1), rx_bits.eq(0)]
                     m.next = "DATA"
             with m.State("DATA"):
@@ -277,7 +308,7 @@ class UartRx(wiring.Component):
             with m.State("STOP"):
                 m.d.sync += rx_timer.eq(rx_timer - 1)
                 with m.If(rx_timer == 0):
-                    with m.If(rx):  # a framing error drops the byte
+                    with m.If(rx & ~self.brk):  # a framing error drops the byte
                         m.d.sync += [self.data.eq(rx_shift), self.strobe.eq(1)]
                     m.next = "IDLE"
         return m

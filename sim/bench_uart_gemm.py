@@ -4,7 +4,9 @@ The PC client :func:`nanokpu.bridge_client.run_gemm`, unchanged, runs in a ``coc
 thread on :class:`sim.serial_model.SerialModel`: random GEMMs with edge tiles, the extreme
 operands with saturating and rounding requantiser settings, each checked bit for bit against
 :func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`; then a command the engine
-must refuse (K beyond a B panel), which the client must report by its error code; and
+must refuse (K beyond a B panel), which the client must report by its error code; a client
+that stops in the middle of a GEMM, after which a new client (its break resets the bridge and
+the engine) runs one bit-exact; and
 ``nanokpu board-run --board icebreaker`` with the simulated line as its serial port: one GEMM
 (``--gemm``, in ``test_gemms_over_uart``) and a ``tokens``-token block whose GEMMs all run on
 the bench's engine (``test_block_over_uart``, which writes the line's traffic to ``out``).
@@ -25,6 +27,7 @@ from cocotb.task import bridge
 from golden.intops import matmul_int, requantize
 from nanokpu.bridge_client import gemm_client, run_gemm
 from nanokpu.config import profile
+from nanokpu.gemm_layout import a_words, command_word
 from sim.runner import bench_params
 from sim.serial_model import open_line
 
@@ -40,7 +43,7 @@ async def test_gemms_over_uart(dut):
     rng = np.random.default_rng(seed)
     dut._log.info(f"profile {cfg.name}, dsp {cfg.dsp}, seed {seed}")
     port = await open_line(dut, int(p["divisor"]))
-    client = await bridge(lambda: gemm_client(port, cfg))()   # its first writes: the inputs to 0
+    client = await bridge(lambda: gemm_client(port, cfg))()   # it starts with a break
     out_width = client.outputs["c_out.payload"][1] // cfg.rows
     top = (1 << cfg.mult_width) - 1   # 8 * 128**2 * top overflows the acc_width-bit output
     cases = [  # (a, b, mult, shift, what)
@@ -73,6 +76,28 @@ async def test_gemms_over_uart(dut):
 
     message = await refused()
     assert message is not None and message.endswith("K_TOO_LARGE"), f"seed {seed}: {message!r}"
+
+    a, b = rng.integers(-128, 128, (8, 8)), rng.integers(-128, 128, (8, 8))
+
+    @bridge
+    def abandoned():
+        """A client that stops in the middle of a GEMM (the command taken, half of A sent, a
+        wait for a result that never comes queued with a write behind it), then a new client
+        on the same line: its break must clear all that."""
+        client.until("cmd.ready")
+        client.set("cmd.payload", command_word(cfg, m=8, k=8, n=8, mult=1, shift=0,
+                                               load_a=1, compute=1, store=1))
+        client.pulse("cmd.valid")
+        words = a_words(cfg, a)
+        client.send("a_in", words[:len(words) // 2])
+        client.until("c_out.valid")
+        client.set("b_in.payload", 0x5A5A)
+        return run_gemm(gemm_client(port, cfg), cfg, a, b, timeout=TIMEOUT_S)
+
+    got = await abandoned()
+    want = requantize(matmul_int(a, b, cfg.acc_width), 1, 0, out_width, cfg.rounding)
+    assert np.array_equal(got, want), f"seed {seed}, after a client stopped mid-GEMM: got\n{got}\nwant\n{want}"
+    dut._log.info("a new client's break cleared a GEMM left half done")
 
     assert await board_run(client.port, seed, "--gemm", "6", "10", "5") == 0, f"seed {seed}: board-run --gemm failed"
 

@@ -1,8 +1,9 @@
 """A serial port on a design's ``rx``/``tx`` pins (8N1), for the PC clients in cocotb benches.
 
 The clients (:class:`nanokpu.host.KpuClient`, :class:`nanokpu.bridge_client.BridgeClient`) are
-plain blocking code; they run in a ``cocotb.task.bridge`` thread and call :meth:`SerialModel.write`
-and :meth:`SerialModel.read`, which resume the simulation until the bytes have gone or come.
+plain blocking code; they run in a ``cocotb.task.bridge`` thread and call :meth:`SerialModel.write`,
+:meth:`SerialModel.read` and :meth:`SerialModel.send_break`, which resume the simulation until
+the bytes have gone or come.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from cocotb.clock import Clock
 from cocotb.task import resume
 from cocotb.triggers import ClockCycles, Event, FallingEdge, with_timeout
 
-__all__ = ["SerialModel", "open_line"]
+__all__ = ["CLOCK_HZ", "SerialModel", "open_line"]
+
+#: The clock :func:`open_line` gives the design (a 10 ns period).
+CLOCK_HZ = 100_000_000
+
+#: Bit times the line idles after a break: the time a client waits before it drops what it
+#: received (:data:`nanokpu.bridge_client.BREAK_SETTLE`), which its thread's sleep does not
+#: give the simulation.
+BREAK_IDLE_BITS = 20
 
 
 async def open_line(dut, divisor: int) -> SerialModel:
-    """Start ``dut``'s 100 MHz clock, reset it (``rx`` idle high) and return the serial port
+    """Start ``dut``'s :data:`CLOCK_HZ` clock, reset it (``rx`` idle high) and return the serial port
     on its ``rx``/``tx`` (``divisor`` clock cycles a bit)."""
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
     dut.rx.value = 1
@@ -36,7 +45,8 @@ class SerialModel:
     found fewer bytes than they asked for and waited for the design) and ``round_trips`` (the
     waits whose answer came with nothing left to send but the byte on the line: the line to
     the design idles until the client has the answer, so on a USB serial adapter each costs
-    the adapter's latency on top of the line time).
+    the adapter's latency on top of the line time). ``baudrate``, ``send_break`` and
+    ``reset_input_buffer`` are pyserial's.
     """
 
     def __init__(self, dut, divisor: int):
@@ -54,6 +64,14 @@ class SerialModel:
                 self.queued.clear()
                 await self.queued.wait()
             byte = self.out.popleft()
+            if isinstance(byte, tuple):    # a break: rx low for `cycles`, then idle
+                cycles, done = byte
+                self.dut.rx.value = 0
+                await ClockCycles(self.dut.clk, cycles)
+                self.dut.rx.value = 1
+                await ClockCycles(self.dut.clk, BREAK_IDLE_BITS * self.div)
+                done.set()
+                continue
             for bit in [0, *((byte >> i) & 1 for i in range(8)), 1]:
                 self.dut.rx.value = bit
                 await ClockCycles(self.dut.clk, self.div)
@@ -75,6 +93,22 @@ class SerialModel:
         self.out.extend(data)
         self.traffic["bytes_out"] += len(data)
         self.queued.set()
+
+    @property
+    def baudrate(self) -> float:
+        return CLOCK_HZ / self.div
+
+    @resume
+    async def send_break(self, duration: float):
+        """Hold ``rx`` low for ``duration`` seconds once the bytes written before have gone,
+        then idle :data:`BREAK_IDLE_BITS` bit times; return after that."""
+        done = Event()
+        self.out.append((max(1, round(duration * CLOCK_HZ)), done))
+        self.queued.set()
+        await done.wait()
+
+    def reset_input_buffer(self):
+        self.inp.clear()
 
     @resume
     async def read(self, n: int) -> bytes:

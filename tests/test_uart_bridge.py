@@ -17,6 +17,8 @@ from amaranth.sim import Simulator
 
 from nanokpu.uart_bridge import (
     BAUD_TOLERANCE,
+    BREAK_DETECT_BITS,
+    BREAK_RELEASE_BITS,
     CMD_PULSE,
     CMD_READ,
     CMD_STATUS,
@@ -225,13 +227,26 @@ class FakeLine:
     """The bridge's protocol without the hardware, for BridgeClient: an ``R`` answers
     ``OUT[a]`` of ``out`` (0xA5 by default), an ``S`` the next of ``statuses`` (0 when none
     is left); it asserts that the client never has more than ``depth`` bytes unanswered (sent
-    after the last command whose reply it has read). ``log`` is what was written since the
-    last ``clear()``; ``reads`` counts the reads."""
+    after the last command whose reply it has read). A break drops the commands not yet
+    parsed (asserting it is long enough), ``reset_input_buffer`` the replies not read.
+    ``log`` is what was written since the last ``clear()``; ``reads`` counts the reads,
+    ``breaks`` the breaks."""
+
+    baudrate = 115200
 
     def __init__(self, depth, out=None, statuses=()):
         self.depth, self.out, self.statuses = depth, out or {}, list(statuses)
         self.buf, self.replies, self.parsed, self.taken = b"", [], 0, 0
+        self.breaks = 0
         self.clear()
+
+    def send_break(self, duration):
+        assert duration * self.baudrate >= BREAK_DETECT_BITS, f"a break of {duration} s is too short"
+        self.buf, self.parsed, self.taken = b"", 0, 0
+        self.breaks += 1
+
+    def reset_input_buffer(self):
+        self.replies = []
 
     def clear(self):
         self.log, self.reads = b"", 0
@@ -265,8 +280,8 @@ def test_client_names_ports_and_refuses_bad_ones():
 
     line = FakeLine(512)
     client = BridgeClient(line, AddCount())
-    # inputs from 0, then a status read
-    assert line.log == bytes([CMD_WRITE, 0, 0, CMD_WRITE, 1, 0, CMD_WRITE, 2, 0, CMD_STATUS])
+    # a break (the inputs 0), then a status read
+    assert line.breaks == 1 and line.log == bytes([CMD_STATUS])
     assert client.inputs == {"a": (0, 8), "b": (8, 8), "inc": (16, 1), "go": (17, 1)}
     assert client.outputs == {"s": (0, 9), "count": (9, 16), "done": (25, 1), "never": (26, 1)}
     line.clear()
@@ -315,6 +330,27 @@ def test_client_streams_without_waiting_and_never_overflows_the_queue(depth):
     assert client.traffic["bytes_out"] == len(line.buf) and client.traffic["waits"] >= 3
 
 
+def test_a_new_client_starts_clean_after_one_that_stopped_midway():
+    """A client stops with commands queued and a reply unread; the next one on the same line
+    resets the bridge with a break, drops the stale reply and reads its own answers."""
+    from nanokpu.bridge_client import BridgeClient
+
+    line = FakeLine(64, out={0: 0x11})
+    old = BridgeClient(line, AddCount(), queue_depth=64)
+    old.set("a", 7)
+    old._write(bytes([CMD_READ, 0]), 1)      # a read whose reply is never taken
+    old.until("never")
+    new = BridgeClient(line, AddCount(), queue_depth=64)
+    assert line.breaks == 2 and new.shadow == bytearray(3)
+    line.out[0] = 0x22
+    assert new.get("s") == [0x22 | (0xA5 & 1) << 8]
+    new.set("a", 7)
+    new.reset()
+    line.clear()
+    new.set("a", 7)      # the break set it to 0: the client writes it again
+    assert line.breaks == 3 and line.log == bytes([CMD_WRITE, 0, 7])
+
+
 def test_client_reports_the_bridge_status():
     from nanokpu.bridge_client import BridgeClient
 
@@ -329,3 +365,38 @@ def test_client_reports_the_bridge_status():
 
     with pytest.raises(TimeoutError, match="answered 0 of 1 bytes"):
         BridgeClient(Silent(512), AddCount())
+
+
+def test_break_resets_the_bridge_and_the_unit():
+    """A break (``rx`` low for BREAK_DETECT_BITS bit times) in the middle of a command, with a
+    ``U`` waiting and bytes queued behind it, leaves nothing behind: the next commands run at
+    once on a reset unit (inputs 0, count 0, status clear). A shorter low run is a dropped byte
+    and resets nothing."""
+    seed = 8
+    dut = UartBridge(AddCount(), clk_freq=DIV * 1000, baud=1000, wait_limit=1 << 20)
+    never_byte, never_bit = 3, 1 << 2
+
+    async def line_low(ctx, bits):
+        ctx.set(dut.rx, 0)
+        await ctx.tick().repeat(bits * DIV)
+        ctx.set(dut.rx, 1)
+        await ctx.tick().repeat(BREAK_RELEASE_BITS * DIV + 3)
+
+    async def bench(ctx, send, replies):
+        async def read(addr):
+            await send(ctx, CMD_READ, addr)
+            return await reply(ctx, replies, len(replies) + 1, seed)
+
+        await send(ctx, CMD_WRITE, 0, 0x40, CMD_WRITE, 1, 0x02, CMD_PULSE, 2, 1, CMD_PULSE, 2, 1)
+        assert await read(0) == 0x42 and await read(1) >> 1 == 2, f"{replies} (seed {seed})"
+        await line_low(ctx, BREAK_DETECT_BITS - 5)     # a framing error, not a break
+        assert await read(0) == 0x42 and await read(1) >> 1 == 2, f"{replies} (seed {seed})"
+        # a wait that would last 2**20 cycles, commands queued behind it, half a W
+        await send(ctx, CMD_UNTIL, never_byte, never_bit, CMD_PULSE, 2, 1, CMD_WRITE, 0)
+        await line_low(ctx, BREAK_DETECT_BITS + 1)
+        n = len(replies)
+        assert [await read(0), await read(1), await read(2)] == [0, 0, 0], f"{replies} (seed {seed})"
+        await send(ctx, CMD_STATUS)
+        assert await reply(ctx, replies, n + 4, seed) == 0, f"status {replies[-1]} (seed {seed})"
+
+    run_line(dut, bench, seed)
