@@ -7,6 +7,12 @@ to; a cell without one is the unit's own logic. Attribution by name is approxima
 edges (a LUT that joins two parts' nets is named after one of them) and exact for flip-flops,
 block RAMs and DSPs of a part.
 
+The unit's own logic is broken down further by signal (:func:`own_logic`): technology mapping
+names a cell after a net it is connected to, plus the path to it (``busy_act[10]_SB_DFFSR_Q``:
+the flip-flop of ``busy_act[10]``; ``busy_act[10]_SB_DFFSR_Q_D_SB_LUT4_O``: the LUT4 driving
+its D input), so the signal at the front of the name is the register or net the cell computes
+or, for a cell named after one of its inputs (``beat[0]_LUT4_C``), reads.
+
 On iCE40 a part's logic cells (``lc``) are estimated the way nextpnr packs them: each LUT4
 takes a cell; a flip-flop shares its LUT4's cell when that LUT4 drives its D input and nothing
 else, and takes its own otherwise (fed by a flip-flop, a RAM, a DSP or a LUT4 with other loads);
@@ -21,10 +27,13 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["TOP", "breakdown", "markdown_parts"]
+__all__ = ["TOP", "UNNAMED", "breakdown", "markdown_parts", "own_logic"]
 
 #: Part of the cells of the unit's own logic (not in a submodule).
 TOP = "(top level)"
+
+#: Signal of the unit's own cells that carry no signal name (``$abc$...``).
+UNNAMED = "(unnamed)"
 _PART = re.compile(r"\\?([A-Za-z_][A-Za-z0-9_]*)\.")
 
 
@@ -41,23 +50,63 @@ def breakdown(netlist: Path, top: str, cells: dict[str, tuple[str, ...]],
     counted cell, the top level's under :data:`TOP`, largest LUT count first. A kind a part does
     not use is absent from its dict.
     """
-    kind_of = {t: kind for kind, types in cells.items() for t in types}
     module = json.loads(netlist.read_text())["modules"][top]
+
+    def part(name):
+        match = _PART.match(name)
+        return match.group(1) if match else TOP
+
+    return _count(module, part, cells, carry_luts, logic_cells)
+
+
+def own_logic(netlist: Path, top: str, cells: dict[str, tuple[str, ...]], carry_luts: int = 0,
+              logic_cells: bool = False, limit: int = 12) -> dict[str, dict[str, int]]:
+    """The cells of the :data:`TOP` part of :func:`breakdown` (same arguments) by the signal
+    at the front of their names (the module docstring), :data:`UNNAMED` for those without one:
+    the ``limit`` signals with the most LUTs, largest first, then ``"(N others)"`` with the rest
+    (when there are any)."""
+    module = json.loads(netlist.read_text())["modules"][top]
+    types = sorted({c["type"] for c in module["cells"].values()}, key=len, reverse=True)
+    front = re.compile(r"\\?(.+?)(?:\[|_(?:" + "|".join(map(re.escape, types)) + r")(?:_|$)|$)")
+
+    def signal(name):
+        if _PART.match(name):
+            return None
+        return UNNAMED if name.startswith("$") else front.match(name).group(1)
+
+    signals = _count(module, signal, cells, carry_luts, logic_cells)
+    names = list(signals)
+    if len(names) <= limit:
+        return signals
+    shown = {n: signals[n] for n in names[:limit]}
+    rest: dict[str, int] = {}
+    for n in names[limit:]:
+        for kind, count in signals[n].items():
+            rest[kind] = rest.get(kind, 0) + count
+    shown[f"({len(names) - limit} others)"] = rest
+    return shown
+
+
+def _count(module: dict, group, cells: dict[str, tuple[str, ...]], carry_luts: int,
+           logic_cells: bool) -> dict[str, dict[str, int]]:
+    """``{group(cell name): {kind: count}}`` over the counted cells of ``module`` (``group``
+    returning ``None`` skips a cell), largest LUT count first (:func:`breakdown`'s kinds)."""
+    kind_of = {t: kind for kind, types in cells.items() for t in types}
     shares = _sharing_cells(module) if logic_cells else set()
-    parts: dict[str, dict[str, int]] = {}
+    groups: dict[str, dict[str, int]] = {}
     for name, cell in module["cells"].items():
         t = cell["type"]
         kind = "ff" if t.startswith("SB_DFF") or t == "TRELLIS_FF" else kind_of.get(t)
-        if kind is None:
+        key = None if kind is None else group(name)
+        if key is None:
             continue
-        match = _PART.match(name)
-        counts = parts.setdefault(match.group(1) if match else TOP, {})
+        counts = groups.setdefault(key, {})
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "carry" and carry_luts:
             counts["lut"] = counts.get("lut", 0) + carry_luts
         if logic_cells and kind in ("lut", "ff", "carry") and name not in shares:
             counts["lc"] = counts.get("lc", 0) + 1
-    return dict(sorted(parts.items(), key=lambda kv: -kv[1].get("lut", 0)))
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1].get("lut", 0)))
 
 
 def _sharing_cells(module: dict) -> set[str]:
@@ -94,18 +143,27 @@ def _sharing_cells(module: dict) -> set[str]:
 
 
 def markdown_parts(report: dict) -> str:
-    """A table of ``report["parts"]`` (from :func:`breakdown`) against the unit's totals, or
-    ``""`` when the report has no parts."""
+    """A table of ``report["parts"]`` (from :func:`breakdown`) against the unit's totals, then
+    one of ``report["own_logic"]`` (:func:`own_logic`) against its own logic, or ``""`` when
+    the report has no parts."""
     parts = report.get("parts")
     if not parts:
         return ""
-    kinds = [k for k in ("lut", "lc", "carry", "ff", "dsp", "bram", "spram") if any(k in p for p in parts.values())]
-    total = {k: sum(p.get(k, 0) for p in parts.values()) for k in kinds}
-    lines = [f"| part of `{report['name']}` ({report.get('profile', '-')}, {report['target']}) | "
-             + " | ".join(k.upper() for k in kinds) + " |",
+    where = f"`{report['name']}` ({report.get('profile', '-')}, {report['target']})"
+    text = _table(f"part of {where}", parts, "**all**")
+    own = report.get("own_logic")
+    if own and len(parts) > 1:
+        text += "\n" + _table(f"own logic of {where}, by signal", own, f"**{TOP}**")
+    return text
+
+
+def _table(title: str, groups: dict[str, dict[str, int]], total_name: str) -> str:
+    kinds = [k for k in ("lut", "lc", "carry", "ff", "dsp", "bram", "spram") if any(k in p for p in groups.values())]
+    total = {k: sum(p.get(k, 0) for p in groups.values()) for k in kinds}
+    lines = [f"| {title} | " + " | ".join(k.upper() for k in kinds) + " |",
              "|---|" + "---:|" * len(kinds)]
-    for name, counts in parts.items():
+    for name, counts in groups.items():
         cols = [f"{counts.get(k, 0)} ({100 * counts.get(k, 0) / total[k]:.0f}%)" if total[k] else "0" for k in kinds]
         lines.append(f"| {name} | " + " | ".join(cols) + " |")
-    lines.append("| **all** | " + " | ".join(f"**{total[k]}**" for k in kinds) + " |")
+    lines.append(f"| {total_name} | " + " | ".join(f"**{total[k]}**" for k in kinds) + " |")
     return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from fpga.breakdown import breakdown
+from fpga.breakdown import breakdown, own_logic
 
 __all__ = ["TARGETS", "Target", "ToolError", "ToolTimeout", "PlaceAndRouteError", "RegisterWrapper", "synthesize",
            "made_from", "run_tool", "place_and_route", "check_pnr_options", "parse_nextpnr_report", "vendor_sim_model",
@@ -312,11 +312,12 @@ def read_stat_cells(stat_path: Path) -> dict[str, int]:
     return {k: int(v) for k, v in stat["design"].get("num_cells_by_type", {}).items()}
 
 
-def _parts(cwd: Path, top: str, target: Target) -> dict[str, dict[str, int]]:
-    """:func:`~fpga.breakdown.breakdown` of the netlist ``cwd/<top>.json``, LUTs counted as in
+def _parts(cwd: Path, top: str, target: Target) -> dict[str, dict]:
+    """``parts`` (:func:`~fpga.breakdown.breakdown`) and ``own_logic``
+    (:func:`~fpga.breakdown.own_logic`) of the netlist ``cwd/<top>.json``, LUTs counted as in
     ``resources``: on ECP5 a CCU2C is two LUT4s (nextpnr's TRELLIS_COMB)."""
-    return breakdown(cwd / f"{top}.json", top, _CELLS[target.family], _CARRY_LUTS[target.family],
-                     logic_cells="lc" in target.totals)
+    args = (cwd / f"{top}.json", top, _CELLS[target.family], _CARRY_LUTS[target.family], "lc" in target.totals)
+    return {"parts": breakdown(*args), "own_logic": own_logic(*args)}
 
 
 def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict:
@@ -348,7 +349,7 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         resources["lc"] = packed_cells(top, target, cwd, progress, t0)
     return {
         "resources": resources,
-        "parts": _parts(cwd, top, target),
+        **_parts(cwd, top, target),
         "cells": post,
         "inferred": {t: n for t, n in pre.items() if t in ("$mul", "$mem_v2", "$macc", "$alu")},
         "latches": sum(pre.get(t, 0) + post.get(t, 0) for t in _LATCHES),
@@ -527,7 +528,7 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         Return the ``report.json`` of ``build_dir`` instead of running the tools when it was
         made from the same RTLIL with the same options (its ``key``) by one of the seeds this
         call would try, unless its place and route failed after a timeout. The resource
-        breakdown (``parts``) is made again from the netlist, and the iCE40 logic-cell count
+        breakdown (``parts``, ``own_logic``) is made again from the netlist, and the iCE40 logic-cell count
         (``lc``) when the report has none.
 
     Returns
@@ -535,7 +536,8 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     dict
         ``name``, ``target``, ``family``, ``resources`` (lut, ff, carry, dsp, bram, ...),
         ``totals`` (the part's), ``parts`` (the resources per submodule,
-        :func:`fpga.breakdown.breakdown`), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
+        :func:`fpga.breakdown.breakdown`), ``own_logic`` (the unit's own cells by signal,
+        :func:`fpga.breakdown.own_logic`), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
         ``$mem_v2``... before mapping), ``latches``, ``unmapped``, ``check_warnings``,
         ``build_dir``, ``elapsed_s``, ``key`` (hash of the RTLIL, the options and the seed of
         the result) and, with ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``, ``goal_mhz``, ``met``,
@@ -564,7 +566,7 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
             if timing:  # reports from before the seed was recorded: the key says which
                 timing.setdefault("seed", keys[cached["key"]] if timing.get("fmax_mhz") is not None else None)
             if (cwd / f"{name}.json").exists():  # seconds: the breakdown as this version makes it
-                cached["parts"] = _parts(cwd, name, target)
+                cached.update(_parts(cwd, name, target))
             if "lc" in target.totals and "lc" not in cached["resources"]:  # from before the packed count
                 cached["resources"]["lc"] = packed_cells(name, target, cwd, progress, t0)
                 cached["totals"] = dict(target.totals)

