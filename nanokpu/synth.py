@@ -12,7 +12,9 @@ Examples
     bridge on the ULX3S, one unit behind the UART register bridge on the iCEBreaker.
 ``nanokpu synth --all --seed 2 --seed-tries 3 --pnr-timeout 15``
     Every nextpnr run starts with seed 2; a run that takes longer than 15 minutes or fails is
-    stopped and retried with seed 3, then 4. The reports record the seed of each result.
+    stopped and retried with seed 3, then 4, and so is one that misses its Fmax goal by 10% or
+    less (:data:`fpga.flow.NEAR_MISS`): the fastest seed is kept. The reports record the seed
+    of each result and every attempt.
 
 A unit is a name of :data:`nanokpu.generate.UNITS` or a ``module:factory`` path whose factory
 takes a :class:`~nanokpu.config.KpuConfig`.
@@ -101,7 +103,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--freq", type=float, default=None,
                         help="nextpnr target in MHz, > 0 (default: the goal; not for --board)")
     parser.add_argument("--seed", type=int, default=1,
-                        help="first nextpnr placer seed (the next ones follow a timeout or failure: --seed-tries)")
+                        help="first nextpnr placer seed (the next ones follow a timeout, a failure or a miss of the "
+                             "Fmax goal by 10%% or less: --seed-tries)")
     parser.add_argument("--seed-tries", type=int, default=SEED_TRIES,
                         help=f"seeds to try per nextpnr run: --seed, --seed + 1, ... (default {SEED_TRIES})")
     parser.add_argument("--pnr-timeout", type=float, default=PNR_TIMEOUT_MIN, metavar="MINUTES",

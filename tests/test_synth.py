@@ -179,6 +179,64 @@ def test_every_seed_failing_is_reported(monkeypatch):
     assert report["resources"]["dsp"] == 1  # the synthesis report stays
 
 
+def fake_nextpnr(monkeypatch, fmax_by_seed: dict) -> list:
+    """Replace nextpnr (not Yosys) by a report of ``fmax_by_seed[seed]`` MHz (``None``: the run
+    fails); returns the list of seeds run."""
+    import fpga.flow as flow
+    real = flow.run_tool
+    tried = []
+
+    def run_tool(argv, cwd, log, stage, progress, t0, timeout_s=None):
+        if "--seed" not in argv:
+            return real(argv, cwd, log, stage, progress, t0, timeout_s)
+        seed = int(argv[argv.index("--seed") + 1])
+        tried.append(seed)
+        if fmax_by_seed[seed] is None:
+            raise ToolError(f"{stage} failed (exit 1); log: {cwd / log}\nERROR: Failed to route design")
+        (cwd / argv[argv.index("--report") + 1]).write_text(json.dumps(
+            {"fmax": {"clk": {"achieved": fmax_by_seed[seed]}}, "utilization": {}, "critical_paths": []}))
+        (cwd / argv[argv.index("-l") + 1]).write_text("Program finished normally.\n")
+
+    monkeypatch.setattr(flow, "run_tool", run_tool)
+    return tried
+
+
+@pytest.mark.parametrize("fmax_by_seed,tries,ran,result_seed", [
+    ({2: 99.4, 3: 109.6, 4: 120.0}, 3, [2, 3], 3),  # a near miss, then met: no third seed
+    ({1: 60.0, 2: 99.0}, 3, [1], 1),                # a wide miss is the design's: no other seed
+    ({1: 95.0, 2: 97.0, 3: 96.0}, 3, [1, 2, 3], 2),  # near misses only: the fastest
+    ({1: 95.0, 2: None}, 2, [1, 2], 1),             # a near miss, then a failure: the near miss
+    ({1: None, 2: 100.0}, 3, [1, 2], 2),            # a failure, then met exactly
+])
+def test_a_near_miss_of_the_goal_tries_the_next_seed(monkeypatch, tmp_path, fmax_by_seed, tries, ran, result_seed):
+    from fpga.flow import NEAR_MISS, near_miss, place_and_route
+    assert NEAR_MISS == 0.1 and near_miss(90.0, 100.0) and not near_miss(89.9, 100.0)
+    assert not near_miss(100.0, 100.0) and not near_miss(None, 100.0) and not near_miss(95.0, None)
+    tried = fake_nextpnr(monkeypatch, fmax_by_seed)
+    lines = []
+    result = place_and_route(["nextpnr-ecp5"], tmp_path, "top", "nextpnr", seed=ran[0], seed_tries=tries,
+                             goal=100.0, progress=lines.append)
+    assert tried == ran
+    assert result["seed"] == result_seed and result["fmax_mhz"] == fmax_by_seed[result_seed]
+    assert [(a["seed"], a.get("fmax_mhz")) for a in result["attempts"]] == [(s, fmax_by_seed[s]) for s in ran]
+    if ran[0] == 2:
+        assert any("seed 2 reached 99.4 MHz, 0.6% short of the 100 MHz goal, trying seed 3" in ln for ln in lines)
+
+
+def test_reuse_tries_a_new_seed_after_a_near_miss(monkeypatch):
+    """A report that missed the goal narrowly is reused by a run with the same seeds, and run
+    again by one that would try a seed it did not."""
+    tried = fake_nextpnr(monkeypatch, {1: 96.0, 2: 104.0})
+    args = {"pnr": True, "freq": 100, "build_dir": BUILD_DIR / "test-near-miss", "reuse": True}
+    first = synthesize(RegisteredMac(), "test_near_miss", "ecp5-25f", seed_tries=1, **args)
+    assert (first["pnr"]["seed"], first["pnr"]["met"], tried) == (1, False, [1])
+    again = synthesize(RegisteredMac(), "test_near_miss", "ecp5-25f", seed_tries=1, **args)
+    assert again["key"] == first["key"] and tried == [1]  # reused: nothing else to try
+    wider = synthesize(RegisteredMac(), "test_near_miss", "ecp5-25f", seed_tries=2, **args)
+    assert (wider["pnr"]["seed"], wider["pnr"]["fmax_mhz"], wider["pnr"]["met"]) == (2, 104.0, True)
+    assert tried == [1, 1, 2]
+
+
 @pytest.mark.parametrize("flag,value", [("--seed-tries", "0"), ("--pnr-timeout", "-1"), ("--freq", "0"),
                                         ("--freq", "-5")])
 def test_bad_pnr_flags_name_the_field(flag, value, capsys):
