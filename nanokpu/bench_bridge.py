@@ -114,17 +114,18 @@ def run(args) -> int:
         "",
         "## Why these numbers",
         "",
-        "The bridge (`nanokpu/uart_bridge.py`) queues what it receives (one block RAM) and has a "
-        "command that waits in hardware for a port bit (`U`), so the client sends a whole stream "
-        "transfer (payload bytes, a wait for `ready`, a `valid` pulse, beat after beat) without "
-        "waiting for answers. It waits for the board only when it needs a value (the engine's "
+        "The bridge (`nanokpu/uart_bridge.py`) queues what it receives (one block RAM) and moves "
+        "stream beats in hardware: a burst command (`B`) carries a stream transfer as its payload "
+        "bytes alone and holds each beat's `valid` until `ready`, so the client sends a whole "
+        "transfer without waiting for answers. It waits for the board only when it needs a value (the engine's "
         "answer to a GEMM command, the result words), at the end of each transfer (a status "
         "read that also reports a wait that ran out or lost bytes), and to keep at most a "
         "queue's worth of bytes unanswered (a status request every half queue; at 115,200 baud "
         "half a queue takes 22 ms on the line, longer than the adapter's latency, so these "
         "reads rarely leave the line idle). A GEMM costs a few round trips whatever its size. "
-        "Most bytes are the A and B operand words written as `W` commands, 3 bytes per byte of "
-        "payload.",
+        "Most bytes are the A and B operand words, one byte per byte of payload (and the "
+        "stream's `valid` byte); each result word costs a wait for `valid`, its reads (2 bytes "
+        "per byte) and a one-beat burst on `ready`.",
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,8 @@ from nanokpu.gemm import GemmError, kpu_engine
 from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
 from nanokpu.uart_bridge import (
     BREAK_DETECT_BITS,
-    CMD_PULSE,
+    BURST_PARAMS,
+    CMD_BURST,
     CMD_READ,
     CMD_STATUS,
     CMD_UNTIL,
@@ -64,7 +65,7 @@ class BridgeClient:
     earlier client left behind) and reads the bridge's status (``TimeoutError`` if nothing
     answers).
 
-    Commands that need no answer (:meth:`set`, :meth:`pulse`, :meth:`until`, the beats of
+    Commands that need no answer (:meth:`set`, :meth:`handshake`, :meth:`until`, the beats of
     :meth:`send` and :meth:`receive`) go out at once and the client goes on without waiting:
     the bridge queues them. The client only waits for the board when it needs a value
     (:meth:`get`, :meth:`receive`), at the end of a transfer (:meth:`sync`), and to keep at
@@ -177,29 +178,36 @@ class BridgeClient:
             values.append((word >> (offset - 8 * first)) & ((1 << width) - 1))
         return values
 
-    def set(self, name: str, value: int) -> None:
-        """Drive input port ``name`` with ``value`` (its bits as an unsigned integer) until set
-        again."""
-        offset, width = self._field(self.inputs, name)
+    def _shadow_set(self, offset: int, width: int, value: int) -> list[int]:
+        """Put ``value`` into the ``width`` input bits at bit ``offset`` of the copy of the
+        input bytes; returns the indices of the bytes that changed."""
         value = int(value) & ((1 << width) - 1)
         first, last = offset // 8, (offset + width - 1) // 8
         word = int.from_bytes(self.shadow[first:last + 1], "little")
         shift = offset - 8 * first
         word = (word & ~(((1 << width) - 1) << shift)) | (value << shift)
         new = word.to_bytes(last + 1 - first, "little")
-        out = bytearray()
-        for i, byte in enumerate(new, first):
-            if self.shadow[i] != byte:
-                self.shadow[i] = byte
-                out += bytes([CMD_WRITE, i, byte])
-        if out:
-            self._write(bytes(out))
+        changed = [i for i, byte in enumerate(new, first) if self.shadow[i] != byte]
+        self.shadow[first:last + 1] = new
+        return changed
 
-    def pulse(self, name: str) -> None:
-        """Raise the 1-bit input port ``name`` for exactly one clock cycle (a stream ``valid``
-        or ``ready``: one beat moves if the other side is ready in that cycle)."""
+    def set(self, name: str, value: int) -> None:
+        """Drive input port ``name`` with ``value`` (its bits as an unsigned integer) until set
+        again."""
+        changed = self._shadow_set(*self._field(self.inputs, name), value)
+        if changed:
+            self._write(b"".join(bytes([CMD_WRITE, i, self.shadow[i]]) for i in changed))
+
+    def handshake(self, name: str, partner: str) -> None:
+        """Raise the 1-bit input port ``name`` until the 1-bit output port ``partner`` is 1 and
+        lower it the cycle after: one stream beat moves (``name`` the ``valid`` of an input
+        stream and ``partner`` its ``ready``, or ``ready`` and ``valid`` of an output stream).
+        A one-byte ``B`` burst; does not wait here: a partner that stays 0 past the bridge's
+        ``wait_limit`` raises ``TimeoutError`` from the next :meth:`sync`, :meth:`get` or
+        :meth:`receive`, as :meth:`until` does."""
         i, bit = self._bit(self.inputs, name)
-        self._write(bytes([CMD_PULSE, i, self.shadow[i] | bit]))
+        r, m = self._bit(self.outputs, partner)
+        self._write(bytes([CMD_BURST, i, i, bit, r, m, 0, self.shadow[i]]))
 
     def until(self, name: str) -> None:
         """Make the bridge take no further command until the 1-bit output port ``name`` is 1.
@@ -228,22 +236,41 @@ class BridgeClient:
         self.sync()
 
     def send(self, stream: str, words) -> None:
-        """Every word of ``words`` into the unit's input stream ``stream``, one beat each
-        (``payload`` written, a wait for ``ready``, a ``valid`` pulse), then :meth:`sync`."""
-        for word in words:
-            self.set(f"{stream}.payload", word)
-            self.until(f"{stream}.ready")
-            self.pulse(f"{stream}.valid")
+        """Every word of ``words`` into the unit's input stream ``stream``, one beat each, then
+        :meth:`sync`. When ``valid`` follows the payload (in the byte of its last bit or the
+        next, as in an Amaranth stream) the beats go as ``B`` bursts, their payload bytes
+        alone, each burst at most half the bridge's queue; else (or when a beat would not
+        fit that) each beat is ``payload`` written and a :meth:`handshake` of ``valid``."""
+        offset, width = self._field(self.inputs, f"{stream}.payload")
+        valid_byte, valid_bit = self._bit(self.inputs, f"{stream}.valid")
+        ready_byte, ready_bit = self._bit(self.outputs, f"{stream}.ready")
+        first, last = offset // 8, (offset + width - 1) // 8
+        size = valid_byte + 1 - first
+        words = list(words)
+        if valid_byte not in (last, last + 1) or 1 + BURST_PARAMS + size > self.queue_depth // 2:
+            for word in words:
+                self.set(f"{stream}.payload", word)
+                self.handshake(f"{stream}.valid", f"{stream}.ready")
+            self.sync()
+            return
+        per_burst = min(256, (self.queue_depth // 2 - 1 - BURST_PARAMS) // size)
+        for start in range(0, len(words), per_burst):
+            chunk = words[start:start + per_burst]
+            data = bytearray([CMD_BURST, first, valid_byte, valid_bit, ready_byte, ready_bit, len(chunk) - 1])
+            for word in chunk:
+                self._shadow_set(offset, width, word)
+                data += self.shadow[first:valid_byte + 1]
+            self._write(bytes(data))
         self.sync()
 
     def receive(self, stream: str, n: int) -> list[int]:
         """``n`` words out of the unit's output stream ``stream`` (a wait for ``valid``, the
-        payload read, a ``ready`` pulse, for each), then :meth:`sync`."""
+        payload read, a :meth:`handshake` of ``ready``, for each), then :meth:`sync`."""
         commands, layout = self._read_commands([f"{stream}.payload"])
         for _ in range(n):
             self.until(f"{stream}.valid")
             self._write(commands, len(layout[0]))
-            self.pulse(f"{stream}.ready")
+            self.handshake(f"{stream}.ready", f"{stream}.valid")
         k = len(layout[0])
         raw = self._take(n * k)
         words = [self._decode(raw[i:i + k], *layout)[0] for i in range(0, n * k, k)]
@@ -266,10 +293,9 @@ def run_gemm(client: BridgeClient, cfg: KpuConfig, a, b, *, mult: int = 1, shift
     (m, k), (k2, n) = a.shape, b.shape
     if k2 != k:
         raise ValueError(f"b: {k2} rows, must equal the {k} columns of a")
-    client.until("cmd.ready")
     client.set("cmd.payload", command_word(cfg, m=m, k=k, n=n, mult=mult, shift=shift,
                                            load_a=1, compute=1, store=1))
-    client.pulse("cmd.valid")
+    client.handshake("cmd.valid", "cmd.ready")
     t0 = time.monotonic()
     while True:  # the engine takes A words once it has checked the command, or refuses it
         ready, error, code = client.get("a_in.ready", "error", "error_code")

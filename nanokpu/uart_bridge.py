@@ -13,8 +13,6 @@ Protocol (host -> bridge; unknown command bytes are ignored):
 bytes       reply               effect
 ==========  ==================  =========================================================
 ``W a d``   none                ``IN[a] = d``
-``P a d``   none                ``IN[a] = d`` for exactly one clock cycle, then back: a
-                                stream ``valid`` pulse moves one beat if ``ready`` was high
 ``R a``     ``OUT[a]``          read one output byte (0 beyond the end)
 ``U a m``   none                take no further command until ``OUT[a] & m`` is nonzero,
                                 or ``wait_limit`` cycles have passed (then the status
@@ -22,6 +20,12 @@ bytes       reply               effect
 ``S``       status              bit 0: a ``U`` ran out, bit 1: bytes were lost (the
                                 receive queue was full), both since the last ``S``, which
                                 clears them
+``B f l     none                a burst of ``n + 1`` stream beats of ``l - f + 1`` bytes
+v r m n``                       each: a beat's bytes go to ``IN[f..l]``, the bits ``v``
++ beats                         of ``IN[l]`` (``valid``) set with the last; they stay
+                                set until ``OUT[r] & m`` (``ready``) is nonzero, the
+                                cycle the beat moves, or until ``wait_limit`` cycles
+                                have passed (status bit 0); ``f <= l``
 ==========  ==================  =========================================================
 
 A break on the line (``rx`` low for :data:`BREAK_DETECT_BITS` bit times or more) resets the
@@ -30,12 +34,18 @@ status clear. The bridge takes bytes again once ``rx`` has been high for 10 bit 
 it. :class:`~nanokpu.bridge_client.BridgeClient` starts with one, so a client that died in
 the middle of a transfer leaves nothing behind for the next.
 
-``W``, ``P``, ``R``, ``U`` and ``S`` are the ASCII bytes 0x57, 0x50, 0x52, 0x55 and 0x53;
-``a`` is one byte. Received bytes wait in a queue of ``queue_depth`` bytes (by default
-:data:`RX_QUEUE_DEPTH`, one block RAM) while a ``U`` waits or a reply is being sent, so a PC
-can send a whole stream transfer (``W`` payload, ``U`` on ``ready``, ``P`` on ``valid``, beat
-after beat) without waiting for an answer, as long as it never has more than ``queue_depth``
-bytes unanswered.
+``W``, ``R``, ``U``, ``S`` and ``B`` are the ASCII bytes 0x57, 0x52, 0x55, 0x53 and 0x42;
+``a`` and the parameters of ``B`` are one byte each. Received bytes wait in a queue of
+``queue_depth`` bytes (by default :data:`RX_QUEUE_DEPTH`, one block RAM) while a ``U`` or a
+burst's wait waits or a reply is being sent, so a PC can send a whole stream transfer without
+waiting for an answer, as long as it never has more than ``queue_depth`` bytes unanswered.
+
+A ``B`` moves a stream transfer as its payload bytes alone when the ``valid`` bit sits in the
+last byte of the range (an Amaranth stream has it right after its payload), and follows the
+stream rules: ``valid`` held until ``ready``, lowered the cycle after the beat moved. A
+one-byte ``B`` (``f = l``, one beat) raises any 1-bit input for one handshake: ``valid`` of a
+stream whose payload was written with ``W``, or ``ready`` of an output stream (``v`` its bit,
+``r m`` its ``valid``), so there is no separate pulse command: every handshake is one.
 """
 
 from __future__ import annotations
@@ -46,12 +56,16 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ", "CMD_UNTIL", "CMD_STATUS",
+__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_READ", "CMD_UNTIL", "CMD_STATUS",
+           "CMD_BURST", "BURST_PARAMS",
            "STATUS_WAIT_RAN_OUT", "STATUS_BYTES_LOST", "RX_QUEUE_DEPTH", "WAIT_LIMIT", "BAUD_TOLERANCE",
            "BREAK_DETECT_BITS", "BREAK_RELEASE_BITS",
            "port_map", "uart_divisor"]
 
-CMD_WRITE, CMD_PULSE, CMD_READ, CMD_UNTIL, CMD_STATUS = (ord(c) for c in "WPRUS")
+CMD_WRITE, CMD_READ, CMD_UNTIL, CMD_STATUS, CMD_BURST = (ord(c) for c in "WRUSB")
+
+#: Parameter bytes of a ``B`` command.
+BURST_PARAMS = 6
 
 #: Bits of the ``S`` reply.
 STATUS_WAIT_RAN_OUT, STATUS_BYTES_LOST = 1, 2
@@ -133,10 +147,12 @@ class UartBridge(wiring.Component):
     tx : Out(1, init=1)
         Serial output.
 
-    Latency, with the receive queue empty: a ``W``/``P`` takes effect 3 cycles after the
+    Latency, with the receive queue empty: a ``W`` takes effect 3 cycles after the
     receiver delivers ``d`` (:class:`UartRx` ``strobe``); the start bit of an ``R``/``S`` reply
     leaves 4 cycles after its last byte is delivered, or once the previous reply has left. A
-    ``U`` checks ``OUT[a] & m`` every cycle from the cycle after ``m`` is taken. A break holds
+    ``U`` checks ``OUT[a] & m`` every cycle from the cycle after ``m`` is taken. A ``B`` beat's
+    ``valid`` rises with its last byte (as a ``W``) and falls after the first cycle that has
+    ``ready`` high, the cycle the beat moves. A break holds
     the bridge and the unit in reset from 3 cycles after ``rx`` has been low for
     :data:`BREAK_DETECT_BITS` bit times until 3 cycles after it has been high for
     :data:`BREAK_RELEASE_BITS` (:class:`UartRx` ``brk``, one cycle late).
@@ -191,31 +207,40 @@ class UartBridge(wiring.Component):
         out_regs = Array(out_bits[8 * i:8 * i + 8] for i in range(self.out_bytes))
         out_byte = Signal(8)
         cmd = Signal(8)
-        addr = Signal(8)
+        addr = Signal(8)         # IN byte of W and a burst's next payload byte
+        out_addr = Signal(8)     # OUT byte of R, U and a burst's wait
         mask = Signal(8)
-        with m.If(addr < self.out_bytes):
-            m.d.comb += out_byte.eq(out_regs[addr])
+        with m.If(out_addr < self.out_bytes):
+            m.d.comb += out_byte.eq(out_regs[out_addr])
         timer = Signal(range(self.wait_limit))
-        restore = Signal()
-        restore_addr = Signal(8)
-        restore_data = Signal(8)
-        m.d.sync += restore.eq(0)
-        with m.If(restore):
-            m.d.sync += in_regs[restore_addr].eq(restore_data)
+        # the one write port of the IN bytes (nothing reads them back: a plain enable per byte)
+        w_en = Signal()
+        w_data = Signal(8)
+        with m.If(w_en & (addr < self.in_bytes)):
+            m.d.sync += in_regs[addr].eq(w_data)
+        # a burst's parameters: first and last payload byte, valid bits, beats left - 1; the
+        # last byte as written (valid set), to write it again with valid cleared
+        first = Signal(8)
+        last = Signal(8)
+        valid_bits = Signal(8)
+        beats = Signal(8)
+        last_byte = Signal(8)
+        param = Signal(range(BURST_PARAMS))
         with m.FSM(name="bridge"):
             with m.State("CMD"):
                 m.d.comb += queue.r_en.eq(1)
                 with m.If(queue.r_rdy):
-                    m.d.sync += cmd.eq(byte)
+                    m.d.sync += [cmd.eq(byte), param.eq(0)]
                     with m.If(byte == CMD_STATUS):
                         m.next = "REPLY"
-                    with m.Elif((byte == CMD_WRITE) | (byte == CMD_PULSE) | (byte == CMD_READ) |
-                                (byte == CMD_UNTIL)):
+                    with m.Elif(byte == CMD_BURST):
+                        m.next = "PARAMS"
+                    with m.Elif((byte == CMD_WRITE) | (byte == CMD_READ) | (byte == CMD_UNTIL)):
                         m.next = "ADDR"
             with m.State("ADDR"):
                 m.d.comb += queue.r_en.eq(1)
                 with m.If(queue.r_rdy):
-                    m.d.sync += addr.eq(byte)
+                    m.d.sync += [addr.eq(byte), out_addr.eq(byte)]
                     m.next = "DATA"
                     with m.If(cmd == CMD_READ):
                         m.next = "REPLY"
@@ -226,19 +251,41 @@ class UartBridge(wiring.Component):
                         m.d.sync += [mask.eq(byte), timer.eq(self.wait_limit - 1)]
                         m.next = "UNTIL"
                     with m.Else():
-                        with m.If(addr < self.in_bytes):
-                            m.d.sync += in_regs[addr].eq(byte)
-                            with m.If(cmd == CMD_PULSE):
-                                m.d.sync += [restore.eq(1), restore_addr.eq(addr),
-                                             restore_data.eq(in_regs[addr])]
+                        m.d.comb += [w_en.eq(1), w_data.eq(byte)]
                         m.next = "CMD"
+            with m.State("PARAMS"):   # B f l v r m n
+                m.d.comb += queue.r_en.eq(1)
+                with m.If(queue.r_rdy):
+                    m.d.sync += param.eq(param + 1)
+                    with m.Switch(param):
+                        for i, reg in enumerate((first, last, valid_bits, out_addr, mask, beats)):
+                            with m.Case(i):
+                                m.d.sync += reg.eq(byte)
+                    with m.If(param == BURST_PARAMS - 1):
+                        m.d.sync += addr.eq(first)
+                        m.next = "BEAT"
+            with m.State("BEAT"):
+                m.d.comb += queue.r_en.eq(1)
+                with m.If(queue.r_rdy):
+                    m.d.comb += [w_en.eq(1), w_data.eq(byte)]
+                    with m.If(addr == last):      # valid rises with the last byte
+                        m.d.comb += w_data.eq(byte | valid_bits)
+                        m.d.sync += [last_byte.eq(byte | valid_bits), timer.eq(self.wait_limit - 1)]
+                        m.next = "UNTIL"
+                    with m.Else():
+                        m.d.sync += addr.eq(addr + 1)
             with m.State("UNTIL"):
                 m.d.sync += timer.eq(timer - 1)
-                with m.If((out_byte & mask).any()):
+                ready = (out_byte & mask).any()
+                with m.If(ready | (timer == 0)):
                     m.next = "CMD"
-                with m.Elif(timer == 0):
-                    m.d.sync += wait_ran_out.eq(1)
-                    m.next = "CMD"
+                    with m.If(~ready):
+                        m.d.sync += wait_ran_out.eq(1)
+                    with m.If(cmd == CMD_BURST):   # the beat moves now: valid falls, the next beat
+                        m.d.comb += [w_en.eq(1), w_data.eq(last_byte & ~valid_bits)]
+                        m.d.sync += [addr.eq(first), beats.eq(beats - 1)]
+                        with m.If(beats != 0):
+                            m.next = "BEAT"
             with m.State("REPLY"):
                 with m.If(~utx.busy):
                     m.d.comb += utx.start.eq(1)

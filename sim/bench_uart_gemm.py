@@ -84,10 +84,9 @@ async def test_gemms_over_uart(dut):
         """A client that stops in the middle of a GEMM (the command taken, half of A sent, a
         wait for a result that never comes queued with a write behind it), then a new client
         on the same line: its break must clear all that."""
-        client.until("cmd.ready")
         client.set("cmd.payload", command_word(cfg, m=8, k=8, n=8, mult=1, shift=0,
                                                load_a=1, compute=1, store=1))
-        client.pulse("cmd.valid")
+        client.handshake("cmd.valid", "cmd.ready")
         words = a_words(cfg, a)
         client.send("a_in", words[:len(words) // 2])
         client.until("c_out.valid")

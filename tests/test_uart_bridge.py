@@ -2,15 +2,16 @@
 """nanokpu/uart_bridge.py on the Amaranth simulator, with a host-side UART model in the bench.
 
 The wrapped test unit adds its two input bytes (registered) and counts the cycles its
-``inc`` input is high, so a read shows whether ``W`` reached the right bits and whether ``P``
-lasted exactly one cycle. Random idle gaps between the host's bytes.
+``inc`` input is high, so a read shows whether ``W`` reached the right bits and whether a
+handshake (a one-byte ``B``) against an output that is always 1 lasted exactly one cycle.
+Random idle gaps between the host's bytes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -19,7 +20,8 @@ from nanokpu.uart_bridge import (
     BAUD_TOLERANCE,
     BREAK_DETECT_BITS,
     BREAK_RELEASE_BITS,
-    CMD_PULSE,
+    BURST_PARAMS,
+    CMD_BURST,
     CMD_READ,
     CMD_STATUS,
     CMD_UNTIL,
@@ -35,13 +37,13 @@ DIV = 5  # clock cycles per bit
 
 class AddCount(wiring.Component):
     """s <= a + b; count <= count + inc; done goes high ``DONE_AFTER`` cycles after go is
-    pulsed and stays high; never stays 0 (test unit only)."""
+    pulsed and stays high; never stays 0, one stays 1 (test unit only)."""
 
     DONE_AFTER = 300
 
     def __init__(self):
         super().__init__({"a": In(8), "b": In(8), "inc": In(1), "go": In(1),
-                          "s": Out(9), "count": Out(16), "done": Out(1), "never": Out(1)})
+                          "s": Out(9), "count": Out(16), "done": Out(1), "never": Out(1), "one": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -53,8 +55,18 @@ class AddCount(wiring.Component):
             m.d.sync += [timer.eq(self.DONE_AFTER), started.eq(1)]
         with m.Elif(timer != 0):
             m.d.sync += timer.eq(timer - 1)
-        m.d.comb += self.done.eq(started & (timer == 0))
+        m.d.comb += [self.done.eq(started & (timer == 0)), self.one.eq(1)]
         return m
+
+
+def handshake(byte: int, bit: int, until_byte: int, until_bit: int, data: int = 0) -> list[int]:
+    """A one-byte ``B``: ``IN[byte] = data | bit`` until ``OUT[until_byte] & until_bit``, then ``data``."""
+    return [CMD_BURST, byte, byte, bit, until_byte, until_bit, 0, data]
+
+
+#: On :class:`AddCount` behind the bridge: ``inc`` (IN byte 2 bit 0) and ``go`` (bit 1) high for
+#: exactly one cycle (against ``one``, OUT byte 3 bit 3).
+INC_ONCE, GO_ONCE = handshake(2, 1, 3, 1 << 3), handshake(2, 2, 3, 1 << 3)
 
 
 def run_line(dut, bench, seed):
@@ -107,7 +119,7 @@ async def reply(ctx, replies, n, seed):
     raise AssertionError(f"no reply {n} (seed {seed}); got {replies}")
 
 
-def test_write_pulse_read():
+def test_write_handshake_read():
     seed = 11
     rng = np.random.default_rng(seed)
     dut = UartBridge(AddCount(), clk_freq=DIV * 1000, baud=1000)
@@ -127,7 +139,7 @@ def test_write_pulse_read():
             assert s == a + b, f"{a} + {b} read back as {s} (seed {seed})"
             n = int(rng.integers(1, 3))
             for _ in range(n):
-                await send(ctx, CMD_PULSE, 2, 1)
+                await send(ctx, *INC_ONCE)
             pulses += n
             count = (await read(1) >> 1) | (await read(2)) << 7 | (await read(3) & 1) << 15
             assert count == pulses, f"count {count}, expected {pulses} (seed {seed})"
@@ -149,9 +161,9 @@ def test_until_queues_commands_and_status_reports_losses():
     never_bit = 1 << 2
 
     async def bench(ctx, send, replies):
-        # P go, U done, R done, S in one burst: without the wait, R would run 250 cycles after
-        # the pulse, before done rises
-        await send(ctx, CMD_PULSE, 2, 2, CMD_UNTIL, done_byte, done_bit, CMD_READ, done_byte, CMD_STATUS, gap=0)
+        # go, U done, R done, S back to back: without the wait, R would run 250 cycles after
+        # go, before done rises
+        await send(ctx, *GO_ONCE, CMD_UNTIL, done_byte, done_bit, CMD_READ, done_byte, CMD_STATUS, gap=0)
         assert await reply(ctx, replies, 1, seed) & done_bit, f"R ran before U saw done (seed {seed})"
         assert await reply(ctx, replies, 2, seed) == 0, f"status {replies[1]} (seed {seed})"
         # U on a bit that never rises, then 6 S back to back: 4 queue, 2 are lost (700 cycles)
@@ -229,8 +241,8 @@ class FakeLine:
     is left); it asserts that the client never has more than ``depth`` bytes unanswered (sent
     after the last command whose reply it has read). A break drops the commands not yet
     parsed (asserting it is long enough), ``reset_input_buffer`` the replies not read.
-    ``log`` is what was written since the last ``clear()``; ``reads`` counts the reads,
-    ``breaks`` the breaks."""
+    ``log`` is what was written since the last ``clear()``, ``commands`` the whole commands
+    in it; ``reads`` counts the reads, ``breaks`` the breaks."""
 
     baudrate = 115200
 
@@ -249,7 +261,7 @@ class FakeLine:
         self.replies = []
 
     def clear(self):
-        self.log, self.reads = b"", 0
+        self.log, self.reads, self.commands = b"", 0, []
 
     def write(self, data):
         self.buf += data
@@ -257,9 +269,16 @@ class FakeLine:
         assert len(self.buf) - self.taken <= self.depth, "the bridge's queue would overflow"
         while self.parsed < len(self.buf):
             cmd = self.buf[self.parsed]
-            end = self.parsed + {CMD_STATUS: 1, CMD_READ: 2}.get(cmd, 3)
+            end = self.parsed + {CMD_STATUS: 1, CMD_READ: 2, CMD_BURST: 1 + BURST_PARAMS}.get(cmd, 3)
             if end > len(self.buf):
                 break
+            if cmd == CMD_BURST:
+                f, last, *_, n = self.buf[self.parsed + 1:end]
+                assert f <= last, f"a burst from byte {f} to {last}"
+                end += (n + 1) * (last - f + 1)
+                if end > len(self.buf):
+                    break
+            self.commands.append(self.buf[self.parsed:end])
             if cmd == CMD_READ:
                 self.replies.append((end, self.out.get(self.buf[self.parsed + 1], 0xA5)))
             elif cmd == CMD_STATUS:
@@ -283,20 +302,20 @@ def test_client_names_ports_and_refuses_bad_ones():
     # a break (the inputs 0), then a status read
     assert line.breaks == 1 and line.log == bytes([CMD_STATUS])
     assert client.inputs == {"a": (0, 8), "b": (8, 8), "inc": (16, 1), "go": (17, 1)}
-    assert client.outputs == {"s": (0, 9), "count": (9, 16), "done": (25, 1), "never": (26, 1)}
+    assert client.outputs == {"s": (0, 9), "count": (9, 16), "done": (25, 1), "never": (26, 1), "one": (27, 1)}
     line.clear()
     client.set("b", 0x42)
     client.set("b", 0x42)                 # unchanged: nothing sent
-    client.pulse("inc")
+    client.handshake("inc", "one")
     client.until("done")
-    assert line.log == bytes([CMD_WRITE, 1, 0x42, CMD_PULSE, 2, 1, CMD_UNTIL, 3, 2]) and line.reads == 0
+    assert line.log == bytes([CMD_WRITE, 1, 0x42, *INC_ONCE, CMD_UNTIL, 3, 2]) and line.reads == 0
     line.clear()
     assert client.get("s", "count") == [0x1A5, (0xA5A5A5 >> 1) & 0xFFFF]
     assert line.log == bytes([CMD_READ, 0, CMD_READ, 1, CMD_READ, 2, CMD_READ, 3])  # each byte once
     with pytest.raises(ValueError, match="^name = 'c': not a port of the unit"):
         client.set("c", 1)
     with pytest.raises(ValueError, match="^name = 'a': 8 bits wide"):
-        client.pulse("a")
+        client.handshake("a", "one")
     with pytest.raises(ValueError, match="^name = 's': 9 bits wide"):
         client.until("s")
 
@@ -319,14 +338,32 @@ def test_client_streams_without_waiting_and_never_overflows_the_queue(depth):
     line = FakeLine(depth, out={0: 0x68, 1: 0x24, 2: 0x00})
     client = BridgeClient(line, Streams(), queue_depth=depth)
     line.clear()
-    client.send("x", range(0x01020300, 0x01020300 + 10))
-    # first beat 3 W (byte 0 stays 0), then 1 W, each with a U and a P
-    assert line.log.count(CMD_UNTIL) == 10 and len(line.log) == 15 + 9 * 9 + line.log.count(CMD_STATUS)
-    assert line.reads <= 96 // (depth // 2) + 1 and (depth < 96 or line.reads == 1), line.reads
+    words = list(range(0x01020300, 0x01020300 + 10))
+    client.send("x", words)
+    if depth == 16:  # a burst of one beat is more than half the queue: W and a handshake a beat
+        # first beat 3 W (byte 0 stays 0), then 1 W, each with a handshake of x.valid (byte 4
+        # bit 0) against x.ready (OUT byte 0 bit 0)
+        shakes = [c for c in line.commands if c[0] == CMD_BURST]
+        assert shakes == [bytes([CMD_BURST, 4, 4, 1, 0, 1, 0, 0])] * 10, shakes
+        assert len(line.log) == 3 * 3 + 9 * 3 + 10 * 8 + line.log.count(CMD_STATUS)
+    else:  # bursts of 2 or 10 beats (half a queue at most): x.payload bytes 0-3, x.valid byte 4
+        # bit 0, x.ready OUT byte 0 bit 0; each beat the payload and byte 4 (y.ready 0, x.valid 0)
+        bursts = [c for c in line.commands if c[0] == CMD_BURST]
+        per = {40: 2, 512: 10}[depth]
+        assert [c[1:7] for c in bursts] == [bytes([0, 4, 1, 0, 1, per - 1])] * (10 // per), bursts
+        assert b"".join(c[7:] for c in bursts) == b"".join(w.to_bytes(4, "little") + b"\0" for w in words)
+        assert all(len(c) <= depth // 2 for c in bursts)
+        assert len(line.commands) == len(bursts) + line.log.count(CMD_STATUS)
+    sent = len(line.log)
+    assert line.reads <= sent // (depth // 2) + 1 and (depth < sent or line.reads == 1), line.reads
     line.clear()
     assert client.receive("y", 5) == [0x1234] * 5
-    assert line.log.count(CMD_READ) == 15
-    assert line.reads <= 60 // (depth // 2) + 2 and (depth < 60 or line.reads == 2), line.reads
+    # each word: U on y.valid (OUT byte 2 bit 1), 3 R, a handshake of y.ready (IN byte 4 bit 1)
+    word = bytes([CMD_UNTIL, 2, 2, CMD_READ, 0, CMD_READ, 1, CMD_READ, 2, CMD_BURST, 4, 4, 2, 2, 2, 0, 0])
+    assert [c for c in line.commands if c[0] != CMD_STATUS] == [word[:3], *(word[i:i + 2] for i in (3, 5, 7)),
+                                                                  word[9:]] * 5
+    sent = len(line.log)
+    assert line.reads <= sent // (depth // 2) + 2 and (depth < sent or line.reads == 2), line.reads
     assert client.traffic["bytes_out"] == len(line.buf) and client.traffic["waits"] >= 3
 
 
@@ -387,16 +424,67 @@ def test_break_resets_the_bridge_and_the_unit():
             await send(ctx, CMD_READ, addr)
             return await reply(ctx, replies, len(replies) + 1, seed)
 
-        await send(ctx, CMD_WRITE, 0, 0x40, CMD_WRITE, 1, 0x02, CMD_PULSE, 2, 1, CMD_PULSE, 2, 1)
+        await send(ctx, CMD_WRITE, 0, 0x40, CMD_WRITE, 1, 0x02, *INC_ONCE, *INC_ONCE)
         assert await read(0) == 0x42 and await read(1) >> 1 == 2, f"{replies} (seed {seed})"
         await line_low(ctx, BREAK_DETECT_BITS - 5)     # a framing error, not a break
         assert await read(0) == 0x42 and await read(1) >> 1 == 2, f"{replies} (seed {seed})"
         # a wait that would last 2**20 cycles, commands queued behind it, half a W
-        await send(ctx, CMD_UNTIL, never_byte, never_bit, CMD_PULSE, 2, 1, CMD_WRITE, 0)
+        await send(ctx, CMD_UNTIL, never_byte, never_bit, *INC_ONCE, CMD_WRITE, 0)
         await line_low(ctx, BREAK_DETECT_BITS + 1)
         n = len(replies)
         assert [await read(0), await read(1), await read(2)] == [0, 0, 0], f"{replies} (seed {seed})"
         await send(ctx, CMD_STATUS)
         assert await reply(ctx, replies, n + 4, seed) == 0, f"status {replies[-1]} (seed {seed})"
+
+    run_line(dut, bench, seed)
+
+
+class Sink(wiring.Component):
+    """Takes 12-bit beats on ``x`` (ready 2 cycles of 3, never while ``hold``), sums them
+    (``total``, mod 2**16) and counts them (``beats``, mod 2**8) (test unit only)."""
+
+    def __init__(self):
+        super().__init__({"x": In(stream.Signature(12)), "hold": In(1), "total": Out(16), "beats": Out(8)})
+
+    def elaborate(self, platform):
+        m = Module()
+        phase = Signal(2)
+        m.d.sync += phase.eq(Mux(phase == 2, 0, phase + 1))
+        m.d.comb += self.x.ready.eq((phase != 0) & ~self.hold)
+        with m.If(self.x.valid & self.x.ready):
+            m.d.sync += [self.total.eq(self.total + self.x.payload), self.beats.eq(self.beats + 1)]
+        return m
+
+
+def test_burst_moves_each_beat_once_and_reports_a_stalled_stream():
+    """``B``: beats sent back to back reach a sink whose ``ready`` drops 1 cycle in 3, each
+    exactly once (sum and count); a stream that never gets ``ready`` costs the wait limit per
+    beat, sets status bit 0 and moves nothing, and the commands after the burst still parse."""
+    seed = 21
+    rng = np.random.default_rng(seed)
+    limit = 400
+    dut = UartBridge(Sink(), clk_freq=DIV * 1000, baud=1000, wait_limit=limit)
+    # IN: x.payload bits 0-11, x.valid 12, hold 13; OUT: x.ready 0, total 1-16, beats 17-24
+    header = [CMD_BURST, 0, 1, 1 << 4, 0, 1]
+
+    async def bench(ctx, send, replies):
+        async def read_all():
+            n = len(replies)
+            await send(ctx, *(b for a in range(4) for b in (CMD_READ, a)))
+            out = [await reply(ctx, replies, n + i, seed) for i in range(1, 5)]
+            word = int.from_bytes(bytes(out), "little")
+            return (word >> 1) & 0xFFFF, (word >> 17) & 0xFF
+
+        words = [int(w) for w in rng.integers(0, 1 << 12, 9)]
+        words[0], words[1] = 0xFFF, 0x000          # the extremes
+        await send(ctx, *header, len(words) - 1, *(b for w in words for b in (w & 0xFF, w >> 8)), gap=0)
+        assert await read_all() == (sum(words) & 0xFFFF, len(words)), f"{words} (seed {seed})"
+        # hold: ready never rises; 2 beats, each waits out the limit; then S reports it
+        await send(ctx, CMD_WRITE, 1, 1 << 5, *header, 1, 0x12, 0x20, 0x34, 0x20, CMD_STATUS, gap=0)
+        assert await reply(ctx, replies, 5, seed) == STATUS_WAIT_RAN_OUT, f"{replies} (seed {seed})"
+        await send(ctx, CMD_WRITE, 1, 0)
+        assert await read_all() == (sum(words) & 0xFFFF, len(words)), f"a held beat moved (seed {seed})"
+        await send(ctx, *header, 0, 0x01, 0x00, gap=0)
+        assert await read_all() == ((sum(words) + 1) & 0xFFFF, len(words) + 1), f"(seed {seed})"
 
     run_line(dut, bench, seed)
