@@ -23,6 +23,7 @@ merges some LUT4s into carry cells and adds cells to legalise carry chains).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -50,7 +51,7 @@ def breakdown(netlist: Path, top: str, cells: dict[str, tuple[str, ...]],
     counted cell, the top level's under :data:`TOP`, largest LUT count first. A kind a part does
     not use is absent from its dict.
     """
-    module = json.loads(netlist.read_text())["modules"][top]
+    module = _module(Path(netlist), top)
 
     def part(name):
         match = _PART.match(name)
@@ -65,7 +66,7 @@ def own_logic(netlist: Path, top: str, cells: dict[str, tuple[str, ...]], carry_
     at the front of their names (the module docstring), :data:`UNNAMED` for those without one:
     the ``limit`` signals with the most LUTs, largest first, then ``"(N others)"`` with the rest
     (when there are any)."""
-    module = json.loads(netlist.read_text())["modules"][top]
+    module = _module(Path(netlist), top)
     types = sorted({c["type"] for c in module["cells"].values()}, key=len, reverse=True)
     front = re.compile(r"\\?(.+?)(?:\[|_(?:" + "|".join(map(re.escape, types)) + r")(?:_|$)|$)")
 
@@ -85,6 +86,18 @@ def own_logic(netlist: Path, top: str, cells: dict[str, tuple[str, ...]], carry_
             rest[kind] = rest.get(kind, 0) + count
     shown[f"({len(names) - limit} others)"] = rest
     return shown
+
+
+def _module(netlist: Path, top: str) -> dict:
+    """Module ``top`` of the Yosys JSON ``netlist``, parsed once for :func:`breakdown` and
+    :func:`own_logic` of the same file (a netlist can take 20 MB)."""
+    stat = netlist.stat()
+    return _parse(netlist.resolve(), stat.st_mtime_ns, stat.st_size)["modules"][top]
+
+
+@functools.lru_cache(maxsize=1)
+def _parse(netlist: Path, mtime_ns: int, size: int) -> dict:
+    return json.loads(netlist.read_text())
 
 
 def _count(module: dict, group, cells: dict[str, tuple[str, ...]], carry_luts: int,
