@@ -11,7 +11,7 @@ from pathlib import Path
 from fpga.breakdown import markdown_parts
 
 __all__ = ["total_row", "markdown_table", "critical_path_text", "peak_macs", "format_rate", "write_reports",
-           "write_chart"]
+           "write_chart", "read_baseline", "compare_table"]
 
 _KINDS = ("lut", "lc", "ff", "dsp", "bram")
 _XMAX = 125  # % of the device shown; longer bars are cut
@@ -145,3 +145,58 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
                   + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<profile>-<target>-<unit>/`"
                   " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, one per seed tried, `report.json`).\n" + where)
     return [js, md, png]
+
+
+def read_baseline(path: Path) -> list[dict]:
+    """The report dicts of a ``<stem>.json`` that :func:`write_reports` wrote; raises
+    ``ValueError`` naming ``against`` (the ``nanokpu synth`` flag) when it is missing or not one."""
+    try:
+        return json.loads(Path(path).read_text())["reports"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"against = {str(path)!r}: not a synthesis report JSON ({exc})") from exc
+
+
+def _unit_key(report: dict) -> tuple:
+    return report["name"], report.get("profile"), report["target"]
+
+
+def _change(new: float | None, old: float | None, digits: int = 0) -> str:
+    if new is None:
+        return "-"
+    text = f"{new:.{digits}f}" if digits else f"{new}"
+    if old is None or round(new - old, digits) == 0:
+        return text
+    return f"{text} ({new - old:+.{digits}f})" if digits else f"{text} ({new - old:+})"
+
+
+def compare_table(reports: list[dict], baseline: list[dict], *, parts: int = 6) -> str:
+    """Markdown: each unit of ``reports`` with its LUTs, logic cells (iCE40), FFs, DSPs, block
+    RAMs and Fmax, the change against the report of the same unit, profile and target in
+    ``baseline`` in brackets (``new`` when it has none); then, per unit whose submodules
+    changed, the ``parts`` largest changes of their logic cells (iCE40) or LUTs
+    (:func:`fpga.breakdown.breakdown`)."""
+    before = {_unit_key(r): r for r in baseline}
+    lines = ["| unit | profile | target | LUT | LC | FF | DSP | BRAM | Fmax (MHz) | against |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    moved = []
+    for r in reports:
+        old = before.get(_unit_key(r))
+        res, was = r["resources"], (old or {}).get("resources", {})
+        cells = [_change(res.get(k), was.get(k)) if k in res else "-" for k in _KINDS]
+        fmax = _change((r.get("pnr") or {}).get("fmax_mhz"), ((old or {}).get("pnr") or {}).get("fmax_mhz"), 2)
+        same = old is not None and all(res.get(k) == was.get(k) for k in _KINDS) and "(" not in fmax
+        status = "new" if old is None else "unchanged" if same else "changed"
+        lines.append(f"| {r['name']} | {r.get('profile', '-')} | {r['target']} | " + " | ".join(cells)
+                     + f" | {fmax} | {status} |")
+        if old is None:
+            continue
+        kind = "lc" if "lc" in res else "lut"
+        names = set(r.get("parts", {})) | set(old.get("parts", {}))
+        deltas = {n: r.get("parts", {}).get(n, {}).get(kind, 0) - old.get("parts", {}).get(n, {}).get(kind, 0)
+                  for n in names}
+        changed = sorted((n for n in deltas if deltas[n]), key=lambda n: (-abs(deltas[n]), n))
+        if changed:
+            moved.append(f"- `{r['name']}` ({r.get('profile', '-')}, {r['target']}), {kind.upper()} by part: "
+                         + ", ".join(f"{n} {deltas[n]:+}" for n in changed[:parts])
+                         + (f" ({len(changed) - parts} more)" if len(changed) > parts else ""))
+    return "\n".join(lines + ([""] + moved if moved else [])) + "\n"

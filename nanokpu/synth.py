@@ -10,6 +10,10 @@ Examples
 ``nanokpu synth --board ulx3s``
     A bitstream of a board build (:mod:`fpga.boards`): the whole nano-KPU behind the UART host
     bridge on the ULX3S, one unit behind the UART register bridge on the iCEBreaker.
+``nanokpu synth --all --reuse --against fpga/reports/summary.json``
+    The benchmark again (units whose RTLIL has not changed reused), and what changed since the
+    summary it rewrites: each unit's resources and Fmax with the difference in brackets, and
+    the submodules whose logic cells (iCE40) or LUTs moved.
 ``nanokpu synth --all --seed 2 --seed-tries 3 --pnr-timeout 15``
     Every nextpnr run starts with seed 2; a run that takes longer than 15 minutes or fails is
     stopped and retried with seed 3, then 4, and so is one that misses its Fmax goal by 10% or
@@ -113,11 +117,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="reuse a unit's last report when its RTLIL and the options are unchanged")
     parser.add_argument("--out", type=Path, default=None, help="report directory (default: fpga/reports)")
+    parser.add_argument("--against", type=Path, default=None, metavar="JSON",
+                        help="print each unit's change in resources and Fmax against the reports of an "
+                             "earlier run (a <stem>.json, read before this run rewrites it)")
 
 
 def run(args) -> int:
     from fpga.flow import REPORT_DIR, TARGETS, ToolError
-    from fpga.report import write_reports
+    from fpga.report import compare_table, read_baseline, write_reports
     from nanokpu.generate import UNITS
 
     out = args.out or REPORT_DIR
@@ -126,6 +133,9 @@ def run(args) -> int:
         raise ValueError(f"baud = {args.baud}: only a board build (--board) has a UART")
     if args.freq is not None and args.board:
         raise ValueError(f"freq = {args.freq}: a board build's goal is its board's clock")
+    if args.against is not None and args.board:
+        raise ValueError(f"against = {str(args.against)!r}: a board build has no unit reports to compare")
+    baseline = read_baseline(args.against) if args.against is not None else None
     if args.board:
         from fpga.boards import BAUD, build_board
         build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
@@ -161,6 +171,8 @@ def run(args) -> int:
         return 1
     for path in paths:
         print(f"wrote {path}")
+    if baseline is not None:
+        print(f"\nChange against {args.against}:\n\n{compare_table(reports, baseline)}")
     bad = [r["name"] for r in reports if r["latches"] or r["unmapped"]]
     if bad:
         print(f"latches or unmapped cells in: {', '.join(bad)}", file=sys.stderr)

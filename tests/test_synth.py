@@ -115,6 +115,49 @@ def test_cli_writes_json_markdown_and_chart():
     assert (out / "tiny-ecp5-25f.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_compares_against_an_earlier_run(capsys):
+    """``--against``: a second run prints each unit unchanged against the first's JSON, a
+    changed baseline shows the differences, and a missing file names the flag."""
+    from nanokpu.cli import main
+    out = BUILD_DIR / "test-cli-against"
+    argv = ["synth", "--profile", "tiny", "--target", "ecp5-25f", "--no-pnr", "--unit", "tests.test_synth:mac_unit",
+            "--out", str(out)]
+    assert main(argv) == 0
+    baseline = out / "tiny-ecp5-25f.json"
+    assert main([*argv, "--reuse", "--against", str(baseline)]) == 0
+    printed = capsys.readouterr().out
+    assert f"Change against {baseline}:" in printed
+    assert "| mac_unit | tiny | ecp5-25f |" in printed and "| - | unchanged |" in printed
+    data = json.loads(baseline.read_text())
+    data["reports"][0]["resources"]["lut"] += 5
+    older = out / "older.json"
+    older.write_text(json.dumps(data))
+    assert main([*argv, "--reuse", "--against", str(older)]) == 0
+    assert "(-5)" in capsys.readouterr().out
+    assert main([*argv, "--against", str(out / "missing.json")]) == 2
+    assert "against = " in capsys.readouterr().err
+
+
+def test_compare_table_shows_changes_by_unit_and_part():
+    from fpga.report import compare_table
+    totals = TARGETS["up5k"].totals
+
+    def unit(name, lut, lc, fmax, parts):
+        return {"name": name, "profile": "tiny", "target": "up5k", "totals": totals,
+                "resources": {"lut": lut, "lc": lc, "ff": 10, "dsp": 8, "bram": 2},
+                "pnr": {"fmax_mhz": fmax}, "parts": {p: {"lut": n, "lc": n} for p, n in parts.items()}}
+
+    old = [unit("gemm", 100, 120, 30.0, {"array": 70, "requant": 50}), unit("router", 50, 60, 40.0, {})]
+    new = [unit("gemm", 90, 115, 31.5, {"array": 70, "requant": 40, "spad": 5}), unit("router", 50, 60, 40.0, {}),
+           unit("situ", 20, 25, None, {})]
+    table = compare_table(new, old)
+    assert "| gemm | tiny | up5k | 90 (-10) | 115 (-5) | 10 | 8 | 2 | 31.50 (+1.50) | changed |" in table
+    assert "| router | tiny | up5k | 50 | 60 | 10 | 8 | 2 | 40.00 | unchanged |" in table
+    assert "| situ | tiny | up5k | 20 | 25 | 10 | 8 | 2 | - | new |" in table
+    assert "- `gemm` (tiny, up5k), LC by part: requant -10, spad +5" in table
+    assert "router` (" not in table
+
+
 def test_timed_out_seed_is_retried_with_the_next(monkeypatch, capsys):
     """``--pnr-timeout`` kills the seed-1 run of nextpnr; seed 2 (given no limit here, standing
     in for a seed that routes in time) produces the result, and the report records it."""
