@@ -433,11 +433,13 @@ class GemmEngine(wiring.Component):
                      c_rd.en.eq(~storing | advance)]
         with m.If(advance):
             m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid)]
-            # c_q lane i is 0 for the drain without accumulate (it adds 0) and for a row >= M in
-            # the store: a reset of its flip-flops, not a mux before the adder or the requantiser
-            for i in range(R):
-                with m.If(Mux(storing, ~r_mask[i], ~cmd.accumulate)):
-                    m.d.sync += c_q[i].eq(0)
+        # c_q lane i is 0 for the drain without accumulate (it adds 0) and for a row >= M in the
+        # store: a synchronous reset of its flip-flops that overrides their enable (an ECP5
+        # slice's LSR), so nothing sits between the block RAM's output and the flip-flops (a
+        # reset under the enable took a LUT per bit there), nor before the adder or the requantiser
+        for i in range(R):
+            with m.If(advance & Mux(storing, ~r_mask[i], ~cmd.accumulate)):
+                m.d.sync += c_q[i].eq(0)
         with m.If(store_start):
             m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
                          s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]

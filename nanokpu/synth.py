@@ -122,13 +122,27 @@ def add_arguments(parser) -> None:
                              "earlier run (a <stem>.json, read before this run rewrites it)")
 
 
+def _recorded(argv: list[str]) -> list[str]:
+    """The flags of a run as its reports record them: without ``--against`` (it only prints)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--against="):
+            skip = False
+            continue
+        if arg == "--against":
+            skip = True
+            continue
+        out.append(arg)
+    return out
+
+
 def run(args) -> int:
     from fpga.flow import REPORT_DIR, TARGETS, ToolError
     from fpga.report import compare_table, read_baseline, write_reports
     from nanokpu.generate import UNITS
 
     out = args.out or REPORT_DIR
-    command = "nanokpu synth " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "nanokpu synth"
+    command = " ".join(["nanokpu synth", *_recorded(sys.argv[2:])])
     if args.baud is not None and not args.board:
         raise ValueError(f"baud = {args.baud}: only a board build (--board) has a UART")
     if args.freq is not None and args.board:

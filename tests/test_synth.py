@@ -136,6 +136,9 @@ def test_cli_compares_against_an_earlier_run(capsys):
     assert "(-5)" in capsys.readouterr().out
     assert main([*argv, "--against", str(out / "missing.json")]) == 2
     assert "against = " in capsys.readouterr().err
+    from nanokpu.synth import _recorded  # the reports' "made by" line leaves the flag out
+    assert _recorded(["--all", "--against", "x.json", "--reuse", "--against=y.json", "--seed", "2"]) == [
+        "--all", "--reuse", "--seed", "2"]
 
 
 def test_compare_table_shows_changes_by_unit_and_part():

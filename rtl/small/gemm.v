@@ -30,13 +30,13 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$119 ;
   wire \$12 ;
   wire \$120 ;
-  wire [19:0] \$121 ;
-  wire [19:0] \$122 ;
+  wire \$121 ;
+  wire \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire [19:0] \$125 ;
-  wire [19:0] \$126 ;
-  wire [17:0] \$127 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire [17:0] \$13 ;
@@ -46,24 +46,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$133 ;
   wire \$134 ;
   wire \$135 ;
-  wire [17:0] \$136 ;
+  wire \$136 ;
   wire \$137 ;
-  wire [17:0] \$138 ;
+  wire \$138 ;
   wire \$139 ;
   wire \$14 ;
-  wire [19:0] \$140 ;
-  wire [17:0] \$141 ;
-  wire [17:0] \$142 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
   wire \$143 ;
   wire \$144 ;
-  wire [17:0] \$145 ;
+  wire [19:0] \$145 ;
   wire [19:0] \$146 ;
-  wire [19:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [19:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
-  wire \$151 ;
+  wire [19:0] \$150 ;
+  wire [17:0] \$151 ;
   wire \$152 ;
   wire \$153 ;
   wire \$154 ;
@@ -71,24 +71,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
-  wire [2:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [17:0] \$160 ;
   wire \$161 ;
-  wire \$162 ;
+  wire [17:0] \$162 ;
   wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
-  wire \$166 ;
+  wire [19:0] \$164 ;
+  wire [17:0] \$165 ;
+  wire [17:0] \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire \$169 ;
+  wire [17:0] \$169 ;
   wire \$17 ;
-  wire \$170 ;
-  wire \$171 ;
+  wire [19:0] \$170 ;
+  wire [19:0] \$171 ;
   wire \$172 ;
-  wire [9:0] \$173 ;
-  wire [17:0] \$174 ;
+  wire \$173 ;
+  wire \$174 ;
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
@@ -97,24 +97,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [19:0] \$18 ;
   wire \$180 ;
   wire \$181 ;
-  wire [9:0] \$182 ;
-  wire [17:0] \$183 ;
+  wire \$182 ;
+  wire [2:0] \$183 ;
   wire \$184 ;
-  wire [32:0] \$185 ;
-  wire [32:0] \$186 ;
-  wire [32:0] \$187 ;
-  wire [32:0] \$188 ;
-  wire [32:0] \$189 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [32:0] \$190 ;
-  wire [32:0] \$191 ;
-  wire [32:0] \$192 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
   wire \$193 ;
-  wire [18:0] \$194 ;
+  wire \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire \$197 ;
-  wire \$198 ;
+  wire [9:0] \$197 ;
+  wire [17:0] \$198 ;
   wire \$199 ;
   wire \$2 ;
   wire \$20 ;
@@ -124,20 +124,20 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire \$206 ;
-  wire \$207 ;
+  wire [9:0] \$206 ;
+  wire [17:0] \$207 ;
   wire \$208 ;
-  wire \$209 ;
+  wire [32:0] \$209 ;
   wire \$21 ;
-  wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
-  wire \$216 ;
+  wire [32:0] \$210 ;
+  wire [32:0] \$211 ;
+  wire [32:0] \$212 ;
+  wire [32:0] \$213 ;
+  wire [32:0] \$214 ;
+  wire [32:0] \$215 ;
+  wire [32:0] \$216 ;
   wire \$217 ;
-  wire \$218 ;
+  wire [18:0] \$218 ;
   wire \$219 ;
   wire \$22 ;
   wire \$220 ;
@@ -147,88 +147,112 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire [63:0] \$227 ;
-  wire [63:0] \$228 ;
-  reg [255:0] \$229 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  reg [16:0] \$230 ;
-  reg \$231 ;
-  reg [18:0] \$232 ;
-  reg \$233 ;
-  reg [1:0] \$234 ;
-  reg \$235 ;
-  reg \$236 ;
-  reg [16:0] \$237 ;
-  reg [16:0] \$238 ;
-  reg \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  reg \$240 ;
-  reg [4:0] \$241 ;
-  reg \$242 ;
-  reg \$243 ;
-  reg \$244 ;
-  reg [7:0] \$245 ;
-  reg \$246 ;
-  reg \$247 ;
-  reg \$248 ;
-  reg [63:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  reg [63:0] \$250 ;
-  reg \$251 ;
-  reg \$252 ;
-  reg [16:0] \$253 ;
-  reg [18:0] \$254 ;
-  reg [16:0] \$255 ;
-  reg [16:0] \$256 ;
-  reg [18:0] \$257 ;
-  reg [18:0] \$258 ;
+  wire \$250 ;
+  wire [63:0] \$251 ;
+  wire [63:0] \$252 ;
+  reg [255:0] \$253 ;
+  reg [16:0] \$254 ;
+  reg \$255 ;
+  reg [18:0] \$256 ;
+  reg \$257 ;
+  reg [1:0] \$258 ;
   reg \$259 ;
   wire \$26 ;
   reg \$260 ;
-  reg [18:0] \$261 ;
-  reg [3:0] \$262 ;
-  reg [3:0] \$263 ;
-  reg [18:0] \$264 ;
-  reg [3:0] \$265 ;
+  reg [16:0] \$261 ;
+  reg [16:0] \$262 ;
+  reg \$263 ;
+  reg \$264 ;
+  reg [4:0] \$265 ;
   reg \$266 ;
   reg \$267 ;
   reg \$268 ;
-  reg [18:0] \$269 ;
+  reg [7:0] \$269 ;
   wire \$27 ;
   reg \$270 ;
   reg \$271 ;
-  reg [18:0] \$272 ;
-  reg \$273 ;
-  reg \$274 ;
-  reg [18:0] \$275 ;
-  reg [255:0] \$276 ;
-  reg [255:0] \$277 ;
-  reg [255:0] \$278 ;
-  reg [1:0] \$279 ;
+  reg \$272 ;
+  reg [63:0] \$273 ;
+  reg [63:0] \$274 ;
+  reg \$275 ;
+  reg \$276 ;
+  reg [16:0] \$277 ;
+  reg [18:0] \$278 ;
+  reg [16:0] \$279 ;
   wire \$28 ;
-  reg [255:0] \$280 ;
-  reg \$281 ;
-  reg \$282 ;
-  reg [18:0] \$283 ;
-  reg [16:0] \$284 ;
-  reg [16:0] \$285 ;
-  reg [18:0] \$286 ;
-  reg [18:0] \$287 ;
-  reg \$288 ;
-  reg [7:0] \$289 ;
+  reg [16:0] \$280 ;
+  reg [18:0] \$281 ;
+  reg [18:0] \$282 ;
+  reg \$283 ;
+  reg \$284 ;
+  reg [18:0] \$285 ;
+  reg [3:0] \$286 ;
+  reg [3:0] \$287 ;
+  reg [18:0] \$288 ;
+  reg [3:0] \$289 ;
   wire \$29 ;
   reg \$290 ;
-  reg [101:0] \$291 ;
+  reg \$291 ;
   reg \$292 ;
-  reg [2:0] \$293 ;
-  reg [2:0] \$294 ;
-  reg [16:0] \$295 ;
+  reg [18:0] \$293 ;
+  reg \$294 ;
+  reg \$295 ;
   reg [18:0] \$296 ;
-  reg [18:0] \$297 ;
+  reg \$297 ;
+  reg \$298 ;
+  reg [18:0] \$299 ;
   wire [19:0] \$3 ;
   wire \$30 ;
+  reg [255:0] \$300 ;
+  reg [255:0] \$301 ;
+  reg [255:0] \$302 ;
+  reg [1:0] \$303 ;
+  reg [255:0] \$304 ;
+  reg \$305 ;
+  reg \$306 ;
+  reg [18:0] \$307 ;
+  reg [16:0] \$308 ;
+  reg [16:0] \$309 ;
   wire \$31 ;
+  reg [18:0] \$310 ;
+  reg [18:0] \$311 ;
+  reg \$312 ;
+  reg [7:0] \$313 ;
+  reg \$314 ;
+  reg [101:0] \$315 ;
+  reg \$316 ;
+  reg [2:0] \$317 ;
+  reg [2:0] \$318 ;
+  reg [16:0] \$319 ;
   wire \$32 ;
+  reg [18:0] \$320 ;
+  reg [18:0] \$321 ;
   wire \$33 ;
   wire [17:0] \$34 ;
   wire \$35 ;
@@ -5802,9 +5826,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$174 [9:0]] <= b_in__payload;
+      spad_b[\$198 [9:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$183 [9:0]];
+  assign \port__data$28  = spad_b[\$207 [9:0]];
   (* no_rw_check = 32'd1 *)
   reg [255:0] spad_c [2047:0];
   initial begin
@@ -7861,7 +7885,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[10:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$194 [10:0]];
+  assign \port__data$31  = spad_c[\$218 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -7955,293 +7979,317 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$91  = \$90  - tile_drained;
   assign \$92  = ~ q_valid;
   assign \$93  = \$92  | i__ready;
-  assign \$94  = ~ r_mask[0];
-  assign \$95  = ~ cmd[100];
-  assign \$96  = storing ? \$94  : \$95 ;
-  assign \$97  = ~ r_mask[1];
-  assign \$98  = ~ cmd[100];
-  assign \$99  = storing ? \$97  : \$98 ;
-  assign \$100  = ~ r_mask[2];
-  assign \$101  = ~ cmd[100];
-  assign \$102  = storing ? \$100  : \$101 ;
-  assign \$103  = ~ r_mask[3];
-  assign \$104  = ~ cmd[100];
-  assign \$105  = storing ? \$103  : \$104 ;
-  assign \$106  = ~ r_mask[4];
-  assign \$107  = ~ cmd[100];
-  assign \$108  = storing ? \$106  : \$107 ;
-  assign \$109  = ~ r_mask[5];
-  assign \$110  = ~ cmd[100];
-  assign \$111  = storing ? \$109  : \$110 ;
-  assign \$112  = ~ r_mask[6];
-  assign \$113  = ~ cmd[100];
-  assign \$114  = storing ? \$112  : \$113 ;
-  assign \$115  = ~ r_mask[7];
-  assign \$116  = ~ cmd[100];
-  assign \$117  = storing ? \$115  : \$116 ;
+  assign \$94  = ~ q_valid;
+  assign \$95  = \$94  | i__ready;
+  assign \$96  = ~ r_mask[0];
+  assign \$97  = ~ cmd[100];
+  assign \$98  = storing ? \$96  : \$97 ;
+  assign \$99  = \$95  & \$98 ;
+  assign \$100  = ~ q_valid;
+  assign \$101  = \$100  | i__ready;
+  assign \$102  = ~ r_mask[1];
+  assign \$103  = ~ cmd[100];
+  assign \$104  = storing ? \$102  : \$103 ;
+  assign \$105  = \$101  & \$104 ;
+  assign \$106  = ~ q_valid;
+  assign \$107  = \$106  | i__ready;
+  assign \$108  = ~ r_mask[2];
+  assign \$109  = ~ cmd[100];
+  assign \$110  = storing ? \$108  : \$109 ;
+  assign \$111  = \$107  & \$110 ;
+  assign \$112  = ~ q_valid;
+  assign \$113  = \$112  | i__ready;
+  assign \$114  = ~ r_mask[3];
+  assign \$115  = ~ cmd[100];
+  assign \$116  = storing ? \$114  : \$115 ;
+  assign \$117  = \$113  & \$116 ;
   assign \$118  = ~ q_valid;
   assign \$119  = \$118  | i__ready;
-  assign \$120  = storing & \$119 ;
-  assign \$121  = c_lim - cmd[75:64];
-  assign \$122  = c_lim - cmd[75:64];
-  assign \$123  = | s_left;
-  assign \$124  = | s_left;
-  assign \$125  = s_addr + 1'h1;
-  assign \$126  = s_left - 1'h1;
-  assign \$127  = s_n + 1'h1;
-  assign \$128  = s_rows > 1'h0;
-  assign \$129  = s_rows > 1'h1;
-  assign \$130  = s_rows > 2'h2;
-  assign \$131  = s_rows > 2'h3;
-  assign \$132  = s_rows > 3'h4;
-  assign \$133  = s_rows > 3'h5;
-  assign \$134  = s_rows > 3'h6;
-  assign \$135  = s_rows > 3'h7;
-  assign \$136  = cmd[50:34] - 1'h1;
-  assign \$137  = s_n == \$136 ;
-  assign \$138  = s_rows - 4'h8;
-  assign \$139  = c_out__valid & c_out__ready;
-  assign \$140  = out_left - 1'h1;
-  assign \$141  = cmd[63:51] + cmd[33:17];
-  assign \$142  = cmd[75:64] + cmd[50:34];
-  assign \$143  = | code;
-  assign \$144  = rows_left > 4'h8;
-  assign \$145  = rows_left - 4'h8;
-  assign \$146  = a_lim + cmd[33:17];
-  assign \$147  = c_lim + cmd[50:34];
-  assign \$148  = cmd[98] | cmd[99];
-  assign \$149  = a_lim > 13'h1000;
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = cmd[99] | cmd[101];
-  assign \$152  = c_lim > 12'h800;
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = rows_left <= 4'h8;
-  assign \$156  = cmd[98] | cmd[99];
-  assign \$157  = a_lim > 13'h1000;
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = \$158  ? 3'h4 : 3'h5;
-  assign \$160  = start | a_in__ready;
-  assign \$161  = \$160  | b_loading;
-  assign \$162  = \$161  | issuing;
-  assign \$163  = \$162  | drain_busy;
-  assign \$164  = \$163  | col_busy0;
-  assign \$165  = \$164  | col_busy1;
-  assign \$166  = \$165  | w_busy;
-  assign \$167  = ~ \$166 ;
-  assign \$168  = ! pending;
-  assign \$169  = \$167  & \$168 ;
-  assign \$170  = ! out_left;
+  assign \$120  = ~ r_mask[4];
+  assign \$121  = ~ cmd[100];
+  assign \$122  = storing ? \$120  : \$121 ;
+  assign \$123  = \$119  & \$122 ;
+  assign \$124  = ~ q_valid;
+  assign \$125  = \$124  | i__ready;
+  assign \$126  = ~ r_mask[5];
+  assign \$127  = ~ cmd[100];
+  assign \$128  = storing ? \$126  : \$127 ;
+  assign \$129  = \$125  & \$128 ;
+  assign \$130  = ~ q_valid;
+  assign \$131  = \$130  | i__ready;
+  assign \$132  = ~ r_mask[6];
+  assign \$133  = ~ cmd[100];
+  assign \$134  = storing ? \$132  : \$133 ;
+  assign \$135  = \$131  & \$134 ;
+  assign \$136  = ~ q_valid;
+  assign \$137  = \$136  | i__ready;
+  assign \$138  = ~ r_mask[7];
+  assign \$139  = ~ cmd[100];
+  assign \$140  = storing ? \$138  : \$139 ;
+  assign \$141  = \$137  & \$140 ;
+  assign \$142  = ~ q_valid;
+  assign \$143  = \$142  | i__ready;
+  assign \$144  = storing & \$143 ;
+  assign \$145  = c_lim - cmd[75:64];
+  assign \$146  = c_lim - cmd[75:64];
+  assign \$147  = | s_left;
+  assign \$148  = | s_left;
+  assign \$149  = s_addr + 1'h1;
+  assign \$150  = s_left - 1'h1;
+  assign \$151  = s_n + 1'h1;
+  assign \$152  = s_rows > 1'h0;
+  assign \$153  = s_rows > 1'h1;
+  assign \$154  = s_rows > 2'h2;
+  assign \$155  = s_rows > 2'h3;
+  assign \$156  = s_rows > 3'h4;
+  assign \$157  = s_rows > 3'h5;
+  assign \$158  = s_rows > 3'h6;
+  assign \$159  = s_rows > 3'h7;
+  assign \$160  = cmd[50:34] - 1'h1;
+  assign \$161  = s_n == \$160 ;
+  assign \$162  = s_rows - 4'h8;
+  assign \$163  = c_out__valid & c_out__ready;
+  assign \$164  = out_left - 1'h1;
+  assign \$165  = cmd[63:51] + cmd[33:17];
+  assign \$166  = cmd[75:64] + cmd[50:34];
+  assign \$167  = | code;
+  assign \$168  = rows_left > 4'h8;
+  assign \$169  = rows_left - 4'h8;
+  assign \$170  = a_lim + cmd[33:17];
+  assign \$171  = c_lim + cmd[50:34];
+  assign \$172  = cmd[98] | cmd[99];
+  assign \$173  = a_lim > 13'h1000;
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = cmd[99] | cmd[101];
+  assign \$176  = c_lim > 12'h800;
+  assign \$177  = \$175  & \$176 ;
+  assign \$178  = \$174  | \$177 ;
+  assign \$179  = rows_left <= 4'h8;
+  assign \$180  = cmd[98] | cmd[99];
+  assign \$181  = a_lim > 13'h1000;
+  assign \$182  = \$180  & \$181 ;
+  assign \$183  = \$182  ? 3'h4 : 3'h5;
+  assign \$184  = start | a_in__ready;
+  assign \$185  = \$184  | b_loading;
+  assign \$186  = \$185  | issuing;
+  assign \$187  = \$186  | drain_busy;
+  assign \$188  = \$187  | col_busy0;
+  assign \$189  = \$188  | col_busy1;
+  assign \$190  = \$189  | w_busy;
+  assign \$191  = ~ \$190 ;
+  assign \$192  = ! pending;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$171  = full >> wbuf;
-  assign \$172  = ~ \$171 ;
-  assign b_in__ready = b_loading & \$172 ;
-  assign \$173  = wbuf ? 10'h200 : 10'h000;
-  assign \$174  = \$173  + b_k;
+  assign \$195  = full >> wbuf;
+  assign \$196  = ~ \$195 ;
+  assign b_in__ready = b_loading & \$196 ;
+  assign \$197  = wbuf ? 10'h200 : 10'h000;
+  assign \$198  = \$197  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$175  = b_in__valid & b_in__ready;
-  assign \$176  = b_k == k_m1;
-  assign \$177  = issuing & a_ok;
-  assign \$178  = \$177  & b_ok;
-  assign \$179  = ~ last_k;
-  assign \$180  = gap >= 5'h16;
-  assign \$181  = \$179  | \$180 ;
-  assign step = \$178  & \$181 ;
-  assign \$182  = rbuf ? 10'h200 : 10'h000;
-  assign \$183  = \$182  + k;
-  assign \$184  = d_col == 3'h7;
+  assign \$199  = b_in__valid & b_in__ready;
+  assign \$200  = b_k == k_m1;
+  assign \$201  = issuing & a_ok;
+  assign \$202  = \$201  & b_ok;
+  assign \$203  = ~ last_k;
+  assign \$204  = gap >= 5'h16;
+  assign \$205  = \$203  | \$204 ;
+  assign step = \$202  & \$205 ;
+  assign \$206  = rbuf ? 10'h200 : 10'h000;
+  assign \$207  = \$206  + k;
+  assign \$208  = d_col == 3'h7;
   assign shift = \done$73  | drain_busy;
-  assign \$185  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$186  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$187  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$188  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$189  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
-  assign \$190  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
-  assign \$191  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
-  assign \$192  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
+  assign \$209  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$210  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$211  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$212  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$213  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
+  assign \$214  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
+  assign \$215  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
+  assign \$216  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
   assign mult = storing ? cmd[91:76] : rq_mult;
   assign \shift$121  = storing ? cmd[97:92] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$193  = ~ storing;
-  assign rq_in__ready = \$193  & i__ready;
+  assign \$217  = ~ storing;
+  assign rq_in__ready = \$217  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$194  = storing ? s_addr : col_addr0;
-  assign \$195  = ~ storing;
-  assign \$196  = ~ q_valid;
-  assign \$197  = \$196  | i__ready;
-  assign spad_c_rd_en = \$195  | \$197 ;
+  assign \$218  = storing ? s_addr : col_addr0;
+  assign \$219  = ~ storing;
+  assign \$220  = ~ q_valid;
+  assign \$221  = \$220  | i__ready;
+  assign spad_c_rd_en = \$219  | \$221 ;
   assign busy = ~ cmd__ready;
-  assign \$198  = cmd[98] | cmd[99];
-  assign \$199  = \$198  | cmd[101];
-  assign \$200  = ~ \$199 ;
-  assign \$201  = ! cmd[16:0];
-  assign \$202  = cmd[98] | cmd[99];
-  assign \$203  = ! cmd[33:17];
-  assign \$204  = \$202  & \$203 ;
-  assign \$205  = \$201  | \$204 ;
-  assign \$206  = cmd[99] | cmd[101];
-  assign \$207  = ! cmd[50:34];
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = \$205  | \$208 ;
-  assign \$210  = cmd[33:17] > 10'h200;
-  assign \$211  = cmd[99] & \$210 ;
-  assign \$212  = start | a_in__ready;
-  assign \$213  = \$212  | b_loading;
-  assign \$214  = \$213  | issuing;
-  assign \$215  = \$214  | drain_busy;
-  assign \$216  = \$215  | col_busy0;
-  assign \$217  = \$216  | col_busy1;
-  assign \$218  = \$217  | w_busy;
-  assign \$219  = ~ \$218 ;
-  assign \$220  = ! pending;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = ! fsm_state;
-  assign \$223  = fsm_state == 1'h1;
-  assign \$224  = fsm_state == 2'h2;
-  assign \$225  = fsm_state == 2'h3;
-  assign \$226  = fsm_state == 3'h4;
+  assign \$222  = cmd[98] | cmd[99];
+  assign \$223  = \$222  | cmd[101];
+  assign \$224  = ~ \$223 ;
+  assign \$225  = ! cmd[16:0];
+  assign \$226  = cmd[98] | cmd[99];
+  assign \$227  = ! cmd[33:17];
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = \$225  | \$228 ;
+  assign \$230  = cmd[99] | cmd[101];
+  assign \$231  = ! cmd[50:34];
+  assign \$232  = \$230  & \$231 ;
+  assign \$233  = \$229  | \$232 ;
+  assign \$234  = cmd[33:17] > 10'h200;
+  assign \$235  = cmd[99] & \$234 ;
+  assign \$236  = start | a_in__ready;
+  assign \$237  = \$236  | b_loading;
+  assign \$238  = \$237  | issuing;
+  assign \$239  = \$238  | drain_busy;
+  assign \$240  = \$239  | col_busy0;
+  assign \$241  = \$240  | col_busy1;
+  assign \$242  = \$241  | w_busy;
+  assign \$243  = ~ \$242 ;
+  assign \$244  = ! pending;
+  assign \$245  = \$243  & \$244 ;
+  assign \$246  = ! fsm_state;
+  assign \$247  = fsm_state == 1'h1;
+  assign \$248  = fsm_state == 2'h2;
+  assign \$249  = fsm_state == 2'h3;
+  assign \$250  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$227 ;
+    spad_a_rd_data <= \$251 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$228 ;
+    spad_b_rd_data <= \$252 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$229 ;
+    spad_c_rd_data <= \$253 ;
   always @(posedge clk)
-    k_m1 <= \$230 ;
+    k_m1 <= \$254 ;
   always @(posedge clk)
-    start <= \$231 ;
+    start <= \$255 ;
   always @(posedge clk)
-    a_wptr <= \$232 ;
+    a_wptr <= \$256 ;
   always @(posedge clk)
-    a_in__ready <= \$233 ;
+    a_in__ready <= \$257 ;
   always @(posedge clk)
-    full <= \$234 ;
+    full <= \$258 ;
   always @(posedge clk)
-    b_loading <= \$235 ;
+    b_loading <= \$259 ;
   always @(posedge clk)
-    wbuf <= \$236 ;
+    wbuf <= \$260 ;
   always @(posedge clk)
-    b_k <= \$237 ;
+    b_k <= \$261 ;
   always @(posedge clk)
-    b_cols_left <= \$238 ;
+    b_cols_left <= \$262 ;
   always @(posedge clk)
-    a_ok <= \$239 ;
+    a_ok <= \$263 ;
   always @(posedge clk)
-    b_ok <= \$240 ;
+    b_ok <= \$264 ;
   always @(posedge clk)
-    gap <= \$241 ;
+    gap <= \$265 ;
   always @(posedge clk)
-    s_valid <= \$242 ;
+    s_valid <= \$266 ;
   always @(posedge clk)
-    s_first <= \$243 ;
+    s_first <= \$267 ;
   always @(posedge clk)
-    s_last <= \$244 ;
+    s_last <= \$268 ;
   always @(posedge clk)
-    s_mask <= \$245 ;
+    s_mask <= \$269 ;
   always @(posedge clk)
-    valid <= \$246 ;
+    valid <= \$270 ;
   always @(posedge clk)
-    first <= \$247 ;
+    first <= \$271 ;
   always @(posedge clk)
-    last <= \$248 ;
+    last <= \$272 ;
   always @(posedge clk)
-    b <= \$249 ;
+    b <= \$273 ;
   always @(posedge clk)
-    a <= \$250 ;
+    a <= \$274 ;
   always @(posedge clk)
-    issuing <= \$251 ;
+    issuing <= \$275 ;
   always @(posedge clk)
-    rbuf <= \$252 ;
+    rbuf <= \$276 ;
   always @(posedge clk)
-    k <= \$253 ;
+    k <= \$277 ;
   always @(posedge clk)
-    a_ptr <= \$254 ;
+    a_ptr <= \$278 ;
   always @(posedge clk)
-    rows_c <= \$255 ;
+    rows_c <= \$279 ;
   always @(posedge clk)
-    cols_c <= \$256 ;
+    cols_c <= \$280 ;
   always @(posedge clk)
-    c_panel <= \$257 ;
+    c_panel <= \$281 ;
   always @(posedge clk)
-    c_tile <= \$258 ;
+    c_tile <= \$282 ;
   always @(posedge clk)
-    last_k <= \$259 ;
+    last_k <= \$283 ;
   always @(posedge clk)
-    last_row <= \$260 ;
+    last_row <= \$284 ;
   always @(posedge clk)
-    t_base <= \$261 ;
+    t_base <= \$285 ;
   always @(posedge clk)
-    t_cols <= \$262 ;
+    t_cols <= \$286 ;
   always @(posedge clk)
-    d_col <= \$263 ;
+    d_col <= \$287 ;
   always @(posedge clk)
-    d_base <= \$264 ;
+    d_base <= \$288 ;
   always @(posedge clk)
-    d_cols <= \$265 ;
+    d_cols <= \$289 ;
   always @(posedge clk)
-    drain_busy <= \$266 ;
+    drain_busy <= \$290 ;
   always @(posedge clk)
-    col_valid0 <= \$267 ;
+    col_valid0 <= \$291 ;
   always @(posedge clk)
-    col_busy0 <= \$268 ;
+    col_busy0 <= \$292 ;
   always @(posedge clk)
-    col_addr0 <= \$269 ;
+    col_addr0 <= \$293 ;
   always @(posedge clk)
-    col_valid1 <= \$270 ;
+    col_valid1 <= \$294 ;
   always @(posedge clk)
-    col_busy1 <= \$271 ;
+    col_busy1 <= \$295 ;
   always @(posedge clk)
-    col_addr1 <= \$272 ;
+    col_addr1 <= \$296 ;
   always @(posedge clk)
-    w_valid <= \$273 ;
+    w_valid <= \$297 ;
   always @(posedge clk)
-    w_busy <= \$274 ;
+    w_busy <= \$298 ;
   always @(posedge clk)
-    w_addr <= \$275 ;
+    w_addr <= \$299 ;
   always @(posedge clk)
-    col_word0 <= \$276 ;
+    col_word0 <= \$300 ;
   always @(posedge clk)
-    col_word1 <= \$277 ;
+    col_word1 <= \$301 ;
   always @(posedge clk)
-    w_word <= \$278 ;
+    w_word <= \$302 ;
   always @(posedge clk)
-    pending <= \$279 ;
+    pending <= \$303 ;
   always @(posedge clk)
-    c_q <= \$280 ;
+    c_q <= \$304 ;
   always @(posedge clk)
-    q_valid <= \$281 ;
+    q_valid <= \$305 ;
   always @(posedge clk)
-    storing <= \$282 ;
+    storing <= \$306 ;
   always @(posedge clk)
-    s_addr <= \$283 ;
+    s_addr <= \$307 ;
   always @(posedge clk)
-    s_n <= \$284 ;
+    s_n <= \$308 ;
   always @(posedge clk)
-    s_rows <= \$285 ;
+    s_rows <= \$309 ;
   always @(posedge clk)
-    s_left <= \$286 ;
+    s_left <= \$310 ;
   always @(posedge clk)
-    out_left <= \$287 ;
+    out_left <= \$311 ;
   always @(posedge clk)
-    r_valid <= \$288 ;
+    r_valid <= \$312 ;
   always @(posedge clk)
-    r_mask <= \$289 ;
+    r_mask <= \$313 ;
   always @(posedge clk)
-    done <= \$290 ;
+    done <= \$314 ;
   always @(posedge clk)
-    cmd <= \$291 ;
+    cmd <= \$315 ;
   always @(posedge clk)
-    error <= \$292 ;
+    error <= \$316 ;
   always @(posedge clk)
-    error_code <= \$293 ;
+    error_code <= \$317 ;
   always @(posedge clk)
-    fsm_state <= \$294 ;
+    fsm_state <= \$318 ;
   always @(posedge clk)
-    rows_left <= \$295 ;
+    rows_left <= \$319 ;
   always @(posedge clk)
-    a_lim <= \$296 ;
+    a_lim <= \$320 ;
   always @(posedge clk)
-    c_lim <= \$297 ;
+    c_lim <= \$321 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8268,386 +8316,79 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = spad_c_rd_data;
+    \$253  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$229  = \port__data$31 ;
+      \$253  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = \$1 [16:0];
+    \$254  = \$1 [16:0];
     if (rst) begin
-      \$230  = 17'h00000;
+      \$254  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = 1'h0;
+    \$255  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$154 ) begin
-          end else if (\$155 ) begin
-            \$231  = 1'h1;
+          if (\$178 ) begin
+          end else if (\$179 ) begin
+            \$255  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$231  = 1'h0;
+      \$255  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = a_wptr;
+    \$256  = a_wptr;
     if (start) begin
-      \$232  = { 6'h00, cmd[63:51] };
+      \$256  = { 6'h00, cmd[63:51] };
     end else if (\$2 ) begin
-      \$232  = \$3 [18:0];
+      \$256  = \$3 [18:0];
     end
     if (rst) begin
-      \$232  = 19'h00000;
+      \$256  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = a_in__ready;
+    \$257  = a_in__ready;
     if (start) begin
-      \$233  = cmd[98];
+      \$257  = cmd[98];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$233  = 1'h0;
+        \$257  = 1'h0;
       end
     end
     if (rst) begin
-      \$233  = 1'h0;
+      \$257  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = \$8 ;
+    \$258  = \$8 ;
     if (rst) begin
-      \$234  = 2'h0;
+      \$258  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = b_loading;
+    \$259  = b_loading;
     if (start) begin
-      \$235  = cmd[99];
+      \$259  = cmd[99];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$235  = 1'h0;
+          \$259  = 1'h0;
         end
-      end
-    end
-    if (rst) begin
-      \$235  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = wbuf;
-    if (start) begin
-      \$236  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$236  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$236  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = b_k;
-    if (start) begin
-      \$237  = 17'h00000;
-    end else if (\$9 ) begin
-      \$237  = \$10 [16:0];
-      if (\$11 ) begin
-        \$237  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$237  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = b_cols_left;
-    if (start) begin
-      \$238  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$238  = \$13 [16:0];
-      end
-    end
-    if (rst) begin
-      \$238  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$239  = \$15 ;
-    end else begin
-      \$239  = \$21 ;
-    end
-    if (rst) begin
-      \$239  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$240  = 1'h0;
-    end else if (\$23 ) begin
-      \$240  = \$31 ;
-    end else if (\$24 ) begin
-      \$240  = 1'h1;
-    end else if (step) begin
-      \$240  = \$38 ;
-    end else begin
-      \$240  = \$41 ;
-    end
-    if (rst) begin
-      \$240  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = gap;
-    if (\$42 ) begin
-      \$241  = \$43 [4:0];
-    end
-    if (start) begin
-      \$241  = 5'h17;
-    end else if (step) begin
-      if (last_k) begin
-        \$241  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$241  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = step;
-    if (rst) begin
-      \$242  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = \$44 ;
-    if (rst) begin
-      \$243  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = last_k;
-    if (rst) begin
-      \$244  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
-    if (rst) begin
-      \$245  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = s_valid;
-    if (rst) begin
-      \$246  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = s_first;
-    if (rst) begin
-      \$247  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = s_last;
-    if (rst) begin
-      \$248  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = spad_b_rd_data;
-    if (rst) begin
-      \$249  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250 [7:0] = \$53 ;
-    \$250 [15:8] = \$54 ;
-    \$250 [23:16] = \$55 ;
-    \$250 [31:24] = \$56 ;
-    \$250 [39:32] = \$57 ;
-    \$250 [47:40] = \$58 ;
-    \$250 [55:48] = \$59 ;
-    \$250 [63:56] = \$60 ;
-    if (rst) begin
-      \$250  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = issuing;
-    if (start) begin
-      \$251  = cmd[99];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$78 ) begin
-            \$251  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$251  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = rbuf;
-    if (start) begin
-      \$252  = 1'h0;
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$252  = \$73 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$252  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = k;
-    if (start) begin
-      \$253  = 17'h00000;
-    end else if (step) begin
-      \$253  = \$63 [16:0];
-      if (last_k) begin
-        \$253  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$253  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = a_ptr;
-    if (start) begin
-      \$254  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$254  = \$64 [18:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$254  = { 6'h00, cmd[63:51] };
-        end
-      end
-    end
-    if (rst) begin
-      \$254  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = rows_c;
-    if (start) begin
-      \$255  = cmd[16:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$255  = \$69 [16:0];
-        if (last_row) begin
-          \$255  = cmd[16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$255  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = cols_c;
-    if (start) begin
-      \$256  = cmd[50:34];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$256  = \$74 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$256  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = c_panel;
-    if (start) begin
-      \$257  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$257  = \$75 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$257  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = c_tile;
-    if (start) begin
-      \$258  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (last_k) begin
-        \$258  = \$70 [18:0];
-        if (last_row) begin
-          \$258  = \$76 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$258  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = last_k;
-    if (start) begin
-      \$259  = \$61 ;
-    end else if (step) begin
-      \$259  = \$66 ;
-      if (last_k) begin
-        \$259  = \$71 ;
       end
     end
     if (rst) begin
@@ -8656,15 +8397,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = last_row;
+    \$260  = wbuf;
     if (start) begin
-      \$260  = \$62 ;
-    end else if (step) begin
-      if (last_k) begin
-        \$260  = \$72 ;
-        if (last_row) begin
-          \$260  = \$77 ;
-        end
+      \$260  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$260  = \$12 ;
       end
     end
     if (rst) begin
@@ -8673,543 +8411,853 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = t_base;
+    \$261  = b_k;
     if (start) begin
+      \$261  = 17'h00000;
+    end else if (\$9 ) begin
+      \$261  = \$10 [16:0];
+      if (\$11 ) begin
+        \$261  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$261  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = b_cols_left;
+    if (start) begin
+      \$262  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$262  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
+      \$262  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$263  = \$15 ;
+    end else begin
+      \$263  = \$21 ;
+    end
+    if (rst) begin
+      \$263  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$264  = 1'h0;
+    end else if (\$23 ) begin
+      \$264  = \$31 ;
+    end else if (\$24 ) begin
+      \$264  = 1'h1;
+    end else if (step) begin
+      \$264  = \$38 ;
+    end else begin
+      \$264  = \$41 ;
+    end
+    if (rst) begin
+      \$264  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$265  = gap;
+    if (\$42 ) begin
+      \$265  = \$43 [4:0];
+    end
+    if (start) begin
+      \$265  = 5'h17;
     end else if (step) begin
       if (last_k) begin
-        \$261  = c_tile;
+        \$265  = 5'h00;
       end
     end
     if (rst) begin
-      \$261  = 19'h00000;
+      \$265  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$262  = \$68 [3:0];
-      end
-    end
-    if (rst) begin
-      \$262  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = d_col;
-    if (\done$73 ) begin
-      \$263  = 4'h1;
-    end else if (drain_busy) begin
-      \$263  = \$79 [3:0];
-    end
-    if (rst) begin
-      \$263  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = d_base;
-    if (\done$73 ) begin
-      \$264  = t_base;
-    end
-    if (rst) begin
-      \$264  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = d_cols;
-    if (\done$73 ) begin
-      \$265  = t_cols;
-    end
-    if (rst) begin
-      \$265  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = drain_busy;
-    if (\done$73 ) begin
-      \$266  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$80 ) begin
-        \$266  = 1'h0;
-      end
-    end
+    \$266  = step;
     if (rst) begin
       \$266  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = \$85 ;
+    \$267  = \$44 ;
     if (rst) begin
       \$267  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = \$86 ;
+    \$268  = last_k;
     if (rst) begin
       \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = \$89 [18:0];
+    \$269  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$269  = 19'h00000;
+      \$269  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = col_valid0;
+    \$270  = s_valid;
     if (rst) begin
       \$270  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = col_busy0;
+    \$271  = s_first;
     if (rst) begin
       \$271  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = col_addr0;
+    \$272  = s_last;
     if (rst) begin
-      \$272  = 19'h00000;
+      \$272  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = col_valid1;
+    \$273  = spad_b_rd_data;
     if (rst) begin
-      \$273  = 1'h0;
+      \$273  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = col_busy1;
+    \$274 [7:0] = \$53 ;
+    \$274 [15:8] = \$54 ;
+    \$274 [23:16] = \$55 ;
+    \$274 [31:24] = \$56 ;
+    \$274 [39:32] = \$57 ;
+    \$274 [47:40] = \$58 ;
+    \$274 [55:48] = \$59 ;
+    \$274 [63:56] = \$60 ;
     if (rst) begin
-      \$274  = 1'h0;
+      \$274  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = col_addr1;
-    if (rst) begin
-      \$275  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = out;
-    if (rst) begin
-      \$276  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = col_word0;
-    if (rst) begin
-      \$277  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = col_word1;
-    if (rst) begin
-      \$278  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = \$91 [1:0];
-    if (rst) begin
-      \$279  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = c_q;
-    if (\$93 ) begin
-      \$280  = spad_c_rd_data;
-      if (\$96 ) begin
-        \$280 [31:0] = 32'd0;
-      end
-      if (\$99 ) begin
-        \$280 [63:32] = 32'd0;
-      end
-      if (\$102 ) begin
-        \$280 [95:64] = 32'd0;
-      end
-      if (\$105 ) begin
-        \$280 [127:96] = 32'd0;
-      end
-      if (\$108 ) begin
-        \$280 [159:128] = 32'd0;
-      end
-      if (\$111 ) begin
-        \$280 [191:160] = 32'd0;
-      end
-      if (\$114 ) begin
-        \$280 [223:192] = 32'd0;
-      end
-      if (\$117 ) begin
-        \$280 [255:224] = 32'd0;
-      end
-    end
-    if (rst) begin
-      \$280  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = q_valid;
-    if (\$93 ) begin
-      \$281  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$170 ) begin
-            \$281  = 1'h0;
+    \$275  = issuing;
+    if (start) begin
+      \$275  = cmd[99];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$78 ) begin
+            \$275  = 1'h0;
           end
-    endcase
-    if (rst) begin
-      \$281  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = storing;
-    if (store_start) begin
-      \$282  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$170 ) begin
-            \$282  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$282  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = s_addr;
-    if (store_start) begin
-      \$283  = { 7'h00, cmd[75:64] };
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$283  = \$125 [18:0];
-      end
-    end
-    if (rst) begin
-      \$283  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = s_n;
-    if (store_start) begin
-      \$284  = 17'h00000;
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$284  = \$127 [16:0];
-        if (\$137 ) begin
-          \$284  = 17'h00000;
         end
       end
     end
     if (rst) begin
-      \$284  = 17'h00000;
+      \$275  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = s_rows;
-    if (store_start) begin
-      \$285  = cmd[16:0];
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        if (\$137 ) begin
-          \$285  = \$138 [16:0];
+    \$276  = rbuf;
+    if (start) begin
+      \$276  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$276  = \$73 ;
         end
       end
     end
     if (rst) begin
-      \$285  = 17'h00000;
+      \$276  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$286  = s_left;
-    if (store_start) begin
-      \$286  = \$121 [18:0];
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$286  = \$126 [18:0];
+    \$277  = k;
+    if (start) begin
+      \$277  = 17'h00000;
+    end else if (step) begin
+      \$277  = \$63 [16:0];
+      if (last_k) begin
+        \$277  = 17'h00000;
       end
     end
     if (rst) begin
-      \$286  = 19'h00000;
+      \$277  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$287  = out_left;
-    if (store_start) begin
-      \$287  = \$122 [18:0];
-    end
-    if (\$139 ) begin
-      \$287  = \$140 [18:0];
-    end
-    if (rst) begin
-      \$287  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$288  = r_valid;
-    if (store_start) begin
-    end else if (\$120 ) begin
-      \$288  = \$123 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$170 ) begin
-            \$288  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$288  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$289  = r_mask;
-    if (store_start) begin
-    end else if (\$120 ) begin
-      if (\$124 ) begin
-        \$289  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
+    \$278  = a_ptr;
+    if (start) begin
+      \$278  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$278  = \$64 [18:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$278  = { 6'h00, cmd[63:51] };
+        end
       end
     end
     if (rst) begin
-      \$289  = 8'h00;
+      \$278  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$290  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$143 ) begin
-            \$290  = 1'h1;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$290  = 1'h1;
-          end
-      3'h3:
-          if (\$169 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$290  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$170 ) begin
-            \$290  = 1'h1;
-          end
-    endcase
+    \$279  = rows_c;
+    if (start) begin
+      \$279  = cmd[16:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$279  = \$69 [16:0];
+        if (last_row) begin
+          \$279  = cmd[16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$279  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$280  = cols_c;
+    if (start) begin
+      \$280  = cmd[50:34];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$280  = \$74 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$280  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$281  = c_panel;
+    if (start) begin
+      \$281  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$281  = \$75 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$281  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$282  = c_tile;
+    if (start) begin
+      \$282  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        \$282  = \$70 [18:0];
+        if (last_row) begin
+          \$282  = \$76 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$282  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$283  = last_k;
+    if (start) begin
+      \$283  = \$61 ;
+    end else if (step) begin
+      \$283  = \$66 ;
+      if (last_k) begin
+        \$283  = \$71 ;
+      end
+    end
+    if (rst) begin
+      \$283  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$284  = last_row;
+    if (start) begin
+      \$284  = \$62 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$284  = \$72 ;
+        if (last_row) begin
+          \$284  = \$77 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$284  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$285  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$285  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$285  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$286  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$286  = \$68 [3:0];
+      end
+    end
+    if (rst) begin
+      \$286  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$287  = d_col;
+    if (\done$73 ) begin
+      \$287  = 4'h1;
+    end else if (drain_busy) begin
+      \$287  = \$79 [3:0];
+    end
+    if (rst) begin
+      \$287  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$288  = d_base;
+    if (\done$73 ) begin
+      \$288  = t_base;
+    end
+    if (rst) begin
+      \$288  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$289  = d_cols;
+    if (\done$73 ) begin
+      \$289  = t_cols;
+    end
+    if (rst) begin
+      \$289  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$290  = drain_busy;
+    if (\done$73 ) begin
+      \$290  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$80 ) begin
+        \$290  = 1'h0;
+      end
+    end
     if (rst) begin
       \$290  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$291  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$291  = cmd__payload;
-          end
-    endcase
+    \$291  = \$85 ;
     if (rst) begin
-      \$291  = 102'h00000000000000000000000000;
+      \$291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$292  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$292  = 1'h0;
-          end
-      3'h1:
-          if (\$143 ) begin
-            \$292  = 1'h1;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$292  = 1'h1;
-          end
-    endcase
+    \$292  = \$86 ;
     if (rst) begin
       \$292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$293  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$293  = 3'h0;
-          end
-      3'h1:
-          if (\$143 ) begin
-            \$293  = code;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$293  = \$159 ;
-          end
-    endcase
+    \$293  = \$89 [18:0];
     if (rst) begin
-      \$293  = 3'h0;
+      \$293  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$294  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$294  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$143 ) begin
-            \$294  = 3'h0;
-          end else begin
-            \$294  = 3'h2;
-          end
-      3'h2:
-          if (\$154 ) begin
-            \$294  = 3'h0;
-          end else if (\$155 ) begin
-            \$294  = 3'h3;
-          end
-      3'h3:
-          if (\$169 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-              \$294  = 3'h4;
-            end else begin
-              \$294  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$170 ) begin
-            \$294  = 3'h0;
-          end
-    endcase
+    \$294  = col_valid0;
     if (rst) begin
-      \$294  = 3'h0;
+      \$294  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$295  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$295  = cmd[16:0];
-      3'h2:
-          if (\$144 ) begin
-            \$295  = \$145 [16:0];
-          end
-    endcase
+    \$295  = col_busy0;
     if (rst) begin
-      \$295  = 17'h00000;
+      \$295  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$296  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$296  = { 1'h0, \$141  };
-      3'h2:
-          if (\$144 ) begin
-            \$296  = \$146 [18:0];
-          end
-    endcase
+    \$296  = col_addr0;
     if (rst) begin
       \$296  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$297  = c_lim;
+    \$297  = col_valid1;
+    if (rst) begin
+      \$297  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$298  = col_busy1;
+    if (rst) begin
+      \$298  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$299  = col_addr1;
+    if (rst) begin
+      \$299  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$300  = out;
+    if (rst) begin
+      \$300  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$301  = col_word0;
+    if (rst) begin
+      \$301  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$302  = col_word1;
+    if (rst) begin
+      \$302  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$303  = \$91 [1:0];
+    if (rst) begin
+      \$303  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$304  = c_q;
+    if (\$93 ) begin
+      \$304  = spad_c_rd_data;
+    end
+    if (\$99 ) begin
+      \$304 [31:0] = 32'd0;
+    end
+    if (\$105 ) begin
+      \$304 [63:32] = 32'd0;
+    end
+    if (\$111 ) begin
+      \$304 [95:64] = 32'd0;
+    end
+    if (\$117 ) begin
+      \$304 [127:96] = 32'd0;
+    end
+    if (\$123 ) begin
+      \$304 [159:128] = 32'd0;
+    end
+    if (\$129 ) begin
+      \$304 [191:160] = 32'd0;
+    end
+    if (\$135 ) begin
+      \$304 [223:192] = 32'd0;
+    end
+    if (\$141 ) begin
+      \$304 [255:224] = 32'd0;
+    end
+    if (rst) begin
+      \$304  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$305  = q_valid;
+    if (\$93 ) begin
+      \$305  = r_valid;
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$297  = { 1'h0, \$142  };
+          /* empty */;
       3'h2:
-          if (\$144 ) begin
-            \$297  = \$147 [18:0];
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$194 ) begin
+            \$305  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$297  = 19'h00000;
+      \$305  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$306  = storing;
+    if (store_start) begin
+      \$306  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$194 ) begin
+            \$306  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$306  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$307  = s_addr;
+    if (store_start) begin
+      \$307  = { 7'h00, cmd[75:64] };
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$307  = \$149 [18:0];
+      end
+    end
+    if (rst) begin
+      \$307  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$308  = s_n;
+    if (store_start) begin
+      \$308  = 17'h00000;
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$308  = \$151 [16:0];
+        if (\$161 ) begin
+          \$308  = 17'h00000;
+        end
+      end
+    end
+    if (rst) begin
+      \$308  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$309  = s_rows;
+    if (store_start) begin
+      \$309  = cmd[16:0];
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        if (\$161 ) begin
+          \$309  = \$162 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$309  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$310  = s_left;
+    if (store_start) begin
+      \$310  = \$145 [18:0];
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$310  = \$150 [18:0];
+      end
+    end
+    if (rst) begin
+      \$310  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$311  = out_left;
+    if (store_start) begin
+      \$311  = \$146 [18:0];
+    end
+    if (\$163 ) begin
+      \$311  = \$164 [18:0];
+    end
+    if (rst) begin
+      \$311  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$312  = r_valid;
+    if (store_start) begin
+    end else if (\$144 ) begin
+      \$312  = \$147 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$194 ) begin
+            \$312  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$312  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$313  = r_mask;
+    if (store_start) begin
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$313  = { \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152  };
+      end
+    end
+    if (rst) begin
+      \$313  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$314  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$167 ) begin
+            \$314  = 1'h1;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$314  = 1'h1;
+          end
+      3'h3:
+          if (\$193 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$314  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$194 ) begin
+            \$314  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$314  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$315  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$315  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$315  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$316  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$316  = 1'h0;
+          end
+      3'h1:
+          if (\$167 ) begin
+            \$316  = 1'h1;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$316  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$316  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$317  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$317  = 3'h0;
+          end
+      3'h1:
+          if (\$167 ) begin
+            \$317  = code;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$317  = \$183 ;
+          end
+    endcase
+    if (rst) begin
+      \$317  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$318  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$318  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+            \$318  = 3'h0;
+          end else begin
+            \$318  = 3'h2;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$318  = 3'h0;
+          end else if (\$179 ) begin
+            \$318  = 3'h3;
+          end
+      3'h3:
+          if (\$193 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$318  = 3'h4;
+            end else begin
+              \$318  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$194 ) begin
+            \$318  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$318  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$319  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$319  = cmd[16:0];
+      3'h2:
+          if (\$168 ) begin
+            \$319  = \$169 [16:0];
+          end
+    endcase
+    if (rst) begin
+      \$319  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$320  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$320  = { 1'h0, \$165  };
+      3'h2:
+          if (\$168 ) begin
+            \$320  = \$170 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$320  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$321  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$321  = { 1'h0, \$166  };
+      3'h2:
+          if (\$168 ) begin
+            \$321  = \$171 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$321  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$175 ) begin
-      if (\$176 ) begin
+    end else if (\$199 ) begin
+      if (\$200 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -9253,7 +9301,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$184 ) begin
+      if (\$208 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9273,11 +9321,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$200 ) begin
+          if (\$224 ) begin
             code = 3'h1;
-          end else if (\$209 ) begin
+          end else if (\$233 ) begin
             code = 3'h2;
-          end else if (\$211 ) begin
+          end else if (\$235 ) begin
             code = 3'h3;
           end
     endcase
@@ -9293,7 +9341,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$221 ) begin
+          if (\$245 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9306,16 +9354,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$174 [9:0];
+  assign \$signature__addr$112  = \$198 [9:0];
   assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[11:0];
-  assign \port__addr$115  = \$183 [9:0];
+  assign \port__addr$115  = \$207 [9:0];
   assign \$signature__addr$118  = w_addr[10:0];
   assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$194 [10:0];
+  assign \port__addr$127  = \$218 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9514,16 +9562,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign \$signature__data$117 [255:224] = \$192 [31:0];
-  assign \$signature__data$117 [223:192] = \$191 [31:0];
-  assign \$signature__data$117 [191:160] = \$190 [31:0];
-  assign \$signature__data$117 [159:128] = \$189 [31:0];
-  assign \$signature__data$117 [127:96] = \$188 [31:0];
-  assign \$signature__data$117 [95:64] = \$187 [31:0];
-  assign \$signature__data$117 [63:32] = \$186 [31:0];
-  assign \$signature__data$117 [31:0] = \$185 [31:0];
-  assign \$228  = \port__data$28 ;
-  assign \$227  = port__data;
+  assign \$signature__data$117 [255:224] = \$216 [31:0];
+  assign \$signature__data$117 [223:192] = \$215 [31:0];
+  assign \$signature__data$117 [191:160] = \$214 [31:0];
+  assign \$signature__data$117 [159:128] = \$213 [31:0];
+  assign \$signature__data$117 [127:96] = \$212 [31:0];
+  assign \$signature__data$117 [95:64] = \$211 [31:0];
+  assign \$signature__data$117 [63:32] = \$210 [31:0];
+  assign \$signature__data$117 [31:0] = \$209 [31:0];
+  assign \$252  = \port__data$28 ;
+  assign \$251  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28234,8 +28282,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$300$0 (mult),
-    .\port$305$0 (i__payload),
+    .\port$324$0 (mult),
+    .\port$329$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -29536,7 +29584,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29703,10 +29751,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$300$0 ;
-  wire [15:0] \port$300$0 ;
-  input [255:0] \port$305$0 ;
-  wire [255:0] \port$305$0 ;
+  input [15:0] \port$324$0 ;
+  wire [15:0] \port$324$0 ;
+  input [255:0] \port$329$0 ;
+  wire [255:0] \port$329$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29825,7 +29873,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$300$0  };
+      \$27  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -29845,7 +29893,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$305$0 [80:64] };
+      \$29  = { 1'h0, \port$329$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29855,7 +29903,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$300$0  };
+      \$30  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -29875,7 +29923,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$305$0 [95], \port$305$0 [95], \port$305$0 [95], \port$305$0 [95:81] };
+      \$32  = { \port$329$0 [95], \port$329$0 [95], \port$329$0 [95], \port$329$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29885,7 +29933,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$300$0  };
+      \$33  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -29905,7 +29953,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$305$0 [112:96] };
+      \$35  = { 1'h0, \port$329$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -29915,7 +29963,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$300$0  };
+      \$36  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -29935,7 +29983,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$305$0 [127], \port$305$0 [127], \port$305$0 [127], \port$305$0 [127:113] };
+      \$38  = { \port$329$0 [127], \port$329$0 [127], \port$329$0 [127], \port$329$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -29945,7 +29993,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$300$0  };
+      \$39  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -29965,7 +30013,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$305$0 [144:128] };
+      \$41  = { 1'h0, \port$329$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -29975,7 +30023,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$300$0  };
+      \$42  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -29995,7 +30043,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$305$0 [159], \port$305$0 [159], \port$305$0 [159], \port$305$0 [159:145] };
+      \$44  = { \port$329$0 [159], \port$329$0 [159], \port$329$0 [159], \port$329$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -30005,7 +30053,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$300$0  };
+      \$45  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -30025,7 +30073,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$305$0 [176:160] };
+      \$47  = { 1'h0, \port$329$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30035,7 +30083,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$300$0  };
+      \$48  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -30055,7 +30103,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$305$0 [191], \port$305$0 [191], \port$305$0 [191], \port$305$0 [191:177] };
+      \$50  = { \port$329$0 [191], \port$329$0 [191], \port$329$0 [191], \port$329$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30065,7 +30113,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$300$0  };
+      \$51  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -30085,7 +30133,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$305$0 [208:192] };
+      \$53  = { 1'h0, \port$329$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30095,7 +30143,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$300$0  };
+      \$54  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -30115,7 +30163,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$305$0 [223], \port$305$0 [223], \port$305$0 [223], \port$305$0 [223:209] };
+      \$56  = { \port$329$0 [223], \port$329$0 [223], \port$329$0 [223], \port$329$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30125,7 +30173,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$300$0  };
+      \$57  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -30145,7 +30193,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$305$0 [240:224] };
+      \$59  = { 1'h0, \port$329$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30155,7 +30203,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$300$0  };
+      \$60  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -30175,7 +30223,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$305$0 [255], \port$305$0 [255], \port$305$0 [255], \port$305$0 [255:241] };
+      \$62  = { \port$329$0 [255], \port$329$0 [255], \port$329$0 [255], \port$329$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30185,7 +30233,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$300$0  };
+      \$63  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -30205,7 +30253,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$305$0 [16:0] };
+      \$17  = { 1'h0, \port$329$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30215,7 +30263,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$300$0  };
+      \$18  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30235,7 +30283,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$305$0 [31], \port$305$0 [31], \port$305$0 [31], \port$305$0 [31:17] };
+      \$20  = { \port$329$0 [31], \port$329$0 [31], \port$329$0 [31], \port$329$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30245,7 +30293,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$300$0  };
+      \$21  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30265,7 +30313,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$305$0 [48:32] };
+      \$23  = { 1'h0, \port$329$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30275,7 +30323,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$300$0  };
+      \$24  = { 2'h0, \port$324$0  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30295,42 +30343,42 @@ module \nanokpu_gemm.requant.mul (rst, \port$300$0 , \port$305$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$305$0 [63], \port$305$0 [63], \port$305$0 [63], \port$305$0 [63:49] };
+      \$26  = { \port$329$0 [63], \port$329$0 [63], \port$329$0 [63], \port$329$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$305$0 [16:0] };
-  assign b__0 = { 2'h0, \port$300$0  };
-  assign a__1 = { \port$305$0 [31], \port$305$0 [31], \port$305$0 [31], \port$305$0 [31:17] };
-  assign b__1 = { 2'h0, \port$300$0  };
-  assign a__2 = { 1'h0, \port$305$0 [48:32] };
-  assign b__2 = { 2'h0, \port$300$0  };
-  assign a__3 = { \port$305$0 [63], \port$305$0 [63], \port$305$0 [63], \port$305$0 [63:49] };
-  assign b__3 = { 2'h0, \port$300$0  };
-  assign a__4 = { 1'h0, \port$305$0 [80:64] };
-  assign b__4 = { 2'h0, \port$300$0  };
-  assign a__5 = { \port$305$0 [95], \port$305$0 [95], \port$305$0 [95], \port$305$0 [95:81] };
-  assign b__5 = { 2'h0, \port$300$0  };
-  assign a__6 = { 1'h0, \port$305$0 [112:96] };
-  assign b__6 = { 2'h0, \port$300$0  };
-  assign a__7 = { \port$305$0 [127], \port$305$0 [127], \port$305$0 [127], \port$305$0 [127:113] };
-  assign b__7 = { 2'h0, \port$300$0  };
-  assign a__8 = { 1'h0, \port$305$0 [144:128] };
-  assign b__8 = { 2'h0, \port$300$0  };
-  assign a__9 = { \port$305$0 [159], \port$305$0 [159], \port$305$0 [159], \port$305$0 [159:145] };
-  assign b__9 = { 2'h0, \port$300$0  };
-  assign a__10 = { 1'h0, \port$305$0 [176:160] };
-  assign b__10 = { 2'h0, \port$300$0  };
-  assign a__11 = { \port$305$0 [191], \port$305$0 [191], \port$305$0 [191], \port$305$0 [191:177] };
-  assign b__11 = { 2'h0, \port$300$0  };
-  assign a__12 = { 1'h0, \port$305$0 [208:192] };
-  assign b__12 = { 2'h0, \port$300$0  };
-  assign a__13 = { \port$305$0 [223], \port$305$0 [223], \port$305$0 [223], \port$305$0 [223:209] };
-  assign b__13 = { 2'h0, \port$300$0  };
-  assign a__14 = { 1'h0, \port$305$0 [240:224] };
-  assign b__14 = { 2'h0, \port$300$0  };
-  assign a__15 = { \port$305$0 [255], \port$305$0 [255], \port$305$0 [255], \port$305$0 [255:241] };
-  assign b__15 = { 2'h0, \port$300$0  };
+  assign a__0 = { 1'h0, \port$329$0 [16:0] };
+  assign b__0 = { 2'h0, \port$324$0  };
+  assign a__1 = { \port$329$0 [31], \port$329$0 [31], \port$329$0 [31], \port$329$0 [31:17] };
+  assign b__1 = { 2'h0, \port$324$0  };
+  assign a__2 = { 1'h0, \port$329$0 [48:32] };
+  assign b__2 = { 2'h0, \port$324$0  };
+  assign a__3 = { \port$329$0 [63], \port$329$0 [63], \port$329$0 [63], \port$329$0 [63:49] };
+  assign b__3 = { 2'h0, \port$324$0  };
+  assign a__4 = { 1'h0, \port$329$0 [80:64] };
+  assign b__4 = { 2'h0, \port$324$0  };
+  assign a__5 = { \port$329$0 [95], \port$329$0 [95], \port$329$0 [95], \port$329$0 [95:81] };
+  assign b__5 = { 2'h0, \port$324$0  };
+  assign a__6 = { 1'h0, \port$329$0 [112:96] };
+  assign b__6 = { 2'h0, \port$324$0  };
+  assign a__7 = { \port$329$0 [127], \port$329$0 [127], \port$329$0 [127], \port$329$0 [127:113] };
+  assign b__7 = { 2'h0, \port$324$0  };
+  assign a__8 = { 1'h0, \port$329$0 [144:128] };
+  assign b__8 = { 2'h0, \port$324$0  };
+  assign a__9 = { \port$329$0 [159], \port$329$0 [159], \port$329$0 [159], \port$329$0 [159:145] };
+  assign b__9 = { 2'h0, \port$324$0  };
+  assign a__10 = { 1'h0, \port$329$0 [176:160] };
+  assign b__10 = { 2'h0, \port$324$0  };
+  assign a__11 = { \port$329$0 [191], \port$329$0 [191], \port$329$0 [191], \port$329$0 [191:177] };
+  assign b__11 = { 2'h0, \port$324$0  };
+  assign a__12 = { 1'h0, \port$329$0 [208:192] };
+  assign b__12 = { 2'h0, \port$324$0  };
+  assign a__13 = { \port$329$0 [223], \port$329$0 [223], \port$329$0 [223], \port$329$0 [223:209] };
+  assign b__13 = { 2'h0, \port$324$0  };
+  assign a__14 = { 1'h0, \port$329$0 [240:224] };
+  assign b__14 = { 2'h0, \port$324$0  };
+  assign a__15 = { \port$329$0 [255], \port$329$0 [255], \port$329$0 [255], \port$329$0 [255:241] };
+  assign b__15 = { 2'h0, \port$324$0  };
 endmodule

@@ -8,44 +8,44 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
-  wire [14:0] \$101 ;
-  wire [14:0] \$102 ;
+  wire \$101 ;
+  wire \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire [14:0] \$105 ;
-  wire [14:0] \$106 ;
-  wire [12:0] \$107 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
   wire \$108 ;
   wire \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire [12:0] \$112 ;
-  wire \$113 ;
-  wire [12:0] \$114 ;
+  wire \$112 ;
+  wire [14:0] \$113 ;
+  wire [14:0] \$114 ;
   wire \$115 ;
-  wire [14:0] \$116 ;
-  wire [12:0] \$117 ;
-  wire [12:0] \$118 ;
-  wire \$119 ;
+  wire \$116 ;
+  wire [14:0] \$117 ;
+  wire [14:0] \$118 ;
+  wire [12:0] \$119 ;
   wire \$12 ;
   wire \$120 ;
-  wire [12:0] \$121 ;
-  wire [14:0] \$122 ;
-  wire [14:0] \$123 ;
-  wire \$124 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire [12:0] \$124 ;
   wire \$125 ;
-  wire \$126 ;
+  wire [12:0] \$126 ;
   wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
+  wire [14:0] \$128 ;
+  wire [12:0] \$129 ;
   wire [12:0] \$13 ;
-  wire \$130 ;
+  wire [12:0] \$130 ;
   wire \$131 ;
   wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire [2:0] \$135 ;
+  wire [12:0] \$133 ;
+  wire [14:0] \$134 ;
+  wire [14:0] \$135 ;
   wire \$136 ;
   wire \$137 ;
   wire \$138 ;
@@ -58,11 +58,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire \$147 ;
+  wire [2:0] \$147 ;
   wire \$148 ;
-  wire [6:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [12:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -70,29 +70,29 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
-  wire [6:0] \$158 ;
-  wire [12:0] \$159 ;
+  wire \$158 ;
+  wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [24:0] \$161 ;
-  wire [24:0] \$162 ;
-  wire [24:0] \$163 ;
-  wire [24:0] \$164 ;
+  wire [6:0] \$161 ;
+  wire [12:0] \$162 ;
+  wire \$163 ;
+  wire \$164 ;
   wire \$165 ;
-  wire [13:0] \$166 ;
+  wire \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire \$170 ;
-  wire \$171 ;
+  wire [6:0] \$170 ;
+  wire [12:0] \$171 ;
   wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
+  wire [24:0] \$173 ;
+  wire [24:0] \$174 ;
+  wire [24:0] \$175 ;
+  wire [24:0] \$176 ;
   wire \$177 ;
-  wire \$178 ;
+  wire [13:0] \$178 ;
   wire \$179 ;
   wire [14:0] \$18 ;
   wire \$180 ;
@@ -115,87 +115,99 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire [31:0] \$199 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire [31:0] \$200 ;
-  reg [95:0] \$201 ;
-  reg [11:0] \$202 ;
-  reg \$203 ;
-  reg [13:0] \$204 ;
-  reg \$205 ;
-  reg [1:0] \$206 ;
-  reg \$207 ;
-  reg \$208 ;
-  reg [11:0] \$209 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  reg [11:0] \$210 ;
-  reg \$211 ;
-  reg \$212 ;
-  reg [3:0] \$213 ;
-  reg \$214 ;
+  wire \$210 ;
+  wire [31:0] \$211 ;
+  wire [31:0] \$212 ;
+  reg [95:0] \$213 ;
+  reg [11:0] \$214 ;
   reg \$215 ;
-  reg \$216 ;
-  reg [3:0] \$217 ;
-  reg \$218 ;
+  reg [13:0] \$216 ;
+  reg \$217 ;
+  reg [1:0] \$218 ;
   reg \$219 ;
   wire \$22 ;
   reg \$220 ;
-  reg [31:0] \$221 ;
-  reg [31:0] \$222 ;
+  reg [11:0] \$221 ;
+  reg [11:0] \$222 ;
   reg \$223 ;
   reg \$224 ;
-  reg [11:0] \$225 ;
-  reg [13:0] \$226 ;
-  reg [11:0] \$227 ;
-  reg [11:0] \$228 ;
-  reg [13:0] \$229 ;
+  reg [3:0] \$225 ;
+  reg \$226 ;
+  reg \$227 ;
+  reg \$228 ;
+  reg [3:0] \$229 ;
   wire \$23 ;
-  reg [13:0] \$230 ;
+  reg \$230 ;
   reg \$231 ;
   reg \$232 ;
-  reg [13:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [2:0] \$235 ;
-  reg [13:0] \$236 ;
-  reg [2:0] \$237 ;
-  reg \$238 ;
-  reg \$239 ;
+  reg [31:0] \$233 ;
+  reg [31:0] \$234 ;
+  reg \$235 ;
+  reg \$236 ;
+  reg [11:0] \$237 ;
+  reg [13:0] \$238 ;
+  reg [11:0] \$239 ;
   wire \$24 ;
-  reg \$240 ;
+  reg [11:0] \$240 ;
   reg [13:0] \$241 ;
-  reg \$242 ;
+  reg [13:0] \$242 ;
   reg \$243 ;
-  reg [13:0] \$244 ;
-  reg \$245 ;
-  reg \$246 ;
-  reg [13:0] \$247 ;
-  reg [95:0] \$248 ;
-  reg [95:0] \$249 ;
+  reg \$244 ;
+  reg [13:0] \$245 ;
+  reg [2:0] \$246 ;
+  reg [2:0] \$247 ;
+  reg [13:0] \$248 ;
+  reg [2:0] \$249 ;
   wire \$25 ;
-  reg [95:0] \$250 ;
-  reg [1:0] \$251 ;
-  reg [95:0] \$252 ;
-  reg \$253 ;
+  reg \$250 ;
+  reg \$251 ;
+  reg \$252 ;
+  reg [13:0] \$253 ;
   reg \$254 ;
-  reg [13:0] \$255 ;
-  reg [11:0] \$256 ;
-  reg [11:0] \$257 ;
-  reg [13:0] \$258 ;
+  reg \$255 ;
+  reg [13:0] \$256 ;
+  reg \$257 ;
+  reg \$258 ;
   reg [13:0] \$259 ;
   wire \$26 ;
-  reg \$260 ;
-  reg [3:0] \$261 ;
-  reg \$262 ;
-  reg [79:0] \$263 ;
-  reg \$264 ;
-  reg [2:0] \$265 ;
-  reg [2:0] \$266 ;
-  reg [11:0] \$267 ;
-  reg [13:0] \$268 ;
-  reg [13:0] \$269 ;
+  reg [95:0] \$260 ;
+  reg [95:0] \$261 ;
+  reg [95:0] \$262 ;
+  reg [1:0] \$263 ;
+  reg [95:0] \$264 ;
+  reg \$265 ;
+  reg \$266 ;
+  reg [13:0] \$267 ;
+  reg [11:0] \$268 ;
+  reg [11:0] \$269 ;
   wire \$27 ;
+  reg [13:0] \$270 ;
+  reg [13:0] \$271 ;
+  reg \$272 ;
+  reg [3:0] \$273 ;
+  reg \$274 ;
+  reg [79:0] \$275 ;
+  reg \$276 ;
+  reg [2:0] \$277 ;
+  reg [2:0] \$278 ;
+  reg [11:0] \$279 ;
   wire \$28 ;
+  reg [13:0] \$280 ;
+  reg [13:0] \$281 ;
   wire \$29 ;
   wire [14:0] \$3 ;
   wire \$30 ;
@@ -950,9 +962,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$150 [6:0]] <= b_in__payload;
+      spad_b[\$162 [6:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$159 [6:0]];
+  assign \port__data$28  = spad_b[\$171 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [95:0] spad_c [255:0];
   initial begin
@@ -1217,7 +1229,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[7:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$166 [7:0]];
+  assign \port__data$31  = spad_c[\$178 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -1303,273 +1315,285 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$83  = \$82  - tile_drained;
   assign \$84  = ~ q_valid;
   assign \$85  = \$84  | i__ready;
-  assign \$86  = ~ r_mask[0];
-  assign \$87  = ~ cmd[78];
-  assign \$88  = storing ? \$86  : \$87 ;
-  assign \$89  = ~ r_mask[1];
-  assign \$90  = ~ cmd[78];
-  assign \$91  = storing ? \$89  : \$90 ;
-  assign \$92  = ~ r_mask[2];
-  assign \$93  = ~ cmd[78];
-  assign \$94  = storing ? \$92  : \$93 ;
-  assign \$95  = ~ r_mask[3];
-  assign \$96  = ~ cmd[78];
-  assign \$97  = storing ? \$95  : \$96 ;
+  assign \$86  = ~ q_valid;
+  assign \$87  = \$86  | i__ready;
+  assign \$88  = ~ r_mask[0];
+  assign \$89  = ~ cmd[78];
+  assign \$90  = storing ? \$88  : \$89 ;
+  assign \$91  = \$87  & \$90 ;
+  assign \$92  = ~ q_valid;
+  assign \$93  = \$92  | i__ready;
+  assign \$94  = ~ r_mask[1];
+  assign \$95  = ~ cmd[78];
+  assign \$96  = storing ? \$94  : \$95 ;
+  assign \$97  = \$93  & \$96 ;
   assign \$98  = ~ q_valid;
   assign \$99  = \$98  | i__ready;
-  assign \$100  = storing & \$99 ;
-  assign \$101  = c_lim - cmd[53:45];
-  assign \$102  = c_lim - cmd[53:45];
-  assign \$103  = | s_left;
-  assign \$104  = | s_left;
-  assign \$105  = s_addr + 1'h1;
-  assign \$106  = s_left - 1'h1;
-  assign \$107  = s_n + 1'h1;
-  assign \$108  = s_rows > 1'h0;
-  assign \$109  = s_rows > 1'h1;
-  assign \$110  = s_rows > 2'h2;
-  assign \$111  = s_rows > 2'h3;
-  assign \$112  = cmd[35:24] - 1'h1;
-  assign \$113  = s_n == \$112 ;
-  assign \$114  = s_rows - 3'h4;
-  assign \$115  = c_out__valid & c_out__ready;
-  assign \$116  = out_left - 1'h1;
-  assign \$117  = cmd[44:36] + cmd[23:12];
-  assign \$118  = cmd[53:45] + cmd[35:24];
-  assign \$119  = | code;
-  assign \$120  = rows_left > 3'h4;
-  assign \$121  = rows_left - 3'h4;
-  assign \$122  = a_lim + cmd[23:12];
-  assign \$123  = c_lim + cmd[35:24];
-  assign \$124  = cmd[76] | cmd[77];
-  assign \$125  = a_lim > 9'h100;
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = cmd[77] | cmd[79];
-  assign \$128  = c_lim > 9'h100;
-  assign \$129  = \$127  & \$128 ;
-  assign \$130  = \$126  | \$129 ;
-  assign \$131  = rows_left <= 3'h4;
-  assign \$132  = cmd[76] | cmd[77];
-  assign \$133  = a_lim > 9'h100;
-  assign \$134  = \$132  & \$133 ;
-  assign \$135  = \$134  ? 3'h4 : 3'h5;
-  assign \$136  = start | a_in__ready;
-  assign \$137  = \$136  | b_loading;
-  assign \$138  = \$137  | issuing;
-  assign \$139  = \$138  | drain_busy;
-  assign \$140  = \$139  | col_busy0;
-  assign \$141  = \$140  | col_busy1;
-  assign \$142  = \$141  | w_busy;
-  assign \$143  = ~ \$142 ;
-  assign \$144  = ! pending;
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = ! out_left;
+  assign \$100  = ~ r_mask[2];
+  assign \$101  = ~ cmd[78];
+  assign \$102  = storing ? \$100  : \$101 ;
+  assign \$103  = \$99  & \$102 ;
+  assign \$104  = ~ q_valid;
+  assign \$105  = \$104  | i__ready;
+  assign \$106  = ~ r_mask[3];
+  assign \$107  = ~ cmd[78];
+  assign \$108  = storing ? \$106  : \$107 ;
+  assign \$109  = \$105  & \$108 ;
+  assign \$110  = ~ q_valid;
+  assign \$111  = \$110  | i__ready;
+  assign \$112  = storing & \$111 ;
+  assign \$113  = c_lim - cmd[53:45];
+  assign \$114  = c_lim - cmd[53:45];
+  assign \$115  = | s_left;
+  assign \$116  = | s_left;
+  assign \$117  = s_addr + 1'h1;
+  assign \$118  = s_left - 1'h1;
+  assign \$119  = s_n + 1'h1;
+  assign \$120  = s_rows > 1'h0;
+  assign \$121  = s_rows > 1'h1;
+  assign \$122  = s_rows > 2'h2;
+  assign \$123  = s_rows > 2'h3;
+  assign \$124  = cmd[35:24] - 1'h1;
+  assign \$125  = s_n == \$124 ;
+  assign \$126  = s_rows - 3'h4;
+  assign \$127  = c_out__valid & c_out__ready;
+  assign \$128  = out_left - 1'h1;
+  assign \$129  = cmd[44:36] + cmd[23:12];
+  assign \$130  = cmd[53:45] + cmd[35:24];
+  assign \$131  = | code;
+  assign \$132  = rows_left > 3'h4;
+  assign \$133  = rows_left - 3'h4;
+  assign \$134  = a_lim + cmd[23:12];
+  assign \$135  = c_lim + cmd[35:24];
+  assign \$136  = cmd[76] | cmd[77];
+  assign \$137  = a_lim > 9'h100;
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = cmd[77] | cmd[79];
+  assign \$140  = c_lim > 9'h100;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$138  | \$141 ;
+  assign \$143  = rows_left <= 3'h4;
+  assign \$144  = cmd[76] | cmd[77];
+  assign \$145  = a_lim > 9'h100;
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = \$146  ? 3'h4 : 3'h5;
+  assign \$148  = start | a_in__ready;
+  assign \$149  = \$148  | b_loading;
+  assign \$150  = \$149  | issuing;
+  assign \$151  = \$150  | drain_busy;
+  assign \$152  = \$151  | col_busy0;
+  assign \$153  = \$152  | col_busy1;
+  assign \$154  = \$153  | w_busy;
+  assign \$155  = ~ \$154 ;
+  assign \$156  = ! pending;
+  assign \$157  = \$155  & \$156 ;
+  assign \$158  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$147  = full >> wbuf;
-  assign \$148  = ~ \$147 ;
-  assign b_in__ready = b_loading & \$148 ;
-  assign \$149  = wbuf ? 7'h40 : 7'h00;
-  assign \$150  = \$149  + b_k;
+  assign \$159  = full >> wbuf;
+  assign \$160  = ~ \$159 ;
+  assign b_in__ready = b_loading & \$160 ;
+  assign \$161  = wbuf ? 7'h40 : 7'h00;
+  assign \$162  = \$161  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$151  = b_in__valid & b_in__ready;
-  assign \$152  = b_k == k_m1;
-  assign \$153  = issuing & a_ok;
-  assign \$154  = \$153  & b_ok;
-  assign \$155  = ~ last_k;
-  assign \$156  = gap >= 4'ha;
-  assign \$157  = \$155  | \$156 ;
-  assign step = \$154  & \$157 ;
-  assign \$158  = rbuf ? 7'h40 : 7'h00;
-  assign \$159  = \$158  + k;
-  assign \$160  = d_col == 2'h3;
+  assign \$163  = b_in__valid & b_in__ready;
+  assign \$164  = b_k == k_m1;
+  assign \$165  = issuing & a_ok;
+  assign \$166  = \$165  & b_ok;
+  assign \$167  = ~ last_k;
+  assign \$168  = gap >= 4'ha;
+  assign \$169  = \$167  | \$168 ;
+  assign step = \$166  & \$169 ;
+  assign \$170  = rbuf ? 7'h40 : 7'h00;
+  assign \$171  = \$170  + k;
+  assign \$172  = d_col == 2'h3;
   assign shift = \done$73  | drain_busy;
-  assign \$161  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
-  assign \$162  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
-  assign \$163  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
-  assign \$164  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
+  assign \$173  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
+  assign \$174  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
+  assign \$175  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
+  assign \$176  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
   assign mult = storing ? cmd[69:54] : rq_mult;
   assign \shift$121  = storing ? cmd[75:70] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$165  = ~ storing;
-  assign rq_in__ready = \$165  & i__ready;
+  assign \$177  = ~ storing;
+  assign rq_in__ready = \$177  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$166  = storing ? s_addr : col_addr0;
-  assign \$167  = ~ storing;
-  assign \$168  = ~ q_valid;
-  assign \$169  = \$168  | i__ready;
-  assign spad_c_rd_en = \$167  | \$169 ;
+  assign \$178  = storing ? s_addr : col_addr0;
+  assign \$179  = ~ storing;
+  assign \$180  = ~ q_valid;
+  assign \$181  = \$180  | i__ready;
+  assign spad_c_rd_en = \$179  | \$181 ;
   assign busy = ~ cmd__ready;
-  assign \$170  = cmd[76] | cmd[77];
-  assign \$171  = \$170  | cmd[79];
-  assign \$172  = ~ \$171 ;
-  assign \$173  = ! cmd[11:0];
-  assign \$174  = cmd[76] | cmd[77];
-  assign \$175  = ! cmd[23:12];
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = cmd[77] | cmd[79];
-  assign \$179  = ! cmd[35:24];
-  assign \$180  = \$178  & \$179 ;
-  assign \$181  = \$177  | \$180 ;
-  assign \$182  = cmd[23:12] > 7'h40;
-  assign \$183  = cmd[77] & \$182 ;
-  assign \$184  = start | a_in__ready;
-  assign \$185  = \$184  | b_loading;
-  assign \$186  = \$185  | issuing;
-  assign \$187  = \$186  | drain_busy;
-  assign \$188  = \$187  | col_busy0;
-  assign \$189  = \$188  | col_busy1;
-  assign \$190  = \$189  | w_busy;
-  assign \$191  = ~ \$190 ;
-  assign \$192  = ! pending;
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = ! fsm_state;
-  assign \$195  = fsm_state == 1'h1;
-  assign \$196  = fsm_state == 2'h2;
-  assign \$197  = fsm_state == 2'h3;
-  assign \$198  = fsm_state == 3'h4;
+  assign \$182  = cmd[76] | cmd[77];
+  assign \$183  = \$182  | cmd[79];
+  assign \$184  = ~ \$183 ;
+  assign \$185  = ! cmd[11:0];
+  assign \$186  = cmd[76] | cmd[77];
+  assign \$187  = ! cmd[23:12];
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = cmd[77] | cmd[79];
+  assign \$191  = ! cmd[35:24];
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = \$189  | \$192 ;
+  assign \$194  = cmd[23:12] > 7'h40;
+  assign \$195  = cmd[77] & \$194 ;
+  assign \$196  = start | a_in__ready;
+  assign \$197  = \$196  | b_loading;
+  assign \$198  = \$197  | issuing;
+  assign \$199  = \$198  | drain_busy;
+  assign \$200  = \$199  | col_busy0;
+  assign \$201  = \$200  | col_busy1;
+  assign \$202  = \$201  | w_busy;
+  assign \$203  = ~ \$202 ;
+  assign \$204  = ! pending;
+  assign \$205  = \$203  & \$204 ;
+  assign \$206  = ! fsm_state;
+  assign \$207  = fsm_state == 1'h1;
+  assign \$208  = fsm_state == 2'h2;
+  assign \$209  = fsm_state == 2'h3;
+  assign \$210  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$199 ;
+    spad_a_rd_data <= \$211 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$200 ;
+    spad_b_rd_data <= \$212 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$201 ;
+    spad_c_rd_data <= \$213 ;
   always @(posedge clk)
-    k_m1 <= \$202 ;
+    k_m1 <= \$214 ;
   always @(posedge clk)
-    start <= \$203 ;
+    start <= \$215 ;
   always @(posedge clk)
-    a_wptr <= \$204 ;
+    a_wptr <= \$216 ;
   always @(posedge clk)
-    a_in__ready <= \$205 ;
+    a_in__ready <= \$217 ;
   always @(posedge clk)
-    full <= \$206 ;
+    full <= \$218 ;
   always @(posedge clk)
-    b_loading <= \$207 ;
+    b_loading <= \$219 ;
   always @(posedge clk)
-    wbuf <= \$208 ;
+    wbuf <= \$220 ;
   always @(posedge clk)
-    b_k <= \$209 ;
+    b_k <= \$221 ;
   always @(posedge clk)
-    b_cols_left <= \$210 ;
+    b_cols_left <= \$222 ;
   always @(posedge clk)
-    a_ok <= \$211 ;
+    a_ok <= \$223 ;
   always @(posedge clk)
-    b_ok <= \$212 ;
+    b_ok <= \$224 ;
   always @(posedge clk)
-    gap <= \$213 ;
+    gap <= \$225 ;
   always @(posedge clk)
-    s_valid <= \$214 ;
+    s_valid <= \$226 ;
   always @(posedge clk)
-    s_first <= \$215 ;
+    s_first <= \$227 ;
   always @(posedge clk)
-    s_last <= \$216 ;
+    s_last <= \$228 ;
   always @(posedge clk)
-    s_mask <= \$217 ;
+    s_mask <= \$229 ;
   always @(posedge clk)
-    valid <= \$218 ;
+    valid <= \$230 ;
   always @(posedge clk)
-    first <= \$219 ;
+    first <= \$231 ;
   always @(posedge clk)
-    last <= \$220 ;
+    last <= \$232 ;
   always @(posedge clk)
-    b <= \$221 ;
+    b <= \$233 ;
   always @(posedge clk)
-    a <= \$222 ;
+    a <= \$234 ;
   always @(posedge clk)
-    issuing <= \$223 ;
+    issuing <= \$235 ;
   always @(posedge clk)
-    rbuf <= \$224 ;
+    rbuf <= \$236 ;
   always @(posedge clk)
-    k <= \$225 ;
+    k <= \$237 ;
   always @(posedge clk)
-    a_ptr <= \$226 ;
+    a_ptr <= \$238 ;
   always @(posedge clk)
-    rows_c <= \$227 ;
+    rows_c <= \$239 ;
   always @(posedge clk)
-    cols_c <= \$228 ;
+    cols_c <= \$240 ;
   always @(posedge clk)
-    c_panel <= \$229 ;
+    c_panel <= \$241 ;
   always @(posedge clk)
-    c_tile <= \$230 ;
+    c_tile <= \$242 ;
   always @(posedge clk)
-    last_k <= \$231 ;
+    last_k <= \$243 ;
   always @(posedge clk)
-    last_row <= \$232 ;
+    last_row <= \$244 ;
   always @(posedge clk)
-    t_base <= \$233 ;
+    t_base <= \$245 ;
   always @(posedge clk)
-    t_cols <= \$234 ;
+    t_cols <= \$246 ;
   always @(posedge clk)
-    d_col <= \$235 ;
+    d_col <= \$247 ;
   always @(posedge clk)
-    d_base <= \$236 ;
+    d_base <= \$248 ;
   always @(posedge clk)
-    d_cols <= \$237 ;
+    d_cols <= \$249 ;
   always @(posedge clk)
-    drain_busy <= \$238 ;
+    drain_busy <= \$250 ;
   always @(posedge clk)
-    col_valid0 <= \$239 ;
+    col_valid0 <= \$251 ;
   always @(posedge clk)
-    col_busy0 <= \$240 ;
+    col_busy0 <= \$252 ;
   always @(posedge clk)
-    col_addr0 <= \$241 ;
+    col_addr0 <= \$253 ;
   always @(posedge clk)
-    col_valid1 <= \$242 ;
+    col_valid1 <= \$254 ;
   always @(posedge clk)
-    col_busy1 <= \$243 ;
+    col_busy1 <= \$255 ;
   always @(posedge clk)
-    col_addr1 <= \$244 ;
+    col_addr1 <= \$256 ;
   always @(posedge clk)
-    w_valid <= \$245 ;
+    w_valid <= \$257 ;
   always @(posedge clk)
-    w_busy <= \$246 ;
+    w_busy <= \$258 ;
   always @(posedge clk)
-    w_addr <= \$247 ;
+    w_addr <= \$259 ;
   always @(posedge clk)
-    col_word0 <= \$248 ;
+    col_word0 <= \$260 ;
   always @(posedge clk)
-    col_word1 <= \$249 ;
+    col_word1 <= \$261 ;
   always @(posedge clk)
-    w_word <= \$250 ;
+    w_word <= \$262 ;
   always @(posedge clk)
-    pending <= \$251 ;
+    pending <= \$263 ;
   always @(posedge clk)
-    c_q <= \$252 ;
+    c_q <= \$264 ;
   always @(posedge clk)
-    q_valid <= \$253 ;
+    q_valid <= \$265 ;
   always @(posedge clk)
-    storing <= \$254 ;
+    storing <= \$266 ;
   always @(posedge clk)
-    s_addr <= \$255 ;
+    s_addr <= \$267 ;
   always @(posedge clk)
-    s_n <= \$256 ;
+    s_n <= \$268 ;
   always @(posedge clk)
-    s_rows <= \$257 ;
+    s_rows <= \$269 ;
   always @(posedge clk)
-    s_left <= \$258 ;
+    s_left <= \$270 ;
   always @(posedge clk)
-    out_left <= \$259 ;
+    out_left <= \$271 ;
   always @(posedge clk)
-    r_valid <= \$260 ;
+    r_valid <= \$272 ;
   always @(posedge clk)
-    r_mask <= \$261 ;
+    r_mask <= \$273 ;
   always @(posedge clk)
-    done <= \$262 ;
+    done <= \$274 ;
   always @(posedge clk)
-    cmd <= \$263 ;
+    cmd <= \$275 ;
   always @(posedge clk)
-    error <= \$264 ;
+    error <= \$276 ;
   always @(posedge clk)
-    error_code <= \$265 ;
+    error_code <= \$277 ;
   always @(posedge clk)
-    fsm_state <= \$266 ;
+    fsm_state <= \$278 ;
   always @(posedge clk)
-    rows_left <= \$267 ;
+    rows_left <= \$279 ;
   always @(posedge clk)
-    a_lim <= \$268 ;
+    a_lim <= \$280 ;
   always @(posedge clk)
-    c_lim <= \$269 ;
+    c_lim <= \$281 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1596,254 +1620,135 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = spad_c_rd_data;
+    \$213  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$201  = \port__data$31 ;
+      \$213  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = \$1 [11:0];
+    \$214  = \$1 [11:0];
     if (rst) begin
-      \$202  = 12'h000;
+      \$214  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = 1'h0;
+    \$215  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$130 ) begin
-          end else if (\$131 ) begin
-            \$203  = 1'h1;
+          if (\$142 ) begin
+          end else if (\$143 ) begin
+            \$215  = 1'h1;
           end
     endcase
-    if (rst) begin
-      \$203  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = a_wptr;
-    if (start) begin
-      \$204  = { 5'h00, cmd[44:36] };
-    end else if (\$2 ) begin
-      \$204  = \$3 [13:0];
-    end
-    if (rst) begin
-      \$204  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = a_in__ready;
-    if (start) begin
-      \$205  = cmd[76];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$205  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$205  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = \$8 ;
-    if (rst) begin
-      \$206  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = b_loading;
-    if (start) begin
-      \$207  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$207  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$207  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = wbuf;
-    if (start) begin
-      \$208  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$208  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$208  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = b_k;
-    if (start) begin
-      \$209  = 12'h000;
-    end else if (\$9 ) begin
-      \$209  = \$10 [11:0];
-      if (\$11 ) begin
-        \$209  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$209  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = b_cols_left;
-    if (start) begin
-      \$210  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$210  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$210  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$211  = \$15 ;
-    end else begin
-      \$211  = \$21 ;
-    end
-    if (rst) begin
-      \$211  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$212  = 1'h0;
-    end else if (\$23 ) begin
-      \$212  = \$31 ;
-    end else if (\$24 ) begin
-      \$212  = 1'h1;
-    end else if (step) begin
-      \$212  = \$38 ;
-    end else begin
-      \$212  = \$41 ;
-    end
-    if (rst) begin
-      \$212  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = gap;
-    if (\$42 ) begin
-      \$213  = \$43 [3:0];
-    end
-    if (start) begin
-      \$213  = 4'hb;
-    end else if (step) begin
-      if (last_k) begin
-        \$213  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$213  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = step;
-    if (rst) begin
-      \$214  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = \$44 ;
     if (rst) begin
       \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = last_k;
+    \$216  = a_wptr;
+    if (start) begin
+      \$216  = { 5'h00, cmd[44:36] };
+    end else if (\$2 ) begin
+      \$216  = \$3 [13:0];
+    end
     if (rst) begin
-      \$216  = 1'h0;
+      \$216  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = { \$48 , \$47 , \$46 , \$45  };
+    \$217  = a_in__ready;
+    if (start) begin
+      \$217  = cmd[76];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$217  = 1'h0;
+      end
+    end
     if (rst) begin
-      \$217  = 4'h0;
+      \$217  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = s_valid;
+    \$218  = \$8 ;
     if (rst) begin
-      \$218  = 1'h0;
+      \$218  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = s_first;
+    \$219  = b_loading;
+    if (start) begin
+      \$219  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$219  = 1'h0;
+        end
+      end
+    end
     if (rst) begin
       \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = s_last;
+    \$220  = wbuf;
+    if (start) begin
+      \$220  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$220  = \$12 ;
+      end
+    end
     if (rst) begin
       \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = spad_b_rd_data;
-    if (rst) begin
-      \$221  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222 [7:0] = \$49 ;
-    \$222 [15:8] = \$50 ;
-    \$222 [23:16] = \$51 ;
-    \$222 [31:24] = \$52 ;
-    if (rst) begin
-      \$222  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = issuing;
+    \$221  = b_k;
     if (start) begin
-      \$223  = cmd[77];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$70 ) begin
-            \$223  = 1'h0;
-          end
-        end
+      \$221  = 12'h000;
+    end else if (\$9 ) begin
+      \$221  = \$10 [11:0];
+      if (\$11 ) begin
+        \$221  = 12'h000;
       end
+    end
+    if (rst) begin
+      \$221  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$222  = b_cols_left;
+    if (start) begin
+      \$222  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$222  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
+      \$222  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$223  = \$15 ;
+    end else begin
+      \$223  = \$21 ;
     end
     if (rst) begin
       \$223  = 1'h0;
@@ -1851,15 +1756,17 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = rbuf;
+    (* full_case = 32'd1 *)
     if (start) begin
       \$224  = 1'h0;
+    end else if (\$23 ) begin
+      \$224  = \$31 ;
+    end else if (\$24 ) begin
+      \$224  = 1'h1;
     end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$224  = \$65 ;
-        end
-      end
+      \$224  = \$38 ;
+    end else begin
+      \$224  = \$41 ;
     end
     if (rst) begin
       \$224  = 1'h0;
@@ -1867,447 +1774,441 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = k;
+    \$225  = gap;
+    if (\$42 ) begin
+      \$225  = \$43 [3:0];
+    end
     if (start) begin
-      \$225  = 12'h000;
+      \$225  = 4'hb;
     end else if (step) begin
-      \$225  = \$55 [11:0];
       if (last_k) begin
-        \$225  = 12'h000;
+        \$225  = 4'h0;
       end
     end
     if (rst) begin
-      \$225  = 12'h000;
+      \$225  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = a_ptr;
-    if (start) begin
-      \$226  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$226  = \$56 [13:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$226  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
+    \$226  = step;
     if (rst) begin
-      \$226  = 14'h0000;
+      \$226  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = rows_c;
-    if (start) begin
-      \$227  = cmd[11:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$227  = \$61 [11:0];
-        if (last_row) begin
-          \$227  = cmd[11:0];
-        end
-      end
-    end
+    \$227  = \$44 ;
     if (rst) begin
-      \$227  = 12'h000;
+      \$227  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = cols_c;
-    if (start) begin
-      \$228  = cmd[35:24];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$228  = \$66 [11:0];
-        end
-      end
-    end
+    \$228  = last_k;
     if (rst) begin
-      \$228  = 12'h000;
+      \$228  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = c_panel;
-    if (start) begin
-      \$229  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$229  = \$67 [13:0];
-        end
-      end
-    end
+    \$229  = { \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$229  = 14'h0000;
+      \$229  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = c_tile;
-    if (start) begin
-      \$230  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        \$230  = \$62 [13:0];
-        if (last_row) begin
-          \$230  = \$68 [13:0];
-        end
-      end
-    end
+    \$230  = s_valid;
     if (rst) begin
-      \$230  = 14'h0000;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = last_k;
-    if (start) begin
-      \$231  = \$53 ;
-    end else if (step) begin
-      \$231  = \$58 ;
-      if (last_k) begin
-        \$231  = \$63 ;
-      end
-    end
+    \$231  = s_first;
     if (rst) begin
       \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = last_row;
-    if (start) begin
-      \$232  = \$54 ;
-    end else if (step) begin
-      if (last_k) begin
-        \$232  = \$64 ;
-        if (last_row) begin
-          \$232  = \$69 ;
-        end
-      end
-    end
+    \$232  = s_last;
     if (rst) begin
       \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = t_base;
+    \$233  = spad_b_rd_data;
+    if (rst) begin
+      \$233  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$234 [7:0] = \$49 ;
+    \$234 [15:8] = \$50 ;
+    \$234 [23:16] = \$51 ;
+    \$234 [31:24] = \$52 ;
+    if (rst) begin
+      \$234  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$235  = issuing;
     if (start) begin
+      \$235  = cmd[77];
     end else if (step) begin
       if (last_k) begin
-        \$233  = c_tile;
+        if (last_row) begin
+          if (\$70 ) begin
+            \$235  = 1'h0;
+          end
+        end
       end
     end
     if (rst) begin
-      \$233  = 14'h0000;
+      \$235  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = t_cols;
+    \$236  = rbuf;
     if (start) begin
+      \$236  = 1'h0;
     end else if (step) begin
       if (last_k) begin
-        \$234  = \$60 [2:0];
+        if (last_row) begin
+          \$236  = \$65 ;
+        end
       end
     end
     if (rst) begin
-      \$234  = 3'h0;
+      \$236  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = d_col;
-    if (\done$73 ) begin
-      \$235  = 3'h1;
-    end else if (drain_busy) begin
-      \$235  = \$71 [2:0];
-    end
-    if (rst) begin
-      \$235  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = d_base;
-    if (\done$73 ) begin
-      \$236  = t_base;
-    end
-    if (rst) begin
-      \$236  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = d_cols;
-    if (\done$73 ) begin
-      \$237  = t_cols;
-    end
-    if (rst) begin
-      \$237  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = drain_busy;
-    if (\done$73 ) begin
-      \$238  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$72 ) begin
-        \$238  = 1'h0;
+    \$237  = k;
+    if (start) begin
+      \$237  = 12'h000;
+    end else if (step) begin
+      \$237  = \$55 [11:0];
+      if (last_k) begin
+        \$237  = 12'h000;
       end
     end
     if (rst) begin
-      \$238  = 1'h0;
+      \$237  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = \$77 ;
+    \$238  = a_ptr;
+    if (start) begin
+      \$238  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$238  = \$56 [13:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$238  = { 5'h00, cmd[44:36] };
+        end
+      end
+    end
     if (rst) begin
-      \$239  = 1'h0;
+      \$238  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = \$78 ;
+    \$239  = rows_c;
+    if (start) begin
+      \$239  = cmd[11:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$239  = \$61 [11:0];
+        if (last_row) begin
+          \$239  = cmd[11:0];
+        end
+      end
+    end
     if (rst) begin
-      \$240  = 1'h0;
+      \$239  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = \$81 [13:0];
+    \$240  = cols_c;
+    if (start) begin
+      \$240  = cmd[35:24];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$240  = \$66 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$240  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$241  = c_panel;
+    if (start) begin
+      \$241  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$241  = \$67 [13:0];
+        end
+      end
+    end
     if (rst) begin
       \$241  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = col_valid0;
+    \$242  = c_tile;
+    if (start) begin
+      \$242  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$242  = \$62 [13:0];
+        if (last_row) begin
+          \$242  = \$68 [13:0];
+        end
+      end
+    end
     if (rst) begin
-      \$242  = 1'h0;
+      \$242  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = col_busy0;
+    \$243  = last_k;
+    if (start) begin
+      \$243  = \$53 ;
+    end else if (step) begin
+      \$243  = \$58 ;
+      if (last_k) begin
+        \$243  = \$63 ;
+      end
+    end
     if (rst) begin
       \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = col_addr0;
-    if (rst) begin
-      \$244  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = col_valid1;
-    if (rst) begin
-      \$245  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = col_busy1;
-    if (rst) begin
-      \$246  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = col_addr1;
-    if (rst) begin
-      \$247  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = out;
-    if (rst) begin
-      \$248  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = col_word0;
-    if (rst) begin
-      \$249  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = col_word1;
-    if (rst) begin
-      \$250  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = \$83 [1:0];
-    if (rst) begin
-      \$251  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = c_q;
-    if (\$85 ) begin
-      \$252  = spad_c_rd_data;
-      if (\$88 ) begin
-        \$252 [23:0] = 24'h000000;
-      end
-      if (\$91 ) begin
-        \$252 [47:24] = 24'h000000;
-      end
-      if (\$94 ) begin
-        \$252 [71:48] = 24'h000000;
-      end
-      if (\$97 ) begin
-        \$252 [95:72] = 24'h000000;
+    \$244  = last_row;
+    if (start) begin
+      \$244  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$244  = \$64 ;
+        if (last_row) begin
+          \$244  = \$69 ;
+        end
       end
     end
     if (rst) begin
-      \$252  = 96'h000000000000000000000000;
+      \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = q_valid;
-    if (\$85 ) begin
-      \$253  = r_valid;
+    \$245  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$245  = c_tile;
+      end
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$146 ) begin
-            \$253  = 1'h0;
-          end
-    endcase
     if (rst) begin
-      \$253  = 1'h0;
+      \$245  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = storing;
-    if (store_start) begin
-      \$254  = 1'h1;
+    \$246  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$246  = \$60 [2:0];
+      end
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$146 ) begin
-            \$254  = 1'h0;
-          end
-    endcase
+    if (rst) begin
+      \$246  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$247  = d_col;
+    if (\done$73 ) begin
+      \$247  = 3'h1;
+    end else if (drain_busy) begin
+      \$247  = \$71 [2:0];
+    end
+    if (rst) begin
+      \$247  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$248  = d_base;
+    if (\done$73 ) begin
+      \$248  = t_base;
+    end
+    if (rst) begin
+      \$248  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249  = d_cols;
+    if (\done$73 ) begin
+      \$249  = t_cols;
+    end
+    if (rst) begin
+      \$249  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$250  = drain_busy;
+    if (\done$73 ) begin
+      \$250  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$72 ) begin
+        \$250  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$250  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251  = \$77 ;
+    if (rst) begin
+      \$251  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = \$78 ;
+    if (rst) begin
+      \$252  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = \$81 [13:0];
+    if (rst) begin
+      \$253  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = col_valid0;
     if (rst) begin
       \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = s_addr;
-    if (store_start) begin
-      \$255  = { 5'h00, cmd[53:45] };
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$255  = \$105 [13:0];
-      end
-    end
+    \$255  = col_busy0;
     if (rst) begin
-      \$255  = 14'h0000;
+      \$255  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = s_n;
-    if (store_start) begin
-      \$256  = 12'h000;
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$256  = \$107 [11:0];
-        if (\$113 ) begin
-          \$256  = 12'h000;
-        end
-      end
-    end
+    \$256  = col_addr0;
     if (rst) begin
-      \$256  = 12'h000;
+      \$256  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = s_rows;
-    if (store_start) begin
-      \$257  = cmd[11:0];
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        if (\$113 ) begin
-          \$257  = \$114 [11:0];
-        end
-      end
-    end
+    \$257  = col_valid1;
     if (rst) begin
-      \$257  = 12'h000;
+      \$257  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = s_left;
-    if (store_start) begin
-      \$258  = \$101 [13:0];
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$258  = \$106 [13:0];
-      end
-    end
+    \$258  = col_busy1;
     if (rst) begin
-      \$258  = 14'h0000;
+      \$258  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = out_left;
-    if (store_start) begin
-      \$259  = \$102 [13:0];
-    end
-    if (\$115 ) begin
-      \$259  = \$116 [13:0];
-    end
+    \$259  = col_addr1;
     if (rst) begin
       \$259  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = r_valid;
-    if (store_start) begin
-    end else if (\$100 ) begin
-      \$260  = \$103 ;
+    \$260  = out;
+    if (rst) begin
+      \$260  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$261  = col_word0;
+    if (rst) begin
+      \$261  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = col_word1;
+    if (rst) begin
+      \$262  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$263  = \$83 [1:0];
+    if (rst) begin
+      \$263  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$264  = c_q;
+    if (\$85 ) begin
+      \$264  = spad_c_rd_data;
+    end
+    if (\$91 ) begin
+      \$264 [23:0] = 24'h000000;
+    end
+    if (\$97 ) begin
+      \$264 [47:24] = 24'h000000;
+    end
+    if (\$103 ) begin
+      \$264 [71:48] = 24'h000000;
+    end
+    if (\$109 ) begin
+      \$264 [95:72] = 24'h000000;
+    end
+    if (rst) begin
+      \$264  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$265  = q_valid;
+    if (\$85 ) begin
+      \$265  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -2319,209 +2220,332 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$146 ) begin
-            \$260  = 1'h0;
+          if (\$158 ) begin
+            \$265  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$260  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = r_mask;
+    \$266  = storing;
     if (store_start) begin
-    end else if (\$100 ) begin
-      if (\$104 ) begin
-        \$261  = { \$111 , \$110 , \$109 , \$108  };
+      \$266  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$158 ) begin
+            \$266  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$266  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = s_addr;
+    if (store_start) begin
+      \$267  = { 5'h00, cmd[53:45] };
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$267  = \$117 [13:0];
       end
     end
     if (rst) begin
-      \$261  = 4'h0;
+      \$267  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = 1'h0;
+    \$268  = s_n;
+    if (store_start) begin
+      \$268  = 12'h000;
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$268  = \$119 [11:0];
+        if (\$125 ) begin
+          \$268  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$268  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$269  = s_rows;
+    if (store_start) begin
+      \$269  = cmd[11:0];
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        if (\$125 ) begin
+          \$269  = \$126 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$269  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$270  = s_left;
+    if (store_start) begin
+      \$270  = \$113 [13:0];
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$270  = \$118 [13:0];
+      end
+    end
+    if (rst) begin
+      \$270  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$271  = out_left;
+    if (store_start) begin
+      \$271  = \$114 [13:0];
+    end
+    if (\$127 ) begin
+      \$271  = \$128 [13:0];
+    end
+    if (rst) begin
+      \$271  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$272  = r_valid;
+    if (store_start) begin
+    end else if (\$112 ) begin
+      \$272  = \$115 ;
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$119 ) begin
-            \$262  = 1'h1;
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$158 ) begin
+            \$272  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$272  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$273  = r_mask;
+    if (store_start) begin
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$273  = { \$123 , \$122 , \$121 , \$120  };
+      end
+    end
+    if (rst) begin
+      \$273  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$274  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$131 ) begin
+            \$274  = 1'h1;
           end
       3'h2:
-          if (\$130 ) begin
-            \$262  = 1'h1;
+          if (\$142 ) begin
+            \$274  = 1'h1;
           end
       3'h3:
-          if (\$145 ) begin
+          if (\$157 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$262  = 1'h1;
+              \$274  = 1'h1;
             end
           end
       3'h4:
-          if (\$146 ) begin
-            \$262  = 1'h1;
+          if (\$158 ) begin
+            \$274  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$262  = 1'h0;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = cmd;
+    \$275  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$263  = cmd__payload;
+            \$275  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$263  = 80'h00000000000000000000;
+      \$275  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = error;
+    \$276  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$264  = 1'h0;
+            \$276  = 1'h0;
           end
       3'h1:
-          if (\$119 ) begin
-            \$264  = 1'h1;
+          if (\$131 ) begin
+            \$276  = 1'h1;
           end
       3'h2:
-          if (\$130 ) begin
-            \$264  = 1'h1;
+          if (\$142 ) begin
+            \$276  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$264  = 1'h0;
+      \$276  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = error_code;
+    \$277  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$265  = 3'h0;
+            \$277  = 3'h0;
           end
       3'h1:
-          if (\$119 ) begin
-            \$265  = code;
+          if (\$131 ) begin
+            \$277  = code;
           end
       3'h2:
-          if (\$130 ) begin
-            \$265  = \$135 ;
+          if (\$142 ) begin
+            \$277  = \$147 ;
           end
     endcase
     if (rst) begin
-      \$265  = 3'h0;
+      \$277  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = fsm_state;
+    \$278  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$266  = 3'h1;
+            \$278  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$119 ) begin
-            \$266  = 3'h0;
+          if (\$131 ) begin
+            \$278  = 3'h0;
           end else begin
-            \$266  = 3'h2;
+            \$278  = 3'h2;
           end
       3'h2:
-          if (\$130 ) begin
-            \$266  = 3'h0;
-          end else if (\$131 ) begin
-            \$266  = 3'h3;
+          if (\$142 ) begin
+            \$278  = 3'h0;
+          end else if (\$143 ) begin
+            \$278  = 3'h3;
           end
       3'h3:
-          if (\$145 ) begin
+          if (\$157 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$266  = 3'h4;
+              \$278  = 3'h4;
             end else begin
-              \$266  = 3'h0;
+              \$278  = 3'h0;
             end
           end
       3'h4:
-          if (\$146 ) begin
-            \$266  = 3'h0;
+          if (\$158 ) begin
+            \$278  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$266  = 3'h0;
+      \$278  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = rows_left;
+    \$279  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$267  = cmd[11:0];
+          \$279  = cmd[11:0];
       3'h2:
-          if (\$120 ) begin
-            \$267  = \$121 [11:0];
+          if (\$132 ) begin
+            \$279  = \$133 [11:0];
           end
     endcase
     if (rst) begin
-      \$267  = 12'h000;
+      \$279  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = a_lim;
+    \$280  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$268  = { 1'h0, \$117  };
+          \$280  = { 1'h0, \$129  };
       3'h2:
-          if (\$120 ) begin
-            \$268  = \$122 [13:0];
+          if (\$132 ) begin
+            \$280  = \$134 [13:0];
           end
     endcase
     if (rst) begin
-      \$268  = 14'h0000;
+      \$280  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = c_lim;
+    \$281  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$269  = { 1'h0, \$118  };
+          \$281  = { 1'h0, \$130  };
       3'h2:
-          if (\$120 ) begin
-            \$269  = \$123 [13:0];
+          if (\$132 ) begin
+            \$281  = \$135 [13:0];
           end
     endcase
     if (rst) begin
-      \$269  = 14'h0000;
+      \$281  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$151 ) begin
-      if (\$152 ) begin
+    end else if (\$163 ) begin
+      if (\$164 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -2565,7 +2589,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$160 ) begin
+      if (\$172 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2585,11 +2609,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$172 ) begin
+          if (\$184 ) begin
             code = 3'h1;
-          end else if (\$181 ) begin
+          end else if (\$193 ) begin
             code = 3'h2;
-          end else if (\$183 ) begin
+          end else if (\$195 ) begin
             code = 3'h3;
           end
     endcase
@@ -2605,7 +2629,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$193 ) begin
+          if (\$205 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2618,16 +2642,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$150 [6:0];
+  assign \$signature__addr$112  = \$162 [6:0];
   assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$115  = \$159 [6:0];
+  assign \port__addr$115  = \$171 [6:0];
   assign \$signature__addr$118  = w_addr[7:0];
   assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$166 [7:0];
+  assign \port__addr$127  = \$178 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2738,12 +2762,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign \$signature__data$117 [95:72] = \$164 [23:0];
-  assign \$signature__data$117 [71:48] = \$163 [23:0];
-  assign \$signature__data$117 [47:24] = \$162 [23:0];
-  assign \$signature__data$117 [23:0] = \$161 [23:0];
-  assign \$200  = \port__data$28 ;
-  assign \$199  = port__data;
+  assign \$signature__data$117 [95:72] = \$176 [23:0];
+  assign \$signature__data$117 [71:48] = \$175 [23:0];
+  assign \$signature__data$117 [47:24] = \$174 [23:0];
+  assign \$signature__data$117 [23:0] = \$173 [23:0];
+  assign \$212  = \port__data$28 ;
+  assign \$211  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -8241,8 +8265,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$264$0 (mult),
-    .\port$269$0 (i__payload),
+    .\port$276$0 (mult),
+    .\port$281$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -8935,7 +8959,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -9021,10 +9045,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$264$0 ;
-  wire [15:0] \port$264$0 ;
-  input [95:0] \port$269$0 ;
-  wire [95:0] \port$269$0 ;
+  input [15:0] \port$276$0 ;
+  wire [15:0] \port$276$0 ;
+  input [95:0] \port$281$0 ;
+  wire [95:0] \port$281$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9087,7 +9111,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$269$0 [16:0] };
+      \$9  = { 1'h0, \port$281$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9097,7 +9121,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$264$0  };
+      \$10  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -9117,7 +9141,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23:17] };
+      \$12  = { \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9127,7 +9151,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$264$0  };
+      \$13  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9147,7 +9171,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$269$0 [40:24] };
+      \$15  = { 1'h0, \port$281$0 [40:24] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9157,7 +9181,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$264$0  };
+      \$16  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9177,7 +9201,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47:41] };
+      \$18  = { \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47:41] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9187,7 +9211,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$264$0  };
+      \$19  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9207,7 +9231,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$269$0 [64:48] };
+      \$21  = { 1'h0, \port$281$0 [64:48] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9217,7 +9241,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$264$0  };
+      \$22  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9237,7 +9261,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71:65] };
+      \$24  = { \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71:65] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9247,7 +9271,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$264$0  };
+      \$25  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9267,7 +9291,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$269$0 [88:72] };
+      \$27  = { 1'h0, \port$281$0 [88:72] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9277,7 +9301,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$264$0  };
+      \$28  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9297,7 +9321,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95:89] };
+      \$30  = { \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95:89] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9307,7 +9331,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$264$0  };
+      \$31  = { 2'h0, \port$276$0  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9323,20 +9347,20 @@ module \nanokpu_gemm.requant.mul (rst, \port$264$0 , \port$269$0 , en, p__0, p__
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$269$0 [16:0] };
-  assign b__0 = { 2'h0, \port$264$0  };
-  assign a__1 = { \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23], \port$269$0 [23:17] };
-  assign b__1 = { 2'h0, \port$264$0  };
-  assign a__2 = { 1'h0, \port$269$0 [40:24] };
-  assign b__2 = { 2'h0, \port$264$0  };
-  assign a__3 = { \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47], \port$269$0 [47:41] };
-  assign b__3 = { 2'h0, \port$264$0  };
-  assign a__4 = { 1'h0, \port$269$0 [64:48] };
-  assign b__4 = { 2'h0, \port$264$0  };
-  assign a__5 = { \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71], \port$269$0 [71:65] };
-  assign b__5 = { 2'h0, \port$264$0  };
-  assign a__6 = { 1'h0, \port$269$0 [88:72] };
-  assign b__6 = { 2'h0, \port$264$0  };
-  assign a__7 = { \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95], \port$269$0 [95:89] };
-  assign b__7 = { 2'h0, \port$264$0  };
+  assign a__0 = { 1'h0, \port$281$0 [16:0] };
+  assign b__0 = { 2'h0, \port$276$0  };
+  assign a__1 = { \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23:17] };
+  assign b__1 = { 2'h0, \port$276$0  };
+  assign a__2 = { 1'h0, \port$281$0 [40:24] };
+  assign b__2 = { 2'h0, \port$276$0  };
+  assign a__3 = { \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47:41] };
+  assign b__3 = { 2'h0, \port$276$0  };
+  assign a__4 = { 1'h0, \port$281$0 [64:48] };
+  assign b__4 = { 2'h0, \port$276$0  };
+  assign a__5 = { \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71:65] };
+  assign b__5 = { 2'h0, \port$276$0  };
+  assign a__6 = { 1'h0, \port$281$0 [88:72] };
+  assign b__6 = { 2'h0, \port$276$0  };
+  assign a__7 = { \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95:89] };
+  assign b__7 = { 2'h0, \port$276$0  };
 endmodule
