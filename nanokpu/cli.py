@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv   # the command line as given, for the reports that record what made them
     try:
         return int(args._run(args) or 0)
     except ValueError as exc:  # invalid configs and inputs: one clear line, no traceback

@@ -27,6 +27,7 @@ takes a :class:`~nanokpu.config.KpuConfig`.
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def add_arguments(parser) -> None:
 
 
 def _recorded(argv: list[str]) -> list[str]:
-    """The flags of a run as its reports record them: without ``--against`` (it only prints)."""
+    """A command line as the reports record it: without ``--against`` (it only prints)."""
     out, skip = [], False
     for arg in argv:
         if skip or arg.startswith("--against="):
@@ -142,7 +143,7 @@ def run(args) -> int:
     from nanokpu.generate import UNITS
 
     out = args.out or REPORT_DIR
-    command = " ".join(["nanokpu synth", *_recorded(sys.argv[2:])])
+    command = shlex.join(["nanokpu", *_recorded(args.argv)])
     if args.baud is not None and not args.board:
         raise ValueError(f"baud = {args.baud}: only a board build (--board) has a UART")
     if args.freq is not None and args.board:

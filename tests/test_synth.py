@@ -113,6 +113,8 @@ def test_cli_writes_json_markdown_and_chart():
     table = (out / "tiny-ecp5-25f.md").read_text()
     assert "| mac_unit | tiny | ecp5-25f |" in table and "1/28 (4%)" in table
     assert (out / "tiny-ecp5-25f.png").read_bytes()[:4] == b"\x89PNG"
+    made_by = "Made by `nanokpu synth --profile tiny --target ecp5-25f --no-pnr --unit tests.test_synth:mac_unit"
+    assert made_by in table
 
 
 def test_cli_compares_against_an_earlier_run(capsys):
