@@ -24,7 +24,7 @@ FAST = [
 ]
 SLOW = [
     ("2x2", "tiny", {"rows": 2, "cols": 2}, None),
-    ("2x4-raw", "tiny", {"rows": 2, "cols": 4}, 32),
+    ("2x4-raw", "tiny", {"rows": 2, "cols": 4, "acc_width": 32}, 32),
     ("2x2-floor-acc16", "tiny", {"rows": 2, "cols": 2, "rounding": "floor", "acc_width": 16}, None),
     ("2x2-half_up", "tiny", {"rows": 2, "cols": 2, "rounding": "half_up"}, None),
     ("4x4", "tiny", {}, None),
