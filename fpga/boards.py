@@ -1,11 +1,11 @@
 """Board builds: the nano-KPU or one unit behind a UART host bridge, through an amaranth-boards platform.
 
-``nanokpu synth --board icebreaker`` (iCE40 UP5K, 12 MHz) or ``--board ulx3s`` (ECP5-85F,
-25 MHz) writes ``fpga/build/board-<board>/`` with the platform's files, the tools' logs and the
-bitstream (``top.bin`` / ``top.bit``), and ``fpga/reports/board-<board>.{json,md}``. The
-board's FTDI UART reaches either
+``nanokpu synth --board icebreaker`` (iCE40 UP5K, 12 MHz), ``--board ulx3s`` (ECP5-85F, 25 MHz)
+or ``--board ulx3s-45f`` (the ULX3S with an ECP5-45F) writes ``fpga/build/board-<board>/`` with
+the platform's files, the tools' logs and the bitstream (``top.bin`` / ``top.bit``), and
+``fpga/reports/board-<board>.{json,md}``. The board's FTDI UART reaches either
 
-* the whole nano-KPU (unit ``kpu``, the ULX3S default): :class:`nanokpu.uart_axil.UartKpu`,
+* the whole nano-KPU (unit ``kpu``, the ULX3S boards' default): :class:`nanokpu.uart_axil.UartKpu`,
   32-bit word access to its AXI4-Lite registers and to an on-chip host memory on its AXI4
   master port (:mod:`nanokpu.host` is the PC side); its ``irq`` drives LED 0; or
 * one unit (the iCEBreaker default: the ``tiny`` GEMM engine as the nano-KPU has it,
@@ -60,6 +60,7 @@ BOARDS: dict[str, Board] = {
     "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny",
                         "nanokpu.gemm:kpu_engine", "top.bin"),
     "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "kpu", "top.bit"),
+    "ulx3s-45f": Board("amaranth_boards.ulx3s:ULX3S_45F_Platform", "ecp5-45f", "tiny", "kpu", "top.bit"),
 }
 
 #: The unit that is the whole nano-KPU: built as :class:`~nanokpu.uart_axil.UartKpu`.

@@ -91,7 +91,7 @@ class Target:
     Parameters
     ----------
     name : str
-        Target name used on the command line (``up5k``, ``ecp5-25f``, ``ecp5-85f``).
+        Target name used on the command line (``up5k``, ``ecp5-25f``, ``ecp5-45f``, ``ecp5-85f``).
     family : str
         ``ice40`` or ``ecp5``.
     nextpnr_args : tuple of str
@@ -123,6 +123,8 @@ TARGETS: dict[str, Target] = {
                    {"lut": 5280, "lc": 5280, "ff": 5280, "dsp": 8, "bram": 30, "spram": 4}, 30.0),
     "ecp5-25f": Target("ecp5-25f", "ecp5", ("--25k", "--package", "CSFBGA285", "--speed", "6"),
                        {"lut": 24288, "ff": 24288, "dsp": 28, "bram": 56, "spram": 0}, 100.0),
+    "ecp5-45f": Target("ecp5-45f", "ecp5", ("--45k", "--package", "CABGA381", "--speed", "6"),
+                       {"lut": 43848, "ff": 43848, "dsp": 72, "bram": 108, "spram": 0}, 100.0),
     "ecp5-85f": Target("ecp5-85f", "ecp5", ("--85k", "--package", "CABGA381", "--speed", "6"),
                        {"lut": 83640, "ff": 83640, "dsp": 156, "bram": 208, "spram": 0}, 100.0),
 }

@@ -8,7 +8,8 @@ image into the host memory, program into the instruction memory, the host window
 ``STATUS``, the outputs read back and decoded by :meth:`Program.outputs`.
 
 The command compiles a random ``tiny`` block, runs it on a board and checks the result bit for
-bit against :func:`golden.block.latent_moe_int`. On the ULX3S build the whole nano-KPU runs it.
+bit against :func:`golden.block.latent_moe_int`. On the ULX3S builds (``ulx3s``, ``ulx3s-45f``)
+the whole nano-KPU runs it.
 On the iCEBreaker build (the GEMM engine behind the register bridge: the whole nano-KPU does not
 fit the UP5K) the PC sequences the program in :class:`~nanokpu.funcsim.FuncSim` and every
 ``GEMM`` runs on the board (:func:`nanokpu.bridge_client.run_gemm`, the engine's requantiser
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import time
 
+from fpga.boards import BOARDS, KPU_UNIT
 from nanokpu.isa import IMEM_BASE, LOADS_BASE, Err, Reg, encode_program
 from nanokpu.uart_axil import CMD_READ, CMD_WRITE, DEFAULT_HOST_BYTES, KPU_BASE, MAX_WORDS, MEM_BASE
 
@@ -151,9 +153,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0, COM3)")
     parser.add_argument("--baud", type=int, default=115200)
     parser.add_argument("--profile", default="tiny", help="the profile the board was built with")
-    parser.add_argument("--board", default="ulx3s", choices=("ulx3s", "icebreaker"),
-                        help="the board build: ulx3s (the whole nano-KPU runs the block) or icebreaker "
-                             "(the GEMM engine runs the block's GEMMs, the PC the rest)")
+    parser.add_argument("--board", default="ulx3s", choices=sorted(BOARDS),
+                        help="the board build: ulx3s or ulx3s-45f (the whole nano-KPU runs the block) or "
+                             "icebreaker (the GEMM engine runs the block's GEMMs, the PC the rest)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens of the block")
     parser.add_argument("--gemm", type=int, nargs=3, default=None, metavar=("M", "K", "N"),
                         help="icebreaker: run one random GEMM of this shape instead of a block")
@@ -168,14 +170,15 @@ def run(args) -> int:
     from nanokpu.config import profile
 
     cfg = profile(args.profile)
+    whole_kpu = BOARDS[args.board].unit == KPU_UNIT
     if args.gemm is not None:
-        if args.board != "icebreaker":
-            raise ValueError(f"gemm: one GEMM runs on the icebreaker build only, not on {args.board}")
+        if whole_kpu:
+            raise ValueError(f"gemm: one GEMM runs on a GEMM engine build (icebreaker), not on {args.board}")
         return _run_gemm(args, cfg)
     Q, xq, _, _ = random_block(cfg, args.tokens, np.random.default_rng(args.seed))
     prog = compile_block(Q, xq, cfg)
     t0 = time.monotonic()
-    if args.board == "icebreaker":
+    if not whole_kpu:
         result = _run_block_on_gemm_board(args, cfg, prog)
         where = (f"{result['gemms']} GEMMs ({result['macs']} MACs) on the board, the rest on the PC; "
                  f"{_traffic_text(result['traffic'])}")

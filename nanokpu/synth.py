@@ -31,7 +31,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES
+from fpga.boards import BOARDS
+from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS
 from nanokpu.config import PROFILES, profile
 
 #: The unit that is the whole design (the nano-KPU top level).
@@ -95,13 +96,13 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
     parser.add_argument("--target", default=None,
-                        help="up5k, ecp5-25f or ecp5-85f (default: up5k for tiny, else ecp5-85f)")
+                        help=f"{', '.join(TARGETS)} (default: up5k for tiny, else ecp5-85f)")
     parser.add_argument("--unit", action="append", default=None,
                         help="unit name or module:factory (repeatable; default: all registered units)")
     parser.add_argument("--all", action="store_true",
                         help="benchmark: all units of tiny on up5k and small on ecp5-85f, the tiny kpu on ecp5-85f "
                              "-> summary.md")
-    parser.add_argument("--board", default=None, help="board build with a bitstream (icebreaker, ulx3s)")
+    parser.add_argument("--board", default=None, help=f"board build with a bitstream ({', '.join(BOARDS)})")
     parser.add_argument("--baud", type=int, default=None,
                         help="bit rate of a board build's UART (default 115200; the same for nanokpu board-run --baud)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")

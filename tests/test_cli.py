@@ -45,7 +45,7 @@ def test_zero_tokens_is_one_clear_line_before_any_build(argv, capsys, tmp_path):
 def test_one_gemm_only_on_the_icebreaker(capsys):
     assert cli.main(["board-run", "--board", "ulx3s", "--port", "/dev/null", "--gemm", "4", "4", "4"]) == 2
     err = capsys.readouterr().err
-    assert "nanokpu board-run: error: gemm: one GEMM runs on the icebreaker build only, not on ulx3s" in err
+    assert "nanokpu board-run: error: gemm: one GEMM runs on a GEMM engine build (icebreaker), not on ulx3s" in err
 
 
 def test_console_entry_point_runs():

@@ -324,12 +324,21 @@ def test_benchmark_all_units():
     assert main(["synth", "--all"]) == 0
 
 
-@pytest.mark.parametrize("board", ["icebreaker", "ulx3s"])
+@pytest.mark.parametrize("board", ["icebreaker", "ulx3s", "ulx3s-45f"])
 def test_board_designs_elaborate(board):
-    """Every board's default design elaborates with its part's DSP mapping (seconds, no tool)."""
-    from fpga.boards import prepare_board
+    """Every board's default design elaborates with its part's DSP mapping (seconds, no tool),
+    and nextpnr is told the board's own part: its device, package and speed grade."""
+    from fpga.boards import BOARDS, prepare_board
     spec, platform, plan = prepare_board(board)
     assert "top.ys" in plan.files and any(name.endswith((".pcf", ".lpf")) for name in plan.files)
+    args = TARGETS[spec.target].nextpnr_args
+    if platform.family == "ecp5":   # e.g. LFE5U-45F, BG381, 6 -> --45k --package CABGA381 --speed 6
+        size = platform.device.split("-")[1].rstrip("F")
+        package = {"BG": "CABGA", "MG": "CSFBGA"}[platform.package[:2]] + platform.package[2:]
+        assert args == (f"--{size}k", "--package", package, "--speed", str(platform.speed))
+    else:                           # iCE40UP5K, SG48 -> --up5k --package sg48
+        assert args == (f"--{platform.device.removeprefix('iCE40').lower()}", "--package", platform.package.lower())
+    assert set(BOARDS) == {"icebreaker", "ulx3s", "ulx3s-45f"}   # each one tested here
 
 
 def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(capsys):
