@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from amaranth import Elaboratable, Module
 from amaranth.lib import io
@@ -128,12 +129,14 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
 
 def build_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
                 baud: int = BAUD, seed: int = 1, seed_tries: int = SEED_TRIES,
-                pnr_timeout: float | None = PNR_TIMEOUT_MIN, progress: Callable[[str], None] | None = None) -> dict:
+                pnr_timeout: float | None = PNR_TIMEOUT_MIN, progress: Callable[[str], None] | None = None,
+                out: Path = REPORT_DIR) -> dict:
     """Synthesize, place, route and pack ``unit`` (behind the UART bridge) for ``board``.
 
     nextpnr runs with seeds ``seed``, ``seed + 1``, ... until one meets the board clock within
     ``pnr_timeout`` minutes, at most ``seed_tries`` (:func:`fpga.flow.place_and_route`).
-    Returns the report dict (also written to ``fpga/reports/board-<board>.json`` and ``.md``):
+    Returns the report dict (also written to ``<out>/board-<board>.json`` and ``.md``, ``out``
+    by default ``fpga/reports``):
     resources, Fmax against the board clock, the seed and every attempt, and the bitstream
     path. Raises ``ValueError`` on an unknown board and :class:`fpga.flow.ToolError` when a
     tool fails (e.g. timing missed with every seed).
@@ -173,10 +176,10 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     else:
         bridge_text = (f"Unit `{unit}` of profile `{profile_name}` behind the UART register bridge "
                        "(`nanokpu/uart_bridge.py`)")
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    (REPORT_DIR / f"board-{board}.json").write_text(json.dumps(report, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"board-{board}.json").write_text(json.dumps(report, indent=1) + "\n")
     util = "\n".join(f"| {k} | {v['used']} | {v['available']} |" for k, v in sorted(timing["utilization"].items()))
-    (REPORT_DIR / f"board-{board}.md").write_text(
+    (out / f"board-{board}.md").write_text(
         f"# Board build: {board}\n\nMade by `nanokpu synth --board {board}`"
         f"{'' if unit == spec.unit else f' --unit {unit}'}"
         f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}"

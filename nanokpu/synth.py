@@ -157,7 +157,7 @@ def run(args) -> int:
         build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
                     baud=BAUD if args.baud is None else args.baud, seed=args.seed,
                     seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
-                    progress=lambda line: print(line, flush=True))
+                    progress=lambda line: print(line, flush=True), out=out)
         return 0
     if args.all:
         jobs = BENCHMARK
