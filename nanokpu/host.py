@@ -153,9 +153,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0, COM3)")
     parser.add_argument("--baud", type=int, default=115200)
     parser.add_argument("--profile", default="tiny", help="the profile the board was built with")
+    whole = " or ".join(b for b, spec in BOARDS.items() if spec.unit == KPU_UNIT)
+    parts = " or ".join(b for b, spec in BOARDS.items() if spec.unit != KPU_UNIT)
     parser.add_argument("--board", default="ulx3s", choices=sorted(BOARDS),
-                        help="the board build: ulx3s or ulx3s-45f (the whole nano-KPU runs the block) or "
-                             "icebreaker (the GEMM engine runs the block's GEMMs, the PC the rest)")
+                        help=f"the board build: {whole} (the whole nano-KPU runs the block) or {parts} "
+                             "(the GEMM engine runs the block's GEMMs, the PC the rest)")
     parser.add_argument("--tokens", type=int, default=8, help="tokens of the block")
     parser.add_argument("--gemm", type=int, nargs=3, default=None, metavar=("M", "K", "N"),
                         help="icebreaker: run one random GEMM of this shape instead of a block")

@@ -16,6 +16,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from fpga.boards import BOARDS
 from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, made_from, summary_line, synthesize
 from fpga.report import markdown_table, peak_macs, total_row
 from nanokpu.config import profile
@@ -324,11 +325,11 @@ def test_benchmark_all_units():
     assert main(["synth", "--all", "--out", str(BUILD_DIR / "test-summary")]) == 0   # not the committed table
 
 
-@pytest.mark.parametrize("board", ["icebreaker", "ulx3s", "ulx3s-45f"])
+@pytest.mark.parametrize("board", sorted(BOARDS))
 def test_board_designs_elaborate(board):
     """Every board's default design elaborates with its part's DSP mapping (seconds, no tool),
     and nextpnr is told the board's own part: its device, package and speed grade."""
-    from fpga.boards import BOARDS, prepare_board
+    from fpga.boards import prepare_board
     spec, platform, plan = prepare_board(board)
     assert "top.ys" in plan.files and any(name.endswith((".pcf", ".lpf")) for name in plan.files)
     args = TARGETS[spec.target].nextpnr_args
@@ -338,7 +339,6 @@ def test_board_designs_elaborate(board):
         assert args == (f"--{size}k", "--package", package, "--speed", str(platform.speed))
     else:                           # iCE40UP5K, SG48 -> --up5k --package sg48
         assert args == (f"--{platform.device.removeprefix('iCE40').lower()}", "--package", platform.package.lower())
-    assert set(BOARDS) == {"icebreaker", "ulx3s", "ulx3s-45f"}   # each one tested here
 
 
 def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(capsys):
