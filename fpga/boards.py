@@ -5,13 +5,13 @@ or ``--board ulx3s-45f`` (the ULX3S with an ECP5-45F) writes ``fpga/build/board-
 the platform's files, the tools' logs and the bitstream (``top.bin`` / ``top.bit``), and
 ``fpga/reports/board-<board>.{json,md}``. The board's FTDI UART reaches either
 
-* the whole nano-KPU (unit ``kpu``, the ULX3S boards' default): :class:`nanokpu.uart_axil.UartKpu`,
+* the whole nano-KPU (unit ``kpu``, the ULX3S boards' default): :class:`nanokpu.board.uart_axil.UartKpu`,
   32-bit word access to its AXI4-Lite registers and to an on-chip host memory on its AXI4
-  master port (:mod:`nanokpu.host` is the PC side); its ``irq`` drives LED 0; or
+  master port (:mod:`nanokpu.host.client` is the PC side); its ``irq`` drives LED 0; or
 * one unit (the iCEBreaker default: the ``tiny`` GEMM engine as the nano-KPU has it,
-  :func:`nanokpu.gemm.kpu_engine`, as the whole nano-KPU does not fit the UP5K):
-  :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers
-  (:mod:`nanokpu.bridge_client` is the PC side, :func:`~nanokpu.bridge_client.run_gemm` a GEMM;
+  :func:`nanokpu.units.gemm.kpu_engine`, as the whole nano-KPU does not fit the UP5K):
+  :class:`nanokpu.board.uart_bridge.UartBridge`, the unit's ports as byte registers
+  (:mod:`nanokpu.host.bridge_client` is the PC side, :func:`~nanokpu.host.bridge_client.run_gemm` a GEMM;
   ``nanokpu board-run --board icebreaker`` runs a whole block with its GEMMs on the board).
 
 Programming is left to the user (no board here): see ``fpga/README.md``.
@@ -40,10 +40,13 @@ from fpga.flow import (
     run_tool,
 )
 from fpga.report import critical_path_text
-from nanokpu.uart_axil import DEFAULT_HOST_BYTES, UartKpu
-from nanokpu.uart_bridge import UartBridge, uart_divisor
+from nanokpu.board.uart_axil import UartKpu
+from nanokpu.board.uart_bridge import UartBridge
+from nanokpu.bridge_protocol import uart_divisor
+from nanokpu.designs import TOP_UNIT, resolve_unit
+from nanokpu.host_protocol import DEFAULT_HOST_BYTES
 
-__all__ = ["BOARDS", "Board", "BoardTop", "KPU_UNIT", "BAUD", "board_design", "prepare_board", "build_board"]
+__all__ = ["BOARDS", "Board", "BoardTop", "BAUD", "board_design", "prepare_board", "build_board"]
 
 
 @dataclass(frozen=True)
@@ -53,19 +56,17 @@ class Board:
     platform: str          #: ``module:class`` in amaranth_boards
     target: str            #: key of :data:`fpga.flow.TARGETS`
     profile: str           #: default profile
-    unit: str              #: default unit (a name of nanokpu.generate.UNITS or ``module:factory``)
+    unit: str              #: default unit (a name of nanokpu.designs.UNITS or ``module:factory``)
     bitstream: str         #: file name of the bitstream
 
 
 BOARDS: dict[str, Board] = {
     "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny",
-                        "nanokpu.gemm:kpu_engine", "top.bin"),
+                        "nanokpu.units.gemm:kpu_engine", "top.bin"),
     "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "kpu", "top.bit"),
     "ulx3s-45f": Board("amaranth_boards.ulx3s:ULX3S_45F_Platform", "ecp5-45f", "tiny", "kpu", "top.bit"),
 }
 
-#: The unit that is the whole nano-KPU: built as :class:`~nanokpu.uart_axil.UartKpu`.
-KPU_UNIT = "kpu"
 #: Default bit rate of the board's UART (``nanokpu synth --board B --baud N`` sets another).
 BAUD = 115200
 
@@ -95,11 +96,9 @@ class BoardTop(Elaboratable):
 
 def board_design(unit: str, cfg, clk_freq: int, baud: int = BAUD):
     """The design behind the board's UART (``baud`` bits per second): :class:`UartKpu` for
-    :data:`KPU_UNIT`, else ``unit`` of ``cfg`` inside a :class:`UartBridge`."""
-    from nanokpu.synth import resolve_unit
-
+    :data:`TOP_UNIT`, else ``unit`` of ``cfg`` inside a :class:`UartBridge`."""
     uart_divisor(clk_freq, baud)  # a bad rate fails before the unit is built
-    if unit == KPU_UNIT:
+    if unit == TOP_UNIT:
         return UartKpu(cfg, clk_freq, baud)
     return UartBridge(resolve_unit(unit)(cfg), clk_freq, baud)
 
@@ -109,7 +108,7 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
     """``(board spec, platform, build plan)`` of ``unit`` (built with the part's ``dsp``
     mapping) behind its UART bridge at ``baud`` on ``board`` (:func:`board_design`). Elaborates
     the whole design without running a tool, so a design the board cannot build (or a bit rate
-    its clock cannot make, :func:`~nanokpu.uart_bridge.uart_divisor`) fails here in seconds."""
+    its clock cannot make, :func:`~nanokpu.board.uart_bridge.uart_divisor`) fails here in seconds."""
     from nanokpu.config import profile
 
     if board not in BOARDS:
@@ -170,12 +169,13 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
               "utilization": timing["utilization"], "critical_path": timing["critical_path"],
               "cells": cells, "bitstream": str(bitstream.relative_to(BUILD_DIR.parent.parent)),
               "bitstream_bytes": bitstream.stat().st_size, "elapsed_s": round(time.monotonic() - t0, 1)}
-    if unit == KPU_UNIT:
+    if unit == TOP_UNIT:
         bridge_text = (f"The whole `{profile_name}` nano-KPU with {DEFAULT_HOST_BYTES} bytes of on-chip host "
-                       "memory behind the UART host bridge (`nanokpu/uart_axil.py`, client `nanokpu/host.py`)")
+                       "memory behind the UART host bridge (`nanokpu/board/uart_axil.py`, "
+                       "client `nanokpu/host/client.py`)")
     else:
         bridge_text = (f"Unit `{unit}` of profile `{profile_name}` behind the UART register bridge "
-                       "(`nanokpu/uart_bridge.py`)")
+                       "(`nanokpu/board/uart_bridge.py`)")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"board-{board}.json").write_text(json.dumps(report, indent=1) + "\n")
     util = "\n".join(f"| {k} | {v['used']} | {v['available']} |" for k, v in sorted(timing["utilization"].items()))

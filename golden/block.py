@@ -36,7 +36,8 @@ from golden import intops as I
 from golden import k3
 from nanokpu.config import KpuConfig
 
-__all__ = ["Requant", "QuantExpert", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
+__all__ = ["SCORE_SKEW", "skewed_scores",
+           "Requant", "QuantExpert", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
            "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
            "same_routing"]
 
@@ -230,3 +231,22 @@ def random_block(cfg: KpuConfig, tokens: int, rng: np.random.Generator) -> Rando
 def same_routing(idx_a, idx_b) -> np.ndarray:
     """Per token (bool ``[T]``): whether two ``[T, top_k]`` expert choices pick the same set."""
     return np.all(np.sort(idx_a, 1) == np.sort(idx_b, 1), axis=1)
+
+
+#: Spread of the per-expert mean logit: expert j's logits are N(mu_j, 1) with mu_j evenly
+#: spaced in [-SCORE_SKEW, SCORE_SKEW], so the high experts win far more than their share.
+SCORE_SKEW = 1.5
+
+
+def skewed_scores(cfg: KpuConfig, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    """``[tokens, n_experts]`` router scores with a skewed expert popularity.
+
+    Logits ``N(mu_j, 1)`` with ``mu_j = linspace(-SCORE_SKEW, SCORE_SKEW, n_experts)``, quantised to the
+    activation format ``Q<act_width>.<act_frac>`` and passed through the fixed-point sigmoid
+    :func:`golden.intops.sigmoid_q`: the scores the hardware sigmoid would produce.
+    """
+    mu = np.linspace(-SCORE_SKEW, SCORE_SKEW, cfg.n_experts)
+    logits = rng.normal(mu[None, :], 1.0, size=(tokens, cfg.n_experts))
+    lim = 1 << (cfg.act_width - 1)
+    x = np.clip(np.round(logits * 2.0 ** cfg.act_frac), -lim, lim - 1).astype(np.int64)
+    return I.sigmoid_q(x, cfg)

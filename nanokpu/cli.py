@@ -1,7 +1,8 @@
 """The ``nanokpu`` command line.
 
-Each subcommand lives in its own module that exposes ``add_arguments(parser)`` and
-``run(args) -> int``; :data:`COMMANDS` maps the subcommand name to that module's import path.
+Each subcommand lives in its own module of :mod:`nanokpu.commands` that exposes
+``add_arguments(parser)`` and ``run(args) -> int``; :data:`COMMANDS` maps the subcommand name
+to that module.
 """
 
 from __future__ import annotations
@@ -10,23 +11,23 @@ import argparse
 import importlib
 import sys
 
-#: subcommand -> (module, one-line help)
+#: subcommand -> (module of :mod:`nanokpu.commands`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "flow": ("nanokpu.flow", "the main job: golden model, generate, simulate and synthesize a nano-KPU"),
-    "demo": ("nanokpu.demo", "run a K3 LatentMoE block through the golden model and summarise it"),
-    "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
-    "bench-router": ("nanokpu.bench_router", "router cycles/token (Verilator) and ECP5 size at the k3 shape"),
-    "qb-demo": ("nanokpu.qb_demo", "Quantile Balancing in closed loop with the router RTL; docs/qb_loop.*"),
-    "bench-gemm": ("nanokpu.bench_gemm", "time LatentMoE GEMMs on the RTL GEMM engine, write docs/bench/gemm.md"),
-    "sim": ("nanokpu.simulate", "run a LatentMoE block on the nano-KPU RTL (Verilator) via its AXI buses"),
-    "bench-block": ("nanokpu.bench_block", "block cycles, utilization, busy shares on the RTL; docs/bench/block.md"),
-    "bench-bridge": ("nanokpu.bench_bridge", "bytes and round trips of a block on the iCEBreaker serial line; "
+    "flow": ("flow", "the main job: golden model, generate, simulate and synthesize a nano-KPU"),
+    "demo": ("demo", "run a K3 LatentMoE block through the golden model and summarise it"),
+    "generate": ("generate", "write the generated Verilog of a profile"),
+    "bench-router": ("bench_router", "router cycles/token (Verilator) and ECP5 size at the k3 shape"),
+    "qb-demo": ("qb_demo", "Quantile Balancing in closed loop with the router RTL; docs/qb_loop.*"),
+    "bench-gemm": ("bench_gemm", "time LatentMoE GEMMs on the RTL GEMM engine, write docs/bench/gemm.md"),
+    "sim": ("simulate", "run a LatentMoE block on the nano-KPU RTL (Verilator) via its AXI buses"),
+    "bench-block": ("bench_block", "block cycles, utilization, busy shares on the RTL; docs/bench/block.md"),
+    "bench-bridge": ("bench_bridge", "bytes and round trips of a block on the iCEBreaker serial line; "
                      "docs/bench/bridge.md"),
-    "board-run": ("nanokpu.host", "run a compiled block on the board design over its UART and check it bit for bit"),
-    "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
-    "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
-    "fault-campaign": ("nanokpu.fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
-    "report-activation": ("nanokpu.report_activation", "regenerate docs/activation.md and its gate plot"),
+    "board-run": ("board_run", "run a compiled block on the board design over its UART and check it bit for bit"),
+    "synth": ("synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
+    "report-errors": ("report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
+    "fault-campaign": ("fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
+    "report-activation": ("report_activation", "regenerate docs/activation.md and its gate plot"),
 }
 
 
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(module)
+        mod = importlib.import_module(f"nanokpu.commands.{module}")
         mod.add_arguments(cmd)
         cmd.set_defaults(_run=mod.run)
     return parser

@@ -18,7 +18,7 @@ __all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "profile"]
 #: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
 ROUNDING_MODES = ("half_even", "half_up", "floor")
 
-#: Multiplier mappings of :class:`nanokpu.dsp.Multiplier`: inferred ``a*b`` (simulation, any
+#: Multiplier mappings of :class:`nanokpu.units.dsp.Multiplier`: inferred ``a*b`` (simulation, any
 #: FPGA), SB_MAC16 dual 8x8 (iCE40 UP), registered MULT18X18D (ECP5).
 DSP_TARGETS = ("generic", "ice40", "ecp5")
 
@@ -84,9 +84,9 @@ class KpuConfig:
     dsp : str
         How the GEMM engine's multipliers are built, one of :data:`DSP_TARGETS`:
         ``generic`` (``a * b``, for simulation and the committed Verilog), ``ice40`` or
-        ``ecp5`` (vendor DSP blocks instantiated by :class:`nanokpu.dsp.Multiplier`; the
+        ``ecp5`` (vendor DSP blocks instantiated by :class:`nanokpu.units.dsp.Multiplier`; the
         synthesis flow selects the target's family). On ``ice40`` the requantiser's product
-        is bit-serial in the fabric (:class:`nanokpu.requant.Requantiser`).
+        is bit-serial in the fabric (:class:`nanokpu.units.requant.Requantiser`).
     act_width, act_frac : int
         Format ``Q<act_width>.<act_frac>`` of the activation inputs: SiTU ``g`` and ``u``,
         and the router logits fed to the sigmoid.

@@ -1,4 +1,4 @@
-"""Host side of :class:`nanokpu.gemm.GemmEngine`: its command word and the stream words of A, B, C.
+"""Host side of :class:`nanokpu.units.gemm.GemmEngine`: its command word and the stream words of A, B, C.
 
 The benches and the board client build a GEMM's words here, from NumPy matrices, by the layout
 the engine's docstring gives (``R = rows``, ``C = cols``): A in row blocks (word ``mb*K + k``
@@ -9,12 +9,56 @@ in lane ``j``), results in the A layout (word ``mb*N + n`` holds ``C[mb*R + i, n
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
+from amaranth import unsigned
+from amaranth.lib import data
 
 from nanokpu.config import KpuConfig
-from nanokpu.gemm import command_layout
 
-__all__ = ["pack", "unpack", "command_word", "a_words", "b_words", "c_matrix"]
+__all__ = ["SHIFT_WIDTH", "GemmError", "dim_width", "command_layout",
+           "pack", "unpack", "command_word", "a_words", "b_words", "c_matrix"]
+
+
+#: Bits of the requantiser's right shift (0..63).
+SHIFT_WIDTH = 6
+
+
+class GemmError(enum.IntEnum):
+    """Why a command was refused (``error_code``); nothing is read, written or streamed."""
+
+    NONE = 0
+    NO_PHASE = 1      #: none of load_a, compute, store is set
+    ZERO_SHAPE = 2    #: M = 0, or K = 0 with load_a/compute, or N = 0 with compute/store
+    K_TOO_LARGE = 3   #: compute with K > spad_b_depth / 2 (a B panel must fit one half)
+    A_RANGE = 4       #: a_addr + ceil(M/rows) * K > spad_a_depth (load_a or compute)
+    C_RANGE = 5       #: c_addr + ceil(M/rows) * N > spad_c_depth (compute or store)
+
+
+def dim_width(cfg: KpuConfig) -> int:
+    depth = max(cfg.spad_a_depth, cfg.spad_b_depth, cfg.spad_c_depth)
+    return depth.bit_length() + max(cfg.rows, cfg.cols).bit_length()
+
+
+def command_layout(cfg: KpuConfig) -> data.StructLayout:
+    """The command word of :class:`GemmEngine` (fields in this order from bit 0).
+
+    ``m, k, n``: the GEMM shape ``[M, K] @ [K, N]``, ``dim_width`` bits each (enough for
+    any shape the scratchpads can hold, and for shapes they cannot, which are refused);
+    ``a_addr``, ``c_addr``: first word of A and of the result in their scratchpads
+    (``depth.bit_length()`` bits, so an address past the end is representable and refused);
+    ``mult``, ``shift``: the requantiser's unsigned multiplier and right shift (0..63);
+    ``load_a``, ``compute``, ``accumulate``, ``store``: the phases and the accumulate flag.
+    """
+    dim = dim_width(cfg)
+    return data.StructLayout({
+        "m": unsigned(dim), "k": unsigned(dim), "n": unsigned(dim),
+        "a_addr": unsigned(cfg.spad_a_depth.bit_length()),
+        "c_addr": unsigned(cfg.spad_c_depth.bit_length()),
+        "mult": unsigned(cfg.mult_width), "shift": unsigned(SHIFT_WIDTH),
+        "load_a": 1, "compute": 1, "accumulate": 1, "store": 1,
+    })
 
 
 def pack(values, width: int) -> int:
@@ -33,7 +77,7 @@ def unpack(word: int, width: int, lanes: int) -> list[int]:
 
 
 def command_word(cfg: KpuConfig, **fields) -> int:
-    """The command of :func:`nanokpu.gemm.command_layout` with ``fields`` (names of the layout,
+    """The command of :func:`nanokpu.units.gemm.command_layout` with ``fields`` (names of the layout,
     0 when left out) as one integer; raises ``ValueError`` naming a field that does not fit."""
     layout = command_layout(cfg)
     unknown = set(fields) - {name for name, _ in layout}

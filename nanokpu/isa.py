@@ -71,7 +71,7 @@ checked as they are read: the rows before a bad one are written, inside the chec
 Operands enter units at the units' port widths (``act_width`` for activations, ``acc_width`` for
 ``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
 routing weights): the upper bits of a wider word are ignored, in the RTL and in
-:class:`~nanokpu.funcsim.FuncSim` alike.
+:class:`~nanokpu.host.funcsim.FuncSim` alike.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
-           "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH", "OP_UNIT", "UNITS",
+           "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
+           "OP_EXECUTOR", "EXECUTORS",
            "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
 
@@ -149,13 +150,13 @@ class Reg(enum.IntEnum):
     HOST_BASE = 0x0C    # RW: host window base (bytes)
     HOST_SIZE = 0x10    # RW: host window size (bytes)
     INSTRS = 0x14       # R: instructions retired in the current/last run
-    BUSY = 0x20         # R: BUSY + 4*u: busy cycles of unit UNITS[u]
+    BUSY = 0x20         # R: BUSY + 4*u: busy cycles of executor EXECUTORS[u]
     INFO = 0x40         # R: dmem_depth
     INFO_IMEM = 0x44    # R: imem_depth
 
 
-#: Busy counters, in register order.
-UNITS = ("dma", "gemm", "act", "route", "vector", "move")
+#: The executors, the kinds of work an instruction does, each with a busy counter (in register order).
+EXECUTORS = ("dma", "gemm", "act", "route", "vector", "move")
 
 #: Instruction memory window and routing load counters (expert j at LOADS_BASE + 4*j); the
 #: register bank decodes ADDR_WIDTH address bits.
@@ -163,10 +164,10 @@ ADDR_WIDTH = 20
 IMEM_BASE = 0x80000
 LOADS_BASE = 0x40000
 
-#: The unit whose busy counter an opcode increments.
-OP_UNIT = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
-           Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
-           Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
+#: The executor that runs an opcode (its busy counter counts the cycles).
+OP_EXECUTOR = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
+               Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
+               Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
 
 #: Element-wise ops whose result region may be exactly an operand region (run in place).
 IN_PLACE_OPS = (Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM)

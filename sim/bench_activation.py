@@ -35,9 +35,9 @@ from cocotb.triggers import RisingEdge
 
 from golden.intops import gate_q, gate_table, sigmoid_q, situ_q, up_q, up_table
 from nanokpu.config import KpuConfig, profile
-from nanokpu.pwl import PwlEvaluator, out_range, range_shape
-from nanokpu.sigmoid import Sigmoid
-from nanokpu.situ import Situ
+from nanokpu.units.pwl import PwlEvaluator, out_range, range_shape
+from nanokpu.units.sigmoid import Sigmoid
+from nanokpu.units.situ import Situ
 from sim.runner import bench_params
 
 __all__ = ["ActivationBench", "pack", "unpack"]
@@ -54,10 +54,10 @@ class ActivationBench(wiring.Component):
 
     Members
     -------
-    <key>_situ_i, <key>_situ_o : the :class:`~nanokpu.situ.Situ` streams.
-    <key>_sig_i, <key>_sig_o : the :class:`~nanokpu.sigmoid.Sigmoid` streams.
+    <key>_situ_i, <key>_situ_o : the :class:`~nanokpu.units.situ.Situ` streams.
+    <key>_sig_i, <key>_sig_o : the :class:`~nanokpu.units.sigmoid.Sigmoid` streams.
     <key>_x, <key>_en : In; <key>_gate_y, <key>_up_y : Out
-        A gate and an up :class:`~nanokpu.pwl.PwlEvaluator` built from the same tables as
+        A gate and an up :class:`~nanokpu.units.pwl.PwlEvaluator` built from the same tables as
         the SiTU unit's, sharing ``x`` and ``en``.
     """
 

@@ -1,4 +1,4 @@
-"""cocotb bench of :class:`nanokpu.dmem.DataMemory` (``dsp = "ice40"``: SB_SPRAM256KA, simulated
+"""cocotb bench of :class:`nanokpu.kpu.dmem.DataMemory` (``dsp = "ice40"``: SB_SPRAM256KA, simulated
 with Yosys' model), cycle by cycle against :class:`DmemModel`.
 
 Random reads on both ports (issued while writing too, where the contract says they are not
@@ -19,7 +19,7 @@ from sim.runner import bench_params
 
 
 class DmemModel:
-    """The contract of :class:`nanokpu.dmem.DataMemory`, one clock edge per :meth:`edge`.
+    """The contract of :class:`nanokpu.kpu.dmem.DataMemory`, one clock edge per :meth:`edge`.
 
     ``data[p]`` is what read port ``p`` shows after the edge, ``None`` when undefined. A write
     issued at one edge is performed at the next (``writing`` high in between). With

@@ -1,4 +1,4 @@
-"""cocotb bench of :class:`nanokpu.dsp.Multiplier` (any target with a simulation model).
+"""cocotb bench of :class:`nanokpu.units.dsp.Multiplier` (any target with a simulation model).
 
 Every lane sees every ``(a, b)`` pair of ``width``-bit signed operands once (lane ``i`` in its
 own order), with a random clock enable; each cycle the products are compared, bit for bit,

@@ -1,4 +1,4 @@
-"""Fault campaign on the whole nano-KPU (nanokpu.top.NanoKPU), through its buses only.
+"""Fault campaign on the whole nano-KPU (nanokpu.kpu.top.NanoKPU), through its buses only.
 
 One long cocotb test, :func:`campaign`, runs a random mix of episodes on one design, with
 random idle and backpressure on every AXI channel (bench_top's ``TB``):
@@ -11,7 +11,7 @@ random idle and backpressure on every AXI channel (bench_top's ``TB``):
   jump targets), after a prologue that loads the first ``SPAD_WORDS`` scratchpad words from
   host memory so that the state is known, and before an epilogue that stores them back (to
   ``DUMP``), so that results no instruction stored are compared too.
-  :class:`nanokpu.funcsim.FuncSim` runs the same program: when it stops (``HALT`` or an error)
+  :class:`nanokpu.host.funcsim.FuncSim` runs the same program: when it stops (``HALT`` or an error)
   the RTL must stop with the same error code, pc and done flag, and leave the host window byte
   for byte as FuncSim does; when it does not stop (a jump loop) the RTL must still be running
   and the bus answering, and a soft reset stops it.
@@ -44,8 +44,8 @@ from cocotb.triggers import ClockCycles, with_timeout
 from cocotb.utils import get_sim_time
 
 from golden.block import latent_moe_int, random_block
-from nanokpu.compiler import compile_block
-from nanokpu.funcsim import FuncSim
+from nanokpu.host.compiler import compile_block
+from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
 from sim.runner import bench_params
 

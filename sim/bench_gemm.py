@@ -1,4 +1,4 @@
-"""cocotb bench of nanokpu.gemm.GemmEngine on Verilator, bit-exact against golden.intops.
+"""cocotb bench of nanokpu.units.gemm.GemmEngine on Verilator, bit-exact against golden.intops.
 
 Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig the design was
 built from), ``seed``, ``idle`` (probability that a source skips a cycle), ``backpressure``
@@ -20,8 +20,8 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.intops import matmul_int, requantize, wrap
 from nanokpu.config import profile
-from nanokpu.gemm import GemmError, gemm_cycles
-from nanokpu.gemm_layout import a_words, b_words, c_matrix, command_word
+from nanokpu.gemm_layout import GemmError, a_words, b_words, c_matrix, command_word
+from nanokpu.units.gemm import gemm_cycles
 from sim.runner import bench_params
 
 
@@ -322,7 +322,7 @@ async def test_bad_commands(dut):
 @cocotb.test()
 async def test_exact_cycles(dut):
     """With sources that never idle and a sink that never stalls, a command takes exactly
-    ``nanokpu.gemm.gemm_cycles``, for the shapes in ``timing``; with ``compute_only``, each
+    ``nanokpu.units.gemm.gemm_cycles``, for the shapes in ``timing``; with ``compute_only``, each
     shape also as a command without store (timed, ``gemm_cycles(..., store=False)``) whose
     results a store-only command then reads and checks."""
     tb = TB(dut, 6)

@@ -1,10 +1,10 @@
-"""cocotb bench of :class:`nanokpu.router.TopKRouter`, bit-exact against :func:`golden.intops.route_int`.
+"""cocotb bench of :class:`nanokpu.units.router.TopKRouter`, bit-exact against :func:`golden.intops.route_int`.
 
 Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig), ``seed``,
 ``tokens`` (batch size of the random tests), ``cycles_per_token`` and ``latency`` (the
 component's timing contract, checked by ``throughput``), ``out`` (a JSON file receiving the
 measured timing of ``throughput`` or the per-step loads of ``qb_loop``), and for ``qb_loop``:
-``steps`` and ``fresh``. Run through :func:`nanokpu.bench_router.run_router_bench`.
+``steps`` and ``fresh``. Run through :func:`nanokpu.commands.bench_router.run_router_bench`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
+from golden.block import skewed_scores
 from golden.intops import quantize_bias, route_int
 from golden.k3 import quantile_balance
 from nanokpu.config import profile
-from nanokpu.qb_demo import skewed_scores
 from sim.runner import bench_params
 
 PARAMS = bench_params()

@@ -1,4 +1,4 @@
-"""cocotb bench of the whole nano-KPU (nanokpu.top.NanoKPU) on Verilator, through its buses only.
+"""cocotb bench of the whole nano-KPU (nanokpu.kpu.top.NanoKPU) on Verilator, through its buses only.
 
 The host side is cocotbext-axi: an ``AxiLiteMaster`` on ``s_axil`` (registers, instruction
 memory, load counters) and an ``AxiRam`` on ``m_axi`` (host memory holding the compiled image).
@@ -25,10 +25,10 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
 from golden.block import block_error, latent_moe_int, random_block, same_routing
-from nanokpu.compiler import compile_block
 from nanokpu.config import profile
-from nanokpu.funcsim import FuncSim
-from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program, route_table
+from nanokpu.host.compiler import compile_block
+from nanokpu.host.funcsim import FuncSim
+from nanokpu.isa import EXECUTORS, IMEM_BASE, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
 from sim.runner import bench_params
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
@@ -108,7 +108,7 @@ class TB:
 
     async def counters(self) -> dict:
         out = {"cycles": await self.rd(Reg.CYCLES), "instrs": await self.rd(Reg.INSTRS)}
-        for i, u in enumerate(UNITS):
+        for i, u in enumerate(EXECUTORS):
             out[u] = await self.rd(Reg.BUSY + 4 * i)
         return out
 

@@ -1,15 +1,15 @@
 """cocotb bench of the iCEBreaker board design (the GEMM engine in a UartBridge) through its serial line.
 
-The PC client :func:`nanokpu.bridge_client.run_gemm`, unchanged, runs in a ``cocotb`` bridge
+The PC client :func:`nanokpu.host.bridge_client.run_gemm`, unchanged, runs in a ``cocotb`` bridge
 thread on :class:`sim.serial_model.SerialModel`: random GEMMs with edge tiles, the extreme
 operands with saturating and rounding requantiser settings, each checked bit for bit against
 :func:`golden.intops.requantize` of :func:`golden.intops.matmul_int`; then a command the engine
 must refuse (K beyond a B panel), which the client must report by its error code; a client
 that stops in the middle of a GEMM, after which a new client (its break resets the bridge and
-the engine) runs one bit-exact; and
-``nanokpu board-run --board icebreaker`` with the simulated line as its serial port: one GEMM
-(``--gemm``, in ``test_gemms_over_uart``) and a ``tokens``-token block whose GEMMs all run on
-the bench's engine (``test_block_over_uart``, which writes the line's traffic to ``out``).
+the engine) runs one bit-exact; and what ``nanokpu board-run --board icebreaker`` runs, a
+``tokens``-token block whose GEMMs all run on the bench's engine
+(:func:`nanokpu.host.bridge_client.run_block`, checked against :func:`golden.block.latent_moe_int`;
+``test_block_over_uart``, which writes the line's traffic to ``out``).
 
 Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``, ``tokens``
 (default 2), ``out`` (a JSON path, optional).
@@ -24,10 +24,13 @@ import numpy as np
 from cocotb.simtime import get_sim_time
 from cocotb.task import bridge
 
+from golden.block import latent_moe_int, random_block
 from golden.intops import matmul_int, requantize
-from nanokpu.bridge_client import gemm_client, run_gemm
 from nanokpu.config import profile
 from nanokpu.gemm_layout import a_words, command_word
+from nanokpu.host.bridge_client import BridgeClient, run_block, run_gemm
+from nanokpu.host.compiler import compile_block
+from nanokpu.units.gemm import kpu_engine
 from sim.runner import bench_params
 from sim.serial_model import open_line
 
@@ -43,7 +46,7 @@ async def test_gemms_over_uart(dut):
     rng = np.random.default_rng(seed)
     dut._log.info(f"profile {cfg.name}, dsp {cfg.dsp}, seed {seed}")
     port = await open_line(dut, int(p["divisor"]))
-    client = await bridge(lambda: gemm_client(port, cfg))()   # it starts with a break
+    client = await bridge(lambda: BridgeClient(port, kpu_engine(cfg)))()   # it starts with a break
     out_width = client.outputs["c_out.payload"][1] // cfg.rows
     top = (1 << cfg.mult_width) - 1   # 8 * 128**2 * top overflows the acc_width-bit output
     cases = [  # (a, b, mult, shift, what)
@@ -91,23 +94,12 @@ async def test_gemms_over_uart(dut):
         client.send("a_in", words[:len(words) // 2])
         client.until("c_out.valid")
         client.set("b_in.payload", 0x5A5A)
-        return run_gemm(gemm_client(port, cfg), cfg, a, b, timeout=TIMEOUT_S)
+        return run_gemm(BridgeClient(port, kpu_engine(cfg)), cfg, a, b, timeout=TIMEOUT_S)
 
     got = await abandoned()
     want = requantize(matmul_int(a, b, cfg.acc_width), 1, 0, out_width, cfg.rounding)
     assert np.array_equal(got, want), f"seed {seed}, after a client stopped mid-GEMM: got\n{got}\nwant\n{want}"
     dut._log.info("a new client's break cleared a GEMM left half done")
-
-    assert await board_run(client.port, seed, "--gemm", "6", "10", "5") == 0, f"seed {seed}: board-run --gemm failed"
-
-
-@bridge
-def board_run(port, seed, *argv):
-    """``nanokpu board-run --board icebreaker`` with ``port`` as its serial port."""
-    import nanokpu.host
-    from nanokpu.cli import main
-    nanokpu.host.serial_port = lambda *args, **kwargs: port
-    return main(["board-run", "--board", "icebreaker", "--port", "sim", "--seed", str(seed), *argv])
 
 
 @cocotb.test()
@@ -117,9 +109,16 @@ async def test_block_over_uart(dut):
     ``out``, written as JSON."""
     p = bench_params()
     seed, tokens = int(p.get("seed", 1)), int(p.get("tokens", 2))
+    cfg = profile(p.get("profile", "tiny"), dsp=p.get("dsp", "generic"))
+    Q, xq, _, _ = random_block(cfg, tokens, np.random.default_rng(seed))
+    prog = compile_block(Q, xq, cfg)
     port = await open_line(dut, int(p["divisor"]))
     t0 = get_sim_time("ns")
-    assert await board_run(port, seed, "--tokens", str(tokens)) == 0, f"seed {seed}: board-run (a block) failed"
+    result = await bridge(lambda: run_block(BridgeClient(port, kpu_engine(cfg)), cfg, prog))()
+    ref = latent_moe_int(xq, Q, cfg)
+    for key in ("y", "idx", "weights", "loads"):
+        assert np.array_equal(result["outputs"][key], ref[key]), \
+            f"seed {seed}, {tokens} tokens: {key} differs from golden.block.latent_moe_int"
     cycles = round((get_sim_time("ns") - t0) / 10)
     traffic = {**port.traffic, "tokens": tokens, "seed": seed, "divisor": int(p["divisor"]), "cycles": cycles}
     dut._log.info(f"the {tokens}-token block over the line: {traffic}")

@@ -1,6 +1,6 @@
-"""cocotb bench of the board design (nanokpu.uart_axil.UartKpu) on Verilator, through its serial line only.
+"""cocotb bench of the board design (nanokpu.board.uart_axil.UartKpu) on Verilator, through its serial line only.
 
-The PC client :class:`nanokpu.host.KpuClient`, unchanged, runs in a ``cocotb`` bridge thread on
+The PC client :class:`nanokpu.host.client.KpuClient`, unchanged, runs in a ``cocotb`` bridge thread on
 a serial port model that sends and receives the bits on ``rx``/``tx`` (``divisor`` clock cycles
 a bit, as the design was built). :meth:`KpuClient.run_block` loads a compiled random block into
 the on-chip host memory and the instruction memory, starts it, polls ``STATUS`` and reads the
@@ -16,9 +16,9 @@ import numpy as np
 from cocotb.task import bridge
 
 from golden.block import latent_moe_int, random_block
-from nanokpu.compiler import compile_block
 from nanokpu.config import profile
-from nanokpu.host import KpuClient
+from nanokpu.host.client import KpuClient
+from nanokpu.host.compiler import compile_block
 from sim.runner import bench_params
 from sim.serial_model import open_line
 

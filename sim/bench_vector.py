@@ -1,4 +1,4 @@
-"""cocotb bench of nanokpu.vector.VectorUnit on Verilator, bit-exact against golden.intops.
+"""cocotb bench of nanokpu.units.vector.VectorUnit on Verilator, bit-exact against golden.intops.
 
 Parameters (``NANOKPU_PARAMS``): ``profile``, ``rounding``, ``seed``. Each test drives the input
 stream with random idle (30 %) and the output with random backpressure (30 %); the seed is in
@@ -14,7 +14,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden import intops as I
 from nanokpu.config import profile
-from nanokpu.vector import VecOp, vector_in_layout
+from nanokpu.units.vector import VecOp, vector_in_layout
 from sim.runner import bench_params
 
 

@@ -44,7 +44,7 @@ FAST_BUILD = ("-CFLAGS", "-O0")
 def vendor_build_args(dsp: str) -> tuple[str, ...]:
     """Verilator build arguments for the primitives a design with ``KpuConfig.dsp = dsp``
     instantiates by hand: on ``ice40`` Yosys' models of SB_MAC16 and SB_SPRAM256KA (the data
-    scratchpad, :mod:`nanokpu.dmem`); none for ``generic``. ``ecp5`` cannot be simulated
+    scratchpad, :mod:`nanokpu.kpu.dmem`); none for ``generic``. ``ecp5`` cannot be simulated
     (MULT18X18D has no model): ValueError."""
     if dsp == "generic":
         return ()

@@ -1,6 +1,6 @@
 """A serial port on a design's ``rx``/``tx`` pins (8N1), for the PC clients in cocotb benches.
 
-The clients (:class:`nanokpu.host.KpuClient`, :class:`nanokpu.bridge_client.BridgeClient`) are
+The clients (:class:`nanokpu.host.client.KpuClient`, :class:`nanokpu.host.bridge_client.BridgeClient`) are
 plain blocking code; they run in a ``cocotb.task.bridge`` thread and call :meth:`SerialModel.write`,
 :meth:`SerialModel.read` and :meth:`SerialModel.send_break`, which resume the simulation until
 the bytes have gone or come.
@@ -21,7 +21,7 @@ __all__ = ["CLOCK_HZ", "SerialModel", "open_line"]
 CLOCK_HZ = 100_000_000
 
 #: Bit times the line idles after a break: the time a client waits before it drops what it
-#: received (:data:`nanokpu.bridge_client.BREAK_SETTLE`), which its thread's sleep does not
+#: received (:data:`nanokpu.host.bridge_client.BREAK_SETTLE`), which its thread's sleep does not
 #: give the simulation.
 BREAK_IDLE_BITS = 20
 

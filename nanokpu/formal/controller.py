@@ -1,6 +1,6 @@
 """Proof that a bad instruction stops the nano-KPU's controller with an error and the bus answers.
 
-:class:`ControllerProof` wraps a whole :class:`~nanokpu.top.NanoKPU` and drives its AXI4-Lite
+:class:`ControllerProof` wraps a whole :class:`~nanokpu.kpu.top.NanoKPU` and drives its AXI4-Lite
 slave with a small fixed master: it writes the free 32-bit word ``instr`` (any instruction whose
 opcode is not in :class:`~nanokpu.isa.Op`: the other 26 bits, flags and ``m``, are free too) as
 word 0 of instruction 0, starts the controller (``CTRL = 1``) and then reads ``STATUS`` again
@@ -25,7 +25,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, Err, Op, Reg
-from nanokpu.top import PRODUCT_STEPS
+from nanokpu.kpu.top import PRODUCT_STEPS
 
 __all__ = ["ControllerProof", "controller_depth", "BUS_LIMIT", "STOP_LIMIT"]
 

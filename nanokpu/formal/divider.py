@@ -1,6 +1,6 @@
 """Proof of the sequential divider behind the router's reciprocal (``floor(2**R / S)``).
 
-:class:`DividerProof` wraps a :class:`~nanokpu.divider.SeqDivider`: the environment starts
+:class:`DividerProof` wraps a :class:`~nanokpu.units.divider.SeqDivider`: the environment starts
 one division of any ``num`` by any non-zero ``den``; when ``busy`` falls the results must
 satisfy ``quot * den + rem == num`` and ``rem < den`` (which defines floor division), and
 ``busy`` must have stayed high exactly :attr:`SeqDivider.latency` cycles. Division by zero
@@ -14,7 +14,7 @@ from __future__ import annotations
 from amaranth.hdl import Assert, Assume, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 
-from nanokpu.divider import SeqDivider
+from nanokpu.units.divider import SeqDivider
 
 __all__ = ["DividerProof", "divider_depth"]
 

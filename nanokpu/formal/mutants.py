@@ -28,10 +28,10 @@ import dataclasses
 from amaranth.hdl import Module, Signal, unsigned
 from amaranth.lib import wiring
 
-from nanokpu.divider import SeqDivider
-from nanokpu.router import TopKRouter
-from nanokpu.sigmoid import Sigmoid
-from nanokpu.situ import Situ
+from nanokpu.units.divider import SeqDivider
+from nanokpu.units.router import TopKRouter
+from nanokpu.units.sigmoid import Sigmoid
+from nanokpu.units.situ import Situ
 
 __all__ = ["DroppedReadySigmoid", "DroppedReadyRouter", "PortMutant", "RetractingValid", "SignBugRouter",
            "OvershootSitu", "StuckQuotientDivider", "silent_status", "hanging_bus_after_error"]

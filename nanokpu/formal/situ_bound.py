@@ -2,7 +2,7 @@
 
 K3's SiTU-GLU guarantees ``|h| <= beta1 * beta2``; in ``Q<h_width>.<h_frac>`` that is
 :func:`situ_limit` ``= floor(beta1 * beta2 * 2**h_frac)``. :class:`SituBoundProof` wraps a
-:class:`~nanokpu.situ.Situ` (with the stream rules of
+:class:`~nanokpu.units.situ.Situ` (with the stream rules of
 :class:`~nanokpu.formal.streams.StreamProof`) and asserts ``|h| <= limit`` on every lane of
 every valid output beat, for any input pairs, idle and backpressure.
 
@@ -19,7 +19,7 @@ from amaranth.hdl import Assert
 
 from nanokpu.config import KpuConfig
 from nanokpu.formal.streams import StreamProof
-from nanokpu.situ import Situ
+from nanokpu.units.situ import Situ
 
 __all__ = ["SituBoundProof", "situ_limit", "situ_depth"]
 

@@ -1,6 +1,6 @@
 """Functional proof of the top-k routing engine: exactly the k largest biased keys, in rank order.
 
-:class:`TopKProof` wraps a :class:`~nanokpu.router.TopKRouter` (the stream rules of
+:class:`TopKProof` wraps a :class:`~nanokpu.units.router.TopKRouter` (the stream rules of
 :class:`~nanokpu.formal.streams.StreamProof` included) and a shadow model that restates the
 contract independently of the RTL:
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from amaranth.hdl import Array, Assert, Assume, Mux, Signal, signed, unsigned
 
 from nanokpu.formal.streams import Flow, StreamProof
-from nanokpu.router import TopKRouter
+from nanokpu.units.router import TopKRouter
 
 __all__ = ["TopKProof", "topk_depth", "router_flow"]
 

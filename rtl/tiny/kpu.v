@@ -997,7 +997,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] cnt1 = 14'h0000;
   reg [15:0] count = 16'h0000;
   reg [4:0] ctrl_state = 5'h00;
-  reg [5:0] cur_unit = 6'h00;
+  reg [5:0] cur_executor = 6'h00;
   reg [31:0] cycles = 32'd0;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
@@ -2633,7 +2633,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @(posedge clk)
     stop_code <= \$816 ;
   always @(posedge clk)
-    cur_unit <= \$817 ;
+    cur_executor <= \$817 ;
   always @(posedge clk)
     fetch_word <= \$818 ;
   always @(posedge clk)
@@ -6337,7 +6337,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$799  = busy_dma;
     if (running) begin
-      if (cur_unit[0]) begin
+      if (cur_executor[0]) begin
         \$799  = \$552 [31:0];
       end
     end
@@ -6355,7 +6355,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$800  = busy_gemm;
     if (running) begin
-      if (cur_unit[1]) begin
+      if (cur_executor[1]) begin
         \$800  = \$553 [31:0];
       end
     end
@@ -6373,7 +6373,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$801  = busy_act;
     if (running) begin
-      if (cur_unit[2]) begin
+      if (cur_executor[2]) begin
         \$801  = \$554 [31:0];
       end
     end
@@ -6391,7 +6391,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$802  = busy_route;
     if (running) begin
-      if (cur_unit[3]) begin
+      if (cur_executor[3]) begin
         \$802  = \$555 [31:0];
       end
     end
@@ -6409,7 +6409,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$803  = busy_vector;
     if (running) begin
-      if (cur_unit[4]) begin
+      if (cur_executor[4]) begin
         \$803  = \$556 [31:0];
       end
     end
@@ -6427,7 +6427,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$804  = busy_move;
     if (running) begin
-      if (cur_unit[5]) begin
+      if (cur_executor[5]) begin
         \$804  = \$557 [31:0];
       end
     end
@@ -7485,7 +7485,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = cur_unit;
+    \$817  = cur_executor;
     casez (ctrl_state)
       5'h00:
           /* empty */;

@@ -1,0 +1,109 @@
+"""``nanokpu flow``: the main job. It generates, simulates and synthesizes one nano-KPU.
+
+The steps, each printed as it runs:
+
+1. golden: one LatentMoE block on the float and the integer path (:mod:`nanokpu.commands.demo`);
+2. generate: the Verilog of every unit into ``rtl/<profile>/`` (:mod:`nanokpu.commands.generate`);
+3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
+   for bit against the golden integer block (:mod:`nanokpu.commands.simulate`);
+4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
+   (:mod:`nanokpu.commands.synth`); if it does not fit that part, also on the ECP5-85F, so that the run
+   always ends with a placed and routed design and its Fmax. Reports land in ``fpga/build/flow/``.
+
+It ends with a summary of what it did and where the outputs are. It exits non-zero if the RTL
+is not bit-exact or the design has latches or unmapped cells.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nanokpu.commands import ROOT
+from nanokpu.config import profile
+
+#: Where the main job's synthesis reports go (git-ignored, beside the tools' build directories).
+FLOW_DIR = ROOT / "fpga" / "build" / "flow"
+#: Where the main job places and routes a nano-KPU that does not fit its profile's own target.
+FALLBACK_TARGET = "ecp5-85f"
+
+
+def _step(n: int, title: str) -> float:
+    print(f"\n== [{n}/4] {title}", flush=True)
+    return time.perf_counter()
+
+
+def _synthesize(cfg, target: str, seed: int) -> dict:
+    """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
+    :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
+    from fpga.report import write_reports
+    from nanokpu import synth
+
+    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]   # prints its summary
+    print(f"  tool logs: {r['build_dir']}/")
+    for path in write_reports([r], FLOW_DIR, f"{cfg.name}-{target}", f"nanokpu flow --profile {cfg.name}"):
+        print(f"  wrote {path}")
+    return r
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--profile", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--target", default=None, help="FPGA target (default: the profile's own)")
+    parser.add_argument("--no-synth", action="store_true", help="skip step 4 (Yosys and nextpnr)")
+
+
+def run(args) -> int:
+    from fpga.flow import summary_line
+    from nanokpu import demo, generate, simulate, synth
+
+    cfg = profile(args.profile)
+    done: list[str] = []
+    t_all = time.perf_counter()
+
+    t0 = _step(1, f"golden model: one LatentMoE block of profile '{cfg.name}'")
+    for line in demo.block_summary(cfg, 32, np.random.default_rng(args.seed)):
+        print(line)
+    done.append(f"golden block ran on the float and integer paths ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _step(2, "generate Verilog")
+    paths = generate.generate(cfg.name, generate.RTL_DIR / cfg.name)
+    for path in paths:
+        print(f"  wrote {path.relative_to(generate.RTL_DIR.parent)} ({path.stat().st_size:,} bytes)")
+    done.append(f"generated {len(paths)} Verilog files in rtl/{cfg.name}/ ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _step(3, "simulate a block on the RTL (Verilator, cocotb, AXI)")
+    tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)
+    result = simulate.simulate(cfg, tokens, args.seed, pause=0.2)
+    print(simulate.format_summary(cfg, result))
+    exact = bool(result.get("bit_exact"))
+    done.append(f"simulated {tokens} tokens on the RTL: "
+                + (f"{result['cycles']:,} cycles, bit-exact with the golden integer block"
+                   if exact else "NOT bit-exact"))
+
+    status = 0 if exact else 1
+    if args.no_synth:
+        done.append("synthesis skipped (--no-synth)")
+    else:
+        target = args.target or synth.DEFAULT_TARGET[cfg.name]
+        t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
+        r = _synthesize(cfg, target, args.seed)
+        status |= bool(r["latches"] or r["unmapped"])
+        done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
+        if r.get("over") and args.target is None and target != FALLBACK_TARGET:
+            print(f"  the {cfg.name} nano-KPU does not fit {target} yet (fpga/README.md says what the fit takes; "
+                  "the iCEBreaker build carries its GEMM engine, and `nanokpu board-run --board icebreaker` runs a "
+                  f"block with every GEMM there); placing and routing it on {FALLBACK_TARGET} instead")
+            t0 = time.perf_counter()
+            r = _synthesize(cfg, FALLBACK_TARGET, args.seed)
+            status |= bool(r["latches"] or r["unmapped"])
+            done.append(f"synthesized for {FALLBACK_TARGET}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
+        done.append(f"synthesis reports in fpga/build/flow/ (Fmax of nextpnr seed {args.seed}: placements differ "
+                    "by about 10 % from seed to seed; fpga/reports/summary.md gives the committed figures and seeds)")
+
+    print(f"\n== nanokpu flow, profile '{cfg.name}': done in {time.perf_counter() - t_all:.0f} s")
+    for line in done:
+        print(f"  - {line}")
+    return status
+

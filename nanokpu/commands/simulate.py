@@ -1,0 +1,98 @@
+"""``nanokpu sim``: one LatentMoE block of a profile on the nano-KPU RTL (Verilator), end to end.
+
+Compiles a random block (:mod:`nanokpu.host.compiler`), builds the top level on Verilator (cached in
+``sim_build/``), and runs ``sim/bench_top.py``: the host image goes into an AXI RAM model, the
+program in through AXI4-Lite, the block runs, the results come back and are compared bit for
+bit with :func:`golden.block.latent_moe_int` (and the functional simulator) and against the
+float block. Prints progress while it runs and a summary: cycles, each unit's busy share,
+bit-exact yes/no, the error against the float block. ``--waves`` writes an FST file (VCD where
+``lz4.h``, Debian's ``liblz4-dev``, is missing: Verilator's FST writer needs it).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from nanokpu.config import PROFILES, profile
+
+#: Default batch size per profile.
+DEFAULT_TOKENS = {"tiny": 8, "small": 16}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens in the batch (default: 8 for tiny, 16 for small)")
+    parser.add_argument("--seed", type=int, default=1, help="random block and batch")
+    parser.add_argument("--dsp", default="generic", choices=("generic", "ice40"),
+                        help="KpuConfig.dsp: ice40 simulates the design as built for the UP5K (SB_MAC16, "
+                             "SPRAM; Yosys' models)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
+    parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
+
+
+def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
+             progress: bool = True) -> dict:
+    """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
+    ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
+    from nanokpu.kpu.top import NanoKPU
+    from sim.runner import BenchFailure, build, run_bench, vendor_build_args, vendor_name, waves_file
+
+    if tokens < 1:
+        raise ValueError(f"tokens = {tokens}: must be >= 1")
+    if not 0 <= pause < 1:  # 1 would stall every AXI channel for ever
+        raise ValueError(f"pause = {pause}: must be in [0, 1)")
+    name = vendor_name(f"kpu_{cfg.name}", cfg.dsp)
+    build_args = vendor_build_args(cfg.dsp)
+    t0 = time.time()
+    if progress:
+        print(f"[nanokpu sim] building {name} on Verilator (cached under sim_build/) ...", flush=True)
+    build_dir = build(NanoKPU(cfg), name, waves=waves, build_args=build_args)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        params = {"profile": cfg.name, "overrides": {"dsp": cfg.dsp}, "tokens": tokens, "seed": seed,
+                  "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
+        if progress:
+            print(f"[nanokpu sim] running the block ({tokens} tokens, seed {seed}) ...", flush=True)
+        try:
+            run_bench(NanoKPU(cfg), name, "bench_top", testcase="test_block", params=params,
+                      seed=seed, waves=waves, build_args=build_args)
+        except BenchFailure as exc:
+            return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0}
+        result = json.loads(summary.read_text())[0]
+    result["waves"] = str(waves_file(build_dir)) if waves else None
+    result["seconds"] = time.time() - t0
+    return result
+
+
+def format_summary(cfg, r: dict) -> str:
+    if not r.get("bit_exact"):
+        return f"bit-exact: NO\n{r.get('failure', '')}"
+    from nanokpu.isa import EXECUTORS
+    cycles = r["cycles"]
+    ideal = r["macs"] / (cfg.rows * cfg.cols)
+    lines = [
+        f"profile {cfg.name}: {r['tokens']} tokens, {r['instructions']} instructions, "
+        f"{cycles} cycles ({r['seconds']:.1f} s wall)",
+        f"GEMM work: {r['macs']} MACs; ideal {ideal:.0f} cycles on the {cfg.rows}x{cfg.cols} array; "
+        f"utilization {ideal / cycles:.1%}",
+        "busy share per executor: " + ", ".join(f"{u} {r[u] / cycles:.1%}" for u in EXECUTORS),
+        "bit-exact with golden.block.latent_moe_int: yes",
+        f"error vs the float block: cosine {r['error']['cosine']:.5f}, max abs {r['error']['max_abs']:.4f}, "
+        f"rms relative {r['error']['rms_rel']:.4f}",
+    ]
+    if r.get("waves"):
+        lines.append(f"waves: {r['waves']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    cfg = profile(args.profile, dsp=args.dsp)
+    tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
+    r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
+    print(format_summary(cfg, r))
+    return 0 if r.get("bit_exact") else 1

@@ -1,0 +1,59 @@
+"""The units the flows build by name: ``nanokpu generate``, ``nanokpu synth`` and the board builds
+all read :data:`UNITS` and :func:`resolve_unit`.
+
+A unit here is a factory ``KpuConfig -> wiring.Component``: a gateware unit of
+:mod:`nanokpu.units` or the whole nano-KPU (``kpu``). A new unit adds one line to :data:`UNITS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from amaranth.lib import wiring
+
+from nanokpu.config import KpuConfig
+from nanokpu.kpu.top import NanoKPU
+from nanokpu.units.gemm import GemmEngine
+from nanokpu.units.router import TopKRouter
+from nanokpu.units.sigmoid import Sigmoid
+from nanokpu.units.situ import Situ
+
+__all__ = ["UNITS", "TOP_UNIT", "resolve_unit", "top_name"]
+
+Factory = Callable[[KpuConfig], wiring.Component]
+
+#: unit name -> factory.
+UNITS: dict[str, Factory] = {
+    "router": TopKRouter,
+    "gemm": GemmEngine,
+    "sigmoid": Sigmoid,
+    "situ": Situ,
+    "kpu": NanoKPU,
+}
+
+#: The unit that is the whole design (the nano-KPU top level).
+TOP_UNIT = "kpu"
+
+
+def resolve_unit(unit: str) -> Factory:
+    """The factory of a registered unit name or of a ``module:factory`` path (for example
+    ``nanokpu.units.gemm:kpu_engine``); ``ValueError`` naming ``unit`` when it is neither, or
+    when the path does not import."""
+    if unit in UNITS:
+        return UNITS[unit]
+    if unit.count(":") != 1:
+        raise ValueError(f"unit = {unit!r}: must be one of {sorted(UNITS)} or 'module:factory'")
+    module, attr = unit.split(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"unit = {unit!r}: {exc}") from None
+    if not callable(factory):
+        raise ValueError(f"unit = {unit!r}: {attr} is not a factory KpuConfig -> Component")
+    return factory
+
+
+def top_name(unit: str) -> str:
+    """The module name a unit's netlist gets (``nanokpu_<unit>``)."""
+    return f"nanokpu_{unit.split(':')[-1].lower()}"

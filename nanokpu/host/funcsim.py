@@ -1,0 +1,289 @@
+"""Instruction-level functional simulator of the nano-KPU (NumPy), bit-exact to the RTL.
+
+:class:`FuncSim` executes a program of :mod:`nanokpu.isa` instructions on a scratchpad and a
+byte-addressed host memory, with the same range checks, the same error codes and the same
+operand widths as the RTL (an operand is wrapped to the width of the unit port it enters, as the
+hardware's wires do). Each instruction is one vectorised call of :mod:`golden.intops`, so a
+``small`` block runs in well under a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from golden import intops as I
+from nanokpu.config import KpuConfig
+from nanokpu.isa import (
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_EXPERT,
+    IN_PLACE_OPS,
+    Err,
+    Instr,
+    Op,
+    bus_bytes,
+    route_table,
+    word_width,
+)
+
+__all__ = ["FuncSim", "RunResult", "KpuError", "check"]
+
+
+class KpuError(Exception):
+    """An instruction failed a check; ``code`` is its :class:`~nanokpu.isa.Err`."""
+
+    def __init__(self, code: Err, msg: str = ""):
+        super().__init__(f"{code.name}: {msg}")
+        self.code = code
+
+
+@dataclass
+class RunResult:
+    """Outcome of :meth:`FuncSim.run`: ``error`` (:class:`Err`), ``pc`` where it stopped,
+    ``retired`` instructions, ``op_counts`` (executions per opcode) and ``macs`` (multiply-
+    accumulates of the executed GEMMs, ``sum m*k*n``), ``gemms`` (their ``(m, k, n)``)."""
+
+    error: Err
+    pc: int
+    retired: int
+    op_counts: dict
+    macs: int = 0
+    gemms: list = field(default_factory=list)
+
+
+def check(cond: bool, code: Err, msg: str = ""):
+    if not cond:
+        raise KpuError(code, msg)
+
+
+class FuncSim:
+    """The nano-KPU's architectural state and an interpreter for its programs.
+
+    Parameters
+    ----------
+    cfg : KpuConfig
+        Reads ``dmem_depth``, ``imem_depth``, ``n_experts``, ``top_k``, the formats and rounding.
+    host : bytes-like
+        Initial host memory (addresses start at 0); :attr:`host` is a mutable copy.
+    host_base, host_size : int
+        The host window the program may touch (default: the whole host memory).
+    gemm : callable, optional
+        The GEMM engine: ``gemm(a, b, mult, shift)`` for int8 ``a`` ``[M, K]`` and ``b``
+        ``[K, N]`` returns ``requantize(matmul_int(a, b, acc_width), mult, shift, acc_width)``
+        ``[M, N]`` (:func:`~nanokpu.units.gemm.kpu_engine`'s contract; ``mult = 1``, ``shift = 0``
+        for raw accumulators); a ``GEMM`` instruction saturates it to its ``width``. The
+        default computes it with :mod:`golden.intops`; ``nanokpu board-run --board
+        icebreaker`` passes the iCEBreaker build's engine (:func:`nanokpu.host.bridge_client.run_gemm`).
+
+    Members
+    -------
+    spad : np.ndarray
+        ``dmem_depth`` int64 words (values wrapped to :func:`~nanokpu.isa.word_width` bits).
+    loads : np.ndarray
+        The routing load counters (saturating at ``2**load_width - 1``).
+    """
+
+    def __init__(self, cfg: KpuConfig, host=b"", host_base: int = 0, host_size: int | None = None,
+                 gemm=None):
+        self.cfg = cfg
+        self.gemm = gemm or self._gemm
+        self.host = bytearray(host)
+        self.host_base = host_base
+        self.host_size = len(self.host) - host_base if host_size is None else host_size
+        self.spad = np.zeros(cfg.dmem_depth, dtype=np.int64)
+        self.loads = np.zeros(cfg.n_experts, dtype=np.int64)
+        self.ww = word_width(cfg)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _gemm(self, a, b, mult: int, shift: int) -> np.ndarray:
+        acc = self.cfg.acc_width
+        return I.requantize(I.matmul_int(a, b, acc), mult, shift, acc, self.cfg.rounding)
+
+    def _region(self, addr: int, words: int):
+        check(addr + words <= self.cfg.dmem_depth, Err.SPAD_RANGE,
+              f"[{addr}, {addr + words}) beyond dmem_depth={self.cfg.dmem_depth}")
+
+    def _read(self, addr: int, words: int, width: int | None = None) -> np.ndarray:
+        v = self.spad[addr:addr + words]
+        return I.wrap(v, width) if width else v.copy()
+
+    def _write(self, addr: int, values):
+        v = np.asarray(values, dtype=np.int64).ravel()
+        self.spad[addr:addr + v.size] = I.wrap(v, self.ww)
+
+    def _need_expert(self):
+        check(self.route_done and 0 <= self.expert < self.cfg.n_experts, Err.NO_ROUTE,
+              "no current expert (no ROUTE/EXPERT before)")
+
+    # -- execution -------------------------------------------------------------------------
+    def run(self, instrs, max_steps: int = 1_000_000) -> RunResult:
+        """Run from pc 0 until ``HALT`` or an error; instructions beyond ``imem_depth`` are
+        outside the instruction memory (``PC_RANGE``)."""
+        instrs = list(instrs)
+        self.route_done, self.expert, self.count, self.offset = False, -1, 0, 0
+        self.scores = None
+        pc, retired, counts = 0, 0, {}
+        self.macs, self.gemms = 0, []
+        for _ in range(max_steps):
+            try:
+                check(pc < self.cfg.imem_depth, Err.PC_RANGE, f"pc {pc}")
+                ins = instrs[pc] if pc < len(instrs) else Instr(Op.HALT)
+                try:
+                    op = Op(ins.op)
+                except ValueError:
+                    raise KpuError(Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}") from None
+                if op == Op.HALT:
+                    return RunResult(Err.NONE, pc, retired, counts, self.macs, self.gemms)
+                nxt = self.step(ins, op, pc)
+            except KpuError as exc:
+                return RunResult(exc.code, pc, retired, counts, self.macs, self.gemms)
+            counts[op.name] = counts.get(op.name, 0) + 1
+            retired += 1
+            pc = nxt
+        raise RuntimeError(f"no HALT within {max_steps} instructions")
+
+    def step(self, ins: Instr, op: Op, pc: int) -> int:
+        """Execute one instruction; returns the next pc or raises :class:`KpuError`."""
+        cfg = self.cfg
+        E, K = cfg.n_experts, cfg.top_k
+        if ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT) or op in (Op.GATHER, Op.SCATTER):
+            self._need_expert()
+        if op == Op.EXPERT:
+            check(self.route_done, Err.NO_ROUTE, "EXPERT without a ROUTE before")
+        m = self.count if ins.flags & F_M_COUNT else ins.m
+        n, k, a, b, c = ins.n, ins.k, ins.a, ins.b, ins.c
+        ln = m * n
+        if op in (Op.JUMP, Op.EXPERT):
+            check(ins.target < cfg.imem_depth, Err.PC_RANGE, f"target {ins.target}")
+        if op == Op.JUMP:
+            return ins.target
+        # -- shapes
+        if op == Op.ROUTE:
+            check(m >= 1 and n == E and k == K, Err.BAD_SHAPE, "ROUTE needs m >= 1, n = E, k = top_k")
+        elif op == Op.EXPERT:
+            check(n == E, Err.BAD_SHAPE, "EXPERT needs n = n_experts")
+        else:
+            check(m >= 1 and n >= 1, Err.BAD_SHAPE, "m and n must be >= 1")
+        if op in (Op.GEMM, Op.COMBINE):
+            check(k >= 1, Err.BAD_SHAPE, "k must be >= 1")
+        if op == Op.LOAD:
+            check(ins.width in (1, 2, 4), Err.BAD_SHAPE, "LOAD width must be 1, 2 or 4")
+        if op == Op.STORE:
+            check(ins.width == 4, Err.BAD_SHAPE, "STORE width must be 4")
+        if op == Op.REQUANT or (op == Op.GEMM and ins.width):
+            check(2 <= ins.width <= cfg.acc_width, Err.BAD_SHAPE, "requantiser width not in [2, acc_width]")
+        if op == Op.GEMM:
+            mb = -(-m // cfg.rows)
+            check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
+                  and mb * n <= cfg.spad_c_depth, Err.BAD_SHAPE, "GEMM beyond the engine's scratchpads")
+        if op == Op.ROUTE:
+            check(self.scores == (a, ln), Err.NO_SCORES, "ROUTE before SIGMOID wrote its scores")
+        # -- scratchpad regions: the operands', then the result's
+        rq = [(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []
+        operands, result = {
+            Op.LOAD: ([], (c, ln)), Op.STORE: ([(a, ln)], None),
+            Op.GEMM: ([(a, m * k), *rq], (c, m * n)),
+            Op.REQUANT: ([(a, ln), *rq], (c, ln)),
+            Op.SIGMOID: ([(a, ln)], (c, ln)), Op.SITU: ([(a, ln), (b, ln)], (c, ln)),
+            Op.ADD: ([(a, ln), (b, ln)], (c, ln)), Op.NORM: ([(a, ln)], (c, ln)),
+            Op.ROUTE: ([(a, ln), (b, n)], (c, route_table(0, m, cfg)["end"])),
+            Op.EXPERT: ([(a, 2 * n)], None),
+            Op.GATHER: ([(a, ln), (b, self.offset + self.count)], (c, self.count * n)),
+            Op.SCATTER: ([(a, self.count * n), (b, self.offset + self.count)], (c, ln)),
+            Op.COMBINE: ([(a, m * k * n), (b, m * k)], (c, ln)),
+        }[op]
+        for addr, words in operands + ([result] if result else []):
+            self._region(addr, words)
+        if result:
+            rc, wc = result
+            for addr, words in operands:
+                in_place = op in IN_PLACE_OPS and (addr, words) == result
+                check(not (words and wc and addr < rc + wc and rc < addr + words) or in_place,
+                      Err.OVERLAP, f"result [{rc}, {rc + wc}) overlaps operand [{addr}, {addr + words})")
+        # -- host window
+        if op in (Op.LOAD, Op.STORE, Op.GEMM):
+            addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)
+            bb = bus_bytes(cfg)
+            nbytes = -(-n // cfg.cols) * k * bb if op == Op.GEMM else ln * ins.width
+            nbytes = -(-nbytes // bb) * bb  # whole bus beats
+            check(addr % bus_bytes(cfg) == 0 and self.host_base <= addr
+                  and addr + nbytes <= self.host_base + self.host_size
+                  and addr + nbytes <= len(self.host), Err.HOST_RANGE,
+                  f"host [{addr:#x}, {addr + nbytes:#x}) outside the window")
+        # -- execute
+        act, ww = cfg.act_width, self.ww
+        if op == Op.LOAD:
+            dtype = {1: "<i1", 2: "<i2", 4: "<i4"}[ins.width]
+            self._write(c, np.frombuffer(bytes(self.host[addr:addr + ln * ins.width]), dtype=dtype))
+        elif op == Op.STORE:
+            self.host[addr:addr + ln * 4] = I.wrap(self._read(a, ln), 32).astype("<i4").tobytes()
+        elif op == Op.GEMM:
+            A = self._read(a, m * k, cfg.in_width).reshape(m, k)
+            panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
+            B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
+            out = self.gemm(A, B, *(self._rq_consts(ins) if ins.width else (1, 0)))
+            self._write(c, I.saturate(out, ins.width) if ins.width else out)
+            self.macs += m * k * n
+            self.gemms.append((m, k, n))
+        elif op == Op.REQUANT:
+            self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), *self._rq_consts(ins),
+                                        ins.width, cfg.rounding))
+        elif op == Op.SIGMOID:
+            self._write(c, I.sigmoid_q(self._read(a, ln, act), cfg))
+            self.scores = (c, ln)
+        elif op == Op.SITU:
+            self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
+        elif op == Op.ADD:
+            self._write(c, I.add_sat(self._read(a, ln, act), self._read(b, ln, act), act))
+        elif op == Op.NORM:
+            self._write(c, I.rmsnorm_int(self._read(a, ln, act).reshape(m, n), cfg))
+        elif op == Op.COMBINE:
+            e = self._read(a, m * k * n, act).reshape(m, k, n)
+            w = (self._read(b, m * k) & ((1 << cfg.weight_width) - 1)).reshape(m, k)
+            self._write(c, I.combine_int(e, w, cfg))
+        elif op == Op.ROUTE:
+            self._route(a, b, c, m)
+        elif op == Op.EXPERT:
+            counts = self._read(a, n)
+            nz = [j for j in range(self.expert + 1, E) if counts[j] != 0]
+            if not nz:
+                self.expert = E
+                return ins.target
+            self.expert = nz[0]
+            self.count = int(counts[self.expert])
+            self.offset = int(self.spad[a + n + self.expert])
+        elif op in (Op.GATHER, Op.SCATTER):
+            lst = self._read(b + self.offset, self.count, ww)
+            for i, r in enumerate(lst):
+                check(0 <= r < m, Err.SPAD_RANGE, f"{op.name} row {r} >= m = {m}")
+                if op == Op.GATHER:
+                    self._write(c + i * n, self._read(a + int(r) * n, n))
+                else:
+                    self._write(c + int(r) * n, self._read(a + i * n, n))
+        return pc + 1
+
+    def _rq_consts(self, ins: Instr) -> tuple[int, int]:
+        """``(mult, shift)`` of a requantiser: the instruction's, or with :data:`F_RQ_EXPERT` the
+        current expert's from the table at ``b`` (``mult_width`` and 6 bits taken)."""
+        if ins.flags & F_RQ_EXPERT:
+            mult, shift = (int(v) for v in self._read(ins.b + 2 * self.expert, 2))
+        else:
+            mult, shift = ins.mult, ins.shift
+        return mult & ((1 << self.cfg.mult_width) - 1), shift & 63
+
+    def _route(self, a: int, b: int, c: int, T: int):
+        cfg = self.cfg
+        E = cfg.n_experts
+        scores = (self._read(a, T * E) & ((1 << cfg.score_width) - 1)).reshape(T, E)
+        bias = self._read(b, E, cfg.bias_width)
+        idx, w, loads = I.route_int(scores, bias, cfg)
+        flat = idx.ravel()
+        order = np.argsort(flat, kind="stable")
+        counts = np.bincount(flat, minlength=E)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        table = np.concatenate([flat, w.ravel(), counts, offsets, order, order // cfg.top_k])
+        self._write(c, table)
+        self.loads = np.minimum(self.loads + loads, (1 << cfg.load_width) - 1)
+        self.route_done, self.expert, self.count, self.offset = True, -1, 0, 0

@@ -1,0 +1,1087 @@
+"""The nano-KPU top level: registers, instruction memory, controller, scratchpad and the units.
+
+Host interfaces
+---------------
+* ``s_axil`` (AXI4-Lite slave, 32-bit, :data:`~nanokpu.isa.ADDR_WIDTH` address bits): the
+  registers of :class:`~nanokpu.isa.Reg`, the instruction memory at
+  :data:`~nanokpu.isa.IMEM_BASE` (write-only, ignored while running) and the routing engine's
+  per-expert load counters at :data:`~nanokpu.isa.LOADS_BASE` (read-only).
+* ``m_axi`` (AXI4 master, :func:`~nanokpu.isa.bus_bytes` data): the nano-KPU fetches its inputs
+  and weights from host memory and writes its results back itself. Why a memory port and not
+  AXI4-Stream: routing is decided on chip, so only the nano-KPU knows which experts' weights
+  it needs, and when; with a master port it fetches exactly those (a ``small`` batch touches
+  ~60 % of the experts) instead of the host pushing all of them, and weights stream straight
+  from the bus into the GEMM engine without ever being stored (one beat = one B panel word).
+
+Datapath
+--------
+One scratchpad (:class:`~nanokpu.kpu.dmem.DataMemory`: ``dmem_depth`` words, 2 read ports, 1 write
+port, the write performed in the cycle after it is issued; no instruction reads a word that
+soon after writing it) holds every activation; with ``dsp`` ``"ice40"`` (single-port SPRAM) or
+``"ecp5"`` (one true-dual-port copy) a cycle in which it writes reads nothing
+(:func:`~nanokpu.kpu.dmem.writes_block_reads`), so an element-wise op with a read and a write per
+element takes 2 cycles per element. Instructions run one at a time (:mod:`nanokpu.isa` gives
+the semantics):
+
+* ``GEMM``: the GEMM engine (:func:`~nanokpu.units.gemm.kpu_engine`, ``out_width = acc_width``; its requantiser
+  applies the instruction's ``mult``/``shift``, then the top level saturates to ``width``, or
+  ``mult = 1``, ``shift = 0`` for raw accumulators when ``width = 0``); A is packed from the
+  scratchpad (one read per real row of a word), B comes from ``m_axi``, the results are
+  unpacked into the scratchpad (one write per real row).
+* ``REQUANT`` (the GEMM engine's requantiser, its ``rq_in`` port, + saturation to ``width``), ``SIGMOID``
+  (:class:`~nanokpu.units.sigmoid.Sigmoid`), ``SITU`` (:class:`~nanokpu.units.situ.Situ`), ``ADD``/``COMBINE``/
+  ``NORM`` (:class:`~nanokpu.units.vector.VectorUnit`): a streaming engine reads operands along a
+  3-level affine walk, one element per cycle, and writes results back as they come.
+* ``ROUTE``: :class:`~nanokpu.units.router.TopKRouter` (bias loaded from the scratchpad, scores
+  streamed, routes written back), then a dispatch pass builds per-expert token lists.
+* ``LOAD``/``STORE``: :class:`~nanokpu.kpu.axi_master.AxiMaster`; ``GATHER``/``SCATTER``/``EXPERT``:
+  small sequencers.
+
+Errors stop the controller (``STATUS.error``, code in ``STATUS[15:8]``, the pc in ``[31:16]``);
+a stop or a soft reset (``CTRL.bit1``) drains outstanding AXI bursts, resets the units and
+returns to idle; the register bank answers throughout.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.isa import (
+    ADDR_WIDTH,
+    EXECUTORS,
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_EXPERT,
+    IMEM_BASE,
+    IN_PLACE_OPS,
+    INSTR_LAYOUT,
+    INSTR_WORDS,
+    LOADS_BASE,
+    OP_EXECUTOR,
+    Err,
+    Op,
+    Reg,
+    bus_bytes,
+    word_width,
+)
+from nanokpu.kpu.axi_lite import AxiLiteRegisters, axi_lite_signature
+from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
+from nanokpu.kpu.dmem import DataMemory, check_dmem, writes_block_reads
+from nanokpu.units.gemm import kpu_engine
+from nanokpu.units.router import TopKRouter
+from nanokpu.units.sigmoid import Sigmoid
+from nanokpu.units.situ import Situ
+from nanokpu.units.vector import VecOp, VectorUnit
+
+__all__ = ["NanoKPU", "PRODUCT_STEPS"]
+
+#: Products of instruction fields the decode computes, one after the other on one shift-add
+#: lane: a step takes ``1 + bit_length(y)`` cycles (1 when the op leaves it unused), and one
+#: more cycle commits the last.
+PRODUCT_STEPS = 6
+
+
+class NanoKPU(wiring.Component):
+    """The nano-KPU: runs a compiled LatentMoE block (:mod:`nanokpu.host.compiler`) from its
+    instruction memory, bit-exact to :class:`~nanokpu.host.funcsim.FuncSim`.
+
+    Parameters
+    ----------
+    cfg : KpuConfig
+        Every unit's config; the top level reads ``dmem_depth``, ``imem_depth``, ``rows``,
+        ``cols`` (bus width ``cols * in_width``; ``in_width`` must be 8), ``n_experts``,
+        ``top_k``, ``route_lanes``, ``act_width``, ``acc_width``, ``weight_width``.
+
+    Members
+    -------
+    s_axil : In(axi_lite_signature(ADDR_WIDTH))
+    m_axi : Out(axi4_signature(32, 8 * bus_bytes(cfg)))
+    irq : Out(1)
+        High while the controller is stopped with ``done`` or ``error`` set.
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        if not isinstance(cfg, KpuConfig):
+            raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+        bits = cfg.cols * cfg.in_width
+        if cfg.in_width != 8:
+            raise ValueError(f"KpuConfig.in_width = {cfg.in_width}: the nano-KPU top level needs 8 "
+                             "(weights stream as bytes)")
+        if bits < 32 or bits & (bits - 1):
+            raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
+                             ">= 32 (the AXI data width)")
+        check_dmem(cfg)
+        self.cfg = cfg
+        self._spad = DataMemory(cfg)
+        super().__init__({
+            "s_axil": In(axi_lite_signature(ADDR_WIDTH)),
+            "m_axi": Out(axi4_signature(32, bits)),
+            "irq": Out(1),
+        })
+
+    @property
+    def macs_per_cycle(self) -> int:
+        """Multiply-accumulates per cycle at peak: the GEMM engine's ``rows * cols``."""
+        return self.cfg.rows * self.cfg.cols
+
+    # ------------------------------------------------------------------------------------
+    def elaborate(self, platform):  # noqa: C901 - one controller, one place
+        m = Module()
+        cfg = self.cfg
+        E, K, R, C, L = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols, cfg.route_lanes
+        BW = bus_bytes(cfg)
+        ww, act, accw = word_width(cfg), cfg.act_width, cfg.acc_width
+        D = cfg.dmem_depth
+
+        # -- units --------------------------------------------------------------------------
+        unit_rst = Signal()
+
+        def unit(name, u):
+            m.submodules[name] = ResetInserter(unit_rst)(u)
+            return u
+
+        regs = m.submodules.regs = AxiLiteRegisters(ADDR_WIDTH)
+        wiring.connect(m, wiring.flipped(self.s_axil), regs.bus)
+        dma = m.submodules.dma = AxiMaster(32, 8 * BW)
+        wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
+        gemm = unit("gemm", kpu_engine(cfg))
+        sig = unit("sigmoid", Sigmoid(cfg))
+        situ = unit("situ", Situ(cfg))
+        vec = unit("vector", VectorUnit(cfg))
+        router = unit("router", TopKRouter(cfg))
+
+        m.submodules.spad = spad = self._spad
+        rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
+        # a cycle in which the scratchpad performs a write (the one after wr.en) performs no
+        # read there: every read that can follow a write waits on `blocked` (the streaming
+        # engine, GEMM A packing, ROUTE scores and dispatch, GATHER/SCATTER list and copy); the
+        # others (RQ_TABLE, RT_BIAS, EXP_READ, STORE) follow the decode, never a write
+        blocked = spad.writing if writes_block_reads(cfg) else Const(0)
+        # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
+        # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
+        # whole instruction per row would take INSTR_WORDS times the blocks
+        m.submodules.imem = imem = Memory(shape=unsigned(32), depth=cfg.imem_depth * INSTR_WORDS,
+                                          init=[])
+        im_rd, im_wr = imem.read_port(), imem.write_port()
+        fetch_word = Signal(range(INSTR_WORDS + 1))
+        WB = INSTR_WORDS.bit_length() - 1     # word bits of an imem address (32-byte instructions)
+
+        # -- architectural state ------------------------------------------------------------
+        # Sizes and scratchpad addresses: addresses are AW bits (the scratchpad port's, so
+        # address arithmetic modulo 2**AW is exact); sizes are SW-bit saturating values, all
+        # ones standing for "2**SW - 1 or more", which is beyond every size limit (dmem_depth,
+        # the GEMM engine's scratchpads, the beats of a GEMM that passed its shape checks).
+        AW = len(rd0.addr)
+        nbk_max = -(-cfg.spad_c_depth // C) * (cfg.spad_b_depth // 2)
+        SW = (max(D, cfg.spad_a_depth, cfg.spad_c_depth, nbk_max) + 1).bit_length()
+        HW = 33   # host addresses: a window ends below 2**33 - 1, the saturated value
+        BW_LOG = BW.bit_length() - 1
+        # host bytes of a LOAD/STORE/GEMM plus BW - 1 (LOAD/STORE) that passed its shape and region
+        # checks, saturating like the sizes; wide enough for k * BW and n * width unsaturated
+        LBW = max((max(4 * D, nbk_max * BW) + BW).bit_length(), 16 + max(2, BW_LOG))
+        running = Signal()
+        done = Signal()
+        err = Signal(8)
+        pc = Signal(13)
+        cycles = Signal(32)
+        retired = Signal(32)
+        busy_cnt = [Signal(32, name=f"busy_{u}") for u in EXECUTORS]
+        cur_executor = Signal(len(EXECUTORS))
+        host_base = Signal(32)
+        host_size = Signal(32)
+        ins = Signal(INSTR_LAYOUT)
+        route_done = Signal()
+        exp_active = Signal()
+        expert = Signal(range(E + 1))
+        scan = Signal(range(E + 2))
+        count = Signal(16)
+        offset = Signal(SW)     # the table's 24 bits, saturated
+        scores_ok = Signal()
+        scores_a = Signal(AW)
+        scores_len = Signal(SW)
+        start_req = Signal()
+        soft_req = Signal()
+
+        # -- register bank ------------------------------------------------------------------
+        ctrl_write = regs.wr_en & (regs.wr_addr == Reg.CTRL)
+        m.d.comb += [
+            start_req.eq(ctrl_write & regs.wr_data[0]),
+            soft_req.eq(ctrl_write & regs.wr_data[1]),
+            router.load_clear.eq(ctrl_write & regs.wr_data[2]),
+            im_wr.data.eq(regs.wr_data),
+            router.load_addr.eq(regs.rd_addr[2:]),      # LOADS_BASE is a multiple of 2**18
+            self.irq.eq(~running & (done | (err != 0))),
+        ]
+        # the windows are aligned: IMEM_BASE to 2**19 > 32 * imem_depth, LOADS_BASE to 2**18 > 4 * n_experts
+        iw, lw = (32 * cfg.imem_depth - 1).bit_length(), (4 * E - 1).bit_length()
+        in_imem = (regs.wr_addr[iw:] == IMEM_BASE >> iw) & (regs.wr_addr[5:iw] < cfg.imem_depth)
+        with m.If(regs.wr_en & in_imem & ~running):
+            m.d.comb += [im_wr.addr.eq(regs.wr_addr[2:iw]), im_wr.en.eq(1)]
+        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
+            m.d.sync += host_base.eq(regs.wr_data)
+        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_SIZE)):
+            m.d.sync += host_size.eq(regs.wr_data)
+        rsel = Signal(ADDR_WIDTH)
+        with m.If(regs.rd_en):
+            m.d.sync += rsel.eq(regs.rd_addr)
+        status = Signal(32)
+        m.d.comb += status.eq(running | (done << 1) | ((err != 0) << 2) | (err << 8) | (pc << 16))
+        readable = {Reg.STATUS: status, Reg.CYCLES: cycles, Reg.HOST_BASE: host_base,
+                    Reg.HOST_SIZE: host_size, Reg.INSTRS: retired, Reg.INFO: D,
+                    Reg.INFO_IMEM: cfg.imem_depth}
+        readable.update({Reg.BUSY + 4 * i: c for i, c in enumerate(busy_cnt)})
+        with m.If((rsel[lw:] == LOADS_BASE >> lw) & (rsel[:lw] < 4 * E)):
+            m.d.comb += regs.rd_data.eq(router.load_data)
+        with m.Elif((rsel[:2] == 0) & (rsel[7:] == 0)):     # the registers: words 0..31
+            with m.Switch(rsel[2:7]):
+                for addr, value in readable.items():
+                    with m.Case(int(addr) >> 2):
+                        m.d.comb += regs.rd_data.eq(value)
+
+        # -- decode: products of instruction fields, then combinational checks ---------------
+        def sat(value, width=SW):
+            """Unsigned ``value`` saturated to ``width`` bits (all ones: ``2**width - 1`` or more)."""
+            if len(value) <= width:
+                return value
+            return Mux(value[width:].any(), (1 << width) - 1, value[:width])
+
+        def ceil_div(value, d):
+            """``ceil(value / d)`` for a constant ``d``."""
+            if d & (d - 1) == 0:
+                return (value + d - 1) >> (d.bit_length() - 1)
+            return (value + d - 1) // d
+
+        # Products of instruction fields, by one shift-add lane used in turn (``acc += y * x``,
+        # one bit of ``y`` per cycle, LSB first, while ``y != 0``; PW bits, saturating), a step per
+        # product: each step loads the lane and commits the previous step's product, saturated,
+        # to its register. Steps, by op:
+        #   ln = m*n (len); mk = m*k (GEMM, COMBINE), count*n (GATHER, SCATTER), 4*m*top_k (ROUTE);
+        #   p2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then row*n for each GATHER/SCATTER row;
+        #   p3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE: p2 as it is committed);
+        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) (GEMM), BW-1 + m*(n*width)
+        #   (LOAD, STORE: rounded down to a beat), LBW bits; host_eff = host + expert*stride.
+        # An unused step loads y = 0: a cycle. A step takes 1 + bit_length(y) cycles.
+        PW = max(SW, LBW, HW)
+        ln, mk, p2, p3 = (Signal(SW, name=n) for n in ("ln", "mk", "p2", "p3"))
+        l4, host_eff = Signal(LBW, name="l4"), Signal(HW, name="host_eff")
+        products = (ln, mk, p2, p3, l4, host_eff)
+        assert len(products) == PRODUCT_STEPS
+        lane_y = Signal(16)
+        lane_x = Signal(PW)
+        lane_acc = Signal(PW)
+        step = Signal(range(len(products) + 2))   # the lane multiplies product step - 1
+        lane_busy = lane_y != 0
+        with m.If(lane_busy):
+            with m.If(lane_y[0]):
+                m.d.sync += lane_acc.eq(sat(lane_acc + lane_x, PW))
+            m.d.sync += [lane_x.eq(Mux(lane_x[-1], (1 << PW) - 1, lane_x << 1)), lane_y.eq(lane_y >> 1)]
+
+        def lane_load(y, x, acc=0):
+            m.d.sync += [lane_y.eq(y), lane_x.eq(x), lane_acc.eq(acc)]
+
+        beats = l4[BW_LOG:]
+        nbytes = Cat(Const(0, BW_LOG), beats)
+        settle = Signal(2)   # DECODE cycles since the products settled: 2 for the checks to register
+
+        op = ins.op
+        m_eff = Signal(16)
+        m.d.comb += m_eff.eq(Mux(ins.flags & F_M_COUNT, count, ins.m))
+        a_, b_, c_ = ins.a[:AW], ins.b[:AW], ins.c[:AW]
+        m_s, n_s = m_eff[:SW], ins.n[:SW]   # exact once the checks passed
+
+        # the lane's operands at step s (products above saturate like the lane: x need not)
+        st_y = Signal(16)
+        st_x = Signal(PW)
+        st_acc = Signal(PW)
+        mb = ceil_div(m_eff, R)
+        with m.Switch(step):
+            with m.Case(0):
+                with m.Switch(op):
+                    with m.Case(*[o for o in Op if o not in (Op.HALT, Op.JUMP, Op.EXPERT)]):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n)]
+            with m.Case(1):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM, Op.COMBINE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.k)]
+                    with m.Case(Op.GATHER, Op.SCATTER):
+                        m.d.comb += [st_y.eq(count), st_x.eq(ins.n)]
+                    with m.Case(Op.ROUTE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(4 * K)]
+            with m.Case(2):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.k)]
+                    with m.Case(Op.COMBINE):
+                        m.d.comb += [st_y.eq(ins.k), st_x.eq(ins.n)]
+            with m.Case(3):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.n)]
+                    with m.Case(Op.COMBINE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(sat(lane_acc))]   # p2, committed now
+            with m.Case(4):
+                with m.Switch(op):
+                    with m.Case(Op.GEMM):
+                        m.d.comb += [st_y.eq(ceil_div(ins.n, C)), st_x.eq(ins.k << BW_LOG)]
+                    with m.Case(Op.LOAD):
+                        m.d.comb += [st_y.eq(m_eff), st_acc.eq(BW - 1),
+                                     st_x.eq(ins.n << Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0)))]
+                    with m.Case(Op.STORE):
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n << 2), st_acc.eq(BW - 1)]
+            with m.Case(5):
+                m.d.comb += [st_y.eq(Mux((ins.flags & F_HOST_EXPERT) != 0, expert, 0)),
+                             st_x.eq(ins.stride), st_acc.eq(ins.host)]
+
+        needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
+            (op == Op.GATHER) | (op == Op.SCATTER)
+        needs_route = needs_expert | (op == Op.EXPERT)
+        valid_op = op <= max(Op)
+        shape_ok = Signal()
+        with m.Switch(op):
+            with m.Case(Op.ROUTE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n == E) & (ins.k == K))
+            with m.Case(Op.EXPERT):
+                m.d.comb += shape_ok.eq(ins.n == E)
+            with m.Case(Op.GEMM):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
+                                        & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= accw)))
+                                        & (ins.k <= cfg.spad_b_depth // 2)
+                                        & (p2 <= cfg.spad_a_depth)
+                                        & (p3 <= cfg.spad_c_depth))
+            with m.Case(Op.COMBINE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1))
+            with m.Case(Op.LOAD):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1)
+                                        & ((ins.width == 1) | (ins.width == 2) | (ins.width == 4)))
+            with m.Case(Op.STORE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width == 4))
+            with m.Case(Op.REQUANT):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width >= 2)
+                                        & (ins.width <= accw))
+            with m.Default():
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
+        # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
+        wa = Signal(SW)
+        wb = Signal(SW)
+        wc = Signal(SW)
+        rq_table = Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0)
+        list_words = sat(offset + count)
+        with m.Switch(op):
+            with m.Case(Op.LOAD):
+                m.d.comb += wc.eq(ln)
+            with m.Case(Op.STORE):
+                m.d.comb += wa.eq(ln)
+            with m.Case(Op.GEMM):
+                m.d.comb += [wa.eq(mk), wc.eq(ln), wb.eq(rq_table)]
+            with m.Case(Op.REQUANT):
+                m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(rq_table)]
+            with m.Case(Op.SIGMOID, Op.NORM):
+                m.d.comb += [wa.eq(ln), wc.eq(ln)]
+            with m.Case(Op.SITU, Op.ADD):
+                m.d.comb += [wa.eq(ln), wb.eq(ln), wc.eq(ln)]
+            with m.Case(Op.ROUTE):
+                m.d.comb += [wa.eq(ln), wb.eq(sat(ins.n)), wc.eq(sat(mk + 2 * E))]
+            with m.Case(Op.EXPERT):
+                m.d.comb += wa.eq(sat(ins.n << 1))
+            with m.Case(Op.GATHER):
+                m.d.comb += [wa.eq(ln), wb.eq(list_words), wc.eq(mk)]
+            with m.Case(Op.SCATTER):
+                m.d.comb += [wa.eq(mk), wb.eq(list_words), wc.eq(ln)]
+            with m.Case(Op.COMBINE):
+                m.d.comb += [wa.eq(p3), wb.eq(mk), wc.eq(ln)]
+
+        def region_ok(base, words):
+            return (words == 0) | ((base[SW:] == 0) & (base[:SW] + words <= D))
+
+        def overlaps(base, words):
+            """The result region ``(c, wc)`` overlaps the operand region ``(base, words)``, and
+            not exactly in place (regions checked: SW-bit bases)."""
+            x, r = base[:SW], ins.c[:SW]
+            in_place = Cat(*(op == o for o in IN_PLACE_OPS)).any() & (x == r) & (words == wc)
+            return (words != 0) & (wc != 0) & (x < r + wc) & (r < x + words) & ~in_place
+
+        # the arithmetic checks registered, then decode_err from them registered (decode_q)
+        shape_q = Signal()
+        spad_ok = Signal()
+        host_ok = Signal()
+        overlap_q = Signal()
+        m.d.sync += [shape_q.eq(shape_ok), overlap_q.eq(overlaps(ins.a, wa) | overlaps(ins.b, wb)),
+                     spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
+                     host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
+                                & (host_eff + nbytes <= host_base + host_size))]
+        uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
+        target_ok = ins.target < cfg.imem_depth
+        decode_err = Signal(8)
+        with m.If(~valid_op):
+            m.d.comb += decode_err.eq(Err.BAD_OPCODE)
+        with m.Elif((needs_route & ~route_done) | (needs_expert & ~exp_active)):
+            m.d.comb += decode_err.eq(Err.NO_ROUTE)
+        with m.Elif(((op == Op.JUMP) | (op == Op.EXPERT)) & ~target_ok):
+            m.d.comb += decode_err.eq(Err.PC_RANGE)
+        with m.Elif((op != Op.JUMP) & ~shape_q):
+            m.d.comb += decode_err.eq(Err.BAD_SHAPE)
+        with m.Elif((op == Op.ROUTE) & ~(scores_ok & (ins.a[AW:] == 0) & (scores_a == a_)
+                                         & (scores_len == ln))):
+            m.d.comb += decode_err.eq(Err.NO_SCORES)
+        with m.Elif((op != Op.JUMP) & ~spad_ok):
+            m.d.comb += decode_err.eq(Err.SPAD_RANGE)
+        with m.Elif(overlap_q):
+            m.d.comb += decode_err.eq(Err.OVERLAP)
+        with m.Elif(uses_host & ~host_ok):
+            m.d.comb += decode_err.eq(Err.HOST_RANGE)
+        decode_q = Signal(8)
+        m.d.sync += decode_q.eq(decode_err)
+
+        # -- streaming engine for element-wise ops --------------------------------------------
+        # a 3-level walk (i0 innermost) over the a and b operands; one element per cycle
+        # (counts are sizes of checked regions, >= 1: SW bits; addresses and strides modulo 2**AW);
+        # rem[j] counts the steps of level j left, this one included, down from cnt[j]
+        cnt = [Signal(SW, name=f"cnt{j}") for j in range(2)]
+        rem = [Signal(SW, name=f"rem{j}") for j in range(3)]
+        # strides: sa1, sb0 and sb1 are 0 or 1 in every walk
+        sa = [Signal(AW, name="sa0"), Signal(1, name="sa1"), Signal(AW, name="sa2")]
+        sb = [Signal(1, name="sb0"), Signal(1, name="sb1"), Signal(AW, name="sb2")]
+        pa = Signal(AW)
+        ra1 = Signal(AW)
+        ra2 = Signal(AW)
+        pb = Signal(AW)
+        rb1 = Signal(AW)
+        rb2 = Signal(AW)
+        # two stages: g (the scratchpad reads in flight) and h (the operands registered, the
+        # beat the selected unit sees), each advancing when the next one is free
+        issuing = Signal()
+        g_valid = Signal()
+        g_last = Signal()
+        h_valid = Signal()
+        h_last = Signal()
+        # the read data registered: rd0_q, rd1_q; the states that compare it wait a cycle (a
+        # *_WAIT state); in the streaming engine they are stage h's operands, held while it stalls
+        rd0_q = Signal(signed(ww))
+        rd1_q = Signal(signed(ww))
+        a_word, b_word = rd0_q, rd1_q
+        # elements done, one counter for the engine's results, LOAD's writes and STORE's reads
+        # (each instruction clears it); every one of them handles len = ln elements
+        el_i = Signal(SW)
+        el_more = el_i < ln
+        eng_ready = Signal()         # the selected unit takes the current beat
+        eng_run = Signal()
+        h_free = ~h_valid | eng_ready
+        advance = ~g_valid | h_free
+        issue = advance & ~blocked
+
+        def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2):
+            return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
+                    sa[2].eq(a2), sb[0].eq(b0), sb[1].eq(b1), sb[2].eq(b2),
+                    rem[0].eq(c0), rem[1].eq(c1), rem[2].eq(c2),
+                    pa.eq(a_), ra1.eq(a_), ra2.eq(a_),
+                    pb.eq(b_), rb1.eq(b_), rb2.eq(b_),
+                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el_i.eq(0)]
+
+        with m.If(eng_run):
+            m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
+            with m.If(h_free):
+                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last)]
+            with m.If(advance):
+                m.d.sync += [g_valid.eq(issuing & ~blocked), g_last.eq(rem[0] == 1)]
+                with m.If(issuing & ~blocked):
+                    with m.If(rem[0][1:].any()):
+                        m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
+                    with m.Elif(rem[1][1:].any()):
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(rem[1] - 1),
+                                     ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
+                                     rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
+                    with m.Else():
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(cnt[1]), rem[2].eq(rem[2] - 1),
+                                     ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
+                                     rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
+                        with m.If(~rem[2][1:].any()):
+                            m.d.sync += issuing.eq(0)
+
+        # One register packs the words a unit takes whole: REQUANT's (R lanes of acc_width bits),
+        # GEMM's A word (R lanes, the low 8 bits of each) and ROUTE's score word (L lanes, the low
+        # score_width bits): one instruction at a time uses it
+        pack = Signal(data.ArrayLayout(signed(accw), max(R, L)))
+
+        # unit inputs and outputs of the engine
+        rq_mult = Signal(32)
+        rq_shift = Signal(6)
+        rq_width = Signal(6)
+        # REQUANT: the word being filled in pack (rq_fill lanes so far, sent when rq_wvalid), the
+        # lane of the result word being written back
+        rq_fill = Signal(range(R + 1))
+        rq_wvalid = Signal()
+        rq_lane = Signal(range(R))
+        rq_at_last = Signal()     # registered: the next write is the instruction's last (el_i == len - 1)
+        out_valid = Signal()
+        out_data = Signal(signed(ww))
+        vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
+        m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
+        # the running op as registered flags (ins is stable from DECODE on): the states after
+        # DECODE select by these, not by comparing the opcode, whose decode would otherwise sit
+        # on the scratchpad's address and write-enable paths
+        run = {o: Signal(name=f"run_{o.name.lower()}")
+               for o in (Op.GEMM, Op.REQUANT, Op.SIGMOID, Op.SITU, Op.GATHER)}
+        m.d.sync += [flag.eq(op == o) for o, flag in run.items()]
+        m.d.comb += [
+            gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
+            gemm.rq_in.payload.eq(pack.as_value()[:R * accw]),
+            sig.i.payload[0].eq(a_word[:act].as_signed()),
+            situ.i.payload[0].g.eq(a_word[:act].as_signed()),
+            situ.i.payload[0].u.eq(b_word[:act].as_signed()),
+            vec.i.payload.a.eq(a_word[:act].as_signed()),
+            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width],
+                                   b_word[:act].as_signed())),
+            vec.i.payload.last.eq(h_last),
+            vec.n.eq(ins.n),
+            vec.op.eq(vec_op),
+            sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
+        ]
+        # saturation to the instruction's output width rq_width (in [2, acc_width] once checked):
+        # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the GEMM engine's
+        # requantiser, its lane 0 (REQUANT) or the lane the GEMM unpacking is at
+        hi_sat = Signal(signed(accw))
+        sat_in = Signal(signed(accw))
+        rq_sat = Signal(signed(accw))
+        m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(accw - 1)], 0)),
+                     rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
+        with m.If(eng_run):
+            with m.If(run[Op.REQUANT]):
+                # R values a word through the GEMM engine's requantiser (R lanes, one word
+                # per interval), written back lane by lane; a lane is filled in the cycle
+                # its word is sent (the requantiser takes the word at that edge)
+                send = rq_wvalid & gemm.rq_in.ready
+                fill = Mux(send, 0, rq_fill)
+                m.d.comb += [gemm.rq_in.valid.eq(rq_wvalid), eng_ready.eq(~rq_wvalid | gemm.rq_in.ready),
+                             out_valid.eq(gemm.c_out.valid), out_data.eq(rq_sat)]
+                with m.If(send):
+                    m.d.sync += [rq_wvalid.eq(0), rq_fill.eq(0)]
+                with m.If(h_valid & eng_ready):
+                    m.d.sync += [pack[fill].eq(a_word[:accw].as_signed()), rq_fill.eq(fill + 1)]
+                    with m.If((fill == R - 1) | h_last):
+                        m.d.sync += rq_wvalid.eq(1)
+                with m.If(gemm.c_out.valid):
+                    word_end = (rq_lane == R - 1) | rq_at_last
+                    m.d.comb += gemm.c_out.ready.eq(word_end)
+                    m.d.sync += rq_lane.eq(Mux(word_end, 0, rq_lane + 1))
+            with m.Elif(run[Op.SIGMOID]):
+                m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
+                             out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
+            with m.Elif(run[Op.SITU]):
+                m.d.comb += [situ.i.valid.eq(h_valid), eng_ready.eq(situ.i.ready),
+                             out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+            with m.Else():
+                m.d.comb += [vec.i.valid.eq(h_valid), eng_ready.eq(vec.i.ready),
+                             out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
+        eng_done = eng_run & ~el_more
+
+        # -- GEMM operand packing ----------------------------------------------------------------
+        # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx, C word
+        # (mb, n) lane i at c + (mb*R + i)*n + n_idx; after the last word of a row block the
+        # next block starts one past the last lane's address
+        KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
+        k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
+        # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
+        gm_left = Signal(SW)
+        gm_k = Signal(KW)
+        gm_lane = Signal(range(R + 1))
+        gm_addr = Signal(AW)
+        gm_wstart = Signal(AW)
+        gm_cap = Signal()
+        gm_cap_lane = Signal(range(R))
+        gm_wvalid = Signal()
+        gm_afeed_done = Signal()
+        gc_left = Signal(SW)
+        gc_n = Signal(NW)
+        gc_lane = Signal(range(R))
+        gc_addr = Signal(AW)
+        gc_wstart = Signal(AW)
+        gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
+
+        LB = (R + 1).bit_length()
+
+        def reached(left, lanes):
+            """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
+            return (left[LB:] == 0) & (lanes >= left[:LB])
+
+        def gc_last_of(left, lane):
+            """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
+            return (lane == R - 1) | reached(left, lane + 1)
+        gemm_run = Signal()
+        m.d.comb += [
+            gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
+            gemm.cmd.payload.a_addr.eq(0), gemm.cmd.payload.c_addr.eq(0),
+            gemm.cmd.payload.mult.eq(Mux(rq_width != 0, rq_mult, 1)),
+            gemm.cmd.payload.shift.eq(Mux(rq_width != 0, rq_shift, 0)),
+            gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
+            gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
+            gemm.a_in.payload.eq(Cat(pack[i][:8] for i in range(R))), gemm.a_in.valid.eq(gm_wvalid),
+            gemm.b_in.payload.eq(dma.rd_data.payload),
+            sat_in.eq(gemm.c_out.payload[Mux(run[Op.GEMM], gc_lane, rq_lane)]),
+        ]
+        with m.If(gemm_run):
+            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
+            # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
+            # (lanes of rows >= M are not read: the word was cleared, they stay 0)
+            word_full = (gm_lane == R) | reached(gm_left, gm_lane)
+            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full & ~blocked):
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
+                             gm_addr.eq(gm_addr + k_g)]
+            with m.Else():
+                m.d.sync += gm_cap.eq(0)
+            with m.If(gm_cap):
+                m.d.sync += pack.as_value().word_select(gm_cap_lane, accw)[:8].eq(rd0.data[:8])
+            with m.If(~gm_wvalid & ~gm_afeed_done & word_full):
+                m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
+            with m.If(gemm.a_in.valid & gemm.a_in.ready):
+                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), pack.eq(0)]
+                with m.If(gm_k + 1 < k_g):
+                    m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
+                with m.Else():
+                    next_block = gm_addr - k_g + 1
+                    m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(next_block),
+                                 gm_addr.eq(next_block)]
+                    with m.If(reached(gm_left, R)):
+                        m.d.sync += gm_afeed_done.eq(1)
+            # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
+            # (rows >= M are skipped: the word is taken after its last real row)
+            with m.If(gemm.c_out.valid):
+                m.d.comb += [wr.addr.eq(gc_addr),
+                             wr.data.eq(Mux(rq_width != 0, rq_sat, gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
+                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g),
+                             gc_last.eq(gc_last_of(gc_left, gc_lane + 1))]
+                with m.If(gc_last):
+                    m.d.comb += gemm.c_out.ready.eq(1)
+                    m.d.sync += gc_lane.eq(0)
+                    with m.If(gc_n + 1 < n_g):
+                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1),
+                                     gc_last.eq(gc_last_of(gc_left, 0))]
+                    with m.Else():
+                        next_left = (gc_left - R)[:SW]     # wraps after the last block: unused
+                        m.d.sync += [gc_n.eq(0), gc_left.eq(next_left), gc_wstart.eq(gc_addr + 1),
+                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
+
+        # -- LOAD / STORE -------------------------------------------------------------------------
+        st_beat = Signal(dma.wr_layout)
+        ld_beat = st_beat.data   # LOAD's beat: STORE's
+        ld_full = Signal()
+        ld_e = Signal(range(BW + 1))
+        st_full = Signal()
+        st_e = Signal(range(BW + 1))
+        st_rd = Signal()
+        st_rd_e = Signal(range(BW))
+        per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
+        m.d.comb += dma.wr_data.payload.eq(st_beat)
+
+        # -- controller -----------------------------------------------------------------------------
+        stop_code = Signal(8)
+        m.d.comb += dma.rd_addr.eq(host_eff), dma.wr_addr.eq(host_eff)   # in the window: < 2**32
+        m.d.comb += [dma.rd_beats.eq(beats), dma.wr_beats.eq(beats)]
+        with m.If(running):
+            m.d.sync += cycles.eq(cycles + 1)
+            for i, c in enumerate(busy_cnt):
+                with m.If(cur_executor[i]):
+                    m.d.sync += c.eq(c + 1)
+
+        def goto_next(target=None):
+            m.d.sync += [pc.eq(pc + 1 if target is None else target), retired.eq(retired + 1),
+                         cur_executor.eq(0)]
+            m.next = "FETCH"
+
+        def stop(code):
+            m.d.sync += [stop_code.eq(code), cur_executor.eq(0)]
+            m.next = "DRAIN"
+
+        # route / dispatch / expert / gather / scatter registers
+        # rt_feed_left, rt_route_left: tokens whose scores are still to feed / routes to write
+        rt_j = Signal(range(E + 1))
+        rt_route_left = Signal(SW)
+        rt_s = Signal(range(K + 1))
+        rt_feed_left = Signal(SW)
+        rt_el = Signal(range(E + L))
+        rt_lane = Signal(range(L + 1))
+        rt_tbase = Signal(AW)
+        rt_tslot = Signal(AW)
+        rt_cb = Signal(AW)
+        rt_lp = Signal(AW)
+        rt_cap = Signal()
+        rt_cap_lane = Signal(range(L))
+        rt_cap_ok = Signal()
+        rt_wvalid = Signal()
+        rt_feed_done = Signal()
+        rt_hold = Signal()
+        rt_held = Signal(router.route_layout)
+        rt_wphase = Signal()
+        rt_p = Signal(SW)
+        rt_pt = Signal(SW)
+        rt_ps = Signal(range(K + 1))
+        rt_pos = Signal(SW)
+        rt_off = Signal(SW)
+        tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
+        # GATHER/SCATTER copy: a word read (g_rv, its destination g_ra) is in rd0_q a cycle later
+        # and written from there (g_wv, g_wa): the write data comes off a flip-flop, never
+        # straight from the scratchpad's output (on the ECP5 that path crosses the die twice)
+        g_i = Signal(16)
+        g_j = Signal(SW + 1)
+        g_in = Signal(AW)
+        g_rv = Signal()
+        g_ra = Signal(AW)
+        g_wv = Signal()
+        g_wa = Signal(AW)
+        with m.If(~eng_run | h_free):
+            m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
+
+        @contextmanager
+        def state(name):
+            """An FSM state; a soft reset request overrides its transition (except when idle)."""
+            with m.State(name):
+                yield
+                if name not in ("IDLE", "DRAIN"):
+                    with m.If(soft_req):
+                        stop(Err.NONE)
+
+        with m.FSM(name="ctrl"):
+            with state("IDLE"):
+                with m.If(start_req):
+                    m.d.sync += [running.eq(1), done.eq(0), err.eq(0), pc.eq(0), cycles.eq(0),
+                                 retired.eq(0), route_done.eq(0), exp_active.eq(0), scores_ok.eq(0)]
+                    m.d.sync += [c.eq(0) for c in busy_cnt]
+                    m.next = "FETCH"
+            with state("FETCH"):
+                with m.If(pc >= cfg.imem_depth):
+                    stop(Err.PC_RANGE)
+                with m.Else():
+                    m.d.comb += [im_rd.addr.eq(Cat(Const(0, WB), pc)), im_rd.en.eq(1)]
+                    m.d.sync += fetch_word.eq(1)
+                    m.next = "FETCH2"
+            with state("FETCH2"):
+                # word fetch_word - 1 arrives (shifted in from the top), word fetch_word is read
+                word = Cat(ins.as_value()[32:], im_rd.data)
+                m.d.comb += [im_rd.addr.eq(Cat(fetch_word[:WB], pc)), im_rd.en.eq(1)]
+                m.d.sync += [ins.eq(word), fetch_word.eq(fetch_word + 1)]
+                with m.If(fetch_word == INSTR_WORDS):
+                    m.d.sync += [step.eq(0), settle.eq(0)]
+                    m.next = "DECODE"
+            with state("DECODE"):
+                with m.If(lane_busy):
+                    pass                      # the lane multiplies (bit_length(y) cycles)
+                with m.Elif(step != len(products) + 1):
+                    with m.Switch(step):
+                        for i, product in enumerate(products):
+                            with m.Case(i + 1):
+                                m.d.sync += product.eq(sat(lane_acc, len(product)))
+                    lane_load(st_y, st_x, st_acc)
+                    m.d.sync += step.eq(step + 1)
+                with m.Elif(op == Op.HALT):
+                    m.d.sync += [running.eq(0), done.eq(1)]
+                    m.next = "IDLE"
+                with m.Elif(settle != 2):
+                    m.d.sync += settle.eq(settle + 1)     # the checks register, then decode_q
+                with m.Elif(decode_q != 0):
+                    stop(decode_q)
+                with m.Else():
+                    for o, u in OP_EXECUTOR.items():
+                        with m.If(op == o):
+                            m.d.sync += cur_executor.eq(1 << EXECUTORS.index(u))
+                    with m.Switch(op):
+                        with m.Case(Op.JUMP):
+                            goto_next(ins.target)
+                        with m.Case(Op.REQUANT):
+                            m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
+                                         rq_shift.eq(ins.shift)]
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0)
+                            m.d.sync += [rq_fill.eq(0), rq_wvalid.eq(0), rq_lane.eq(0), rq_at_last.eq(ln == 1)]
+                            with m.If(ins.flags & F_RQ_EXPERT):
+                                m.next = "RQ_TABLE"
+                            with m.Else():
+                                m.next = "ENGINE"
+                        with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 1, 0, 0)
+                            m.next = "ENGINE"
+                        with m.Case(Op.COMBINE):
+                            m.d.sync += engine_setup(ins.k, ins.n, m_eff, ins.n, 1, p2,
+                                                     1, 0, ins.k)
+                            m.next = "ENGINE"
+                        with m.Case(Op.NORM):
+                            m.d.sync += engine_setup(ins.n, 2, m_eff, 1, 0, ins.n, 0, 0, 0)
+                            m.next = "ENGINE"
+                        with m.Case(Op.GEMM):
+                            m.d.sync += [gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                         pack.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
+                                         gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
+                                         gc_last.eq(gc_last_of(m_s, 0)),
+                                         gc_addr.eq(c_), gc_wstart.eq(c_)]
+                            m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
+                                         rq_shift.eq(ins.shift)]
+                            with m.If(ins.flags & F_RQ_EXPERT):
+                                m.next = "RQ_TABLE"
+                            with m.Else():
+                                m.next = "GEMM_CMD"
+                        with m.Case(Op.LOAD):
+                            m.d.comb += dma.rd_start.eq(1)
+                            m.d.sync += [ld_full.eq(0), ld_e.eq(0), el_i.eq(0)]
+                            m.next = "LOAD"
+                        with m.Case(Op.STORE):
+                            m.d.comb += dma.wr_start.eq(1)
+                            m.d.sync += [st_full.eq(0), st_e.eq(0), el_i.eq(0), st_rd.eq(0),
+                                         st_beat.strb.eq(0)]
+                            m.next = "STORE"
+                        with m.Case(Op.ROUTE):
+                            m.d.sync += [rt_j.eq(0), rt_cb.eq(c_ + (tk << 1)), rt_lp.eq(c_ + (tk << 1) + 2 * E)]
+                            m.next = "RT_BIAS"
+                        with m.Case(Op.EXPERT):
+                            m.next = "EXP_READ"
+                        with m.Case(Op.GATHER, Op.SCATTER):
+                            m.d.sync += [g_i.eq(0), g_in.eq(0)]
+                            m.next = "MOVE_LIST"
+
+            # ---- element-wise ops through the streaming engine
+            with state("RQ_TABLE"):
+                m.d.comb += [rd0.addr.eq(b_ + (expert << 1)), rd1.addr.eq(b_ + (expert << 1) + 1),
+                             rd0.en.eq(1), rd1.en.eq(1)]
+                m.next = "RQ_TABLE2"
+            with state("RQ_TABLE2"):
+                m.d.sync += [rq_mult.eq(rd0.data[:cfg.mult_width]), rq_shift.eq(rd1.data[:6])]
+                with m.If(run[Op.GEMM]):
+                    m.next = "GEMM_CMD"
+                with m.Else():
+                    m.next = "ENGINE"
+            with state("ENGINE"):
+                m.d.comb += eng_run.eq(1)
+                with m.If(out_valid):
+                    m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(out_data), wr.en.eq(1)]
+                    m.d.sync += [el_i.eq(el_i + 1), rq_at_last.eq(el_i + 2 == ln)]
+                with m.If(eng_done):
+                    with m.If(run[Op.SIGMOID]):
+                        m.d.sync += [scores_ok.eq(1), scores_a.eq(c_), scores_len.eq(ln)]
+                    goto_next()
+
+            # ---- GEMM
+            with state("GEMM_CMD"):
+                m.d.comb += gemm.cmd.valid.eq(1)
+                with m.If(gemm.cmd.ready):
+                    m.d.comb += dma.rd_start.eq(1)
+                    m.next = "GEMM_RUN"
+            with state("GEMM_RUN"):
+                m.d.comb += gemm_run.eq(1)
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(gemm.done):
+                    with m.If(gemm.error):
+                        stop(Err.BAD_SHAPE)
+                    with m.Else():
+                        m.next = "GEMM_END"
+            with state("GEMM_END"):
+                with m.If(~dma.rd_busy):
+                    goto_next()
+
+            # ---- LOAD: unpack each beat into width-byte elements
+            with state("LOAD"):
+                m.d.comb += dma.rd_data.ready.eq(~ld_full)
+                with m.If(dma.rd_data.valid & ~ld_full):
+                    m.d.sync += [ld_beat.eq(dma.rd_data.payload), ld_full.eq(1), ld_e.eq(0)]
+                with m.If(ld_full):
+                    elem = Mux(ins.width == 1, ld_beat.word_select(ld_e, 8).as_signed(),
+                               Mux(ins.width == 2, ld_beat.word_select(ld_e, 16).as_signed(),
+                                   ld_beat.word_select(ld_e, 32).as_signed()))
+                    with m.If(el_more):
+                        m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(elem), wr.en.eq(1)]
+                        m.d.sync += el_i.eq(el_i + 1)
+                    m.d.sync += ld_e.eq(ld_e + 1)
+                    with m.If(ld_e + 1 >= per_beat):
+                        m.d.sync += ld_full.eq(0)
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(~dma.rd_busy & ~ld_full & ~el_more):
+                    goto_next()
+
+            # ---- STORE: pack 4-byte elements into beats
+            with state("STORE"):
+                epb = BW // 4
+                # read element el_i (one per cycle), place it in the next cycle
+                with m.If(~st_full & (st_e < epb) & el_more & ~st_rd):
+                    m.d.comb += [rd0.addr.eq(a_ + el_i), rd0.en.eq(1)]
+                    m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), el_i.eq(el_i + 1), st_e.eq(st_e + 1)]
+                with m.If(st_rd):
+                    m.d.sync += [st_beat.data.word_select(st_rd_e, 32).eq(rd0.data[:32]),
+                                 st_beat.strb.word_select(st_rd_e, 4).eq(0xF), st_rd.eq(0)]
+                with m.If(~st_full & ~st_rd & (st_e != 0) & ((st_e == epb) | ~el_more)):
+                    m.d.sync += st_full.eq(1)
+                m.d.comb += dma.wr_data.valid.eq(st_full)
+                with m.If(dma.wr_data.valid & dma.wr_data.ready):
+                    m.d.sync += [st_full.eq(0), st_e.eq(0), st_beat.strb.eq(0)]
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(~dma.wr_busy & ~el_more & ~st_full & ~st_rd):
+                    goto_next()
+
+            # ---- ROUTE: bias, scores -> routes, dispatch lists
+            with state("RT_BIAS"):
+                m.d.comb += [rd0.addr.eq(b_ + rt_j), rd0.en.eq(1)]
+                m.d.sync += rt_j.eq(rt_j + 1)
+                with m.If(rt_j != 0):
+                    m.d.comb += [router.bias_we.eq(1), router.bias_addr.eq(rt_j - 1),
+                                 router.bias_data.eq(rd0.data[:cfg.bias_width])]
+                with m.If(rt_j == E):
+                    m.d.sync += [rt_feed_left.eq(m_s), rt_el.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
+                                 rt_tbase.eq(a_), rt_tslot.eq(c_),
+                                 rt_feed_done.eq(0), rt_cap.eq(0), rt_route_left.eq(m_s), rt_s.eq(0),
+                                 rt_hold.eq(0), rt_wphase.eq(0)]
+                    m.next = "RT_SCORES"
+            with state("RT_SCORES"):
+                # scores: beat (t, b), lane l = expert rt_el = b*L + l of token t, at rt_tbase =
+                # a + t*E
+                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L) & ~blocked):
+                    m.d.comb += [rd0.addr.eq(rt_tbase + rt_el), rd0.en.eq(1)]
+                    m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(rt_el < E),
+                                 rt_lane.eq(rt_lane + 1), rt_el.eq(rt_el + 1)]
+                with m.Else():
+                    m.d.sync += rt_cap.eq(0)
+                with m.If(rt_cap):
+                    m.d.sync += pack.as_value().word_select(rt_cap_lane, accw)[:cfg.score_width].eq(
+                        Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
+                    with m.If(rt_cap_lane == L - 1):
+                        m.d.sync += rt_wvalid.eq(1)
+                m.d.comb += [router.scores.payload.eq(Cat(pack[i][:cfg.score_width] for i in range(L))),
+                             router.scores.valid.eq(rt_wvalid)]
+                with m.If(router.scores.valid & router.scores.ready):
+                    m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
+                    with m.If(rt_el >= E):
+                        m.d.sync += [rt_el.eq(0), rt_feed_left.eq(rt_feed_left - 1), rt_tbase.eq(rt_tbase + E)]
+                        with m.If(~rt_feed_left[1:].any()):
+                            m.d.sync += rt_feed_done.eq(1)
+                # routes: idx then weight, two writes per route
+                m.d.comb += router.routes.ready.eq(~rt_hold)
+                with m.If(router.routes.valid & ~rt_hold):
+                    m.d.sync += [rt_hold.eq(1), rt_held.eq(router.routes.payload)]
+                slot = rt_tslot + rt_s          # c + t*K + s
+                with m.If(rt_hold & ~rt_wphase):
+                    m.d.comb += [wr.addr.eq(slot), wr.data.eq(rt_held.index), wr.en.eq(1)]
+                    m.d.sync += rt_wphase.eq(1)
+                with m.If(rt_hold & rt_wphase):
+                    m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
+                    m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
+                    with m.If(rt_held.last | (rt_s == K - 1)):
+                        m.d.sync += [rt_s.eq(0), rt_route_left.eq(rt_route_left - 1),
+                                     rt_tslot.eq(rt_tslot + K)]
+                    with m.Else():
+                        m.d.sync += rt_s.eq(rt_s + 1)
+                with m.If(rt_route_left == 0):
+                    m.d.sync += [rt_j.eq(0), rt_p.eq(0), rt_pt.eq(0), rt_ps.eq(0), rt_pos.eq(0),
+                                 rt_off.eq(0)]
+                    m.next = "RT_DREAD"
+            # dispatch: for each expert j, scan the idx table for its slots
+            with state("RT_DREAD"):
+                with m.If(~blocked):     # RT_DOFF's write may be in progress
+                    m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
+                    m.next = "RT_DWAIT"
+            with state("RT_DWAIT"):
+                m.next = "RT_DCMP"
+            with state("RT_DCMP"):
+                with m.If(rd0_q == rt_j):
+                    m.d.comb += [wr.addr.eq(rt_lp + rt_pos), wr.data.eq(rt_p),
+                                 wr.en.eq(1)]
+                    m.next = "RT_DLIST_T"
+                with m.Else():
+                    m.next = "RT_DSTEP"
+            with state("RT_DLIST_T"):
+                m.d.comb += [wr.addr.eq(rt_lp + tk + rt_pos), wr.data.eq(rt_pt),
+                             wr.en.eq(1)]
+                m.d.sync += rt_pos.eq(rt_pos + 1)
+                m.next = "RT_DSTEP"
+            with state("RT_DSTEP"):
+                with m.If(rt_p + 1 < tk):
+                    m.d.sync += rt_p.eq(rt_p + 1)
+                    with m.If(rt_ps == K - 1):
+                        m.d.sync += [rt_ps.eq(0), rt_pt.eq(rt_pt + 1)]
+                    with m.Else():
+                        m.d.sync += rt_ps.eq(rt_ps + 1)
+                    m.next = "RT_DREAD"
+                with m.Else():
+                    m.d.comb += [wr.addr.eq(rt_cb + rt_j), wr.data.eq(rt_pos - rt_off),
+                                 wr.en.eq(1)]
+                    m.next = "RT_DOFF"
+            with state("RT_DOFF"):
+                m.d.comb += [wr.addr.eq(rt_cb + E + rt_j), wr.data.eq(rt_off), wr.en.eq(1)]
+                m.d.sync += [rt_off.eq(rt_pos), rt_j.eq(rt_j + 1), rt_p.eq(0), rt_pt.eq(0),
+                             rt_ps.eq(0)]
+                with m.If(rt_j + 1 < E):
+                    m.next = "RT_DREAD"
+                with m.Else():
+                    m.d.sync += [route_done.eq(1), exp_active.eq(0), scan.eq(0)]
+                    goto_next()
+
+            # ---- EXPERT: next expert with tokens
+            with state("EXP_READ"):
+                with m.If(scan >= E):
+                    m.d.sync += [exp_active.eq(0), scan.eq(E)]
+                    goto_next(ins.target)
+                with m.Else():
+                    m.d.comb += [rd0.addr.eq(a_ + scan), rd1.addr.eq(a_ + E + scan),
+                                 rd0.en.eq(1), rd1.en.eq(1)]
+                    m.next = "EXP_WAIT"
+            with state("EXP_WAIT"):
+                m.next = "EXP_CHECK"
+            with state("EXP_CHECK"):
+                m.d.sync += scan.eq(scan + 1)
+                with m.If(rd0_q != 0):
+                    m.d.sync += [expert.eq(scan), count.eq(rd0_q), offset.eq(sat(rd1_q[:24])),
+                                 exp_active.eq(1)]
+                    goto_next()
+                with m.Else():
+                    m.next = "EXP_READ"
+
+            # ---- GATHER / SCATTER: one row per listed token
+            gather = run[Op.GATHER]
+            with state("MOVE_LIST"):
+                with m.If(g_i >= count):
+                    goto_next()
+                with m.Elif(~blocked):     # MOVE_COPY's last write may be in progress
+                    m.d.comb += [rd0.addr.eq(b_ + offset + g_i), rd0.en.eq(1)]
+                    m.next = "MOVE_WAIT"
+            with state("MOVE_WAIT"):
+                m.next = "MOVE_CHECK"
+            with state("MOVE_CHECK"):
+                r = rd0_q
+                with m.If(r[16:].any() | (r[:16] >= m_eff)):     # r < 0 or r >= m
+                    stop(Err.SPAD_RANGE)
+                with m.Else():
+                    lane_load(r[:16], n_s)      # r * n, exact: r < m
+                    m.d.sync += [g_j.eq(0), g_rv.eq(0), g_wv.eq(0)]
+                    m.next = "MOVE_COPY"
+            with state("MOVE_COPY"):
+                # row r at r*n (the lane's product, once multiplied), row i at g_in = i*n
+                row = lane_acc[:AW]
+                src = a_ + Mux(gather, row, g_in)
+                dst = c_ + Mux(gather, g_in, row)
+                with m.If(lane_busy):
+                    pass
+                with m.Elif((g_j < n_s) & ~blocked):
+                    m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
+                    m.d.sync += [g_j.eq(g_j + 1), g_rv.eq(1), g_ra.eq(dst + g_j)]
+                with m.Else():
+                    m.d.sync += g_rv.eq(0)
+                m.d.sync += [g_wv.eq(g_rv), g_wa.eq(g_ra)]
+                with m.If(g_wv):
+                    m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0_q), wr.en.eq(1)]
+                with m.If((g_j >= n_s) & ~g_rv & g_wv):
+                    m.d.sync += [g_i.eq(g_i + 1), g_in.eq(g_in + n_s)]
+                    m.next = "MOVE_LIST"
+
+            # ---- stop: drain the bus, reset the units, report
+            with state("DRAIN"):
+                m.d.comb += [dma.abort.eq(1), unit_rst.eq(1)]
+                with m.If(~dma.rd_busy & ~dma.wr_busy):
+                    m.d.sync += [running.eq(0), err.eq(stop_code), done.eq(0)]
+                    m.next = "IDLE"
+        with m.If(soft_req & ~running):
+            m.d.sync += [err.eq(0), done.eq(0)]
+            m.d.comb += unit_rst.eq(1)
+        return m
+

@@ -1,0 +1,35 @@
+"""bench-block's utilization decomposition (pure Python; the RTL runs are in `nanokpu bench-block`)."""
+
+import numpy as np
+
+from golden.block import random_block
+from nanokpu.commands.bench_block import decomposition, gemm_tiles
+from nanokpu.commands.simulate import format_summary
+from nanokpu.config import profile
+from nanokpu.host.compiler import compile_block
+from nanokpu.host.funcsim import FuncSim
+
+
+def test_gemm_tiles_bound_the_macs():
+    cfg = profile("tiny")
+    g = gemm_tiles(cfg, 5, 3)
+    Q, xq, _, _ = random_block(cfg, 5, np.random.default_rng(3))
+    prog = compile_block(Q, xq, cfg)
+    res = FuncSim(cfg, prog.image).run(prog.instrs)
+    assert g["gemms"] == res.op_counts["GEMM"]
+    assert g["tile_cycles"] * cfg.rows * cfg.cols >= res.macs > 0
+    assert np.isclose(g["rows_used"], res.macs / (g["tile_cycles"] * cfg.rows * cfg.cols))
+
+
+def test_decomposition_multiplies_out():
+    cfg = profile("tiny")
+    r = {"cycles": 1000, "gemm": 400, "tile_cycles": 200, "macs": 2400, "rows_used": 2400 / (200 * 16),
+         "instructions": 10, "dma": 100, "act": 50, "route": 50, "vector": 300, "move": 50}
+    line = decomposition([(cfg, r)])
+    assert "15.0% = 40.0% (GEMM busy) x 50.0% (tile steps) x 75.0% (rows used)" in line
+    assert "fetch and decode 5.0% of the cycles, 5.0 per instruction" in line
+
+
+def test_summary_of_a_failed_run_says_no():
+    assert format_summary(profile("tiny"), {"bit_exact": False, "failure": "y differs"}).startswith(
+        "bit-exact: NO")

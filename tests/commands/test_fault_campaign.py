@@ -1,0 +1,54 @@
+"""The fault campaign (sim/bench_fault.py, nanokpu/commands/fault_campaign.py) on the tiny nano-KPU.
+
+The default suite runs one short campaign (every episode kind, about 20 s); the slow suite
+runs the documented one. A campaign fails if any episode failed: a hang, a bus hang, a wrong
+output, a wrong stop or a write outside the program's window.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from nanokpu import cli
+from nanokpu.commands import fault_campaign
+
+
+def test_short_campaign(tmp_path):
+    result = fault_campaign.campaign("tiny", runs=1, episodes=16, seed=5, tokens=2, pause=0.2, work=tmp_path)
+    counts = result["counts"]
+    assert not result["failures"], result["failures"]
+    assert counts["episodes"] == 16 and counts["valid_programs"] >= 1 and counts["cycles"] > 0
+    assert counts["fuzz_programs"] + counts["bus_bursts"] + counts["hard_resets"] + counts["soft_resets"] > 0
+    text = fault_campaign.summary_markdown(result, "cmd", "tiny")
+    assert "| hangs (program watchdog) | 0 |" in text and "`cmd`" in text
+    assert "fuzzed programs that ran to the end (their scratchpad compared too) |" in text
+
+
+def test_short_campaign_as_built_for_the_up5k(tmp_path):
+    """The ice40 netlist (SB_MAC16, SPRAM: a cycle that writes the scratchpad reads nothing)."""
+    result = fault_campaign.campaign("tiny", runs=1, episodes=12, seed=7, tokens=2, pause=0.2, work=tmp_path,
+                                     dsp="ice40")
+    assert not result["failures"], result["failures"]
+    assert result["counts"]["episodes"] == 12 and result["counts"]["valid_programs"] >= 1
+    assert "SB_SPRAM256KA" in fault_campaign.summary_markdown(result, "cmd", "tiny", "ice40")
+
+
+@pytest.mark.slow
+def test_documented_campaign(tmp_path):
+    out = tmp_path / "fault_campaign.md"
+    assert cli.main(["fault-campaign", "--runs", "2", "--episodes", "40", "--out", str(out)]) == 0
+    assert "| failed episodes | 0 |" in out.read_text()
+
+
+@pytest.mark.parametrize("flag,value", [("--runs", "0"), ("--episodes", "-1"), ("--pause", "1.5")])
+def test_bad_arguments_name_the_flag(flag, value, capsys):
+    assert cli.main(["fault-campaign", flag, value]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_registered_in_the_cli():
+    parser = argparse.ArgumentParser()
+    fault_campaign.add_arguments(parser)
+    assert "fault-campaign" in cli.COMMANDS

@@ -1,0 +1,63 @@
+"""The nano-KPU top level on Verilator through its AXI interfaces (sim/bench_top.py)."""
+
+import pytest
+
+import nanokpu.kpu.dmem as dmem_module
+from nanokpu.config import profile
+from nanokpu.kpu.top import NanoKPU
+from nanokpu.units.memport import inverting_read_port
+from sim.runner import FAST_BUILD, run_bench, vendor_build_args
+
+
+def _bench(name, testcase, dsp="generic", build="", **params):
+    cfg = profile(name, dsp=dsp)
+    # -O0: the C++ compile dominates; the run is bound by the Python bus models, not the model
+    run_bench(NanoKPU(cfg), f"kpu_{name}_{dsp}{build}", "bench_top", testcase=testcase,
+              params={"profile": name, "overrides": {"dsp": dsp}, **params}, seed=params.get("seed", 1),
+              build_args=FAST_BUILD + vendor_build_args(dsp))
+
+
+def test_tiny_blocks_20_seeds():
+    """20 random blocks (1..8 tokens), RTL == latent_moe_int == FuncSim bit for bit."""
+    _bench("tiny", "test_block", tokens=8, seed=1, seeds=20, vary_tokens=True)
+
+
+def test_tiny_blocks_ice40():
+    """The netlist the UP5K gets (SB_MAC16 products, the data scratchpad in single-port SPRAM,
+    reads waiting for writes): 6 random blocks under bus stalls, bit for bit."""
+    _bench("tiny", "test_block", dsp="ice40", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
+
+
+def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
+    """The data scratchpad's reads of the row it is writing are undefined (generic: no collision
+    logic, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read inverted, random
+    blocks under bus stalls stay bit for bit."""
+    monkeypatch.setattr(dmem_module, "unchecked_read_port", inverting_read_port)
+    _bench("tiny", "test_block", build="_inverting", tokens=8, seed=40, seeds=4, vary_tokens=True, pause=0.3)
+
+
+@pytest.mark.parametrize("dsp", ["generic", "ice40"])
+def test_requant_every_length(dsp):
+    _bench("tiny", "test_requant_lengths", dsp=dsp, seed=7)
+
+
+def test_bad_programs_stop_with_codes():
+    _bench("tiny", "test_bad_programs", seed=3)
+
+
+def test_bus_errors_stop_with_bus_error():
+    _bench("tiny", "test_bus_errors", seed=6)
+
+
+def test_soft_reset_mid_run():
+    _bench("tiny", "test_soft_reset_mid_run", seed=4)
+
+
+@pytest.mark.slow
+def test_tiny_blocks_heavy_stalls():
+    _bench("tiny", "test_block", tokens=16, seed=100, seeds=5, pause=0.5)
+
+
+@pytest.mark.slow
+def test_small_block_end_to_end():
+    _bench("small", "test_block", tokens=16, seed=5, seeds=1, pause=0.1)
