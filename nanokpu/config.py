@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "profile"]
+__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "config_from_dict", "config_to_dict", "profile"]
 
 #: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
 ROUNDING_MODES = ("half_even", "half_up", "floor")
@@ -285,9 +285,10 @@ class KpuConfig:
 
 
 PROFILES: dict[str, KpuConfig] = {
-    # Fits an iCE40 UP5K: a 4x4 int8 array (16 MACs; the SB_MAC16 blocks in dual 8x8 mode);
-    # 24-bit accumulators, exact for every GEMM the engine takes (k <= spad_b_depth/2 = 64 products
-    # of at most 2**14: |sum| <= 2**20), which saves 2 of the UP5K's block RAMs and ~450 flip-flops.
+    # The whole nano-KPU on an ECP5-25F (OrangeCrab 25F); its GEMM engine alone on an iCE40 UP5K
+    # (iCEBreaker): a 4x4 int8 array (16 MACs; the SB_MAC16 blocks in dual 8x8 mode); 24-bit
+    # accumulators, exact for every GEMM the engine takes (k <= spad_b_depth/2 = 64 products of at
+    # most 2**14: |sum| <= 2**20), which saves 2 of the UP5K's block RAMs and ~450 flip-flops.
     "tiny": KpuConfig(name="tiny", acc_width=24),
     # ECP5-85F: an 8x8 array on 64 of its 156 multipliers; the data scratchpad (2 Mbit, a
     # 16-token block takes 54,208 words) in 128 of its 208 block RAMs.
@@ -318,3 +319,32 @@ def profile(name: str, **overrides) -> KpuConfig:
     except KeyError:
         raise ValueError(f"unknown profile {name!r}: choose one of {sorted(PROFILES)}") from None
     return base.replace(**overrides) if overrides else base
+
+
+def config_to_dict(cfg: KpuConfig) -> dict:
+    """``cfg`` as a JSON-ready dict: every field by name, tuples as lists.
+
+    :func:`config_from_dict` rebuilds the same config from it (also after ``json.dumps`` and
+    ``json.loads``: Python writes floats exactly).
+    """
+    def plain(value):
+        return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+    if not isinstance(cfg, KpuConfig):
+        raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+    return {name: plain(value) for name, value in cfg.as_dict().items()}
+
+
+def config_from_dict(d: dict) -> KpuConfig:
+    """The :class:`KpuConfig` of :func:`config_to_dict`'s ``d`` (lists back to tuples), validated.
+
+    Fields missing from ``d`` take their defaults; an unknown key raises ValueError naming it.
+    """
+    def frozen(value):
+        return tuple(frozen(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+    known = {f.name for f in dataclasses.fields(KpuConfig) if f.init}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown KpuConfig fields {unknown}")
+    return KpuConfig(**{name: frozen(value) for name, value in d.items()})

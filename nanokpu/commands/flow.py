@@ -7,8 +7,8 @@ The steps, each printed as it runs:
 3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
    for bit against the golden integer block (:mod:`nanokpu.commands.simulate`);
 4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
-   (:mod:`nanokpu.commands.synth`); if it does not fit that part, also on the ECP5-85F, so that the run
-   always ends with a placed and routed design and its Fmax. Reports land in ``fpga/build/flow/``.
+   (:data:`nanokpu.commands.synth.DEFAULT_TARGET`: ``tiny`` on the ECP5-25F, ``small`` on the
+   ECP5-85F), placed and routed with its Fmax. Reports land in ``fpga/build/flow/``.
 
 It ends with a summary of what it did and where the outputs are. It exits non-zero if the RTL
 is not bit-exact or the design has latches or unmapped cells.
@@ -25,8 +25,6 @@ from nanokpu.config import profile
 
 #: Where the main job's synthesis reports go (git-ignored, beside the tools' build directories).
 FLOW_DIR = ROOT / "fpga" / "build" / "flow"
-#: Where the main job places and routes a nano-KPU that does not fit its profile's own target.
-FALLBACK_TARGET = "ecp5-85f"
 
 
 def _step(n: int, title: str) -> float:
@@ -38,7 +36,7 @@ def _synthesize(cfg, target: str, seed: int) -> dict:
     """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
     :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
     from fpga.report import write_reports
-    from nanokpu import synth
+    from nanokpu.commands import synth
 
     r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]   # prints its summary
     print(f"  tool logs: {r['build_dir']}/")
@@ -56,7 +54,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from fpga.flow import summary_line
-    from nanokpu import demo, generate, simulate, synth
+    from nanokpu.commands import demo, generate, simulate, synth
 
     cfg = profile(args.profile)
     done: list[str] = []
@@ -89,16 +87,8 @@ def run(args) -> int:
         target = args.target or synth.DEFAULT_TARGET[cfg.name]
         t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
         r = _synthesize(cfg, target, args.seed)
-        status |= bool(r["latches"] or r["unmapped"])
+        status |= bool(r["latches"] or r["unmapped"] or r.get("over"))
         done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
-        if r.get("over") and args.target is None and target != FALLBACK_TARGET:
-            print(f"  the {cfg.name} nano-KPU does not fit {target} yet (fpga/README.md says what the fit takes; "
-                  "the iCEBreaker build carries its GEMM engine, and `nanokpu board-run --board icebreaker` runs a "
-                  f"block with every GEMM there); placing and routing it on {FALLBACK_TARGET} instead")
-            t0 = time.perf_counter()
-            r = _synthesize(cfg, FALLBACK_TARGET, args.seed)
-            status |= bool(r["latches"] or r["unmapped"])
-            done.append(f"synthesized for {FALLBACK_TARGET}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
         done.append(f"synthesis reports in fpga/build/flow/ (Fmax of nextpnr seed {args.seed}: placements differ "
                     "by about 10 % from seed to seed; fpga/reports/summary.md gives the committed figures and seeds)")
 

@@ -5,8 +5,9 @@ Examples
 ``nanokpu synth --profile tiny --target up5k --unit gemm``
     Synthesis and core-only place and route of one unit; the tables land in ``fpga/reports/``.
 ``nanokpu synth --all``
-    The benchmark: every unit of ``tiny`` on the UP5K and of ``small`` on the ECP5-85F; the
-    table lands in ``fpga/reports/summary.md``.
+    The benchmark (:data:`BENCHMARK`): each profile's whole nano-KPU on its own target, the
+    ``tiny`` units on the UP5K, the ``small`` ones on the ECP5-85F; the table lands in
+    ``fpga/reports/summary.md``.
 ``nanokpu synth --board ulx3s``
     A bitstream of a board build (:mod:`fpga.boards`): the whole nano-KPU behind the UART host
     bridge on the ULX3S, one unit behind the UART register bridge on the iCEBreaker.
@@ -35,13 +36,19 @@ from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS
 from nanokpu.config import PROFILES, profile
 from nanokpu.designs import TOP_UNIT, UNITS, resolve_unit, top_name
 
-#: ``nanokpu synth --all``: (profile, target, units or None for every registered unit); the
-#: whole ``tiny`` nano-KPU also on the ECP5-85F (ULX3S) and the ECP5-25F (OrangeCrab 25F).
-BENCHMARK = [("tiny", "up5k", None), ("small", "ecp5-85f", None), ("tiny", "ecp5-85f", (TOP_UNIT,)),
-             ("tiny", "ecp5-25f", (TOP_UNIT,))]
+#: Default target of each profile: the part its whole nano-KPU is built for (``tiny``: the
+#: ECP5-25F of the OrangeCrab 25F).
+DEFAULT_TARGET = {"tiny": "ecp5-25f", "small": "ecp5-85f", "k3": "ecp5-85f"}
 
-#: Default target of each profile.
-DEFAULT_TARGET = {"tiny": "up5k", "small": "ecp5-85f", "k3": "ecp5-85f"}
+#: The units the iCE40 UP5K carries: each alone (the iCEBreaker board build carries the GEMM
+#: engine); the whole ``tiny`` nano-KPU does not fit it.
+UP5K_UNITS = tuple(u for u in UNITS if u != TOP_UNIT)
+
+#: ``nanokpu synth --all``: (profile, target, units or None for every registered unit): every
+#: profile's whole nano-KPU on its own target, ``tiny`` also on the ECP5-85F (ULX3S), and the
+#: ``tiny`` units on the UP5K and ``small`` ones on the ECP5-85F.
+BENCHMARK = [("tiny", "up5k", UP5K_UNITS), ("tiny", "ecp5-25f", (TOP_UNIT,)), ("small", "ecp5-85f", None),
+             ("tiny", "ecp5-85f", (TOP_UNIT,))]
 
 
 def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = True,
@@ -78,12 +85,13 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
     parser.add_argument("--target", default=None,
-                        help=f"{', '.join(TARGETS)} (default: up5k for tiny, else ecp5-85f)")
+                        help=f"{', '.join(TARGETS)} (default: the profile's own, "
+                             + ", ".join(f"{p} {t}" for p, t in DEFAULT_TARGET.items()) + ")")
     parser.add_argument("--unit", action="append", default=None,
                         help="unit name or module:factory (repeatable; default: all registered units)")
     parser.add_argument("--all", action="store_true",
-                        help="benchmark: all units of tiny on up5k and small on ecp5-85f, the tiny kpu on ecp5-85f "
-                             "-> summary.md")
+                        help="benchmark: each profile's kpu on its own target, the tiny kpu on ecp5-85f, the tiny "
+                             "units on up5k and the small ones on ecp5-85f -> summary.md")
     parser.add_argument("--board", default=None, help=f"board build with a bitstream ({', '.join(BOARDS)})")
     parser.add_argument("--baud", type=int, default=None,
                         help="bit rate of a board build's UART (default 115200; the same for nanokpu board-run --baud)")
