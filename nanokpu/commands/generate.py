@@ -1,16 +1,23 @@
-"""``nanokpu generate``: the Verilog of every unit of a profile, reproducible (``emit_src=False``).
+"""``nanokpu generate``: the Verilog of every unit of a profile, reproducible (``emit_src=False``), and the
+config it was built from.
 
-The units are those of :data:`nanokpu.designs.UNITS`. ``rtl/<profile>/<unit>.v`` is the committed output and
-``tests/test_generate.py`` fails when it is stale.
+The units are those of :data:`nanokpu.designs.UNITS`. ``rtl/<profile>/`` is the committed output:
+``<unit>.v``, ``config.json`` (the :class:`~nanokpu.config.KpuConfig`, read back by
+:func:`read_config`) and ``nanokpu.h`` (the C header of :mod:`nanokpu.header`: register map,
+opcodes, error codes, instruction layout and the config's sizes). ``tests/commands/test_generate.py``
+fails when any of them is stale.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from nanokpu.commands import ROOT
-from nanokpu.config import PROFILES, profile
+from nanokpu.config import PROFILES, KpuConfig, profile
 from nanokpu.designs import UNITS, resolve_unit, top_name
+from nanokpu.header import c_header
 
 #: The profiles whose Verilog is committed under rtl/.
 COMMITTED_PROFILES = ("tiny", "small")
@@ -23,8 +30,28 @@ def verilog_of(unit: str, cfg) -> str:
     return verilog.convert(resolve_unit(unit)(cfg), name=top_name(unit), emit_src=False)
 
 
+# The one place that turns a KpuConfig into JSON and back.
+# TODO: use nanokpu.config.config_to_dict / config_from_dict once they exist.
+def config_json(cfg: KpuConfig) -> str:
+    """``cfg`` as JSON: one key per field, in field order."""
+    return json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"
+
+
+def read_config(path: Path) -> KpuConfig:
+    """The config of a ``config.json`` written by :func:`config_json` (validated again)."""
+    return KpuConfig(**json.loads(Path(path).read_text()))
+
+
+def artefacts(profile_name: str) -> dict[str, str]:
+    """The files written next to the Verilog of ``profile_name``: file name -> text."""
+    cfg = profile(profile_name)
+    return {"config.json": config_json(cfg),
+            "nanokpu.h": c_header(cfg, f"nanokpu generate --profile {profile_name}")}
+
+
 def generate(profile_name: str, out_dir: Path, units: list[str] | None = None) -> list[Path]:
-    """Write ``<out_dir>/<unit>.v`` for ``units`` (default: all) of ``profile_name``."""
+    """Write ``<out_dir>/<unit>.v`` for ``units`` (default: all) of ``profile_name``, and its
+    :func:`artefacts` (``config.json``, ``nanokpu.h``)."""
     cfg = profile(profile_name)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -32,13 +59,18 @@ def generate(profile_name: str, out_dir: Path, units: list[str] | None = None) -
         path = out_dir / f"{unit}.v"
         path.write_text(verilog_of(unit, cfg))
         written.append(path)
+    for name, text in artefacts(profile_name).items():
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
     return written
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
     parser.add_argument("--unit", action="append", choices=sorted(UNITS),
-                        help="unit to generate (repeatable; default: all)")
+                        help="unit to generate (repeatable; default: all); config.json and nanokpu.h are "
+                             "always written")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: rtl/<profile>)")
 
