@@ -283,15 +283,15 @@ def situ_q(g, u, cfg: KpuConfig) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 # Routing
 # ----------------------------------------------------------------------------------------
-def topk_int(keys, k: int) -> np.ndarray:
-    """Indices of the ``k`` largest ``keys`` per row, in rank order; ties: lower index wins.
+def topk_int(keys, top_k: int) -> np.ndarray:
+    """Indices of the ``top_k`` largest ``keys`` per row, in rank order; ties: lower index wins.
 
-    ``keys``: ``[T, E]`` integers -> ``[T, k]`` int64 indices.
+    ``keys``: ``[T, E]`` integers -> ``[T, top_k]`` int64 indices.
     """
     keys = _i64(keys)
-    if not 1 <= k <= keys.shape[-1]:
-        raise ValueError(f"top_k = {k}: must be in [1, {keys.shape[-1]}]")
-    return np.argsort(-keys, axis=-1, kind="stable")[..., :k].astype(np.int64)
+    if not 1 <= top_k <= keys.shape[-1]:
+        raise ValueError(f"top_k = {top_k}: must be in [1, {keys.shape[-1]}]")
+    return np.argsort(-keys, axis=-1, kind="stable")[..., :top_k].astype(np.int64)
 
 
 def route_weights_int(sel_scores, cfg: KpuConfig) -> np.ndarray:

@@ -87,6 +87,7 @@ from nanokpu.config import KpuConfig
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS",
+           "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
            "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
 
@@ -144,8 +145,8 @@ INSTR_LAYOUT = data.StructLayout({name: width for name, width in FIELDS})
 class Reg(enum.IntEnum):
     """AXI4-Lite register byte offsets (32-bit registers)."""
 
-    CTRL = 0x00         # W: bit0 start, bit1 soft reset, bit2 clear routing load counters
-    STATUS = 0x04       # R: bit0 busy, bit1 done, bit2 error, [15:8] Err code, [31:16] pc
+    CTRL = 0x00         # W: CTRL_LAYOUT (start, soft reset, clear the routing load counters)
+    STATUS = 0x04       # R: STATUS_LAYOUT (busy, done, error, Err code, pc)
     CYCLES = 0x08       # R: cycles of the current/last run
     HOST_BASE = 0x0C    # RW: host window base (bytes)
     HOST_SIZE = 0x10    # RW: host window size (bytes)
@@ -153,6 +154,27 @@ class Reg(enum.IntEnum):
     BUSY = 0x20         # R: BUSY + 4*u: busy cycles of executor EXECUTORS[u]
     INFO = 0x40         # R: dmem_depth
     INFO_IMEM = 0x44    # R: imem_depth
+
+
+#: ``CTRL`` (write-only): ``start`` runs the program from pc 0; ``soft_reset`` stops a run and
+#: clears ``done``, the error and the expert iterator; ``clear_loads`` zeroes the routing load
+#: counters. Bits may be combined in one write. :func:`ctrl_word` builds a value.
+CTRL_LAYOUT = data.StructLayout({"start": 1, "soft_reset": 1, "clear_loads": 1})
+
+#: ``STATUS`` (read-only): ``busy`` while a program runs; ``done`` after ``HALT`` or an error;
+#: ``error`` when ``code`` (an :class:`Err`) is not ``NONE``; ``pc`` of the instruction running or
+#: stopped at. :func:`status_fields` decodes a value.
+STATUS_LAYOUT = data.StructLayout({"busy": 1, "done": 1, "error": 1, "reserved": 5, "code": 8, "pc": 16})
+
+
+def ctrl_word(**bits: int) -> int:
+    """A ``CTRL`` value with the named :data:`CTRL_LAYOUT` bits set, e.g. ``ctrl_word(start=1)``."""
+    return CTRL_LAYOUT.const(bits).as_bits()
+
+
+def status_fields(word: int) -> data.Const:
+    """A ``STATUS`` value's :data:`STATUS_LAYOUT` fields as ints (``.busy``, ``.code``, ``.pc``, ...)."""
+    return STATUS_LAYOUT.from_bits(word)
 
 
 #: The executors, the kinds of work an instruction does, each with a busy counter (in register order).

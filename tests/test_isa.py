@@ -37,3 +37,14 @@ def test_words_little_endian():
 def test_out_of_range_field_names_it(field, value):
     with pytest.raises(ValueError, match=f"Instr.{field}"):
         Instr(**{"op": 0, field: value})
+
+
+def test_register_layouts():
+    """CTRL and STATUS bit positions are the host interface (firmware, nanokpu.h): pinned here."""
+    from nanokpu.isa import CTRL_LAYOUT, STATUS_LAYOUT, Err, ctrl_word, status_fields
+
+    assert (ctrl_word(start=1), ctrl_word(soft_reset=1), ctrl_word(clear_loads=1)) == (1, 2, 4)
+    assert ctrl_word(soft_reset=1, clear_loads=1) == 6 and CTRL_LAYOUT.size == 3
+    s = status_fields(0x0123_0000 | Err.OVERLAP << 8 | 0b110)
+    assert (s.busy, s.done, s.error, s.code, s.pc) == (0, 1, 1, Err.OVERLAP, 0x123)
+    assert STATUS_LAYOUT.size == 32 and STATUS_LAYOUT["code"].offset == 8 and STATUS_LAYOUT["pc"].offset == 16

@@ -21,10 +21,10 @@ state space (scratchpad, units) is far beyond what k-induction closes in CI time
 from __future__ import annotations
 
 from amaranth.hdl import Assert, Assume, Module, ResetSignal, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In
 
-from nanokpu.isa import IMEM_BASE, INSTR_WORDS, Err, Op, Reg
+from nanokpu.isa import IMEM_BASE, INSTR_WORDS, STATUS_LAYOUT, Err, Op, Reg, ctrl_word
 from nanokpu.kpu.top import PRODUCT_STEPS
 
 __all__ = ["ControllerProof", "controller_depth", "BUS_LIMIT", "STOP_LIMIT"]
@@ -89,7 +89,7 @@ class ControllerProof(wiring.Component):
         with m.If(step == 0):
             m.d.comb += [bus.awaddr.eq(IMEM_BASE), bus.wdata.eq(self.instr)]
         with m.Else():
-            m.d.comb += [bus.awaddr.eq(Reg.CTRL), bus.wdata.eq(1)]
+            m.d.comb += [bus.awaddr.eq(Reg.CTRL), bus.wdata.eq(ctrl_word(start=1))]
         with m.If(bus.awvalid & bus.awready):
             m.d.sync += sent_aw.eq(1)
         with m.If(bus.wvalid & bus.wready):
@@ -110,13 +110,13 @@ class ControllerProof(wiring.Component):
         seen = Signal()
         with m.If(~writing & (since <= STOP_LIMIT)):
             m.d.sync += since.eq(since + 1)
-        expected = (Err.BAD_OPCODE << 8) | 0b100         # error, not busy, not done, pc 0
-        status = bus.rdata
+        expected = STATUS_LAYOUT.const({"error": 1, "code": Err.BAD_OPCODE}).as_bits()  # not busy, not done, pc 0
+        status = data.View(STATUS_LAYOUT, bus.rdata)
         with m.If(~writing & bus.rvalid):
-            with m.If(status == expected):
+            with m.If(bus.rdata == expected):
                 m.d.sync += seen.eq(1)
-            m.d.comb += Assert(~seen | (status == expected), "STATUS: the error did not persist")
-            m.d.comb += Assert((status[2:16] == 0) | (status == expected),
+            m.d.comb += Assert(~seen | (bus.rdata == expected), "STATUS: the error did not persist")
+            m.d.comb += Assert((~status.error & (status.code == Err.NONE)) | (bus.rdata == expected),
                                "STATUS: an error other than BAD_OPCODE at pc 0")
         m.d.comb += Assert(~(since > STOP_LIMIT) | seen, f"STATUS: no BAD_OPCODE within {STOP_LIMIT} cycles")
         with m.If(seen):

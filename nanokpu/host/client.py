@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from nanokpu.host_protocol import CMD_READ, CMD_WRITE, DEFAULT_HOST_BYTES, KPU_BASE, MAX_WORDS, MEM_BASE
-from nanokpu.isa import IMEM_BASE, LOADS_BASE, Err, Reg, encode_program
+from nanokpu.isa import IMEM_BASE, LOADS_BASE, Err, Reg, ctrl_word, encode_program, status_fields
 
 __all__ = ["BusError", "KpuClient", "serial_port"]
 
@@ -115,19 +115,19 @@ class KpuClient:
         if dmem != cfg.dmem_depth or imem < len(prog.instrs):
             raise ValueError(f"cfg: the board's nano-KPU has dmem_depth {dmem} and imem_depth {imem}; the "
                              f"program is for dmem_depth {cfg.dmem_depth} with {len(prog.instrs)} instructions")
-        self.write(KPU_BASE + Reg.CTRL, 2 | 4)       # soft reset, clear the routing load counters
+        self.write(KPU_BASE + Reg.CTRL, ctrl_word(soft_reset=1, clear_loads=1))
         self.write_bytes(MEM_BASE, prog.image)
         self.write_bytes(KPU_BASE + IMEM_BASE, encode_program(prog.instrs))
         self.write(KPU_BASE + Reg.HOST_BASE, 0)
         self.write(KPU_BASE + Reg.HOST_SIZE, len(prog.image))
-        self.write(KPU_BASE + Reg.CTRL, 1)
+        self.write(KPU_BASE + Reg.CTRL, ctrl_word(start=1))
         t0 = time.monotonic()
-        while (status := self.reg(Reg.STATUS)) & 1:
+        while (status := status_fields(self.reg(Reg.STATUS))).busy:
             if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"the block still runs after {timeout} s (pc {status >> 16})")
+                raise TimeoutError(f"the block still runs after {timeout} s (pc {status.pc})")
             time.sleep(poll)
-        if status & 4 or not status & 2:
-            raise RuntimeError(f"the nano-KPU stopped with {Err((status >> 8) & 0xFF).name} at pc {status >> 16}")
+        if status.error or not status.done:
+            raise RuntimeError(f"the nano-KPU stopped with {Err(status.code).name} at pc {status.pc}")
         start = min(prog.symbols["y"], prog.symbols["route"]) & ~3   # the outputs: only they are read back
         host = bytes(start) + self.read_bytes(MEM_BASE + start, len(prog.image) - start)
         return {"outputs": prog.outputs(host), "cycles": self.reg(Reg.CYCLES), "instrs": self.reg(Reg.INSTRS),

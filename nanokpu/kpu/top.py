@@ -54,6 +54,7 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     ADDR_WIDTH,
+    CTRL_LAYOUT,
     EXECUTORS,
     F_HOST_EXPERT,
     F_M_COUNT,
@@ -64,6 +65,7 @@ from nanokpu.isa import (
     INSTR_WORDS,
     LOADS_BASE,
     OP_EXECUTOR,
+    STATUS_LAYOUT,
     Err,
     Op,
     Reg,
@@ -134,7 +136,7 @@ class NanoKPU(wiring.Component):
     def elaborate(self, platform):  # noqa: C901 - one controller, one place
         m = Module()
         cfg = self.cfg
-        E, K, R, C, L = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols, cfg.route_lanes
+        E, top_k, R, C, route_lanes = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols, cfg.route_lanes
         BW = bus_bytes(cfg)
         ww, act, accw = word_width(cfg), cfg.act_width, cfg.acc_width
         D = cfg.dmem_depth
@@ -210,10 +212,12 @@ class NanoKPU(wiring.Component):
 
         # -- register bank ------------------------------------------------------------------
         ctrl_write = regs.wr_en & (regs.wr_addr == Reg.CTRL)
+        ctrl = Signal(CTRL_LAYOUT)
+        m.d.comb += ctrl.eq(regs.wr_data[:CTRL_LAYOUT.size])
         m.d.comb += [
-            start_req.eq(ctrl_write & regs.wr_data[0]),
-            soft_req.eq(ctrl_write & regs.wr_data[1]),
-            router.load_clear.eq(ctrl_write & regs.wr_data[2]),
+            start_req.eq(ctrl_write & ctrl.start),
+            soft_req.eq(ctrl_write & ctrl.soft_reset),
+            router.load_clear.eq(ctrl_write & ctrl.clear_loads),
             im_wr.data.eq(regs.wr_data),
             router.load_addr.eq(regs.rd_addr[2:]),      # LOADS_BASE is a multiple of 2**18
             self.irq.eq(~running & (done | (err != 0))),
@@ -230,8 +234,9 @@ class NanoKPU(wiring.Component):
         rsel = Signal(ADDR_WIDTH)
         with m.If(regs.rd_en):
             m.d.sync += rsel.eq(regs.rd_addr)
-        status = Signal(32)
-        m.d.comb += status.eq(running | (done << 1) | ((err != 0) << 2) | (err << 8) | (pc << 16))
+        status = Signal(STATUS_LAYOUT)
+        m.d.comb += [status.busy.eq(running), status.done.eq(done), status.error.eq(err != 0),
+                     status.code.eq(err), status.pc.eq(pc)]
         readable = {Reg.STATUS: status, Reg.CYCLES: cycles, Reg.HOST_BASE: host_base,
                     Reg.HOST_SIZE: host_size, Reg.INSTRS: retired, Reg.INFO: D,
                     Reg.INFO_IMEM: cfg.imem_depth}
@@ -312,7 +317,7 @@ class NanoKPU(wiring.Component):
                     with m.Case(Op.GATHER, Op.SCATTER):
                         m.d.comb += [st_y.eq(count), st_x.eq(ins.n)]
                     with m.Case(Op.ROUTE):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(4 * K)]
+                        m.d.comb += [st_y.eq(m_eff), st_x.eq(4 * top_k)]
             with m.Case(2):
                 with m.Switch(op):
                     with m.Case(Op.GEMM):
@@ -345,7 +350,7 @@ class NanoKPU(wiring.Component):
         shape_ok = Signal()
         with m.Switch(op):
             with m.Case(Op.ROUTE):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n == E) & (ins.k == K))
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n == E) & (ins.k == top_k))
             with m.Case(Op.EXPERT):
                 m.d.comb += shape_ok.eq(ins.n == E)
             with m.Case(Op.GEMM):
@@ -504,9 +509,9 @@ class NanoKPU(wiring.Component):
                             m.d.sync += issuing.eq(0)
 
         # One register packs the words a unit takes whole: REQUANT's (R lanes of acc_width bits),
-        # GEMM's A word (R lanes, the low 8 bits of each) and ROUTE's score word (L lanes, the low
+        # GEMM's A word (R lanes, the low 8 bits of each) and ROUTE's score word (route_lanes lanes, the low
         # score_width bits): one instruction at a time uses it
-        pack = Signal(data.ArrayLayout(signed(accw), max(R, L)))
+        pack = Signal(data.ArrayLayout(signed(accw), max(R, route_lanes)))
 
         # unit inputs and outputs of the engine
         rq_mult = Signal(32)
@@ -702,16 +707,16 @@ class NanoKPU(wiring.Component):
         # rt_feed_left, rt_route_left: tokens whose scores are still to feed / routes to write
         rt_j = Signal(range(E + 1))
         rt_route_left = Signal(SW)
-        rt_s = Signal(range(K + 1))
+        rt_s = Signal(range(top_k + 1))
         rt_feed_left = Signal(SW)
-        rt_el = Signal(range(E + L))
-        rt_lane = Signal(range(L + 1))
+        rt_el = Signal(range(E + route_lanes))
+        rt_lane = Signal(range(route_lanes + 1))
         rt_tbase = Signal(AW)
         rt_tslot = Signal(AW)
         rt_cb = Signal(AW)
         rt_lp = Signal(AW)
         rt_cap = Signal()
-        rt_cap_lane = Signal(range(L))
+        rt_cap_lane = Signal(range(route_lanes))
         rt_cap_ok = Signal()
         rt_wvalid = Signal()
         rt_feed_done = Signal()
@@ -720,7 +725,7 @@ class NanoKPU(wiring.Component):
         rt_wphase = Signal()
         rt_p = Signal(SW)
         rt_pt = Signal(SW)
-        rt_ps = Signal(range(K + 1))
+        rt_ps = Signal(range(top_k + 1))
         rt_pos = Signal(SW)
         rt_off = Signal(SW)
         tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
@@ -935,9 +940,9 @@ class NanoKPU(wiring.Component):
                                  rt_hold.eq(0), rt_wphase.eq(0)]
                     m.next = "RT_SCORES"
             with state("RT_SCORES"):
-                # scores: beat (t, b), lane l = expert rt_el = b*L + l of token t, at rt_tbase =
+                # scores: beat (t, b), lane l = expert rt_el = b*route_lanes + l of token t, at rt_tbase =
                 # a + t*E
-                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L) & ~blocked):
+                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < route_lanes) & ~blocked):
                     m.d.comb += [rd0.addr.eq(rt_tbase + rt_el), rd0.en.eq(1)]
                     m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(rt_el < E),
                                  rt_lane.eq(rt_lane + 1), rt_el.eq(rt_el + 1)]
@@ -946,9 +951,9 @@ class NanoKPU(wiring.Component):
                 with m.If(rt_cap):
                     m.d.sync += pack.as_value().word_select(rt_cap_lane, accw)[:cfg.score_width].eq(
                         Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
-                    with m.If(rt_cap_lane == L - 1):
+                    with m.If(rt_cap_lane == route_lanes - 1):
                         m.d.sync += rt_wvalid.eq(1)
-                m.d.comb += [router.scores.payload.eq(Cat(pack[i][:cfg.score_width] for i in range(L))),
+                m.d.comb += [router.scores.payload.eq(Cat(pack[i][:cfg.score_width] for i in range(route_lanes))),
                              router.scores.valid.eq(rt_wvalid)]
                 with m.If(router.scores.valid & router.scores.ready):
                     m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
@@ -960,16 +965,16 @@ class NanoKPU(wiring.Component):
                 m.d.comb += router.routes.ready.eq(~rt_hold)
                 with m.If(router.routes.valid & ~rt_hold):
                     m.d.sync += [rt_hold.eq(1), rt_held.eq(router.routes.payload)]
-                slot = rt_tslot + rt_s          # c + t*K + s
+                slot = rt_tslot + rt_s          # c + t*top_k + s
                 with m.If(rt_hold & ~rt_wphase):
                     m.d.comb += [wr.addr.eq(slot), wr.data.eq(rt_held.index), wr.en.eq(1)]
                     m.d.sync += rt_wphase.eq(1)
                 with m.If(rt_hold & rt_wphase):
                     m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
                     m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
-                    with m.If(rt_held.last | (rt_s == K - 1)):
+                    with m.If(rt_held.last | (rt_s == top_k - 1)):
                         m.d.sync += [rt_s.eq(0), rt_route_left.eq(rt_route_left - 1),
-                                     rt_tslot.eq(rt_tslot + K)]
+                                     rt_tslot.eq(rt_tslot + top_k)]
                     with m.Else():
                         m.d.sync += rt_s.eq(rt_s + 1)
                 with m.If(rt_route_left == 0):
@@ -998,7 +1003,7 @@ class NanoKPU(wiring.Component):
             with state("RT_DSTEP"):
                 with m.If(rt_p + 1 < tk):
                     m.d.sync += rt_p.eq(rt_p + 1)
-                    with m.If(rt_ps == K - 1):
+                    with m.If(rt_ps == top_k - 1):
                         m.d.sync += [rt_ps.eq(0), rt_pt.eq(rt_pt + 1)]
                     with m.Else():
                         m.d.sync += rt_ps.eq(rt_ps + 1)

@@ -123,20 +123,20 @@ class TopKRouter(wiring.Component):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"TopKRouter takes a KpuConfig, not {type(cfg).__name__}")
         self.cfg = cfg
-        n, lanes, k = cfg.n_experts, cfg.route_lanes, cfg.top_k
-        self.beats = -(-n // lanes)
-        self.depth = min(k, self.beats)
+        n, route_lanes, top_k = cfg.n_experts, cfg.route_lanes, cfg.top_k
+        self.beats = -(-n // route_lanes)
+        self.depth = min(top_k, self.beats)
         self.recip_bits = cfg.weight_frac + cfg.score_frac + 1
         self.index_width = _bits(n)
         self.key_shape = signed(max(cfg.score_width + 1, cfg.bias_width) + 1)
-        self.sum_width = (k * (2 ** cfg.score_width - 1)).bit_length()
+        self.sum_width = (top_k * (2 ** cfg.score_width - 1)).bit_length()
         self.route_layout = data.StructLayout({
             "index": unsigned(self.index_width),
             "weight": unsigned(cfg.weight_width),
             "last": unsigned(1),
         })
         super().__init__({
-            "scores": In(stream.Signature(data.ArrayLayout(unsigned(cfg.score_width), lanes))),
+            "scores": In(stream.Signature(data.ArrayLayout(unsigned(cfg.score_width), route_lanes))),
             "routes": Out(stream.Signature(self.route_layout)),
             "bias_we": In(1),
             "bias_addr": In(self.index_width),
@@ -163,7 +163,7 @@ class TopKRouter(wiring.Component):
     def elaborate(self, platform):
         cfg = self.cfg
         m = Module()
-        n, lanes, k, depth = cfg.n_experts, cfg.route_lanes, cfg.top_k, self.depth
+        n, route_lanes, top_k, depth = cfg.n_experts, cfg.route_lanes, cfg.top_k, self.depth
         beat_w = _bits(self.beats)
 
         entry_layout = data.StructLayout({"valid": 1, "key": self.key_shape, "beat": beat_w,
@@ -176,9 +176,9 @@ class TopKRouter(wiring.Component):
         beat = Signal(range(self.beats))          # beat number of the next input transfer
         p1_valid = Signal()
         p1_beat = Signal(beat_w)
-        p1_scores = Signal(data.ArrayLayout(unsigned(cfg.score_width), lanes))
-        p1_keys = Signal(data.ArrayLayout(self.key_shape, lanes))
-        lists = [[entry(f"l{j}_{i}") for i in range(depth)] for j in range(lanes)]
+        p1_scores = Signal(data.ArrayLayout(unsigned(cfg.score_width), route_lanes))
+        p1_keys = Signal(data.ArrayLayout(self.key_shape, route_lanes))
+        lists = [[entry(f"l{j}_{i}") for i in range(depth)] for j in range(route_lanes)]
         lists_full = Signal()                     # the lists hold a complete token
         take = Signal()                           # the merge copies the lists this cycle
         advance = Signal()                        # P1 inserts this cycle
@@ -197,11 +197,11 @@ class TopKRouter(wiring.Component):
         last_insert = advance & (p1_beat == self.beats - 1)
         m.d.sync += lists_full.eq(last_insert | (lists_full & ~take))
 
-        pow2 = lanes & (lanes - 1) == 0
-        bank_sel = self.bias_addr[:(lanes - 1).bit_length()] if pow2 else self.bias_addr % lanes
-        bank_row = self.bias_addr >> (lanes - 1).bit_length() if pow2 else self.bias_addr // lanes
+        pow2 = route_lanes & (route_lanes - 1) == 0
+        bank_sel = self.bias_addr[:(route_lanes - 1).bit_length()] if pow2 else self.bias_addr % route_lanes
+        bank_row = self.bias_addr >> (route_lanes - 1).bit_length() if pow2 else self.bias_addr // route_lanes
         fresh = p1_beat == 0
-        for j in range(lanes):
+        for j in range(route_lanes):
             bank = Memory(shape=signed(cfg.bias_width), depth=self.beats, init=[])
             m.submodules[f"bias{j}"] = bank
             wp = bank.write_port()
@@ -220,7 +220,7 @@ class TopKRouter(wiring.Component):
             m.d.comb += [new.valid.eq(1), new.key.eq(p1_keys[j]), new.beat.eq(p1_beat),
                          new.score.eq(p1_scores[j])]
             # lanes past the last expert exist only in the last beat (never the fresh one)
-            lane_ok = (p1_beat != self.beats - 1) if j >= n - (self.beats - 1) * lanes else Const(1)
+            lane_ok = (p1_beat != self.beats - 1) if j >= n - (self.beats - 1) * route_lanes else Const(1)
             lst = lists[j]
             cur_valid = [e.valid & ~fresh for e in lst]
             gt = [~cv | (new.key > e.key) for cv, e in zip(cur_valid, lst, strict=True)]
@@ -236,12 +236,12 @@ class TopKRouter(wiring.Component):
                         m.d.sync += e.eq(new)
 
         # ---- stage 2: k-cycle merge of the lane heads ------------------------------------
-        snap = [[entry(f"s{j}_{i}") for i in range(depth)] for j in range(lanes)]
+        snap = [[entry(f"s{j}_{i}") for i in range(depth)] for j in range(route_lanes)]
         merging = Signal()
         merge_done = Signal()
-        merge_count = Signal(range(k))
-        res_index = [Signal(self.index_width, name=f"res_index{r}") for r in range(k)]
-        res_score = [Signal(cfg.score_width, name=f"res_score{r}") for r in range(k)]
+        merge_count = Signal(range(top_k))
+        res_index = [Signal(self.index_width, name=f"res_index{r}") for r in range(top_k)]
+        res_score = [Signal(cfg.score_width, name=f"res_score{r}") for r in range(top_k)]
         res_sum = Signal(self.sum_width)
         c_take = Signal()
         clearing = Signal()
@@ -250,10 +250,10 @@ class TopKRouter(wiring.Component):
         # comparison tree over the lane heads: valid first, then the larger key, then the
         # lower expert index, i.e. the lower (beat, lane). One unsigned comparison of ``rank``
         # (valid, key in unsigned order, ~beat, ~lane; MSB first) decides a node.
-        lane_w = Shape.cast(range(lanes)).width
+        lane_w = Shape.cast(range(route_lanes)).width
         cand_layout = data.StructLayout({"rank": 1 + self.key_shape.width + beat_w + lane_w,
                                          "index": self.index_width, "score": cfg.score_width,
-                                         "sel": lanes})  # one-hot lane
+                                         "sel": route_lanes})  # one-hot lane
 
         def reduce(cands, levels, tag):
             for level in range(levels):
@@ -276,7 +276,7 @@ class TopKRouter(wiring.Component):
         picked = Signal()
         pop = picked & ~clearing  # picked implies merging
         leaves = []
-        for j in range(lanes):
+        for j in range(route_lanes):
             nhead = entry(f"nhead{j}")
             with m.If(take):
                 m.d.comb += nhead.eq(lists[j][0])
@@ -288,11 +288,11 @@ class TopKRouter(wiring.Component):
             cand = Signal(cand_layout, name=f"head{j}")
             key = nhead.key
             ordered = Cat(key[:-1], ~key[-1]) if self.key_shape.signed else key  # as unsigned
-            m.d.comb += [cand.rank.eq(Cat(Const(lanes - 1 - j, lane_w), ~nhead.beat, ordered, nhead.valid)),
-                         cand.index.eq(nhead.beat * lanes + j), cand.score.eq(nhead.score),
+            m.d.comb += [cand.rank.eq(Cat(Const(route_lanes - 1 - j, lane_w), ~nhead.beat, ordered, nhead.valid)),
+                         cand.index.eq(nhead.beat * route_lanes + j), cand.score.eq(nhead.score),
                          cand.sel.eq(1 << j)]
             leaves.append(cand)
-        levels = (lanes - 1).bit_length()
+        levels = (route_lanes - 1).bit_length()
         mid = []
         for i, cand in enumerate(reduce(leaves, levels // 2, "low")):
             mid.append(Signal(cand_layout, name=f"mid{i}"))
@@ -306,18 +306,18 @@ class TopKRouter(wiring.Component):
         inc1_index = Signal(self.index_width)
         m.d.sync += [inc1_valid.eq(pop), inc1_index.eq(best.index)]
         with m.If(take):
-            for j in range(lanes):
+            for j in range(route_lanes):
                 m.d.sync += [dst.eq(src) for dst, src in zip(snap[j], lists[j], strict=True)]
             m.d.sync += [merging.eq(1), merge_done.eq(0), merge_count.eq(0), res_sum.eq(0)]
         with m.Elif(pop):
-            for j in range(lanes):
+            for j in range(route_lanes):
                 with m.If(best.sel[j]):
                     m.d.sync += [dst.eq(src) for dst, src in zip(snap[j], snap[j][1:] + [0], strict=True)]
             m.d.sync += [res_index[-1].eq(best.index), res_score[-1].eq(best.score),
                          res_sum.eq(res_sum + best.score), merge_count.eq(merge_count + 1)]
-            m.d.sync += [res_index[r].eq(res_index[r + 1]) for r in range(k - 1)]
-            m.d.sync += [res_score[r].eq(res_score[r + 1]) for r in range(k - 1)]
-            with m.If(merge_count == k - 1):
+            m.d.sync += [res_index[r].eq(res_index[r + 1]) for r in range(top_k - 1)]
+            m.d.sync += [res_score[r].eq(res_score[r + 1]) for r in range(top_k - 1)]
+            with m.If(merge_count == top_k - 1):
                 m.d.sync += [merging.eq(0), merge_done.eq(1)]
         with m.Elif(c_take):
             m.d.sync += merge_done.eq(0)
@@ -352,11 +352,11 @@ class TopKRouter(wiring.Component):
         m.submodules.divider = div = SeqDivider(self.recip_bits + 1, self.sum_width)
         dividing = Signal()
         emitting = Signal()
-        out_count = Signal(range(k))
-        out_index = [Signal(self.index_width, name=f"out_index{r}") for r in range(k)]
-        out_score = [Signal(cfg.score_width, name=f"out_score{r}") for r in range(k)]
+        out_count = Signal(range(top_k))
+        out_index = [Signal(self.index_width, name=f"out_index{r}") for r in range(top_k)]
+        out_score = [Signal(cfg.score_width, name=f"out_score{r}") for r in range(top_k)]
         out_xfer = self.routes.valid & self.routes.ready
-        out_last = out_count == k - 1
+        out_last = out_count == top_k - 1
         m.d.comb += [
             c_take.eq(merge_done & (~(dividing | emitting) | (out_xfer & out_last))),
             div.num.eq(1 << self.recip_bits), div.den.eq(res_sum), div.start.eq(c_take),

@@ -8,49 +8,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
+  wire [4:0] \$100 ;
+  wire [9:0] \$101 ;
   wire \$102 ;
-  wire \$103 ;
+  wire [4:0] \$103 ;
   wire \$104 ;
-  wire \$105 ;
-  wire [9:0] \$106 ;
+  wire [13:0] \$105 ;
+  wire [14:0] \$106 ;
   wire \$107 ;
-  wire [4:0] \$108 ;
-  wire [9:0] \$109 ;
+  wire [14:0] \$108 ;
+  wire [13:0] \$109 ;
   wire \$11 ;
-  wire \$110 ;
-  wire [4:0] \$111 ;
-  wire \$112 ;
+  wire [16:0] \$110 ;
+  wire [6:0] \$1104 ;
+  wire \$111 ;
+  wire [16:0] \$112 ;
   wire [6:0] \$1120 ;
   wire [13:0] \$113 ;
-  wire [6:0] \$1136 ;
-  wire [14:0] \$114 ;
+  wire [16:0] \$114 ;
+  wire [6:0] \$1140 ;
+  wire [7:0] \$1144 ;
+  wire [8:0] \$1147 ;
   wire \$115 ;
-  wire [6:0] \$1156 ;
-  wire [14:0] \$116 ;
-  wire [7:0] \$1160 ;
-  wire [8:0] \$1163 ;
+  wire [16:0] \$116 ;
   wire [13:0] \$117 ;
   wire [16:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
   wire [16:0] \$120 ;
   wire [13:0] \$121 ;
-  wire [16:0] \$122 ;
+  wire \$122 ;
   wire \$123 ;
-  wire [16:0] \$124 ;
-  wire [13:0] \$125 ;
-  wire [16:0] \$126 ;
+  wire [9:0] \$124 ;
+  wire \$125 ;
+  wire \$126 ;
   wire \$127 ;
-  wire [16:0] \$128 ;
-  wire [13:0] \$129 ;
+  wire \$128 ;
+  wire \$129 ;
   wire \$13 ;
   wire \$130 ;
   wire \$131 ;
-  wire [9:0] \$132 ;
+  wire \$132 ;
   wire \$133 ;
-  wire \$134 ;
+  wire [9:0] \$134 ;
   wire \$135 ;
   wire \$136 ;
   wire \$137 ;
@@ -59,7 +59,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
-  wire [9:0] \$142 ;
+  wire \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
@@ -78,7 +78,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire [1:0] \$16 ;
+  wire \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -89,7 +89,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
-  wire [1:0] \$17 ;
+  wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
@@ -105,16 +105,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
-  wire \$184 ;
+  wire [16:0] \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire [3:0] \$19 ;
+  wire \$19 ;
   wire \$190 ;
   wire \$191 ;
-  wire [16:0] \$192 ;
+  wire \$192 ;
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
@@ -123,7 +123,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$198 ;
   wire \$199 ;
   wire \$2 ;
-  wire [3:0] \$20 ;
+  wire \$20 ;
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
@@ -133,130 +133,130 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$206 ;
   wire \$207 ;
   wire \$208 ;
-  wire \$209 ;
-  wire [22:0] \$21 ;
+  wire [23:0] \$209 ;
+  wire \$21 ;
   wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
+  wire [23:0] \$211 ;
+  wire [23:0] \$212 ;
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
   wire \$216 ;
-  wire [23:0] \$217 ;
-  wire \$218 ;
-  wire [23:0] \$219 ;
-  wire [22:0] \$22 ;
-  wire [23:0] \$220 ;
-  wire \$221 ;
+  wire \$217 ;
+  wire [31:0] \$218 ;
+  wire \$219 ;
+  wire \$22 ;
+  wire [5:0] \$220 ;
+  wire [1:0] \$221 ;
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
-  wire [31:0] \$226 ;
+  wire \$226 ;
   wire \$227 ;
-  wire [5:0] \$228 ;
-  wire [1:0] \$229 ;
-  wire [43:0] \$23 ;
+  wire \$228 ;
+  wire \$229 ;
+  wire [9:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
   wire \$233 ;
   wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
+  wire [23:0] \$235 ;
+  wire [23:0] \$236 ;
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire [43:0] \$24 ;
+  wire \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
-  wire [23:0] \$243 ;
-  wire [23:0] \$244 ;
-  wire \$245 ;
-  wire \$246 ;
-  wire \$247 ;
-  wire \$248 ;
+  wire [4:0] \$243 ;
+  wire [13:0] \$244 ;
+  wire [4:0] \$245 ;
+  wire [13:0] \$246 ;
+  wire [14:0] \$247 ;
+  wire [14:0] \$248 ;
   wire \$249 ;
-  wire \$25 ;
+  wire [16:0] \$25 ;
   wire \$250 ;
-  wire [4:0] \$251 ;
-  wire [13:0] \$252 ;
-  wire [4:0] \$253 ;
-  wire [13:0] \$254 ;
-  wire [14:0] \$255 ;
-  wire [14:0] \$256 ;
-  wire \$257 ;
-  wire \$258 ;
-  wire [14:0] \$259 ;
-  wire \$26 ;
+  wire [14:0] \$251 ;
+  wire \$252 ;
+  wire [7:0] \$253 ;
+  wire \$254 ;
+  wire [15:0] \$255 ;
+  wire [31:0] \$256 ;
+  wire [31:0] \$257 ;
+  wire [31:0] \$258 ;
+  wire \$259 ;
+  wire [17:0] \$26 ;
   wire \$260 ;
-  wire [7:0] \$261 ;
+  wire \$261 ;
   wire \$262 ;
-  wire [15:0] \$263 ;
-  wire [31:0] \$264 ;
-  wire [31:0] \$265 ;
-  wire [31:0] \$266 ;
-  wire \$267 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire [14:0] \$266 ;
+  wire [13:0] \$267 ;
   wire \$268 ;
-  wire \$269 ;
-  wire \$27 ;
+  wire [4:0] \$269 ;
+  wire [17:0] \$27 ;
   wire \$270 ;
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
-  wire [14:0] \$274 ;
-  wire [13:0] \$275 ;
+  wire \$274 ;
+  wire \$275 ;
   wire \$276 ;
-  wire [4:0] \$277 ;
+  wire [13:0] \$277 ;
   wire \$278 ;
   wire \$279 ;
-  wire \$28 ;
+  wire [16:0] \$28 ;
   wire \$280 ;
-  wire \$281 ;
+  wire [13:0] \$281 ;
   wire \$282 ;
-  wire \$283 ;
-  wire \$284 ;
-  wire [13:0] \$285 ;
-  wire \$286 ;
+  wire [13:0] \$283 ;
+  wire [14:0] \$284 ;
+  wire \$285 ;
+  wire [14:0] \$286 ;
   wire \$287 ;
-  wire \$288 ;
+  wire [14:0] \$288 ;
   wire [13:0] \$289 ;
-  wire \$29 ;
-  wire \$290 ;
-  wire [13:0] \$291 ;
-  wire [14:0] \$292 ;
-  wire \$293 ;
+  wire [17:0] \$29 ;
+  wire [14:0] \$290 ;
+  wire [14:0] \$291 ;
+  wire \$292 ;
+  wire [13:0] \$293 ;
   wire [14:0] \$294 ;
-  wire \$295 ;
+  wire [13:0] \$295 ;
   wire [14:0] \$296 ;
-  wire [13:0] \$297 ;
-  wire [14:0] \$298 ;
-  wire [14:0] \$299 ;
+  wire \$297 ;
+  wire [13:0] \$298 ;
+  wire [13:0] \$299 ;
   wire \$3 ;
-  wire \$30 ;
-  wire \$300 ;
-  wire [13:0] \$301 ;
-  wire [14:0] \$302 ;
-  wire [13:0] \$303 ;
-  wire [14:0] \$304 ;
+  wire [17:0] \$30 ;
+  wire [14:0] \$300 ;
+  wire \$301 ;
+  wire \$302 ;
+  wire [14:0] \$303 ;
+  wire [16:0] \$304 ;
   wire \$305 ;
-  wire [13:0] \$306 ;
-  wire [13:0] \$307 ;
-  wire [14:0] \$308 ;
-  wire \$309 ;
-  wire [9:0] \$31 ;
-  wire \$310 ;
-  wire [14:0] \$311 ;
-  wire [16:0] \$312 ;
+  wire \$306 ;
+  wire \$307 ;
+  wire \$308 ;
+  wire [12:0] \$309 ;
+  wire \$31 ;
+  wire [13:0] \$310 ;
+  wire [15:0] \$311 ;
+  wire \$312 ;
   wire \$313 ;
   wire \$314 ;
   wire \$315 ;
   wire \$316 ;
-  wire [12:0] \$317 ;
-  wire [13:0] \$318 ;
-  wire [15:0] \$319 ;
-  wire \$32 ;
+  wire \$317 ;
+  wire \$318 ;
+  wire \$319 ;
+  wire [13:0] \$32 ;
   wire \$320 ;
   wire \$321 ;
   wire \$322 ;
@@ -286,32 +286,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$344 ;
   wire \$345 ;
   wire \$346 ;
-  wire \$347 ;
+  wire [33:0] \$347 ;
   wire \$348 ;
-  wire \$349 ;
+  wire [33:0] \$349 ;
   wire [17:0] \$35 ;
-  wire \$350 ;
-  wire \$351 ;
-  wire \$352 ;
-  wire \$353 ;
+  wire [32:0] \$350 ;
+  wire [33:0] \$351 ;
+  wire [33:0] \$352 ;
+  wire [15:0] \$353 ;
   wire \$354 ;
-  wire [33:0] \$355 ;
+  wire \$355 ;
   wire \$356 ;
-  wire [33:0] \$357 ;
-  wire [32:0] \$358 ;
-  wire [33:0] \$359 ;
-  wire [16:0] \$36 ;
-  wire [33:0] \$360 ;
-  wire [15:0] \$361 ;
+  wire [14:0] \$357 ;
+  wire \$358 ;
+  wire \$359 ;
+  wire [18:0] \$36 ;
+  wire [14:0] \$360 ;
+  wire \$361 ;
   wire \$362 ;
   wire \$363 ;
   wire \$364 ;
-  wire [14:0] \$365 ;
+  wire \$365 ;
   wire \$366 ;
   wire \$367 ;
-  wire [14:0] \$368 ;
+  wire \$368 ;
   wire \$369 ;
-  wire [17:0] \$37 ;
+  wire \$37 ;
   wire \$370 ;
   wire \$371 ;
   wire \$372 ;
@@ -320,19 +320,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$375 ;
   wire \$376 ;
   wire \$377 ;
-  wire \$378 ;
+  wire [14:0] \$378 ;
   wire \$379 ;
-  wire [17:0] \$38 ;
+  wire \$38 ;
   wire \$380 ;
-  wire \$381 ;
+  wire [14:0] \$381 ;
   wire \$382 ;
   wire \$383 ;
   wire \$384 ;
   wire \$385 ;
-  wire [14:0] \$386 ;
+  wire \$386 ;
   wire \$387 ;
   wire \$388 ;
-  wire [14:0] \$389 ;
+  wire \$389 ;
   wire \$39 ;
   wire \$390 ;
   wire \$391 ;
@@ -343,42 +343,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$396 ;
   wire \$397 ;
   wire \$398 ;
-  wire \$399 ;
+  wire [14:0] \$399 ;
   wire \$4 ;
-  wire [13:0] \$40 ;
+  wire [1:0] \$40 ;
   wire \$400 ;
   wire \$401 ;
   wire \$402 ;
   wire \$403 ;
   wire \$404 ;
-  wire \$405 ;
+  wire [14:0] \$405 ;
   wire \$406 ;
-  wire [14:0] \$407 ;
+  wire \$407 ;
   wire \$408 ;
   wire \$409 ;
-  wire [16:0] \$41 ;
+  wire [18:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire \$412 ;
-  wire [14:0] \$413 ;
+  wire [14:0] \$412 ;
+  wire \$413 ;
   wire \$414 ;
   wire \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
   wire \$419 ;
-  wire [17:0] \$42 ;
-  wire [14:0] \$420 ;
-  wire \$421 ;
+  wire [18:0] \$42 ;
+  wire [33:0] \$420 ;
+  wire [32:0] \$421 ;
   wire \$422 ;
   wire \$423 ;
   wire \$424 ;
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
-  wire [33:0] \$428 ;
-  wire [32:0] \$429 ;
-  wire [17:0] \$43 ;
+  wire \$428 ;
+  wire \$429 ;
+  wire [9:0] \$43 ;
   wire \$430 ;
   wire \$431 ;
   wire \$432 ;
@@ -386,231 +386,231 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$434 ;
   wire \$435 ;
   wire \$436 ;
-  wire \$437 ;
-  wire \$438 ;
-  wire \$439 ;
-  wire [18:0] \$44 ;
-  wire \$440 ;
-  wire \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire \$444 ;
+  wire [14:0] \$437 ;
+  wire [13:0] \$438 ;
+  wire [13:0] \$439 ;
+  wire \$44 ;
+  wire [14:0] \$440 ;
+  wire [13:0] \$441 ;
+  wire [13:0] \$442 ;
+  wire [13:0] \$443 ;
+  wire [13:0] \$444 ;
   wire [14:0] \$445 ;
   wire [13:0] \$446 ;
   wire [13:0] \$447 ;
-  wire [14:0] \$448 ;
+  wire [13:0] \$448 ;
   wire [13:0] \$449 ;
-  wire \$45 ;
+  wire [3:0] \$45 ;
   wire [13:0] \$450 ;
   wire [13:0] \$451 ;
-  wire [13:0] \$452 ;
-  wire [14:0] \$453 ;
-  wire [13:0] \$454 ;
-  wire [13:0] \$455 ;
-  wire [13:0] \$456 ;
-  wire [13:0] \$457 ;
-  wire [13:0] \$458 ;
-  wire [13:0] \$459 ;
+  wire \$452 ;
+  wire \$453 ;
+  wire \$454 ;
+  wire \$455 ;
+  wire [1:0] \$456 ;
+  wire [1:0] \$457 ;
+  wire \$458 ;
+  wire \$459 ;
   wire \$46 ;
   wire \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
-  wire [1:0] \$464 ;
-  wire [1:0] \$465 ;
-  wire \$466 ;
+  wire \$464 ;
+  wire \$465 ;
+  wire [2:0] \$466 ;
   wire \$467 ;
-  wire \$468 ;
-  wire \$469 ;
+  wire [2:0] \$468 ;
+  wire [3:0] \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire \$471 ;
+  wire [2:0] \$471 ;
   wire \$472 ;
   wire \$473 ;
-  wire [2:0] \$474 ;
+  wire \$474 ;
   wire \$475 ;
   wire [2:0] \$476 ;
-  wire [3:0] \$477 ;
+  wire [2:0] \$477 ;
   wire \$478 ;
-  wire [2:0] \$479 ;
-  wire [1:0] \$48 ;
+  wire \$479 ;
+  wire \$48 ;
   wire \$480 ;
   wire \$481 ;
   wire \$482 ;
   wire \$483 ;
-  wire [2:0] \$484 ;
-  wire [2:0] \$485 ;
+  wire \$484 ;
+  wire \$485 ;
   wire \$486 ;
   wire \$487 ;
   wire \$488 ;
   wire \$489 ;
-  wire [18:0] \$49 ;
-  wire \$490 ;
-  wire \$491 ;
+  wire \$49 ;
+  wire [3:0] \$490 ;
+  wire [13:0] \$491 ;
   wire \$492 ;
   wire \$493 ;
   wire \$494 ;
   wire \$495 ;
   wire \$496 ;
   wire \$497 ;
-  wire [3:0] \$498 ;
-  wire [13:0] \$499 ;
+  wire \$498 ;
+  wire \$499 ;
   wire \$5 ;
-  wire [18:0] \$50 ;
+  wire \$50 ;
   wire \$500 ;
   wire \$501 ;
-  wire \$502 ;
+  wire [7:0] \$502 ;
   wire \$503 ;
-  wire \$504 ;
-  wire \$505 ;
-  wire \$506 ;
-  wire \$507 ;
-  wire \$508 ;
-  wire \$509 ;
-  wire [9:0] \$51 ;
-  wire [7:0] \$510 ;
-  wire \$511 ;
-  wire [7:0] \$512 ;
-  wire [13:0] \$513 ;
-  wire [13:0] \$514 ;
-  wire [14:0] \$515 ;
+  wire [7:0] \$504 ;
+  wire [13:0] \$505 ;
+  wire [13:0] \$506 ;
+  wire [14:0] \$507 ;
+  wire [13:0] \$508 ;
+  wire [14:0] \$509 ;
+  wire \$51 ;
+  wire [13:0] \$510 ;
+  wire [14:0] \$511 ;
+  wire \$512 ;
+  wire \$513 ;
+  wire \$514 ;
+  wire [2:0] \$515 ;
   wire [13:0] \$516 ;
-  wire [14:0] \$517 ;
-  wire [13:0] \$518 ;
-  wire [14:0] \$519 ;
+  wire [2:0] \$517 ;
+  wire \$518 ;
+  wire \$519 ;
   wire \$52 ;
-  wire \$520 ;
-  wire \$521 ;
+  wire [2:0] \$520 ;
+  wire [3:0] \$521 ;
   wire \$522 ;
-  wire [2:0] \$523 ;
-  wire [13:0] \$524 ;
-  wire [2:0] \$525 ;
+  wire \$523 ;
+  wire \$524 ;
+  wire [9:0] \$525 ;
   wire \$526 ;
-  wire \$527 ;
-  wire [2:0] \$528 ;
-  wire [3:0] \$529 ;
-  wire [3:0] \$53 ;
+  wire [9:0] \$527 ;
+  wire [13:0] \$528 ;
+  wire [13:0] \$529 ;
+  wire \$53 ;
   wire \$530 ;
   wire \$531 ;
   wire \$532 ;
-  wire [9:0] \$533 ;
-  wire \$534 ;
-  wire [9:0] \$535 ;
+  wire \$533 ;
+  wire [14:0] \$534 ;
+  wire [13:0] \$535 ;
   wire [13:0] \$536 ;
-  wire [13:0] \$537 ;
+  wire [14:0] \$537 ;
   wire \$538 ;
-  wire \$539 ;
+  wire [14:0] \$539 ;
   wire \$54 ;
   wire \$540 ;
   wire \$541 ;
-  wire [14:0] \$542 ;
-  wire [13:0] \$543 ;
-  wire [13:0] \$544 ;
-  wire [14:0] \$545 ;
-  wire \$546 ;
-  wire [14:0] \$547 ;
-  wire \$548 ;
-  wire \$549 ;
+  wire \$542 ;
+  wire [32:0] \$543 ;
+  wire [32:0] \$544 ;
+  wire [32:0] \$545 ;
+  wire [32:0] \$546 ;
+  wire [32:0] \$547 ;
+  wire [32:0] \$548 ;
+  wire [32:0] \$549 ;
   wire \$55 ;
   wire \$550 ;
-  wire [32:0] \$551 ;
-  wire [32:0] \$552 ;
-  wire [32:0] \$553 ;
-  wire [32:0] \$554 ;
-  wire [32:0] \$555 ;
-  wire [32:0] \$556 ;
-  wire [32:0] \$557 ;
+  wire \$551 ;
+  wire \$552 ;
+  wire \$553 ;
+  wire \$554 ;
+  wire [4:0] \$555 ;
+  wire \$556 ;
+  wire \$557 ;
   wire \$558 ;
   wire \$559 ;
   wire \$56 ;
   wire \$560 ;
   wire \$561 ;
   wire \$562 ;
-  wire [4:0] \$563 ;
+  wire [13:0] \$563 ;
   wire \$564 ;
-  wire \$565 ;
+  wire [13:0] \$565 ;
   wire \$566 ;
-  wire \$567 ;
+  wire [13:0] \$567 ;
   wire \$568 ;
-  wire \$569 ;
+  wire [13:0] \$569 ;
   wire \$57 ;
   wire \$570 ;
-  wire [13:0] \$571 ;
-  wire \$572 ;
-  wire [13:0] \$573 ;
+  wire [17:0] \$571 ;
+  wire [3:0] \$572 ;
+  wire [2:0] \$573 ;
   wire \$574 ;
-  wire [13:0] \$575 ;
+  wire \$575 ;
   wire \$576 ;
-  wire [13:0] \$577 ;
+  wire \$577 ;
   wire \$578 ;
-  wire [17:0] \$579 ;
+  wire \$579 ;
   wire \$58 ;
-  wire [3:0] \$580 ;
-  wire [2:0] \$581 ;
+  wire \$580 ;
+  wire \$581 ;
   wire \$582 ;
   wire \$583 ;
   wire \$584 ;
   wire \$585 ;
-  wire \$586 ;
+  wire [32:0] \$586 ;
   wire \$587 ;
-  wire \$588 ;
+  wire [9:0] \$588 ;
   wire \$589 ;
   wire \$59 ;
   wire \$590 ;
   wire \$591 ;
   wire \$592 ;
   wire \$593 ;
-  wire [32:0] \$594 ;
+  wire [9:0] \$594 ;
   wire \$595 ;
-  wire [9:0] \$596 ;
-  wire \$597 ;
-  wire \$598 ;
-  wire \$599 ;
+  wire [12:0] \$596 ;
+  wire [13:0] \$597 ;
+  wire [12:0] \$598 ;
+  wire [13:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
-  wire \$601 ;
-  wire [9:0] \$602 ;
+  wire [14:0] \$600 ;
+  wire [14:0] \$601 ;
+  wire [14:0] \$602 ;
   wire \$603 ;
-  wire [12:0] \$604 ;
-  wire [13:0] \$605 ;
-  wire [12:0] \$606 ;
+  wire \$604 ;
+  wire \$605 ;
+  wire \$606 ;
   wire [13:0] \$607 ;
-  wire [14:0] \$608 ;
-  wire [14:0] \$609 ;
+  wire [32:0] \$608 ;
+  wire \$609 ;
   wire \$61 ;
-  wire [14:0] \$610 ;
-  wire \$611 ;
+  wire [13:0] \$610 ;
+  wire [32:0] \$611 ;
   wire \$612 ;
   wire \$613 ;
   wire \$614 ;
-  wire [13:0] \$615 ;
-  wire [32:0] \$616 ;
-  wire \$617 ;
-  wire [13:0] \$618 ;
-  wire [32:0] \$619 ;
+  wire [14:0] \$615 ;
+  wire [3:0] \$616 ;
+  wire [3:0] \$617 ;
+  wire \$618 ;
+  wire \$619 ;
   wire \$62 ;
-  wire \$620 ;
-  wire \$621 ;
+  wire [1:0] \$620 ;
+  wire [2:0] \$621 ;
   wire \$622 ;
-  wire [14:0] \$623 ;
-  wire [3:0] \$624 ;
-  wire [3:0] \$625 ;
+  wire \$623 ;
+  wire \$624 ;
+  wire \$625 ;
   wire \$626 ;
   wire \$627 ;
-  wire [1:0] \$628 ;
-  wire [2:0] \$629 ;
+  wire \$628 ;
+  wire [13:0] \$629 ;
   wire \$63 ;
-  wire \$630 ;
+  wire [32:0] \$630 ;
   wire \$631 ;
   wire \$632 ;
   wire \$633 ;
   wire \$634 ;
   wire \$635 ;
   wire \$636 ;
-  wire [13:0] \$637 ;
-  wire [32:0] \$638 ;
-  wire \$639 ;
+  wire \$637 ;
+  wire [14:0] \$638 ;
+  wire [3:0] \$639 ;
   wire \$64 ;
   wire \$640 ;
   wire \$641 ;
@@ -618,8 +618,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$643 ;
   wire \$644 ;
   wire \$645 ;
-  wire [14:0] \$646 ;
-  wire [3:0] \$647 ;
+  wire \$646 ;
+  wire \$647 ;
   wire \$648 ;
   wire \$649 ;
   wire \$65 ;
@@ -632,257 +632,249 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$656 ;
   wire \$657 ;
   wire \$658 ;
-  wire \$659 ;
+  wire [13:0] \$659 ;
   wire \$66 ;
-  wire \$660 ;
-  wire \$661 ;
+  wire [32:0] \$660 ;
+  wire [4:0] \$661 ;
   wire \$662 ;
   wire \$663 ;
   wire \$664 ;
   wire \$665 ;
   wire \$666 ;
-  wire [13:0] \$667 ;
-  wire [32:0] \$668 ;
-  wire [4:0] \$669 ;
+  wire \$667 ;
+  wire \$668 ;
+  wire \$669 ;
   wire \$67 ;
   wire \$670 ;
-  wire \$671 ;
-  wire \$672 ;
-  wire \$673 ;
+  wire [1:0] \$671 ;
+  wire [4:0] \$672 ;
+  wire [12:0] \$673 ;
   wire \$674 ;
   wire \$675 ;
   wire \$676 ;
-  wire \$677 ;
-  wire \$678 ;
-  wire [1:0] \$679 ;
+  wire [14:0] \$677 ;
+  wire [13:0] \$678 ;
+  wire \$679 ;
   wire \$68 ;
-  wire [4:0] \$680 ;
-  wire [12:0] \$681 ;
+  wire \$680 ;
+  wire \$681 ;
   wire \$682 ;
   wire \$683 ;
   wire \$684 ;
-  wire [14:0] \$685 ;
-  wire [13:0] \$686 ;
+  wire \$685 ;
+  wire \$686 ;
   wire \$687 ;
-  wire \$688 ;
-  wire \$689 ;
+  wire [14:0] \$688 ;
+  wire [13:0] \$689 ;
   wire \$69 ;
-  wire \$690 ;
+  wire [2:0] \$690 ;
   wire \$691 ;
   wire \$692 ;
   wire \$693 ;
-  wire \$694 ;
-  wire \$695 ;
-  wire [14:0] \$696 ;
-  wire [13:0] \$697 ;
-  wire [2:0] \$698 ;
-  wire \$699 ;
+  wire [14:0] \$694 ;
+  wire [14:0] \$695 ;
+  wire \$696 ;
+  wire [14:0] \$697 ;
+  wire \$698 ;
+  wire [14:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
-  wire \$700 ;
-  wire \$701 ;
-  wire [14:0] \$702 ;
-  wire [14:0] \$703 ;
-  wire \$704 ;
-  wire [14:0] \$705 ;
+  wire [2:0] \$700 ;
+  wire [4:0] \$701 ;
+  wire [4:0] \$702 ;
+  wire \$703 ;
+  wire [13:0] \$704 ;
+  wire [32:0] \$705 ;
   wire \$706 ;
-  wire [14:0] \$707 ;
-  wire [2:0] \$708 ;
-  wire [4:0] \$709 ;
+  wire [32:0] \$707 ;
+  wire [4:0] \$708 ;
+  wire \$709 ;
   wire \$71 ;
-  wire [4:0] \$710 ;
-  wire \$711 ;
+  wire \$710 ;
+  wire [13:0] \$711 ;
   wire [13:0] \$712 ;
   wire [32:0] \$713 ;
   wire \$714 ;
-  wire [32:0] \$715 ;
-  wire [4:0] \$716 ;
-  wire \$717 ;
+  wire \$715 ;
+  wire [13:0] \$716 ;
+  wire [32:0] \$717 ;
   wire \$718 ;
-  wire [13:0] \$719 ;
+  wire \$719 ;
   wire \$72 ;
-  wire [13:0] \$720 ;
-  wire [32:0] \$721 ;
+  wire \$720 ;
+  wire \$721 ;
   wire \$722 ;
   wire \$723 ;
-  wire [13:0] \$724 ;
-  wire [32:0] \$725 ;
-  wire \$726 ;
-  wire \$727 ;
-  wire \$728 ;
+  wire \$724 ;
+  wire [15:0] \$725 ;
+  wire [12:0] \$726 ;
+  wire [13:0] \$727 ;
+  wire [15:0] \$728 ;
   wire \$729 ;
   wire \$73 ;
   wire \$730 ;
   wire \$731 ;
   wire \$732 ;
-  wire [15:0] \$733 ;
-  wire [12:0] \$734 ;
-  wire [13:0] \$735 ;
-  wire [15:0] \$736 ;
+  wire [16:0] \$733 ;
+  wire [14:0] \$734 ;
+  wire \$735 ;
+  wire \$736 ;
   wire \$737 ;
   wire \$738 ;
   wire \$739 ;
   wire \$74 ;
-  wire \$740 ;
-  wire [16:0] \$741 ;
-  wire [14:0] \$742 ;
-  wire \$743 ;
-  wire \$744 ;
-  wire \$745 ;
-  wire \$746 ;
-  wire \$747 ;
-  reg [31:0] \$748 ;
-  reg [31:0] \$749 ;
+  reg [31:0] \$740 ;
+  reg [31:0] \$741 ;
+  reg [19:0] \$742 ;
+  reg [32:0] \$743 ;
+  reg [32:0] \$744 ;
+  reg [15:0] \$745 ;
+  reg \$746 ;
+  reg \$747 ;
+  reg \$748 ;
+  reg \$749 ;
   wire \$75 ;
-  reg [19:0] \$750 ;
-  reg [32:0] \$751 ;
-  reg [32:0] \$752 ;
-  reg [15:0] \$753 ;
+  reg [7:0] \$750 ;
+  reg \$751 ;
+  reg \$752 ;
+  reg \$753 ;
   reg \$754 ;
-  reg \$755 ;
-  reg \$756 ;
-  reg \$757 ;
-  reg [7:0] \$758 ;
-  reg \$759 ;
+  reg [13:0] \$755 ;
+  reg [12:0] \$756 ;
+  reg [12:0] \$757 ;
+  reg [13:0] \$758 ;
+  reg [12:0] \$759 ;
   wire \$76 ;
-  reg \$760 ;
-  reg \$761 ;
-  reg \$762 ;
-  reg [13:0] \$763 ;
-  reg [12:0] \$764 ;
-  reg [12:0] \$765 ;
-  reg [13:0] \$766 ;
-  reg [12:0] \$767 ;
-  reg [12:0] \$768 ;
-  reg [13:0] \$769 ;
+  reg [12:0] \$760 ;
+  reg [13:0] \$761 ;
+  reg [12:0] \$762 ;
+  reg [12:0] \$763 ;
+  reg \$764 ;
+  reg [1:0] \$765 ;
+  reg \$766 ;
+  reg \$767 ;
+  reg \$768 ;
+  reg \$769 ;
   wire \$77 ;
-  reg [12:0] \$770 ;
-  reg [12:0] \$771 ;
-  reg \$772 ;
-  reg [1:0] \$773 ;
-  reg \$774 ;
+  reg \$770 ;
+  reg \$771 ;
+  reg [2:0] \$772 ;
+  reg [95:0] \$773 ;
+  reg [1:0] \$774 ;
   reg \$775 ;
-  reg \$776 ;
-  reg \$777 ;
-  reg \$778 ;
+  reg [1:0] \$776 ;
+  reg [2:0] \$777 ;
+  reg [12:0] \$778 ;
   reg \$779 ;
   wire \$78 ;
-  reg [2:0] \$780 ;
-  reg [95:0] \$781 ;
-  reg [1:0] \$782 ;
+  reg [6:0] \$780 ;
+  reg [12:0] \$781 ;
+  reg [13:0] \$782 ;
   reg \$783 ;
   reg [1:0] \$784 ;
-  reg [2:0] \$785 ;
-  reg [12:0] \$786 ;
-  reg \$787 ;
-  reg [6:0] \$788 ;
-  reg [12:0] \$789 ;
+  reg [12:0] \$785 ;
+  reg \$786 ;
+  reg [8:0] \$787 ;
+  reg [12:0] \$788 ;
+  reg [13:0] \$789 ;
   wire \$79 ;
-  reg [13:0] \$790 ;
-  reg \$791 ;
-  reg [1:0] \$792 ;
-  reg [12:0] \$793 ;
-  reg \$794 ;
-  reg [8:0] \$795 ;
-  reg [12:0] \$796 ;
-  reg [13:0] \$797 ;
+  reg [31:0] \$790 ;
+  reg [31:0] \$791 ;
+  reg [31:0] \$792 ;
+  reg [31:0] \$793 ;
+  reg [31:0] \$794 ;
+  reg [31:0] \$795 ;
+  reg [31:0] \$796 ;
+  reg [31:0] \$797 ;
   reg [31:0] \$798 ;
-  reg [31:0] \$799 ;
+  reg \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [31:0] \$800 ;
-  reg [31:0] \$801 ;
-  reg [31:0] \$802 ;
+  reg \$800 ;
+  reg [7:0] \$801 ;
+  reg [12:0] \$802 ;
   reg [31:0] \$803 ;
-  reg [31:0] \$804 ;
-  reg [31:0] \$805 ;
-  reg [31:0] \$806 ;
-  reg \$807 ;
-  reg \$808 ;
-  reg [7:0] \$809 ;
+  reg \$804 ;
+  reg \$805 ;
+  reg \$806 ;
+  reg [4:0] \$807 ;
+  reg [7:0] \$808 ;
+  reg [5:0] \$809 ;
   wire \$81 ;
-  reg [12:0] \$810 ;
-  reg [31:0] \$811 ;
-  reg \$812 ;
-  reg \$813 ;
-  reg \$814 ;
-  reg [4:0] \$815 ;
-  reg [7:0] \$816 ;
-  reg [5:0] \$817 ;
-  reg [3:0] \$818 ;
-  reg [255:0] \$819 ;
+  reg [3:0] \$810 ;
+  reg [255:0] \$811 ;
+  reg [2:0] \$812 ;
+  reg [1:0] \$813 ;
+  reg [13:0] \$814 ;
+  reg [13:0] \$815 ;
+  reg [13:0] \$816 ;
+  reg [13:0] \$817 ;
+  reg [17:0] \$818 ;
+  reg [32:0] \$819 ;
   wire \$82 ;
-  reg [2:0] \$820 ;
-  reg [1:0] \$821 ;
-  reg [13:0] \$822 ;
+  reg [5:0] \$820 ;
+  reg [31:0] \$821 ;
+  reg [5:0] \$822 ;
   reg [13:0] \$823 ;
   reg [13:0] \$824 ;
-  reg [13:0] \$825 ;
-  reg [17:0] \$826 ;
-  reg [32:0] \$827 ;
-  reg [5:0] \$828 ;
-  reg [31:0] \$829 ;
+  reg [12:0] \$825 ;
+  reg \$826 ;
+  reg [12:0] \$827 ;
+  reg \$828 ;
+  reg \$829 ;
   wire \$83 ;
-  reg [5:0] \$830 ;
+  reg [12:0] \$830 ;
   reg [13:0] \$831 ;
-  reg [13:0] \$832 ;
-  reg [12:0] \$833 ;
-  reg \$834 ;
-  reg [12:0] \$835 ;
-  reg \$836 ;
+  reg \$832 ;
+  reg \$833 ;
+  reg [2:0] \$834 ;
+  reg \$835 ;
+  reg [2:0] \$836 ;
   reg \$837 ;
-  reg [12:0] \$838 ;
-  reg [13:0] \$839 ;
+  reg [35:0] \$838 ;
+  reg [3:0] \$839 ;
   wire \$84 ;
-  reg \$840 ;
-  reg \$841 ;
-  reg [2:0] \$842 ;
-  reg \$843 ;
-  reg [2:0] \$844 ;
-  reg \$845 ;
-  reg [35:0] \$846 ;
-  reg [3:0] \$847 ;
-  reg [12:0] \$848 ;
-  reg [12:0] \$849 ;
+  reg [12:0] \$840 ;
+  reg [12:0] \$841 ;
+  reg [15:0] \$842 ;
+  reg [12:0] \$843 ;
+  reg [12:0] \$844 ;
+  reg [13:0] \$845 ;
+  reg [1:0] \$846 ;
+  reg [13:0] \$847 ;
+  reg [3:0] \$848 ;
+  reg \$849 ;
   wire \$85 ;
-  reg [15:0] \$850 ;
+  reg \$850 ;
   reg [12:0] \$851 ;
   reg [12:0] \$852 ;
-  reg [13:0] \$853 ;
-  reg [1:0] \$854 ;
+  reg \$853 ;
+  reg \$854 ;
   reg [13:0] \$855 ;
-  reg [3:0] \$856 ;
+  reg [1:0] \$856 ;
   reg \$857 ;
   reg \$858 ;
-  reg [12:0] \$859 ;
+  reg \$859 ;
   wire \$86 ;
-  reg [12:0] \$860 ;
-  reg \$861 ;
-  reg \$862 ;
-  reg [13:0] \$863 ;
-  reg [1:0] \$864 ;
-  reg \$865 ;
-  reg \$866 ;
-  reg \$867 ;
-  reg [19:0] \$868 ;
+  reg [19:0] \$860 ;
+  reg [13:0] \$861 ;
+  reg [13:0] \$862 ;
+  reg [1:0] \$863 ;
+  reg [13:0] \$864 ;
+  reg [13:0] \$865 ;
+  reg [3:0] \$866 ;
+  reg [3:0] \$867 ;
+  reg [15:0] \$868 ;
   reg [13:0] \$869 ;
   wire \$87 ;
-  reg [13:0] \$870 ;
-  reg [1:0] \$871 ;
-  reg [13:0] \$872 ;
-  reg [13:0] \$873 ;
-  reg [3:0] \$874 ;
-  reg [3:0] \$875 ;
-  reg [15:0] \$876 ;
-  reg [13:0] \$877 ;
-  reg [14:0] \$878 ;
-  reg \$879 ;
+  reg [14:0] \$870 ;
+  reg \$871 ;
+  reg \$872 ;
+  reg [12:0] \$873 ;
+  reg [12:0] \$874 ;
+  wire [5:0] \$875 ;
+  wire [5:0] \$876 ;
   wire \$88 ;
-  reg \$880 ;
-  reg [12:0] \$881 ;
-  reg [12:0] \$882 ;
-  wire [5:0] \$883 ;
-  wire [5:0] \$884 ;
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
@@ -893,7 +885,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire \$98 ;
+  wire [9:0] \$98 ;
   wire \$99 ;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
@@ -996,19 +988,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
   reg [15:0] count = 16'h0000;
+  wire [2:0] ctrl;
+  wire \ctrl.clear_loads ;
+  wire \ctrl.soft_reset ;
+  wire \ctrl.start ;
   reg [4:0] ctrl_state = 5'h00;
   reg [5:0] cur_executor = 6'h00;
   reg [31:0] cycles = 32'd0;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
   reg done = 1'h0;
-  wire \done$327 ;
+  wire \done$328 ;
   reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$328 ;
+  wire \error$329 ;
   reg exp_active = 1'h0;
   reg [3:0] expert = 4'h0;
   reg [3:0] fetch_word = 4'h0;
@@ -1046,21 +1042,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$174 ;
-  wire [31:0] \i__payload$174[0] ;
-  wire [15:0] \i__payload$174[0].g ;
-  wire [15:0] \i__payload$174[0].u ;
-  wire [33:0] \i__payload$176 ;
-  wire [15:0] \i__payload$176.a ;
-  wire [16:0] \i__payload$176.b ;
-  wire \i__payload$176.last ;
+  wire [31:0] \i__payload$175 ;
+  wire [31:0] \i__payload$175[0] ;
+  wire [15:0] \i__payload$175[0].g ;
+  wire [15:0] \i__payload$175[0].u ;
+  wire [33:0] \i__payload$177 ;
+  wire [15:0] \i__payload$177.a ;
+  wire [16:0] \i__payload$177.b ;
+  wire \i__payload$177.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$205 ;
-  wire \i__ready$209 ;
+  wire \i__ready$206 ;
+  wire \i__ready$210 ;
   reg i__valid;
-  reg \i__valid$204 ;
-  reg \i__valid$208 ;
+  reg \i__valid$205 ;
+  reg \i__valid$209 ;
   reg [8:0] im_wr__addr;
   wire [31:0] im_wr__data;
   reg im_wr__en;
@@ -1154,16 +1150,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$207 ;
-  wire [15:0] \o__payload$207[0] ;
-  wire [15:0] \o__payload$211 ;
+  wire [15:0] \o__payload$208 ;
+  wire [15:0] \o__payload$208[0] ;
+  wire [15:0] \o__payload$212 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$182 ;
   wire \o__ready$183 ;
+  wire \o__ready$184 ;
   wire o__valid;
-  wire \o__valid$206 ;
-  wire \o__valid$210 ;
+  wire \o__valid$207 ;
+  wire \o__valid$211 ;
   reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
@@ -1198,7 +1194,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$237 ;
+  wire [31:0] \rd_addr$238 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1229,11 +1225,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
-  reg [31:0] \rq_mult$167  = 32'd0;
+  reg [31:0] \rq_mult$168  = 32'd0;
   wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
   (* init = 6'h00 *)
-  wire [5:0] \rq_shift$169 ;
+  wire [5:0] \rq_shift$170 ;
   reg [5:0] rq_width = 6'h00;
   reg rq_wvalid = 1'h0;
   reg [19:0] rsel = 20'h00000;
@@ -1342,6 +1338,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [15:0] st_y;
   wire start_req;
   wire [31:0] status;
+  wire \status.busy ;
+  wire [7:0] \status.code ;
+  wire \status.done ;
+  wire \status.error ;
+  wire [15:0] \status.pc ;
+  wire [4:0] \status.reserved ;
   reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
@@ -1357,7 +1359,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$239 ;
+  wire [31:0] \wr_addr$240 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1894,876 +1896,863 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
-  assign \$111  = \$110  ? 5'h10 : 5'h00;
-  assign \$112  = | ins[63:62];
-  assign \$113  = \$112  ? 14'h3fff : ins[61:48];
-  assign \$114  = mk + 5'h10;
-  assign \$116  = mk + 5'h10;
-  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
   assign \$119  = | \$118 [16:14];
+  assign \$120  = offset + count;
   assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
-  assign \$122  = offset + count;
-  assign \$123  = | \$122 [16:14];
-  assign \$124  = offset + count;
-  assign \$125  = \$123  ? 14'h3fff : \$124 [13:0];
-  assign \$126  = offset + count;
-  assign \$127  = | \$126 [16:14];
-  assign \$128  = offset + count;
-  assign \$129  = \$127  ? 14'h3fff : \$128 [13:0];
-  assign \$130  = ins[5:0] <= 4'he;
-  assign \$131  = ~ \$130 ;
-  assign \$133  = | \$132 ;
-  assign \$134  = ins[5:0] == 4'ha;
-  assign \$135  = \$133  | \$134 ;
-  assign \$136  = ins[5:0] == 4'hb;
+  assign \$122  = ins[5:0] <= 4'he;
+  assign \$123  = ~ \$122 ;
+  assign \$125  = | \$124 ;
+  assign \$126  = ins[5:0] == 4'ha;
+  assign \$127  = \$125  | \$126 ;
+  assign \$128  = ins[5:0] == 4'hb;
+  assign \$129  = \$127  | \$128 ;
+  assign \$130  = ins[5:0] == 4'h9;
+  assign \$131  = \$129  | \$130 ;
+  assign \$132  = ~ route_done;
+  assign \$133  = \$131  & \$132 ;
+  assign \$135  = | \$134 ;
+  assign \$136  = ins[5:0] == 4'ha;
   assign \$137  = \$135  | \$136 ;
-  assign \$138  = ins[5:0] == 4'h9;
+  assign \$138  = ins[5:0] == 4'hb;
   assign \$139  = \$137  | \$138 ;
-  assign \$140  = ~ route_done;
+  assign \$140  = ~ exp_active;
   assign \$141  = \$139  & \$140 ;
-  assign \$143  = | \$142 ;
-  assign \$144  = ins[5:0] == 4'ha;
+  assign \$142  = \$133  | \$141 ;
+  assign \$143  = ins[5:0] == 4'he;
+  assign \$144  = ins[5:0] == 4'h9;
   assign \$145  = \$143  | \$144 ;
-  assign \$146  = ins[5:0] == 4'hb;
-  assign \$147  = \$145  | \$146 ;
-  assign \$148  = ~ exp_active;
-  assign \$149  = \$147  & \$148 ;
-  assign \$150  = \$141  | \$149 ;
-  assign \$151  = ins[5:0] == 4'he;
-  assign \$152  = ins[5:0] == 4'h9;
-  assign \$153  = \$151  | \$152 ;
-  assign \$154  = ins[255:244] < 7'h40;
-  assign \$155  = ~ \$154 ;
-  assign \$156  = \$153  & \$155 ;
-  assign \$157  = ins[5:0] != 4'he;
-  assign \$158  = ~ shape_q;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = ins[5:0] == 4'h8;
-  assign \$161  = ! ins[87:77];
-  assign \$162  = scores_ok & \$161 ;
-  assign \$163  = scores_a == ins[76:64];
-  assign \$164  = \$162  & \$163 ;
-  assign \$165  = scores_len == ln;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = ~ \$166 ;
-  assign \$168  = \$160  & \$167 ;
-  assign \$169  = ins[5:0] != 4'he;
-  assign \$170  = ~ spad_ok;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = ins[5:0] == 1'h1;
-  assign \$173  = ins[5:0] == 2'h2;
-  assign \$174  = \$172  | \$173 ;
-  assign \$175  = ins[5:0] == 2'h3;
-  assign \$176  = \$174  | \$175 ;
-  assign \$177  = ~ host_ok;
-  assign \$178  = \$176  & \$177 ;
-  assign \$179  = ~ g_valid;
-  assign \$180  = ~ h_valid;
-  assign \$181  = \$180  | eng_ready;
-  assign \$182  = \$179  | \$181 ;
-  assign \$185  = ~ g_valid;
-  assign \$186  = ~ h_valid;
-  assign \$187  = \$186  | eng_ready;
-  assign \$188  = \$185  | \$187 ;
-  assign \$191  = vec_op == 1'h1;
-  assign \$192  = \$191  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$193  = rq_width > 1'h1;
-  assign \$194  = rq_width > 2'h2;
-  assign \$195  = rq_width > 2'h3;
-  assign \$196  = rq_width > 3'h4;
-  assign \$197  = rq_width > 3'h5;
-  assign \$198  = rq_width > 3'h6;
-  assign \$199  = rq_width > 3'h7;
-  assign \$200  = rq_width > 4'h8;
-  assign \$201  = rq_width > 4'h9;
-  assign \$202  = rq_width > 4'ha;
-  assign \$203  = rq_width > 4'hb;
-  assign \$204  = rq_width > 4'hc;
-  assign \$205  = rq_width > 4'hd;
-  assign \$206  = rq_width > 4'he;
-  assign \$207  = rq_width > 4'hf;
-  assign \$208  = rq_width > 5'h10;
-  assign \$209  = rq_width > 5'h11;
-  assign \$210  = rq_width > 5'h12;
-  assign \$211  = rq_width > 5'h13;
-  assign \$212  = rq_width > 5'h14;
-  assign \$213  = rq_width > 5'h15;
-  assign \$214  = rq_width > 5'h16;
-  assign \$215  = rq_width > 5'h17;
-  assign \$216  = $signed(sat_in) > $signed({ 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  });
-  assign \$217  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
-  assign \$218  = $signed(sat_in) < $signed(\$217 );
-  assign \$219  = ~ { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
-  assign \$220  = \$218  ? \$219  : sat_in;
-  assign rq_sat = \$216  ? { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  } : \$220 ;
-  assign \$221  = ~ rq_wvalid;
-  assign \$222  = \$221  | rq_in__ready;
-  assign \$223  = rq_lane == 2'h3;
-  assign \$224  = \$223  | rq_at_last;
-  assign \$225  = | rq_width;
-  assign \$226  = \$225  ? \rq_mult$167  : 32'd1;
-  assign \$227  = | rq_width;
-  assign \$228  = \$227  ? rq_shift : 6'h00;
-  assign \$229  = run_gemm ? gc_lane : rq_lane;
-  assign \$1120  = \$229  * 5'h18;
-  assign sat_in = c_out__payload >> \$1120 ;
-  assign \$230  = ~ a_in__valid;
-  assign \$231  = ~ gm_afeed_done;
-  assign \$232  = \$230  & \$231 ;
-  assign \$233  = gm_lane == 3'h4;
-  assign \$234  = ! gm_left[13:3];
-  assign \$235  = gm_lane >= gm_left[2:0];
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = \$233  | \$236 ;
-  assign \$238  = ~ \$237 ;
-  assign \$239  = \$232  & \$238 ;
-  assign \$242  = | rq_width;
-  assign \$1136  = gc_lane * 5'h18;
-  assign \$243  = c_out__payload >> \$1136 ;
-  assign \$244  = \$242  ? rq_sat : \$243 ;
-  assign \$245  = pc >= 7'h40;
-  assign \$246  = | lane_y;
-  assign \$247  = step != 3'h7;
-  assign \$248  = ! ins[5:0];
-  assign \$249  = settle != 2'h2;
-  assign \$250  = | decode_q;
-  assign \$252  = ins[100:88] + \$251 ;
-  assign \$254  = ins[100:88] + \$253 ;
-  assign \$255  = \$254  + 1'h1;
-  assign \$256  = ins[124:112] + el_i;
-  assign \$257  = ~ ld_full;
-  assign \$258  = el_i < ln;
-  assign \$259  = ins[124:112] + el_i;
-  assign \$260  = ins[243:238] == 1'h1;
-  assign \$1156  = ld_e * 4'h8;
-  assign \$261  = wr_data__payload[31:0] >> \$1156 ;
-  assign \$262  = ins[243:238] == 2'h2;
-  assign \$1160  = ld_e * 5'h10;
-  assign \$263  = wr_data__payload[31:0] >> \$1160 ;
-  assign \$1163  = ld_e * 6'h20;
-  assign \$264  = wr_data__payload[31:0] >> \$1163 ;
-  assign \$265  = \$262  ? { \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263  } : \$264 ;
-  assign \$266  = \$260  ? { \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261  } : \$265 ;
-  assign \$267  = ~ st_full;
-  assign \$268  = st_e < 1'h1;
-  assign \$269  = \$267  & \$268 ;
-  assign \$270  = el_i < ln;
-  assign \$271  = \$269  & \$270 ;
-  assign \$272  = ~ st_rd;
-  assign \$273  = \$271  & \$272 ;
-  assign \$274  = ins[76:64] + el_i;
-  assign \$275  = ins[100:88] + rt_j;
-  assign \$276  = | rt_j;
-  assign \$277  = rt_j - 1'h1;
-  assign \$278  = ~ rt_wvalid;
-  assign \$279  = ~ rt_feed_done;
-  assign \$280  = \$278  & \$279 ;
-  assign \$281  = rt_lane < 1'h1;
-  assign \$282  = \$280  & \$281 ;
-  assign \$285  = rt_tbase + rt_el;
-  assign \$286  = ~ rt_hold;
-  assign \$287  = ~ rt_wphase;
-  assign \$288  = rt_hold & \$287 ;
-  assign \$289  = rt_tslot + rt_s;
-  assign \$290  = rt_hold & rt_wphase;
-  assign \$291  = rt_tslot + rt_s;
-  assign \$292  = \$291  + mk[13:2];
-  assign \$294  = ins[124:112] + rt_p;
-  assign \$295  = rd0_q == rt_j;
-  assign \$296  = rt_lp + rt_pos;
-  assign \$297  = rt_lp + mk[13:2];
-  assign \$298  = \$297  + rt_pos;
-  assign \$299  = rt_p + 1'h1;
-  assign \$300  = \$299  < mk[13:2];
-  assign \$301  = rt_cb + rt_j;
-  assign \$302  = rt_pos - rt_off;
-  assign \$303  = rt_cb + 4'h8;
-  assign \$304  = \$303  + rt_j;
-  assign \$305  = scan >= 4'h8;
-  assign \$306  = ins[76:64] + scan;
-  assign \$307  = ins[76:64] + 4'h8;
-  assign \$308  = \$307  + scan;
-  assign \$309  = g_i >= count;
-  assign \$311  = ins[100:88] + offset;
-  assign \$312  = \$311  + g_i;
-  assign \$313  = | lane_y;
-  assign \$314  = g_j < ins[61:48];
-  assign \$317  = run_gather ? lane_acc[12:0] : g_in;
-  assign \$318  = ins[76:64] + \$317 ;
-  assign \$319  = \$318  + g_j;
-  assign \$320  = ~ running;
-  assign \$321  = soft_req & \$320 ;
-  assign \$322  = ! ctrl_state;
-  assign \$323  = ctrl_state == 1'h1;
-  assign \$324  = ctrl_state == 2'h2;
-  assign \$325  = ctrl_state == 2'h3;
-  assign \$326  = ctrl_state == 3'h4;
-  assign \$327  = ctrl_state == 3'h5;
-  assign \$328  = ctrl_state == 3'h6;
-  assign \$329  = ctrl_state == 3'h7;
-  assign \$330  = ctrl_state == 4'h8;
-  assign \$331  = ctrl_state == 4'h9;
-  assign \$332  = ctrl_state == 4'ha;
-  assign \$333  = ctrl_state == 4'hb;
-  assign \$334  = ctrl_state == 4'hc;
-  assign \$335  = ctrl_state == 4'hd;
-  assign \$336  = ctrl_state == 4'he;
-  assign \$337  = ctrl_state == 4'hf;
-  assign \$338  = ctrl_state == 5'h10;
-  assign \$339  = ctrl_state == 5'h11;
-  assign \$340  = ctrl_state == 5'h12;
-  assign \$341  = ctrl_state == 5'h13;
-  assign \$342  = ctrl_state == 5'h14;
-  assign \$343  = ctrl_state == 5'h15;
-  assign \$344  = ctrl_state == 5'h16;
-  assign \$345  = ctrl_state == 5'h17;
-  assign \$346  = ctrl_state == 5'h18;
-  assign \$347  = ctrl_state == 5'h19;
-  assign \$348  = ctrl_state == 5'h1a;
-  assign \$349  = ctrl_state == 5'h1b;
-  assign \$350  = wr_addr == 4'hc;
-  assign \$351  = wr_en & \$350 ;
-  assign \$352  = wr_addr == 5'h10;
-  assign \$353  = wr_en & \$352 ;
-  assign \$354  = | lane_y;
-  assign \$355  = lane_acc + lane_x;
-  assign \$357  = lane_acc + lane_x;
-  assign \$358  = \$356  ? 33'h1ffffffff : \$357 [32:0];
-  assign \$360  = lane_x[32] ? 34'h1ffffffff : \$359 ;
-  assign \$362  = | wa;
-  assign \$363  = | wc;
-  assign \$364  = \$362  & \$363 ;
-  assign \$365  = ins[125:112] + wc;
-  assign \$366  = ins[77:64] < \$365 ;
-  assign \$367  = \$364  & \$366 ;
-  assign \$368  = ins[77:64] + wa;
-  assign \$369  = ins[125:112] < \$368 ;
-  assign \$370  = \$367  & \$369 ;
-  assign \$371  = ins[5:0] == 3'h4;
-  assign \$372  = ins[5:0] == 3'h5;
-  assign \$373  = ins[5:0] == 3'h6;
-  assign \$374  = ins[5:0] == 3'h7;
-  assign \$375  = ins[5:0] == 4'hd;
-  assign \$376  = | { \$375 , \$374 , \$373 , \$372 , \$371  };
-  assign \$377  = ins[77:64] == ins[125:112];
-  assign \$378  = \$376  & \$377 ;
-  assign \$379  = wa == wc;
-  assign \$380  = \$378  & \$379 ;
-  assign \$381  = ~ \$380 ;
-  assign \$382  = \$370  & \$381 ;
-  assign \$383  = | wb;
-  assign \$384  = | wc;
-  assign \$385  = \$383  & \$384 ;
-  assign \$386  = ins[125:112] + wc;
-  assign \$387  = ins[101:88] < \$386 ;
-  assign \$388  = \$385  & \$387 ;
-  assign \$389  = ins[101:88] + wb;
-  assign \$390  = ins[125:112] < \$389 ;
-  assign \$391  = \$388  & \$390 ;
-  assign \$392  = ins[5:0] == 3'h4;
-  assign \$393  = ins[5:0] == 3'h5;
-  assign \$394  = ins[5:0] == 3'h6;
-  assign \$395  = ins[5:0] == 3'h7;
-  assign \$396  = ins[5:0] == 4'hd;
-  assign \$397  = | { \$396 , \$395 , \$394 , \$393 , \$392  };
-  assign \$398  = ins[101:88] == ins[125:112];
-  assign \$399  = \$397  & \$398 ;
-  assign \$400  = wb == wc;
-  assign \$401  = \$399  & \$400 ;
-  assign \$402  = ~ \$401 ;
-  assign \$403  = \$391  & \$402 ;
-  assign \$404  = \$382  | \$403 ;
-  assign \$405  = ! wa;
-  assign \$406  = ! ins[87:78];
-  assign \$407  = ins[77:64] + wa;
-  assign \$408  = \$407  <= 14'h2000;
-  assign \$409  = \$406  & \$408 ;
-  assign \$410  = \$405  | \$409 ;
-  assign \$411  = ! wb;
-  assign \$412  = ! ins[111:102];
-  assign \$413  = ins[101:88] + wb;
-  assign \$414  = \$413  <= 14'h2000;
-  assign \$415  = \$412  & \$414 ;
-  assign \$416  = \$411  | \$415 ;
-  assign \$417  = \$410  & \$416 ;
-  assign \$418  = ! wc;
-  assign \$419  = ! ins[135:126];
-  assign \$420  = ins[125:112] + wc;
-  assign \$421  = \$420  <= 14'h2000;
-  assign \$422  = \$419  & \$421 ;
-  assign \$423  = \$418  | \$422 ;
-  assign \$424  = \$417  & \$423 ;
-  assign \$425  = ! host_eff[1:0];
-  assign \$426  = host_eff >= host_base;
-  assign \$427  = \$425  & \$426 ;
-  assign \$428  = host_eff + { l4[17:2], 2'h0 };
-  assign \$429  = host_base + host_size;
-  assign \$430  = \$428  <= \$429 ;
-  assign \$431  = \$427  & \$430 ;
-  assign \$432  = ~ h_valid;
-  assign \$433  = \$432  | eng_ready;
-  assign \$434  = ~ g_valid;
-  assign \$435  = ~ h_valid;
-  assign \$436  = \$435  | eng_ready;
-  assign \$437  = \$434  | \$436 ;
-  assign \$440  = rem0 == 1'h1;
-  assign \$443  = | rem0[13:1];
-  assign \$444  = | rem1[13:1];
-  assign \$445  = rem0 - 1'h1;
-  assign \$446  = pa + sa0;
-  assign \$447  = pb + sb0;
-  assign \$448  = rem1 - 1'h1;
-  assign \$449  = ra1 + sa1;
-  assign \$450  = ra1 + sa1;
-  assign \$451  = rb1 + sb1;
-  assign \$452  = rb1 + sb1;
-  assign \$453  = rem2 - 1'h1;
-  assign \$454  = ra2 + sa2;
-  assign \$455  = ra2 + sa2;
-  assign \$456  = ra2 + sa2;
-  assign \$457  = rb2 + sb2;
-  assign \$458  = rb2 + sb2;
-  assign \$459  = rb2 + sb2;
-  assign \$460  = | rem2[13:1];
-  assign \$461  = ~ \$460 ;
-  assign \$462  = ins[5:0] == 4'hd;
-  assign \$463  = ins[5:0] == 4'hc;
-  assign \$464  = \$463  ? 2'h1 : 2'h0;
-  assign \$465  = \$462  ? 2'h2 : \$464 ;
-  assign \$466  = ins[5:0] == 2'h3;
-  assign \$467  = ins[5:0] == 3'h4;
-  assign \$468  = ins[5:0] == 3'h5;
-  assign \$469  = ins[5:0] == 3'h6;
-  assign \$470  = ins[5:0] == 4'ha;
-  assign \$471  = rq_wvalid & rq_in__ready;
-  assign \$472  = h_valid & eng_ready;
-  assign \$473  = rq_wvalid & rq_in__ready;
-  assign \$474  = \$473  ? 3'h0 : rq_fill;
-  assign \$475  = rq_wvalid & rq_in__ready;
-  assign \$476  = \$475  ? 3'h0 : rq_fill;
-  assign \$477  = \$476  + 1'h1;
-  assign \$478  = rq_wvalid & rq_in__ready;
-  assign \$479  = \$478  ? 3'h0 : rq_fill;
-  assign \$480  = \$479  == 2'h3;
-  assign \$481  = \$480  | h_last;
-  assign \$482  = rq_lane == 2'h3;
-  assign \$483  = \$482  | rq_at_last;
-  assign \$484  = rq_lane + 1'h1;
-  assign \$485  = \$483  ? 3'h0 : \$484 ;
-  assign \$486  = ~ a_in__valid;
-  assign \$487  = ~ gm_afeed_done;
-  assign \$488  = \$486  & \$487 ;
-  assign \$489  = gm_lane == 3'h4;
-  assign \$490  = ! gm_left[13:3];
-  assign \$491  = gm_lane >= gm_left[2:0];
-  assign \$492  = \$490  & \$491 ;
-  assign \$493  = \$489  | \$492 ;
-  assign \$494  = ~ \$493 ;
-  assign \$495  = \$488  & \$494 ;
-  assign \$498  = gm_lane + 1'h1;
-  assign \$499  = gm_addr + ins[38:32];
-  assign \$500  = ~ a_in__valid;
-  assign \$501  = ~ gm_afeed_done;
-  assign \$502  = \$500  & \$501 ;
-  assign \$503  = gm_lane == 3'h4;
-  assign \$504  = ! gm_left[13:3];
-  assign \$505  = gm_lane >= gm_left[2:0];
-  assign \$506  = \$504  & \$505 ;
-  assign \$507  = \$503  | \$506 ;
-  assign \$508  = \$502  & \$507 ;
-  assign \$509  = a_in__valid & a_in__ready;
-  assign \$510  = gm_k + 1'h1;
-  assign \$511  = \$510  < ins[38:32];
-  assign \$512  = gm_k + 1'h1;
-  assign \$513  = gm_wstart + 1'h1;
-  assign \$514  = gm_wstart + 1'h1;
-  assign \$515  = gm_left - 3'h4;
-  assign \$516  = gm_addr - ins[38:32];
-  assign \$517  = $signed(\$516 ) + $signed(2'h1);
-  assign \$518  = gm_addr - ins[38:32];
-  assign \$519  = $signed(\$518 ) + $signed(2'h1);
-  assign \$520  = ! gm_left[13:3];
-  assign \$521  = gm_left[2:0] <= 3'h4;
-  assign \$522  = \$520  & \$521 ;
-  assign \$523  = gc_lane + 1'h1;
-  assign \$524  = gc_addr + ins[56:48];
-  assign \$525  = gc_lane + 1'h1;
-  assign \$526  = \$525  == 2'h3;
-  assign \$527  = ! gc_left[13:3];
-  assign \$528  = gc_lane + 1'h1;
-  assign \$529  = \$528  + 1'h1;
-  assign \$530  = \$529  >= gc_left[2:0];
-  assign \$531  = \$527  & \$530 ;
-  assign \$532  = \$526  | \$531 ;
-  assign \$533  = gc_n + 1'h1;
-  assign \$534  = \$533  < ins[56:48];
-  assign \$535  = gc_n + 1'h1;
-  assign \$536  = gc_wstart + 1'h1;
-  assign \$537  = gc_wstart + 1'h1;
-  assign \$538  = ! gc_left[13:3];
-  assign \$539  = gc_left[2:0] <= 1'h1;
-  assign \$540  = \$538  & \$539 ;
-  assign \$542  = gc_left - 3'h4;
-  assign \$543  = gc_addr + 1'h1;
-  assign \$544  = gc_addr + 1'h1;
-  assign \$545  = gc_left - 3'h4;
-  assign \$546  = ! \$545 [13:3];
-  assign \$547  = gc_left - 3'h4;
-  assign \$548  = \$547 [2:0] <= 1'h1;
-  assign \$549  = \$546  & \$548 ;
-  assign \$551  = cycles + 1'h1;
-  assign \$552  = busy_dma + 1'h1;
-  assign \$553  = busy_gemm + 1'h1;
-  assign \$554  = busy_act + 1'h1;
-  assign \$555  = busy_route + 1'h1;
-  assign \$556  = busy_vector + 1'h1;
-  assign \$557  = busy_move + 1'h1;
-  assign \$558  = ~ eng_run;
-  assign \$559  = ~ h_valid;
-  assign \$560  = \$559  | eng_ready;
-  assign \$561  = \$558  | \$560 ;
-  assign \$562  = pc >= 7'h40;
-  assign \$563  = fetch_word + 1'h1;
-  assign \$564  = fetch_word == 4'h8;
-  assign \$565  = | lane_y;
-  assign \$566  = step != 3'h7;
-  assign \$567  = ! ins[5:0];
-  assign \$568  = settle != 2'h2;
-  assign \$569  = | decode_q;
-  assign \$570  = | lane_acc[32:14];
-  assign \$571  = \$570  ? 14'h3fff : lane_acc[13:0];
-  assign \$572  = | lane_acc[32:14];
-  assign \$573  = \$572  ? 14'h3fff : lane_acc[13:0];
-  assign \$574  = | lane_acc[32:14];
-  assign \$575  = \$574  ? 14'h3fff : lane_acc[13:0];
-  assign \$576  = | lane_acc[32:14];
-  assign \$577  = \$576  ? 14'h3fff : lane_acc[13:0];
-  assign \$578  = | lane_acc[32:18];
-  assign \$579  = \$578  ? 18'h3ffff : lane_acc[17:0];
-  assign \$580  = step + 1'h1;
-  assign \$581  = settle + 1'h1;
-  assign \$582  = ins[5:0] == 1'h1;
-  assign \$583  = ins[5:0] == 2'h2;
-  assign \$584  = ins[5:0] == 2'h3;
-  assign \$585  = ins[5:0] == 3'h4;
-  assign \$586  = ins[5:0] == 3'h5;
-  assign \$587  = ins[5:0] == 3'h6;
-  assign \$588  = ins[5:0] == 4'h8;
-  assign \$589  = ins[5:0] == 3'h7;
-  assign \$590  = ins[5:0] == 4'hc;
-  assign \$591  = ins[5:0] == 4'hd;
-  assign \$592  = ins[5:0] == 4'ha;
-  assign \$593  = ins[5:0] == 4'hb;
-  assign \$594  = retired + 1'h1;
-  assign \$595  = ln == 1'h1;
-  assign \$598  = ! m_eff[13:3];
-  assign \$599  = m_eff[2:0] <= 1'h1;
-  assign \$600  = \$598  & \$599 ;
-  assign \$605  = ins[124:112] + \$604 ;
-  assign \$607  = ins[124:112] + \$606 ;
-  assign \$608  = \$607  + 5'h10;
-  assign \$609  = el_i + 1'h1;
-  assign \$610  = el_i + 2'h2;
-  assign \$611  = \$610  == ln;
-  assign \$612  = el_i < ln;
-  assign \$613  = ~ \$612 ;
-  assign \$614  = eng_run & \$613 ;
-  assign \$615  = pc + 1'h1;
-  assign \$616  = retired + 1'h1;
-  assign \$617  = ~ rd_busy;
-  assign \$618  = pc + 1'h1;
-  assign \$619  = retired + 1'h1;
-  assign \$620  = ~ ld_full;
-  assign \$621  = rd_data__valid & \$620 ;
-  assign \$622  = el_i < ln;
-  assign \$623  = el_i + 1'h1;
-  assign \$624  = ld_e + 1'h1;
-  assign \$625  = ld_e + 1'h1;
-  assign \$626  = ins[243:238] == 1'h1;
-  assign \$627  = ins[243:238] == 2'h2;
-  assign \$628  = \$627  ? 2'h2 : 2'h1;
-  assign \$629  = \$626  ? 3'h4 : { 1'h0, \$628  };
-  assign \$630  = \$625  >= \$629 ;
-  assign \$631  = ~ rd_busy;
-  assign \$632  = ~ ld_full;
+  assign \$146  = ins[255:244] < 7'h40;
+  assign \$147  = ~ \$146 ;
+  assign \$148  = \$145  & \$147 ;
+  assign \$149  = ins[5:0] != 4'he;
+  assign \$150  = ~ shape_q;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = ins[5:0] == 4'h8;
+  assign \$153  = ! ins[87:77];
+  assign \$154  = scores_ok & \$153 ;
+  assign \$155  = scores_a == ins[76:64];
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = scores_len == ln;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = ~ \$158 ;
+  assign \$160  = \$152  & \$159 ;
+  assign \$161  = ins[5:0] != 4'he;
+  assign \$162  = ~ spad_ok;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = ins[5:0] == 1'h1;
+  assign \$165  = ins[5:0] == 2'h2;
+  assign \$166  = \$164  | \$165 ;
+  assign \$167  = ins[5:0] == 2'h3;
+  assign \$168  = \$166  | \$167 ;
+  assign \$169  = ~ host_ok;
+  assign \$170  = \$168  & \$169 ;
+  assign \$171  = ~ g_valid;
+  assign \$172  = ~ h_valid;
+  assign \$173  = \$172  | eng_ready;
+  assign \$174  = \$171  | \$173 ;
+  assign \$177  = ~ g_valid;
+  assign \$178  = ~ h_valid;
+  assign \$179  = \$178  | eng_ready;
+  assign \$180  = \$177  | \$179 ;
+  assign \$183  = vec_op == 1'h1;
+  assign \$184  = \$183  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
+  assign \$185  = rq_width > 1'h1;
+  assign \$186  = rq_width > 2'h2;
+  assign \$187  = rq_width > 2'h3;
+  assign \$188  = rq_width > 3'h4;
+  assign \$189  = rq_width > 3'h5;
+  assign \$190  = rq_width > 3'h6;
+  assign \$191  = rq_width > 3'h7;
+  assign \$192  = rq_width > 4'h8;
+  assign \$193  = rq_width > 4'h9;
+  assign \$194  = rq_width > 4'ha;
+  assign \$195  = rq_width > 4'hb;
+  assign \$196  = rq_width > 4'hc;
+  assign \$197  = rq_width > 4'hd;
+  assign \$198  = rq_width > 4'he;
+  assign \$199  = rq_width > 4'hf;
+  assign \$200  = rq_width > 5'h10;
+  assign \$201  = rq_width > 5'h11;
+  assign \$202  = rq_width > 5'h12;
+  assign \$203  = rq_width > 5'h13;
+  assign \$204  = rq_width > 5'h14;
+  assign \$205  = rq_width > 5'h15;
+  assign \$206  = rq_width > 5'h16;
+  assign \$207  = rq_width > 5'h17;
+  assign \$208  = $signed(sat_in) > $signed({ 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  });
+  assign \$209  = ~ { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
+  assign \$210  = $signed(sat_in) < $signed(\$209 );
+  assign \$211  = ~ { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
+  assign \$212  = \$210  ? \$211  : sat_in;
+  assign rq_sat = \$208  ? { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  } : \$212 ;
+  assign \$213  = ~ rq_wvalid;
+  assign \$214  = \$213  | rq_in__ready;
+  assign \$215  = rq_lane == 2'h3;
+  assign \$216  = \$215  | rq_at_last;
+  assign \$217  = | rq_width;
+  assign \$218  = \$217  ? \rq_mult$168  : 32'd1;
+  assign \$219  = | rq_width;
+  assign \$220  = \$219  ? rq_shift : 6'h00;
+  assign \$221  = run_gemm ? gc_lane : rq_lane;
+  assign \$1104  = \$221  * 5'h18;
+  assign sat_in = c_out__payload >> \$1104 ;
+  assign \$222  = ~ a_in__valid;
+  assign \$223  = ~ gm_afeed_done;
+  assign \$224  = \$222  & \$223 ;
+  assign \$225  = gm_lane == 3'h4;
+  assign \$226  = ! gm_left[13:3];
+  assign \$227  = gm_lane >= gm_left[2:0];
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = \$225  | \$228 ;
+  assign \$230  = ~ \$229 ;
+  assign \$231  = \$224  & \$230 ;
+  assign \$234  = | rq_width;
+  assign \$1120  = gc_lane * 5'h18;
+  assign \$235  = c_out__payload >> \$1120 ;
+  assign \$236  = \$234  ? rq_sat : \$235 ;
+  assign \$237  = pc >= 7'h40;
+  assign \$238  = | lane_y;
+  assign \$239  = step != 3'h7;
+  assign \$240  = ! ins[5:0];
+  assign \$241  = settle != 2'h2;
+  assign \$242  = | decode_q;
+  assign \$244  = ins[100:88] + \$243 ;
+  assign \$246  = ins[100:88] + \$245 ;
+  assign \$247  = \$246  + 1'h1;
+  assign \$248  = ins[124:112] + el_i;
+  assign \$249  = ~ ld_full;
+  assign \$250  = el_i < ln;
+  assign \$251  = ins[124:112] + el_i;
+  assign \$252  = ins[243:238] == 1'h1;
+  assign \$1140  = ld_e * 4'h8;
+  assign \$253  = wr_data__payload[31:0] >> \$1140 ;
+  assign \$254  = ins[243:238] == 2'h2;
+  assign \$1144  = ld_e * 5'h10;
+  assign \$255  = wr_data__payload[31:0] >> \$1144 ;
+  assign \$1147  = ld_e * 6'h20;
+  assign \$256  = wr_data__payload[31:0] >> \$1147 ;
+  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
+  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
+  assign \$259  = ~ st_full;
+  assign \$260  = st_e < 1'h1;
+  assign \$261  = \$259  & \$260 ;
+  assign \$262  = el_i < ln;
+  assign \$263  = \$261  & \$262 ;
+  assign \$264  = ~ st_rd;
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = ins[76:64] + el_i;
+  assign \$267  = ins[100:88] + rt_j;
+  assign \$268  = | rt_j;
+  assign \$269  = rt_j - 1'h1;
+  assign \$270  = ~ rt_wvalid;
+  assign \$271  = ~ rt_feed_done;
+  assign \$272  = \$270  & \$271 ;
+  assign \$273  = rt_lane < 1'h1;
+  assign \$274  = \$272  & \$273 ;
+  assign \$277  = rt_tbase + rt_el;
+  assign \$278  = ~ rt_hold;
+  assign \$279  = ~ rt_wphase;
+  assign \$280  = rt_hold & \$279 ;
+  assign \$281  = rt_tslot + rt_s;
+  assign \$282  = rt_hold & rt_wphase;
+  assign \$283  = rt_tslot + rt_s;
+  assign \$284  = \$283  + mk[13:2];
+  assign \$286  = ins[124:112] + rt_p;
+  assign \$287  = rd0_q == rt_j;
+  assign \$288  = rt_lp + rt_pos;
+  assign \$289  = rt_lp + mk[13:2];
+  assign \$290  = \$289  + rt_pos;
+  assign \$291  = rt_p + 1'h1;
+  assign \$292  = \$291  < mk[13:2];
+  assign \$293  = rt_cb + rt_j;
+  assign \$294  = rt_pos - rt_off;
+  assign \$295  = rt_cb + 4'h8;
+  assign \$296  = \$295  + rt_j;
+  assign \$297  = scan >= 4'h8;
+  assign \$298  = ins[76:64] + scan;
+  assign \$299  = ins[76:64] + 4'h8;
+  assign \$300  = \$299  + scan;
+  assign \$301  = g_i >= count;
+  assign \$303  = ins[100:88] + offset;
+  assign \$304  = \$303  + g_i;
+  assign \$305  = | lane_y;
+  assign \$306  = g_j < ins[61:48];
+  assign \$309  = run_gather ? lane_acc[12:0] : g_in;
+  assign \$310  = ins[76:64] + \$309 ;
+  assign \$311  = \$310  + g_j;
+  assign \$312  = ~ running;
+  assign \$313  = soft_req & \$312 ;
+  assign \$314  = ! ctrl_state;
+  assign \$315  = ctrl_state == 1'h1;
+  assign \$316  = ctrl_state == 2'h2;
+  assign \$317  = ctrl_state == 2'h3;
+  assign \$318  = ctrl_state == 3'h4;
+  assign \$319  = ctrl_state == 3'h5;
+  assign \$320  = ctrl_state == 3'h6;
+  assign \$321  = ctrl_state == 3'h7;
+  assign \$322  = ctrl_state == 4'h8;
+  assign \$323  = ctrl_state == 4'h9;
+  assign \$324  = ctrl_state == 4'ha;
+  assign \$325  = ctrl_state == 4'hb;
+  assign \$326  = ctrl_state == 4'hc;
+  assign \$327  = ctrl_state == 4'hd;
+  assign \$328  = ctrl_state == 4'he;
+  assign \$329  = ctrl_state == 4'hf;
+  assign \$330  = ctrl_state == 5'h10;
+  assign \$331  = ctrl_state == 5'h11;
+  assign \$332  = ctrl_state == 5'h12;
+  assign \$333  = ctrl_state == 5'h13;
+  assign \$334  = ctrl_state == 5'h14;
+  assign \$335  = ctrl_state == 5'h15;
+  assign \$336  = ctrl_state == 5'h16;
+  assign \$337  = ctrl_state == 5'h17;
+  assign \$338  = ctrl_state == 5'h18;
+  assign \$339  = ctrl_state == 5'h19;
+  assign \$340  = ctrl_state == 5'h1a;
+  assign \$341  = ctrl_state == 5'h1b;
+  assign \$342  = wr_addr == 4'hc;
+  assign \$343  = wr_en & \$342 ;
+  assign \$344  = wr_addr == 5'h10;
+  assign \$345  = wr_en & \$344 ;
+  assign \$346  = | lane_y;
+  assign \$347  = lane_acc + lane_x;
+  assign \$349  = lane_acc + lane_x;
+  assign \$350  = \$348  ? 33'h1ffffffff : \$349 [32:0];
+  assign \$352  = lane_x[32] ? 34'h1ffffffff : \$351 ;
+  assign \$354  = | wa;
+  assign \$355  = | wc;
+  assign \$356  = \$354  & \$355 ;
+  assign \$357  = ins[125:112] + wc;
+  assign \$358  = ins[77:64] < \$357 ;
+  assign \$359  = \$356  & \$358 ;
+  assign \$360  = ins[77:64] + wa;
+  assign \$361  = ins[125:112] < \$360 ;
+  assign \$362  = \$359  & \$361 ;
+  assign \$363  = ins[5:0] == 3'h4;
+  assign \$364  = ins[5:0] == 3'h5;
+  assign \$365  = ins[5:0] == 3'h6;
+  assign \$366  = ins[5:0] == 3'h7;
+  assign \$367  = ins[5:0] == 4'hd;
+  assign \$368  = | { \$367 , \$366 , \$365 , \$364 , \$363  };
+  assign \$369  = ins[77:64] == ins[125:112];
+  assign \$370  = \$368  & \$369 ;
+  assign \$371  = wa == wc;
+  assign \$372  = \$370  & \$371 ;
+  assign \$373  = ~ \$372 ;
+  assign \$374  = \$362  & \$373 ;
+  assign \$375  = | wb;
+  assign \$376  = | wc;
+  assign \$377  = \$375  & \$376 ;
+  assign \$378  = ins[125:112] + wc;
+  assign \$379  = ins[101:88] < \$378 ;
+  assign \$380  = \$377  & \$379 ;
+  assign \$381  = ins[101:88] + wb;
+  assign \$382  = ins[125:112] < \$381 ;
+  assign \$383  = \$380  & \$382 ;
+  assign \$384  = ins[5:0] == 3'h4;
+  assign \$385  = ins[5:0] == 3'h5;
+  assign \$386  = ins[5:0] == 3'h6;
+  assign \$387  = ins[5:0] == 3'h7;
+  assign \$388  = ins[5:0] == 4'hd;
+  assign \$389  = | { \$388 , \$387 , \$386 , \$385 , \$384  };
+  assign \$390  = ins[101:88] == ins[125:112];
+  assign \$391  = \$389  & \$390 ;
+  assign \$392  = wb == wc;
+  assign \$393  = \$391  & \$392 ;
+  assign \$394  = ~ \$393 ;
+  assign \$395  = \$383  & \$394 ;
+  assign \$396  = \$374  | \$395 ;
+  assign \$397  = ! wa;
+  assign \$398  = ! ins[87:78];
+  assign \$399  = ins[77:64] + wa;
+  assign \$400  = \$399  <= 14'h2000;
+  assign \$401  = \$398  & \$400 ;
+  assign \$402  = \$397  | \$401 ;
+  assign \$403  = ! wb;
+  assign \$404  = ! ins[111:102];
+  assign \$405  = ins[101:88] + wb;
+  assign \$406  = \$405  <= 14'h2000;
+  assign \$407  = \$404  & \$406 ;
+  assign \$408  = \$403  | \$407 ;
+  assign \$409  = \$402  & \$408 ;
+  assign \$410  = ! wc;
+  assign \$411  = ! ins[135:126];
+  assign \$412  = ins[125:112] + wc;
+  assign \$413  = \$412  <= 14'h2000;
+  assign \$414  = \$411  & \$413 ;
+  assign \$415  = \$410  | \$414 ;
+  assign \$416  = \$409  & \$415 ;
+  assign \$417  = ! host_eff[1:0];
+  assign \$418  = host_eff >= host_base;
+  assign \$419  = \$417  & \$418 ;
+  assign \$420  = host_eff + { l4[17:2], 2'h0 };
+  assign \$421  = host_base + host_size;
+  assign \$422  = \$420  <= \$421 ;
+  assign \$423  = \$419  & \$422 ;
+  assign \$424  = ~ h_valid;
+  assign \$425  = \$424  | eng_ready;
+  assign \$426  = ~ g_valid;
+  assign \$427  = ~ h_valid;
+  assign \$428  = \$427  | eng_ready;
+  assign \$429  = \$426  | \$428 ;
+  assign \$432  = rem0 == 1'h1;
+  assign \$435  = | rem0[13:1];
+  assign \$436  = | rem1[13:1];
+  assign \$437  = rem0 - 1'h1;
+  assign \$438  = pa + sa0;
+  assign \$439  = pb + sb0;
+  assign \$440  = rem1 - 1'h1;
+  assign \$441  = ra1 + sa1;
+  assign \$442  = ra1 + sa1;
+  assign \$443  = rb1 + sb1;
+  assign \$444  = rb1 + sb1;
+  assign \$445  = rem2 - 1'h1;
+  assign \$446  = ra2 + sa2;
+  assign \$447  = ra2 + sa2;
+  assign \$448  = ra2 + sa2;
+  assign \$449  = rb2 + sb2;
+  assign \$450  = rb2 + sb2;
+  assign \$451  = rb2 + sb2;
+  assign \$452  = | rem2[13:1];
+  assign \$453  = ~ \$452 ;
+  assign \$454  = ins[5:0] == 4'hd;
+  assign \$455  = ins[5:0] == 4'hc;
+  assign \$456  = \$455  ? 2'h1 : 2'h0;
+  assign \$457  = \$454  ? 2'h2 : \$456 ;
+  assign \$458  = ins[5:0] == 2'h3;
+  assign \$459  = ins[5:0] == 3'h4;
+  assign \$460  = ins[5:0] == 3'h5;
+  assign \$461  = ins[5:0] == 3'h6;
+  assign \$462  = ins[5:0] == 4'ha;
+  assign \$463  = rq_wvalid & rq_in__ready;
+  assign \$464  = h_valid & eng_ready;
+  assign \$465  = rq_wvalid & rq_in__ready;
+  assign \$466  = \$465  ? 3'h0 : rq_fill;
+  assign \$467  = rq_wvalid & rq_in__ready;
+  assign \$468  = \$467  ? 3'h0 : rq_fill;
+  assign \$469  = \$468  + 1'h1;
+  assign \$470  = rq_wvalid & rq_in__ready;
+  assign \$471  = \$470  ? 3'h0 : rq_fill;
+  assign \$472  = \$471  == 2'h3;
+  assign \$473  = \$472  | h_last;
+  assign \$474  = rq_lane == 2'h3;
+  assign \$475  = \$474  | rq_at_last;
+  assign \$476  = rq_lane + 1'h1;
+  assign \$477  = \$475  ? 3'h0 : \$476 ;
+  assign \$478  = ~ a_in__valid;
+  assign \$479  = ~ gm_afeed_done;
+  assign \$480  = \$478  & \$479 ;
+  assign \$481  = gm_lane == 3'h4;
+  assign \$482  = ! gm_left[13:3];
+  assign \$483  = gm_lane >= gm_left[2:0];
+  assign \$484  = \$482  & \$483 ;
+  assign \$485  = \$481  | \$484 ;
+  assign \$486  = ~ \$485 ;
+  assign \$487  = \$480  & \$486 ;
+  assign \$490  = gm_lane + 1'h1;
+  assign \$491  = gm_addr + ins[38:32];
+  assign \$492  = ~ a_in__valid;
+  assign \$493  = ~ gm_afeed_done;
+  assign \$494  = \$492  & \$493 ;
+  assign \$495  = gm_lane == 3'h4;
+  assign \$496  = ! gm_left[13:3];
+  assign \$497  = gm_lane >= gm_left[2:0];
+  assign \$498  = \$496  & \$497 ;
+  assign \$499  = \$495  | \$498 ;
+  assign \$500  = \$494  & \$499 ;
+  assign \$501  = a_in__valid & a_in__ready;
+  assign \$502  = gm_k + 1'h1;
+  assign \$503  = \$502  < ins[38:32];
+  assign \$504  = gm_k + 1'h1;
+  assign \$505  = gm_wstart + 1'h1;
+  assign \$506  = gm_wstart + 1'h1;
+  assign \$507  = gm_left - 3'h4;
+  assign \$508  = gm_addr - ins[38:32];
+  assign \$509  = $signed(\$508 ) + $signed(2'h1);
+  assign \$510  = gm_addr - ins[38:32];
+  assign \$511  = $signed(\$510 ) + $signed(2'h1);
+  assign \$512  = ! gm_left[13:3];
+  assign \$513  = gm_left[2:0] <= 3'h4;
+  assign \$514  = \$512  & \$513 ;
+  assign \$515  = gc_lane + 1'h1;
+  assign \$516  = gc_addr + ins[56:48];
+  assign \$517  = gc_lane + 1'h1;
+  assign \$518  = \$517  == 2'h3;
+  assign \$519  = ! gc_left[13:3];
+  assign \$520  = gc_lane + 1'h1;
+  assign \$521  = \$520  + 1'h1;
+  assign \$522  = \$521  >= gc_left[2:0];
+  assign \$523  = \$519  & \$522 ;
+  assign \$524  = \$518  | \$523 ;
+  assign \$525  = gc_n + 1'h1;
+  assign \$526  = \$525  < ins[56:48];
+  assign \$527  = gc_n + 1'h1;
+  assign \$528  = gc_wstart + 1'h1;
+  assign \$529  = gc_wstart + 1'h1;
+  assign \$530  = ! gc_left[13:3];
+  assign \$531  = gc_left[2:0] <= 1'h1;
+  assign \$532  = \$530  & \$531 ;
+  assign \$534  = gc_left - 3'h4;
+  assign \$535  = gc_addr + 1'h1;
+  assign \$536  = gc_addr + 1'h1;
+  assign \$537  = gc_left - 3'h4;
+  assign \$538  = ! \$537 [13:3];
+  assign \$539  = gc_left - 3'h4;
+  assign \$540  = \$539 [2:0] <= 1'h1;
+  assign \$541  = \$538  & \$540 ;
+  assign \$543  = cycles + 1'h1;
+  assign \$544  = busy_dma + 1'h1;
+  assign \$545  = busy_gemm + 1'h1;
+  assign \$546  = busy_act + 1'h1;
+  assign \$547  = busy_route + 1'h1;
+  assign \$548  = busy_vector + 1'h1;
+  assign \$549  = busy_move + 1'h1;
+  assign \$550  = ~ eng_run;
+  assign \$551  = ~ h_valid;
+  assign \$552  = \$551  | eng_ready;
+  assign \$553  = \$550  | \$552 ;
+  assign \$554  = pc >= 7'h40;
+  assign \$555  = fetch_word + 1'h1;
+  assign \$556  = fetch_word == 4'h8;
+  assign \$557  = | lane_y;
+  assign \$558  = step != 3'h7;
+  assign \$559  = ! ins[5:0];
+  assign \$560  = settle != 2'h2;
+  assign \$561  = | decode_q;
+  assign \$562  = | lane_acc[32:14];
+  assign \$563  = \$562  ? 14'h3fff : lane_acc[13:0];
+  assign \$564  = | lane_acc[32:14];
+  assign \$565  = \$564  ? 14'h3fff : lane_acc[13:0];
+  assign \$566  = | lane_acc[32:14];
+  assign \$567  = \$566  ? 14'h3fff : lane_acc[13:0];
+  assign \$568  = | lane_acc[32:14];
+  assign \$569  = \$568  ? 14'h3fff : lane_acc[13:0];
+  assign \$570  = | lane_acc[32:18];
+  assign \$571  = \$570  ? 18'h3ffff : lane_acc[17:0];
+  assign \$572  = step + 1'h1;
+  assign \$573  = settle + 1'h1;
+  assign \$574  = ins[5:0] == 1'h1;
+  assign \$575  = ins[5:0] == 2'h2;
+  assign \$576  = ins[5:0] == 2'h3;
+  assign \$577  = ins[5:0] == 3'h4;
+  assign \$578  = ins[5:0] == 3'h5;
+  assign \$579  = ins[5:0] == 3'h6;
+  assign \$580  = ins[5:0] == 4'h8;
+  assign \$581  = ins[5:0] == 3'h7;
+  assign \$582  = ins[5:0] == 4'hc;
+  assign \$583  = ins[5:0] == 4'hd;
+  assign \$584  = ins[5:0] == 4'ha;
+  assign \$585  = ins[5:0] == 4'hb;
+  assign \$586  = retired + 1'h1;
+  assign \$587  = ln == 1'h1;
+  assign \$590  = ! m_eff[13:3];
+  assign \$591  = m_eff[2:0] <= 1'h1;
+  assign \$592  = \$590  & \$591 ;
+  assign \$597  = ins[124:112] + \$596 ;
+  assign \$599  = ins[124:112] + \$598 ;
+  assign \$600  = \$599  + 5'h10;
+  assign \$601  = el_i + 1'h1;
+  assign \$602  = el_i + 2'h2;
+  assign \$603  = \$602  == ln;
+  assign \$604  = el_i < ln;
+  assign \$605  = ~ \$604 ;
+  assign \$606  = eng_run & \$605 ;
+  assign \$607  = pc + 1'h1;
+  assign \$608  = retired + 1'h1;
+  assign \$609  = ~ rd_busy;
+  assign \$610  = pc + 1'h1;
+  assign \$611  = retired + 1'h1;
+  assign \$612  = ~ ld_full;
+  assign \$613  = rd_data__valid & \$612 ;
+  assign \$614  = el_i < ln;
+  assign \$615  = el_i + 1'h1;
+  assign \$616  = ld_e + 1'h1;
+  assign \$617  = ld_e + 1'h1;
+  assign \$618  = ins[243:238] == 1'h1;
+  assign \$619  = ins[243:238] == 2'h2;
+  assign \$620  = \$619  ? 2'h2 : 2'h1;
+  assign \$621  = \$618  ? 3'h4 : { 1'h0, \$620  };
+  assign \$622  = \$617  >= \$621 ;
+  assign \$623  = ~ rd_busy;
+  assign \$624  = ~ ld_full;
+  assign \$625  = \$623  & \$624 ;
+  assign \$626  = el_i < ln;
+  assign \$627  = ~ \$626 ;
+  assign \$628  = \$625  & \$627 ;
+  assign \$629  = pc + 1'h1;
+  assign \$630  = retired + 1'h1;
+  assign \$631  = ~ st_full;
+  assign \$632  = st_e < 1'h1;
   assign \$633  = \$631  & \$632 ;
   assign \$634  = el_i < ln;
-  assign \$635  = ~ \$634 ;
-  assign \$636  = \$633  & \$635 ;
-  assign \$637  = pc + 1'h1;
-  assign \$638  = retired + 1'h1;
-  assign \$639  = ~ st_full;
-  assign \$640  = st_e < 1'h1;
-  assign \$641  = \$639  & \$640 ;
-  assign \$642  = el_i < ln;
-  assign \$643  = \$641  & \$642 ;
-  assign \$644  = ~ st_rd;
-  assign \$645  = \$643  & \$644 ;
-  assign \$646  = el_i + 1'h1;
-  assign \$647  = st_e + 1'h1;
-  assign \$648  = ~ st_full;
-  assign \$649  = ~ st_rd;
-  assign \$650  = \$648  & \$649 ;
-  assign \$651  = | st_e;
-  assign \$652  = \$650  & \$651 ;
-  assign \$653  = st_e == 1'h1;
-  assign \$654  = el_i < ln;
-  assign \$655  = ~ \$654 ;
-  assign \$656  = \$653  | \$655 ;
-  assign \$657  = \$652  & \$656 ;
-  assign \$658  = wr_data__valid & wr_data__ready;
-  assign \$659  = ~ wr_busy;
-  assign \$660  = el_i < ln;
-  assign \$661  = ~ \$660 ;
-  assign \$662  = \$659  & \$661 ;
-  assign \$663  = ~ st_full;
-  assign \$664  = \$662  & \$663 ;
-  assign \$665  = ~ st_rd;
-  assign \$666  = \$664  & \$665 ;
-  assign \$667  = pc + 1'h1;
-  assign \$668  = retired + 1'h1;
-  assign \$669  = rt_j + 1'h1;
-  assign \$670  = rt_j == 4'h8;
-  assign \$671  = ~ rt_wvalid;
-  assign \$672  = ~ rt_feed_done;
-  assign \$673  = \$671  & \$672 ;
-  assign \$674  = rt_lane < 1'h1;
-  assign \$675  = \$673  & \$674 ;
-  assign \$678  = rt_el < 4'h8;
-  assign \$679  = rt_lane + 1'h1;
-  assign \$680  = rt_el + 1'h1;
-  assign \$681  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
-  assign \$683  = scores__valid & scores__ready;
-  assign \$684  = rt_el >= 4'h8;
-  assign \$685  = rt_feed_left - 1'h1;
-  assign \$686  = rt_tbase + 4'h8;
-  assign \$687  = | rt_feed_left[13:1];
-  assign \$688  = ~ \$687 ;
-  assign \$689  = ~ rt_hold;
-  assign \$690  = routes__valid & \$689 ;
-  assign \$691  = ~ rt_wphase;
-  assign \$692  = rt_hold & \$691 ;
-  assign \$693  = rt_hold & rt_wphase;
-  assign \$694  = rt_s == 1'h1;
-  assign \$695  = rt_held[19] | \$694 ;
-  assign \$696  = rt_route_left - 1'h1;
-  assign \$697  = rt_tslot + 2'h2;
-  assign \$698  = rt_s + 1'h1;
-  assign \$699  = ! rt_route_left;
-  assign \$701  = rd0_q == rt_j;
-  assign \$702  = rt_pos + 1'h1;
-  assign \$703  = rt_p + 1'h1;
-  assign \$704  = \$703  < mk[13:2];
-  assign \$705  = rt_p + 1'h1;
-  assign \$706  = rt_ps == 1'h1;
-  assign \$707  = rt_pt + 1'h1;
-  assign \$708  = rt_ps + 1'h1;
-  assign \$709  = rt_j + 1'h1;
-  assign \$710  = rt_j + 1'h1;
-  assign \$711  = \$710  < 4'h8;
+  assign \$635  = \$633  & \$634 ;
+  assign \$636  = ~ st_rd;
+  assign \$637  = \$635  & \$636 ;
+  assign \$638  = el_i + 1'h1;
+  assign \$639  = st_e + 1'h1;
+  assign \$640  = ~ st_full;
+  assign \$641  = ~ st_rd;
+  assign \$642  = \$640  & \$641 ;
+  assign \$643  = | st_e;
+  assign \$644  = \$642  & \$643 ;
+  assign \$645  = st_e == 1'h1;
+  assign \$646  = el_i < ln;
+  assign \$647  = ~ \$646 ;
+  assign \$648  = \$645  | \$647 ;
+  assign \$649  = \$644  & \$648 ;
+  assign \$650  = wr_data__valid & wr_data__ready;
+  assign \$651  = ~ wr_busy;
+  assign \$652  = el_i < ln;
+  assign \$653  = ~ \$652 ;
+  assign \$654  = \$651  & \$653 ;
+  assign \$655  = ~ st_full;
+  assign \$656  = \$654  & \$655 ;
+  assign \$657  = ~ st_rd;
+  assign \$658  = \$656  & \$657 ;
+  assign \$659  = pc + 1'h1;
+  assign \$660  = retired + 1'h1;
+  assign \$661  = rt_j + 1'h1;
+  assign \$662  = rt_j == 4'h8;
+  assign \$663  = ~ rt_wvalid;
+  assign \$664  = ~ rt_feed_done;
+  assign \$665  = \$663  & \$664 ;
+  assign \$666  = rt_lane < 1'h1;
+  assign \$667  = \$665  & \$666 ;
+  assign \$670  = rt_el < 4'h8;
+  assign \$671  = rt_lane + 1'h1;
+  assign \$672  = rt_el + 1'h1;
+  assign \$673  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
+  assign \$675  = scores__valid & scores__ready;
+  assign \$676  = rt_el >= 4'h8;
+  assign \$677  = rt_feed_left - 1'h1;
+  assign \$678  = rt_tbase + 4'h8;
+  assign \$679  = | rt_feed_left[13:1];
+  assign \$680  = ~ \$679 ;
+  assign \$681  = ~ rt_hold;
+  assign \$682  = routes__valid & \$681 ;
+  assign \$683  = ~ rt_wphase;
+  assign \$684  = rt_hold & \$683 ;
+  assign \$685  = rt_hold & rt_wphase;
+  assign \$686  = rt_s == 1'h1;
+  assign \$687  = rt_held[19] | \$686 ;
+  assign \$688  = rt_route_left - 1'h1;
+  assign \$689  = rt_tslot + 2'h2;
+  assign \$690  = rt_s + 1'h1;
+  assign \$691  = ! rt_route_left;
+  assign \$693  = rd0_q == rt_j;
+  assign \$694  = rt_pos + 1'h1;
+  assign \$695  = rt_p + 1'h1;
+  assign \$696  = \$695  < mk[13:2];
+  assign \$697  = rt_p + 1'h1;
+  assign \$698  = rt_ps == 1'h1;
+  assign \$699  = rt_pt + 1'h1;
+  assign \$700  = rt_ps + 1'h1;
+  assign \$701  = rt_j + 1'h1;
+  assign \$702  = rt_j + 1'h1;
+  assign \$703  = \$702  < 4'h8;
+  assign \$704  = pc + 1'h1;
+  assign \$705  = retired + 1'h1;
+  assign \$706  = scan >= 4'h8;
+  assign \$707  = retired + 1'h1;
+  assign \$708  = scan + 1'h1;
+  assign \$709  = | rd0_q;
+  assign \$710  = | rd1_q[23:14];
+  assign \$711  = \$710  ? 14'h3fff : rd1_q[13:0];
   assign \$712  = pc + 1'h1;
   assign \$713  = retired + 1'h1;
-  assign \$714  = scan >= 4'h8;
-  assign \$715  = retired + 1'h1;
-  assign \$716  = scan + 1'h1;
-  assign \$717  = | rd0_q;
-  assign \$718  = | rd1_q[23:14];
-  assign \$719  = \$718  ? 14'h3fff : rd1_q[13:0];
-  assign \$720  = pc + 1'h1;
-  assign \$721  = retired + 1'h1;
-  assign \$722  = g_i >= count;
-  assign \$724  = pc + 1'h1;
-  assign \$725  = retired + 1'h1;
-  assign \$726  = | rd0_q[31:16];
-  assign \$727  = rd0_q[15:0] >= m_eff;
-  assign \$728  = \$726  | \$727 ;
-  assign \$729  = | lane_y;
-  assign \$730  = g_j < ins[61:48];
-  assign \$733  = g_j + 1'h1;
-  assign \$734  = run_gather ? g_in : lane_acc[12:0];
-  assign \$735  = ins[124:112] + \$734 ;
-  assign \$736  = \$735  + g_j;
-  assign \$737  = g_j >= ins[61:48];
-  assign \$738  = ~ g_rv;
-  assign \$739  = \$737  & \$738 ;
-  assign \$740  = \$739  & g_wv;
-  assign \$741  = g_i + 1'h1;
-  assign \$742  = g_in + ins[61:48];
-  assign \$743  = ~ rd_busy;
-  assign \$744  = ~ wr_busy;
-  assign \$745  = \$743  & \$744 ;
-  assign \$746  = ~ running;
-  assign \$747  = soft_req & \$746 ;
+  assign \$714  = g_i >= count;
+  assign \$716  = pc + 1'h1;
+  assign \$717  = retired + 1'h1;
+  assign \$718  = | rd0_q[31:16];
+  assign \$719  = rd0_q[15:0] >= m_eff;
+  assign \$720  = \$718  | \$719 ;
+  assign \$721  = | lane_y;
+  assign \$722  = g_j < ins[61:48];
+  assign \$725  = g_j + 1'h1;
+  assign \$726  = run_gather ? g_in : lane_acc[12:0];
+  assign \$727  = ins[124:112] + \$726 ;
+  assign \$728  = \$727  + g_j;
+  assign \$729  = g_j >= ins[61:48];
+  assign \$730  = ~ g_rv;
+  assign \$731  = \$729  & \$730 ;
+  assign \$732  = \$731  & g_wv;
+  assign \$733  = g_i + 1'h1;
+  assign \$734  = g_in + ins[61:48];
+  assign \$735  = ~ rd_busy;
+  assign \$736  = ~ wr_busy;
+  assign \$737  = \$735  & \$736 ;
+  assign \$738  = ~ running;
+  assign \$739  = soft_req & \$738 ;
   always @(posedge clk)
-    host_base <= \$748 ;
+    host_base <= \$740 ;
   always @(posedge clk)
-    host_size <= \$749 ;
+    host_size <= \$741 ;
   always @(posedge clk)
-    rsel <= \$750 ;
+    rsel <= \$742 ;
   always @(posedge clk)
-    lane_acc <= \$751 ;
+    lane_acc <= \$743 ;
   always @(posedge clk)
-    lane_x <= \$752 ;
+    lane_x <= \$744 ;
   always @(posedge clk)
-    lane_y <= \$753 ;
+    lane_y <= \$745 ;
   always @(posedge clk)
-    shape_q <= \$754 ;
+    shape_q <= \$746 ;
   always @(posedge clk)
-    overlap_q <= \$755 ;
+    overlap_q <= \$747 ;
   always @(posedge clk)
-    spad_ok <= \$756 ;
+    spad_ok <= \$748 ;
   always @(posedge clk)
-    host_ok <= \$757 ;
+    host_ok <= \$749 ;
   always @(posedge clk)
-    decode_q <= \$758 ;
+    decode_q <= \$750 ;
   always @(posedge clk)
-    h_valid <= \$759 ;
+    h_valid <= \$751 ;
   always @(posedge clk)
-    h_last <= \$760 ;
+    h_last <= \$752 ;
   always @(posedge clk)
-    g_valid <= \$761 ;
+    g_valid <= \$753 ;
   always @(posedge clk)
-    g_last <= \$762 ;
+    g_last <= \$754 ;
   always @(posedge clk)
-    rem0 <= \$763 ;
+    rem0 <= \$755 ;
   always @(posedge clk)
-    pa <= \$764 ;
+    pa <= \$756 ;
   always @(posedge clk)
-    pb <= \$765 ;
+    pb <= \$757 ;
   always @(posedge clk)
-    rem1 <= \$766 ;
+    rem1 <= \$758 ;
   always @(posedge clk)
-    ra1 <= \$767 ;
+    ra1 <= \$759 ;
   always @(posedge clk)
-    rb1 <= \$768 ;
+    rb1 <= \$760 ;
   always @(posedge clk)
-    rem2 <= \$769 ;
+    rem2 <= \$761 ;
   always @(posedge clk)
-    ra2 <= \$770 ;
+    ra2 <= \$762 ;
   always @(posedge clk)
-    rb2 <= \$771 ;
+    rb2 <= \$763 ;
   always @(posedge clk)
-    issuing <= \$772 ;
+    issuing <= \$764 ;
   always @(posedge clk)
-    vec_op <= \$773 ;
+    vec_op <= \$765 ;
   always @(posedge clk)
-    run_gemm <= \$774 ;
+    run_gemm <= \$766 ;
   always @(posedge clk)
-    run_requant <= \$775 ;
+    run_requant <= \$767 ;
   always @(posedge clk)
-    run_sigmoid <= \$776 ;
+    run_sigmoid <= \$768 ;
   always @(posedge clk)
-    run_situ <= \$777 ;
+    run_situ <= \$769 ;
   always @(posedge clk)
-    run_gather <= \$778 ;
+    run_gather <= \$770 ;
   always @(posedge clk)
-    rq_wvalid <= \$779 ;
+    rq_wvalid <= \$771 ;
   always @(posedge clk)
-    rq_fill <= \$780 ;
+    rq_fill <= \$772 ;
   always @(posedge clk)
-    rq_in__payload <= \$781 ;
+    rq_in__payload <= \$773 ;
   always @(posedge clk)
-    rq_lane <= \$782 ;
+    rq_lane <= \$774 ;
   always @(posedge clk)
-    gm_cap <= \$783 ;
+    gm_cap <= \$775 ;
   always @(posedge clk)
-    gm_cap_lane <= \$784 ;
+    gm_cap_lane <= \$776 ;
   always @(posedge clk)
-    gm_lane <= \$785 ;
+    gm_lane <= \$777 ;
   always @(posedge clk)
-    gm_addr <= \$786 ;
+    gm_addr <= \$778 ;
   always @(posedge clk)
-    a_in__valid <= \$787 ;
+    a_in__valid <= \$779 ;
   always @(posedge clk)
-    gm_k <= \$788 ;
+    gm_k <= \$780 ;
   always @(posedge clk)
-    gm_wstart <= \$789 ;
+    gm_wstart <= \$781 ;
   always @(posedge clk)
-    gm_left <= \$790 ;
+    gm_left <= \$782 ;
   always @(posedge clk)
-    gm_afeed_done <= \$791 ;
+    gm_afeed_done <= \$783 ;
   always @(posedge clk)
-    gc_lane <= \$792 ;
+    gc_lane <= \$784 ;
   always @(posedge clk)
-    gc_addr <= \$793 ;
+    gc_addr <= \$785 ;
   always @(posedge clk)
-    gc_last <= \$794 ;
+    gc_last <= \$786 ;
   always @(posedge clk)
-    gc_n <= \$795 ;
+    gc_n <= \$787 ;
   always @(posedge clk)
-    gc_wstart <= \$796 ;
+    gc_wstart <= \$788 ;
   always @(posedge clk)
-    gc_left <= \$797 ;
+    gc_left <= \$789 ;
   always @(posedge clk)
-    cycles <= \$798 ;
+    cycles <= \$790 ;
   always @(posedge clk)
-    busy_dma <= \$799 ;
+    busy_dma <= \$791 ;
   always @(posedge clk)
-    busy_gemm <= \$800 ;
+    busy_gemm <= \$792 ;
   always @(posedge clk)
-    busy_act <= \$801 ;
+    busy_act <= \$793 ;
   always @(posedge clk)
-    busy_route <= \$802 ;
+    busy_route <= \$794 ;
   always @(posedge clk)
-    busy_vector <= \$803 ;
+    busy_vector <= \$795 ;
   always @(posedge clk)
-    busy_move <= \$804 ;
+    busy_move <= \$796 ;
   always @(posedge clk)
-    rd0_q <= \$805 ;
+    rd0_q <= \$797 ;
   always @(posedge clk)
-    rd1_q <= \$806 ;
+    rd1_q <= \$798 ;
   always @(posedge clk)
-    running <= \$807 ;
+    running <= \$799 ;
   always @(posedge clk)
-    done <= \$808 ;
+    done <= \$800 ;
   always @(posedge clk)
-    err <= \$809 ;
+    err <= \$801 ;
   always @(posedge clk)
-    pc <= \$810 ;
+    pc <= \$802 ;
   always @(posedge clk)
-    retired <= \$811 ;
+    retired <= \$803 ;
   always @(posedge clk)
-    route_done <= \$812 ;
+    route_done <= \$804 ;
   always @(posedge clk)
-    exp_active <= \$813 ;
+    exp_active <= \$805 ;
   always @(posedge clk)
-    scores_ok <= \$814 ;
+    scores_ok <= \$806 ;
   always @(posedge clk)
-    ctrl_state <= \$815 ;
+    ctrl_state <= \$807 ;
   always @(posedge clk)
-    stop_code <= \$816 ;
+    stop_code <= \$808 ;
   always @(posedge clk)
-    cur_executor <= \$817 ;
+    cur_executor <= \$809 ;
   always @(posedge clk)
-    fetch_word <= \$818 ;
+    fetch_word <= \$810 ;
   always @(posedge clk)
-    ins <= \$819 ;
+    ins <= \$811 ;
   always @(posedge clk)
-    step <= \$820 ;
+    step <= \$812 ;
   always @(posedge clk)
-    settle <= \$821 ;
+    settle <= \$813 ;
   always @(posedge clk)
-    ln <= \$822 ;
+    ln <= \$814 ;
   always @(posedge clk)
-    mk <= \$823 ;
+    mk <= \$815 ;
   always @(posedge clk)
-    p2 <= \$824 ;
+    p2 <= \$816 ;
   always @(posedge clk)
-    p3 <= \$825 ;
+    p3 <= \$817 ;
   always @(posedge clk)
-    l4 <= \$826 ;
+    l4 <= \$818 ;
   always @(posedge clk)
-    host_eff <= \$827 ;
+    host_eff <= \$819 ;
   always @(posedge clk)
-    rq_width <= \$828 ;
+    rq_width <= \$820 ;
   always @(posedge clk)
-    \rq_mult$167  <= \$829 ;
+    \rq_mult$168  <= \$821 ;
   always @(posedge clk)
-    rq_shift <= \$830 ;
+    rq_shift <= \$822 ;
   always @(posedge clk)
-    cnt0 <= \$831 ;
+    cnt0 <= \$823 ;
   always @(posedge clk)
-    cnt1 <= \$832 ;
+    cnt1 <= \$824 ;
   always @(posedge clk)
-    sa0 <= \$833 ;
+    sa0 <= \$825 ;
   always @(posedge clk)
-    sa1 <= \$834 ;
+    sa1 <= \$826 ;
   always @(posedge clk)
-    sa2 <= \$835 ;
+    sa2 <= \$827 ;
   always @(posedge clk)
-    sb0 <= \$836 ;
+    sb0 <= \$828 ;
   always @(posedge clk)
-    sb1 <= \$837 ;
+    sb1 <= \$829 ;
   always @(posedge clk)
-    sb2 <= \$838 ;
+    sb2 <= \$830 ;
   always @(posedge clk)
-    el_i <= \$839 ;
+    el_i <= \$831 ;
   always @(posedge clk)
-    rq_at_last <= \$840 ;
+    rq_at_last <= \$832 ;
   always @(posedge clk)
-    ld_full <= \$841 ;
+    ld_full <= \$833 ;
   always @(posedge clk)
-    ld_e <= \$842 ;
+    ld_e <= \$834 ;
   always @(posedge clk)
-    st_full <= \$843 ;
+    st_full <= \$835 ;
   always @(posedge clk)
-    st_e <= \$844 ;
+    st_e <= \$836 ;
   always @(posedge clk)
-    st_rd <= \$845 ;
+    st_rd <= \$837 ;
   always @(posedge clk)
-    wr_data__payload <= \$846 ;
+    wr_data__payload <= \$838 ;
   always @(posedge clk)
-    rt_j <= \$847 ;
+    rt_j <= \$839 ;
   always @(posedge clk)
-    rt_cb <= \$848 ;
+    rt_cb <= \$840 ;
   always @(posedge clk)
-    rt_lp <= \$849 ;
+    rt_lp <= \$841 ;
   always @(posedge clk)
-    g_i <= \$850 ;
+    g_i <= \$842 ;
   always @(posedge clk)
-    g_in <= \$851 ;
+    g_in <= \$843 ;
   always @(posedge clk)
-    scores_a <= \$852 ;
+    scores_a <= \$844 ;
   always @(posedge clk)
-    scores_len <= \$853 ;
+    scores_len <= \$845 ;
   always @(posedge clk)
-    st_rd_e <= \$854 ;
+    st_rd_e <= \$846 ;
   always @(posedge clk)
-    rt_feed_left <= \$855 ;
+    rt_feed_left <= \$847 ;
   always @(posedge clk)
-    rt_el <= \$856 ;
+    rt_el <= \$848 ;
   always @(posedge clk)
-    rt_lane <= \$857 ;
+    rt_lane <= \$849 ;
   always @(posedge clk)
-    rt_wvalid <= \$858 ;
+    rt_wvalid <= \$850 ;
   always @(posedge clk)
-    rt_tbase <= \$859 ;
+    rt_tbase <= \$851 ;
   always @(posedge clk)
-    rt_tslot <= \$860 ;
+    rt_tslot <= \$852 ;
   always @(posedge clk)
-    rt_feed_done <= \$861 ;
+    rt_feed_done <= \$853 ;
   always @(posedge clk)
-    rt_cap <= \$862 ;
+    rt_cap <= \$854 ;
   always @(posedge clk)
-    rt_route_left <= \$863 ;
+    rt_route_left <= \$855 ;
   always @(posedge clk)
-    rt_s <= \$864 ;
+    rt_s <= \$856 ;
   always @(posedge clk)
-    rt_hold <= \$865 ;
+    rt_hold <= \$857 ;
   always @(posedge clk)
-    rt_wphase <= \$866 ;
+    rt_wphase <= \$858 ;
   always @(posedge clk)
-    rt_cap_ok <= \$867 ;
+    rt_cap_ok <= \$859 ;
   always @(posedge clk)
-    rt_held <= \$868 ;
+    rt_held <= \$860 ;
   always @(posedge clk)
-    rt_p <= \$869 ;
+    rt_p <= \$861 ;
   always @(posedge clk)
-    rt_pt <= \$870 ;
+    rt_pt <= \$862 ;
   always @(posedge clk)
-    rt_ps <= \$871 ;
+    rt_ps <= \$863 ;
   always @(posedge clk)
-    rt_pos <= \$872 ;
+    rt_pos <= \$864 ;
   always @(posedge clk)
-    rt_off <= \$873 ;
+    rt_off <= \$865 ;
   always @(posedge clk)
-    scan <= \$874 ;
+    scan <= \$866 ;
   always @(posedge clk)
-    expert <= \$875 ;
+    expert <= \$867 ;
   always @(posedge clk)
-    count <= \$876 ;
+    count <= \$868 ;
   always @(posedge clk)
-    offset <= \$877 ;
+    offset <= \$869 ;
   always @(posedge clk)
-    g_j <= \$878 ;
+    g_j <= \$870 ;
   always @(posedge clk)
-    g_rv <= \$879 ;
+    g_rv <= \$871 ;
   always @(posedge clk)
-    g_wv <= \$880 ;
+    g_wv <= \$872 ;
   always @(posedge clk)
-    g_ra <= \$881 ;
+    g_ra <= \$873 ;
   always @(posedge clk)
-    g_wa <= \$882 ;
+    g_wa <= \$874 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign start_req = \$2  & wr_data[0];
@@ -2783,85 +2772,94 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$13  = wr_en & \$12 ;
   assign \$14  = ~ running;
   assign \$15  = \$13  & \$14 ;
-  assign \$17  = { 1'h0, running } | \$16 ;
-  assign \$18  = | err;
-  assign \$20  = { 2'h0, \$17  } | \$19 ;
-  assign \$22  = { 19'h00000, \$20  } | \$21 ;
-  assign \$24  = { 21'h000000, \$22  } | \$23 ;
-  assign \$25  = rsel[19:5] == 14'h2000;
-  assign \$26  = rsel[4:0] < 6'h20;
-  assign \$27  = \$25  & \$26 ;
-  assign \$28  = ! rsel[1:0];
-  assign \$29  = ! rsel[19:7];
-  assign \$30  = \$28  & \$29 ;
-  assign m_eff = \$32  ? count : ins[31:16];
-  assign \$33  = m_eff + 3'h4;
+  assign \$16  = | err;
+  assign \$17  = rsel[19:5] == 14'h2000;
+  assign \$18  = rsel[4:0] < 6'h20;
+  assign \$19  = \$17  & \$18 ;
+  assign \$20  = ! rsel[1:0];
+  assign \$21  = ! rsel[19:7];
+  assign \$22  = \$20  & \$21 ;
+  assign m_eff = \$24  ? count : ins[31:16];
+  assign \$25  = m_eff + 3'h4;
+  assign \$26  = \$25  - 1'h1;
+  assign \$28  = m_eff + 3'h4;
+  assign \$29  = \$28  - 1'h1;
+  assign \$31  = | lane_acc[32:14];
+  assign \$32  = \$31  ? 14'h3fff : lane_acc[13:0];
+  assign \$33  = ins[63:48] + 3'h4;
   assign \$34  = \$33  - 1'h1;
-  assign \$36  = m_eff + 3'h4;
-  assign \$37  = \$36  - 1'h1;
-  assign \$39  = | lane_acc[32:14];
-  assign \$40  = \$39  ? 14'h3fff : lane_acc[13:0];
-  assign \$41  = ins[63:48] + 3'h4;
-  assign \$42  = \$41  - 1'h1;
-  assign \$45  = ins[243:238] == 3'h4;
-  assign \$46  = ins[243:238] == 2'h2;
-  assign \$47  = \$46  ? 1'h1 : 1'h0;
-  assign \$48  = \$45  ? 2'h2 : { 1'h0, \$47  };
-  assign \$49  = ins[63:48] << \$48 ;
-  assign \$53  = \$52  ? expert : 4'h0;
-  assign \$54  = m_eff >= 1'h1;
-  assign \$55  = ins[63:48] == 4'h8;
+  assign \$37  = ins[243:238] == 3'h4;
+  assign \$38  = ins[243:238] == 2'h2;
+  assign \$39  = \$38  ? 1'h1 : 1'h0;
+  assign \$40  = \$37  ? 2'h2 : { 1'h0, \$39  };
+  assign \$41  = ins[63:48] << \$40 ;
+  assign \$45  = \$44  ? expert : 4'h0;
+  assign \$46  = m_eff >= 1'h1;
+  assign \$47  = ins[63:48] == 4'h8;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = ins[47:32] == 2'h2;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = ins[63:48] == 4'h8;
+  assign \$52  = m_eff >= 1'h1;
+  assign \$53  = ins[63:48] >= 1'h1;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = ins[47:32] >= 1'h1;
   assign \$56  = \$54  & \$55 ;
-  assign \$57  = ins[47:32] == 2'h2;
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = ins[63:48] == 4'h8;
-  assign \$60  = m_eff >= 1'h1;
-  assign \$61  = ins[63:48] >= 1'h1;
-  assign \$62  = \$60  & \$61 ;
-  assign \$63  = ins[47:32] >= 1'h1;
+  assign \$57  = ! ins[243:238];
+  assign \$58  = ins[243:238] >= 2'h2;
+  assign \$59  = ins[243:238] <= 5'h18;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = \$57  | \$60 ;
+  assign \$62  = \$56  & \$61 ;
+  assign \$63  = ins[47:32] <= 7'h40;
   assign \$64  = \$62  & \$63 ;
-  assign \$65  = ! ins[243:238];
-  assign \$66  = ins[243:238] >= 2'h2;
-  assign \$67  = ins[243:238] <= 5'h18;
+  assign \$65  = p2 <= 9'h100;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = p3 <= 9'h100;
   assign \$68  = \$66  & \$67 ;
-  assign \$69  = \$65  | \$68 ;
-  assign \$70  = \$64  & \$69 ;
-  assign \$71  = ins[47:32] <= 7'h40;
-  assign \$72  = \$70  & \$71 ;
-  assign \$73  = p2 <= 9'h100;
-  assign \$74  = \$72  & \$73 ;
-  assign \$75  = p3 <= 9'h100;
+  assign \$69  = m_eff >= 1'h1;
+  assign \$70  = ins[63:48] >= 1'h1;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = ins[47:32] >= 1'h1;
+  assign \$73  = \$71  & \$72 ;
+  assign \$74  = m_eff >= 1'h1;
+  assign \$75  = ins[63:48] >= 1'h1;
   assign \$76  = \$74  & \$75 ;
-  assign \$77  = m_eff >= 1'h1;
-  assign \$78  = ins[63:48] >= 1'h1;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = ins[47:32] >= 1'h1;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = \$82  & \$83 ;
-  assign \$85  = ins[243:238] == 1'h1;
-  assign \$86  = ins[243:238] == 2'h2;
-  assign \$87  = \$85  | \$86 ;
-  assign \$88  = ins[243:238] == 3'h4;
-  assign \$89  = \$87  | \$88 ;
-  assign \$90  = \$84  & \$89 ;
-  assign \$91  = m_eff >= 1'h1;
-  assign \$92  = ins[63:48] >= 1'h1;
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = ins[243:238] == 3'h4;
-  assign \$95  = \$93  & \$94 ;
-  assign \$96  = m_eff >= 1'h1;
-  assign \$97  = ins[63:48] >= 1'h1;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = ins[243:238] >= 2'h2;
-  assign \$100  = \$98  & \$99 ;
-  assign \$101  = ins[243:238] <= 5'h18;
-  assign \$102  = \$100  & \$101 ;
-  assign \$103  = m_eff >= 1'h1;
-  assign \$104  = ins[63:48] >= 1'h1;
-  assign \$105  = \$103  & \$104 ;
-  assign \$108  = \$107  ? 5'h10 : 5'h00;
+  assign \$77  = ins[243:238] == 1'h1;
+  assign \$78  = ins[243:238] == 2'h2;
+  assign \$79  = \$77  | \$78 ;
+  assign \$80  = ins[243:238] == 3'h4;
+  assign \$81  = \$79  | \$80 ;
+  assign \$82  = \$76  & \$81 ;
+  assign \$83  = m_eff >= 1'h1;
+  assign \$84  = ins[63:48] >= 1'h1;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = ins[243:238] == 3'h4;
+  assign \$87  = \$85  & \$86 ;
+  assign \$88  = m_eff >= 1'h1;
+  assign \$89  = ins[63:48] >= 1'h1;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = ins[243:238] >= 2'h2;
+  assign \$92  = \$90  & \$91 ;
+  assign \$93  = ins[243:238] <= 5'h18;
+  assign \$94  = \$92  & \$93 ;
+  assign \$95  = m_eff >= 1'h1;
+  assign \$96  = ins[63:48] >= 1'h1;
+  assign \$97  = \$95  & \$96 ;
+  assign \$100  = \$99  ? 5'h10 : 5'h00;
+  assign \$103  = \$102  ? 5'h10 : 5'h00;
+  assign \$104  = | ins[63:62];
+  assign \$105  = \$104  ? 14'h3fff : ins[61:48];
+  assign \$106  = mk + 5'h10;
+  assign \$108  = mk + 5'h10;
+  assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
+  assign \$111  = | \$110 [16:14];
+  assign \$113  = \$111  ? 14'h3fff : \$112 [13:0];
+  assign \$114  = offset + count;
+  assign \$115  = | \$114 [16:14];
+  assign \$116  = offset + count;
+  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
+  assign \$118  = offset + count;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -2881,9 +2879,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1197$0 (\$883 ),
-    .\port$1215$0 (\$884 ),
-    .\port$3390$2 (l4[17:2]),
+    .\port$1189$0 (\$875 ),
+    .\port$1207$0 (\$876 ),
+    .\port$3383$2 (l4[17:2]),
     .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -2910,12 +2908,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$90 (\done$327 ),
-    .error(\error$328 ),
+    .\done$90 (\done$328 ),
+    .error(\error$329 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
-    .rq_mult(\rq_mult$167 [15:0]),
+    .rq_mult(\rq_mult$168 [15:0]),
     .rq_shift(rq_shift),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -2972,12 +2970,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .x(rd0_q[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$205 ),
+    .advance(\i__ready$206 ),
     .clk(clk),
-    .i__payload(\i__payload$174 ),
-    .i__valid(\i__valid$204 ),
-    .o__payload(\o__payload$207 ),
-    .o__valid(\o__valid$206 ),
+    .i__payload(\i__payload$175 ),
+    .i__valid(\i__valid$205 ),
+    .o__payload(\o__payload$208 ),
+    .o__valid(\o__valid$207 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -2996,12 +2994,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$176 ),
-    .i__ready(\i__ready$209 ),
-    .i__valid(\i__valid$208 ),
+    .i__payload(\i__payload$177 ),
+    .i__ready(\i__ready$210 ),
+    .i__valid(\i__valid$209 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$211 ),
-    .o__valid(\o__valid$210 ),
+    .o__payload(\o__payload$212 ),
+    .o__valid(\o__valid$211 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -3023,12 +3021,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd_data = 32'd0;
-    if (\$27 ) begin
+    if (\$19 ) begin
       rd_data = { 16'h0000, load_data };
-    end else if (\$30 ) begin
+    end else if (\$22 ) begin
       casez (rsel[6:2])
         5'h01:
-            rd_data = \$24 [31:0];
+            rd_data = status;
         5'h02:
             rd_data = cycles;
         5'h03:
@@ -3077,28 +3075,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       3'h2:
           casez (ins[5:0])
             6'h03:
-                st_y = \$35 [15:0];
+                st_y = \$27 [15:0];
             6'h0c:
                 st_y = ins[47:32];
           endcase
       3'h3:
           casez (ins[5:0])
             6'h03:
-                st_y = \$38 [15:0];
+                st_y = \$30 [15:0];
             6'h0c:
                 st_y = m_eff;
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_y = \$43 [15:0];
+                st_y = \$35 [15:0];
             6'h01:
                 st_y = m_eff;
             6'h02:
                 st_y = m_eff;
           endcase
       3'h5:
-          st_y = { 12'h000, \$53  };
+          st_y = { 12'h000, \$45  };
     endcase
   end
   always @* begin
@@ -3131,16 +3129,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             6'h03:
                 st_x = { 17'h00000, ins[63:48] };
             6'h0c:
-                st_x = { 19'h00000, \$40  };
+                st_x = { 19'h00000, \$32  };
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_x = { 14'h0000, \$44  };
+                st_x = { 14'h0000, \$36  };
             6'h01:
-                st_x = { 14'h0000, \$49  };
+                st_x = { 14'h0000, \$41  };
             6'h02:
-                st_x = { 14'h0000, \$50  };
+                st_x = { 14'h0000, \$42  };
           endcase
       3'h5:
           st_x = { 1'h0, ins[199:168] };
@@ -3176,21 +3174,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     (* full_case = 32'd1 *)
     casez (ins[5:0])
       6'h08:
-          shape_ok = \$58 ;
+          shape_ok = \$50 ;
       6'h09:
-          shape_ok = \$59 ;
+          shape_ok = \$51 ;
       6'h03:
-          shape_ok = \$76 ;
+          shape_ok = \$68 ;
       6'h0c:
-          shape_ok = \$81 ;
+          shape_ok = \$73 ;
       6'h01:
-          shape_ok = \$90 ;
+          shape_ok = \$82 ;
       6'h02:
-          shape_ok = \$95 ;
+          shape_ok = \$87 ;
       6'h04:
-          shape_ok = \$102 ;
+          shape_ok = \$94 ;
       default:
-          shape_ok = \$105 ;
+          shape_ok = \$97 ;
     endcase
   end
   always @* begin
@@ -3210,7 +3208,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$117 ;
+          wc = \$109 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -3240,7 +3238,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$121 ;
+          wa = \$113 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -3258,21 +3256,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h02:
           /* empty */;
       6'h03:
-          wb = { 9'h000, \$108  };
+          wb = { 9'h000, \$100  };
       6'h04:
-          wb = { 9'h000, \$111  };
+          wb = { 9'h000, \$103  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$113 ;
+          wb = \$105 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$125 ;
+          wb = \$117 ;
       6'h0b:
-          wb = \$129 ;
+          wb = \$121 ;
       6'h0c:
           wb = mk;
     endcase
@@ -3280,21 +3278,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$131 ) begin
+    if (\$123 ) begin
       decode_err = 8'h01;
-    end else if (\$150 ) begin
+    end else if (\$142 ) begin
       decode_err = 8'h08;
-    end else if (\$156 ) begin
+    end else if (\$148 ) begin
       decode_err = 8'h06;
-    end else if (\$159 ) begin
+    end else if (\$151 ) begin
       decode_err = 8'h03;
-    end else if (\$168 ) begin
+    end else if (\$160 ) begin
       decode_err = 8'h04;
-    end else if (\$171 ) begin
+    end else if (\$163 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$178 ) begin
+    end else if (\$170 ) begin
       decode_err = 8'h05;
     end
   end
@@ -3305,7 +3303,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__addr = pa;
     end
     if (gemm_run) begin
-      if (\$241 ) begin
+      if (\$233 ) begin
         rd0__addr = gm_addr;
       end
     end
@@ -3319,7 +3317,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$252 [12:0];
+          rd0__addr = \$244 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3333,18 +3331,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$273 ) begin
-            rd0__addr = \$274 [12:0];
+          if (\$265 ) begin
+            rd0__addr = \$266 [12:0];
           end
       5'h0a:
-          rd0__addr = \$275 [12:0];
+          rd0__addr = \$267 [12:0];
       5'h10:
-          if (\$284 ) begin
-            rd0__addr = \$285 [12:0];
+          if (\$276 ) begin
+            rd0__addr = \$277 [12:0];
           end
       5'h11:
-          if (\$293 ) begin
-            rd0__addr = \$294 [12:0];
+          if (\$285 ) begin
+            rd0__addr = \$286 [12:0];
           end
       5'h12:
           /* empty */;
@@ -3358,27 +3356,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$305 ) begin
+          if (\$297 ) begin
           end else begin
-            rd0__addr = \$306 [12:0];
+            rd0__addr = \$298 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
           /* empty */;
       5'h0c:
-          if (\$309 ) begin
-          end else if (\$310 ) begin
-            rd0__addr = \$312 [12:0];
+          if (\$301 ) begin
+          end else if (\$302 ) begin
+            rd0__addr = \$304 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$313 ) begin
-          end else if (\$316 ) begin
-            rd0__addr = \$319 [12:0];
+          if (\$305 ) begin
+          end else if (\$308 ) begin
+            rd0__addr = \$311 [12:0];
           end
     endcase
   end
@@ -3398,7 +3396,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$255 [12:0];
+          rd1__addr = \$247 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3431,9 +3429,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$305 ) begin
+          if (\$297 ) begin
           end else begin
-            rd1__addr = \$308 [12:0];
+            rd1__addr = \$300 [12:0];
           end
     endcase
   end
@@ -3441,10 +3439,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd0__en = 1'h1;
     if (eng_run) begin
-      rd0__en = \$184 ;
+      rd0__en = \$176 ;
     end
     if (gemm_run) begin
-      if (\$241 ) begin
+      if (\$233 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3472,17 +3470,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$273 ) begin
+          if (\$265 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$284 ) begin
+          if (\$276 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
-          if (\$293 ) begin
+          if (\$285 ) begin
             rd0__en = 1'h1;
           end
       5'h12:
@@ -3497,7 +3495,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$305 ) begin
+          if (\$297 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3506,8 +3504,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h0c:
-          if (\$309 ) begin
-          end else if (\$310 ) begin
+          if (\$301 ) begin
+          end else if (\$302 ) begin
             rd0__en = 1'h1;
           end
       5'h19:
@@ -3515,8 +3513,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$313 ) begin
-          end else if (\$316 ) begin
+          if (\$305 ) begin
+          end else if (\$308 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3525,7 +3523,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd1__en = 1'h1;
     if (eng_run) begin
-      rd1__en = \$190 ;
+      rd1__en = \$182 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -3570,7 +3568,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$305 ) begin
+          if (\$297 ) begin
           end else begin
             rd1__en = 1'h1;
           end
@@ -3591,13 +3589,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
-        eng_ready = \$222 ;
+        eng_ready = \$214 ;
       end else if (run_sigmoid) begin
         eng_ready = i__ready;
       end else if (run_situ) begin
-        eng_ready = \i__ready$205 ;
+        eng_ready = \i__ready$206 ;
       end else begin
-        eng_ready = \i__ready$209 ;
+        eng_ready = \i__ready$210 ;
       end
     end
   end
@@ -3611,9 +3609,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_valid = o__valid;
       end else if (run_situ) begin
-        out_valid = \o__valid$206 ;
+        out_valid = \o__valid$207 ;
       end else begin
-        out_valid = \o__valid$210 ;
+        out_valid = \o__valid$211 ;
       end
     end
   end
@@ -3627,9 +3625,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (run_situ) begin
-        out_data = { \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207 [15], \o__payload$207  };
+        out_data = { \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208  };
       end else begin
-        out_data = { \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211 [15], \o__payload$211  };
+        out_data = { \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212  };
       end
     end
   end
@@ -3639,7 +3637,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          c_out__ready = \$224 ;
+          c_out__ready = \$216 ;
         end
       end
     end
@@ -3663,25 +3661,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$204  = 1'h0;
+    \i__valid$205  = 1'h0;
     if (eng_run) begin
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
-        \i__valid$204  = h_valid;
+        \i__valid$205  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$208  = 1'h0;
+    \i__valid$209  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
       end else begin
-        \i__valid$208  = h_valid;
+        \i__valid$209  = h_valid;
       end
     end
   end
@@ -3720,7 +3718,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$257 ;
+          rd_data__ready = \$249 ;
     endcase
   end
   always @* begin
@@ -3746,7 +3744,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (out_valid) begin
-            wr__addr = \$256 [12:0];
+            wr__addr = \$248 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3756,8 +3754,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$258 ) begin
-              wr__addr = \$259 [12:0];
+            if (\$250 ) begin
+              wr__addr = \$251 [12:0];
             end
           end
       5'h09:
@@ -3766,11 +3764,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$288 ) begin
-            wr__addr = \$289 [12:0];
+          if (\$280 ) begin
+            wr__addr = \$281 [12:0];
           end
-          if (\$290 ) begin
-            wr__addr = \$292 [12:0];
+          if (\$282 ) begin
+            wr__addr = \$284 [12:0];
           end
         end
       5'h11:
@@ -3778,19 +3776,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$295 ) begin
-            wr__addr = \$296 [12:0];
+          if (\$287 ) begin
+            wr__addr = \$288 [12:0];
           end
       5'h14:
-          wr__addr = \$298 [12:0];
+          wr__addr = \$290 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$300 ) begin
+          if (\$292 ) begin
           end else begin
-            wr__addr = \$301 [12:0];
+            wr__addr = \$293 [12:0];
           end
       5'h16:
-          wr__addr = \$304 [12:0];
+          wr__addr = \$296 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -3814,7 +3812,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = { \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244  };
+        wr__data = { \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236  };
       end
     end
     casez (ctrl_state)
@@ -3842,8 +3840,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$258 ) begin
-              wr__data = \$266 ;
+            if (\$250 ) begin
+              wr__data = \$258 ;
             end
           end
       5'h09:
@@ -3852,10 +3850,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$288 ) begin
+          if (\$280 ) begin
             wr__data = { 29'h00000000, rt_held[2:0] };
           end
-          if (\$290 ) begin
+          if (\$282 ) begin
             wr__data = { 16'h0000, rt_held[18:3] };
           end
         end
@@ -3864,16 +3862,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$295 ) begin
+          if (\$287 ) begin
             wr__data = { 18'h00000, rt_p };
           end
       5'h14:
           wr__data = { 18'h00000, rt_pt };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$300 ) begin
+          if (\$292 ) begin
           end else begin
-            wr__data = { \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302 [14], \$302  };
+            wr__data = { \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294  };
           end
       5'h16:
           wr__data = { 18'h00000, rt_off };
@@ -3928,7 +3926,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$258 ) begin
+            if (\$250 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3938,10 +3936,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$288 ) begin
+          if (\$280 ) begin
             wr__en = 1'h1;
           end
-          if (\$290 ) begin
+          if (\$282 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3950,14 +3948,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$295 ) begin
+          if (\$287 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$300 ) begin
+          if (\$292 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -3989,7 +3987,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$245 ) begin
+          if (\$237 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -4005,7 +4003,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$245 ) begin
+          if (\$237 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -4025,11 +4023,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$246 ) begin
-          end else if (\$247 ) begin
-          end else if (\$248 ) begin
-          end else if (\$249 ) begin
-          end else if (\$250 ) begin
+          if (\$238 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
+          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4072,11 +4070,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$246 ) begin
-          end else if (\$247 ) begin
-          end else if (\$248 ) begin
-          end else if (\$249 ) begin
-          end else if (\$250 ) begin
+          if (\$238 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
+          end else if (\$242 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4224,7 +4222,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
+          if (\$268 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4258,8 +4256,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
-            bias_addr = \$277 [2:0];
+          if (\$268 ) begin
+            bias_addr = \$269 [2:0];
           end
     endcase
   end
@@ -4292,7 +4290,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
+          if (\$268 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4396,7 +4394,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$286 ;
+          routes__ready = \$278 ;
     endcase
   end
   always @* begin
@@ -4522,46 +4520,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$321 ) begin
+    if (\$313 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = host_base;
-    if (\$351 ) begin
-      \$748  = wr_data;
+    \$740  = host_base;
+    if (\$343 ) begin
+      \$740  = wr_data;
     end
     if (rst) begin
-      \$748  = 32'd0;
+      \$740  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = host_size;
-    if (\$353 ) begin
-      \$749  = wr_data;
+    \$741  = host_size;
+    if (\$345 ) begin
+      \$741  = wr_data;
     end
     if (rst) begin
-      \$749  = 32'd0;
+      \$741  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = rsel;
+    \$742  = rsel;
     if (rd_en) begin
-      \$750  = s_axil__araddr;
+      \$742  = s_axil__araddr;
     end
     if (rst) begin
-      \$750  = 20'h00000;
+      \$742  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = lane_acc;
-    if (\$354 ) begin
+    \$743  = lane_acc;
+    if (\$346 ) begin
       if (lane_y[0]) begin
-        \$751  = \$358 ;
+        \$743  = \$350 ;
       end
     end
     casez (ctrl_state)
@@ -4572,9 +4570,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$751  = st_acc;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$743  = st_acc;
           end
       5'h05:
           /* empty */;
@@ -4620,20 +4618,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$751  = 33'h000000000;
+            \$743  = 33'h000000000;
           end
     endcase
     if (rst) begin
-      \$751  = 33'h000000000;
+      \$743  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = lane_x;
-    if (\$354 ) begin
-      \$752  = \$360 [32:0];
+    \$744  = lane_x;
+    if (\$346 ) begin
+      \$744  = \$352 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4643,9 +4641,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$752  = st_x;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$744  = st_x;
           end
       5'h05:
           /* empty */;
@@ -4691,20 +4689,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$752  = { 19'h00000, ins[61:48] };
+            \$744  = { 19'h00000, ins[61:48] };
           end
     endcase
     if (rst) begin
-      \$752  = 33'h000000000;
+      \$744  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = lane_y;
-    if (\$354 ) begin
-      \$753  = \$361 ;
+    \$745  = lane_y;
+    if (\$346 ) begin
+      \$745  = \$353 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4714,9 +4712,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$753  = st_y;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$745  = st_y;
           end
       5'h05:
           /* empty */;
@@ -4762,169 +4760,169 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$753  = rd0_q[15:0];
+            \$745  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
-      \$753  = 16'h0000;
+      \$745  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = shape_ok;
+    \$746  = shape_ok;
+    if (rst) begin
+      \$746  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$396 ;
+    if (rst) begin
+      \$747  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$748  = \$416 ;
+    if (rst) begin
+      \$748  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$749  = \$423 ;
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = decode_err;
+    if (rst) begin
+      \$750  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = h_valid;
+    if (eng_run) begin
+      if (\$425 ) begin
+        \$751  = g_valid;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$751  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$751  = 1'h0;
+              6'h0c:
+                  \$751  = 1'h0;
+              6'h0d:
+                  \$751  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$751  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = h_last;
+    if (eng_run) begin
+      if (\$425 ) begin
+        \$752  = g_last;
+      end
+    end
+    if (rst) begin
+      \$752  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = g_valid;
+    if (eng_run) begin
+      if (\$429 ) begin
+        \$753  = \$431 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$753  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$753  = 1'h0;
+              6'h0c:
+                  \$753  = 1'h0;
+              6'h0d:
+                  \$753  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$753  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$754  = g_last;
+    if (eng_run) begin
+      if (\$429 ) begin
+        \$754  = \$432 ;
+      end
+    end
     if (rst) begin
       \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$404 ;
-    if (rst) begin
-      \$755  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = \$424 ;
-    if (rst) begin
-      \$756  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = \$431 ;
-    if (rst) begin
-      \$757  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = decode_err;
-    if (rst) begin
-      \$758  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = h_valid;
+    \$755  = rem0;
     if (eng_run) begin
-      if (\$433 ) begin
-        \$759  = g_valid;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$435 ) begin
+            \$755  = \$437 [13:0];
+          end else if (\$436 ) begin
+            \$755  = cnt0;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$759  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$759  = 1'h0;
-              6'h0c:
-                  \$759  = 1'h0;
-              6'h0d:
-                  \$759  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$759  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = h_last;
-    if (eng_run) begin
-      if (\$433 ) begin
-        \$760  = g_last;
-      end
-    end
-    if (rst) begin
-      \$760  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = g_valid;
-    if (eng_run) begin
-      if (\$437 ) begin
-        \$761  = \$439 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$761  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$761  = 1'h0;
-              6'h0c:
-                  \$761  = 1'h0;
-              6'h0d:
-                  \$761  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$761  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = g_last;
-    if (eng_run) begin
-      if (\$437 ) begin
-        \$762  = \$440 ;
-      end
-    end
-    if (rst) begin
-      \$762  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = rem0;
-    if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
-          (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$763  = \$445 [13:0];
-          end else if (\$444 ) begin
-            \$763  = cnt0;
-          end else begin
-            \$763  = cnt0;
+            \$755  = cnt0;
           end
         end
       end
@@ -4938,43 +4936,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$763  = ln;
+                  \$755  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$763  = ln;
+                  \$755  = ln;
               6'h0c:
-                  \$763  = ins[45:32];
+                  \$755  = ins[45:32];
               6'h0d:
-                  \$763  = ins[61:48];
+                  \$755  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$763  = 14'h0000;
+      \$755  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = pa;
+    \$756  = pa;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$764  = \$446 [12:0];
-          end else if (\$444 ) begin
-            \$764  = \$450 [12:0];
+          if (\$435 ) begin
+            \$756  = \$438 [12:0];
+          end else if (\$436 ) begin
+            \$756  = \$442 [12:0];
           end else begin
-            \$764  = \$456 [12:0];
+            \$756  = \$448 [12:0];
           end
         end
       end
@@ -4988,43 +4986,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$764  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$764  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h0c:
-                  \$764  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h0d:
-                  \$764  = ins[76:64];
+                  \$756  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$764  = 13'h0000;
+      \$756  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = pb;
+    \$757  = pb;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-            \$765  = \$447 [12:0];
-          end else if (\$444 ) begin
-            \$765  = \$452 [12:0];
+          if (\$435 ) begin
+            \$757  = \$439 [12:0];
+          end else if (\$436 ) begin
+            \$757  = \$444 [12:0];
           end else begin
-            \$765  = \$459 [12:0];
+            \$757  = \$451 [12:0];
           end
         end
       end
@@ -5038,42 +5036,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$765  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$765  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h0c:
-                  \$765  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h0d:
-                  \$765  = ins[100:88];
+                  \$757  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$765  = 13'h0000;
+      \$757  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = rem1;
+    \$758  = rem1;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-            \$766  = \$448 [13:0];
+          if (\$435 ) begin
+          end else if (\$436 ) begin
+            \$758  = \$440 [13:0];
           end else begin
-            \$766  = cnt1;
+            \$758  = cnt1;
           end
         end
       end
@@ -5087,42 +5085,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$766  = 14'h0001;
+                  \$758  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$766  = 14'h0001;
+                  \$758  = 14'h0001;
               6'h0c:
-                  \$766  = ins[61:48];
+                  \$758  = ins[61:48];
               6'h0d:
-                  \$766  = 14'h0002;
+                  \$758  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 14'h0000;
+      \$758  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = ra1;
+    \$759  = ra1;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-            \$767  = \$449 [12:0];
+          if (\$435 ) begin
+          end else if (\$436 ) begin
+            \$759  = \$441 [12:0];
           end else begin
-            \$767  = \$455 [12:0];
+            \$759  = \$447 [12:0];
           end
         end
       end
@@ -5136,42 +5134,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$767  = ins[76:64];
+                  \$759  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$767  = ins[76:64];
+                  \$759  = ins[76:64];
               6'h0c:
-                  \$767  = ins[76:64];
+                  \$759  = ins[76:64];
               6'h0d:
-                  \$767  = ins[76:64];
+                  \$759  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$767  = 13'h0000;
+      \$759  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = rb1;
+    \$760  = rb1;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
-            \$768  = \$451 [12:0];
+          if (\$435 ) begin
+          end else if (\$436 ) begin
+            \$760  = \$443 [12:0];
           end else begin
-            \$768  = \$458 [12:0];
+            \$760  = \$450 [12:0];
           end
         end
       end
@@ -5185,41 +5183,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$768  = ins[100:88];
+                  \$760  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$768  = ins[100:88];
+                  \$760  = ins[100:88];
               6'h0c:
-                  \$768  = ins[100:88];
+                  \$760  = ins[100:88];
               6'h0d:
-                  \$768  = ins[100:88];
+                  \$760  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$768  = 13'h0000;
+      \$760  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = rem2;
+    \$761  = rem2;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
+          if (\$435 ) begin
+          end else if (\$436 ) begin
           end else begin
-            \$769  = \$453 [13:0];
+            \$761  = \$445 [13:0];
           end
         end
       end
@@ -5233,41 +5231,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$769  = 14'h0001;
+                  \$761  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$769  = 14'h0001;
+                  \$761  = 14'h0001;
               6'h0c:
-                  \$769  = m_eff[13:0];
+                  \$761  = m_eff[13:0];
               6'h0d:
-                  \$769  = m_eff[13:0];
+                  \$761  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$769  = 14'h0000;
+      \$761  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = ra2;
+    \$762  = ra2;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
+          if (\$435 ) begin
+          end else if (\$436 ) begin
           end else begin
-            \$770  = \$454 [12:0];
+            \$762  = \$446 [12:0];
           end
         end
       end
@@ -5281,41 +5279,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$770  = ins[76:64];
+                  \$762  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$770  = ins[76:64];
+                  \$762  = ins[76:64];
               6'h0c:
-                  \$770  = ins[76:64];
+                  \$762  = ins[76:64];
               6'h0d:
-                  \$770  = ins[76:64];
+                  \$762  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$770  = 13'h0000;
+      \$762  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = rb2;
+    \$763  = rb2;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
+          if (\$435 ) begin
+          end else if (\$436 ) begin
           end else begin
-            \$771  = \$457 [12:0];
+            \$763  = \$449 [12:0];
           end
         end
       end
@@ -5329,42 +5327,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$771  = ins[100:88];
+                  \$763  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$771  = ins[100:88];
+                  \$763  = ins[100:88];
               6'h0c:
-                  \$771  = ins[100:88];
+                  \$763  = ins[100:88];
               6'h0d:
-                  \$771  = ins[100:88];
+                  \$763  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$771  = 13'h0000;
+      \$763  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = issuing;
+    \$764  = issuing;
     if (eng_run) begin
-      if (\$437 ) begin
-        if (\$442 ) begin
+      if (\$429 ) begin
+        if (\$434 ) begin
           (* full_case = 32'd1 *)
-          if (\$443 ) begin
-          end else if (\$444 ) begin
+          if (\$435 ) begin
+          end else if (\$436 ) begin
           end else begin
-            if (\$461 ) begin
-              \$772  = 1'h0;
+            if (\$453 ) begin
+              \$764  = 1'h0;
             end
           end
         end
@@ -5379,83 +5377,83 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$772  = 1'h1;
+                  \$764  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$772  = 1'h1;
+                  \$764  = 1'h1;
               6'h0c:
-                  \$772  = 1'h1;
+                  \$764  = 1'h1;
               6'h0d:
-                  \$772  = 1'h1;
+                  \$764  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$772  = 1'h0;
+      \$764  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$465 ;
+    \$765  = \$457 ;
     if (rst) begin
-      \$773  = 2'h0;
+      \$765  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = \$466 ;
+    \$766  = \$458 ;
     if (rst) begin
-      \$774  = 1'h0;
+      \$766  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$467 ;
+    \$767  = \$459 ;
     if (rst) begin
-      \$775  = 1'h0;
+      \$767  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = \$468 ;
+    \$768  = \$460 ;
     if (rst) begin
-      \$776  = 1'h0;
+      \$768  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$469 ;
+    \$769  = \$461 ;
     if (rst) begin
-      \$777  = 1'h0;
+      \$769  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = \$470 ;
+    \$770  = \$462 ;
     if (rst) begin
-      \$778  = 1'h0;
+      \$770  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = rq_wvalid;
+    \$771  = rq_wvalid;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$471 ) begin
-          \$779  = 1'h0;
+        if (\$463 ) begin
+          \$771  = 1'h0;
         end
-        if (\$472 ) begin
-          if (\$481 ) begin
-            \$779  = 1'h1;
+        if (\$464 ) begin
+          if (\$473 ) begin
+            \$771  = 1'h1;
           end
         end
       end
@@ -5469,34 +5467,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$779  = 1'h0;
+                  \$771  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$779  = 1'h0;
+      \$771  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = rq_fill;
+    \$772  = rq_fill;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$471 ) begin
-          \$780  = 3'h0;
+        if (\$463 ) begin
+          \$772  = 3'h0;
         end
-        if (\$472 ) begin
-          \$780  = \$477 [2:0];
+        if (\$464 ) begin
+          \$772  = \$469 [2:0];
         end
       end
     end
@@ -5509,39 +5507,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$780  = 3'h0;
+                  \$772  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$780  = 3'h0;
+      \$772  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = rq_in__payload;
+    \$773  = rq_in__payload;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$472 ) begin
-          casez (\$474 )
+        if (\$464 ) begin
+          casez (\$466 )
             3'h0:
-                \$781 [23:0] = rd0_q[23:0];
+                \$773 [23:0] = rd0_q[23:0];
             3'h1:
-                \$781 [47:24] = rd0_q[23:0];
+                \$773 [47:24] = rd0_q[23:0];
             3'h2:
-                \$781 [71:48] = rd0_q[23:0];
+                \$773 [71:48] = rd0_q[23:0];
             3'h3:
-                \$781 [95:72] = rd0_q[23:0];
+                \$773 [95:72] = rd0_q[23:0];
           endcase
         end
       end
@@ -5551,17 +5549,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$781 [7:0] = rd0__data[7:0];
+              \$773 [7:0] = rd0__data[7:0];
           2'h1:
-              \$781 [31:24] = rd0__data[7:0];
+              \$773 [31:24] = rd0__data[7:0];
           2'h2:
-              \$781 [55:48] = rd0__data[7:0];
+              \$773 [55:48] = rd0__data[7:0];
           2'h3:
-              \$781 [79:72] = rd0__data[7:0];
+              \$773 [79:72] = rd0__data[7:0];
         endcase
       end
-      if (\$509 ) begin
-        \$781  = 96'h000000000000000000000000;
+      if (\$501 ) begin
+        \$773  = 96'h000000000000000000000000;
       end
     end
     casez (ctrl_state)
@@ -5573,11 +5571,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5591,7 +5589,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$781  = 96'h000000000000000000000000;
+                  \$773  = 96'h000000000000000000000000;
             endcase
           end
       5'h05:
@@ -5614,20 +5612,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
           if (rt_cap) begin
-            \$781 [12:0] = \$681 ;
+            \$773 [12:0] = \$673 ;
           end
     endcase
     if (rst) begin
-      \$781  = 96'h000000000000000000000000;
+      \$773  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = rq_lane;
+    \$774  = rq_lane;
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          \$782  = \$485 [1:0];
+          \$774  = \$477 [1:0];
         end
       end
     end
@@ -5640,394 +5638,445 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$782  = 2'h0;
+                  \$774  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$782  = 2'h0;
+      \$774  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = gm_cap;
+    \$775  = gm_cap;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$497 ) begin
-        \$783  = 1'h1;
+      if (\$489 ) begin
+        \$775  = 1'h1;
       end else begin
-        \$783  = 1'h0;
+        \$775  = 1'h0;
       end
     end
+    if (rst) begin
+      \$775  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$489 ) begin
+        \$776  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$776  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = gm_lane;
+    if (gemm_run) begin
+      if (\$489 ) begin
+        \$777  = \$490 [2:0];
+      end
+      if (\$501 ) begin
+        \$777  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$777  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$777  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = gm_addr;
+    if (gemm_run) begin
+      if (\$489 ) begin
+        \$778  = \$491 [12:0];
+      end
+      if (\$501 ) begin
+        (* full_case = 32'd1 *)
+        if (\$503 ) begin
+          \$778  = \$506 [12:0];
+        end else begin
+          \$778  = \$511 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$778  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$778  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$779  = a_in__valid;
+    if (gemm_run) begin
+      if (\$500 ) begin
+        \$779  = 1'h1;
+      end
+      if (\$501 ) begin
+        \$779  = 1'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$779  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = gm_k;
+    if (gemm_run) begin
+      if (\$501 ) begin
+        (* full_case = 32'd1 *)
+        if (\$503 ) begin
+          \$780  = \$504 [6:0];
+        end else begin
+          \$780  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$780  = 7'h00;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$780  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = gm_wstart;
+    if (gemm_run) begin
+      if (\$501 ) begin
+        (* full_case = 32'd1 *)
+        if (\$503 ) begin
+          \$781  = \$505 [12:0];
+        end else begin
+          \$781  = \$509 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$781  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$781  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = gm_left;
+    if (gemm_run) begin
+      if (\$501 ) begin
+        (* full_case = 32'd1 *)
+        if (\$503 ) begin
+        end else begin
+          \$782  = \$507 [13:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$782  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$782  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$501 ) begin
+        (* full_case = 32'd1 *)
+        if (\$503 ) begin
+        end else begin
+          if (\$514 ) begin
+            \$783  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$783  = 1'h0;
+            endcase
+          end
+    endcase
     if (rst) begin
       \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = gm_cap_lane;
+    \$784  = gc_lane;
     if (gemm_run) begin
-      if (\$497 ) begin
-        \$784  = gm_lane[1:0];
+      if (c_out__valid) begin
+        \$784  = \$515 [1:0];
+        if (gc_last) begin
+          \$784  = 2'h0;
+        end
       end
     end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$784  = 2'h0;
+            endcase
+          end
+    endcase
     if (rst) begin
       \$784  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = gm_lane;
-    if (gemm_run) begin
-      if (\$497 ) begin
-        \$785  = \$498 [2:0];
-      end
-      if (\$509 ) begin
-        \$785  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$785  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$785  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = gm_addr;
-    if (gemm_run) begin
-      if (\$497 ) begin
-        \$786  = \$499 [12:0];
-      end
-      if (\$509 ) begin
-        (* full_case = 32'd1 *)
-        if (\$511 ) begin
-          \$786  = \$514 [12:0];
-        end else begin
-          \$786  = \$519 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$786  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$786  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = a_in__valid;
-    if (gemm_run) begin
-      if (\$508 ) begin
-        \$787  = 1'h1;
-      end
-      if (\$509 ) begin
-        \$787  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$787  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$787  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = gm_k;
-    if (gemm_run) begin
-      if (\$509 ) begin
-        (* full_case = 32'd1 *)
-        if (\$511 ) begin
-          \$788  = \$512 [6:0];
-        end else begin
-          \$788  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$788  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$788  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = gm_wstart;
-    if (gemm_run) begin
-      if (\$509 ) begin
-        (* full_case = 32'd1 *)
-        if (\$511 ) begin
-          \$789  = \$513 [12:0];
-        end else begin
-          \$789  = \$517 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$789  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$789  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = gm_left;
-    if (gemm_run) begin
-      if (\$509 ) begin
-        (* full_case = 32'd1 *)
-        if (\$511 ) begin
-        end else begin
-          \$790  = \$515 [13:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$790  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$790  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$509 ) begin
-        (* full_case = 32'd1 *)
-        if (\$511 ) begin
-        end else begin
-          if (\$522 ) begin
-            \$791  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$791  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$791  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = gc_lane;
+    \$785  = gc_addr;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$792  = \$523 [1:0];
+        \$785  = \$516 [12:0];
         if (gc_last) begin
-          \$792  = 2'h0;
+          (* full_case = 32'd1 *)
+          if (\$526 ) begin
+            \$785  = \$529 [12:0];
+          end else begin
+            \$785  = \$536 [12:0];
+          end
         end
       end
     end
@@ -6040,11 +6089,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6058,26 +6107,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$792  = 2'h0;
+                  \$785  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$792  = 2'h0;
+      \$785  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = gc_addr;
+    \$786  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$793  = \$524 [12:0];
+        \$786  = \$524 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$534 ) begin
-            \$793  = \$537 [12:0];
+          if (\$526 ) begin
+            \$786  = \$533 ;
           end else begin
-            \$793  = \$544 [12:0];
+            \$786  = \$542 ;
           end
         end
       end
@@ -6091,11 +6140,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6109,76 +6158,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$793  = ins[124:112];
+                  \$786  = \$593 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$793  = 13'h0000;
+      \$786  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$794  = \$532 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$534 ) begin
-            \$794  = \$541 ;
-          end else begin
-            \$794  = \$550 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$794  = \$601 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$794  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = gc_n;
+    \$787  = gc_n;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$534 ) begin
-            \$795  = \$535 [8:0];
+          if (\$526 ) begin
+            \$787  = \$527 [8:0];
           end else begin
-            \$795  = 9'h000;
+            \$787  = 9'h000;
           end
         end
       end
@@ -6192,11 +6190,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6210,25 +6208,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$795  = 9'h000;
+                  \$787  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$795  = 9'h000;
+      \$787  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = gc_wstart;
+    \$788  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$534 ) begin
-            \$796  = \$536 [12:0];
+          if (\$526 ) begin
+            \$788  = \$528 [12:0];
           end else begin
-            \$796  = \$543 [12:0];
+            \$788  = \$535 [12:0];
           end
         end
       end
@@ -6242,11 +6240,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6260,24 +6258,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$796  = ins[124:112];
+                  \$788  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$796  = 13'h0000;
+      \$788  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = gc_left;
+    \$789  = gc_left;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$534 ) begin
+          if (\$526 ) begin
           end else begin
-            \$797  = \$542 [13:0];
+            \$789  = \$534 [13:0];
           end
         end
       end
@@ -6291,11 +6289,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6309,114 +6307,553 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$797  = m_eff[13:0];
+                  \$789  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$797  = 14'h0000;
+      \$789  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = cycles;
+    \$790  = cycles;
     if (running) begin
-      \$798  = \$551 [31:0];
+      \$790  = \$543 [31:0];
     end
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$798  = 32'd0;
+            \$790  = 32'd0;
           end
     endcase
+    if (rst) begin
+      \$790  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = busy_dma;
+    if (running) begin
+      if (cur_executor[0]) begin
+        \$791  = \$544 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$791  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$791  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = busy_gemm;
+    if (running) begin
+      if (cur_executor[1]) begin
+        \$792  = \$545 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$792  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$792  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = busy_act;
+    if (running) begin
+      if (cur_executor[2]) begin
+        \$793  = \$546 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$793  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$793  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = busy_route;
+    if (running) begin
+      if (cur_executor[3]) begin
+        \$794  = \$547 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$794  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$794  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = busy_vector;
+    if (running) begin
+      if (cur_executor[4]) begin
+        \$795  = \$548 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$795  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$795  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = busy_move;
+    if (running) begin
+      if (cur_executor[5]) begin
+        \$796  = \$549 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$796  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$796  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = rd0_q;
+    if (\$553 ) begin
+      \$797  = rd0__data;
+    end
+    if (rst) begin
+      \$797  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = rd1_q;
+    if (\$553 ) begin
+      \$798  = rd1__data;
+    end
     if (rst) begin
       \$798  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = busy_dma;
-    if (running) begin
-      if (cur_executor[0]) begin
-        \$799  = \$552 [31:0];
-      end
-    end
+    \$799  = running;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$799  = 32'd0;
+            \$799  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$799  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$737 ) begin
+            \$799  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$799  = 32'd0;
+      \$799  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = busy_gemm;
-    if (running) begin
-      if (cur_executor[1]) begin
-        \$800  = \$553 [31:0];
-      end
-    end
+    \$800  = done;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$800  = 32'd0;
+            \$800  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$800  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$737 ) begin
+            \$800  = 1'h0;
           end
     endcase
+    if (\$739 ) begin
+      \$800  = 1'h0;
+    end
     if (rst) begin
-      \$800  = 32'd0;
+      \$800  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = busy_act;
-    if (running) begin
-      if (cur_executor[2]) begin
-        \$801  = \$554 [31:0];
-      end
-    end
+    \$801  = err;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$801  = 32'd0;
+            \$801  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$737 ) begin
+            \$801  = stop_code;
           end
     endcase
+    if (\$739 ) begin
+      \$801  = 8'h00;
+    end
     if (rst) begin
-      \$801  = 32'd0;
+      \$801  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = busy_route;
-    if (running) begin
-      if (cur_executor[3]) begin
-        \$802  = \$555 [31:0];
-      end
-    end
+    \$802  = pc;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$802  = 32'd0;
+            \$802  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$802  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$606 ) begin
+            \$802  = \$607 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$609 ) begin
+            \$802  = \$610 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$628 ) begin
+            \$802  = \$629 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$658 ) begin
+            \$802  = \$659 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$802  = \$704 [12:0];
+          end
+      5'h0b:
+          if (\$706 ) begin
+            \$802  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$709 ) begin
+            \$802  = \$712 [12:0];
+          end
+      5'h0c:
+          if (\$714 ) begin
+            \$802  = \$716 [12:0];
           end
     endcase
     if (rst) begin
-      \$802  = 32'd0;
+      \$802  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = busy_vector;
-    if (running) begin
-      if (cur_executor[4]) begin
-        \$803  = \$556 [31:0];
-      end
-    end
+    \$803  = retired;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
             \$803  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$803  = \$586 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$606 ) begin
+            \$803  = \$608 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$609 ) begin
+            \$803  = \$611 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$628 ) begin
+            \$803  = \$630 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$658 ) begin
+            \$803  = \$660 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$803  = \$705 [31:0];
+          end
+      5'h0b:
+          if (\$706 ) begin
+            \$803  = \$707 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$709 ) begin
+            \$803  = \$713 [31:0];
+          end
+      5'h0c:
+          if (\$714 ) begin
+            \$803  = \$717 [31:0];
           end
     endcase
     if (rst) begin
@@ -6425,450 +6862,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = busy_move;
-    if (running) begin
-      if (cur_executor[5]) begin
-        \$804  = \$557 [31:0];
-      end
-    end
+    \$804  = route_done;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$804  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$804  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = rd0_q;
-    if (\$561 ) begin
-      \$805  = rd0__data;
-    end
-    if (rst) begin
-      \$805  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = rd1_q;
-    if (\$561 ) begin
-      \$806  = rd1__data;
-    end
-    if (rst) begin
-      \$806  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = running;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$807  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-            \$807  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$745 ) begin
-            \$807  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$807  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = done;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$808  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-            \$808  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$745 ) begin
-            \$808  = 1'h0;
-          end
-    endcase
-    if (\$747 ) begin
-      \$808  = 1'h0;
-    end
-    if (rst) begin
-      \$808  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$809  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$745 ) begin
-            \$809  = stop_code;
-          end
-    endcase
-    if (\$747 ) begin
-      \$809  = 8'h00;
-    end
-    if (rst) begin
-      \$809  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$810  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$810  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            \$810  = \$615 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$617 ) begin
-            \$810  = \$618 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$636 ) begin
-            \$810  = \$637 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$666 ) begin
-            \$810  = \$667 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$711 ) begin
-          end else begin
-            \$810  = \$712 [12:0];
-          end
-      5'h0b:
-          if (\$714 ) begin
-            \$810  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$717 ) begin
-            \$810  = \$720 [12:0];
-          end
-      5'h0c:
-          if (\$722 ) begin
-            \$810  = \$724 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$810  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = retired;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$811  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$811  = \$594 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            \$811  = \$616 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$617 ) begin
-            \$811  = \$619 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$636 ) begin
-            \$811  = \$638 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$666 ) begin
-            \$811  = \$668 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$711 ) begin
-          end else begin
-            \$811  = \$713 [31:0];
-          end
-      5'h0b:
-          if (\$714 ) begin
-            \$811  = \$715 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$717 ) begin
-            \$811  = \$721 [31:0];
-          end
-      5'h0c:
-          if (\$722 ) begin
-            \$811  = \$725 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$811  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = route_done;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$812  = 1'h0;
+            \$804  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6908,22 +6906,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$711 ) begin
+          if (\$703 ) begin
           end else begin
-            \$812  = 1'h1;
+            \$804  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$812  = 1'h0;
+      \$804  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = exp_active;
+    \$805  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$813  = 1'h0;
+            \$805  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6963,32 +6961,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$711 ) begin
+          if (\$703 ) begin
           end else begin
-            \$813  = 1'h0;
+            \$805  = 1'h0;
           end
       5'h0b:
-          if (\$714 ) begin
-            \$813  = 1'h0;
+          if (\$706 ) begin
+            \$805  = 1'h0;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$717 ) begin
-            \$813  = 1'h1;
+          if (\$709 ) begin
+            \$805  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$813  = 1'h0;
+      \$805  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = scores_ok;
+    \$806  = scores_ok;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$814  = 1'h0;
+            \$806  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -7001,802 +6999,802 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$614 ) begin
+          if (\$606 ) begin
             if (run_sigmoid) begin
-              \$814  = 1'h1;
+              \$806  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$814  = 1'h0;
+      \$806  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = ctrl_state;
+    \$807  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$815  = 5'h01;
+            \$807  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-            \$815  = 5'h02;
+          if (\$554 ) begin
+            \$807  = 5'h02;
           end else begin
-            \$815  = 5'h03;
+            \$807  = 5'h03;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h03:
         begin
-          if (\$564 ) begin
-            \$815  = 5'h04;
+          if (\$556 ) begin
+            \$807  = 5'h04;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-            \$815  = 5'h00;
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-            \$815  = 5'h02;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$807  = 5'h00;
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$807  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$815  = 5'h01;
+                  \$807  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$597 ) begin
-                    \$815  = 5'h05;
+                  if (\$589 ) begin
+                    \$807  = 5'h05;
                   end else begin
-                    \$815  = 5'h06;
+                    \$807  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$815  = 5'h06;
+                  \$807  = 5'h06;
               6'h0c:
-                  \$815  = 5'h06;
+                  \$807  = 5'h06;
               6'h0d:
-                  \$815  = 5'h06;
+                  \$807  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$603 ) begin
-                    \$815  = 5'h05;
+                  if (\$595 ) begin
+                    \$807  = 5'h05;
                   end else begin
-                    \$815  = 5'h07;
+                    \$807  = 5'h07;
                   end
               6'h01:
-                  \$815  = 5'h08;
+                  \$807  = 5'h08;
               6'h02:
-                  \$815  = 5'h09;
+                  \$807  = 5'h09;
               6'h08:
-                  \$815  = 5'h0a;
+                  \$807  = 5'h0a;
               6'h09:
-                  \$815  = 5'h0b;
+                  \$807  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$815  = 5'h0c;
+                  \$807  = 5'h0c;
             endcase
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$815  = 5'h0d;
+          \$807  = 5'h0d;
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
           if (run_gemm) begin
-            \$815  = 5'h07;
+            \$807  = 5'h07;
           end else begin
-            \$815  = 5'h06;
+            \$807  = 5'h06;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$614 ) begin
-            \$815  = 5'h01;
+          if (\$606 ) begin
+            \$807  = 5'h01;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$815  = 5'h0e;
+            \$807  = 5'h0e;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$815  = 5'h02;
-          end else if (\done$327 ) begin
+            \$807  = 5'h02;
+          end else if (\done$328 ) begin
             (* full_case = 32'd1 *)
-            if (\error$328 ) begin
-              \$815  = 5'h02;
+            if (\error$329 ) begin
+              \$807  = 5'h02;
             end else begin
-              \$815  = 5'h0f;
+              \$807  = 5'h0f;
             end
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$617 ) begin
-            \$815  = 5'h01;
+          if (\$609 ) begin
+            \$807  = 5'h01;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$815  = 5'h02;
-          end else if (\$636 ) begin
-            \$815  = 5'h01;
+            \$807  = 5'h02;
+          end else if (\$628 ) begin
+            \$807  = 5'h01;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$815  = 5'h02;
-          end else if (\$666 ) begin
-            \$815  = 5'h01;
+            \$807  = 5'h02;
+          end else if (\$658 ) begin
+            \$807  = 5'h01;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$670 ) begin
-            \$815  = 5'h10;
+          if (\$662 ) begin
+            \$807  = 5'h10;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$699 ) begin
-            \$815  = 5'h11;
+          if (\$691 ) begin
+            \$807  = 5'h11;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h11:
         begin
-          if (\$700 ) begin
-            \$815  = 5'h12;
+          if (\$692 ) begin
+            \$807  = 5'h12;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$815  = 5'h13;
+          \$807  = 5'h13;
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$701 ) begin
-            \$815  = 5'h14;
+          if (\$693 ) begin
+            \$807  = 5'h14;
           end else begin
-            \$815  = 5'h15;
+            \$807  = 5'h15;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$815  = 5'h15;
+          \$807  = 5'h15;
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
-            \$815  = 5'h11;
+          if (\$696 ) begin
+            \$807  = 5'h11;
           end else begin
-            \$815  = 5'h16;
+            \$807  = 5'h16;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$711 ) begin
-            \$815  = 5'h11;
+          if (\$703 ) begin
+            \$807  = 5'h11;
           end else begin
-            \$815  = 5'h01;
+            \$807  = 5'h01;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$714 ) begin
-            \$815  = 5'h01;
+          if (\$706 ) begin
+            \$807  = 5'h01;
           end else begin
-            \$815  = 5'h17;
+            \$807  = 5'h17;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$815  = 5'h18;
+          \$807  = 5'h18;
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$717 ) begin
-            \$815  = 5'h01;
+          if (\$709 ) begin
+            \$807  = 5'h01;
           end else begin
-            \$815  = 5'h0b;
+            \$807  = 5'h0b;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h0c:
         begin
-          if (\$722 ) begin
-            \$815  = 5'h01;
-          end else if (\$723 ) begin
-            \$815  = 5'h19;
+          if (\$714 ) begin
+            \$807  = 5'h01;
+          end else if (\$715 ) begin
+            \$807  = 5'h19;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$815  = 5'h1a;
+          \$807  = 5'h1a;
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
-            \$815  = 5'h02;
+          if (\$720 ) begin
+            \$807  = 5'h02;
           end else begin
-            \$815  = 5'h1b;
+            \$807  = 5'h1b;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$740 ) begin
-            \$815  = 5'h0c;
+          if (\$732 ) begin
+            \$807  = 5'h0c;
           end
           if (soft_req) begin
-            \$815  = 5'h02;
+            \$807  = 5'h02;
           end
         end
       5'h02:
-          if (\$745 ) begin
-            \$815  = 5'h00;
+          if (\$737 ) begin
+            \$807  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$815  = 5'h00;
+      \$807  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = stop_code;
+    \$808  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$562 ) begin
-            \$816  = 8'h06;
+          if (\$554 ) begin
+            \$808  = 8'h06;
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h03:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h04:
         begin
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-            \$816  = decode_q;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$808  = decode_q;
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h05:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h0d:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h06:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h07:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$816  = 8'h07;
-          end else if (\done$327 ) begin
-            if (\error$328 ) begin
-              \$816  = 8'h03;
+            \$808  = 8'h07;
+          end else if (\done$328 ) begin
+            if (\error$329 ) begin
+              \$808  = 8'h03;
             end
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h0f:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$816  = 8'h07;
+            \$808  = 8'h07;
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$816  = 8'h07;
+            \$808  = 8'h07;
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h0a:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h10:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h11:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h12:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h13:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h14:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h15:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h16:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h0b:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h17:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h18:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h0c:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h19:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$728 ) begin
-            \$816  = 8'h02;
+          if (\$720 ) begin
+            \$808  = 8'h02;
           end
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
         end
       5'h1b:
           if (soft_req) begin
-            \$816  = 8'h00;
+            \$808  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$816  = 8'h00;
+      \$808  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = cur_executor;
+    \$809  = cur_executor;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$562 ) begin
-            \$817  = 6'h00;
+          if (\$554 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h03:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-            \$817  = 6'h00;
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$809  = 6'h00;
           end else begin
+            if (\$574 ) begin
+              \$809  = 6'h01;
+            end
+            if (\$575 ) begin
+              \$809  = 6'h01;
+            end
+            if (\$576 ) begin
+              \$809  = 6'h02;
+            end
+            if (\$577 ) begin
+              \$809  = 6'h04;
+            end
+            if (\$578 ) begin
+              \$809  = 6'h04;
+            end
+            if (\$579 ) begin
+              \$809  = 6'h04;
+            end
+            if (\$580 ) begin
+              \$809  = 6'h08;
+            end
+            if (\$581 ) begin
+              \$809  = 6'h10;
+            end
             if (\$582 ) begin
-              \$817  = 6'h01;
+              \$809  = 6'h10;
             end
             if (\$583 ) begin
-              \$817  = 6'h01;
+              \$809  = 6'h10;
             end
             if (\$584 ) begin
-              \$817  = 6'h02;
+              \$809  = 6'h20;
             end
             if (\$585 ) begin
-              \$817  = 6'h04;
-            end
-            if (\$586 ) begin
-              \$817  = 6'h04;
-            end
-            if (\$587 ) begin
-              \$817  = 6'h04;
-            end
-            if (\$588 ) begin
-              \$817  = 6'h08;
-            end
-            if (\$589 ) begin
-              \$817  = 6'h10;
-            end
-            if (\$590 ) begin
-              \$817  = 6'h10;
-            end
-            if (\$591 ) begin
-              \$817  = 6'h10;
-            end
-            if (\$592 ) begin
-              \$817  = 6'h20;
-            end
-            if (\$593 ) begin
-              \$817  = 6'h20;
+              \$809  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$817  = 6'h00;
+                  \$809  = 6'h00;
             endcase
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h05:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h0d:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h06:
         begin
-          if (\$614 ) begin
-            \$817  = 6'h00;
+          if (\$606 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h07:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$817  = 6'h00;
-          end else if (\done$327 ) begin
-            if (\error$328 ) begin
-              \$817  = 6'h00;
+            \$809  = 6'h00;
+          end else if (\done$328 ) begin
+            if (\error$329 ) begin
+              \$809  = 6'h00;
             end
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$617 ) begin
-            \$817  = 6'h00;
+          if (\$609 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$817  = 6'h00;
-          end else if (\$636 ) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
+          end else if (\$628 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$817  = 6'h00;
-          end else if (\$666 ) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
+          end else if (\$658 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h0a:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h10:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h11:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h12:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h13:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h14:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h15:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$711 ) begin
+          if (\$703 ) begin
           end else begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$714 ) begin
-            \$817  = 6'h00;
+          if (\$706 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h17:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h18:
         begin
-          if (\$717 ) begin
-            \$817  = 6'h00;
+          if (\$709 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$722 ) begin
-            \$817  = 6'h00;
+          if (\$714 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h19:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$728 ) begin
-            \$817  = 6'h00;
+          if (\$720 ) begin
+            \$809  = 6'h00;
           end
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
         end
       5'h1b:
           if (soft_req) begin
-            \$817  = 6'h00;
+            \$809  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$817  = 6'h00;
+      \$809  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = fetch_word;
+    \$810  = fetch_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
+          if (\$554 ) begin
           end else begin
-            \$818  = 4'h1;
+            \$810  = 4'h1;
           end
       5'h03:
-          \$818  = \$563 [3:0];
+          \$810  = \$555 [3:0];
     endcase
     if (rst) begin
-      \$818  = 4'h0;
+      \$810  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = ins;
+    \$811  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$819  = { \$signature__data , ins[255:32] };
+          \$811  = { \$signature__data , ins[255:32] };
     endcase
     if (rst) begin
-      \$819  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$811  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = step;
+    \$812  = step;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$564 ) begin
-            \$820  = 3'h0;
+          if (\$556 ) begin
+            \$812  = 3'h0;
           end
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$820  = \$580 [2:0];
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$812  = \$572 [2:0];
           end
     endcase
     if (rst) begin
-      \$820  = 3'h0;
+      \$812  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = settle;
+    \$813  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$564 ) begin
-            \$821  = 2'h0;
+          if (\$556 ) begin
+            \$813  = 2'h0;
           end
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-            \$821  = \$581 [1:0];
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+            \$813  = \$573 [1:0];
           end
     endcase
     if (rst) begin
-      \$821  = 2'h0;
+      \$813  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = ln;
+    \$814  = ln;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7805,21 +7803,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
-                  \$822  = \$571 ;
+                  \$814  = \$563 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$822  = 14'h0000;
+      \$814  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = mk;
+    \$815  = mk;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7828,23 +7826,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
-                  \$823  = \$573 ;
+                  \$815  = \$565 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$823  = 14'h0000;
+      \$815  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = p2;
+    \$816  = p2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7853,25 +7851,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
                   /* empty */;
               3'h3:
-                  \$824  = \$575 ;
+                  \$816  = \$567 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$824  = 14'h0000;
+      \$816  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = p3;
+    \$817  = p3;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7880,8 +7878,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7890,17 +7888,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h3:
                   /* empty */;
               3'h4:
-                  \$825  = \$577 ;
+                  \$817  = \$569 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$825  = 14'h0000;
+      \$817  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = l4;
+    \$818  = l4;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7909,8 +7907,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7921,17 +7919,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h4:
                   /* empty */;
               3'h5:
-                  \$826  = \$579 ;
+                  \$818  = \$571 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$826  = 18'h00000;
+      \$818  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = host_eff;
+    \$819  = host_eff;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7940,8 +7938,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$565 ) begin
-          end else if (\$566 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7954,17 +7952,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$827  = lane_acc;
+                  \$819  = lane_acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$827  = 33'h000000000;
+      \$819  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = rq_width;
+    \$820  = rq_width;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7974,17 +7972,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$828  = ins[243:238];
+                  \$820  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7992,17 +7990,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$828  = ins[243:238];
+                  \$820  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$828  = 6'h00;
+      \$820  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \rq_mult$167 ;
+    \$821  = \rq_mult$168 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8012,17 +8010,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$829  = ins[231:200];
+                  \$821  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8030,21 +8028,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$829  = ins[231:200];
+                  \$821  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$829  = { 16'h0000, rd0__data[15:0] };
+          \$821  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$829  = 32'd0;
+      \$821  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = rq_shift;
+    \$822  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8054,17 +8052,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$830  = ins[237:232];
+                  \$822  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8072,21 +8070,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$830  = ins[237:232];
+                  \$822  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$830  = rd1__data[5:0];
+          \$822  = rd1__data[5:0];
     endcase
     if (rst) begin
-      \$830  = 6'h00;
+      \$822  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = cnt0;
+    \$823  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8096,24 +8094,342 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$831  = ln;
+                  \$823  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$831  = ln;
+                  \$823  = ln;
               6'h0c:
-                  \$831  = ins[45:32];
+                  \$823  = ins[45:32];
               6'h0d:
-                  \$831  = ins[61:48];
+                  \$823  = ins[61:48];
             endcase
+          end
+    endcase
+    if (rst) begin
+      \$823  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$824  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$824  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$824  = 14'h0001;
+              6'h0c:
+                  \$824  = ins[61:48];
+              6'h0d:
+                  \$824  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$824  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = sa0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$825  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$825  = 13'h0001;
+              6'h0c:
+                  \$825  = ins[60:48];
+              6'h0d:
+                  \$825  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$825  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = sa1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$826  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$826  = 1'h0;
+              6'h0c:
+                  \$826  = 1'h1;
+              6'h0d:
+                  \$826  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$826  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = sa2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$827  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$827  = 13'h0000;
+              6'h0c:
+                  \$827  = p2[12:0];
+              6'h0d:
+                  \$827  = ins[60:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$827  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = sb0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$828  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$828  = 1'h1;
+              6'h0c:
+                  \$828  = 1'h1;
+              6'h0d:
+                  \$828  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$828  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$829  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$829  = 1'h0;
+              6'h0c:
+                  \$829  = 1'h0;
+              6'h0d:
+                  \$829  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$829  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$830  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$830  = 13'h0000;
+              6'h0c:
+                  \$830  = ins[44:32];
+              6'h0d:
+                  \$830  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$830  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = el_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$831  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$831  = 14'h0000;
+              6'h0c:
+                  \$831  = 14'h0000;
+              6'h0d:
+                  \$831  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$831  = 14'h0000;
+              6'h02:
+                  \$831  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            \$831  = \$601 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (ld_full) begin
+            if (\$614 ) begin
+              \$831  = \$615 [13:0];
+            end
+          end
+      5'h09:
+          if (\$637 ) begin
+            \$831  = \$638 [13:0];
           end
     endcase
     if (rst) begin
@@ -8122,7 +8438,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = cnt1;
+    \$832  = rq_at_last;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8132,33 +8448,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$832  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$832  = 14'h0001;
-              6'h0c:
-                  \$832  = ins[61:48];
-              6'h0d:
-                  \$832  = 14'h0002;
+                  \$832  = \$587 ;
             endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            \$832  = \$603 ;
           end
     endcase
     if (rst) begin
-      \$832  = 14'h0000;
+      \$832  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = sa0;
+    \$833  = ld_full;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8168,33 +8486,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$833  = 13'h0001;
+                  /* empty */;
               6'h05, 6'h06, 6'h07:
-                  \$833  = 13'h0001;
+                  /* empty */;
               6'h0c:
-                  \$833  = ins[60:48];
+                  /* empty */;
               6'h0d:
-                  \$833  = 13'h0001;
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$833  = 1'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$613 ) begin
+            \$833  = 1'h1;
+          end
+          if (ld_full) begin
+            if (\$622 ) begin
+              \$833  = 1'h0;
+            end
+          end
+        end
     endcase
     if (rst) begin
-      \$833  = 13'h0000;
+      \$833  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = sa1;
+    \$834  = ld_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8204,33 +8549,58 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$834  = 1'h0;
+                  /* empty */;
               6'h05, 6'h06, 6'h07:
-                  \$834  = 1'h0;
+                  /* empty */;
               6'h0c:
-                  \$834  = 1'h1;
+                  /* empty */;
               6'h0d:
-                  \$834  = 1'h0;
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$834  = 3'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$613 ) begin
+            \$834  = 3'h0;
+          end
+          if (ld_full) begin
+            \$834  = \$616 [2:0];
+          end
+        end
     endcase
     if (rst) begin
-      \$834  = 1'h0;
+      \$834  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = sa2;
+    \$835  = st_full;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8240,33 +8610,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$835  = 13'h0000;
+                  /* empty */;
               6'h05, 6'h06, 6'h07:
-                  \$835  = 13'h0000;
+                  /* empty */;
               6'h0c:
-                  \$835  = p2[12:0];
+                  /* empty */;
               6'h0d:
-                  \$835  = ins[60:48];
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$835  = 1'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$649 ) begin
+            \$835  = 1'h1;
+          end
+          if (\$650 ) begin
+            \$835  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$835  = 13'h0000;
+      \$835  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = sb0;
+    \$836  = st_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8276,33 +8675,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$836  = 1'h0;
+                  /* empty */;
               6'h05, 6'h06, 6'h07:
-                  \$836  = 1'h1;
+                  /* empty */;
               6'h0c:
-                  \$836  = 1'h1;
+                  /* empty */;
               6'h0d:
-                  \$836  = 1'h0;
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$836  = 3'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$637 ) begin
+            \$836  = \$639 [2:0];
+          end
+          if (\$650 ) begin
+            \$836  = 3'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$836  = 1'h0;
+      \$836  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = sb1;
+    \$837  = st_rd;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8312,25 +8740,54 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
                   \$837  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$837  = 1'h0;
-              6'h0c:
-                  \$837  = 1'h0;
-              6'h0d:
-                  \$837  = 1'h0;
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$637 ) begin
+            \$837  = 1'h1;
+          end
+          if (st_rd) begin
+            \$837  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
       \$837  = 1'h0;
@@ -8338,7 +8795,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = sb2;
+    \$838  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8348,275 +8805,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$838  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$838  = 13'h0000;
-              6'h0c:
-                  \$838  = ins[44:32];
-              6'h0d:
-                  \$838  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$838  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$839  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$839  = 14'h0000;
-              6'h0c:
-                  \$839  = 14'h0000;
-              6'h0d:
-                  \$839  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$839  = 14'h0000;
-              6'h02:
-                  \$839  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$839  = \$609 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$622 ) begin
-              \$839  = \$623 [13:0];
-            end
-          end
-      5'h09:
-          if (\$645 ) begin
-            \$839  = \$646 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$839  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = rq_at_last;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$840  = \$595 ;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$840  = \$611 ;
-          end
-    endcase
-    if (rst) begin
-      \$840  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = ld_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$841  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$621 ) begin
-            \$841  = 1'h1;
-          end
-          if (ld_full) begin
-            if (\$630 ) begin
-              \$841  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$841  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$842  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$621 ) begin
-            \$842  = 3'h0;
-          end
-          if (ld_full) begin
-            \$842  = \$624 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$842  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = st_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8634,7 +8827,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$843  = 1'h0;
+                  \$838 [35:32] = 4'h0;
             endcase
           end
       5'h05:
@@ -8650,228 +8843,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$657 ) begin
-            \$843  = 1'h1;
-          end
-          if (\$658 ) begin
-            \$843  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$843  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = st_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$844  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$645 ) begin
-            \$844  = \$647 [2:0];
-          end
-          if (\$658 ) begin
-            \$844  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$844  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = st_rd;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$845  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$645 ) begin
-            \$845  = 1'h1;
-          end
-          if (st_rd) begin
-            \$845  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$845  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$846 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$621 ) begin
-            \$846 [31:0] = m_axi__rdata;
+          if (\$613 ) begin
+            \$838 [31:0] = m_axi__rdata;
           end
       5'h09:
         begin
           if (st_rd) begin
             casez (st_rd_e)
               2'h0:
-                  \$846 [31:0] = rd0__data;
+                  \$838 [31:0] = rd0__data;
             endcase
             casez (st_rd_e)
               2'h0:
-                  \$846 [35:32] = 4'hf;
+                  \$838 [35:32] = 4'hf;
             endcase
           end
-          if (\$658 ) begin
-            \$846 [35:32] = 4'h0;
+          if (\$650 ) begin
+            \$838 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$846  = 36'h000000000;
+      \$838  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = rt_j;
+    \$839  = rt_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8881,11 +8879,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8905,7 +8903,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$847  = 4'h0;
+                  \$839  = 4'h0;
             endcase
           end
       5'h05:
@@ -8925,10 +8923,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$847  = \$669 [3:0];
+          \$839  = \$661 [3:0];
       5'h10:
-          if (\$699 ) begin
-            \$847  = 4'h0;
+          if (\$691 ) begin
+            \$839  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -8941,15 +8939,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$847  = \$709 [3:0];
+          \$839  = \$701 [3:0];
     endcase
     if (rst) begin
-      \$847  = 4'h0;
+      \$839  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = rt_cb;
+    \$840  = rt_cb;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8959,11 +8957,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8983,17 +8981,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$848  = \$605 [12:0];
+                  \$840  = \$597 [12:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$848  = 13'h0000;
+      \$840  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = rt_lp;
+    \$841  = rt_lp;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9003,11 +9001,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9027,17 +9025,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$849  = \$608 [12:0];
+                  \$841  = \$600 [12:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$849  = 13'h0000;
+      \$841  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = g_i;
+    \$842  = g_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9047,11 +9045,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9075,7 +9073,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$850  = 16'h0000;
+                  \$842  = 16'h0000;
             endcase
           end
       5'h05:
@@ -9123,17 +9121,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$740 ) begin
-            \$850  = \$741 [15:0];
+          if (\$732 ) begin
+            \$842  = \$733 [15:0];
           end
     endcase
     if (rst) begin
-      \$850  = 16'h0000;
+      \$842  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = g_in;
+    \$843  = g_in;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9143,11 +9141,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else if (\$569 ) begin
+          if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -9171,7 +9169,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$851  = 13'h0000;
+                  \$843  = 13'h0000;
             endcase
           end
       5'h05:
@@ -9219,8 +9217,325 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$740 ) begin
-            \$851  = \$742 [12:0];
+          if (\$732 ) begin
+            \$843  = \$734 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$843  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = scores_a;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$606 ) begin
+            if (run_sigmoid) begin
+              \$844  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$844  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$606 ) begin
+            if (run_sigmoid) begin
+              \$845  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$845  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = st_rd_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$637 ) begin
+            \$846  = st_e[1:0];
+          end
+    endcase
+    if (rst) begin
+      \$846  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = rt_feed_left;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$847  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$675 ) begin
+            if (\$676 ) begin
+              \$847  = \$677 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$847  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = rt_el;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$848  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$669 ) begin
+            \$848  = \$672 [3:0];
+          end
+          if (\$675 ) begin
+            if (\$676 ) begin
+              \$848  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$848  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$849  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$669 ) begin
+            \$849  = \$671 [0];
+          end
+          if (\$675 ) begin
+            \$849  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$849  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$850  = rt_wvalid;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$850  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (rt_cap) begin
+            if (\$674 ) begin
+              \$850  = 1'h1;
+            end
+          end
+          if (\$675 ) begin
+            \$850  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$850  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$851  = rt_tbase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$851  = ins[76:64];
+          end
+      5'h10:
+          if (\$675 ) begin
+            if (\$676 ) begin
+              \$851  = \$678 [12:0];
+            end
           end
     endcase
     if (rst) begin
@@ -9229,7 +9544,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = scores_a;
+    \$852  = rt_tslot;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9244,9 +9559,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$614 ) begin
-            if (run_sigmoid) begin
-              \$852  = ins[124:112];
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$852  = ins[124:112];
+          end
+      5'h10:
+          if (\$685 ) begin
+            if (\$687 ) begin
+              \$852  = \$689 [12:0];
             end
           end
     endcase
@@ -9256,69 +9587,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            if (run_sigmoid) begin
-              \$853  = ln;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$853  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = st_rd_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$645 ) begin
-            \$854  = st_e[1:0];
-          end
-    endcase
-    if (rst) begin
-      \$854  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rt_feed_left;
+    \$853  = rt_feed_done;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9345,13 +9614,102 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
+          if (\$662 ) begin
+            \$853  = 1'h0;
+          end
+      5'h10:
+          if (\$675 ) begin
+            if (\$676 ) begin
+              if (\$680 ) begin
+                \$853  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$853  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$854  = rt_cap;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
+            \$854  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$669 ) begin
+            \$854  = 1'h1;
+          end else begin
+            \$854  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$854  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = rt_route_left;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$662 ) begin
             \$855  = m_eff[13:0];
           end
       5'h10:
-          if (\$683 ) begin
-            if (\$684 ) begin
-              \$855  = \$685 [13:0];
+          if (\$685 ) begin
+            if (\$687 ) begin
+              \$855  = \$688 [13:0];
             end
           end
     endcase
@@ -9361,7 +9719,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = rt_el;
+    \$856  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9388,28 +9746,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
-            \$856  = 4'h0;
+          if (\$662 ) begin
+            \$856  = 2'h0;
           end
       5'h10:
-        begin
-          if (\$677 ) begin
-            \$856  = \$680 [3:0];
-          end
-          if (\$683 ) begin
-            if (\$684 ) begin
-              \$856  = 4'h0;
+          if (\$685 ) begin
+            (* full_case = 32'd1 *)
+            if (\$687 ) begin
+              \$856  = 2'h0;
+            end else begin
+              \$856  = \$690 [1:0];
             end
           end
-        end
     endcase
     if (rst) begin
-      \$856  = 4'h0;
+      \$856  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = rt_lane;
+    \$857  = rt_hold;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9436,15 +9792,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
+          if (\$662 ) begin
             \$857  = 1'h0;
           end
       5'h10:
         begin
-          if (\$677 ) begin
-            \$857  = \$679 [0];
+          if (\$682 ) begin
+            \$857  = 1'h1;
           end
-          if (\$683 ) begin
+          if (\$685 ) begin
             \$857  = 1'h0;
           end
         end
@@ -9455,7 +9811,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = rt_wvalid;
+    \$858  = rt_wphase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9482,17 +9838,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
+          if (\$662 ) begin
             \$858  = 1'h0;
           end
       5'h10:
         begin
-          if (rt_cap) begin
-            if (\$682 ) begin
-              \$858  = 1'h1;
-            end
+          if (\$684 ) begin
+            \$858  = 1'h1;
           end
-          if (\$683 ) begin
+          if (\$685 ) begin
             \$858  = 1'h0;
           end
         end
@@ -9503,7 +9857,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = rt_tbase;
+    \$859  = rt_cap_ok;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9530,23 +9884,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
-            \$859  = ins[76:64];
-          end
+          /* empty */;
       5'h10:
-          if (\$683 ) begin
-            if (\$684 ) begin
-              \$859  = \$686 [12:0];
-            end
+          if (\$669 ) begin
+            \$859  = \$670 ;
           end
     endcase
     if (rst) begin
-      \$859  = 13'h0000;
+      \$859  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = rt_tslot;
+    \$860  = rt_held;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9573,293 +9923,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$670 ) begin
-            \$860  = ins[124:112];
-          end
+          /* empty */;
       5'h10:
-          if (\$693 ) begin
-            if (\$695 ) begin
-              \$860  = \$697 [12:0];
-            end
+          if (\$682 ) begin
+            \$860  = routes__payload;
           end
     endcase
     if (rst) begin
-      \$860  = 13'h0000;
+      \$860  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = rt_feed_done;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$861  = 1'h0;
-          end
-      5'h10:
-          if (\$683 ) begin
-            if (\$684 ) begin
-              if (\$688 ) begin
-                \$861  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$861  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = rt_cap;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$862  = 1'h0;
-          end
-      5'h10:
-          (* full_case = 32'd1 *)
-          if (\$677 ) begin
-            \$862  = 1'h1;
-          end else begin
-            \$862  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$862  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = rt_route_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$863  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$693 ) begin
-            if (\$695 ) begin
-              \$863  = \$696 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$863  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$864  = 2'h0;
-          end
-      5'h10:
-          if (\$693 ) begin
-            (* full_case = 32'd1 *)
-            if (\$695 ) begin
-              \$864  = 2'h0;
-            end else begin
-              \$864  = \$698 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$864  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = rt_hold;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$865  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$690 ) begin
-            \$865  = 1'h1;
-          end
-          if (\$693 ) begin
-            \$865  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$865  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$670 ) begin
-            \$866  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$692 ) begin
-            \$866  = 1'h1;
-          end
-          if (\$693 ) begin
-            \$866  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$866  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = rt_cap_ok;
+    \$861  = rt_p;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9888,86 +9964,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$677 ) begin
-            \$867  = \$678 ;
-          end
-    endcase
-    if (rst) begin
-      \$867  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = rt_held;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$690 ) begin
-            \$868  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$868  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = rt_p;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$699 ) begin
-            \$869  = 14'h0000;
+          if (\$691 ) begin
+            \$861  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -9978,11 +9976,454 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$704 ) begin
-            \$869  = \$705 [13:0];
+          if (\$696 ) begin
+            \$861  = \$697 [13:0];
           end
       5'h16:
-          \$869  = 14'h0000;
+          \$861  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$861  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = rt_pt;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$691 ) begin
+            \$862  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$696 ) begin
+            if (\$698 ) begin
+              \$862  = \$699 [13:0];
+            end
+          end
+      5'h16:
+          \$862  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$862  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$863  = rt_ps;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$691 ) begin
+            \$863  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$696 ) begin
+            (* full_case = 32'd1 *)
+            if (\$698 ) begin
+              \$863  = 2'h0;
+            end else begin
+              \$863  = \$700 [1:0];
+            end
+          end
+      5'h16:
+          \$863  = 2'h0;
+    endcase
+    if (rst) begin
+      \$863  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$864  = rt_pos;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$691 ) begin
+            \$864  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$864  = \$694 [13:0];
+    endcase
+    if (rst) begin
+      \$864  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$865  = rt_off;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$691 ) begin
+            \$865  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$865  = rt_pos;
+    endcase
+    if (rst) begin
+      \$865  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$866  = scan;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$866  = 4'h0;
+          end
+      5'h0b:
+          if (\$706 ) begin
+            \$866  = 4'h8;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          \$866  = \$708 [3:0];
+    endcase
+    if (rst) begin
+      \$866  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$867  = expert;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$709 ) begin
+            \$867  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$867  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$868  = count;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$709 ) begin
+            \$868  = rd0_q[15:0];
+          end
+    endcase
+    if (rst) begin
+      \$868  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$869  = offset;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$709 ) begin
+            \$869  = \$711 ;
+          end
     endcase
     if (rst) begin
       \$869  = 14'h0000;
@@ -9990,450 +10431,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = rt_pt;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$699 ) begin
-            \$870  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$704 ) begin
-            if (\$706 ) begin
-              \$870  = \$707 [13:0];
-            end
-          end
-      5'h16:
-          \$870  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$870  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = rt_ps;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$699 ) begin
-            \$871  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$704 ) begin
-            (* full_case = 32'd1 *)
-            if (\$706 ) begin
-              \$871  = 2'h0;
-            end else begin
-              \$871  = \$708 [1:0];
-            end
-          end
-      5'h16:
-          \$871  = 2'h0;
-    endcase
-    if (rst) begin
-      \$871  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = rt_pos;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$699 ) begin
-            \$872  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$872  = \$702 [13:0];
-    endcase
-    if (rst) begin
-      \$872  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = rt_off;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$699 ) begin
-            \$873  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$873  = rt_pos;
-    endcase
-    if (rst) begin
-      \$873  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = scan;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$711 ) begin
-          end else begin
-            \$874  = 4'h0;
-          end
-      5'h0b:
-          if (\$714 ) begin
-            \$874  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$874  = \$716 [3:0];
-    endcase
-    if (rst) begin
-      \$874  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = expert;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$717 ) begin
-            \$875  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$875  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = count;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$717 ) begin
-            \$876  = rd0_q[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$876  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = offset;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$717 ) begin
-            \$877  = \$719 ;
-          end
-    endcase
-    if (rst) begin
-      \$877  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$878  = g_j;
+    \$870  = g_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10487,23 +10485,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$878  = 15'h0000;
+            \$870  = 15'h0000;
           end
       5'h1b:
-          if (\$729 ) begin
-          end else if (\$732 ) begin
-            \$878  = \$733 [14:0];
+          if (\$721 ) begin
+          end else if (\$724 ) begin
+            \$870  = \$725 [14:0];
           end
     endcase
     if (rst) begin
-      \$878  = 15'h0000;
+      \$870  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$879  = g_rv;
+    \$871  = g_rv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10557,26 +10555,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$879  = 1'h0;
+            \$871  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$729 ) begin
-          end else if (\$732 ) begin
-            \$879  = 1'h1;
+          if (\$721 ) begin
+          end else if (\$724 ) begin
+            \$871  = 1'h1;
           end else begin
-            \$879  = 1'h0;
+            \$871  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$879  = 1'h0;
+      \$871  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$880  = g_wv;
+    \$872  = g_wv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10630,20 +10628,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$728 ) begin
+          if (\$720 ) begin
           end else begin
-            \$880  = 1'h0;
+            \$872  = 1'h0;
           end
       5'h1b:
-          \$880  = g_rv;
+          \$872  = g_rv;
     endcase
     if (rst) begin
-      \$880  = 1'h0;
+      \$872  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$881  = g_ra;
+    \$873  = g_ra;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10698,18 +10696,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$729 ) begin
-          end else if (\$732 ) begin
-            \$881  = \$736 [12:0];
+          if (\$721 ) begin
+          end else if (\$724 ) begin
+            \$873  = \$728 [12:0];
           end
     endcase
     if (rst) begin
-      \$881  = 13'h0000;
+      \$873  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$882  = g_wa;
+    \$874  = g_wa;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10764,10 +10762,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          \$882  = g_ra;
+          \$874  = g_ra;
     endcase
     if (rst) begin
-      \$882  = 13'h0000;
+      \$874  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -10792,14 +10790,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$883 [5], \$883 [5], \$883  };
+  assign bus__arlen = { \$875 [5], \$875 [5], \$875  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$884 [5], \$884 [5], \$884  };
+  assign bus__awlen = { \$876 [5], \$876 [5], \$876  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -10818,41 +10816,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__wready$96  = m_axi__wready;
   assign \bus__wstrb$97  = m_axi__wstrb;
   assign \bus__wvalid$98  = m_axi__wvalid;
+  assign ctrl = wr_data[2:0];
   assign im_wr__data = wr_data;
   assign load_addr = s_axil__araddr[4:2];
   assign rd_addr = s_axil__araddr;
-  assign status = \$24 [31:0];
-  assign rq_mult = \rq_mult$167 [15:0];
-  assign \rq_shift$169  = rq_shift;
+  assign rq_mult = \rq_mult$168 [15:0];
+  assign \rq_shift$170  = rq_shift;
   assign pack = rq_in__payload;
   assign i__payload = rd0_q[15:0];
   assign n = ins[63:48];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$182  = 1'h1;
   assign \o__ready$183  = 1'h1;
-  assign hi_sat = { 1'h0, \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193  };
+  assign \o__ready$184  = 1'h1;
+  assign hi_sat = { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign gm_wvalid = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$237  = host_eff[31:0];
-  assign \wr_addr$239  = host_eff[31:0];
+  assign \rd_addr$238  = host_eff[31:0];
+  assign \wr_addr$240  = host_eff[31:0];
   assign rd_beats = { 8'h00, l4[17:2] };
   assign wr_beats = { 8'h00, l4[17:2] };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$884 [5], \$884 [5], \$884  };
+  assign m_axi__awlen = { \$876 [5], \$876 [5], \$876  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$883 [5], \$883 [5], \$883  };
+  assign m_axi__arlen = { \$875 [5], \$875 [5], \$875  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
+  assign \ctrl.start  = wr_data[0];
+  assign \ctrl.soft_reset  = wr_data[1];
+  assign \ctrl.clear_loads  = wr_data[2];
+  assign \status.busy  = status[0];
+  assign \status.done  = status[1];
+  assign \status.error  = status[2];
+  assign \status.reserved  = status[7:3];
+  assign \status.code  = status[15:8];
+  assign \status.pc  = status[31:16];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.m  = ins[31:16];
@@ -10876,14 +10883,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \pack[2]  = rq_in__payload[71:48];
   assign \pack[3]  = rq_in__payload[95:72];
   assign \i__payload[0]  = rd0_q[15:0];
-  assign \i__payload$174[0]  = \i__payload$174 ;
-  assign \i__payload$174[0].g  = \i__payload$174 [15:0];
-  assign \i__payload$174[0].u  = \i__payload$174 [31:16];
-  assign \i__payload$176.a  = \i__payload$176 [15:0];
-  assign \i__payload$176.b  = \i__payload$176 [32:16];
-  assign \i__payload$176.last  = \i__payload$176 [33];
+  assign \i__payload$175[0]  = \i__payload$175 ;
+  assign \i__payload$175[0].g  = \i__payload$175 [15:0];
+  assign \i__payload$175[0].u  = \i__payload$175 [31:16];
+  assign \i__payload$177.a  = \i__payload$177 [15:0];
+  assign \i__payload$177.b  = \i__payload$177 [32:16];
+  assign \i__payload$177.last  = \i__payload$177 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$207[0]  = \o__payload$207 ;
+  assign \o__payload$208[0]  = \o__payload$208 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -10922,92 +10929,94 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$228 ;
-  assign cmd__payload[69:54] = \$226 [15:0];
+  assign cmd__payload[75:70] = \$220 ;
+  assign cmd__payload[69:54] = \$218 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$176 [33] = h_last;
-  assign \i__payload$176 [32:16] = \$192 ;
-  assign \i__payload$176 [15:0] = rd0_q[15:0];
-  assign \i__payload$174 [31:16] = rd1_q[15:0];
-  assign \i__payload$174 [15:0] = rd0_q[15:0];
-  assign \$16  = { done, 1'h0 };
-  assign \$19  = { 1'h0, \$18 , 2'h0 };
-  assign \$21  = { 7'h00, err, 8'h00 };
-  assign \$23  = { 15'h0000, pc, 16'h0000 };
-  assign \$31 [9:1] = 9'h000;
-  assign \$31 [0] = ins[6];
-  assign \$32  = ins[6];
+  assign \i__payload$177 [33] = h_last;
+  assign \i__payload$177 [32:16] = \$184 ;
+  assign \i__payload$177 [15:0] = rd0_q[15:0];
+  assign \i__payload$175 [31:16] = rd1_q[15:0];
+  assign \i__payload$175 [15:0] = rd0_q[15:0];
+  assign status[31:16] = { 3'h0, pc };
+  assign status[15:8] = err;
+  assign status[2] = \$16 ;
+  assign status[1] = done;
+  assign status[0] = running;
+  assign status[7:3] = 5'h00;
+  assign \$23 [9:1] = 9'h000;
+  assign \$23 [0] = ins[6];
+  assign \$24  = ins[6];
+  assign \$27  = { \$26 [17], \$26 [17], \$26 [17:2] };
+  assign \$30  = { \$29 [17], \$29 [17], \$29 [17:2] };
   assign \$35  = { \$34 [17], \$34 [17], \$34 [17:2] };
-  assign \$38  = { \$37 [17], \$37 [17], \$37 [17:2] };
-  assign \$43  = { \$42 [17], \$42 [17], \$42 [17:2] };
-  assign \$44  = { 1'h0, ins[47:32], 2'h0 };
-  assign \$50  = { 1'h0, ins[63:48], 2'h0 };
-  assign { \$51 [9:2], \$51 [0] } = 9'h000;
-  assign \$51 [1] = ins[7];
-  assign { \$106 [9:3], \$106 [1:0] } = 9'h000;
-  assign \$106 [2] = ins[8];
-  assign \$107  = ins[8];
-  assign { \$109 [9:3], \$109 [1:0] } = 9'h000;
-  assign \$109 [2] = ins[8];
-  assign \$110  = ins[8];
-  assign \$115  = \$114 [14];
-  assign \$118  = { ins[63:48], 1'h0 };
-  assign \$120  = { ins[63:48], 1'h0 };
-  assign \$132 [9:3] = 7'h00;
-  assign \$132 [2:0] = ins[8:6];
-  assign \$142 [9:3] = 7'h00;
-  assign \$142 [2:0] = ins[8:6];
-  assign \$183  = 1'h1;
-  assign \$184  = \$182 ;
-  assign \$189  = 1'h1;
-  assign \$190  = \$188 ;
-  assign \$240  = 1'h1;
-  assign \$241  = \$239 ;
-  assign \$251  = { expert, 1'h0 };
-  assign \$253  = { expert, 1'h0 };
-  assign \$283  = 1'h1;
-  assign \$284  = \$282 ;
-  assign \$293  = 1'h1;
-  assign \$310  = 1'h1;
-  assign \$315  = 1'h1;
-  assign \$316  = \$314 ;
-  assign \$356  = \$355 [33];
-  assign \$359  = { lane_x, 1'h0 };
-  assign \$361  = { 1'h0, lane_y[15:1] };
-  assign \$438  = 1'h1;
-  assign \$439  = issuing;
-  assign \$441  = 1'h1;
-  assign \$442  = issuing;
-  assign \$496  = 1'h1;
-  assign \$497  = \$495 ;
-  assign \$541  = \$540 ;
-  assign \$550  = \$549 ;
-  assign { \$596 [9:3], \$596 [1:0] } = 9'h000;
-  assign \$596 [2] = ins[8];
-  assign \$597  = ins[8];
-  assign \$601  = \$600 ;
-  assign { \$602 [9:3], \$602 [1:0] } = 9'h000;
-  assign \$602 [2] = ins[8];
-  assign \$603  = ins[8];
-  assign \$604  = { mk[13:2], 1'h0 };
-  assign \$606  = { mk[13:2], 1'h0 };
-  assign \$676  = 1'h1;
-  assign \$677  = \$675 ;
-  assign \$682  = 1'h1;
-  assign \$700  = 1'h1;
+  assign \$36  = { 1'h0, ins[47:32], 2'h0 };
+  assign \$42  = { 1'h0, ins[63:48], 2'h0 };
+  assign { \$43 [9:2], \$43 [0] } = 9'h000;
+  assign \$43 [1] = ins[7];
+  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
+  assign \$98 [2] = ins[8];
+  assign \$99  = ins[8];
+  assign { \$101 [9:3], \$101 [1:0] } = 9'h000;
+  assign \$101 [2] = ins[8];
+  assign \$102  = ins[8];
+  assign \$107  = \$106 [14];
+  assign \$110  = { ins[63:48], 1'h0 };
+  assign \$112  = { ins[63:48], 1'h0 };
+  assign \$124 [9:3] = 7'h00;
+  assign \$124 [2:0] = ins[8:6];
+  assign \$134 [9:3] = 7'h00;
+  assign \$134 [2:0] = ins[8:6];
+  assign \$175  = 1'h1;
+  assign \$176  = \$174 ;
+  assign \$181  = 1'h1;
+  assign \$182  = \$180 ;
+  assign \$232  = 1'h1;
+  assign \$233  = \$231 ;
+  assign \$243  = { expert, 1'h0 };
+  assign \$245  = { expert, 1'h0 };
+  assign \$275  = 1'h1;
+  assign \$276  = \$274 ;
+  assign \$285  = 1'h1;
+  assign \$302  = 1'h1;
+  assign \$307  = 1'h1;
+  assign \$308  = \$306 ;
+  assign \$348  = \$347 [33];
+  assign \$351  = { lane_x, 1'h0 };
+  assign \$353  = { 1'h0, lane_y[15:1] };
+  assign \$430  = 1'h1;
+  assign \$431  = issuing;
+  assign \$433  = 1'h1;
+  assign \$434  = issuing;
+  assign \$488  = 1'h1;
+  assign \$489  = \$487 ;
+  assign \$533  = \$532 ;
+  assign \$542  = \$541 ;
+  assign { \$588 [9:3], \$588 [1:0] } = 9'h000;
+  assign \$588 [2] = ins[8];
+  assign \$589  = ins[8];
+  assign \$593  = \$592 ;
+  assign { \$594 [9:3], \$594 [1:0] } = 9'h000;
+  assign \$594 [2] = ins[8];
+  assign \$595  = ins[8];
+  assign \$596  = { mk[13:2], 1'h0 };
+  assign \$598  = { mk[13:2], 1'h0 };
+  assign \$668  = 1'h1;
+  assign \$669  = \$667 ;
+  assign \$674  = 1'h1;
+  assign \$692  = 1'h1;
+  assign \$715  = 1'h1;
   assign \$723  = 1'h1;
-  assign \$731  = 1'h1;
-  assign \$732  = \$730 ;
-  assign \$52  = ins[7];
+  assign \$724  = \$722 ;
+  assign \$44  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1197$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1215$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3390$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1189$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1207$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3383$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11146,12 +11155,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1197$0 ;
-  wire [5:0] \port$1197$0 ;
-  output [5:0] \port$1215$0 ;
-  wire [5:0] \port$1215$0 ;
-  input [15:0] \port$3390$2 ;
-  wire [15:0] \port$3390$2 ;
+  output [5:0] \port$1189$0 ;
+  wire [5:0] \port$1189$0 ;
+  output [5:0] \port$1207$0 ;
+  wire [5:0] \port$1207$0 ;
+  input [15:0] \port$3383$2 ;
+  wire [15:0] \port$3383$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11316,7 +11325,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3390$2  };
+      \$74  = { 8'h00, \port$3383$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11352,7 +11361,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3390$2  };
+      \$77  = { 8'h00, \port$3383$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11397,11 +11406,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3390$2  };
+  assign rd_beats = { 8'h00, \port$3383$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3390$2  };
-  assign \port$1197$0  = \$9 ;
-  assign \port$1215$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3383$2  };
+  assign \port$1189$0  = \$9 ;
+  assign \port$1207$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20557,8 +20566,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1561$0 (mult),
-    .\port$1566$0 (i__payload),
+    .\port$1553$0 (mult),
+    .\port$1558$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21154,8 +21163,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$286  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$289  = { \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39:8] };
   assign \$290  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$292  = { \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40:16] };
   assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$292  = { \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40:16] };
   assign \$297  = { \$296 [31], \$296 [31], \$296 [31], \$296 [31], \$296 [31:4] };
   assign \$298  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$300  = { \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40:16] };
@@ -21172,12 +21181,12 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$321  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$323  = { \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40:16] };
   assign \$324  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$328  = { \$327 [31], \$327 [31], \$327 [31], \$327 [31], \$327 [31:4] };
   assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$328  = { \$327 [31], \$327 [31], \$327 [31], \$327 [31], \$327 [31:4] };
   assign \$331  = { \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40:16] };
   assign \$332  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:8] };
   assign \$336  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:8] };
   assign \$338  = { \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40:16] };
   assign \$339  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$358  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
@@ -21372,7 +21381,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21458,10 +21467,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1561$0 ;
-  wire [15:0] \port$1561$0 ;
-  input [95:0] \port$1566$0 ;
-  wire [95:0] \port$1566$0 ;
+  input [15:0] \port$1553$0 ;
+  wire [15:0] \port$1553$0 ;
+  input [95:0] \port$1558$0 ;
+  wire [95:0] \port$1558$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21526,7 +21535,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1566$0 [16:0] };
+      \$9  = { 1'h0, \port$1558$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21539,7 +21548,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1561$0  };
+      \$10  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21565,7 +21574,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23:17] };
+      \$12  = { \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21578,7 +21587,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1561$0  };
+      \$13  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21604,7 +21613,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1566$0 [40:24] };
+      \$15  = { 1'h0, \port$1558$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21617,7 +21626,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1561$0  };
+      \$16  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21643,7 +21652,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47:41] };
+      \$18  = { \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21656,7 +21665,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1561$0  };
+      \$19  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21682,7 +21691,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1566$0 [64:48] };
+      \$21  = { 1'h0, \port$1558$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21695,7 +21704,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1561$0  };
+      \$22  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21721,7 +21730,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71:65] };
+      \$24  = { \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21734,7 +21743,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1561$0  };
+      \$25  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21760,7 +21769,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1566$0 [88:72] };
+      \$27  = { 1'h0, \port$1558$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21773,7 +21782,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1561$0  };
+      \$28  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21799,7 +21808,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95:89] };
+      \$30  = { \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21812,7 +21821,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1561$0  };
+      \$31  = { 2'h0, \port$1553$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21834,22 +21843,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1561$0 , \port$1566$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1566$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1561$0  };
-  assign a__1 = { \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23], \port$1566$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1561$0  };
-  assign a__2 = { 1'h0, \port$1566$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1561$0  };
-  assign a__3 = { \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47], \port$1566$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1561$0  };
-  assign a__4 = { 1'h0, \port$1566$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1561$0  };
-  assign a__5 = { \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71], \port$1566$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1561$0  };
-  assign a__6 = { 1'h0, \port$1566$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1561$0  };
-  assign a__7 = { \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95], \port$1566$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1561$0  };
+  assign a__0 = { 1'h0, \port$1558$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1553$0  };
+  assign a__1 = { \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1553$0  };
+  assign a__2 = { 1'h0, \port$1558$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1553$0  };
+  assign a__3 = { \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1553$0  };
+  assign a__4 = { 1'h0, \port$1558$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1553$0  };
+  assign a__5 = { \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1553$0  };
+  assign a__6 = { 1'h0, \port$1558$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1553$0  };
+  assign a__7 = { \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1553$0  };
 endmodule
 
 (* generator = "Amaranth" *)
