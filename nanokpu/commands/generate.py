@@ -10,12 +10,11 @@ fails when any of them is stale.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 from nanokpu.commands import ROOT
-from nanokpu.config import PROFILES, KpuConfig, profile
+from nanokpu.config import PROFILES, KpuConfig, config_from_dict, config_to_dict, profile
 from nanokpu.designs import UNITS, resolve_unit, top_name
 from nanokpu.header import c_header
 
@@ -30,16 +29,14 @@ def verilog_of(unit: str, cfg) -> str:
     return verilog.convert(resolve_unit(unit)(cfg), name=top_name(unit), emit_src=False)
 
 
-# The one place that turns a KpuConfig into JSON and back.
-# TODO: use nanokpu.config.config_to_dict / config_from_dict once they exist.
 def config_json(cfg: KpuConfig) -> str:
-    """``cfg`` as JSON: one key per field, in field order."""
-    return json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"
+    """``cfg`` as JSON (:func:`~nanokpu.config.config_to_dict`): one key per field, in field order."""
+    return json.dumps(config_to_dict(cfg), indent=2) + "\n"
 
 
 def read_config(path: Path) -> KpuConfig:
     """The config of a ``config.json`` written by :func:`config_json` (validated again)."""
-    return KpuConfig(**json.loads(Path(path).read_text()))
+    return config_from_dict(json.loads(Path(path).read_text()))
 
 
 def artefacts(profile_name: str) -> dict[str, str]:
