@@ -3,14 +3,14 @@
 ``nanokpu generate`` writes it next to the Verilog (``rtl/<profile>/nanokpu.h``). Every macro is
 read from :mod:`nanokpu.isa` and the :class:`~nanokpu.config.KpuConfig`, one table each: a new
 register, opcode, error code, flag, instruction field, executor or config field appears in the
-header without a change here (STATUS and CTRL: see :data:`STATUS_LAYOUT`). The names (all prefixed ``NANOKPU_``):
+header without a change here. The names (all prefixed ``NANOKPU_``):
 
 * ``REG_<REG>``: the AXI4-Lite register byte offsets of :class:`~nanokpu.isa.Reg`;
   ``REG_BUSY_<EXECUTOR>`` the busy counter of each executor, ``EXECUTOR_<EXECUTOR>`` its index,
   ``N_EXECUTORS``; ``IMEM_BASE``, ``LOADS_BASE``, ``ADDR_WIDTH``.
 * ``STATUS_<FIELD>_SHIFT`` / ``_WIDTH`` / ``_MASK`` (in place) and ``STATUS_<FIELD>(s)`` (the
-  field's value) for the fields of ``STATUS`` (``BUSY``, ``DONE``, ``ERROR``, ``CODE``, ``PC``);
-  ``CTRL_<BIT>`` the bits written to ``CTRL``.
+  field's value) for the fields of :data:`~nanokpu.isa.STATUS_LAYOUT` (``reserved*`` left out);
+  ``CTRL_<BIT>`` the bits of :data:`~nanokpu.isa.CTRL_LAYOUT`.
 * ``OP_<OP>``, ``ERR_<ERR>``, ``F_<FLAG>``.
 * ``INSTR_BITS``, ``INSTR_WORDS``, ``INSTR_BYTES`` and ``INSTR_<FIELD>_SHIFT`` / ``_WIDTH``: bit
   ``SHIFT`` of the 256-bit instruction is bit ``SHIFT % 32`` of its little-endian 32-bit word
@@ -27,23 +27,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from amaranth.lib import data
-
 from nanokpu import isa
 from nanokpu.config import KpuConfig
 
-__all__ = ["PREFIX", "STATUS_LAYOUT", "CTRL_LAYOUT", "DERIVED", "c_header"]
+__all__ = ["PREFIX", "DERIVED", "c_header"]
 
 PREFIX = "NANOKPU_"
-
-# TODO: nanokpu.isa is getting CTRL_LAYOUT and STATUS_LAYOUT (the layouts nanokpu.kpu.top builds the two
-# registers from); once they land, import them from there instead of these copies (the header stays the same).
-
-#: The fields of the STATUS register (read-only), as nanokpu.kpu.top fills it; ``reserved*`` fields are left out.
-STATUS_LAYOUT = data.StructLayout({"busy": 1, "done": 1, "error": 1, "reserved": 5, "code": 8, "pc": 16})
-
-#: The bits of the CTRL register (write-only), as nanokpu.kpu.top decodes them.
-CTRL_LAYOUT = data.StructLayout({"start": 1, "soft_reset": 1, "clear_loads": 1})
 
 #: (name, function of the config) of the derived sizes in the header.
 DERIVED = (("bus_bytes", isa.bus_bytes), ("word_width", isa.word_width),
@@ -89,7 +78,7 @@ def _sections(cfg: KpuConfig):
         [(f"EXECUTOR_{e.upper()}", _int(i)) for i, e in enumerate(isa.EXECUTORS)]
         + [("N_EXECUTORS", _int(len(isa.EXECUTORS)))])
     status = []
-    for name, field_ in STATUS_LAYOUT:
+    for name, field_ in isa.STATUS_LAYOUT:
         if name.startswith("reserved"):
             continue
         shift, width, field = field_.offset, field_.width, f"STATUS_{name.upper()}"
@@ -97,7 +86,7 @@ def _sections(cfg: KpuConfig):
                    (f"{field}_MASK", _mask(shift, width)),
                    (f"{field}(s)", f"(((s) >> {shift}) & {_mask(0, width)})")]
     yield "STATUS fields", status
-    yield "CTRL bits", [(f"CTRL_{name.upper()}", _mask(f.offset, f.width)) for name, f in CTRL_LAYOUT]
+    yield "CTRL bits", [(f"CTRL_{name.upper()}", _mask(f.offset, f.width)) for name, f in isa.CTRL_LAYOUT]
     yield "opcodes", [(f"OP_{op.name}", _int(op.value)) for op in isa.Op]
     yield f"error codes ({PREFIX}STATUS_CODE)", [(f"ERR_{err.name}", _int(err.value)) for err in isa.Err]
     yield "instruction flags", [(name, _int(value, hexa=True)) for name, value in vars(isa).items()

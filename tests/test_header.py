@@ -137,3 +137,10 @@ def test_header_is_deterministic_and_names_its_command():
     names = [line.split()[1] for line in text.splitlines() if line.startswith("#define")]
     assert len(names) == len(set(names))
     assert all(name.startswith("NANOKPU_") for name in names)
+
+
+def test_hand_status_and_ctrl_values_agree_with_isa():
+    """The STATUS sample and CTRL bits above (written from nanokpu.kpu.top) are isa's layouts."""
+    fields = isa.status_fields(STATUS_SAMPLE)
+    assert {name: getattr(fields, name.lower()) for name in STATUS_EXPECTED} == STATUS_EXPECTED
+    assert {f"CTRL_{n.upper()}": isa.ctrl_word(**{n: 1}) for n, _ in isa.CTRL_LAYOUT} == CTRL_EXPECTED
