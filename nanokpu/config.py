@@ -11,6 +11,7 @@ Fixed-point formats are written ``Q<width>.<frac>``: a two's complement integer 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 __all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "config_from_dict", "config_to_dict", "profile"]
@@ -74,7 +75,8 @@ class KpuConfig:
     in_width : int
         Operand width of the array (int8 by default).
     acc_width : int
-        Accumulator width; must hold ``in_width``-bit products summed ``max_k`` times.
+        Accumulator width; must hold the largest GEMM sum exactly: ``spad_b_depth / 2``
+        products of two ``-2**(in_width-1)`` operands.
     out_width : int
         Default requantiser output width (the next GEMM's operands).
     mult_width : int
@@ -195,6 +197,7 @@ class KpuConfig:
                 value = getattr(self, field_name)
                 raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
 
+        need(isinstance(self.name, str) and self.name != "", "name", "a non-empty string")
         positive = (
             "d_model d_latent n_experts top_k d_expert d_shared d_dense n_heads q_lora_rank "
             "kv_lora_rank qk_nope_dim v_head_dim kda_head_dim kda_conv n_layers mla_period "
@@ -211,10 +214,14 @@ class KpuConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                  name, "a non-negative integer")
+        def real(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
         for name in ("beta1", "beta2", "routed_scaling", "rms_eps", "l2_eps"):
             value = getattr(self, name)
-            need(isinstance(value, (int, float)) and value > 0, name, "a positive number")
-        need(self.kda_gate_min < 0, "kda_gate_min", "negative (the forget gate lies in (min, 0))")
+            need(real(value) and value > 0, name, "a finite positive number")
+        need(real(self.kda_gate_min) and self.kda_gate_min < 0, "kda_gate_min",
+             "a finite negative number (the forget gate lies in (kda_gate_min, 0))")
         need(self.top_k <= self.n_experts, "top_k", f"in [1, n_experts={self.n_experts}]")
         need(self.d_model % self.d_latent == 0, "d_latent",
              f"a divisor of d_model={self.d_model}")
@@ -226,6 +233,11 @@ class KpuConfig:
         need(2 <= self.in_width <= 18, "in_width", "in [2, 18] (one DSP multiplier operand)")
         need(2 * self.in_width <= self.acc_width <= 64, "acc_width",
              f"in [2*in_width={2 * self.in_width}, 64]")
+        need(self.spad_b_depth % 2 == 0, "spad_b_depth", "even (two double-buffered B panels)")
+        largest = (1 << (self.in_width - 1)) ** 2 * (self.spad_b_depth // 2)   # the largest GEMM sum
+        need(largest < 1 << (self.acc_width - 1), "acc_width",
+             f"at least {largest.bit_length() + 1}: a GEMM sums up to spad_b_depth/2 = {self.spad_b_depth // 2} "
+             f"products of in_width = {self.in_width} bits, up to {largest} (or lower spad_b_depth)")
         need(2 <= self.out_width <= self.acc_width, "out_width", f"in [2, acc_width={self.acc_width}]")
         need(self.mult_width <= 32, "mult_width", "in [1, 32]")
         need(self.act_frac < self.act_width, "act_frac", f"less than act_width={self.act_width}")
@@ -242,15 +254,14 @@ class KpuConfig:
              f"at least score_frac + 2 = {self.score_frac + 2} (a sign and one integer bit)")
         need(self.norm_frac < self.out_width, "norm_frac", f"less than out_width={self.out_width}")
         need(self.act_lanes <= 64, "act_lanes", "in [1, 64]")
-        need(self.spad_b_depth % 2 == 0, "spad_b_depth", "even (two double-buffered B panels)")
         for name in ("spad_a_depth", "spad_b_depth", "spad_c_depth"):
             need(getattr(self, name) <= 1 << 20, name, "at most 2**20 words")
         need(self.dmem_depth <= 1 << 24, "dmem_depth", "at most 2**24 words")
         need(self.imem_depth <= 1 << 12, "imem_depth", "at most 2**12 instructions")
         need(self.route_lanes <= self.n_experts, "route_lanes",
              f"in [1, n_experts={self.n_experts}]")
-        need(isinstance(self.load_width, int) and 1 <= self.load_width <= 32, "load_width",
-             "an integer in [1, 32]")
+        need(isinstance(self.load_width, int) and not isinstance(self.load_width, bool)
+             and 1 <= self.load_width <= 32, "load_width", "an integer in [1, 32]")
 
     # -- derived quantities ---------------------------------------------------------------
     @property

@@ -1,10 +1,11 @@
 """KpuConfig: profiles carry the right shapes; invalid values fail naming the field."""
 
 import dataclasses
+import json
 
 import pytest
 
-from nanokpu.config import PROFILES, KpuConfig, profile
+from nanokpu.config import PROFILES, KpuConfig, config_from_dict, config_to_dict, profile
 
 
 def test_k3_profile_has_the_real_shapes():
@@ -37,7 +38,15 @@ def test_profiles_are_frozen_and_valid(name):
     ("rows", 0, "rows = 0: must be a positive integer"),
     ("cols", -2, "cols"),
     ("d_latent", 12, "d_latent = 12: must be a divisor of d_model=32"),
-    ("beta1", 0.0, "beta1 = 0.0: must be a positive number"),
+    ("beta1", 0.0, "beta1 = 0.0: must be a finite positive number"),
+    ("routed_scaling", float("inf"), "routed_scaling = inf: must be a finite positive number"),
+    ("rms_eps", float("nan"), "rms_eps = nan"),
+    ("beta1", True, "beta1 = True"),
+    ("kda_gate_min", float("-inf"), "kda_gate_min = -inf: must be a finite negative number"),
+    ("kda_gate_min", "x", "kda_gate_min = 'x': must be a finite negative number"),
+    ("name", 5, "name = 5: must be a non-empty string"),
+    ("load_width", True, r"load_width = True: must be an integer in \[1, 32\]"),
+    ("acc_width", 16, "acc_width = 16: must be at least 22: a GEMM sums up to spad_b_depth/2 = 64 products"),
     ("beta2", -25.0, "beta2"),
     ("rounding", "nearest", "rounding = 'nearest': must be one of"),
     ("dsp", "xilinx", r"dsp = 'xilinx': must be one of \('generic', 'ice40', 'ecp5'\)"),
@@ -59,9 +68,36 @@ def test_unknown_profile():
         profile("huge")
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "k3"])
-def test_accumulators_never_wrap_in_one_gemm(name):
-    """Every GEMM the engine takes (k <= spad_b_depth/2) sums in acc_width bits exactly."""
-    cfg = profile(name)
-    largest = (1 << (cfg.in_width - 1)) ** 2 * (cfg.spad_b_depth // 2)
-    assert largest < 1 << (cfg.acc_width - 1)
+def test_accumulator_width_bound_is_tight():
+    """The largest GEMM sum, 64 products of (-128) * (-128) = 2**20, needs 22 signed bits:
+    22 is accepted, 21 refused, and the golden GEMM at that bound does not wrap at 22."""
+    import numpy as np
+
+    from golden.intops import matmul_int
+
+    cfg = KpuConfig(acc_width=22, spad_b_depth=128)
+    with pytest.raises(ValueError, match="acc_width = 21: must be at least 22"):
+        KpuConfig(acc_width=21, spad_b_depth=128)
+    a = np.full((1, cfg.spad_b_depth // 2), -128)
+    assert matmul_int(a, a.T, cfg.acc_width)[0, 0] == 1 << 20
+
+
+@pytest.mark.parametrize("cfg", [*PROFILES.values(),
+                                 profile("small", dsp="ice40", rounding="floor", beta1=2.5, rms_eps=3e-7,
+                                         acc_width=30, route_lanes=8)],
+                         ids=[*PROFILES, "small-overrides"])
+def test_config_dict_round_trip_through_json(cfg):
+    """config_to_dict is JSON-ready and config_from_dict rebuilds the same config, field types included."""
+    d = json.loads(json.dumps(config_to_dict(cfg)))
+    back = config_from_dict(d)
+    assert back == cfg
+    assert [type(getattr(back, f.name)) for f in dataclasses.fields(cfg)] == \
+        [type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+
+
+def test_config_from_dict_names_unknown_and_invalid_fields():
+    assert config_to_dict(profile("tiny"))["name"] == "tiny"
+    with pytest.raises(ValueError, match="unknown KpuConfig fields \\['lanes'\\]"):
+        config_from_dict({"lanes": 4})
+    with pytest.raises(ValueError, match="top_k = 9"):
+        config_from_dict({**config_to_dict(profile("tiny")), "top_k": 9})

@@ -69,7 +69,9 @@ def run(args) -> int:
     paths = generate.generate(cfg.name, generate.RTL_DIR / cfg.name)
     for path in paths:
         print(f"  wrote {path.relative_to(generate.RTL_DIR.parent)} ({path.stat().st_size:,} bytes)")
-    done.append(f"generated {len(paths)} Verilog files in rtl/{cfg.name}/ ({time.perf_counter() - t0:.1f} s)")
+    verilog = sum(path.suffix == ".v" for path in paths)
+    done.append(f"generated {verilog} Verilog files, config.json and the C header nanokpu.h in rtl/{cfg.name}/ "
+                f"({time.perf_counter() - t0:.1f} s)")
 
     t0 = _step(3, "simulate a block on the RTL (Verilator, cocotb, AXI)")
     tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"formal tools mis
 
 #: Small shapes: the proofs are about control, not width (8 experts, top-3, one beat per token).
 CFG = profile("tiny", n_experts=8, top_k=3, route_lanes=8, score_frac=2, bias_width=4, weight_frac=3,
-              load_width=2, acc_width=16, mult_width=8)
+              load_width=2, acc_width=16, spad_b_depth=2, mult_width=8)
 
 
 def _pipeline(make):
@@ -106,7 +106,7 @@ def test_conservation_router_full():
 
 
 #: A 2x2 GEMM engine with small scratchpads: its control, at a size the solver handles.
-GEMM_CFG = profile("tiny", rows=2, cols=2, spad_a_depth=16, spad_b_depth=8, spad_c_depth=16, acc_width=16,
+GEMM_CFG = profile("tiny", rows=2, cols=2, spad_a_depth=16, spad_b_depth=8, spad_c_depth=16, acc_width=18,
                    mult_width=8)
 
 

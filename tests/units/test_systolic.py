@@ -89,9 +89,10 @@ def test_array_tiles_match_the_golden(rows, cols):
 
 
 def test_array_back_to_back_without_bubbles_wraps_at_acc_width():
-    """K = 1 tiles at the minimum spacing, with a 16-bit accumulator that wraps."""
+    """K = 1 tiles at the minimum spacing, with a 16-bit accumulator that wraps (the array takes
+    any K: a config whose GEMM engine takes one product per sum allows 16 bits)."""
     seed = 5
-    cfg = profile("tiny", rows=2, cols=3, acc_width=16)
+    cfg = profile("tiny", rows=2, cols=3, acc_width=16, spad_b_depth=2)
     rng = np.random.default_rng(seed)
     tiles = random_tiles(cfg, rng, [1, 1, 2, 1])
     tiles.append((np.full((2, 4), -128), np.full((4, 3), -128)))  # 4 * 16384 wraps to 0
