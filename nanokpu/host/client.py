@@ -10,6 +10,7 @@ image into the host memory, program into the instruction memory, the host window
 
 from __future__ import annotations
 
+import numbers
 import time
 
 from nanokpu.host_protocol import CMD_READ, CMD_WRITE, DEFAULT_HOST_BYTES, KPU_BASE, MAX_WORDS, MEM_BASE
@@ -64,9 +65,28 @@ class KpuClient:
         if status:
             raise BusError(f"{what} at {addr:#010x}: {_RESP.get(status, status)}")
 
+    @staticmethod
+    def _span(addr, n: int) -> None:
+        """``ValueError`` unless ``n`` words at byte address ``addr`` lie word-aligned in the
+        bridge's 32-bit address space."""
+        if not isinstance(addr, numbers.Integral) or isinstance(addr, bool) or addr % 4:
+            raise ValueError(f"addr = {addr!r}: must be an integer multiple of 4")
+        if not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"words = {n!r}: must be a non-negative integer")
+        if addr < 0 or addr + 4 * n > 1 << 32:
+            raise ValueError(f"addr = {addr:#x}: {n} words must lie in [0, 2**32)")
+
     def write_words(self, addr: int, words) -> None:
-        """Write 32-bit ``words`` at byte address ``addr``, ``addr + 4``, ... of the bridge."""
+        """Write 32-bit ``words`` at byte address ``addr``, ``addr + 4``, ... of the bridge; a
+        word is an integer in ``[-2**31, 2**32)`` (a negative one as its two's complement),
+        ``addr`` a multiple of 4: anything else raises ``ValueError`` before a byte is sent."""
+        words = list(words)
+        for w in words:
+            if not isinstance(w, numbers.Integral) or isinstance(w, bool) or not -(1 << 31) <= w < 1 << 32:
+                raise ValueError(f"word = {w!r}: must be an integer in [-2**31, 2**32)")
+        self._span(addr, len(words))
         words = [int(w) & 0xFFFF_FFFF for w in words]
+        addr = int(addr)
         for i in range(0, len(words), MAX_WORDS):
             chunk, a = words[i:i + MAX_WORDS], addr + 4 * i
             self.transport.write(bytes([CMD_WRITE]) + a.to_bytes(4, "little") + bytes([len(chunk) - 1])
@@ -74,7 +94,10 @@ class KpuClient:
             self._check("write", a)
 
     def read_words(self, addr: int, n: int) -> list[int]:
-        """Read ``n`` 32-bit words at byte address ``addr``, ``addr + 4``, ... of the bridge."""
+        """Read ``n`` 32-bit words at byte address ``addr``, ``addr + 4``, ... of the bridge
+        (``addr`` a multiple of 4, else ``ValueError``)."""
+        self._span(addr, n)
+        addr = int(addr)
         out = []
         for i in range(0, n, MAX_WORDS):
             k, a = min(MAX_WORDS, n - i), addr + 4 * i

@@ -27,7 +27,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.board.uart_axil import HostMemory, UartAxiBridge
 from nanokpu.host.client import BusError, KpuClient
-from nanokpu.host_protocol import DEFAULT_HOST_BYTES, MEM_BASE, RESP_SLVERR
+from nanokpu.host_protocol import CMD_WRITE, DEFAULT_HOST_BYTES, MEM_BASE, RESP_SLVERR
 from nanokpu.isa import ADDR_WIDTH
 from nanokpu.kpu.axi_lite import AxiLiteRegisters, axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster
@@ -447,3 +447,42 @@ def test_client_needs_pyserial_and_room(monkeypatch):
     Q, xq, _, _ = random_block(cfg, 2, np.random.default_rng(1))
     with pytest.raises(ValueError, match="^host_bytes = 4096: the image needs"):
         KpuClient(transport=None, host_bytes=4096).run_block(compile_block(Q, xq, cfg))
+
+
+class _Recorder:
+    """A transport that records what is sent and answers nothing."""
+
+    def __init__(self):
+        self.sent = b""
+
+    def write(self, data):
+        self.sent += data
+
+    def read(self, n):
+        return b""
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.write(0, 1 << 32), r"word = 4294967296: must be an integer in \[-2\*\*31, 2\*\*32\)"),
+    (lambda c: c.write(0, -(1 << 31) - 1), "word = -2147483649"),
+    (lambda c: c.write(0, 1.0), "word = 1.0"),
+    (lambda c: c.write(2, 0), "addr = 2: must be an integer multiple of 4"),
+    (lambda c: c.write(-4, 0), r"addr = -0x4: 1 words must lie in \[0, 2\*\*32\)"),
+    (lambda c: c.write_words((1 << 32) - 4, [0, 0]), "2 words must lie in"),
+    (lambda c: c.read_words(6, 1), "addr = 6"),
+    (lambda c: c.read_words(0, -1), "words = -1"),
+])
+def test_client_checks_words_and_addresses_before_sending(call, message):
+    """KpuClient never truncates a word or sends an unaligned or out-of-range address: one
+    ValueError, nothing on the line."""
+    transport = _Recorder()
+    with pytest.raises(ValueError, match=message):
+        call(KpuClient(transport))
+    assert transport.sent == b""
+
+
+def test_client_sends_a_negative_word_as_its_twos_complement():
+    transport = _Recorder()
+    with pytest.raises(TimeoutError):   # the recorder never answers the status byte
+        KpuClient(transport).write_words(np.int64(8), [-1, np.int32(5)])
+    assert transport.sent == bytes([CMD_WRITE, 8, 0, 0, 0, 1]) + bytes([0xFF] * 4) + (5).to_bytes(4, "little")
