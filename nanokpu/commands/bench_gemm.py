@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nanokpu.commands import DOCS
 from nanokpu.config import KpuConfig, profile
+from nanokpu.host.compiler import block_gemms
 from nanokpu.units.requant import requant_interval
 
 #: Tokens per block for each benchmarked profile.
@@ -34,21 +35,6 @@ TOKENS = {"tiny": 16, "small": 64}
 ICE40 = ("tiny",)
 
 DOC = DOCS / "bench" / "gemm.md"
-
-
-def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
-    """``(name, M, K, N)`` of the GEMMs of one LatentMoE block (``shared/k3-spec.md``)."""
-    per_expert = max(1, tokens * cfg.top_k // cfg.n_experts)
-    d, lat = cfg.d_model, cfg.d_latent
-    return [
-        ("router x W_r^T", tokens, d, cfg.n_experts),
-        ("down-projection to latent", tokens, d, lat),
-        ("expert gate / up", per_expert, lat, cfg.d_expert),
-        ("expert down", per_expert, cfg.d_expert, lat),
-        ("up-projection from latent", tokens, lat, d),
-        ("shared expert gate / up", tokens, d, cfg.d_shared),
-        ("shared expert down", tokens, cfg.d_shared, d),
-    ]
 
 
 def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:

@@ -116,14 +116,85 @@ def _check_requant(rq: Requant, cfg: KpuConfig, what: str):
         raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
 
 
+#: The scratchpad buffers of a block, in address order (:func:`spad_layout`).
+SPAD_BUFFERS = ("x", "z", "logit", "scores", "bias", "rq", "route", "zg", "g", "u", "h", "h8", "eo", "e",
+                "combined", "norm", "y_r", "y_s", "y")
+
+
+def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
+    """Where :func:`compile_block` puts the buffers of a ``tokens``-token block in the scratchpad:
+    ``map`` from each :data:`SPAD_BUFFERS` name (and ``end``) to its first word."""
+    T, d, lat, E, k = tokens, cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
+    hid = max(cfg.d_expert, cfg.d_shared)
+    words = {"x": T * d, "z": T * lat, "logit": T * E, "scores": T * E, "bias": E, "rq": 8 * E,
+             "route": route_table(0, T, cfg)["end"], "zg": T * lat, "g": T * hid, "u": T * hid, "h": T * hid,
+             "h8": T * hid, "eo": T * lat, "e": T * k * lat, "combined": T * lat, "norm": T * lat,
+             "y_r": T * d, "y_s": T * d, "y": T * d}
+    sp = _Spad(cfg.dmem_depth)
+    for name in SPAD_BUFFERS:
+        sp.alloc(name, words[name])
+    sp.map["end"] = sp.top
+    return sp
+
+
+def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
+    """``(name, M, K, N)`` of the GEMMs of one LatentMoE block (``shared/k3-spec.md``); the routed
+    experts' M is the mean tokens per expert (at least 1; a real expert takes 0 to ``tokens``)."""
+    per_expert = max(1, tokens * cfg.top_k // cfg.n_experts)
+    d, lat = cfg.d_model, cfg.d_latent
+    return [
+        ("router x W_r^T", tokens, d, cfg.n_experts),
+        ("down-projection to latent", tokens, d, lat),
+        ("expert gate / up", per_expert, lat, cfg.d_expert),
+        ("expert down", per_expert, cfg.d_expert, lat),
+        ("up-projection from latent", tokens, lat, d),
+        ("shared expert gate / up", tokens, d, cfg.d_shared),
+        ("shared expert down", tokens, cfg.d_shared, d),
+    ]
+
+
+def _over_limit(cfg: KpuConfig, tokens: int) -> str | None:
+    """Why a ``tokens``-token block of ``cfg`` does not fit the nano-KPU, or None."""
+    need = spad_layout(cfg, tokens).top
+    if need > cfg.dmem_depth:
+        return f"the block needs {need:,} scratchpad words, dmem_depth = {cfg.dmem_depth:,}"
+    mb = -(-tokens // cfg.rows)
+    for name, _, kk, n in block_gemms(cfg, tokens):
+        for depth, words in (("spad_a_depth", mb * kk), ("spad_b_depth", 2 * kk), ("spad_c_depth", mb * n)):
+            if words > getattr(cfg, depth):
+                return (f"the {name} GEMM ({tokens} x {kk} x {n}) needs {words:,} words in the GEMM engine, "
+                        f"{depth} = {getattr(cfg, depth):,}")
+    return None
+
+
+def check_tokens(cfg: KpuConfig, tokens: int) -> None:
+    """``ValueError`` naming ``tokens`` and the size it exceeds unless a ``tokens``-token block of
+    ``cfg`` fits the nano-KPU: its buffers the scratchpad (``dmem_depth``), each GEMM (any expert
+    may take every token) the GEMM engine's scratchpads. Cheap: no weights are made."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ValueError(f"tokens = {tokens!r}: must be a positive integer")
+    why = _over_limit(cfg, tokens)
+    if why:
+        raise ValueError(f"tokens = {tokens}: {why} (at most {max_tokens(cfg)} tokens for profile {cfg.name!r})")
+
+
+def max_tokens(cfg: KpuConfig) -> int:
+    """The most tokens a block of ``cfg`` can have (:func:`check_tokens`); 0 if none fits."""
+    lo, hi = 0, cfg.dmem_depth   # a block of lo tokens fits (or lo = 0); a token takes a word at least
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _over_limit(cfg, mid) is None else (lo, mid - 1)
+    return lo
+
+
 def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     """Lower the block ``Q`` on the batch ``x_q [T, d]`` (int8) to a :class:`Program`.
 
     Raises
     ------
     ValueError
-        If the batch has the wrong shape, a constant does not fit its field, or the buffers
-        need more than ``cfg.dmem_depth`` scratchpad words (the message gives the need).
+        If the batch has the wrong shape, a constant does not fit its field, or the block does
+        not fit the nano-KPU (:func:`check_tokens`).
     """
     x_q = np.asarray(x_q, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
@@ -174,31 +245,10 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     h_y = host.int32("y", np.zeros(T * d))
     h_route = host.int32("route", np.zeros(rt["end"]))
 
-    sp = _Spad(cfg.dmem_depth)
-    hid = max(dx, ds)
-    s_x = sp.alloc("x", T * d)
-    s_z = sp.alloc("z", T * lat)
-    s_logit = sp.alloc("logit", T * E)
-    s_score = sp.alloc("scores", T * E)
-    s_bias = sp.alloc("bias", E)
-    s_rq = sp.alloc("rq", 8 * E)
-    s_rt = sp.alloc("route", rt["end"])
-    s_zg = sp.alloc("zg", T * lat)
-    s_g = sp.alloc("g", T * hid)
-    s_u = sp.alloc("u", T * hid)
-    s_h = sp.alloc("h", T * hid)
-    s_h8 = sp.alloc("h8", T * hid)
-    s_eo = sp.alloc("eo", T * lat)
-    s_e = sp.alloc("e", T * k * lat)
-    s_uc = sp.alloc("combined", T * lat)
-    s_n = sp.alloc("norm", T * lat)
-    s_yr = sp.alloc("y_r", T * d)
-    s_ys = sp.alloc("y_s", T * d)
-    s_y = sp.alloc("y", T * d)
-    sp.map["end"] = sp.top
-    if sp.top > cfg.dmem_depth:
-        raise ValueError(f"dmem_depth = {cfg.dmem_depth}: the block with T={T} tokens needs "
-                         f"{sp.top} scratchpad words")
+    check_tokens(cfg, T)
+    sp = spad_layout(cfg, T)
+    s_x, s_z, s_logit, s_score, s_bias, s_rq, s_rt, s_zg, s_g, s_u, s_h, s_h8, s_eo, s_e, s_uc, s_n, s_yr, s_ys, \
+        s_y = (sp.map[name] for name in SPAD_BUFFERS)
     rts = route_table(s_rt, T, cfg)
 
     def rq(a, c, m, n, r: Requant, flags=0, b=0):
@@ -207,13 +257,11 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
         return Instr(Op.REQUANT, flags=flags, m=m, n=n, a=a, b=b, c=c,
                      mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
 
+    shapes = {(kk, n) for _, _, kk, n in block_gemms(cfg, T)}   # the ones check_tokens checked
+
     def gemm(a, host_addr, c, m, kk, n, r: Requant, flags=0, b=0):
         """A GEMM with its requantiser fused (constants from the table at ``b`` with F_RQ_EXPERT)."""
-        mb = -(-T // cfg.rows)      # m <= T rows (an expert's count)
-        for name, words in (("spad_a_depth", mb * kk), ("spad_b_depth", 2 * kk), ("spad_c_depth", mb * n)):
-            if words > getattr(cfg, name):
-                raise ValueError(f"{name} = {getattr(cfg, name)}: the block with T={T} tokens has a "
-                                 f"{T} x {kk} x {n} GEMM, which needs {words} words there")
+        assert (kk, n) in shapes, f"a {kk} x {n} GEMM missing from block_gemms"
         if not flags & F_RQ_EXPERT:
             _check_requant(r, cfg, "requantiser")
         fixed = not flags & F_RQ_EXPERT

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from fpga.flow import BUILD_DIR
-from nanokpu.commands.bench_gemm import block_gemms, ice40_table, run_profile, up5k_fmax
+from nanokpu.commands.bench_gemm import ice40_table, run_profile, up5k_fmax
 from nanokpu.config import profile
+from nanokpu.host.compiler import block_gemms
 from nanokpu.units.gemm import gemm_cycles
 
 

@@ -6,7 +6,7 @@ import pytest
 from golden import k3
 from golden.block import quantize_latent_moe
 from nanokpu.config import profile
-from nanokpu.host.compiler import compile_block
+from nanokpu.host.compiler import check_tokens, compile_block, max_tokens
 from nanokpu.isa import Op, weight_panels
 
 
@@ -49,9 +49,28 @@ def test_too_many_tokens_for_dmem():
     ("spad_c_depth", {"spad_c_depth": 128}), ("spad_a_depth", {"spad_a_depth": 128})])
 def test_too_many_tokens_for_the_gemm_engine(field, overrides):
     cfg = profile("tiny", **overrides)
-    with pytest.raises(ValueError, match=f"{field} = .*T=17 tokens"):
+    with pytest.raises(ValueError, match=f"tokens = 17: .* {field} = 128 \\(at most 16 tokens"):
         compile_block(*_block(cfg, 17), cfg)
     compile_block(*_block(cfg, 16), cfg)     # 16 tokens fit
+    assert max_tokens(cfg) == 16
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_max_tokens_is_the_largest_block_that_compiles(name):
+    """check_tokens, from sizes alone, agrees with compiling real blocks at the limit."""
+    cfg = profile(name)
+    t = max_tokens(cfg)
+    assert t >= 16
+    compile_block(*_block(cfg, t), cfg)
+    with pytest.raises(ValueError, match=f"tokens = {t + 1}: the block needs .* dmem_depth"):
+        compile_block(*_block(cfg, t + 1), cfg)
+
+
+def test_check_tokens_refuses_without_making_weights():
+    with pytest.raises(ValueError, match="tokens = 1: the block needs 140,224 scratchpad words.*at most 0 tokens"):
+        check_tokens(profile("k3"), 1)
+    with pytest.raises(ValueError, match="tokens = 0: must be a positive integer"):
+        check_tokens(profile("tiny"), 0)
 
 
 def test_program_too_long_for_imem():
