@@ -31,8 +31,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the flag (``--help`` gives the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nanokpu",
         description="nano-KPU: generate, simulate and synthesize a Kimi K3 inference accelerator.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -46,13 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's one line naming the bad flag
+        return exc.code
     args.argv = argv   # the command line as given, for the reports that record what made them
     try:
         return int(args._run(args) or 0)
     except ValueError as exc:  # invalid configs and inputs: one clear line, no traceback
         print(f"nanokpu {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, ImportError, MemoryError) as exc:  # a path, a missing extra, a size too big
+        print(f"nanokpu {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

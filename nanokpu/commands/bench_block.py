@@ -11,9 +11,8 @@ instructions ran / all cycles). Written to ``docs/bench/block.md``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import out_file, seed
 from nanokpu.config import profile
 from nanokpu.isa import EXECUTORS
 
@@ -25,8 +24,8 @@ CASES = (("tiny", 8, "generic"), ("tiny", 8, "ice40"), ("small", 16, "generic"))
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", action="append", choices=sorted({c[0] for c in CASES}),
                         help="profile to run (repeatable; default: tiny and small)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=DOC, help=f"Markdown report (default {DOC})")
+    parser.add_argument("--seed", type=seed, default=1)
+    parser.add_argument("--out", type=out_file, default=DOC, help=f"Markdown report (default {DOC})")
 
 
 def gemm_tiles(cfg, tokens: int, seed: int) -> dict:

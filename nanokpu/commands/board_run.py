@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 
 from fpga.boards import BOARDS
+from nanokpu.commands.args import int_in, seed
+from nanokpu.config import PROFILES
 from nanokpu.designs import TOP_UNIT
 from nanokpu.host.bridge_client import BridgeClient, run_block, run_gemm
 from nanokpu.host.client import KpuClient, serial_port
@@ -28,17 +30,18 @@ from nanokpu.units.gemm import kpu_engine
 
 def add_arguments(parser) -> None:
     parser.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0, COM3)")
-    parser.add_argument("--baud", type=int, default=115200)
-    parser.add_argument("--profile", default="tiny", help="the profile the board was built with")
+    parser.add_argument("--baud", type=int_in(1), default=115200)
+    parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES),
+                        help="the profile the board was built with")
     whole = " or ".join(b for b, spec in BOARDS.items() if spec.unit == TOP_UNIT)
     parts = " or ".join(b for b, spec in BOARDS.items() if spec.unit != TOP_UNIT)
     parser.add_argument("--board", default="ulx3s", choices=sorted(BOARDS),
                         help=f"the board build: {whole} (the whole nano-KPU runs the block) or {parts} "
                              "(the GEMM engine runs the block's GEMMs, the PC the rest)")
-    parser.add_argument("--tokens", type=int, default=8, help="tokens of the block")
-    parser.add_argument("--gemm", type=int, nargs=3, default=None, metavar=("M", "K", "N"),
+    parser.add_argument("--tokens", type=int_in(1), default=8, help="tokens of the block")
+    parser.add_argument("--gemm", type=int_in(1), nargs=3, default=None, metavar=("M", "K", "N"),
                         help="icebreaker: run one random GEMM of this shape instead of a block")
-    parser.add_argument("--seed", type=int, default=1, help="random block and batch, or GEMM operands")
+    parser.add_argument("--seed", type=seed, default=1, help="random block and batch, or GEMM operands")
 
 
 def run(args) -> int:
@@ -46,7 +49,7 @@ def run(args) -> int:
 
     from golden.block import latent_moe_int, random_block
     from nanokpu.config import profile
-    from nanokpu.host.compiler import compile_block
+    from nanokpu.host.compiler import check_tokens, compile_block
 
     cfg = profile(args.profile)
     whole_kpu = BOARDS[args.board].unit == TOP_UNIT
@@ -54,6 +57,7 @@ def run(args) -> int:
         if whole_kpu:
             raise ValueError(f"gemm: one GEMM runs on a GEMM engine build (icebreaker), not on {args.board}")
         return _run_gemm(args, cfg)
+    check_tokens(cfg, args.tokens)
     Q, xq, _, _ = random_block(cfg, args.tokens, np.random.default_rng(args.seed))
     prog = compile_block(Q, xq, cfg)
     t0 = time.monotonic()
@@ -84,8 +88,6 @@ def _run_gemm(args, cfg) -> int:
 
     from golden.intops import matmul_int, requantize
     m, k, n = args.gemm
-    if min(m, k, n) < 1:
-        raise ValueError(f"gemm = {m} {k} {n}: M, K and N must be at least 1")
     rng = np.random.default_rng(args.seed)
     a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, n))
     shift = max((k << 14).bit_length() - 8, 0)   # |a @ b| < k * 2**14: the result spans int8

@@ -13,6 +13,7 @@ import numpy as np
 
 from golden import block, k3
 from golden import intops as I
+from nanokpu.commands.args import int_in, seed
 from nanokpu.config import PROFILES, KpuConfig, profile
 
 
@@ -56,14 +57,12 @@ def block_summary(cfg: KpuConfig, tokens: int, rng) -> list[str]:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokens", type=int_in(1, 4096), default=32)
+    parser.add_argument("--seed", type=seed, default=0)
 
 
 def run(args) -> int:
     cfg = profile(args.profile)
-    if args.tokens < 1:
-        raise ValueError(f"--tokens = {args.tokens}: must be positive")
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     print(f"nano-KPU golden model, profile '{cfg.name}' (seed {args.seed}): d={cfg.d_model}, "

@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 
+from fpga.flow import TARGETS
 from nanokpu.commands import ROOT
+from nanokpu.commands.args import seed
 from nanokpu.config import profile
 
 #: Where the main job's synthesis reports go (git-ignored, beside the tools' build directories).
@@ -47,8 +49,9 @@ def _synthesize(cfg, target: str, seed: int) -> dict:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--target", default=None, help="FPGA target (default: the profile's own)")
+    parser.add_argument("--seed", type=seed, default=1)
+    parser.add_argument("--target", default=None, choices=sorted(TARGETS),
+                        help="FPGA target (default: the profile's own)")
     parser.add_argument("--no-synth", action="store_true", help="skip step 4 (Yosys and nextpnr)")
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from nanokpu.commands import ROOT
+from nanokpu.commands.args import out_dir
 from nanokpu.config import PROFILES, KpuConfig, config_from_dict, config_to_dict, profile
 from nanokpu.designs import UNITS, resolve_unit, top_name
 from nanokpu.header import c_header
@@ -68,7 +69,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--unit", action="append", choices=sorted(UNITS),
                         help="unit to generate (repeatable; default: all); config.json and nanokpu.h are "
                              "always written")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=out_dir, default=None,
                         help="output directory (default: rtl/<profile>)")
 
 

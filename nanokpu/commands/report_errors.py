@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from golden import errors
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import out_file, seed
 from nanokpu.config import profile
 
 DOC = DOCS / "errors.md"
@@ -34,8 +33,8 @@ def render(profiles: list[str], seed: int) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DOC)
+    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument("--out", type=out_file, default=DOC)
 
 
 def run(args) -> int:

@@ -27,12 +27,13 @@ takes a :class:`~nanokpu.config.KpuConfig`.
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
-from pathlib import Path
 
 from fpga.boards import BOARDS
 from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS
+from nanokpu.commands.args import in_file, int_in, out_dir, positive_float, seed
 from nanokpu.config import PROFILES, profile
 from nanokpu.designs import TOP_UNIT, UNITS, resolve_unit, top_name
 
@@ -82,34 +83,43 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
     return reports
 
 
+def _unit(text: str) -> str:
+    """``--unit``: a registered name or a ``module:factory`` that imports."""
+    try:
+        resolve_unit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
-    parser.add_argument("--target", default=None,
+    parser.add_argument("--target", default=None, choices=sorted(TARGETS),
                         help=f"{', '.join(TARGETS)} (default: the profile's own, "
                              + ", ".join(f"{p} {t}" for p, t in DEFAULT_TARGET.items()) + ")")
-    parser.add_argument("--unit", action="append", default=None,
+    parser.add_argument("--unit", action="append", default=None, type=_unit,
                         help="unit name or module:factory (repeatable; default: all registered units)")
     parser.add_argument("--all", action="store_true",
                         help="benchmark: each profile's kpu on its own target, the tiny kpu on ecp5-85f, the tiny "
                              "units on up5k and the small ones on ecp5-85f -> summary.md")
-    parser.add_argument("--board", default=None, help=f"board build with a bitstream ({', '.join(BOARDS)})")
-    parser.add_argument("--baud", type=int, default=None,
+    parser.add_argument("--board", default=None, choices=sorted(BOARDS), help="board build with a bitstream")
+    parser.add_argument("--baud", type=int_in(1), default=None,
                         help="bit rate of a board build's UART (default 115200; the same for nanokpu board-run --baud)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
-    parser.add_argument("--freq", type=float, default=None,
+    parser.add_argument("--freq", type=positive_float, default=None,
                         help="nextpnr target in MHz, > 0 (default: the goal; not for --board)")
-    parser.add_argument("--seed", type=int, default=1,
+    parser.add_argument("--seed", type=seed, default=1,
                         help="first nextpnr placer seed (the next ones follow a timeout, a failure or a miss of the "
                              "Fmax goal by 10%% or less: --seed-tries)")
-    parser.add_argument("--seed-tries", type=int, default=SEED_TRIES,
+    parser.add_argument("--seed-tries", type=int_in(1), default=SEED_TRIES,
                         help=f"seeds to try per nextpnr run: --seed, --seed + 1, ... (default {SEED_TRIES})")
     parser.add_argument("--pnr-timeout", type=float, default=PNR_TIMEOUT_MIN, metavar="MINUTES",
                         help=f"time limit of one nextpnr run; past it the run is stopped and the next seed "
                              f"tried (default {PNR_TIMEOUT_MIN:g}; 0: no limit)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse a unit's last report when its RTLIL and the options are unchanged")
-    parser.add_argument("--out", type=Path, default=None, help="report directory (default: fpga/reports)")
-    parser.add_argument("--against", type=Path, default=None, metavar="JSON",
+    parser.add_argument("--out", type=out_dir, default=None, help="report directory (default: fpga/reports)")
+    parser.add_argument("--against", type=in_file, default=None, metavar="JSON",
                         help="print each unit's change in resources and Fmax against the reports of an "
                              "earlier run (a <stem>.json, read before this run rewrites it)")
 
