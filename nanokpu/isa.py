@@ -28,6 +28,10 @@ bank). Fields::
     op 6 | flags 10 | m 16 | k 16 | n 16 | a 24 | b 24 | c 24 | host 32 | stride 32 | mult 32
     | shift 6 | width 6 | target 12
 
+The fields ``m``, ``n``, ``k`` are each op's shape letters: ``GEMM`` ``A [m, k] @ W [n, k]^T``
+(a result ``[m, n]``); ``COMBINE`` ``a [m, k, n]``; ``ROUTE`` scores ``[m, n]`` -> the top ``k``
+per row (``k`` must be ``top_k``); the element-wise ops and ``LOAD``/``STORE`` ``[m, n]``.
+
 Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 
 ==========  ==============================================================================
@@ -72,6 +76,26 @@ Operands enter units at the units' port widths (``act_width`` for activations, `
 ``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
 routing weights): the upper bits of a wider word are ignored, in the RTL and in
 :class:`~nanokpu.host.funcsim.FuncSim` alike.
+
+Rules
+-----
+The per-op rules of the checks above are ONE table, :data:`OP_RULES`, an :class:`OpRule` per opcode:
+its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`` and writes at
+``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``,
+``"m*k*n"``, ``"n"``, ``"2*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
+``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"route"`` = ``4*m*top_k + 2*n_experts``;
+host ``"m*n*width"``, ``"panels"``), whether it may run in place, its shape rules (the letters
+that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM
+engine's limits), and whether it reads the scores, needs a ``ROUTE`` or a current expert, or
+jumps. For example::
+
+    Op.GEMM: OpRule("gemm", a="m*k", b="rq", c="m*n", host="panels", positive="mnk",
+                    widths=(0, RQ_WIDTHS), engine=True),
+    Op.ADD:  OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
+
+The RTL's decode (:class:`~nanokpu.kpu.top.NanoKPU`: each size name maps to a signal of its
+product lane) and :class:`~nanokpu.host.funcsim.FuncSim` (each name through :data:`SIZES`) build
+their checks from it; :data:`OP_EXECUTOR` and :data:`IN_PLACE_OPS` are views of it.
 """
 
 from __future__ import annotations
@@ -86,7 +110,7 @@ from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
-           "OP_EXECUTOR", "EXECUTORS",
+           "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
            "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
@@ -186,13 +210,136 @@ ADDR_WIDTH = 20
 IMEM_BASE = 0x80000
 LOADS_BASE = 0x40000
 
-#: The executor that runs an opcode (its busy counter counts the cycles).
-OP_EXECUTOR = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
-               Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
-               Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
+#: An :attr:`OpRule.widths` entry: the requantiser's output widths, ``2 <= width <= acc_width``.
+RQ_WIDTHS = "2..acc_width"
 
-#: Element-wise ops whose result region may be exactly an operand region (run in place).
-IN_PLACE_OPS = (Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM)
+
+@dataclass(frozen=True)
+class OpRule:
+    """The rules of one opcode, checked before it starts (see :data:`OP_RULES`).
+
+    ``executor``
+        The :data:`EXECUTORS` entry whose busy counter counts its cycles, or ``None``.
+    ``a``, ``b``, ``c``
+        Scratchpad words read at ``a`` and ``b`` and written at ``c``, each a :data:`SIZES` name
+        (``None``: no region; a size of 0 is no region either). Every region must lie in the
+        scratchpad (``SPAD_RANGE``), ``c`` must not overlap ``a`` or ``b`` (``OVERLAP``) ...
+    ``in_place``
+        ... except exactly (same base, same size): the op may run in place.
+    ``host``
+        Host bytes it moves, a :data:`SIZES` name (``None``: no host access), in whole bus
+        beats from ``host (+ expert * stride)``, inside the host window (``HOST_RANGE``).
+    ``positive``
+        The shape letters (of ``m``, ``n``, ``k``) that must be ``>= 1`` (``BAD_SHAPE``, as
+        are the next four).
+    ``n_experts``, ``top_k``
+        ``n`` must be ``n_experts``; ``k`` must be ``top_k``.
+    ``widths``
+        The allowed ``width`` values (ints, or :data:`RQ_WIDTHS` for the range ``[2,
+        acc_width]``); empty: ``width`` is not read.
+    ``engine``
+        The GEMM engine's scratchpad limits: ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
+        spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
+    ``scores``
+        ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
+    ``route``, ``expert``
+        It needs a ``ROUTE`` before / a current expert (``NO_ROUTE``). Every op flagged
+        :data:`F_M_COUNT`, :data:`F_HOST_EXPERT` or :data:`F_RQ_EXPERT` needs a current expert too.
+    ``target``
+        ``target`` must be inside the instruction memory (``PC_RANGE``).
+    """
+
+    executor: str | None = None
+    a: str | None = None
+    b: str | None = None
+    c: str | None = None
+    in_place: bool = False
+    host: str | None = None
+    positive: str = ""
+    n_experts: bool = False
+    top_k: bool = False
+    widths: tuple = ()
+    engine: bool = False
+    scores: bool = False
+    route: bool = False
+    expert: bool = False
+    target: bool = False
+
+    def width_ok(self, width: int, cfg: KpuConfig) -> bool:
+        """``width`` is one of :attr:`widths` (always true when they are empty)."""
+        return not self.widths or any(2 <= width <= cfg.acc_width if w == RQ_WIDTHS else width == w
+                                      for w in self.widths)
+
+
+#: The per-opcode rules, the one table the RTL (:class:`~nanokpu.kpu.top.NanoKPU`'s decode),
+#: :class:`~nanokpu.host.funcsim.FuncSim` and the tests read; the checks run in :class:`Err` order
+#: of the module docstring (``NO_ROUTE``, ``PC_RANGE``, ``BAD_SHAPE``, ``NO_SCORES``,
+#: ``SPAD_RANGE``, ``OVERLAP``, ``HOST_RANGE``).
+OP_RULES: dict[Op, OpRule] = {
+    Op.HALT: OpRule(),
+    Op.LOAD: OpRule("dma", c="m*n", host="m*n*width", positive="mn", widths=(1, 2, 4)),
+    Op.STORE: OpRule("dma", a="m*n", host="m*n*width", positive="mn", widths=(4,)),
+    Op.GEMM: OpRule("gemm", a="m*k", b="rq", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
+                    engine=True),
+    Op.REQUANT: OpRule("act", a="m*n", b="rq", c="m*n", in_place=True, positive="mn", widths=(RQ_WIDTHS,)),
+    Op.SIGMOID: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.SITU: OpRule("act", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.ADD: OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.ROUTE: OpRule("route", a="m*n", b="n", c="route", positive="m", n_experts=True, top_k=True, scores=True),
+    Op.EXPERT: OpRule(a="2*n", n_experts=True, route=True, target=True),
+    Op.GATHER: OpRule("move", a="m*n", b="list", c="count*n", positive="mn", expert=True),
+    Op.SCATTER: OpRule("move", a="count*n", b="list", c="m*n", positive="mn", expert=True),
+    Op.COMBINE: OpRule("vector", a="m*k*n", b="m*k", c="m*n", positive="mnk"),
+    Op.NORM: OpRule("vector", a="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.JUMP: OpRule(target=True),
+}
+assert set(OP_RULES) == set(Op)
+assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())
+
+#: The executor that runs an opcode (its busy counter counts the cycles): from :data:`OP_RULES`.
+OP_EXECUTOR = {op: r.executor for op, r in OP_RULES.items() if r.executor}
+
+#: Element-wise ops whose result region may be exactly an operand region (run in place): from
+#: :data:`OP_RULES`.
+IN_PLACE_OPS = tuple(op for op, r in OP_RULES.items() if r.in_place)
+
+
+@dataclass(frozen=True)
+class SizeArgs:
+    """What a :data:`SIZES` entry is a function of: an instruction's fields (``m`` the effective
+    one: ``count`` with :data:`F_M_COUNT`), the expert iterator's ``count`` and ``offset``, the config."""
+
+    m: int
+    n: int
+    k: int
+    flags: int
+    width: int
+    count: int
+    offset: int
+    cfg: KpuConfig
+
+    @classmethod
+    def of(cls, ins: Instr, cfg: KpuConfig, count: int = 0, offset: int = 0) -> SizeArgs:
+        m = count if ins.flags & F_M_COUNT else ins.m
+        return cls(m, ins.n, ins.k, ins.flags, ins.width, count, offset, cfg)
+
+
+#: The sizes :data:`OP_RULES` names: scratchpad words of a region (``a``, ``b``, ``c``) or host
+#: bytes (``host``, before rounding up to whole bus beats), as functions of :class:`SizeArgs`.
+SIZES = {
+    "m*n": lambda s: s.m * s.n,
+    "m*k": lambda s: s.m * s.k,
+    "m*k*n": lambda s: s.m * s.k * s.n,
+    "n": lambda s: s.n,
+    "2*n": lambda s: 2 * s.n,                                       # counts and offsets of n experts
+    "count*n": lambda s: s.count * s.n,                             # the current expert's rows
+    "list": lambda s: s.offset + s.count,                           # the dispatch list up to its tokens
+    "rq": lambda s: 2 * s.cfg.n_experts if s.flags & F_RQ_EXPERT else 0,    # (mult, shift) per expert
+    "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
+    "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
+    "panels": lambda s: -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # host bytes: GEMM weight panels
+}
+assert {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host")} <= {None, *SIZES}
 
 
 def bus_bytes(cfg: KpuConfig) -> int:

@@ -48,3 +48,46 @@ def test_register_layouts():
     s = status_fields(0x0123_0000 | Err.OVERLAP << 8 | 0b110)
     assert (s.busy, s.done, s.error, s.code, s.pc) == (0, 1, 1, Err.OVERLAP, 0x123)
     assert STATUS_LAYOUT.size == 32 and STATUS_LAYOUT["code"].offset == 8 and STATUS_LAYOUT["pc"].offset == 16
+
+
+def test_op_rules_cover_every_op_and_derive_the_views():
+    """OP_RULES is the one table of per-op rules; OP_EXECUTOR and IN_PLACE_OPS are views of it."""
+    from nanokpu.isa import EXECUTORS, IN_PLACE_OPS, OP_EXECUTOR, OP_RULES, SIZES
+
+    assert set(OP_RULES) == set(Op)
+    assert set(OP_EXECUTOR.values()) == set(EXECUTORS)
+    assert OP_EXECUTOR == {op: r.executor for op, r in OP_RULES.items() if r.executor}
+    assert set(IN_PLACE_OPS) == {Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM}
+    named = {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host")} - {None}
+    assert named == set(SIZES), "a size nobody names, or a name without a size"
+    for r in OP_RULES.values():
+        assert set(r.positive) <= set("mnk")
+        assert not (r.in_place and not r.c), "in place without a result region"
+        assert not (r.engine and not r.host)
+
+
+def test_sizes_are_the_semantics():
+    from nanokpu.config import profile
+    from nanokpu.isa import F_M_COUNT, F_RQ_EXPERT, SIZES, SizeArgs, bus_bytes, route_table
+
+    cfg = profile("tiny")
+    E, K = cfg.n_experts, cfg.top_k
+    s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
+    assert {name: f(s) for name, f in SIZES.items()} == {
+        "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0,
+        "route": route_table(0, 3, cfg)["end"], "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
+    assert SIZES["route"](s) == 4 * 3 * K + 2 * E
+    flagged = SizeArgs.of(Instr(Op.GEMM, flags=F_M_COUNT | F_RQ_EXPERT, m=3, n=5), cfg, count=7)
+    assert (flagged.m, SIZES["rq"](flagged)) == (7, 2 * E)
+
+
+def test_op_rule_widths():
+    from nanokpu.config import profile
+    from nanokpu.isa import OP_RULES
+
+    cfg = profile("tiny")
+    allowed = {op: [w for w in range(64) if r.width_ok(w, cfg)] for op, r in OP_RULES.items()}
+    rq = list(range(2, cfg.acc_width + 1))
+    assert allowed[Op.LOAD] == [1, 2, 4] and allowed[Op.STORE] == [4]
+    assert allowed[Op.REQUANT] == rq and allowed[Op.GEMM] == [0, *rq]
+    assert allowed[Op.ADD] == list(range(64))     # width not read

@@ -3,8 +3,9 @@
 :class:`FuncSim` executes a program of :mod:`nanokpu.isa` instructions on a scratchpad and a
 byte-addressed host memory, with the same range checks, the same error codes and the same
 operand widths as the RTL (an operand is wrapped to the width of the unit port it enters, as the
-hardware's wires do). Each instruction is one vectorised call of :mod:`golden.intops`, so a
-``small`` block runs in well under a second.
+hardware's wires do); the checks' per-op rules are :data:`~nanokpu.isa.OP_RULES`, the RTL's
+too. Each instruction is one vectorised call of :mod:`golden.intops`, so a ``small`` block runs
+in well under a second.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from nanokpu.isa import (
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_EXPERT,
-    IN_PLACE_OPS,
+    OP_RULES,
+    SIZES,
     Err,
     Instr,
     Op,
+    SizeArgs,
     bus_bytes,
-    route_table,
     word_width,
 )
 
@@ -147,68 +149,53 @@ class FuncSim:
     def step(self, ins: Instr, op: Op, pc: int) -> int:
         """Execute one instruction; returns the next pc or raises :class:`KpuError`."""
         cfg = self.cfg
-        E, K = cfg.n_experts, cfg.top_k
-        if ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT) or op in (Op.GATHER, Op.SCATTER):
+        E = cfg.n_experts
+        rule = OP_RULES[op]
+        if ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT) or rule.expert:
             self._need_expert()
-        if op == Op.EXPERT:
-            check(self.route_done, Err.NO_ROUTE, "EXPERT without a ROUTE before")
-        m = self.count if ins.flags & F_M_COUNT else ins.m
-        n, k, a, b, c = ins.n, ins.k, ins.a, ins.b, ins.c
+        if rule.route:
+            check(self.route_done, Err.NO_ROUTE, f"{op.name} without a ROUTE before")
+        size = SizeArgs.of(ins, cfg, self.count, self.offset)
+        m, n, k, a, b, c = size.m, ins.n, ins.k, ins.a, ins.b, ins.c
         ln = m * n
-        if op in (Op.JUMP, Op.EXPERT):
+        if rule.target:
             check(ins.target < cfg.imem_depth, Err.PC_RANGE, f"target {ins.target}")
         if op == Op.JUMP:
             return ins.target
-        # -- shapes
-        if op == Op.ROUTE:
-            check(m >= 1 and n == E and k == K, Err.BAD_SHAPE, "ROUTE needs m >= 1, n = E, k = top_k")
-        elif op == Op.EXPERT:
-            check(n == E, Err.BAD_SHAPE, "EXPERT needs n = n_experts")
-        else:
-            check(m >= 1 and n >= 1, Err.BAD_SHAPE, "m and n must be >= 1")
-        if op in (Op.GEMM, Op.COMBINE):
-            check(k >= 1, Err.BAD_SHAPE, "k must be >= 1")
-        if op == Op.LOAD:
-            check(ins.width in (1, 2, 4), Err.BAD_SHAPE, "LOAD width must be 1, 2 or 4")
-        if op == Op.STORE:
-            check(ins.width == 4, Err.BAD_SHAPE, "STORE width must be 4")
-        if op == Op.REQUANT or (op == Op.GEMM and ins.width):
-            check(2 <= ins.width <= cfg.acc_width, Err.BAD_SHAPE, "requantiser width not in [2, acc_width]")
-        if op == Op.GEMM:
+        # -- shapes (OP_RULES)
+        letters = {"m": m, "n": n, "k": k}
+        check(all(letters[x] >= 1 for x in rule.positive), Err.BAD_SHAPE,
+              f"{op.name} needs {', '.join(rule.positive)} >= 1")
+        check(not rule.n_experts or n == E, Err.BAD_SHAPE, f"{op.name} needs n = n_experts")
+        check(not rule.top_k or k == cfg.top_k, Err.BAD_SHAPE, f"{op.name} needs k = top_k")
+        check(rule.width_ok(ins.width, cfg), Err.BAD_SHAPE, f"{op.name} width {ins.width} not in {rule.widths}")
+        if rule.engine:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
                   and mb * n <= cfg.spad_c_depth, Err.BAD_SHAPE, "GEMM beyond the engine's scratchpads")
-        if op == Op.ROUTE:
-            check(self.scores == (a, ln), Err.NO_SCORES, "ROUTE before SIGMOID wrote its scores")
-        # -- scratchpad regions: the operands', then the result's
-        rq = [(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []
-        operands, result = {
-            Op.LOAD: ([], (c, ln)), Op.STORE: ([(a, ln)], None),
-            Op.GEMM: ([(a, m * k), *rq], (c, m * n)),
-            Op.REQUANT: ([(a, ln), *rq], (c, ln)),
-            Op.SIGMOID: ([(a, ln)], (c, ln)), Op.SITU: ([(a, ln), (b, ln)], (c, ln)),
-            Op.ADD: ([(a, ln), (b, ln)], (c, ln)), Op.NORM: ([(a, ln)], (c, ln)),
-            Op.ROUTE: ([(a, ln), (b, n)], (c, route_table(0, m, cfg)["end"])),
-            Op.EXPERT: ([(a, 2 * n)], None),
-            Op.GATHER: ([(a, ln), (b, self.offset + self.count)], (c, self.count * n)),
-            Op.SCATTER: ([(a, self.count * n), (b, self.offset + self.count)], (c, ln)),
-            Op.COMBINE: ([(a, m * k * n), (b, m * k)], (c, ln)),
-        }[op]
+        if rule.scores:
+            check(self.scores == (a, ln), Err.NO_SCORES, f"{op.name} before SIGMOID wrote its scores")
+        # -- scratchpad regions (OP_RULES; a size of 0 is no region): the operands', then the result's
+        def region(addr, name):
+            words = SIZES[name](size) if name else 0
+            return (addr, words) if words else None
+
+        operands = [r for r in (region(a, rule.a), region(b, rule.b)) if r]
+        result = region(c, rule.c)
         for addr, words in operands + ([result] if result else []):
             self._region(addr, words)
         if result:
             rc, wc = result
             for addr, words in operands:
-                in_place = op in IN_PLACE_OPS and (addr, words) == result
+                in_place = rule.in_place and (addr, words) == result
                 check(not (words and wc and addr < rc + wc and rc < addr + words) or in_place,
                       Err.OVERLAP, f"result [{rc}, {rc + wc}) overlaps operand [{addr}, {addr + words})")
         # -- host window
-        if op in (Op.LOAD, Op.STORE, Op.GEMM):
+        if rule.host:
             addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)
             bb = bus_bytes(cfg)
-            nbytes = -(-n // cfg.cols) * k * bb if op == Op.GEMM else ln * ins.width
-            nbytes = -(-nbytes // bb) * bb  # whole bus beats
-            check(addr % bus_bytes(cfg) == 0 and self.host_base <= addr
+            nbytes = -(-SIZES[rule.host](size) // bb) * bb  # whole bus beats
+            check(addr % bb == 0 and self.host_base <= addr
                   and addr + nbytes <= self.host_base + self.host_size
                   and addr + nbytes <= len(self.host), Err.HOST_RANGE,
                   f"host [{addr:#x}, {addr + nbytes:#x}) outside the window")

@@ -37,6 +37,9 @@ the semantics):
 * ``LOAD``/``STORE``: :class:`~nanokpu.kpu.axi_master.AxiMaster`; ``GATHER``/``SCATTER``/``EXPERT``:
   small sequencers.
 
+The decode builds its checks (region sizes, shapes, in place, host window, what needs a ``ROUTE``)
+and picks the executor from :data:`~nanokpu.isa.OP_RULES`, the table
+:class:`~nanokpu.host.funcsim.FuncSim` reads too.
 Errors stop the controller (``STATUS.error``, code in ``STATUS[15:8]``, the pc in ``[31:16]``);
 a stop or a soft reset (``CTRL.bit1``) drains outstanding AXI bursts, resets the units and
 returns to idle; the register bank answers throughout.
@@ -60,11 +63,11 @@ from nanokpu.isa import (
     F_M_COUNT,
     F_RQ_EXPERT,
     IMEM_BASE,
-    IN_PLACE_OPS,
     INSTR_LAYOUT,
     INSTR_WORDS,
     LOADS_BASE,
-    OP_EXECUTOR,
+    OP_RULES,
+    RQ_WIDTHS,
     STATUS_LAYOUT,
     Err,
     Op,
@@ -265,12 +268,13 @@ class NanoKPU(wiring.Component):
         # Products of instruction fields, by one shift-add lane used in turn (``acc += y * x``,
         # one bit of ``y`` per cycle, LSB first, while ``y != 0``; PW bits, saturating), a step per
         # product: each step loads the lane and commits the previous step's product, saturated,
-        # to its register. Steps, by op:
-        #   ln = m*n (len); mk = m*k (GEMM, COMBINE), count*n (GATHER, SCATTER), 4*m*top_k (ROUTE);
-        #   p2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then row*n for each GATHER/SCATTER row;
-        #   p3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE: p2 as it is committed);
-        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) (GEMM), BW-1 + m*(n*width)
-        #   (LOAD, STORE: rounded down to a beat), LBW bits; host_eff = host + expert*stride.
+        # to its register. Steps, by the sizes OP_RULES names for the op (the engine rule: GEMM):
+        #   ln = m*n (len, every op naming "m*n");
+        #   mk = m*k ("m*k"), count*n ("count*n"), 4*m*top_k ("route": the table is mk + 2*E);
+        #   p2 = k*n ("m*k*n"), ceil(m/rows)*k (engine), then row*n for each GATHER/SCATTER row;
+        #   p3 = m*(k*n) ("m*k*n": p2 as it is committed), ceil(m/rows)*n (engine);
+        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) ("panels"), BW-1 + m*(n*width)
+        #   ("m*n*width": rounded down to a beat), LBW bits; host_eff = host + expert*stride.
         # An unused step loads y = 0: a cycle. A step takes 1 + bit_length(y) cycles.
         PW = max(SW, LBW, HW)
         ln, mk, p2, p3 = (Signal(SW, name=n) for n in ("ln", "mk", "p2", "p3"))
@@ -305,110 +309,100 @@ class NanoKPU(wiring.Component):
         st_x = Signal(PW)
         st_acc = Signal(PW)
         mb = ceil_div(m_eff, R)
+
+        def ops_with(key):
+            """The opcodes whose OP_RULES name the size ``key`` (or have the GEMM ``"engine"`` rule)."""
+            return [o for o, r in OP_RULES.items()
+                    if (r.engine if key == "engine" else key in (r.a, r.b, r.c, r.host))]
+
+        # the lane's operands (y, x, acc) at each step for the ops naming a size (or with the engine
+        # rule), one product per op and step; the sizes' signals below are these products
+        width_log = Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0))
+        assert all(set(r.widths) <= {1, 2, 4} for r in OP_RULES.values() if r.host == "m*n*width"), \
+            "host elements of 1, 2 or 4 bytes (width_log)"
+        schedule = {
+            0: {"m*n": (m_eff, ins.n, 0)},
+            1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0)},
+            2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0)},
+            3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0)},   # m*k*n: p2, committed now
+            4: {"panels": (ceil_div(ins.n, C), ins.k << BW_LOG, 0),
+                "m*n*width": (m_eff, ins.n << width_log, BW - 1)},
+        }
         with m.Switch(step):
-            with m.Case(0):
-                with m.Switch(op):
-                    with m.Case(*[o for o in Op if o not in (Op.HALT, Op.JUMP, Op.EXPERT)]):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n)]
-            with m.Case(1):
-                with m.Switch(op):
-                    with m.Case(Op.GEMM, Op.COMBINE):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.k)]
-                    with m.Case(Op.GATHER, Op.SCATTER):
-                        m.d.comb += [st_y.eq(count), st_x.eq(ins.n)]
-                    with m.Case(Op.ROUTE):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(4 * top_k)]
-            with m.Case(2):
-                with m.Switch(op):
-                    with m.Case(Op.GEMM):
-                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.k)]
-                    with m.Case(Op.COMBINE):
-                        m.d.comb += [st_y.eq(ins.k), st_x.eq(ins.n)]
-            with m.Case(3):
-                with m.Switch(op):
-                    with m.Case(Op.GEMM):
-                        m.d.comb += [st_y.eq(mb), st_x.eq(ins.n)]
-                    with m.Case(Op.COMBINE):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(sat(lane_acc))]   # p2, committed now
-            with m.Case(4):
-                with m.Switch(op):
-                    with m.Case(Op.GEMM):
-                        m.d.comb += [st_y.eq(ceil_div(ins.n, C)), st_x.eq(ins.k << BW_LOG)]
-                    with m.Case(Op.LOAD):
-                        m.d.comb += [st_y.eq(m_eff), st_acc.eq(BW - 1),
-                                     st_x.eq(ins.n << Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0)))]
-                    with m.Case(Op.STORE):
-                        m.d.comb += [st_y.eq(m_eff), st_x.eq(ins.n << 2), st_acc.eq(BW - 1)]
+            for i, products_at in schedule.items():
+                with m.Case(i), m.Switch(op):
+                    taken = set()
+                    for key, (y, x, acc) in products_at.items():
+                        ops = ops_with(key)
+                        assert not taken & set(ops), f"two products at step {i} for {taken & set(ops)}"
+                        taken |= set(ops)
+                        if ops:
+                            with m.Case(*ops):
+                                m.d.comb += [st_y.eq(y), st_x.eq(x), st_acc.eq(acc)]
             with m.Case(5):
                 m.d.comb += [st_y.eq(Mux((ins.flags & F_HOST_EXPERT) != 0, expert, 0)),
                              st_x.eq(ins.stride), st_acc.eq(ins.host)]
 
-        needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
-            (op == Op.GATHER) | (op == Op.SCATTER)
-        needs_route = needs_expert | (op == Op.EXPERT)
+        def any_op(pred):
+            """``op`` is one of the opcodes whose OP_RULES entry satisfies ``pred``."""
+            return Cat(Const(0), *(op == o for o, r in OP_RULES.items() if pred(r))).any()
+
+        needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | any_op(lambda r: r.expert)
+        needs_route = needs_expert | any_op(lambda r: r.route)
         valid_op = op <= max(Op)
+        letters = {"m": m_eff, "n": ins.n, "k": ins.k}
+
+        def shape_rule(r):
+            """The shape rules of ``r``: letters >= 1, n = n_experts, k = top_k, width, the GEMM engine's limits."""
+            terms = [letters[x] >= 1 for x in r.positive]
+            terms += [ins.n == E] if r.n_experts else []
+            terms += [ins.k == top_k] if r.top_k else []
+            if r.widths:
+                terms.append(Cat(*((ins.width >= 2) & (ins.width <= accw) if w == RQ_WIDTHS else ins.width == w
+                                   for w in r.widths)).any())
+            if r.engine:
+                terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
+            return Cat(*terms).all() if terms else Const(1)
+
         shape_ok = Signal()
         with m.Switch(op):
-            with m.Case(Op.ROUTE):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n == E) & (ins.k == top_k))
-            with m.Case(Op.EXPERT):
-                m.d.comb += shape_ok.eq(ins.n == E)
-            with m.Case(Op.GEMM):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
-                                        & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= accw)))
-                                        & (ins.k <= cfg.spad_b_depth // 2)
-                                        & (p2 <= cfg.spad_a_depth)
-                                        & (p3 <= cfg.spad_c_depth))
-            with m.Case(Op.COMBINE):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1))
-            with m.Case(Op.LOAD):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1)
-                                        & ((ins.width == 1) | (ins.width == 2) | (ins.width == 4)))
-            with m.Case(Op.STORE):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width == 4))
-            with m.Case(Op.REQUANT):
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width >= 2)
-                                        & (ins.width <= accw))
-            with m.Default():
-                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
-        # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
+            for o, r in OP_RULES.items():
+                with m.Case(o):
+                    m.d.comb += shape_ok.eq(shape_rule(r))
+        # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused; the
+        # signal of each size OP_RULES names (the products of the lane's schedule above: mk is
+        # m*k, count*n or 4*m*top_k, whichever the op names, the schedule allows one)
         wa = Signal(SW)
         wb = Signal(SW)
         wc = Signal(SW)
-        rq_table = Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0)
-        list_words = sat(offset + count)
+        sizes = {
+            "m*n": ln, "m*k": mk, "count*n": mk, "route": sat(mk + 2 * E), "m*k*n": p3,
+            "n": sat(ins.n), "2*n": sat(ins.n << 1), "list": sat(offset + count),
+            "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),
+        }
+        host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4
+        missing = {name for r in OP_RULES.values() for name in (r.a, r.b, r.c) if name} - sizes.keys()
+        missing |= {r.host for r in OP_RULES.values() if r.host} - host_sizes
+        assert not missing, f"OP_RULES names sizes without a signal in the decode: {sorted(missing)}"
+        regions = {}
+        for o, r in OP_RULES.items():
+            if r.a or r.b or r.c:
+                regions.setdefault((r.a, r.b, r.c), []).append(o)
         with m.Switch(op):
-            with m.Case(Op.LOAD):
-                m.d.comb += wc.eq(ln)
-            with m.Case(Op.STORE):
-                m.d.comb += wa.eq(ln)
-            with m.Case(Op.GEMM):
-                m.d.comb += [wa.eq(mk), wc.eq(ln), wb.eq(rq_table)]
-            with m.Case(Op.REQUANT):
-                m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(rq_table)]
-            with m.Case(Op.SIGMOID, Op.NORM):
-                m.d.comb += [wa.eq(ln), wc.eq(ln)]
-            with m.Case(Op.SITU, Op.ADD):
-                m.d.comb += [wa.eq(ln), wb.eq(ln), wc.eq(ln)]
-            with m.Case(Op.ROUTE):
-                m.d.comb += [wa.eq(ln), wb.eq(sat(ins.n)), wc.eq(sat(mk + 2 * E))]
-            with m.Case(Op.EXPERT):
-                m.d.comb += wa.eq(sat(ins.n << 1))
-            with m.Case(Op.GATHER):
-                m.d.comb += [wa.eq(ln), wb.eq(list_words), wc.eq(mk)]
-            with m.Case(Op.SCATTER):
-                m.d.comb += [wa.eq(mk), wb.eq(list_words), wc.eq(ln)]
-            with m.Case(Op.COMBINE):
-                m.d.comb += [wa.eq(p3), wb.eq(mk), wc.eq(ln)]
+            for names, ops in regions.items():
+                with m.Case(*ops):
+                    m.d.comb += [w.eq(sizes[name]) for w, name in zip((wa, wb, wc), names, strict=True) if name]
 
         def region_ok(base, words):
             return (words == 0) | ((base[SW:] == 0) & (base[:SW] + words <= D))
+
+        in_place_op = any_op(lambda r: r.in_place)
 
         def overlaps(base, words):
             """The result region ``(c, wc)`` overlaps the operand region ``(base, words)``, and
             not exactly in place (regions checked: SW-bit bases)."""
             x, r = base[:SW], ins.c[:SW]
-            in_place = Cat(*(op == o for o in IN_PLACE_OPS)).any() & (x == r) & (words == wc)
+            in_place = in_place_op & (x == r) & (words == wc)
             return (words != 0) & (wc != 0) & (x < r + wc) & (r < x + words) & ~in_place
 
         # the arithmetic checks registered, then decode_err from them registered (decode_q)
@@ -420,21 +414,22 @@ class NanoKPU(wiring.Component):
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
                      host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
                                 & (host_eff + nbytes <= host_base + host_size))]
-        uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
+        uses_host = any_op(lambda r: r.host)
         target_ok = ins.target < cfg.imem_depth
         decode_err = Signal(8)
+        # (an op without rules, JUMP, passes the shape, region, overlap and host checks)
         with m.If(~valid_op):
             m.d.comb += decode_err.eq(Err.BAD_OPCODE)
         with m.Elif((needs_route & ~route_done) | (needs_expert & ~exp_active)):
             m.d.comb += decode_err.eq(Err.NO_ROUTE)
-        with m.Elif(((op == Op.JUMP) | (op == Op.EXPERT)) & ~target_ok):
+        with m.Elif(any_op(lambda r: r.target) & ~target_ok):
             m.d.comb += decode_err.eq(Err.PC_RANGE)
-        with m.Elif((op != Op.JUMP) & ~shape_q):
+        with m.Elif(~shape_q):
             m.d.comb += decode_err.eq(Err.BAD_SHAPE)
-        with m.Elif((op == Op.ROUTE) & ~(scores_ok & (ins.a[AW:] == 0) & (scores_a == a_)
-                                         & (scores_len == ln))):
+        with m.Elif(any_op(lambda r: r.scores) & ~(scores_ok & (ins.a[AW:] == 0) & (scores_a == a_)
+                                                   & (scores_len == ln))):
             m.d.comb += decode_err.eq(Err.NO_SCORES)
-        with m.Elif((op != Op.JUMP) & ~spad_ok):
+        with m.Elif(~spad_ok):
             m.d.comb += decode_err.eq(Err.SPAD_RANGE)
         with m.Elif(overlap_q):
             m.d.comb += decode_err.eq(Err.OVERLAP)
@@ -791,9 +786,10 @@ class NanoKPU(wiring.Component):
                 with m.Elif(decode_q != 0):
                     stop(decode_q)
                 with m.Else():
-                    for o, u in OP_EXECUTOR.items():
-                        with m.If(op == o):
-                            m.d.sync += cur_executor.eq(1 << EXECUTORS.index(u))
+                    for o, r in OP_RULES.items():
+                        if r.executor:
+                            with m.If(op == o):
+                                m.d.sync += cur_executor.eq(1 << EXECUTORS.index(r.executor))
                     with m.Switch(op):
                         with m.Case(Op.JUMP):
                             goto_next(ins.target)

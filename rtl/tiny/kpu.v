@@ -8,49 +8,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [4:0] \$100 ;
-  wire [9:0] \$101 ;
+  wire \$100 ;
+  wire \$101 ;
   wire \$102 ;
-  wire [4:0] \$103 ;
-  wire \$104 ;
-  wire [13:0] \$105 ;
-  wire [14:0] \$106 ;
-  wire \$107 ;
-  wire [14:0] \$108 ;
-  wire [13:0] \$109 ;
+  wire \$103 ;
+  wire [9:0] \$104 ;
+  wire \$105 ;
+  wire [4:0] \$106 ;
+  wire [9:0] \$107 ;
+  wire \$108 ;
+  wire [4:0] \$109 ;
   wire \$11 ;
-  wire [16:0] \$110 ;
-  wire [6:0] \$1104 ;
-  wire \$111 ;
-  wire [16:0] \$112 ;
-  wire [6:0] \$1120 ;
-  wire [13:0] \$113 ;
-  wire [16:0] \$114 ;
-  wire [6:0] \$1140 ;
-  wire [7:0] \$1144 ;
-  wire [8:0] \$1147 ;
-  wire \$115 ;
+  wire \$110 ;
+  wire [13:0] \$111 ;
+  wire [6:0] \$1110 ;
+  wire [14:0] \$112 ;
+  wire [6:0] \$1126 ;
+  wire \$113 ;
+  wire [14:0] \$114 ;
+  wire [6:0] \$1146 ;
+  wire [13:0] \$115 ;
+  wire [7:0] \$1150 ;
+  wire [8:0] \$1153 ;
   wire [16:0] \$116 ;
-  wire [13:0] \$117 ;
+  wire \$117 ;
   wire [16:0] \$118 ;
-  wire \$119 ;
+  wire [13:0] \$119 ;
   wire \$12 ;
   wire [16:0] \$120 ;
-  wire [13:0] \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire [9:0] \$124 ;
+  wire \$121 ;
+  wire [16:0] \$122 ;
+  wire [13:0] \$123 ;
+  wire [16:0] \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
+  wire [16:0] \$126 ;
+  wire [13:0] \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire \$130 ;
+  wire [9:0] \$130 ;
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire [9:0] \$134 ;
+  wire \$134 ;
   wire \$135 ;
   wire \$136 ;
   wire \$137 ;
@@ -58,7 +58,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$139 ;
   wire \$14 ;
   wire \$140 ;
-  wire \$141 ;
+  wire [9:0] \$141 ;
   wire \$142 ;
   wire \$143 ;
   wire \$144 ;
@@ -105,10 +105,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
-  wire [16:0] \$184 ;
+  wire \$184 ;
   wire \$185 ;
   wire \$186 ;
-  wire \$187 ;
+  wire [16:0] \$187 ;
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
@@ -133,24 +133,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$206 ;
   wire \$207 ;
   wire \$208 ;
-  wire [23:0] \$209 ;
+  wire \$209 ;
   wire \$21 ;
   wire \$210 ;
-  wire [23:0] \$211 ;
+  wire \$211 ;
   wire [23:0] \$212 ;
   wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
+  wire [23:0] \$214 ;
+  wire [23:0] \$215 ;
   wire \$216 ;
   wire \$217 ;
-  wire [31:0] \$218 ;
+  wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire [5:0] \$220 ;
-  wire [1:0] \$221 ;
+  wire \$220 ;
+  wire [31:0] \$221 ;
   wire \$222 ;
-  wire \$223 ;
-  wire \$224 ;
+  wire [5:0] \$223 ;
+  wire [1:0] \$224 ;
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
@@ -162,101 +162,101 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$232 ;
   wire \$233 ;
   wire \$234 ;
-  wire [23:0] \$235 ;
-  wire [23:0] \$236 ;
+  wire \$235 ;
+  wire \$236 ;
   wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
+  wire [23:0] \$238 ;
+  wire [23:0] \$239 ;
   wire \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
-  wire [4:0] \$243 ;
-  wire [13:0] \$244 ;
-  wire [4:0] \$245 ;
-  wire [13:0] \$246 ;
-  wire [14:0] \$247 ;
-  wire [14:0] \$248 ;
-  wire \$249 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire [4:0] \$246 ;
+  wire [13:0] \$247 ;
+  wire [4:0] \$248 ;
+  wire [13:0] \$249 ;
   wire [16:0] \$25 ;
-  wire \$250 ;
+  wire [14:0] \$250 ;
   wire [14:0] \$251 ;
   wire \$252 ;
-  wire [7:0] \$253 ;
-  wire \$254 ;
-  wire [15:0] \$255 ;
-  wire [31:0] \$256 ;
-  wire [31:0] \$257 ;
-  wire [31:0] \$258 ;
-  wire \$259 ;
+  wire \$253 ;
+  wire [14:0] \$254 ;
+  wire \$255 ;
+  wire [7:0] \$256 ;
+  wire \$257 ;
+  wire [15:0] \$258 ;
+  wire [31:0] \$259 ;
   wire [17:0] \$26 ;
-  wire \$260 ;
-  wire \$261 ;
+  wire [31:0] \$260 ;
+  wire [31:0] \$261 ;
   wire \$262 ;
   wire \$263 ;
   wire \$264 ;
   wire \$265 ;
-  wire [14:0] \$266 ;
-  wire [13:0] \$267 ;
+  wire \$266 ;
+  wire \$267 ;
   wire \$268 ;
-  wire [4:0] \$269 ;
+  wire [14:0] \$269 ;
   wire [17:0] \$27 ;
-  wire \$270 ;
+  wire [13:0] \$270 ;
   wire \$271 ;
-  wire \$272 ;
+  wire [4:0] \$272 ;
   wire \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
-  wire [13:0] \$277 ;
+  wire \$277 ;
   wire \$278 ;
   wire \$279 ;
-  wire [16:0] \$28 ;
-  wire \$280 ;
-  wire [13:0] \$281 ;
+  wire \$28 ;
+  wire [13:0] \$280 ;
+  wire \$281 ;
   wire \$282 ;
-  wire [13:0] \$283 ;
-  wire [14:0] \$284 ;
+  wire \$283 ;
+  wire [13:0] \$284 ;
   wire \$285 ;
-  wire [14:0] \$286 ;
-  wire \$287 ;
-  wire [14:0] \$288 ;
-  wire [13:0] \$289 ;
-  wire [17:0] \$29 ;
-  wire [14:0] \$290 ;
+  wire [13:0] \$286 ;
+  wire [14:0] \$287 ;
+  wire \$288 ;
+  wire [14:0] \$289 ;
+  wire [13:0] \$29 ;
+  wire \$290 ;
   wire [14:0] \$291 ;
-  wire \$292 ;
-  wire [13:0] \$293 ;
+  wire [13:0] \$292 ;
+  wire [14:0] \$293 ;
   wire [14:0] \$294 ;
-  wire [13:0] \$295 ;
-  wire [14:0] \$296 ;
-  wire \$297 ;
+  wire \$295 ;
+  wire [13:0] \$296 ;
+  wire [14:0] \$297 ;
   wire [13:0] \$298 ;
-  wire [13:0] \$299 ;
+  wire [14:0] \$299 ;
   wire \$3 ;
-  wire [17:0] \$30 ;
-  wire [14:0] \$300 ;
-  wire \$301 ;
-  wire \$302 ;
+  wire [16:0] \$30 ;
+  wire \$300 ;
+  wire [13:0] \$301 ;
+  wire [13:0] \$302 ;
   wire [14:0] \$303 ;
-  wire [16:0] \$304 ;
+  wire \$304 ;
   wire \$305 ;
-  wire \$306 ;
-  wire \$307 ;
+  wire [14:0] \$306 ;
+  wire [16:0] \$307 ;
   wire \$308 ;
-  wire [12:0] \$309 ;
-  wire \$31 ;
-  wire [13:0] \$310 ;
-  wire [15:0] \$311 ;
-  wire \$312 ;
-  wire \$313 ;
-  wire \$314 ;
+  wire \$309 ;
+  wire [17:0] \$31 ;
+  wire \$310 ;
+  wire \$311 ;
+  wire [12:0] \$312 ;
+  wire [13:0] \$313 ;
+  wire [15:0] \$314 ;
   wire \$315 ;
   wire \$316 ;
   wire \$317 ;
   wire \$318 ;
   wire \$319 ;
-  wire [13:0] \$32 ;
+  wire [17:0] \$32 ;
   wire \$320 ;
   wire \$321 ;
   wire \$322 ;
@@ -286,25 +286,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$344 ;
   wire \$345 ;
   wire \$346 ;
-  wire [33:0] \$347 ;
+  wire \$347 ;
   wire \$348 ;
-  wire [33:0] \$349 ;
+  wire \$349 ;
   wire [17:0] \$35 ;
-  wire [32:0] \$350 ;
-  wire [33:0] \$351 ;
+  wire [33:0] \$350 ;
+  wire \$351 ;
   wire [33:0] \$352 ;
-  wire [15:0] \$353 ;
-  wire \$354 ;
-  wire \$355 ;
-  wire \$356 ;
-  wire [14:0] \$357 ;
+  wire [32:0] \$353 ;
+  wire [33:0] \$354 ;
+  wire [33:0] \$355 ;
+  wire [15:0] \$356 ;
+  wire \$357 ;
   wire \$358 ;
   wire \$359 ;
   wire [18:0] \$36 ;
   wire [14:0] \$360 ;
   wire \$361 ;
   wire \$362 ;
-  wire \$363 ;
+  wire [14:0] \$363 ;
   wire \$364 ;
   wire \$365 ;
   wire \$366 ;
@@ -320,14 +320,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$375 ;
   wire \$376 ;
   wire \$377 ;
-  wire [14:0] \$378 ;
+  wire \$378 ;
   wire \$379 ;
   wire \$38 ;
   wire \$380 ;
   wire [14:0] \$381 ;
   wire \$382 ;
   wire \$383 ;
-  wire \$384 ;
+  wire [14:0] \$384 ;
   wire \$385 ;
   wire \$386 ;
   wire \$387 ;
@@ -343,42 +343,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$396 ;
   wire \$397 ;
   wire \$398 ;
-  wire [14:0] \$399 ;
+  wire \$399 ;
   wire \$4 ;
   wire [1:0] \$40 ;
   wire \$400 ;
   wire \$401 ;
-  wire \$402 ;
+  wire [14:0] \$402 ;
   wire \$403 ;
   wire \$404 ;
-  wire [14:0] \$405 ;
+  wire \$405 ;
   wire \$406 ;
   wire \$407 ;
-  wire \$408 ;
+  wire [14:0] \$408 ;
   wire \$409 ;
   wire [18:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire [14:0] \$412 ;
+  wire \$412 ;
   wire \$413 ;
   wire \$414 ;
-  wire \$415 ;
+  wire [14:0] \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
   wire \$419 ;
-  wire [18:0] \$42 ;
-  wire [33:0] \$420 ;
-  wire [32:0] \$421 ;
+  wire [9:0] \$42 ;
+  wire \$420 ;
+  wire \$421 ;
   wire \$422 ;
-  wire \$423 ;
-  wire \$424 ;
+  wire [33:0] \$423 ;
+  wire [32:0] \$424 ;
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
   wire \$428 ;
   wire \$429 ;
-  wire [9:0] \$43 ;
+  wire \$43 ;
   wire \$430 ;
   wire \$431 ;
   wire \$432 ;
@@ -386,55 +386,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$434 ;
   wire \$435 ;
   wire \$436 ;
-  wire [14:0] \$437 ;
-  wire [13:0] \$438 ;
-  wire [13:0] \$439 ;
-  wire \$44 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire \$439 ;
+  wire [3:0] \$44 ;
   wire [14:0] \$440 ;
   wire [13:0] \$441 ;
   wire [13:0] \$442 ;
-  wire [13:0] \$443 ;
+  wire [14:0] \$443 ;
   wire [13:0] \$444 ;
-  wire [14:0] \$445 ;
+  wire [13:0] \$445 ;
   wire [13:0] \$446 ;
   wire [13:0] \$447 ;
-  wire [13:0] \$448 ;
+  wire [14:0] \$448 ;
   wire [13:0] \$449 ;
-  wire [3:0] \$45 ;
+  wire \$45 ;
   wire [13:0] \$450 ;
   wire [13:0] \$451 ;
-  wire \$452 ;
-  wire \$453 ;
-  wire \$454 ;
+  wire [13:0] \$452 ;
+  wire [13:0] \$453 ;
+  wire [13:0] \$454 ;
   wire \$455 ;
-  wire [1:0] \$456 ;
-  wire [1:0] \$457 ;
+  wire \$456 ;
+  wire \$457 ;
   wire \$458 ;
-  wire \$459 ;
+  wire [1:0] \$459 ;
   wire \$46 ;
-  wire \$460 ;
+  wire [1:0] \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
   wire \$464 ;
   wire \$465 ;
-  wire [2:0] \$466 ;
+  wire \$466 ;
   wire \$467 ;
-  wire [2:0] \$468 ;
-  wire [3:0] \$469 ;
+  wire \$468 ;
+  wire [2:0] \$469 ;
   wire \$47 ;
   wire \$470 ;
   wire [2:0] \$471 ;
-  wire \$472 ;
+  wire [3:0] \$472 ;
   wire \$473 ;
-  wire \$474 ;
+  wire [2:0] \$474 ;
   wire \$475 ;
-  wire [2:0] \$476 ;
-  wire [2:0] \$477 ;
+  wire \$476 ;
+  wire \$477 ;
   wire \$478 ;
-  wire \$479 ;
+  wire [2:0] \$479 ;
   wire \$48 ;
-  wire \$480 ;
+  wire [2:0] \$480 ;
   wire \$481 ;
   wire \$482 ;
   wire \$483 ;
@@ -445,11 +445,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire [3:0] \$490 ;
-  wire [13:0] \$491 ;
+  wire \$490 ;
+  wire \$491 ;
   wire \$492 ;
-  wire \$493 ;
-  wire \$494 ;
+  wire [3:0] \$493 ;
+  wire [13:0] \$494 ;
   wire \$495 ;
   wire \$496 ;
   wire \$497 ;
@@ -459,88 +459,88 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$50 ;
   wire \$500 ;
   wire \$501 ;
-  wire [7:0] \$502 ;
+  wire \$502 ;
   wire \$503 ;
-  wire [7:0] \$504 ;
-  wire [13:0] \$505 ;
-  wire [13:0] \$506 ;
-  wire [14:0] \$507 ;
+  wire \$504 ;
+  wire [7:0] \$505 ;
+  wire \$506 ;
+  wire [7:0] \$507 ;
   wire [13:0] \$508 ;
-  wire [14:0] \$509 ;
+  wire [13:0] \$509 ;
   wire \$51 ;
-  wire [13:0] \$510 ;
-  wire [14:0] \$511 ;
-  wire \$512 ;
-  wire \$513 ;
-  wire \$514 ;
-  wire [2:0] \$515 ;
-  wire [13:0] \$516 ;
-  wire [2:0] \$517 ;
-  wire \$518 ;
-  wire \$519 ;
+  wire [14:0] \$510 ;
+  wire [13:0] \$511 ;
+  wire [14:0] \$512 ;
+  wire [13:0] \$513 ;
+  wire [14:0] \$514 ;
+  wire \$515 ;
+  wire \$516 ;
+  wire \$517 ;
+  wire [2:0] \$518 ;
+  wire [13:0] \$519 ;
   wire \$52 ;
   wire [2:0] \$520 ;
-  wire [3:0] \$521 ;
+  wire \$521 ;
   wire \$522 ;
-  wire \$523 ;
-  wire \$524 ;
-  wire [9:0] \$525 ;
+  wire [2:0] \$523 ;
+  wire [3:0] \$524 ;
+  wire \$525 ;
   wire \$526 ;
-  wire [9:0] \$527 ;
-  wire [13:0] \$528 ;
-  wire [13:0] \$529 ;
+  wire \$527 ;
+  wire [9:0] \$528 ;
+  wire \$529 ;
   wire \$53 ;
-  wire \$530 ;
-  wire \$531 ;
-  wire \$532 ;
+  wire [9:0] \$530 ;
+  wire [13:0] \$531 ;
+  wire [13:0] \$532 ;
   wire \$533 ;
-  wire [14:0] \$534 ;
-  wire [13:0] \$535 ;
-  wire [13:0] \$536 ;
+  wire \$534 ;
+  wire \$535 ;
+  wire \$536 ;
   wire [14:0] \$537 ;
-  wire \$538 ;
-  wire [14:0] \$539 ;
+  wire [13:0] \$538 ;
+  wire [13:0] \$539 ;
   wire \$54 ;
-  wire \$540 ;
+  wire [14:0] \$540 ;
   wire \$541 ;
-  wire \$542 ;
-  wire [32:0] \$543 ;
-  wire [32:0] \$544 ;
-  wire [32:0] \$545 ;
+  wire [14:0] \$542 ;
+  wire \$543 ;
+  wire \$544 ;
+  wire \$545 ;
   wire [32:0] \$546 ;
   wire [32:0] \$547 ;
   wire [32:0] \$548 ;
   wire [32:0] \$549 ;
   wire \$55 ;
-  wire \$550 ;
-  wire \$551 ;
-  wire \$552 ;
+  wire [32:0] \$550 ;
+  wire [32:0] \$551 ;
+  wire [32:0] \$552 ;
   wire \$553 ;
   wire \$554 ;
-  wire [4:0] \$555 ;
+  wire \$555 ;
   wire \$556 ;
   wire \$557 ;
-  wire \$558 ;
+  wire [4:0] \$558 ;
   wire \$559 ;
   wire \$56 ;
   wire \$560 ;
   wire \$561 ;
   wire \$562 ;
-  wire [13:0] \$563 ;
+  wire \$563 ;
   wire \$564 ;
-  wire [13:0] \$565 ;
-  wire \$566 ;
-  wire [13:0] \$567 ;
-  wire \$568 ;
-  wire [13:0] \$569 ;
+  wire \$565 ;
+  wire [13:0] \$566 ;
+  wire \$567 ;
+  wire [13:0] \$568 ;
+  wire \$569 ;
   wire \$57 ;
-  wire \$570 ;
-  wire [17:0] \$571 ;
-  wire [3:0] \$572 ;
-  wire [2:0] \$573 ;
-  wire \$574 ;
-  wire \$575 ;
-  wire \$576 ;
+  wire [13:0] \$570 ;
+  wire \$571 ;
+  wire [13:0] \$572 ;
+  wire \$573 ;
+  wire [17:0] \$574 ;
+  wire [3:0] \$575 ;
+  wire [2:0] \$576 ;
   wire \$577 ;
   wire \$578 ;
   wire \$579 ;
@@ -551,70 +551,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$583 ;
   wire \$584 ;
   wire \$585 ;
-  wire [32:0] \$586 ;
+  wire \$586 ;
   wire \$587 ;
-  wire [9:0] \$588 ;
-  wire \$589 ;
+  wire \$588 ;
+  wire [32:0] \$589 ;
   wire \$59 ;
   wire \$590 ;
-  wire \$591 ;
+  wire [9:0] \$591 ;
   wire \$592 ;
   wire \$593 ;
-  wire [9:0] \$594 ;
+  wire \$594 ;
   wire \$595 ;
-  wire [12:0] \$596 ;
-  wire [13:0] \$597 ;
-  wire [12:0] \$598 ;
-  wire [13:0] \$599 ;
+  wire \$596 ;
+  wire [9:0] \$597 ;
+  wire \$598 ;
+  wire [12:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [14:0] \$600 ;
-  wire [14:0] \$601 ;
-  wire [14:0] \$602 ;
-  wire \$603 ;
-  wire \$604 ;
-  wire \$605 ;
+  wire [13:0] \$600 ;
+  wire [12:0] \$601 ;
+  wire [13:0] \$602 ;
+  wire [14:0] \$603 ;
+  wire [14:0] \$604 ;
+  wire [14:0] \$605 ;
   wire \$606 ;
-  wire [13:0] \$607 ;
-  wire [32:0] \$608 ;
+  wire \$607 ;
+  wire \$608 ;
   wire \$609 ;
   wire \$61 ;
   wire [13:0] \$610 ;
   wire [32:0] \$611 ;
   wire \$612 ;
-  wire \$613 ;
-  wire \$614 ;
-  wire [14:0] \$615 ;
-  wire [3:0] \$616 ;
-  wire [3:0] \$617 ;
-  wire \$618 ;
-  wire \$619 ;
+  wire [13:0] \$613 ;
+  wire [32:0] \$614 ;
+  wire \$615 ;
+  wire \$616 ;
+  wire \$617 ;
+  wire [14:0] \$618 ;
+  wire [3:0] \$619 ;
   wire \$62 ;
-  wire [1:0] \$620 ;
-  wire [2:0] \$621 ;
+  wire [3:0] \$620 ;
+  wire \$621 ;
   wire \$622 ;
-  wire \$623 ;
-  wire \$624 ;
+  wire [1:0] \$623 ;
+  wire [2:0] \$624 ;
   wire \$625 ;
   wire \$626 ;
   wire \$627 ;
   wire \$628 ;
-  wire [13:0] \$629 ;
+  wire \$629 ;
   wire \$63 ;
-  wire [32:0] \$630 ;
+  wire \$630 ;
   wire \$631 ;
-  wire \$632 ;
-  wire \$633 ;
+  wire [13:0] \$632 ;
+  wire [32:0] \$633 ;
   wire \$634 ;
   wire \$635 ;
   wire \$636 ;
   wire \$637 ;
-  wire [14:0] \$638 ;
-  wire [3:0] \$639 ;
+  wire \$638 ;
+  wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire \$641 ;
-  wire \$642 ;
+  wire [14:0] \$641 ;
+  wire [3:0] \$642 ;
   wire \$643 ;
   wire \$644 ;
   wire \$645 ;
@@ -632,13 +632,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$656 ;
   wire \$657 ;
   wire \$658 ;
-  wire [13:0] \$659 ;
+  wire \$659 ;
   wire \$66 ;
-  wire [32:0] \$660 ;
-  wire [4:0] \$661 ;
-  wire \$662 ;
-  wire \$663 ;
-  wire \$664 ;
+  wire \$660 ;
+  wire \$661 ;
+  wire [13:0] \$662 ;
+  wire [32:0] \$663 ;
+  wire [4:0] \$664 ;
   wire \$665 ;
   wire \$666 ;
   wire \$667 ;
@@ -646,102 +646,102 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$669 ;
   wire \$67 ;
   wire \$670 ;
-  wire [1:0] \$671 ;
-  wire [4:0] \$672 ;
-  wire [12:0] \$673 ;
-  wire \$674 ;
-  wire \$675 ;
-  wire \$676 ;
-  wire [14:0] \$677 ;
-  wire [13:0] \$678 ;
+  wire \$671 ;
+  wire \$672 ;
+  wire \$673 ;
+  wire [1:0] \$674 ;
+  wire [4:0] \$675 ;
+  wire [12:0] \$676 ;
+  wire \$677 ;
+  wire \$678 ;
   wire \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire \$681 ;
+  wire [14:0] \$680 ;
+  wire [13:0] \$681 ;
   wire \$682 ;
   wire \$683 ;
   wire \$684 ;
   wire \$685 ;
   wire \$686 ;
   wire \$687 ;
-  wire [14:0] \$688 ;
-  wire [13:0] \$689 ;
+  wire \$688 ;
+  wire \$689 ;
   wire \$69 ;
-  wire [2:0] \$690 ;
-  wire \$691 ;
-  wire \$692 ;
-  wire \$693 ;
-  wire [14:0] \$694 ;
-  wire [14:0] \$695 ;
+  wire \$690 ;
+  wire [14:0] \$691 ;
+  wire [13:0] \$692 ;
+  wire [2:0] \$693 ;
+  wire \$694 ;
+  wire \$695 ;
   wire \$696 ;
   wire [14:0] \$697 ;
-  wire \$698 ;
-  wire [14:0] \$699 ;
+  wire [14:0] \$698 ;
+  wire \$699 ;
   wire \$7 ;
   wire \$70 ;
-  wire [2:0] \$700 ;
-  wire [4:0] \$701 ;
-  wire [4:0] \$702 ;
-  wire \$703 ;
-  wire [13:0] \$704 ;
-  wire [32:0] \$705 ;
+  wire [14:0] \$700 ;
+  wire \$701 ;
+  wire [14:0] \$702 ;
+  wire [2:0] \$703 ;
+  wire [4:0] \$704 ;
+  wire [4:0] \$705 ;
   wire \$706 ;
-  wire [32:0] \$707 ;
-  wire [4:0] \$708 ;
+  wire [13:0] \$707 ;
+  wire [32:0] \$708 ;
   wire \$709 ;
   wire \$71 ;
-  wire \$710 ;
-  wire [13:0] \$711 ;
-  wire [13:0] \$712 ;
-  wire [32:0] \$713 ;
-  wire \$714 ;
-  wire \$715 ;
-  wire [13:0] \$716 ;
-  wire [32:0] \$717 ;
+  wire [32:0] \$710 ;
+  wire [4:0] \$711 ;
+  wire \$712 ;
+  wire \$713 ;
+  wire [13:0] \$714 ;
+  wire [13:0] \$715 ;
+  wire [32:0] \$716 ;
+  wire \$717 ;
   wire \$718 ;
-  wire \$719 ;
+  wire [13:0] \$719 ;
   wire \$72 ;
-  wire \$720 ;
+  wire [32:0] \$720 ;
   wire \$721 ;
   wire \$722 ;
   wire \$723 ;
   wire \$724 ;
-  wire [15:0] \$725 ;
-  wire [12:0] \$726 ;
-  wire [13:0] \$727 ;
+  wire \$725 ;
+  wire \$726 ;
+  wire \$727 ;
   wire [15:0] \$728 ;
-  wire \$729 ;
+  wire [12:0] \$729 ;
   wire \$73 ;
-  wire \$730 ;
-  wire \$731 ;
+  wire [13:0] \$730 ;
+  wire [15:0] \$731 ;
   wire \$732 ;
-  wire [16:0] \$733 ;
-  wire [14:0] \$734 ;
+  wire \$733 ;
+  wire \$734 ;
   wire \$735 ;
-  wire \$736 ;
-  wire \$737 ;
+  wire [16:0] \$736 ;
+  wire [14:0] \$737 ;
   wire \$738 ;
   wire \$739 ;
   wire \$74 ;
-  reg [31:0] \$740 ;
-  reg [31:0] \$741 ;
-  reg [19:0] \$742 ;
-  reg [32:0] \$743 ;
-  reg [32:0] \$744 ;
-  reg [15:0] \$745 ;
-  reg \$746 ;
-  reg \$747 ;
-  reg \$748 ;
+  wire \$740 ;
+  wire \$741 ;
+  wire \$742 ;
+  reg [31:0] \$743 ;
+  reg [31:0] \$744 ;
+  reg [19:0] \$745 ;
+  reg [32:0] \$746 ;
+  reg [32:0] \$747 ;
+  reg [15:0] \$748 ;
   reg \$749 ;
   wire \$75 ;
-  reg [7:0] \$750 ;
+  reg \$750 ;
   reg \$751 ;
   reg \$752 ;
-  reg \$753 ;
+  reg [7:0] \$753 ;
   reg \$754 ;
-  reg [13:0] \$755 ;
-  reg [12:0] \$756 ;
-  reg [12:0] \$757 ;
+  reg \$755 ;
+  reg \$756 ;
+  reg \$757 ;
   reg [13:0] \$758 ;
   reg [12:0] \$759 ;
   wire \$76 ;
@@ -749,131 +749,134 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] \$761 ;
   reg [12:0] \$762 ;
   reg [12:0] \$763 ;
-  reg \$764 ;
-  reg [1:0] \$765 ;
-  reg \$766 ;
+  reg [13:0] \$764 ;
+  reg [12:0] \$765 ;
+  reg [12:0] \$766 ;
   reg \$767 ;
-  reg \$768 ;
+  reg [1:0] \$768 ;
   reg \$769 ;
   wire \$77 ;
   reg \$770 ;
   reg \$771 ;
-  reg [2:0] \$772 ;
-  reg [95:0] \$773 ;
-  reg [1:0] \$774 ;
-  reg \$775 ;
-  reg [1:0] \$776 ;
-  reg [2:0] \$777 ;
-  reg [12:0] \$778 ;
-  reg \$779 ;
+  reg \$772 ;
+  reg \$773 ;
+  reg \$774 ;
+  reg [2:0] \$775 ;
+  reg [95:0] \$776 ;
+  reg [1:0] \$777 ;
+  reg \$778 ;
+  reg [1:0] \$779 ;
   wire \$78 ;
-  reg [6:0] \$780 ;
+  reg [2:0] \$780 ;
   reg [12:0] \$781 ;
-  reg [13:0] \$782 ;
-  reg \$783 ;
-  reg [1:0] \$784 ;
-  reg [12:0] \$785 ;
+  reg \$782 ;
+  reg [6:0] \$783 ;
+  reg [12:0] \$784 ;
+  reg [13:0] \$785 ;
   reg \$786 ;
-  reg [8:0] \$787 ;
+  reg [1:0] \$787 ;
   reg [12:0] \$788 ;
-  reg [13:0] \$789 ;
+  reg \$789 ;
   wire \$79 ;
-  reg [31:0] \$790 ;
-  reg [31:0] \$791 ;
-  reg [31:0] \$792 ;
+  reg [8:0] \$790 ;
+  reg [12:0] \$791 ;
+  reg [13:0] \$792 ;
   reg [31:0] \$793 ;
   reg [31:0] \$794 ;
   reg [31:0] \$795 ;
   reg [31:0] \$796 ;
   reg [31:0] \$797 ;
   reg [31:0] \$798 ;
-  reg \$799 ;
+  reg [31:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg \$800 ;
-  reg [7:0] \$801 ;
-  reg [12:0] \$802 ;
-  reg [31:0] \$803 ;
-  reg \$804 ;
-  reg \$805 ;
-  reg \$806 ;
-  reg [4:0] \$807 ;
-  reg [7:0] \$808 ;
-  reg [5:0] \$809 ;
+  reg [31:0] \$800 ;
+  reg [31:0] \$801 ;
+  reg \$802 ;
+  reg \$803 ;
+  reg [7:0] \$804 ;
+  reg [12:0] \$805 ;
+  reg [31:0] \$806 ;
+  reg \$807 ;
+  reg \$808 ;
+  reg \$809 ;
   wire \$81 ;
-  reg [3:0] \$810 ;
-  reg [255:0] \$811 ;
-  reg [2:0] \$812 ;
-  reg [1:0] \$813 ;
-  reg [13:0] \$814 ;
-  reg [13:0] \$815 ;
-  reg [13:0] \$816 ;
+  reg [4:0] \$810 ;
+  reg [7:0] \$811 ;
+  reg [5:0] \$812 ;
+  reg [3:0] \$813 ;
+  reg [255:0] \$814 ;
+  reg [2:0] \$815 ;
+  reg [1:0] \$816 ;
   reg [13:0] \$817 ;
-  reg [17:0] \$818 ;
-  reg [32:0] \$819 ;
+  reg [13:0] \$818 ;
+  reg [13:0] \$819 ;
   wire \$82 ;
-  reg [5:0] \$820 ;
-  reg [31:0] \$821 ;
-  reg [5:0] \$822 ;
-  reg [13:0] \$823 ;
-  reg [13:0] \$824 ;
-  reg [12:0] \$825 ;
-  reg \$826 ;
-  reg [12:0] \$827 ;
-  reg \$828 ;
+  reg [13:0] \$820 ;
+  reg [17:0] \$821 ;
+  reg [32:0] \$822 ;
+  reg [5:0] \$823 ;
+  reg [31:0] \$824 ;
+  reg [5:0] \$825 ;
+  reg [13:0] \$826 ;
+  reg [13:0] \$827 ;
+  reg [12:0] \$828 ;
   reg \$829 ;
   wire \$83 ;
   reg [12:0] \$830 ;
-  reg [13:0] \$831 ;
+  reg \$831 ;
   reg \$832 ;
-  reg \$833 ;
-  reg [2:0] \$834 ;
+  reg [12:0] \$833 ;
+  reg [13:0] \$834 ;
   reg \$835 ;
-  reg [2:0] \$836 ;
-  reg \$837 ;
-  reg [35:0] \$838 ;
-  reg [3:0] \$839 ;
+  reg \$836 ;
+  reg [2:0] \$837 ;
+  reg \$838 ;
+  reg [2:0] \$839 ;
   wire \$84 ;
-  reg [12:0] \$840 ;
-  reg [12:0] \$841 ;
-  reg [15:0] \$842 ;
+  reg \$840 ;
+  reg [35:0] \$841 ;
+  reg [3:0] \$842 ;
   reg [12:0] \$843 ;
   reg [12:0] \$844 ;
-  reg [13:0] \$845 ;
-  reg [1:0] \$846 ;
-  reg [13:0] \$847 ;
-  reg [3:0] \$848 ;
-  reg \$849 ;
+  reg [15:0] \$845 ;
+  reg [12:0] \$846 ;
+  reg [12:0] \$847 ;
+  reg [13:0] \$848 ;
+  reg [1:0] \$849 ;
   wire \$85 ;
-  reg \$850 ;
-  reg [12:0] \$851 ;
-  reg [12:0] \$852 ;
+  reg [13:0] \$850 ;
+  reg [3:0] \$851 ;
+  reg \$852 ;
   reg \$853 ;
-  reg \$854 ;
-  reg [13:0] \$855 ;
-  reg [1:0] \$856 ;
+  reg [12:0] \$854 ;
+  reg [12:0] \$855 ;
+  reg \$856 ;
   reg \$857 ;
-  reg \$858 ;
-  reg \$859 ;
+  reg [13:0] \$858 ;
+  reg [1:0] \$859 ;
   wire \$86 ;
-  reg [19:0] \$860 ;
-  reg [13:0] \$861 ;
-  reg [13:0] \$862 ;
-  reg [1:0] \$863 ;
+  reg \$860 ;
+  reg \$861 ;
+  reg \$862 ;
+  reg [19:0] \$863 ;
   reg [13:0] \$864 ;
   reg [13:0] \$865 ;
-  reg [3:0] \$866 ;
-  reg [3:0] \$867 ;
-  reg [15:0] \$868 ;
-  reg [13:0] \$869 ;
+  reg [1:0] \$866 ;
+  reg [13:0] \$867 ;
+  reg [13:0] \$868 ;
+  reg [3:0] \$869 ;
   wire \$87 ;
-  reg [14:0] \$870 ;
-  reg \$871 ;
-  reg \$872 ;
-  reg [12:0] \$873 ;
-  reg [12:0] \$874 ;
-  wire [5:0] \$875 ;
-  wire [5:0] \$876 ;
+  reg [3:0] \$870 ;
+  reg [15:0] \$871 ;
+  reg [13:0] \$872 ;
+  reg [14:0] \$873 ;
+  reg \$874 ;
+  reg \$875 ;
+  reg [12:0] \$876 ;
+  reg [12:0] \$877 ;
+  wire [5:0] \$878 ;
+  wire [5:0] \$879 ;
   wire \$88 ;
   wire \$89 ;
   wire \$9 ;
@@ -885,7 +888,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire [9:0] \$98 ;
+  wire \$98 ;
   wire \$99 ;
   reg [8:0] \$signature__addr ;
   wire [31:0] \$signature__data ;
@@ -1896,863 +1899,865 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
-  assign \$119  = | \$118 [16:14];
+  assign \$117  = | \$116 [16:14];
+  assign \$119  = \$117  ? 14'h3fff : \$118 [13:0];
   assign \$120  = offset + count;
-  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
-  assign \$122  = ins[5:0] <= 4'he;
-  assign \$123  = ~ \$122 ;
-  assign \$125  = | \$124 ;
-  assign \$126  = ins[5:0] == 4'ha;
-  assign \$127  = \$125  | \$126 ;
-  assign \$128  = ins[5:0] == 4'hb;
-  assign \$129  = \$127  | \$128 ;
-  assign \$130  = ins[5:0] == 4'h9;
-  assign \$131  = \$129  | \$130 ;
-  assign \$132  = ~ route_done;
-  assign \$133  = \$131  & \$132 ;
-  assign \$135  = | \$134 ;
-  assign \$136  = ins[5:0] == 4'ha;
-  assign \$137  = \$135  | \$136 ;
-  assign \$138  = ins[5:0] == 4'hb;
-  assign \$139  = \$137  | \$138 ;
-  assign \$140  = ~ exp_active;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$133  | \$141 ;
-  assign \$143  = ins[5:0] == 4'he;
-  assign \$144  = ins[5:0] == 4'h9;
-  assign \$145  = \$143  | \$144 ;
-  assign \$146  = ins[255:244] < 7'h40;
-  assign \$147  = ~ \$146 ;
-  assign \$148  = \$145  & \$147 ;
-  assign \$149  = ins[5:0] != 4'he;
-  assign \$150  = ~ shape_q;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = ins[5:0] == 4'h8;
-  assign \$153  = ! ins[87:77];
-  assign \$154  = scores_ok & \$153 ;
-  assign \$155  = scores_a == ins[76:64];
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = scores_len == ln;
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = ~ \$158 ;
-  assign \$160  = \$152  & \$159 ;
-  assign \$161  = ins[5:0] != 4'he;
-  assign \$162  = ~ spad_ok;
-  assign \$163  = \$161  & \$162 ;
-  assign \$164  = ins[5:0] == 1'h1;
-  assign \$165  = ins[5:0] == 2'h2;
-  assign \$166  = \$164  | \$165 ;
-  assign \$167  = ins[5:0] == 2'h3;
-  assign \$168  = \$166  | \$167 ;
-  assign \$169  = ~ host_ok;
-  assign \$170  = \$168  & \$169 ;
-  assign \$171  = ~ g_valid;
-  assign \$172  = ~ h_valid;
-  assign \$173  = \$172  | eng_ready;
-  assign \$174  = \$171  | \$173 ;
-  assign \$177  = ~ g_valid;
-  assign \$178  = ~ h_valid;
-  assign \$179  = \$178  | eng_ready;
-  assign \$180  = \$177  | \$179 ;
-  assign \$183  = vec_op == 1'h1;
-  assign \$184  = \$183  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$185  = rq_width > 1'h1;
-  assign \$186  = rq_width > 2'h2;
-  assign \$187  = rq_width > 2'h3;
-  assign \$188  = rq_width > 3'h4;
-  assign \$189  = rq_width > 3'h5;
-  assign \$190  = rq_width > 3'h6;
-  assign \$191  = rq_width > 3'h7;
-  assign \$192  = rq_width > 4'h8;
-  assign \$193  = rq_width > 4'h9;
-  assign \$194  = rq_width > 4'ha;
-  assign \$195  = rq_width > 4'hb;
-  assign \$196  = rq_width > 4'hc;
-  assign \$197  = rq_width > 4'hd;
-  assign \$198  = rq_width > 4'he;
-  assign \$199  = rq_width > 4'hf;
-  assign \$200  = rq_width > 5'h10;
-  assign \$201  = rq_width > 5'h11;
-  assign \$202  = rq_width > 5'h12;
-  assign \$203  = rq_width > 5'h13;
-  assign \$204  = rq_width > 5'h14;
-  assign \$205  = rq_width > 5'h15;
-  assign \$206  = rq_width > 5'h16;
-  assign \$207  = rq_width > 5'h17;
-  assign \$208  = $signed(sat_in) > $signed({ 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  });
-  assign \$209  = ~ { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
-  assign \$210  = $signed(sat_in) < $signed(\$209 );
-  assign \$211  = ~ { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
-  assign \$212  = \$210  ? \$211  : sat_in;
-  assign rq_sat = \$208  ? { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  } : \$212 ;
-  assign \$213  = ~ rq_wvalid;
-  assign \$214  = \$213  | rq_in__ready;
-  assign \$215  = rq_lane == 2'h3;
-  assign \$216  = \$215  | rq_at_last;
-  assign \$217  = | rq_width;
-  assign \$218  = \$217  ? \rq_mult$168  : 32'd1;
-  assign \$219  = | rq_width;
-  assign \$220  = \$219  ? rq_shift : 6'h00;
-  assign \$221  = run_gemm ? gc_lane : rq_lane;
-  assign \$1104  = \$221  * 5'h18;
-  assign sat_in = c_out__payload >> \$1104 ;
-  assign \$222  = ~ a_in__valid;
-  assign \$223  = ~ gm_afeed_done;
-  assign \$224  = \$222  & \$223 ;
-  assign \$225  = gm_lane == 3'h4;
-  assign \$226  = ! gm_left[13:3];
-  assign \$227  = gm_lane >= gm_left[2:0];
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = \$225  | \$228 ;
-  assign \$230  = ~ \$229 ;
-  assign \$231  = \$224  & \$230 ;
-  assign \$234  = | rq_width;
-  assign \$1120  = gc_lane * 5'h18;
-  assign \$235  = c_out__payload >> \$1120 ;
-  assign \$236  = \$234  ? rq_sat : \$235 ;
-  assign \$237  = pc >= 7'h40;
-  assign \$238  = | lane_y;
-  assign \$239  = step != 3'h7;
-  assign \$240  = ! ins[5:0];
-  assign \$241  = settle != 2'h2;
-  assign \$242  = | decode_q;
-  assign \$244  = ins[100:88] + \$243 ;
-  assign \$246  = ins[100:88] + \$245 ;
-  assign \$247  = \$246  + 1'h1;
-  assign \$248  = ins[124:112] + el_i;
-  assign \$249  = ~ ld_full;
-  assign \$250  = el_i < ln;
+  assign \$121  = | \$120 [16:14];
+  assign \$122  = offset + count;
+  assign \$123  = \$121  ? 14'h3fff : \$122 [13:0];
+  assign \$124  = offset + count;
+  assign \$125  = | \$124 [16:14];
+  assign \$126  = offset + count;
+  assign \$127  = \$125  ? 14'h3fff : \$126 [13:0];
+  assign \$128  = ins[5:0] <= 4'he;
+  assign \$129  = ~ \$128 ;
+  assign \$131  = | \$130 ;
+  assign \$132  = ins[5:0] == 4'ha;
+  assign \$133  = ins[5:0] == 4'hb;
+  assign \$134  = | { \$133 , \$132 , 1'h0 };
+  assign \$135  = \$131  | \$134 ;
+  assign \$136  = ins[5:0] == 4'h9;
+  assign \$138  = \$135  | \$137 ;
+  assign \$139  = ~ route_done;
+  assign \$140  = \$138  & \$139 ;
+  assign \$142  = | \$141 ;
+  assign \$143  = ins[5:0] == 4'ha;
+  assign \$144  = ins[5:0] == 4'hb;
+  assign \$145  = | { \$144 , \$143 , 1'h0 };
+  assign \$146  = \$142  | \$145 ;
+  assign \$147  = ~ exp_active;
+  assign \$148  = \$146  & \$147 ;
+  assign \$149  = \$140  | \$148 ;
+  assign \$150  = ins[5:0] == 4'h9;
+  assign \$151  = ins[5:0] == 4'he;
+  assign \$152  = | { \$151 , \$150 , 1'h0 };
+  assign \$153  = ins[255:244] < 7'h40;
+  assign \$154  = ~ \$153 ;
+  assign \$155  = \$152  & \$154 ;
+  assign \$156  = ~ shape_q;
+  assign \$157  = ins[5:0] == 4'h8;
+  assign \$159  = ! ins[87:77];
+  assign \$160  = scores_ok & \$159 ;
+  assign \$161  = scores_a == ins[76:64];
+  assign \$162  = \$160  & \$161 ;
+  assign \$163  = scores_len == ln;
+  assign \$164  = \$162  & \$163 ;
+  assign \$165  = ~ \$164 ;
+  assign \$166  = \$158  & \$165 ;
+  assign \$167  = ~ spad_ok;
+  assign \$168  = ins[5:0] == 1'h1;
+  assign \$169  = ins[5:0] == 2'h2;
+  assign \$170  = ins[5:0] == 2'h3;
+  assign \$171  = | { \$170 , \$169 , \$168 , 1'h0 };
+  assign \$172  = ~ host_ok;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = ~ g_valid;
+  assign \$175  = ~ h_valid;
+  assign \$176  = \$175  | eng_ready;
+  assign \$177  = \$174  | \$176 ;
+  assign \$180  = ~ g_valid;
+  assign \$181  = ~ h_valid;
+  assign \$182  = \$181  | eng_ready;
+  assign \$183  = \$180  | \$182 ;
+  assign \$186  = vec_op == 1'h1;
+  assign \$187  = \$186  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
+  assign \$188  = rq_width > 1'h1;
+  assign \$189  = rq_width > 2'h2;
+  assign \$190  = rq_width > 2'h3;
+  assign \$191  = rq_width > 3'h4;
+  assign \$192  = rq_width > 3'h5;
+  assign \$193  = rq_width > 3'h6;
+  assign \$194  = rq_width > 3'h7;
+  assign \$195  = rq_width > 4'h8;
+  assign \$196  = rq_width > 4'h9;
+  assign \$197  = rq_width > 4'ha;
+  assign \$198  = rq_width > 4'hb;
+  assign \$199  = rq_width > 4'hc;
+  assign \$200  = rq_width > 4'hd;
+  assign \$201  = rq_width > 4'he;
+  assign \$202  = rq_width > 4'hf;
+  assign \$203  = rq_width > 5'h10;
+  assign \$204  = rq_width > 5'h11;
+  assign \$205  = rq_width > 5'h12;
+  assign \$206  = rq_width > 5'h13;
+  assign \$207  = rq_width > 5'h14;
+  assign \$208  = rq_width > 5'h15;
+  assign \$209  = rq_width > 5'h16;
+  assign \$210  = rq_width > 5'h17;
+  assign \$211  = $signed(sat_in) > $signed({ 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  });
+  assign \$212  = ~ { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
+  assign \$213  = $signed(sat_in) < $signed(\$212 );
+  assign \$214  = ~ { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
+  assign \$215  = \$213  ? \$214  : sat_in;
+  assign rq_sat = \$211  ? { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  } : \$215 ;
+  assign \$216  = ~ rq_wvalid;
+  assign \$217  = \$216  | rq_in__ready;
+  assign \$218  = rq_lane == 2'h3;
+  assign \$219  = \$218  | rq_at_last;
+  assign \$220  = | rq_width;
+  assign \$221  = \$220  ? \rq_mult$168  : 32'd1;
+  assign \$222  = | rq_width;
+  assign \$223  = \$222  ? rq_shift : 6'h00;
+  assign \$224  = run_gemm ? gc_lane : rq_lane;
+  assign \$1110  = \$224  * 5'h18;
+  assign sat_in = c_out__payload >> \$1110 ;
+  assign \$225  = ~ a_in__valid;
+  assign \$226  = ~ gm_afeed_done;
+  assign \$227  = \$225  & \$226 ;
+  assign \$228  = gm_lane == 3'h4;
+  assign \$229  = ! gm_left[13:3];
+  assign \$230  = gm_lane >= gm_left[2:0];
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$228  | \$231 ;
+  assign \$233  = ~ \$232 ;
+  assign \$234  = \$227  & \$233 ;
+  assign \$237  = | rq_width;
+  assign \$1126  = gc_lane * 5'h18;
+  assign \$238  = c_out__payload >> \$1126 ;
+  assign \$239  = \$237  ? rq_sat : \$238 ;
+  assign \$240  = pc >= 7'h40;
+  assign \$241  = | lane_y;
+  assign \$242  = step != 3'h7;
+  assign \$243  = ! ins[5:0];
+  assign \$244  = settle != 2'h2;
+  assign \$245  = | decode_q;
+  assign \$247  = ins[100:88] + \$246 ;
+  assign \$249  = ins[100:88] + \$248 ;
+  assign \$250  = \$249  + 1'h1;
   assign \$251  = ins[124:112] + el_i;
-  assign \$252  = ins[243:238] == 1'h1;
-  assign \$1140  = ld_e * 4'h8;
-  assign \$253  = wr_data__payload[31:0] >> \$1140 ;
-  assign \$254  = ins[243:238] == 2'h2;
-  assign \$1144  = ld_e * 5'h10;
-  assign \$255  = wr_data__payload[31:0] >> \$1144 ;
-  assign \$1147  = ld_e * 6'h20;
-  assign \$256  = wr_data__payload[31:0] >> \$1147 ;
-  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
-  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
-  assign \$259  = ~ st_full;
-  assign \$260  = st_e < 1'h1;
-  assign \$261  = \$259  & \$260 ;
-  assign \$262  = el_i < ln;
-  assign \$263  = \$261  & \$262 ;
-  assign \$264  = ~ st_rd;
-  assign \$265  = \$263  & \$264 ;
-  assign \$266  = ins[76:64] + el_i;
-  assign \$267  = ins[100:88] + rt_j;
-  assign \$268  = | rt_j;
-  assign \$269  = rt_j - 1'h1;
-  assign \$270  = ~ rt_wvalid;
-  assign \$271  = ~ rt_feed_done;
-  assign \$272  = \$270  & \$271 ;
-  assign \$273  = rt_lane < 1'h1;
-  assign \$274  = \$272  & \$273 ;
-  assign \$277  = rt_tbase + rt_el;
-  assign \$278  = ~ rt_hold;
-  assign \$279  = ~ rt_wphase;
-  assign \$280  = rt_hold & \$279 ;
-  assign \$281  = rt_tslot + rt_s;
-  assign \$282  = rt_hold & rt_wphase;
-  assign \$283  = rt_tslot + rt_s;
-  assign \$284  = \$283  + mk[13:2];
-  assign \$286  = ins[124:112] + rt_p;
-  assign \$287  = rd0_q == rt_j;
-  assign \$288  = rt_lp + rt_pos;
-  assign \$289  = rt_lp + mk[13:2];
-  assign \$290  = \$289  + rt_pos;
-  assign \$291  = rt_p + 1'h1;
-  assign \$292  = \$291  < mk[13:2];
-  assign \$293  = rt_cb + rt_j;
-  assign \$294  = rt_pos - rt_off;
-  assign \$295  = rt_cb + 4'h8;
-  assign \$296  = \$295  + rt_j;
-  assign \$297  = scan >= 4'h8;
-  assign \$298  = ins[76:64] + scan;
-  assign \$299  = ins[76:64] + 4'h8;
-  assign \$300  = \$299  + scan;
-  assign \$301  = g_i >= count;
-  assign \$303  = ins[100:88] + offset;
-  assign \$304  = \$303  + g_i;
-  assign \$305  = | lane_y;
-  assign \$306  = g_j < ins[61:48];
-  assign \$309  = run_gather ? lane_acc[12:0] : g_in;
-  assign \$310  = ins[76:64] + \$309 ;
-  assign \$311  = \$310  + g_j;
-  assign \$312  = ~ running;
-  assign \$313  = soft_req & \$312 ;
-  assign \$314  = ! ctrl_state;
-  assign \$315  = ctrl_state == 1'h1;
-  assign \$316  = ctrl_state == 2'h2;
-  assign \$317  = ctrl_state == 2'h3;
-  assign \$318  = ctrl_state == 3'h4;
-  assign \$319  = ctrl_state == 3'h5;
-  assign \$320  = ctrl_state == 3'h6;
-  assign \$321  = ctrl_state == 3'h7;
-  assign \$322  = ctrl_state == 4'h8;
-  assign \$323  = ctrl_state == 4'h9;
-  assign \$324  = ctrl_state == 4'ha;
-  assign \$325  = ctrl_state == 4'hb;
-  assign \$326  = ctrl_state == 4'hc;
-  assign \$327  = ctrl_state == 4'hd;
-  assign \$328  = ctrl_state == 4'he;
-  assign \$329  = ctrl_state == 4'hf;
-  assign \$330  = ctrl_state == 5'h10;
-  assign \$331  = ctrl_state == 5'h11;
-  assign \$332  = ctrl_state == 5'h12;
-  assign \$333  = ctrl_state == 5'h13;
-  assign \$334  = ctrl_state == 5'h14;
-  assign \$335  = ctrl_state == 5'h15;
-  assign \$336  = ctrl_state == 5'h16;
-  assign \$337  = ctrl_state == 5'h17;
-  assign \$338  = ctrl_state == 5'h18;
-  assign \$339  = ctrl_state == 5'h19;
-  assign \$340  = ctrl_state == 5'h1a;
-  assign \$341  = ctrl_state == 5'h1b;
-  assign \$342  = wr_addr == 4'hc;
-  assign \$343  = wr_en & \$342 ;
-  assign \$344  = wr_addr == 5'h10;
-  assign \$345  = wr_en & \$344 ;
-  assign \$346  = | lane_y;
-  assign \$347  = lane_acc + lane_x;
-  assign \$349  = lane_acc + lane_x;
-  assign \$350  = \$348  ? 33'h1ffffffff : \$349 [32:0];
-  assign \$352  = lane_x[32] ? 34'h1ffffffff : \$351 ;
-  assign \$354  = | wa;
-  assign \$355  = | wc;
-  assign \$356  = \$354  & \$355 ;
-  assign \$357  = ins[125:112] + wc;
-  assign \$358  = ins[77:64] < \$357 ;
-  assign \$359  = \$356  & \$358 ;
-  assign \$360  = ins[77:64] + wa;
-  assign \$361  = ins[125:112] < \$360 ;
+  assign \$252  = ~ ld_full;
+  assign \$253  = el_i < ln;
+  assign \$254  = ins[124:112] + el_i;
+  assign \$255  = ins[243:238] == 1'h1;
+  assign \$1146  = ld_e * 4'h8;
+  assign \$256  = wr_data__payload[31:0] >> \$1146 ;
+  assign \$257  = ins[243:238] == 2'h2;
+  assign \$1150  = ld_e * 5'h10;
+  assign \$258  = wr_data__payload[31:0] >> \$1150 ;
+  assign \$1153  = ld_e * 6'h20;
+  assign \$259  = wr_data__payload[31:0] >> \$1153 ;
+  assign \$260  = \$257  ? { \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258  } : \$259 ;
+  assign \$261  = \$255  ? { \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256  } : \$260 ;
+  assign \$262  = ~ st_full;
+  assign \$263  = st_e < 1'h1;
+  assign \$264  = \$262  & \$263 ;
+  assign \$265  = el_i < ln;
+  assign \$266  = \$264  & \$265 ;
+  assign \$267  = ~ st_rd;
+  assign \$268  = \$266  & \$267 ;
+  assign \$269  = ins[76:64] + el_i;
+  assign \$270  = ins[100:88] + rt_j;
+  assign \$271  = | rt_j;
+  assign \$272  = rt_j - 1'h1;
+  assign \$273  = ~ rt_wvalid;
+  assign \$274  = ~ rt_feed_done;
+  assign \$275  = \$273  & \$274 ;
+  assign \$276  = rt_lane < 1'h1;
+  assign \$277  = \$275  & \$276 ;
+  assign \$280  = rt_tbase + rt_el;
+  assign \$281  = ~ rt_hold;
+  assign \$282  = ~ rt_wphase;
+  assign \$283  = rt_hold & \$282 ;
+  assign \$284  = rt_tslot + rt_s;
+  assign \$285  = rt_hold & rt_wphase;
+  assign \$286  = rt_tslot + rt_s;
+  assign \$287  = \$286  + mk[13:2];
+  assign \$289  = ins[124:112] + rt_p;
+  assign \$290  = rd0_q == rt_j;
+  assign \$291  = rt_lp + rt_pos;
+  assign \$292  = rt_lp + mk[13:2];
+  assign \$293  = \$292  + rt_pos;
+  assign \$294  = rt_p + 1'h1;
+  assign \$295  = \$294  < mk[13:2];
+  assign \$296  = rt_cb + rt_j;
+  assign \$297  = rt_pos - rt_off;
+  assign \$298  = rt_cb + 4'h8;
+  assign \$299  = \$298  + rt_j;
+  assign \$300  = scan >= 4'h8;
+  assign \$301  = ins[76:64] + scan;
+  assign \$302  = ins[76:64] + 4'h8;
+  assign \$303  = \$302  + scan;
+  assign \$304  = g_i >= count;
+  assign \$306  = ins[100:88] + offset;
+  assign \$307  = \$306  + g_i;
+  assign \$308  = | lane_y;
+  assign \$309  = g_j < ins[61:48];
+  assign \$312  = run_gather ? lane_acc[12:0] : g_in;
+  assign \$313  = ins[76:64] + \$312 ;
+  assign \$314  = \$313  + g_j;
+  assign \$315  = ~ running;
+  assign \$316  = soft_req & \$315 ;
+  assign \$317  = ! ctrl_state;
+  assign \$318  = ctrl_state == 1'h1;
+  assign \$319  = ctrl_state == 2'h2;
+  assign \$320  = ctrl_state == 2'h3;
+  assign \$321  = ctrl_state == 3'h4;
+  assign \$322  = ctrl_state == 3'h5;
+  assign \$323  = ctrl_state == 3'h6;
+  assign \$324  = ctrl_state == 3'h7;
+  assign \$325  = ctrl_state == 4'h8;
+  assign \$326  = ctrl_state == 4'h9;
+  assign \$327  = ctrl_state == 4'ha;
+  assign \$328  = ctrl_state == 4'hb;
+  assign \$329  = ctrl_state == 4'hc;
+  assign \$330  = ctrl_state == 4'hd;
+  assign \$331  = ctrl_state == 4'he;
+  assign \$332  = ctrl_state == 4'hf;
+  assign \$333  = ctrl_state == 5'h10;
+  assign \$334  = ctrl_state == 5'h11;
+  assign \$335  = ctrl_state == 5'h12;
+  assign \$336  = ctrl_state == 5'h13;
+  assign \$337  = ctrl_state == 5'h14;
+  assign \$338  = ctrl_state == 5'h15;
+  assign \$339  = ctrl_state == 5'h16;
+  assign \$340  = ctrl_state == 5'h17;
+  assign \$341  = ctrl_state == 5'h18;
+  assign \$342  = ctrl_state == 5'h19;
+  assign \$343  = ctrl_state == 5'h1a;
+  assign \$344  = ctrl_state == 5'h1b;
+  assign \$345  = wr_addr == 4'hc;
+  assign \$346  = wr_en & \$345 ;
+  assign \$347  = wr_addr == 5'h10;
+  assign \$348  = wr_en & \$347 ;
+  assign \$349  = | lane_y;
+  assign \$350  = lane_acc + lane_x;
+  assign \$352  = lane_acc + lane_x;
+  assign \$353  = \$351  ? 33'h1ffffffff : \$352 [32:0];
+  assign \$355  = lane_x[32] ? 34'h1ffffffff : \$354 ;
+  assign \$357  = | wa;
+  assign \$358  = | wc;
+  assign \$359  = \$357  & \$358 ;
+  assign \$360  = ins[125:112] + wc;
+  assign \$361  = ins[77:64] < \$360 ;
   assign \$362  = \$359  & \$361 ;
-  assign \$363  = ins[5:0] == 3'h4;
-  assign \$364  = ins[5:0] == 3'h5;
-  assign \$365  = ins[5:0] == 3'h6;
-  assign \$366  = ins[5:0] == 3'h7;
-  assign \$367  = ins[5:0] == 4'hd;
-  assign \$368  = | { \$367 , \$366 , \$365 , \$364 , \$363  };
-  assign \$369  = ins[77:64] == ins[125:112];
-  assign \$370  = \$368  & \$369 ;
-  assign \$371  = wa == wc;
-  assign \$372  = \$370  & \$371 ;
-  assign \$373  = ~ \$372 ;
-  assign \$374  = \$362  & \$373 ;
-  assign \$375  = | wb;
-  assign \$376  = | wc;
-  assign \$377  = \$375  & \$376 ;
-  assign \$378  = ins[125:112] + wc;
-  assign \$379  = ins[101:88] < \$378 ;
-  assign \$380  = \$377  & \$379 ;
-  assign \$381  = ins[101:88] + wb;
-  assign \$382  = ins[125:112] < \$381 ;
+  assign \$363  = ins[77:64] + wa;
+  assign \$364  = ins[125:112] < \$363 ;
+  assign \$365  = \$362  & \$364 ;
+  assign \$366  = ins[5:0] == 3'h4;
+  assign \$367  = ins[5:0] == 3'h5;
+  assign \$368  = ins[5:0] == 3'h6;
+  assign \$369  = ins[5:0] == 3'h7;
+  assign \$370  = ins[5:0] == 4'hd;
+  assign \$371  = | { \$370 , \$369 , \$368 , \$367 , \$366 , 1'h0 };
+  assign \$372  = ins[77:64] == ins[125:112];
+  assign \$373  = \$371  & \$372 ;
+  assign \$374  = wa == wc;
+  assign \$375  = \$373  & \$374 ;
+  assign \$376  = ~ \$375 ;
+  assign \$377  = \$365  & \$376 ;
+  assign \$378  = | wb;
+  assign \$379  = | wc;
+  assign \$380  = \$378  & \$379 ;
+  assign \$381  = ins[125:112] + wc;
+  assign \$382  = ins[101:88] < \$381 ;
   assign \$383  = \$380  & \$382 ;
-  assign \$384  = ins[5:0] == 3'h4;
-  assign \$385  = ins[5:0] == 3'h5;
-  assign \$386  = ins[5:0] == 3'h6;
-  assign \$387  = ins[5:0] == 3'h7;
-  assign \$388  = ins[5:0] == 4'hd;
-  assign \$389  = | { \$388 , \$387 , \$386 , \$385 , \$384  };
-  assign \$390  = ins[101:88] == ins[125:112];
-  assign \$391  = \$389  & \$390 ;
-  assign \$392  = wb == wc;
-  assign \$393  = \$391  & \$392 ;
-  assign \$394  = ~ \$393 ;
-  assign \$395  = \$383  & \$394 ;
-  assign \$396  = \$374  | \$395 ;
-  assign \$397  = ! wa;
-  assign \$398  = ! ins[87:78];
-  assign \$399  = ins[77:64] + wa;
-  assign \$400  = \$399  <= 14'h2000;
-  assign \$401  = \$398  & \$400 ;
-  assign \$402  = \$397  | \$401 ;
-  assign \$403  = ! wb;
-  assign \$404  = ! ins[111:102];
-  assign \$405  = ins[101:88] + wb;
-  assign \$406  = \$405  <= 14'h2000;
-  assign \$407  = \$404  & \$406 ;
-  assign \$408  = \$403  | \$407 ;
-  assign \$409  = \$402  & \$408 ;
-  assign \$410  = ! wc;
-  assign \$411  = ! ins[135:126];
-  assign \$412  = ins[125:112] + wc;
-  assign \$413  = \$412  <= 14'h2000;
-  assign \$414  = \$411  & \$413 ;
-  assign \$415  = \$410  | \$414 ;
-  assign \$416  = \$409  & \$415 ;
-  assign \$417  = ! host_eff[1:0];
-  assign \$418  = host_eff >= host_base;
-  assign \$419  = \$417  & \$418 ;
-  assign \$420  = host_eff + { l4[17:2], 2'h0 };
-  assign \$421  = host_base + host_size;
-  assign \$422  = \$420  <= \$421 ;
-  assign \$423  = \$419  & \$422 ;
-  assign \$424  = ~ h_valid;
-  assign \$425  = \$424  | eng_ready;
-  assign \$426  = ~ g_valid;
+  assign \$384  = ins[101:88] + wb;
+  assign \$385  = ins[125:112] < \$384 ;
+  assign \$386  = \$383  & \$385 ;
+  assign \$387  = ins[5:0] == 3'h4;
+  assign \$388  = ins[5:0] == 3'h5;
+  assign \$389  = ins[5:0] == 3'h6;
+  assign \$390  = ins[5:0] == 3'h7;
+  assign \$391  = ins[5:0] == 4'hd;
+  assign \$392  = | { \$391 , \$390 , \$389 , \$388 , \$387 , 1'h0 };
+  assign \$393  = ins[101:88] == ins[125:112];
+  assign \$394  = \$392  & \$393 ;
+  assign \$395  = wb == wc;
+  assign \$396  = \$394  & \$395 ;
+  assign \$397  = ~ \$396 ;
+  assign \$398  = \$386  & \$397 ;
+  assign \$399  = \$377  | \$398 ;
+  assign \$400  = ! wa;
+  assign \$401  = ! ins[87:78];
+  assign \$402  = ins[77:64] + wa;
+  assign \$403  = \$402  <= 14'h2000;
+  assign \$404  = \$401  & \$403 ;
+  assign \$405  = \$400  | \$404 ;
+  assign \$406  = ! wb;
+  assign \$407  = ! ins[111:102];
+  assign \$408  = ins[101:88] + wb;
+  assign \$409  = \$408  <= 14'h2000;
+  assign \$410  = \$407  & \$409 ;
+  assign \$411  = \$406  | \$410 ;
+  assign \$412  = \$405  & \$411 ;
+  assign \$413  = ! wc;
+  assign \$414  = ! ins[135:126];
+  assign \$415  = ins[125:112] + wc;
+  assign \$416  = \$415  <= 14'h2000;
+  assign \$417  = \$414  & \$416 ;
+  assign \$418  = \$413  | \$417 ;
+  assign \$419  = \$412  & \$418 ;
+  assign \$420  = ! host_eff[1:0];
+  assign \$421  = host_eff >= host_base;
+  assign \$422  = \$420  & \$421 ;
+  assign \$423  = host_eff + { l4[17:2], 2'h0 };
+  assign \$424  = host_base + host_size;
+  assign \$425  = \$423  <= \$424 ;
+  assign \$426  = \$422  & \$425 ;
   assign \$427  = ~ h_valid;
   assign \$428  = \$427  | eng_ready;
-  assign \$429  = \$426  | \$428 ;
-  assign \$432  = rem0 == 1'h1;
-  assign \$435  = | rem0[13:1];
-  assign \$436  = | rem1[13:1];
-  assign \$437  = rem0 - 1'h1;
-  assign \$438  = pa + sa0;
-  assign \$439  = pb + sb0;
-  assign \$440  = rem1 - 1'h1;
-  assign \$441  = ra1 + sa1;
-  assign \$442  = ra1 + sa1;
-  assign \$443  = rb1 + sb1;
-  assign \$444  = rb1 + sb1;
-  assign \$445  = rem2 - 1'h1;
-  assign \$446  = ra2 + sa2;
-  assign \$447  = ra2 + sa2;
-  assign \$448  = ra2 + sa2;
-  assign \$449  = rb2 + sb2;
-  assign \$450  = rb2 + sb2;
-  assign \$451  = rb2 + sb2;
-  assign \$452  = | rem2[13:1];
-  assign \$453  = ~ \$452 ;
-  assign \$454  = ins[5:0] == 4'hd;
-  assign \$455  = ins[5:0] == 4'hc;
-  assign \$456  = \$455  ? 2'h1 : 2'h0;
-  assign \$457  = \$454  ? 2'h2 : \$456 ;
-  assign \$458  = ins[5:0] == 2'h3;
-  assign \$459  = ins[5:0] == 3'h4;
-  assign \$460  = ins[5:0] == 3'h5;
-  assign \$461  = ins[5:0] == 3'h6;
-  assign \$462  = ins[5:0] == 4'ha;
-  assign \$463  = rq_wvalid & rq_in__ready;
-  assign \$464  = h_valid & eng_ready;
-  assign \$465  = rq_wvalid & rq_in__ready;
-  assign \$466  = \$465  ? 3'h0 : rq_fill;
-  assign \$467  = rq_wvalid & rq_in__ready;
-  assign \$468  = \$467  ? 3'h0 : rq_fill;
-  assign \$469  = \$468  + 1'h1;
+  assign \$429  = ~ g_valid;
+  assign \$430  = ~ h_valid;
+  assign \$431  = \$430  | eng_ready;
+  assign \$432  = \$429  | \$431 ;
+  assign \$435  = rem0 == 1'h1;
+  assign \$438  = | rem0[13:1];
+  assign \$439  = | rem1[13:1];
+  assign \$440  = rem0 - 1'h1;
+  assign \$441  = pa + sa0;
+  assign \$442  = pb + sb0;
+  assign \$443  = rem1 - 1'h1;
+  assign \$444  = ra1 + sa1;
+  assign \$445  = ra1 + sa1;
+  assign \$446  = rb1 + sb1;
+  assign \$447  = rb1 + sb1;
+  assign \$448  = rem2 - 1'h1;
+  assign \$449  = ra2 + sa2;
+  assign \$450  = ra2 + sa2;
+  assign \$451  = ra2 + sa2;
+  assign \$452  = rb2 + sb2;
+  assign \$453  = rb2 + sb2;
+  assign \$454  = rb2 + sb2;
+  assign \$455  = | rem2[13:1];
+  assign \$456  = ~ \$455 ;
+  assign \$457  = ins[5:0] == 4'hd;
+  assign \$458  = ins[5:0] == 4'hc;
+  assign \$459  = \$458  ? 2'h1 : 2'h0;
+  assign \$460  = \$457  ? 2'h2 : \$459 ;
+  assign \$461  = ins[5:0] == 2'h3;
+  assign \$462  = ins[5:0] == 3'h4;
+  assign \$463  = ins[5:0] == 3'h5;
+  assign \$464  = ins[5:0] == 3'h6;
+  assign \$465  = ins[5:0] == 4'ha;
+  assign \$466  = rq_wvalid & rq_in__ready;
+  assign \$467  = h_valid & eng_ready;
+  assign \$468  = rq_wvalid & rq_in__ready;
+  assign \$469  = \$468  ? 3'h0 : rq_fill;
   assign \$470  = rq_wvalid & rq_in__ready;
   assign \$471  = \$470  ? 3'h0 : rq_fill;
-  assign \$472  = \$471  == 2'h3;
-  assign \$473  = \$472  | h_last;
-  assign \$474  = rq_lane == 2'h3;
-  assign \$475  = \$474  | rq_at_last;
-  assign \$476  = rq_lane + 1'h1;
-  assign \$477  = \$475  ? 3'h0 : \$476 ;
-  assign \$478  = ~ a_in__valid;
-  assign \$479  = ~ gm_afeed_done;
-  assign \$480  = \$478  & \$479 ;
-  assign \$481  = gm_lane == 3'h4;
-  assign \$482  = ! gm_left[13:3];
-  assign \$483  = gm_lane >= gm_left[2:0];
-  assign \$484  = \$482  & \$483 ;
-  assign \$485  = \$481  | \$484 ;
-  assign \$486  = ~ \$485 ;
-  assign \$487  = \$480  & \$486 ;
-  assign \$490  = gm_lane + 1'h1;
-  assign \$491  = gm_addr + ins[38:32];
-  assign \$492  = ~ a_in__valid;
-  assign \$493  = ~ gm_afeed_done;
-  assign \$494  = \$492  & \$493 ;
-  assign \$495  = gm_lane == 3'h4;
-  assign \$496  = ! gm_left[13:3];
-  assign \$497  = gm_lane >= gm_left[2:0];
-  assign \$498  = \$496  & \$497 ;
-  assign \$499  = \$495  | \$498 ;
-  assign \$500  = \$494  & \$499 ;
-  assign \$501  = a_in__valid & a_in__ready;
-  assign \$502  = gm_k + 1'h1;
-  assign \$503  = \$502  < ins[38:32];
-  assign \$504  = gm_k + 1'h1;
-  assign \$505  = gm_wstart + 1'h1;
-  assign \$506  = gm_wstart + 1'h1;
-  assign \$507  = gm_left - 3'h4;
-  assign \$508  = gm_addr - ins[38:32];
-  assign \$509  = $signed(\$508 ) + $signed(2'h1);
-  assign \$510  = gm_addr - ins[38:32];
-  assign \$511  = $signed(\$510 ) + $signed(2'h1);
-  assign \$512  = ! gm_left[13:3];
-  assign \$513  = gm_left[2:0] <= 3'h4;
-  assign \$514  = \$512  & \$513 ;
-  assign \$515  = gc_lane + 1'h1;
-  assign \$516  = gc_addr + ins[56:48];
-  assign \$517  = gc_lane + 1'h1;
-  assign \$518  = \$517  == 2'h3;
-  assign \$519  = ! gc_left[13:3];
+  assign \$472  = \$471  + 1'h1;
+  assign \$473  = rq_wvalid & rq_in__ready;
+  assign \$474  = \$473  ? 3'h0 : rq_fill;
+  assign \$475  = \$474  == 2'h3;
+  assign \$476  = \$475  | h_last;
+  assign \$477  = rq_lane == 2'h3;
+  assign \$478  = \$477  | rq_at_last;
+  assign \$479  = rq_lane + 1'h1;
+  assign \$480  = \$478  ? 3'h0 : \$479 ;
+  assign \$481  = ~ a_in__valid;
+  assign \$482  = ~ gm_afeed_done;
+  assign \$483  = \$481  & \$482 ;
+  assign \$484  = gm_lane == 3'h4;
+  assign \$485  = ! gm_left[13:3];
+  assign \$486  = gm_lane >= gm_left[2:0];
+  assign \$487  = \$485  & \$486 ;
+  assign \$488  = \$484  | \$487 ;
+  assign \$489  = ~ \$488 ;
+  assign \$490  = \$483  & \$489 ;
+  assign \$493  = gm_lane + 1'h1;
+  assign \$494  = gm_addr + ins[38:32];
+  assign \$495  = ~ a_in__valid;
+  assign \$496  = ~ gm_afeed_done;
+  assign \$497  = \$495  & \$496 ;
+  assign \$498  = gm_lane == 3'h4;
+  assign \$499  = ! gm_left[13:3];
+  assign \$500  = gm_lane >= gm_left[2:0];
+  assign \$501  = \$499  & \$500 ;
+  assign \$502  = \$498  | \$501 ;
+  assign \$503  = \$497  & \$502 ;
+  assign \$504  = a_in__valid & a_in__ready;
+  assign \$505  = gm_k + 1'h1;
+  assign \$506  = \$505  < ins[38:32];
+  assign \$507  = gm_k + 1'h1;
+  assign \$508  = gm_wstart + 1'h1;
+  assign \$509  = gm_wstart + 1'h1;
+  assign \$510  = gm_left - 3'h4;
+  assign \$511  = gm_addr - ins[38:32];
+  assign \$512  = $signed(\$511 ) + $signed(2'h1);
+  assign \$513  = gm_addr - ins[38:32];
+  assign \$514  = $signed(\$513 ) + $signed(2'h1);
+  assign \$515  = ! gm_left[13:3];
+  assign \$516  = gm_left[2:0] <= 3'h4;
+  assign \$517  = \$515  & \$516 ;
+  assign \$518  = gc_lane + 1'h1;
+  assign \$519  = gc_addr + ins[56:48];
   assign \$520  = gc_lane + 1'h1;
-  assign \$521  = \$520  + 1'h1;
-  assign \$522  = \$521  >= gc_left[2:0];
-  assign \$523  = \$519  & \$522 ;
-  assign \$524  = \$518  | \$523 ;
-  assign \$525  = gc_n + 1'h1;
-  assign \$526  = \$525  < ins[56:48];
-  assign \$527  = gc_n + 1'h1;
-  assign \$528  = gc_wstart + 1'h1;
-  assign \$529  = gc_wstart + 1'h1;
-  assign \$530  = ! gc_left[13:3];
-  assign \$531  = gc_left[2:0] <= 1'h1;
-  assign \$532  = \$530  & \$531 ;
-  assign \$534  = gc_left - 3'h4;
-  assign \$535  = gc_addr + 1'h1;
-  assign \$536  = gc_addr + 1'h1;
+  assign \$521  = \$520  == 2'h3;
+  assign \$522  = ! gc_left[13:3];
+  assign \$523  = gc_lane + 1'h1;
+  assign \$524  = \$523  + 1'h1;
+  assign \$525  = \$524  >= gc_left[2:0];
+  assign \$526  = \$522  & \$525 ;
+  assign \$527  = \$521  | \$526 ;
+  assign \$528  = gc_n + 1'h1;
+  assign \$529  = \$528  < ins[56:48];
+  assign \$530  = gc_n + 1'h1;
+  assign \$531  = gc_wstart + 1'h1;
+  assign \$532  = gc_wstart + 1'h1;
+  assign \$533  = ! gc_left[13:3];
+  assign \$534  = gc_left[2:0] <= 1'h1;
+  assign \$535  = \$533  & \$534 ;
   assign \$537  = gc_left - 3'h4;
-  assign \$538  = ! \$537 [13:3];
-  assign \$539  = gc_left - 3'h4;
-  assign \$540  = \$539 [2:0] <= 1'h1;
-  assign \$541  = \$538  & \$540 ;
-  assign \$543  = cycles + 1'h1;
-  assign \$544  = busy_dma + 1'h1;
-  assign \$545  = busy_gemm + 1'h1;
-  assign \$546  = busy_act + 1'h1;
-  assign \$547  = busy_route + 1'h1;
-  assign \$548  = busy_vector + 1'h1;
-  assign \$549  = busy_move + 1'h1;
-  assign \$550  = ~ eng_run;
-  assign \$551  = ~ h_valid;
-  assign \$552  = \$551  | eng_ready;
-  assign \$553  = \$550  | \$552 ;
-  assign \$554  = pc >= 7'h40;
-  assign \$555  = fetch_word + 1'h1;
-  assign \$556  = fetch_word == 4'h8;
-  assign \$557  = | lane_y;
-  assign \$558  = step != 3'h7;
-  assign \$559  = ! ins[5:0];
-  assign \$560  = settle != 2'h2;
-  assign \$561  = | decode_q;
-  assign \$562  = | lane_acc[32:14];
-  assign \$563  = \$562  ? 14'h3fff : lane_acc[13:0];
-  assign \$564  = | lane_acc[32:14];
-  assign \$565  = \$564  ? 14'h3fff : lane_acc[13:0];
-  assign \$566  = | lane_acc[32:14];
-  assign \$567  = \$566  ? 14'h3fff : lane_acc[13:0];
-  assign \$568  = | lane_acc[32:14];
-  assign \$569  = \$568  ? 14'h3fff : lane_acc[13:0];
-  assign \$570  = | lane_acc[32:18];
-  assign \$571  = \$570  ? 18'h3ffff : lane_acc[17:0];
-  assign \$572  = step + 1'h1;
-  assign \$573  = settle + 1'h1;
-  assign \$574  = ins[5:0] == 1'h1;
-  assign \$575  = ins[5:0] == 2'h2;
-  assign \$576  = ins[5:0] == 2'h3;
-  assign \$577  = ins[5:0] == 3'h4;
-  assign \$578  = ins[5:0] == 3'h5;
-  assign \$579  = ins[5:0] == 3'h6;
-  assign \$580  = ins[5:0] == 4'h8;
-  assign \$581  = ins[5:0] == 3'h7;
-  assign \$582  = ins[5:0] == 4'hc;
-  assign \$583  = ins[5:0] == 4'hd;
-  assign \$584  = ins[5:0] == 4'ha;
-  assign \$585  = ins[5:0] == 4'hb;
-  assign \$586  = retired + 1'h1;
-  assign \$587  = ln == 1'h1;
-  assign \$590  = ! m_eff[13:3];
-  assign \$591  = m_eff[2:0] <= 1'h1;
-  assign \$592  = \$590  & \$591 ;
-  assign \$597  = ins[124:112] + \$596 ;
-  assign \$599  = ins[124:112] + \$598 ;
-  assign \$600  = \$599  + 5'h10;
-  assign \$601  = el_i + 1'h1;
-  assign \$602  = el_i + 2'h2;
-  assign \$603  = \$602  == ln;
-  assign \$604  = el_i < ln;
-  assign \$605  = ~ \$604 ;
-  assign \$606  = eng_run & \$605 ;
-  assign \$607  = pc + 1'h1;
-  assign \$608  = retired + 1'h1;
-  assign \$609  = ~ rd_busy;
+  assign \$538  = gc_addr + 1'h1;
+  assign \$539  = gc_addr + 1'h1;
+  assign \$540  = gc_left - 3'h4;
+  assign \$541  = ! \$540 [13:3];
+  assign \$542  = gc_left - 3'h4;
+  assign \$543  = \$542 [2:0] <= 1'h1;
+  assign \$544  = \$541  & \$543 ;
+  assign \$546  = cycles + 1'h1;
+  assign \$547  = busy_dma + 1'h1;
+  assign \$548  = busy_gemm + 1'h1;
+  assign \$549  = busy_act + 1'h1;
+  assign \$550  = busy_route + 1'h1;
+  assign \$551  = busy_vector + 1'h1;
+  assign \$552  = busy_move + 1'h1;
+  assign \$553  = ~ eng_run;
+  assign \$554  = ~ h_valid;
+  assign \$555  = \$554  | eng_ready;
+  assign \$556  = \$553  | \$555 ;
+  assign \$557  = pc >= 7'h40;
+  assign \$558  = fetch_word + 1'h1;
+  assign \$559  = fetch_word == 4'h8;
+  assign \$560  = | lane_y;
+  assign \$561  = step != 3'h7;
+  assign \$562  = ! ins[5:0];
+  assign \$563  = settle != 2'h2;
+  assign \$564  = | decode_q;
+  assign \$565  = | lane_acc[32:14];
+  assign \$566  = \$565  ? 14'h3fff : lane_acc[13:0];
+  assign \$567  = | lane_acc[32:14];
+  assign \$568  = \$567  ? 14'h3fff : lane_acc[13:0];
+  assign \$569  = | lane_acc[32:14];
+  assign \$570  = \$569  ? 14'h3fff : lane_acc[13:0];
+  assign \$571  = | lane_acc[32:14];
+  assign \$572  = \$571  ? 14'h3fff : lane_acc[13:0];
+  assign \$573  = | lane_acc[32:18];
+  assign \$574  = \$573  ? 18'h3ffff : lane_acc[17:0];
+  assign \$575  = step + 1'h1;
+  assign \$576  = settle + 1'h1;
+  assign \$577  = ins[5:0] == 1'h1;
+  assign \$578  = ins[5:0] == 2'h2;
+  assign \$579  = ins[5:0] == 2'h3;
+  assign \$580  = ins[5:0] == 3'h4;
+  assign \$581  = ins[5:0] == 3'h5;
+  assign \$582  = ins[5:0] == 3'h6;
+  assign \$583  = ins[5:0] == 3'h7;
+  assign \$584  = ins[5:0] == 4'h8;
+  assign \$585  = ins[5:0] == 4'ha;
+  assign \$586  = ins[5:0] == 4'hb;
+  assign \$587  = ins[5:0] == 4'hc;
+  assign \$588  = ins[5:0] == 4'hd;
+  assign \$589  = retired + 1'h1;
+  assign \$590  = ln == 1'h1;
+  assign \$593  = ! m_eff[13:3];
+  assign \$594  = m_eff[2:0] <= 1'h1;
+  assign \$595  = \$593  & \$594 ;
+  assign \$600  = ins[124:112] + \$599 ;
+  assign \$602  = ins[124:112] + \$601 ;
+  assign \$603  = \$602  + 5'h10;
+  assign \$604  = el_i + 1'h1;
+  assign \$605  = el_i + 2'h2;
+  assign \$606  = \$605  == ln;
+  assign \$607  = el_i < ln;
+  assign \$608  = ~ \$607 ;
+  assign \$609  = eng_run & \$608 ;
   assign \$610  = pc + 1'h1;
   assign \$611  = retired + 1'h1;
-  assign \$612  = ~ ld_full;
-  assign \$613  = rd_data__valid & \$612 ;
-  assign \$614  = el_i < ln;
-  assign \$615  = el_i + 1'h1;
-  assign \$616  = ld_e + 1'h1;
-  assign \$617  = ld_e + 1'h1;
-  assign \$618  = ins[243:238] == 1'h1;
-  assign \$619  = ins[243:238] == 2'h2;
-  assign \$620  = \$619  ? 2'h2 : 2'h1;
-  assign \$621  = \$618  ? 3'h4 : { 1'h0, \$620  };
-  assign \$622  = \$617  >= \$621 ;
-  assign \$623  = ~ rd_busy;
-  assign \$624  = ~ ld_full;
-  assign \$625  = \$623  & \$624 ;
-  assign \$626  = el_i < ln;
-  assign \$627  = ~ \$626 ;
-  assign \$628  = \$625  & \$627 ;
-  assign \$629  = pc + 1'h1;
-  assign \$630  = retired + 1'h1;
-  assign \$631  = ~ st_full;
-  assign \$632  = st_e < 1'h1;
-  assign \$633  = \$631  & \$632 ;
-  assign \$634  = el_i < ln;
-  assign \$635  = \$633  & \$634 ;
-  assign \$636  = ~ st_rd;
-  assign \$637  = \$635  & \$636 ;
-  assign \$638  = el_i + 1'h1;
-  assign \$639  = st_e + 1'h1;
-  assign \$640  = ~ st_full;
-  assign \$641  = ~ st_rd;
-  assign \$642  = \$640  & \$641 ;
-  assign \$643  = | st_e;
-  assign \$644  = \$642  & \$643 ;
-  assign \$645  = st_e == 1'h1;
-  assign \$646  = el_i < ln;
-  assign \$647  = ~ \$646 ;
-  assign \$648  = \$645  | \$647 ;
-  assign \$649  = \$644  & \$648 ;
-  assign \$650  = wr_data__valid & wr_data__ready;
-  assign \$651  = ~ wr_busy;
-  assign \$652  = el_i < ln;
-  assign \$653  = ~ \$652 ;
-  assign \$654  = \$651  & \$653 ;
-  assign \$655  = ~ st_full;
-  assign \$656  = \$654  & \$655 ;
-  assign \$657  = ~ st_rd;
-  assign \$658  = \$656  & \$657 ;
-  assign \$659  = pc + 1'h1;
-  assign \$660  = retired + 1'h1;
-  assign \$661  = rt_j + 1'h1;
-  assign \$662  = rt_j == 4'h8;
-  assign \$663  = ~ rt_wvalid;
-  assign \$664  = ~ rt_feed_done;
-  assign \$665  = \$663  & \$664 ;
-  assign \$666  = rt_lane < 1'h1;
-  assign \$667  = \$665  & \$666 ;
-  assign \$670  = rt_el < 4'h8;
-  assign \$671  = rt_lane + 1'h1;
-  assign \$672  = rt_el + 1'h1;
-  assign \$673  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
-  assign \$675  = scores__valid & scores__ready;
-  assign \$676  = rt_el >= 4'h8;
-  assign \$677  = rt_feed_left - 1'h1;
-  assign \$678  = rt_tbase + 4'h8;
-  assign \$679  = | rt_feed_left[13:1];
-  assign \$680  = ~ \$679 ;
-  assign \$681  = ~ rt_hold;
-  assign \$682  = routes__valid & \$681 ;
-  assign \$683  = ~ rt_wphase;
-  assign \$684  = rt_hold & \$683 ;
-  assign \$685  = rt_hold & rt_wphase;
-  assign \$686  = rt_s == 1'h1;
-  assign \$687  = rt_held[19] | \$686 ;
-  assign \$688  = rt_route_left - 1'h1;
-  assign \$689  = rt_tslot + 2'h2;
-  assign \$690  = rt_s + 1'h1;
-  assign \$691  = ! rt_route_left;
-  assign \$693  = rd0_q == rt_j;
-  assign \$694  = rt_pos + 1'h1;
-  assign \$695  = rt_p + 1'h1;
-  assign \$696  = \$695  < mk[13:2];
-  assign \$697  = rt_p + 1'h1;
-  assign \$698  = rt_ps == 1'h1;
-  assign \$699  = rt_pt + 1'h1;
-  assign \$700  = rt_ps + 1'h1;
-  assign \$701  = rt_j + 1'h1;
-  assign \$702  = rt_j + 1'h1;
-  assign \$703  = \$702  < 4'h8;
-  assign \$704  = pc + 1'h1;
-  assign \$705  = retired + 1'h1;
-  assign \$706  = scan >= 4'h8;
-  assign \$707  = retired + 1'h1;
-  assign \$708  = scan + 1'h1;
-  assign \$709  = | rd0_q;
-  assign \$710  = | rd1_q[23:14];
-  assign \$711  = \$710  ? 14'h3fff : rd1_q[13:0];
-  assign \$712  = pc + 1'h1;
-  assign \$713  = retired + 1'h1;
-  assign \$714  = g_i >= count;
-  assign \$716  = pc + 1'h1;
-  assign \$717  = retired + 1'h1;
-  assign \$718  = | rd0_q[31:16];
-  assign \$719  = rd0_q[15:0] >= m_eff;
-  assign \$720  = \$718  | \$719 ;
-  assign \$721  = | lane_y;
-  assign \$722  = g_j < ins[61:48];
-  assign \$725  = g_j + 1'h1;
-  assign \$726  = run_gather ? g_in : lane_acc[12:0];
-  assign \$727  = ins[124:112] + \$726 ;
-  assign \$728  = \$727  + g_j;
-  assign \$729  = g_j >= ins[61:48];
-  assign \$730  = ~ g_rv;
-  assign \$731  = \$729  & \$730 ;
-  assign \$732  = \$731  & g_wv;
-  assign \$733  = g_i + 1'h1;
-  assign \$734  = g_in + ins[61:48];
-  assign \$735  = ~ rd_busy;
-  assign \$736  = ~ wr_busy;
-  assign \$737  = \$735  & \$736 ;
-  assign \$738  = ~ running;
-  assign \$739  = soft_req & \$738 ;
+  assign \$612  = ~ rd_busy;
+  assign \$613  = pc + 1'h1;
+  assign \$614  = retired + 1'h1;
+  assign \$615  = ~ ld_full;
+  assign \$616  = rd_data__valid & \$615 ;
+  assign \$617  = el_i < ln;
+  assign \$618  = el_i + 1'h1;
+  assign \$619  = ld_e + 1'h1;
+  assign \$620  = ld_e + 1'h1;
+  assign \$621  = ins[243:238] == 1'h1;
+  assign \$622  = ins[243:238] == 2'h2;
+  assign \$623  = \$622  ? 2'h2 : 2'h1;
+  assign \$624  = \$621  ? 3'h4 : { 1'h0, \$623  };
+  assign \$625  = \$620  >= \$624 ;
+  assign \$626  = ~ rd_busy;
+  assign \$627  = ~ ld_full;
+  assign \$628  = \$626  & \$627 ;
+  assign \$629  = el_i < ln;
+  assign \$630  = ~ \$629 ;
+  assign \$631  = \$628  & \$630 ;
+  assign \$632  = pc + 1'h1;
+  assign \$633  = retired + 1'h1;
+  assign \$634  = ~ st_full;
+  assign \$635  = st_e < 1'h1;
+  assign \$636  = \$634  & \$635 ;
+  assign \$637  = el_i < ln;
+  assign \$638  = \$636  & \$637 ;
+  assign \$639  = ~ st_rd;
+  assign \$640  = \$638  & \$639 ;
+  assign \$641  = el_i + 1'h1;
+  assign \$642  = st_e + 1'h1;
+  assign \$643  = ~ st_full;
+  assign \$644  = ~ st_rd;
+  assign \$645  = \$643  & \$644 ;
+  assign \$646  = | st_e;
+  assign \$647  = \$645  & \$646 ;
+  assign \$648  = st_e == 1'h1;
+  assign \$649  = el_i < ln;
+  assign \$650  = ~ \$649 ;
+  assign \$651  = \$648  | \$650 ;
+  assign \$652  = \$647  & \$651 ;
+  assign \$653  = wr_data__valid & wr_data__ready;
+  assign \$654  = ~ wr_busy;
+  assign \$655  = el_i < ln;
+  assign \$656  = ~ \$655 ;
+  assign \$657  = \$654  & \$656 ;
+  assign \$658  = ~ st_full;
+  assign \$659  = \$657  & \$658 ;
+  assign \$660  = ~ st_rd;
+  assign \$661  = \$659  & \$660 ;
+  assign \$662  = pc + 1'h1;
+  assign \$663  = retired + 1'h1;
+  assign \$664  = rt_j + 1'h1;
+  assign \$665  = rt_j == 4'h8;
+  assign \$666  = ~ rt_wvalid;
+  assign \$667  = ~ rt_feed_done;
+  assign \$668  = \$666  & \$667 ;
+  assign \$669  = rt_lane < 1'h1;
+  assign \$670  = \$668  & \$669 ;
+  assign \$673  = rt_el < 4'h8;
+  assign \$674  = rt_lane + 1'h1;
+  assign \$675  = rt_el + 1'h1;
+  assign \$676  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
+  assign \$678  = scores__valid & scores__ready;
+  assign \$679  = rt_el >= 4'h8;
+  assign \$680  = rt_feed_left - 1'h1;
+  assign \$681  = rt_tbase + 4'h8;
+  assign \$682  = | rt_feed_left[13:1];
+  assign \$683  = ~ \$682 ;
+  assign \$684  = ~ rt_hold;
+  assign \$685  = routes__valid & \$684 ;
+  assign \$686  = ~ rt_wphase;
+  assign \$687  = rt_hold & \$686 ;
+  assign \$688  = rt_hold & rt_wphase;
+  assign \$689  = rt_s == 1'h1;
+  assign \$690  = rt_held[19] | \$689 ;
+  assign \$691  = rt_route_left - 1'h1;
+  assign \$692  = rt_tslot + 2'h2;
+  assign \$693  = rt_s + 1'h1;
+  assign \$694  = ! rt_route_left;
+  assign \$696  = rd0_q == rt_j;
+  assign \$697  = rt_pos + 1'h1;
+  assign \$698  = rt_p + 1'h1;
+  assign \$699  = \$698  < mk[13:2];
+  assign \$700  = rt_p + 1'h1;
+  assign \$701  = rt_ps == 1'h1;
+  assign \$702  = rt_pt + 1'h1;
+  assign \$703  = rt_ps + 1'h1;
+  assign \$704  = rt_j + 1'h1;
+  assign \$705  = rt_j + 1'h1;
+  assign \$706  = \$705  < 4'h8;
+  assign \$707  = pc + 1'h1;
+  assign \$708  = retired + 1'h1;
+  assign \$709  = scan >= 4'h8;
+  assign \$710  = retired + 1'h1;
+  assign \$711  = scan + 1'h1;
+  assign \$712  = | rd0_q;
+  assign \$713  = | rd1_q[23:14];
+  assign \$714  = \$713  ? 14'h3fff : rd1_q[13:0];
+  assign \$715  = pc + 1'h1;
+  assign \$716  = retired + 1'h1;
+  assign \$717  = g_i >= count;
+  assign \$719  = pc + 1'h1;
+  assign \$720  = retired + 1'h1;
+  assign \$721  = | rd0_q[31:16];
+  assign \$722  = rd0_q[15:0] >= m_eff;
+  assign \$723  = \$721  | \$722 ;
+  assign \$724  = | lane_y;
+  assign \$725  = g_j < ins[61:48];
+  assign \$728  = g_j + 1'h1;
+  assign \$729  = run_gather ? g_in : lane_acc[12:0];
+  assign \$730  = ins[124:112] + \$729 ;
+  assign \$731  = \$730  + g_j;
+  assign \$732  = g_j >= ins[61:48];
+  assign \$733  = ~ g_rv;
+  assign \$734  = \$732  & \$733 ;
+  assign \$735  = \$734  & g_wv;
+  assign \$736  = g_i + 1'h1;
+  assign \$737  = g_in + ins[61:48];
+  assign \$738  = ~ rd_busy;
+  assign \$739  = ~ wr_busy;
+  assign \$740  = \$738  & \$739 ;
+  assign \$741  = ~ running;
+  assign \$742  = soft_req & \$741 ;
   always @(posedge clk)
-    host_base <= \$740 ;
+    host_base <= \$743 ;
   always @(posedge clk)
-    host_size <= \$741 ;
+    host_size <= \$744 ;
   always @(posedge clk)
-    rsel <= \$742 ;
+    rsel <= \$745 ;
   always @(posedge clk)
-    lane_acc <= \$743 ;
+    lane_acc <= \$746 ;
   always @(posedge clk)
-    lane_x <= \$744 ;
+    lane_x <= \$747 ;
   always @(posedge clk)
-    lane_y <= \$745 ;
+    lane_y <= \$748 ;
   always @(posedge clk)
-    shape_q <= \$746 ;
+    shape_q <= \$749 ;
   always @(posedge clk)
-    overlap_q <= \$747 ;
+    overlap_q <= \$750 ;
   always @(posedge clk)
-    spad_ok <= \$748 ;
+    spad_ok <= \$751 ;
   always @(posedge clk)
-    host_ok <= \$749 ;
+    host_ok <= \$752 ;
   always @(posedge clk)
-    decode_q <= \$750 ;
+    decode_q <= \$753 ;
   always @(posedge clk)
-    h_valid <= \$751 ;
+    h_valid <= \$754 ;
   always @(posedge clk)
-    h_last <= \$752 ;
+    h_last <= \$755 ;
   always @(posedge clk)
-    g_valid <= \$753 ;
+    g_valid <= \$756 ;
   always @(posedge clk)
-    g_last <= \$754 ;
+    g_last <= \$757 ;
   always @(posedge clk)
-    rem0 <= \$755 ;
+    rem0 <= \$758 ;
   always @(posedge clk)
-    pa <= \$756 ;
+    pa <= \$759 ;
   always @(posedge clk)
-    pb <= \$757 ;
+    pb <= \$760 ;
   always @(posedge clk)
-    rem1 <= \$758 ;
+    rem1 <= \$761 ;
   always @(posedge clk)
-    ra1 <= \$759 ;
+    ra1 <= \$762 ;
   always @(posedge clk)
-    rb1 <= \$760 ;
+    rb1 <= \$763 ;
   always @(posedge clk)
-    rem2 <= \$761 ;
+    rem2 <= \$764 ;
   always @(posedge clk)
-    ra2 <= \$762 ;
+    ra2 <= \$765 ;
   always @(posedge clk)
-    rb2 <= \$763 ;
+    rb2 <= \$766 ;
   always @(posedge clk)
-    issuing <= \$764 ;
+    issuing <= \$767 ;
   always @(posedge clk)
-    vec_op <= \$765 ;
+    vec_op <= \$768 ;
   always @(posedge clk)
-    run_gemm <= \$766 ;
+    run_gemm <= \$769 ;
   always @(posedge clk)
-    run_requant <= \$767 ;
+    run_requant <= \$770 ;
   always @(posedge clk)
-    run_sigmoid <= \$768 ;
+    run_sigmoid <= \$771 ;
   always @(posedge clk)
-    run_situ <= \$769 ;
+    run_situ <= \$772 ;
   always @(posedge clk)
-    run_gather <= \$770 ;
+    run_gather <= \$773 ;
   always @(posedge clk)
-    rq_wvalid <= \$771 ;
+    rq_wvalid <= \$774 ;
   always @(posedge clk)
-    rq_fill <= \$772 ;
+    rq_fill <= \$775 ;
   always @(posedge clk)
-    rq_in__payload <= \$773 ;
+    rq_in__payload <= \$776 ;
   always @(posedge clk)
-    rq_lane <= \$774 ;
+    rq_lane <= \$777 ;
   always @(posedge clk)
-    gm_cap <= \$775 ;
+    gm_cap <= \$778 ;
   always @(posedge clk)
-    gm_cap_lane <= \$776 ;
+    gm_cap_lane <= \$779 ;
   always @(posedge clk)
-    gm_lane <= \$777 ;
+    gm_lane <= \$780 ;
   always @(posedge clk)
-    gm_addr <= \$778 ;
+    gm_addr <= \$781 ;
   always @(posedge clk)
-    a_in__valid <= \$779 ;
+    a_in__valid <= \$782 ;
   always @(posedge clk)
-    gm_k <= \$780 ;
+    gm_k <= \$783 ;
   always @(posedge clk)
-    gm_wstart <= \$781 ;
+    gm_wstart <= \$784 ;
   always @(posedge clk)
-    gm_left <= \$782 ;
+    gm_left <= \$785 ;
   always @(posedge clk)
-    gm_afeed_done <= \$783 ;
+    gm_afeed_done <= \$786 ;
   always @(posedge clk)
-    gc_lane <= \$784 ;
+    gc_lane <= \$787 ;
   always @(posedge clk)
-    gc_addr <= \$785 ;
+    gc_addr <= \$788 ;
   always @(posedge clk)
-    gc_last <= \$786 ;
+    gc_last <= \$789 ;
   always @(posedge clk)
-    gc_n <= \$787 ;
+    gc_n <= \$790 ;
   always @(posedge clk)
-    gc_wstart <= \$788 ;
+    gc_wstart <= \$791 ;
   always @(posedge clk)
-    gc_left <= \$789 ;
+    gc_left <= \$792 ;
   always @(posedge clk)
-    cycles <= \$790 ;
+    cycles <= \$793 ;
   always @(posedge clk)
-    busy_dma <= \$791 ;
+    busy_dma <= \$794 ;
   always @(posedge clk)
-    busy_gemm <= \$792 ;
+    busy_gemm <= \$795 ;
   always @(posedge clk)
-    busy_act <= \$793 ;
+    busy_act <= \$796 ;
   always @(posedge clk)
-    busy_route <= \$794 ;
+    busy_route <= \$797 ;
   always @(posedge clk)
-    busy_vector <= \$795 ;
+    busy_vector <= \$798 ;
   always @(posedge clk)
-    busy_move <= \$796 ;
+    busy_move <= \$799 ;
   always @(posedge clk)
-    rd0_q <= \$797 ;
+    rd0_q <= \$800 ;
   always @(posedge clk)
-    rd1_q <= \$798 ;
+    rd1_q <= \$801 ;
   always @(posedge clk)
-    running <= \$799 ;
+    running <= \$802 ;
   always @(posedge clk)
-    done <= \$800 ;
+    done <= \$803 ;
   always @(posedge clk)
-    err <= \$801 ;
+    err <= \$804 ;
   always @(posedge clk)
-    pc <= \$802 ;
+    pc <= \$805 ;
   always @(posedge clk)
-    retired <= \$803 ;
+    retired <= \$806 ;
   always @(posedge clk)
-    route_done <= \$804 ;
+    route_done <= \$807 ;
   always @(posedge clk)
-    exp_active <= \$805 ;
+    exp_active <= \$808 ;
   always @(posedge clk)
-    scores_ok <= \$806 ;
+    scores_ok <= \$809 ;
   always @(posedge clk)
-    ctrl_state <= \$807 ;
+    ctrl_state <= \$810 ;
   always @(posedge clk)
-    stop_code <= \$808 ;
+    stop_code <= \$811 ;
   always @(posedge clk)
-    cur_executor <= \$809 ;
+    cur_executor <= \$812 ;
   always @(posedge clk)
-    fetch_word <= \$810 ;
+    fetch_word <= \$813 ;
   always @(posedge clk)
-    ins <= \$811 ;
+    ins <= \$814 ;
   always @(posedge clk)
-    step <= \$812 ;
+    step <= \$815 ;
   always @(posedge clk)
-    settle <= \$813 ;
+    settle <= \$816 ;
   always @(posedge clk)
-    ln <= \$814 ;
+    ln <= \$817 ;
   always @(posedge clk)
-    mk <= \$815 ;
+    mk <= \$818 ;
   always @(posedge clk)
-    p2 <= \$816 ;
+    p2 <= \$819 ;
   always @(posedge clk)
-    p3 <= \$817 ;
+    p3 <= \$820 ;
   always @(posedge clk)
-    l4 <= \$818 ;
+    l4 <= \$821 ;
   always @(posedge clk)
-    host_eff <= \$819 ;
+    host_eff <= \$822 ;
   always @(posedge clk)
-    rq_width <= \$820 ;
+    rq_width <= \$823 ;
   always @(posedge clk)
-    \rq_mult$168  <= \$821 ;
+    \rq_mult$168  <= \$824 ;
   always @(posedge clk)
-    rq_shift <= \$822 ;
+    rq_shift <= \$825 ;
   always @(posedge clk)
-    cnt0 <= \$823 ;
+    cnt0 <= \$826 ;
   always @(posedge clk)
-    cnt1 <= \$824 ;
+    cnt1 <= \$827 ;
   always @(posedge clk)
-    sa0 <= \$825 ;
+    sa0 <= \$828 ;
   always @(posedge clk)
-    sa1 <= \$826 ;
+    sa1 <= \$829 ;
   always @(posedge clk)
-    sa2 <= \$827 ;
+    sa2 <= \$830 ;
   always @(posedge clk)
-    sb0 <= \$828 ;
+    sb0 <= \$831 ;
   always @(posedge clk)
-    sb1 <= \$829 ;
+    sb1 <= \$832 ;
   always @(posedge clk)
-    sb2 <= \$830 ;
+    sb2 <= \$833 ;
   always @(posedge clk)
-    el_i <= \$831 ;
+    el_i <= \$834 ;
   always @(posedge clk)
-    rq_at_last <= \$832 ;
+    rq_at_last <= \$835 ;
   always @(posedge clk)
-    ld_full <= \$833 ;
+    ld_full <= \$836 ;
   always @(posedge clk)
-    ld_e <= \$834 ;
+    ld_e <= \$837 ;
   always @(posedge clk)
-    st_full <= \$835 ;
+    st_full <= \$838 ;
   always @(posedge clk)
-    st_e <= \$836 ;
+    st_e <= \$839 ;
   always @(posedge clk)
-    st_rd <= \$837 ;
+    st_rd <= \$840 ;
   always @(posedge clk)
-    wr_data__payload <= \$838 ;
+    wr_data__payload <= \$841 ;
   always @(posedge clk)
-    rt_j <= \$839 ;
+    rt_j <= \$842 ;
   always @(posedge clk)
-    rt_cb <= \$840 ;
+    rt_cb <= \$843 ;
   always @(posedge clk)
-    rt_lp <= \$841 ;
+    rt_lp <= \$844 ;
   always @(posedge clk)
-    g_i <= \$842 ;
+    g_i <= \$845 ;
   always @(posedge clk)
-    g_in <= \$843 ;
+    g_in <= \$846 ;
   always @(posedge clk)
-    scores_a <= \$844 ;
+    scores_a <= \$847 ;
   always @(posedge clk)
-    scores_len <= \$845 ;
+    scores_len <= \$848 ;
   always @(posedge clk)
-    st_rd_e <= \$846 ;
+    st_rd_e <= \$849 ;
   always @(posedge clk)
-    rt_feed_left <= \$847 ;
+    rt_feed_left <= \$850 ;
   always @(posedge clk)
-    rt_el <= \$848 ;
+    rt_el <= \$851 ;
   always @(posedge clk)
-    rt_lane <= \$849 ;
+    rt_lane <= \$852 ;
   always @(posedge clk)
-    rt_wvalid <= \$850 ;
+    rt_wvalid <= \$853 ;
   always @(posedge clk)
-    rt_tbase <= \$851 ;
+    rt_tbase <= \$854 ;
   always @(posedge clk)
-    rt_tslot <= \$852 ;
+    rt_tslot <= \$855 ;
   always @(posedge clk)
-    rt_feed_done <= \$853 ;
+    rt_feed_done <= \$856 ;
   always @(posedge clk)
-    rt_cap <= \$854 ;
+    rt_cap <= \$857 ;
   always @(posedge clk)
-    rt_route_left <= \$855 ;
+    rt_route_left <= \$858 ;
   always @(posedge clk)
-    rt_s <= \$856 ;
+    rt_s <= \$859 ;
   always @(posedge clk)
-    rt_hold <= \$857 ;
+    rt_hold <= \$860 ;
   always @(posedge clk)
-    rt_wphase <= \$858 ;
+    rt_wphase <= \$861 ;
   always @(posedge clk)
-    rt_cap_ok <= \$859 ;
+    rt_cap_ok <= \$862 ;
   always @(posedge clk)
-    rt_held <= \$860 ;
+    rt_held <= \$863 ;
   always @(posedge clk)
-    rt_p <= \$861 ;
+    rt_p <= \$864 ;
   always @(posedge clk)
-    rt_pt <= \$862 ;
+    rt_pt <= \$865 ;
   always @(posedge clk)
-    rt_ps <= \$863 ;
+    rt_ps <= \$866 ;
   always @(posedge clk)
-    rt_pos <= \$864 ;
+    rt_pos <= \$867 ;
   always @(posedge clk)
-    rt_off <= \$865 ;
+    rt_off <= \$868 ;
   always @(posedge clk)
-    scan <= \$866 ;
+    scan <= \$869 ;
   always @(posedge clk)
-    expert <= \$867 ;
+    expert <= \$870 ;
   always @(posedge clk)
-    count <= \$868 ;
+    count <= \$871 ;
   always @(posedge clk)
-    offset <= \$869 ;
+    offset <= \$872 ;
   always @(posedge clk)
-    g_j <= \$870 ;
+    g_j <= \$873 ;
   always @(posedge clk)
-    g_rv <= \$871 ;
+    g_rv <= \$874 ;
   always @(posedge clk)
-    g_wv <= \$872 ;
+    g_wv <= \$875 ;
   always @(posedge clk)
-    g_ra <= \$873 ;
+    g_ra <= \$876 ;
   always @(posedge clk)
-    g_wa <= \$874 ;
+    g_wa <= \$877 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign start_req = \$2  & wr_data[0];
@@ -2782,10 +2787,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign m_eff = \$24  ? count : ins[31:16];
   assign \$25  = m_eff + 3'h4;
   assign \$26  = \$25  - 1'h1;
-  assign \$28  = m_eff + 3'h4;
-  assign \$29  = \$28  - 1'h1;
-  assign \$31  = | lane_acc[32:14];
-  assign \$32  = \$31  ? 14'h3fff : lane_acc[13:0];
+  assign \$28  = | lane_acc[32:14];
+  assign \$29  = \$28  ? 14'h3fff : lane_acc[13:0];
+  assign \$30  = m_eff + 3'h4;
+  assign \$31  = \$30  - 1'h1;
   assign \$33  = ins[63:48] + 3'h4;
   assign \$34  = \$33  - 1'h1;
   assign \$37  = ins[243:238] == 3'h4;
@@ -2793,73 +2798,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$39  = \$38  ? 1'h1 : 1'h0;
   assign \$40  = \$37  ? 2'h2 : { 1'h0, \$39  };
   assign \$41  = ins[63:48] << \$40 ;
-  assign \$45  = \$44  ? expert : 4'h0;
-  assign \$46  = m_eff >= 1'h1;
-  assign \$47  = ins[63:48] == 4'h8;
-  assign \$48  = \$46  & \$47 ;
-  assign \$49  = ins[47:32] == 2'h2;
-  assign \$50  = \$48  & \$49 ;
-  assign \$51  = ins[63:48] == 4'h8;
+  assign \$44  = \$43  ? expert : 4'h0;
+  assign \$45  = m_eff >= 1'h1;
+  assign \$46  = ins[63:48] >= 1'h1;
+  assign \$47  = ins[243:238] == 1'h1;
+  assign \$48  = ins[243:238] == 2'h2;
+  assign \$49  = ins[243:238] == 3'h4;
+  assign \$50  = | { \$49 , \$48 , \$47  };
+  assign \$51  = & { \$50 , \$46 , \$45  };
   assign \$52  = m_eff >= 1'h1;
   assign \$53  = ins[63:48] >= 1'h1;
-  assign \$54  = \$52  & \$53 ;
-  assign \$55  = ins[47:32] >= 1'h1;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = ! ins[243:238];
-  assign \$58  = ins[243:238] >= 2'h2;
-  assign \$59  = ins[243:238] <= 5'h18;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = \$57  | \$60 ;
-  assign \$62  = \$56  & \$61 ;
-  assign \$63  = ins[47:32] <= 7'h40;
-  assign \$64  = \$62  & \$63 ;
-  assign \$65  = p2 <= 9'h100;
-  assign \$66  = \$64  & \$65 ;
+  assign \$54  = ins[243:238] == 3'h4;
+  assign \$56  = & { \$55 , \$53 , \$52  };
+  assign \$57  = m_eff >= 1'h1;
+  assign \$58  = ins[63:48] >= 1'h1;
+  assign \$59  = ins[47:32] >= 1'h1;
+  assign \$60  = ! ins[243:238];
+  assign \$61  = ins[243:238] >= 2'h2;
+  assign \$62  = ins[243:238] <= 5'h18;
+  assign \$63  = \$61  & \$62 ;
+  assign \$64  = | { \$63 , \$60  };
+  assign \$65  = ins[47:32] <= 7'h40;
+  assign \$66  = p2 <= 9'h100;
   assign \$67  = p3 <= 9'h100;
-  assign \$68  = \$66  & \$67 ;
+  assign \$68  = & { \$67 , \$66 , \$65 , \$64 , \$59 , \$58 , \$57  };
   assign \$69  = m_eff >= 1'h1;
   assign \$70  = ins[63:48] >= 1'h1;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = ins[47:32] >= 1'h1;
+  assign \$71  = ins[243:238] >= 2'h2;
+  assign \$72  = ins[243:238] <= 5'h18;
   assign \$73  = \$71  & \$72 ;
-  assign \$74  = m_eff >= 1'h1;
-  assign \$75  = ins[63:48] >= 1'h1;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = ins[243:238] == 1'h1;
-  assign \$78  = ins[243:238] == 2'h2;
-  assign \$79  = \$77  | \$78 ;
-  assign \$80  = ins[243:238] == 3'h4;
-  assign \$81  = \$79  | \$80 ;
-  assign \$82  = \$76  & \$81 ;
-  assign \$83  = m_eff >= 1'h1;
-  assign \$84  = ins[63:48] >= 1'h1;
-  assign \$85  = \$83  & \$84 ;
-  assign \$86  = ins[243:238] == 3'h4;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = m_eff >= 1'h1;
-  assign \$89  = ins[63:48] >= 1'h1;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = ins[243:238] >= 2'h2;
-  assign \$92  = \$90  & \$91 ;
-  assign \$93  = ins[243:238] <= 5'h18;
-  assign \$94  = \$92  & \$93 ;
-  assign \$95  = m_eff >= 1'h1;
-  assign \$96  = ins[63:48] >= 1'h1;
-  assign \$97  = \$95  & \$96 ;
-  assign \$100  = \$99  ? 5'h10 : 5'h00;
-  assign \$103  = \$102  ? 5'h10 : 5'h00;
-  assign \$104  = | ins[63:62];
-  assign \$105  = \$104  ? 14'h3fff : ins[61:48];
-  assign \$106  = mk + 5'h10;
-  assign \$108  = mk + 5'h10;
-  assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
-  assign \$111  = | \$110 [16:14];
-  assign \$113  = \$111  ? 14'h3fff : \$112 [13:0];
-  assign \$114  = offset + count;
-  assign \$115  = | \$114 [16:14];
-  assign \$116  = offset + count;
-  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
-  assign \$118  = offset + count;
+  assign \$75  = & { \$74 , \$70 , \$69  };
+  assign \$76  = m_eff >= 1'h1;
+  assign \$77  = ins[63:48] >= 1'h1;
+  assign \$78  = & { \$77 , \$76  };
+  assign \$79  = m_eff >= 1'h1;
+  assign \$80  = ins[63:48] >= 1'h1;
+  assign \$81  = & { \$80 , \$79  };
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = & { \$83 , \$82  };
+  assign \$85  = m_eff >= 1'h1;
+  assign \$86  = ins[63:48] == 4'h8;
+  assign \$87  = ins[47:32] == 2'h2;
+  assign \$88  = & { \$87 , \$86 , \$85  };
+  assign \$89  = ins[63:48] == 4'h8;
+  assign \$91  = m_eff >= 1'h1;
+  assign \$92  = ins[63:48] >= 1'h1;
+  assign \$93  = & { \$92 , \$91  };
+  assign \$94  = m_eff >= 1'h1;
+  assign \$95  = ins[63:48] >= 1'h1;
+  assign \$96  = & { \$95 , \$94  };
+  assign \$97  = m_eff >= 1'h1;
+  assign \$98  = ins[63:48] >= 1'h1;
+  assign \$99  = ins[47:32] >= 1'h1;
+  assign \$100  = & { \$99 , \$98 , \$97  };
+  assign \$101  = m_eff >= 1'h1;
+  assign \$102  = ins[63:48] >= 1'h1;
+  assign \$103  = & { \$102 , \$101  };
+  assign \$106  = \$105  ? 5'h10 : 5'h00;
+  assign \$109  = \$108  ? 5'h10 : 5'h00;
+  assign \$110  = | ins[63:62];
+  assign \$111  = \$110  ? 14'h3fff : ins[61:48];
+  assign \$112  = mk + 5'h10;
+  assign \$114  = mk + 5'h10;
+  assign \$115  = \$113  ? 14'h3fff : \$114 [13:0];
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -2879,9 +2881,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1189$0 (\$875 ),
-    .\port$1207$0 (\$876 ),
-    .\port$3383$2 (l4[17:2]),
+    .\port$1196$0 (\$878 ),
+    .\port$1214$0 (\$879 ),
+    .\port$3390$2 (l4[17:2]),
     .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -3074,29 +3076,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           endcase
       3'h2:
           casez (ins[5:0])
-            6'h03:
-                st_y = \$27 [15:0];
             6'h0c:
                 st_y = ins[47:32];
+            6'h03:
+                st_y = \$27 [15:0];
           endcase
       3'h3:
           casez (ins[5:0])
-            6'h03:
-                st_y = \$30 [15:0];
             6'h0c:
                 st_y = m_eff;
+            6'h03:
+                st_y = \$32 [15:0];
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
                 st_y = \$35 [15:0];
-            6'h01:
-                st_y = m_eff;
-            6'h02:
+            6'h01, 6'h02:
                 st_y = m_eff;
           endcase
       3'h5:
-          st_y = { 12'h000, \$45  };
+          st_y = { 12'h000, \$44  };
     endcase
   end
   always @* begin
@@ -3119,26 +3119,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           endcase
       3'h2:
           casez (ins[5:0])
-            6'h03:
-                st_x = { 17'h00000, ins[47:32] };
             6'h0c:
                 st_x = { 17'h00000, ins[63:48] };
+            6'h03:
+                st_x = { 17'h00000, ins[47:32] };
           endcase
       3'h3:
           casez (ins[5:0])
+            6'h0c:
+                st_x = { 19'h00000, \$29  };
             6'h03:
                 st_x = { 17'h00000, ins[63:48] };
-            6'h0c:
-                st_x = { 19'h00000, \$32  };
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
                 st_x = { 14'h0000, \$36  };
-            6'h01:
+            6'h01, 6'h02:
                 st_x = { 14'h0000, \$41  };
-            6'h02:
-                st_x = { 14'h0000, \$42  };
           endcase
       3'h5:
           st_x = { 1'h0, ins[199:168] };
@@ -3149,20 +3147,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     st_acc = 33'h000000000;
     casez (step)
       3'h0:
-          /* empty */;
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_acc = 33'h000000000;
+          endcase
       3'h1:
-          /* empty */;
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_acc = 33'h000000000;
+            6'h0a, 6'h0b:
+                st_acc = 33'h000000000;
+            6'h08:
+                st_acc = 33'h000000000;
+          endcase
       3'h2:
-          /* empty */;
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
       3'h3:
-          /* empty */;
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                /* empty */;
-            6'h01:
-                st_acc = 33'h000000003;
-            6'h02:
+                st_acc = 33'h000000000;
+            6'h01, 6'h02:
                 st_acc = 33'h000000003;
           endcase
       3'h5:
@@ -3171,24 +3187,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
+    shape_ok = 1'h0;
     casez (ins[5:0])
-      6'h08:
-          shape_ok = \$50 ;
-      6'h09:
+      6'h00:
+          shape_ok = 1'h1;
+      6'h01:
           shape_ok = \$51 ;
+      6'h02:
+          shape_ok = \$56 ;
       6'h03:
           shape_ok = \$68 ;
-      6'h0c:
-          shape_ok = \$73 ;
-      6'h01:
-          shape_ok = \$82 ;
-      6'h02:
-          shape_ok = \$87 ;
       6'h04:
-          shape_ok = \$94 ;
-      default:
-          shape_ok = \$97 ;
+          shape_ok = \$75 ;
+      6'h05:
+          shape_ok = \$78 ;
+      6'h06:
+          shape_ok = \$81 ;
+      6'h07:
+          shape_ok = \$84 ;
+      6'h08:
+          shape_ok = \$88 ;
+      6'h09:
+          shape_ok = \$90 ;
+      6'h0a:
+          shape_ok = \$93 ;
+      6'h0b:
+          shape_ok = \$96 ;
+      6'h0c:
+          shape_ok = \$100 ;
+      6'h0d:
+          shape_ok = \$103 ;
+      6'h0e:
+          shape_ok = 1'h1;
     endcase
   end
   always @* begin
@@ -3208,7 +3238,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$109 ;
+          wc = \$115 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -3238,7 +3268,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$113 ;
+          wa = \$119 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -3256,21 +3286,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h02:
           /* empty */;
       6'h03:
-          wb = { 9'h000, \$100  };
+          wb = { 9'h000, \$106  };
       6'h04:
-          wb = { 9'h000, \$103  };
+          wb = { 9'h000, \$109  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$105 ;
+          wb = \$111 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$117 ;
+          wb = \$123 ;
       6'h0b:
-          wb = \$121 ;
+          wb = \$127 ;
       6'h0c:
           wb = mk;
     endcase
@@ -3278,21 +3308,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$123 ) begin
+    if (\$129 ) begin
       decode_err = 8'h01;
-    end else if (\$142 ) begin
+    end else if (\$149 ) begin
       decode_err = 8'h08;
-    end else if (\$148 ) begin
+    end else if (\$155 ) begin
       decode_err = 8'h06;
-    end else if (\$151 ) begin
+    end else if (\$156 ) begin
       decode_err = 8'h03;
-    end else if (\$160 ) begin
+    end else if (\$166 ) begin
       decode_err = 8'h04;
-    end else if (\$163 ) begin
+    end else if (\$167 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$170 ) begin
+    end else if (\$173 ) begin
       decode_err = 8'h05;
     end
   end
@@ -3303,7 +3333,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       rd0__addr = pa;
     end
     if (gemm_run) begin
-      if (\$233 ) begin
+      if (\$236 ) begin
         rd0__addr = gm_addr;
       end
     end
@@ -3317,7 +3347,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$244 [12:0];
+          rd0__addr = \$247 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3331,18 +3361,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
-            rd0__addr = \$266 [12:0];
+          if (\$268 ) begin
+            rd0__addr = \$269 [12:0];
           end
       5'h0a:
-          rd0__addr = \$267 [12:0];
+          rd0__addr = \$270 [12:0];
       5'h10:
-          if (\$276 ) begin
-            rd0__addr = \$277 [12:0];
+          if (\$279 ) begin
+            rd0__addr = \$280 [12:0];
           end
       5'h11:
-          if (\$285 ) begin
-            rd0__addr = \$286 [12:0];
+          if (\$288 ) begin
+            rd0__addr = \$289 [12:0];
           end
       5'h12:
           /* empty */;
@@ -3356,27 +3386,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$300 ) begin
           end else begin
-            rd0__addr = \$298 [12:0];
+            rd0__addr = \$301 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
           /* empty */;
       5'h0c:
-          if (\$301 ) begin
-          end else if (\$302 ) begin
-            rd0__addr = \$304 [12:0];
+          if (\$304 ) begin
+          end else if (\$305 ) begin
+            rd0__addr = \$307 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$305 ) begin
-          end else if (\$308 ) begin
-            rd0__addr = \$311 [12:0];
+          if (\$308 ) begin
+          end else if (\$311 ) begin
+            rd0__addr = \$314 [12:0];
           end
     endcase
   end
@@ -3396,7 +3426,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$247 [12:0];
+          rd1__addr = \$250 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -3429,9 +3459,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$300 ) begin
           end else begin
-            rd1__addr = \$300 [12:0];
+            rd1__addr = \$303 [12:0];
           end
     endcase
   end
@@ -3439,10 +3469,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd0__en = 1'h1;
     if (eng_run) begin
-      rd0__en = \$176 ;
+      rd0__en = \$179 ;
     end
     if (gemm_run) begin
-      if (\$233 ) begin
+      if (\$236 ) begin
         rd0__en = 1'h1;
       end
     end
@@ -3470,17 +3500,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
+          if (\$268 ) begin
             rd0__en = 1'h1;
           end
       5'h0a:
           rd0__en = 1'h1;
       5'h10:
-          if (\$276 ) begin
+          if (\$279 ) begin
             rd0__en = 1'h1;
           end
       5'h11:
-          if (\$285 ) begin
+          if (\$288 ) begin
             rd0__en = 1'h1;
           end
       5'h12:
@@ -3495,7 +3525,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$300 ) begin
           end else begin
             rd0__en = 1'h1;
           end
@@ -3504,8 +3534,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h0c:
-          if (\$301 ) begin
-          end else if (\$302 ) begin
+          if (\$304 ) begin
+          end else if (\$305 ) begin
             rd0__en = 1'h1;
           end
       5'h19:
@@ -3513,8 +3543,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$305 ) begin
-          end else if (\$308 ) begin
+          if (\$308 ) begin
+          end else if (\$311 ) begin
             rd0__en = 1'h1;
           end
     endcase
@@ -3523,7 +3553,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd1__en = 1'h1;
     if (eng_run) begin
-      rd1__en = \$182 ;
+      rd1__en = \$185 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -3568,7 +3598,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$300 ) begin
           end else begin
             rd1__en = 1'h1;
           end
@@ -3589,7 +3619,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
-        eng_ready = \$214 ;
+        eng_ready = \$217 ;
       end else if (run_sigmoid) begin
         eng_ready = i__ready;
       end else if (run_situ) begin
@@ -3637,7 +3667,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          c_out__ready = \$216 ;
+          c_out__ready = \$219 ;
         end
       end
     end
@@ -3718,7 +3748,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$249 ;
+          rd_data__ready = \$252 ;
     endcase
   end
   always @* begin
@@ -3744,7 +3774,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (out_valid) begin
-            wr__addr = \$248 [12:0];
+            wr__addr = \$251 [12:0];
           end
       5'h07:
           /* empty */;
@@ -3754,8 +3784,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$250 ) begin
-              wr__addr = \$251 [12:0];
+            if (\$253 ) begin
+              wr__addr = \$254 [12:0];
             end
           end
       5'h09:
@@ -3764,11 +3794,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
-            wr__addr = \$281 [12:0];
-          end
-          if (\$282 ) begin
+          if (\$283 ) begin
             wr__addr = \$284 [12:0];
+          end
+          if (\$285 ) begin
+            wr__addr = \$287 [12:0];
           end
         end
       5'h11:
@@ -3776,19 +3806,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
-            wr__addr = \$288 [12:0];
+          if (\$290 ) begin
+            wr__addr = \$291 [12:0];
           end
       5'h14:
-          wr__addr = \$290 [12:0];
+          wr__addr = \$293 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$295 ) begin
           end else begin
-            wr__addr = \$293 [12:0];
+            wr__addr = \$296 [12:0];
           end
       5'h16:
-          wr__addr = \$296 [12:0];
+          wr__addr = \$299 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -3812,7 +3842,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = { \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236 [23], \$236  };
+        wr__data = { \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239  };
       end
     end
     casez (ctrl_state)
@@ -3840,8 +3870,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$250 ) begin
-              wr__data = \$258 ;
+            if (\$253 ) begin
+              wr__data = \$261 ;
             end
           end
       5'h09:
@@ -3850,10 +3880,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
+          if (\$283 ) begin
             wr__data = { 29'h00000000, rt_held[2:0] };
           end
-          if (\$282 ) begin
+          if (\$285 ) begin
             wr__data = { 16'h0000, rt_held[18:3] };
           end
         end
@@ -3862,16 +3892,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
+          if (\$290 ) begin
             wr__data = { 18'h00000, rt_p };
           end
       5'h14:
           wr__data = { 18'h00000, rt_pt };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$295 ) begin
           end else begin
-            wr__data = { \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294  };
+            wr__data = { \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297  };
           end
       5'h16:
           wr__data = { 18'h00000, rt_off };
@@ -3926,7 +3956,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (ld_full) begin
-            if (\$250 ) begin
+            if (\$253 ) begin
               wr__en = 1'h1;
             end
           end
@@ -3936,10 +3966,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$280 ) begin
+          if (\$283 ) begin
             wr__en = 1'h1;
           end
-          if (\$282 ) begin
+          if (\$285 ) begin
             wr__en = 1'h1;
           end
         end
@@ -3948,14 +3978,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
+          if (\$290 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$295 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -3987,7 +4017,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$237 ) begin
+          if (\$240 ) begin
           end else begin
             \$signature__addr  = { pc[5:0], 3'h0 };
           end
@@ -4003,7 +4033,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$237 ) begin
+          if (\$240 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -4023,11 +4053,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$238 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
-          end else if (\$241 ) begin
+          if (\$241 ) begin
           end else if (\$242 ) begin
+          end else if (\$243 ) begin
+          end else if (\$244 ) begin
+          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4070,11 +4100,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$238 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
-          end else if (\$241 ) begin
+          if (\$241 ) begin
           end else if (\$242 ) begin
+          end else if (\$243 ) begin
+          end else if (\$244 ) begin
+          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4222,7 +4252,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$271 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -4256,8 +4286,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
-            bias_addr = \$269 [2:0];
+          if (\$271 ) begin
+            bias_addr = \$272 [2:0];
           end
     endcase
   end
@@ -4290,7 +4320,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$271 ) begin
             bias_data = rd0__data[15:0];
           end
     endcase
@@ -4394,7 +4424,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$278 ;
+          routes__ready = \$281 ;
     endcase
   end
   always @* begin
@@ -4520,46 +4550,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$313 ) begin
+    if (\$316 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = host_base;
-    if (\$343 ) begin
-      \$740  = wr_data;
-    end
-    if (rst) begin
-      \$740  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = host_size;
-    if (\$345 ) begin
-      \$741  = wr_data;
-    end
-    if (rst) begin
-      \$741  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = rsel;
-    if (rd_en) begin
-      \$742  = s_axil__araddr;
-    end
-    if (rst) begin
-      \$742  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = lane_acc;
+    \$743  = host_base;
     if (\$346 ) begin
+      \$743  = wr_data;
+    end
+    if (rst) begin
+      \$743  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$744  = host_size;
+    if (\$348 ) begin
+      \$744  = wr_data;
+    end
+    if (rst) begin
+      \$744  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$745  = rsel;
+    if (rd_en) begin
+      \$745  = s_axil__araddr;
+    end
+    if (rst) begin
+      \$745  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = lane_acc;
+    if (\$349 ) begin
       if (lane_y[0]) begin
-        \$743  = \$350 ;
+        \$746  = \$353 ;
       end
     end
     casez (ctrl_state)
@@ -4570,9 +4600,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$743  = st_acc;
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$746  = st_acc;
           end
       5'h05:
           /* empty */;
@@ -4618,20 +4648,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$720 ) begin
+          if (\$723 ) begin
           end else begin
-            \$743  = 33'h000000000;
+            \$746  = 33'h000000000;
           end
     endcase
     if (rst) begin
-      \$743  = 33'h000000000;
+      \$746  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = lane_x;
-    if (\$346 ) begin
-      \$744  = \$352 [32:0];
+    \$747  = lane_x;
+    if (\$349 ) begin
+      \$747  = \$355 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4641,9 +4671,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$744  = st_x;
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$747  = st_x;
           end
       5'h05:
           /* empty */;
@@ -4689,20 +4719,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$720 ) begin
+          if (\$723 ) begin
           end else begin
-            \$744  = { 19'h00000, ins[61:48] };
+            \$747  = { 19'h00000, ins[61:48] };
           end
     endcase
     if (rst) begin
-      \$744  = 33'h000000000;
+      \$747  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = lane_y;
-    if (\$346 ) begin
-      \$745  = \$353 ;
+    \$748  = lane_y;
+    if (\$349 ) begin
+      \$748  = \$356 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4712,9 +4742,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$745  = st_y;
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$748  = st_y;
           end
       5'h05:
           /* empty */;
@@ -4760,109 +4790,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$720 ) begin
+          if (\$723 ) begin
           end else begin
-            \$745  = rd0_q[15:0];
+            \$748  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
-      \$745  = 16'h0000;
+      \$748  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = shape_ok;
-    if (rst) begin
-      \$746  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$396 ;
-    if (rst) begin
-      \$747  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$416 ;
-    if (rst) begin
-      \$748  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = \$423 ;
+    \$749  = shape_ok;
     if (rst) begin
       \$749  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = decode_err;
+    \$750  = \$399 ;
     if (rst) begin
-      \$750  = 8'h00;
+      \$750  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = h_valid;
-    if (eng_run) begin
-      if (\$425 ) begin
-        \$751  = g_valid;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$751  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$751  = 1'h0;
-              6'h0c:
-                  \$751  = 1'h0;
-              6'h0d:
-                  \$751  = 1'h0;
-            endcase
-          end
-    endcase
+    \$751  = \$419 ;
     if (rst) begin
       \$751  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = h_last;
-    if (eng_run) begin
-      if (\$425 ) begin
-        \$752  = g_last;
-      end
-    end
+    \$752  = \$426 ;
     if (rst) begin
       \$752  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = g_valid;
+    \$753  = decode_err;
+    if (rst) begin
+      \$753  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$754  = h_valid;
     if (eng_run) begin
-      if (\$429 ) begin
-        \$753  = \$431 ;
+      if (\$428 ) begin
+        \$754  = g_valid;
       end
     end
     casez (ctrl_state)
@@ -4874,57 +4851,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$753  = 1'h0;
+                  \$754  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$753  = 1'h0;
+                  \$754  = 1'h0;
               6'h0c:
-                  \$753  = 1'h0;
+                  \$754  = 1'h0;
               6'h0d:
-                  \$753  = 1'h0;
+                  \$754  = 1'h0;
             endcase
           end
     endcase
-    if (rst) begin
-      \$753  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = g_last;
-    if (eng_run) begin
-      if (\$429 ) begin
-        \$754  = \$432 ;
-      end
-    end
     if (rst) begin
       \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = rem0;
+    \$755  = h_last;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
-          (* full_case = 32'd1 *)
-          if (\$435 ) begin
-            \$755  = \$437 [13:0];
-          end else if (\$436 ) begin
-            \$755  = cnt0;
-          end else begin
-            \$755  = cnt0;
-          end
-        end
+      if (\$428 ) begin
+        \$755  = g_last;
+      end
+    end
+    if (rst) begin
+      \$755  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$756  = g_valid;
+    if (eng_run) begin
+      if (\$432 ) begin
+        \$756  = \$434 ;
       end
     end
     casez (ctrl_state)
@@ -4936,142 +4904,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$755  = ln;
+                  \$756  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$755  = ln;
+                  \$756  = 1'h0;
               6'h0c:
-                  \$755  = ins[45:32];
+                  \$756  = 1'h0;
               6'h0d:
-                  \$755  = ins[61:48];
+                  \$756  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$755  = 14'h0000;
+      \$756  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = pa;
+    \$757  = g_last;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
-          (* full_case = 32'd1 *)
-          if (\$435 ) begin
-            \$756  = \$438 [12:0];
-          end else if (\$436 ) begin
-            \$756  = \$442 [12:0];
-          end else begin
-            \$756  = \$448 [12:0];
-          end
-        end
+      if (\$432 ) begin
+        \$757  = \$435 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$756  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$756  = ins[76:64];
-              6'h0c:
-                  \$756  = ins[76:64];
-              6'h0d:
-                  \$756  = ins[76:64];
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$756  = 13'h0000;
+      \$757  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = pb;
+    \$758  = rem0;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-            \$757  = \$439 [12:0];
-          end else if (\$436 ) begin
-            \$757  = \$444 [12:0];
-          end else begin
-            \$757  = \$451 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$757  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$757  = ins[100:88];
-              6'h0c:
-                  \$757  = ins[100:88];
-              6'h0d:
-                  \$757  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$757  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = rem1;
-    if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
-          (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
             \$758  = \$440 [13:0];
+          end else if (\$439 ) begin
+            \$758  = cnt0;
           end else begin
-            \$758  = cnt1;
+            \$758  = cnt0;
           end
         end
       end
@@ -5085,23 +4966,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$758  = 14'h0001;
+                  \$758  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$758  = 14'h0001;
+                  \$758  = ln;
               6'h0c:
-                  \$758  = ins[61:48];
+                  \$758  = ins[45:32];
               6'h0d:
-                  \$758  = 14'h0002;
+                  \$758  = ins[61:48];
             endcase
           end
     endcase
@@ -5111,16 +4992,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = ra1;
+    \$759  = pa;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
             \$759  = \$441 [12:0];
+          end else if (\$439 ) begin
+            \$759  = \$445 [12:0];
           end else begin
-            \$759  = \$447 [12:0];
+            \$759  = \$451 [12:0];
           end
         end
       end
@@ -5134,11 +5016,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5160,16 +5042,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = rb1;
+    \$760  = pb;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
-            \$760  = \$443 [12:0];
+          if (\$438 ) begin
+            \$760  = \$442 [12:0];
+          end else if (\$439 ) begin
+            \$760  = \$447 [12:0];
           end else begin
-            \$760  = \$450 [12:0];
+            \$760  = \$454 [12:0];
           end
         end
       end
@@ -5183,11 +5066,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5209,15 +5092,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = rem2;
+    \$761  = rem1;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+            \$761  = \$443 [13:0];
           end else begin
-            \$761  = \$445 [13:0];
+            \$761  = cnt1;
           end
         end
       end
@@ -5231,11 +5115,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5245,9 +5129,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$761  = 14'h0001;
               6'h0c:
-                  \$761  = m_eff[13:0];
+                  \$761  = ins[61:48];
               6'h0d:
-                  \$761  = m_eff[13:0];
+                  \$761  = 14'h0002;
             endcase
           end
     endcase
@@ -5257,15 +5141,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = ra2;
+    \$762  = ra1;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+            \$762  = \$444 [12:0];
           end else begin
-            \$762  = \$446 [12:0];
+            \$762  = \$450 [12:0];
           end
         end
       end
@@ -5279,11 +5164,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5305,15 +5190,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = rb2;
+    \$763  = rb1;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+            \$763  = \$446 [12:0];
           end else begin
-            \$763  = \$449 [12:0];
+            \$763  = \$453 [12:0];
           end
         end
       end
@@ -5327,11 +5213,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5353,16 +5239,160 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = issuing;
+    \$764  = rem2;
     if (eng_run) begin
-      if (\$429 ) begin
-        if (\$434 ) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$435 ) begin
-          end else if (\$436 ) begin
+          if (\$438 ) begin
+          end else if (\$439 ) begin
           end else begin
-            if (\$453 ) begin
-              \$764  = 1'h0;
+            \$764  = \$448 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$764  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$764  = 14'h0001;
+              6'h0c:
+                  \$764  = m_eff[13:0];
+              6'h0d:
+                  \$764  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$764  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = ra2;
+    if (eng_run) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
+          (* full_case = 32'd1 *)
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+          end else begin
+            \$765  = \$449 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$765  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$765  = ins[76:64];
+              6'h0c:
+                  \$765  = ins[76:64];
+              6'h0d:
+                  \$765  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$765  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$766  = rb2;
+    if (eng_run) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
+          (* full_case = 32'd1 *)
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+          end else begin
+            \$766  = \$452 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$766  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$766  = ins[100:88];
+              6'h0c:
+                  \$766  = ins[100:88];
+              6'h0d:
+                  \$766  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$766  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = issuing;
+    if (eng_run) begin
+      if (\$432 ) begin
+        if (\$437 ) begin
+          (* full_case = 32'd1 *)
+          if (\$438 ) begin
+          end else if (\$439 ) begin
+          end else begin
+            if (\$456 ) begin
+              \$767  = 1'h0;
             end
           end
         end
@@ -5377,47 +5407,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$764  = 1'h1;
+                  \$767  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$764  = 1'h1;
+                  \$767  = 1'h1;
               6'h0c:
-                  \$764  = 1'h1;
+                  \$767  = 1'h1;
               6'h0d:
-                  \$764  = 1'h1;
+                  \$767  = 1'h1;
             endcase
           end
     endcase
-    if (rst) begin
-      \$764  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$457 ;
-    if (rst) begin
-      \$765  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = \$458 ;
-    if (rst) begin
-      \$766  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$459 ;
     if (rst) begin
       \$767  = 1'h0;
     end
@@ -5426,7 +5435,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$768  = \$460 ;
     if (rst) begin
-      \$768  = 1'h0;
+      \$768  = 2'h0;
     end
   end
   always @* begin
@@ -5445,56 +5454,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = rq_wvalid;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$463 ) begin
-          \$771  = 1'h0;
-        end
-        if (\$464 ) begin
-          if (\$473 ) begin
-            \$771  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$771  = 1'h0;
-            endcase
-          end
-    endcase
+    \$771  = \$463 ;
     if (rst) begin
       \$771  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = rq_fill;
+    \$772  = \$464 ;
+    if (rst) begin
+      \$772  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = \$465 ;
+    if (rst) begin
+      \$773  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$774  = rq_wvalid;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$463 ) begin
-          \$772  = 3'h0;
+        if (\$466 ) begin
+          \$774  = 1'h0;
         end
-        if (\$464 ) begin
-          \$772  = \$469 [2:0];
+        if (\$467 ) begin
+          if (\$476 ) begin
+            \$774  = 1'h1;
+          end
         end
       end
     end
@@ -5507,39 +5497,79 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$772  = 3'h0;
+                  \$774  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$772  = 3'h0;
+      \$774  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = rq_in__payload;
+    \$775  = rq_fill;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$464 ) begin
-          casez (\$466 )
+        if (\$466 ) begin
+          \$775  = 3'h0;
+        end
+        if (\$467 ) begin
+          \$775  = \$472 [2:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$775  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$775  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = rq_in__payload;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$467 ) begin
+          casez (\$469 )
             3'h0:
-                \$773 [23:0] = rd0_q[23:0];
+                \$776 [23:0] = rd0_q[23:0];
             3'h1:
-                \$773 [47:24] = rd0_q[23:0];
+                \$776 [47:24] = rd0_q[23:0];
             3'h2:
-                \$773 [71:48] = rd0_q[23:0];
+                \$776 [71:48] = rd0_q[23:0];
             3'h3:
-                \$773 [95:72] = rd0_q[23:0];
+                \$776 [95:72] = rd0_q[23:0];
           endcase
         end
       end
@@ -5549,17 +5579,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$773 [7:0] = rd0__data[7:0];
+              \$776 [7:0] = rd0__data[7:0];
           2'h1:
-              \$773 [31:24] = rd0__data[7:0];
+              \$776 [31:24] = rd0__data[7:0];
           2'h2:
-              \$773 [55:48] = rd0__data[7:0];
+              \$776 [55:48] = rd0__data[7:0];
           2'h3:
-              \$773 [79:72] = rd0__data[7:0];
+              \$776 [79:72] = rd0__data[7:0];
         endcase
       end
-      if (\$501 ) begin
-        \$773  = 96'h000000000000000000000000;
+      if (\$504 ) begin
+        \$776  = 96'h000000000000000000000000;
       end
     end
     casez (ctrl_state)
@@ -5571,11 +5601,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5589,7 +5619,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$773  = 96'h000000000000000000000000;
+                  \$776  = 96'h000000000000000000000000;
             endcase
           end
       5'h05:
@@ -5612,20 +5642,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
           if (rt_cap) begin
-            \$773 [12:0] = \$673 ;
+            \$776 [12:0] = \$676 ;
           end
     endcase
     if (rst) begin
-      \$773  = 96'h000000000000000000000000;
+      \$776  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = rq_lane;
+    \$777  = rq_lane;
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          \$774  = \$477 [1:0];
+          \$777  = \$480 [1:0];
         end
       end
     end
@@ -5638,60 +5668,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$774  = 2'h0;
+                  \$777  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$774  = 2'h0;
+      \$777  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = gm_cap;
+    \$778  = gm_cap;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$489 ) begin
-        \$775  = 1'h1;
+      if (\$492 ) begin
+        \$778  = 1'h1;
       end else begin
-        \$775  = 1'h0;
+        \$778  = 1'h0;
       end
     end
     if (rst) begin
-      \$775  = 1'h0;
+      \$778  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = gm_cap_lane;
+    \$779  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$489 ) begin
-        \$776  = gm_lane[1:0];
+      if (\$492 ) begin
+        \$779  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$776  = 2'h0;
+      \$779  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = gm_lane;
+    \$780  = gm_lane;
     if (gemm_run) begin
-      if (\$489 ) begin
-        \$777  = \$490 [2:0];
+      if (\$492 ) begin
+        \$780  = \$493 [2:0];
       end
-      if (\$501 ) begin
-        \$777  = 3'h0;
+      if (\$504 ) begin
+        \$780  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -5703,11 +5733,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5721,169 +5751,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$777  = 3'h0;
+                  \$780  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$777  = 3'h0;
+      \$780  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = gm_addr;
+    \$781  = gm_addr;
     if (gemm_run) begin
-      if (\$489 ) begin
-        \$778  = \$491 [12:0];
+      if (\$492 ) begin
+        \$781  = \$494 [12:0];
       end
-      if (\$501 ) begin
+      if (\$504 ) begin
         (* full_case = 32'd1 *)
-        if (\$503 ) begin
-          \$778  = \$506 [12:0];
-        end else begin
-          \$778  = \$511 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$778  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$778  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = a_in__valid;
-    if (gemm_run) begin
-      if (\$500 ) begin
-        \$779  = 1'h1;
-      end
-      if (\$501 ) begin
-        \$779  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$779  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$779  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = gm_k;
-    if (gemm_run) begin
-      if (\$501 ) begin
-        (* full_case = 32'd1 *)
-        if (\$503 ) begin
-          \$780  = \$504 [6:0];
-        end else begin
-          \$780  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$780  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$780  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = gm_wstart;
-    if (gemm_run) begin
-      if (\$501 ) begin
-        (* full_case = 32'd1 *)
-        if (\$503 ) begin
-          \$781  = \$505 [12:0];
-        end else begin
+        if (\$506 ) begin
           \$781  = \$509 [12:0];
+        end else begin
+          \$781  = \$514 [12:0];
         end
       end
     end
@@ -5896,11 +5784,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5924,13 +5812,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = gm_left;
+    \$782  = a_in__valid;
     if (gemm_run) begin
-      if (\$501 ) begin
+      if (\$503 ) begin
+        \$782  = 1'h1;
+      end
+      if (\$504 ) begin
+        \$782  = 1'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$782  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$782  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = gm_k;
+    if (gemm_run) begin
+      if (\$504 ) begin
         (* full_case = 32'd1 *)
-        if (\$503 ) begin
+        if (\$506 ) begin
+          \$783  = \$507 [6:0];
         end else begin
-          \$782  = \$507 [13:0];
+          \$783  = 7'h00;
         end
       end
     end
@@ -5943,11 +5878,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5961,25 +5896,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$782  = m_eff[13:0];
+                  \$783  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$782  = 14'h0000;
+      \$783  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = gm_afeed_done;
+    \$784  = gm_wstart;
     if (gemm_run) begin
-      if (\$501 ) begin
+      if (\$504 ) begin
         (* full_case = 32'd1 *)
-        if (\$503 ) begin
+        if (\$506 ) begin
+          \$784  = \$508 [12:0];
         end else begin
-          if (\$514 ) begin
-            \$783  = 1'h1;
-          end
+          \$784  = \$512 [12:0];
         end
       end
     end
@@ -5992,11 +5926,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6010,22 +5944,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$783  = 1'h0;
+                  \$784  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$783  = 1'h0;
+      \$784  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = gc_lane;
+    \$785  = gm_left;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        \$784  = \$515 [1:0];
-        if (gc_last) begin
-          \$784  = 2'h0;
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+        end else begin
+          \$785  = \$510 [13:0];
         end
       end
     end
@@ -6038,11 +5973,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6056,26 +5991,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$784  = 2'h0;
+                  \$785  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$784  = 2'h0;
+      \$785  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = gc_addr;
+    \$786  = gm_afeed_done;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        \$785  = \$516 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$526 ) begin
-            \$785  = \$529 [12:0];
-          end else begin
-            \$785  = \$536 [12:0];
+      if (\$504 ) begin
+        (* full_case = 32'd1 *)
+        if (\$506 ) begin
+        end else begin
+          if (\$517 ) begin
+            \$786  = 1'h1;
           end
         end
       end
@@ -6089,11 +6022,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6107,58 +6040,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$785  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$785  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$786  = \$524 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$526 ) begin
-            \$786  = \$533 ;
-          end else begin
-            \$786  = \$542 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$786  = \$593 ;
+                  \$786  = 1'h0;
             endcase
           end
     endcase
@@ -6168,16 +6050,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = gc_n;
+    \$787  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
+        \$787  = \$518 [1:0];
         if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$526 ) begin
-            \$787  = \$527 [8:0];
-          end else begin
-            \$787  = 9'h000;
-          end
+          \$787  = 2'h0;
         end
       end
     end
@@ -6190,11 +6068,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6208,25 +6086,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$787  = 9'h000;
+                  \$787  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$787  = 9'h000;
+      \$787  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = gc_wstart;
+    \$788  = gc_addr;
     if (gemm_run) begin
       if (c_out__valid) begin
+        \$788  = \$519 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$526 ) begin
-            \$788  = \$528 [12:0];
+          if (\$529 ) begin
+            \$788  = \$532 [12:0];
           end else begin
-            \$788  = \$535 [12:0];
+            \$788  = \$539 [12:0];
           end
         end
       end
@@ -6240,11 +6119,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6268,14 +6147,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = gc_left;
+    \$789  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
+        \$789  = \$527 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$526 ) begin
+          if (\$529 ) begin
+            \$789  = \$536 ;
           end else begin
-            \$789  = \$534 [13:0];
+            \$789  = \$545 ;
           end
         end
       end
@@ -6289,11 +6170,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6307,73 +6188,168 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$789  = m_eff[13:0];
+                  \$789  = \$596 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$789  = 14'h0000;
+      \$789  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = cycles;
-    if (running) begin
-      \$790  = \$543 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$790  = 32'd0;
+    \$790  = gc_n;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$790  = \$530 [8:0];
+          end else begin
+            \$790  = 9'h000;
           end
-    endcase
-    if (rst) begin
-      \$790  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = busy_dma;
-    if (running) begin
-      if (cur_executor[0]) begin
-        \$791  = \$544 [31:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (start_req) begin
-            \$791  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$790  = 9'h000;
+            endcase
           end
     endcase
     if (rst) begin
-      \$791  = 32'd0;
+      \$790  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = busy_gemm;
-    if (running) begin
-      if (cur_executor[1]) begin
-        \$792  = \$545 [31:0];
+    \$791  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+            \$791  = \$531 [12:0];
+          end else begin
+            \$791  = \$538 [12:0];
+          end
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (start_req) begin
-            \$792  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$791  = ins[124:112];
+            endcase
           end
     endcase
     if (rst) begin
-      \$792  = 32'd0;
+      \$791  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = busy_act;
-    if (running) begin
-      if (cur_executor[2]) begin
-        \$793  = \$546 [31:0];
+    \$792  = gc_left;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$529 ) begin
+          end else begin
+            \$792  = \$537 [13:0];
+          end
+        end
       end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$792  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$792  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = cycles;
+    if (running) begin
+      \$793  = \$546 [31:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -6387,9 +6363,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = busy_route;
+    \$794  = busy_dma;
     if (running) begin
-      if (cur_executor[3]) begin
+      if (cur_executor[0]) begin
         \$794  = \$547 [31:0];
       end
     end
@@ -6405,9 +6381,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = busy_vector;
+    \$795  = busy_gemm;
     if (running) begin
-      if (cur_executor[4]) begin
+      if (cur_executor[1]) begin
         \$795  = \$548 [31:0];
       end
     end
@@ -6423,9 +6399,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = busy_move;
+    \$796  = busy_act;
     if (running) begin
-      if (cur_executor[5]) begin
+      if (cur_executor[2]) begin
         \$796  = \$549 [31:0];
       end
     end
@@ -6441,41 +6417,95 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = rd0_q;
-    if (\$553 ) begin
-      \$797  = rd0__data;
+    \$797  = busy_route;
+    if (running) begin
+      if (cur_executor[3]) begin
+        \$797  = \$550 [31:0];
+      end
     end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$797  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$797  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = rd1_q;
-    if (\$553 ) begin
-      \$798  = rd1__data;
+    \$798  = busy_vector;
+    if (running) begin
+      if (cur_executor[4]) begin
+        \$798  = \$551 [31:0];
+      end
     end
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$798  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$798  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = running;
+    \$799  = busy_move;
+    if (running) begin
+      if (cur_executor[5]) begin
+        \$799  = \$552 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$799  = 1'h1;
+            \$799  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$799  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = rd0_q;
+    if (\$556 ) begin
+      \$800  = rd0__data;
+    end
+    if (rst) begin
+      \$800  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = rd1_q;
+    if (\$556 ) begin
+      \$801  = rd1__data;
+    end
+    if (rst) begin
+      \$801  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$802  = running;
+    casez (ctrl_state)
+      5'h00:
+          if (start_req) begin
+            \$802  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$799  = 1'h0;
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+            \$802  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -6524,31 +6554,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$737 ) begin
-            \$799  = 1'h0;
+          if (\$740 ) begin
+            \$802  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$799  = 1'h0;
+      \$802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = done;
+    \$803  = done;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$800  = 1'h0;
+            \$803  = 1'h0;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$800  = 1'h1;
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+            \$803  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -6597,24 +6627,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$737 ) begin
-            \$800  = 1'h0;
+          if (\$740 ) begin
+            \$803  = 1'h0;
           end
     endcase
-    if (\$739 ) begin
-      \$800  = 1'h0;
+    if (\$742 ) begin
+      \$803  = 1'h0;
     end
     if (rst) begin
-      \$800  = 1'h0;
+      \$803  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = err;
+    \$804  = err;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$801  = 8'h00;
+            \$804  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -6669,24 +6699,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$737 ) begin
-            \$801  = stop_code;
+          if (\$740 ) begin
+            \$804  = stop_code;
           end
     endcase
-    if (\$739 ) begin
-      \$801  = 8'h00;
+    if (\$742 ) begin
+      \$804  = 8'h00;
     end
     if (rst) begin
-      \$801  = 8'h00;
+      \$804  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = pc;
+    \$805  = pc;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$802  = 13'h0000;
+            \$805  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -6694,15 +6724,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$802  = { 1'h0, ins[255:244] };
+                  \$805  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
@@ -6710,26 +6740,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$606 ) begin
-            \$802  = \$607 [12:0];
+          if (\$609 ) begin
+            \$805  = \$610 [12:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$609 ) begin
-            \$802  = \$610 [12:0];
+          if (\$612 ) begin
+            \$805  = \$613 [12:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$628 ) begin
-            \$802  = \$629 [12:0];
+          end else if (\$631 ) begin
+            \$805  = \$632 [12:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$658 ) begin
-            \$802  = \$659 [12:0];
+          end else if (\$661 ) begin
+            \$805  = \$662 [12:0];
           end
       5'h0a:
           /* empty */;
@@ -6747,36 +6777,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$706 ) begin
           end else begin
-            \$802  = \$704 [12:0];
+            \$805  = \$707 [12:0];
           end
       5'h0b:
-          if (\$706 ) begin
-            \$802  = { 1'h0, ins[255:244] };
+          if (\$709 ) begin
+            \$805  = { 1'h0, ins[255:244] };
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$709 ) begin
-            \$802  = \$712 [12:0];
+          if (\$712 ) begin
+            \$805  = \$715 [12:0];
           end
       5'h0c:
-          if (\$714 ) begin
-            \$802  = \$716 [12:0];
+          if (\$717 ) begin
+            \$805  = \$719 [12:0];
           end
     endcase
     if (rst) begin
-      \$802  = 13'h0000;
+      \$805  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = retired;
+    \$806  = retired;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$803  = 32'd0;
+            \$806  = 32'd0;
           end
       5'h01:
           /* empty */;
@@ -6784,15 +6814,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$803  = \$586 [31:0];
+                  \$806  = \$589 [31:0];
             endcase
           end
       5'h05:
@@ -6800,26 +6830,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$606 ) begin
-            \$803  = \$608 [31:0];
+          if (\$609 ) begin
+            \$806  = \$611 [31:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$609 ) begin
-            \$803  = \$611 [31:0];
+          if (\$612 ) begin
+            \$806  = \$614 [31:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$628 ) begin
-            \$803  = \$630 [31:0];
+          end else if (\$631 ) begin
+            \$806  = \$633 [31:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$658 ) begin
-            \$803  = \$660 [31:0];
+          end else if (\$661 ) begin
+            \$806  = \$663 [31:0];
           end
       5'h0a:
           /* empty */;
@@ -6837,36 +6867,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$706 ) begin
           end else begin
-            \$803  = \$705 [31:0];
+            \$806  = \$708 [31:0];
           end
       5'h0b:
-          if (\$706 ) begin
-            \$803  = \$707 [31:0];
+          if (\$709 ) begin
+            \$806  = \$710 [31:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$709 ) begin
-            \$803  = \$713 [31:0];
+          if (\$712 ) begin
+            \$806  = \$716 [31:0];
           end
       5'h0c:
-          if (\$714 ) begin
-            \$803  = \$717 [31:0];
+          if (\$717 ) begin
+            \$806  = \$720 [31:0];
           end
     endcase
     if (rst) begin
-      \$803  = 32'd0;
+      \$806  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = route_done;
+    \$807  = route_done;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$804  = 1'h0;
+            \$807  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6906,22 +6936,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$706 ) begin
           end else begin
-            \$804  = 1'h1;
+            \$807  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$804  = 1'h0;
+      \$807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = exp_active;
+    \$808  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$805  = 1'h0;
+            \$808  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6961,32 +6991,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$706 ) begin
           end else begin
-            \$805  = 1'h0;
+            \$808  = 1'h0;
           end
       5'h0b:
-          if (\$706 ) begin
-            \$805  = 1'h0;
+          if (\$709 ) begin
+            \$808  = 1'h0;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$709 ) begin
-            \$805  = 1'h1;
+          if (\$712 ) begin
+            \$808  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$805  = 1'h0;
+      \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = scores_ok;
+    \$809  = scores_ok;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$806  = 1'h0;
+            \$809  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6999,802 +7029,802 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$606 ) begin
+          if (\$609 ) begin
             if (run_sigmoid) begin
-              \$806  = 1'h1;
+              \$809  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$806  = 1'h0;
+      \$809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = ctrl_state;
+    \$810  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (start_req) begin
-            \$807  = 5'h01;
+            \$810  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$554 ) begin
-            \$807  = 5'h02;
+          if (\$557 ) begin
+            \$810  = 5'h02;
           end else begin
-            \$807  = 5'h03;
+            \$810  = 5'h03;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h03:
         begin
-          if (\$556 ) begin
-            \$807  = 5'h04;
+          if (\$559 ) begin
+            \$810  = 5'h04;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$807  = 5'h00;
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
-            \$807  = 5'h02;
+          end else if (\$562 ) begin
+            \$810  = 5'h00;
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$810  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$807  = 5'h01;
+                  \$810  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$589 ) begin
-                    \$807  = 5'h05;
+                  if (\$592 ) begin
+                    \$810  = 5'h05;
                   end else begin
-                    \$807  = 5'h06;
+                    \$810  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$807  = 5'h06;
+                  \$810  = 5'h06;
               6'h0c:
-                  \$807  = 5'h06;
+                  \$810  = 5'h06;
               6'h0d:
-                  \$807  = 5'h06;
+                  \$810  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$595 ) begin
-                    \$807  = 5'h05;
+                  if (\$598 ) begin
+                    \$810  = 5'h05;
                   end else begin
-                    \$807  = 5'h07;
+                    \$810  = 5'h07;
                   end
               6'h01:
-                  \$807  = 5'h08;
+                  \$810  = 5'h08;
               6'h02:
-                  \$807  = 5'h09;
+                  \$810  = 5'h09;
               6'h08:
-                  \$807  = 5'h0a;
+                  \$810  = 5'h0a;
               6'h09:
-                  \$807  = 5'h0b;
+                  \$810  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$807  = 5'h0c;
+                  \$810  = 5'h0c;
             endcase
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$807  = 5'h0d;
+          \$810  = 5'h0d;
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
           if (run_gemm) begin
-            \$807  = 5'h07;
+            \$810  = 5'h07;
           end else begin
-            \$807  = 5'h06;
+            \$810  = 5'h06;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$606 ) begin
-            \$807  = 5'h01;
+          if (\$609 ) begin
+            \$810  = 5'h01;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$807  = 5'h0e;
+            \$810  = 5'h0e;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end else if (\done$328 ) begin
             (* full_case = 32'd1 *)
             if (\error$329 ) begin
-              \$807  = 5'h02;
+              \$810  = 5'h02;
             end else begin
-              \$807  = 5'h0f;
+              \$810  = 5'h0f;
             end
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$609 ) begin
-            \$807  = 5'h01;
+          if (\$612 ) begin
+            \$810  = 5'h01;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$807  = 5'h02;
-          end else if (\$628 ) begin
-            \$807  = 5'h01;
+            \$810  = 5'h02;
+          end else if (\$631 ) begin
+            \$810  = 5'h01;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$807  = 5'h02;
-          end else if (\$658 ) begin
-            \$807  = 5'h01;
+            \$810  = 5'h02;
+          end else if (\$661 ) begin
+            \$810  = 5'h01;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$662 ) begin
-            \$807  = 5'h10;
+          if (\$665 ) begin
+            \$810  = 5'h10;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$691 ) begin
-            \$807  = 5'h11;
+          if (\$694 ) begin
+            \$810  = 5'h11;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h11:
         begin
-          if (\$692 ) begin
-            \$807  = 5'h12;
+          if (\$695 ) begin
+            \$810  = 5'h12;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$807  = 5'h13;
+          \$810  = 5'h13;
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$693 ) begin
-            \$807  = 5'h14;
-          end else begin
-            \$807  = 5'h15;
-          end
-          if (soft_req) begin
-            \$807  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$807  = 5'h15;
-          if (soft_req) begin
-            \$807  = 5'h02;
-          end
-        end
-      5'h15:
         begin
           (* full_case = 32'd1 *)
           if (\$696 ) begin
-            \$807  = 5'h11;
+            \$810  = 5'h14;
           end else begin
-            \$807  = 5'h16;
+            \$810  = 5'h15;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$810  = 5'h15;
+          if (soft_req) begin
+            \$810  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$699 ) begin
+            \$810  = 5'h11;
+          end else begin
+            \$810  = 5'h16;
+          end
+          if (soft_req) begin
+            \$810  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
-            \$807  = 5'h11;
+          if (\$706 ) begin
+            \$810  = 5'h11;
           end else begin
-            \$807  = 5'h01;
+            \$810  = 5'h01;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$706 ) begin
-            \$807  = 5'h01;
+          if (\$709 ) begin
+            \$810  = 5'h01;
           end else begin
-            \$807  = 5'h17;
+            \$810  = 5'h17;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$807  = 5'h18;
+          \$810  = 5'h18;
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$709 ) begin
-            \$807  = 5'h01;
+          if (\$712 ) begin
+            \$810  = 5'h01;
           end else begin
-            \$807  = 5'h0b;
+            \$810  = 5'h0b;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h0c:
         begin
-          if (\$714 ) begin
-            \$807  = 5'h01;
-          end else if (\$715 ) begin
-            \$807  = 5'h19;
+          if (\$717 ) begin
+            \$810  = 5'h01;
+          end else if (\$718 ) begin
+            \$810  = 5'h19;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$807  = 5'h1a;
+          \$810  = 5'h1a;
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$720 ) begin
-            \$807  = 5'h02;
+          if (\$723 ) begin
+            \$810  = 5'h02;
           end else begin
-            \$807  = 5'h1b;
+            \$810  = 5'h1b;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$732 ) begin
-            \$807  = 5'h0c;
+          if (\$735 ) begin
+            \$810  = 5'h0c;
           end
           if (soft_req) begin
-            \$807  = 5'h02;
+            \$810  = 5'h02;
           end
         end
       5'h02:
-          if (\$737 ) begin
-            \$807  = 5'h00;
+          if (\$740 ) begin
+            \$810  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$807  = 5'h00;
+      \$810  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = stop_code;
+    \$811  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$554 ) begin
-            \$808  = 8'h06;
+          if (\$557 ) begin
+            \$811  = 8'h06;
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h03:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h04:
         begin
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
-            \$808  = decode_q;
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$811  = decode_q;
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h05:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h0d:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h06:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h07:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$808  = 8'h07;
+            \$811  = 8'h07;
           end else if (\done$328 ) begin
             if (\error$329 ) begin
-              \$808  = 8'h03;
+              \$811  = 8'h03;
             end
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h0f:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$808  = 8'h07;
+            \$811  = 8'h07;
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$808  = 8'h07;
+            \$811  = 8'h07;
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h0a:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h10:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h11:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h12:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h13:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h14:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h15:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h16:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h0b:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h17:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h18:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h0c:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h19:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$720 ) begin
-            \$808  = 8'h02;
+          if (\$723 ) begin
+            \$811  = 8'h02;
           end
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
         end
       5'h1b:
           if (soft_req) begin
-            \$808  = 8'h00;
+            \$811  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$808  = 8'h00;
+      \$811  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = cur_executor;
+    \$812  = cur_executor;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$554 ) begin
-            \$809  = 6'h00;
+          if (\$557 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h03:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
-            \$809  = 6'h00;
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+            \$812  = 6'h00;
           end else begin
-            if (\$574 ) begin
-              \$809  = 6'h01;
-            end
-            if (\$575 ) begin
-              \$809  = 6'h01;
-            end
-            if (\$576 ) begin
-              \$809  = 6'h02;
-            end
             if (\$577 ) begin
-              \$809  = 6'h04;
+              \$812  = 6'h01;
             end
             if (\$578 ) begin
-              \$809  = 6'h04;
+              \$812  = 6'h01;
             end
             if (\$579 ) begin
-              \$809  = 6'h04;
+              \$812  = 6'h02;
             end
             if (\$580 ) begin
-              \$809  = 6'h08;
+              \$812  = 6'h04;
             end
             if (\$581 ) begin
-              \$809  = 6'h10;
+              \$812  = 6'h04;
             end
             if (\$582 ) begin
-              \$809  = 6'h10;
+              \$812  = 6'h04;
             end
             if (\$583 ) begin
-              \$809  = 6'h10;
+              \$812  = 6'h10;
             end
             if (\$584 ) begin
-              \$809  = 6'h20;
+              \$812  = 6'h08;
             end
             if (\$585 ) begin
-              \$809  = 6'h20;
+              \$812  = 6'h20;
+            end
+            if (\$586 ) begin
+              \$812  = 6'h20;
+            end
+            if (\$587 ) begin
+              \$812  = 6'h10;
+            end
+            if (\$588 ) begin
+              \$812  = 6'h10;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$809  = 6'h00;
+                  \$812  = 6'h00;
             endcase
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h05:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h0d:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h06:
         begin
-          if (\$606 ) begin
-            \$809  = 6'h00;
+          if (\$609 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h07:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end else if (\done$328 ) begin
             if (\error$329 ) begin
-              \$809  = 6'h00;
+              \$812  = 6'h00;
             end
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$609 ) begin
-            \$809  = 6'h00;
+          if (\$612 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$809  = 6'h00;
-          end else if (\$628 ) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
+          end else if (\$631 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$809  = 6'h00;
-          end else if (\$658 ) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
+          end else if (\$661 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h0a:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h10:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h11:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h12:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h13:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h14:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h15:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$706 ) begin
           end else begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$706 ) begin
-            \$809  = 6'h00;
+          if (\$709 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h17:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h18:
         begin
-          if (\$709 ) begin
-            \$809  = 6'h00;
+          if (\$712 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$714 ) begin
-            \$809  = 6'h00;
+          if (\$717 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h19:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$720 ) begin
-            \$809  = 6'h00;
+          if (\$723 ) begin
+            \$812  = 6'h00;
           end
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
         end
       5'h1b:
           if (soft_req) begin
-            \$809  = 6'h00;
+            \$812  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$809  = 6'h00;
+      \$812  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = fetch_word;
+    \$813  = fetch_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$554 ) begin
+          if (\$557 ) begin
           end else begin
-            \$810  = 4'h1;
+            \$813  = 4'h1;
           end
       5'h03:
-          \$810  = \$555 [3:0];
+          \$813  = \$558 [3:0];
     endcase
     if (rst) begin
-      \$810  = 4'h0;
+      \$813  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = ins;
+    \$814  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$811  = { \$signature__data , ins[255:32] };
+          \$814  = { \$signature__data , ins[255:32] };
     endcase
     if (rst) begin
-      \$811  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$814  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = step;
+    \$815  = step;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$556 ) begin
-            \$812  = 3'h0;
+          if (\$559 ) begin
+            \$815  = 3'h0;
           end
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$812  = \$572 [2:0];
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$815  = \$575 [2:0];
           end
     endcase
     if (rst) begin
-      \$812  = 3'h0;
+      \$815  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = settle;
+    \$816  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\$556 ) begin
-            \$813  = 2'h0;
+          if (\$559 ) begin
+            \$816  = 2'h0;
           end
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-            \$813  = \$573 [1:0];
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+            \$816  = \$576 [1:0];
           end
     endcase
     if (rst) begin
-      \$813  = 2'h0;
+      \$816  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = ln;
+    \$817  = ln;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7803,92 +7833,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
             casez (step)
               3'h1:
-                  \$814  = \$563 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$814  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = mk;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  \$815  = \$565 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$815  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = p2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  \$816  = \$567 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$816  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = p3;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  \$817  = \$569 ;
+                  \$817  = \$566 ;
             endcase
           end
     endcase
@@ -7898,7 +7847,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = l4;
+    \$818  = mk;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7907,8 +7856,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  \$818  = \$568 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$818  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = p2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  \$819  = \$570 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$819  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = p3;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  \$820  = \$572 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$820  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$821  = l4;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$560 ) begin
+          end else if (\$561 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7919,17 +7949,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h4:
                   /* empty */;
               3'h5:
-                  \$818  = \$571 ;
+                  \$821  = \$574 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$818  = 18'h00000;
+      \$821  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = host_eff;
+    \$822  = host_eff;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7938,8 +7968,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$557 ) begin
-          end else if (\$558 ) begin
+          if (\$560 ) begin
+          end else if (\$561 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7952,17 +7982,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$819  = lane_acc;
+                  \$822  = lane_acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$819  = 33'h000000000;
+      \$822  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = rq_width;
+    \$823  = rq_width;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7972,17 +8002,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$820  = ins[243:238];
+                  \$823  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7990,17 +8020,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$820  = ins[243:238];
+                  \$823  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$820  = 6'h00;
+      \$823  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \rq_mult$168 ;
+    \$824  = \rq_mult$168 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8010,17 +8040,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$821  = ins[231:200];
+                  \$824  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8028,21 +8058,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$821  = ins[231:200];
+                  \$824  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$821  = { 16'h0000, rd0__data[15:0] };
+          \$824  = { 16'h0000, rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$821  = 32'd0;
+      \$824  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = rq_shift;
+    \$825  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8052,17 +8082,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$822  = ins[237:232];
+                  \$825  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -8070,21 +8100,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$822  = ins[237:232];
+                  \$825  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$822  = rd1__data[5:0];
+          \$825  = rd1__data[5:0];
     endcase
     if (rst) begin
-      \$822  = 6'h00;
+      \$825  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = cnt0;
+    \$826  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8094,33 +8124,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$823  = ln;
+                  \$826  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$823  = ln;
+                  \$826  = ln;
               6'h0c:
-                  \$823  = ins[45:32];
+                  \$826  = ins[45:32];
               6'h0d:
-                  \$823  = ins[61:48];
+                  \$826  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$823  = 14'h0000;
+      \$826  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = cnt1;
+    \$827  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8130,33 +8160,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$824  = 14'h0001;
+                  \$827  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$824  = 14'h0001;
+                  \$827  = 14'h0001;
               6'h0c:
-                  \$824  = ins[61:48];
+                  \$827  = ins[61:48];
               6'h0d:
-                  \$824  = 14'h0002;
+                  \$827  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$824  = 14'h0000;
+      \$827  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = sa0;
+    \$828  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8166,33 +8196,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$825  = 13'h0001;
+                  \$828  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$825  = 13'h0001;
+                  \$828  = 13'h0001;
               6'h0c:
-                  \$825  = ins[60:48];
+                  \$828  = ins[60:48];
               6'h0d:
-                  \$825  = 13'h0001;
+                  \$828  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$825  = 13'h0000;
+      \$828  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = sa1;
+    \$829  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8202,119 +8232,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$826  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$826  = 1'h0;
-              6'h0c:
-                  \$826  = 1'h1;
-              6'h0d:
-                  \$826  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$826  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$827  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$827  = 13'h0000;
-              6'h0c:
-                  \$827  = p2[12:0];
-              6'h0d:
-                  \$827  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$827  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$828  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$828  = 1'h1;
-              6'h0c:
-                  \$828  = 1'h1;
-              6'h0d:
-                  \$828  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$828  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8324,7 +8246,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$829  = 1'h0;
               6'h0c:
-                  \$829  = 1'h0;
+                  \$829  = 1'h1;
               6'h0d:
                   \$829  = 1'h0;
             endcase
@@ -8336,7 +8258,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = sb2;
+    \$830  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8346,11 +8268,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8360,9 +8282,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$830  = 13'h0000;
               6'h0c:
-                  \$830  = ins[44:32];
+                  \$830  = p2[12:0];
               6'h0d:
-                  \$830  = 13'h0000;
+                  \$830  = ins[60:48];
             endcase
           end
     endcase
@@ -8372,7 +8294,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = el_i;
+    \$831  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8382,63 +8304,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$831  = 14'h0000;
+                  \$831  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$831  = 14'h0000;
+                  \$831  = 1'h1;
               6'h0c:
-                  \$831  = 14'h0000;
+                  \$831  = 1'h1;
               6'h0d:
-                  \$831  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$831  = 14'h0000;
-              6'h02:
-                  \$831  = 14'h0000;
+                  \$831  = 1'h0;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$831  = \$601 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$614 ) begin
-              \$831  = \$615 [13:0];
-            end
-          end
-      5'h09:
-          if (\$637 ) begin
-            \$831  = \$638 [13:0];
           end
     endcase
     if (rst) begin
-      \$831  = 14'h0000;
+      \$831  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = rq_at_last;
+    \$832  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8448,26 +8340,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$832  = \$587 ;
+                  \$832  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$832  = 1'h0;
+              6'h0c:
+                  \$832  = 1'h0;
+              6'h0d:
+                  \$832  = 1'h0;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$832  = \$603 ;
           end
     endcase
     if (rst) begin
@@ -8476,7 +8366,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = ld_full;
+    \$833  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8486,27 +8376,65 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$833  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$833  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$833  = ins[44:32];
               6'h0d:
+                  \$833  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$833  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = el_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
+              6'h04:
+                  \$834  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$834  = 14'h0000;
+              6'h0c:
+                  \$834  = 14'h0000;
+              6'h0d:
+                  \$834  = 14'h0000;
               6'h03:
                   /* empty */;
               6'h01:
-                  \$833  = 1'h0;
+                  \$834  = 14'h0000;
+              6'h02:
+                  \$834  = 14'h0000;
             endcase
           end
       5'h05:
@@ -8514,7 +8442,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
+          if (out_valid) begin
+            \$834  = \$604 [13:0];
+          end
       5'h07:
           /* empty */;
       5'h0e:
@@ -8522,142 +8452,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-        begin
-          if (\$613 ) begin
-            \$833  = 1'h1;
-          end
           if (ld_full) begin
-            if (\$622 ) begin
-              \$833  = 1'h0;
+            if (\$617 ) begin
+              \$834  = \$618 [13:0];
             end
           end
-        end
-    endcase
-    if (rst) begin
-      \$833  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$834  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$613 ) begin
-            \$834  = 3'h0;
-          end
-          if (ld_full) begin
-            \$834  = \$616 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$834  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = st_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$835  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
       5'h09:
-        begin
-          if (\$649 ) begin
-            \$835  = 1'h1;
+          if (\$640 ) begin
+            \$834  = \$641 [13:0];
           end
-          if (\$650 ) begin
-            \$835  = 1'h0;
+    endcase
+    if (rst) begin
+      \$834  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = rq_at_last;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$835  = \$590 ;
+            endcase
           end
-        end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            \$835  = \$606 ;
+          end
     endcase
     if (rst) begin
       \$835  = 1'h0;
@@ -8665,7 +8506,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = st_e;
+    \$836  = ld_full;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8675,11 +8516,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8695,9 +8536,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$836  = 3'h0;
+                  \$836  = 1'h0;
             endcase
           end
       5'h05:
@@ -8713,24 +8552,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$637 ) begin
-            \$836  = \$639 [2:0];
+          if (\$616 ) begin
+            \$836  = 1'h1;
           end
-          if (\$650 ) begin
-            \$836  = 3'h0;
+          if (ld_full) begin
+            if (\$625 ) begin
+              \$836  = 1'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$836  = 3'h0;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = st_rd;
+    \$837  = ld_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8740,11 +8579,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$837  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$616 ) begin
+            \$837  = 3'h0;
+          end
+          if (ld_full) begin
+            \$837  = \$619 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$837  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = st_full;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8762,7 +8662,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$837  = 1'h0;
+                  \$838  = 1'h0;
             endcase
           end
       5'h05:
@@ -8781,21 +8681,151 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$637 ) begin
-            \$837  = 1'h1;
+          if (\$652 ) begin
+            \$838  = 1'h1;
+          end
+          if (\$653 ) begin
+            \$838  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$838  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$839  = st_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$839  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$640 ) begin
+            \$839  = \$642 [2:0];
+          end
+          if (\$653 ) begin
+            \$839  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$839  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = st_rd;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$840  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$640 ) begin
+            \$840  = 1'h1;
           end
           if (st_rd) begin
-            \$837  = 1'h0;
+            \$840  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$837  = 1'h0;
+      \$840  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = wr_data__payload;
+    \$841  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8805,11 +8835,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8827,7 +8857,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$838 [35:32] = 4'h0;
+                  \$841 [35:32] = 4'h0;
             endcase
           end
       5'h05:
@@ -8843,33 +8873,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$613 ) begin
-            \$838 [31:0] = m_axi__rdata;
+          if (\$616 ) begin
+            \$841 [31:0] = m_axi__rdata;
           end
       5'h09:
         begin
           if (st_rd) begin
             casez (st_rd_e)
               2'h0:
-                  \$838 [31:0] = rd0__data;
+                  \$841 [31:0] = rd0__data;
             endcase
             casez (st_rd_e)
               2'h0:
-                  \$838 [35:32] = 4'hf;
+                  \$841 [35:32] = 4'hf;
             endcase
           end
-          if (\$650 ) begin
-            \$838 [35:32] = 4'h0;
+          if (\$653 ) begin
+            \$841 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$838  = 36'h000000000;
+      \$841  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = rt_j;
+    \$842  = rt_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8879,11 +8909,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8903,7 +8933,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$839  = 4'h0;
+                  \$842  = 4'h0;
             endcase
           end
       5'h05:
@@ -8923,10 +8953,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$839  = \$661 [3:0];
+          \$842  = \$664 [3:0];
       5'h10:
-          if (\$691 ) begin
-            \$839  = 4'h0;
+          if (\$694 ) begin
+            \$842  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -8939,15 +8969,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$839  = \$701 [3:0];
+          \$842  = \$704 [3:0];
     endcase
     if (rst) begin
-      \$839  = 4'h0;
+      \$842  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = rt_cb;
+    \$843  = rt_cb;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8957,11 +8987,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
+          if (\$560 ) begin
           end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8981,244 +9011,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$840  = \$597 [12:0];
+                  \$843  = \$600 [12:0];
             endcase
-          end
-    endcase
-    if (rst) begin
-      \$840  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = rt_lp;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$841  = \$600 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$841  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = g_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$842  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$732 ) begin
-            \$842  = \$733 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$842  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = g_in;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$843  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$732 ) begin
-            \$843  = \$734 [12:0];
           end
     endcase
     if (rst) begin
@@ -9227,7 +9021,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = scores_a;
+    \$844  = rt_lp;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9236,16 +9030,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$606 ) begin
-            if (run_sigmoid) begin
-              \$844  = ins[124:112];
-            end
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$844  = \$603 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -9254,7 +9065,199 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = scores_len;
+    \$845  = g_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$845  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$735 ) begin
+            \$845  = \$736 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$845  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = g_in;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else if (\$562 ) begin
+          end else if (\$563 ) begin
+          end else if (\$564 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$846  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$735 ) begin
+            \$846  = \$737 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$846  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = scores_a;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9269,19 +9272,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$606 ) begin
+          if (\$609 ) begin
             if (run_sigmoid) begin
-              \$845  = ln;
+              \$847  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$845  = 14'h0000;
+      \$847  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = st_rd_e;
+    \$848  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$609 ) begin
+            if (run_sigmoid) begin
+              \$848  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$848  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = st_rd_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9306,17 +9336,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$637 ) begin
-            \$846  = st_e[1:0];
+          if (\$640 ) begin
+            \$849  = st_e[1:0];
           end
     endcase
     if (rst) begin
-      \$846  = 2'h0;
+      \$849  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = rt_feed_left;
+    \$850  = rt_feed_left;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9343,23 +9373,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$847  = m_eff[13:0];
+          if (\$665 ) begin
+            \$850  = m_eff[13:0];
           end
       5'h10:
-          if (\$675 ) begin
-            if (\$676 ) begin
-              \$847  = \$677 [13:0];
+          if (\$678 ) begin
+            if (\$679 ) begin
+              \$850  = \$680 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$847  = 14'h0000;
+      \$850  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = rt_el;
+    \$851  = rt_el;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9386,28 +9416,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$848  = 4'h0;
+          if (\$665 ) begin
+            \$851  = 4'h0;
           end
       5'h10:
         begin
-          if (\$669 ) begin
-            \$848  = \$672 [3:0];
+          if (\$672 ) begin
+            \$851  = \$675 [3:0];
           end
-          if (\$675 ) begin
-            if (\$676 ) begin
-              \$848  = 4'h0;
+          if (\$678 ) begin
+            if (\$679 ) begin
+              \$851  = 4'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$848  = 4'h0;
+      \$851  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = rt_lane;
+    \$852  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9434,26 +9464,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$849  = 1'h0;
+          if (\$665 ) begin
+            \$852  = 1'h0;
           end
       5'h10:
         begin
-          if (\$669 ) begin
-            \$849  = \$671 [0];
+          if (\$672 ) begin
+            \$852  = \$674 [0];
           end
-          if (\$675 ) begin
-            \$849  = 1'h0;
+          if (\$678 ) begin
+            \$852  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$849  = 1'h0;
+      \$852  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = rt_wvalid;
+    \$853  = rt_wvalid;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9480,151 +9510,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$850  = 1'h0;
+          if (\$665 ) begin
+            \$853  = 1'h0;
           end
       5'h10:
         begin
           if (rt_cap) begin
-            if (\$674 ) begin
-              \$850  = 1'h1;
+            if (\$677 ) begin
+              \$853  = 1'h1;
             end
           end
-          if (\$675 ) begin
-            \$850  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$850  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = rt_tbase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
-            \$851  = ins[76:64];
-          end
-      5'h10:
-          if (\$675 ) begin
-            if (\$676 ) begin
-              \$851  = \$678 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$851  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = rt_tslot;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
-            \$852  = ins[124:112];
-          end
-      5'h10:
-          if (\$685 ) begin
-            if (\$687 ) begin
-              \$852  = \$689 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$852  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = rt_feed_done;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
+          if (\$678 ) begin
             \$853  = 1'h0;
           end
-      5'h10:
-          if (\$675 ) begin
-            if (\$676 ) begin
-              if (\$680 ) begin
-                \$853  = 1'h1;
-              end
-            end
-          end
+        end
     endcase
     if (rst) begin
       \$853  = 1'h0;
@@ -9632,7 +9531,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = rt_cap;
+    \$854  = rt_tbase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9659,151 +9558,147 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$854  = 1'h0;
+          if (\$665 ) begin
+            \$854  = ins[76:64];
+          end
+      5'h10:
+          if (\$678 ) begin
+            if (\$679 ) begin
+              \$854  = \$681 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$854  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = rt_tslot;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$855  = ins[124:112];
+          end
+      5'h10:
+          if (\$688 ) begin
+            if (\$690 ) begin
+              \$855  = \$692 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$855  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$856  = rt_feed_done;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$856  = 1'h0;
+          end
+      5'h10:
+          if (\$678 ) begin
+            if (\$679 ) begin
+              if (\$683 ) begin
+                \$856  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$856  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$857  = rt_cap;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$857  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$669 ) begin
-            \$854  = 1'h1;
-          end else begin
-            \$854  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$854  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rt_route_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
-            \$855  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$685 ) begin
-            if (\$687 ) begin
-              \$855  = \$688 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$855  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
-            \$856  = 2'h0;
-          end
-      5'h10:
-          if (\$685 ) begin
-            (* full_case = 32'd1 *)
-            if (\$687 ) begin
-              \$856  = 2'h0;
-            end else begin
-              \$856  = \$690 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$856  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = rt_hold;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$662 ) begin
-            \$857  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$682 ) begin
+          if (\$672 ) begin
             \$857  = 1'h1;
-          end
-          if (\$685 ) begin
+          end else begin
             \$857  = 1'h0;
           end
-        end
     endcase
     if (rst) begin
       \$857  = 1'h0;
@@ -9811,7 +9706,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = rt_wphase;
+    \$858  = rt_route_left;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9838,26 +9733,161 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$662 ) begin
-            \$858  = 1'h0;
+          if (\$665 ) begin
+            \$858  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$688 ) begin
+            if (\$690 ) begin
+              \$858  = \$691 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$858  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$859  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$859  = 2'h0;
+          end
+      5'h10:
+          if (\$688 ) begin
+            (* full_case = 32'd1 *)
+            if (\$690 ) begin
+              \$859  = 2'h0;
+            end else begin
+              \$859  = \$693 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$859  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$860  = rt_hold;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$860  = 1'h0;
           end
       5'h10:
         begin
-          if (\$684 ) begin
-            \$858  = 1'h1;
-          end
           if (\$685 ) begin
-            \$858  = 1'h0;
+            \$860  = 1'h1;
+          end
+          if (\$688 ) begin
+            \$860  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$858  = 1'h0;
+      \$860  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = rt_cap_ok;
+    \$861  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$665 ) begin
+            \$861  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$687 ) begin
+            \$861  = 1'h1;
+          end
+          if (\$688 ) begin
+            \$861  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$861  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = rt_cap_ok;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9886,17 +9916,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$669 ) begin
-            \$859  = \$670 ;
+          if (\$672 ) begin
+            \$862  = \$673 ;
           end
     endcase
     if (rst) begin
-      \$859  = 1'h0;
+      \$862  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = rt_held;
+    \$863  = rt_held;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9925,17 +9955,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$682 ) begin
-            \$860  = routes__payload;
+          if (\$685 ) begin
+            \$863  = routes__payload;
           end
     endcase
     if (rst) begin
-      \$860  = 20'h00000;
+      \$863  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = rt_p;
+    \$864  = rt_p;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9964,173 +9994,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$691 ) begin
-            \$861  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$696 ) begin
-            \$861  = \$697 [13:0];
-          end
-      5'h16:
-          \$861  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$861  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = rt_pt;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$691 ) begin
-            \$862  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$696 ) begin
-            if (\$698 ) begin
-              \$862  = \$699 [13:0];
-            end
-          end
-      5'h16:
-          \$862  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$862  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = rt_ps;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$691 ) begin
-            \$863  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$696 ) begin
-            (* full_case = 32'd1 *)
-            if (\$698 ) begin
-              \$863  = 2'h0;
-            end else begin
-              \$863  = \$700 [1:0];
-            end
-          end
-      5'h16:
-          \$863  = 2'h0;
-    endcase
-    if (rst) begin
-      \$863  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = rt_pos;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$691 ) begin
+          if (\$694 ) begin
             \$864  = 14'h0000;
           end
       5'h11:
@@ -10140,7 +10004,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$864  = \$694 [13:0];
+          /* empty */;
+      5'h15:
+          if (\$699 ) begin
+            \$864  = \$700 [13:0];
+          end
+      5'h16:
+          \$864  = 14'h0000;
     endcase
     if (rst) begin
       \$864  = 14'h0000;
@@ -10148,7 +10018,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = rt_off;
+    \$865  = rt_pt;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10177,7 +10047,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$691 ) begin
+          if (\$694 ) begin
             \$865  = 14'h0000;
           end
       5'h11:
@@ -10189,9 +10059,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
+          if (\$699 ) begin
+            if (\$701 ) begin
+              \$865  = \$702 [13:0];
+            end
+          end
       5'h16:
-          \$865  = rt_pos;
+          \$865  = 14'h0000;
     endcase
     if (rst) begin
       \$865  = 14'h0000;
@@ -10199,7 +10073,163 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = scan;
+    \$866  = rt_ps;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$694 ) begin
+            \$866  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$699 ) begin
+            (* full_case = 32'd1 *)
+            if (\$701 ) begin
+              \$866  = 2'h0;
+            end else begin
+              \$866  = \$703 [1:0];
+            end
+          end
+      5'h16:
+          \$866  = 2'h0;
+    endcase
+    if (rst) begin
+      \$866  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$867  = rt_pos;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$694 ) begin
+            \$867  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$867  = \$697 [13:0];
+    endcase
+    if (rst) begin
+      \$867  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$868  = rt_off;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$694 ) begin
+            \$868  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$868  = rt_pos;
+    endcase
+    if (rst) begin
+      \$868  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$869  = scan;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10241,83 +10271,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
-          end else begin
-            \$866  = 4'h0;
-          end
-      5'h0b:
           if (\$706 ) begin
-            \$866  = 4'h8;
+          end else begin
+            \$869  = 4'h0;
           end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$866  = \$708 [3:0];
-    endcase
-    if (rst) begin
-      \$866  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = expert;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
       5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
           if (\$709 ) begin
-            \$867  = scan;
+            \$869  = 4'h8;
           end
+      5'h17:
+          /* empty */;
+      5'h18:
+          \$869  = \$711 [3:0];
     endcase
     if (rst) begin
-      \$867  = 4'h0;
+      \$869  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = count;
+    \$870  = expert;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10364,17 +10337,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$709 ) begin
-            \$868  = rd0_q[15:0];
+          if (\$712 ) begin
+            \$870  = scan;
           end
     endcase
     if (rst) begin
-      \$868  = 16'h0000;
+      \$870  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = offset;
+    \$871  = count;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10421,17 +10394,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$709 ) begin
-            \$869  = \$711 ;
+          if (\$712 ) begin
+            \$871  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
-      \$869  = 14'h0000;
+      \$871  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = g_j;
+    \$872  = offset;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10478,103 +10451,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$720 ) begin
-          end else begin
-            \$870  = 15'h0000;
-          end
-      5'h1b:
-          if (\$721 ) begin
-          end else if (\$724 ) begin
-            \$870  = \$725 [14:0];
+          if (\$712 ) begin
+            \$872  = \$714 ;
           end
     endcase
     if (rst) begin
-      \$870  = 15'h0000;
+      \$872  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = g_rv;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$720 ) begin
-          end else begin
-            \$871  = 1'h0;
-          end
-      5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$721 ) begin
-          end else if (\$724 ) begin
-            \$871  = 1'h1;
-          end else begin
-            \$871  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$871  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = g_wv;
+    \$873  = g_j;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10628,20 +10515,163 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$720 ) begin
+          if (\$723 ) begin
           end else begin
-            \$872  = 1'h0;
+            \$873  = 15'h0000;
           end
       5'h1b:
-          \$872  = g_rv;
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$873  = \$728 [14:0];
+          end
     endcase
     if (rst) begin
-      \$872  = 1'h0;
+      \$873  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = g_ra;
+    \$874  = g_rv;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$723 ) begin
+          end else begin
+            \$874  = 1'h0;
+          end
+      5'h1b:
+          (* full_case = 32'd1 *)
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$874  = 1'h1;
+          end else begin
+            \$874  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$874  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$875  = g_wv;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$723 ) begin
+          end else begin
+            \$875  = 1'h0;
+          end
+      5'h1b:
+          \$875  = g_rv;
+    endcase
+    if (rst) begin
+      \$875  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$876  = g_ra;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10696,18 +10726,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$721 ) begin
-          end else if (\$724 ) begin
-            \$873  = \$728 [12:0];
+          if (\$724 ) begin
+          end else if (\$727 ) begin
+            \$876  = \$731 [12:0];
           end
     endcase
     if (rst) begin
-      \$873  = 13'h0000;
+      \$876  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = g_wa;
+    \$877  = g_wa;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -10762,10 +10792,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          \$874  = g_ra;
+          \$877  = g_ra;
     endcase
     if (rst) begin
-      \$874  = 13'h0000;
+      \$877  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -10790,14 +10820,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$875 [5], \$875 [5], \$875  };
+  assign bus__arlen = { \$878 [5], \$878 [5], \$878  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$876 [5], \$876 [5], \$876  };
+  assign bus__awlen = { \$879 [5], \$879 [5], \$879  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -10829,7 +10859,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign o__ready = 1'h1;
   assign \o__ready$183  = 1'h1;
   assign \o__ready$184  = 1'h1;
-  assign hi_sat = { 1'h0, \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185  };
+  assign hi_sat = { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign gm_wvalid = a_in__valid;
   assign b_in__payload = m_axi__rdata;
@@ -10843,12 +10873,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$876 [5], \$876 [5], \$876  };
+  assign m_axi__awlen = { \$879 [5], \$879 [5], \$879  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$875 [5], \$875 [5], \$875  };
+  assign m_axi__arlen = { \$878 [5], \$878 [5], \$878  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ctrl.start  = wr_data[0];
@@ -10929,15 +10959,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$220 ;
-  assign cmd__payload[69:54] = \$218 [15:0];
+  assign cmd__payload[75:70] = \$223 ;
+  assign cmd__payload[69:54] = \$221 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
   assign \i__payload$177 [33] = h_last;
-  assign \i__payload$177 [32:16] = \$184 ;
+  assign \i__payload$177 [32:16] = \$187 ;
   assign \i__payload$177 [15:0] = rd0_q[15:0];
   assign \i__payload$175 [31:16] = rd1_q[15:0];
   assign \i__payload$175 [15:0] = rd0_q[15:0];
@@ -10951,72 +10981,76 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$23 [0] = ins[6];
   assign \$24  = ins[6];
   assign \$27  = { \$26 [17], \$26 [17], \$26 [17:2] };
-  assign \$30  = { \$29 [17], \$29 [17], \$29 [17:2] };
+  assign \$32  = { \$31 [17], \$31 [17], \$31 [17:2] };
   assign \$35  = { \$34 [17], \$34 [17], \$34 [17:2] };
   assign \$36  = { 1'h0, ins[47:32], 2'h0 };
-  assign \$42  = { 1'h0, ins[63:48], 2'h0 };
-  assign { \$43 [9:2], \$43 [0] } = 9'h000;
-  assign \$43 [1] = ins[7];
-  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
-  assign \$98 [2] = ins[8];
-  assign \$99  = ins[8];
-  assign { \$101 [9:3], \$101 [1:0] } = 9'h000;
-  assign \$101 [2] = ins[8];
-  assign \$102  = ins[8];
-  assign \$107  = \$106 [14];
-  assign \$110  = { ins[63:48], 1'h0 };
-  assign \$112  = { ins[63:48], 1'h0 };
-  assign \$124 [9:3] = 7'h00;
-  assign \$124 [2:0] = ins[8:6];
-  assign \$134 [9:3] = 7'h00;
-  assign \$134 [2:0] = ins[8:6];
-  assign \$175  = 1'h1;
-  assign \$176  = \$174 ;
-  assign \$181  = 1'h1;
-  assign \$182  = \$180 ;
-  assign \$232  = 1'h1;
-  assign \$233  = \$231 ;
-  assign \$243  = { expert, 1'h0 };
-  assign \$245  = { expert, 1'h0 };
-  assign \$275  = 1'h1;
-  assign \$276  = \$274 ;
-  assign \$285  = 1'h1;
-  assign \$302  = 1'h1;
-  assign \$307  = 1'h1;
-  assign \$308  = \$306 ;
-  assign \$348  = \$347 [33];
-  assign \$351  = { lane_x, 1'h0 };
-  assign \$353  = { 1'h0, lane_y[15:1] };
-  assign \$430  = 1'h1;
-  assign \$431  = issuing;
+  assign { \$42 [9:2], \$42 [0] } = 9'h000;
+  assign \$42 [1] = ins[7];
+  assign \$55  = \$54 ;
+  assign \$74  = \$73 ;
+  assign \$90  = \$89 ;
+  assign { \$104 [9:3], \$104 [1:0] } = 9'h000;
+  assign \$104 [2] = ins[8];
+  assign \$105  = ins[8];
+  assign { \$107 [9:3], \$107 [1:0] } = 9'h000;
+  assign \$107 [2] = ins[8];
+  assign \$108  = ins[8];
+  assign \$113  = \$112 [14];
+  assign \$116  = { ins[63:48], 1'h0 };
+  assign \$118  = { ins[63:48], 1'h0 };
+  assign \$130 [9:3] = 7'h00;
+  assign \$130 [2:0] = ins[8:6];
+  assign \$137  = \$136 ;
+  assign \$141 [9:3] = 7'h00;
+  assign \$141 [2:0] = ins[8:6];
+  assign \$158  = \$157 ;
+  assign \$178  = 1'h1;
+  assign \$179  = \$177 ;
+  assign \$184  = 1'h1;
+  assign \$185  = \$183 ;
+  assign \$235  = 1'h1;
+  assign \$236  = \$234 ;
+  assign \$246  = { expert, 1'h0 };
+  assign \$248  = { expert, 1'h0 };
+  assign \$278  = 1'h1;
+  assign \$279  = \$277 ;
+  assign \$288  = 1'h1;
+  assign \$305  = 1'h1;
+  assign \$310  = 1'h1;
+  assign \$311  = \$309 ;
+  assign \$351  = \$350 [33];
+  assign \$354  = { lane_x, 1'h0 };
+  assign \$356  = { 1'h0, lane_y[15:1] };
   assign \$433  = 1'h1;
   assign \$434  = issuing;
-  assign \$488  = 1'h1;
-  assign \$489  = \$487 ;
-  assign \$533  = \$532 ;
-  assign \$542  = \$541 ;
-  assign { \$588 [9:3], \$588 [1:0] } = 9'h000;
-  assign \$588 [2] = ins[8];
-  assign \$589  = ins[8];
-  assign \$593  = \$592 ;
-  assign { \$594 [9:3], \$594 [1:0] } = 9'h000;
-  assign \$594 [2] = ins[8];
-  assign \$595  = ins[8];
-  assign \$596  = { mk[13:2], 1'h0 };
-  assign \$598  = { mk[13:2], 1'h0 };
-  assign \$668  = 1'h1;
-  assign \$669  = \$667 ;
-  assign \$674  = 1'h1;
-  assign \$692  = 1'h1;
-  assign \$715  = 1'h1;
-  assign \$723  = 1'h1;
-  assign \$724  = \$722 ;
-  assign \$44  = ins[7];
+  assign \$436  = 1'h1;
+  assign \$437  = issuing;
+  assign \$491  = 1'h1;
+  assign \$492  = \$490 ;
+  assign \$536  = \$535 ;
+  assign \$545  = \$544 ;
+  assign { \$591 [9:3], \$591 [1:0] } = 9'h000;
+  assign \$591 [2] = ins[8];
+  assign \$592  = ins[8];
+  assign \$596  = \$595 ;
+  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
+  assign \$597 [2] = ins[8];
+  assign \$598  = ins[8];
+  assign \$599  = { mk[13:2], 1'h0 };
+  assign \$601  = { mk[13:2], 1'h0 };
+  assign \$671  = 1'h1;
+  assign \$672  = \$670 ;
+  assign \$677  = 1'h1;
+  assign \$695  = 1'h1;
+  assign \$718  = 1'h1;
+  assign \$726  = 1'h1;
+  assign \$727  = \$725 ;
+  assign \$43  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1189$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1207$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3383$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1196$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1214$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3390$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11155,12 +11189,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1189$0 ;
-  wire [5:0] \port$1189$0 ;
-  output [5:0] \port$1207$0 ;
-  wire [5:0] \port$1207$0 ;
-  input [15:0] \port$3383$2 ;
-  wire [15:0] \port$3383$2 ;
+  output [5:0] \port$1196$0 ;
+  wire [5:0] \port$1196$0 ;
+  output [5:0] \port$1214$0 ;
+  wire [5:0] \port$1214$0 ;
+  input [15:0] \port$3390$2 ;
+  wire [15:0] \port$3390$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11325,7 +11359,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3383$2  };
+      \$74  = { 8'h00, \port$3390$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11361,7 +11395,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3383$2  };
+      \$77  = { 8'h00, \port$3390$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11406,11 +11440,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3383$2  };
+  assign rd_beats = { 8'h00, \port$3390$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3383$2  };
-  assign \port$1189$0  = \$9 ;
-  assign \port$1207$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3390$2  };
+  assign \port$1196$0  = \$9 ;
+  assign \port$1214$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20566,8 +20600,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1553$0 (mult),
-    .\port$1558$0 (i__payload),
+    .\port$1560$0 (mult),
+    .\port$1565$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21163,8 +21197,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$286  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$289  = { \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39:8] };
   assign \$290  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$292  = { \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40], \$291 [40:16] };
+  assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$297  = { \$296 [31], \$296 [31], \$296 [31], \$296 [31], \$296 [31:4] };
   assign \$298  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$300  = { \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40], \$299 [40:16] };
@@ -21181,14 +21215,14 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$321  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$323  = { \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40], \$322 [40:16] };
   assign \$324  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$328  = { \$327 [31], \$327 [31], \$327 [31], \$327 [31], \$327 [31:4] };
+  assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$331  = { \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40], \$330 [40:16] };
   assign \$332  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$336  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:8] };
-  assign \$338  = { \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40:16] };
+  assign \$336  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$339  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$338  = { \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40:16] };
   assign \$358  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
   assign \$360  = { \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40:16] };
   assign \$361  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
@@ -21381,7 +21415,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21467,10 +21501,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1553$0 ;
-  wire [15:0] \port$1553$0 ;
-  input [95:0] \port$1558$0 ;
-  wire [95:0] \port$1558$0 ;
+  input [15:0] \port$1560$0 ;
+  wire [15:0] \port$1560$0 ;
+  input [95:0] \port$1565$0 ;
+  wire [95:0] \port$1565$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21535,7 +21569,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1558$0 [16:0] };
+      \$9  = { 1'h0, \port$1565$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21548,7 +21582,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1553$0  };
+      \$10  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21574,7 +21608,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23:17] };
+      \$12  = { \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21587,7 +21621,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1553$0  };
+      \$13  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21613,7 +21647,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1558$0 [40:24] };
+      \$15  = { 1'h0, \port$1565$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21626,7 +21660,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1553$0  };
+      \$16  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21652,7 +21686,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47:41] };
+      \$18  = { \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21665,7 +21699,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1553$0  };
+      \$19  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21691,7 +21725,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1558$0 [64:48] };
+      \$21  = { 1'h0, \port$1565$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21704,7 +21738,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1553$0  };
+      \$22  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21730,7 +21764,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71:65] };
+      \$24  = { \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21743,7 +21777,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1553$0  };
+      \$25  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21769,7 +21803,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1558$0 [88:72] };
+      \$27  = { 1'h0, \port$1565$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21782,7 +21816,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1553$0  };
+      \$28  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21808,7 +21842,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95:89] };
+      \$30  = { \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21821,7 +21855,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1553$0  };
+      \$31  = { 2'h0, \port$1560$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21843,22 +21877,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1553$0 , \port$1558$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1558$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1553$0  };
-  assign a__1 = { \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23], \port$1558$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1553$0  };
-  assign a__2 = { 1'h0, \port$1558$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1553$0  };
-  assign a__3 = { \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47], \port$1558$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1553$0  };
-  assign a__4 = { 1'h0, \port$1558$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1553$0  };
-  assign a__5 = { \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71], \port$1558$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1553$0  };
-  assign a__6 = { 1'h0, \port$1558$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1553$0  };
-  assign a__7 = { \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95], \port$1558$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1553$0  };
+  assign a__0 = { 1'h0, \port$1565$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1560$0  };
+  assign a__1 = { \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1560$0  };
+  assign a__2 = { 1'h0, \port$1565$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1560$0  };
+  assign a__3 = { \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1560$0  };
+  assign a__4 = { 1'h0, \port$1565$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1560$0  };
+  assign a__5 = { \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1560$0  };
+  assign a__6 = { 1'h0, \port$1565$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1560$0  };
+  assign a__7 = { \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1560$0  };
 endmodule
 
 (* generator = "Amaranth" *)

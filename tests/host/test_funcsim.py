@@ -8,7 +8,7 @@ from golden.block import latent_moe_int, quantize_latent_moe
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_M_COUNT, Err, Instr, Op
+from nanokpu.isa import F_M_COUNT, OP_RULES, RQ_WIDTHS, SIZES, Err, Instr, Op, SizeArgs
 
 
 def _compiled(name, T, seed):
@@ -122,3 +122,72 @@ def test_gather_index_out_of_range_stops_midway():
     res, sim, _ = _run(instrs, cfg, host=(1000).to_bytes(4, "little") + bytes(60))
     assert res.error == Err.SPAD_RANGE and res.pc == len(instrs) - 1
     assert not sim.spad[1000:1008].any()  # the bad row was not copied
+
+
+# -- the rules of OP_RULES, each broken in turn --------------------------------------------
+_RULED = [op for op, r in OP_RULES.items() if (r.a or r.c) and not (r.route or r.expert)]
+
+
+def _valid(op, cfg, **fields):
+    """A program ending in one ``op`` that passes every check: m = 1, n = 2 (n_experts), k = 2
+    (top_k), the first allowed width; a at 0, b at 100, c at 200 (a ROUTE's scores written by a
+    SIGMOID before it)."""
+    r = OP_RULES[op]
+    width = next((w for w in r.widths if w != RQ_WIDTHS), 8) if r.widths else 0
+    values = dict(m=1, n=cfg.n_experts if r.n_experts else 2, k=cfg.top_k if r.top_k else 2,
+                  a=0, b=100, c=200, width=width)
+    values.update(fields)
+    pre = [Instr(Op.SIGMOID, m=values["m"], n=values["n"], a=300, c=values["a"])] if r.scores else []
+    return pre + [Instr(op, **values)]
+
+
+def _code(instrs, cfg):
+    res, _, _ = _run(instrs + [Instr(Op.HALT)], cfg, host=bytes(256))
+    return res.error
+
+
+@pytest.mark.parametrize("op", _RULED, ids=lambda op: op.name)
+def test_each_shape_rule_is_checked(op):
+    cfg = profile("tiny")
+    r = OP_RULES[op]
+    assert _code(_valid(op, cfg), cfg) == Err.NONE
+    for letter in r.positive:
+        assert _code(_valid(op, cfg, **{letter: 0}), cfg) == Err.BAD_SHAPE, f"{letter} = 0"
+    if r.n_experts:
+        assert _code(_valid(op, cfg, n=cfg.n_experts + 1), cfg) == Err.BAD_SHAPE
+    if r.top_k:
+        assert _code(_valid(op, cfg, k=cfg.top_k + 1), cfg) == Err.BAD_SHAPE
+    for width in range(64):
+        if not r.width_ok(width, cfg):
+            assert _code(_valid(op, cfg, width=width), cfg) == Err.BAD_SHAPE, f"width {width}"
+
+
+@pytest.mark.parametrize("op", _RULED, ids=lambda op: op.name)
+def test_each_region_is_checked(op):
+    """Every region OP_RULES names ends inside the scratchpad or stops with SPAD_RANGE; the result
+    may lie on an operand only exactly and only for the in-place ops."""
+    cfg = profile("tiny")
+    r = OP_RULES[op]
+    D = cfg.dmem_depth
+    probe = _valid(op, cfg)[-1]
+    args = SizeArgs.of(probe, cfg)
+    for field in "abc":
+        name = getattr(r, field)
+        if not name or (field == "a" and r.scores):     # a ROUTE's a is the scores region
+            continue
+        words = SIZES[name](args)
+        if not words:       # no region (the rq table without F_RQ_EXPERT): its base is not read
+            assert _code(_valid(op, cfg, **{field: D + 1}), cfg) == Err.NONE, f"{field}: no region"
+            continue
+        assert _code(_valid(op, cfg, **{field: D - words}), cfg) != Err.SPAD_RANGE, f"{field} at the end"
+        assert _code(_valid(op, cfg, **{field: D - words + 1}), cfg) == Err.SPAD_RANGE, f"{field} one past"
+    for field in "ab":
+        name = getattr(r, field)
+        if not (name and r.c) or (field == "a" and r.scores):
+            continue
+        words = SIZES[name](args)
+        on_it = _code(_valid(op, cfg, c=getattr(probe, field)), cfg)
+        assert on_it == (Err.NONE if not words or r.in_place and words == SIZES[r.c](args) else Err.OVERLAP), \
+            f"c on {field}"
+        if words and r.in_place:
+            assert _code(_valid(op, cfg, c=getattr(probe, field) + 1), cfg) == Err.OVERLAP, f"c on {field} + 1"
