@@ -14,8 +14,9 @@ Benches (``testcase``), all checked bit for bit against :mod:`golden.intops`:
 
 Stream benches run their inputs in two halves: at full rate, then with random idle on the
 source (``p_valid``) and backpressure on the sink (``p_ready``). Parameters come from
-``NANOKPU_PARAMS``: ``key`` (the units under test), ``cfg`` (their ``KpuConfig.as_dict()``),
-``seed`` and the names above. Per
+``NANOKPU_PARAMS``: ``key`` (the units under test), ``seed`` and the names above; the
+config of the ``key`` units from :func:`sim.runner.bench_config` (:func:`run` passes it: the
+bench top has no ``cfg`` of its own). Per
 cycle, Python only writes prepacked integers and reads raw words; packing, unpacking and
 the golden comparison are bulk NumPy.
 """
@@ -38,7 +39,7 @@ from nanokpu.config import KpuConfig, profile
 from nanokpu.units.pwl import PwlEvaluator, out_range, range_shape
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 
 __all__ = ["ActivationBench", "pack", "unpack"]
 
@@ -129,7 +130,7 @@ def unpack(words, width: int, k: int, is_signed: bool) -> np.ndarray:
 def _params():
     """``(key, cfg, seed, params)`` of this run."""
     params = bench_params()
-    return params["key"], KpuConfig(**params["cfg"]), int(params.get("seed", 0)), params
+    return params["key"], bench_config(), int(params.get("seed", 0)), params
 
 
 def _all_inputs(cfg: KpuConfig) -> np.ndarray:
@@ -312,8 +313,8 @@ def run(key: str, testcase: str, seed: int, **params):
     """Run one bench of this module on the ``key`` units of ``ActivationBench(BENCH_CONFIGS)``."""
     from sim.runner import run_bench
 
-    return run_bench(_bench(), "activation", "bench_activation", testcase=testcase,
-                     seed=seed, params={"key": key, "cfg": BENCH_CONFIGS[key].as_dict(), "seed": seed, **params})
+    return run_bench(_bench(), "activation", "bench_activation", testcase=testcase, seed=seed,
+                     config=BENCH_CONFIGS[key], params={"key": key, "seed": seed, **params})
 
 
 def amaranth_stream(dut, payloads: list, seed: int, p_valid: float = 0.7, p_ready: float = 0.7) -> list:

@@ -5,7 +5,8 @@ Random reads on both ports (issued while writing too, where the contract says th
 performed and the data holds), random writes, the lowest and highest addresses included;
 ``writing`` checked every cycle.
 
-Parameters (``NANOKPU_PARAMS``): ``dmem_depth``, ``seed``, ``cycles``.
+The memory's config (``dmem_depth``) comes from :func:`sim.runner.bench_config`. Parameters
+(``NANOKPU_PARAMS``): ``seed``, ``cycles``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, RisingEdge
 
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 
 
 class DmemModel:
@@ -74,7 +75,7 @@ def random_ops(depth: int, width: int, cycles: int, rng: np.random.Generator):
 @cocotb.test()
 async def test_contract(dut):
     p = bench_params()
-    depth, seed = int(p["dmem_depth"]), int(p.get("seed", 1))
+    depth, seed = bench_config().dmem_depth, int(p.get("seed", 1))
     width = len(dut.wr__data)
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
     dut.rst.value = 1

@@ -1,7 +1,7 @@
 """Fault campaign on the whole nano-KPU (nanokpu.kpu.top.NanoKPU), through its buses only.
 
 One long cocotb test, :func:`campaign`, runs a random mix of episodes on one design, with
-random idle and backpressure on every AXI channel (bench_top's ``TB``):
+random idle and backpressure on every AXI channel (:class:`sim.lib.kpu_tb.TB`):
 
 * ``valid`` - a random LatentMoE block (1..``tokens`` tokens) compiled and run end to end;
   it must stop with ``done`` at its ``HALT``, and its outputs, routes, weights and the load
@@ -28,8 +28,10 @@ its watchdog is a hang. After every fault (fuzz, bus, reset) the next episode is
 so recovery is checked bit for bit. Failures are counted, not raised at once (after one the
 design is hard-reset and the campaign goes on); the test fails at the end if any occurred.
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``episodes``, ``tokens`` (max per valid
-block), ``pause`` (idle/backpressure probability), ``summary`` (JSON path for the counts).
+The design's config comes from :func:`sim.runner.bench_config`. Parameters (``NANOKPU_PARAMS``):
+``seed``, ``episodes``, ``tokens`` (max per valid block), ``pause`` (idle/backpressure
+probability), ``summary`` (JSON path for the counts). Run through
+:func:`sim.lib.kpu_launch.run_kpu_bench`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import random
 
 import cocotb
 import numpy as np
-from bench_top import TB
 from cocotb.triggers import ClockCycles, with_timeout
 from cocotb.utils import get_sim_time
 
@@ -47,6 +48,7 @@ from golden.block import latent_moe_int, random_block
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
+from sim.lib.kpu_tb import TB, stop_status
 from sim.runner import bench_params
 
 #: Cycles any single AXI4-Lite access may take before the bus counts as hung.
@@ -104,9 +106,9 @@ class Campaign:
         """Poll STATUS until not busy: ``(err, pc, done)``, or None after ``limit`` cycles."""
         waited = 0
         while waited < limit:
-            status = await self.rd(Reg.STATUS)
-            if not status & 1:
-                return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
+            stopped = stop_status(await self.rd(Reg.STATUS))
+            if stopped is not None:
+                return stopped
             poll = min(2000, 10 + waited // 4)
             await ClockCycles(self.tb.dut.clk, poll)
             waited += poll

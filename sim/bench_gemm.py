@@ -1,7 +1,7 @@
 """cocotb bench of nanokpu.units.gemm.GemmEngine on Verilator, bit-exact against golden.intops.
 
-Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig the design was
-built from), ``seed``, ``idle`` (probability that a source skips a cycle), ``backpressure``
+The engine's config comes from :func:`sim.runner.bench_config`. Parameters (``NANOKPU_PARAMS``):
+``seed``, ``idle`` (probability that a source skips a cycle), ``backpressure``
 (probability that the sink is not ready), ``out_width`` (the engine's, default
 ``cfg.out_width``), and for :func:`test_exact_cycles` the shapes to time (``timing``), whether
 to time each also without its store (``compute_only``) and the JSON file to write the cycle
@@ -19,10 +19,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.intops import matmul_int, requantize, wrap
-from nanokpu.config import profile
 from nanokpu.gemm_layout import GemmError, a_words, b_words, c_matrix, command_word
 from nanokpu.units.gemm import gemm_cycles
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 
 
 class TB:
@@ -31,7 +30,7 @@ class TB:
     def __init__(self, dut, seed_offset: int = 0):
         p = bench_params()
         self.dut = dut
-        self.cfg = profile(p.get("profile", "tiny"), **p.get("overrides", {}))
+        self.cfg = bench_config()
         self.out_width = p.get("out_width") or self.cfg.out_width
         self.seed = int(p.get("seed", 1)) + seed_offset
         self.rng = np.random.default_rng(self.seed)

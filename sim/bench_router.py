@@ -1,6 +1,6 @@
 """cocotb bench of :class:`nanokpu.units.router.TopKRouter`, bit-exact against :func:`golden.intops.route_int`.
 
-Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig), ``seed``,
+The router's config comes from :func:`sim.runner.bench_config`. Parameters (``NANOKPU_PARAMS``): ``seed``,
 ``tokens`` (batch size of the random tests), ``cycles_per_token`` and ``latency`` (the
 component's timing contract, checked by ``throughput``), ``out`` (a JSON file receiving the
 measured timing of ``throughput`` or the per-step loads of ``qb_loop``), and for ``qb_loop``:
@@ -19,14 +19,9 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from golden.block import skewed_scores
 from golden.intops import quantize_bias, route_int
 from golden.k3 import quantile_balance
-from nanokpu.config import profile
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 
 PARAMS = bench_params()
-
-
-def _config():
-    return profile(PARAMS.get("profile", "tiny"), **PARAMS.get("overrides", {}))
 
 
 class TB:
@@ -34,7 +29,7 @@ class TB:
 
     def __init__(self, dut, name: str):
         self.dut = dut
-        self.cfg = cfg = _config()
+        self.cfg = cfg = bench_config()
         self.seed = int(PARAMS.get("seed", 1)) * 1000 + sum(map(ord, name))
         self.rng = np.random.default_rng(self.seed)
         self.n, self.lanes, self.k = cfg.n_experts, cfg.route_lanes, cfg.top_k

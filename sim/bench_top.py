@@ -1,12 +1,10 @@
 """cocotb bench of the whole nano-KPU (nanokpu.kpu.top.NanoKPU) on Verilator, through its buses only.
 
-The host side is cocotbext-axi: an ``AxiLiteMaster`` on ``s_axil`` (registers, instruction
-memory, load counters) and an ``AxiRam`` on ``m_axi`` (host memory holding the compiled image).
-Random idle on the master's channels and random backpressure/idle on the RAM's. Amaranth's
-flattened names (``s_axil__awaddr``) are matched with ``bus_separator="__"``.
+The testbench, :class:`sim.lib.kpu_tb.TB`, drives the AXI4-Lite host and the AXI host memory
+with random idle and backpressure; run through :func:`sim.lib.kpu_launch.run_kpu_bench`.
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``overrides`` (KpuConfig fields, e.g. ``{"dsp":
-"ice40"}``), ``tokens``, ``seed``, ``seeds`` (blocks to run in
+The design's config comes from :func:`sim.runner.bench_config`. Parameters (``NANOKPU_PARAMS``):
+``tokens``, ``seed``, ``seeds`` (blocks to run in
 ``test_block``, seeds ``seed .. seed + seeds - 1``), ``vary_tokens`` (batches of 1 .. tokens),
 ``progress`` (print the pc while running), ``pause`` (probability of an idle/backpressure cycle
 on every AXI channel), ``summary`` (a JSON path: cycles, busy counters and errors are written there).
@@ -15,105 +13,23 @@ on every AXI channel), ``summary`` (a JSON path: cycles, busy counters and error
 from __future__ import annotations
 
 import json
-import logging
 import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
-from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
 from golden.block import block_error, latent_moe_int, random_block, same_routing
-from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import EXECUTORS, IMEM_BASE, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
-from sim.runner import bench_params
+from nanokpu.isa import Err, Instr, Op, Reg, route_table
+from sim.lib.kpu_tb import TB
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
 #: (``cosine_same_routing``): a sanity floor that holds for any seed (tiny, 8 tokens: 400 seeds
 #: gave a minimum of 0.9984, one seed of a wider search 0.9979). The tight bound, 0.998 on fixed
 #: seeds, is tests/test_errors.py's; bit-exactness to latent_moe_int is what this bench checks.
 COSINE_SAME_ROUTING_MIN = 0.99
-
-
-class TB:
-    def __init__(self, dut):
-        p = bench_params()
-        self.dut = dut
-        self.p = p
-        self.cfg = profile(p.get("profile", "tiny"), **p.get("overrides", {}))
-        self.seed = int(p.get("seed", 1))
-        self.pause = float(p.get("pause", 0.2))
-        random.seed(self.seed)
-        dut._log.info(f"profile {self.cfg.name}, seed {self.seed}, pause {self.pause}")
-        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-        # warnings only from the bus models: their banners and one line per burst would bury
-        # the bench's own output and dominate the run time
-        for bus in ("s_axil", "m_axi"):
-            logging.getLogger(f"{dut._log.name}.{bus}").setLevel(logging.WARNING)
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil", bus_separator="__"),
-                                  dut.clk, dut.rst)
-        self.ram_size = 1 << 24
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi", bus_separator="__"), dut.clk, dut.rst,
-                          size=self.ram_size)
-        if self.pause:
-            for ch in (self.axil.write_if.aw_channel, self.axil.write_if.w_channel,
-                       self.axil.read_if.ar_channel, self.axil.write_if.b_channel,
-                       self.axil.read_if.r_channel,
-                       self.ram.write_if.aw_channel, self.ram.write_if.w_channel,
-                       self.ram.write_if.b_channel, self.ram.read_if.ar_channel,
-                       self.ram.read_if.r_channel):
-                ch.set_pause_generator(self._pauses())
-
-    def _pauses(self):
-        while True:
-            yield random.random() < self.pause
-
-    async def reset(self):
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 4)
-        self.dut.rst.value = 0
-        await ClockCycles(self.dut.clk, 2)
-
-    async def rd(self, addr: int) -> int:
-        return (await self.axil.read_dword(addr))
-
-    async def wr(self, addr: int, value: int):
-        await self.axil.write_dword(addr, value)
-
-    async def load(self, instrs, image: bytes, window=None):
-        self.ram.write(0, bytes(image))
-        await self.axil.write(IMEM_BASE, encode_program(instrs))
-        base, size = window or (0, len(image))
-        await self.wr(Reg.HOST_BASE, base)
-        await self.wr(Reg.HOST_SIZE, size)
-
-    async def run(self, poll: int = 2000, limit: int = 20_000_000, n_instrs: int = 0):
-        """Start and poll STATUS until the controller stops; returns (error code, pc, done).
-        With ``progress`` set in the parameters, prints the pc and cycles every 10 polls."""
-        await self.wr(Reg.CTRL, 1)
-        waited = 0
-        while True:
-            status = await self.rd(Reg.STATUS)
-            if not status & 1:
-                return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
-            if self.p.get("progress") and waited % (10 * poll) == 0:
-                print(f"[nanokpu sim] running: pc {status >> 16:3d}/{n_instrs}, "
-                      f"{await self.rd(Reg.INSTRS)} instructions, {waited} cycles", flush=True)
-            await ClockCycles(self.dut.clk, poll)
-            waited += poll
-            assert waited < limit, f"seed {self.seed}: no stop within {limit} cycles"
-
-    async def counters(self) -> dict:
-        out = {"cycles": await self.rd(Reg.CYCLES), "instrs": await self.rd(Reg.INSTRS)}
-        for i, u in enumerate(EXECUTORS):
-            out[u] = await self.rd(Reg.BUSY + 4 * i)
-        return out
-
-    async def loads(self) -> np.ndarray:
-        return np.array([await self.rd(LOADS_BASE + 4 * j) for j in range(self.cfg.n_experts)])
 
 
 async def run_block(tb: TB, seed: int, tokens: int) -> dict:

@@ -11,8 +11,9 @@ the engine) runs one bit-exact; and what ``nanokpu board-run --board icebreaker`
 (:func:`nanokpu.host.bridge_client.run_block`, checked against :func:`golden.block.latent_moe_int`;
 ``test_block_over_uart``, which writes the line's traffic to ``out``).
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``seed``, ``divisor``, ``dsp``, ``tokens``
-(default 2), ``out`` (a JSON path, optional).
+The engine's config (its ``dsp`` included) comes from :func:`sim.runner.bench_config`
+(``run_bench(..., config=cfg)``: the bridge has no ``cfg``). Parameters (``NANOKPU_PARAMS``):
+``seed``, ``divisor``, ``tokens`` (default 2), ``out`` (a JSON path, optional).
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from cocotb.task import bridge
 
 from golden.block import latent_moe_int, random_block
 from golden.intops import matmul_int, requantize
-from nanokpu.config import profile
 from nanokpu.gemm_layout import a_words, command_word
 from nanokpu.host.bridge_client import BridgeClient, run_block, run_gemm
 from nanokpu.host.compiler import compile_block
 from nanokpu.units.gemm import kpu_engine
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 from sim.serial_model import open_line
 
 #: Wall-clock seconds a stream may stall in the client (the simulation is slower than a board).
@@ -41,7 +41,7 @@ TIMEOUT_S = 120.0
 @cocotb.test()
 async def test_gemms_over_uart(dut):
     p = bench_params()
-    cfg = profile(p.get("profile", "tiny"), dsp=p.get("dsp", "generic"))
+    cfg = bench_config()
     seed = int(p.get("seed", 1))
     rng = np.random.default_rng(seed)
     dut._log.info(f"profile {cfg.name}, dsp {cfg.dsp}, seed {seed}")
@@ -109,7 +109,7 @@ async def test_block_over_uart(dut):
     ``out``, written as JSON."""
     p = bench_params()
     seed, tokens = int(p.get("seed", 1)), int(p.get("tokens", 2))
-    cfg = profile(p.get("profile", "tiny"), dsp=p.get("dsp", "generic"))
+    cfg = bench_config()
     Q, xq, _, _ = random_block(cfg, tokens, np.random.default_rng(seed))
     prog = compile_block(Q, xq, cfg)
     port = await open_line(dut, int(p["divisor"]))

@@ -6,7 +6,8 @@ a bit, as the design was built). :meth:`KpuClient.run_block` loads a compiled ra
 the on-chip host memory and the instruction memory, starts it, polls ``STATUS`` and reads the
 outputs back; they must equal :func:`golden.block.latent_moe_int` bit for bit.
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``tokens``, ``seed``, ``divisor``.
+The nano-KPU's config comes from :func:`sim.runner.bench_config` (``run_bench(..., config=cfg)``:
+the board design has no ``cfg``). Parameters (``NANOKPU_PARAMS``): ``tokens``, ``seed``, ``divisor``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import numpy as np
 from cocotb.task import bridge
 
 from golden.block import latent_moe_int, random_block
-from nanokpu.config import profile
 from nanokpu.host.client import KpuClient
 from nanokpu.host.compiler import compile_block
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 from sim.serial_model import open_line
 
 
 @cocotb.test()
 async def test_block_over_uart(dut):
     p = bench_params()
-    cfg = profile(p.get("profile", "tiny"))
+    cfg = bench_config()
     seed, tokens = int(p.get("seed", 1)), int(p.get("tokens", 4))
     dut._log.info(f"profile {cfg.name}, {tokens} tokens, seed {seed}")
     port = await open_line(dut, int(p["divisor"]))

@@ -1,6 +1,7 @@
 """cocotb bench of nanokpu.units.vector.VectorUnit on Verilator, bit-exact against golden.intops.
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``rounding``, ``seed``. Each test drives the input
+The unit's config (its rounding mode included) comes from :func:`sim.runner.bench_config`.
+Parameters (``NANOKPU_PARAMS``): ``seed``. Each test drives the input
 stream with random idle (30 %) and the output with random backpressure (30 %); the seed is in
 every failure message.
 """
@@ -13,16 +14,15 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden import intops as I
-from nanokpu.config import profile
 from nanokpu.units.vector import VecOp, vector_in_layout
-from sim.runner import bench_params
+from sim.runner import bench_config, bench_params
 
 
 class TB:
     def __init__(self, dut):
         p = bench_params()
         self.dut = dut
-        self.cfg = profile(p.get("profile", "tiny"), rounding=p.get("rounding", "half_even"))
+        self.cfg = bench_config()
         self.seed = int(p.get("seed", 7))
         self.rng = np.random.default_rng(self.seed)
         lay = vector_in_layout(self.cfg)

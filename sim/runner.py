@@ -8,7 +8,9 @@ another, and an unchanged design is not rebuilt. Builds take a file lock so that
 pytest workers (or two benches) never compile two models at once on a small machine.
 
 Benches read their parameters from ``NANOKPU_*`` environment variables set by
-:func:`run_bench` (``NANOKPU_PARAMS`` is a JSON object) and print their random seed.
+:func:`run_bench` and print their random seed: :func:`bench_params` the JSON object
+``NANOKPU_PARAMS``, :func:`bench_config` the exact :class:`~nanokpu.config.KpuConfig` the design
+was built from (``NANOKPU_CONFIG``, :func:`nanokpu.config.config_to_dict`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from nanokpu.config import KpuConfig, config_from_dict, config_to_dict
+
 __all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "bench_params",
-           "SIM_BUILD", "FAST_BUILD", "vendor_build_args", "vendor_name"]
+           "bench_config", "SIM_BUILD", "FAST_BUILD", "vendor_build_args", "vendor_name"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -167,23 +171,47 @@ def build(component, name: str, *, waves: bool = False, build_args: tuple[str, .
     return build_dir
 
 
+#: The environment variable carrying the bench's KpuConfig (JSON of :func:`nanokpu.config.config_to_dict`).
+CONFIG_ENV = "NANOKPU_CONFIG"
+
+
+def _bench_config(component, config: KpuConfig | None) -> KpuConfig | None:
+    """The KpuConfig a bench of ``component`` gets: ``config``, else ``component.cfg``, else None."""
+    own = getattr(component, "cfg", None)
+    own = own if isinstance(own, KpuConfig) else None
+    if config is None:
+        return own
+    if not isinstance(config, KpuConfig):
+        raise TypeError(f"config must be a KpuConfig, not {config!r}")
+    if own is not None and own != config:
+        raise ValueError(f"config = {config.name!r} differs from the component's own cfg ({own.name!r}): "
+                         "the bench would check another design than the one built")
+    return config
+
+
 def run_bench(component, name: str, test_module: str, *, params: dict | None = None,
-              testcase: str | list[str] | None = None, seed: int | None = None,
-              waves: bool = False, test_dir: Path | None = None,
+              config: KpuConfig | None = None, testcase: str | list[str] | None = None,
+              seed: int | None = None, waves: bool = False, test_dir: Path | None = None,
               build_args: tuple[str, ...] = (), simulator: str = "verilator") -> Path:
     """Build ``component`` as ``name`` and run the cocotb module ``test_module`` on it.
 
-    ``params`` reach the bench as ``NANOKPU_PARAMS`` (JSON). Raises :class:`BenchFailure`
-    naming the failed tests and the seed if any test fails; returns the results XML path.
+    ``params`` reach the bench as ``NANOKPU_PARAMS`` (JSON), the KpuConfig the component was
+    built from as ``NANOKPU_CONFIG`` (read back by :func:`bench_config`): ``component.cfg``, or
+    ``config`` for a component without one (a wrapper such as a board design); a ``config``
+    that differs from ``component.cfg`` is a ValueError. Raises :class:`BenchFailure` naming
+    the failed tests and the seed if any test fails; returns the results XML path.
     ``simulator`` is one of :data:`SIMULATORS` (Verilator by default).
     """
     from cocotb_tools.runner import get_runner
 
+    cfg = _bench_config(component, config)
     build_dir = build(component, name, waves=waves, build_args=build_args, simulator=simulator)
     test_dir = Path(test_dir or build_dir / "run")
     test_dir.mkdir(parents=True, exist_ok=True)
     # cocotbext-axi 0.1.28 emits DeprecationWarnings under cocotb 2.1: not ours to fix, not errors.
     env = {"NANOKPU_PARAMS": json.dumps(params or {}), "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    if cfg is not None:
+        env[CONFIG_ENV] = json.dumps(config_to_dict(cfg))
     # The runner hands sys.path to the simulator's Python as PYTHONPATH: benches live in sim/.
     for path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
         if str(path) not in sys.path:
@@ -207,6 +235,19 @@ def run_bench(component, name: str, test_module: str, *, params: dict | None = N
 def bench_params() -> dict:
     """Inside a bench: the ``params`` that :func:`run_bench` was given (``{}`` if none)."""
     return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+
+
+def bench_config() -> KpuConfig:
+    """Inside a bench: the KpuConfig the design under test was built from (see :func:`run_bench`).
+
+    Raises RuntimeError if the bench got none (its component has no ``cfg`` and
+    :func:`run_bench` was given no ``config``).
+    """
+    text = os.environ.get(CONFIG_ENV)
+    if text is None:
+        raise RuntimeError(f"this bench needs the design's KpuConfig and got none (no {CONFIG_ENV}): give "
+                           "run_bench a component with a .cfg, or config=<the KpuConfig it was built from>")
+    return config_from_dict(json.loads(text))
 
 
 def _failures(results_xml: Path) -> list[str]:

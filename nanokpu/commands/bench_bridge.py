@@ -45,8 +45,8 @@ def run_uart_gemm_bench(dsp: str = "ice40", testcase=None, *, seed: int = 3, **p
 
     cfg = profile("tiny", dsp=dsp)
     return run_bench(UartBridge(kpu_engine(cfg), clk_freq=DIVISOR * 1_000_000, baud=1_000_000),
-                     vendor_name("uart_gemm_tiny", dsp), "bench_uart_gemm",
-                     params={"profile": "tiny", "dsp": dsp, "seed": seed, "divisor": DIVISOR, **params},
+                     vendor_name("uart_gemm_tiny", dsp), "bench_uart_gemm", config=cfg,
+                     params={"seed": seed, "divisor": DIVISOR, **params},
                      testcase=testcase, seed=seed, build_args=FAST_BUILD + vendor_build_args(dsp))
 
 

@@ -65,9 +65,9 @@ def run_profile(name: str, seed: int, dsp: str = "generic") -> tuple[KpuConfig, 
 
     cfg = profile(name, dsp=dsp)
     gemms = block_gemms(cfg, TOKENS[name])
-    params = {"profile": name, "seed": seed, "timing": [[m, k, n] for _, m, k, n in gemms]}
+    params = {"seed": seed, "timing": [[m, k, n] for _, m, k, n in gemms]}
     if dsp == "ice40":
-        params |= {"overrides": {"dsp": dsp}, "compute_only": True}
+        params |= {"compute_only": True}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,

@@ -30,7 +30,8 @@ def run_router_bench(cfg: KpuConfig, testcase=None, *, tokens: int = 16, seed: i
                      build_args: tuple[str, ...] = (), **extra) -> Path:
     """Run the cocotb module sim/bench_router.py on the router of ``cfg``.
 
-    ``cfg`` is a named profile with overrides (a custom name is taken relative to ``tiny``);
+    The bench gets ``cfg`` itself (:func:`sim.runner.bench_config`); the build is named after
+    its profile and the fields that differ from it (a custom name is taken relative to ``tiny``).
     ``extra`` entries reach the bench in ``NANOKPU_PARAMS``. Raises ValueError if ``tokens < 1``
     and :class:`sim.runner.BenchFailure` if a bench test fails.
     """
@@ -42,7 +43,7 @@ def run_router_bench(cfg: KpuConfig, testcase=None, *, tokens: int = 16, seed: i
     base = PROFILES.get(cfg.name, PROFILES["tiny"])
     overrides = {k: v for k, v in cfg.as_dict().items() if v != getattr(base, k)}
     dut = TopKRouter(cfg)
-    params = {"profile": base.name, "overrides": overrides, "seed": seed, "tokens": tokens,
+    params = {"seed": seed, "tokens": tokens,
               "cycles_per_token": dut.cycles_per_token, "latency": dut.latency, **extra}
     tag = "".join(f"_{k}{v}" for k, v in sorted(overrides.items()))
     return run_bench(dut, f"router_{base.name}{tag}", "bench_router", params=params,

@@ -55,11 +55,11 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
     the UP5K, on Yosys' SB_MAC16 and SB_SPRAM256KA models); returns ``{"counts": totals,
     "failures": [...], "seeds": [...]}``."""
     from nanokpu.kpu.top import NanoKPU
-    from sim.runner import BenchFailure, run_bench, vendor_build_args, vendor_name
+    from sim.lib.kpu_launch import kpu_build_name, run_kpu_bench
+    from sim.runner import BenchFailure
 
     cfg = profile(profile_name, dsp=dsp)
-    name = vendor_name(f"kpu_{profile_name}", dsp)
-    build_args = vendor_build_args(dsp)
+    name = kpu_build_name(cfg)
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     totals: dict[str, int] = {}
@@ -69,9 +69,8 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
         out = work / f"fault-{name}-{run_seed}.json"
         out.unlink(missing_ok=True)
         try:
-            run_bench(dut, name, "bench_fault", seed=run_seed, build_args=build_args,
-                      params={"profile": profile_name, "overrides": {"dsp": dsp}, "seed": run_seed,
-                              "episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
+            run_kpu_bench(cfg, "bench_fault", seed=run_seed, dut=dut,
+                          params={"episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
         except BenchFailure as exc:
             if not out.exists():
                 raise

@@ -40,27 +40,27 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
     ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
     from nanokpu.kpu.top import NanoKPU
-    from sim.runner import BenchFailure, build, run_bench, vendor_build_args, vendor_name, waves_file
+    from sim.lib.kpu_launch import kpu_build, kpu_build_name, run_kpu_bench
+    from sim.runner import BenchFailure, waves_file
 
     if tokens < 1:
         raise ValueError(f"tokens = {tokens}: must be >= 1")
     if not 0 <= pause < 1:  # 1 would stall every AXI channel for ever
         raise ValueError(f"pause = {pause}: must be in [0, 1)")
-    name = vendor_name(f"kpu_{cfg.name}", cfg.dsp)
-    build_args = vendor_build_args(cfg.dsp)
     t0 = time.time()
     if progress:
-        print(f"[nanokpu sim] building {name} on Verilator (cached under sim_build/) ...", flush=True)
-    build_dir = build(NanoKPU(cfg), name, waves=waves, build_args=build_args)
+        print(f"[nanokpu sim] building {kpu_build_name(cfg)} on Verilator (cached under sim_build/) ...",
+              flush=True)
+    dut = NanoKPU(cfg)
+    build_dir = kpu_build(cfg, waves=waves, dut=dut)
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
-        params = {"profile": cfg.name, "overrides": {"dsp": cfg.dsp}, "tokens": tokens, "seed": seed,
-                  "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
+        params = {"tokens": tokens, "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
         if progress:
             print(f"[nanokpu sim] running the block ({tokens} tokens, seed {seed}) ...", flush=True)
         try:
-            run_bench(NanoKPU(cfg), name, "bench_top", testcase="test_block", params=params,
-                      seed=seed, waves=waves, build_args=build_args)
+            run_kpu_bench(cfg, "bench_top", testcase="test_block", seed=seed, params=params, waves=waves,
+                          dut=dut)
         except BenchFailure as exc:
             return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0}
         result = json.loads(summary.read_text())[0]

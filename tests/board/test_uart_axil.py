@@ -428,9 +428,9 @@ def test_board_design_runs_a_block_over_the_uart():
     from sim.runner import FAST_BUILD, run_bench
 
     divisor = 4
-    run_bench(UartKpu(profile("tiny"), clk_freq=divisor * 1_000_000, baud=1_000_000), "uart_kpu_tiny",
-              "bench_uart_kpu", params={"profile": "tiny", "tokens": 4, "seed": 2, "divisor": divisor},
-              seed=2, build_args=FAST_BUILD)
+    cfg = profile("tiny")
+    run_bench(UartKpu(cfg, clk_freq=divisor * 1_000_000, baud=1_000_000), "uart_kpu_tiny", "bench_uart_kpu",
+              config=cfg, params={"tokens": 4, "seed": 2, "divisor": divisor}, seed=2, build_args=FAST_BUILD)
 
 
 def test_client_needs_pyserial_and_room(monkeypatch):

@@ -55,7 +55,7 @@ def test_ice40_contract_on_vendor_model():
     output is undefined after a write; the hold registers keep it)."""
     cfg = profile("tiny", dsp="ice40")
     run_bench(DataMemory(cfg), "dmem_ice40", "bench_dmem",
-              params={"dmem_depth": cfg.dmem_depth, "seed": 3, "cycles": 4000},
+              params={"seed": 3, "cycles": 4000},
               build_args=vendor_build_args("ice40"))
 
 

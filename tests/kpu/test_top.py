@@ -4,17 +4,14 @@ import pytest
 
 import nanokpu.kpu.dmem as dmem_module
 from nanokpu.config import profile
-from nanokpu.kpu.top import NanoKPU
 from nanokpu.units.memport import inverting_read_port
-from sim.runner import FAST_BUILD, run_bench, vendor_build_args
+from sim.lib.kpu_launch import run_kpu_bench
 
 
-def _bench(name, testcase, dsp="generic", build="", **params):
-    cfg = profile(name, dsp=dsp)
-    # -O0: the C++ compile dominates; the run is bound by the Python bus models, not the model
-    run_bench(NanoKPU(cfg), f"kpu_{name}_{dsp}{build}", "bench_top", testcase=testcase,
-              params={"profile": name, "overrides": {"dsp": dsp}, **params}, seed=params.get("seed", 1),
-              build_args=FAST_BUILD + vendor_build_args(dsp))
+def _bench(name, testcase, dsp="generic", tag="", seed=1, **params):
+    # fast (-O0): the C++ compile dominates; the run is bound by the Python bus models, not the model
+    run_kpu_bench(profile(name, dsp=dsp), "bench_top", testcase=testcase, seed=seed, params=params, fast=True,
+                  tag=tag)
 
 
 def test_tiny_blocks_20_seeds():
@@ -33,7 +30,7 @@ def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
     logic, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read inverted, random
     blocks under bus stalls stay bit for bit."""
     monkeypatch.setattr(dmem_module, "unchecked_read_port", inverting_read_port)
-    _bench("tiny", "test_block", build="_inverting", tokens=8, seed=40, seeds=4, vary_tokens=True, pause=0.3)
+    _bench("tiny", "test_block", tag="_inverting", tokens=8, seed=40, seeds=4, vary_tokens=True, pause=0.3)
 
 
 @pytest.mark.parametrize("dsp", ["generic", "ice40"])

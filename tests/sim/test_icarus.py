@@ -67,7 +67,7 @@ def test_router_tiny():
 
     cfg = profile("tiny")
     dut = TopKRouter(cfg)
-    params = {"profile": "tiny", "overrides": {}, "seed": SEED, "tokens": 6,
+    params = {"seed": SEED, "tokens": 6,
               "cycles_per_token": dut.cycles_per_token, "latency": dut.latency}
     _both(dut, "router_tiny", "bench_router", params=params, seed=SEED,
           testcase=["random_tokens", "ties", "extremes", "clear_midstream"])
@@ -79,7 +79,7 @@ def test_gemm_2x2():
 
     overrides = {"rows": 2, "cols": 2}
     _both(GemmEngine(profile("tiny", **overrides)), "gemm_2x2", "bench_gemm",
-          params={"profile": "tiny", "overrides": overrides, "out_width": None, "seed": SEED}, seed=SEED,
+          params={"out_width": None, "seed": SEED}, seed=SEED,
           testcase=["test_extremes_and_accumulate", "test_bad_commands"])
 
 
@@ -87,8 +87,7 @@ def test_vector_tiny():
     """Vector unit: saturating add, weighted combine, RMSNorm."""
     from nanokpu.units.vector import VectorUnit
 
-    _both(VectorUnit(profile("tiny")), "vector_tiny", "bench_vector",
-          params={"profile": "tiny", "rounding": "half_even"}, seed=SEED)
+    _both(VectorUnit(profile("tiny")), "vector_tiny", "bench_vector", params={"seed": SEED}, seed=SEED)
 
 
 def test_situ_and_sigmoid():
@@ -98,8 +97,8 @@ def test_situ_and_sigmoid():
     key = sorted(bench_activation.BENCH_CONFIGS)[0]
     bench = bench_activation.ActivationBench(bench_activation.BENCH_CONFIGS)
     _both(bench, "activation", "bench_activation", testcase=["situ_random"], seed=SEED,
-          params={"key": key, "cfg": bench_activation.BENCH_CONFIGS[key].as_dict(), "seed": SEED,
-                  "n_random": 64, "sweep": False})
+          config=bench_activation.BENCH_CONFIGS[key],
+          params={"key": key, "seed": SEED, "n_random": 64, "sweep": False})
 
 
 def test_top_tiny_block_and_bad_programs():
@@ -107,4 +106,4 @@ def test_top_tiny_block_and_bad_programs():
     from nanokpu.kpu.top import NanoKPU
 
     _both(NanoKPU(PROFILES["tiny"]), "kpu_tiny", "bench_top", testcase=["test_block", "test_bad_programs"],
-          params={"profile": "tiny", "tokens": 2, "seed": SEED, "seeds": 1}, seed=SEED)
+          params={"tokens": 2, "seed": SEED, "seeds": 1}, seed=SEED)

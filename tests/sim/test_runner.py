@@ -3,10 +3,12 @@
 
 import textwrap
 
+import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
+from nanokpu.config import config_to_dict, profile
 from sim.runner import BenchFailure, build, run_bench, waves_file
 
 BENCH = textwrap.dedent("""
@@ -25,6 +27,28 @@ BENCH = textwrap.dedent("""
         start = int(dut.count.value)
         await ClockCycles(dut.clk, 10)
         assert int(dut.count.value) == (start + 10) % 256, int(dut.count.value)
+    """)
+
+
+CONFIG_BENCH = textwrap.dedent("""
+    import cocotb
+
+    from nanokpu.config import config_to_dict
+    from sim.runner import bench_config, bench_params
+
+
+    @cocotb.test()
+    async def config(dut):
+        want = bench_params()["want"]
+        if want is not None:
+            assert config_to_dict(bench_config()) == want
+            return
+        try:
+            bench_config()
+        except RuntimeError as exc:
+            assert "got none" in str(exc) and "config=" in str(exc), exc
+        else:
+            raise AssertionError("bench_config() without a config did not raise")
     """)
 
 
@@ -57,3 +81,25 @@ def test_failing_bench_raises_with_its_name(tmp_path, monkeypatch):
         assert "counts" in str(exc) and "seed 5" in str(exc)
     else:
         raise AssertionError("a failing bench did not raise BenchFailure")
+
+
+def test_bench_gets_the_exact_config_or_a_clear_error(tmp_path, monkeypatch):
+    """The component's cfg (or config=) reaches bench_config() field for field; without one,
+    bench_config() raises naming the fix."""
+    (tmp_path / "bench_config_check.py").write_text(CONFIG_BENCH)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = profile("small", dsp="ice40", rounding="floor", beta1=2.5)
+    run_bench(Counter(), "counter", "bench_config_check", config=cfg, params={"want": config_to_dict(cfg)})
+    counter = Counter()
+    counter.cfg = cfg
+    run_bench(counter, "counter", "bench_config_check", params={"want": config_to_dict(cfg)})
+    run_bench(Counter(), "counter", "bench_config_check", params={"want": None})
+
+
+def test_config_must_match_the_components_own():
+    counter = Counter()
+    counter.cfg = profile("tiny")
+    with pytest.raises(ValueError, match="differs from the component's own cfg"):
+        run_bench(counter, "counter", "bench_counter", config=profile("small"))
+    with pytest.raises(TypeError, match="config must be a KpuConfig"):
+        run_bench(Counter(), "counter", "bench_counter", config={"name": "tiny"})

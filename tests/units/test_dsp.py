@@ -131,7 +131,7 @@ def test_tiny_gemm_on_ice40_blocks_is_bit_exact():
     m, n = 2 * cfg.rows + 1, 2 * cfg.cols + 1
     timing = [[cfg.rows, 2, cfg.cols], [m, 40, n], [m, 3, n]]
     run_bench(GemmEngine(cfg), "gemm", "bench_gemm", seed=31,
-              params={"profile": "tiny", "overrides": {"dsp": "ice40"}, "seed": 31, "timing": timing},
+              params={"seed": 31, "timing": timing},
               build_args=(str(model), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
 
 

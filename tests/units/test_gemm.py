@@ -36,7 +36,7 @@ SLOW = [
 def bench(name, overrides, out_width, seed, **extra):
     cfg = profile(name, **overrides)
     engine = GemmEngine(cfg, out_width)
-    params = {"profile": name, "overrides": overrides, "out_width": out_width, "seed": seed, **extra}
+    params = {"out_width": out_width, "seed": seed, **extra}
     run_bench(engine, "gemm", "bench_gemm", params=params, seed=seed)
 
 
@@ -60,7 +60,7 @@ def test_gemm_64x256x256_on_8x8_is_exact_and_busy():
     cycles = gemm_cycles(cfg, 64, 256, 256)
     assert 64 * 256 * 256 / 64 / cycles >= 0.90
     run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=3,
-              params={"profile": "small", "seed": 3, "timing": [[64, 256, 256]]})
+              params={"seed": 3, "timing": [[64, 256, 256]]})
 
 
 def test_command_layout_fields_hold_the_scratchpads():

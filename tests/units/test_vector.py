@@ -100,4 +100,4 @@ def test_vector_unit_amaranth(seed):
 def test_vector_unit_verilator(rounding):
     cfg = profile("tiny", rounding=rounding)
     run_bench(VectorUnit(cfg), f"vector_{rounding}", "bench_vector",
-              params={"profile": "tiny", "rounding": rounding}, seed=7, build_args=FAST_BUILD)
+              seed=7, build_args=FAST_BUILD)
