@@ -47,7 +47,19 @@ from cocotb.utils import get_sim_time
 from golden.block import latent_moe_int, random_block
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
+from nanokpu.isa import (
+    IMEM_BASE,
+    INSTR_WORDS,
+    LOADS_BASE,
+    Err,
+    Instr,
+    Op,
+    Reg,
+    ctrl_word,
+    encode_program,
+    route_table,
+    status_fields,
+)
 from sim.lib.kpu_tb import TB, stop_status
 from sim.runner import bench_params
 
@@ -72,6 +84,12 @@ HOST_END = WINDOW + 4 * SPAD_WORDS
 FUZZ_OPS = [op for op in Op if op != Op.HALT]
 #: FuncSim steps after which a fuzz program counts as non-terminating (a jump loop).
 FUZZ_STEPS = 64
+
+
+def _busy_or_error(status: int) -> bool:
+    """Whether a STATUS word says busy or holds an error (a reset must clear both)."""
+    s = status_fields(status)
+    return bool(s.busy or s.error or s.code)
 
 
 class BusHang(Exception):
@@ -115,12 +133,12 @@ class Campaign:
         return None
 
     async def soft_reset(self):
-        await self.wr(Reg.CTRL, 2)
+        await self.wr(Reg.CTRL, ctrl_word(soft_reset=1))
         self.counts["soft_resets"] += 1
         if await self.wait_stop(BUS_TIMEOUT) is None:
             raise AssertionError("still busy after a soft reset")
         status = await self.rd(Reg.STATUS)
-        assert status & 0xFF05 == 0, f"status {status:#x} after a soft reset"
+        assert not _busy_or_error(status), f"status {status:#x} after a soft reset"
 
     # -- canary outside the program's window ---------------------------------------------------
     def set_canary(self, start: int):
@@ -154,9 +172,9 @@ class Campaign:
         seed, tokens, Q, xq, prog = self.block()
         ref = latent_moe_int(xq, Q, cfg)
         self.set_canary(len(prog.image))
-        await self.wr(Reg.CTRL, 4)                                      # clear the load counters
+        await self.wr(Reg.CTRL, ctrl_word(clear_loads=1))                                      # clear the load counters
         await tb.load(prog.instrs, prog.image)
-        await self.wr(Reg.CTRL, 1)
+        await self.wr(Reg.CTRL, ctrl_word(start=1))
         got = await self.wait_stop(BLOCK_WATCHDOG)
         if got is None:
             self.counts["hangs"] += 1
@@ -249,7 +267,7 @@ class Campaign:
         await tb.axil.write(IMEM_BASE, encode_program(prog))
         await self.wr(Reg.HOST_BASE, 0)
         await self.wr(Reg.HOST_SIZE, HOST_END)
-        await self.wr(Reg.CTRL, 1)
+        await self.wr(Reg.CTRL, ctrl_word(start=1))
         self.counts["fuzz_programs"] += 1
         self.counts["fuzz_instructions"] += len(body)
         self.counts["fuzz_errors"] += expected is not None and expected.error != Err.NONE
@@ -310,21 +328,29 @@ class Campaign:
         await self.rd(LOADS_BASE)
         await self.soft_reset()
 
-    async def reset(self):
+    async def reset(self, hard: bool | None = None):
+        """A valid block started, then a hard or soft reset (``hard``; None: either, at random)
+        at a random point of its run."""
         r, tb = self.rng, self.tb
         prog = self.block()[-1]
         self.set_canary(len(prog.image))
         await tb.load(prog.instrs, prog.image)
-        await self.wr(Reg.CTRL, 1)
+        await self.wr(Reg.CTRL, ctrl_word(start=1))
         await ClockCycles(tb.dut.clk, r.randrange(1, 20_000))
-        if r.random() < 0.5:
+        if r.random() < 0.5 if hard is None else hard:
             self.counts["hard_resets"] += 1
             await tb.reset()
         else:
             await self.soft_reset()
         status = await self.rd(Reg.STATUS)
-        assert status & 0xFF05 == 0, f"status {status:#x} after a reset mid-run"
+        assert not _busy_or_error(status), f"status {status:#x} after a reset mid-run"
         self.check_canary()
+
+    async def hard_reset(self):
+        await self.reset(hard=True)
+
+    async def soft_reset_mid_run(self):
+        await self.reset(hard=False)
 
     async def recover(self):
         """After a failure: hard reset, so the campaign goes on from a known state."""
@@ -333,9 +359,10 @@ class Campaign:
 
     async def run(self, episodes: int):
         kinds = ["valid", "fuzz", "fuzz", "fuzz", "bus", "reset"]
+        first = ["valid", "fuzz", "bus", "hard_reset", "soft_reset_mid_run"]   # every kind once, then at random
         after_fault = False
         for i in range(episodes):
-            kind = "valid" if after_fault else self.rng.choice(kinds)
+            kind = "valid" if after_fault else first.pop(0) if first else self.rng.choice(kinds)
             self.counts["episodes"] += 1
             try:
                 await getattr(self, kind)()

@@ -22,7 +22,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from golden.block import block_error, latent_moe_int, random_block, same_routing
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import Err, Instr, Op, Reg, route_table
+from nanokpu.isa import Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
 from sim.lib.kpu_tb import TB
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
@@ -37,7 +37,7 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     Q, xq, y_float, idx_float = random_block(cfg, tokens, np.random.default_rng(seed))
     prog = compile_block(Q, xq, cfg)
     ref = latent_moe_int(xq, Q, cfg)
-    await tb.wr(Reg.CTRL, 4)                     # clear the routing load counters
+    await tb.wr(Reg.CTRL, ctrl_word(clear_loads=1))                     # clear the routing load counters
     await tb.load(prog.instrs, prog.image)
     err, pc, done = await tb.run(n_instrs=len(prog.instrs))
     assert err == Err.NONE and done, f"seed {seed}: stopped with {Err(err).name} at pc {pc}"
@@ -138,8 +138,8 @@ async def test_bad_programs(dut):
             f"{name}: got {Err(err).name} at pc {pc}, expected {code.name}"
         assert tb.ram.read(0, 1024) == image, f"{name}: host memory written"
         assert await tb.rd(Reg.HOST_SIZE) == 1024       # the bus answers
-        await tb.wr(Reg.CTRL, 2)                          # soft reset clears the error
-        assert (await tb.rd(Reg.STATUS)) & 0xFF04 == 0, f"{name}: error survives a soft reset"
+        await tb.wr(Reg.CTRL, ctrl_word(soft_reset=1))                          # soft reset clears the error
+        assert not status_fields(await tb.rd(Reg.STATUS)).error, f"{name}: error survives a soft reset"
     # a good program after all that: LOAD 16 words, STORE them elsewhere
     prog = [Instr(Op.LOAD, m=1, n=16, c=5, host=0, width=4),
             Instr(Op.STORE, m=1, n=16, a=5, host=512, width=4), Instr(Op.HALT)]
@@ -180,8 +180,8 @@ async def test_bus_errors(dut):
             f"{name}: got {Err(err).name} at pc {pc}, done {done}"
         assert tb.ram.read(0, 2 * size) == image, f"{name}: host memory changed"
         assert await tb.rd(Reg.HOST_SIZE) == 2 * size     # the bus answers
-        await tb.wr(Reg.CTRL, 2)
-        assert (await tb.rd(Reg.STATUS)) & 0xFF04 == 0, f"{name}: error survives a soft reset"
+        await tb.wr(Reg.CTRL, ctrl_word(soft_reset=1))
+        assert not status_fields(await tb.rd(Reg.STATUS)).error, f"{name}: error survives a soft reset"
     prog = [Instr(Op.LOAD, m=1, n=16, c=5, host=0, width=4),
             Instr(Op.STORE, m=1, n=16, a=5, host=512, width=4), Instr(Op.HALT)]
     await tb.load(prog, image, window=(0, 2 * size))
@@ -198,15 +198,16 @@ async def test_soft_reset_mid_run(dut):
     Q, xq, _, _ = random_block(cfg, 4, np.random.default_rng(tb.seed))
     prog = compile_block(Q, xq, cfg)
     await tb.load(prog.instrs, prog.image)
-    await tb.wr(Reg.CTRL, 1)
+    await tb.wr(Reg.CTRL, ctrl_word(start=1))
     await ClockCycles(dut.clk, 3000)
     assert (await tb.rd(Reg.STATUS)) & 1, "the block should still be running"
-    await tb.wr(Reg.CTRL, 2)
+    await tb.wr(Reg.CTRL, ctrl_word(soft_reset=1))
     for _ in range(100):
         await RisingEdge(dut.clk)
     status = await tb.rd(Reg.STATUS)
-    assert status & 0xFF07 == 0, f"status {status:#x} after a soft reset"
-    await tb.wr(Reg.CTRL, 4)
+    s = status_fields(status)
+    assert not (s.busy or s.done or s.error or s.code), f"status {status:#x} after a soft reset"
+    await tb.wr(Reg.CTRL, ctrl_word(clear_loads=1))
     err, pc, done = await tb.run()
     assert err == Err.NONE and done
     ref = latent_moe_int(xq, Q, cfg)

@@ -47,16 +47,15 @@ FAST_BUILD = ("-CFLAGS", "-O0")
 
 def vendor_build_args(dsp: str) -> tuple[str, ...]:
     """Verilator build arguments for the primitives a design with ``KpuConfig.dsp = dsp``
-    instantiates by hand: on ``ice40`` Yosys' models of SB_MAC16 and SB_SPRAM256KA (the data
-    scratchpad, :mod:`nanokpu.kpu.dmem`); none for ``generic``. ``ecp5`` cannot be simulated
-    (MULT18X18D has no model): ValueError."""
+    instantiates by hand: on ``ice40`` Yosys' model of SB_MAC16 (:class:`nanokpu.units.dsp.Multiplier`);
+    none for ``generic``. ``ecp5`` cannot be simulated (MULT18X18D has no model): ValueError."""
     if dsp == "generic":
         return ()
     if dsp != "ice40":
         raise ValueError(f"dsp = {dsp!r}: only 'generic' and 'ice40' designs can be simulated "
                          "(Yosys has no simulation model of the ECP5 MULT18X18D)")
     from fpga.flow import vendor_sim_model
-    return tuple(str(vendor_sim_model(cell)) for cell in ("SB_MAC16", "SB_SPRAM256KA")) + \
+    return tuple(str(vendor_sim_model(cell)) for cell in ("SB_MAC16",)) + \
         ("-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
 
 

@@ -1,9 +1,8 @@
 """``nanokpu bench-block``: a whole LatentMoE block on the nano-KPU RTL, cycles and utilization.
 
-For each profile (``tiny`` with 8 tokens, also as built for the UP5K with ``dsp = "ice40"``:
-SB_MAC16 products, the data scratchpad in single-port SPRAM; ``small`` with 16) one random
-block runs on Verilator through the AXI buses (:func:`nanokpu.commands.simulate.simulate`, bit-exact checked).
-Reported: cycles,
+For each profile (``tiny`` with 8 tokens, ``small`` with 16) one random block runs on
+Verilator through the AXI buses (:func:`nanokpu.commands.simulate.simulate`, bit-exact
+checked). Reported: cycles,
 the ideal ``MACs / (rows * cols)`` (every GEMM multiply-accumulate of the block on a fully busy
 array, nothing else), utilization = ideal / cycles, and each unit's busy share (cycles its
 instructions ran / all cycles). Written to ``docs/bench/block.md``.
@@ -17,8 +16,8 @@ from nanokpu.config import profile
 from nanokpu.isa import EXECUTORS
 
 DOC = DOCS / "bench" / "block.md"
-#: (profile, tokens, dsp)
-CASES = (("tiny", 8, "generic"), ("tiny", 8, "ice40"), ("small", 16, "generic"))
+#: (profile, tokens)
+CASES = (("tiny", 8), ("small", 16))
 
 
 def add_arguments(parser) -> None:
@@ -45,11 +44,6 @@ def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
             "gemms": len(res.gemms), "expert_rows": [m for m, k, n in res.gemms]}
 
 
-def label(cfg) -> str:
-    """The profile's name, with its ``dsp`` target when it is not ``generic``."""
-    return cfg.name if cfg.dsp == "generic" else f"{cfg.name} ({cfg.dsp})"
-
-
 def table(rows: list[tuple]) -> str:
     head = ("| profile | tokens | array | instructions | cycles | MACs | ideal cycles | utilization | "
             + " | ".join(f"{u} busy" for u in EXECUTORS)
@@ -59,7 +53,7 @@ def table(rows: list[tuple]) -> str:
     for cfg, r in rows:
         ideal = r["macs"] / (cfg.rows * cfg.cols)
         lines.append(
-            f"| {label(cfg)} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
+            f"| {cfg.name} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
             f"{r['macs']} | {ideal:.0f} | {ideal / r['cycles']:.1%} | "
             + " | ".join(f"{r[u] / r['cycles']:.1%}" for u in EXECUTORS)
             + f" | {r['tile_cycles']} | {r['rows_used']:.1%}"
@@ -109,7 +103,7 @@ def decomposition(rows: list[tuple]) -> str:
         t = r["tile_cycles"] / r["gemm"]
         u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
         decode = r["cycles"] - sum(r[unit] for unit in EXECUTORS)
-        lines.append(f"* `{label(cfg)}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
+        lines.append(f"* `{cfg.name}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
                      f"{r['rows_used']:.1%} (rows used); fetch and decode {decode / r['cycles']:.1%} of the "
                      f"cycles, {decode / r['instructions']:.1f} per instruction")
     return "\n".join(lines)
@@ -119,14 +113,14 @@ def run(args) -> int:
     from nanokpu.commands.simulate import simulate
     wanted = args.profile or [c[0] for c in CASES]
     rows = []
-    for name, tokens, dsp in CASES:
+    for name, tokens in CASES:
         if name not in wanted:
             continue
-        cfg = profile(name, dsp=dsp)
-        print(f"[bench-block] {label(cfg)}: {tokens} tokens ...", flush=True)
+        cfg = profile(name)
+        print(f"[bench-block] {cfg.name}: {tokens} tokens ...", flush=True)
         r = simulate(cfg, tokens, args.seed, progress=False)
         if not r.get("bit_exact"):
-            print(f"[bench-block] {label(cfg)}: NOT bit-exact: {r.get('failure')}")
+            print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
             return 1
         r.update(gemm_tiles(cfg, tokens, args.seed))
         rows.append((cfg, r))

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import int_in, out_file, seed
 
 __all__ = ["BAUDS", "LATENCIES_MS", "run_uart_gemm_bench", "measure", "bridge_table", "add_arguments", "run"]
 
@@ -53,8 +54,10 @@ def run_uart_gemm_bench(dsp: str = "ice40", testcase=None, *, seed: int = 3, **p
 def measure(tokens: int, seed: int = 3) -> dict:
     """The line's traffic for a ``tokens``-token block: ``bytes_out``, ``bytes_in``, ``waits``,
     ``round_trips``, ``cycles`` (simulated, :data:`DIVISOR` a bit), ``tokens``, ``seed``."""
-    if tokens < 1:
-        raise ValueError(f"tokens = {tokens}: must be >= 1")
+    from nanokpu.config import profile
+    from nanokpu.host.compiler import check_tokens
+
+    check_tokens(profile("tiny"), tokens)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "traffic.json"
         run_uart_gemm_bench("ice40", "test_block_over_uart", seed=seed, tokens=tokens, out=str(out))
@@ -79,12 +82,17 @@ def bridge_table(rows: list[dict]) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=[2, 8], help="block sizes to run (default: 2 8)")
-    parser.add_argument("--seed", type=int, default=3, help="random block")
-    parser.add_argument("--out", type=Path, default=DOC, help="Markdown report path")
+    parser.add_argument("--tokens", type=int_in(1), nargs="+", default=[2, 8], help="block sizes to run (default: 2 8)")
+    parser.add_argument("--seed", type=seed, default=3, help="random block")
+    parser.add_argument("--out", type=out_file, default=DOC, help="Markdown report path")
 
 
 def run(args) -> int:
+    from nanokpu.config import profile
+    from nanokpu.host.compiler import check_tokens
+
+    for tokens in args.tokens:   # all of them before the first (minutes-long) run
+        check_tokens(profile("tiny"), tokens)
     rows = []
     for tokens in args.tokens:
         print(f"{tokens}-token block over the simulated line (Verilator; minutes) ...", flush=True)

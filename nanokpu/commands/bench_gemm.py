@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import out_file, seed
 from nanokpu.config import KpuConfig, profile
 from nanokpu.host.compiler import block_gemms
 from nanokpu.units.requant import requant_interval
@@ -222,8 +223,8 @@ def render(results, ice40_results=()) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", action="append", choices=sorted(TOKENS),
                         help="profile to benchmark (repeatable; default: tiny and small)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=DOC, help=f"markdown report (default: {DOC})")
+    parser.add_argument("--seed", type=seed, default=1)
+    parser.add_argument("--out", type=out_file, default=DOC, help=f"markdown report (default: {DOC})")
 
 
 def run(args) -> int:

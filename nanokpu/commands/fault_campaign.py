@@ -5,10 +5,8 @@ bit-exact to the golden model, fuzzed programs checked against :class:`~nanokpu.
 random register and instruction-memory writes, hard and soft resets mid-run, all under random
 AXI idle and backpressure with a watchdog on every program and every bus access), in
 ``--runs`` independent runs of ``--episodes`` episodes (seeds ``--seed .. --seed + runs - 1``),
-and writes the totals to ``--out`` as a Markdown summary with the command that made it. With
-``--dsp ice40`` it runs the design as built for the UP5K (SB_MAC16, the data scratchpad in
-SPRAM, Yosys' models; default summary docs/fault_campaign_ice40.md). Returns 0 when no episode
-failed.
+and writes the totals to ``--out`` as a Markdown summary with the command that made it.
+Returns 0 when no episode failed.
 """
 
 from __future__ import annotations
@@ -18,7 +16,9 @@ import sys
 from pathlib import Path
 
 from nanokpu.commands import ROOT
+from nanokpu.commands.args import fraction, int_in, out_file, seed
 from nanokpu.config import PROFILES, profile
+from nanokpu.host.compiler import check_tokens
 
 __all__ = ["add_arguments", "run", "campaign", "summary_markdown"]
 
@@ -50,15 +50,14 @@ FAILURE_ROWS = (
 
 
 def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: int, pause: float,
-             work: Path, dsp: str = "generic") -> dict:
-    """Run the campaign on the design built with ``KpuConfig.dsp = dsp`` (``ice40``: as built for
-    the UP5K, on Yosys' SB_MAC16 and SB_SPRAM256KA models); returns ``{"counts": totals,
+             work: Path) -> dict:
+    """Run the campaign on the nano-KPU of ``profile_name``; returns ``{"counts": totals,
     "failures": [...], "seeds": [...]}``."""
     from nanokpu.kpu.top import NanoKPU
     from sim.lib.kpu_launch import kpu_build_name, run_kpu_bench
     from sim.runner import BenchFailure
 
-    cfg = profile(profile_name, dsp=dsp)
+    cfg = profile(profile_name)
     name = kpu_build_name(cfg)
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -82,15 +81,13 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
     return {"counts": totals, "failures": failures, "seeds": list(range(seed, seed + runs))}
 
 
-def summary_markdown(result: dict, command: str, profile_name: str, dsp: str = "generic") -> str:
+def summary_markdown(result: dict, command: str, profile_name: str) -> str:
     counts = result["counts"]
-    built = "" if dsp == "generic" else (f", built with `dsp = \"{dsp}\"`: the design as built for the UP5K, "
-                                         "on Yosys' SB_MAC16 and SB_SPRAM256KA models")
     lines = [
         "# Fault campaign",
         "",
         f"Made by `{command}`",
-        f"(profile `{profile_name}`{built}, seeds {result['seeds'][0]}..{result['seeds'][-1]}).",
+        f"(profile `{profile_name}`, seeds {result['seeds'][0]}..{result['seeds'][-1]}).",
         "The episodes are described in `sim/bench_fault.py`: valid blocks",
         "bit-exact to `golden.block.latent_moe_int`, fuzzed programs whose stop (error code, pc,",
         "done) and host memory must equal `FuncSim`'s (an epilogue stores the scratchpad words they",
@@ -120,34 +117,24 @@ def summary_markdown(result: dict, command: str, profile_name: str, dsp: str = "
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
-    parser.add_argument("--dsp", default="generic", choices=("generic", "ice40"),
-                        help="KpuConfig.dsp: ice40 runs the design as built for the UP5K (SB_MAC16, SPRAM)")
-    parser.add_argument("--runs", type=int, default=4, help="independent runs (one seed each)")
-    parser.add_argument("--episodes", type=int, default=60, help="episodes per run")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the first run")
-    parser.add_argument("--tokens", type=int, default=4, help="max tokens of a valid block")
-    parser.add_argument("--pause", type=float, default=0.2, help="AXI idle/backpressure probability")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="Markdown summary (default: docs/fault_campaign.md, docs/fault_campaign_ice40.md)")
+    parser.add_argument("--runs", type=int_in(1), default=4, help="independent runs (one seed each)")
+    parser.add_argument("--episodes", type=int_in(1), default=60, help="episodes per run")
+    parser.add_argument("--seed", type=seed, default=1, help="seed of the first run")
+    parser.add_argument("--tokens", type=int_in(1), default=4, help="max tokens of a valid block")
+    parser.add_argument("--pause", type=fraction, default=0.2, help="AXI idle/backpressure probability")
+    parser.add_argument("--out", type=out_file, default=ROOT / "docs" / "fault_campaign.md",
+                        help="Markdown summary (default: docs/fault_campaign.md)")
 
 
 def run(args) -> int:
-    for name in ("runs", "episodes", "tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} = {getattr(args, name)}: must be a positive integer")
-    if not 0 <= args.pause < 1:
-        raise ValueError(f"--pause = {args.pause}: must be in [0, 1)")
+    check_tokens(profile(args.profile), args.tokens)
     result = campaign(args.profile, runs=args.runs, episodes=args.episodes, seed=args.seed,
-                      tokens=args.tokens, pause=args.pause, work=ROOT / "sim_build" / "fault_campaign",
-                      dsp=args.dsp)
-    dsp_flag = "" if args.dsp == "generic" else f" --dsp {args.dsp}"
-    command = (f"nanokpu fault-campaign --profile {args.profile}{dsp_flag} --runs {args.runs} "
+                      tokens=args.tokens, pause=args.pause, work=ROOT / "sim_build" / "fault_campaign")
+    command = (f"nanokpu fault-campaign --profile {args.profile} --runs {args.runs} "
                f"--episodes {args.episodes} --seed {args.seed} --tokens {args.tokens} --pause {args.pause}")
-    text = summary_markdown(result, command, args.profile, args.dsp)
-    out = args.out or ROOT / "docs" / ("fault_campaign.md" if args.dsp == "generic" else
-                                       f"fault_campaign_{args.dsp}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    text = summary_markdown(result, command, args.profile)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
     print(text, end="")
     if result["failures"]:
         print(f"nanokpu fault-campaign: {len(result['failures'])} failed episodes", file=sys.stderr)

@@ -18,6 +18,7 @@ import numpy as np
 
 from golden.block import SCORE_SKEW, skewed_scores
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import int_in, out_dir, seed
 from nanokpu.config import KpuConfig, profile
 
 __all__ = ["skewed_scores", "run_loop", "imbalance", "add_arguments", "run"]
@@ -98,10 +99,10 @@ def _table(hist: list[dict], cfg: KpuConfig, tokens: int) -> list[str]:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="small", choices=("tiny", "small", "k3"))
-    parser.add_argument("--tokens", type=int, default=1024, help="batch size m (default 1024)")
-    parser.add_argument("--steps", type=int, default=5, help="balancing steps (default 5)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=DOCS, help="directory of qb_loop.md/.png")
+    parser.add_argument("--tokens", type=int_in(1), default=1024, help="batch size m (default 1024)")
+    parser.add_argument("--steps", type=int_in(1), default=5, help="balancing steps (default 5)")
+    parser.add_argument("--seed", type=seed, default=1)
+    parser.add_argument("--out", type=out_dir, default=DOCS, help="directory of qb_loop.md/.png")
 
 
 def run(args) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 
 from golden import intops, k3
 from nanokpu.commands import DOCS
+from nanokpu.commands.args import out_dir
 from nanokpu.config import KpuConfig, profile
 from nanokpu.units.pwl import error_bound, out_range, range_shape
 from nanokpu.units.sigmoid import Sigmoid
@@ -255,7 +256,7 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", type=Path, default=DOCS, help="output directory (default: docs/)")
+    parser.add_argument("--out", type=out_dir, default=DOCS, help="output directory (default: docs/)")
     parser.add_argument("--no-synth", action="store_true", help="skip the Yosys synthesis section")
     parser.add_argument("--no-pnr", action="store_true", help="skip nextpnr (no Fmax column)")
 

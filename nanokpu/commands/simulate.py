@@ -16,7 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from nanokpu.commands.args import fraction, int_in, seed
 from nanokpu.config import PROFILES, profile
+from nanokpu.host.compiler import check_tokens
 
 #: Default batch size per profile.
 DEFAULT_TOKENS = {"tiny": 8, "small": 16}
@@ -24,13 +26,11 @@ DEFAULT_TOKENS = {"tiny": 8, "small": 16}
 
 def add_arguments(parser) -> None:
     parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
-    parser.add_argument("--tokens", type=int, default=None,
-                        help="tokens in the batch (default: 8 for tiny, 16 for small)")
-    parser.add_argument("--seed", type=int, default=1, help="random block and batch")
-    parser.add_argument("--dsp", default="generic", choices=("generic", "ice40"),
-                        help="KpuConfig.dsp: ice40 simulates the design as built for the UP5K (SB_MAC16, "
-                             "SPRAM; Yosys' models)")
-    parser.add_argument("--pause", type=float, default=0.0,
+    parser.add_argument("--tokens", type=int_in(1), default=None,
+                        help="tokens in the batch (default: 8 for tiny, 16 for small; at most what the "
+                             "profile's scratchpad holds)")
+    parser.add_argument("--seed", type=seed, default=1, help="random block and batch")
+    parser.add_argument("--pause", type=fraction, default=0.0,
                         help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
     parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
 
@@ -43,8 +43,7 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     from sim.lib.kpu_launch import kpu_build, kpu_build_name, run_kpu_bench
     from sim.runner import BenchFailure, waves_file
 
-    if tokens < 1:
-        raise ValueError(f"tokens = {tokens}: must be >= 1")
+    check_tokens(cfg, tokens)
     if not 0 <= pause < 1:  # 1 would stall every AXI channel for ever
         raise ValueError(f"pause = {pause}: must be in [0, 1)")
     t0 = time.time()
@@ -91,8 +90,9 @@ def format_summary(cfg, r: dict) -> str:
 
 
 def run(args) -> int:
-    cfg = profile(args.profile, dsp=args.dsp)
+    cfg = profile(args.profile)
     tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
+    check_tokens(cfg, tokens)   # before anything is built: the block must fit the scratchpads
     r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
     print(format_summary(cfg, r))
     return 0 if r.get("bit_exact") else 1

@@ -41,8 +41,8 @@ from nanokpu.designs import TOP_UNIT, UNITS, resolve_unit, top_name
 #: ECP5-25F of the OrangeCrab 25F).
 DEFAULT_TARGET = {"tiny": "ecp5-25f", "small": "ecp5-85f", "k3": "ecp5-85f"}
 
-#: The units the iCE40 UP5K carries: each alone (the iCEBreaker board build carries the GEMM
-#: engine); the whole ``tiny`` nano-KPU does not fit it.
+#: The units an iCE40 part carries: each alone (the iCEBreaker board build carries the GEMM
+#: engine); the whole nano-KPU is not built for iCE40 (it does not fit the UP5K).
 UP5K_UNITS = tuple(u for u in UNITS if u != TOP_UNIT)
 
 #: ``nanokpu synth --all``: (profile, target, units or None for every registered unit): every
@@ -161,10 +161,9 @@ def run(args) -> int:
     if args.all:
         jobs = BENCHMARK
     else:
-        target = args.target or DEFAULT_TARGET.get(args.profile, "ecp5-85f")
-        if target not in TARGETS:
-            raise ValueError(f"target = {target!r}: must be one of {sorted(TARGETS)}")
-        jobs = [(args.profile, target, None)]
+        target = args.target or DEFAULT_TARGET[args.profile]
+        ice40_default = TARGETS[target].family == "ice40" and not args.unit
+        jobs = [(args.profile, target, UP5K_UNITS if ice40_default else None)]
     units = args.unit or sorted(UNITS, key=lambda u: (u == TOP_UNIT, u))  # the whole design last
     if not units:
         raise ValueError("unit: no unit is registered in nanokpu.designs.UNITS; name one with --unit")

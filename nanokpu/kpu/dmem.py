@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, ClockSignal, Instance, Module, Mux, Signal, signed
+from amaranth import Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -12,34 +12,14 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import word_width
 from nanokpu.units.memport import unchecked_read_port
 
-__all__ = ["DataMemory", "check_dmem", "read_signature", "writes_block_reads"]
-
-#: One UP5K SPRAM block (SB_SPRAM256KA): 16K words of 16 bits; the part has 4.
-SPRAM_DEPTH, SPRAM_WIDTH, SPRAM_BLOCKS = 1 << 14, 16, 4
-
+__all__ = ["DataMemory", "read_signature", "writes_block_reads"]
 
 def writes_block_reads(cfg: KpuConfig) -> bool:
     """Whether a cycle in which the data scratchpad performs a write (``DataMemory.writing``)
-    performs no read (the controller then issues none): with ``dsp = "ice40"`` (two copies in
-    the UP5K's single-port SPRAM: its block RAM holds 120 kbit in all, ``8192 x 32`` bits is
-    256) and ``dsp = "ecp5"`` (one copy in true-dual-port block RAM, the write sharing port A
-    with ``rd0``: half the blocks of two copies). Otherwise (``generic``) two copies of 1-read
-    1-write block RAM, no restriction."""
-    return cfg.dsp in ("ice40", "ecp5")
-
-
-def check_dmem(cfg: KpuConfig) -> None:
-    """Raise ValueError, naming the field, if ``dsp = "ice40"`` and ``dmem_depth`` or the word
-    width needs more than the UP5K's SPRAM (call it before building a component)."""
-    if cfg.dsp != "ice40":
-        return
-    if cfg.dmem_depth > SPRAM_DEPTH:
-        raise ValueError(f"KpuConfig.dmem_depth = {cfg.dmem_depth}: with dsp = 'ice40' the data "
-                         f"scratchpad is in SPRAM, at most {SPRAM_DEPTH} words")
-    ww = word_width(cfg)
-    if 2 * -(-ww // SPRAM_WIDTH) > SPRAM_BLOCKS:
-        raise ValueError(f"KpuConfig.acc_width = {cfg.acc_width}: with dsp = 'ice40' two copies of "
-                         f"{ww}-bit words need more than the {SPRAM_BLOCKS} SPRAM blocks")
+    performs no read (the controller then issues none): with ``dsp = "ecp5"`` the words are one
+    copy in true-dual-port block RAM, the write sharing port A with ``rd0`` (half the blocks of
+    two copies). Otherwise (``generic``) two copies of 1-read 1-write block RAM, no restriction."""
+    return cfg.dsp == "ecp5"
 
 
 def read_signature(addr_width: int, shape) -> wiring.Signature:
@@ -65,19 +45,10 @@ class DataMemory(wiring.Component):
         High in the cycle in which the memory performs a write (the one after ``wr.en``).
 
     With :func:`writes_block_reads` a read issued while ``writing`` is high is not performed
-    (its ``data`` holds, as with ``en`` low); the caller never issues one. On ``ice40`` the
-    words are in hand-instantiated SB_SPRAM256KA (two copies of ``word_width / 16`` blocks,
-    sharing the write's address while ``writing``, each with a register that holds its data:
-    the block's output is undefined after a write), and their power-up contents are undefined.
-
-    Raises
-    ------
-    ValueError
-        From :func:`check_dmem`.
+    (its ``data`` holds, as with ``en`` low); the caller never issues one.
     """
 
     def __init__(self, cfg: KpuConfig):
-        check_dmem(cfg)
         self.cfg = cfg
         self.addr_width = ceil_log2(cfg.dmem_depth)
         shape = signed(word_width(cfg))
@@ -98,10 +69,6 @@ class DataMemory(wiring.Component):
         m.d.comb += self.writing.eq(wr.en)
         with m.If(self.wr.en):
             m.d.sync += [wr.addr.eq(self.wr.addr), wr.data.eq(self.wr.data)]
-        if cfg.dsp == "ice40":
-            for i, rd in enumerate(reads):
-                m.d.comb += rd.data.eq(self._spram_copy(m, i, rd, wr))
-            return m
         m.submodules.mem = mem = Memory(shape=signed(ww), depth=cfg.dmem_depth, init=[],
                                         attrs={"no_rw_check": 1})
         port_w = mem.write_port()
@@ -117,22 +84,3 @@ class DataMemory(wiring.Component):
         for rd, port, addr, en in zip(reads, ports, addrs, ens, strict=True):
             m.d.comb += [port.addr.eq(addr), port.en.eq(en), rd.data.eq(port.data)]
         return m
-
-    def _spram_copy(self, m: Module, i: int, rd, wr):
-        """Copy ``i`` of the words in SB_SPRAM256KA blocks, read by ``rd``, written by the
-        registered write ``wr``: its data."""
-        ww = word_width(self.cfg)
-        addr = Mux(wr.en, wr.addr, rd.addr)
-        out = []
-        for j in range(0, ww, SPRAM_WIDTH):
-            dataout = Signal(SPRAM_WIDTH, name=f"copy{i}_out{j // SPRAM_WIDTH}")
-            m.submodules[f"copy{i}_{j // SPRAM_WIDTH}"] = Instance(
-                "SB_SPRAM256KA",
-                i_ADDRESS=addr, i_DATAIN=wr.data[j:j + SPRAM_WIDTH], i_MASKWREN=0xF,
-                i_WREN=wr.en, i_CHIPSELECT=wr.en | rd.en, i_CLOCK=ClockSignal(),
-                i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1, o_DATAOUT=dataout)
-            out.append(dataout)
-        read_q, held = Signal(name=f"copy{i}_read"), Signal(signed(ww), name=f"copy{i}_held")
-        word = Mux(read_q, Cat(*out)[:ww], held)
-        m.d.sync += [read_q.eq(rd.en & ~wr.en), held.eq(word)]
-        return word

@@ -17,8 +17,8 @@ Datapath
 --------
 One scratchpad (:class:`~nanokpu.kpu.dmem.DataMemory`: ``dmem_depth`` words, 2 read ports, 1 write
 port, the write performed in the cycle after it is issued; no instruction reads a word that
-soon after writing it) holds every activation; with ``dsp`` ``"ice40"`` (single-port SPRAM) or
-``"ecp5"`` (one true-dual-port copy) a cycle in which it writes reads nothing
+soon after writing it) holds every activation; with ``dsp = "ecp5"`` (one true-dual-port copy)
+a cycle in which it writes reads nothing
 (:func:`~nanokpu.kpu.dmem.writes_block_reads`), so an element-wise op with a read and a write per
 element takes 2 cycles per element. Instructions run one at a time (:mod:`nanokpu.isa` gives
 the semantics):
@@ -77,7 +77,7 @@ from nanokpu.isa import (
 )
 from nanokpu.kpu.axi_lite import AxiLiteRegisters, axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
-from nanokpu.kpu.dmem import DataMemory, check_dmem, writes_block_reads
+from nanokpu.kpu.dmem import DataMemory, writes_block_reads
 from nanokpu.units.gemm import kpu_engine
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
@@ -121,7 +121,9 @@ class NanoKPU(wiring.Component):
         if bits < 32 or bits & (bits - 1):
             raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
                              ">= 32 (the AXI data width)")
-        check_dmem(cfg)
+        if cfg.dsp == "ice40":
+            raise ValueError("KpuConfig.dsp = 'ice40': the whole nano-KPU is built for ECP5 (or generic); an iCE40 "
+                             "UP5K carries its units alone (nanokpu synth --board icebreaker: the GEMM engine)")
         self.cfg = cfg
         self._spad = DataMemory(cfg)
         super().__init__({

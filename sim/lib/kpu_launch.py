@@ -1,7 +1,8 @@
 """Start the nano-KPU benches (``sim/bench_top.py``, ``sim/bench_fault.py``) on the top level.
 
 :func:`run_kpu_bench` is the one place that names the build of a :class:`~nanokpu.kpu.top.NanoKPU`
-config, adds the vendor models its ``dsp`` needs and hands the bench its config and seed; the
+config and hands the bench its config and seed (the nano-KPU simulates with ``dsp = "generic"``:
+the ECP5 multipliers have no simulation model, and iCE40 builds only its units); the
 tests (``tests/kpu/test_top.py``) and the commands (``nanokpu sim``, ``nanokpu fault-campaign``)
 all go through it. Runs outside the simulator.
 """
@@ -11,15 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from nanokpu.config import KpuConfig
-from sim.runner import FAST_BUILD, build, run_bench, vendor_build_args, vendor_name
+from sim.runner import FAST_BUILD, build, run_bench
 
 __all__ = ["kpu_build", "kpu_build_name", "run_kpu_bench"]
 
 
 def kpu_build_name(cfg: KpuConfig, tag: str = "") -> str:
-    """The build name of the nano-KPU of ``cfg``: ``kpu_<profile>``, ``_<dsp>`` unless
-    ``generic``, then ``tag``."""
-    return vendor_name(f"kpu_{cfg.name}", cfg.dsp) + tag
+    """The build name of the nano-KPU of ``cfg``: ``kpu_<profile><tag>``."""
+    return f"kpu_{cfg.name}{tag}"
 
 
 def _design(cfg: KpuConfig, dut, fast: bool, tag: str):
@@ -28,7 +28,7 @@ def _design(cfg: KpuConfig, dut, fast: bool, tag: str):
 
     if dut is None:
         dut = NanoKPU(cfg)
-    args = (FAST_BUILD if fast else ()) + vendor_build_args(cfg.dsp)
+    args = FAST_BUILD if fast else ()
     return dut, kpu_build_name(cfg, tag), args
 
 
@@ -62,7 +62,7 @@ def run_kpu_bench(cfg: KpuConfig, test_module: str = "bench_top", *, testcase: s
         Compile the model without C++ optimisation (:data:`sim.runner.FAST_BUILD`): builds
         faster, runs slower; right for short benches bound by the Python bus models.
     tag : str
-        Appended to the build name (``kpu_<profile>[_<dsp>]<tag>``), for a design changed
+        Appended to the build name (``kpu_<profile><tag>``), for a design changed
         beyond its config (a test's monkeypatch).
     dut : NanoKPU, optional
         The component, if the caller has one of ``cfg`` already (converted to Verilog once

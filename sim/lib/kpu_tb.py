@@ -18,7 +18,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
-from nanokpu.isa import EXECUTORS, IMEM_BASE, LOADS_BASE, Reg, encode_program
+from nanokpu.isa import EXECUTORS, IMEM_BASE, LOADS_BASE, Reg, ctrl_word, encode_program, status_fields
 from sim.runner import bench_config, bench_params
 
 __all__ = ["TB", "stop_status"]
@@ -27,9 +27,10 @@ __all__ = ["TB", "stop_status"]
 def stop_status(status: int) -> tuple[int, int, bool] | None:
     """A ``STATUS`` word decoded: ``(error code, pc, done)`` once the controller has stopped,
     None while it is busy."""
-    if status & 1:
+    s = status_fields(status)
+    if s.busy:
         return None
-    return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
+    return s.code, s.pc, bool(s.done)
 
 
 class TB:
@@ -110,7 +111,7 @@ class TB:
         """Start and poll STATUS every ``poll`` cycles until the controller stops; returns (error
         code, pc, done). With ``progress`` set in the parameters, prints the pc and cycles every
         10 polls."""
-        await self.wr(Reg.CTRL, 1)
+        await self.wr(Reg.CTRL, ctrl_word(start=1))
         waited = 0
         while True:
             status = await self.rd(Reg.STATUS)
@@ -118,7 +119,7 @@ class TB:
             if stopped is not None:
                 return stopped
             if self.p.get("progress") and waited % (10 * poll) == 0:
-                print(f"[nanokpu sim] running: pc {status >> 16:3d}/{n_instrs}, "
+                print(f"[nanokpu sim] running: pc {status_fields(status).pc:3d}/{n_instrs}, "
                       f"{await self.rd(Reg.INSTRS)} instructions, {waited} cycles", flush=True)
             await ClockCycles(self.dut.clk, poll)
             waited += poll

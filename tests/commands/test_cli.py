@@ -23,14 +23,10 @@ def test_demo_prints_a_summary(capsys):
 
 
 def test_bad_input_is_one_clear_line(capsys):
+    """(Every command's table: tests/commands/test_bad_input.py.)"""
     assert cli.main(["demo", "--tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "nanokpu demo: error: argument --tokens: 0: must be an integer in [1, 4096]\n"
-    assert cli.main(["sim", "--tokens", "0"]) == 2      # not the default batch: an error, at once
-    err = capsys.readouterr().err
-    assert "nanokpu sim: error: tokens = 0" in err and "Traceback" not in err
-    assert cli.main(["sim", "--pause", "1"]) == 2       # every AXI channel stalled: would hang
-    assert "nanokpu sim: error: pause = 1.0: must be in [0, 1)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["qb-demo", "--tokens", "0", "--out", "{tmp}"],

