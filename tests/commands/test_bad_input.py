@@ -57,6 +57,7 @@ BAD = [
     (["fault-campaign", "--tokens", "21"], "tokens = 21: the block needs"),
     (["fault-campaign", "--out", DIR], "argument --out: 'docs': is a directory, not a file"),
     (["report-activation", "--out", FILE], "argument --out: 'README.md': is a file, not a directory"),
+    (["mutate", "--only", "nosuch"], "argument --only: invalid choice: 'nosuch'"),
 ]
 
 

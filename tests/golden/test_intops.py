@@ -51,6 +51,16 @@ def test_div_round_matches_exact_rounding(mode, num, den):
     assert int(I.div_round(np.array([num]), np.array([den]), mode)[0]) == exact_round(num, den, mode)
 
 
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_div_round_ties(mode):
+    # +-0.5, +-1.5, +-2.5 as num / den with den 2 and 6, and one above and below a half
+    num, den = np.array([1, 3, 5, -1, -3, -5, 3, 9, 15, -3, -9, -15, 4, 2, -4, -2]), np.array([2] * 6 + [6] * 10)
+    expect = {"half_even": [0, 2, 2, 0, -2, -2, 0, 2, 2, 0, -2, -2, 1, 0, -1, 0],
+              "half_up": [1, 2, 3, 0, -1, -2, 1, 2, 3, 0, -1, -2, 1, 0, -1, 0],
+              "floor": [0, 1, 2, -1, -2, -3, 0, 1, 2, -1, -2, -3, 0, 0, -1, -1]}[mode]
+    assert I.div_round(num, den, mode).tolist() == expect
+
+
 def test_round_shift_rejects_bad_arguments():
     with pytest.raises(ValueError, match="rounding mode"):
         I.round_shift(np.array([1]), 1, "nearest")

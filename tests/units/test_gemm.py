@@ -96,8 +96,9 @@ def test_config_rejects_bad_scratchpads(field, value):
 def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
     """The scratchpads' read data is undefined when the row is written in the same cycle
     (``no_rw_check``, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read
-    inverted, random GEMMs (load, compute, accumulate, store) under random idle and
-    backpressure stay bit-exact, and such reads do happen (Amaranth simulator)."""
+    inverted, random GEMMs (load, compute, accumulate, store; M = 2 R; a store alone of fewer
+    rows than its region, rows >= M read as 0) under random idle and backpressure stay
+    bit-exact, and such reads do happen (Amaranth simulator)."""
     collisions = {}
 
     def inverted_on_collision(m, memory, name):
@@ -115,15 +116,22 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
     def rand(*shape):
         return rng.integers(-128, 128, shape)
 
-    a1, a3 = rand(2 * R + 1, 6), rand(R, 1)
-    b1, b2, b3 = rand(6, 2 * C + 1), rand(6, 2 * C + 1), rand(1, 3 * C)
+    a1, a3, a4 = rand(2 * R + 1, 6), rand(R, 1), rand(2 * R, 2)
+    b1, b2, b3, b4 = rand(6, 2 * C + 1), rand(6, 2 * C + 1), rand(1, 3 * C), rand(2, C + 1)
     acc1, acc2 = matmul_int(a1, b1, cfg.acc_width), matmul_int(a1, b2, cfg.acc_width)
-    # (fields, A or None, B, expected requantised result or None)
+    acc12 = wrap(acc1 + acc2, cfg.acc_width)
+    # (fields, A or None, B, expected requantised result or None); the M = 2 R GEMM's C region
+    # ends where the first one's begins, and a store alone of fewer rows than its region holds
+    # leaves out the rest (rows >= M are 0)
     commands = [
-        (dict(m=2 * R + 1, k=6, n=2 * C + 1, load_a=1, compute=1, mult=3, shift=4), a1, b1, None),
-        (dict(m=2 * R + 1, k=6, n=2 * C + 1, compute=1, accumulate=1, store=1, mult=5, shift=6), None, b2,
-         requantize(wrap(acc1 + acc2, cfg.acc_width), 5, 6, cfg.out_width, cfg.rounding)),
-        (dict(m=R, k=1, n=3 * C, a_addr=40, c_addr=30, load_a=1, compute=1, store=1, mult=1, shift=0), a3, b3,
+        (dict(m=2 * R + 1, k=6, n=2 * C + 1, c_addr=20, load_a=1, compute=1, mult=3, shift=4), a1, b1, None),
+        (dict(m=2 * R, k=2, n=C + 1, a_addr=50, c_addr=14, load_a=1, compute=1, store=1, mult=1, shift=0), a4, b4,
+         requantize(matmul_int(a4, b4, cfg.acc_width), 1, 0, cfg.out_width, cfg.rounding)),
+        (dict(m=2 * R + 1, k=6, n=2 * C + 1, c_addr=20, compute=1, accumulate=1, store=1, mult=5, shift=6), None, b2,
+         requantize(acc12, 5, 6, cfg.out_width, cfg.rounding)),
+        (dict(m=R + 1, n=2 * C + 1, c_addr=20, store=1, mult=5, shift=6), None, np.zeros((1, 1), dtype=np.int64),
+         requantize(acc12[:R + 1], 5, 6, cfg.out_width, cfg.rounding)),
+        (dict(m=R, k=1, n=3 * C, a_addr=40, c_addr=40, load_a=1, compute=1, store=1, mult=1, shift=0), a3, b3,
          requantize(matmul_int(a3, b3, cfg.acc_width), 1, 0, cfg.out_width, cfg.rounding)),
     ]
     seen = {name: 0 for name in ("spad_a", "spad_b", "spad_c")}
@@ -167,6 +175,7 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
                 m, n = fields["m"], fields["n"]
                 out = np.array(got).reshape(-(-m // R), n, R).transpose(0, 2, 1).reshape(-1, n)
                 assert np.array_equal(out[:m], want), f"seed {seed}: {fields}\n got {out[:m]}\n want {want}"
+                assert not out[m:].any(), f"seed {seed}: {fields}: rows >= M not 0\n{out[m:]}"
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

@@ -94,6 +94,49 @@ def test_vector_unit_amaranth(seed):
         assert np.array_equal(got, ref), f"{op.name} seed {seed}: {got} != {ref}"
 
 
+#: NORM rows whose RMS r is 64 or 128 (n = 4, eps_q = 1), so that a * 2**norm_frac / r ties
+#: (remainder r / 2) for odd a at r = 64 and a = 2 mod 4 at r = 128: the only rows where the
+#: rounding modes' tie rules show (random rows almost never tie); and a row whose ms + eps_q
+#: is a square (1: r = 1 exactly).
+TIE_ROWS = [[64, -64, 64, 65], [-65, 64, -64, 63], [65, 65, -63, -63], [128, -128, 130, -126],
+            [-130, 126, 3, 1], [1, -1, 0, 0]]
+
+
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_norm_ties_amaranth(rounding):
+    """NORM on tie rows, positive and negative ties, bit for bit (Amaranth simulator)."""
+    cfg = profile("tiny", rounding=rounding)
+    u = np.array(TIE_ROWS)
+    r = I.isqrt((u * u).sum(axis=-1, keepdims=True) // u.shape[-1] + 1)
+    ties = 2 * ((u << cfg.norm_frac) % r) == r
+    assert ties[:4].any(axis=1).all() and (ties & (u < 0)).any() and (ties & (u > 0)).any()
+    if rounding == "floor":   # and rows where the remainder is above one half
+        assert (2 * ((u << cfg.norm_frac) % r) > r).any()
+    ref = golden(VecOp.NORM, cfg, u)
+    got = run_amaranth(cfg, VecOp.NORM, beats_for(VecOp.NORM, cfg, u), ref.size, u.shape[-1], 3)
+    assert np.array_equal(got, ref), f"NORM {rounding}: {got} != {ref}"
+
+
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_combine_ties_amaranth(rounding):
+    """COMBINE sums that tie (x.5 in act LSBs, odd and even, positive and negative) or fall
+    above and below one half, unsaturated, bit for bit (Amaranth simulator)."""
+    cfg = profile("tiny", rounding=rounding)
+    rng = np.random.default_rng(5)
+    half = 1 << (cfg.weight_frac - 1)
+    w = np.array([[half, 0], [half, half], [half, half], [half + 1, half - 1], [3, 1 << cfg.weight_frac]])
+    w = np.concatenate([w, rng.integers(0, 1 << cfg.weight_frac, (6, 2))])
+    e = rng.integers(-2000, 2000, (len(w), 2, 4))
+    e[:3, :, 0] = [[1, 0], [3, 4], [-5, 2]]      # 0.5, 3.5, -1.5
+    e[:3, :, 1] = [[-1, 7], [1, 2], [-1, -2]]    # -0.5, 1.5, -1.5
+    acc = np.einsum("tk,tkn->tn", w, e) % (1 << cfg.weight_frac)
+    assert (acc == half).sum() >= 5 and (acc > half).any() and (0 < acc).any()
+    ref = golden(VecOp.COMBINE, cfg, e, w)
+    assert np.all(np.abs(ref) < (1 << (cfg.act_width - 1)) - 1)
+    got = run_amaranth(cfg, VecOp.COMBINE, beats_for(VecOp.COMBINE, cfg, e, w), ref.size, 4, 4)
+    assert np.array_equal(got, ref), f"COMBINE {rounding}: {got} != {ref}"
+
+
 @pytest.mark.parametrize("rounding", ["half_even",
                                       pytest.param("half_up", marks=pytest.mark.slow),
                                       pytest.param("floor", marks=pytest.mark.slow)])

@@ -1,0 +1,362 @@
+"""``nanokpu mutate``: mutation testing of the rounding sites, comparators and address generators.
+
+Each :class:`Mutant` is one small textual change to a gateware unit (``nanokpu/units/``) or to
+the golden model (``golden/intops.py``, ``golden/block.py``) and the behavioural tests that
+must fail on it (its killers: Amaranth-simulator, Verilator and golden tests; never the
+stale-RTL text check of ``tests/commands/test_generate.py``, which a regenerated ``rtl/``
+silences). A mutant runs in a copy of the tree (``nanokpu``, ``golden``, ``sim``, ``fpga``,
+``tests``, ``pyproject.toml``) in a temporary folder::
+
+    python -m pytest -q -x -p no:cacheprovider -n 0 <killers>
+
+with ``PYTHONPATH`` set to the copy and ``NANOKPU_SIM_BUILD`` set to this tree's ``sim_build``
+(Verilator builds are keyed by a hash of the Verilog, so a mutant gets its own). Exit status
+1 (a test failed) kills the mutant; 0 means it survived; anything else (a collection error,
+a node id that does not exist) is an error of the mutant list, never a kill. An equivalent
+mutant (no input can tell it apart) carries the reason instead of killers and is not run.
+
+Writes ``docs/mutation.md``: every mutant, the test that killed it or why it is equivalent,
+and the score over the non-equivalent mutants. ``tests/test_mutants.py`` runs every mutant
+and requires it killed, so a weakened test fails the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanokpu.commands import DOCS, ROOT
+from nanokpu.commands.args import out_file
+
+__all__ = ["Mutant", "MUTANTS", "Result", "mutated", "apply", "run_mutant", "render", "add_arguments", "run"]
+
+DOC = DOCS / "mutation.md"
+
+#: What a mutant's copy of the tree holds.
+TREE = ("nanokpu", "golden", "sim", "fpga", "tests", "pyproject.toml")
+
+#: Seconds a mutant's killers may run before the mutant counts as an error (a hang).
+TIMEOUT = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutation: ``find`` (occurring exactly once in ``file``) replaced by ``replace``.
+
+    ``killers`` are pytest node ids (relative to the repository root) of which at least one
+    must fail; an equivalent mutant has none and says why in ``equivalent``.
+    """
+
+    id: str
+    file: str
+    find: str
+    replace: str
+    killers: tuple[str, ...] = ()
+    equivalent: str = ""
+    what: str = ""
+
+    def __post_init__(self):
+        if bool(self.killers) == bool(self.equivalent):
+            raise ValueError(f"mutant {self.id}: give killers or an equivalence reason, not both or neither")
+
+
+_REQ = "tests/units/test_requant.py::test_requant_matches_golden"
+_VEC = "tests/units/test_vector.py"
+_RTR = "tests/units/test_router.py::test_router_amaranth"
+_PWL = "tests/units/test_pwl.py"
+_GEMM = "tests/units/test_gemm.py::test_reads_of_a_row_written_in_the_same_cycle_are_never_used"
+_INT = "tests/golden/test_intops.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the requantiser ---------------------------------------------------------------
+    Mutant("requant-half-even-tie", "nanokpu/units/requant.py",
+           "inc = half & (sticky | q[0])", "inc = half & (sticky | ~q[0])",
+           (f"{_REQ}[8-half_even-generic]",), what="half_even: ties to odd"),
+    Mutant("requant-half-even-sticky", "nanokpu/units/requant.py",
+           "inc = half & (sticky | q[0])", "inc = half & q[0]",
+           (f"{_REQ}[8-half_even-generic]",), what="half_even: the sticky bits ignored"),
+    Mutant("requant-half-up", "nanokpu/units/requant.py",
+           "inc = half\n", "inc = half & sticky\n",
+           (f"{_REQ}[8-half_up-generic]",), what="half_up: ties round down"),
+    Mutant("requant-floor", "nanokpu/units/requant.py",
+           "inc = 0\n", "inc = half & sticky\n",
+           (f"{_REQ}[8-floor-generic]",), what="floor: rounds above half up"),
+    Mutant("requant-sat-hi", "nanokpu/units/requant.py",
+           "Mux(rounded > hi, hi, rounded)", "Mux(rounded > hi + 1, hi, rounded)",
+           (f"{_REQ}[8-half_even-generic]",), what="a value rounded up past the top is not saturated"),
+    Mutant("requant-sat-lo", "nanokpu/units/requant.py",
+           "Mux(neg, -hi - 1, hi)", "Mux(neg, -hi, hi)",
+           (f"{_REQ}[8-half_even-generic]",), what="the negative bound one too high"),
+    Mutant("requant-overflow-mask", "nanokpu/units/requant.py",
+           "Cat(Const(0, ow), ~below[:width + 1 - ow])", "Cat(Const(0, ow + 1), ~below[:width - ow])",
+           (f"{_REQ}[8-half_even-generic]",), what="overflow check one bit too high"),
+    # -- the vector unit ---------------------------------------------------------------
+    Mutant("norm-half-even-tie", "nanokpu/units/vector.py",
+           "((twice == r) & q[0])", "((twice == r) & ~q[0])",
+           (f"{_VEC}::test_norm_ties_amaranth[half_even]",), what="NORM half_even: ties to odd"),
+    Mutant("norm-half-up", "nanokpu/units/vector.py",
+           "up = twice >= r", "up = twice > r",
+           (f"{_VEC}::test_norm_ties_amaranth[half_up]",), what="NORM half_up: ties round down"),
+    Mutant("norm-floor", "nanokpu/units/vector.py",
+           "up = 0\n", "up = twice > r\n",
+           (f"{_VEC}::test_norm_ties_amaranth[floor]",), what="NORM floor: rounds above half up"),
+    Mutant("norm-negative-fixup", "nanokpu/units/vector.py",
+           "Mux(exact, -q0, -q0 - 1)", "Mux(exact, -q0, -q0)",
+           (f"{_VEC}::test_vector_unit_amaranth[1]",), what="NORM: a negative inexact quotient not floored"),
+    Mutant("norm-isqrt", "nanokpu/units/vector.py",
+           "with m.If(rem >= trial):", "with m.If(rem > trial):",
+           (f"{_VEC}::test_norm_ties_amaranth[half_even]",), what="NORM: square root misses exact squares"),
+    Mutant("combine-rounding", "nanokpu/units/vector.py",
+           "round_shift(total, cfg.weight_frac, cfg.rounding)", "round_shift(total, cfg.weight_frac, \"floor\")",
+           (f"{_VEC}::test_combine_ties_amaranth[half_even]",), what="COMBINE floors instead of rounding"),
+    # -- the routing engine ------------------------------------------------------------
+    Mutant("router-insert-tie", "nanokpu/units/router.py",
+           "(new.key > e.key)", "(new.key >= e.key)",
+           (f"{_RTR}[tiny]",), what="insertion: on equal keys the higher index wins"),
+    Mutant("router-merge-lane-tie", "nanokpu/units/router.py",
+           "Const(route_lanes - 1 - j, lane_w)", "Const(j, lane_w)",
+           (f"{_RTR}[tiny-lanes4]",), what="merge: on equal keys the higher lane wins"),
+    Mutant("router-merge-beat-tie", "nanokpu/units/router.py",
+           "~nhead.beat, ordered", "nhead.beat, ordered",
+           (f"{_RTR}[tiny-lanes4]",), what="merge: on equal keys the later beat wins"),
+    Mutant("router-merge-sign", "nanokpu/units/router.py",
+           "Cat(key[:-1], ~key[-1])", "Cat(key[:-1], key[-1])",
+           (f"{_RTR}[tiny-lanes4]",), what="merge: negative keys rank above positive ones"),
+    Mutant("router-merge-ge", "nanokpu/units/router.py",
+           "Mux(a.rank > b.rank, a, b)", "Mux(a.rank >= b.rank, a, b)",
+           equivalent="Two lane heads never have equal ranks: the rank ends with the lane number, which "
+                      "differs between the two inputs of every node of the tree, so `>` and `>=` pick the "
+                      "same winner.",
+           what="merge: `>` -> `>=`"),
+    Mutant("router-lane-ok", "nanokpu/units/router.py",
+           "if j >= n - (self.beats - 1) * route_lanes", "if j > n - (self.beats - 1) * route_lanes",
+           (f"{_RTR}[tiny-lanes3]",), what="a lane past the last expert takes part"),
+    Mutant("router-recip", "nanokpu/units/router.py",
+           "div.den.eq(res_sum)", "div.den.eq(res_sum + 1)",
+           (f"{_RTR}[tiny]",), what="reciprocal of S + 1"),
+    Mutant("router-weight-shift", "nanokpu/units/router.py",
+           "cfg.score_frac + 1, cfg.rounding)", "cfg.score_frac, cfg.rounding)",
+           (f"{_RTR}[tiny]",), what="weight product shifted one bit short"),
+    Mutant("router-weight-round", "nanokpu/units/router.py",
+           "cfg.score_frac + 1, cfg.rounding)", "cfg.score_frac + 1, \"floor\")",
+           (f"{_RTR}[tiny]",), what="weights floored instead of rounded"),
+    # -- the PWL evaluator (sigmoid, SiTU) and the shared RTL rounding shift -----------------
+    Mutant("pwl-interp-round", "nanokpu/units/pwl.py",
+           "value3 + (product3 >> t.seg_shift)", "value3 + ((product3 + (1 << t.seg_shift >> 1)) >> t.seg_shift)",
+           (f"{_PWL}::test_evaluator_matches_golden_on_arbitrary_tables[generic-3-half_even--20-2]",),
+           what="interpolation rounded instead of floored"),
+    Mutant("pwl-top", "nanokpu/units/pwl.py",
+           "at_top.eq(offset >= top)", "at_top.eq(offset > top)",
+           (f"{_PWL}::test_evaluator_matches_golden_on_arbitrary_tables[generic-3-half_even--20-2]",),
+           what="the last breakpoint read from the table"),
+    Mutant("pwl-clip-low", "nanokpu/units/pwl.py",
+           "Mux(offset < 0, 0,", "Mux(offset <= 0, 0,",
+           equivalent="At offset = 0 both branches give 0 (the clip to 0 or the offset itself).",
+           what="clip `<` -> `<=`"),
+    Mutant("pwl-round-half-even", "nanokpu/units/pwl.py",
+           "(below_half | q[0])", "(below_half | ~q[0])",
+           (f"{_PWL}::test_round_shift_matches_golden_exhaustively",), what="RTL round_shift: ties to odd"),
+    Mutant("pwl-round-half-up", "nanokpu/units/pwl.py",
+           "return q + half_bit\n", "return q\n",
+           (f"{_PWL}::test_round_shift_matches_golden_exhaustively",), what="RTL round_shift half_up floors"),
+    Mutant("situ-product-round", "nanokpu/units/situ.py",
+           "h.eq(round_shift(product, self.shift, cfg.rounding))", "h.eq(round_shift(product, self.shift, \"floor\"))",
+           ("tests/units/test_situ.py::test_situ_narrow_format_with_idle_and_backpressure[1-half_even-4]",),
+           what="SiTU-GLU product floored"),
+    # -- the GEMM engine's address generators --------------------------------------------
+    Mutant("gemm-a-load-end", "nanokpu/units/gemm.py",
+           "with m.If(a_wptr + 1 == a_lim):", "with m.If(a_wptr + 2 == a_lim):",
+           (_GEMM,), what="A loader stops one word early"),
+    Mutant("gemm-b-panel-end", "nanokpu/units/gemm.py",
+           "with m.If(b_k == k_m1):", "with m.If(b_k == k_m1 + 1):",
+           (_GEMM,), what="B panels one word long"),
+    Mutant("gemm-last-k", "nanokpu/units/gemm.py",
+           "last_k.eq(k + 1 == k_m1)", "last_k.eq(k + 2 == k_m1)",
+           (_GEMM,), what="a tile's last K step one early"),
+    Mutant("gemm-last-row", "nanokpu/units/gemm.py",
+           "last_row.eq(rows_c <= 2 * R)", "last_row.eq(rows_c < 2 * R)",
+           (_GEMM,), what="last row block missed when M is a multiple of 2 R"),
+    Mutant("gemm-b-read", "nanokpu/units/gemm.py",
+           "b_rd.addr.eq(Mux(rbuf, half, 0) + k)", "b_rd.addr.eq(Mux(rbuf, half, 0) + k + 1)",
+           (_GEMM,), what="B read one word ahead"),
+    Mutant("gemm-drain-cols", "nanokpu/units/gemm.py",
+           "(cur_col < cur_cols)", "(cur_col <= cur_cols)",
+           (_GEMM,), what="the drain writes one column past N"),
+    Mutant("gemm-store-row", "nanokpu/units/gemm.py",
+           "with m.If(s_n == cmd.n - 1):", "with m.If(s_n == cmd.n):",
+           (_GEMM,), what="store row mask one word late"),
+    # -- the golden model ----------------------------------------------------------------
+    Mutant("golden-round-half-even", "golden/intops.py",
+           "((r == half) & ((q & 1) == 1))", "((r == half) & ((q & 1) == 0))",
+           (f"{_INT}::test_round_shift_ties[half_even]",), what="round_shift half_even: ties to odd"),
+    Mutant("golden-round-half-up", "golden/intops.py",
+           "return q + (r >= half)", "return q + (r > half)",
+           (f"{_INT}::test_round_shift_ties[half_up]",), what="round_shift half_up: ties down"),
+    Mutant("golden-requantize-sat", "golden/intops.py",
+           "shift, mode), out_width)", "shift, mode), out_width + 1)",
+           (f"{_INT}::test_requantize_saturates_both_ends",), what="requantize saturates one bit wide"),
+    Mutant("golden-div-round-half-up", "golden/intops.py",
+           "return q + (twice >= den)", "return q + (twice > den)",
+           (f"{_INT}::test_div_round_ties[half_up]",), what="div_round half_up: ties down"),
+    Mutant("golden-rmsnorm-mean", "golden/intops.py",
+           "keepdims=True) // n", "keepdims=True) // (n + 1)",
+           (f"{_VEC}::test_vector_unit_amaranth[1]",), what="rmsnorm_int: mean over n + 1"),
+    Mutant("golden-rmsnorm-round", "golden/intops.py",
+           "np.maximum(r, 1), cfg.rounding)", "np.maximum(r, 1), \"floor\")",
+           (f"{_VEC}::test_vector_unit_amaranth[1]",), what="rmsnorm_int floors"),
+    Mutant("golden-combine-round", "golden/intops.py",
+           "round_shift(acc, cfg.weight_frac, cfg.rounding)", "round_shift(acc, cfg.weight_frac, \"floor\")",
+           (f"{_INT}::test_combine_int_matches_float_within_half_lsb",), what="combine_int floors"),
+    Mutant("golden-route-recip", "golden/intops.py",
+           "(np.int64(1) << r_bits) // np.maximum(total, 1)", "(np.int64(1) << r_bits) // (total + 1)",
+           (f"{_INT}::test_route_weights_within_one_lsb",), what="route_weights_int: reciprocal of S + 1"),
+    Mutant("golden-route-weight-round", "golden/intops.py",
+           "r_bits - cfg.weight_frac, cfg.rounding)", "r_bits - cfg.weight_frac, \"floor\")",
+           (f"{_RTR}[tiny]",), what="route_weights_int floors"),
+    Mutant("golden-topk-tie", "golden/intops.py",
+           "np.argsort(-keys, axis=-1, kind=\"stable\")",
+           "(keys.shape[-1] - 1 - np.argsort(-keys[..., ::-1], axis=-1, kind=\"stable\"))",
+           (f"{_INT}::test_topk_int_stable_ties",), what="topk_int: on ties the higher index wins"),
+    Mutant("golden-route-bias", "golden/intops.py",
+           "topk_int(scores + _i64(bias)[None, :], cfg.top_k)", "topk_int(scores, cfg.top_k)",
+           (f"{_INT}::test_route_int_selection_uses_bias_weights_do_not",), what="route_int ignores the bias"),
+    Mutant("golden-pwl-interp", "golden/intops.py",
+           "* f) >> self.seg_shift)", "* f + (1 << self.seg_shift >> 1)) >> self.seg_shift)",
+           (f"{_PWL}::test_evaluator_matches_golden_on_arbitrary_tables[generic-3-half_even--20-2]",),
+           what="PwlTable: interpolation rounded instead of floored"),
+    Mutant("golden-shared-gain", "golden/block.py",
+           "float(np.max(np.abs(h_s))), 1.0, cfg)", "float(np.max(np.abs(h_s))), 0.95, cfg)",
+           ("tests/golden/test_quantiser.py::test_each_stage_tracks_float[0-tiny]",),
+           what="the shared expert's output gain 5 % low"),
+)
+
+
+@dataclass
+class Result:
+    """Outcome of one mutant: ``killed``, ``survived``, ``error`` or ``equivalent``."""
+
+    mutant: Mutant
+    status: str
+    killer: str = ""
+    seconds: float = 0.0
+    detail: str = field(default="", repr=False)
+
+
+def mutated(mutant: Mutant, root: Path = ROOT) -> str:
+    """The text of ``mutant.file`` under ``root`` with the mutation applied; ValueError unless
+    ``find`` occurs exactly once."""
+    text = (root / mutant.file).read_text()
+    count = text.count(mutant.find)
+    if count != 1:
+        raise ValueError(f"mutant {mutant.id}: {mutant.find!r} occurs {count} times in {mutant.file}, not once")
+    return text.replace(mutant.find, mutant.replace)
+
+
+def apply(mutant: Mutant, root: Path) -> None:
+    """Apply ``mutant`` to the tree at ``root`` (:func:`mutated`)."""
+    (root / mutant.file).write_text(mutated(mutant, root))
+
+
+def copy_tree(dest: Path, root: Path = ROOT) -> None:
+    """The parts of the tree a mutant's tests need, without build outputs and caches."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "sim_build", ".pytest_cache")
+    for name in TREE:
+        src = root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def run_mutant(mutant: Mutant, root: Path = ROOT, timeout: float = TIMEOUT) -> Result:
+    """Run ``mutant``'s killers on a mutated copy of the tree at ``root``."""
+    if mutant.equivalent:
+        mutated(mutant, root)  # the text still occurs once
+        return Result(mutant, "equivalent")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"nanokpu-mutant-{mutant.id}-") as tmp:
+        copy_tree(Path(tmp), root)
+        apply(mutant, Path(tmp))
+        env = dict(os.environ, PYTHONPATH=tmp, NANOKPU_SIM_BUILD=str(root / "sim_build"),
+                   PYTHONDONTWRITEBYTECODE="1")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", *mutant.killers]
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Result(mutant, "error", seconds=time.monotonic() - start, detail=f"timed out after {timeout} s")
+    seconds = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 1:
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.MULTILINE)
+        return Result(mutant, "killed", failed[0] if failed else mutant.killers[0], seconds, out)
+    if proc.returncode == 0:
+        return Result(mutant, "survived", seconds=seconds, detail=out)
+    return Result(mutant, "error", seconds=seconds, detail=f"pytest exit status {proc.returncode}\n{out}")
+
+
+def score(results: list[Result]) -> tuple[int, int]:
+    """``(killed, non-equivalent)`` mutants."""
+    live = [r for r in results if r.status != "equivalent"]
+    return sum(r.status == "killed" for r in live), len(live)
+
+
+def _code(text: str) -> str:
+    text = text.replace("\n", " ").strip().replace("|", "\\|")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def render(results: list[Result], command: str) -> str:
+    killed, live = score(results)
+    total = sum(r.seconds for r in results)
+    parts = ["# Mutation testing", "",
+             f"Made by `{command}`. Each mutant is one small change to a gateware unit or to the "
+             "golden model, run on a copy of the tree against its killers: behavioural tests (the "
+             "Amaranth simulator and the golden model's tests kill every one here; a Verilator bench "
+             "is named only where nothing faster kills a mutant), never the stale-RTL text check. A "
+             "mutant is killed when a killer fails (pytest exit status 1). "
+             "`tests/test_mutants.py` runs every mutant and requires it killed; the list lives in "
+             "`nanokpu/commands/mutate.py`.", "",
+             f"**Score: {killed} of {live} non-equivalent mutants killed ({killed / max(live, 1):.0%})**, "
+             f"{len(results) - live} equivalent, {len(results)} in all; the killers ran "
+             f"{total:.0f} s.", "",
+             "| mutant | file | change | what it breaks | result | killed by / why equivalent | s |",
+             "|---|---|---|---|---|---|---:|"]
+    for r in results:
+        m = r.mutant
+        why = r.killer if r.status == "killed" else (m.equivalent if r.status == "equivalent" else r.status)
+        why = _code(why) if r.status == "killed" else why
+        parts.append(f"| {m.id} | `{m.file}` | {_code(m.find)} -> {_code(m.replace)} | {m.what} | {r.status} "
+                     f"| {why} | {r.seconds:.1f} |")
+    return "\n".join(parts) + "\n"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--only", action="append", choices=[m.id for m in MUTANTS], metavar="ID",
+                        help="run only this mutant (repeatable); the report is then not written")
+    parser.add_argument("--out", type=out_file, default=DOC)
+
+
+def run(args) -> int:
+    chosen = [m for m in MUTANTS if not args.only or m.id in args.only]
+    results = []
+    for n, mutant in enumerate(chosen, 1):
+        result = run_mutant(mutant)
+        results.append(result)
+        print(f"[{n}/{len(chosen)}] {mutant.id}: {result.status}"
+              + (f" by {result.killer}" if result.killer else "") + f" ({result.seconds:.1f} s)", flush=True)
+        if result.status in ("survived", "error"):
+            print("\n".join(result.detail.splitlines()[-15:]), flush=True)
+    killed, live = score(results)
+    print(f"score: {killed}/{live} non-equivalent mutants killed")
+    if not args.only:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render(results, "nanokpu " + " ".join(getattr(args, "argv", ["mutate"]))))
+        print(f"wrote {args.out}")
+    return 0 if killed == live else 1
