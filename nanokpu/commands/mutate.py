@@ -131,9 +131,9 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{_RTR}[tiny-lanes4]",), what="merge: negative keys rank above positive ones"),
     Mutant("router-merge-ge", "nanokpu/units/router.py",
            "Mux(a.rank > b.rank, a, b)", "Mux(a.rank >= b.rank, a, b)",
-           equivalent="Two lane heads never have equal ranks: the rank ends with the lane number, which "
-                      "differs between the two inputs of every node of the tree, so `>` and `>=` pick the "
-                      "same winner.",
+           equivalent="Two candidates never have equal ranks: the lowest bits of a rank are its lane's "
+                      "number, and the two inputs of every node of the comparison tree come from disjoint "
+                      "sets of lanes, so `>` and `>=` pick the same winner.",
            what="merge: `>` -> `>=`"),
     Mutant("router-lane-ok", "nanokpu/units/router.py",
            "if j >= n - (self.beats - 1) * route_lanes", "if j > n - (self.beats - 1) * route_lanes",
