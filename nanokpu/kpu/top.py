@@ -112,18 +112,22 @@ class NanoKPU(wiring.Component):
     """
 
     def __init__(self, cfg: KpuConfig):
-        if not isinstance(cfg, KpuConfig):
-            raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
-        bits = cfg.cols * cfg.in_width
-        if cfg.in_width != 8:
-            raise ValueError(f"KpuConfig.in_width = {cfg.in_width}: the nano-KPU top level needs 8 "
-                             "(weights stream as bytes)")
-        if bits < 32 or bits & (bits - 1):
-            raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
-                             ">= 32 (the AXI data width)")
-        if cfg.dsp == "ice40":
-            raise ValueError("KpuConfig.dsp = 'ice40': the whole nano-KPU is built for ECP5 (or generic); an iCE40 "
-                             "UP5K carries its units alone (nanokpu synth --board icebreaker: the GEMM engine)")
+        try:
+            if not isinstance(cfg, KpuConfig):
+                raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+            bits = cfg.cols * cfg.in_width
+            if cfg.in_width != 8:
+                raise ValueError(f"KpuConfig.in_width = {cfg.in_width}: the nano-KPU top level needs 8 "
+                                 "(weights stream as bytes)")
+            if bits < 32 or bits & (bits - 1):
+                raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
+                                 ">= 32 (the AXI data width)")
+            if cfg.dsp == "ice40":
+                raise ValueError("KpuConfig.dsp = 'ice40': the whole nano-KPU is built for ECP5 (or generic); an iCE40 "
+                                 "UP5K carries its units alone (nanokpu synth --board icebreaker: the GEMM engine)")
+        except (TypeError, ValueError):
+            self._MustUse__silence = True   # refused: never elaborated, so not 'unused'
+            raise
         self.cfg = cfg
         self._spad = DataMemory(cfg)
         super().__init__({

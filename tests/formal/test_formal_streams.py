@@ -18,7 +18,7 @@ from amaranth.hdl import Fragment
 
 from nanokpu.config import profile
 from nanokpu.formal import mutants
-from nanokpu.formal.sby import missing_tools, run_sby
+from nanokpu.formal.sby import run_sby
 from nanokpu.formal.streams import Flow, StreamProof
 from nanokpu.formal.topk import router_env, router_flow
 from nanokpu.units.gemm import GemmEngine
@@ -27,8 +27,6 @@ from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 from nanokpu.units.vector import VectorUnit
-
-pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"formal tools missing: {missing_tools()}")
 
 #: Small shapes: the proofs are about control, not width (8 experts, top-3, one beat per token).
 CFG = profile("tiny", n_experts=8, top_k=3, route_lanes=8, score_frac=2, bias_width=4, weight_frac=3,
@@ -60,16 +58,7 @@ def _check(result, expect_pass: bool):
         assert result.failed_assertions(), result.summary()
 
 
-#: SiTU's stream logic is sigmoid's (``pwl.stall_pipeline``) around a heavier datapath; its
-#: handshake rules are also asserted, bounded, by tests/test_formal_situ.py.
-SLOW = {"situ"}
-
-
-def _units(names):
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]
-
-
-@pytest.mark.parametrize("name", _units(UNITS))
+@pytest.mark.parametrize("name", sorted(UNITS))
 def test_handshake_rules_proven(name):
     unit, _ = UNITS[name]()
     proof = StreamProof(unit, stable=STABLE.get(name, ()), assume=ENV.get(name))
@@ -81,7 +70,7 @@ def _flow_depth(flow) -> int:
     return flow.response + 3 * flow.in_per_unit + 8
 
 
-@pytest.mark.parametrize("name", _units(n for n in UNITS if n != "router"))
+@pytest.mark.parametrize("name", sorted(n for n in UNITS if n != "router"))
 def test_conservation_bounded(name):
     unit, flow = UNITS[name]()
     depth = _flow_depth(flow)
@@ -98,7 +87,6 @@ def test_conservation_router_short():
                    mode="bmc", depth=depth), True)
 
 
-@pytest.mark.slow
 def test_conservation_router_full():
     unit, flow = UNITS["router"]()
     _check(run_sby(StreamProof(unit, [flow], assume=router_env), "streams_router_flow",

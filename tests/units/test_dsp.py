@@ -23,15 +23,12 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from fpga.flow import BUILD_DIR, has_toolchain, synthesize, vendor_sim_model
+from fpga.flow import BUILD_DIR, synthesize, vendor_sim_model
 from golden.intops import matmul_int
 from nanokpu.config import profile
 from nanokpu.units.dsp import Multiplier
 from nanokpu.units.gemm import GemmEngine
 from sim.runner import run_bench
-
-toolchain = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
-                               reason="YoWASP Yosys/nextpnr not installed")
 
 
 def _golden(a: int, b: int, width: int) -> int:
@@ -83,7 +80,6 @@ def test_ice40_sb_mac16_exhaustive_on_vendor_model(width, lanes, latency):
               build_args=(str(model), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
 
 
-@toolchain
 @pytest.mark.parametrize("latency", [1, 2])
 def test_ice40_uses_one_block_per_two_lanes(latency):
     dut = Multiplier(8, 3, latency=latency, target="ice40")
@@ -94,7 +90,6 @@ def test_ice40_uses_one_block_per_two_lanes(latency):
     assert report["latches"] == 0 and report["unmapped"] == {}
 
 
-@toolchain
 def test_ecp5_packs_registers_into_mult18x18d():
     dut = Multiplier(8, 2, latency=2, target="ecp5")
     assert dut.blocks == 2
@@ -135,7 +130,6 @@ def test_tiny_gemm_on_ice40_blocks_is_bit_exact():
               build_args=(str(model), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
 
 
-@toolchain
 def test_tiny_gemm_on_ice40_fits_the_up5k_dsp_blocks():
     """Yosys only: the 16 PE products in 8 SB_MAC16, the requantiser in the fabric."""
     report = synthesize(GemmEngine(profile("tiny", dsp="ice40")), "gemm_ice40", "up5k",

@@ -48,7 +48,6 @@ def test_cycles_per_token(name, lanes, expected):
     assert latency(cfg) == 2 * cfg.top_k + cfg.weight_frac + cfg.score_frac + 1 + 6
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("lanes", [1, 4])
 def test_bench_k3_lanes(lanes):
     """The other lane counts of the benchmark at the K3 shape: bit-exact and cycle-exact

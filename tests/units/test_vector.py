@@ -138,8 +138,7 @@ def test_combine_ties_amaranth(rounding):
 
 
 @pytest.mark.parametrize("rounding", ["half_even",
-                                      pytest.param("half_up", marks=pytest.mark.slow),
-                                      pytest.param("floor", marks=pytest.mark.slow)])
+                                      "half_up", "floor"])
 def test_vector_unit_verilator(rounding):
     cfg = profile("tiny", rounding=rounding)
     run_bench(VectorUnit(cfg), f"vector_{rounding}", "bench_vector",
