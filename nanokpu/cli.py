@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report-errors": ("report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
     "fault-campaign": ("fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
     "report-activation": ("report_activation", "regenerate docs/activation.md and its gate plot"),
+    "sweep": ("sweep", "design-space sweep on Dask: configs x targets x seeds -> table and Pareto plot"),
 }
 
 

@@ -123,8 +123,8 @@ def test_cli_compares_against_an_earlier_run(capsys):
     changed baseline shows the differences, and a missing file names the flag."""
     from nanokpu.cli import main
     out = BUILD_DIR / "test-cli-against"
-    argv = ["synth", "--profile", "tiny", "--target", "ecp5-25f", "--no-pnr", "--unit", "tests.fpga.test_synth:mac_unit",
-            "--out", str(out)]
+    argv = ["synth", "--profile", "tiny", "--target", "ecp5-25f", "--no-pnr",
+            "--unit", "tests.fpga.test_synth:mac_unit", "--out", str(out)]
     assert main(argv) == 0
     baseline = out / "tiny-ecp5-25f.json"
     assert main([*argv, "--reuse", "--against", str(baseline)]) == 0
