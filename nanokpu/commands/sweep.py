@@ -329,7 +329,7 @@ def _summary(row: dict) -> str:
     if row["fmax_mhz"] is not None:
         text += f", Fmax {row['fmax_mhz']} MHz"
     if row["peak_macs"]:
-        text += f", {_macs(row['peak_macs'])}AC/s"
+        text += f", peak {_macs(row['peak_macs'])} MAC/s"
     return text
 
 
