@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from nanokpu.commands import ROOT
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import PROFILES, profile
 
 __all__ = ["add_arguments", "run", "campaign", "summary_markdown"]
@@ -50,10 +51,11 @@ FAILURE_ROWS = (
 
 
 def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: int, pause: float,
-             work: Path, dsp: str = "generic") -> dict:
+             work: Path, dsp: str = "generic", progress=None) -> dict:
     """Run the campaign on the design built with ``KpuConfig.dsp = dsp`` (``ice40``: as built for
     the UP5K, on Yosys' SB_MAC16 and SB_SPRAM256KA models); returns ``{"counts": totals,
-    "failures": [...], "seeds": [...]}``."""
+    "failures": [...], "seeds": [...]}``; ``progress``, a
+    :class:`~nanokpu.commands.progress.Progress`, shows each run as a stage and a step of its bar."""
     from nanokpu.kpu.top import NanoKPU
     from sim.runner import BenchFailure, run_bench, vendor_build_args, vendor_name
 
@@ -65,13 +67,16 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
     totals: dict[str, int] = {}
     failures: list[str] = []
     dut = NanoKPU(cfg)
+    progress = progress or Progress(quiet=True)
+    progress.start(runs, "runs")
     for run_seed in range(seed, seed + runs):
         out = work / f"fault-{name}-{run_seed}.json"
         out.unlink(missing_ok=True)
         try:
-            run_bench(dut, name, "bench_fault", seed=run_seed, build_args=build_args,
-                      params={"profile": profile_name, "overrides": {"dsp": dsp}, "seed": run_seed,
-                              "episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
+            with progress.stage(f"run {run_seed - seed + 1}/{runs} (seed {run_seed}, {episodes} episodes)"):
+                run_bench(dut, name, "bench_fault", seed=run_seed, build_args=build_args,
+                          params={"profile": profile_name, "overrides": {"dsp": dsp}, "seed": run_seed,
+                                  "episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
         except BenchFailure as exc:
             if not out.exists():
                 raise
@@ -80,6 +85,8 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
         for key, value in result["counts"].items():
             totals[key] = totals.get(key, 0) + value
         failures += [f"seed {run_seed}: {f}" for f in result["failures"]]
+        progress.advance(f"seed {run_seed}: {len(result['failures'])} failed episodes")
+    progress.close()
     return {"counts": totals, "failures": failures, "seeds": list(range(seed, seed + runs))}
 
 
@@ -130,6 +137,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pause", type=float, default=0.2, help="AXI idle/backpressure probability")
     parser.add_argument("--out", type=Path, default=None,
                         help="Markdown summary (default: docs/fault_campaign.md, docs/fault_campaign_ice40.md)")
+    add_quiet(parser)
 
 
 def run(args) -> int:
@@ -140,7 +148,7 @@ def run(args) -> int:
         raise ValueError(f"--pause = {args.pause}: must be in [0, 1)")
     result = campaign(args.profile, runs=args.runs, episodes=args.episodes, seed=args.seed,
                       tokens=args.tokens, pause=args.pause, work=ROOT / "sim_build" / "fault_campaign",
-                      dsp=args.dsp)
+                      dsp=args.dsp, progress=Progress(quiet=args.quiet))
     dsp_flag = "" if args.dsp == "generic" else f" --dsp {args.dsp}"
     command = (f"nanokpu fault-campaign --profile {args.profile}{dsp_flag} --runs {args.runs} "
                f"--episodes {args.episodes} --seed {args.seed} --tokens {args.tokens} --pause {args.pause}")

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import PROFILES, profile
 
 #: Default batch size per profile.
@@ -33,6 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pause", type=float, default=0.0,
                         help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
     parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
+    add_quiet(parser)
 
 
 def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
@@ -49,18 +51,17 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     name = vendor_name(f"kpu_{cfg.name}", cfg.dsp)
     build_args = vendor_build_args(cfg.dsp)
     t0 = time.time()
-    if progress:
-        print(f"[nanokpu sim] building {name} on Verilator (cached under sim_build/) ...", flush=True)
-    build_dir = build(NanoKPU(cfg), name, waves=waves, build_args=build_args)
+    stages = Progress(quiet=not progress)
+    with stages.stage(f"[nanokpu sim] build {name} on Verilator (cached under sim_build/)"):
+        build_dir = build(NanoKPU(cfg), name, waves=waves, build_args=build_args)
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         params = {"profile": cfg.name, "overrides": {"dsp": cfg.dsp}, "tokens": tokens, "seed": seed,
                   "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
-        if progress:
-            print(f"[nanokpu sim] running the block ({tokens} tokens, seed {seed}) ...", flush=True)
         try:
-            run_bench(NanoKPU(cfg), name, "bench_top", testcase="test_block", params=params,
-                      seed=seed, waves=waves, build_args=build_args)
+            with stages.stage(f"[nanokpu sim] run the block ({tokens} tokens, seed {seed})"):
+                run_bench(NanoKPU(cfg), name, "bench_top", testcase="test_block", params=params,
+                          seed=seed, waves=waves, build_args=build_args)
         except BenchFailure as exc:
             return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0}
         result = json.loads(summary.read_text())[0]
@@ -93,6 +94,6 @@ def format_summary(cfg, r: dict) -> str:
 def run(args) -> int:
     cfg = profile(args.profile, dsp=args.dsp)
     tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
-    r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
+    r = simulate(cfg, tokens, args.seed, args.pause, args.waves, progress=not args.quiet)
     print(format_summary(cfg, r))
     return 0 if r.get("bit_exact") else 1
