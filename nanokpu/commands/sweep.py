@@ -249,8 +249,10 @@ def _macs(value) -> str:
 def markdown(rows: list[dict], fields: list[str], command: str, elapsed: float, png: str) -> str:
     head = ["unit", *fields, "target", "seed", "status", "LUT4", "logic cells", "FF", "DSP", "BRAM", "Fmax (MHz)",
             "goal met", "MACs/cycle", "peak MAC/s", "Pareto", "s", "error"]
-    lines = [f"# Design-space sweep\n\nRegenerate with `{command}` ({len(rows)} points, {duration(elapsed)} "
-             "of wall time this run; cached points are not run again). Made by `nanokpu sweep`: each point one "
+    work = sum(r["elapsed_s"] or 0 for r in rows)
+    lines = [f"# Design-space sweep\n\nRegenerate with `{command}` ({len(rows)} points, {duration(work)} of "
+             f"synthesis in all, {duration(elapsed)} of wall time in the last run: cached points are not run "
+             "again). Made by `nanokpu sweep`: each point one "
              "Yosys + nextpnr run (one seed) of the unit built from its config; **Pareto**: fits its part and no "
              "other point of the same part has at least its Fmax and peak MAC/s with at most its LUTs, DSPs "
              "and BRAMs.\n",
@@ -266,7 +268,8 @@ def markdown(rows: list[dict], fields: list[str], command: str, elapsed: float, 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
     """Fmax and peak MAC/s (rows) against LUTs, DSPs and BRAMs (columns), one colour per
-    target; the Pareto points ringed in black, the points that do not fit hollow."""
+    target; the Pareto points ringed in black, those placed and routed that miss a resource of
+    their part hollow. Points without an Fmax (do not fit, failed) are counted in the title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -274,30 +277,36 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     targets = sorted({r["target"] for r in rows})
     colours = dict(zip(targets, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5), squeeze=False)
-    for i, (merit, ylabel) in enumerate([("fmax_mhz", "Fmax (MHz)"), ("peak_macs", "peak MAC/s")]):
+    scale = {"fmax_mhz": 1, "peak_macs": 1e9}
+    for i, (merit, ylabel) in enumerate([("fmax_mhz", "Fmax (MHz)"), ("peak_macs", "peak GMAC/s")]):
         for j, (cost, xlabel) in enumerate([("lut", "LUT4s"), ("dsp", "DSP blocks"), ("bram", "block RAMs")]):
             ax = axes[i][j]
             for r in rows:
                 if r[merit] is None or r[cost] is None:
                     continue
                 c = colours[r["target"]]
-                ax.scatter(r[cost], r[merit], s=90 if r["pareto"] else 40,
+                y = r[merit] / scale[merit]
+                ax.scatter(r[cost], y, s=90 if r["pareto"] else 40,
                            facecolors=c if r["fits"] else "none", edgecolors="black" if r["pareto"] else c,
                            linewidths=2 if r["pareto"] else 1, zorder=3 if r["pareto"] else 2)
                 if r["pareto"]:
-                    tag = " ".join(f"{v}" for v in r["overrides"].values())
-                    ax.annotate(tag, (r[cost], r[merit]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+                    tag = "/".join(f"{v}" for v in r["overrides"].values())
+                    ax.annotate(tag, (r[cost], y), textcoords="offset points", xytext=(5, 4), fontsize=7)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], marker="o", ls="", color=colours[t], label=t) for t in targets]
     handles.append(plt.Line2D([], [], marker="o", ls="", markerfacecolor="white", markeredgecolor="black",
                               markeredgewidth=2, label="Pareto (fits, not dominated)"))
-    handles.append(plt.Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="grey",
-                              label="does not fit"))
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False)
-    fig.suptitle(title, y=0.995, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    if any(r["fmax_mhz"] is not None and not r["fits"] for r in rows):
+        handles.append(plt.Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="grey",
+                                  label="does not fit"))
+    unplotted = sum(r["fmax_mhz"] is None for r in rows)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=len(handles), frameon=False)
+    names = "/".join(dict.fromkeys(k for r in rows for k in r["overrides"]))
+    fig.suptitle(f"{title}\n(labels: {names}; not shown: {unplotted} of {len(rows)} points without an Fmax, "
+                 "see the table)" if names else title, y=0.995, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -305,7 +314,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def write_outputs(rows: list[dict], out: Path, command: str, elapsed: float) -> list[Path]:
     """``sweep.json``, ``sweep.csv``, ``sweep.md`` and ``sweep.png`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    fields = sorted({k for r in rows for k in r["overrides"]})
+    fields = list(dict.fromkeys(k for r in rows for k in r["overrides"]))   # in the order of --set
     mark_pareto(rows)
     paths = [out / "sweep.json", out / "sweep.csv", out / "sweep.md", out / "sweep.png"]
     paths[0].write_text(json.dumps({"command": command, "tools": tool_versions(), "rows": rows}, indent=1) + "\n")

@@ -134,3 +134,15 @@ def test_a_real_point_on_worker_processes(tmp_path, capsys):
     assert row["status"] == "ok", row["error"]
     assert 0 < row["lut"] < 5280 and row["fits"] and row["fmax_mhz"] > 20 and row["pareto"]
     assert "1 ok" in capsys.readouterr().out
+
+
+def test_sweep_on_an_existing_scheduler(fake_synth, tmp_path):
+    from distributed import LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        argv = ["sweep", "--scheduler", cluster.scheduler_address, "--set", "rows=2,4", "--target", "ecp5-85f",
+                "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "-q"]
+        assert cli.main(argv) == 0
+        assert len(cluster.scheduler.workers) == 2, "the sweep leaves a cluster it did not start running"
+    assert len(fake_synth) == 2
+    rows = json.loads((tmp_path / "out" / "sweep.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
