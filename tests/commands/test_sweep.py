@@ -63,7 +63,11 @@ def fake_synth(monkeypatch):
         rows, cols = component.cfg.rows, component.cfg.cols
         if rows == 4 and target == "ecp5-85f" and seed == 2:
             raise RuntimeError("nextpnr crashed (fake)")
-        return _report(target, rows, cols)
+        report = _report(target, rows, cols)
+        if rows == 2 and target == "up5k" and seed == 2:   # as fpga.flow.synthesize reports a timeout
+            report["pnr"] = {"fmax_mhz": None, "goal_mhz": 30.0, "met": False, "seed": None,
+                             "error": "nextpnr-ice40 timed out after 30 min; log: x.log"}
+        return report
 
     monkeypatch.setattr(sweep, "synth_point", fake)
     return calls
@@ -79,13 +83,16 @@ def test_sweep_records_failures_writes_outputs_and_resumes(fake_synth, tmp_path,
     out = capsys.readouterr().out
     assert len(fake_synth) == 12, "the 4 points of rows=0 never reach a worker"
     assert "[12/12]" in out and "left)" in out, "a line per finished task with an estimate"
-    assert "16 points" in out and "5 failed" in out
+    assert "16 points" in out and "6 failed" in out
     data = json.loads((tmp_path / "out" / "sweep.json").read_text())
     rows = data["rows"]
     assert len(rows) == 16 and data["command"].startswith("nanokpu sweep")
     by = {(r["overrides"]["rows"], r["target"], r["seed"]): r for r in rows}
     crashed = by[(4, "ecp5-85f", 2)]
     assert crashed["status"] == "failed" and "RuntimeError: nextpnr crashed (fake)" in crashed["error"]
+    timed_out = by[(2, "up5k", 2)]
+    assert timed_out["status"] == "failed" and "timed out after 30 min" in timed_out["error"]
+    assert timed_out["lut"] == 400, "the synthesis figures of a point whose place and route failed are kept"
     invalid = by[(0, "up5k", 1)]
     assert invalid["status"] == "failed" and "KpuConfig.rows = 0" in invalid["error"]
     assert by[(8, "up5k", 1)]["status"] == "does not fit" and not by[(8, "up5k", 1)]["fits"]
@@ -110,7 +117,7 @@ def test_sweep_records_failures_writes_outputs_and_resumes(fake_synth, tmp_path,
                                                                        for r in rows]
     # --retry-failed runs the crashed point again (and only the points that reach a worker)
     assert cli.main([*_sweep_argv(tmp_path), "--retry-failed", "-q"]) == 0
-    assert len(fake_synth) == 1
+    assert len(fake_synth) == 2
 
 
 def test_interrupted_sweep_resumes_from_its_cache(fake_synth, tmp_path, capsys):
