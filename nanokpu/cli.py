@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fault-campaign": ("fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
     "report-activation": ("report_activation", "regenerate docs/activation.md and its gate plot"),
     "mutate": ("mutate", "mutation testing: run each mutant's killer tests, write docs/mutation.md"),
+    "sweep": ("sweep", "design-space sweep on Dask: configs x targets x seeds -> table and Pareto plot"),
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import out_file, seed
+from nanokpu.commands.progress import add_quiet
 from nanokpu.config import profile
 from nanokpu.isa import EXECUTORS
 
@@ -25,6 +26,7 @@ def add_arguments(parser) -> None:
                         help="profile to run (repeatable; default: tiny and small)")
     parser.add_argument("--seed", type=seed, default=1)
     parser.add_argument("--out", type=out_file, default=DOC, help=f"Markdown report (default {DOC})")
+    add_quiet(parser)
 
 
 def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
@@ -110,20 +112,24 @@ def decomposition(rows: list[tuple]) -> str:
 
 
 def run(args) -> int:
+    from nanokpu.commands.progress import Progress
     from nanokpu.commands.simulate import simulate
     wanted = args.profile or [c[0] for c in CASES]
     rows = []
-    for name, tokens in CASES:
-        if name not in wanted:
-            continue
-        cfg = profile(name)
-        print(f"[bench-block] {cfg.name}: {tokens} tokens ...", flush=True)
-        r = simulate(cfg, tokens, args.seed, progress=False)
-        if not r.get("bit_exact"):
-            print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
-            return 1
-        r.update(gemm_tiles(cfg, tokens, args.seed))
-        rows.append((cfg, r))
+    cases = [c for c in CASES if c[0] in wanted]
+    with Progress(quiet=args.quiet) as progress:
+        progress.start(len(cases), "blocks")
+        for name, tokens in cases:
+            cfg = profile(name)
+            with progress.stage(f"[bench-block] {cfg.name}: {tokens} tokens"):
+                r = simulate(cfg, tokens, args.seed, progress=False)
+            if not r.get("bit_exact"):
+                progress.close()
+                print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
+                return 1
+            r.update(gemm_tiles(cfg, tokens, args.seed))
+            rows.append((cfg, r))
+            progress.advance(f"{cfg.name}: {r['cycles']:,} cycles")
     text = table(rows)
     print(text)
     print(decomposition(rows))

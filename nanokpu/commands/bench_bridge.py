@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import int_in, out_file, seed
+from nanokpu.commands.progress import add_quiet
 
 __all__ = ["BAUDS", "LATENCIES_MS", "run_uart_gemm_bench", "measure", "bridge_table", "add_arguments", "run"]
 
@@ -82,21 +83,27 @@ def bridge_table(rows: list[dict]) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--tokens", type=int_in(1), nargs="+", default=[2, 8], help="block sizes to run (default: 2 8)")
+    parser.add_argument("--tokens", type=int_in(1), nargs="+", default=[2, 8],
+                        help="block sizes to run (default: 2 8)")
     parser.add_argument("--seed", type=seed, default=3, help="random block")
     parser.add_argument("--out", type=out_file, default=DOC, help="Markdown report path")
+    add_quiet(parser)
 
 
 def run(args) -> int:
+    from nanokpu.commands.progress import Progress
     from nanokpu.config import profile
     from nanokpu.host.compiler import check_tokens
 
     for tokens in args.tokens:   # all of them before the first (minutes-long) run
         check_tokens(profile("tiny"), tokens)
     rows = []
+    progress = Progress(quiet=args.quiet)
+    progress.start(len(args.tokens), "blocks")
     for tokens in args.tokens:
-        print(f"{tokens}-token block over the simulated line (Verilator; minutes) ...", flush=True)
-        row = measure(tokens, args.seed)
+        with progress.stage(f"{tokens}-token block over the simulated line (Verilator; minutes)"):
+            row = measure(tokens, args.seed)
+        progress.advance(f"{tokens}-token block done")
         print(f"  {row['bytes_out']:,} bytes to the board, {row['bytes_in']:,} back, "
               f"{row['round_trips']:,} round trips", flush=True)
         rows.append(row)

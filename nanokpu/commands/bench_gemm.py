@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import out_file, seed
+from nanokpu.commands.progress import add_quiet
 from nanokpu.config import KpuConfig, profile
 from nanokpu.host.compiler import block_gemms
 from nanokpu.units.requant import requant_interval
@@ -225,13 +226,20 @@ def add_arguments(parser) -> None:
                         help="profile to benchmark (repeatable; default: tiny and small)")
     parser.add_argument("--seed", type=seed, default=1)
     parser.add_argument("--out", type=out_file, default=DOC, help=f"markdown report (default: {DOC})")
+    add_quiet(parser)
 
 
 def run(args) -> int:
+    from nanokpu.commands.progress import Progress
     results, ice40_results = [], []
-    for name in args.profile or sorted(TOKENS, key=list(TOKENS).index):
+    names = args.profile or sorted(TOKENS, key=list(TOKENS).index)
+    progress = Progress(quiet=args.quiet)
+    progress.start(len(names) + sum(n in ICE40 for n in names), "profiles")
+    for name in names:
         start = time.perf_counter()
-        cfg, rows = run_profile(name, args.seed)
+        with progress.stage(f"{name}: build and run the GEMMs on Verilator"):
+            cfg, rows = run_profile(name, args.seed)
+        progress.advance(f"{name} done")
         results.append((name, cfg, rows))
         print(f"{name}: {cfg.rows}x{cfg.cols} array ({time.perf_counter() - start:.0f} s with the build)")
         for r in rows:
@@ -240,7 +248,9 @@ def run(args) -> int:
         if name not in ICE40:
             continue
         start = time.perf_counter()
-        cfg, rows = run_profile(name, args.seed, dsp="ice40")
+        with progress.stage(f"{name}, dsp=ice40: build and run the GEMMs on Verilator"):
+            cfg, rows = run_profile(name, args.seed, dsp="ice40")
+        progress.advance(f"{name}, dsp=ice40 done")
         fmax = up5k_fmax(name)
         ice40_results.append((name, cfg, rows, fmax))
         at = (f"MAC/s at {fmax['mhz']} MHz, {fmax['path']}{'' if fmax['current'] else ' (earlier RTL)'}"
@@ -253,6 +263,7 @@ def run(args) -> int:
                 + (f", {_rate(macs, c, fmax)} MAC/s" if fmax else "")
                 for what, c in (("with store", r["cycles"]), ("compute only", r["cycles_compute"])))
             print(f"  {r['name']:28s} {r['m']:4d} x {r['k']:4d} x {r['n']:4d}: {line}")
+    progress.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(results, ice40_results))
     print(f"wrote {args.out}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import int_in, out_file
+from nanokpu.commands.progress import add_quiet
 from nanokpu.config import PROFILES, KpuConfig, profile
 
 __all__ = ["REFERENCE_MHZ", "run_router_bench", "measure", "add_arguments", "run"]
@@ -70,24 +71,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int_in(1), default=8, help="tokens per measurement")
     parser.add_argument("--no-synth", action="store_true", help="skip the Yosys resource count")
     parser.add_argument("--out", type=out_file, default=DOC, help="Markdown report path")
+    add_quiet(parser)
 
 
 def run(args) -> int:
+    from nanokpu.commands.progress import Progress
     from nanokpu.units.router import TopKRouter
-
     rows = []
+    progress = Progress(quiet=args.quiet)
+    progress.start(len(args.route_lanes), "route_lanes values")
     for lanes in args.route_lanes:
         cfg = profile(args.profile, route_lanes=lanes)
-        timing = measure(cfg, args.tokens)
+        with progress.stage(f"route_lanes {lanes}: router on Verilator"):
+            timing = measure(cfg, args.tokens)
         (period,) = timing["periods"]
         row = {"lanes": lanes, "cycles": period, "latency": timing["latency"],
                "bound": cfg.n_experts / lanes + 32, "beats": -(-cfg.n_experts // lanes),
                "tps": REFERENCE_MHZ * 1e6 / period}
         if not args.no_synth:
             from fpga.flow import synthesize
-            rep = synthesize(TopKRouter(cfg), f"router_{cfg.name}_l{lanes}", "ecp5-85f", progress=print)
+            rep = synthesize(TopKRouter(cfg), f"router_{cfg.name}_l{lanes}", "ecp5-85f", progress=progress)
             row["res"] = rep["resources"]
         rows.append(row)
+        progress.advance(f"route_lanes {lanes} done")
         print(f"route_lanes {lanes:2d}: {period} cycles/token (bound {row['bound']:g}), "
               f"latency {row['latency']}, {row['tps'] / 1e6:.3f} M tokens/s at {REFERENCE_MHZ:g} MHz"
               + (f", ECP5 LUT {row['res']['lut']} FF {row['res']['ff']} DSP {row['res']['dsp']} "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nanokpu.commands import ROOT
 from nanokpu.commands.args import fraction, int_in, out_file, seed
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import PROFILES, profile
 from nanokpu.host.compiler import check_tokens
 
@@ -50,9 +51,10 @@ FAILURE_ROWS = (
 
 
 def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: int, pause: float,
-             work: Path) -> dict:
+             work: Path, progress=None) -> dict:
     """Run the campaign on the nano-KPU of ``profile_name``; returns ``{"counts": totals,
-    "failures": [...], "seeds": [...]}``."""
+    "failures": [...], "seeds": [...]}``; ``progress``, a
+    :class:`~nanokpu.commands.progress.Progress`, shows each run as a stage and a step of its bar."""
     from nanokpu.kpu.top import NanoKPU
     from sim.lib.kpu_launch import kpu_build_name, run_kpu_bench
     from sim.runner import BenchFailure
@@ -64,12 +66,15 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
     totals: dict[str, int] = {}
     failures: list[str] = []
     dut = NanoKPU(cfg)
+    progress = progress or Progress(quiet=True)
+    progress.start(runs, "runs")
     for run_seed in range(seed, seed + runs):
         out = work / f"fault-{name}-{run_seed}.json"
         out.unlink(missing_ok=True)
         try:
-            run_kpu_bench(cfg, "bench_fault", seed=run_seed, dut=dut,
-                          params={"episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
+            with progress.stage(f"run {run_seed - seed + 1}/{runs} (seed {run_seed}, {episodes} episodes)"):
+                run_kpu_bench(cfg, "bench_fault", seed=run_seed, dut=dut,
+                              params={"episodes": episodes, "tokens": tokens, "pause": pause, "summary": str(out)})
         except BenchFailure as exc:
             if not out.exists():
                 raise
@@ -78,6 +83,8 @@ def campaign(profile_name: str, *, runs: int, episodes: int, seed: int, tokens: 
         for key, value in result["counts"].items():
             totals[key] = totals.get(key, 0) + value
         failures += [f"seed {run_seed}: {f}" for f in result["failures"]]
+        progress.advance(f"seed {run_seed}: {len(result['failures'])} failed episodes")
+    progress.close()
     return {"counts": totals, "failures": failures, "seeds": list(range(seed, seed + runs))}
 
 
@@ -124,12 +131,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pause", type=fraction, default=0.2, help="AXI idle/backpressure probability")
     parser.add_argument("--out", type=out_file, default=ROOT / "docs" / "fault_campaign.md",
                         help="Markdown summary (default: docs/fault_campaign.md)")
+    add_quiet(parser)
 
 
 def run(args) -> int:
     check_tokens(profile(args.profile), args.tokens)
     result = campaign(args.profile, runs=args.runs, episodes=args.episodes, seed=args.seed,
-                      tokens=args.tokens, pause=args.pause, work=ROOT / "sim_build" / "fault_campaign")
+                      tokens=args.tokens, pause=args.pause, work=ROOT / "sim_build" / "fault_campaign",
+                      progress=Progress(quiet=args.quiet))
     command = (f"nanokpu fault-campaign --profile {args.profile} --runs {args.runs} "
                f"--episodes {args.episodes} --seed {args.seed} --tokens {args.tokens} --pause {args.pause}")
     text = summary_markdown(result, command, args.profile)

@@ -23,6 +23,7 @@ import numpy as np
 from fpga.flow import TARGETS
 from nanokpu.commands import ROOT
 from nanokpu.commands.args import seed
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import profile
 
 #: Where the main job's synthesis reports go (git-ignored, beside the tools' build directories).
@@ -34,13 +35,13 @@ def _step(n: int, title: str) -> float:
     return time.perf_counter()
 
 
-def _synthesize(cfg, target: str, seed: int) -> dict:
+def _synthesize(cfg, target: str, seed: int, progress=None) -> dict:
     """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
     :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
     from fpga.report import write_reports
     from nanokpu.commands import synth
 
-    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]   # prints its summary
+    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed, progress=progress)[0]  # prints its summary
     print(f"  tool logs: {r['build_dir']}/")
     for path in write_reports([r], FLOW_DIR, f"{cfg.name}-{target}", f"nanokpu flow --profile {cfg.name}"):
         print(f"  wrote {path}")
@@ -53,6 +54,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, choices=sorted(TARGETS),
                         help="FPGA target (default: the profile's own)")
     parser.add_argument("--no-synth", action="store_true", help="skip step 4 (Yosys and nextpnr)")
+    add_quiet(parser)
 
 
 def run(args) -> int:
@@ -62,11 +64,14 @@ def run(args) -> int:
     cfg = profile(args.profile)
     done: list[str] = []
     t_all = time.perf_counter()
+    progress = Progress(quiet=args.quiet)
+    progress.start(4 - args.no_synth, "steps")
 
     t0 = _step(1, f"golden model: one LatentMoE block of profile '{cfg.name}'")
     for line in demo.block_summary(cfg, 32, np.random.default_rng(args.seed)):
         print(line)
     done.append(f"golden block ran on the float and integer paths ({time.perf_counter() - t0:.1f} s)")
+    progress.advance("golden model done")
 
     t0 = _step(2, "generate Verilog")
     paths = generate.generate(cfg.name, generate.RTL_DIR / cfg.name)
@@ -75,15 +80,17 @@ def run(args) -> int:
     verilog = sum(path.suffix == ".v" for path in paths)
     done.append(f"generated {verilog} Verilog files, config.json and the C header nanokpu.h in rtl/{cfg.name}/ "
                 f"({time.perf_counter() - t0:.1f} s)")
+    progress.advance("generate done")
 
     t0 = _step(3, "simulate a block on the RTL (Verilator, cocotb, AXI)")
     tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)
-    result = simulate.simulate(cfg, tokens, args.seed, pause=0.2)
+    result = simulate.simulate(cfg, tokens, args.seed, pause=0.2, progress=not args.quiet)
     print(simulate.format_summary(cfg, result))
     exact = bool(result.get("bit_exact"))
     done.append(f"simulated {tokens} tokens on the RTL: "
                 + (f"{result['cycles']:,} cycles, bit-exact with the golden integer block"
                    if exact else "NOT bit-exact"))
+    progress.advance("simulate done")
 
     status = 0 if exact else 1
     if args.no_synth:
@@ -91,12 +98,14 @@ def run(args) -> int:
     else:
         target = args.target or synth.DEFAULT_TARGET[cfg.name]
         t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
-        r = _synthesize(cfg, target, args.seed)
+        r = _synthesize(cfg, target, args.seed, progress)
+        progress.advance("synthesize done")
         status |= bool(r["latches"] or r["unmapped"] or r.get("over"))
         done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
         done.append(f"synthesis reports in fpga/build/flow/ (Fmax of nextpnr seed {args.seed}: placements differ "
                     "by about 10 % from seed to seed; fpga/reports/summary.md gives the committed figures and seeds)")
 
+    progress.close()
     print(f"\n== nanokpu flow, profile '{cfg.name}': done in {time.perf_counter() - t_all:.0f} s")
     for line in done:
         print(f"  - {line}")

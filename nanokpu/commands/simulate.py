@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from nanokpu.commands.args import fraction, int_in, seed
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import PROFILES, profile
 from nanokpu.host.compiler import check_tokens
 
@@ -33,6 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pause", type=fraction, default=0.0,
                         help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
     parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
+    add_quiet(parser)
 
 
 def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
@@ -47,19 +49,17 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     if not 0 <= pause < 1:  # 1 would stall every AXI channel for ever
         raise ValueError(f"pause = {pause}: must be in [0, 1)")
     t0 = time.time()
-    if progress:
-        print(f"[nanokpu sim] building {kpu_build_name(cfg)} on Verilator (cached under sim_build/) ...",
-              flush=True)
+    stages = Progress(quiet=not progress)
     dut = NanoKPU(cfg)
-    build_dir = kpu_build(cfg, waves=waves, dut=dut)
+    with stages.stage(f"[nanokpu sim] build {kpu_build_name(cfg)} on Verilator (cached under sim_build/)"):
+        build_dir = kpu_build(cfg, waves=waves, dut=dut)
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         params = {"tokens": tokens, "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
-        if progress:
-            print(f"[nanokpu sim] running the block ({tokens} tokens, seed {seed}) ...", flush=True)
         try:
-            run_kpu_bench(cfg, "bench_top", testcase="test_block", seed=seed, params=params, waves=waves,
-                          dut=dut)
+            with stages.stage(f"[nanokpu sim] run the block ({tokens} tokens, seed {seed})"):
+                run_kpu_bench(cfg, "bench_top", testcase="test_block", seed=seed, params=params, waves=waves,
+                              dut=dut)
         except BenchFailure as exc:
             return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0}
         result = json.loads(summary.read_text())[0]
@@ -93,6 +93,6 @@ def run(args) -> int:
     cfg = profile(args.profile)
     tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
     check_tokens(cfg, tokens)   # before anything is built: the block must fit the scratchpads
-    r = simulate(cfg, tokens, args.seed, args.pause, args.waves)
+    r = simulate(cfg, tokens, args.seed, args.pause, args.waves, progress=not args.quiet)
     print(format_summary(cfg, r))
     return 0 if r.get("bit_exact") else 1

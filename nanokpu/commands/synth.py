@@ -34,6 +34,7 @@ import sys
 from fpga.boards import BOARDS
 from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS
 from nanokpu.commands.args import in_file, int_in, out_dir, positive_float, seed
+from nanokpu.commands.progress import Progress, add_quiet
 from nanokpu.config import PROFILES, profile
 from nanokpu.designs import TOP_UNIT, UNITS, resolve_unit, top_name
 
@@ -54,8 +55,11 @@ BENCHMARK = [("tiny", "up5k", UP5K_UNITS), ("tiny", "ecp5-25f", (TOP_UNIT,)), ("
 
 def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = True,
               freq: float | None = None, seed: int = 1, seed_tries: int | None = None,
-              pnr_timeout: float | None = None, reuse: bool = False) -> list[dict]:
+              pnr_timeout: float | None = None, reuse: bool = False, progress=None) -> list[dict]:
     """Synthesize each unit of ``profile_name`` on ``target``; returns the report dicts.
+
+    ``progress`` is called with each stage's line (default: printed; a
+    :class:`~nanokpu.commands.progress.Progress` puts them above its bar, or drops them quietly).
 
     ``seed``, ``seed_tries`` and ``pnr_timeout`` (minutes) are those of
     :func:`fpga.flow.synthesize` (``None``: its defaults).
@@ -75,7 +79,7 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
         report = synthesize(component, top_name(unit), target, pnr=pnr, freq=freq, seed=seed,
                             seed_tries=seed_tries, pnr_timeout=pnr_timeout,
                             build_dir=BUILD_DIR / f"{profile_name}-{target}-{name}", reuse=reuse,
-                            progress=lambda line: print(line, flush=True))
+                            progress=progress or (lambda line: print(line, flush=True)))
         report["name"] = name
         report["profile"] = profile_name
         report["macs_per_cycle"] = getattr(component, "macs_per_cycle", None)  # units with an array
@@ -122,6 +126,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--against", type=in_file, default=None, metavar="JSON",
                         help="print each unit's change in resources and Fmax against the reports of an "
                              "earlier run (a <stem>.json, read before this run rewrites it)")
+    add_quiet(parser)
 
 
 def _recorded(argv: list[str]) -> list[str]:
@@ -156,7 +161,7 @@ def run(args) -> int:
         build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
                     baud=BAUD if args.baud is None else args.baud, seed=args.seed,
                     seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
-                    progress=lambda line: print(line, flush=True), out=out)
+                    progress=Progress(quiet=args.quiet), out=out)
         return 0
     if args.all:
         jobs = BENCHMARK
@@ -169,17 +174,19 @@ def run(args) -> int:
         raise ValueError("unit: no unit is registered in nanokpu.designs.UNITS; name one with --unit")
     stem = "summary" if args.all else f"{args.profile}-{jobs[0][1]}"
     reports = []
+    runs = [(unit, profile_name, target) for unit in units for profile_name, target, only in jobs
+            if only is None or unit in only]
     try:
         # Unit by unit across the targets, the tables rewritten after each: an interrupted
         # benchmark still leaves a consistent (partial) table.
-        for unit in units:
-            for profile_name, target, only in jobs:
-                if only is not None and unit not in only:
-                    continue
+        with Progress(quiet=args.quiet) as progress:
+            progress.start(len(runs), "synthesis runs")
+            for unit, profile_name, target in runs:
                 reports += run_units(profile_name, target, [unit], pnr=not args.no_pnr, freq=args.freq,
                                      seed=args.seed, seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
-                                     reuse=args.reuse)
+                                     reuse=args.reuse, progress=progress)
                 paths = write_reports(reports, out, stem, command)
+                progress.advance(f"{unit} ({profile_name}) on {target} done")
     except ToolError as exc:
         print(f"nanokpu synth: {exc}", file=sys.stderr)
         return 1

@@ -56,6 +56,8 @@ BAD = [
     (["fault-campaign", "--pause", "1.5"], "argument --pause: 1.5: must be in [0, 1)"),
     (["fault-campaign", "--tokens", "21"], "tokens = 21: the block needs"),
     (["fault-campaign", "--out", DIR], "argument --out: 'docs': is a directory, not a file"),
+    (["sweep", "--set", "nosuch=1"], "argument --set: 'nosuch=1': 'nosuch' is not a KpuConfig field"),
+    (["sweep", "--target", "bogus"], "argument --target: invalid choice: 'bogus'"),
     (["report-activation", "--out", FILE], "argument --out: 'README.md': is a file, not a directory"),
     (["mutate", "--only", "nosuch"], "argument --only: invalid choice: 'nosuch'"),
 ]
