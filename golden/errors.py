@@ -93,11 +93,12 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
     norm = I.rmsnorm_int(uu, cfg) * 2.0 ** -cfg.norm_frac
     ref = k3.rmsnorm(uu * act_lsb, None, cfg.rms_eps)
     n_lsb = 2.0 ** -cfg.norm_frac
-    # floor(mean) and floor(isqrt) make r low by < 1/(2 r_min) + ... relative; r >= ~1000 LSB here
-    rel = 1.0 / np.min(I.isqrt((uu * uu).sum(axis=1) // uu.shape[1]))
+    # floor(mean) and floor(isqrt) make r low by < 1/(2 r_min) + ... relative (r >= ~1000 LSB
+    # here); the truncated reciprocal is low by a relative < 2**-(M-1)
+    rel = 1.0 / np.min(I.isqrt((uu * uu).sum(axis=1) // uu.shape[1])) + 2.0 ** -(I.norm_recip_bits(cfg) - 1)
     rows.append(OpError("RMSNorm", "2k random rows", float(np.max(np.abs(norm - ref))), n_lsb,
                         n_lsb / 2 + float(np.max(np.abs(ref))) * 1.01 * rel,
-                        "floor mean, floor isqrt, rounding divide"))
+                        "floor mean, floor isqrt, truncated reciprocal, multiply, round"))
     return rows
 
 

@@ -20,10 +20,10 @@ import numpy as np
 from nanokpu.config import ROUNDING_MODES, KpuConfig
 
 __all__ = [
-    "wrap", "saturate", "round_shift", "div_round", "requantize", "matmul_int",
+    "wrap", "saturate", "round_shift", "requantize", "matmul_int",
     "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table",
     "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int", "quantize_bias",
-    "route_int", "combine_int", "rmsnorm_int", "isqrt", "add_sat",
+    "route_int", "combine_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int", "isqrt", "add_sat",
 ]
 
 
@@ -70,20 +70,6 @@ def round_shift(x, shift: int, mode: str = "half_even") -> np.ndarray:
     if mode == "half_up":
         return q + (r >= half)
     return q + ((r > half) | ((r == half) & ((q & 1) == 1)))
-
-
-def div_round(num, den, mode: str = "half_even") -> np.ndarray:
-    """``num / den`` for ``den > 0``, rounded to an integer by ``mode`` (exact, no floats)."""
-    num, den = _i64(num), _i64(den)
-    if np.any(den <= 0):
-        raise ValueError("div_round needs a positive denominator")
-    q, r = np.divmod(num, den)  # floor division, 0 <= r < den
-    if mode == "floor":
-        return q
-    twice = 2 * r
-    if mode == "half_up":
-        return q + (twice >= den)
-    return q + ((twice > den) | ((twice == den) & ((q & 1) == 1)))
 
 
 def requantize(acc, mult, shift: int, out_width: int, mode: str = "half_even") -> np.ndarray:
@@ -342,20 +328,41 @@ def combine_int(expert_out, weights, cfg: KpuConfig) -> np.ndarray:
     return saturate(round_shift(acc, cfg.weight_frac, cfg.rounding), cfg.act_width)
 
 
+#: Guard bits of the RMSNorm reciprocal: it carries ``out_width + NORM_GUARD`` significant
+#: bits, so its truncation moves an unsaturated output by less than ``2**-(NORM_GUARD - 1)`` LSB.
+NORM_GUARD = 4
+
+
+def norm_recip_bits(cfg: KpuConfig) -> int:
+    """``M``: the RMSNorm reciprocal lies in ``[2**(M-1), 2**M]`` (``M + 1`` bits)."""
+    return cfg.out_width + NORM_GUARD
+
+
 def rmsnorm_int(u, cfg: KpuConfig) -> np.ndarray:
     """Fixed-point RMSNorm without weight (the compiler folds the weight into the next GEMM).
 
-    ``u``: ``[T, n]`` act format -> ``[T, n]`` in ``Q<out_width>.<norm_frac>``::
+    ``u``: ``[T, n]`` act format -> ``[T, n]`` in ``Q<out_width>.<norm_frac>``; one reciprocal
+    square root per row, one multiply per element::
 
-        ms = floor(sum(u**2) / n);  r = isqrt(ms + eps_q),  eps_q = round(rms_eps * 4**act_frac)
-        y  = saturate(div_round(u * 2**norm_frac, r), out_width)     (r == 0 -> y = 0)
+        ms    = floor(sum(u**2) / n);  r = isqrt(ms + eps_q),  eps_q = round(rms_eps * 4**act_frac)
+        p     = bit_length(r) - 1;     M = norm_recip_bits(cfg)
+        recip = floor(2**(p + M) / r)                     in [2**(M-1), 2**M]
+        y     = saturate(round_shift(u * recip, p + M - norm_frac, rounding), out_width)
 
-    ``r`` is the RMS in act format (floor), the division rounds by ``rounding``.
+    (``r == 0`` -> ``y = 0``). ``r`` is the RMS in act format (floor); ``recip / 2**(p+M)``
+    is ``1 / r`` truncated to ``M`` significant bits, low by a relative ``< 2**-(M-1)``.
     """
     u = _i64(u)
     n = u.shape[-1]
     eps_q = int(round(cfg.rms_eps * 4 ** cfg.act_frac))
     ms = (u * u).sum(axis=-1, keepdims=True) // n
     r = isqrt(ms + eps_q)
-    y = div_round(u << cfg.norm_frac, np.maximum(r, 1), cfg.rounding)
-    return saturate(np.where(r > 0, y, 0), cfg.out_width)
+    bits = norm_recip_bits(cfg)
+    y = np.zeros_like(u)
+    for t in np.ndindex(r.shape[:-1]):
+        rt = int(r[t][0])
+        if rt:
+            p = rt.bit_length() - 1
+            recip = (1 << (p + bits)) // rt
+            y[t] = round_shift(u[t] * recip, p + bits - cfg.norm_frac, cfg.rounding)
+    return saturate(y, cfg.out_width)

@@ -87,9 +87,10 @@ them; measured below). Utilization factors exactly into three measured terms:
   steps); on `tiny` (K = 16-32) this overhead is as large as the compute.
 * **act** (sigmoid, SiTU, the requantiser of ``h``; the GEMMs' requantisers are fused into the
   GEMM engine's store phase) and **vector** (combine, RMSNorm, add) stream one element per cycle
-  through the scratchpad; RMSNorm's sequential divider (``act_width + norm_frac + 3``
-  cycles per element) dominates **vector**. **route** is the bias load, the scores (one read
-  per score) and the dispatch pass (``E * T * top_k`` compare steps); **move** is gather/scatter.
+  through the scratchpad; RMSNorm adds, per row, a mean (sequential divider), a square root
+  and a reciprocal (the same divider), about 140 cycles. **route** is the bias load, the
+  scores (one read per score) and the dispatch pass (``E * T * top_k`` compare steps);
+  **move** is gather/scatter.
 
 What would raise it, in order: a scratchpad ``rows`` elements wide (one access per A or result
 word instead of one per row), larger batches per expert, overlapping the GEMM of one expert with

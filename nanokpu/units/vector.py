@@ -7,10 +7,12 @@ Three operations on one input stream, bit-exact to :mod:`golden.intops`:
   (``a`` an expert output in act format, ``b`` its unsigned routing weight); the beat flagged
   ``last`` ends the group and emits ``saturate(round_shift(acc, weight_frac), act_width)``.
 * ``NORM`` (:func:`~golden.intops.rmsnorm_int`): a row of ``n`` values is sent **twice**, each
-  pass ending with ``last``. Pass 0 sums the squares; then ``ms = floor(sum / n)`` (sequential
-  divider), ``r = isqrt(ms + eps_q)`` (bit-serial, one result bit per cycle);
-  pass 1 emits ``saturate(div_round(a * 2**norm_frac, r), out_width)`` per beat (a sequential
-  divider with a signed rounding fix-up), or 0 when ``r == 0``.
+  pass ending with ``last``. Pass 0 sums the squares; then, once per row, ``ms = floor(sum / n)``
+  (sequential divider), ``r = isqrt(ms + eps_q)`` (bit-serial, one result bit per cycle), ``r``
+  normalised (``r_norm = r << z``, ``z`` leading zeros) and ``recip = floor(2**(r_width-1+M) /
+  r_norm)`` (the same sequential divider), which equals the golden ``floor(2**(p+M) / r)``; pass
+  1 emits ``saturate(round_shift((a * recip) << z, r_width-1+M-norm_frac), out_width)`` per beat
+  (the golden ``round_shift(a * recip, p+M-norm_frac)`` with a constant shift), 0 when ``r == 0``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.units.divider import SeqDivider
 from nanokpu.units.pwl import round_shift
@@ -79,8 +82,9 @@ class VectorUnit(wiring.Component):
     Timing: ``ADD`` and ``COMBINE`` take one beat per cycle (backpressure stalls the input);
     an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 2 cycles after the
     group's ``last`` beat (the product registered, then the registered output). ``NORM`` takes
-    pass 0 at one beat per cycle, then :attr:`norm_row_cycles` - ``n`` cycles for the mean and the square root, then
-    :attr:`norm_elem_cycles` cycles per element of pass 1 (a divider per element).
+    pass 0 at one beat per cycle, then at most :attr:`norm_row_cycles` - ``n`` cycles for the
+    mean, the square root and the reciprocal, then pass 1 at one beat per cycle, each result 2
+    cycles after its beat, like ``COMBINE``.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -90,8 +94,10 @@ class VectorUnit(wiring.Component):
         self.eps_q = int(round(cfg.rms_eps * 4 ** cfg.act_frac))
         self.sum_width = 2 * cfg.act_width + N_WIDTH
         self.ms_width = 2 * cfg.act_width + 1          # ms + eps_q
-        self.q_width = cfg.act_width + cfg.norm_frac   # |a| << norm_frac
-        self.r_width = cfg.act_width + 1
+        self.r_width = cfg.act_width + 1               # r = isqrt(ms + eps_q)
+        self.recip_bits = I.norm_recip_bits(cfg)       # M
+        self.recip_num = self.r_width - 1 + self.recip_bits   # recip = 2**recip_num // r_norm
+        self.div_width = max(self.sum_width, self.recip_num + 1)   # the one divider's dividend
         if self.eps_q >= 1 << (2 * cfg.act_width):
             raise ValueError(f"rms_eps = {cfg.rms_eps}: eps_q = {self.eps_q} too large for act_width")
         super().__init__({
@@ -102,15 +108,12 @@ class VectorUnit(wiring.Component):
         })
 
     @property
-    def norm_elem_cycles(self) -> int:
-        """Cycles per element of a ``NORM`` pass 1 with a ready sink: accept, divide, emit."""
-        return self.q_width + 3
-
-    @property
     def norm_row_cycles(self) -> int:
-        """Cycles from the first beat of pass 0 to the first accepted beat of pass 1
-        (``n`` beats, the mean divider, the square root): ``n`` + this value."""
-        return 1 + self.sum_width + 1 + (self.ms_width + 1) // 2 + 1
+        """Most cycles from the first beat of pass 0 to the first accepted beat of pass 1
+        (``n`` beats, the mean divider, the square root, the normalisation of ``r`` (one cycle
+        per leading zero), the reciprocal divider): ``n`` + this value."""
+        return (1 + self.div_width + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
+                + 1 + self.div_width + 1)
 
     def elaborate(self, platform):
         m = Module()
@@ -135,20 +138,26 @@ class VectorUnit(wiring.Component):
         # weight_width bits, its top bit taken as a shifted copy of a, so that the multiplier is
         # act_width x act_width signed (one SB_MAC16 at act_width 16).
         hi = cfg.weight_width - 1
-        mul = beat.a * Mux(self.op == VecOp.NORM, beat.a, beat.b[:hi])
+        scale_pass = Signal()               # NORM pass 1: multiply by the row's reciprocal
+        recip = Signal(self.recip_bits + 1)
+        mul = beat.a * Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a), beat.b[:hi])
         combined = Cat(mul[:hi], mul[hi:].as_signed() + Mux(beat.b[hi], beat.a, 0)).as_signed()
 
         # -- NORM --------------------------------------------------------------------------
-        m.submodules.div_ms = div_ms = SeqDivider(self.sum_width, N_WIDTH)
-        m.submodules.div = div = SeqDivider(self.q_width, self.r_width)
-        row_end = Signal()
+        # One divider serves the row's two divisions (the mean, then the reciprocal).
+        m.submodules.div = div = SeqDivider(self.div_width, max(N_WIDTH, self.r_width))
         sumsq = Signal(self.sum_width)
         rem = Signal(self.ms_width)         # isqrt: remainder
         root = Signal(self.ms_width)        # isqrt: result (shifted)
         bit = Signal(self.ms_width)         # isqrt: current bit
-        r = Signal(self.r_width)
-        neg = Signal()
+        r_norm = Signal(self.r_width)       # r << z, top bit set (or 0)
+        z = Signal(range(self.r_width))     # leading zeros of r
         top = 1 << (2 * ((self.ms_width - 1) // 2))
+        scale_shift = self.recip_num - cfg.norm_frac
+        # |a * recip| < 2**(act_width - 1 + recip_bits): the bits above are sign copies
+        prod_width = cfg.act_width + self.recip_bits + 1
+        shifted = (prod[:prod_width].as_signed() << z)[:prod_width + self.r_width - 1].as_signed()
+        scaled = _sat(round_shift(shifted, scale_shift, cfg.rounding), cfg.out_width)
 
         with m.Switch(self.op):
             with m.Case(VecOp.ADD):
@@ -178,11 +187,11 @@ class VectorUnit(wiring.Component):
                             with m.If(beat.last):
                                 m.next = "MEAN"
                     with m.State("MEAN"):
-                        m.d.comb += [div_ms.start.eq(1), div_ms.num.eq(sumsq), div_ms.den.eq(self.n)]
+                        m.d.comb += [div.start.eq(1), div.num.eq(sumsq), div.den.eq(self.n)]
                         m.next = "MEAN_WAIT"
                     with m.State("MEAN_WAIT"):
-                        with m.If(~div_ms.busy):
-                            m.d.sync += [rem.eq(div_ms.quot + self.eps_q), root.eq(0), bit.eq(top),
+                        with m.If(~div.busy):
+                            m.d.sync += [rem.eq(div.quot + self.eps_q), root.eq(0), bit.eq(top),
                                          sumsq.eq(0)]
                             m.next = "SQRT"
                     with m.State("SQRT"):
@@ -195,39 +204,33 @@ class VectorUnit(wiring.Component):
                         with m.If(bit == 1):
                             m.next = "SQRT_DONE"
                     with m.State("SQRT_DONE"):
-                        m.d.sync += r.eq(root)
-                        m.next = "SCALE_IN"
-                    with m.State("SCALE_IN"):
-                        m.d.comb += i.ready.eq(free)
-                        mag = Mux(beat.a < 0, -beat.a, beat.a)
-                        m.d.comb += [div.num.eq(mag << cfg.norm_frac), div.den.eq(r)]
-                        with m.If(i.valid & free):
-                            m.d.comb += div.start.eq(1)
-                            m.d.sync += [neg.eq(beat.a < 0), row_end.eq(beat.last)]
-                            m.next = "SCALE_WAIT"
-                    with m.State("SCALE_WAIT"):
+                        m.d.sync += [r_norm.eq(root), z.eq(0), recip.eq(0)]
+                        m.next = "NORMALISE"
+                    with m.State("NORMALISE"):
+                        with m.If(r_norm == 0):
+                            m.next = "SCALE"            # r == 0: recip stays 0, every y is 0
+                        with m.Elif(~r_norm[-1]):
+                            m.d.sync += [r_norm.eq(r_norm << 1), z.eq(z + 1)]
+                        with m.Else():
+                            m.d.comb += [div.start.eq(1), div.num.eq(1 << self.recip_num),
+                                         div.den.eq(r_norm)]
+                            m.next = "RECIP_WAIT"
+                    with m.State("RECIP_WAIT"):
                         with m.If(~div.busy):
-                            q0 = div.quot
-                            r0 = div.rem[:self.r_width]
-                            exact = r0 == 0
-                            q = Signal(signed(self.q_width + 2))
-                            rm = Signal(self.r_width + 1)
-                            m.d.comb += [
-                                q.eq(Mux(neg, Mux(exact, -q0, -q0 - 1), q0)),
-                                rm.eq(Mux(neg & ~exact, r - r0, r0)),
-                            ]
-                            twice = rm << 1
-                            if cfg.rounding == "floor":
-                                up = 0
-                            elif cfg.rounding == "half_up":
-                                up = twice >= r
-                            else:
-                                up = (twice > r) | ((twice == r) & q[0])
-                            y = Mux(r == 0, 0, _sat(q + up, cfg.out_width))
-                            m.d.sync += [o_valid.eq(1), o_data.eq(y)]
-                            m.next = "SCALE_NEXT"
-                    with m.State("SCALE_NEXT"):
-                        m.next = "SCALE_IN"
-                        with m.If(row_end):
-                            m.next = "SUM"
+                            m.d.sync += recip.eq(div.quot)
+                            m.next = "SCALE"
+                    with m.State("SCALE"):
+                        # two stages as COMBINE: a * recip registered, then shifted and rounded;
+                        # after the last beat is taken no more are until it is emitted
+                        m.d.comb += scale_pass.eq(1)
+                        held_last = p_valid & p_last
+                        p_free = (~p_valid | free) & ~held_last
+                        m.d.comb += i.ready.eq(p_free)
+                        with m.If(p_free):
+                            m.d.sync += [p_valid.eq(i.valid), prod.eq(mul), p_last.eq(beat.last)]
+                        with m.If(p_valid & free):
+                            m.d.sync += [o_valid.eq(1), o_data.eq(scaled)]
+                            with m.If(p_last):
+                                m.d.sync += p_valid.eq(0)
+                                m.next = "SUM"
         return m

@@ -2883,7 +2883,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(error),
     .\port$1196$0 (\$878 ),
     .\port$1214$0 (\$879 ),
-    .\port$3390$2 (l4[17:2]),
+    .\port$3397$2 (l4[17:2]),
     .rd_addr(host_eff[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -11050,7 +11050,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1196$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1214$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3390$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3397$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -11193,8 +11193,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$1196$0 ;
   output [5:0] \port$1214$0 ;
   wire [5:0] \port$1214$0 ;
-  input [15:0] \port$3390$2 ;
-  wire [15:0] \port$3390$2 ;
+  input [15:0] \port$3397$2 ;
+  wire [15:0] \port$3397$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11359,7 +11359,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3390$2  };
+      \$74  = { 8'h00, \port$3397$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11395,7 +11395,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3390$2  };
+      \$77  = { 8'h00, \port$3397$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11440,9 +11440,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3390$2  };
+  assign rd_beats = { 8'h00, \port$3397$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3390$2  };
+  assign wr_beats = { 8'h00, \port$3397$2  };
   assign \port$1196$0  = \$9 ;
   assign \port$1214$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -34083,172 +34083,187 @@ endmodule
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
-  wire [16:0] \$10 ;
+  wire \$10 ;
   wire [49:0] \$100 ;
-  wire [49:0] \$101 ;
-  wire \$102 ;
-  wire [49:0] \$103 ;
-  wire [49:0] \$104 ;
-  wire \$105 ;
+  wire \$101 ;
+  wire [15:0] \$102 ;
+  wire [15:0] \$103 ;
+  wire [31:0] \$104 ;
+  wire [49:0] \$105 ;
   wire \$106 ;
-  wire [50:0] \$107 ;
-  wire [15:0] \$108 ;
-  wire [15:0] \$109 ;
-  wire [16:0] \$11 ;
-  wire [49:0] \$110 ;
-  wire \$111 ;
-  wire [15:0] \$112 ;
-  wire [31:0] \$113 ;
-  wire [49:0] \$114 ;
-  wire \$115 ;
-  wire [48:0] \$116 ;
-  wire [33:0] \$117 ;
+  wire [48:0] \$107 ;
+  wire [33:0] \$108 ;
+  wire \$109 ;
+  wire \$11 ;
+  wire [33:0] \$110 ;
+  wire [34:0] \$111 ;
+  wire [32:0] \$112 ;
+  wire [33:0] \$113 ;
+  wire [32:0] \$114 ;
+  wire [32:0] \$115 ;
+  wire \$116 ;
+  wire \$117 ;
   wire \$118 ;
-  wire [33:0] \$119 ;
-  wire [23:0] \$12 ;
-  wire [34:0] \$120 ;
-  wire [32:0] \$121 ;
-  wire [33:0] \$122 ;
-  wire [32:0] \$123 ;
-  wire [32:0] \$124 ;
+  wire [17:0] \$119 ;
+  wire \$12 ;
+  wire [5:0] \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire [18:0] \$132 ;
+  wire [15:0] \$130 ;
+  wire [15:0] \$131 ;
+  wire [31:0] \$132 ;
   wire \$133 ;
-  wire [18:0] \$134 ;
+  wire \$134 ;
   wire \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire [23:0] \$138 ;
-  wire \$139 ;
+  wire [59:0] \$136 ;
+  wire [44:0] \$137 ;
+  wire [59:0] \$138 ;
+  wire [59:0] \$139 ;
   wire \$14 ;
-  wire [18:0] \$140 ;
-  wire \$141 ;
-  wire [18:0] \$142 ;
+  wire \$140 ;
+  wire [59:0] \$141 ;
+  wire [44:0] \$142 ;
   wire \$143 ;
   wire \$144 ;
-  wire \$145 ;
-  wire [23:0] \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire \$149 ;
+  wire [45:0] \$145 ;
+  wire \$146 ;
+  wire [59:0] \$147 ;
+  wire [44:0] \$148 ;
+  wire [59:0] \$149 ;
   wire \$15 ;
-  wire [18:0] \$150 ;
+  wire [59:0] \$150 ;
   wire \$151 ;
-  wire [18:0] \$152 ;
-  wire \$153 ;
+  wire [59:0] \$152 ;
+  wire [44:0] \$153 ;
   wire \$154 ;
   wire \$155 ;
-  wire [23:0] \$156 ;
-  wire [18:0] \$157 ;
+  wire [45:0] \$156 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [18:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire [23:0] \$163 ;
-  wire [7:0] \$164 ;
-  wire [7:0] \$165 ;
-  wire [7:0] \$166 ;
-  reg \$167 ;
-  reg [15:0] \$168 ;
-  reg \$169 ;
+  wire [59:0] \$160 ;
+  wire [44:0] \$161 ;
+  wire [59:0] \$162 ;
+  wire [59:0] \$163 ;
+  wire \$164 ;
+  wire [59:0] \$165 ;
+  wire [44:0] \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire [45:0] \$169 ;
   wire \$17 ;
-  reg [32:0] \$170 ;
-  reg \$171 ;
-  reg [48:0] \$172 ;
-  reg [47:0] \$173 ;
-  reg [2:0] \$174 ;
-  reg [32:0] \$175 ;
-  reg [32:0] \$176 ;
-  reg [32:0] \$177 ;
-  reg [16:0] \$178 ;
-  reg \$179 ;
-  wire [21:0] \$18 ;
-  reg \$180 ;
-  wire [21:0] \$19 ;
+  wire [59:0] \$170 ;
+  wire [44:0] \$171 ;
+  wire [59:0] \$172 ;
+  wire [59:0] \$173 ;
+  wire \$174 ;
+  wire [59:0] \$175 ;
+  wire [44:0] \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire [45:0] \$179 ;
+  wire \$18 ;
+  wire [7:0] \$180 ;
+  wire [7:0] \$181 ;
+  reg \$182 ;
+  reg [15:0] \$183 ;
+  reg \$184 ;
+  reg [32:0] \$185 ;
+  reg \$186 ;
+  reg [48:0] \$187 ;
+  reg [47:0] \$188 ;
+  reg [2:0] \$189 ;
+  wire \$19 ;
+  reg [32:0] \$190 ;
+  reg [32:0] \$191 ;
+  reg [32:0] \$192 ;
+  reg [16:0] \$193 ;
+  reg [4:0] \$194 ;
+  reg [12:0] \$195 ;
   wire \$2 ;
-  wire [22:0] \$20 ;
-  wire [22:0] \$21 ;
-  wire [22:0] \$22 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire \$22 ;
   wire \$23 ;
   wire \$24 ;
   wire \$25 ;
-  wire [17:0] \$26 ;
+  wire \$26 ;
   wire [17:0] \$27 ;
   wire \$28 ;
-  wire \$29 ;
+  wire [17:0] \$29 ;
   wire \$3 ;
   wire \$30 ;
   wire \$31 ;
   wire \$32 ;
-  wire \$33 ;
-  wire \$34 ;
-  wire \$35 ;
-  wire \$36 ;
+  wire [17:0] \$33 ;
+  wire [17:0] \$34 ;
+  wire [15:0] \$35 ;
+  wire [15:0] \$36 ;
   wire \$37 ;
   wire \$38 ;
-  wire [17:0] \$39 ;
+  wire \$39 ;
   wire \$4 ;
   wire \$40 ;
-  wire [17:0] \$41 ;
-  wire \$42 ;
-  wire \$43 ;
-  wire \$44 ;
-  wire [17:0] \$45 ;
-  wire [17:0] \$46 ;
+  wire \$41 ;
+  wire [15:0] \$42 ;
+  wire [15:0] \$43 ;
+  wire [31:0] \$44 ;
+  wire \$45 ;
+  wire [15:0] \$46 ;
   wire [15:0] \$47 ;
-  wire [15:0] \$48 ;
-  wire \$49 ;
+  wire [31:0] \$48 ;
+  wire [15:0] \$49 ;
   wire \$5 ;
-  wire \$50 ;
+  wire [17:0] \$50 ;
   wire \$51 ;
   wire \$52 ;
   wire \$53 ;
-  wire [15:0] \$54 ;
-  wire [31:0] \$55 ;
-  wire \$56 ;
-  wire [15:0] \$57 ;
-  wire [31:0] \$58 ;
-  wire [15:0] \$59 ;
+  wire [49:0] \$54 ;
+  wire [49:0] \$55 ;
+  wire [49:0] \$56 ;
+  wire [49:0] \$57 ;
+  wire \$58 ;
+  wire [49:0] \$59 ;
   wire \$6 ;
-  wire [17:0] \$60 ;
+  wire [49:0] \$60 ;
   wire \$61 ;
   wire \$62 ;
-  wire \$63 ;
-  wire [49:0] \$64 ;
+  wire [50:0] \$63 ;
+  wire \$64 ;
   wire [49:0] \$65 ;
   wire [49:0] \$66 ;
   wire [49:0] \$67 ;
-  wire \$68 ;
-  wire [49:0] \$69 ;
+  wire [49:0] \$68 ;
+  wire \$69 ;
   wire \$7 ;
   wire [49:0] \$70 ;
-  wire \$71 ;
+  wire [49:0] \$71 ;
   wire \$72 ;
-  wire [50:0] \$73 ;
-  wire \$74 ;
-  wire [49:0] \$75 ;
-  wire [49:0] \$76 ;
-  wire [49:0] \$77 ;
+  wire \$73 ;
+  wire [50:0] \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
   wire [49:0] \$78 ;
-  wire \$79 ;
+  wire [49:0] \$79 ;
   wire \$8 ;
   wire [49:0] \$80 ;
   wire [49:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
-  wire [50:0] \$84 ;
+  wire [49:0] \$83 ;
+  wire [49:0] \$84 ;
   wire \$85 ;
   wire \$86 ;
-  wire \$87 ;
+  wire [50:0] \$87 ;
   wire [49:0] \$88 ;
   wire [49:0] \$89 ;
   wire \$9 ;
@@ -34260,16 +34275,14 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   wire \$95 ;
   wire \$96 ;
   wire [50:0] \$97 ;
-  wire [49:0] \$98 ;
-  wire [49:0] \$99 ;
+  wire [15:0] \$98 ;
+  wire [15:0] \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   wire busy;
-  wire \busy$31 ;
   input clk;
   wire clk;
-  reg [15:0] den;
-  reg [16:0] \den$16 ;
+  reg [16:0] den;
   reg [2:0] fsm_state = 3'h0;
   input [33:0] i__payload;
   wire [33:0] i__payload;
@@ -34282,9 +34295,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   wire i__valid;
   input [15:0] n;
   wire [15:0] n;
-  reg neg = 1'h0;
   reg [47:0] num;
-  reg [20:0] \num$14 ;
   output [15:0] o__payload;
   reg [15:0] o__payload = 16'h0000;
   wire o__ready;
@@ -34303,92 +34314,88 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
   reg [32:0] prod = 33'h000000000;
-  reg [22:0] q;
-  wire [20:0] quot;
-  wire [47:0] \quot$33 ;
-  reg [16:0] r = 17'h00000;
-  wire [16:0] rem;
-  reg [32:0] \rem$32  = 33'h000000000;
-  reg [17:0] rm;
+  wire [47:0] quot;
+  reg [16:0] r_norm = 17'h00000;
+  reg [12:0] recip = 13'h0000;
+  reg [32:0] rem = 33'h000000000;
   reg [32:0] root = 33'h000000000;
-  reg row_end = 1'h0;
   input rst;
   wire rst;
+  reg scale_pass;
   reg start;
-  reg \start$19 ;
   reg [47:0] sumsq = 48'h000000000000;
   input unit_rst;
   wire unit_rst;
+  reg [4:0] z = 5'h00;
   assign \$1  = ~ o__valid;
   assign \$3  = ~ p_valid;
   assign \$4  = ~ o__valid;
-  assign \$7  = ~ o__valid;
-  assign \$9  = $signed(i__payload[15:0]) < $signed(1'h0);
-  assign \$10  = - $signed(i__payload[15:0]);
-  assign \$11  = \$9  ? \$10  : { i__payload[15], i__payload[15:0] };
-  assign \$13  = ~ o__valid;
-  assign \$16  = ~ busy;
-  assign \$17  = ! rem;
-  assign \$18  = - quot;
-  assign \$19  = - quot;
-  assign \$20  = $signed(\$19 ) - $signed(2'h1);
-  assign \$21  = \$17  ? { \$18 [21], \$18  } : \$20 ;
-  assign \$22  = neg ? \$21  : { 2'h0, quot };
-  assign \$23  = ! rem;
-  assign \$24  = ~ \$23 ;
-  assign \$25  = neg & \$24 ;
-  assign \$26  = r - rem;
-  assign \$27  = \$25  ? \$26  : { 1'h0, rem };
-  assign \$28  = ! fsm_state;
-  assign \$29  = fsm_state == 1'h1;
-  assign \$30  = fsm_state == 2'h2;
-  assign \$31  = fsm_state == 2'h3;
-  assign \$32  = fsm_state == 3'h4;
-  assign \$33  = fsm_state == 3'h5;
-  assign \$34  = fsm_state == 3'h6;
-  assign \$35  = fsm_state == 3'h7;
-  assign \$36  = ~ o__valid;
-  assign \$39  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$40  = & \$39 [17:15];
-  assign \$41  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$42  = | \$41 [17:15];
-  assign \$43  = ~ \$42 ;
-  assign \$44  = \$40  | \$43 ;
-  assign \$45  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$46  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$47  = \$46 [17] ? 16'h8000 : 16'h7fff;
-  assign \$48  = \$44  ? \$45 [15:0] : \$47 ;
-  assign \$49  = ~ p_valid;
-  assign \$50  = ~ o__valid;
-  assign \$53  = op == 2'h2;
-  assign \$54  = \$53  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
-  assign \$55  = $signed(i__payload[15:0]) * $signed(\$54 );
-  assign \$56  = op == 2'h2;
-  assign \$57  = \$56  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
-  assign \$58  = $signed(i__payload[15:0]) * $signed(\$57 );
-  assign \$59  = i__payload[31] ? i__payload[15:0] : 16'h0000;
-  assign \$60  = $signed(\$58 [31:15]) + $signed(\$59 );
-  assign \$61  = ~ o__valid;
-  assign \$64  = $signed(acc) + $signed(prod);
-  assign \$66  = $signed(acc) + $signed(prod);
+  assign \$7  = ! r_norm;
+  assign \$8  = ~ r_norm[16];
+  assign \$9  = ~ p_valid;
+  assign \$10  = ~ o__valid;
+  assign \$13  = p_valid & p_last;
+  assign \$14  = ~ \$13 ;
+  assign \$16  = ! fsm_state;
+  assign \$17  = fsm_state == 1'h1;
+  assign \$18  = fsm_state == 2'h2;
+  assign \$19  = fsm_state == 2'h3;
+  assign \$20  = fsm_state == 3'h4;
+  assign \$21  = fsm_state == 3'h5;
+  assign \$22  = fsm_state == 3'h6;
+  assign \$23  = fsm_state == 3'h7;
+  assign \$24  = ~ o__valid;
+  assign \$27  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$28  = & \$27 [17:15];
+  assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$30  = | \$29 [17:15];
+  assign \$31  = ~ \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$34  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$35  = \$34 [17] ? 16'h8000 : 16'h7fff;
+  assign \$36  = \$32  ? \$33 [15:0] : \$35 ;
+  assign \$37  = ~ p_valid;
+  assign \$38  = ~ o__valid;
+  assign \$41  = op == 2'h2;
+  assign \$42  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$43  = \$41  ? \$42  : { 1'h0, i__payload[30:16] };
+  assign \$44  = $signed(i__payload[15:0]) * $signed(\$43 );
+  assign \$45  = op == 2'h2;
+  assign \$46  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$47  = \$45  ? \$46  : { 1'h0, i__payload[30:16] };
+  assign \$48  = $signed(i__payload[15:0]) * $signed(\$47 );
+  assign \$49  = i__payload[31] ? i__payload[15:0] : 16'h0000;
+  assign \$50  = $signed(\$48 [31:15]) + $signed(\$49 );
+  assign \$51  = ~ o__valid;
+  assign \$54  = $signed(acc) + $signed(prod);
+  assign \$56  = $signed(acc) + $signed(prod);
+  assign \$57  = $signed(acc) + $signed(prod);
+  assign \$58  = | \$57 [13:0];
+  assign \$59  = $signed(acc) + $signed(prod);
+  assign \$61  = \$58  | \$60 [0];
+  assign \$62  = \$56 [14] & \$61 ;
+  assign \$63  = $signed(\$55 ) + $signed({ 1'h0, \$62  });
+  assign \$64  = & \$63 [50:15];
+  assign \$65  = $signed(acc) + $signed(prod);
   assign \$67  = $signed(acc) + $signed(prod);
-  assign \$68  = | \$67 [13:0];
-  assign \$69  = $signed(acc) + $signed(prod);
-  assign \$71  = \$68  | \$70 [0];
-  assign \$72  = \$66 [14] & \$71 ;
-  assign \$73  = $signed(\$65 ) + $signed({ 1'h0, \$72  });
-  assign \$74  = & \$73 [50:15];
-  assign \$75  = $signed(acc) + $signed(prod);
-  assign \$77  = $signed(acc) + $signed(prod);
+  assign \$68  = $signed(acc) + $signed(prod);
+  assign \$69  = | \$68 [13:0];
+  assign \$70  = $signed(acc) + $signed(prod);
+  assign \$72  = \$69  | \$71 [0];
+  assign \$73  = \$67 [14] & \$72 ;
+  assign \$74  = $signed(\$66 ) + $signed({ 1'h0, \$73  });
+  assign \$75  = | \$74 [50:15];
+  assign \$76  = ~ \$75 ;
+  assign \$77  = \$64  | \$76 ;
   assign \$78  = $signed(acc) + $signed(prod);
-  assign \$79  = | \$78 [13:0];
   assign \$80  = $signed(acc) + $signed(prod);
-  assign \$82  = \$79  | \$81 [0];
-  assign \$83  = \$77 [14] & \$82 ;
-  assign \$84  = $signed(\$76 ) + $signed({ 1'h0, \$83  });
-  assign \$85  = | \$84 [50:15];
-  assign \$86  = ~ \$85 ;
-  assign \$87  = \$74  | \$86 ;
+  assign \$81  = $signed(acc) + $signed(prod);
+  assign \$82  = | \$81 [13:0];
+  assign \$83  = $signed(acc) + $signed(prod);
+  assign \$85  = \$82  | \$84 [0];
+  assign \$86  = \$80 [14] & \$85 ;
+  assign \$87  = $signed(\$79 ) + $signed({ 1'h0, \$86  });
   assign \$88  = $signed(acc) + $signed(prod);
   assign \$90  = $signed(acc) + $signed(prod);
   assign \$91  = $signed(acc) + $signed(prod);
@@ -34397,105 +34404,107 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$95  = \$92  | \$94 [0];
   assign \$96  = \$90 [14] & \$95 ;
   assign \$97  = $signed(\$89 ) + $signed({ 1'h0, \$96  });
-  assign \$98  = $signed(acc) + $signed(prod);
+  assign \$98  = \$97 [50] ? 16'h8000 : 16'h7fff;
+  assign \$99  = \$77  ? \$87 [15:0] : \$98 ;
   assign \$100  = $signed(acc) + $signed(prod);
-  assign \$101  = $signed(acc) + $signed(prod);
-  assign \$102  = | \$101 [13:0];
-  assign \$103  = $signed(acc) + $signed(prod);
-  assign \$105  = \$102  | \$104 [0];
-  assign \$106  = \$100 [14] & \$105 ;
-  assign \$107  = $signed(\$99 ) + $signed({ 1'h0, \$106  });
-  assign \$108  = \$107 [50] ? 16'h8000 : 16'h7fff;
-  assign \$109  = \$87  ? \$97 [15:0] : \$108 ;
-  assign \$110  = $signed(acc) + $signed(prod);
-  assign \$111  = op == 2'h2;
-  assign \$112  = \$111  ? i__payload[15:0] : { 1'h0, i__payload[30:16] };
-  assign \$113  = $signed(i__payload[15:0]) * $signed(\$112 );
-  assign \$114  = $signed({ 1'h0, sumsq }) + $signed(\$113 );
-  assign \$115  = ~ \busy$31 ;
-  assign \$116  = \quot$33  + 1'h1;
-  assign \$117  = root + \bit ;
-  assign \$118  = \rem$32  >= \$117 ;
-  assign \$119  = root + \bit ;
-  assign \$120  = \rem$32  - \$119 ;
-  assign \$122  = \$121  + \bit ;
-  assign \$125  = \bit  == 1'h1;
-  assign \$126  = ~ o__valid;
-  assign \$129  = $signed(i__payload[15:0]) < $signed(1'h0);
-  assign \$130  = ~ busy;
-  assign \$131  = ! r;
-  assign \$133  = \$132  > r;
-  assign \$135  = \$134  == r;
-  assign \$136  = \$135  & q[0];
-  assign \$137  = \$133  | \$136 ;
-  assign \$138  = $signed(q) + $signed({ 1'h0, \$137  });
-  assign \$139  = & \$138 [23:7];
-  assign \$141  = \$140  > r;
-  assign \$143  = \$142  == r;
-  assign \$144  = \$143  & q[0];
-  assign \$145  = \$141  | \$144 ;
-  assign \$146  = $signed(q) + $signed({ 1'h0, \$145  });
-  assign \$147  = | \$146 [23:7];
-  assign \$148  = ~ \$147 ;
-  assign \$149  = \$139  | \$148 ;
-  assign \$151  = \$150  > r;
-  assign \$153  = \$152  == r;
-  assign \$154  = \$153  & q[0];
-  assign \$155  = \$151  | \$154 ;
-  assign \$156  = $signed(q) + $signed({ 1'h0, \$155  });
-  assign \$158  = \$157  > r;
-  assign \$160  = \$159  == r;
-  assign \$161  = \$160  & q[0];
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = $signed(q) + $signed({ 1'h0, \$162  });
-  assign \$164  = \$163 [23] ? 8'h80 : 8'h7f;
-  assign \$165  = \$149  ? \$156 [7:0] : \$164 ;
-  assign \$166  = \$131  ? 8'h00 : \$165 ;
+  assign \$101  = op == 2'h2;
+  assign \$102  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$103  = \$101  ? \$102  : { 1'h0, i__payload[30:16] };
+  assign \$104  = $signed(i__payload[15:0]) * $signed(\$103 );
+  assign \$105  = $signed({ 1'h0, sumsq }) + $signed(\$104 );
+  assign \$106  = ~ busy;
+  assign \$107  = quot + 1'h1;
+  assign \$108  = root + \bit ;
+  assign \$109  = rem >= \$108 ;
+  assign \$110  = root + \bit ;
+  assign \$111  = rem - \$110 ;
+  assign \$113  = \$112  + \bit ;
+  assign \$116  = \bit  == 1'h1;
+  assign \$117  = ! r_norm;
+  assign \$118  = ~ r_norm[16];
+  assign \$120  = z + 1'h1;
+  assign \$121  = ~ busy;
+  assign \$122  = ~ p_valid;
+  assign \$123  = ~ o__valid;
+  assign \$126  = p_valid & p_last;
+  assign \$127  = ~ \$126 ;
+  assign \$129  = op == 2'h2;
+  assign \$130  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$131  = \$129  ? \$130  : { 1'h0, i__payload[30:16] };
+  assign \$132  = $signed(i__payload[15:0]) * $signed(\$131 );
+  assign \$133  = ~ o__valid;
+  assign \$136  = $signed(prod[28:0]) << z;
+  assign \$138  = $signed(prod[28:0]) << z;
+  assign \$139  = $signed(prod[28:0]) << z;
+  assign \$140  = | \$139 [21:0];
+  assign \$141  = $signed(prod[28:0]) << z;
+  assign \$143  = \$140  | \$142 [0];
+  assign \$144  = \$138 [22] & \$143 ;
+  assign \$145  = $signed(\$137 ) + $signed({ 1'h0, \$144  });
+  assign \$146  = & \$145 [45:7];
+  assign \$147  = $signed(prod[28:0]) << z;
+  assign \$149  = $signed(prod[28:0]) << z;
+  assign \$150  = $signed(prod[28:0]) << z;
+  assign \$151  = | \$150 [21:0];
+  assign \$152  = $signed(prod[28:0]) << z;
+  assign \$154  = \$151  | \$153 [0];
+  assign \$155  = \$149 [22] & \$154 ;
+  assign \$156  = $signed(\$148 ) + $signed({ 1'h0, \$155  });
+  assign \$157  = | \$156 [45:7];
+  assign \$158  = ~ \$157 ;
+  assign \$159  = \$146  | \$158 ;
+  assign \$160  = $signed(prod[28:0]) << z;
+  assign \$162  = $signed(prod[28:0]) << z;
+  assign \$163  = $signed(prod[28:0]) << z;
+  assign \$164  = | \$163 [21:0];
+  assign \$165  = $signed(prod[28:0]) << z;
+  assign \$167  = \$164  | \$166 [0];
+  assign \$168  = \$162 [22] & \$167 ;
+  assign \$169  = $signed(\$161 ) + $signed({ 1'h0, \$168  });
+  assign \$170  = $signed(prod[28:0]) << z;
+  assign \$172  = $signed(prod[28:0]) << z;
+  assign \$173  = $signed(prod[28:0]) << z;
+  assign \$174  = | \$173 [21:0];
+  assign \$175  = $signed(prod[28:0]) << z;
+  assign \$177  = \$174  | \$176 [0];
+  assign \$178  = \$172 [22] & \$177 ;
+  assign \$179  = $signed(\$171 ) + $signed({ 1'h0, \$178  });
+  assign \$180  = \$179 [45] ? 8'h80 : 8'h7f;
+  assign \$181  = \$159  ? \$169 [7:0] : \$180 ;
   always @(posedge clk)
-    o__valid <= \$167 ;
+    o__valid <= \$182 ;
   always @(posedge clk)
-    o__payload <= \$168 ;
+    o__payload <= \$183 ;
   always @(posedge clk)
-    p_valid <= \$169 ;
+    p_valid <= \$184 ;
   always @(posedge clk)
-    prod <= \$170 ;
+    prod <= \$185 ;
   always @(posedge clk)
-    p_last <= \$171 ;
+    p_last <= \$186 ;
   always @(posedge clk)
-    acc <= \$172 ;
+    acc <= \$187 ;
   always @(posedge clk)
-    sumsq <= \$173 ;
+    sumsq <= \$188 ;
   always @(posedge clk)
-    fsm_state <= \$174 ;
+    fsm_state <= \$189 ;
   always @(posedge clk)
-    \rem$32  <= \$175 ;
+    rem <= \$190 ;
   always @(posedge clk)
-    root <= \$176 ;
+    root <= \$191 ;
   always @(posedge clk)
-    \bit  <= \$177 ;
+    \bit  <= \$192 ;
   always @(posedge clk)
-    r <= \$178 ;
+    r_norm <= \$193 ;
   always @(posedge clk)
-    neg <= \$179 ;
+    z <= \$194 ;
   always @(posedge clk)
-    row_end <= \$180 ;
+    recip <= \$195 ;
   \nanokpu_kpu.vector.div  div (
     .busy(busy),
     .clk(clk),
-    .\den$11 (\den$16 ),
-    .num(\num$14 ),
-    .quot(quot),
-    .rem(rem),
-    .rst(rst),
-    .start(\start$19 ),
-    .unit_rst(unit_rst)
-  );
-  \nanokpu_kpu.vector.div_ms  div_ms (
-    .busy(\busy$31 ),
-    .clk(clk),
     .\den$11 (den),
     .num(num),
-    .quot(\quot$33 ),
+    .quot(quot),
     .rst(rst),
     .start(start),
     .unit_rst(unit_rst)
@@ -34509,6 +34518,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
       2'h1:
           i__ready = \$6 ;
       2'h2:
+          (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
                 i__ready = 1'h1;
@@ -34521,7 +34531,11 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h4:
                 /* empty */;
             3'h5:
-                i__ready = \$8 ;
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                i__ready = \$15 ;
           endcase
     endcase
   end
@@ -34539,6 +34553,19 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
                 /* empty */;
             3'h1:
                 start = 1'h1;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  start = 1'h1;
+                end
           endcase
     endcase
   end
@@ -34556,40 +34583,6 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
                 /* empty */;
             3'h1:
                 num = sumsq;
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    den = 16'h0000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                den = n;
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \num$14  = 21'h000000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
             3'h2:
                 /* empty */;
             3'h3:
@@ -34597,71 +34590,55 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h4:
                 /* empty */;
             3'h5:
-                \num$14  = \$12 [20:0];
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \den$16  = 17'h00000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                \den$16  = r;
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \start$19  = 1'h0;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                if (\$15 ) begin
-                  \start$19  = 1'h1;
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  num = 48'h000010000000;
                 end
           endcase
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    q = 23'h000000;
+    den = 17'h00000;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           /* empty */;
       2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                den = { 1'h0, n };
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  den = r_norm;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    scale_pass = 1'h0;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
                 /* empty */;
@@ -34674,58 +34651,30 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h4:
                 /* empty */;
             3'h5:
+                /* empty */;
+            3'h7:
                 /* empty */;
             3'h6:
-                if (\$16 ) begin
-                  q = \$22 ;
-                end
+                scale_pass = 1'h1;
           endcase
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    rm = 18'h00000;
+    \$182  = 1'h0;
     casez (op)
       2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h6:
-                if (\$16 ) begin
-                  rm = \$27 ;
-                end
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$167  = 1'h0;
-    casez (op)
-      2'h0:
-          if (\$38 ) begin
-            \$167  = 1'h1;
+          if (\$26 ) begin
+            \$182  = 1'h1;
           end
       2'h1:
-          if (\$63 ) begin
+          if (\$53 ) begin
             if (p_last) begin
-              \$167  = 1'h1;
+              \$182  = 1'h1;
             end
           end
       2'h2:
+          (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
                 /* empty */;
@@ -34739,34 +34688,37 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
                 /* empty */;
             3'h5:
                 /* empty */;
+            3'h7:
+                /* empty */;
             3'h6:
-                if (\$130 ) begin
-                  \$167  = 1'h1;
+                if (\$135 ) begin
+                  \$182  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$167  = 1'h0;
+      \$182  = 1'h0;
     end
     if (rst) begin
-      \$167  = 1'h0;
+      \$182  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$168  = o__payload;
+    \$183  = o__payload;
     casez (op)
       2'h0:
-          if (\$38 ) begin
-            \$168  = \$48 ;
+          if (\$26 ) begin
+            \$183  = \$36 ;
           end
       2'h1:
-          if (\$63 ) begin
+          if (\$53 ) begin
             if (p_last) begin
-              \$168  = \$109 ;
+              \$183  = \$99 ;
             end
           end
       2'h2:
+          (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
                 /* empty */;
@@ -34780,99 +34732,174 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
                 /* empty */;
             3'h5:
                 /* empty */;
+            3'h7:
+                /* empty */;
             3'h6:
-                if (\$130 ) begin
-                  \$168  = { \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166 [7], \$166  };
+                if (\$135 ) begin
+                  \$183  = { \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$168  = 16'h0000;
+      \$183  = 16'h0000;
     end
     if (rst) begin
-      \$168  = 16'h0000;
+      \$183  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$169  = p_valid;
+    \$184  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$52 ) begin
-            \$169  = i__valid;
+          if (\$40 ) begin
+            \$184  = i__valid;
           end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+              begin
+                if (\$128 ) begin
+                  \$184  = i__valid;
+                end
+                if (\$135 ) begin
+                  if (p_last) begin
+                    \$184  = 1'h0;
+                  end
+                end
+              end
+          endcase
     endcase
     if (unit_rst) begin
-      \$169  = 1'h0;
+      \$184  = 1'h0;
     end
     if (rst) begin
-      \$169  = 1'h0;
+      \$184  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$170  = prod;
+    \$185  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$52 ) begin
-            \$170  = { \$60 , \$55 [14:0] };
+          if (\$40 ) begin
+            \$185  = { \$50 , \$44 [14:0] };
           end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$128 ) begin
+                  \$185  = { \$132 [31], \$132  };
+                end
+          endcase
     endcase
     if (unit_rst) begin
-      \$170  = 33'h000000000;
+      \$185  = 33'h000000000;
     end
     if (rst) begin
-      \$170  = 33'h000000000;
+      \$185  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$171  = p_last;
+    \$186  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$52 ) begin
-            \$171  = i__payload[33];
+          if (\$40 ) begin
+            \$186  = i__payload[33];
           end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$128 ) begin
+                  \$186  = i__payload[33];
+                end
+          endcase
     endcase
     if (unit_rst) begin
-      \$171  = 1'h0;
+      \$186  = 1'h0;
     end
     if (rst) begin
-      \$171  = 1'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$172  = acc;
+    \$187  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$63 ) begin
+          if (\$53 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$172  = 49'h0000000000000;
+              \$187  = 49'h0000000000000;
             end else begin
-              \$172  = \$110 [48:0];
+              \$187  = \$100 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$172  = 49'h0000000000000;
+      \$187  = 49'h0000000000000;
     end
     if (rst) begin
-      \$172  = 49'h0000000000000;
+      \$187  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$173  = sumsq;
+    \$188  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -34882,26 +34909,26 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
           casez (fsm_state)
             3'h0:
                 if (i__valid) begin
-                  \$173  = \$114 [47:0];
+                  \$188  = \$105 [47:0];
                 end
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$115 ) begin
-                  \$173  = 48'h000000000000;
+                if (\$106 ) begin
+                  \$188  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$173  = 48'h000000000000;
+      \$188  = 48'h000000000000;
     end
     if (rst) begin
-      \$173  = 48'h000000000000;
+      \$188  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$174  = fsm_state;
+    \$189  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -34913,48 +34940,51 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h0:
                 if (i__valid) begin
                   if (i__payload[33]) begin
-                    \$174  = 3'h1;
+                    \$189  = 3'h1;
                   end
                 end
             3'h1:
-                \$174  = 3'h2;
+                \$189  = 3'h2;
             3'h2:
-                if (\$115 ) begin
-                  \$174  = 3'h3;
+                if (\$106 ) begin
+                  \$189  = 3'h3;
                 end
             3'h3:
-                if (\$125 ) begin
-                  \$174  = 3'h4;
+                if (\$116 ) begin
+                  \$189  = 3'h4;
                 end
             3'h4:
-                \$174  = 3'h5;
+                \$189  = 3'h5;
             3'h5:
-                if (\$128 ) begin
-                  \$174  = 3'h6;
-                end
-            3'h6:
-                if (\$130 ) begin
-                  \$174  = 3'h7;
+                (* full_case = 32'd1 *)
+                if (\$117 ) begin
+                  \$189  = 3'h6;
+                end else if (\$118 ) begin
+                end else begin
+                  \$189  = 3'h7;
                 end
             3'h7:
-              begin
-                \$174  = 3'h5;
-                if (row_end) begin
-                  \$174  = 3'h0;
+                if (\$121 ) begin
+                  \$189  = 3'h6;
                 end
-              end
+            3'h6:
+                if (\$135 ) begin
+                  if (p_last) begin
+                    \$189  = 3'h0;
+                  end
+                end
           endcase
     endcase
     if (unit_rst) begin
-      \$174  = 3'h0;
+      \$189  = 3'h0;
     end
     if (rst) begin
-      \$174  = 3'h0;
+      \$189  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$175  = \rem$32 ;
+    \$190  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -34967,25 +34997,25 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$115 ) begin
-                  \$175  = \$116 [32:0];
+                if (\$106 ) begin
+                  \$190  = \$107 [32:0];
                 end
             3'h3:
-                if (\$118 ) begin
-                  \$175  = \$120 [32:0];
+                if (\$109 ) begin
+                  \$190  = \$111 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$175  = 33'h000000000;
+      \$190  = 33'h000000000;
     end
     if (rst) begin
-      \$175  = 33'h000000000;
+      \$190  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$176  = root;
+    \$191  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -34998,28 +35028,28 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$115 ) begin
-                  \$176  = 33'h000000000;
+                if (\$106 ) begin
+                  \$191  = 33'h000000000;
                 end
             3'h3:
                 (* full_case = 32'd1 *)
-                if (\$118 ) begin
-                  \$176  = \$122 [32:0];
+                if (\$109 ) begin
+                  \$191  = \$113 [32:0];
                 end else begin
-                  \$176  = \$123 ;
+                  \$191  = \$114 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$176  = 33'h000000000;
+      \$191  = 33'h000000000;
     end
     if (rst) begin
-      \$176  = 33'h000000000;
+      \$191  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$177  = \bit ;
+    \$192  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -35032,23 +35062,23 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$115 ) begin
-                  \$177  = 33'h100000000;
+                if (\$106 ) begin
+                  \$192  = 33'h100000000;
                 end
             3'h3:
-                \$177  = \$124 ;
+                \$192  = \$115 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$177  = 33'h000000000;
+      \$192  = 33'h000000000;
     end
     if (rst) begin
-      \$177  = 33'h000000000;
+      \$192  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$178  = r;
+    \$193  = r_norm;
     casez (op)
       2'h0:
           /* empty */;
@@ -35065,52 +35095,24 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h3:
                 /* empty */;
             3'h4:
-                \$178  = root[16:0];
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$178  = 17'h00000;
-    end
-    if (rst) begin
-      \$178  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$179  = neg;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
+                \$193  = root[16:0];
             3'h5:
-                if (\$128 ) begin
-                  \$179  = \$129 ;
+                if (\$117 ) begin
+                end else if (\$118 ) begin
+                  \$193  = \$119 [16:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$179  = 1'h0;
+      \$193  = 17'h00000;
     end
     if (rst) begin
-      \$179  = 1'h0;
+      \$193  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$180  = row_end;
+    \$194  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -35127,18 +35129,54 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
             3'h3:
                 /* empty */;
             3'h4:
-                /* empty */;
+                \$194  = 5'h00;
             3'h5:
-                if (\$128 ) begin
-                  \$180  = i__payload[33];
+                if (\$117 ) begin
+                end else if (\$118 ) begin
+                  \$194  = \$120 [4:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$180  = 1'h0;
+      \$194  = 5'h00;
     end
     if (rst) begin
-      \$180  = 1'h0;
+      \$194  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$195  = recip;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                \$195  = 13'h0000;
+            3'h5:
+                /* empty */;
+            3'h7:
+                if (\$121 ) begin
+                  \$195  = quot[12:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$195  = 13'h0000;
+    end
+    if (rst) begin
+      \$195  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -35150,41 +35188,44 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
   assign \$2  = 1'h1;
   assign \$5  = 1'h1;
   assign \$6  = 1'h1;
-  assign \$8  = 1'h1;
-  assign \$12  = { \$11 [16], \$11 [16], \$11 , 5'h00 };
-  assign \$14  = 1'h1;
-  assign \$15  = i__valid;
-  assign \$37  = 1'h1;
-  assign \$38  = i__valid;
-  assign \$51  = 1'h1;
+  assign \$11  = 1'h1;
+  assign \$12  = 1'h1;
+  assign \$15  = \$14 ;
+  assign \$25  = 1'h1;
+  assign \$26  = i__valid;
+  assign \$39  = 1'h1;
+  assign \$40  = 1'h1;
   assign \$52  = 1'h1;
-  assign \$62  = 1'h1;
-  assign \$63  = p_valid;
-  assign \$65  = { \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49], \$64 [49:15] };
-  assign \$70  = { \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49:15] };
-  assign \$76  = { \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49:15] };
-  assign \$81  = { \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49:15] };
+  assign \$53  = p_valid;
+  assign \$55  = { \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49:15] };
+  assign \$60  = { \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49:15] };
+  assign \$66  = { \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49:15] };
+  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
+  assign \$79  = { \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49:15] };
+  assign \$84  = { \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49:15] };
   assign \$89  = { \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49:15] };
   assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
-  assign \$99  = { \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49:15] };
-  assign \$104  = { \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49:15] };
-  assign \$121  = { 1'h0, root[32:1] };
-  assign \$123  = { 1'h0, root[32:1] };
-  assign \$124  = { 2'h0, \bit [32:2] };
-  assign \$127  = 1'h1;
-  assign \$128  = i__valid;
-  assign \$132  = { rm, 1'h0 };
-  assign \$134  = { rm, 1'h0 };
-  assign \$140  = { rm, 1'h0 };
-  assign \$142  = { rm, 1'h0 };
-  assign \$150  = { rm, 1'h0 };
-  assign \$152  = { rm, 1'h0 };
-  assign \$157  = { rm, 1'h0 };
-  assign \$159  = { rm, 1'h0 };
+  assign \$112  = { 1'h0, root[32:1] };
+  assign \$114  = { 1'h0, root[32:1] };
+  assign \$115  = { 2'h0, \bit [32:2] };
+  assign \$119  = { r_norm, 1'h0 };
+  assign \$124  = 1'h1;
+  assign \$125  = 1'h1;
+  assign \$128  = \$127 ;
+  assign \$134  = 1'h1;
+  assign \$135  = p_valid;
+  assign \$137  = { \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44:23] };
+  assign \$142  = { \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44:23] };
+  assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
+  assign \$153  = { \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44:23] };
+  assign \$161  = { \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44:23] };
+  assign \$166  = { \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44:23] };
+  assign \$171  = { \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44:23] };
+  assign \$176  = { \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, quot, clk);
+module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
@@ -35192,39 +35233,38 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
   wire [18:0] \$3 ;
   wire [18:0] \$4 ;
   wire \$5 ;
-  wire [5:0] \$6 ;
+  wire [6:0] \$6 ;
   reg [17:0] \$7 ;
-  reg [20:0] \$8 ;
-  reg [4:0] \$9 ;
+  reg [47:0] \$8 ;
+  reg [5:0] \$9 ;
   output busy;
   wire busy;
   input clk;
   wire clk;
-  reg [4:0] count = 5'h00;
+  reg [5:0] count = 6'h00;
   reg [16:0] den = 17'h00000;
   input [16:0] \den$11 ;
   wire [16:0] \den$11 ;
-  input [20:0] num;
-  wire [20:0] num;
-  output [20:0] quot;
-  reg [20:0] quot = 21'h000000;
-  output [16:0] rem;
+  input [47:0] num;
+  wire [47:0] num;
+  output [47:0] quot;
+  reg [47:0] quot = 48'h000000000000;
   wire [16:0] rem;
   reg [17:0] \rem$5  = 18'h00000;
   input rst;
   wire rst;
-  (* init = 21'h000000 *)
-  wire [20:0] shift;
+  (* init = 48'h000000000000 *)
+  wire [47:0] shift;
   input start;
   wire start;
   input unit_rst;
   wire unit_rst;
   assign busy = | count;
   assign \$1  = | count;
-  assign \$2  = { \rem$5 [16:0], quot[20] } >= den;
-  assign \$3  = { \rem$5 [16:0], quot[20] } - den;
-  assign \$4  = \$2  ? \$3  : { 1'h0, \rem$5 [16:0], quot[20] };
-  assign \$5  = { \rem$5 [16:0], quot[20] } >= den;
+  assign \$2  = { \rem$5 [16:0], quot[47] } >= den;
+  assign \$3  = { \rem$5 [16:0], quot[47] } - den;
+  assign \$4  = \$2  ? \$3  : { 1'h0, \rem$5 [16:0], quot[47] };
+  assign \$5  = { \rem$5 [16:0], quot[47] } >= den;
   assign \$6  = count - 1'h1;
   always @(posedge clk)
     \rem$5  <= \$7 ;
@@ -35253,30 +35293,30 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$8  = quot;
     if (\$1 ) begin
-      \$8  = { quot[19:0], \$5  };
+      \$8  = { quot[46:0], \$5  };
     end else if (start) begin
       \$8  = num;
     end
     if (unit_rst) begin
-      \$8  = 21'h000000;
+      \$8  = 48'h000000000000;
     end
     if (rst) begin
-      \$8  = 21'h000000;
+      \$8  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$9  = count;
     if (\$1 ) begin
-      \$9  = \$6 [4:0];
+      \$9  = \$6 [5:0];
     end else if (start) begin
-      \$9  = 5'h15;
+      \$9  = 6'h30;
     end
     if (unit_rst) begin
-      \$9  = 5'h00;
+      \$9  = 6'h00;
     end
     if (rst) begin
-      \$9  = 5'h00;
+      \$9  = 6'h00;
     end
   end
   always @* begin
@@ -35295,117 +35335,4 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
   end
   assign shift = quot;
   assign rem = \rem$5 [16:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
-  wire \$1 ;
-  reg [15:0] \$10 ;
-  wire \$2 ;
-  wire [17:0] \$3 ;
-  wire [17:0] \$4 ;
-  wire \$5 ;
-  wire [6:0] \$6 ;
-  reg [16:0] \$7 ;
-  reg [47:0] \$8 ;
-  reg [5:0] \$9 ;
-  output busy;
-  wire busy;
-  input clk;
-  wire clk;
-  reg [5:0] count = 6'h00;
-  reg [15:0] den = 16'h0000;
-  input [15:0] \den$11 ;
-  wire [15:0] \den$11 ;
-  input [47:0] num;
-  wire [47:0] num;
-  output [47:0] quot;
-  reg [47:0] quot = 48'h000000000000;
-  wire [15:0] rem;
-  reg [16:0] \rem$5  = 17'h00000;
-  input rst;
-  wire rst;
-  (* init = 48'h000000000000 *)
-  wire [47:0] shift;
-  input start;
-  wire start;
-  input unit_rst;
-  wire unit_rst;
-  assign busy = | count;
-  assign \$1  = | count;
-  assign \$2  = { \rem$5 [15:0], quot[47] } >= den;
-  assign \$3  = { \rem$5 [15:0], quot[47] } - den;
-  assign \$4  = \$2  ? \$3  : { 1'h0, \rem$5 [15:0], quot[47] };
-  assign \$5  = { \rem$5 [15:0], quot[47] } >= den;
-  assign \$6  = count - 1'h1;
-  always @(posedge clk)
-    \rem$5  <= \$7 ;
-  always @(posedge clk)
-    quot <= \$8 ;
-  always @(posedge clk)
-    count <= \$9 ;
-  always @(posedge clk)
-    den <= \$10 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$7  = \rem$5 ;
-    if (\$1 ) begin
-      \$7  = \$4 [16:0];
-    end else if (start) begin
-      \$7  = 17'h00000;
-    end
-    if (unit_rst) begin
-      \$7  = 17'h00000;
-    end
-    if (rst) begin
-      \$7  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$8  = quot;
-    if (\$1 ) begin
-      \$8  = { quot[46:0], \$5  };
-    end else if (start) begin
-      \$8  = num;
-    end
-    if (unit_rst) begin
-      \$8  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$8  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$9  = count;
-    if (\$1 ) begin
-      \$9  = \$6 [5:0];
-    end else if (start) begin
-      \$9  = 6'h30;
-    end
-    if (unit_rst) begin
-      \$9  = 6'h00;
-    end
-    if (rst) begin
-      \$9  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$10  = den;
-    if (\$1 ) begin
-    end else if (start) begin
-      \$10  = \den$11 ;
-    end
-    if (unit_rst) begin
-      \$10  = 16'h0000;
-    end
-    if (rst) begin
-      \$10  = 16'h0000;
-    end
-  end
-  assign shift = quot;
-  assign rem = \rem$5 [15:0];
 endmodule

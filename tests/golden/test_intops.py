@@ -44,23 +44,6 @@ def test_round_shift_ties(mode):
     assert I.round_shift(x, 1, mode).tolist() == expect
 
 
-@pytest.mark.parametrize("mode", ROUNDING_MODES)
-@given(num=st.integers(-(1 << 40), 1 << 40), den=st.integers(1, 1 << 20))
-@settings(max_examples=200, deadline=None)
-def test_div_round_matches_exact_rounding(mode, num, den):
-    assert int(I.div_round(np.array([num]), np.array([den]), mode)[0]) == exact_round(num, den, mode)
-
-
-@pytest.mark.parametrize("mode", ROUNDING_MODES)
-def test_div_round_ties(mode):
-    # +-0.5, +-1.5, +-2.5 as num / den with den 2 and 6, and one above and below a half
-    num, den = np.array([1, 3, 5, -1, -3, -5, 3, 9, 15, -3, -9, -15, 4, 2, -4, -2]), np.array([2] * 6 + [6] * 10)
-    expect = {"half_even": [0, 2, 2, 0, -2, -2, 0, 2, 2, 0, -2, -2, 1, 0, -1, 0],
-              "half_up": [1, 2, 3, 0, -1, -2, 1, 2, 3, 0, -1, -2, 1, 0, -1, 0],
-              "floor": [0, 1, 2, -1, -2, -3, 0, 1, 2, -1, -2, -3, 0, 0, -1, -1]}[mode]
-    assert I.div_round(num, den, mode).tolist() == expect
-
-
 def test_round_shift_rejects_bad_arguments():
     with pytest.raises(ValueError, match="rounding mode"):
         I.round_shift(np.array([1]), 1, "nearest")
@@ -215,6 +198,8 @@ def test_rmsnorm_int_error_bound():
     got = I.rmsnorm_int(u, cfg) / 2.0 ** cfg.norm_frac
     ref = k3.rmsnorm(u / 2.0 ** cfg.act_frac, np.ones(16), cfg.rms_eps)
     ref = np.clip(ref, -128 / 2.0 ** cfg.norm_frac, 127 / 2.0 ** cfg.norm_frac)
-    # half an output LSB of rounding plus the floor sqrt's relative error (r >= 100 here)
-    assert np.max(np.abs(got - ref)) <= 0.5 / 2 ** cfg.norm_frac + np.max(np.abs(ref)) * 0.02
+    # half an output LSB of rounding, the truncated reciprocal (relative < 2**-(M-1)) and the
+    # floor sqrt's relative error (r >= 100 here)
+    rel = 2.0 ** -(I.norm_recip_bits(cfg) - 1) + 0.02
+    assert np.max(np.abs(got - ref)) <= 0.5 / 2 ** cfg.norm_frac + np.max(np.abs(ref)) * rel
     assert np.all(I.rmsnorm_int(np.zeros((2, 16), dtype=np.int64), cfg) == 0)
