@@ -49,35 +49,29 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     ADDR_WIDTH,
-    CTRL_LAYOUT,
     EXECUTORS,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_EXPERT,
-    IMEM_BASE,
-    INSTR_LAYOUT,
-    INSTR_WORDS,
-    LOADS_BASE,
     OP_RULES,
     RQ_WIDTHS,
-    STATUS_LAYOUT,
     Err,
     Op,
-    Reg,
     bus_bytes,
     word_width,
 )
-from nanokpu.kpu.axi_lite import AxiLiteRegisters, axi_lite_signature
+from nanokpu.kpu.axi_lite import axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.kpu.dmem import DataMemory, writes_block_reads
+from nanokpu.kpu.fetch import Fetch
+from nanokpu.kpu.regbank import PC_WIDTH, RegisterBank
 from nanokpu.units.gemm import kpu_engine
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
@@ -157,8 +151,10 @@ class NanoKPU(wiring.Component):
             m.submodules[name] = ResetInserter(unit_rst)(u)
             return u
 
-        regs = m.submodules.regs = AxiLiteRegisters(ADDR_WIDTH)
-        wiring.connect(m, wiring.flipped(self.s_axil), regs.bus)
+        bank = m.submodules.bank = RegisterBank(cfg)
+        wiring.connect(m, wiring.flipped(self.s_axil), bank.bus)
+        fetch = m.submodules.fetch = Fetch(cfg)
+        wiring.connect(m, bank.imem_wr, fetch.imem_wr)
         dma = m.submodules.dma = AxiMaster(32, 8 * BW)
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
         gemm = unit("gemm", kpu_engine(cfg))
@@ -174,14 +170,6 @@ class NanoKPU(wiring.Component):
         # engine, GEMM A packing, ROUTE scores and dispatch, GATHER/SCATTER list and copy); the
         # others (RQ_TABLE, RT_BIAS, EXP_READ, STORE) follow the decode, never a write
         blocked = spad.writing if writes_block_reads(cfg) else Const(0)
-        # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
-        # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
-        # whole instruction per row would take INSTR_WORDS times the blocks
-        m.submodules.imem = imem = Memory(shape=unsigned(32), depth=cfg.imem_depth * INSTR_WORDS,
-                                          init=[])
-        im_rd, im_wr = imem.read_port(), imem.write_port()
-        fetch_word = Signal(range(INSTR_WORDS + 1))
-        WB = INSTR_WORDS.bit_length() - 1     # word bits of an imem address (32-byte instructions)
 
         # -- architectural state ------------------------------------------------------------
         # Sizes and scratchpad addresses: addresses are AW bits (the scratchpad port's, so
@@ -199,14 +187,11 @@ class NanoKPU(wiring.Component):
         running = Signal()
         done = Signal()
         err = Signal(8)
-        pc = Signal(13)
-        cycles = Signal(32)
-        retired = Signal(32)
-        busy_cnt = [Signal(32, name=f"busy_{u}") for u in EXECUTORS]
+        pc = Signal(PC_WIDTH)
+        retire = Signal()
         cur_executor = Signal(len(EXECUTORS))
-        host_base = Signal(32)
-        host_size = Signal(32)
-        ins = Signal(INSTR_LAYOUT)
+        host_base, host_size = bank.host_base, bank.host_size
+        ins = fetch.ins
         route_done = Signal()
         exp_active = Signal()
         expert = Signal(range(E + 1))
@@ -216,47 +201,14 @@ class NanoKPU(wiring.Component):
         scores_ok = Signal()
         scores_a = Signal(AW)
         scores_len = Signal(SW)
-        start_req = Signal()
-        soft_req = Signal()
-
-        # -- register bank ------------------------------------------------------------------
-        ctrl_write = regs.wr_en & (regs.wr_addr == Reg.CTRL)
-        ctrl = Signal(CTRL_LAYOUT)
-        m.d.comb += ctrl.eq(regs.wr_data[:CTRL_LAYOUT.size])
+        start_req, soft_req = bank.start, bank.soft_reset
         m.d.comb += [
-            start_req.eq(ctrl_write & ctrl.start),
-            soft_req.eq(ctrl_write & ctrl.soft_reset),
-            router.load_clear.eq(ctrl_write & ctrl.clear_loads),
-            im_wr.data.eq(regs.wr_data),
-            router.load_addr.eq(regs.rd_addr[2:]),      # LOADS_BASE is a multiple of 2**18
+            bank.running.eq(running), bank.done.eq(done), bank.error.eq(err), bank.pc.eq(pc),
+            bank.executor.eq(cur_executor), bank.retire.eq(retire),
+            router.load_clear.eq(bank.clear_loads), router.load_addr.eq(bank.load_addr),
+            bank.load_data.eq(router.load_data),
             self.irq.eq(~running & (done | (err != 0))),
         ]
-        # the windows are aligned: IMEM_BASE to 2**19 > 32 * imem_depth, LOADS_BASE to 2**18 > 4 * n_experts
-        iw, lw = (32 * cfg.imem_depth - 1).bit_length(), (4 * E - 1).bit_length()
-        in_imem = (regs.wr_addr[iw:] == IMEM_BASE >> iw) & (regs.wr_addr[5:iw] < cfg.imem_depth)
-        with m.If(regs.wr_en & in_imem & ~running):
-            m.d.comb += [im_wr.addr.eq(regs.wr_addr[2:iw]), im_wr.en.eq(1)]
-        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
-            m.d.sync += host_base.eq(regs.wr_data)
-        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_SIZE)):
-            m.d.sync += host_size.eq(regs.wr_data)
-        rsel = Signal(ADDR_WIDTH)
-        with m.If(regs.rd_en):
-            m.d.sync += rsel.eq(regs.rd_addr)
-        status = Signal(STATUS_LAYOUT)
-        m.d.comb += [status.busy.eq(running), status.done.eq(done), status.error.eq(err != 0),
-                     status.code.eq(err), status.pc.eq(pc)]
-        readable = {Reg.STATUS: status, Reg.CYCLES: cycles, Reg.HOST_BASE: host_base,
-                    Reg.HOST_SIZE: host_size, Reg.INSTRS: retired, Reg.INFO: D,
-                    Reg.INFO_IMEM: cfg.imem_depth}
-        readable.update({Reg.BUSY + 4 * i: c for i, c in enumerate(busy_cnt)})
-        with m.If((rsel[lw:] == LOADS_BASE >> lw) & (rsel[:lw] < 4 * E)):
-            m.d.comb += regs.rd_data.eq(router.load_data)
-        with m.Elif((rsel[:2] == 0) & (rsel[7:] == 0)):     # the registers: words 0..31
-            with m.Switch(rsel[2:7]):
-                for addr, value in readable.items():
-                    with m.Case(int(addr) >> 2):
-                        m.d.comb += regs.rd_data.eq(value)
 
         # -- decode: products of instruction fields, then combinational checks ---------------
         def sat(value, width=SW):
@@ -689,15 +641,9 @@ class NanoKPU(wiring.Component):
         stop_code = Signal(8)
         m.d.comb += dma.rd_addr.eq(host_eff), dma.wr_addr.eq(host_eff)   # in the window: < 2**32
         m.d.comb += [dma.rd_beats.eq(beats), dma.wr_beats.eq(beats)]
-        with m.If(running):
-            m.d.sync += cycles.eq(cycles + 1)
-            for i, c in enumerate(busy_cnt):
-                with m.If(cur_executor[i]):
-                    m.d.sync += c.eq(c + 1)
-
         def goto_next(target=None):
-            m.d.sync += [pc.eq(pc + 1 if target is None else target), retired.eq(retired + 1),
-                         cur_executor.eq(0)]
+            m.d.comb += retire.eq(1)
+            m.d.sync += [pc.eq(pc + 1 if target is None else target), cur_executor.eq(0)]
             m.next = "FETCH"
 
         def stop(code):
@@ -755,23 +701,17 @@ class NanoKPU(wiring.Component):
         with m.FSM(name="ctrl"):
             with state("IDLE"):
                 with m.If(start_req):
-                    m.d.sync += [running.eq(1), done.eq(0), err.eq(0), pc.eq(0), cycles.eq(0),
-                                 retired.eq(0), route_done.eq(0), exp_active.eq(0), scores_ok.eq(0)]
-                    m.d.sync += [c.eq(0) for c in busy_cnt]
+                    m.d.sync += [running.eq(1), done.eq(0), err.eq(0), pc.eq(0),
+                                 route_done.eq(0), exp_active.eq(0), scores_ok.eq(0)]
                     m.next = "FETCH"
             with state("FETCH"):
                 with m.If(pc >= cfg.imem_depth):
                     stop(Err.PC_RANGE)
                 with m.Else():
-                    m.d.comb += [im_rd.addr.eq(Cat(Const(0, WB), pc)), im_rd.en.eq(1)]
-                    m.d.sync += fetch_word.eq(1)
-                    m.next = "FETCH2"
-            with state("FETCH2"):
-                # word fetch_word - 1 arrives (shifted in from the top), word fetch_word is read
-                word = Cat(ins.as_value()[32:], im_rd.data)
-                m.d.comb += [im_rd.addr.eq(Cat(fetch_word[:WB], pc)), im_rd.en.eq(1)]
-                m.d.sync += [ins.eq(word), fetch_word.eq(fetch_word + 1)]
-                with m.If(fetch_word == INSTR_WORDS):
+                    m.d.comb += [fetch.start.eq(1), fetch.pc.eq(pc)]
+                    m.next = "FETCH_WAIT"
+            with state("FETCH_WAIT"):
+                with m.If(fetch.done):
                     m.d.sync += [step.eq(0), settle.eq(0)]
                     m.next = "DECODE"
             with state("DECODE"):

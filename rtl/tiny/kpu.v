@@ -7,46 +7,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 , m_axi__bready, m_axi__araddr, m_axi__arlen, m_axi__arsize, m_axi__arburst, m_axi__arvalid, m_axi__rready, irq, s_axil__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
+  wire [13:0] \$10 ;
+  wire [13:0] \$100 ;
+  wire [16:0] \$101 ;
   wire \$102 ;
-  wire \$103 ;
-  wire [9:0] \$104 ;
-  wire \$105 ;
-  wire [4:0] \$106 ;
-  wire [9:0] \$107 ;
-  wire \$108 ;
-  wire [4:0] \$109 ;
-  wire \$11 ;
+  wire [16:0] \$103 ;
+  wire [13:0] \$104 ;
+  wire [16:0] \$105 ;
+  wire [6:0] \$1055 ;
+  wire \$106 ;
+  wire [16:0] \$107 ;
+  wire [6:0] \$1071 ;
+  wire [13:0] \$108 ;
+  wire \$109 ;
+  wire [6:0] \$1095 ;
+  wire [7:0] \$1099 ;
+  wire [16:0] \$11 ;
   wire \$110 ;
-  wire [13:0] \$111 ;
-  wire [6:0] \$1110 ;
-  wire [14:0] \$112 ;
-  wire [6:0] \$1126 ;
+  wire [8:0] \$1102 ;
+  wire [9:0] \$111 ;
+  wire \$112 ;
   wire \$113 ;
-  wire [14:0] \$114 ;
-  wire [6:0] \$1146 ;
-  wire [13:0] \$115 ;
-  wire [7:0] \$1150 ;
-  wire [8:0] \$1153 ;
-  wire [16:0] \$116 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
   wire \$117 ;
-  wire [16:0] \$118 ;
-  wire [13:0] \$119 ;
-  wire \$12 ;
-  wire [16:0] \$120 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire [17:0] \$12 ;
+  wire \$120 ;
   wire \$121 ;
-  wire [16:0] \$122 ;
-  wire [13:0] \$123 ;
-  wire [16:0] \$124 ;
+  wire [9:0] \$122 ;
+  wire \$123 ;
+  wire \$124 ;
   wire \$125 ;
-  wire [16:0] \$126 ;
-  wire [13:0] \$127 ;
+  wire \$126 ;
+  wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
-  wire [9:0] \$130 ;
+  wire [17:0] \$13 ;
+  wire \$130 ;
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
@@ -56,9 +56,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire \$14 ;
+  wire [16:0] \$14 ;
   wire \$140 ;
-  wire [9:0] \$141 ;
+  wire \$141 ;
   wire \$142 ;
   wire \$143 ;
   wire \$144 ;
@@ -67,7 +67,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire \$15 ;
+  wire [17:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
@@ -78,7 +78,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
+  wire [17:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -87,9 +87,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire \$168 ;
+  wire [16:0] \$168 ;
   wire \$169 ;
-  wire \$17 ;
+  wire [18:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
@@ -108,17 +108,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
-  wire [16:0] \$187 ;
+  wire \$187 ;
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire \$193 ;
+  wire [23:0] \$193 ;
   wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
+  wire [23:0] \$195 ;
+  wire [23:0] \$196 ;
   wire \$197 ;
   wire \$198 ;
   wire \$199 ;
@@ -126,72 +126,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$20 ;
   wire \$200 ;
   wire \$201 ;
-  wire \$202 ;
+  wire [31:0] \$202 ;
   wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
+  wire [5:0] \$204 ;
+  wire [1:0] \$205 ;
   wire \$206 ;
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire \$21 ;
+  wire [1:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
-  wire [23:0] \$212 ;
+  wire \$212 ;
   wire \$213 ;
-  wire [23:0] \$214 ;
-  wire [23:0] \$215 ;
+  wire \$214 ;
+  wire \$215 ;
   wire \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire \$219 ;
-  wire \$22 ;
-  wire \$220 ;
-  wire [31:0] \$221 ;
+  wire [23:0] \$219 ;
+  wire [18:0] \$22 ;
+  wire [23:0] \$220 ;
+  wire \$221 ;
   wire \$222 ;
-  wire [5:0] \$223 ;
-  wire [1:0] \$224 ;
+  wire \$223 ;
+  wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
+  wire [4:0] \$227 ;
+  wire [13:0] \$228 ;
+  wire [4:0] \$229 ;
   wire [9:0] \$23 ;
-  wire \$230 ;
-  wire \$231 ;
-  wire \$232 ;
+  wire [13:0] \$230 ;
+  wire [14:0] \$231 ;
+  wire [14:0] \$232 ;
   wire \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
   wire \$237 ;
-  wire [23:0] \$238 ;
-  wire [23:0] \$239 ;
+  wire \$238 ;
+  wire [14:0] \$239 ;
   wire \$24 ;
   wire \$240 ;
-  wire \$241 ;
+  wire [7:0] \$241 ;
   wire \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire \$245 ;
-  wire [4:0] \$246 ;
-  wire [13:0] \$247 ;
-  wire [4:0] \$248 ;
-  wire [13:0] \$249 ;
-  wire [16:0] \$25 ;
-  wire [14:0] \$250 ;
-  wire [14:0] \$251 ;
+  wire [15:0] \$243 ;
+  wire [31:0] \$244 ;
+  wire [31:0] \$245 ;
+  wire [31:0] \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
+  wire [3:0] \$25 ;
+  wire \$250 ;
+  wire \$251 ;
   wire \$252 ;
   wire \$253 ;
-  wire [14:0] \$254 ;
+  wire \$254 ;
   wire \$255 ;
-  wire [7:0] \$256 ;
+  wire \$256 ;
   wire \$257 ;
-  wire [15:0] \$258 ;
-  wire [31:0] \$259 ;
-  wire [17:0] \$26 ;
-  wire [31:0] \$260 ;
-  wire [31:0] \$261 ;
+  wire \$258 ;
+  wire \$259 ;
+  wire \$26 ;
+  wire [14:0] \$260 ;
+  wire \$261 ;
   wire \$262 ;
   wire \$263 ;
   wire \$264 ;
@@ -199,64 +199,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$266 ;
   wire \$267 ;
   wire \$268 ;
-  wire [14:0] \$269 ;
-  wire [17:0] \$27 ;
-  wire [13:0] \$270 ;
-  wire \$271 ;
-  wire [4:0] \$272 ;
+  wire [13:0] \$269 ;
+  wire \$27 ;
+  wire \$270 ;
+  wire [4:0] \$271 ;
+  wire \$272 ;
   wire \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
   wire \$278 ;
-  wire \$279 ;
+  wire [13:0] \$279 ;
   wire \$28 ;
-  wire [13:0] \$280 ;
+  wire \$280 ;
   wire \$281 ;
   wire \$282 ;
-  wire \$283 ;
-  wire [13:0] \$284 ;
-  wire \$285 ;
-  wire [13:0] \$286 ;
-  wire [14:0] \$287 ;
-  wire \$288 ;
-  wire [14:0] \$289 ;
-  wire [13:0] \$29 ;
-  wire \$290 ;
-  wire [14:0] \$291 ;
-  wire [13:0] \$292 ;
+  wire [13:0] \$283 ;
+  wire \$284 ;
+  wire [13:0] \$285 ;
+  wire [14:0] \$286 ;
+  wire \$287 ;
+  wire [14:0] \$288 ;
+  wire \$289 ;
+  wire \$29 ;
+  wire [14:0] \$290 ;
+  wire [13:0] \$291 ;
+  wire [14:0] \$292 ;
   wire [14:0] \$293 ;
-  wire [14:0] \$294 ;
-  wire \$295 ;
-  wire [13:0] \$296 ;
-  wire [14:0] \$297 ;
-  wire [13:0] \$298 ;
-  wire [14:0] \$299 ;
+  wire \$294 ;
+  wire [13:0] \$295 ;
+  wire [14:0] \$296 ;
+  wire [13:0] \$297 ;
+  wire [14:0] \$298 ;
+  wire [4:0] \$299 ;
   wire \$3 ;
-  wire [16:0] \$30 ;
+  wire \$30 ;
   wire \$300 ;
-  wire [13:0] \$301 ;
+  wire \$301 ;
   wire [13:0] \$302 ;
-  wire [14:0] \$303 ;
-  wire \$304 ;
+  wire [13:0] \$303 ;
+  wire [14:0] \$304 ;
   wire \$305 ;
-  wire [14:0] \$306 ;
-  wire [16:0] \$307 ;
-  wire \$308 ;
-  wire \$309 ;
-  wire [17:0] \$31 ;
+  wire \$306 ;
+  wire \$307 ;
+  wire [14:0] \$308 ;
+  wire [16:0] \$309 ;
+  wire \$31 ;
   wire \$310 ;
   wire \$311 ;
-  wire [12:0] \$312 ;
-  wire [13:0] \$313 ;
-  wire [15:0] \$314 ;
-  wire \$315 ;
-  wire \$316 ;
+  wire \$312 ;
+  wire \$313 ;
+  wire [12:0] \$314 ;
+  wire [13:0] \$315 ;
+  wire [15:0] \$316 ;
   wire \$317 ;
   wire \$318 ;
   wire \$319 ;
-  wire [17:0] \$32 ;
+  wire \$32 ;
   wire \$320 ;
   wire \$321 ;
   wire \$322 ;
@@ -267,7 +267,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$327 ;
   wire \$328 ;
   wire \$329 ;
-  wire [16:0] \$33 ;
+  wire \$33 ;
   wire \$330 ;
   wire \$331 ;
   wire \$332 ;
@@ -278,7 +278,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
-  wire [17:0] \$34 ;
+  wire \$34 ;
   wire \$340 ;
   wire \$341 ;
   wire \$342 ;
@@ -287,24 +287,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$345 ;
   wire \$346 ;
   wire \$347 ;
-  wire \$348 ;
+  wire [33:0] \$348 ;
   wire \$349 ;
-  wire [17:0] \$35 ;
+  wire \$35 ;
   wire [33:0] \$350 ;
-  wire \$351 ;
+  wire [32:0] \$351 ;
   wire [33:0] \$352 ;
-  wire [32:0] \$353 ;
-  wire [33:0] \$354 ;
-  wire [33:0] \$355 ;
-  wire [15:0] \$356 ;
+  wire [33:0] \$353 ;
+  wire [15:0] \$354 ;
+  wire \$355 ;
+  wire \$356 ;
   wire \$357 ;
-  wire \$358 ;
+  wire [14:0] \$358 ;
   wire \$359 ;
-  wire [18:0] \$36 ;
-  wire [14:0] \$360 ;
-  wire \$361 ;
+  wire \$36 ;
+  wire \$360 ;
+  wire [14:0] \$361 ;
   wire \$362 ;
-  wire [14:0] \$363 ;
+  wire \$363 ;
   wire \$364 ;
   wire \$365 ;
   wire \$366 ;
@@ -321,13 +321,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$376 ;
   wire \$377 ;
   wire \$378 ;
-  wire \$379 ;
+  wire [14:0] \$379 ;
   wire \$38 ;
   wire \$380 ;
-  wire [14:0] \$381 ;
-  wire \$382 ;
+  wire \$381 ;
+  wire [14:0] \$382 ;
   wire \$383 ;
-  wire [14:0] \$384 ;
+  wire \$384 ;
   wire \$385 ;
   wire \$386 ;
   wire \$387 ;
@@ -344,35 +344,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$397 ;
   wire \$398 ;
   wire \$399 ;
-  wire \$4 ;
-  wire [1:0] \$40 ;
-  wire \$400 ;
+  wire [9:0] \$4 ;
+  wire \$40 ;
+  wire [14:0] \$400 ;
   wire \$401 ;
-  wire [14:0] \$402 ;
+  wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
-  wire \$406 ;
+  wire [14:0] \$406 ;
   wire \$407 ;
-  wire [14:0] \$408 ;
+  wire \$408 ;
   wire \$409 ;
-  wire [18:0] \$41 ;
+  wire \$41 ;
   wire \$410 ;
   wire \$411 ;
   wire \$412 ;
-  wire \$413 ;
+  wire [14:0] \$413 ;
   wire \$414 ;
-  wire [14:0] \$415 ;
+  wire \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
   wire \$419 ;
-  wire [9:0] \$42 ;
+  wire \$42 ;
   wire \$420 ;
-  wire \$421 ;
-  wire \$422 ;
-  wire [33:0] \$423 ;
-  wire [32:0] \$424 ;
+  wire [33:0] \$421 ;
+  wire [32:0] \$422 ;
+  wire \$423 ;
+  wire \$424 ;
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
@@ -387,54 +387,54 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$435 ;
   wire \$436 ;
   wire \$437 ;
-  wire \$438 ;
-  wire \$439 ;
-  wire [3:0] \$44 ;
-  wire [14:0] \$440 ;
-  wire [13:0] \$441 ;
+  wire [14:0] \$438 ;
+  wire [13:0] \$439 ;
+  wire \$44 ;
+  wire [13:0] \$440 ;
+  wire [14:0] \$441 ;
   wire [13:0] \$442 ;
-  wire [14:0] \$443 ;
+  wire [13:0] \$443 ;
   wire [13:0] \$444 ;
   wire [13:0] \$445 ;
-  wire [13:0] \$446 ;
+  wire [14:0] \$446 ;
   wire [13:0] \$447 ;
-  wire [14:0] \$448 ;
+  wire [13:0] \$448 ;
   wire [13:0] \$449 ;
   wire \$45 ;
   wire [13:0] \$450 ;
   wire [13:0] \$451 ;
   wire [13:0] \$452 ;
-  wire [13:0] \$453 ;
-  wire [13:0] \$454 ;
+  wire \$453 ;
+  wire \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire \$457 ;
-  wire \$458 ;
-  wire [1:0] \$459 ;
+  wire [1:0] \$457 ;
+  wire [1:0] \$458 ;
+  wire \$459 ;
   wire \$46 ;
-  wire [1:0] \$460 ;
+  wire \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
   wire \$464 ;
   wire \$465 ;
   wire \$466 ;
-  wire \$467 ;
+  wire [2:0] \$467 ;
   wire \$468 ;
   wire [2:0] \$469 ;
   wire \$47 ;
-  wire \$470 ;
-  wire [2:0] \$471 ;
-  wire [3:0] \$472 ;
+  wire [3:0] \$470 ;
+  wire \$471 ;
+  wire [2:0] \$472 ;
   wire \$473 ;
-  wire [2:0] \$474 ;
+  wire \$474 ;
   wire \$475 ;
   wire \$476 ;
-  wire \$477 ;
-  wire \$478 ;
-  wire [2:0] \$479 ;
+  wire [2:0] \$477 ;
+  wire [2:0] \$478 ;
+  wire \$479 ;
   wire \$48 ;
-  wire [2:0] \$480 ;
+  wire \$480 ;
   wire \$481 ;
   wire \$482 ;
   wire \$483 ;
@@ -446,10 +446,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$489 ;
   wire \$49 ;
   wire \$490 ;
-  wire \$491 ;
-  wire \$492 ;
-  wire [3:0] \$493 ;
-  wire [13:0] \$494 ;
+  wire [3:0] \$491 ;
+  wire [13:0] \$492 ;
+  wire \$493 ;
+  wire \$494 ;
   wire \$495 ;
   wire \$496 ;
   wire \$497 ;
@@ -460,151 +460,151 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$500 ;
   wire \$501 ;
   wire \$502 ;
-  wire \$503 ;
+  wire [7:0] \$503 ;
   wire \$504 ;
   wire [7:0] \$505 ;
-  wire \$506 ;
-  wire [7:0] \$507 ;
-  wire [13:0] \$508 ;
+  wire [13:0] \$506 ;
+  wire [13:0] \$507 ;
+  wire [14:0] \$508 ;
   wire [13:0] \$509 ;
   wire \$51 ;
   wire [14:0] \$510 ;
   wire [13:0] \$511 ;
   wire [14:0] \$512 ;
-  wire [13:0] \$513 ;
-  wire [14:0] \$514 ;
+  wire \$513 ;
+  wire \$514 ;
   wire \$515 ;
-  wire \$516 ;
-  wire \$517 ;
+  wire [2:0] \$516 ;
+  wire [13:0] \$517 ;
   wire [2:0] \$518 ;
-  wire [13:0] \$519 ;
+  wire \$519 ;
   wire \$52 ;
-  wire [2:0] \$520 ;
-  wire \$521 ;
-  wire \$522 ;
-  wire [2:0] \$523 ;
-  wire [3:0] \$524 ;
+  wire \$520 ;
+  wire [2:0] \$521 ;
+  wire [3:0] \$522 ;
+  wire \$523 ;
+  wire \$524 ;
   wire \$525 ;
-  wire \$526 ;
+  wire [9:0] \$526 ;
   wire \$527 ;
   wire [9:0] \$528 ;
-  wire \$529 ;
+  wire [13:0] \$529 ;
   wire \$53 ;
-  wire [9:0] \$530 ;
-  wire [13:0] \$531 ;
-  wire [13:0] \$532 ;
+  wire [13:0] \$530 ;
+  wire \$531 ;
+  wire \$532 ;
   wire \$533 ;
   wire \$534 ;
-  wire \$535 ;
-  wire \$536 ;
-  wire [14:0] \$537 ;
-  wire [13:0] \$538 ;
-  wire [13:0] \$539 ;
+  wire [14:0] \$535 ;
+  wire [13:0] \$536 ;
+  wire [13:0] \$537 ;
+  wire [14:0] \$538 ;
+  wire \$539 ;
   wire \$54 ;
   wire [14:0] \$540 ;
   wire \$541 ;
-  wire [14:0] \$542 ;
+  wire \$542 ;
   wire \$543 ;
   wire \$544 ;
   wire \$545 ;
-  wire [32:0] \$546 ;
-  wire [32:0] \$547 ;
-  wire [32:0] \$548 ;
-  wire [32:0] \$549 ;
+  wire \$546 ;
+  wire \$547 ;
+  wire \$548 ;
+  wire \$549 ;
   wire \$55 ;
-  wire [32:0] \$550 ;
-  wire [32:0] \$551 ;
-  wire [32:0] \$552 ;
+  wire \$550 ;
+  wire \$551 ;
+  wire \$552 ;
   wire \$553 ;
   wire \$554 ;
-  wire \$555 ;
+  wire [13:0] \$555 ;
   wire \$556 ;
-  wire \$557 ;
-  wire [4:0] \$558 ;
-  wire \$559 ;
+  wire [13:0] \$557 ;
+  wire \$558 ;
+  wire [13:0] \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire \$561 ;
+  wire [13:0] \$561 ;
   wire \$562 ;
-  wire \$563 ;
-  wire \$564 ;
-  wire \$565 ;
-  wire [13:0] \$566 ;
+  wire [17:0] \$563 ;
+  wire [3:0] \$564 ;
+  wire [2:0] \$565 ;
+  wire \$566 ;
   wire \$567 ;
-  wire [13:0] \$568 ;
+  wire \$568 ;
   wire \$569 ;
   wire \$57 ;
-  wire [13:0] \$570 ;
+  wire \$570 ;
   wire \$571 ;
-  wire [13:0] \$572 ;
+  wire \$572 ;
   wire \$573 ;
-  wire [17:0] \$574 ;
-  wire [3:0] \$575 ;
-  wire [2:0] \$576 ;
+  wire \$574 ;
+  wire \$575 ;
+  wire \$576 ;
   wire \$577 ;
   wire \$578 ;
-  wire \$579 ;
+  wire [9:0] \$579 ;
   wire \$58 ;
   wire \$580 ;
   wire \$581 ;
   wire \$582 ;
   wire \$583 ;
   wire \$584 ;
-  wire \$585 ;
+  wire [9:0] \$585 ;
   wire \$586 ;
-  wire \$587 ;
-  wire \$588 ;
-  wire [32:0] \$589 ;
+  wire [12:0] \$587 ;
+  wire [13:0] \$588 ;
+  wire [12:0] \$589 ;
   wire \$59 ;
-  wire \$590 ;
-  wire [9:0] \$591 ;
-  wire \$592 ;
-  wire \$593 ;
+  wire [13:0] \$590 ;
+  wire [14:0] \$591 ;
+  wire [14:0] \$592 ;
+  wire [14:0] \$593 ;
   wire \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire [9:0] \$597 ;
-  wire \$598 ;
-  wire [12:0] \$599 ;
-  wire \$6 ;
+  wire \$597 ;
+  wire [13:0] \$598 ;
+  wire \$599 ;
+  wire [16:0] \$6 ;
   wire \$60 ;
   wire [13:0] \$600 ;
-  wire [12:0] \$601 ;
-  wire [13:0] \$602 ;
-  wire [14:0] \$603 ;
+  wire \$601 ;
+  wire \$602 ;
+  wire \$603 ;
   wire [14:0] \$604 ;
-  wire [14:0] \$605 ;
-  wire \$606 ;
+  wire [3:0] \$605 ;
+  wire [3:0] \$606 ;
   wire \$607 ;
   wire \$608 ;
-  wire \$609 ;
+  wire [1:0] \$609 ;
   wire \$61 ;
-  wire [13:0] \$610 ;
-  wire [32:0] \$611 ;
+  wire [2:0] \$610 ;
+  wire \$611 ;
   wire \$612 ;
-  wire [13:0] \$613 ;
-  wire [32:0] \$614 ;
+  wire \$613 ;
+  wire \$614 ;
   wire \$615 ;
   wire \$616 ;
   wire \$617 ;
-  wire [14:0] \$618 ;
-  wire [3:0] \$619 ;
+  wire [13:0] \$618 ;
+  wire \$619 ;
   wire \$62 ;
-  wire [3:0] \$620 ;
+  wire \$620 ;
   wire \$621 ;
   wire \$622 ;
-  wire [1:0] \$623 ;
-  wire [2:0] \$624 ;
+  wire \$623 ;
+  wire \$624 ;
   wire \$625 ;
-  wire \$626 ;
-  wire \$627 ;
+  wire [14:0] \$626 ;
+  wire [3:0] \$627 ;
   wire \$628 ;
   wire \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
-  wire [13:0] \$632 ;
-  wire [32:0] \$633 ;
+  wire \$632 ;
+  wire \$633 ;
   wire \$634 ;
   wire \$635 ;
   wire \$636 ;
@@ -613,14 +613,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire [14:0] \$641 ;
-  wire [3:0] \$642 ;
+  wire \$641 ;
+  wire \$642 ;
   wire \$643 ;
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
-  wire \$647 ;
-  wire \$648 ;
+  wire [13:0] \$647 ;
+  wire [4:0] \$648 ;
   wire \$649 ;
   wire \$65 ;
   wire \$650 ;
@@ -631,15 +631,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$655 ;
   wire \$656 ;
   wire \$657 ;
-  wire \$658 ;
-  wire \$659 ;
+  wire [1:0] \$658 ;
+  wire [4:0] \$659 ;
   wire \$66 ;
-  wire \$660 ;
+  wire [12:0] \$660 ;
   wire \$661 ;
-  wire [13:0] \$662 ;
-  wire [32:0] \$663 ;
-  wire [4:0] \$664 ;
-  wire \$665 ;
+  wire \$662 ;
+  wire \$663 ;
+  wire [14:0] \$664 ;
+  wire [13:0] \$665 ;
   wire \$666 ;
   wire \$667 ;
   wire \$668 ;
@@ -649,250 +649,214 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
-  wire [1:0] \$674 ;
-  wire [4:0] \$675 ;
-  wire [12:0] \$676 ;
-  wire \$677 ;
+  wire \$674 ;
+  wire [14:0] \$675 ;
+  wire [13:0] \$676 ;
+  wire [2:0] \$677 ;
   wire \$678 ;
   wire \$679 ;
   wire \$68 ;
-  wire [14:0] \$680 ;
-  wire [13:0] \$681 ;
-  wire \$682 ;
+  wire \$680 ;
+  wire [14:0] \$681 ;
+  wire [14:0] \$682 ;
   wire \$683 ;
-  wire \$684 ;
+  wire [14:0] \$684 ;
   wire \$685 ;
-  wire \$686 ;
-  wire \$687 ;
-  wire \$688 ;
-  wire \$689 ;
+  wire [14:0] \$686 ;
+  wire [2:0] \$687 ;
+  wire [4:0] \$688 ;
+  wire [4:0] \$689 ;
   wire \$69 ;
   wire \$690 ;
-  wire [14:0] \$691 ;
-  wire [13:0] \$692 ;
-  wire [2:0] \$693 ;
+  wire [13:0] \$691 ;
+  wire \$692 ;
+  wire [4:0] \$693 ;
   wire \$694 ;
   wire \$695 ;
-  wire \$696 ;
-  wire [14:0] \$697 ;
-  wire [14:0] \$698 ;
+  wire [13:0] \$696 ;
+  wire [13:0] \$697 ;
+  wire \$698 ;
   wire \$699 ;
-  wire \$7 ;
+  wire [17:0] \$7 ;
   wire \$70 ;
-  wire [14:0] \$700 ;
+  wire [13:0] \$700 ;
   wire \$701 ;
-  wire [14:0] \$702 ;
-  wire [2:0] \$703 ;
-  wire [4:0] \$704 ;
-  wire [4:0] \$705 ;
+  wire \$702 ;
+  wire \$703 ;
+  wire \$704 ;
+  wire \$705 ;
   wire \$706 ;
-  wire [13:0] \$707 ;
-  wire [32:0] \$708 ;
-  wire \$709 ;
+  wire \$707 ;
+  wire [15:0] \$708 ;
+  wire [12:0] \$709 ;
   wire \$71 ;
-  wire [32:0] \$710 ;
-  wire [4:0] \$711 ;
+  wire [13:0] \$710 ;
+  wire [15:0] \$711 ;
   wire \$712 ;
   wire \$713 ;
-  wire [13:0] \$714 ;
-  wire [13:0] \$715 ;
-  wire [32:0] \$716 ;
-  wire \$717 ;
+  wire \$714 ;
+  wire \$715 ;
+  wire [16:0] \$716 ;
+  wire [14:0] \$717 ;
   wire \$718 ;
-  wire [13:0] \$719 ;
+  wire \$719 ;
   wire \$72 ;
-  wire [32:0] \$720 ;
+  wire \$720 ;
   wire \$721 ;
   wire \$722 ;
-  wire \$723 ;
-  wire \$724 ;
-  wire \$725 ;
-  wire \$726 ;
-  wire \$727 ;
-  wire [15:0] \$728 ;
-  wire [12:0] \$729 ;
+  reg [32:0] \$723 ;
+  reg [32:0] \$724 ;
+  reg [15:0] \$725 ;
+  reg \$726 ;
+  reg \$727 ;
+  reg \$728 ;
+  reg \$729 ;
   wire \$73 ;
-  wire [13:0] \$730 ;
-  wire [15:0] \$731 ;
-  wire \$732 ;
-  wire \$733 ;
-  wire \$734 ;
-  wire \$735 ;
-  wire [16:0] \$736 ;
-  wire [14:0] \$737 ;
-  wire \$738 ;
-  wire \$739 ;
+  reg [7:0] \$730 ;
+  reg \$731 ;
+  reg \$732 ;
+  reg \$733 ;
+  reg \$734 ;
+  reg [13:0] \$735 ;
+  reg [12:0] \$736 ;
+  reg [12:0] \$737 ;
+  reg [13:0] \$738 ;
+  reg [12:0] \$739 ;
   wire \$74 ;
-  wire \$740 ;
-  wire \$741 ;
-  wire \$742 ;
-  reg [31:0] \$743 ;
-  reg [31:0] \$744 ;
-  reg [19:0] \$745 ;
-  reg [32:0] \$746 ;
-  reg [32:0] \$747 ;
-  reg [15:0] \$748 ;
+  reg [12:0] \$740 ;
+  reg [13:0] \$741 ;
+  reg [12:0] \$742 ;
+  reg [12:0] \$743 ;
+  reg \$744 ;
+  reg [1:0] \$745 ;
+  reg \$746 ;
+  reg \$747 ;
+  reg \$748 ;
   reg \$749 ;
   wire \$75 ;
   reg \$750 ;
   reg \$751 ;
-  reg \$752 ;
-  reg [7:0] \$753 ;
-  reg \$754 ;
+  reg [2:0] \$752 ;
+  reg [95:0] \$753 ;
+  reg [1:0] \$754 ;
   reg \$755 ;
-  reg \$756 ;
-  reg \$757 ;
-  reg [13:0] \$758 ;
-  reg [12:0] \$759 ;
+  reg [1:0] \$756 ;
+  reg [2:0] \$757 ;
+  reg [12:0] \$758 ;
+  reg \$759 ;
   wire \$76 ;
-  reg [12:0] \$760 ;
-  reg [13:0] \$761 ;
-  reg [12:0] \$762 ;
-  reg [12:0] \$763 ;
-  reg [13:0] \$764 ;
+  reg [6:0] \$760 ;
+  reg [12:0] \$761 ;
+  reg [13:0] \$762 ;
+  reg \$763 ;
+  reg [1:0] \$764 ;
   reg [12:0] \$765 ;
-  reg [12:0] \$766 ;
-  reg \$767 ;
-  reg [1:0] \$768 ;
-  reg \$769 ;
+  reg \$766 ;
+  reg [8:0] \$767 ;
+  reg [12:0] \$768 ;
+  reg [13:0] \$769 ;
   wire \$77 ;
-  reg \$770 ;
-  reg \$771 ;
+  reg [31:0] \$770 ;
+  reg [31:0] \$771 ;
   reg \$772 ;
   reg \$773 ;
-  reg \$774 ;
-  reg [2:0] \$775 ;
-  reg [95:0] \$776 ;
-  reg [1:0] \$777 ;
+  reg [7:0] \$774 ;
+  reg [12:0] \$775 ;
+  reg \$776 ;
+  reg \$777 ;
   reg \$778 ;
-  reg [1:0] \$779 ;
+  reg [4:0] \$779 ;
   wire \$78 ;
-  reg [2:0] \$780 ;
-  reg [12:0] \$781 ;
-  reg \$782 ;
-  reg [6:0] \$783 ;
-  reg [12:0] \$784 ;
+  reg [7:0] \$780 ;
+  reg [5:0] \$781 ;
+  reg [2:0] \$782 ;
+  reg [1:0] \$783 ;
+  reg [13:0] \$784 ;
   reg [13:0] \$785 ;
-  reg \$786 ;
-  reg [1:0] \$787 ;
-  reg [12:0] \$788 ;
-  reg \$789 ;
+  reg [13:0] \$786 ;
+  reg [13:0] \$787 ;
+  reg [17:0] \$788 ;
+  reg [32:0] \$789 ;
   wire \$79 ;
-  reg [8:0] \$790 ;
-  reg [12:0] \$791 ;
-  reg [13:0] \$792 ;
-  reg [31:0] \$793 ;
-  reg [31:0] \$794 ;
-  reg [31:0] \$795 ;
-  reg [31:0] \$796 ;
-  reg [31:0] \$797 ;
-  reg [31:0] \$798 ;
-  reg [31:0] \$799 ;
-  wire \$8 ;
+  reg [5:0] \$790 ;
+  reg [31:0] \$791 ;
+  reg [5:0] \$792 ;
+  reg [13:0] \$793 ;
+  reg [13:0] \$794 ;
+  reg [12:0] \$795 ;
+  reg \$796 ;
+  reg [12:0] \$797 ;
+  reg \$798 ;
+  reg \$799 ;
+  wire [17:0] \$8 ;
   wire \$80 ;
-  reg [31:0] \$800 ;
-  reg [31:0] \$801 ;
+  reg [12:0] \$800 ;
+  reg [13:0] \$801 ;
   reg \$802 ;
   reg \$803 ;
-  reg [7:0] \$804 ;
-  reg [12:0] \$805 ;
-  reg [31:0] \$806 ;
+  reg [2:0] \$804 ;
+  reg \$805 ;
+  reg [2:0] \$806 ;
   reg \$807 ;
-  reg \$808 ;
-  reg \$809 ;
+  reg [35:0] \$808 ;
+  reg [3:0] \$809 ;
   wire \$81 ;
-  reg [4:0] \$810 ;
-  reg [7:0] \$811 ;
-  reg [5:0] \$812 ;
-  reg [3:0] \$813 ;
-  reg [255:0] \$814 ;
-  reg [2:0] \$815 ;
+  reg [12:0] \$810 ;
+  reg [12:0] \$811 ;
+  reg [15:0] \$812 ;
+  reg [12:0] \$813 ;
+  reg [12:0] \$814 ;
+  reg [13:0] \$815 ;
   reg [1:0] \$816 ;
   reg [13:0] \$817 ;
-  reg [13:0] \$818 ;
-  reg [13:0] \$819 ;
+  reg [3:0] \$818 ;
+  reg \$819 ;
   wire \$82 ;
-  reg [13:0] \$820 ;
-  reg [17:0] \$821 ;
-  reg [32:0] \$822 ;
-  reg [5:0] \$823 ;
-  reg [31:0] \$824 ;
-  reg [5:0] \$825 ;
-  reg [13:0] \$826 ;
-  reg [13:0] \$827 ;
-  reg [12:0] \$828 ;
+  reg \$820 ;
+  reg [12:0] \$821 ;
+  reg [12:0] \$822 ;
+  reg \$823 ;
+  reg \$824 ;
+  reg [13:0] \$825 ;
+  reg [1:0] \$826 ;
+  reg \$827 ;
+  reg \$828 ;
   reg \$829 ;
   wire \$83 ;
-  reg [12:0] \$830 ;
-  reg \$831 ;
-  reg \$832 ;
-  reg [12:0] \$833 ;
+  reg [19:0] \$830 ;
+  reg [13:0] \$831 ;
+  reg [13:0] \$832 ;
+  reg [1:0] \$833 ;
   reg [13:0] \$834 ;
-  reg \$835 ;
-  reg \$836 ;
-  reg [2:0] \$837 ;
-  reg \$838 ;
-  reg [2:0] \$839 ;
+  reg [13:0] \$835 ;
+  reg [3:0] \$836 ;
+  reg [3:0] \$837 ;
+  reg [15:0] \$838 ;
+  reg [13:0] \$839 ;
   wire \$84 ;
-  reg \$840 ;
-  reg [35:0] \$841 ;
-  reg [3:0] \$842 ;
+  reg [14:0] \$840 ;
+  reg \$841 ;
+  reg \$842 ;
   reg [12:0] \$843 ;
   reg [12:0] \$844 ;
-  reg [15:0] \$845 ;
-  reg [12:0] \$846 ;
-  reg [12:0] \$847 ;
-  reg [13:0] \$848 ;
-  reg [1:0] \$849 ;
-  wire \$85 ;
-  reg [13:0] \$850 ;
-  reg [3:0] \$851 ;
-  reg \$852 ;
-  reg \$853 ;
-  reg [12:0] \$854 ;
-  reg [12:0] \$855 ;
-  reg \$856 ;
-  reg \$857 ;
-  reg [13:0] \$858 ;
-  reg [1:0] \$859 ;
+  wire [5:0] \$845 ;
+  wire [5:0] \$846 ;
+  wire [9:0] \$85 ;
   wire \$86 ;
-  reg \$860 ;
-  reg \$861 ;
-  reg \$862 ;
-  reg [19:0] \$863 ;
-  reg [13:0] \$864 ;
-  reg [13:0] \$865 ;
-  reg [1:0] \$866 ;
-  reg [13:0] \$867 ;
-  reg [13:0] \$868 ;
-  reg [3:0] \$869 ;
-  wire \$87 ;
-  reg [3:0] \$870 ;
-  reg [15:0] \$871 ;
-  reg [13:0] \$872 ;
-  reg [14:0] \$873 ;
-  reg \$874 ;
-  reg \$875 ;
-  reg [12:0] \$876 ;
-  reg [12:0] \$877 ;
-  wire [5:0] \$878 ;
-  wire [5:0] \$879 ;
-  wire \$88 ;
+  wire [4:0] \$87 ;
+  wire [9:0] \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire \$90 ;
+  wire [4:0] \$90 ;
   wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
+  wire [13:0] \$92 ;
+  wire [14:0] \$93 ;
   wire \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
+  wire [14:0] \$95 ;
+  wire [13:0] \$96 ;
+  wire [16:0] \$97 ;
   wire \$98 ;
-  wire \$99 ;
-  reg [8:0] \$signature__addr ;
-  wire [31:0] \$signature__data ;
-  reg \$signature__en ;
+  wire [16:0] \$99 ;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -912,59 +876,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [15:0] bias_data;
   reg bias_we;
   wire [19:0] bus__araddr;
-  wire [31:0] \bus__araddr$70 ;
+  wire [31:0] \bus__araddr$76 ;
   wire [1:0] bus__arburst;
   wire bus__arid;
   wire [7:0] bus__arlen;
   wire [2:0] bus__arprot;
   wire bus__arready;
-  wire \bus__arready$74 ;
+  wire \bus__arready$80 ;
   wire [2:0] bus__arsize;
   wire bus__arvalid;
-  wire \bus__arvalid$76 ;
+  wire \bus__arvalid$82 ;
   wire [19:0] bus__awaddr;
-  wire [31:0] \bus__awaddr$77 ;
+  wire [31:0] \bus__awaddr$83 ;
   wire [1:0] bus__awburst;
   wire bus__awid;
   wire [7:0] bus__awlen;
   wire [2:0] bus__awprot;
   wire bus__awready;
-  wire \bus__awready$81 ;
+  wire \bus__awready$87 ;
   wire [2:0] bus__awsize;
   wire bus__awvalid;
-  wire \bus__awvalid$83 ;
+  wire \bus__awvalid$89 ;
   wire bus__bid;
   wire bus__bready;
-  wire \bus__bready$85 ;
+  wire \bus__bready$91 ;
   wire [1:0] bus__bresp;
-  wire [1:0] \bus__bresp$86 ;
+  wire [1:0] \bus__bresp$92 ;
   wire bus__bvalid;
-  wire \bus__bvalid$87 ;
+  wire \bus__bvalid$93 ;
   wire [31:0] bus__rdata;
-  wire [31:0] \bus__rdata$88 ;
+  wire [31:0] \bus__rdata$94 ;
   wire bus__rid;
   wire bus__rlast;
   wire bus__rready;
-  wire \bus__rready$91 ;
+  wire \bus__rready$97 ;
   wire [1:0] bus__rresp;
-  wire [1:0] \bus__rresp$92 ;
+  wire [1:0] \bus__rresp$98 ;
   wire bus__rvalid;
-  wire \bus__rvalid$93 ;
+  wire \bus__rvalid$99 ;
   wire [31:0] bus__wdata;
-  wire [31:0] \bus__wdata$94 ;
+  wire [31:0] \bus__wdata$100 ;
   wire bus__wlast;
   wire bus__wready;
-  wire \bus__wready$96 ;
+  wire \bus__wready$102 ;
   wire [3:0] bus__wstrb;
-  wire [3:0] \bus__wstrb$97 ;
+  wire [3:0] \bus__wstrb$103 ;
   wire bus__wvalid;
-  wire \bus__wvalid$98 ;
-  reg [31:0] busy_act = 32'd0;
-  reg [31:0] busy_dma = 32'd0;
-  reg [31:0] busy_gemm = 32'd0;
-  reg [31:0] busy_move = 32'd0;
-  reg [31:0] busy_route = 32'd0;
-  reg [31:0] busy_vector = 32'd0;
+  wire \bus__wvalid$104 ;
   wire [95:0] c_out__payload;
   wire [23:0] \c_out__payload[0] ;
   wire [23:0] \c_out__payload[1] ;
@@ -972,6 +930,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [23:0] \c_out__payload[3] ;
   reg c_out__ready;
   wire c_out__valid;
+  wire clear_loads;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -991,26 +950,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
   reg [15:0] count = 16'h0000;
-  wire [2:0] ctrl;
-  wire \ctrl.clear_loads ;
-  wire \ctrl.soft_reset ;
-  wire \ctrl.start ;
   reg [4:0] ctrl_state = 5'h00;
-  reg [5:0] cur_executor = 6'h00;
-  reg [31:0] cycles = 32'd0;
+  (* init = 6'h00 *)
+  wire [5:0] cur_executor;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
   reg done = 1'h0;
-  wire \done$328 ;
+  (* init = 1'h0 *)
+  wire \done$108 ;
+  wire \done$324 ;
+  wire \done$325 ;
   reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
-  reg [7:0] err = 8'h00;
-  wire error;
-  wire \error$329 ;
+  (* init = 8'h00 *)
+  wire [7:0] err;
+  reg [7:0] error = 8'h00;
+  wire \error$252 ;
+  wire \error$326 ;
+  reg [5:0] executor = 6'h00;
   reg exp_active = 1'h0;
   reg [3:0] expert = 4'h0;
-  reg [3:0] fetch_word = 4'h0;
   reg [15:0] g_i = 16'h0000;
   reg [12:0] g_in = 13'h0000;
   reg [14:0] g_j = 15'h0000;
@@ -1040,30 +1000,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg h_last = 1'h0;
   reg h_valid = 1'h0;
   wire [23:0] hi_sat;
-  reg [31:0] host_base = 32'd0;
+  wire [31:0] host_base;
   reg [32:0] host_eff = 33'h000000000;
   reg host_ok = 1'h0;
-  reg [31:0] host_size = 32'd0;
+  wire [31:0] host_size;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$175 ;
-  wire [31:0] \i__payload$175[0] ;
-  wire [15:0] \i__payload$175[0].g ;
-  wire [15:0] \i__payload$175[0].u ;
-  wire [33:0] \i__payload$177 ;
-  wire [15:0] \i__payload$177.a ;
-  wire [16:0] \i__payload$177.b ;
-  wire \i__payload$177.last ;
+  wire [31:0] \i__payload$169 ;
+  wire [31:0] \i__payload$169[0] ;
+  wire [15:0] \i__payload$169[0].g ;
+  wire [15:0] \i__payload$169[0].u ;
+  wire [33:0] \i__payload$171 ;
+  wire [15:0] \i__payload$171.a ;
+  wire [16:0] \i__payload$171.b ;
+  wire \i__payload$171.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$206 ;
-  wire \i__ready$210 ;
+  wire \i__ready$200 ;
+  wire \i__ready$204 ;
   reg i__valid;
-  reg \i__valid$205 ;
-  reg \i__valid$209 ;
-  reg [8:0] im_wr__addr;
-  wire [31:0] im_wr__data;
-  reg im_wr__en;
-  reg [255:0] ins = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  reg \i__valid$199 ;
+  reg \i__valid$203 ;
+  wire [8:0] imem_wr__addr;
+  wire [8:0] \imem_wr__addr$71 ;
+  wire [31:0] imem_wr__data;
+  wire [31:0] \imem_wr__data$73 ;
+  wire imem_wr__en;
+  wire \imem_wr__en$75 ;
+  wire [255:0] ins;
   wire [23:0] \ins.a ;
   wire [23:0] \ins.b ;
   wire [23:0] \ins.c ;
@@ -1089,8 +1052,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg ld_full = 1'h0;
   reg [13:0] ln = 14'h0000;
   wire [2:0] load_addr;
+  wire [15:0] \load_addr$120 ;
   wire load_clear;
-  wire [15:0] load_data;
+  wire [31:0] load_data;
+  wire [15:0] \load_data$122 ;
   output [31:0] m_axi__araddr;
   wire [31:0] m_axi__araddr;
   output [1:0] m_axi__arburst;
@@ -1153,16 +1118,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$208 ;
-  wire [15:0] \o__payload$208[0] ;
-  wire [15:0] \o__payload$212 ;
+  wire [15:0] \o__payload$202 ;
+  wire [15:0] \o__payload$202[0] ;
+  wire [15:0] \o__payload$206 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$183 ;
-  wire \o__ready$184 ;
+  wire \o__ready$177 ;
+  wire \o__ready$178 ;
   wire o__valid;
-  wire \o__valid$207 ;
-  wire \o__valid$211 ;
+  wire \o__valid$201 ;
+  wire \o__valid$205 ;
   reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
@@ -1184,6 +1149,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [23:0] \pack[3] ;
   reg [12:0] pb = 13'h0000;
   reg [12:0] pc = 13'h0000;
+  (* init = 13'h0000 *)
+  wire [12:0] \pc$112 ;
+  reg [12:0] \pc$240 ;
   reg [12:0] ra1 = 13'h0000;
   reg [12:0] ra2 = 13'h0000;
   reg [12:0] rb1 = 13'h0000;
@@ -1196,20 +1164,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] rd1__data;
   reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
-  wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$238 ;
+  wire [31:0] rd_addr;
   wire [23:0] rd_beats;
   wire rd_busy;
-  reg [31:0] rd_data;
   wire [31:0] rd_data__payload;
   reg rd_data__ready;
   wire rd_data__valid;
-  wire rd_en;
   reg rd_start;
   reg [13:0] rem0 = 14'h0000;
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
-  reg [31:0] retired = 32'd0;
+  reg retire;
+  wire \retire$116 ;
   reg route_done = 1'h0;
   wire [19:0] routes__payload;
   wire [2:0] \routes__payload.index ;
@@ -1228,14 +1194,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
-  reg [31:0] \rq_mult$168  = 32'd0;
+  reg [31:0] \rq_mult$162  = 32'd0;
   wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
   (* init = 6'h00 *)
-  wire [5:0] \rq_shift$170 ;
+  wire [5:0] \rq_shift$164 ;
   reg [5:0] rq_width = 6'h00;
   reg rq_wvalid = 1'h0;
-  reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
   reg rt_cap = 1'h0;
@@ -1270,6 +1235,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg run_sigmoid = 1'h0;
   reg run_situ = 1'h0;
   reg running = 1'h0;
+  (* init = 1'h0 *)
+  wire \running$106 ;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1326,7 +1293,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [1:0] settle = 2'h0;
   reg shape_ok;
   reg shape_q = 1'h0;
-  wire soft_req;
+  wire soft_reset;
   reg spad_ok = 1'h0;
   reg [32:0] st_acc;
   (* init = 36'h000000000 *)
@@ -1339,14 +1306,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [1:0] st_rd_e = 2'h0;
   reg [32:0] st_x;
   reg [15:0] st_y;
-  wire start_req;
-  wire [31:0] status;
-  wire \status.busy ;
-  wire [7:0] \status.code ;
-  wire \status.done ;
-  wire \status.error ;
-  wire [15:0] \status.pc ;
-  wire [4:0] \status.reserved ;
+  reg start;
+  wire \start$322 ;
   reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
@@ -1361,18 +1322,9954 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
-  wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$240 ;
+  wire [31:0] wr_addr;
   wire [23:0] wr_beats;
   wire wr_busy;
-  wire [31:0] wr_data;
   reg [35:0] wr_data__payload = 36'h000000000;
   wire [31:0] \wr_data__payload.data ;
   wire [3:0] \wr_data__payload.strb ;
   wire wr_data__ready;
   reg wr_data__valid;
-  wire wr_en;
   reg wr_start;
+  assign \$152  = | { \$151 , \$150 , \$149 , 1'h0 };
+  assign \$153  = ~ host_ok;
+  assign \$154  = \$152  & \$153 ;
+  assign \$155  = ~ g_valid;
+  assign \$156  = ~ h_valid;
+  assign \$157  = \$156  | eng_ready;
+  assign \$158  = \$155  | \$157 ;
+  assign \$161  = ~ g_valid;
+  assign \$162  = ~ h_valid;
+  assign \$163  = \$162  | eng_ready;
+  assign \$164  = \$161  | \$163 ;
+  assign \$167  = vec_op == 1'h1;
+  assign \$168  = \$167  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
+  assign \$169  = rq_width > 1'h1;
+  assign \$170  = rq_width > 2'h2;
+  assign \$171  = rq_width > 2'h3;
+  assign \$172  = rq_width > 3'h4;
+  assign \$173  = rq_width > 3'h5;
+  assign \$174  = rq_width > 3'h6;
+  assign \$175  = rq_width > 3'h7;
+  assign \$176  = rq_width > 4'h8;
+  assign \$177  = rq_width > 4'h9;
+  assign \$178  = rq_width > 4'ha;
+  assign \$179  = rq_width > 4'hb;
+  assign \$180  = rq_width > 4'hc;
+  assign \$181  = rq_width > 4'hd;
+  assign \$182  = rq_width > 4'he;
+  assign \$183  = rq_width > 4'hf;
+  assign \$184  = rq_width > 5'h10;
+  assign \$185  = rq_width > 5'h11;
+  assign \$186  = rq_width > 5'h12;
+  assign \$187  = rq_width > 5'h13;
+  assign \$188  = rq_width > 5'h14;
+  assign \$189  = rq_width > 5'h15;
+  assign \$190  = rq_width > 5'h16;
+  assign \$191  = rq_width > 5'h17;
+  assign \$192  = $signed(sat_in) > $signed({ 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  });
+  assign \$193  = ~ { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \$194  = $signed(sat_in) < $signed(\$193 );
+  assign \$195  = ~ { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \$196  = \$194  ? \$195  : sat_in;
+  assign rq_sat = \$192  ? { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  } : \$196 ;
+  assign \$197  = ~ rq_wvalid;
+  assign \$198  = \$197  | rq_in__ready;
+  assign \$199  = rq_lane == 2'h3;
+  assign \$200  = \$199  | rq_at_last;
+  assign \$201  = | rq_width;
+  assign \$202  = \$201  ? \rq_mult$162  : 32'd1;
+  assign \$203  = | rq_width;
+  assign \$204  = \$203  ? rq_shift : 6'h00;
+  assign \$205  = run_gemm ? gc_lane : rq_lane;
+  assign \$1055  = \$205  * 5'h18;
+  assign sat_in = c_out__payload >> \$1055 ;
+  assign \$206  = ~ a_in__valid;
+  assign \$207  = ~ gm_afeed_done;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = gm_lane == 3'h4;
+  assign \$210  = ! gm_left[13:3];
+  assign \$211  = gm_lane >= gm_left[2:0];
+  assign \$212  = \$210  & \$211 ;
+  assign \$213  = \$209  | \$212 ;
+  assign \$214  = ~ \$213 ;
+  assign \$215  = \$208  & \$214 ;
+  assign \$218  = | rq_width;
+  assign \$1071  = gc_lane * 5'h18;
+  assign \$219  = c_out__payload >> \$1071 ;
+  assign \$220  = \$218  ? rq_sat : \$219 ;
+  assign \$221  = pc >= 7'h40;
+  assign \$222  = | lane_y;
+  assign \$223  = step != 3'h7;
+  assign \$224  = ! ins[5:0];
+  assign \$225  = settle != 2'h2;
+  assign \$226  = | decode_q;
+  assign \$228  = ins[100:88] + \$227 ;
+  assign \$230  = ins[100:88] + \$229 ;
+  assign \$231  = \$230  + 1'h1;
+  assign \$232  = ins[124:112] + el_i;
+  assign \$233  = el_i < ln;
+  assign \$234  = ~ \$233 ;
+  assign \$235  = eng_run & \$234 ;
+  assign \$236  = ~ rd_busy;
+  assign \$237  = ~ ld_full;
+  assign \$238  = el_i < ln;
+  assign \$239  = ins[124:112] + el_i;
+  assign \$240  = ins[243:238] == 1'h1;
+  assign \$1095  = ld_e * 4'h8;
+  assign \$241  = wr_data__payload[31:0] >> \$1095 ;
+  assign \$242  = ins[243:238] == 2'h2;
+  assign \$1099  = ld_e * 5'h10;
+  assign \$243  = wr_data__payload[31:0] >> \$1099 ;
+  assign \$1102  = ld_e * 6'h20;
+  assign \$244  = wr_data__payload[31:0] >> \$1102 ;
+  assign \$245  = \$242  ? { \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243  } : \$244 ;
+  assign \$246  = \$240  ? { \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241  } : \$245 ;
+  assign \$247  = ~ rd_busy;
+  assign \$248  = ~ ld_full;
+  assign \$249  = \$247  & \$248 ;
+  assign \$250  = el_i < ln;
+  assign \$251  = ~ \$250 ;
+  assign \$252  = \$249  & \$251 ;
+  assign \$253  = ~ st_full;
+  assign \$254  = st_e < 1'h1;
+  assign \$255  = \$253  & \$254 ;
+  assign \$256  = el_i < ln;
+  assign \$257  = \$255  & \$256 ;
+  assign \$258  = ~ st_rd;
+  assign \$259  = \$257  & \$258 ;
+  assign \$260  = ins[76:64] + el_i;
+  assign \$261  = ~ wr_busy;
+  assign \$262  = el_i < ln;
+  assign \$263  = ~ \$262 ;
+  assign \$264  = \$261  & \$263 ;
+  assign \$265  = ~ st_full;
+  assign \$266  = \$264  & \$265 ;
+  assign \$267  = ~ st_rd;
+  assign \$268  = \$266  & \$267 ;
+  assign \$269  = ins[100:88] + rt_j;
+  assign \$270  = | rt_j;
+  assign \$271  = rt_j - 1'h1;
+  assign \$272  = ~ rt_wvalid;
+  assign \$273  = ~ rt_feed_done;
+  assign \$274  = \$272  & \$273 ;
+  assign \$275  = rt_lane < 1'h1;
+  assign \$276  = \$274  & \$275 ;
+  assign \$279  = rt_tbase + rt_el;
+  assign \$280  = ~ rt_hold;
+  assign \$281  = ~ rt_wphase;
+  assign \$282  = rt_hold & \$281 ;
+  assign \$283  = rt_tslot + rt_s;
+  assign \$284  = rt_hold & rt_wphase;
+  assign \$285  = rt_tslot + rt_s;
+  assign \$286  = \$285  + mk[13:2];
+  assign \$288  = ins[124:112] + rt_p;
+  assign \$289  = rd0_q == rt_j;
+  assign \$290  = rt_lp + rt_pos;
+  assign \$291  = rt_lp + mk[13:2];
+  assign \$292  = \$291  + rt_pos;
+  assign \$293  = rt_p + 1'h1;
+  assign \$294  = \$293  < mk[13:2];
+  assign \$295  = rt_cb + rt_j;
+  assign \$296  = rt_pos - rt_off;
+  assign \$297  = rt_cb + 4'h8;
+  assign \$298  = \$297  + rt_j;
+  assign \$299  = rt_j + 1'h1;
+  assign \$300  = \$299  < 4'h8;
+  assign \$301  = scan >= 4'h8;
+  assign \$302  = ins[76:64] + scan;
+  assign \$303  = ins[76:64] + 4'h8;
+  assign \$304  = \$303  + scan;
+  assign \$305  = | rd0_q;
+  assign \$306  = g_i >= count;
+  assign \$308  = ins[100:88] + offset;
+  assign \$309  = \$308  + g_i;
+  assign \$310  = | lane_y;
+  assign \$311  = g_j < ins[61:48];
+  assign \$314  = run_gather ? lane_acc[12:0] : g_in;
+  assign \$315  = ins[76:64] + \$314 ;
+  assign \$316  = \$315  + g_j;
+  assign \$317  = ~ running;
+  assign \$318  = soft_reset & \$317 ;
+  assign \$319  = ! ctrl_state;
+  assign \$320  = ctrl_state == 1'h1;
+  assign \$321  = ctrl_state == 2'h2;
+  assign \$322  = ctrl_state == 2'h3;
+  assign \$323  = ctrl_state == 3'h4;
+  assign \$324  = ctrl_state == 3'h5;
+  assign \$325  = ctrl_state == 3'h6;
+  assign \$326  = ctrl_state == 3'h7;
+  assign \$327  = ctrl_state == 4'h8;
+  assign \$328  = ctrl_state == 4'h9;
+  assign \$329  = ctrl_state == 4'ha;
+  assign \$330  = ctrl_state == 4'hb;
+  assign \$331  = ctrl_state == 4'hc;
+  assign \$332  = ctrl_state == 4'hd;
+  assign \$333  = ctrl_state == 4'he;
+  assign \$334  = ctrl_state == 4'hf;
+  assign \$335  = ctrl_state == 5'h10;
+  assign \$336  = ctrl_state == 5'h11;
+  assign \$337  = ctrl_state == 5'h12;
+  assign \$338  = ctrl_state == 5'h13;
+  assign \$339  = ctrl_state == 5'h14;
+  assign \$340  = ctrl_state == 5'h15;
+  assign \$341  = ctrl_state == 5'h16;
+  assign \$342  = ctrl_state == 5'h17;
+  assign \$343  = ctrl_state == 5'h18;
+  assign \$344  = ctrl_state == 5'h19;
+  assign \$345  = ctrl_state == 5'h1a;
+  assign \$346  = ctrl_state == 5'h1b;
+  assign \$347  = | lane_y;
+  assign \$348  = lane_acc + lane_x;
+  assign \$350  = lane_acc + lane_x;
+  assign \$351  = \$349  ? 33'h1ffffffff : \$350 [32:0];
+  assign \$353  = lane_x[32] ? 34'h1ffffffff : \$352 ;
+  assign \$355  = | wa;
+  assign \$356  = | wc;
+  assign \$357  = \$355  & \$356 ;
+  assign \$358  = ins[125:112] + wc;
+  assign \$359  = ins[77:64] < \$358 ;
+  assign \$360  = \$357  & \$359 ;
+  assign \$361  = ins[77:64] + wa;
+  assign \$362  = ins[125:112] < \$361 ;
+  assign \$363  = \$360  & \$362 ;
+  assign \$364  = ins[5:0] == 3'h4;
+  assign \$365  = ins[5:0] == 3'h5;
+  assign \$366  = ins[5:0] == 3'h6;
+  assign \$367  = ins[5:0] == 3'h7;
+  assign \$368  = ins[5:0] == 4'hd;
+  assign \$369  = | { \$368 , \$367 , \$366 , \$365 , \$364 , 1'h0 };
+  assign \$370  = ins[77:64] == ins[125:112];
+  assign \$371  = \$369  & \$370 ;
+  assign \$372  = wa == wc;
+  assign \$373  = \$371  & \$372 ;
+  assign \$374  = ~ \$373 ;
+  assign \$375  = \$363  & \$374 ;
+  assign \$376  = | wb;
+  assign \$377  = | wc;
+  assign \$378  = \$376  & \$377 ;
+  assign \$379  = ins[125:112] + wc;
+  assign \$380  = ins[101:88] < \$379 ;
+  assign \$381  = \$378  & \$380 ;
+  assign \$382  = ins[101:88] + wb;
+  assign \$383  = ins[125:112] < \$382 ;
+  assign \$384  = \$381  & \$383 ;
+  assign \$385  = ins[5:0] == 3'h4;
+  assign \$386  = ins[5:0] == 3'h5;
+  assign \$387  = ins[5:0] == 3'h6;
+  assign \$388  = ins[5:0] == 3'h7;
+  assign \$389  = ins[5:0] == 4'hd;
+  assign \$390  = | { \$389 , \$388 , \$387 , \$386 , \$385 , 1'h0 };
+  assign \$391  = ins[101:88] == ins[125:112];
+  assign \$392  = \$390  & \$391 ;
+  assign \$393  = wb == wc;
+  assign \$394  = \$392  & \$393 ;
+  assign \$395  = ~ \$394 ;
+  assign \$396  = \$384  & \$395 ;
+  assign \$397  = \$375  | \$396 ;
+  assign \$398  = ! wa;
+  assign \$399  = ! ins[87:78];
+  assign \$400  = ins[77:64] + wa;
+  assign \$401  = \$400  <= 14'h2000;
+  assign \$402  = \$399  & \$401 ;
+  assign \$403  = \$398  | \$402 ;
+  assign \$404  = ! wb;
+  assign \$405  = ! ins[111:102];
+  assign \$406  = ins[101:88] + wb;
+  assign \$407  = \$406  <= 14'h2000;
+  assign \$408  = \$405  & \$407 ;
+  assign \$409  = \$404  | \$408 ;
+  assign \$410  = \$403  & \$409 ;
+  assign \$411  = ! wc;
+  assign \$412  = ! ins[135:126];
+  assign \$413  = ins[125:112] + wc;
+  assign \$414  = \$413  <= 14'h2000;
+  assign \$415  = \$412  & \$414 ;
+  assign \$416  = \$411  | \$415 ;
+  assign \$417  = \$410  & \$416 ;
+  assign \$418  = ! host_eff[1:0];
+  assign \$419  = host_eff >= host_base;
+  assign \$420  = \$418  & \$419 ;
+  assign \$421  = host_eff + { l4[17:2], 2'h0 };
+  assign \$422  = host_base + host_size;
+  assign \$423  = \$421  <= \$422 ;
+  assign \$424  = \$420  & \$423 ;
+  assign \$425  = ~ h_valid;
+  assign \$426  = \$425  | eng_ready;
+  assign \$427  = ~ g_valid;
+  assign \$428  = ~ h_valid;
+  assign \$429  = \$428  | eng_ready;
+  assign \$430  = \$427  | \$429 ;
+  assign \$433  = rem0 == 1'h1;
+  assign \$436  = | rem0[13:1];
+  assign \$437  = | rem1[13:1];
+  assign \$438  = rem0 - 1'h1;
+  assign \$439  = pa + sa0;
+  assign \$440  = pb + sb0;
+  assign \$441  = rem1 - 1'h1;
+  assign \$442  = ra1 + sa1;
+  assign \$443  = ra1 + sa1;
+  assign \$444  = rb1 + sb1;
+  assign \$445  = rb1 + sb1;
+  assign \$446  = rem2 - 1'h1;
+  assign \$447  = ra2 + sa2;
+  assign \$448  = ra2 + sa2;
+  assign \$449  = ra2 + sa2;
+  assign \$450  = rb2 + sb2;
+  assign \$451  = rb2 + sb2;
+  assign \$452  = rb2 + sb2;
+  assign \$453  = | rem2[13:1];
+  assign \$454  = ~ \$453 ;
+  assign \$455  = ins[5:0] == 4'hd;
+  assign \$456  = ins[5:0] == 4'hc;
+  assign \$457  = \$456  ? 2'h1 : 2'h0;
+  assign \$458  = \$455  ? 2'h2 : \$457 ;
+  assign \$459  = ins[5:0] == 2'h3;
+  assign \$460  = ins[5:0] == 3'h4;
+  assign \$461  = ins[5:0] == 3'h5;
+  assign \$462  = ins[5:0] == 3'h6;
+  assign \$463  = ins[5:0] == 4'ha;
+  assign \$464  = rq_wvalid & rq_in__ready;
+  assign \$465  = h_valid & eng_ready;
+  assign \$466  = rq_wvalid & rq_in__ready;
+  assign \$467  = \$466  ? 3'h0 : rq_fill;
+  assign \$468  = rq_wvalid & rq_in__ready;
+  assign \$469  = \$468  ? 3'h0 : rq_fill;
+  assign \$470  = \$469  + 1'h1;
+  assign \$471  = rq_wvalid & rq_in__ready;
+  assign \$472  = \$471  ? 3'h0 : rq_fill;
+  assign \$473  = \$472  == 2'h3;
+  assign \$474  = \$473  | h_last;
+  assign \$475  = rq_lane == 2'h3;
+  assign \$476  = \$475  | rq_at_last;
+  assign \$477  = rq_lane + 1'h1;
+  assign \$478  = \$476  ? 3'h0 : \$477 ;
+  assign \$479  = ~ a_in__valid;
+  assign \$480  = ~ gm_afeed_done;
+  assign \$481  = \$479  & \$480 ;
+  assign \$482  = gm_lane == 3'h4;
+  assign \$483  = ! gm_left[13:3];
+  assign \$484  = gm_lane >= gm_left[2:0];
+  assign \$485  = \$483  & \$484 ;
+  assign \$486  = \$482  | \$485 ;
+  assign \$487  = ~ \$486 ;
+  assign \$488  = \$481  & \$487 ;
+  assign \$491  = gm_lane + 1'h1;
+  assign \$492  = gm_addr + ins[38:32];
+  assign \$493  = ~ a_in__valid;
+  assign \$494  = ~ gm_afeed_done;
+  assign \$495  = \$493  & \$494 ;
+  assign \$496  = gm_lane == 3'h4;
+  assign \$497  = ! gm_left[13:3];
+  assign \$498  = gm_lane >= gm_left[2:0];
+  assign \$499  = \$497  & \$498 ;
+  assign \$500  = \$496  | \$499 ;
+  assign \$501  = \$495  & \$500 ;
+  assign \$502  = a_in__valid & a_in__ready;
+  assign \$503  = gm_k + 1'h1;
+  assign \$504  = \$503  < ins[38:32];
+  assign \$505  = gm_k + 1'h1;
+  assign \$506  = gm_wstart + 1'h1;
+  assign \$507  = gm_wstart + 1'h1;
+  assign \$508  = gm_left - 3'h4;
+  assign \$509  = gm_addr - ins[38:32];
+  assign \$510  = $signed(\$509 ) + $signed(2'h1);
+  assign \$511  = gm_addr - ins[38:32];
+  assign \$512  = $signed(\$511 ) + $signed(2'h1);
+  assign \$513  = ! gm_left[13:3];
+  assign \$514  = gm_left[2:0] <= 3'h4;
+  assign \$515  = \$513  & \$514 ;
+  assign \$516  = gc_lane + 1'h1;
+  assign \$517  = gc_addr + ins[56:48];
+  assign \$518  = gc_lane + 1'h1;
+  assign \$519  = \$518  == 2'h3;
+  assign \$520  = ! gc_left[13:3];
+  assign \$521  = gc_lane + 1'h1;
+  assign \$522  = \$521  + 1'h1;
+  assign \$523  = \$522  >= gc_left[2:0];
+  assign \$524  = \$520  & \$523 ;
+  assign \$525  = \$519  | \$524 ;
+  assign \$526  = gc_n + 1'h1;
+  assign \$527  = \$526  < ins[56:48];
+  assign \$528  = gc_n + 1'h1;
+  assign \$529  = gc_wstart + 1'h1;
+  assign \$530  = gc_wstart + 1'h1;
+  assign \$531  = ! gc_left[13:3];
+  assign \$532  = gc_left[2:0] <= 1'h1;
+  assign \$533  = \$531  & \$532 ;
+  assign \$535  = gc_left - 3'h4;
+  assign \$536  = gc_addr + 1'h1;
+  assign \$537  = gc_addr + 1'h1;
+  assign \$538  = gc_left - 3'h4;
+  assign \$539  = ! \$538 [13:3];
+  assign \$540  = gc_left - 3'h4;
+  assign \$541  = \$540 [2:0] <= 1'h1;
+  assign \$542  = \$539  & \$541 ;
+  assign \$544  = ~ eng_run;
+  assign \$545  = ~ h_valid;
+  assign \$546  = \$545  | eng_ready;
+  assign \$547  = \$544  | \$546 ;
+  assign \$548  = pc >= 7'h40;
+  assign \$549  = | lane_y;
+  assign \$550  = step != 3'h7;
+  assign \$551  = ! ins[5:0];
+  assign \$552  = settle != 2'h2;
+  assign \$553  = | decode_q;
+  assign \$554  = | lane_acc[32:14];
+  assign \$555  = \$554  ? 14'h3fff : lane_acc[13:0];
+  assign \$556  = | lane_acc[32:14];
+  assign \$557  = \$556  ? 14'h3fff : lane_acc[13:0];
+  assign \$558  = | lane_acc[32:14];
+  assign \$559  = \$558  ? 14'h3fff : lane_acc[13:0];
+  assign \$560  = | lane_acc[32:14];
+  assign \$561  = \$560  ? 14'h3fff : lane_acc[13:0];
+  assign \$562  = | lane_acc[32:18];
+  assign \$563  = \$562  ? 18'h3ffff : lane_acc[17:0];
+  assign \$564  = step + 1'h1;
+  assign \$565  = settle + 1'h1;
+  assign \$566  = ins[5:0] == 1'h1;
+  assign \$567  = ins[5:0] == 2'h2;
+  assign \$568  = ins[5:0] == 2'h3;
+  assign \$569  = ins[5:0] == 3'h4;
+  assign \$570  = ins[5:0] == 3'h5;
+  assign \$571  = ins[5:0] == 3'h6;
+  assign \$572  = ins[5:0] == 3'h7;
+  assign \$573  = ins[5:0] == 4'h8;
+  assign \$574  = ins[5:0] == 4'ha;
+  assign \$575  = ins[5:0] == 4'hb;
+  assign \$576  = ins[5:0] == 4'hc;
+  assign \$577  = ins[5:0] == 4'hd;
+  assign \$578  = ln == 1'h1;
+  assign \$581  = ! m_eff[13:3];
+  assign \$582  = m_eff[2:0] <= 1'h1;
+  assign \$583  = \$581  & \$582 ;
+  assign \$588  = ins[124:112] + \$587 ;
+  assign \$590  = ins[124:112] + \$589 ;
+  assign \$591  = \$590  + 5'h10;
+  assign \$592  = el_i + 1'h1;
+  assign \$593  = el_i + 2'h2;
+  assign \$594  = \$593  == ln;
+  assign \$595  = el_i < ln;
+  assign \$596  = ~ \$595 ;
+  assign \$597  = eng_run & \$596 ;
+  assign \$598  = pc + 1'h1;
+  assign \$599  = ~ rd_busy;
+  assign \$600  = pc + 1'h1;
+  assign \$601  = ~ ld_full;
+  assign \$602  = rd_data__valid & \$601 ;
+  assign \$603  = el_i < ln;
+  assign \$604  = el_i + 1'h1;
+  assign \$605  = ld_e + 1'h1;
+  assign \$606  = ld_e + 1'h1;
+  assign \$607  = ins[243:238] == 1'h1;
+  assign \$608  = ins[243:238] == 2'h2;
+  assign \$609  = \$608  ? 2'h2 : 2'h1;
+  assign \$610  = \$607  ? 3'h4 : { 1'h0, \$609  };
+  assign \$611  = \$606  >= \$610 ;
+  assign \$612  = ~ rd_busy;
+  assign \$613  = ~ ld_full;
+  assign \$614  = \$612  & \$613 ;
+  assign \$615  = el_i < ln;
+  assign \$616  = ~ \$615 ;
+  assign \$617  = \$614  & \$616 ;
+  assign \$618  = pc + 1'h1;
+  assign \$619  = ~ st_full;
+  assign \$620  = st_e < 1'h1;
+  assign \$621  = \$619  & \$620 ;
+  assign \$622  = el_i < ln;
+  assign \$623  = \$621  & \$622 ;
+  assign \$624  = ~ st_rd;
+  assign \$625  = \$623  & \$624 ;
+  assign \$626  = el_i + 1'h1;
+  assign \$627  = st_e + 1'h1;
+  assign \$628  = ~ st_full;
+  assign \$629  = ~ st_rd;
+  assign \$630  = \$628  & \$629 ;
+  assign \$631  = | st_e;
+  assign \$632  = \$630  & \$631 ;
+  assign \$633  = st_e == 1'h1;
+  assign \$634  = el_i < ln;
+  assign \$635  = ~ \$634 ;
+  assign \$636  = \$633  | \$635 ;
+  assign \$637  = \$632  & \$636 ;
+  assign \$638  = wr_data__valid & wr_data__ready;
+  assign \$639  = ~ wr_busy;
+  assign \$640  = el_i < ln;
+  assign \$641  = ~ \$640 ;
+  assign \$642  = \$639  & \$641 ;
+  assign \$643  = ~ st_full;
+  assign \$644  = \$642  & \$643 ;
+  assign \$645  = ~ st_rd;
+  assign \$646  = \$644  & \$645 ;
+  assign \$647  = pc + 1'h1;
+  assign \$648  = rt_j + 1'h1;
+  assign \$649  = rt_j == 4'h8;
+  assign \$650  = ~ rt_wvalid;
+  assign \$651  = ~ rt_feed_done;
+  assign \$652  = \$650  & \$651 ;
+  assign \$653  = rt_lane < 1'h1;
+  assign \$654  = \$652  & \$653 ;
+  assign \$657  = rt_el < 4'h8;
+  assign \$658  = rt_lane + 1'h1;
+  assign \$659  = rt_el + 1'h1;
+  assign \$660  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
+  assign \$662  = scores__valid & scores__ready;
+  assign \$663  = rt_el >= 4'h8;
+  assign \$664  = rt_feed_left - 1'h1;
+  assign \$665  = rt_tbase + 4'h8;
+  assign \$666  = | rt_feed_left[13:1];
+  assign \$667  = ~ \$666 ;
+  assign \$668  = ~ rt_hold;
+  assign \$669  = routes__valid & \$668 ;
+  assign \$670  = ~ rt_wphase;
+  assign \$671  = rt_hold & \$670 ;
+  assign \$672  = rt_hold & rt_wphase;
+  assign \$673  = rt_s == 1'h1;
+  assign \$674  = rt_held[19] | \$673 ;
+  assign \$675  = rt_route_left - 1'h1;
+  assign \$676  = rt_tslot + 2'h2;
+  assign \$677  = rt_s + 1'h1;
+  assign \$678  = ! rt_route_left;
+  assign \$680  = rd0_q == rt_j;
+  assign \$681  = rt_pos + 1'h1;
+  assign \$682  = rt_p + 1'h1;
+  assign \$683  = \$682  < mk[13:2];
+  assign \$684  = rt_p + 1'h1;
+  assign \$685  = rt_ps == 1'h1;
+  assign \$686  = rt_pt + 1'h1;
+  assign \$687  = rt_ps + 1'h1;
+  assign \$688  = rt_j + 1'h1;
+  assign \$689  = rt_j + 1'h1;
+  assign \$690  = \$689  < 4'h8;
+  assign \$691  = pc + 1'h1;
+  assign \$692  = scan >= 4'h8;
+  assign \$693  = scan + 1'h1;
+  assign \$694  = | rd0_q;
+  assign \$695  = | rd1_q[23:14];
+  assign \$696  = \$695  ? 14'h3fff : rd1_q[13:0];
+  assign \$697  = pc + 1'h1;
+  assign \$698  = g_i >= count;
+  assign \$700  = pc + 1'h1;
+  assign \$701  = | rd0_q[31:16];
+  assign \$702  = rd0_q[15:0] >= m_eff;
+  assign \$703  = \$701  | \$702 ;
+  assign \$704  = | lane_y;
+  assign \$705  = g_j < ins[61:48];
+  assign \$708  = g_j + 1'h1;
+  assign \$709  = run_gather ? g_in : lane_acc[12:0];
+  assign \$710  = ins[124:112] + \$709 ;
+  assign \$711  = \$710  + g_j;
+  assign \$712  = g_j >= ins[61:48];
+  assign \$713  = ~ g_rv;
+  assign \$714  = \$712  & \$713 ;
+  assign \$715  = \$714  & g_wv;
+  assign \$716  = g_i + 1'h1;
+  assign \$717  = g_in + ins[61:48];
+  assign \$718  = ~ rd_busy;
+  assign \$719  = ~ wr_busy;
+  assign \$720  = \$718  & \$719 ;
+  assign \$721  = ~ running;
+  assign \$722  = soft_reset & \$721 ;
+  always @(posedge clk)
+    lane_acc <= \$723 ;
+  always @(posedge clk)
+    lane_x <= \$724 ;
+  always @(posedge clk)
+    lane_y <= \$725 ;
+  always @(posedge clk)
+    shape_q <= \$726 ;
+  always @(posedge clk)
+    overlap_q <= \$727 ;
+  always @(posedge clk)
+    spad_ok <= \$728 ;
+  always @(posedge clk)
+    host_ok <= \$729 ;
+  always @(posedge clk)
+    decode_q <= \$730 ;
+  always @(posedge clk)
+    h_valid <= \$731 ;
+  always @(posedge clk)
+    h_last <= \$732 ;
+  always @(posedge clk)
+    g_valid <= \$733 ;
+  always @(posedge clk)
+    g_last <= \$734 ;
+  always @(posedge clk)
+    rem0 <= \$735 ;
+  always @(posedge clk)
+    pa <= \$736 ;
+  always @(posedge clk)
+    pb <= \$737 ;
+  always @(posedge clk)
+    rem1 <= \$738 ;
+  always @(posedge clk)
+    ra1 <= \$739 ;
+  always @(posedge clk)
+    rb1 <= \$740 ;
+  always @(posedge clk)
+    rem2 <= \$741 ;
+  always @(posedge clk)
+    ra2 <= \$742 ;
+  always @(posedge clk)
+    rb2 <= \$743 ;
+  always @(posedge clk)
+    issuing <= \$744 ;
+  always @(posedge clk)
+    vec_op <= \$745 ;
+  always @(posedge clk)
+    run_gemm <= \$746 ;
+  always @(posedge clk)
+    run_requant <= \$747 ;
+  always @(posedge clk)
+    run_sigmoid <= \$748 ;
+  always @(posedge clk)
+    run_situ <= \$749 ;
+  always @(posedge clk)
+    run_gather <= \$750 ;
+  always @(posedge clk)
+    rq_wvalid <= \$751 ;
+  always @(posedge clk)
+    rq_fill <= \$752 ;
+  always @(posedge clk)
+    rq_in__payload <= \$753 ;
+  always @(posedge clk)
+    rq_lane <= \$754 ;
+  always @(posedge clk)
+    gm_cap <= \$755 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$756 ;
+  always @(posedge clk)
+    gm_lane <= \$757 ;
+  always @(posedge clk)
+    gm_addr <= \$758 ;
+  always @(posedge clk)
+    a_in__valid <= \$759 ;
+  always @(posedge clk)
+    gm_k <= \$760 ;
+  always @(posedge clk)
+    gm_wstart <= \$761 ;
+  always @(posedge clk)
+    gm_left <= \$762 ;
+  always @(posedge clk)
+    gm_afeed_done <= \$763 ;
+  always @(posedge clk)
+    gc_lane <= \$764 ;
+  always @(posedge clk)
+    gc_addr <= \$765 ;
+  always @(posedge clk)
+    gc_last <= \$766 ;
+  always @(posedge clk)
+    gc_n <= \$767 ;
+  always @(posedge clk)
+    gc_wstart <= \$768 ;
+  always @(posedge clk)
+    gc_left <= \$769 ;
+  always @(posedge clk)
+    rd0_q <= \$770 ;
+  always @(posedge clk)
+    rd1_q <= \$771 ;
+  always @(posedge clk)
+    running <= \$772 ;
+  always @(posedge clk)
+    done <= \$773 ;
+  always @(posedge clk)
+    error <= \$774 ;
+  always @(posedge clk)
+    pc <= \$775 ;
+  always @(posedge clk)
+    route_done <= \$776 ;
+  always @(posedge clk)
+    exp_active <= \$777 ;
+  always @(posedge clk)
+    scores_ok <= \$778 ;
+  always @(posedge clk)
+    ctrl_state <= \$779 ;
+  always @(posedge clk)
+    stop_code <= \$780 ;
+  always @(posedge clk)
+    executor <= \$781 ;
+  always @(posedge clk)
+    step <= \$782 ;
+  always @(posedge clk)
+    settle <= \$783 ;
+  always @(posedge clk)
+    ln <= \$784 ;
+  always @(posedge clk)
+    mk <= \$785 ;
+  always @(posedge clk)
+    p2 <= \$786 ;
+  always @(posedge clk)
+    p3 <= \$787 ;
+  always @(posedge clk)
+    l4 <= \$788 ;
+  always @(posedge clk)
+    host_eff <= \$789 ;
+  always @(posedge clk)
+    rq_width <= \$790 ;
+  always @(posedge clk)
+    \rq_mult$162  <= \$791 ;
+  always @(posedge clk)
+    rq_shift <= \$792 ;
+  always @(posedge clk)
+    cnt0 <= \$793 ;
+  always @(posedge clk)
+    cnt1 <= \$794 ;
+  always @(posedge clk)
+    sa0 <= \$795 ;
+  always @(posedge clk)
+    sa1 <= \$796 ;
+  always @(posedge clk)
+    sa2 <= \$797 ;
+  always @(posedge clk)
+    sb0 <= \$798 ;
+  always @(posedge clk)
+    sb1 <= \$799 ;
+  always @(posedge clk)
+    sb2 <= \$800 ;
+  always @(posedge clk)
+    el_i <= \$801 ;
+  always @(posedge clk)
+    rq_at_last <= \$802 ;
+  always @(posedge clk)
+    ld_full <= \$803 ;
+  always @(posedge clk)
+    ld_e <= \$804 ;
+  always @(posedge clk)
+    st_full <= \$805 ;
+  always @(posedge clk)
+    st_e <= \$806 ;
+  always @(posedge clk)
+    st_rd <= \$807 ;
+  always @(posedge clk)
+    wr_data__payload <= \$808 ;
+  always @(posedge clk)
+    rt_j <= \$809 ;
+  always @(posedge clk)
+    rt_cb <= \$810 ;
+  always @(posedge clk)
+    rt_lp <= \$811 ;
+  always @(posedge clk)
+    g_i <= \$812 ;
+  always @(posedge clk)
+    g_in <= \$813 ;
+  always @(posedge clk)
+    scores_a <= \$814 ;
+  always @(posedge clk)
+    scores_len <= \$815 ;
+  always @(posedge clk)
+    st_rd_e <= \$816 ;
+  always @(posedge clk)
+    rt_feed_left <= \$817 ;
+  always @(posedge clk)
+    rt_el <= \$818 ;
+  always @(posedge clk)
+    rt_lane <= \$819 ;
+  always @(posedge clk)
+    rt_wvalid <= \$820 ;
+  always @(posedge clk)
+    rt_tbase <= \$821 ;
+  always @(posedge clk)
+    rt_tslot <= \$822 ;
+  always @(posedge clk)
+    rt_feed_done <= \$823 ;
+  always @(posedge clk)
+    rt_cap <= \$824 ;
+  always @(posedge clk)
+    rt_route_left <= \$825 ;
+  always @(posedge clk)
+    rt_s <= \$826 ;
+  always @(posedge clk)
+    rt_hold <= \$827 ;
+  always @(posedge clk)
+    rt_wphase <= \$828 ;
+  always @(posedge clk)
+    rt_cap_ok <= \$829 ;
+  always @(posedge clk)
+    rt_held <= \$830 ;
+  always @(posedge clk)
+    rt_p <= \$831 ;
+  always @(posedge clk)
+    rt_pt <= \$832 ;
+  always @(posedge clk)
+    rt_ps <= \$833 ;
+  always @(posedge clk)
+    rt_pos <= \$834 ;
+  always @(posedge clk)
+    rt_off <= \$835 ;
+  always @(posedge clk)
+    scan <= \$836 ;
+  always @(posedge clk)
+    expert <= \$837 ;
+  always @(posedge clk)
+    count <= \$838 ;
+  always @(posedge clk)
+    offset <= \$839 ;
+  always @(posedge clk)
+    g_j <= \$840 ;
+  always @(posedge clk)
+    g_rv <= \$841 ;
+  always @(posedge clk)
+    g_wv <= \$842 ;
+  always @(posedge clk)
+    g_ra <= \$843 ;
+  always @(posedge clk)
+    g_wa <= \$844 ;
+  assign \$1  = ~ running;
+  assign \$2  = | error;
+  assign \$3  = done | \$2 ;
+  assign irq = \$1  & \$3 ;
+  assign m_eff = \$5  ? count : ins[31:16];
+  assign \$6  = m_eff + 3'h4;
+  assign \$7  = \$6  - 1'h1;
+  assign \$9  = | lane_acc[32:14];
+  assign \$10  = \$9  ? 14'h3fff : lane_acc[13:0];
+  assign \$11  = m_eff + 3'h4;
+  assign \$12  = \$11  - 1'h1;
+  assign \$14  = ins[63:48] + 3'h4;
+  assign \$15  = \$14  - 1'h1;
+  assign \$18  = ins[243:238] == 3'h4;
+  assign \$19  = ins[243:238] == 2'h2;
+  assign \$20  = \$19  ? 1'h1 : 1'h0;
+  assign \$21  = \$18  ? 2'h2 : { 1'h0, \$20  };
+  assign \$22  = ins[63:48] << \$21 ;
+  assign \$25  = \$24  ? expert : 4'h0;
+  assign \$26  = m_eff >= 1'h1;
+  assign \$27  = ins[63:48] >= 1'h1;
+  assign \$28  = ins[243:238] == 1'h1;
+  assign \$29  = ins[243:238] == 2'h2;
+  assign \$30  = ins[243:238] == 3'h4;
+  assign \$31  = | { \$30 , \$29 , \$28  };
+  assign \$32  = & { \$31 , \$27 , \$26  };
+  assign \$33  = m_eff >= 1'h1;
+  assign \$34  = ins[63:48] >= 1'h1;
+  assign \$35  = ins[243:238] == 3'h4;
+  assign \$37  = & { \$36 , \$34 , \$33  };
+  assign \$38  = m_eff >= 1'h1;
+  assign \$39  = ins[63:48] >= 1'h1;
+  assign \$40  = ins[47:32] >= 1'h1;
+  assign \$41  = ! ins[243:238];
+  assign \$42  = ins[243:238] >= 2'h2;
+  assign \$43  = ins[243:238] <= 5'h18;
+  assign \$44  = \$42  & \$43 ;
+  assign \$45  = | { \$44 , \$41  };
+  assign \$46  = ins[47:32] <= 7'h40;
+  assign \$47  = p2 <= 9'h100;
+  assign \$48  = p3 <= 9'h100;
+  assign \$49  = & { \$48 , \$47 , \$46 , \$45 , \$40 , \$39 , \$38  };
+  assign \$50  = m_eff >= 1'h1;
+  assign \$51  = ins[63:48] >= 1'h1;
+  assign \$52  = ins[243:238] >= 2'h2;
+  assign \$53  = ins[243:238] <= 5'h18;
+  assign \$54  = \$52  & \$53 ;
+  assign \$56  = & { \$55 , \$51 , \$50  };
+  assign \$57  = m_eff >= 1'h1;
+  assign \$58  = ins[63:48] >= 1'h1;
+  assign \$59  = & { \$58 , \$57  };
+  assign \$60  = m_eff >= 1'h1;
+  assign \$61  = ins[63:48] >= 1'h1;
+  assign \$62  = & { \$61 , \$60  };
+  assign \$63  = m_eff >= 1'h1;
+  assign \$64  = ins[63:48] >= 1'h1;
+  assign \$65  = & { \$64 , \$63  };
+  assign \$66  = m_eff >= 1'h1;
+  assign \$67  = ins[63:48] == 4'h8;
+  assign \$68  = ins[47:32] == 2'h2;
+  assign \$69  = & { \$68 , \$67 , \$66  };
+  assign \$70  = ins[63:48] == 4'h8;
+  assign \$72  = m_eff >= 1'h1;
+  assign \$73  = ins[63:48] >= 1'h1;
+  assign \$74  = & { \$73 , \$72  };
+  assign \$75  = m_eff >= 1'h1;
+  assign \$76  = ins[63:48] >= 1'h1;
+  assign \$77  = & { \$76 , \$75  };
+  assign \$78  = m_eff >= 1'h1;
+  assign \$79  = ins[63:48] >= 1'h1;
+  assign \$80  = ins[47:32] >= 1'h1;
+  assign \$81  = & { \$80 , \$79 , \$78  };
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = & { \$83 , \$82  };
+  assign \$87  = \$86  ? 5'h10 : 5'h00;
+  assign \$90  = \$89  ? 5'h10 : 5'h00;
+  assign \$91  = | ins[63:62];
+  assign \$92  = \$91  ? 14'h3fff : ins[61:48];
+  assign \$93  = mk + 5'h10;
+  assign \$95  = mk + 5'h10;
+  assign \$96  = \$94  ? 14'h3fff : \$95 [13:0];
+  assign \$98  = | \$97 [16:14];
+  assign \$100  = \$98  ? 14'h3fff : \$99 [13:0];
+  assign \$101  = offset + count;
+  assign \$102  = | \$101 [16:14];
+  assign \$103  = offset + count;
+  assign \$104  = \$102  ? 14'h3fff : \$103 [13:0];
+  assign \$105  = offset + count;
+  assign \$106  = | \$105 [16:14];
+  assign \$107  = offset + count;
+  assign \$108  = \$106  ? 14'h3fff : \$107 [13:0];
+  assign \$109  = ins[5:0] <= 4'he;
+  assign \$110  = ~ \$109 ;
+  assign \$112  = | \$111 ;
+  assign \$113  = ins[5:0] == 4'ha;
+  assign \$114  = ins[5:0] == 4'hb;
+  assign \$115  = | { \$114 , \$113 , 1'h0 };
+  assign \$116  = \$112  | \$115 ;
+  assign \$117  = ins[5:0] == 4'h9;
+  assign \$119  = \$116  | \$118 ;
+  assign \$120  = ~ route_done;
+  assign \$121  = \$119  & \$120 ;
+  assign \$123  = | \$122 ;
+  assign \$124  = ins[5:0] == 4'ha;
+  assign \$125  = ins[5:0] == 4'hb;
+  assign \$126  = | { \$125 , \$124 , 1'h0 };
+  assign \$127  = \$123  | \$126 ;
+  assign \$128  = ~ exp_active;
+  assign \$129  = \$127  & \$128 ;
+  assign \$130  = \$121  | \$129 ;
+  assign \$131  = ins[5:0] == 4'h9;
+  assign \$132  = ins[5:0] == 4'he;
+  assign \$133  = | { \$132 , \$131 , 1'h0 };
+  assign \$134  = ins[255:244] < 7'h40;
+  assign \$135  = ~ \$134 ;
+  assign \$136  = \$133  & \$135 ;
+  assign \$137  = ~ shape_q;
+  assign \$138  = ins[5:0] == 4'h8;
+  assign \$140  = ! ins[87:77];
+  assign \$141  = scores_ok & \$140 ;
+  assign \$142  = scores_a == ins[76:64];
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = scores_len == ln;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = ~ \$145 ;
+  assign \$147  = \$139  & \$146 ;
+  assign \$148  = ~ spad_ok;
+  assign \$149  = ins[5:0] == 1'h1;
+  assign \$150  = ins[5:0] == 2'h2;
+  assign \$151  = ins[5:0] == 2'h3;
+  \nanokpu_kpu.bank  bank (
+    .bus__araddr(s_axil__araddr),
+    .bus__arprot(s_axil__arprot),
+    .bus__arready(s_axil__arready),
+    .bus__arvalid(s_axil__arvalid),
+    .bus__awaddr(s_axil__awaddr),
+    .bus__awprot(s_axil__awprot),
+    .bus__awready(s_axil__awready),
+    .bus__awvalid(s_axil__awvalid),
+    .bus__bready(s_axil__bready),
+    .bus__bvalid(s_axil__bvalid),
+    .bus__rdata(s_axil__rdata),
+    .bus__rready(s_axil__rready),
+    .bus__rvalid(s_axil__rvalid),
+    .bus__wdata(s_axil__wdata),
+    .bus__wready(s_axil__wready),
+    .bus__wstrb(s_axil__wstrb),
+    .bus__wvalid(s_axil__wvalid),
+    .clear_loads(load_clear),
+    .clk(clk),
+    .done(done),
+    .error(error),
+    .executor(executor),
+    .host_base(host_base),
+    .host_size(host_size),
+    .imem_wr__addr(imem_wr__addr),
+    .imem_wr__en(imem_wr__en),
+    .pc(pc),
+    .\port$3210$0 (\load_data$122 ),
+    .retire(retire),
+    .rst(rst),
+    .running(running),
+    .soft_reset(soft_reset),
+    .start(\start$322 ),
+    .wr_data(imem_wr__data)
+  );
+  \nanokpu_kpu.dma  dma (
+    .abort(abort),
+    .ar_addr(m_axi__araddr),
+    .aw_addr(m_axi__awaddr),
+    .bus__arready(m_axi__arready),
+    .bus__arvalid(m_axi__arvalid),
+    .bus__awready(m_axi__awready),
+    .bus__awvalid(m_axi__awvalid),
+    .bus__bresp(m_axi__bresp),
+    .bus__bvalid(m_axi__bvalid),
+    .bus__rready(m_axi__rready),
+    .bus__rresp(m_axi__rresp),
+    .bus__rvalid(m_axi__rvalid),
+    .bus__wlast(m_axi__wlast),
+    .bus__wready(m_axi__wready),
+    .bus__wstrb(m_axi__wstrb),
+    .bus__wvalid(m_axi__wvalid),
+    .clk(clk),
+    .error(\error$252 ),
+    .\port$1242$0 (\$845 ),
+    .\port$1260$0 (\$846 ),
+    .\port$3411$2 (l4[17:2]),
+    .rd_addr(host_eff[31:0]),
+    .rd_busy(rd_busy),
+    .rd_data__payload(m_axi__rdata),
+    .rd_data__ready(rd_data__ready),
+    .rd_data__valid(rd_data__valid),
+    .rd_start(rd_start),
+    .rst(rst),
+    .wr_busy(wr_busy),
+    .wr_data__payload(wr_data__payload),
+    .wr_data__ready(wr_data__ready),
+    .wr_data__valid(wr_data__valid),
+    .wr_start(wr_start)
+  );
+  \nanokpu_kpu.fetch  fetch (
+    .clk(clk),
+    .done(\done$324 ),
+    .ins(ins),
+    .pc(\pc$240 ),
+    .rst(rst),
+    .start(start),
+    .wr__addr(imem_wr__addr),
+    .wr__data(imem_wr__data),
+    .wr__en(imem_wr__en)
+  );
+  \nanokpu_kpu.gemm  gemm (
+    .a_in__valid(a_in__valid),
+    .a_loading(a_in__ready),
+    .b_in__payload(m_axi__rdata),
+    .b_in__valid(b_in__valid),
+    .b_take(b_in__ready),
+    .c_out__payload(c_out__payload),
+    .c_out__ready(c_out__ready),
+    .c_out__valid(c_out__valid),
+    .clk(clk),
+    .cmd__payload(cmd__payload),
+    .cmd__ready(cmd__ready),
+    .cmd__valid(cmd__valid),
+    .\done$90 (\done$325 ),
+    .error(\error$326 ),
+    .rq_in__payload(rq_in__payload),
+    .rq_in__ready(rq_in__ready),
+    .rq_in__valid(rq_in__valid),
+    .rq_mult(\rq_mult$162 [15:0]),
+    .rq_shift(rq_shift),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.router  router (
+    .bias_addr(bias_addr),
+    .bias_we(bias_we),
+    .clk(clk),
+    .emitting(routes__valid),
+    .lh__addr(s_axil__araddr[4:2]),
+    .load_clear(load_clear),
+    .load_data(\load_data$122 ),
+    .routes__payload(routes__payload),
+    .routes__ready(routes__ready),
+    .rst(rst),
+    .scores__payload(scores__payload),
+    .scores__ready(scores__ready),
+    .scores__valid(scores__valid),
+    .unit_rst(unit_rst),
+    .wp__data(bias_data)
+  );
+  \nanokpu_kpu.sigmoid  sigmoid (
+    .advance(i__ready),
+    .clk(clk),
+    .i__valid(i__valid),
+    .o__payload(o__payload),
+    .o__valid(o__valid),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .x(rd0_q[15:0])
+  );
+  \nanokpu_kpu.situ  situ (
+    .advance(\i__ready$200 ),
+    .clk(clk),
+    .i__payload(\i__payload$169 ),
+    .i__valid(\i__valid$199 ),
+    .o__payload(\o__payload$202 ),
+    .o__valid(\o__valid$201 ),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.spad  spad (
+    .clk(clk),
+    .port__addr(rd0__addr),
+    .\port__addr$20 (rd1__addr),
+    .rd0_rd_data(rd0__data),
+    .rd0_rd_en(rd0__en),
+    .rd1_rd_data(rd1__data),
+    .rd1_rd_en(rd1__en),
+    .rst(rst),
+    .wr__addr(wr__addr),
+    .wr__data(wr__data),
+    .wr__en(wr__en)
+  );
+  \nanokpu_kpu.vector  vector (
+    .clk(clk),
+    .i__payload(\i__payload$171 ),
+    .i__ready(\i__ready$204 ),
+    .i__valid(\i__valid$203 ),
+    .n(ins[63:48]),
+    .o__payload(\o__payload$206 ),
+    .o__valid(\o__valid$205 ),
+    .op(vec_op),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    st_y = 16'h0000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_y = m_eff;
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_y = m_eff;
+            6'h0a, 6'h0b:
+                st_y = count;
+            6'h08:
+                st_y = m_eff;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_y = ins[47:32];
+            6'h03:
+                st_y = \$8 [15:0];
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_y = m_eff;
+            6'h03:
+                st_y = \$13 [15:0];
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_y = \$16 [15:0];
+            6'h01, 6'h02:
+                st_y = m_eff;
+          endcase
+      3'h5:
+          st_y = { 12'h000, \$25  };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    st_x = 33'h000000000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_x = { 17'h00000, ins[63:48] };
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_x = { 17'h00000, ins[47:32] };
+            6'h0a, 6'h0b:
+                st_x = { 17'h00000, ins[63:48] };
+            6'h08:
+                st_x = 33'h000000008;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_x = { 17'h00000, ins[63:48] };
+            6'h03:
+                st_x = { 17'h00000, ins[47:32] };
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_x = { 19'h00000, \$10  };
+            6'h03:
+                st_x = { 17'h00000, ins[63:48] };
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_x = { 14'h0000, \$17  };
+            6'h01, 6'h02:
+                st_x = { 14'h0000, \$22  };
+          endcase
+      3'h5:
+          st_x = { 1'h0, ins[199:168] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    st_acc = 33'h000000000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_acc = 33'h000000000;
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_acc = 33'h000000000;
+            6'h0a, 6'h0b:
+                st_acc = 33'h000000000;
+            6'h08:
+                st_acc = 33'h000000000;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_acc = 33'h000000000;
+            6'h01, 6'h02:
+                st_acc = 33'h000000003;
+          endcase
+      3'h5:
+          st_acc = { 1'h0, ins[167:136] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    shape_ok = 1'h0;
+    casez (ins[5:0])
+      6'h00:
+          shape_ok = 1'h1;
+      6'h01:
+          shape_ok = \$32 ;
+      6'h02:
+          shape_ok = \$37 ;
+      6'h03:
+          shape_ok = \$49 ;
+      6'h04:
+          shape_ok = \$56 ;
+      6'h05:
+          shape_ok = \$59 ;
+      6'h06:
+          shape_ok = \$62 ;
+      6'h07:
+          shape_ok = \$65 ;
+      6'h08:
+          shape_ok = \$69 ;
+      6'h09:
+          shape_ok = \$71 ;
+      6'h0a:
+          shape_ok = \$74 ;
+      6'h0b:
+          shape_ok = \$77 ;
+      6'h0c:
+          shape_ok = \$81 ;
+      6'h0d:
+          shape_ok = \$84 ;
+      6'h0e:
+          shape_ok = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wc = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          wc = ln;
+      6'h02:
+          /* empty */;
+      6'h03:
+          wc = ln;
+      6'h04:
+          wc = ln;
+      6'h05, 6'h0d:
+          wc = ln;
+      6'h06, 6'h07:
+          wc = ln;
+      6'h08:
+          wc = \$96 ;
+      6'h09:
+          /* empty */;
+      6'h0a:
+          wc = mk;
+      6'h0b:
+          wc = ln;
+      6'h0c:
+          wc = ln;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wa = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          /* empty */;
+      6'h02:
+          wa = ln;
+      6'h03:
+          wa = mk;
+      6'h04:
+          wa = ln;
+      6'h05, 6'h0d:
+          wa = ln;
+      6'h06, 6'h07:
+          wa = ln;
+      6'h08:
+          wa = ln;
+      6'h09:
+          wa = \$100 ;
+      6'h0a:
+          wa = ln;
+      6'h0b:
+          wa = mk;
+      6'h0c:
+          wa = p3;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wb = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          /* empty */;
+      6'h02:
+          /* empty */;
+      6'h03:
+          wb = { 9'h000, \$87  };
+      6'h04:
+          wb = { 9'h000, \$90  };
+      6'h05, 6'h0d:
+          /* empty */;
+      6'h06, 6'h07:
+          wb = ln;
+      6'h08:
+          wb = \$92 ;
+      6'h09:
+          /* empty */;
+      6'h0a:
+          wb = \$104 ;
+      6'h0b:
+          wb = \$108 ;
+      6'h0c:
+          wb = mk;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    decode_err = 8'h00;
+    if (\$110 ) begin
+      decode_err = 8'h01;
+    end else if (\$130 ) begin
+      decode_err = 8'h08;
+    end else if (\$136 ) begin
+      decode_err = 8'h06;
+    end else if (\$137 ) begin
+      decode_err = 8'h03;
+    end else if (\$147 ) begin
+      decode_err = 8'h04;
+    end else if (\$148 ) begin
+      decode_err = 8'h02;
+    end else if (overlap_q) begin
+      decode_err = 8'h09;
+    end else if (\$154 ) begin
+      decode_err = 8'h05;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd0__addr = 13'h0000;
+    if (eng_run) begin
+      rd0__addr = pa;
+    end
+    if (gemm_run) begin
+      if (\$217 ) begin
+        rd0__addr = gm_addr;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          rd0__addr = \$228 [12:0];
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$259 ) begin
+            rd0__addr = \$260 [12:0];
+          end
+      5'h0a:
+          rd0__addr = \$269 [12:0];
+      5'h10:
+          if (\$278 ) begin
+            rd0__addr = \$279 [12:0];
+          end
+      5'h11:
+          if (\$287 ) begin
+            rd0__addr = \$288 [12:0];
+          end
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          (* full_case = 32'd1 *)
+          if (\$301 ) begin
+          end else begin
+            rd0__addr = \$302 [12:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          if (\$306 ) begin
+          end else if (\$307 ) begin
+            rd0__addr = \$309 [12:0];
+          end
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$310 ) begin
+          end else if (\$313 ) begin
+            rd0__addr = \$316 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd1__addr = 13'h0000;
+    if (eng_run) begin
+      rd1__addr = pb;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          rd1__addr = \$231 [12:0];
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          (* full_case = 32'd1 *)
+          if (\$301 ) begin
+          end else begin
+            rd1__addr = \$304 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd0__en = 1'h1;
+    if (eng_run) begin
+      rd0__en = \$160 ;
+    end
+    if (gemm_run) begin
+      if (\$217 ) begin
+        rd0__en = 1'h1;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          rd0__en = 1'h1;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$259 ) begin
+            rd0__en = 1'h1;
+          end
+      5'h0a:
+          rd0__en = 1'h1;
+      5'h10:
+          if (\$278 ) begin
+            rd0__en = 1'h1;
+          end
+      5'h11:
+          if (\$287 ) begin
+            rd0__en = 1'h1;
+          end
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          (* full_case = 32'd1 *)
+          if (\$301 ) begin
+          end else begin
+            rd0__en = 1'h1;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          if (\$306 ) begin
+          end else if (\$307 ) begin
+            rd0__en = 1'h1;
+          end
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$310 ) begin
+          end else if (\$313 ) begin
+            rd0__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd1__en = 1'h1;
+    if (eng_run) begin
+      rd1__en = \$166 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          rd1__en = 1'h1;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          (* full_case = 32'd1 *)
+          if (\$301 ) begin
+          end else begin
+            rd1__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rq_in__valid = 1'h0;
+    if (eng_run) begin
+      if (run_requant) begin
+        rq_in__valid = rq_wvalid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    eng_ready = 1'h0;
+    if (eng_run) begin
+      (* full_case = 32'd1 *)
+      if (run_requant) begin
+        eng_ready = \$198 ;
+      end else if (run_sigmoid) begin
+        eng_ready = i__ready;
+      end else if (run_situ) begin
+        eng_ready = \i__ready$200 ;
+      end else begin
+        eng_ready = \i__ready$204 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    out_valid = 1'h0;
+    if (eng_run) begin
+      (* full_case = 32'd1 *)
+      if (run_requant) begin
+        out_valid = c_out__valid;
+      end else if (run_sigmoid) begin
+        out_valid = o__valid;
+      end else if (run_situ) begin
+        out_valid = \o__valid$201 ;
+      end else begin
+        out_valid = \o__valid$205 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    out_data = 32'd0;
+    if (eng_run) begin
+      (* full_case = 32'd1 *)
+      if (run_requant) begin
+        out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
+      end else if (run_sigmoid) begin
+        out_data = { 19'h00000, o__payload };
+      end else if (run_situ) begin
+        out_data = { \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202  };
+      end else begin
+        out_data = { \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206  };
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    c_out__ready = 1'h0;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (c_out__valid) begin
+          c_out__ready = \$200 ;
+        end
+      end
+    end
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          c_out__ready = 1'h1;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    i__valid = 1'h0;
+    if (eng_run) begin
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+        i__valid = h_valid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \i__valid$199  = 1'h0;
+    if (eng_run) begin
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+      end else if (run_situ) begin
+        \i__valid$199  = h_valid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \i__valid$203  = 1'h0;
+    if (eng_run) begin
+      (* full_case = 32'd1 *)
+      if (run_requant) begin
+      end else if (run_sigmoid) begin
+      end else if (run_situ) begin
+      end else begin
+        \i__valid$203  = h_valid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    b_in__valid = 1'h0;
+    if (gemm_run) begin
+      b_in__valid = rd_data__valid;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd_data__ready = 1'h0;
+    if (gemm_run) begin
+      rd_data__ready = b_in__ready;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          rd_data__ready = \$237 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wr__addr = 13'h0000;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        wr__addr = gc_addr;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            wr__addr = \$232 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (ld_full) begin
+            if (\$238 ) begin
+              wr__addr = \$239 [12:0];
+            end
+          end
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+        begin
+          if (\$282 ) begin
+            wr__addr = \$283 [12:0];
+          end
+          if (\$284 ) begin
+            wr__addr = \$286 [12:0];
+          end
+        end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          if (\$289 ) begin
+            wr__addr = \$290 [12:0];
+          end
+      5'h14:
+          wr__addr = \$292 [12:0];
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$294 ) begin
+          end else begin
+            wr__addr = \$295 [12:0];
+          end
+      5'h16:
+          wr__addr = \$298 [12:0];
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (g_wv) begin
+            wr__addr = g_wa;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wr__data = 32'd0;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        wr__data = { \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220  };
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            wr__data = out_data;
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (ld_full) begin
+            if (\$238 ) begin
+              wr__data = \$246 ;
+            end
+          end
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+        begin
+          if (\$282 ) begin
+            wr__data = { 29'h00000000, rt_held[2:0] };
+          end
+          if (\$284 ) begin
+            wr__data = { 16'h0000, rt_held[18:3] };
+          end
+        end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          if (\$289 ) begin
+            wr__data = { 18'h00000, rt_p };
+          end
+      5'h14:
+          wr__data = { 18'h00000, rt_pt };
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$294 ) begin
+          end else begin
+            wr__data = { \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296  };
+          end
+      5'h16:
+          wr__data = { 18'h00000, rt_off };
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (g_wv) begin
+            wr__data = rd0_q;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wr__en = 1'h0;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        wr__en = 1'h1;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            wr__en = 1'h1;
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (ld_full) begin
+            if (\$238 ) begin
+              wr__en = 1'h1;
+            end
+          end
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+        begin
+          if (\$282 ) begin
+            wr__en = 1'h1;
+          end
+          if (\$284 ) begin
+            wr__en = 1'h1;
+          end
+        end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          if (\$289 ) begin
+            wr__en = 1'h1;
+          end
+      5'h14:
+          wr__en = 1'h1;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$294 ) begin
+          end else begin
+            wr__en = 1'h1;
+          end
+      5'h16:
+          wr__en = 1'h1;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (g_wv) begin
+            wr__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    start = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          (* full_case = 32'd1 *)
+          if (\$221 ) begin
+          end else begin
+            start = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \pc$240  = 13'h0000;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          (* full_case = 32'd1 *)
+          if (\$221 ) begin
+          end else begin
+            \pc$240  = pc;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    retire = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$222 ) begin
+          end else if (\$223 ) begin
+          end else if (\$224 ) begin
+          end else if (\$225 ) begin
+          end else if (\$226 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  retire = 1'h1;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$235 ) begin
+            retire = 1'h1;
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$236 ) begin
+            retire = 1'h1;
+          end
+      5'h08:
+          if (\error$252 ) begin
+          end else if (\$252 ) begin
+            retire = 1'h1;
+          end
+      5'h09:
+          if (\error$252 ) begin
+          end else if (\$268 ) begin
+            retire = 1'h1;
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$300 ) begin
+          end else begin
+            retire = 1'h1;
+          end
+      5'h0b:
+          if (\$301 ) begin
+            retire = 1'h1;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$305 ) begin
+            retire = 1'h1;
+          end
+      5'h0c:
+          if (\$306 ) begin
+            retire = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    rd_start = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$222 ) begin
+          end else if (\$223 ) begin
+          end else if (\$224 ) begin
+          end else if (\$225 ) begin
+          end else if (\$226 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  rd_start = 1'h1;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          if (cmd__ready) begin
+            rd_start = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wr_start = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$222 ) begin
+          end else if (\$223 ) begin
+          end else if (\$224 ) begin
+          end else if (\$225 ) begin
+          end else if (\$226 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  wr_start = 1'h1;
+            endcase
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    eng_run = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          eng_run = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    cmd__valid = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          cmd__valid = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    gemm_run = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          gemm_run = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    wr_data__valid = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          wr_data__valid = st_full;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    bias_we = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$270 ) begin
+            bias_we = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    bias_addr = 3'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$270 ) begin
+            bias_addr = \$271 [2:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    bias_data = 16'h0000;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$270 ) begin
+            bias_data = rd0__data[15:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    scores__payload = 13'h0000;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          scores__payload = rq_in__payload[12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    scores__valid = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          scores__valid = rt_wvalid;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    routes__ready = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          routes__ready = \$280 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    abort = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          abort = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    unit_rst = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          unit_rst = 1'h1;
+    endcase
+    if (\$318 ) begin
+      unit_rst = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$723  = lane_acc;
+    if (\$347 ) begin
+      if (lane_y[0]) begin
+        \$723  = \$351 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            \$723  = st_acc;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$723  = 33'h000000000;
+          end
+    endcase
+    if (rst) begin
+      \$723  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$724  = lane_x;
+    if (\$347 ) begin
+      \$724  = \$353 [32:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            \$724  = st_x;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$724  = { 19'h00000, ins[61:48] };
+          end
+    endcase
+    if (rst) begin
+      \$724  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$725  = lane_y;
+    if (\$347 ) begin
+      \$725  = \$354 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            \$725  = st_y;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$725  = rd0_q[15:0];
+          end
+    endcase
+    if (rst) begin
+      \$725  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$726  = shape_ok;
+    if (rst) begin
+      \$726  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$727  = \$397 ;
+    if (rst) begin
+      \$727  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$728  = \$417 ;
+    if (rst) begin
+      \$728  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$729  = \$424 ;
+    if (rst) begin
+      \$729  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$730  = decode_err;
+    if (rst) begin
+      \$730  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$731  = h_valid;
+    if (eng_run) begin
+      if (\$426 ) begin
+        \$731  = g_valid;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$731  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$731  = 1'h0;
+              6'h0c:
+                  \$731  = 1'h0;
+              6'h0d:
+                  \$731  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$731  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$732  = h_last;
+    if (eng_run) begin
+      if (\$426 ) begin
+        \$732  = g_last;
+      end
+    end
+    if (rst) begin
+      \$732  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$733  = g_valid;
+    if (eng_run) begin
+      if (\$430 ) begin
+        \$733  = \$432 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$733  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$733  = 1'h0;
+              6'h0c:
+                  \$733  = 1'h0;
+              6'h0d:
+                  \$733  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$733  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$734  = g_last;
+    if (eng_run) begin
+      if (\$430 ) begin
+        \$734  = \$433 ;
+      end
+    end
+    if (rst) begin
+      \$734  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$735  = rem0;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+            \$735  = \$438 [13:0];
+          end else if (\$437 ) begin
+            \$735  = cnt0;
+          end else begin
+            \$735  = cnt0;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$735  = ln;
+              6'h05, 6'h06, 6'h07:
+                  \$735  = ln;
+              6'h0c:
+                  \$735  = ins[45:32];
+              6'h0d:
+                  \$735  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$735  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$736  = pa;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+            \$736  = \$439 [12:0];
+          end else if (\$437 ) begin
+            \$736  = \$443 [12:0];
+          end else begin
+            \$736  = \$449 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$736  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$736  = ins[76:64];
+              6'h0c:
+                  \$736  = ins[76:64];
+              6'h0d:
+                  \$736  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$736  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$737  = pb;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+            \$737  = \$440 [12:0];
+          end else if (\$437 ) begin
+            \$737  = \$445 [12:0];
+          end else begin
+            \$737  = \$452 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$737  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$737  = ins[100:88];
+              6'h0c:
+                  \$737  = ins[100:88];
+              6'h0d:
+                  \$737  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$737  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$738  = rem1;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+            \$738  = \$441 [13:0];
+          end else begin
+            \$738  = cnt1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$738  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$738  = 14'h0001;
+              6'h0c:
+                  \$738  = ins[61:48];
+              6'h0d:
+                  \$738  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$738  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$739  = ra1;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+            \$739  = \$442 [12:0];
+          end else begin
+            \$739  = \$448 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$739  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$739  = ins[76:64];
+              6'h0c:
+                  \$739  = ins[76:64];
+              6'h0d:
+                  \$739  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$739  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$740  = rb1;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+            \$740  = \$444 [12:0];
+          end else begin
+            \$740  = \$451 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$740  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$740  = ins[100:88];
+              6'h0c:
+                  \$740  = ins[100:88];
+              6'h0d:
+                  \$740  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$740  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$741  = rem2;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+          end else begin
+            \$741  = \$446 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$741  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$741  = 14'h0001;
+              6'h0c:
+                  \$741  = m_eff[13:0];
+              6'h0d:
+                  \$741  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$741  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$742  = ra2;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+          end else begin
+            \$742  = \$447 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$742  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$742  = ins[76:64];
+              6'h0c:
+                  \$742  = ins[76:64];
+              6'h0d:
+                  \$742  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$742  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$743  = rb2;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+          end else begin
+            \$743  = \$450 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$743  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$743  = ins[100:88];
+              6'h0c:
+                  \$743  = ins[100:88];
+              6'h0d:
+                  \$743  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$743  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$744  = issuing;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$436 ) begin
+          end else if (\$437 ) begin
+          end else begin
+            if (\$454 ) begin
+              \$744  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$744  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$744  = 1'h1;
+              6'h0c:
+                  \$744  = 1'h1;
+              6'h0d:
+                  \$744  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$744  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$745  = \$458 ;
+    if (rst) begin
+      \$745  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = \$459 ;
+    if (rst) begin
+      \$746  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$460 ;
+    if (rst) begin
+      \$747  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$748  = \$461 ;
+    if (rst) begin
+      \$748  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$749  = \$462 ;
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = \$463 ;
+    if (rst) begin
+      \$750  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = rq_wvalid;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$464 ) begin
+          \$751  = 1'h0;
+        end
+        if (\$465 ) begin
+          if (\$474 ) begin
+            \$751  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$751  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$751  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = rq_fill;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$464 ) begin
+          \$752  = 3'h0;
+        end
+        if (\$465 ) begin
+          \$752  = \$470 [2:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$752  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$752  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = rq_in__payload;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (\$465 ) begin
+          casez (\$467 )
+            3'h0:
+                \$753 [23:0] = rd0_q[23:0];
+            3'h1:
+                \$753 [47:24] = rd0_q[23:0];
+            3'h2:
+                \$753 [71:48] = rd0_q[23:0];
+            3'h3:
+                \$753 [95:72] = rd0_q[23:0];
+          endcase
+        end
+      end
+    end
+    if (gemm_run) begin
+      if (gm_cap) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$753 [7:0] = rd0__data[7:0];
+          2'h1:
+              \$753 [31:24] = rd0__data[7:0];
+          2'h2:
+              \$753 [55:48] = rd0__data[7:0];
+          2'h3:
+              \$753 [79:72] = rd0__data[7:0];
+        endcase
+      end
+      if (\$502 ) begin
+        \$753  = 96'h000000000000000000000000;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$753  = 96'h000000000000000000000000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (rt_cap) begin
+            \$753 [12:0] = \$660 ;
+          end
+    endcase
+    if (rst) begin
+      \$753  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$754  = rq_lane;
+    if (eng_run) begin
+      if (run_requant) begin
+        if (c_out__valid) begin
+          \$754  = \$478 [1:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$754  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$754  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$755  = gm_cap;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$490 ) begin
+        \$755  = 1'h1;
+      end else begin
+        \$755  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$755  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$756  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$490 ) begin
+        \$756  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$756  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$757  = gm_lane;
+    if (gemm_run) begin
+      if (\$490 ) begin
+        \$757  = \$491 [2:0];
+      end
+      if (\$502 ) begin
+        \$757  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$757  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$757  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$758  = gm_addr;
+    if (gemm_run) begin
+      if (\$490 ) begin
+        \$758  = \$492 [12:0];
+      end
+      if (\$502 ) begin
+        (* full_case = 32'd1 *)
+        if (\$504 ) begin
+          \$758  = \$507 [12:0];
+        end else begin
+          \$758  = \$512 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$758  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$758  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$759  = a_in__valid;
+    if (gemm_run) begin
+      if (\$501 ) begin
+        \$759  = 1'h1;
+      end
+      if (\$502 ) begin
+        \$759  = 1'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$759  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$759  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$760  = gm_k;
+    if (gemm_run) begin
+      if (\$502 ) begin
+        (* full_case = 32'd1 *)
+        if (\$504 ) begin
+          \$760  = \$505 [6:0];
+        end else begin
+          \$760  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$760  = 7'h00;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$760  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$761  = gm_wstart;
+    if (gemm_run) begin
+      if (\$502 ) begin
+        (* full_case = 32'd1 *)
+        if (\$504 ) begin
+          \$761  = \$506 [12:0];
+        end else begin
+          \$761  = \$510 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$761  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$761  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$762  = gm_left;
+    if (gemm_run) begin
+      if (\$502 ) begin
+        (* full_case = 32'd1 *)
+        if (\$504 ) begin
+        end else begin
+          \$762  = \$508 [13:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$762  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$762  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$763  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$502 ) begin
+        (* full_case = 32'd1 *)
+        if (\$504 ) begin
+        end else begin
+          if (\$515 ) begin
+            \$763  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$763  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$763  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$764  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$764  = \$516 [1:0];
+        if (gc_last) begin
+          \$764  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$764  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$764  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = gc_addr;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$765  = \$517 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$527 ) begin
+            \$765  = \$530 [12:0];
+          end else begin
+            \$765  = \$537 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$765  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$765  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$766  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$766  = \$525 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$527 ) begin
+            \$766  = \$534 ;
+          end else begin
+            \$766  = \$543 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$766  = \$584 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$766  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = gc_n;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$527 ) begin
+            \$767  = \$528 [8:0];
+          end else begin
+            \$767  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$767  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$767  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$768  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$527 ) begin
+            \$768  = \$529 [12:0];
+          end else begin
+            \$768  = \$536 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$768  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$768  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = gc_left;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$527 ) begin
+          end else begin
+            \$769  = \$535 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$769  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$769  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = rd0_q;
+    if (\$547 ) begin
+      \$770  = rd0__data;
+    end
+    if (rst) begin
+      \$770  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = rd1_q;
+    if (\$547 ) begin
+      \$771  = rd1__data;
+    end
+    if (rst) begin
+      \$771  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$772  = running;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$772  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+            \$772  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$720 ) begin
+            \$772  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$772  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = done;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$773  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+            \$773  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$720 ) begin
+            \$773  = 1'h0;
+          end
+    endcase
+    if (\$722 ) begin
+      \$773  = 1'h0;
+    end
+    if (rst) begin
+      \$773  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$774  = error;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$774  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$720 ) begin
+            \$774  = stop_code;
+          end
+    endcase
+    if (\$722 ) begin
+      \$774  = 8'h00;
+    end
+    if (rst) begin
+      \$774  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$775  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$775  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$597 ) begin
+            \$775  = \$598 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$599 ) begin
+            \$775  = \$600 [12:0];
+          end
+      5'h08:
+          if (\error$252 ) begin
+          end else if (\$617 ) begin
+            \$775  = \$618 [12:0];
+          end
+      5'h09:
+          if (\error$252 ) begin
+          end else if (\$646 ) begin
+            \$775  = \$647 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$775  = \$691 [12:0];
+          end
+      5'h0b:
+          if (\$692 ) begin
+            \$775  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$775  = \$697 [12:0];
+          end
+      5'h0c:
+          if (\$698 ) begin
+            \$775  = \$700 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$775  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = route_done;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$776  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$776  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$776  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$777  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$777  = 1'h0;
+          end
+      5'h0b:
+          if (\$692 ) begin
+            \$777  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$777  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$777  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = scores_ok;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$778  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$597 ) begin
+            if (run_sigmoid) begin
+              \$778  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$778  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$779  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$322 ) begin
+            \$779  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$548 ) begin
+            \$779  = 5'h02;
+          end else begin
+            \$779  = 5'h03;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          if (\done$324 ) begin
+            \$779  = 5'h04;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+            \$779  = 5'h00;
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+            \$779  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$779  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$580 ) begin
+                    \$779  = 5'h05;
+                  end else begin
+                    \$779  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$779  = 5'h06;
+              6'h0c:
+                  \$779  = 5'h06;
+              6'h0d:
+                  \$779  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$586 ) begin
+                    \$779  = 5'h05;
+                  end else begin
+                    \$779  = 5'h07;
+                  end
+              6'h01:
+                  \$779  = 5'h08;
+              6'h02:
+                  \$779  = 5'h09;
+              6'h08:
+                  \$779  = 5'h0a;
+              6'h09:
+                  \$779  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$779  = 5'h0c;
+            endcase
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$779  = 5'h0d;
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (run_gemm) begin
+            \$779  = 5'h07;
+          end else begin
+            \$779  = 5'h06;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$597 ) begin
+            \$779  = 5'h01;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$779  = 5'h0e;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (\error$252 ) begin
+            \$779  = 5'h02;
+          end else if (\done$325 ) begin
+            (* full_case = 32'd1 *)
+            if (\error$326 ) begin
+              \$779  = 5'h02;
+            end else begin
+              \$779  = 5'h0f;
+            end
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$599 ) begin
+            \$779  = 5'h01;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (\error$252 ) begin
+            \$779  = 5'h02;
+          end else if (\$617 ) begin
+            \$779  = 5'h01;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (\error$252 ) begin
+            \$779  = 5'h02;
+          end else if (\$646 ) begin
+            \$779  = 5'h01;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$649 ) begin
+            \$779  = 5'h10;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$678 ) begin
+            \$779  = 5'h11;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          if (\$679 ) begin
+            \$779  = 5'h12;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$779  = 5'h13;
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+            \$779  = 5'h14;
+          end else begin
+            \$779  = 5'h15;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$779  = 5'h15;
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$683 ) begin
+            \$779  = 5'h11;
+          end else begin
+            \$779  = 5'h16;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+            \$779  = 5'h11;
+          end else begin
+            \$779  = 5'h01;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$692 ) begin
+            \$779  = 5'h01;
+          end else begin
+            \$779  = 5'h17;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$779  = 5'h18;
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$694 ) begin
+            \$779  = 5'h01;
+          end else begin
+            \$779  = 5'h0b;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$698 ) begin
+            \$779  = 5'h01;
+          end else if (\$699 ) begin
+            \$779  = 5'h19;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h19:
+        begin
+          \$779  = 5'h1a;
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h1a:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+            \$779  = 5'h02;
+          end else begin
+            \$779  = 5'h1b;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$715 ) begin
+            \$779  = 5'h0c;
+          end
+          if (soft_reset) begin
+            \$779  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$720 ) begin
+            \$779  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$779  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$548 ) begin
+            \$780  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h03:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+            \$780  = decode_q;
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h05:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h0d:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h06:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h07:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (\error$252 ) begin
+            \$780  = 8'h07;
+          end else if (\done$325 ) begin
+            if (\error$326 ) begin
+              \$780  = 8'h03;
+            end
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (\error$252 ) begin
+            \$780  = 8'h07;
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (\error$252 ) begin
+            \$780  = 8'h07;
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h10:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h11:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h12:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h13:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h14:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h15:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h16:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h0b:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h17:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h18:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h0c:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h19:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$703 ) begin
+            \$780  = 8'h02;
+          end
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (soft_reset) begin
+            \$780  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$780  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = executor;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$548 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h03:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+            \$781  = 6'h00;
+          end else begin
+            if (\$566 ) begin
+              \$781  = 6'h01;
+            end
+            if (\$567 ) begin
+              \$781  = 6'h01;
+            end
+            if (\$568 ) begin
+              \$781  = 6'h02;
+            end
+            if (\$569 ) begin
+              \$781  = 6'h04;
+            end
+            if (\$570 ) begin
+              \$781  = 6'h04;
+            end
+            if (\$571 ) begin
+              \$781  = 6'h04;
+            end
+            if (\$572 ) begin
+              \$781  = 6'h10;
+            end
+            if (\$573 ) begin
+              \$781  = 6'h08;
+            end
+            if (\$574 ) begin
+              \$781  = 6'h20;
+            end
+            if (\$575 ) begin
+              \$781  = 6'h20;
+            end
+            if (\$576 ) begin
+              \$781  = 6'h10;
+            end
+            if (\$577 ) begin
+              \$781  = 6'h10;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$781  = 6'h00;
+            endcase
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h05:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h0d:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$597 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h07:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (\error$252 ) begin
+            \$781  = 6'h00;
+          end else if (\done$325 ) begin
+            if (\error$326 ) begin
+              \$781  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$599 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (\error$252 ) begin
+            \$781  = 6'h00;
+          end else if (\$617 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (\error$252 ) begin
+            \$781  = 6'h00;
+          end else if (\$646 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h10:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h11:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h12:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h13:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h14:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h15:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$692 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h17:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$694 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$698 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h19:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$703 ) begin
+            \$781  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (soft_reset) begin
+            \$781  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$781  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = step;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\done$324 ) begin
+            \$782  = 3'h0;
+          end
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            \$782  = \$564 [2:0];
+          end
+    endcase
+    if (rst) begin
+      \$782  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          if (\done$324 ) begin
+            \$783  = 2'h0;
+          end
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+            \$783  = \$565 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$783  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$784  = ln;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  \$784  = \$555 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$784  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = mk;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  \$785  = \$557 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$785  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = p2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  \$786  = \$559 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$786  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = p3;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  \$787  = \$561 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$787  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = l4;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  /* empty */;
+              3'h5:
+                  \$788  = \$563 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$788  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = host_eff;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+            casez (step)
+              3'h1:
+                  /* empty */;
+              3'h2:
+                  /* empty */;
+              3'h3:
+                  /* empty */;
+              3'h4:
+                  /* empty */;
+              3'h5:
+                  /* empty */;
+              3'h6:
+                  \$789  = lane_acc;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$789  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = rq_width;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$790  = ins[243:238];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$790  = ins[243:238];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$790  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = \rq_mult$162 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$791  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$791  = ins[231:200];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$791  = { 16'h0000, rd0__data[15:0] };
+    endcase
+    if (rst) begin
+      \$791  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = rq_shift;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$792  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$792  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$792  = rd1__data[5:0];
+    endcase
+    if (rst) begin
+      \$792  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$793  = ln;
+              6'h05, 6'h06, 6'h07:
+                  \$793  = ln;
+              6'h0c:
+                  \$793  = ins[45:32];
+              6'h0d:
+                  \$793  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$793  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$794  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$794  = 14'h0001;
+              6'h0c:
+                  \$794  = ins[61:48];
+              6'h0d:
+                  \$794  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$794  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = sa0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$795  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$795  = 13'h0001;
+              6'h0c:
+                  \$795  = ins[60:48];
+              6'h0d:
+                  \$795  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$795  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = sa1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$796  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$796  = 1'h0;
+              6'h0c:
+                  \$796  = 1'h1;
+              6'h0d:
+                  \$796  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$796  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = sa2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$797  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$797  = 13'h0000;
+              6'h0c:
+                  \$797  = p2[12:0];
+              6'h0d:
+                  \$797  = ins[60:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$797  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = sb0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$798  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$798  = 1'h1;
+              6'h0c:
+                  \$798  = 1'h1;
+              6'h0d:
+                  \$798  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$798  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$799  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$799  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$799  = 1'h0;
+              6'h0c:
+                  \$799  = 1'h0;
+              6'h0d:
+                  \$799  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$799  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$800  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$800  = 13'h0000;
+              6'h0c:
+                  \$800  = ins[44:32];
+              6'h0d:
+                  \$800  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$800  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = el_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$801  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$801  = 14'h0000;
+              6'h0c:
+                  \$801  = 14'h0000;
+              6'h0d:
+                  \$801  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$801  = 14'h0000;
+              6'h02:
+                  \$801  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            \$801  = \$592 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (ld_full) begin
+            if (\$603 ) begin
+              \$801  = \$604 [13:0];
+            end
+          end
+      5'h09:
+          if (\$625 ) begin
+            \$801  = \$626 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$801  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$802  = rq_at_last;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$802  = \$578 ;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (out_valid) begin
+            \$802  = \$594 ;
+          end
+    endcase
+    if (rst) begin
+      \$802  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$803  = ld_full;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$803  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$602 ) begin
+            \$803  = 1'h1;
+          end
+          if (ld_full) begin
+            if (\$611 ) begin
+              \$803  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$803  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = ld_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$804  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$602 ) begin
+            \$804  = 3'h0;
+          end
+          if (ld_full) begin
+            \$804  = \$605 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$804  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$805  = st_full;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$805  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$637 ) begin
+            \$805  = 1'h1;
+          end
+          if (\$638 ) begin
+            \$805  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$805  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = st_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$806  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$625 ) begin
+            \$806  = \$627 [2:0];
+          end
+          if (\$638 ) begin
+            \$806  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$806  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$807  = st_rd;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$807  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$625 ) begin
+            \$807  = 1'h1;
+          end
+          if (st_rd) begin
+            \$807  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$807  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$808 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$602 ) begin
+            \$808 [31:0] = m_axi__rdata;
+          end
+      5'h09:
+        begin
+          if (st_rd) begin
+            casez (st_rd_e)
+              2'h0:
+                  \$808 [31:0] = rd0__data;
+            endcase
+            casez (st_rd_e)
+              2'h0:
+                  \$808 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$638 ) begin
+            \$808 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$808  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = rt_j;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$809  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$809  = \$648 [3:0];
+      5'h10:
+          if (\$678 ) begin
+            \$809  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$809  = \$688 [3:0];
+    endcase
+    if (rst) begin
+      \$809  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = rt_cb;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$810  = \$588 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$810  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = rt_lp;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$811  = \$591 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$811  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = g_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$812  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$715 ) begin
+            \$812  = \$716 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$812  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = g_in;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$549 ) begin
+          end else if (\$550 ) begin
+          end else if (\$551 ) begin
+          end else if (\$552 ) begin
+          end else if (\$553 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$813  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$715 ) begin
+            \$813  = \$717 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$813  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = scores_a;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$597 ) begin
+            if (run_sigmoid) begin
+              \$814  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$814  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$597 ) begin
+            if (run_sigmoid) begin
+              \$815  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$815  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = st_rd_e;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$625 ) begin
+            \$816  = st_e[1:0];
+          end
+    endcase
+    if (rst) begin
+      \$816  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = rt_feed_left;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$817  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$817  = \$664 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$817  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = rt_el;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$818  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$656 ) begin
+            \$818  = \$659 [3:0];
+          end
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$818  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$818  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$819  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$656 ) begin
+            \$819  = \$658 [0];
+          end
+          if (\$662 ) begin
+            \$819  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$819  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = rt_wvalid;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$820  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (rt_cap) begin
+            if (\$661 ) begin
+              \$820  = 1'h1;
+            end
+          end
+          if (\$662 ) begin
+            \$820  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$820  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$821  = rt_tbase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$821  = ins[76:64];
+          end
+      5'h10:
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$821  = \$665 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$821  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$822  = rt_tslot;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$822  = ins[124:112];
+          end
+      5'h10:
+          if (\$672 ) begin
+            if (\$674 ) begin
+              \$822  = \$676 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$822  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$823  = rt_feed_done;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$823  = 1'h0;
+          end
+      5'h10:
+          if (\$662 ) begin
+            if (\$663 ) begin
+              if (\$667 ) begin
+                \$823  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$823  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$824  = rt_cap;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$824  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$656 ) begin
+            \$824  = 1'h1;
+          end else begin
+            \$824  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$824  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = rt_route_left;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$825  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$672 ) begin
+            if (\$674 ) begin
+              \$825  = \$675 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$825  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$826  = 2'h0;
+          end
+      5'h10:
+          if (\$672 ) begin
+            (* full_case = 32'd1 *)
+            if (\$674 ) begin
+              \$826  = 2'h0;
+            end else begin
+              \$826  = \$677 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$826  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = rt_hold;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$827  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$669 ) begin
+            \$827  = 1'h1;
+          end
+          if (\$672 ) begin
+            \$827  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$827  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$649 ) begin
+            \$828  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$671 ) begin
+            \$828  = 1'h1;
+          end
+          if (\$672 ) begin
+            \$828  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$828  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = rt_cap_ok;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$656 ) begin
+            \$829  = \$657 ;
+          end
+    endcase
+    if (rst) begin
+      \$829  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = rt_held;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$669 ) begin
+            \$830  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$830  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = rt_p;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$831  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$683 ) begin
+            \$831  = \$684 [13:0];
+          end
+      5'h16:
+          \$831  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$831  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = rt_pt;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$832  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$683 ) begin
+            if (\$685 ) begin
+              \$832  = \$686 [13:0];
+            end
+          end
+      5'h16:
+          \$832  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$832  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$833  = rt_ps;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$833  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$683 ) begin
+            (* full_case = 32'd1 *)
+            if (\$685 ) begin
+              \$833  = 2'h0;
+            end else begin
+              \$833  = \$687 [1:0];
+            end
+          end
+      5'h16:
+          \$833  = 2'h0;
+    endcase
+    if (rst) begin
+      \$833  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = rt_pos;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$834  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$834  = \$681 [13:0];
+    endcase
+    if (rst) begin
+      \$834  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = rt_off;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$835  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$835  = rt_pos;
+    endcase
+    if (rst) begin
+      \$835  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$836  = scan;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$836  = 4'h0;
+          end
+      5'h0b:
+          if (\$692 ) begin
+            \$836  = 4'h8;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          \$836  = \$693 [3:0];
+    endcase
+    if (rst) begin
+      \$836  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = expert;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$837  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$837  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = count;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$838  = rd0_q[15:0];
+          end
+    endcase
+    if (rst) begin
+      \$838  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$839  = offset;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$839  = \$696 ;
+          end
+    endcase
+    if (rst) begin
+      \$839  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = g_j;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$840  = 15'h0000;
+          end
+      5'h1b:
+          if (\$704 ) begin
+          end else if (\$707 ) begin
+            \$840  = \$708 [14:0];
+          end
+    endcase
+    if (rst) begin
+      \$840  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = g_rv;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$841  = 1'h0;
+          end
+      5'h1b:
+          (* full_case = 32'd1 *)
+          if (\$704 ) begin
+          end else if (\$707 ) begin
+            \$841  = 1'h1;
+          end else begin
+            \$841  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$841  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = g_wv;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$703 ) begin
+          end else begin
+            \$842  = 1'h0;
+          end
+      5'h1b:
+          \$842  = g_rv;
+    endcase
+    if (rst) begin
+      \$842  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = g_ra;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$704 ) begin
+          end else if (\$707 ) begin
+            \$843  = \$711 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$843  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = g_wa;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          \$844  = g_ra;
+    endcase
+    if (rst) begin
+      \$844  = 13'h0000;
+    end
+  end
+  assign bus__araddr = s_axil__araddr;
+  assign bus__arprot = s_axil__arprot;
+  assign bus__arready = s_axil__arready;
+  assign bus__arvalid = s_axil__arvalid;
+  assign bus__awaddr = s_axil__awaddr;
+  assign bus__awprot = s_axil__awprot;
+  assign bus__awready = s_axil__awready;
+  assign bus__awvalid = s_axil__awvalid;
+  assign bus__bready = s_axil__bready;
+  assign bus__bresp = 2'h0;
+  assign bus__bvalid = s_axil__bvalid;
+  assign bus__rdata = s_axil__rdata;
+  assign bus__rready = s_axil__rready;
+  assign bus__rresp = 2'h0;
+  assign bus__rvalid = s_axil__rvalid;
+  assign bus__wdata = s_axil__wdata;
+  assign bus__wready = s_axil__wready;
+  assign bus__wstrb = s_axil__wstrb;
+  assign bus__wvalid = s_axil__wvalid;
+  assign \imem_wr__addr$71  = imem_wr__addr;
+  assign \imem_wr__data$73  = imem_wr__data;
+  assign \imem_wr__en$75  = imem_wr__en;
+  assign \bus__araddr$76  = m_axi__araddr;
+  assign bus__arburst = 2'h1;
+  assign bus__arid = 1'h0;
+  assign bus__arlen = { \$845 [5], \$845 [5], \$845  };
+  assign \bus__arready$80  = m_axi__arready;
+  assign bus__arsize = 3'h2;
+  assign \bus__arvalid$82  = m_axi__arvalid;
+  assign \bus__awaddr$83  = m_axi__awaddr;
+  assign bus__awburst = 2'h1;
+  assign bus__awid = 1'h0;
+  assign bus__awlen = { \$846 [5], \$846 [5], \$846  };
+  assign \bus__awready$87  = m_axi__awready;
+  assign bus__awsize = 3'h2;
+  assign \bus__awvalid$89  = m_axi__awvalid;
+  assign bus__bid = m_axi__bid;
+  assign \bus__bready$91  = 1'h1;
+  assign \bus__bresp$92  = m_axi__bresp;
+  assign \bus__bvalid$93  = m_axi__bvalid;
+  assign \bus__rdata$94  = m_axi__rdata;
+  assign bus__rid = m_axi__rid;
+  assign bus__rlast = m_axi__rlast;
+  assign \bus__rready$97  = m_axi__rready;
+  assign \bus__rresp$98  = m_axi__rresp;
+  assign \bus__rvalid$99  = m_axi__rvalid;
+  assign \bus__wdata$100  = wr_data__payload[31:0];
+  assign bus__wlast = m_axi__wlast;
+  assign \bus__wready$102  = m_axi__wready;
+  assign \bus__wstrb$103  = m_axi__wstrb;
+  assign \bus__wvalid$104  = m_axi__wvalid;
+  assign \running$106  = running;
+  assign \done$108  = done;
+  assign err = error;
+  assign \pc$112  = pc;
+  assign cur_executor = executor;
+  assign \retire$116  = retire;
+  assign clear_loads = load_clear;
+  assign load_addr = s_axil__araddr[4:2];
+  assign \load_addr$120  = s_axil__araddr[17:2];
+  assign load_data = { 16'h0000, \load_data$122  };
+  assign rq_mult = \rq_mult$162 [15:0];
+  assign \rq_shift$164  = rq_shift;
+  assign pack = rq_in__payload;
+  assign i__payload = rd0_q[15:0];
+  assign n = ins[63:48];
+  assign op = vec_op;
+  assign o__ready = 1'h1;
+  assign \o__ready$177  = 1'h1;
+  assign \o__ready$178  = 1'h1;
+  assign hi_sat = { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
+  assign gm_wvalid = a_in__valid;
+  assign b_in__payload = m_axi__rdata;
+  assign rd_data__payload = m_axi__rdata;
+  assign st_beat = wr_data__payload;
+  assign rd_addr = host_eff[31:0];
+  assign wr_addr = host_eff[31:0];
+  assign rd_beats = { 8'h00, l4[17:2] };
+  assign wr_beats = { 8'h00, l4[17:2] };
+  assign s_axil__bresp = 2'h0;
+  assign s_axil__rresp = 2'h0;
+  assign m_axi__awid = 1'h0;
+  assign m_axi__arid = 1'h0;
+  assign m_axi__awlen = { \$846 [5], \$846 [5], \$846  };
+  assign m_axi__awsize = 3'h2;
+  assign m_axi__awburst = 2'h1;
+  assign m_axi__wdata = wr_data__payload[31:0];
+  assign m_axi__bready = 1'h1;
+  assign m_axi__arlen = { \$845 [5], \$845 [5], \$845  };
+  assign m_axi__arsize = 3'h2;
+  assign m_axi__arburst = 2'h1;
+  assign \ins.op  = ins[5:0];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.m  = ins[31:16];
+  assign \ins.k  = ins[47:32];
+  assign \ins.n  = ins[63:48];
+  assign \ins.a  = ins[87:64];
+  assign \ins.b  = ins[111:88];
+  assign \ins.c  = ins[135:112];
+  assign \ins.host  = ins[167:136];
+  assign \ins.stride  = ins[199:168];
+  assign \ins.mult  = ins[231:200];
+  assign \ins.shift  = ins[237:232];
+  assign \ins.width  = ins[243:238];
+  assign \ins.target  = ins[255:244];
+  assign \rq_in__payload[0]  = rq_in__payload[23:0];
+  assign \rq_in__payload[1]  = rq_in__payload[47:24];
+  assign \rq_in__payload[2]  = rq_in__payload[71:48];
+  assign \rq_in__payload[3]  = rq_in__payload[95:72];
+  assign \pack[0]  = rq_in__payload[23:0];
+  assign \pack[1]  = rq_in__payload[47:24];
+  assign \pack[2]  = rq_in__payload[71:48];
+  assign \pack[3]  = rq_in__payload[95:72];
+  assign \i__payload[0]  = rd0_q[15:0];
+  assign \i__payload$169[0]  = \i__payload$169 ;
+  assign \i__payload$169[0].g  = \i__payload$169 [15:0];
+  assign \i__payload$169[0].u  = \i__payload$169 [31:16];
+  assign \i__payload$171.a  = \i__payload$171 [15:0];
+  assign \i__payload$171.b  = \i__payload$171 [32:16];
+  assign \i__payload$171.last  = \i__payload$171 [33];
+  assign \o__payload[0]  = o__payload;
+  assign \o__payload$202[0]  = \o__payload$202 ;
+  assign \cmd__payload.m  = cmd__payload[11:0];
+  assign \cmd__payload.k  = cmd__payload[23:12];
+  assign \cmd__payload.n  = cmd__payload[35:24];
+  assign \cmd__payload.a_addr  = cmd__payload[44:36];
+  assign \cmd__payload.c_addr  = cmd__payload[53:45];
+  assign \cmd__payload.mult  = cmd__payload[69:54];
+  assign \cmd__payload.shift  = cmd__payload[75:70];
+  assign \cmd__payload.load_a  = cmd__payload[76];
+  assign \cmd__payload.compute  = cmd__payload[77];
+  assign \cmd__payload.accumulate  = cmd__payload[78];
+  assign \cmd__payload.store  = cmd__payload[79];
+  assign \a_in__payload[0]  = rq_in__payload[7:0];
+  assign \a_in__payload[1]  = rq_in__payload[31:24];
+  assign \a_in__payload[2]  = rq_in__payload[55:48];
+  assign \a_in__payload[3]  = rq_in__payload[79:72];
+  assign \b_in__payload[0]  = m_axi__rdata[7:0];
+  assign \b_in__payload[1]  = m_axi__rdata[15:8];
+  assign \b_in__payload[2]  = m_axi__rdata[23:16];
+  assign \b_in__payload[3]  = m_axi__rdata[31:24];
+  assign \c_out__payload[0]  = c_out__payload[23:0];
+  assign \c_out__payload[1]  = c_out__payload[47:24];
+  assign \c_out__payload[2]  = c_out__payload[71:48];
+  assign \c_out__payload[3]  = c_out__payload[95:72];
+  assign \wr_data__payload.data  = wr_data__payload[31:0];
+  assign \wr_data__payload.strb  = wr_data__payload[35:32];
+  assign \st_beat.data  = wr_data__payload[31:0];
+  assign \st_beat.strb  = wr_data__payload[35:32];
+  assign \scores__payload[0]  = scores__payload;
+  assign \rt_held.index  = rt_held[2:0];
+  assign \rt_held.weight  = rt_held[18:3];
+  assign \rt_held.last  = rt_held[19];
+  assign \routes__payload.index  = routes__payload[2:0];
+  assign \routes__payload.weight  = routes__payload[18:3];
+  assign \routes__payload.last  = routes__payload[19];
+  assign cmd__payload[78] = 1'h0;
+  assign cmd__payload[79] = 1'h1;
+  assign cmd__payload[77] = 1'h1;
+  assign cmd__payload[76] = 1'h1;
+  assign cmd__payload[75:70] = \$204 ;
+  assign cmd__payload[69:54] = \$202 [15:0];
+  assign cmd__payload[53:45] = 9'h000;
+  assign cmd__payload[44:36] = 9'h000;
+  assign cmd__payload[35:24] = ins[59:48];
+  assign cmd__payload[23:12] = ins[43:32];
+  assign cmd__payload[11:0] = m_eff[11:0];
+  assign \i__payload$171 [33] = h_last;
+  assign \i__payload$171 [32:16] = \$168 ;
+  assign \i__payload$171 [15:0] = rd0_q[15:0];
+  assign \i__payload$169 [31:16] = rd1_q[15:0];
+  assign \i__payload$169 [15:0] = rd0_q[15:0];
+  assign \$4 [9:1] = 9'h000;
+  assign \$4 [0] = ins[6];
+  assign \$5  = ins[6];
+  assign \$8  = { \$7 [17], \$7 [17], \$7 [17:2] };
+  assign \$13  = { \$12 [17], \$12 [17], \$12 [17:2] };
+  assign \$16  = { \$15 [17], \$15 [17], \$15 [17:2] };
+  assign \$17  = { 1'h0, ins[47:32], 2'h0 };
+  assign { \$23 [9:2], \$23 [0] } = 9'h000;
+  assign \$23 [1] = ins[7];
+  assign \$36  = \$35 ;
+  assign \$55  = \$54 ;
+  assign \$71  = \$70 ;
+  assign { \$85 [9:3], \$85 [1:0] } = 9'h000;
+  assign \$85 [2] = ins[8];
+  assign \$86  = ins[8];
+  assign { \$88 [9:3], \$88 [1:0] } = 9'h000;
+  assign \$88 [2] = ins[8];
+  assign \$89  = ins[8];
+  assign \$94  = \$93 [14];
+  assign \$97  = { ins[63:48], 1'h0 };
+  assign \$99  = { ins[63:48], 1'h0 };
+  assign \$111 [9:3] = 7'h00;
+  assign \$111 [2:0] = ins[8:6];
+  assign \$118  = \$117 ;
+  assign \$122 [9:3] = 7'h00;
+  assign \$122 [2:0] = ins[8:6];
+  assign \$139  = \$138 ;
+  assign \$159  = 1'h1;
+  assign \$160  = \$158 ;
+  assign \$165  = 1'h1;
+  assign \$166  = \$164 ;
+  assign \$216  = 1'h1;
+  assign \$217  = \$215 ;
+  assign \$227  = { expert, 1'h0 };
+  assign \$229  = { expert, 1'h0 };
+  assign \$277  = 1'h1;
+  assign \$278  = \$276 ;
+  assign \$287  = 1'h1;
+  assign \$307  = 1'h1;
+  assign \$312  = 1'h1;
+  assign \$313  = \$311 ;
+  assign \$349  = \$348 [33];
+  assign \$352  = { lane_x, 1'h0 };
+  assign \$354  = { 1'h0, lane_y[15:1] };
+  assign \$431  = 1'h1;
+  assign \$432  = issuing;
+  assign \$434  = 1'h1;
+  assign \$435  = issuing;
+  assign \$489  = 1'h1;
+  assign \$490  = \$488 ;
+  assign \$534  = \$533 ;
+  assign \$543  = \$542 ;
+  assign { \$579 [9:3], \$579 [1:0] } = 9'h000;
+  assign \$579 [2] = ins[8];
+  assign \$580  = ins[8];
+  assign \$584  = \$583 ;
+  assign { \$585 [9:3], \$585 [1:0] } = 9'h000;
+  assign \$585 [2] = ins[8];
+  assign \$586  = ins[8];
+  assign \$587  = { mk[13:2], 1'h0 };
+  assign \$589  = { mk[13:2], 1'h0 };
+  assign \$655  = 1'h1;
+  assign \$656  = \$654 ;
+  assign \$661  = 1'h1;
+  assign \$679  = 1'h1;
+  assign \$699  = 1'h1;
+  assign \$706  = 1'h1;
+  assign \$707  = \$705 ;
+  assign \$24  = ins[7];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$3210$0 , retire
+, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
+  reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire \$18 ;
+  wire \$19 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire \$22 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire [32:0] \$25 ;
+  wire [32:0] \$26 ;
+  wire [32:0] \$27 ;
+  wire [32:0] \$28 ;
+  wire [32:0] \$29 ;
+  wire \$3 ;
+  wire [32:0] \$30 ;
+  wire [32:0] \$31 ;
+  wire [32:0] \$32 ;
+  reg [31:0] \$33 ;
+  reg [31:0] \$34 ;
+  reg [31:0] \$35 ;
+  reg [31:0] \$36 ;
+  reg [191:0] \$37 ;
+  reg [19:0] \$38 ;
+  wire \$4 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  input [19:0] bus__araddr;
+  wire [19:0] bus__araddr;
+  wire [19:0] \bus__araddr$1 ;
+  input [2:0] bus__arprot;
+  wire [2:0] bus__arprot;
+  wire [2:0] \bus__arprot$3 ;
+  output bus__arready;
+  wire bus__arready;
+  wire \bus__arready$5 ;
+  input bus__arvalid;
+  wire bus__arvalid;
+  wire \bus__arvalid$7 ;
+  input [19:0] bus__awaddr;
+  wire [19:0] bus__awaddr;
+  wire [19:0] \bus__awaddr$9 ;
+  input [2:0] bus__awprot;
+  wire [2:0] bus__awprot;
+  wire [2:0] \bus__awprot$11 ;
+  output bus__awready;
+  wire bus__awready;
+  wire \bus__awready$13 ;
+  input bus__awvalid;
+  wire bus__awvalid;
+  wire \bus__awvalid$15 ;
+  input bus__bready;
+  wire bus__bready;
+  wire \bus__bready$17 ;
+  wire [1:0] bus__bresp;
+  wire [1:0] \bus__bresp$19 ;
+  output bus__bvalid;
+  wire bus__bvalid;
+  wire \bus__bvalid$21 ;
+  output [31:0] bus__rdata;
+  wire [31:0] bus__rdata;
+  wire [31:0] \bus__rdata$23 ;
+  input bus__rready;
+  wire bus__rready;
+  wire \bus__rready$25 ;
+  wire [1:0] bus__rresp;
+  wire [1:0] \bus__rresp$27 ;
+  output bus__rvalid;
+  wire bus__rvalid;
+  wire \bus__rvalid$29 ;
+  input [31:0] bus__wdata;
+  wire [31:0] bus__wdata;
+  wire [31:0] \bus__wdata$31 ;
+  output bus__wready;
+  wire bus__wready;
+  wire \bus__wready$33 ;
+  input [3:0] bus__wstrb;
+  wire [3:0] bus__wstrb;
+  wire [3:0] \bus__wstrb$35 ;
+  input bus__wvalid;
+  wire bus__wvalid;
+  wire \bus__wvalid$37 ;
+  reg [191:0] busy = 192'h000000000000000000000000000000000000000000000000;
+  wire [31:0] \busy[0] ;
+  wire [31:0] \busy[1] ;
+  wire [31:0] \busy[2] ;
+  wire [31:0] \busy[3] ;
+  wire [31:0] \busy[4] ;
+  wire [31:0] \busy[5] ;
+  output clear_loads;
+  wire clear_loads;
+  input clk;
+  wire clk;
+  reg [31:0] cycles = 32'd0;
+  input done;
+  wire done;
+  input [7:0] error;
+  wire [7:0] error;
+  input [5:0] executor;
+  wire [5:0] executor;
+  output [31:0] host_base;
+  reg [31:0] host_base = 32'd0;
+  output [31:0] host_size;
+  reg [31:0] host_size = 32'd0;
+  output [8:0] imem_wr__addr;
+  wire [8:0] imem_wr__addr;
+  wire [31:0] imem_wr__data;
+  output imem_wr__en;
+  wire imem_wr__en;
+  wire [15:0] load_addr;
+  wire [31:0] load_data;
+  input [12:0] pc;
+  wire [12:0] pc;
+  input [15:0] \port$3210$0 ;
+  wire [15:0] \port$3210$0 ;
+  wire [19:0] rd_addr;
+  reg [31:0] rd_data;
+  wire rd_en;
+  input retire;
+  wire retire;
+  reg [31:0] retired = 32'd0;
+  reg [19:0] rsel = 20'h00000;
+  input rst;
+  wire rst;
+  input running;
+  wire running;
+  output soft_reset;
+  wire soft_reset;
+  output start;
+  wire start;
+  wire [31:0] status;
+  wire \status.busy ;
+  wire [7:0] \status.code ;
+  wire \status.done ;
+  wire \status.error ;
+  wire [15:0] \status.pc ;
+  wire [4:0] \status.reserved ;
+  wire [19:0] wr_addr;
+  output [31:0] wr_data;
+  wire [31:0] wr_data;
+  wire wr_en;
+  assign \$1  = ! wr_addr;
+  assign \$2  = wr_en & \$1 ;
+  assign start = \$2  & wr_data[0];
+  assign \$3  = ! wr_addr;
+  assign \$4  = wr_en & \$3 ;
+  assign soft_reset = \$4  & wr_data[1];
+  assign \$5  = ! wr_addr;
+  assign \$6  = wr_en & \$5 ;
+  assign clear_loads = \$6  & wr_data[2];
+  assign \$7  = wr_addr[19:11] == 9'h100;
+  assign \$8  = wr_addr[10:5] < 7'h40;
+  assign \$9  = \$7  & \$8 ;
+  assign \$10  = wr_en & \$9 ;
+  assign \$11  = ~ running;
+  assign imem_wr__en = \$10  & \$11 ;
+  assign \$12  = | error;
+  assign \$13  = rsel[19:5] == 14'h2000;
+  assign \$14  = rsel[4:0] < 6'h20;
+  assign \$15  = \$13  & \$14 ;
+  assign \$16  = ! rsel[1:0];
+  assign \$17  = ! rsel[19:7];
+  assign \$18  = \$16  & \$17 ;
+  assign \$19  = wr_addr == 4'hc;
+  assign \$20  = wr_en & \$19 ;
+  assign \$21  = wr_addr == 5'h10;
+  assign \$22  = wr_en & \$21 ;
+  assign \$23  = ~ running;
+  assign \$24  = start & \$23 ;
+  assign \$25  = cycles + 1'h1;
+  assign \$26  = retired + 1'h1;
+  assign \$27  = busy[31:0] + 1'h1;
+  assign \$28  = busy[63:32] + 1'h1;
+  assign \$29  = busy[95:64] + 1'h1;
+  assign \$30  = busy[127:96] + 1'h1;
+  assign \$31  = busy[159:128] + 1'h1;
+  assign \$32  = busy[191:160] + 1'h1;
+  always @(posedge clk)
+    host_base <= \$33 ;
+  always @(posedge clk)
+    host_size <= \$34 ;
+  always @(posedge clk)
+    cycles <= \$35 ;
+  always @(posedge clk)
+    retired <= \$36 ;
+  always @(posedge clk)
+    busy <= \$37 ;
+  always @(posedge clk)
+    rsel <= \$38 ;
+  \nanokpu_kpu.bank.regs  regs (
+    .bus__arready(bus__arready),
+    .bus__arvalid(bus__arvalid),
+    .bus__awaddr(bus__awaddr),
+    .bus__awready(bus__awready),
+    .bus__awvalid(bus__awvalid),
+    .bus__bready(bus__bready),
+    .bus__bvalid(bus__bvalid),
+    .bus__rdata(bus__rdata),
+    .bus__rready(bus__rready),
+    .bus__rvalid(bus__rvalid),
+    .bus__wdata(bus__wdata),
+    .bus__wready(bus__wready),
+    .bus__wstrb(bus__wstrb),
+    .bus__wvalid(bus__wvalid),
+    .clk(clk),
+    .rd_addr(bus__araddr),
+    .rd_data(rd_data),
+    .rd_en(rd_en),
+    .rst(rst),
+    .wr_addr(wr_addr),
+    .wr_data(wr_data),
+    .wr_en(wr_en)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    rd_data = 32'd0;
+    if (\$15 ) begin
+      rd_data = { 16'h0000, \port$3210$0  };
+    end else if (\$18 ) begin
+      casez (rsel[6:2])
+        5'h01:
+            rd_data = status;
+        5'h02:
+            rd_data = cycles;
+        5'h03:
+            rd_data = host_base;
+        5'h04:
+            rd_data = host_size;
+        5'h05:
+            rd_data = retired;
+        5'h10:
+            rd_data = 32'd8192;
+        5'h11:
+            rd_data = 32'd64;
+        5'h08:
+            rd_data = busy[31:0];
+        5'h09:
+            rd_data = busy[63:32];
+        5'h0a:
+            rd_data = busy[95:64];
+        5'h0b:
+            rd_data = busy[127:96];
+        5'h0c:
+            rd_data = busy[159:128];
+        5'h0d:
+            rd_data = busy[191:160];
+      endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$33  = host_base;
+    if (\$20 ) begin
+      \$33  = wr_data;
+    end
+    if (rst) begin
+      \$33  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$34  = host_size;
+    if (\$22 ) begin
+      \$34  = wr_data;
+    end
+    if (rst) begin
+      \$34  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$35  = cycles;
+    if (\$24 ) begin
+      \$35  = 32'd0;
+    end else if (running) begin
+      \$35  = \$25 [31:0];
+    end
+    if (rst) begin
+      \$35  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$36  = retired;
+    if (\$24 ) begin
+      \$36  = 32'd0;
+    end else if (running) begin
+      if (retire) begin
+        \$36  = \$26 [31:0];
+      end
+    end
+    if (rst) begin
+      \$36  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$37  = busy;
+    if (\$24 ) begin
+      \$37  = 192'h000000000000000000000000000000000000000000000000;
+    end else if (running) begin
+      if (executor[0]) begin
+        \$37 [31:0] = \$27 [31:0];
+      end
+      if (executor[1]) begin
+        \$37 [63:32] = \$28 [31:0];
+      end
+      if (executor[2]) begin
+        \$37 [95:64] = \$29 [31:0];
+      end
+      if (executor[3]) begin
+        \$37 [127:96] = \$30 [31:0];
+      end
+      if (executor[4]) begin
+        \$37 [159:128] = \$31 [31:0];
+      end
+      if (executor[5]) begin
+        \$37 [191:160] = \$32 [31:0];
+      end
+    end
+    if (rst) begin
+      \$37  = 192'h000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$38  = rsel;
+    if (rd_en) begin
+      \$38  = bus__araddr;
+    end
+    if (rst) begin
+      \$38  = 20'h00000;
+    end
+  end
+  assign \bus__araddr$1  = bus__araddr;
+  assign \bus__arprot$3  = bus__arprot;
+  assign \bus__arready$5  = bus__arready;
+  assign \bus__arvalid$7  = bus__arvalid;
+  assign \bus__awaddr$9  = bus__awaddr;
+  assign \bus__awprot$11  = bus__awprot;
+  assign \bus__awready$13  = bus__awready;
+  assign \bus__awvalid$15  = bus__awvalid;
+  assign \bus__bready$17  = bus__bready;
+  assign bus__bresp = 2'h0;
+  assign \bus__bresp$19  = 2'h0;
+  assign \bus__bvalid$21  = bus__bvalid;
+  assign \bus__rdata$23  = bus__rdata;
+  assign \bus__rready$25  = bus__rready;
+  assign bus__rresp = 2'h0;
+  assign \bus__rresp$27  = 2'h0;
+  assign \bus__rvalid$29  = bus__rvalid;
+  assign \bus__wdata$31  = bus__wdata;
+  assign \bus__wready$33  = bus__wready;
+  assign \bus__wstrb$35  = bus__wstrb;
+  assign \bus__wvalid$37  = bus__wvalid;
+  assign load_addr = bus__araddr[17:2];
+  assign rd_addr = bus__araddr;
+  assign imem_wr__data = wr_data;
+  assign load_data = { 16'h0000, \port$3210$0  };
+  assign imem_wr__addr = wr_addr[10:2];
+  assign \status.busy  = status[0];
+  assign \status.done  = status[1];
+  assign \status.error  = status[2];
+  assign \status.reserved  = status[7:3];
+  assign \status.code  = status[15:8];
+  assign \status.pc  = status[31:16];
+  assign \busy[0]  = busy[31:0];
+  assign \busy[1]  = busy[63:32];
+  assign \busy[2]  = busy[95:64];
+  assign \busy[3]  = busy[127:96];
+  assign \busy[4]  = busy[159:128];
+  assign \busy[5]  = busy[191:160];
+  assign status[31:16] = { 3'h0, pc };
+  assign status[15:8] = error;
+  assign status[2] = \$12 ;
+  assign status[1] = done;
+  assign status[0] = running;
+  assign status[7:3] = 5'h00;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.bank.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, rd_addr, bus__arvalid, bus__rready, clk, rst, bus__awready, bus__wready, wr_en, bus__arready, rd_en, rd_data, wr_addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata
+, bus__awaddr);
+  reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  reg \$11 ;
+  reg [19:0] \$12 ;
+  reg \$13 ;
+  reg [31:0] \$14 ;
+  reg [3:0] \$15 ;
+  reg \$16 ;
+  reg \$17 ;
+  reg \$18 ;
+  reg [31:0] \$19 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire \$4 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  reg aw_ok = 1'h0;
+  (* init = 20'h00000 *)
+  wire [19:0] awaddr;
+  wire [19:0] bus__araddr;
+  output bus__arready;
+  wire bus__arready;
+  input bus__arvalid;
+  wire bus__arvalid;
+  input [19:0] bus__awaddr;
+  wire [19:0] bus__awaddr;
+  output bus__awready;
+  wire bus__awready;
+  input bus__awvalid;
+  wire bus__awvalid;
+  input bus__bready;
+  wire bus__bready;
+  wire [1:0] bus__bresp;
+  output bus__bvalid;
+  reg bus__bvalid = 1'h0;
+  output [31:0] bus__rdata;
+  reg [31:0] bus__rdata = 32'd0;
+  input bus__rready;
+  wire bus__rready;
+  wire [1:0] bus__rresp;
+  output bus__rvalid;
+  reg bus__rvalid = 1'h0;
+  input [31:0] bus__wdata;
+  wire [31:0] bus__wdata;
+  output bus__wready;
+  wire bus__wready;
+  input [3:0] bus__wstrb;
+  wire [3:0] bus__wstrb;
+  input bus__wvalid;
+  wire bus__wvalid;
+  input clk;
+  wire clk;
+  reg pending = 1'h0;
+  input [19:0] rd_addr;
+  wire [19:0] rd_addr;
+  input [31:0] rd_data;
+  wire [31:0] rd_data;
+  output rd_en;
+  wire rd_en;
+  input rst;
+  wire rst;
+  reg w_ok = 1'h0;
+  output [19:0] wr_addr;
+  reg [19:0] wr_addr = 20'h00000;
+  output [31:0] wr_data;
+  reg [31:0] wr_data = 32'd0;
+  output wr_en;
+  wire wr_en;
+  reg [3:0] wr_strb = 4'h0;
+  assign \$1  = ~ aw_ok;
+  assign \$2  = ~ bus__bvalid;
+  assign bus__awready = \$1  & \$2 ;
+  assign \$3  = ~ w_ok;
+  assign \$4  = ~ bus__bvalid;
+  assign bus__wready = \$3  & \$4 ;
+  assign wr_en = aw_ok & w_ok;
+  assign \$5  = ~ pending;
+  assign \$6  = ~ bus__rvalid;
+  assign bus__arready = \$5  & \$6 ;
+  assign rd_en = bus__arvalid & bus__arready;
+  assign \$7  = bus__awvalid & bus__awready;
+  assign \$8  = bus__wvalid & bus__wready;
+  assign \$9  = bus__bvalid & bus__bready;
+  assign \$10  = bus__rvalid & bus__rready;
+  always @(posedge clk)
+    aw_ok <= \$11 ;
+  always @(posedge clk)
+    wr_addr <= \$12 ;
+  always @(posedge clk)
+    w_ok <= \$13 ;
+  always @(posedge clk)
+    wr_data <= \$14 ;
+  always @(posedge clk)
+    wr_strb <= \$15 ;
+  always @(posedge clk)
+    bus__bvalid <= \$16 ;
+  always @(posedge clk)
+    pending <= \$17 ;
+  always @(posedge clk)
+    bus__rvalid <= \$18 ;
+  always @(posedge clk)
+    bus__rdata <= \$19 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$11  = aw_ok;
+    if (\$7 ) begin
+      \$11  = 1'h1;
+    end
+    if (wr_en) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$12  = wr_addr;
+    if (\$7 ) begin
+      \$12  = bus__awaddr;
+    end
+    if (rst) begin
+      \$12  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$13  = w_ok;
+    if (\$8 ) begin
+      \$13  = 1'h1;
+    end
+    if (wr_en) begin
+      \$13  = 1'h0;
+    end
+    if (rst) begin
+      \$13  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$14  = wr_data;
+    if (\$8 ) begin
+      \$14  = bus__wdata;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$15  = wr_strb;
+    if (\$8 ) begin
+      \$15  = bus__wstrb;
+    end
+    if (rst) begin
+      \$15  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$16  = bus__bvalid;
+    if (wr_en) begin
+      \$16  = 1'h1;
+    end
+    if (\$9 ) begin
+      \$16  = 1'h0;
+    end
+    if (rst) begin
+      \$16  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$17  = rd_en;
+    if (rst) begin
+      \$17  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$18  = bus__rvalid;
+    if (pending) begin
+      \$18  = 1'h1;
+    end
+    if (\$10 ) begin
+      \$18  = 1'h0;
+    end
+    if (rst) begin
+      \$18  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$19  = bus__rdata;
+    if (pending) begin
+      \$19  = rd_data;
+    end
+    if (rst) begin
+      \$19  = 32'd0;
+    end
+  end
+  assign bus__bresp = 2'h0;
+  assign bus__rresp = 2'h0;
+  assign awaddr = wr_addr;
+  assign bus__araddr = rd_addr;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1242$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1260$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3411$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+  reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
+  wire [13:0] \$1 ;
+  wire \$10 ;
+  wire [13:0] \$103 ;
+  wire \$105 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire \$13 ;
+  wire \$14 ;
+  wire [13:0] \$15 ;
+  wire [13:0] \$16 ;
+  wire \$17 ;
+  wire [23:0] \$18 ;
+  wire \$19 ;
+  wire [13:0] \$2 ;
+  wire \$20 ;
+  wire [23:0] \$21 ;
+  wire [23:0] \$22 ;
+  wire [5:0] \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire \$3 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire [4:0] \$38 ;
+  wire [25:0] \$39 ;
+  wire [23:0] \$4 ;
+  wire \$40 ;
+  wire [26:0] \$41 ;
+  wire \$42 ;
+  wire [7:0] \$43 ;
+  wire [32:0] \$44 ;
+  wire [24:0] \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire [24:0] \$49 ;
+  wire \$5 ;
+  wire \$50 ;
+  wire [25:0] \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire [7:0] \$54 ;
+  wire [32:0] \$55 ;
+  wire [24:0] \$56 ;
+  wire [5:0] \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
+  wire [23:0] \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  reg [24:0] \$72 ;
+  reg [31:0] \$73 ;
+  reg [23:0] \$74 ;
+  reg [23:0] \$75 ;
+  reg [31:0] \$76 ;
+  reg [23:0] \$77 ;
+  reg [4:0] \$78 ;
+  reg \$79 ;
+  wire [23:0] \$8 ;
+  wire [13:0] \$81 ;
+  wire \$83 ;
+  wire [5:0] \$9 ;
+  input abort;
+  wire abort;
+  output [31:0] ar_addr;
+  reg [31:0] ar_addr = 32'd0;
+  reg [23:0] ar_left = 24'h000000;
+  output [31:0] aw_addr;
+  reg [31:0] aw_addr = 32'd0;
+  reg [23:0] aw_left = 24'h000000;
+  reg [23:0] b_out = 24'h000000;
+  (* init = 32'd0 *)
+  wire [31:0] bus__araddr;
+  wire [1:0] bus__arburst;
+  wire [7:0] bus__arlen;
+  input bus__arready;
+  wire bus__arready;
+  wire [2:0] bus__arsize;
+  output bus__arvalid;
+  wire bus__arvalid;
+  (* init = 32'd0 *)
+  wire [31:0] bus__awaddr;
+  wire [1:0] bus__awburst;
+  wire [7:0] bus__awlen;
+  input bus__awready;
+  wire bus__awready;
+  wire [2:0] bus__awsize;
+  output bus__awvalid;
+  wire bus__awvalid;
+  wire bus__bready;
+  input [1:0] bus__bresp;
+  wire [1:0] bus__bresp;
+  input bus__bvalid;
+  wire bus__bvalid;
+  wire [31:0] bus__rdata;
+  output bus__rready;
+  wire bus__rready;
+  input [1:0] bus__rresp;
+  wire [1:0] bus__rresp;
+  input bus__rvalid;
+  wire bus__rvalid;
+  wire [31:0] bus__wdata;
+  output bus__wlast;
+  wire bus__wlast;
+  input bus__wready;
+  wire bus__wready;
+  output [3:0] bus__wstrb;
+  wire [3:0] bus__wstrb;
+  output bus__wvalid;
+  wire bus__wvalid;
+  input clk;
+  wire clk;
+  output error;
+  reg error = 1'h0;
+  wire [4:0] n;
+  wire [4:0] \n$22 ;
+  output [5:0] \port$1242$0 ;
+  wire [5:0] \port$1242$0 ;
+  output [5:0] \port$1260$0 ;
+  wire [5:0] \port$1260$0 ;
+  input [15:0] \port$3411$2 ;
+  wire [15:0] \port$3411$2 ;
+  reg [24:0] r_out = 25'h0000000;
+  input [31:0] rd_addr;
+  wire [31:0] rd_addr;
+  wire [23:0] rd_beats;
+  output rd_busy;
+  wire rd_busy;
+  input [31:0] rd_data__payload;
+  wire [31:0] rd_data__payload;
+  input rd_data__ready;
+  wire rd_data__ready;
+  output rd_data__valid;
+  wire rd_data__valid;
+  input rd_start;
+  wire rd_start;
+  input rst;
+  wire rst;
+  wire [10:0] to_4k;
+  wire [10:0] \to_4k$20 ;
+  reg [4:0] w_left = 5'h00;
+  wire [31:0] wr_addr;
+  wire [23:0] wr_beats;
+  output wr_busy;
+  wire wr_busy;
+  input [35:0] wr_data__payload;
+  wire [35:0] wr_data__payload;
+  wire [31:0] \wr_data__payload.data ;
+  wire [3:0] \wr_data__payload.strb ;
+  output wr_data__ready;
+  wire wr_data__ready;
+  input wr_data__valid;
+  wire wr_data__valid;
+  input wr_start;
+  wire wr_start;
+  assign rd_data__valid = bus__rvalid & \$14 ;
+  assign bus__rready = rd_data__ready | abort;
+  assign \$15  = 13'h1000 - aw_addr[11:0];
+  wire [14:0] _0_, _1_, _2_;
+  assign _0_ = $signed(\$15 );
+  assign _1_ = $signed(4'h4);
+  assign _2_ = (\$15 [13] == 1'h0) || \$15  == 0 ? _0_ : $signed(_0_ - (1'h0 ? _1_ + 1 : _1_ - 1));
+  assign \$103  = $signed(_2_) / $signed(_1_);
+  assign \$17  = aw_left < 5'h10;
+  assign \$18  = \$17  ? aw_left : 24'h000010;
+  assign \$19  = \$16 [10:0] < \$18 ;
+  assign \$20  = aw_left < 5'h10;
+  assign \$21  = \$20  ? aw_left : 24'h000010;
+  assign \$22  = \$19  ? { 13'h0000, \$16 [10:0] } : \$21 ;
+  assign \$23  = \$22 [4:0] - 1'h1;
+  assign \$24  = | aw_left;
+  assign \$25  = ! w_left;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = ~ abort;
+  assign bus__awvalid = \$26  & \$27 ;
+  assign \$28  = | w_left;
+  assign \$29  = wr_data__valid | abort;
+  assign bus__wvalid = \$28  & \$29 ;
+  assign bus__wstrb = abort ? 4'h0 : wr_data__payload[35:32];
+  assign bus__wlast = w_left == 1'h1;
+  assign \$30  = | w_left;
+  assign \$31  = \$30  & bus__wready;
+  assign \$32  = ~ abort;
+  assign wr_data__ready = \$31  & \$32 ;
+  assign \$33  = | aw_left;
+  assign \$34  = | w_left;
+  assign \$35  = \$33  | \$34 ;
+  assign \$36  = | b_out;
+  assign wr_busy = \$35  | \$36 ;
+  assign \$37  = bus__arvalid & bus__arready;
+  assign \$38  = \$37  ? \$8 [4:0] : 5'h00;
+  assign \$39  = r_out + \$38 ;
+  assign \$40  = bus__rvalid & bus__rready;
+  assign \$41  = \$39  - \$40 ;
+  assign \$42  = bus__arvalid & bus__arready;
+  assign \$44  = ar_addr + \$43 ;
+  assign \$45  = ar_left - \$8 [4:0];
+  assign \$46  = ~ rd_busy;
+  assign \$47  = rd_start & \$46 ;
+  assign \$48  = bus__awvalid & bus__awready;
+  assign \$49  = b_out + \$48 ;
+  assign \$51  = \$49  - \$50 ;
+  assign \$52  = bus__awvalid & bus__awready;
+  assign \$53  = bus__wvalid & bus__wready;
+  assign \$55  = aw_addr + \$54 ;
+  assign \$56  = aw_left - \$22 [4:0];
+  assign \$57  = w_left - 1'h1;
+  assign \$58  = ~ wr_busy;
+  assign \$59  = wr_start & \$58 ;
+  assign \$60  = bus__rvalid & bus__rready;
+  assign \$61  = | bus__rresp;
+  assign \$62  = \$60  & \$61 ;
+  assign \$64  = | bus__bresp;
+  assign \$65  = \$63  & \$64 ;
+  assign \$66  = \$62  | \$65 ;
+  assign \$67  = ~ rd_busy;
+  assign \$68  = rd_start & \$67 ;
+  assign \$69  = ~ wr_busy;
+  assign \$70  = wr_start & \$69 ;
+  assign \$71  = \$68  | \$70 ;
+  always @(posedge clk)
+    r_out <= \$72 ;
+  always @(posedge clk)
+    ar_addr <= \$73 ;
+  always @(posedge clk)
+    ar_left <= \$74 ;
+  always @(posedge clk)
+    b_out <= \$75 ;
+  always @(posedge clk)
+    aw_addr <= \$76 ;
+  always @(posedge clk)
+    aw_left <= \$77 ;
+  always @(posedge clk)
+    w_left <= \$78 ;
+  always @(posedge clk)
+    error <= \$79 ;
+  assign \$1  = 13'h1000 - ar_addr[11:0];
+  wire [14:0] _3_, _4_, _5_;
+  assign _3_ = $signed(\$1 );
+  assign _4_ = $signed(4'h4);
+  assign _5_ = (\$1 [13] == 1'h0) || \$1  == 0 ? _3_ : $signed(_3_ - (1'h0 ? _4_ + 1 : _4_ - 1));
+  assign \$81  = $signed(_5_) / $signed(_4_);
+  assign \$3  = ar_left < 5'h10;
+  assign \$4  = \$3  ? ar_left : 24'h000010;
+  assign \$5  = \$2 [10:0] < \$4 ;
+  assign \$6  = ar_left < 5'h10;
+  assign \$7  = \$6  ? ar_left : 24'h000010;
+  assign \$8  = \$5  ? { 13'h0000, \$2 [10:0] } : \$7 ;
+  assign \$9  = \$8 [4:0] - 1'h1;
+  assign \$10  = | ar_left;
+  assign \$11  = ~ abort;
+  assign bus__arvalid = \$10  & \$11 ;
+  assign \$12  = | ar_left;
+  assign \$13  = | r_out;
+  assign rd_busy = \$12  | \$13 ;
+  assign \$14  = ~ abort;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$72  = \$41 [24:0];
+    if (rst) begin
+      \$72  = 25'h0000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$73  = ar_addr;
+    if (\$42 ) begin
+      \$73  = \$44 [31:0];
+    end
+    if (abort) begin
+    end else if (\$47 ) begin
+      \$73  = rd_addr;
+    end
+    if (rst) begin
+      \$73  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$74  = ar_left;
+    if (\$42 ) begin
+      \$74  = \$45 [23:0];
+    end
+    if (abort) begin
+      \$74  = 24'h000000;
+    end else if (\$47 ) begin
+      \$74  = { 8'h00, \port$3411$2  };
+    end
+    if (rst) begin
+      \$74  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$75  = \$51 [23:0];
+    if (rst) begin
+      \$75  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$76  = aw_addr;
+    if (\$52 ) begin
+      \$76  = \$55 [31:0];
+    end
+    if (abort) begin
+    end else if (\$59 ) begin
+      \$76  = rd_addr;
+    end
+    if (rst) begin
+      \$76  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$77  = aw_left;
+    if (\$52 ) begin
+      \$77  = \$56 [23:0];
+    end
+    if (abort) begin
+      \$77  = 24'h000000;
+    end else if (\$59 ) begin
+      \$77  = { 8'h00, \port$3411$2  };
+    end
+    if (rst) begin
+      \$77  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$78  = w_left;
+    if (\$52 ) begin
+      \$78  = \$22 [4:0];
+    end else if (\$53 ) begin
+      \$78  = \$57 [4:0];
+    end
+    if (rst) begin
+      \$78  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$79  = error;
+    if (\$66 ) begin
+      \$79  = 1'h1;
+    end else if (\$71 ) begin
+      \$79  = 1'h0;
+    end
+    if (rst) begin
+      \$79  = 1'h0;
+    end
+  end
+  assign bus__arsize = 3'h2;
+  assign bus__awsize = 3'h2;
+  assign bus__arburst = 2'h1;
+  assign bus__awburst = 2'h1;
+  assign to_4k = \$2 [10:0];
+  assign n = \$8 [4:0];
+  assign bus__araddr = ar_addr;
+  assign bus__arlen = { \$9 [5], \$9 [5], \$9  };
+  assign bus__rdata = rd_data__payload;
+  assign \to_4k$20  = \$16 [10:0];
+  assign \n$22  = \$22 [4:0];
+  assign bus__awaddr = aw_addr;
+  assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
+  assign bus__wdata = wr_data__payload[31:0];
+  assign bus__bready = 1'h1;
+  assign rd_beats = { 8'h00, \port$3411$2  };
+  assign wr_addr = rd_addr;
+  assign wr_beats = { 8'h00, \port$3411$2  };
+  assign \port$1242$0  = \$9 ;
+  assign \port$1260$0  = \$23 ;
+  assign \wr_data__payload.data  = wr_data__payload[31:0];
+  assign \wr_data__payload.strb  = wr_data__payload[35:32];
+  assign \$83  = 1'h1;
+  assign \$2  = \$81 ;
+  assign \$105  = 1'h1;
+  assign \$16  = \$103 ;
+  assign \$43  = { 1'h0, \$8 [4:0], 2'h0 };
+  assign \$50  = bus__bvalid;
+  assign \$54  = { 1'h0, \$22 [4:0], 2'h0 };
+  assign \$63  = bus__bvalid;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
+  wire \$1 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [4:0] \$4 ;
+  wire \$5 ;
+  reg [12:0] \$6 ;
+  reg [3:0] \$7 ;
+  reg [255:0] \$8 ;
+  reg [8:0] \$signature__addr ;
+  wire [31:0] \$signature__data ;
+  reg \$signature__en ;
+  input clk;
+  wire clk;
+  output done;
+  reg done;
+  wire [8:0] imem_wr__addr;
+  wire [31:0] imem_wr__data;
+  wire imem_wr__en;
+  output [255:0] ins;
+  reg [255:0] ins = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [23:0] \ins.a ;
+  wire [23:0] \ins.b ;
+  wire [23:0] \ins.c ;
+  wire [9:0] \ins.flags ;
+  wire [31:0] \ins.host ;
+  wire [15:0] \ins.k ;
+  wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
+  wire [15:0] \ins.n ;
+  wire [5:0] \ins.op ;
+  wire [5:0] \ins.shift ;
+  wire [31:0] \ins.stride ;
+  wire [11:0] \ins.target ;
+  wire [5:0] \ins.width ;
+  input [12:0] pc;
+  wire [12:0] pc;
+  reg [12:0] \pc$11  = 13'h0000;
+  input rst;
+  wire rst;
+  input start;
+  wire start;
+  reg [3:0] word = 4'h0;
+  input [8:0] wr__addr;
+  wire [8:0] wr__addr;
+  input [31:0] wr__data;
+  wire [31:0] wr__data;
+  input wr__en;
+  wire wr__en;
   reg [31:0] imem [511:0];
   initial begin
     imem[0] = 32'd0;
@@ -1889,8 +11786,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     imem[511] = 32'd0;
   end
   always @(posedge clk) begin
-    if (im_wr__en)
-      imem[im_wr__addr] <= wr_data;
+    if (wr__en)
+      imem[wr__addr] <= wr__data;
   end
   reg [31:0] _0_;
   always @(posedge clk) begin
@@ -1899,8997 +11796,84 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     end
   end
   assign \$signature__data  = _0_;
-  assign \$117  = | \$116 [16:14];
-  assign \$119  = \$117  ? 14'h3fff : \$118 [13:0];
-  assign \$120  = offset + count;
-  assign \$121  = | \$120 [16:14];
-  assign \$122  = offset + count;
-  assign \$123  = \$121  ? 14'h3fff : \$122 [13:0];
-  assign \$124  = offset + count;
-  assign \$125  = | \$124 [16:14];
-  assign \$126  = offset + count;
-  assign \$127  = \$125  ? 14'h3fff : \$126 [13:0];
-  assign \$128  = ins[5:0] <= 4'he;
-  assign \$129  = ~ \$128 ;
-  assign \$131  = | \$130 ;
-  assign \$132  = ins[5:0] == 4'ha;
-  assign \$133  = ins[5:0] == 4'hb;
-  assign \$134  = | { \$133 , \$132 , 1'h0 };
-  assign \$135  = \$131  | \$134 ;
-  assign \$136  = ins[5:0] == 4'h9;
-  assign \$138  = \$135  | \$137 ;
-  assign \$139  = ~ route_done;
-  assign \$140  = \$138  & \$139 ;
-  assign \$142  = | \$141 ;
-  assign \$143  = ins[5:0] == 4'ha;
-  assign \$144  = ins[5:0] == 4'hb;
-  assign \$145  = | { \$144 , \$143 , 1'h0 };
-  assign \$146  = \$142  | \$145 ;
-  assign \$147  = ~ exp_active;
-  assign \$148  = \$146  & \$147 ;
-  assign \$149  = \$140  | \$148 ;
-  assign \$150  = ins[5:0] == 4'h9;
-  assign \$151  = ins[5:0] == 4'he;
-  assign \$152  = | { \$151 , \$150 , 1'h0 };
-  assign \$153  = ins[255:244] < 7'h40;
-  assign \$154  = ~ \$153 ;
-  assign \$155  = \$152  & \$154 ;
-  assign \$156  = ~ shape_q;
-  assign \$157  = ins[5:0] == 4'h8;
-  assign \$159  = ! ins[87:77];
-  assign \$160  = scores_ok & \$159 ;
-  assign \$161  = scores_a == ins[76:64];
-  assign \$162  = \$160  & \$161 ;
-  assign \$163  = scores_len == ln;
-  assign \$164  = \$162  & \$163 ;
-  assign \$165  = ~ \$164 ;
-  assign \$166  = \$158  & \$165 ;
-  assign \$167  = ~ spad_ok;
-  assign \$168  = ins[5:0] == 1'h1;
-  assign \$169  = ins[5:0] == 2'h2;
-  assign \$170  = ins[5:0] == 2'h3;
-  assign \$171  = | { \$170 , \$169 , \$168 , 1'h0 };
-  assign \$172  = ~ host_ok;
-  assign \$173  = \$171  & \$172 ;
-  assign \$174  = ~ g_valid;
-  assign \$175  = ~ h_valid;
-  assign \$176  = \$175  | eng_ready;
-  assign \$177  = \$174  | \$176 ;
-  assign \$180  = ~ g_valid;
-  assign \$181  = ~ h_valid;
-  assign \$182  = \$181  | eng_ready;
-  assign \$183  = \$180  | \$182 ;
-  assign \$186  = vec_op == 1'h1;
-  assign \$187  = \$186  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$188  = rq_width > 1'h1;
-  assign \$189  = rq_width > 2'h2;
-  assign \$190  = rq_width > 2'h3;
-  assign \$191  = rq_width > 3'h4;
-  assign \$192  = rq_width > 3'h5;
-  assign \$193  = rq_width > 3'h6;
-  assign \$194  = rq_width > 3'h7;
-  assign \$195  = rq_width > 4'h8;
-  assign \$196  = rq_width > 4'h9;
-  assign \$197  = rq_width > 4'ha;
-  assign \$198  = rq_width > 4'hb;
-  assign \$199  = rq_width > 4'hc;
-  assign \$200  = rq_width > 4'hd;
-  assign \$201  = rq_width > 4'he;
-  assign \$202  = rq_width > 4'hf;
-  assign \$203  = rq_width > 5'h10;
-  assign \$204  = rq_width > 5'h11;
-  assign \$205  = rq_width > 5'h12;
-  assign \$206  = rq_width > 5'h13;
-  assign \$207  = rq_width > 5'h14;
-  assign \$208  = rq_width > 5'h15;
-  assign \$209  = rq_width > 5'h16;
-  assign \$210  = rq_width > 5'h17;
-  assign \$211  = $signed(sat_in) > $signed({ 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  });
-  assign \$212  = ~ { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
-  assign \$213  = $signed(sat_in) < $signed(\$212 );
-  assign \$214  = ~ { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
-  assign \$215  = \$213  ? \$214  : sat_in;
-  assign rq_sat = \$211  ? { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  } : \$215 ;
-  assign \$216  = ~ rq_wvalid;
-  assign \$217  = \$216  | rq_in__ready;
-  assign \$218  = rq_lane == 2'h3;
-  assign \$219  = \$218  | rq_at_last;
-  assign \$220  = | rq_width;
-  assign \$221  = \$220  ? \rq_mult$168  : 32'd1;
-  assign \$222  = | rq_width;
-  assign \$223  = \$222  ? rq_shift : 6'h00;
-  assign \$224  = run_gemm ? gc_lane : rq_lane;
-  assign \$1110  = \$224  * 5'h18;
-  assign sat_in = c_out__payload >> \$1110 ;
-  assign \$225  = ~ a_in__valid;
-  assign \$226  = ~ gm_afeed_done;
-  assign \$227  = \$225  & \$226 ;
-  assign \$228  = gm_lane == 3'h4;
-  assign \$229  = ! gm_left[13:3];
-  assign \$230  = gm_lane >= gm_left[2:0];
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = \$228  | \$231 ;
-  assign \$233  = ~ \$232 ;
-  assign \$234  = \$227  & \$233 ;
-  assign \$237  = | rq_width;
-  assign \$1126  = gc_lane * 5'h18;
-  assign \$238  = c_out__payload >> \$1126 ;
-  assign \$239  = \$237  ? rq_sat : \$238 ;
-  assign \$240  = pc >= 7'h40;
-  assign \$241  = | lane_y;
-  assign \$242  = step != 3'h7;
-  assign \$243  = ! ins[5:0];
-  assign \$244  = settle != 2'h2;
-  assign \$245  = | decode_q;
-  assign \$247  = ins[100:88] + \$246 ;
-  assign \$249  = ins[100:88] + \$248 ;
-  assign \$250  = \$249  + 1'h1;
-  assign \$251  = ins[124:112] + el_i;
-  assign \$252  = ~ ld_full;
-  assign \$253  = el_i < ln;
-  assign \$254  = ins[124:112] + el_i;
-  assign \$255  = ins[243:238] == 1'h1;
-  assign \$1146  = ld_e * 4'h8;
-  assign \$256  = wr_data__payload[31:0] >> \$1146 ;
-  assign \$257  = ins[243:238] == 2'h2;
-  assign \$1150  = ld_e * 5'h10;
-  assign \$258  = wr_data__payload[31:0] >> \$1150 ;
-  assign \$1153  = ld_e * 6'h20;
-  assign \$259  = wr_data__payload[31:0] >> \$1153 ;
-  assign \$260  = \$257  ? { \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258  } : \$259 ;
-  assign \$261  = \$255  ? { \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256  } : \$260 ;
-  assign \$262  = ~ st_full;
-  assign \$263  = st_e < 1'h1;
-  assign \$264  = \$262  & \$263 ;
-  assign \$265  = el_i < ln;
-  assign \$266  = \$264  & \$265 ;
-  assign \$267  = ~ st_rd;
-  assign \$268  = \$266  & \$267 ;
-  assign \$269  = ins[76:64] + el_i;
-  assign \$270  = ins[100:88] + rt_j;
-  assign \$271  = | rt_j;
-  assign \$272  = rt_j - 1'h1;
-  assign \$273  = ~ rt_wvalid;
-  assign \$274  = ~ rt_feed_done;
-  assign \$275  = \$273  & \$274 ;
-  assign \$276  = rt_lane < 1'h1;
-  assign \$277  = \$275  & \$276 ;
-  assign \$280  = rt_tbase + rt_el;
-  assign \$281  = ~ rt_hold;
-  assign \$282  = ~ rt_wphase;
-  assign \$283  = rt_hold & \$282 ;
-  assign \$284  = rt_tslot + rt_s;
-  assign \$285  = rt_hold & rt_wphase;
-  assign \$286  = rt_tslot + rt_s;
-  assign \$287  = \$286  + mk[13:2];
-  assign \$289  = ins[124:112] + rt_p;
-  assign \$290  = rd0_q == rt_j;
-  assign \$291  = rt_lp + rt_pos;
-  assign \$292  = rt_lp + mk[13:2];
-  assign \$293  = \$292  + rt_pos;
-  assign \$294  = rt_p + 1'h1;
-  assign \$295  = \$294  < mk[13:2];
-  assign \$296  = rt_cb + rt_j;
-  assign \$297  = rt_pos - rt_off;
-  assign \$298  = rt_cb + 4'h8;
-  assign \$299  = \$298  + rt_j;
-  assign \$300  = scan >= 4'h8;
-  assign \$301  = ins[76:64] + scan;
-  assign \$302  = ins[76:64] + 4'h8;
-  assign \$303  = \$302  + scan;
-  assign \$304  = g_i >= count;
-  assign \$306  = ins[100:88] + offset;
-  assign \$307  = \$306  + g_i;
-  assign \$308  = | lane_y;
-  assign \$309  = g_j < ins[61:48];
-  assign \$312  = run_gather ? lane_acc[12:0] : g_in;
-  assign \$313  = ins[76:64] + \$312 ;
-  assign \$314  = \$313  + g_j;
-  assign \$315  = ~ running;
-  assign \$316  = soft_req & \$315 ;
-  assign \$317  = ! ctrl_state;
-  assign \$318  = ctrl_state == 1'h1;
-  assign \$319  = ctrl_state == 2'h2;
-  assign \$320  = ctrl_state == 2'h3;
-  assign \$321  = ctrl_state == 3'h4;
-  assign \$322  = ctrl_state == 3'h5;
-  assign \$323  = ctrl_state == 3'h6;
-  assign \$324  = ctrl_state == 3'h7;
-  assign \$325  = ctrl_state == 4'h8;
-  assign \$326  = ctrl_state == 4'h9;
-  assign \$327  = ctrl_state == 4'ha;
-  assign \$328  = ctrl_state == 4'hb;
-  assign \$329  = ctrl_state == 4'hc;
-  assign \$330  = ctrl_state == 4'hd;
-  assign \$331  = ctrl_state == 4'he;
-  assign \$332  = ctrl_state == 4'hf;
-  assign \$333  = ctrl_state == 5'h10;
-  assign \$334  = ctrl_state == 5'h11;
-  assign \$335  = ctrl_state == 5'h12;
-  assign \$336  = ctrl_state == 5'h13;
-  assign \$337  = ctrl_state == 5'h14;
-  assign \$338  = ctrl_state == 5'h15;
-  assign \$339  = ctrl_state == 5'h16;
-  assign \$340  = ctrl_state == 5'h17;
-  assign \$341  = ctrl_state == 5'h18;
-  assign \$342  = ctrl_state == 5'h19;
-  assign \$343  = ctrl_state == 5'h1a;
-  assign \$344  = ctrl_state == 5'h1b;
-  assign \$345  = wr_addr == 4'hc;
-  assign \$346  = wr_en & \$345 ;
-  assign \$347  = wr_addr == 5'h10;
-  assign \$348  = wr_en & \$347 ;
-  assign \$349  = | lane_y;
-  assign \$350  = lane_acc + lane_x;
-  assign \$352  = lane_acc + lane_x;
-  assign \$353  = \$351  ? 33'h1ffffffff : \$352 [32:0];
-  assign \$355  = lane_x[32] ? 34'h1ffffffff : \$354 ;
-  assign \$357  = | wa;
-  assign \$358  = | wc;
-  assign \$359  = \$357  & \$358 ;
-  assign \$360  = ins[125:112] + wc;
-  assign \$361  = ins[77:64] < \$360 ;
-  assign \$362  = \$359  & \$361 ;
-  assign \$363  = ins[77:64] + wa;
-  assign \$364  = ins[125:112] < \$363 ;
-  assign \$365  = \$362  & \$364 ;
-  assign \$366  = ins[5:0] == 3'h4;
-  assign \$367  = ins[5:0] == 3'h5;
-  assign \$368  = ins[5:0] == 3'h6;
-  assign \$369  = ins[5:0] == 3'h7;
-  assign \$370  = ins[5:0] == 4'hd;
-  assign \$371  = | { \$370 , \$369 , \$368 , \$367 , \$366 , 1'h0 };
-  assign \$372  = ins[77:64] == ins[125:112];
-  assign \$373  = \$371  & \$372 ;
-  assign \$374  = wa == wc;
-  assign \$375  = \$373  & \$374 ;
-  assign \$376  = ~ \$375 ;
-  assign \$377  = \$365  & \$376 ;
-  assign \$378  = | wb;
-  assign \$379  = | wc;
-  assign \$380  = \$378  & \$379 ;
-  assign \$381  = ins[125:112] + wc;
-  assign \$382  = ins[101:88] < \$381 ;
-  assign \$383  = \$380  & \$382 ;
-  assign \$384  = ins[101:88] + wb;
-  assign \$385  = ins[125:112] < \$384 ;
-  assign \$386  = \$383  & \$385 ;
-  assign \$387  = ins[5:0] == 3'h4;
-  assign \$388  = ins[5:0] == 3'h5;
-  assign \$389  = ins[5:0] == 3'h6;
-  assign \$390  = ins[5:0] == 3'h7;
-  assign \$391  = ins[5:0] == 4'hd;
-  assign \$392  = | { \$391 , \$390 , \$389 , \$388 , \$387 , 1'h0 };
-  assign \$393  = ins[101:88] == ins[125:112];
-  assign \$394  = \$392  & \$393 ;
-  assign \$395  = wb == wc;
-  assign \$396  = \$394  & \$395 ;
-  assign \$397  = ~ \$396 ;
-  assign \$398  = \$386  & \$397 ;
-  assign \$399  = \$377  | \$398 ;
-  assign \$400  = ! wa;
-  assign \$401  = ! ins[87:78];
-  assign \$402  = ins[77:64] + wa;
-  assign \$403  = \$402  <= 14'h2000;
-  assign \$404  = \$401  & \$403 ;
-  assign \$405  = \$400  | \$404 ;
-  assign \$406  = ! wb;
-  assign \$407  = ! ins[111:102];
-  assign \$408  = ins[101:88] + wb;
-  assign \$409  = \$408  <= 14'h2000;
-  assign \$410  = \$407  & \$409 ;
-  assign \$411  = \$406  | \$410 ;
-  assign \$412  = \$405  & \$411 ;
-  assign \$413  = ! wc;
-  assign \$414  = ! ins[135:126];
-  assign \$415  = ins[125:112] + wc;
-  assign \$416  = \$415  <= 14'h2000;
-  assign \$417  = \$414  & \$416 ;
-  assign \$418  = \$413  | \$417 ;
-  assign \$419  = \$412  & \$418 ;
-  assign \$420  = ! host_eff[1:0];
-  assign \$421  = host_eff >= host_base;
-  assign \$422  = \$420  & \$421 ;
-  assign \$423  = host_eff + { l4[17:2], 2'h0 };
-  assign \$424  = host_base + host_size;
-  assign \$425  = \$423  <= \$424 ;
-  assign \$426  = \$422  & \$425 ;
-  assign \$427  = ~ h_valid;
-  assign \$428  = \$427  | eng_ready;
-  assign \$429  = ~ g_valid;
-  assign \$430  = ~ h_valid;
-  assign \$431  = \$430  | eng_ready;
-  assign \$432  = \$429  | \$431 ;
-  assign \$435  = rem0 == 1'h1;
-  assign \$438  = | rem0[13:1];
-  assign \$439  = | rem1[13:1];
-  assign \$440  = rem0 - 1'h1;
-  assign \$441  = pa + sa0;
-  assign \$442  = pb + sb0;
-  assign \$443  = rem1 - 1'h1;
-  assign \$444  = ra1 + sa1;
-  assign \$445  = ra1 + sa1;
-  assign \$446  = rb1 + sb1;
-  assign \$447  = rb1 + sb1;
-  assign \$448  = rem2 - 1'h1;
-  assign \$449  = ra2 + sa2;
-  assign \$450  = ra2 + sa2;
-  assign \$451  = ra2 + sa2;
-  assign \$452  = rb2 + sb2;
-  assign \$453  = rb2 + sb2;
-  assign \$454  = rb2 + sb2;
-  assign \$455  = | rem2[13:1];
-  assign \$456  = ~ \$455 ;
-  assign \$457  = ins[5:0] == 4'hd;
-  assign \$458  = ins[5:0] == 4'hc;
-  assign \$459  = \$458  ? 2'h1 : 2'h0;
-  assign \$460  = \$457  ? 2'h2 : \$459 ;
-  assign \$461  = ins[5:0] == 2'h3;
-  assign \$462  = ins[5:0] == 3'h4;
-  assign \$463  = ins[5:0] == 3'h5;
-  assign \$464  = ins[5:0] == 3'h6;
-  assign \$465  = ins[5:0] == 4'ha;
-  assign \$466  = rq_wvalid & rq_in__ready;
-  assign \$467  = h_valid & eng_ready;
-  assign \$468  = rq_wvalid & rq_in__ready;
-  assign \$469  = \$468  ? 3'h0 : rq_fill;
-  assign \$470  = rq_wvalid & rq_in__ready;
-  assign \$471  = \$470  ? 3'h0 : rq_fill;
-  assign \$472  = \$471  + 1'h1;
-  assign \$473  = rq_wvalid & rq_in__ready;
-  assign \$474  = \$473  ? 3'h0 : rq_fill;
-  assign \$475  = \$474  == 2'h3;
-  assign \$476  = \$475  | h_last;
-  assign \$477  = rq_lane == 2'h3;
-  assign \$478  = \$477  | rq_at_last;
-  assign \$479  = rq_lane + 1'h1;
-  assign \$480  = \$478  ? 3'h0 : \$479 ;
-  assign \$481  = ~ a_in__valid;
-  assign \$482  = ~ gm_afeed_done;
-  assign \$483  = \$481  & \$482 ;
-  assign \$484  = gm_lane == 3'h4;
-  assign \$485  = ! gm_left[13:3];
-  assign \$486  = gm_lane >= gm_left[2:0];
-  assign \$487  = \$485  & \$486 ;
-  assign \$488  = \$484  | \$487 ;
-  assign \$489  = ~ \$488 ;
-  assign \$490  = \$483  & \$489 ;
-  assign \$493  = gm_lane + 1'h1;
-  assign \$494  = gm_addr + ins[38:32];
-  assign \$495  = ~ a_in__valid;
-  assign \$496  = ~ gm_afeed_done;
-  assign \$497  = \$495  & \$496 ;
-  assign \$498  = gm_lane == 3'h4;
-  assign \$499  = ! gm_left[13:3];
-  assign \$500  = gm_lane >= gm_left[2:0];
-  assign \$501  = \$499  & \$500 ;
-  assign \$502  = \$498  | \$501 ;
-  assign \$503  = \$497  & \$502 ;
-  assign \$504  = a_in__valid & a_in__ready;
-  assign \$505  = gm_k + 1'h1;
-  assign \$506  = \$505  < ins[38:32];
-  assign \$507  = gm_k + 1'h1;
-  assign \$508  = gm_wstart + 1'h1;
-  assign \$509  = gm_wstart + 1'h1;
-  assign \$510  = gm_left - 3'h4;
-  assign \$511  = gm_addr - ins[38:32];
-  assign \$512  = $signed(\$511 ) + $signed(2'h1);
-  assign \$513  = gm_addr - ins[38:32];
-  assign \$514  = $signed(\$513 ) + $signed(2'h1);
-  assign \$515  = ! gm_left[13:3];
-  assign \$516  = gm_left[2:0] <= 3'h4;
-  assign \$517  = \$515  & \$516 ;
-  assign \$518  = gc_lane + 1'h1;
-  assign \$519  = gc_addr + ins[56:48];
-  assign \$520  = gc_lane + 1'h1;
-  assign \$521  = \$520  == 2'h3;
-  assign \$522  = ! gc_left[13:3];
-  assign \$523  = gc_lane + 1'h1;
-  assign \$524  = \$523  + 1'h1;
-  assign \$525  = \$524  >= gc_left[2:0];
-  assign \$526  = \$522  & \$525 ;
-  assign \$527  = \$521  | \$526 ;
-  assign \$528  = gc_n + 1'h1;
-  assign \$529  = \$528  < ins[56:48];
-  assign \$530  = gc_n + 1'h1;
-  assign \$531  = gc_wstart + 1'h1;
-  assign \$532  = gc_wstart + 1'h1;
-  assign \$533  = ! gc_left[13:3];
-  assign \$534  = gc_left[2:0] <= 1'h1;
-  assign \$535  = \$533  & \$534 ;
-  assign \$537  = gc_left - 3'h4;
-  assign \$538  = gc_addr + 1'h1;
-  assign \$539  = gc_addr + 1'h1;
-  assign \$540  = gc_left - 3'h4;
-  assign \$541  = ! \$540 [13:3];
-  assign \$542  = gc_left - 3'h4;
-  assign \$543  = \$542 [2:0] <= 1'h1;
-  assign \$544  = \$541  & \$543 ;
-  assign \$546  = cycles + 1'h1;
-  assign \$547  = busy_dma + 1'h1;
-  assign \$548  = busy_gemm + 1'h1;
-  assign \$549  = busy_act + 1'h1;
-  assign \$550  = busy_route + 1'h1;
-  assign \$551  = busy_vector + 1'h1;
-  assign \$552  = busy_move + 1'h1;
-  assign \$553  = ~ eng_run;
-  assign \$554  = ~ h_valid;
-  assign \$555  = \$554  | eng_ready;
-  assign \$556  = \$553  | \$555 ;
-  assign \$557  = pc >= 7'h40;
-  assign \$558  = fetch_word + 1'h1;
-  assign \$559  = fetch_word == 4'h8;
-  assign \$560  = | lane_y;
-  assign \$561  = step != 3'h7;
-  assign \$562  = ! ins[5:0];
-  assign \$563  = settle != 2'h2;
-  assign \$564  = | decode_q;
-  assign \$565  = | lane_acc[32:14];
-  assign \$566  = \$565  ? 14'h3fff : lane_acc[13:0];
-  assign \$567  = | lane_acc[32:14];
-  assign \$568  = \$567  ? 14'h3fff : lane_acc[13:0];
-  assign \$569  = | lane_acc[32:14];
-  assign \$570  = \$569  ? 14'h3fff : lane_acc[13:0];
-  assign \$571  = | lane_acc[32:14];
-  assign \$572  = \$571  ? 14'h3fff : lane_acc[13:0];
-  assign \$573  = | lane_acc[32:18];
-  assign \$574  = \$573  ? 18'h3ffff : lane_acc[17:0];
-  assign \$575  = step + 1'h1;
-  assign \$576  = settle + 1'h1;
-  assign \$577  = ins[5:0] == 1'h1;
-  assign \$578  = ins[5:0] == 2'h2;
-  assign \$579  = ins[5:0] == 2'h3;
-  assign \$580  = ins[5:0] == 3'h4;
-  assign \$581  = ins[5:0] == 3'h5;
-  assign \$582  = ins[5:0] == 3'h6;
-  assign \$583  = ins[5:0] == 3'h7;
-  assign \$584  = ins[5:0] == 4'h8;
-  assign \$585  = ins[5:0] == 4'ha;
-  assign \$586  = ins[5:0] == 4'hb;
-  assign \$587  = ins[5:0] == 4'hc;
-  assign \$588  = ins[5:0] == 4'hd;
-  assign \$589  = retired + 1'h1;
-  assign \$590  = ln == 1'h1;
-  assign \$593  = ! m_eff[13:3];
-  assign \$594  = m_eff[2:0] <= 1'h1;
-  assign \$595  = \$593  & \$594 ;
-  assign \$600  = ins[124:112] + \$599 ;
-  assign \$602  = ins[124:112] + \$601 ;
-  assign \$603  = \$602  + 5'h10;
-  assign \$604  = el_i + 1'h1;
-  assign \$605  = el_i + 2'h2;
-  assign \$606  = \$605  == ln;
-  assign \$607  = el_i < ln;
-  assign \$608  = ~ \$607 ;
-  assign \$609  = eng_run & \$608 ;
-  assign \$610  = pc + 1'h1;
-  assign \$611  = retired + 1'h1;
-  assign \$612  = ~ rd_busy;
-  assign \$613  = pc + 1'h1;
-  assign \$614  = retired + 1'h1;
-  assign \$615  = ~ ld_full;
-  assign \$616  = rd_data__valid & \$615 ;
-  assign \$617  = el_i < ln;
-  assign \$618  = el_i + 1'h1;
-  assign \$619  = ld_e + 1'h1;
-  assign \$620  = ld_e + 1'h1;
-  assign \$621  = ins[243:238] == 1'h1;
-  assign \$622  = ins[243:238] == 2'h2;
-  assign \$623  = \$622  ? 2'h2 : 2'h1;
-  assign \$624  = \$621  ? 3'h4 : { 1'h0, \$623  };
-  assign \$625  = \$620  >= \$624 ;
-  assign \$626  = ~ rd_busy;
-  assign \$627  = ~ ld_full;
-  assign \$628  = \$626  & \$627 ;
-  assign \$629  = el_i < ln;
-  assign \$630  = ~ \$629 ;
-  assign \$631  = \$628  & \$630 ;
-  assign \$632  = pc + 1'h1;
-  assign \$633  = retired + 1'h1;
-  assign \$634  = ~ st_full;
-  assign \$635  = st_e < 1'h1;
-  assign \$636  = \$634  & \$635 ;
-  assign \$637  = el_i < ln;
-  assign \$638  = \$636  & \$637 ;
-  assign \$639  = ~ st_rd;
-  assign \$640  = \$638  & \$639 ;
-  assign \$641  = el_i + 1'h1;
-  assign \$642  = st_e + 1'h1;
-  assign \$643  = ~ st_full;
-  assign \$644  = ~ st_rd;
-  assign \$645  = \$643  & \$644 ;
-  assign \$646  = | st_e;
-  assign \$647  = \$645  & \$646 ;
-  assign \$648  = st_e == 1'h1;
-  assign \$649  = el_i < ln;
-  assign \$650  = ~ \$649 ;
-  assign \$651  = \$648  | \$650 ;
-  assign \$652  = \$647  & \$651 ;
-  assign \$653  = wr_data__valid & wr_data__ready;
-  assign \$654  = ~ wr_busy;
-  assign \$655  = el_i < ln;
-  assign \$656  = ~ \$655 ;
-  assign \$657  = \$654  & \$656 ;
-  assign \$658  = ~ st_full;
-  assign \$659  = \$657  & \$658 ;
-  assign \$660  = ~ st_rd;
-  assign \$661  = \$659  & \$660 ;
-  assign \$662  = pc + 1'h1;
-  assign \$663  = retired + 1'h1;
-  assign \$664  = rt_j + 1'h1;
-  assign \$665  = rt_j == 4'h8;
-  assign \$666  = ~ rt_wvalid;
-  assign \$667  = ~ rt_feed_done;
-  assign \$668  = \$666  & \$667 ;
-  assign \$669  = rt_lane < 1'h1;
-  assign \$670  = \$668  & \$669 ;
-  assign \$673  = rt_el < 4'h8;
-  assign \$674  = rt_lane + 1'h1;
-  assign \$675  = rt_el + 1'h1;
-  assign \$676  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
-  assign \$678  = scores__valid & scores__ready;
-  assign \$679  = rt_el >= 4'h8;
-  assign \$680  = rt_feed_left - 1'h1;
-  assign \$681  = rt_tbase + 4'h8;
-  assign \$682  = | rt_feed_left[13:1];
-  assign \$683  = ~ \$682 ;
-  assign \$684  = ~ rt_hold;
-  assign \$685  = routes__valid & \$684 ;
-  assign \$686  = ~ rt_wphase;
-  assign \$687  = rt_hold & \$686 ;
-  assign \$688  = rt_hold & rt_wphase;
-  assign \$689  = rt_s == 1'h1;
-  assign \$690  = rt_held[19] | \$689 ;
-  assign \$691  = rt_route_left - 1'h1;
-  assign \$692  = rt_tslot + 2'h2;
-  assign \$693  = rt_s + 1'h1;
-  assign \$694  = ! rt_route_left;
-  assign \$696  = rd0_q == rt_j;
-  assign \$697  = rt_pos + 1'h1;
-  assign \$698  = rt_p + 1'h1;
-  assign \$699  = \$698  < mk[13:2];
-  assign \$700  = rt_p + 1'h1;
-  assign \$701  = rt_ps == 1'h1;
-  assign \$702  = rt_pt + 1'h1;
-  assign \$703  = rt_ps + 1'h1;
-  assign \$704  = rt_j + 1'h1;
-  assign \$705  = rt_j + 1'h1;
-  assign \$706  = \$705  < 4'h8;
-  assign \$707  = pc + 1'h1;
-  assign \$708  = retired + 1'h1;
-  assign \$709  = scan >= 4'h8;
-  assign \$710  = retired + 1'h1;
-  assign \$711  = scan + 1'h1;
-  assign \$712  = | rd0_q;
-  assign \$713  = | rd1_q[23:14];
-  assign \$714  = \$713  ? 14'h3fff : rd1_q[13:0];
-  assign \$715  = pc + 1'h1;
-  assign \$716  = retired + 1'h1;
-  assign \$717  = g_i >= count;
-  assign \$719  = pc + 1'h1;
-  assign \$720  = retired + 1'h1;
-  assign \$721  = | rd0_q[31:16];
-  assign \$722  = rd0_q[15:0] >= m_eff;
-  assign \$723  = \$721  | \$722 ;
-  assign \$724  = | lane_y;
-  assign \$725  = g_j < ins[61:48];
-  assign \$728  = g_j + 1'h1;
-  assign \$729  = run_gather ? g_in : lane_acc[12:0];
-  assign \$730  = ins[124:112] + \$729 ;
-  assign \$731  = \$730  + g_j;
-  assign \$732  = g_j >= ins[61:48];
-  assign \$733  = ~ g_rv;
-  assign \$734  = \$732  & \$733 ;
-  assign \$735  = \$734  & g_wv;
-  assign \$736  = g_i + 1'h1;
-  assign \$737  = g_in + ins[61:48];
-  assign \$738  = ~ rd_busy;
-  assign \$739  = ~ wr_busy;
-  assign \$740  = \$738  & \$739 ;
-  assign \$741  = ~ running;
-  assign \$742  = soft_req & \$741 ;
+  assign \$2  = word == 4'h8;
+  assign \$3  = | word;
+  assign \$4  = word + 1'h1;
+  assign \$5  = word == 4'h8;
   always @(posedge clk)
-    host_base <= \$743 ;
+    \pc$11  <= \$6 ;
   always @(posedge clk)
-    host_size <= \$744 ;
+    word <= \$7 ;
   always @(posedge clk)
-    rsel <= \$745 ;
-  always @(posedge clk)
-    lane_acc <= \$746 ;
-  always @(posedge clk)
-    lane_x <= \$747 ;
-  always @(posedge clk)
-    lane_y <= \$748 ;
-  always @(posedge clk)
-    shape_q <= \$749 ;
-  always @(posedge clk)
-    overlap_q <= \$750 ;
-  always @(posedge clk)
-    spad_ok <= \$751 ;
-  always @(posedge clk)
-    host_ok <= \$752 ;
-  always @(posedge clk)
-    decode_q <= \$753 ;
-  always @(posedge clk)
-    h_valid <= \$754 ;
-  always @(posedge clk)
-    h_last <= \$755 ;
-  always @(posedge clk)
-    g_valid <= \$756 ;
-  always @(posedge clk)
-    g_last <= \$757 ;
-  always @(posedge clk)
-    rem0 <= \$758 ;
-  always @(posedge clk)
-    pa <= \$759 ;
-  always @(posedge clk)
-    pb <= \$760 ;
-  always @(posedge clk)
-    rem1 <= \$761 ;
-  always @(posedge clk)
-    ra1 <= \$762 ;
-  always @(posedge clk)
-    rb1 <= \$763 ;
-  always @(posedge clk)
-    rem2 <= \$764 ;
-  always @(posedge clk)
-    ra2 <= \$765 ;
-  always @(posedge clk)
-    rb2 <= \$766 ;
-  always @(posedge clk)
-    issuing <= \$767 ;
-  always @(posedge clk)
-    vec_op <= \$768 ;
-  always @(posedge clk)
-    run_gemm <= \$769 ;
-  always @(posedge clk)
-    run_requant <= \$770 ;
-  always @(posedge clk)
-    run_sigmoid <= \$771 ;
-  always @(posedge clk)
-    run_situ <= \$772 ;
-  always @(posedge clk)
-    run_gather <= \$773 ;
-  always @(posedge clk)
-    rq_wvalid <= \$774 ;
-  always @(posedge clk)
-    rq_fill <= \$775 ;
-  always @(posedge clk)
-    rq_in__payload <= \$776 ;
-  always @(posedge clk)
-    rq_lane <= \$777 ;
-  always @(posedge clk)
-    gm_cap <= \$778 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$779 ;
-  always @(posedge clk)
-    gm_lane <= \$780 ;
-  always @(posedge clk)
-    gm_addr <= \$781 ;
-  always @(posedge clk)
-    a_in__valid <= \$782 ;
-  always @(posedge clk)
-    gm_k <= \$783 ;
-  always @(posedge clk)
-    gm_wstart <= \$784 ;
-  always @(posedge clk)
-    gm_left <= \$785 ;
-  always @(posedge clk)
-    gm_afeed_done <= \$786 ;
-  always @(posedge clk)
-    gc_lane <= \$787 ;
-  always @(posedge clk)
-    gc_addr <= \$788 ;
-  always @(posedge clk)
-    gc_last <= \$789 ;
-  always @(posedge clk)
-    gc_n <= \$790 ;
-  always @(posedge clk)
-    gc_wstart <= \$791 ;
-  always @(posedge clk)
-    gc_left <= \$792 ;
-  always @(posedge clk)
-    cycles <= \$793 ;
-  always @(posedge clk)
-    busy_dma <= \$794 ;
-  always @(posedge clk)
-    busy_gemm <= \$795 ;
-  always @(posedge clk)
-    busy_act <= \$796 ;
-  always @(posedge clk)
-    busy_route <= \$797 ;
-  always @(posedge clk)
-    busy_vector <= \$798 ;
-  always @(posedge clk)
-    busy_move <= \$799 ;
-  always @(posedge clk)
-    rd0_q <= \$800 ;
-  always @(posedge clk)
-    rd1_q <= \$801 ;
-  always @(posedge clk)
-    running <= \$802 ;
-  always @(posedge clk)
-    done <= \$803 ;
-  always @(posedge clk)
-    err <= \$804 ;
-  always @(posedge clk)
-    pc <= \$805 ;
-  always @(posedge clk)
-    retired <= \$806 ;
-  always @(posedge clk)
-    route_done <= \$807 ;
-  always @(posedge clk)
-    exp_active <= \$808 ;
-  always @(posedge clk)
-    scores_ok <= \$809 ;
-  always @(posedge clk)
-    ctrl_state <= \$810 ;
-  always @(posedge clk)
-    stop_code <= \$811 ;
-  always @(posedge clk)
-    cur_executor <= \$812 ;
-  always @(posedge clk)
-    fetch_word <= \$813 ;
-  always @(posedge clk)
-    ins <= \$814 ;
-  always @(posedge clk)
-    step <= \$815 ;
-  always @(posedge clk)
-    settle <= \$816 ;
-  always @(posedge clk)
-    ln <= \$817 ;
-  always @(posedge clk)
-    mk <= \$818 ;
-  always @(posedge clk)
-    p2 <= \$819 ;
-  always @(posedge clk)
-    p3 <= \$820 ;
-  always @(posedge clk)
-    l4 <= \$821 ;
-  always @(posedge clk)
-    host_eff <= \$822 ;
-  always @(posedge clk)
-    rq_width <= \$823 ;
-  always @(posedge clk)
-    \rq_mult$168  <= \$824 ;
-  always @(posedge clk)
-    rq_shift <= \$825 ;
-  always @(posedge clk)
-    cnt0 <= \$826 ;
-  always @(posedge clk)
-    cnt1 <= \$827 ;
-  always @(posedge clk)
-    sa0 <= \$828 ;
-  always @(posedge clk)
-    sa1 <= \$829 ;
-  always @(posedge clk)
-    sa2 <= \$830 ;
-  always @(posedge clk)
-    sb0 <= \$831 ;
-  always @(posedge clk)
-    sb1 <= \$832 ;
-  always @(posedge clk)
-    sb2 <= \$833 ;
-  always @(posedge clk)
-    el_i <= \$834 ;
-  always @(posedge clk)
-    rq_at_last <= \$835 ;
-  always @(posedge clk)
-    ld_full <= \$836 ;
-  always @(posedge clk)
-    ld_e <= \$837 ;
-  always @(posedge clk)
-    st_full <= \$838 ;
-  always @(posedge clk)
-    st_e <= \$839 ;
-  always @(posedge clk)
-    st_rd <= \$840 ;
-  always @(posedge clk)
-    wr_data__payload <= \$841 ;
-  always @(posedge clk)
-    rt_j <= \$842 ;
-  always @(posedge clk)
-    rt_cb <= \$843 ;
-  always @(posedge clk)
-    rt_lp <= \$844 ;
-  always @(posedge clk)
-    g_i <= \$845 ;
-  always @(posedge clk)
-    g_in <= \$846 ;
-  always @(posedge clk)
-    scores_a <= \$847 ;
-  always @(posedge clk)
-    scores_len <= \$848 ;
-  always @(posedge clk)
-    st_rd_e <= \$849 ;
-  always @(posedge clk)
-    rt_feed_left <= \$850 ;
-  always @(posedge clk)
-    rt_el <= \$851 ;
-  always @(posedge clk)
-    rt_lane <= \$852 ;
-  always @(posedge clk)
-    rt_wvalid <= \$853 ;
-  always @(posedge clk)
-    rt_tbase <= \$854 ;
-  always @(posedge clk)
-    rt_tslot <= \$855 ;
-  always @(posedge clk)
-    rt_feed_done <= \$856 ;
-  always @(posedge clk)
-    rt_cap <= \$857 ;
-  always @(posedge clk)
-    rt_route_left <= \$858 ;
-  always @(posedge clk)
-    rt_s <= \$859 ;
-  always @(posedge clk)
-    rt_hold <= \$860 ;
-  always @(posedge clk)
-    rt_wphase <= \$861 ;
-  always @(posedge clk)
-    rt_cap_ok <= \$862 ;
-  always @(posedge clk)
-    rt_held <= \$863 ;
-  always @(posedge clk)
-    rt_p <= \$864 ;
-  always @(posedge clk)
-    rt_pt <= \$865 ;
-  always @(posedge clk)
-    rt_ps <= \$866 ;
-  always @(posedge clk)
-    rt_pos <= \$867 ;
-  always @(posedge clk)
-    rt_off <= \$868 ;
-  always @(posedge clk)
-    scan <= \$869 ;
-  always @(posedge clk)
-    expert <= \$870 ;
-  always @(posedge clk)
-    count <= \$871 ;
-  always @(posedge clk)
-    offset <= \$872 ;
-  always @(posedge clk)
-    g_j <= \$873 ;
-  always @(posedge clk)
-    g_rv <= \$874 ;
-  always @(posedge clk)
-    g_wv <= \$875 ;
-  always @(posedge clk)
-    g_ra <= \$876 ;
-  always @(posedge clk)
-    g_wa <= \$877 ;
-  assign \$1  = ! wr_addr;
-  assign \$2  = wr_en & \$1 ;
-  assign start_req = \$2  & wr_data[0];
-  assign \$3  = ! wr_addr;
-  assign \$4  = wr_en & \$3 ;
-  assign soft_req = \$4  & wr_data[1];
-  assign \$5  = ! wr_addr;
-  assign \$6  = wr_en & \$5 ;
-  assign load_clear = \$6  & wr_data[2];
-  assign \$7  = ~ running;
-  assign \$8  = | err;
-  assign \$9  = done | \$8 ;
-  assign irq = \$7  & \$9 ;
-  assign \$10  = wr_addr[19:11] == 9'h100;
-  assign \$11  = wr_addr[10:5] < 7'h40;
-  assign \$12  = \$10  & \$11 ;
-  assign \$13  = wr_en & \$12 ;
-  assign \$14  = ~ running;
-  assign \$15  = \$13  & \$14 ;
-  assign \$16  = | err;
-  assign \$17  = rsel[19:5] == 14'h2000;
-  assign \$18  = rsel[4:0] < 6'h20;
-  assign \$19  = \$17  & \$18 ;
-  assign \$20  = ! rsel[1:0];
-  assign \$21  = ! rsel[19:7];
-  assign \$22  = \$20  & \$21 ;
-  assign m_eff = \$24  ? count : ins[31:16];
-  assign \$25  = m_eff + 3'h4;
-  assign \$26  = \$25  - 1'h1;
-  assign \$28  = | lane_acc[32:14];
-  assign \$29  = \$28  ? 14'h3fff : lane_acc[13:0];
-  assign \$30  = m_eff + 3'h4;
-  assign \$31  = \$30  - 1'h1;
-  assign \$33  = ins[63:48] + 3'h4;
-  assign \$34  = \$33  - 1'h1;
-  assign \$37  = ins[243:238] == 3'h4;
-  assign \$38  = ins[243:238] == 2'h2;
-  assign \$39  = \$38  ? 1'h1 : 1'h0;
-  assign \$40  = \$37  ? 2'h2 : { 1'h0, \$39  };
-  assign \$41  = ins[63:48] << \$40 ;
-  assign \$44  = \$43  ? expert : 4'h0;
-  assign \$45  = m_eff >= 1'h1;
-  assign \$46  = ins[63:48] >= 1'h1;
-  assign \$47  = ins[243:238] == 1'h1;
-  assign \$48  = ins[243:238] == 2'h2;
-  assign \$49  = ins[243:238] == 3'h4;
-  assign \$50  = | { \$49 , \$48 , \$47  };
-  assign \$51  = & { \$50 , \$46 , \$45  };
-  assign \$52  = m_eff >= 1'h1;
-  assign \$53  = ins[63:48] >= 1'h1;
-  assign \$54  = ins[243:238] == 3'h4;
-  assign \$56  = & { \$55 , \$53 , \$52  };
-  assign \$57  = m_eff >= 1'h1;
-  assign \$58  = ins[63:48] >= 1'h1;
-  assign \$59  = ins[47:32] >= 1'h1;
-  assign \$60  = ! ins[243:238];
-  assign \$61  = ins[243:238] >= 2'h2;
-  assign \$62  = ins[243:238] <= 5'h18;
-  assign \$63  = \$61  & \$62 ;
-  assign \$64  = | { \$63 , \$60  };
-  assign \$65  = ins[47:32] <= 7'h40;
-  assign \$66  = p2 <= 9'h100;
-  assign \$67  = p3 <= 9'h100;
-  assign \$68  = & { \$67 , \$66 , \$65 , \$64 , \$59 , \$58 , \$57  };
-  assign \$69  = m_eff >= 1'h1;
-  assign \$70  = ins[63:48] >= 1'h1;
-  assign \$71  = ins[243:238] >= 2'h2;
-  assign \$72  = ins[243:238] <= 5'h18;
-  assign \$73  = \$71  & \$72 ;
-  assign \$75  = & { \$74 , \$70 , \$69  };
-  assign \$76  = m_eff >= 1'h1;
-  assign \$77  = ins[63:48] >= 1'h1;
-  assign \$78  = & { \$77 , \$76  };
-  assign \$79  = m_eff >= 1'h1;
-  assign \$80  = ins[63:48] >= 1'h1;
-  assign \$81  = & { \$80 , \$79  };
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = & { \$83 , \$82  };
-  assign \$85  = m_eff >= 1'h1;
-  assign \$86  = ins[63:48] == 4'h8;
-  assign \$87  = ins[47:32] == 2'h2;
-  assign \$88  = & { \$87 , \$86 , \$85  };
-  assign \$89  = ins[63:48] == 4'h8;
-  assign \$91  = m_eff >= 1'h1;
-  assign \$92  = ins[63:48] >= 1'h1;
-  assign \$93  = & { \$92 , \$91  };
-  assign \$94  = m_eff >= 1'h1;
-  assign \$95  = ins[63:48] >= 1'h1;
-  assign \$96  = & { \$95 , \$94  };
-  assign \$97  = m_eff >= 1'h1;
-  assign \$98  = ins[63:48] >= 1'h1;
-  assign \$99  = ins[47:32] >= 1'h1;
-  assign \$100  = & { \$99 , \$98 , \$97  };
-  assign \$101  = m_eff >= 1'h1;
-  assign \$102  = ins[63:48] >= 1'h1;
-  assign \$103  = & { \$102 , \$101  };
-  assign \$106  = \$105  ? 5'h10 : 5'h00;
-  assign \$109  = \$108  ? 5'h10 : 5'h00;
-  assign \$110  = | ins[63:62];
-  assign \$111  = \$110  ? 14'h3fff : ins[61:48];
-  assign \$112  = mk + 5'h10;
-  assign \$114  = mk + 5'h10;
-  assign \$115  = \$113  ? 14'h3fff : \$114 [13:0];
-  \nanokpu_kpu.dma  dma (
-    .abort(abort),
-    .ar_addr(m_axi__araddr),
-    .aw_addr(m_axi__awaddr),
-    .bus__arready(m_axi__arready),
-    .bus__arvalid(m_axi__arvalid),
-    .bus__awready(m_axi__awready),
-    .bus__awvalid(m_axi__awvalid),
-    .bus__bresp(m_axi__bresp),
-    .bus__bvalid(m_axi__bvalid),
-    .bus__rready(m_axi__rready),
-    .bus__rresp(m_axi__rresp),
-    .bus__rvalid(m_axi__rvalid),
-    .bus__wlast(m_axi__wlast),
-    .bus__wready(m_axi__wready),
-    .bus__wstrb(m_axi__wstrb),
-    .bus__wvalid(m_axi__wvalid),
-    .clk(clk),
-    .error(error),
-    .\port$1196$0 (\$878 ),
-    .\port$1214$0 (\$879 ),
-    .\port$3397$2 (l4[17:2]),
-    .rd_addr(host_eff[31:0]),
-    .rd_busy(rd_busy),
-    .rd_data__payload(m_axi__rdata),
-    .rd_data__ready(rd_data__ready),
-    .rd_data__valid(rd_data__valid),
-    .rd_start(rd_start),
-    .rst(rst),
-    .wr_busy(wr_busy),
-    .wr_data__payload(wr_data__payload),
-    .wr_data__ready(wr_data__ready),
-    .wr_data__valid(wr_data__valid),
-    .wr_start(wr_start)
-  );
-  \nanokpu_kpu.gemm  gemm (
-    .a_in__valid(a_in__valid),
-    .a_loading(a_in__ready),
-    .b_in__payload(m_axi__rdata),
-    .b_in__valid(b_in__valid),
-    .b_take(b_in__ready),
-    .c_out__payload(c_out__payload),
-    .c_out__ready(c_out__ready),
-    .c_out__valid(c_out__valid),
-    .clk(clk),
-    .cmd__payload(cmd__payload),
-    .cmd__ready(cmd__ready),
-    .cmd__valid(cmd__valid),
-    .\done$90 (\done$328 ),
-    .error(\error$329 ),
-    .rq_in__payload(rq_in__payload),
-    .rq_in__ready(rq_in__ready),
-    .rq_in__valid(rq_in__valid),
-    .rq_mult(\rq_mult$168 [15:0]),
-    .rq_shift(rq_shift),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
-  \nanokpu_kpu.regs  regs (
-    .bus__arready(s_axil__arready),
-    .bus__arvalid(s_axil__arvalid),
-    .bus__awaddr(s_axil__awaddr),
-    .bus__awready(s_axil__awready),
-    .bus__awvalid(s_axil__awvalid),
-    .bus__bready(s_axil__bready),
-    .bus__bvalid(s_axil__bvalid),
-    .bus__rdata(s_axil__rdata),
-    .bus__rready(s_axil__rready),
-    .bus__rvalid(s_axil__rvalid),
-    .bus__wdata(s_axil__wdata),
-    .bus__wready(s_axil__wready),
-    .bus__wstrb(s_axil__wstrb),
-    .bus__wvalid(s_axil__wvalid),
-    .clk(clk),
-    .rd_addr(s_axil__araddr),
-    .rd_data(rd_data),
-    .rd_en(rd_en),
-    .rst(rst),
-    .wr_addr(wr_addr),
-    .wr_data(wr_data),
-    .wr_en(wr_en)
-  );
-  \nanokpu_kpu.router  router (
-    .bias_addr(bias_addr),
-    .bias_we(bias_we),
-    .clk(clk),
-    .emitting(routes__valid),
-    .lh__addr(s_axil__araddr[4:2]),
-    .load_clear(load_clear),
-    .load_data(load_data),
-    .routes__payload(routes__payload),
-    .routes__ready(routes__ready),
-    .rst(rst),
-    .scores__payload(scores__payload),
-    .scores__ready(scores__ready),
-    .scores__valid(scores__valid),
-    .unit_rst(unit_rst),
-    .wp__data(bias_data)
-  );
-  \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(i__ready),
-    .clk(clk),
-    .i__valid(i__valid),
-    .o__payload(o__payload),
-    .o__valid(o__valid),
-    .rst(rst),
-    .unit_rst(unit_rst),
-    .x(rd0_q[15:0])
-  );
-  \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$206 ),
-    .clk(clk),
-    .i__payload(\i__payload$175 ),
-    .i__valid(\i__valid$205 ),
-    .o__payload(\o__payload$208 ),
-    .o__valid(\o__valid$207 ),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
-  \nanokpu_kpu.spad  spad (
-    .clk(clk),
-    .port__addr(rd0__addr),
-    .\port__addr$20 (rd1__addr),
-    .rd0_rd_data(rd0__data),
-    .rd0_rd_en(rd0__en),
-    .rd1_rd_data(rd1__data),
-    .rd1_rd_en(rd1__en),
-    .rst(rst),
-    .wr__addr(wr__addr),
-    .wr__data(wr__data),
-    .wr__en(wr__en)
-  );
-  \nanokpu_kpu.vector  vector (
-    .clk(clk),
-    .i__payload(\i__payload$177 ),
-    .i__ready(\i__ready$210 ),
-    .i__valid(\i__valid$209 ),
-    .n(ins[63:48]),
-    .o__payload(\o__payload$212 ),
-    .o__valid(\o__valid$211 ),
-    .op(vec_op),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
+    ins <= \$8 ;
+  assign \$1  = | word;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    im_wr__addr = 9'h000;
-    if (\$15 ) begin
-      im_wr__addr = wr_addr[10:2];
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    im_wr__en = 1'h0;
-    if (\$15 ) begin
-      im_wr__en = 1'h1;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd_data = 32'd0;
-    if (\$19 ) begin
-      rd_data = { 16'h0000, load_data };
-    end else if (\$22 ) begin
-      casez (rsel[6:2])
-        5'h01:
-            rd_data = status;
-        5'h02:
-            rd_data = cycles;
-        5'h03:
-            rd_data = host_base;
-        5'h04:
-            rd_data = host_size;
-        5'h05:
-            rd_data = retired;
-        5'h10:
-            rd_data = 32'd8192;
-        5'h11:
-            rd_data = 32'd64;
-        5'h08:
-            rd_data = busy_dma;
-        5'h09:
-            rd_data = busy_gemm;
-        5'h0a:
-            rd_data = busy_act;
-        5'h0b:
-            rd_data = busy_route;
-        5'h0c:
-            rd_data = busy_vector;
-        5'h0d:
-            rd_data = busy_move;
-      endcase
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_y = 16'h0000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_y = m_eff;
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_y = m_eff;
-            6'h0a, 6'h0b:
-                st_y = count;
-            6'h08:
-                st_y = m_eff;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_y = ins[47:32];
-            6'h03:
-                st_y = \$27 [15:0];
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_y = m_eff;
-            6'h03:
-                st_y = \$32 [15:0];
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_y = \$35 [15:0];
-            6'h01, 6'h02:
-                st_y = m_eff;
-          endcase
-      3'h5:
-          st_y = { 12'h000, \$44  };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_x = 33'h000000000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_x = { 17'h00000, ins[63:48] };
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_x = { 17'h00000, ins[47:32] };
-            6'h0a, 6'h0b:
-                st_x = { 17'h00000, ins[63:48] };
-            6'h08:
-                st_x = 33'h000000008;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_x = { 17'h00000, ins[63:48] };
-            6'h03:
-                st_x = { 17'h00000, ins[47:32] };
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_x = { 19'h00000, \$29  };
-            6'h03:
-                st_x = { 17'h00000, ins[63:48] };
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_x = { 14'h0000, \$36  };
-            6'h01, 6'h02:
-                st_x = { 14'h0000, \$41  };
-          endcase
-      3'h5:
-          st_x = { 1'h0, ins[199:168] };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_acc = 33'h000000000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_acc = 33'h000000000;
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_acc = 33'h000000000;
-            6'h0a, 6'h0b:
-                st_acc = 33'h000000000;
-            6'h08:
-                st_acc = 33'h000000000;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_acc = 33'h000000000;
-            6'h03:
-                st_acc = 33'h000000000;
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_acc = 33'h000000000;
-            6'h03:
-                st_acc = 33'h000000000;
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_acc = 33'h000000000;
-            6'h01, 6'h02:
-                st_acc = 33'h000000003;
-          endcase
-      3'h5:
-          st_acc = { 1'h0, ins[167:136] };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    shape_ok = 1'h0;
-    casez (ins[5:0])
-      6'h00:
-          shape_ok = 1'h1;
-      6'h01:
-          shape_ok = \$51 ;
-      6'h02:
-          shape_ok = \$56 ;
-      6'h03:
-          shape_ok = \$68 ;
-      6'h04:
-          shape_ok = \$75 ;
-      6'h05:
-          shape_ok = \$78 ;
-      6'h06:
-          shape_ok = \$81 ;
-      6'h07:
-          shape_ok = \$84 ;
-      6'h08:
-          shape_ok = \$88 ;
-      6'h09:
-          shape_ok = \$90 ;
-      6'h0a:
-          shape_ok = \$93 ;
-      6'h0b:
-          shape_ok = \$96 ;
-      6'h0c:
-          shape_ok = \$100 ;
-      6'h0d:
-          shape_ok = \$103 ;
-      6'h0e:
-          shape_ok = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wc = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          wc = ln;
-      6'h02:
-          /* empty */;
-      6'h03:
-          wc = ln;
-      6'h04:
-          wc = ln;
-      6'h05, 6'h0d:
-          wc = ln;
-      6'h06, 6'h07:
-          wc = ln;
-      6'h08:
-          wc = \$115 ;
-      6'h09:
-          /* empty */;
-      6'h0a:
-          wc = mk;
-      6'h0b:
-          wc = ln;
-      6'h0c:
-          wc = ln;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wa = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          /* empty */;
-      6'h02:
-          wa = ln;
-      6'h03:
-          wa = mk;
-      6'h04:
-          wa = ln;
-      6'h05, 6'h0d:
-          wa = ln;
-      6'h06, 6'h07:
-          wa = ln;
-      6'h08:
-          wa = ln;
-      6'h09:
-          wa = \$119 ;
-      6'h0a:
-          wa = ln;
-      6'h0b:
-          wa = mk;
-      6'h0c:
-          wa = p3;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wb = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          /* empty */;
-      6'h02:
-          /* empty */;
-      6'h03:
-          wb = { 9'h000, \$106  };
-      6'h04:
-          wb = { 9'h000, \$109  };
-      6'h05, 6'h0d:
-          /* empty */;
-      6'h06, 6'h07:
-          wb = ln;
-      6'h08:
-          wb = \$111 ;
-      6'h09:
-          /* empty */;
-      6'h0a:
-          wb = \$123 ;
-      6'h0b:
-          wb = \$127 ;
-      6'h0c:
-          wb = mk;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    decode_err = 8'h00;
-    if (\$129 ) begin
-      decode_err = 8'h01;
-    end else if (\$149 ) begin
-      decode_err = 8'h08;
-    end else if (\$155 ) begin
-      decode_err = 8'h06;
-    end else if (\$156 ) begin
-      decode_err = 8'h03;
-    end else if (\$166 ) begin
-      decode_err = 8'h04;
-    end else if (\$167 ) begin
-      decode_err = 8'h02;
-    end else if (overlap_q) begin
-      decode_err = 8'h09;
-    end else if (\$173 ) begin
-      decode_err = 8'h05;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd0__addr = 13'h0000;
-    if (eng_run) begin
-      rd0__addr = pa;
-    end
-    if (gemm_run) begin
-      if (\$236 ) begin
-        rd0__addr = gm_addr;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          rd0__addr = \$247 [12:0];
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$268 ) begin
-            rd0__addr = \$269 [12:0];
-          end
-      5'h0a:
-          rd0__addr = \$270 [12:0];
-      5'h10:
-          if (\$279 ) begin
-            rd0__addr = \$280 [12:0];
-          end
-      5'h11:
-          if (\$288 ) begin
-            rd0__addr = \$289 [12:0];
-          end
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          (* full_case = 32'd1 *)
-          if (\$300 ) begin
-          end else begin
-            rd0__addr = \$301 [12:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          if (\$304 ) begin
-          end else if (\$305 ) begin
-            rd0__addr = \$307 [12:0];
-          end
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$308 ) begin
-          end else if (\$311 ) begin
-            rd0__addr = \$314 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd1__addr = 13'h0000;
-    if (eng_run) begin
-      rd1__addr = pb;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          rd1__addr = \$250 [12:0];
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          (* full_case = 32'd1 *)
-          if (\$300 ) begin
-          end else begin
-            rd1__addr = \$303 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd0__en = 1'h1;
-    if (eng_run) begin
-      rd0__en = \$179 ;
-    end
-    if (gemm_run) begin
-      if (\$236 ) begin
-        rd0__en = 1'h1;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          rd0__en = 1'h1;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$268 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h0a:
-          rd0__en = 1'h1;
-      5'h10:
-          if (\$279 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h11:
-          if (\$288 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          (* full_case = 32'd1 *)
-          if (\$300 ) begin
-          end else begin
-            rd0__en = 1'h1;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          if (\$304 ) begin
-          end else if (\$305 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$308 ) begin
-          end else if (\$311 ) begin
-            rd0__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd1__en = 1'h1;
-    if (eng_run) begin
-      rd1__en = \$185 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          rd1__en = 1'h1;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          (* full_case = 32'd1 *)
-          if (\$300 ) begin
-          end else begin
-            rd1__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rq_in__valid = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-        rq_in__valid = rq_wvalid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    eng_ready = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        eng_ready = \$217 ;
-      end else if (run_sigmoid) begin
-        eng_ready = i__ready;
-      end else if (run_situ) begin
-        eng_ready = \i__ready$206 ;
-      end else begin
-        eng_ready = \i__ready$210 ;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    out_valid = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        out_valid = c_out__valid;
-      end else if (run_sigmoid) begin
-        out_valid = o__valid;
-      end else if (run_situ) begin
-        out_valid = \o__valid$207 ;
-      end else begin
-        out_valid = \o__valid$211 ;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    out_data = 32'd0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
-      end else if (run_sigmoid) begin
-        out_data = { 19'h00000, o__payload };
-      end else if (run_situ) begin
-        out_data = { \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208 [15], \o__payload$208  };
-      end else begin
-        out_data = { \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212 [15], \o__payload$212  };
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    c_out__ready = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (c_out__valid) begin
-          c_out__ready = \$219 ;
-        end
-      end
-    end
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          c_out__ready = 1'h1;
-        end
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    i__valid = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-        i__valid = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$205  = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-      end else if (run_situ) begin
-        \i__valid$205  = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$209  = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-      end else if (run_situ) begin
-      end else begin
-        \i__valid$209  = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    b_in__valid = 1'h0;
-    if (gemm_run) begin
-      b_in__valid = rd_data__valid;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd_data__ready = 1'h0;
-    if (gemm_run) begin
-      rd_data__ready = b_in__ready;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          rd_data__ready = \$252 ;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__addr = 13'h0000;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        wr__addr = gc_addr;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            wr__addr = \$251 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$253 ) begin
-              wr__addr = \$254 [12:0];
-            end
-          end
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-        begin
-          if (\$283 ) begin
-            wr__addr = \$284 [12:0];
-          end
-          if (\$285 ) begin
-            wr__addr = \$287 [12:0];
-          end
-        end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          if (\$290 ) begin
-            wr__addr = \$291 [12:0];
-          end
-      5'h14:
-          wr__addr = \$293 [12:0];
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$295 ) begin
-          end else begin
-            wr__addr = \$296 [12:0];
-          end
-      5'h16:
-          wr__addr = \$299 [12:0];
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (g_wv) begin
-            wr__addr = g_wa;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__data = 32'd0;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        wr__data = { \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239 [23], \$239  };
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            wr__data = out_data;
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$253 ) begin
-              wr__data = \$261 ;
-            end
-          end
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-        begin
-          if (\$283 ) begin
-            wr__data = { 29'h00000000, rt_held[2:0] };
-          end
-          if (\$285 ) begin
-            wr__data = { 16'h0000, rt_held[18:3] };
-          end
-        end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          if (\$290 ) begin
-            wr__data = { 18'h00000, rt_p };
-          end
-      5'h14:
-          wr__data = { 18'h00000, rt_pt };
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$295 ) begin
-          end else begin
-            wr__data = { \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297 [14], \$297  };
-          end
-      5'h16:
-          wr__data = { 18'h00000, rt_off };
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (g_wv) begin
-            wr__data = rd0_q;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__en = 1'h0;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        wr__en = 1'h1;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            wr__en = 1'h1;
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$253 ) begin
-              wr__en = 1'h1;
-            end
-          end
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-        begin
-          if (\$283 ) begin
-            wr__en = 1'h1;
-          end
-          if (\$285 ) begin
-            wr__en = 1'h1;
-          end
-        end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          if (\$290 ) begin
-            wr__en = 1'h1;
-          end
-      5'h14:
-          wr__en = 1'h1;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$295 ) begin
-          end else begin
-            wr__en = 1'h1;
-          end
-      5'h16:
-          wr__en = 1'h1;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (g_wv) begin
-            wr__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
     \$signature__addr  = 9'h000;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          (* full_case = 32'd1 *)
-          if (\$240 ) begin
-          end else begin
-            \$signature__addr  = { pc[5:0], 3'h0 };
-          end
-      5'h03:
-          \$signature__addr  = { pc[5:0], fetch_word[2:0] };
-    endcase
+    if (start) begin
+      \$signature__addr  = { pc[5:0], 3'h0 };
+    end else if (\$1 ) begin
+      \$signature__addr  = { \pc$11 [5:0], word[2:0] };
+    end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
     \$signature__en  = 1'h1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          (* full_case = 32'd1 *)
-          if (\$240 ) begin
-          end else begin
-            \$signature__en  = 1'h1;
-          end
-      5'h03:
-          \$signature__en  = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd_start = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$241 ) begin
-          end else if (\$242 ) begin
-          end else if (\$243 ) begin
-          end else if (\$244 ) begin
-          end else if (\$245 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  rd_start = 1'h1;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          if (cmd__ready) begin
-            rd_start = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr_start = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$241 ) begin
-          end else if (\$242 ) begin
-          end else if (\$243 ) begin
-          end else if (\$244 ) begin
-          end else if (\$245 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  wr_start = 1'h1;
-            endcase
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    eng_run = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          eng_run = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    cmd__valid = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          cmd__valid = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    gemm_run = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          gemm_run = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr_data__valid = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          wr_data__valid = st_full;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_we = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$271 ) begin
-            bias_we = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_addr = 3'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$271 ) begin
-            bias_addr = \$272 [2:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_data = 16'h0000;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$271 ) begin
-            bias_data = rd0__data[15:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    scores__payload = 13'h0000;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          scores__payload = rq_in__payload[12:0];
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    scores__valid = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          scores__valid = rt_wvalid;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    routes__ready = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          routes__ready = \$281 ;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    abort = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          abort = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    unit_rst = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          unit_rst = 1'h1;
-    endcase
-    if (\$316 ) begin
-      unit_rst = 1'h1;
+    if (start) begin
+      \$signature__en  = 1'h1;
+    end else if (\$1 ) begin
+      \$signature__en  = 1'h1;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = host_base;
-    if (\$346 ) begin
-      \$743  = wr_data;
-    end
-    if (rst) begin
-      \$743  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = host_size;
-    if (\$348 ) begin
-      \$744  = wr_data;
-    end
-    if (rst) begin
-      \$744  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = rsel;
-    if (rd_en) begin
-      \$745  = s_axil__araddr;
-    end
-    if (rst) begin
-      \$745  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = lane_acc;
-    if (\$349 ) begin
-      if (lane_y[0]) begin
-        \$746  = \$353 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    done = 1'h0;
+    if (start) begin
+    end else if (\$1 ) begin
+      if (\$2 ) begin
+        done = 1'h1;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$746  = st_acc;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$746  = 33'h000000000;
-          end
-    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$6  = \pc$11 ;
+    if (start) begin
+      \$6  = pc;
+    end
     if (rst) begin
-      \$746  = 33'h000000000;
+      \$6  = 13'h0000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = lane_x;
-    if (\$349 ) begin
-      \$747  = \$355 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$747  = st_x;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$747  = { 19'h00000, ins[61:48] };
-          end
-    endcase
-    if (rst) begin
-      \$747  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = lane_y;
-    if (\$349 ) begin
-      \$748  = \$356 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$748  = st_y;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$748  = rd0_q[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$748  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = shape_ok;
-    if (rst) begin
-      \$749  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$399 ;
-    if (rst) begin
-      \$750  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$419 ;
-    if (rst) begin
-      \$751  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = \$426 ;
-    if (rst) begin
-      \$752  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = decode_err;
-    if (rst) begin
-      \$753  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = h_valid;
-    if (eng_run) begin
-      if (\$428 ) begin
-        \$754  = g_valid;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$754  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$754  = 1'h0;
-              6'h0c:
-                  \$754  = 1'h0;
-              6'h0d:
-                  \$754  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$754  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = h_last;
-    if (eng_run) begin
-      if (\$428 ) begin
-        \$755  = g_last;
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$7  = word;
+    if (start) begin
+      \$7  = 4'h1;
+    end else if (\$3 ) begin
+      \$7  = \$4 [3:0];
+      if (\$5 ) begin
+        \$7  = 4'h0;
       end
     end
     if (rst) begin
-      \$755  = 1'h0;
+      \$7  = 4'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = g_valid;
-    if (eng_run) begin
-      if (\$432 ) begin
-        \$756  = \$434 ;
-      end
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$8  = ins;
+    if (start) begin
+    end else if (\$3 ) begin
+      \$8  = { \$signature__data , ins[255:32] };
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$756  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$756  = 1'h0;
-              6'h0c:
-                  \$756  = 1'h0;
-              6'h0d:
-                  \$756  = 1'h0;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$756  = 1'h0;
+      \$8  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = g_last;
-    if (eng_run) begin
-      if (\$432 ) begin
-        \$757  = \$435 ;
-      end
-    end
-    if (rst) begin
-      \$757  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = rem0;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-            \$758  = \$440 [13:0];
-          end else if (\$439 ) begin
-            \$758  = cnt0;
-          end else begin
-            \$758  = cnt0;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$758  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$758  = ln;
-              6'h0c:
-                  \$758  = ins[45:32];
-              6'h0d:
-                  \$758  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$758  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = pa;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-            \$759  = \$441 [12:0];
-          end else if (\$439 ) begin
-            \$759  = \$445 [12:0];
-          end else begin
-            \$759  = \$451 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$759  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$759  = ins[76:64];
-              6'h0c:
-                  \$759  = ins[76:64];
-              6'h0d:
-                  \$759  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$759  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = pb;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-            \$760  = \$442 [12:0];
-          end else if (\$439 ) begin
-            \$760  = \$447 [12:0];
-          end else begin
-            \$760  = \$454 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$760  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$760  = ins[100:88];
-              6'h0c:
-                  \$760  = ins[100:88];
-              6'h0d:
-                  \$760  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$760  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = rem1;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-            \$761  = \$443 [13:0];
-          end else begin
-            \$761  = cnt1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$761  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$761  = 14'h0001;
-              6'h0c:
-                  \$761  = ins[61:48];
-              6'h0d:
-                  \$761  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$761  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = ra1;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-            \$762  = \$444 [12:0];
-          end else begin
-            \$762  = \$450 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$762  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$762  = ins[76:64];
-              6'h0c:
-                  \$762  = ins[76:64];
-              6'h0d:
-                  \$762  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$762  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = rb1;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-            \$763  = \$446 [12:0];
-          end else begin
-            \$763  = \$453 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$763  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$763  = ins[100:88];
-              6'h0c:
-                  \$763  = ins[100:88];
-              6'h0d:
-                  \$763  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$763  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = rem2;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            \$764  = \$448 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$764  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$764  = 14'h0001;
-              6'h0c:
-                  \$764  = m_eff[13:0];
-              6'h0d:
-                  \$764  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$764  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = ra2;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            \$765  = \$449 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$765  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$765  = ins[76:64];
-              6'h0c:
-                  \$765  = ins[76:64];
-              6'h0d:
-                  \$765  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$765  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = rb2;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            \$766  = \$452 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$766  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$766  = ins[100:88];
-              6'h0c:
-                  \$766  = ins[100:88];
-              6'h0d:
-                  \$766  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$766  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = issuing;
-    if (eng_run) begin
-      if (\$432 ) begin
-        if (\$437 ) begin
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            if (\$456 ) begin
-              \$767  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$767  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$767  = 1'h1;
-              6'h0c:
-                  \$767  = 1'h1;
-              6'h0d:
-                  \$767  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$767  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$460 ;
-    if (rst) begin
-      \$768  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = \$461 ;
-    if (rst) begin
-      \$769  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$462 ;
-    if (rst) begin
-      \$770  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = \$463 ;
-    if (rst) begin
-      \$771  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$464 ;
-    if (rst) begin
-      \$772  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$465 ;
-    if (rst) begin
-      \$773  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = rq_wvalid;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$466 ) begin
-          \$774  = 1'h0;
-        end
-        if (\$467 ) begin
-          if (\$476 ) begin
-            \$774  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$774  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$774  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = rq_fill;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$466 ) begin
-          \$775  = 3'h0;
-        end
-        if (\$467 ) begin
-          \$775  = \$472 [2:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$775  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$775  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = rq_in__payload;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$467 ) begin
-          casez (\$469 )
-            3'h0:
-                \$776 [23:0] = rd0_q[23:0];
-            3'h1:
-                \$776 [47:24] = rd0_q[23:0];
-            3'h2:
-                \$776 [71:48] = rd0_q[23:0];
-            3'h3:
-                \$776 [95:72] = rd0_q[23:0];
-          endcase
-        end
-      end
-    end
-    if (gemm_run) begin
-      if (gm_cap) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$776 [7:0] = rd0__data[7:0];
-          2'h1:
-              \$776 [31:24] = rd0__data[7:0];
-          2'h2:
-              \$776 [55:48] = rd0__data[7:0];
-          2'h3:
-              \$776 [79:72] = rd0__data[7:0];
-        endcase
-      end
-      if (\$504 ) begin
-        \$776  = 96'h000000000000000000000000;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$776  = 96'h000000000000000000000000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (rt_cap) begin
-            \$776 [12:0] = \$676 ;
-          end
-    endcase
-    if (rst) begin
-      \$776  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = rq_lane;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (c_out__valid) begin
-          \$777  = \$480 [1:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$777  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$777  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = gm_cap;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$492 ) begin
-        \$778  = 1'h1;
-      end else begin
-        \$778  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$778  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$779  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$779  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = gm_lane;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$780  = \$493 [2:0];
-      end
-      if (\$504 ) begin
-        \$780  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$780  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$780  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = gm_addr;
-    if (gemm_run) begin
-      if (\$492 ) begin
-        \$781  = \$494 [12:0];
-      end
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$781  = \$509 [12:0];
-        end else begin
-          \$781  = \$514 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$781  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$781  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = a_in__valid;
-    if (gemm_run) begin
-      if (\$503 ) begin
-        \$782  = 1'h1;
-      end
-      if (\$504 ) begin
-        \$782  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$782  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$782  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = gm_k;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$783  = \$507 [6:0];
-        end else begin
-          \$783  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$783  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$783  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = gm_wstart;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-          \$784  = \$508 [12:0];
-        end else begin
-          \$784  = \$512 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$784  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$784  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = gm_left;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-        end else begin
-          \$785  = \$510 [13:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$785  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$785  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$504 ) begin
-        (* full_case = 32'd1 *)
-        if (\$506 ) begin
-        end else begin
-          if (\$517 ) begin
-            \$786  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$786  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$786  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$787  = \$518 [1:0];
-        if (gc_last) begin
-          \$787  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$787  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$787  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = gc_addr;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$788  = \$519 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$788  = \$532 [12:0];
-          end else begin
-            \$788  = \$539 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$788  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$788  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$789  = \$527 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$789  = \$536 ;
-          end else begin
-            \$789  = \$545 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$789  = \$596 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$789  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = gc_n;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$790  = \$530 [8:0];
-          end else begin
-            \$790  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$790  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$790  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-            \$791  = \$531 [12:0];
-          end else begin
-            \$791  = \$538 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$791  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$791  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = gc_left;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$529 ) begin
-          end else begin
-            \$792  = \$537 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$792  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$792  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = cycles;
-    if (running) begin
-      \$793  = \$546 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$793  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$793  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = busy_dma;
-    if (running) begin
-      if (cur_executor[0]) begin
-        \$794  = \$547 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$794  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$794  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = busy_gemm;
-    if (running) begin
-      if (cur_executor[1]) begin
-        \$795  = \$548 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$795  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$795  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = busy_act;
-    if (running) begin
-      if (cur_executor[2]) begin
-        \$796  = \$549 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$796  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$796  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = busy_route;
-    if (running) begin
-      if (cur_executor[3]) begin
-        \$797  = \$550 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$797  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$797  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = busy_vector;
-    if (running) begin
-      if (cur_executor[4]) begin
-        \$798  = \$551 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$798  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$798  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = busy_move;
-    if (running) begin
-      if (cur_executor[5]) begin
-        \$799  = \$552 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$799  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$799  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = rd0_q;
-    if (\$556 ) begin
-      \$800  = rd0__data;
-    end
-    if (rst) begin
-      \$800  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = rd1_q;
-    if (\$556 ) begin
-      \$801  = rd1__data;
-    end
-    if (rst) begin
-      \$801  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = running;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$802  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$802  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$740 ) begin
-            \$802  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$802  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = done;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$803  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$803  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$740 ) begin
-            \$803  = 1'h0;
-          end
-    endcase
-    if (\$742 ) begin
-      \$803  = 1'h0;
-    end
-    if (rst) begin
-      \$803  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$804  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$740 ) begin
-            \$804  = stop_code;
-          end
-    endcase
-    if (\$742 ) begin
-      \$804  = 8'h00;
-    end
-    if (rst) begin
-      \$804  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$805  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$805  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$609 ) begin
-            \$805  = \$610 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$612 ) begin
-            \$805  = \$613 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$631 ) begin
-            \$805  = \$632 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$661 ) begin
-            \$805  = \$662 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$805  = \$707 [12:0];
-          end
-      5'h0b:
-          if (\$709 ) begin
-            \$805  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$805  = \$715 [12:0];
-          end
-      5'h0c:
-          if (\$717 ) begin
-            \$805  = \$719 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$805  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = retired;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$806  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$806  = \$589 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$609 ) begin
-            \$806  = \$611 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$612 ) begin
-            \$806  = \$614 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$631 ) begin
-            \$806  = \$633 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$661 ) begin
-            \$806  = \$663 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$806  = \$708 [31:0];
-          end
-      5'h0b:
-          if (\$709 ) begin
-            \$806  = \$710 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$806  = \$716 [31:0];
-          end
-      5'h0c:
-          if (\$717 ) begin
-            \$806  = \$720 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$806  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = route_done;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$807  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$807  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$807  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = exp_active;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$808  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$808  = 1'h0;
-          end
-      5'h0b:
-          if (\$709 ) begin
-            \$808  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$808  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$808  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = scores_ok;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$809  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$609 ) begin
-            if (run_sigmoid) begin
-              \$809  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$809  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = ctrl_state;
-    casez (ctrl_state)
-      5'h00:
-          if (start_req) begin
-            \$810  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-            \$810  = 5'h02;
-          end else begin
-            \$810  = 5'h03;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          if (\$559 ) begin
-            \$810  = 5'h04;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-            \$810  = 5'h00;
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$810  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$810  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$592 ) begin
-                    \$810  = 5'h05;
-                  end else begin
-                    \$810  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$810  = 5'h06;
-              6'h0c:
-                  \$810  = 5'h06;
-              6'h0d:
-                  \$810  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$598 ) begin
-                    \$810  = 5'h05;
-                  end else begin
-                    \$810  = 5'h07;
-                  end
-              6'h01:
-                  \$810  = 5'h08;
-              6'h02:
-                  \$810  = 5'h09;
-              6'h08:
-                  \$810  = 5'h0a;
-              6'h09:
-                  \$810  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$810  = 5'h0c;
-            endcase
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$810  = 5'h0d;
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (run_gemm) begin
-            \$810  = 5'h07;
-          end else begin
-            \$810  = 5'h06;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$609 ) begin
-            \$810  = 5'h01;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h07:
-        begin
-          if (cmd__ready) begin
-            \$810  = 5'h0e;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (error) begin
-            \$810  = 5'h02;
-          end else if (\done$328 ) begin
-            (* full_case = 32'd1 *)
-            if (\error$329 ) begin
-              \$810  = 5'h02;
-            end else begin
-              \$810  = 5'h0f;
-            end
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$612 ) begin
-            \$810  = 5'h01;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$810  = 5'h02;
-          end else if (\$631 ) begin
-            \$810  = 5'h01;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$810  = 5'h02;
-          end else if (\$661 ) begin
-            \$810  = 5'h01;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$665 ) begin
-            \$810  = 5'h10;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$694 ) begin
-            \$810  = 5'h11;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          if (\$695 ) begin
-            \$810  = 5'h12;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$810  = 5'h13;
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$696 ) begin
-            \$810  = 5'h14;
-          end else begin
-            \$810  = 5'h15;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$810  = 5'h15;
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$699 ) begin
-            \$810  = 5'h11;
-          end else begin
-            \$810  = 5'h16;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-            \$810  = 5'h11;
-          end else begin
-            \$810  = 5'h01;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$709 ) begin
-            \$810  = 5'h01;
-          end else begin
-            \$810  = 5'h17;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$810  = 5'h18;
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$712 ) begin
-            \$810  = 5'h01;
-          end else begin
-            \$810  = 5'h0b;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$717 ) begin
-            \$810  = 5'h01;
-          end else if (\$718 ) begin
-            \$810  = 5'h19;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h19:
-        begin
-          \$810  = 5'h1a;
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h1a:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-            \$810  = 5'h02;
-          end else begin
-            \$810  = 5'h1b;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h1b:
-        begin
-          if (\$735 ) begin
-            \$810  = 5'h0c;
-          end
-          if (soft_req) begin
-            \$810  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$740 ) begin
-            \$810  = 5'h00;
-          end
-    endcase
-    if (rst) begin
-      \$810  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = stop_code;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$557 ) begin
-            \$811  = 8'h06;
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h03:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$811  = decode_q;
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h05:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h0d:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h06:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h07:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$811  = 8'h07;
-          end else if (\done$328 ) begin
-            if (\error$329 ) begin
-              \$811  = 8'h03;
-            end
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$811  = 8'h07;
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$811  = 8'h07;
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h10:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h11:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h12:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h13:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h14:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h15:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h16:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h0b:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h17:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h18:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h0c:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h19:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-      5'h1a:
-        begin
-          if (\$723 ) begin
-            \$811  = 8'h02;
-          end
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-        end
-      5'h1b:
-          if (soft_req) begin
-            \$811  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$811  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = cur_executor;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$557 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h03:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-            \$812  = 6'h00;
-          end else begin
-            if (\$577 ) begin
-              \$812  = 6'h01;
-            end
-            if (\$578 ) begin
-              \$812  = 6'h01;
-            end
-            if (\$579 ) begin
-              \$812  = 6'h02;
-            end
-            if (\$580 ) begin
-              \$812  = 6'h04;
-            end
-            if (\$581 ) begin
-              \$812  = 6'h04;
-            end
-            if (\$582 ) begin
-              \$812  = 6'h04;
-            end
-            if (\$583 ) begin
-              \$812  = 6'h10;
-            end
-            if (\$584 ) begin
-              \$812  = 6'h08;
-            end
-            if (\$585 ) begin
-              \$812  = 6'h20;
-            end
-            if (\$586 ) begin
-              \$812  = 6'h20;
-            end
-            if (\$587 ) begin
-              \$812  = 6'h10;
-            end
-            if (\$588 ) begin
-              \$812  = 6'h10;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$812  = 6'h00;
-            endcase
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h05:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h0d:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$609 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h07:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$812  = 6'h00;
-          end else if (\done$328 ) begin
-            if (\error$329 ) begin
-              \$812  = 6'h00;
-            end
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$612 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$812  = 6'h00;
-          end else if (\$631 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$812  = 6'h00;
-          end else if (\$661 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h10:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h11:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h12:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h13:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h14:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h15:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$709 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h17:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$712 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$717 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h19:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$723 ) begin
-            \$812  = 6'h00;
-          end
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (soft_req) begin
-            \$812  = 6'h00;
-          end
-    endcase
-    if (rst) begin
-      \$812  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = fetch_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          (* full_case = 32'd1 *)
-          if (\$557 ) begin
-          end else begin
-            \$813  = 4'h1;
-          end
-      5'h03:
-          \$813  = \$558 [3:0];
-    endcase
-    if (rst) begin
-      \$813  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = ins;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$814  = { \$signature__data , ins[255:32] };
-    endcase
-    if (rst) begin
-      \$814  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = step;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$559 ) begin
-            \$815  = 3'h0;
-          end
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$815  = \$575 [2:0];
-          end
-    endcase
-    if (rst) begin
-      \$815  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = settle;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          if (\$559 ) begin
-            \$816  = 2'h0;
-          end
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-            \$816  = \$576 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$816  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = ln;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  \$817  = \$566 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$817  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = mk;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  \$818  = \$568 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$818  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = p2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  \$819  = \$570 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$819  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = p3;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  \$820  = \$572 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$820  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = l4;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  /* empty */;
-              3'h5:
-                  \$821  = \$574 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$821  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = host_eff;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  /* empty */;
-              3'h5:
-                  /* empty */;
-              3'h6:
-                  \$822  = lane_acc;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$822  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = rq_width;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$823  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$823  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$823  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \rq_mult$168 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$824  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$824  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$824  = { 16'h0000, rd0__data[15:0] };
-    endcase
-    if (rst) begin
-      \$824  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = rq_shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$825  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$825  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$825  = rd1__data[5:0];
-    endcase
-    if (rst) begin
-      \$825  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = cnt0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$826  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$826  = ln;
-              6'h0c:
-                  \$826  = ins[45:32];
-              6'h0d:
-                  \$826  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$826  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$827  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$827  = 14'h0001;
-              6'h0c:
-                  \$827  = ins[61:48];
-              6'h0d:
-                  \$827  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$827  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$828  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$828  = 13'h0001;
-              6'h0c:
-                  \$828  = ins[60:48];
-              6'h0d:
-                  \$828  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$828  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$829  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$829  = 1'h0;
-              6'h0c:
-                  \$829  = 1'h1;
-              6'h0d:
-                  \$829  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$829  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$830  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$830  = 13'h0000;
-              6'h0c:
-                  \$830  = p2[12:0];
-              6'h0d:
-                  \$830  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$830  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$831  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$831  = 1'h1;
-              6'h0c:
-                  \$831  = 1'h1;
-              6'h0d:
-                  \$831  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$831  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$832  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$832  = 1'h0;
-              6'h0c:
-                  \$832  = 1'h0;
-              6'h0d:
-                  \$832  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$832  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$833  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$833  = 13'h0000;
-              6'h0c:
-                  \$833  = ins[44:32];
-              6'h0d:
-                  \$833  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$833  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$834  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$834  = 14'h0000;
-              6'h0c:
-                  \$834  = 14'h0000;
-              6'h0d:
-                  \$834  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$834  = 14'h0000;
-              6'h02:
-                  \$834  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$834  = \$604 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$617 ) begin
-              \$834  = \$618 [13:0];
-            end
-          end
-      5'h09:
-          if (\$640 ) begin
-            \$834  = \$641 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$834  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = rq_at_last;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$835  = \$590 ;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (out_valid) begin
-            \$835  = \$606 ;
-          end
-    endcase
-    if (rst) begin
-      \$835  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = ld_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$836  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$616 ) begin
-            \$836  = 1'h1;
-          end
-          if (ld_full) begin
-            if (\$625 ) begin
-              \$836  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$836  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$837  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$616 ) begin
-            \$837  = 3'h0;
-          end
-          if (ld_full) begin
-            \$837  = \$619 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$837  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = st_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$838  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$652 ) begin
-            \$838  = 1'h1;
-          end
-          if (\$653 ) begin
-            \$838  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$838  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = st_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$839  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$640 ) begin
-            \$839  = \$642 [2:0];
-          end
-          if (\$653 ) begin
-            \$839  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$839  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = st_rd;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$840  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$640 ) begin
-            \$840  = 1'h1;
-          end
-          if (st_rd) begin
-            \$840  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$840  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$841 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$616 ) begin
-            \$841 [31:0] = m_axi__rdata;
-          end
-      5'h09:
-        begin
-          if (st_rd) begin
-            casez (st_rd_e)
-              2'h0:
-                  \$841 [31:0] = rd0__data;
-            endcase
-            casez (st_rd_e)
-              2'h0:
-                  \$841 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$653 ) begin
-            \$841 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$841  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = rt_j;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$842  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$842  = \$664 [3:0];
-      5'h10:
-          if (\$694 ) begin
-            \$842  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$842  = \$704 [3:0];
-    endcase
-    if (rst) begin
-      \$842  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = rt_cb;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$843  = \$600 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$843  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = rt_lp;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$844  = \$603 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$844  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = g_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$845  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$735 ) begin
-            \$845  = \$736 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$845  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = g_in;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else if (\$562 ) begin
-          end else if (\$563 ) begin
-          end else if (\$564 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$846  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$735 ) begin
-            \$846  = \$737 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$846  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = scores_a;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$609 ) begin
-            if (run_sigmoid) begin
-              \$847  = ins[124:112];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$847  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$609 ) begin
-            if (run_sigmoid) begin
-              \$848  = ln;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$848  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = st_rd_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$640 ) begin
-            \$849  = st_e[1:0];
-          end
-    endcase
-    if (rst) begin
-      \$849  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = rt_feed_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$850  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$678 ) begin
-            if (\$679 ) begin
-              \$850  = \$680 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$850  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = rt_el;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$851  = 4'h0;
-          end
-      5'h10:
-        begin
-          if (\$672 ) begin
-            \$851  = \$675 [3:0];
-          end
-          if (\$678 ) begin
-            if (\$679 ) begin
-              \$851  = 4'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$851  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$852  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$672 ) begin
-            \$852  = \$674 [0];
-          end
-          if (\$678 ) begin
-            \$852  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$852  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = rt_wvalid;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$853  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (rt_cap) begin
-            if (\$677 ) begin
-              \$853  = 1'h1;
-            end
-          end
-          if (\$678 ) begin
-            \$853  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$853  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = rt_tbase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$854  = ins[76:64];
-          end
-      5'h10:
-          if (\$678 ) begin
-            if (\$679 ) begin
-              \$854  = \$681 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$854  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = rt_tslot;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$855  = ins[124:112];
-          end
-      5'h10:
-          if (\$688 ) begin
-            if (\$690 ) begin
-              \$855  = \$692 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$855  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = rt_feed_done;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$856  = 1'h0;
-          end
-      5'h10:
-          if (\$678 ) begin
-            if (\$679 ) begin
-              if (\$683 ) begin
-                \$856  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$856  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = rt_cap;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$857  = 1'h0;
-          end
-      5'h10:
-          (* full_case = 32'd1 *)
-          if (\$672 ) begin
-            \$857  = 1'h1;
-          end else begin
-            \$857  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$857  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = rt_route_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$858  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$688 ) begin
-            if (\$690 ) begin
-              \$858  = \$691 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$858  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$859  = 2'h0;
-          end
-      5'h10:
-          if (\$688 ) begin
-            (* full_case = 32'd1 *)
-            if (\$690 ) begin
-              \$859  = 2'h0;
-            end else begin
-              \$859  = \$693 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$859  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = rt_hold;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$860  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$685 ) begin
-            \$860  = 1'h1;
-          end
-          if (\$688 ) begin
-            \$860  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$860  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$665 ) begin
-            \$861  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$687 ) begin
-            \$861  = 1'h1;
-          end
-          if (\$688 ) begin
-            \$861  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$861  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = rt_cap_ok;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$672 ) begin
-            \$862  = \$673 ;
-          end
-    endcase
-    if (rst) begin
-      \$862  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = rt_held;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$685 ) begin
-            \$863  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$863  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = rt_p;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$694 ) begin
-            \$864  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$699 ) begin
-            \$864  = \$700 [13:0];
-          end
-      5'h16:
-          \$864  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$864  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = rt_pt;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$694 ) begin
-            \$865  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$699 ) begin
-            if (\$701 ) begin
-              \$865  = \$702 [13:0];
-            end
-          end
-      5'h16:
-          \$865  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$865  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = rt_ps;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$694 ) begin
-            \$866  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$699 ) begin
-            (* full_case = 32'd1 *)
-            if (\$701 ) begin
-              \$866  = 2'h0;
-            end else begin
-              \$866  = \$703 [1:0];
-            end
-          end
-      5'h16:
-          \$866  = 2'h0;
-    endcase
-    if (rst) begin
-      \$866  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = rt_pos;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$694 ) begin
-            \$867  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$867  = \$697 [13:0];
-    endcase
-    if (rst) begin
-      \$867  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = rt_off;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$694 ) begin
-            \$868  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$868  = rt_pos;
-    endcase
-    if (rst) begin
-      \$868  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = scan;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else begin
-            \$869  = 4'h0;
-          end
-      5'h0b:
-          if (\$709 ) begin
-            \$869  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$869  = \$711 [3:0];
-    endcase
-    if (rst) begin
-      \$869  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = expert;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$870  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$870  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = count;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$871  = rd0_q[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$871  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = offset;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$712 ) begin
-            \$872  = \$714 ;
-          end
-    endcase
-    if (rst) begin
-      \$872  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = g_j;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$873  = 15'h0000;
-          end
-      5'h1b:
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$873  = \$728 [14:0];
-          end
-    endcase
-    if (rst) begin
-      \$873  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = g_rv;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$874  = 1'h0;
-          end
-      5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$874  = 1'h1;
-          end else begin
-            \$874  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$874  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = g_wv;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$723 ) begin
-          end else begin
-            \$875  = 1'h0;
-          end
-      5'h1b:
-          \$875  = g_rv;
-    endcase
-    if (rst) begin
-      \$875  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = g_ra;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$724 ) begin
-          end else if (\$727 ) begin
-            \$876  = \$731 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$876  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$877  = g_wa;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          \$877  = g_ra;
-    endcase
-    if (rst) begin
-      \$877  = 13'h0000;
-    end
-  end
-  assign bus__araddr = s_axil__araddr;
-  assign bus__arprot = s_axil__arprot;
-  assign bus__arready = s_axil__arready;
-  assign bus__arvalid = s_axil__arvalid;
-  assign bus__awaddr = s_axil__awaddr;
-  assign bus__awprot = s_axil__awprot;
-  assign bus__awready = s_axil__awready;
-  assign bus__awvalid = s_axil__awvalid;
-  assign bus__bready = s_axil__bready;
-  assign bus__bresp = 2'h0;
-  assign bus__bvalid = s_axil__bvalid;
-  assign bus__rdata = s_axil__rdata;
-  assign bus__rready = s_axil__rready;
-  assign bus__rresp = 2'h0;
-  assign bus__rvalid = s_axil__rvalid;
-  assign bus__wdata = s_axil__wdata;
-  assign bus__wready = s_axil__wready;
-  assign bus__wstrb = s_axil__wstrb;
-  assign bus__wvalid = s_axil__wvalid;
-  assign \bus__araddr$70  = m_axi__araddr;
-  assign bus__arburst = 2'h1;
-  assign bus__arid = 1'h0;
-  assign bus__arlen = { \$878 [5], \$878 [5], \$878  };
-  assign \bus__arready$74  = m_axi__arready;
-  assign bus__arsize = 3'h2;
-  assign \bus__arvalid$76  = m_axi__arvalid;
-  assign \bus__awaddr$77  = m_axi__awaddr;
-  assign bus__awburst = 2'h1;
-  assign bus__awid = 1'h0;
-  assign bus__awlen = { \$879 [5], \$879 [5], \$879  };
-  assign \bus__awready$81  = m_axi__awready;
-  assign bus__awsize = 3'h2;
-  assign \bus__awvalid$83  = m_axi__awvalid;
-  assign bus__bid = m_axi__bid;
-  assign \bus__bready$85  = 1'h1;
-  assign \bus__bresp$86  = m_axi__bresp;
-  assign \bus__bvalid$87  = m_axi__bvalid;
-  assign \bus__rdata$88  = m_axi__rdata;
-  assign bus__rid = m_axi__rid;
-  assign bus__rlast = m_axi__rlast;
-  assign \bus__rready$91  = m_axi__rready;
-  assign \bus__rresp$92  = m_axi__rresp;
-  assign \bus__rvalid$93  = m_axi__rvalid;
-  assign \bus__wdata$94  = wr_data__payload[31:0];
-  assign bus__wlast = m_axi__wlast;
-  assign \bus__wready$96  = m_axi__wready;
-  assign \bus__wstrb$97  = m_axi__wstrb;
-  assign \bus__wvalid$98  = m_axi__wvalid;
-  assign ctrl = wr_data[2:0];
-  assign im_wr__data = wr_data;
-  assign load_addr = s_axil__araddr[4:2];
-  assign rd_addr = s_axil__araddr;
-  assign rq_mult = \rq_mult$168 [15:0];
-  assign \rq_shift$170  = rq_shift;
-  assign pack = rq_in__payload;
-  assign i__payload = rd0_q[15:0];
-  assign n = ins[63:48];
-  assign op = vec_op;
-  assign o__ready = 1'h1;
-  assign \o__ready$183  = 1'h1;
-  assign \o__ready$184  = 1'h1;
-  assign hi_sat = { 1'h0, \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188  };
-  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
-  assign gm_wvalid = a_in__valid;
-  assign b_in__payload = m_axi__rdata;
-  assign rd_data__payload = m_axi__rdata;
-  assign st_beat = wr_data__payload;
-  assign \rd_addr$238  = host_eff[31:0];
-  assign \wr_addr$240  = host_eff[31:0];
-  assign rd_beats = { 8'h00, l4[17:2] };
-  assign wr_beats = { 8'h00, l4[17:2] };
-  assign s_axil__bresp = 2'h0;
-  assign s_axil__rresp = 2'h0;
-  assign m_axi__awid = 1'h0;
-  assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$879 [5], \$879 [5], \$879  };
-  assign m_axi__awsize = 3'h2;
-  assign m_axi__awburst = 2'h1;
-  assign m_axi__wdata = wr_data__payload[31:0];
-  assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$878 [5], \$878 [5], \$878  };
-  assign m_axi__arsize = 3'h2;
-  assign m_axi__arburst = 2'h1;
-  assign \ctrl.start  = wr_data[0];
-  assign \ctrl.soft_reset  = wr_data[1];
-  assign \ctrl.clear_loads  = wr_data[2];
-  assign \status.busy  = status[0];
-  assign \status.done  = status[1];
-  assign \status.error  = status[2];
-  assign \status.reserved  = status[7:3];
-  assign \status.code  = status[15:8];
-  assign \status.pc  = status[31:16];
+  assign imem_wr__addr = wr__addr;
+  assign imem_wr__data = wr__data;
+  assign imem_wr__en = wr__en;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.m  = ins[31:16];
@@ -10904,563 +11888,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.shift  = ins[237:232];
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
-  assign \rq_in__payload[0]  = rq_in__payload[23:0];
-  assign \rq_in__payload[1]  = rq_in__payload[47:24];
-  assign \rq_in__payload[2]  = rq_in__payload[71:48];
-  assign \rq_in__payload[3]  = rq_in__payload[95:72];
-  assign \pack[0]  = rq_in__payload[23:0];
-  assign \pack[1]  = rq_in__payload[47:24];
-  assign \pack[2]  = rq_in__payload[71:48];
-  assign \pack[3]  = rq_in__payload[95:72];
-  assign \i__payload[0]  = rd0_q[15:0];
-  assign \i__payload$175[0]  = \i__payload$175 ;
-  assign \i__payload$175[0].g  = \i__payload$175 [15:0];
-  assign \i__payload$175[0].u  = \i__payload$175 [31:16];
-  assign \i__payload$177.a  = \i__payload$177 [15:0];
-  assign \i__payload$177.b  = \i__payload$177 [32:16];
-  assign \i__payload$177.last  = \i__payload$177 [33];
-  assign \o__payload[0]  = o__payload;
-  assign \o__payload$208[0]  = \o__payload$208 ;
-  assign \cmd__payload.m  = cmd__payload[11:0];
-  assign \cmd__payload.k  = cmd__payload[23:12];
-  assign \cmd__payload.n  = cmd__payload[35:24];
-  assign \cmd__payload.a_addr  = cmd__payload[44:36];
-  assign \cmd__payload.c_addr  = cmd__payload[53:45];
-  assign \cmd__payload.mult  = cmd__payload[69:54];
-  assign \cmd__payload.shift  = cmd__payload[75:70];
-  assign \cmd__payload.load_a  = cmd__payload[76];
-  assign \cmd__payload.compute  = cmd__payload[77];
-  assign \cmd__payload.accumulate  = cmd__payload[78];
-  assign \cmd__payload.store  = cmd__payload[79];
-  assign \a_in__payload[0]  = rq_in__payload[7:0];
-  assign \a_in__payload[1]  = rq_in__payload[31:24];
-  assign \a_in__payload[2]  = rq_in__payload[55:48];
-  assign \a_in__payload[3]  = rq_in__payload[79:72];
-  assign \b_in__payload[0]  = m_axi__rdata[7:0];
-  assign \b_in__payload[1]  = m_axi__rdata[15:8];
-  assign \b_in__payload[2]  = m_axi__rdata[23:16];
-  assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \c_out__payload[0]  = c_out__payload[23:0];
-  assign \c_out__payload[1]  = c_out__payload[47:24];
-  assign \c_out__payload[2]  = c_out__payload[71:48];
-  assign \c_out__payload[3]  = c_out__payload[95:72];
-  assign \wr_data__payload.data  = wr_data__payload[31:0];
-  assign \wr_data__payload.strb  = wr_data__payload[35:32];
-  assign \st_beat.data  = wr_data__payload[31:0];
-  assign \st_beat.strb  = wr_data__payload[35:32];
-  assign \scores__payload[0]  = scores__payload;
-  assign \rt_held.index  = rt_held[2:0];
-  assign \rt_held.weight  = rt_held[18:3];
-  assign \rt_held.last  = rt_held[19];
-  assign \routes__payload.index  = routes__payload[2:0];
-  assign \routes__payload.weight  = routes__payload[18:3];
-  assign \routes__payload.last  = routes__payload[19];
-  assign cmd__payload[78] = 1'h0;
-  assign cmd__payload[79] = 1'h1;
-  assign cmd__payload[77] = 1'h1;
-  assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$223 ;
-  assign cmd__payload[69:54] = \$221 [15:0];
-  assign cmd__payload[53:45] = 9'h000;
-  assign cmd__payload[44:36] = 9'h000;
-  assign cmd__payload[35:24] = ins[59:48];
-  assign cmd__payload[23:12] = ins[43:32];
-  assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$177 [33] = h_last;
-  assign \i__payload$177 [32:16] = \$187 ;
-  assign \i__payload$177 [15:0] = rd0_q[15:0];
-  assign \i__payload$175 [31:16] = rd1_q[15:0];
-  assign \i__payload$175 [15:0] = rd0_q[15:0];
-  assign status[31:16] = { 3'h0, pc };
-  assign status[15:8] = err;
-  assign status[2] = \$16 ;
-  assign status[1] = done;
-  assign status[0] = running;
-  assign status[7:3] = 5'h00;
-  assign \$23 [9:1] = 9'h000;
-  assign \$23 [0] = ins[6];
-  assign \$24  = ins[6];
-  assign \$27  = { \$26 [17], \$26 [17], \$26 [17:2] };
-  assign \$32  = { \$31 [17], \$31 [17], \$31 [17:2] };
-  assign \$35  = { \$34 [17], \$34 [17], \$34 [17:2] };
-  assign \$36  = { 1'h0, ins[47:32], 2'h0 };
-  assign { \$42 [9:2], \$42 [0] } = 9'h000;
-  assign \$42 [1] = ins[7];
-  assign \$55  = \$54 ;
-  assign \$74  = \$73 ;
-  assign \$90  = \$89 ;
-  assign { \$104 [9:3], \$104 [1:0] } = 9'h000;
-  assign \$104 [2] = ins[8];
-  assign \$105  = ins[8];
-  assign { \$107 [9:3], \$107 [1:0] } = 9'h000;
-  assign \$107 [2] = ins[8];
-  assign \$108  = ins[8];
-  assign \$113  = \$112 [14];
-  assign \$116  = { ins[63:48], 1'h0 };
-  assign \$118  = { ins[63:48], 1'h0 };
-  assign \$130 [9:3] = 7'h00;
-  assign \$130 [2:0] = ins[8:6];
-  assign \$137  = \$136 ;
-  assign \$141 [9:3] = 7'h00;
-  assign \$141 [2:0] = ins[8:6];
-  assign \$158  = \$157 ;
-  assign \$178  = 1'h1;
-  assign \$179  = \$177 ;
-  assign \$184  = 1'h1;
-  assign \$185  = \$183 ;
-  assign \$235  = 1'h1;
-  assign \$236  = \$234 ;
-  assign \$246  = { expert, 1'h0 };
-  assign \$248  = { expert, 1'h0 };
-  assign \$278  = 1'h1;
-  assign \$279  = \$277 ;
-  assign \$288  = 1'h1;
-  assign \$305  = 1'h1;
-  assign \$310  = 1'h1;
-  assign \$311  = \$309 ;
-  assign \$351  = \$350 [33];
-  assign \$354  = { lane_x, 1'h0 };
-  assign \$356  = { 1'h0, lane_y[15:1] };
-  assign \$433  = 1'h1;
-  assign \$434  = issuing;
-  assign \$436  = 1'h1;
-  assign \$437  = issuing;
-  assign \$491  = 1'h1;
-  assign \$492  = \$490 ;
-  assign \$536  = \$535 ;
-  assign \$545  = \$544 ;
-  assign { \$591 [9:3], \$591 [1:0] } = 9'h000;
-  assign \$591 [2] = ins[8];
-  assign \$592  = ins[8];
-  assign \$596  = \$595 ;
-  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
-  assign \$597 [2] = ins[8];
-  assign \$598  = ins[8];
-  assign \$599  = { mk[13:2], 1'h0 };
-  assign \$601  = { mk[13:2], 1'h0 };
-  assign \$671  = 1'h1;
-  assign \$672  = \$670 ;
-  assign \$677  = 1'h1;
-  assign \$695  = 1'h1;
-  assign \$718  = 1'h1;
-  assign \$726  = 1'h1;
-  assign \$727  = \$725 ;
-  assign \$43  = ins[7];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1196$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1214$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3397$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
-  reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
-  wire [13:0] \$1 ;
-  wire \$10 ;
-  wire [13:0] \$103 ;
-  wire \$105 ;
-  wire \$11 ;
-  wire \$12 ;
-  wire \$13 ;
-  wire \$14 ;
-  wire [13:0] \$15 ;
-  wire [13:0] \$16 ;
-  wire \$17 ;
-  wire [23:0] \$18 ;
-  wire \$19 ;
-  wire [13:0] \$2 ;
-  wire \$20 ;
-  wire [23:0] \$21 ;
-  wire [23:0] \$22 ;
-  wire [5:0] \$23 ;
-  wire \$24 ;
-  wire \$25 ;
-  wire \$26 ;
-  wire \$27 ;
-  wire \$28 ;
-  wire \$29 ;
-  wire \$3 ;
-  wire \$30 ;
-  wire \$31 ;
-  wire \$32 ;
-  wire \$33 ;
-  wire \$34 ;
-  wire \$35 ;
-  wire \$36 ;
-  wire \$37 ;
-  wire [4:0] \$38 ;
-  wire [25:0] \$39 ;
-  wire [23:0] \$4 ;
-  wire \$40 ;
-  wire [26:0] \$41 ;
-  wire \$42 ;
-  wire [7:0] \$43 ;
-  wire [32:0] \$44 ;
-  wire [24:0] \$45 ;
-  wire \$46 ;
-  wire \$47 ;
-  wire \$48 ;
-  wire [24:0] \$49 ;
-  wire \$5 ;
-  wire \$50 ;
-  wire [25:0] \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire [7:0] \$54 ;
-  wire [32:0] \$55 ;
-  wire [24:0] \$56 ;
-  wire [5:0] \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
-  wire [23:0] \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  reg [24:0] \$72 ;
-  reg [31:0] \$73 ;
-  reg [23:0] \$74 ;
-  reg [23:0] \$75 ;
-  reg [31:0] \$76 ;
-  reg [23:0] \$77 ;
-  reg [4:0] \$78 ;
-  reg \$79 ;
-  wire [23:0] \$8 ;
-  wire [13:0] \$81 ;
-  wire \$83 ;
-  wire [5:0] \$9 ;
-  input abort;
-  wire abort;
-  output [31:0] ar_addr;
-  reg [31:0] ar_addr = 32'd0;
-  reg [23:0] ar_left = 24'h000000;
-  output [31:0] aw_addr;
-  reg [31:0] aw_addr = 32'd0;
-  reg [23:0] aw_left = 24'h000000;
-  reg [23:0] b_out = 24'h000000;
-  (* init = 32'd0 *)
-  wire [31:0] bus__araddr;
-  wire [1:0] bus__arburst;
-  wire [7:0] bus__arlen;
-  input bus__arready;
-  wire bus__arready;
-  wire [2:0] bus__arsize;
-  output bus__arvalid;
-  wire bus__arvalid;
-  (* init = 32'd0 *)
-  wire [31:0] bus__awaddr;
-  wire [1:0] bus__awburst;
-  wire [7:0] bus__awlen;
-  input bus__awready;
-  wire bus__awready;
-  wire [2:0] bus__awsize;
-  output bus__awvalid;
-  wire bus__awvalid;
-  wire bus__bready;
-  input [1:0] bus__bresp;
-  wire [1:0] bus__bresp;
-  input bus__bvalid;
-  wire bus__bvalid;
-  wire [31:0] bus__rdata;
-  output bus__rready;
-  wire bus__rready;
-  input [1:0] bus__rresp;
-  wire [1:0] bus__rresp;
-  input bus__rvalid;
-  wire bus__rvalid;
-  wire [31:0] bus__wdata;
-  output bus__wlast;
-  wire bus__wlast;
-  input bus__wready;
-  wire bus__wready;
-  output [3:0] bus__wstrb;
-  wire [3:0] bus__wstrb;
-  output bus__wvalid;
-  wire bus__wvalid;
-  input clk;
-  wire clk;
-  output error;
-  reg error = 1'h0;
-  wire [4:0] n;
-  wire [4:0] \n$22 ;
-  output [5:0] \port$1196$0 ;
-  wire [5:0] \port$1196$0 ;
-  output [5:0] \port$1214$0 ;
-  wire [5:0] \port$1214$0 ;
-  input [15:0] \port$3397$2 ;
-  wire [15:0] \port$3397$2 ;
-  reg [24:0] r_out = 25'h0000000;
-  input [31:0] rd_addr;
-  wire [31:0] rd_addr;
-  wire [23:0] rd_beats;
-  output rd_busy;
-  wire rd_busy;
-  input [31:0] rd_data__payload;
-  wire [31:0] rd_data__payload;
-  input rd_data__ready;
-  wire rd_data__ready;
-  output rd_data__valid;
-  wire rd_data__valid;
-  input rd_start;
-  wire rd_start;
-  input rst;
-  wire rst;
-  wire [10:0] to_4k;
-  wire [10:0] \to_4k$20 ;
-  reg [4:0] w_left = 5'h00;
-  wire [31:0] wr_addr;
-  wire [23:0] wr_beats;
-  output wr_busy;
-  wire wr_busy;
-  input [35:0] wr_data__payload;
-  wire [35:0] wr_data__payload;
-  wire [31:0] \wr_data__payload.data ;
-  wire [3:0] \wr_data__payload.strb ;
-  output wr_data__ready;
-  wire wr_data__ready;
-  input wr_data__valid;
-  wire wr_data__valid;
-  input wr_start;
-  wire wr_start;
-  assign rd_data__valid = bus__rvalid & \$14 ;
-  assign bus__rready = rd_data__ready | abort;
-  assign \$15  = 13'h1000 - aw_addr[11:0];
-  wire [14:0] _0_, _1_, _2_;
-  assign _0_ = $signed(\$15 );
-  assign _1_ = $signed(4'h4);
-  assign _2_ = (\$15 [13] == 1'h0) || \$15  == 0 ? _0_ : $signed(_0_ - (1'h0 ? _1_ + 1 : _1_ - 1));
-  assign \$103  = $signed(_2_) / $signed(_1_);
-  assign \$17  = aw_left < 5'h10;
-  assign \$18  = \$17  ? aw_left : 24'h000010;
-  assign \$19  = \$16 [10:0] < \$18 ;
-  assign \$20  = aw_left < 5'h10;
-  assign \$21  = \$20  ? aw_left : 24'h000010;
-  assign \$22  = \$19  ? { 13'h0000, \$16 [10:0] } : \$21 ;
-  assign \$23  = \$22 [4:0] - 1'h1;
-  assign \$24  = | aw_left;
-  assign \$25  = ! w_left;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = ~ abort;
-  assign bus__awvalid = \$26  & \$27 ;
-  assign \$28  = | w_left;
-  assign \$29  = wr_data__valid | abort;
-  assign bus__wvalid = \$28  & \$29 ;
-  assign bus__wstrb = abort ? 4'h0 : wr_data__payload[35:32];
-  assign bus__wlast = w_left == 1'h1;
-  assign \$30  = | w_left;
-  assign \$31  = \$30  & bus__wready;
-  assign \$32  = ~ abort;
-  assign wr_data__ready = \$31  & \$32 ;
-  assign \$33  = | aw_left;
-  assign \$34  = | w_left;
-  assign \$35  = \$33  | \$34 ;
-  assign \$36  = | b_out;
-  assign wr_busy = \$35  | \$36 ;
-  assign \$37  = bus__arvalid & bus__arready;
-  assign \$38  = \$37  ? \$8 [4:0] : 5'h00;
-  assign \$39  = r_out + \$38 ;
-  assign \$40  = bus__rvalid & bus__rready;
-  assign \$41  = \$39  - \$40 ;
-  assign \$42  = bus__arvalid & bus__arready;
-  assign \$44  = ar_addr + \$43 ;
-  assign \$45  = ar_left - \$8 [4:0];
-  assign \$46  = ~ rd_busy;
-  assign \$47  = rd_start & \$46 ;
-  assign \$48  = bus__awvalid & bus__awready;
-  assign \$49  = b_out + \$48 ;
-  assign \$51  = \$49  - \$50 ;
-  assign \$52  = bus__awvalid & bus__awready;
-  assign \$53  = bus__wvalid & bus__wready;
-  assign \$55  = aw_addr + \$54 ;
-  assign \$56  = aw_left - \$22 [4:0];
-  assign \$57  = w_left - 1'h1;
-  assign \$58  = ~ wr_busy;
-  assign \$59  = wr_start & \$58 ;
-  assign \$60  = bus__rvalid & bus__rready;
-  assign \$61  = | bus__rresp;
-  assign \$62  = \$60  & \$61 ;
-  assign \$64  = | bus__bresp;
-  assign \$65  = \$63  & \$64 ;
-  assign \$66  = \$62  | \$65 ;
-  assign \$67  = ~ rd_busy;
-  assign \$68  = rd_start & \$67 ;
-  assign \$69  = ~ wr_busy;
-  assign \$70  = wr_start & \$69 ;
-  assign \$71  = \$68  | \$70 ;
-  always @(posedge clk)
-    r_out <= \$72 ;
-  always @(posedge clk)
-    ar_addr <= \$73 ;
-  always @(posedge clk)
-    ar_left <= \$74 ;
-  always @(posedge clk)
-    b_out <= \$75 ;
-  always @(posedge clk)
-    aw_addr <= \$76 ;
-  always @(posedge clk)
-    aw_left <= \$77 ;
-  always @(posedge clk)
-    w_left <= \$78 ;
-  always @(posedge clk)
-    error <= \$79 ;
-  assign \$1  = 13'h1000 - ar_addr[11:0];
-  wire [14:0] _3_, _4_, _5_;
-  assign _3_ = $signed(\$1 );
-  assign _4_ = $signed(4'h4);
-  assign _5_ = (\$1 [13] == 1'h0) || \$1  == 0 ? _3_ : $signed(_3_ - (1'h0 ? _4_ + 1 : _4_ - 1));
-  assign \$81  = $signed(_5_) / $signed(_4_);
-  assign \$3  = ar_left < 5'h10;
-  assign \$4  = \$3  ? ar_left : 24'h000010;
-  assign \$5  = \$2 [10:0] < \$4 ;
-  assign \$6  = ar_left < 5'h10;
-  assign \$7  = \$6  ? ar_left : 24'h000010;
-  assign \$8  = \$5  ? { 13'h0000, \$2 [10:0] } : \$7 ;
-  assign \$9  = \$8 [4:0] - 1'h1;
-  assign \$10  = | ar_left;
-  assign \$11  = ~ abort;
-  assign bus__arvalid = \$10  & \$11 ;
-  assign \$12  = | ar_left;
-  assign \$13  = | r_out;
-  assign rd_busy = \$12  | \$13 ;
-  assign \$14  = ~ abort;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$72  = \$41 [24:0];
-    if (rst) begin
-      \$72  = 25'h0000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$73  = ar_addr;
-    if (\$42 ) begin
-      \$73  = \$44 [31:0];
-    end
-    if (abort) begin
-    end else if (\$47 ) begin
-      \$73  = rd_addr;
-    end
-    if (rst) begin
-      \$73  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$74  = ar_left;
-    if (\$42 ) begin
-      \$74  = \$45 [23:0];
-    end
-    if (abort) begin
-      \$74  = 24'h000000;
-    end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3397$2  };
-    end
-    if (rst) begin
-      \$74  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$75  = \$51 [23:0];
-    if (rst) begin
-      \$75  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$76  = aw_addr;
-    if (\$52 ) begin
-      \$76  = \$55 [31:0];
-    end
-    if (abort) begin
-    end else if (\$59 ) begin
-      \$76  = rd_addr;
-    end
-    if (rst) begin
-      \$76  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$77  = aw_left;
-    if (\$52 ) begin
-      \$77  = \$56 [23:0];
-    end
-    if (abort) begin
-      \$77  = 24'h000000;
-    end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3397$2  };
-    end
-    if (rst) begin
-      \$77  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$78  = w_left;
-    if (\$52 ) begin
-      \$78  = \$22 [4:0];
-    end else if (\$53 ) begin
-      \$78  = \$57 [4:0];
-    end
-    if (rst) begin
-      \$78  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$79  = error;
-    if (\$66 ) begin
-      \$79  = 1'h1;
-    end else if (\$71 ) begin
-      \$79  = 1'h0;
-    end
-    if (rst) begin
-      \$79  = 1'h0;
-    end
-  end
-  assign bus__arsize = 3'h2;
-  assign bus__awsize = 3'h2;
-  assign bus__arburst = 2'h1;
-  assign bus__awburst = 2'h1;
-  assign to_4k = \$2 [10:0];
-  assign n = \$8 [4:0];
-  assign bus__araddr = ar_addr;
-  assign bus__arlen = { \$9 [5], \$9 [5], \$9  };
-  assign bus__rdata = rd_data__payload;
-  assign \to_4k$20  = \$16 [10:0];
-  assign \n$22  = \$22 [4:0];
-  assign bus__awaddr = aw_addr;
-  assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
-  assign bus__wdata = wr_data__payload[31:0];
-  assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3397$2  };
-  assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3397$2  };
-  assign \port$1196$0  = \$9 ;
-  assign \port$1214$0  = \$23 ;
-  assign \wr_data__payload.data  = wr_data__payload[31:0];
-  assign \wr_data__payload.strb  = wr_data__payload[35:32];
-  assign \$83  = 1'h1;
-  assign \$2  = \$81 ;
-  assign \$105  = 1'h1;
-  assign \$16  = \$103 ;
-  assign \$43  = { 1'h0, \$8 [4:0], 2'h0 };
-  assign \$50  = bus__bvalid;
-  assign \$54  = { 1'h0, \$22 [4:0], 2'h0 };
-  assign \$63  = bus__bvalid;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__valid, rq_mult, rq_shift, a_loading, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload
 );
-  reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -13076,14 +13509,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$213  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$213  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$214  = \$1 [11:0];
     if (unit_rst) begin
       \$214  = 12'h000;
@@ -13093,7 +13526,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$215  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -13114,7 +13547,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$216  = a_wptr;
     if (start) begin
       \$216  = { 5'h00, cmd[44:36] };
@@ -13129,7 +13562,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$217  = a_loading;
     if (start) begin
       \$217  = cmd[76];
@@ -13146,7 +13579,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$218  = \$8 ;
     if (unit_rst) begin
       \$218  = 2'h0;
@@ -13156,7 +13589,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$219  = b_loading;
     if (start) begin
       \$219  = cmd[77];
@@ -13175,7 +13608,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$220  = wbuf;
     if (start) begin
       \$220  = 1'h0;
@@ -13192,7 +13625,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$221  = b_k;
     if (start) begin
       \$221  = 12'h000;
@@ -13210,7 +13643,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$222  = b_cols_left;
     if (start) begin
       \$222  = cmd[35:24];
@@ -13227,7 +13660,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$223  = \$15 ;
@@ -13242,7 +13675,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$224  = 1'h0;
@@ -13263,7 +13696,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$225  = gap;
     if (\$42 ) begin
       \$225  = \$43 [3:0];
@@ -13283,7 +13716,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$226  = step;
     if (unit_rst) begin
       \$226  = 1'h0;
@@ -13293,7 +13726,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$227  = \$44 ;
     if (unit_rst) begin
       \$227  = 1'h0;
@@ -13303,7 +13736,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$228  = last_k;
     if (unit_rst) begin
       \$228  = 1'h0;
@@ -13313,7 +13746,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$229  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$229  = 4'h0;
@@ -13323,7 +13756,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$230  = s_valid;
     if (unit_rst) begin
       \$230  = 1'h0;
@@ -13333,7 +13766,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$231  = s_first;
     if (unit_rst) begin
       \$231  = 1'h0;
@@ -13343,7 +13776,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$232  = s_last;
     if (unit_rst) begin
       \$232  = 1'h0;
@@ -13353,7 +13786,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$233  = spad_b_rd_data;
     if (unit_rst) begin
       \$233  = 32'd0;
@@ -13363,7 +13796,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$234 [7:0] = \$49 ;
     \$234 [15:8] = \$50 ;
     \$234 [23:16] = \$51 ;
@@ -13376,7 +13809,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$235  = issuing;
     if (start) begin
       \$235  = cmd[77];
@@ -13397,7 +13830,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$236  = rbuf;
     if (start) begin
       \$236  = 1'h0;
@@ -13416,7 +13849,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$237  = k;
     if (start) begin
       \$237  = 12'h000;
@@ -13434,7 +13867,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$238  = a_ptr;
     if (start) begin
       \$238  = { 5'h00, cmd[44:36] };
@@ -13454,7 +13887,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$239  = rows_c;
     if (start) begin
       \$239  = cmd[11:0];
@@ -13474,7 +13907,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$240  = cols_c;
     if (start) begin
       \$240  = cmd[35:24];
@@ -13493,7 +13926,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$241  = c_panel;
     if (start) begin
       \$241  = { 5'h00, cmd[53:45] };
@@ -13512,7 +13945,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$242  = c_tile;
     if (start) begin
       \$242  = { 5'h00, cmd[53:45] };
@@ -13532,7 +13965,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$243  = last_k;
     if (start) begin
       \$243  = \$53 ;
@@ -13550,7 +13983,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$244  = last_row;
     if (start) begin
       \$244  = \$54 ;
@@ -13570,7 +14003,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$245  = t_base;
     if (start) begin
     end else if (step) begin
@@ -13586,7 +14019,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$246  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -13602,7 +14035,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$247  = d_col;
     if (done) begin
       \$247  = 3'h1;
@@ -13617,7 +14050,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$248  = d_base;
     if (done) begin
       \$248  = t_base;
@@ -13630,7 +14063,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$249  = d_cols;
     if (done) begin
       \$249  = t_cols;
@@ -13643,7 +14076,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$250  = drain_busy;
     if (done) begin
       \$250  = 1'h1;
@@ -13660,7 +14093,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$251  = \$77 ;
     if (unit_rst) begin
       \$251  = 1'h0;
@@ -13670,7 +14103,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$252  = \$78 ;
     if (unit_rst) begin
       \$252  = 1'h0;
@@ -13680,7 +14113,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$253  = \$81 [13:0];
     if (unit_rst) begin
       \$253  = 14'h0000;
@@ -13690,7 +14123,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$254  = col_valid0;
     if (unit_rst) begin
       \$254  = 1'h0;
@@ -13700,7 +14133,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$255  = col_busy0;
     if (unit_rst) begin
       \$255  = 1'h0;
@@ -13710,7 +14143,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$256  = col_addr0;
     if (unit_rst) begin
       \$256  = 14'h0000;
@@ -13720,7 +14153,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$257  = col_valid1;
     if (unit_rst) begin
       \$257  = 1'h0;
@@ -13730,7 +14163,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$258  = col_busy1;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -13740,7 +14173,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$259  = col_addr1;
     if (unit_rst) begin
       \$259  = 14'h0000;
@@ -13750,7 +14183,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$260  = out;
     if (unit_rst) begin
       \$260  = 96'h000000000000000000000000;
@@ -13760,7 +14193,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$261  = col_word0;
     if (unit_rst) begin
       \$261  = 96'h000000000000000000000000;
@@ -13770,7 +14203,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$262  = col_word1;
     if (unit_rst) begin
       \$262  = 96'h000000000000000000000000;
@@ -13780,7 +14213,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$263  = \$83 [1:0];
     if (unit_rst) begin
       \$263  = 2'h0;
@@ -13790,7 +14223,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$264  = c_q;
     if (\$85 ) begin
       \$264  = spad_c_rd_data;
@@ -13815,7 +14248,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$265  = q_valid;
     if (\$85 ) begin
       \$265  = r_valid;
@@ -13842,7 +14275,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$266  = storing;
     if (store_start) begin
       \$266  = 1'h1;
@@ -13869,7 +14302,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$267  = s_addr;
     if (store_start) begin
       \$267  = { 5'h00, cmd[53:45] };
@@ -13886,7 +14319,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$268  = s_n;
     if (store_start) begin
       \$268  = 12'h000;
@@ -13906,7 +14339,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$269  = s_rows;
     if (store_start) begin
       \$269  = cmd[11:0];
@@ -13925,7 +14358,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$270  = s_left;
     if (store_start) begin
       \$270  = \$113 [13:0];
@@ -13942,7 +14375,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$271  = out_left;
     if (store_start) begin
       \$271  = \$114 [13:0];
@@ -13958,7 +14391,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$272  = r_valid;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -13986,7 +14419,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$273  = r_mask;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -14002,7 +14435,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$274  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -14036,7 +14469,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$275  = cmd;
     casez (fsm_state)
       3'h0:
@@ -14052,7 +14485,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$276  = error;
     casez (fsm_state)
       3'h0:
@@ -14076,7 +14509,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$277  = error_code;
     casez (fsm_state)
       3'h0:
@@ -14100,7 +14533,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$278  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -14142,7 +14575,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$279  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -14162,7 +14595,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$280  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -14182,7 +14615,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$281  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -14202,7 +14635,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$163 ) begin
@@ -14218,7 +14651,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -14228,7 +14661,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -14246,7 +14679,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -14256,7 +14689,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -14264,7 +14697,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -14280,7 +14713,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -14434,7 +14867,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -15194,7 +15627,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -15204,7 +15637,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -15214,7 +15647,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -15224,7 +15657,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -15234,7 +15667,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -15244,7 +15677,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -15254,7 +15687,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -15264,7 +15697,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -15274,7 +15707,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -15284,7 +15717,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -15294,7 +15727,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -15304,7 +15737,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -15314,7 +15747,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -15324,7 +15757,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -15334,7 +15767,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -15344,7 +15777,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -15354,7 +15787,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -15364,7 +15797,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -15374,7 +15807,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -15384,7 +15817,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -15394,7 +15827,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -15404,7 +15837,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -15414,7 +15847,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -15424,7 +15857,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -15434,7 +15867,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -15444,7 +15877,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -15454,7 +15887,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -15464,7 +15897,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -15474,7 +15907,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -15484,7 +15917,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -15672,7 +16105,7 @@ endmodule
 module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -15857,7 +16290,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -15867,7 +16300,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -15877,7 +16310,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -15887,7 +16320,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -15897,7 +16330,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -15907,7 +16340,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -15917,7 +16350,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -15927,7 +16360,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -15937,7 +16370,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -15947,7 +16380,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -15957,7 +16390,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -15967,7 +16400,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -15977,7 +16410,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -15987,7 +16420,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -15997,7 +16430,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -16007,7 +16440,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -16021,585 +16454,6 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -16617,6 +16471,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -16628,9 +16483,11 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -16638,6 +16495,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -16648,6 +16506,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -16764,7 +16623,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -16784,11 +16643,10 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -16981,7 +16839,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -17174,8 +17032,197 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -17254,7 +17301,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -17264,7 +17311,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -17274,7 +17321,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -17284,7 +17331,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -17294,7 +17341,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -17304,7 +17351,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -17314,7 +17361,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -17324,7 +17371,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -17339,7 +17386,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -17354,7 +17401,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -17367,196 +17414,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -17749,7 +17607,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -17942,8 +17800,197 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -18022,7 +18069,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -18032,7 +18079,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -18042,7 +18089,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -18052,7 +18099,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -18062,7 +18109,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -18072,7 +18119,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -18082,7 +18129,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -18092,7 +18139,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -18107,7 +18154,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -18122,7 +18169,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -18135,196 +18182,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -18347,6 +18205,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
@@ -18516,7 +18375,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -18539,6 +18398,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
@@ -18708,8 +18568,197 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -18787,7 +18836,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -18797,7 +18846,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -18807,7 +18856,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -18817,7 +18866,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -18827,7 +18876,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -18837,7 +18886,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -18847,7 +18896,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -18857,7 +18906,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -18872,7 +18921,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -18887,7 +18936,391 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -18901,7 +19334,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -18975,7 +19408,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -18985,7 +19418,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -18995,7 +19428,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -19005,7 +19438,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -19015,7 +19448,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -19025,7 +19458,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -19035,7 +19468,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -19045,7 +19478,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -19060,7 +19493,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -19075,7 +19508,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -19090,7 +19523,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advance, o__ready, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -20600,13 +21033,13 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1560$0 (mult),
-    .\port$1565$0 (i__payload),
+    .\port$1606$0 (mult),
+    .\port$1611$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
       \$772  = 41'h00000000000;
@@ -20616,7 +21049,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$773  = v1;
     if (advance) begin
       \$773  = i__valid;
@@ -20629,7 +21062,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$774  = v2;
     if (advance) begin
       \$774  = v1;
@@ -20642,7 +21075,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$775  = x_valid;
     if (advance) begin
       \$775  = v2;
@@ -20655,7 +21088,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$776  = x0;
     if (advance) begin
       \$776  = \$210 [39:0];
@@ -20668,7 +21101,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$777  = x1;
     if (advance) begin
       \$777  = \$213 [39:0];
@@ -20681,7 +21114,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$778  = x2;
     if (advance) begin
       \$778  = \$216 [39:0];
@@ -20694,7 +21127,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$779  = x3;
     if (advance) begin
       \$779  = \$219 [39:0];
@@ -20707,7 +21140,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$780  = v_shift;
     if (advance) begin
       \$780  = x_valid;
@@ -20720,7 +21153,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$781  = v_round;
     if (advance) begin
       \$781  = v_shift;
@@ -20733,7 +21166,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$782  = o__valid;
     if (advance) begin
       \$782  = v_round;
@@ -20746,7 +21179,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$783  = y0;
     if (advance) begin
       \$783  = \$345 [24:0];
@@ -20759,7 +21192,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$784  = sticky0;
     if (advance) begin
       \$784  = \$347 ;
@@ -20772,7 +21205,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$785  = over0;
     if (advance) begin
       \$785  = \$350 ;
@@ -20785,7 +21218,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$786  = neg0;
     if (advance) begin
       \$786  = x0[39];
@@ -20798,7 +21231,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$787  = rounded0;
     if (advance) begin
       \$787  = \$353 ;
@@ -20811,7 +21244,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$788  = over2_0;
     if (advance) begin
       \$788  = over0;
@@ -20824,7 +21257,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$789  = neg2_0;
     if (advance) begin
       \$789  = neg0;
@@ -20837,7 +21270,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$790  = o__payload;
     if (advance) begin
       \$790 [23:0] = \$357 [23:0];
@@ -20853,7 +21286,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$791  = y1;
     if (advance) begin
       \$791  = \$483 [24:0];
@@ -20866,7 +21299,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$792  = sticky1;
     if (advance) begin
       \$792  = \$485 ;
@@ -20879,7 +21312,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$793  = over1;
     if (advance) begin
       \$793  = \$488 ;
@@ -20892,7 +21325,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$794  = neg1;
     if (advance) begin
       \$794  = x1[39];
@@ -20905,7 +21338,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$795  = rounded1;
     if (advance) begin
       \$795  = \$491 ;
@@ -20918,7 +21351,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$796  = over2_1;
     if (advance) begin
       \$796  = over1;
@@ -20931,7 +21364,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$797  = neg2_1;
     if (advance) begin
       \$797  = neg1;
@@ -20944,7 +21377,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$798  = y2;
     if (advance) begin
       \$798  = \$621 [24:0];
@@ -20957,7 +21390,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$799  = sticky2;
     if (advance) begin
       \$799  = \$623 ;
@@ -20970,7 +21403,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$800  = over2;
     if (advance) begin
       \$800  = \$626 ;
@@ -20983,7 +21416,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$801  = neg2;
     if (advance) begin
       \$801  = x2[39];
@@ -20996,7 +21429,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$802  = rounded2;
     if (advance) begin
       \$802  = \$629 ;
@@ -21009,7 +21442,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$803  = over2_2;
     if (advance) begin
       \$803  = over2;
@@ -21022,7 +21455,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$804  = neg2_2;
     if (advance) begin
       \$804  = neg2;
@@ -21035,7 +21468,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$805  = y3;
     if (advance) begin
       \$805  = \$759 [24:0];
@@ -21048,7 +21481,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$806  = sticky3;
     if (advance) begin
       \$806  = \$761 ;
@@ -21061,7 +21494,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$807  = over3;
     if (advance) begin
       \$807  = \$764 ;
@@ -21074,7 +21507,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$808  = neg3;
     if (advance) begin
       \$808  = x3[39];
@@ -21087,7 +21520,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$809  = rounded3;
     if (advance) begin
       \$809  = \$767 ;
@@ -21100,7 +21533,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$810  = over2_3;
     if (advance) begin
       \$810  = over3;
@@ -21113,7 +21546,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$811  = neg2_3;
     if (advance) begin
       \$811  = neg3;
@@ -21221,8 +21654,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$332  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:8] };
   assign \$336  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$339  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$338  = { \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40], \$337 [40:16] };
+  assign \$339  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$358  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
   assign \$360  = { \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40], \$359 [40:16] };
   assign \$361  = { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39:31] };
@@ -21415,8 +21848,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -21501,10 +21934,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1560$0 ;
-  wire [15:0] \port$1560$0 ;
-  input [95:0] \port$1565$0 ;
-  wire [95:0] \port$1565$0 ;
+  input [15:0] \port$1606$0 ;
+  wire [15:0] \port$1606$0 ;
+  input [95:0] \port$1611$0 ;
+  wire [95:0] \port$1611$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -21566,10 +21999,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1565$0 [16:0] };
+      \$9  = { 1'h0, \port$1611$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -21579,10 +22012,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1560$0  };
+      \$10  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -21592,7 +22025,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -21605,10 +22038,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23:17] };
+      \$12  = { \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -21618,10 +22051,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1560$0  };
+      \$13  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -21631,7 +22064,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -21644,10 +22077,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1565$0 [40:24] };
+      \$15  = { 1'h0, \port$1611$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -21657,10 +22090,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1560$0  };
+      \$16  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -21670,7 +22103,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -21683,10 +22116,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47:41] };
+      \$18  = { \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -21696,10 +22129,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1560$0  };
+      \$19  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -21709,7 +22142,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -21722,10 +22155,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1565$0 [64:48] };
+      \$21  = { 1'h0, \port$1611$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -21735,10 +22168,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1560$0  };
+      \$22  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -21748,7 +22181,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -21761,10 +22194,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71:65] };
+      \$24  = { \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -21774,10 +22207,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1560$0  };
+      \$25  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -21787,7 +22220,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -21800,10 +22233,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1565$0 [88:72] };
+      \$27  = { 1'h0, \port$1611$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -21813,10 +22246,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1560$0  };
+      \$28  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -21826,7 +22259,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -21839,10 +22272,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95:89] };
+      \$30  = { \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -21852,10 +22285,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1560$0  };
+      \$31  = { 2'h0, \port$1606$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -21865,7 +22298,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -21877,241 +22310,27 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1560$0 , \port$1565$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1565$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1560$0  };
-  assign a__1 = { \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23], \port$1565$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1560$0  };
-  assign a__2 = { 1'h0, \port$1565$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1560$0  };
-  assign a__3 = { \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47], \port$1565$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1560$0  };
-  assign a__4 = { 1'h0, \port$1565$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1560$0  };
-  assign a__5 = { \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71], \port$1565$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1560$0  };
-  assign a__6 = { 1'h0, \port$1565$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1560$0  };
-  assign a__7 = { \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95], \port$1565$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1560$0  };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, rd_addr, bus__arvalid, bus__rready, clk, rst, bus__awready, bus__wready, wr_en, bus__arready, rd_en, rd_data, wr_addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata
-, bus__awaddr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
-  wire \$1 ;
-  wire \$10 ;
-  reg \$11 ;
-  reg [19:0] \$12 ;
-  reg \$13 ;
-  reg [31:0] \$14 ;
-  reg [3:0] \$15 ;
-  reg \$16 ;
-  reg \$17 ;
-  reg \$18 ;
-  reg [31:0] \$19 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire \$4 ;
-  wire \$5 ;
-  wire \$6 ;
-  wire \$7 ;
-  wire \$8 ;
-  wire \$9 ;
-  reg aw_ok = 1'h0;
-  (* init = 20'h00000 *)
-  wire [19:0] awaddr;
-  wire [19:0] bus__araddr;
-  output bus__arready;
-  wire bus__arready;
-  input bus__arvalid;
-  wire bus__arvalid;
-  input [19:0] bus__awaddr;
-  wire [19:0] bus__awaddr;
-  output bus__awready;
-  wire bus__awready;
-  input bus__awvalid;
-  wire bus__awvalid;
-  input bus__bready;
-  wire bus__bready;
-  wire [1:0] bus__bresp;
-  output bus__bvalid;
-  reg bus__bvalid = 1'h0;
-  output [31:0] bus__rdata;
-  reg [31:0] bus__rdata = 32'd0;
-  input bus__rready;
-  wire bus__rready;
-  wire [1:0] bus__rresp;
-  output bus__rvalid;
-  reg bus__rvalid = 1'h0;
-  input [31:0] bus__wdata;
-  wire [31:0] bus__wdata;
-  output bus__wready;
-  wire bus__wready;
-  input [3:0] bus__wstrb;
-  wire [3:0] bus__wstrb;
-  input bus__wvalid;
-  wire bus__wvalid;
-  input clk;
-  wire clk;
-  reg pending = 1'h0;
-  input [19:0] rd_addr;
-  wire [19:0] rd_addr;
-  input [31:0] rd_data;
-  wire [31:0] rd_data;
-  output rd_en;
-  wire rd_en;
-  input rst;
-  wire rst;
-  reg w_ok = 1'h0;
-  output [19:0] wr_addr;
-  reg [19:0] wr_addr = 20'h00000;
-  output [31:0] wr_data;
-  reg [31:0] wr_data = 32'd0;
-  output wr_en;
-  wire wr_en;
-  reg [3:0] wr_strb = 4'h0;
-  assign \$1  = ~ aw_ok;
-  assign \$2  = ~ bus__bvalid;
-  assign bus__awready = \$1  & \$2 ;
-  assign \$3  = ~ w_ok;
-  assign \$4  = ~ bus__bvalid;
-  assign bus__wready = \$3  & \$4 ;
-  assign wr_en = aw_ok & w_ok;
-  assign \$5  = ~ pending;
-  assign \$6  = ~ bus__rvalid;
-  assign bus__arready = \$5  & \$6 ;
-  assign rd_en = bus__arvalid & bus__arready;
-  assign \$7  = bus__awvalid & bus__awready;
-  assign \$8  = bus__wvalid & bus__wready;
-  assign \$9  = bus__bvalid & bus__bready;
-  assign \$10  = bus__rvalid & bus__rready;
-  always @(posedge clk)
-    aw_ok <= \$11 ;
-  always @(posedge clk)
-    wr_addr <= \$12 ;
-  always @(posedge clk)
-    w_ok <= \$13 ;
-  always @(posedge clk)
-    wr_data <= \$14 ;
-  always @(posedge clk)
-    wr_strb <= \$15 ;
-  always @(posedge clk)
-    bus__bvalid <= \$16 ;
-  always @(posedge clk)
-    pending <= \$17 ;
-  always @(posedge clk)
-    bus__rvalid <= \$18 ;
-  always @(posedge clk)
-    bus__rdata <= \$19 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$11  = aw_ok;
-    if (\$7 ) begin
-      \$11  = 1'h1;
-    end
-    if (wr_en) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$12  = wr_addr;
-    if (\$7 ) begin
-      \$12  = bus__awaddr;
-    end
-    if (rst) begin
-      \$12  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$13  = w_ok;
-    if (\$8 ) begin
-      \$13  = 1'h1;
-    end
-    if (wr_en) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$14  = wr_data;
-    if (\$8 ) begin
-      \$14  = bus__wdata;
-    end
-    if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$15  = wr_strb;
-    if (\$8 ) begin
-      \$15  = bus__wstrb;
-    end
-    if (rst) begin
-      \$15  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$16  = bus__bvalid;
-    if (wr_en) begin
-      \$16  = 1'h1;
-    end
-    if (\$9 ) begin
-      \$16  = 1'h0;
-    end
-    if (rst) begin
-      \$16  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$17  = rd_en;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$18  = bus__rvalid;
-    if (pending) begin
-      \$18  = 1'h1;
-    end
-    if (\$10 ) begin
-      \$18  = 1'h0;
-    end
-    if (rst) begin
-      \$18  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$19  = bus__rdata;
-    if (pending) begin
-      \$19  = rd_data;
-    end
-    if (rst) begin
-      \$19  = 32'd0;
-    end
-  end
-  assign bus__bresp = 2'h0;
-  assign bus__rresp = 2'h0;
-  assign awaddr = wr_addr;
-  assign bus__araddr = rd_addr;
+  assign a__0 = { 1'h0, \port$1611$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1606$0  };
+  assign a__1 = { \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1606$0  };
+  assign a__2 = { 1'h0, \port$1611$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1606$0  };
+  assign a__3 = { \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1606$0  };
+  assign a__4 = { 1'h0, \port$1611$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1606$0  };
+  assign a__5 = { \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1606$0  };
+  assign a__6 = { 1'h0, \port$1611$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1606$0  };
+  assign a__7 = { \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1606$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -22653,7 +22872,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -22664,7 +22883,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -22673,7 +22892,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -22682,7 +22901,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -22691,7 +22910,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -22704,7 +22923,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -22717,7 +22936,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -22732,7 +22951,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -22745,7 +22964,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -22755,7 +22974,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -22768,7 +22987,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -22783,7 +23002,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -22801,7 +23020,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -22811,7 +23030,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -22824,7 +23043,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -22840,7 +23059,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -22850,7 +23069,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -22860,7 +23079,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -22877,7 +23096,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -22894,7 +23113,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -22911,7 +23130,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -22930,7 +23149,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -22945,7 +23164,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -22960,7 +23179,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22974,7 +23193,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22988,7 +23207,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -23002,7 +23221,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -23016,7 +23235,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -23026,7 +23245,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -23036,7 +23255,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -23053,7 +23272,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -23068,7 +23287,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -23083,7 +23302,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -23102,7 +23321,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -23118,7 +23337,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -23134,7 +23353,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -23147,7 +23366,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -23163,7 +23382,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -23252,7 +23471,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -23300,7 +23519,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -23315,7 +23534,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -23330,7 +23549,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -23345,7 +23564,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -23365,7 +23584,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
   wire [4:0] \$3 ;
@@ -23409,7 +23628,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__p
     .y(o__payload)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$4  = valid;
     if (advance) begin
       \$4  = \$3 [3:0];
@@ -23437,7 +23656,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -23801,56 +24020,56 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [12:0];
@@ -23878,7 +24097,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   wire [30:0] \$10 ;
   reg [5:0] \$11 ;
@@ -23958,7 +24177,7 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     .y(\y$17 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$11  = valid;
     if (advance) begin
       \$11  = \$3 [5:0];
@@ -23971,14 +24190,14 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$12  = product;
     if (advance) begin
       \$12  = \$4 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$13  = o__payload;
     if (advance) begin
       \$13  = \$10 [15:0];
@@ -24008,7 +24227,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -24500,56 +24719,56 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { \$8 [16], \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [13:0];
@@ -24577,7 +24796,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
   wire [20:0] \$11 ;
@@ -25709,56 +25928,56 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [5:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [15:0];
@@ -25786,7 +26005,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad (rst, port__addr, \port__addr$20 , rd0_rd_en, rd1_rd_en, wr__addr, wr__data, wr__en, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -34039,21 +34258,21 @@ module \nanokpu_kpu.spad (rst, port__addr, \port__addr$20 , rd0_rd_en, rd1_rd_en
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin
@@ -34081,7 +34300,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   wire \$10 ;
   wire [49:0] \$100 ;
@@ -34510,7 +34729,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -34540,7 +34759,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -34570,7 +34789,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -34600,7 +34819,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     den = 17'h00000;
     casez (op)
       2'h0:
@@ -34630,7 +34849,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     scale_pass = 1'h0;
     casez (op)
       2'h0:
@@ -34660,7 +34879,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$182  = 1'h0;
     casez (op)
       2'h0:
@@ -34704,7 +34923,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$183  = o__payload;
     casez (op)
       2'h0:
@@ -34748,7 +34967,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$184  = p_valid;
     casez (op)
       2'h0:
@@ -34795,7 +35014,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$185  = prod;
     casez (op)
       2'h0:
@@ -34835,7 +35054,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$186  = p_last;
     casez (op)
       2'h0:
@@ -34875,7 +35094,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$187  = acc;
     casez (op)
       2'h0:
@@ -34898,7 +35117,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$188  = sumsq;
     casez (op)
       2'h0:
@@ -34927,7 +35146,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$189  = fsm_state;
     casez (op)
       2'h0:
@@ -34983,7 +35202,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$190  = rem;
     casez (op)
       2'h0:
@@ -35014,7 +35233,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$191  = root;
     casez (op)
       2'h0:
@@ -35048,7 +35267,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$192  = \bit ;
     casez (op)
       2'h0:
@@ -35077,7 +35296,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$193  = r_norm;
     casez (op)
       2'h0:
@@ -35111,7 +35330,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$194  = z;
     casez (op)
       2'h0:
@@ -35145,7 +35364,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$195  = recip;
     casez (op)
       2'h0:
@@ -35226,7 +35445,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -35275,7 +35494,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -35290,7 +35509,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -35305,7 +35524,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -35320,7 +35539,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
