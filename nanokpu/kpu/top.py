@@ -69,9 +69,12 @@ from nanokpu.isa import (
 )
 from nanokpu.kpu.axi_lite import axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
-from nanokpu.kpu.dmem import DataMemory, writes_block_reads
+from nanokpu.kpu.decoded import decoded_layout
+from nanokpu.kpu.executors.loadstore import LoadStore
+from nanokpu.kpu.executors.route import Route
 from nanokpu.kpu.fetch import Fetch
 from nanokpu.kpu.regbank import PC_WIDTH, RegisterBank
+from nanokpu.kpu.spad import Scratchpad
 from nanokpu.units.gemm import kpu_engine
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
@@ -123,7 +126,6 @@ class NanoKPU(wiring.Component):
             self._MustUse__silence = True   # refused: never elaborated, so not 'unused'
             raise
         self.cfg = cfg
-        self._spad = DataMemory(cfg)
         super().__init__({
             "s_axil": In(axi_lite_signature(ADDR_WIDTH)),
             "m_axi": Out(axi4_signature(32, bits)),
@@ -139,7 +141,7 @@ class NanoKPU(wiring.Component):
     def elaborate(self, platform):  # noqa: C901 - one controller, one place
         m = Module()
         cfg = self.cfg
-        E, top_k, R, C, route_lanes = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols, cfg.route_lanes
+        E, top_k, R, C = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols
         BW = bus_bytes(cfg)
         ww, act, accw = word_width(cfg), cfg.act_width, cfg.acc_width
         D = cfg.dmem_depth
@@ -163,13 +165,29 @@ class NanoKPU(wiring.Component):
         vec = unit("vector", VectorUnit(cfg))
         router = unit("router", TopKRouter(cfg))
 
-        m.submodules.spad = spad = self._spad
-        rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
+        ldst = unit("loadstore", LoadStore(cfg))
+        route = unit("route", Route(cfg, router.route_layout))
+        wiring.connect(m, route.scores, router.scores)
+        wiring.connect(m, router.routes, route.routes)
+        m.d.comb += [router.bias_we.eq(route.bias.we), router.bias_addr.eq(route.bias.addr),
+                     router.bias_data.eq(route.bias.data)]
+        executors = {"dma": ldst, "route": route}     # by the isa.EXECUTORS name of their instructions
+        ctrl_rd_start = Signal()       # the controller's own use of the AXI4 master (GEMM's B)
+        ctrl_rd_ready = Signal()
+        # the scratchpad's clients: the controller's own states (client 0), then each executor,
+        # selected while its instruction runs
+        m.submodules.spad = spad = Scratchpad(cfg, 1 + len(executors))
+        running_exec = Signal(len(executors))
+        m.d.comb += spad.select.eq(Cat(~running_exec.any(), running_exec))
+        for i, ex in enumerate(executors.values()):
+            wiring.connect(m, ex.spad, spad.clients[1 + i])
+        ctrl_spad = spad.clients[0]
+        rd0, rd1, wr = ctrl_spad.rd0, ctrl_spad.rd1, ctrl_spad.wr
         # a cycle in which the scratchpad performs a write (the one after wr.en) performs no
         # read there: every read that can follow a write waits on `blocked` (the streaming
         # engine, GEMM A packing, ROUTE scores and dispatch, GATHER/SCATTER list and copy); the
-        # others (RQ_TABLE, RT_BIAS, EXP_READ, STORE) follow the decode, never a write
-        blocked = spad.writing if writes_block_reads(cfg) else Const(0)
+        # others (RQ_TABLE, RT_BIAS, EXP_READ) follow the decode, never a write
+        blocked = ctrl_spad.blocked
 
         # -- architectural state ------------------------------------------------------------
         # Sizes and scratchpad addresses: addresses are AW bits (the scratchpad port's, so
@@ -461,10 +479,9 @@ class NanoKPU(wiring.Component):
                         with m.If(~rem[2][1:].any()):
                             m.d.sync += issuing.eq(0)
 
-        # One register packs the words a unit takes whole: REQUANT's (R lanes of acc_width bits),
-        # GEMM's A word (R lanes, the low 8 bits of each) and ROUTE's score word (route_lanes lanes, the low
-        # score_width bits): one instruction at a time uses it
-        pack = Signal(data.ArrayLayout(signed(accw), max(R, route_lanes)))
+        # One register packs the words a unit takes whole: REQUANT's (R lanes of acc_width bits) and
+        # GEMM's A word (R lanes, the low 8 bits of each): one instruction at a time uses it
+        pack = Signal(data.ArrayLayout(signed(accw), R))
 
         # unit inputs and outputs of the engine
         rq_mult = Signal(32)
@@ -583,7 +600,7 @@ class NanoKPU(wiring.Component):
             sat_in.eq(gemm.c_out.payload[Mux(run[Op.GEMM], gc_lane, rq_lane)]),
         ]
         with m.If(gemm_run):
-            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
+            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), ctrl_rd_ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
             word_full = (gm_lane == R) | reached(gm_left, gm_lane)
@@ -625,17 +642,26 @@ class NanoKPU(wiring.Component):
                         m.d.sync += [gc_n.eq(0), gc_left.eq(next_left), gc_wstart.eq(gc_addr + 1),
                                      gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
 
-        # -- LOAD / STORE -------------------------------------------------------------------------
-        st_beat = Signal(dma.wr_layout)
-        ld_beat = st_beat.data   # LOAD's beat: STORE's
-        ld_full = Signal()
-        ld_e = Signal(range(BW + 1))
-        st_full = Signal()
-        st_e = Signal(range(BW + 1))
-        st_rd = Signal()
-        st_rd_e = Signal(range(BW))
-        per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
-        m.d.comb += dma.wr_data.payload.eq(st_beat)
+        # -- executors: the decoded instruction, the AXI4 master shared ---------------------------
+        decoded = Signal(decoded_layout(cfg))
+        m.d.comb += [decoded.op.eq(op), decoded.width.eq(ins.width), decoded.a.eq(a_), decoded.b.eq(b_),
+                     decoded.c.eq(c_), decoded.m.eq(m_eff), decoded.n.eq(ins.n), decoded.k.eq(ins.k),
+                     decoded.len.eq(ln)]
+        exec_start = Signal(len(executors))
+        exec_done = Signal()
+        exec_error = Signal(8)
+        for i, ex in enumerate(executors.values()):
+            m.d.comb += [ex.ins.eq(decoded), ex.start.eq(exec_start[i])]
+            with m.If(running_exec[i]):
+                m.d.comb += [exec_done.eq(ex.done), exec_error.eq(ex.error)]
+        m.d.comb += [
+            dma.rd_start.eq(ctrl_rd_start | ldst.dma.rd_start), dma.wr_start.eq(ldst.dma.wr_start),
+            dma.rd_data.ready.eq(ctrl_rd_ready | ldst.dma.rd_data.ready),
+            ldst.dma.rd_data.valid.eq(dma.rd_data.valid), ldst.dma.rd_data.payload.eq(dma.rd_data.payload),
+            dma.wr_data.valid.eq(ldst.dma.wr_data.valid), dma.wr_data.payload.eq(ldst.dma.wr_data.payload),
+            ldst.dma.wr_data.ready.eq(dma.wr_data.ready),
+            ldst.dma.rd_busy.eq(dma.rd_busy), ldst.dma.wr_busy.eq(dma.wr_busy), ldst.dma.error.eq(dma.error),
+        ]
 
         # -- controller -----------------------------------------------------------------------------
         stop_code = Signal(8)
@@ -650,32 +676,6 @@ class NanoKPU(wiring.Component):
             m.d.sync += [stop_code.eq(code), cur_executor.eq(0)]
             m.next = "DRAIN"
 
-        # route / dispatch / expert / gather / scatter registers
-        # rt_feed_left, rt_route_left: tokens whose scores are still to feed / routes to write
-        rt_j = Signal(range(E + 1))
-        rt_route_left = Signal(SW)
-        rt_s = Signal(range(top_k + 1))
-        rt_feed_left = Signal(SW)
-        rt_el = Signal(range(E + route_lanes))
-        rt_lane = Signal(range(route_lanes + 1))
-        rt_tbase = Signal(AW)
-        rt_tslot = Signal(AW)
-        rt_cb = Signal(AW)
-        rt_lp = Signal(AW)
-        rt_cap = Signal()
-        rt_cap_lane = Signal(range(route_lanes))
-        rt_cap_ok = Signal()
-        rt_wvalid = Signal()
-        rt_feed_done = Signal()
-        rt_hold = Signal()
-        rt_held = Signal(router.route_layout)
-        rt_wphase = Signal()
-        rt_p = Signal(SW)
-        rt_pt = Signal(SW)
-        rt_ps = Signal(range(top_k + 1))
-        rt_pos = Signal(SW)
-        rt_off = Signal(SW)
-        tk = mk[2:]      # ROUTE: mk = 4 * m * top_k
         # GATHER/SCATTER copy: a word read (g_rv, its destination g_ra) is in rd0_q a cycle later
         # and written from there (g_wv, g_wa): the write data comes off a flip-flop, never
         # straight from the scratchpad's output (on the ECP5 that path crosses the die twice)
@@ -770,18 +770,11 @@ class NanoKPU(wiring.Component):
                                 m.next = "RQ_TABLE"
                             with m.Else():
                                 m.next = "GEMM_CMD"
-                        with m.Case(Op.LOAD):
-                            m.d.comb += dma.rd_start.eq(1)
-                            m.d.sync += [ld_full.eq(0), ld_e.eq(0), el_i.eq(0)]
-                            m.next = "LOAD"
-                        with m.Case(Op.STORE):
-                            m.d.comb += dma.wr_start.eq(1)
-                            m.d.sync += [st_full.eq(0), st_e.eq(0), el_i.eq(0), st_rd.eq(0),
-                                         st_beat.strb.eq(0)]
-                            m.next = "STORE"
-                        with m.Case(Op.ROUTE):
-                            m.d.sync += [rt_j.eq(0), rt_cb.eq(c_ + (tk << 1)), rt_lp.eq(c_ + (tk << 1) + 2 * E)]
-                            m.next = "RT_BIAS"
+                        for i, name in enumerate(executors):
+                            with m.Case(*[o for o, r in OP_RULES.items() if r.executor == name]):
+                                m.d.comb += exec_start[i].eq(1)
+                                m.d.sync += running_exec.eq(1 << i)
+                                m.next = "EXEC"
                         with m.Case(Op.EXPERT):
                             m.next = "EXP_READ"
                         with m.Case(Op.GATHER, Op.SCATTER):
@@ -813,7 +806,7 @@ class NanoKPU(wiring.Component):
             with state("GEMM_CMD"):
                 m.d.comb += gemm.cmd.valid.eq(1)
                 with m.If(gemm.cmd.ready):
-                    m.d.comb += dma.rd_start.eq(1)
+                    m.d.comb += ctrl_rd_start.eq(1)
                     m.next = "GEMM_RUN"
             with state("GEMM_RUN"):
                 m.d.comb += gemm_run.eq(1)
@@ -828,141 +821,16 @@ class NanoKPU(wiring.Component):
                 with m.If(~dma.rd_busy):
                     goto_next()
 
-            # ---- LOAD: unpack each beat into width-byte elements
-            with state("LOAD"):
-                m.d.comb += dma.rd_data.ready.eq(~ld_full)
-                with m.If(dma.rd_data.valid & ~ld_full):
-                    m.d.sync += [ld_beat.eq(dma.rd_data.payload), ld_full.eq(1), ld_e.eq(0)]
-                with m.If(ld_full):
-                    elem = Mux(ins.width == 1, ld_beat.word_select(ld_e, 8).as_signed(),
-                               Mux(ins.width == 2, ld_beat.word_select(ld_e, 16).as_signed(),
-                                   ld_beat.word_select(ld_e, 32).as_signed()))
-                    with m.If(el_more):
-                        m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(elem), wr.en.eq(1)]
-                        m.d.sync += el_i.eq(el_i + 1)
-                    m.d.sync += ld_e.eq(ld_e + 1)
-                    with m.If(ld_e + 1 >= per_beat):
-                        m.d.sync += ld_full.eq(0)
-                with m.If(dma.error):
-                    stop(Err.BUS_ERROR)
-                with m.Elif(~dma.rd_busy & ~ld_full & ~el_more):
-                    goto_next()
-
-            # ---- STORE: pack 4-byte elements into beats
-            with state("STORE"):
-                epb = BW // 4
-                # read element el_i (one per cycle), place it in the next cycle
-                with m.If(~st_full & (st_e < epb) & el_more & ~st_rd):
-                    m.d.comb += [rd0.addr.eq(a_ + el_i), rd0.en.eq(1)]
-                    m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), el_i.eq(el_i + 1), st_e.eq(st_e + 1)]
-                with m.If(st_rd):
-                    m.d.sync += [st_beat.data.word_select(st_rd_e, 32).eq(rd0.data[:32]),
-                                 st_beat.strb.word_select(st_rd_e, 4).eq(0xF), st_rd.eq(0)]
-                with m.If(~st_full & ~st_rd & (st_e != 0) & ((st_e == epb) | ~el_more)):
-                    m.d.sync += st_full.eq(1)
-                m.d.comb += dma.wr_data.valid.eq(st_full)
-                with m.If(dma.wr_data.valid & dma.wr_data.ready):
-                    m.d.sync += [st_full.eq(0), st_e.eq(0), st_beat.strb.eq(0)]
-                with m.If(dma.error):
-                    stop(Err.BUS_ERROR)
-                with m.Elif(~dma.wr_busy & ~el_more & ~st_full & ~st_rd):
-                    goto_next()
-
-            # ---- ROUTE: bias, scores -> routes, dispatch lists
-            with state("RT_BIAS"):
-                m.d.comb += [rd0.addr.eq(b_ + rt_j), rd0.en.eq(1)]
-                m.d.sync += rt_j.eq(rt_j + 1)
-                with m.If(rt_j != 0):
-                    m.d.comb += [router.bias_we.eq(1), router.bias_addr.eq(rt_j - 1),
-                                 router.bias_data.eq(rd0.data[:cfg.bias_width])]
-                with m.If(rt_j == E):
-                    m.d.sync += [rt_feed_left.eq(m_s), rt_el.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
-                                 rt_tbase.eq(a_), rt_tslot.eq(c_),
-                                 rt_feed_done.eq(0), rt_cap.eq(0), rt_route_left.eq(m_s), rt_s.eq(0),
-                                 rt_hold.eq(0), rt_wphase.eq(0)]
-                    m.next = "RT_SCORES"
-            with state("RT_SCORES"):
-                # scores: beat (t, b), lane l = expert rt_el = b*route_lanes + l of token t, at rt_tbase =
-                # a + t*E
-                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < route_lanes) & ~blocked):
-                    m.d.comb += [rd0.addr.eq(rt_tbase + rt_el), rd0.en.eq(1)]
-                    m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(rt_el < E),
-                                 rt_lane.eq(rt_lane + 1), rt_el.eq(rt_el + 1)]
-                with m.Else():
-                    m.d.sync += rt_cap.eq(0)
-                with m.If(rt_cap):
-                    m.d.sync += pack.as_value().word_select(rt_cap_lane, accw)[:cfg.score_width].eq(
-                        Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
-                    with m.If(rt_cap_lane == route_lanes - 1):
-                        m.d.sync += rt_wvalid.eq(1)
-                m.d.comb += [router.scores.payload.eq(Cat(pack[i][:cfg.score_width] for i in range(route_lanes))),
-                             router.scores.valid.eq(rt_wvalid)]
-                with m.If(router.scores.valid & router.scores.ready):
-                    m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
-                    with m.If(rt_el >= E):
-                        m.d.sync += [rt_el.eq(0), rt_feed_left.eq(rt_feed_left - 1), rt_tbase.eq(rt_tbase + E)]
-                        with m.If(~rt_feed_left[1:].any()):
-                            m.d.sync += rt_feed_done.eq(1)
-                # routes: idx then weight, two writes per route
-                m.d.comb += router.routes.ready.eq(~rt_hold)
-                with m.If(router.routes.valid & ~rt_hold):
-                    m.d.sync += [rt_hold.eq(1), rt_held.eq(router.routes.payload)]
-                slot = rt_tslot + rt_s          # c + t*top_k + s
-                with m.If(rt_hold & ~rt_wphase):
-                    m.d.comb += [wr.addr.eq(slot), wr.data.eq(rt_held.index), wr.en.eq(1)]
-                    m.d.sync += rt_wphase.eq(1)
-                with m.If(rt_hold & rt_wphase):
-                    m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
-                    m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
-                    with m.If(rt_held.last | (rt_s == top_k - 1)):
-                        m.d.sync += [rt_s.eq(0), rt_route_left.eq(rt_route_left - 1),
-                                     rt_tslot.eq(rt_tslot + top_k)]
+            # ---- an executor's instruction
+            with state("EXEC"):
+                with m.If(exec_done):
+                    m.d.sync += running_exec.eq(0)
+                    with m.If(running_exec[list(executors).index("route")]):
+                        m.d.sync += [route_done.eq(1), exp_active.eq(0), scan.eq(0)]
+                    with m.If(exec_error != 0):
+                        stop(exec_error)
                     with m.Else():
-                        m.d.sync += rt_s.eq(rt_s + 1)
-                with m.If(rt_route_left == 0):
-                    m.d.sync += [rt_j.eq(0), rt_p.eq(0), rt_pt.eq(0), rt_ps.eq(0), rt_pos.eq(0),
-                                 rt_off.eq(0)]
-                    m.next = "RT_DREAD"
-            # dispatch: for each expert j, scan the idx table for its slots
-            with state("RT_DREAD"):
-                with m.If(~blocked):     # RT_DOFF's write may be in progress
-                    m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
-                    m.next = "RT_DWAIT"
-            with state("RT_DWAIT"):
-                m.next = "RT_DCMP"
-            with state("RT_DCMP"):
-                with m.If(rd0_q == rt_j):
-                    m.d.comb += [wr.addr.eq(rt_lp + rt_pos), wr.data.eq(rt_p),
-                                 wr.en.eq(1)]
-                    m.next = "RT_DLIST_T"
-                with m.Else():
-                    m.next = "RT_DSTEP"
-            with state("RT_DLIST_T"):
-                m.d.comb += [wr.addr.eq(rt_lp + tk + rt_pos), wr.data.eq(rt_pt),
-                             wr.en.eq(1)]
-                m.d.sync += rt_pos.eq(rt_pos + 1)
-                m.next = "RT_DSTEP"
-            with state("RT_DSTEP"):
-                with m.If(rt_p + 1 < tk):
-                    m.d.sync += rt_p.eq(rt_p + 1)
-                    with m.If(rt_ps == top_k - 1):
-                        m.d.sync += [rt_ps.eq(0), rt_pt.eq(rt_pt + 1)]
-                    with m.Else():
-                        m.d.sync += rt_ps.eq(rt_ps + 1)
-                    m.next = "RT_DREAD"
-                with m.Else():
-                    m.d.comb += [wr.addr.eq(rt_cb + rt_j), wr.data.eq(rt_pos - rt_off),
-                                 wr.en.eq(1)]
-                    m.next = "RT_DOFF"
-            with state("RT_DOFF"):
-                m.d.comb += [wr.addr.eq(rt_cb + E + rt_j), wr.data.eq(rt_off), wr.en.eq(1)]
-                m.d.sync += [rt_off.eq(rt_pos), rt_j.eq(rt_j + 1), rt_p.eq(0), rt_pt.eq(0),
-                             rt_ps.eq(0)]
-                with m.If(rt_j + 1 < E):
-                    m.next = "RT_DREAD"
-                with m.Else():
-                    m.d.sync += [route_done.eq(1), exp_active.eq(0), scan.eq(0)]
-                    goto_next()
+                        goto_next()
 
             # ---- EXPERT: next expert with tokens
             with state("EXP_READ"):

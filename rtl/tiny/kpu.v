@@ -7,45 +7,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 , m_axi__bready, m_axi__araddr, m_axi__arlen, m_axi__arsize, m_axi__arburst, m_axi__arvalid, m_axi__rready, irq, s_axil__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
-  wire [13:0] \$10 ;
-  wire [13:0] \$100 ;
+  wire [17:0] \$10 ;
+  wire \$100 ;
   wire [16:0] \$101 ;
-  wire \$102 ;
+  wire [13:0] \$102 ;
   wire [16:0] \$103 ;
-  wire [13:0] \$104 ;
+  wire \$104 ;
   wire [16:0] \$105 ;
-  wire [6:0] \$1055 ;
-  wire \$106 ;
+  wire [13:0] \$106 ;
   wire [16:0] \$107 ;
-  wire [6:0] \$1071 ;
-  wire [13:0] \$108 ;
-  wire \$109 ;
-  wire [6:0] \$1095 ;
-  wire [7:0] \$1099 ;
-  wire [16:0] \$11 ;
-  wire \$110 ;
-  wire [8:0] \$1102 ;
-  wire [9:0] \$111 ;
+  wire \$108 ;
+  wire [16:0] \$109 ;
+  wire \$11 ;
+  wire [13:0] \$110 ;
+  wire \$111 ;
   wire \$112 ;
-  wire \$113 ;
+  wire [9:0] \$113 ;
   wire \$114 ;
   wire \$115 ;
   wire \$116 ;
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire [17:0] \$12 ;
+  wire [13:0] \$12 ;
   wire \$120 ;
   wire \$121 ;
-  wire [9:0] \$122 ;
+  wire \$122 ;
   wire \$123 ;
-  wire \$124 ;
+  wire [9:0] \$124 ;
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire [17:0] \$13 ;
+  wire [16:0] \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -56,7 +51,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [16:0] \$14 ;
+  wire [17:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -78,7 +73,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire [17:0] \$16 ;
+  wire [16:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -87,10 +82,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire [16:0] \$168 ;
+  wire \$168 ;
   wire \$169 ;
-  wire [18:0] \$17 ;
-  wire \$170 ;
+  wire [17:0] \$17 ;
+  wire [16:0] \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
@@ -100,7 +95,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire \$18 ;
+  wire [17:0] \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
@@ -111,30 +106,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire \$19 ;
+  wire [18:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire [23:0] \$193 ;
+  wire \$193 ;
   wire \$194 ;
   wire [23:0] \$195 ;
-  wire [23:0] \$196 ;
-  wire \$197 ;
-  wire \$198 ;
+  wire \$196 ;
+  wire [23:0] \$197 ;
+  wire [23:0] \$198 ;
   wire \$199 ;
   wire \$2 ;
   wire \$20 ;
   wire \$200 ;
   wire \$201 ;
-  wire [31:0] \$202 ;
+  wire \$202 ;
   wire \$203 ;
-  wire [5:0] \$204 ;
-  wire [1:0] \$205 ;
-  wire \$206 ;
-  wire \$207 ;
+  wire [31:0] \$204 ;
+  wire \$205 ;
+  wire [5:0] \$206 ;
+  wire [1:0] \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire [1:0] \$21 ;
+  wire \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
@@ -144,53 +139,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire [23:0] \$219 ;
-  wire [18:0] \$22 ;
-  wire [23:0] \$220 ;
-  wire \$221 ;
-  wire \$222 ;
+  wire \$219 ;
+  wire \$22 ;
+  wire \$220 ;
+  wire [23:0] \$221 ;
+  wire [23:0] \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire [4:0] \$227 ;
-  wire [13:0] \$228 ;
+  wire \$227 ;
+  wire \$228 ;
   wire [4:0] \$229 ;
-  wire [9:0] \$23 ;
+  wire [1:0] \$23 ;
   wire [13:0] \$230 ;
-  wire [14:0] \$231 ;
-  wire [14:0] \$232 ;
-  wire \$233 ;
-  wire \$234 ;
+  wire [4:0] \$231 ;
+  wire [13:0] \$232 ;
+  wire [14:0] \$233 ;
+  wire [14:0] \$234 ;
   wire \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
-  wire [14:0] \$239 ;
-  wire \$24 ;
+  wire \$239 ;
+  wire [18:0] \$24 ;
   wire \$240 ;
-  wire [7:0] \$241 ;
-  wire \$242 ;
-  wire [15:0] \$243 ;
-  wire [31:0] \$244 ;
-  wire [31:0] \$245 ;
-  wire [31:0] \$246 ;
-  wire \$247 ;
-  wire \$248 ;
+  wire [13:0] \$241 ;
+  wire [13:0] \$242 ;
+  wire [14:0] \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire [14:0] \$247 ;
+  wire [16:0] \$248 ;
   wire \$249 ;
-  wire [3:0] \$25 ;
+  wire [9:0] \$25 ;
   wire \$250 ;
   wire \$251 ;
   wire \$252 ;
-  wire \$253 ;
-  wire \$254 ;
-  wire \$255 ;
+  wire [12:0] \$253 ;
+  wire [13:0] \$254 ;
+  wire [15:0] \$255 ;
   wire \$256 ;
   wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire [14:0] \$260 ;
+  wire \$260 ;
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
@@ -199,60 +194,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$266 ;
   wire \$267 ;
   wire \$268 ;
-  wire [13:0] \$269 ;
-  wire \$27 ;
+  wire \$269 ;
+  wire [3:0] \$27 ;
   wire \$270 ;
-  wire [4:0] \$271 ;
+  wire \$271 ;
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
-  wire \$278 ;
-  wire [13:0] \$279 ;
+  wire [33:0] \$278 ;
+  wire \$279 ;
   wire \$28 ;
-  wire \$280 ;
-  wire \$281 ;
-  wire \$282 ;
-  wire [13:0] \$283 ;
-  wire \$284 ;
-  wire [13:0] \$285 ;
-  wire [14:0] \$286 ;
+  wire [33:0] \$280 ;
+  wire [32:0] \$281 ;
+  wire [33:0] \$282 ;
+  wire [33:0] \$283 ;
+  wire [15:0] \$284 ;
+  wire \$285 ;
+  wire \$286 ;
   wire \$287 ;
   wire [14:0] \$288 ;
   wire \$289 ;
   wire \$29 ;
-  wire [14:0] \$290 ;
-  wire [13:0] \$291 ;
-  wire [14:0] \$292 ;
-  wire [14:0] \$293 ;
+  wire \$290 ;
+  wire [14:0] \$291 ;
+  wire \$292 ;
+  wire \$293 ;
   wire \$294 ;
-  wire [13:0] \$295 ;
-  wire [14:0] \$296 ;
-  wire [13:0] \$297 ;
-  wire [14:0] \$298 ;
-  wire [4:0] \$299 ;
+  wire \$295 ;
+  wire \$296 ;
+  wire \$297 ;
+  wire \$298 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
   wire \$300 ;
   wire \$301 ;
-  wire [13:0] \$302 ;
-  wire [13:0] \$303 ;
-  wire [14:0] \$304 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire \$304 ;
   wire \$305 ;
   wire \$306 ;
   wire \$307 ;
-  wire [14:0] \$308 ;
-  wire [16:0] \$309 ;
+  wire \$308 ;
+  wire [14:0] \$309 ;
   wire \$31 ;
   wire \$310 ;
   wire \$311 ;
-  wire \$312 ;
+  wire [14:0] \$312 ;
   wire \$313 ;
-  wire [12:0] \$314 ;
-  wire [13:0] \$315 ;
-  wire [15:0] \$316 ;
+  wire \$314 ;
+  wire \$315 ;
+  wire \$316 ;
   wire \$317 ;
   wire \$318 ;
   wire \$319 ;
@@ -268,13 +263,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$328 ;
   wire \$329 ;
   wire \$33 ;
-  wire \$330 ;
+  wire [14:0] \$330 ;
   wire \$331 ;
   wire \$332 ;
   wire \$333 ;
   wire \$334 ;
   wire \$335 ;
-  wire \$336 ;
+  wire [14:0] \$336 ;
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
@@ -282,56 +277,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$340 ;
   wire \$341 ;
   wire \$342 ;
-  wire \$343 ;
+  wire [14:0] \$343 ;
   wire \$344 ;
   wire \$345 ;
   wire \$346 ;
   wire \$347 ;
-  wire [33:0] \$348 ;
+  wire \$348 ;
   wire \$349 ;
   wire \$35 ;
-  wire [33:0] \$350 ;
-  wire [32:0] \$351 ;
-  wire [33:0] \$352 ;
-  wire [33:0] \$353 ;
-  wire [15:0] \$354 ;
+  wire \$350 ;
+  wire [33:0] \$351 ;
+  wire [32:0] \$352 ;
+  wire \$353 ;
+  wire \$354 ;
   wire \$355 ;
   wire \$356 ;
   wire \$357 ;
-  wire [14:0] \$358 ;
+  wire \$358 ;
   wire \$359 ;
   wire \$36 ;
   wire \$360 ;
-  wire [14:0] \$361 ;
+  wire \$361 ;
   wire \$362 ;
   wire \$363 ;
   wire \$364 ;
   wire \$365 ;
   wire \$366 ;
   wire \$367 ;
-  wire \$368 ;
-  wire \$369 ;
+  wire [14:0] \$368 ;
+  wire [13:0] \$369 ;
   wire \$37 ;
-  wire \$370 ;
-  wire \$371 ;
-  wire \$372 ;
-  wire \$373 ;
-  wire \$374 ;
-  wire \$375 ;
-  wire \$376 ;
-  wire \$377 ;
-  wire \$378 ;
-  wire [14:0] \$379 ;
+  wire [13:0] \$370 ;
+  wire [14:0] \$371 ;
+  wire [13:0] \$372 ;
+  wire [13:0] \$373 ;
+  wire [13:0] \$374 ;
+  wire [13:0] \$375 ;
+  wire [14:0] \$376 ;
+  wire [13:0] \$377 ;
+  wire [13:0] \$378 ;
+  wire [13:0] \$379 ;
   wire \$38 ;
-  wire \$380 ;
-  wire \$381 ;
-  wire [14:0] \$382 ;
+  wire [13:0] \$380 ;
+  wire [13:0] \$381 ;
+  wire [13:0] \$382 ;
   wire \$383 ;
   wire \$384 ;
   wire \$385 ;
   wire \$386 ;
-  wire \$387 ;
-  wire \$388 ;
+  wire [1:0] \$387 ;
+  wire [1:0] \$388 ;
   wire \$389 ;
   wire \$39 ;
   wire \$390 ;
@@ -341,26 +336,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$394 ;
   wire \$395 ;
   wire \$396 ;
-  wire \$397 ;
+  wire [2:0] \$397 ;
   wire \$398 ;
-  wire \$399 ;
-  wire [9:0] \$4 ;
+  wire [2:0] \$399 ;
+  wire \$4 ;
   wire \$40 ;
-  wire [14:0] \$400 ;
+  wire [3:0] \$400 ;
   wire \$401 ;
-  wire \$402 ;
+  wire [2:0] \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
-  wire [14:0] \$406 ;
-  wire \$407 ;
-  wire \$408 ;
+  wire \$406 ;
+  wire [2:0] \$407 ;
+  wire [2:0] \$408 ;
   wire \$409 ;
   wire \$41 ;
   wire \$410 ;
   wire \$411 ;
   wire \$412 ;
-  wire [14:0] \$413 ;
+  wire \$413 ;
   wire \$414 ;
   wire \$415 ;
   wire \$416 ;
@@ -369,8 +364,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$419 ;
   wire \$42 ;
   wire \$420 ;
-  wire [33:0] \$421 ;
-  wire [32:0] \$422 ;
+  wire [3:0] \$421 ;
+  wire [13:0] \$422 ;
   wire \$423 ;
   wire \$424 ;
   wire \$425 ;
@@ -382,56 +377,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$430 ;
   wire \$431 ;
   wire \$432 ;
-  wire \$433 ;
+  wire [7:0] \$433 ;
   wire \$434 ;
-  wire \$435 ;
-  wire \$436 ;
-  wire \$437 ;
+  wire [7:0] \$435 ;
+  wire [13:0] \$436 ;
+  wire [13:0] \$437 ;
   wire [14:0] \$438 ;
   wire [13:0] \$439 ;
   wire \$44 ;
-  wire [13:0] \$440 ;
-  wire [14:0] \$441 ;
-  wire [13:0] \$442 ;
-  wire [13:0] \$443 ;
-  wire [13:0] \$444 ;
-  wire [13:0] \$445 ;
-  wire [14:0] \$446 ;
+  wire [14:0] \$440 ;
+  wire [13:0] \$441 ;
+  wire [14:0] \$442 ;
+  wire \$443 ;
+  wire \$444 ;
+  wire \$445 ;
+  wire [2:0] \$446 ;
   wire [13:0] \$447 ;
-  wire [13:0] \$448 ;
-  wire [13:0] \$449 ;
+  wire [2:0] \$448 ;
+  wire \$449 ;
   wire \$45 ;
-  wire [13:0] \$450 ;
-  wire [13:0] \$451 ;
-  wire [13:0] \$452 ;
+  wire \$450 ;
+  wire [2:0] \$451 ;
+  wire [3:0] \$452 ;
   wire \$453 ;
   wire \$454 ;
   wire \$455 ;
-  wire \$456 ;
-  wire [1:0] \$457 ;
-  wire [1:0] \$458 ;
-  wire \$459 ;
+  wire [9:0] \$456 ;
+  wire \$457 ;
+  wire [9:0] \$458 ;
+  wire [13:0] \$459 ;
   wire \$46 ;
-  wire \$460 ;
+  wire [13:0] \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
   wire \$464 ;
-  wire \$465 ;
-  wire \$466 ;
-  wire [2:0] \$467 ;
-  wire \$468 ;
-  wire [2:0] \$469 ;
+  wire [14:0] \$465 ;
+  wire [13:0] \$466 ;
+  wire [13:0] \$467 ;
+  wire [14:0] \$468 ;
+  wire \$469 ;
   wire \$47 ;
-  wire [3:0] \$470 ;
+  wire [14:0] \$470 ;
   wire \$471 ;
-  wire [2:0] \$472 ;
+  wire \$472 ;
   wire \$473 ;
   wire \$474 ;
   wire \$475 ;
   wire \$476 ;
-  wire [2:0] \$477 ;
-  wire [2:0] \$478 ;
+  wire \$477 ;
+  wire \$478 ;
   wire \$479 ;
   wire \$48 ;
   wire \$480 ;
@@ -439,18 +434,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$482 ;
   wire \$483 ;
   wire \$484 ;
-  wire \$485 ;
+  wire [13:0] \$485 ;
   wire \$486 ;
-  wire \$487 ;
+  wire [13:0] \$487 ;
   wire \$488 ;
-  wire \$489 ;
+  wire [13:0] \$489 ;
   wire \$49 ;
   wire \$490 ;
-  wire [3:0] \$491 ;
-  wire [13:0] \$492 ;
-  wire \$493 ;
-  wire \$494 ;
-  wire \$495 ;
+  wire [13:0] \$491 ;
+  wire \$492 ;
+  wire [17:0] \$493 ;
+  wire [3:0] \$494 ;
+  wire [2:0] \$495 ;
   wire \$496 ;
   wire \$497 ;
   wire \$498 ;
@@ -460,402 +455,212 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$500 ;
   wire \$501 ;
   wire \$502 ;
-  wire [7:0] \$503 ;
+  wire \$503 ;
   wire \$504 ;
-  wire [7:0] \$505 ;
-  wire [13:0] \$506 ;
-  wire [13:0] \$507 ;
-  wire [14:0] \$508 ;
-  wire [13:0] \$509 ;
+  wire \$505 ;
+  wire \$506 ;
+  wire \$507 ;
+  wire \$508 ;
+  wire [9:0] \$509 ;
   wire \$51 ;
-  wire [14:0] \$510 ;
-  wire [13:0] \$511 ;
-  wire [14:0] \$512 ;
+  wire \$510 ;
+  wire \$511 ;
+  wire \$512 ;
   wire \$513 ;
   wire \$514 ;
-  wire \$515 ;
-  wire [2:0] \$516 ;
-  wire [13:0] \$517 ;
-  wire [2:0] \$518 ;
+  wire [9:0] \$515 ;
+  wire \$516 ;
+  wire [14:0] \$517 ;
+  wire [14:0] \$518 ;
   wire \$519 ;
   wire \$52 ;
   wire \$520 ;
-  wire [2:0] \$521 ;
-  wire [3:0] \$522 ;
-  wire \$523 ;
+  wire \$521 ;
+  wire \$522 ;
+  wire [13:0] \$523 ;
   wire \$524 ;
-  wire \$525 ;
-  wire [9:0] \$526 ;
-  wire \$527 ;
-  wire [9:0] \$528 ;
-  wire [13:0] \$529 ;
+  wire [13:0] \$525 ;
+  wire \$526 ;
+  wire [13:0] \$527 ;
+  wire \$528 ;
+  wire [4:0] \$529 ;
   wire \$53 ;
-  wire [13:0] \$530 ;
+  wire \$530 ;
   wire \$531 ;
-  wire \$532 ;
-  wire \$533 ;
+  wire [13:0] \$532 ;
+  wire [13:0] \$533 ;
   wire \$534 ;
-  wire [14:0] \$535 ;
+  wire \$535 ;
   wire [13:0] \$536 ;
-  wire [13:0] \$537 ;
-  wire [14:0] \$538 ;
+  wire \$537 ;
+  wire \$538 ;
   wire \$539 ;
   wire \$54 ;
-  wire [14:0] \$540 ;
+  wire \$540 ;
   wire \$541 ;
   wire \$542 ;
   wire \$543 ;
-  wire \$544 ;
-  wire \$545 ;
-  wire \$546 ;
-  wire \$547 ;
+  wire [15:0] \$544 ;
+  wire [12:0] \$545 ;
+  wire [13:0] \$546 ;
+  wire [15:0] \$547 ;
   wire \$548 ;
   wire \$549 ;
   wire \$55 ;
   wire \$550 ;
   wire \$551 ;
-  wire \$552 ;
-  wire \$553 ;
+  wire [16:0] \$552 ;
+  wire [14:0] \$553 ;
   wire \$554 ;
-  wire [13:0] \$555 ;
+  wire \$555 ;
   wire \$556 ;
-  wire [13:0] \$557 ;
+  wire \$557 ;
   wire \$558 ;
-  wire [13:0] \$559 ;
+  reg [32:0] \$559 ;
   wire \$56 ;
-  wire \$560 ;
-  wire [13:0] \$561 ;
-  wire \$562 ;
-  wire [17:0] \$563 ;
-  wire [3:0] \$564 ;
-  wire [2:0] \$565 ;
-  wire \$566 ;
-  wire \$567 ;
-  wire \$568 ;
-  wire \$569 ;
+  reg [32:0] \$560 ;
+  reg [15:0] \$561 ;
+  reg \$562 ;
+  reg \$563 ;
+  reg \$564 ;
+  reg \$565 ;
+  reg [7:0] \$566 ;
+  reg \$567 ;
+  reg \$568 ;
+  reg \$569 ;
   wire \$57 ;
-  wire \$570 ;
-  wire \$571 ;
-  wire \$572 ;
-  wire \$573 ;
-  wire \$574 ;
-  wire \$575 ;
-  wire \$576 ;
-  wire \$577 ;
-  wire \$578 ;
-  wire [9:0] \$579 ;
+  reg \$570 ;
+  reg [13:0] \$571 ;
+  reg [12:0] \$572 ;
+  reg [12:0] \$573 ;
+  reg [13:0] \$574 ;
+  reg [12:0] \$575 ;
+  reg [12:0] \$576 ;
+  reg [13:0] \$577 ;
+  reg [12:0] \$578 ;
+  reg [12:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
-  wire \$581 ;
-  wire \$582 ;
-  wire \$583 ;
-  wire \$584 ;
-  wire [9:0] \$585 ;
-  wire \$586 ;
-  wire [12:0] \$587 ;
-  wire [13:0] \$588 ;
-  wire [12:0] \$589 ;
+  reg \$580 ;
+  reg [1:0] \$581 ;
+  reg \$582 ;
+  reg \$583 ;
+  reg \$584 ;
+  reg \$585 ;
+  reg \$586 ;
+  reg \$587 ;
+  reg [2:0] \$588 ;
+  reg [95:0] \$589 ;
   wire \$59 ;
-  wire [13:0] \$590 ;
-  wire [14:0] \$591 ;
-  wire [14:0] \$592 ;
-  wire [14:0] \$593 ;
-  wire \$594 ;
-  wire \$595 ;
-  wire \$596 ;
-  wire \$597 ;
-  wire [13:0] \$598 ;
-  wire \$599 ;
-  wire [16:0] \$6 ;
+  reg [1:0] \$590 ;
+  reg \$591 ;
+  reg [1:0] \$592 ;
+  reg [2:0] \$593 ;
+  reg [12:0] \$594 ;
+  reg \$595 ;
+  reg [6:0] \$596 ;
+  reg [12:0] \$597 ;
+  reg [13:0] \$598 ;
+  reg \$599 ;
+  wire [9:0] \$6 ;
   wire \$60 ;
-  wire [13:0] \$600 ;
-  wire \$601 ;
-  wire \$602 ;
-  wire \$603 ;
-  wire [14:0] \$604 ;
-  wire [3:0] \$605 ;
-  wire [3:0] \$606 ;
-  wire \$607 ;
-  wire \$608 ;
-  wire [1:0] \$609 ;
+  reg [1:0] \$600 ;
+  reg [12:0] \$601 ;
+  reg \$602 ;
+  reg [8:0] \$603 ;
+  reg [12:0] \$604 ;
+  reg [13:0] \$605 ;
+  reg [31:0] \$606 ;
+  reg [31:0] \$607 ;
+  reg \$608 ;
+  reg \$609 ;
   wire \$61 ;
-  wire [2:0] \$610 ;
-  wire \$611 ;
-  wire \$612 ;
-  wire \$613 ;
-  wire \$614 ;
-  wire \$615 ;
-  wire \$616 ;
-  wire \$617 ;
-  wire [13:0] \$618 ;
-  wire \$619 ;
+  reg [7:0] \$610 ;
+  reg [12:0] \$611 ;
+  reg \$612 ;
+  reg \$613 ;
+  reg \$614 ;
+  reg [4:0] \$615 ;
+  reg [7:0] \$616 ;
+  reg [5:0] \$617 ;
+  reg [2:0] \$618 ;
+  reg [1:0] \$619 ;
   wire \$62 ;
-  wire \$620 ;
-  wire \$621 ;
-  wire \$622 ;
-  wire \$623 ;
-  wire \$624 ;
-  wire \$625 ;
-  wire [14:0] \$626 ;
-  wire [3:0] \$627 ;
-  wire \$628 ;
-  wire \$629 ;
+  reg [13:0] \$620 ;
+  reg [13:0] \$621 ;
+  reg [13:0] \$622 ;
+  reg [13:0] \$623 ;
+  reg [17:0] \$624 ;
+  reg [32:0] \$625 ;
+  reg [5:0] \$626 ;
+  reg [31:0] \$627 ;
+  reg [5:0] \$628 ;
+  reg [13:0] \$629 ;
   wire \$63 ;
-  wire \$630 ;
-  wire \$631 ;
-  wire \$632 ;
-  wire \$633 ;
-  wire \$634 ;
-  wire \$635 ;
-  wire \$636 ;
-  wire \$637 ;
-  wire \$638 ;
-  wire \$639 ;
+  reg [13:0] \$630 ;
+  reg [12:0] \$631 ;
+  reg \$632 ;
+  reg [12:0] \$633 ;
+  reg \$634 ;
+  reg \$635 ;
+  reg [12:0] \$636 ;
+  reg [13:0] \$637 ;
+  reg \$638 ;
+  reg [1:0] \$639 ;
   wire \$64 ;
-  wire \$640 ;
-  wire \$641 ;
-  wire \$642 ;
-  wire \$643 ;
-  wire \$644 ;
-  wire \$645 ;
-  wire \$646 ;
-  wire [13:0] \$647 ;
-  wire [4:0] \$648 ;
-  wire \$649 ;
+  reg [15:0] \$640 ;
+  reg [12:0] \$641 ;
+  reg [12:0] \$642 ;
+  reg [13:0] \$643 ;
+  reg [3:0] \$644 ;
+  reg [3:0] \$645 ;
+  reg [15:0] \$646 ;
+  reg [13:0] \$647 ;
+  reg [14:0] \$648 ;
+  reg \$649 ;
   wire \$65 ;
-  wire \$650 ;
-  wire \$651 ;
-  wire \$652 ;
-  wire \$653 ;
-  wire \$654 ;
-  wire \$655 ;
-  wire \$656 ;
-  wire \$657 ;
-  wire [1:0] \$658 ;
-  wire [4:0] \$659 ;
+  reg \$650 ;
+  reg [12:0] \$651 ;
+  reg [12:0] \$652 ;
+  wire [5:0] \$653 ;
+  wire [5:0] \$654 ;
   wire \$66 ;
-  wire [12:0] \$660 ;
-  wire \$661 ;
-  wire \$662 ;
-  wire \$663 ;
-  wire [14:0] \$664 ;
-  wire [13:0] \$665 ;
-  wire \$666 ;
-  wire \$667 ;
-  wire \$668 ;
-  wire \$669 ;
   wire \$67 ;
-  wire \$670 ;
-  wire \$671 ;
-  wire \$672 ;
-  wire \$673 ;
-  wire \$674 ;
-  wire [14:0] \$675 ;
-  wire [13:0] \$676 ;
-  wire [2:0] \$677 ;
-  wire \$678 ;
-  wire \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire [14:0] \$681 ;
-  wire [14:0] \$682 ;
-  wire \$683 ;
-  wire [14:0] \$684 ;
-  wire \$685 ;
-  wire [14:0] \$686 ;
-  wire [2:0] \$687 ;
-  wire [4:0] \$688 ;
-  wire [4:0] \$689 ;
   wire \$69 ;
-  wire \$690 ;
-  wire [13:0] \$691 ;
-  wire \$692 ;
-  wire [4:0] \$693 ;
-  wire \$694 ;
-  wire \$695 ;
-  wire [13:0] \$696 ;
-  wire [13:0] \$697 ;
-  wire \$698 ;
-  wire \$699 ;
-  wire [17:0] \$7 ;
+  wire \$7 ;
   wire \$70 ;
-  wire [13:0] \$700 ;
-  wire \$701 ;
-  wire \$702 ;
-  wire \$703 ;
-  wire \$704 ;
-  wire \$705 ;
-  wire \$706 ;
-  wire \$707 ;
-  wire [15:0] \$708 ;
-  wire [12:0] \$709 ;
   wire \$71 ;
-  wire [13:0] \$710 ;
-  wire [15:0] \$711 ;
-  wire \$712 ;
-  wire \$713 ;
-  wire \$714 ;
-  wire \$715 ;
-  wire [16:0] \$716 ;
-  wire [14:0] \$717 ;
-  wire \$718 ;
-  wire \$719 ;
   wire \$72 ;
-  wire \$720 ;
-  wire \$721 ;
-  wire \$722 ;
-  reg [32:0] \$723 ;
-  reg [32:0] \$724 ;
-  reg [15:0] \$725 ;
-  reg \$726 ;
-  reg \$727 ;
-  reg \$728 ;
-  reg \$729 ;
   wire \$73 ;
-  reg [7:0] \$730 ;
-  reg \$731 ;
-  reg \$732 ;
-  reg \$733 ;
-  reg \$734 ;
-  reg [13:0] \$735 ;
-  reg [12:0] \$736 ;
-  reg [12:0] \$737 ;
-  reg [13:0] \$738 ;
-  reg [12:0] \$739 ;
   wire \$74 ;
-  reg [12:0] \$740 ;
-  reg [13:0] \$741 ;
-  reg [12:0] \$742 ;
-  reg [12:0] \$743 ;
-  reg \$744 ;
-  reg [1:0] \$745 ;
-  reg \$746 ;
-  reg \$747 ;
-  reg \$748 ;
-  reg \$749 ;
   wire \$75 ;
-  reg \$750 ;
-  reg \$751 ;
-  reg [2:0] \$752 ;
-  reg [95:0] \$753 ;
-  reg [1:0] \$754 ;
-  reg \$755 ;
-  reg [1:0] \$756 ;
-  reg [2:0] \$757 ;
-  reg [12:0] \$758 ;
-  reg \$759 ;
   wire \$76 ;
-  reg [6:0] \$760 ;
-  reg [12:0] \$761 ;
-  reg [13:0] \$762 ;
-  reg \$763 ;
-  reg [1:0] \$764 ;
-  reg [12:0] \$765 ;
-  reg \$766 ;
-  reg [8:0] \$767 ;
-  reg [12:0] \$768 ;
-  reg [13:0] \$769 ;
   wire \$77 ;
-  reg [31:0] \$770 ;
-  reg [31:0] \$771 ;
-  reg \$772 ;
-  reg \$773 ;
-  reg [7:0] \$774 ;
-  reg [12:0] \$775 ;
-  reg \$776 ;
-  reg \$777 ;
-  reg \$778 ;
-  reg [4:0] \$779 ;
   wire \$78 ;
-  reg [7:0] \$780 ;
-  reg [5:0] \$781 ;
-  reg [2:0] \$782 ;
-  reg [1:0] \$783 ;
-  reg [13:0] \$784 ;
-  reg [13:0] \$785 ;
-  reg [13:0] \$786 ;
-  reg [13:0] \$787 ;
-  reg [17:0] \$788 ;
-  reg [32:0] \$789 ;
   wire \$79 ;
-  reg [5:0] \$790 ;
-  reg [31:0] \$791 ;
-  reg [5:0] \$792 ;
-  reg [13:0] \$793 ;
-  reg [13:0] \$794 ;
-  reg [12:0] \$795 ;
-  reg \$796 ;
-  reg [12:0] \$797 ;
-  reg \$798 ;
-  reg \$799 ;
-  wire [17:0] \$8 ;
+  wire [16:0] \$8 ;
   wire \$80 ;
-  reg [12:0] \$800 ;
-  reg [13:0] \$801 ;
-  reg \$802 ;
-  reg \$803 ;
-  reg [2:0] \$804 ;
-  reg \$805 ;
-  reg [2:0] \$806 ;
-  reg \$807 ;
-  reg [35:0] \$808 ;
-  reg [3:0] \$809 ;
   wire \$81 ;
-  reg [12:0] \$810 ;
-  reg [12:0] \$811 ;
-  reg [15:0] \$812 ;
-  reg [12:0] \$813 ;
-  reg [12:0] \$814 ;
-  reg [13:0] \$815 ;
-  reg [1:0] \$816 ;
-  reg [13:0] \$817 ;
-  reg [3:0] \$818 ;
-  reg \$819 ;
   wire \$82 ;
-  reg \$820 ;
-  reg [12:0] \$821 ;
-  reg [12:0] \$822 ;
-  reg \$823 ;
-  reg \$824 ;
-  reg [13:0] \$825 ;
-  reg [1:0] \$826 ;
-  reg \$827 ;
-  reg \$828 ;
-  reg \$829 ;
   wire \$83 ;
-  reg [19:0] \$830 ;
-  reg [13:0] \$831 ;
-  reg [13:0] \$832 ;
-  reg [1:0] \$833 ;
-  reg [13:0] \$834 ;
-  reg [13:0] \$835 ;
-  reg [3:0] \$836 ;
-  reg [3:0] \$837 ;
-  reg [15:0] \$838 ;
-  reg [13:0] \$839 ;
   wire \$84 ;
-  reg [14:0] \$840 ;
-  reg \$841 ;
-  reg \$842 ;
-  reg [12:0] \$843 ;
-  reg [12:0] \$844 ;
-  wire [5:0] \$845 ;
-  wire [5:0] \$846 ;
-  wire [9:0] \$85 ;
+  wire \$85 ;
   wire \$86 ;
-  wire [4:0] \$87 ;
-  wire [9:0] \$88 ;
-  wire \$89 ;
-  wire \$9 ;
-  wire [4:0] \$90 ;
+  wire [6:0] \$865 ;
+  wire [9:0] \$87 ;
+  wire \$88 ;
+  wire [6:0] \$881 ;
+  wire [4:0] \$89 ;
+  wire [17:0] \$9 ;
+  wire [9:0] \$90 ;
   wire \$91 ;
-  wire [13:0] \$92 ;
-  wire [14:0] \$93 ;
-  wire \$94 ;
+  wire [4:0] \$92 ;
+  wire \$93 ;
+  wire [13:0] \$94 ;
   wire [14:0] \$95 ;
-  wire [13:0] \$96 ;
-  wire [16:0] \$97 ;
-  wire \$98 ;
+  wire \$96 ;
+  wire [14:0] \$97 ;
+  wire [13:0] \$98 ;
   wire [16:0] \$99 ;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
@@ -872,9 +677,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \b_in__payload[3] ;
   wire b_in__ready;
   reg b_in__valid;
-  reg [2:0] bias_addr;
-  reg [15:0] bias_data;
-  reg bias_we;
+  wire [2:0] bias__addr;
+  wire [15:0] bias__data;
+  wire bias__we;
+  wire [2:0] bias_addr;
+  wire [15:0] bias_data;
+  wire bias_we;
   wire [19:0] bus__araddr;
   wire [31:0] \bus__araddr$76 ;
   wire [1:0] bus__arburst;
@@ -931,6 +739,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg c_out__ready;
   wire c_out__valid;
   wire clear_loads;
+  wire clients__0__blocked;
+  reg [12:0] clients__0__rd0__addr;
+  wire [31:0] clients__0__rd0__data;
+  reg clients__0__rd0__en;
+  reg [12:0] clients__0__rd1__addr;
+  wire [31:0] clients__0__rd1__data;
+  reg clients__0__rd1__en;
+  reg [12:0] clients__0__wr__addr;
+  reg [31:0] clients__0__wr__data;
+  reg clients__0__wr__en;
+  wire clients__1__blocked;
+  wire [12:0] clients__1__rd0__addr;
+  wire [31:0] clients__1__rd0__data;
+  wire clients__1__rd0__en;
+  wire [12:0] clients__1__rd1__addr;
+  wire [31:0] clients__1__rd1__data;
+  wire clients__1__rd1__en;
+  wire [12:0] clients__1__wr__addr;
+  wire [31:0] clients__1__wr__data;
+  wire clients__1__wr__en;
+  wire clients__2__blocked;
+  wire [12:0] clients__2__rd0__addr;
+  wire [31:0] clients__2__rd0__data;
+  wire clients__2__rd0__en;
+  wire [12:0] clients__2__rd1__addr;
+  wire [31:0] clients__2__rd1__data;
+  wire clients__2__rd1__en;
+  wire [12:0] clients__2__wr__addr;
+  wire [31:0] clients__2__wr__data;
+  wire clients__2__wr__en;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -950,24 +788,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
   reg [15:0] count = 16'h0000;
+  reg ctrl_rd_ready;
+  reg ctrl_rd_start;
   reg [4:0] ctrl_state = 5'h00;
   (* init = 6'h00 *)
   wire [5:0] cur_executor;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
+  wire [112:0] decoded;
+  wire [12:0] \decoded.a ;
+  wire [12:0] \decoded.b ;
+  wire [12:0] \decoded.c ;
+  wire [15:0] \decoded.k ;
+  wire [13:0] \decoded.len ;
+  wire [15:0] \decoded.m ;
+  wire [15:0] \decoded.n ;
+  wire [5:0] \decoded.op ;
+  wire [5:0] \decoded.width ;
+  wire dma__error;
+  wire dma__rd_busy;
+  wire [31:0] dma__rd_data__payload;
+  wire dma__rd_data__ready;
+  wire dma__rd_data__valid;
+  wire dma__rd_start;
+  wire dma__wr_busy;
+  wire [35:0] dma__wr_data__payload;
+  wire [31:0] \dma__wr_data__payload.data ;
+  wire [3:0] \dma__wr_data__payload.strb ;
+  wire dma__wr_data__ready;
+  wire dma__wr_data__valid;
+  wire dma__wr_start;
   reg done = 1'h0;
   (* init = 1'h0 *)
-  wire \done$108 ;
-  wire \done$324 ;
-  wire \done$325 ;
+  wire \done$168 ;
+  wire \done$296 ;
+  wire \done$301 ;
+  wire \done$382 ;
+  wire \done$383 ;
   reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
   (* init = 8'h00 *)
   wire [7:0] err;
   reg [7:0] error = 8'h00;
-  wire \error$252 ;
-  wire \error$326 ;
+  wire [7:0] \error$298 ;
+  wire [7:0] \error$302 ;
+  wire \error$323 ;
+  wire \error$384 ;
+  reg exec_done;
+  reg [7:0] exec_error;
+  reg [1:0] exec_start;
   reg [5:0] executor = 6'h00;
   reg exp_active = 1'h0;
   reg [3:0] expert = 4'h0;
@@ -1005,21 +875,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg host_ok = 1'h0;
   wire [31:0] host_size;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$169 ;
-  wire [31:0] \i__payload$169[0] ;
-  wire [15:0] \i__payload$169[0].g ;
-  wire [15:0] \i__payload$169[0].u ;
-  wire [33:0] \i__payload$171 ;
-  wire [15:0] \i__payload$171.a ;
-  wire [16:0] \i__payload$171.b ;
-  wire \i__payload$171.last ;
+  wire [31:0] \i__payload$230 ;
+  wire [31:0] \i__payload$230[0] ;
+  wire [15:0] \i__payload$230[0].g ;
+  wire [15:0] \i__payload$230[0].u ;
+  wire [33:0] \i__payload$232 ;
+  wire [15:0] \i__payload$232.a ;
+  wire [16:0] \i__payload$232.b ;
+  wire \i__payload$232.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$200 ;
-  wire \i__ready$204 ;
+  wire \i__ready$261 ;
+  wire \i__ready$265 ;
   reg i__valid;
-  reg \i__valid$199 ;
-  reg \i__valid$203 ;
+  reg \i__valid$260 ;
+  reg \i__valid$264 ;
   wire [8:0] imem_wr__addr;
   wire [8:0] \imem_wr__addr$71 ;
   wire [31:0] imem_wr__data;
@@ -1027,6 +897,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire imem_wr__en;
   wire \imem_wr__en$75 ;
   wire [255:0] ins;
+  wire [112:0] \ins$292 ;
+  wire [12:0] \ins$292.a ;
+  wire [12:0] \ins$292.b ;
+  wire [12:0] \ins$292.c ;
+  wire [15:0] \ins$292.k ;
+  wire [13:0] \ins$292.len ;
+  wire [15:0] \ins$292.m ;
+  wire [15:0] \ins$292.n ;
+  wire [5:0] \ins$292.op ;
+  wire [5:0] \ins$292.width ;
+  wire [112:0] \ins$299 ;
+  wire [12:0] \ins$299.a ;
+  wire [12:0] \ins$299.b ;
+  wire [12:0] \ins$299.c ;
+  wire [15:0] \ins$299.k ;
+  wire [13:0] \ins$299.len ;
+  wire [15:0] \ins$299.m ;
+  wire [15:0] \ins$299.n ;
+  wire [5:0] \ins$299.op ;
+  wire [5:0] \ins$299.width ;
   wire [23:0] \ins.a ;
   wire [23:0] \ins.b ;
   wire [23:0] \ins.c ;
@@ -1048,14 +938,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [32:0] lane_acc = 33'h000000000;
   reg [32:0] lane_x = 33'h000000000;
   reg [15:0] lane_y = 16'h0000;
-  reg [2:0] ld_e = 3'h0;
-  reg ld_full = 1'h0;
   reg [13:0] ln = 14'h0000;
   wire [2:0] load_addr;
-  wire [15:0] \load_addr$120 ;
+  wire [15:0] \load_addr$180 ;
   wire load_clear;
   wire [31:0] load_data;
-  wire [15:0] \load_data$122 ;
+  wire [15:0] \load_data$182 ;
   output [31:0] m_axi__araddr;
   wire [31:0] m_axi__araddr;
   output [1:0] m_axi__arburst;
@@ -1118,16 +1006,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$202 ;
-  wire [15:0] \o__payload$202[0] ;
-  wire [15:0] \o__payload$206 ;
+  wire [15:0] \o__payload$263 ;
+  wire [15:0] \o__payload$263[0] ;
+  wire [15:0] \o__payload$267 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$177 ;
-  wire \o__ready$178 ;
+  wire \o__ready$238 ;
+  wire \o__ready$239 ;
   wire o__valid;
-  wire \o__valid$201 ;
-  wire \o__valid$205 ;
+  wire \o__valid$262 ;
+  wire \o__valid$266 ;
   reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
@@ -1150,39 +1038,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] pb = 13'h0000;
   reg [12:0] pc = 13'h0000;
   (* init = 13'h0000 *)
-  wire [12:0] \pc$112 ;
-  reg [12:0] \pc$240 ;
+  wire [12:0] \pc$172 ;
+  reg [12:0] \pc$332 ;
   reg [12:0] ra1 = 13'h0000;
   reg [12:0] ra2 = 13'h0000;
   reg [12:0] rb1 = 13'h0000;
   reg [12:0] rb2 = 13'h0000;
-  reg [12:0] rd0__addr;
-  wire [31:0] rd0__data;
-  reg rd0__en;
   reg [31:0] rd0_q = 32'd0;
-  reg [12:0] rd1__addr;
-  wire [31:0] rd1__data;
-  reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [31:0] rd_addr;
   wire [23:0] rd_beats;
   wire rd_busy;
   wire [31:0] rd_data__payload;
-  reg rd_data__ready;
+  wire rd_data__ready;
   wire rd_data__valid;
-  reg rd_start;
+  wire rd_start;
   reg [13:0] rem0 = 14'h0000;
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
   reg retire;
-  wire \retire$116 ;
+  wire \retire$176 ;
   reg route_done = 1'h0;
   wire [19:0] routes__payload;
+  wire [19:0] \routes__payload$112 ;
+  wire [2:0] \routes__payload$112.index ;
+  wire \routes__payload$112.last ;
+  wire [15:0] \routes__payload$112.weight ;
   wire [2:0] \routes__payload.index ;
   wire \routes__payload.last ;
   wire [15:0] \routes__payload.weight ;
-  reg routes__ready;
+  wire routes__ready;
+  wire \routes__ready$114 ;
   wire routes__valid;
+  wire \routes__valid$116 ;
   reg rq_at_last = 1'h0;
   reg [2:0] rq_fill = 3'h0;
   reg [95:0] rq_in__payload = 96'h000000000000000000000000;
@@ -1194,41 +1082,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
-  reg [31:0] \rq_mult$162  = 32'd0;
+  reg [31:0] \rq_mult$223  = 32'd0;
   wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
   (* init = 6'h00 *)
-  wire [5:0] \rq_shift$164 ;
+  wire [5:0] \rq_shift$225 ;
   reg [5:0] rq_width = 6'h00;
   reg rq_wvalid = 1'h0;
   input rst;
   wire rst;
-  reg rt_cap = 1'h0;
-  wire [-1:0] rt_cap_lane;
-  reg rt_cap_ok = 1'h0;
-  reg [12:0] rt_cb = 13'h0000;
-  reg [3:0] rt_el = 4'h0;
-  reg rt_feed_done = 1'h0;
-  reg [13:0] rt_feed_left = 14'h0000;
-  reg [19:0] rt_held = 20'h00000;
-  wire [2:0] \rt_held.index ;
-  wire \rt_held.last ;
-  wire [15:0] \rt_held.weight ;
-  reg rt_hold = 1'h0;
-  reg [3:0] rt_j = 4'h0;
-  reg rt_lane = 1'h0;
-  reg [12:0] rt_lp = 13'h0000;
-  reg [13:0] rt_off = 14'h0000;
-  reg [13:0] rt_p = 14'h0000;
-  reg [13:0] rt_pos = 14'h0000;
-  reg [1:0] rt_ps = 2'h0;
-  reg [13:0] rt_pt = 14'h0000;
-  reg [13:0] rt_route_left = 14'h0000;
-  reg [1:0] rt_s = 2'h0;
-  reg [12:0] rt_tbase = 13'h0000;
-  reg [12:0] rt_tslot = 13'h0000;
-  reg rt_wphase = 1'h0;
-  reg rt_wvalid = 1'h0;
   reg run_gather = 1'h0;
   reg run_gemm = 1'h0;
   reg run_requant = 1'h0;
@@ -1236,7 +1098,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg run_situ = 1'h0;
   reg running = 1'h0;
   (* init = 1'h0 *)
-  wire \running$106 ;
+  wire \running$166 ;
+  reg [1:0] running_exec = 2'h0;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1283,31 +1146,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg sb1 = 1'h0;
   reg [12:0] sb2 = 13'h0000;
   reg [3:0] scan = 4'h0;
-  reg [12:0] scores__payload;
+  wire [12:0] scores__payload;
+  wire [12:0] \scores__payload$106 ;
+  wire [12:0] \scores__payload$106[0] ;
   wire [12:0] \scores__payload[0] ;
   wire scores__ready;
-  reg scores__valid;
+  wire \scores__ready$108 ;
+  wire scores__valid;
+  wire \scores__valid$110 ;
   reg [12:0] scores_a = 13'h0000;
   reg [13:0] scores_len = 14'h0000;
   reg scores_ok = 1'h0;
+  wire [2:0] select;
   reg [1:0] settle = 2'h0;
   reg shape_ok;
   reg shape_q = 1'h0;
   wire soft_reset;
+  wire spad__blocked;
+  wire \spad__blocked$145 ;
+  wire [12:0] spad__rd0__addr;
+  wire [12:0] \spad__rd0__addr$148 ;
+  wire [31:0] spad__rd0__data;
+  wire [31:0] \spad__rd0__data$149 ;
+  wire spad__rd0__en;
+  wire \spad__rd0__en$152 ;
+  wire [12:0] spad__rd1__addr;
+  wire [12:0] \spad__rd1__addr$154 ;
+  wire [31:0] spad__rd1__data;
+  wire [31:0] \spad__rd1__data$155 ;
+  wire spad__rd1__en;
+  wire \spad__rd1__en$158 ;
+  wire [12:0] spad__wr__addr;
+  wire [12:0] \spad__wr__addr$160 ;
+  wire [31:0] spad__wr__data;
+  wire [31:0] \spad__wr__data$162 ;
+  wire spad__wr__en;
+  wire \spad__wr__en$164 ;
   reg spad_ok = 1'h0;
   reg [32:0] st_acc;
-  (* init = 36'h000000000 *)
-  wire [35:0] st_beat;
-  wire [31:0] \st_beat.data ;
-  wire [3:0] \st_beat.strb ;
-  reg [2:0] st_e = 3'h0;
-  reg st_full = 1'h0;
-  reg st_rd = 1'h0;
-  reg [1:0] st_rd_e = 2'h0;
   reg [32:0] st_x;
   reg [15:0] st_y;
-  reg start;
-  wire \start$322 ;
+  wire start;
+  wire \start$300 ;
+  reg \start$331 ;
+  wire \start$380 ;
   reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
@@ -1319,932 +1201,717 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] wa;
   reg [13:0] wb;
   reg [13:0] wc;
-  reg [12:0] wr__addr;
-  reg [31:0] wr__data;
-  reg wr__en;
   wire [31:0] wr_addr;
   wire [23:0] wr_beats;
   wire wr_busy;
-  reg [35:0] wr_data__payload = 36'h000000000;
+  wire [35:0] wr_data__payload;
   wire [31:0] \wr_data__payload.data ;
   wire [3:0] \wr_data__payload.strb ;
   wire wr_data__ready;
-  reg wr_data__valid;
-  reg wr_start;
-  assign \$152  = | { \$151 , \$150 , \$149 , 1'h0 };
-  assign \$153  = ~ host_ok;
-  assign \$154  = \$152  & \$153 ;
-  assign \$155  = ~ g_valid;
-  assign \$156  = ~ h_valid;
-  assign \$157  = \$156  | eng_ready;
-  assign \$158  = \$155  | \$157 ;
-  assign \$161  = ~ g_valid;
-  assign \$162  = ~ h_valid;
-  assign \$163  = \$162  | eng_ready;
-  assign \$164  = \$161  | \$163 ;
-  assign \$167  = vec_op == 1'h1;
-  assign \$168  = \$167  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$169  = rq_width > 1'h1;
-  assign \$170  = rq_width > 2'h2;
-  assign \$171  = rq_width > 2'h3;
-  assign \$172  = rq_width > 3'h4;
-  assign \$173  = rq_width > 3'h5;
-  assign \$174  = rq_width > 3'h6;
-  assign \$175  = rq_width > 3'h7;
-  assign \$176  = rq_width > 4'h8;
-  assign \$177  = rq_width > 4'h9;
-  assign \$178  = rq_width > 4'ha;
-  assign \$179  = rq_width > 4'hb;
-  assign \$180  = rq_width > 4'hc;
-  assign \$181  = rq_width > 4'hd;
-  assign \$182  = rq_width > 4'he;
-  assign \$183  = rq_width > 4'hf;
-  assign \$184  = rq_width > 5'h10;
-  assign \$185  = rq_width > 5'h11;
-  assign \$186  = rq_width > 5'h12;
-  assign \$187  = rq_width > 5'h13;
-  assign \$188  = rq_width > 5'h14;
-  assign \$189  = rq_width > 5'h15;
-  assign \$190  = rq_width > 5'h16;
-  assign \$191  = rq_width > 5'h17;
-  assign \$192  = $signed(sat_in) > $signed({ 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  });
-  assign \$193  = ~ { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
-  assign \$194  = $signed(sat_in) < $signed(\$193 );
-  assign \$195  = ~ { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
-  assign \$196  = \$194  ? \$195  : sat_in;
-  assign rq_sat = \$192  ? { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  } : \$196 ;
-  assign \$197  = ~ rq_wvalid;
-  assign \$198  = \$197  | rq_in__ready;
-  assign \$199  = rq_lane == 2'h3;
-  assign \$200  = \$199  | rq_at_last;
-  assign \$201  = | rq_width;
-  assign \$202  = \$201  ? \rq_mult$162  : 32'd1;
-  assign \$203  = | rq_width;
-  assign \$204  = \$203  ? rq_shift : 6'h00;
-  assign \$205  = run_gemm ? gc_lane : rq_lane;
-  assign \$1055  = \$205  * 5'h18;
-  assign sat_in = c_out__payload >> \$1055 ;
-  assign \$206  = ~ a_in__valid;
-  assign \$207  = ~ gm_afeed_done;
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = gm_lane == 3'h4;
-  assign \$210  = ! gm_left[13:3];
-  assign \$211  = gm_lane >= gm_left[2:0];
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = \$209  | \$212 ;
-  assign \$214  = ~ \$213 ;
-  assign \$215  = \$208  & \$214 ;
-  assign \$218  = | rq_width;
-  assign \$1071  = gc_lane * 5'h18;
-  assign \$219  = c_out__payload >> \$1071 ;
-  assign \$220  = \$218  ? rq_sat : \$219 ;
-  assign \$221  = pc >= 7'h40;
-  assign \$222  = | lane_y;
-  assign \$223  = step != 3'h7;
-  assign \$224  = ! ins[5:0];
-  assign \$225  = settle != 2'h2;
-  assign \$226  = | decode_q;
-  assign \$228  = ins[100:88] + \$227 ;
-  assign \$230  = ins[100:88] + \$229 ;
-  assign \$231  = \$230  + 1'h1;
-  assign \$232  = ins[124:112] + el_i;
-  assign \$233  = el_i < ln;
-  assign \$234  = ~ \$233 ;
-  assign \$235  = eng_run & \$234 ;
-  assign \$236  = ~ rd_busy;
-  assign \$237  = ~ ld_full;
-  assign \$238  = el_i < ln;
-  assign \$239  = ins[124:112] + el_i;
-  assign \$240  = ins[243:238] == 1'h1;
-  assign \$1095  = ld_e * 4'h8;
-  assign \$241  = wr_data__payload[31:0] >> \$1095 ;
-  assign \$242  = ins[243:238] == 2'h2;
-  assign \$1099  = ld_e * 5'h10;
-  assign \$243  = wr_data__payload[31:0] >> \$1099 ;
-  assign \$1102  = ld_e * 6'h20;
-  assign \$244  = wr_data__payload[31:0] >> \$1102 ;
-  assign \$245  = \$242  ? { \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243 [15], \$243  } : \$244 ;
-  assign \$246  = \$240  ? { \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241 [7], \$241  } : \$245 ;
-  assign \$247  = ~ rd_busy;
-  assign \$248  = ~ ld_full;
-  assign \$249  = \$247  & \$248 ;
-  assign \$250  = el_i < ln;
-  assign \$251  = ~ \$250 ;
-  assign \$252  = \$249  & \$251 ;
-  assign \$253  = ~ st_full;
-  assign \$254  = st_e < 1'h1;
-  assign \$255  = \$253  & \$254 ;
-  assign \$256  = el_i < ln;
-  assign \$257  = \$255  & \$256 ;
-  assign \$258  = ~ st_rd;
-  assign \$259  = \$257  & \$258 ;
-  assign \$260  = ins[76:64] + el_i;
-  assign \$261  = ~ wr_busy;
-  assign \$262  = el_i < ln;
-  assign \$263  = ~ \$262 ;
-  assign \$264  = \$261  & \$263 ;
-  assign \$265  = ~ st_full;
-  assign \$266  = \$264  & \$265 ;
-  assign \$267  = ~ st_rd;
-  assign \$268  = \$266  & \$267 ;
-  assign \$269  = ins[100:88] + rt_j;
-  assign \$270  = | rt_j;
-  assign \$271  = rt_j - 1'h1;
-  assign \$272  = ~ rt_wvalid;
-  assign \$273  = ~ rt_feed_done;
-  assign \$274  = \$272  & \$273 ;
-  assign \$275  = rt_lane < 1'h1;
-  assign \$276  = \$274  & \$275 ;
-  assign \$279  = rt_tbase + rt_el;
-  assign \$280  = ~ rt_hold;
-  assign \$281  = ~ rt_wphase;
-  assign \$282  = rt_hold & \$281 ;
-  assign \$283  = rt_tslot + rt_s;
-  assign \$284  = rt_hold & rt_wphase;
-  assign \$285  = rt_tslot + rt_s;
-  assign \$286  = \$285  + mk[13:2];
-  assign \$288  = ins[124:112] + rt_p;
-  assign \$289  = rd0_q == rt_j;
-  assign \$290  = rt_lp + rt_pos;
-  assign \$291  = rt_lp + mk[13:2];
-  assign \$292  = \$291  + rt_pos;
-  assign \$293  = rt_p + 1'h1;
-  assign \$294  = \$293  < mk[13:2];
-  assign \$295  = rt_cb + rt_j;
-  assign \$296  = rt_pos - rt_off;
-  assign \$297  = rt_cb + 4'h8;
-  assign \$298  = \$297  + rt_j;
-  assign \$299  = rt_j + 1'h1;
-  assign \$300  = \$299  < 4'h8;
-  assign \$301  = scan >= 4'h8;
-  assign \$302  = ins[76:64] + scan;
-  assign \$303  = ins[76:64] + 4'h8;
-  assign \$304  = \$303  + scan;
-  assign \$305  = | rd0_q;
-  assign \$306  = g_i >= count;
-  assign \$308  = ins[100:88] + offset;
-  assign \$309  = \$308  + g_i;
-  assign \$310  = | lane_y;
-  assign \$311  = g_j < ins[61:48];
-  assign \$314  = run_gather ? lane_acc[12:0] : g_in;
-  assign \$315  = ins[76:64] + \$314 ;
-  assign \$316  = \$315  + g_j;
-  assign \$317  = ~ running;
-  assign \$318  = soft_reset & \$317 ;
-  assign \$319  = ! ctrl_state;
-  assign \$320  = ctrl_state == 1'h1;
-  assign \$321  = ctrl_state == 2'h2;
-  assign \$322  = ctrl_state == 2'h3;
-  assign \$323  = ctrl_state == 3'h4;
-  assign \$324  = ctrl_state == 3'h5;
-  assign \$325  = ctrl_state == 3'h6;
-  assign \$326  = ctrl_state == 3'h7;
-  assign \$327  = ctrl_state == 4'h8;
-  assign \$328  = ctrl_state == 4'h9;
-  assign \$329  = ctrl_state == 4'ha;
-  assign \$330  = ctrl_state == 4'hb;
-  assign \$331  = ctrl_state == 4'hc;
-  assign \$332  = ctrl_state == 4'hd;
-  assign \$333  = ctrl_state == 4'he;
-  assign \$334  = ctrl_state == 4'hf;
-  assign \$335  = ctrl_state == 5'h10;
-  assign \$336  = ctrl_state == 5'h11;
-  assign \$337  = ctrl_state == 5'h12;
-  assign \$338  = ctrl_state == 5'h13;
-  assign \$339  = ctrl_state == 5'h14;
-  assign \$340  = ctrl_state == 5'h15;
-  assign \$341  = ctrl_state == 5'h16;
-  assign \$342  = ctrl_state == 5'h17;
-  assign \$343  = ctrl_state == 5'h18;
-  assign \$344  = ctrl_state == 5'h19;
-  assign \$345  = ctrl_state == 5'h1a;
-  assign \$346  = ctrl_state == 5'h1b;
-  assign \$347  = | lane_y;
-  assign \$348  = lane_acc + lane_x;
-  assign \$350  = lane_acc + lane_x;
-  assign \$351  = \$349  ? 33'h1ffffffff : \$350 [32:0];
-  assign \$353  = lane_x[32] ? 34'h1ffffffff : \$352 ;
-  assign \$355  = | wa;
-  assign \$356  = | wc;
-  assign \$357  = \$355  & \$356 ;
-  assign \$358  = ins[125:112] + wc;
-  assign \$359  = ins[77:64] < \$358 ;
-  assign \$360  = \$357  & \$359 ;
-  assign \$361  = ins[77:64] + wa;
-  assign \$362  = ins[125:112] < \$361 ;
-  assign \$363  = \$360  & \$362 ;
-  assign \$364  = ins[5:0] == 3'h4;
-  assign \$365  = ins[5:0] == 3'h5;
-  assign \$366  = ins[5:0] == 3'h6;
-  assign \$367  = ins[5:0] == 3'h7;
-  assign \$368  = ins[5:0] == 4'hd;
-  assign \$369  = | { \$368 , \$367 , \$366 , \$365 , \$364 , 1'h0 };
-  assign \$370  = ins[77:64] == ins[125:112];
-  assign \$371  = \$369  & \$370 ;
-  assign \$372  = wa == wc;
-  assign \$373  = \$371  & \$372 ;
-  assign \$374  = ~ \$373 ;
-  assign \$375  = \$363  & \$374 ;
-  assign \$376  = | wb;
-  assign \$377  = | wc;
-  assign \$378  = \$376  & \$377 ;
-  assign \$379  = ins[125:112] + wc;
-  assign \$380  = ins[101:88] < \$379 ;
-  assign \$381  = \$378  & \$380 ;
-  assign \$382  = ins[101:88] + wb;
-  assign \$383  = ins[125:112] < \$382 ;
-  assign \$384  = \$381  & \$383 ;
-  assign \$385  = ins[5:0] == 3'h4;
-  assign \$386  = ins[5:0] == 3'h5;
-  assign \$387  = ins[5:0] == 3'h6;
-  assign \$388  = ins[5:0] == 3'h7;
-  assign \$389  = ins[5:0] == 4'hd;
-  assign \$390  = | { \$389 , \$388 , \$387 , \$386 , \$385 , 1'h0 };
-  assign \$391  = ins[101:88] == ins[125:112];
-  assign \$392  = \$390  & \$391 ;
-  assign \$393  = wb == wc;
-  assign \$394  = \$392  & \$393 ;
-  assign \$395  = ~ \$394 ;
-  assign \$396  = \$384  & \$395 ;
-  assign \$397  = \$375  | \$396 ;
-  assign \$398  = ! wa;
-  assign \$399  = ! ins[87:78];
-  assign \$400  = ins[77:64] + wa;
-  assign \$401  = \$400  <= 14'h2000;
-  assign \$402  = \$399  & \$401 ;
-  assign \$403  = \$398  | \$402 ;
-  assign \$404  = ! wb;
-  assign \$405  = ! ins[111:102];
-  assign \$406  = ins[101:88] + wb;
-  assign \$407  = \$406  <= 14'h2000;
-  assign \$408  = \$405  & \$407 ;
-  assign \$409  = \$404  | \$408 ;
-  assign \$410  = \$403  & \$409 ;
-  assign \$411  = ! wc;
-  assign \$412  = ! ins[135:126];
-  assign \$413  = ins[125:112] + wc;
-  assign \$414  = \$413  <= 14'h2000;
-  assign \$415  = \$412  & \$414 ;
-  assign \$416  = \$411  | \$415 ;
-  assign \$417  = \$410  & \$416 ;
-  assign \$418  = ! host_eff[1:0];
-  assign \$419  = host_eff >= host_base;
-  assign \$420  = \$418  & \$419 ;
-  assign \$421  = host_eff + { l4[17:2], 2'h0 };
-  assign \$422  = host_base + host_size;
-  assign \$423  = \$421  <= \$422 ;
-  assign \$424  = \$420  & \$423 ;
-  assign \$425  = ~ h_valid;
-  assign \$426  = \$425  | eng_ready;
-  assign \$427  = ~ g_valid;
-  assign \$428  = ~ h_valid;
-  assign \$429  = \$428  | eng_ready;
-  assign \$430  = \$427  | \$429 ;
-  assign \$433  = rem0 == 1'h1;
-  assign \$436  = | rem0[13:1];
-  assign \$437  = | rem1[13:1];
-  assign \$438  = rem0 - 1'h1;
-  assign \$439  = pa + sa0;
-  assign \$440  = pb + sb0;
-  assign \$441  = rem1 - 1'h1;
-  assign \$442  = ra1 + sa1;
-  assign \$443  = ra1 + sa1;
-  assign \$444  = rb1 + sb1;
-  assign \$445  = rb1 + sb1;
-  assign \$446  = rem2 - 1'h1;
-  assign \$447  = ra2 + sa2;
-  assign \$448  = ra2 + sa2;
-  assign \$449  = ra2 + sa2;
-  assign \$450  = rb2 + sb2;
-  assign \$451  = rb2 + sb2;
-  assign \$452  = rb2 + sb2;
-  assign \$453  = | rem2[13:1];
-  assign \$454  = ~ \$453 ;
-  assign \$455  = ins[5:0] == 4'hd;
-  assign \$456  = ins[5:0] == 4'hc;
-  assign \$457  = \$456  ? 2'h1 : 2'h0;
-  assign \$458  = \$455  ? 2'h2 : \$457 ;
-  assign \$459  = ins[5:0] == 2'h3;
-  assign \$460  = ins[5:0] == 3'h4;
-  assign \$461  = ins[5:0] == 3'h5;
-  assign \$462  = ins[5:0] == 3'h6;
-  assign \$463  = ins[5:0] == 4'ha;
-  assign \$464  = rq_wvalid & rq_in__ready;
-  assign \$465  = h_valid & eng_ready;
-  assign \$466  = rq_wvalid & rq_in__ready;
-  assign \$467  = \$466  ? 3'h0 : rq_fill;
-  assign \$468  = rq_wvalid & rq_in__ready;
-  assign \$469  = \$468  ? 3'h0 : rq_fill;
-  assign \$470  = \$469  + 1'h1;
-  assign \$471  = rq_wvalid & rq_in__ready;
-  assign \$472  = \$471  ? 3'h0 : rq_fill;
-  assign \$473  = \$472  == 2'h3;
-  assign \$474  = \$473  | h_last;
-  assign \$475  = rq_lane == 2'h3;
-  assign \$476  = \$475  | rq_at_last;
-  assign \$477  = rq_lane + 1'h1;
-  assign \$478  = \$476  ? 3'h0 : \$477 ;
-  assign \$479  = ~ a_in__valid;
-  assign \$480  = ~ gm_afeed_done;
-  assign \$481  = \$479  & \$480 ;
-  assign \$482  = gm_lane == 3'h4;
-  assign \$483  = ! gm_left[13:3];
-  assign \$484  = gm_lane >= gm_left[2:0];
-  assign \$485  = \$483  & \$484 ;
-  assign \$486  = \$482  | \$485 ;
-  assign \$487  = ~ \$486 ;
-  assign \$488  = \$481  & \$487 ;
-  assign \$491  = gm_lane + 1'h1;
-  assign \$492  = gm_addr + ins[38:32];
-  assign \$493  = ~ a_in__valid;
-  assign \$494  = ~ gm_afeed_done;
-  assign \$495  = \$493  & \$494 ;
-  assign \$496  = gm_lane == 3'h4;
-  assign \$497  = ! gm_left[13:3];
-  assign \$498  = gm_lane >= gm_left[2:0];
-  assign \$499  = \$497  & \$498 ;
-  assign \$500  = \$496  | \$499 ;
-  assign \$501  = \$495  & \$500 ;
-  assign \$502  = a_in__valid & a_in__ready;
-  assign \$503  = gm_k + 1'h1;
-  assign \$504  = \$503  < ins[38:32];
-  assign \$505  = gm_k + 1'h1;
-  assign \$506  = gm_wstart + 1'h1;
-  assign \$507  = gm_wstart + 1'h1;
-  assign \$508  = gm_left - 3'h4;
-  assign \$509  = gm_addr - ins[38:32];
-  assign \$510  = $signed(\$509 ) + $signed(2'h1);
-  assign \$511  = gm_addr - ins[38:32];
-  assign \$512  = $signed(\$511 ) + $signed(2'h1);
-  assign \$513  = ! gm_left[13:3];
-  assign \$514  = gm_left[2:0] <= 3'h4;
-  assign \$515  = \$513  & \$514 ;
-  assign \$516  = gc_lane + 1'h1;
-  assign \$517  = gc_addr + ins[56:48];
-  assign \$518  = gc_lane + 1'h1;
-  assign \$519  = \$518  == 2'h3;
-  assign \$520  = ! gc_left[13:3];
-  assign \$521  = gc_lane + 1'h1;
-  assign \$522  = \$521  + 1'h1;
-  assign \$523  = \$522  >= gc_left[2:0];
-  assign \$524  = \$520  & \$523 ;
-  assign \$525  = \$519  | \$524 ;
-  assign \$526  = gc_n + 1'h1;
-  assign \$527  = \$526  < ins[56:48];
-  assign \$528  = gc_n + 1'h1;
-  assign \$529  = gc_wstart + 1'h1;
-  assign \$530  = gc_wstart + 1'h1;
-  assign \$531  = ! gc_left[13:3];
-  assign \$532  = gc_left[2:0] <= 1'h1;
-  assign \$533  = \$531  & \$532 ;
-  assign \$535  = gc_left - 3'h4;
-  assign \$536  = gc_addr + 1'h1;
-  assign \$537  = gc_addr + 1'h1;
-  assign \$538  = gc_left - 3'h4;
-  assign \$539  = ! \$538 [13:3];
-  assign \$540  = gc_left - 3'h4;
-  assign \$541  = \$540 [2:0] <= 1'h1;
-  assign \$542  = \$539  & \$541 ;
-  assign \$544  = ~ eng_run;
-  assign \$545  = ~ h_valid;
-  assign \$546  = \$545  | eng_ready;
-  assign \$547  = \$544  | \$546 ;
-  assign \$548  = pc >= 7'h40;
-  assign \$549  = | lane_y;
-  assign \$550  = step != 3'h7;
-  assign \$551  = ! ins[5:0];
-  assign \$552  = settle != 2'h2;
-  assign \$553  = | decode_q;
-  assign \$554  = | lane_acc[32:14];
-  assign \$555  = \$554  ? 14'h3fff : lane_acc[13:0];
-  assign \$556  = | lane_acc[32:14];
-  assign \$557  = \$556  ? 14'h3fff : lane_acc[13:0];
-  assign \$558  = | lane_acc[32:14];
-  assign \$559  = \$558  ? 14'h3fff : lane_acc[13:0];
-  assign \$560  = | lane_acc[32:14];
-  assign \$561  = \$560  ? 14'h3fff : lane_acc[13:0];
-  assign \$562  = | lane_acc[32:18];
-  assign \$563  = \$562  ? 18'h3ffff : lane_acc[17:0];
-  assign \$564  = step + 1'h1;
-  assign \$565  = settle + 1'h1;
-  assign \$566  = ins[5:0] == 1'h1;
-  assign \$567  = ins[5:0] == 2'h2;
-  assign \$568  = ins[5:0] == 2'h3;
-  assign \$569  = ins[5:0] == 3'h4;
-  assign \$570  = ins[5:0] == 3'h5;
-  assign \$571  = ins[5:0] == 3'h6;
-  assign \$572  = ins[5:0] == 3'h7;
-  assign \$573  = ins[5:0] == 4'h8;
-  assign \$574  = ins[5:0] == 4'ha;
-  assign \$575  = ins[5:0] == 4'hb;
-  assign \$576  = ins[5:0] == 4'hc;
-  assign \$577  = ins[5:0] == 4'hd;
-  assign \$578  = ln == 1'h1;
-  assign \$581  = ! m_eff[13:3];
-  assign \$582  = m_eff[2:0] <= 1'h1;
-  assign \$583  = \$581  & \$582 ;
-  assign \$588  = ins[124:112] + \$587 ;
-  assign \$590  = ins[124:112] + \$589 ;
-  assign \$591  = \$590  + 5'h10;
-  assign \$592  = el_i + 1'h1;
-  assign \$593  = el_i + 2'h2;
-  assign \$594  = \$593  == ln;
-  assign \$595  = el_i < ln;
-  assign \$596  = ~ \$595 ;
-  assign \$597  = eng_run & \$596 ;
-  assign \$598  = pc + 1'h1;
-  assign \$599  = ~ rd_busy;
-  assign \$600  = pc + 1'h1;
-  assign \$601  = ~ ld_full;
-  assign \$602  = rd_data__valid & \$601 ;
-  assign \$603  = el_i < ln;
-  assign \$604  = el_i + 1'h1;
-  assign \$605  = ld_e + 1'h1;
-  assign \$606  = ld_e + 1'h1;
-  assign \$607  = ins[243:238] == 1'h1;
-  assign \$608  = ins[243:238] == 2'h2;
-  assign \$609  = \$608  ? 2'h2 : 2'h1;
-  assign \$610  = \$607  ? 3'h4 : { 1'h0, \$609  };
-  assign \$611  = \$606  >= \$610 ;
-  assign \$612  = ~ rd_busy;
-  assign \$613  = ~ ld_full;
-  assign \$614  = \$612  & \$613 ;
-  assign \$615  = el_i < ln;
-  assign \$616  = ~ \$615 ;
-  assign \$617  = \$614  & \$616 ;
-  assign \$618  = pc + 1'h1;
-  assign \$619  = ~ st_full;
-  assign \$620  = st_e < 1'h1;
-  assign \$621  = \$619  & \$620 ;
-  assign \$622  = el_i < ln;
-  assign \$623  = \$621  & \$622 ;
-  assign \$624  = ~ st_rd;
-  assign \$625  = \$623  & \$624 ;
-  assign \$626  = el_i + 1'h1;
-  assign \$627  = st_e + 1'h1;
-  assign \$628  = ~ st_full;
-  assign \$629  = ~ st_rd;
-  assign \$630  = \$628  & \$629 ;
-  assign \$631  = | st_e;
-  assign \$632  = \$630  & \$631 ;
-  assign \$633  = st_e == 1'h1;
-  assign \$634  = el_i < ln;
-  assign \$635  = ~ \$634 ;
-  assign \$636  = \$633  | \$635 ;
-  assign \$637  = \$632  & \$636 ;
-  assign \$638  = wr_data__valid & wr_data__ready;
-  assign \$639  = ~ wr_busy;
-  assign \$640  = el_i < ln;
-  assign \$641  = ~ \$640 ;
-  assign \$642  = \$639  & \$641 ;
-  assign \$643  = ~ st_full;
-  assign \$644  = \$642  & \$643 ;
-  assign \$645  = ~ st_rd;
-  assign \$646  = \$644  & \$645 ;
-  assign \$647  = pc + 1'h1;
-  assign \$648  = rt_j + 1'h1;
-  assign \$649  = rt_j == 4'h8;
-  assign \$650  = ~ rt_wvalid;
-  assign \$651  = ~ rt_feed_done;
-  assign \$652  = \$650  & \$651 ;
-  assign \$653  = rt_lane < 1'h1;
-  assign \$654  = \$652  & \$653 ;
-  assign \$657  = rt_el < 4'h8;
-  assign \$658  = rt_lane + 1'h1;
-  assign \$659  = rt_el + 1'h1;
-  assign \$660  = rt_cap_ok ? rd0__data[12:0] : 13'h0000;
-  assign \$662  = scores__valid & scores__ready;
-  assign \$663  = rt_el >= 4'h8;
-  assign \$664  = rt_feed_left - 1'h1;
-  assign \$665  = rt_tbase + 4'h8;
-  assign \$666  = | rt_feed_left[13:1];
-  assign \$667  = ~ \$666 ;
-  assign \$668  = ~ rt_hold;
-  assign \$669  = routes__valid & \$668 ;
-  assign \$670  = ~ rt_wphase;
-  assign \$671  = rt_hold & \$670 ;
-  assign \$672  = rt_hold & rt_wphase;
-  assign \$673  = rt_s == 1'h1;
-  assign \$674  = rt_held[19] | \$673 ;
-  assign \$675  = rt_route_left - 1'h1;
-  assign \$676  = rt_tslot + 2'h2;
-  assign \$677  = rt_s + 1'h1;
-  assign \$678  = ! rt_route_left;
-  assign \$680  = rd0_q == rt_j;
-  assign \$681  = rt_pos + 1'h1;
-  assign \$682  = rt_p + 1'h1;
-  assign \$683  = \$682  < mk[13:2];
-  assign \$684  = rt_p + 1'h1;
-  assign \$685  = rt_ps == 1'h1;
-  assign \$686  = rt_pt + 1'h1;
-  assign \$687  = rt_ps + 1'h1;
-  assign \$688  = rt_j + 1'h1;
-  assign \$689  = rt_j + 1'h1;
-  assign \$690  = \$689  < 4'h8;
-  assign \$691  = pc + 1'h1;
-  assign \$692  = scan >= 4'h8;
-  assign \$693  = scan + 1'h1;
-  assign \$694  = | rd0_q;
-  assign \$695  = | rd1_q[23:14];
-  assign \$696  = \$695  ? 14'h3fff : rd1_q[13:0];
-  assign \$697  = pc + 1'h1;
-  assign \$698  = g_i >= count;
-  assign \$700  = pc + 1'h1;
-  assign \$701  = | rd0_q[31:16];
-  assign \$702  = rd0_q[15:0] >= m_eff;
-  assign \$703  = \$701  | \$702 ;
-  assign \$704  = | lane_y;
-  assign \$705  = g_j < ins[61:48];
-  assign \$708  = g_j + 1'h1;
-  assign \$709  = run_gather ? g_in : lane_acc[12:0];
-  assign \$710  = ins[124:112] + \$709 ;
-  assign \$711  = \$710  + g_j;
-  assign \$712  = g_j >= ins[61:48];
-  assign \$713  = ~ g_rv;
-  assign \$714  = \$712  & \$713 ;
-  assign \$715  = \$714  & g_wv;
-  assign \$716  = g_i + 1'h1;
-  assign \$717  = g_in + ins[61:48];
-  assign \$718  = ~ rd_busy;
-  assign \$719  = ~ wr_busy;
-  assign \$720  = \$718  & \$719 ;
-  assign \$721  = ~ running;
-  assign \$722  = soft_reset & \$721 ;
-  always @(posedge clk)
-    lane_acc <= \$723 ;
-  always @(posedge clk)
-    lane_x <= \$724 ;
-  always @(posedge clk)
-    lane_y <= \$725 ;
-  always @(posedge clk)
-    shape_q <= \$726 ;
-  always @(posedge clk)
-    overlap_q <= \$727 ;
-  always @(posedge clk)
-    spad_ok <= \$728 ;
-  always @(posedge clk)
-    host_ok <= \$729 ;
-  always @(posedge clk)
-    decode_q <= \$730 ;
-  always @(posedge clk)
-    h_valid <= \$731 ;
-  always @(posedge clk)
-    h_last <= \$732 ;
-  always @(posedge clk)
-    g_valid <= \$733 ;
-  always @(posedge clk)
-    g_last <= \$734 ;
-  always @(posedge clk)
-    rem0 <= \$735 ;
-  always @(posedge clk)
-    pa <= \$736 ;
-  always @(posedge clk)
-    pb <= \$737 ;
-  always @(posedge clk)
-    rem1 <= \$738 ;
-  always @(posedge clk)
-    ra1 <= \$739 ;
-  always @(posedge clk)
-    rb1 <= \$740 ;
-  always @(posedge clk)
-    rem2 <= \$741 ;
-  always @(posedge clk)
-    ra2 <= \$742 ;
-  always @(posedge clk)
-    rb2 <= \$743 ;
-  always @(posedge clk)
-    issuing <= \$744 ;
-  always @(posedge clk)
-    vec_op <= \$745 ;
-  always @(posedge clk)
-    run_gemm <= \$746 ;
-  always @(posedge clk)
-    run_requant <= \$747 ;
-  always @(posedge clk)
-    run_sigmoid <= \$748 ;
-  always @(posedge clk)
-    run_situ <= \$749 ;
-  always @(posedge clk)
-    run_gather <= \$750 ;
-  always @(posedge clk)
-    rq_wvalid <= \$751 ;
-  always @(posedge clk)
-    rq_fill <= \$752 ;
-  always @(posedge clk)
-    rq_in__payload <= \$753 ;
-  always @(posedge clk)
-    rq_lane <= \$754 ;
-  always @(posedge clk)
-    gm_cap <= \$755 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$756 ;
-  always @(posedge clk)
-    gm_lane <= \$757 ;
-  always @(posedge clk)
-    gm_addr <= \$758 ;
-  always @(posedge clk)
-    a_in__valid <= \$759 ;
-  always @(posedge clk)
-    gm_k <= \$760 ;
-  always @(posedge clk)
-    gm_wstart <= \$761 ;
-  always @(posedge clk)
-    gm_left <= \$762 ;
-  always @(posedge clk)
-    gm_afeed_done <= \$763 ;
-  always @(posedge clk)
-    gc_lane <= \$764 ;
-  always @(posedge clk)
-    gc_addr <= \$765 ;
-  always @(posedge clk)
-    gc_last <= \$766 ;
-  always @(posedge clk)
-    gc_n <= \$767 ;
-  always @(posedge clk)
-    gc_wstart <= \$768 ;
-  always @(posedge clk)
-    gc_left <= \$769 ;
-  always @(posedge clk)
-    rd0_q <= \$770 ;
-  always @(posedge clk)
-    rd1_q <= \$771 ;
-  always @(posedge clk)
-    running <= \$772 ;
-  always @(posedge clk)
-    done <= \$773 ;
-  always @(posedge clk)
-    error <= \$774 ;
-  always @(posedge clk)
-    pc <= \$775 ;
-  always @(posedge clk)
-    route_done <= \$776 ;
-  always @(posedge clk)
-    exp_active <= \$777 ;
-  always @(posedge clk)
-    scores_ok <= \$778 ;
-  always @(posedge clk)
-    ctrl_state <= \$779 ;
-  always @(posedge clk)
-    stop_code <= \$780 ;
-  always @(posedge clk)
-    executor <= \$781 ;
-  always @(posedge clk)
-    step <= \$782 ;
-  always @(posedge clk)
-    settle <= \$783 ;
-  always @(posedge clk)
-    ln <= \$784 ;
-  always @(posedge clk)
-    mk <= \$785 ;
-  always @(posedge clk)
-    p2 <= \$786 ;
-  always @(posedge clk)
-    p3 <= \$787 ;
-  always @(posedge clk)
-    l4 <= \$788 ;
-  always @(posedge clk)
-    host_eff <= \$789 ;
-  always @(posedge clk)
-    rq_width <= \$790 ;
-  always @(posedge clk)
-    \rq_mult$162  <= \$791 ;
-  always @(posedge clk)
-    rq_shift <= \$792 ;
-  always @(posedge clk)
-    cnt0 <= \$793 ;
-  always @(posedge clk)
-    cnt1 <= \$794 ;
-  always @(posedge clk)
-    sa0 <= \$795 ;
-  always @(posedge clk)
-    sa1 <= \$796 ;
-  always @(posedge clk)
-    sa2 <= \$797 ;
-  always @(posedge clk)
-    sb0 <= \$798 ;
-  always @(posedge clk)
-    sb1 <= \$799 ;
-  always @(posedge clk)
-    sb2 <= \$800 ;
-  always @(posedge clk)
-    el_i <= \$801 ;
-  always @(posedge clk)
-    rq_at_last <= \$802 ;
-  always @(posedge clk)
-    ld_full <= \$803 ;
-  always @(posedge clk)
-    ld_e <= \$804 ;
-  always @(posedge clk)
-    st_full <= \$805 ;
-  always @(posedge clk)
-    st_e <= \$806 ;
-  always @(posedge clk)
-    st_rd <= \$807 ;
-  always @(posedge clk)
-    wr_data__payload <= \$808 ;
-  always @(posedge clk)
-    rt_j <= \$809 ;
-  always @(posedge clk)
-    rt_cb <= \$810 ;
-  always @(posedge clk)
-    rt_lp <= \$811 ;
-  always @(posedge clk)
-    g_i <= \$812 ;
-  always @(posedge clk)
-    g_in <= \$813 ;
-  always @(posedge clk)
-    scores_a <= \$814 ;
-  always @(posedge clk)
-    scores_len <= \$815 ;
-  always @(posedge clk)
-    st_rd_e <= \$816 ;
-  always @(posedge clk)
-    rt_feed_left <= \$817 ;
-  always @(posedge clk)
-    rt_el <= \$818 ;
-  always @(posedge clk)
-    rt_lane <= \$819 ;
-  always @(posedge clk)
-    rt_wvalid <= \$820 ;
-  always @(posedge clk)
-    rt_tbase <= \$821 ;
-  always @(posedge clk)
-    rt_tslot <= \$822 ;
-  always @(posedge clk)
-    rt_feed_done <= \$823 ;
-  always @(posedge clk)
-    rt_cap <= \$824 ;
-  always @(posedge clk)
-    rt_route_left <= \$825 ;
-  always @(posedge clk)
-    rt_s <= \$826 ;
-  always @(posedge clk)
-    rt_hold <= \$827 ;
-  always @(posedge clk)
-    rt_wphase <= \$828 ;
-  always @(posedge clk)
-    rt_cap_ok <= \$829 ;
-  always @(posedge clk)
-    rt_held <= \$830 ;
-  always @(posedge clk)
-    rt_p <= \$831 ;
-  always @(posedge clk)
-    rt_pt <= \$832 ;
-  always @(posedge clk)
-    rt_ps <= \$833 ;
-  always @(posedge clk)
-    rt_pos <= \$834 ;
-  always @(posedge clk)
-    rt_off <= \$835 ;
-  always @(posedge clk)
-    scan <= \$836 ;
-  always @(posedge clk)
-    expert <= \$837 ;
-  always @(posedge clk)
-    count <= \$838 ;
-  always @(posedge clk)
-    offset <= \$839 ;
-  always @(posedge clk)
-    g_j <= \$840 ;
-  always @(posedge clk)
-    g_rv <= \$841 ;
-  always @(posedge clk)
-    g_wv <= \$842 ;
-  always @(posedge clk)
-    g_ra <= \$843 ;
-  always @(posedge clk)
-    g_wa <= \$844 ;
-  assign \$1  = ~ running;
-  assign \$2  = | error;
-  assign \$3  = done | \$2 ;
-  assign irq = \$1  & \$3 ;
-  assign m_eff = \$5  ? count : ins[31:16];
-  assign \$6  = m_eff + 3'h4;
-  assign \$7  = \$6  - 1'h1;
-  assign \$9  = | lane_acc[32:14];
-  assign \$10  = \$9  ? 14'h3fff : lane_acc[13:0];
-  assign \$11  = m_eff + 3'h4;
-  assign \$12  = \$11  - 1'h1;
-  assign \$14  = ins[63:48] + 3'h4;
-  assign \$15  = \$14  - 1'h1;
-  assign \$18  = ins[243:238] == 3'h4;
-  assign \$19  = ins[243:238] == 2'h2;
-  assign \$20  = \$19  ? 1'h1 : 1'h0;
-  assign \$21  = \$18  ? 2'h2 : { 1'h0, \$20  };
-  assign \$22  = ins[63:48] << \$21 ;
-  assign \$25  = \$24  ? expert : 4'h0;
-  assign \$26  = m_eff >= 1'h1;
-  assign \$27  = ins[63:48] >= 1'h1;
-  assign \$28  = ins[243:238] == 1'h1;
-  assign \$29  = ins[243:238] == 2'h2;
-  assign \$30  = ins[243:238] == 3'h4;
-  assign \$31  = | { \$30 , \$29 , \$28  };
-  assign \$32  = & { \$31 , \$27 , \$26  };
-  assign \$33  = m_eff >= 1'h1;
-  assign \$34  = ins[63:48] >= 1'h1;
-  assign \$35  = ins[243:238] == 3'h4;
-  assign \$37  = & { \$36 , \$34 , \$33  };
-  assign \$38  = m_eff >= 1'h1;
-  assign \$39  = ins[63:48] >= 1'h1;
-  assign \$40  = ins[47:32] >= 1'h1;
-  assign \$41  = ! ins[243:238];
-  assign \$42  = ins[243:238] >= 2'h2;
-  assign \$43  = ins[243:238] <= 5'h18;
-  assign \$44  = \$42  & \$43 ;
-  assign \$45  = | { \$44 , \$41  };
-  assign \$46  = ins[47:32] <= 7'h40;
-  assign \$47  = p2 <= 9'h100;
-  assign \$48  = p3 <= 9'h100;
-  assign \$49  = & { \$48 , \$47 , \$46 , \$45 , \$40 , \$39 , \$38  };
-  assign \$50  = m_eff >= 1'h1;
-  assign \$51  = ins[63:48] >= 1'h1;
-  assign \$52  = ins[243:238] >= 2'h2;
-  assign \$53  = ins[243:238] <= 5'h18;
-  assign \$54  = \$52  & \$53 ;
-  assign \$56  = & { \$55 , \$51 , \$50  };
-  assign \$57  = m_eff >= 1'h1;
-  assign \$58  = ins[63:48] >= 1'h1;
-  assign \$59  = & { \$58 , \$57  };
-  assign \$60  = m_eff >= 1'h1;
-  assign \$61  = ins[63:48] >= 1'h1;
-  assign \$62  = & { \$61 , \$60  };
-  assign \$63  = m_eff >= 1'h1;
-  assign \$64  = ins[63:48] >= 1'h1;
-  assign \$65  = & { \$64 , \$63  };
-  assign \$66  = m_eff >= 1'h1;
-  assign \$67  = ins[63:48] == 4'h8;
-  assign \$68  = ins[47:32] == 2'h2;
-  assign \$69  = & { \$68 , \$67 , \$66  };
-  assign \$70  = ins[63:48] == 4'h8;
-  assign \$72  = m_eff >= 1'h1;
-  assign \$73  = ins[63:48] >= 1'h1;
-  assign \$74  = & { \$73 , \$72  };
-  assign \$75  = m_eff >= 1'h1;
-  assign \$76  = ins[63:48] >= 1'h1;
-  assign \$77  = & { \$76 , \$75  };
-  assign \$78  = m_eff >= 1'h1;
-  assign \$79  = ins[63:48] >= 1'h1;
-  assign \$80  = ins[47:32] >= 1'h1;
-  assign \$81  = & { \$80 , \$79 , \$78  };
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = & { \$83 , \$82  };
-  assign \$87  = \$86  ? 5'h10 : 5'h00;
-  assign \$90  = \$89  ? 5'h10 : 5'h00;
-  assign \$91  = | ins[63:62];
-  assign \$92  = \$91  ? 14'h3fff : ins[61:48];
-  assign \$93  = mk + 5'h10;
+  wire wr_data__valid;
+  wire wr_start;
+  assign \$336  = ins[101:88] + wb;
+  assign \$337  = \$336  <= 14'h2000;
+  assign \$338  = \$335  & \$337 ;
+  assign \$339  = \$334  | \$338 ;
+  assign \$340  = \$333  & \$339 ;
+  assign \$341  = ! wc;
+  assign \$342  = ! ins[135:126];
+  assign \$343  = ins[125:112] + wc;
+  assign \$344  = \$343  <= 14'h2000;
+  assign \$345  = \$342  & \$344 ;
+  assign \$346  = \$341  | \$345 ;
+  assign \$347  = \$340  & \$346 ;
+  assign \$348  = ! host_eff[1:0];
+  assign \$349  = host_eff >= host_base;
+  assign \$350  = \$348  & \$349 ;
+  assign \$351  = host_eff + { l4[17:2], 2'h0 };
+  assign \$352  = host_base + host_size;
+  assign \$353  = \$351  <= \$352 ;
+  assign \$354  = \$350  & \$353 ;
+  assign \$355  = ~ h_valid;
+  assign \$356  = \$355  | eng_ready;
+  assign \$357  = ~ g_valid;
+  assign \$358  = ~ h_valid;
+  assign \$359  = \$358  | eng_ready;
+  assign \$360  = \$357  | \$359 ;
+  assign \$363  = rem0 == 1'h1;
+  assign \$366  = | rem0[13:1];
+  assign \$367  = | rem1[13:1];
+  assign \$368  = rem0 - 1'h1;
+  assign \$369  = pa + sa0;
+  assign \$370  = pb + sb0;
+  assign \$371  = rem1 - 1'h1;
+  assign \$372  = ra1 + sa1;
+  assign \$373  = ra1 + sa1;
+  assign \$374  = rb1 + sb1;
+  assign \$375  = rb1 + sb1;
+  assign \$376  = rem2 - 1'h1;
+  assign \$377  = ra2 + sa2;
+  assign \$378  = ra2 + sa2;
+  assign \$379  = ra2 + sa2;
+  assign \$380  = rb2 + sb2;
+  assign \$381  = rb2 + sb2;
+  assign \$382  = rb2 + sb2;
+  assign \$383  = | rem2[13:1];
+  assign \$384  = ~ \$383 ;
+  assign \$385  = ins[5:0] == 4'hd;
+  assign \$386  = ins[5:0] == 4'hc;
+  assign \$387  = \$386  ? 2'h1 : 2'h0;
+  assign \$388  = \$385  ? 2'h2 : \$387 ;
+  assign \$389  = ins[5:0] == 2'h3;
+  assign \$390  = ins[5:0] == 3'h4;
+  assign \$391  = ins[5:0] == 3'h5;
+  assign \$392  = ins[5:0] == 3'h6;
+  assign \$393  = ins[5:0] == 4'ha;
+  assign \$394  = rq_wvalid & rq_in__ready;
+  assign \$395  = h_valid & eng_ready;
+  assign \$396  = rq_wvalid & rq_in__ready;
+  assign \$397  = \$396  ? 3'h0 : rq_fill;
+  assign \$398  = rq_wvalid & rq_in__ready;
+  assign \$399  = \$398  ? 3'h0 : rq_fill;
+  assign \$400  = \$399  + 1'h1;
+  assign \$401  = rq_wvalid & rq_in__ready;
+  assign \$402  = \$401  ? 3'h0 : rq_fill;
+  assign \$403  = \$402  == 2'h3;
+  assign \$404  = \$403  | h_last;
+  assign \$405  = rq_lane == 2'h3;
+  assign \$406  = \$405  | rq_at_last;
+  assign \$407  = rq_lane + 1'h1;
+  assign \$408  = \$406  ? 3'h0 : \$407 ;
+  assign \$409  = ~ a_in__valid;
+  assign \$410  = ~ gm_afeed_done;
+  assign \$411  = \$409  & \$410 ;
+  assign \$412  = gm_lane == 3'h4;
+  assign \$413  = ! gm_left[13:3];
+  assign \$414  = gm_lane >= gm_left[2:0];
+  assign \$415  = \$413  & \$414 ;
+  assign \$416  = \$412  | \$415 ;
+  assign \$417  = ~ \$416 ;
+  assign \$418  = \$411  & \$417 ;
+  assign \$421  = gm_lane + 1'h1;
+  assign \$422  = gm_addr + ins[38:32];
+  assign \$423  = ~ a_in__valid;
+  assign \$424  = ~ gm_afeed_done;
+  assign \$425  = \$423  & \$424 ;
+  assign \$426  = gm_lane == 3'h4;
+  assign \$427  = ! gm_left[13:3];
+  assign \$428  = gm_lane >= gm_left[2:0];
+  assign \$429  = \$427  & \$428 ;
+  assign \$430  = \$426  | \$429 ;
+  assign \$431  = \$425  & \$430 ;
+  assign \$432  = a_in__valid & a_in__ready;
+  assign \$433  = gm_k + 1'h1;
+  assign \$434  = \$433  < ins[38:32];
+  assign \$435  = gm_k + 1'h1;
+  assign \$436  = gm_wstart + 1'h1;
+  assign \$437  = gm_wstart + 1'h1;
+  assign \$438  = gm_left - 3'h4;
+  assign \$439  = gm_addr - ins[38:32];
+  assign \$440  = $signed(\$439 ) + $signed(2'h1);
+  assign \$441  = gm_addr - ins[38:32];
+  assign \$442  = $signed(\$441 ) + $signed(2'h1);
+  assign \$443  = ! gm_left[13:3];
+  assign \$444  = gm_left[2:0] <= 3'h4;
+  assign \$445  = \$443  & \$444 ;
+  assign \$446  = gc_lane + 1'h1;
+  assign \$447  = gc_addr + ins[56:48];
+  assign \$448  = gc_lane + 1'h1;
+  assign \$449  = \$448  == 2'h3;
+  assign \$450  = ! gc_left[13:3];
+  assign \$451  = gc_lane + 1'h1;
+  assign \$452  = \$451  + 1'h1;
+  assign \$453  = \$452  >= gc_left[2:0];
+  assign \$454  = \$450  & \$453 ;
+  assign \$455  = \$449  | \$454 ;
+  assign \$456  = gc_n + 1'h1;
+  assign \$457  = \$456  < ins[56:48];
+  assign \$458  = gc_n + 1'h1;
+  assign \$459  = gc_wstart + 1'h1;
+  assign \$460  = gc_wstart + 1'h1;
+  assign \$461  = ! gc_left[13:3];
+  assign \$462  = gc_left[2:0] <= 1'h1;
+  assign \$463  = \$461  & \$462 ;
+  assign \$465  = gc_left - 3'h4;
+  assign \$466  = gc_addr + 1'h1;
+  assign \$467  = gc_addr + 1'h1;
+  assign \$468  = gc_left - 3'h4;
+  assign \$469  = ! \$468 [13:3];
+  assign \$470  = gc_left - 3'h4;
+  assign \$471  = \$470 [2:0] <= 1'h1;
+  assign \$472  = \$469  & \$471 ;
+  assign \$474  = ~ eng_run;
+  assign \$475  = ~ h_valid;
+  assign \$476  = \$475  | eng_ready;
+  assign \$477  = \$474  | \$476 ;
+  assign \$478  = pc >= 7'h40;
+  assign \$479  = | lane_y;
+  assign \$480  = step != 3'h7;
+  assign \$481  = ! ins[5:0];
+  assign \$482  = settle != 2'h2;
+  assign \$483  = | decode_q;
+  assign \$484  = | lane_acc[32:14];
+  assign \$485  = \$484  ? 14'h3fff : lane_acc[13:0];
+  assign \$486  = | lane_acc[32:14];
+  assign \$487  = \$486  ? 14'h3fff : lane_acc[13:0];
+  assign \$488  = | lane_acc[32:14];
+  assign \$489  = \$488  ? 14'h3fff : lane_acc[13:0];
+  assign \$490  = | lane_acc[32:14];
+  assign \$491  = \$490  ? 14'h3fff : lane_acc[13:0];
+  assign \$492  = | lane_acc[32:18];
+  assign \$493  = \$492  ? 18'h3ffff : lane_acc[17:0];
+  assign \$494  = step + 1'h1;
+  assign \$495  = settle + 1'h1;
+  assign \$496  = ins[5:0] == 1'h1;
+  assign \$497  = ins[5:0] == 2'h2;
+  assign \$498  = ins[5:0] == 2'h3;
+  assign \$499  = ins[5:0] == 3'h4;
+  assign \$500  = ins[5:0] == 3'h5;
+  assign \$501  = ins[5:0] == 3'h6;
+  assign \$502  = ins[5:0] == 3'h7;
+  assign \$503  = ins[5:0] == 4'h8;
+  assign \$504  = ins[5:0] == 4'ha;
+  assign \$505  = ins[5:0] == 4'hb;
+  assign \$506  = ins[5:0] == 4'hc;
+  assign \$507  = ins[5:0] == 4'hd;
+  assign \$508  = ln == 1'h1;
+  assign \$511  = ! m_eff[13:3];
+  assign \$512  = m_eff[2:0] <= 1'h1;
+  assign \$513  = \$511  & \$512 ;
+  assign \$517  = el_i + 1'h1;
+  assign \$518  = el_i + 2'h2;
+  assign \$519  = \$518  == ln;
+  assign \$520  = el_i < ln;
+  assign \$521  = ~ \$520 ;
+  assign \$522  = eng_run & \$521 ;
+  assign \$523  = pc + 1'h1;
+  assign \$524  = ~ dma__rd_busy;
+  assign \$525  = pc + 1'h1;
+  assign \$526  = | exec_error;
+  assign \$527  = pc + 1'h1;
+  assign \$528  = scan >= 4'h8;
+  assign \$529  = scan + 1'h1;
+  assign \$530  = | rd0_q;
+  assign \$531  = | rd1_q[23:14];
+  assign \$532  = \$531  ? 14'h3fff : rd1_q[13:0];
+  assign \$533  = pc + 1'h1;
+  assign \$534  = g_i >= count;
+  assign \$536  = pc + 1'h1;
+  assign \$537  = | rd0_q[31:16];
+  assign \$538  = rd0_q[15:0] >= m_eff;
+  assign \$539  = \$537  | \$538 ;
+  assign \$540  = | lane_y;
+  assign \$541  = g_j < ins[61:48];
+  assign \$544  = g_j + 1'h1;
+  assign \$545  = run_gather ? g_in : lane_acc[12:0];
+  assign \$546  = ins[124:112] + \$545 ;
+  assign \$547  = \$546  + g_j;
+  assign \$548  = g_j >= ins[61:48];
+  assign \$549  = ~ g_rv;
+  assign \$550  = \$548  & \$549 ;
+  assign \$551  = \$550  & g_wv;
+  assign \$552  = g_i + 1'h1;
+  assign \$553  = g_in + ins[61:48];
+  assign \$554  = ~ dma__rd_busy;
+  assign \$555  = ~ dma__wr_busy;
+  assign \$556  = \$554  & \$555 ;
+  assign \$557  = ~ running;
+  assign \$558  = soft_reset & \$557 ;
+  always @(posedge clk)
+    lane_acc <= \$559 ;
+  always @(posedge clk)
+    lane_x <= \$560 ;
+  always @(posedge clk)
+    lane_y <= \$561 ;
+  always @(posedge clk)
+    shape_q <= \$562 ;
+  always @(posedge clk)
+    overlap_q <= \$563 ;
+  always @(posedge clk)
+    spad_ok <= \$564 ;
+  always @(posedge clk)
+    host_ok <= \$565 ;
+  always @(posedge clk)
+    decode_q <= \$566 ;
+  always @(posedge clk)
+    h_valid <= \$567 ;
+  always @(posedge clk)
+    h_last <= \$568 ;
+  always @(posedge clk)
+    g_valid <= \$569 ;
+  always @(posedge clk)
+    g_last <= \$570 ;
+  always @(posedge clk)
+    rem0 <= \$571 ;
+  always @(posedge clk)
+    pa <= \$572 ;
+  always @(posedge clk)
+    pb <= \$573 ;
+  always @(posedge clk)
+    rem1 <= \$574 ;
+  always @(posedge clk)
+    ra1 <= \$575 ;
+  always @(posedge clk)
+    rb1 <= \$576 ;
+  always @(posedge clk)
+    rem2 <= \$577 ;
+  always @(posedge clk)
+    ra2 <= \$578 ;
+  always @(posedge clk)
+    rb2 <= \$579 ;
+  always @(posedge clk)
+    issuing <= \$580 ;
+  always @(posedge clk)
+    vec_op <= \$581 ;
+  always @(posedge clk)
+    run_gemm <= \$582 ;
+  always @(posedge clk)
+    run_requant <= \$583 ;
+  always @(posedge clk)
+    run_sigmoid <= \$584 ;
+  always @(posedge clk)
+    run_situ <= \$585 ;
+  always @(posedge clk)
+    run_gather <= \$586 ;
+  always @(posedge clk)
+    rq_wvalid <= \$587 ;
+  always @(posedge clk)
+    rq_fill <= \$588 ;
+  always @(posedge clk)
+    rq_in__payload <= \$589 ;
+  always @(posedge clk)
+    rq_lane <= \$590 ;
+  always @(posedge clk)
+    gm_cap <= \$591 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$592 ;
+  always @(posedge clk)
+    gm_lane <= \$593 ;
+  always @(posedge clk)
+    gm_addr <= \$594 ;
+  always @(posedge clk)
+    a_in__valid <= \$595 ;
+  always @(posedge clk)
+    gm_k <= \$596 ;
+  always @(posedge clk)
+    gm_wstart <= \$597 ;
+  always @(posedge clk)
+    gm_left <= \$598 ;
+  always @(posedge clk)
+    gm_afeed_done <= \$599 ;
+  always @(posedge clk)
+    gc_lane <= \$600 ;
+  always @(posedge clk)
+    gc_addr <= \$601 ;
+  always @(posedge clk)
+    gc_last <= \$602 ;
+  always @(posedge clk)
+    gc_n <= \$603 ;
+  always @(posedge clk)
+    gc_wstart <= \$604 ;
+  always @(posedge clk)
+    gc_left <= \$605 ;
+  always @(posedge clk)
+    rd0_q <= \$606 ;
+  always @(posedge clk)
+    rd1_q <= \$607 ;
+  always @(posedge clk)
+    running <= \$608 ;
+  always @(posedge clk)
+    done <= \$609 ;
+  always @(posedge clk)
+    error <= \$610 ;
+  always @(posedge clk)
+    pc <= \$611 ;
+  always @(posedge clk)
+    route_done <= \$612 ;
+  always @(posedge clk)
+    exp_active <= \$613 ;
+  always @(posedge clk)
+    scores_ok <= \$614 ;
+  always @(posedge clk)
+    ctrl_state <= \$615 ;
+  always @(posedge clk)
+    stop_code <= \$616 ;
+  always @(posedge clk)
+    executor <= \$617 ;
+  always @(posedge clk)
+    step <= \$618 ;
+  always @(posedge clk)
+    settle <= \$619 ;
+  always @(posedge clk)
+    ln <= \$620 ;
+  always @(posedge clk)
+    mk <= \$621 ;
+  always @(posedge clk)
+    p2 <= \$622 ;
+  always @(posedge clk)
+    p3 <= \$623 ;
+  always @(posedge clk)
+    l4 <= \$624 ;
+  always @(posedge clk)
+    host_eff <= \$625 ;
+  always @(posedge clk)
+    rq_width <= \$626 ;
+  always @(posedge clk)
+    \rq_mult$223  <= \$627 ;
+  always @(posedge clk)
+    rq_shift <= \$628 ;
+  always @(posedge clk)
+    cnt0 <= \$629 ;
+  always @(posedge clk)
+    cnt1 <= \$630 ;
+  always @(posedge clk)
+    sa0 <= \$631 ;
+  always @(posedge clk)
+    sa1 <= \$632 ;
+  always @(posedge clk)
+    sa2 <= \$633 ;
+  always @(posedge clk)
+    sb0 <= \$634 ;
+  always @(posedge clk)
+    sb1 <= \$635 ;
+  always @(posedge clk)
+    sb2 <= \$636 ;
+  always @(posedge clk)
+    el_i <= \$637 ;
+  always @(posedge clk)
+    rq_at_last <= \$638 ;
+  always @(posedge clk)
+    running_exec <= \$639 ;
+  always @(posedge clk)
+    g_i <= \$640 ;
+  always @(posedge clk)
+    g_in <= \$641 ;
+  always @(posedge clk)
+    scores_a <= \$642 ;
+  always @(posedge clk)
+    scores_len <= \$643 ;
+  always @(posedge clk)
+    scan <= \$644 ;
+  always @(posedge clk)
+    expert <= \$645 ;
+  always @(posedge clk)
+    count <= \$646 ;
+  always @(posedge clk)
+    offset <= \$647 ;
+  always @(posedge clk)
+    g_j <= \$648 ;
+  always @(posedge clk)
+    g_rv <= \$649 ;
+  always @(posedge clk)
+    g_wv <= \$650 ;
+  always @(posedge clk)
+    g_ra <= \$651 ;
+  always @(posedge clk)
+    g_wa <= \$652 ;
+  assign \$1  = | running_exec;
+  assign \$2  = ~ \$1 ;
+  assign \$3  = ~ running;
+  assign \$4  = | error;
+  assign \$5  = done | \$4 ;
+  assign irq = \$3  & \$5 ;
+  assign m_eff = \$7  ? count : ins[31:16];
+  assign \$8  = m_eff + 3'h4;
+  assign \$9  = \$8  - 1'h1;
+  assign \$11  = | lane_acc[32:14];
+  assign \$12  = \$11  ? 14'h3fff : lane_acc[13:0];
+  assign \$13  = m_eff + 3'h4;
+  assign \$14  = \$13  - 1'h1;
+  assign \$16  = ins[63:48] + 3'h4;
+  assign \$17  = \$16  - 1'h1;
+  assign \$20  = ins[243:238] == 3'h4;
+  assign \$21  = ins[243:238] == 2'h2;
+  assign \$22  = \$21  ? 1'h1 : 1'h0;
+  assign \$23  = \$20  ? 2'h2 : { 1'h0, \$22  };
+  assign \$24  = ins[63:48] << \$23 ;
+  assign \$27  = \$26  ? expert : 4'h0;
+  assign \$28  = m_eff >= 1'h1;
+  assign \$29  = ins[63:48] >= 1'h1;
+  assign \$30  = ins[243:238] == 1'h1;
+  assign \$31  = ins[243:238] == 2'h2;
+  assign \$32  = ins[243:238] == 3'h4;
+  assign \$33  = | { \$32 , \$31 , \$30  };
+  assign \$34  = & { \$33 , \$29 , \$28  };
+  assign \$35  = m_eff >= 1'h1;
+  assign \$36  = ins[63:48] >= 1'h1;
+  assign \$37  = ins[243:238] == 3'h4;
+  assign \$39  = & { \$38 , \$36 , \$35  };
+  assign \$40  = m_eff >= 1'h1;
+  assign \$41  = ins[63:48] >= 1'h1;
+  assign \$42  = ins[47:32] >= 1'h1;
+  assign \$43  = ! ins[243:238];
+  assign \$44  = ins[243:238] >= 2'h2;
+  assign \$45  = ins[243:238] <= 5'h18;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = | { \$46 , \$43  };
+  assign \$48  = ins[47:32] <= 7'h40;
+  assign \$49  = p2 <= 9'h100;
+  assign \$50  = p3 <= 9'h100;
+  assign \$51  = & { \$50 , \$49 , \$48 , \$47 , \$42 , \$41 , \$40  };
+  assign \$52  = m_eff >= 1'h1;
+  assign \$53  = ins[63:48] >= 1'h1;
+  assign \$54  = ins[243:238] >= 2'h2;
+  assign \$55  = ins[243:238] <= 5'h18;
+  assign \$56  = \$54  & \$55 ;
+  assign \$58  = & { \$57 , \$53 , \$52  };
+  assign \$59  = m_eff >= 1'h1;
+  assign \$60  = ins[63:48] >= 1'h1;
+  assign \$61  = & { \$60 , \$59  };
+  assign \$62  = m_eff >= 1'h1;
+  assign \$63  = ins[63:48] >= 1'h1;
+  assign \$64  = & { \$63 , \$62  };
+  assign \$65  = m_eff >= 1'h1;
+  assign \$66  = ins[63:48] >= 1'h1;
+  assign \$67  = & { \$66 , \$65  };
+  assign \$68  = m_eff >= 1'h1;
+  assign \$69  = ins[63:48] == 4'h8;
+  assign \$70  = ins[47:32] == 2'h2;
+  assign \$71  = & { \$70 , \$69 , \$68  };
+  assign \$72  = ins[63:48] == 4'h8;
+  assign \$74  = m_eff >= 1'h1;
+  assign \$75  = ins[63:48] >= 1'h1;
+  assign \$76  = & { \$75 , \$74  };
+  assign \$77  = m_eff >= 1'h1;
+  assign \$78  = ins[63:48] >= 1'h1;
+  assign \$79  = & { \$78 , \$77  };
+  assign \$80  = m_eff >= 1'h1;
+  assign \$81  = ins[63:48] >= 1'h1;
+  assign \$82  = ins[47:32] >= 1'h1;
+  assign \$83  = & { \$82 , \$81 , \$80  };
+  assign \$84  = m_eff >= 1'h1;
+  assign \$85  = ins[63:48] >= 1'h1;
+  assign \$86  = & { \$85 , \$84  };
+  assign \$89  = \$88  ? 5'h10 : 5'h00;
+  assign \$92  = \$91  ? 5'h10 : 5'h00;
+  assign \$93  = | ins[63:62];
+  assign \$94  = \$93  ? 14'h3fff : ins[61:48];
   assign \$95  = mk + 5'h10;
-  assign \$96  = \$94  ? 14'h3fff : \$95 [13:0];
-  assign \$98  = | \$97 [16:14];
-  assign \$100  = \$98  ? 14'h3fff : \$99 [13:0];
-  assign \$101  = offset + count;
-  assign \$102  = | \$101 [16:14];
+  assign \$97  = mk + 5'h10;
+  assign \$98  = \$96  ? 14'h3fff : \$97 [13:0];
+  assign \$100  = | \$99 [16:14];
+  assign \$102  = \$100  ? 14'h3fff : \$101 [13:0];
   assign \$103  = offset + count;
-  assign \$104  = \$102  ? 14'h3fff : \$103 [13:0];
+  assign \$104  = | \$103 [16:14];
   assign \$105  = offset + count;
-  assign \$106  = | \$105 [16:14];
+  assign \$106  = \$104  ? 14'h3fff : \$105 [13:0];
   assign \$107  = offset + count;
-  assign \$108  = \$106  ? 14'h3fff : \$107 [13:0];
-  assign \$109  = ins[5:0] <= 4'he;
-  assign \$110  = ~ \$109 ;
-  assign \$112  = | \$111 ;
-  assign \$113  = ins[5:0] == 4'ha;
-  assign \$114  = ins[5:0] == 4'hb;
-  assign \$115  = | { \$114 , \$113 , 1'h0 };
-  assign \$116  = \$112  | \$115 ;
-  assign \$117  = ins[5:0] == 4'h9;
-  assign \$119  = \$116  | \$118 ;
-  assign \$120  = ~ route_done;
-  assign \$121  = \$119  & \$120 ;
-  assign \$123  = | \$122 ;
-  assign \$124  = ins[5:0] == 4'ha;
-  assign \$125  = ins[5:0] == 4'hb;
-  assign \$126  = | { \$125 , \$124 , 1'h0 };
-  assign \$127  = \$123  | \$126 ;
-  assign \$128  = ~ exp_active;
-  assign \$129  = \$127  & \$128 ;
-  assign \$130  = \$121  | \$129 ;
-  assign \$131  = ins[5:0] == 4'h9;
-  assign \$132  = ins[5:0] == 4'he;
-  assign \$133  = | { \$132 , \$131 , 1'h0 };
-  assign \$134  = ins[255:244] < 7'h40;
-  assign \$135  = ~ \$134 ;
-  assign \$136  = \$133  & \$135 ;
-  assign \$137  = ~ shape_q;
-  assign \$138  = ins[5:0] == 4'h8;
-  assign \$140  = ! ins[87:77];
-  assign \$141  = scores_ok & \$140 ;
-  assign \$142  = scores_a == ins[76:64];
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = scores_len == ln;
+  assign \$108  = | \$107 [16:14];
+  assign \$109  = offset + count;
+  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
+  assign \$111  = ins[5:0] <= 4'he;
+  assign \$112  = ~ \$111 ;
+  assign \$114  = | \$113 ;
+  assign \$115  = ins[5:0] == 4'ha;
+  assign \$116  = ins[5:0] == 4'hb;
+  assign \$117  = | { \$116 , \$115 , 1'h0 };
+  assign \$118  = \$114  | \$117 ;
+  assign \$119  = ins[5:0] == 4'h9;
+  assign \$121  = \$118  | \$120 ;
+  assign \$122  = ~ route_done;
+  assign \$123  = \$121  & \$122 ;
+  assign \$125  = | \$124 ;
+  assign \$126  = ins[5:0] == 4'ha;
+  assign \$127  = ins[5:0] == 4'hb;
+  assign \$128  = | { \$127 , \$126 , 1'h0 };
+  assign \$129  = \$125  | \$128 ;
+  assign \$130  = ~ exp_active;
+  assign \$131  = \$129  & \$130 ;
+  assign \$132  = \$123  | \$131 ;
+  assign \$133  = ins[5:0] == 4'h9;
+  assign \$134  = ins[5:0] == 4'he;
+  assign \$135  = | { \$134 , \$133 , 1'h0 };
+  assign \$136  = ins[255:244] < 7'h40;
+  assign \$137  = ~ \$136 ;
+  assign \$138  = \$135  & \$137 ;
+  assign \$139  = ~ shape_q;
+  assign \$140  = ins[5:0] == 4'h8;
+  assign \$142  = ! ins[87:77];
+  assign \$143  = scores_ok & \$142 ;
+  assign \$144  = scores_a == ins[76:64];
   assign \$145  = \$143  & \$144 ;
-  assign \$146  = ~ \$145 ;
-  assign \$147  = \$139  & \$146 ;
-  assign \$148  = ~ spad_ok;
-  assign \$149  = ins[5:0] == 1'h1;
-  assign \$150  = ins[5:0] == 2'h2;
-  assign \$151  = ins[5:0] == 2'h3;
+  assign \$146  = scores_len == ln;
+  assign \$147  = \$145  & \$146 ;
+  assign \$148  = ~ \$147 ;
+  assign \$149  = \$141  & \$148 ;
+  assign \$150  = ~ spad_ok;
+  assign \$151  = ins[5:0] == 1'h1;
+  assign \$152  = ins[5:0] == 2'h2;
+  assign \$153  = ins[5:0] == 2'h3;
+  assign \$154  = | { \$153 , \$152 , \$151 , 1'h0 };
+  assign \$155  = ~ host_ok;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = ~ g_valid;
+  assign \$158  = ~ h_valid;
+  assign \$159  = \$158  | eng_ready;
+  assign \$160  = \$157  | \$159 ;
+  assign \$163  = ~ g_valid;
+  assign \$164  = ~ h_valid;
+  assign \$165  = \$164  | eng_ready;
+  assign \$166  = \$163  | \$165 ;
+  assign \$169  = vec_op == 1'h1;
+  assign \$170  = \$169  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
+  assign \$171  = rq_width > 1'h1;
+  assign \$172  = rq_width > 2'h2;
+  assign \$173  = rq_width > 2'h3;
+  assign \$174  = rq_width > 3'h4;
+  assign \$175  = rq_width > 3'h5;
+  assign \$176  = rq_width > 3'h6;
+  assign \$177  = rq_width > 3'h7;
+  assign \$178  = rq_width > 4'h8;
+  assign \$179  = rq_width > 4'h9;
+  assign \$180  = rq_width > 4'ha;
+  assign \$181  = rq_width > 4'hb;
+  assign \$182  = rq_width > 4'hc;
+  assign \$183  = rq_width > 4'hd;
+  assign \$184  = rq_width > 4'he;
+  assign \$185  = rq_width > 4'hf;
+  assign \$186  = rq_width > 5'h10;
+  assign \$187  = rq_width > 5'h11;
+  assign \$188  = rq_width > 5'h12;
+  assign \$189  = rq_width > 5'h13;
+  assign \$190  = rq_width > 5'h14;
+  assign \$191  = rq_width > 5'h15;
+  assign \$192  = rq_width > 5'h16;
+  assign \$193  = rq_width > 5'h17;
+  assign \$194  = $signed(sat_in) > $signed({ 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  });
+  assign \$195  = ~ { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
+  assign \$196  = $signed(sat_in) < $signed(\$195 );
+  assign \$197  = ~ { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
+  assign \$198  = \$196  ? \$197  : sat_in;
+  assign rq_sat = \$194  ? { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  } : \$198 ;
+  assign \$199  = ~ rq_wvalid;
+  assign \$200  = \$199  | rq_in__ready;
+  assign \$201  = rq_lane == 2'h3;
+  assign \$202  = \$201  | rq_at_last;
+  assign \$203  = | rq_width;
+  assign \$204  = \$203  ? \rq_mult$223  : 32'd1;
+  assign \$205  = | rq_width;
+  assign \$206  = \$205  ? rq_shift : 6'h00;
+  assign \$207  = run_gemm ? gc_lane : rq_lane;
+  assign \$865  = \$207  * 5'h18;
+  assign sat_in = c_out__payload >> \$865 ;
+  assign \$208  = ~ a_in__valid;
+  assign \$209  = ~ gm_afeed_done;
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = gm_lane == 3'h4;
+  assign \$212  = ! gm_left[13:3];
+  assign \$213  = gm_lane >= gm_left[2:0];
+  assign \$214  = \$212  & \$213 ;
+  assign \$215  = \$211  | \$214 ;
+  assign \$216  = ~ \$215 ;
+  assign \$217  = \$210  & \$216 ;
+  assign \$220  = | rq_width;
+  assign \$881  = gc_lane * 5'h18;
+  assign \$221  = c_out__payload >> \$881 ;
+  assign \$222  = \$220  ? rq_sat : \$221 ;
+  assign rd_start = ctrl_rd_start | dma__rd_start;
+  assign rd_data__ready = ctrl_rd_ready | dma__rd_data__ready;
+  assign \$223  = pc >= 7'h40;
+  assign \$224  = | lane_y;
+  assign \$225  = step != 3'h7;
+  assign \$226  = ! ins[5:0];
+  assign \$227  = settle != 2'h2;
+  assign \$228  = | decode_q;
+  assign \$230  = ins[100:88] + \$229 ;
+  assign \$232  = ins[100:88] + \$231 ;
+  assign \$233  = \$232  + 1'h1;
+  assign \$234  = ins[124:112] + el_i;
+  assign \$235  = el_i < ln;
+  assign \$236  = ~ \$235 ;
+  assign \$237  = eng_run & \$236 ;
+  assign \$238  = ~ dma__rd_busy;
+  assign \$239  = | exec_error;
+  assign \$240  = scan >= 4'h8;
+  assign \$241  = ins[76:64] + scan;
+  assign \$242  = ins[76:64] + 4'h8;
+  assign \$243  = \$242  + scan;
+  assign \$244  = | rd0_q;
+  assign \$245  = g_i >= count;
+  assign \$247  = ins[100:88] + offset;
+  assign \$248  = \$247  + g_i;
+  assign \$249  = | lane_y;
+  assign \$250  = g_j < ins[61:48];
+  assign \$253  = run_gather ? lane_acc[12:0] : g_in;
+  assign \$254  = ins[76:64] + \$253 ;
+  assign \$255  = \$254  + g_j;
+  assign \$256  = ~ running;
+  assign \$257  = soft_reset & \$256 ;
+  assign \$258  = ! ctrl_state;
+  assign \$259  = ctrl_state == 1'h1;
+  assign \$260  = ctrl_state == 2'h2;
+  assign \$261  = ctrl_state == 2'h3;
+  assign \$262  = ctrl_state == 3'h4;
+  assign \$263  = ctrl_state == 3'h5;
+  assign \$264  = ctrl_state == 3'h6;
+  assign \$265  = ctrl_state == 3'h7;
+  assign \$266  = ctrl_state == 4'h8;
+  assign \$267  = ctrl_state == 4'h9;
+  assign \$268  = ctrl_state == 4'ha;
+  assign \$269  = ctrl_state == 4'hb;
+  assign \$270  = ctrl_state == 4'hc;
+  assign \$271  = ctrl_state == 4'hd;
+  assign \$272  = ctrl_state == 4'he;
+  assign \$273  = ctrl_state == 4'hf;
+  assign \$274  = ctrl_state == 5'h10;
+  assign \$275  = ctrl_state == 5'h11;
+  assign \$276  = ctrl_state == 5'h12;
+  assign \$277  = | lane_y;
+  assign \$278  = lane_acc + lane_x;
+  assign \$280  = lane_acc + lane_x;
+  assign \$281  = \$279  ? 33'h1ffffffff : \$280 [32:0];
+  assign \$283  = lane_x[32] ? 34'h1ffffffff : \$282 ;
+  assign \$285  = | wa;
+  assign \$286  = | wc;
+  assign \$287  = \$285  & \$286 ;
+  assign \$288  = ins[125:112] + wc;
+  assign \$289  = ins[77:64] < \$288 ;
+  assign \$290  = \$287  & \$289 ;
+  assign \$291  = ins[77:64] + wa;
+  assign \$292  = ins[125:112] < \$291 ;
+  assign \$293  = \$290  & \$292 ;
+  assign \$294  = ins[5:0] == 3'h4;
+  assign \$295  = ins[5:0] == 3'h5;
+  assign \$296  = ins[5:0] == 3'h6;
+  assign \$297  = ins[5:0] == 3'h7;
+  assign \$298  = ins[5:0] == 4'hd;
+  assign \$299  = | { \$298 , \$297 , \$296 , \$295 , \$294 , 1'h0 };
+  assign \$300  = ins[77:64] == ins[125:112];
+  assign \$301  = \$299  & \$300 ;
+  assign \$302  = wa == wc;
+  assign \$303  = \$301  & \$302 ;
+  assign \$304  = ~ \$303 ;
+  assign \$305  = \$293  & \$304 ;
+  assign \$306  = | wb;
+  assign \$307  = | wc;
+  assign \$308  = \$306  & \$307 ;
+  assign \$309  = ins[125:112] + wc;
+  assign \$310  = ins[101:88] < \$309 ;
+  assign \$311  = \$308  & \$310 ;
+  assign \$312  = ins[101:88] + wb;
+  assign \$313  = ins[125:112] < \$312 ;
+  assign \$314  = \$311  & \$313 ;
+  assign \$315  = ins[5:0] == 3'h4;
+  assign \$316  = ins[5:0] == 3'h5;
+  assign \$317  = ins[5:0] == 3'h6;
+  assign \$318  = ins[5:0] == 3'h7;
+  assign \$319  = ins[5:0] == 4'hd;
+  assign \$320  = | { \$319 , \$318 , \$317 , \$316 , \$315 , 1'h0 };
+  assign \$321  = ins[101:88] == ins[125:112];
+  assign \$322  = \$320  & \$321 ;
+  assign \$323  = wb == wc;
+  assign \$324  = \$322  & \$323 ;
+  assign \$325  = ~ \$324 ;
+  assign \$326  = \$314  & \$325 ;
+  assign \$327  = \$305  | \$326 ;
+  assign \$328  = ! wa;
+  assign \$329  = ! ins[87:78];
+  assign \$330  = ins[77:64] + wa;
+  assign \$331  = \$330  <= 14'h2000;
+  assign \$332  = \$329  & \$331 ;
+  assign \$333  = \$328  | \$332 ;
+  assign \$334  = ! wb;
+  assign \$335  = ! ins[111:102];
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -2273,12 +1940,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$3210$0 (\load_data$122 ),
+    .\port$2953$0 (\load_data$182 ),
     .retire(retire),
     .rst(rst),
     .running(running),
     .soft_reset(soft_reset),
-    .start(\start$322 ),
+    .start(\start$380 ),
     .wr_data(imem_wr__data)
   );
   \nanokpu_kpu.dma  dma (
@@ -2299,30 +1966,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wstrb(m_axi__wstrb),
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
-    .error(\error$252 ),
-    .\port$1242$0 (\$845 ),
-    .\port$1260$0 (\$846 ),
-    .\port$3411$2 (l4[17:2]),
+    .error(dma__error),
+    .\port$1003$0 (\$654 ),
+    .\port$3501$2 (l4[17:2]),
+    .\port$985$0 (\$653 ),
     .rd_addr(host_eff[31:0]),
-    .rd_busy(rd_busy),
+    .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
     .rd_data__valid(rd_data__valid),
     .rd_start(rd_start),
     .rst(rst),
-    .wr_busy(wr_busy),
+    .wr_busy(dma__wr_busy),
     .wr_data__payload(wr_data__payload),
-    .wr_data__ready(wr_data__ready),
+    .wr_data__ready(dma__wr_data__ready),
     .wr_data__valid(wr_data__valid),
     .wr_start(wr_start)
   );
   \nanokpu_kpu.fetch  fetch (
     .clk(clk),
-    .done(\done$324 ),
+    .done(\done$382 ),
     .ins(ins),
-    .pc(\pc$240 ),
+    .pc(\pc$332 ),
     .rst(rst),
-    .start(start),
+    .start(\start$331 ),
     .wr__addr(imem_wr__addr),
     .wr__data(imem_wr__data),
     .wr__en(imem_wr__en)
@@ -2340,14 +2007,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$90 (\done$325 ),
-    .error(\error$326 ),
+    .\done$90 (\done$383 ),
+    .error(\error$384 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
-    .rq_mult(\rq_mult$162 [15:0]),
+    .rq_mult(\rq_mult$223 [15:0]),
     .rq_shift(rq_shift),
     .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.loadstore  loadstore (
+    .clk(clk),
+    .dma__error(dma__error),
+    .dma__rd_busy(dma__rd_busy),
+    .dma__rd_data__payload(m_axi__rdata),
+    .dma__rd_data__ready(dma__rd_data__ready),
+    .dma__rd_data__valid(rd_data__valid),
+    .dma__rd_start(dma__rd_start),
+    .dma__wr_busy(dma__wr_busy),
+    .dma__wr_data__ready(dma__wr_data__ready),
+    .dma__wr_data__valid(wr_data__valid),
+    .dma__wr_start(wr_start),
+    .done(\done$296 ),
+    .error(\error$298 ),
+    .ins(decoded),
+    .out(wr_data__payload),
+    .rst(rst),
+    .spad__rd0__addr(clients__1__rd0__addr),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(clients__1__rd0__en),
+    .spad__wr__addr(clients__1__wr__addr),
+    .spad__wr__data(clients__1__wr__data),
+    .spad__wr__en(clients__1__wr__en),
+    .start(exec_start[0]),
+    .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.route  route (
+    .bias__addr(bias_addr),
+    .bias__data(bias_data),
+    .bias__we(bias_we),
+    .clk(clk),
+    .done(\done$301 ),
+    .error(\error$302 ),
+    .ins(decoded),
+    .routes__payload(routes__payload),
+    .routes__ready(routes__ready),
+    .routes__valid(routes__valid),
+    .rst(rst),
+    .scores__payload(scores__payload),
+    .scores__ready(scores__ready),
+    .scores__valid(scores__valid),
+    .spad__rd0__addr(clients__2__rd0__addr),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(clients__2__rd0__en),
+    .spad__wr__addr(clients__2__wr__addr),
+    .spad__wr__data(clients__2__wr__data),
+    .spad__wr__en(clients__2__wr__en),
+    .start(exec_start[1]),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.router  router (
@@ -2357,7 +2074,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .emitting(routes__valid),
     .lh__addr(s_axil__araddr[4:2]),
     .load_clear(load_clear),
-    .load_data(\load_data$122 ),
+    .load_data(\load_data$182 ),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .rst(rst),
@@ -2378,36 +2095,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .x(rd0_q[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$200 ),
+    .advance(\i__ready$261 ),
     .clk(clk),
-    .i__payload(\i__payload$169 ),
-    .i__valid(\i__valid$199 ),
-    .o__payload(\o__payload$202 ),
-    .o__valid(\o__valid$201 ),
+    .i__payload(\i__payload$230 ),
+    .i__valid(\i__valid$260 ),
+    .o__payload(\o__payload$263 ),
+    .o__valid(\o__valid$262 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.spad  spad (
+    .clients__0__rd0__addr(clients__0__rd0__addr),
+    .clients__0__rd0__data(spad__rd0__data),
+    .clients__0__rd0__en(clients__0__rd0__en),
+    .clients__0__rd1__addr(clients__0__rd1__addr),
+    .clients__0__rd1__data(spad__rd1__data),
+    .clients__0__rd1__en(clients__0__rd1__en),
+    .clients__0__wr__addr(clients__0__wr__addr),
+    .clients__0__wr__data(clients__0__wr__data),
+    .clients__0__wr__en(clients__0__wr__en),
+    .clients__1__rd0__addr(clients__1__rd0__addr),
+    .clients__1__rd0__en(clients__1__rd0__en),
+    .clients__1__wr__addr(clients__1__wr__addr),
+    .clients__1__wr__data(clients__1__wr__data),
+    .clients__1__wr__en(clients__1__wr__en),
+    .clients__2__rd0__addr(clients__2__rd0__addr),
+    .clients__2__rd0__en(clients__2__rd0__en),
+    .clients__2__wr__addr(clients__2__wr__addr),
+    .clients__2__wr__data(clients__2__wr__data),
+    .clients__2__wr__en(clients__2__wr__en),
     .clk(clk),
-    .port__addr(rd0__addr),
-    .\port__addr$20 (rd1__addr),
-    .rd0_rd_data(rd0__data),
-    .rd0_rd_en(rd0__en),
-    .rd1_rd_data(rd1__data),
-    .rd1_rd_en(rd1__en),
-    .rst(rst),
-    .wr__addr(wr__addr),
-    .wr__data(wr__data),
-    .wr__en(wr__en)
+    .\port$2$0 (\$2 ),
+    .\port$3531$0 (running_exec),
+    .rst(rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$171 ),
-    .i__ready(\i__ready$204 ),
-    .i__valid(\i__valid$203 ),
+    .i__payload(\i__payload$232 ),
+    .i__ready(\i__ready$265 ),
+    .i__valid(\i__valid$264 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$206 ),
-    .o__valid(\o__valid$205 ),
+    .o__payload(\o__payload$267 ),
+    .o__valid(\o__valid$266 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -2435,24 +2164,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             6'h0c:
                 st_y = ins[47:32];
             6'h03:
-                st_y = \$8 [15:0];
+                st_y = \$10 [15:0];
           endcase
       3'h3:
           casez (ins[5:0])
             6'h0c:
                 st_y = m_eff;
             6'h03:
-                st_y = \$13 [15:0];
+                st_y = \$15 [15:0];
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_y = \$16 [15:0];
+                st_y = \$18 [15:0];
             6'h01, 6'h02:
                 st_y = m_eff;
           endcase
       3'h5:
-          st_y = { 12'h000, \$25  };
+          st_y = { 12'h000, \$27  };
     endcase
   end
   always @* begin
@@ -2483,16 +2212,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       3'h3:
           casez (ins[5:0])
             6'h0c:
-                st_x = { 19'h00000, \$10  };
+                st_x = { 19'h00000, \$12  };
             6'h03:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_x = { 14'h0000, \$17  };
+                st_x = { 14'h0000, \$19  };
             6'h01, 6'h02:
-                st_x = { 14'h0000, \$22  };
+                st_x = { 14'h0000, \$24  };
           endcase
       3'h5:
           st_x = { 1'h0, ins[199:168] };
@@ -2548,31 +2277,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h00:
           shape_ok = 1'h1;
       6'h01:
-          shape_ok = \$32 ;
+          shape_ok = \$34 ;
       6'h02:
-          shape_ok = \$37 ;
+          shape_ok = \$39 ;
       6'h03:
-          shape_ok = \$49 ;
+          shape_ok = \$51 ;
       6'h04:
-          shape_ok = \$56 ;
+          shape_ok = \$58 ;
       6'h05:
-          shape_ok = \$59 ;
+          shape_ok = \$61 ;
       6'h06:
-          shape_ok = \$62 ;
+          shape_ok = \$64 ;
       6'h07:
-          shape_ok = \$65 ;
+          shape_ok = \$67 ;
       6'h08:
-          shape_ok = \$69 ;
-      6'h09:
           shape_ok = \$71 ;
+      6'h09:
+          shape_ok = \$73 ;
       6'h0a:
-          shape_ok = \$74 ;
+          shape_ok = \$76 ;
       6'h0b:
-          shape_ok = \$77 ;
+          shape_ok = \$79 ;
       6'h0c:
-          shape_ok = \$81 ;
+          shape_ok = \$83 ;
       6'h0d:
-          shape_ok = \$84 ;
+          shape_ok = \$86 ;
       6'h0e:
           shape_ok = 1'h1;
     endcase
@@ -2594,7 +2323,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$96 ;
+          wc = \$98 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -2624,7 +2353,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$100 ;
+          wa = \$102 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -2642,21 +2371,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h02:
           /* empty */;
       6'h03:
-          wb = { 9'h000, \$87  };
+          wb = { 9'h000, \$89  };
       6'h04:
-          wb = { 9'h000, \$90  };
+          wb = { 9'h000, \$92  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$92 ;
+          wb = \$94 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$104 ;
+          wb = \$106 ;
       6'h0b:
-          wb = \$108 ;
+          wb = \$110 ;
       6'h0c:
           wb = mk;
     endcase
@@ -2664,33 +2393,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$110 ) begin
+    if (\$112 ) begin
       decode_err = 8'h01;
-    end else if (\$130 ) begin
+    end else if (\$132 ) begin
       decode_err = 8'h08;
-    end else if (\$136 ) begin
+    end else if (\$138 ) begin
       decode_err = 8'h06;
-    end else if (\$137 ) begin
+    end else if (\$139 ) begin
       decode_err = 8'h03;
-    end else if (\$147 ) begin
+    end else if (\$149 ) begin
       decode_err = 8'h04;
-    end else if (\$148 ) begin
+    end else if (\$150 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$154 ) begin
+    end else if (\$156 ) begin
       decode_err = 8'h05;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd0__addr = 13'h0000;
+    clients__0__rd0__addr = 13'h0000;
     if (eng_run) begin
-      rd0__addr = pa;
+      clients__0__rd0__addr = pa;
     end
     if (gemm_run) begin
-      if (\$217 ) begin
-        rd0__addr = gm_addr;
+      if (\$219 ) begin
+        clients__0__rd0__addr = gm_addr;
       end
     end
     casez (ctrl_state)
@@ -2703,74 +2432,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__addr = \$228 [12:0];
-      5'h0d:
+          clients__0__rd0__addr = \$230 [12:0];
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
-          if (\$259 ) begin
-            rd0__addr = \$260 [12:0];
-          end
-      5'h0a:
-          rd0__addr = \$269 [12:0];
-      5'h10:
-          if (\$278 ) begin
-            rd0__addr = \$279 [12:0];
-          end
-      5'h11:
-          if (\$287 ) begin
-            rd0__addr = \$288 [12:0];
-          end
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$240 ) begin
           end else begin
-            rd0__addr = \$302 [12:0];
+            clients__0__rd0__addr = \$241 [12:0];
           end
-      5'h17:
+      5'h0e:
           /* empty */;
-      5'h18:
+      5'h0f:
           /* empty */;
-      5'h0c:
-          if (\$306 ) begin
-          end else if (\$307 ) begin
-            rd0__addr = \$309 [12:0];
+      5'h0a:
+          if (\$245 ) begin
+          end else if (\$246 ) begin
+            clients__0__rd0__addr = \$248 [12:0];
           end
-      5'h19:
+      5'h10:
           /* empty */;
-      5'h1a:
+      5'h11:
           /* empty */;
-      5'h1b:
-          if (\$310 ) begin
-          end else if (\$313 ) begin
-            rd0__addr = \$316 [12:0];
+      5'h12:
+          if (\$249 ) begin
+          end else if (\$252 ) begin
+            clients__0__rd0__addr = \$255 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd1__addr = 13'h0000;
+    clients__0__rd1__addr = 13'h0000;
     if (eng_run) begin
-      rd1__addr = pb;
+      clients__0__rd1__addr = pb;
     end
     casez (ctrl_state)
       5'h00:
@@ -2782,54 +2487,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__addr = \$231 [12:0];
-      5'h0d:
+          clients__0__rd1__addr = \$233 [12:0];
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$240 ) begin
           end else begin
-            rd1__addr = \$304 [12:0];
+            clients__0__rd1__addr = \$243 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd0__en = 1'h1;
+    clients__0__rd0__en = 1'h0;
     if (eng_run) begin
-      rd0__en = \$160 ;
+      clients__0__rd0__en = \$162 ;
     end
     if (gemm_run) begin
-      if (\$217 ) begin
-        rd0__en = 1'h1;
+      if (\$219 ) begin
+        clients__0__rd0__en = 1'h1;
       end
     end
     casez (ctrl_state)
@@ -2842,74 +2529,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd0__en = 1'h1;
-      5'h0d:
+          clients__0__rd0__en = 1'h1;
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
-          if (\$259 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h0a:
-          rd0__en = 1'h1;
-      5'h10:
-          if (\$278 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h11:
-          if (\$287 ) begin
-            rd0__en = 1'h1;
-          end
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$240 ) begin
           end else begin
-            rd0__en = 1'h1;
+            clients__0__rd0__en = 1'h1;
           end
-      5'h17:
+      5'h0e:
           /* empty */;
-      5'h18:
+      5'h0f:
           /* empty */;
-      5'h0c:
-          if (\$306 ) begin
-          end else if (\$307 ) begin
-            rd0__en = 1'h1;
+      5'h0a:
+          if (\$245 ) begin
+          end else if (\$246 ) begin
+            clients__0__rd0__en = 1'h1;
           end
-      5'h19:
+      5'h10:
           /* empty */;
-      5'h1a:
+      5'h11:
           /* empty */;
-      5'h1b:
-          if (\$310 ) begin
-          end else if (\$313 ) begin
-            rd0__en = 1'h1;
+      5'h12:
+          if (\$249 ) begin
+          end else if (\$252 ) begin
+            clients__0__rd0__en = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd1__en = 1'h1;
+    clients__0__rd1__en = 1'h0;
     if (eng_run) begin
-      rd1__en = \$166 ;
+      clients__0__rd1__en = \$168 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -2921,42 +2584,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          rd1__en = 1'h1;
-      5'h0d:
+          clients__0__rd1__en = 1'h1;
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$240 ) begin
           end else begin
-            rd1__en = 1'h1;
+            clients__0__rd1__en = 1'h1;
           end
     endcase
   end
@@ -2975,13 +2620,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
-        eng_ready = \$198 ;
+        eng_ready = \$200 ;
       end else if (run_sigmoid) begin
         eng_ready = i__ready;
       end else if (run_situ) begin
-        eng_ready = \i__ready$200 ;
+        eng_ready = \i__ready$261 ;
       end else begin
-        eng_ready = \i__ready$204 ;
+        eng_ready = \i__ready$265 ;
       end
     end
   end
@@ -2995,9 +2640,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_valid = o__valid;
       end else if (run_situ) begin
-        out_valid = \o__valid$201 ;
+        out_valid = \o__valid$262 ;
       end else begin
-        out_valid = \o__valid$205 ;
+        out_valid = \o__valid$266 ;
       end
     end
   end
@@ -3011,9 +2656,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (run_situ) begin
-        out_data = { \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202 [15], \o__payload$202  };
+        out_data = { \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263  };
       end else begin
-        out_data = { \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206 [15], \o__payload$206  };
+        out_data = { \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267  };
       end
     end
   end
@@ -3023,7 +2668,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          c_out__ready = \$200 ;
+          c_out__ready = \$202 ;
         end
       end
     end
@@ -3047,25 +2692,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$199  = 1'h0;
+    \i__valid$260  = 1'h0;
     if (eng_run) begin
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
-        \i__valid$199  = h_valid;
+        \i__valid$260  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$203  = 1'h0;
+    \i__valid$264  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
       end else begin
-        \i__valid$203  = h_valid;
+        \i__valid$264  = h_valid;
       end
     end
   end
@@ -3078,41 +2723,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd_data__ready = 1'h0;
+    ctrl_rd_ready = 1'h0;
     if (gemm_run) begin
-      rd_data__ready = b_in__ready;
+      ctrl_rd_ready = b_in__ready;
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          rd_data__ready = \$237 ;
-    endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__addr = 13'h0000;
+    clients__0__wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = gc_addr;
+        clients__0__wr__addr = gc_addr;
       end
     end
     casez (ctrl_state)
@@ -3126,79 +2747,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           if (out_valid) begin
-            wr__addr = \$232 [12:0];
+            clients__0__wr__addr = \$234 [12:0];
           end
       5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
           /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$238 ) begin
-              wr__addr = \$239 [12:0];
-            end
-          end
-      5'h09:
-          /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
-        begin
-          if (\$282 ) begin
-            wr__addr = \$283 [12:0];
-          end
-          if (\$284 ) begin
-            wr__addr = \$286 [12:0];
-          end
-        end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          if (\$289 ) begin
-            wr__addr = \$290 [12:0];
-          end
-      5'h14:
-          wr__addr = \$292 [12:0];
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$294 ) begin
-          end else begin
-            wr__addr = \$295 [12:0];
-          end
-      5'h16:
-          wr__addr = \$298 [12:0];
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
           if (g_wv) begin
-            wr__addr = g_wa;
+            clients__0__wr__addr = g_wa;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__data = 32'd0;
+    clients__0__wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = { \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220 [23], \$220  };
+        clients__0__wr__data = { \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222  };
       end
     end
     casez (ctrl_state)
@@ -3212,79 +2798,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           if (out_valid) begin
-            wr__data = out_data;
+            clients__0__wr__data = out_data;
           end
       5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
           /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$238 ) begin
-              wr__data = \$246 ;
-            end
-          end
-      5'h09:
-          /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
-        begin
-          if (\$282 ) begin
-            wr__data = { 29'h00000000, rt_held[2:0] };
-          end
-          if (\$284 ) begin
-            wr__data = { 16'h0000, rt_held[18:3] };
-          end
-        end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          if (\$289 ) begin
-            wr__data = { 18'h00000, rt_p };
-          end
-      5'h14:
-          wr__data = { 18'h00000, rt_pt };
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$294 ) begin
-          end else begin
-            wr__data = { \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296 [14], \$296  };
-          end
-      5'h16:
-          wr__data = { 18'h00000, rt_off };
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
           if (g_wv) begin
-            wr__data = rd0_q;
+            clients__0__wr__data = rd0_q;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr__en = 1'h0;
+    clients__0__wr__en = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__en = 1'h1;
+        clients__0__wr__en = 1'h1;
       end
     end
     casez (ctrl_state)
@@ -3298,98 +2849,83 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           if (out_valid) begin
-            wr__en = 1'h1;
+            clients__0__wr__en = 1'h1;
           end
       5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
           /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$238 ) begin
-              wr__en = 1'h1;
-            end
-          end
-      5'h09:
-          /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
-        begin
-          if (\$282 ) begin
-            wr__en = 1'h1;
-          end
-          if (\$284 ) begin
-            wr__en = 1'h1;
-          end
-        end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          if (\$289 ) begin
-            wr__en = 1'h1;
-          end
-      5'h14:
-          wr__en = 1'h1;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$294 ) begin
-          end else begin
-            wr__en = 1'h1;
-          end
-      5'h16:
-          wr__en = 1'h1;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
           if (g_wv) begin
-            wr__en = 1'h1;
+            clients__0__wr__en = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    start = 1'h0;
+    exec_done = 1'h0;
+    if (running_exec[0]) begin
+      exec_done = \done$296 ;
+    end
+    if (running_exec[1]) begin
+      exec_done = \done$301 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    exec_error = 8'h00;
+    if (running_exec[0]) begin
+      exec_error = \error$298 ;
+    end
+    if (running_exec[1]) begin
+      exec_error = \error$302 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \start$331  = 1'h0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$221 ) begin
+          if (\$223 ) begin
           end else begin
-            start = 1'h1;
+            \start$331  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \pc$240  = 13'h0000;
+    \pc$332  = 13'h0000;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$221 ) begin
+          if (\$223 ) begin
           end else begin
-            \pc$240  = pc;
+            \pc$332  = pc;
           end
     endcase
   end
@@ -3405,11 +2941,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$222 ) begin
-          end else if (\$223 ) begin
-          end else if (\$224 ) begin
+          if (\$224 ) begin
           end else if (\$225 ) begin
           end else if (\$226 ) begin
+          end else if (\$227 ) begin
+          end else if (\$228 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -3418,69 +2954,47 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
-          if (\$235 ) begin
+          if (\$237 ) begin
             retire = 1'h1;
           end
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
-          if (\$236 ) begin
+      5'h0d:
+          if (\$238 ) begin
             retire = 1'h1;
           end
       5'h08:
-          if (\error$252 ) begin
-          end else if (\$252 ) begin
-            retire = 1'h1;
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$239 ) begin
+            end else begin
+              retire = 1'h1;
+            end
           end
       5'h09:
-          if (\error$252 ) begin
-          end else if (\$268 ) begin
+          if (\$240 ) begin
+            retire = 1'h1;
+          end
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$244 ) begin
             retire = 1'h1;
           end
       5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$300 ) begin
-          end else begin
-            retire = 1'h1;
-          end
-      5'h0b:
-          if (\$301 ) begin
-            retire = 1'h1;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$305 ) begin
-            retire = 1'h1;
-          end
-      5'h0c:
-          if (\$306 ) begin
+          if (\$245 ) begin
             retire = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rd_start = 1'h0;
+    exec_start = 2'h0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -3490,11 +3004,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$222 ) begin
-          end else if (\$223 ) begin
-          end else if (\$224 ) begin
+          if (\$224 ) begin
           end else if (\$225 ) begin
           end else if (\$226 ) begin
+          end else if (\$227 ) begin
+          end else if (\$228 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -3509,57 +3023,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   /* empty */;
               6'h03:
                   /* empty */;
-              6'h01:
-                  rd_start = 1'h1;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          if (cmd__ready) begin
-            rd_start = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr_start = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$222 ) begin
-          end else if (\$223 ) begin
-          end else if (\$224 ) begin
-          end else if (\$225 ) begin
-          end else if (\$226 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  wr_start = 1'h1;
+              6'h01, 6'h02:
+                  exec_start[0] = 1'h1;
+              6'h08:
+                  exec_start[1] = 1'h1;
             endcase
           end
     endcase
@@ -3578,7 +3045,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           eng_run = 1'h1;
@@ -3598,12 +3065,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           cmd__valid = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    ctrl_rd_start = 1'h0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          if (cmd__ready) begin
+            ctrl_rd_start = 1'h1;
+          end
     endcase
   end
   always @* begin
@@ -3620,248 +3111,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           gemm_run = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wr_data__valid = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          wr_data__valid = st_full;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_we = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$270 ) begin
-            bias_we = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_addr = 3'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$270 ) begin
-            bias_addr = \$271 [2:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    bias_data = 16'h0000;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$270 ) begin
-            bias_data = rd0__data[15:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    scores__payload = 13'h0000;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          scores__payload = rq_in__payload[12:0];
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    scores__valid = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          scores__valid = rt_wvalid;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    routes__ready = 1'h0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          routes__ready = \$280 ;
     endcase
   end
   always @* begin
@@ -3878,19 +3135,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -3899,28 +3160,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
           /* empty */;
       5'h02:
           abort = 1'h1;
@@ -3940,19 +3179,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -3962,41 +3205,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h12:
           /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$318 ) begin
+    if (\$257 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = lane_acc;
-    if (\$347 ) begin
+    \$559  = lane_acc;
+    if (\$277 ) begin
       if (lane_y[0]) begin
-        \$723  = \$351 ;
+        \$559  = \$281 ;
       end
     end
     casez (ctrl_state)
@@ -4007,68 +3228,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-            \$723  = st_acc;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+            \$559  = st_acc;
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
           /* empty */;
       5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$539 ) begin
           end else begin
-            \$723  = 33'h000000000;
+            \$559  = 33'h000000000;
           end
     endcase
     if (rst) begin
-      \$723  = 33'h000000000;
+      \$559  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = lane_x;
-    if (\$347 ) begin
-      \$724  = \$353 [32:0];
+    \$560  = lane_x;
+    if (\$277 ) begin
+      \$560  = \$283 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -4078,68 +3281,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-            \$724  = st_x;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+            \$560  = st_x;
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
           /* empty */;
       5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$539 ) begin
           end else begin
-            \$724  = { 19'h00000, ins[61:48] };
+            \$560  = { 19'h00000, ins[61:48] };
           end
     endcase
     if (rst) begin
-      \$724  = 33'h000000000;
+      \$560  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = lane_y;
-    if (\$347 ) begin
-      \$725  = \$354 ;
+    \$561  = lane_y;
+    if (\$277 ) begin
+      \$561  = \$284 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -4149,104 +3334,86 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-            \$725  = st_y;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+            \$561  = st_y;
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
           /* empty */;
       5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$539 ) begin
           end else begin
-            \$725  = rd0_q[15:0];
+            \$561  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
-      \$725  = 16'h0000;
+      \$561  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = shape_ok;
+    \$562  = shape_ok;
     if (rst) begin
-      \$726  = 1'h0;
+      \$562  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = \$397 ;
+    \$563  = \$327 ;
     if (rst) begin
-      \$727  = 1'h0;
+      \$563  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = \$417 ;
+    \$564  = \$347 ;
     if (rst) begin
-      \$728  = 1'h0;
+      \$564  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = \$424 ;
+    \$565  = \$354 ;
     if (rst) begin
-      \$729  = 1'h0;
+      \$565  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = decode_err;
+    \$566  = decode_err;
     if (rst) begin
-      \$730  = 8'h00;
+      \$566  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = h_valid;
+    \$567  = h_valid;
     if (eng_run) begin
-      if (\$426 ) begin
-        \$731  = g_valid;
+      if (\$356 ) begin
+        \$567  = g_valid;
       end
     end
     casez (ctrl_state)
@@ -4258,48 +3425,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$731  = 1'h0;
+                  \$567  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$731  = 1'h0;
+                  \$567  = 1'h0;
               6'h0c:
-                  \$731  = 1'h0;
+                  \$567  = 1'h0;
               6'h0d:
-                  \$731  = 1'h0;
+                  \$567  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$731  = 1'h0;
+      \$567  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = h_last;
+    \$568  = h_last;
     if (eng_run) begin
-      if (\$426 ) begin
-        \$732  = g_last;
+      if (\$356 ) begin
+        \$568  = g_last;
       end
     end
     if (rst) begin
-      \$732  = 1'h0;
+      \$568  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = g_valid;
+    \$569  = g_valid;
     if (eng_run) begin
-      if (\$430 ) begin
-        \$733  = \$432 ;
+      if (\$360 ) begin
+        \$569  = \$362 ;
       end
     end
     casez (ctrl_state)
@@ -4311,55 +3478,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$733  = 1'h0;
+                  \$569  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$733  = 1'h0;
+                  \$569  = 1'h0;
               6'h0c:
-                  \$733  = 1'h0;
+                  \$569  = 1'h0;
               6'h0d:
-                  \$733  = 1'h0;
+                  \$569  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$733  = 1'h0;
+      \$569  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = g_last;
+    \$570  = g_last;
     if (eng_run) begin
-      if (\$430 ) begin
-        \$734  = \$433 ;
+      if (\$360 ) begin
+        \$570  = \$363 ;
       end
     end
     if (rst) begin
-      \$734  = 1'h0;
+      \$570  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = rem0;
+    \$571  = rem0;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-            \$735  = \$438 [13:0];
-          end else if (\$437 ) begin
-            \$735  = cnt0;
+          if (\$366 ) begin
+            \$571  = \$368 [13:0];
+          end else if (\$367 ) begin
+            \$571  = cnt0;
           end else begin
-            \$735  = cnt0;
+            \$571  = cnt0;
           end
         end
       end
@@ -4373,43 +3540,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$735  = ln;
+                  \$571  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$735  = ln;
+                  \$571  = ln;
               6'h0c:
-                  \$735  = ins[45:32];
+                  \$571  = ins[45:32];
               6'h0d:
-                  \$735  = ins[61:48];
+                  \$571  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$735  = 14'h0000;
+      \$571  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = pa;
+    \$572  = pa;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-            \$736  = \$439 [12:0];
-          end else if (\$437 ) begin
-            \$736  = \$443 [12:0];
+          if (\$366 ) begin
+            \$572  = \$369 [12:0];
+          end else if (\$367 ) begin
+            \$572  = \$373 [12:0];
           end else begin
-            \$736  = \$449 [12:0];
+            \$572  = \$379 [12:0];
           end
         end
       end
@@ -4423,43 +3590,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$736  = ins[76:64];
+                  \$572  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$736  = ins[76:64];
+                  \$572  = ins[76:64];
               6'h0c:
-                  \$736  = ins[76:64];
+                  \$572  = ins[76:64];
               6'h0d:
-                  \$736  = ins[76:64];
+                  \$572  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$736  = 13'h0000;
+      \$572  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = pb;
+    \$573  = pb;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-            \$737  = \$440 [12:0];
-          end else if (\$437 ) begin
-            \$737  = \$445 [12:0];
+          if (\$366 ) begin
+            \$573  = \$370 [12:0];
+          end else if (\$367 ) begin
+            \$573  = \$375 [12:0];
           end else begin
-            \$737  = \$452 [12:0];
+            \$573  = \$382 [12:0];
           end
         end
       end
@@ -4473,42 +3640,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$737  = ins[100:88];
+                  \$573  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$737  = ins[100:88];
+                  \$573  = ins[100:88];
               6'h0c:
-                  \$737  = ins[100:88];
+                  \$573  = ins[100:88];
               6'h0d:
-                  \$737  = ins[100:88];
+                  \$573  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$737  = 13'h0000;
+      \$573  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = rem1;
+    \$574  = rem1;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
-            \$738  = \$441 [13:0];
+          if (\$366 ) begin
+          end else if (\$367 ) begin
+            \$574  = \$371 [13:0];
           end else begin
-            \$738  = cnt1;
+            \$574  = cnt1;
           end
         end
       end
@@ -4522,42 +3689,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$738  = 14'h0001;
+                  \$574  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$738  = 14'h0001;
+                  \$574  = 14'h0001;
               6'h0c:
-                  \$738  = ins[61:48];
+                  \$574  = ins[61:48];
               6'h0d:
-                  \$738  = 14'h0002;
+                  \$574  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$738  = 14'h0000;
+      \$574  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = ra1;
+    \$575  = ra1;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
-            \$739  = \$442 [12:0];
+          if (\$366 ) begin
+          end else if (\$367 ) begin
+            \$575  = \$372 [12:0];
           end else begin
-            \$739  = \$448 [12:0];
+            \$575  = \$378 [12:0];
           end
         end
       end
@@ -4571,42 +3738,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$739  = ins[76:64];
+                  \$575  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$739  = ins[76:64];
+                  \$575  = ins[76:64];
               6'h0c:
-                  \$739  = ins[76:64];
+                  \$575  = ins[76:64];
               6'h0d:
-                  \$739  = ins[76:64];
+                  \$575  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$739  = 13'h0000;
+      \$575  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = rb1;
+    \$576  = rb1;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
-            \$740  = \$444 [12:0];
+          if (\$366 ) begin
+          end else if (\$367 ) begin
+            \$576  = \$374 [12:0];
           end else begin
-            \$740  = \$451 [12:0];
+            \$576  = \$381 [12:0];
           end
         end
       end
@@ -4620,41 +3787,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$740  = ins[100:88];
+                  \$576  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$740  = ins[100:88];
+                  \$576  = ins[100:88];
               6'h0c:
-                  \$740  = ins[100:88];
+                  \$576  = ins[100:88];
               6'h0d:
-                  \$740  = ins[100:88];
+                  \$576  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$740  = 13'h0000;
+      \$576  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = rem2;
+    \$577  = rem2;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
+          if (\$366 ) begin
+          end else if (\$367 ) begin
           end else begin
-            \$741  = \$446 [13:0];
+            \$577  = \$376 [13:0];
           end
         end
       end
@@ -4668,41 +3835,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$741  = 14'h0001;
+                  \$577  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$741  = 14'h0001;
+                  \$577  = 14'h0001;
               6'h0c:
-                  \$741  = m_eff[13:0];
+                  \$577  = m_eff[13:0];
               6'h0d:
-                  \$741  = m_eff[13:0];
+                  \$577  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$741  = 14'h0000;
+      \$577  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = ra2;
+    \$578  = ra2;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
+          if (\$366 ) begin
+          end else if (\$367 ) begin
           end else begin
-            \$742  = \$447 [12:0];
+            \$578  = \$377 [12:0];
           end
         end
       end
@@ -4716,41 +3883,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$742  = ins[76:64];
+                  \$578  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$742  = ins[76:64];
+                  \$578  = ins[76:64];
               6'h0c:
-                  \$742  = ins[76:64];
+                  \$578  = ins[76:64];
               6'h0d:
-                  \$742  = ins[76:64];
+                  \$578  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$742  = 13'h0000;
+      \$578  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = rb2;
+    \$579  = rb2;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
+          if (\$366 ) begin
+          end else if (\$367 ) begin
           end else begin
-            \$743  = \$450 [12:0];
+            \$579  = \$380 [12:0];
           end
         end
       end
@@ -4764,42 +3931,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$743  = ins[100:88];
+                  \$579  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$743  = ins[100:88];
+                  \$579  = ins[100:88];
               6'h0c:
-                  \$743  = ins[100:88];
+                  \$579  = ins[100:88];
               6'h0d:
-                  \$743  = ins[100:88];
+                  \$579  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$743  = 13'h0000;
+      \$579  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = issuing;
+    \$580  = issuing;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$435 ) begin
+      if (\$360 ) begin
+        if (\$365 ) begin
           (* full_case = 32'd1 *)
-          if (\$436 ) begin
-          end else if (\$437 ) begin
+          if (\$366 ) begin
+          end else if (\$367 ) begin
           end else begin
-            if (\$454 ) begin
-              \$744  = 1'h0;
+            if (\$384 ) begin
+              \$580  = 1'h0;
             end
           end
         end
@@ -4814,83 +3981,83 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$744  = 1'h1;
+                  \$580  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$744  = 1'h1;
+                  \$580  = 1'h1;
               6'h0c:
-                  \$744  = 1'h1;
+                  \$580  = 1'h1;
               6'h0d:
-                  \$744  = 1'h1;
+                  \$580  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$744  = 1'h0;
+      \$580  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$458 ;
+    \$581  = \$388 ;
     if (rst) begin
-      \$745  = 2'h0;
+      \$581  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$459 ;
+    \$582  = \$389 ;
     if (rst) begin
-      \$746  = 1'h0;
+      \$582  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$460 ;
+    \$583  = \$390 ;
     if (rst) begin
-      \$747  = 1'h0;
+      \$583  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$461 ;
+    \$584  = \$391 ;
     if (rst) begin
-      \$748  = 1'h0;
+      \$584  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = \$462 ;
+    \$585  = \$392 ;
     if (rst) begin
-      \$749  = 1'h0;
+      \$585  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$463 ;
+    \$586  = \$393 ;
     if (rst) begin
-      \$750  = 1'h0;
+      \$586  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = rq_wvalid;
+    \$587  = rq_wvalid;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$464 ) begin
-          \$751  = 1'h0;
+        if (\$394 ) begin
+          \$587  = 1'h0;
         end
-        if (\$465 ) begin
-          if (\$474 ) begin
-            \$751  = 1'h1;
+        if (\$395 ) begin
+          if (\$404 ) begin
+            \$587  = 1'h1;
           end
         end
       end
@@ -4904,34 +4071,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$751  = 1'h0;
+                  \$587  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$751  = 1'h0;
+      \$587  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = rq_fill;
+    \$588  = rq_fill;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$464 ) begin
-          \$752  = 3'h0;
+        if (\$394 ) begin
+          \$588  = 3'h0;
         end
-        if (\$465 ) begin
-          \$752  = \$470 [2:0];
+        if (\$395 ) begin
+          \$588  = \$400 [2:0];
         end
       end
     end
@@ -4944,39 +4111,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$752  = 3'h0;
+                  \$588  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$752  = 3'h0;
+      \$588  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = rq_in__payload;
+    \$589  = rq_in__payload;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$465 ) begin
-          casez (\$467 )
+        if (\$395 ) begin
+          casez (\$397 )
             3'h0:
-                \$753 [23:0] = rd0_q[23:0];
+                \$589 [23:0] = rd0_q[23:0];
             3'h1:
-                \$753 [47:24] = rd0_q[23:0];
+                \$589 [47:24] = rd0_q[23:0];
             3'h2:
-                \$753 [71:48] = rd0_q[23:0];
+                \$589 [71:48] = rd0_q[23:0];
             3'h3:
-                \$753 [95:72] = rd0_q[23:0];
+                \$589 [95:72] = rd0_q[23:0];
           endcase
         end
       end
@@ -4986,17 +4153,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$753 [7:0] = rd0__data[7:0];
+              \$589 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$753 [31:24] = rd0__data[7:0];
+              \$589 [31:24] = spad__rd0__data[7:0];
           2'h2:
-              \$753 [55:48] = rd0__data[7:0];
+              \$589 [55:48] = spad__rd0__data[7:0];
           2'h3:
-              \$753 [79:72] = rd0__data[7:0];
+              \$589 [79:72] = spad__rd0__data[7:0];
         endcase
       end
-      if (\$502 ) begin
-        \$753  = 96'h000000000000000000000000;
+      if (\$432 ) begin
+        \$589  = 96'h000000000000000000000000;
       end
     end
     casez (ctrl_state)
@@ -5008,11 +4175,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5026,43 +4193,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$753  = 96'h000000000000000000000000;
+                  \$589  = 96'h000000000000000000000000;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (rt_cap) begin
-            \$753 [12:0] = \$660 ;
           end
     endcase
     if (rst) begin
-      \$753  = 96'h000000000000000000000000;
+      \$589  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = rq_lane;
+    \$590  = rq_lane;
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          \$754  = \$478 [1:0];
+          \$590  = \$408 [1:0];
         end
       end
     end
@@ -5075,60 +4220,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$754  = 2'h0;
+                  \$590  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$754  = 2'h0;
+      \$590  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = gm_cap;
+    \$591  = gm_cap;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$490 ) begin
-        \$755  = 1'h1;
+      if (\$420 ) begin
+        \$591  = 1'h1;
       end else begin
-        \$755  = 1'h0;
+        \$591  = 1'h0;
       end
     end
     if (rst) begin
-      \$755  = 1'h0;
+      \$591  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = gm_cap_lane;
+    \$592  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$490 ) begin
-        \$756  = gm_lane[1:0];
+      if (\$420 ) begin
+        \$592  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$756  = 2'h0;
+      \$592  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = gm_lane;
+    \$593  = gm_lane;
     if (gemm_run) begin
-      if (\$490 ) begin
-        \$757  = \$491 [2:0];
+      if (\$420 ) begin
+        \$593  = \$421 [2:0];
       end
-      if (\$502 ) begin
-        \$757  = 3'h0;
+      if (\$432 ) begin
+        \$593  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -5140,11 +4285,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5158,27 +4303,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$757  = 3'h0;
+                  \$593  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$757  = 3'h0;
+      \$593  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = gm_addr;
+    \$594  = gm_addr;
     if (gemm_run) begin
-      if (\$490 ) begin
-        \$758  = \$492 [12:0];
+      if (\$420 ) begin
+        \$594  = \$422 [12:0];
       end
-      if (\$502 ) begin
+      if (\$432 ) begin
         (* full_case = 32'd1 *)
-        if (\$504 ) begin
-          \$758  = \$507 [12:0];
+        if (\$434 ) begin
+          \$594  = \$437 [12:0];
         end else begin
-          \$758  = \$512 [12:0];
+          \$594  = \$442 [12:0];
         end
       end
     end
@@ -5191,11 +4336,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5209,23 +4354,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$758  = ins[76:64];
+                  \$594  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 13'h0000;
+      \$594  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = a_in__valid;
+    \$595  = a_in__valid;
     if (gemm_run) begin
-      if (\$501 ) begin
-        \$759  = 1'h1;
+      if (\$431 ) begin
+        \$595  = 1'h1;
       end
-      if (\$502 ) begin
-        \$759  = 1'h0;
+      if (\$432 ) begin
+        \$595  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -5237,11 +4382,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5255,24 +4400,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$759  = 1'h0;
+                  \$595  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$759  = 1'h0;
+      \$595  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = gm_k;
+    \$596  = gm_k;
     if (gemm_run) begin
-      if (\$502 ) begin
+      if (\$432 ) begin
         (* full_case = 32'd1 *)
-        if (\$504 ) begin
-          \$760  = \$505 [6:0];
+        if (\$434 ) begin
+          \$596  = \$435 [6:0];
         end else begin
-          \$760  = 7'h00;
+          \$596  = 7'h00;
         end
       end
     end
@@ -5285,11 +4430,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5303,24 +4448,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$760  = 7'h00;
+                  \$596  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$760  = 7'h00;
+      \$596  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = gm_wstart;
+    \$597  = gm_wstart;
     if (gemm_run) begin
-      if (\$502 ) begin
+      if (\$432 ) begin
         (* full_case = 32'd1 *)
-        if (\$504 ) begin
-          \$761  = \$506 [12:0];
+        if (\$434 ) begin
+          \$597  = \$436 [12:0];
         end else begin
-          \$761  = \$510 [12:0];
+          \$597  = \$440 [12:0];
         end
       end
     end
@@ -5333,11 +4478,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5351,23 +4496,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$761  = ins[76:64];
+                  \$597  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$761  = 13'h0000;
+      \$597  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = gm_left;
+    \$598  = gm_left;
     if (gemm_run) begin
-      if (\$502 ) begin
+      if (\$432 ) begin
         (* full_case = 32'd1 *)
-        if (\$504 ) begin
+        if (\$434 ) begin
         end else begin
-          \$762  = \$508 [13:0];
+          \$598  = \$438 [13:0];
         end
       end
     end
@@ -5380,11 +4525,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5398,24 +4543,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$762  = m_eff[13:0];
+                  \$598  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$762  = 14'h0000;
+      \$598  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = gm_afeed_done;
+    \$599  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$502 ) begin
+      if (\$432 ) begin
         (* full_case = 32'd1 *)
-        if (\$504 ) begin
+        if (\$434 ) begin
         end else begin
-          if (\$515 ) begin
-            \$763  = 1'h1;
+          if (\$445 ) begin
+            \$599  = 1'h1;
           end
         end
       end
@@ -5429,11 +4574,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5447,22 +4592,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$763  = 1'h0;
+                  \$599  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$763  = 1'h0;
+      \$599  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = gc_lane;
+    \$600  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$764  = \$516 [1:0];
+        \$600  = \$446 [1:0];
         if (gc_last) begin
-          \$764  = 2'h0;
+          \$600  = 2'h0;
         end
       end
     end
@@ -5475,11 +4620,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5493,26 +4638,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$764  = 2'h0;
+                  \$600  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$764  = 2'h0;
+      \$600  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = gc_addr;
+    \$601  = gc_addr;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$765  = \$517 [12:0];
+        \$601  = \$447 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$527 ) begin
-            \$765  = \$530 [12:0];
+          if (\$457 ) begin
+            \$601  = \$460 [12:0];
           end else begin
-            \$765  = \$537 [12:0];
+            \$601  = \$467 [12:0];
           end
         end
       end
@@ -5526,11 +4671,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5544,26 +4689,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$765  = ins[124:112];
+                  \$601  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$765  = 13'h0000;
+      \$601  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = gc_last;
+    \$602  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$766  = \$525 ;
+        \$602  = \$455 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$527 ) begin
-            \$766  = \$534 ;
+          if (\$457 ) begin
+            \$602  = \$464 ;
           end else begin
-            \$766  = \$543 ;
+            \$602  = \$473 ;
           end
         end
       end
@@ -5577,11 +4722,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5595,75 +4740,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$766  = \$584 ;
+                  \$602  = \$514 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 1'h0;
+      \$602  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = gc_n;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$527 ) begin
-            \$767  = \$528 [8:0];
-          end else begin
-            \$767  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$767  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$767  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = gc_wstart;
+    \$603  = gc_n;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$527 ) begin
-            \$768  = \$529 [12:0];
+          if (\$457 ) begin
+            \$603  = \$458 [8:0];
           end else begin
-            \$768  = \$536 [12:0];
+            \$603  = 9'h000;
           end
         end
       end
@@ -5677,11 +4772,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5695,24 +4790,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$768  = ins[124:112];
+                  \$603  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$768  = 13'h0000;
+      \$603  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = gc_left;
+    \$604  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$527 ) begin
+          if (\$457 ) begin
+            \$604  = \$459 [12:0];
           end else begin
-            \$769  = \$535 [13:0];
+            \$604  = \$466 [12:0];
           end
         end
       end
@@ -5726,11 +4822,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -5744,67 +4840,120 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$769  = m_eff[13:0];
+                  \$604  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$769  = 14'h0000;
+      \$604  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = rd0_q;
-    if (\$547 ) begin
-      \$770  = rd0__data;
+    \$605  = gc_left;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$457 ) begin
+          end else begin
+            \$605  = \$465 [13:0];
+          end
+        end
+      end
     end
-    if (rst) begin
-      \$770  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = rd1_q;
-    if (\$547 ) begin
-      \$771  = rd1__data;
-    end
-    if (rst) begin
-      \$771  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = running;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$772  = 1'h1;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$605  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$605  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$606  = rd0_q;
+    if (\$477 ) begin
+      \$606  = spad__rd0__data;
+    end
+    if (rst) begin
+      \$606  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$607  = rd1_q;
+    if (\$477 ) begin
+      \$607  = spad__rd1__data;
+    end
+    if (rst) begin
+      \$607  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$608  = running;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$380 ) begin
+            \$608  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-            \$772  = 1'h0;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+            \$608  = 1'h0;
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -5813,71 +4962,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
           /* empty */;
       5'h02:
-          if (\$720 ) begin
-            \$772  = 1'h0;
+          if (\$556 ) begin
+            \$608  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$772  = 1'h0;
+      \$608  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = done;
+    \$609  = done;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$773  = 1'h0;
+          if (\start$380 ) begin
+            \$609  = 1'h0;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-            \$773  = 1'h1;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+            \$609  = 1'h1;
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -5887,47 +5018,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h12:
           /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
       5'h02:
-          if (\$720 ) begin
-            \$773  = 1'h0;
+          if (\$556 ) begin
+            \$609  = 1'h0;
           end
     endcase
-    if (\$722 ) begin
-      \$773  = 1'h0;
+    if (\$558 ) begin
+      \$609  = 1'h0;
     end
     if (rst) begin
-      \$773  = 1'h0;
+      \$609  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = error;
+    \$610  = error;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$774  = 8'h00;
+          if (\start$380 ) begin
+            \$610  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -5937,19 +5046,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -5959,47 +5072,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h12:
           /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
       5'h02:
-          if (\$720 ) begin
-            \$774  = stop_code;
+          if (\$556 ) begin
+            \$610  = stop_code;
           end
     endcase
-    if (\$722 ) begin
-      \$774  = 8'h00;
+    if (\$558 ) begin
+      \$610  = 8'h00;
     end
     if (rst) begin
-      \$774  = 8'h00;
+      \$610  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = pc;
+    \$611  = pc;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$775  = 13'h0000;
+          if (\start$380 ) begin
+            \$611  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -6007,89 +5098,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$775  = { 1'h0, ins[255:244] };
+                  \$611  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
-          if (\$597 ) begin
-            \$775  = \$598 [12:0];
+          if (\$522 ) begin
+            \$611  = \$523 [12:0];
           end
       5'h07:
           /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$599 ) begin
-            \$775  = \$600 [12:0];
-          end
-      5'h08:
-          if (\error$252 ) begin
-          end else if (\$617 ) begin
-            \$775  = \$618 [12:0];
-          end
-      5'h09:
-          if (\error$252 ) begin
-          end else if (\$646 ) begin
-            \$775  = \$647 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$775  = \$691 [12:0];
-          end
-      5'h0b:
-          if (\$692 ) begin
-            \$775  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$775  = \$697 [12:0];
-          end
       5'h0c:
-          if (\$698 ) begin
-            \$775  = \$700 [12:0];
+          /* empty */;
+      5'h0d:
+          if (\$524 ) begin
+            \$611  = \$525 [12:0];
+          end
+      5'h08:
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$526 ) begin
+            end else begin
+              \$611  = \$527 [12:0];
+            end
+          end
+      5'h09:
+          if (\$528 ) begin
+            \$611  = { 1'h0, ins[255:244] };
+          end
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$530 ) begin
+            \$611  = \$533 [12:0];
+          end
+      5'h0a:
+          if (\$534 ) begin
+            \$611  = \$536 [12:0];
           end
     endcase
     if (rst) begin
-      \$775  = 13'h0000;
+      \$611  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = route_done;
+    \$612  = route_done;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$776  = 1'h0;
+          if (\start$380 ) begin
+            \$612  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -6099,891 +5168,682 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$776  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$776  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = exp_active;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$322 ) begin
-            \$777  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$777  = 1'h0;
-          end
       5'h0b:
-          if (\$692 ) begin
-            \$777  = 1'h0;
-          end
-      5'h17:
           /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$777  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$777  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = scores_ok;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$322 ) begin
-            \$778  = 1'h0;
-          end
-      5'h01:
+      5'h06:
           /* empty */;
-      5'h03:
+      5'h07:
           /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
+      5'h0c:
           /* empty */;
       5'h0d:
           /* empty */;
-      5'h06:
-          if (\$597 ) begin
-            if (run_sigmoid) begin
-              \$778  = 1'h1;
+      5'h08:
+          if (exec_done) begin
+            if (running_exec[1]) begin
+              \$612  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$778  = 1'h0;
+      \$612  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = ctrl_state;
+    \$613  = exp_active;
     casez (ctrl_state)
       5'h00:
-          if (\start$322 ) begin
-            \$779  = 5'h01;
+          if (\start$380 ) begin
+            \$613  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          if (exec_done) begin
+            if (running_exec[1]) begin
+              \$613  = 1'h0;
+            end
+          end
+      5'h09:
+          if (\$528 ) begin
+            \$613  = 1'h0;
+          end
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$530 ) begin
+            \$613  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$613  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$614  = scores_ok;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$380 ) begin
+            \$614  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          if (\$522 ) begin
+            if (run_sigmoid) begin
+              \$614  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$614  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$615  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\start$380 ) begin
+            \$615  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$548 ) begin
-            \$779  = 5'h02;
+          if (\$478 ) begin
+            \$615  = 5'h02;
           end else begin
-            \$779  = 5'h03;
+            \$615  = 5'h03;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h03:
         begin
-          if (\done$324 ) begin
-            \$779  = 5'h04;
+          if (\done$382 ) begin
+            \$615  = 5'h04;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-            \$779  = 5'h00;
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-            \$779  = 5'h02;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+            \$615  = 5'h00;
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
+            \$615  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$779  = 5'h01;
+                  \$615  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$580 ) begin
-                    \$779  = 5'h05;
+                  if (\$510 ) begin
+                    \$615  = 5'h05;
                   end else begin
-                    \$779  = 5'h06;
+                    \$615  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$779  = 5'h06;
+                  \$615  = 5'h06;
               6'h0c:
-                  \$779  = 5'h06;
+                  \$615  = 5'h06;
               6'h0d:
-                  \$779  = 5'h06;
+                  \$615  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$586 ) begin
-                    \$779  = 5'h05;
+                  if (\$516 ) begin
+                    \$615  = 5'h05;
                   end else begin
-                    \$779  = 5'h07;
+                    \$615  = 5'h07;
                   end
-              6'h01:
-                  \$779  = 5'h08;
-              6'h02:
-                  \$779  = 5'h09;
+              6'h01, 6'h02:
+                  \$615  = 5'h08;
               6'h08:
-                  \$779  = 5'h0a;
+                  \$615  = 5'h08;
               6'h09:
-                  \$779  = 5'h0b;
+                  \$615  = 5'h09;
               6'h0a, 6'h0b:
-                  \$779  = 5'h0c;
+                  \$615  = 5'h0a;
             endcase
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$779  = 5'h0d;
+          \$615  = 5'h0b;
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
-      5'h0d:
+      5'h0b:
         begin
           (* full_case = 32'd1 *)
           if (run_gemm) begin
-            \$779  = 5'h07;
+            \$615  = 5'h07;
           end else begin
-            \$779  = 5'h06;
+            \$615  = 5'h06;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$597 ) begin
-            \$779  = 5'h01;
+          if (\$522 ) begin
+            \$615  = 5'h01;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$779  = 5'h0e;
+            \$615  = 5'h0c;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (\error$252 ) begin
-            \$779  = 5'h02;
-          end else if (\done$325 ) begin
-            (* full_case = 32'd1 *)
-            if (\error$326 ) begin
-              \$779  = 5'h02;
-            end else begin
-              \$779  = 5'h0f;
-            end
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$599 ) begin
-            \$779  = 5'h01;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (\error$252 ) begin
-            \$779  = 5'h02;
-          end else if (\$617 ) begin
-            \$779  = 5'h01;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (\error$252 ) begin
-            \$779  = 5'h02;
-          end else if (\$646 ) begin
-            \$779  = 5'h01;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$649 ) begin
-            \$779  = 5'h10;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$678 ) begin
-            \$779  = 5'h11;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          if (\$679 ) begin
-            \$779  = 5'h12;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$779  = 5'h13;
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$680 ) begin
-            \$779  = 5'h14;
-          end else begin
-            \$779  = 5'h15;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$779  = 5'h15;
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$683 ) begin
-            \$779  = 5'h11;
-          end else begin
-            \$779  = 5'h16;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-            \$779  = 5'h11;
-          end else begin
-            \$779  = 5'h01;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-            \$779  = 5'h01;
-          end else begin
-            \$779  = 5'h17;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$779  = 5'h18;
-          if (soft_reset) begin
-            \$779  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$694 ) begin
-            \$779  = 5'h01;
-          end else begin
-            \$779  = 5'h0b;
-          end
-          if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
       5'h0c:
         begin
-          if (\$698 ) begin
-            \$779  = 5'h01;
-          end else if (\$699 ) begin
-            \$779  = 5'h19;
+          if (dma__error) begin
+            \$615  = 5'h02;
+          end else if (\done$383 ) begin
+            (* full_case = 32'd1 *)
+            if (\error$384 ) begin
+              \$615  = 5'h02;
+            end else begin
+              \$615  = 5'h0d;
+            end
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
-      5'h19:
+      5'h0d:
         begin
-          \$779  = 5'h1a;
+          if (\$524 ) begin
+            \$615  = 5'h01;
+          end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
-      5'h1a:
+      5'h08:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$526 ) begin
+              \$615  = 5'h02;
+            end else begin
+              \$615  = 5'h01;
+            end
+          end
+          if (soft_reset) begin
+            \$615  = 5'h02;
+          end
+        end
+      5'h09:
         begin
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
-            \$779  = 5'h02;
+          if (\$528 ) begin
+            \$615  = 5'h01;
           end else begin
-            \$779  = 5'h1b;
+            \$615  = 5'h0e;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
           end
         end
-      5'h1b:
+      5'h0e:
         begin
-          if (\$715 ) begin
-            \$779  = 5'h0c;
+          \$615  = 5'h0f;
+          if (soft_reset) begin
+            \$615  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$530 ) begin
+            \$615  = 5'h01;
+          end else begin
+            \$615  = 5'h09;
           end
           if (soft_reset) begin
-            \$779  = 5'h02;
+            \$615  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$534 ) begin
+            \$615  = 5'h01;
+          end else if (\$535 ) begin
+            \$615  = 5'h10;
+          end
+          if (soft_reset) begin
+            \$615  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          \$615  = 5'h11;
+          if (soft_reset) begin
+            \$615  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+            \$615  = 5'h02;
+          end else begin
+            \$615  = 5'h12;
+          end
+          if (soft_reset) begin
+            \$615  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          if (\$551 ) begin
+            \$615  = 5'h0a;
+          end
+          if (soft_reset) begin
+            \$615  = 5'h02;
           end
         end
       5'h02:
-          if (\$720 ) begin
-            \$779  = 5'h00;
+          if (\$556 ) begin
+            \$615  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$779  = 5'h00;
+      \$615  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = stop_code;
+    \$616  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$548 ) begin
-            \$780  = 8'h06;
+          if (\$478 ) begin
+            \$616  = 8'h06;
           end
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
         end
       5'h03:
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
       5'h04:
         begin
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-            \$780  = decode_q;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
+            \$616  = decode_q;
           end
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
         end
       5'h05:
           if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h0d:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h06:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h07:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (\error$252 ) begin
-            \$780  = 8'h07;
-          end else if (\done$325 ) begin
-            if (\error$326 ) begin
-              \$780  = 8'h03;
-            end
-          end
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (\error$252 ) begin
-            \$780  = 8'h07;
-          end
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (\error$252 ) begin
-            \$780  = 8'h07;
-          end
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h10:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h11:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h12:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h13:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h14:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h15:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h16:
-          if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
       5'h0b:
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
-      5'h17:
+      5'h06:
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
-      5'h18:
+      5'h07:
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
       5'h0c:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h19:
-          if (soft_reset) begin
-            \$780  = 8'h00;
-          end
-      5'h1a:
         begin
-          if (\$703 ) begin
-            \$780  = 8'h02;
+          if (dma__error) begin
+            \$616  = 8'h07;
+          end else if (\done$383 ) begin
+            if (\error$384 ) begin
+              \$616  = 8'h03;
+            end
           end
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
           end
         end
-      5'h1b:
+      5'h0d:
           if (soft_reset) begin
-            \$780  = 8'h00;
+            \$616  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (exec_done) begin
+            if (\$526 ) begin
+              \$616  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+        end
+      5'h09:
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+      5'h0e:
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+      5'h0f:
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+      5'h0a:
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+      5'h10:
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+      5'h11:
+        begin
+          if (\$539 ) begin
+            \$616  = 8'h02;
+          end
+          if (soft_reset) begin
+            \$616  = 8'h00;
+          end
+        end
+      5'h12:
+          if (soft_reset) begin
+            \$616  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$780  = 8'h00;
+      \$616  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = executor;
+    \$617  = executor;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$548 ) begin
-            \$781  = 6'h00;
+          if (\$478 ) begin
+            \$617  = 6'h00;
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
       5'h03:
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-            \$781  = 6'h00;
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
+            \$617  = 6'h00;
           end else begin
-            if (\$566 ) begin
-              \$781  = 6'h01;
+            if (\$496 ) begin
+              \$617  = 6'h01;
             end
-            if (\$567 ) begin
-              \$781  = 6'h01;
+            if (\$497 ) begin
+              \$617  = 6'h01;
             end
-            if (\$568 ) begin
-              \$781  = 6'h02;
+            if (\$498 ) begin
+              \$617  = 6'h02;
             end
-            if (\$569 ) begin
-              \$781  = 6'h04;
+            if (\$499 ) begin
+              \$617  = 6'h04;
             end
-            if (\$570 ) begin
-              \$781  = 6'h04;
+            if (\$500 ) begin
+              \$617  = 6'h04;
             end
-            if (\$571 ) begin
-              \$781  = 6'h04;
+            if (\$501 ) begin
+              \$617  = 6'h04;
             end
-            if (\$572 ) begin
-              \$781  = 6'h10;
+            if (\$502 ) begin
+              \$617  = 6'h10;
             end
-            if (\$573 ) begin
-              \$781  = 6'h08;
+            if (\$503 ) begin
+              \$617  = 6'h08;
             end
-            if (\$574 ) begin
-              \$781  = 6'h20;
+            if (\$504 ) begin
+              \$617  = 6'h20;
             end
-            if (\$575 ) begin
-              \$781  = 6'h20;
+            if (\$505 ) begin
+              \$617  = 6'h20;
             end
-            if (\$576 ) begin
-              \$781  = 6'h10;
+            if (\$506 ) begin
+              \$617  = 6'h10;
             end
-            if (\$577 ) begin
-              \$781  = 6'h10;
+            if (\$507 ) begin
+              \$617  = 6'h10;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$781  = 6'h00;
+                  \$617  = 6'h00;
             endcase
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
       5'h05:
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
-      5'h0d:
+      5'h0b:
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
       5'h06:
         begin
-          if (\$597 ) begin
-            \$781  = 6'h00;
+          if (\$522 ) begin
+            \$617  = 6'h00;
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
       5'h07:
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
-      5'h0e:
+      5'h0c:
         begin
-          if (\error$252 ) begin
-            \$781  = 6'h00;
-          end else if (\done$325 ) begin
-            if (\error$326 ) begin
-              \$781  = 6'h00;
+          if (dma__error) begin
+            \$617  = 6'h00;
+          end else if (\done$383 ) begin
+            if (\error$384 ) begin
+              \$617  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
-      5'h0f:
+      5'h0d:
         begin
-          if (\$599 ) begin
-            \$781  = 6'h00;
+          if (\$524 ) begin
+            \$617  = 6'h00;
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
       5'h08:
         begin
-          if (\error$252 ) begin
-            \$781  = 6'h00;
-          end else if (\$617 ) begin
-            \$781  = 6'h00;
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$526 ) begin
+              \$617  = 6'h00;
+            end else begin
+              \$617  = 6'h00;
+            end
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
         end
       5'h09:
         begin
-          if (\error$252 ) begin
-            \$781  = 6'h00;
-          end else if (\$646 ) begin
-            \$781  = 6'h00;
+          if (\$528 ) begin
+            \$617  = 6'h00;
           end
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
+          end
+        end
+      5'h0e:
+          if (soft_reset) begin
+            \$617  = 6'h00;
+          end
+      5'h0f:
+        begin
+          if (\$530 ) begin
+            \$617  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$617  = 6'h00;
           end
         end
       5'h0a:
-          if (soft_reset) begin
-            \$781  = 6'h00;
+        begin
+          if (\$534 ) begin
+            \$617  = 6'h00;
           end
+          if (soft_reset) begin
+            \$617  = 6'h00;
+          end
+        end
       5'h10:
           if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
       5'h11:
-          if (soft_reset) begin
-            \$781  = 6'h00;
+        begin
+          if (\$539 ) begin
+            \$617  = 6'h00;
           end
+          if (soft_reset) begin
+            \$617  = 6'h00;
+          end
+        end
       5'h12:
           if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h13:
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h14:
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h15:
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$781  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$692 ) begin
-            \$781  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-        end
-      5'h17:
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$694 ) begin
-            \$781  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$698 ) begin
-            \$781  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-        end
-      5'h19:
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$703 ) begin
-            \$781  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$781  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (soft_reset) begin
-            \$781  = 6'h00;
+            \$617  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$781  = 6'h00;
+      \$617  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = step;
+    \$618  = step;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\done$324 ) begin
-            \$782  = 3'h0;
+          if (\done$382 ) begin
+            \$618  = 3'h0;
           end
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-            \$782  = \$564 [2:0];
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+            \$618  = \$494 [2:0];
           end
     endcase
     if (rst) begin
-      \$782  = 3'h0;
+      \$618  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = settle;
+    \$619  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          if (\done$324 ) begin
-            \$783  = 2'h0;
+          if (\done$382 ) begin
+            \$619  = 2'h0;
           end
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-            \$783  = \$565 [1:0];
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+            \$619  = \$495 [1:0];
           end
     endcase
     if (rst) begin
-      \$783  = 2'h0;
+      \$619  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = ln;
+    \$620  = ln;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -6992,21 +5852,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
-                  \$784  = \$555 ;
+                  \$620  = \$485 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$784  = 14'h0000;
+      \$620  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = mk;
+    \$621  = mk;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7015,23 +5875,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
-                  \$785  = \$557 ;
+                  \$621  = \$487 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$785  = 14'h0000;
+      \$621  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = p2;
+    \$622  = p2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7040,25 +5900,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
                   /* empty */;
               3'h3:
-                  \$786  = \$559 ;
+                  \$622  = \$489 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$786  = 14'h0000;
+      \$622  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = p3;
+    \$623  = p3;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7067,8 +5927,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7077,17 +5937,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h3:
                   /* empty */;
               3'h4:
-                  \$787  = \$561 ;
+                  \$623  = \$491 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$787  = 14'h0000;
+      \$623  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = l4;
+    \$624  = l4;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7096,8 +5956,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7108,17 +5968,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h4:
                   /* empty */;
               3'h5:
-                  \$788  = \$563 ;
+                  \$624  = \$493 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$788  = 18'h00000;
+      \$624  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = host_eff;
+    \$625  = host_eff;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7127,8 +5987,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          if (\$549 ) begin
-          end else if (\$550 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -7141,17 +6001,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$789  = lane_acc;
+                  \$625  = lane_acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$789  = 33'h000000000;
+      \$625  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = rq_width;
+    \$626  = rq_width;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7161,17 +6021,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$790  = ins[243:238];
+                  \$626  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7179,17 +6039,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$790  = ins[243:238];
+                  \$626  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$790  = 6'h00;
+      \$626  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = \rq_mult$162 ;
+    \$627  = \rq_mult$223 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7199,17 +6059,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$791  = ins[231:200];
+                  \$627  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7217,21 +6077,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$791  = ins[231:200];
+                  \$627  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
-          \$791  = { 16'h0000, rd0__data[15:0] };
+      5'h0b:
+          \$627  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$791  = 32'd0;
+      \$627  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = rq_shift;
+    \$628  = rq_shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7241,17 +6101,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$792  = ins[237:232];
+                  \$628  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -7259,21 +6119,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$792  = ins[237:232];
+                  \$628  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
-          \$792  = rd1__data[5:0];
+      5'h0b:
+          \$628  = spad__rd1__data[5:0];
     endcase
     if (rst) begin
-      \$792  = 6'h00;
+      \$628  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = cnt0;
+    \$629  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7283,33 +6143,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$793  = ln;
+                  \$629  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$793  = ln;
+                  \$629  = ln;
               6'h0c:
-                  \$793  = ins[45:32];
+                  \$629  = ins[45:32];
               6'h0d:
-                  \$793  = ins[61:48];
+                  \$629  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$793  = 14'h0000;
+      \$629  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = cnt1;
+    \$630  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7319,33 +6179,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$794  = 14'h0001;
+                  \$630  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$794  = 14'h0001;
+                  \$630  = 14'h0001;
               6'h0c:
-                  \$794  = ins[61:48];
+                  \$630  = ins[61:48];
               6'h0d:
-                  \$794  = 14'h0002;
+                  \$630  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$794  = 14'h0000;
+      \$630  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = sa0;
+    \$631  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7355,33 +6215,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$795  = 13'h0001;
+                  \$631  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$795  = 13'h0001;
+                  \$631  = 13'h0001;
               6'h0c:
-                  \$795  = ins[60:48];
+                  \$631  = ins[60:48];
               6'h0d:
-                  \$795  = 13'h0001;
+                  \$631  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$795  = 13'h0000;
+      \$631  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = sa1;
+    \$632  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7391,33 +6251,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$796  = 1'h0;
+                  \$632  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$796  = 1'h0;
+                  \$632  = 1'h0;
               6'h0c:
-                  \$796  = 1'h1;
+                  \$632  = 1'h1;
               6'h0d:
-                  \$796  = 1'h0;
+                  \$632  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$796  = 1'h0;
+      \$632  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = sa2;
+    \$633  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7427,33 +6287,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$797  = 13'h0000;
+                  \$633  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$797  = 13'h0000;
+                  \$633  = 13'h0000;
               6'h0c:
-                  \$797  = p2[12:0];
+                  \$633  = p2[12:0];
               6'h0d:
-                  \$797  = ins[60:48];
+                  \$633  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$797  = 13'h0000;
+      \$633  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = sb0;
+    \$634  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7463,33 +6323,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$798  = 1'h0;
+                  \$634  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$798  = 1'h1;
+                  \$634  = 1'h1;
               6'h0c:
-                  \$798  = 1'h1;
+                  \$634  = 1'h1;
               6'h0d:
-                  \$798  = 1'h0;
+                  \$634  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$798  = 1'h0;
+      \$634  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = sb1;
+    \$635  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7499,33 +6359,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$799  = 1'h0;
+                  \$635  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$799  = 1'h0;
+                  \$635  = 1'h0;
               6'h0c:
-                  \$799  = 1'h0;
+                  \$635  = 1'h0;
               6'h0d:
-                  \$799  = 1'h0;
+                  \$635  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$799  = 1'h0;
+      \$635  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = sb2;
+    \$636  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7535,33 +6395,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$800  = 13'h0000;
+                  \$636  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$800  = 13'h0000;
+                  \$636  = 13'h0000;
               6'h0c:
-                  \$800  = ins[44:32];
+                  \$636  = ins[44:32];
               6'h0d:
-                  \$800  = 13'h0000;
+                  \$636  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$800  = 13'h0000;
+      \$636  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = el_i;
+    \$637  = el_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7571,63 +6431,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$801  = 14'h0000;
+                  \$637  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$801  = 14'h0000;
+                  \$637  = 14'h0000;
               6'h0c:
-                  \$801  = 14'h0000;
+                  \$637  = 14'h0000;
               6'h0d:
-                  \$801  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$801  = 14'h0000;
-              6'h02:
-                  \$801  = 14'h0000;
+                  \$637  = 14'h0000;
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           if (out_valid) begin
-            \$801  = \$592 [13:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (ld_full) begin
-            if (\$603 ) begin
-              \$801  = \$604 [13:0];
-            end
-          end
-      5'h09:
-          if (\$625 ) begin
-            \$801  = \$626 [13:0];
+            \$637  = \$517 [13:0];
           end
     endcase
     if (rst) begin
-      \$801  = 14'h0000;
+      \$637  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = rq_at_last;
+    \$638  = rq_at_last;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7637,35 +6475,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$802  = \$578 ;
+                  \$638  = \$508 ;
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           if (out_valid) begin
-            \$802  = \$594 ;
+            \$638  = \$519 ;
           end
     endcase
     if (rst) begin
-      \$802  = 1'h0;
+      \$638  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = ld_full;
+    \$639  = running_exec;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -7675,11 +6513,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -7694,449 +6532,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   /* empty */;
               6'h03:
                   /* empty */;
-              6'h01:
-                  \$803  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$602 ) begin
-            \$803  = 1'h1;
-          end
-          if (ld_full) begin
-            if (\$611 ) begin
-              \$803  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$803  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = ld_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$804  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$602 ) begin
-            \$804  = 3'h0;
-          end
-          if (ld_full) begin
-            \$804  = \$605 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$804  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = st_full;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$805  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$637 ) begin
-            \$805  = 1'h1;
-          end
-          if (\$638 ) begin
-            \$805  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$805  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = st_e;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$806  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$625 ) begin
-            \$806  = \$627 [2:0];
-          end
-          if (\$638 ) begin
-            \$806  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$806  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = st_rd;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$807  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$625 ) begin
-            \$807  = 1'h1;
-          end
-          if (st_rd) begin
-            \$807  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$807  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$808 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$602 ) begin
-            \$808 [31:0] = m_axi__rdata;
-          end
-      5'h09:
-        begin
-          if (st_rd) begin
-            casez (st_rd_e)
-              2'h0:
-                  \$808 [31:0] = rd0__data;
-            endcase
-            casez (st_rd_e)
-              2'h0:
-                  \$808 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$638 ) begin
-            \$808 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$808  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = rt_j;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
+              6'h01, 6'h02:
+                  \$639  = 2'h1;
               6'h08:
-                  \$809  = 4'h0;
+                  \$639  = 2'h2;
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$809  = \$648 [3:0];
-      5'h10:
-          if (\$678 ) begin
-            \$809  = 4'h0;
+          if (exec_done) begin
+            \$639  = 2'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$809  = \$688 [3:0];
     endcase
     if (rst) begin
-      \$809  = 4'h0;
+      \$639  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = rt_cb;
+    \$640  = g_i;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8146,11 +6571,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8165,121 +6590,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   /* empty */;
               6'h03:
                   /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$810  = \$588 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$810  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = rt_lp;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$811  = \$591 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$811  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = g_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
+              6'h01, 6'h02:
                   /* empty */;
               6'h08:
                   /* empty */;
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$812  = 16'h0000;
+                  \$640  = 16'h0000;
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -8288,39 +6627,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$715 ) begin
-            \$812  = \$716 [15:0];
+          if (\$551 ) begin
+            \$640  = \$552 [15:0];
           end
     endcase
     if (rst) begin
-      \$812  = 16'h0000;
+      \$640  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = g_in;
+    \$641  = g_in;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8330,11 +6647,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$549 ) begin
-          end else if (\$550 ) begin
-          end else if (\$551 ) begin
-          end else if (\$552 ) begin
-          end else if (\$553 ) begin
+          if (\$479 ) begin
+          end else if (\$480 ) begin
+          end else if (\$481 ) begin
+          end else if (\$482 ) begin
+          end else if (\$483 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -8349,33 +6666,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   /* empty */;
               6'h03:
                   /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
+              6'h01, 6'h02:
                   /* empty */;
               6'h08:
                   /* empty */;
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$813  = 13'h0000;
+                  \$641  = 13'h0000;
             endcase
           end
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -8384,39 +6703,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$715 ) begin
-            \$813  = \$717 [12:0];
+          if (\$551 ) begin
+            \$641  = \$553 [12:0];
           end
     endcase
     if (rst) begin
-      \$813  = 13'h0000;
+      \$641  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = scores_a;
+    \$642  = scores_a;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8428,22 +6725,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
-          if (\$597 ) begin
+          if (\$522 ) begin
             if (run_sigmoid) begin
-              \$814  = ins[124:112];
+              \$642  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$814  = 13'h0000;
+      \$642  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = scores_len;
+    \$643  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8455,22 +6752,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
-          if (\$597 ) begin
+          if (\$522 ) begin
             if (run_sigmoid) begin
-              \$815  = ln;
+              \$643  = ln;
             end
           end
     endcase
     if (rst) begin
-      \$815  = 14'h0000;
+      \$643  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = st_rd_e;
+    \$644  = scan;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -8481,1216 +6778,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$625 ) begin
-            \$816  = st_e[1:0];
-          end
-    endcase
-    if (rst) begin
-      \$816  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = rt_feed_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$817  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$817  = \$664 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$817  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = rt_el;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$818  = 4'h0;
-          end
-      5'h10:
-        begin
-          if (\$656 ) begin
-            \$818  = \$659 [3:0];
-          end
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$818  = 4'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$818  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$819  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$656 ) begin
-            \$819  = \$658 [0];
-          end
-          if (\$662 ) begin
-            \$819  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$819  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = rt_wvalid;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$820  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (rt_cap) begin
-            if (\$661 ) begin
-              \$820  = 1'h1;
-            end
-          end
-          if (\$662 ) begin
-            \$820  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$820  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = rt_tbase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$821  = ins[76:64];
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$821  = \$665 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$821  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = rt_tslot;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$822  = ins[124:112];
-          end
-      5'h10:
-          if (\$672 ) begin
-            if (\$674 ) begin
-              \$822  = \$676 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$822  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = rt_feed_done;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$823  = 1'h0;
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              if (\$667 ) begin
-                \$823  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$823  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = rt_cap;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$824  = 1'h0;
-          end
-      5'h10:
-          (* full_case = 32'd1 *)
-          if (\$656 ) begin
-            \$824  = 1'h1;
-          end else begin
-            \$824  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$824  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = rt_route_left;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$825  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$672 ) begin
-            if (\$674 ) begin
-              \$825  = \$675 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$825  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$826  = 2'h0;
-          end
-      5'h10:
-          if (\$672 ) begin
-            (* full_case = 32'd1 *)
-            if (\$674 ) begin
-              \$826  = 2'h0;
-            end else begin
-              \$826  = \$677 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$826  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = rt_hold;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$827  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$669 ) begin
-            \$827  = 1'h1;
-          end
-          if (\$672 ) begin
-            \$827  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$827  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$649 ) begin
-            \$828  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$671 ) begin
-            \$828  = 1'h1;
-          end
-          if (\$672 ) begin
-            \$828  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$828  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = rt_cap_ok;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$656 ) begin
-            \$829  = \$657 ;
-          end
-    endcase
-    if (rst) begin
-      \$829  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = rt_held;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$669 ) begin
-            \$830  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$830  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = rt_p;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$831  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$683 ) begin
-            \$831  = \$684 [13:0];
-          end
-      5'h16:
-          \$831  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$831  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = rt_pt;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$832  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$683 ) begin
-            if (\$685 ) begin
-              \$832  = \$686 [13:0];
-            end
-          end
-      5'h16:
-          \$832  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$832  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = rt_ps;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$833  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$683 ) begin
-            (* full_case = 32'd1 *)
-            if (\$685 ) begin
-              \$833  = 2'h0;
-            end else begin
-              \$833  = \$687 [1:0];
-            end
-          end
-      5'h16:
-          \$833  = 2'h0;
-    endcase
-    if (rst) begin
-      \$833  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = rt_pos;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$834  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$834  = \$681 [13:0];
-    endcase
-    if (rst) begin
-      \$834  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = rt_off;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$835  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$835  = rt_pos;
-    endcase
-    if (rst) begin
-      \$835  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = scan;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$836  = 4'h0;
-          end
-      5'h0b:
-          if (\$692 ) begin
-            \$836  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$836  = \$693 [3:0];
-    endcase
-    if (rst) begin
-      \$836  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = expert;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           /* empty */;
       5'h0b:
           /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$837  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$837  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = count;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
       5'h06:
           /* empty */;
       5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$838  = rd0_q[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$838  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = offset;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$839  = \$696 ;
-          end
-    endcase
-    if (rst) begin
-      \$839  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = g_j;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
           /* empty */;
       5'h0c:
           /* empty */;
-      5'h19:
+      5'h0d:
           /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$703 ) begin
-          end else begin
-            \$840  = 15'h0000;
+      5'h08:
+          if (exec_done) begin
+            if (running_exec[1]) begin
+              \$644  = 4'h0;
+            end
           end
-      5'h1b:
-          if (\$704 ) begin
-          end else if (\$707 ) begin
-            \$840  = \$708 [14:0];
+      5'h09:
+          if (\$528 ) begin
+            \$644  = 4'h8;
           end
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          \$644  = \$529 [3:0];
     endcase
     if (rst) begin
-      \$840  = 15'h0000;
+      \$644  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = g_rv;
+    \$645  = expert;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9702,68 +6822,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
           /* empty */;
-      5'h0a:
+      5'h0e:
           /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$703 ) begin
-          end else begin
-            \$841  = 1'h0;
-          end
-      5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$704 ) begin
-          end else if (\$707 ) begin
-            \$841  = 1'h1;
-          end else begin
-            \$841  = 1'h0;
+      5'h0f:
+          if (\$530 ) begin
+            \$645  = scan;
           end
     endcase
     if (rst) begin
-      \$841  = 1'h0;
+      \$645  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = g_wv;
+    \$646  = count;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9775,62 +6861,125 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$530 ) begin
+            \$646  = rd0_q[15:0];
+          end
+    endcase
+    if (rst) begin
+      \$646  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$647  = offset;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$530 ) begin
+            \$647  = \$532 ;
+          end
+    endcase
+    if (rst) begin
+      \$647  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$648  = g_j;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
           /* empty */;
       5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$703 ) begin
+          if (\$539 ) begin
           end else begin
-            \$842  = 1'h0;
+            \$648  = 15'h0000;
           end
-      5'h1b:
-          \$842  = g_rv;
+      5'h12:
+          if (\$540 ) begin
+          end else if (\$543 ) begin
+            \$648  = \$544 [14:0];
+          end
     endcase
     if (rst) begin
-      \$842  = 1'h0;
+      \$648  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = g_ra;
+    \$649  = g_rv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9842,61 +6991,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
           /* empty */;
       5'h11:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+          end else begin
+            \$649  = 1'h0;
+          end
       5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$704 ) begin
-          end else if (\$707 ) begin
-            \$843  = \$711 [12:0];
+          (* full_case = 32'd1 *)
+          if (\$540 ) begin
+          end else if (\$543 ) begin
+            \$649  = 1'h1;
+          end else begin
+            \$649  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$843  = 13'h0000;
+      \$649  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = g_wa;
+    \$650  = g_wv;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -9908,19 +7046,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h05:
           /* empty */;
-      5'h0d:
+      5'h0b:
           /* empty */;
       5'h06:
           /* empty */;
       5'h07:
           /* empty */;
-      5'h0e:
+      5'h0c:
           /* empty */;
-      5'h0f:
+      5'h0d:
           /* empty */;
       5'h08:
           /* empty */;
       5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+          end else begin
+            \$650  = 1'h0;
+          end
+      5'h12:
+          \$650  = g_rv;
+    endcase
+    if (rst) begin
+      \$650  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$651  = g_ra;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
           /* empty */;
       5'h0a:
           /* empty */;
@@ -9929,32 +7120,58 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
+          if (\$540 ) begin
+          end else if (\$543 ) begin
+            \$651  = \$547 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$651  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$652  = g_wa;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h13:
+      5'h01:
           /* empty */;
-      5'h14:
+      5'h03:
           /* empty */;
-      5'h15:
+      5'h04:
           /* empty */;
-      5'h16:
+      5'h05:
           /* empty */;
       5'h0b:
           /* empty */;
-      5'h17:
+      5'h06:
           /* empty */;
-      5'h18:
+      5'h07:
           /* empty */;
       5'h0c:
           /* empty */;
-      5'h19:
+      5'h0d:
           /* empty */;
-      5'h1a:
+      5'h08:
           /* empty */;
-      5'h1b:
-          \$844  = g_ra;
+      5'h09:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          \$652  = g_ra;
     endcase
     if (rst) begin
-      \$844  = 13'h0000;
+      \$652  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -9982,14 +7199,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$845 [5], \$845 [5], \$845  };
+  assign bus__arlen = { \$653 [5], \$653 [5], \$653  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$846 [5], \$846 [5], \$846  };
+  assign bus__awlen = { \$654 [5], \$654 [5], \$654  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -10008,47 +7225,108 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__wready$102  = m_axi__wready;
   assign \bus__wstrb$103  = m_axi__wstrb;
   assign \bus__wvalid$104  = m_axi__wvalid;
-  assign \running$106  = running;
-  assign \done$108  = done;
+  assign \scores__payload$106  = scores__payload;
+  assign \scores__ready$108  = scores__ready;
+  assign \scores__valid$110  = scores__valid;
+  assign \routes__payload$112  = routes__payload;
+  assign \routes__ready$114  = routes__ready;
+  assign \routes__valid$116  = routes__valid;
+  assign bias__we = bias_we;
+  assign bias__addr = bias_addr;
+  assign bias__data = bias_data;
+  assign select = { running_exec, \$2  };
+  assign spad__blocked = 1'h0;
+  assign clients__1__blocked = 1'h0;
+  assign spad__rd0__addr = clients__1__rd0__addr;
+  assign clients__1__rd0__data = spad__rd0__data;
+  assign spad__rd0__en = clients__1__rd0__en;
+  assign clients__1__rd1__addr = 13'h0000;
+  assign spad__rd1__addr = 13'h0000;
+  assign clients__1__rd1__data = spad__rd1__data;
+  assign clients__1__rd1__en = 1'h0;
+  assign spad__rd1__en = 1'h0;
+  assign spad__wr__addr = clients__1__wr__addr;
+  assign spad__wr__data = clients__1__wr__data;
+  assign spad__wr__en = clients__1__wr__en;
+  assign \spad__blocked$145  = 1'h0;
+  assign clients__2__blocked = 1'h0;
+  assign \spad__rd0__addr$148  = clients__2__rd0__addr;
+  assign \spad__rd0__data$149  = spad__rd0__data;
+  assign clients__2__rd0__data = spad__rd0__data;
+  assign \spad__rd0__en$152  = clients__2__rd0__en;
+  assign clients__2__rd1__addr = 13'h0000;
+  assign \spad__rd1__addr$154  = 13'h0000;
+  assign \spad__rd1__data$155  = spad__rd1__data;
+  assign clients__2__rd1__data = spad__rd1__data;
+  assign clients__2__rd1__en = 1'h0;
+  assign \spad__rd1__en$158  = 1'h0;
+  assign \spad__wr__addr$160  = clients__2__wr__addr;
+  assign \spad__wr__data$162  = clients__2__wr__data;
+  assign \spad__wr__en$164  = clients__2__wr__en;
+  assign \running$166  = running;
+  assign \done$168  = done;
   assign err = error;
-  assign \pc$112  = pc;
+  assign \pc$172  = pc;
   assign cur_executor = executor;
-  assign \retire$116  = retire;
+  assign \retire$176  = retire;
   assign clear_loads = load_clear;
   assign load_addr = s_axil__araddr[4:2];
-  assign \load_addr$120  = s_axil__araddr[17:2];
-  assign load_data = { 16'h0000, \load_data$122  };
-  assign rq_mult = \rq_mult$162 [15:0];
-  assign \rq_shift$164  = rq_shift;
+  assign \load_addr$180  = s_axil__araddr[17:2];
+  assign load_data = { 16'h0000, \load_data$182  };
+  assign clients__0__blocked = 1'h0;
+  assign rq_mult = \rq_mult$223 [15:0];
+  assign \rq_shift$225  = rq_shift;
   assign pack = rq_in__payload;
   assign i__payload = rd0_q[15:0];
   assign n = ins[63:48];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$177  = 1'h1;
-  assign \o__ready$178  = 1'h1;
-  assign hi_sat = { 1'h0, \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \o__ready$238  = 1'h1;
+  assign \o__ready$239  = 1'h1;
+  assign hi_sat = { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign gm_wvalid = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
-  assign st_beat = wr_data__payload;
+  assign \ins$292  = decoded;
+  assign start = exec_start[0];
+  assign \ins$299  = decoded;
+  assign \start$300  = exec_start[1];
+  assign dma__wr_start = wr_start;
+  assign dma__rd_data__valid = rd_data__valid;
+  assign dma__rd_data__payload = m_axi__rdata;
+  assign dma__wr_data__valid = wr_data__valid;
+  assign dma__wr_data__payload = wr_data__payload;
+  assign wr_data__ready = dma__wr_data__ready;
+  assign rd_busy = dma__rd_busy;
+  assign wr_busy = dma__wr_busy;
+  assign \error$323  = dma__error;
   assign rd_addr = host_eff[31:0];
   assign wr_addr = host_eff[31:0];
   assign rd_beats = { 8'h00, l4[17:2] };
   assign wr_beats = { 8'h00, l4[17:2] };
+  assign clients__0__rd0__data = spad__rd0__data;
+  assign clients__0__rd1__data = spad__rd1__data;
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$846 [5], \$846 [5], \$846  };
+  assign m_axi__awlen = { \$654 [5], \$654 [5], \$654  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$845 [5], \$845 [5], \$845  };
+  assign m_axi__arlen = { \$653 [5], \$653 [5], \$653  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
+  assign \scores__payload[0]  = scores__payload;
+  assign \scores__payload$106[0]  = scores__payload;
+  assign \routes__payload.index  = routes__payload[2:0];
+  assign \routes__payload.weight  = routes__payload[18:3];
+  assign \routes__payload.last  = routes__payload[19];
+  assign \routes__payload$112.index  = routes__payload[2:0];
+  assign \routes__payload$112.weight  = routes__payload[18:3];
+  assign \routes__payload$112.last  = routes__payload[19];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.m  = ins[31:16];
@@ -10072,14 +7350,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \pack[2]  = rq_in__payload[71:48];
   assign \pack[3]  = rq_in__payload[95:72];
   assign \i__payload[0]  = rd0_q[15:0];
-  assign \i__payload$169[0]  = \i__payload$169 ;
-  assign \i__payload$169[0].g  = \i__payload$169 [15:0];
-  assign \i__payload$169[0].u  = \i__payload$169 [31:16];
-  assign \i__payload$171.a  = \i__payload$171 [15:0];
-  assign \i__payload$171.b  = \i__payload$171 [32:16];
-  assign \i__payload$171.last  = \i__payload$171 [33];
+  assign \i__payload$230[0]  = \i__payload$230 ;
+  assign \i__payload$230[0].g  = \i__payload$230 [15:0];
+  assign \i__payload$230[0].u  = \i__payload$230 [31:16];
+  assign \i__payload$232.a  = \i__payload$232 [15:0];
+  assign \i__payload$232.b  = \i__payload$232 [32:16];
+  assign \i__payload$232.last  = \i__payload$232 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$202[0]  = \o__payload$202 ;
+  assign \o__payload$263[0]  = \o__payload$263 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -10103,106 +7381,126 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \c_out__payload[1]  = c_out__payload[47:24];
   assign \c_out__payload[2]  = c_out__payload[71:48];
   assign \c_out__payload[3]  = c_out__payload[95:72];
+  assign \decoded.op  = decoded[5:0];
+  assign \decoded.width  = decoded[11:6];
+  assign \decoded.a  = decoded[24:12];
+  assign \decoded.b  = decoded[37:25];
+  assign \decoded.c  = decoded[50:38];
+  assign \decoded.m  = decoded[66:51];
+  assign \decoded.n  = decoded[82:67];
+  assign \decoded.k  = decoded[98:83];
+  assign \decoded.len  = decoded[112:99];
+  assign \ins$292.op  = decoded[5:0];
+  assign \ins$292.width  = decoded[11:6];
+  assign \ins$292.a  = decoded[24:12];
+  assign \ins$292.b  = decoded[37:25];
+  assign \ins$292.c  = decoded[50:38];
+  assign \ins$292.m  = decoded[66:51];
+  assign \ins$292.n  = decoded[82:67];
+  assign \ins$292.k  = decoded[98:83];
+  assign \ins$292.len  = decoded[112:99];
+  assign \ins$299.op  = decoded[5:0];
+  assign \ins$299.width  = decoded[11:6];
+  assign \ins$299.a  = decoded[24:12];
+  assign \ins$299.b  = decoded[37:25];
+  assign \ins$299.c  = decoded[50:38];
+  assign \ins$299.m  = decoded[66:51];
+  assign \ins$299.n  = decoded[82:67];
+  assign \ins$299.k  = decoded[98:83];
+  assign \ins$299.len  = decoded[112:99];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
-  assign \st_beat.data  = wr_data__payload[31:0];
-  assign \st_beat.strb  = wr_data__payload[35:32];
-  assign \scores__payload[0]  = scores__payload;
-  assign \rt_held.index  = rt_held[2:0];
-  assign \rt_held.weight  = rt_held[18:3];
-  assign \rt_held.last  = rt_held[19];
-  assign \routes__payload.index  = routes__payload[2:0];
-  assign \routes__payload.weight  = routes__payload[18:3];
-  assign \routes__payload.last  = routes__payload[19];
+  assign \dma__wr_data__payload.data  = wr_data__payload[31:0];
+  assign \dma__wr_data__payload.strb  = wr_data__payload[35:32];
+  assign decoded[112:99] = ln;
+  assign decoded[98:83] = ins[47:32];
+  assign decoded[82:67] = ins[63:48];
+  assign decoded[66:51] = m_eff;
+  assign decoded[50:38] = ins[124:112];
+  assign decoded[37:25] = ins[100:88];
+  assign decoded[24:12] = ins[76:64];
+  assign decoded[11:6] = ins[243:238];
+  assign decoded[5:0] = ins[5:0];
   assign cmd__payload[78] = 1'h0;
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$204 ;
-  assign cmd__payload[69:54] = \$202 [15:0];
+  assign cmd__payload[75:70] = \$206 ;
+  assign cmd__payload[69:54] = \$204 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$171 [33] = h_last;
-  assign \i__payload$171 [32:16] = \$168 ;
-  assign \i__payload$171 [15:0] = rd0_q[15:0];
-  assign \i__payload$169 [31:16] = rd1_q[15:0];
-  assign \i__payload$169 [15:0] = rd0_q[15:0];
-  assign \$4 [9:1] = 9'h000;
-  assign \$4 [0] = ins[6];
-  assign \$5  = ins[6];
-  assign \$8  = { \$7 [17], \$7 [17], \$7 [17:2] };
-  assign \$13  = { \$12 [17], \$12 [17], \$12 [17:2] };
-  assign \$16  = { \$15 [17], \$15 [17], \$15 [17:2] };
-  assign \$17  = { 1'h0, ins[47:32], 2'h0 };
-  assign { \$23 [9:2], \$23 [0] } = 9'h000;
-  assign \$23 [1] = ins[7];
-  assign \$36  = \$35 ;
-  assign \$55  = \$54 ;
-  assign \$71  = \$70 ;
-  assign { \$85 [9:3], \$85 [1:0] } = 9'h000;
-  assign \$85 [2] = ins[8];
-  assign \$86  = ins[8];
-  assign { \$88 [9:3], \$88 [1:0] } = 9'h000;
-  assign \$88 [2] = ins[8];
-  assign \$89  = ins[8];
-  assign \$94  = \$93 [14];
-  assign \$97  = { ins[63:48], 1'h0 };
+  assign \i__payload$232 [33] = h_last;
+  assign \i__payload$232 [32:16] = \$170 ;
+  assign \i__payload$232 [15:0] = rd0_q[15:0];
+  assign \i__payload$230 [31:16] = rd1_q[15:0];
+  assign \i__payload$230 [15:0] = rd0_q[15:0];
+  assign \$6 [9:1] = 9'h000;
+  assign \$6 [0] = ins[6];
+  assign \$7  = ins[6];
+  assign \$10  = { \$9 [17], \$9 [17], \$9 [17:2] };
+  assign \$15  = { \$14 [17], \$14 [17], \$14 [17:2] };
+  assign \$18  = { \$17 [17], \$17 [17], \$17 [17:2] };
+  assign \$19  = { 1'h0, ins[47:32], 2'h0 };
+  assign { \$25 [9:2], \$25 [0] } = 9'h000;
+  assign \$25 [1] = ins[7];
+  assign \$38  = \$37 ;
+  assign \$57  = \$56 ;
+  assign \$73  = \$72 ;
+  assign { \$87 [9:3], \$87 [1:0] } = 9'h000;
+  assign \$87 [2] = ins[8];
+  assign \$88  = ins[8];
+  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
+  assign \$90 [2] = ins[8];
+  assign \$91  = ins[8];
+  assign \$96  = \$95 [14];
   assign \$99  = { ins[63:48], 1'h0 };
-  assign \$111 [9:3] = 7'h00;
-  assign \$111 [2:0] = ins[8:6];
-  assign \$118  = \$117 ;
-  assign \$122 [9:3] = 7'h00;
-  assign \$122 [2:0] = ins[8:6];
-  assign \$139  = \$138 ;
-  assign \$159  = 1'h1;
-  assign \$160  = \$158 ;
-  assign \$165  = 1'h1;
-  assign \$166  = \$164 ;
-  assign \$216  = 1'h1;
-  assign \$217  = \$215 ;
-  assign \$227  = { expert, 1'h0 };
+  assign \$101  = { ins[63:48], 1'h0 };
+  assign \$113 [9:3] = 7'h00;
+  assign \$113 [2:0] = ins[8:6];
+  assign \$120  = \$119 ;
+  assign \$124 [9:3] = 7'h00;
+  assign \$124 [2:0] = ins[8:6];
+  assign \$141  = \$140 ;
+  assign \$161  = 1'h1;
+  assign \$162  = \$160 ;
+  assign \$167  = 1'h1;
+  assign \$168  = \$166 ;
+  assign \$218  = 1'h1;
+  assign \$219  = \$217 ;
   assign \$229  = { expert, 1'h0 };
-  assign \$277  = 1'h1;
-  assign \$278  = \$276 ;
-  assign \$287  = 1'h1;
-  assign \$307  = 1'h1;
-  assign \$312  = 1'h1;
-  assign \$313  = \$311 ;
-  assign \$349  = \$348 [33];
-  assign \$352  = { lane_x, 1'h0 };
-  assign \$354  = { 1'h0, lane_y[15:1] };
-  assign \$431  = 1'h1;
-  assign \$432  = issuing;
-  assign \$434  = 1'h1;
-  assign \$435  = issuing;
-  assign \$489  = 1'h1;
-  assign \$490  = \$488 ;
-  assign \$534  = \$533 ;
-  assign \$543  = \$542 ;
-  assign { \$579 [9:3], \$579 [1:0] } = 9'h000;
-  assign \$579 [2] = ins[8];
-  assign \$580  = ins[8];
-  assign \$584  = \$583 ;
-  assign { \$585 [9:3], \$585 [1:0] } = 9'h000;
-  assign \$585 [2] = ins[8];
-  assign \$586  = ins[8];
-  assign \$587  = { mk[13:2], 1'h0 };
-  assign \$589  = { mk[13:2], 1'h0 };
-  assign \$655  = 1'h1;
-  assign \$656  = \$654 ;
-  assign \$661  = 1'h1;
-  assign \$679  = 1'h1;
-  assign \$699  = 1'h1;
-  assign \$706  = 1'h1;
-  assign \$707  = \$705 ;
-  assign \$24  = ins[7];
+  assign \$231  = { expert, 1'h0 };
+  assign \$246  = 1'h1;
+  assign \$251  = 1'h1;
+  assign \$252  = \$250 ;
+  assign \$279  = \$278 [33];
+  assign \$282  = { lane_x, 1'h0 };
+  assign \$284  = { 1'h0, lane_y[15:1] };
+  assign \$361  = 1'h1;
+  assign \$362  = issuing;
+  assign \$364  = 1'h1;
+  assign \$365  = issuing;
+  assign \$419  = 1'h1;
+  assign \$420  = \$418 ;
+  assign \$464  = \$463 ;
+  assign \$473  = \$472 ;
+  assign { \$509 [9:3], \$509 [1:0] } = 9'h000;
+  assign \$509 [2] = ins[8];
+  assign \$510  = ins[8];
+  assign \$514  = \$513 ;
+  assign { \$515 [9:3], \$515 [1:0] } = 9'h000;
+  assign \$515 [2] = ins[8];
+  assign \$516  = ins[8];
+  assign \$535  = 1'h1;
+  assign \$542  = 1'h1;
+  assign \$543  = \$541 ;
+  assign \$26  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$3210$0 , retire
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$2953$0 , retire
 , running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -10329,8 +7627,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$3210$0 ;
-  wire [15:0] \port$3210$0 ;
+  input [15:0] \port$2953$0 ;
+  wire [15:0] \port$2953$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -10433,7 +7731,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$15 ) begin
-      rd_data = { 16'h0000, \port$3210$0  };
+      rd_data = { 16'h0000, \port$2953$0  };
     end else if (\$18 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -10574,7 +7872,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$3210$0  };
+  assign load_data = { 16'h0000, \port$2953$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -10811,8 +8109,8 @@ module \nanokpu_kpu.bank.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1242$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1260$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3411$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$985$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1003$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, \port$3501$2 , rd_addr, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -10951,12 +8249,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1242$0 ;
-  wire [5:0] \port$1242$0 ;
-  output [5:0] \port$1260$0 ;
-  wire [5:0] \port$1260$0 ;
-  input [15:0] \port$3411$2 ;
-  wire [15:0] \port$3411$2 ;
+  output [5:0] \port$1003$0 ;
+  wire [5:0] \port$1003$0 ;
+  input [15:0] \port$3501$2 ;
+  wire [15:0] \port$3501$2 ;
+  output [5:0] \port$985$0 ;
+  wire [5:0] \port$985$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -11121,7 +8419,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3411$2  };
+      \$74  = { 8'h00, \port$3501$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -11157,7 +8455,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3411$2  };
+      \$77  = { 8'h00, \port$3501$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -11202,11 +8500,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3411$2  };
+  assign rd_beats = { 8'h00, \port$3501$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3411$2  };
-  assign \port$1242$0  = \$9 ;
-  assign \port$1260$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3501$2  };
+  assign \port$985$0  = \$9 ;
+  assign \port$1003$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -21033,8 +18331,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1606$0 (mult),
-    .\port$1611$0 (i__payload),
+    .\port$1349$0 (mult),
+    .\port$1354$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -21848,7 +19146,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -21934,10 +19232,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1606$0 ;
-  wire [15:0] \port$1606$0 ;
-  input [95:0] \port$1611$0 ;
-  wire [95:0] \port$1611$0 ;
+  input [15:0] \port$1349$0 ;
+  wire [15:0] \port$1349$0 ;
+  input [95:0] \port$1354$0 ;
+  wire [95:0] \port$1354$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -22002,7 +19300,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1611$0 [16:0] };
+      \$9  = { 1'h0, \port$1354$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -22015,7 +19313,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1606$0  };
+      \$10  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -22041,7 +19339,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23:17] };
+      \$12  = { \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -22054,7 +19352,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1606$0  };
+      \$13  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -22080,7 +19378,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1611$0 [40:24] };
+      \$15  = { 1'h0, \port$1354$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -22093,7 +19391,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1606$0  };
+      \$16  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -22119,7 +19417,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47:41] };
+      \$18  = { \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -22132,7 +19430,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1606$0  };
+      \$19  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -22158,7 +19456,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1611$0 [64:48] };
+      \$21  = { 1'h0, \port$1354$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -22171,7 +19469,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1606$0  };
+      \$22  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -22197,7 +19495,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71:65] };
+      \$24  = { \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -22210,7 +19508,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1606$0  };
+      \$25  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -22236,7 +19534,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1611$0 [88:72] };
+      \$27  = { 1'h0, \port$1354$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -22249,7 +19547,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1606$0  };
+      \$28  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -22275,7 +19573,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95:89] };
+      \$30  = { \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -22288,7 +19586,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1606$0  };
+      \$31  = { 2'h0, \port$1349$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -22310,27 +19608,2089 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1606$0 , \port$1611$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1611$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1606$0  };
-  assign a__1 = { \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23], \port$1611$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1606$0  };
-  assign a__2 = { 1'h0, \port$1611$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1606$0  };
-  assign a__3 = { \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47], \port$1611$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1606$0  };
-  assign a__4 = { 1'h0, \port$1611$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1606$0  };
-  assign a__5 = { \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71], \port$1611$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1606$0  };
-  assign a__6 = { 1'h0, \port$1611$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1606$0  };
-  assign a__7 = { \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95], \port$1611$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1606$0  };
+  assign a__0 = { 1'h0, \port$1354$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1349$0  };
+  assign a__1 = { \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1349$0  };
+  assign a__2 = { 1'h0, \port$1354$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1349$0  };
+  assign a__3 = { \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1349$0  };
+  assign a__4 = { 1'h0, \port$1354$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1349$0  };
+  assign a__5 = { \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1349$0  };
+  assign a__6 = { 1'h0, \port$1354$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1349$0  };
+  assign a__7 = { \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1349$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, lh__addr);
+module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, ins, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
+, error, spad__rd0__data, dma__rd_data__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire [3:0] \$108 ;
+  reg \$109 ;
+  wire \$11 ;
+  reg \$110 ;
+  reg [13:0] \$111 ;
+  reg [31:0] \$112 ;
+  reg \$113 ;
+  reg [2:0] \$114 ;
+  reg \$115 ;
+  reg \$116 ;
+  reg \$117 ;
+  reg [35:0] \$118 ;
+  wire \$12 ;
+  wire [14:0] \$13 ;
+  wire [3:0] \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire [1:0] \$17 ;
+  wire [2:0] \$18 ;
+  wire \$19 ;
+  wire [6:0] \$194 ;
+  wire [7:0] \$198 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire [8:0] \$201 ;
+  wire \$21 ;
+  wire [3:0] \$22 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire \$3 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire [14:0] \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire \$39 ;
+  wire \$4 ;
+  wire \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire [1:0] \$48 ;
+  wire \$49 ;
+  wire [3:0] \$5 ;
+  wire \$50 ;
+  wire [1:0] \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire [3:0] \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire [1:0] \$68 ;
+  wire [2:0] \$69 ;
+  wire \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire [14:0] \$74 ;
+  wire \$75 ;
+  wire [7:0] \$76 ;
+  wire \$77 ;
+  wire [15:0] \$78 ;
+  wire [31:0] \$79 ;
+  wire [1:0] \$8 ;
+  wire [31:0] \$80 ;
+  wire [31:0] \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
+  wire [2:0] \$9 ;
+  wire [14:0] \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
+  reg [31:0] beat = 32'd0;
+  reg busy = 1'h0;
+  input clk;
+  wire clk;
+  input dma__error;
+  wire dma__error;
+  input dma__rd_busy;
+  wire dma__rd_busy;
+  input [31:0] dma__rd_data__payload;
+  wire [31:0] dma__rd_data__payload;
+  output dma__rd_data__ready;
+  reg dma__rd_data__ready;
+  input dma__rd_data__valid;
+  wire dma__rd_data__valid;
+  output dma__rd_start;
+  reg dma__rd_start;
+  input dma__wr_busy;
+  wire dma__wr_busy;
+  (* init = 36'h000000000 *)
+  wire [35:0] dma__wr_data__payload;
+  wire [31:0] \dma__wr_data__payload.data ;
+  wire [3:0] \dma__wr_data__payload.strb ;
+  input dma__wr_data__ready;
+  wire dma__wr_data__ready;
+  output dma__wr_data__valid;
+  reg dma__wr_data__valid;
+  output dma__wr_start;
+  reg dma__wr_start;
+  output done;
+  reg done;
+  reg [13:0] el = 14'h0000;
+  output [7:0] error;
+  reg [7:0] error;
+  reg full = 1'h0;
+  input [112:0] ins;
+  wire [112:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [15:0] \ins.n ;
+  wire [5:0] \ins.op ;
+  wire [5:0] \ins.width ;
+  reg [2:0] lane = 3'h0;
+  output [35:0] out;
+  reg [35:0] out = 36'h000000000;
+  wire [31:0] \out.data ;
+  wire [3:0] \out.strb ;
+  reg out_full = 1'h0;
+  reg out_lane = 1'h0;
+  reg pending = 1'h0;
+  input rst;
+  wire rst;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  reg store = 1'h0;
+  input unit_rst;
+  wire unit_rst;
+  assign \$1  = ins[5:0] == 2'h2;
+  assign \$2  = ~ store;
+  assign \$3  = busy & \$2 ;
+  assign \$4  = dma__rd_data__valid & dma__rd_data__ready;
+  assign \$5  = lane + 1'h1;
+  assign \$6  = ins[11:6] == 1'h1;
+  assign \$7  = ins[11:6] == 2'h2;
+  assign \$8  = \$7  ? 2'h2 : 2'h1;
+  assign \$9  = \$6  ? 3'h4 : { 1'h0, \$8  };
+  assign \$10  = \$5  >= \$9 ;
+  assign \$11  = full & \$10 ;
+  assign \$12  = el < ins[112:99];
+  assign \$13  = el + 1'h1;
+  assign \$14  = lane + 1'h1;
+  assign \$15  = ins[11:6] == 1'h1;
+  assign \$16  = ins[11:6] == 2'h2;
+  assign \$17  = \$16  ? 2'h2 : 2'h1;
+  assign \$18  = \$15  ? 3'h4 : { 1'h0, \$17  };
+  assign \$19  = \$14  >= \$18 ;
+  assign \$20  = full & \$19 ;
+  assign \$21  = ~ \$20 ;
+  assign \$22  = lane + 1'h1;
+  assign \$23  = busy & store;
+  assign \$24  = el < ins[112:99];
+  assign \$25  = ~ pending;
+  assign \$26  = ~ out_full;
+  assign \$27  = out_full & dma__wr_data__ready;
+  assign \$28  = \$26  | \$27 ;
+  assign \$29  = pending & \$28 ;
+  assign \$30  = \$25  | \$29 ;
+  assign \$31  = \$24  & \$30 ;
+  assign \$32  = ~ out_full;
+  assign \$33  = out_full & dma__wr_data__ready;
+  assign \$34  = \$32  | \$33 ;
+  assign \$35  = pending & \$34 ;
+  assign \$36  = el + 1'h1;
+  assign \$37  = out_full & dma__wr_data__ready;
+  assign \$38  = ~ out_full;
+  assign \$39  = out_full & dma__wr_data__ready;
+  assign \$40  = \$38  | \$39 ;
+  assign \$41  = pending & \$40 ;
+  assign \$42  = out_full & dma__wr_data__ready;
+  assign \$43  = \$42  ? 1'h0 : out_lane;
+  assign \$44  = out_full & dma__wr_data__ready;
+  assign \$45  = \$44  ? 1'h0 : out_lane;
+  assign \$46  = out_full & dma__wr_data__ready;
+  assign \$47  = \$46  ? 1'h0 : out_lane;
+  assign \$48  = \$47  + 1'h1;
+  assign \$49  = out_full & dma__wr_data__ready;
+  assign \$50  = \$49  ? 1'h0 : out_lane;
+  assign \$51  = \$50  + 1'h1;
+  assign \$52  = \$51  == 1'h1;
+  assign \$53  = el < ins[112:99];
+  assign \$54  = ~ \$53 ;
+  assign \$55  = \$52  | \$54 ;
+  assign \$56  = out_full & dma__wr_data__ready;
+  assign \$57  = out_full & dma__wr_data__ready;
+  assign \$58  = \$57  ? 1'h0 : out_lane;
+  assign \$60  = ins[5:0] == 1'h1;
+  assign \$61  = ins[5:0] == 2'h2;
+  assign \$62  = ~ store;
+  assign \$63  = busy & \$62 ;
+  assign \$64  = ~ full;
+  assign \$65  = lane + 1'h1;
+  assign \$66  = ins[11:6] == 1'h1;
+  assign \$67  = ins[11:6] == 2'h2;
+  assign \$68  = \$67  ? 2'h2 : 2'h1;
+  assign \$69  = \$66  ? 3'h4 : { 1'h0, \$68  };
+  assign \$70  = \$65  >= \$69 ;
+  assign \$71  = full & \$70 ;
+  assign \$72  = \$64  | \$71 ;
+  assign \$73  = el < ins[112:99];
+  assign \$74  = ins[50:38] + el;
+  assign \$75  = ins[11:6] == 1'h1;
+  assign \$194  = lane * 4'h8;
+  assign \$76  = beat >> \$194 ;
+  assign \$77  = ins[11:6] == 2'h2;
+  assign \$198  = lane * 5'h10;
+  assign \$78  = beat >> \$198 ;
+  assign \$201  = lane * 6'h20;
+  assign \$79  = beat >> \$201 ;
+  assign \$80  = \$77  ? { \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78  } : \$79 ;
+  assign \$81  = \$75  ? { \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76  } : \$80 ;
+  assign \$82  = ~ dma__rd_busy;
+  assign \$83  = ~ full;
+  assign \$84  = \$82  & \$83 ;
+  assign \$85  = el < ins[112:99];
+  assign \$86  = ~ \$85 ;
+  assign \$87  = \$84  & \$86 ;
+  assign \$88  = dma__error | \$87 ;
+  assign \$89  = busy & store;
+  assign \$90  = ins[24:12] + el;
+  assign \$91  = el < ins[112:99];
+  assign \$92  = ~ pending;
+  assign \$93  = ~ out_full;
+  assign \$94  = out_full & dma__wr_data__ready;
+  assign \$95  = \$93  | \$94 ;
+  assign \$96  = pending & \$95 ;
+  assign \$97  = \$92  | \$96 ;
+  assign \$98  = \$91  & \$97 ;
+  assign \$99  = ~ dma__wr_busy;
+  assign \$100  = el < ins[112:99];
+  assign \$101  = ~ \$100 ;
+  assign \$102  = \$99  & \$101 ;
+  assign \$103  = ~ pending;
+  assign \$104  = \$102  & \$103 ;
+  assign \$105  = ~ out_full;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = dma__error | \$106 ;
+  assign \$108  = dma__error ? 4'h7 : 4'h0;
+  always @(posedge clk)
+    busy <= \$109 ;
+  always @(posedge clk)
+    store <= \$110 ;
+  always @(posedge clk)
+    el <= \$111 ;
+  always @(posedge clk)
+    beat <= \$112 ;
+  always @(posedge clk)
+    full <= \$113 ;
+  always @(posedge clk)
+    lane <= \$114 ;
+  always @(posedge clk)
+    pending <= \$115 ;
+  always @(posedge clk)
+    out_full <= \$116 ;
+  always @(posedge clk)
+    out_lane <= \$117 ;
+  always @(posedge clk)
+    out <= \$118 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$109  = busy;
+    if (start) begin
+      \$109  = 1'h1;
+    end
+    if (done) begin
+      \$109  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$109  = 1'h0;
+    end
+    if (rst) begin
+      \$109  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$110  = store;
+    if (start) begin
+      \$110  = \$1 ;
+    end
+    if (unit_rst) begin
+      \$110  = 1'h0;
+    end
+    if (rst) begin
+      \$110  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$111  = el;
+    if (start) begin
+      \$111  = 14'h0000;
+    end
+    if (\$3 ) begin
+      if (full) begin
+        if (\$12 ) begin
+          \$111  = \$13 [13:0];
+        end
+      end
+    end
+    if (\$23 ) begin
+      if (\$31 ) begin
+        \$111  = \$36 [13:0];
+      end
+    end
+    if (unit_rst) begin
+      \$111  = 14'h0000;
+    end
+    if (rst) begin
+      \$111  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$112  = beat;
+    if (\$3 ) begin
+      if (\$4 ) begin
+        \$112  = dma__rd_data__payload;
+      end
+    end
+    if (unit_rst) begin
+      \$112  = 32'd0;
+    end
+    if (rst) begin
+      \$112  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$113  = full;
+    if (\$3 ) begin
+      if (\$4 ) begin
+        \$113  = 1'h1;
+      end else if (\$11 ) begin
+        \$113  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$113  = 1'h0;
+    end
+    if (rst) begin
+      \$113  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$114  = lane;
+    if (\$3 ) begin
+      if (\$4 ) begin
+        \$114  = 3'h0;
+      end
+      if (full) begin
+        if (\$21 ) begin
+          \$114  = \$22 [2:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$114  = 3'h0;
+    end
+    if (rst) begin
+      \$114  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$115  = pending;
+    if (\$23 ) begin
+      if (\$31 ) begin
+        \$115  = 1'h1;
+      end else if (\$35 ) begin
+        \$115  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$115  = 1'h0;
+    end
+    if (rst) begin
+      \$115  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$116  = out_full;
+    if (\$23 ) begin
+      if (\$37 ) begin
+        \$116  = 1'h0;
+      end
+      if (\$41 ) begin
+        \$116  = \$55 ;
+      end
+    end
+    if (unit_rst) begin
+      \$116  = 1'h0;
+    end
+    if (rst) begin
+      \$116  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$117  = out_lane;
+    if (\$23 ) begin
+      if (\$37 ) begin
+        \$117  = 1'h0;
+      end
+      if (\$41 ) begin
+        \$117  = \$48 [0];
+      end
+    end
+    if (unit_rst) begin
+      \$117  = 1'h0;
+    end
+    if (rst) begin
+      \$117  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$118  = out;
+    if (\$23 ) begin
+      if (\$37 ) begin
+        \$118 [35:32] = 4'h0;
+      end
+      if (\$41 ) begin
+        casez (\$43 )
+          1'h0:
+              \$118 [31:0] = spad__rd0__data;
+        endcase
+        casez (\$45 )
+          1'h0:
+              \$118 [35:32] = 4'hf;
+        endcase
+        if (\$56 ) begin
+          if (\$59 ) begin
+            \$118 [35:32] = 4'h0;
+          end
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$118  = 36'h000000000;
+    end
+    if (rst) begin
+      \$118  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    dma__rd_start = 1'h0;
+    if (start) begin
+      dma__rd_start = \$60 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    dma__wr_start = 1'h0;
+    if (start) begin
+      dma__wr_start = \$61 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    dma__rd_data__ready = 1'h0;
+    if (\$63 ) begin
+      dma__rd_data__ready = \$72 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (\$63 ) begin
+      if (full) begin
+        if (\$73 ) begin
+          spad__wr__addr = \$74 [12:0];
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    spad__wr__data = 32'd0;
+    if (\$63 ) begin
+      if (full) begin
+        if (\$73 ) begin
+          spad__wr__data = \$81 ;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    spad__wr__en = 1'h0;
+    if (\$63 ) begin
+      if (full) begin
+        if (\$73 ) begin
+          spad__wr__en = 1'h1;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    done = 1'h0;
+    if (\$63 ) begin
+      if (\$88 ) begin
+        done = 1'h1;
+      end
+    end
+    if (\$89 ) begin
+      if (\$107 ) begin
+        done = 1'h1;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    spad__rd0__addr = 13'h0000;
+    if (\$89 ) begin
+      spad__rd0__addr = \$90 [12:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    spad__rd0__en = 1'h0;
+    if (\$89 ) begin
+      spad__rd0__en = \$98 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    dma__wr_data__valid = 1'h0;
+    if (\$89 ) begin
+      dma__wr_data__valid = out_full;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    error = 8'h00;
+    if (done) begin
+      error = { 4'h0, \$108  };
+    end
+  end
+  assign dma__wr_data__payload = out;
+  assign \ins.op  = ins[5:0];
+  assign \ins.width  = ins[11:6];
+  assign \ins.a  = ins[24:12];
+  assign \ins.b  = ins[37:25];
+  assign \ins.c  = ins[50:38];
+  assign \ins.m  = ins[66:51];
+  assign \ins.n  = ins[82:67];
+  assign \ins.k  = ins[98:83];
+  assign \ins.len  = ins[112:99];
+  assign \out.data  = out[31:0];
+  assign \out.strb  = out[35:32];
+  assign \dma__wr_data__payload.data  = out[31:0];
+  assign \dma__wr_data__payload.strb  = out[35:32];
+  assign \$59  = \$58 ;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
+, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  wire [17:0] \$1 ;
+  wire \$10 ;
+  reg \$100 ;
+  reg [12:0] \$101 ;
+  reg [12:0] \$102 ;
+  reg \$103 ;
+  reg \$104 ;
+  reg [1:0] \$105 ;
+  reg \$106 ;
+  reg \$107 ;
+  reg \$108 ;
+  reg [12:0] \$109 ;
+  wire \$11 ;
+  reg [19:0] \$110 ;
+  reg [13:0] \$111 ;
+  reg [13:0] \$112 ;
+  reg [13:0] \$113 ;
+  reg [13:0] \$114 ;
+  reg \$115 ;
+  reg [2:0] \$116 ;
+  reg [13:0] \$117 ;
+  wire \$12 ;
+  wire [13:0] \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire [13:0] \$17 ;
+  wire \$18 ;
+  wire [13:0] \$19 ;
+  wire [13:0] \$2 ;
+  wire [14:0] \$20 ;
+  wire [14:0] \$21 ;
+  wire [15:0] \$22 ;
+  wire [16:0] \$23 ;
+  wire [17:0] \$24 ;
+  wire [18:0] \$25 ;
+  wire [15:0] \$26 ;
+  wire [16:0] \$27 ;
+  wire [17:0] \$28 ;
+  wire \$29 ;
+  wire \$3 ;
+  wire [14:0] \$30 ;
+  wire [15:0] \$31 ;
+  wire [16:0] \$32 ;
+  wire [17:0] \$33 ;
+  wire [18:0] \$34 ;
+  wire [14:0] \$35 ;
+  wire [15:0] \$36 ;
+  wire [16:0] \$37 ;
+  wire [17:0] \$38 ;
+  wire [18:0] \$39 ;
+  wire \$4 ;
+  wire [19:0] \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire \$49 ;
+  wire [4:0] \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire [4:0] \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire [1:0] \$62 ;
+  wire [4:0] \$63 ;
+  wire [12:0] \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire [14:0] \$68 ;
+  wire [13:0] \$69 ;
+  wire \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire [14:0] \$79 ;
+  wire \$8 ;
+  wire [13:0] \$80 ;
+  wire [2:0] \$81 ;
+  wire \$82 ;
+  wire [14:0] \$83 ;
+  wire [4:0] \$84 ;
+  wire [4:0] \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire [14:0] \$88 ;
+  wire \$89 ;
+  wire \$9 ;
+  wire [14:0] \$90 ;
+  wire [1:0] \$91 ;
+  wire [14:0] \$92 ;
+  wire \$93 ;
+  reg [3:0] \$94 ;
+  reg [3:0] \$95 ;
+  reg [13:0] \$96 ;
+  reg [13:0] \$97 ;
+  reg [3:0] \$98 ;
+  reg \$99 ;
+  reg [2:0] \$signature__addr ;
+  wire [13:0] \$signature__data ;
+  output [2:0] bias__addr;
+  reg [2:0] bias__addr;
+  output [15:0] bias__data;
+  reg [15:0] bias__data;
+  output bias__we;
+  reg bias__we;
+  reg [2:0] c_wr__addr;
+  reg [13:0] c_wr__data;
+  reg c_wr__en;
+  reg cap = 1'h0;
+  wire [-1:0] cap_lane;
+  reg cap_ok = 1'h0;
+  input clk;
+  wire clk;
+  reg [13:0] count = 14'h0000;
+  output done;
+  reg done;
+  reg [3:0] el = 4'h0;
+  output [7:0] error;
+  reg [7:0] error;
+  reg feed_done = 1'h0;
+  reg [13:0] feed_left = 14'h0000;
+  reg [3:0] fsm_state = 4'h0;
+  reg [19:0] held = 20'h00000;
+  wire [2:0] \held.index ;
+  wire \held.last ;
+  wire [15:0] \held.weight ;
+  reg hold = 1'h0;
+  reg [2:0] idx_q = 3'h0;
+  input [112:0] ins;
+  wire [112:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [15:0] \ins.n ;
+  wire [5:0] \ins.op ;
+  wire [5:0] \ins.width ;
+  reg [3:0] j = 4'h0;
+  reg lane = 1'h0;
+  reg [13:0] off = 14'h0000;
+  reg [13:0] p = 14'h0000;
+  (* init = 13'h0000 *)
+  wire [12:0] pack;
+  wire [12:0] \pack[0] ;
+  reg [13:0] pos = 14'h0000;
+  reg ps = 1'h0;
+  reg [13:0] pt = 14'h0000;
+  reg [13:0] route_left = 14'h0000;
+  input [19:0] routes__payload;
+  wire [19:0] routes__payload;
+  wire [2:0] \routes__payload.index ;
+  wire \routes__payload.last ;
+  wire [15:0] \routes__payload.weight ;
+  output routes__ready;
+  reg routes__ready;
+  input routes__valid;
+  wire routes__valid;
+  input rst;
+  wire rst;
+  reg [1:0] s = 2'h0;
+  output [12:0] scores__payload;
+  reg [12:0] scores__payload = 13'h0000;
+  wire [12:0] \scores__payload[0] ;
+  input scores__ready;
+  wire scores__ready;
+  output scores__valid;
+  reg scores__valid;
+  wire spad__blocked;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  reg [12:0] tbase = 13'h0000;
+  wire [13:0] tk;
+  reg [12:0] tslot = 13'h0000;
+  input unit_rst;
+  wire unit_rst;
+  reg wphase = 1'h0;
+  reg wvalid = 1'h0;
+  reg [13:0] ctr [7:0];
+  initial begin
+    ctr[0] = 14'h0000;
+    ctr[1] = 14'h0000;
+    ctr[2] = 14'h0000;
+    ctr[3] = 14'h0000;
+    ctr[4] = 14'h0000;
+    ctr[5] = 14'h0000;
+    ctr[6] = 14'h0000;
+    ctr[7] = 14'h0000;
+  end
+  always @(posedge clk) begin
+    if (c_wr__en)
+      ctr[c_wr__addr] <= c_wr__data;
+  end
+  reg [13:0] _0_;
+  always @(posedge clk) begin
+    _0_ <= ctr[\$signature__addr ];
+  end
+  assign \$signature__data  = _0_;
+  assign \$1  = ins[66:51] * 2'h2;
+  assign \$2  = ins[37:25] + j;
+  assign \$3  = j < 4'h8;
+  assign \$4  = | j;
+  assign \$5  = j - 1'h1;
+  assign \$6  = ~ wvalid;
+  assign \$7  = ~ feed_done;
+  assign \$8  = \$6  & \$7 ;
+  assign \$9  = lane < 1'h1;
+  assign \$10  = \$8  & \$9 ;
+  assign \$13  = tbase + el;
+  assign \$14  = ~ hold;
+  assign \$15  = ~ wphase;
+  assign \$16  = hold & \$15 ;
+  assign \$17  = tslot + s;
+  assign \$18  = hold & wphase;
+  assign \$19  = tslot + s;
+  assign \$20  = \$19  + \$1 [13:0];
+  assign \$21  = \$signature__data  + 1'h1;
+  assign \$22  = 2'h2 * \$1 [13:0];
+  assign \$23  = ins[50:38] + \$22 ;
+  assign \$24  = \$23  + 4'h8;
+  assign \$25  = \$24  + j;
+  assign \$26  = 2'h2 * \$1 [13:0];
+  assign \$27  = ins[50:38] + \$26 ;
+  assign \$28  = \$27  + j;
+  assign \$30  = ins[50:38] + p;
+  assign \$31  = 2'h2 * \$1 [13:0];
+  assign \$32  = ins[50:38] + \$31 ;
+  assign \$33  = \$32  + 5'h10;
+  assign \$34  = \$33  + \$signature__data ;
+  assign \$35  = \$signature__data  + 1'h1;
+  assign \$36  = 2'h2 * \$1 [13:0];
+  assign \$37  = ins[50:38] + \$36 ;
+  assign \$38  = \$37  + 5'h10;
+  assign \$39  = \$38  + \$1 [13:0];
+  assign \$40  = \$39  + pos;
+  assign \$41  = ! fsm_state;
+  assign \$42  = fsm_state == 1'h1;
+  assign \$43  = fsm_state == 2'h2;
+  assign \$44  = fsm_state == 2'h3;
+  assign \$45  = fsm_state == 3'h4;
+  assign \$46  = fsm_state == 3'h5;
+  assign \$47  = fsm_state == 3'h6;
+  assign \$48  = fsm_state == 3'h7;
+  assign \$49  = fsm_state == 4'h8;
+  assign \$50  = fsm_state == 4'h9;
+  assign \$51  = fsm_state == 4'ha;
+  assign \$52  = j + 1'h1;
+  assign \$53  = j == 4'h8;
+  assign \$54  = ~ wvalid;
+  assign \$55  = ~ feed_done;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = lane < 1'h1;
+  assign \$58  = \$56  & \$57 ;
+  assign \$61  = el < 4'h8;
+  assign \$62  = lane + 1'h1;
+  assign \$63  = el + 1'h1;
+  assign \$64  = cap_ok ? spad__rd0__data[12:0] : 13'h0000;
+  assign \$66  = scores__valid & scores__ready;
+  assign \$67  = el >= 4'h8;
+  assign \$68  = feed_left - 1'h1;
+  assign \$69  = tbase + 4'h8;
+  assign \$70  = | feed_left[13:1];
+  assign \$71  = ~ \$70 ;
+  assign \$72  = ~ hold;
+  assign \$73  = routes__valid & \$72 ;
+  assign \$74  = ~ wphase;
+  assign \$75  = hold & \$74 ;
+  assign \$76  = hold & wphase;
+  assign \$77  = s == 1'h1;
+  assign \$78  = held[19] | \$77 ;
+  assign \$79  = route_left - 1'h1;
+  assign \$80  = tslot + 2'h2;
+  assign \$81  = s + 1'h1;
+  assign \$82  = ! route_left;
+  assign \$83  = off + \$signature__data ;
+  assign \$84  = j + 1'h1;
+  assign \$85  = j + 1'h1;
+  assign \$86  = \$85  < 4'h8;
+  assign \$88  = p + 1'h1;
+  assign \$90  = pt + 1'h1;
+  assign \$91  = ps + 1'h1;
+  assign \$92  = p + 1'h1;
+  assign \$93  = \$92  == \$1 [13:0];
+  always @(posedge clk)
+    j <= \$94 ;
+  always @(posedge clk)
+    fsm_state <= \$95 ;
+  always @(posedge clk)
+    feed_left <= \$96 ;
+  always @(posedge clk)
+    route_left <= \$97 ;
+  always @(posedge clk)
+    el <= \$98 ;
+  always @(posedge clk)
+    lane <= \$99 ;
+  always @(posedge clk)
+    wvalid <= \$100 ;
+  always @(posedge clk)
+    tbase <= \$101 ;
+  always @(posedge clk)
+    tslot <= \$102 ;
+  always @(posedge clk)
+    feed_done <= \$103 ;
+  always @(posedge clk)
+    cap <= \$104 ;
+  always @(posedge clk)
+    s <= \$105 ;
+  always @(posedge clk)
+    hold <= \$106 ;
+  always @(posedge clk)
+    wphase <= \$107 ;
+  always @(posedge clk)
+    cap_ok <= \$108 ;
+  always @(posedge clk)
+    scores__payload <= \$109 ;
+  always @(posedge clk)
+    held <= \$110 ;
+  always @(posedge clk)
+    off <= \$111 ;
+  always @(posedge clk)
+    count <= \$112 ;
+  always @(posedge clk)
+    p <= \$113 ;
+  always @(posedge clk)
+    pt <= \$114 ;
+  always @(posedge clk)
+    ps <= \$115 ;
+  always @(posedge clk)
+    idx_q <= \$116 ;
+  always @(posedge clk)
+    pos <= \$117 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    spad__rd0__addr = 13'h0000;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          spad__rd0__addr = \$2 [12:0];
+      4'h2:
+          if (\$12 ) begin
+            spad__rd0__addr = \$13 [12:0];
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          if (\$29 ) begin
+            spad__rd0__addr = \$30 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    spad__rd0__en = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          spad__rd0__en = 1'h1;
+      4'h2:
+          if (\$12 ) begin
+            spad__rd0__en = 1'h1;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          if (\$29 ) begin
+            spad__rd0__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    c_wr__addr = 3'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          c_wr__addr = j[2:0];
+      4'h2:
+          if (\$18 ) begin
+            c_wr__addr = held[2:0];
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          c_wr__addr = j[2:0];
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          c_wr__addr = idx_q;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    c_wr__data = 14'h0000;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          c_wr__data = 14'h0000;
+      4'h2:
+          if (\$18 ) begin
+            c_wr__data = \$21 [13:0];
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          c_wr__data = off;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          c_wr__data = \$35 [13:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    c_wr__en = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          c_wr__en = \$3 ;
+      4'h2:
+          if (\$18 ) begin
+            c_wr__en = 1'h1;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          c_wr__en = 1'h1;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          c_wr__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    bias__we = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$4 ) begin
+            bias__we = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    bias__addr = 3'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$4 ) begin
+            bias__addr = \$5 [2:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    bias__data = 16'h0000;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$4 ) begin
+            bias__data = spad__rd0__data[15:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    scores__valid = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          scores__valid = wvalid;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    routes__ready = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          routes__ready = \$14 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$signature__addr  = 3'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          \$signature__addr  = held[2:0];
+      4'h3:
+          \$signature__addr  = j[2:0];
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          \$signature__addr  = spad__rd0__data[2:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    spad__wr__addr = 13'h0000;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+        begin
+          if (\$16 ) begin
+            spad__wr__addr = \$17 [12:0];
+          end
+          if (\$18 ) begin
+            spad__wr__addr = \$20 [12:0];
+          end
+        end
+      4'h3:
+          /* empty */;
+      4'h4:
+          spad__wr__addr = \$25 [12:0];
+      4'h5:
+          spad__wr__addr = \$28 [12:0];
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          spad__wr__addr = \$34 [12:0];
+      4'h9:
+          spad__wr__addr = \$40 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    spad__wr__data = 32'd0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+        begin
+          if (\$16 ) begin
+            spad__wr__data = { 29'h00000000, held[2:0] };
+          end
+          if (\$18 ) begin
+            spad__wr__data = { 16'h0000, held[18:3] };
+          end
+        end
+      4'h3:
+          /* empty */;
+      4'h4:
+          spad__wr__data = { 18'h00000, off };
+      4'h5:
+          spad__wr__data = { 18'h00000, count };
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          spad__wr__data = { 18'h00000, p };
+      4'h9:
+          spad__wr__data = { 18'h00000, pt };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    spad__wr__en = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+        begin
+          if (\$16 ) begin
+            spad__wr__en = 1'h1;
+          end
+          if (\$18 ) begin
+            spad__wr__en = 1'h1;
+          end
+        end
+      4'h3:
+          /* empty */;
+      4'h4:
+          spad__wr__en = 1'h1;
+      4'h5:
+          spad__wr__en = 1'h1;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          spad__wr__en = 1'h1;
+      4'h9:
+          spad__wr__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    done = 1'h0;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'ha:
+          done = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    error = 8'h00;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'ha:
+          error = 8'h00;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$94  = j;
+    casez (fsm_state)
+      4'h0:
+          if (start) begin
+            \$94  = 4'h0;
+          end
+      4'h1:
+          \$94  = \$52 [3:0];
+      4'h2:
+          if (\$82 ) begin
+            \$94  = 4'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          \$94  = \$84 [3:0];
+    endcase
+    if (unit_rst) begin
+      \$94  = 4'h0;
+    end
+    if (rst) begin
+      \$94  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$95  = fsm_state;
+    casez (fsm_state)
+      4'h0:
+          if (start) begin
+            \$95  = 4'h1;
+          end
+      4'h1:
+          if (\$53 ) begin
+            \$95  = 4'h2;
+          end
+      4'h2:
+          if (\$82 ) begin
+            \$95  = 4'h3;
+          end
+      4'h3:
+          \$95  = 4'h4;
+      4'h4:
+          \$95  = 4'h5;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+            \$95  = 4'h3;
+          end else begin
+            \$95  = 4'h6;
+          end
+      4'h6:
+          if (\$87 ) begin
+            \$95  = 4'h7;
+          end
+      4'h7:
+          \$95  = 4'h8;
+      4'h8:
+          \$95  = 4'h9;
+      4'h9:
+          (* full_case = 32'd1 *)
+          if (\$93 ) begin
+            \$95  = 4'ha;
+          end else begin
+            \$95  = 4'h6;
+          end
+      4'ha:
+          \$95  = 4'h0;
+    endcase
+    if (unit_rst) begin
+      \$95  = 4'h0;
+    end
+    if (rst) begin
+      \$95  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$96  = feed_left;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$96  = ins[64:51];
+          end
+      4'h2:
+          if (\$66 ) begin
+            if (\$67 ) begin
+              \$96  = \$68 [13:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$96  = 14'h0000;
+    end
+    if (rst) begin
+      \$96  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$97  = route_left;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$97  = ins[64:51];
+          end
+      4'h2:
+          if (\$76 ) begin
+            if (\$78 ) begin
+              \$97  = \$79 [13:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$97  = 14'h0000;
+    end
+    if (rst) begin
+      \$97  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$98  = el;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$98  = 4'h0;
+          end
+      4'h2:
+        begin
+          if (\$60 ) begin
+            \$98  = \$63 [3:0];
+          end
+          if (\$66 ) begin
+            if (\$67 ) begin
+              \$98  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$98  = 4'h0;
+    end
+    if (rst) begin
+      \$98  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$99  = lane;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$99  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (\$60 ) begin
+            \$99  = \$62 [0];
+          end
+          if (\$66 ) begin
+            \$99  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$99  = 1'h0;
+    end
+    if (rst) begin
+      \$99  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$100  = wvalid;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$100  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (cap) begin
+            if (\$65 ) begin
+              \$100  = 1'h1;
+            end
+          end
+          if (\$66 ) begin
+            \$100  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$100  = 1'h0;
+    end
+    if (rst) begin
+      \$100  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$101  = tbase;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$101  = ins[24:12];
+          end
+      4'h2:
+          if (\$66 ) begin
+            if (\$67 ) begin
+              \$101  = \$69 [12:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$101  = 13'h0000;
+    end
+    if (rst) begin
+      \$101  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$102  = tslot;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$102  = ins[50:38];
+          end
+      4'h2:
+          if (\$76 ) begin
+            if (\$78 ) begin
+              \$102  = \$80 [12:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$102  = 13'h0000;
+    end
+    if (rst) begin
+      \$102  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$103  = feed_done;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$103  = 1'h0;
+          end
+      4'h2:
+          if (\$66 ) begin
+            if (\$67 ) begin
+              if (\$71 ) begin
+                \$103  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$103  = 1'h0;
+    end
+    if (rst) begin
+      \$103  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$104  = cap;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$104  = 1'h0;
+          end
+      4'h2:
+          (* full_case = 32'd1 *)
+          if (\$60 ) begin
+            \$104  = 1'h1;
+          end else begin
+            \$104  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$104  = 1'h0;
+    end
+    if (rst) begin
+      \$104  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$105  = s;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$105  = 2'h0;
+          end
+      4'h2:
+          if (\$76 ) begin
+            (* full_case = 32'd1 *)
+            if (\$78 ) begin
+              \$105  = 2'h0;
+            end else begin
+              \$105  = \$81 [1:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$105  = 2'h0;
+    end
+    if (rst) begin
+      \$105  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$106  = hold;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$106  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (\$73 ) begin
+            \$106  = 1'h1;
+          end
+          if (\$76 ) begin
+            \$106  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$106  = 1'h0;
+    end
+    if (rst) begin
+      \$106  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$107  = wphase;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$53 ) begin
+            \$107  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (\$75 ) begin
+            \$107  = 1'h1;
+          end
+          if (\$76 ) begin
+            \$107  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$107  = 1'h0;
+    end
+    if (rst) begin
+      \$107  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$108  = cap_ok;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          if (\$60 ) begin
+            \$108  = \$61 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$108  = 1'h0;
+    end
+    if (rst) begin
+      \$108  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$109  = scores__payload;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          if (cap) begin
+            \$109  = \$64 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$109  = 13'h0000;
+    end
+    if (rst) begin
+      \$109  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$110  = held;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          if (\$73 ) begin
+            \$110  = routes__payload;
+          end
+    endcase
+    if (unit_rst) begin
+      \$110  = 20'h00000;
+    end
+    if (rst) begin
+      \$110  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$111  = off;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          if (\$82 ) begin
+            \$111  = 14'h0000;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          \$111  = \$83 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$111  = 14'h0000;
+    end
+    if (rst) begin
+      \$111  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$112  = count;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          \$112  = \$signature__data ;
+    endcase
+    if (unit_rst) begin
+      \$112  = 14'h0000;
+    end
+    if (rst) begin
+      \$112  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$113  = p;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$113  = 14'h0000;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$113  = \$88 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$113  = 14'h0000;
+    end
+    if (rst) begin
+      \$113  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$114  = pt;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$114  = 14'h0000;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$89 ) begin
+            \$114  = \$90 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$114  = 14'h0000;
+    end
+    if (rst) begin
+      \$114  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$115  = ps;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$115  = 1'h0;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          (* full_case = 32'd1 *)
+          if (\$89 ) begin
+            \$115  = 1'h0;
+          end else begin
+            \$115  = \$91 [0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$115  = 1'h0;
+    end
+    if (rst) begin
+      \$115  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$116  = idx_q;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          \$116  = spad__rd0__data[2:0];
+    endcase
+    if (unit_rst) begin
+      \$116  = 3'h0;
+    end
+    if (rst) begin
+      \$116  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$117  = pos;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          \$117  = \$signature__data ;
+    endcase
+    if (unit_rst) begin
+      \$117  = 14'h0000;
+    end
+    if (rst) begin
+      \$117  = 14'h0000;
+    end
+  end
+  assign tk = \$1 [13:0];
+  assign pack = scores__payload;
+  assign spad__blocked = 1'h0;
+  assign \ins.op  = ins[5:0];
+  assign \ins.width  = ins[11:6];
+  assign \ins.a  = ins[24:12];
+  assign \ins.b  = ins[37:25];
+  assign \ins.c  = ins[50:38];
+  assign \ins.m  = ins[66:51];
+  assign \ins.n  = ins[82:67];
+  assign \ins.k  = ins[98:83];
+  assign \ins.len  = ins[112:99];
+  assign \scores__payload[0]  = scores__payload;
+  assign \pack[0]  = scores__payload;
+  assign \held.index  = held[2:0];
+  assign \held.weight  = held[18:3];
+  assign \held.last  = held[19];
+  assign \routes__payload.index  = routes__payload[2:0];
+  assign \routes__payload.weight  = routes__payload[18:3];
+  assign \routes__payload.last  = routes__payload[19];
+  assign \$11  = 1'h1;
+  assign \$12  = \$10 ;
+  assign \$29  = 1'h1;
+  assign \$59  = 1'h1;
+  assign \$60  = \$58 ;
+  assign \$65  = 1'h1;
+  assign \$87  = 1'h1;
+  assign \$89  = ps;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -22872,7 +22232,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -22883,7 +22243,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -22892,7 +22252,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -22901,7 +22261,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -22910,7 +22270,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -22923,7 +22283,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -22936,7 +22296,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -22951,7 +22311,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -22964,7 +22324,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -22974,7 +22334,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -22987,7 +22347,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -23002,7 +22362,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -23020,7 +22380,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -23030,7 +22390,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -23043,7 +22403,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -23059,7 +22419,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -23069,7 +22429,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -23079,7 +22439,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -23096,7 +22456,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -23113,7 +22473,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -23130,7 +22490,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -23149,7 +22509,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -23164,7 +22524,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -23179,7 +22539,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -23193,7 +22553,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -23207,7 +22567,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -23221,7 +22581,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -23235,7 +22595,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -23245,7 +22605,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -23255,7 +22615,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -23272,7 +22632,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -23287,7 +22647,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -23302,7 +22662,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -23321,7 +22681,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -23337,7 +22697,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -23353,7 +22713,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -23366,7 +22726,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -23382,7 +22742,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -23471,7 +22831,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -23519,7 +22879,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -23534,7 +22894,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -23549,7 +22909,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -23564,7 +22924,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -23584,7 +22944,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
   wire [4:0] \$3 ;
@@ -23628,7 +22988,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__p
     .y(o__payload)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$4  = valid;
     if (advance) begin
       \$4  = \$3 [3:0];
@@ -23656,7 +23016,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -24020,56 +23380,56 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [12:0];
@@ -24097,7 +23457,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   wire [30:0] \$10 ;
   reg [5:0] \$11 ;
@@ -24177,7 +23537,7 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     .y(\y$17 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$11  = valid;
     if (advance) begin
       \$11  = \$3 [5:0];
@@ -24190,14 +23550,14 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$12  = product;
     if (advance) begin
       \$12  = \$4 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$13  = o__payload;
     if (advance) begin
       \$13  = \$10 [15:0];
@@ -24227,7 +23587,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -24719,56 +24079,56 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { \$8 [16], \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [13:0];
@@ -24796,7 +24156,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
   wire [20:0] \$11 ;
@@ -25928,56 +25288,56 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [5:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [15:0];
@@ -26004,8 +25364,184 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, port__addr, \port__addr$20 , rd0_rd_en, rd1_rd_en, wr__addr, wr__data, wr__en, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, clients__0__wr__addr, clients__0__wr__data, clients__0__wr__en, \port$3531$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__en, clients__0__rd0__data
+, clients__0__rd1__data, clk);
+  wire \$1 ;
+  wire [12:0] \$10 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire [12:0] \$16 ;
+  wire [12:0] \$17 ;
+  wire [12:0] \$18 ;
+  wire [12:0] \$19 ;
+  wire \$2 ;
+  wire [12:0] \$20 ;
+  wire \$21 ;
+  wire \$22 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire [12:0] \$26 ;
+  wire [12:0] \$27 ;
+  wire [12:0] \$28 ;
+  wire [12:0] \$29 ;
+  wire \$3 ;
+  wire [12:0] \$30 ;
+  wire [31:0] \$31 ;
+  wire [31:0] \$32 ;
+  wire [31:0] \$33 ;
+  wire [31:0] \$34 ;
+  wire [31:0] \$35 ;
+  wire \$4 ;
+  wire \$5 ;
+  wire [12:0] \$6 ;
+  wire [12:0] \$7 ;
+  wire [12:0] \$8 ;
+  wire [12:0] \$9 ;
+  wire clients__0__blocked;
+  input [12:0] clients__0__rd0__addr;
+  wire [12:0] clients__0__rd0__addr;
+  output [31:0] clients__0__rd0__data;
+  wire [31:0] clients__0__rd0__data;
+  input clients__0__rd0__en;
+  wire clients__0__rd0__en;
+  input [12:0] clients__0__rd1__addr;
+  wire [12:0] clients__0__rd1__addr;
+  output [31:0] clients__0__rd1__data;
+  wire [31:0] clients__0__rd1__data;
+  input clients__0__rd1__en;
+  wire clients__0__rd1__en;
+  input [12:0] clients__0__wr__addr;
+  wire [12:0] clients__0__wr__addr;
+  input [31:0] clients__0__wr__data;
+  wire [31:0] clients__0__wr__data;
+  input clients__0__wr__en;
+  wire clients__0__wr__en;
+  wire clients__1__blocked;
+  input [12:0] clients__1__rd0__addr;
+  wire [12:0] clients__1__rd0__addr;
+  wire [31:0] clients__1__rd0__data;
+  input clients__1__rd0__en;
+  wire clients__1__rd0__en;
+  wire [12:0] clients__1__rd1__addr;
+  wire [31:0] clients__1__rd1__data;
+  wire clients__1__rd1__en;
+  input [12:0] clients__1__wr__addr;
+  wire [12:0] clients__1__wr__addr;
+  input [31:0] clients__1__wr__data;
+  wire [31:0] clients__1__wr__data;
+  input clients__1__wr__en;
+  wire clients__1__wr__en;
+  wire clients__2__blocked;
+  input [12:0] clients__2__rd0__addr;
+  wire [12:0] clients__2__rd0__addr;
+  wire [31:0] clients__2__rd0__data;
+  input clients__2__rd0__en;
+  wire clients__2__rd0__en;
+  wire [12:0] clients__2__rd1__addr;
+  wire [31:0] clients__2__rd1__data;
+  wire clients__2__rd1__en;
+  input [12:0] clients__2__wr__addr;
+  wire [12:0] clients__2__wr__addr;
+  input [31:0] clients__2__wr__data;
+  wire [31:0] clients__2__wr__data;
+  input clients__2__wr__en;
+  wire clients__2__wr__en;
+  input clk;
+  wire clk;
+  input \port$2$0 ;
+  wire \port$2$0 ;
+  input [1:0] \port$3531$0 ;
+  wire [1:0] \port$3531$0 ;
+  wire [12:0] rd0__addr;
+  wire [31:0] rd0__data;
+  wire rd0__en;
+  wire [12:0] rd1__addr;
+  wire [31:0] rd1__data;
+  wire rd1__en;
+  input rst;
+  wire rst;
+  wire [2:0] select;
+  wire [12:0] wr__addr;
+  wire [31:0] wr__data;
+  wire wr__en;
+  assign \$1  = clients__0__rd0__en & \port$2$0 ;
+  assign \$3  = clients__1__rd0__en & \port$3531$0 [0];
+  assign \$4  = \$2  | \$3 ;
+  assign \$5  = clients__2__rd0__en & \port$3531$0 [1];
+  assign rd0__en = \$4  | \$5 ;
+  assign \$6  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$8  = clients__1__rd0__addr & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
+  assign \$9  = \$7  | \$8 ;
+  assign \$10  = clients__2__rd0__addr & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
+  assign rd0__addr = \$9  | \$10 ;
+  assign \$11  = clients__0__rd1__en & \port$2$0 ;
+  assign \$16  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$21  = clients__0__wr__en & \port$2$0 ;
+  assign \$23  = clients__1__wr__en & \port$3531$0 [0];
+  assign \$24  = \$22  | \$23 ;
+  assign \$25  = clients__2__wr__en & \port$3531$0 [1];
+  assign wr__en = \$24  | \$25 ;
+  assign \$26  = clients__0__wr__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$28  = clients__1__wr__addr & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
+  assign \$29  = \$27  | \$28 ;
+  assign \$30  = clients__2__wr__addr & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
+  assign wr__addr = \$29  | \$30 ;
+  assign \$31  = clients__0__wr__data & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$33  = clients__1__wr__data & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
+  assign \$34  = \$32  | \$33 ;
+  assign \$35  = clients__2__wr__data & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
+  assign wr__data = \$34  | \$35 ;
+  \nanokpu_kpu.spad.memory  memory (
+    .clk(clk),
+    .port__addr(rd0__addr),
+    .\port__addr$20 (rd1__addr),
+    .rd0_rd_data(clients__0__rd0__data),
+    .rd0_rd_en(rd0__en),
+    .rd1_rd_data(clients__0__rd1__data),
+    .rd1_rd_en(rd1__en),
+    .rst(rst),
+    .wr__addr(wr__addr),
+    .wr__data(wr__data),
+    .wr__en(wr__en)
+  );
+  assign select = { \port$3531$0 , \port$2$0  };
+  assign rd0__data = clients__0__rd0__data;
+  assign clients__1__rd0__data = clients__0__rd0__data;
+  assign clients__2__rd0__data = clients__0__rd0__data;
+  assign clients__1__rd1__en = 1'h0;
+  assign clients__2__rd1__en = 1'h0;
+  assign clients__1__rd1__addr = 13'h0000;
+  assign clients__2__rd1__addr = 13'h0000;
+  assign rd1__data = clients__0__rd1__data;
+  assign clients__1__rd1__data = clients__0__rd1__data;
+  assign clients__2__rd1__data = clients__0__rd1__data;
+  assign clients__0__blocked = 1'h0;
+  assign clients__1__blocked = 1'h0;
+  assign clients__2__blocked = 1'h0;
+  assign \$2  = \$1 ;
+  assign \$7  = \$6 ;
+  assign \$12  = \$11 ;
+  assign \$13  = 1'h0;
+  assign \$14  = \$11 ;
+  assign \$15  = 1'h0;
+  assign rd1__en = \$11 ;
+  assign \$17  = \$16 ;
+  assign \$18  = 13'h0000;
+  assign \$19  = \$16 ;
+  assign \$20  = 13'h0000;
+  assign rd1__addr = \$16 ;
+  assign \$22  = \$21 ;
+  assign \$27  = \$26 ;
+  assign \$32  = \$31 ;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -34258,21 +33794,21 @@ module \nanokpu_kpu.spad (rst, port__addr, \port__addr$20 , rd0_rd_en, rd1_rd_en
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin
@@ -34300,7 +33836,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire \$1 ;
   wire \$10 ;
   wire [49:0] \$100 ;
@@ -34729,7 +34265,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -34759,7 +34295,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -34789,7 +34325,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -34819,7 +34355,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     den = 17'h00000;
     casez (op)
       2'h0:
@@ -34849,7 +34385,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     scale_pass = 1'h0;
     casez (op)
       2'h0:
@@ -34879,7 +34415,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$182  = 1'h0;
     casez (op)
       2'h0:
@@ -34923,7 +34459,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$183  = o__payload;
     casez (op)
       2'h0:
@@ -34967,7 +34503,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$184  = p_valid;
     casez (op)
       2'h0:
@@ -35014,7 +34550,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$185  = prod;
     casez (op)
       2'h0:
@@ -35054,7 +34590,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$186  = p_last;
     casez (op)
       2'h0:
@@ -35094,7 +34630,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$187  = acc;
     casez (op)
       2'h0:
@@ -35117,7 +34653,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$188  = sumsq;
     casez (op)
       2'h0:
@@ -35146,7 +34682,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$189  = fsm_state;
     casez (op)
       2'h0:
@@ -35202,7 +34738,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$190  = rem;
     casez (op)
       2'h0:
@@ -35233,7 +34769,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$191  = root;
     casez (op)
       2'h0:
@@ -35267,7 +34803,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$192  = \bit ;
     casez (op)
       2'h0:
@@ -35296,7 +34832,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$193  = r_norm;
     casez (op)
       2'h0:
@@ -35330,7 +34866,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$194  = z;
     casez (op)
       2'h0:
@@ -35364,7 +34900,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$195  = recip;
     casez (op)
       2'h0:
@@ -35445,7 +34981,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -35494,7 +35030,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -35509,7 +35045,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -35524,7 +35060,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -35539,7 +35075,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin

@@ -1,0 +1,109 @@
+"""The load/store executor: ``LOAD`` (host memory -> scratchpad) and ``STORE`` (scratchpad -> host
+memory) through the AXI4 master, one element per cycle."""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.isa import Err, Op, bus_bytes
+from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.executors import dma_client_signature, executor_signature
+
+__all__ = ["LoadStore"]
+
+
+class LoadStore(wiring.Component):
+    """``LOAD``: ``c[i] = host element i`` (``width`` = 1, 2 or 4 bytes, sign-extended) and
+    ``STORE``: ``host int32 element i = a[i]``, for ``i < len``, little-endian, elements packed
+    ``bus_bytes / width`` to a beat.
+
+    Members: :func:`~nanokpu.kpu.executors.executor_signature` and ``dma``
+    (:func:`~nanokpu.kpu.executors.dma_client_signature`): the burst starts with ``start``
+    (its address and beat count are the decode's); a bus error ends the instruction at once with
+    :attr:`~nanokpu.isa.Err.BUS_ERROR` (the controller then drains the bus).
+
+    Timing, the bus ready: ``LOAD`` writes one element per cycle and takes the next beat in
+    the cycle it writes the last element of a beat; ``STORE`` reads one element per cycle
+    (issued a cycle ahead, held in the scratchpad's read port while the beat waits) and offers
+    a beat in the cycle after its last element arrived. ``done`` comes when the burst is over
+    and every element written (``LOAD``) or sent (``STORE``).
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        self.cfg = cfg
+        sig = dict(executor_signature(cfg).members) | {"dma": Out(dma_client_signature(cfg))}
+        super().__init__(sig)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, ins, dma, spad = self.cfg, self.ins, self.dma, self.spad
+        bw = bus_bytes(cfg)
+        sw = widths(cfg).sw
+        busy = Signal()
+        store = Signal()
+        el = Signal(sw)          # LOAD: elements written; STORE: elements read
+        more = el < ins.len
+        with m.If(self.start):
+            m.d.sync += [busy.eq(1), store.eq(ins.op == Op.STORE), el.eq(0)]
+            m.d.comb += [dma.rd_start.eq(ins.op == Op.LOAD), dma.wr_start.eq(ins.op == Op.STORE)]
+
+        # ---- LOAD: a beat held, its elements written one per cycle --------------------------
+        beat = Signal(8 * bw)
+        full = Signal()
+        lane = Signal(range(bw + 1))
+        per_beat = Mux(ins.width == 1, bw, Mux(ins.width == 2, bw // 2, bw // 4))
+        elem = Mux(ins.width == 1, beat.word_select(lane, 8).as_signed(),
+                   Mux(ins.width == 2, beat.word_select(lane, 16).as_signed(), beat.word_select(lane, 32).as_signed()))
+        beat_end = full & (lane + 1 >= per_beat)
+        # ---- STORE: reads issued a cycle ahead; a beat filled, then offered ----------------------
+        epb = bw // 4
+        out = Signal(dma.wr_data.payload.shape())
+        out_full = Signal()
+        out_lane = Signal(range(epb + 1))
+        pending = Signal()       # rd0.data holds an element read and not yet placed
+        send = out_full & dma.wr_data.ready
+        can_take = ~out_full | send
+        take = pending & can_take
+        issue = more & (~pending | take)
+        at = Mux(send, 0, out_lane)          # the lane the taken element goes to
+        m.d.comb += dma.wr_data.payload.eq(out)
+
+        with m.If(busy & ~store):
+            m.d.comb += dma.rd_data.ready.eq(~full | beat_end)
+            with m.If(dma.rd_data.valid & dma.rd_data.ready):
+                m.d.sync += [beat.eq(dma.rd_data.payload), full.eq(1), lane.eq(0)]
+            with m.Elif(beat_end):
+                m.d.sync += full.eq(0)
+            with m.If(full):
+                with m.If(more):
+                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem), spad.wr.en.eq(1)]
+                    m.d.sync += el.eq(el + 1)
+                with m.If(~beat_end):
+                    m.d.sync += lane.eq(lane + 1)
+            with m.If(dma.error | (~dma.rd_busy & ~full & ~more)):
+                m.d.comb += self.done.eq(1)
+        with m.If(busy & store):
+            m.d.comb += [spad.rd0.addr.eq(ins.a + el), spad.rd0.en.eq(issue), dma.wr_data.valid.eq(out_full)]
+            with m.If(issue):
+                m.d.sync += [el.eq(el + 1), pending.eq(1)]
+            with m.Elif(take):
+                m.d.sync += pending.eq(0)
+            with m.If(send):
+                m.d.sync += [out_full.eq(0), out_lane.eq(0), out.strb.eq(0)]
+            with m.If(take):
+                last = (at + 1 == epb) | ~more
+                m.d.sync += [out.data.word_select(at, 32).eq(spad.rd0.data[:32]),
+                             out.strb.word_select(at, 4).eq(0xF), out_lane.eq(at + 1), out_full.eq(last)]
+                with m.If(send):    # the new beat's other lanes off
+                    for j in range(epb):
+                        with m.If(at != j):
+                            m.d.sync += out.strb.word_select(j, 4).eq(0)
+            with m.If(dma.error | (~dma.wr_busy & ~more & ~pending & ~out_full)):
+                m.d.comb += self.done.eq(1)
+        with m.If(self.done):
+            m.d.sync += busy.eq(0)
+            m.d.comb += self.error.eq(Mux(dma.error, Err.BUS_ERROR, Err.NONE))
+        return m
