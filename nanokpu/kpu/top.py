@@ -71,12 +71,14 @@ from nanokpu.kpu.axi_lite import axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.kpu.decoded import decoded_layout
 from nanokpu.kpu.executors.loadstore import LoadStore
+from nanokpu.kpu.executors.move import Move
 from nanokpu.kpu.executors.route import Route
 from nanokpu.kpu.fetch import Fetch
 from nanokpu.kpu.regbank import PC_WIDTH, RegisterBank
 from nanokpu.kpu.spad import Scratchpad
 from nanokpu.units.gemm import kpu_engine
 from nanokpu.units.router import TopKRouter
+from nanokpu.units.shift_add import ShiftAddMultiplier
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 from nanokpu.units.vector import VecOp, VectorUnit
@@ -167,11 +169,12 @@ class NanoKPU(wiring.Component):
 
         ldst = unit("loadstore", LoadStore(cfg))
         route = unit("route", Route(cfg, router.route_layout))
+        move = unit("move", Move(cfg))
         wiring.connect(m, route.scores, router.scores)
         wiring.connect(m, router.routes, route.routes)
         m.d.comb += [router.bias_we.eq(route.bias.we), router.bias_addr.eq(route.bias.addr),
                      router.bias_data.eq(route.bias.data)]
-        executors = {"dma": ldst, "route": route}     # by the isa.EXECUTORS name of their instructions
+        executors = {"dma": ldst, "route": route, "move": move}     # by the isa.EXECUTORS name of their instructions
         ctrl_rd_start = Signal()       # the controller's own use of the AXI4 master (GEMM's B)
         ctrl_rd_ready = Signal()
         # the scratchpad's clients: the controller's own states (client 0), then each executor,
@@ -257,18 +260,9 @@ class NanoKPU(wiring.Component):
         l4, host_eff = Signal(LBW, name="l4"), Signal(HW, name="host_eff")
         products = (ln, mk, p2, p3, l4, host_eff)
         assert len(products) == PRODUCT_STEPS
-        lane_y = Signal(16)
-        lane_x = Signal(PW)
-        lane_acc = Signal(PW)
+        m.submodules.lane = lane = ShiftAddMultiplier(16, PW)
+        lane_acc, lane_busy = lane.acc, lane.busy
         step = Signal(range(len(products) + 2))   # the lane multiplies product step - 1
-        lane_busy = lane_y != 0
-        with m.If(lane_busy):
-            with m.If(lane_y[0]):
-                m.d.sync += lane_acc.eq(sat(lane_acc + lane_x, PW))
-            m.d.sync += [lane_x.eq(Mux(lane_x[-1], (1 << PW) - 1, lane_x << 1)), lane_y.eq(lane_y >> 1)]
-
-        def lane_load(y, x, acc=0):
-            m.d.sync += [lane_y.eq(y), lane_x.eq(x), lane_acc.eq(acc)]
 
         beats = l4[BW_LOG:]
         nbytes = Cat(Const(0, BW_LOG), beats)
@@ -278,7 +272,7 @@ class NanoKPU(wiring.Component):
         m_eff = Signal(16)
         m.d.comb += m_eff.eq(Mux(ins.flags & F_M_COUNT, count, ins.m))
         a_, b_, c_ = ins.a[:AW], ins.b[:AW], ins.c[:AW]
-        m_s, n_s = m_eff[:SW], ins.n[:SW]   # exact once the checks passed
+        m_s = m_eff[:SW]   # exact once the checks passed
 
         # the lane's operands at step s (products above saturate like the lane: x need not)
         st_y = Signal(16)
@@ -501,7 +495,7 @@ class NanoKPU(wiring.Component):
         # DECODE select by these, not by comparing the opcode, whose decode would otherwise sit
         # on the scratchpad's address and write-enable paths
         run = {o: Signal(name=f"run_{o.name.lower()}")
-               for o in (Op.GEMM, Op.REQUANT, Op.SIGMOID, Op.SITU, Op.GATHER)}
+               for o in (Op.GEMM, Op.REQUANT, Op.SIGMOID, Op.SITU)}
         m.d.sync += [flag.eq(op == o) for o, flag in run.items()]
         m.d.comb += [
             gemm.rq_mult.eq(rq_mult), gemm.rq_shift.eq(rq_shift),
@@ -646,7 +640,7 @@ class NanoKPU(wiring.Component):
         decoded = Signal(decoded_layout(cfg))
         m.d.comb += [decoded.op.eq(op), decoded.width.eq(ins.width), decoded.a.eq(a_), decoded.b.eq(b_),
                      decoded.c.eq(c_), decoded.m.eq(m_eff), decoded.n.eq(ins.n), decoded.k.eq(ins.k),
-                     decoded.len.eq(ln)]
+                     decoded.len.eq(ln), decoded.count.eq(count), decoded.offset.eq(offset)]
         exec_start = Signal(len(executors))
         exec_done = Signal()
         exec_error = Signal(8)
@@ -676,16 +670,6 @@ class NanoKPU(wiring.Component):
             m.d.sync += [stop_code.eq(code), cur_executor.eq(0)]
             m.next = "DRAIN"
 
-        # GATHER/SCATTER copy: a word read (g_rv, its destination g_ra) is in rd0_q a cycle later
-        # and written from there (g_wv, g_wa): the write data comes off a flip-flop, never
-        # straight from the scratchpad's output (on the ECP5 that path crosses the die twice)
-        g_i = Signal(16)
-        g_j = Signal(SW + 1)
-        g_in = Signal(AW)
-        g_rv = Signal()
-        g_ra = Signal(AW)
-        g_wv = Signal()
-        g_wa = Signal(AW)
         with m.If(~eng_run | h_free):
             m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 
@@ -722,7 +706,7 @@ class NanoKPU(wiring.Component):
                         for i, product in enumerate(products):
                             with m.Case(i + 1):
                                 m.d.sync += product.eq(sat(lane_acc, len(product)))
-                    lane_load(st_y, st_x, st_acc)
+                    m.d.comb += [lane.load.eq(1), lane.y.eq(st_y), lane.x.eq(st_x), lane.acc_in.eq(st_acc)]
                     m.d.sync += step.eq(step + 1)
                 with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
@@ -777,9 +761,6 @@ class NanoKPU(wiring.Component):
                                 m.next = "EXEC"
                         with m.Case(Op.EXPERT):
                             m.next = "EXP_READ"
-                        with m.Case(Op.GATHER, Op.SCATTER):
-                            m.d.sync += [g_i.eq(0), g_in.eq(0)]
-                            m.next = "MOVE_LIST"
 
             # ---- element-wise ops through the streaming engine
             with state("RQ_TABLE"):
@@ -851,43 +832,6 @@ class NanoKPU(wiring.Component):
                     goto_next()
                 with m.Else():
                     m.next = "EXP_READ"
-
-            # ---- GATHER / SCATTER: one row per listed token
-            gather = run[Op.GATHER]
-            with state("MOVE_LIST"):
-                with m.If(g_i >= count):
-                    goto_next()
-                with m.Elif(~blocked):     # MOVE_COPY's last write may be in progress
-                    m.d.comb += [rd0.addr.eq(b_ + offset + g_i), rd0.en.eq(1)]
-                    m.next = "MOVE_WAIT"
-            with state("MOVE_WAIT"):
-                m.next = "MOVE_CHECK"
-            with state("MOVE_CHECK"):
-                r = rd0_q
-                with m.If(r[16:].any() | (r[:16] >= m_eff)):     # r < 0 or r >= m
-                    stop(Err.SPAD_RANGE)
-                with m.Else():
-                    lane_load(r[:16], n_s)      # r * n, exact: r < m
-                    m.d.sync += [g_j.eq(0), g_rv.eq(0), g_wv.eq(0)]
-                    m.next = "MOVE_COPY"
-            with state("MOVE_COPY"):
-                # row r at r*n (the lane's product, once multiplied), row i at g_in = i*n
-                row = lane_acc[:AW]
-                src = a_ + Mux(gather, row, g_in)
-                dst = c_ + Mux(gather, g_in, row)
-                with m.If(lane_busy):
-                    pass
-                with m.Elif((g_j < n_s) & ~blocked):
-                    m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
-                    m.d.sync += [g_j.eq(g_j + 1), g_rv.eq(1), g_ra.eq(dst + g_j)]
-                with m.Else():
-                    m.d.sync += g_rv.eq(0)
-                m.d.sync += [g_wv.eq(g_rv), g_wa.eq(g_ra)]
-                with m.If(g_wv):
-                    m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0_q), wr.en.eq(1)]
-                with m.If((g_j >= n_s) & ~g_rv & g_wv):
-                    m.d.sync += [g_i.eq(g_i + 1), g_in.eq(g_in + n_s)]
-                    m.next = "MOVE_LIST"
 
             # ---- stop: drain the bus, reset the units, report
             with state("DRAIN"):

@@ -149,37 +149,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire \$228 ;
-  wire [4:0] \$229 ;
+  wire [4:0] \$228 ;
+  wire [13:0] \$229 ;
   wire [1:0] \$23 ;
-  wire [13:0] \$230 ;
-  wire [4:0] \$231 ;
-  wire [13:0] \$232 ;
+  wire [4:0] \$230 ;
+  wire [13:0] \$231 ;
+  wire [14:0] \$232 ;
   wire [14:0] \$233 ;
-  wire [14:0] \$234 ;
+  wire \$234 ;
   wire \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire [18:0] \$24 ;
-  wire \$240 ;
+  wire [13:0] \$240 ;
   wire [13:0] \$241 ;
-  wire [13:0] \$242 ;
-  wire [14:0] \$243 ;
+  wire [14:0] \$242 ;
+  wire \$243 ;
   wire \$244 ;
   wire \$245 ;
   wire \$246 ;
-  wire [14:0] \$247 ;
-  wire [16:0] \$248 ;
+  wire \$247 ;
+  wire \$248 ;
   wire \$249 ;
   wire [9:0] \$25 ;
   wire \$250 ;
   wire \$251 ;
   wire \$252 ;
-  wire [12:0] \$253 ;
-  wire [13:0] \$254 ;
-  wire [15:0] \$255 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
   wire \$256 ;
   wire \$257 ;
   wire \$258 ;
@@ -189,10 +189,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire \$264 ;
+  wire [14:0] \$264 ;
   wire \$265 ;
   wire \$266 ;
-  wire \$267 ;
+  wire [14:0] \$267 ;
   wire \$268 ;
   wire \$269 ;
   wire [3:0] \$27 ;
@@ -204,22 +204,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
-  wire [33:0] \$278 ;
+  wire \$278 ;
   wire \$279 ;
   wire \$28 ;
-  wire [33:0] \$280 ;
-  wire [32:0] \$281 ;
-  wire [33:0] \$282 ;
-  wire [33:0] \$283 ;
-  wire [15:0] \$284 ;
-  wire \$285 ;
+  wire \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire [14:0] \$285 ;
   wire \$286 ;
   wire \$287 ;
   wire [14:0] \$288 ;
   wire \$289 ;
   wire \$29 ;
   wire \$290 ;
-  wire [14:0] \$291 ;
+  wire \$291 ;
   wire \$292 ;
   wire \$293 ;
   wire \$294 ;
@@ -236,10 +236,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$303 ;
   wire \$304 ;
   wire \$305 ;
-  wire \$306 ;
+  wire [14:0] \$306 ;
   wire \$307 ;
   wire \$308 ;
-  wire [14:0] \$309 ;
+  wire \$309 ;
   wire \$31 ;
   wire \$310 ;
   wire \$311 ;
@@ -250,7 +250,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$316 ;
   wire \$317 ;
   wire \$318 ;
-  wire \$319 ;
+  wire [14:0] \$319 ;
   wire \$32 ;
   wire \$320 ;
   wire \$321 ;
@@ -259,17 +259,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$324 ;
   wire \$325 ;
   wire \$326 ;
-  wire \$327 ;
-  wire \$328 ;
+  wire [33:0] \$327 ;
+  wire [32:0] \$328 ;
   wire \$329 ;
   wire \$33 ;
-  wire [14:0] \$330 ;
+  wire \$330 ;
   wire \$331 ;
   wire \$332 ;
   wire \$333 ;
   wire \$334 ;
   wire \$335 ;
-  wire [14:0] \$336 ;
+  wire \$336 ;
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
@@ -277,56 +277,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$340 ;
   wire \$341 ;
   wire \$342 ;
-  wire [14:0] \$343 ;
-  wire \$344 ;
-  wire \$345 ;
-  wire \$346 ;
-  wire \$347 ;
-  wire \$348 ;
-  wire \$349 ;
+  wire \$343 ;
+  wire [14:0] \$344 ;
+  wire [13:0] \$345 ;
+  wire [13:0] \$346 ;
+  wire [14:0] \$347 ;
+  wire [13:0] \$348 ;
+  wire [13:0] \$349 ;
   wire \$35 ;
-  wire \$350 ;
-  wire [33:0] \$351 ;
-  wire [32:0] \$352 ;
-  wire \$353 ;
-  wire \$354 ;
-  wire \$355 ;
-  wire \$356 ;
-  wire \$357 ;
-  wire \$358 ;
+  wire [13:0] \$350 ;
+  wire [13:0] \$351 ;
+  wire [14:0] \$352 ;
+  wire [13:0] \$353 ;
+  wire [13:0] \$354 ;
+  wire [13:0] \$355 ;
+  wire [13:0] \$356 ;
+  wire [13:0] \$357 ;
+  wire [13:0] \$358 ;
   wire \$359 ;
   wire \$36 ;
   wire \$360 ;
   wire \$361 ;
   wire \$362 ;
-  wire \$363 ;
-  wire \$364 ;
+  wire [1:0] \$363 ;
+  wire [1:0] \$364 ;
   wire \$365 ;
   wire \$366 ;
   wire \$367 ;
-  wire [14:0] \$368 ;
-  wire [13:0] \$369 ;
+  wire \$368 ;
+  wire \$369 ;
   wire \$37 ;
-  wire [13:0] \$370 ;
-  wire [14:0] \$371 ;
-  wire [13:0] \$372 ;
-  wire [13:0] \$373 ;
-  wire [13:0] \$374 ;
-  wire [13:0] \$375 ;
-  wire [14:0] \$376 ;
-  wire [13:0] \$377 ;
-  wire [13:0] \$378 ;
-  wire [13:0] \$379 ;
+  wire \$370 ;
+  wire \$371 ;
+  wire [2:0] \$372 ;
+  wire \$373 ;
+  wire [2:0] \$374 ;
+  wire [3:0] \$375 ;
+  wire \$376 ;
+  wire [2:0] \$377 ;
+  wire \$378 ;
+  wire \$379 ;
   wire \$38 ;
-  wire [13:0] \$380 ;
-  wire [13:0] \$381 ;
-  wire [13:0] \$382 ;
-  wire \$383 ;
+  wire \$380 ;
+  wire \$381 ;
+  wire [2:0] \$382 ;
+  wire [2:0] \$383 ;
   wire \$384 ;
   wire \$385 ;
   wire \$386 ;
-  wire [1:0] \$387 ;
-  wire [1:0] \$388 ;
+  wire \$387 ;
+  wire \$388 ;
   wire \$389 ;
   wire \$39 ;
   wire \$390 ;
@@ -335,90 +335,90 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$393 ;
   wire \$394 ;
   wire \$395 ;
-  wire \$396 ;
-  wire [2:0] \$397 ;
+  wire [3:0] \$396 ;
+  wire [13:0] \$397 ;
   wire \$398 ;
-  wire [2:0] \$399 ;
+  wire \$399 ;
   wire \$4 ;
   wire \$40 ;
-  wire [3:0] \$400 ;
+  wire \$400 ;
   wire \$401 ;
-  wire [2:0] \$402 ;
+  wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
   wire \$406 ;
-  wire [2:0] \$407 ;
-  wire [2:0] \$408 ;
+  wire \$407 ;
+  wire [7:0] \$408 ;
   wire \$409 ;
   wire \$41 ;
-  wire \$410 ;
-  wire \$411 ;
-  wire \$412 ;
-  wire \$413 ;
-  wire \$414 ;
-  wire \$415 ;
-  wire \$416 ;
-  wire \$417 ;
+  wire [7:0] \$410 ;
+  wire [13:0] \$411 ;
+  wire [13:0] \$412 ;
+  wire [14:0] \$413 ;
+  wire [13:0] \$414 ;
+  wire [14:0] \$415 ;
+  wire [13:0] \$416 ;
+  wire [14:0] \$417 ;
   wire \$418 ;
   wire \$419 ;
   wire \$42 ;
   wire \$420 ;
-  wire [3:0] \$421 ;
+  wire [2:0] \$421 ;
   wire [13:0] \$422 ;
-  wire \$423 ;
+  wire [2:0] \$423 ;
   wire \$424 ;
   wire \$425 ;
-  wire \$426 ;
-  wire \$427 ;
+  wire [2:0] \$426 ;
+  wire [3:0] \$427 ;
   wire \$428 ;
   wire \$429 ;
   wire \$43 ;
   wire \$430 ;
-  wire \$431 ;
+  wire [9:0] \$431 ;
   wire \$432 ;
-  wire [7:0] \$433 ;
-  wire \$434 ;
-  wire [7:0] \$435 ;
-  wire [13:0] \$436 ;
-  wire [13:0] \$437 ;
-  wire [14:0] \$438 ;
-  wire [13:0] \$439 ;
+  wire [9:0] \$433 ;
+  wire [13:0] \$434 ;
+  wire [13:0] \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire \$439 ;
   wire \$44 ;
   wire [14:0] \$440 ;
   wire [13:0] \$441 ;
-  wire [14:0] \$442 ;
-  wire \$443 ;
+  wire [13:0] \$442 ;
+  wire [14:0] \$443 ;
   wire \$444 ;
-  wire \$445 ;
-  wire [2:0] \$446 ;
-  wire [13:0] \$447 ;
-  wire [2:0] \$448 ;
+  wire [14:0] \$445 ;
+  wire \$446 ;
+  wire \$447 ;
+  wire \$448 ;
   wire \$449 ;
   wire \$45 ;
   wire \$450 ;
-  wire [2:0] \$451 ;
-  wire [3:0] \$452 ;
+  wire \$451 ;
+  wire \$452 ;
   wire \$453 ;
   wire \$454 ;
   wire \$455 ;
-  wire [9:0] \$456 ;
+  wire \$456 ;
   wire \$457 ;
-  wire [9:0] \$458 ;
+  wire \$458 ;
   wire [13:0] \$459 ;
   wire \$46 ;
-  wire [13:0] \$460 ;
-  wire \$461 ;
+  wire \$460 ;
+  wire [13:0] \$461 ;
   wire \$462 ;
-  wire \$463 ;
+  wire [13:0] \$463 ;
   wire \$464 ;
-  wire [14:0] \$465 ;
-  wire [13:0] \$466 ;
-  wire [13:0] \$467 ;
-  wire [14:0] \$468 ;
-  wire \$469 ;
+  wire [13:0] \$465 ;
+  wire \$466 ;
+  wire [17:0] \$467 ;
+  wire [3:0] \$468 ;
+  wire [2:0] \$469 ;
   wire \$47 ;
-  wire [14:0] \$470 ;
+  wire \$470 ;
   wire \$471 ;
   wire \$472 ;
   wire \$473 ;
@@ -432,197 +432,140 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$480 ;
   wire \$481 ;
   wire \$482 ;
-  wire \$483 ;
+  wire [9:0] \$483 ;
   wire \$484 ;
-  wire [13:0] \$485 ;
+  wire \$485 ;
   wire \$486 ;
-  wire [13:0] \$487 ;
+  wire \$487 ;
   wire \$488 ;
-  wire [13:0] \$489 ;
+  wire [9:0] \$489 ;
   wire \$49 ;
   wire \$490 ;
-  wire [13:0] \$491 ;
-  wire \$492 ;
-  wire [17:0] \$493 ;
-  wire [3:0] \$494 ;
-  wire [2:0] \$495 ;
+  wire [14:0] \$491 ;
+  wire [14:0] \$492 ;
+  wire \$493 ;
+  wire \$494 ;
+  wire \$495 ;
   wire \$496 ;
-  wire \$497 ;
+  wire [13:0] \$497 ;
   wire \$498 ;
-  wire \$499 ;
+  wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
   wire \$500 ;
-  wire \$501 ;
+  wire [13:0] \$501 ;
   wire \$502 ;
-  wire \$503 ;
+  wire [4:0] \$503 ;
   wire \$504 ;
   wire \$505 ;
-  wire \$506 ;
-  wire \$507 ;
+  wire [13:0] \$506 ;
+  wire [13:0] \$507 ;
   wire \$508 ;
-  wire [9:0] \$509 ;
+  wire \$509 ;
   wire \$51 ;
   wire \$510 ;
   wire \$511 ;
   wire \$512 ;
-  wire \$513 ;
-  wire \$514 ;
-  wire [9:0] \$515 ;
-  wire \$516 ;
-  wire [14:0] \$517 ;
-  wire [14:0] \$518 ;
-  wire \$519 ;
+  reg \$513 ;
+  reg \$514 ;
+  reg \$515 ;
+  reg \$516 ;
+  reg [7:0] \$517 ;
+  reg \$518 ;
+  reg \$519 ;
   wire \$52 ;
-  wire \$520 ;
-  wire \$521 ;
-  wire \$522 ;
-  wire [13:0] \$523 ;
-  wire \$524 ;
-  wire [13:0] \$525 ;
-  wire \$526 ;
-  wire [13:0] \$527 ;
-  wire \$528 ;
-  wire [4:0] \$529 ;
+  reg \$520 ;
+  reg \$521 ;
+  reg [13:0] \$522 ;
+  reg [12:0] \$523 ;
+  reg [12:0] \$524 ;
+  reg [13:0] \$525 ;
+  reg [12:0] \$526 ;
+  reg [12:0] \$527 ;
+  reg [13:0] \$528 ;
+  reg [12:0] \$529 ;
   wire \$53 ;
-  wire \$530 ;
-  wire \$531 ;
-  wire [13:0] \$532 ;
-  wire [13:0] \$533 ;
-  wire \$534 ;
-  wire \$535 ;
-  wire [13:0] \$536 ;
-  wire \$537 ;
-  wire \$538 ;
-  wire \$539 ;
+  reg [12:0] \$530 ;
+  reg \$531 ;
+  reg [1:0] \$532 ;
+  reg \$533 ;
+  reg \$534 ;
+  reg \$535 ;
+  reg \$536 ;
+  reg \$537 ;
+  reg [2:0] \$538 ;
+  reg [95:0] \$539 ;
   wire \$54 ;
-  wire \$540 ;
-  wire \$541 ;
-  wire \$542 ;
-  wire \$543 ;
-  wire [15:0] \$544 ;
-  wire [12:0] \$545 ;
-  wire [13:0] \$546 ;
-  wire [15:0] \$547 ;
-  wire \$548 ;
-  wire \$549 ;
+  reg [1:0] \$540 ;
+  reg \$541 ;
+  reg [1:0] \$542 ;
+  reg [2:0] \$543 ;
+  reg [12:0] \$544 ;
+  reg \$545 ;
+  reg [6:0] \$546 ;
+  reg [12:0] \$547 ;
+  reg [13:0] \$548 ;
+  reg \$549 ;
   wire \$55 ;
-  wire \$550 ;
-  wire \$551 ;
-  wire [16:0] \$552 ;
-  wire [14:0] \$553 ;
-  wire \$554 ;
-  wire \$555 ;
-  wire \$556 ;
-  wire \$557 ;
-  wire \$558 ;
-  reg [32:0] \$559 ;
+  reg [1:0] \$550 ;
+  reg [12:0] \$551 ;
+  reg \$552 ;
+  reg [8:0] \$553 ;
+  reg [12:0] \$554 ;
+  reg [13:0] \$555 ;
+  reg [31:0] \$556 ;
+  reg [31:0] \$557 ;
+  reg \$558 ;
+  reg \$559 ;
   wire \$56 ;
-  reg [32:0] \$560 ;
-  reg [15:0] \$561 ;
+  reg [7:0] \$560 ;
+  reg [12:0] \$561 ;
   reg \$562 ;
   reg \$563 ;
   reg \$564 ;
-  reg \$565 ;
+  reg [3:0] \$565 ;
   reg [7:0] \$566 ;
-  reg \$567 ;
-  reg \$568 ;
-  reg \$569 ;
+  reg [5:0] \$567 ;
+  reg [2:0] \$568 ;
+  reg [1:0] \$569 ;
   wire \$57 ;
-  reg \$570 ;
+  reg [13:0] \$570 ;
   reg [13:0] \$571 ;
-  reg [12:0] \$572 ;
-  reg [12:0] \$573 ;
-  reg [13:0] \$574 ;
-  reg [12:0] \$575 ;
-  reg [12:0] \$576 ;
-  reg [13:0] \$577 ;
-  reg [12:0] \$578 ;
-  reg [12:0] \$579 ;
+  reg [13:0] \$572 ;
+  reg [13:0] \$573 ;
+  reg [17:0] \$574 ;
+  reg [32:0] \$575 ;
+  reg [5:0] \$576 ;
+  reg [31:0] \$577 ;
+  reg [5:0] \$578 ;
+  reg [13:0] \$579 ;
   wire \$58 ;
-  reg \$580 ;
-  reg [1:0] \$581 ;
+  reg [13:0] \$580 ;
+  reg [12:0] \$581 ;
   reg \$582 ;
-  reg \$583 ;
+  reg [12:0] \$583 ;
   reg \$584 ;
   reg \$585 ;
-  reg \$586 ;
-  reg \$587 ;
-  reg [2:0] \$588 ;
-  reg [95:0] \$589 ;
+  reg [12:0] \$586 ;
+  reg [13:0] \$587 ;
+  reg \$588 ;
+  reg [2:0] \$589 ;
   wire \$59 ;
-  reg [1:0] \$590 ;
-  reg \$591 ;
-  reg [1:0] \$592 ;
-  reg [2:0] \$593 ;
-  reg [12:0] \$594 ;
-  reg \$595 ;
-  reg [6:0] \$596 ;
-  reg [12:0] \$597 ;
-  reg [13:0] \$598 ;
-  reg \$599 ;
+  reg [12:0] \$590 ;
+  reg [13:0] \$591 ;
+  reg [3:0] \$592 ;
+  reg [3:0] \$593 ;
+  reg [15:0] \$594 ;
+  reg [13:0] \$595 ;
+  wire [5:0] \$596 ;
+  wire [5:0] \$597 ;
   wire [9:0] \$6 ;
   wire \$60 ;
-  reg [1:0] \$600 ;
-  reg [12:0] \$601 ;
-  reg \$602 ;
-  reg [8:0] \$603 ;
-  reg [12:0] \$604 ;
-  reg [13:0] \$605 ;
-  reg [31:0] \$606 ;
-  reg [31:0] \$607 ;
-  reg \$608 ;
-  reg \$609 ;
   wire \$61 ;
-  reg [7:0] \$610 ;
-  reg [12:0] \$611 ;
-  reg \$612 ;
-  reg \$613 ;
-  reg \$614 ;
-  reg [4:0] \$615 ;
-  reg [7:0] \$616 ;
-  reg [5:0] \$617 ;
-  reg [2:0] \$618 ;
-  reg [1:0] \$619 ;
   wire \$62 ;
-  reg [13:0] \$620 ;
-  reg [13:0] \$621 ;
-  reg [13:0] \$622 ;
-  reg [13:0] \$623 ;
-  reg [17:0] \$624 ;
-  reg [32:0] \$625 ;
-  reg [5:0] \$626 ;
-  reg [31:0] \$627 ;
-  reg [5:0] \$628 ;
-  reg [13:0] \$629 ;
   wire \$63 ;
-  reg [13:0] \$630 ;
-  reg [12:0] \$631 ;
-  reg \$632 ;
-  reg [12:0] \$633 ;
-  reg \$634 ;
-  reg \$635 ;
-  reg [12:0] \$636 ;
-  reg [13:0] \$637 ;
-  reg \$638 ;
-  reg [1:0] \$639 ;
   wire \$64 ;
-  reg [15:0] \$640 ;
-  reg [12:0] \$641 ;
-  reg [12:0] \$642 ;
-  reg [13:0] \$643 ;
-  reg [3:0] \$644 ;
-  reg [3:0] \$645 ;
-  reg [15:0] \$646 ;
-  reg [13:0] \$647 ;
-  reg [14:0] \$648 ;
-  reg \$649 ;
   wire \$65 ;
-  reg \$650 ;
-  reg [12:0] \$651 ;
-  reg [12:0] \$652 ;
-  wire [5:0] \$653 ;
-  wire [5:0] \$654 ;
   wire \$66 ;
   wire \$67 ;
   wire \$68 ;
@@ -640,16 +583,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$79 ;
   wire [16:0] \$8 ;
   wire \$80 ;
+  wire [6:0] \$808 ;
   wire \$81 ;
   wire \$82 ;
+  wire [6:0] \$824 ;
   wire \$83 ;
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
-  wire [6:0] \$865 ;
   wire [9:0] \$87 ;
   wire \$88 ;
-  wire [6:0] \$881 ;
   wire [4:0] \$89 ;
   wire [17:0] \$9 ;
   wire [9:0] \$90 ;
@@ -670,6 +613,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire a_in__ready;
   reg a_in__valid = 1'h0;
   reg abort;
+  wire [32:0] acc;
+  reg [32:0] acc_in;
   wire [31:0] b_in__payload;
   wire [7:0] \b_in__payload[0] ;
   wire [7:0] \b_in__payload[1] ;
@@ -731,6 +676,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] \bus__wstrb$103 ;
   wire bus__wvalid;
   wire \bus__wvalid$104 ;
+  wire busy;
   wire [95:0] c_out__payload;
   wire [23:0] \c_out__payload[0] ;
   wire [23:0] \c_out__payload[1] ;
@@ -769,6 +715,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [12:0] clients__2__wr__addr;
   wire [31:0] clients__2__wr__data;
   wire clients__2__wr__en;
+  wire clients__3__blocked;
+  wire [12:0] clients__3__rd0__addr;
+  wire [31:0] clients__3__rd0__data;
+  wire clients__3__rd0__en;
+  wire [12:0] clients__3__rd1__addr;
+  wire [31:0] clients__3__rd1__data;
+  wire clients__3__rd1__en;
+  wire [12:0] clients__3__wr__addr;
+  wire [31:0] clients__3__wr__data;
+  wire clients__3__wr__en;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -790,19 +746,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [15:0] count = 16'h0000;
   reg ctrl_rd_ready;
   reg ctrl_rd_start;
-  reg [4:0] ctrl_state = 5'h00;
+  reg [3:0] ctrl_state = 4'h0;
   (* init = 6'h00 *)
   wire [5:0] cur_executor;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
-  wire [112:0] decoded;
+  wire [142:0] decoded;
   wire [12:0] \decoded.a ;
   wire [12:0] \decoded.b ;
   wire [12:0] \decoded.c ;
+  wire [15:0] \decoded.count ;
   wire [15:0] \decoded.k ;
   wire [13:0] \decoded.len ;
   wire [15:0] \decoded.m ;
   wire [15:0] \decoded.n ;
+  wire [13:0] \decoded.offset ;
   wire [5:0] \decoded.op ;
   wire [5:0] \decoded.width ;
   wire dma__error;
@@ -820,36 +778,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire dma__wr_start;
   reg done = 1'h0;
   (* init = 1'h0 *)
-  wire \done$168 ;
-  wire \done$296 ;
-  wire \done$301 ;
-  wire \done$382 ;
-  wire \done$383 ;
+  wire \done$188 ;
+  wire \done$316 ;
+  wire \done$321 ;
+  wire \done$325 ;
+  wire \done$403 ;
+  wire \done$404 ;
   reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
   (* init = 8'h00 *)
   wire [7:0] err;
   reg [7:0] error = 8'h00;
-  wire [7:0] \error$298 ;
-  wire [7:0] \error$302 ;
-  wire \error$323 ;
-  wire \error$384 ;
+  wire [7:0] \error$318 ;
+  wire [7:0] \error$322 ;
+  wire [7:0] \error$326 ;
+  wire \error$347 ;
+  wire \error$405 ;
   reg exec_done;
   reg [7:0] exec_error;
-  reg [1:0] exec_start;
+  reg [2:0] exec_start;
   reg [5:0] executor = 6'h00;
   reg exp_active = 1'h0;
   reg [3:0] expert = 4'h0;
-  reg [15:0] g_i = 16'h0000;
-  reg [12:0] g_in = 13'h0000;
-  reg [14:0] g_j = 15'h0000;
   reg g_last = 1'h0;
-  reg [12:0] g_ra = 13'h0000;
-  reg g_rv = 1'h0;
   reg g_valid = 1'h0;
-  reg [12:0] g_wa = 13'h0000;
-  reg g_wv = 1'h0;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -875,21 +828,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg host_ok = 1'h0;
   wire [31:0] host_size;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$230 ;
-  wire [31:0] \i__payload$230[0] ;
-  wire [15:0] \i__payload$230[0].g ;
-  wire [15:0] \i__payload$230[0].u ;
-  wire [33:0] \i__payload$232 ;
-  wire [15:0] \i__payload$232.a ;
-  wire [16:0] \i__payload$232.b ;
-  wire \i__payload$232.last ;
+  wire [31:0] \i__payload$250 ;
+  wire [31:0] \i__payload$250[0] ;
+  wire [15:0] \i__payload$250[0].g ;
+  wire [15:0] \i__payload$250[0].u ;
+  wire [33:0] \i__payload$252 ;
+  wire [15:0] \i__payload$252.a ;
+  wire [16:0] \i__payload$252.b ;
+  wire \i__payload$252.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$261 ;
-  wire \i__ready$265 ;
+  wire \i__ready$281 ;
+  wire \i__ready$285 ;
   reg i__valid;
-  reg \i__valid$260 ;
-  reg \i__valid$264 ;
+  reg \i__valid$280 ;
+  reg \i__valid$284 ;
   wire [8:0] imem_wr__addr;
   wire [8:0] \imem_wr__addr$71 ;
   wire [31:0] imem_wr__data;
@@ -897,26 +850,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire imem_wr__en;
   wire \imem_wr__en$75 ;
   wire [255:0] ins;
-  wire [112:0] \ins$292 ;
-  wire [12:0] \ins$292.a ;
-  wire [12:0] \ins$292.b ;
-  wire [12:0] \ins$292.c ;
-  wire [15:0] \ins$292.k ;
-  wire [13:0] \ins$292.len ;
-  wire [15:0] \ins$292.m ;
-  wire [15:0] \ins$292.n ;
-  wire [5:0] \ins$292.op ;
-  wire [5:0] \ins$292.width ;
-  wire [112:0] \ins$299 ;
-  wire [12:0] \ins$299.a ;
-  wire [12:0] \ins$299.b ;
-  wire [12:0] \ins$299.c ;
-  wire [15:0] \ins$299.k ;
-  wire [13:0] \ins$299.len ;
-  wire [15:0] \ins$299.m ;
-  wire [15:0] \ins$299.n ;
-  wire [5:0] \ins$299.op ;
-  wire [5:0] \ins$299.width ;
+  wire [142:0] \ins$312 ;
+  wire [12:0] \ins$312.a ;
+  wire [12:0] \ins$312.b ;
+  wire [12:0] \ins$312.c ;
+  wire [15:0] \ins$312.count ;
+  wire [15:0] \ins$312.k ;
+  wire [13:0] \ins$312.len ;
+  wire [15:0] \ins$312.m ;
+  wire [15:0] \ins$312.n ;
+  wire [13:0] \ins$312.offset ;
+  wire [5:0] \ins$312.op ;
+  wire [5:0] \ins$312.width ;
+  wire [142:0] \ins$319 ;
+  wire [12:0] \ins$319.a ;
+  wire [12:0] \ins$319.b ;
+  wire [12:0] \ins$319.c ;
+  wire [15:0] \ins$319.count ;
+  wire [15:0] \ins$319.k ;
+  wire [13:0] \ins$319.len ;
+  wire [15:0] \ins$319.m ;
+  wire [15:0] \ins$319.n ;
+  wire [13:0] \ins$319.offset ;
+  wire [5:0] \ins$319.op ;
+  wire [5:0] \ins$319.width ;
+  wire [142:0] \ins$323 ;
+  wire [12:0] \ins$323.a ;
+  wire [12:0] \ins$323.b ;
+  wire [12:0] \ins$323.c ;
+  wire [15:0] \ins$323.count ;
+  wire [15:0] \ins$323.k ;
+  wire [13:0] \ins$323.len ;
+  wire [15:0] \ins$323.m ;
+  wire [15:0] \ins$323.n ;
+  wire [13:0] \ins$323.offset ;
+  wire [5:0] \ins$323.op ;
+  wire [5:0] \ins$323.width ;
   wire [23:0] \ins.a ;
   wire [23:0] \ins.b ;
   wire [23:0] \ins.c ;
@@ -935,15 +904,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire irq;
   reg issuing = 1'h0;
   reg [17:0] l4 = 18'h00000;
-  reg [32:0] lane_acc = 33'h000000000;
-  reg [32:0] lane_x = 33'h000000000;
-  reg [15:0] lane_y = 16'h0000;
   reg [13:0] ln = 14'h0000;
+  reg load;
   wire [2:0] load_addr;
-  wire [15:0] \load_addr$180 ;
+  wire [15:0] \load_addr$200 ;
   wire load_clear;
   wire [31:0] load_data;
-  wire [15:0] \load_data$182 ;
+  wire [15:0] \load_data$202 ;
   output [31:0] m_axi__araddr;
   wire [31:0] m_axi__araddr;
   output [1:0] m_axi__arburst;
@@ -1006,16 +973,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] mk = 14'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$263 ;
-  wire [15:0] \o__payload$263[0] ;
-  wire [15:0] \o__payload$267 ;
+  wire [15:0] \o__payload$283 ;
+  wire [15:0] \o__payload$283[0] ;
+  wire [15:0] \o__payload$287 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$238 ;
-  wire \o__ready$239 ;
+  wire \o__ready$258 ;
+  wire \o__ready$259 ;
   wire o__valid;
-  wire \o__valid$262 ;
-  wire \o__valid$266 ;
+  wire \o__valid$282 ;
+  wire \o__valid$286 ;
   reg [13:0] offset = 14'h0000;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
@@ -1038,8 +1005,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] pb = 13'h0000;
   reg [12:0] pc = 13'h0000;
   (* init = 13'h0000 *)
-  wire [12:0] \pc$172 ;
-  reg [12:0] \pc$332 ;
+  wire [12:0] \pc$192 ;
+  reg [12:0] \pc$356 ;
   reg [12:0] ra1 = 13'h0000;
   reg [12:0] ra2 = 13'h0000;
   reg [12:0] rb1 = 13'h0000;
@@ -1057,7 +1024,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
   reg retire;
-  wire \retire$176 ;
+  wire \retire$196 ;
   reg route_done = 1'h0;
   wire [19:0] routes__payload;
   wire [19:0] \routes__payload$112 ;
@@ -1082,24 +1049,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg rq_in__valid;
   reg [1:0] rq_lane = 2'h0;
   wire [15:0] rq_mult;
-  reg [31:0] \rq_mult$223  = 32'd0;
+  reg [31:0] \rq_mult$243  = 32'd0;
   wire [23:0] rq_sat;
   reg [5:0] rq_shift = 6'h00;
   (* init = 6'h00 *)
-  wire [5:0] \rq_shift$225 ;
+  wire [5:0] \rq_shift$245 ;
   reg [5:0] rq_width = 6'h00;
   reg rq_wvalid = 1'h0;
   input rst;
   wire rst;
-  reg run_gather = 1'h0;
   reg run_gemm = 1'h0;
   reg run_requant = 1'h0;
   reg run_sigmoid = 1'h0;
   reg run_situ = 1'h0;
   reg running = 1'h0;
   (* init = 1'h0 *)
-  wire \running$166 ;
-  reg [1:0] running_exec = 2'h0;
+  wire \running$186 ;
+  reg [2:0] running_exec = 3'h0;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1157,39 +1123,50 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] scores_a = 13'h0000;
   reg [13:0] scores_len = 14'h0000;
   reg scores_ok = 1'h0;
-  wire [2:0] select;
+  wire [3:0] select;
   reg [1:0] settle = 2'h0;
   reg shape_ok;
   reg shape_q = 1'h0;
   wire soft_reset;
   wire spad__blocked;
   wire \spad__blocked$145 ;
+  wire \spad__blocked$165 ;
   wire [12:0] spad__rd0__addr;
   wire [12:0] \spad__rd0__addr$148 ;
+  wire [12:0] \spad__rd0__addr$168 ;
   wire [31:0] spad__rd0__data;
   wire [31:0] \spad__rd0__data$149 ;
+  wire [31:0] \spad__rd0__data$169 ;
   wire spad__rd0__en;
   wire \spad__rd0__en$152 ;
+  wire \spad__rd0__en$172 ;
   wire [12:0] spad__rd1__addr;
   wire [12:0] \spad__rd1__addr$154 ;
+  wire [12:0] \spad__rd1__addr$174 ;
   wire [31:0] spad__rd1__data;
   wire [31:0] \spad__rd1__data$155 ;
+  wire [31:0] \spad__rd1__data$175 ;
   wire spad__rd1__en;
   wire \spad__rd1__en$158 ;
+  wire \spad__rd1__en$178 ;
   wire [12:0] spad__wr__addr;
   wire [12:0] \spad__wr__addr$160 ;
+  wire [12:0] \spad__wr__addr$180 ;
   wire [31:0] spad__wr__data;
   wire [31:0] \spad__wr__data$162 ;
+  wire [31:0] \spad__wr__data$182 ;
   wire spad__wr__en;
   wire \spad__wr__en$164 ;
+  wire \spad__wr__en$184 ;
   reg spad_ok = 1'h0;
   reg [32:0] st_acc;
   reg [32:0] st_x;
   reg [15:0] st_y;
   wire start;
-  wire \start$300 ;
-  reg \start$331 ;
-  wire \start$380 ;
+  wire \start$320 ;
+  wire \start$324 ;
+  reg \start$355 ;
+  wire \start$401 ;
   reg [2:0] step = 3'h0;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
@@ -1210,401 +1187,285 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire wr_data__ready;
   wire wr_data__valid;
   wire wr_start;
-  assign \$336  = ins[101:88] + wb;
-  assign \$337  = \$336  <= 14'h2000;
-  assign \$338  = \$335  & \$337 ;
-  assign \$339  = \$334  | \$338 ;
-  assign \$340  = \$333  & \$339 ;
-  assign \$341  = ! wc;
-  assign \$342  = ! ins[135:126];
-  assign \$343  = ins[125:112] + wc;
-  assign \$344  = \$343  <= 14'h2000;
-  assign \$345  = \$342  & \$344 ;
-  assign \$346  = \$341  | \$345 ;
-  assign \$347  = \$340  & \$346 ;
-  assign \$348  = ! host_eff[1:0];
-  assign \$349  = host_eff >= host_base;
-  assign \$350  = \$348  & \$349 ;
-  assign \$351  = host_eff + { l4[17:2], 2'h0 };
-  assign \$352  = host_base + host_size;
-  assign \$353  = \$351  <= \$352 ;
-  assign \$354  = \$350  & \$353 ;
-  assign \$355  = ~ h_valid;
-  assign \$356  = \$355  | eng_ready;
-  assign \$357  = ~ g_valid;
-  assign \$358  = ~ h_valid;
-  assign \$359  = \$358  | eng_ready;
-  assign \$360  = \$357  | \$359 ;
-  assign \$363  = rem0 == 1'h1;
-  assign \$366  = | rem0[13:1];
-  assign \$367  = | rem1[13:1];
-  assign \$368  = rem0 - 1'h1;
-  assign \$369  = pa + sa0;
-  assign \$370  = pb + sb0;
-  assign \$371  = rem1 - 1'h1;
-  assign \$372  = ra1 + sa1;
-  assign \$373  = ra1 + sa1;
-  assign \$374  = rb1 + sb1;
-  assign \$375  = rb1 + sb1;
-  assign \$376  = rem2 - 1'h1;
-  assign \$377  = ra2 + sa2;
-  assign \$378  = ra2 + sa2;
-  assign \$379  = ra2 + sa2;
-  assign \$380  = rb2 + sb2;
-  assign \$381  = rb2 + sb2;
-  assign \$382  = rb2 + sb2;
-  assign \$383  = | rem2[13:1];
-  assign \$384  = ~ \$383 ;
-  assign \$385  = ins[5:0] == 4'hd;
-  assign \$386  = ins[5:0] == 4'hc;
-  assign \$387  = \$386  ? 2'h1 : 2'h0;
-  assign \$388  = \$385  ? 2'h2 : \$387 ;
-  assign \$389  = ins[5:0] == 2'h3;
-  assign \$390  = ins[5:0] == 3'h4;
-  assign \$391  = ins[5:0] == 3'h5;
-  assign \$392  = ins[5:0] == 3'h6;
-  assign \$393  = ins[5:0] == 4'ha;
-  assign \$394  = rq_wvalid & rq_in__ready;
-  assign \$395  = h_valid & eng_ready;
-  assign \$396  = rq_wvalid & rq_in__ready;
-  assign \$397  = \$396  ? 3'h0 : rq_fill;
-  assign \$398  = rq_wvalid & rq_in__ready;
-  assign \$399  = \$398  ? 3'h0 : rq_fill;
-  assign \$400  = \$399  + 1'h1;
-  assign \$401  = rq_wvalid & rq_in__ready;
-  assign \$402  = \$401  ? 3'h0 : rq_fill;
-  assign \$403  = \$402  == 2'h3;
-  assign \$404  = \$403  | h_last;
-  assign \$405  = rq_lane == 2'h3;
-  assign \$406  = \$405  | rq_at_last;
-  assign \$407  = rq_lane + 1'h1;
-  assign \$408  = \$406  ? 3'h0 : \$407 ;
-  assign \$409  = ~ a_in__valid;
-  assign \$410  = ~ gm_afeed_done;
-  assign \$411  = \$409  & \$410 ;
-  assign \$412  = gm_lane == 3'h4;
-  assign \$413  = ! gm_left[13:3];
-  assign \$414  = gm_lane >= gm_left[2:0];
-  assign \$415  = \$413  & \$414 ;
-  assign \$416  = \$412  | \$415 ;
-  assign \$417  = ~ \$416 ;
-  assign \$418  = \$411  & \$417 ;
-  assign \$421  = gm_lane + 1'h1;
-  assign \$422  = gm_addr + ins[38:32];
-  assign \$423  = ~ a_in__valid;
-  assign \$424  = ~ gm_afeed_done;
-  assign \$425  = \$423  & \$424 ;
-  assign \$426  = gm_lane == 3'h4;
-  assign \$427  = ! gm_left[13:3];
-  assign \$428  = gm_lane >= gm_left[2:0];
-  assign \$429  = \$427  & \$428 ;
-  assign \$430  = \$426  | \$429 ;
-  assign \$431  = \$425  & \$430 ;
-  assign \$432  = a_in__valid & a_in__ready;
-  assign \$433  = gm_k + 1'h1;
-  assign \$434  = \$433  < ins[38:32];
-  assign \$435  = gm_k + 1'h1;
-  assign \$436  = gm_wstart + 1'h1;
-  assign \$437  = gm_wstart + 1'h1;
-  assign \$438  = gm_left - 3'h4;
-  assign \$439  = gm_addr - ins[38:32];
-  assign \$440  = $signed(\$439 ) + $signed(2'h1);
-  assign \$441  = gm_addr - ins[38:32];
-  assign \$442  = $signed(\$441 ) + $signed(2'h1);
-  assign \$443  = ! gm_left[13:3];
-  assign \$444  = gm_left[2:0] <= 3'h4;
-  assign \$445  = \$443  & \$444 ;
-  assign \$446  = gc_lane + 1'h1;
-  assign \$447  = gc_addr + ins[56:48];
-  assign \$448  = gc_lane + 1'h1;
-  assign \$449  = \$448  == 2'h3;
-  assign \$450  = ! gc_left[13:3];
-  assign \$451  = gc_lane + 1'h1;
-  assign \$452  = \$451  + 1'h1;
-  assign \$453  = \$452  >= gc_left[2:0];
-  assign \$454  = \$450  & \$453 ;
-  assign \$455  = \$449  | \$454 ;
-  assign \$456  = gc_n + 1'h1;
-  assign \$457  = \$456  < ins[56:48];
-  assign \$458  = gc_n + 1'h1;
-  assign \$459  = gc_wstart + 1'h1;
-  assign \$460  = gc_wstart + 1'h1;
-  assign \$461  = ! gc_left[13:3];
-  assign \$462  = gc_left[2:0] <= 1'h1;
-  assign \$463  = \$461  & \$462 ;
-  assign \$465  = gc_left - 3'h4;
-  assign \$466  = gc_addr + 1'h1;
-  assign \$467  = gc_addr + 1'h1;
-  assign \$468  = gc_left - 3'h4;
-  assign \$469  = ! \$468 [13:3];
-  assign \$470  = gc_left - 3'h4;
-  assign \$471  = \$470 [2:0] <= 1'h1;
-  assign \$472  = \$469  & \$471 ;
-  assign \$474  = ~ eng_run;
-  assign \$475  = ~ h_valid;
-  assign \$476  = \$475  | eng_ready;
-  assign \$477  = \$474  | \$476 ;
-  assign \$478  = pc >= 7'h40;
-  assign \$479  = | lane_y;
-  assign \$480  = step != 3'h7;
-  assign \$481  = ! ins[5:0];
-  assign \$482  = settle != 2'h2;
-  assign \$483  = | decode_q;
-  assign \$484  = | lane_acc[32:14];
-  assign \$485  = \$484  ? 14'h3fff : lane_acc[13:0];
-  assign \$486  = | lane_acc[32:14];
-  assign \$487  = \$486  ? 14'h3fff : lane_acc[13:0];
-  assign \$488  = | lane_acc[32:14];
-  assign \$489  = \$488  ? 14'h3fff : lane_acc[13:0];
-  assign \$490  = | lane_acc[32:14];
-  assign \$491  = \$490  ? 14'h3fff : lane_acc[13:0];
-  assign \$492  = | lane_acc[32:18];
-  assign \$493  = \$492  ? 18'h3ffff : lane_acc[17:0];
-  assign \$494  = step + 1'h1;
-  assign \$495  = settle + 1'h1;
-  assign \$496  = ins[5:0] == 1'h1;
-  assign \$497  = ins[5:0] == 2'h2;
-  assign \$498  = ins[5:0] == 2'h3;
-  assign \$499  = ins[5:0] == 3'h4;
-  assign \$500  = ins[5:0] == 3'h5;
-  assign \$501  = ins[5:0] == 3'h6;
-  assign \$502  = ins[5:0] == 3'h7;
-  assign \$503  = ins[5:0] == 4'h8;
-  assign \$504  = ins[5:0] == 4'ha;
-  assign \$505  = ins[5:0] == 4'hb;
-  assign \$506  = ins[5:0] == 4'hc;
-  assign \$507  = ins[5:0] == 4'hd;
-  assign \$508  = ln == 1'h1;
-  assign \$511  = ! m_eff[13:3];
-  assign \$512  = m_eff[2:0] <= 1'h1;
-  assign \$513  = \$511  & \$512 ;
-  assign \$517  = el_i + 1'h1;
-  assign \$518  = el_i + 2'h2;
-  assign \$519  = \$518  == ln;
-  assign \$520  = el_i < ln;
-  assign \$521  = ~ \$520 ;
-  assign \$522  = eng_run & \$521 ;
-  assign \$523  = pc + 1'h1;
-  assign \$524  = ~ dma__rd_busy;
-  assign \$525  = pc + 1'h1;
-  assign \$526  = | exec_error;
-  assign \$527  = pc + 1'h1;
-  assign \$528  = scan >= 4'h8;
-  assign \$529  = scan + 1'h1;
-  assign \$530  = | rd0_q;
-  assign \$531  = | rd1_q[23:14];
-  assign \$532  = \$531  ? 14'h3fff : rd1_q[13:0];
-  assign \$533  = pc + 1'h1;
-  assign \$534  = g_i >= count;
-  assign \$536  = pc + 1'h1;
-  assign \$537  = | rd0_q[31:16];
-  assign \$538  = rd0_q[15:0] >= m_eff;
-  assign \$539  = \$537  | \$538 ;
-  assign \$540  = | lane_y;
-  assign \$541  = g_j < ins[61:48];
-  assign \$544  = g_j + 1'h1;
-  assign \$545  = run_gather ? g_in : lane_acc[12:0];
-  assign \$546  = ins[124:112] + \$545 ;
-  assign \$547  = \$546  + g_j;
-  assign \$548  = g_j >= ins[61:48];
-  assign \$549  = ~ g_rv;
-  assign \$550  = \$548  & \$549 ;
-  assign \$551  = \$550  & g_wv;
-  assign \$552  = g_i + 1'h1;
-  assign \$553  = g_in + ins[61:48];
-  assign \$554  = ~ dma__rd_busy;
-  assign \$555  = ~ dma__wr_busy;
-  assign \$556  = \$554  & \$555 ;
-  assign \$557  = ~ running;
-  assign \$558  = soft_reset & \$557 ;
-  always @(posedge clk)
-    lane_acc <= \$559 ;
-  always @(posedge clk)
-    lane_x <= \$560 ;
-  always @(posedge clk)
-    lane_y <= \$561 ;
-  always @(posedge clk)
-    shape_q <= \$562 ;
+  reg [32:0] x;
+  reg [15:0] y;
+  assign \$393  = \$386  & \$392 ;
+  assign \$396  = gm_lane + 1'h1;
+  assign \$397  = gm_addr + ins[38:32];
+  assign \$398  = ~ a_in__valid;
+  assign \$399  = ~ gm_afeed_done;
+  assign \$400  = \$398  & \$399 ;
+  assign \$401  = gm_lane == 3'h4;
+  assign \$402  = ! gm_left[13:3];
+  assign \$403  = gm_lane >= gm_left[2:0];
+  assign \$404  = \$402  & \$403 ;
+  assign \$405  = \$401  | \$404 ;
+  assign \$406  = \$400  & \$405 ;
+  assign \$407  = a_in__valid & a_in__ready;
+  assign \$408  = gm_k + 1'h1;
+  assign \$409  = \$408  < ins[38:32];
+  assign \$410  = gm_k + 1'h1;
+  assign \$411  = gm_wstart + 1'h1;
+  assign \$412  = gm_wstart + 1'h1;
+  assign \$413  = gm_left - 3'h4;
+  assign \$414  = gm_addr - ins[38:32];
+  assign \$415  = $signed(\$414 ) + $signed(2'h1);
+  assign \$416  = gm_addr - ins[38:32];
+  assign \$417  = $signed(\$416 ) + $signed(2'h1);
+  assign \$418  = ! gm_left[13:3];
+  assign \$419  = gm_left[2:0] <= 3'h4;
+  assign \$420  = \$418  & \$419 ;
+  assign \$421  = gc_lane + 1'h1;
+  assign \$422  = gc_addr + ins[56:48];
+  assign \$423  = gc_lane + 1'h1;
+  assign \$424  = \$423  == 2'h3;
+  assign \$425  = ! gc_left[13:3];
+  assign \$426  = gc_lane + 1'h1;
+  assign \$427  = \$426  + 1'h1;
+  assign \$428  = \$427  >= gc_left[2:0];
+  assign \$429  = \$425  & \$428 ;
+  assign \$430  = \$424  | \$429 ;
+  assign \$431  = gc_n + 1'h1;
+  assign \$432  = \$431  < ins[56:48];
+  assign \$433  = gc_n + 1'h1;
+  assign \$434  = gc_wstart + 1'h1;
+  assign \$435  = gc_wstart + 1'h1;
+  assign \$436  = ! gc_left[13:3];
+  assign \$437  = gc_left[2:0] <= 1'h1;
+  assign \$438  = \$436  & \$437 ;
+  assign \$440  = gc_left - 3'h4;
+  assign \$441  = gc_addr + 1'h1;
+  assign \$442  = gc_addr + 1'h1;
+  assign \$443  = gc_left - 3'h4;
+  assign \$444  = ! \$443 [13:3];
+  assign \$445  = gc_left - 3'h4;
+  assign \$446  = \$445 [2:0] <= 1'h1;
+  assign \$447  = \$444  & \$446 ;
+  assign \$449  = ~ eng_run;
+  assign \$450  = ~ h_valid;
+  assign \$451  = \$450  | eng_ready;
+  assign \$452  = \$449  | \$451 ;
+  assign \$453  = pc >= 7'h40;
+  assign \$454  = step != 3'h7;
+  assign \$455  = ! ins[5:0];
+  assign \$456  = settle != 2'h2;
+  assign \$457  = | decode_q;
+  assign \$458  = | acc[32:14];
+  assign \$459  = \$458  ? 14'h3fff : acc[13:0];
+  assign \$460  = | acc[32:14];
+  assign \$461  = \$460  ? 14'h3fff : acc[13:0];
+  assign \$462  = | acc[32:14];
+  assign \$463  = \$462  ? 14'h3fff : acc[13:0];
+  assign \$464  = | acc[32:14];
+  assign \$465  = \$464  ? 14'h3fff : acc[13:0];
+  assign \$466  = | acc[32:18];
+  assign \$467  = \$466  ? 18'h3ffff : acc[17:0];
+  assign \$468  = step + 1'h1;
+  assign \$469  = settle + 1'h1;
+  assign \$470  = ins[5:0] == 1'h1;
+  assign \$471  = ins[5:0] == 2'h2;
+  assign \$472  = ins[5:0] == 2'h3;
+  assign \$473  = ins[5:0] == 3'h4;
+  assign \$474  = ins[5:0] == 3'h5;
+  assign \$475  = ins[5:0] == 3'h6;
+  assign \$476  = ins[5:0] == 3'h7;
+  assign \$477  = ins[5:0] == 4'h8;
+  assign \$478  = ins[5:0] == 4'ha;
+  assign \$479  = ins[5:0] == 4'hb;
+  assign \$480  = ins[5:0] == 4'hc;
+  assign \$481  = ins[5:0] == 4'hd;
+  assign \$482  = ln == 1'h1;
+  assign \$485  = ! m_eff[13:3];
+  assign \$486  = m_eff[2:0] <= 1'h1;
+  assign \$487  = \$485  & \$486 ;
+  assign \$491  = el_i + 1'h1;
+  assign \$492  = el_i + 2'h2;
+  assign \$493  = \$492  == ln;
+  assign \$494  = el_i < ln;
+  assign \$495  = ~ \$494 ;
+  assign \$496  = eng_run & \$495 ;
+  assign \$497  = pc + 1'h1;
+  assign \$498  = ~ dma__rd_busy;
+  assign \$499  = pc + 1'h1;
+  assign \$500  = | exec_error;
+  assign \$501  = pc + 1'h1;
+  assign \$502  = scan >= 4'h8;
+  assign \$503  = scan + 1'h1;
+  assign \$504  = | rd0_q;
+  assign \$505  = | rd1_q[23:14];
+  assign \$506  = \$505  ? 14'h3fff : rd1_q[13:0];
+  assign \$507  = pc + 1'h1;
+  assign \$508  = ~ dma__rd_busy;
+  assign \$509  = ~ dma__wr_busy;
+  assign \$510  = \$508  & \$509 ;
+  assign \$511  = ~ running;
+  assign \$512  = soft_reset & \$511 ;
   always @(posedge clk)
-    overlap_q <= \$563 ;
+    shape_q <= \$513 ;
   always @(posedge clk)
-    spad_ok <= \$564 ;
+    overlap_q <= \$514 ;
   always @(posedge clk)
-    host_ok <= \$565 ;
+    spad_ok <= \$515 ;
   always @(posedge clk)
-    decode_q <= \$566 ;
+    host_ok <= \$516 ;
   always @(posedge clk)
-    h_valid <= \$567 ;
+    decode_q <= \$517 ;
   always @(posedge clk)
-    h_last <= \$568 ;
+    h_valid <= \$518 ;
   always @(posedge clk)
-    g_valid <= \$569 ;
+    h_last <= \$519 ;
   always @(posedge clk)
-    g_last <= \$570 ;
+    g_valid <= \$520 ;
   always @(posedge clk)
-    rem0 <= \$571 ;
+    g_last <= \$521 ;
   always @(posedge clk)
-    pa <= \$572 ;
+    rem0 <= \$522 ;
   always @(posedge clk)
-    pb <= \$573 ;
+    pa <= \$523 ;
   always @(posedge clk)
-    rem1 <= \$574 ;
+    pb <= \$524 ;
   always @(posedge clk)
-    ra1 <= \$575 ;
+    rem1 <= \$525 ;
   always @(posedge clk)
-    rb1 <= \$576 ;
+    ra1 <= \$526 ;
   always @(posedge clk)
-    rem2 <= \$577 ;
+    rb1 <= \$527 ;
   always @(posedge clk)
-    ra2 <= \$578 ;
+    rem2 <= \$528 ;
   always @(posedge clk)
-    rb2 <= \$579 ;
+    ra2 <= \$529 ;
   always @(posedge clk)
-    issuing <= \$580 ;
+    rb2 <= \$530 ;
   always @(posedge clk)
-    vec_op <= \$581 ;
+    issuing <= \$531 ;
   always @(posedge clk)
-    run_gemm <= \$582 ;
+    vec_op <= \$532 ;
   always @(posedge clk)
-    run_requant <= \$583 ;
+    run_gemm <= \$533 ;
   always @(posedge clk)
-    run_sigmoid <= \$584 ;
+    run_requant <= \$534 ;
   always @(posedge clk)
-    run_situ <= \$585 ;
+    run_sigmoid <= \$535 ;
   always @(posedge clk)
-    run_gather <= \$586 ;
+    run_situ <= \$536 ;
   always @(posedge clk)
-    rq_wvalid <= \$587 ;
+    rq_wvalid <= \$537 ;
   always @(posedge clk)
-    rq_fill <= \$588 ;
+    rq_fill <= \$538 ;
   always @(posedge clk)
-    rq_in__payload <= \$589 ;
+    rq_in__payload <= \$539 ;
   always @(posedge clk)
-    rq_lane <= \$590 ;
+    rq_lane <= \$540 ;
   always @(posedge clk)
-    gm_cap <= \$591 ;
+    gm_cap <= \$541 ;
   always @(posedge clk)
-    gm_cap_lane <= \$592 ;
+    gm_cap_lane <= \$542 ;
   always @(posedge clk)
-    gm_lane <= \$593 ;
+    gm_lane <= \$543 ;
   always @(posedge clk)
-    gm_addr <= \$594 ;
+    gm_addr <= \$544 ;
   always @(posedge clk)
-    a_in__valid <= \$595 ;
+    a_in__valid <= \$545 ;
   always @(posedge clk)
-    gm_k <= \$596 ;
+    gm_k <= \$546 ;
   always @(posedge clk)
-    gm_wstart <= \$597 ;
+    gm_wstart <= \$547 ;
   always @(posedge clk)
-    gm_left <= \$598 ;
+    gm_left <= \$548 ;
   always @(posedge clk)
-    gm_afeed_done <= \$599 ;
+    gm_afeed_done <= \$549 ;
   always @(posedge clk)
-    gc_lane <= \$600 ;
+    gc_lane <= \$550 ;
   always @(posedge clk)
-    gc_addr <= \$601 ;
+    gc_addr <= \$551 ;
   always @(posedge clk)
-    gc_last <= \$602 ;
+    gc_last <= \$552 ;
   always @(posedge clk)
-    gc_n <= \$603 ;
+    gc_n <= \$553 ;
   always @(posedge clk)
-    gc_wstart <= \$604 ;
+    gc_wstart <= \$554 ;
   always @(posedge clk)
-    gc_left <= \$605 ;
+    gc_left <= \$555 ;
   always @(posedge clk)
-    rd0_q <= \$606 ;
+    rd0_q <= \$556 ;
   always @(posedge clk)
-    rd1_q <= \$607 ;
+    rd1_q <= \$557 ;
   always @(posedge clk)
-    running <= \$608 ;
+    running <= \$558 ;
   always @(posedge clk)
-    done <= \$609 ;
+    done <= \$559 ;
   always @(posedge clk)
-    error <= \$610 ;
+    error <= \$560 ;
   always @(posedge clk)
-    pc <= \$611 ;
+    pc <= \$561 ;
   always @(posedge clk)
-    route_done <= \$612 ;
+    route_done <= \$562 ;
   always @(posedge clk)
-    exp_active <= \$613 ;
+    exp_active <= \$563 ;
   always @(posedge clk)
-    scores_ok <= \$614 ;
+    scores_ok <= \$564 ;
   always @(posedge clk)
-    ctrl_state <= \$615 ;
+    ctrl_state <= \$565 ;
   always @(posedge clk)
-    stop_code <= \$616 ;
+    stop_code <= \$566 ;
   always @(posedge clk)
-    executor <= \$617 ;
+    executor <= \$567 ;
   always @(posedge clk)
-    step <= \$618 ;
+    step <= \$568 ;
   always @(posedge clk)
-    settle <= \$619 ;
+    settle <= \$569 ;
   always @(posedge clk)
-    ln <= \$620 ;
+    ln <= \$570 ;
   always @(posedge clk)
-    mk <= \$621 ;
+    mk <= \$571 ;
   always @(posedge clk)
-    p2 <= \$622 ;
+    p2 <= \$572 ;
   always @(posedge clk)
-    p3 <= \$623 ;
+    p3 <= \$573 ;
   always @(posedge clk)
-    l4 <= \$624 ;
+    l4 <= \$574 ;
   always @(posedge clk)
-    host_eff <= \$625 ;
+    host_eff <= \$575 ;
   always @(posedge clk)
-    rq_width <= \$626 ;
+    rq_width <= \$576 ;
   always @(posedge clk)
-    \rq_mult$223  <= \$627 ;
+    \rq_mult$243  <= \$577 ;
   always @(posedge clk)
-    rq_shift <= \$628 ;
+    rq_shift <= \$578 ;
   always @(posedge clk)
-    cnt0 <= \$629 ;
+    cnt0 <= \$579 ;
   always @(posedge clk)
-    cnt1 <= \$630 ;
+    cnt1 <= \$580 ;
   always @(posedge clk)
-    sa0 <= \$631 ;
+    sa0 <= \$581 ;
   always @(posedge clk)
-    sa1 <= \$632 ;
+    sa1 <= \$582 ;
   always @(posedge clk)
-    sa2 <= \$633 ;
+    sa2 <= \$583 ;
   always @(posedge clk)
-    sb0 <= \$634 ;
+    sb0 <= \$584 ;
   always @(posedge clk)
-    sb1 <= \$635 ;
+    sb1 <= \$585 ;
   always @(posedge clk)
-    sb2 <= \$636 ;
+    sb2 <= \$586 ;
   always @(posedge clk)
-    el_i <= \$637 ;
+    el_i <= \$587 ;
   always @(posedge clk)
-    rq_at_last <= \$638 ;
+    rq_at_last <= \$588 ;
   always @(posedge clk)
-    running_exec <= \$639 ;
+    running_exec <= \$589 ;
   always @(posedge clk)
-    g_i <= \$640 ;
+    scores_a <= \$590 ;
   always @(posedge clk)
-    g_in <= \$641 ;
+    scores_len <= \$591 ;
   always @(posedge clk)
-    scores_a <= \$642 ;
+    scan <= \$592 ;
   always @(posedge clk)
-    scores_len <= \$643 ;
+    expert <= \$593 ;
   always @(posedge clk)
-    scan <= \$644 ;
+    count <= \$594 ;
   always @(posedge clk)
-    expert <= \$645 ;
-  always @(posedge clk)
-    count <= \$646 ;
-  always @(posedge clk)
-    offset <= \$647 ;
-  always @(posedge clk)
-    g_j <= \$648 ;
-  always @(posedge clk)
-    g_rv <= \$649 ;
-  always @(posedge clk)
-    g_wv <= \$650 ;
-  always @(posedge clk)
-    g_ra <= \$651 ;
-  always @(posedge clk)
-    g_wa <= \$652 ;
+    offset <= \$595 ;
   assign \$1  = | running_exec;
   assign \$2  = ~ \$1 ;
   assign \$3  = ~ running;
@@ -1614,8 +1475,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign m_eff = \$7  ? count : ins[31:16];
   assign \$8  = m_eff + 3'h4;
   assign \$9  = \$8  - 1'h1;
-  assign \$11  = | lane_acc[32:14];
-  assign \$12  = \$11  ? 14'h3fff : lane_acc[13:0];
+  assign \$11  = | acc[32:14];
+  assign \$12  = \$11  ? 14'h3fff : acc[13:0];
   assign \$13  = m_eff + 3'h4;
   assign \$14  = \$13  - 1'h1;
   assign \$16  = ins[63:48] + 3'h4;
@@ -1785,12 +1646,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$201  = rq_lane == 2'h3;
   assign \$202  = \$201  | rq_at_last;
   assign \$203  = | rq_width;
-  assign \$204  = \$203  ? \rq_mult$223  : 32'd1;
+  assign \$204  = \$203  ? \rq_mult$243  : 32'd1;
   assign \$205  = | rq_width;
   assign \$206  = \$205  ? rq_shift : 6'h00;
   assign \$207  = run_gemm ? gc_lane : rq_lane;
-  assign \$865  = \$207  * 5'h18;
-  assign sat_in = c_out__payload >> \$865 ;
+  assign \$808  = \$207  * 5'h18;
+  assign sat_in = c_out__payload >> \$808 ;
   assign \$208  = ~ a_in__valid;
   assign \$209  = ~ gm_afeed_done;
   assign \$210  = \$208  & \$209 ;
@@ -1802,116 +1663,175 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$216  = ~ \$215 ;
   assign \$217  = \$210  & \$216 ;
   assign \$220  = | rq_width;
-  assign \$881  = gc_lane * 5'h18;
-  assign \$221  = c_out__payload >> \$881 ;
+  assign \$824  = gc_lane * 5'h18;
+  assign \$221  = c_out__payload >> \$824 ;
   assign \$222  = \$220  ? rq_sat : \$221 ;
   assign rd_start = ctrl_rd_start | dma__rd_start;
   assign rd_data__ready = ctrl_rd_ready | dma__rd_data__ready;
   assign \$223  = pc >= 7'h40;
-  assign \$224  = | lane_y;
-  assign \$225  = step != 3'h7;
-  assign \$226  = ! ins[5:0];
-  assign \$227  = settle != 2'h2;
-  assign \$228  = | decode_q;
-  assign \$230  = ins[100:88] + \$229 ;
-  assign \$232  = ins[100:88] + \$231 ;
-  assign \$233  = \$232  + 1'h1;
-  assign \$234  = ins[124:112] + el_i;
-  assign \$235  = el_i < ln;
-  assign \$236  = ~ \$235 ;
-  assign \$237  = eng_run & \$236 ;
-  assign \$238  = ~ dma__rd_busy;
-  assign \$239  = | exec_error;
-  assign \$240  = scan >= 4'h8;
-  assign \$241  = ins[76:64] + scan;
-  assign \$242  = ins[76:64] + 4'h8;
-  assign \$243  = \$242  + scan;
-  assign \$244  = | rd0_q;
-  assign \$245  = g_i >= count;
-  assign \$247  = ins[100:88] + offset;
-  assign \$248  = \$247  + g_i;
-  assign \$249  = | lane_y;
-  assign \$250  = g_j < ins[61:48];
-  assign \$253  = run_gather ? lane_acc[12:0] : g_in;
-  assign \$254  = ins[76:64] + \$253 ;
-  assign \$255  = \$254  + g_j;
-  assign \$256  = ~ running;
-  assign \$257  = soft_reset & \$256 ;
-  assign \$258  = ! ctrl_state;
-  assign \$259  = ctrl_state == 1'h1;
-  assign \$260  = ctrl_state == 2'h2;
-  assign \$261  = ctrl_state == 2'h3;
-  assign \$262  = ctrl_state == 3'h4;
-  assign \$263  = ctrl_state == 3'h5;
-  assign \$264  = ctrl_state == 3'h6;
-  assign \$265  = ctrl_state == 3'h7;
-  assign \$266  = ctrl_state == 4'h8;
-  assign \$267  = ctrl_state == 4'h9;
-  assign \$268  = ctrl_state == 4'ha;
-  assign \$269  = ctrl_state == 4'hb;
-  assign \$270  = ctrl_state == 4'hc;
-  assign \$271  = ctrl_state == 4'hd;
-  assign \$272  = ctrl_state == 4'he;
-  assign \$273  = ctrl_state == 4'hf;
-  assign \$274  = ctrl_state == 5'h10;
-  assign \$275  = ctrl_state == 5'h11;
-  assign \$276  = ctrl_state == 5'h12;
-  assign \$277  = | lane_y;
-  assign \$278  = lane_acc + lane_x;
-  assign \$280  = lane_acc + lane_x;
-  assign \$281  = \$279  ? 33'h1ffffffff : \$280 [32:0];
-  assign \$283  = lane_x[32] ? 34'h1ffffffff : \$282 ;
-  assign \$285  = | wa;
-  assign \$286  = | wc;
-  assign \$287  = \$285  & \$286 ;
-  assign \$288  = ins[125:112] + wc;
-  assign \$289  = ins[77:64] < \$288 ;
+  assign \$224  = step != 3'h7;
+  assign \$225  = ! ins[5:0];
+  assign \$226  = settle != 2'h2;
+  assign \$227  = | decode_q;
+  assign \$229  = ins[100:88] + \$228 ;
+  assign \$231  = ins[100:88] + \$230 ;
+  assign \$232  = \$231  + 1'h1;
+  assign \$233  = ins[124:112] + el_i;
+  assign \$234  = el_i < ln;
+  assign \$235  = ~ \$234 ;
+  assign \$236  = eng_run & \$235 ;
+  assign \$237  = ~ dma__rd_busy;
+  assign \$238  = | exec_error;
+  assign \$239  = scan >= 4'h8;
+  assign \$240  = ins[76:64] + scan;
+  assign \$241  = ins[76:64] + 4'h8;
+  assign \$242  = \$241  + scan;
+  assign \$243  = | rd0_q;
+  assign \$244  = ~ running;
+  assign \$245  = soft_reset & \$244 ;
+  assign \$246  = ! ctrl_state;
+  assign \$247  = ctrl_state == 1'h1;
+  assign \$248  = ctrl_state == 2'h2;
+  assign \$249  = ctrl_state == 2'h3;
+  assign \$250  = ctrl_state == 3'h4;
+  assign \$251  = ctrl_state == 3'h5;
+  assign \$252  = ctrl_state == 3'h6;
+  assign \$253  = ctrl_state == 3'h7;
+  assign \$254  = ctrl_state == 4'h8;
+  assign \$255  = ctrl_state == 4'h9;
+  assign \$256  = ctrl_state == 4'ha;
+  assign \$257  = ctrl_state == 4'hb;
+  assign \$258  = ctrl_state == 4'hc;
+  assign \$259  = ctrl_state == 4'hd;
+  assign \$260  = ctrl_state == 4'he;
+  assign \$261  = | wa;
+  assign \$262  = | wc;
+  assign \$263  = \$261  & \$262 ;
+  assign \$264  = ins[125:112] + wc;
+  assign \$265  = ins[77:64] < \$264 ;
+  assign \$266  = \$263  & \$265 ;
+  assign \$267  = ins[77:64] + wa;
+  assign \$268  = ins[125:112] < \$267 ;
+  assign \$269  = \$266  & \$268 ;
+  assign \$270  = ins[5:0] == 3'h4;
+  assign \$271  = ins[5:0] == 3'h5;
+  assign \$272  = ins[5:0] == 3'h6;
+  assign \$273  = ins[5:0] == 3'h7;
+  assign \$274  = ins[5:0] == 4'hd;
+  assign \$275  = | { \$274 , \$273 , \$272 , \$271 , \$270 , 1'h0 };
+  assign \$276  = ins[77:64] == ins[125:112];
+  assign \$277  = \$275  & \$276 ;
+  assign \$278  = wa == wc;
+  assign \$279  = \$277  & \$278 ;
+  assign \$280  = ~ \$279 ;
+  assign \$281  = \$269  & \$280 ;
+  assign \$282  = | wb;
+  assign \$283  = | wc;
+  assign \$284  = \$282  & \$283 ;
+  assign \$285  = ins[125:112] + wc;
+  assign \$286  = ins[101:88] < \$285 ;
+  assign \$287  = \$284  & \$286 ;
+  assign \$288  = ins[101:88] + wb;
+  assign \$289  = ins[125:112] < \$288 ;
   assign \$290  = \$287  & \$289 ;
-  assign \$291  = ins[77:64] + wa;
-  assign \$292  = ins[125:112] < \$291 ;
-  assign \$293  = \$290  & \$292 ;
-  assign \$294  = ins[5:0] == 3'h4;
-  assign \$295  = ins[5:0] == 3'h5;
-  assign \$296  = ins[5:0] == 3'h6;
-  assign \$297  = ins[5:0] == 3'h7;
-  assign \$298  = ins[5:0] == 4'hd;
-  assign \$299  = | { \$298 , \$297 , \$296 , \$295 , \$294 , 1'h0 };
-  assign \$300  = ins[77:64] == ins[125:112];
-  assign \$301  = \$299  & \$300 ;
-  assign \$302  = wa == wc;
-  assign \$303  = \$301  & \$302 ;
-  assign \$304  = ~ \$303 ;
-  assign \$305  = \$293  & \$304 ;
-  assign \$306  = | wb;
-  assign \$307  = | wc;
-  assign \$308  = \$306  & \$307 ;
-  assign \$309  = ins[125:112] + wc;
-  assign \$310  = ins[101:88] < \$309 ;
-  assign \$311  = \$308  & \$310 ;
+  assign \$291  = ins[5:0] == 3'h4;
+  assign \$292  = ins[5:0] == 3'h5;
+  assign \$293  = ins[5:0] == 3'h6;
+  assign \$294  = ins[5:0] == 3'h7;
+  assign \$295  = ins[5:0] == 4'hd;
+  assign \$296  = | { \$295 , \$294 , \$293 , \$292 , \$291 , 1'h0 };
+  assign \$297  = ins[101:88] == ins[125:112];
+  assign \$298  = \$296  & \$297 ;
+  assign \$299  = wb == wc;
+  assign \$300  = \$298  & \$299 ;
+  assign \$301  = ~ \$300 ;
+  assign \$302  = \$290  & \$301 ;
+  assign \$303  = \$281  | \$302 ;
+  assign \$304  = ! wa;
+  assign \$305  = ! ins[87:78];
+  assign \$306  = ins[77:64] + wa;
+  assign \$307  = \$306  <= 14'h2000;
+  assign \$308  = \$305  & \$307 ;
+  assign \$309  = \$304  | \$308 ;
+  assign \$310  = ! wb;
+  assign \$311  = ! ins[111:102];
   assign \$312  = ins[101:88] + wb;
-  assign \$313  = ins[125:112] < \$312 ;
+  assign \$313  = \$312  <= 14'h2000;
   assign \$314  = \$311  & \$313 ;
-  assign \$315  = ins[5:0] == 3'h4;
-  assign \$316  = ins[5:0] == 3'h5;
-  assign \$317  = ins[5:0] == 3'h6;
-  assign \$318  = ins[5:0] == 3'h7;
-  assign \$319  = ins[5:0] == 4'hd;
-  assign \$320  = | { \$319 , \$318 , \$317 , \$316 , \$315 , 1'h0 };
-  assign \$321  = ins[101:88] == ins[125:112];
-  assign \$322  = \$320  & \$321 ;
-  assign \$323  = wb == wc;
-  assign \$324  = \$322  & \$323 ;
-  assign \$325  = ~ \$324 ;
-  assign \$326  = \$314  & \$325 ;
-  assign \$327  = \$305  | \$326 ;
-  assign \$328  = ! wa;
-  assign \$329  = ! ins[87:78];
-  assign \$330  = ins[77:64] + wa;
-  assign \$331  = \$330  <= 14'h2000;
-  assign \$332  = \$329  & \$331 ;
-  assign \$333  = \$328  | \$332 ;
-  assign \$334  = ! wb;
-  assign \$335  = ! ins[111:102];
+  assign \$315  = \$310  | \$314 ;
+  assign \$316  = \$309  & \$315 ;
+  assign \$317  = ! wc;
+  assign \$318  = ! ins[135:126];
+  assign \$319  = ins[125:112] + wc;
+  assign \$320  = \$319  <= 14'h2000;
+  assign \$321  = \$318  & \$320 ;
+  assign \$322  = \$317  | \$321 ;
+  assign \$323  = \$316  & \$322 ;
+  assign \$324  = ! host_eff[1:0];
+  assign \$325  = host_eff >= host_base;
+  assign \$326  = \$324  & \$325 ;
+  assign \$327  = host_eff + { l4[17:2], 2'h0 };
+  assign \$328  = host_base + host_size;
+  assign \$329  = \$327  <= \$328 ;
+  assign \$330  = \$326  & \$329 ;
+  assign \$331  = ~ h_valid;
+  assign \$332  = \$331  | eng_ready;
+  assign \$333  = ~ g_valid;
+  assign \$334  = ~ h_valid;
+  assign \$335  = \$334  | eng_ready;
+  assign \$336  = \$333  | \$335 ;
+  assign \$339  = rem0 == 1'h1;
+  assign \$342  = | rem0[13:1];
+  assign \$343  = | rem1[13:1];
+  assign \$344  = rem0 - 1'h1;
+  assign \$345  = pa + sa0;
+  assign \$346  = pb + sb0;
+  assign \$347  = rem1 - 1'h1;
+  assign \$348  = ra1 + sa1;
+  assign \$349  = ra1 + sa1;
+  assign \$350  = rb1 + sb1;
+  assign \$351  = rb1 + sb1;
+  assign \$352  = rem2 - 1'h1;
+  assign \$353  = ra2 + sa2;
+  assign \$354  = ra2 + sa2;
+  assign \$355  = ra2 + sa2;
+  assign \$356  = rb2 + sb2;
+  assign \$357  = rb2 + sb2;
+  assign \$358  = rb2 + sb2;
+  assign \$359  = | rem2[13:1];
+  assign \$360  = ~ \$359 ;
+  assign \$361  = ins[5:0] == 4'hd;
+  assign \$362  = ins[5:0] == 4'hc;
+  assign \$363  = \$362  ? 2'h1 : 2'h0;
+  assign \$364  = \$361  ? 2'h2 : \$363 ;
+  assign \$365  = ins[5:0] == 2'h3;
+  assign \$366  = ins[5:0] == 3'h4;
+  assign \$367  = ins[5:0] == 3'h5;
+  assign \$368  = ins[5:0] == 3'h6;
+  assign \$369  = rq_wvalid & rq_in__ready;
+  assign \$370  = h_valid & eng_ready;
+  assign \$371  = rq_wvalid & rq_in__ready;
+  assign \$372  = \$371  ? 3'h0 : rq_fill;
+  assign \$373  = rq_wvalid & rq_in__ready;
+  assign \$374  = \$373  ? 3'h0 : rq_fill;
+  assign \$375  = \$374  + 1'h1;
+  assign \$376  = rq_wvalid & rq_in__ready;
+  assign \$377  = \$376  ? 3'h0 : rq_fill;
+  assign \$378  = \$377  == 2'h3;
+  assign \$379  = \$378  | h_last;
+  assign \$380  = rq_lane == 2'h3;
+  assign \$381  = \$380  | rq_at_last;
+  assign \$382  = rq_lane + 1'h1;
+  assign \$383  = \$381  ? 3'h0 : \$382 ;
+  assign \$384  = ~ a_in__valid;
+  assign \$385  = ~ gm_afeed_done;
+  assign \$386  = \$384  & \$385 ;
+  assign \$387  = gm_lane == 3'h4;
+  assign \$388  = ! gm_left[13:3];
+  assign \$389  = gm_lane >= gm_left[2:0];
+  assign \$390  = \$388  & \$389 ;
+  assign \$391  = \$387  | \$390 ;
+  assign \$392  = ~ \$391 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1940,12 +1860,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$2953$0 (\load_data$182 ),
+    .\port$2879$0 (\load_data$202 ),
     .retire(retire),
     .rst(rst),
     .running(running),
     .soft_reset(soft_reset),
-    .start(\start$380 ),
+    .start(\start$401 ),
     .wr_data(imem_wr__data)
   );
   \nanokpu_kpu.dma  dma (
@@ -1967,9 +1887,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$1003$0 (\$654 ),
-    .\port$3501$2 (l4[17:2]),
-    .\port$985$0 (\$653 ),
+    .\port$3532$2 (l4[17:2]),
+    .\port$911$0 (\$596 ),
+    .\port$929$0 (\$597 ),
     .rd_addr(host_eff[31:0]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1985,11 +1905,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.fetch  fetch (
     .clk(clk),
-    .done(\done$382 ),
+    .done(\done$403 ),
     .ins(ins),
-    .pc(\pc$332 ),
+    .pc(\pc$356 ),
     .rst(rst),
-    .start(\start$331 ),
+    .start(\start$355 ),
     .wr__addr(imem_wr__addr),
     .wr__data(imem_wr__data),
     .wr__en(imem_wr__en)
@@ -2007,15 +1927,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$90 (\done$383 ),
-    .error(\error$384 ),
+    .\done$90 (\done$404 ),
+    .error(\error$405 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
-    .rq_mult(\rq_mult$223 [15:0]),
+    .rq_mult(\rq_mult$243 [15:0]),
     .rq_shift(rq_shift),
     .rst(rst),
     .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.lane  lane (
+    .acc(acc),
+    .acc_in(acc_in),
+    .busy(busy),
+    .clk(clk),
+    .load(load),
+    .rst(rst),
+    .\x$7 (x),
+    .\y$5 (y)
   );
   \nanokpu_kpu.loadstore  loadstore (
     .clk(clk),
@@ -2029,8 +1959,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__wr_data__ready(dma__wr_data__ready),
     .dma__wr_data__valid(wr_data__valid),
     .dma__wr_start(wr_start),
-    .done(\done$296 ),
-    .error(\error$298 ),
+    .done(\done$316 ),
+    .error(\error$318 ),
     .ins(decoded),
     .out(wr_data__payload),
     .rst(rst),
@@ -2043,13 +1973,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .start(exec_start[0]),
     .unit_rst(unit_rst)
   );
+  \nanokpu_kpu.move  move (
+    .clk(clk),
+    .done(\done$325 ),
+    .error(\error$326 ),
+    .ins(decoded),
+    .rst(rst),
+    .spad__rd0__addr(clients__3__rd0__addr),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(clients__3__rd0__en),
+    .spad__wr__addr(clients__3__wr__addr),
+    .spad__wr__data(clients__3__wr__data),
+    .spad__wr__en(clients__3__wr__en),
+    .start(exec_start[2]),
+    .unit_rst(unit_rst)
+  );
   \nanokpu_kpu.route  route (
     .bias__addr(bias_addr),
     .bias__data(bias_data),
     .bias__we(bias_we),
     .clk(clk),
-    .done(\done$301 ),
-    .error(\error$302 ),
+    .done(\done$321 ),
+    .error(\error$322 ),
     .ins(decoded),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
@@ -2074,7 +2019,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .emitting(routes__valid),
     .lh__addr(s_axil__araddr[4:2]),
     .load_clear(load_clear),
-    .load_data(\load_data$182 ),
+    .load_data(\load_data$202 ),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .rst(rst),
@@ -2095,12 +2040,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .x(rd0_q[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$261 ),
+    .advance(\i__ready$281 ),
     .clk(clk),
-    .i__payload(\i__payload$230 ),
-    .i__valid(\i__valid$260 ),
-    .o__payload(\o__payload$263 ),
-    .o__valid(\o__valid$262 ),
+    .i__payload(\i__payload$250 ),
+    .i__valid(\i__valid$280 ),
+    .o__payload(\o__payload$283 ),
+    .o__valid(\o__valid$282 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -2124,19 +2069,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__2__wr__addr(clients__2__wr__addr),
     .clients__2__wr__data(clients__2__wr__data),
     .clients__2__wr__en(clients__2__wr__en),
+    .clients__3__rd0__addr(clients__3__rd0__addr),
+    .clients__3__rd0__en(clients__3__rd0__en),
+    .clients__3__wr__addr(clients__3__wr__addr),
+    .clients__3__wr__data(clients__3__wr__data),
+    .clients__3__wr__en(clients__3__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3531$0 (running_exec),
+    .\port$3562$0 (running_exec),
     .rst(rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$232 ),
-    .i__ready(\i__ready$265 ),
-    .i__valid(\i__valid$264 ),
+    .i__payload(\i__payload$252 ),
+    .i__ready(\i__ready$285 ),
+    .i__valid(\i__valid$284 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$267 ),
-    .o__valid(\o__valid$266 ),
+    .o__payload(\o__payload$287 ),
+    .o__valid(\o__valid$286 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -2423,51 +2373,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
-          clients__0__rd0__addr = \$230 [12:0];
-      5'h0b:
+      4'h5:
+          clients__0__rd0__addr = \$229 [12:0];
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           (* full_case = 32'd1 *)
-          if (\$240 ) begin
+          if (\$239 ) begin
           end else begin
-            clients__0__rd0__addr = \$241 [12:0];
-          end
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          if (\$245 ) begin
-          end else if (\$246 ) begin
-            clients__0__rd0__addr = \$248 [12:0];
-          end
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (\$249 ) begin
-          end else if (\$252 ) begin
-            clients__0__rd0__addr = \$255 [12:0];
+            clients__0__rd0__addr = \$240 [12:0];
           end
     endcase
   end
@@ -2478,33 +2410,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       clients__0__rd1__addr = pb;
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
-          clients__0__rd1__addr = \$233 [12:0];
-      5'h0b:
+      4'h5:
+          clients__0__rd1__addr = \$232 [12:0];
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           (* full_case = 32'd1 *)
-          if (\$240 ) begin
+          if (\$239 ) begin
           end else begin
-            clients__0__rd1__addr = \$243 [12:0];
+            clients__0__rd1__addr = \$242 [12:0];
           end
     endcase
   end
@@ -2520,50 +2452,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           clients__0__rd0__en = 1'h1;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           (* full_case = 32'd1 *)
-          if (\$240 ) begin
+          if (\$239 ) begin
           end else begin
-            clients__0__rd0__en = 1'h1;
-          end
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          if (\$245 ) begin
-          end else if (\$246 ) begin
-            clients__0__rd0__en = 1'h1;
-          end
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (\$249 ) begin
-          end else if (\$252 ) begin
             clients__0__rd0__en = 1'h1;
           end
     endcase
@@ -2575,31 +2489,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       clients__0__rd1__en = \$168 ;
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           clients__0__rd1__en = 1'h1;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           (* full_case = 32'd1 *)
-          if (\$240 ) begin
+          if (\$239 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -2624,9 +2538,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         eng_ready = i__ready;
       end else if (run_situ) begin
-        eng_ready = \i__ready$261 ;
+        eng_ready = \i__ready$281 ;
       end else begin
-        eng_ready = \i__ready$265 ;
+        eng_ready = \i__ready$285 ;
       end
     end
   end
@@ -2640,9 +2554,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_valid = o__valid;
       end else if (run_situ) begin
-        out_valid = \o__valid$262 ;
+        out_valid = \o__valid$282 ;
       end else begin
-        out_valid = \o__valid$266 ;
+        out_valid = \o__valid$286 ;
       end
     end
   end
@@ -2656,9 +2570,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end else if (run_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (run_situ) begin
-        out_data = { \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263 [15], \o__payload$263  };
+        out_data = { \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283  };
       end else begin
-        out_data = { \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267 [15], \o__payload$267  };
+        out_data = { \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287  };
       end
     end
   end
@@ -2692,25 +2606,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$260  = 1'h0;
+    \i__valid$280  = 1'h0;
     if (eng_run) begin
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
-        \i__valid$260  = h_valid;
+        \i__valid$280  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$264  = 1'h0;
+    \i__valid$284  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       if (run_requant) begin
       end else if (run_sigmoid) begin
       end else if (run_situ) begin
       end else begin
-        \i__valid$264  = h_valid;
+        \i__valid$284  = h_valid;
       end
     end
   end
@@ -2737,45 +2651,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           if (out_valid) begin
-            clients__0__wr__addr = \$234 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (g_wv) begin
-            clients__0__wr__addr = g_wa;
+            clients__0__wr__addr = \$233 [12:0];
           end
     endcase
   end
@@ -2788,45 +2678,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           if (out_valid) begin
             clients__0__wr__data = out_data;
-          end
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (g_wv) begin
-            clients__0__wr__data = rd0_q;
           end
     endcase
   end
@@ -2839,44 +2705,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           if (out_valid) begin
-            clients__0__wr__en = 1'h1;
-          end
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (g_wv) begin
             clients__0__wr__en = 1'h1;
           end
     endcase
@@ -2885,47 +2727,121 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     exec_done = 1'h0;
     if (running_exec[0]) begin
-      exec_done = \done$296 ;
+      exec_done = \done$316 ;
     end
     if (running_exec[1]) begin
-      exec_done = \done$301 ;
+      exec_done = \done$321 ;
+    end
+    if (running_exec[2]) begin
+      exec_done = \done$325 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     exec_error = 8'h00;
     if (running_exec[0]) begin
-      exec_error = \error$298 ;
+      exec_error = \error$318 ;
     end
     if (running_exec[1]) begin
-      exec_error = \error$302 ;
+      exec_error = \error$322 ;
+    end
+    if (running_exec[2]) begin
+      exec_error = \error$326 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \start$331  = 1'h0;
+    \start$355  = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           (* full_case = 32'd1 *)
           if (\$223 ) begin
           end else begin
-            \start$331  = 1'h1;
+            \start$355  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \pc$332  = 13'h0000;
+    \pc$356  = 13'h0000;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           (* full_case = 32'd1 *)
           if (\$223 ) begin
           end else begin
-            \pc$332  = pc;
+            \pc$356  = pc;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    load = 1'h0;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (busy) begin
+          end else if (\$224 ) begin
+            load = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    y = 16'h0000;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (busy) begin
+          end else if (\$224 ) begin
+            y = st_y;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    x = 33'h000000000;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (busy) begin
+          end else if (\$224 ) begin
+            x = st_x;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    acc_in = 33'h000000000;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (busy) begin
+          end else if (\$224 ) begin
+            acc_in = st_acc;
           end
     endcase
   end
@@ -2933,82 +2849,78 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     retire = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$224 ) begin
+          if (busy) begin
+          end else if (\$224 ) begin
           end else if (\$225 ) begin
           end else if (\$226 ) begin
           end else if (\$227 ) begin
-          end else if (\$228 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   retire = 1'h1;
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
+          if (\$236 ) begin
+            retire = 1'h1;
+          end
+      4'h7:
+          /* empty */;
+      4'hb:
+          /* empty */;
+      4'hc:
           if (\$237 ) begin
             retire = 1'h1;
           end
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          if (\$238 ) begin
-            retire = 1'h1;
-          end
-      5'h08:
+      4'h8:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$239 ) begin
+            if (\$238 ) begin
             end else begin
               retire = 1'h1;
             end
           end
-      5'h09:
-          if (\$240 ) begin
+      4'h9:
+          if (\$239 ) begin
             retire = 1'h1;
           end
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$244 ) begin
-            retire = 1'h1;
-          end
-      5'h0a:
-          if (\$245 ) begin
+      4'he:
+          if (\$243 ) begin
             retire = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    exec_start = 2'h0;
+    exec_start = 3'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$224 ) begin
+          if (busy) begin
+          end else if (\$224 ) begin
           end else if (\$225 ) begin
           end else if (\$226 ) begin
           end else if (\$227 ) begin
-          end else if (\$228 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -3027,6 +2939,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
                   exec_start[0] = 1'h1;
               6'h08:
                   exec_start[1] = 1'h1;
+              6'h0a, 6'h0b:
+                  exec_start[2] = 1'h1;
             endcase
           end
     endcase
@@ -3035,19 +2949,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     eng_run = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           eng_run = 1'h1;
     endcase
   end
@@ -3055,21 +2969,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     cmd__valid = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           cmd__valid = 1'h1;
     endcase
   end
@@ -3077,21 +2991,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     ctrl_rd_start = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           if (cmd__ready) begin
             ctrl_rd_start = 1'h1;
           end
@@ -3101,23 +3015,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     gemm_run = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           gemm_run = 1'h1;
     endcase
   end
@@ -3125,43 +3039,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     abort = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           /* empty */;
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
+      4'he:
           /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h02:
+      4'h2:
           abort = 1'h1;
     endcase
   end
@@ -3169,981 +3075,805 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     unit_rst = 1'h0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           /* empty */;
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
+      4'he:
           /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h02:
+      4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$257 ) begin
+    if (\$245 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$559  = lane_acc;
-    if (\$277 ) begin
-      if (lane_y[0]) begin
-        \$559  = \$281 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-            \$559  = st_acc;
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$559  = 33'h000000000;
-          end
-    endcase
+    \$513  = shape_ok;
     if (rst) begin
-      \$559  = 33'h000000000;
+      \$513  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$560  = lane_x;
-    if (\$277 ) begin
-      \$560  = \$283 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-            \$560  = st_x;
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$560  = { 19'h00000, ins[61:48] };
-          end
-    endcase
+    \$514  = \$303 ;
     if (rst) begin
-      \$560  = 33'h000000000;
+      \$514  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$561  = lane_y;
-    if (\$277 ) begin
-      \$561  = \$284 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-            \$561  = st_y;
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$561  = rd0_q[15:0];
-          end
-    endcase
+    \$515  = \$323 ;
     if (rst) begin
-      \$561  = 16'h0000;
+      \$515  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$562  = shape_ok;
+    \$516  = \$330 ;
     if (rst) begin
-      \$562  = 1'h0;
+      \$516  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$563  = \$327 ;
+    \$517  = decode_err;
     if (rst) begin
-      \$563  = 1'h0;
+      \$517  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$564  = \$347 ;
-    if (rst) begin
-      \$564  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$565  = \$354 ;
-    if (rst) begin
-      \$565  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$566  = decode_err;
-    if (rst) begin
-      \$566  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$567  = h_valid;
+    \$518  = h_valid;
     if (eng_run) begin
-      if (\$356 ) begin
-        \$567  = g_valid;
+      if (\$332 ) begin
+        \$518  = g_valid;
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$567  = 1'h0;
+                  \$518  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$567  = 1'h0;
+                  \$518  = 1'h0;
               6'h0c:
-                  \$567  = 1'h0;
+                  \$518  = 1'h0;
               6'h0d:
-                  \$567  = 1'h0;
+                  \$518  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$567  = 1'h0;
+      \$518  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$568  = h_last;
+    \$519  = h_last;
     if (eng_run) begin
-      if (\$356 ) begin
-        \$568  = g_last;
+      if (\$332 ) begin
+        \$519  = g_last;
       end
     end
     if (rst) begin
-      \$568  = 1'h0;
+      \$519  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$569  = g_valid;
+    \$520  = g_valid;
     if (eng_run) begin
-      if (\$360 ) begin
-        \$569  = \$362 ;
+      if (\$336 ) begin
+        \$520  = \$338 ;
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$569  = 1'h0;
+                  \$520  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$569  = 1'h0;
+                  \$520  = 1'h0;
               6'h0c:
-                  \$569  = 1'h0;
+                  \$520  = 1'h0;
               6'h0d:
-                  \$569  = 1'h0;
+                  \$520  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$569  = 1'h0;
+      \$520  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$570  = g_last;
+    \$521  = g_last;
     if (eng_run) begin
-      if (\$360 ) begin
-        \$570  = \$363 ;
+      if (\$336 ) begin
+        \$521  = \$339 ;
       end
     end
     if (rst) begin
-      \$570  = 1'h0;
+      \$521  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$571  = rem0;
+    \$522  = rem0;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-            \$571  = \$368 [13:0];
-          end else if (\$367 ) begin
-            \$571  = cnt0;
+          if (\$342 ) begin
+            \$522  = \$344 [13:0];
+          end else if (\$343 ) begin
+            \$522  = cnt0;
           end else begin
-            \$571  = cnt0;
+            \$522  = cnt0;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$571  = ln;
+                  \$522  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$571  = ln;
+                  \$522  = ln;
               6'h0c:
-                  \$571  = ins[45:32];
+                  \$522  = ins[45:32];
               6'h0d:
-                  \$571  = ins[61:48];
+                  \$522  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$571  = 14'h0000;
+      \$522  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$572  = pa;
+    \$523  = pa;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-            \$572  = \$369 [12:0];
-          end else if (\$367 ) begin
-            \$572  = \$373 [12:0];
+          if (\$342 ) begin
+            \$523  = \$345 [12:0];
+          end else if (\$343 ) begin
+            \$523  = \$349 [12:0];
           end else begin
-            \$572  = \$379 [12:0];
+            \$523  = \$355 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$572  = ins[76:64];
+                  \$523  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$572  = ins[76:64];
+                  \$523  = ins[76:64];
               6'h0c:
-                  \$572  = ins[76:64];
+                  \$523  = ins[76:64];
               6'h0d:
-                  \$572  = ins[76:64];
+                  \$523  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$572  = 13'h0000;
+      \$523  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$573  = pb;
+    \$524  = pb;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-            \$573  = \$370 [12:0];
-          end else if (\$367 ) begin
-            \$573  = \$375 [12:0];
+          if (\$342 ) begin
+            \$524  = \$346 [12:0];
+          end else if (\$343 ) begin
+            \$524  = \$351 [12:0];
           end else begin
-            \$573  = \$382 [12:0];
+            \$524  = \$358 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$573  = ins[100:88];
+                  \$524  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$573  = ins[100:88];
+                  \$524  = ins[100:88];
               6'h0c:
-                  \$573  = ins[100:88];
+                  \$524  = ins[100:88];
               6'h0d:
-                  \$573  = ins[100:88];
+                  \$524  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$573  = 13'h0000;
+      \$524  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$574  = rem1;
+    \$525  = rem1;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
-            \$574  = \$371 [13:0];
+          if (\$342 ) begin
+          end else if (\$343 ) begin
+            \$525  = \$347 [13:0];
           end else begin
-            \$574  = cnt1;
+            \$525  = cnt1;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$574  = 14'h0001;
+                  \$525  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$574  = 14'h0001;
+                  \$525  = 14'h0001;
               6'h0c:
-                  \$574  = ins[61:48];
+                  \$525  = ins[61:48];
               6'h0d:
-                  \$574  = 14'h0002;
+                  \$525  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$574  = 14'h0000;
+      \$525  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$575  = ra1;
+    \$526  = ra1;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
-            \$575  = \$372 [12:0];
+          if (\$342 ) begin
+          end else if (\$343 ) begin
+            \$526  = \$348 [12:0];
           end else begin
-            \$575  = \$378 [12:0];
+            \$526  = \$354 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$575  = ins[76:64];
+                  \$526  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$575  = ins[76:64];
+                  \$526  = ins[76:64];
               6'h0c:
-                  \$575  = ins[76:64];
+                  \$526  = ins[76:64];
               6'h0d:
-                  \$575  = ins[76:64];
+                  \$526  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$575  = 13'h0000;
+      \$526  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$576  = rb1;
+    \$527  = rb1;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
-            \$576  = \$374 [12:0];
+          if (\$342 ) begin
+          end else if (\$343 ) begin
+            \$527  = \$350 [12:0];
           end else begin
-            \$576  = \$381 [12:0];
+            \$527  = \$357 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$576  = ins[100:88];
+                  \$527  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$576  = ins[100:88];
+                  \$527  = ins[100:88];
               6'h0c:
-                  \$576  = ins[100:88];
+                  \$527  = ins[100:88];
               6'h0d:
-                  \$576  = ins[100:88];
+                  \$527  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$576  = 13'h0000;
+      \$527  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$577  = rem2;
+    \$528  = rem2;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
+          if (\$342 ) begin
+          end else if (\$343 ) begin
           end else begin
-            \$577  = \$376 [13:0];
+            \$528  = \$352 [13:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$577  = 14'h0001;
+                  \$528  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$577  = 14'h0001;
+                  \$528  = 14'h0001;
               6'h0c:
-                  \$577  = m_eff[13:0];
+                  \$528  = m_eff[13:0];
               6'h0d:
-                  \$577  = m_eff[13:0];
+                  \$528  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$577  = 14'h0000;
+      \$528  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$578  = ra2;
+    \$529  = ra2;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
+          if (\$342 ) begin
+          end else if (\$343 ) begin
           end else begin
-            \$578  = \$377 [12:0];
+            \$529  = \$353 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$578  = ins[76:64];
+                  \$529  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$578  = ins[76:64];
+                  \$529  = ins[76:64];
               6'h0c:
-                  \$578  = ins[76:64];
+                  \$529  = ins[76:64];
               6'h0d:
-                  \$578  = ins[76:64];
+                  \$529  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$578  = 13'h0000;
+      \$529  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$579  = rb2;
+    \$530  = rb2;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
+          if (\$342 ) begin
+          end else if (\$343 ) begin
           end else begin
-            \$579  = \$380 [12:0];
+            \$530  = \$356 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$579  = ins[100:88];
+                  \$530  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$579  = ins[100:88];
+                  \$530  = ins[100:88];
               6'h0c:
-                  \$579  = ins[100:88];
+                  \$530  = ins[100:88];
               6'h0d:
-                  \$579  = ins[100:88];
+                  \$530  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$579  = 13'h0000;
+      \$530  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$580  = issuing;
+    \$531  = issuing;
     if (eng_run) begin
-      if (\$360 ) begin
-        if (\$365 ) begin
+      if (\$336 ) begin
+        if (\$341 ) begin
           (* full_case = 32'd1 *)
-          if (\$366 ) begin
-          end else if (\$367 ) begin
+          if (\$342 ) begin
+          end else if (\$343 ) begin
           end else begin
-            if (\$384 ) begin
-              \$580  = 1'h0;
+            if (\$360 ) begin
+              \$531  = 1'h0;
             end
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$580  = 1'h1;
+                  \$531  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$580  = 1'h1;
+                  \$531  = 1'h1;
               6'h0c:
-                  \$580  = 1'h1;
+                  \$531  = 1'h1;
               6'h0d:
-                  \$580  = 1'h1;
+                  \$531  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$580  = 1'h0;
+      \$531  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$581  = \$388 ;
+    \$532  = \$364 ;
     if (rst) begin
-      \$581  = 2'h0;
+      \$532  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$582  = \$389 ;
+    \$533  = \$365 ;
     if (rst) begin
-      \$582  = 1'h0;
+      \$533  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$583  = \$390 ;
+    \$534  = \$366 ;
     if (rst) begin
-      \$583  = 1'h0;
+      \$534  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$584  = \$391 ;
+    \$535  = \$367 ;
     if (rst) begin
-      \$584  = 1'h0;
+      \$535  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$585  = \$392 ;
+    \$536  = \$368 ;
     if (rst) begin
-      \$585  = 1'h0;
+      \$536  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$586  = \$393 ;
-    if (rst) begin
-      \$586  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$587  = rq_wvalid;
+    \$537  = rq_wvalid;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$394 ) begin
-          \$587  = 1'h0;
+        if (\$369 ) begin
+          \$537  = 1'h0;
         end
-        if (\$395 ) begin
-          if (\$404 ) begin
-            \$587  = 1'h1;
+        if (\$370 ) begin
+          if (\$379 ) begin
+            \$537  = 1'h1;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$587  = 1'h0;
+                  \$537  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$587  = 1'h0;
+      \$537  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$588  = rq_fill;
+    \$538  = rq_fill;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$394 ) begin
-          \$588  = 3'h0;
+        if (\$369 ) begin
+          \$538  = 3'h0;
         end
-        if (\$395 ) begin
-          \$588  = \$400 [2:0];
+        if (\$370 ) begin
+          \$538  = \$375 [2:0];
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$588  = 3'h0;
+                  \$538  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$588  = 3'h0;
+      \$538  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$589  = rq_in__payload;
+    \$539  = rq_in__payload;
     if (eng_run) begin
       if (run_requant) begin
-        if (\$395 ) begin
-          casez (\$397 )
+        if (\$370 ) begin
+          casez (\$372 )
             3'h0:
-                \$589 [23:0] = rd0_q[23:0];
+                \$539 [23:0] = rd0_q[23:0];
             3'h1:
-                \$589 [47:24] = rd0_q[23:0];
+                \$539 [47:24] = rd0_q[23:0];
             3'h2:
-                \$589 [71:48] = rd0_q[23:0];
+                \$539 [71:48] = rd0_q[23:0];
             3'h3:
-                \$589 [95:72] = rd0_q[23:0];
+                \$539 [95:72] = rd0_q[23:0];
           endcase
         end
       end
@@ -4153,33 +3883,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$589 [7:0] = spad__rd0__data[7:0];
+              \$539 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$589 [31:24] = spad__rd0__data[7:0];
+              \$539 [31:24] = spad__rd0__data[7:0];
           2'h2:
-              \$589 [55:48] = spad__rd0__data[7:0];
+              \$539 [55:48] = spad__rd0__data[7:0];
           2'h3:
-              \$589 [79:72] = spad__rd0__data[7:0];
+              \$539 [79:72] = spad__rd0__data[7:0];
         endcase
       end
-      if (\$432 ) begin
-        \$589  = 96'h000000000000000000000000;
+      if (\$407 ) begin
+        \$539  = 96'h000000000000000000000000;
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4193,103 +3923,103 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$589  = 96'h000000000000000000000000;
+                  \$539  = 96'h000000000000000000000000;
             endcase
           end
     endcase
     if (rst) begin
-      \$589  = 96'h000000000000000000000000;
+      \$539  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$590  = rq_lane;
+    \$540  = rq_lane;
     if (eng_run) begin
       if (run_requant) begin
         if (c_out__valid) begin
-          \$590  = \$408 [1:0];
+          \$540  = \$383 [1:0];
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$590  = 2'h0;
+                  \$540  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$590  = 2'h0;
+      \$540  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$591  = gm_cap;
+    \$541  = gm_cap;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$420 ) begin
-        \$591  = 1'h1;
+      if (\$395 ) begin
+        \$541  = 1'h1;
       end else begin
-        \$591  = 1'h0;
+        \$541  = 1'h0;
       end
     end
     if (rst) begin
-      \$591  = 1'h0;
+      \$541  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$592  = gm_cap_lane;
+    \$542  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$420 ) begin
-        \$592  = gm_lane[1:0];
+      if (\$395 ) begin
+        \$542  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$592  = 2'h0;
+      \$542  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$593  = gm_lane;
+    \$543  = gm_lane;
     if (gemm_run) begin
-      if (\$420 ) begin
-        \$593  = \$421 [2:0];
+      if (\$395 ) begin
+        \$543  = \$396 [2:0];
       end
-      if (\$432 ) begin
-        \$593  = 3'h0;
+      if (\$407 ) begin
+        \$543  = 3'h0;
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4303,44 +4033,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$593  = 3'h0;
+                  \$543  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$593  = 3'h0;
+      \$543  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$594  = gm_addr;
+    \$544  = gm_addr;
     if (gemm_run) begin
-      if (\$420 ) begin
-        \$594  = \$422 [12:0];
+      if (\$395 ) begin
+        \$544  = \$397 [12:0];
       end
-      if (\$432 ) begin
+      if (\$407 ) begin
         (* full_case = 32'd1 *)
-        if (\$434 ) begin
-          \$594  = \$437 [12:0];
+        if (\$409 ) begin
+          \$544  = \$412 [12:0];
         end else begin
-          \$594  = \$442 [12:0];
+          \$544  = \$417 [12:0];
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4354,39 +4084,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$594  = ins[76:64];
+                  \$544  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$594  = 13'h0000;
+      \$544  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$595  = a_in__valid;
+    \$545  = a_in__valid;
     if (gemm_run) begin
-      if (\$431 ) begin
-        \$595  = 1'h1;
+      if (\$406 ) begin
+        \$545  = 1'h1;
       end
-      if (\$432 ) begin
-        \$595  = 1'h0;
+      if (\$407 ) begin
+        \$545  = 1'h0;
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4400,41 +4130,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$595  = 1'h0;
+                  \$545  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$595  = 1'h0;
+      \$545  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$596  = gm_k;
+    \$546  = gm_k;
     if (gemm_run) begin
-      if (\$432 ) begin
+      if (\$407 ) begin
         (* full_case = 32'd1 *)
-        if (\$434 ) begin
-          \$596  = \$435 [6:0];
+        if (\$409 ) begin
+          \$546  = \$410 [6:0];
         end else begin
-          \$596  = 7'h00;
+          \$546  = 7'h00;
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4448,41 +4178,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$596  = 7'h00;
+                  \$546  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$596  = 7'h00;
+      \$546  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$597  = gm_wstart;
+    \$547  = gm_wstart;
     if (gemm_run) begin
-      if (\$432 ) begin
+      if (\$407 ) begin
         (* full_case = 32'd1 *)
-        if (\$434 ) begin
-          \$597  = \$436 [12:0];
+        if (\$409 ) begin
+          \$547  = \$411 [12:0];
         end else begin
-          \$597  = \$440 [12:0];
+          \$547  = \$415 [12:0];
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4496,40 +4226,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$597  = ins[76:64];
+                  \$547  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$597  = 13'h0000;
+      \$547  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$598  = gm_left;
+    \$548  = gm_left;
     if (gemm_run) begin
-      if (\$432 ) begin
+      if (\$407 ) begin
         (* full_case = 32'd1 *)
-        if (\$434 ) begin
+        if (\$409 ) begin
         end else begin
-          \$598  = \$438 [13:0];
+          \$548  = \$413 [13:0];
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4543,42 +4273,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$598  = m_eff[13:0];
+                  \$548  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$598  = 14'h0000;
+      \$548  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$599  = gm_afeed_done;
+    \$549  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$432 ) begin
+      if (\$407 ) begin
         (* full_case = 32'd1 *)
-        if (\$434 ) begin
+        if (\$409 ) begin
         end else begin
-          if (\$445 ) begin
-            \$599  = 1'h1;
+          if (\$420 ) begin
+            \$549  = 1'h1;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4592,39 +4322,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$599  = 1'h0;
+                  \$549  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$599  = 1'h0;
+      \$549  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$600  = gc_lane;
+    \$550  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$600  = \$446 [1:0];
+        \$550  = \$421 [1:0];
         if (gc_last) begin
-          \$600  = 2'h0;
+          \$550  = 2'h0;
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4638,44 +4368,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$600  = 2'h0;
+                  \$550  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$600  = 2'h0;
+      \$550  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$601  = gc_addr;
+    \$551  = gc_addr;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$601  = \$447 [12:0];
+        \$551  = \$422 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$457 ) begin
-            \$601  = \$460 [12:0];
+          if (\$432 ) begin
+            \$551  = \$435 [12:0];
           end else begin
-            \$601  = \$467 [12:0];
+            \$551  = \$442 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4689,44 +4419,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$601  = ins[124:112];
+                  \$551  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$601  = 13'h0000;
+      \$551  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$602  = gc_last;
+    \$552  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$602  = \$455 ;
+        \$552  = \$430 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$457 ) begin
-            \$602  = \$464 ;
+          if (\$432 ) begin
+            \$552  = \$439 ;
           end else begin
-            \$602  = \$473 ;
+            \$552  = \$448 ;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4740,93 +4470,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$602  = \$514 ;
+                  \$552  = \$488 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$602  = 1'h0;
+      \$552  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$603  = gc_n;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$457 ) begin
-            \$603  = \$458 [8:0];
-          end else begin
-            \$603  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$603  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$603  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$604  = gc_wstart;
+    \$553  = gc_n;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$457 ) begin
-            \$604  = \$459 [12:0];
+          if (\$432 ) begin
+            \$553  = \$433 [8:0];
           end else begin
-            \$604  = \$466 [12:0];
+            \$553  = 9'h000;
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4840,42 +4520,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$604  = ins[124:112];
+                  \$553  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$604  = 13'h0000;
+      \$553  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$605  = gc_left;
+    \$554  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$457 ) begin
+          if (\$432 ) begin
+            \$554  = \$434 [12:0];
           end else begin
-            \$605  = \$465 [13:0];
+            \$554  = \$441 [12:0];
           end
         end
       end
     end
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -4889,1046 +4570,981 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$605  = m_eff[13:0];
+                  \$554  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$605  = 14'h0000;
+      \$554  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$606  = rd0_q;
-    if (\$477 ) begin
-      \$606  = spad__rd0__data;
-    end
-    if (rst) begin
-      \$606  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$607  = rd1_q;
-    if (\$477 ) begin
-      \$607  = spad__rd1__data;
-    end
-    if (rst) begin
-      \$607  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$608  = running;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$608  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-            \$608  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h02:
-          if (\$556 ) begin
-            \$608  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$608  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$609  = done;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$609  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-            \$609  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h02:
-          if (\$556 ) begin
-            \$609  = 1'h0;
-          end
-    endcase
-    if (\$558 ) begin
-      \$609  = 1'h0;
-    end
-    if (rst) begin
-      \$609  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$610  = error;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$610  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h02:
-          if (\$556 ) begin
-            \$610  = stop_code;
-          end
-    endcase
-    if (\$558 ) begin
-      \$610  = 8'h00;
-    end
-    if (rst) begin
-      \$610  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$611  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$611  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$555  = gc_left;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (\$432 ) begin
+          end else begin
+            \$555  = \$440 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$611  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$555  = m_eff[13:0];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          if (\$522 ) begin
-            \$611  = \$523 [12:0];
+    endcase
+    if (rst) begin
+      \$555  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$556  = rd0_q;
+    if (\$452 ) begin
+      \$556  = spad__rd0__data;
+    end
+    if (rst) begin
+      \$556  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$557  = rd1_q;
+    if (\$452 ) begin
+      \$557  = spad__rd1__data;
+    end
+    if (rst) begin
+      \$557  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$558  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$401 ) begin
+            \$558  = 1'h1;
           end
-      5'h07:
+      4'h1:
           /* empty */;
-      5'h0c:
+      4'h3:
           /* empty */;
-      5'h0d:
-          if (\$524 ) begin
-            \$611  = \$525 [12:0];
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+            \$558  = 1'h0;
           end
-      5'h08:
+      4'h5:
+          /* empty */;
+      4'ha:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'hb:
+          /* empty */;
+      4'hc:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'hd:
+          /* empty */;
+      4'he:
+          /* empty */;
+      4'h2:
+          if (\$510 ) begin
+            \$558  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$558  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$559  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$401 ) begin
+            \$559  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+            \$559  = 1'h1;
+          end
+      4'h5:
+          /* empty */;
+      4'ha:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'hb:
+          /* empty */;
+      4'hc:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'hd:
+          /* empty */;
+      4'he:
+          /* empty */;
+      4'h2:
+          if (\$510 ) begin
+            \$559  = 1'h0;
+          end
+    endcase
+    if (\$512 ) begin
+      \$559  = 1'h0;
+    end
+    if (rst) begin
+      \$559  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$560  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$401 ) begin
+            \$560  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'ha:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'hb:
+          /* empty */;
+      4'hc:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'hd:
+          /* empty */;
+      4'he:
+          /* empty */;
+      4'h2:
+          if (\$510 ) begin
+            \$560  = stop_code;
+          end
+    endcase
+    if (\$512 ) begin
+      \$560  = 8'h00;
+    end
+    if (rst) begin
+      \$560  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$561  = pc;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$401 ) begin
+            \$561  = 13'h0000;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$561  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      4'h5:
+          /* empty */;
+      4'ha:
+          /* empty */;
+      4'h6:
+          if (\$496 ) begin
+            \$561  = \$497 [12:0];
+          end
+      4'h7:
+          /* empty */;
+      4'hb:
+          /* empty */;
+      4'hc:
+          if (\$498 ) begin
+            \$561  = \$499 [12:0];
+          end
+      4'h8:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$526 ) begin
+            if (\$500 ) begin
             end else begin
-              \$611  = \$527 [12:0];
+              \$561  = \$501 [12:0];
             end
           end
-      5'h09:
-          if (\$528 ) begin
-            \$611  = { 1'h0, ins[255:244] };
+      4'h9:
+          if (\$502 ) begin
+            \$561  = { 1'h0, ins[255:244] };
           end
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$530 ) begin
-            \$611  = \$533 [12:0];
-          end
-      5'h0a:
-          if (\$534 ) begin
-            \$611  = \$536 [12:0];
+      4'he:
+          if (\$504 ) begin
+            \$561  = \$507 [12:0];
           end
     endcase
     if (rst) begin
-      \$611  = 13'h0000;
+      \$561  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$612  = route_done;
+    \$562  = route_done;
     casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$612  = 1'h0;
+      4'h0:
+          if (\start$401 ) begin
+            \$562  = 1'h0;
           end
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           if (exec_done) begin
             if (running_exec[1]) begin
-              \$612  = 1'h1;
+              \$562  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$612  = 1'h0;
+      \$562  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$613  = exp_active;
+    \$563  = exp_active;
     casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$613  = 1'h0;
+      4'h0:
+          if (\start$401 ) begin
+            \$563  = 1'h0;
           end
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           if (exec_done) begin
             if (running_exec[1]) begin
-              \$613  = 1'h0;
+              \$563  = 1'h0;
             end
           end
-      5'h09:
-          if (\$528 ) begin
-            \$613  = 1'h0;
+      4'h9:
+          if (\$502 ) begin
+            \$563  = 1'h0;
           end
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$530 ) begin
-            \$613  = 1'h1;
+      4'he:
+          if (\$504 ) begin
+            \$563  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$613  = 1'h0;
+      \$563  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$614  = scores_ok;
+    \$564  = scores_ok;
     casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$614  = 1'h0;
+      4'h0:
+          if (\start$401 ) begin
+            \$564  = 1'h0;
           end
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
-          if (\$522 ) begin
+      4'h6:
+          if (\$496 ) begin
             if (run_sigmoid) begin
-              \$614  = 1'h1;
+              \$564  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$614  = 1'h0;
+      \$564  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$615  = ctrl_state;
+    \$565  = ctrl_state;
     casez (ctrl_state)
-      5'h00:
-          if (\start$380 ) begin
-            \$615  = 5'h01;
+      4'h0:
+          if (\start$401 ) begin
+            \$565  = 4'h1;
           end
-      5'h01:
+      4'h1:
         begin
           (* full_case = 32'd1 *)
-          if (\$478 ) begin
-            \$615  = 5'h02;
+          if (\$453 ) begin
+            \$565  = 4'h2;
           end else begin
-            \$615  = 5'h03;
+            \$565  = 4'h3;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h03:
+      4'h3:
         begin
-          if (\done$382 ) begin
-            \$615  = 5'h04;
+          if (\done$403 ) begin
+            \$565  = 4'h4;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h04:
+      4'h4:
         begin
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-            \$615  = 5'h00;
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-            \$615  = 5'h02;
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+            \$565  = 4'h0;
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
+            \$565  = 4'h2;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$615  = 5'h01;
+                  \$565  = 4'h1;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$510 ) begin
-                    \$615  = 5'h05;
+                  if (\$484 ) begin
+                    \$565  = 4'h5;
                   end else begin
-                    \$615  = 5'h06;
+                    \$565  = 4'h6;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$615  = 5'h06;
+                  \$565  = 4'h6;
               6'h0c:
-                  \$615  = 5'h06;
+                  \$565  = 4'h6;
               6'h0d:
-                  \$615  = 5'h06;
+                  \$565  = 4'h6;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$516 ) begin
-                    \$615  = 5'h05;
+                  if (\$490 ) begin
+                    \$565  = 4'h5;
                   end else begin
-                    \$615  = 5'h07;
+                    \$565  = 4'h7;
                   end
               6'h01, 6'h02:
-                  \$615  = 5'h08;
+                  \$565  = 4'h8;
               6'h08:
-                  \$615  = 5'h08;
-              6'h09:
-                  \$615  = 5'h09;
+                  \$565  = 4'h8;
               6'h0a, 6'h0b:
-                  \$615  = 5'h0a;
+                  \$565  = 4'h8;
+              6'h09:
+                  \$565  = 4'h9;
             endcase
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h05:
+      4'h5:
         begin
-          \$615  = 5'h0b;
+          \$565  = 4'ha;
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h0b:
+      4'ha:
         begin
           (* full_case = 32'd1 *)
           if (run_gemm) begin
-            \$615  = 5'h07;
+            \$565  = 4'h7;
           end else begin
-            \$615  = 5'h06;
+            \$565  = 4'h6;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h06:
+      4'h6:
         begin
-          if (\$522 ) begin
-            \$615  = 5'h01;
+          if (\$496 ) begin
+            \$565  = 4'h1;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h07:
+      4'h7:
         begin
           if (cmd__ready) begin
-            \$615  = 5'h0c;
+            \$565  = 4'hb;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h0c:
+      4'hb:
         begin
           if (dma__error) begin
-            \$615  = 5'h02;
-          end else if (\done$383 ) begin
+            \$565  = 4'h2;
+          end else if (\done$404 ) begin
             (* full_case = 32'd1 *)
-            if (\error$384 ) begin
-              \$615  = 5'h02;
+            if (\error$405 ) begin
+              \$565  = 4'h2;
             end else begin
-              \$615  = 5'h0d;
+              \$565  = 4'hc;
             end
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h0d:
+      4'hc:
         begin
-          if (\$524 ) begin
-            \$615  = 5'h01;
+          if (\$498 ) begin
+            \$565  = 4'h1;
           end
           if (soft_reset) begin
-            \$615  = 5'h02;
+            \$565  = 4'h2;
           end
         end
-      5'h08:
+      4'h8:
         begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$526 ) begin
-              \$615  = 5'h02;
-            end else begin
-              \$615  = 5'h01;
-            end
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$528 ) begin
-            \$615  = 5'h01;
-          end else begin
-            \$615  = 5'h0e;
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          \$615  = 5'h0f;
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$530 ) begin
-            \$615  = 5'h01;
-          end else begin
-            \$615  = 5'h09;
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$534 ) begin
-            \$615  = 5'h01;
-          end else if (\$535 ) begin
-            \$615  = 5'h10;
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          \$615  = 5'h11;
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-            \$615  = 5'h02;
-          end else begin
-            \$615  = 5'h12;
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          if (\$551 ) begin
-            \$615  = 5'h0a;
-          end
-          if (soft_reset) begin
-            \$615  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$556 ) begin
-            \$615  = 5'h00;
-          end
-    endcase
-    if (rst) begin
-      \$615  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$616  = stop_code;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$478 ) begin
-            \$616  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-        end
-      5'h03:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-            \$616  = decode_q;
-          end
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-        end
-      5'h05:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h0b:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h06:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h07:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h0c:
-        begin
-          if (dma__error) begin
-            \$616  = 8'h07;
-          end else if (\done$383 ) begin
-            if (\error$384 ) begin
-              \$616  = 8'h03;
-            end
-          end
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-        end
-      5'h0d:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (exec_done) begin
-            if (\$526 ) begin
-              \$616  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-        end
-      5'h09:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h0e:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h0f:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h0a:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h10:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-      5'h11:
-        begin
-          if (\$539 ) begin
-            \$616  = 8'h02;
-          end
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-        end
-      5'h12:
-          if (soft_reset) begin
-            \$616  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$616  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$617  = executor;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$478 ) begin
-            \$617  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
-        end
-      5'h03:
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-            \$617  = 6'h00;
-          end else begin
-            if (\$496 ) begin
-              \$617  = 6'h01;
-            end
-            if (\$497 ) begin
-              \$617  = 6'h01;
-            end
-            if (\$498 ) begin
-              \$617  = 6'h02;
-            end
-            if (\$499 ) begin
-              \$617  = 6'h04;
-            end
             if (\$500 ) begin
-              \$617  = 6'h04;
+              \$565  = 4'h2;
+            end else begin
+              \$565  = 4'h1;
             end
-            if (\$501 ) begin
-              \$617  = 6'h04;
+          end
+          if (soft_reset) begin
+            \$565  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$502 ) begin
+            \$565  = 4'h1;
+          end else begin
+            \$565  = 4'hd;
+          end
+          if (soft_reset) begin
+            \$565  = 4'h2;
+          end
+        end
+      4'hd:
+        begin
+          \$565  = 4'he;
+          if (soft_reset) begin
+            \$565  = 4'h2;
+          end
+        end
+      4'he:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$504 ) begin
+            \$565  = 4'h1;
+          end else begin
+            \$565  = 4'h9;
+          end
+          if (soft_reset) begin
+            \$565  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$510 ) begin
+            \$565  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$565  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$566  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$453 ) begin
+            \$566  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
+            \$566  = decode_q;
+          end
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'ha:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'h6:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'h7:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'hb:
+        begin
+          if (dma__error) begin
+            \$566  = 8'h07;
+          end else if (\done$404 ) begin
+            if (\error$405 ) begin
+              \$566  = 8'h03;
             end
-            if (\$502 ) begin
-              \$617  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+        end
+      4'hc:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'h8:
+        begin
+          if (exec_done) begin
+            if (\$500 ) begin
+              \$566  = exec_error;
             end
-            if (\$503 ) begin
-              \$617  = 6'h08;
+          end
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+        end
+      4'h9:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'hd:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+      4'he:
+          if (soft_reset) begin
+            \$566  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$566  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$567  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$453 ) begin
+            \$567  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$567  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$567  = 6'h00;
+          end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
+            \$567  = 6'h00;
+          end else begin
+            if (\$470 ) begin
+              \$567  = 6'h01;
             end
-            if (\$504 ) begin
-              \$617  = 6'h20;
+            if (\$471 ) begin
+              \$567  = 6'h01;
             end
-            if (\$505 ) begin
-              \$617  = 6'h20;
+            if (\$472 ) begin
+              \$567  = 6'h02;
             end
-            if (\$506 ) begin
-              \$617  = 6'h10;
+            if (\$473 ) begin
+              \$567  = 6'h04;
             end
-            if (\$507 ) begin
-              \$617  = 6'h10;
+            if (\$474 ) begin
+              \$567  = 6'h04;
+            end
+            if (\$475 ) begin
+              \$567  = 6'h04;
+            end
+            if (\$476 ) begin
+              \$567  = 6'h10;
+            end
+            if (\$477 ) begin
+              \$567  = 6'h08;
+            end
+            if (\$478 ) begin
+              \$567  = 6'h20;
+            end
+            if (\$479 ) begin
+              \$567  = 6'h20;
+            end
+            if (\$480 ) begin
+              \$567  = 6'h10;
+            end
+            if (\$481 ) begin
+              \$567  = 6'h10;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$617  = 6'h00;
+                  \$567  = 6'h00;
             endcase
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h05:
+      4'h5:
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
-      5'h0b:
+      4'ha:
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
-      5'h06:
+      4'h6:
         begin
-          if (\$522 ) begin
-            \$617  = 6'h00;
+          if (\$496 ) begin
+            \$567  = 6'h00;
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h07:
+      4'h7:
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
-      5'h0c:
+      4'hb:
         begin
           if (dma__error) begin
-            \$617  = 6'h00;
-          end else if (\done$383 ) begin
-            if (\error$384 ) begin
-              \$617  = 6'h00;
+            \$567  = 6'h00;
+          end else if (\done$404 ) begin
+            if (\error$405 ) begin
+              \$567  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h0d:
+      4'hc:
         begin
-          if (\$524 ) begin
-            \$617  = 6'h00;
+          if (\$498 ) begin
+            \$567  = 6'h00;
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h08:
+      4'h8:
         begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$526 ) begin
-              \$617  = 6'h00;
+            if (\$500 ) begin
+              \$567  = 6'h00;
             end else begin
-              \$617  = 6'h00;
+              \$567  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h09:
+      4'h9:
         begin
-          if (\$528 ) begin
-            \$617  = 6'h00;
+          if (\$502 ) begin
+            \$567  = 6'h00;
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h0e:
+      4'hd:
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
-      5'h0f:
+      4'he:
         begin
-          if (\$530 ) begin
-            \$617  = 6'h00;
+          if (\$504 ) begin
+            \$567  = 6'h00;
           end
           if (soft_reset) begin
-            \$617  = 6'h00;
+            \$567  = 6'h00;
           end
         end
-      5'h0a:
-        begin
-          if (\$534 ) begin
-            \$617  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
-        end
-      5'h10:
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
-      5'h11:
-        begin
-          if (\$539 ) begin
-            \$617  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
-        end
-      5'h12:
-          if (soft_reset) begin
-            \$617  = 6'h00;
-          end
     endcase
     if (rst) begin
-      \$617  = 6'h00;
+      \$567  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$618  = step;
+    \$568  = step;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
-          if (\done$382 ) begin
-            \$618  = 3'h0;
+      4'h3:
+          if (\done$403 ) begin
+            \$568  = 3'h0;
           end
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-            \$618  = \$494 [2:0];
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
+            \$568  = \$468 [2:0];
           end
     endcase
     if (rst) begin
-      \$618  = 3'h0;
+      \$568  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$619  = settle;
+    \$569  = settle;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
-          if (\done$382 ) begin
-            \$619  = 2'h0;
+      4'h3:
+          if (\done$403 ) begin
+            \$569  = 2'h0;
           end
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-            \$619  = \$495 [1:0];
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+            \$569  = \$469 [1:0];
           end
     endcase
     if (rst) begin
-      \$619  = 2'h0;
+      \$569  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$620  = ln;
+    \$570  = ln;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
-                  \$620  = \$485 ;
+                  \$570  = \$459 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$620  = 14'h0000;
+      \$570  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$621  = mk;
+    \$571  = mk;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
-                  \$621  = \$487 ;
+                  \$571  = \$461 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$621  = 14'h0000;
+      \$571  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$622  = p2;
+    \$572  = p2;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
                   /* empty */;
               3'h2:
                   /* empty */;
               3'h3:
-                  \$622  = \$489 ;
+                  \$572  = \$463 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$622  = 14'h0000;
+      \$572  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$623  = p3;
+    \$573  = p3;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -5937,27 +5553,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h3:
                   /* empty */;
               3'h4:
-                  \$623  = \$491 ;
+                  \$573  = \$465 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$623  = 14'h0000;
+      \$573  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$624  = l4;
+    \$574  = l4;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -5968,27 +5584,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h4:
                   /* empty */;
               3'h5:
-                  \$624  = \$493 ;
+                  \$574  = \$467 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$624  = 18'h00000;
+      \$574  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$625  = host_eff;
+    \$575  = host_eff;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          if (\$479 ) begin
-          end else if (\$480 ) begin
+      4'h4:
+          if (busy) begin
+          end else if (\$454 ) begin
             casez (step)
               3'h1:
                   /* empty */;
@@ -6001,37 +5617,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               3'h5:
                   /* empty */;
               3'h6:
-                  \$625  = lane_acc;
+                  \$575  = acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$625  = 33'h000000000;
+      \$575  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$626  = rq_width;
+    \$576  = rq_width;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$626  = ins[243:238];
+                  \$576  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -6039,37 +5655,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$626  = ins[243:238];
+                  \$576  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$626  = 6'h00;
+      \$576  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$627  = \rq_mult$223 ;
+    \$577  = \rq_mult$243 ;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$627  = ins[231:200];
+                  \$577  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -6077,41 +5693,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$627  = ins[231:200];
+                  \$577  = ins[231:200];
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
-          \$627  = { 16'h0000, spad__rd0__data[15:0] };
+      4'ha:
+          \$577  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (rst) begin
-      \$627  = 32'd0;
+      \$577  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$628  = rq_shift;
+    \$578  = rq_shift;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$628  = ins[237:232];
+                  \$578  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -6119,405 +5735,405 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$628  = ins[237:232];
+                  \$578  = ins[237:232];
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
-          \$628  = spad__rd1__data[5:0];
+      4'ha:
+          \$578  = spad__rd1__data[5:0];
     endcase
     if (rst) begin
-      \$628  = 6'h00;
+      \$578  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$629  = cnt0;
+    \$579  = cnt0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$629  = ln;
+                  \$579  = ln;
               6'h05, 6'h06, 6'h07:
-                  \$629  = ln;
+                  \$579  = ln;
               6'h0c:
-                  \$629  = ins[45:32];
+                  \$579  = ins[45:32];
               6'h0d:
-                  \$629  = ins[61:48];
+                  \$579  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$629  = 14'h0000;
+      \$579  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$630  = cnt1;
+    \$580  = cnt1;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$630  = 14'h0001;
+                  \$580  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$630  = 14'h0001;
+                  \$580  = 14'h0001;
               6'h0c:
-                  \$630  = ins[61:48];
+                  \$580  = ins[61:48];
               6'h0d:
-                  \$630  = 14'h0002;
+                  \$580  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$630  = 14'h0000;
+      \$580  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$631  = sa0;
+    \$581  = sa0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$631  = 13'h0001;
+                  \$581  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$631  = 13'h0001;
+                  \$581  = 13'h0001;
               6'h0c:
-                  \$631  = ins[60:48];
+                  \$581  = ins[60:48];
               6'h0d:
-                  \$631  = 13'h0001;
+                  \$581  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$631  = 13'h0000;
+      \$581  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$632  = sa1;
+    \$582  = sa1;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$632  = 1'h0;
+                  \$582  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$632  = 1'h0;
+                  \$582  = 1'h0;
               6'h0c:
-                  \$632  = 1'h1;
+                  \$582  = 1'h1;
               6'h0d:
-                  \$632  = 1'h0;
+                  \$582  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$632  = 1'h0;
+      \$582  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$633  = sa2;
+    \$583  = sa2;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$633  = 13'h0000;
+                  \$583  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$633  = 13'h0000;
+                  \$583  = 13'h0000;
               6'h0c:
-                  \$633  = p2[12:0];
+                  \$583  = p2[12:0];
               6'h0d:
-                  \$633  = ins[60:48];
+                  \$583  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$633  = 13'h0000;
+      \$583  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$634  = sb0;
+    \$584  = sb0;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$634  = 1'h0;
+                  \$584  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$634  = 1'h1;
+                  \$584  = 1'h1;
               6'h0c:
-                  \$634  = 1'h1;
+                  \$584  = 1'h1;
               6'h0d:
-                  \$634  = 1'h0;
+                  \$584  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$634  = 1'h0;
+      \$584  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$635  = sb1;
+    \$585  = sb1;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$635  = 1'h0;
+                  \$585  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$635  = 1'h0;
+                  \$585  = 1'h0;
               6'h0c:
-                  \$635  = 1'h0;
+                  \$585  = 1'h0;
               6'h0d:
-                  \$635  = 1'h0;
+                  \$585  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$635  = 1'h0;
+      \$585  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$636  = sb2;
+    \$586  = sb2;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$636  = 13'h0000;
+                  \$586  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$636  = 13'h0000;
+                  \$586  = 13'h0000;
               6'h0c:
-                  \$636  = ins[44:32];
+                  \$586  = ins[44:32];
               6'h0d:
-                  \$636  = 13'h0000;
+                  \$586  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$636  = 13'h0000;
+      \$586  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$637  = el_i;
+    \$587  = el_i;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$637  = 14'h0000;
+                  \$587  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$637  = 14'h0000;
+                  \$587  = 14'h0000;
               6'h0c:
-                  \$637  = 14'h0000;
+                  \$587  = 14'h0000;
               6'h0d:
-                  \$637  = 14'h0000;
+                  \$587  = 14'h0000;
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           if (out_valid) begin
-            \$637  = \$517 [13:0];
+            \$587  = \$491 [13:0];
           end
     endcase
     if (rst) begin
-      \$637  = 14'h0000;
+      \$587  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$638  = rq_at_last;
+    \$588  = rq_at_last;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$638  = \$508 ;
+                  \$588  = \$482 ;
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           if (out_valid) begin
-            \$638  = \$519 ;
+            \$588  = \$493 ;
           end
     endcase
     if (rst) begin
-      \$638  = 1'h0;
+      \$588  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$639  = running_exec;
+    \$589  = running_exec;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
+          if (busy) begin
+          end else if (\$454 ) begin
+          end else if (\$455 ) begin
+          end else if (\$456 ) begin
+          end else if (\$457 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -6533,645 +6149,246 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01, 6'h02:
-                  \$639  = 2'h1;
+                  \$589  = 3'h1;
               6'h08:
-                  \$639  = 2'h2;
+                  \$589  = 3'h2;
+              6'h0a, 6'h0b:
+                  \$589  = 3'h4;
             endcase
           end
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           if (exec_done) begin
-            \$639  = 2'h0;
+            \$589  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$639  = 2'h0;
+      \$589  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$640  = g_i;
+    \$590  = scores_a;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01, 6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$640  = 16'h0000;
-            endcase
-          end
-      5'h05:
+      4'h4:
           /* empty */;
-      5'h0b:
+      4'h5:
           /* empty */;
-      5'h06:
+      4'ha:
           /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (\$551 ) begin
-            \$640  = \$552 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$640  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$641  = g_in;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$479 ) begin
-          end else if (\$480 ) begin
-          end else if (\$481 ) begin
-          end else if (\$482 ) begin
-          end else if (\$483 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01, 6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$641  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (\$551 ) begin
-            \$641  = \$553 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$641  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$642  = scores_a;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          if (\$522 ) begin
+      4'h6:
+          if (\$496 ) begin
             if (run_sigmoid) begin
-              \$642  = ins[124:112];
+              \$590  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$642  = 13'h0000;
+      \$590  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$643  = scores_len;
+    \$591  = scores_len;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
-          if (\$522 ) begin
+      4'h6:
+          if (\$496 ) begin
             if (run_sigmoid) begin
-              \$643  = ln;
+              \$591  = ln;
             end
           end
     endcase
     if (rst) begin
-      \$643  = 14'h0000;
+      \$591  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$644  = scan;
+    \$592  = scan;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           if (exec_done) begin
             if (running_exec[1]) begin
-              \$644  = 4'h0;
+              \$592  = 4'h0;
             end
           end
-      5'h09:
-          if (\$528 ) begin
-            \$644  = 4'h8;
+      4'h9:
+          if (\$502 ) begin
+            \$592  = 4'h8;
           end
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          \$644  = \$529 [3:0];
+      4'he:
+          \$592  = \$503 [3:0];
     endcase
     if (rst) begin
-      \$644  = 4'h0;
+      \$592  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$645  = expert;
+    \$593  = expert;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           /* empty */;
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$530 ) begin
-            \$645  = scan;
+      4'he:
+          if (\$504 ) begin
+            \$593  = scan;
           end
     endcase
     if (rst) begin
-      \$645  = 4'h0;
+      \$593  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$646  = count;
+    \$594  = count;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           /* empty */;
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$530 ) begin
-            \$646  = rd0_q[15:0];
+      4'he:
+          if (\$504 ) begin
+            \$594  = rd0_q[15:0];
           end
     endcase
     if (rst) begin
-      \$646  = 16'h0000;
+      \$594  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$647  = offset;
+    \$595  = offset;
     casez (ctrl_state)
-      5'h00:
+      4'h0:
           /* empty */;
-      5'h01:
+      4'h1:
           /* empty */;
-      5'h03:
+      4'h3:
           /* empty */;
-      5'h04:
+      4'h4:
           /* empty */;
-      5'h05:
+      4'h5:
           /* empty */;
-      5'h0b:
+      4'ha:
           /* empty */;
-      5'h06:
+      4'h6:
           /* empty */;
-      5'h07:
+      4'h7:
           /* empty */;
-      5'h0c:
+      4'hb:
           /* empty */;
-      5'h0d:
+      4'hc:
           /* empty */;
-      5'h08:
+      4'h8:
           /* empty */;
-      5'h09:
+      4'h9:
           /* empty */;
-      5'h0e:
+      4'hd:
           /* empty */;
-      5'h0f:
-          if (\$530 ) begin
-            \$647  = \$532 ;
+      4'he:
+          if (\$504 ) begin
+            \$595  = \$506 ;
           end
     endcase
     if (rst) begin
-      \$647  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$648  = g_j;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$648  = 15'h0000;
-          end
-      5'h12:
-          if (\$540 ) begin
-          end else if (\$543 ) begin
-            \$648  = \$544 [14:0];
-          end
-    endcase
-    if (rst) begin
-      \$648  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$649  = g_rv;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$649  = 1'h0;
-          end
-      5'h12:
-          (* full_case = 32'd1 *)
-          if (\$540 ) begin
-          end else if (\$543 ) begin
-            \$649  = 1'h1;
-          end else begin
-            \$649  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$649  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$650  = g_wv;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          (* full_case = 32'd1 *)
-          if (\$539 ) begin
-          end else begin
-            \$650  = 1'h0;
-          end
-      5'h12:
-          \$650  = g_rv;
-    endcase
-    if (rst) begin
-      \$650  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$651  = g_ra;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          if (\$540 ) begin
-          end else if (\$543 ) begin
-            \$651  = \$547 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$651  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$652  = g_wa;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          \$652  = g_ra;
-    endcase
-    if (rst) begin
-      \$652  = 13'h0000;
+      \$595  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -7199,14 +6416,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$653 [5], \$653 [5], \$653  };
+  assign bus__arlen = { \$596 [5], \$596 [5], \$596  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$654 [5], \$654 [5], \$654  };
+  assign bus__awlen = { \$597 [5], \$597 [5], \$597  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -7263,35 +6480,52 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \spad__wr__addr$160  = clients__2__wr__addr;
   assign \spad__wr__data$162  = clients__2__wr__data;
   assign \spad__wr__en$164  = clients__2__wr__en;
-  assign \running$166  = running;
-  assign \done$168  = done;
+  assign \spad__blocked$165  = 1'h0;
+  assign clients__3__blocked = 1'h0;
+  assign \spad__rd0__addr$168  = clients__3__rd0__addr;
+  assign \spad__rd0__data$169  = spad__rd0__data;
+  assign clients__3__rd0__data = spad__rd0__data;
+  assign \spad__rd0__en$172  = clients__3__rd0__en;
+  assign clients__3__rd1__addr = 13'h0000;
+  assign \spad__rd1__addr$174  = 13'h0000;
+  assign \spad__rd1__data$175  = spad__rd1__data;
+  assign clients__3__rd1__data = spad__rd1__data;
+  assign clients__3__rd1__en = 1'h0;
+  assign \spad__rd1__en$178  = 1'h0;
+  assign \spad__wr__addr$180  = clients__3__wr__addr;
+  assign \spad__wr__data$182  = clients__3__wr__data;
+  assign \spad__wr__en$184  = clients__3__wr__en;
+  assign \running$186  = running;
+  assign \done$188  = done;
   assign err = error;
-  assign \pc$172  = pc;
+  assign \pc$192  = pc;
   assign cur_executor = executor;
-  assign \retire$176  = retire;
+  assign \retire$196  = retire;
   assign clear_loads = load_clear;
   assign load_addr = s_axil__araddr[4:2];
-  assign \load_addr$180  = s_axil__araddr[17:2];
-  assign load_data = { 16'h0000, \load_data$182  };
+  assign \load_addr$200  = s_axil__araddr[17:2];
+  assign load_data = { 16'h0000, \load_data$202  };
   assign clients__0__blocked = 1'h0;
-  assign rq_mult = \rq_mult$223 [15:0];
-  assign \rq_shift$225  = rq_shift;
+  assign rq_mult = \rq_mult$243 [15:0];
+  assign \rq_shift$245  = rq_shift;
   assign pack = rq_in__payload;
   assign i__payload = rd0_q[15:0];
   assign n = ins[63:48];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$238  = 1'h1;
-  assign \o__ready$239  = 1'h1;
+  assign \o__ready$258  = 1'h1;
+  assign \o__ready$259  = 1'h1;
   assign hi_sat = { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
   assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
   assign gm_wvalid = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
-  assign \ins$292  = decoded;
+  assign \ins$312  = decoded;
   assign start = exec_start[0];
-  assign \ins$299  = decoded;
-  assign \start$300  = exec_start[1];
+  assign \ins$319  = decoded;
+  assign \start$320  = exec_start[1];
+  assign \ins$323  = decoded;
+  assign \start$324  = exec_start[2];
   assign dma__wr_start = wr_start;
   assign dma__rd_data__valid = rd_data__valid;
   assign dma__rd_data__payload = m_axi__rdata;
@@ -7300,7 +6534,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign wr_data__ready = dma__wr_data__ready;
   assign rd_busy = dma__rd_busy;
   assign wr_busy = dma__wr_busy;
-  assign \error$323  = dma__error;
+  assign \error$347  = dma__error;
   assign rd_addr = host_eff[31:0];
   assign wr_addr = host_eff[31:0];
   assign rd_beats = { 8'h00, l4[17:2] };
@@ -7311,12 +6545,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$654 [5], \$654 [5], \$654  };
+  assign m_axi__awlen = { \$597 [5], \$597 [5], \$597  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$653 [5], \$653 [5], \$653  };
+  assign m_axi__arlen = { \$596 [5], \$596 [5], \$596  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \scores__payload[0]  = scores__payload;
@@ -7350,14 +6584,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \pack[2]  = rq_in__payload[71:48];
   assign \pack[3]  = rq_in__payload[95:72];
   assign \i__payload[0]  = rd0_q[15:0];
-  assign \i__payload$230[0]  = \i__payload$230 ;
-  assign \i__payload$230[0].g  = \i__payload$230 [15:0];
-  assign \i__payload$230[0].u  = \i__payload$230 [31:16];
-  assign \i__payload$232.a  = \i__payload$232 [15:0];
-  assign \i__payload$232.b  = \i__payload$232 [32:16];
-  assign \i__payload$232.last  = \i__payload$232 [33];
+  assign \i__payload$250[0]  = \i__payload$250 ;
+  assign \i__payload$250[0].g  = \i__payload$250 [15:0];
+  assign \i__payload$250[0].u  = \i__payload$250 [31:16];
+  assign \i__payload$252.a  = \i__payload$252 [15:0];
+  assign \i__payload$252.b  = \i__payload$252 [32:16];
+  assign \i__payload$252.last  = \i__payload$252 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$263[0]  = \o__payload$263 ;
+  assign \o__payload$283[0]  = \o__payload$283 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -7390,28 +6624,47 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \decoded.n  = decoded[82:67];
   assign \decoded.k  = decoded[98:83];
   assign \decoded.len  = decoded[112:99];
-  assign \ins$292.op  = decoded[5:0];
-  assign \ins$292.width  = decoded[11:6];
-  assign \ins$292.a  = decoded[24:12];
-  assign \ins$292.b  = decoded[37:25];
-  assign \ins$292.c  = decoded[50:38];
-  assign \ins$292.m  = decoded[66:51];
-  assign \ins$292.n  = decoded[82:67];
-  assign \ins$292.k  = decoded[98:83];
-  assign \ins$292.len  = decoded[112:99];
-  assign \ins$299.op  = decoded[5:0];
-  assign \ins$299.width  = decoded[11:6];
-  assign \ins$299.a  = decoded[24:12];
-  assign \ins$299.b  = decoded[37:25];
-  assign \ins$299.c  = decoded[50:38];
-  assign \ins$299.m  = decoded[66:51];
-  assign \ins$299.n  = decoded[82:67];
-  assign \ins$299.k  = decoded[98:83];
-  assign \ins$299.len  = decoded[112:99];
+  assign \decoded.count  = decoded[128:113];
+  assign \decoded.offset  = decoded[142:129];
+  assign \ins$312.op  = decoded[5:0];
+  assign \ins$312.width  = decoded[11:6];
+  assign \ins$312.a  = decoded[24:12];
+  assign \ins$312.b  = decoded[37:25];
+  assign \ins$312.c  = decoded[50:38];
+  assign \ins$312.m  = decoded[66:51];
+  assign \ins$312.n  = decoded[82:67];
+  assign \ins$312.k  = decoded[98:83];
+  assign \ins$312.len  = decoded[112:99];
+  assign \ins$312.count  = decoded[128:113];
+  assign \ins$312.offset  = decoded[142:129];
+  assign \ins$319.op  = decoded[5:0];
+  assign \ins$319.width  = decoded[11:6];
+  assign \ins$319.a  = decoded[24:12];
+  assign \ins$319.b  = decoded[37:25];
+  assign \ins$319.c  = decoded[50:38];
+  assign \ins$319.m  = decoded[66:51];
+  assign \ins$319.n  = decoded[82:67];
+  assign \ins$319.k  = decoded[98:83];
+  assign \ins$319.len  = decoded[112:99];
+  assign \ins$319.count  = decoded[128:113];
+  assign \ins$319.offset  = decoded[142:129];
+  assign \ins$323.op  = decoded[5:0];
+  assign \ins$323.width  = decoded[11:6];
+  assign \ins$323.a  = decoded[24:12];
+  assign \ins$323.b  = decoded[37:25];
+  assign \ins$323.c  = decoded[50:38];
+  assign \ins$323.m  = decoded[66:51];
+  assign \ins$323.n  = decoded[82:67];
+  assign \ins$323.k  = decoded[98:83];
+  assign \ins$323.len  = decoded[112:99];
+  assign \ins$323.count  = decoded[128:113];
+  assign \ins$323.offset  = decoded[142:129];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \dma__wr_data__payload.data  = wr_data__payload[31:0];
   assign \dma__wr_data__payload.strb  = wr_data__payload[35:32];
+  assign decoded[142:129] = offset;
+  assign decoded[128:113] = count;
   assign decoded[112:99] = ln;
   assign decoded[98:83] = ins[47:32];
   assign decoded[82:67] = ins[63:48];
@@ -7432,11 +6685,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$232 [33] = h_last;
-  assign \i__payload$232 [32:16] = \$170 ;
-  assign \i__payload$232 [15:0] = rd0_q[15:0];
-  assign \i__payload$230 [31:16] = rd1_q[15:0];
-  assign \i__payload$230 [15:0] = rd0_q[15:0];
+  assign \i__payload$252 [33] = h_last;
+  assign \i__payload$252 [32:16] = \$170 ;
+  assign \i__payload$252 [15:0] = rd0_q[15:0];
+  assign \i__payload$250 [31:16] = rd1_q[15:0];
+  assign \i__payload$250 [15:0] = rd0_q[15:0];
   assign \$6 [9:1] = 9'h000;
   assign \$6 [0] = ins[6];
   assign \$7  = ins[6];
@@ -7470,37 +6723,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$168  = \$166 ;
   assign \$218  = 1'h1;
   assign \$219  = \$217 ;
-  assign \$229  = { expert, 1'h0 };
-  assign \$231  = { expert, 1'h0 };
-  assign \$246  = 1'h1;
-  assign \$251  = 1'h1;
-  assign \$252  = \$250 ;
-  assign \$279  = \$278 [33];
-  assign \$282  = { lane_x, 1'h0 };
-  assign \$284  = { 1'h0, lane_y[15:1] };
-  assign \$361  = 1'h1;
-  assign \$362  = issuing;
-  assign \$364  = 1'h1;
-  assign \$365  = issuing;
-  assign \$419  = 1'h1;
-  assign \$420  = \$418 ;
-  assign \$464  = \$463 ;
-  assign \$473  = \$472 ;
-  assign { \$509 [9:3], \$509 [1:0] } = 9'h000;
-  assign \$509 [2] = ins[8];
-  assign \$510  = ins[8];
-  assign \$514  = \$513 ;
-  assign { \$515 [9:3], \$515 [1:0] } = 9'h000;
-  assign \$515 [2] = ins[8];
-  assign \$516  = ins[8];
-  assign \$535  = 1'h1;
-  assign \$542  = 1'h1;
-  assign \$543  = \$541 ;
+  assign \$228  = { expert, 1'h0 };
+  assign \$230  = { expert, 1'h0 };
+  assign \$337  = 1'h1;
+  assign \$338  = issuing;
+  assign \$340  = 1'h1;
+  assign \$341  = issuing;
+  assign \$394  = 1'h1;
+  assign \$395  = \$393 ;
+  assign \$439  = \$438 ;
+  assign \$448  = \$447 ;
+  assign { \$483 [9:3], \$483 [1:0] } = 9'h000;
+  assign \$483 [2] = ins[8];
+  assign \$484  = ins[8];
+  assign \$488  = \$487 ;
+  assign { \$489 [9:3], \$489 [1:0] } = 9'h000;
+  assign \$489 [2] = ins[8];
+  assign \$490  = ins[8];
   assign \$26  = ins[7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$2953$0 , retire
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$2879$0 , retire
 , running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -7627,8 +6871,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$2953$0 ;
-  wire [15:0] \port$2953$0 ;
+  input [15:0] \port$2879$0 ;
+  wire [15:0] \port$2879$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -7731,7 +6975,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$15 ) begin
-      rd_data = { 16'h0000, \port$2953$0  };
+      rd_data = { 16'h0000, \port$2879$0  };
     end else if (\$18 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -7872,7 +7116,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$2953$0  };
+  assign load_data = { 16'h0000, \port$2879$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -8109,8 +7353,8 @@ module \nanokpu_kpu.bank.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$985$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1003$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, \port$3501$2 , rd_addr, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$911$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$929$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, \port$3532$2 , rd_addr, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -8249,12 +7493,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1003$0 ;
-  wire [5:0] \port$1003$0 ;
-  input [15:0] \port$3501$2 ;
-  wire [15:0] \port$3501$2 ;
-  output [5:0] \port$985$0 ;
-  wire [5:0] \port$985$0 ;
+  input [15:0] \port$3532$2 ;
+  wire [15:0] \port$3532$2 ;
+  output [5:0] \port$911$0 ;
+  wire [5:0] \port$911$0 ;
+  output [5:0] \port$929$0 ;
+  wire [5:0] \port$929$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -8419,7 +7663,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3501$2  };
+      \$74  = { 8'h00, \port$3532$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -8455,7 +7699,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3501$2  };
+      \$77  = { 8'h00, \port$3532$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -8500,11 +7744,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3501$2  };
+  assign rd_beats = { 8'h00, \port$3532$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3501$2  };
-  assign \port$985$0  = \$9 ;
-  assign \port$1003$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3532$2  };
+  assign \port$911$0  = \$9 ;
+  assign \port$929$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -18331,8 +17575,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1349$0 (mult),
-    .\port$1354$0 (i__payload),
+    .\port$1275$0 (mult),
+    .\port$1280$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -19146,7 +18390,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -19232,10 +18476,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1349$0 ;
-  wire [15:0] \port$1349$0 ;
-  input [95:0] \port$1354$0 ;
-  wire [95:0] \port$1354$0 ;
+  input [15:0] \port$1275$0 ;
+  wire [15:0] \port$1275$0 ;
+  input [95:0] \port$1280$0 ;
+  wire [95:0] \port$1280$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -19300,7 +18544,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1354$0 [16:0] };
+      \$9  = { 1'h0, \port$1280$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -19313,7 +18557,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1349$0  };
+      \$10  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -19339,7 +18583,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23:17] };
+      \$12  = { \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -19352,7 +18596,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1349$0  };
+      \$13  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -19378,7 +18622,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1354$0 [40:24] };
+      \$15  = { 1'h0, \port$1280$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -19391,7 +18635,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1349$0  };
+      \$16  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -19417,7 +18661,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47:41] };
+      \$18  = { \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -19430,7 +18674,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1349$0  };
+      \$19  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -19456,7 +18700,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1354$0 [64:48] };
+      \$21  = { 1'h0, \port$1280$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -19469,7 +18713,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1349$0  };
+      \$22  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -19495,7 +18739,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71:65] };
+      \$24  = { \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -19508,7 +18752,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1349$0  };
+      \$25  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -19534,7 +18778,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1354$0 [88:72] };
+      \$27  = { 1'h0, \port$1280$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -19547,7 +18791,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1349$0  };
+      \$28  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -19573,7 +18817,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95:89] };
+      \$30  = { \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -19586,7 +18830,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1349$0  };
+      \$31  = { 2'h0, \port$1275$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -19608,28 +18852,113 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1349$0 , \port$1354$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1354$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1349$0  };
-  assign a__1 = { \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23], \port$1354$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1349$0  };
-  assign a__2 = { 1'h0, \port$1354$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1349$0  };
-  assign a__3 = { \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47], \port$1354$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1349$0  };
-  assign a__4 = { 1'h0, \port$1354$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1349$0  };
-  assign a__5 = { \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71], \port$1354$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1349$0  };
-  assign a__6 = { 1'h0, \port$1354$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1349$0  };
-  assign a__7 = { \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95], \port$1354$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1349$0  };
+  assign a__0 = { 1'h0, \port$1280$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1275$0  };
+  assign a__1 = { \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1275$0  };
+  assign a__2 = { 1'h0, \port$1280$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1275$0  };
+  assign a__3 = { \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1275$0  };
+  assign a__4 = { 1'h0, \port$1280$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1275$0  };
+  assign a__5 = { \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1275$0  };
+  assign a__6 = { 1'h0, \port$1280$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1275$0  };
+  assign a__7 = { \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1275$0  };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.lane (rst, busy, load, \y$5 , \x$7 , acc_in, acc, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  wire [33:0] \$1 ;
+  reg [32:0] \$10 ;
+  wire \$2 ;
+  wire [33:0] \$3 ;
+  wire [32:0] \$4 ;
+  wire [33:0] \$5 ;
+  wire [33:0] \$6 ;
+  wire [15:0] \$7 ;
+  reg [15:0] \$8 ;
+  reg [32:0] \$9 ;
+  output [32:0] acc;
+  reg [32:0] acc = 33'h000000000;
+  input [32:0] acc_in;
+  wire [32:0] acc_in;
+  output busy;
+  wire busy;
+  input clk;
+  wire clk;
+  input load;
+  wire load;
+  input rst;
+  wire rst;
+  reg [32:0] x = 33'h000000000;
+  input [32:0] \x$7 ;
+  wire [32:0] \x$7 ;
+  reg [15:0] y = 16'h0000;
+  input [15:0] \y$5 ;
+  wire [15:0] \y$5 ;
+  assign busy = | y;
+  assign \$1  = acc + x;
+  assign \$3  = acc + x;
+  assign \$4  = \$2  ? 33'h1ffffffff : \$3 [32:0];
+  assign \$6  = x[32] ? 34'h1ffffffff : \$5 ;
+  always @(posedge clk)
+    y <= \$8 ;
+  always @(posedge clk)
+    x <= \$9 ;
+  always @(posedge clk)
+    acc <= \$10 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$8  = y;
+    if (load) begin
+      \$8  = \y$5 ;
+    end else if (busy) begin
+      \$8  = \$7 ;
+    end
+    if (rst) begin
+      \$8  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$9  = x;
+    if (load) begin
+      \$9  = \x$7 ;
+    end else if (busy) begin
+      \$9  = \$6 [32:0];
+    end
+    if (rst) begin
+      \$9  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$10  = acc;
+    if (load) begin
+      \$10  = acc_in;
+    end else if (busy) begin
+      if (y[0]) begin
+        \$10  = \$4 ;
+      end
+    end
+    if (rst) begin
+      \$10  = 33'h000000000;
+    end
+  end
+  assign \$2  = \$1 [33];
+  assign \$5  = { x, 1'h0 };
+  assign \$7  = { 1'h0, y[15:1] };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, ins, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
 , error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -19785,15 +19114,17 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   output [7:0] error;
   reg [7:0] error;
   reg full = 1'h0;
-  input [112:0] ins;
-  wire [112:0] ins;
+  input [142:0] ins;
+  wire [142:0] ins;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
   wire [15:0] \ins.k ;
   wire [13:0] \ins.len ;
   wire [15:0] \ins.m ;
   wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
   wire [5:0] \ins.op ;
   wire [5:0] \ins.width ;
   reg [2:0] lane = 3'h0;
@@ -19954,7 +19285,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -19970,7 +19301,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -19983,7 +19314,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -20008,7 +19339,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -20023,7 +19354,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -20040,7 +19371,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -20060,7 +19391,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -20077,7 +19408,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -20095,7 +19426,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -20113,7 +19444,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -20143,28 +19474,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -20175,7 +19506,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -20186,7 +19517,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -20197,7 +19528,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -20211,28 +19542,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -20248,6 +19579,8 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \ins.n  = ins[82:67];
   assign \ins.k  = ins[98:83];
   assign \ins.len  = ins[112:99];
+  assign \ins.count  = ins[128:113];
+  assign \ins.offset  = ins[142:129];
   assign \out.data  = out[31:0];
   assign \out.strb  = out[35:32];
   assign \dma__wr_data__payload.data  = out[31:0];
@@ -20256,9 +19589,722 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
 endmodule
 
 (* generator = "Amaranth" *)
+module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  wire \$1 ;
+  wire [15:0] \$10 ;
+  wire [12:0] \$11 ;
+  wire [13:0] \$12 ;
+  wire [15:0] \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire [16:0] \$18 ;
+  wire [14:0] \$19 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire [14:0] \$22 ;
+  wire [16:0] \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire \$3 ;
+  wire [12:0] \$30 ;
+  wire [13:0] \$31 ;
+  wire [15:0] \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire \$37 ;
+  reg [31:0] \$38 ;
+  reg [15:0] \$39 ;
+  wire \$4 ;
+  reg [12:0] \$40 ;
+  reg \$41 ;
+  reg [2:0] \$42 ;
+  reg [14:0] \$43 ;
+  reg \$44 ;
+  reg \$45 ;
+  reg [12:0] \$46 ;
+  reg [12:0] \$47 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  wire [12:0] acc;
+  wire busy;
+  input clk;
+  wire clk;
+  reg [14:0] col = 15'h0000;
+  output done;
+  reg done;
+  output [7:0] error;
+  reg [7:0] error;
+  reg [2:0] fsm_state = 3'h0;
+  reg gather = 1'h0;
+  reg [15:0] i = 16'h0000;
+  input [142:0] ins;
+  wire [142:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
+  wire [5:0] \ins.op ;
+  wire [5:0] \ins.width ;
+  reg load;
+  reg [31:0] q = 32'd0;
+  reg [12:0] ra = 13'h0000;
+  reg [12:0] row_i = 13'h0000;
+  input rst;
+  wire rst;
+  reg rv = 1'h0;
+  wire spad__blocked;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  input unit_rst;
+  wire unit_rst;
+  reg [12:0] wa = 13'h0000;
+  reg wv = 1'h0;
+  reg [12:0] x;
+  reg [15:0] y;
+  always @(posedge clk)
+    wv <= \$45 ;
+  always @(posedge clk)
+    ra <= \$46 ;
+  always @(posedge clk)
+    wa <= \$47 ;
+  assign \$1  = ins[5:0] == 4'ha;
+  assign \$2  = i >= ins[128:113];
+  assign \$4  = | q[31:16];
+  assign \$5  = q[15:0] >= ins[66:51];
+  assign \$6  = \$4  | \$5 ;
+  assign \$7  = col < ins[80:67];
+  assign \$10  = col + 1'h1;
+  assign \$11  = gather ? row_i : acc;
+  assign \$12  = ins[50:38] + \$11 ;
+  assign \$13  = \$12  + col;
+  assign \$14  = col >= ins[80:67];
+  assign \$15  = ~ rv;
+  assign \$16  = \$14  & \$15 ;
+  assign \$17  = \$16  & wv;
+  assign \$18  = i + 1'h1;
+  assign \$19  = row_i + ins[80:67];
+  assign \$20  = i >= ins[128:113];
+  assign \$22  = ins[37:25] + ins[142:129];
+  assign \$23  = \$22  + i;
+  assign \$24  = | q[31:16];
+  assign \$25  = q[15:0] >= ins[66:51];
+  assign \$26  = \$24  | \$25 ;
+  assign \$27  = col < ins[80:67];
+  assign \$30  = gather ? acc : row_i;
+  assign \$31  = ins[24:12] + \$30 ;
+  assign \$32  = \$31  + col;
+  assign \$33  = ! fsm_state;
+  assign \$34  = fsm_state == 1'h1;
+  assign \$35  = fsm_state == 2'h2;
+  assign \$36  = fsm_state == 2'h3;
+  assign \$37  = fsm_state == 3'h4;
+  always @(posedge clk)
+    q <= \$38 ;
+  always @(posedge clk)
+    i <= \$39 ;
+  always @(posedge clk)
+    row_i <= \$40 ;
+  always @(posedge clk)
+    gather <= \$41 ;
+  always @(posedge clk)
+    fsm_state <= \$42 ;
+  always @(posedge clk)
+    col <= \$43 ;
+  always @(posedge clk)
+    rv <= \$44 ;
+  \nanokpu_kpu.move.mul  mul (
+    .acc(acc),
+    .busy(busy),
+    .clk(clk),
+    .load(load),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .\x$7 (x),
+    .\y$5 (y)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$46  = ra;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (busy) begin
+          end else if (\$9 ) begin
+            \$46  = \$13 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$46  = 13'h0000;
+    end
+    if (rst) begin
+      \$46  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$47  = wa;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          \$47  = ra;
+    endcase
+    if (unit_rst) begin
+      \$47  = 13'h0000;
+    end
+    if (rst) begin
+      \$47  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    done = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$20 ) begin
+            done = 1'h1;
+          end
+      3'h2:
+          /* empty */;
+      3'h3:
+          if (\$26 ) begin
+            done = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    spad__rd0__addr = 13'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$20 ) begin
+          end else if (\$21 ) begin
+            spad__rd0__addr = \$23 [12:0];
+          end
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (busy) begin
+          end else if (\$29 ) begin
+            spad__rd0__addr = \$32 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    spad__rd0__en = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$20 ) begin
+          end else if (\$21 ) begin
+            spad__rd0__en = 1'h1;
+          end
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (busy) begin
+          end else if (\$29 ) begin
+            spad__rd0__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    error = 8'h00;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          if (\$26 ) begin
+            error = 8'h02;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    load = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$26 ) begin
+          end else begin
+            load = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    y = 16'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$26 ) begin
+          end else begin
+            y = q[15:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    x = 13'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$26 ) begin
+          end else begin
+            x = ins[79:67];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    spad__wr__addr = 13'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (wv) begin
+            spad__wr__addr = wa;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    spad__wr__data = 32'd0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (wv) begin
+            spad__wr__data = q;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    spad__wr__en = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (wv) begin
+            spad__wr__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$38  = spad__rd0__data;
+    if (unit_rst) begin
+      \$38  = 32'd0;
+    end
+    if (rst) begin
+      \$38  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$39  = i;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$39  = 16'h0000;
+          end
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$17 ) begin
+            \$39  = \$18 [15:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$39  = 16'h0000;
+    end
+    if (rst) begin
+      \$39  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$40  = row_i;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$40  = 13'h0000;
+          end
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$17 ) begin
+            \$40  = \$19 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$40  = 13'h0000;
+    end
+    if (rst) begin
+      \$40  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$41  = gather;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$41  = \$1 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$41  = 1'h0;
+    end
+    if (rst) begin
+      \$41  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$42  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$42  = 3'h1;
+          end
+      3'h1:
+          if (\$2 ) begin
+            \$42  = 3'h0;
+          end else if (\$3 ) begin
+            \$42  = 3'h2;
+          end
+      3'h2:
+          \$42  = 3'h3;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$6 ) begin
+            \$42  = 3'h0;
+          end else begin
+            \$42  = 3'h4;
+          end
+      3'h4:
+          if (\$17 ) begin
+            \$42  = 3'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$42  = 3'h0;
+    end
+    if (rst) begin
+      \$42  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$43  = col;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$6 ) begin
+          end else begin
+            \$43  = 15'h0000;
+          end
+      3'h4:
+          if (busy) begin
+          end else if (\$9 ) begin
+            \$43  = \$10 [14:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$43  = 15'h0000;
+    end
+    if (rst) begin
+      \$43  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$44  = rv;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$6 ) begin
+          end else begin
+            \$44  = 1'h0;
+          end
+      3'h4:
+          (* full_case = 32'd1 *)
+          if (busy) begin
+          end else if (\$9 ) begin
+            \$44  = 1'h1;
+          end else begin
+            \$44  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$44  = 1'h0;
+    end
+    if (rst) begin
+      \$44  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$45  = wv;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          (* full_case = 32'd1 *)
+          if (\$6 ) begin
+          end else begin
+            \$45  = 1'h0;
+          end
+      3'h4:
+          \$45  = rv;
+    endcase
+    if (unit_rst) begin
+      \$45  = 1'h0;
+    end
+    if (rst) begin
+      \$45  = 1'h0;
+    end
+  end
+  assign spad__blocked = 1'h0;
+  assign \ins.op  = ins[5:0];
+  assign \ins.width  = ins[11:6];
+  assign \ins.a  = ins[24:12];
+  assign \ins.b  = ins[37:25];
+  assign \ins.c  = ins[50:38];
+  assign \ins.m  = ins[66:51];
+  assign \ins.n  = ins[82:67];
+  assign \ins.k  = ins[98:83];
+  assign \ins.len  = ins[112:99];
+  assign \ins.count  = ins[128:113];
+  assign \ins.offset  = ins[142:129];
+  assign \$3  = 1'h1;
+  assign \$8  = 1'h1;
+  assign \$9  = \$7 ;
+  assign \$21  = 1'h1;
+  assign \$28  = 1'h1;
+  assign \$29  = \$27 ;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  wire [13:0] \$1 ;
+  reg [12:0] \$10 ;
+  wire \$2 ;
+  wire [13:0] \$3 ;
+  wire [12:0] \$4 ;
+  wire [13:0] \$5 ;
+  wire [13:0] \$6 ;
+  wire [15:0] \$7 ;
+  reg [15:0] \$8 ;
+  reg [12:0] \$9 ;
+  output [12:0] acc;
+  reg [12:0] acc = 13'h0000;
+  wire [12:0] acc_in;
+  output busy;
+  wire busy;
+  input clk;
+  wire clk;
+  input load;
+  wire load;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  reg [12:0] x = 13'h0000;
+  input [12:0] \x$7 ;
+  wire [12:0] \x$7 ;
+  reg [15:0] y = 16'h0000;
+  input [15:0] \y$5 ;
+  wire [15:0] \y$5 ;
+  assign busy = | y;
+  assign \$1  = acc + x;
+  assign \$3  = acc + x;
+  assign \$4  = \$2  ? 13'h1fff : \$3 [12:0];
+  assign \$6  = x[12] ? 14'h1fff : \$5 ;
+  always @(posedge clk)
+    y <= \$8 ;
+  always @(posedge clk)
+    x <= \$9 ;
+  always @(posedge clk)
+    acc <= \$10 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$8  = y;
+    if (load) begin
+      \$8  = \y$5 ;
+    end else if (busy) begin
+      \$8  = \$7 ;
+    end
+    if (unit_rst) begin
+      \$8  = 16'h0000;
+    end
+    if (rst) begin
+      \$8  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$9  = x;
+    if (load) begin
+      \$9  = \x$7 ;
+    end else if (busy) begin
+      \$9  = \$6 [12:0];
+    end
+    if (unit_rst) begin
+      \$9  = 13'h0000;
+    end
+    if (rst) begin
+      \$9  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$10  = acc;
+    if (load) begin
+      \$10  = 13'h0000;
+    end else if (busy) begin
+      if (y[0]) begin
+        \$10  = \$4 ;
+      end
+    end
+    if (unit_rst) begin
+      \$10  = 13'h0000;
+    end
+    if (rst) begin
+      \$10  = 13'h0000;
+    end
+  end
+  assign acc_in = 13'h0000;
+  assign \$2  = \$1 [13];
+  assign \$5  = { x, 1'h0 };
+  assign \$7  = { 1'h0, y[15:1] };
+endmodule
+
+(* generator = "Amaranth" *)
 module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg \$100 ;
@@ -20407,15 +20453,17 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   wire [15:0] \held.weight ;
   reg hold = 1'h0;
   reg [2:0] idx_q = 3'h0;
-  input [112:0] ins;
-  wire [112:0] ins;
+  input [142:0] ins;
+  wire [142:0] ins;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
   wire [15:0] \ins.k ;
   wire [13:0] \ins.len ;
   wire [15:0] \ins.m ;
   wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
   wire [5:0] \ins.op ;
   wire [5:0] \ins.width ;
   reg [3:0] j = 4'h0;
@@ -20624,7 +20672,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   always @(posedge clk)
     pos <= \$117 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -20648,7 +20696,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20672,7 +20720,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20698,7 +20746,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -20724,7 +20772,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20750,7 +20798,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20762,7 +20810,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20774,7 +20822,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -20786,7 +20834,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     scores__valid = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20798,7 +20846,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     routes__ready = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20810,7 +20858,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20832,7 +20880,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -20865,7 +20913,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -20898,7 +20946,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20931,7 +20979,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20959,7 +21007,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -20987,7 +21035,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$94  = j;
     casez (fsm_state)
       4'h0:
@@ -21015,7 +21063,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$95  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -21067,7 +21115,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$96  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -21091,7 +21139,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$97  = route_left;
     casez (fsm_state)
       4'h0:
@@ -21115,7 +21163,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$98  = el;
     casez (fsm_state)
       4'h0:
@@ -21144,7 +21192,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$99  = lane;
     casez (fsm_state)
       4'h0:
@@ -21171,7 +21219,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$100  = wvalid;
     casez (fsm_state)
       4'h0:
@@ -21200,7 +21248,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$101  = tbase;
     casez (fsm_state)
       4'h0:
@@ -21224,7 +21272,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$102  = tslot;
     casez (fsm_state)
       4'h0:
@@ -21248,7 +21296,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$103  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -21274,7 +21322,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$104  = cap;
     casez (fsm_state)
       4'h0:
@@ -21299,7 +21347,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$105  = s;
     casez (fsm_state)
       4'h0:
@@ -21326,7 +21374,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$106  = hold;
     casez (fsm_state)
       4'h0:
@@ -21353,7 +21401,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$107  = wphase;
     casez (fsm_state)
       4'h0:
@@ -21380,7 +21428,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$108  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -21400,7 +21448,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$109  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -21420,7 +21468,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$110  = held;
     casez (fsm_state)
       4'h0:
@@ -21440,7 +21488,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$111  = off;
     casez (fsm_state)
       4'h0:
@@ -21464,7 +21512,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$112  = count;
     casez (fsm_state)
       4'h0:
@@ -21486,7 +21534,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$113  = p;
     casez (fsm_state)
       4'h0:
@@ -21522,7 +21570,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$114  = pt;
     casez (fsm_state)
       4'h0:
@@ -21560,7 +21608,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$115  = ps;
     casez (fsm_state)
       4'h0:
@@ -21601,7 +21649,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$116  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -21629,7 +21677,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$117  = pos;
     casez (fsm_state)
       4'h0:
@@ -21670,6 +21718,8 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   assign \ins.n  = ins[82:67];
   assign \ins.k  = ins[98:83];
   assign \ins.len  = ins[112:99];
+  assign \ins.count  = ins[128:113];
+  assign \ins.offset  = ins[142:129];
   assign \scores__payload[0]  = scores__payload;
   assign \pack[0]  = scores__payload;
   assign \held.index  = held[2:0];
@@ -21690,7 +21740,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -22232,7 +22282,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -22243,7 +22293,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -22252,7 +22302,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -22261,7 +22311,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -22270,7 +22320,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -22283,7 +22333,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -22296,7 +22346,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -22311,7 +22361,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -22324,7 +22374,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -22334,7 +22384,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -22347,7 +22397,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -22362,7 +22412,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -22380,7 +22430,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -22390,7 +22440,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -22403,7 +22453,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -22419,7 +22469,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -22429,7 +22479,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -22439,7 +22489,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -22456,7 +22506,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -22473,7 +22523,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -22490,7 +22540,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -22509,7 +22559,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -22524,7 +22574,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -22539,7 +22589,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22553,7 +22603,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22567,7 +22617,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -22581,7 +22631,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -22595,7 +22645,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -22605,7 +22655,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -22615,7 +22665,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -22632,7 +22682,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -22647,7 +22697,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -22662,7 +22712,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -22681,7 +22731,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -22697,7 +22747,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -22713,7 +22763,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -22726,7 +22776,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -22742,7 +22792,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -22831,7 +22881,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -22879,7 +22929,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -22894,7 +22944,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -22909,7 +22959,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -22924,7 +22974,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -22944,7 +22994,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
   wire [4:0] \$3 ;
@@ -22988,7 +23038,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__p
     .y(o__payload)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$4  = valid;
     if (advance) begin
       \$4  = \$3 [3:0];
@@ -23016,7 +23066,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -23380,56 +23430,56 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [12:0];
@@ -23457,7 +23507,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   wire [30:0] \$10 ;
   reg [5:0] \$11 ;
@@ -23537,7 +23587,7 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     .y(\y$17 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$11  = valid;
     if (advance) begin
       \$11  = \$3 [5:0];
@@ -23550,14 +23600,14 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$12  = product;
     if (advance) begin
       \$12  = \$4 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$13  = o__payload;
     if (advance) begin
       \$13  = \$10 [15:0];
@@ -23587,7 +23637,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [18:0] \$11 ;
@@ -24079,56 +24129,56 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { \$8 [16], \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [13:0];
@@ -24156,7 +24206,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
   wire [20:0] \$11 ;
@@ -25288,56 +25338,56 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$30 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$23  = frac1_0;
     if (port__en) begin
       \$23  = \$4 [5:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$24  = top1_0;
     if (port__en) begin
       \$24  = at_top;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$25  = word2_0;
     if (port__en) begin
       \$25  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$26  = top2_0;
     if (port__en) begin
       \$26  = top1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$27  = frac2_0;
     if (port__en) begin
       \$27  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$28  = value3_0;
     if (port__en) begin
       \$28  = \$7 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$29  = product3_0;
     if (port__en) begin
       \$29  = { 1'h0, \$8  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$30  = y;
     if (port__en) begin
       \$30  = \$22 [15:0];
@@ -25364,41 +25414,55 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, clients__0__wr__addr, clients__0__wr__data, clients__0__wr__en, \port$3531$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__en, clients__0__rd0__data
-, clients__0__rd1__data, clk);
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, clients__0__wr__addr, clients__0__wr__data, clients__0__wr__en, \port$3562$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__en, clients__3__rd0__addr
+, clients__3__rd0__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire [12:0] \$10 ;
-  wire \$11 ;
-  wire \$12 ;
-  wire \$13 ;
-  wire \$14 ;
+  wire [12:0] \$11 ;
+  wire [12:0] \$12 ;
+  wire [12:0] \$13 ;
+  wire [12:0] \$14 ;
   wire \$15 ;
-  wire [12:0] \$16 ;
-  wire [12:0] \$17 ;
-  wire [12:0] \$18 ;
-  wire [12:0] \$19 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire \$18 ;
+  wire \$19 ;
   wire \$2 ;
-  wire [12:0] \$20 ;
+  wire \$20 ;
   wire \$21 ;
-  wire \$22 ;
-  wire \$23 ;
-  wire \$24 ;
-  wire \$25 ;
+  wire [12:0] \$22 ;
+  wire [12:0] \$23 ;
+  wire [12:0] \$24 ;
+  wire [12:0] \$25 ;
   wire [12:0] \$26 ;
   wire [12:0] \$27 ;
   wire [12:0] \$28 ;
-  wire [12:0] \$29 ;
+  wire \$29 ;
   wire \$3 ;
-  wire [12:0] \$30 ;
-  wire [31:0] \$31 ;
-  wire [31:0] \$32 ;
-  wire [31:0] \$33 ;
-  wire [31:0] \$34 ;
-  wire [31:0] \$35 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire [12:0] \$36 ;
+  wire [12:0] \$37 ;
+  wire [12:0] \$38 ;
+  wire [12:0] \$39 ;
   wire \$4 ;
+  wire [12:0] \$40 ;
+  wire [12:0] \$41 ;
+  wire [12:0] \$42 ;
+  wire [31:0] \$43 ;
+  wire [31:0] \$44 ;
+  wire [31:0] \$45 ;
+  wire [31:0] \$46 ;
+  wire [31:0] \$47 ;
+  wire [31:0] \$48 ;
+  wire [31:0] \$49 ;
   wire \$5 ;
-  wire [12:0] \$6 ;
-  wire [12:0] \$7 ;
+  wire \$6 ;
+  wire \$7 ;
   wire [12:0] \$8 ;
   wire [12:0] \$9 ;
   wire clients__0__blocked;
@@ -25450,12 +25514,27 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__2__wr__data;
   input clients__2__wr__en;
   wire clients__2__wr__en;
+  wire clients__3__blocked;
+  input [12:0] clients__3__rd0__addr;
+  wire [12:0] clients__3__rd0__addr;
+  wire [31:0] clients__3__rd0__data;
+  input clients__3__rd0__en;
+  wire clients__3__rd0__en;
+  wire [12:0] clients__3__rd1__addr;
+  wire [31:0] clients__3__rd1__data;
+  wire clients__3__rd1__en;
+  input [12:0] clients__3__wr__addr;
+  wire [12:0] clients__3__wr__addr;
+  input [31:0] clients__3__wr__data;
+  wire [31:0] clients__3__wr__data;
+  input clients__3__wr__en;
+  wire clients__3__wr__en;
   input clk;
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [1:0] \port$3531$0 ;
-  wire [1:0] \port$3531$0 ;
+  input [2:0] \port$3562$0 ;
+  wire [2:0] \port$3562$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -25464,37 +25543,47 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire rd1__en;
   input rst;
   wire rst;
-  wire [2:0] select;
+  wire [3:0] select;
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
+  assign \$45  = clients__1__wr__data & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
+  assign \$46  = \$44  | \$45 ;
+  assign \$47  = clients__2__wr__data & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
+  assign \$48  = \$46  | \$47 ;
+  assign \$49  = clients__3__wr__data & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
+  assign wr__data = \$48  | \$49 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3531$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3562$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3531$0 [1];
-  assign rd0__en = \$4  | \$5 ;
-  assign \$6  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$8  = clients__1__rd0__addr & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
-  assign \$9  = \$7  | \$8 ;
-  assign \$10  = clients__2__rd0__addr & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
-  assign rd0__addr = \$9  | \$10 ;
-  assign \$11  = clients__0__rd1__en & \port$2$0 ;
-  assign \$16  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$21  = clients__0__wr__en & \port$2$0 ;
-  assign \$23  = clients__1__wr__en & \port$3531$0 [0];
-  assign \$24  = \$22  | \$23 ;
-  assign \$25  = clients__2__wr__en & \port$3531$0 [1];
-  assign wr__en = \$24  | \$25 ;
-  assign \$26  = clients__0__wr__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$28  = clients__1__wr__addr & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
-  assign \$29  = \$27  | \$28 ;
-  assign \$30  = clients__2__wr__addr & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
-  assign wr__addr = \$29  | \$30 ;
-  assign \$31  = clients__0__wr__data & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$33  = clients__1__wr__data & { \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0], \port$3531$0 [0] };
+  assign \$5  = clients__2__rd0__en & \port$3562$0 [1];
+  assign \$6  = \$4  | \$5 ;
+  assign \$7  = clients__3__rd0__en & \port$3562$0 [2];
+  assign rd0__en = \$6  | \$7 ;
+  assign \$8  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$10  = clients__1__rd0__addr & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
+  assign \$11  = \$9  | \$10 ;
+  assign \$12  = clients__2__rd0__addr & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
+  assign \$13  = \$11  | \$12 ;
+  assign \$14  = clients__3__rd0__addr & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
+  assign rd0__addr = \$13  | \$14 ;
+  assign \$15  = clients__0__rd1__en & \port$2$0 ;
+  assign \$22  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$29  = clients__0__wr__en & \port$2$0 ;
+  assign \$31  = clients__1__wr__en & \port$3562$0 [0];
+  assign \$32  = \$30  | \$31 ;
+  assign \$33  = clients__2__wr__en & \port$3562$0 [1];
   assign \$34  = \$32  | \$33 ;
-  assign \$35  = clients__2__wr__data & { \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1], \port$3531$0 [1] };
-  assign wr__data = \$34  | \$35 ;
+  assign \$35  = clients__3__wr__en & \port$3562$0 [2];
+  assign wr__en = \$34  | \$35 ;
+  assign \$36  = clients__0__wr__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$38  = clients__1__wr__addr & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
+  assign \$39  = \$37  | \$38 ;
+  assign \$40  = clients__2__wr__addr & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
+  assign \$41  = \$39  | \$40 ;
+  assign \$42  = clients__3__wr__addr & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
+  assign wr__addr = \$41  | \$42 ;
+  assign \$43  = clients__0__wr__data & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
     .port__addr(rd0__addr),
@@ -25508,40 +25597,49 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3531$0 , \port$2$0  };
+  assign select = { \port$3562$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
+  assign clients__3__rd0__data = clients__0__rd0__data;
   assign clients__1__rd1__en = 1'h0;
   assign clients__2__rd1__en = 1'h0;
+  assign clients__3__rd1__en = 1'h0;
   assign clients__1__rd1__addr = 13'h0000;
   assign clients__2__rd1__addr = 13'h0000;
+  assign clients__3__rd1__addr = 13'h0000;
   assign rd1__data = clients__0__rd1__data;
   assign clients__1__rd1__data = clients__0__rd1__data;
   assign clients__2__rd1__data = clients__0__rd1__data;
+  assign clients__3__rd1__data = clients__0__rd1__data;
   assign clients__0__blocked = 1'h0;
   assign clients__1__blocked = 1'h0;
   assign clients__2__blocked = 1'h0;
+  assign clients__3__blocked = 1'h0;
   assign \$2  = \$1 ;
-  assign \$7  = \$6 ;
-  assign \$12  = \$11 ;
-  assign \$13  = 1'h0;
-  assign \$14  = \$11 ;
-  assign \$15  = 1'h0;
-  assign rd1__en = \$11 ;
-  assign \$17  = \$16 ;
-  assign \$18  = 13'h0000;
-  assign \$19  = \$16 ;
-  assign \$20  = 13'h0000;
-  assign rd1__addr = \$16 ;
-  assign \$22  = \$21 ;
-  assign \$27  = \$26 ;
-  assign \$32  = \$31 ;
+  assign \$9  = \$8 ;
+  assign \$16  = \$15 ;
+  assign \$17  = 1'h0;
+  assign \$18  = \$15 ;
+  assign \$19  = 1'h0;
+  assign \$20  = \$15 ;
+  assign \$21  = 1'h0;
+  assign rd1__en = \$15 ;
+  assign \$23  = \$22 ;
+  assign \$24  = 13'h0000;
+  assign \$25  = \$22 ;
+  assign \$26  = 13'h0000;
+  assign \$27  = \$22 ;
+  assign \$28  = 13'h0000;
+  assign rd1__addr = \$22 ;
+  assign \$30  = \$29 ;
+  assign \$37  = \$36 ;
+  assign \$44  = \$43 ;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -33794,21 +33892,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin
@@ -33836,7 +33934,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire \$10 ;
   wire [49:0] \$100 ;
@@ -34265,7 +34363,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -34295,7 +34393,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -34325,7 +34423,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -34355,7 +34453,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     den = 17'h00000;
     casez (op)
       2'h0:
@@ -34385,7 +34483,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     scale_pass = 1'h0;
     casez (op)
       2'h0:
@@ -34415,7 +34513,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$182  = 1'h0;
     casez (op)
       2'h0:
@@ -34459,7 +34557,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$183  = o__payload;
     casez (op)
       2'h0:
@@ -34503,7 +34601,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$184  = p_valid;
     casez (op)
       2'h0:
@@ -34550,7 +34648,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$185  = prod;
     casez (op)
       2'h0:
@@ -34590,7 +34688,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$186  = p_last;
     casez (op)
       2'h0:
@@ -34630,7 +34728,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$187  = acc;
     casez (op)
       2'h0:
@@ -34653,7 +34751,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$188  = sumsq;
     casez (op)
       2'h0:
@@ -34682,7 +34780,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$189  = fsm_state;
     casez (op)
       2'h0:
@@ -34738,7 +34836,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$190  = rem;
     casez (op)
       2'h0:
@@ -34769,7 +34867,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$191  = root;
     casez (op)
       2'h0:
@@ -34803,7 +34901,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$192  = \bit ;
     casez (op)
       2'h0:
@@ -34832,7 +34930,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$193  = r_norm;
     casez (op)
       2'h0:
@@ -34866,7 +34964,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$194  = z;
     casez (op)
       2'h0:
@@ -34900,7 +34998,7 @@ module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$195  = recip;
     casez (op)
       2'h0:
@@ -34981,7 +35079,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -35030,7 +35128,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -35045,7 +35143,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -35060,7 +35158,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -35075,7 +35173,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
