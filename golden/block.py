@@ -1,12 +1,15 @@
 """The integer LatentMoE block: what the nano-KPU computes, op by op, in :mod:`golden.intops`.
 
 :func:`quantize_latent_moe` turns a float block (:class:`golden.k3.LatentMoEParams`) and a
-calibration batch into int8 weights and requantiser constants (:class:`QuantLatentMoE`);
-:func:`latent_moe_int` runs it with integers only. The dataflow, with every tensor's format::
+calibration batch into int weights and requantiser constants (:class:`QuantLatentMoE`);
+:func:`latent_moe_int` runs it with integers only. The dataflow, with every tensor's format
+(``r = router_operand_width``, ``in_width`` unless ``router_width`` says otherwise)::
 
-    x_q   int8  [T, d]                     (scale x_scale, calibrated)
+    x_r   int<r> [T, d]                    (the block input; scale x_scale / 2**(r - in_width))
+    x_q   = saturate(round_shift(x_r, r - in_width), in_width)   int8 [T, d]  (scale x_scale)
     z     = requant(x_q @ W_down_lat^T)    int8  [T, l]
-    logit = requant(x_q @ W_r^T)           Q<act_width>.<act_frac>   [T, E]
+    logit = requant(x_r @ W_r^T)           Q<logit_width>.<logit_frac>   [T, E]  (int<r> W_r,
+                                           accumulated in router_acc_width bits)
     s     = sigmoid_q(logit)               unsigned, score_frac      [T, E]
     idx, w, loads = route_int(s, bias)     w: unsigned, weight_frac  [T, k]
     per selected expert j (tokens grouped per expert):
@@ -19,9 +22,21 @@ calibration batch into int8 weights and requantiser constants (:class:`QuantLate
     y_s   = shared expert on x_q, same steps as a routed expert  act format [T, d]
     y     = add_sat(y_r, y_s)              act format [T, d]
 
-``routed_scaling`` is folded into each expert's output multiplier; the latent RMSNorm's
+With the defaults (``router_width`` = ``in_width``, logits in the act format) ``x_r`` is
+``x_q``. ``routed_scaling`` is folded into each expert's output multiplier; the latent RMSNorm's
 weight is folded into ``W_up_lat``. Every requantiser constant is ``(mult, shift)`` with
 ``mult < 2**mult_width`` (see :func:`quant_multiplier`).
+
+Quantisation scheme (in the terms of PyTorch/ONNX quantisation): every tensor is symmetric with
+zero point 0. Weights take one scale per tensor (``weight_scales = "tensor"``,
+``per_tensor_symmetric``) or one per output channel (``"channel"``, ``per_channel_symmetric``,
+the rows of each ``[n_out, n_in]`` matrix); a per-channel GEMM's requantiser holds a multiplier
+and a shift per output column (:class:`Requant` with tuples). Activations take one scale per
+tensor, calibrated on the batch: per-token scales would need a second, per-row factor in
+every requantiser (its constant becomes a ``[T, N]`` table or a second multiply), and the
+tensors that are grouped per expert (``z``, ``h``) would carry their tokens' scales through
+the expert GEMMs; the router, where precision decides the outcome, gets 16-bit operands
+(``router_width``) instead, which is enough (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -37,42 +52,89 @@ from golden import k3
 from nanokpu.config import KpuConfig
 
 __all__ = ["SCORE_SKEW", "skewed_scores",
-           "Requant", "QuantExpert", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
+           "Requant", "QuantExpert", "QuantRouter", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
+           "quantize_input", "input_int8", "quantize_router", "router_int",
            "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
            "same_routing"]
 
 
 @dataclass(frozen=True)
 class Requant:
-    """One requantiser setting: ``out = saturate(round_shift(acc * mult, shift), width)``."""
+    """One requantiser setting: ``out = saturate(round_shift(acc * mult, shift), width)``.
 
-    mult: int
-    shift: int
+    ``mult`` and ``shift`` are ints (one per tensor) or equal-length tuples of ints (one per
+    output column: a per-channel GEMM).
+    """
+
+    mult: int | tuple
+    shift: int | tuple
     width: int
+
+    @property
+    def per_column(self) -> bool:
+        """Whether the setting holds one ``(mult, shift)`` per output column."""
+        return isinstance(self.mult, tuple)
 
     def __call__(self, acc, cfg: KpuConfig) -> np.ndarray:
         return I.requantize(acc, self.mult, self.shift, self.width, cfg.rounding)
 
 
-def quant_multiplier(scale: float, width: int, cfg: KpuConfig) -> Requant:
-    """The ``(mult, shift)`` pair closest to a positive real ``scale``, ``mult`` in
-    ``[2**(mult_width-1), 2**mult_width)`` (or smaller when ``shift`` would exceed 63)."""
+def _quant_multiplier(scale: float, cfg: KpuConfig) -> tuple[int, int]:
     if not scale > 0 or not math.isfinite(scale):
         raise ValueError(f"requantiser scale must be positive and finite, not {scale!r}")
     shift = cfg.mult_width - 1 - math.floor(math.log2(scale))
     shift = min(max(shift, 0), 63)
     mult = round(scale * 2.0 ** shift)
+    if mult == 1 << cfg.mult_width and shift > 0:   # scale just below a power of two rounded up to it
+        mult, shift = mult >> 1, shift - 1
     if mult >= 1 << cfg.mult_width:
         raise ValueError(f"requantiser scale {scale:g} too large for mult_width={cfg.mult_width}")
-    return Requant(max(mult, 1), shift, width)
+    return max(mult, 1), shift
 
 
-def quantize_tensor(w, width: int = 8):
-    """Symmetric per-tensor quantisation: ``(w_q int64, scale)`` with ``w ~ w_q * scale``."""
+def quant_multiplier(scale, width: int, cfg: KpuConfig) -> Requant:
+    """The ``(mult, shift)`` pair closest to a positive real ``scale``, ``mult`` in
+    ``[2**(mult_width-1), 2**mult_width)`` (or smaller when ``shift`` would exceed 63).
+
+    ``scale`` is a float (one pair: a per-tensor requantiser) or a 1-D array of them (one pair
+    per output column, each chosen alone: the shifts may differ between columns).
+    """
+    if np.ndim(scale) == 0:
+        return Requant(*_quant_multiplier(float(scale), cfg), width)
+    scale = np.asarray(scale, dtype=np.float64).ravel()
+    if not np.all((scale > 0) & np.isfinite(scale)):
+        raise ValueError(f"requantiser scales must be positive and finite, not {scale[~(scale > 0)][:3]!r}...")
+    shift = np.clip(cfg.mult_width - np.frexp(scale)[1], 0, 63)   # frexp: scale = m 2**e, m in [0.5, 1)
+    mult = np.round(np.ldexp(scale, shift)).astype(np.int64)
+    top = (mult == 1 << cfg.mult_width) & (shift > 0)               # rounded up to the next power of two
+    mult, shift = np.where(top, mult >> 1, mult), np.where(top, shift - 1, shift)
+    if np.any(mult >= 1 << cfg.mult_width):
+        raise ValueError(f"requantiser scale {scale.max():g} too large for mult_width={cfg.mult_width}")
+    return Requant(tuple(int(m) for m in np.maximum(mult, 1)), tuple(int(v) for v in shift), width)
+
+
+def quantize_tensor(w, width: int = 8, per_channel: bool = False):
+    """Symmetric quantisation, zero point 0: ``(w_q int64, scale)`` with ``w ~ w_q * scale``.
+
+    One scale per tensor (a float), or with ``per_channel`` one per row of a ``[n_out, n_in]``
+    matrix (an array ``[n_out]``, to multiply ``w_q`` by ``scale[:, None]``). An all-zero tensor
+    or row takes scale 1.
+    """
     w = np.asarray(w, dtype=np.float64)
     qmax = (1 << (width - 1)) - 1
+    if per_channel:
+        if w.ndim != 2:
+            raise ValueError(f"per-channel quantisation takes a [n_out, n_in] matrix, not shape {w.shape}")
+        scale = np.max(np.abs(w), axis=1) / qmax
+        scale = np.where(scale > 0, scale, 1.0)
+        return np.clip(np.round(w / scale[:, None]), -qmax, qmax).astype(np.int64), scale
     scale = float(np.max(np.abs(w))) / qmax or 1.0
     return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), scale
+
+
+def _weights(w, cfg: KpuConfig, width: int | None = None):
+    """``w [n_out, n_in]`` quantised by ``cfg.weight_scales`` at ``width`` (``in_width``) bits."""
+    return quantize_tensor(w, cfg.in_width if width is None else width, cfg.weight_scales == "channel")
 
 
 @dataclass(frozen=True)
@@ -90,14 +152,24 @@ class QuantExpert:
 
 
 @dataclass(frozen=True)
+class QuantRouter:
+    """The router in integers: ``W_r [E, d]`` at ``router_operand_width`` bits, the
+    requantiser to router logits and the bias ``[E]`` (signed ``bias_width``, score format)."""
+
+    W_r: np.ndarray
+    rq_router: Requant
+    bias: np.ndarray
+
+
+@dataclass(frozen=True)
 class QuantLatentMoE:
     """A quantised LatentMoE block (see the module docstring for the dataflow)."""
 
-    x_scale: float
+    x_scale: float             # scale of the in_width x_q (x_r's is x_scale / 2**(r - in_width))
     W_down_lat: np.ndarray     # [l, d] int8
     rq_down_lat: Requant       # -> int8 z
-    W_r: np.ndarray            # [E, d] int8
-    rq_router: Requant         # -> act-format logits
+    W_r: np.ndarray            # [E, d] int<router_operand_width>
+    rq_router: Requant         # -> router logits Q<logit_width>.<logit_frac>
     bias: np.ndarray           # [E] signed, bias_width, score format
     experts: tuple             # E x QuantExpert on z (n_in = l, n_out = l)
     W_up_lat: np.ndarray       # [d, l] int8, norm weight folded in
@@ -110,9 +182,9 @@ def _act(cfg: KpuConfig) -> float:
 
 
 def _quant_expert(W_gate, W_up, W_down, in_scale, h_absmax, out_gain, cfg):
-    wg, sg = quantize_tensor(W_gate, cfg.in_width)
-    wu, su = quantize_tensor(W_up, cfg.in_width)
-    wd, sd = quantize_tensor(W_down, cfg.in_width)
+    wg, sg = _weights(W_gate, cfg)
+    wu, su = _weights(W_up, cfg)
+    wd, sd = _weights(W_down, cfg)
     h_scale = max(h_absmax, 2.0 ** -cfg.h_frac) / ((1 << (cfg.out_width - 1)) - 1)
     return QuantExpert(
         wg, wu, wd,
@@ -123,19 +195,64 @@ def _quant_expert(W_gate, W_up, W_down, in_scale, h_absmax, out_gain, cfg):
     )
 
 
+def quantize_input(x, cfg: KpuConfig):
+    """The block input ``x [T, d]`` (float) as ``(x_r, x_scale)``: ``x_r`` at
+    ``router_operand_width`` bits, symmetric, one scale per tensor.
+
+    ``x_scale = max|x| / (2**(in_width-1) - 1)`` is the scale of the ``in_width`` operand
+    :func:`input_int8` makes from ``x_r``; ``x_r = round(x / x_scale * 2**e)`` with ``e =
+    router_operand_width - in_width`` (half-even, the host-side conversion), so ``|x_r| <=
+    (2**(in_width-1) - 1) * 2**e``. With ``e = 0`` this is :func:`quantize_tensor`.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    qmax = (1 << (cfg.in_width - 1)) - 1
+    x_scale = float(np.max(np.abs(x))) / qmax or 1.0
+    e = cfg.router_operand_width - cfg.in_width
+    lim = qmax << e
+    return np.clip(np.round(x / (x_scale / 2.0 ** e)), -lim, lim).astype(np.int64), x_scale
+
+
+def input_int8(x_r, cfg: KpuConfig) -> np.ndarray:
+    """The ``in_width`` operand of every GEMM but the router's:
+    ``saturate(round_shift(x_r, router_operand_width - in_width), in_width)`` (``x_r`` itself
+    by default)."""
+    return I.saturate(I.round_shift(x_r, cfg.router_operand_width - cfg.in_width, cfg.rounding), cfg.in_width)
+
+
+def quantize_router(W_r, bias, x_scale: float, cfg: KpuConfig) -> QuantRouter:
+    """``W_r [E, d]`` at ``router_operand_width`` bits (``weight_scales``), its requantiser from
+    the input scale ``x_scale`` (of :func:`quantize_input`) to router logits, and the bias in the
+    score format (:func:`golden.intops.quantize_bias`)."""
+    wr, s_r = _weights(W_r, cfg, cfg.router_operand_width)
+    x_r_scale = x_scale / 2.0 ** (cfg.router_operand_width - cfg.in_width)
+    rq = quant_multiplier(x_r_scale * s_r * 2.0 ** cfg.router_logit_frac, cfg.router_logit_width, cfg)
+    return QuantRouter(wr, rq, I.quantize_bias(bias, cfg))
+
+
+def router_int(x_r, R: QuantRouter, cfg: KpuConfig):
+    """The integer router on the block input ``x_r [T, d]``: ``(scores [T, E], idx [T, k],
+    weights [T, k], loads [E])``. The GEMM accumulates in ``router_acc_width`` bits (exact:
+    each extra operand bit widens the accumulator by one), then requantiser, sigmoid table and
+    :func:`golden.intops.route_int`."""
+    acc = I.matmul_int(x_r, R.W_r.T, cfg.router_acc_width)
+    scores = I.sigmoid_q(R.rq_router(acc, cfg), cfg)
+    idx, weights, loads = I.route_int(scores, R.bias, cfg)
+    return scores, idx, weights, loads
+
+
 def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig):
     """Quantise a float block, calibrating activation scales on the float batch ``x [T, d]``.
 
-    Returns ``(Q, x_q)``: the :class:`QuantLatentMoE` and the int8 input batch.
+    Returns ``(Q, x_r)``: the :class:`QuantLatentMoE` and the block input (:func:`quantize_input`:
+    the int8 batch by default, ``router_operand_width`` bits with a wider router).
     """
     x = np.asarray(x, dtype=np.float64)
-    x_q, x_scale = quantize_tensor(x, cfg.in_width)
+    x_r, x_scale = quantize_input(x, cfg)
     qmax = (1 << (cfg.out_width - 1)) - 1
-    wdl, s_dl = quantize_tensor(P.W_down_lat, cfg.in_width)
+    wdl, s_dl = _weights(P.W_down_lat, cfg)
     z = x @ P.W_down_lat.T
     z_scale = float(np.max(np.abs(z))) / qmax or 1.0
-    wr, s_r = quantize_tensor(P.W_r, cfg.in_width)
-    bias = I.quantize_bias(P.bias, cfg)
+    R = quantize_router(P.W_r, P.bias, x_scale, cfg)
 
     idx, _, _ = k3.router(x, P.W_r, P.bias, cfg)
     experts = []
@@ -148,17 +265,17 @@ def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig):
     h_s = k3.situ_glu(x @ P.Ws_gate.T, x @ P.Ws_up.T, cfg)
     shared = _quant_expert(P.Ws_gate, P.Ws_up, P.Ws_down, x_scale,
                            float(np.max(np.abs(h_s))), 1.0, cfg)
-    wul, s_ul = quantize_tensor(P.W_up_lat * P.norm[None, :], cfg.in_width)
+    wul, s_ul = _weights(P.W_up_lat * P.norm[None, :], cfg)
     Q = QuantLatentMoE(
         x_scale=x_scale,
         W_down_lat=wdl, rq_down_lat=quant_multiplier(x_scale * s_dl / z_scale, cfg.in_width, cfg),
-        W_r=wr, rq_router=quant_multiplier(x_scale * s_r * _act(cfg), cfg.act_width, cfg),
-        bias=bias, experts=tuple(experts),
+        W_r=R.W_r, rq_router=R.rq_router,
+        bias=R.bias, experts=tuple(experts),
         W_up_lat=wul,
         rq_up_lat=quant_multiplier(2.0 ** -cfg.norm_frac * s_ul * _act(cfg), cfg.act_width, cfg),
         shared=shared,
     )
-    return Q, x_q
+    return Q, x_r
 
 
 def expert_int(a_q, E: QuantExpert, cfg: KpuConfig) -> np.ndarray:
@@ -169,18 +286,19 @@ def expert_int(a_q, E: QuantExpert, cfg: KpuConfig) -> np.ndarray:
     return E.rq_out(I.matmul_int(h8, E.W_down.T, cfg.acc_width), cfg)
 
 
-def latent_moe_int(x_q, Q: QuantLatentMoE, cfg: KpuConfig) -> dict:
-    """Run the integer block on ``x_q [T, d]`` int8.
+def latent_moe_int(x_r, Q: QuantLatentMoE, cfg: KpuConfig) -> dict:
+    """Run the integer block on its input ``x_r [T, d]`` (int8 by default; see
+    :func:`quantize_input`).
 
     Returns a dict: ``y`` act format ``[T, d]``; ``idx``, ``weights`` ``[T, k]``; ``loads``
     ``[E]``; ``scores`` ``[T, E]``; ``z`` ``[T, l]``; ``u`` (combined) and ``n`` (normalised)
     ``[T, l]``.
     """
-    x_q = np.asarray(x_q, dtype=np.int64)
+    x_r = np.asarray(x_r, dtype=np.int64)
+    x_q = input_int8(x_r, cfg)
     acc = cfg.acc_width
     z = Q.rq_down_lat(I.matmul_int(x_q, Q.W_down_lat.T, acc), cfg)
-    scores = I.sigmoid_q(Q.rq_router(I.matmul_int(x_q, Q.W_r.T, acc), cfg), cfg)
-    idx, weights, loads = I.route_int(scores, Q.bias, cfg)
+    scores, idx, weights, loads = router_int(x_r, QuantRouter(Q.W_r, Q.rq_router, Q.bias), cfg)
     e = np.zeros(idx.shape + (cfg.d_latent,), dtype=np.int64)
     for j in np.unique(idx):
         tok, slot = np.nonzero(idx == j)  # tokens grouped per expert; unselected ones skipped
@@ -210,7 +328,7 @@ class RandomBlock(NamedTuple):
     """A random LatentMoE block and batch on both paths (see :func:`random_block`)."""
 
     Q: QuantLatentMoE   #: the quantised block
-    x_q: np.ndarray     #: the int8 batch ``[tokens, d_model]``
+    x_q: np.ndarray     #: the block input ``[tokens, d_model]`` (int8 by default, :func:`quantize_input`)
     y: np.ndarray       #: the float block's output ``[tokens, d_model]``
     idx: np.ndarray     #: the float router's experts ``[tokens, top_k]``
 

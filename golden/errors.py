@@ -45,17 +45,17 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
     xs = _all_act(cfg)
     xr = xs / 2.0 ** cfg.act_frac
     rows = []
-    n_all = f"all {len(xs)}"
     factor_lsb = 2.0 ** -cfg.situ_frac
-    for op, fq, f, frac in (
-        ("sigmoid", I.sigmoid_q, k3.sigmoid, cfg.score_frac),
-        ("SiTU gate", I.gate_q, lambda x: k3.situ_gate(x, cfg.beta1), cfg.situ_frac),
-        ("SiTU up", I.up_q, lambda x: k3.situ_up(x, cfg.beta2), cfg.situ_frac),
+    logits = np.arange(-(1 << (cfg.router_logit_width - 1)), 1 << (cfg.router_logit_width - 1), dtype=np.int64)
+    for op, fq, f, frac, (ins, real) in (
+        ("sigmoid", I.sigmoid_q, k3.sigmoid, cfg.score_frac, (logits, logits / 2.0 ** cfg.router_logit_frac)),
+        ("SiTU gate", I.gate_q, lambda x: k3.situ_gate(x, cfg.beta1), cfg.situ_frac, (xs, xr)),
+        ("SiTU up", I.up_q, lambda x: k3.situ_up(x, cfg.beta2), cfg.situ_frac, (xs, xr)),
     ):
         lsb = 2.0 ** -frac
-        err = np.max(np.abs(fq(xs, cfg) * lsb - f(xr)))
+        err = np.max(np.abs(fq(ins, cfg) * lsb - f(real)))
         table = {"sigmoid": I.sigmoid_table, "SiTU gate": I.gate_table, "SiTU up": I.up_table}[op](cfg)
-        rows.append(OpError(op, n_all, float(err), lsb, 1.5 * lsb,
+        rows.append(OpError(op, f"all {len(ins)}", float(err), lsb, 1.5 * lsb,
                             f"PWL, {table.n_seg} segments of {2 ** table.seg_shift} LSB; "
                             "<= 1 LSB from correctly rounded"))
     g = rng.integers(xs[0], xs[-1] + 1, 500_000)

@@ -49,34 +49,38 @@ def saturate(x, width: int, signed: bool = True) -> np.ndarray:
     return np.clip(x, 0, (1 << width) - 1)
 
 
-def round_shift(x, shift: int, mode: str = "half_even") -> np.ndarray:
+def round_shift(x, shift, mode: str = "half_even") -> np.ndarray:
     """``x / 2**shift`` rounded by ``mode`` (one of ``half_even``, ``half_up``, ``floor``).
 
     ``half_even`` rounds ties to the even neighbour (Gemmini's rounding right shift),
-    ``half_up`` rounds ties toward +infinity, ``floor`` is the arithmetic shift.
+    ``half_up`` rounds ties toward +infinity, ``floor`` is the arithmetic shift. ``shift`` is
+    an integer in ``[0, 63]`` or an integer array of them broadcast against ``x`` (one shift
+    per output column of a per-channel requantiser).
     """
     if mode not in ROUNDING_MODES:
         raise ValueError(f"rounding mode {mode!r}: must be one of {ROUNDING_MODES}")
-    if shift < 0:
-        raise ValueError(f"shift = {shift}: must be >= 0")
+    shifts = _i64(shift)
+    if np.any(shifts < 0) or np.any(shifts > 63):
+        raise ValueError(f"shift = {shift}: must be in [0, 63]")
     x = _i64(x)
-    if shift == 0:
+    if shifts.ndim == 0 and int(shifts) == 0:
         return x
-    q = x >> shift
+    q = x >> shifts
     if mode == "floor":
         return q
-    r = x - (q << shift)
-    half = np.int64(1) << (shift - 1)
+    r = x - (q << shifts)
+    half = np.int64(1) << np.maximum(shifts - 1, 0)   # shift 0: r = 0 < half, no rounding step
     if mode == "half_up":
         return q + (r >= half)
     return q + ((r > half) | ((r == half) & ((q & 1) == 1)))
 
 
-def requantize(acc, mult, shift: int, out_width: int, mode: str = "half_even") -> np.ndarray:
+def requantize(acc, mult, shift, out_width: int, mode: str = "half_even") -> np.ndarray:
     """The requantiser: ``saturate(round_shift(acc * mult, shift), out_width)``.
 
-    ``acc`` is a signed accumulator, ``mult`` an unsigned integer multiplier (scalar or per
-    output column, broadcast on the last axis), ``shift`` a right shift in ``[0, 63]``.
+    ``acc`` is a signed accumulator, ``mult`` an unsigned integer multiplier and ``shift`` a
+    right shift in ``[0, 63]``, each a scalar (per tensor) or one per output column (per
+    channel), broadcast on the last axis. The product ``acc * mult`` must fit 64 bits.
     """
     mult = _i64(mult)
     if np.any(mult < 0):
@@ -224,8 +228,10 @@ def _sigmoid(x):
 
 
 def sigmoid_table(cfg: KpuConfig) -> PwlTable:
-    """Sigmoid: ``Q<act_width>.<act_frac>`` logits -> unsigned scores, ``score_frac`` bits."""
-    return _cached_table("sigmoid", cfg.act_width, cfg.act_frac, cfg.score_frac,
+    """Sigmoid: router logits ``Q<logit_width>.<logit_frac>`` (the act format unless the config
+    gives the router its own, :attr:`~nanokpu.config.KpuConfig.router_logit_width`) -> unsigned
+    scores, ``score_frac`` bits."""
+    return _cached_table("sigmoid", cfg.router_logit_width, cfg.router_logit_frac, cfg.score_frac,
                          cfg.pwl_guard, cfg.rounding, 0.0)
 
 
@@ -242,7 +248,7 @@ def up_table(cfg: KpuConfig) -> PwlTable:
 
 
 def sigmoid_q(x, cfg: KpuConfig) -> np.ndarray:
-    """Fixed-point sigmoid of act-format logits; scores in ``[0, 2**score_frac]``."""
+    """Fixed-point sigmoid of router-format logits; scores in ``[0, 2**score_frac]``."""
     return sigmoid_table(cfg)(x)
 
 

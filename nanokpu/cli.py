@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report-errors": ("report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
     "fault-campaign": ("fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
     "report-activation": ("report_activation", "regenerate docs/activation.md and its gate plot"),
+    "report-fidelity": ("report_fidelity", "routing fidelity of the integer path vs float, before/after "
+                        "issue 26; docs/fidelity.md"),
     "mutate": ("mutate", "mutation testing: run each mutant's killer tests, write docs/mutation.md"),
     "sweep": ("sweep", "design-space sweep on Dask: configs x targets x seeds -> table and Pareto plot"),
 }

@@ -14,7 +14,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "config_from_dict", "config_to_dict", "profile"]
+__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "WEIGHT_SCALES", "config_from_dict",
+           "config_to_dict", "profile"]
 
 #: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
 ROUNDING_MODES = ("half_even", "half_up", "floor")
@@ -22,6 +23,18 @@ ROUNDING_MODES = ("half_even", "half_up", "floor")
 #: Multiplier mappings of :class:`nanokpu.units.dsp.Multiplier`: inferred ``a*b`` (simulation, any
 #: FPGA), SB_MAC16 dual 8x8 (iCE40 UP), registered MULT18X18D (ECP5).
 DSP_TARGETS = ("generic", "ice40", "ecp5")
+
+#: Weight quantisation schemes of every GEMM (symmetric, zero point 0): one scale per tensor
+#: (PyTorch ``per_tensor_symmetric``) or one per output channel (``per_channel_symmetric``, ONNX
+#: ``QuantizeLinear`` with ``axis`` on the output channels and ``zero_point`` 0).
+WEIGHT_SCALES = ("tensor", "channel")
+
+#: Widest router GEMM operand (``router_width``): one 16-bit pass of an ECP5 MULT18X18D or an iCE40
+#: SB_MAC16 in 16x16 mode, or two byte-sliced int8 passes per operand.
+ROUTER_WIDTH_MAX = 16
+
+#: Widest router logit (``logit_width``): the sigmoid table is fitted and checked over every input.
+LOGIT_WIDTH_MAX = 24
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,8 @@ class KpuConfig:
         is bit-serial in the fabric (:class:`nanokpu.units.requant.Requantiser`).
     act_width, act_frac : int
         Format ``Q<act_width>.<act_frac>`` of the activation inputs: SiTU ``g`` and ``u``,
-        and the router logits fed to the sigmoid.
+        and (unless ``logit_width``/``logit_frac`` say otherwise) the router logits fed to the
+        sigmoid.
     situ_frac : int
         Fractional bits of the SiTU gate and up factors (signed).
     h_width, h_frac : int
@@ -130,6 +144,25 @@ class KpuConfig:
         at most ``2**24`` (the instruction address fields).
     imem_depth : int
         Instructions held by the top level's instruction memory; at most ``2**12``.
+
+    Quantisation scheme and router precision
+    ----------------------------------------
+    The RTL and the compiler build the defaults only and refuse the others
+    (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26, docs/fidelity.md).
+
+    weight_scales : str
+        One of :data:`WEIGHT_SCALES`: symmetric int weights with zero point 0 and one scale per
+        tensor (``tensor``, the default) or per output channel (``channel``) in every GEMM; with
+        ``channel`` each requantiser takes a multiplier and a shift per output column. Activations
+        keep one scale per tensor (see :mod:`golden.block`).
+    router_width : int or None
+        Operand width of the router GEMM (the block input ``x`` and ``W_r``), in ``[in_width,
+        16]``; ``None`` (default) means ``in_width``. The other GEMMs take ``x`` rounded to
+        ``in_width`` bits. The router GEMM accumulates in :attr:`router_acc_width` bits.
+    logit_width, logit_frac : int or None
+        Format ``Q<logit_width>.<logit_frac>`` of the router logits (the router requantiser's
+        output, the sigmoid's input); ``logit_width`` in ``[2, 24]`` (the sigmoid table is checked
+        over every input); ``None`` (default) means ``act_width`` / ``act_frac``.
     """
 
     name: str = "custom"
@@ -186,6 +219,11 @@ class KpuConfig:
     spad_c_depth: int = 256
     dmem_depth: int = 8192
     imem_depth: int = 64
+    # -- quantisation scheme and router precision ----------------------------------------------
+    weight_scales: str = "tensor"
+    router_width: int | None = None
+    logit_width: int | None = None
+    logit_frac: int | None = None
 
     def __post_init__(self):
         self._validate()
@@ -262,6 +300,50 @@ class KpuConfig:
              f"in [1, n_experts={self.n_experts}]")
         need(isinstance(self.load_width, int) and not isinstance(self.load_width, bool)
              and 1 <= self.load_width <= 32, "load_width", "an integer in [1, 32]")
+        self._validate_router()
+
+    def _validate_router(self):
+        def need(cond, field_name, allowed):
+            if not cond:
+                value = getattr(self, field_name)
+                raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
+
+        def int_or_none(value) -> bool:
+            return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+        need(self.weight_scales in WEIGHT_SCALES, "weight_scales", f"one of {WEIGHT_SCALES}")
+        top = max(ROUTER_WIDTH_MAX, self.in_width)
+        rw = self.router_width
+        need(int_or_none(rw) and (rw is None or self.in_width <= rw <= top), "router_width",
+             f"None (= in_width) or an integer in [in_width={self.in_width}, {top}]")
+        wide = self.router_operand_width > self.in_width
+        need(not wide or self.router_acc_width + self.mult_width <= 64, "router_width",
+             f"at most {self.in_width + (64 - self.mult_width - self.acc_width) // 2}: the router accumulator "
+             f"(acc_width + 2 * (router_width - in_width) bits) times the requantiser multiplier "
+             f"(mult_width = {self.mult_width} bits) must fit 64 bits")
+        need(int_or_none(self.logit_width) and (self.logit_width is None or 2 <= self.logit_width <= LOGIT_WIDTH_MAX),
+             "logit_width", f"None (= act_width) or an integer in [2, {LOGIT_WIDTH_MAX}]")
+        need(self.logit_frac is not None or self.act_frac < self.router_logit_width, "logit_width",
+             f"more than act_frac = {self.act_frac} (the logit fraction while logit_frac is None)")
+        need(int_or_none(self.logit_frac)
+             and (self.logit_frac is None or 0 <= self.logit_frac < self.router_logit_width),
+             "logit_frac", f"None (= act_frac) or an integer in [0, {self.router_logit_width - 1}] "
+             f"(below the logit width)")
+
+    def unbuilt_fields(self) -> list[tuple[str, object]]:
+        """The fields set to a scheme the RTL (:class:`nanokpu.kpu.top.NanoKPU`) and the compiler
+        do not build yet, as ``(name, value)``: ``weight_scales`` other than ``tensor``, a
+        ``router_width`` other than ``in_width``, a logit format other than the act format."""
+        off = []
+        if self.weight_scales != "tensor":
+            off.append(("weight_scales", self.weight_scales))
+        if self.router_operand_width != self.in_width:
+            off.append(("router_width", self.router_width))
+        if self.router_logit_width != self.act_width:
+            off.append(("logit_width", self.logit_width))
+        if self.router_logit_frac != self.act_frac:
+            off.append(("logit_frac", self.logit_frac))
+        return off
 
     # -- derived quantities ---------------------------------------------------------------
     @property
@@ -278,6 +360,27 @@ class KpuConfig:
     def weight_width(self) -> int:
         """Width of an unsigned routing weight, 1.0 included."""
         return self.weight_frac + 1
+
+    @property
+    def router_operand_width(self) -> int:
+        """Operand width of the router GEMM: ``router_width``, or ``in_width`` when it is None."""
+        return self.in_width if self.router_width is None else self.router_width
+
+    @property
+    def router_acc_width(self) -> int:
+        """Accumulator width of the router GEMM: ``acc_width + 2 * (router_operand_width - in_width)``
+        (each wider operand adds its extra bits to every product), so it is as exact as the others."""
+        return self.acc_width + 2 * (self.router_operand_width - self.in_width)
+
+    @property
+    def router_logit_width(self) -> int:
+        """Width of the router logits: ``logit_width``, or ``act_width`` when it is None."""
+        return self.act_width if self.logit_width is None else self.logit_width
+
+    @property
+    def router_logit_frac(self) -> int:
+        """Fraction bits of the router logits: ``logit_frac``, or ``act_frac`` when it is None."""
+        return self.act_frac if self.logit_frac is None else self.logit_frac
 
     @property
     def is_mla_layer(self):

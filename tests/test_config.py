@@ -57,10 +57,33 @@ def test_profiles_are_frozen_and_valid(name):
     ("in_width", 8.0, "in_width = 8.0: must be a positive integer"),
     ("bias_width", 10, "bias_width"),
     ("norm_frac", 8, "norm_frac"),
+    ("weight_scales", "row", r"weight_scales = 'row': must be one of \('tensor', 'channel'\)"),
+    ("router_width", 7, r"router_width = 7: must be None \(= in_width\) or an integer in \[in_width=8, 16\]"),
+    ("router_width", 17, r"router_width = 17: must be None \(= in_width\) or an integer in \[in_width=8, 16\]"),
+    ("router_width", 16.0, "router_width = 16.0: must be None"),
+    ("logit_width", 25, r"logit_width = 25: must be None \(= act_width\) or an integer in \[2, 24\]"),
+    ("logit_width", 8, "logit_width = 8: must be more than act_frac = 8"),
+    ("logit_frac", 16, r"logit_frac = 16: must be None \(= act_frac\) or an integer in \[0, 15\]"),
+    ("logit_frac", -1, "logit_frac = -1"),
 ])
 def test_invalid_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=f"KpuConfig.{message}"):
         KpuConfig(**{field: value})
+
+
+def test_router_fields_resolve_to_the_defaults_and_bound_the_accumulator():
+    """None means in_width / the act format; the router accumulator widens by two bits per extra
+    operand bit and, times the multiplier, must fit 64 bits."""
+    cfg = KpuConfig()
+    assert (cfg.router_operand_width, cfg.router_acc_width, cfg.router_logit_width, cfg.router_logit_frac) == \
+        (cfg.in_width, cfg.acc_width, cfg.act_width, cfg.act_frac)
+    assert cfg.unbuilt_fields() == []
+    wide = KpuConfig(router_width=16, logit_width=20, logit_frac=16, weight_scales="channel")
+    assert (wide.router_acc_width, wide.router_logit_width, wide.router_logit_frac) == (48, 20, 16)
+    assert [name for name, _ in wide.unbuilt_fields()] == ["weight_scales", "router_width", "logit_width", "logit_frac"]
+    assert KpuConfig(in_width=18, acc_width=48, spad_b_depth=128).router_operand_width == 18
+    with pytest.raises(ValueError, match="KpuConfig.router_width = 16: must be at most 12: the router accumulator"):
+        KpuConfig(router_width=16, acc_width=40)
 
 
 def test_unknown_profile():
@@ -84,8 +107,10 @@ def test_accumulator_width_bound_is_tight():
 
 @pytest.mark.parametrize("cfg", [*PROFILES.values(),
                                  profile("small", dsp="ice40", rounding="floor", beta1=2.5, rms_eps=3e-7,
-                                         acc_width=30, route_lanes=8)],
-                         ids=[*PROFILES, "small-overrides"])
+                                         acc_width=30, route_lanes=8),
+                                 profile("small", weight_scales="channel", router_width=16, logit_width=20,
+                                         logit_frac=16, score_frac=16, bias_width=20)],
+                         ids=[*PROFILES, "small-overrides", "small-wide-router"])
 def test_config_dict_round_trip_through_json(cfg):
     """config_to_dict is JSON-ready and config_from_dict rebuilds the same config, field types included."""
     d = json.loads(json.dumps(config_to_dict(cfg)))

@@ -193,9 +193,15 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     Raises
     ------
     ValueError
-        If the batch has the wrong shape, a constant does not fit its field, or the block does
-        not fit the nano-KPU (:func:`check_tokens`).
+        If the batch has the wrong shape, a constant does not fit its field, the block does not
+        fit the nano-KPU (:func:`check_tokens`), or ``cfg`` asks for a scheme the nano-KPU does
+        not build (:meth:`~nanokpu.config.KpuConfig.unbuilt_fields`).
     """
+    if cfg.unbuilt_fields():
+        name, value = cfg.unbuilt_fields()[0]
+        raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers per-tensor requantisers, the router "
+                         "GEMM at in_width and logits in the act format only (issue 26: the golden path runs this "
+                         "scheme, the nano-KPU does not yet)")
     x_q = np.asarray(x_q, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
     dx, ds = cfg.d_expert, cfg.d_shared

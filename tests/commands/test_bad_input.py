@@ -52,6 +52,8 @@ BAD = [
     (["synth", "--target", "up5k", "--unit", "kpu"], "KpuConfig.dsp = 'ice40': the whole nano-KPU is built"),
     (["report-errors", "--out", f"{FILE}/x.md"], "'README.md' is a file, not a directory"),
     (["report-errors", "--seed", "x"], "argument --seed: 'x': must be an integer"),
+    (["report-fidelity", "--seeds", "19"], "argument --seeds: 19: must be an integer in [20, 10000]"),
+    (["report-fidelity", "--out", DIR], "argument --out: 'docs': is a directory, not a file"),
     (["fault-campaign", "--runs", "0"], "argument --runs: 0: must be an integer >= 1"),
     (["fault-campaign", "--pause", "1.5"], "argument --pause: 1.5: must be in [0, 1)"),
     (["fault-campaign", "--tokens", "21"], "tokens = 21: the block needs"),

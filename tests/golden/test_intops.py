@@ -66,6 +66,22 @@ def test_requantize_saturates_both_ends():
     assert I.requantize(acc, 1, 0, 8).tolist() == [127, -128, 127, -128, 127, -128]
 
 
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_requantize_per_column_is_each_column_alone(mode):
+    """Per-channel requantiser: one (mult, shift) per output column, shift 0 included, equals
+    the per-tensor requantiser applied to each column; a shift past 63 is refused."""
+    rng = np.random.default_rng(7)
+    acc = rng.integers(-(1 << 40), 1 << 40, (64, 6))
+    acc[:4] = [[1, 2, 3, 4, 5, 6], [-1, -2, -3, -4, -5, -6], [6, 10, 14, 3, 2, 1], [0] * 6]   # ties
+    mult, shift = [1, 3, 40_000, 65_535, 2, 1], [0, 1, 2, 30, 62, 1]
+    got = I.requantize(acc, mult, np.array(shift), 24, mode)
+    for col in range(6):
+        want = I.requantize(acc[:, col], mult[col], shift[col], 24, mode)
+        assert np.array_equal(got[:, col], want), (mode, col)
+    with pytest.raises(ValueError, match="shift"):
+        I.round_shift(acc, np.array([0, 64, 1, 1, 1, 1]))
+
+
 def test_matmul_int_extremes_and_wrap():
     k = 1 << 17  # (-128)(-128) * 2**17 = 2**31: one past the int32 maximum
     a = np.full((1, k), -128)

@@ -42,6 +42,32 @@ def test_quantize_tensor_is_symmetric_round_to_nearest(width):
     assert np.array_equal(block.quantize_tensor(-w, width)[0], -q)
 
 
+def test_quantize_tensor_per_channel_scales_each_row():
+    """Per output channel (rows of [n_out, n_in]): each row is its own per-tensor quantisation;
+    an all-zero row takes scale 1."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((5, 9)) * np.array([[0.01], [1.0], [30.0], [0.0], [2.0]])
+    q, scale = block.quantize_tensor(w, 8, per_channel=True)
+    assert scale.shape == (5,) and scale[3] == 1.0 and not q[3].any()
+    for r in (0, 1, 2, 4):
+        qr, sr = block.quantize_tensor(w[r], 8)
+        assert np.array_equal(q[r], qr) and scale[r] == sr
+
+
+def test_quant_multiplier_per_column_equals_one_by_one():
+    """An array of scales gives a per-column Requant whose pairs are the scalar ones, including
+    scales just below a power of two (which round up to it)."""
+    cfg = profile("tiny")
+    scales = np.concatenate([np.exp(np.random.default_rng(2).uniform(-30, 5, 200)),
+                             2.0 ** np.arange(-20, 5) * (1 - 1e-9), [0.999999]])
+    r = block.quant_multiplier(scales, 8, cfg)
+    assert r.per_column and len(r.mult) == len(r.shift) == scales.size
+    for s, m, sh in zip(scales, r.mult, r.shift, strict=True):
+        one = block.quant_multiplier(float(s), 8, cfg)
+        assert (one.mult, one.shift) == (m, sh) and m < 1 << cfg.mult_width
+        assert abs(m / 2.0 ** sh - s) <= s * 2.0 ** -(cfg.mult_width - 1)
+
+
 @pytest.mark.parametrize("scale", [1e-6, 0.013, 0.5, 1.0, 3.7, 200.0])
 def test_quant_multiplier_approximates_the_scale(scale):
     """mult / 2**shift is the scale to mult_width - 1 bits: relative error <= 2**-(mult_width-1)."""
