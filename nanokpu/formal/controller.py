@@ -25,16 +25,16 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In
 
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, STATUS_LAYOUT, Err, Op, Reg, ctrl_word
-from nanokpu.kpu.top import PRODUCT_STEPS
+from nanokpu.kpu.decode import Decode
 
 __all__ = ["ControllerProof", "controller_depth", "BUS_LIMIT", "STOP_LIMIT"]
 
 #: Cycles an AXI4-Lite transaction of the proof's master may take.
 BUS_LIMIT = 6
 #: Cycles from the start (the CTRL write's response) by which STATUS must show the error: the
-#: fetch (a cycle, then one per instruction word), the decode's product steps (a cycle each: a bad
-#: opcode uses none) and 10 more.
-STOP_LIMIT = (1 + INSTR_WORDS) + (PRODUCT_STEPS + 1) + 10
+#: fetch (a cycle, then one per instruction word), the decode (its shortest: a bad opcode uses
+#: no product step) and 7 more.
+STOP_LIMIT = (1 + INSTR_WORDS) + Decode.min_latency + 7
 
 
 def controller_depth() -> int:

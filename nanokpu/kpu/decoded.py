@@ -40,8 +40,11 @@ def widths(cfg: KpuConfig) -> Widths:
 def decoded_layout(cfg: KpuConfig) -> data.StructLayout:
     """An instruction as the executors see it, once its checks passed: ``op``, ``width``, the
     scratchpad bases ``a``, ``b``, ``c`` (``aw`` bits), the shape ``m`` (the expert's token count
-    with ``F_M_COUNT``), ``n``, ``k``, ``len`` = ``m * n`` (``sw`` bits, exact), and the current
-    expert's ``count`` of tokens and ``offset`` in the ``ROUTE`` lists (after an ``EXPERT``)."""
+    with ``F_M_COUNT``), ``n``, ``k``, ``len`` = ``m * n`` and ``p2`` = ``k * n`` (``COMBINE``; ``sw``
+    bits, exact), ``flags``, the requantiser's ``mult`` and ``shift``, and the current expert (after
+    an ``EXPERT``): its number ``expert``, its ``count`` of tokens and ``offset`` in the ``ROUTE``
+    lists."""
     w = widths(cfg)
-    return data.StructLayout({"op": 6, "width": 6, "a": w.aw, "b": w.aw, "c": w.aw,
-                              "m": 16, "n": 16, "k": 16, "len": w.sw, "count": 16, "offset": w.sw})
+    return data.StructLayout({"op": 6, "flags": 10, "width": 6, "a": w.aw, "b": w.aw, "c": w.aw,
+                              "m": 16, "n": 16, "k": 16, "len": w.sw, "p2": w.sw, "mult": 32, "shift": 6,
+                              "expert": 16, "count": 16, "offset": w.sw})

@@ -7,621 +7,85 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 , m_axi__bready, m_axi__araddr, m_axi__arlen, m_axi__arsize, m_axi__arburst, m_axi__arvalid, m_axi__rready, irq, s_axil__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
-  wire [17:0] \$10 ;
-  wire \$100 ;
-  wire [16:0] \$101 ;
-  wire [13:0] \$102 ;
-  wire [16:0] \$103 ;
-  wire \$104 ;
-  wire [16:0] \$105 ;
-  wire [13:0] \$106 ;
-  wire [16:0] \$107 ;
-  wire \$108 ;
-  wire [16:0] \$109 ;
+  wire \$10 ;
   wire \$11 ;
-  wire [13:0] \$110 ;
-  wire \$111 ;
-  wire \$112 ;
-  wire [9:0] \$113 ;
-  wire \$114 ;
-  wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire \$119 ;
   wire [13:0] \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire [9:0] \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
-  wire [16:0] \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
-  wire [17:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire \$149 ;
-  wire [17:0] \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
-  wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire [16:0] \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
-  wire [17:0] \$17 ;
-  wire [16:0] \$170 ;
-  wire \$171 ;
-  wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire \$179 ;
-  wire [17:0] \$18 ;
-  wire \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
-  wire [18:0] \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire [23:0] \$195 ;
-  wire \$196 ;
-  wire [23:0] \$197 ;
-  wire [23:0] \$198 ;
-  wire \$199 ;
+  wire [13:0] \$13 ;
+  wire [14:0] \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire \$18 ;
+  wire \$19 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire [31:0] \$204 ;
-  wire \$205 ;
-  wire [5:0] \$206 ;
-  wire [1:0] \$207 ;
-  wire \$208 ;
-  wire \$209 ;
   wire \$21 ;
-  wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
-  wire \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
   wire \$22 ;
-  wire \$220 ;
-  wire [23:0] \$221 ;
-  wire [23:0] \$222 ;
-  wire \$223 ;
-  wire \$224 ;
-  wire \$225 ;
-  wire \$226 ;
-  wire \$227 ;
-  wire [4:0] \$228 ;
-  wire [13:0] \$229 ;
-  wire [1:0] \$23 ;
-  wire [4:0] \$230 ;
-  wire [13:0] \$231 ;
-  wire [14:0] \$232 ;
-  wire [14:0] \$233 ;
-  wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
-  wire [18:0] \$24 ;
-  wire [13:0] \$240 ;
-  wire [13:0] \$241 ;
-  wire [14:0] \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire \$245 ;
-  wire \$246 ;
-  wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
-  wire [9:0] \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire \$253 ;
-  wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
-  wire \$258 ;
-  wire \$259 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
   wire \$26 ;
-  wire \$260 ;
-  wire \$261 ;
-  wire \$262 ;
-  wire \$263 ;
-  wire [14:0] \$264 ;
-  wire \$265 ;
-  wire \$266 ;
-  wire [14:0] \$267 ;
-  wire \$268 ;
-  wire \$269 ;
-  wire [3:0] \$27 ;
-  wire \$270 ;
-  wire \$271 ;
-  wire \$272 ;
-  wire \$273 ;
-  wire \$274 ;
-  wire \$275 ;
-  wire \$276 ;
-  wire \$277 ;
-  wire \$278 ;
-  wire \$279 ;
+  wire \$27 ;
   wire \$28 ;
-  wire \$280 ;
-  wire \$281 ;
-  wire \$282 ;
-  wire \$283 ;
-  wire \$284 ;
-  wire [14:0] \$285 ;
-  wire \$286 ;
-  wire \$287 ;
-  wire [14:0] \$288 ;
-  wire \$289 ;
   wire \$29 ;
-  wire \$290 ;
-  wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire \$294 ;
-  wire \$295 ;
-  wire \$296 ;
-  wire \$297 ;
-  wire \$298 ;
-  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire \$301 ;
-  wire \$302 ;
-  wire \$303 ;
-  wire \$304 ;
-  wire \$305 ;
-  wire [14:0] \$306 ;
-  wire \$307 ;
-  wire \$308 ;
-  wire \$309 ;
   wire \$31 ;
-  wire \$310 ;
-  wire \$311 ;
-  wire [14:0] \$312 ;
-  wire \$313 ;
-  wire \$314 ;
-  wire \$315 ;
-  wire \$316 ;
-  wire \$317 ;
-  wire \$318 ;
-  wire [14:0] \$319 ;
   wire \$32 ;
-  wire \$320 ;
-  wire \$321 ;
-  wire \$322 ;
-  wire \$323 ;
-  wire \$324 ;
-  wire \$325 ;
-  wire \$326 ;
-  wire [33:0] \$327 ;
-  wire [32:0] \$328 ;
-  wire \$329 ;
   wire \$33 ;
-  wire \$330 ;
-  wire \$331 ;
-  wire \$332 ;
-  wire \$333 ;
-  wire \$334 ;
-  wire \$335 ;
-  wire \$336 ;
-  wire \$337 ;
-  wire \$338 ;
-  wire \$339 ;
   wire \$34 ;
-  wire \$340 ;
-  wire \$341 ;
-  wire \$342 ;
-  wire \$343 ;
-  wire [14:0] \$344 ;
-  wire [13:0] \$345 ;
-  wire [13:0] \$346 ;
-  wire [14:0] \$347 ;
-  wire [13:0] \$348 ;
-  wire [13:0] \$349 ;
   wire \$35 ;
-  wire [13:0] \$350 ;
-  wire [13:0] \$351 ;
-  wire [14:0] \$352 ;
-  wire [13:0] \$353 ;
-  wire [13:0] \$354 ;
-  wire [13:0] \$355 ;
-  wire [13:0] \$356 ;
-  wire [13:0] \$357 ;
-  wire [13:0] \$358 ;
-  wire \$359 ;
   wire \$36 ;
-  wire \$360 ;
-  wire \$361 ;
-  wire \$362 ;
-  wire [1:0] \$363 ;
-  wire [1:0] \$364 ;
-  wire \$365 ;
-  wire \$366 ;
-  wire \$367 ;
-  wire \$368 ;
-  wire \$369 ;
   wire \$37 ;
-  wire \$370 ;
-  wire \$371 ;
-  wire [2:0] \$372 ;
-  wire \$373 ;
-  wire [2:0] \$374 ;
-  wire [3:0] \$375 ;
-  wire \$376 ;
-  wire [2:0] \$377 ;
-  wire \$378 ;
-  wire \$379 ;
   wire \$38 ;
-  wire \$380 ;
-  wire \$381 ;
-  wire [2:0] \$382 ;
-  wire [2:0] \$383 ;
-  wire \$384 ;
-  wire \$385 ;
-  wire \$386 ;
-  wire \$387 ;
-  wire \$388 ;
-  wire \$389 ;
   wire \$39 ;
-  wire \$390 ;
-  wire \$391 ;
-  wire \$392 ;
-  wire \$393 ;
-  wire \$394 ;
-  wire \$395 ;
-  wire [3:0] \$396 ;
-  wire [13:0] \$397 ;
-  wire \$398 ;
-  wire \$399 ;
   wire \$4 ;
   wire \$40 ;
-  wire \$400 ;
-  wire \$401 ;
-  wire \$402 ;
-  wire \$403 ;
-  wire \$404 ;
-  wire \$405 ;
-  wire \$406 ;
-  wire \$407 ;
-  wire [7:0] \$408 ;
-  wire \$409 ;
   wire \$41 ;
-  wire [7:0] \$410 ;
-  wire [13:0] \$411 ;
-  wire [13:0] \$412 ;
-  wire [14:0] \$413 ;
-  wire [13:0] \$414 ;
-  wire [14:0] \$415 ;
-  wire [13:0] \$416 ;
-  wire [14:0] \$417 ;
-  wire \$418 ;
-  wire \$419 ;
   wire \$42 ;
-  wire \$420 ;
-  wire [2:0] \$421 ;
-  wire [13:0] \$422 ;
-  wire [2:0] \$423 ;
-  wire \$424 ;
-  wire \$425 ;
-  wire [2:0] \$426 ;
-  wire [3:0] \$427 ;
-  wire \$428 ;
-  wire \$429 ;
   wire \$43 ;
-  wire \$430 ;
-  wire [9:0] \$431 ;
-  wire \$432 ;
-  wire [9:0] \$433 ;
-  wire [13:0] \$434 ;
-  wire [13:0] \$435 ;
-  wire \$436 ;
-  wire \$437 ;
-  wire \$438 ;
-  wire \$439 ;
   wire \$44 ;
-  wire [14:0] \$440 ;
-  wire [13:0] \$441 ;
-  wire [13:0] \$442 ;
-  wire [14:0] \$443 ;
-  wire \$444 ;
-  wire [14:0] \$445 ;
-  wire \$446 ;
-  wire \$447 ;
-  wire \$448 ;
-  wire \$449 ;
-  wire \$45 ;
-  wire \$450 ;
-  wire \$451 ;
-  wire \$452 ;
-  wire \$453 ;
-  wire \$454 ;
-  wire \$455 ;
-  wire \$456 ;
-  wire \$457 ;
-  wire \$458 ;
-  wire [13:0] \$459 ;
+  wire [13:0] \$45 ;
   wire \$46 ;
-  wire \$460 ;
-  wire [13:0] \$461 ;
-  wire \$462 ;
-  wire [13:0] \$463 ;
-  wire \$464 ;
-  wire [13:0] \$465 ;
-  wire \$466 ;
-  wire [17:0] \$467 ;
-  wire [3:0] \$468 ;
-  wire [2:0] \$469 ;
-  wire \$47 ;
-  wire \$470 ;
-  wire \$471 ;
-  wire \$472 ;
-  wire \$473 ;
-  wire \$474 ;
-  wire \$475 ;
-  wire \$476 ;
-  wire \$477 ;
-  wire \$478 ;
-  wire \$479 ;
+  wire [4:0] \$47 ;
   wire \$48 ;
-  wire \$480 ;
-  wire \$481 ;
-  wire \$482 ;
-  wire [9:0] \$483 ;
-  wire \$484 ;
-  wire \$485 ;
-  wire \$486 ;
-  wire \$487 ;
-  wire \$488 ;
-  wire [9:0] \$489 ;
   wire \$49 ;
-  wire \$490 ;
-  wire [14:0] \$491 ;
-  wire [14:0] \$492 ;
-  wire \$493 ;
-  wire \$494 ;
-  wire \$495 ;
-  wire \$496 ;
-  wire [13:0] \$497 ;
-  wire \$498 ;
-  wire [13:0] \$499 ;
   wire \$5 ;
-  wire \$50 ;
-  wire \$500 ;
-  wire [13:0] \$501 ;
-  wire \$502 ;
-  wire [4:0] \$503 ;
-  wire \$504 ;
-  wire \$505 ;
-  wire [13:0] \$506 ;
-  wire [13:0] \$507 ;
-  wire \$508 ;
-  wire \$509 ;
-  wire \$51 ;
-  wire \$510 ;
-  wire \$511 ;
-  wire \$512 ;
-  reg \$513 ;
-  reg \$514 ;
-  reg \$515 ;
-  reg \$516 ;
-  reg [7:0] \$517 ;
-  reg \$518 ;
-  reg \$519 ;
+  wire [13:0] \$50 ;
+  wire [13:0] \$51 ;
   wire \$52 ;
-  reg \$520 ;
-  reg \$521 ;
-  reg [13:0] \$522 ;
-  reg [12:0] \$523 ;
-  reg [12:0] \$524 ;
-  reg [13:0] \$525 ;
-  reg [12:0] \$526 ;
-  reg [12:0] \$527 ;
-  reg [13:0] \$528 ;
-  reg [12:0] \$529 ;
   wire \$53 ;
-  reg [12:0] \$530 ;
-  reg \$531 ;
-  reg [1:0] \$532 ;
-  reg \$533 ;
-  reg \$534 ;
-  reg \$535 ;
-  reg \$536 ;
-  reg \$537 ;
-  reg [2:0] \$538 ;
-  reg [95:0] \$539 ;
   wire \$54 ;
-  reg [1:0] \$540 ;
-  reg \$541 ;
-  reg [1:0] \$542 ;
-  reg [2:0] \$543 ;
-  reg [12:0] \$544 ;
-  reg \$545 ;
-  reg [6:0] \$546 ;
-  reg [12:0] \$547 ;
-  reg [13:0] \$548 ;
-  reg \$549 ;
   wire \$55 ;
-  reg [1:0] \$550 ;
-  reg [12:0] \$551 ;
-  reg \$552 ;
-  reg [8:0] \$553 ;
-  reg [12:0] \$554 ;
-  reg [13:0] \$555 ;
-  reg [31:0] \$556 ;
-  reg [31:0] \$557 ;
-  reg \$558 ;
-  reg \$559 ;
   wire \$56 ;
-  reg [7:0] \$560 ;
-  reg [12:0] \$561 ;
-  reg \$562 ;
-  reg \$563 ;
-  reg \$564 ;
-  reg [3:0] \$565 ;
-  reg [7:0] \$566 ;
-  reg [5:0] \$567 ;
-  reg [2:0] \$568 ;
-  reg [1:0] \$569 ;
-  wire \$57 ;
-  reg [13:0] \$570 ;
-  reg [13:0] \$571 ;
-  reg [13:0] \$572 ;
-  reg [13:0] \$573 ;
-  reg [17:0] \$574 ;
-  reg [32:0] \$575 ;
-  reg [5:0] \$576 ;
-  reg [31:0] \$577 ;
-  reg [5:0] \$578 ;
-  reg [13:0] \$579 ;
-  wire \$58 ;
-  reg [13:0] \$580 ;
-  reg [12:0] \$581 ;
-  reg \$582 ;
-  reg [12:0] \$583 ;
-  reg \$584 ;
-  reg \$585 ;
-  reg [12:0] \$586 ;
-  reg [13:0] \$587 ;
-  reg \$588 ;
-  reg [2:0] \$589 ;
-  wire \$59 ;
-  reg [12:0] \$590 ;
-  reg [13:0] \$591 ;
-  reg [3:0] \$592 ;
-  reg [3:0] \$593 ;
-  reg [15:0] \$594 ;
-  reg [13:0] \$595 ;
-  wire [5:0] \$596 ;
-  wire [5:0] \$597 ;
-  wire [9:0] \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
+  reg [31:0] \$57 ;
+  reg [31:0] \$58 ;
+  reg \$59 ;
+  wire \$6 ;
+  reg \$60 ;
+  reg [7:0] \$61 ;
+  reg [12:0] \$62 ;
+  reg \$63 ;
+  reg \$64 ;
+  reg \$65 ;
+  reg [3:0] \$66 ;
+  reg [7:0] \$67 ;
+  reg [5:0] \$68 ;
+  reg [4:0] \$69 ;
   wire \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire \$74 ;
-  wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
-  wire [16:0] \$8 ;
-  wire \$80 ;
-  wire [6:0] \$808 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire [6:0] \$824 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire [9:0] \$87 ;
-  wire \$88 ;
-  wire [4:0] \$89 ;
-  wire [17:0] \$9 ;
-  wire [9:0] \$90 ;
-  wire \$91 ;
-  wire [4:0] \$92 ;
-  wire \$93 ;
-  wire [13:0] \$94 ;
-  wire [14:0] \$95 ;
-  wire \$96 ;
-  wire [14:0] \$97 ;
-  wire [13:0] \$98 ;
-  wire [16:0] \$99 ;
-  wire [31:0] a_in__payload;
-  wire [7:0] \a_in__payload[0] ;
-  wire [7:0] \a_in__payload[1] ;
-  wire [7:0] \a_in__payload[2] ;
-  wire [7:0] \a_in__payload[3] ;
-  wire a_in__ready;
-  reg a_in__valid = 1'h0;
+  reg [3:0] \$70 ;
+  reg [12:0] \$71 ;
+  reg [13:0] \$72 ;
+  reg [3:0] \$73 ;
+  reg [15:0] \$74 ;
+  reg [13:0] \$75 ;
+  wire [5:0] \$76 ;
+  wire [5:0] \$77 ;
+  wire \$8 ;
+  wire \$9 ;
+  reg [31:0] \$like  = 32'd0;
   reg abort;
-  wire [32:0] acc;
-  reg [32:0] acc_in;
-  wire [31:0] b_in__payload;
-  wire [7:0] \b_in__payload[0] ;
-  wire [7:0] \b_in__payload[1] ;
-  wire [7:0] \b_in__payload[2] ;
-  wire [7:0] \b_in__payload[3] ;
-  wire b_in__ready;
-  reg b_in__valid;
+  wire [15:0] beats;
   wire [2:0] bias__addr;
   wire [15:0] bias__data;
   wire bias__we;
@@ -676,25 +140,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] \bus__wstrb$103 ;
   wire bus__wvalid;
   wire \bus__wvalid$104 ;
-  wire busy;
-  wire [95:0] c_out__payload;
-  wire [23:0] \c_out__payload[0] ;
-  wire [23:0] \c_out__payload[1] ;
-  wire [23:0] \c_out__payload[2] ;
-  wire [23:0] \c_out__payload[3] ;
-  reg c_out__ready;
-  wire c_out__valid;
   wire clear_loads;
-  wire clients__0__blocked;
   reg [12:0] clients__0__rd0__addr;
   wire [31:0] clients__0__rd0__data;
   reg clients__0__rd0__en;
   reg [12:0] clients__0__rd1__addr;
   wire [31:0] clients__0__rd1__data;
   reg clients__0__rd1__en;
-  reg [12:0] clients__0__wr__addr;
-  reg [31:0] clients__0__wr__data;
-  reg clients__0__wr__en;
   wire clients__1__blocked;
   wire [12:0] clients__1__rd0__addr;
   wire [31:0] clients__1__rd0__data;
@@ -725,51 +177,74 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [12:0] clients__3__wr__addr;
   wire [31:0] clients__3__wr__data;
   wire clients__3__wr__en;
+  wire clients__4__blocked;
+  wire [12:0] clients__4__rd0__addr;
+  wire [31:0] clients__4__rd0__data;
+  wire clients__4__rd0__en;
+  wire [12:0] clients__4__rd1__addr;
+  wire [31:0] clients__4__rd1__data;
+  wire clients__4__rd1__en;
+  wire [12:0] clients__4__wr__addr;
+  wire [31:0] clients__4__wr__data;
+  wire clients__4__wr__en;
+  wire clients__5__blocked;
+  wire [12:0] clients__5__rd0__addr;
+  wire [31:0] clients__5__rd0__data;
+  wire clients__5__rd0__en;
+  wire [12:0] clients__5__rd1__addr;
+  wire [31:0] clients__5__rd1__data;
+  wire clients__5__rd1__en;
+  wire [12:0] clients__5__wr__addr;
+  wire [31:0] clients__5__wr__data;
+  wire clients__5__wr__en;
   input clk;
   wire clk;
-  wire [79:0] cmd__payload;
-  wire [8:0] \cmd__payload.a_addr ;
-  wire \cmd__payload.accumulate ;
-  wire [8:0] \cmd__payload.c_addr ;
-  wire \cmd__payload.compute ;
-  wire [11:0] \cmd__payload.k ;
-  wire \cmd__payload.load_a ;
-  wire [11:0] \cmd__payload.m ;
-  wire [15:0] \cmd__payload.mult ;
-  wire [11:0] \cmd__payload.n ;
-  wire [5:0] \cmd__payload.shift ;
-  wire \cmd__payload.store ;
-  wire cmd__ready;
-  reg cmd__valid;
-  reg [13:0] cnt0 = 14'h0000;
-  reg [13:0] cnt1 = 14'h0000;
+  wire [139:0] \context ;
+  wire [15:0] \context.count ;
+  wire \context.exp_active ;
+  wire [15:0] \context.expert ;
+  wire [31:0] \context.host_base ;
+  wire [31:0] \context.host_size ;
+  wire [13:0] \context.offset ;
+  wire \context.route_done ;
+  wire [12:0] \context.scores_a ;
+  wire [13:0] \context.scores_len ;
+  wire \context.scores_ok ;
   reg [15:0] count = 16'h0000;
-  reg ctrl_rd_ready;
-  reg ctrl_rd_start;
   reg [3:0] ctrl_state = 4'h0;
   (* init = 6'h00 *)
   wire [5:0] cur_executor;
-  reg [7:0] decode_err;
-  reg [7:0] decode_q = 8'h00;
-  wire [142:0] decoded;
+  wire [220:0] decoded;
   wire [12:0] \decoded.a ;
   wire [12:0] \decoded.b ;
   wire [12:0] \decoded.c ;
   wire [15:0] \decoded.count ;
+  wire [15:0] \decoded.expert ;
+  wire [9:0] \decoded.flags ;
   wire [15:0] \decoded.k ;
   wire [13:0] \decoded.len ;
   wire [15:0] \decoded.m ;
+  wire [31:0] \decoded.mult ;
   wire [15:0] \decoded.n ;
   wire [13:0] \decoded.offset ;
   wire [5:0] \decoded.op ;
+  wire [13:0] \decoded.p2 ;
+  wire [5:0] \decoded.shift ;
   wire [5:0] \decoded.width ;
   wire dma__error;
+  wire \dma__error$326 ;
   wire dma__rd_busy;
+  wire \dma__rd_busy$324 ;
   wire [31:0] dma__rd_data__payload;
+  wire [31:0] \dma__rd_data__payload$323 ;
   wire dma__rd_data__ready;
+  wire \dma__rd_data__ready$305 ;
   wire dma__rd_data__valid;
+  wire \dma__rd_data__valid$322 ;
   wire dma__rd_start;
+  wire \dma__rd_start$300 ;
   wire dma__wr_busy;
+  wire \dma__wr_busy$325 ;
   wire [35:0] dma__wr_data__payload;
   wire [31:0] \dma__wr_data__payload.data ;
   wire [3:0] \dma__wr_data__payload.strb ;
@@ -778,71 +253,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire dma__wr_start;
   reg done = 1'h0;
   (* init = 1'h0 *)
-  wire \done$188 ;
-  wire \done$316 ;
-  wire \done$321 ;
-  wire \done$325 ;
-  wire \done$403 ;
-  wire \done$404 ;
-  reg [13:0] el_i = 14'h0000;
-  reg eng_ready;
-  reg eng_run;
+  wire \done$244 ;
+  wire \done$262 ;
+  wire \done$279 ;
+  wire \done$284 ;
+  wire \done$288 ;
+  wire \done$292 ;
+  wire \done$296 ;
+  wire \done$336 ;
   (* init = 8'h00 *)
   wire [7:0] err;
   reg [7:0] error = 8'h00;
-  wire [7:0] \error$318 ;
-  wire [7:0] \error$322 ;
-  wire [7:0] \error$326 ;
-  wire \error$347 ;
-  wire \error$405 ;
+  wire [7:0] \error$281 ;
+  wire [7:0] \error$285 ;
+  wire [7:0] \error$289 ;
+  wire [7:0] \error$293 ;
+  wire [7:0] \error$297 ;
+  wire \error$321 ;
+  wire [7:0] \error$337 ;
   reg exec_done;
   reg [7:0] exec_error;
-  reg [2:0] exec_start;
+  reg [4:0] exec_start;
   reg [5:0] executor = 6'h00;
   reg exp_active = 1'h0;
   reg [3:0] expert = 4'h0;
-  reg g_last = 1'h0;
-  reg g_valid = 1'h0;
-  reg [12:0] gc_addr = 13'h0000;
-  reg [1:0] gc_lane = 2'h0;
-  reg gc_last = 1'h0;
-  reg [13:0] gc_left = 14'h0000;
-  reg [8:0] gc_n = 9'h000;
-  reg [12:0] gc_wstart = 13'h0000;
-  reg gemm_run;
-  reg [12:0] gm_addr = 13'h0000;
-  reg gm_afeed_done = 1'h0;
-  reg gm_cap = 1'h0;
-  reg [1:0] gm_cap_lane = 2'h0;
-  reg [6:0] gm_k = 7'h00;
-  reg [2:0] gm_lane = 3'h0;
-  reg [13:0] gm_left = 14'h0000;
-  reg [12:0] gm_wstart = 13'h0000;
-  (* init = 1'h0 *)
-  wire gm_wvalid;
-  reg h_last = 1'h0;
-  reg h_valid = 1'h0;
-  wire [23:0] hi_sat;
+  wire [32:0] host;
   wire [31:0] host_base;
-  reg [32:0] host_eff = 33'h000000000;
-  reg host_ok = 1'h0;
   wire [31:0] host_size;
-  wire [15:0] i__payload;
-  wire [31:0] \i__payload$250 ;
-  wire [31:0] \i__payload$250[0] ;
-  wire [15:0] \i__payload$250[0].g ;
-  wire [15:0] \i__payload$250[0].u ;
-  wire [33:0] \i__payload$252 ;
-  wire [15:0] \i__payload$252.a ;
-  wire [16:0] \i__payload$252.b ;
-  wire \i__payload$252.last ;
-  wire [15:0] \i__payload[0] ;
-  wire i__ready;
-  wire \i__ready$281 ;
-  wire \i__ready$285 ;
-  reg i__valid;
-  reg \i__valid$280 ;
-  reg \i__valid$284 ;
   wire [8:0] imem_wr__addr;
   wire [8:0] \imem_wr__addr$71 ;
   wire [31:0] imem_wr__data;
@@ -850,42 +287,106 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire imem_wr__en;
   wire \imem_wr__en$75 ;
   wire [255:0] ins;
-  wire [142:0] \ins$312 ;
-  wire [12:0] \ins$312.a ;
-  wire [12:0] \ins$312.b ;
-  wire [12:0] \ins$312.c ;
-  wire [15:0] \ins$312.count ;
-  wire [15:0] \ins$312.k ;
-  wire [13:0] \ins$312.len ;
-  wire [15:0] \ins$312.m ;
-  wire [15:0] \ins$312.n ;
-  wire [13:0] \ins$312.offset ;
-  wire [5:0] \ins$312.op ;
-  wire [5:0] \ins$312.width ;
-  wire [142:0] \ins$319 ;
-  wire [12:0] \ins$319.a ;
-  wire [12:0] \ins$319.b ;
-  wire [12:0] \ins$319.c ;
-  wire [15:0] \ins$319.count ;
-  wire [15:0] \ins$319.k ;
-  wire [13:0] \ins$319.len ;
-  wire [15:0] \ins$319.m ;
-  wire [15:0] \ins$319.n ;
-  wire [13:0] \ins$319.offset ;
-  wire [5:0] \ins$319.op ;
-  wire [5:0] \ins$319.width ;
-  wire [142:0] \ins$323 ;
-  wire [12:0] \ins$323.a ;
-  wire [12:0] \ins$323.b ;
-  wire [12:0] \ins$323.c ;
-  wire [15:0] \ins$323.count ;
-  wire [15:0] \ins$323.k ;
-  wire [13:0] \ins$323.len ;
-  wire [15:0] \ins$323.m ;
-  wire [15:0] \ins$323.n ;
-  wire [13:0] \ins$323.offset ;
-  wire [5:0] \ins$323.op ;
-  wire [5:0] \ins$323.width ;
+  wire [255:0] \ins$260 ;
+  wire [23:0] \ins$260.a ;
+  wire [23:0] \ins$260.b ;
+  wire [23:0] \ins$260.c ;
+  wire [9:0] \ins$260.flags ;
+  wire [31:0] \ins$260.host ;
+  wire [15:0] \ins$260.k ;
+  wire [15:0] \ins$260.m ;
+  wire [31:0] \ins$260.mult ;
+  wire [15:0] \ins$260.n ;
+  wire [5:0] \ins$260.op ;
+  wire [5:0] \ins$260.shift ;
+  wire [31:0] \ins$260.stride ;
+  wire [11:0] \ins$260.target ;
+  wire [5:0] \ins$260.width ;
+  wire [220:0] \ins$274 ;
+  wire [12:0] \ins$274.a ;
+  wire [12:0] \ins$274.b ;
+  wire [12:0] \ins$274.c ;
+  wire [15:0] \ins$274.count ;
+  wire [15:0] \ins$274.expert ;
+  wire [9:0] \ins$274.flags ;
+  wire [15:0] \ins$274.k ;
+  wire [13:0] \ins$274.len ;
+  wire [15:0] \ins$274.m ;
+  wire [31:0] \ins$274.mult ;
+  wire [15:0] \ins$274.n ;
+  wire [13:0] \ins$274.offset ;
+  wire [5:0] \ins$274.op ;
+  wire [13:0] \ins$274.p2 ;
+  wire [5:0] \ins$274.shift ;
+  wire [5:0] \ins$274.width ;
+  wire [220:0] \ins$282 ;
+  wire [12:0] \ins$282.a ;
+  wire [12:0] \ins$282.b ;
+  wire [12:0] \ins$282.c ;
+  wire [15:0] \ins$282.count ;
+  wire [15:0] \ins$282.expert ;
+  wire [9:0] \ins$282.flags ;
+  wire [15:0] \ins$282.k ;
+  wire [13:0] \ins$282.len ;
+  wire [15:0] \ins$282.m ;
+  wire [31:0] \ins$282.mult ;
+  wire [15:0] \ins$282.n ;
+  wire [13:0] \ins$282.offset ;
+  wire [5:0] \ins$282.op ;
+  wire [13:0] \ins$282.p2 ;
+  wire [5:0] \ins$282.shift ;
+  wire [5:0] \ins$282.width ;
+  wire [220:0] \ins$286 ;
+  wire [12:0] \ins$286.a ;
+  wire [12:0] \ins$286.b ;
+  wire [12:0] \ins$286.c ;
+  wire [15:0] \ins$286.count ;
+  wire [15:0] \ins$286.expert ;
+  wire [9:0] \ins$286.flags ;
+  wire [15:0] \ins$286.k ;
+  wire [13:0] \ins$286.len ;
+  wire [15:0] \ins$286.m ;
+  wire [31:0] \ins$286.mult ;
+  wire [15:0] \ins$286.n ;
+  wire [13:0] \ins$286.offset ;
+  wire [5:0] \ins$286.op ;
+  wire [13:0] \ins$286.p2 ;
+  wire [5:0] \ins$286.shift ;
+  wire [5:0] \ins$286.width ;
+  wire [220:0] \ins$290 ;
+  wire [12:0] \ins$290.a ;
+  wire [12:0] \ins$290.b ;
+  wire [12:0] \ins$290.c ;
+  wire [15:0] \ins$290.count ;
+  wire [15:0] \ins$290.expert ;
+  wire [9:0] \ins$290.flags ;
+  wire [15:0] \ins$290.k ;
+  wire [13:0] \ins$290.len ;
+  wire [15:0] \ins$290.m ;
+  wire [31:0] \ins$290.mult ;
+  wire [15:0] \ins$290.n ;
+  wire [13:0] \ins$290.offset ;
+  wire [5:0] \ins$290.op ;
+  wire [13:0] \ins$290.p2 ;
+  wire [5:0] \ins$290.shift ;
+  wire [5:0] \ins$290.width ;
+  wire [220:0] \ins$294 ;
+  wire [12:0] \ins$294.a ;
+  wire [12:0] \ins$294.b ;
+  wire [12:0] \ins$294.c ;
+  wire [15:0] \ins$294.count ;
+  wire [15:0] \ins$294.expert ;
+  wire [9:0] \ins$294.flags ;
+  wire [15:0] \ins$294.k ;
+  wire [13:0] \ins$294.len ;
+  wire [15:0] \ins$294.m ;
+  wire [31:0] \ins$294.mult ;
+  wire [15:0] \ins$294.n ;
+  wire [13:0] \ins$294.offset ;
+  wire [5:0] \ins$294.op ;
+  wire [13:0] \ins$294.p2 ;
+  wire [5:0] \ins$294.shift ;
+  wire [5:0] \ins$294.width ;
   wire [23:0] \ins.a ;
   wire [23:0] \ins.b ;
   wire [23:0] \ins.c ;
@@ -902,15 +403,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [5:0] \ins.width ;
   output irq;
   wire irq;
-  reg issuing = 1'h0;
-  reg [17:0] l4 = 18'h00000;
-  reg [13:0] ln = 14'h0000;
-  reg load;
   wire [2:0] load_addr;
-  wire [15:0] \load_addr$200 ;
+  wire [15:0] \load_addr$256 ;
   wire load_clear;
   wire [31:0] load_data;
-  wire [15:0] \load_data$202 ;
+  wire [15:0] \load_data$258 ;
   output [31:0] m_axi__araddr;
   wire [31:0] m_axi__araddr;
   output [1:0] m_axi__arburst;
@@ -969,49 +466,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] m_axi__wstrb;
   output m_axi__wvalid;
   wire m_axi__wvalid;
-  wire [15:0] m_eff;
-  reg [13:0] mk = 14'h0000;
-  wire [15:0] n;
-  wire [12:0] o__payload;
-  wire [15:0] \o__payload$283 ;
-  wire [15:0] \o__payload$283[0] ;
-  wire [15:0] \o__payload$287 ;
-  wire [12:0] \o__payload[0] ;
-  wire o__ready;
-  wire \o__ready$258 ;
-  wire \o__ready$259 ;
-  wire o__valid;
-  wire \o__valid$282 ;
-  wire \o__valid$286 ;
   reg [13:0] offset = 14'h0000;
-  (* enum_base_type = "VecOp" *)
-  (* enum_value_00 = "ADD" *)
-  (* enum_value_01 = "COMBINE" *)
-  (* enum_value_10 = "NORM" *)
-  (* init = 2'h0 *)
-  wire [1:0] op;
-  reg [31:0] out_data;
-  reg out_valid;
-  reg overlap_q = 1'h0;
-  reg [13:0] p2 = 14'h0000;
-  reg [13:0] p3 = 14'h0000;
-  reg [12:0] pa = 13'h0000;
-  (* init = 96'h000000000000000000000000 *)
-  wire [95:0] pack;
-  wire [23:0] \pack[0] ;
-  wire [23:0] \pack[1] ;
-  wire [23:0] \pack[2] ;
-  wire [23:0] \pack[3] ;
-  reg [12:0] pb = 13'h0000;
   reg [12:0] pc = 13'h0000;
   (* init = 13'h0000 *)
-  wire [12:0] \pc$192 ;
-  reg [12:0] \pc$356 ;
-  reg [12:0] ra1 = 13'h0000;
-  reg [12:0] ra2 = 13'h0000;
-  reg [12:0] rb1 = 13'h0000;
-  reg [12:0] rb2 = 13'h0000;
-  reg [31:0] rd0_q = 32'd0;
+  wire [12:0] \pc$248 ;
+  reg [12:0] \pc$335 ;
   reg [31:0] rd1_q = 32'd0;
   wire [31:0] rd_addr;
   wire [23:0] rd_beats;
@@ -1020,52 +479,59 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire rd_data__ready;
   wire rd_data__valid;
   wire rd_start;
-  reg [13:0] rem0 = 14'h0000;
-  reg [13:0] rem1 = 14'h0000;
-  reg [13:0] rem2 = 14'h0000;
   reg retire;
-  wire \retire$196 ;
+  wire \retire$252 ;
   reg route_done = 1'h0;
   wire [19:0] routes__payload;
-  wire [19:0] \routes__payload$112 ;
-  wire [2:0] \routes__payload$112.index ;
-  wire \routes__payload$112.last ;
-  wire [15:0] \routes__payload$112.weight ;
+  wire [19:0] \routes__payload$128 ;
+  wire [2:0] \routes__payload$128.index ;
+  wire \routes__payload$128.last ;
+  wire [15:0] \routes__payload$128.weight ;
   wire [2:0] \routes__payload.index ;
   wire \routes__payload.last ;
   wire [15:0] \routes__payload.weight ;
   wire routes__ready;
-  wire \routes__ready$114 ;
+  wire \routes__ready$130 ;
   wire routes__valid;
-  wire \routes__valid$116 ;
-  reg rq_at_last = 1'h0;
-  reg [2:0] rq_fill = 3'h0;
-  reg [95:0] rq_in__payload = 96'h000000000000000000000000;
-  wire [23:0] \rq_in__payload[0] ;
-  wire [23:0] \rq_in__payload[1] ;
-  wire [23:0] \rq_in__payload[2] ;
-  wire [23:0] \rq_in__payload[3] ;
-  wire rq_in__ready;
-  reg rq_in__valid;
-  reg [1:0] rq_lane = 2'h0;
-  wire [15:0] rq_mult;
-  reg [31:0] \rq_mult$243  = 32'd0;
-  wire [23:0] rq_sat;
-  reg [5:0] rq_shift = 6'h00;
-  (* init = 6'h00 *)
-  wire [5:0] \rq_shift$245 ;
-  reg [5:0] rq_width = 6'h00;
-  reg rq_wvalid = 1'h0;
+  wire \routes__valid$132 ;
+  wire [95:0] rq__i__payload;
+  wire [95:0] \rq__i__payload$106 ;
+  wire [23:0] \rq__i__payload$106[0] ;
+  wire [23:0] \rq__i__payload$106[1] ;
+  wire [23:0] \rq__i__payload$106[2] ;
+  wire [23:0] \rq__i__payload$106[3] ;
+  wire [23:0] \rq__i__payload[0] ;
+  wire [23:0] \rq__i__payload[1] ;
+  wire [23:0] \rq__i__payload[2] ;
+  wire [23:0] \rq__i__payload[3] ;
+  wire rq__i__ready;
+  wire \rq__i__ready$108 ;
+  wire rq__i__valid;
+  wire \rq__i__valid$110 ;
+  wire [15:0] rq__mult;
+  wire [15:0] \rq__mult$112 ;
+  wire [95:0] rq__o__payload;
+  wire [95:0] \rq__o__payload$114 ;
+  wire [23:0] \rq__o__payload$114[0] ;
+  wire [23:0] \rq__o__payload$114[1] ;
+  wire [23:0] \rq__o__payload$114[2] ;
+  wire [23:0] \rq__o__payload$114[3] ;
+  wire [23:0] \rq__o__payload[0] ;
+  wire [23:0] \rq__o__payload[1] ;
+  wire [23:0] \rq__o__payload[2] ;
+  wire [23:0] \rq__o__payload[3] ;
+  wire rq__o__ready;
+  wire \rq__o__ready$116 ;
+  wire rq__o__valid;
+  wire \rq__o__valid$118 ;
+  wire [5:0] rq__shift;
+  wire [5:0] \rq__shift$120 ;
   input rst;
   wire rst;
-  reg run_gemm = 1'h0;
-  reg run_requant = 1'h0;
-  reg run_sigmoid = 1'h0;
-  reg run_situ = 1'h0;
   reg running = 1'h0;
   (* init = 1'h0 *)
-  wire \running$186 ;
-  reg [2:0] running_exec = 3'h0;
+  wire \running$242 ;
+  reg [4:0] running_exec = 5'h00;
   input [19:0] s_axil__araddr;
   wire [19:0] s_axil__araddr;
   input [2:0] s_axil__arprot;
@@ -1104,80 +570,80 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] s_axil__wstrb;
   input s_axil__wvalid;
   wire s_axil__wvalid;
-  reg [12:0] sa0 = 13'h0000;
-  reg sa1 = 1'h0;
-  reg [12:0] sa2 = 13'h0000;
-  wire [23:0] sat_in;
-  reg sb0 = 1'h0;
-  reg sb1 = 1'h0;
-  reg [12:0] sb2 = 13'h0000;
   reg [3:0] scan = 4'h0;
   wire [12:0] scores__payload;
-  wire [12:0] \scores__payload$106 ;
-  wire [12:0] \scores__payload$106[0] ;
+  wire [12:0] \scores__payload$122 ;
+  wire [12:0] \scores__payload$122[0] ;
   wire [12:0] \scores__payload[0] ;
   wire scores__ready;
-  wire \scores__ready$108 ;
+  wire \scores__ready$124 ;
   wire scores__valid;
-  wire \scores__valid$110 ;
+  wire \scores__valid$126 ;
   reg [12:0] scores_a = 13'h0000;
   reg [13:0] scores_len = 14'h0000;
   reg scores_ok = 1'h0;
-  wire [3:0] select;
-  reg [1:0] settle = 2'h0;
-  reg shape_ok;
-  reg shape_q = 1'h0;
+  wire [5:0] select;
   wire soft_reset;
   wire spad__blocked;
-  wire \spad__blocked$145 ;
-  wire \spad__blocked$165 ;
+  wire \spad__blocked$161 ;
+  wire \spad__blocked$181 ;
+  wire \spad__blocked$201 ;
+  wire \spad__blocked$221 ;
   wire [12:0] spad__rd0__addr;
-  wire [12:0] \spad__rd0__addr$148 ;
-  wire [12:0] \spad__rd0__addr$168 ;
+  wire [12:0] \spad__rd0__addr$164 ;
+  wire [12:0] \spad__rd0__addr$184 ;
+  wire [12:0] \spad__rd0__addr$204 ;
+  wire [12:0] \spad__rd0__addr$224 ;
   wire [31:0] spad__rd0__data;
-  wire [31:0] \spad__rd0__data$149 ;
-  wire [31:0] \spad__rd0__data$169 ;
+  wire [31:0] \spad__rd0__data$165 ;
+  wire [31:0] \spad__rd0__data$185 ;
+  wire [31:0] \spad__rd0__data$205 ;
+  wire [31:0] \spad__rd0__data$225 ;
   wire spad__rd0__en;
-  wire \spad__rd0__en$152 ;
-  wire \spad__rd0__en$172 ;
+  wire \spad__rd0__en$168 ;
+  wire \spad__rd0__en$188 ;
+  wire \spad__rd0__en$208 ;
+  wire \spad__rd0__en$228 ;
   wire [12:0] spad__rd1__addr;
-  wire [12:0] \spad__rd1__addr$154 ;
-  wire [12:0] \spad__rd1__addr$174 ;
+  wire [12:0] \spad__rd1__addr$170 ;
+  wire [12:0] \spad__rd1__addr$190 ;
+  wire [12:0] \spad__rd1__addr$210 ;
+  wire [12:0] \spad__rd1__addr$230 ;
   wire [31:0] spad__rd1__data;
-  wire [31:0] \spad__rd1__data$155 ;
-  wire [31:0] \spad__rd1__data$175 ;
+  wire [31:0] \spad__rd1__data$171 ;
+  wire [31:0] \spad__rd1__data$191 ;
+  wire [31:0] \spad__rd1__data$211 ;
+  wire [31:0] \spad__rd1__data$231 ;
   wire spad__rd1__en;
-  wire \spad__rd1__en$158 ;
-  wire \spad__rd1__en$178 ;
+  wire \spad__rd1__en$174 ;
+  wire \spad__rd1__en$194 ;
+  wire \spad__rd1__en$214 ;
+  wire \spad__rd1__en$234 ;
   wire [12:0] spad__wr__addr;
-  wire [12:0] \spad__wr__addr$160 ;
-  wire [12:0] \spad__wr__addr$180 ;
+  wire [12:0] \spad__wr__addr$176 ;
+  wire [12:0] \spad__wr__addr$196 ;
+  wire [12:0] \spad__wr__addr$216 ;
+  wire [12:0] \spad__wr__addr$236 ;
   wire [31:0] spad__wr__data;
-  wire [31:0] \spad__wr__data$162 ;
-  wire [31:0] \spad__wr__data$182 ;
+  wire [31:0] \spad__wr__data$178 ;
+  wire [31:0] \spad__wr__data$198 ;
+  wire [31:0] \spad__wr__data$218 ;
+  wire [31:0] \spad__wr__data$238 ;
   wire spad__wr__en;
-  wire \spad__wr__en$164 ;
-  wire \spad__wr__en$184 ;
-  reg spad_ok = 1'h0;
-  reg [32:0] st_acc;
-  reg [32:0] st_x;
-  reg [15:0] st_y;
+  wire \spad__wr__en$180 ;
+  wire \spad__wr__en$200 ;
+  wire \spad__wr__en$220 ;
+  wire \spad__wr__en$240 ;
   wire start;
-  wire \start$320 ;
-  wire \start$324 ;
-  reg \start$355 ;
-  wire \start$401 ;
-  reg [2:0] step = 3'h0;
+  wire \start$276 ;
+  wire \start$283 ;
+  wire \start$287 ;
+  wire \start$291 ;
+  wire \start$295 ;
+  reg \start$334 ;
+  wire \start$350 ;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
-  (* enum_base_type = "VecOp" *)
-  (* enum_value_00 = "ADD" *)
-  (* enum_value_01 = "COMBINE" *)
-  (* enum_value_10 = "NORM" *)
-  reg [1:0] vec_op = 2'h0;
-  reg [13:0] wa;
-  reg [13:0] wb;
-  reg [13:0] wc;
   wire [31:0] wr_addr;
   wire [23:0] wr_beats;
   wire wr_busy;
@@ -1187,651 +653,103 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire wr_data__ready;
   wire wr_data__valid;
   wire wr_start;
-  reg [32:0] x;
-  reg [15:0] y;
-  assign \$393  = \$386  & \$392 ;
-  assign \$396  = gm_lane + 1'h1;
-  assign \$397  = gm_addr + ins[38:32];
-  assign \$398  = ~ a_in__valid;
-  assign \$399  = ~ gm_afeed_done;
-  assign \$400  = \$398  & \$399 ;
-  assign \$401  = gm_lane == 3'h4;
-  assign \$402  = ! gm_left[13:3];
-  assign \$403  = gm_lane >= gm_left[2:0];
-  assign \$404  = \$402  & \$403 ;
-  assign \$405  = \$401  | \$404 ;
-  assign \$406  = \$400  & \$405 ;
-  assign \$407  = a_in__valid & a_in__ready;
-  assign \$408  = gm_k + 1'h1;
-  assign \$409  = \$408  < ins[38:32];
-  assign \$410  = gm_k + 1'h1;
-  assign \$411  = gm_wstart + 1'h1;
-  assign \$412  = gm_wstart + 1'h1;
-  assign \$413  = gm_left - 3'h4;
-  assign \$414  = gm_addr - ins[38:32];
-  assign \$415  = $signed(\$414 ) + $signed(2'h1);
-  assign \$416  = gm_addr - ins[38:32];
-  assign \$417  = $signed(\$416 ) + $signed(2'h1);
-  assign \$418  = ! gm_left[13:3];
-  assign \$419  = gm_left[2:0] <= 3'h4;
-  assign \$420  = \$418  & \$419 ;
-  assign \$421  = gc_lane + 1'h1;
-  assign \$422  = gc_addr + ins[56:48];
-  assign \$423  = gc_lane + 1'h1;
-  assign \$424  = \$423  == 2'h3;
-  assign \$425  = ! gc_left[13:3];
-  assign \$426  = gc_lane + 1'h1;
-  assign \$427  = \$426  + 1'h1;
-  assign \$428  = \$427  >= gc_left[2:0];
-  assign \$429  = \$425  & \$428 ;
-  assign \$430  = \$424  | \$429 ;
-  assign \$431  = gc_n + 1'h1;
-  assign \$432  = \$431  < ins[56:48];
-  assign \$433  = gc_n + 1'h1;
-  assign \$434  = gc_wstart + 1'h1;
-  assign \$435  = gc_wstart + 1'h1;
-  assign \$436  = ! gc_left[13:3];
-  assign \$437  = gc_left[2:0] <= 1'h1;
-  assign \$438  = \$436  & \$437 ;
-  assign \$440  = gc_left - 3'h4;
-  assign \$441  = gc_addr + 1'h1;
-  assign \$442  = gc_addr + 1'h1;
-  assign \$443  = gc_left - 3'h4;
-  assign \$444  = ! \$443 [13:3];
-  assign \$445  = gc_left - 3'h4;
-  assign \$446  = \$445 [2:0] <= 1'h1;
-  assign \$447  = \$444  & \$446 ;
-  assign \$449  = ~ eng_run;
-  assign \$450  = ~ h_valid;
-  assign \$451  = \$450  | eng_ready;
-  assign \$452  = \$449  | \$451 ;
-  assign \$453  = pc >= 7'h40;
-  assign \$454  = step != 3'h7;
-  assign \$455  = ! ins[5:0];
-  assign \$456  = settle != 2'h2;
-  assign \$457  = | decode_q;
-  assign \$458  = | acc[32:14];
-  assign \$459  = \$458  ? 14'h3fff : acc[13:0];
-  assign \$460  = | acc[32:14];
-  assign \$461  = \$460  ? 14'h3fff : acc[13:0];
-  assign \$462  = | acc[32:14];
-  assign \$463  = \$462  ? 14'h3fff : acc[13:0];
-  assign \$464  = | acc[32:14];
-  assign \$465  = \$464  ? 14'h3fff : acc[13:0];
-  assign \$466  = | acc[32:18];
-  assign \$467  = \$466  ? 18'h3ffff : acc[17:0];
-  assign \$468  = step + 1'h1;
-  assign \$469  = settle + 1'h1;
-  assign \$470  = ins[5:0] == 1'h1;
-  assign \$471  = ins[5:0] == 2'h2;
-  assign \$472  = ins[5:0] == 2'h3;
-  assign \$473  = ins[5:0] == 3'h4;
-  assign \$474  = ins[5:0] == 3'h5;
-  assign \$475  = ins[5:0] == 3'h6;
-  assign \$476  = ins[5:0] == 3'h7;
-  assign \$477  = ins[5:0] == 4'h8;
-  assign \$478  = ins[5:0] == 4'ha;
-  assign \$479  = ins[5:0] == 4'hb;
-  assign \$480  = ins[5:0] == 4'hc;
-  assign \$481  = ins[5:0] == 4'hd;
-  assign \$482  = ln == 1'h1;
-  assign \$485  = ! m_eff[13:3];
-  assign \$486  = m_eff[2:0] <= 1'h1;
-  assign \$487  = \$485  & \$486 ;
-  assign \$491  = el_i + 1'h1;
-  assign \$492  = el_i + 2'h2;
-  assign \$493  = \$492  == ln;
-  assign \$494  = el_i < ln;
-  assign \$495  = ~ \$494 ;
-  assign \$496  = eng_run & \$495 ;
-  assign \$497  = pc + 1'h1;
-  assign \$498  = ~ dma__rd_busy;
-  assign \$499  = pc + 1'h1;
-  assign \$500  = | exec_error;
-  assign \$501  = pc + 1'h1;
-  assign \$502  = scan >= 4'h8;
-  assign \$503  = scan + 1'h1;
-  assign \$504  = | rd0_q;
-  assign \$505  = | rd1_q[23:14];
-  assign \$506  = \$505  ? 14'h3fff : rd1_q[13:0];
-  assign \$507  = pc + 1'h1;
-  assign \$508  = ~ dma__rd_busy;
-  assign \$509  = ~ dma__wr_busy;
-  assign \$510  = \$508  & \$509 ;
-  assign \$511  = ~ running;
-  assign \$512  = soft_reset & \$511 ;
+  assign \$20  = ctrl_state == 2'h2;
+  assign \$21  = ctrl_state == 2'h3;
+  assign \$22  = ctrl_state == 3'h4;
+  assign \$23  = ctrl_state == 3'h5;
+  assign \$24  = ctrl_state == 3'h6;
+  assign \$25  = ctrl_state == 3'h7;
+  assign \$26  = ctrl_state == 4'h8;
+  assign \$27  = pc >= 7'h40;
+  assign \$28  = ~ \done$336 ;
+  assign \$29  = ! ins[5:0];
+  assign \$30  = | \error$337 ;
+  assign \$31  = ins[5:0] == 1'h1;
+  assign \$32  = ins[5:0] == 2'h2;
+  assign \$33  = ins[5:0] == 2'h3;
+  assign \$34  = ins[5:0] == 3'h4;
+  assign \$35  = ins[5:0] == 3'h5;
+  assign \$36  = ins[5:0] == 3'h6;
+  assign \$37  = ins[5:0] == 3'h7;
+  assign \$38  = ins[5:0] == 4'h8;
+  assign \$39  = ins[5:0] == 4'ha;
+  assign \$40  = ins[5:0] == 4'hb;
+  assign \$41  = ins[5:0] == 4'hc;
+  assign \$42  = ins[5:0] == 4'hd;
+  assign \$43  = ins[5:0] == 3'h5;
+  assign \$44  = | exec_error;
+  assign \$45  = pc + 1'h1;
+  assign \$46  = scan >= 4'h8;
+  assign \$47  = scan + 1'h1;
+  assign \$48  = | \$like ;
+  assign \$49  = | rd1_q[23:14];
+  assign \$50  = \$49  ? 14'h3fff : rd1_q[13:0];
+  assign \$51  = pc + 1'h1;
+  assign \$52  = ~ dma__rd_busy;
+  assign \$53  = ~ dma__wr_busy;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = ~ running;
+  assign \$56  = soft_reset & \$55 ;
   always @(posedge clk)
-    shape_q <= \$513 ;
+    \$like  <= \$57 ;
   always @(posedge clk)
-    overlap_q <= \$514 ;
+    rd1_q <= \$58 ;
   always @(posedge clk)
-    spad_ok <= \$515 ;
+    running <= \$59 ;
   always @(posedge clk)
-    host_ok <= \$516 ;
+    done <= \$60 ;
   always @(posedge clk)
-    decode_q <= \$517 ;
+    error <= \$61 ;
   always @(posedge clk)
-    h_valid <= \$518 ;
+    pc <= \$62 ;
   always @(posedge clk)
-    h_last <= \$519 ;
+    route_done <= \$63 ;
   always @(posedge clk)
-    g_valid <= \$520 ;
+    exp_active <= \$64 ;
   always @(posedge clk)
-    g_last <= \$521 ;
+    scores_ok <= \$65 ;
   always @(posedge clk)
-    rem0 <= \$522 ;
+    ctrl_state <= \$66 ;
   always @(posedge clk)
-    pa <= \$523 ;
+    stop_code <= \$67 ;
   always @(posedge clk)
-    pb <= \$524 ;
+    executor <= \$68 ;
   always @(posedge clk)
-    rem1 <= \$525 ;
+    running_exec <= \$69 ;
   always @(posedge clk)
-    ra1 <= \$526 ;
+    scan <= \$70 ;
   always @(posedge clk)
-    rb1 <= \$527 ;
+    scores_a <= \$71 ;
   always @(posedge clk)
-    rem2 <= \$528 ;
+    scores_len <= \$72 ;
   always @(posedge clk)
-    ra2 <= \$529 ;
+    expert <= \$73 ;
   always @(posedge clk)
-    rb2 <= \$530 ;
+    count <= \$74 ;
   always @(posedge clk)
-    issuing <= \$531 ;
-  always @(posedge clk)
-    vec_op <= \$532 ;
-  always @(posedge clk)
-    run_gemm <= \$533 ;
-  always @(posedge clk)
-    run_requant <= \$534 ;
-  always @(posedge clk)
-    run_sigmoid <= \$535 ;
-  always @(posedge clk)
-    run_situ <= \$536 ;
-  always @(posedge clk)
-    rq_wvalid <= \$537 ;
-  always @(posedge clk)
-    rq_fill <= \$538 ;
-  always @(posedge clk)
-    rq_in__payload <= \$539 ;
-  always @(posedge clk)
-    rq_lane <= \$540 ;
-  always @(posedge clk)
-    gm_cap <= \$541 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$542 ;
-  always @(posedge clk)
-    gm_lane <= \$543 ;
-  always @(posedge clk)
-    gm_addr <= \$544 ;
-  always @(posedge clk)
-    a_in__valid <= \$545 ;
-  always @(posedge clk)
-    gm_k <= \$546 ;
-  always @(posedge clk)
-    gm_wstart <= \$547 ;
-  always @(posedge clk)
-    gm_left <= \$548 ;
-  always @(posedge clk)
-    gm_afeed_done <= \$549 ;
-  always @(posedge clk)
-    gc_lane <= \$550 ;
-  always @(posedge clk)
-    gc_addr <= \$551 ;
-  always @(posedge clk)
-    gc_last <= \$552 ;
-  always @(posedge clk)
-    gc_n <= \$553 ;
-  always @(posedge clk)
-    gc_wstart <= \$554 ;
-  always @(posedge clk)
-    gc_left <= \$555 ;
-  always @(posedge clk)
-    rd0_q <= \$556 ;
-  always @(posedge clk)
-    rd1_q <= \$557 ;
-  always @(posedge clk)
-    running <= \$558 ;
-  always @(posedge clk)
-    done <= \$559 ;
-  always @(posedge clk)
-    error <= \$560 ;
-  always @(posedge clk)
-    pc <= \$561 ;
-  always @(posedge clk)
-    route_done <= \$562 ;
-  always @(posedge clk)
-    exp_active <= \$563 ;
-  always @(posedge clk)
-    scores_ok <= \$564 ;
-  always @(posedge clk)
-    ctrl_state <= \$565 ;
-  always @(posedge clk)
-    stop_code <= \$566 ;
-  always @(posedge clk)
-    executor <= \$567 ;
-  always @(posedge clk)
-    step <= \$568 ;
-  always @(posedge clk)
-    settle <= \$569 ;
-  always @(posedge clk)
-    ln <= \$570 ;
-  always @(posedge clk)
-    mk <= \$571 ;
-  always @(posedge clk)
-    p2 <= \$572 ;
-  always @(posedge clk)
-    p3 <= \$573 ;
-  always @(posedge clk)
-    l4 <= \$574 ;
-  always @(posedge clk)
-    host_eff <= \$575 ;
-  always @(posedge clk)
-    rq_width <= \$576 ;
-  always @(posedge clk)
-    \rq_mult$243  <= \$577 ;
-  always @(posedge clk)
-    rq_shift <= \$578 ;
-  always @(posedge clk)
-    cnt0 <= \$579 ;
-  always @(posedge clk)
-    cnt1 <= \$580 ;
-  always @(posedge clk)
-    sa0 <= \$581 ;
-  always @(posedge clk)
-    sa1 <= \$582 ;
-  always @(posedge clk)
-    sa2 <= \$583 ;
-  always @(posedge clk)
-    sb0 <= \$584 ;
-  always @(posedge clk)
-    sb1 <= \$585 ;
-  always @(posedge clk)
-    sb2 <= \$586 ;
-  always @(posedge clk)
-    el_i <= \$587 ;
-  always @(posedge clk)
-    rq_at_last <= \$588 ;
-  always @(posedge clk)
-    running_exec <= \$589 ;
-  always @(posedge clk)
-    scores_a <= \$590 ;
-  always @(posedge clk)
-    scores_len <= \$591 ;
-  always @(posedge clk)
-    scan <= \$592 ;
-  always @(posedge clk)
-    expert <= \$593 ;
-  always @(posedge clk)
-    count <= \$594 ;
-  always @(posedge clk)
-    offset <= \$595 ;
+    offset <= \$75 ;
   assign \$1  = | running_exec;
   assign \$2  = ~ \$1 ;
   assign \$3  = ~ running;
   assign \$4  = | error;
   assign \$5  = done | \$4 ;
   assign irq = \$3  & \$5 ;
-  assign m_eff = \$7  ? count : ins[31:16];
-  assign \$8  = m_eff + 3'h4;
-  assign \$9  = \$8  - 1'h1;
-  assign \$11  = | acc[32:14];
-  assign \$12  = \$11  ? 14'h3fff : acc[13:0];
-  assign \$13  = m_eff + 3'h4;
-  assign \$14  = \$13  - 1'h1;
-  assign \$16  = ins[63:48] + 3'h4;
-  assign \$17  = \$16  - 1'h1;
-  assign \$20  = ins[243:238] == 3'h4;
-  assign \$21  = ins[243:238] == 2'h2;
-  assign \$22  = \$21  ? 1'h1 : 1'h0;
-  assign \$23  = \$20  ? 2'h2 : { 1'h0, \$22  };
-  assign \$24  = ins[63:48] << \$23 ;
-  assign \$27  = \$26  ? expert : 4'h0;
-  assign \$28  = m_eff >= 1'h1;
-  assign \$29  = ins[63:48] >= 1'h1;
-  assign \$30  = ins[243:238] == 1'h1;
-  assign \$31  = ins[243:238] == 2'h2;
-  assign \$32  = ins[243:238] == 3'h4;
-  assign \$33  = | { \$32 , \$31 , \$30  };
-  assign \$34  = & { \$33 , \$29 , \$28  };
-  assign \$35  = m_eff >= 1'h1;
-  assign \$36  = ins[63:48] >= 1'h1;
-  assign \$37  = ins[243:238] == 3'h4;
-  assign \$39  = & { \$38 , \$36 , \$35  };
-  assign \$40  = m_eff >= 1'h1;
-  assign \$41  = ins[63:48] >= 1'h1;
-  assign \$42  = ins[47:32] >= 1'h1;
-  assign \$43  = ! ins[243:238];
-  assign \$44  = ins[243:238] >= 2'h2;
-  assign \$45  = ins[243:238] <= 5'h18;
-  assign \$46  = \$44  & \$45 ;
-  assign \$47  = | { \$46 , \$43  };
-  assign \$48  = ins[47:32] <= 7'h40;
-  assign \$49  = p2 <= 9'h100;
-  assign \$50  = p3 <= 9'h100;
-  assign \$51  = & { \$50 , \$49 , \$48 , \$47 , \$42 , \$41 , \$40  };
-  assign \$52  = m_eff >= 1'h1;
-  assign \$53  = ins[63:48] >= 1'h1;
-  assign \$54  = ins[243:238] >= 2'h2;
-  assign \$55  = ins[243:238] <= 5'h18;
-  assign \$56  = \$54  & \$55 ;
-  assign \$58  = & { \$57 , \$53 , \$52  };
-  assign \$59  = m_eff >= 1'h1;
-  assign \$60  = ins[63:48] >= 1'h1;
-  assign \$61  = & { \$60 , \$59  };
-  assign \$62  = m_eff >= 1'h1;
-  assign \$63  = ins[63:48] >= 1'h1;
-  assign \$64  = & { \$63 , \$62  };
-  assign \$65  = m_eff >= 1'h1;
-  assign \$66  = ins[63:48] >= 1'h1;
-  assign \$67  = & { \$66 , \$65  };
-  assign \$68  = m_eff >= 1'h1;
-  assign \$69  = ins[63:48] == 4'h8;
-  assign \$70  = ins[47:32] == 2'h2;
-  assign \$71  = & { \$70 , \$69 , \$68  };
-  assign \$72  = ins[63:48] == 4'h8;
-  assign \$74  = m_eff >= 1'h1;
-  assign \$75  = ins[63:48] >= 1'h1;
-  assign \$76  = & { \$75 , \$74  };
-  assign \$77  = m_eff >= 1'h1;
-  assign \$78  = ins[63:48] >= 1'h1;
-  assign \$79  = & { \$78 , \$77  };
-  assign \$80  = m_eff >= 1'h1;
-  assign \$81  = ins[63:48] >= 1'h1;
-  assign \$82  = ins[47:32] >= 1'h1;
-  assign \$83  = & { \$82 , \$81 , \$80  };
-  assign \$84  = m_eff >= 1'h1;
-  assign \$85  = ins[63:48] >= 1'h1;
-  assign \$86  = & { \$85 , \$84  };
-  assign \$89  = \$88  ? 5'h10 : 5'h00;
-  assign \$92  = \$91  ? 5'h10 : 5'h00;
-  assign \$93  = | ins[63:62];
-  assign \$94  = \$93  ? 14'h3fff : ins[61:48];
-  assign \$95  = mk + 5'h10;
-  assign \$97  = mk + 5'h10;
-  assign \$98  = \$96  ? 14'h3fff : \$97 [13:0];
-  assign \$100  = | \$99 [16:14];
-  assign \$102  = \$100  ? 14'h3fff : \$101 [13:0];
-  assign \$103  = offset + count;
-  assign \$104  = | \$103 [16:14];
-  assign \$105  = offset + count;
-  assign \$106  = \$104  ? 14'h3fff : \$105 [13:0];
-  assign \$107  = offset + count;
-  assign \$108  = | \$107 [16:14];
-  assign \$109  = offset + count;
-  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
-  assign \$111  = ins[5:0] <= 4'he;
-  assign \$112  = ~ \$111 ;
-  assign \$114  = | \$113 ;
-  assign \$115  = ins[5:0] == 4'ha;
-  assign \$116  = ins[5:0] == 4'hb;
-  assign \$117  = | { \$116 , \$115 , 1'h0 };
-  assign \$118  = \$114  | \$117 ;
-  assign \$119  = ins[5:0] == 4'h9;
-  assign \$121  = \$118  | \$120 ;
-  assign \$122  = ~ route_done;
-  assign \$123  = \$121  & \$122 ;
-  assign \$125  = | \$124 ;
-  assign \$126  = ins[5:0] == 4'ha;
-  assign \$127  = ins[5:0] == 4'hb;
-  assign \$128  = | { \$127 , \$126 , 1'h0 };
-  assign \$129  = \$125  | \$128 ;
-  assign \$130  = ~ exp_active;
-  assign \$131  = \$129  & \$130 ;
-  assign \$132  = \$123  | \$131 ;
-  assign \$133  = ins[5:0] == 4'h9;
-  assign \$134  = ins[5:0] == 4'he;
-  assign \$135  = | { \$134 , \$133 , 1'h0 };
-  assign \$136  = ins[255:244] < 7'h40;
-  assign \$137  = ~ \$136 ;
-  assign \$138  = \$135  & \$137 ;
-  assign \$139  = ~ shape_q;
-  assign \$140  = ins[5:0] == 4'h8;
-  assign \$142  = ! ins[87:77];
-  assign \$143  = scores_ok & \$142 ;
-  assign \$144  = scores_a == ins[76:64];
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = scores_len == ln;
-  assign \$147  = \$145  & \$146 ;
-  assign \$148  = ~ \$147 ;
-  assign \$149  = \$141  & \$148 ;
-  assign \$150  = ~ spad_ok;
-  assign \$151  = ins[5:0] == 1'h1;
-  assign \$152  = ins[5:0] == 2'h2;
-  assign \$153  = ins[5:0] == 2'h3;
-  assign \$154  = | { \$153 , \$152 , \$151 , 1'h0 };
-  assign \$155  = ~ host_ok;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = ~ g_valid;
-  assign \$158  = ~ h_valid;
-  assign \$159  = \$158  | eng_ready;
-  assign \$160  = \$157  | \$159 ;
-  assign \$163  = ~ g_valid;
-  assign \$164  = ~ h_valid;
-  assign \$165  = \$164  | eng_ready;
-  assign \$166  = \$163  | \$165 ;
-  assign \$169  = vec_op == 1'h1;
-  assign \$170  = \$169  ? { 1'h0, rd1_q[15:0] } : { rd1_q[15], rd1_q[15:0] };
-  assign \$171  = rq_width > 1'h1;
-  assign \$172  = rq_width > 2'h2;
-  assign \$173  = rq_width > 2'h3;
-  assign \$174  = rq_width > 3'h4;
-  assign \$175  = rq_width > 3'h5;
-  assign \$176  = rq_width > 3'h6;
-  assign \$177  = rq_width > 3'h7;
-  assign \$178  = rq_width > 4'h8;
-  assign \$179  = rq_width > 4'h9;
-  assign \$180  = rq_width > 4'ha;
-  assign \$181  = rq_width > 4'hb;
-  assign \$182  = rq_width > 4'hc;
-  assign \$183  = rq_width > 4'hd;
-  assign \$184  = rq_width > 4'he;
-  assign \$185  = rq_width > 4'hf;
-  assign \$186  = rq_width > 5'h10;
-  assign \$187  = rq_width > 5'h11;
-  assign \$188  = rq_width > 5'h12;
-  assign \$189  = rq_width > 5'h13;
-  assign \$190  = rq_width > 5'h14;
-  assign \$191  = rq_width > 5'h15;
-  assign \$192  = rq_width > 5'h16;
-  assign \$193  = rq_width > 5'h17;
-  assign \$194  = $signed(sat_in) > $signed({ 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  });
-  assign \$195  = ~ { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
-  assign \$196  = $signed(sat_in) < $signed(\$195 );
-  assign \$197  = ~ { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
-  assign \$198  = \$196  ? \$197  : sat_in;
-  assign rq_sat = \$194  ? { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  } : \$198 ;
-  assign \$199  = ~ rq_wvalid;
-  assign \$200  = \$199  | rq_in__ready;
-  assign \$201  = rq_lane == 2'h3;
-  assign \$202  = \$201  | rq_at_last;
-  assign \$203  = | rq_width;
-  assign \$204  = \$203  ? \rq_mult$243  : 32'd1;
-  assign \$205  = | rq_width;
-  assign \$206  = \$205  ? rq_shift : 6'h00;
-  assign \$207  = run_gemm ? gc_lane : rq_lane;
-  assign \$808  = \$207  * 5'h18;
-  assign sat_in = c_out__payload >> \$808 ;
-  assign \$208  = ~ a_in__valid;
-  assign \$209  = ~ gm_afeed_done;
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = gm_lane == 3'h4;
-  assign \$212  = ! gm_left[13:3];
-  assign \$213  = gm_lane >= gm_left[2:0];
-  assign \$214  = \$212  & \$213 ;
-  assign \$215  = \$211  | \$214 ;
-  assign \$216  = ~ \$215 ;
-  assign \$217  = \$210  & \$216 ;
-  assign \$220  = | rq_width;
-  assign \$824  = gc_lane * 5'h18;
-  assign \$221  = c_out__payload >> \$824 ;
-  assign \$222  = \$220  ? rq_sat : \$221 ;
-  assign rd_start = ctrl_rd_start | dma__rd_start;
-  assign rd_data__ready = ctrl_rd_ready | dma__rd_data__ready;
-  assign \$223  = pc >= 7'h40;
-  assign \$224  = step != 3'h7;
-  assign \$225  = ! ins[5:0];
-  assign \$226  = settle != 2'h2;
-  assign \$227  = | decode_q;
-  assign \$229  = ins[100:88] + \$228 ;
-  assign \$231  = ins[100:88] + \$230 ;
-  assign \$232  = \$231  + 1'h1;
-  assign \$233  = ins[124:112] + el_i;
-  assign \$234  = el_i < ln;
-  assign \$235  = ~ \$234 ;
-  assign \$236  = eng_run & \$235 ;
-  assign \$237  = ~ dma__rd_busy;
-  assign \$238  = | exec_error;
-  assign \$239  = scan >= 4'h8;
-  assign \$240  = ins[76:64] + scan;
-  assign \$241  = ins[76:64] + 4'h8;
-  assign \$242  = \$241  + scan;
-  assign \$243  = | rd0_q;
-  assign \$244  = ~ running;
-  assign \$245  = soft_reset & \$244 ;
-  assign \$246  = ! ctrl_state;
-  assign \$247  = ctrl_state == 1'h1;
-  assign \$248  = ctrl_state == 2'h2;
-  assign \$249  = ctrl_state == 2'h3;
-  assign \$250  = ctrl_state == 3'h4;
-  assign \$251  = ctrl_state == 3'h5;
-  assign \$252  = ctrl_state == 3'h6;
-  assign \$253  = ctrl_state == 3'h7;
-  assign \$254  = ctrl_state == 4'h8;
-  assign \$255  = ctrl_state == 4'h9;
-  assign \$256  = ctrl_state == 4'ha;
-  assign \$257  = ctrl_state == 4'hb;
-  assign \$258  = ctrl_state == 4'hc;
-  assign \$259  = ctrl_state == 4'hd;
-  assign \$260  = ctrl_state == 4'he;
-  assign \$261  = | wa;
-  assign \$262  = | wc;
-  assign \$263  = \$261  & \$262 ;
-  assign \$264  = ins[125:112] + wc;
-  assign \$265  = ins[77:64] < \$264 ;
-  assign \$266  = \$263  & \$265 ;
-  assign \$267  = ins[77:64] + wa;
-  assign \$268  = ins[125:112] < \$267 ;
-  assign \$269  = \$266  & \$268 ;
-  assign \$270  = ins[5:0] == 3'h4;
-  assign \$271  = ins[5:0] == 3'h5;
-  assign \$272  = ins[5:0] == 3'h6;
-  assign \$273  = ins[5:0] == 3'h7;
-  assign \$274  = ins[5:0] == 4'hd;
-  assign \$275  = | { \$274 , \$273 , \$272 , \$271 , \$270 , 1'h0 };
-  assign \$276  = ins[77:64] == ins[125:112];
-  assign \$277  = \$275  & \$276 ;
-  assign \$278  = wa == wc;
-  assign \$279  = \$277  & \$278 ;
-  assign \$280  = ~ \$279 ;
-  assign \$281  = \$269  & \$280 ;
-  assign \$282  = | wb;
-  assign \$283  = | wc;
-  assign \$284  = \$282  & \$283 ;
-  assign \$285  = ins[125:112] + wc;
-  assign \$286  = ins[101:88] < \$285 ;
-  assign \$287  = \$284  & \$286 ;
-  assign \$288  = ins[101:88] + wb;
-  assign \$289  = ins[125:112] < \$288 ;
-  assign \$290  = \$287  & \$289 ;
-  assign \$291  = ins[5:0] == 3'h4;
-  assign \$292  = ins[5:0] == 3'h5;
-  assign \$293  = ins[5:0] == 3'h6;
-  assign \$294  = ins[5:0] == 3'h7;
-  assign \$295  = ins[5:0] == 4'hd;
-  assign \$296  = | { \$295 , \$294 , \$293 , \$292 , \$291 , 1'h0 };
-  assign \$297  = ins[101:88] == ins[125:112];
-  assign \$298  = \$296  & \$297 ;
-  assign \$299  = wb == wc;
-  assign \$300  = \$298  & \$299 ;
-  assign \$301  = ~ \$300 ;
-  assign \$302  = \$290  & \$301 ;
-  assign \$303  = \$281  | \$302 ;
-  assign \$304  = ! wa;
-  assign \$305  = ! ins[87:78];
-  assign \$306  = ins[77:64] + wa;
-  assign \$307  = \$306  <= 14'h2000;
-  assign \$308  = \$305  & \$307 ;
-  assign \$309  = \$304  | \$308 ;
-  assign \$310  = ! wb;
-  assign \$311  = ! ins[111:102];
-  assign \$312  = ins[101:88] + wb;
-  assign \$313  = \$312  <= 14'h2000;
-  assign \$314  = \$311  & \$313 ;
-  assign \$315  = \$310  | \$314 ;
-  assign \$316  = \$309  & \$315 ;
-  assign \$317  = ! wc;
-  assign \$318  = ! ins[135:126];
-  assign \$319  = ins[125:112] + wc;
-  assign \$320  = \$319  <= 14'h2000;
-  assign \$321  = \$318  & \$320 ;
-  assign \$322  = \$317  | \$321 ;
-  assign \$323  = \$316  & \$322 ;
-  assign \$324  = ! host_eff[1:0];
-  assign \$325  = host_eff >= host_base;
-  assign \$326  = \$324  & \$325 ;
-  assign \$327  = host_eff + { l4[17:2], 2'h0 };
-  assign \$328  = host_base + host_size;
-  assign \$329  = \$327  <= \$328 ;
-  assign \$330  = \$326  & \$329 ;
-  assign \$331  = ~ h_valid;
-  assign \$332  = \$331  | eng_ready;
-  assign \$333  = ~ g_valid;
-  assign \$334  = ~ h_valid;
-  assign \$335  = \$334  | eng_ready;
-  assign \$336  = \$333  | \$335 ;
-  assign \$339  = rem0 == 1'h1;
-  assign \$342  = | rem0[13:1];
-  assign \$343  = | rem1[13:1];
-  assign \$344  = rem0 - 1'h1;
-  assign \$345  = pa + sa0;
-  assign \$346  = pb + sb0;
-  assign \$347  = rem1 - 1'h1;
-  assign \$348  = ra1 + sa1;
-  assign \$349  = ra1 + sa1;
-  assign \$350  = rb1 + sb1;
-  assign \$351  = rb1 + sb1;
-  assign \$352  = rem2 - 1'h1;
-  assign \$353  = ra2 + sa2;
-  assign \$354  = ra2 + sa2;
-  assign \$355  = ra2 + sa2;
-  assign \$356  = rb2 + sb2;
-  assign \$357  = rb2 + sb2;
-  assign \$358  = rb2 + sb2;
-  assign \$359  = | rem2[13:1];
-  assign \$360  = ~ \$359 ;
-  assign \$361  = ins[5:0] == 4'hd;
-  assign \$362  = ins[5:0] == 4'hc;
-  assign \$363  = \$362  ? 2'h1 : 2'h0;
-  assign \$364  = \$361  ? 2'h2 : \$363 ;
-  assign \$365  = ins[5:0] == 2'h3;
-  assign \$366  = ins[5:0] == 3'h4;
-  assign \$367  = ins[5:0] == 3'h5;
-  assign \$368  = ins[5:0] == 3'h6;
-  assign \$369  = rq_wvalid & rq_in__ready;
-  assign \$370  = h_valid & eng_ready;
-  assign \$371  = rq_wvalid & rq_in__ready;
-  assign \$372  = \$371  ? 3'h0 : rq_fill;
-  assign \$373  = rq_wvalid & rq_in__ready;
-  assign \$374  = \$373  ? 3'h0 : rq_fill;
-  assign \$375  = \$374  + 1'h1;
-  assign \$376  = rq_wvalid & rq_in__ready;
-  assign \$377  = \$376  ? 3'h0 : rq_fill;
-  assign \$378  = \$377  == 2'h3;
-  assign \$379  = \$378  | h_last;
-  assign \$380  = rq_lane == 2'h3;
-  assign \$381  = \$380  | rq_at_last;
-  assign \$382  = rq_lane + 1'h1;
-  assign \$383  = \$381  ? 3'h0 : \$382 ;
-  assign \$384  = ~ a_in__valid;
-  assign \$385  = ~ gm_afeed_done;
-  assign \$386  = \$384  & \$385 ;
-  assign \$387  = gm_lane == 3'h4;
-  assign \$388  = ! gm_left[13:3];
-  assign \$389  = gm_lane >= gm_left[2:0];
-  assign \$390  = \$388  & \$389 ;
-  assign \$391  = \$387  | \$390 ;
-  assign \$392  = ~ \$391 ;
+  assign rd_start = | { \dma__rd_start$300 , dma__rd_start };
+  assign rd_data__ready = | { \dma__rd_data__ready$305 , dma__rd_data__ready };
+  assign \$6  = pc >= 7'h40;
+  assign \$7  = ~ \done$336 ;
+  assign \$8  = ! ins[5:0];
+  assign \$9  = | \error$337 ;
+  assign \$10  = | exec_error;
+  assign \$11  = scan >= 4'h8;
+  assign \$12  = \ins$274 [34:22] + scan;
+  assign \$13  = \ins$274 [34:22] + 4'h8;
+  assign \$14  = \$13  + scan;
+  assign \$15  = | \$like ;
+  assign \$16  = ~ running;
+  assign \$17  = soft_reset & \$16 ;
+  assign \$18  = ! ctrl_state;
+  assign \$19  = ctrl_state == 1'h1;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1860,13 +778,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$2879$0 (\load_data$202 ),
+    .\port$560$0 (\load_data$258 ),
     .retire(retire),
     .rst(rst),
     .running(running),
     .soft_reset(soft_reset),
-    .start(\start$401 ),
+    .start(\start$350 ),
     .wr_data(imem_wr__data)
+  );
+  \nanokpu_kpu.decode  decode (
+    .beats(beats),
+    .clk(clk),
+    .\context (\context ),
+    .decoded(\ins$274 ),
+    .done(\done$336 ),
+    .error(\error$337 ),
+    .host(host),
+    .ins(ins),
+    .rst(rst),
+    .start(start),
+    .unit_rst(unit_rst)
   );
   \nanokpu_kpu.dma  dma (
     .abort(abort),
@@ -1887,14 +818,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$3532$2 (l4[17:2]),
-    .\port$911$0 (\$596 ),
-    .\port$929$0 (\$597 ),
-    .rd_addr(host_eff[31:0]),
+    .\port$290$0 (\$76 ),
+    .\port$308$0 (\$77 ),
+    .\port$5002$2 (beats),
+    .rd_addr(host[31:0]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
-    .rd_data__valid(rd_data__valid),
+    .rd_data__valid(dma__rd_data__valid),
     .rd_start(rd_start),
     .rst(rst),
     .wr_busy(dma__wr_busy),
@@ -1903,49 +834,74 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wr_data__valid(wr_data__valid),
     .wr_start(wr_start)
   );
+  \nanokpu_kpu.elementwise  elementwise (
+    .clk(clk),
+    .done(\done$288 ),
+    .error(\error$289 ),
+    .ins(\ins$274 ),
+    .mult(rq__mult),
+    .pack(rq__i__payload),
+    .rq__i__ready(rq__i__ready),
+    .rq__i__valid(rq__i__valid),
+    .rq__o__payload(rq__o__payload),
+    .rq__o__ready(rq__o__ready),
+    .rq__o__valid(rq__o__valid),
+    .rst(rst),
+    .shift(rq__shift),
+    .spad__rd0__addr(clients__3__rd0__addr),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(clients__3__rd0__en),
+    .spad__rd1__addr(clients__3__rd1__addr),
+    .spad__rd1__data(spad__rd1__data),
+    .spad__rd1__en(clients__3__rd1__en),
+    .spad__wr__addr(clients__3__wr__addr),
+    .spad__wr__data(clients__3__wr__data),
+    .spad__wr__en(clients__3__wr__en),
+    .start(exec_start[2]),
+    .unit_rst(unit_rst)
+  );
   \nanokpu_kpu.fetch  fetch (
     .clk(clk),
-    .done(\done$403 ),
+    .done(start),
     .ins(ins),
-    .pc(\pc$356 ),
+    .pc(\pc$335 ),
     .rst(rst),
-    .start(\start$355 ),
+    .start(\start$334 ),
     .wr__addr(imem_wr__addr),
     .wr__data(imem_wr__data),
     .wr__en(imem_wr__en)
   );
   \nanokpu_kpu.gemm  gemm (
-    .a_in__valid(a_in__valid),
-    .a_loading(a_in__ready),
     .b_in__payload(m_axi__rdata),
-    .b_in__valid(b_in__valid),
-    .b_take(b_in__ready),
-    .c_out__payload(c_out__payload),
-    .c_out__ready(c_out__ready),
-    .c_out__valid(c_out__valid),
     .clk(clk),
-    .cmd__payload(cmd__payload),
-    .cmd__ready(cmd__ready),
-    .cmd__valid(cmd__valid),
-    .\done$90 (\done$404 ),
-    .error(\error$405 ),
-    .rq_in__payload(rq_in__payload),
-    .rq_in__ready(rq_in__ready),
-    .rq_in__valid(rq_in__valid),
-    .rq_mult(\rq_mult$243 [15:0]),
-    .rq_shift(rq_shift),
+    .dma__error(dma__error),
+    .dma__rd_busy(dma__rd_busy),
+    .dma__rd_data__ready(\dma__rd_data__ready$305 ),
+    .dma__rd_data__valid(dma__rd_data__valid),
+    .dma__rd_start(\dma__rd_start$300 ),
+    .\done$54 (\done$284 ),
+    .error(\error$285 ),
+    .ins(\ins$274 ),
+    .rq__i__payload(rq__i__payload),
+    .rq__i__ready(rq__i__ready),
+    .rq__i__valid(rq__i__valid),
+    .rq__mult(rq__mult),
+    .rq__o__payload(rq__o__payload),
+    .rq__o__ready(rq__o__ready),
+    .rq__o__valid(rq__o__valid),
+    .rq__shift(rq__shift),
     .rst(rst),
+    .spad__rd0__addr(clients__2__rd0__addr),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(clients__2__rd0__en),
+    .spad__rd1__addr(clients__2__rd1__addr),
+    .spad__rd1__data(spad__rd1__data),
+    .spad__rd1__en(clients__2__rd1__en),
+    .spad__wr__addr(clients__2__wr__addr),
+    .spad__wr__data(clients__2__wr__data),
+    .spad__wr__en(clients__2__wr__en),
+    .start(exec_start[1]),
     .unit_rst(unit_rst)
-  );
-  \nanokpu_kpu.lane  lane (
-    .acc(acc),
-    .acc_in(acc_in),
-    .busy(busy),
-    .clk(clk),
-    .load(load),
-    .rst(rst),
-    .\x$7 (x),
-    .\y$5 (y)
   );
   \nanokpu_kpu.loadstore  loadstore (
     .clk(clk),
@@ -1953,15 +909,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_busy(dma__rd_busy),
     .dma__rd_data__payload(m_axi__rdata),
     .dma__rd_data__ready(dma__rd_data__ready),
-    .dma__rd_data__valid(rd_data__valid),
+    .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(dma__rd_start),
     .dma__wr_busy(dma__wr_busy),
     .dma__wr_data__ready(dma__wr_data__ready),
     .dma__wr_data__valid(wr_data__valid),
     .dma__wr_start(wr_start),
-    .done(\done$316 ),
-    .error(\error$318 ),
-    .ins(decoded),
+    .done(\done$279 ),
+    .error(\error$281 ),
+    .ins(\ins$274 ),
     .out(wr_data__payload),
     .rst(rst),
     .spad__rd0__addr(clients__1__rd0__addr),
@@ -1975,17 +931,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.move  move (
     .clk(clk),
-    .done(\done$325 ),
-    .error(\error$326 ),
-    .ins(decoded),
+    .done(\done$296 ),
+    .error(\error$297 ),
+    .ins(\ins$274 ),
     .rst(rst),
-    .spad__rd0__addr(clients__3__rd0__addr),
+    .spad__rd0__addr(clients__5__rd0__addr),
     .spad__rd0__data(spad__rd0__data),
-    .spad__rd0__en(clients__3__rd0__en),
-    .spad__wr__addr(clients__3__wr__addr),
-    .spad__wr__data(clients__3__wr__data),
-    .spad__wr__en(clients__3__wr__en),
-    .start(exec_start[2]),
+    .spad__rd0__en(clients__5__rd0__en),
+    .spad__wr__addr(clients__5__wr__addr),
+    .spad__wr__data(clients__5__wr__data),
+    .spad__wr__en(clients__5__wr__en),
+    .start(exec_start[4]),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.route  route (
@@ -1993,9 +949,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bias__data(bias_data),
     .bias__we(bias_we),
     .clk(clk),
-    .done(\done$321 ),
-    .error(\error$322 ),
-    .ins(decoded),
+    .done(\done$292 ),
+    .error(\error$293 ),
+    .ins(\ins$274 ),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .routes__valid(routes__valid),
@@ -2003,13 +959,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .scores__payload(scores__payload),
     .scores__ready(scores__ready),
     .scores__valid(scores__valid),
-    .spad__rd0__addr(clients__2__rd0__addr),
+    .spad__rd0__addr(clients__4__rd0__addr),
     .spad__rd0__data(spad__rd0__data),
-    .spad__rd0__en(clients__2__rd0__en),
-    .spad__wr__addr(clients__2__wr__addr),
-    .spad__wr__data(clients__2__wr__data),
-    .spad__wr__en(clients__2__wr__en),
-    .start(exec_start[1]),
+    .spad__rd0__en(clients__4__rd0__en),
+    .spad__wr__addr(clients__4__wr__addr),
+    .spad__wr__data(clients__4__wr__data),
+    .spad__wr__en(clients__4__wr__en),
+    .start(exec_start[3]),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.router  router (
@@ -2019,7 +975,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .emitting(routes__valid),
     .lh__addr(s_axil__araddr[4:2]),
     .load_clear(load_clear),
-    .load_data(\load_data$202 ),
+    .load_data(\load_data$258 ),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .rst(rst),
@@ -2029,26 +985,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .unit_rst(unit_rst),
     .wp__data(bias_data)
   );
-  \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(i__ready),
-    .clk(clk),
-    .i__valid(i__valid),
-    .o__payload(o__payload),
-    .o__valid(o__valid),
-    .rst(rst),
-    .unit_rst(unit_rst),
-    .x(rd0_q[15:0])
-  );
-  \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$281 ),
-    .clk(clk),
-    .i__payload(\i__payload$250 ),
-    .i__valid(\i__valid$280 ),
-    .o__payload(\o__payload$283 ),
-    .o__valid(\o__valid$282 ),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
   \nanokpu_kpu.spad  spad (
     .clients__0__rd0__addr(clients__0__rd0__addr),
     .clients__0__rd0__data(spad__rd0__data),
@@ -2056,9 +992,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__0__rd1__addr(clients__0__rd1__addr),
     .clients__0__rd1__data(spad__rd1__data),
     .clients__0__rd1__en(clients__0__rd1__en),
-    .clients__0__wr__addr(clients__0__wr__addr),
-    .clients__0__wr__data(clients__0__wr__data),
-    .clients__0__wr__en(clients__0__wr__en),
     .clients__1__rd0__addr(clients__1__rd0__addr),
     .clients__1__rd0__en(clients__1__rd0__en),
     .clients__1__wr__addr(clients__1__wr__addr),
@@ -2066,782 +999,96 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__1__wr__en(clients__1__wr__en),
     .clients__2__rd0__addr(clients__2__rd0__addr),
     .clients__2__rd0__en(clients__2__rd0__en),
+    .clients__2__rd1__addr(clients__2__rd1__addr),
+    .clients__2__rd1__en(clients__2__rd1__en),
     .clients__2__wr__addr(clients__2__wr__addr),
     .clients__2__wr__data(clients__2__wr__data),
     .clients__2__wr__en(clients__2__wr__en),
     .clients__3__rd0__addr(clients__3__rd0__addr),
     .clients__3__rd0__en(clients__3__rd0__en),
+    .clients__3__rd1__addr(clients__3__rd1__addr),
+    .clients__3__rd1__en(clients__3__rd1__en),
     .clients__3__wr__addr(clients__3__wr__addr),
     .clients__3__wr__data(clients__3__wr__data),
     .clients__3__wr__en(clients__3__wr__en),
+    .clients__4__rd0__addr(clients__4__rd0__addr),
+    .clients__4__rd0__en(clients__4__rd0__en),
+    .clients__4__wr__addr(clients__4__wr__addr),
+    .clients__4__wr__data(clients__4__wr__data),
+    .clients__4__wr__en(clients__4__wr__en),
+    .clients__5__rd0__addr(clients__5__rd0__addr),
+    .clients__5__rd0__en(clients__5__rd0__en),
+    .clients__5__wr__addr(clients__5__wr__addr),
+    .clients__5__wr__data(clients__5__wr__data),
+    .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3562$0 (running_exec),
+    .\port$3646$0 (running_exec),
     .rst(rst)
   );
-  \nanokpu_kpu.vector  vector (
-    .clk(clk),
-    .i__payload(\i__payload$252 ),
-    .i__ready(\i__ready$285 ),
-    .i__valid(\i__valid$284 ),
-    .n(ins[63:48]),
-    .o__payload(\o__payload$287 ),
-    .o__valid(\o__valid$286 ),
-    .op(vec_op),
-    .rst(rst),
-    .unit_rst(unit_rst)
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_y = 16'h0000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_y = m_eff;
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_y = m_eff;
-            6'h0a, 6'h0b:
-                st_y = count;
-            6'h08:
-                st_y = m_eff;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_y = ins[47:32];
-            6'h03:
-                st_y = \$10 [15:0];
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_y = m_eff;
-            6'h03:
-                st_y = \$15 [15:0];
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_y = \$18 [15:0];
-            6'h01, 6'h02:
-                st_y = m_eff;
-          endcase
-      3'h5:
-          st_y = { 12'h000, \$27  };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_x = 33'h000000000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_x = { 17'h00000, ins[63:48] };
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_x = { 17'h00000, ins[47:32] };
-            6'h0a, 6'h0b:
-                st_x = { 17'h00000, ins[63:48] };
-            6'h08:
-                st_x = 33'h000000008;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_x = { 17'h00000, ins[63:48] };
-            6'h03:
-                st_x = { 17'h00000, ins[47:32] };
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_x = { 19'h00000, \$12  };
-            6'h03:
-                st_x = { 17'h00000, ins[63:48] };
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_x = { 14'h0000, \$19  };
-            6'h01, 6'h02:
-                st_x = { 14'h0000, \$24  };
-          endcase
-      3'h5:
-          st_x = { 1'h0, ins[199:168] };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    st_acc = 33'h000000000;
-    casez (step)
-      3'h0:
-          casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                st_acc = 33'h000000000;
-          endcase
-      3'h1:
-          casez (ins[5:0])
-            6'h03, 6'h0c:
-                st_acc = 33'h000000000;
-            6'h0a, 6'h0b:
-                st_acc = 33'h000000000;
-            6'h08:
-                st_acc = 33'h000000000;
-          endcase
-      3'h2:
-          casez (ins[5:0])
-            6'h0c:
-                st_acc = 33'h000000000;
-            6'h03:
-                st_acc = 33'h000000000;
-          endcase
-      3'h3:
-          casez (ins[5:0])
-            6'h0c:
-                st_acc = 33'h000000000;
-            6'h03:
-                st_acc = 33'h000000000;
-          endcase
-      3'h4:
-          casez (ins[5:0])
-            6'h03:
-                st_acc = 33'h000000000;
-            6'h01, 6'h02:
-                st_acc = 33'h000000003;
-          endcase
-      3'h5:
-          st_acc = { 1'h0, ins[167:136] };
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    shape_ok = 1'h0;
-    casez (ins[5:0])
-      6'h00:
-          shape_ok = 1'h1;
-      6'h01:
-          shape_ok = \$34 ;
-      6'h02:
-          shape_ok = \$39 ;
-      6'h03:
-          shape_ok = \$51 ;
-      6'h04:
-          shape_ok = \$58 ;
-      6'h05:
-          shape_ok = \$61 ;
-      6'h06:
-          shape_ok = \$64 ;
-      6'h07:
-          shape_ok = \$67 ;
-      6'h08:
-          shape_ok = \$71 ;
-      6'h09:
-          shape_ok = \$73 ;
-      6'h0a:
-          shape_ok = \$76 ;
-      6'h0b:
-          shape_ok = \$79 ;
-      6'h0c:
-          shape_ok = \$83 ;
-      6'h0d:
-          shape_ok = \$86 ;
-      6'h0e:
-          shape_ok = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wc = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          wc = ln;
-      6'h02:
-          /* empty */;
-      6'h03:
-          wc = ln;
-      6'h04:
-          wc = ln;
-      6'h05, 6'h0d:
-          wc = ln;
-      6'h06, 6'h07:
-          wc = ln;
-      6'h08:
-          wc = \$98 ;
-      6'h09:
-          /* empty */;
-      6'h0a:
-          wc = mk;
-      6'h0b:
-          wc = ln;
-      6'h0c:
-          wc = ln;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wa = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          /* empty */;
-      6'h02:
-          wa = ln;
-      6'h03:
-          wa = mk;
-      6'h04:
-          wa = ln;
-      6'h05, 6'h0d:
-          wa = ln;
-      6'h06, 6'h07:
-          wa = ln;
-      6'h08:
-          wa = ln;
-      6'h09:
-          wa = \$102 ;
-      6'h0a:
-          wa = ln;
-      6'h0b:
-          wa = mk;
-      6'h0c:
-          wa = p3;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wb = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          /* empty */;
-      6'h02:
-          /* empty */;
-      6'h03:
-          wb = { 9'h000, \$89  };
-      6'h04:
-          wb = { 9'h000, \$92  };
-      6'h05, 6'h0d:
-          /* empty */;
-      6'h06, 6'h07:
-          wb = ln;
-      6'h08:
-          wb = \$94 ;
-      6'h09:
-          /* empty */;
-      6'h0a:
-          wb = \$106 ;
-      6'h0b:
-          wb = \$110 ;
-      6'h0c:
-          wb = mk;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    decode_err = 8'h00;
-    if (\$112 ) begin
-      decode_err = 8'h01;
-    end else if (\$132 ) begin
-      decode_err = 8'h08;
-    end else if (\$138 ) begin
-      decode_err = 8'h06;
-    end else if (\$139 ) begin
-      decode_err = 8'h03;
-    end else if (\$149 ) begin
-      decode_err = 8'h04;
-    end else if (\$150 ) begin
-      decode_err = 8'h02;
-    end else if (overlap_q) begin
-      decode_err = 8'h09;
-    end else if (\$156 ) begin
-      decode_err = 8'h05;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__rd0__addr = 13'h0000;
-    if (eng_run) begin
-      clients__0__rd0__addr = pa;
-    end
-    if (gemm_run) begin
-      if (\$219 ) begin
-        clients__0__rd0__addr = gm_addr;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          clients__0__rd0__addr = \$229 [12:0];
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          (* full_case = 32'd1 *)
-          if (\$239 ) begin
-          end else begin
-            clients__0__rd0__addr = \$240 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__rd1__addr = 13'h0000;
-    if (eng_run) begin
-      clients__0__rd1__addr = pb;
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          clients__0__rd1__addr = \$232 [12:0];
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          (* full_case = 32'd1 *)
-          if (\$239 ) begin
-          end else begin
-            clients__0__rd1__addr = \$242 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__rd0__en = 1'h0;
-    if (eng_run) begin
-      clients__0__rd0__en = \$162 ;
-    end
-    if (gemm_run) begin
-      if (\$219 ) begin
-        clients__0__rd0__en = 1'h1;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          clients__0__rd0__en = 1'h1;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          (* full_case = 32'd1 *)
-          if (\$239 ) begin
-          end else begin
-            clients__0__rd0__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__rd1__en = 1'h0;
-    if (eng_run) begin
-      clients__0__rd1__en = \$168 ;
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          clients__0__rd1__en = 1'h1;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          (* full_case = 32'd1 *)
-          if (\$239 ) begin
-          end else begin
-            clients__0__rd1__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    rq_in__valid = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-        rq_in__valid = rq_wvalid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    eng_ready = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        eng_ready = \$200 ;
-      end else if (run_sigmoid) begin
-        eng_ready = i__ready;
-      end else if (run_situ) begin
-        eng_ready = \i__ready$281 ;
-      end else begin
-        eng_ready = \i__ready$285 ;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    out_valid = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        out_valid = c_out__valid;
-      end else if (run_sigmoid) begin
-        out_valid = o__valid;
-      end else if (run_situ) begin
-        out_valid = \o__valid$282 ;
-      end else begin
-        out_valid = \o__valid$286 ;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    out_data = 32'd0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-        out_data = { rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat[23], rq_sat };
-      end else if (run_sigmoid) begin
-        out_data = { 19'h00000, o__payload };
-      end else if (run_situ) begin
-        out_data = { \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283 [15], \o__payload$283  };
-      end else begin
-        out_data = { \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287 [15], \o__payload$287  };
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    c_out__ready = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (c_out__valid) begin
-          c_out__ready = \$202 ;
-        end
-      end
-    end
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          c_out__ready = 1'h1;
-        end
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    i__valid = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-        i__valid = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$280  = 1'h0;
-    if (eng_run) begin
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-      end else if (run_situ) begin
-        \i__valid$280  = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$284  = 1'h0;
-    if (eng_run) begin
-      (* full_case = 32'd1 *)
-      if (run_requant) begin
-      end else if (run_sigmoid) begin
-      end else if (run_situ) begin
-      end else begin
-        \i__valid$284  = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    b_in__valid = 1'h0;
-    if (gemm_run) begin
-      b_in__valid = rd_data__valid;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    ctrl_rd_ready = 1'h0;
-    if (gemm_run) begin
-      ctrl_rd_ready = b_in__ready;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__wr__addr = 13'h0000;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        clients__0__wr__addr = gc_addr;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (out_valid) begin
-            clients__0__wr__addr = \$233 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__wr__data = 32'd0;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        clients__0__wr__data = { \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222 [23], \$222  };
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (out_valid) begin
-            clients__0__wr__data = out_data;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    clients__0__wr__en = 1'h0;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        clients__0__wr__en = 1'h1;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (out_valid) begin
-            clients__0__wr__en = 1'h1;
-          end
-    endcase
-  end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     exec_done = 1'h0;
     if (running_exec[0]) begin
-      exec_done = \done$316 ;
+      exec_done = \done$279 ;
     end
     if (running_exec[1]) begin
-      exec_done = \done$321 ;
+      exec_done = \done$284 ;
     end
     if (running_exec[2]) begin
-      exec_done = \done$325 ;
+      exec_done = \done$288 ;
+    end
+    if (running_exec[3]) begin
+      exec_done = \done$292 ;
+    end
+    if (running_exec[4]) begin
+      exec_done = \done$296 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     exec_error = 8'h00;
     if (running_exec[0]) begin
-      exec_error = \error$318 ;
+      exec_error = \error$281 ;
     end
     if (running_exec[1]) begin
-      exec_error = \error$322 ;
+      exec_error = \error$285 ;
     end
     if (running_exec[2]) begin
-      exec_error = \error$326 ;
+      exec_error = \error$289 ;
+    end
+    if (running_exec[3]) begin
+      exec_error = \error$293 ;
+    end
+    if (running_exec[4]) begin
+      exec_error = \error$297 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \start$355  = 1'h0;
+    \start$334  = 1'h0;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
           (* full_case = 32'd1 *)
-          if (\$223 ) begin
+          if (\$6 ) begin
           end else begin
-            \start$355  = 1'h1;
+            \start$334  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \pc$356  = 13'h0000;
+    \pc$335  = 13'h0000;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
           (* full_case = 32'd1 *)
-          if (\$223 ) begin
+          if (\$6 ) begin
           end else begin
-            \pc$356  = pc;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    load = 1'h0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$224 ) begin
-            load = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    y = 16'h0000;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$224 ) begin
-            y = st_y;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    x = 33'h000000000;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$224 ) begin
-            x = st_x;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    acc_in = 33'h000000000;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$224 ) begin
-            acc_in = st_acc;
+            \pc$335  = pc;
           end
     endcase
   end
@@ -2857,11 +1104,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$224 ) begin
-          end else if (\$225 ) begin
-          end else if (\$226 ) begin
-          end else if (\$227 ) begin
+          if (\$7 ) begin
+          end else if (\$8 ) begin
+          end else if (\$9 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -2869,44 +1114,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             endcase
           end
       4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (\$236 ) begin
-            retire = 1'h1;
-          end
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          if (\$237 ) begin
-            retire = 1'h1;
-          end
-      4'h8:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$238 ) begin
+            if (\$10 ) begin
             end else begin
               retire = 1'h1;
             end
           end
-      4'h9:
-          if (\$239 ) begin
+      4'h6:
+          if (\$11 ) begin
             retire = 1'h1;
           end
-      4'hd:
+      4'h7:
           /* empty */;
-      4'he:
-          if (\$243 ) begin
+      4'h8:
+          if (\$15 ) begin
             retire = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    exec_start = 3'h0;
+    exec_start = 5'h00;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2916,38 +1145,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$224 ) begin
-          end else if (\$225 ) begin
-          end else if (\$226 ) begin
-          end else if (\$227 ) begin
+          if (\$7 ) begin
+          end else if (\$8 ) begin
+          end else if (\$9 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
               6'h01, 6'h02:
                   exec_start[0] = 1'h1;
-              6'h08:
+              6'h03:
                   exec_start[1] = 1'h1;
-              6'h0a, 6'h0b:
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
                   exec_start[2] = 1'h1;
+              6'h08:
+                  exec_start[3] = 1'h1;
+              6'h0a, 6'h0b:
+                  exec_start[4] = 1'h1;
             endcase
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    eng_run = 1'h0;
+    clients__0__rd0__addr = 13'h0000;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2959,61 +1180,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
-          eng_run = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    cmd__valid = 1'h0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          cmd__valid = 1'h1;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    ctrl_rd_start = 1'h0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (cmd__ready) begin
-            ctrl_rd_start = 1'h1;
+          (* full_case = 32'd1 *)
+          if (\$11 ) begin
+          end else begin
+            clients__0__rd0__addr = \$12 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    gemm_run = 1'h0;
+    clients__0__rd1__addr = 13'h0000;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -3025,14 +1202,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
+      4'h6:
+          (* full_case = 32'd1 *)
+          if (\$11 ) begin
+          end else begin
+            clients__0__rd1__addr = \$14 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    clients__0__rd0__en = 1'h0;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
           /* empty */;
       4'h6:
+          (* full_case = 32'd1 *)
+          if (\$11 ) begin
+          end else begin
+            clients__0__rd0__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    clients__0__rd1__en = 1'h0;
+    casez (ctrl_state)
+      4'h0:
           /* empty */;
-      4'h7:
+      4'h1:
           /* empty */;
-      4'hb:
-          gemm_run = 1'h1;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h6:
+          (* full_case = 32'd1 *)
+          if (\$11 ) begin
+          end else begin
+            clients__0__rd1__en = 1'h1;
+          end
     endcase
   end
   always @* begin
@@ -3049,23 +1268,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
           /* empty */;
       4'h2:
           abort = 1'h1;
@@ -3085,1672 +1292,111 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
           /* empty */;
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$245 ) begin
+    if (\$17 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$513  = shape_ok;
+    \$57  = spad__rd0__data;
     if (rst) begin
-      \$513  = 1'h0;
+      \$57  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$514  = \$303 ;
+    \$58  = spad__rd1__data;
     if (rst) begin
-      \$514  = 1'h0;
+      \$58  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$515  = \$323 ;
-    if (rst) begin
-      \$515  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$516  = \$330 ;
-    if (rst) begin
-      \$516  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$517  = decode_err;
-    if (rst) begin
-      \$517  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$518  = h_valid;
-    if (eng_run) begin
-      if (\$332 ) begin
-        \$518  = g_valid;
-      end
-    end
+    \$59  = running;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$518  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$518  = 1'h0;
-              6'h0c:
-                  \$518  = 1'h0;
-              6'h0d:
-                  \$518  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$518  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$519  = h_last;
-    if (eng_run) begin
-      if (\$332 ) begin
-        \$519  = g_last;
-      end
-    end
-    if (rst) begin
-      \$519  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$520  = g_valid;
-    if (eng_run) begin
-      if (\$336 ) begin
-        \$520  = \$338 ;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$520  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$520  = 1'h0;
-              6'h0c:
-                  \$520  = 1'h0;
-              6'h0d:
-                  \$520  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$520  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$521  = g_last;
-    if (eng_run) begin
-      if (\$336 ) begin
-        \$521  = \$339 ;
-      end
-    end
-    if (rst) begin
-      \$521  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$522  = rem0;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-            \$522  = \$344 [13:0];
-          end else if (\$343 ) begin
-            \$522  = cnt0;
-          end else begin
-            \$522  = cnt0;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$522  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$522  = ln;
-              6'h0c:
-                  \$522  = ins[45:32];
-              6'h0d:
-                  \$522  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$522  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$523  = pa;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-            \$523  = \$345 [12:0];
-          end else if (\$343 ) begin
-            \$523  = \$349 [12:0];
-          end else begin
-            \$523  = \$355 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$523  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$523  = ins[76:64];
-              6'h0c:
-                  \$523  = ins[76:64];
-              6'h0d:
-                  \$523  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$523  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$524  = pb;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-            \$524  = \$346 [12:0];
-          end else if (\$343 ) begin
-            \$524  = \$351 [12:0];
-          end else begin
-            \$524  = \$358 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$524  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$524  = ins[100:88];
-              6'h0c:
-                  \$524  = ins[100:88];
-              6'h0d:
-                  \$524  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$524  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$525  = rem1;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-            \$525  = \$347 [13:0];
-          end else begin
-            \$525  = cnt1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$525  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$525  = 14'h0001;
-              6'h0c:
-                  \$525  = ins[61:48];
-              6'h0d:
-                  \$525  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$525  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$526  = ra1;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-            \$526  = \$348 [12:0];
-          end else begin
-            \$526  = \$354 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$526  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$526  = ins[76:64];
-              6'h0c:
-                  \$526  = ins[76:64];
-              6'h0d:
-                  \$526  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$526  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$527  = rb1;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-            \$527  = \$350 [12:0];
-          end else begin
-            \$527  = \$357 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$527  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$527  = ins[100:88];
-              6'h0c:
-                  \$527  = ins[100:88];
-              6'h0d:
-                  \$527  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$527  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$528  = rem2;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-          end else begin
-            \$528  = \$352 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$528  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$528  = 14'h0001;
-              6'h0c:
-                  \$528  = m_eff[13:0];
-              6'h0d:
-                  \$528  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$528  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$529  = ra2;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-          end else begin
-            \$529  = \$353 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$529  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$529  = ins[76:64];
-              6'h0c:
-                  \$529  = ins[76:64];
-              6'h0d:
-                  \$529  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$529  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$530  = rb2;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-          end else begin
-            \$530  = \$356 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$530  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$530  = ins[100:88];
-              6'h0c:
-                  \$530  = ins[100:88];
-              6'h0d:
-                  \$530  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$530  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$531  = issuing;
-    if (eng_run) begin
-      if (\$336 ) begin
-        if (\$341 ) begin
-          (* full_case = 32'd1 *)
-          if (\$342 ) begin
-          end else if (\$343 ) begin
-          end else begin
-            if (\$360 ) begin
-              \$531  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$531  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$531  = 1'h1;
-              6'h0c:
-                  \$531  = 1'h1;
-              6'h0d:
-                  \$531  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$531  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$532  = \$364 ;
-    if (rst) begin
-      \$532  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$533  = \$365 ;
-    if (rst) begin
-      \$533  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$534  = \$366 ;
-    if (rst) begin
-      \$534  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$535  = \$367 ;
-    if (rst) begin
-      \$535  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$536  = \$368 ;
-    if (rst) begin
-      \$536  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$537  = rq_wvalid;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$369 ) begin
-          \$537  = 1'h0;
-        end
-        if (\$370 ) begin
-          if (\$379 ) begin
-            \$537  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$537  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$537  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$538  = rq_fill;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$369 ) begin
-          \$538  = 3'h0;
-        end
-        if (\$370 ) begin
-          \$538  = \$375 [2:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$538  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$538  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$539  = rq_in__payload;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (\$370 ) begin
-          casez (\$372 )
-            3'h0:
-                \$539 [23:0] = rd0_q[23:0];
-            3'h1:
-                \$539 [47:24] = rd0_q[23:0];
-            3'h2:
-                \$539 [71:48] = rd0_q[23:0];
-            3'h3:
-                \$539 [95:72] = rd0_q[23:0];
-          endcase
-        end
-      end
-    end
-    if (gemm_run) begin
-      if (gm_cap) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$539 [7:0] = spad__rd0__data[7:0];
-          2'h1:
-              \$539 [31:24] = spad__rd0__data[7:0];
-          2'h2:
-              \$539 [55:48] = spad__rd0__data[7:0];
-          2'h3:
-              \$539 [79:72] = spad__rd0__data[7:0];
-        endcase
-      end
-      if (\$407 ) begin
-        \$539  = 96'h000000000000000000000000;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$539  = 96'h000000000000000000000000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$539  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$540  = rq_lane;
-    if (eng_run) begin
-      if (run_requant) begin
-        if (c_out__valid) begin
-          \$540  = \$383 [1:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$540  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$540  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$541  = gm_cap;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$395 ) begin
-        \$541  = 1'h1;
-      end else begin
-        \$541  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$541  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$542  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$395 ) begin
-        \$542  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$542  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$543  = gm_lane;
-    if (gemm_run) begin
-      if (\$395 ) begin
-        \$543  = \$396 [2:0];
-      end
-      if (\$407 ) begin
-        \$543  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$543  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$543  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$544  = gm_addr;
-    if (gemm_run) begin
-      if (\$395 ) begin
-        \$544  = \$397 [12:0];
-      end
-      if (\$407 ) begin
-        (* full_case = 32'd1 *)
-        if (\$409 ) begin
-          \$544  = \$412 [12:0];
-        end else begin
-          \$544  = \$417 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$544  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$544  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$545  = a_in__valid;
-    if (gemm_run) begin
-      if (\$406 ) begin
-        \$545  = 1'h1;
-      end
-      if (\$407 ) begin
-        \$545  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$545  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$545  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$546  = gm_k;
-    if (gemm_run) begin
-      if (\$407 ) begin
-        (* full_case = 32'd1 *)
-        if (\$409 ) begin
-          \$546  = \$410 [6:0];
-        end else begin
-          \$546  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$546  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$546  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$547  = gm_wstart;
-    if (gemm_run) begin
-      if (\$407 ) begin
-        (* full_case = 32'd1 *)
-        if (\$409 ) begin
-          \$547  = \$411 [12:0];
-        end else begin
-          \$547  = \$415 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$547  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$547  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$548  = gm_left;
-    if (gemm_run) begin
-      if (\$407 ) begin
-        (* full_case = 32'd1 *)
-        if (\$409 ) begin
-        end else begin
-          \$548  = \$413 [13:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$548  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$548  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$549  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$407 ) begin
-        (* full_case = 32'd1 *)
-        if (\$409 ) begin
-        end else begin
-          if (\$420 ) begin
-            \$549  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$549  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$549  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$550  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$550  = \$421 [1:0];
-        if (gc_last) begin
-          \$550  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$550  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$550  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$551  = gc_addr;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$551  = \$422 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$432 ) begin
-            \$551  = \$435 [12:0];
-          end else begin
-            \$551  = \$442 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$551  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$551  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$552  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$552  = \$430 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$432 ) begin
-            \$552  = \$439 ;
-          end else begin
-            \$552  = \$448 ;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$552  = \$488 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$552  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$553  = gc_n;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$432 ) begin
-            \$553  = \$433 [8:0];
-          end else begin
-            \$553  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$553  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$553  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$554  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$432 ) begin
-            \$554  = \$434 [12:0];
-          end else begin
-            \$554  = \$441 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$554  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$554  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$555  = gc_left;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$432 ) begin
-          end else begin
-            \$555  = \$440 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$555  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$555  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$556  = rd0_q;
-    if (\$452 ) begin
-      \$556  = spad__rd0__data;
-    end
-    if (rst) begin
-      \$556  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$557  = rd1_q;
-    if (\$452 ) begin
-      \$557  = spad__rd1__data;
-    end
-    if (rst) begin
-      \$557  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$558  = running;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$401 ) begin
-            \$558  = 1'h1;
+          if (\start$350 ) begin
+            \$59  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-            \$558  = 1'h0;
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+            \$59  = 1'h0;
           end
       4'h5:
-          /* empty */;
-      4'ha:
           /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
           /* empty */;
       4'h2:
-          if (\$510 ) begin
-            \$558  = 1'h0;
+          if (\$54 ) begin
+            \$59  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$558  = 1'h0;
+      \$59  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$559  = done;
+    \$60  = done;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$559  = 1'h0;
+          if (\start$350 ) begin
+            \$60  = 1'h0;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-            \$559  = 1'h1;
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+            \$60  = 1'h1;
           end
       4'h5:
-          /* empty */;
-      4'ha:
           /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
           /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
-          /* empty */;
       4'h2:
-          if (\$510 ) begin
-            \$559  = 1'h0;
+          if (\$54 ) begin
+            \$60  = 1'h0;
           end
     endcase
-    if (\$512 ) begin
-      \$559  = 1'h0;
+    if (\$56 ) begin
+      \$60  = 1'h0;
     end
     if (rst) begin
-      \$559  = 1'h0;
+      \$60  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$560  = error;
+    \$61  = error;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$560  = 8'h00;
+          if (\start$350 ) begin
+            \$61  = 8'h00;
           end
       4'h1:
           /* empty */;
@@ -4760,43 +1406,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
           /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
-          /* empty */;
       4'h2:
-          if (\$510 ) begin
-            \$560  = stop_code;
+          if (\$54 ) begin
+            \$61  = stop_code;
           end
     endcase
-    if (\$512 ) begin
-      \$560  = 8'h00;
+    if (\$56 ) begin
+      \$61  = 8'h00;
     end
     if (rst) begin
-      \$560  = 8'h00;
+      \$61  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$561  = pc;
+    \$62  = pc;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$561  = 13'h0000;
+          if (\start$350 ) begin
+            \$62  = 13'h0000;
           end
       4'h1:
           /* empty */;
@@ -4804,100 +1438,45 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+          end else if (\$30 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$561  = { 1'h0, ins[255:244] };
+                  \$62  = { 1'h0, ins[255:244] };
             endcase
           end
       4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (\$496 ) begin
-            \$561  = \$497 [12:0];
-          end
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          if (\$498 ) begin
-            \$561  = \$499 [12:0];
-          end
-      4'h8:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$500 ) begin
+            if (\$44 ) begin
             end else begin
-              \$561  = \$501 [12:0];
+              \$62  = \$45 [12:0];
             end
           end
-      4'h9:
-          if (\$502 ) begin
-            \$561  = { 1'h0, ins[255:244] };
-          end
-      4'hd:
-          /* empty */;
-      4'he:
-          if (\$504 ) begin
-            \$561  = \$507 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$561  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$562  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$401 ) begin
-            \$562  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
-          /* empty */;
+          if (\$46 ) begin
+            \$62  = { 1'h0, ins[255:244] };
+          end
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          if (exec_done) begin
-            if (running_exec[1]) begin
-              \$562  = 1'h1;
-            end
+          if (\$48 ) begin
+            \$62  = \$51 [12:0];
           end
     endcase
     if (rst) begin
-      \$562  = 1'h0;
+      \$62  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$563  = exp_active;
+    \$63  = route_done;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$563  = 1'h0;
+          if (\start$350 ) begin
+            \$63  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -4906,45 +1485,58 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h4:
           /* empty */;
       4'h5:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$63  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$63  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$64  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$350 ) begin
+            \$64  = 1'h0;
+          end
+      4'h1:
           /* empty */;
-      4'ha:
+      4'h3:
           /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$64  = 1'h0;
+            end
+          end
       4'h6:
-          /* empty */;
+          if (\$46 ) begin
+            \$64  = 1'h0;
+          end
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          if (exec_done) begin
-            if (running_exec[1]) begin
-              \$563  = 1'h0;
-            end
-          end
-      4'h9:
-          if (\$502 ) begin
-            \$563  = 1'h0;
-          end
-      4'hd:
-          /* empty */;
-      4'he:
-          if (\$504 ) begin
-            \$563  = 1'h1;
+          if (\$48 ) begin
+            \$64  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$563  = 1'h0;
+      \$64  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$564  = scores_ok;
+    \$65  = scores_ok;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$564  = 1'h0;
+          if (\start$350 ) begin
+            \$65  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -4953,1135 +1545,303 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h4:
           /* empty */;
       4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (\$496 ) begin
-            if (run_sigmoid) begin
-              \$564  = 1'h1;
+          if (exec_done) begin
+            if (\$43 ) begin
+              \$65  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$564  = 1'h0;
+      \$65  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$565  = ctrl_state;
+    \$66  = ctrl_state;
     casez (ctrl_state)
       4'h0:
-          if (\start$401 ) begin
-            \$565  = 4'h1;
+          if (\start$350 ) begin
+            \$66  = 4'h1;
           end
       4'h1:
         begin
           (* full_case = 32'd1 *)
-          if (\$453 ) begin
-            \$565  = 4'h2;
+          if (\$27 ) begin
+            \$66  = 4'h2;
           end else begin
-            \$565  = 4'h3;
+            \$66  = 4'h3;
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h3:
         begin
-          if (\done$403 ) begin
-            \$565  = 4'h4;
+          if (start) begin
+            \$66  = 4'h4;
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h4:
         begin
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-            \$565  = 4'h0;
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-            \$565  = 4'h2;
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+            \$66  = 4'h0;
+          end else if (\$30 ) begin
+            \$66  = 4'h2;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$565  = 4'h1;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$484 ) begin
-                    \$565  = 4'h5;
-                  end else begin
-                    \$565  = 4'h6;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$565  = 4'h6;
-              6'h0c:
-                  \$565  = 4'h6;
-              6'h0d:
-                  \$565  = 4'h6;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$490 ) begin
-                    \$565  = 4'h5;
-                  end else begin
-                    \$565  = 4'h7;
-                  end
+                  \$66  = 4'h1;
               6'h01, 6'h02:
-                  \$565  = 4'h8;
+                  \$66  = 4'h5;
+              6'h03:
+                  \$66  = 4'h5;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
+                  \$66  = 4'h5;
               6'h08:
-                  \$565  = 4'h8;
+                  \$66  = 4'h5;
               6'h0a, 6'h0b:
-                  \$565  = 4'h8;
+                  \$66  = 4'h5;
               6'h09:
-                  \$565  = 4'h9;
+                  \$66  = 4'h6;
             endcase
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h5:
         begin
-          \$565  = 4'ha;
-          if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'ha:
-        begin
-          (* full_case = 32'd1 *)
-          if (run_gemm) begin
-            \$565  = 4'h7;
-          end else begin
-            \$565  = 4'h6;
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$44 ) begin
+              \$66  = 4'h2;
+            end else begin
+              \$66  = 4'h1;
+            end
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h6:
         begin
-          if (\$496 ) begin
-            \$565  = 4'h1;
+          (* full_case = 32'd1 *)
+          if (\$46 ) begin
+            \$66  = 4'h1;
+          end else begin
+            \$66  = 4'h7;
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h7:
         begin
-          if (cmd__ready) begin
-            \$565  = 4'hb;
-          end
+          \$66  = 4'h8;
           if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'hb:
-        begin
-          if (dma__error) begin
-            \$565  = 4'h2;
-          end else if (\done$404 ) begin
-            (* full_case = 32'd1 *)
-            if (\error$405 ) begin
-              \$565  = 4'h2;
-            end else begin
-              \$565  = 4'hc;
-            end
-          end
-          if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'hc:
-        begin
-          if (\$498 ) begin
-            \$565  = 4'h1;
-          end
-          if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h8:
         begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$500 ) begin
-              \$565  = 4'h2;
-            end else begin
-              \$565  = 4'h1;
-            end
-          end
-          if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'h9:
-        begin
           (* full_case = 32'd1 *)
-          if (\$502 ) begin
-            \$565  = 4'h1;
+          if (\$48 ) begin
+            \$66  = 4'h1;
           end else begin
-            \$565  = 4'hd;
+            \$66  = 4'h6;
           end
           if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'hd:
-        begin
-          \$565  = 4'he;
-          if (soft_reset) begin
-            \$565  = 4'h2;
-          end
-        end
-      4'he:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$504 ) begin
-            \$565  = 4'h1;
-          end else begin
-            \$565  = 4'h9;
-          end
-          if (soft_reset) begin
-            \$565  = 4'h2;
+            \$66  = 4'h2;
           end
         end
       4'h2:
-          if (\$510 ) begin
-            \$565  = 4'h0;
+          if (\$54 ) begin
+            \$66  = 4'h0;
           end
     endcase
     if (rst) begin
-      \$565  = 4'h0;
+      \$66  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$566  = stop_code;
+    \$67  = stop_code;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$453 ) begin
-            \$566  = 8'h06;
+          if (\$27 ) begin
+            \$67  = 8'h06;
           end
           if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
       4'h4:
         begin
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-            \$566  = decode_q;
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+          end else if (\$30 ) begin
+            \$67  = \error$337 ;
           end
           if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
         end
       4'h5:
-          if (soft_reset) begin
-            \$566  = 8'h00;
+        begin
+          if (exec_done) begin
+            if (\$44 ) begin
+              \$67  = exec_error;
+            end
           end
-      4'ha:
           if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
+        end
       4'h6:
           if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
       4'h7:
           if (soft_reset) begin
-            \$566  = 8'h00;
-          end
-      4'hb:
-        begin
-          if (dma__error) begin
-            \$566  = 8'h07;
-          end else if (\done$404 ) begin
-            if (\error$405 ) begin
-              \$566  = 8'h03;
-            end
-          end
-          if (soft_reset) begin
-            \$566  = 8'h00;
-          end
-        end
-      4'hc:
-          if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
       4'h8:
-        begin
-          if (exec_done) begin
-            if (\$500 ) begin
-              \$566  = exec_error;
-            end
-          end
           if (soft_reset) begin
-            \$566  = 8'h00;
-          end
-        end
-      4'h9:
-          if (soft_reset) begin
-            \$566  = 8'h00;
-          end
-      4'hd:
-          if (soft_reset) begin
-            \$566  = 8'h00;
-          end
-      4'he:
-          if (soft_reset) begin
-            \$566  = 8'h00;
+            \$67  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$566  = 8'h00;
+      \$67  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$567  = executor;
+    \$68  = executor;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$453 ) begin
-            \$567  = 6'h00;
+          if (\$27 ) begin
+            \$68  = 6'h00;
           end
           if (soft_reset) begin
-            \$567  = 6'h00;
+            \$68  = 6'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$567  = 6'h00;
+            \$68  = 6'h00;
           end
       4'h4:
         begin
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-            \$567  = 6'h00;
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+          end else if (\$30 ) begin
+            \$68  = 6'h00;
           end else begin
-            if (\$470 ) begin
-              \$567  = 6'h01;
+            if (\$31 ) begin
+              \$68  = 6'h01;
             end
-            if (\$471 ) begin
-              \$567  = 6'h01;
+            if (\$32 ) begin
+              \$68  = 6'h01;
             end
-            if (\$472 ) begin
-              \$567  = 6'h02;
+            if (\$33 ) begin
+              \$68  = 6'h02;
             end
-            if (\$473 ) begin
-              \$567  = 6'h04;
+            if (\$34 ) begin
+              \$68  = 6'h04;
             end
-            if (\$474 ) begin
-              \$567  = 6'h04;
+            if (\$35 ) begin
+              \$68  = 6'h04;
             end
-            if (\$475 ) begin
-              \$567  = 6'h04;
+            if (\$36 ) begin
+              \$68  = 6'h04;
             end
-            if (\$476 ) begin
-              \$567  = 6'h10;
+            if (\$37 ) begin
+              \$68  = 6'h10;
             end
-            if (\$477 ) begin
-              \$567  = 6'h08;
+            if (\$38 ) begin
+              \$68  = 6'h08;
             end
-            if (\$478 ) begin
-              \$567  = 6'h20;
+            if (\$39 ) begin
+              \$68  = 6'h20;
             end
-            if (\$479 ) begin
-              \$567  = 6'h20;
+            if (\$40 ) begin
+              \$68  = 6'h20;
             end
-            if (\$480 ) begin
-              \$567  = 6'h10;
+            if (\$41 ) begin
+              \$68  = 6'h10;
             end
-            if (\$481 ) begin
-              \$567  = 6'h10;
+            if (\$42 ) begin
+              \$68  = 6'h10;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$567  = 6'h00;
+                  \$68  = 6'h00;
             endcase
           end
           if (soft_reset) begin
-            \$567  = 6'h00;
+            \$68  = 6'h00;
           end
         end
       4'h5:
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-      4'ha:
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-      4'h6:
-        begin
-          if (\$496 ) begin
-            \$567  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-        end
-      4'h7:
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-      4'hb:
-        begin
-          if (dma__error) begin
-            \$567  = 6'h00;
-          end else if (\done$404 ) begin
-            if (\error$405 ) begin
-              \$567  = 6'h00;
-            end
-          end
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-        end
-      4'hc:
-        begin
-          if (\$498 ) begin
-            \$567  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-        end
-      4'h8:
         begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$500 ) begin
-              \$567  = 6'h00;
+            if (\$44 ) begin
+              \$68  = 6'h00;
             end else begin
-              \$567  = 6'h00;
+              \$68  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$567  = 6'h00;
+            \$68  = 6'h00;
           end
         end
-      4'h9:
-        begin
-          if (\$502 ) begin
-            \$567  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-        end
-      4'hd:
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-      4'he:
-        begin
-          if (\$504 ) begin
-            \$567  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$567  = 6'h00;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$567  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$568  = step;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          if (\done$403 ) begin
-            \$568  = 3'h0;
-          end
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            \$568  = \$468 [2:0];
-          end
-    endcase
-    if (rst) begin
-      \$568  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$569  = settle;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          if (\done$403 ) begin
-            \$569  = 2'h0;
-          end
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-            \$569  = \$469 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$569  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$570  = ln;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  \$570  = \$459 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$570  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$571  = mk;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  \$571  = \$461 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$571  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$572  = p2;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  \$572  = \$463 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$572  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$573  = p3;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  \$573  = \$465 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$573  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$574  = l4;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  /* empty */;
-              3'h5:
-                  \$574  = \$467 ;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$574  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$575  = host_eff;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (busy) begin
-          end else if (\$454 ) begin
-            casez (step)
-              3'h1:
-                  /* empty */;
-              3'h2:
-                  /* empty */;
-              3'h3:
-                  /* empty */;
-              3'h4:
-                  /* empty */;
-              3'h5:
-                  /* empty */;
-              3'h6:
-                  \$575  = acc;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$575  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$576  = rq_width;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$576  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$576  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$576  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$577  = \rq_mult$243 ;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$577  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$577  = ins[231:200];
-            endcase
-          end
-      4'h5:
-          /* empty */;
-      4'ha:
-          \$577  = { 16'h0000, spad__rd0__data[15:0] };
-    endcase
-    if (rst) begin
-      \$577  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$578  = rq_shift;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$578  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$578  = ins[237:232];
-            endcase
-          end
-      4'h5:
-          /* empty */;
-      4'ha:
-          \$578  = spad__rd1__data[5:0];
-    endcase
-    if (rst) begin
-      \$578  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$579  = cnt0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$579  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$579  = ln;
-              6'h0c:
-                  \$579  = ins[45:32];
-              6'h0d:
-                  \$579  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$579  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$580  = cnt1;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$580  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$580  = 14'h0001;
-              6'h0c:
-                  \$580  = ins[61:48];
-              6'h0d:
-                  \$580  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$580  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$581  = sa0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$581  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$581  = 13'h0001;
-              6'h0c:
-                  \$581  = ins[60:48];
-              6'h0d:
-                  \$581  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$581  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$582  = sa1;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$582  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$582  = 1'h0;
-              6'h0c:
-                  \$582  = 1'h1;
-              6'h0d:
-                  \$582  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$582  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$583  = sa2;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$583  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$583  = 13'h0000;
-              6'h0c:
-                  \$583  = p2[12:0];
-              6'h0d:
-                  \$583  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$583  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$584  = sb0;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$584  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$584  = 1'h1;
-              6'h0c:
-                  \$584  = 1'h1;
-              6'h0d:
-                  \$584  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$584  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$585  = sb1;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$585  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$585  = 1'h0;
-              6'h0c:
-                  \$585  = 1'h0;
-              6'h0d:
-                  \$585  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$585  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$586  = sb2;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$586  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$586  = 13'h0000;
-              6'h0c:
-                  \$586  = ins[44:32];
-              6'h0d:
-                  \$586  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$586  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$587  = el_i;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$587  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$587  = 14'h0000;
-              6'h0c:
-                  \$587  = 14'h0000;
-              6'h0d:
-                  \$587  = 14'h0000;
-            endcase
-          end
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
-          if (out_valid) begin
-            \$587  = \$491 [13:0];
+        begin
+          if (\$46 ) begin
+            \$68  = 6'h00;
           end
+          if (soft_reset) begin
+            \$68  = 6'h00;
+          end
+        end
+      4'h7:
+          if (soft_reset) begin
+            \$68  = 6'h00;
+          end
+      4'h8:
+        begin
+          if (\$48 ) begin
+            \$68  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$68  = 6'h00;
+          end
+        end
     endcase
     if (rst) begin
-      \$587  = 14'h0000;
+      \$68  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$588  = rq_at_last;
+    \$69  = running_exec;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -6091,95 +1851,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
+          if (\$28 ) begin
+          end else if (\$29 ) begin
+          end else if (\$30 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$588  = \$482 ;
-            endcase
-          end
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (out_valid) begin
-            \$588  = \$493 ;
-          end
-    endcase
-    if (rst) begin
-      \$588  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$589  = running_exec;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$454 ) begin
-          end else if (\$455 ) begin
-          end else if (\$456 ) begin
-          end else if (\$457 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
                   /* empty */;
               6'h01, 6'h02:
-                  \$589  = 3'h1;
+                  \$69  = 5'h01;
+              6'h03:
+                  \$69  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
+                  \$69  = 5'h04;
               6'h08:
-                  \$589  = 3'h2;
+                  \$69  = 5'h08;
               6'h0a, 6'h0b:
-                  \$589  = 3'h4;
+                  \$69  = 5'h10;
             endcase
           end
       4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
           if (exec_done) begin
-            \$589  = 3'h0;
+            \$69  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$589  = 3'h0;
+      \$69  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$590  = scores_a;
+    \$70  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -6190,93 +1892,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h4:
           /* empty */;
       4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (\$496 ) begin
-            if (run_sigmoid) begin
-              \$590  = ins[124:112];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$590  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$591  = scores_len;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          if (\$496 ) begin
-            if (run_sigmoid) begin
-              \$591  = ln;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$591  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$592  = scan;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'ha:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
-      4'h8:
           if (exec_done) begin
-            if (running_exec[1]) begin
-              \$592  = 4'h0;
+            if (running_exec[3]) begin
+              \$70  = 4'h0;
             end
           end
-      4'h9:
-          if (\$502 ) begin
-            \$592  = 4'h8;
+      4'h6:
+          if (\$46 ) begin
+            \$70  = 4'h8;
           end
-      4'hd:
+      4'h7:
           /* empty */;
-      4'he:
-          \$592  = \$503 [3:0];
+      4'h8:
+          \$70  = \$47 [3:0];
     endcase
     if (rst) begin
-      \$592  = 4'h0;
+      \$70  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$593  = expert;
+    \$71  = scores_a;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          if (exec_done) begin
+            if (\$43 ) begin
+              \$71  = \ins$274 [60:48];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$71  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$72  = scores_len;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          if (exec_done) begin
+            if (\$43 ) begin
+              \$72  = \ins$274 [122:109];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$72  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$73  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -6288,34 +1970,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
-          if (\$504 ) begin
-            \$593  = scan;
+          if (\$48 ) begin
+            \$73  = scan;
           end
     endcase
     if (rst) begin
-      \$593  = 4'h0;
+      \$73  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$594  = count;
+    \$74  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -6327,34 +1997,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
-          if (\$504 ) begin
-            \$594  = rd0_q[15:0];
+          if (\$48 ) begin
+            \$74  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$594  = 16'h0000;
+      \$74  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$595  = offset;
+    \$75  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -6366,29 +2024,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           /* empty */;
-      4'ha:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
-      4'hb:
-          /* empty */;
-      4'hc:
-          /* empty */;
       4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'hd:
-          /* empty */;
-      4'he:
-          if (\$504 ) begin
-            \$595  = \$506 ;
+          if (\$48 ) begin
+            \$75  = \$50 ;
           end
     endcase
     if (rst) begin
-      \$595  = 14'h0000;
+      \$75  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -6416,14 +2062,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$596 [5], \$596 [5], \$596  };
+  assign bus__arlen = { \$76 [5], \$76 [5], \$76  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$597 [5], \$597 [5], \$597  };
+  assign bus__awlen = { \$77 [5], \$77 [5], \$77  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -6442,12 +2088,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__wready$102  = m_axi__wready;
   assign \bus__wstrb$103  = m_axi__wstrb;
   assign \bus__wvalid$104  = m_axi__wvalid;
-  assign \scores__payload$106  = scores__payload;
-  assign \scores__ready$108  = scores__ready;
-  assign \scores__valid$110  = scores__valid;
-  assign \routes__payload$112  = routes__payload;
-  assign \routes__ready$114  = routes__ready;
-  assign \routes__valid$116  = routes__valid;
+  assign \rq__i__payload$106  = rq__i__payload;
+  assign \rq__i__ready$108  = rq__i__ready;
+  assign \rq__i__valid$110  = rq__i__valid;
+  assign \rq__mult$112  = rq__mult;
+  assign \rq__o__payload$114  = rq__o__payload;
+  assign \rq__o__ready$116  = rq__o__ready;
+  assign \rq__o__valid$118  = rq__o__valid;
+  assign \rq__shift$120  = rq__shift;
+  assign \scores__payload$122  = scores__payload;
+  assign \scores__ready$124  = scores__ready;
+  assign \scores__valid$126  = scores__valid;
+  assign \routes__payload$128  = routes__payload;
+  assign \routes__ready$130  = routes__ready;
+  assign \routes__valid$132  = routes__valid;
   assign bias__we = bias_we;
   assign bias__addr = bias_addr;
   assign bias__data = bias_data;
@@ -6465,102 +2119,141 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign spad__wr__addr = clients__1__wr__addr;
   assign spad__wr__data = clients__1__wr__data;
   assign spad__wr__en = clients__1__wr__en;
-  assign \spad__blocked$145  = 1'h0;
+  assign \spad__blocked$161  = 1'h0;
   assign clients__2__blocked = 1'h0;
-  assign \spad__rd0__addr$148  = clients__2__rd0__addr;
-  assign \spad__rd0__data$149  = spad__rd0__data;
+  assign \spad__rd0__addr$164  = clients__2__rd0__addr;
+  assign \spad__rd0__data$165  = spad__rd0__data;
   assign clients__2__rd0__data = spad__rd0__data;
-  assign \spad__rd0__en$152  = clients__2__rd0__en;
-  assign clients__2__rd1__addr = 13'h0000;
-  assign \spad__rd1__addr$154  = 13'h0000;
-  assign \spad__rd1__data$155  = spad__rd1__data;
+  assign \spad__rd0__en$168  = clients__2__rd0__en;
+  assign \spad__rd1__addr$170  = clients__2__rd1__addr;
+  assign \spad__rd1__data$171  = spad__rd1__data;
   assign clients__2__rd1__data = spad__rd1__data;
-  assign clients__2__rd1__en = 1'h0;
-  assign \spad__rd1__en$158  = 1'h0;
-  assign \spad__wr__addr$160  = clients__2__wr__addr;
-  assign \spad__wr__data$162  = clients__2__wr__data;
-  assign \spad__wr__en$164  = clients__2__wr__en;
-  assign \spad__blocked$165  = 1'h0;
+  assign \spad__rd1__en$174  = clients__2__rd1__en;
+  assign \spad__wr__addr$176  = clients__2__wr__addr;
+  assign \spad__wr__data$178  = clients__2__wr__data;
+  assign \spad__wr__en$180  = clients__2__wr__en;
+  assign \spad__blocked$181  = 1'h0;
   assign clients__3__blocked = 1'h0;
-  assign \spad__rd0__addr$168  = clients__3__rd0__addr;
-  assign \spad__rd0__data$169  = spad__rd0__data;
+  assign \spad__rd0__addr$184  = clients__3__rd0__addr;
+  assign \spad__rd0__data$185  = spad__rd0__data;
   assign clients__3__rd0__data = spad__rd0__data;
-  assign \spad__rd0__en$172  = clients__3__rd0__en;
-  assign clients__3__rd1__addr = 13'h0000;
-  assign \spad__rd1__addr$174  = 13'h0000;
-  assign \spad__rd1__data$175  = spad__rd1__data;
+  assign \spad__rd0__en$188  = clients__3__rd0__en;
+  assign \spad__rd1__addr$190  = clients__3__rd1__addr;
+  assign \spad__rd1__data$191  = spad__rd1__data;
   assign clients__3__rd1__data = spad__rd1__data;
-  assign clients__3__rd1__en = 1'h0;
-  assign \spad__rd1__en$178  = 1'h0;
-  assign \spad__wr__addr$180  = clients__3__wr__addr;
-  assign \spad__wr__data$182  = clients__3__wr__data;
-  assign \spad__wr__en$184  = clients__3__wr__en;
-  assign \running$186  = running;
-  assign \done$188  = done;
+  assign \spad__rd1__en$194  = clients__3__rd1__en;
+  assign \spad__wr__addr$196  = clients__3__wr__addr;
+  assign \spad__wr__data$198  = clients__3__wr__data;
+  assign \spad__wr__en$200  = clients__3__wr__en;
+  assign \spad__blocked$201  = 1'h0;
+  assign clients__4__blocked = 1'h0;
+  assign \spad__rd0__addr$204  = clients__4__rd0__addr;
+  assign \spad__rd0__data$205  = spad__rd0__data;
+  assign clients__4__rd0__data = spad__rd0__data;
+  assign \spad__rd0__en$208  = clients__4__rd0__en;
+  assign clients__4__rd1__addr = 13'h0000;
+  assign \spad__rd1__addr$210  = 13'h0000;
+  assign \spad__rd1__data$211  = spad__rd1__data;
+  assign clients__4__rd1__data = spad__rd1__data;
+  assign clients__4__rd1__en = 1'h0;
+  assign \spad__rd1__en$214  = 1'h0;
+  assign \spad__wr__addr$216  = clients__4__wr__addr;
+  assign \spad__wr__data$218  = clients__4__wr__data;
+  assign \spad__wr__en$220  = clients__4__wr__en;
+  assign \spad__blocked$221  = 1'h0;
+  assign clients__5__blocked = 1'h0;
+  assign \spad__rd0__addr$224  = clients__5__rd0__addr;
+  assign \spad__rd0__data$225  = spad__rd0__data;
+  assign clients__5__rd0__data = spad__rd0__data;
+  assign \spad__rd0__en$228  = clients__5__rd0__en;
+  assign clients__5__rd1__addr = 13'h0000;
+  assign \spad__rd1__addr$230  = 13'h0000;
+  assign \spad__rd1__data$231  = spad__rd1__data;
+  assign clients__5__rd1__data = spad__rd1__data;
+  assign clients__5__rd1__en = 1'h0;
+  assign \spad__rd1__en$234  = 1'h0;
+  assign \spad__wr__addr$236  = clients__5__wr__addr;
+  assign \spad__wr__data$238  = clients__5__wr__data;
+  assign \spad__wr__en$240  = clients__5__wr__en;
+  assign \running$242  = running;
+  assign \done$244  = done;
   assign err = error;
-  assign \pc$192  = pc;
+  assign \pc$248  = pc;
   assign cur_executor = executor;
-  assign \retire$196  = retire;
+  assign \retire$252  = retire;
   assign clear_loads = load_clear;
   assign load_addr = s_axil__araddr[4:2];
-  assign \load_addr$200  = s_axil__araddr[17:2];
-  assign load_data = { 16'h0000, \load_data$202  };
-  assign clients__0__blocked = 1'h0;
-  assign rq_mult = \rq_mult$243 [15:0];
-  assign \rq_shift$245  = rq_shift;
-  assign pack = rq_in__payload;
-  assign i__payload = rd0_q[15:0];
-  assign n = ins[63:48];
-  assign op = vec_op;
-  assign o__ready = 1'h1;
-  assign \o__ready$258  = 1'h1;
-  assign \o__ready$259  = 1'h1;
-  assign hi_sat = { 1'h0, \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171  };
-  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
-  assign gm_wvalid = a_in__valid;
-  assign b_in__payload = m_axi__rdata;
-  assign rd_data__payload = m_axi__rdata;
-  assign \ins$312  = decoded;
-  assign start = exec_start[0];
-  assign \ins$319  = decoded;
-  assign \start$320  = exec_start[1];
-  assign \ins$323  = decoded;
-  assign \start$324  = exec_start[2];
+  assign \load_addr$256  = s_axil__araddr[17:2];
+  assign load_data = { 16'h0000, \load_data$258  };
+  assign \ins$260  = ins;
+  assign \done$262  = start;
+  assign decoded = \ins$274 ;
+  assign \start$276  = exec_start[0];
+  assign \ins$282  = \ins$274 ;
+  assign \start$283  = exec_start[1];
+  assign \ins$286  = \ins$274 ;
+  assign \start$287  = exec_start[2];
+  assign \ins$290  = \ins$274 ;
+  assign \start$291  = exec_start[3];
+  assign \ins$294  = \ins$274 ;
+  assign \start$295  = exec_start[4];
   assign dma__wr_start = wr_start;
-  assign dma__rd_data__valid = rd_data__valid;
-  assign dma__rd_data__payload = m_axi__rdata;
   assign dma__wr_data__valid = wr_data__valid;
   assign dma__wr_data__payload = wr_data__payload;
   assign wr_data__ready = dma__wr_data__ready;
+  assign rd_data__valid = dma__rd_data__valid;
+  assign dma__rd_data__payload = m_axi__rdata;
+  assign rd_data__payload = m_axi__rdata;
   assign rd_busy = dma__rd_busy;
   assign wr_busy = dma__wr_busy;
-  assign \error$347  = dma__error;
-  assign rd_addr = host_eff[31:0];
-  assign wr_addr = host_eff[31:0];
-  assign rd_beats = { 8'h00, l4[17:2] };
-  assign wr_beats = { 8'h00, l4[17:2] };
+  assign \error$321  = dma__error;
+  assign \dma__rd_data__valid$322  = dma__rd_data__valid;
+  assign \dma__rd_data__payload$323  = m_axi__rdata;
+  assign \dma__rd_busy$324  = dma__rd_busy;
+  assign \dma__wr_busy$325  = dma__wr_busy;
+  assign \dma__error$326  = dma__error;
+  assign rd_addr = host[31:0];
+  assign wr_addr = host[31:0];
+  assign rd_beats = { 8'h00, beats };
+  assign wr_beats = { 8'h00, beats };
   assign clients__0__rd0__data = spad__rd0__data;
   assign clients__0__rd1__data = spad__rd1__data;
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$597 [5], \$597 [5], \$597  };
+  assign m_axi__awlen = { \$77 [5], \$77 [5], \$77  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$596 [5], \$596 [5], \$596  };
+  assign m_axi__arlen = { \$76 [5], \$76 [5], \$76  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
+  assign \rq__i__payload[0]  = rq__i__payload[23:0];
+  assign \rq__i__payload[1]  = rq__i__payload[47:24];
+  assign \rq__i__payload[2]  = rq__i__payload[71:48];
+  assign \rq__i__payload[3]  = rq__i__payload[95:72];
+  assign \rq__i__payload$106[0]  = rq__i__payload[23:0];
+  assign \rq__i__payload$106[1]  = rq__i__payload[47:24];
+  assign \rq__i__payload$106[2]  = rq__i__payload[71:48];
+  assign \rq__i__payload$106[3]  = rq__i__payload[95:72];
+  assign \rq__o__payload[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload[3]  = rq__o__payload[95:72];
+  assign \rq__o__payload$114[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload$114[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload$114[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload$114[3]  = rq__o__payload[95:72];
   assign \scores__payload[0]  = scores__payload;
-  assign \scores__payload$106[0]  = scores__payload;
+  assign \scores__payload$122[0]  = scores__payload;
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
-  assign \routes__payload$112.index  = routes__payload[2:0];
-  assign \routes__payload$112.weight  = routes__payload[18:3];
-  assign \routes__payload$112.last  = routes__payload[19];
+  assign \routes__payload$128.index  = routes__payload[2:0];
+  assign \routes__payload$128.weight  = routes__payload[18:3];
+  assign \routes__payload$128.last  = routes__payload[19];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.m  = ins[31:16];
@@ -6575,176 +2268,144 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.shift  = ins[237:232];
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
-  assign \rq_in__payload[0]  = rq_in__payload[23:0];
-  assign \rq_in__payload[1]  = rq_in__payload[47:24];
-  assign \rq_in__payload[2]  = rq_in__payload[71:48];
-  assign \rq_in__payload[3]  = rq_in__payload[95:72];
-  assign \pack[0]  = rq_in__payload[23:0];
-  assign \pack[1]  = rq_in__payload[47:24];
-  assign \pack[2]  = rq_in__payload[71:48];
-  assign \pack[3]  = rq_in__payload[95:72];
-  assign \i__payload[0]  = rd0_q[15:0];
-  assign \i__payload$250[0]  = \i__payload$250 ;
-  assign \i__payload$250[0].g  = \i__payload$250 [15:0];
-  assign \i__payload$250[0].u  = \i__payload$250 [31:16];
-  assign \i__payload$252.a  = \i__payload$252 [15:0];
-  assign \i__payload$252.b  = \i__payload$252 [32:16];
-  assign \i__payload$252.last  = \i__payload$252 [33];
-  assign \o__payload[0]  = o__payload;
-  assign \o__payload$283[0]  = \o__payload$283 ;
-  assign \cmd__payload.m  = cmd__payload[11:0];
-  assign \cmd__payload.k  = cmd__payload[23:12];
-  assign \cmd__payload.n  = cmd__payload[35:24];
-  assign \cmd__payload.a_addr  = cmd__payload[44:36];
-  assign \cmd__payload.c_addr  = cmd__payload[53:45];
-  assign \cmd__payload.mult  = cmd__payload[69:54];
-  assign \cmd__payload.shift  = cmd__payload[75:70];
-  assign \cmd__payload.load_a  = cmd__payload[76];
-  assign \cmd__payload.compute  = cmd__payload[77];
-  assign \cmd__payload.accumulate  = cmd__payload[78];
-  assign \cmd__payload.store  = cmd__payload[79];
-  assign \a_in__payload[0]  = rq_in__payload[7:0];
-  assign \a_in__payload[1]  = rq_in__payload[31:24];
-  assign \a_in__payload[2]  = rq_in__payload[55:48];
-  assign \a_in__payload[3]  = rq_in__payload[79:72];
-  assign \b_in__payload[0]  = m_axi__rdata[7:0];
-  assign \b_in__payload[1]  = m_axi__rdata[15:8];
-  assign \b_in__payload[2]  = m_axi__rdata[23:16];
-  assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \c_out__payload[0]  = c_out__payload[23:0];
-  assign \c_out__payload[1]  = c_out__payload[47:24];
-  assign \c_out__payload[2]  = c_out__payload[71:48];
-  assign \c_out__payload[3]  = c_out__payload[95:72];
-  assign \decoded.op  = decoded[5:0];
-  assign \decoded.width  = decoded[11:6];
-  assign \decoded.a  = decoded[24:12];
-  assign \decoded.b  = decoded[37:25];
-  assign \decoded.c  = decoded[50:38];
-  assign \decoded.m  = decoded[66:51];
-  assign \decoded.n  = decoded[82:67];
-  assign \decoded.k  = decoded[98:83];
-  assign \decoded.len  = decoded[112:99];
-  assign \decoded.count  = decoded[128:113];
-  assign \decoded.offset  = decoded[142:129];
-  assign \ins$312.op  = decoded[5:0];
-  assign \ins$312.width  = decoded[11:6];
-  assign \ins$312.a  = decoded[24:12];
-  assign \ins$312.b  = decoded[37:25];
-  assign \ins$312.c  = decoded[50:38];
-  assign \ins$312.m  = decoded[66:51];
-  assign \ins$312.n  = decoded[82:67];
-  assign \ins$312.k  = decoded[98:83];
-  assign \ins$312.len  = decoded[112:99];
-  assign \ins$312.count  = decoded[128:113];
-  assign \ins$312.offset  = decoded[142:129];
-  assign \ins$319.op  = decoded[5:0];
-  assign \ins$319.width  = decoded[11:6];
-  assign \ins$319.a  = decoded[24:12];
-  assign \ins$319.b  = decoded[37:25];
-  assign \ins$319.c  = decoded[50:38];
-  assign \ins$319.m  = decoded[66:51];
-  assign \ins$319.n  = decoded[82:67];
-  assign \ins$319.k  = decoded[98:83];
-  assign \ins$319.len  = decoded[112:99];
-  assign \ins$319.count  = decoded[128:113];
-  assign \ins$319.offset  = decoded[142:129];
-  assign \ins$323.op  = decoded[5:0];
-  assign \ins$323.width  = decoded[11:6];
-  assign \ins$323.a  = decoded[24:12];
-  assign \ins$323.b  = decoded[37:25];
-  assign \ins$323.c  = decoded[50:38];
-  assign \ins$323.m  = decoded[66:51];
-  assign \ins$323.n  = decoded[82:67];
-  assign \ins$323.k  = decoded[98:83];
-  assign \ins$323.len  = decoded[112:99];
-  assign \ins$323.count  = decoded[128:113];
-  assign \ins$323.offset  = decoded[142:129];
+  assign \ins$260.op  = ins[5:0];
+  assign \ins$260.flags  = ins[15:6];
+  assign \ins$260.m  = ins[31:16];
+  assign \ins$260.k  = ins[47:32];
+  assign \ins$260.n  = ins[63:48];
+  assign \ins$260.a  = ins[87:64];
+  assign \ins$260.b  = ins[111:88];
+  assign \ins$260.c  = ins[135:112];
+  assign \ins$260.host  = ins[167:136];
+  assign \ins$260.stride  = ins[199:168];
+  assign \ins$260.mult  = ins[231:200];
+  assign \ins$260.shift  = ins[237:232];
+  assign \ins$260.width  = ins[243:238];
+  assign \ins$260.target  = ins[255:244];
+  assign \context.route_done  = \context [0];
+  assign \context.exp_active  = \context [1];
+  assign \context.expert  = \context [17:2];
+  assign \context.count  = \context [33:18];
+  assign \context.offset  = \context [47:34];
+  assign \context.scores_ok  = \context [48];
+  assign \context.scores_a  = \context [61:49];
+  assign \context.scores_len  = \context [75:62];
+  assign \context.host_base  = \context [107:76];
+  assign \context.host_size  = \context [139:108];
+  assign \ins$274.op  = \ins$274 [5:0];
+  assign \ins$274.flags  = \ins$274 [15:6];
+  assign \ins$274.width  = \ins$274 [21:16];
+  assign \ins$274.a  = \ins$274 [34:22];
+  assign \ins$274.b  = \ins$274 [47:35];
+  assign \ins$274.c  = \ins$274 [60:48];
+  assign \ins$274.m  = \ins$274 [76:61];
+  assign \ins$274.n  = \ins$274 [92:77];
+  assign \ins$274.k  = \ins$274 [108:93];
+  assign \ins$274.len  = \ins$274 [122:109];
+  assign \ins$274.p2  = \ins$274 [136:123];
+  assign \ins$274.mult  = \ins$274 [168:137];
+  assign \ins$274.shift  = \ins$274 [174:169];
+  assign \ins$274.expert  = \ins$274 [190:175];
+  assign \ins$274.count  = \ins$274 [206:191];
+  assign \ins$274.offset  = \ins$274 [220:207];
+  assign \decoded.op  = \ins$274 [5:0];
+  assign \decoded.flags  = \ins$274 [15:6];
+  assign \decoded.width  = \ins$274 [21:16];
+  assign \decoded.a  = \ins$274 [34:22];
+  assign \decoded.b  = \ins$274 [47:35];
+  assign \decoded.c  = \ins$274 [60:48];
+  assign \decoded.m  = \ins$274 [76:61];
+  assign \decoded.n  = \ins$274 [92:77];
+  assign \decoded.k  = \ins$274 [108:93];
+  assign \decoded.len  = \ins$274 [122:109];
+  assign \decoded.p2  = \ins$274 [136:123];
+  assign \decoded.mult  = \ins$274 [168:137];
+  assign \decoded.shift  = \ins$274 [174:169];
+  assign \decoded.expert  = \ins$274 [190:175];
+  assign \decoded.count  = \ins$274 [206:191];
+  assign \decoded.offset  = \ins$274 [220:207];
+  assign \ins$282.op  = \ins$274 [5:0];
+  assign \ins$282.flags  = \ins$274 [15:6];
+  assign \ins$282.width  = \ins$274 [21:16];
+  assign \ins$282.a  = \ins$274 [34:22];
+  assign \ins$282.b  = \ins$274 [47:35];
+  assign \ins$282.c  = \ins$274 [60:48];
+  assign \ins$282.m  = \ins$274 [76:61];
+  assign \ins$282.n  = \ins$274 [92:77];
+  assign \ins$282.k  = \ins$274 [108:93];
+  assign \ins$282.len  = \ins$274 [122:109];
+  assign \ins$282.p2  = \ins$274 [136:123];
+  assign \ins$282.mult  = \ins$274 [168:137];
+  assign \ins$282.shift  = \ins$274 [174:169];
+  assign \ins$282.expert  = \ins$274 [190:175];
+  assign \ins$282.count  = \ins$274 [206:191];
+  assign \ins$282.offset  = \ins$274 [220:207];
+  assign \ins$286.op  = \ins$274 [5:0];
+  assign \ins$286.flags  = \ins$274 [15:6];
+  assign \ins$286.width  = \ins$274 [21:16];
+  assign \ins$286.a  = \ins$274 [34:22];
+  assign \ins$286.b  = \ins$274 [47:35];
+  assign \ins$286.c  = \ins$274 [60:48];
+  assign \ins$286.m  = \ins$274 [76:61];
+  assign \ins$286.n  = \ins$274 [92:77];
+  assign \ins$286.k  = \ins$274 [108:93];
+  assign \ins$286.len  = \ins$274 [122:109];
+  assign \ins$286.p2  = \ins$274 [136:123];
+  assign \ins$286.mult  = \ins$274 [168:137];
+  assign \ins$286.shift  = \ins$274 [174:169];
+  assign \ins$286.expert  = \ins$274 [190:175];
+  assign \ins$286.count  = \ins$274 [206:191];
+  assign \ins$286.offset  = \ins$274 [220:207];
+  assign \ins$290.op  = \ins$274 [5:0];
+  assign \ins$290.flags  = \ins$274 [15:6];
+  assign \ins$290.width  = \ins$274 [21:16];
+  assign \ins$290.a  = \ins$274 [34:22];
+  assign \ins$290.b  = \ins$274 [47:35];
+  assign \ins$290.c  = \ins$274 [60:48];
+  assign \ins$290.m  = \ins$274 [76:61];
+  assign \ins$290.n  = \ins$274 [92:77];
+  assign \ins$290.k  = \ins$274 [108:93];
+  assign \ins$290.len  = \ins$274 [122:109];
+  assign \ins$290.p2  = \ins$274 [136:123];
+  assign \ins$290.mult  = \ins$274 [168:137];
+  assign \ins$290.shift  = \ins$274 [174:169];
+  assign \ins$290.expert  = \ins$274 [190:175];
+  assign \ins$290.count  = \ins$274 [206:191];
+  assign \ins$290.offset  = \ins$274 [220:207];
+  assign \ins$294.op  = \ins$274 [5:0];
+  assign \ins$294.flags  = \ins$274 [15:6];
+  assign \ins$294.width  = \ins$274 [21:16];
+  assign \ins$294.a  = \ins$274 [34:22];
+  assign \ins$294.b  = \ins$274 [47:35];
+  assign \ins$294.c  = \ins$274 [60:48];
+  assign \ins$294.m  = \ins$274 [76:61];
+  assign \ins$294.n  = \ins$274 [92:77];
+  assign \ins$294.k  = \ins$274 [108:93];
+  assign \ins$294.len  = \ins$274 [122:109];
+  assign \ins$294.p2  = \ins$274 [136:123];
+  assign \ins$294.mult  = \ins$274 [168:137];
+  assign \ins$294.shift  = \ins$274 [174:169];
+  assign \ins$294.expert  = \ins$274 [190:175];
+  assign \ins$294.count  = \ins$274 [206:191];
+  assign \ins$294.offset  = \ins$274 [220:207];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \dma__wr_data__payload.data  = wr_data__payload[31:0];
   assign \dma__wr_data__payload.strb  = wr_data__payload[35:32];
-  assign decoded[142:129] = offset;
-  assign decoded[128:113] = count;
-  assign decoded[112:99] = ln;
-  assign decoded[98:83] = ins[47:32];
-  assign decoded[82:67] = ins[63:48];
-  assign decoded[66:51] = m_eff;
-  assign decoded[50:38] = ins[124:112];
-  assign decoded[37:25] = ins[100:88];
-  assign decoded[24:12] = ins[76:64];
-  assign decoded[11:6] = ins[243:238];
-  assign decoded[5:0] = ins[5:0];
-  assign cmd__payload[78] = 1'h0;
-  assign cmd__payload[79] = 1'h1;
-  assign cmd__payload[77] = 1'h1;
-  assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$206 ;
-  assign cmd__payload[69:54] = \$204 [15:0];
-  assign cmd__payload[53:45] = 9'h000;
-  assign cmd__payload[44:36] = 9'h000;
-  assign cmd__payload[35:24] = ins[59:48];
-  assign cmd__payload[23:12] = ins[43:32];
-  assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$252 [33] = h_last;
-  assign \i__payload$252 [32:16] = \$170 ;
-  assign \i__payload$252 [15:0] = rd0_q[15:0];
-  assign \i__payload$250 [31:16] = rd1_q[15:0];
-  assign \i__payload$250 [15:0] = rd0_q[15:0];
-  assign \$6 [9:1] = 9'h000;
-  assign \$6 [0] = ins[6];
-  assign \$7  = ins[6];
-  assign \$10  = { \$9 [17], \$9 [17], \$9 [17:2] };
-  assign \$15  = { \$14 [17], \$14 [17], \$14 [17:2] };
-  assign \$18  = { \$17 [17], \$17 [17], \$17 [17:2] };
-  assign \$19  = { 1'h0, ins[47:32], 2'h0 };
-  assign { \$25 [9:2], \$25 [0] } = 9'h000;
-  assign \$25 [1] = ins[7];
-  assign \$38  = \$37 ;
-  assign \$57  = \$56 ;
-  assign \$73  = \$72 ;
-  assign { \$87 [9:3], \$87 [1:0] } = 9'h000;
-  assign \$87 [2] = ins[8];
-  assign \$88  = ins[8];
-  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
-  assign \$90 [2] = ins[8];
-  assign \$91  = ins[8];
-  assign \$96  = \$95 [14];
-  assign \$99  = { ins[63:48], 1'h0 };
-  assign \$101  = { ins[63:48], 1'h0 };
-  assign \$113 [9:3] = 7'h00;
-  assign \$113 [2:0] = ins[8:6];
-  assign \$120  = \$119 ;
-  assign \$124 [9:3] = 7'h00;
-  assign \$124 [2:0] = ins[8:6];
-  assign \$141  = \$140 ;
-  assign \$161  = 1'h1;
-  assign \$162  = \$160 ;
-  assign \$167  = 1'h1;
-  assign \$168  = \$166 ;
-  assign \$218  = 1'h1;
-  assign \$219  = \$217 ;
-  assign \$228  = { expert, 1'h0 };
-  assign \$230  = { expert, 1'h0 };
-  assign \$337  = 1'h1;
-  assign \$338  = issuing;
-  assign \$340  = 1'h1;
-  assign \$341  = issuing;
-  assign \$394  = 1'h1;
-  assign \$395  = \$393 ;
-  assign \$439  = \$438 ;
-  assign \$448  = \$447 ;
-  assign { \$483 [9:3], \$483 [1:0] } = 9'h000;
-  assign \$483 [2] = ins[8];
-  assign \$484  = ins[8];
-  assign \$488  = \$487 ;
-  assign { \$489 [9:3], \$489 [1:0] } = 9'h000;
-  assign \$489 [2] = ins[8];
-  assign \$490  = ins[8];
-  assign \$26  = ins[7];
+  assign \context [139:108] = host_size;
+  assign \context [107:76] = host_base;
+  assign \context [75:62] = scores_len;
+  assign \context [61:49] = scores_a;
+  assign \context [48] = scores_ok;
+  assign \context [47:34] = offset;
+  assign \context [33:18] = count;
+  assign \context [17:2] = { 12'h000, expert };
+  assign \context [1] = exp_active;
+  assign \context [0] = route_done;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$2879$0 , retire
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$560$0 , retire
 , running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -6871,8 +2532,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$2879$0 ;
-  wire [15:0] \port$2879$0 ;
+  input [15:0] \port$560$0 ;
+  wire [15:0] \port$560$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -6975,7 +2636,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$15 ) begin
-      rd_data = { 16'h0000, \port$2879$0  };
+      rd_data = { 16'h0000, \port$560$0  };
     end else if (\$18 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -7116,7 +2777,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$2879$0  };
+  assign load_data = { 16'h0000, \port$560$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -7353,9 +3014,1382 @@ module \nanokpu_kpu.bank.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$911$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$929$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, \port$3532$2 , rd_addr, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded, error, beats, host, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
+  wire [9:0] \$1 ;
+  wire [17:0] \$10 ;
+  wire [16:0] \$100 ;
+  wire [13:0] \$101 ;
+  wire [16:0] \$102 ;
+  wire \$103 ;
+  wire [16:0] \$104 ;
+  wire [13:0] \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire [9:0] \$108 ;
+  wire \$109 ;
+  wire [16:0] \$11 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire [9:0] \$119 ;
+  wire [17:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
+  wire [17:0] \$13 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
+  wire [18:0] \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire \$15 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire \$16 ;
+  wire \$160 ;
+  wire [14:0] \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire [14:0] \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
+  wire \$17 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
+  wire [1:0] \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire [14:0] \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire [14:0] \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
+  wire [18:0] \$19 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire \$2 ;
+  wire [9:0] \$20 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire [14:0] \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire [14:0] \$209 ;
+  wire \$21 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire [14:0] \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
+  wire [15:0] \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire [33:0] \$224 ;
+  wire [32:0] \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
+  wire \$23 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire [13:0] \$235 ;
+  wire \$236 ;
+  wire [13:0] \$237 ;
+  wire \$238 ;
+  wire [13:0] \$239 ;
+  wire \$24 ;
+  wire \$240 ;
+  wire [13:0] \$241 ;
+  wire \$242 ;
+  wire [17:0] \$243 ;
+  wire [3:0] \$244 ;
+  wire [2:0] \$245 ;
+  reg \$246 ;
+  reg \$247 ;
+  reg \$248 ;
+  reg \$249 ;
+  wire \$25 ;
+  reg [7:0] \$250 ;
+  reg \$251 ;
+  reg [2:0] \$252 ;
+  reg [1:0] \$253 ;
+  reg [13:0] \$254 ;
+  reg [13:0] \$255 ;
+  reg [13:0] \$256 ;
+  reg [13:0] \$257 ;
+  reg [17:0] \$258 ;
+  reg [32:0] \$259 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire [16:0] \$3 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire \$39 ;
+  wire [17:0] \$4 ;
+  wire \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire \$49 ;
+  wire [17:0] \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
+  wire [13:0] \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
+  wire [16:0] \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire [9:0] \$82 ;
+  wire \$83 ;
+  wire [4:0] \$84 ;
+  wire [9:0] \$85 ;
+  wire \$86 ;
+  wire [4:0] \$87 ;
+  wire \$88 ;
+  wire [13:0] \$89 ;
+  wire [17:0] \$9 ;
+  wire [14:0] \$90 ;
+  wire \$91 ;
+  wire [14:0] \$92 ;
+  wire [13:0] \$93 ;
+  wire [16:0] \$94 ;
+  wire \$95 ;
+  wire [16:0] \$96 ;
+  wire [13:0] \$97 ;
+  wire [16:0] \$98 ;
+  wire \$99 ;
+  wire [32:0] acc;
+  reg [32:0] acc_in;
+  reg active = 1'h0;
+  output [15:0] beats;
+  wire [15:0] beats;
+  wire busy;
+  input clk;
+  wire clk;
+  input [139:0] \context ;
+  wire [139:0] \context ;
+  wire [15:0] \context.count ;
+  wire \context.exp_active ;
+  wire [15:0] \context.expert ;
+  wire [31:0] \context.host_base ;
+  wire [31:0] \context.host_size ;
+  wire [13:0] \context.offset ;
+  wire \context.route_done ;
+  wire [12:0] \context.scores_a ;
+  wire [13:0] \context.scores_len ;
+  wire \context.scores_ok ;
+  reg [7:0] decode_err;
+  (* init = 8'h00 *)
+  wire [7:0] decode_q;
+  output [220:0] decoded;
+  wire [220:0] decoded;
+  wire [12:0] \decoded.a ;
+  wire [12:0] \decoded.b ;
+  wire [12:0] \decoded.c ;
+  wire [15:0] \decoded.count ;
+  wire [15:0] \decoded.expert ;
+  wire [9:0] \decoded.flags ;
+  wire [15:0] \decoded.k ;
+  wire [13:0] \decoded.len ;
+  wire [15:0] \decoded.m ;
+  wire [31:0] \decoded.mult ;
+  wire [15:0] \decoded.n ;
+  wire [13:0] \decoded.offset ;
+  wire [5:0] \decoded.op ;
+  wire [13:0] \decoded.p2 ;
+  wire [5:0] \decoded.shift ;
+  wire [5:0] \decoded.width ;
+  output done;
+  reg done;
+  output [7:0] error;
+  reg [7:0] error = 8'h00;
+  output [32:0] host;
+  reg [32:0] host = 33'h000000000;
+  (* init = 33'h000000000 *)
+  wire [32:0] host_eff;
+  reg host_ok = 1'h0;
+  input [255:0] ins;
+  wire [255:0] ins;
+  wire [23:0] \ins.a ;
+  wire [23:0] \ins.b ;
+  wire [23:0] \ins.c ;
+  wire [9:0] \ins.flags ;
+  wire [31:0] \ins.host ;
+  wire [15:0] \ins.k ;
+  wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
+  wire [15:0] \ins.n ;
+  wire [5:0] \ins.op ;
+  wire [5:0] \ins.shift ;
+  wire [31:0] \ins.stride ;
+  wire [11:0] \ins.target ;
+  wire [5:0] \ins.width ;
+  reg [17:0] l4 = 18'h00000;
+  reg [13:0] ln = 14'h0000;
+  reg load;
+  wire [15:0] m_eff;
+  reg [13:0] mk = 14'h0000;
+  reg overlap_q = 1'h0;
+  reg [13:0] p2 = 14'h0000;
+  reg [13:0] p3 = 14'h0000;
+  input rst;
+  wire rst;
+  reg [1:0] settle = 2'h0;
+  reg shape_ok;
+  reg shape_q = 1'h0;
+  reg spad_ok = 1'h0;
+  reg [32:0] st_acc;
+  reg [32:0] st_x;
+  reg [15:0] st_y;
+  input start;
+  wire start;
+  reg [2:0] step = 3'h0;
+  input unit_rst;
+  wire unit_rst;
+  reg [13:0] wa;
+  reg [13:0] wb;
+  reg [13:0] wc;
+  reg [32:0] x;
+  reg [15:0] y;
+  assign m_eff = \$2  ? \context [33:18] : ins[31:16];
+  assign \$3  = m_eff + 3'h4;
+  assign \$4  = \$3  - 1'h1;
+  assign \$6  = | acc[32:14];
+  assign \$7  = \$6  ? 14'h3fff : acc[13:0];
+  assign \$8  = m_eff + 3'h4;
+  assign \$9  = \$8  - 1'h1;
+  assign \$11  = ins[63:48] + 3'h4;
+  assign \$12  = \$11  - 1'h1;
+  assign \$15  = ins[243:238] == 3'h4;
+  assign \$16  = ins[243:238] == 2'h2;
+  assign \$17  = \$16  ? 1'h1 : 1'h0;
+  assign \$18  = \$15  ? 2'h2 : { 1'h0, \$17  };
+  assign \$19  = ins[63:48] << \$18 ;
+  assign \$22  = \$21  ? \context [17:2] : 16'h0000;
+  assign \$23  = m_eff >= 1'h1;
+  assign \$24  = ins[63:48] >= 1'h1;
+  assign \$25  = ins[243:238] == 1'h1;
+  assign \$26  = ins[243:238] == 2'h2;
+  assign \$27  = ins[243:238] == 3'h4;
+  assign \$28  = | { \$27 , \$26 , \$25  };
+  assign \$29  = & { \$28 , \$24 , \$23  };
+  assign \$30  = m_eff >= 1'h1;
+  assign \$31  = ins[63:48] >= 1'h1;
+  assign \$32  = ins[243:238] == 3'h4;
+  assign \$34  = & { \$33 , \$31 , \$30  };
+  assign \$35  = m_eff >= 1'h1;
+  assign \$36  = ins[63:48] >= 1'h1;
+  assign \$37  = ins[47:32] >= 1'h1;
+  assign \$38  = ! ins[243:238];
+  assign \$39  = ins[243:238] >= 2'h2;
+  assign \$40  = ins[243:238] <= 5'h18;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = | { \$41 , \$38  };
+  assign \$43  = ins[47:32] <= 7'h40;
+  assign \$44  = p2 <= 9'h100;
+  assign \$45  = p3 <= 9'h100;
+  assign \$46  = & { \$45 , \$44 , \$43 , \$42 , \$37 , \$36 , \$35  };
+  assign \$47  = m_eff >= 1'h1;
+  assign \$48  = ins[63:48] >= 1'h1;
+  assign \$49  = ins[243:238] >= 2'h2;
+  assign \$50  = ins[243:238] <= 5'h18;
+  assign \$51  = \$49  & \$50 ;
+  assign \$53  = & { \$52 , \$48 , \$47  };
+  assign \$54  = m_eff >= 1'h1;
+  assign \$55  = ins[63:48] >= 1'h1;
+  assign \$56  = & { \$55 , \$54  };
+  assign \$57  = m_eff >= 1'h1;
+  assign \$58  = ins[63:48] >= 1'h1;
+  assign \$59  = & { \$58 , \$57  };
+  assign \$60  = m_eff >= 1'h1;
+  assign \$61  = ins[63:48] >= 1'h1;
+  assign \$62  = & { \$61 , \$60  };
+  assign \$63  = m_eff >= 1'h1;
+  assign \$64  = ins[63:48] == 4'h8;
+  assign \$65  = ins[47:32] == 2'h2;
+  assign \$66  = & { \$65 , \$64 , \$63  };
+  assign \$67  = ins[63:48] == 4'h8;
+  assign \$69  = m_eff >= 1'h1;
+  assign \$70  = ins[63:48] >= 1'h1;
+  assign \$71  = & { \$70 , \$69  };
+  assign \$72  = m_eff >= 1'h1;
+  assign \$73  = ins[63:48] >= 1'h1;
+  assign \$74  = & { \$73 , \$72  };
+  assign \$75  = m_eff >= 1'h1;
+  assign \$76  = ins[63:48] >= 1'h1;
+  assign \$77  = ins[47:32] >= 1'h1;
+  assign \$78  = & { \$77 , \$76 , \$75  };
+  assign \$79  = m_eff >= 1'h1;
+  assign \$80  = ins[63:48] >= 1'h1;
+  assign \$81  = & { \$80 , \$79  };
+  assign \$84  = \$83  ? 5'h10 : 5'h00;
+  assign \$87  = \$86  ? 5'h10 : 5'h00;
+  assign \$88  = | ins[63:62];
+  assign \$89  = \$88  ? 14'h3fff : ins[61:48];
+  assign \$90  = mk + 5'h10;
+  assign \$92  = mk + 5'h10;
+  assign \$93  = \$91  ? 14'h3fff : \$92 [13:0];
+  assign \$95  = | \$94 [16:14];
+  assign \$97  = \$95  ? 14'h3fff : \$96 [13:0];
+  assign \$98  = \context [47:34] + \context [33:18];
+  assign \$99  = | \$98 [16:14];
+  assign \$100  = \context [47:34] + \context [33:18];
+  assign \$101  = \$99  ? 14'h3fff : \$100 [13:0];
+  assign \$102  = \context [47:34] + \context [33:18];
+  assign \$103  = | \$102 [16:14];
+  assign \$104  = \context [47:34] + \context [33:18];
+  assign \$105  = \$103  ? 14'h3fff : \$104 [13:0];
+  assign \$106  = ins[5:0] <= 4'he;
+  assign \$107  = ~ \$106 ;
+  assign \$109  = | \$108 ;
+  assign \$110  = ins[5:0] == 4'ha;
+  assign \$111  = ins[5:0] == 4'hb;
+  assign \$112  = | { \$111 , \$110 , 1'h0 };
+  assign \$113  = \$109  | \$112 ;
+  assign \$114  = ins[5:0] == 4'h9;
+  assign \$116  = \$113  | \$115 ;
+  assign \$117  = ~ \context [0];
+  assign \$118  = \$116  & \$117 ;
+  assign \$120  = | \$119 ;
+  assign \$121  = ins[5:0] == 4'ha;
+  assign \$122  = ins[5:0] == 4'hb;
+  assign \$123  = | { \$122 , \$121 , 1'h0 };
+  assign \$124  = \$120  | \$123 ;
+  assign \$125  = ~ \context [1];
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = \$118  | \$126 ;
+  assign \$128  = ins[5:0] == 4'h9;
+  assign \$129  = ins[5:0] == 4'he;
+  assign \$130  = | { \$129 , \$128 , 1'h0 };
+  assign \$131  = ins[255:244] < 7'h40;
+  assign \$132  = ~ \$131 ;
+  assign \$133  = \$130  & \$132 ;
+  assign \$134  = ~ shape_q;
+  assign \$135  = ins[5:0] == 4'h8;
+  assign \$137  = ! ins[87:77];
+  assign \$138  = \context [48] & \$137 ;
+  assign \$139  = \context [61:49] == ins[76:64];
+  assign \$140  = \$138  & \$139 ;
+  assign \$141  = \context [75:62] == ln;
+  assign \$142  = \$140  & \$141 ;
+  assign \$143  = ~ \$142 ;
+  assign \$144  = \$136  & \$143 ;
+  assign \$145  = ~ spad_ok;
+  assign \$146  = ins[5:0] == 1'h1;
+  assign \$147  = ins[5:0] == 2'h2;
+  assign \$148  = ins[5:0] == 2'h3;
+  assign \$149  = | { \$148 , \$147 , \$146 , 1'h0 };
+  assign \$150  = ~ host_ok;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = ~ busy;
+  assign \$153  = active & \$152 ;
+  assign \$154  = step != 3'h7;
+  assign \$155  = ! ins[5:0];
+  assign \$156  = settle == 2'h2;
+  assign \$157  = \$155  | \$156 ;
+  assign \$158  = | wa;
+  assign \$159  = | wc;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = ins[125:112] + wc;
+  assign \$162  = ins[77:64] < \$161 ;
+  assign \$163  = \$160  & \$162 ;
+  assign \$164  = ins[77:64] + wa;
+  assign \$165  = ins[125:112] < \$164 ;
+  assign \$166  = \$163  & \$165 ;
+  assign \$167  = ins[5:0] == 3'h4;
+  assign \$168  = ins[5:0] == 3'h5;
+  assign \$169  = ins[5:0] == 3'h6;
+  assign \$170  = ins[5:0] == 3'h7;
+  assign \$171  = ins[5:0] == 4'hd;
+  assign \$172  = | { \$171 , \$170 , \$169 , \$168 , \$167 , 1'h0 };
+  assign \$173  = ins[77:64] == ins[125:112];
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = wa == wc;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = ~ \$176 ;
+  assign \$178  = \$166  & \$177 ;
+  assign \$179  = | wb;
+  assign \$180  = | wc;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = ins[125:112] + wc;
+  assign \$183  = ins[101:88] < \$182 ;
+  assign \$184  = \$181  & \$183 ;
+  assign \$185  = ins[101:88] + wb;
+  assign \$186  = ins[125:112] < \$185 ;
+  assign \$187  = \$184  & \$186 ;
+  assign \$188  = ins[5:0] == 3'h4;
+  assign \$189  = ins[5:0] == 3'h5;
+  assign \$190  = ins[5:0] == 3'h6;
+  assign \$191  = ins[5:0] == 3'h7;
+  assign \$192  = ins[5:0] == 4'hd;
+  assign \$193  = | { \$192 , \$191 , \$190 , \$189 , \$188 , 1'h0 };
+  assign \$194  = ins[101:88] == ins[125:112];
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = wb == wc;
+  assign \$197  = \$195  & \$196 ;
+  assign \$198  = ~ \$197 ;
+  assign \$199  = \$187  & \$198 ;
+  assign \$200  = \$178  | \$199 ;
+  assign \$201  = ! wa;
+  assign \$202  = ! ins[87:78];
+  assign \$203  = ins[77:64] + wa;
+  assign \$204  = \$203  <= 14'h2000;
+  assign \$205  = \$202  & \$204 ;
+  assign \$206  = \$201  | \$205 ;
+  assign \$207  = ! wb;
+  assign \$208  = ! ins[111:102];
+  assign \$209  = ins[101:88] + wb;
+  assign \$210  = \$209  <= 14'h2000;
+  assign \$211  = \$208  & \$210 ;
+  assign \$212  = \$207  | \$211 ;
+  assign \$213  = \$206  & \$212 ;
+  assign \$214  = ! wc;
+  assign \$215  = ! ins[135:126];
+  assign \$216  = ins[125:112] + wc;
+  assign \$217  = \$216  <= 14'h2000;
+  assign \$218  = \$215  & \$217 ;
+  assign \$219  = \$214  | \$218 ;
+  assign \$220  = \$213  & \$219 ;
+  assign \$221  = ! host[1:0];
+  assign \$222  = host >= \context [107:76];
+  assign \$223  = \$221  & \$222 ;
+  assign \$224  = host + { l4[17:2], 2'h0 };
+  assign \$225  = \context [107:76] + \context [139:108];
+  assign \$226  = \$224  <= \$225 ;
+  assign \$227  = \$223  & \$226 ;
+  assign \$228  = ~ busy;
+  assign \$229  = active & \$228 ;
+  assign \$230  = step != 3'h7;
+  assign \$231  = ! ins[5:0];
+  assign \$232  = settle == 2'h2;
+  assign \$233  = \$231  | \$232 ;
+  assign \$234  = | acc[32:14];
+  assign \$235  = \$234  ? 14'h3fff : acc[13:0];
+  assign \$236  = | acc[32:14];
+  assign \$237  = \$236  ? 14'h3fff : acc[13:0];
+  assign \$238  = | acc[32:14];
+  assign \$239  = \$238  ? 14'h3fff : acc[13:0];
+  assign \$240  = | acc[32:14];
+  assign \$241  = \$240  ? 14'h3fff : acc[13:0];
+  assign \$242  = | acc[32:18];
+  assign \$243  = \$242  ? 18'h3ffff : acc[17:0];
+  assign \$244  = step + 1'h1;
+  assign \$245  = settle + 1'h1;
+  always @(posedge clk)
+    shape_q <= \$246 ;
+  always @(posedge clk)
+    overlap_q <= \$247 ;
+  always @(posedge clk)
+    spad_ok <= \$248 ;
+  always @(posedge clk)
+    host_ok <= \$249 ;
+  always @(posedge clk)
+    error <= \$250 ;
+  always @(posedge clk)
+    active <= \$251 ;
+  always @(posedge clk)
+    step <= \$252 ;
+  always @(posedge clk)
+    settle <= \$253 ;
+  always @(posedge clk)
+    ln <= \$254 ;
+  always @(posedge clk)
+    mk <= \$255 ;
+  always @(posedge clk)
+    p2 <= \$256 ;
+  always @(posedge clk)
+    p3 <= \$257 ;
+  always @(posedge clk)
+    l4 <= \$258 ;
+  always @(posedge clk)
+    host <= \$259 ;
+  \nanokpu_kpu.decode.lane  lane (
+    .acc(acc),
+    .acc_in(acc_in),
+    .busy(busy),
+    .clk(clk),
+    .load(load),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .\x$7 (x),
+    .\y$5 (y)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    st_y = 16'h0000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_y = m_eff;
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_y = m_eff;
+            6'h0a, 6'h0b:
+                st_y = \context [33:18];
+            6'h08:
+                st_y = m_eff;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_y = ins[47:32];
+            6'h03:
+                st_y = \$5 [15:0];
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_y = m_eff;
+            6'h03:
+                st_y = \$10 [15:0];
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_y = \$13 [15:0];
+            6'h01, 6'h02:
+                st_y = m_eff;
+          endcase
+      3'h5:
+          st_y = \$22 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    st_x = 33'h000000000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_x = { 17'h00000, ins[63:48] };
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_x = { 17'h00000, ins[47:32] };
+            6'h0a, 6'h0b:
+                st_x = { 17'h00000, ins[63:48] };
+            6'h08:
+                st_x = 33'h000000008;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_x = { 17'h00000, ins[63:48] };
+            6'h03:
+                st_x = { 17'h00000, ins[47:32] };
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_x = { 19'h00000, \$7  };
+            6'h03:
+                st_x = { 17'h00000, ins[63:48] };
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_x = { 14'h0000, \$14  };
+            6'h01, 6'h02:
+                st_x = { 14'h0000, \$19  };
+          endcase
+      3'h5:
+          st_x = { 1'h0, ins[199:168] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    st_acc = 33'h000000000;
+    casez (step)
+      3'h0:
+          casez (ins[5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                st_acc = 33'h000000000;
+          endcase
+      3'h1:
+          casez (ins[5:0])
+            6'h03, 6'h0c:
+                st_acc = 33'h000000000;
+            6'h0a, 6'h0b:
+                st_acc = 33'h000000000;
+            6'h08:
+                st_acc = 33'h000000000;
+          endcase
+      3'h2:
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
+      3'h3:
+          casez (ins[5:0])
+            6'h0c:
+                st_acc = 33'h000000000;
+            6'h03:
+                st_acc = 33'h000000000;
+          endcase
+      3'h4:
+          casez (ins[5:0])
+            6'h03:
+                st_acc = 33'h000000000;
+            6'h01, 6'h02:
+                st_acc = 33'h000000003;
+          endcase
+      3'h5:
+          st_acc = { 1'h0, ins[167:136] };
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    shape_ok = 1'h0;
+    casez (ins[5:0])
+      6'h00:
+          shape_ok = 1'h1;
+      6'h01:
+          shape_ok = \$29 ;
+      6'h02:
+          shape_ok = \$34 ;
+      6'h03:
+          shape_ok = \$46 ;
+      6'h04:
+          shape_ok = \$53 ;
+      6'h05:
+          shape_ok = \$56 ;
+      6'h06:
+          shape_ok = \$59 ;
+      6'h07:
+          shape_ok = \$62 ;
+      6'h08:
+          shape_ok = \$66 ;
+      6'h09:
+          shape_ok = \$68 ;
+      6'h0a:
+          shape_ok = \$71 ;
+      6'h0b:
+          shape_ok = \$74 ;
+      6'h0c:
+          shape_ok = \$78 ;
+      6'h0d:
+          shape_ok = \$81 ;
+      6'h0e:
+          shape_ok = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    wc = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          wc = ln;
+      6'h02:
+          /* empty */;
+      6'h03:
+          wc = ln;
+      6'h04:
+          wc = ln;
+      6'h05, 6'h0d:
+          wc = ln;
+      6'h06, 6'h07:
+          wc = ln;
+      6'h08:
+          wc = \$93 ;
+      6'h09:
+          /* empty */;
+      6'h0a:
+          wc = mk;
+      6'h0b:
+          wc = ln;
+      6'h0c:
+          wc = ln;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    wa = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          /* empty */;
+      6'h02:
+          wa = ln;
+      6'h03:
+          wa = mk;
+      6'h04:
+          wa = ln;
+      6'h05, 6'h0d:
+          wa = ln;
+      6'h06, 6'h07:
+          wa = ln;
+      6'h08:
+          wa = ln;
+      6'h09:
+          wa = \$97 ;
+      6'h0a:
+          wa = ln;
+      6'h0b:
+          wa = mk;
+      6'h0c:
+          wa = p3;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    wb = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          /* empty */;
+      6'h02:
+          /* empty */;
+      6'h03:
+          wb = { 9'h000, \$84  };
+      6'h04:
+          wb = { 9'h000, \$87  };
+      6'h05, 6'h0d:
+          /* empty */;
+      6'h06, 6'h07:
+          wb = ln;
+      6'h08:
+          wb = \$89 ;
+      6'h09:
+          /* empty */;
+      6'h0a:
+          wb = \$101 ;
+      6'h0b:
+          wb = \$105 ;
+      6'h0c:
+          wb = mk;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    decode_err = 8'h00;
+    if (\$107 ) begin
+      decode_err = 8'h01;
+    end else if (\$127 ) begin
+      decode_err = 8'h08;
+    end else if (\$133 ) begin
+      decode_err = 8'h06;
+    end else if (\$134 ) begin
+      decode_err = 8'h03;
+    end else if (\$144 ) begin
+      decode_err = 8'h04;
+    end else if (\$145 ) begin
+      decode_err = 8'h02;
+    end else if (overlap_q) begin
+      decode_err = 8'h09;
+    end else if (\$151 ) begin
+      decode_err = 8'h05;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    load = 1'h0;
+    if (start) begin
+    end else if (\$153 ) begin
+      if (\$154 ) begin
+        load = 1'h1;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    y = 16'h0000;
+    if (start) begin
+    end else if (\$153 ) begin
+      if (\$154 ) begin
+        y = st_y;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    x = 33'h000000000;
+    if (start) begin
+    end else if (\$153 ) begin
+      if (\$154 ) begin
+        x = st_x;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    acc_in = 33'h000000000;
+    if (start) begin
+    end else if (\$153 ) begin
+      if (\$154 ) begin
+        acc_in = st_acc;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    done = 1'h0;
+    if (start) begin
+    end else if (\$153 ) begin
+      if (\$154 ) begin
+      end else if (\$157 ) begin
+        done = 1'h1;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$246  = shape_ok;
+    if (unit_rst) begin
+      \$246  = 1'h0;
+    end
+    if (rst) begin
+      \$246  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$247  = \$200 ;
+    if (unit_rst) begin
+      \$247  = 1'h0;
+    end
+    if (rst) begin
+      \$247  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$248  = \$220 ;
+    if (unit_rst) begin
+      \$248  = 1'h0;
+    end
+    if (rst) begin
+      \$248  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$249  = \$227 ;
+    if (unit_rst) begin
+      \$249  = 1'h0;
+    end
+    if (rst) begin
+      \$249  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$250  = decode_err;
+    if (unit_rst) begin
+      \$250  = 8'h00;
+    end
+    if (rst) begin
+      \$250  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$251  = active;
+    if (start) begin
+      \$251  = 1'h1;
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+      end else if (\$233 ) begin
+        \$251  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$251  = 1'h0;
+    end
+    if (rst) begin
+      \$251  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$252  = step;
+    if (start) begin
+      \$252  = 3'h0;
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        \$252  = \$244 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$252  = 3'h0;
+    end
+    if (rst) begin
+      \$252  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$253  = settle;
+    if (start) begin
+      \$253  = 2'h0;
+    end else if (\$229 ) begin
+      (* full_case = 32'd1 *)
+      if (\$230 ) begin
+      end else if (\$233 ) begin
+      end else begin
+        \$253  = \$245 [1:0];
+      end
+    end
+    if (unit_rst) begin
+      \$253  = 2'h0;
+    end
+    if (rst) begin
+      \$253  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$254  = ln;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              \$254  = \$235 ;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$254  = 14'h0000;
+    end
+    if (rst) begin
+      \$254  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$255  = mk;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              /* empty */;
+          3'h2:
+              \$255  = \$237 ;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$255  = 14'h0000;
+    end
+    if (rst) begin
+      \$255  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$256  = p2;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              /* empty */;
+          3'h2:
+              /* empty */;
+          3'h3:
+              \$256  = \$239 ;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$256  = 14'h0000;
+    end
+    if (rst) begin
+      \$256  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$257  = p3;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              /* empty */;
+          3'h2:
+              /* empty */;
+          3'h3:
+              /* empty */;
+          3'h4:
+              \$257  = \$241 ;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$257  = 14'h0000;
+    end
+    if (rst) begin
+      \$257  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$258  = l4;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              /* empty */;
+          3'h2:
+              /* empty */;
+          3'h3:
+              /* empty */;
+          3'h4:
+              /* empty */;
+          3'h5:
+              \$258  = \$243 ;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$258  = 18'h00000;
+    end
+    if (rst) begin
+      \$258  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$259  = host;
+    if (start) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+        casez (step)
+          3'h1:
+              /* empty */;
+          3'h2:
+              /* empty */;
+          3'h3:
+              /* empty */;
+          3'h4:
+              /* empty */;
+          3'h5:
+              /* empty */;
+          3'h6:
+              \$259  = acc;
+        endcase
+      end
+    end
+    if (unit_rst) begin
+      \$259  = 33'h000000000;
+    end
+    if (rst) begin
+      \$259  = 33'h000000000;
+    end
+  end
+  assign decode_q = error;
+  assign host_eff = host;
+  assign beats = l4[17:2];
+  assign \ins.op  = ins[5:0];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.m  = ins[31:16];
+  assign \ins.k  = ins[47:32];
+  assign \ins.n  = ins[63:48];
+  assign \ins.a  = ins[87:64];
+  assign \ins.b  = ins[111:88];
+  assign \ins.c  = ins[135:112];
+  assign \ins.host  = ins[167:136];
+  assign \ins.stride  = ins[199:168];
+  assign \ins.mult  = ins[231:200];
+  assign \ins.shift  = ins[237:232];
+  assign \ins.width  = ins[243:238];
+  assign \ins.target  = ins[255:244];
+  assign \context.route_done  = \context [0];
+  assign \context.exp_active  = \context [1];
+  assign \context.expert  = \context [17:2];
+  assign \context.count  = \context [33:18];
+  assign \context.offset  = \context [47:34];
+  assign \context.scores_ok  = \context [48];
+  assign \context.scores_a  = \context [61:49];
+  assign \context.scores_len  = \context [75:62];
+  assign \context.host_base  = \context [107:76];
+  assign \context.host_size  = \context [139:108];
+  assign \decoded.op  = decoded[5:0];
+  assign \decoded.flags  = decoded[15:6];
+  assign \decoded.width  = decoded[21:16];
+  assign \decoded.a  = decoded[34:22];
+  assign \decoded.b  = decoded[47:35];
+  assign \decoded.c  = decoded[60:48];
+  assign \decoded.m  = decoded[76:61];
+  assign \decoded.n  = decoded[92:77];
+  assign \decoded.k  = decoded[108:93];
+  assign \decoded.len  = decoded[122:109];
+  assign \decoded.p2  = decoded[136:123];
+  assign \decoded.mult  = decoded[168:137];
+  assign \decoded.shift  = decoded[174:169];
+  assign \decoded.expert  = decoded[190:175];
+  assign \decoded.count  = decoded[206:191];
+  assign \decoded.offset  = decoded[220:207];
+  assign decoded[220:207] = \context [47:34];
+  assign decoded[206:191] = \context [33:18];
+  assign decoded[190:175] = \context [17:2];
+  assign decoded[174:169] = ins[237:232];
+  assign decoded[168:137] = ins[231:200];
+  assign decoded[136:123] = p2;
+  assign decoded[122:109] = ln;
+  assign decoded[108:93] = ins[47:32];
+  assign decoded[92:77] = ins[63:48];
+  assign decoded[76:61] = m_eff;
+  assign decoded[60:48] = ins[124:112];
+  assign decoded[47:35] = ins[100:88];
+  assign decoded[34:22] = ins[76:64];
+  assign decoded[21:16] = ins[243:238];
+  assign decoded[15:6] = ins[15:6];
+  assign decoded[5:0] = ins[5:0];
+  assign \$1 [9:1] = 9'h000;
+  assign \$1 [0] = ins[6];
+  assign \$2  = ins[6];
+  assign \$5  = { \$4 [17], \$4 [17], \$4 [17:2] };
+  assign \$10  = { \$9 [17], \$9 [17], \$9 [17:2] };
+  assign \$13  = { \$12 [17], \$12 [17], \$12 [17:2] };
+  assign \$14  = { 1'h0, ins[47:32], 2'h0 };
+  assign { \$20 [9:2], \$20 [0] } = 9'h000;
+  assign \$20 [1] = ins[7];
+  assign \$33  = \$32 ;
+  assign \$52  = \$51 ;
+  assign \$68  = \$67 ;
+  assign { \$82 [9:3], \$82 [1:0] } = 9'h000;
+  assign \$82 [2] = ins[8];
+  assign \$83  = ins[8];
+  assign { \$85 [9:3], \$85 [1:0] } = 9'h000;
+  assign \$85 [2] = ins[8];
+  assign \$86  = ins[8];
+  assign \$91  = \$90 [14];
+  assign \$94  = { ins[63:48], 1'h0 };
+  assign \$96  = { ins[63:48], 1'h0 };
+  assign \$108 [9:3] = 7'h00;
+  assign \$108 [2:0] = ins[8:6];
+  assign \$115  = \$114 ;
+  assign \$119 [9:3] = 7'h00;
+  assign \$119 [2:0] = ins[8:6];
+  assign \$136  = \$135 ;
+  assign \$21  = ins[7];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in, acc, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
+  wire [33:0] \$1 ;
+  reg [32:0] \$10 ;
+  wire \$2 ;
+  wire [33:0] \$3 ;
+  wire [32:0] \$4 ;
+  wire [33:0] \$5 ;
+  wire [33:0] \$6 ;
+  wire [15:0] \$7 ;
+  reg [15:0] \$8 ;
+  reg [32:0] \$9 ;
+  output [32:0] acc;
+  reg [32:0] acc = 33'h000000000;
+  input [32:0] acc_in;
+  wire [32:0] acc_in;
+  output busy;
+  wire busy;
+  input clk;
+  wire clk;
+  input load;
+  wire load;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  reg [32:0] x = 33'h000000000;
+  input [32:0] \x$7 ;
+  wire [32:0] \x$7 ;
+  reg [15:0] y = 16'h0000;
+  input [15:0] \y$5 ;
+  wire [15:0] \y$5 ;
+  assign busy = | y;
+  assign \$1  = acc + x;
+  assign \$3  = acc + x;
+  assign \$4  = \$2  ? 33'h1ffffffff : \$3 [32:0];
+  assign \$6  = x[32] ? 34'h1ffffffff : \$5 ;
+  always @(posedge clk)
+    y <= \$8 ;
+  always @(posedge clk)
+    x <= \$9 ;
+  always @(posedge clk)
+    acc <= \$10 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$8  = y;
+    if (load) begin
+      \$8  = \y$5 ;
+    end else if (busy) begin
+      \$8  = \$7 ;
+    end
+    if (unit_rst) begin
+      \$8  = 16'h0000;
+    end
+    if (rst) begin
+      \$8  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$9  = x;
+    if (load) begin
+      \$9  = \x$7 ;
+    end else if (busy) begin
+      \$9  = \$6 [32:0];
+    end
+    if (unit_rst) begin
+      \$9  = 33'h000000000;
+    end
+    if (rst) begin
+      \$9  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$10  = acc;
+    if (load) begin
+      \$10  = acc_in;
+    end else if (busy) begin
+      if (y[0]) begin
+        \$10  = \$4 ;
+      end
+    end
+    if (unit_rst) begin
+      \$10  = 33'h000000000;
+    end
+    if (rst) begin
+      \$10  = 33'h000000000;
+    end
+  end
+  assign \$2  = \$1 [33];
+  assign \$5  = { x, 1'h0 };
+  assign \$7  = { 1'h0, y[15:1] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$290$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$308$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, \port$5002$2 , rd_addr, bus__awready);
+  reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
   wire [13:0] \$103 ;
@@ -7493,12 +4527,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  input [15:0] \port$3532$2 ;
-  wire [15:0] \port$3532$2 ;
-  output [5:0] \port$911$0 ;
-  wire [5:0] \port$911$0 ;
-  output [5:0] \port$929$0 ;
-  wire [5:0] \port$929$0 ;
+  output [5:0] \port$290$0 ;
+  wire [5:0] \port$290$0 ;
+  output [5:0] \port$308$0 ;
+  wire [5:0] \port$308$0 ;
+  input [15:0] \port$5002$2 ;
+  wire [15:0] \port$5002$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -7634,14 +4668,14 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign rd_busy = \$12  | \$13 ;
   assign \$14  = ~ abort;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$72  = \$41 [24:0];
     if (rst) begin
       \$72  = 25'h0000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$73  = ar_addr;
     if (\$42 ) begin
       \$73  = \$44 [31:0];
@@ -7655,7 +4689,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$74  = ar_left;
     if (\$42 ) begin
       \$74  = \$45 [23:0];
@@ -7663,21 +4697,21 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3532$2  };
+      \$74  = { 8'h00, \port$5002$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$75  = \$51 [23:0];
     if (rst) begin
       \$75  = 24'h000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$76  = aw_addr;
     if (\$52 ) begin
       \$76  = \$55 [31:0];
@@ -7691,7 +4725,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$77  = aw_left;
     if (\$52 ) begin
       \$77  = \$56 [23:0];
@@ -7699,14 +4733,14 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3532$2  };
+      \$77  = { 8'h00, \port$5002$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$78  = w_left;
     if (\$52 ) begin
       \$78  = \$22 [4:0];
@@ -7718,7 +4752,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$79  = error;
     if (\$66 ) begin
       \$79  = 1'h1;
@@ -7744,11 +4778,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3532$2  };
+  assign rd_beats = { 8'h00, \port$5002$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3532$2  };
-  assign \port$911$0  = \$9 ;
-  assign \port$929$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$5002$2  };
+  assign \port$290$0  = \$9 ;
+  assign \port$308$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -7762,8 +4796,5711 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, spad__rd0__data
+, spad__rd1__data, ins, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
+  wire \$11 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire \$12 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
+  wire \$13 ;
+  wire [23:0] \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
+  wire \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire \$15 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire [23:0] \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
+  wire \$17 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire [23:0] \$179 ;
+  wire [14:0] \$18 ;
+  wire [23:0] \$180 ;
+  wire [23:0] \$181 ;
+  wire [23:0] \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire [16:0] \$185 ;
+  wire [17:0] \$186 ;
+  wire [16:0] \$187 ;
+  wire [17:0] \$188 ;
+  wire [18:0] \$189 ;
+  wire [13:0] \$19 ;
+  wire [14:0] \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  reg [31:0] \$196 ;
+  reg [31:0] \$197 ;
+  reg \$198 ;
+  reg \$199 ;
+  wire \$2 ;
+  wire [13:0] \$20 ;
+  reg \$200 ;
+  reg \$201 ;
+  reg [13:0] \$202 ;
+  reg [12:0] \$203 ;
+  reg [12:0] \$204 ;
+  reg [13:0] \$205 ;
+  reg [12:0] \$206 ;
+  reg [12:0] \$207 ;
+  reg [13:0] \$208 ;
+  reg [12:0] \$209 ;
+  wire [14:0] \$21 ;
+  reg [12:0] \$210 ;
+  reg \$211 ;
+  reg \$212 ;
+  reg [2:0] \$213 ;
+  reg [95:0] \$214 ;
+  reg [1:0] \$215 ;
+  reg \$216 ;
+  reg \$217 ;
+  reg \$218 ;
+  reg [1:0] \$219 ;
+  wire [13:0] \$22 ;
+  reg [5:0] \$220 ;
+  reg [15:0] \$221 ;
+  reg [5:0] \$222 ;
+  reg \$223 ;
+  reg [13:0] \$224 ;
+  reg [13:0] \$225 ;
+  reg [12:0] \$226 ;
+  reg \$227 ;
+  reg [12:0] \$228 ;
+  reg \$229 ;
+  wire [13:0] \$23 ;
+  reg \$230 ;
+  reg [12:0] \$231 ;
+  reg [13:0] \$232 ;
+  reg [1:0] \$233 ;
+  wire [13:0] \$24 ;
+  wire [13:0] \$25 ;
+  wire [14:0] \$26 ;
+  wire [13:0] \$27 ;
+  wire [13:0] \$28 ;
+  wire [13:0] \$29 ;
+  wire \$3 ;
+  wire [13:0] \$30 ;
+  wire [13:0] \$31 ;
+  wire [6:0] \$315 ;
+  wire [13:0] \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire [6:0] \$365 ;
+  wire \$37 ;
+  wire [2:0] \$38 ;
+  wire \$39 ;
+  wire \$4 ;
+  wire [2:0] \$40 ;
+  wire [3:0] \$41 ;
+  wire [6:0] \$417 ;
+  wire \$42 ;
+  wire [2:0] \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire [2:0] \$48 ;
+  wire [2:0] \$49 ;
+  wire \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire [1:0] \$55 ;
+  wire [1:0] \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire [9:0] \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire [14:0] \$62 ;
+  wire [14:0] \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
+  wire \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire [16:0] \$79 ;
+  wire \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire [23:0] \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
+  wire \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$10  = 1'h0;
+  reg \$signal$11  = 1'h0;
+  reg [12:0] \$signal$16  = 13'h0000;
+  reg [12:0] \$signal$18  = 13'h0000;
+  reg [12:0] \$signal$21  = 13'h0000;
+  reg [12:0] \$signal$23  = 13'h0000;
+  reg [12:0] \$signal$27  = 13'h0000;
+  reg [12:0] \$signal$29  = 13'h0000;
+  reg \$signal$31  = 1'h0;
+  reg \$signal$32  = 1'h0;
+  reg \$signal$9  = 1'h0;
+  reg [31:0] a_word = 32'd0;
+  reg at_last = 1'h0;
+  reg [31:0] b_word = 32'd0;
+  input clk;
+  wire clk;
+  reg [13:0] cnt0 = 14'h0000;
+  reg [13:0] cnt1 = 14'h0000;
+  output done;
+  reg done;
+  reg [13:0] el = 14'h0000;
+  output [7:0] error;
+  reg [7:0] error;
+  reg [2:0] fill = 3'h0;
+  reg [1:0] fsm_state = 2'h0;
+  wire [15:0] i__payload;
+  wire [31:0] \i__payload$59 ;
+  wire [31:0] \i__payload$59[0] ;
+  wire [15:0] \i__payload$59[0].g ;
+  wire [15:0] \i__payload$59[0].u ;
+  wire [33:0] \i__payload$60 ;
+  wire [15:0] \i__payload$60.a ;
+  wire [16:0] \i__payload$60.b ;
+  wire \i__payload$60.last ;
+  wire [15:0] \i__payload[0] ;
+  wire i__ready;
+  wire \i__ready$75 ;
+  wire \i__ready$79 ;
+  reg i__valid;
+  reg \i__valid$74 ;
+  reg \i__valid$78 ;
+  input [220:0] ins;
+  wire [220:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
+  wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
+  wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
+  wire [5:0] \ins.width ;
+  reg is_situ = 1'h0;
+  reg issuing = 1'h0;
+  reg [1:0] lane = 2'h0;
+  output [15:0] mult;
+  reg [15:0] mult = 16'h0000;
+  wire [15:0] n;
+  wire [12:0] o__payload;
+  wire [15:0] \o__payload$77 ;
+  wire [15:0] \o__payload$77[0] ;
+  wire [15:0] \o__payload$81 ;
+  wire [12:0] \o__payload[0] ;
+  wire o__ready;
+  wire \o__ready$64 ;
+  wire \o__ready$65 ;
+  wire o__valid;
+  wire \o__valid$76 ;
+  wire \o__valid$80 ;
+  (* enum_base_type = "VecOp" *)
+  (* enum_value_00 = "ADD" *)
+  (* enum_value_01 = "COMBINE" *)
+  (* enum_value_10 = "NORM" *)
+  (* init = 2'h0 *)
+  wire [1:0] op;
+  reg [31:0] out_data;
+  reg out_valid;
+  output [95:0] pack;
+  reg [95:0] pack = 96'h000000000000000000000000;
+  wire [23:0] \pack[0] ;
+  wire [23:0] \pack[1] ;
+  wire [23:0] \pack[2] ;
+  wire [23:0] \pack[3] ;
+  reg [13:0] rem0 = 14'h0000;
+  reg [13:0] rem1 = 14'h0000;
+  reg [13:0] rem2 = 14'h0000;
+  (* init = 96'h000000000000000000000000 *)
+  wire [95:0] rq__i__payload;
+  wire [23:0] \rq__i__payload[0] ;
+  wire [23:0] \rq__i__payload[1] ;
+  wire [23:0] \rq__i__payload[2] ;
+  wire [23:0] \rq__i__payload[3] ;
+  input rq__i__ready;
+  wire rq__i__ready;
+  output rq__i__valid;
+  reg rq__i__valid;
+  (* init = 16'h0000 *)
+  wire [15:0] rq__mult;
+  input [95:0] rq__o__payload;
+  wire [95:0] rq__o__payload;
+  wire [23:0] \rq__o__payload[0] ;
+  wire [23:0] \rq__o__payload[1] ;
+  wire [23:0] \rq__o__payload[2] ;
+  wire [23:0] \rq__o__payload[3] ;
+  output rq__o__ready;
+  reg rq__o__ready;
+  input rq__o__valid;
+  wire rq__o__valid;
+  (* init = 6'h00 *)
+  wire [5:0] rq__shift;
+  input rst;
+  wire rst;
+  reg run;
+  reg [12:0] sa0 = 13'h0000;
+  reg sa1 = 1'h0;
+  reg [12:0] sa2 = 13'h0000;
+  reg sb0 = 1'h0;
+  reg sb1 = 1'h0;
+  reg [12:0] sb2 = 13'h0000;
+  output [5:0] shift;
+  reg [5:0] shift = 6'h00;
+  wire spad__blocked;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__rd1__addr;
+  reg [12:0] spad__rd1__addr;
+  input [31:0] spad__rd1__data;
+  wire [31:0] spad__rd1__data;
+  output spad__rd1__en;
+  reg spad__rd1__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  reg unit_ready;
+  input unit_rst;
+  wire unit_rst;
+  (* enum_base_type = "VecOp" *)
+  (* enum_value_00 = "ADD" *)
+  (* enum_value_01 = "COMBINE" *)
+  (* enum_value_10 = "NORM" *)
+  reg [1:0] vec_op = 2'h0;
+  reg [5:0] width = 6'h00;
+  reg wvalid = 1'h0;
+  assign \$1  = ~ run;
+  assign \$2  = ~ \$signal ;
+  assign \$3  = \$2  | unit_ready;
+  assign \$4  = \$1  | \$3 ;
+  assign \$5  = ~ \$signal ;
+  assign \$6  = \$5  | unit_ready;
+  assign \$7  = ~ \$signal$9 ;
+  assign \$8  = ~ \$signal ;
+  assign \$9  = \$8  | unit_ready;
+  assign \$10  = \$7  | \$9 ;
+  assign \$13  = rem0 == 1'h1;
+  assign \$16  = | rem0[13:1];
+  assign \$17  = | rem1[13:1];
+  assign \$18  = rem0 - 1'h1;
+  assign \$19  = \$signal$16  + sa0;
+  assign \$20  = \$signal$18  + sb0;
+  assign \$21  = rem1 - 1'h1;
+  assign \$22  = \$signal$21  + sa1;
+  assign \$23  = \$signal$21  + sa1;
+  assign \$24  = \$signal$23  + sb1;
+  assign \$25  = \$signal$23  + sb1;
+  assign \$26  = rem2 - 1'h1;
+  assign \$27  = \$signal$27  + sa2;
+  assign \$28  = \$signal$27  + sa2;
+  assign \$29  = \$signal$27  + sa2;
+  assign \$30  = \$signal$29  + sb2;
+  assign \$31  = \$signal$29  + sb2;
+  assign \$32  = \$signal$29  + sb2;
+  assign \$33  = | rem2[13:1];
+  assign \$34  = ~ \$33 ;
+  assign \$35  = wvalid & rq__i__ready;
+  assign \$36  = \$signal  & unit_ready;
+  assign \$37  = wvalid & rq__i__ready;
+  assign \$38  = \$37  ? 3'h0 : fill;
+  assign \$39  = wvalid & rq__i__ready;
+  assign \$40  = \$39  ? 3'h0 : fill;
+  assign \$41  = \$40  + 1'h1;
+  assign \$42  = wvalid & rq__i__ready;
+  assign \$43  = \$42  ? 3'h0 : fill;
+  assign \$44  = \$43  == 2'h3;
+  assign \$45  = \$44  | \$signal$10 ;
+  assign \$46  = lane == 2'h3;
+  assign \$47  = \$46  | at_last;
+  assign \$48  = lane + 1'h1;
+  assign \$49  = \$47  ? 3'h0 : \$48 ;
+  assign \$50  = ins[5:0] == 3'h4;
+  assign \$51  = ins[5:0] == 3'h5;
+  assign \$52  = ins[5:0] == 3'h6;
+  assign \$53  = ins[5:0] == 4'hd;
+  assign \$54  = ins[5:0] == 4'hc;
+  assign \$55  = \$54  ? 2'h1 : 2'h0;
+  assign \$56  = \$53  ? 2'h2 : \$55 ;
+  assign \$57  = ins[122:109] == 1'h1;
+  assign \$58  = ins[5:0] == 3'h4;
+  assign \$61  = \$58  & \$60 ;
+  assign \$62  = el + 1'h1;
+  assign \$63  = el + 2'h2;
+  assign \$64  = \$63  == ins[122:109];
+  assign \$65  = el >= ins[122:109];
+  assign \$66  = ~ \$signal$9 ;
+  assign \$67  = ~ \$signal ;
+  assign \$68  = \$67  | unit_ready;
+  assign \$69  = \$66  | \$68 ;
+  assign \$72  = ~ \$signal$9 ;
+  assign \$73  = ~ \$signal ;
+  assign \$74  = \$73  | unit_ready;
+  assign \$75  = \$72  | \$74 ;
+  assign \$78  = vec_op == 1'h1;
+  assign \$79  = \$78  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
+  assign \$80  = ~ wvalid;
+  assign \$81  = \$80  | rq__i__ready;
+  assign \$315  = lane * 5'h18;
+  assign \$82  = rq__o__payload >> \$315 ;
+  assign \$83  = width > 1'h1;
+  assign \$84  = width > 2'h2;
+  assign \$85  = width > 2'h3;
+  assign \$86  = width > 3'h4;
+  assign \$87  = width > 3'h5;
+  assign \$88  = width > 3'h6;
+  assign \$89  = width > 3'h7;
+  assign \$90  = width > 4'h8;
+  assign \$91  = width > 4'h9;
+  assign \$92  = width > 4'ha;
+  assign \$93  = width > 4'hb;
+  assign \$94  = width > 4'hc;
+  assign \$95  = width > 4'hd;
+  assign \$96  = width > 4'he;
+  assign \$97  = width > 4'hf;
+  assign \$98  = width > 5'h10;
+  assign \$99  = width > 5'h11;
+  assign \$100  = width > 5'h12;
+  assign \$101  = width > 5'h13;
+  assign \$102  = width > 5'h14;
+  assign \$103  = width > 5'h15;
+  assign \$104  = width > 5'h16;
+  assign \$105  = width > 5'h17;
+  assign \$106  = $signed(\$82 ) > $signed({ 1'h0, \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83  });
+  assign \$107  = width > 1'h1;
+  assign \$108  = width > 2'h2;
+  assign \$109  = width > 2'h3;
+  assign \$110  = width > 3'h4;
+  assign \$111  = width > 3'h5;
+  assign \$112  = width > 3'h6;
+  assign \$113  = width > 3'h7;
+  assign \$114  = width > 4'h8;
+  assign \$115  = width > 4'h9;
+  assign \$116  = width > 4'ha;
+  assign \$117  = width > 4'hb;
+  assign \$118  = width > 4'hc;
+  assign \$119  = width > 4'hd;
+  assign \$120  = width > 4'he;
+  assign \$121  = width > 4'hf;
+  assign \$122  = width > 5'h10;
+  assign \$123  = width > 5'h11;
+  assign \$124  = width > 5'h12;
+  assign \$125  = width > 5'h13;
+  assign \$126  = width > 5'h14;
+  assign \$127  = width > 5'h15;
+  assign \$128  = width > 5'h16;
+  assign \$129  = width > 5'h17;
+  assign \$365  = lane * 5'h18;
+  assign \$130  = rq__o__payload >> \$365 ;
+  assign \$131  = width > 1'h1;
+  assign \$132  = width > 2'h2;
+  assign \$133  = width > 2'h3;
+  assign \$134  = width > 3'h4;
+  assign \$135  = width > 3'h5;
+  assign \$136  = width > 3'h6;
+  assign \$137  = width > 3'h7;
+  assign \$138  = width > 4'h8;
+  assign \$139  = width > 4'h9;
+  assign \$140  = width > 4'ha;
+  assign \$141  = width > 4'hb;
+  assign \$142  = width > 4'hc;
+  assign \$143  = width > 4'hd;
+  assign \$144  = width > 4'he;
+  assign \$145  = width > 4'hf;
+  assign \$146  = width > 5'h10;
+  assign \$147  = width > 5'h11;
+  assign \$148  = width > 5'h12;
+  assign \$149  = width > 5'h13;
+  assign \$150  = width > 5'h14;
+  assign \$151  = width > 5'h15;
+  assign \$152  = width > 5'h16;
+  assign \$153  = width > 5'h17;
+  assign \$154  = ~ { 1'h0, \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131  };
+  assign \$155  = $signed(\$130 ) < $signed(\$154 );
+  assign \$156  = width > 1'h1;
+  assign \$157  = width > 2'h2;
+  assign \$158  = width > 2'h3;
+  assign \$159  = width > 3'h4;
+  assign \$160  = width > 3'h5;
+  assign \$161  = width > 3'h6;
+  assign \$162  = width > 3'h7;
+  assign \$163  = width > 4'h8;
+  assign \$164  = width > 4'h9;
+  assign \$165  = width > 4'ha;
+  assign \$166  = width > 4'hb;
+  assign \$167  = width > 4'hc;
+  assign \$168  = width > 4'hd;
+  assign \$169  = width > 4'he;
+  assign \$170  = width > 4'hf;
+  assign \$171  = width > 5'h10;
+  assign \$172  = width > 5'h11;
+  assign \$173  = width > 5'h12;
+  assign \$174  = width > 5'h13;
+  assign \$175  = width > 5'h14;
+  assign \$176  = width > 5'h15;
+  assign \$177  = width > 5'h16;
+  assign \$178  = width > 5'h17;
+  assign \$179  = ~ { 1'h0, \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156  };
+  assign \$417  = lane * 5'h18;
+  assign \$180  = rq__o__payload >> \$417 ;
+  assign \$181  = \$155  ? \$179  : \$180 ;
+  assign \$182  = \$106  ? { 1'h0, \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107  } : \$181 ;
+  assign \$183  = lane == 2'h3;
+  assign \$184  = \$183  | at_last;
+  assign \$186  = ins[47:35] + \$185 ;
+  assign \$188  = ins[47:35] + \$187 ;
+  assign \$189  = \$188  + 1'h1;
+  assign \$190  = ins[60:48] + el;
+  assign \$191  = el >= ins[122:109];
+  assign \$192  = ! fsm_state;
+  assign \$193  = fsm_state == 1'h1;
+  assign \$194  = fsm_state == 2'h2;
+  assign \$195  = fsm_state == 2'h3;
+  always @(posedge clk)
+    a_word <= \$196 ;
+  always @(posedge clk)
+    b_word <= \$197 ;
+  always @(posedge clk)
+    \$signal  <= \$198 ;
+  always @(posedge clk)
+    \$signal$10  <= \$199 ;
+  always @(posedge clk)
+    \$signal$9  <= \$200 ;
+  always @(posedge clk)
+    \$signal$11  <= \$201 ;
+  always @(posedge clk)
+    rem0 <= \$202 ;
+  always @(posedge clk)
+    \$signal$16  <= \$203 ;
+  always @(posedge clk)
+    \$signal$18  <= \$204 ;
+  always @(posedge clk)
+    rem1 <= \$205 ;
+  always @(posedge clk)
+    \$signal$21  <= \$206 ;
+  always @(posedge clk)
+    \$signal$23  <= \$207 ;
+  always @(posedge clk)
+    rem2 <= \$208 ;
+  always @(posedge clk)
+    \$signal$27  <= \$209 ;
+  always @(posedge clk)
+    \$signal$29  <= \$210 ;
+  always @(posedge clk)
+    issuing <= \$211 ;
+  always @(posedge clk)
+    wvalid <= \$212 ;
+  always @(posedge clk)
+    fill <= \$213 ;
+  always @(posedge clk)
+    pack <= \$214 ;
+  always @(posedge clk)
+    lane <= \$215 ;
+  always @(posedge clk)
+    \$signal$31  <= \$216 ;
+  always @(posedge clk)
+    \$signal$32  <= \$217 ;
+  always @(posedge clk)
+    is_situ <= \$218 ;
+  always @(posedge clk)
+    vec_op <= \$219 ;
+  always @(posedge clk)
+    width <= \$220 ;
+  always @(posedge clk)
+    mult <= \$221 ;
+  always @(posedge clk)
+    shift <= \$222 ;
+  always @(posedge clk)
+    at_last <= \$223 ;
+  always @(posedge clk)
+    cnt0 <= \$224 ;
+  always @(posedge clk)
+    cnt1 <= \$225 ;
+  always @(posedge clk)
+    sa0 <= \$226 ;
+  always @(posedge clk)
+    sa1 <= \$227 ;
+  always @(posedge clk)
+    sa2 <= \$228 ;
+  always @(posedge clk)
+    sb0 <= \$229 ;
+  always @(posedge clk)
+    sb1 <= \$230 ;
+  always @(posedge clk)
+    sb2 <= \$231 ;
+  always @(posedge clk)
+    el <= \$232 ;
+  always @(posedge clk)
+    fsm_state <= \$233 ;
+  \nanokpu_kpu.elementwise.sigmoid  sigmoid (
+    .advance(i__ready),
+    .clk(clk),
+    .i__valid(i__valid),
+    .o__payload(o__payload),
+    .o__valid(o__valid),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .x(a_word[15:0])
+  );
+  \nanokpu_kpu.elementwise.situ  situ (
+    .advance(\i__ready$75 ),
+    .clk(clk),
+    .i__payload(\i__payload$59 ),
+    .i__valid(\i__valid$74 ),
+    .o__payload(\o__payload$77 ),
+    .o__valid(\o__valid$76 ),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.elementwise.vector  vector (
+    .clk(clk),
+    .i__payload(\i__payload$60 ),
+    .i__ready(\i__ready$79 ),
+    .i__valid(\i__valid$78 ),
+    .n(ins[92:77]),
+    .o__payload(\o__payload$81 ),
+    .o__valid(\o__valid$80 ),
+    .op(vec_op),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$196  = a_word;
+    if (\$4 ) begin
+      \$196  = spad__rd0__data;
+    end
+    if (unit_rst) begin
+      \$196  = 32'd0;
+    end
+    if (rst) begin
+      \$196  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$197  = b_word;
+    if (\$4 ) begin
+      \$197  = spad__rd1__data;
+    end
+    if (unit_rst) begin
+      \$197  = 32'd0;
+    end
+    if (rst) begin
+      \$197  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$198  = \$signal ;
+    if (run) begin
+      if (\$6 ) begin
+        \$198  = \$signal$9 ;
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$198  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$198  = 1'h0;
+              6'h0c:
+                  \$198  = 1'h0;
+              6'h0d:
+                  \$198  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$198  = 1'h0;
+    end
+    if (rst) begin
+      \$198  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$199  = \$signal$10 ;
+    if (run) begin
+      if (\$6 ) begin
+        \$199  = \$signal$11 ;
+      end
+    end
+    if (unit_rst) begin
+      \$199  = 1'h0;
+    end
+    if (rst) begin
+      \$199  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$200  = \$signal$9 ;
+    if (run) begin
+      if (\$10 ) begin
+        \$200  = \$12 ;
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$200  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$200  = 1'h0;
+              6'h0c:
+                  \$200  = 1'h0;
+              6'h0d:
+                  \$200  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$200  = 1'h0;
+    end
+    if (rst) begin
+      \$200  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$201  = \$signal$11 ;
+    if (run) begin
+      if (\$10 ) begin
+        \$201  = \$13 ;
+      end
+    end
+    if (unit_rst) begin
+      \$201  = 1'h0;
+    end
+    if (rst) begin
+      \$201  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$202  = rem0;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+            \$202  = \$18 [13:0];
+          end else if (\$17 ) begin
+            \$202  = cnt0;
+          end else begin
+            \$202  = cnt0;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$202  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$202  = ins[122:109];
+              6'h0c:
+                  \$202  = ins[106:93];
+              6'h0d:
+                  \$202  = ins[90:77];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$202  = 14'h0000;
+    end
+    if (rst) begin
+      \$202  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$203  = \$signal$16 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+            \$203  = \$19 [12:0];
+          end else if (\$17 ) begin
+            \$203  = \$23 [12:0];
+          end else begin
+            \$203  = \$29 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$203  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$203  = ins[34:22];
+              6'h0c:
+                  \$203  = ins[34:22];
+              6'h0d:
+                  \$203  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$203  = 13'h0000;
+    end
+    if (rst) begin
+      \$203  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$204  = \$signal$18 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+            \$204  = \$20 [12:0];
+          end else if (\$17 ) begin
+            \$204  = \$25 [12:0];
+          end else begin
+            \$204  = \$32 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$204  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$204  = ins[47:35];
+              6'h0c:
+                  \$204  = ins[47:35];
+              6'h0d:
+                  \$204  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$204  = 13'h0000;
+    end
+    if (rst) begin
+      \$204  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$205  = rem1;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+            \$205  = \$21 [13:0];
+          end else begin
+            \$205  = cnt1;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$205  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$205  = 14'h0001;
+              6'h0c:
+                  \$205  = ins[90:77];
+              6'h0d:
+                  \$205  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$205  = 14'h0000;
+    end
+    if (rst) begin
+      \$205  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$206  = \$signal$21 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+            \$206  = \$22 [12:0];
+          end else begin
+            \$206  = \$28 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$206  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$206  = ins[34:22];
+              6'h0c:
+                  \$206  = ins[34:22];
+              6'h0d:
+                  \$206  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$206  = 13'h0000;
+    end
+    if (rst) begin
+      \$206  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$207  = \$signal$23 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+            \$207  = \$24 [12:0];
+          end else begin
+            \$207  = \$31 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$207  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$207  = ins[47:35];
+              6'h0c:
+                  \$207  = ins[47:35];
+              6'h0d:
+                  \$207  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$207  = 13'h0000;
+    end
+    if (rst) begin
+      \$207  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$208  = rem2;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+          end else begin
+            \$208  = \$26 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$208  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$208  = 14'h0001;
+              6'h0c:
+                  \$208  = ins[74:61];
+              6'h0d:
+                  \$208  = ins[74:61];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$208  = 14'h0000;
+    end
+    if (rst) begin
+      \$208  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$209  = \$signal$27 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+          end else begin
+            \$209  = \$27 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$209  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$209  = ins[34:22];
+              6'h0c:
+                  \$209  = ins[34:22];
+              6'h0d:
+                  \$209  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$209  = 13'h0000;
+    end
+    if (rst) begin
+      \$209  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$210  = \$signal$29 ;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+          end else begin
+            \$210  = \$30 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$210  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$210  = ins[47:35];
+              6'h0c:
+                  \$210  = ins[47:35];
+              6'h0d:
+                  \$210  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$210  = 13'h0000;
+    end
+    if (rst) begin
+      \$210  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$211  = issuing;
+    if (run) begin
+      if (\$10 ) begin
+        if (\$15 ) begin
+          (* full_case = 32'd1 *)
+          if (\$16 ) begin
+          end else if (\$17 ) begin
+          end else begin
+            if (\$34 ) begin
+              \$211  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$211  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$211  = 1'h1;
+              6'h0c:
+                  \$211  = 1'h1;
+              6'h0d:
+                  \$211  = 1'h1;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$211  = 1'h0;
+    end
+    if (rst) begin
+      \$211  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$212  = wvalid;
+    if (run) begin
+      if (\$signal$31 ) begin
+        if (\$35 ) begin
+          \$212  = 1'h0;
+        end
+        if (\$36 ) begin
+          if (\$45 ) begin
+            \$212  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$212  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$212  = 1'h0;
+    end
+    if (rst) begin
+      \$212  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$213  = fill;
+    if (run) begin
+      if (\$signal$31 ) begin
+        if (\$35 ) begin
+          \$213  = 3'h0;
+        end
+        if (\$36 ) begin
+          \$213  = \$41 [2:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$213  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$213  = 3'h0;
+    end
+    if (rst) begin
+      \$213  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$214  = pack;
+    if (run) begin
+      if (\$signal$31 ) begin
+        if (\$36 ) begin
+          casez (\$38 )
+            3'h0:
+                \$214 [23:0] = a_word[23:0];
+            3'h1:
+                \$214 [47:24] = a_word[23:0];
+            3'h2:
+                \$214 [71:48] = a_word[23:0];
+            3'h3:
+                \$214 [95:72] = a_word[23:0];
+          endcase
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$214  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$214  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$215  = lane;
+    if (run) begin
+      if (\$signal$31 ) begin
+        if (rq__o__valid) begin
+          \$215  = \$49 [1:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$215  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$215  = 2'h0;
+    end
+    if (rst) begin
+      \$215  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$216  = \$signal$31 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$216  = \$50 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$216  = 1'h0;
+    end
+    if (rst) begin
+      \$216  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$217  = \$signal$32 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$217  = \$51 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$217  = 1'h0;
+    end
+    if (rst) begin
+      \$217  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$218  = is_situ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$218  = \$52 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$218  = 1'h0;
+    end
+    if (rst) begin
+      \$218  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$219  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$219  = \$56 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$219  = 2'h0;
+    end
+    if (rst) begin
+      \$219  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$220  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$220  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$220  = 6'h00;
+    end
+    if (rst) begin
+      \$220  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$221  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$221  = ins[152:137];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$221  = spad__rd0__data[15:0];
+    endcase
+    if (unit_rst) begin
+      \$221  = 16'h0000;
+    end
+    if (rst) begin
+      \$221  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$222  = shift;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$222  = ins[174:169];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$222  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$222  = 6'h00;
+    end
+    if (rst) begin
+      \$222  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$223  = at_last;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$223  = \$57 ;
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            \$223  = \$64 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$224  = cnt0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$224  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$224  = ins[122:109];
+              6'h0c:
+                  \$224  = ins[106:93];
+              6'h0d:
+                  \$224  = ins[90:77];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$224  = 14'h0000;
+    end
+    if (rst) begin
+      \$224  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$225  = cnt1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$225  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$225  = 14'h0001;
+              6'h0c:
+                  \$225  = ins[90:77];
+              6'h0d:
+                  \$225  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$225  = 14'h0000;
+    end
+    if (rst) begin
+      \$225  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$226  = sa0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$226  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$226  = 13'h0001;
+              6'h0c:
+                  \$226  = ins[89:77];
+              6'h0d:
+                  \$226  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$226  = 13'h0000;
+    end
+    if (rst) begin
+      \$226  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$227  = sa1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$227  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$227  = 1'h0;
+              6'h0c:
+                  \$227  = 1'h1;
+              6'h0d:
+                  \$227  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$227  = 1'h0;
+    end
+    if (rst) begin
+      \$227  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$228  = sa2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$228  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$228  = 13'h0000;
+              6'h0c:
+                  \$228  = ins[135:123];
+              6'h0d:
+                  \$228  = ins[89:77];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$228  = 13'h0000;
+    end
+    if (rst) begin
+      \$228  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$229  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$229  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$229  = 1'h1;
+              6'h0c:
+                  \$229  = 1'h1;
+              6'h0d:
+                  \$229  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$229  = 1'h0;
+    end
+    if (rst) begin
+      \$229  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$230  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$230  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$230  = 1'h0;
+              6'h0c:
+                  \$230  = 1'h0;
+              6'h0d:
+                  \$230  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$230  = 1'h0;
+    end
+    if (rst) begin
+      \$230  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$231  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$231  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$231  = 13'h0000;
+              6'h0c:
+                  \$231  = ins[105:93];
+              6'h0d:
+                  \$231  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$231  = 13'h0000;
+    end
+    if (rst) begin
+      \$231  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$232  = el;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$232  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$232  = 14'h0000;
+              6'h0c:
+                  \$232  = 14'h0000;
+              6'h0d:
+                  \$232  = 14'h0000;
+            endcase
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            \$232  = \$62 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$232  = 14'h0000;
+    end
+    if (rst) begin
+      \$232  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$233  = fsm_state;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            (* full_case = 32'd1 *)
+            if (\$61 ) begin
+              \$233  = 2'h1;
+            end else begin
+              \$233  = 2'h2;
+            end
+          end
+      2'h1:
+          \$233  = 2'h3;
+      2'h3:
+          \$233  = 2'h2;
+      2'h2:
+          if (\$65 ) begin
+            \$233  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$233  = 2'h0;
+    end
+    if (rst) begin
+      \$233  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__rd0__addr = 13'h0000;
+    if (run) begin
+      spad__rd0__addr = \$signal$16 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          spad__rd0__addr = \$186 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__rd1__addr = 13'h0000;
+    if (run) begin
+      spad__rd1__addr = \$signal$18 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          spad__rd1__addr = \$189 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__rd0__en = 1'h0;
+    if (run) begin
+      spad__rd0__en = \$71 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          spad__rd0__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__rd1__en = 1'h0;
+    if (run) begin
+      spad__rd1__en = \$77 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          spad__rd1__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    rq__i__valid = 1'h0;
+    if (run) begin
+      if (\$signal$31 ) begin
+        rq__i__valid = wvalid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    unit_ready = 1'h0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$31 ) begin
+        unit_ready = \$81 ;
+      end else if (\$signal$32 ) begin
+        unit_ready = i__ready;
+      end else if (is_situ) begin
+        unit_ready = \i__ready$75 ;
+      end else begin
+        unit_ready = \i__ready$79 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    out_valid = 1'h0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$31 ) begin
+        out_valid = rq__o__valid;
+      end else if (\$signal$32 ) begin
+        out_valid = o__valid;
+      end else if (is_situ) begin
+        out_valid = \o__valid$76 ;
+      end else begin
+        out_valid = \o__valid$80 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    out_data = 32'd0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$31 ) begin
+        out_data = { \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182  };
+      end else if (\$signal$32 ) begin
+        out_data = { 19'h00000, o__payload };
+      end else if (is_situ) begin
+        out_data = { \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77  };
+      end else begin
+        out_data = { \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81  };
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    rq__o__ready = 1'h0;
+    if (run) begin
+      if (\$signal$31 ) begin
+        if (rq__o__valid) begin
+          rq__o__ready = \$184 ;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    i__valid = 1'h0;
+    if (run) begin
+      if (\$signal$31 ) begin
+      end else if (\$signal$32 ) begin
+        i__valid = \$signal ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \i__valid$74  = 1'h0;
+    if (run) begin
+      if (\$signal$31 ) begin
+      end else if (\$signal$32 ) begin
+      end else if (is_situ) begin
+        \i__valid$74  = \$signal ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \i__valid$78  = 1'h0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$31 ) begin
+      end else if (\$signal$32 ) begin
+      end else if (is_situ) begin
+      end else begin
+        \i__valid$78  = \$signal ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    run = 1'h0;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          run = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__addr = 13'h0000;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__addr = \$190 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__data = 32'd0;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__data = out_data;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__en = 1'h0;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    done = 1'h0;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (\$191 ) begin
+            done = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    error = 8'h00;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (\$191 ) begin
+            error = 8'h00;
+          end
+    endcase
+  end
+  assign spad__blocked = 1'h0;
+  assign rq__mult = mult;
+  assign rq__shift = shift;
+  assign rq__i__payload = pack;
+  assign i__payload = a_word[15:0];
+  assign n = ins[92:77];
+  assign op = vec_op;
+  assign o__ready = 1'h1;
+  assign \o__ready$64  = 1'h1;
+  assign \o__ready$65  = 1'h1;
+  assign \pack[0]  = pack[23:0];
+  assign \pack[1]  = pack[47:24];
+  assign \pack[2]  = pack[71:48];
+  assign \pack[3]  = pack[95:72];
+  assign \ins.op  = ins[5:0];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
+  assign \rq__i__payload[0]  = pack[23:0];
+  assign \rq__i__payload[1]  = pack[47:24];
+  assign \rq__i__payload[2]  = pack[71:48];
+  assign \rq__i__payload[3]  = pack[95:72];
+  assign \i__payload[0]  = a_word[15:0];
+  assign \i__payload$59[0]  = \i__payload$59 ;
+  assign \i__payload$59[0].g  = \i__payload$59 [15:0];
+  assign \i__payload$59[0].u  = \i__payload$59 [31:16];
+  assign \i__payload$60.a  = \i__payload$60 [15:0];
+  assign \i__payload$60.b  = \i__payload$60 [32:16];
+  assign \i__payload$60.last  = \i__payload$60 [33];
+  assign \rq__o__payload[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload[3]  = rq__o__payload[95:72];
+  assign \o__payload[0]  = o__payload;
+  assign \o__payload$77[0]  = \o__payload$77 ;
+  assign \i__payload$60 [33] = \$signal$10 ;
+  assign \i__payload$60 [32:16] = \$79 ;
+  assign \i__payload$60 [15:0] = a_word[15:0];
+  assign \i__payload$59 [31:16] = b_word[15:0];
+  assign \i__payload$59 [15:0] = a_word[15:0];
+  assign \$11  = 1'h1;
+  assign \$12  = issuing;
+  assign \$14  = 1'h1;
+  assign \$15  = issuing;
+  assign { \$59 [9:3], \$59 [1:0] } = 9'h000;
+  assign \$59 [2] = ins[8];
+  assign \$70  = 1'h1;
+  assign \$71  = \$69 ;
+  assign \$76  = 1'h1;
+  assign \$77  = \$75 ;
+  assign \$185  = { ins[190:175], 1'h0 };
+  assign \$187  = { ins[190:175], 1'h0 };
+  assign \$60  = ins[8];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.sigmoid (rst, advance, unit_rst, x, i__valid, o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
+  wire \$1 ;
+  wire [4:0] \$2 ;
+  wire [4:0] \$3 ;
+  reg [3:0] \$4 ;
+  output advance;
+  wire advance;
+  input clk;
+  wire clk;
+  wire en;
+  wire [15:0] i__payload;
+  wire [15:0] \i__payload[0] ;
+  wire i__ready;
+  input i__valid;
+  wire i__valid;
+  output [12:0] o__payload;
+  wire [12:0] o__payload;
+  wire [12:0] \o__payload[0] ;
+  wire o__ready;
+  output o__valid;
+  wire o__valid;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  reg [3:0] valid = 4'h0;
+  input [15:0] x;
+  wire [15:0] x;
+  wire [15:0] \x[0] ;
+  wire [12:0] y;
+  wire [12:0] \y[0] ;
+  always @(posedge clk)
+    valid <= \$4 ;
+  assign \$1  = ~ valid[3];
+  assign \$3  = \$2  | { 4'h0, i__valid };
+  \nanokpu_kpu.elementwise.sigmoid.pwl  pwl (
+    .clk(clk),
+    .port__en(1'h1),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .x(x),
+    .y(o__payload)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    \$4  = valid;
+    if (advance) begin
+      \$4  = \$3 [3:0];
+    end
+    if (unit_rst) begin
+      \$4  = 4'h0;
+    end
+    if (rst) begin
+      \$4  = 4'h0;
+    end
+  end
+  assign o__ready = 1'h1;
+  assign i__ready = advance;
+  assign en = advance;
+  assign i__payload = x;
+  assign y = o__payload;
+  assign o__valid = valid[3];
+  assign \x[0]  = x;
+  assign \i__payload[0]  = x;
+  assign \o__payload[0]  = o__payload;
+  assign \y[0]  = o__payload;
+  assign advance = 1'h1;
+  assign \$2  = { valid, 1'h0 };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
+  wire [16:0] \$1 ;
+  wire [18:0] \$10 ;
+  wire [18:0] \$11 ;
+  wire [16:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [16:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [16:0] \$17 ;
+  wire [18:0] \$18 ;
+  wire [18:0] \$19 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [27:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [16:0] \$28 ;
+  reg [16:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [12:0] \$30 ;
+  wire [17:0] \$4 ;
+  wire [13:0] \$5 ;
+  wire [13:0] \$6 ;
+  wire [16:0] \$7 ;
+  wire [15:0] \$8 ;
+  wire [16:0] \$9 ;
+  wire at_top;
+  wire [13:0] clipped;
+  input clk;
+  wire clk;
+  wire en;
+  reg [4:0] frac1_0 = 5'h00;
+  reg [4:0] frac2_0 = 5'h00;
+  wire [17:0] offset;
+  wire [7:0] port__addr;
+  wire [27:0] port__data;
+  wire [10:0] \port__data.slope ;
+  wire [16:0] \port__data.value ;
+  input port__en;
+  wire port__en;
+  reg [16:0] product3_0 = 17'h00000;
+  input rst;
+  wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
+  input unit_rst;
+  wire unit_rst;
+  reg [16:0] value3_0 = 17'h00000;
+  reg [27:0] word2_0 = 28'h0000000;
+  wire [10:0] \word2_0.slope ;
+  wire [16:0] \word2_0.value ;
+  input [15:0] x;
+  wire [15:0] x;
+  wire [15:0] \x[0] ;
+  output [12:0] y;
+  reg [12:0] y = 13'h0000;
+  (* init = 13'h0000 *)
+  wire [12:0] y4_0;
+  wire [12:0] \y[0] ;
+  (* rom_style = "block" *)
+  reg [27:0] \table  [255:0];
+  initial begin
+    \table [0] = 28'h0000000;
+    \table [1] = 28'h0000000;
+    \table [2] = 28'h0000000;
+    \table [3] = 28'h0000000;
+    \table [4] = 28'h0000000;
+    \table [5] = 28'h0000000;
+    \table [6] = 28'h0000000;
+    \table [7] = 28'h0000000;
+    \table [8] = 28'h0000000;
+    \table [9] = 28'h0000000;
+    \table [10] = 28'h0000000;
+    \table [11] = 28'h0000000;
+    \table [12] = 28'h0000000;
+    \table [13] = 28'h0000000;
+    \table [14] = 28'h0000000;
+    \table [15] = 28'h0000000;
+    \table [16] = 28'h0000000;
+    \table [17] = 28'h0000000;
+    \table [18] = 28'h0000000;
+    \table [19] = 28'h0000000;
+    \table [20] = 28'h0000000;
+    \table [21] = 28'h0000000;
+    \table [22] = 28'h0000000;
+    \table [23] = 28'h0000000;
+    \table [24] = 28'h0000000;
+    \table [25] = 28'h0000000;
+    \table [26] = 28'h0000000;
+    \table [27] = 28'h0000000;
+    \table [28] = 28'h0000000;
+    \table [29] = 28'h0000000;
+    \table [30] = 28'h0000000;
+    \table [31] = 28'h0000000;
+    \table [32] = 28'h0000000;
+    \table [33] = 28'h0020000;
+    \table [34] = 28'h0000001;
+    \table [35] = 28'h0000001;
+    \table [36] = 28'h0000001;
+    \table [37] = 28'h0000001;
+    \table [38] = 28'h0000001;
+    \table [39] = 28'h0000001;
+    \table [40] = 28'h0000001;
+    \table [41] = 28'h0000001;
+    \table [42] = 28'h0020001;
+    \table [43] = 28'h0000002;
+    \table [44] = 28'h0000002;
+    \table [45] = 28'h0000002;
+    \table [46] = 28'h0020002;
+    \table [47] = 28'h0000003;
+    \table [48] = 28'h0000003;
+    \table [49] = 28'h0020003;
+    \table [50] = 28'h0000004;
+    \table [51] = 28'h0020004;
+    \table [52] = 28'h0020005;
+    \table [53] = 28'h0000006;
+    \table [54] = 28'h0020006;
+    \table [55] = 28'h0020007;
+    \table [56] = 28'h0020008;
+    \table [57] = 28'h0020009;
+    \table [58] = 28'h004000a;
+    \table [59] = 28'h002000c;
+    \table [60] = 28'h004000d;
+    \table [61] = 28'h004000f;
+    \table [62] = 28'h0040011;
+    \table [63] = 28'h0060013;
+    \table [64] = 28'h0060016;
+    \table [65] = 28'h0060019;
+    \table [66] = 28'h008001c;
+    \table [67] = 28'h0080020;
+    \table [68] = 28'h00a0024;
+    \table [69] = 28'h00c0029;
+    \table [70] = 28'h00c002f;
+    \table [71] = 28'h00e0035;
+    \table [72] = 28'h010003c;
+    \table [73] = 28'h0120044;
+    \table [74] = 28'h014004d;
+    \table [75] = 28'h0160057;
+    \table [76] = 28'h01a0062;
+    \table [77] = 28'h01e006f;
+    \table [78] = 28'h022007e;
+    \table [79] = 28'h026008f;
+    \table [80] = 28'h02c00a2;
+    \table [81] = 28'h03000b8;
+    \table [82] = 28'h03800d0;
+    \table [83] = 28'h03e00ec;
+    \table [84] = 28'h046010b;
+    \table [85] = 28'h050012e;
+    \table [86] = 28'h05a0156;
+    \table [87] = 28'h0680183;
+    \table [88] = 28'h07401b7;
+    \table [89] = 28'h08201f1;
+    \table [90] = 28'h0940232;
+    \table [91] = 28'h0a8027c;
+    \table [92] = 28'h0be02d0;
+    \table [93] = 28'h0d6032f;
+    \table [94] = 28'h0f0039a;
+    \table [95] = 28'h1120412;
+    \table [96] = 28'h134049b;
+    \table [97] = 28'h15a0535;
+    \table [98] = 28'h18605e2;
+    \table [99] = 28'h1b806a5;
+    \table [100] = 28'h1ee0781;
+    \table [101] = 28'h22c0878;
+    \table [102] = 28'h270098e;
+    \table [103] = 28'h2bc0ac6;
+    \table [104] = 28'h3100c24;
+    \table [105] = 28'h36c0dac;
+    \table [106] = 28'h3d20f62;
+    \table [107] = 28'h440114b;
+    \table [108] = 28'h4bc136b;
+    \table [109] = 28'h54015c9;
+    \table [110] = 28'h5ce1869;
+    \table [111] = 28'h6681b50;
+    \table [112] = 28'h70c1e84;
+    \table [113] = 28'h7b8220a;
+    \table [114] = 28'h87025e6;
+    \table [115] = 28'h92a2a1e;
+    \table [116] = 28'h9ee2eb3;
+    \table [117] = 28'hab233aa;
+    \table [118] = 28'hb763903;
+    \table [119] = 28'hc363ebe;
+    \table [120] = 28'hcf244d9;
+    \table [121] = 28'hd9e4b52;
+    \table [122] = 28'he405221;
+    \table [123] = 28'hecc5941;
+    \table [124] = 28'hf4060a7;
+    \table [125] = 28'hf9c6847;
+    \table [126] = 28'hfdc7015;
+    \table [127] = 28'hffa7803;
+    \table [128] = 28'hffa8000;
+    \table [129] = 28'hfdc87fd;
+    \table [130] = 28'hf9c8feb;
+    \table [131] = 28'hf4097b9;
+    \table [132] = 28'hecc9f59;
+    \table [133] = 28'he40a6bf;
+    \table [134] = 28'hd9eaddf;
+    \table [135] = 28'hcf2b4ae;
+    \table [136] = 28'hc36bb27;
+    \table [137] = 28'hb76c142;
+    \table [138] = 28'hab2c6fd;
+    \table [139] = 28'h9eecc56;
+    \table [140] = 28'h92ad14d;
+    \table [141] = 28'h870d5e2;
+    \table [142] = 28'h7b8da1a;
+    \table [143] = 28'h70cddf6;
+    \table [144] = 28'h668e17c;
+    \table [145] = 28'h5cee4b0;
+    \table [146] = 28'h540e797;
+    \table [147] = 28'h4bcea37;
+    \table [148] = 28'h440ec95;
+    \table [149] = 28'h3d2eeb5;
+    \table [150] = 28'h36cf09e;
+    \table [151] = 28'h310f254;
+    \table [152] = 28'h2bcf3dc;
+    \table [153] = 28'h270f53a;
+    \table [154] = 28'h22cf672;
+    \table [155] = 28'h1eef788;
+    \table [156] = 28'h1b8f87f;
+    \table [157] = 28'h186f95b;
+    \table [158] = 28'h15afa1e;
+    \table [159] = 28'h134facb;
+    \table [160] = 28'h112fb65;
+    \table [161] = 28'h0f0fbee;
+    \table [162] = 28'h0d6fc66;
+    \table [163] = 28'h0befcd1;
+    \table [164] = 28'h0a8fd30;
+    \table [165] = 28'h094fd84;
+    \table [166] = 28'h082fdce;
+    \table [167] = 28'h074fe0f;
+    \table [168] = 28'h068fe49;
+    \table [169] = 28'h05afe7d;
+    \table [170] = 28'h050feaa;
+    \table [171] = 28'h046fed2;
+    \table [172] = 28'h03efef5;
+    \table [173] = 28'h038ff14;
+    \table [174] = 28'h030ff30;
+    \table [175] = 28'h02cff48;
+    \table [176] = 28'h026ff5e;
+    \table [177] = 28'h022ff71;
+    \table [178] = 28'h01eff82;
+    \table [179] = 28'h01aff91;
+    \table [180] = 28'h016ff9e;
+    \table [181] = 28'h014ffa9;
+    \table [182] = 28'h012ffb3;
+    \table [183] = 28'h010ffbc;
+    \table [184] = 28'h00effc4;
+    \table [185] = 28'h00cffcb;
+    \table [186] = 28'h00cffd1;
+    \table [187] = 28'h00affd7;
+    \table [188] = 28'h008ffdc;
+    \table [189] = 28'h008ffe0;
+    \table [190] = 28'h006ffe4;
+    \table [191] = 28'h006ffe7;
+    \table [192] = 28'h006ffea;
+    \table [193] = 28'h004ffed;
+    \table [194] = 28'h004ffef;
+    \table [195] = 28'h004fff1;
+    \table [196] = 28'h002fff3;
+    \table [197] = 28'h004fff4;
+    \table [198] = 28'h002fff6;
+    \table [199] = 28'h002fff7;
+    \table [200] = 28'h002fff8;
+    \table [201] = 28'h002fff9;
+    \table [202] = 28'h000fffa;
+    \table [203] = 28'h002fffa;
+    \table [204] = 28'h002fffb;
+    \table [205] = 28'h000fffc;
+    \table [206] = 28'h002fffc;
+    \table [207] = 28'h000fffd;
+    \table [208] = 28'h000fffd;
+    \table [209] = 28'h002fffd;
+    \table [210] = 28'h000fffe;
+    \table [211] = 28'h000fffe;
+    \table [212] = 28'h000fffe;
+    \table [213] = 28'h002fffe;
+    \table [214] = 28'h000ffff;
+    \table [215] = 28'h000ffff;
+    \table [216] = 28'h000ffff;
+    \table [217] = 28'h000ffff;
+    \table [218] = 28'h000ffff;
+    \table [219] = 28'h000ffff;
+    \table [220] = 28'h000ffff;
+    \table [221] = 28'h000ffff;
+    \table [222] = 28'h002ffff;
+    \table [223] = 28'h0010000;
+    \table [224] = 28'h0010000;
+    \table [225] = 28'h0010000;
+    \table [226] = 28'h0010000;
+    \table [227] = 28'h0010000;
+    \table [228] = 28'h0010000;
+    \table [229] = 28'h0010000;
+    \table [230] = 28'h0010000;
+    \table [231] = 28'h0010000;
+    \table [232] = 28'h0010000;
+    \table [233] = 28'h0010000;
+    \table [234] = 28'h0010000;
+    \table [235] = 28'h0010000;
+    \table [236] = 28'h0010000;
+    \table [237] = 28'h0010000;
+    \table [238] = 28'h0010000;
+    \table [239] = 28'h0010000;
+    \table [240] = 28'h0010000;
+    \table [241] = 28'h0010000;
+    \table [242] = 28'h0010000;
+    \table [243] = 28'h0010000;
+    \table [244] = 28'h0010000;
+    \table [245] = 28'h0010000;
+    \table [246] = 28'h0010000;
+    \table [247] = 28'h0010000;
+    \table [248] = 28'h0010000;
+    \table [249] = 28'h0010000;
+    \table [250] = 28'h0010000;
+    \table [251] = 28'h0010000;
+    \table [252] = 28'h0010000;
+    \table [253] = 28'h0010000;
+    \table [254] = 28'h0010000;
+    \table [255] = 28'h0010000;
+  end
+  reg [27:0] _0_;
+  always @(posedge clk) begin
+    if (port__en) begin
+      _0_ <= \table [\$6 [7:0]];
+    end
+  end
+  assign port__data = _0_;
+  assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h2000);
+  assign \$2  = $signed(\$1 ) < $signed(1'h0);
+  assign \$3  = at_top ? 18'h02000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 17'h10000 : word2_0[16:0];
+  assign \$8  = word2_0[27:17] * frac2_0;
+  assign \$10  = $signed({ 1'h0, value3_0 }) + $signed(\$9 );
+  assign \$13  = $signed({ 1'h0, value3_0 }) + $signed(\$12 );
+  assign \$15  = $signed({ 1'h0, value3_0 }) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed({ 1'h0, value3_0 }) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
+  always @(posedge clk)
+    frac1_0 <= \$23 ;
+  always @(posedge clk)
+    top1_0 <= \$24 ;
+  always @(posedge clk)
+    word2_0 <= \$25 ;
+  always @(posedge clk)
+    top2_0 <= \$26 ;
+  always @(posedge clk)
+    frac2_0 <= \$27 ;
+  always @(posedge clk)
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$23  = frac1_0;
+    if (port__en) begin
+      \$23  = \$4 [4:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$24  = top1_0;
+    if (port__en) begin
+      \$24  = at_top;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$25  = word2_0;
+    if (port__en) begin
+      \$25  = port__data;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$26  = top2_0;
+    if (port__en) begin
+      \$26  = top1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$27  = frac2_0;
+    if (port__en) begin
+      \$27  = frac1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$28  = value3_0;
+    if (port__en) begin
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [12:0];
+    end
+  end
+  assign en = port__en;
+  assign offset = { \$1 [16], \$1  };
+  assign clipped = \$4 [13:0];
+  assign port__addr = \$6 [7:0];
+  assign y4_0 = y;
+  assign \x[0]  = x;
+  assign \y[0]  = y;
+  assign \word2_0.value  = word2_0[16:0];
+  assign \word2_0.slope  = word2_0[27:17];
+  assign \port__data.value  = port__data[16:0];
+  assign \port__data.slope  = port__data[27:17];
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$14  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$17  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.situ (rst, advance, unit_rst, i__payload, i__valid, o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
+  wire \$1 ;
+  wire [30:0] \$10 ;
+  reg [5:0] \$11 ;
+  reg [29:0] \$12 ;
+  reg [15:0] \$13 ;
+  wire [6:0] \$2 ;
+  wire [6:0] \$3 ;
+  wire [29:0] \$4 ;
+  wire [29:0] \$5 ;
+  wire \$6 ;
+  wire [29:0] \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  output advance;
+  wire advance;
+  input clk;
+  wire clk;
+  wire en;
+  wire \en$6 ;
+  (* init = 16'h0000 *)
+  wire [15:0] h;
+  input [31:0] i__payload;
+  wire [31:0] i__payload;
+  wire [31:0] \i__payload[0] ;
+  wire [15:0] \i__payload[0].g ;
+  wire [15:0] \i__payload[0].u ;
+  wire i__ready;
+  input i__valid;
+  wire i__valid;
+  output [15:0] o__payload;
+  reg [15:0] o__payload = 16'h0000;
+  wire [15:0] \o__payload[0] ;
+  wire o__ready;
+  output o__valid;
+  wire o__valid;
+  reg [29:0] product = 30'h00000000;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  reg [5:0] valid = 6'h00;
+  wire [15:0] x;
+  wire [15:0] \x$9 ;
+  wire [15:0] \x$9[0] ;
+  wire [15:0] \x[0] ;
+  wire [13:0] y;
+  wire [15:0] \y$17 ;
+  wire [15:0] \y$17[0] ;
+  wire [13:0] \y[0] ;
+  assign \$1  = ~ valid[5];
+  assign \$3  = \$2  | { 6'h00, i__valid };
+  assign \$4  = $signed(y) * $signed(\y$17 );
+  assign \$6  = | product[10:0];
+  assign \$8  = \$6  | \$7 [0];
+  assign \$9  = product[11] & \$8 ;
+  assign \$10  = $signed(\$5 ) + $signed({ 1'h0, \$9  });
+  always @(posedge clk)
+    valid <= \$11 ;
+  always @(posedge clk)
+    product <= \$12 ;
+  always @(posedge clk)
+    o__payload <= \$13 ;
+  \nanokpu_kpu.elementwise.situ.gate  gate (
+    .clk(clk),
+    .port__en(1'h1),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .x(i__payload[15:0]),
+    .y(y)
+  );
+  \nanokpu_kpu.elementwise.situ.up  up (
+    .clk(clk),
+    .port__en(1'h1),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .x(i__payload[31:16]),
+    .y(\y$17 )
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$11  = valid;
+    if (advance) begin
+      \$11  = \$3 [5:0];
+    end
+    if (unit_rst) begin
+      \$11  = 6'h00;
+    end
+    if (rst) begin
+      \$11  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$12  = product;
+    if (advance) begin
+      \$12  = \$4 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$13  = o__payload;
+    if (advance) begin
+      \$13  = \$10 [15:0];
+    end
+  end
+  assign o__ready = 1'h1;
+  assign i__ready = advance;
+  assign en = advance;
+  assign \en$6  = advance;
+  assign x = i__payload[15:0];
+  assign \x$9  = i__payload[31:16];
+  assign h = o__payload;
+  assign o__valid = valid[5];
+  assign \x[0]  = i__payload[15:0];
+  assign \i__payload[0]  = i__payload;
+  assign \i__payload[0].g  = i__payload[15:0];
+  assign \i__payload[0].u  = i__payload[31:16];
+  assign \x$9[0]  = i__payload[31:16];
+  assign \o__payload[0]  = o__payload;
+  assign \y[0]  = y;
+  assign \y$17[0]  = \y$17 ;
+  assign advance = 1'h1;
+  assign \$2  = { valid, 1'h0 };
+  assign \$5  = { product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29:12] };
+  assign \$7  = { product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29:12] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.situ.gate (rst, port__en, unit_rst, x, y, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
+  wire [16:0] \$1 ;
+  wire [18:0] \$10 ;
+  wire [18:0] \$11 ;
+  wire [17:0] \$12 ;
+  wire [18:0] \$13 ;
+  wire [17:0] \$14 ;
+  wire [18:0] \$15 ;
+  wire \$16 ;
+  wire [17:0] \$17 ;
+  wire [18:0] \$18 ;
+  wire [18:0] \$19 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire [19:0] \$22 ;
+  reg [4:0] \$23 ;
+  reg \$24 ;
+  reg [29:0] \$25 ;
+  reg \$26 ;
+  reg [4:0] \$27 ;
+  reg [17:0] \$28 ;
+  reg [17:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [13:0] \$30 ;
+  wire [17:0] \$4 ;
+  wire [13:0] \$5 ;
+  wire [13:0] \$6 ;
+  wire [17:0] \$7 ;
+  wire [16:0] \$8 ;
+  wire [17:0] \$9 ;
+  wire at_top;
+  wire [13:0] clipped;
+  input clk;
+  wire clk;
+  wire en;
+  reg [4:0] frac1_0 = 5'h00;
+  reg [4:0] frac2_0 = 5'h00;
+  wire [17:0] offset;
+  wire [8:0] port__addr;
+  wire [29:0] port__data;
+  wire [11:0] \port__data.slope ;
+  wire [17:0] \port__data.value ;
+  input port__en;
+  wire port__en;
+  reg [17:0] product3_0 = 18'h00000;
+  input rst;
+  wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
+  input unit_rst;
+  wire unit_rst;
+  reg [17:0] value3_0 = 18'h00000;
+  reg [29:0] word2_0 = 30'h00000000;
+  wire [11:0] \word2_0.slope ;
+  wire [17:0] \word2_0.value ;
+  input [15:0] x;
+  wire [15:0] x;
+  wire [15:0] \x[0] ;
+  output [13:0] y;
+  reg [13:0] y = 14'h0000;
+  (* init = 14'h0000 *)
+  wire [13:0] y4_0;
+  wire [13:0] \y[0] ;
+  (* rom_style = "block" *)
+  reg [29:0] \table  [383:0];
+  initial begin
+    \table [0] = 30'h00000000;
+    \table [1] = 30'h00000000;
+    \table [2] = 30'h00000000;
+    \table [3] = 30'h00000000;
+    \table [4] = 30'h00000000;
+    \table [5] = 30'h00000000;
+    \table [6] = 30'h00000000;
+    \table [7] = 30'h00000000;
+    \table [8] = 30'h00000000;
+    \table [9] = 30'h00000000;
+    \table [10] = 30'h00000000;
+    \table [11] = 30'h00000000;
+    \table [12] = 30'h00000000;
+    \table [13] = 30'h00000000;
+    \table [14] = 30'h00000000;
+    \table [15] = 30'h00000000;
+    \table [16] = 30'h00000000;
+    \table [17] = 30'h00000000;
+    \table [18] = 30'h00000000;
+    \table [19] = 30'h00000000;
+    \table [20] = 30'h00000000;
+    \table [21] = 30'h00000000;
+    \table [22] = 30'h00000000;
+    \table [23] = 30'h00000000;
+    \table [24] = 30'h00000000;
+    \table [25] = 30'h00000000;
+    \table [26] = 30'h00000000;
+    \table [27] = 30'h00000000;
+    \table [28] = 30'h00000000;
+    \table [29] = 30'h00000000;
+    \table [30] = 30'h00000000;
+    \table [31] = 30'h00000000;
+    \table [32] = 30'h00000000;
+    \table [33] = 30'h3ffc0000;
+    \table [34] = 30'h0003ffff;
+    \table [35] = 30'h0003ffff;
+    \table [36] = 30'h0003ffff;
+    \table [37] = 30'h0003ffff;
+    \table [38] = 30'h0003ffff;
+    \table [39] = 30'h0003ffff;
+    \table [40] = 30'h0003ffff;
+    \table [41] = 30'h0003ffff;
+    \table [42] = 30'h3fffffff;
+    \table [43] = 30'h0003fffe;
+    \table [44] = 30'h0003fffe;
+    \table [45] = 30'h0003fffe;
+    \table [46] = 30'h3ffffffe;
+    \table [47] = 30'h0003fffd;
+    \table [48] = 30'h0003fffd;
+    \table [49] = 30'h3ffffffd;
+    \table [50] = 30'h0003fffc;
+    \table [51] = 30'h3ffffffc;
+    \table [52] = 30'h0003fffb;
+    \table [53] = 30'h3ffffffb;
+    \table [54] = 30'h3ffffffa;
+    \table [55] = 30'h3ffffff9;
+    \table [56] = 30'h3ffffff8;
+    \table [57] = 30'h3ffffff7;
+    \table [58] = 30'h3ffffff6;
+    \table [59] = 30'h3ffbfff5;
+    \table [60] = 30'h3ffbfff3;
+    \table [61] = 30'h3ffbfff1;
+    \table [62] = 30'h3ffbffef;
+    \table [63] = 30'h3ffbffed;
+    \table [64] = 30'h3ff7ffeb;
+    \table [65] = 30'h3ff7ffe8;
+    \table [66] = 30'h3ff3ffe5;
+    \table [67] = 30'h3ff3ffe1;
+    \table [68] = 30'h3ff3ffdd;
+    \table [69] = 30'h3fefffd9;
+    \table [70] = 30'h3febffd4;
+    \table [71] = 30'h3febffce;
+    \table [72] = 30'h3fe7ffc8;
+    \table [73] = 30'h3fdfffc1;
+    \table [74] = 30'h3fdfffb8;
+    \table [75] = 30'h3fdbffaf;
+    \table [76] = 30'h3fd3ffa5;
+    \table [77] = 30'h3fcfff99;
+    \table [78] = 30'h3fcbff8c;
+    \table [79] = 30'h3fbfff7e;
+    \table [80] = 30'h3fbbff6d;
+    \table [81] = 30'h3fafff5b;
+    \table [82] = 30'h3fa7ff46;
+    \table [83] = 30'h3f9bff2f;
+    \table [84] = 30'h3f8fff15;
+    \table [85] = 30'h3f83fef8;
+    \table [86] = 30'h3f73fed8;
+    \table [87] = 30'h3f63feb4;
+    \table [88] = 30'h3f4ffe8c;
+    \table [89] = 30'h3f3ffe5f;
+    \table [90] = 30'h3f23fe2e;
+    \table [91] = 30'h3f0ffdf6;
+    \table [92] = 30'h3ef7fdb9;
+    \table [93] = 30'h3ed7fd76;
+    \table [94] = 30'h3ebbfd2b;
+    \table [95] = 30'h3e97fcd9;
+    \table [96] = 30'h3e77fc7e;
+    \table [97] = 30'h3e53fc1b;
+    \table [98] = 30'h3e27fbaf;
+    \table [99] = 30'h3e03fb38;
+    \table [100] = 30'h3dd7fab8;
+    \table [101] = 30'h3dabfa2d;
+    \table [102] = 30'h3d7ff997;
+    \table [103] = 30'h3d53f8f6;
+    \table [104] = 30'h3d2bf84a;
+    \table [105] = 30'h3d03f794;
+    \table [106] = 30'h3cdff6d4;
+    \table [107] = 30'h3cc3f60b;
+    \table [108] = 30'h3caff53b;
+    \table [109] = 30'h3ca3f466;
+    \table [110] = 30'h3cabf38e;
+    \table [111] = 30'h3cbbf2b8;
+    \table [112] = 30'h3ce3f1e6;
+    \table [113] = 30'h3d27f11e;
+    \table [114] = 30'h3d7ff067;
+    \table [115] = 30'h3dfbefc6;
+    \table [116] = 30'h3e97ef44;
+    \table [117] = 30'h3f57eee9;
+    \table [118] = 30'h0043eebe;
+    \table [119] = 30'h0157eece;
+    \table [120] = 30'h0297ef23;
+    \table [121] = 30'h03ffefc8;
+    \table [122] = 30'h0593f0c7;
+    \table [123] = 30'h0743f22b;
+    \table [124] = 30'h091bf3fb;
+    \table [125] = 30'h0b03f641;
+    \table [126] = 30'h0cfff901;
+    \table [127] = 30'h0f03fc40;
+    \table [128] = 30'h11000000;
+    \table [129] = 30'h12f00440;
+    \table [130] = 30'h14cc08fc;
+    \table [131] = 30'h16880e2f;
+    \table [132] = 30'h181c13d1;
+    \table [133] = 30'h198419d8;
+    \table [134] = 30'h1abc2039;
+    \table [135] = 30'h1bb826e8;
+    \table [136] = 30'h1c842dd6;
+    \table [137] = 30'h1d1434f7;
+    \table [138] = 30'h1d743c3c;
+    \table [139] = 30'h1da04399;
+    \table [140] = 30'h1d9c4b01;
+    \table [141] = 30'h1d6c5268;
+    \table [142] = 30'h1d1c59c3;
+    \table [143] = 30'h1ca4610a;
+    \table [144] = 30'h1c146833;
+    \table [145] = 30'h1b686f38;
+    \table [146] = 30'h1aac7612;
+    \table [147] = 30'h19e07cbd;
+    \table [148] = 30'h19088335;
+    \table [149] = 30'h18248977;
+    \table [150] = 30'h173c8f80;
+    \table [151] = 30'h1650954f;
+    \table [152] = 30'h15649ae3;
+    \table [153] = 30'h147ca03c;
+    \table [154] = 30'h1394a55b;
+    \table [155] = 30'h12acaa40;
+    \table [156] = 30'h11ccaeeb;
+    \table [157] = 30'h10f4b35e;
+    \table [158] = 30'h101cb79b;
+    \table [159] = 30'h0f50bba2;
+    \table [160] = 30'h0e88bf76;
+    \table [161] = 30'h0dccc318;
+    \table [162] = 30'h0d10c68b;
+    \table [163] = 30'h0c64c9cf;
+    \table [164] = 30'h0bb8cce8;
+    \table [165] = 30'h0b14cfd6;
+    \table [166] = 30'h0a80d29b;
+    \table [167] = 30'h09e8d53b;
+    \table [168] = 30'h095cd7b5;
+    \table [169] = 30'h08dcda0c;
+    \table [170] = 30'h0858dc43;
+    \table [171] = 30'h07e4de59;
+    \table [172] = 30'h0770e052;
+    \table [173] = 30'h0704e22e;
+    \table [174] = 30'h069ce3ef;
+    \table [175] = 30'h063ce596;
+    \table [176] = 30'h05e0e725;
+    \table [177] = 30'h058ce89d;
+    \table [178] = 30'h0538ea00;
+    \table [179] = 30'h04e8eb4e;
+    \table [180] = 30'h04a4ec88;
+    \table [181] = 30'h045cedb1;
+    \table [182] = 30'h0418eec8;
+    \table [183] = 30'h03e0efce;
+    \table [184] = 30'h03a4f0c6;
+    \table [185] = 30'h036cf1af;
+    \table [186] = 30'h0338f28a;
+    \table [187] = 30'h0308f358;
+    \table [188] = 30'h02d8f41a;
+    \table [189] = 30'h02b0f4d0;
+    \table [190] = 30'h0284f57c;
+    \table [191] = 30'h0260f61d;
+    \table [192] = 30'h023cf6b5;
+    \table [193] = 30'h021cf744;
+    \table [194] = 30'h01f8f7cb;
+    \table [195] = 30'h01dcf849;
+    \table [196] = 30'h01bcf8c0;
+    \table [197] = 30'h01a4f92f;
+    \table [198] = 30'h018cf998;
+    \table [199] = 30'h0174f9fb;
+    \table [200] = 30'h015cfa58;
+    \table [201] = 30'h0148faaf;
+    \table [202] = 30'h0134fb01;
+    \table [203] = 30'h0124fb4e;
+    \table [204] = 30'h0110fb97;
+    \table [205] = 30'h0100fbdb;
+    \table [206] = 30'h00f0fc1b;
+    \table [207] = 30'h00e4fc57;
+    \table [208] = 30'h00d4fc90;
+    \table [209] = 30'h00c8fcc5;
+    \table [210] = 30'h00bcfcf7;
+    \table [211] = 30'h00b0fd26;
+    \table [212] = 30'h00a4fd52;
+    \table [213] = 30'h009cfd7b;
+    \table [214] = 30'h0094fda2;
+    \table [215] = 30'h0088fdc7;
+    \table [216] = 30'h0084fde9;
+    \table [217] = 30'h0078fe0a;
+    \table [218] = 30'h0074fe28;
+    \table [219] = 30'h0068fe45;
+    \table [220] = 30'h0068fe5f;
+    \table [221] = 30'h005cfe79;
+    \table [222] = 30'h005cfe90;
+    \table [223] = 30'h0054fea7;
+    \table [224] = 30'h004cfebc;
+    \table [225] = 30'h004cfecf;
+    \table [226] = 30'h0044fee2;
+    \table [227] = 30'h0040fef3;
+    \table [228] = 30'h0040ff03;
+    \table [229] = 30'h0038ff13;
+    \table [230] = 30'h0034ff21;
+    \table [231] = 30'h0034ff2e;
+    \table [232] = 30'h0030ff3b;
+    \table [233] = 30'h002cff47;
+    \table [234] = 30'h002cff52;
+    \table [235] = 30'h0028ff5d;
+    \table [236] = 30'h0024ff67;
+    \table [237] = 30'h0024ff70;
+    \table [238] = 30'h0020ff79;
+    \table [239] = 30'h0020ff81;
+    \table [240] = 30'h001cff89;
+    \table [241] = 30'h001cff90;
+    \table [242] = 30'h0018ff97;
+    \table [243] = 30'h0018ff9d;
+    \table [244] = 30'h0018ffa3;
+    \table [245] = 30'h0014ffa9;
+    \table [246] = 30'h0014ffae;
+    \table [247] = 30'h0014ffb3;
+    \table [248] = 30'h0010ffb8;
+    \table [249] = 30'h0010ffbc;
+    \table [250] = 30'h0010ffc0;
+    \table [251] = 30'h0010ffc4;
+    \table [252] = 30'h000cffc8;
+    \table [253] = 30'h000cffcb;
+    \table [254] = 30'h000cffce;
+    \table [255] = 30'h000cffd1;
+    \table [256] = 30'h000cffd4;
+    \table [257] = 30'h0008ffd7;
+    \table [258] = 30'h000cffd9;
+    \table [259] = 30'h0008ffdc;
+    \table [260] = 30'h0008ffde;
+    \table [261] = 30'h0008ffe0;
+    \table [262] = 30'h0008ffe2;
+    \table [263] = 30'h0004ffe4;
+    \table [264] = 30'h0008ffe5;
+    \table [265] = 30'h0004ffe7;
+    \table [266] = 30'h0008ffe8;
+    \table [267] = 30'h0004ffea;
+    \table [268] = 30'h0004ffeb;
+    \table [269] = 30'h0008ffec;
+    \table [270] = 30'h0004ffee;
+    \table [271] = 30'h0004ffef;
+    \table [272] = 30'h0004fff0;
+    \table [273] = 30'h0004fff1;
+    \table [274] = 30'h0004fff2;
+    \table [275] = 30'h0000fff3;
+    \table [276] = 30'h0004fff3;
+    \table [277] = 30'h0004fff4;
+    \table [278] = 30'h0004fff5;
+    \table [279] = 30'h0000fff6;
+    \table [280] = 30'h0004fff6;
+    \table [281] = 30'h0000fff7;
+    \table [282] = 30'h0004fff7;
+    \table [283] = 30'h0000fff8;
+    \table [284] = 30'h0004fff8;
+    \table [285] = 30'h0000fff9;
+    \table [286] = 30'h0004fff9;
+    \table [287] = 30'h0000fffa;
+    \table [288] = 30'h0000fffa;
+    \table [289] = 30'h0004fffa;
+    \table [290] = 30'h0000fffb;
+    \table [291] = 30'h0000fffb;
+    \table [292] = 30'h0004fffb;
+    \table [293] = 30'h0000fffc;
+    \table [294] = 30'h0000fffc;
+    \table [295] = 30'h0000fffc;
+    \table [296] = 30'h0004fffc;
+    \table [297] = 30'h0000fffd;
+    \table [298] = 30'h0000fffd;
+    \table [299] = 30'h0000fffd;
+    \table [300] = 30'h0000fffd;
+    \table [301] = 30'h0004fffd;
+    \table [302] = 30'h0000fffe;
+    \table [303] = 30'h0000fffe;
+    \table [304] = 30'h0000fffe;
+    \table [305] = 30'h0000fffe;
+    \table [306] = 30'h0000fffe;
+    \table [307] = 30'h0000fffe;
+    \table [308] = 30'h0000fffe;
+    \table [309] = 30'h0000fffe;
+    \table [310] = 30'h0004fffe;
+    \table [311] = 30'h0000ffff;
+    \table [312] = 30'h0000ffff;
+    \table [313] = 30'h0000ffff;
+    \table [314] = 30'h0000ffff;
+    \table [315] = 30'h0000ffff;
+    \table [316] = 30'h0000ffff;
+    \table [317] = 30'h0000ffff;
+    \table [318] = 30'h0000ffff;
+    \table [319] = 30'h0000ffff;
+    \table [320] = 30'h0000ffff;
+    \table [321] = 30'h0000ffff;
+    \table [322] = 30'h0000ffff;
+    \table [323] = 30'h0000ffff;
+    \table [324] = 30'h0000ffff;
+    \table [325] = 30'h0000ffff;
+    \table [326] = 30'h0000ffff;
+    \table [327] = 30'h0004ffff;
+    \table [328] = 30'h00010000;
+    \table [329] = 30'h00010000;
+    \table [330] = 30'h00010000;
+    \table [331] = 30'h00010000;
+    \table [332] = 30'h00010000;
+    \table [333] = 30'h00010000;
+    \table [334] = 30'h00010000;
+    \table [335] = 30'h00010000;
+    \table [336] = 30'h00010000;
+    \table [337] = 30'h00010000;
+    \table [338] = 30'h00010000;
+    \table [339] = 30'h00010000;
+    \table [340] = 30'h00010000;
+    \table [341] = 30'h00010000;
+    \table [342] = 30'h00010000;
+    \table [343] = 30'h00010000;
+    \table [344] = 30'h00010000;
+    \table [345] = 30'h00010000;
+    \table [346] = 30'h00010000;
+    \table [347] = 30'h00010000;
+    \table [348] = 30'h00010000;
+    \table [349] = 30'h00010000;
+    \table [350] = 30'h00010000;
+    \table [351] = 30'h00010000;
+    \table [352] = 30'h00010000;
+    \table [353] = 30'h00010000;
+    \table [354] = 30'h00010000;
+    \table [355] = 30'h00010000;
+    \table [356] = 30'h00010000;
+    \table [357] = 30'h00010000;
+    \table [358] = 30'h00010000;
+    \table [359] = 30'h00010000;
+    \table [360] = 30'h00010000;
+    \table [361] = 30'h00010000;
+    \table [362] = 30'h00010000;
+    \table [363] = 30'h00010000;
+    \table [364] = 30'h00010000;
+    \table [365] = 30'h00010000;
+    \table [366] = 30'h00010000;
+    \table [367] = 30'h00010000;
+    \table [368] = 30'h00010000;
+    \table [369] = 30'h00010000;
+    \table [370] = 30'h00010000;
+    \table [371] = 30'h00010000;
+    \table [372] = 30'h00010000;
+    \table [373] = 30'h00010000;
+    \table [374] = 30'h00010000;
+    \table [375] = 30'h00010000;
+    \table [376] = 30'h00010000;
+    \table [377] = 30'h00010000;
+    \table [378] = 30'h00010000;
+    \table [379] = 30'h00010000;
+    \table [380] = 30'h00010000;
+    \table [381] = 30'h00010000;
+    \table [382] = 30'h00010000;
+    \table [383] = 30'h00010000;
+  end
+  reg [29:0] _0_;
+  always @(posedge clk) begin
+    if (port__en) begin
+      _0_ <= \table [\$6 [8:0]];
+    end
+  end
+  assign port__data = _0_;
+  assign \$1  = $signed(x) - $signed(13'h1000);
+  assign at_top = $signed(\$1 ) >= $signed(15'h3000);
+  assign \$2  = $signed(\$1 ) < $signed(1'h0);
+  assign \$3  = at_top ? 18'h03000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 14'h0000 : \$5 ;
+  assign \$7  = top2_0 ? 18'h10000 : word2_0[17:0];
+  assign \$8  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
+  always @(posedge clk)
+    frac1_0 <= \$23 ;
+  always @(posedge clk)
+    top1_0 <= \$24 ;
+  always @(posedge clk)
+    word2_0 <= \$25 ;
+  always @(posedge clk)
+    top2_0 <= \$26 ;
+  always @(posedge clk)
+    frac2_0 <= \$27 ;
+  always @(posedge clk)
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$23  = frac1_0;
+    if (port__en) begin
+      \$23  = \$4 [4:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$24  = top1_0;
+    if (port__en) begin
+      \$24  = at_top;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$25  = word2_0;
+    if (port__en) begin
+      \$25  = port__data;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$26  = top2_0;
+    if (port__en) begin
+      \$26  = top1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$27  = frac2_0;
+    if (port__en) begin
+      \$27  = frac1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$28  = value3_0;
+    if (port__en) begin
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { \$8 [16], \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [13:0];
+    end
+  end
+  assign en = port__en;
+  assign offset = { \$1 [16], \$1  };
+  assign clipped = \$4 [13:0];
+  assign port__addr = \$6 [8:0];
+  assign y4_0 = y;
+  assign \x[0]  = x;
+  assign \y[0]  = y;
+  assign \word2_0.value  = word2_0[17:0];
+  assign \word2_0.slope  = word2_0[29:18];
+  assign \port__data.value  = port__data[17:0];
+  assign \port__data.slope  = port__data[29:18];
+  assign \$5  = { 5'h00, \$4 [13:5] };
+  assign \$9  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
+  assign \$12  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$14  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$17  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
+  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
+  wire [16:0] \$1 ;
+  wire [20:0] \$10 ;
+  wire [20:0] \$11 ;
+  wire [19:0] \$12 ;
+  wire [20:0] \$13 ;
+  wire [19:0] \$14 ;
+  wire [20:0] \$15 ;
+  wire \$16 ;
+  wire [19:0] \$17 ;
+  wire [20:0] \$18 ;
+  wire [20:0] \$19 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire [21:0] \$22 ;
+  reg [5:0] \$23 ;
+  reg \$24 ;
+  reg [32:0] \$25 ;
+  reg \$26 ;
+  reg [5:0] \$27 ;
+  reg [19:0] \$28 ;
+  reg [19:0] \$29 ;
+  wire [17:0] \$3 ;
+  reg [15:0] \$30 ;
+  wire [17:0] \$4 ;
+  wire [16:0] \$5 ;
+  wire [16:0] \$6 ;
+  wire [19:0] \$7 ;
+  wire [18:0] \$8 ;
+  wire [19:0] \$9 ;
+  wire at_top;
+  wire [16:0] clipped;
+  input clk;
+  wire clk;
+  wire en;
+  reg [5:0] frac1_0 = 6'h00;
+  reg [5:0] frac2_0 = 6'h00;
+  wire [17:0] offset;
+  wire [9:0] port__addr;
+  wire [32:0] port__data;
+  wire [12:0] \port__data.slope ;
+  wire [19:0] \port__data.value ;
+  input port__en;
+  wire port__en;
+  reg [19:0] product3_0 = 20'h00000;
+  input rst;
+  wire rst;
+  reg top1_0 = 1'h0;
+  reg top2_0 = 1'h0;
+  input unit_rst;
+  wire unit_rst;
+  reg [19:0] value3_0 = 20'h00000;
+  reg [32:0] word2_0 = 33'h000000000;
+  wire [12:0] \word2_0.slope ;
+  wire [19:0] \word2_0.value ;
+  input [15:0] x;
+  wire [15:0] x;
+  wire [15:0] \x[0] ;
+  output [15:0] y;
+  reg [15:0] y = 16'h0000;
+  (* init = 16'h0000 *)
+  wire [15:0] y4_0;
+  wire [15:0] \y[0] ;
+  (* rom_style = "block" *)
+  reg [32:0] \table  [1023:0];
+  initial begin
+    \table [0] = 33'h00019c01d;
+    \table [1] = 33'h00009c01e;
+    \table [2] = 33'h00019c01e;
+    \table [3] = 33'h00019c01f;
+    \table [4] = 33'h00009c020;
+    \table [5] = 33'h00019c020;
+    \table [6] = 33'h00019c021;
+    \table [7] = 33'h00009c022;
+    \table [8] = 33'h00019c022;
+    \table [9] = 33'h00019c023;
+    \table [10] = 33'h00009c024;
+    \table [11] = 33'h00019c024;
+    \table [12] = 33'h00019c025;
+    \table [13] = 33'h00019c026;
+    \table [14] = 33'h00009c027;
+    \table [15] = 33'h00019c027;
+    \table [16] = 33'h00019c028;
+    \table [17] = 33'h00019c029;
+    \table [18] = 33'h00019c02a;
+    \table [19] = 33'h00019c02b;
+    \table [20] = 33'h00019c02c;
+    \table [21] = 33'h00009c02d;
+    \table [22] = 33'h00019c02d;
+    \table [23] = 33'h00019c02e;
+    \table [24] = 33'h00019c02f;
+    \table [25] = 33'h00019c030;
+    \table [26] = 33'h00019c031;
+    \table [27] = 33'h00019c032;
+    \table [28] = 33'h00019c033;
+    \table [29] = 33'h00019c034;
+    \table [30] = 33'h00019c035;
+    \table [31] = 33'h00019c036;
+    \table [32] = 33'h00029c037;
+    \table [33] = 33'h00019c039;
+    \table [34] = 33'h00019c03a;
+    \table [35] = 33'h00019c03b;
+    \table [36] = 33'h00019c03c;
+    \table [37] = 33'h00029c03d;
+    \table [38] = 33'h00019c03f;
+    \table [39] = 33'h00019c040;
+    \table [40] = 33'h00019c041;
+    \table [41] = 33'h00029c042;
+    \table [42] = 33'h00019c044;
+    \table [43] = 33'h00029c045;
+    \table [44] = 33'h00019c047;
+    \table [45] = 33'h00019c048;
+    \table [46] = 33'h00029c049;
+    \table [47] = 33'h00019c04b;
+    \table [48] = 33'h00029c04c;
+    \table [49] = 33'h00029c04e;
+    \table [50] = 33'h00019c050;
+    \table [51] = 33'h00029c051;
+    \table [52] = 33'h00019c053;
+    \table [53] = 33'h00029c054;
+    \table [54] = 33'h00029c056;
+    \table [55] = 33'h00029c058;
+    \table [56] = 33'h00019c05a;
+    \table [57] = 33'h00029c05b;
+    \table [58] = 33'h00029c05d;
+    \table [59] = 33'h00029c05f;
+    \table [60] = 33'h00029c061;
+    \table [61] = 33'h00029c063;
+    \table [62] = 33'h00029c065;
+    \table [63] = 33'h00029c067;
+    \table [64] = 33'h00029c069;
+    \table [65] = 33'h00039c06b;
+    \table [66] = 33'h00029c06e;
+    \table [67] = 33'h00029c070;
+    \table [68] = 33'h00029c072;
+    \table [69] = 33'h00039c074;
+    \table [70] = 33'h00029c077;
+    \table [71] = 33'h00029c079;
+    \table [72] = 33'h00039c07b;
+    \table [73] = 33'h00029c07e;
+    \table [74] = 33'h00039c080;
+    \table [75] = 33'h00039c083;
+    \table [76] = 33'h00029c086;
+    \table [77] = 33'h00039c088;
+    \table [78] = 33'h00039c08b;
+    \table [79] = 33'h00039c08e;
+    \table [80] = 33'h00039c091;
+    \table [81] = 33'h00039c094;
+    \table [82] = 33'h00039c097;
+    \table [83] = 33'h00039c09a;
+    \table [84] = 33'h00039c09d;
+    \table [85] = 33'h00039c0a0;
+    \table [86] = 33'h00049c0a3;
+    \table [87] = 33'h00039c0a7;
+    \table [88] = 33'h00039c0aa;
+    \table [89] = 33'h00049c0ad;
+    \table [90] = 33'h00049c0b1;
+    \table [91] = 33'h00039c0b5;
+    \table [92] = 33'h00049c0b8;
+    \table [93] = 33'h00049c0bc;
+    \table [94] = 33'h00049c0c0;
+    \table [95] = 33'h00049c0c4;
+    \table [96] = 33'h00049c0c8;
+    \table [97] = 33'h00049c0cc;
+    \table [98] = 33'h00049c0d0;
+    \table [99] = 33'h00049c0d4;
+    \table [100] = 33'h00049c0d8;
+    \table [101] = 33'h00059c0dc;
+    \table [102] = 33'h00049c0e1;
+    \table [103] = 33'h00059c0e5;
+    \table [104] = 33'h00059c0ea;
+    \table [105] = 33'h00059c0ef;
+    \table [106] = 33'h00059c0f4;
+    \table [107] = 33'h00059c0f9;
+    \table [108] = 33'h00059c0fe;
+    \table [109] = 33'h00059c103;
+    \table [110] = 33'h00059c108;
+    \table [111] = 33'h00069c10d;
+    \table [112] = 33'h00059c113;
+    \table [113] = 33'h00069c118;
+    \table [114] = 33'h00069c11e;
+    \table [115] = 33'h00069c124;
+    \table [116] = 33'h00069c12a;
+    \table [117] = 33'h00069c130;
+    \table [118] = 33'h00069c136;
+    \table [119] = 33'h00069c13c;
+    \table [120] = 33'h00079c142;
+    \table [121] = 33'h00079c149;
+    \table [122] = 33'h00069c150;
+    \table [123] = 33'h00079c156;
+    \table [124] = 33'h00079c15d;
+    \table [125] = 33'h00079c164;
+    \table [126] = 33'h00089c16b;
+    \table [127] = 33'h00079c173;
+    \table [128] = 33'h00089c17a;
+    \table [129] = 33'h00089c182;
+    \table [130] = 33'h00089c18a;
+    \table [131] = 33'h00089c192;
+    \table [132] = 33'h00089c19a;
+    \table [133] = 33'h00089c1a2;
+    \table [134] = 33'h00099c1aa;
+    \table [135] = 33'h00099c1b3;
+    \table [136] = 33'h00099c1bc;
+    \table [137] = 33'h00099c1c5;
+    \table [138] = 33'h00099c1ce;
+    \table [139] = 33'h000a9c1d7;
+    \table [140] = 33'h000a9c1e1;
+    \table [141] = 33'h00099c1eb;
+    \table [142] = 33'h000b9c1f4;
+    \table [143] = 33'h000a9c1ff;
+    \table [144] = 33'h000a9c209;
+    \table [145] = 33'h000b9c213;
+    \table [146] = 33'h000b9c21e;
+    \table [147] = 33'h000b9c229;
+    \table [148] = 33'h000c9c234;
+    \table [149] = 33'h000b9c240;
+    \table [150] = 33'h000c9c24b;
+    \table [151] = 33'h000c9c257;
+    \table [152] = 33'h000c9c263;
+    \table [153] = 33'h000d9c26f;
+    \table [154] = 33'h000d9c27c;
+    \table [155] = 33'h000d9c289;
+    \table [156] = 33'h000d9c296;
+    \table [157] = 33'h000e9c2a3;
+    \table [158] = 33'h000e9c2b1;
+    \table [159] = 33'h000e9c2bf;
+    \table [160] = 33'h000f9c2cd;
+    \table [161] = 33'h000e9c2dc;
+    \table [162] = 33'h000f9c2ea;
+    \table [163] = 33'h00109c2f9;
+    \table [164] = 33'h000f9c309;
+    \table [165] = 33'h00109c318;
+    \table [166] = 33'h00119c328;
+    \table [167] = 33'h00109c339;
+    \table [168] = 33'h00119c349;
+    \table [169] = 33'h00129c35a;
+    \table [170] = 33'h00119c36c;
+    \table [171] = 33'h00129c37d;
+    \table [172] = 33'h00139c38f;
+    \table [173] = 33'h00139c3a2;
+    \table [174] = 33'h00139c3b5;
+    \table [175] = 33'h00139c3c8;
+    \table [176] = 33'h00149c3db;
+    \table [177] = 33'h00149c3ef;
+    \table [178] = 33'h00159c403;
+    \table [179] = 33'h00159c418;
+    \table [180] = 33'h00169c42d;
+    \table [181] = 33'h00169c443;
+    \table [182] = 33'h00169c459;
+    \table [183] = 33'h00179c46f;
+    \table [184] = 33'h00189c486;
+    \table [185] = 33'h00179c49e;
+    \table [186] = 33'h00199c4b5;
+    \table [187] = 33'h00199c4ce;
+    \table [188] = 33'h00199c4e7;
+    \table [189] = 33'h001a9c500;
+    \table [190] = 33'h001a9c51a;
+    \table [191] = 33'h001b9c534;
+    \table [192] = 33'h001b9c54f;
+    \table [193] = 33'h001c9c56a;
+    \table [194] = 33'h001d9c586;
+    \table [195] = 33'h001d9c5a3;
+    \table [196] = 33'h001e9c5c0;
+    \table [197] = 33'h001e9c5de;
+    \table [198] = 33'h001f9c5fc;
+    \table [199] = 33'h001f9c61b;
+    \table [200] = 33'h00209c63a;
+    \table [201] = 33'h00219c65a;
+    \table [202] = 33'h00229c67b;
+    \table [203] = 33'h00229c69d;
+    \table [204] = 33'h00239c6bf;
+    \table [205] = 33'h00239c6e2;
+    \table [206] = 33'h00249c705;
+    \table [207] = 33'h00259c729;
+    \table [208] = 33'h00269c74e;
+    \table [209] = 33'h00269c774;
+    \table [210] = 33'h00289c79a;
+    \table [211] = 33'h00289c7c2;
+    \table [212] = 33'h00289c7ea;
+    \table [213] = 33'h002a9c812;
+    \table [214] = 33'h002a9c83c;
+    \table [215] = 33'h002c9c866;
+    \table [216] = 33'h002c9c892;
+    \table [217] = 33'h002d9c8be;
+    \table [218] = 33'h002e9c8eb;
+    \table [219] = 33'h002f9c919;
+    \table [220] = 33'h00309c948;
+    \table [221] = 33'h00319c978;
+    \table [222] = 33'h00319c9a9;
+    \table [223] = 33'h00339c9da;
+    \table [224] = 33'h00349ca0d;
+    \table [225] = 33'h00359ca41;
+    \table [226] = 33'h00369ca76;
+    \table [227] = 33'h00379caac;
+    \table [228] = 33'h00389cae3;
+    \table [229] = 33'h00399cb1b;
+    \table [230] = 33'h003b9cb54;
+    \table [231] = 33'h003b9cb8f;
+    \table [232] = 33'h003d9cbca;
+    \table [233] = 33'h003e9cc07;
+    \table [234] = 33'h003f9cc45;
+    \table [235] = 33'h00409cc84;
+    \table [236] = 33'h00429ccc4;
+    \table [237] = 33'h00439cd06;
+    \table [238] = 33'h00459cd49;
+    \table [239] = 33'h00469cd8e;
+    \table [240] = 33'h00479cdd4;
+    \table [241] = 33'h00489ce1b;
+    \table [242] = 33'h004a9ce63;
+    \table [243] = 33'h004c9cead;
+    \table [244] = 33'h004d9cef9;
+    \table [245] = 33'h004f9cf46;
+    \table [246] = 33'h00509cf95;
+    \table [247] = 33'h00529cfe5;
+    \table [248] = 33'h00539d037;
+    \table [249] = 33'h00559d08a;
+    \table [250] = 33'h00579d0df;
+    \table [251] = 33'h00589d136;
+    \table [252] = 33'h005b9d18e;
+    \table [253] = 33'h005c9d1e9;
+    \table [254] = 33'h005e9d245;
+    \table [255] = 33'h005f9d2a3;
+    \table [256] = 33'h00629d302;
+    \table [257] = 33'h00649d364;
+    \table [258] = 33'h00669d3c8;
+    \table [259] = 33'h00679d42e;
+    \table [260] = 33'h006a9d495;
+    \table [261] = 33'h006c9d4ff;
+    \table [262] = 33'h006e9d56b;
+    \table [263] = 33'h00709d5d9;
+    \table [264] = 33'h00729d649;
+    \table [265] = 33'h00759d6bb;
+    \table [266] = 33'h00779d730;
+    \table [267] = 33'h007a9d7a7;
+    \table [268] = 33'h007b9d821;
+    \table [269] = 33'h007f9d89c;
+    \table [270] = 33'h00809d91b;
+    \table [271] = 33'h00849d99b;
+    \table [272] = 33'h00869da1f;
+    \table [273] = 33'h00889daa5;
+    \table [274] = 33'h008c9db2d;
+    \table [275] = 33'h008e9dbb9;
+    \table [276] = 33'h00919dc47;
+    \table [277] = 33'h00939dcd8;
+    \table [278] = 33'h00979dd6b;
+    \table [279] = 33'h009a9de02;
+    \table [280] = 33'h009d9de9c;
+    \table [281] = 33'h00a09df39;
+    \table [282] = 33'h00a39dfd9;
+    \table [283] = 33'h00a69e07c;
+    \table [284] = 33'h00a99e122;
+    \table [285] = 33'h00ad9e1cb;
+    \table [286] = 33'h00b19e278;
+    \table [287] = 33'h00b39e329;
+    \table [288] = 33'h00b89e3dc;
+    \table [289] = 33'h00bb9e494;
+    \table [290] = 33'h00be9e54f;
+    \table [291] = 33'h00c39e60d;
+    \table [292] = 33'h00c69e6d0;
+    \table [293] = 33'h00ca9e796;
+    \table [294] = 33'h00ce9e860;
+    \table [295] = 33'h00d29e92e;
+    \table [296] = 33'h00d79ea00;
+    \table [297] = 33'h00da9ead7;
+    \table [298] = 33'h00df9ebb1;
+    \table [299] = 33'h00e39ec90;
+    \table [300] = 33'h00e89ed73;
+    \table [301] = 33'h00ec9ee5b;
+    \table [302] = 33'h00f19ef47;
+    \table [303] = 33'h00f59f038;
+    \table [304] = 33'h00fb9f12d;
+    \table [305] = 33'h00ff9f228;
+    \table [306] = 33'h01049f327;
+    \table [307] = 33'h01099f42b;
+    \table [308] = 33'h010f9f534;
+    \table [309] = 33'h01149f643;
+    \table [310] = 33'h01199f757;
+    \table [311] = 33'h011e9f870;
+    \table [312] = 33'h01249f98e;
+    \table [313] = 33'h012a9fab2;
+    \table [314] = 33'h01309fbdc;
+    \table [315] = 33'h01369fd0c;
+    \table [316] = 33'h013b9fe42;
+    \table [317] = 33'h01429ff7d;
+    \table [318] = 33'h0148a00bf;
+    \table [319] = 33'h014ea0207;
+    \table [320] = 33'h0155a0355;
+    \table [321] = 33'h015ba04aa;
+    \table [322] = 33'h0162a0605;
+    \table [323] = 33'h0169a0767;
+    \table [324] = 33'h0170a08d0;
+    \table [325] = 33'h0177a0a40;
+    \table [326] = 33'h017ea0bb7;
+    \table [327] = 33'h0185a0d35;
+    \table [328] = 33'h018da0eba;
+    \table [329] = 33'h0195a1047;
+    \table [330] = 33'h019ca11dc;
+    \table [331] = 33'h01a4a1378;
+    \table [332] = 33'h01aca151c;
+    \table [333] = 33'h01b5a16c8;
+    \table [334] = 33'h01bda187d;
+    \table [335] = 33'h01c5a1a3a;
+    \table [336] = 33'h01cea1bff;
+    \table [337] = 33'h01d6a1dcd;
+    \table [338] = 33'h01e0a1fa3;
+    \table [339] = 33'h01e8a2183;
+    \table [340] = 33'h01f2a236b;
+    \table [341] = 33'h01fba255d;
+    \table [342] = 33'h0205a2758;
+    \table [343] = 33'h020fa295d;
+    \table [344] = 33'h0218a2b6c;
+    \table [345] = 33'h0223a2d84;
+    \table [346] = 33'h022da2fa7;
+    \table [347] = 33'h0237a31d4;
+    \table [348] = 33'h0242a340b;
+    \table [349] = 33'h024da364d;
+    \table [350] = 33'h0258a389a;
+    \table [351] = 33'h0263a3af2;
+    \table [352] = 33'h026ea3d55;
+    \table [353] = 33'h027aa3fc3;
+    \table [354] = 33'h0285a423d;
+    \table [355] = 33'h0292a44c2;
+    \table [356] = 33'h029da4754;
+    \table [357] = 33'h02aaa49f1;
+    \table [358] = 33'h02b7a4c9b;
+    \table [359] = 33'h02c3a4f52;
+    \table [360] = 33'h02d1a5215;
+    \table [361] = 33'h02dda54e6;
+    \table [362] = 33'h02eba57c3;
+    \table [363] = 33'h02f9a5aae;
+    \table [364] = 33'h0306a5da7;
+    \table [365] = 33'h0314a60ad;
+    \table [366] = 33'h0323a63c1;
+    \table [367] = 33'h0331a66e4;
+    \table [368] = 33'h0340a6a15;
+    \table [369] = 33'h034fa6d55;
+    \table [370] = 33'h035ea70a4;
+    \table [371] = 33'h036ea7402;
+    \table [372] = 33'h037da7770;
+    \table [373] = 33'h038da7aed;
+    \table [374] = 33'h039ea7e7a;
+    \table [375] = 33'h03ada8218;
+    \table [376] = 33'h03bfa85c5;
+    \table [377] = 33'h03cfa8984;
+    \table [378] = 33'h03e0a8d53;
+    \table [379] = 33'h03f2a9133;
+    \table [380] = 33'h0404a9525;
+    \table [381] = 33'h0415a9929;
+    \table [382] = 33'h0428a9d3e;
+    \table [383] = 33'h043aaa166;
+    \table [384] = 33'h044caa5a0;
+    \table [385] = 33'h0460aa9ec;
+    \table [386] = 33'h0473aae4c;
+    \table [387] = 33'h0486ab2bf;
+    \table [388] = 33'h049bab745;
+    \table [389] = 33'h04aeabbe0;
+    \table [390] = 33'h04c2ac08e;
+    \table [391] = 33'h04d7ac550;
+    \table [392] = 33'h04ecaca27;
+    \table [393] = 33'h0501acf13;
+    \table [394] = 33'h0516ad414;
+    \table [395] = 33'h052cad92a;
+    \table [396] = 33'h0542ade56;
+    \table [397] = 33'h0558ae398;
+    \table [398] = 33'h056fae8f0;
+    \table [399] = 33'h0585aee5f;
+    \table [400] = 33'h059caf3e4;
+    \table [401] = 33'h05b4af980;
+    \table [402] = 33'h05cbaff34;
+    \table [403] = 33'h05e3b04ff;
+    \table [404] = 33'h05fbb0ae2;
+    \table [405] = 33'h0613b10dd;
+    \table [406] = 33'h062cb16f0;
+    \table [407] = 33'h0645b1d1c;
+    \table [408] = 33'h065eb2361;
+    \table [409] = 33'h0678b29bf;
+    \table [410] = 33'h0691b3037;
+    \table [411] = 33'h06abb36c8;
+    \table [412] = 33'h06c5b3d73;
+    \table [413] = 33'h06e0b4438;
+    \table [414] = 33'h06fbb4b18;
+    \table [415] = 33'h0715b5213;
+    \table [416] = 33'h0731b5928;
+    \table [417] = 33'h074cb6059;
+    \table [418] = 33'h0768b67a5;
+    \table [419] = 33'h0783b6f0d;
+    \table [420] = 33'h07a0b7690;
+    \table [421] = 33'h07bcb7e30;
+    \table [422] = 33'h07d9b85ec;
+    \table [423] = 33'h07f6b8dc5;
+    \table [424] = 33'h0812b95bb;
+    \table [425] = 33'h0830b9dcd;
+    \table [426] = 33'h084dba5fd;
+    \table [427] = 33'h086bbae4a;
+    \table [428] = 33'h0888bb6b5;
+    \table [429] = 33'h08a6bbf3d;
+    \table [430] = 33'h08c5bc7e3;
+    \table [431] = 33'h08e3bd0a8;
+    \table [432] = 33'h0901bd98b;
+    \table [433] = 33'h091fbe28c;
+    \table [434] = 33'h093fbebab;
+    \table [435] = 33'h095dbf4ea;
+    \table [436] = 33'h097cbfe47;
+    \table [437] = 33'h099bc07c3;
+    \table [438] = 33'h09bac115e;
+    \table [439] = 33'h09dac1b18;
+    \table [440] = 33'h09f9c24f2;
+    \table [441] = 33'h0a18c2eeb;
+    \table [442] = 33'h0a38c3903;
+    \table [443] = 33'h0a57c433b;
+    \table [444] = 33'h0a76c4d92;
+    \table [445] = 33'h0a96c5808;
+    \table [446] = 33'h0ab6c629e;
+    \table [447] = 33'h0ad5c6d54;
+    \table [448] = 33'h0af5c7829;
+    \table [449] = 33'h0b14c831e;
+    \table [450] = 33'h0b34c8e32;
+    \table [451] = 33'h0b52c9966;
+    \table [452] = 33'h0b73ca4b8;
+    \table [453] = 33'h0b91cb02b;
+    \table [454] = 33'h0bb1cbbbc;
+    \table [455] = 33'h0bcfcc76d;
+    \table [456] = 33'h0befcd33c;
+    \table [457] = 33'h0c0dcdf2b;
+    \table [458] = 33'h0c2cceb38;
+    \table [459] = 33'h0c4acf764;
+    \table [460] = 33'h0c68d03ae;
+    \table [461] = 33'h0c87d1016;
+    \table [462] = 33'h0ca4d1c9d;
+    \table [463] = 33'h0cc2d2941;
+    \table [464] = 33'h0cdfd3603;
+    \table [465] = 33'h0cfcd42e2;
+    \table [466] = 33'h0d18d4fde;
+    \table [467] = 33'h0d35d5cf6;
+    \table [468] = 33'h0d51d6a2b;
+    \table [469] = 33'h0d6dd777c;
+    \table [470] = 33'h0d89d84e9;
+    \table [471] = 33'h0da3d9272;
+    \table [472] = 33'h0dbeda015;
+    \table [473] = 33'h0dd8dadd3;
+    \table [474] = 33'h0df2dbbab;
+    \table [475] = 33'h0e0bdc99d;
+    \table [476] = 33'h0e25dd7a8;
+    \table [477] = 33'h0e3cde5cd;
+    \table [478] = 33'h0e55df409;
+    \table [479] = 33'h0e6ce025e;
+    \table [480] = 33'h0e83e10ca;
+    \table [481] = 33'h0e99e1f4d;
+    \table [482] = 33'h0eb0e2de6;
+    \table [483] = 33'h0ec4e3c96;
+    \table [484] = 33'h0ed9e4b5a;
+    \table [485] = 33'h0eeee5a33;
+    \table [486] = 33'h0f00e6921;
+    \table [487] = 33'h0f14e7821;
+    \table [488] = 33'h0f26e8735;
+    \table [489] = 33'h0f37e965b;
+    \table [490] = 33'h0f49ea592;
+    \table [491] = 33'h0f58eb4db;
+    \table [492] = 33'h0f68ec433;
+    \table [493] = 33'h0f77ed39b;
+    \table [494] = 33'h0f85ee312;
+    \table [495] = 33'h0f93ef297;
+    \table [496] = 33'h0f9ff022a;
+    \table [497] = 33'h0fabf11c9;
+    \table [498] = 33'h0fb6f2174;
+    \table [499] = 33'h0fc1f312a;
+    \table [500] = 33'h0fcaf40eb;
+    \table [501] = 33'h0fd3f50b5;
+    \table [502] = 33'h0fdbf6088;
+    \table [503] = 33'h0fe3f7063;
+    \table [504] = 33'h0fe9f8046;
+    \table [505] = 33'h0feef902f;
+    \table [506] = 33'h0ff4fa01d;
+    \table [507] = 33'h0ff8fb011;
+    \table [508] = 33'h0ffbfc009;
+    \table [509] = 33'h0ffdfd004;
+    \table [510] = 33'h0ffffe001;
+    \table [511] = 33'h1000ff000;
+    \table [512] = 33'h100000000;
+    \table [513] = 33'h0fff01000;
+    \table [514] = 33'h0ffd01fff;
+    \table [515] = 33'h0ffb02ffc;
+    \table [516] = 33'h0ff803ff7;
+    \table [517] = 33'h0ff404fef;
+    \table [518] = 33'h0fee05fe3;
+    \table [519] = 33'h0fe906fd1;
+    \table [520] = 33'h0fe307fba;
+    \table [521] = 33'h0fdb08f9d;
+    \table [522] = 33'h0fd309f78;
+    \table [523] = 33'h0fca0af4b;
+    \table [524] = 33'h0fc10bf15;
+    \table [525] = 33'h0fb60ced6;
+    \table [526] = 33'h0fab0de8c;
+    \table [527] = 33'h0f9f0ee37;
+    \table [528] = 33'h0f930fdd6;
+    \table [529] = 33'h0f8510d69;
+    \table [530] = 33'h0f7711cee;
+    \table [531] = 33'h0f6812c65;
+    \table [532] = 33'h0f5813bcd;
+    \table [533] = 33'h0f4914b25;
+    \table [534] = 33'h0f3715a6e;
+    \table [535] = 33'h0f26169a5;
+    \table [536] = 33'h0f14178cb;
+    \table [537] = 33'h0f00187df;
+    \table [538] = 33'h0eee196df;
+    \table [539] = 33'h0ed91a5cd;
+    \table [540] = 33'h0ec41b4a6;
+    \table [541] = 33'h0eb01c36a;
+    \table [542] = 33'h0e991d21a;
+    \table [543] = 33'h0e831e0b3;
+    \table [544] = 33'h0e6c1ef36;
+    \table [545] = 33'h0e551fda2;
+    \table [546] = 33'h0e3c20bf7;
+    \table [547] = 33'h0e2521a33;
+    \table [548] = 33'h0e0b22858;
+    \table [549] = 33'h0df223663;
+    \table [550] = 33'h0dd824455;
+    \table [551] = 33'h0dbe2522d;
+    \table [552] = 33'h0da325feb;
+    \table [553] = 33'h0d8926d8e;
+    \table [554] = 33'h0d6d27b17;
+    \table [555] = 33'h0d5128884;
+    \table [556] = 33'h0d35295d5;
+    \table [557] = 33'h0d182a30a;
+    \table [558] = 33'h0cfc2b022;
+    \table [559] = 33'h0cdf2bd1e;
+    \table [560] = 33'h0cc22c9fd;
+    \table [561] = 33'h0ca42d6bf;
+    \table [562] = 33'h0c872e363;
+    \table [563] = 33'h0c682efea;
+    \table [564] = 33'h0c4a2fc52;
+    \table [565] = 33'h0c2c3089c;
+    \table [566] = 33'h0c0d314c8;
+    \table [567] = 33'h0bef320d5;
+    \table [568] = 33'h0bcf32cc4;
+    \table [569] = 33'h0bb133893;
+    \table [570] = 33'h0b9134444;
+    \table [571] = 33'h0b7334fd5;
+    \table [572] = 33'h0b5235b48;
+    \table [573] = 33'h0b343669a;
+    \table [574] = 33'h0b14371ce;
+    \table [575] = 33'h0af537ce2;
+    \table [576] = 33'h0ad5387d7;
+    \table [577] = 33'h0ab6392ac;
+    \table [578] = 33'h0a9639d62;
+    \table [579] = 33'h0a763a7f8;
+    \table [580] = 33'h0a573b26e;
+    \table [581] = 33'h0a383bcc5;
+    \table [582] = 33'h0a183c6fd;
+    \table [583] = 33'h09f93d115;
+    \table [584] = 33'h09da3db0e;
+    \table [585] = 33'h09ba3e4e8;
+    \table [586] = 33'h099b3eea2;
+    \table [587] = 33'h097c3f83d;
+    \table [588] = 33'h095d401b9;
+    \table [589] = 33'h093f40b16;
+    \table [590] = 33'h091f41455;
+    \table [591] = 33'h090141d74;
+    \table [592] = 33'h08e342675;
+    \table [593] = 33'h08c542f58;
+    \table [594] = 33'h08a64381d;
+    \table [595] = 33'h0888440c3;
+    \table [596] = 33'h086b4494b;
+    \table [597] = 33'h084d451b6;
+    \table [598] = 33'h083045a03;
+    \table [599] = 33'h081246233;
+    \table [600] = 33'h07f646a45;
+    \table [601] = 33'h07d94723b;
+    \table [602] = 33'h07bc47a14;
+    \table [603] = 33'h07a0481d0;
+    \table [604] = 33'h078348970;
+    \table [605] = 33'h0768490f3;
+    \table [606] = 33'h074c4985b;
+    \table [607] = 33'h073149fa7;
+    \table [608] = 33'h07154a6d8;
+    \table [609] = 33'h06fb4aded;
+    \table [610] = 33'h06e04b4e8;
+    \table [611] = 33'h06c54bbc8;
+    \table [612] = 33'h06ab4c28d;
+    \table [613] = 33'h06914c938;
+    \table [614] = 33'h06784cfc9;
+    \table [615] = 33'h065e4d641;
+    \table [616] = 33'h06454dc9f;
+    \table [617] = 33'h062c4e2e4;
+    \table [618] = 33'h06134e910;
+    \table [619] = 33'h05fb4ef23;
+    \table [620] = 33'h05e34f51e;
+    \table [621] = 33'h05cb4fb01;
+    \table [622] = 33'h05b4500cc;
+    \table [623] = 33'h059c50680;
+    \table [624] = 33'h058550c1c;
+    \table [625] = 33'h056f511a1;
+    \table [626] = 33'h055851710;
+    \table [627] = 33'h054251c68;
+    \table [628] = 33'h052c521aa;
+    \table [629] = 33'h0516526d6;
+    \table [630] = 33'h050152bec;
+    \table [631] = 33'h04ec530ed;
+    \table [632] = 33'h04d7535d9;
+    \table [633] = 33'h04c253ab0;
+    \table [634] = 33'h04ae53f72;
+    \table [635] = 33'h049b54420;
+    \table [636] = 33'h0486548bb;
+    \table [637] = 33'h047354d41;
+    \table [638] = 33'h0460551b4;
+    \table [639] = 33'h044c55614;
+    \table [640] = 33'h043a55a60;
+    \table [641] = 33'h042855e9a;
+    \table [642] = 33'h0415562c2;
+    \table [643] = 33'h0404566d7;
+    \table [644] = 33'h03f256adb;
+    \table [645] = 33'h03e056ecd;
+    \table [646] = 33'h03cf572ad;
+    \table [647] = 33'h03bf5767c;
+    \table [648] = 33'h03ad57a3b;
+    \table [649] = 33'h039e57de8;
+    \table [650] = 33'h038d58186;
+    \table [651] = 33'h037d58513;
+    \table [652] = 33'h036e58890;
+    \table [653] = 33'h035e58bfe;
+    \table [654] = 33'h034f58f5c;
+    \table [655] = 33'h0340592ab;
+    \table [656] = 33'h0331595eb;
+    \table [657] = 33'h03235991c;
+    \table [658] = 33'h031459c3f;
+    \table [659] = 33'h030659f53;
+    \table [660] = 33'h02f95a259;
+    \table [661] = 33'h02eb5a552;
+    \table [662] = 33'h02dd5a83d;
+    \table [663] = 33'h02d15ab1a;
+    \table [664] = 33'h02c35adeb;
+    \table [665] = 33'h02b75b0ae;
+    \table [666] = 33'h02aa5b365;
+    \table [667] = 33'h029d5b60f;
+    \table [668] = 33'h02925b8ac;
+    \table [669] = 33'h02855bb3e;
+    \table [670] = 33'h027a5bdc3;
+    \table [671] = 33'h026e5c03d;
+    \table [672] = 33'h02635c2ab;
+    \table [673] = 33'h02585c50e;
+    \table [674] = 33'h024d5c766;
+    \table [675] = 33'h02425c9b3;
+    \table [676] = 33'h02375cbf5;
+    \table [677] = 33'h022d5ce2c;
+    \table [678] = 33'h02235d059;
+    \table [679] = 33'h02185d27c;
+    \table [680] = 33'h020f5d494;
+    \table [681] = 33'h02055d6a3;
+    \table [682] = 33'h01fb5d8a8;
+    \table [683] = 33'h01f25daa3;
+    \table [684] = 33'h01e85dc95;
+    \table [685] = 33'h01e05de7d;
+    \table [686] = 33'h01d65e05d;
+    \table [687] = 33'h01ce5e233;
+    \table [688] = 33'h01c55e401;
+    \table [689] = 33'h01bd5e5c6;
+    \table [690] = 33'h01b55e783;
+    \table [691] = 33'h01ac5e938;
+    \table [692] = 33'h01a45eae4;
+    \table [693] = 33'h019c5ec88;
+    \table [694] = 33'h01955ee24;
+    \table [695] = 33'h018d5efb9;
+    \table [696] = 33'h01855f146;
+    \table [697] = 33'h017e5f2cb;
+    \table [698] = 33'h01775f449;
+    \table [699] = 33'h01705f5c0;
+    \table [700] = 33'h01695f730;
+    \table [701] = 33'h01625f899;
+    \table [702] = 33'h015b5f9fb;
+    \table [703] = 33'h01555fb56;
+    \table [704] = 33'h014e5fcab;
+    \table [705] = 33'h01485fdf9;
+    \table [706] = 33'h01425ff41;
+    \table [707] = 33'h013b60083;
+    \table [708] = 33'h0136601be;
+    \table [709] = 33'h0130602f4;
+    \table [710] = 33'h012a60424;
+    \table [711] = 33'h01246054e;
+    \table [712] = 33'h011e60672;
+    \table [713] = 33'h011960790;
+    \table [714] = 33'h0114608a9;
+    \table [715] = 33'h010f609bd;
+    \table [716] = 33'h010960acc;
+    \table [717] = 33'h010460bd5;
+    \table [718] = 33'h00ff60cd9;
+    \table [719] = 33'h00fb60dd8;
+    \table [720] = 33'h00f560ed3;
+    \table [721] = 33'h00f160fc8;
+    \table [722] = 33'h00ec610b9;
+    \table [723] = 33'h00e8611a5;
+    \table [724] = 33'h00e36128d;
+    \table [725] = 33'h00df61370;
+    \table [726] = 33'h00da6144f;
+    \table [727] = 33'h00d761529;
+    \table [728] = 33'h00d261600;
+    \table [729] = 33'h00ce616d2;
+    \table [730] = 33'h00ca617a0;
+    \table [731] = 33'h00c66186a;
+    \table [732] = 33'h00c361930;
+    \table [733] = 33'h00be619f3;
+    \table [734] = 33'h00bb61ab1;
+    \table [735] = 33'h00b861b6c;
+    \table [736] = 33'h00b361c24;
+    \table [737] = 33'h00b161cd7;
+    \table [738] = 33'h00ad61d88;
+    \table [739] = 33'h00a961e35;
+    \table [740] = 33'h00a661ede;
+    \table [741] = 33'h00a361f84;
+    \table [742] = 33'h00a062027;
+    \table [743] = 33'h009d620c7;
+    \table [744] = 33'h009a62164;
+    \table [745] = 33'h0097621fe;
+    \table [746] = 33'h009362295;
+    \table [747] = 33'h009162328;
+    \table [748] = 33'h008e623b9;
+    \table [749] = 33'h008c62447;
+    \table [750] = 33'h0088624d3;
+    \table [751] = 33'h00866255b;
+    \table [752] = 33'h0084625e1;
+    \table [753] = 33'h008062665;
+    \table [754] = 33'h007f626e5;
+    \table [755] = 33'h007b62764;
+    \table [756] = 33'h007a627df;
+    \table [757] = 33'h007762859;
+    \table [758] = 33'h0075628d0;
+    \table [759] = 33'h007262945;
+    \table [760] = 33'h0070629b7;
+    \table [761] = 33'h006e62a27;
+    \table [762] = 33'h006c62a95;
+    \table [763] = 33'h006a62b01;
+    \table [764] = 33'h006762b6b;
+    \table [765] = 33'h006662bd2;
+    \table [766] = 33'h006462c38;
+    \table [767] = 33'h006262c9c;
+    \table [768] = 33'h005f62cfe;
+    \table [769] = 33'h005e62d5d;
+    \table [770] = 33'h005c62dbb;
+    \table [771] = 33'h005b62e17;
+    \table [772] = 33'h005862e72;
+    \table [773] = 33'h005762eca;
+    \table [774] = 33'h005562f21;
+    \table [775] = 33'h005362f76;
+    \table [776] = 33'h005262fc9;
+    \table [777] = 33'h00506301b;
+    \table [778] = 33'h004f6306b;
+    \table [779] = 33'h004d630ba;
+    \table [780] = 33'h004c63107;
+    \table [781] = 33'h004a63153;
+    \table [782] = 33'h00486319d;
+    \table [783] = 33'h0047631e5;
+    \table [784] = 33'h00466322c;
+    \table [785] = 33'h004563272;
+    \table [786] = 33'h0043632b7;
+    \table [787] = 33'h0042632fa;
+    \table [788] = 33'h00406333c;
+    \table [789] = 33'h003f6337c;
+    \table [790] = 33'h003e633bb;
+    \table [791] = 33'h003d633f9;
+    \table [792] = 33'h003b63436;
+    \table [793] = 33'h003b63471;
+    \table [794] = 33'h0039634ac;
+    \table [795] = 33'h0038634e5;
+    \table [796] = 33'h00376351d;
+    \table [797] = 33'h003663554;
+    \table [798] = 33'h00356358a;
+    \table [799] = 33'h0034635bf;
+    \table [800] = 33'h0033635f3;
+    \table [801] = 33'h003163626;
+    \table [802] = 33'h003163657;
+    \table [803] = 33'h003063688;
+    \table [804] = 33'h002f636b8;
+    \table [805] = 33'h002e636e7;
+    \table [806] = 33'h002d63715;
+    \table [807] = 33'h002c63742;
+    \table [808] = 33'h002c6376e;
+    \table [809] = 33'h002a6379a;
+    \table [810] = 33'h002a637c4;
+    \table [811] = 33'h0028637ee;
+    \table [812] = 33'h002863816;
+    \table [813] = 33'h00286383e;
+    \table [814] = 33'h002663866;
+    \table [815] = 33'h00266388c;
+    \table [816] = 33'h0025638b2;
+    \table [817] = 33'h0024638d7;
+    \table [818] = 33'h0023638fb;
+    \table [819] = 33'h00236391e;
+    \table [820] = 33'h002263941;
+    \table [821] = 33'h002263963;
+    \table [822] = 33'h002163985;
+    \table [823] = 33'h0020639a6;
+    \table [824] = 33'h001f639c6;
+    \table [825] = 33'h001f639e5;
+    \table [826] = 33'h001e63a04;
+    \table [827] = 33'h001e63a22;
+    \table [828] = 33'h001d63a40;
+    \table [829] = 33'h001d63a5d;
+    \table [830] = 33'h001c63a7a;
+    \table [831] = 33'h001b63a96;
+    \table [832] = 33'h001b63ab1;
+    \table [833] = 33'h001a63acc;
+    \table [834] = 33'h001a63ae6;
+    \table [835] = 33'h001963b00;
+    \table [836] = 33'h001963b19;
+    \table [837] = 33'h001963b32;
+    \table [838] = 33'h001763b4b;
+    \table [839] = 33'h001863b62;
+    \table [840] = 33'h001763b7a;
+    \table [841] = 33'h001663b91;
+    \table [842] = 33'h001663ba7;
+    \table [843] = 33'h001663bbd;
+    \table [844] = 33'h001563bd3;
+    \table [845] = 33'h001563be8;
+    \table [846] = 33'h001463bfd;
+    \table [847] = 33'h001463c11;
+    \table [848] = 33'h001363c25;
+    \table [849] = 33'h001363c38;
+    \table [850] = 33'h001363c4b;
+    \table [851] = 33'h001363c5e;
+    \table [852] = 33'h001263c71;
+    \table [853] = 33'h001163c83;
+    \table [854] = 33'h001263c94;
+    \table [855] = 33'h001163ca6;
+    \table [856] = 33'h001063cb7;
+    \table [857] = 33'h001163cc7;
+    \table [858] = 33'h001063cd8;
+    \table [859] = 33'h000f63ce8;
+    \table [860] = 33'h001063cf7;
+    \table [861] = 33'h000f63d07;
+    \table [862] = 33'h000e63d16;
+    \table [863] = 33'h000f63d24;
+    \table [864] = 33'h000e63d33;
+    \table [865] = 33'h000e63d41;
+    \table [866] = 33'h000e63d4f;
+    \table [867] = 33'h000d63d5d;
+    \table [868] = 33'h000d63d6a;
+    \table [869] = 33'h000d63d77;
+    \table [870] = 33'h000d63d84;
+    \table [871] = 33'h000c63d91;
+    \table [872] = 33'h000c63d9d;
+    \table [873] = 33'h000c63da9;
+    \table [874] = 33'h000b63db5;
+    \table [875] = 33'h000c63dc0;
+    \table [876] = 33'h000b63dcc;
+    \table [877] = 33'h000b63dd7;
+    \table [878] = 33'h000b63de2;
+    \table [879] = 33'h000a63ded;
+    \table [880] = 33'h000a63df7;
+    \table [881] = 33'h000b63e01;
+    \table [882] = 33'h000963e0c;
+    \table [883] = 33'h000a63e15;
+    \table [884] = 33'h000a63e1f;
+    \table [885] = 33'h000963e29;
+    \table [886] = 33'h000963e32;
+    \table [887] = 33'h000963e3b;
+    \table [888] = 33'h000963e44;
+    \table [889] = 33'h000963e4d;
+    \table [890] = 33'h000863e56;
+    \table [891] = 33'h000863e5e;
+    \table [892] = 33'h000863e66;
+    \table [893] = 33'h000863e6e;
+    \table [894] = 33'h000863e76;
+    \table [895] = 33'h000863e7e;
+    \table [896] = 33'h000763e86;
+    \table [897] = 33'h000863e8d;
+    \table [898] = 33'h000763e95;
+    \table [899] = 33'h000763e9c;
+    \table [900] = 33'h000763ea3;
+    \table [901] = 33'h000663eaa;
+    \table [902] = 33'h000763eb0;
+    \table [903] = 33'h000763eb7;
+    \table [904] = 33'h000663ebe;
+    \table [905] = 33'h000663ec4;
+    \table [906] = 33'h000663eca;
+    \table [907] = 33'h000663ed0;
+    \table [908] = 33'h000663ed6;
+    \table [909] = 33'h000663edc;
+    \table [910] = 33'h000663ee2;
+    \table [911] = 33'h000563ee8;
+    \table [912] = 33'h000663eed;
+    \table [913] = 33'h000563ef3;
+    \table [914] = 33'h000563ef8;
+    \table [915] = 33'h000563efd;
+    \table [916] = 33'h000563f02;
+    \table [917] = 33'h000563f07;
+    \table [918] = 33'h000563f0c;
+    \table [919] = 33'h000563f11;
+    \table [920] = 33'h000563f16;
+    \table [921] = 33'h000463f1b;
+    \table [922] = 33'h000563f1f;
+    \table [923] = 33'h000463f24;
+    \table [924] = 33'h000463f28;
+    \table [925] = 33'h000463f2c;
+    \table [926] = 33'h000463f30;
+    \table [927] = 33'h000463f34;
+    \table [928] = 33'h000463f38;
+    \table [929] = 33'h000463f3c;
+    \table [930] = 33'h000463f40;
+    \table [931] = 33'h000463f44;
+    \table [932] = 33'h000363f48;
+    \table [933] = 33'h000463f4b;
+    \table [934] = 33'h000463f4f;
+    \table [935] = 33'h000363f53;
+    \table [936] = 33'h000363f56;
+    \table [937] = 33'h000463f59;
+    \table [938] = 33'h000363f5d;
+    \table [939] = 33'h000363f60;
+    \table [940] = 33'h000363f63;
+    \table [941] = 33'h000363f66;
+    \table [942] = 33'h000363f69;
+    \table [943] = 33'h000363f6c;
+    \table [944] = 33'h000363f6f;
+    \table [945] = 33'h000363f72;
+    \table [946] = 33'h000363f75;
+    \table [947] = 33'h000263f78;
+    \table [948] = 33'h000363f7a;
+    \table [949] = 33'h000363f7d;
+    \table [950] = 33'h000263f80;
+    \table [951] = 33'h000363f82;
+    \table [952] = 33'h000263f85;
+    \table [953] = 33'h000263f87;
+    \table [954] = 33'h000363f89;
+    \table [955] = 33'h000263f8c;
+    \table [956] = 33'h000263f8e;
+    \table [957] = 33'h000263f90;
+    \table [958] = 33'h000363f92;
+    \table [959] = 33'h000263f95;
+    \table [960] = 33'h000263f97;
+    \table [961] = 33'h000263f99;
+    \table [962] = 33'h000263f9b;
+    \table [963] = 33'h000263f9d;
+    \table [964] = 33'h000263f9f;
+    \table [965] = 33'h000263fa1;
+    \table [966] = 33'h000263fa3;
+    \table [967] = 33'h000163fa5;
+    \table [968] = 33'h000263fa6;
+    \table [969] = 33'h000263fa8;
+    \table [970] = 33'h000263faa;
+    \table [971] = 33'h000163fac;
+    \table [972] = 33'h000263fad;
+    \table [973] = 33'h000163faf;
+    \table [974] = 33'h000263fb0;
+    \table [975] = 33'h000263fb2;
+    \table [976] = 33'h000163fb4;
+    \table [977] = 33'h000263fb5;
+    \table [978] = 33'h000163fb7;
+    \table [979] = 33'h000163fb8;
+    \table [980] = 33'h000263fb9;
+    \table [981] = 33'h000163fbb;
+    \table [982] = 33'h000263fbc;
+    \table [983] = 33'h000163fbe;
+    \table [984] = 33'h000163fbf;
+    \table [985] = 33'h000163fc0;
+    \table [986] = 33'h000263fc1;
+    \table [987] = 33'h000163fc3;
+    \table [988] = 33'h000163fc4;
+    \table [989] = 33'h000163fc5;
+    \table [990] = 33'h000163fc6;
+    \table [991] = 33'h000263fc7;
+    \table [992] = 33'h000163fc9;
+    \table [993] = 33'h000163fca;
+    \table [994] = 33'h000163fcb;
+    \table [995] = 33'h000163fcc;
+    \table [996] = 33'h000163fcd;
+    \table [997] = 33'h000163fce;
+    \table [998] = 33'h000163fcf;
+    \table [999] = 33'h000163fd0;
+    \table [1000] = 33'h000163fd1;
+    \table [1001] = 33'h000163fd2;
+    \table [1002] = 33'h000063fd3;
+    \table [1003] = 33'h000163fd3;
+    \table [1004] = 33'h000163fd4;
+    \table [1005] = 33'h000163fd5;
+    \table [1006] = 33'h000163fd6;
+    \table [1007] = 33'h000163fd7;
+    \table [1008] = 33'h000163fd8;
+    \table [1009] = 33'h000063fd9;
+    \table [1010] = 33'h000163fd9;
+    \table [1011] = 33'h000163fda;
+    \table [1012] = 33'h000163fdb;
+    \table [1013] = 33'h000063fdc;
+    \table [1014] = 33'h000163fdc;
+    \table [1015] = 33'h000163fdd;
+    \table [1016] = 33'h000063fde;
+    \table [1017] = 33'h000163fde;
+    \table [1018] = 33'h000163fdf;
+    \table [1019] = 33'h000063fe0;
+    \table [1020] = 33'h000163fe0;
+    \table [1021] = 33'h000163fe1;
+    \table [1022] = 33'h000063fe2;
+    \table [1023] = 33'h000163fe2;
+  end
+  reg [32:0] _0_;
+  always @(posedge clk) begin
+    if (port__en) begin
+      _0_ <= \table [\$6 [9:0]];
+    end
+  end
+  assign port__data = _0_;
+  assign \$1  = $signed(x) - $signed(16'h8000);
+  assign at_top = $signed(\$1 ) >= $signed(18'h10000);
+  assign \$2  = $signed(\$1 ) < $signed(1'h0);
+  assign \$3  = at_top ? 18'h10000 : { \$1 [16], \$1  };
+  assign \$4  = \$2  ? 18'h00000 : \$3 ;
+  assign \$6  = at_top ? 17'h00000 : \$5 ;
+  assign \$7  = top2_0 ? 20'h63fe3 : word2_0[19:0];
+  assign \$8  = word2_0[32:20] * frac2_0;
+  assign \$10  = $signed(value3_0) + $signed(\$9 );
+  assign \$13  = $signed(value3_0) + $signed(\$12 );
+  assign \$15  = $signed(value3_0) + $signed(\$14 );
+  assign \$16  = | \$15 [2:0];
+  assign \$18  = $signed(value3_0) + $signed(\$17 );
+  assign \$20  = \$16  | \$19 [0];
+  assign \$21  = \$13 [3] & \$20 ;
+  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
+  always @(posedge clk)
+    frac1_0 <= \$23 ;
+  always @(posedge clk)
+    top1_0 <= \$24 ;
+  always @(posedge clk)
+    word2_0 <= \$25 ;
+  always @(posedge clk)
+    top2_0 <= \$26 ;
+  always @(posedge clk)
+    frac2_0 <= \$27 ;
+  always @(posedge clk)
+    value3_0 <= \$28 ;
+  always @(posedge clk)
+    product3_0 <= \$29 ;
+  always @(posedge clk)
+    y <= \$30 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$23  = frac1_0;
+    if (port__en) begin
+      \$23  = \$4 [5:0];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$24  = top1_0;
+    if (port__en) begin
+      \$24  = at_top;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$25  = word2_0;
+    if (port__en) begin
+      \$25  = port__data;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$26  = top2_0;
+    if (port__en) begin
+      \$26  = top1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$27  = frac2_0;
+    if (port__en) begin
+      \$27  = frac1_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$28  = value3_0;
+    if (port__en) begin
+      \$28  = \$7 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$29  = product3_0;
+    if (port__en) begin
+      \$29  = { 1'h0, \$8  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$30  = y;
+    if (port__en) begin
+      \$30  = \$22 [15:0];
+    end
+  end
+  assign en = port__en;
+  assign offset = { \$1 [16], \$1  };
+  assign clipped = \$4 [16:0];
+  assign port__addr = \$6 [9:0];
+  assign y4_0 = y;
+  assign \x[0]  = x;
+  assign \y[0]  = y;
+  assign \word2_0.value  = word2_0[19:0];
+  assign \word2_0.slope  = word2_0[32:20];
+  assign \port__data.value  = port__data[19:0];
+  assign \port__data.slope  = port__data[32:20];
+  assign \$5  = { 6'h00, \$4 [16:6] };
+  assign \$9  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$11  = { \$10 [20], \$10 [20], \$10 [20], \$10 [20], \$10 [20:4] };
+  assign \$12  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$14  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$17  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
+  assign \$19  = { \$18 [20], \$18 [20], \$18 [20], \$18 [20], \$18 [20:4] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid, i__ready, o__valid, o__payload, n, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire [49:0] \$100 ;
+  wire \$101 ;
+  wire [15:0] \$102 ;
+  wire [15:0] \$103 ;
+  wire [31:0] \$104 ;
+  wire [49:0] \$105 ;
+  wire \$106 ;
+  wire [48:0] \$107 ;
+  wire [33:0] \$108 ;
+  wire \$109 ;
+  wire \$11 ;
+  wire [33:0] \$110 ;
+  wire [34:0] \$111 ;
+  wire [32:0] \$112 ;
+  wire [33:0] \$113 ;
+  wire [32:0] \$114 ;
+  wire [32:0] \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire [17:0] \$119 ;
+  wire \$12 ;
+  wire [5:0] \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
+  wire \$13 ;
+  wire [15:0] \$130 ;
+  wire [15:0] \$131 ;
+  wire [31:0] \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire [59:0] \$136 ;
+  wire [44:0] \$137 ;
+  wire [59:0] \$138 ;
+  wire [59:0] \$139 ;
+  wire \$14 ;
+  wire \$140 ;
+  wire [59:0] \$141 ;
+  wire [44:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire [45:0] \$145 ;
+  wire \$146 ;
+  wire [59:0] \$147 ;
+  wire [44:0] \$148 ;
+  wire [59:0] \$149 ;
+  wire \$15 ;
+  wire [59:0] \$150 ;
+  wire \$151 ;
+  wire [59:0] \$152 ;
+  wire [44:0] \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire [45:0] \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire \$16 ;
+  wire [59:0] \$160 ;
+  wire [44:0] \$161 ;
+  wire [59:0] \$162 ;
+  wire [59:0] \$163 ;
+  wire \$164 ;
+  wire [59:0] \$165 ;
+  wire [44:0] \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire [45:0] \$169 ;
+  wire \$17 ;
+  wire [59:0] \$170 ;
+  wire [44:0] \$171 ;
+  wire [59:0] \$172 ;
+  wire [59:0] \$173 ;
+  wire \$174 ;
+  wire [59:0] \$175 ;
+  wire [44:0] \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire [45:0] \$179 ;
+  wire \$18 ;
+  wire [7:0] \$180 ;
+  wire [7:0] \$181 ;
+  reg \$182 ;
+  reg [15:0] \$183 ;
+  reg \$184 ;
+  reg [32:0] \$185 ;
+  reg \$186 ;
+  reg [48:0] \$187 ;
+  reg [47:0] \$188 ;
+  reg [2:0] \$189 ;
+  wire \$19 ;
+  reg [32:0] \$190 ;
+  reg [32:0] \$191 ;
+  reg [32:0] \$192 ;
+  reg [16:0] \$193 ;
+  reg [4:0] \$194 ;
+  reg [12:0] \$195 ;
+  wire \$2 ;
+  wire \$20 ;
+  wire \$21 ;
+  wire \$22 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire [17:0] \$27 ;
+  wire \$28 ;
+  wire [17:0] \$29 ;
+  wire \$3 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire [17:0] \$33 ;
+  wire [17:0] \$34 ;
+  wire [15:0] \$35 ;
+  wire [15:0] \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire \$39 ;
+  wire \$4 ;
+  wire \$40 ;
+  wire \$41 ;
+  wire [15:0] \$42 ;
+  wire [15:0] \$43 ;
+  wire [31:0] \$44 ;
+  wire \$45 ;
+  wire [15:0] \$46 ;
+  wire [15:0] \$47 ;
+  wire [31:0] \$48 ;
+  wire [15:0] \$49 ;
+  wire \$5 ;
+  wire [17:0] \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire [49:0] \$54 ;
+  wire [49:0] \$55 ;
+  wire [49:0] \$56 ;
+  wire [49:0] \$57 ;
+  wire \$58 ;
+  wire [49:0] \$59 ;
+  wire \$6 ;
+  wire [49:0] \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire [50:0] \$63 ;
+  wire \$64 ;
+  wire [49:0] \$65 ;
+  wire [49:0] \$66 ;
+  wire [49:0] \$67 ;
+  wire [49:0] \$68 ;
+  wire \$69 ;
+  wire \$7 ;
+  wire [49:0] \$70 ;
+  wire [49:0] \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire [50:0] \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire [49:0] \$78 ;
+  wire [49:0] \$79 ;
+  wire \$8 ;
+  wire [49:0] \$80 ;
+  wire [49:0] \$81 ;
+  wire \$82 ;
+  wire [49:0] \$83 ;
+  wire [49:0] \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire [50:0] \$87 ;
+  wire [49:0] \$88 ;
+  wire [49:0] \$89 ;
+  wire \$9 ;
+  wire [49:0] \$90 ;
+  wire [49:0] \$91 ;
+  wire \$92 ;
+  wire [49:0] \$93 ;
+  wire [49:0] \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire [50:0] \$97 ;
+  wire [15:0] \$98 ;
+  wire [15:0] \$99 ;
+  reg [48:0] acc = 49'h0000000000000;
+  reg [32:0] \bit  = 33'h000000000;
+  wire busy;
+  input clk;
+  wire clk;
+  reg [16:0] den;
+  reg [2:0] fsm_state = 3'h0;
+  input [33:0] i__payload;
+  wire [33:0] i__payload;
+  wire [15:0] \i__payload.a ;
+  wire [16:0] \i__payload.b ;
+  wire \i__payload.last ;
+  output i__ready;
+  reg i__ready;
+  input i__valid;
+  wire i__valid;
+  input [15:0] n;
+  wire [15:0] n;
+  reg [47:0] num;
+  output [15:0] o__payload;
+  reg [15:0] o__payload = 16'h0000;
+  wire o__ready;
+  output o__valid;
+  reg o__valid = 1'h0;
+  (* init = 16'h0000 *)
+  wire [15:0] o_data;
+  (* init = 1'h0 *)
+  wire o_valid;
+  (* enum_base_type = "VecOp" *)
+  (* enum_value_00 = "ADD" *)
+  (* enum_value_01 = "COMBINE" *)
+  (* enum_value_10 = "NORM" *)
+  input [1:0] op;
+  wire [1:0] op;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  reg [32:0] prod = 33'h000000000;
+  wire [47:0] quot;
+  reg [16:0] r_norm = 17'h00000;
+  reg [12:0] recip = 13'h0000;
+  reg [32:0] rem = 33'h000000000;
+  reg [32:0] root = 33'h000000000;
+  input rst;
+  wire rst;
+  reg scale_pass;
+  reg start;
+  reg [47:0] sumsq = 48'h000000000000;
+  input unit_rst;
+  wire unit_rst;
+  reg [4:0] z = 5'h00;
+  assign \$1  = ~ o__valid;
+  assign \$3  = ~ p_valid;
+  assign \$4  = ~ o__valid;
+  assign \$7  = ! r_norm;
+  assign \$8  = ~ r_norm[16];
+  assign \$9  = ~ p_valid;
+  assign \$10  = ~ o__valid;
+  assign \$13  = p_valid & p_last;
+  assign \$14  = ~ \$13 ;
+  assign \$16  = ! fsm_state;
+  assign \$17  = fsm_state == 1'h1;
+  assign \$18  = fsm_state == 2'h2;
+  assign \$19  = fsm_state == 2'h3;
+  assign \$20  = fsm_state == 3'h4;
+  assign \$21  = fsm_state == 3'h5;
+  assign \$22  = fsm_state == 3'h6;
+  assign \$23  = fsm_state == 3'h7;
+  assign \$24  = ~ o__valid;
+  assign \$27  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$28  = & \$27 [17:15];
+  assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$30  = | \$29 [17:15];
+  assign \$31  = ~ \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$34  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$35  = \$34 [17] ? 16'h8000 : 16'h7fff;
+  assign \$36  = \$32  ? \$33 [15:0] : \$35 ;
+  assign \$37  = ~ p_valid;
+  assign \$38  = ~ o__valid;
+  assign \$41  = op == 2'h2;
+  assign \$42  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$43  = \$41  ? \$42  : { 1'h0, i__payload[30:16] };
+  assign \$44  = $signed(i__payload[15:0]) * $signed(\$43 );
+  assign \$45  = op == 2'h2;
+  assign \$46  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$47  = \$45  ? \$46  : { 1'h0, i__payload[30:16] };
+  assign \$48  = $signed(i__payload[15:0]) * $signed(\$47 );
+  assign \$49  = i__payload[31] ? i__payload[15:0] : 16'h0000;
+  assign \$50  = $signed(\$48 [31:15]) + $signed(\$49 );
+  assign \$51  = ~ o__valid;
+  assign \$54  = $signed(acc) + $signed(prod);
+  assign \$56  = $signed(acc) + $signed(prod);
+  assign \$57  = $signed(acc) + $signed(prod);
+  assign \$58  = | \$57 [13:0];
+  assign \$59  = $signed(acc) + $signed(prod);
+  assign \$61  = \$58  | \$60 [0];
+  assign \$62  = \$56 [14] & \$61 ;
+  assign \$63  = $signed(\$55 ) + $signed({ 1'h0, \$62  });
+  assign \$64  = & \$63 [50:15];
+  assign \$65  = $signed(acc) + $signed(prod);
+  assign \$67  = $signed(acc) + $signed(prod);
+  assign \$68  = $signed(acc) + $signed(prod);
+  assign \$69  = | \$68 [13:0];
+  assign \$70  = $signed(acc) + $signed(prod);
+  assign \$72  = \$69  | \$71 [0];
+  assign \$73  = \$67 [14] & \$72 ;
+  assign \$74  = $signed(\$66 ) + $signed({ 1'h0, \$73  });
+  assign \$75  = | \$74 [50:15];
+  assign \$76  = ~ \$75 ;
+  assign \$77  = \$64  | \$76 ;
+  assign \$78  = $signed(acc) + $signed(prod);
+  assign \$80  = $signed(acc) + $signed(prod);
+  assign \$81  = $signed(acc) + $signed(prod);
+  assign \$82  = | \$81 [13:0];
+  assign \$83  = $signed(acc) + $signed(prod);
+  assign \$85  = \$82  | \$84 [0];
+  assign \$86  = \$80 [14] & \$85 ;
+  assign \$87  = $signed(\$79 ) + $signed({ 1'h0, \$86  });
+  assign \$88  = $signed(acc) + $signed(prod);
+  assign \$90  = $signed(acc) + $signed(prod);
+  assign \$91  = $signed(acc) + $signed(prod);
+  assign \$92  = | \$91 [13:0];
+  assign \$93  = $signed(acc) + $signed(prod);
+  assign \$95  = \$92  | \$94 [0];
+  assign \$96  = \$90 [14] & \$95 ;
+  assign \$97  = $signed(\$89 ) + $signed({ 1'h0, \$96  });
+  assign \$98  = \$97 [50] ? 16'h8000 : 16'h7fff;
+  assign \$99  = \$77  ? \$87 [15:0] : \$98 ;
+  assign \$100  = $signed(acc) + $signed(prod);
+  assign \$101  = op == 2'h2;
+  assign \$102  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$103  = \$101  ? \$102  : { 1'h0, i__payload[30:16] };
+  assign \$104  = $signed(i__payload[15:0]) * $signed(\$103 );
+  assign \$105  = $signed({ 1'h0, sumsq }) + $signed(\$104 );
+  assign \$106  = ~ busy;
+  assign \$107  = quot + 1'h1;
+  assign \$108  = root + \bit ;
+  assign \$109  = rem >= \$108 ;
+  assign \$110  = root + \bit ;
+  assign \$111  = rem - \$110 ;
+  assign \$113  = \$112  + \bit ;
+  assign \$116  = \bit  == 1'h1;
+  assign \$117  = ! r_norm;
+  assign \$118  = ~ r_norm[16];
+  assign \$120  = z + 1'h1;
+  assign \$121  = ~ busy;
+  assign \$122  = ~ p_valid;
+  assign \$123  = ~ o__valid;
+  assign \$126  = p_valid & p_last;
+  assign \$127  = ~ \$126 ;
+  assign \$129  = op == 2'h2;
+  assign \$130  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$131  = \$129  ? \$130  : { 1'h0, i__payload[30:16] };
+  assign \$132  = $signed(i__payload[15:0]) * $signed(\$131 );
+  assign \$133  = ~ o__valid;
+  assign \$136  = $signed(prod[28:0]) << z;
+  assign \$138  = $signed(prod[28:0]) << z;
+  assign \$139  = $signed(prod[28:0]) << z;
+  assign \$140  = | \$139 [21:0];
+  assign \$141  = $signed(prod[28:0]) << z;
+  assign \$143  = \$140  | \$142 [0];
+  assign \$144  = \$138 [22] & \$143 ;
+  assign \$145  = $signed(\$137 ) + $signed({ 1'h0, \$144  });
+  assign \$146  = & \$145 [45:7];
+  assign \$147  = $signed(prod[28:0]) << z;
+  assign \$149  = $signed(prod[28:0]) << z;
+  assign \$150  = $signed(prod[28:0]) << z;
+  assign \$151  = | \$150 [21:0];
+  assign \$152  = $signed(prod[28:0]) << z;
+  assign \$154  = \$151  | \$153 [0];
+  assign \$155  = \$149 [22] & \$154 ;
+  assign \$156  = $signed(\$148 ) + $signed({ 1'h0, \$155  });
+  assign \$157  = | \$156 [45:7];
+  assign \$158  = ~ \$157 ;
+  assign \$159  = \$146  | \$158 ;
+  assign \$160  = $signed(prod[28:0]) << z;
+  assign \$162  = $signed(prod[28:0]) << z;
+  assign \$163  = $signed(prod[28:0]) << z;
+  assign \$164  = | \$163 [21:0];
+  assign \$165  = $signed(prod[28:0]) << z;
+  assign \$167  = \$164  | \$166 [0];
+  assign \$168  = \$162 [22] & \$167 ;
+  assign \$169  = $signed(\$161 ) + $signed({ 1'h0, \$168  });
+  assign \$170  = $signed(prod[28:0]) << z;
+  assign \$172  = $signed(prod[28:0]) << z;
+  assign \$173  = $signed(prod[28:0]) << z;
+  assign \$174  = | \$173 [21:0];
+  assign \$175  = $signed(prod[28:0]) << z;
+  assign \$177  = \$174  | \$176 [0];
+  assign \$178  = \$172 [22] & \$177 ;
+  assign \$179  = $signed(\$171 ) + $signed({ 1'h0, \$178  });
+  assign \$180  = \$179 [45] ? 8'h80 : 8'h7f;
+  assign \$181  = \$159  ? \$169 [7:0] : \$180 ;
+  always @(posedge clk)
+    o__valid <= \$182 ;
+  always @(posedge clk)
+    o__payload <= \$183 ;
+  always @(posedge clk)
+    p_valid <= \$184 ;
+  always @(posedge clk)
+    prod <= \$185 ;
+  always @(posedge clk)
+    p_last <= \$186 ;
+  always @(posedge clk)
+    acc <= \$187 ;
+  always @(posedge clk)
+    sumsq <= \$188 ;
+  always @(posedge clk)
+    fsm_state <= \$189 ;
+  always @(posedge clk)
+    rem <= \$190 ;
+  always @(posedge clk)
+    root <= \$191 ;
+  always @(posedge clk)
+    \bit  <= \$192 ;
+  always @(posedge clk)
+    r_norm <= \$193 ;
+  always @(posedge clk)
+    z <= \$194 ;
+  always @(posedge clk)
+    recip <= \$195 ;
+  \nanokpu_kpu.elementwise.vector.div  div (
+    .busy(busy),
+    .clk(clk),
+    .\den$11 (den),
+    .num(num),
+    .quot(quot),
+    .rst(rst),
+    .start(start),
+    .unit_rst(unit_rst)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    i__ready = 1'h0;
+    casez (op)
+      2'h0:
+          i__ready = \$2 ;
+      2'h1:
+          i__ready = \$6 ;
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                i__ready = 1'h1;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                i__ready = \$15 ;
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    start = 1'h0;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                start = 1'h1;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  start = 1'h1;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    num = 48'h000000000000;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                num = sumsq;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  num = 48'h000010000000;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    den = 17'h00000;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                den = { 1'h0, n };
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$7 ) begin
+                end else if (\$8 ) begin
+                end else begin
+                  den = r_norm;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    scale_pass = 1'h0;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                scale_pass = 1'h1;
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$182  = 1'h0;
+    casez (op)
+      2'h0:
+          if (\$26 ) begin
+            \$182  = 1'h1;
+          end
+      2'h1:
+          if (\$53 ) begin
+            if (p_last) begin
+              \$182  = 1'h1;
+            end
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$135 ) begin
+                  \$182  = 1'h1;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$182  = 1'h0;
+    end
+    if (rst) begin
+      \$182  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$183  = o__payload;
+    casez (op)
+      2'h0:
+          if (\$26 ) begin
+            \$183  = \$36 ;
+          end
+      2'h1:
+          if (\$53 ) begin
+            if (p_last) begin
+              \$183  = \$99 ;
+            end
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$135 ) begin
+                  \$183  = { \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181  };
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$183  = 16'h0000;
+    end
+    if (rst) begin
+      \$183  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$184  = p_valid;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$40 ) begin
+            \$184  = i__valid;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+              begin
+                if (\$128 ) begin
+                  \$184  = i__valid;
+                end
+                if (\$135 ) begin
+                  if (p_last) begin
+                    \$184  = 1'h0;
+                  end
+                end
+              end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$184  = 1'h0;
+    end
+    if (rst) begin
+      \$184  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$185  = prod;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$40 ) begin
+            \$185  = { \$50 , \$44 [14:0] };
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$128 ) begin
+                  \$185  = { \$132 [31], \$132  };
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$185  = 33'h000000000;
+    end
+    if (rst) begin
+      \$185  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$186  = p_last;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$40 ) begin
+            \$186  = i__payload[33];
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$128 ) begin
+                  \$186  = i__payload[33];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$186  = 1'h0;
+    end
+    if (rst) begin
+      \$186  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$187  = acc;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$53 ) begin
+            (* full_case = 32'd1 *)
+            if (p_last) begin
+              \$187  = 49'h0000000000000;
+            end else begin
+              \$187  = \$100 [48:0];
+            end
+          end
+    endcase
+    if (unit_rst) begin
+      \$187  = 49'h0000000000000;
+    end
+    if (rst) begin
+      \$187  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$188  = sumsq;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                if (i__valid) begin
+                  \$188  = \$105 [47:0];
+                end
+            3'h1:
+                /* empty */;
+            3'h2:
+                if (\$106 ) begin
+                  \$188  = 48'h000000000000;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$188  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$188  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$189  = fsm_state;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                if (i__valid) begin
+                  if (i__payload[33]) begin
+                    \$189  = 3'h1;
+                  end
+                end
+            3'h1:
+                \$189  = 3'h2;
+            3'h2:
+                if (\$106 ) begin
+                  \$189  = 3'h3;
+                end
+            3'h3:
+                if (\$116 ) begin
+                  \$189  = 3'h4;
+                end
+            3'h4:
+                \$189  = 3'h5;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$117 ) begin
+                  \$189  = 3'h6;
+                end else if (\$118 ) begin
+                end else begin
+                  \$189  = 3'h7;
+                end
+            3'h7:
+                if (\$121 ) begin
+                  \$189  = 3'h6;
+                end
+            3'h6:
+                if (\$135 ) begin
+                  if (p_last) begin
+                    \$189  = 3'h0;
+                  end
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$189  = 3'h0;
+    end
+    if (rst) begin
+      \$189  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$190  = rem;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                if (\$106 ) begin
+                  \$190  = \$107 [32:0];
+                end
+            3'h3:
+                if (\$109 ) begin
+                  \$190  = \$111 [32:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$190  = 33'h000000000;
+    end
+    if (rst) begin
+      \$190  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$191  = root;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                if (\$106 ) begin
+                  \$191  = 33'h000000000;
+                end
+            3'h3:
+                (* full_case = 32'd1 *)
+                if (\$109 ) begin
+                  \$191  = \$113 [32:0];
+                end else begin
+                  \$191  = \$114 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$191  = 33'h000000000;
+    end
+    if (rst) begin
+      \$191  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$192  = \bit ;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                if (\$106 ) begin
+                  \$192  = 33'h100000000;
+                end
+            3'h3:
+                \$192  = \$115 ;
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$192  = 33'h000000000;
+    end
+    if (rst) begin
+      \$192  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$193  = r_norm;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                \$193  = root[16:0];
+            3'h5:
+                if (\$117 ) begin
+                end else if (\$118 ) begin
+                  \$193  = \$119 [16:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$193  = 17'h00000;
+    end
+    if (rst) begin
+      \$193  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$194  = z;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                \$194  = 5'h00;
+            3'h5:
+                if (\$117 ) begin
+                end else if (\$118 ) begin
+                  \$194  = \$120 [4:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$194  = 5'h00;
+    end
+    if (rst) begin
+      \$194  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$195  = recip;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                \$195  = 13'h0000;
+            3'h5:
+                /* empty */;
+            3'h7:
+                if (\$121 ) begin
+                  \$195  = quot[12:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$195  = 13'h0000;
+    end
+    if (rst) begin
+      \$195  = 13'h0000;
+    end
+  end
+  assign o_valid = o__valid;
+  assign o_data = o__payload;
+  assign o__ready = 1'h1;
+  assign \i__payload.a  = i__payload[15:0];
+  assign \i__payload.b  = i__payload[32:16];
+  assign \i__payload.last  = i__payload[33];
+  assign \$2  = 1'h1;
+  assign \$5  = 1'h1;
+  assign \$6  = 1'h1;
+  assign \$11  = 1'h1;
+  assign \$12  = 1'h1;
+  assign \$15  = \$14 ;
+  assign \$25  = 1'h1;
+  assign \$26  = i__valid;
+  assign \$39  = 1'h1;
+  assign \$40  = 1'h1;
+  assign \$52  = 1'h1;
+  assign \$53  = p_valid;
+  assign \$55  = { \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49:15] };
+  assign \$60  = { \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49:15] };
+  assign \$66  = { \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49:15] };
+  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
+  assign \$79  = { \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49:15] };
+  assign \$84  = { \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49:15] };
+  assign \$89  = { \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49:15] };
+  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
+  assign \$112  = { 1'h0, root[32:1] };
+  assign \$114  = { 1'h0, root[32:1] };
+  assign \$115  = { 2'h0, \bit [32:2] };
+  assign \$119  = { r_norm, 1'h0 };
+  assign \$124  = 1'h1;
+  assign \$125  = 1'h1;
+  assign \$128  = \$127 ;
+  assign \$134  = 1'h1;
+  assign \$135  = p_valid;
+  assign \$137  = { \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44:23] };
+  assign \$142  = { \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44:23] };
+  assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
+  assign \$153  = { \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44:23] };
+  assign \$161  = { \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44:23] };
+  assign \$166  = { \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44:23] };
+  assign \$171  = { \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44:23] };
+  assign \$176  = { \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44:23] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
+  wire \$1 ;
+  reg [16:0] \$10 ;
+  wire \$2 ;
+  wire [18:0] \$3 ;
+  wire [18:0] \$4 ;
+  wire \$5 ;
+  wire [6:0] \$6 ;
+  reg [17:0] \$7 ;
+  reg [47:0] \$8 ;
+  reg [5:0] \$9 ;
+  output busy;
+  wire busy;
+  input clk;
+  wire clk;
+  reg [5:0] count = 6'h00;
+  reg [16:0] den = 17'h00000;
+  input [16:0] \den$11 ;
+  wire [16:0] \den$11 ;
+  input [47:0] num;
+  wire [47:0] num;
+  output [47:0] quot;
+  reg [47:0] quot = 48'h000000000000;
+  wire [16:0] rem;
+  reg [17:0] \rem$5  = 18'h00000;
+  input rst;
+  wire rst;
+  (* init = 48'h000000000000 *)
+  wire [47:0] shift;
+  input start;
+  wire start;
+  input unit_rst;
+  wire unit_rst;
+  assign busy = | count;
+  assign \$1  = | count;
+  assign \$2  = { \rem$5 [16:0], quot[47] } >= den;
+  assign \$3  = { \rem$5 [16:0], quot[47] } - den;
+  assign \$4  = \$2  ? \$3  : { 1'h0, \rem$5 [16:0], quot[47] };
+  assign \$5  = { \rem$5 [16:0], quot[47] } >= den;
+  assign \$6  = count - 1'h1;
+  always @(posedge clk)
+    \rem$5  <= \$7 ;
+  always @(posedge clk)
+    quot <= \$8 ;
+  always @(posedge clk)
+    count <= \$9 ;
+  always @(posedge clk)
+    den <= \$10 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$7  = \rem$5 ;
+    if (\$1 ) begin
+      \$7  = \$4 [17:0];
+    end else if (start) begin
+      \$7  = 18'h00000;
+    end
+    if (unit_rst) begin
+      \$7  = 18'h00000;
+    end
+    if (rst) begin
+      \$7  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$8  = quot;
+    if (\$1 ) begin
+      \$8  = { quot[46:0], \$5  };
+    end else if (start) begin
+      \$8  = num;
+    end
+    if (unit_rst) begin
+      \$8  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$8  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$9  = count;
+    if (\$1 ) begin
+      \$9  = \$6 [5:0];
+    end else if (start) begin
+      \$9  = 6'h30;
+    end
+    if (unit_rst) begin
+      \$9  = 6'h00;
+    end
+    if (rst) begin
+      \$9  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$10  = den;
+    if (\$1 ) begin
+    end else if (start) begin
+      \$10  = \den$11 ;
+    end
+    if (unit_rst) begin
+      \$10  = 17'h00000;
+    end
+    if (rst) begin
+      \$10  = 17'h00000;
+    end
+  end
+  assign shift = quot;
+  assign rem = \rem$5 [16:0];
+endmodule
+
+(* generator = "Amaranth" *)
 module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
   wire \$1 ;
   wire \$2 ;
   wire \$3 ;
@@ -8350,7 +11087,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     ins <= \$8 ;
   assign \$1  = | word;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$signature__addr  = 9'h000;
     if (start) begin
       \$signature__addr  = { pc[5:0], 3'h0 };
@@ -8359,7 +11096,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$signature__en  = 1'h1;
     if (start) begin
       \$signature__en  = 1'h1;
@@ -8368,7 +11105,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     done = 1'h0;
     if (start) begin
     end else if (\$1 ) begin
@@ -8378,7 +11115,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$6  = \pc$11 ;
     if (start) begin
       \$6  = pc;
@@ -8388,7 +11125,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$7  = word;
     if (start) begin
       \$7  = 4'h1;
@@ -8403,7 +11140,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$8  = ins;
     if (start) begin
     end else if (\$3 ) begin
@@ -8433,9 +11170,1573 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__ready, cmd__payload, b_in__valid, cmd__valid, unit_rst, rq_in__payload, a_in__valid, rq_mult, rq_shift, a_loading, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload
-);
-  reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 , error
+, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, ins, b_in__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
+  wire \$11 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire [23:0] \$119 ;
+  wire \$12 ;
+  wire [23:0] \$120 ;
+  wire [23:0] \$121 ;
+  wire [23:0] \$122 ;
+  wire [23:0] \$123 ;
+  wire [23:0] \$124 ;
+  wire [16:0] \$125 ;
+  wire [17:0] \$126 ;
+  wire [16:0] \$127 ;
+  wire [17:0] \$128 ;
+  wire [18:0] \$129 ;
+  wire \$13 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
+  wire \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire [3:0] \$149 ;
+  wire \$15 ;
+  wire [13:0] \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire \$16 ;
+  wire \$160 ;
+  wire [7:0] \$161 ;
+  wire \$162 ;
+  wire [7:0] \$163 ;
+  wire [13:0] \$164 ;
+  wire [13:0] \$165 ;
+  wire [14:0] \$166 ;
+  wire [13:0] \$167 ;
+  wire [14:0] \$168 ;
+  wire [13:0] \$169 ;
+  wire \$17 ;
+  wire [14:0] \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire [2:0] \$174 ;
+  wire [13:0] \$175 ;
+  wire [2:0] \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire [2:0] \$179 ;
+  wire \$18 ;
+  wire [3:0] \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire [9:0] \$184 ;
+  wire \$185 ;
+  wire [9:0] \$186 ;
+  wire [13:0] \$187 ;
+  wire [13:0] \$188 ;
+  wire \$189 ;
+  wire \$19 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire [14:0] \$193 ;
+  wire [13:0] \$194 ;
+  wire [13:0] \$195 ;
+  wire [14:0] \$196 ;
+  wire \$197 ;
+  wire [14:0] \$198 ;
+  wire \$199 ;
+  wire [31:0] \$2 ;
+  wire \$20 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire [9:0] \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  reg \$209 ;
+  wire \$21 ;
+  reg [1:0] \$210 ;
+  reg [2:0] \$211 ;
+  reg [12:0] \$212 ;
+  reg [95:0] \$213 ;
+  reg \$214 ;
+  reg [6:0] \$215 ;
+  reg [12:0] \$216 ;
+  reg [13:0] \$217 ;
+  reg \$218 ;
+  reg [1:0] \$219 ;
+  wire [23:0] \$22 ;
+  reg [12:0] \$220 ;
+  reg \$221 ;
+  reg [8:0] \$222 ;
+  reg [12:0] \$223 ;
+  reg [13:0] \$224 ;
+  reg \$225 ;
+  reg [5:0] \$226 ;
+  reg [31:0] \$227 ;
+  reg [5:0] \$228 ;
+  reg [2:0] \$229 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire [6:0] \$251 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire \$3 ;
+  wire \$30 ;
+  wire [6:0] \$301 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire [6:0] \$353 ;
+  wire [6:0] \$358 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire \$39 ;
+  wire [5:0] \$4 ;
+  wire \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire \$49 ;
+  wire \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire [31:0] \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
+  wire \$7 ;
+  wire [23:0] \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
+  wire [5:0] \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
+  wire \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire [23:0] \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
+  wire [31:0] a_in__payload;
+  wire [7:0] \a_in__payload[0] ;
+  wire [7:0] \a_in__payload[1] ;
+  wire [7:0] \a_in__payload[2] ;
+  wire [7:0] \a_in__payload[3] ;
+  wire a_in__ready;
+  reg a_in__valid = 1'h0;
+  input [31:0] b_in__payload;
+  wire [31:0] b_in__payload;
+  wire [7:0] \b_in__payload[0] ;
+  wire [7:0] \b_in__payload[1] ;
+  wire [7:0] \b_in__payload[2] ;
+  wire [7:0] \b_in__payload[3] ;
+  wire b_in__ready;
+  reg b_in__valid;
+  reg busy = 1'h0;
+  wire [95:0] c_out__payload;
+  wire [23:0] \c_out__payload[0] ;
+  wire [23:0] \c_out__payload[1] ;
+  wire [23:0] \c_out__payload[2] ;
+  wire [23:0] \c_out__payload[3] ;
+  reg c_out__ready;
+  wire c_out__valid;
+  input clk;
+  wire clk;
+  wire [79:0] cmd__payload;
+  wire [8:0] \cmd__payload.a_addr ;
+  wire \cmd__payload.accumulate ;
+  wire [8:0] \cmd__payload.c_addr ;
+  wire \cmd__payload.compute ;
+  wire [11:0] \cmd__payload.k ;
+  wire \cmd__payload.load_a ;
+  wire [11:0] \cmd__payload.m ;
+  wire [15:0] \cmd__payload.mult ;
+  wire [11:0] \cmd__payload.n ;
+  wire [5:0] \cmd__payload.shift ;
+  wire \cmd__payload.store ;
+  wire cmd__ready;
+  reg cmd__valid;
+  input dma__error;
+  wire dma__error;
+  input dma__rd_busy;
+  wire dma__rd_busy;
+  wire [31:0] dma__rd_data__payload;
+  output dma__rd_data__ready;
+  reg dma__rd_data__ready;
+  input dma__rd_data__valid;
+  wire dma__rd_data__valid;
+  output dma__rd_start;
+  reg dma__rd_start;
+  wire done;
+  output \done$54 ;
+  reg \done$54 ;
+  output [7:0] error;
+  reg [7:0] error;
+  wire \error$56 ;
+  reg [2:0] fsm_state = 3'h0;
+  reg [12:0] gc_addr = 13'h0000;
+  reg [1:0] gc_lane = 2'h0;
+  reg gc_last = 1'h0;
+  reg [13:0] gc_left = 14'h0000;
+  reg [8:0] gc_n = 9'h000;
+  reg [12:0] gc_wstart = 13'h0000;
+  reg [12:0] gm_addr = 13'h0000;
+  reg gm_afeed_done = 1'h0;
+  reg gm_cap = 1'h0;
+  reg [1:0] gm_cap_lane = 2'h0;
+  reg [6:0] gm_k = 7'h00;
+  reg [2:0] gm_lane = 3'h0;
+  reg [13:0] gm_left = 14'h0000;
+  reg [12:0] gm_wstart = 13'h0000;
+  (* init = 1'h0 *)
+  wire gm_wvalid;
+  input [220:0] ins;
+  wire [220:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
+  wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
+  wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
+  wire [5:0] \ins.width ;
+  reg [31:0] mult = 32'd0;
+  reg [95:0] pack = 96'h000000000000000000000000;
+  wire [23:0] \pack[0] ;
+  wire [23:0] \pack[1] ;
+  wire [23:0] \pack[2] ;
+  wire [23:0] \pack[3] ;
+  input [95:0] rq__i__payload;
+  wire [95:0] rq__i__payload;
+  wire [23:0] \rq__i__payload[0] ;
+  wire [23:0] \rq__i__payload[1] ;
+  wire [23:0] \rq__i__payload[2] ;
+  wire [23:0] \rq__i__payload[3] ;
+  output rq__i__ready;
+  reg rq__i__ready;
+  input rq__i__valid;
+  wire rq__i__valid;
+  input [15:0] rq__mult;
+  wire [15:0] rq__mult;
+  output [95:0] rq__o__payload;
+  reg [95:0] rq__o__payload;
+  wire [23:0] \rq__o__payload[0] ;
+  wire [23:0] \rq__o__payload[1] ;
+  wire [23:0] \rq__o__payload[2] ;
+  wire [23:0] \rq__o__payload[3] ;
+  input rq__o__ready;
+  wire rq__o__ready;
+  output rq__o__valid;
+  reg rq__o__valid;
+  input [5:0] rq__shift;
+  wire [5:0] rq__shift;
+  reg [95:0] rq_in__payload;
+  wire [23:0] \rq_in__payload[0] ;
+  wire [23:0] \rq_in__payload[1] ;
+  wire [23:0] \rq_in__payload[2] ;
+  wire [23:0] \rq_in__payload[3] ;
+  wire rq_in__ready;
+  reg rq_in__valid;
+  reg [15:0] rq_mult;
+  reg [5:0] rq_shift;
+  input rst;
+  wire rst;
+  reg running;
+  reg [5:0] shift = 6'h00;
+  wire spad__blocked;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__rd1__addr;
+  reg [12:0] spad__rd1__addr;
+  input [31:0] spad__rd1__data;
+  wire [31:0] spad__rd1__data;
+  output spad__rd1__en;
+  reg spad__rd1__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  input unit_rst;
+  wire unit_rst;
+  reg [5:0] width = 6'h00;
+  assign \$1  = | width;
+  assign \$2  = \$1  ? mult : 32'd1;
+  assign \$3  = | width;
+  assign \$4  = \$3  ? shift : 6'h00;
+  assign \$5  = | width;
+  assign \$6  = \$5  ? mult : 32'd1;
+  assign \$7  = | width;
+  assign \$8  = \$7  ? shift : 6'h00;
+  assign \$9  = ~ a_in__valid;
+  assign \$10  = ~ gm_afeed_done;
+  assign \$11  = \$9  & \$10 ;
+  assign \$12  = gm_lane == 3'h4;
+  assign \$13  = ! gm_left[13:3];
+  assign \$14  = gm_lane >= gm_left[2:0];
+  assign \$15  = \$13  & \$14 ;
+  assign \$16  = \$12  | \$15 ;
+  assign \$17  = ~ \$16 ;
+  assign \$18  = \$11  & \$17 ;
+  assign \$21  = | width;
+  assign \$251  = gc_lane * 5'h18;
+  assign \$22  = c_out__payload >> \$251 ;
+  assign \$23  = width > 1'h1;
+  assign \$24  = width > 2'h2;
+  assign \$25  = width > 2'h3;
+  assign \$26  = width > 3'h4;
+  assign \$27  = width > 3'h5;
+  assign \$28  = width > 3'h6;
+  assign \$29  = width > 3'h7;
+  assign \$30  = width > 4'h8;
+  assign \$31  = width > 4'h9;
+  assign \$32  = width > 4'ha;
+  assign \$33  = width > 4'hb;
+  assign \$34  = width > 4'hc;
+  assign \$35  = width > 4'hd;
+  assign \$36  = width > 4'he;
+  assign \$37  = width > 4'hf;
+  assign \$38  = width > 5'h10;
+  assign \$39  = width > 5'h11;
+  assign \$40  = width > 5'h12;
+  assign \$41  = width > 5'h13;
+  assign \$42  = width > 5'h14;
+  assign \$43  = width > 5'h15;
+  assign \$44  = width > 5'h16;
+  assign \$45  = width > 5'h17;
+  assign \$46  = $signed(\$22 ) > $signed({ 1'h0, \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23  });
+  assign \$47  = width > 1'h1;
+  assign \$48  = width > 2'h2;
+  assign \$49  = width > 2'h3;
+  assign \$50  = width > 3'h4;
+  assign \$51  = width > 3'h5;
+  assign \$52  = width > 3'h6;
+  assign \$53  = width > 3'h7;
+  assign \$54  = width > 4'h8;
+  assign \$55  = width > 4'h9;
+  assign \$56  = width > 4'ha;
+  assign \$57  = width > 4'hb;
+  assign \$58  = width > 4'hc;
+  assign \$59  = width > 4'hd;
+  assign \$60  = width > 4'he;
+  assign \$61  = width > 4'hf;
+  assign \$62  = width > 5'h10;
+  assign \$63  = width > 5'h11;
+  assign \$64  = width > 5'h12;
+  assign \$65  = width > 5'h13;
+  assign \$66  = width > 5'h14;
+  assign \$67  = width > 5'h15;
+  assign \$68  = width > 5'h16;
+  assign \$69  = width > 5'h17;
+  assign \$301  = gc_lane * 5'h18;
+  assign \$70  = c_out__payload >> \$301 ;
+  assign \$71  = width > 1'h1;
+  assign \$72  = width > 2'h2;
+  assign \$73  = width > 2'h3;
+  assign \$74  = width > 3'h4;
+  assign \$75  = width > 3'h5;
+  assign \$76  = width > 3'h6;
+  assign \$77  = width > 3'h7;
+  assign \$78  = width > 4'h8;
+  assign \$79  = width > 4'h9;
+  assign \$80  = width > 4'ha;
+  assign \$81  = width > 4'hb;
+  assign \$82  = width > 4'hc;
+  assign \$83  = width > 4'hd;
+  assign \$84  = width > 4'he;
+  assign \$85  = width > 4'hf;
+  assign \$86  = width > 5'h10;
+  assign \$87  = width > 5'h11;
+  assign \$88  = width > 5'h12;
+  assign \$89  = width > 5'h13;
+  assign \$90  = width > 5'h14;
+  assign \$91  = width > 5'h15;
+  assign \$92  = width > 5'h16;
+  assign \$93  = width > 5'h17;
+  assign \$94  = ~ { 1'h0, \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71  };
+  assign \$95  = $signed(\$70 ) < $signed(\$94 );
+  assign \$96  = width > 1'h1;
+  assign \$97  = width > 2'h2;
+  assign \$98  = width > 2'h3;
+  assign \$99  = width > 3'h4;
+  assign \$100  = width > 3'h5;
+  assign \$101  = width > 3'h6;
+  assign \$102  = width > 3'h7;
+  assign \$103  = width > 4'h8;
+  assign \$104  = width > 4'h9;
+  assign \$105  = width > 4'ha;
+  assign \$106  = width > 4'hb;
+  assign \$107  = width > 4'hc;
+  assign \$108  = width > 4'hd;
+  assign \$109  = width > 4'he;
+  assign \$110  = width > 4'hf;
+  assign \$111  = width > 5'h10;
+  assign \$112  = width > 5'h11;
+  assign \$113  = width > 5'h12;
+  assign \$114  = width > 5'h13;
+  assign \$115  = width > 5'h14;
+  assign \$116  = width > 5'h15;
+  assign \$117  = width > 5'h16;
+  assign \$118  = width > 5'h17;
+  assign \$119  = ~ { 1'h0, \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96  };
+  assign \$353  = gc_lane * 5'h18;
+  assign \$120  = c_out__payload >> \$353 ;
+  assign \$121  = \$95  ? \$119  : \$120 ;
+  assign \$122  = \$46  ? { 1'h0, \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47  } : \$121 ;
+  assign \$358  = gc_lane * 5'h18;
+  assign \$123  = c_out__payload >> \$358 ;
+  assign \$124  = \$21  ? \$122  : \$123 ;
+  assign \$126  = ins[47:35] + \$125 ;
+  assign \$128  = ins[47:35] + \$127 ;
+  assign \$129  = \$128  + 1'h1;
+  assign \$130  = ~ dma__rd_busy;
+  assign \$131  = ! fsm_state;
+  assign \$132  = fsm_state == 1'h1;
+  assign \$133  = fsm_state == 2'h2;
+  assign \$134  = fsm_state == 2'h3;
+  assign \$135  = fsm_state == 3'h4;
+  assign \$136  = fsm_state == 3'h5;
+  assign \$137  = ~ a_in__valid;
+  assign \$138  = ~ gm_afeed_done;
+  assign \$139  = \$137  & \$138 ;
+  assign \$140  = gm_lane == 3'h4;
+  assign \$141  = ! gm_left[13:3];
+  assign \$142  = gm_lane >= gm_left[2:0];
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$140  | \$143 ;
+  assign \$145  = ~ \$144 ;
+  assign \$146  = \$139  & \$145 ;
+  assign \$149  = gm_lane + 1'h1;
+  assign \$150  = gm_addr + ins[99:93];
+  assign \$151  = ~ a_in__valid;
+  assign \$152  = ~ gm_afeed_done;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = gm_lane == 3'h4;
+  assign \$155  = ! gm_left[13:3];
+  assign \$156  = gm_lane >= gm_left[2:0];
+  assign \$157  = \$155  & \$156 ;
+  assign \$158  = \$154  | \$157 ;
+  assign \$159  = \$153  & \$158 ;
+  assign \$160  = a_in__valid & a_in__ready;
+  assign \$161  = gm_k + 1'h1;
+  assign \$162  = \$161  < ins[99:93];
+  assign \$163  = gm_k + 1'h1;
+  assign \$164  = gm_wstart + 1'h1;
+  assign \$165  = gm_wstart + 1'h1;
+  assign \$166  = gm_left - 3'h4;
+  assign \$167  = gm_addr - ins[99:93];
+  assign \$168  = $signed(\$167 ) + $signed(2'h1);
+  assign \$169  = gm_addr - ins[99:93];
+  assign \$170  = $signed(\$169 ) + $signed(2'h1);
+  assign \$171  = ! gm_left[13:3];
+  assign \$172  = gm_left[2:0] <= 3'h4;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = gc_lane + 1'h1;
+  assign \$175  = gc_addr + ins[85:77];
+  assign \$176  = gc_lane + 1'h1;
+  assign \$177  = \$176  == 2'h3;
+  assign \$178  = ! gc_left[13:3];
+  assign \$179  = gc_lane + 1'h1;
+  assign \$180  = \$179  + 1'h1;
+  assign \$181  = \$180  >= gc_left[2:0];
+  assign \$182  = \$178  & \$181 ;
+  assign \$183  = \$177  | \$182 ;
+  assign \$184  = gc_n + 1'h1;
+  assign \$185  = \$184  < ins[85:77];
+  assign \$186  = gc_n + 1'h1;
+  assign \$187  = gc_wstart + 1'h1;
+  assign \$188  = gc_wstart + 1'h1;
+  assign \$189  = ! gc_left[13:3];
+  assign \$190  = gc_left[2:0] <= 1'h1;
+  assign \$191  = \$189  & \$190 ;
+  assign \$193  = gc_left - 3'h4;
+  assign \$194  = gc_addr + 1'h1;
+  assign \$195  = gc_addr + 1'h1;
+  assign \$196  = gc_left - 3'h4;
+  assign \$197  = ! \$196 [13:3];
+  assign \$198  = gc_left - 3'h4;
+  assign \$199  = \$198 [2:0] <= 1'h1;
+  assign \$200  = \$197  & \$199 ;
+  assign \$202  = ! ins[74:64];
+  assign \$203  = ins[63:61] <= 1'h1;
+  assign \$204  = \$202  & \$203 ;
+  assign \$208  = ~ dma__rd_busy;
+  always @(posedge clk)
+    gm_cap <= \$209 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$210 ;
+  always @(posedge clk)
+    gm_lane <= \$211 ;
+  always @(posedge clk)
+    gm_addr <= \$212 ;
+  always @(posedge clk)
+    pack <= \$213 ;
+  always @(posedge clk)
+    a_in__valid <= \$214 ;
+  always @(posedge clk)
+    gm_k <= \$215 ;
+  always @(posedge clk)
+    gm_wstart <= \$216 ;
+  always @(posedge clk)
+    gm_left <= \$217 ;
+  always @(posedge clk)
+    gm_afeed_done <= \$218 ;
+  always @(posedge clk)
+    gc_lane <= \$219 ;
+  always @(posedge clk)
+    gc_addr <= \$220 ;
+  always @(posedge clk)
+    gc_last <= \$221 ;
+  always @(posedge clk)
+    gc_n <= \$222 ;
+  always @(posedge clk)
+    gc_wstart <= \$223 ;
+  always @(posedge clk)
+    gc_left <= \$224 ;
+  always @(posedge clk)
+    busy <= \$225 ;
+  always @(posedge clk)
+    width <= \$226 ;
+  always @(posedge clk)
+    mult <= \$227 ;
+  always @(posedge clk)
+    shift <= \$228 ;
+  always @(posedge clk)
+    fsm_state <= \$229 ;
+  \nanokpu_kpu.gemm.engine  engine (
+    .a_in__valid(a_in__valid),
+    .a_loading(a_in__ready),
+    .b_in__payload(b_in__payload),
+    .b_in__valid(b_in__valid),
+    .b_take(b_in__ready),
+    .c_out__payload(c_out__payload),
+    .c_out__ready(c_out__ready),
+    .c_out__valid(c_out__valid),
+    .clk(clk),
+    .cmd__payload(cmd__payload),
+    .cmd__ready(cmd__ready),
+    .cmd__valid(cmd__valid),
+    .\done$90 (done),
+    .error(\error$56 ),
+    .\port$3878$0 (pack[7:0]),
+    .\port$3878$24 (pack[31:24]),
+    .\port$3878$48 (pack[55:48]),
+    .\port$3878$72 (pack[79:72]),
+    .rq_in__payload(rq_in__payload),
+    .rq_in__ready(rq_in__ready),
+    .rq_in__valid(rq_in__valid),
+    .rq_mult(rq_mult),
+    .rq_shift(rq_shift),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    (* full_case = 32'd1 *)
+    if (busy) begin
+      rq_mult = \$2 [15:0];
+    end else begin
+      rq_mult = rq__mult;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    (* full_case = 32'd1 *)
+    if (busy) begin
+      rq_shift = \$4 ;
+    end else begin
+      rq_shift = rq__shift;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    rq_in__valid = 1'h0;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      rq_in__valid = rq__i__valid;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    rq_in__payload = 96'h000000000000000000000000;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      rq_in__payload = rq__i__payload;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    rq__i__ready = 1'h0;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      rq__i__ready = rq_in__ready;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    rq__o__valid = 1'h0;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      rq__o__valid = c_out__valid;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    rq__o__payload = 96'h000000000000000000000000;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      rq__o__payload = c_out__payload;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    c_out__ready = 1'h0;
+    (* full_case = 32'd1 *)
+    if (busy) begin
+    end else begin
+      c_out__ready = rq__o__ready;
+    end
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          c_out__ready = 1'h1;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    b_in__valid = 1'h0;
+    if (running) begin
+      b_in__valid = dma__rd_data__valid;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    dma__rd_data__ready = 1'h0;
+    if (running) begin
+      dma__rd_data__ready = b_in__ready;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd0__addr = 13'h0000;
+    if (running) begin
+      if (\$20 ) begin
+        spad__rd0__addr = gm_addr;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd0__addr = \$126 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd0__en = 1'h0;
+    if (running) begin
+      if (\$20 ) begin
+        spad__rd0__en = 1'h1;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd0__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (running) begin
+      if (c_out__valid) begin
+        spad__wr__addr = gc_addr;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__en = 1'h0;
+    if (running) begin
+      if (c_out__valid) begin
+        spad__wr__en = 1'h1;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__data = 32'd0;
+    if (running) begin
+      if (c_out__valid) begin
+        spad__wr__data = { \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124  };
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd1__addr = 13'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd1__addr = \$129 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd1__en = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd1__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    cmd__valid = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          cmd__valid = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    dma__rd_start = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          if (cmd__ready) begin
+            dma__rd_start = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    running = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          running = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \done$54  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          if (dma__error) begin
+            \done$54  = 1'h1;
+          end else if (done) begin
+            if (\error$56 ) begin
+              \done$54  = 1'h1;
+            end
+          end
+      3'h5:
+          if (\$130 ) begin
+            \done$54  = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    error = 8'h00;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          if (dma__error) begin
+            error = 8'h07;
+          end else if (done) begin
+            if (\error$56 ) begin
+              error = 8'h03;
+            end
+          end
+      3'h5:
+          if (\$130 ) begin
+            error = 8'h00;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$209  = gm_cap;
+    if (running) begin
+      (* full_case = 32'd1 *)
+      if (\$148 ) begin
+        \$209  = 1'h1;
+      end else begin
+        \$209  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$209  = 1'h0;
+    end
+    if (rst) begin
+      \$209  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$210  = gm_cap_lane;
+    if (running) begin
+      if (\$148 ) begin
+        \$210  = gm_lane[1:0];
+      end
+    end
+    if (unit_rst) begin
+      \$210  = 2'h0;
+    end
+    if (rst) begin
+      \$210  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$211  = gm_lane;
+    if (running) begin
+      if (\$148 ) begin
+        \$211  = \$149 [2:0];
+      end
+      if (\$160 ) begin
+        \$211  = 3'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$211  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$211  = 3'h0;
+    end
+    if (rst) begin
+      \$211  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$212  = gm_addr;
+    if (running) begin
+      if (\$148 ) begin
+        \$212  = \$150 [12:0];
+      end
+      if (\$160 ) begin
+        (* full_case = 32'd1 *)
+        if (\$162 ) begin
+          \$212  = \$165 [12:0];
+        end else begin
+          \$212  = \$170 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$212  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$212  = 13'h0000;
+    end
+    if (rst) begin
+      \$212  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$213  = pack;
+    if (running) begin
+      if (gm_cap) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$213 [7:0] = spad__rd0__data[7:0];
+          2'h1:
+              \$213 [31:24] = spad__rd0__data[7:0];
+          2'h2:
+              \$213 [55:48] = spad__rd0__data[7:0];
+          2'h3:
+              \$213 [79:72] = spad__rd0__data[7:0];
+        endcase
+      end
+      if (\$160 ) begin
+        \$213  = 96'h000000000000000000000000;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$213  = 96'h000000000000000000000000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$213  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$213  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$214  = a_in__valid;
+    if (running) begin
+      if (\$159 ) begin
+        \$214  = 1'h1;
+      end
+      if (\$160 ) begin
+        \$214  = 1'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$214  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$214  = 1'h0;
+    end
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$215  = gm_k;
+    if (running) begin
+      if (\$160 ) begin
+        (* full_case = 32'd1 *)
+        if (\$162 ) begin
+          \$215  = \$163 [6:0];
+        end else begin
+          \$215  = 7'h00;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$215  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$215  = 7'h00;
+    end
+    if (rst) begin
+      \$215  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$216  = gm_wstart;
+    if (running) begin
+      if (\$160 ) begin
+        (* full_case = 32'd1 *)
+        if (\$162 ) begin
+          \$216  = \$164 [12:0];
+        end else begin
+          \$216  = \$168 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$216  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$216  = 13'h0000;
+    end
+    if (rst) begin
+      \$216  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$217  = gm_left;
+    if (running) begin
+      if (\$160 ) begin
+        (* full_case = 32'd1 *)
+        if (\$162 ) begin
+        end else begin
+          \$217  = \$166 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$217  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$217  = 14'h0000;
+    end
+    if (rst) begin
+      \$217  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$218  = gm_afeed_done;
+    if (running) begin
+      if (\$160 ) begin
+        (* full_case = 32'd1 *)
+        if (\$162 ) begin
+        end else begin
+          if (\$173 ) begin
+            \$218  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$218  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$218  = 1'h0;
+    end
+    if (rst) begin
+      \$218  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$219  = gc_lane;
+    if (running) begin
+      if (c_out__valid) begin
+        \$219  = \$174 [1:0];
+        if (gc_last) begin
+          \$219  = 2'h0;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$219  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$219  = 2'h0;
+    end
+    if (rst) begin
+      \$219  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$220  = gc_addr;
+    if (running) begin
+      if (c_out__valid) begin
+        \$220  = \$175 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$220  = \$188 [12:0];
+          end else begin
+            \$220  = \$195 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$220  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$220  = 13'h0000;
+    end
+    if (rst) begin
+      \$220  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$221  = gc_last;
+    if (running) begin
+      if (c_out__valid) begin
+        \$221  = \$183 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$221  = \$192 ;
+          end else begin
+            \$221  = \$201 ;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$221  = \$205 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$221  = 1'h0;
+    end
+    if (rst) begin
+      \$221  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$222  = gc_n;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$222  = \$186 [8:0];
+          end else begin
+            \$222  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$222  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$222  = 9'h000;
+    end
+    if (rst) begin
+      \$222  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$223  = gc_wstart;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$223  = \$187 [12:0];
+          end else begin
+            \$223  = \$194 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$223  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$223  = 13'h0000;
+    end
+    if (rst) begin
+      \$223  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$224  = gc_left;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+          end else begin
+            \$224  = \$193 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$224  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$224  = 14'h0000;
+    end
+    if (rst) begin
+      \$224  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$225  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$225  = 1'h1;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          if (dma__error) begin
+            \$225  = 1'h0;
+          end else if (done) begin
+            if (\error$56 ) begin
+              \$225  = 1'h0;
+            end
+          end
+      3'h5:
+          if (\$208 ) begin
+            \$225  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$225  = 1'h0;
+    end
+    if (rst) begin
+      \$225  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$226  = width;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$226  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$226  = 6'h00;
+    end
+    if (rst) begin
+      \$226  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$227  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$227  = ins[168:137];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$227  = { 16'h0000, spad__rd0__data[15:0] };
+    endcase
+    if (unit_rst) begin
+      \$227  = 32'd0;
+    end
+    if (rst) begin
+      \$227  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$228  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$228  = ins[174:169];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$228  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$228  = 6'h00;
+    end
+    if (rst) begin
+      \$228  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$229  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            (* full_case = 32'd1 *)
+            if (\$207 ) begin
+              \$229  = 3'h1;
+            end else begin
+              \$229  = 3'h2;
+            end
+          end
+      3'h1:
+          \$229  = 3'h3;
+      3'h3:
+          \$229  = 3'h2;
+      3'h2:
+          if (cmd__ready) begin
+            \$229  = 3'h4;
+          end
+      3'h4:
+          if (dma__error) begin
+            \$229  = 3'h0;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$56 ) begin
+              \$229  = 3'h0;
+            end else begin
+              \$229  = 3'h5;
+            end
+          end
+      3'h5:
+          if (\$208 ) begin
+            \$229  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$229  = 3'h0;
+    end
+    if (rst) begin
+      \$229  = 3'h0;
+    end
+  end
+  assign a_in__payload = { pack[79:72], pack[55:48], pack[31:24], pack[7:0] };
+  assign gm_wvalid = a_in__valid;
+  assign dma__rd_data__payload = b_in__payload;
+  assign spad__blocked = 1'h0;
+  assign \rq_in__payload[0]  = rq_in__payload[23:0];
+  assign \rq_in__payload[1]  = rq_in__payload[47:24];
+  assign \rq_in__payload[2]  = rq_in__payload[71:48];
+  assign \rq_in__payload[3]  = rq_in__payload[95:72];
+  assign \rq__i__payload[0]  = rq__i__payload[23:0];
+  assign \rq__i__payload[1]  = rq__i__payload[47:24];
+  assign \rq__i__payload[2]  = rq__i__payload[71:48];
+  assign \rq__i__payload[3]  = rq__i__payload[95:72];
+  assign \rq__o__payload[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload[3]  = rq__o__payload[95:72];
+  assign \c_out__payload[0]  = c_out__payload[23:0];
+  assign \c_out__payload[1]  = c_out__payload[47:24];
+  assign \c_out__payload[2]  = c_out__payload[71:48];
+  assign \c_out__payload[3]  = c_out__payload[95:72];
+  assign \cmd__payload.m  = cmd__payload[11:0];
+  assign \cmd__payload.k  = cmd__payload[23:12];
+  assign \cmd__payload.n  = cmd__payload[35:24];
+  assign \cmd__payload.a_addr  = cmd__payload[44:36];
+  assign \cmd__payload.c_addr  = cmd__payload[53:45];
+  assign \cmd__payload.mult  = cmd__payload[69:54];
+  assign \cmd__payload.shift  = cmd__payload[75:70];
+  assign \cmd__payload.load_a  = cmd__payload[76];
+  assign \cmd__payload.compute  = cmd__payload[77];
+  assign \cmd__payload.accumulate  = cmd__payload[78];
+  assign \cmd__payload.store  = cmd__payload[79];
+  assign \ins.op  = ins[5:0];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
+  assign \a_in__payload[0]  = pack[7:0];
+  assign \a_in__payload[1]  = pack[31:24];
+  assign \a_in__payload[2]  = pack[55:48];
+  assign \a_in__payload[3]  = pack[79:72];
+  assign \pack[0]  = pack[23:0];
+  assign \pack[1]  = pack[47:24];
+  assign \pack[2]  = pack[71:48];
+  assign \pack[3]  = pack[95:72];
+  assign \b_in__payload[0]  = b_in__payload[7:0];
+  assign \b_in__payload[1]  = b_in__payload[15:8];
+  assign \b_in__payload[2]  = b_in__payload[23:16];
+  assign \b_in__payload[3]  = b_in__payload[31:24];
+  assign cmd__payload[78] = 1'h0;
+  assign cmd__payload[79] = 1'h1;
+  assign cmd__payload[77] = 1'h1;
+  assign cmd__payload[76] = 1'h1;
+  assign cmd__payload[75:70] = \$8 ;
+  assign cmd__payload[69:54] = \$6 [15:0];
+  assign cmd__payload[53:45] = 9'h000;
+  assign cmd__payload[44:36] = 9'h000;
+  assign cmd__payload[35:24] = ins[88:77];
+  assign cmd__payload[23:12] = ins[104:93];
+  assign cmd__payload[11:0] = ins[72:61];
+  assign \$19  = 1'h1;
+  assign \$20  = \$18 ;
+  assign \$125  = { ins[190:175], 1'h0 };
+  assign \$127  = { ins[190:175], 1'h0 };
+  assign \$147  = 1'h1;
+  assign \$148  = \$146 ;
+  assign \$192  = \$191 ;
+  assign \$201  = \$200 ;
+  assign \$205  = \$204 ;
+  assign { \$206 [9:3], \$206 [1:0] } = 9'h000;
+  assign \$206 [2] = ins[8];
+  assign \$207  = ins[8];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$3878$0 , \port$3878$24 , \port$3878$48 , \port$3878$72 , a_in__valid, a_loading, \done$90 , error
+, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -8905,6 +13206,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
+  input [7:0] \port$3878$0 ;
+  wire [7:0] \port$3878$0 ;
+  input [7:0] \port$3878$24 ;
+  wire [7:0] \port$3878$24 ;
+  input [7:0] \port$3878$48 ;
+  wire [7:0] \port$3878$48 ;
+  input [7:0] \port$3878$72 ;
+  wire [7:0] \port$3878$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$108 ;
   wire [7:0] \port__addr$126 ;
@@ -9255,7 +13564,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
+      spad_a[a_wptr[7:0]] <= { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -10024,7 +14333,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     a_lim <= \$280 ;
   always @(posedge clk)
     c_lim <= \$281 ;
-  \nanokpu_kpu.gemm.array  array (
+  \nanokpu_kpu.gemm.engine.array  array (
     .a(a),
     .b(b),
     .clk(clk),
@@ -10037,7 +14346,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     .unit_rst(unit_rst),
     .valid_in(valid)
   );
-  \nanokpu_kpu.gemm.requant  requant (
+  \nanokpu_kpu.gemm.engine.requant  requant (
     .advance(i__ready),
     .clk(clk),
     .i__payload(i__payload),
@@ -10051,14 +14360,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$213  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$213  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$214  = \$1 [11:0];
     if (unit_rst) begin
       \$214  = 12'h000;
@@ -10068,7 +14377,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$215  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -10089,7 +14398,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$216  = a_wptr;
     if (start) begin
       \$216  = { 5'h00, cmd[44:36] };
@@ -10104,7 +14413,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$217  = a_loading;
     if (start) begin
       \$217  = cmd[76];
@@ -10121,7 +14430,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$218  = \$8 ;
     if (unit_rst) begin
       \$218  = 2'h0;
@@ -10131,7 +14440,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$219  = b_loading;
     if (start) begin
       \$219  = cmd[77];
@@ -10150,7 +14459,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$220  = wbuf;
     if (start) begin
       \$220  = 1'h0;
@@ -10167,7 +14476,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$221  = b_k;
     if (start) begin
       \$221  = 12'h000;
@@ -10185,7 +14494,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$222  = b_cols_left;
     if (start) begin
       \$222  = cmd[35:24];
@@ -10202,7 +14511,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$223  = \$15 ;
@@ -10217,7 +14526,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$224  = 1'h0;
@@ -10238,7 +14547,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$225  = gap;
     if (\$42 ) begin
       \$225  = \$43 [3:0];
@@ -10258,7 +14567,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$226  = step;
     if (unit_rst) begin
       \$226  = 1'h0;
@@ -10268,7 +14577,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$227  = \$44 ;
     if (unit_rst) begin
       \$227  = 1'h0;
@@ -10278,7 +14587,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$228  = last_k;
     if (unit_rst) begin
       \$228  = 1'h0;
@@ -10288,7 +14597,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$229  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$229  = 4'h0;
@@ -10298,7 +14607,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$230  = s_valid;
     if (unit_rst) begin
       \$230  = 1'h0;
@@ -10308,7 +14617,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$231  = s_first;
     if (unit_rst) begin
       \$231  = 1'h0;
@@ -10318,7 +14627,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$232  = s_last;
     if (unit_rst) begin
       \$232  = 1'h0;
@@ -10328,7 +14637,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$233  = spad_b_rd_data;
     if (unit_rst) begin
       \$233  = 32'd0;
@@ -10338,7 +14647,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$234 [7:0] = \$49 ;
     \$234 [15:8] = \$50 ;
     \$234 [23:16] = \$51 ;
@@ -10351,7 +14660,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$235  = issuing;
     if (start) begin
       \$235  = cmd[77];
@@ -10372,7 +14681,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$236  = rbuf;
     if (start) begin
       \$236  = 1'h0;
@@ -10391,7 +14700,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$237  = k;
     if (start) begin
       \$237  = 12'h000;
@@ -10409,7 +14718,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$238  = a_ptr;
     if (start) begin
       \$238  = { 5'h00, cmd[44:36] };
@@ -10429,7 +14738,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$239  = rows_c;
     if (start) begin
       \$239  = cmd[11:0];
@@ -10449,7 +14758,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$240  = cols_c;
     if (start) begin
       \$240  = cmd[35:24];
@@ -10468,7 +14777,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$241  = c_panel;
     if (start) begin
       \$241  = { 5'h00, cmd[53:45] };
@@ -10487,7 +14796,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$242  = c_tile;
     if (start) begin
       \$242  = { 5'h00, cmd[53:45] };
@@ -10507,7 +14816,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$243  = last_k;
     if (start) begin
       \$243  = \$53 ;
@@ -10525,7 +14834,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$244  = last_row;
     if (start) begin
       \$244  = \$54 ;
@@ -10545,7 +14854,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$245  = t_base;
     if (start) begin
     end else if (step) begin
@@ -10561,7 +14870,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$246  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -10577,7 +14886,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$247  = d_col;
     if (done) begin
       \$247  = 3'h1;
@@ -10592,7 +14901,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$248  = d_base;
     if (done) begin
       \$248  = t_base;
@@ -10605,7 +14914,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$249  = d_cols;
     if (done) begin
       \$249  = t_cols;
@@ -10618,7 +14927,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$250  = drain_busy;
     if (done) begin
       \$250  = 1'h1;
@@ -10635,7 +14944,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$251  = \$77 ;
     if (unit_rst) begin
       \$251  = 1'h0;
@@ -10645,7 +14954,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$252  = \$78 ;
     if (unit_rst) begin
       \$252  = 1'h0;
@@ -10655,7 +14964,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$253  = \$81 [13:0];
     if (unit_rst) begin
       \$253  = 14'h0000;
@@ -10665,7 +14974,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$254  = col_valid0;
     if (unit_rst) begin
       \$254  = 1'h0;
@@ -10675,7 +14984,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$255  = col_busy0;
     if (unit_rst) begin
       \$255  = 1'h0;
@@ -10685,7 +14994,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$256  = col_addr0;
     if (unit_rst) begin
       \$256  = 14'h0000;
@@ -10695,7 +15004,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$257  = col_valid1;
     if (unit_rst) begin
       \$257  = 1'h0;
@@ -10705,7 +15014,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$258  = col_busy1;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -10715,7 +15024,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$259  = col_addr1;
     if (unit_rst) begin
       \$259  = 14'h0000;
@@ -10725,7 +15034,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$260  = out;
     if (unit_rst) begin
       \$260  = 96'h000000000000000000000000;
@@ -10735,7 +15044,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$261  = col_word0;
     if (unit_rst) begin
       \$261  = 96'h000000000000000000000000;
@@ -10745,7 +15054,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$262  = col_word1;
     if (unit_rst) begin
       \$262  = 96'h000000000000000000000000;
@@ -10755,7 +15064,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$263  = \$83 [1:0];
     if (unit_rst) begin
       \$263  = 2'h0;
@@ -10765,7 +15074,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$264  = c_q;
     if (\$85 ) begin
       \$264  = spad_c_rd_data;
@@ -10790,7 +15099,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$265  = q_valid;
     if (\$85 ) begin
       \$265  = r_valid;
@@ -10817,7 +15126,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$266  = storing;
     if (store_start) begin
       \$266  = 1'h1;
@@ -10844,7 +15153,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$267  = s_addr;
     if (store_start) begin
       \$267  = { 5'h00, cmd[53:45] };
@@ -10861,7 +15170,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$268  = s_n;
     if (store_start) begin
       \$268  = 12'h000;
@@ -10881,7 +15190,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$269  = s_rows;
     if (store_start) begin
       \$269  = cmd[11:0];
@@ -10900,7 +15209,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$270  = s_left;
     if (store_start) begin
       \$270  = \$113 [13:0];
@@ -10917,7 +15226,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$271  = out_left;
     if (store_start) begin
       \$271  = \$114 [13:0];
@@ -10933,7 +15242,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$272  = r_valid;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -10961,7 +15270,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$273  = r_mask;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -10977,7 +15286,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$274  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -11011,7 +15320,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$275  = cmd;
     casez (fsm_state)
       3'h0:
@@ -11027,7 +15336,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$276  = error;
     casez (fsm_state)
       3'h0:
@@ -11051,7 +15360,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$277  = error_code;
     casez (fsm_state)
       3'h0:
@@ -11075,7 +15384,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$278  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -11117,7 +15426,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$279  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -11137,7 +15446,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$280  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -11157,7 +15466,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$281  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -11177,7 +15486,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$163 ) begin
@@ -11193,7 +15502,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -11203,7 +15512,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -11221,7 +15530,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -11231,7 +15540,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -11239,7 +15548,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -11255,7 +15564,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -11276,8 +15585,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign spad_b_rd_en = 1'h1;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
-  assign a_in__payload = { rq_in__payload[79:72], rq_in__payload[55:48], rq_in__payload[31:24], rq_in__payload[7:0] };
+  assign \$signature__data  = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
+  assign a_in__payload = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$104  = \$162 [6:0];
   assign \$signature__data$105  = b_in__payload;
@@ -11363,14 +15672,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = rq_in__payload[7:0];
-  assign \$signature__data[1]  = rq_in__payload[31:24];
-  assign \$signature__data[2]  = rq_in__payload[55:48];
-  assign \$signature__data[3]  = rq_in__payload[79:72];
-  assign \a_in__payload[0]  = rq_in__payload[7:0];
-  assign \a_in__payload[1]  = rq_in__payload[31:24];
-  assign \a_in__payload[2]  = rq_in__payload[55:48];
-  assign \a_in__payload[3]  = rq_in__payload[79:72];
+  assign \$signature__data[0]  = \port$3878$0 ;
+  assign \$signature__data[1]  = \port$3878$24 ;
+  assign \$signature__data[2]  = \port$3878$48 ;
+  assign \$signature__data[3]  = \port$3878$72 ;
+  assign \a_in__payload[0]  = \port$3878$0 ;
+  assign \a_in__payload[1]  = \port$3878$24 ;
+  assign \a_in__payload[2]  = \port$3878$48 ;
+  assign \a_in__payload[3]  = \port$3878$72 ;
   assign \$signature__data$105[0]  = b_in__payload[7:0];
   assign \$signature__data$105[1]  = b_in__payload[15:8];
   assign \$signature__data$105[2]  = b_in__payload[23:16];
@@ -11408,8 +15717,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, rq_in__ready, rq_in__valid, c_out__r
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
+module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -11834,7 +16143,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     last3_d1 <= \$29 ;
   always @(posedge clk)
     \last_in$214  <= \$30 ;
-  \nanokpu_kpu.gemm.array.mul  mul (
+  \nanokpu_kpu.gemm.engine.array.mul  mul (
     .a__0(a[7:0]),
     .a__1(a__1),
     .a__10(a__10),
@@ -11887,7 +16196,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .rst(rst),
     .unit_rst(unit_rst)
   );
-  \nanokpu_kpu.gemm.array.pe_0_0  pe_0_0 (
+  \nanokpu_kpu.gemm.engine.array.pe_0_0  pe_0_0 (
     .a_in(a[7:0]),
     .a_out(a__1),
     .b_in(b[7:0]),
@@ -11906,7 +16215,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(valid_in),
     .valid_out(\valid_in$25 )
   );
-  \nanokpu_kpu.gemm.array.pe_0_1  pe_0_1 (
+  \nanokpu_kpu.gemm.engine.array.pe_0_1  pe_0_1 (
     .a_in(a__1),
     .a_out(a__2),
     .b_in(b__1),
@@ -11925,7 +16234,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$25 ),
     .valid_out(\valid_in$42 )
   );
-  \nanokpu_kpu.gemm.array.pe_0_2  pe_0_2 (
+  \nanokpu_kpu.gemm.engine.array.pe_0_2  pe_0_2 (
     .a_in(a__2),
     .a_out(a__3),
     .b_in(b__2),
@@ -11944,7 +16253,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$42 ),
     .valid_out(\valid_in$59 )
   );
-  \nanokpu_kpu.gemm.array.pe_0_3  pe_0_3 (
+  \nanokpu_kpu.gemm.engine.array.pe_0_3  pe_0_3 (
     .a_in(a__3),
     .b_in(b__3),
     .b_out(b__7),
@@ -11958,7 +16267,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .unit_rst(unit_rst),
     .valid_in(\valid_in$59 )
   );
-  \nanokpu_kpu.gemm.array.pe_1_0  pe_1_0 (
+  \nanokpu_kpu.gemm.engine.array.pe_1_0  pe_1_0 (
     .a_in(a__4),
     .a_out(a__5),
     .b_in(b__4),
@@ -11977,7 +16286,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$76 ),
     .valid_out(\valid_in$93 )
   );
-  \nanokpu_kpu.gemm.array.pe_1_1  pe_1_1 (
+  \nanokpu_kpu.gemm.engine.array.pe_1_1  pe_1_1 (
     .a_in(a__5),
     .a_out(a__6),
     .b_in(b__5),
@@ -11996,7 +16305,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$93 ),
     .valid_out(\valid_in$110 )
   );
-  \nanokpu_kpu.gemm.array.pe_1_2  pe_1_2 (
+  \nanokpu_kpu.gemm.engine.array.pe_1_2  pe_1_2 (
     .a_in(a__6),
     .a_out(a__7),
     .b_in(b__6),
@@ -12015,7 +16324,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$110 ),
     .valid_out(\valid_in$127 )
   );
-  \nanokpu_kpu.gemm.array.pe_1_3  pe_1_3 (
+  \nanokpu_kpu.gemm.engine.array.pe_1_3  pe_1_3 (
     .a_in(a__7),
     .b_in(b__7),
     .b_out(b__11),
@@ -12029,7 +16338,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .unit_rst(unit_rst),
     .valid_in(\valid_in$127 )
   );
-  \nanokpu_kpu.gemm.array.pe_2_0  pe_2_0 (
+  \nanokpu_kpu.gemm.engine.array.pe_2_0  pe_2_0 (
     .a_in(a__8),
     .a_out(a__9),
     .b_in(b__8),
@@ -12048,7 +16357,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$143 ),
     .valid_out(\valid_in$160 )
   );
-  \nanokpu_kpu.gemm.array.pe_2_1  pe_2_1 (
+  \nanokpu_kpu.gemm.engine.array.pe_2_1  pe_2_1 (
     .a_in(a__9),
     .a_out(a__10),
     .b_in(b__9),
@@ -12067,7 +16376,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$160 ),
     .valid_out(\valid_in$177 )
   );
-  \nanokpu_kpu.gemm.array.pe_2_2  pe_2_2 (
+  \nanokpu_kpu.gemm.engine.array.pe_2_2  pe_2_2 (
     .a_in(a__10),
     .a_out(a__11),
     .b_in(b__10),
@@ -12086,7 +16395,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$177 ),
     .valid_out(\valid_in$194 )
   );
-  \nanokpu_kpu.gemm.array.pe_2_3  pe_2_3 (
+  \nanokpu_kpu.gemm.engine.array.pe_2_3  pe_2_3 (
     .a_in(a__11),
     .b_in(b__11),
     .b_out(b__15),
@@ -12100,7 +16409,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .unit_rst(unit_rst),
     .valid_in(\valid_in$194 )
   );
-  \nanokpu_kpu.gemm.array.pe_3_0  pe_3_0 (
+  \nanokpu_kpu.gemm.engine.array.pe_3_0  pe_3_0 (
     .a_in(a__12),
     .a_out(a__13),
     .b_in(b__12),
@@ -12118,7 +16427,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$210 ),
     .valid_out(\valid_in$227 )
   );
-  \nanokpu_kpu.gemm.array.pe_3_1  pe_3_1 (
+  \nanokpu_kpu.gemm.engine.array.pe_3_1  pe_3_1 (
     .a_in(a__13),
     .a_out(a__14),
     .b_in(b__13),
@@ -12136,7 +16445,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$227 ),
     .valid_out(\valid_in$244 )
   );
-  \nanokpu_kpu.gemm.array.pe_3_2  pe_3_2 (
+  \nanokpu_kpu.gemm.engine.array.pe_3_2  pe_3_2 (
     .a_in(a__14),
     .a_out(a__15),
     .b_in(b__14),
@@ -12154,7 +16463,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$244 ),
     .valid_out(\valid_in$261 )
   );
-  \nanokpu_kpu.gemm.array.pe_3_3  pe_3_3 (
+  \nanokpu_kpu.gemm.engine.array.pe_3_3  pe_3_3 (
     .a_in(a__15),
     .b_in(b__15),
     .clk(clk),
@@ -12169,7 +16478,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -12179,7 +16488,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -12189,7 +16498,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -12199,7 +16508,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -12209,7 +16518,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -12219,7 +16528,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -12229,7 +16538,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -12239,7 +16548,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -12249,7 +16558,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -12259,7 +16568,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -12269,7 +16578,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -12279,7 +16588,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -12289,7 +16598,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -12299,7 +16608,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -12309,7 +16618,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -12319,7 +16628,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -12329,7 +16638,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -12339,7 +16648,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -12349,7 +16658,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -12359,7 +16668,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -12369,7 +16678,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -12379,7 +16688,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -12389,7 +16698,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -12399,7 +16708,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -12409,7 +16718,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -12419,7 +16728,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -12429,7 +16738,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -12439,7 +16748,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -12449,7 +16758,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -12459,7 +16768,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -12644,10 +16953,10 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
+module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -12832,7 +17141,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -12842,7 +17151,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -12852,7 +17161,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -12862,7 +17171,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -12872,7 +17181,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -12882,7 +17191,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -12892,7 +17201,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -12902,7 +17211,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -12912,7 +17221,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -12922,7 +17231,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -12932,7 +17241,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -12942,7 +17251,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -12952,7 +17261,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -12962,7 +17271,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -12972,7 +17281,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -12982,7 +17291,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -12995,2122 +17304,7 @@ module \nanokpu_kpu.gemm.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -15128,6 +17322,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -15139,9 +17334,11 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -15149,6 +17346,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -15159,6 +17357,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -15275,7 +17474,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -15295,11 +17494,10 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -15322,6 +17520,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
@@ -15491,7 +17690,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -15514,6 +17713,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
@@ -15683,8 +17883,1733 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -15762,7 +19687,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -15772,7 +19697,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -15782,7 +19707,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -15792,7 +19717,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -15802,7 +19727,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -15812,7 +19737,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -15822,7 +19747,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -15832,7 +19757,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -15847,7 +19772,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -15862,7 +19787,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -15875,8 +19800,392 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -15950,7 +20259,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -15960,7 +20269,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -15970,7 +20279,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -15980,7 +20289,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -15990,7 +20299,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -16000,7 +20309,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -16010,7 +20319,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -16020,7 +20329,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -16035,7 +20344,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -16050,7 +20359,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -16064,8 +20373,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advance, o__ready, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
+module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -17564,7 +21873,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
   assign \$185  = shift[2:0] > 3'h4;
   assign \$186  = \$184  & \$185 ;
   assign \$187  = \$183  | \$186 ;
-  \nanokpu_kpu.gemm.requant.mul  mul (
+  \nanokpu_kpu.gemm.engine.requant.mul  mul (
     .clk(clk),
     .en(advance),
     .p__0(p__0),
@@ -17575,13 +21884,13 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1275$0 (mult),
-    .\port$1280$0 (i__payload),
+    .\port$1264$0 (mult),
+    .\port$1269$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
       \$772  = 41'h00000000000;
@@ -17591,7 +21900,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$773  = v1;
     if (advance) begin
       \$773  = i__valid;
@@ -17604,7 +21913,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$774  = v2;
     if (advance) begin
       \$774  = v1;
@@ -17617,7 +21926,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$775  = x_valid;
     if (advance) begin
       \$775  = v2;
@@ -17630,7 +21939,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$776  = x0;
     if (advance) begin
       \$776  = \$210 [39:0];
@@ -17643,7 +21952,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$777  = x1;
     if (advance) begin
       \$777  = \$213 [39:0];
@@ -17656,7 +21965,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$778  = x2;
     if (advance) begin
       \$778  = \$216 [39:0];
@@ -17669,7 +21978,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$779  = x3;
     if (advance) begin
       \$779  = \$219 [39:0];
@@ -17682,7 +21991,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$780  = v_shift;
     if (advance) begin
       \$780  = x_valid;
@@ -17695,7 +22004,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$781  = v_round;
     if (advance) begin
       \$781  = v_shift;
@@ -17708,7 +22017,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$782  = o__valid;
     if (advance) begin
       \$782  = v_round;
@@ -17721,7 +22030,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$783  = y0;
     if (advance) begin
       \$783  = \$345 [24:0];
@@ -17734,7 +22043,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$784  = sticky0;
     if (advance) begin
       \$784  = \$347 ;
@@ -17747,7 +22056,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$785  = over0;
     if (advance) begin
       \$785  = \$350 ;
@@ -17760,7 +22069,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$786  = neg0;
     if (advance) begin
       \$786  = x0[39];
@@ -17773,7 +22082,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$787  = rounded0;
     if (advance) begin
       \$787  = \$353 ;
@@ -17786,7 +22095,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$788  = over2_0;
     if (advance) begin
       \$788  = over0;
@@ -17799,7 +22108,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$789  = neg2_0;
     if (advance) begin
       \$789  = neg0;
@@ -17812,7 +22121,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$790  = o__payload;
     if (advance) begin
       \$790 [23:0] = \$357 [23:0];
@@ -17828,7 +22137,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$791  = y1;
     if (advance) begin
       \$791  = \$483 [24:0];
@@ -17841,7 +22150,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$792  = sticky1;
     if (advance) begin
       \$792  = \$485 ;
@@ -17854,7 +22163,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$793  = over1;
     if (advance) begin
       \$793  = \$488 ;
@@ -17867,7 +22176,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$794  = neg1;
     if (advance) begin
       \$794  = x1[39];
@@ -17880,7 +22189,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$795  = rounded1;
     if (advance) begin
       \$795  = \$491 ;
@@ -17893,7 +22202,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$796  = over2_1;
     if (advance) begin
       \$796  = over1;
@@ -17906,7 +22215,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$797  = neg2_1;
     if (advance) begin
       \$797  = neg1;
@@ -17919,7 +22228,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$798  = y2;
     if (advance) begin
       \$798  = \$621 [24:0];
@@ -17932,7 +22241,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$799  = sticky2;
     if (advance) begin
       \$799  = \$623 ;
@@ -17945,7 +22254,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$800  = over2;
     if (advance) begin
       \$800  = \$626 ;
@@ -17958,7 +22267,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$801  = neg2;
     if (advance) begin
       \$801  = x2[39];
@@ -17971,7 +22280,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$802  = rounded2;
     if (advance) begin
       \$802  = \$629 ;
@@ -17984,7 +22293,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$803  = over2_2;
     if (advance) begin
       \$803  = over2;
@@ -17997,7 +22306,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$804  = neg2_2;
     if (advance) begin
       \$804  = neg2;
@@ -18010,7 +22319,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$805  = y3;
     if (advance) begin
       \$805  = \$759 [24:0];
@@ -18023,7 +22332,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$806  = sticky3;
     if (advance) begin
       \$806  = \$761 ;
@@ -18036,7 +22345,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$807  = over3;
     if (advance) begin
       \$807  = \$764 ;
@@ -18049,7 +22358,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$808  = neg3;
     if (advance) begin
       \$808  = x3[39];
@@ -18062,7 +22371,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$809  = rounded3;
     if (advance) begin
       \$809  = \$767 ;
@@ -18075,7 +22384,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$810  = over2_3;
     if (advance) begin
       \$810  = over3;
@@ -18088,7 +22397,7 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$811  = neg2_3;
     if (advance) begin
       \$811  = neg3;
@@ -18390,8 +22699,8 @@ module \nanokpu_kpu.gemm.requant (rst, mult, shift, i__valid, i__payload, advanc
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -18476,10 +22785,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1275$0 ;
-  wire [15:0] \port$1275$0 ;
-  input [95:0] \port$1280$0 ;
-  wire [95:0] \port$1280$0 ;
+  input [15:0] \port$1264$0 ;
+  wire [15:0] \port$1264$0 ;
+  input [95:0] \port$1269$0 ;
+  wire [95:0] \port$1269$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -18541,10 +22850,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1280$0 [16:0] };
+      \$9  = { 1'h0, \port$1269$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -18554,10 +22863,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1275$0  };
+      \$10  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -18567,7 +22876,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -18580,10 +22889,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23:17] };
+      \$12  = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -18593,10 +22902,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1275$0  };
+      \$13  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -18606,7 +22915,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -18619,10 +22928,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1280$0 [40:24] };
+      \$15  = { 1'h0, \port$1269$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -18632,10 +22941,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1275$0  };
+      \$16  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -18645,7 +22954,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -18658,10 +22967,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47:41] };
+      \$18  = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -18671,10 +22980,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1275$0  };
+      \$19  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -18684,7 +22993,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -18697,10 +23006,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1280$0 [64:48] };
+      \$21  = { 1'h0, \port$1269$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -18710,10 +23019,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1275$0  };
+      \$22  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -18723,7 +23032,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -18736,10 +23045,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71:65] };
+      \$24  = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -18749,10 +23058,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1275$0  };
+      \$25  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -18762,7 +23071,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -18775,10 +23084,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1280$0 [88:72] };
+      \$27  = { 1'h0, \port$1269$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -18788,10 +23097,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1275$0  };
+      \$28  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -18801,7 +23110,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -18814,10 +23123,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95:89] };
+      \$30  = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -18827,10 +23136,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1275$0  };
+      \$31  = { 2'h0, \port$1264$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -18840,7 +23149,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -18852,113 +23161,28 @@ module \nanokpu_kpu.gemm.requant.mul (rst, \port$1275$0 , \port$1280$0 , en, uni
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1280$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1275$0  };
-  assign a__1 = { \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23], \port$1280$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1275$0  };
-  assign a__2 = { 1'h0, \port$1280$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1275$0  };
-  assign a__3 = { \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47], \port$1280$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1275$0  };
-  assign a__4 = { 1'h0, \port$1280$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1275$0  };
-  assign a__5 = { \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71], \port$1280$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1275$0  };
-  assign a__6 = { 1'h0, \port$1280$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1275$0  };
-  assign a__7 = { \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95], \port$1280$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1275$0  };
+  assign a__0 = { 1'h0, \port$1269$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1264$0  };
+  assign a__1 = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1264$0  };
+  assign a__2 = { 1'h0, \port$1269$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1264$0  };
+  assign a__3 = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1264$0  };
+  assign a__4 = { 1'h0, \port$1269$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1264$0  };
+  assign a__5 = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1264$0  };
+  assign a__6 = { 1'h0, \port$1269$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1264$0  };
+  assign a__7 = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1264$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.lane (rst, busy, load, \y$5 , \x$7 , acc_in, acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
-  wire [33:0] \$1 ;
-  reg [32:0] \$10 ;
-  wire \$2 ;
-  wire [33:0] \$3 ;
-  wire [32:0] \$4 ;
-  wire [33:0] \$5 ;
-  wire [33:0] \$6 ;
-  wire [15:0] \$7 ;
-  reg [15:0] \$8 ;
-  reg [32:0] \$9 ;
-  output [32:0] acc;
-  reg [32:0] acc = 33'h000000000;
-  input [32:0] acc_in;
-  wire [32:0] acc_in;
-  output busy;
-  wire busy;
-  input clk;
-  wire clk;
-  input load;
-  wire load;
-  input rst;
-  wire rst;
-  reg [32:0] x = 33'h000000000;
-  input [32:0] \x$7 ;
-  wire [32:0] \x$7 ;
-  reg [15:0] y = 16'h0000;
-  input [15:0] \y$5 ;
-  wire [15:0] \y$5 ;
-  assign busy = | y;
-  assign \$1  = acc + x;
-  assign \$3  = acc + x;
-  assign \$4  = \$2  ? 33'h1ffffffff : \$3 [32:0];
-  assign \$6  = x[32] ? 34'h1ffffffff : \$5 ;
-  always @(posedge clk)
-    y <= \$8 ;
-  always @(posedge clk)
-    x <= \$9 ;
-  always @(posedge clk)
-    acc <= \$10 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$8  = y;
-    if (load) begin
-      \$8  = \y$5 ;
-    end else if (busy) begin
-      \$8  = \$7 ;
-    end
-    if (rst) begin
-      \$8  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$9  = x;
-    if (load) begin
-      \$9  = \x$7 ;
-    end else if (busy) begin
-      \$9  = \$6 [32:0];
-    end
-    if (rst) begin
-      \$9  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$10  = acc;
-    if (load) begin
-      \$10  = acc_in;
-    end else if (busy) begin
-      if (y[0]) begin
-        \$10  = \$4 ;
-      end
-    end
-    if (rst) begin
-      \$10  = 33'h000000000;
-    end
-  end
-  assign \$2  = \$1 [33];
-  assign \$5  = { x, 1'h0 };
-  assign \$7  = { 1'h0, y[15:1] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, ins, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
-, error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid, error
+, spad__rd0__data, ins, dma__rd_data__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -19114,18 +23338,23 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   output [7:0] error;
   reg [7:0] error;
   reg full = 1'h0;
-  input [142:0] ins;
-  wire [142:0] ins;
+  input [220:0] ins;
+  wire [220:0] ins;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
   wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
   wire [15:0] \ins.k ;
   wire [13:0] \ins.len ;
   wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
   wire [15:0] \ins.n ;
   wire [13:0] \ins.offset ;
   wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [2:0] lane = 3'h0;
   output [35:0] out;
@@ -19159,17 +23388,17 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$3  = busy & \$2 ;
   assign \$4  = dma__rd_data__valid & dma__rd_data__ready;
   assign \$5  = lane + 1'h1;
-  assign \$6  = ins[11:6] == 1'h1;
-  assign \$7  = ins[11:6] == 2'h2;
+  assign \$6  = ins[21:16] == 1'h1;
+  assign \$7  = ins[21:16] == 2'h2;
   assign \$8  = \$7  ? 2'h2 : 2'h1;
   assign \$9  = \$6  ? 3'h4 : { 1'h0, \$8  };
   assign \$10  = \$5  >= \$9 ;
   assign \$11  = full & \$10 ;
-  assign \$12  = el < ins[112:99];
+  assign \$12  = el < ins[122:109];
   assign \$13  = el + 1'h1;
   assign \$14  = lane + 1'h1;
-  assign \$15  = ins[11:6] == 1'h1;
-  assign \$16  = ins[11:6] == 2'h2;
+  assign \$15  = ins[21:16] == 1'h1;
+  assign \$16  = ins[21:16] == 2'h2;
   assign \$17  = \$16  ? 2'h2 : 2'h1;
   assign \$18  = \$15  ? 3'h4 : { 1'h0, \$17  };
   assign \$19  = \$14  >= \$18 ;
@@ -19177,7 +23406,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$21  = ~ \$20 ;
   assign \$22  = lane + 1'h1;
   assign \$23  = busy & store;
-  assign \$24  = el < ins[112:99];
+  assign \$24  = el < ins[122:109];
   assign \$25  = ~ pending;
   assign \$26  = ~ out_full;
   assign \$27  = out_full & dma__wr_data__ready;
@@ -19206,7 +23435,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$50  = \$49  ? 1'h0 : out_lane;
   assign \$51  = \$50  + 1'h1;
   assign \$52  = \$51  == 1'h1;
-  assign \$53  = el < ins[112:99];
+  assign \$53  = el < ins[122:109];
   assign \$54  = ~ \$53 ;
   assign \$55  = \$52  | \$54 ;
   assign \$56  = out_full & dma__wr_data__ready;
@@ -19218,19 +23447,19 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$63  = busy & \$62 ;
   assign \$64  = ~ full;
   assign \$65  = lane + 1'h1;
-  assign \$66  = ins[11:6] == 1'h1;
-  assign \$67  = ins[11:6] == 2'h2;
+  assign \$66  = ins[21:16] == 1'h1;
+  assign \$67  = ins[21:16] == 2'h2;
   assign \$68  = \$67  ? 2'h2 : 2'h1;
   assign \$69  = \$66  ? 3'h4 : { 1'h0, \$68  };
   assign \$70  = \$65  >= \$69 ;
   assign \$71  = full & \$70 ;
   assign \$72  = \$64  | \$71 ;
-  assign \$73  = el < ins[112:99];
-  assign \$74  = ins[50:38] + el;
-  assign \$75  = ins[11:6] == 1'h1;
+  assign \$73  = el < ins[122:109];
+  assign \$74  = ins[60:48] + el;
+  assign \$75  = ins[21:16] == 1'h1;
   assign \$194  = lane * 4'h8;
   assign \$76  = beat >> \$194 ;
-  assign \$77  = ins[11:6] == 2'h2;
+  assign \$77  = ins[21:16] == 2'h2;
   assign \$198  = lane * 5'h10;
   assign \$78  = beat >> \$198 ;
   assign \$201  = lane * 6'h20;
@@ -19240,13 +23469,13 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$82  = ~ dma__rd_busy;
   assign \$83  = ~ full;
   assign \$84  = \$82  & \$83 ;
-  assign \$85  = el < ins[112:99];
+  assign \$85  = el < ins[122:109];
   assign \$86  = ~ \$85 ;
   assign \$87  = \$84  & \$86 ;
   assign \$88  = dma__error | \$87 ;
   assign \$89  = busy & store;
-  assign \$90  = ins[24:12] + el;
-  assign \$91  = el < ins[112:99];
+  assign \$90  = ins[34:22] + el;
+  assign \$91  = el < ins[122:109];
   assign \$92  = ~ pending;
   assign \$93  = ~ out_full;
   assign \$94  = out_full & dma__wr_data__ready;
@@ -19255,7 +23484,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$97  = \$92  | \$96 ;
   assign \$98  = \$91  & \$97 ;
   assign \$99  = ~ dma__wr_busy;
-  assign \$100  = el < ins[112:99];
+  assign \$100  = el < ins[122:109];
   assign \$101  = ~ \$100 ;
   assign \$102  = \$99  & \$101 ;
   assign \$103  = ~ pending;
@@ -19285,7 +23514,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -19301,7 +23530,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -19314,7 +23543,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -19339,7 +23568,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -19354,7 +23583,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -19371,7 +23600,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -19391,7 +23620,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -19408,7 +23637,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -19426,7 +23655,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -19444,7 +23673,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -19474,28 +23703,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -19506,7 +23735,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -19517,7 +23746,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -19528,7 +23757,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -19542,28 +23771,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -19571,16 +23800,21 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   end
   assign dma__wr_data__payload = out;
   assign \ins.op  = ins[5:0];
-  assign \ins.width  = ins[11:6];
-  assign \ins.a  = ins[24:12];
-  assign \ins.b  = ins[37:25];
-  assign \ins.c  = ins[50:38];
-  assign \ins.m  = ins[66:51];
-  assign \ins.n  = ins[82:67];
-  assign \ins.k  = ins[98:83];
-  assign \ins.len  = ins[112:99];
-  assign \ins.count  = ins[128:113];
-  assign \ins.offset  = ins[142:129];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
   assign \out.data  = out[31:0];
   assign \out.strb  = out[35:32];
   assign \dma__wr_data__payload.data  = out[31:0];
@@ -19589,8 +23823,8 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, ins, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
   wire [12:0] \$11 ;
@@ -19650,18 +23884,23 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
   reg [2:0] fsm_state = 3'h0;
   reg gather = 1'h0;
   reg [15:0] i = 16'h0000;
-  input [142:0] ins;
-  wire [142:0] ins;
+  input [220:0] ins;
+  wire [220:0] ins;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
   wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
   wire [15:0] \ins.k ;
   wire [13:0] \ins.len ;
   wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
   wire [15:0] \ins.n ;
   wire [13:0] \ins.offset ;
   wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg load;
   reg [31:0] q = 32'd0;
@@ -19698,30 +23937,30 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
   always @(posedge clk)
     wa <= \$47 ;
   assign \$1  = ins[5:0] == 4'ha;
-  assign \$2  = i >= ins[128:113];
+  assign \$2  = i >= ins[206:191];
   assign \$4  = | q[31:16];
-  assign \$5  = q[15:0] >= ins[66:51];
+  assign \$5  = q[15:0] >= ins[76:61];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = col < ins[80:67];
+  assign \$7  = col < ins[90:77];
   assign \$10  = col + 1'h1;
   assign \$11  = gather ? row_i : acc;
-  assign \$12  = ins[50:38] + \$11 ;
+  assign \$12  = ins[60:48] + \$11 ;
   assign \$13  = \$12  + col;
-  assign \$14  = col >= ins[80:67];
+  assign \$14  = col >= ins[90:77];
   assign \$15  = ~ rv;
   assign \$16  = \$14  & \$15 ;
   assign \$17  = \$16  & wv;
   assign \$18  = i + 1'h1;
-  assign \$19  = row_i + ins[80:67];
-  assign \$20  = i >= ins[128:113];
-  assign \$22  = ins[37:25] + ins[142:129];
+  assign \$19  = row_i + ins[90:77];
+  assign \$20  = i >= ins[206:191];
+  assign \$22  = ins[47:35] + ins[220:207];
   assign \$23  = \$22  + i;
   assign \$24  = | q[31:16];
-  assign \$25  = q[15:0] >= ins[66:51];
+  assign \$25  = q[15:0] >= ins[76:61];
   assign \$26  = \$24  | \$25 ;
-  assign \$27  = col < ins[80:67];
+  assign \$27  = col < ins[90:77];
   assign \$30  = gather ? acc : row_i;
-  assign \$31  = ins[24:12] + \$30 ;
+  assign \$31  = ins[34:22] + \$30 ;
   assign \$32  = \$31  + col;
   assign \$33  = ! fsm_state;
   assign \$34  = fsm_state == 1'h1;
@@ -19753,7 +23992,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$46  = ra;
     casez (fsm_state)
       3'h0:
@@ -19778,7 +24017,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$47  = wa;
     casez (fsm_state)
       3'h0:
@@ -19800,7 +24039,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19818,7 +24057,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -19840,7 +24079,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19862,7 +24101,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -19878,7 +24117,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19896,7 +24135,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
@@ -19914,7 +24153,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -19927,12 +24166,12 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
           (* full_case = 32'd1 *)
           if (\$26 ) begin
           end else begin
-            x = ins[79:67];
+            x = ins[89:77];
           end
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -19950,7 +24189,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       3'h0:
@@ -19968,7 +24207,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19986,7 +24225,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$38  = spad__rd0__data;
     if (unit_rst) begin
       \$38  = 32'd0;
@@ -19996,7 +24235,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$39  = i;
     casez (fsm_state)
       3'h0:
@@ -20022,7 +24261,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$40  = row_i;
     casez (fsm_state)
       3'h0:
@@ -20048,7 +24287,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$41  = gather;
     casez (fsm_state)
       3'h0:
@@ -20064,7 +24303,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$42  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -20099,7 +24338,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$43  = col;
     casez (fsm_state)
       3'h0:
@@ -20128,7 +24367,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$44  = rv;
     casez (fsm_state)
       3'h0:
@@ -20160,7 +24399,7 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$45  = wv;
     casez (fsm_state)
       3'h0:
@@ -20187,16 +24426,21 @@ module \nanokpu_kpu.move (rst, ins, start, unit_rst, done, spad__rd0__addr, spad
   end
   assign spad__blocked = 1'h0;
   assign \ins.op  = ins[5:0];
-  assign \ins.width  = ins[11:6];
-  assign \ins.a  = ins[24:12];
-  assign \ins.b  = ins[37:25];
-  assign \ins.c  = ins[50:38];
-  assign \ins.m  = ins[66:51];
-  assign \ins.n  = ins[82:67];
-  assign \ins.k  = ins[98:83];
-  assign \ins.len  = ins[112:99];
-  assign \ins.count  = ins[128:113];
-  assign \ins.offset  = ins[142:129];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
   assign \$3  = 1'h1;
   assign \$8  = 1'h1;
   assign \$9  = \$7 ;
@@ -20207,7 +24451,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -20249,7 +24493,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -20264,7 +24508,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -20279,7 +24523,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -20302,9 +24546,9 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
+module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data, ins
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg \$100 ;
@@ -20453,18 +24697,23 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   wire [15:0] \held.weight ;
   reg hold = 1'h0;
   reg [2:0] idx_q = 3'h0;
-  input [142:0] ins;
-  wire [142:0] ins;
+  input [220:0] ins;
+  wire [220:0] ins;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
   wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
   wire [15:0] \ins.k ;
   wire [13:0] \ins.len ;
   wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
   wire [15:0] \ins.n ;
   wire [13:0] \ins.offset ;
   wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [3:0] j = 4'h0;
   reg lane = 1'h0;
@@ -20538,8 +24787,8 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     _0_ <= ctr[\$signature__addr ];
   end
   assign \$signature__data  = _0_;
-  assign \$1  = ins[66:51] * 2'h2;
-  assign \$2  = ins[37:25] + j;
+  assign \$1  = ins[76:61] * 2'h2;
+  assign \$2  = ins[47:35] + j;
   assign \$3  = j < 4'h8;
   assign \$4  = | j;
   assign \$5  = j - 1'h1;
@@ -20558,20 +24807,20 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   assign \$20  = \$19  + \$1 [13:0];
   assign \$21  = \$signature__data  + 1'h1;
   assign \$22  = 2'h2 * \$1 [13:0];
-  assign \$23  = ins[50:38] + \$22 ;
+  assign \$23  = ins[60:48] + \$22 ;
   assign \$24  = \$23  + 4'h8;
   assign \$25  = \$24  + j;
   assign \$26  = 2'h2 * \$1 [13:0];
-  assign \$27  = ins[50:38] + \$26 ;
+  assign \$27  = ins[60:48] + \$26 ;
   assign \$28  = \$27  + j;
-  assign \$30  = ins[50:38] + p;
+  assign \$30  = ins[60:48] + p;
   assign \$31  = 2'h2 * \$1 [13:0];
-  assign \$32  = ins[50:38] + \$31 ;
+  assign \$32  = ins[60:48] + \$31 ;
   assign \$33  = \$32  + 5'h10;
   assign \$34  = \$33  + \$signature__data ;
   assign \$35  = \$signature__data  + 1'h1;
   assign \$36  = 2'h2 * \$1 [13:0];
-  assign \$37  = ins[50:38] + \$36 ;
+  assign \$37  = ins[60:48] + \$36 ;
   assign \$38  = \$37  + 5'h10;
   assign \$39  = \$38  + \$1 [13:0];
   assign \$40  = \$39  + pos;
@@ -20672,7 +24921,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   always @(posedge clk)
     pos <= \$117 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -20696,7 +24945,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20720,7 +24969,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20746,7 +24995,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -20772,7 +25021,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20798,7 +25047,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20810,7 +25059,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20822,7 +25071,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -20834,7 +25083,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     scores__valid = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20846,7 +25095,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     routes__ready = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20858,7 +25107,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -20880,7 +25129,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -20913,7 +25162,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -20946,7 +25195,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -20979,7 +25228,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -21007,7 +25256,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -21035,7 +25284,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$94  = j;
     casez (fsm_state)
       4'h0:
@@ -21063,7 +25312,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$95  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -21115,14 +25364,14 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$96  = feed_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           if (\$53 ) begin
-            \$96  = ins[64:51];
+            \$96  = ins[74:61];
           end
       4'h2:
           if (\$66 ) begin
@@ -21139,14 +25388,14 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$97  = route_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           if (\$53 ) begin
-            \$97  = ins[64:51];
+            \$97  = ins[74:61];
           end
       4'h2:
           if (\$76 ) begin
@@ -21163,7 +25412,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$98  = el;
     casez (fsm_state)
       4'h0:
@@ -21192,7 +25441,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$99  = lane;
     casez (fsm_state)
       4'h0:
@@ -21219,7 +25468,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$100  = wvalid;
     casez (fsm_state)
       4'h0:
@@ -21248,14 +25497,14 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$101  = tbase;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           if (\$53 ) begin
-            \$101  = ins[24:12];
+            \$101  = ins[34:22];
           end
       4'h2:
           if (\$66 ) begin
@@ -21272,14 +25521,14 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$102  = tslot;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           if (\$53 ) begin
-            \$102  = ins[50:38];
+            \$102  = ins[60:48];
           end
       4'h2:
           if (\$76 ) begin
@@ -21296,7 +25545,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$103  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -21322,7 +25571,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$104  = cap;
     casez (fsm_state)
       4'h0:
@@ -21347,7 +25596,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$105  = s;
     casez (fsm_state)
       4'h0:
@@ -21374,7 +25623,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$106  = hold;
     casez (fsm_state)
       4'h0:
@@ -21401,7 +25650,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$107  = wphase;
     casez (fsm_state)
       4'h0:
@@ -21428,7 +25677,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$108  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -21448,7 +25697,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$109  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -21468,7 +25717,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$110  = held;
     casez (fsm_state)
       4'h0:
@@ -21488,7 +25737,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$111  = off;
     casez (fsm_state)
       4'h0:
@@ -21512,7 +25761,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$112  = count;
     casez (fsm_state)
       4'h0:
@@ -21534,7 +25783,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$113  = p;
     casez (fsm_state)
       4'h0:
@@ -21570,7 +25819,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$114  = pt;
     casez (fsm_state)
       4'h0:
@@ -21608,7 +25857,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$115  = ps;
     casez (fsm_state)
       4'h0:
@@ -21649,7 +25898,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$116  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -21677,7 +25926,7 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$117  = pos;
     casez (fsm_state)
       4'h0:
@@ -21710,16 +25959,21 @@ module \nanokpu_kpu.route (rst, scores__ready, ins, start, unit_rst, routes__pay
   assign pack = scores__payload;
   assign spad__blocked = 1'h0;
   assign \ins.op  = ins[5:0];
-  assign \ins.width  = ins[11:6];
-  assign \ins.a  = ins[24:12];
-  assign \ins.b  = ins[37:25];
-  assign \ins.c  = ins[50:38];
-  assign \ins.m  = ins[66:51];
-  assign \ins.n  = ins[82:67];
-  assign \ins.k  = ins[98:83];
-  assign \ins.len  = ins[112:99];
-  assign \ins.count  = ins[128:113];
-  assign \ins.offset  = ins[142:129];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
   assign \scores__payload[0]  = scores__payload;
   assign \pack[0]  = scores__payload;
   assign \held.index  = held[2:0];
@@ -21740,7 +25994,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -22282,7 +26536,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -22293,7 +26547,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -22302,7 +26556,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -22311,7 +26565,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -22320,7 +26574,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -22333,7 +26587,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -22346,7 +26600,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -22361,7 +26615,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -22374,7 +26628,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -22384,7 +26638,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -22397,7 +26651,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -22412,7 +26666,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -22430,7 +26684,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -22440,7 +26694,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -22453,7 +26707,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -22469,7 +26723,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -22479,7 +26733,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -22489,7 +26743,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -22506,7 +26760,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -22523,7 +26777,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -22540,7 +26794,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -22559,7 +26813,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -22574,7 +26828,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -22589,7 +26843,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22603,7 +26857,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -22617,7 +26871,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -22631,7 +26885,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -22645,7 +26899,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -22655,7 +26909,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -22665,7 +26919,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -22682,7 +26936,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -22697,7 +26951,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -22712,7 +26966,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -22731,7 +26985,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -22747,7 +27001,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -22763,7 +27017,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -22776,7 +27030,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -22792,7 +27046,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -22881,7 +27135,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -22929,7 +27183,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -22944,7 +27198,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -22959,7 +27213,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -22974,7 +27228,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -22993,2458 +27247,37 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3646$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
+, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
-  wire [4:0] \$2 ;
-  wire [4:0] \$3 ;
-  reg [3:0] \$4 ;
-  output advance;
-  wire advance;
-  input clk;
-  wire clk;
-  wire en;
-  wire [15:0] i__payload;
-  wire [15:0] \i__payload[0] ;
-  wire i__ready;
-  input i__valid;
-  wire i__valid;
-  output [12:0] o__payload;
-  wire [12:0] o__payload;
-  wire [12:0] \o__payload[0] ;
-  wire o__ready;
-  output o__valid;
-  wire o__valid;
-  input rst;
-  wire rst;
-  input unit_rst;
-  wire unit_rst;
-  reg [3:0] valid = 4'h0;
-  input [15:0] x;
-  wire [15:0] x;
-  wire [15:0] \x[0] ;
-  wire [12:0] y;
-  wire [12:0] \y[0] ;
-  always @(posedge clk)
-    valid <= \$4 ;
-  assign \$1  = ~ valid[3];
-  assign \$3  = \$2  | { 4'h0, i__valid };
-  \nanokpu_kpu.sigmoid.pwl  pwl (
-    .clk(clk),
-    .port__en(1'h1),
-    .rst(rst),
-    .unit_rst(unit_rst),
-    .x(x),
-    .y(o__payload)
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$4  = valid;
-    if (advance) begin
-      \$4  = \$3 [3:0];
-    end
-    if (unit_rst) begin
-      \$4  = 4'h0;
-    end
-    if (rst) begin
-      \$4  = 4'h0;
-    end
-  end
-  assign o__ready = 1'h1;
-  assign i__ready = advance;
-  assign en = advance;
-  assign i__payload = x;
-  assign y = o__payload;
-  assign o__valid = valid[3];
-  assign \x[0]  = x;
-  assign \i__payload[0]  = x;
-  assign \o__payload[0]  = o__payload;
-  assign \y[0]  = o__payload;
-  assign advance = 1'h1;
-  assign \$2  = { valid, 1'h0 };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
-  wire [16:0] \$1 ;
-  wire [18:0] \$10 ;
-  wire [18:0] \$11 ;
-  wire [16:0] \$12 ;
-  wire [18:0] \$13 ;
-  wire [16:0] \$14 ;
-  wire [18:0] \$15 ;
-  wire \$16 ;
-  wire [16:0] \$17 ;
-  wire [18:0] \$18 ;
-  wire [18:0] \$19 ;
-  wire \$2 ;
-  wire \$20 ;
-  wire \$21 ;
-  wire [19:0] \$22 ;
-  reg [4:0] \$23 ;
-  reg \$24 ;
-  reg [27:0] \$25 ;
-  reg \$26 ;
-  reg [4:0] \$27 ;
-  reg [16:0] \$28 ;
-  reg [16:0] \$29 ;
-  wire [17:0] \$3 ;
-  reg [12:0] \$30 ;
-  wire [17:0] \$4 ;
-  wire [13:0] \$5 ;
-  wire [13:0] \$6 ;
-  wire [16:0] \$7 ;
-  wire [15:0] \$8 ;
-  wire [16:0] \$9 ;
-  wire at_top;
-  wire [13:0] clipped;
-  input clk;
-  wire clk;
-  wire en;
-  reg [4:0] frac1_0 = 5'h00;
-  reg [4:0] frac2_0 = 5'h00;
-  wire [17:0] offset;
-  wire [7:0] port__addr;
-  wire [27:0] port__data;
-  wire [10:0] \port__data.slope ;
-  wire [16:0] \port__data.value ;
-  input port__en;
-  wire port__en;
-  reg [16:0] product3_0 = 17'h00000;
-  input rst;
-  wire rst;
-  reg top1_0 = 1'h0;
-  reg top2_0 = 1'h0;
-  input unit_rst;
-  wire unit_rst;
-  reg [16:0] value3_0 = 17'h00000;
-  reg [27:0] word2_0 = 28'h0000000;
-  wire [10:0] \word2_0.slope ;
-  wire [16:0] \word2_0.value ;
-  input [15:0] x;
-  wire [15:0] x;
-  wire [15:0] \x[0] ;
-  output [12:0] y;
-  reg [12:0] y = 13'h0000;
-  (* init = 13'h0000 *)
-  wire [12:0] y4_0;
-  wire [12:0] \y[0] ;
-  (* rom_style = "block" *)
-  reg [27:0] \table  [255:0];
-  initial begin
-    \table [0] = 28'h0000000;
-    \table [1] = 28'h0000000;
-    \table [2] = 28'h0000000;
-    \table [3] = 28'h0000000;
-    \table [4] = 28'h0000000;
-    \table [5] = 28'h0000000;
-    \table [6] = 28'h0000000;
-    \table [7] = 28'h0000000;
-    \table [8] = 28'h0000000;
-    \table [9] = 28'h0000000;
-    \table [10] = 28'h0000000;
-    \table [11] = 28'h0000000;
-    \table [12] = 28'h0000000;
-    \table [13] = 28'h0000000;
-    \table [14] = 28'h0000000;
-    \table [15] = 28'h0000000;
-    \table [16] = 28'h0000000;
-    \table [17] = 28'h0000000;
-    \table [18] = 28'h0000000;
-    \table [19] = 28'h0000000;
-    \table [20] = 28'h0000000;
-    \table [21] = 28'h0000000;
-    \table [22] = 28'h0000000;
-    \table [23] = 28'h0000000;
-    \table [24] = 28'h0000000;
-    \table [25] = 28'h0000000;
-    \table [26] = 28'h0000000;
-    \table [27] = 28'h0000000;
-    \table [28] = 28'h0000000;
-    \table [29] = 28'h0000000;
-    \table [30] = 28'h0000000;
-    \table [31] = 28'h0000000;
-    \table [32] = 28'h0000000;
-    \table [33] = 28'h0020000;
-    \table [34] = 28'h0000001;
-    \table [35] = 28'h0000001;
-    \table [36] = 28'h0000001;
-    \table [37] = 28'h0000001;
-    \table [38] = 28'h0000001;
-    \table [39] = 28'h0000001;
-    \table [40] = 28'h0000001;
-    \table [41] = 28'h0000001;
-    \table [42] = 28'h0020001;
-    \table [43] = 28'h0000002;
-    \table [44] = 28'h0000002;
-    \table [45] = 28'h0000002;
-    \table [46] = 28'h0020002;
-    \table [47] = 28'h0000003;
-    \table [48] = 28'h0000003;
-    \table [49] = 28'h0020003;
-    \table [50] = 28'h0000004;
-    \table [51] = 28'h0020004;
-    \table [52] = 28'h0020005;
-    \table [53] = 28'h0000006;
-    \table [54] = 28'h0020006;
-    \table [55] = 28'h0020007;
-    \table [56] = 28'h0020008;
-    \table [57] = 28'h0020009;
-    \table [58] = 28'h004000a;
-    \table [59] = 28'h002000c;
-    \table [60] = 28'h004000d;
-    \table [61] = 28'h004000f;
-    \table [62] = 28'h0040011;
-    \table [63] = 28'h0060013;
-    \table [64] = 28'h0060016;
-    \table [65] = 28'h0060019;
-    \table [66] = 28'h008001c;
-    \table [67] = 28'h0080020;
-    \table [68] = 28'h00a0024;
-    \table [69] = 28'h00c0029;
-    \table [70] = 28'h00c002f;
-    \table [71] = 28'h00e0035;
-    \table [72] = 28'h010003c;
-    \table [73] = 28'h0120044;
-    \table [74] = 28'h014004d;
-    \table [75] = 28'h0160057;
-    \table [76] = 28'h01a0062;
-    \table [77] = 28'h01e006f;
-    \table [78] = 28'h022007e;
-    \table [79] = 28'h026008f;
-    \table [80] = 28'h02c00a2;
-    \table [81] = 28'h03000b8;
-    \table [82] = 28'h03800d0;
-    \table [83] = 28'h03e00ec;
-    \table [84] = 28'h046010b;
-    \table [85] = 28'h050012e;
-    \table [86] = 28'h05a0156;
-    \table [87] = 28'h0680183;
-    \table [88] = 28'h07401b7;
-    \table [89] = 28'h08201f1;
-    \table [90] = 28'h0940232;
-    \table [91] = 28'h0a8027c;
-    \table [92] = 28'h0be02d0;
-    \table [93] = 28'h0d6032f;
-    \table [94] = 28'h0f0039a;
-    \table [95] = 28'h1120412;
-    \table [96] = 28'h134049b;
-    \table [97] = 28'h15a0535;
-    \table [98] = 28'h18605e2;
-    \table [99] = 28'h1b806a5;
-    \table [100] = 28'h1ee0781;
-    \table [101] = 28'h22c0878;
-    \table [102] = 28'h270098e;
-    \table [103] = 28'h2bc0ac6;
-    \table [104] = 28'h3100c24;
-    \table [105] = 28'h36c0dac;
-    \table [106] = 28'h3d20f62;
-    \table [107] = 28'h440114b;
-    \table [108] = 28'h4bc136b;
-    \table [109] = 28'h54015c9;
-    \table [110] = 28'h5ce1869;
-    \table [111] = 28'h6681b50;
-    \table [112] = 28'h70c1e84;
-    \table [113] = 28'h7b8220a;
-    \table [114] = 28'h87025e6;
-    \table [115] = 28'h92a2a1e;
-    \table [116] = 28'h9ee2eb3;
-    \table [117] = 28'hab233aa;
-    \table [118] = 28'hb763903;
-    \table [119] = 28'hc363ebe;
-    \table [120] = 28'hcf244d9;
-    \table [121] = 28'hd9e4b52;
-    \table [122] = 28'he405221;
-    \table [123] = 28'hecc5941;
-    \table [124] = 28'hf4060a7;
-    \table [125] = 28'hf9c6847;
-    \table [126] = 28'hfdc7015;
-    \table [127] = 28'hffa7803;
-    \table [128] = 28'hffa8000;
-    \table [129] = 28'hfdc87fd;
-    \table [130] = 28'hf9c8feb;
-    \table [131] = 28'hf4097b9;
-    \table [132] = 28'hecc9f59;
-    \table [133] = 28'he40a6bf;
-    \table [134] = 28'hd9eaddf;
-    \table [135] = 28'hcf2b4ae;
-    \table [136] = 28'hc36bb27;
-    \table [137] = 28'hb76c142;
-    \table [138] = 28'hab2c6fd;
-    \table [139] = 28'h9eecc56;
-    \table [140] = 28'h92ad14d;
-    \table [141] = 28'h870d5e2;
-    \table [142] = 28'h7b8da1a;
-    \table [143] = 28'h70cddf6;
-    \table [144] = 28'h668e17c;
-    \table [145] = 28'h5cee4b0;
-    \table [146] = 28'h540e797;
-    \table [147] = 28'h4bcea37;
-    \table [148] = 28'h440ec95;
-    \table [149] = 28'h3d2eeb5;
-    \table [150] = 28'h36cf09e;
-    \table [151] = 28'h310f254;
-    \table [152] = 28'h2bcf3dc;
-    \table [153] = 28'h270f53a;
-    \table [154] = 28'h22cf672;
-    \table [155] = 28'h1eef788;
-    \table [156] = 28'h1b8f87f;
-    \table [157] = 28'h186f95b;
-    \table [158] = 28'h15afa1e;
-    \table [159] = 28'h134facb;
-    \table [160] = 28'h112fb65;
-    \table [161] = 28'h0f0fbee;
-    \table [162] = 28'h0d6fc66;
-    \table [163] = 28'h0befcd1;
-    \table [164] = 28'h0a8fd30;
-    \table [165] = 28'h094fd84;
-    \table [166] = 28'h082fdce;
-    \table [167] = 28'h074fe0f;
-    \table [168] = 28'h068fe49;
-    \table [169] = 28'h05afe7d;
-    \table [170] = 28'h050feaa;
-    \table [171] = 28'h046fed2;
-    \table [172] = 28'h03efef5;
-    \table [173] = 28'h038ff14;
-    \table [174] = 28'h030ff30;
-    \table [175] = 28'h02cff48;
-    \table [176] = 28'h026ff5e;
-    \table [177] = 28'h022ff71;
-    \table [178] = 28'h01eff82;
-    \table [179] = 28'h01aff91;
-    \table [180] = 28'h016ff9e;
-    \table [181] = 28'h014ffa9;
-    \table [182] = 28'h012ffb3;
-    \table [183] = 28'h010ffbc;
-    \table [184] = 28'h00effc4;
-    \table [185] = 28'h00cffcb;
-    \table [186] = 28'h00cffd1;
-    \table [187] = 28'h00affd7;
-    \table [188] = 28'h008ffdc;
-    \table [189] = 28'h008ffe0;
-    \table [190] = 28'h006ffe4;
-    \table [191] = 28'h006ffe7;
-    \table [192] = 28'h006ffea;
-    \table [193] = 28'h004ffed;
-    \table [194] = 28'h004ffef;
-    \table [195] = 28'h004fff1;
-    \table [196] = 28'h002fff3;
-    \table [197] = 28'h004fff4;
-    \table [198] = 28'h002fff6;
-    \table [199] = 28'h002fff7;
-    \table [200] = 28'h002fff8;
-    \table [201] = 28'h002fff9;
-    \table [202] = 28'h000fffa;
-    \table [203] = 28'h002fffa;
-    \table [204] = 28'h002fffb;
-    \table [205] = 28'h000fffc;
-    \table [206] = 28'h002fffc;
-    \table [207] = 28'h000fffd;
-    \table [208] = 28'h000fffd;
-    \table [209] = 28'h002fffd;
-    \table [210] = 28'h000fffe;
-    \table [211] = 28'h000fffe;
-    \table [212] = 28'h000fffe;
-    \table [213] = 28'h002fffe;
-    \table [214] = 28'h000ffff;
-    \table [215] = 28'h000ffff;
-    \table [216] = 28'h000ffff;
-    \table [217] = 28'h000ffff;
-    \table [218] = 28'h000ffff;
-    \table [219] = 28'h000ffff;
-    \table [220] = 28'h000ffff;
-    \table [221] = 28'h000ffff;
-    \table [222] = 28'h002ffff;
-    \table [223] = 28'h0010000;
-    \table [224] = 28'h0010000;
-    \table [225] = 28'h0010000;
-    \table [226] = 28'h0010000;
-    \table [227] = 28'h0010000;
-    \table [228] = 28'h0010000;
-    \table [229] = 28'h0010000;
-    \table [230] = 28'h0010000;
-    \table [231] = 28'h0010000;
-    \table [232] = 28'h0010000;
-    \table [233] = 28'h0010000;
-    \table [234] = 28'h0010000;
-    \table [235] = 28'h0010000;
-    \table [236] = 28'h0010000;
-    \table [237] = 28'h0010000;
-    \table [238] = 28'h0010000;
-    \table [239] = 28'h0010000;
-    \table [240] = 28'h0010000;
-    \table [241] = 28'h0010000;
-    \table [242] = 28'h0010000;
-    \table [243] = 28'h0010000;
-    \table [244] = 28'h0010000;
-    \table [245] = 28'h0010000;
-    \table [246] = 28'h0010000;
-    \table [247] = 28'h0010000;
-    \table [248] = 28'h0010000;
-    \table [249] = 28'h0010000;
-    \table [250] = 28'h0010000;
-    \table [251] = 28'h0010000;
-    \table [252] = 28'h0010000;
-    \table [253] = 28'h0010000;
-    \table [254] = 28'h0010000;
-    \table [255] = 28'h0010000;
-  end
-  reg [27:0] _0_;
-  always @(posedge clk) begin
-    if (port__en) begin
-      _0_ <= \table [\$6 [7:0]];
-    end
-  end
-  assign port__data = _0_;
-  assign \$1  = $signed(x) - $signed(13'h1000);
-  assign at_top = $signed(\$1 ) >= $signed(15'h2000);
-  assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = at_top ? 18'h02000 : { \$1 [16], \$1  };
-  assign \$4  = \$2  ? 18'h00000 : \$3 ;
-  assign \$6  = at_top ? 14'h0000 : \$5 ;
-  assign \$7  = top2_0 ? 17'h10000 : word2_0[16:0];
-  assign \$8  = word2_0[27:17] * frac2_0;
-  assign \$10  = $signed({ 1'h0, value3_0 }) + $signed(\$9 );
-  assign \$13  = $signed({ 1'h0, value3_0 }) + $signed(\$12 );
-  assign \$15  = $signed({ 1'h0, value3_0 }) + $signed(\$14 );
-  assign \$16  = | \$15 [2:0];
-  assign \$18  = $signed({ 1'h0, value3_0 }) + $signed(\$17 );
-  assign \$20  = \$16  | \$19 [0];
-  assign \$21  = \$13 [3] & \$20 ;
-  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
-  always @(posedge clk)
-    frac1_0 <= \$23 ;
-  always @(posedge clk)
-    top1_0 <= \$24 ;
-  always @(posedge clk)
-    word2_0 <= \$25 ;
-  always @(posedge clk)
-    top2_0 <= \$26 ;
-  always @(posedge clk)
-    frac2_0 <= \$27 ;
-  always @(posedge clk)
-    value3_0 <= \$28 ;
-  always @(posedge clk)
-    product3_0 <= \$29 ;
-  always @(posedge clk)
-    y <= \$30 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$23  = frac1_0;
-    if (port__en) begin
-      \$23  = \$4 [4:0];
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$24  = top1_0;
-    if (port__en) begin
-      \$24  = at_top;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$25  = word2_0;
-    if (port__en) begin
-      \$25  = port__data;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$26  = top2_0;
-    if (port__en) begin
-      \$26  = top1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$27  = frac2_0;
-    if (port__en) begin
-      \$27  = frac1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$28  = value3_0;
-    if (port__en) begin
-      \$28  = \$7 ;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$29  = product3_0;
-    if (port__en) begin
-      \$29  = { 1'h0, \$8  };
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$30  = y;
-    if (port__en) begin
-      \$30  = \$22 [12:0];
-    end
-  end
-  assign en = port__en;
-  assign offset = { \$1 [16], \$1  };
-  assign clipped = \$4 [13:0];
-  assign port__addr = \$6 [7:0];
-  assign y4_0 = y;
-  assign \x[0]  = x;
-  assign \y[0]  = y;
-  assign \word2_0.value  = word2_0[16:0];
-  assign \word2_0.slope  = word2_0[27:17];
-  assign \port__data.value  = port__data[16:0];
-  assign \port__data.slope  = port__data[27:17];
-  assign \$5  = { 5'h00, \$4 [13:5] };
-  assign \$9  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
-  assign \$12  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$14  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$17  = { product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16], product3_0[16:5] };
-  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
-  wire \$1 ;
-  wire [30:0] \$10 ;
-  reg [5:0] \$11 ;
-  reg [29:0] \$12 ;
-  reg [15:0] \$13 ;
-  wire [6:0] \$2 ;
-  wire [6:0] \$3 ;
-  wire [29:0] \$4 ;
-  wire [29:0] \$5 ;
-  wire \$6 ;
-  wire [29:0] \$7 ;
-  wire \$8 ;
-  wire \$9 ;
-  output advance;
-  wire advance;
-  input clk;
-  wire clk;
-  wire en;
-  wire \en$6 ;
-  (* init = 16'h0000 *)
-  wire [15:0] h;
-  input [31:0] i__payload;
-  wire [31:0] i__payload;
-  wire [31:0] \i__payload[0] ;
-  wire [15:0] \i__payload[0].g ;
-  wire [15:0] \i__payload[0].u ;
-  wire i__ready;
-  input i__valid;
-  wire i__valid;
-  output [15:0] o__payload;
-  reg [15:0] o__payload = 16'h0000;
-  wire [15:0] \o__payload[0] ;
-  wire o__ready;
-  output o__valid;
-  wire o__valid;
-  reg [29:0] product = 30'h00000000;
-  input rst;
-  wire rst;
-  input unit_rst;
-  wire unit_rst;
-  reg [5:0] valid = 6'h00;
-  wire [15:0] x;
-  wire [15:0] \x$9 ;
-  wire [15:0] \x$9[0] ;
-  wire [15:0] \x[0] ;
-  wire [13:0] y;
-  wire [15:0] \y$17 ;
-  wire [15:0] \y$17[0] ;
-  wire [13:0] \y[0] ;
-  assign \$1  = ~ valid[5];
-  assign \$3  = \$2  | { 6'h00, i__valid };
-  assign \$4  = $signed(y) * $signed(\y$17 );
-  assign \$6  = | product[10:0];
-  assign \$8  = \$6  | \$7 [0];
-  assign \$9  = product[11] & \$8 ;
-  assign \$10  = $signed(\$5 ) + $signed({ 1'h0, \$9  });
-  always @(posedge clk)
-    valid <= \$11 ;
-  always @(posedge clk)
-    product <= \$12 ;
-  always @(posedge clk)
-    o__payload <= \$13 ;
-  \nanokpu_kpu.situ.gate  gate (
-    .clk(clk),
-    .port__en(1'h1),
-    .rst(rst),
-    .unit_rst(unit_rst),
-    .x(i__payload[15:0]),
-    .y(y)
-  );
-  \nanokpu_kpu.situ.up  up (
-    .clk(clk),
-    .port__en(1'h1),
-    .rst(rst),
-    .unit_rst(unit_rst),
-    .x(i__payload[31:16]),
-    .y(\y$17 )
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$11  = valid;
-    if (advance) begin
-      \$11  = \$3 [5:0];
-    end
-    if (unit_rst) begin
-      \$11  = 6'h00;
-    end
-    if (rst) begin
-      \$11  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$12  = product;
-    if (advance) begin
-      \$12  = \$4 ;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$13  = o__payload;
-    if (advance) begin
-      \$13  = \$10 [15:0];
-    end
-  end
-  assign o__ready = 1'h1;
-  assign i__ready = advance;
-  assign en = advance;
-  assign \en$6  = advance;
-  assign x = i__payload[15:0];
-  assign \x$9  = i__payload[31:16];
-  assign h = o__payload;
-  assign o__valid = valid[5];
-  assign \x[0]  = i__payload[15:0];
-  assign \i__payload[0]  = i__payload;
-  assign \i__payload[0].g  = i__payload[15:0];
-  assign \i__payload[0].u  = i__payload[31:16];
-  assign \x$9[0]  = i__payload[31:16];
-  assign \o__payload[0]  = o__payload;
-  assign \y[0]  = y;
-  assign \y$17[0]  = \y$17 ;
-  assign advance = 1'h1;
-  assign \$2  = { valid, 1'h0 };
-  assign \$5  = { product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29:12] };
-  assign \$7  = { product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29], product[29:12] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
-  wire [16:0] \$1 ;
-  wire [18:0] \$10 ;
-  wire [18:0] \$11 ;
-  wire [17:0] \$12 ;
-  wire [18:0] \$13 ;
-  wire [17:0] \$14 ;
-  wire [18:0] \$15 ;
-  wire \$16 ;
-  wire [17:0] \$17 ;
-  wire [18:0] \$18 ;
-  wire [18:0] \$19 ;
-  wire \$2 ;
-  wire \$20 ;
-  wire \$21 ;
-  wire [19:0] \$22 ;
-  reg [4:0] \$23 ;
-  reg \$24 ;
-  reg [29:0] \$25 ;
-  reg \$26 ;
-  reg [4:0] \$27 ;
-  reg [17:0] \$28 ;
-  reg [17:0] \$29 ;
-  wire [17:0] \$3 ;
-  reg [13:0] \$30 ;
-  wire [17:0] \$4 ;
-  wire [13:0] \$5 ;
-  wire [13:0] \$6 ;
-  wire [17:0] \$7 ;
-  wire [16:0] \$8 ;
-  wire [17:0] \$9 ;
-  wire at_top;
-  wire [13:0] clipped;
-  input clk;
-  wire clk;
-  wire en;
-  reg [4:0] frac1_0 = 5'h00;
-  reg [4:0] frac2_0 = 5'h00;
-  wire [17:0] offset;
-  wire [8:0] port__addr;
-  wire [29:0] port__data;
-  wire [11:0] \port__data.slope ;
-  wire [17:0] \port__data.value ;
-  input port__en;
-  wire port__en;
-  reg [17:0] product3_0 = 18'h00000;
-  input rst;
-  wire rst;
-  reg top1_0 = 1'h0;
-  reg top2_0 = 1'h0;
-  input unit_rst;
-  wire unit_rst;
-  reg [17:0] value3_0 = 18'h00000;
-  reg [29:0] word2_0 = 30'h00000000;
-  wire [11:0] \word2_0.slope ;
-  wire [17:0] \word2_0.value ;
-  input [15:0] x;
-  wire [15:0] x;
-  wire [15:0] \x[0] ;
-  output [13:0] y;
-  reg [13:0] y = 14'h0000;
-  (* init = 14'h0000 *)
-  wire [13:0] y4_0;
-  wire [13:0] \y[0] ;
-  (* rom_style = "block" *)
-  reg [29:0] \table  [383:0];
-  initial begin
-    \table [0] = 30'h00000000;
-    \table [1] = 30'h00000000;
-    \table [2] = 30'h00000000;
-    \table [3] = 30'h00000000;
-    \table [4] = 30'h00000000;
-    \table [5] = 30'h00000000;
-    \table [6] = 30'h00000000;
-    \table [7] = 30'h00000000;
-    \table [8] = 30'h00000000;
-    \table [9] = 30'h00000000;
-    \table [10] = 30'h00000000;
-    \table [11] = 30'h00000000;
-    \table [12] = 30'h00000000;
-    \table [13] = 30'h00000000;
-    \table [14] = 30'h00000000;
-    \table [15] = 30'h00000000;
-    \table [16] = 30'h00000000;
-    \table [17] = 30'h00000000;
-    \table [18] = 30'h00000000;
-    \table [19] = 30'h00000000;
-    \table [20] = 30'h00000000;
-    \table [21] = 30'h00000000;
-    \table [22] = 30'h00000000;
-    \table [23] = 30'h00000000;
-    \table [24] = 30'h00000000;
-    \table [25] = 30'h00000000;
-    \table [26] = 30'h00000000;
-    \table [27] = 30'h00000000;
-    \table [28] = 30'h00000000;
-    \table [29] = 30'h00000000;
-    \table [30] = 30'h00000000;
-    \table [31] = 30'h00000000;
-    \table [32] = 30'h00000000;
-    \table [33] = 30'h3ffc0000;
-    \table [34] = 30'h0003ffff;
-    \table [35] = 30'h0003ffff;
-    \table [36] = 30'h0003ffff;
-    \table [37] = 30'h0003ffff;
-    \table [38] = 30'h0003ffff;
-    \table [39] = 30'h0003ffff;
-    \table [40] = 30'h0003ffff;
-    \table [41] = 30'h0003ffff;
-    \table [42] = 30'h3fffffff;
-    \table [43] = 30'h0003fffe;
-    \table [44] = 30'h0003fffe;
-    \table [45] = 30'h0003fffe;
-    \table [46] = 30'h3ffffffe;
-    \table [47] = 30'h0003fffd;
-    \table [48] = 30'h0003fffd;
-    \table [49] = 30'h3ffffffd;
-    \table [50] = 30'h0003fffc;
-    \table [51] = 30'h3ffffffc;
-    \table [52] = 30'h0003fffb;
-    \table [53] = 30'h3ffffffb;
-    \table [54] = 30'h3ffffffa;
-    \table [55] = 30'h3ffffff9;
-    \table [56] = 30'h3ffffff8;
-    \table [57] = 30'h3ffffff7;
-    \table [58] = 30'h3ffffff6;
-    \table [59] = 30'h3ffbfff5;
-    \table [60] = 30'h3ffbfff3;
-    \table [61] = 30'h3ffbfff1;
-    \table [62] = 30'h3ffbffef;
-    \table [63] = 30'h3ffbffed;
-    \table [64] = 30'h3ff7ffeb;
-    \table [65] = 30'h3ff7ffe8;
-    \table [66] = 30'h3ff3ffe5;
-    \table [67] = 30'h3ff3ffe1;
-    \table [68] = 30'h3ff3ffdd;
-    \table [69] = 30'h3fefffd9;
-    \table [70] = 30'h3febffd4;
-    \table [71] = 30'h3febffce;
-    \table [72] = 30'h3fe7ffc8;
-    \table [73] = 30'h3fdfffc1;
-    \table [74] = 30'h3fdfffb8;
-    \table [75] = 30'h3fdbffaf;
-    \table [76] = 30'h3fd3ffa5;
-    \table [77] = 30'h3fcfff99;
-    \table [78] = 30'h3fcbff8c;
-    \table [79] = 30'h3fbfff7e;
-    \table [80] = 30'h3fbbff6d;
-    \table [81] = 30'h3fafff5b;
-    \table [82] = 30'h3fa7ff46;
-    \table [83] = 30'h3f9bff2f;
-    \table [84] = 30'h3f8fff15;
-    \table [85] = 30'h3f83fef8;
-    \table [86] = 30'h3f73fed8;
-    \table [87] = 30'h3f63feb4;
-    \table [88] = 30'h3f4ffe8c;
-    \table [89] = 30'h3f3ffe5f;
-    \table [90] = 30'h3f23fe2e;
-    \table [91] = 30'h3f0ffdf6;
-    \table [92] = 30'h3ef7fdb9;
-    \table [93] = 30'h3ed7fd76;
-    \table [94] = 30'h3ebbfd2b;
-    \table [95] = 30'h3e97fcd9;
-    \table [96] = 30'h3e77fc7e;
-    \table [97] = 30'h3e53fc1b;
-    \table [98] = 30'h3e27fbaf;
-    \table [99] = 30'h3e03fb38;
-    \table [100] = 30'h3dd7fab8;
-    \table [101] = 30'h3dabfa2d;
-    \table [102] = 30'h3d7ff997;
-    \table [103] = 30'h3d53f8f6;
-    \table [104] = 30'h3d2bf84a;
-    \table [105] = 30'h3d03f794;
-    \table [106] = 30'h3cdff6d4;
-    \table [107] = 30'h3cc3f60b;
-    \table [108] = 30'h3caff53b;
-    \table [109] = 30'h3ca3f466;
-    \table [110] = 30'h3cabf38e;
-    \table [111] = 30'h3cbbf2b8;
-    \table [112] = 30'h3ce3f1e6;
-    \table [113] = 30'h3d27f11e;
-    \table [114] = 30'h3d7ff067;
-    \table [115] = 30'h3dfbefc6;
-    \table [116] = 30'h3e97ef44;
-    \table [117] = 30'h3f57eee9;
-    \table [118] = 30'h0043eebe;
-    \table [119] = 30'h0157eece;
-    \table [120] = 30'h0297ef23;
-    \table [121] = 30'h03ffefc8;
-    \table [122] = 30'h0593f0c7;
-    \table [123] = 30'h0743f22b;
-    \table [124] = 30'h091bf3fb;
-    \table [125] = 30'h0b03f641;
-    \table [126] = 30'h0cfff901;
-    \table [127] = 30'h0f03fc40;
-    \table [128] = 30'h11000000;
-    \table [129] = 30'h12f00440;
-    \table [130] = 30'h14cc08fc;
-    \table [131] = 30'h16880e2f;
-    \table [132] = 30'h181c13d1;
-    \table [133] = 30'h198419d8;
-    \table [134] = 30'h1abc2039;
-    \table [135] = 30'h1bb826e8;
-    \table [136] = 30'h1c842dd6;
-    \table [137] = 30'h1d1434f7;
-    \table [138] = 30'h1d743c3c;
-    \table [139] = 30'h1da04399;
-    \table [140] = 30'h1d9c4b01;
-    \table [141] = 30'h1d6c5268;
-    \table [142] = 30'h1d1c59c3;
-    \table [143] = 30'h1ca4610a;
-    \table [144] = 30'h1c146833;
-    \table [145] = 30'h1b686f38;
-    \table [146] = 30'h1aac7612;
-    \table [147] = 30'h19e07cbd;
-    \table [148] = 30'h19088335;
-    \table [149] = 30'h18248977;
-    \table [150] = 30'h173c8f80;
-    \table [151] = 30'h1650954f;
-    \table [152] = 30'h15649ae3;
-    \table [153] = 30'h147ca03c;
-    \table [154] = 30'h1394a55b;
-    \table [155] = 30'h12acaa40;
-    \table [156] = 30'h11ccaeeb;
-    \table [157] = 30'h10f4b35e;
-    \table [158] = 30'h101cb79b;
-    \table [159] = 30'h0f50bba2;
-    \table [160] = 30'h0e88bf76;
-    \table [161] = 30'h0dccc318;
-    \table [162] = 30'h0d10c68b;
-    \table [163] = 30'h0c64c9cf;
-    \table [164] = 30'h0bb8cce8;
-    \table [165] = 30'h0b14cfd6;
-    \table [166] = 30'h0a80d29b;
-    \table [167] = 30'h09e8d53b;
-    \table [168] = 30'h095cd7b5;
-    \table [169] = 30'h08dcda0c;
-    \table [170] = 30'h0858dc43;
-    \table [171] = 30'h07e4de59;
-    \table [172] = 30'h0770e052;
-    \table [173] = 30'h0704e22e;
-    \table [174] = 30'h069ce3ef;
-    \table [175] = 30'h063ce596;
-    \table [176] = 30'h05e0e725;
-    \table [177] = 30'h058ce89d;
-    \table [178] = 30'h0538ea00;
-    \table [179] = 30'h04e8eb4e;
-    \table [180] = 30'h04a4ec88;
-    \table [181] = 30'h045cedb1;
-    \table [182] = 30'h0418eec8;
-    \table [183] = 30'h03e0efce;
-    \table [184] = 30'h03a4f0c6;
-    \table [185] = 30'h036cf1af;
-    \table [186] = 30'h0338f28a;
-    \table [187] = 30'h0308f358;
-    \table [188] = 30'h02d8f41a;
-    \table [189] = 30'h02b0f4d0;
-    \table [190] = 30'h0284f57c;
-    \table [191] = 30'h0260f61d;
-    \table [192] = 30'h023cf6b5;
-    \table [193] = 30'h021cf744;
-    \table [194] = 30'h01f8f7cb;
-    \table [195] = 30'h01dcf849;
-    \table [196] = 30'h01bcf8c0;
-    \table [197] = 30'h01a4f92f;
-    \table [198] = 30'h018cf998;
-    \table [199] = 30'h0174f9fb;
-    \table [200] = 30'h015cfa58;
-    \table [201] = 30'h0148faaf;
-    \table [202] = 30'h0134fb01;
-    \table [203] = 30'h0124fb4e;
-    \table [204] = 30'h0110fb97;
-    \table [205] = 30'h0100fbdb;
-    \table [206] = 30'h00f0fc1b;
-    \table [207] = 30'h00e4fc57;
-    \table [208] = 30'h00d4fc90;
-    \table [209] = 30'h00c8fcc5;
-    \table [210] = 30'h00bcfcf7;
-    \table [211] = 30'h00b0fd26;
-    \table [212] = 30'h00a4fd52;
-    \table [213] = 30'h009cfd7b;
-    \table [214] = 30'h0094fda2;
-    \table [215] = 30'h0088fdc7;
-    \table [216] = 30'h0084fde9;
-    \table [217] = 30'h0078fe0a;
-    \table [218] = 30'h0074fe28;
-    \table [219] = 30'h0068fe45;
-    \table [220] = 30'h0068fe5f;
-    \table [221] = 30'h005cfe79;
-    \table [222] = 30'h005cfe90;
-    \table [223] = 30'h0054fea7;
-    \table [224] = 30'h004cfebc;
-    \table [225] = 30'h004cfecf;
-    \table [226] = 30'h0044fee2;
-    \table [227] = 30'h0040fef3;
-    \table [228] = 30'h0040ff03;
-    \table [229] = 30'h0038ff13;
-    \table [230] = 30'h0034ff21;
-    \table [231] = 30'h0034ff2e;
-    \table [232] = 30'h0030ff3b;
-    \table [233] = 30'h002cff47;
-    \table [234] = 30'h002cff52;
-    \table [235] = 30'h0028ff5d;
-    \table [236] = 30'h0024ff67;
-    \table [237] = 30'h0024ff70;
-    \table [238] = 30'h0020ff79;
-    \table [239] = 30'h0020ff81;
-    \table [240] = 30'h001cff89;
-    \table [241] = 30'h001cff90;
-    \table [242] = 30'h0018ff97;
-    \table [243] = 30'h0018ff9d;
-    \table [244] = 30'h0018ffa3;
-    \table [245] = 30'h0014ffa9;
-    \table [246] = 30'h0014ffae;
-    \table [247] = 30'h0014ffb3;
-    \table [248] = 30'h0010ffb8;
-    \table [249] = 30'h0010ffbc;
-    \table [250] = 30'h0010ffc0;
-    \table [251] = 30'h0010ffc4;
-    \table [252] = 30'h000cffc8;
-    \table [253] = 30'h000cffcb;
-    \table [254] = 30'h000cffce;
-    \table [255] = 30'h000cffd1;
-    \table [256] = 30'h000cffd4;
-    \table [257] = 30'h0008ffd7;
-    \table [258] = 30'h000cffd9;
-    \table [259] = 30'h0008ffdc;
-    \table [260] = 30'h0008ffde;
-    \table [261] = 30'h0008ffe0;
-    \table [262] = 30'h0008ffe2;
-    \table [263] = 30'h0004ffe4;
-    \table [264] = 30'h0008ffe5;
-    \table [265] = 30'h0004ffe7;
-    \table [266] = 30'h0008ffe8;
-    \table [267] = 30'h0004ffea;
-    \table [268] = 30'h0004ffeb;
-    \table [269] = 30'h0008ffec;
-    \table [270] = 30'h0004ffee;
-    \table [271] = 30'h0004ffef;
-    \table [272] = 30'h0004fff0;
-    \table [273] = 30'h0004fff1;
-    \table [274] = 30'h0004fff2;
-    \table [275] = 30'h0000fff3;
-    \table [276] = 30'h0004fff3;
-    \table [277] = 30'h0004fff4;
-    \table [278] = 30'h0004fff5;
-    \table [279] = 30'h0000fff6;
-    \table [280] = 30'h0004fff6;
-    \table [281] = 30'h0000fff7;
-    \table [282] = 30'h0004fff7;
-    \table [283] = 30'h0000fff8;
-    \table [284] = 30'h0004fff8;
-    \table [285] = 30'h0000fff9;
-    \table [286] = 30'h0004fff9;
-    \table [287] = 30'h0000fffa;
-    \table [288] = 30'h0000fffa;
-    \table [289] = 30'h0004fffa;
-    \table [290] = 30'h0000fffb;
-    \table [291] = 30'h0000fffb;
-    \table [292] = 30'h0004fffb;
-    \table [293] = 30'h0000fffc;
-    \table [294] = 30'h0000fffc;
-    \table [295] = 30'h0000fffc;
-    \table [296] = 30'h0004fffc;
-    \table [297] = 30'h0000fffd;
-    \table [298] = 30'h0000fffd;
-    \table [299] = 30'h0000fffd;
-    \table [300] = 30'h0000fffd;
-    \table [301] = 30'h0004fffd;
-    \table [302] = 30'h0000fffe;
-    \table [303] = 30'h0000fffe;
-    \table [304] = 30'h0000fffe;
-    \table [305] = 30'h0000fffe;
-    \table [306] = 30'h0000fffe;
-    \table [307] = 30'h0000fffe;
-    \table [308] = 30'h0000fffe;
-    \table [309] = 30'h0000fffe;
-    \table [310] = 30'h0004fffe;
-    \table [311] = 30'h0000ffff;
-    \table [312] = 30'h0000ffff;
-    \table [313] = 30'h0000ffff;
-    \table [314] = 30'h0000ffff;
-    \table [315] = 30'h0000ffff;
-    \table [316] = 30'h0000ffff;
-    \table [317] = 30'h0000ffff;
-    \table [318] = 30'h0000ffff;
-    \table [319] = 30'h0000ffff;
-    \table [320] = 30'h0000ffff;
-    \table [321] = 30'h0000ffff;
-    \table [322] = 30'h0000ffff;
-    \table [323] = 30'h0000ffff;
-    \table [324] = 30'h0000ffff;
-    \table [325] = 30'h0000ffff;
-    \table [326] = 30'h0000ffff;
-    \table [327] = 30'h0004ffff;
-    \table [328] = 30'h00010000;
-    \table [329] = 30'h00010000;
-    \table [330] = 30'h00010000;
-    \table [331] = 30'h00010000;
-    \table [332] = 30'h00010000;
-    \table [333] = 30'h00010000;
-    \table [334] = 30'h00010000;
-    \table [335] = 30'h00010000;
-    \table [336] = 30'h00010000;
-    \table [337] = 30'h00010000;
-    \table [338] = 30'h00010000;
-    \table [339] = 30'h00010000;
-    \table [340] = 30'h00010000;
-    \table [341] = 30'h00010000;
-    \table [342] = 30'h00010000;
-    \table [343] = 30'h00010000;
-    \table [344] = 30'h00010000;
-    \table [345] = 30'h00010000;
-    \table [346] = 30'h00010000;
-    \table [347] = 30'h00010000;
-    \table [348] = 30'h00010000;
-    \table [349] = 30'h00010000;
-    \table [350] = 30'h00010000;
-    \table [351] = 30'h00010000;
-    \table [352] = 30'h00010000;
-    \table [353] = 30'h00010000;
-    \table [354] = 30'h00010000;
-    \table [355] = 30'h00010000;
-    \table [356] = 30'h00010000;
-    \table [357] = 30'h00010000;
-    \table [358] = 30'h00010000;
-    \table [359] = 30'h00010000;
-    \table [360] = 30'h00010000;
-    \table [361] = 30'h00010000;
-    \table [362] = 30'h00010000;
-    \table [363] = 30'h00010000;
-    \table [364] = 30'h00010000;
-    \table [365] = 30'h00010000;
-    \table [366] = 30'h00010000;
-    \table [367] = 30'h00010000;
-    \table [368] = 30'h00010000;
-    \table [369] = 30'h00010000;
-    \table [370] = 30'h00010000;
-    \table [371] = 30'h00010000;
-    \table [372] = 30'h00010000;
-    \table [373] = 30'h00010000;
-    \table [374] = 30'h00010000;
-    \table [375] = 30'h00010000;
-    \table [376] = 30'h00010000;
-    \table [377] = 30'h00010000;
-    \table [378] = 30'h00010000;
-    \table [379] = 30'h00010000;
-    \table [380] = 30'h00010000;
-    \table [381] = 30'h00010000;
-    \table [382] = 30'h00010000;
-    \table [383] = 30'h00010000;
-  end
-  reg [29:0] _0_;
-  always @(posedge clk) begin
-    if (port__en) begin
-      _0_ <= \table [\$6 [8:0]];
-    end
-  end
-  assign port__data = _0_;
-  assign \$1  = $signed(x) - $signed(13'h1000);
-  assign at_top = $signed(\$1 ) >= $signed(15'h3000);
-  assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = at_top ? 18'h03000 : { \$1 [16], \$1  };
-  assign \$4  = \$2  ? 18'h00000 : \$3 ;
-  assign \$6  = at_top ? 14'h0000 : \$5 ;
-  assign \$7  = top2_0 ? 18'h10000 : word2_0[17:0];
-  assign \$8  = $signed(word2_0[29:18]) * $signed({ 1'h0, frac2_0 });
-  assign \$10  = $signed(value3_0) + $signed(\$9 );
-  assign \$13  = $signed(value3_0) + $signed(\$12 );
-  assign \$15  = $signed(value3_0) + $signed(\$14 );
-  assign \$16  = | \$15 [2:0];
-  assign \$18  = $signed(value3_0) + $signed(\$17 );
-  assign \$20  = \$16  | \$19 [0];
-  assign \$21  = \$13 [3] & \$20 ;
-  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
-  always @(posedge clk)
-    frac1_0 <= \$23 ;
-  always @(posedge clk)
-    top1_0 <= \$24 ;
-  always @(posedge clk)
-    word2_0 <= \$25 ;
-  always @(posedge clk)
-    top2_0 <= \$26 ;
-  always @(posedge clk)
-    frac2_0 <= \$27 ;
-  always @(posedge clk)
-    value3_0 <= \$28 ;
-  always @(posedge clk)
-    product3_0 <= \$29 ;
-  always @(posedge clk)
-    y <= \$30 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$23  = frac1_0;
-    if (port__en) begin
-      \$23  = \$4 [4:0];
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$24  = top1_0;
-    if (port__en) begin
-      \$24  = at_top;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$25  = word2_0;
-    if (port__en) begin
-      \$25  = port__data;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$26  = top2_0;
-    if (port__en) begin
-      \$26  = top1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$27  = frac2_0;
-    if (port__en) begin
-      \$27  = frac1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$28  = value3_0;
-    if (port__en) begin
-      \$28  = \$7 ;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$29  = product3_0;
-    if (port__en) begin
-      \$29  = { \$8 [16], \$8  };
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$30  = y;
-    if (port__en) begin
-      \$30  = \$22 [13:0];
-    end
-  end
-  assign en = port__en;
-  assign offset = { \$1 [16], \$1  };
-  assign clipped = \$4 [13:0];
-  assign port__addr = \$6 [8:0];
-  assign y4_0 = y;
-  assign \x[0]  = x;
-  assign \y[0]  = y;
-  assign \word2_0.value  = word2_0[17:0];
-  assign \word2_0.slope  = word2_0[29:18];
-  assign \port__data.value  = port__data[17:0];
-  assign \port__data.slope  = port__data[29:18];
-  assign \$5  = { 5'h00, \$4 [13:5] };
-  assign \$9  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$11  = { \$10 [18], \$10 [18], \$10 [18], \$10 [18], \$10 [18:4] };
-  assign \$12  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$14  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$17  = { product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17], product3_0[17:5] };
-  assign \$19  = { \$18 [18], \$18 [18], \$18 [18], \$18 [18], \$18 [18:4] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
-  wire [16:0] \$1 ;
-  wire [20:0] \$10 ;
-  wire [20:0] \$11 ;
-  wire [19:0] \$12 ;
-  wire [20:0] \$13 ;
-  wire [19:0] \$14 ;
-  wire [20:0] \$15 ;
-  wire \$16 ;
-  wire [19:0] \$17 ;
-  wire [20:0] \$18 ;
-  wire [20:0] \$19 ;
-  wire \$2 ;
-  wire \$20 ;
-  wire \$21 ;
-  wire [21:0] \$22 ;
-  reg [5:0] \$23 ;
-  reg \$24 ;
-  reg [32:0] \$25 ;
-  reg \$26 ;
-  reg [5:0] \$27 ;
-  reg [19:0] \$28 ;
-  reg [19:0] \$29 ;
-  wire [17:0] \$3 ;
-  reg [15:0] \$30 ;
-  wire [17:0] \$4 ;
-  wire [16:0] \$5 ;
-  wire [16:0] \$6 ;
-  wire [19:0] \$7 ;
-  wire [18:0] \$8 ;
-  wire [19:0] \$9 ;
-  wire at_top;
-  wire [16:0] clipped;
-  input clk;
-  wire clk;
-  wire en;
-  reg [5:0] frac1_0 = 6'h00;
-  reg [5:0] frac2_0 = 6'h00;
-  wire [17:0] offset;
-  wire [9:0] port__addr;
-  wire [32:0] port__data;
-  wire [12:0] \port__data.slope ;
-  wire [19:0] \port__data.value ;
-  input port__en;
-  wire port__en;
-  reg [19:0] product3_0 = 20'h00000;
-  input rst;
-  wire rst;
-  reg top1_0 = 1'h0;
-  reg top2_0 = 1'h0;
-  input unit_rst;
-  wire unit_rst;
-  reg [19:0] value3_0 = 20'h00000;
-  reg [32:0] word2_0 = 33'h000000000;
-  wire [12:0] \word2_0.slope ;
-  wire [19:0] \word2_0.value ;
-  input [15:0] x;
-  wire [15:0] x;
-  wire [15:0] \x[0] ;
-  output [15:0] y;
-  reg [15:0] y = 16'h0000;
-  (* init = 16'h0000 *)
-  wire [15:0] y4_0;
-  wire [15:0] \y[0] ;
-  (* rom_style = "block" *)
-  reg [32:0] \table  [1023:0];
-  initial begin
-    \table [0] = 33'h00019c01d;
-    \table [1] = 33'h00009c01e;
-    \table [2] = 33'h00019c01e;
-    \table [3] = 33'h00019c01f;
-    \table [4] = 33'h00009c020;
-    \table [5] = 33'h00019c020;
-    \table [6] = 33'h00019c021;
-    \table [7] = 33'h00009c022;
-    \table [8] = 33'h00019c022;
-    \table [9] = 33'h00019c023;
-    \table [10] = 33'h00009c024;
-    \table [11] = 33'h00019c024;
-    \table [12] = 33'h00019c025;
-    \table [13] = 33'h00019c026;
-    \table [14] = 33'h00009c027;
-    \table [15] = 33'h00019c027;
-    \table [16] = 33'h00019c028;
-    \table [17] = 33'h00019c029;
-    \table [18] = 33'h00019c02a;
-    \table [19] = 33'h00019c02b;
-    \table [20] = 33'h00019c02c;
-    \table [21] = 33'h00009c02d;
-    \table [22] = 33'h00019c02d;
-    \table [23] = 33'h00019c02e;
-    \table [24] = 33'h00019c02f;
-    \table [25] = 33'h00019c030;
-    \table [26] = 33'h00019c031;
-    \table [27] = 33'h00019c032;
-    \table [28] = 33'h00019c033;
-    \table [29] = 33'h00019c034;
-    \table [30] = 33'h00019c035;
-    \table [31] = 33'h00019c036;
-    \table [32] = 33'h00029c037;
-    \table [33] = 33'h00019c039;
-    \table [34] = 33'h00019c03a;
-    \table [35] = 33'h00019c03b;
-    \table [36] = 33'h00019c03c;
-    \table [37] = 33'h00029c03d;
-    \table [38] = 33'h00019c03f;
-    \table [39] = 33'h00019c040;
-    \table [40] = 33'h00019c041;
-    \table [41] = 33'h00029c042;
-    \table [42] = 33'h00019c044;
-    \table [43] = 33'h00029c045;
-    \table [44] = 33'h00019c047;
-    \table [45] = 33'h00019c048;
-    \table [46] = 33'h00029c049;
-    \table [47] = 33'h00019c04b;
-    \table [48] = 33'h00029c04c;
-    \table [49] = 33'h00029c04e;
-    \table [50] = 33'h00019c050;
-    \table [51] = 33'h00029c051;
-    \table [52] = 33'h00019c053;
-    \table [53] = 33'h00029c054;
-    \table [54] = 33'h00029c056;
-    \table [55] = 33'h00029c058;
-    \table [56] = 33'h00019c05a;
-    \table [57] = 33'h00029c05b;
-    \table [58] = 33'h00029c05d;
-    \table [59] = 33'h00029c05f;
-    \table [60] = 33'h00029c061;
-    \table [61] = 33'h00029c063;
-    \table [62] = 33'h00029c065;
-    \table [63] = 33'h00029c067;
-    \table [64] = 33'h00029c069;
-    \table [65] = 33'h00039c06b;
-    \table [66] = 33'h00029c06e;
-    \table [67] = 33'h00029c070;
-    \table [68] = 33'h00029c072;
-    \table [69] = 33'h00039c074;
-    \table [70] = 33'h00029c077;
-    \table [71] = 33'h00029c079;
-    \table [72] = 33'h00039c07b;
-    \table [73] = 33'h00029c07e;
-    \table [74] = 33'h00039c080;
-    \table [75] = 33'h00039c083;
-    \table [76] = 33'h00029c086;
-    \table [77] = 33'h00039c088;
-    \table [78] = 33'h00039c08b;
-    \table [79] = 33'h00039c08e;
-    \table [80] = 33'h00039c091;
-    \table [81] = 33'h00039c094;
-    \table [82] = 33'h00039c097;
-    \table [83] = 33'h00039c09a;
-    \table [84] = 33'h00039c09d;
-    \table [85] = 33'h00039c0a0;
-    \table [86] = 33'h00049c0a3;
-    \table [87] = 33'h00039c0a7;
-    \table [88] = 33'h00039c0aa;
-    \table [89] = 33'h00049c0ad;
-    \table [90] = 33'h00049c0b1;
-    \table [91] = 33'h00039c0b5;
-    \table [92] = 33'h00049c0b8;
-    \table [93] = 33'h00049c0bc;
-    \table [94] = 33'h00049c0c0;
-    \table [95] = 33'h00049c0c4;
-    \table [96] = 33'h00049c0c8;
-    \table [97] = 33'h00049c0cc;
-    \table [98] = 33'h00049c0d0;
-    \table [99] = 33'h00049c0d4;
-    \table [100] = 33'h00049c0d8;
-    \table [101] = 33'h00059c0dc;
-    \table [102] = 33'h00049c0e1;
-    \table [103] = 33'h00059c0e5;
-    \table [104] = 33'h00059c0ea;
-    \table [105] = 33'h00059c0ef;
-    \table [106] = 33'h00059c0f4;
-    \table [107] = 33'h00059c0f9;
-    \table [108] = 33'h00059c0fe;
-    \table [109] = 33'h00059c103;
-    \table [110] = 33'h00059c108;
-    \table [111] = 33'h00069c10d;
-    \table [112] = 33'h00059c113;
-    \table [113] = 33'h00069c118;
-    \table [114] = 33'h00069c11e;
-    \table [115] = 33'h00069c124;
-    \table [116] = 33'h00069c12a;
-    \table [117] = 33'h00069c130;
-    \table [118] = 33'h00069c136;
-    \table [119] = 33'h00069c13c;
-    \table [120] = 33'h00079c142;
-    \table [121] = 33'h00079c149;
-    \table [122] = 33'h00069c150;
-    \table [123] = 33'h00079c156;
-    \table [124] = 33'h00079c15d;
-    \table [125] = 33'h00079c164;
-    \table [126] = 33'h00089c16b;
-    \table [127] = 33'h00079c173;
-    \table [128] = 33'h00089c17a;
-    \table [129] = 33'h00089c182;
-    \table [130] = 33'h00089c18a;
-    \table [131] = 33'h00089c192;
-    \table [132] = 33'h00089c19a;
-    \table [133] = 33'h00089c1a2;
-    \table [134] = 33'h00099c1aa;
-    \table [135] = 33'h00099c1b3;
-    \table [136] = 33'h00099c1bc;
-    \table [137] = 33'h00099c1c5;
-    \table [138] = 33'h00099c1ce;
-    \table [139] = 33'h000a9c1d7;
-    \table [140] = 33'h000a9c1e1;
-    \table [141] = 33'h00099c1eb;
-    \table [142] = 33'h000b9c1f4;
-    \table [143] = 33'h000a9c1ff;
-    \table [144] = 33'h000a9c209;
-    \table [145] = 33'h000b9c213;
-    \table [146] = 33'h000b9c21e;
-    \table [147] = 33'h000b9c229;
-    \table [148] = 33'h000c9c234;
-    \table [149] = 33'h000b9c240;
-    \table [150] = 33'h000c9c24b;
-    \table [151] = 33'h000c9c257;
-    \table [152] = 33'h000c9c263;
-    \table [153] = 33'h000d9c26f;
-    \table [154] = 33'h000d9c27c;
-    \table [155] = 33'h000d9c289;
-    \table [156] = 33'h000d9c296;
-    \table [157] = 33'h000e9c2a3;
-    \table [158] = 33'h000e9c2b1;
-    \table [159] = 33'h000e9c2bf;
-    \table [160] = 33'h000f9c2cd;
-    \table [161] = 33'h000e9c2dc;
-    \table [162] = 33'h000f9c2ea;
-    \table [163] = 33'h00109c2f9;
-    \table [164] = 33'h000f9c309;
-    \table [165] = 33'h00109c318;
-    \table [166] = 33'h00119c328;
-    \table [167] = 33'h00109c339;
-    \table [168] = 33'h00119c349;
-    \table [169] = 33'h00129c35a;
-    \table [170] = 33'h00119c36c;
-    \table [171] = 33'h00129c37d;
-    \table [172] = 33'h00139c38f;
-    \table [173] = 33'h00139c3a2;
-    \table [174] = 33'h00139c3b5;
-    \table [175] = 33'h00139c3c8;
-    \table [176] = 33'h00149c3db;
-    \table [177] = 33'h00149c3ef;
-    \table [178] = 33'h00159c403;
-    \table [179] = 33'h00159c418;
-    \table [180] = 33'h00169c42d;
-    \table [181] = 33'h00169c443;
-    \table [182] = 33'h00169c459;
-    \table [183] = 33'h00179c46f;
-    \table [184] = 33'h00189c486;
-    \table [185] = 33'h00179c49e;
-    \table [186] = 33'h00199c4b5;
-    \table [187] = 33'h00199c4ce;
-    \table [188] = 33'h00199c4e7;
-    \table [189] = 33'h001a9c500;
-    \table [190] = 33'h001a9c51a;
-    \table [191] = 33'h001b9c534;
-    \table [192] = 33'h001b9c54f;
-    \table [193] = 33'h001c9c56a;
-    \table [194] = 33'h001d9c586;
-    \table [195] = 33'h001d9c5a3;
-    \table [196] = 33'h001e9c5c0;
-    \table [197] = 33'h001e9c5de;
-    \table [198] = 33'h001f9c5fc;
-    \table [199] = 33'h001f9c61b;
-    \table [200] = 33'h00209c63a;
-    \table [201] = 33'h00219c65a;
-    \table [202] = 33'h00229c67b;
-    \table [203] = 33'h00229c69d;
-    \table [204] = 33'h00239c6bf;
-    \table [205] = 33'h00239c6e2;
-    \table [206] = 33'h00249c705;
-    \table [207] = 33'h00259c729;
-    \table [208] = 33'h00269c74e;
-    \table [209] = 33'h00269c774;
-    \table [210] = 33'h00289c79a;
-    \table [211] = 33'h00289c7c2;
-    \table [212] = 33'h00289c7ea;
-    \table [213] = 33'h002a9c812;
-    \table [214] = 33'h002a9c83c;
-    \table [215] = 33'h002c9c866;
-    \table [216] = 33'h002c9c892;
-    \table [217] = 33'h002d9c8be;
-    \table [218] = 33'h002e9c8eb;
-    \table [219] = 33'h002f9c919;
-    \table [220] = 33'h00309c948;
-    \table [221] = 33'h00319c978;
-    \table [222] = 33'h00319c9a9;
-    \table [223] = 33'h00339c9da;
-    \table [224] = 33'h00349ca0d;
-    \table [225] = 33'h00359ca41;
-    \table [226] = 33'h00369ca76;
-    \table [227] = 33'h00379caac;
-    \table [228] = 33'h00389cae3;
-    \table [229] = 33'h00399cb1b;
-    \table [230] = 33'h003b9cb54;
-    \table [231] = 33'h003b9cb8f;
-    \table [232] = 33'h003d9cbca;
-    \table [233] = 33'h003e9cc07;
-    \table [234] = 33'h003f9cc45;
-    \table [235] = 33'h00409cc84;
-    \table [236] = 33'h00429ccc4;
-    \table [237] = 33'h00439cd06;
-    \table [238] = 33'h00459cd49;
-    \table [239] = 33'h00469cd8e;
-    \table [240] = 33'h00479cdd4;
-    \table [241] = 33'h00489ce1b;
-    \table [242] = 33'h004a9ce63;
-    \table [243] = 33'h004c9cead;
-    \table [244] = 33'h004d9cef9;
-    \table [245] = 33'h004f9cf46;
-    \table [246] = 33'h00509cf95;
-    \table [247] = 33'h00529cfe5;
-    \table [248] = 33'h00539d037;
-    \table [249] = 33'h00559d08a;
-    \table [250] = 33'h00579d0df;
-    \table [251] = 33'h00589d136;
-    \table [252] = 33'h005b9d18e;
-    \table [253] = 33'h005c9d1e9;
-    \table [254] = 33'h005e9d245;
-    \table [255] = 33'h005f9d2a3;
-    \table [256] = 33'h00629d302;
-    \table [257] = 33'h00649d364;
-    \table [258] = 33'h00669d3c8;
-    \table [259] = 33'h00679d42e;
-    \table [260] = 33'h006a9d495;
-    \table [261] = 33'h006c9d4ff;
-    \table [262] = 33'h006e9d56b;
-    \table [263] = 33'h00709d5d9;
-    \table [264] = 33'h00729d649;
-    \table [265] = 33'h00759d6bb;
-    \table [266] = 33'h00779d730;
-    \table [267] = 33'h007a9d7a7;
-    \table [268] = 33'h007b9d821;
-    \table [269] = 33'h007f9d89c;
-    \table [270] = 33'h00809d91b;
-    \table [271] = 33'h00849d99b;
-    \table [272] = 33'h00869da1f;
-    \table [273] = 33'h00889daa5;
-    \table [274] = 33'h008c9db2d;
-    \table [275] = 33'h008e9dbb9;
-    \table [276] = 33'h00919dc47;
-    \table [277] = 33'h00939dcd8;
-    \table [278] = 33'h00979dd6b;
-    \table [279] = 33'h009a9de02;
-    \table [280] = 33'h009d9de9c;
-    \table [281] = 33'h00a09df39;
-    \table [282] = 33'h00a39dfd9;
-    \table [283] = 33'h00a69e07c;
-    \table [284] = 33'h00a99e122;
-    \table [285] = 33'h00ad9e1cb;
-    \table [286] = 33'h00b19e278;
-    \table [287] = 33'h00b39e329;
-    \table [288] = 33'h00b89e3dc;
-    \table [289] = 33'h00bb9e494;
-    \table [290] = 33'h00be9e54f;
-    \table [291] = 33'h00c39e60d;
-    \table [292] = 33'h00c69e6d0;
-    \table [293] = 33'h00ca9e796;
-    \table [294] = 33'h00ce9e860;
-    \table [295] = 33'h00d29e92e;
-    \table [296] = 33'h00d79ea00;
-    \table [297] = 33'h00da9ead7;
-    \table [298] = 33'h00df9ebb1;
-    \table [299] = 33'h00e39ec90;
-    \table [300] = 33'h00e89ed73;
-    \table [301] = 33'h00ec9ee5b;
-    \table [302] = 33'h00f19ef47;
-    \table [303] = 33'h00f59f038;
-    \table [304] = 33'h00fb9f12d;
-    \table [305] = 33'h00ff9f228;
-    \table [306] = 33'h01049f327;
-    \table [307] = 33'h01099f42b;
-    \table [308] = 33'h010f9f534;
-    \table [309] = 33'h01149f643;
-    \table [310] = 33'h01199f757;
-    \table [311] = 33'h011e9f870;
-    \table [312] = 33'h01249f98e;
-    \table [313] = 33'h012a9fab2;
-    \table [314] = 33'h01309fbdc;
-    \table [315] = 33'h01369fd0c;
-    \table [316] = 33'h013b9fe42;
-    \table [317] = 33'h01429ff7d;
-    \table [318] = 33'h0148a00bf;
-    \table [319] = 33'h014ea0207;
-    \table [320] = 33'h0155a0355;
-    \table [321] = 33'h015ba04aa;
-    \table [322] = 33'h0162a0605;
-    \table [323] = 33'h0169a0767;
-    \table [324] = 33'h0170a08d0;
-    \table [325] = 33'h0177a0a40;
-    \table [326] = 33'h017ea0bb7;
-    \table [327] = 33'h0185a0d35;
-    \table [328] = 33'h018da0eba;
-    \table [329] = 33'h0195a1047;
-    \table [330] = 33'h019ca11dc;
-    \table [331] = 33'h01a4a1378;
-    \table [332] = 33'h01aca151c;
-    \table [333] = 33'h01b5a16c8;
-    \table [334] = 33'h01bda187d;
-    \table [335] = 33'h01c5a1a3a;
-    \table [336] = 33'h01cea1bff;
-    \table [337] = 33'h01d6a1dcd;
-    \table [338] = 33'h01e0a1fa3;
-    \table [339] = 33'h01e8a2183;
-    \table [340] = 33'h01f2a236b;
-    \table [341] = 33'h01fba255d;
-    \table [342] = 33'h0205a2758;
-    \table [343] = 33'h020fa295d;
-    \table [344] = 33'h0218a2b6c;
-    \table [345] = 33'h0223a2d84;
-    \table [346] = 33'h022da2fa7;
-    \table [347] = 33'h0237a31d4;
-    \table [348] = 33'h0242a340b;
-    \table [349] = 33'h024da364d;
-    \table [350] = 33'h0258a389a;
-    \table [351] = 33'h0263a3af2;
-    \table [352] = 33'h026ea3d55;
-    \table [353] = 33'h027aa3fc3;
-    \table [354] = 33'h0285a423d;
-    \table [355] = 33'h0292a44c2;
-    \table [356] = 33'h029da4754;
-    \table [357] = 33'h02aaa49f1;
-    \table [358] = 33'h02b7a4c9b;
-    \table [359] = 33'h02c3a4f52;
-    \table [360] = 33'h02d1a5215;
-    \table [361] = 33'h02dda54e6;
-    \table [362] = 33'h02eba57c3;
-    \table [363] = 33'h02f9a5aae;
-    \table [364] = 33'h0306a5da7;
-    \table [365] = 33'h0314a60ad;
-    \table [366] = 33'h0323a63c1;
-    \table [367] = 33'h0331a66e4;
-    \table [368] = 33'h0340a6a15;
-    \table [369] = 33'h034fa6d55;
-    \table [370] = 33'h035ea70a4;
-    \table [371] = 33'h036ea7402;
-    \table [372] = 33'h037da7770;
-    \table [373] = 33'h038da7aed;
-    \table [374] = 33'h039ea7e7a;
-    \table [375] = 33'h03ada8218;
-    \table [376] = 33'h03bfa85c5;
-    \table [377] = 33'h03cfa8984;
-    \table [378] = 33'h03e0a8d53;
-    \table [379] = 33'h03f2a9133;
-    \table [380] = 33'h0404a9525;
-    \table [381] = 33'h0415a9929;
-    \table [382] = 33'h0428a9d3e;
-    \table [383] = 33'h043aaa166;
-    \table [384] = 33'h044caa5a0;
-    \table [385] = 33'h0460aa9ec;
-    \table [386] = 33'h0473aae4c;
-    \table [387] = 33'h0486ab2bf;
-    \table [388] = 33'h049bab745;
-    \table [389] = 33'h04aeabbe0;
-    \table [390] = 33'h04c2ac08e;
-    \table [391] = 33'h04d7ac550;
-    \table [392] = 33'h04ecaca27;
-    \table [393] = 33'h0501acf13;
-    \table [394] = 33'h0516ad414;
-    \table [395] = 33'h052cad92a;
-    \table [396] = 33'h0542ade56;
-    \table [397] = 33'h0558ae398;
-    \table [398] = 33'h056fae8f0;
-    \table [399] = 33'h0585aee5f;
-    \table [400] = 33'h059caf3e4;
-    \table [401] = 33'h05b4af980;
-    \table [402] = 33'h05cbaff34;
-    \table [403] = 33'h05e3b04ff;
-    \table [404] = 33'h05fbb0ae2;
-    \table [405] = 33'h0613b10dd;
-    \table [406] = 33'h062cb16f0;
-    \table [407] = 33'h0645b1d1c;
-    \table [408] = 33'h065eb2361;
-    \table [409] = 33'h0678b29bf;
-    \table [410] = 33'h0691b3037;
-    \table [411] = 33'h06abb36c8;
-    \table [412] = 33'h06c5b3d73;
-    \table [413] = 33'h06e0b4438;
-    \table [414] = 33'h06fbb4b18;
-    \table [415] = 33'h0715b5213;
-    \table [416] = 33'h0731b5928;
-    \table [417] = 33'h074cb6059;
-    \table [418] = 33'h0768b67a5;
-    \table [419] = 33'h0783b6f0d;
-    \table [420] = 33'h07a0b7690;
-    \table [421] = 33'h07bcb7e30;
-    \table [422] = 33'h07d9b85ec;
-    \table [423] = 33'h07f6b8dc5;
-    \table [424] = 33'h0812b95bb;
-    \table [425] = 33'h0830b9dcd;
-    \table [426] = 33'h084dba5fd;
-    \table [427] = 33'h086bbae4a;
-    \table [428] = 33'h0888bb6b5;
-    \table [429] = 33'h08a6bbf3d;
-    \table [430] = 33'h08c5bc7e3;
-    \table [431] = 33'h08e3bd0a8;
-    \table [432] = 33'h0901bd98b;
-    \table [433] = 33'h091fbe28c;
-    \table [434] = 33'h093fbebab;
-    \table [435] = 33'h095dbf4ea;
-    \table [436] = 33'h097cbfe47;
-    \table [437] = 33'h099bc07c3;
-    \table [438] = 33'h09bac115e;
-    \table [439] = 33'h09dac1b18;
-    \table [440] = 33'h09f9c24f2;
-    \table [441] = 33'h0a18c2eeb;
-    \table [442] = 33'h0a38c3903;
-    \table [443] = 33'h0a57c433b;
-    \table [444] = 33'h0a76c4d92;
-    \table [445] = 33'h0a96c5808;
-    \table [446] = 33'h0ab6c629e;
-    \table [447] = 33'h0ad5c6d54;
-    \table [448] = 33'h0af5c7829;
-    \table [449] = 33'h0b14c831e;
-    \table [450] = 33'h0b34c8e32;
-    \table [451] = 33'h0b52c9966;
-    \table [452] = 33'h0b73ca4b8;
-    \table [453] = 33'h0b91cb02b;
-    \table [454] = 33'h0bb1cbbbc;
-    \table [455] = 33'h0bcfcc76d;
-    \table [456] = 33'h0befcd33c;
-    \table [457] = 33'h0c0dcdf2b;
-    \table [458] = 33'h0c2cceb38;
-    \table [459] = 33'h0c4acf764;
-    \table [460] = 33'h0c68d03ae;
-    \table [461] = 33'h0c87d1016;
-    \table [462] = 33'h0ca4d1c9d;
-    \table [463] = 33'h0cc2d2941;
-    \table [464] = 33'h0cdfd3603;
-    \table [465] = 33'h0cfcd42e2;
-    \table [466] = 33'h0d18d4fde;
-    \table [467] = 33'h0d35d5cf6;
-    \table [468] = 33'h0d51d6a2b;
-    \table [469] = 33'h0d6dd777c;
-    \table [470] = 33'h0d89d84e9;
-    \table [471] = 33'h0da3d9272;
-    \table [472] = 33'h0dbeda015;
-    \table [473] = 33'h0dd8dadd3;
-    \table [474] = 33'h0df2dbbab;
-    \table [475] = 33'h0e0bdc99d;
-    \table [476] = 33'h0e25dd7a8;
-    \table [477] = 33'h0e3cde5cd;
-    \table [478] = 33'h0e55df409;
-    \table [479] = 33'h0e6ce025e;
-    \table [480] = 33'h0e83e10ca;
-    \table [481] = 33'h0e99e1f4d;
-    \table [482] = 33'h0eb0e2de6;
-    \table [483] = 33'h0ec4e3c96;
-    \table [484] = 33'h0ed9e4b5a;
-    \table [485] = 33'h0eeee5a33;
-    \table [486] = 33'h0f00e6921;
-    \table [487] = 33'h0f14e7821;
-    \table [488] = 33'h0f26e8735;
-    \table [489] = 33'h0f37e965b;
-    \table [490] = 33'h0f49ea592;
-    \table [491] = 33'h0f58eb4db;
-    \table [492] = 33'h0f68ec433;
-    \table [493] = 33'h0f77ed39b;
-    \table [494] = 33'h0f85ee312;
-    \table [495] = 33'h0f93ef297;
-    \table [496] = 33'h0f9ff022a;
-    \table [497] = 33'h0fabf11c9;
-    \table [498] = 33'h0fb6f2174;
-    \table [499] = 33'h0fc1f312a;
-    \table [500] = 33'h0fcaf40eb;
-    \table [501] = 33'h0fd3f50b5;
-    \table [502] = 33'h0fdbf6088;
-    \table [503] = 33'h0fe3f7063;
-    \table [504] = 33'h0fe9f8046;
-    \table [505] = 33'h0feef902f;
-    \table [506] = 33'h0ff4fa01d;
-    \table [507] = 33'h0ff8fb011;
-    \table [508] = 33'h0ffbfc009;
-    \table [509] = 33'h0ffdfd004;
-    \table [510] = 33'h0ffffe001;
-    \table [511] = 33'h1000ff000;
-    \table [512] = 33'h100000000;
-    \table [513] = 33'h0fff01000;
-    \table [514] = 33'h0ffd01fff;
-    \table [515] = 33'h0ffb02ffc;
-    \table [516] = 33'h0ff803ff7;
-    \table [517] = 33'h0ff404fef;
-    \table [518] = 33'h0fee05fe3;
-    \table [519] = 33'h0fe906fd1;
-    \table [520] = 33'h0fe307fba;
-    \table [521] = 33'h0fdb08f9d;
-    \table [522] = 33'h0fd309f78;
-    \table [523] = 33'h0fca0af4b;
-    \table [524] = 33'h0fc10bf15;
-    \table [525] = 33'h0fb60ced6;
-    \table [526] = 33'h0fab0de8c;
-    \table [527] = 33'h0f9f0ee37;
-    \table [528] = 33'h0f930fdd6;
-    \table [529] = 33'h0f8510d69;
-    \table [530] = 33'h0f7711cee;
-    \table [531] = 33'h0f6812c65;
-    \table [532] = 33'h0f5813bcd;
-    \table [533] = 33'h0f4914b25;
-    \table [534] = 33'h0f3715a6e;
-    \table [535] = 33'h0f26169a5;
-    \table [536] = 33'h0f14178cb;
-    \table [537] = 33'h0f00187df;
-    \table [538] = 33'h0eee196df;
-    \table [539] = 33'h0ed91a5cd;
-    \table [540] = 33'h0ec41b4a6;
-    \table [541] = 33'h0eb01c36a;
-    \table [542] = 33'h0e991d21a;
-    \table [543] = 33'h0e831e0b3;
-    \table [544] = 33'h0e6c1ef36;
-    \table [545] = 33'h0e551fda2;
-    \table [546] = 33'h0e3c20bf7;
-    \table [547] = 33'h0e2521a33;
-    \table [548] = 33'h0e0b22858;
-    \table [549] = 33'h0df223663;
-    \table [550] = 33'h0dd824455;
-    \table [551] = 33'h0dbe2522d;
-    \table [552] = 33'h0da325feb;
-    \table [553] = 33'h0d8926d8e;
-    \table [554] = 33'h0d6d27b17;
-    \table [555] = 33'h0d5128884;
-    \table [556] = 33'h0d35295d5;
-    \table [557] = 33'h0d182a30a;
-    \table [558] = 33'h0cfc2b022;
-    \table [559] = 33'h0cdf2bd1e;
-    \table [560] = 33'h0cc22c9fd;
-    \table [561] = 33'h0ca42d6bf;
-    \table [562] = 33'h0c872e363;
-    \table [563] = 33'h0c682efea;
-    \table [564] = 33'h0c4a2fc52;
-    \table [565] = 33'h0c2c3089c;
-    \table [566] = 33'h0c0d314c8;
-    \table [567] = 33'h0bef320d5;
-    \table [568] = 33'h0bcf32cc4;
-    \table [569] = 33'h0bb133893;
-    \table [570] = 33'h0b9134444;
-    \table [571] = 33'h0b7334fd5;
-    \table [572] = 33'h0b5235b48;
-    \table [573] = 33'h0b343669a;
-    \table [574] = 33'h0b14371ce;
-    \table [575] = 33'h0af537ce2;
-    \table [576] = 33'h0ad5387d7;
-    \table [577] = 33'h0ab6392ac;
-    \table [578] = 33'h0a9639d62;
-    \table [579] = 33'h0a763a7f8;
-    \table [580] = 33'h0a573b26e;
-    \table [581] = 33'h0a383bcc5;
-    \table [582] = 33'h0a183c6fd;
-    \table [583] = 33'h09f93d115;
-    \table [584] = 33'h09da3db0e;
-    \table [585] = 33'h09ba3e4e8;
-    \table [586] = 33'h099b3eea2;
-    \table [587] = 33'h097c3f83d;
-    \table [588] = 33'h095d401b9;
-    \table [589] = 33'h093f40b16;
-    \table [590] = 33'h091f41455;
-    \table [591] = 33'h090141d74;
-    \table [592] = 33'h08e342675;
-    \table [593] = 33'h08c542f58;
-    \table [594] = 33'h08a64381d;
-    \table [595] = 33'h0888440c3;
-    \table [596] = 33'h086b4494b;
-    \table [597] = 33'h084d451b6;
-    \table [598] = 33'h083045a03;
-    \table [599] = 33'h081246233;
-    \table [600] = 33'h07f646a45;
-    \table [601] = 33'h07d94723b;
-    \table [602] = 33'h07bc47a14;
-    \table [603] = 33'h07a0481d0;
-    \table [604] = 33'h078348970;
-    \table [605] = 33'h0768490f3;
-    \table [606] = 33'h074c4985b;
-    \table [607] = 33'h073149fa7;
-    \table [608] = 33'h07154a6d8;
-    \table [609] = 33'h06fb4aded;
-    \table [610] = 33'h06e04b4e8;
-    \table [611] = 33'h06c54bbc8;
-    \table [612] = 33'h06ab4c28d;
-    \table [613] = 33'h06914c938;
-    \table [614] = 33'h06784cfc9;
-    \table [615] = 33'h065e4d641;
-    \table [616] = 33'h06454dc9f;
-    \table [617] = 33'h062c4e2e4;
-    \table [618] = 33'h06134e910;
-    \table [619] = 33'h05fb4ef23;
-    \table [620] = 33'h05e34f51e;
-    \table [621] = 33'h05cb4fb01;
-    \table [622] = 33'h05b4500cc;
-    \table [623] = 33'h059c50680;
-    \table [624] = 33'h058550c1c;
-    \table [625] = 33'h056f511a1;
-    \table [626] = 33'h055851710;
-    \table [627] = 33'h054251c68;
-    \table [628] = 33'h052c521aa;
-    \table [629] = 33'h0516526d6;
-    \table [630] = 33'h050152bec;
-    \table [631] = 33'h04ec530ed;
-    \table [632] = 33'h04d7535d9;
-    \table [633] = 33'h04c253ab0;
-    \table [634] = 33'h04ae53f72;
-    \table [635] = 33'h049b54420;
-    \table [636] = 33'h0486548bb;
-    \table [637] = 33'h047354d41;
-    \table [638] = 33'h0460551b4;
-    \table [639] = 33'h044c55614;
-    \table [640] = 33'h043a55a60;
-    \table [641] = 33'h042855e9a;
-    \table [642] = 33'h0415562c2;
-    \table [643] = 33'h0404566d7;
-    \table [644] = 33'h03f256adb;
-    \table [645] = 33'h03e056ecd;
-    \table [646] = 33'h03cf572ad;
-    \table [647] = 33'h03bf5767c;
-    \table [648] = 33'h03ad57a3b;
-    \table [649] = 33'h039e57de8;
-    \table [650] = 33'h038d58186;
-    \table [651] = 33'h037d58513;
-    \table [652] = 33'h036e58890;
-    \table [653] = 33'h035e58bfe;
-    \table [654] = 33'h034f58f5c;
-    \table [655] = 33'h0340592ab;
-    \table [656] = 33'h0331595eb;
-    \table [657] = 33'h03235991c;
-    \table [658] = 33'h031459c3f;
-    \table [659] = 33'h030659f53;
-    \table [660] = 33'h02f95a259;
-    \table [661] = 33'h02eb5a552;
-    \table [662] = 33'h02dd5a83d;
-    \table [663] = 33'h02d15ab1a;
-    \table [664] = 33'h02c35adeb;
-    \table [665] = 33'h02b75b0ae;
-    \table [666] = 33'h02aa5b365;
-    \table [667] = 33'h029d5b60f;
-    \table [668] = 33'h02925b8ac;
-    \table [669] = 33'h02855bb3e;
-    \table [670] = 33'h027a5bdc3;
-    \table [671] = 33'h026e5c03d;
-    \table [672] = 33'h02635c2ab;
-    \table [673] = 33'h02585c50e;
-    \table [674] = 33'h024d5c766;
-    \table [675] = 33'h02425c9b3;
-    \table [676] = 33'h02375cbf5;
-    \table [677] = 33'h022d5ce2c;
-    \table [678] = 33'h02235d059;
-    \table [679] = 33'h02185d27c;
-    \table [680] = 33'h020f5d494;
-    \table [681] = 33'h02055d6a3;
-    \table [682] = 33'h01fb5d8a8;
-    \table [683] = 33'h01f25daa3;
-    \table [684] = 33'h01e85dc95;
-    \table [685] = 33'h01e05de7d;
-    \table [686] = 33'h01d65e05d;
-    \table [687] = 33'h01ce5e233;
-    \table [688] = 33'h01c55e401;
-    \table [689] = 33'h01bd5e5c6;
-    \table [690] = 33'h01b55e783;
-    \table [691] = 33'h01ac5e938;
-    \table [692] = 33'h01a45eae4;
-    \table [693] = 33'h019c5ec88;
-    \table [694] = 33'h01955ee24;
-    \table [695] = 33'h018d5efb9;
-    \table [696] = 33'h01855f146;
-    \table [697] = 33'h017e5f2cb;
-    \table [698] = 33'h01775f449;
-    \table [699] = 33'h01705f5c0;
-    \table [700] = 33'h01695f730;
-    \table [701] = 33'h01625f899;
-    \table [702] = 33'h015b5f9fb;
-    \table [703] = 33'h01555fb56;
-    \table [704] = 33'h014e5fcab;
-    \table [705] = 33'h01485fdf9;
-    \table [706] = 33'h01425ff41;
-    \table [707] = 33'h013b60083;
-    \table [708] = 33'h0136601be;
-    \table [709] = 33'h0130602f4;
-    \table [710] = 33'h012a60424;
-    \table [711] = 33'h01246054e;
-    \table [712] = 33'h011e60672;
-    \table [713] = 33'h011960790;
-    \table [714] = 33'h0114608a9;
-    \table [715] = 33'h010f609bd;
-    \table [716] = 33'h010960acc;
-    \table [717] = 33'h010460bd5;
-    \table [718] = 33'h00ff60cd9;
-    \table [719] = 33'h00fb60dd8;
-    \table [720] = 33'h00f560ed3;
-    \table [721] = 33'h00f160fc8;
-    \table [722] = 33'h00ec610b9;
-    \table [723] = 33'h00e8611a5;
-    \table [724] = 33'h00e36128d;
-    \table [725] = 33'h00df61370;
-    \table [726] = 33'h00da6144f;
-    \table [727] = 33'h00d761529;
-    \table [728] = 33'h00d261600;
-    \table [729] = 33'h00ce616d2;
-    \table [730] = 33'h00ca617a0;
-    \table [731] = 33'h00c66186a;
-    \table [732] = 33'h00c361930;
-    \table [733] = 33'h00be619f3;
-    \table [734] = 33'h00bb61ab1;
-    \table [735] = 33'h00b861b6c;
-    \table [736] = 33'h00b361c24;
-    \table [737] = 33'h00b161cd7;
-    \table [738] = 33'h00ad61d88;
-    \table [739] = 33'h00a961e35;
-    \table [740] = 33'h00a661ede;
-    \table [741] = 33'h00a361f84;
-    \table [742] = 33'h00a062027;
-    \table [743] = 33'h009d620c7;
-    \table [744] = 33'h009a62164;
-    \table [745] = 33'h0097621fe;
-    \table [746] = 33'h009362295;
-    \table [747] = 33'h009162328;
-    \table [748] = 33'h008e623b9;
-    \table [749] = 33'h008c62447;
-    \table [750] = 33'h0088624d3;
-    \table [751] = 33'h00866255b;
-    \table [752] = 33'h0084625e1;
-    \table [753] = 33'h008062665;
-    \table [754] = 33'h007f626e5;
-    \table [755] = 33'h007b62764;
-    \table [756] = 33'h007a627df;
-    \table [757] = 33'h007762859;
-    \table [758] = 33'h0075628d0;
-    \table [759] = 33'h007262945;
-    \table [760] = 33'h0070629b7;
-    \table [761] = 33'h006e62a27;
-    \table [762] = 33'h006c62a95;
-    \table [763] = 33'h006a62b01;
-    \table [764] = 33'h006762b6b;
-    \table [765] = 33'h006662bd2;
-    \table [766] = 33'h006462c38;
-    \table [767] = 33'h006262c9c;
-    \table [768] = 33'h005f62cfe;
-    \table [769] = 33'h005e62d5d;
-    \table [770] = 33'h005c62dbb;
-    \table [771] = 33'h005b62e17;
-    \table [772] = 33'h005862e72;
-    \table [773] = 33'h005762eca;
-    \table [774] = 33'h005562f21;
-    \table [775] = 33'h005362f76;
-    \table [776] = 33'h005262fc9;
-    \table [777] = 33'h00506301b;
-    \table [778] = 33'h004f6306b;
-    \table [779] = 33'h004d630ba;
-    \table [780] = 33'h004c63107;
-    \table [781] = 33'h004a63153;
-    \table [782] = 33'h00486319d;
-    \table [783] = 33'h0047631e5;
-    \table [784] = 33'h00466322c;
-    \table [785] = 33'h004563272;
-    \table [786] = 33'h0043632b7;
-    \table [787] = 33'h0042632fa;
-    \table [788] = 33'h00406333c;
-    \table [789] = 33'h003f6337c;
-    \table [790] = 33'h003e633bb;
-    \table [791] = 33'h003d633f9;
-    \table [792] = 33'h003b63436;
-    \table [793] = 33'h003b63471;
-    \table [794] = 33'h0039634ac;
-    \table [795] = 33'h0038634e5;
-    \table [796] = 33'h00376351d;
-    \table [797] = 33'h003663554;
-    \table [798] = 33'h00356358a;
-    \table [799] = 33'h0034635bf;
-    \table [800] = 33'h0033635f3;
-    \table [801] = 33'h003163626;
-    \table [802] = 33'h003163657;
-    \table [803] = 33'h003063688;
-    \table [804] = 33'h002f636b8;
-    \table [805] = 33'h002e636e7;
-    \table [806] = 33'h002d63715;
-    \table [807] = 33'h002c63742;
-    \table [808] = 33'h002c6376e;
-    \table [809] = 33'h002a6379a;
-    \table [810] = 33'h002a637c4;
-    \table [811] = 33'h0028637ee;
-    \table [812] = 33'h002863816;
-    \table [813] = 33'h00286383e;
-    \table [814] = 33'h002663866;
-    \table [815] = 33'h00266388c;
-    \table [816] = 33'h0025638b2;
-    \table [817] = 33'h0024638d7;
-    \table [818] = 33'h0023638fb;
-    \table [819] = 33'h00236391e;
-    \table [820] = 33'h002263941;
-    \table [821] = 33'h002263963;
-    \table [822] = 33'h002163985;
-    \table [823] = 33'h0020639a6;
-    \table [824] = 33'h001f639c6;
-    \table [825] = 33'h001f639e5;
-    \table [826] = 33'h001e63a04;
-    \table [827] = 33'h001e63a22;
-    \table [828] = 33'h001d63a40;
-    \table [829] = 33'h001d63a5d;
-    \table [830] = 33'h001c63a7a;
-    \table [831] = 33'h001b63a96;
-    \table [832] = 33'h001b63ab1;
-    \table [833] = 33'h001a63acc;
-    \table [834] = 33'h001a63ae6;
-    \table [835] = 33'h001963b00;
-    \table [836] = 33'h001963b19;
-    \table [837] = 33'h001963b32;
-    \table [838] = 33'h001763b4b;
-    \table [839] = 33'h001863b62;
-    \table [840] = 33'h001763b7a;
-    \table [841] = 33'h001663b91;
-    \table [842] = 33'h001663ba7;
-    \table [843] = 33'h001663bbd;
-    \table [844] = 33'h001563bd3;
-    \table [845] = 33'h001563be8;
-    \table [846] = 33'h001463bfd;
-    \table [847] = 33'h001463c11;
-    \table [848] = 33'h001363c25;
-    \table [849] = 33'h001363c38;
-    \table [850] = 33'h001363c4b;
-    \table [851] = 33'h001363c5e;
-    \table [852] = 33'h001263c71;
-    \table [853] = 33'h001163c83;
-    \table [854] = 33'h001263c94;
-    \table [855] = 33'h001163ca6;
-    \table [856] = 33'h001063cb7;
-    \table [857] = 33'h001163cc7;
-    \table [858] = 33'h001063cd8;
-    \table [859] = 33'h000f63ce8;
-    \table [860] = 33'h001063cf7;
-    \table [861] = 33'h000f63d07;
-    \table [862] = 33'h000e63d16;
-    \table [863] = 33'h000f63d24;
-    \table [864] = 33'h000e63d33;
-    \table [865] = 33'h000e63d41;
-    \table [866] = 33'h000e63d4f;
-    \table [867] = 33'h000d63d5d;
-    \table [868] = 33'h000d63d6a;
-    \table [869] = 33'h000d63d77;
-    \table [870] = 33'h000d63d84;
-    \table [871] = 33'h000c63d91;
-    \table [872] = 33'h000c63d9d;
-    \table [873] = 33'h000c63da9;
-    \table [874] = 33'h000b63db5;
-    \table [875] = 33'h000c63dc0;
-    \table [876] = 33'h000b63dcc;
-    \table [877] = 33'h000b63dd7;
-    \table [878] = 33'h000b63de2;
-    \table [879] = 33'h000a63ded;
-    \table [880] = 33'h000a63df7;
-    \table [881] = 33'h000b63e01;
-    \table [882] = 33'h000963e0c;
-    \table [883] = 33'h000a63e15;
-    \table [884] = 33'h000a63e1f;
-    \table [885] = 33'h000963e29;
-    \table [886] = 33'h000963e32;
-    \table [887] = 33'h000963e3b;
-    \table [888] = 33'h000963e44;
-    \table [889] = 33'h000963e4d;
-    \table [890] = 33'h000863e56;
-    \table [891] = 33'h000863e5e;
-    \table [892] = 33'h000863e66;
-    \table [893] = 33'h000863e6e;
-    \table [894] = 33'h000863e76;
-    \table [895] = 33'h000863e7e;
-    \table [896] = 33'h000763e86;
-    \table [897] = 33'h000863e8d;
-    \table [898] = 33'h000763e95;
-    \table [899] = 33'h000763e9c;
-    \table [900] = 33'h000763ea3;
-    \table [901] = 33'h000663eaa;
-    \table [902] = 33'h000763eb0;
-    \table [903] = 33'h000763eb7;
-    \table [904] = 33'h000663ebe;
-    \table [905] = 33'h000663ec4;
-    \table [906] = 33'h000663eca;
-    \table [907] = 33'h000663ed0;
-    \table [908] = 33'h000663ed6;
-    \table [909] = 33'h000663edc;
-    \table [910] = 33'h000663ee2;
-    \table [911] = 33'h000563ee8;
-    \table [912] = 33'h000663eed;
-    \table [913] = 33'h000563ef3;
-    \table [914] = 33'h000563ef8;
-    \table [915] = 33'h000563efd;
-    \table [916] = 33'h000563f02;
-    \table [917] = 33'h000563f07;
-    \table [918] = 33'h000563f0c;
-    \table [919] = 33'h000563f11;
-    \table [920] = 33'h000563f16;
-    \table [921] = 33'h000463f1b;
-    \table [922] = 33'h000563f1f;
-    \table [923] = 33'h000463f24;
-    \table [924] = 33'h000463f28;
-    \table [925] = 33'h000463f2c;
-    \table [926] = 33'h000463f30;
-    \table [927] = 33'h000463f34;
-    \table [928] = 33'h000463f38;
-    \table [929] = 33'h000463f3c;
-    \table [930] = 33'h000463f40;
-    \table [931] = 33'h000463f44;
-    \table [932] = 33'h000363f48;
-    \table [933] = 33'h000463f4b;
-    \table [934] = 33'h000463f4f;
-    \table [935] = 33'h000363f53;
-    \table [936] = 33'h000363f56;
-    \table [937] = 33'h000463f59;
-    \table [938] = 33'h000363f5d;
-    \table [939] = 33'h000363f60;
-    \table [940] = 33'h000363f63;
-    \table [941] = 33'h000363f66;
-    \table [942] = 33'h000363f69;
-    \table [943] = 33'h000363f6c;
-    \table [944] = 33'h000363f6f;
-    \table [945] = 33'h000363f72;
-    \table [946] = 33'h000363f75;
-    \table [947] = 33'h000263f78;
-    \table [948] = 33'h000363f7a;
-    \table [949] = 33'h000363f7d;
-    \table [950] = 33'h000263f80;
-    \table [951] = 33'h000363f82;
-    \table [952] = 33'h000263f85;
-    \table [953] = 33'h000263f87;
-    \table [954] = 33'h000363f89;
-    \table [955] = 33'h000263f8c;
-    \table [956] = 33'h000263f8e;
-    \table [957] = 33'h000263f90;
-    \table [958] = 33'h000363f92;
-    \table [959] = 33'h000263f95;
-    \table [960] = 33'h000263f97;
-    \table [961] = 33'h000263f99;
-    \table [962] = 33'h000263f9b;
-    \table [963] = 33'h000263f9d;
-    \table [964] = 33'h000263f9f;
-    \table [965] = 33'h000263fa1;
-    \table [966] = 33'h000263fa3;
-    \table [967] = 33'h000163fa5;
-    \table [968] = 33'h000263fa6;
-    \table [969] = 33'h000263fa8;
-    \table [970] = 33'h000263faa;
-    \table [971] = 33'h000163fac;
-    \table [972] = 33'h000263fad;
-    \table [973] = 33'h000163faf;
-    \table [974] = 33'h000263fb0;
-    \table [975] = 33'h000263fb2;
-    \table [976] = 33'h000163fb4;
-    \table [977] = 33'h000263fb5;
-    \table [978] = 33'h000163fb7;
-    \table [979] = 33'h000163fb8;
-    \table [980] = 33'h000263fb9;
-    \table [981] = 33'h000163fbb;
-    \table [982] = 33'h000263fbc;
-    \table [983] = 33'h000163fbe;
-    \table [984] = 33'h000163fbf;
-    \table [985] = 33'h000163fc0;
-    \table [986] = 33'h000263fc1;
-    \table [987] = 33'h000163fc3;
-    \table [988] = 33'h000163fc4;
-    \table [989] = 33'h000163fc5;
-    \table [990] = 33'h000163fc6;
-    \table [991] = 33'h000263fc7;
-    \table [992] = 33'h000163fc9;
-    \table [993] = 33'h000163fca;
-    \table [994] = 33'h000163fcb;
-    \table [995] = 33'h000163fcc;
-    \table [996] = 33'h000163fcd;
-    \table [997] = 33'h000163fce;
-    \table [998] = 33'h000163fcf;
-    \table [999] = 33'h000163fd0;
-    \table [1000] = 33'h000163fd1;
-    \table [1001] = 33'h000163fd2;
-    \table [1002] = 33'h000063fd3;
-    \table [1003] = 33'h000163fd3;
-    \table [1004] = 33'h000163fd4;
-    \table [1005] = 33'h000163fd5;
-    \table [1006] = 33'h000163fd6;
-    \table [1007] = 33'h000163fd7;
-    \table [1008] = 33'h000163fd8;
-    \table [1009] = 33'h000063fd9;
-    \table [1010] = 33'h000163fd9;
-    \table [1011] = 33'h000163fda;
-    \table [1012] = 33'h000163fdb;
-    \table [1013] = 33'h000063fdc;
-    \table [1014] = 33'h000163fdc;
-    \table [1015] = 33'h000163fdd;
-    \table [1016] = 33'h000063fde;
-    \table [1017] = 33'h000163fde;
-    \table [1018] = 33'h000163fdf;
-    \table [1019] = 33'h000063fe0;
-    \table [1020] = 33'h000163fe0;
-    \table [1021] = 33'h000163fe1;
-    \table [1022] = 33'h000063fe2;
-    \table [1023] = 33'h000163fe2;
-  end
-  reg [32:0] _0_;
-  always @(posedge clk) begin
-    if (port__en) begin
-      _0_ <= \table [\$6 [9:0]];
-    end
-  end
-  assign port__data = _0_;
-  assign \$1  = $signed(x) - $signed(16'h8000);
-  assign at_top = $signed(\$1 ) >= $signed(18'h10000);
-  assign \$2  = $signed(\$1 ) < $signed(1'h0);
-  assign \$3  = at_top ? 18'h10000 : { \$1 [16], \$1  };
-  assign \$4  = \$2  ? 18'h00000 : \$3 ;
-  assign \$6  = at_top ? 17'h00000 : \$5 ;
-  assign \$7  = top2_0 ? 20'h63fe3 : word2_0[19:0];
-  assign \$8  = word2_0[32:20] * frac2_0;
-  assign \$10  = $signed(value3_0) + $signed(\$9 );
-  assign \$13  = $signed(value3_0) + $signed(\$12 );
-  assign \$15  = $signed(value3_0) + $signed(\$14 );
-  assign \$16  = | \$15 [2:0];
-  assign \$18  = $signed(value3_0) + $signed(\$17 );
-  assign \$20  = \$16  | \$19 [0];
-  assign \$21  = \$13 [3] & \$20 ;
-  assign \$22  = $signed(\$11 ) + $signed({ 1'h0, \$21  });
-  always @(posedge clk)
-    frac1_0 <= \$23 ;
-  always @(posedge clk)
-    top1_0 <= \$24 ;
-  always @(posedge clk)
-    word2_0 <= \$25 ;
-  always @(posedge clk)
-    top2_0 <= \$26 ;
-  always @(posedge clk)
-    frac2_0 <= \$27 ;
-  always @(posedge clk)
-    value3_0 <= \$28 ;
-  always @(posedge clk)
-    product3_0 <= \$29 ;
-  always @(posedge clk)
-    y <= \$30 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$23  = frac1_0;
-    if (port__en) begin
-      \$23  = \$4 [5:0];
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$24  = top1_0;
-    if (port__en) begin
-      \$24  = at_top;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$25  = word2_0;
-    if (port__en) begin
-      \$25  = port__data;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$26  = top2_0;
-    if (port__en) begin
-      \$26  = top1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$27  = frac2_0;
-    if (port__en) begin
-      \$27  = frac1_0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$28  = value3_0;
-    if (port__en) begin
-      \$28  = \$7 ;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$29  = product3_0;
-    if (port__en) begin
-      \$29  = { 1'h0, \$8  };
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$30  = y;
-    if (port__en) begin
-      \$30  = \$22 [15:0];
-    end
-  end
-  assign en = port__en;
-  assign offset = { \$1 [16], \$1  };
-  assign clipped = \$4 [16:0];
-  assign port__addr = \$6 [9:0];
-  assign y4_0 = y;
-  assign \x[0]  = x;
-  assign \y[0]  = y;
-  assign \word2_0.value  = word2_0[19:0];
-  assign \word2_0.slope  = word2_0[32:20];
-  assign \port__data.value  = port__data[19:0];
-  assign \port__data.slope  = port__data[32:20];
-  assign \$5  = { 6'h00, \$4 [16:6] };
-  assign \$9  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$11  = { \$10 [20], \$10 [20], \$10 [20], \$10 [20], \$10 [20:4] };
-  assign \$12  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$14  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$17  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
-  assign \$19  = { \$18 [20], \$18 [20], \$18 [20], \$18 [20], \$18 [20:4] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, clients__0__wr__addr, clients__0__wr__data, clients__0__wr__en, \port$3562$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__en, clients__3__rd0__addr
-, clients__3__rd0__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
-  wire \$1 ;
-  wire [12:0] \$10 ;
-  wire [12:0] \$11 ;
+  wire \$10 ;
+  wire \$11 ;
   wire [12:0] \$12 ;
   wire [12:0] \$13 ;
   wire [12:0] \$14 ;
-  wire \$15 ;
-  wire \$16 ;
-  wire \$17 ;
-  wire \$18 ;
-  wire \$19 ;
+  wire [12:0] \$15 ;
+  wire [12:0] \$16 ;
+  wire [12:0] \$17 ;
+  wire [12:0] \$18 ;
+  wire [12:0] \$19 ;
   wire \$2 ;
-  wire \$20 ;
-  wire \$21 ;
+  wire [12:0] \$20 ;
+  wire [12:0] \$21 ;
   wire [12:0] \$22 ;
-  wire [12:0] \$23 ;
-  wire [12:0] \$24 ;
-  wire [12:0] \$25 ;
-  wire [12:0] \$26 ;
-  wire [12:0] \$27 ;
-  wire [12:0] \$28 ;
+  wire \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
   wire \$29 ;
   wire \$3 ;
   wire \$30 ;
   wire \$31 ;
   wire \$32 ;
   wire \$33 ;
-  wire \$34 ;
-  wire \$35 ;
+  wire [12:0] \$34 ;
+  wire [12:0] \$35 ;
   wire [12:0] \$36 ;
   wire [12:0] \$37 ;
   wire [12:0] \$38 ;
@@ -25453,18 +27286,46 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] \$40 ;
   wire [12:0] \$41 ;
   wire [12:0] \$42 ;
-  wire [31:0] \$43 ;
-  wire [31:0] \$44 ;
-  wire [31:0] \$45 ;
-  wire [31:0] \$46 ;
-  wire [31:0] \$47 ;
-  wire [31:0] \$48 ;
-  wire [31:0] \$49 ;
+  wire [12:0] \$43 ;
+  wire [12:0] \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire \$49 ;
   wire \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire [12:0] \$56 ;
+  wire [12:0] \$57 ;
+  wire [12:0] \$58 ;
+  wire [12:0] \$59 ;
   wire \$6 ;
+  wire [12:0] \$60 ;
+  wire [12:0] \$61 ;
+  wire [12:0] \$62 ;
+  wire [12:0] \$63 ;
+  wire [12:0] \$64 ;
+  wire [12:0] \$65 ;
+  wire [12:0] \$66 ;
+  wire [31:0] \$67 ;
+  wire [31:0] \$68 ;
+  wire [31:0] \$69 ;
   wire \$7 ;
-  wire [12:0] \$8 ;
-  wire [12:0] \$9 ;
+  wire [31:0] \$70 ;
+  wire [31:0] \$71 ;
+  wire [31:0] \$72 ;
+  wire [31:0] \$73 ;
+  wire [31:0] \$74 ;
+  wire [31:0] \$75 ;
+  wire [31:0] \$76 ;
+  wire [31:0] \$77 ;
+  wire \$8 ;
+  wire \$9 ;
   wire clients__0__blocked;
   input [12:0] clients__0__rd0__addr;
   wire [12:0] clients__0__rd0__addr;
@@ -25478,11 +27339,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__0__rd1__data;
   input clients__0__rd1__en;
   wire clients__0__rd1__en;
-  input [12:0] clients__0__wr__addr;
   wire [12:0] clients__0__wr__addr;
-  input [31:0] clients__0__wr__data;
   wire [31:0] clients__0__wr__data;
-  input clients__0__wr__en;
   wire clients__0__wr__en;
   wire clients__1__blocked;
   input [12:0] clients__1__rd0__addr;
@@ -25505,8 +27363,10 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__2__rd0__data;
   input clients__2__rd0__en;
   wire clients__2__rd0__en;
+  input [12:0] clients__2__rd1__addr;
   wire [12:0] clients__2__rd1__addr;
   wire [31:0] clients__2__rd1__data;
+  input clients__2__rd1__en;
   wire clients__2__rd1__en;
   input [12:0] clients__2__wr__addr;
   wire [12:0] clients__2__wr__addr;
@@ -25520,8 +27380,10 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__3__rd0__data;
   input clients__3__rd0__en;
   wire clients__3__rd0__en;
+  input [12:0] clients__3__rd1__addr;
   wire [12:0] clients__3__rd1__addr;
   wire [31:0] clients__3__rd1__data;
+  input clients__3__rd1__en;
   wire clients__3__rd1__en;
   input [12:0] clients__3__wr__addr;
   wire [12:0] clients__3__wr__addr;
@@ -25529,12 +27391,42 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__3__wr__data;
   input clients__3__wr__en;
   wire clients__3__wr__en;
+  wire clients__4__blocked;
+  input [12:0] clients__4__rd0__addr;
+  wire [12:0] clients__4__rd0__addr;
+  wire [31:0] clients__4__rd0__data;
+  input clients__4__rd0__en;
+  wire clients__4__rd0__en;
+  wire [12:0] clients__4__rd1__addr;
+  wire [31:0] clients__4__rd1__data;
+  wire clients__4__rd1__en;
+  input [12:0] clients__4__wr__addr;
+  wire [12:0] clients__4__wr__addr;
+  input [31:0] clients__4__wr__data;
+  wire [31:0] clients__4__wr__data;
+  input clients__4__wr__en;
+  wire clients__4__wr__en;
+  wire clients__5__blocked;
+  input [12:0] clients__5__rd0__addr;
+  wire [12:0] clients__5__rd0__addr;
+  wire [31:0] clients__5__rd0__data;
+  input clients__5__rd0__en;
+  wire clients__5__rd0__en;
+  wire [12:0] clients__5__rd1__addr;
+  wire [31:0] clients__5__rd1__data;
+  wire clients__5__rd1__en;
+  input [12:0] clients__5__wr__addr;
+  wire [12:0] clients__5__wr__addr;
+  input [31:0] clients__5__wr__data;
+  wire [31:0] clients__5__wr__data;
+  input clients__5__wr__en;
+  wire clients__5__wr__en;
   input clk;
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [2:0] \port$3562$0 ;
-  wire [2:0] \port$3562$0 ;
+  input [4:0] \port$3646$0 ;
+  wire [4:0] \port$3646$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -25543,47 +27435,69 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire rd1__en;
   input rst;
   wire rst;
-  wire [3:0] select;
+  wire [5:0] select;
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$45  = clients__1__wr__data & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
-  assign \$46  = \$44  | \$45 ;
-  assign \$47  = clients__2__wr__data & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
-  assign \$48  = \$46  | \$47 ;
-  assign \$49  = clients__3__wr__data & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
-  assign wr__data = \$48  | \$49 ;
-  assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3562$0 [0];
-  assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3562$0 [1];
-  assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3562$0 [2];
-  assign rd0__en = \$6  | \$7 ;
-  assign \$8  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$10  = clients__1__rd0__addr & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
-  assign \$11  = \$9  | \$10 ;
-  assign \$12  = clients__2__rd0__addr & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
-  assign \$13  = \$11  | \$12 ;
-  assign \$14  = clients__3__rd0__addr & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
-  assign rd0__addr = \$13  | \$14 ;
-  assign \$15  = clients__0__rd1__en & \port$2$0 ;
-  assign \$22  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$29  = clients__0__wr__en & \port$2$0 ;
-  assign \$31  = clients__1__wr__en & \port$3562$0 [0];
-  assign \$32  = \$30  | \$31 ;
-  assign \$33  = clients__2__wr__en & \port$3562$0 [1];
-  assign \$34  = \$32  | \$33 ;
-  assign \$35  = clients__3__wr__en & \port$3562$0 [2];
-  assign wr__en = \$34  | \$35 ;
-  assign \$36  = clients__0__wr__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__1__wr__addr & { \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0], \port$3562$0 [0] };
+  assign \$22  = clients__5__rd0__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign rd0__addr = \$21  | \$22 ;
+  assign \$23  = clients__0__rd1__en & \port$2$0 ;
+  assign \$27  = clients__2__rd1__en & \port$3646$0 [1];
+  assign \$28  = \$26  | \$27 ;
+  assign \$29  = clients__3__rd1__en & \port$3646$0 [2];
+  assign \$30  = \$28  | \$29 ;
+  assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$38  = clients__2__rd1__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__2__wr__addr & { \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1], \port$3562$0 [1] };
+  assign \$40  = clients__3__rd1__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$42  = clients__3__wr__addr & { \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2], \port$3562$0 [2] };
-  assign wr__addr = \$41  | \$42 ;
-  assign \$43  = clients__0__wr__data & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$47  = clients__1__wr__en & \port$3646$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3646$0 [1];
+  assign \$50  = \$48  | \$49 ;
+  assign \$51  = clients__3__wr__en & \port$3646$0 [2];
+  assign \$52  = \$50  | \$51 ;
+  assign \$53  = clients__4__wr__en & \port$3646$0 [3];
+  assign \$54  = \$52  | \$53 ;
+  assign \$55  = clients__5__wr__en & \port$3646$0 [4];
+  assign wr__en = \$54  | \$55 ;
+  assign \$58  = clients__1__wr__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$61  = \$59  | \$60 ;
+  assign \$62  = clients__3__wr__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$63  = \$61  | \$62 ;
+  assign \$64  = clients__4__wr__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$65  = \$63  | \$64 ;
+  assign \$66  = clients__5__wr__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign wr__addr = \$65  | \$66 ;
+  assign \$69  = clients__1__wr__data & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$72  = \$70  | \$71 ;
+  assign \$73  = clients__3__wr__data & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$74  = \$72  | \$73 ;
+  assign \$75  = clients__4__wr__data & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$76  = \$74  | \$75 ;
+  assign \$77  = clients__5__wr__data & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign wr__data = \$76  | \$77 ;
+  assign \$1  = clients__0__rd0__en & \port$2$0 ;
+  assign \$3  = clients__1__rd0__en & \port$3646$0 [0];
+  assign \$4  = \$2  | \$3 ;
+  assign \$5  = clients__2__rd0__en & \port$3646$0 [1];
+  assign \$6  = \$4  | \$5 ;
+  assign \$7  = clients__3__rd0__en & \port$3646$0 [2];
+  assign \$8  = \$6  | \$7 ;
+  assign \$9  = clients__4__rd0__en & \port$3646$0 [3];
+  assign \$10  = \$8  | \$9 ;
+  assign \$11  = clients__5__rd0__en & \port$3646$0 [4];
+  assign rd0__en = \$10  | \$11 ;
+  assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
+  assign \$14  = clients__1__rd0__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
+  assign \$15  = \$13  | \$14 ;
+  assign \$16  = clients__2__rd0__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$17  = \$15  | \$16 ;
+  assign \$18  = clients__3__rd0__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$19  = \$17  | \$18 ;
+  assign \$20  = clients__4__rd0__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
     .port__addr(rd0__addr),
@@ -25597,49 +27511,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3562$0 , \port$2$0  };
+  assign select = { \port$3646$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
   assign clients__3__rd0__data = clients__0__rd0__data;
+  assign clients__4__rd0__data = clients__0__rd0__data;
+  assign clients__5__rd0__data = clients__0__rd0__data;
   assign clients__1__rd1__en = 1'h0;
-  assign clients__2__rd1__en = 1'h0;
-  assign clients__3__rd1__en = 1'h0;
+  assign clients__4__rd1__en = 1'h0;
+  assign clients__5__rd1__en = 1'h0;
   assign clients__1__rd1__addr = 13'h0000;
-  assign clients__2__rd1__addr = 13'h0000;
-  assign clients__3__rd1__addr = 13'h0000;
+  assign clients__4__rd1__addr = 13'h0000;
+  assign clients__5__rd1__addr = 13'h0000;
   assign rd1__data = clients__0__rd1__data;
   assign clients__1__rd1__data = clients__0__rd1__data;
   assign clients__2__rd1__data = clients__0__rd1__data;
   assign clients__3__rd1__data = clients__0__rd1__data;
+  assign clients__4__rd1__data = clients__0__rd1__data;
+  assign clients__5__rd1__data = clients__0__rd1__data;
+  assign clients__0__wr__en = 1'h0;
+  assign clients__0__wr__addr = 13'h0000;
+  assign clients__0__wr__data = 32'd0;
   assign clients__0__blocked = 1'h0;
   assign clients__1__blocked = 1'h0;
   assign clients__2__blocked = 1'h0;
   assign clients__3__blocked = 1'h0;
+  assign clients__4__blocked = 1'h0;
+  assign clients__5__blocked = 1'h0;
   assign \$2  = \$1 ;
-  assign \$9  = \$8 ;
-  assign \$16  = \$15 ;
-  assign \$17  = 1'h0;
-  assign \$18  = \$15 ;
-  assign \$19  = 1'h0;
-  assign \$20  = \$15 ;
-  assign \$21  = 1'h0;
-  assign rd1__en = \$15 ;
-  assign \$23  = \$22 ;
-  assign \$24  = 13'h0000;
-  assign \$25  = \$22 ;
-  assign \$26  = 13'h0000;
-  assign \$27  = \$22 ;
-  assign \$28  = 13'h0000;
-  assign rd1__addr = \$22 ;
-  assign \$30  = \$29 ;
-  assign \$37  = \$36 ;
-  assign \$44  = \$43 ;
+  assign \$13  = \$12 ;
+  assign \$24  = \$23 ;
+  assign \$25  = 1'h0;
+  assign \$26  = \$23 ;
+  assign \$31  = 1'h0;
+  assign \$32  = \$30 ;
+  assign \$33  = 1'h0;
+  assign rd1__en = \$30 ;
+  assign \$35  = \$34 ;
+  assign \$36  = 13'h0000;
+  assign \$37  = \$34 ;
+  assign \$42  = 13'h0000;
+  assign \$43  = \$41 ;
+  assign \$44  = 13'h0000;
+  assign rd1__addr = \$41 ;
+  assign \$45  = 1'h0;
+  assign \$46  = 1'h0;
+  assign \$48  = \$47 ;
+  assign \$56  = 13'h0000;
+  assign \$57  = 13'h0000;
+  assign \$59  = \$58 ;
+  assign \$67  = 32'd0;
+  assign \$68  = 32'd0;
+  assign \$70  = \$69 ;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -33892,21 +35821,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin
@@ -33930,1262 +35859,4 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   assign \wq.en  = wq[0];
   assign \wq.addr  = wq[13:1];
   assign \wq.data  = wq[45:14];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
-  wire \$1 ;
-  wire \$10 ;
-  wire [49:0] \$100 ;
-  wire \$101 ;
-  wire [15:0] \$102 ;
-  wire [15:0] \$103 ;
-  wire [31:0] \$104 ;
-  wire [49:0] \$105 ;
-  wire \$106 ;
-  wire [48:0] \$107 ;
-  wire [33:0] \$108 ;
-  wire \$109 ;
-  wire \$11 ;
-  wire [33:0] \$110 ;
-  wire [34:0] \$111 ;
-  wire [32:0] \$112 ;
-  wire [33:0] \$113 ;
-  wire [32:0] \$114 ;
-  wire [32:0] \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [17:0] \$119 ;
-  wire \$12 ;
-  wire [5:0] \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
-  wire \$13 ;
-  wire [15:0] \$130 ;
-  wire [15:0] \$131 ;
-  wire [31:0] \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire [59:0] \$136 ;
-  wire [44:0] \$137 ;
-  wire [59:0] \$138 ;
-  wire [59:0] \$139 ;
-  wire \$14 ;
-  wire \$140 ;
-  wire [59:0] \$141 ;
-  wire [44:0] \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire [45:0] \$145 ;
-  wire \$146 ;
-  wire [59:0] \$147 ;
-  wire [44:0] \$148 ;
-  wire [59:0] \$149 ;
-  wire \$15 ;
-  wire [59:0] \$150 ;
-  wire \$151 ;
-  wire [59:0] \$152 ;
-  wire [44:0] \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire [45:0] \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire \$16 ;
-  wire [59:0] \$160 ;
-  wire [44:0] \$161 ;
-  wire [59:0] \$162 ;
-  wire [59:0] \$163 ;
-  wire \$164 ;
-  wire [59:0] \$165 ;
-  wire [44:0] \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire [45:0] \$169 ;
-  wire \$17 ;
-  wire [59:0] \$170 ;
-  wire [44:0] \$171 ;
-  wire [59:0] \$172 ;
-  wire [59:0] \$173 ;
-  wire \$174 ;
-  wire [59:0] \$175 ;
-  wire [44:0] \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire [45:0] \$179 ;
-  wire \$18 ;
-  wire [7:0] \$180 ;
-  wire [7:0] \$181 ;
-  reg \$182 ;
-  reg [15:0] \$183 ;
-  reg \$184 ;
-  reg [32:0] \$185 ;
-  reg \$186 ;
-  reg [48:0] \$187 ;
-  reg [47:0] \$188 ;
-  reg [2:0] \$189 ;
-  wire \$19 ;
-  reg [32:0] \$190 ;
-  reg [32:0] \$191 ;
-  reg [32:0] \$192 ;
-  reg [16:0] \$193 ;
-  reg [4:0] \$194 ;
-  reg [12:0] \$195 ;
-  wire \$2 ;
-  wire \$20 ;
-  wire \$21 ;
-  wire \$22 ;
-  wire \$23 ;
-  wire \$24 ;
-  wire \$25 ;
-  wire \$26 ;
-  wire [17:0] \$27 ;
-  wire \$28 ;
-  wire [17:0] \$29 ;
-  wire \$3 ;
-  wire \$30 ;
-  wire \$31 ;
-  wire \$32 ;
-  wire [17:0] \$33 ;
-  wire [17:0] \$34 ;
-  wire [15:0] \$35 ;
-  wire [15:0] \$36 ;
-  wire \$37 ;
-  wire \$38 ;
-  wire \$39 ;
-  wire \$4 ;
-  wire \$40 ;
-  wire \$41 ;
-  wire [15:0] \$42 ;
-  wire [15:0] \$43 ;
-  wire [31:0] \$44 ;
-  wire \$45 ;
-  wire [15:0] \$46 ;
-  wire [15:0] \$47 ;
-  wire [31:0] \$48 ;
-  wire [15:0] \$49 ;
-  wire \$5 ;
-  wire [17:0] \$50 ;
-  wire \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire [49:0] \$54 ;
-  wire [49:0] \$55 ;
-  wire [49:0] \$56 ;
-  wire [49:0] \$57 ;
-  wire \$58 ;
-  wire [49:0] \$59 ;
-  wire \$6 ;
-  wire [49:0] \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire [50:0] \$63 ;
-  wire \$64 ;
-  wire [49:0] \$65 ;
-  wire [49:0] \$66 ;
-  wire [49:0] \$67 ;
-  wire [49:0] \$68 ;
-  wire \$69 ;
-  wire \$7 ;
-  wire [49:0] \$70 ;
-  wire [49:0] \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire [50:0] \$74 ;
-  wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire [49:0] \$78 ;
-  wire [49:0] \$79 ;
-  wire \$8 ;
-  wire [49:0] \$80 ;
-  wire [49:0] \$81 ;
-  wire \$82 ;
-  wire [49:0] \$83 ;
-  wire [49:0] \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire [50:0] \$87 ;
-  wire [49:0] \$88 ;
-  wire [49:0] \$89 ;
-  wire \$9 ;
-  wire [49:0] \$90 ;
-  wire [49:0] \$91 ;
-  wire \$92 ;
-  wire [49:0] \$93 ;
-  wire [49:0] \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire [50:0] \$97 ;
-  wire [15:0] \$98 ;
-  wire [15:0] \$99 ;
-  reg [48:0] acc = 49'h0000000000000;
-  reg [32:0] \bit  = 33'h000000000;
-  wire busy;
-  input clk;
-  wire clk;
-  reg [16:0] den;
-  reg [2:0] fsm_state = 3'h0;
-  input [33:0] i__payload;
-  wire [33:0] i__payload;
-  wire [15:0] \i__payload.a ;
-  wire [16:0] \i__payload.b ;
-  wire \i__payload.last ;
-  output i__ready;
-  reg i__ready;
-  input i__valid;
-  wire i__valid;
-  input [15:0] n;
-  wire [15:0] n;
-  reg [47:0] num;
-  output [15:0] o__payload;
-  reg [15:0] o__payload = 16'h0000;
-  wire o__ready;
-  output o__valid;
-  reg o__valid = 1'h0;
-  (* init = 16'h0000 *)
-  wire [15:0] o_data;
-  (* init = 1'h0 *)
-  wire o_valid;
-  (* enum_base_type = "VecOp" *)
-  (* enum_value_00 = "ADD" *)
-  (* enum_value_01 = "COMBINE" *)
-  (* enum_value_10 = "NORM" *)
-  input [1:0] op;
-  wire [1:0] op;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  reg [32:0] prod = 33'h000000000;
-  wire [47:0] quot;
-  reg [16:0] r_norm = 17'h00000;
-  reg [12:0] recip = 13'h0000;
-  reg [32:0] rem = 33'h000000000;
-  reg [32:0] root = 33'h000000000;
-  input rst;
-  wire rst;
-  reg scale_pass;
-  reg start;
-  reg [47:0] sumsq = 48'h000000000000;
-  input unit_rst;
-  wire unit_rst;
-  reg [4:0] z = 5'h00;
-  assign \$1  = ~ o__valid;
-  assign \$3  = ~ p_valid;
-  assign \$4  = ~ o__valid;
-  assign \$7  = ! r_norm;
-  assign \$8  = ~ r_norm[16];
-  assign \$9  = ~ p_valid;
-  assign \$10  = ~ o__valid;
-  assign \$13  = p_valid & p_last;
-  assign \$14  = ~ \$13 ;
-  assign \$16  = ! fsm_state;
-  assign \$17  = fsm_state == 1'h1;
-  assign \$18  = fsm_state == 2'h2;
-  assign \$19  = fsm_state == 2'h3;
-  assign \$20  = fsm_state == 3'h4;
-  assign \$21  = fsm_state == 3'h5;
-  assign \$22  = fsm_state == 3'h6;
-  assign \$23  = fsm_state == 3'h7;
-  assign \$24  = ~ o__valid;
-  assign \$27  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$28  = & \$27 [17:15];
-  assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$30  = | \$29 [17:15];
-  assign \$31  = ~ \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$34  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$35  = \$34 [17] ? 16'h8000 : 16'h7fff;
-  assign \$36  = \$32  ? \$33 [15:0] : \$35 ;
-  assign \$37  = ~ p_valid;
-  assign \$38  = ~ o__valid;
-  assign \$41  = op == 2'h2;
-  assign \$42  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$43  = \$41  ? \$42  : { 1'h0, i__payload[30:16] };
-  assign \$44  = $signed(i__payload[15:0]) * $signed(\$43 );
-  assign \$45  = op == 2'h2;
-  assign \$46  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$47  = \$45  ? \$46  : { 1'h0, i__payload[30:16] };
-  assign \$48  = $signed(i__payload[15:0]) * $signed(\$47 );
-  assign \$49  = i__payload[31] ? i__payload[15:0] : 16'h0000;
-  assign \$50  = $signed(\$48 [31:15]) + $signed(\$49 );
-  assign \$51  = ~ o__valid;
-  assign \$54  = $signed(acc) + $signed(prod);
-  assign \$56  = $signed(acc) + $signed(prod);
-  assign \$57  = $signed(acc) + $signed(prod);
-  assign \$58  = | \$57 [13:0];
-  assign \$59  = $signed(acc) + $signed(prod);
-  assign \$61  = \$58  | \$60 [0];
-  assign \$62  = \$56 [14] & \$61 ;
-  assign \$63  = $signed(\$55 ) + $signed({ 1'h0, \$62  });
-  assign \$64  = & \$63 [50:15];
-  assign \$65  = $signed(acc) + $signed(prod);
-  assign \$67  = $signed(acc) + $signed(prod);
-  assign \$68  = $signed(acc) + $signed(prod);
-  assign \$69  = | \$68 [13:0];
-  assign \$70  = $signed(acc) + $signed(prod);
-  assign \$72  = \$69  | \$71 [0];
-  assign \$73  = \$67 [14] & \$72 ;
-  assign \$74  = $signed(\$66 ) + $signed({ 1'h0, \$73  });
-  assign \$75  = | \$74 [50:15];
-  assign \$76  = ~ \$75 ;
-  assign \$77  = \$64  | \$76 ;
-  assign \$78  = $signed(acc) + $signed(prod);
-  assign \$80  = $signed(acc) + $signed(prod);
-  assign \$81  = $signed(acc) + $signed(prod);
-  assign \$82  = | \$81 [13:0];
-  assign \$83  = $signed(acc) + $signed(prod);
-  assign \$85  = \$82  | \$84 [0];
-  assign \$86  = \$80 [14] & \$85 ;
-  assign \$87  = $signed(\$79 ) + $signed({ 1'h0, \$86  });
-  assign \$88  = $signed(acc) + $signed(prod);
-  assign \$90  = $signed(acc) + $signed(prod);
-  assign \$91  = $signed(acc) + $signed(prod);
-  assign \$92  = | \$91 [13:0];
-  assign \$93  = $signed(acc) + $signed(prod);
-  assign \$95  = \$92  | \$94 [0];
-  assign \$96  = \$90 [14] & \$95 ;
-  assign \$97  = $signed(\$89 ) + $signed({ 1'h0, \$96  });
-  assign \$98  = \$97 [50] ? 16'h8000 : 16'h7fff;
-  assign \$99  = \$77  ? \$87 [15:0] : \$98 ;
-  assign \$100  = $signed(acc) + $signed(prod);
-  assign \$101  = op == 2'h2;
-  assign \$102  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$103  = \$101  ? \$102  : { 1'h0, i__payload[30:16] };
-  assign \$104  = $signed(i__payload[15:0]) * $signed(\$103 );
-  assign \$105  = $signed({ 1'h0, sumsq }) + $signed(\$104 );
-  assign \$106  = ~ busy;
-  assign \$107  = quot + 1'h1;
-  assign \$108  = root + \bit ;
-  assign \$109  = rem >= \$108 ;
-  assign \$110  = root + \bit ;
-  assign \$111  = rem - \$110 ;
-  assign \$113  = \$112  + \bit ;
-  assign \$116  = \bit  == 1'h1;
-  assign \$117  = ! r_norm;
-  assign \$118  = ~ r_norm[16];
-  assign \$120  = z + 1'h1;
-  assign \$121  = ~ busy;
-  assign \$122  = ~ p_valid;
-  assign \$123  = ~ o__valid;
-  assign \$126  = p_valid & p_last;
-  assign \$127  = ~ \$126 ;
-  assign \$129  = op == 2'h2;
-  assign \$130  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$131  = \$129  ? \$130  : { 1'h0, i__payload[30:16] };
-  assign \$132  = $signed(i__payload[15:0]) * $signed(\$131 );
-  assign \$133  = ~ o__valid;
-  assign \$136  = $signed(prod[28:0]) << z;
-  assign \$138  = $signed(prod[28:0]) << z;
-  assign \$139  = $signed(prod[28:0]) << z;
-  assign \$140  = | \$139 [21:0];
-  assign \$141  = $signed(prod[28:0]) << z;
-  assign \$143  = \$140  | \$142 [0];
-  assign \$144  = \$138 [22] & \$143 ;
-  assign \$145  = $signed(\$137 ) + $signed({ 1'h0, \$144  });
-  assign \$146  = & \$145 [45:7];
-  assign \$147  = $signed(prod[28:0]) << z;
-  assign \$149  = $signed(prod[28:0]) << z;
-  assign \$150  = $signed(prod[28:0]) << z;
-  assign \$151  = | \$150 [21:0];
-  assign \$152  = $signed(prod[28:0]) << z;
-  assign \$154  = \$151  | \$153 [0];
-  assign \$155  = \$149 [22] & \$154 ;
-  assign \$156  = $signed(\$148 ) + $signed({ 1'h0, \$155  });
-  assign \$157  = | \$156 [45:7];
-  assign \$158  = ~ \$157 ;
-  assign \$159  = \$146  | \$158 ;
-  assign \$160  = $signed(prod[28:0]) << z;
-  assign \$162  = $signed(prod[28:0]) << z;
-  assign \$163  = $signed(prod[28:0]) << z;
-  assign \$164  = | \$163 [21:0];
-  assign \$165  = $signed(prod[28:0]) << z;
-  assign \$167  = \$164  | \$166 [0];
-  assign \$168  = \$162 [22] & \$167 ;
-  assign \$169  = $signed(\$161 ) + $signed({ 1'h0, \$168  });
-  assign \$170  = $signed(prod[28:0]) << z;
-  assign \$172  = $signed(prod[28:0]) << z;
-  assign \$173  = $signed(prod[28:0]) << z;
-  assign \$174  = | \$173 [21:0];
-  assign \$175  = $signed(prod[28:0]) << z;
-  assign \$177  = \$174  | \$176 [0];
-  assign \$178  = \$172 [22] & \$177 ;
-  assign \$179  = $signed(\$171 ) + $signed({ 1'h0, \$178  });
-  assign \$180  = \$179 [45] ? 8'h80 : 8'h7f;
-  assign \$181  = \$159  ? \$169 [7:0] : \$180 ;
-  always @(posedge clk)
-    o__valid <= \$182 ;
-  always @(posedge clk)
-    o__payload <= \$183 ;
-  always @(posedge clk)
-    p_valid <= \$184 ;
-  always @(posedge clk)
-    prod <= \$185 ;
-  always @(posedge clk)
-    p_last <= \$186 ;
-  always @(posedge clk)
-    acc <= \$187 ;
-  always @(posedge clk)
-    sumsq <= \$188 ;
-  always @(posedge clk)
-    fsm_state <= \$189 ;
-  always @(posedge clk)
-    rem <= \$190 ;
-  always @(posedge clk)
-    root <= \$191 ;
-  always @(posedge clk)
-    \bit  <= \$192 ;
-  always @(posedge clk)
-    r_norm <= \$193 ;
-  always @(posedge clk)
-    z <= \$194 ;
-  always @(posedge clk)
-    recip <= \$195 ;
-  \nanokpu_kpu.vector.div  div (
-    .busy(busy),
-    .clk(clk),
-    .\den$11 (den),
-    .num(num),
-    .quot(quot),
-    .rst(rst),
-    .start(start),
-    .unit_rst(unit_rst)
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    i__ready = 1'h0;
-    casez (op)
-      2'h0:
-          i__ready = \$2 ;
-      2'h1:
-          i__ready = \$6 ;
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                i__ready = 1'h1;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                i__ready = \$15 ;
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    start = 1'h0;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                start = 1'h1;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
-                end else begin
-                  start = 1'h1;
-                end
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    num = 48'h000000000000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                num = sumsq;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
-                end else begin
-                  num = 48'h000010000000;
-                end
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    den = 17'h00000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                den = { 1'h0, n };
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
-                end else begin
-                  den = r_norm;
-                end
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    scale_pass = 1'h0;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                scale_pass = 1'h1;
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$182  = 1'h0;
-    casez (op)
-      2'h0:
-          if (\$26 ) begin
-            \$182  = 1'h1;
-          end
-      2'h1:
-          if (\$53 ) begin
-            if (p_last) begin
-              \$182  = 1'h1;
-            end
-          end
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                if (\$135 ) begin
-                  \$182  = 1'h1;
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$182  = 1'h0;
-    end
-    if (rst) begin
-      \$182  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$183  = o__payload;
-    casez (op)
-      2'h0:
-          if (\$26 ) begin
-            \$183  = \$36 ;
-          end
-      2'h1:
-          if (\$53 ) begin
-            if (p_last) begin
-              \$183  = \$99 ;
-            end
-          end
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                if (\$135 ) begin
-                  \$183  = { \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181  };
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$183  = 16'h0000;
-    end
-    if (rst) begin
-      \$183  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$184  = p_valid;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          if (\$40 ) begin
-            \$184  = i__valid;
-          end
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-              begin
-                if (\$128 ) begin
-                  \$184  = i__valid;
-                end
-                if (\$135 ) begin
-                  if (p_last) begin
-                    \$184  = 1'h0;
-                  end
-                end
-              end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$184  = 1'h0;
-    end
-    if (rst) begin
-      \$184  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$185  = prod;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          if (\$40 ) begin
-            \$185  = { \$50 , \$44 [14:0] };
-          end
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                if (\$128 ) begin
-                  \$185  = { \$132 [31], \$132  };
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$185  = 33'h000000000;
-    end
-    if (rst) begin
-      \$185  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$186  = p_last;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          if (\$40 ) begin
-            \$186  = i__payload[33];
-          end
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                /* empty */;
-            3'h7:
-                /* empty */;
-            3'h6:
-                if (\$128 ) begin
-                  \$186  = i__payload[33];
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$186  = 1'h0;
-    end
-    if (rst) begin
-      \$186  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$187  = acc;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          if (\$53 ) begin
-            (* full_case = 32'd1 *)
-            if (p_last) begin
-              \$187  = 49'h0000000000000;
-            end else begin
-              \$187  = \$100 [48:0];
-            end
-          end
-    endcase
-    if (unit_rst) begin
-      \$187  = 49'h0000000000000;
-    end
-    if (rst) begin
-      \$187  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$188  = sumsq;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                if (i__valid) begin
-                  \$188  = \$105 [47:0];
-                end
-            3'h1:
-                /* empty */;
-            3'h2:
-                if (\$106 ) begin
-                  \$188  = 48'h000000000000;
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$188  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$188  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$189  = fsm_state;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          (* full_case = 32'd1 *)
-          casez (fsm_state)
-            3'h0:
-                if (i__valid) begin
-                  if (i__payload[33]) begin
-                    \$189  = 3'h1;
-                  end
-                end
-            3'h1:
-                \$189  = 3'h2;
-            3'h2:
-                if (\$106 ) begin
-                  \$189  = 3'h3;
-                end
-            3'h3:
-                if (\$116 ) begin
-                  \$189  = 3'h4;
-                end
-            3'h4:
-                \$189  = 3'h5;
-            3'h5:
-                (* full_case = 32'd1 *)
-                if (\$117 ) begin
-                  \$189  = 3'h6;
-                end else if (\$118 ) begin
-                end else begin
-                  \$189  = 3'h7;
-                end
-            3'h7:
-                if (\$121 ) begin
-                  \$189  = 3'h6;
-                end
-            3'h6:
-                if (\$135 ) begin
-                  if (p_last) begin
-                    \$189  = 3'h0;
-                  end
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$189  = 3'h0;
-    end
-    if (rst) begin
-      \$189  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$190  = rem;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                if (\$106 ) begin
-                  \$190  = \$107 [32:0];
-                end
-            3'h3:
-                if (\$109 ) begin
-                  \$190  = \$111 [32:0];
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$190  = 33'h000000000;
-    end
-    if (rst) begin
-      \$190  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$191  = root;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                if (\$106 ) begin
-                  \$191  = 33'h000000000;
-                end
-            3'h3:
-                (* full_case = 32'd1 *)
-                if (\$109 ) begin
-                  \$191  = \$113 [32:0];
-                end else begin
-                  \$191  = \$114 ;
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$191  = 33'h000000000;
-    end
-    if (rst) begin
-      \$191  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$192  = \bit ;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                if (\$106 ) begin
-                  \$192  = 33'h100000000;
-                end
-            3'h3:
-                \$192  = \$115 ;
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$192  = 33'h000000000;
-    end
-    if (rst) begin
-      \$192  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$193  = r_norm;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                \$193  = root[16:0];
-            3'h5:
-                if (\$117 ) begin
-                end else if (\$118 ) begin
-                  \$193  = \$119 [16:0];
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$193  = 17'h00000;
-    end
-    if (rst) begin
-      \$193  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$194  = z;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                \$194  = 5'h00;
-            3'h5:
-                if (\$117 ) begin
-                end else if (\$118 ) begin
-                  \$194  = \$120 [4:0];
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$194  = 5'h00;
-    end
-    if (rst) begin
-      \$194  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$195  = recip;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                /* empty */;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                \$195  = 13'h0000;
-            3'h5:
-                /* empty */;
-            3'h7:
-                if (\$121 ) begin
-                  \$195  = quot[12:0];
-                end
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$195  = 13'h0000;
-    end
-    if (rst) begin
-      \$195  = 13'h0000;
-    end
-  end
-  assign o_valid = o__valid;
-  assign o_data = o__payload;
-  assign o__ready = 1'h1;
-  assign \i__payload.a  = i__payload[15:0];
-  assign \i__payload.b  = i__payload[32:16];
-  assign \i__payload.last  = i__payload[33];
-  assign \$2  = 1'h1;
-  assign \$5  = 1'h1;
-  assign \$6  = 1'h1;
-  assign \$11  = 1'h1;
-  assign \$12  = 1'h1;
-  assign \$15  = \$14 ;
-  assign \$25  = 1'h1;
-  assign \$26  = i__valid;
-  assign \$39  = 1'h1;
-  assign \$40  = 1'h1;
-  assign \$52  = 1'h1;
-  assign \$53  = p_valid;
-  assign \$55  = { \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49:15] };
-  assign \$60  = { \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49:15] };
-  assign \$66  = { \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49:15] };
-  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
-  assign \$79  = { \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49:15] };
-  assign \$84  = { \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49:15] };
-  assign \$89  = { \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49:15] };
-  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
-  assign \$112  = { 1'h0, root[32:1] };
-  assign \$114  = { 1'h0, root[32:1] };
-  assign \$115  = { 2'h0, \bit [32:2] };
-  assign \$119  = { r_norm, 1'h0 };
-  assign \$124  = 1'h1;
-  assign \$125  = 1'h1;
-  assign \$128  = \$127 ;
-  assign \$134  = 1'h1;
-  assign \$135  = p_valid;
-  assign \$137  = { \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44:23] };
-  assign \$142  = { \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44:23] };
-  assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
-  assign \$153  = { \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44:23] };
-  assign \$161  = { \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44:23] };
-  assign \$166  = { \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44:23] };
-  assign \$171  = { \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44:23] };
-  assign \$176  = { \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44:23] };
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
-  wire \$1 ;
-  reg [16:0] \$10 ;
-  wire \$2 ;
-  wire [18:0] \$3 ;
-  wire [18:0] \$4 ;
-  wire \$5 ;
-  wire [6:0] \$6 ;
-  reg [17:0] \$7 ;
-  reg [47:0] \$8 ;
-  reg [5:0] \$9 ;
-  output busy;
-  wire busy;
-  input clk;
-  wire clk;
-  reg [5:0] count = 6'h00;
-  reg [16:0] den = 17'h00000;
-  input [16:0] \den$11 ;
-  wire [16:0] \den$11 ;
-  input [47:0] num;
-  wire [47:0] num;
-  output [47:0] quot;
-  reg [47:0] quot = 48'h000000000000;
-  wire [16:0] rem;
-  reg [17:0] \rem$5  = 18'h00000;
-  input rst;
-  wire rst;
-  (* init = 48'h000000000000 *)
-  wire [47:0] shift;
-  input start;
-  wire start;
-  input unit_rst;
-  wire unit_rst;
-  assign busy = | count;
-  assign \$1  = | count;
-  assign \$2  = { \rem$5 [16:0], quot[47] } >= den;
-  assign \$3  = { \rem$5 [16:0], quot[47] } - den;
-  assign \$4  = \$2  ? \$3  : { 1'h0, \rem$5 [16:0], quot[47] };
-  assign \$5  = { \rem$5 [16:0], quot[47] } >= den;
-  assign \$6  = count - 1'h1;
-  always @(posedge clk)
-    \rem$5  <= \$7 ;
-  always @(posedge clk)
-    quot <= \$8 ;
-  always @(posedge clk)
-    count <= \$9 ;
-  always @(posedge clk)
-    den <= \$10 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$7  = \rem$5 ;
-    if (\$1 ) begin
-      \$7  = \$4 [17:0];
-    end else if (start) begin
-      \$7  = 18'h00000;
-    end
-    if (unit_rst) begin
-      \$7  = 18'h00000;
-    end
-    if (rst) begin
-      \$7  = 18'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$8  = quot;
-    if (\$1 ) begin
-      \$8  = { quot[46:0], \$5  };
-    end else if (start) begin
-      \$8  = num;
-    end
-    if (unit_rst) begin
-      \$8  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$8  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$9  = count;
-    if (\$1 ) begin
-      \$9  = \$6 [5:0];
-    end else if (start) begin
-      \$9  = 6'h30;
-    end
-    if (unit_rst) begin
-      \$9  = 6'h00;
-    end
-    if (rst) begin
-      \$9  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$10  = den;
-    if (\$1 ) begin
-    end else if (start) begin
-      \$10  = \den$11 ;
-    end
-    if (unit_rst) begin
-      \$10  = 17'h00000;
-    end
-    if (rst) begin
-      \$10  = 17'h00000;
-    end
-  end
-  assign shift = quot;
-  assign rem = \rem$5 [16:0];
 endmodule

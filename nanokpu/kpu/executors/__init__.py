@@ -8,15 +8,17 @@ its stream handshakes and its strobes are low.
 
 from __future__ import annotations
 
+from amaranth import Cat, Mux, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
+from nanokpu.gemm_layout import SHIFT_WIDTH
 from nanokpu.isa import bus_bytes
 from nanokpu.kpu.decoded import decoded_layout
 from nanokpu.kpu.spad import spad_client_signature
 
-__all__ = ["executor_signature", "dma_client_signature"]
+__all__ = ["executor_signature", "dma_client_signature", "requantiser_signature", "saturate_to_width"]
 
 
 def executor_signature(cfg: KpuConfig) -> wiring.Signature:
@@ -36,3 +38,19 @@ def dma_client_signature(cfg: KpuConfig) -> wiring.Signature:
         "wr_start": Out(1), "wr_data": Out(stream.Signature(wr_layout)), "wr_busy": In(1),
         "error": In(1),
     })
+
+
+def requantiser_signature(cfg: KpuConfig) -> wiring.Signature:
+    """The GEMM engine's requantiser as ``REQUANT`` borrows it: ``rows`` accumulators a word in,
+    the requantised word out (:class:`~nanokpu.units.gemm.GemmEngine`'s ``rq_in``, ``c_out``,
+    ``rq_mult``, ``rq_shift``), directions seen from the borrower."""
+    word = data.ArrayLayout(signed(cfg.acc_width), cfg.rows)
+    return wiring.Signature({"mult": Out(unsigned(cfg.mult_width)), "shift": Out(unsigned(SHIFT_WIDTH)),
+                             "i": Out(stream.Signature(word)), "o": In(stream.Signature(word))})
+
+
+def saturate_to_width(value, width, acc_width: int):
+    """Signed ``value`` (``acc_width`` bits) saturated to ``width`` bits, ``width`` a signal in
+    ``[2, acc_width]``: the bound ``2**(width-1) - 1`` built bit by bit (no shifter)."""
+    hi = Cat(*[width > i + 1 for i in range(acc_width - 1)], 0).as_signed()
+    return Mux(value > hi, hi, Mux(value < ~hi, ~hi, value))

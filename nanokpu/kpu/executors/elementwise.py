@@ -1,0 +1,203 @@
+"""The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE`` and ``NORM``
+on one streaming engine that walks the operands through the scratchpad, one element per cycle."""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.isa import F_RQ_EXPERT, Err, Op, word_width
+from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.executors import executor_signature, requantiser_signature, saturate_to_width
+from nanokpu.units.sigmoid import Sigmoid
+from nanokpu.units.situ import Situ
+from nanokpu.units.vector import VecOp, VectorUnit
+
+__all__ = ["Elementwise"]
+
+
+class Elementwise(wiring.Component):
+    """The element-wise ops of :mod:`nanokpu.isa` on :class:`~nanokpu.units.sigmoid.Sigmoid`,
+    :class:`~nanokpu.units.situ.Situ`, :class:`~nanokpu.units.vector.VectorUnit` (its own) and
+    the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`).
+
+    Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
+    ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
+
+    The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
+    ``SITU``, ``ADD``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
+    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice), reading both operands in
+    one cycle (stage g: the reads in flight) into registers (stage h: the beat the unit sees),
+    and writes the unit's results at ``c`` on in order as they come. ``REQUANT`` packs ``rows``
+    values a word into the requantiser and writes the results back lane by lane (with
+    ``F_RQ_EXPERT`` the multiplier and shift are first read from ``b + 2*expert``); its results
+    are saturated to ``width`` bits. ``done`` comes in the cycle after the last result is
+    written; no error.
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        self.cfg = cfg
+        super().__init__(dict(executor_signature(cfg).members) | {"rq": Out(requantiser_signature(cfg))})
+
+    def elaborate(self, platform):  # noqa: C901 - one engine, six ops
+        m = Module()
+        cfg, ins, spad, rq = self.cfg, self.ins, self.spad, self.rq
+        w = widths(cfg)
+        SW, AW, R = w.sw, w.aw, cfg.rows
+        act, accw, ww = cfg.act_width, cfg.acc_width, word_width(cfg)
+        rd0, rd1, wr, blocked = spad.rd0, spad.rd1, spad.wr, spad.blocked
+        m.submodules.sigmoid = sig = Sigmoid(cfg)
+        m.submodules.situ = situ = Situ(cfg)
+        m.submodules.vector = vec = VectorUnit(cfg)
+
+        # the walk: rem[j] counts the steps of level j left, this one included, down from cnt[j]
+        # (counts are sizes of checked regions, >= 1; addresses and strides modulo 2**AW)
+        cnt = [Signal(SW, name=f"cnt{j}") for j in range(2)]
+        rem = [Signal(SW, name=f"rem{j}") for j in range(3)]
+        # strides: sa1, sb0 and sb1 are 0 or 1 in every walk
+        sa = [Signal(AW, name="sa0"), Signal(1, name="sa1"), Signal(AW, name="sa2")]
+        sb = [Signal(1, name="sb0"), Signal(1, name="sb1"), Signal(AW, name="sb2")]
+        pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
+        pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
+        issuing = Signal()
+        g_valid, g_last = Signal(), Signal()
+        h_valid, h_last = Signal(), Signal()
+        a_word = Signal(signed(ww))     # stage h's operands, held while it stalls
+        b_word = Signal(signed(ww))
+        el = Signal(SW)                 # results written
+        unit_ready = Signal()           # the selected unit takes the current beat
+        run = Signal()
+        h_free = ~h_valid | unit_ready
+        advance = ~g_valid | h_free
+        issue = advance & ~blocked
+
+        def walk(c0, c1, c2, a0, a1, a2, b0, b1, b2):
+            return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
+                    sa[2].eq(a2), sb[0].eq(b0), sb[1].eq(b1), sb[2].eq(b2),
+                    rem[0].eq(c0), rem[1].eq(c1), rem[2].eq(c2),
+                    pa.eq(ins.a), ra1.eq(ins.a), ra2.eq(ins.a),
+                    pb.eq(ins.b), rb1.eq(ins.b), rb2.eq(ins.b),
+                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el.eq(0)]
+
+        with m.If(~run | h_free):
+            m.d.sync += [a_word.eq(rd0.data), b_word.eq(rd1.data)]
+        with m.If(run):
+            m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
+            with m.If(h_free):
+                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last)]
+            with m.If(advance):
+                m.d.sync += [g_valid.eq(issuing & ~blocked), g_last.eq(rem[0] == 1)]
+                with m.If(issuing & ~blocked):
+                    with m.If(rem[0][1:].any()):
+                        m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
+                    with m.Elif(rem[1][1:].any()):
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(rem[1] - 1),
+                                     ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
+                                     rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
+                    with m.Else():
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(cnt[1]), rem[2].eq(rem[2] - 1),
+                                     ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
+                                     rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
+                        with m.If(~rem[2][1:].any()):
+                            m.d.sync += issuing.eq(0)
+
+        # the running op as registered flags: the engine selects by these, not by comparing the
+        # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
+        is_rq, is_sig, is_situ = Signal(), Signal(), Signal()
+        vec_op = Signal(VecOp)
+        # REQUANT: the word being filled (fill lanes so far, sent when wvalid), the lane of the
+        # result word being written back, its multiplier, shift and output width
+        pack = Signal(data.ArrayLayout(signed(accw), R))
+        fill = Signal(range(R + 1))
+        wvalid = Signal()
+        lane = Signal(range(R))
+        at_last = Signal()     # registered: the next write is the instruction's last (el == len - 1)
+        mult = Signal.like(rq.mult)
+        shift = Signal.like(rq.shift)
+        width = Signal(6)
+        m.d.comb += [rq.mult.eq(mult), rq.shift.eq(shift), rq.i.payload.eq(pack)]
+        out_valid = Signal()
+        out_data = Signal(signed(ww))
+        m.d.comb += [
+            sig.i.payload[0].eq(a_word[:act].as_signed()),
+            situ.i.payload[0].g.eq(a_word[:act].as_signed()),
+            situ.i.payload[0].u.eq(b_word[:act].as_signed()),
+            vec.i.payload.a.eq(a_word[:act].as_signed()),
+            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], b_word[:act].as_signed())),
+            vec.i.payload.last.eq(h_last),
+            vec.n.eq(ins.n),
+            vec.op.eq(vec_op),
+            sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
+        ]
+        with m.If(run):
+            with m.If(is_rq):
+                # rows values a word through the requantiser (one word per interval), written
+                # back lane by lane; a lane is filled in the cycle its word is sent (the
+                # requantiser takes the word at that edge)
+                send = wvalid & rq.i.ready
+                at = Mux(send, 0, fill)
+                m.d.comb += [rq.i.valid.eq(wvalid), unit_ready.eq(~wvalid | rq.i.ready),
+                             out_valid.eq(rq.o.valid),
+                             out_data.eq(saturate_to_width(rq.o.payload[lane], width, accw))]
+                with m.If(send):
+                    m.d.sync += [wvalid.eq(0), fill.eq(0)]
+                with m.If(h_valid & unit_ready):
+                    m.d.sync += [pack[at].eq(a_word[:accw].as_signed()), fill.eq(at + 1)]
+                    with m.If((at == R - 1) | h_last):
+                        m.d.sync += wvalid.eq(1)
+                with m.If(rq.o.valid):
+                    word_end = (lane == R - 1) | at_last
+                    m.d.comb += rq.o.ready.eq(word_end)
+                    m.d.sync += lane.eq(Mux(word_end, 0, lane + 1))
+            with m.Elif(is_sig):
+                m.d.comb += [sig.i.valid.eq(h_valid), unit_ready.eq(sig.i.ready),
+                             out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
+            with m.Elif(is_situ):
+                m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
+                             out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+            with m.Else():
+                m.d.comb += [vec.i.valid.eq(h_valid), unit_ready.eq(vec.i.ready),
+                             out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
+
+        ln = ins.len
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    op = ins.op
+                    m.d.sync += [is_rq.eq(op == Op.REQUANT), is_sig.eq(op == Op.SIGMOID),
+                                 is_situ.eq(op == Op.SITU),
+                                 vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
+                                               Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
+                                 width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
+                                 fill.eq(0), wvalid.eq(0), lane.eq(0), at_last.eq(ln == 1)]
+                    with m.Switch(op):
+                        with m.Case(Op.REQUANT):
+                            m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0)
+                        with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
+                            m.d.sync += walk(ln, 1, 1, 1, 0, 0, 1, 0, 0)
+                        with m.Case(Op.COMBINE):
+                            m.d.sync += walk(ins.k, ins.n, ins.m, ins.n, 1, ins.p2, 1, 0, ins.k)
+                        with m.Case(Op.NORM):
+                            m.d.sync += walk(ins.n, 2, ins.m, 1, 0, ins.n, 0, 0, 0)
+                    with m.If((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
+                        m.next = "RQ_TABLE"
+                    with m.Else():
+                        m.next = "RUN"
+            with m.State("RQ_TABLE"):
+                m.d.comb += [rd0.addr.eq(ins.b + (ins.expert << 1)), rd1.addr.eq(ins.b + (ins.expert << 1) + 1),
+                             rd0.en.eq(1), rd1.en.eq(1)]
+                m.next = "RQ_TABLE2"
+            with m.State("RQ_TABLE2"):
+                m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(rd1.data[:6])]
+                m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += run.eq(1)
+                with m.If(out_valid):
+                    m.d.comb += [wr.addr.eq(ins.c + el), wr.data.eq(out_data), wr.en.eq(1)]
+                    m.d.sync += [el.eq(el + 1), at_last.eq(el + 2 == ln)]
+                with m.If(el >= ln):
+                    m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
+                    m.next = "IDLE"
+        return m

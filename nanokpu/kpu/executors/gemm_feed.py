@@ -1,0 +1,197 @@
+"""The GEMM executor: ``GEMM`` on the GEMM engine (:func:`~nanokpu.units.gemm.kpu_engine`), its A
+operand packed from the scratchpad, B streamed from the bus, the results unpacked back."""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.isa import F_RQ_EXPERT, Err
+from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.executors import (
+    dma_client_signature,
+    executor_signature,
+    requantiser_signature,
+    saturate_to_width,
+)
+from nanokpu.units.gemm import kpu_engine
+
+__all__ = ["GemmFeed"]
+
+
+class GemmFeed(wiring.Component):
+    """``GEMM`` (:mod:`nanokpu.isa`): ``c = requant(a @ W^T)`` (or raw accumulators with
+    ``width = 0``), ``a`` ``[m, k]`` in the scratchpad, the weight panels from the bus.
+
+    Members: :func:`~nanokpu.kpu.executors.executor_signature`, ``dma``
+    (:func:`~nanokpu.kpu.executors.dma_client_signature`: the B panels as one burst read started
+    with the command) and ``rq`` (:func:`~nanokpu.kpu.executors.requantiser_signature`, flipped):
+    the engine's requantiser lent to the element-wise executor while no ``GEMM`` runs.
+
+    A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes one scratchpad read
+    per real row, pipelined; each result word is written back one real row per cycle (then
+    saturated to ``width``). With :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are
+    first read from ``b + 2*expert``. A bus error ends the instruction at once with
+    :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        self.cfg = cfg
+        super().__init__(dict(executor_signature(cfg).members) | {
+            "dma": Out(dma_client_signature(cfg)), "rq": In(requantiser_signature(cfg))})
+
+    def elaborate(self, platform):  # noqa: C901 - A packing and C unpacking side by side
+        m = Module()
+        cfg, ins, spad, dma = self.cfg, self.ins, self.spad, self.dma
+        w = widths(cfg)
+        SW, AW, R, accw = w.sw, w.aw, cfg.rows, cfg.acc_width
+        rd0, wr, blocked = spad.rd0, spad.wr, spad.blocked
+        m.submodules.engine = gemm = kpu_engine(cfg)
+
+        mult = Signal(32)
+        shift = Signal(6)
+        width = Signal(6)
+        pack = Signal(data.ArrayLayout(signed(accw), R))   # the A word being filled
+        busy = Signal()
+        # the engine's requantiser: this instruction's, or lent out (rq) while idle
+        with m.If(busy):
+            m.d.comb += [gemm.rq_mult.eq(Mux(width != 0, mult, 1)), gemm.rq_shift.eq(Mux(width != 0, shift, 0))]
+        with m.Else():
+            m.d.comb += [gemm.rq_mult.eq(self.rq.mult), gemm.rq_shift.eq(self.rq.shift),
+                         gemm.rq_in.valid.eq(self.rq.i.valid), gemm.rq_in.payload.eq(self.rq.i.payload),
+                         self.rq.i.ready.eq(gemm.rq_in.ready),
+                         self.rq.o.valid.eq(gemm.c_out.valid), self.rq.o.payload.eq(gemm.c_out.payload),
+                         gemm.c_out.ready.eq(self.rq.o.ready)]
+
+        # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx, C word
+        # (mb, n) lane i at c + (mb*R + i)*n + n_idx; after the last word of a row block the
+        # next block starts one past the last lane's address
+        KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
+        k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
+        m_s = ins.m[:SW]
+        # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
+        gm_left = Signal(SW)
+        gm_k = Signal(KW)
+        gm_lane = Signal(range(R + 1))
+        gm_addr = Signal(AW)
+        gm_wstart = Signal(AW)
+        gm_cap = Signal()
+        gm_cap_lane = Signal(range(R))
+        gm_wvalid = Signal()
+        gm_afeed_done = Signal()
+        gc_left = Signal(SW)
+        gc_n = Signal(NW)
+        gc_lane = Signal(range(R))
+        gc_addr = Signal(AW)
+        gc_wstart = Signal(AW)
+        gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
+        LB = (R + 1).bit_length()
+
+        def reached(left, lanes):
+            """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
+            return (left[LB:] == 0) & (lanes >= left[:LB])
+
+        def gc_last_of(left, lane):
+            """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
+            return (lane == R - 1) | reached(left, lane + 1)
+
+        running = Signal()
+        m.d.comb += [
+            gemm.cmd.payload.m.eq(ins.m), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
+            gemm.cmd.payload.a_addr.eq(0), gemm.cmd.payload.c_addr.eq(0),
+            gemm.cmd.payload.mult.eq(Mux(width != 0, mult, 1)),
+            gemm.cmd.payload.shift.eq(Mux(width != 0, shift, 0)),
+            gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
+            gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
+            gemm.a_in.payload.eq(Cat(pack[i][:8] for i in range(R))), gemm.a_in.valid.eq(gm_wvalid),
+            gemm.b_in.payload.eq(dma.rd_data.payload),
+        ]
+        with m.If(running):
+            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
+            # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
+            # (lanes of rows >= M are not read: the word was cleared, they stay 0)
+            word_full = (gm_lane == R) | reached(gm_left, gm_lane)
+            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full & ~blocked):
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
+                             gm_addr.eq(gm_addr + k_g)]
+            with m.Else():
+                m.d.sync += gm_cap.eq(0)
+            with m.If(gm_cap):
+                m.d.sync += pack.as_value().word_select(gm_cap_lane, accw)[:8].eq(rd0.data[:8])
+            with m.If(~gm_wvalid & ~gm_afeed_done & word_full):
+                m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
+            with m.If(gemm.a_in.valid & gemm.a_in.ready):
+                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), pack.eq(0)]
+                with m.If(gm_k + 1 < k_g):
+                    m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
+                with m.Else():
+                    next_block = gm_addr - k_g + 1
+                    m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(next_block),
+                                 gm_addr.eq(next_block)]
+                    with m.If(reached(gm_left, R)):
+                        m.d.sync += gm_afeed_done.eq(1)
+            # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
+            # (rows >= M are skipped: the word is taken after its last real row)
+            with m.If(gemm.c_out.valid):
+                lane_value = gemm.c_out.payload[gc_lane]
+                m.d.comb += [wr.addr.eq(gc_addr), wr.en.eq(1),
+                             wr.data.eq(Mux(width != 0, saturate_to_width(lane_value, width, accw), lane_value))]
+                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g),
+                             gc_last.eq(gc_last_of(gc_left, gc_lane + 1))]
+                with m.If(gc_last):
+                    m.d.comb += gemm.c_out.ready.eq(1)
+                    m.d.sync += gc_lane.eq(0)
+                    with m.If(gc_n + 1 < n_g):
+                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1),
+                                     gc_last.eq(gc_last_of(gc_left, 0))]
+                    with m.Else():
+                        next_left = (gc_left - R)[:SW]     # wraps after the last block: unused
+                        m.d.sync += [gc_n.eq(0), gc_left.eq(next_left), gc_wstart.eq(gc_addr + 1),
+                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
+                                 gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                 pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
+                                 gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
+                                 gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
+                    with m.If((ins.flags & F_RQ_EXPERT) != 0):
+                        m.next = "RQ_TABLE"
+                    with m.Else():
+                        m.next = "CMD"
+            with m.State("RQ_TABLE"):
+                m.d.comb += [rd0.addr.eq(ins.b + (ins.expert << 1)), spad.rd1.addr.eq(ins.b + (ins.expert << 1) + 1),
+                             rd0.en.eq(1), spad.rd1.en.eq(1)]
+                m.next = "RQ_TABLE2"
+            with m.State("RQ_TABLE2"):
+                m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(spad.rd1.data[:6])]
+                m.next = "CMD"
+            with m.State("CMD"):
+                m.d.comb += gemm.cmd.valid.eq(1)
+                with m.If(gemm.cmd.ready):
+                    m.d.comb += dma.rd_start.eq(1)
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += running.eq(1)
+                with m.If(dma.error):
+                    m.d.comb += [self.done.eq(1), self.error.eq(Err.BUS_ERROR)]
+                    m.d.sync += busy.eq(0)
+                    m.next = "IDLE"
+                with m.Elif(gemm.done):
+                    with m.If(gemm.error):
+                        m.d.comb += [self.done.eq(1), self.error.eq(Err.BAD_SHAPE)]
+                        m.d.sync += busy.eq(0)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "END"
+            with m.State("END"):
+                with m.If(~dma.rd_busy):
+                    m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
+                    m.d.sync += busy.eq(0)
+                    m.next = "IDLE"
+        return m

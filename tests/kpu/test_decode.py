@@ -1,0 +1,83 @@
+"""The decode alone (Amaranth simulator): on random instructions (every opcode, fields around the
+limits) its error is FuncSim's for that instruction on a fresh machine, its sizes are the
+instruction's, and its latency is Decode.min_latency plus a cycle per bit of each product's
+multiplier."""
+
+import numpy as np
+from amaranth.sim import Simulator
+
+from nanokpu.config import profile
+from nanokpu.host.funcsim import FuncSim
+from nanokpu.isa import Err, Instr, Op, bus_bytes
+from nanokpu.kpu.decode import Decode
+
+CFG = profile("tiny")
+HOST = 1 << 12
+
+
+def _random_instr(rng):
+    op = int(rng.choice([*list(Op), 31]))
+    D = CFG.dmem_depth
+
+    def size():
+        return int(rng.choice([0, 1, 2, 3, 7, 16, 33, 100, 1 << 10, 0xFFFF]))
+
+    def addr():
+        return int(rng.choice([0, 5, 64, 1000, D - 40, D - 1, D, 1 << 20]))
+
+    return Instr(op, m=size(), n=int(rng.choice([size(), CFG.n_experts])), k=int(rng.choice([size(), CFG.top_k])),
+                 a=addr(), b=addr(), c=addr(), host=int(rng.choice([0, 4, 6, HOST - 64, HOST, 1 << 31])),
+                 width=int(rng.choice([0, 1, 2, 4, 8, 33])), target=int(rng.choice([0, 3, CFG.imem_depth])))
+
+
+def _expected(ins):
+    """FuncSim's error for ``ins`` as the first instruction (NONE once it retired)."""
+    try:
+        res = FuncSim(CFG, host=bytes(HOST)).run([ins], max_steps=2)
+    except RuntimeError:        # a JUMP back to itself: it retired
+        return Err.NONE
+    return res.error if res.retired == 0 and res.pc == 0 else Err.NONE
+
+
+def test_decode_matches_funcsim_checks_and_latency():
+    rng = np.random.default_rng(3)
+    instrs = [_random_instr(rng) for _ in range(120)]
+    instrs += [Instr(Op.JUMP, target=1), Instr(Op.ADD, m=3, n=5, a=0, b=15, c=30),
+               Instr(Op.LOAD, m=2, n=8, c=40, host=16, width=1)]
+    dut = Decode(CFG)
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.context, {"host_base": 0, "host_size": HOST})
+        for ins in instrs:
+            ctx.set(dut.ins.as_value(), ins.encode())
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            cycles = 1
+            while not ctx.get(dut.done):
+                await ctx.tick()
+                cycles += 1
+            got.append((ctx.get(dut.error), cycles, ctx.get(dut.decoded.len), ctx.get(dut.beats)))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+    checked = 0
+    for ins, (err, cycles, ln, beats) in zip(instrs, got, strict=True):
+        if ins.op == Op.HALT:
+            assert cycles == Decode.min_latency - 2, ins      # HALT skips the checks
+            continue
+        assert err == _expected(ins), ins
+        if ins.op in (Op.JUMP, 31):
+            assert cycles == Decode.min_latency, ins
+        if err == Err.NONE and ins.op in (Op.ADD, Op.LOAD):
+            assert ln == ins.m * ins.n
+            checked += 1
+        if err == Err.NONE and ins.op == Op.LOAD:
+            assert beats == -(-ins.m * ins.n * ins.width // bus_bytes(CFG))
+    assert checked >= 2
+    assert sum(e == Err.NONE for e, *_ in got) >= 3 and len({e for e, *_ in got}) >= 5
