@@ -73,32 +73,35 @@ def table(rows: list[tuple]) -> str:
 def speed_table(rows: list[tuple]) -> str:
     """Simulation speed of each profile's block: cocotb against the C++ harness (``r["speed"]``,
     :func:`sim.lib.raw_run.replay`)."""
-    lines = ["| profile | cycles | cocotb cycles/s | C++ harness cycles/s | cocotb / harness | "
-             "same cycles, registers and host memory |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["| profile | cycles | AXI4 data beats per cycle | cocotb cycles/s | C++ harness cycles/s | "
+             "cocotb / harness | same cycles, registers and host memory |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for cfg, r in rows:
         s = r["speed"]
-        lines.append(f"| {cfg.name} | {s['cycles']} | {s['cocotb']['cycles_per_s']:,.0f} | "
-                     f"{s['raw']['cycles_per_s']:,.0f} | {s['ratio']:.1%} | yes |")
+        lines.append(f"| {cfg.name} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
+                     f"{s['cocotb']['cycles_per_s']:,.0f} | {s['raw']['cycles_per_s']:,.0f} | {s['ratio']:.1%} | yes |")
     return "\n".join(lines)
 
 
 SPEED = """
 ## Simulation speed
 
-The same Verilator model of each block run twice: under the cocotb bench above (Python bus
-models, cocotbext-axi), and by a C++ harness (`sim/raw/harness.cpp`, no Python and no VPI; a
-plain Verilator build of the same Verilog) that replays the host's AXI4-Lite traffic and answers
-the KPU's AXI4 bursts with cocotbext-axi's timing. Both runs end with the same `CYCLES`, the same
-register reads and the same host memory (checked, or the command fails). Speeds are simulated
-clock cycles per wall second of the run phase (start to the last poll of `STATUS`; no build, no
-loading).
+Each block above runs twice on the same Verilog: under the cocotb bench (Python bus models,
+cocotbext-axi), then on a C++ harness (`sim/raw/harness.cpp`: a plain Verilator build, no Python,
+no VPI) that replays the host's AXI4-Lite traffic and answers the KPU's AXI4 bursts with
+cocotbext-axi's timing. Both runs end with the same `CYCLES`, the same register reads and the
+same host memory (checked: a difference fails the command). Speeds are simulated clock cycles
+per wall second of the run phase (from the start to the last poll of `STATUS`; no build, no
+loading), measured once on a shared 2-core machine.
 
 {table}
 
-The ratio is the share of the bare model's speed the Python bench keeps: what the per-beat
-Python of the bus models costs. Between bursts Python does not run (C++ clock, the host sleeps
-until `irq` rises), so the cost grows with the bus traffic: every beat of every weight panel
-and operand is a Python call.
+The ratio is the share of the bare model's speed that the Python bench keeps. Python does not
+run between bus transfers (cocotb's C++ clock; the host sleeps until `irq` rises instead of
+counting cycles). What is left is cocotbext-axi's Python for every data beat (its channel tasks
+and the RAM's process wake on each), cocotb's work at every simulated time step, and the cocotb
+build of the model itself (`--vpi --public-flat-rw` keep every signal visible, which makes the
+model slower than the harness's plain build).
 """
 
 

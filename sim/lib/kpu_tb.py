@@ -6,9 +6,9 @@ and an ``AxiRam`` on ``m_axi`` (host memory holding the compiled image), with ra
 master's channels and random backpressure/idle on the RAM's. Amaranth's flattened names
 (``s_axil__awaddr``) are matched with ``bus_separator="__"``.
 
-Python runs only when something happens on a bus: the clock is cocotb's C++ clock, and
-:meth:`TB.run` sleeps until the ``irq`` output rises (or ``poll`` cycles pass) between reads of
-``STATUS`` instead of counting cycles.
+Without pauses, Python runs only when something happens on a bus: the clock is cocotb's C++
+clock, and :meth:`TB.run` sleeps until the ``irq`` output rises (or ``poll`` cycles pass)
+between reads of ``STATUS`` instead of counting cycles.
 """
 
 from __future__ import annotations

@@ -124,7 +124,9 @@ def replay(directory: Path, cocotb_build: Path, build_args: tuple[str, ...] = ()
 
     Returns ``cycles`` (the KPU's ``CYCLES`` register, the same in both runs), ``cocotb`` and
     ``raw`` (each ``clocks``, ``seconds`` and ``cycles_per_s``: simulated clock cycles per wall
-    second of the run phase) and ``ratio`` (cocotb's cycles per second over the harness's).
+    second of the run phase), ``beats`` (AXI4 data beats read and written in the harness's run
+    phase, the same bursts as cocotb's) and ``ratio`` (cocotb's cycles per second over the
+    harness's).
     Raises :class:`ReplayMismatch` if a register read or a byte of the final host memory differs,
     RuntimeError if the harness fails.
     """
@@ -139,7 +141,7 @@ def replay(directory: Path, cocotb_build: Path, build_args: tuple[str, ...] = ()
         if kind == "read":
             reads.append([int(fields[0], 0), int(fields[1], 0)])
         elif kind == "run":
-            run = {"clocks": int(fields[0]), "seconds": float(fields[1])}
+            run = {"clocks": int(fields[0]), "seconds": float(fields[1]), "beats": int(fields[3])}
     cocotb = json.loads((directory / "cocotb.json").read_text())
     if run is None:
         raise RuntimeError(f"the raw harness printed no run in {directory}: {done.stdout!r}")
@@ -155,7 +157,7 @@ def replay(directory: Path, cocotb_build: Path, build_args: tuple[str, ...] = ()
     cycles = dict(cocotb["reads"]).get(int(Reg.CYCLES))
     if cycles is None:
         raise ValueError(f"{directory}: the cocotb run read no CYCLES to compare")
-    out = {"cycles": cycles}
+    out = {"cycles": cycles, "beats": run.pop("beats")}
     for key, r in (("cocotb", cocotb["run"]), ("raw", run)):
         out[key] = {**r, "cycles_per_s": r["clocks"] / r["seconds"]}
     out["ratio"] = out["cocotb"]["cycles_per_s"] / out["raw"]["cycles_per_s"]

@@ -11,8 +11,10 @@
 //   run CTRL WORD STATUS MASK POLL LIMIT
 //                                      write WORD to CTRL (the start), then read STATUS until
 //                                      STATUS & MASK is 0, waiting POLL cycles (or until irq rises)
-//                                      between reads; prints "run CLOCKS SECONDS STATUS": the clock
-//                                      cycles and the wall time of this phase alone; fails after LIMIT
+//                                      between reads; prints "run CLOCKS SECONDS STATUS BEATS": the
+//                                      clock cycles and the wall time of this phase alone, the last
+//                                      STATUS and the AXI4 data beats (read and written) in it;
+//                                      fails after LIMIT
 //   dump PATH LENGTH                   host memory [0, LENGTH) to PATH
 //
 // Numbers are C literals (0x... or decimal). Any error (bad script, protocol violation, timeout)
@@ -153,6 +155,7 @@ class Harness {
     }
 
     uint64_t clocks() const { return clocks_; }
+    uint64_t beats() const { return beats_; }
 
    private:
     static constexpr uint64_t kLiteTimeout = 100000;
@@ -243,6 +246,7 @@ class Harness {
 
     // cocotbext-axi's edge tasks (sinks, sources), then its read and write processes.
     void slave_edge(const Sample& s) {
+        beats_ += (s.rready && rvalid_) + (wready_ && s.wvalid);
         if (arready_ && s.arvalid) arq_.push_back(s.ar);
         arready_ = arq_.size() < 2;
         if ((s.rready && rvalid_) || !rvalid_) {
@@ -340,7 +344,7 @@ class Harness {
     std::unique_ptr<Vtop> top_;
     std::vector<uint8_t> mem_;
     unsigned lanes_;
-    uint64_t clocks_ = 0;
+    uint64_t clocks_ = 0, beats_ = 0;
     bool rst_ = false;
     bool irq_last_ = false, irq_rose_ = false;
     // AXI4 slave: driven values, queues, the processes' bursts
@@ -399,11 +403,12 @@ int main(int argc, char** argv) {
             uint32_t ctrl = uint32_t(number(in, line)), word = uint32_t(number(in, line));
             uint32_t status = uint32_t(number(in, line)), mask = uint32_t(number(in, line));
             uint64_t poll = number(in, line), limit = number(in, line);
-            uint64_t clocks = h.clocks();
+            uint64_t clocks = h.clocks(), beats = h.beats();
             auto t0 = std::chrono::steady_clock::now();
             uint32_t last = h.run(ctrl, word, status, mask, poll, limit);
             std::chrono::duration<double> wall = std::chrono::steady_clock::now() - t0;
-            std::printf("run %llu %.6f %#x\n", (unsigned long long)(h.clocks() - clocks), wall.count(), last);
+            std::printf("run %llu %.6f %#x %llu\n", (unsigned long long)(h.clocks() - clocks), wall.count(), last,
+                        (unsigned long long)(h.beats() - beats));
         } else if (cmd == "dump") {
             std::string path;
             in >> path;

@@ -48,6 +48,7 @@ def test_harness_replays_the_tiny_block(recorded):
     got, ref = prog.outputs((directory / "raw_final.bin").read_bytes()), latent_moe_int(xq, Q, cfg)
     for key in ("y", "idx", "weights", "loads"):
         assert np.array_equal(got[key], ref[key]), f"{key} of the harness's run differs from latent_moe_int"
+    assert out["beats"] > 0
     for run in (out["cocotb"], out["raw"]):
         assert run["clocks"] >= out["cycles"] and run["cycles_per_s"] > 0
 
