@@ -127,6 +127,7 @@ def replay(directory: Path, cocotb_build: Path, build_args: tuple[str, ...] = ()
     second of the run phase), ``beats`` (AXI4 data beats read and written in the harness's run
     phase, the same bursts as cocotb's) and ``ratio`` (cocotb's cycles per second over the
     harness's).
+
     Raises :class:`ReplayMismatch` if a register read or a byte of the final host memory differs,
     RuntimeError if the harness fails.
     """
@@ -145,9 +146,12 @@ def replay(directory: Path, cocotb_build: Path, build_args: tuple[str, ...] = ()
     cocotb = json.loads((directory / "cocotb.json").read_text())
     if run is None:
         raise RuntimeError(f"the raw harness printed no run in {directory}: {done.stdout!r}")
+    if [addr for addr, _ in reads] != [addr for addr, _ in cocotb["reads"]]:
+        raise ReplayMismatch(f"{directory}: the harness read {len(reads)} registers, the cocotb run "
+                             f"{len(cocotb['reads'])}")
     for (addr, want), (_, got) in zip(cocotb["reads"], reads, strict=True):
         if got != want:
-            name = Reg(addr).name if addr in Reg._value2member_map_ else f"{addr:#x}"
+            name = Reg(addr).name if addr in set(Reg) else f"{addr:#x}"
             raise ReplayMismatch(f"{directory}: the harness read {name} = {got} where the cocotb run read {want}")
     want, got = (directory / "cocotb_final.bin").read_bytes(), (directory / "raw_final.bin").read_bytes()
     if got != want:
