@@ -25,6 +25,9 @@ from sim.runner import FAST_BUILD
 
 SEED, TOKENS = 1, 8
 
+# one xdist worker: the module's tests share one cocotb run (the fixture)
+pytestmark = pytest.mark.xdist_group("raw_harness")
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
