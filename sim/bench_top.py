@@ -7,13 +7,16 @@ The design's config comes from :func:`sim.runner.bench_config`. Parameters (``NA
 ``tokens``, ``seed``, ``seeds`` (blocks to run in
 ``test_block``, seeds ``seed .. seed + seeds - 1``), ``vary_tokens`` (batches of 1 .. tokens),
 ``progress`` (print the pc while running), ``pause`` (probability of an idle/backpressure cycle
-on every AXI channel), ``summary`` (a JSON path: cycles, busy counters and errors are written there).
+on every AXI channel), ``summary`` (a JSON path: cycles, busy counters, errors and the run phase's
+simulated ``run_clocks`` and wall ``run_seconds`` are written there), ``replay`` (a directory:
+``test_block`` with one seed writes the run there for the C++ harness, :mod:`sim.lib.raw_run`).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import cocotb
 import numpy as np
@@ -24,6 +27,7 @@ from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
 from sim.lib.kpu_tb import TB
+from sim.lib.raw_run import write_replay
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
 #: (``cosine_same_routing``): a sanity floor that holds for any seed (tiny, 8 tokens: 400 seeds
@@ -41,7 +45,8 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     await tb.load(prog.instrs, prog.image)
     err, pc, done = await tb.run(n_instrs=len(prog.instrs))
     assert err == Err.NONE and done, f"seed {seed}: stopped with {Err(err).name} at pc {pc}"
-    out = prog.outputs(tb.ram.read(0, len(prog.image)))
+    final = tb.ram.read(0, len(prog.image))
+    out = prog.outputs(final)
     for key in ("y", "idx", "weights", "loads"):
         assert np.array_equal(out[key], ref[key]), f"seed {seed}: {key} differs from latent_moe_int"
     sim = FuncSim(cfg, prog.image)
@@ -61,7 +66,10 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
             f"seed {seed}: cosine {e['cosine_same_routing']} vs the float block"
     counters = await tb.counters()
     counters.update(error=e, instructions=res.retired, seed=seed, tokens=tokens,
-                    op_counts=res.op_counts, macs=res.macs, bit_exact=True)
+                    op_counts=res.op_counts, macs=res.macs, bit_exact=True,
+                    run_clocks=tb.last_run["clocks"], run_seconds=tb.last_run["seconds"])
+    if tb.transcript is not None:
+        write_replay(Path(tb.p["replay"]), tb.transcript, final, tb.last_run)
     tb.dut._log.info(f"seed {seed}: bit-exact, {counters}")
     return counters
 
@@ -73,6 +81,8 @@ async def test_block(dut):
     await tb.reset()
     p = tb.p
     tokens = int(p.get("tokens", 8))
+    if p.get("replay") and int(p.get("seeds", 1)) != 1:
+        raise ValueError("replay records one block: seeds must be 1")
     results = []
     for i in range(int(p.get("seeds", 1))):
         # with ``vary_tokens`` the batch cycles through 1 .. tokens tokens (edge case: 1 token)

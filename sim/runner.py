@@ -30,8 +30,9 @@ from pathlib import Path
 
 from nanokpu.config import KpuConfig, config_from_dict, config_to_dict
 
-__all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "bench_params",
-           "bench_config", "SIM_BUILD", "FAST_BUILD", "vendor_build_args", "vendor_name"]
+__all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "build_lock", "run_bench",
+           "bench_params", "bench_config", "SIM_BUILD", "FAST_BUILD", "VERILATOR_WARNINGS", "vendor_build_args",
+           "vendor_name"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -103,7 +104,8 @@ def to_verilog(component, name: str) -> str:
 
 
 @contextlib.contextmanager
-def _build_lock():
+def build_lock():
+    """Hold the lock of ``SIM_BUILD`` (exclusive, across processes) while compiling a model there."""
     SIM_BUILD.mkdir(parents=True, exist_ok=True)
     with open(SIM_BUILD / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -151,7 +153,7 @@ def build(component, name: str, *, waves: bool = False, build_args: tuple[str, .
     product = build_dir / (name if simulator == "verilator" else "sim.vvp")
     if product.exists():
         return build_dir
-    with _build_lock():
+    with build_lock():
         if product.exists():
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,17 @@ Verilator through the AXI buses (:func:`nanokpu.commands.simulate.simulate`, bit
 checked). Reported: cycles,
 the ideal ``MACs / (rows * cols)`` (every GEMM multiply-accumulate of the block on a fully busy
 array, nothing else), utilization = ideal / cycles, and each unit's busy share (cycles its
-instructions ran / all cycles). Written to ``docs/bench/block.md``.
+instructions ran / all cycles). The same run is then replayed on the same Verilog by a C++
+harness with no Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count,
+register value or host memory byte is an error): reported are the simulated cycles per second
+of the run phase under cocotb and on the harness, and their ratio. Written to
+``docs/bench/block.md``.
 """
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import out_file, seed
@@ -63,6 +70,41 @@ def table(rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def speed_table(rows: list[tuple]) -> str:
+    """Simulation speed of each profile's block: cocotb against the C++ harness (``r["speed"]``,
+    :func:`sim.lib.raw_run.replay`)."""
+    lines = ["| profile | cycles | AXI4 data beats per cycle | cocotb cycles/s | C++ harness cycles/s | "
+             "cocotb / harness | same cycles, registers and host memory |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for cfg, r in rows:
+        s = r["speed"]
+        lines.append(f"| {cfg.name} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
+                     f"{s['cocotb']['cycles_per_s']:,.0f} | {s['raw']['cycles_per_s']:,.0f} | {s['ratio']:.1%} | yes |")
+    return "\n".join(lines)
+
+
+SPEED = """
+## Simulation speed
+
+Each block above runs twice on the same Verilog: under the cocotb bench (Python bus models,
+cocotbext-axi), then on a C++ harness (`sim/raw/harness.cpp`: a plain Verilator build, no Python,
+no VPI) that replays the host's AXI4-Lite traffic and answers the KPU's AXI4 bursts with
+cocotbext-axi's timing. Both runs end with the same `CYCLES`, the same register reads and the
+same host memory (checked: a difference fails the command). Speeds are simulated clock cycles
+per wall second of the run phase (from the start to the last poll of `STATUS`; no build, no
+loading), measured once on a shared 2-core machine.
+
+{table}
+
+The ratio is the share of the bare model's speed that the Python bench keeps. Python does not
+run between bus transfers (cocotb's C++ clock; the host sleeps until `irq` rises instead of
+counting cycles). What is left is cocotbext-axi's Python for every data beat (its channel tasks
+and the RAM's process wake on each), cocotb's work at every simulated time step, and the cocotb
+build of the model itself (`--vpi --public-flat-rw` keep every signal visible, which makes the
+model slower than the harness's plain build).
+"""
+
+
 EXPLANATION = """
 ## Where the cycles go
 
@@ -115,6 +157,7 @@ def decomposition(rows: list[tuple]) -> str:
 def run(args) -> int:
     from nanokpu.commands.progress import Progress
     from nanokpu.commands.simulate import simulate
+    from sim.lib.raw_run import ReplayMismatch, replay
     wanted = args.profile or [c[0] for c in CASES]
     rows = []
     cases = [c for c in CASES if c[0] in wanted]
@@ -122,22 +165,33 @@ def run(args) -> int:
         progress.start(len(cases), "blocks")
         for name, tokens in cases:
             cfg = profile(name)
-            with progress.stage(f"[bench-block] {cfg.name}: {tokens} tokens"):
-                r = simulate(cfg, tokens, args.seed, progress=False)
-            if not r.get("bit_exact"):
-                progress.close()
-                print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
-                return 1
+            with tempfile.TemporaryDirectory() as tmp:
+                with progress.stage(f"[bench-block] {cfg.name}: {tokens} tokens"):
+                    r = simulate(cfg, tokens, args.seed, progress=False, replay=Path(tmp))
+                if not r.get("bit_exact"):
+                    progress.close()
+                    print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
+                    return 1
+                try:
+                    with progress.stage(f"[bench-block] {cfg.name}: the same run on the C++ harness"):
+                        r["speed"] = replay(Path(tmp), Path(r["build"]))
+                except ReplayMismatch as exc:
+                    progress.close()
+                    print(f"[bench-block] {cfg.name}: the C++ harness diverged from the cocotb run: {exc}")
+                    return 1
             r.update(gemm_tiles(cfg, tokens, args.seed))
             rows.append((cfg, r))
             progress.advance(f"{cfg.name}: {r['cycles']:,} cycles")
     text = table(rows)
+    speeds = speed_table(rows)
     print(text)
     print(decomposition(rows))
+    print(speeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# A whole LatentMoE block on the nano-KPU RTL\n\n"
                         "Generated by `nanokpu bench-block` (Verilator, through the AXI buses, "
                         f"seed {args.seed}, no bus stalls).\n\n" + text + "\n"
+                        + SPEED.format(table=speeds)
                         + EXPLANATION.format(decomposition=decomposition(rows)))
     print(f"wrote {args.out}")
     return 0

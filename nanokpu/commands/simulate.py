@@ -38,9 +38,12 @@ def add_arguments(parser) -> None:
 
 
 def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
-             progress: bool = True) -> dict:
+             progress: bool = True, replay: Path | None = None) -> dict:
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
-    ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
+    ``bit_exact``, ``macs``, the run phase's ``run_clocks`` and ``run_seconds``) plus ``waves``
+    (the FST/VCD path or None), ``seconds`` and ``build`` (the Verilator build directory).
+    With ``replay`` (a directory) the bench also writes the run there for the C++ harness
+    (:func:`sim.lib.raw_run.replay`)."""
     from nanokpu.kpu.top import NanoKPU
     from sim.lib.kpu_launch import kpu_build, kpu_build_name, run_kpu_bench
     from sim.runner import BenchFailure, waves_file
@@ -56,6 +59,8 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         params = {"tokens": tokens, "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
+        if replay is not None:
+            params["replay"] = str(replay)
         try:
             with stages.stage(f"[nanokpu sim] run the block ({tokens} tokens, seed {seed})"):
                 run_kpu_bench(cfg, "bench_top", testcase="test_block", seed=seed, params=params, waves=waves,
@@ -65,6 +70,7 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
         result = json.loads(summary.read_text())[0]
     result["waves"] = str(waves_file(build_dir)) if waves else None
     result["seconds"] = time.time() - t0
+    result["build"] = str(build_dir)
     return result
 
 
