@@ -3,7 +3,7 @@
 import numpy as np
 
 from golden.block import random_block
-from nanokpu.commands.bench_block import decomposition, gemm_tiles
+from nanokpu.commands.bench_block import decomposition, gemm_tiles, roofline, roofline_table
 from nanokpu.commands.simulate import format_summary
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block
@@ -33,3 +33,13 @@ def test_decomposition_multiplies_out():
 def test_summary_of_a_failed_run_says_no():
     assert format_summary(profile("tiny"), {"bit_exact": False, "failure": "y differs"}).startswith(
         "bit-exact: NO")
+
+
+def test_roofline_is_the_busiest_executor():
+    """act and vector are one executor (they cannot overlap): their cycles add up."""
+    cfg = profile("tiny")
+    r = {"cycles": 1000, "macs": 3200, "dma": 100, "gemm": 250, "act": 150, "route": 50, "vector": 200,
+         "move": 50}
+    assert roofline(cfg, r) == ("element-wise", 350)
+    row = roofline_table([(cfg, r)]).splitlines()[-1]
+    assert row.startswith("| tiny | 1000 | 350 | element-wise | 57.1% | 35.0% |")
