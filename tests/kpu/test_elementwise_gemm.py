@@ -15,6 +15,7 @@ from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import Err, Instr, Op, bus_bytes, weight_panels
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
+from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 CFG = profile("tiny")
 BW = bus_bytes(CFG)
@@ -48,16 +49,7 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
     beats = [int.from_bytes(host[i:i + BW], "little") for i in range(ins.host, len(host), BW)]
 
     async def scratchpad(ctx):
-        p = ex.spad
-        async for _c, _r, e0, a0, e1, a1, wen, waddr, wdata, blocked in ctx.tick().sample(
-                p.rd0.en, p.rd0.addr, p.rd1.en, p.rd1.addr, p.wr.en, p.wr.addr, p.wr.data, p.blocked):
-            if e0 and not blocked:
-                ctx.set(p.rd0.data, spad.get(a0, 0))
-            if e1 and not blocked:
-                ctx.set(p.rd1.data, spad.get(a1, 0))
-            if wen:
-                spad[waddr] = wdata
-            ctx.set(p.blocked, int(bool(wen) and one_write_port))
+        await serve_scratchpad(ctx, ex.spad, spad, one_write_port)
 
     async def bus(ctx):
         if ins.op != Op.GEMM:
@@ -78,18 +70,10 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
 
     async def controller(ctx):
         m, n, k = ins.m, ins.n, ins.k
-        ctx.set(ex.ins, {"op": ins.op, "flags": ins.flags, "width": ins.width, "a": ins.a, "b": ins.b,
-                         "c": ins.c, "m": m, "n": n, "k": k, "len": m * n, "p2": k * n,
-                         "mult": ins.mult, "shift": ins.shift})
-        ctx.set(ex.start, 1)
-        await ctx.tick()
-        ctx.set(ex.start, 0)
-        cycles = 1
-        while not ctx.get(ex.done):
-            await ctx.tick()
-            cycles += 1
-            assert cycles < 50_000, "no done"
-        out.update(cycles=cycles, error=ctx.get(ex.error))
+        out.update(await run_instruction(ctx, ex, {
+            "op": ins.op, "flags": ins.flags, "width": ins.width, "a": ins.a, "b": ins.b, "c": ins.c,
+            "m": m, "n": n, "k": k, "len": m * n, "p2": k * n, "mult": ins.mult, "shift": ins.shift},
+            limit=50_000))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -10,6 +10,7 @@ from amaranth.sim import Simulator
 from nanokpu.config import profile
 from nanokpu.isa import Err, Op, bus_bytes
 from nanokpu.kpu.executors.loadstore import LoadStore
+from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 CFG = profile("small")          # 8-byte beats: two int32 elements or eight int8 to a beat
 BW = bus_bytes(CFG)
@@ -24,13 +25,8 @@ def _run(op, width, n, seed, stall=0.3, error_at=None, spad_init=None):
     out = []
     result = {}
 
-    async def scratchpad(ctx):      # read data after the edge that took the read; held otherwise
-        async for _clk, _rst, en, addr, wen, waddr, wdata in ctx.tick().sample(
-                dut.spad.rd0.en, dut.spad.rd0.addr, dut.spad.wr.en, dut.spad.wr.addr, dut.spad.wr.data):
-            if en:
-                ctx.set(dut.spad.rd0.data, spad.get(addr, 0))
-            if wen:
-                spad[waddr] = wdata
+    async def scratchpad(ctx):
+        await serve_scratchpad(ctx, dut.spad, spad)
 
     async def bus(ctx):
         sent = 0
@@ -59,16 +55,8 @@ def _run(op, width, n, seed, stall=0.3, error_at=None, spad_init=None):
                     ctx.set(dut.dma.wr_busy, 0)
 
     async def controller(ctx):
-        ctx.set(dut.ins, {"op": op, "width": width, "a": 5, "c": 7, "m": 1, "n": n, "k": 1, "len": n})
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
-        cycles = 1
-        while not ctx.get(dut.done):
-            await ctx.tick()
-            cycles += 1
-            assert cycles < 20 * n + 50, "no done"
-        result.update(cycles=cycles, error=ctx.get(dut.error))
+        result.update(await run_instruction(ctx, dut, {"op": op, "width": width, "a": 5, "c": 7, "m": 1, "n": n,
+                                                       "k": 1, "len": n}, limit=20 * n + 50))
         await ctx.tick()
         assert not ctx.get(dut.done)
 

@@ -10,6 +10,7 @@ from amaranth.sim import Simulator
 from nanokpu.config import profile
 from nanokpu.isa import Err, Op
 from nanokpu.kpu.executors.move import Move
+from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 CFG = profile("tiny")
 
@@ -26,27 +27,12 @@ def _run(op, m, n, lst, one_write_port, seed):
     out = {}
 
     async def scratchpad(ctx):
-        async for _clk, _rst, en, addr, wen, waddr, wdata, blocked in ctx.tick().sample(
-                dut.spad.rd0.en, dut.spad.rd0.addr, dut.spad.wr.en, dut.spad.wr.addr, dut.spad.wr.data,
-                dut.spad.blocked):
-            if en and not blocked:
-                ctx.set(dut.spad.rd0.data, spad.get(addr, 0))
-            if wen:
-                spad[waddr] = wdata
-            ctx.set(dut.spad.blocked, int(bool(wen) and one_write_port))
+        await serve_scratchpad(ctx, dut.spad, spad, one_write_port)
 
     async def controller(ctx):
-        ctx.set(dut.ins, {"op": op, "a": a, "b": b, "c": c, "m": m, "n": n, "k": 0, "len": m * n,
-                          "count": count, "offset": offset})
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
-        cycles = 1
-        while not ctx.get(dut.done):
-            await ctx.tick()
-            cycles += 1
-            assert cycles < 10_000
-        out.update(cycles=cycles, error=ctx.get(dut.error))
+        out.update(await run_instruction(ctx, dut, {
+            "op": op, "a": a, "b": b, "c": c, "m": m, "n": n, "k": 0, "len": m * n, "count": count,
+            "offset": offset}, limit=10_000))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -14,6 +14,7 @@ from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import Err, Op, route_table
 from nanokpu.kpu.executors.route import Route
 from nanokpu.units.router import TopKRouter
+from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 
 class _Pair(Elaboratable):
@@ -46,25 +47,11 @@ def _run(cfg, scores, bias, one_write_port):
     out = {}
 
     async def scratchpad(ctx):
-        async for _clk, _rst, en, addr, wen, waddr, wdata, blocked in ctx.tick().sample(
-                x.spad.rd0.en, x.spad.rd0.addr, x.spad.wr.en, x.spad.wr.addr, x.spad.wr.data, x.spad.blocked):
-            if en and not blocked:
-                ctx.set(x.spad.rd0.data, spad.get(addr, 0))
-            if wen:
-                spad[waddr] = wdata
-            ctx.set(x.spad.blocked, int(bool(wen) and one_write_port))   # the write performs next
+        await serve_scratchpad(ctx, x.spad, spad, one_write_port)
 
     async def controller(ctx):
-        ctx.set(x.ins, {"op": Op.ROUTE, "a": a, "b": b, "c": c, "m": T, "n": E, "k": cfg.top_k, "len": T * E})
-        ctx.set(x.start, 1)
-        await ctx.tick()
-        ctx.set(x.start, 0)
-        cycles = 1
-        while not ctx.get(x.done):
-            await ctx.tick()
-            cycles += 1
-            assert cycles < 100_000
-        out.update(cycles=cycles, error=ctx.get(x.error))
+        out.update(await run_instruction(ctx, x, {"op": Op.ROUTE, "a": a, "b": b, "c": c, "m": T, "n": E,
+                                                  "k": cfg.top_k, "len": T * E}))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

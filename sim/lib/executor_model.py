@@ -1,0 +1,40 @@
+"""Behavioural models around one nano-KPU executor (:mod:`nanokpu.kpu.executors`) for the Amaranth
+simulator: its scratchpad, and the controller's side of its handshake."""
+
+from __future__ import annotations
+
+__all__ = ["serve_scratchpad", "run_instruction"]
+
+
+async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False):
+    """Serve the scratchpad client ``port`` (:func:`~nanokpu.kpu.spad.spad_client_signature`)
+    from ``spad`` (word address -> value; absent words read 0) as
+    :class:`~nanokpu.kpu.dmem.DataMemory` behaves: read data after the edge that took the read,
+    held otherwise; a write lands at its edge. With ``one_write_port`` (ECP5's build) ``blocked``
+    is high in the cycle after a write, and a read issued then is not performed. Runs forever:
+    add it with ``add_process``."""
+    async for _c, _r, e0, a0, e1, a1, wen, waddr, wdata, blocked in ctx.tick().sample(
+            port.rd0.en, port.rd0.addr, port.rd1.en, port.rd1.addr, port.wr.en, port.wr.addr, port.wr.data,
+            port.blocked):
+        if e0 and not blocked:
+            ctx.set(port.rd0.data, spad.get(a0, 0))
+        if e1 and not blocked:
+            ctx.set(port.rd1.data, spad.get(a1, 0))
+        if wen:
+            spad[waddr] = wdata
+        ctx.set(port.blocked, int(bool(wen) and one_write_port))
+
+
+async def run_instruction(ctx, executor, fields: dict, limit: int = 100_000) -> dict:
+    """Start ``executor`` on the decoded instruction ``fields`` (a mapping for its ``ins``), wait
+    for ``done``; returns ``{"cycles": cycles from start to done, "error": its error}``."""
+    ctx.set(executor.ins, fields)
+    ctx.set(executor.start, 1)
+    await ctx.tick()
+    ctx.set(executor.start, 0)
+    cycles = 1
+    while not ctx.get(executor.done):
+        await ctx.tick()
+        cycles += 1
+        assert cycles < limit, f"no done within {limit} cycles"
+    return {"cycles": cycles, "error": ctx.get(executor.error)}
