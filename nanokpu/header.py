@@ -30,7 +30,7 @@ import json
 from nanokpu import isa
 from nanokpu.config import KpuConfig
 
-__all__ = ["PREFIX", "DERIVED", "c_header"]
+__all__ = ["PREFIX", "DERIVED", "RESOLVED", "c_header", "config_value"]
 
 PREFIX = "NANOKPU_"
 
@@ -51,6 +51,17 @@ def _int(value: int, hexa: bool = False) -> str:
 
 def _mask(shift: int, width: int) -> str:
     return f"0x{((1 << width) - 1) << shift:08X}u"
+
+
+#: The fields whose ``None`` stands for a value derived from other fields: the property giving it.
+RESOLVED = {"router_width": "router_operand_width", "logit_width": "router_logit_width",
+            "logit_frac": "router_logit_frac"}
+
+
+def config_value(cfg: KpuConfig, name: str):
+    """Field ``name`` of ``cfg`` as the hardware sees it: a ``None`` resolved (:data:`RESOLVED`)."""
+    value = getattr(cfg, name)
+    return getattr(cfg, RESOLVED[name]) if value is None and name in RESOLVED else value
 
 
 def _value(name: str, value) -> str:
@@ -99,7 +110,7 @@ def _sections(cfg: KpuConfig):
     yield ("instruction layout: bit SHIFT of instruction i is bit SHIFT % 32 of the 32-bit word at\n"
            f"   {PREFIX}IMEM_BASE + {PREFIX}INSTR_BYTES * i + 4 * (SHIFT / 32)"), layout
     yield f"config '{cfg.name}' (KpuConfig)", [
-        (f.name.upper(), _value(f.name, getattr(cfg, f.name))) for f in dataclasses.fields(cfg)]
+        (f.name.upper(), _value(f.name, config_value(cfg, f.name))) for f in dataclasses.fields(cfg)]
     yield "derived sizes", [(name.upper(), _int(fn(cfg))) for name, fn in DERIVED]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from nanokpu import isa
 from nanokpu.config import profile
-from nanokpu.header import c_header
+from nanokpu.header import c_header, config_value
 
 #: STATUS = busy | done << 1 | error << 2 | err << 8 | pc << 16 and CTRL bits as nanokpu.kpu.top decodes them.
 STATUS_SAMPLE = 1 | (0 << 1) | (1 << 2) | (isa.Err.OVERLAP << 8) | (37 << 16)
@@ -41,8 +41,8 @@ def expected_ints(cfg) -> dict[str, int]:
     for name, width in isa.FIELDS:
         values |= {f"INSTR_{name.upper()}_SHIFT": shift, f"INSTR_{name.upper()}_WIDTH": width}
         shift += width
-    values |= {f.name.upper(): getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-               if type(getattr(cfg, f.name)) is int}
+    values |= {f.name.upper(): config_value(cfg, f.name) for f in dataclasses.fields(cfg)
+               if type(config_value(cfg, f.name)) is int}
     values |= {"BUS_BYTES": isa.bus_bytes(cfg), "WORD_WIDTH": isa.word_width(cfg),
                "SCORE_WIDTH": cfg.score_width, "WEIGHT_WIDTH": cfg.weight_width}
     values |= CTRL_EXPECTED

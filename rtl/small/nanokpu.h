@@ -181,6 +181,10 @@
 #define NANOKPU_SPAD_C_DEPTH                     2048
 #define NANOKPU_DMEM_DEPTH                       65536
 #define NANOKPU_IMEM_DEPTH                       64
+#define NANOKPU_WEIGHT_SCALES                    "tensor"
+#define NANOKPU_ROUTER_WIDTH                     8
+#define NANOKPU_LOGIT_WIDTH                      16
+#define NANOKPU_LOGIT_FRAC                       8
 
 /* derived sizes */
 #define NANOKPU_BUS_BYTES                        8
