@@ -85,8 +85,12 @@ class TB:
         self.last_run = None
         dut._log.info(f"profile {self.cfg.name}, seed {self.seed}, pause {self.pause}")
         # the C++ clock: no Python per clock edge (cocotb picks the Python clock by default,
-        # for benches that write at arbitrary times; this one writes after rising edges only)
-        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start())
+        # for benches that write at arbitrary times; this one writes after rising edges only).
+        # Reset held and the clock low first: the first rising edge comes half a period in,
+        # after a 4-state simulator (Icarus) has run the design's initial values, so the bus
+        # models never sample an X.
+        dut.rst.value = 1
+        cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start(start_high=False))
         # warnings only from the bus models: their banners and one line per burst would bury
         # the bench's own output and dominate the run time
         for bus in ("s_axil", "m_axi"):
