@@ -229,12 +229,14 @@ class KpuConfig:
         self._validate()
 
     # ------------------------------------------------------------------------------------
-    def _validate(self):
-        def need(cond, field_name, allowed):
-            if not cond:
-                value = getattr(self, field_name)
-                raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
+    def _need(self, cond, field_name, allowed):
+        """Raise ``ValueError`` naming ``field_name``, its value and what is ``allowed``, unless ``cond``."""
+        if not cond:
+            value = getattr(self, field_name)
+            raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
 
+    def _validate(self):
+        need = self._need
         need(isinstance(self.name, str) and self.name != "", "name", "a non-empty string")
         positive = (
             "d_model d_latent n_experts top_k d_expert d_shared d_dense n_heads q_lora_rank "
@@ -303,11 +305,7 @@ class KpuConfig:
         self._validate_router()
 
     def _validate_router(self):
-        def need(cond, field_name, allowed):
-            if not cond:
-                value = getattr(self, field_name)
-                raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
-
+        need = self._need
         def int_or_none(value) -> bool:
             return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
