@@ -3,8 +3,9 @@ on one streaming engine that walks the operands through the scratchpad, one elem
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import Out
 
 from nanokpu.config import KpuConfig
@@ -16,6 +17,10 @@ from nanokpu.units.situ import Situ
 from nanokpu.units.vector import VecOp, VectorUnit
 
 __all__ = ["Elementwise"]
+
+#: Reads in flight plus beats held that the engine allows: 1 in flight + 1 at the unit + 1 for
+#: the cycle the count lags a take keeps one read per cycle.
+BEATS = 3
 
 
 class Elementwise(wiring.Component):
@@ -29,8 +34,9 @@ class Elementwise(wiring.Component):
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
     ``SITU``, ``ADD``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
     columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice), reading both operands in
-    one cycle (stage g: the reads in flight) into registers (stage h: the beat the unit sees),
-    and writes the unit's results at ``c`` on in order as they come. ``REQUANT`` packs ``rows``
+    one cycle into a queue of :data:`BEATS` beats whose head the selected unit takes (a read is
+    issued while fewer than :data:`BEATS` are in flight or queued, counted off flip-flops: the
+    scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's results at ``c`` on in order as they come. ``REQUANT`` packs ``rows``
     values a word into the requantiser and writes the results back lane by lane (with
     ``F_RQ_EXPERT`` the multiplier and shift are first read from ``b + 2*expert``); its results
     are saturated to ``width`` bits. ``done`` comes in the cycle after the last result is
@@ -62,16 +68,22 @@ class Elementwise(wiring.Component):
         pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
         pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
         issuing = Signal()
+        # the beats: a read issued on one edge (g: its words on rd0/rd1 in the next cycle) is
+        # pushed into `beats`, whose head the selected unit takes. A read is issued while the
+        # reads in flight and the beats held are fewer than BEATS, counted off flip-flops, so the
+        # scratchpad's read enable never waits on a unit's ready (BEATS = 3 keeps one per cycle)
         g_valid, g_last = Signal(), Signal()
-        h_valid, h_last = Signal(), Signal()
-        a_word = Signal(signed(ww))     # stage h's operands, held while it stalls
-        b_word = Signal(signed(ww))
+        beat_layout = data.StructLayout({"a": signed(ww), "b": signed(ww), "last": 1})
+        m.submodules.beats = beats = SyncFIFO(width=beat_layout.size, depth=BEATS)
+        beat = Signal(beat_layout)
+        m.d.comb += [beats.w_en.eq(g_valid), beats.w_data.eq(Cat(rd0.data, rd1.data, g_last)),
+                     beat.eq(beats.r_data)]
+        h_valid, h_last, a_word, b_word = beats.r_rdy, beat.last, beat.a, beat.b
         el = Signal(SW)                 # results written
         unit_ready = Signal()           # the selected unit takes the current beat
         run = Signal()
-        h_free = ~h_valid | unit_ready
-        advance = ~g_valid | h_free
-        issue = advance & ~blocked
+        m.d.comb += beats.r_en.eq(unit_ready)
+        issue = issuing & ~blocked & (beats.level + g_valid < BEATS)
 
         def walk(c0, c1, c2, a0, a1, a2, b0, b1, b2):
             return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
@@ -79,29 +91,24 @@ class Elementwise(wiring.Component):
                     rem[0].eq(c0), rem[1].eq(c1), rem[2].eq(c2),
                     pa.eq(ins.a), ra1.eq(ins.a), ra2.eq(ins.a),
                     pb.eq(ins.b), rb1.eq(ins.b), rb2.eq(ins.b),
-                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el.eq(0)]
+                    issuing.eq(1), g_valid.eq(0), el.eq(0)]
 
-        with m.If(~run | h_free):
-            m.d.sync += [a_word.eq(rd0.data), b_word.eq(rd1.data)]
         with m.If(run):
             m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
-            with m.If(h_free):
-                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last)]
-            with m.If(advance):
-                m.d.sync += [g_valid.eq(issuing & ~blocked), g_last.eq(rem[0] == 1)]
-                with m.If(issuing & ~blocked):
-                    with m.If(rem[0][1:].any()):
-                        m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
-                    with m.Elif(rem[1][1:].any()):
-                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(rem[1] - 1),
-                                     ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
-                                     rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
-                    with m.Else():
-                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(cnt[1]), rem[2].eq(rem[2] - 1),
-                                     ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
-                                     rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
-                        with m.If(~rem[2][1:].any()):
-                            m.d.sync += issuing.eq(0)
+            m.d.sync += [g_valid.eq(issue), g_last.eq(rem[0] == 1)]
+            with m.If(issue):
+                with m.If(rem[0][1:].any()):
+                    m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
+                with m.Elif(rem[1][1:].any()):
+                    m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(rem[1] - 1),
+                                 ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
+                                 rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
+                with m.Else():
+                    m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(cnt[1]), rem[2].eq(rem[2] - 1),
+                                 ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
+                                 rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
+                    with m.If(~rem[2][1:].any()):
+                        m.d.sync += issuing.eq(0)
 
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
