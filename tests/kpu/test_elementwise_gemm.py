@@ -34,7 +34,8 @@ class _Pair(Elaboratable):
 
 
 def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0):
-    """Run ``ins`` on its executor and on FuncSim; returns (RTL scratchpad, FuncSim's, error)."""
+    """Run ``ins`` on its executor and on FuncSim; returns (RTL scratchpad, FuncSim's, error,
+    cycles from start to done)."""
     ref = FuncSim(CFG, host=host)
     for addr, v in spad_init.items():
         ref.spad[addr] = v
@@ -84,7 +85,7 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
     addrs = sorted(set(spad) | {i for i in range(len(ref.spad)) if ref.spad[i] != 0})
     got = {i: spad.get(i, 0) for i in addrs}
     want = {i: int(ref.spad[i]) for i in addrs}
-    return got, want, out["error"]
+    return got, want, out["error"], out["cycles"]
 
 
 def _act(rng, size, extremes=True):
@@ -121,7 +122,7 @@ def test_elementwise_ops_match_funcsim(one_write_port):
         spad = {ins.a + i: int(v) for i, v in enumerate(first)}
         if second is not None:
             spad |= {ins.b + i: int(v) for i, v in enumerate(second)}
-        got, want, err = _run(ins, spad, one_write_port=one_write_port, seed=len(name))
+        got, want, err, _ = _run(ins, spad, one_write_port=one_write_port, seed=len(name))
         assert got == want and err == Err.NONE, name
 
 
@@ -135,6 +136,23 @@ def test_gemm_matches_funcsim(width, shape):
     A[0, 0], W[0, 0] = -128, -128
     host = weight_panels(W, CFG).astype(np.int8).tobytes()
     ins = Instr(Op.GEMM, m=m, k=k, n=n, a=8, c=400, host=0, mult=20000, shift=12, width=width)
-    got, want, err = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host,
+    got, want, err, _ = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host,
                           one_write_port=width == 8, seed=width)
     assert got == want and err == Err.NONE, (shape, width)
+
+
+@pytest.mark.parametrize("op", [Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD])
+def test_streaming_ops_take_one_cycle_per_element(op):
+    """Each element more costs exactly one cycle (REQUANT too: its requantiser runs on while a
+    result word is written back), results still FuncSim's."""
+    rng = np.random.default_rng(int(op))
+    cycles = []
+    for n in (24, 72):
+        ins = Instr(op, m=1, n=n, a=16, b=160, c=320, mult=40503, shift=20, width=8)
+        first = rng.integers(-(1 << 31), 1 << 31, n) if op == Op.REQUANT else _act(rng, n)
+        spad = {ins.a + i: int(v) for i, v in enumerate(first)}
+        spad |= {ins.b + i: int(v) for i, v in enumerate(_act(rng, n))}
+        got, want, err, c = _run(ins, spad)
+        assert got == want and err == Err.NONE, (op, n)
+        cycles.append(c)
+    assert cycles[1] - cycles[0] == 72 - 24, (op, cycles)

@@ -19,7 +19,7 @@ from nanokpu.units.vector import VecOp, VectorUnit
 __all__ = ["Elementwise"]
 
 #: Reads in flight plus beats held that the engine allows: 1 in flight + 1 at the unit + 1 for
-#: the cycle the count lags a take keeps one read per cycle.
+#: the cycle the count lags a take keeps one read per cycle (the skid queue holds BEATS - 1).
 BEATS = 3
 
 
@@ -33,14 +33,15 @@ class Elementwise(wiring.Component):
 
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
     ``SITU``, ``ADD``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
-    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice), reading both operands in
-    one cycle into a queue of :data:`BEATS` beats whose head the selected unit takes (a read is
-    issued while fewer than :data:`BEATS` are in flight or queued, counted off flip-flops: the
-    scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's results at ``c`` on in order as they come. ``REQUANT`` packs ``rows``
-    values a word into the requantiser and writes the results back lane by lane (with
-    ``F_RQ_EXPERT`` the multiplier and shift are first read from ``b + 2*expert``); its results
-    are saturated to ``width`` bits. ``done`` comes in the cycle after the last result is
-    written; no error.
+    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice), reading both operands
+    in one cycle into a register the selected unit takes its beat from, with a skid queue in
+    front (a read is issued while fewer than :data:`BEATS` are in flight or held, counted off
+    flip-flops: the scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's
+    results at ``c`` on in order as they come. ``REQUANT`` packs ``rows`` values a word into the
+    requantiser and writes the results back lane by lane from a result register (the requantiser
+    runs on meanwhile: one element per cycle; with ``F_RQ_EXPERT`` the multiplier and shift are
+    first read from ``b + 2*expert``); its results are saturated to ``width`` bits. ``done``
+    comes in the cycle after the last result is written; no error.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -68,22 +69,26 @@ class Elementwise(wiring.Component):
         pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
         pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
         issuing = Signal()
-        # the beats: a read issued on one edge (g: its words on rd0/rd1 in the next cycle) is
-        # pushed into `beats`, whose head the selected unit takes. A read is issued while the
-        # reads in flight and the beats held are fewer than BEATS, counted off flip-flops, so the
-        # scratchpad's read enable never waits on a unit's ready (BEATS = 3 keeps one per cycle)
+        # the beats: a read issued on one edge (g: its words on rd0/rd1 in the next cycle) goes
+        # to stage h (the registered beat the unit sees) or, while h is taken, to `skid`. A read
+        # is issued while the beats in g, skid and h are fewer than BEATS, counted off flip-flops,
+        # so the scratchpad's read enable never waits on a unit's ready
         g_valid, g_last = Signal(), Signal()
+        h_valid = Signal()
         beat_layout = data.StructLayout({"a": signed(ww), "b": signed(ww), "last": 1})
-        m.submodules.beats = beats = SyncFIFO(width=beat_layout.size, depth=BEATS)
-        beat = Signal(beat_layout)
-        m.d.comb += [beats.w_en.eq(g_valid), beats.w_data.eq(Cat(rd0.data, rd1.data, g_last)),
-                     beat.eq(beats.r_data)]
-        h_valid, h_last, a_word, b_word = beats.r_rdy, beat.last, beat.a, beat.b
+        beat = Signal(beat_layout)      # stage h's operands, held while it stalls
+        a_word, b_word, h_last = beat.a, beat.b, beat.last
+        m.submodules.skid = skid = SyncFIFO(width=beat_layout.size, depth=BEATS - 1)
         el = Signal(SW)                 # results written
         unit_ready = Signal()           # the selected unit takes the current beat
         run = Signal()
-        m.d.comb += beats.r_en.eq(unit_ready)
-        issue = issuing & ~blocked & (beats.level + g_valid < BEATS)
+        h_free = ~h_valid | unit_ready
+        g_beat = Cat(rd0.data, rd1.data, g_last)
+        with m.If(h_free):
+            m.d.sync += [beat.eq(Mux(skid.r_rdy, skid.r_data, g_beat)), h_valid.eq(skid.r_rdy | g_valid)]
+        m.d.comb += [skid.r_en.eq(h_free), skid.w_data.eq(g_beat),
+                     skid.w_en.eq(g_valid & ~(h_free & ~skid.r_rdy))]
+        issue = issuing & ~blocked & (g_valid + skid.level + h_valid < BEATS)
 
         def walk(c0, c1, c2, a0, a1, a2, b0, b1, b2):
             return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
@@ -91,7 +96,7 @@ class Elementwise(wiring.Component):
                     rem[0].eq(c0), rem[1].eq(c1), rem[2].eq(c2),
                     pa.eq(ins.a), ra1.eq(ins.a), ra2.eq(ins.a),
                     pb.eq(ins.b), rb1.eq(ins.b), rb2.eq(ins.b),
-                    issuing.eq(1), g_valid.eq(0), el.eq(0)]
+                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el.eq(0)]
 
         with m.If(run):
             m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
@@ -120,6 +125,8 @@ class Elementwise(wiring.Component):
         fill = Signal(range(R + 1))
         wvalid = Signal()
         lane = Signal(range(R))
+        hold = Signal(data.ArrayLayout(signed(accw), R))    # the result word being written back
+        hold_valid = Signal()
         at_last = Signal()     # registered: the next write is the instruction's last (el == len - 1)
         mult = Signal.like(rq.mult)
         shift = Signal.like(rq.shift)
@@ -146,18 +153,24 @@ class Elementwise(wiring.Component):
                 send = wvalid & rq.i.ready
                 at = Mux(send, 0, fill)
                 m.d.comb += [rq.i.valid.eq(wvalid), unit_ready.eq(~wvalid | rq.i.ready),
-                             out_valid.eq(rq.o.valid),
-                             out_data.eq(saturate_to_width(rq.o.payload[lane], width, accw))]
+                             out_valid.eq(hold_valid),
+                             out_data.eq(saturate_to_width(hold[lane], width, accw))]
                 with m.If(send):
                     m.d.sync += [wvalid.eq(0), fill.eq(0)]
                 with m.If(h_valid & unit_ready):
                     m.d.sync += [pack[at].eq(a_word[:accw].as_signed()), fill.eq(at + 1)]
                     with m.If((at == R - 1) | h_last):
                         m.d.sync += wvalid.eq(1)
-                with m.If(rq.o.valid):
-                    word_end = (lane == R - 1) | at_last
-                    m.d.comb += rq.o.ready.eq(word_end)
+                # a result word is taken into `hold` as its last lane is written (or `hold` is
+                # empty), so the requantiser runs on while lanes are written
+                word_end = (lane == R - 1) | at_last
+                m.d.comb += rq.o.ready.eq(~hold_valid | word_end)
+                with m.If(hold_valid):
                     m.d.sync += lane.eq(Mux(word_end, 0, lane + 1))
+                    with m.If(word_end):
+                        m.d.sync += hold_valid.eq(0)
+                with m.If(rq.o.valid & rq.o.ready):
+                    m.d.sync += [hold.eq(rq.o.payload), hold_valid.eq(1)]
             with m.Elif(is_sig):
                 m.d.comb += [sig.i.valid.eq(h_valid), unit_ready.eq(sig.i.ready),
                              out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
@@ -178,7 +191,7 @@ class Elementwise(wiring.Component):
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
                                                Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 fill.eq(0), wvalid.eq(0), lane.eq(0), at_last.eq(ln == 1)]
+                                 fill.eq(0), wvalid.eq(0), lane.eq(0), hold_valid.eq(0), at_last.eq(ln == 1)]
                     with m.Switch(op):
                         with m.Case(Op.REQUANT):
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0)
