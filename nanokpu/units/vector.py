@@ -110,9 +110,10 @@ class VectorUnit(wiring.Component):
     @property
     def norm_row_cycles(self) -> int:
         """Most cycles from the first beat of pass 0 to the first accepted beat of pass 1
-        (``n`` beats, the mean divider, the square root, the normalisation of ``r`` (one cycle
-        per leading zero), the reciprocal divider): ``n`` + this value."""
-        return (1 + self.div_width + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
+        (``n`` beats and the last one's square summed, the mean divider, the square root, the
+        normalisation of ``r`` (one cycle per leading zero), the reciprocal divider): ``n`` +
+        this value."""
+        return (2 + self.div_width + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
                 + 1 + self.div_width + 1)
 
     def elaborate(self, platform):
@@ -181,11 +182,15 @@ class VectorUnit(wiring.Component):
             with m.Case(VecOp.NORM):
                 with m.FSM():
                     with m.State("SUM"):
-                        m.d.comb += i.ready.eq(1)
-                        with m.If(i.valid):
-                            m.d.sync += sumsq.eq(sumsq + mul)
-                            with m.If(beat.last):
-                                m.next = "MEAN"
+                        # two stages as COMBINE: a * a registered, then summed; after the last
+                        # beat is taken no more are until the row's reciprocal is known
+                        held_last = p_valid & p_last
+                        m.d.comb += i.ready.eq(~held_last)
+                        m.d.sync += [p_valid.eq(i.valid & ~held_last), prod.eq(mul), p_last.eq(beat.last)]
+                        with m.If(p_valid):
+                            m.d.sync += sumsq.eq(sumsq + prod)
+                        with m.If(held_last):
+                            m.next = "MEAN"
                     with m.State("MEAN"):
                         m.d.comb += [div.start.eq(1), div.num.eq(sumsq), div.den.eq(self.n)]
                         m.next = "MEAN_WAIT"
