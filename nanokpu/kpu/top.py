@@ -40,10 +40,12 @@ Composition
 Prefetch
 --------
 While an executor runs instruction ``pc``, the fetch and the decode work on ``pc + 1`` (started
-in the issue cycle, when ``pc + 1 < imem_depth``); when the executor is done the prefetched
-instruction issues two cycles later (``DECODE``: checked and latched, ``ISSUE``: started) instead
-of after its ``1 + INSTR_WORDS`` fetch and its decode. Results, error codes and the pc in
-``STATUS`` are those of one instruction at a time:
+in the issue cycle, when ``pc + 1 < imem_depth``). When the executor is done and the next
+instruction is decoded, an executor's without error, it is latched in that cycle and started in
+the next (``ISSUE``): one cycle between two executors' instructions instead of ``1 + INSTR_WORDS``
+of fetch and the decode's latency; any other (``HALT``, ``JUMP``, ``EXPERT``, an error, one not
+decoded yet or whose checks are settling) goes through ``DECODE``, a cycle more. Results, error
+codes and the pc in ``STATUS`` are those of one instruction at a time:
 
 * the prefetched instruction is checked when it would issue (its decode error is reported then,
   at its pc), so one never reached (an error, a stop or a soft reset before it) reports nothing;
@@ -277,6 +279,24 @@ class NanoKPU(wiring.Component):
         rd0_q, rd1_q = Signal.like(rd0.data), Signal.like(rd1.data)   # EXPERT's table words, registered
         m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 
+        exec_ops = [[o for o, r in OP_RULES.items() if r.executor and executor_of[r.executor] is ex]
+                    for ex in executors]
+        assert {o for o, r in OP_RULES.items() if not r.executor} == {Op.HALT, Op.JUMP, Op.EXPERT}
+
+        def latch():
+            """The decoded instruction into the issue register (from the next cycle on)."""
+            m.d.sync += [cur.ins.eq(dec), cur.host.eq(decode.host), cur.beats.eq(decode.beats),
+                         cur.target.eq(ins.target)]
+
+        def issue():
+            """The decoded instruction, an executor's, latched and started next cycle (ISSUE)."""
+            latch()
+            with m.Switch(op):
+                for i, ops in enumerate(exec_ops):
+                    with m.Case(*ops):
+                        m.d.sync += running_exec.eq(1 << i)
+            m.next = "ISSUE"
+
         @contextmanager
         def state(name):
             """An FSM state; a soft reset request overrides its transition (except when idle)."""
@@ -312,19 +332,13 @@ class NanoKPU(wiring.Component):
                     m.next = "IDLE"
                 with m.Elif(decode.error != 0):
                     stop(decode.error)
+                with m.Elif(op == Op.JUMP):
+                    goto_next(ins.target)
+                with m.Elif(op == Op.EXPERT):
+                    latch()
+                    m.next = "EXP_READ"
                 with m.Else():
-                    m.d.sync += [cur.ins.eq(dec), cur.host.eq(decode.host), cur.beats.eq(decode.beats),
-                                 cur.target.eq(ins.target)]
-                    with m.Switch(op):
-                        with m.Case(Op.JUMP):
-                            goto_next(ins.target)
-                        for i, ex in enumerate(executors):
-                            ops = [o for o, r in OP_RULES.items() if r.executor and executor_of[r.executor] is ex]
-                            with m.Case(*ops):
-                                m.d.sync += running_exec.eq(1 << i)
-                                m.next = "ISSUE"
-                        with m.Case(Op.EXPERT):
-                            m.next = "EXP_READ"
+                    issue()
 
             # ---- an executor's instruction: started from the issue register, pc + 1 prefetched
             with state("ISSUE"):
@@ -350,11 +364,17 @@ class NanoKPU(wiring.Component):
                         m.d.sync += [scores_ok.eq(1), scores_a.eq(cur.ins.c), scores_len.eq(cur.ins.len)]
                     with m.If(route_ran | scores_written):
                         m.d.sync += settle.eq(Decode.settle_latency)
+                    prefetched_ok = ((decode.done | pf_ready) & (settle == 0) & ~route_ran & ~scores_written
+                                     & (decode.error == 0) & Cat(op == o for ops in exec_ops for o in ops).any())
                     with m.If(exec_error != 0):
                         stop(exec_error)
                     with m.Elif(pc >= cfg.imem_depth - 1):    # nothing prefetched
                         goto_next()
-                    with m.Else():
+                    with m.Elif(prefetched_ok):     # an executor's, checked against this context: at once
+                        goto_next(next_state="ISSUE")
+                        m.d.sync += pf_ready.eq(0)
+                        issue()
+                    with m.Else():                  # HALT, JUMP, EXPERT, an error, not decoded yet
                         goto_next(next_state="DECODE")
 
             # ---- EXPERT: next expert with tokens
