@@ -8,12 +8,63 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
-  wire [13:0] \$12 ;
-  wire [13:0] \$13 ;
-  wire [14:0] \$14 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire [13:0] \$113 ;
+  wire [13:0] \$114 ;
+  wire [13:0] \$115 ;
+  wire \$116 ;
+  wire [4:0] \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire \$12 ;
+  wire [13:0] \$120 ;
+  wire [13:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  reg [1:0] \$127 ;
+  reg [31:0] \$128 ;
+  reg [31:0] \$129 ;
+  wire \$13 ;
+  reg \$130 ;
+  reg \$131 ;
+  reg [7:0] \$132 ;
+  reg [12:0] \$133 ;
+  reg \$134 ;
+  reg \$135 ;
+  reg \$136 ;
+  reg [3:0] \$137 ;
+  reg [7:0] \$138 ;
+  reg [5:0] \$139 ;
+  wire \$14 ;
+  reg \$140 ;
+  reg [281:0] \$141 ;
+  reg [4:0] \$142 ;
+  reg [3:0] \$143 ;
+  reg [12:0] \$144 ;
+  reg [13:0] \$145 ;
+  reg [3:0] \$146 ;
+  reg [15:0] \$147 ;
+  reg [13:0] \$148 ;
+  wire [5:0] \$149 ;
   wire \$15 ;
-  wire \$16 ;
+  wire [5:0] \$150 ;
+  wire [13:0] \$16 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -44,45 +95,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [13:0] \$44 ;
   wire [13:0] \$45 ;
-  wire \$46 ;
-  wire [4:0] \$47 ;
+  wire [14:0] \$46 ;
+  wire \$47 ;
   wire \$48 ;
   wire \$49 ;
   wire \$5 ;
-  wire [13:0] \$50 ;
-  wire [13:0] \$51 ;
+  wire \$50 ;
+  wire \$51 ;
   wire \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
   wire \$56 ;
-  reg [31:0] \$57 ;
-  reg [31:0] \$58 ;
-  reg \$59 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
   wire \$6 ;
-  reg \$60 ;
-  reg [7:0] \$61 ;
-  reg [12:0] \$62 ;
-  reg \$63 ;
-  reg \$64 ;
-  reg \$65 ;
-  reg [3:0] \$66 ;
-  reg [7:0] \$67 ;
-  reg [5:0] \$68 ;
-  reg [4:0] \$69 ;
+  wire \$60 ;
+  wire [2:0] \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
-  reg [3:0] \$70 ;
-  reg [12:0] \$71 ;
-  reg [13:0] \$72 ;
-  reg [3:0] \$73 ;
-  reg [15:0] \$74 ;
-  reg [13:0] \$75 ;
-  wire [5:0] \$76 ;
-  wire [5:0] \$77 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
   wire \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
   wire \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
   reg [31:0] \$like  = 32'd0;
   reg abort;
   wire [15:0] beats;
@@ -212,6 +285,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \context.scores_ok ;
   reg [15:0] count = 16'h0000;
   reg [3:0] ctrl_state = 4'h0;
+  reg [281:0] cur = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+  wire [15:0] \cur.beats ;
+  wire [32:0] \cur.host ;
+  wire [220:0] \cur.ins ;
+  wire [12:0] \cur.ins.a ;
+  wire [12:0] \cur.ins.b ;
+  wire [12:0] \cur.ins.c ;
+  wire [15:0] \cur.ins.count ;
+  wire [15:0] \cur.ins.expert ;
+  wire [9:0] \cur.ins.flags ;
+  wire [15:0] \cur.ins.k ;
+  wire [13:0] \cur.ins.len ;
+  wire [15:0] \cur.ins.m ;
+  wire [31:0] \cur.ins.mult ;
+  wire [15:0] \cur.ins.n ;
+  wire [13:0] \cur.ins.offset ;
+  wire [5:0] \cur.ins.op ;
+  wire [13:0] \cur.ins.p2 ;
+  wire [5:0] \cur.ins.shift ;
+  wire [5:0] \cur.ins.width ;
+  wire [11:0] \cur.target ;
   (* init = 6'h00 *)
   wire [5:0] cur_executor;
   wire [220:0] decoded;
@@ -260,7 +354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \done$288 ;
   wire \done$292 ;
   wire \done$296 ;
-  wire \done$336 ;
+  wire \done$334 ;
   (* init = 8'h00 *)
   wire [7:0] err;
   reg [7:0] error = 8'h00;
@@ -470,7 +564,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] pc = 13'h0000;
   (* init = 13'h0000 *)
   wire [12:0] \pc$248 ;
-  reg [12:0] \pc$335 ;
+  reg [12:0] \pc$333 ;
+  reg pf_ready = 1'h0;
   reg [31:0] rd1_q = 32'd0;
   wire [31:0] rd_addr;
   wire [23:0] rd_beats;
@@ -583,6 +678,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] scores_len = 14'h0000;
   reg scores_ok = 1'h0;
   wire [5:0] select;
+  reg [1:0] settle = 2'h0;
   wire soft_reset;
   wire spad__blocked;
   wire \spad__blocked$161 ;
@@ -640,10 +736,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \start$287 ;
   wire \start$291 ;
   wire \start$295 ;
-  reg \start$334 ;
-  wire \start$350 ;
+  reg \start$332 ;
+  wire \start$351 ;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
+  wire window_wr;
   wire [31:0] wr_addr;
   wire [23:0] wr_beats;
   wire wr_busy;
@@ -653,81 +750,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire wr_data__ready;
   wire wr_data__valid;
   wire wr_start;
-  assign \$20  = ctrl_state == 2'h2;
-  assign \$21  = ctrl_state == 2'h3;
-  assign \$22  = ctrl_state == 3'h4;
-  assign \$23  = ctrl_state == 3'h5;
-  assign \$24  = ctrl_state == 3'h6;
-  assign \$25  = ctrl_state == 3'h7;
-  assign \$26  = ctrl_state == 4'h8;
-  assign \$27  = pc >= 7'h40;
-  assign \$28  = ~ \done$336 ;
-  assign \$29  = ! ins[5:0];
-  assign \$30  = | \error$337 ;
-  assign \$31  = ins[5:0] == 1'h1;
-  assign \$32  = ins[5:0] == 2'h2;
-  assign \$33  = ins[5:0] == 2'h3;
-  assign \$34  = ins[5:0] == 3'h4;
-  assign \$35  = ins[5:0] == 3'h5;
-  assign \$36  = ins[5:0] == 3'h6;
-  assign \$37  = ins[5:0] == 3'h7;
-  assign \$38  = ins[5:0] == 4'h8;
-  assign \$39  = ins[5:0] == 4'ha;
-  assign \$40  = ins[5:0] == 4'hb;
-  assign \$41  = ins[5:0] == 4'hc;
-  assign \$42  = ins[5:0] == 4'hd;
-  assign \$43  = ins[5:0] == 3'h5;
-  assign \$44  = | exec_error;
-  assign \$45  = pc + 1'h1;
-  assign \$46  = scan >= 4'h8;
-  assign \$47  = scan + 1'h1;
-  assign \$48  = | \$like ;
-  assign \$49  = | rd1_q[23:14];
-  assign \$50  = \$49  ? 14'h3fff : rd1_q[13:0];
-  assign \$51  = pc + 1'h1;
-  assign \$52  = ~ dma__rd_busy;
-  assign \$53  = ~ dma__wr_busy;
-  assign \$54  = \$52  & \$53 ;
-  assign \$55  = ~ running;
-  assign \$56  = soft_reset & \$55 ;
-  always @(posedge clk)
-    \$like  <= \$57 ;
-  always @(posedge clk)
-    rd1_q <= \$58 ;
-  always @(posedge clk)
-    running <= \$59 ;
-  always @(posedge clk)
-    done <= \$60 ;
-  always @(posedge clk)
-    error <= \$61 ;
-  always @(posedge clk)
-    pc <= \$62 ;
-  always @(posedge clk)
-    route_done <= \$63 ;
-  always @(posedge clk)
-    exp_active <= \$64 ;
-  always @(posedge clk)
-    scores_ok <= \$65 ;
-  always @(posedge clk)
-    ctrl_state <= \$66 ;
-  always @(posedge clk)
-    stop_code <= \$67 ;
-  always @(posedge clk)
-    executor <= \$68 ;
-  always @(posedge clk)
-    running_exec <= \$69 ;
-  always @(posedge clk)
-    scan <= \$70 ;
-  always @(posedge clk)
-    scores_a <= \$71 ;
-  always @(posedge clk)
-    scores_len <= \$72 ;
-  always @(posedge clk)
-    expert <= \$73 ;
-  always @(posedge clk)
-    count <= \$74 ;
-  always @(posedge clk)
-    offset <= \$75 ;
   assign \$1  = | running_exec;
   assign \$2  = ~ \$1 ;
   assign \$3  = ~ running;
@@ -737,19 +759,170 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign rd_start = | { \dma__rd_start$300 , dma__rd_start };
   assign rd_data__ready = | { \dma__rd_data__ready$305 , dma__rd_data__ready };
   assign \$6  = pc >= 7'h40;
-  assign \$7  = ~ \done$336 ;
-  assign \$8  = ! ins[5:0];
-  assign \$9  = | \error$337 ;
-  assign \$10  = | exec_error;
-  assign \$11  = scan >= 4'h8;
-  assign \$12  = \ins$274 [34:22] + scan;
-  assign \$13  = \ins$274 [34:22] + 4'h8;
-  assign \$14  = \$13  + scan;
-  assign \$15  = | \$like ;
-  assign \$16  = ~ running;
-  assign \$17  = soft_reset & \$16 ;
-  assign \$18  = ! ctrl_state;
-  assign \$19  = ctrl_state == 1'h1;
+  assign \$7  = \done$334  | pf_ready;
+  assign \$8  = ~ \$7 ;
+  assign \$9  = | settle;
+  assign \$10  = \$8  | \$9 ;
+  assign \$11  = ! ins[5:0];
+  assign \$12  = | \error$337 ;
+  assign \$13  = ins[5:0] == 4'he;
+  assign \$14  = ins[5:0] == 4'h9;
+  assign \$15  = pc < 6'h3f;
+  assign \$16  = pc + 1'h1;
+  assign \$17  = | exec_error;
+  assign \$18  = pc >= 6'h3f;
+  assign \$19  = \done$334  | pf_ready;
+  assign \$20  = ! settle;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = ~ running_exec[3];
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = cur[5:0] == 3'h5;
+  assign \$25  = ~ \$24 ;
+  assign \$26  = \$23  & \$25 ;
+  assign \$27  = ! \error$337 ;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = ins[5:0] == 1'h1;
+  assign \$30  = ins[5:0] == 2'h2;
+  assign \$31  = ins[5:0] == 2'h3;
+  assign \$32  = ins[5:0] == 3'h4;
+  assign \$33  = ins[5:0] == 3'h5;
+  assign \$34  = ins[5:0] == 3'h6;
+  assign \$35  = ins[5:0] == 3'h7;
+  assign \$36  = ins[5:0] == 4'hc;
+  assign \$37  = ins[5:0] == 4'hd;
+  assign \$38  = ins[5:0] == 4'h8;
+  assign \$39  = ins[5:0] == 4'ha;
+  assign \$40  = ins[5:0] == 4'hb;
+  assign \$41  = | { \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$42  = \$28  & \$41 ;
+  assign \$43  = scan >= 4'h8;
+  assign \$44  = cur[34:22] + scan;
+  assign \$45  = cur[34:22] + 4'h8;
+  assign \$46  = \$45  + scan;
+  assign \$47  = | \$like ;
+  assign \$48  = ~ running;
+  assign \$49  = soft_reset & \$48 ;
+  assign \$50  = ! ctrl_state;
+  assign \$51  = ctrl_state == 1'h1;
+  assign \$52  = ctrl_state == 2'h2;
+  assign \$53  = ctrl_state == 2'h3;
+  assign \$54  = ctrl_state == 3'h4;
+  assign \$55  = ctrl_state == 3'h5;
+  assign \$56  = ctrl_state == 3'h6;
+  assign \$57  = ctrl_state == 3'h7;
+  assign \$58  = ctrl_state == 4'h8;
+  assign \$59  = ctrl_state == 4'h9;
+  assign \$60  = | settle;
+  assign \$61  = settle - 1'h1;
+  assign \$62  = pc >= 7'h40;
+  assign \$63  = \done$334  | pf_ready;
+  assign \$64  = ~ \$63 ;
+  assign \$65  = | settle;
+  assign \$66  = \$64  | \$65 ;
+  assign \$67  = ! ins[5:0];
+  assign \$68  = | \error$337 ;
+  assign \$69  = ins[5:0] == 4'he;
+  assign \$70  = ins[5:0] == 4'h9;
+  assign \$71  = \done$334  | pf_ready;
+  assign \$72  = cur[5:0] == 1'h1;
+  assign \$73  = cur[5:0] == 2'h2;
+  assign \$74  = cur[5:0] == 2'h3;
+  assign \$75  = cur[5:0] == 3'h4;
+  assign \$76  = cur[5:0] == 3'h5;
+  assign \$77  = cur[5:0] == 3'h6;
+  assign \$78  = cur[5:0] == 3'h7;
+  assign \$79  = cur[5:0] == 4'h8;
+  assign \$80  = cur[5:0] == 4'ha;
+  assign \$81  = cur[5:0] == 4'hb;
+  assign \$82  = cur[5:0] == 4'hc;
+  assign \$83  = cur[5:0] == 4'hd;
+  assign \$84  = cur[5:0] == 3'h5;
+  assign \$85  = cur[5:0] == 3'h5;
+  assign \$86  = running_exec[3] | \$85 ;
+  assign \$87  = | exec_error;
+  assign \$88  = pc >= 6'h3f;
+  assign \$89  = \done$334  | pf_ready;
+  assign \$90  = ! settle;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = ~ running_exec[3];
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = cur[5:0] == 3'h5;
+  assign \$95  = ~ \$94 ;
+  assign \$96  = \$93  & \$95 ;
+  assign \$97  = ! \error$337 ;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = ins[5:0] == 1'h1;
+  assign \$100  = ins[5:0] == 2'h2;
+  assign \$101  = ins[5:0] == 2'h3;
+  assign \$102  = ins[5:0] == 3'h4;
+  assign \$103  = ins[5:0] == 3'h5;
+  assign \$104  = ins[5:0] == 3'h6;
+  assign \$105  = ins[5:0] == 3'h7;
+  assign \$106  = ins[5:0] == 4'hc;
+  assign \$107  = ins[5:0] == 4'hd;
+  assign \$108  = ins[5:0] == 4'h8;
+  assign \$109  = ins[5:0] == 4'ha;
+  assign \$110  = ins[5:0] == 4'hb;
+  assign \$111  = | { \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99  };
+  assign \$112  = \$98  & \$111 ;
+  assign \$113  = pc + 1'h1;
+  assign \$114  = pc + 1'h1;
+  assign \$115  = pc + 1'h1;
+  assign \$116  = scan >= 4'h8;
+  assign \$117  = scan + 1'h1;
+  assign \$118  = | \$like ;
+  assign \$119  = | rd1_q[23:14];
+  assign \$120  = \$119  ? 14'h3fff : rd1_q[13:0];
+  assign \$121  = pc + 1'h1;
+  assign \$122  = ~ dma__rd_busy;
+  assign \$123  = ~ dma__wr_busy;
+  assign \$124  = \$122  & \$123 ;
+  assign \$125  = ~ running;
+  assign \$126  = soft_reset & \$125 ;
+  always @(posedge clk)
+    settle <= \$127 ;
+  always @(posedge clk)
+    \$like  <= \$128 ;
+  always @(posedge clk)
+    rd1_q <= \$129 ;
+  always @(posedge clk)
+    running <= \$130 ;
+  always @(posedge clk)
+    done <= \$131 ;
+  always @(posedge clk)
+    error <= \$132 ;
+  always @(posedge clk)
+    pc <= \$133 ;
+  always @(posedge clk)
+    route_done <= \$134 ;
+  always @(posedge clk)
+    exp_active <= \$135 ;
+  always @(posedge clk)
+    scores_ok <= \$136 ;
+  always @(posedge clk)
+    ctrl_state <= \$137 ;
+  always @(posedge clk)
+    stop_code <= \$138 ;
+  always @(posedge clk)
+    executor <= \$139 ;
+  always @(posedge clk)
+    pf_ready <= \$140 ;
+  always @(posedge clk)
+    cur <= \$141 ;
+  always @(posedge clk)
+    running_exec <= \$142 ;
+  always @(posedge clk)
+    scan <= \$143 ;
+  always @(posedge clk)
+    scores_a <= \$144 ;
+  always @(posedge clk)
+    scores_len <= \$145 ;
+  always @(posedge clk)
+    expert <= \$146 ;
+  always @(posedge clk)
+    count <= \$147 ;
+  always @(posedge clk)
+    offset <= \$148 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -778,20 +951,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$560$0 (\load_data$258 ),
+    .\port$651$0 (\load_data$258 ),
     .retire(retire),
     .rst(rst),
     .running(running),
     .soft_reset(soft_reset),
-    .start(\start$350 ),
+    .start(\start$351 ),
+    .window_wr(window_wr),
     .wr_data(imem_wr__data)
   );
   \nanokpu_kpu.decode  decode (
     .beats(beats),
     .clk(clk),
     .\context (\context ),
-    .decoded(\ins$274 ),
-    .done(\done$336 ),
+    .decoded(decoded),
+    .done(\done$334 ),
     .error(\error$337 ),
     .host(host),
     .ins(ins),
@@ -818,10 +992,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$290$0 (\$76 ),
-    .\port$308$0 (\$77 ),
-    .\port$5002$2 (beats),
-    .rd_addr(host[31:0]),
+    .\port$3741$254 (cur[269:254]),
+    .\port$381$0 (\$149 ),
+    .\port$399$0 (\$150 ),
+    .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
@@ -838,7 +1012,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$288 ),
     .error(\error$289 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .mult(rq__mult),
     .pack(rq__i__payload),
     .rq__i__ready(rq__i__ready),
@@ -864,9 +1038,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(start),
     .ins(ins),
-    .pc(\pc$335 ),
+    .pc(\pc$333 ),
     .rst(rst),
-    .start(\start$334 ),
+    .start(\start$332 ),
     .wr__addr(imem_wr__addr),
     .wr__data(imem_wr__data),
     .wr__en(imem_wr__en)
@@ -881,7 +1055,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_start(\dma__rd_start$300 ),
     .\done$54 (\done$284 ),
     .error(\error$285 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
     .rq__i__ready(rq__i__ready),
     .rq__i__valid(rq__i__valid),
@@ -917,7 +1091,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__wr_start(wr_start),
     .done(\done$279 ),
     .error(\error$281 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .out(wr_data__payload),
     .rst(rst),
     .spad__rd0__addr(clients__1__rd0__addr),
@@ -933,7 +1107,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$296 ),
     .error(\error$297 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .rst(rst),
     .spad__rd0__addr(clients__5__rd0__addr),
     .spad__rd0__data(spad__rd0__data),
@@ -951,7 +1125,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$292 ),
     .error(\error$293 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .routes__valid(routes__valid),
@@ -1023,7 +1197,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3646$0 (running_exec),
+    .\port$3743$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1066,7 +1240,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \start$334  = 1'h0;
+    \start$332  = 1'h0;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1074,13 +1248,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$6 ) begin
           end else begin
-            \start$334  = 1'h1;
+            \start$332  = 1'h1;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          if (\$15 ) begin
+            \start$332  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \pc$335  = 13'h0000;
+    \pc$333  = 13'h0000;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1088,7 +1270,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$6 ) begin
           end else begin
-            \pc$335  = pc;
+            \pc$333  = pc;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          if (\$15 ) begin
+            \pc$333  = \$16 [12:0];
           end
     endcase
   end
@@ -1103,32 +1293,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h3:
           /* empty */;
       4'h4:
-          (* full_case = 32'd1 *)
-          if (\$7 ) begin
-          end else if (\$8 ) begin
-          end else if (\$9 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  retire = 1'h1;
-            endcase
+          if (\$10 ) begin
+          end else if (\$11 ) begin
+          end else if (\$12 ) begin
+          end else if (\$13 ) begin
+            retire = 1'h1;
           end
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$10 ) begin
+            if (\$17 ) begin
+            end else if (\$18 ) begin
+              retire = 1'h1;
+            end else if (\$42 ) begin
+              retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
-      4'h6:
-          if (\$11 ) begin
+      4'h5:
+          if (\$43 ) begin
             retire = 1'h1;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$15 ) begin
+          /* empty */;
+      4'h9:
+          if (\$47 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1144,26 +1336,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h3:
           /* empty */;
       4'h4:
-          (* full_case = 32'd1 *)
-          if (\$7 ) begin
-          end else if (\$8 ) begin
-          end else if (\$9 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h01, 6'h02:
-                  exec_start[0] = 1'h1;
-              6'h03:
-                  exec_start[1] = 1'h1;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  exec_start[2] = 1'h1;
-              6'h08:
-                  exec_start[3] = 1'h1;
-              6'h0a, 6'h0b:
-                  exec_start[4] = 1'h1;
-            endcase
-          end
+          /* empty */;
+      4'h6:
+          exec_start = running_exec;
     endcase
   end
   always @* begin
@@ -1178,13 +1353,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
-            clients__0__rd0__addr = \$12 [12:0];
+            clients__0__rd0__addr = \$44 [12:0];
           end
     endcase
   end
@@ -1200,13 +1377,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
-            clients__0__rd1__addr = \$14 [12:0];
+            clients__0__rd1__addr = \$46 [12:0];
           end
     endcase
   end
@@ -1222,11 +1401,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1244,11 +1425,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1266,13 +1449,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
+          /* empty */;
+      4'h9:
           /* empty */;
       4'h2:
           abort = 1'h1;
@@ -1290,193 +1475,233 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
+          /* empty */;
+      4'h9:
           /* empty */;
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$17 ) begin
+    if (\$49 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$57  = spad__rd0__data;
-    if (rst) begin
-      \$57  = 32'd0;
+    \$127  = settle;
+    if (window_wr) begin
+      \$127  = 2'h2;
+    end else if (\$60 ) begin
+      \$127  = \$61 [1:0];
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$58  = spad__rd1__data;
-    if (rst) begin
-      \$58  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$59  = running;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$59  = 1'h1;
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$86 ) begin
+              \$127  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$127  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$128  = spad__rd0__data;
+    if (rst) begin
+      \$128  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$129  = spad__rd1__data;
+    if (rst) begin
+      \$129  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$130  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$130  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$59  = 1'h0;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$130  = 1'h0;
           end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
       4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$124 ) begin
+            \$130  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$130  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$131  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$131  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$131  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$124 ) begin
+            \$131  = 1'h0;
+          end
+    endcase
+    if (\$126 ) begin
+      \$131  = 1'h0;
+    end
+    if (rst) begin
+      \$131  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$132  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$132  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
           /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
           /* empty */;
+      4'h9:
+          /* empty */;
       4'h2:
-          if (\$54 ) begin
-            \$59  = 1'h0;
+          if (\$124 ) begin
+            \$132  = stop_code;
           end
     endcase
+    if (\$126 ) begin
+      \$132  = 8'h00;
+    end
     if (rst) begin
-      \$59  = 1'h0;
+      \$132  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$60  = done;
+    \$133  = pc;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$60  = 1'h0;
+          if (\start$351 ) begin
+            \$133  = 13'h0000;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$60  = 1'h1;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+            \$133  = { 1'h0, ins[255:244] };
           end
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h2:
-          if (\$54 ) begin
-            \$60  = 1'h0;
-          end
-    endcase
-    if (\$56 ) begin
-      \$60  = 1'h0;
-    end
-    if (rst) begin
-      \$60  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$61  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$350 ) begin
-            \$61  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h2:
-          if (\$54 ) begin
-            \$61  = stop_code;
-          end
-    endcase
-    if (\$56 ) begin
-      \$61  = 8'h00;
-    end
-    if (rst) begin
-      \$61  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$62  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$350 ) begin
-            \$62  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$62  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      4'h5:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$44 ) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+              \$133  = \$113 [12:0];
+            end else if (\$112 ) begin
+              \$133  = \$114 [12:0];
             end else begin
-              \$62  = \$45 [12:0];
+              \$133  = \$115 [12:0];
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$62  = { 1'h0, ins[255:244] };
+      4'h5:
+          if (\$116 ) begin
+            \$133  = { 1'h0, cur[281:270] };
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$62  = \$51 [12:0];
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$133  = \$121 [12:0];
           end
     endcase
     if (rst) begin
-      \$62  = 13'h0000;
+      \$133  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$63  = route_done;
+    \$134  = route_done;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$63  = 1'h0;
+          if (\start$351 ) begin
+            \$134  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1484,24 +1709,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$63  = 1'h1;
+              \$134  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$63  = 1'h0;
+      \$134  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$64  = exp_active;
+    \$135  = exp_active;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$64  = 1'h0;
+          if (\start$351 ) begin
+            \$135  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1509,34 +1736,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$64  = 1'h0;
+              \$135  = 1'h0;
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$64  = 1'h0;
+      4'h5:
+          if (\$116 ) begin
+            \$135  = 1'h0;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$64  = 1'h1;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$135  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$64  = 1'h0;
+      \$135  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$65  = scores_ok;
+    \$136  = scores_ok;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$65  = 1'h0;
+          if (\start$351 ) begin
+            \$136  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1544,304 +1773,357 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$65  = 1'h1;
+            if (\$84 ) begin
+              \$136  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$65  = 1'h0;
+      \$136  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$66  = ctrl_state;
+    \$137  = ctrl_state;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$66  = 4'h1;
+          if (\start$351 ) begin
+            \$137  = 4'h1;
           end
       4'h1:
         begin
           (* full_case = 32'd1 *)
-          if (\$27 ) begin
-            \$66  = 4'h2;
+          if (\$62 ) begin
+            \$137  = 4'h2;
           end else begin
-            \$66  = 4'h3;
+            \$137  = 4'h3;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h3:
         begin
           if (start) begin
-            \$66  = 4'h4;
+            \$137  = 4'h4;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h4:
         begin
           (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$66  = 4'h0;
-          end else if (\$30 ) begin
-            \$66  = 4'h2;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$137  = 4'h0;
+          end else if (\$68 ) begin
+            \$137  = 4'h2;
+          end else if (\$69 ) begin
+            \$137  = 4'h1;
+          end else if (\$70 ) begin
+            \$137  = 4'h5;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$66  = 4'h1;
-              6'h01, 6'h02:
-                  \$66  = 4'h5;
-              6'h03:
-                  \$66  = 4'h5;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$66  = 4'h5;
-              6'h08:
-                  \$66  = 4'h5;
-              6'h0a, 6'h0b:
-                  \$66  = 4'h5;
-              6'h09:
-                  \$66  = 4'h6;
-            endcase
+            \$137  = 4'h6;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$44 ) begin
-              \$66  = 4'h2;
-            end else begin
-              \$66  = 4'h1;
-            end
-          end
-          if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h6:
         begin
-          (* full_case = 32'd1 *)
-          if (\$46 ) begin
-            \$66  = 4'h1;
-          end else begin
-            \$66  = 4'h7;
-          end
+          \$137  = 4'h7;
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h7:
         begin
-          \$66  = 4'h8;
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$87 ) begin
+              \$137  = 4'h2;
+            end else if (\$88 ) begin
+              \$137  = 4'h1;
+            end else if (\$112 ) begin
+              \$137  = 4'h6;
+            end else begin
+              \$137  = 4'h4;
+            end
+          end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$116 ) begin
+            \$137  = 4'h1;
+          end else begin
+            \$137  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$137  = 4'h2;
           end
         end
       4'h8:
         begin
+          \$137  = 4'h9;
+          if (soft_reset) begin
+            \$137  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
-            \$66  = 4'h1;
+          if (\$118 ) begin
+            \$137  = 4'h1;
           end else begin
-            \$66  = 4'h6;
+            \$137  = 4'h5;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h2:
-          if (\$54 ) begin
-            \$66  = 4'h0;
+          if (\$124 ) begin
+            \$137  = 4'h0;
           end
     endcase
     if (rst) begin
-      \$66  = 4'h0;
+      \$137  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$67  = stop_code;
+    \$138  = stop_code;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$27 ) begin
-            \$67  = 8'h06;
+          if (\$62 ) begin
+            \$138  = 8'h06;
           end
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
       4'h4:
         begin
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-            \$67  = \error$337 ;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+            \$138  = \error$337 ;
           end
           if (soft_reset) begin
-            \$67  = 8'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (exec_done) begin
-            if (\$44 ) begin
-              \$67  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
         end
       4'h6:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
       4'h7:
+        begin
+          if (exec_done) begin
+            if (\$87 ) begin
+              \$138  = exec_error;
+            end
+          end
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$138  = 8'h00;
           end
       4'h8:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$138  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$67  = 8'h00;
+      \$138  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$68  = executor;
+    \$139  = executor;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$27 ) begin
-            \$68  = 6'h00;
+          if (\$62 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
       4'h4:
         begin
-          (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-            \$68  = 6'h00;
-          end else begin
-            if (\$31 ) begin
-              \$68  = 6'h01;
-            end
-            if (\$32 ) begin
-              \$68  = 6'h01;
-            end
-            if (\$33 ) begin
-              \$68  = 6'h02;
-            end
-            if (\$34 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$35 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$36 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$37 ) begin
-              \$68  = 6'h10;
-            end
-            if (\$38 ) begin
-              \$68  = 6'h08;
-            end
-            if (\$39 ) begin
-              \$68  = 6'h20;
-            end
-            if (\$40 ) begin
-              \$68  = 6'h20;
-            end
-            if (\$41 ) begin
-              \$68  = 6'h10;
-            end
-            if (\$42 ) begin
-              \$68  = 6'h10;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$68  = 6'h00;
-            endcase
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+            \$139  = 6'h00;
+          end else if (\$69 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h5:
+      4'h6:
+        begin
+          if (\$72 ) begin
+            \$139  = 6'h01;
+          end
+          if (\$73 ) begin
+            \$139  = 6'h01;
+          end
+          if (\$74 ) begin
+            \$139  = 6'h02;
+          end
+          if (\$75 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$76 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$77 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$78 ) begin
+            \$139  = 6'h10;
+          end
+          if (\$79 ) begin
+            \$139  = 6'h08;
+          end
+          if (\$80 ) begin
+            \$139  = 6'h20;
+          end
+          if (\$81 ) begin
+            \$139  = 6'h20;
+          end
+          if (\$82 ) begin
+            \$139  = 6'h10;
+          end
+          if (\$83 ) begin
+            \$139  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$139  = 6'h00;
+          end
+        end
+      4'h7:
         begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$44 ) begin
-              \$68  = 6'h00;
+            if (\$87 ) begin
+              \$139  = 6'h00;
+            end else if (\$88 ) begin
+              \$139  = 6'h00;
+            end else if (\$112 ) begin
+              \$139  = 6'h00;
             end else begin
-              \$68  = 6'h00;
+              \$139  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h6:
+      4'h5:
         begin
-          if (\$46 ) begin
-            \$68  = 6'h00;
+          if (\$116 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h7:
-          if (soft_reset) begin
-            \$68  = 6'h00;
-          end
       4'h8:
+          if (soft_reset) begin
+            \$139  = 6'h00;
+          end
+      4'h9:
         begin
-          if (\$48 ) begin
-            \$68  = 6'h00;
+          if (\$118 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
     endcase
     if (rst) begin
-      \$68  = 6'h00;
+      \$139  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$69  = running_exec;
+    \$140  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$62 ) begin
+          end else begin
+            \$140  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$140  = 1'h0;
+          if (\$66 ) begin
+            \$140  = \$71 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$334 ) begin
+            \$140  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              \$140  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$140  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$141  = cur;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1851,37 +2133,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$141 [220:0] = decoded;
+            \$141 [253:221] = host;
+            \$141 [269:254] = beats;
+            \$141 [281:270] = ins[255:244];
+          end else begin
+            \$141 [220:0] = decoded;
+            \$141 [253:221] = host;
+            \$141 [269:254] = beats;
+            \$141 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              \$141 [220:0] = decoded;
+              \$141 [253:221] = host;
+              \$141 [269:254] = beats;
+              \$141 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$141  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$142  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
           end else begin
             casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
               6'h01, 6'h02:
-                  \$69  = 5'h01;
+                  \$142  = 5'h01;
               6'h03:
-                  \$69  = 5'h02;
+                  \$142  = 5'h02;
               6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$69  = 5'h04;
+                  \$142  = 5'h04;
               6'h08:
-                  \$69  = 5'h08;
+                  \$142  = 5'h08;
               6'h0a, 6'h0b:
-                  \$69  = 5'h10;
+                  \$142  = 5'h10;
             endcase
           end
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            \$69  = 5'h00;
+            \$142  = 5'h00;
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$142  = 5'h01;
+                6'h03:
+                    \$142  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
+                    \$142  = 5'h04;
+                6'h08:
+                    \$142  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$142  = 5'h10;
+              endcase
+            end
           end
     endcase
     if (rst) begin
-      \$69  = 5'h00;
+      \$142  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$70  = scan;
+    \$143  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1891,28 +2236,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$70  = 4'h0;
+              \$143  = 4'h0;
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$70  = 4'h8;
+      4'h5:
+          if (\$116 ) begin
+            \$143  = 4'h8;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          \$70  = \$47 [3:0];
+          /* empty */;
+      4'h9:
+          \$143  = \$117 [3:0];
     endcase
     if (rst) begin
-      \$70  = 4'h0;
+      \$143  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$71  = scores_a;
+    \$144  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1922,20 +2269,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$71  = \ins$274 [60:48];
+            if (\$84 ) begin
+              \$144  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$71  = 13'h0000;
+      \$144  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$72  = scores_len;
+    \$145  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1945,20 +2294,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$72  = \ins$274 [122:109];
+            if (\$84 ) begin
+              \$145  = cur[122:109];
             end
           end
     endcase
     if (rst) begin
-      \$72  = 14'h0000;
+      \$145  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$73  = expert;
+    \$146  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1968,24 +2319,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$73  = scan;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$146  = scan;
           end
     endcase
     if (rst) begin
-      \$73  = 4'h0;
+      \$146  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$74  = count;
+    \$147  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1995,24 +2348,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$74  = \$like [15:0];
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$147  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$74  = 16'h0000;
+      \$147  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$75  = offset;
+    \$148  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2022,19 +2377,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$75  = \$50 ;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$148  = \$120 ;
           end
     endcase
     if (rst) begin
-      \$75  = 14'h0000;
+      \$148  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2062,14 +2419,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$76 [5], \$76 [5], \$76  };
+  assign bus__arlen = { \$149 [5], \$149 [5], \$149  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$77 [5], \$77 [5], \$77  };
+  assign bus__awlen = { \$150 [5], \$150 [5], \$150  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2187,15 +2544,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_data = { 16'h0000, \load_data$258  };
   assign \ins$260  = ins;
   assign \done$262  = start;
-  assign decoded = \ins$274 ;
+  assign \ins$274  = cur[220:0];
   assign \start$276  = exec_start[0];
-  assign \ins$282  = \ins$274 ;
+  assign \ins$282  = cur[220:0];
   assign \start$283  = exec_start[1];
-  assign \ins$286  = \ins$274 ;
+  assign \ins$286  = cur[220:0];
   assign \start$287  = exec_start[2];
-  assign \ins$290  = \ins$274 ;
+  assign \ins$290  = cur[220:0];
   assign \start$291  = exec_start[3];
-  assign \ins$294  = \ins$274 ;
+  assign \ins$294  = cur[220:0];
   assign \start$295  = exec_start[4];
   assign dma__wr_start = wr_start;
   assign dma__wr_data__valid = wr_data__valid;
@@ -2212,22 +2569,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \dma__rd_busy$324  = dma__rd_busy;
   assign \dma__wr_busy$325  = dma__wr_busy;
   assign \dma__error$326  = dma__error;
-  assign rd_addr = host[31:0];
-  assign wr_addr = host[31:0];
-  assign rd_beats = { 8'h00, beats };
-  assign wr_beats = { 8'h00, beats };
+  assign rd_addr = cur[252:221];
+  assign wr_addr = cur[252:221];
+  assign rd_beats = { 8'h00, cur[269:254] };
+  assign wr_beats = { 8'h00, cur[269:254] };
   assign clients__0__rd0__data = spad__rd0__data;
   assign clients__0__rd1__data = spad__rd1__data;
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$77 [5], \$77 [5], \$77  };
+  assign m_axi__awlen = { \$150 [5], \$150 [5], \$150  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$76 [5], \$76 [5], \$76  };
+  assign m_axi__arlen = { \$149 [5], \$149 [5], \$149  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -2292,106 +2649,126 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \context.scores_len  = \context [75:62];
   assign \context.host_base  = \context [107:76];
   assign \context.host_size  = \context [139:108];
-  assign \ins$274.op  = \ins$274 [5:0];
-  assign \ins$274.flags  = \ins$274 [15:6];
-  assign \ins$274.width  = \ins$274 [21:16];
-  assign \ins$274.a  = \ins$274 [34:22];
-  assign \ins$274.b  = \ins$274 [47:35];
-  assign \ins$274.c  = \ins$274 [60:48];
-  assign \ins$274.m  = \ins$274 [76:61];
-  assign \ins$274.n  = \ins$274 [92:77];
-  assign \ins$274.k  = \ins$274 [108:93];
-  assign \ins$274.len  = \ins$274 [122:109];
-  assign \ins$274.p2  = \ins$274 [136:123];
-  assign \ins$274.mult  = \ins$274 [168:137];
-  assign \ins$274.shift  = \ins$274 [174:169];
-  assign \ins$274.expert  = \ins$274 [190:175];
-  assign \ins$274.count  = \ins$274 [206:191];
-  assign \ins$274.offset  = \ins$274 [220:207];
-  assign \decoded.op  = \ins$274 [5:0];
-  assign \decoded.flags  = \ins$274 [15:6];
-  assign \decoded.width  = \ins$274 [21:16];
-  assign \decoded.a  = \ins$274 [34:22];
-  assign \decoded.b  = \ins$274 [47:35];
-  assign \decoded.c  = \ins$274 [60:48];
-  assign \decoded.m  = \ins$274 [76:61];
-  assign \decoded.n  = \ins$274 [92:77];
-  assign \decoded.k  = \ins$274 [108:93];
-  assign \decoded.len  = \ins$274 [122:109];
-  assign \decoded.p2  = \ins$274 [136:123];
-  assign \decoded.mult  = \ins$274 [168:137];
-  assign \decoded.shift  = \ins$274 [174:169];
-  assign \decoded.expert  = \ins$274 [190:175];
-  assign \decoded.count  = \ins$274 [206:191];
-  assign \decoded.offset  = \ins$274 [220:207];
-  assign \ins$282.op  = \ins$274 [5:0];
-  assign \ins$282.flags  = \ins$274 [15:6];
-  assign \ins$282.width  = \ins$274 [21:16];
-  assign \ins$282.a  = \ins$274 [34:22];
-  assign \ins$282.b  = \ins$274 [47:35];
-  assign \ins$282.c  = \ins$274 [60:48];
-  assign \ins$282.m  = \ins$274 [76:61];
-  assign \ins$282.n  = \ins$274 [92:77];
-  assign \ins$282.k  = \ins$274 [108:93];
-  assign \ins$282.len  = \ins$274 [122:109];
-  assign \ins$282.p2  = \ins$274 [136:123];
-  assign \ins$282.mult  = \ins$274 [168:137];
-  assign \ins$282.shift  = \ins$274 [174:169];
-  assign \ins$282.expert  = \ins$274 [190:175];
-  assign \ins$282.count  = \ins$274 [206:191];
-  assign \ins$282.offset  = \ins$274 [220:207];
-  assign \ins$286.op  = \ins$274 [5:0];
-  assign \ins$286.flags  = \ins$274 [15:6];
-  assign \ins$286.width  = \ins$274 [21:16];
-  assign \ins$286.a  = \ins$274 [34:22];
-  assign \ins$286.b  = \ins$274 [47:35];
-  assign \ins$286.c  = \ins$274 [60:48];
-  assign \ins$286.m  = \ins$274 [76:61];
-  assign \ins$286.n  = \ins$274 [92:77];
-  assign \ins$286.k  = \ins$274 [108:93];
-  assign \ins$286.len  = \ins$274 [122:109];
-  assign \ins$286.p2  = \ins$274 [136:123];
-  assign \ins$286.mult  = \ins$274 [168:137];
-  assign \ins$286.shift  = \ins$274 [174:169];
-  assign \ins$286.expert  = \ins$274 [190:175];
-  assign \ins$286.count  = \ins$274 [206:191];
-  assign \ins$286.offset  = \ins$274 [220:207];
-  assign \ins$290.op  = \ins$274 [5:0];
-  assign \ins$290.flags  = \ins$274 [15:6];
-  assign \ins$290.width  = \ins$274 [21:16];
-  assign \ins$290.a  = \ins$274 [34:22];
-  assign \ins$290.b  = \ins$274 [47:35];
-  assign \ins$290.c  = \ins$274 [60:48];
-  assign \ins$290.m  = \ins$274 [76:61];
-  assign \ins$290.n  = \ins$274 [92:77];
-  assign \ins$290.k  = \ins$274 [108:93];
-  assign \ins$290.len  = \ins$274 [122:109];
-  assign \ins$290.p2  = \ins$274 [136:123];
-  assign \ins$290.mult  = \ins$274 [168:137];
-  assign \ins$290.shift  = \ins$274 [174:169];
-  assign \ins$290.expert  = \ins$274 [190:175];
-  assign \ins$290.count  = \ins$274 [206:191];
-  assign \ins$290.offset  = \ins$274 [220:207];
-  assign \ins$294.op  = \ins$274 [5:0];
-  assign \ins$294.flags  = \ins$274 [15:6];
-  assign \ins$294.width  = \ins$274 [21:16];
-  assign \ins$294.a  = \ins$274 [34:22];
-  assign \ins$294.b  = \ins$274 [47:35];
-  assign \ins$294.c  = \ins$274 [60:48];
-  assign \ins$294.m  = \ins$274 [76:61];
-  assign \ins$294.n  = \ins$274 [92:77];
-  assign \ins$294.k  = \ins$274 [108:93];
-  assign \ins$294.len  = \ins$274 [122:109];
-  assign \ins$294.p2  = \ins$274 [136:123];
-  assign \ins$294.mult  = \ins$274 [168:137];
-  assign \ins$294.shift  = \ins$274 [174:169];
-  assign \ins$294.expert  = \ins$274 [190:175];
-  assign \ins$294.count  = \ins$274 [206:191];
-  assign \ins$294.offset  = \ins$274 [220:207];
+  assign \ins$274.op  = cur[5:0];
+  assign \ins$274.flags  = cur[15:6];
+  assign \ins$274.width  = cur[21:16];
+  assign \ins$274.a  = cur[34:22];
+  assign \ins$274.b  = cur[47:35];
+  assign \ins$274.c  = cur[60:48];
+  assign \ins$274.m  = cur[76:61];
+  assign \ins$274.n  = cur[92:77];
+  assign \ins$274.k  = cur[108:93];
+  assign \ins$274.len  = cur[122:109];
+  assign \ins$274.p2  = cur[136:123];
+  assign \ins$274.mult  = cur[168:137];
+  assign \ins$274.shift  = cur[174:169];
+  assign \ins$274.expert  = cur[190:175];
+  assign \ins$274.count  = cur[206:191];
+  assign \ins$274.offset  = cur[220:207];
+  assign \cur.ins  = cur[220:0];
+  assign \cur.ins.op  = cur[5:0];
+  assign \cur.ins.flags  = cur[15:6];
+  assign \cur.ins.width  = cur[21:16];
+  assign \cur.ins.a  = cur[34:22];
+  assign \cur.ins.b  = cur[47:35];
+  assign \cur.ins.c  = cur[60:48];
+  assign \cur.ins.m  = cur[76:61];
+  assign \cur.ins.n  = cur[92:77];
+  assign \cur.ins.k  = cur[108:93];
+  assign \cur.ins.len  = cur[122:109];
+  assign \cur.ins.p2  = cur[136:123];
+  assign \cur.ins.mult  = cur[168:137];
+  assign \cur.ins.shift  = cur[174:169];
+  assign \cur.ins.expert  = cur[190:175];
+  assign \cur.ins.count  = cur[206:191];
+  assign \cur.ins.offset  = cur[220:207];
+  assign \cur.host  = cur[253:221];
+  assign \cur.beats  = cur[269:254];
+  assign \cur.target  = cur[281:270];
+  assign \ins$282.op  = cur[5:0];
+  assign \ins$282.flags  = cur[15:6];
+  assign \ins$282.width  = cur[21:16];
+  assign \ins$282.a  = cur[34:22];
+  assign \ins$282.b  = cur[47:35];
+  assign \ins$282.c  = cur[60:48];
+  assign \ins$282.m  = cur[76:61];
+  assign \ins$282.n  = cur[92:77];
+  assign \ins$282.k  = cur[108:93];
+  assign \ins$282.len  = cur[122:109];
+  assign \ins$282.p2  = cur[136:123];
+  assign \ins$282.mult  = cur[168:137];
+  assign \ins$282.shift  = cur[174:169];
+  assign \ins$282.expert  = cur[190:175];
+  assign \ins$282.count  = cur[206:191];
+  assign \ins$282.offset  = cur[220:207];
+  assign \ins$286.op  = cur[5:0];
+  assign \ins$286.flags  = cur[15:6];
+  assign \ins$286.width  = cur[21:16];
+  assign \ins$286.a  = cur[34:22];
+  assign \ins$286.b  = cur[47:35];
+  assign \ins$286.c  = cur[60:48];
+  assign \ins$286.m  = cur[76:61];
+  assign \ins$286.n  = cur[92:77];
+  assign \ins$286.k  = cur[108:93];
+  assign \ins$286.len  = cur[122:109];
+  assign \ins$286.p2  = cur[136:123];
+  assign \ins$286.mult  = cur[168:137];
+  assign \ins$286.shift  = cur[174:169];
+  assign \ins$286.expert  = cur[190:175];
+  assign \ins$286.count  = cur[206:191];
+  assign \ins$286.offset  = cur[220:207];
+  assign \ins$290.op  = cur[5:0];
+  assign \ins$290.flags  = cur[15:6];
+  assign \ins$290.width  = cur[21:16];
+  assign \ins$290.a  = cur[34:22];
+  assign \ins$290.b  = cur[47:35];
+  assign \ins$290.c  = cur[60:48];
+  assign \ins$290.m  = cur[76:61];
+  assign \ins$290.n  = cur[92:77];
+  assign \ins$290.k  = cur[108:93];
+  assign \ins$290.len  = cur[122:109];
+  assign \ins$290.p2  = cur[136:123];
+  assign \ins$290.mult  = cur[168:137];
+  assign \ins$290.shift  = cur[174:169];
+  assign \ins$290.expert  = cur[190:175];
+  assign \ins$290.count  = cur[206:191];
+  assign \ins$290.offset  = cur[220:207];
+  assign \ins$294.op  = cur[5:0];
+  assign \ins$294.flags  = cur[15:6];
+  assign \ins$294.width  = cur[21:16];
+  assign \ins$294.a  = cur[34:22];
+  assign \ins$294.b  = cur[47:35];
+  assign \ins$294.c  = cur[60:48];
+  assign \ins$294.m  = cur[76:61];
+  assign \ins$294.n  = cur[92:77];
+  assign \ins$294.k  = cur[108:93];
+  assign \ins$294.len  = cur[122:109];
+  assign \ins$294.p2  = cur[136:123];
+  assign \ins$294.mult  = cur[168:137];
+  assign \ins$294.shift  = cur[174:169];
+  assign \ins$294.expert  = cur[190:175];
+  assign \ins$294.count  = cur[206:191];
+  assign \ins$294.offset  = cur[220:207];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \dma__wr_data__payload.data  = wr_data__payload[31:0];
   assign \dma__wr_data__payload.strb  = wr_data__payload[35:32];
+  assign \decoded.op  = decoded[5:0];
+  assign \decoded.flags  = decoded[15:6];
+  assign \decoded.width  = decoded[21:16];
+  assign \decoded.a  = decoded[34:22];
+  assign \decoded.b  = decoded[47:35];
+  assign \decoded.c  = decoded[60:48];
+  assign \decoded.m  = decoded[76:61];
+  assign \decoded.n  = decoded[92:77];
+  assign \decoded.k  = decoded[108:93];
+  assign \decoded.len  = decoded[122:109];
+  assign \decoded.p2  = decoded[136:123];
+  assign \decoded.mult  = decoded[168:137];
+  assign \decoded.shift  = decoded[174:169];
+  assign \decoded.expert  = decoded[190:175];
+  assign \decoded.count  = decoded[206:191];
+  assign \decoded.offset  = decoded[220:207];
   assign \context [139:108] = host_size;
   assign \context [107:76] = host_base;
   assign \context [75:62] = scores_len;
@@ -2405,8 +2782,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$560$0 , retire
-, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$651$0 
+, retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -2425,22 +2802,25 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire \$22 ;
   wire \$23 ;
   wire \$24 ;
-  wire [32:0] \$25 ;
-  wire [32:0] \$26 ;
-  wire [32:0] \$27 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
   wire [32:0] \$28 ;
   wire [32:0] \$29 ;
   wire \$3 ;
   wire [32:0] \$30 ;
   wire [32:0] \$31 ;
   wire [32:0] \$32 ;
-  reg [31:0] \$33 ;
-  reg [31:0] \$34 ;
-  reg [31:0] \$35 ;
+  wire [32:0] \$33 ;
+  wire [32:0] \$34 ;
+  wire [32:0] \$35 ;
   reg [31:0] \$36 ;
-  reg [191:0] \$37 ;
-  reg [19:0] \$38 ;
+  reg [31:0] \$37 ;
+  reg [31:0] \$38 ;
+  reg [31:0] \$39 ;
   wire \$4 ;
+  reg [191:0] \$40 ;
+  reg [19:0] \$41 ;
   wire \$5 ;
   wire \$6 ;
   wire \$7 ;
@@ -2532,8 +2912,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$560$0 ;
-  wire [15:0] \port$560$0 ;
+  input [15:0] \port$651$0 ;
+  wire [15:0] \port$651$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -2556,6 +2936,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire \status.error ;
   wire [15:0] \status.pc ;
   wire [4:0] \status.reserved ;
+  output window_wr;
+  wire window_wr;
   wire [19:0] wr_addr;
   output [31:0] wr_data;
   wire [31:0] wr_data;
@@ -2575,39 +2957,43 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign \$10  = wr_en & \$9 ;
   assign \$11  = ~ running;
   assign imem_wr__en = \$10  & \$11 ;
-  assign \$12  = | error;
-  assign \$13  = rsel[19:5] == 14'h2000;
-  assign \$14  = rsel[4:0] < 6'h20;
-  assign \$15  = \$13  & \$14 ;
-  assign \$16  = ! rsel[1:0];
-  assign \$17  = ! rsel[19:7];
+  assign \$12  = wr_addr == 4'hc;
+  assign \$13  = wr_addr == 5'h10;
+  assign \$14  = \$12  | \$13 ;
+  assign window_wr = wr_en & \$14 ;
+  assign \$15  = | error;
+  assign \$16  = rsel[19:5] == 14'h2000;
+  assign \$17  = rsel[4:0] < 6'h20;
   assign \$18  = \$16  & \$17 ;
-  assign \$19  = wr_addr == 4'hc;
-  assign \$20  = wr_en & \$19 ;
-  assign \$21  = wr_addr == 5'h10;
-  assign \$22  = wr_en & \$21 ;
-  assign \$23  = ~ running;
-  assign \$24  = start & \$23 ;
-  assign \$25  = cycles + 1'h1;
-  assign \$26  = retired + 1'h1;
-  assign \$27  = busy[31:0] + 1'h1;
-  assign \$28  = busy[63:32] + 1'h1;
-  assign \$29  = busy[95:64] + 1'h1;
-  assign \$30  = busy[127:96] + 1'h1;
-  assign \$31  = busy[159:128] + 1'h1;
-  assign \$32  = busy[191:160] + 1'h1;
+  assign \$19  = ! rsel[1:0];
+  assign \$20  = ! rsel[19:7];
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = wr_addr == 4'hc;
+  assign \$23  = wr_en & \$22 ;
+  assign \$24  = wr_addr == 5'h10;
+  assign \$25  = wr_en & \$24 ;
+  assign \$26  = ~ running;
+  assign \$27  = start & \$26 ;
+  assign \$28  = cycles + 1'h1;
+  assign \$29  = retired + 1'h1;
+  assign \$30  = busy[31:0] + 1'h1;
+  assign \$31  = busy[63:32] + 1'h1;
+  assign \$32  = busy[95:64] + 1'h1;
+  assign \$33  = busy[127:96] + 1'h1;
+  assign \$34  = busy[159:128] + 1'h1;
+  assign \$35  = busy[191:160] + 1'h1;
   always @(posedge clk)
-    host_base <= \$33 ;
+    host_base <= \$36 ;
   always @(posedge clk)
-    host_size <= \$34 ;
+    host_size <= \$37 ;
   always @(posedge clk)
-    cycles <= \$35 ;
+    cycles <= \$38 ;
   always @(posedge clk)
-    retired <= \$36 ;
+    retired <= \$39 ;
   always @(posedge clk)
-    busy <= \$37 ;
+    busy <= \$40 ;
   always @(posedge clk)
-    rsel <= \$38 ;
+    rsel <= \$41 ;
   \nanokpu_kpu.bank.regs  regs (
     .bus__arready(bus__arready),
     .bus__arvalid(bus__arvalid),
@@ -2635,9 +3021,9 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
-    if (\$15 ) begin
-      rd_data = { 16'h0000, \port$560$0  };
-    end else if (\$18 ) begin
+    if (\$18 ) begin
+      rd_data = { 16'h0000, \port$651$0  };
+    end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
             rd_data = status;
@@ -2670,87 +3056,87 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$33  = host_base;
-    if (\$20 ) begin
-      \$33  = wr_data;
+    \$36  = host_base;
+    if (\$23 ) begin
+      \$36  = wr_data;
     end
     if (rst) begin
-      \$33  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$34  = host_size;
-    if (\$22 ) begin
-      \$34  = wr_data;
-    end
-    if (rst) begin
-      \$34  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$35  = cycles;
-    if (\$24 ) begin
-      \$35  = 32'd0;
-    end else if (running) begin
-      \$35  = \$25 [31:0];
-    end
-    if (rst) begin
-      \$35  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$36  = retired;
-    if (\$24 ) begin
       \$36  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$37  = host_size;
+    if (\$25 ) begin
+      \$37  = wr_data;
+    end
+    if (rst) begin
+      \$37  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$38  = cycles;
+    if (\$27 ) begin
+      \$38  = 32'd0;
+    end else if (running) begin
+      \$38  = \$28 [31:0];
+    end
+    if (rst) begin
+      \$38  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$39  = retired;
+    if (\$27 ) begin
+      \$39  = 32'd0;
     end else if (running) begin
       if (retire) begin
-        \$36  = \$26 [31:0];
+        \$39  = \$29 [31:0];
       end
     end
     if (rst) begin
-      \$36  = 32'd0;
+      \$39  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$37  = busy;
-    if (\$24 ) begin
-      \$37  = 192'h000000000000000000000000000000000000000000000000;
+    \$40  = busy;
+    if (\$27 ) begin
+      \$40  = 192'h000000000000000000000000000000000000000000000000;
     end else if (running) begin
       if (executor[0]) begin
-        \$37 [31:0] = \$27 [31:0];
+        \$40 [31:0] = \$30 [31:0];
       end
       if (executor[1]) begin
-        \$37 [63:32] = \$28 [31:0];
+        \$40 [63:32] = \$31 [31:0];
       end
       if (executor[2]) begin
-        \$37 [95:64] = \$29 [31:0];
+        \$40 [95:64] = \$32 [31:0];
       end
       if (executor[3]) begin
-        \$37 [127:96] = \$30 [31:0];
+        \$40 [127:96] = \$33 [31:0];
       end
       if (executor[4]) begin
-        \$37 [159:128] = \$31 [31:0];
+        \$40 [159:128] = \$34 [31:0];
       end
       if (executor[5]) begin
-        \$37 [191:160] = \$32 [31:0];
+        \$40 [191:160] = \$35 [31:0];
       end
     end
     if (rst) begin
-      \$37  = 192'h000000000000000000000000000000000000000000000000;
+      \$40  = 192'h000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$38  = rsel;
+    \$41  = rsel;
     if (rd_en) begin
-      \$38  = bus__araddr;
+      \$41  = bus__araddr;
     end
     if (rst) begin
-      \$38  = 20'h00000;
+      \$41  = 20'h00000;
     end
   end
   assign \bus__araddr$1  = bus__araddr;
@@ -2777,7 +3163,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$560$0  };
+  assign load_data = { 16'h0000, \port$651$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -2793,7 +3179,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign \busy[5]  = busy[191:160];
   assign status[31:16] = { 3'h0, pc };
   assign status[15:8] = error;
-  assign status[2] = \$12 ;
+  assign status[2] = \$15 ;
   assign status[1] = done;
   assign status[0] = running;
   assign status[7:3] = 5'h00;
@@ -4387,8 +4773,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$290$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$308$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, \port$5002$2 , rd_addr, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3741$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4527,12 +4913,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$290$0 ;
-  wire [5:0] \port$290$0 ;
-  output [5:0] \port$308$0 ;
-  wire [5:0] \port$308$0 ;
-  input [15:0] \port$5002$2 ;
-  wire [15:0] \port$5002$2 ;
+  input [15:0] \port$3741$254 ;
+  wire [15:0] \port$3741$254 ;
+  output [5:0] \port$381$0 ;
+  wire [5:0] \port$381$0 ;
+  output [5:0] \port$399$0 ;
+  wire [5:0] \port$399$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -4697,7 +5083,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$5002$2  };
+      \$74  = { 8'h00, \port$3741$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -4733,7 +5119,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$5002$2  };
+      \$77  = { 8'h00, \port$3741$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -4778,11 +5164,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$5002$2  };
+  assign rd_beats = { 8'h00, \port$3741$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$5002$2  };
-  assign \port$290$0  = \$9 ;
-  assign \port$308$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3741$254  };
+  assign \port$381$0  = \$9 ;
+  assign \port$399$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -4796,8 +5182,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, spad__rd0__data
-, spad__rd1__data, ins, clk);
+module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error
+, spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9241,7 +9627,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid, i__ready, o__valid, o__payload, n, clk);
+module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__valid, i__ready, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -11170,8 +11556,8 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 , error
-, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, ins, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 
+, error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -11822,10 +12208,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .cmd__valid(cmd__valid),
     .\done$90 (done),
     .error(\error$56 ),
-    .\port$3878$0 (pack[7:0]),
-    .\port$3878$24 (pack[31:24]),
-    .\port$3878$48 (pack[55:48]),
-    .\port$3878$72 (pack[79:72]),
+    .\port$3975$0 (pack[7:0]),
+    .\port$3975$24 (pack[31:24]),
+    .\port$3975$48 (pack[55:48]),
+    .\port$3975$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -12734,7 +13120,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$3878$0 , \port$3878$24 , \port$3878$48 , \port$3878$72 , a_in__valid, a_loading, \done$90 , error
+module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$3975$0 , \port$3975$24 , \port$3975$48 , \port$3975$72 , a_in__valid, a_loading, \done$90 , error
 , cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire [12:0] \$1 ;
@@ -13206,14 +13592,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$3878$0 ;
-  wire [7:0] \port$3878$0 ;
-  input [7:0] \port$3878$24 ;
-  wire [7:0] \port$3878$24 ;
-  input [7:0] \port$3878$48 ;
-  wire [7:0] \port$3878$48 ;
-  input [7:0] \port$3878$72 ;
-  wire [7:0] \port$3878$72 ;
+  input [7:0] \port$3975$0 ;
+  wire [7:0] \port$3975$0 ;
+  input [7:0] \port$3975$24 ;
+  wire [7:0] \port$3975$24 ;
+  input [7:0] \port$3975$48 ;
+  wire [7:0] \port$3975$48 ;
+  input [7:0] \port$3975$72 ;
+  wire [7:0] \port$3975$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$108 ;
   wire [7:0] \port__addr$126 ;
@@ -13564,7 +13950,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
+      spad_a[a_wptr[7:0]] <= { \port$3975$72 , \port$3975$48 , \port$3975$24 , \port$3975$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -15585,8 +15971,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign spad_b_rd_en = 1'h1;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
-  assign a_in__payload = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
+  assign \$signature__data  = { \port$3975$72 , \port$3975$48 , \port$3975$24 , \port$3975$0  };
+  assign a_in__payload = { \port$3975$72 , \port$3975$48 , \port$3975$24 , \port$3975$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$104  = \$162 [6:0];
   assign \$signature__data$105  = b_in__payload;
@@ -15672,14 +16058,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$3878$0 ;
-  assign \$signature__data[1]  = \port$3878$24 ;
-  assign \$signature__data[2]  = \port$3878$48 ;
-  assign \$signature__data[3]  = \port$3878$72 ;
-  assign \a_in__payload[0]  = \port$3878$0 ;
-  assign \a_in__payload[1]  = \port$3878$24 ;
-  assign \a_in__payload[2]  = \port$3878$48 ;
-  assign \a_in__payload[3]  = \port$3878$72 ;
+  assign \$signature__data[0]  = \port$3975$0 ;
+  assign \$signature__data[1]  = \port$3975$24 ;
+  assign \$signature__data[2]  = \port$3975$48 ;
+  assign \$signature__data[3]  = \port$3975$72 ;
+  assign \a_in__payload[0]  = \port$3975$0 ;
+  assign \a_in__payload[1]  = \port$3975$24 ;
+  assign \a_in__payload[2]  = \port$3975$48 ;
+  assign \a_in__payload[3]  = \port$3975$72 ;
   assign \$signature__data$105[0]  = b_in__payload[7:0];
   assign \$signature__data$105[1]  = b_in__payload[15:8];
   assign \$signature__data$105[2]  = b_in__payload[23:16];
@@ -21884,8 +22270,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1264$0 (mult),
-    .\port$1269$0 (i__payload),
+    .\port$1355$0 (mult),
+    .\port$1360$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -22699,7 +23085,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -22785,10 +23171,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1264$0 ;
-  wire [15:0] \port$1264$0 ;
-  input [95:0] \port$1269$0 ;
-  wire [95:0] \port$1269$0 ;
+  input [15:0] \port$1355$0 ;
+  wire [15:0] \port$1355$0 ;
+  input [95:0] \port$1360$0 ;
+  wire [95:0] \port$1360$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -22853,7 +23239,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1269$0 [16:0] };
+      \$9  = { 1'h0, \port$1360$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -22866,7 +23252,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1264$0  };
+      \$10  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -22892,7 +23278,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
+      \$12  = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -22905,7 +23291,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1264$0  };
+      \$13  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -22931,7 +23317,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1269$0 [40:24] };
+      \$15  = { 1'h0, \port$1360$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -22944,7 +23330,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1264$0  };
+      \$16  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -22970,7 +23356,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
+      \$18  = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -22983,7 +23369,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1264$0  };
+      \$19  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -23009,7 +23395,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1269$0 [64:48] };
+      \$21  = { 1'h0, \port$1360$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -23022,7 +23408,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1264$0  };
+      \$22  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -23048,7 +23434,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
+      \$24  = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -23061,7 +23447,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1264$0  };
+      \$25  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -23087,7 +23473,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1269$0 [88:72] };
+      \$27  = { 1'h0, \port$1360$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -23100,7 +23486,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1264$0  };
+      \$28  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -23126,7 +23512,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
+      \$30  = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -23139,7 +23525,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1264$0  };
+      \$31  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -23161,27 +23547,27 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1269$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1264$0  };
-  assign a__1 = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1264$0  };
-  assign a__2 = { 1'h0, \port$1269$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1264$0  };
-  assign a__3 = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1264$0  };
-  assign a__4 = { 1'h0, \port$1269$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1264$0  };
-  assign a__5 = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1264$0  };
-  assign a__6 = { 1'h0, \port$1269$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1264$0  };
-  assign a__7 = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1264$0  };
+  assign a__0 = { 1'h0, \port$1360$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1355$0  };
+  assign a__1 = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1355$0  };
+  assign a__2 = { 1'h0, \port$1360$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1355$0  };
+  assign a__3 = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1355$0  };
+  assign a__4 = { 1'h0, \port$1360$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1355$0  };
+  assign a__5 = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1355$0  };
+  assign a__6 = { 1'h0, \port$1360$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1355$0  };
+  assign a__7 = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1355$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid, error
-, spad__rd0__data, ins, dma__rd_data__payload);
+module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
+, error, spad__rd0__data, dma__rd_data__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -23823,7 +24209,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, ins, clk);
+module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
@@ -24546,7 +24932,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data, ins
+module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire [17:0] \$1 ;
@@ -27247,7 +27633,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3646$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3743$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -27425,8 +27811,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3646$0 ;
-  wire [4:0] \port$3646$0 ;
+  input [4:0] \port$3743$0 ;
+  wire [4:0] \port$3743$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -27439,64 +27825,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3646$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3743$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3646$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3743$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3646$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3646$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3743$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3743$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3646$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3743$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3646$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3743$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3646$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3743$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4], \port$3743$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3646$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3743$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3646$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3743$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3646$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3743$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3646$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3743$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3646$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3743$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0], \port$3743$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1], \port$3743$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2], \port$3743$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3], \port$3743$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -27511,7 +27897,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3646$0 , \port$2$0  };
+  assign select = { \port$3743$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
