@@ -355,7 +355,7 @@ class NanoKPU(wiring.Component):
                     m.d.sync += pf_ready.eq(1)
                 with m.If(exec_done):
                     m.d.sync += running_exec.eq(0)
-                    # the state the decode checks later instructions against: the prefetch is stale
+                    # the context the decode checks later instructions against (their checks settle)
                     route_ran = running_exec[executors.index(route)]
                     scores_written = cur.ins.op == Op.SIGMOID
                     with m.If(route_ran):
