@@ -26,7 +26,7 @@ from golden.block import block_error, latent_moe_int, random_block, same_routing
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
-from sim.lib.kpu_tb import TB
+from sim.lib.kpu_tb import TB, stop_status
 from sim.lib.raw_run import write_replay
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
@@ -117,6 +117,10 @@ def _bad_programs(cfg):
         "route_table_over_scores": ([Instr(Op.SIGMOID, m=2, n=cfg.n_experts, a=0, c=16),
                                      Instr(Op.ROUTE, m=2, n=cfg.n_experts, k=cfg.top_k, a=16, b=100, c=20)],
                                     Err.OVERLAP),
+        # prefetched while the LOAD runs: reported when it would issue, at its own pc
+        "bad_opcode_prefetched": ([Instr(Op.LOAD, m=1, n=16, c=0, host=0, width=4), Instr(63)], Err.BAD_OPCODE),
+        "host_range_prefetched": ([Instr(Op.LOAD, m=1, n=16, c=0, host=0, width=4),
+                                   Instr(Op.STORE, m=1, n=64, a=0, host=4096, width=4)], Err.HOST_RANGE),
     }
 
 
@@ -160,6 +164,51 @@ async def test_bad_programs(dut):
 
 
 @cocotb.test()
+async def test_prefetch_is_invisible(dut):
+    """The instruction after an executor's is fetched and decoded while it runs; the results
+    are those of one instruction at a time: a bad instruction after a ``HALT`` or a ``JUMP``
+    (prefetched or not) is never reported, the instruction after the last one of the memory is
+    ``PC_RANGE`` at ``imem_depth``, and a host window written while an instruction runs is what
+    the next one is checked against (the prefetch decoded against the old one is discarded)."""
+    tb = TB(dut)
+    await tb.reset()
+    image = bytes(random.randrange(256) for _ in range(4096))
+    load = Instr(Op.LOAD, m=1, n=16, c=5, host=0, width=4)
+    for name, prog in {
+        "halt_then_bad": [load, Instr(Op.HALT), Instr(63)],
+        "jump_over_bad": [load, Instr(Op.JUMP, target=3), Instr(63), Instr(Op.HALT)],
+    }.items():
+        await tb.load(prog, image, window=(0, 1024))
+        err, pc, done = await tb.run(poll=10)
+        assert (err, done) == (Err.NONE, True), f"{name}: got {Err(err).name} at pc {pc}"
+    # the last instruction of the memory: nothing prefetched, the fetch after it out of range
+    depth = tb.cfg.imem_depth
+    await tb.load([Instr(Op.JUMP, target=depth - 1)] + [Instr(Op.HALT)] * (depth - 2) + [load], image)
+    assert await tb.run(poll=10) == (Err.PC_RANGE, depth, False)
+    await tb.wr(Reg.CTRL, ctrl_word(soft_reset=1))
+    # a LOAD of 1024 bytes runs for over 1024 cycles (an element a cycle); the window grows (then
+    # shrinks) meanwhile
+    long_load = Instr(Op.LOAD, m=1, n=1024, c=0, host=0, width=1)
+    store = Instr(Op.STORE, m=1, n=16, a=0, host=2048, width=4)
+    for window, expected in (((0, 1024), (0, 4096)), ((0, 4096), (0, 1024))):
+        await tb.load([long_load, store, Instr(Op.HALT)], image, window=window)
+        await tb.wr(Reg.CTRL, ctrl_word(start=1))
+        await ClockCycles(dut.clk, 120)
+        st = status_fields(await tb.rd(Reg.STATUS))
+        assert st.busy and st.pc == 0, "the LOAD should still run"
+        await tb.wr(Reg.HOST_SIZE, expected[1])
+        while (stopped := stop_status(await tb.rd(Reg.STATUS))) is None:
+            await ClockCycles(dut.clk, 10)
+        err, pc, done = stopped
+        grows = expected[1] > window[1]
+        want = (Err.NONE, 2, True) if grows else (Err.HOST_RANGE, 1, False)
+        assert (err, pc, done) == want, f"window {window} -> {expected}: got {Err(err).name} at pc {pc}"
+        if grows:
+            assert tb.ram.read(2048, 64) == np.frombuffer(image[:16], np.int8).astype("<i4").tobytes()
+        await tb.wr(Reg.CTRL, ctrl_word(soft_reset=1))
+
+
+@cocotb.test()
 async def test_bus_errors(dut):
     """A host page answering SLVERR: LOAD from it and STORE to it stop with BUS_ERROR at their
     pc, nothing else of the host memory changes, the bus stays alive, and after a soft reset
@@ -179,14 +228,16 @@ async def test_bus_errors(dut):
         return access
     tb.ram.read_if._read = poison(tb.ram.read_if)
     tb.ram.write_if._write = poison(tb.ram.write_if)
-    for name, prog in {
-        "load": [Instr(Op.LOAD, m=1, n=16, c=0, host=page + 64, width=4)],
-        "store": [Instr(Op.LOAD, m=1, n=16, c=0, host=0, width=4),
-                  Instr(Op.STORE, m=1, n=16, a=0, host=page + 128, width=4)],
+    for name, (prog, at) in {
+        "load": ([Instr(Op.LOAD, m=1, n=16, c=0, host=page + 64, width=4)], 0),
+        "store": ([Instr(Op.LOAD, m=1, n=16, c=0, host=0, width=4),
+                   Instr(Op.STORE, m=1, n=16, a=0, host=page + 128, width=4)], 1),
+        # the bad instruction after it, prefetched while the LOAD ran, is never reached
+        "load_then_bad": ([Instr(Op.LOAD, m=1, n=16, c=0, host=page + 64, width=4), Instr(63)], 0),
     }.items():
         await tb.load(prog + [Instr(Op.HALT)], image, window=(0, 2 * size))
         err, pc, done = await tb.run(poll=10)
-        assert (err, pc, done) == (Err.BUS_ERROR, len(prog) - 1, False), \
+        assert (err, pc, done) == (Err.BUS_ERROR, at, False), \
             f"{name}: got {Err(err).name} at pc {pc}, done {done}"
         assert tb.ram.read(0, 2 * size) == image, f"{name}: host memory changed"
         assert await tb.rd(Reg.HOST_SIZE) == 2 * size     # the bus answers

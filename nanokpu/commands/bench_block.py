@@ -77,8 +77,8 @@ COMPONENTS = {"load/store": ("dma",), "GEMM": ("gemm",), "element-wise": ("act",
 
 
 def roofline(cfg, r) -> tuple[str, int]:
-    """``(component, busy cycles)`` of the busiest executor: with every instruction's fetch and
-    decode hidden and the executors overlapping perfectly, the block takes no fewer cycles."""
+    """``(component, busy cycles)`` of the busiest executor: with the controller's cycles hidden
+    and the executors overlapping perfectly, the block takes no fewer cycles."""
     busy = {name: sum(r[u] for u in units) for name, units in COMPONENTS.items()}
     name = max(busy, key=busy.get)
     return name, busy[name]
@@ -102,7 +102,7 @@ ROOFLINE = """
 ## Roofline: what overlapping today's executors would give
 
 The busiest executor's cycles bound the block from below once instructions overlap perfectly
-(fetch and decode hidden, every executor busy in parallel): the roofline. Its utilization is the
+(the controller's cycles hidden, every executor busy in parallel): the roofline. Its utilization is the
 ideal cycles over it; the share reached is the roofline over the measured cycles.
 
 {table}
@@ -148,10 +148,13 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each executor's instructions, the rest is fetch and decode (the fetch reads the 8 words of an
-instruction one per cycle; the decode computes the products of the instruction's fields one after
-the other on one shift-add lane, 10 cycles plus a cycle per bit of each multiplier, checks
-included; measured below). Utilization factors exactly into three measured terms:
+each executor's instructions, the rest is the controller's (measured below): the issue cycle
+between two executors' instructions, ``JUMP`` and ``EXPERT``, and the fetch and decode that did
+not overlap an executor's instruction (the next one is prefetched while it runs; not the first
+one, nor after ``JUMP`` and ``EXPERT``, nor what a short instruction leaves: the fetch reads the 8
+words of an instruction one per cycle, the decode computes the products of the instruction's
+fields one after the other on one shift-add lane, 10 cycles plus a cycle per bit of each
+multiplier, checks included). Utilization factors exactly into three measured terms:
 
     utilization = MACs / (rows*cols * cycles)
                 = (GEMM busy / cycles) * (tile steps / GEMM busy) * (rows used in the tile steps)
@@ -186,10 +189,10 @@ def decomposition(rows: list[tuple]) -> str:
         g = r["gemm"] / r["cycles"]
         t = r["tile_cycles"] / r["gemm"]
         u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
-        decode = r["cycles"] - sum(r[unit] for unit in EXECUTORS)
+        ctrl = r["cycles"] - sum(r[unit] for unit in EXECUTORS)
         lines.append(f"* `{cfg.name}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
-                     f"{r['rows_used']:.1%} (rows used); fetch and decode {decode / r['cycles']:.1%} of the "
-                     f"cycles, {decode / r['instructions']:.1f} per instruction")
+                     f"{r['rows_used']:.1%} (rows used); the controller {ctrl / r['cycles']:.1%} of the "
+                     f"cycles, {ctrl / r['instructions']:.1f} per instruction")
     return "\n".join(lines)
 
 

@@ -47,10 +47,12 @@ class Decode(wiring.Component):
     Members
     -------
     start : In(1)
-        ``ins`` holds the next instruction from the next cycle on (until the executor's done).
+        ``ins`` holds the next instruction from the next cycle on (until the next ``start``).
     ins : In(INSTR_LAYOUT)
     context : In(context_layout(cfg))
-        Stable from ``start`` to ``done``.
+        ``count`` and ``expert`` stable from ``start`` while the outputs are used (the products
+        and ``decoded`` read them); the other fields may change after ``done``: see
+        :attr:`settle_latency`.
     done : Out(1)
         One cycle: ``error`` (an :class:`~nanokpu.isa.Err`; ``NONE``: the instruction may run)
         and ``decoded``, ``host``, ``beats`` are valid, and stay so until the next ``start``.
@@ -66,6 +68,12 @@ class Decode(wiring.Component):
     Latency: :attr:`min_latency` plus ``bit_length(y)`` for each of the :data:`PRODUCT_STEPS`
     products on one shift-add lane (``y`` its multiplier, 0 when the op leaves it unused).
     """
+
+    #: Cycles after which ``error`` follows a change of the context (other than ``count`` and
+    #: ``expert``) once ``done`` came: the checks are re-evaluated every cycle, registered, then
+    #: the error registered. A change seen on ``context`` in cycle ``t`` shows in ``error`` from
+    #: cycle ``t + settle_latency`` on.
+    settle_latency = 2
 
     #: Cycles from ``start`` to ``done`` when every product's multiplier is 0 (``JUMP``, a bad
     #: opcode; ``HALT``: 2 fewer, no checks): the first step loaded, a cycle per step, the last

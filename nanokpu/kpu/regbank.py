@@ -38,6 +38,8 @@ class RegisterBank(wiring.Component):
         One-cycle strobes: ``CTRL`` written with that bit set.
     host_base, host_size : Out(32)
         The host window (bytes), as last written.
+    window_wr : Out(1)
+        One-cycle strobe: ``HOST_BASE`` or ``HOST_SIZE`` written (the new value from the next cycle on).
     imem_wr : Out(imem_write_signature(cfg))
         Writes into the instruction memory window, passed on only while not ``running``.
     running, done : In(1)
@@ -61,7 +63,7 @@ class RegisterBank(wiring.Component):
         super().__init__({
             "bus": In(axi_lite_signature(ADDR_WIDTH)),
             "start": Out(1), "soft_reset": Out(1), "clear_loads": Out(1),
-            "host_base": Out(32), "host_size": Out(32),
+            "host_base": Out(32), "host_size": Out(32), "window_wr": Out(1),
             "imem_wr": Out(imem_write_signature(cfg)),
             "running": In(1), "done": In(1), "error": In(8), "pc": In(PC_WIDTH),
             "executor": In(len(EXECUTORS)), "retire": In(1),
@@ -84,6 +86,7 @@ class RegisterBank(wiring.Component):
         in_imem = (regs.wr_addr[iw:] == IMEM_BASE >> iw) & (regs.wr_addr[5:iw] < cfg.imem_depth)
         m.d.comb += [self.imem_wr.addr.eq(regs.wr_addr[2:iw]), self.imem_wr.data.eq(regs.wr_data),
                      self.imem_wr.en.eq(regs.wr_en & in_imem & ~self.running)]
+        m.d.comb += self.window_wr.eq(regs.wr_en & ((regs.wr_addr == Reg.HOST_BASE) | (regs.wr_addr == Reg.HOST_SIZE)))
         with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
             m.d.sync += self.host_base.eq(regs.wr_data)
         with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_SIZE)):

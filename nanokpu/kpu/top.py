@@ -33,7 +33,28 @@ Composition
   executor and one for the controller, the running one selected.
 * The controller (here): fetch, decode, issue to an executor and retire, one instruction at a
   time; ``JUMP`` and ``EXPERT`` (the next expert with tokens, from the ``ROUTE`` table) it runs
-  itself.
+  itself. An issued instruction is held in the issue register (the decoded fields, the host
+  address and beats, the target) that the executors and the AXI4 master read, so the fetch and
+  the decode are free while it runs: see `Prefetch`_.
+
+Prefetch
+--------
+While an executor runs instruction ``pc``, the fetch and the decode work on ``pc + 1`` (started
+in the issue cycle, when ``pc + 1 < imem_depth``). When the executor is done and the next
+instruction is decoded, an executor's without error, it is latched in that cycle and started in
+the next (``ISSUE``): one cycle between two executors' instructions instead of ``1 + INSTR_WORDS``
+of fetch and the decode's latency; any other (``HALT``, ``JUMP``, ``EXPERT``, an error, one not
+decoded yet or whose checks are settling) goes through ``DECODE``, a cycle more. Results, error
+codes and the pc in ``STATUS`` are those of one instruction at a time:
+
+* the prefetched instruction is checked when it would issue (its decode error is reported then,
+  at its pc), so one never reached (an error, a stop or a soft reset before it) reports nothing;
+* nothing is prefetched after ``JUMP``, ``EXPERT`` (they change the pc and the expert context)
+  and ``HALT``;
+* the checks follow the context they read (``ROUTE`` retired: the routing state; ``SIGMOID``:
+  the scores region; a host window write) within :attr:`~nanokpu.kpu.decode.Decode.settle_latency`
+  cycles, so an instruction issues only that long after the last change (the products read
+  ``count`` and ``expert``, which only ``EXPERT`` changes).
 
 Errors stop the controller (``STATUS.error``, code in ``STATUS[15:8]``, the pc in ``[31:16]``);
 a stop or a soft reset (``CTRL.bit1``) drains outstanding AXI bursts, resets the decode and the
@@ -45,7 +66,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
@@ -60,7 +81,7 @@ from nanokpu.isa import (
 from nanokpu.kpu.axi_lite import axi_lite_signature
 from nanokpu.kpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.kpu.decode import Decode
-from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.decoded import decoded_layout, widths
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
 from nanokpu.kpu.executors.loadstore import LoadStore
@@ -209,12 +230,17 @@ class NanoKPU(wiring.Component):
                      decode.context.scores_a.eq(scores_a), decode.context.scores_len.eq(scores_len),
                      decode.context.host_base.eq(host_base), decode.context.host_size.eq(host_size)]
 
-        # -- executors: the decoded instruction, the AXI4 master shared ---------------------------
+        # -- the issue register: the instruction issued (an executor's, EXPERT's), as decoded -------
+        w = widths(cfg)
+        cur = Signal(data.StructLayout({"ins": decoded_layout(cfg), "host": w.hw, "beats": w.lbw - w.bw_log,
+                                        "target": len(ins.target)}))
+
+        # -- executors: the issued instruction, the AXI4 master shared -----------------------------
         exec_start = Signal(len(executors))
         exec_done = Signal()
         exec_error = Signal(8)
         for i, ex in enumerate(executors):
-            m.d.comb += [ex.ins.eq(dec), ex.start.eq(exec_start[i])]
+            m.d.comb += [ex.ins.eq(cur.ins), ex.start.eq(exec_start[i])]
             with m.If(running_exec[i]):
                 m.d.comb += [exec_done.eq(ex.done), exec_error.eq(ex.error)]
         # the AXI4 master's two users: each drives its strobes and handshakes only while it runs
@@ -231,12 +257,20 @@ class NanoKPU(wiring.Component):
 
         # -- controller -----------------------------------------------------------------------------
         stop_code = Signal(8)
-        m.d.comb += dma.rd_addr.eq(decode.host), dma.wr_addr.eq(decode.host)   # in the window: < 2**32
-        m.d.comb += [dma.rd_beats.eq(decode.beats), dma.wr_beats.eq(decode.beats)]
-        def goto_next(target=None):
+        m.d.comb += dma.rd_addr.eq(cur.host), dma.wr_addr.eq(cur.host)   # in the window: < 2**32
+        m.d.comb += [dma.rd_beats.eq(cur.beats), dma.wr_beats.eq(cur.beats)]
+        pf_ready = Signal()     # decode.done came while the instruction before ran, or while settling
+        # cycles until the decode's error follows the last context change (see Prefetch above)
+        settle = Signal(range(Decode.settle_latency + 1))
+        with m.If(bank.window_wr):
+            m.d.sync += settle.eq(Decode.settle_latency)
+        with m.Elif(settle != 0):
+            m.d.sync += settle.eq(settle - 1)
+
+        def goto_next(target=None, next_state="FETCH"):
             m.d.comb += retire.eq(1)
             m.d.sync += [pc.eq(pc + 1 if target is None else target), cur_executor.eq(0)]
-            m.next = "FETCH"
+            m.next = next_state
 
         def stop(code):
             m.d.sync += [stop_code.eq(code), cur_executor.eq(0)]
@@ -244,6 +278,24 @@ class NanoKPU(wiring.Component):
 
         rd0_q, rd1_q = Signal.like(rd0.data), Signal.like(rd1.data)   # EXPERT's table words, registered
         m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
+
+        exec_ops = [[o for o, r in OP_RULES.items() if r.executor and executor_of[r.executor] is ex]
+                    for ex in executors]
+        assert {o for o, r in OP_RULES.items() if not r.executor} == {Op.HALT, Op.JUMP, Op.EXPERT}
+
+        def latch():
+            """The decoded instruction into the issue register (from the next cycle on)."""
+            m.d.sync += [cur.ins.eq(dec), cur.host.eq(decode.host), cur.beats.eq(decode.beats),
+                         cur.target.eq(ins.target)]
+
+        def issue():
+            """The decoded instruction, an executor's, latched and started next cycle (ISSUE)."""
+            latch()
+            with m.Switch(op):
+                for i, ops in enumerate(exec_ops):
+                    with m.Case(*ops):
+                        m.d.sync += running_exec.eq(1 << i)
+            m.next = "ISSUE"
 
         @contextmanager
         def state(name):
@@ -265,56 +317,73 @@ class NanoKPU(wiring.Component):
                     stop(Err.PC_RANGE)
                 with m.Else():
                     m.d.comb += [fetch.start.eq(1), fetch.pc.eq(pc)]
+                    m.d.sync += pf_ready.eq(0)      # a prefetch discarded
                     m.next = "FETCH_WAIT"
             with state("FETCH_WAIT"):
                 with m.If(fetch.done):      # the decode starts
                     m.next = "DECODE"
-            with state("DECODE"):
-                with m.If(~decode.done):
-                    pass
+            with state("DECODE"):           # instruction pc decoded (or prefetched): checked, latched
+                ready = decode.done | pf_ready
+                m.d.sync += pf_ready.eq(0)
+                with m.If(~ready | (settle != 0)):
+                    m.d.sync += pf_ready.eq(ready)      # a done that came while the checks settle
                 with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
                     m.next = "IDLE"
                 with m.Elif(decode.error != 0):
                     stop(decode.error)
+                with m.Elif(op == Op.JUMP):
+                    goto_next(ins.target)
+                with m.Elif(op == Op.EXPERT):
+                    latch()
+                    m.next = "EXP_READ"
                 with m.Else():
-                    for o, r in OP_RULES.items():
-                        if r.executor:
-                            with m.If(op == o):
-                                m.d.sync += cur_executor.eq(1 << EXECUTORS.index(r.executor))
-                    with m.Switch(op):
-                        with m.Case(Op.JUMP):
-                            goto_next(ins.target)
-                        for i, ex in enumerate(executors):
-                            ops = [o for o, r in OP_RULES.items() if r.executor and executor_of[r.executor] is ex]
-                            with m.Case(*ops):
-                                m.d.comb += exec_start[i].eq(1)
-                                m.d.sync += running_exec.eq(1 << i)
-                                m.next = "EXEC"
-                        with m.Case(Op.EXPERT):
-                            m.next = "EXP_READ"
+                    issue()
 
-            # ---- an executor's instruction
+            # ---- an executor's instruction: started from the issue register, pc + 1 prefetched
+            with state("ISSUE"):
+                m.d.comb += exec_start.eq(running_exec)
+                for o, r in OP_RULES.items():
+                    if r.executor:
+                        with m.If(cur.ins.op == o):
+                            m.d.sync += cur_executor.eq(1 << EXECUTORS.index(r.executor))
+                with m.If(pc < cfg.imem_depth - 1):
+                    m.d.comb += [fetch.start.eq(1), fetch.pc.eq(pc + 1)]
+                m.next = "EXEC"
             with state("EXEC"):
+                with m.If(decode.done):
+                    m.d.sync += pf_ready.eq(1)
                 with m.If(exec_done):
                     m.d.sync += running_exec.eq(0)
-                    # the state the decode checks later instructions against
-                    with m.If(running_exec[executors.index(route)]):
+                    # the context the decode checks later instructions against (their checks settle)
+                    route_ran = running_exec[executors.index(route)]
+                    scores_written = cur.ins.op == Op.SIGMOID
+                    with m.If(route_ran):
                         m.d.sync += [route_done.eq(1), exp_active.eq(0), scan.eq(0)]
-                    with m.If(op == Op.SIGMOID):
-                        m.d.sync += [scores_ok.eq(1), scores_a.eq(dec.c), scores_len.eq(dec.len)]
+                    with m.If(scores_written):
+                        m.d.sync += [scores_ok.eq(1), scores_a.eq(cur.ins.c), scores_len.eq(cur.ins.len)]
+                    with m.If(route_ran | scores_written):
+                        m.d.sync += settle.eq(Decode.settle_latency)
+                    prefetched_ok = ((decode.done | pf_ready) & (settle == 0) & ~route_ran & ~scores_written
+                                     & (decode.error == 0) & Cat(op == o for ops in exec_ops for o in ops).any())
                     with m.If(exec_error != 0):
                         stop(exec_error)
-                    with m.Else():
+                    with m.Elif(pc >= cfg.imem_depth - 1):    # nothing prefetched
                         goto_next()
+                    with m.Elif(prefetched_ok):     # an executor's, checked against this context: at once
+                        goto_next(next_state="ISSUE")
+                        m.d.sync += pf_ready.eq(0)
+                        issue()
+                    with m.Else():                  # HALT, JUMP, EXPERT, an error, not decoded yet
+                        goto_next(next_state="DECODE")
 
             # ---- EXPERT: next expert with tokens
             with state("EXP_READ"):
                 with m.If(scan >= E):
                     m.d.sync += [exp_active.eq(0), scan.eq(E)]
-                    goto_next(ins.target)
+                    goto_next(cur.target)
                 with m.Else():
-                    m.d.comb += [rd0.addr.eq(dec.a + scan), rd1.addr.eq(dec.a + E + scan),
+                    m.d.comb += [rd0.addr.eq(cur.ins.a + scan), rd1.addr.eq(cur.ins.a + E + scan),
                                  rd0.en.eq(1), rd1.en.eq(1)]
                     m.next = "EXP_WAIT"
             with state("EXP_WAIT"):

@@ -8,12 +8,63 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
-  wire [13:0] \$12 ;
-  wire [13:0] \$13 ;
-  wire [14:0] \$14 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire [13:0] \$113 ;
+  wire [13:0] \$114 ;
+  wire [13:0] \$115 ;
+  wire \$116 ;
+  wire [4:0] \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire \$12 ;
+  wire [13:0] \$120 ;
+  wire [13:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  reg [1:0] \$127 ;
+  reg [31:0] \$128 ;
+  reg [31:0] \$129 ;
+  wire \$13 ;
+  reg \$130 ;
+  reg \$131 ;
+  reg [7:0] \$132 ;
+  reg [12:0] \$133 ;
+  reg \$134 ;
+  reg \$135 ;
+  reg \$136 ;
+  reg [3:0] \$137 ;
+  reg [7:0] \$138 ;
+  reg [5:0] \$139 ;
+  wire \$14 ;
+  reg \$140 ;
+  reg [281:0] \$141 ;
+  reg [4:0] \$142 ;
+  reg [3:0] \$143 ;
+  reg [12:0] \$144 ;
+  reg [13:0] \$145 ;
+  reg [3:0] \$146 ;
+  reg [15:0] \$147 ;
+  reg [13:0] \$148 ;
+  wire [5:0] \$149 ;
   wire \$15 ;
-  wire \$16 ;
+  wire [5:0] \$150 ;
+  wire [13:0] \$16 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -44,45 +95,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [13:0] \$44 ;
   wire [13:0] \$45 ;
-  wire \$46 ;
-  wire [4:0] \$47 ;
+  wire [14:0] \$46 ;
+  wire \$47 ;
   wire \$48 ;
   wire \$49 ;
   wire \$5 ;
-  wire [13:0] \$50 ;
-  wire [13:0] \$51 ;
+  wire \$50 ;
+  wire \$51 ;
   wire \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
   wire \$56 ;
-  reg [31:0] \$57 ;
-  reg [31:0] \$58 ;
-  reg \$59 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
   wire \$6 ;
-  reg \$60 ;
-  reg [7:0] \$61 ;
-  reg [12:0] \$62 ;
-  reg \$63 ;
-  reg \$64 ;
-  reg \$65 ;
-  reg [3:0] \$66 ;
-  reg [7:0] \$67 ;
-  reg [5:0] \$68 ;
-  reg [4:0] \$69 ;
+  wire \$60 ;
+  wire [2:0] \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
-  reg [3:0] \$70 ;
-  reg [12:0] \$71 ;
-  reg [13:0] \$72 ;
-  reg [3:0] \$73 ;
-  reg [15:0] \$74 ;
-  reg [13:0] \$75 ;
-  wire [5:0] \$76 ;
-  wire [5:0] \$77 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
   wire \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
   wire \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
   reg [31:0] \$like  = 32'd0;
   reg abort;
   wire [15:0] beats;
@@ -212,6 +285,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \context.scores_ok ;
   reg [15:0] count = 16'h0000;
   reg [3:0] ctrl_state = 4'h0;
+  reg [281:0] cur = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+  wire [15:0] \cur.beats ;
+  wire [32:0] \cur.host ;
+  wire [220:0] \cur.ins ;
+  wire [12:0] \cur.ins.a ;
+  wire [12:0] \cur.ins.b ;
+  wire [12:0] \cur.ins.c ;
+  wire [15:0] \cur.ins.count ;
+  wire [15:0] \cur.ins.expert ;
+  wire [9:0] \cur.ins.flags ;
+  wire [15:0] \cur.ins.k ;
+  wire [13:0] \cur.ins.len ;
+  wire [15:0] \cur.ins.m ;
+  wire [31:0] \cur.ins.mult ;
+  wire [15:0] \cur.ins.n ;
+  wire [13:0] \cur.ins.offset ;
+  wire [5:0] \cur.ins.op ;
+  wire [13:0] \cur.ins.p2 ;
+  wire [5:0] \cur.ins.shift ;
+  wire [5:0] \cur.ins.width ;
+  wire [11:0] \cur.target ;
   (* init = 6'h00 *)
   wire [5:0] cur_executor;
   wire [220:0] decoded;
@@ -260,7 +354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \done$288 ;
   wire \done$292 ;
   wire \done$296 ;
-  wire \done$336 ;
+  wire \done$334 ;
   (* init = 8'h00 *)
   wire [7:0] err;
   reg [7:0] error = 8'h00;
@@ -470,7 +564,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] pc = 13'h0000;
   (* init = 13'h0000 *)
   wire [12:0] \pc$248 ;
-  reg [12:0] \pc$335 ;
+  reg [12:0] \pc$333 ;
+  reg pf_ready = 1'h0;
   reg [31:0] rd1_q = 32'd0;
   wire [31:0] rd_addr;
   wire [23:0] rd_beats;
@@ -583,6 +678,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] scores_len = 14'h0000;
   reg scores_ok = 1'h0;
   wire [5:0] select;
+  reg [1:0] settle = 2'h0;
   wire soft_reset;
   wire spad__blocked;
   wire \spad__blocked$161 ;
@@ -640,10 +736,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \start$287 ;
   wire \start$291 ;
   wire \start$295 ;
-  reg \start$334 ;
-  wire \start$350 ;
+  reg \start$332 ;
+  wire \start$351 ;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
+  wire window_wr;
   wire [31:0] wr_addr;
   wire [23:0] wr_beats;
   wire wr_busy;
@@ -653,81 +750,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire wr_data__ready;
   wire wr_data__valid;
   wire wr_start;
-  assign \$20  = ctrl_state == 2'h2;
-  assign \$21  = ctrl_state == 2'h3;
-  assign \$22  = ctrl_state == 3'h4;
-  assign \$23  = ctrl_state == 3'h5;
-  assign \$24  = ctrl_state == 3'h6;
-  assign \$25  = ctrl_state == 3'h7;
-  assign \$26  = ctrl_state == 4'h8;
-  assign \$27  = pc >= 7'h40;
-  assign \$28  = ~ \done$336 ;
-  assign \$29  = ! ins[5:0];
-  assign \$30  = | \error$337 ;
-  assign \$31  = ins[5:0] == 1'h1;
-  assign \$32  = ins[5:0] == 2'h2;
-  assign \$33  = ins[5:0] == 2'h3;
-  assign \$34  = ins[5:0] == 3'h4;
-  assign \$35  = ins[5:0] == 3'h5;
-  assign \$36  = ins[5:0] == 3'h6;
-  assign \$37  = ins[5:0] == 3'h7;
-  assign \$38  = ins[5:0] == 4'h8;
-  assign \$39  = ins[5:0] == 4'ha;
-  assign \$40  = ins[5:0] == 4'hb;
-  assign \$41  = ins[5:0] == 4'hc;
-  assign \$42  = ins[5:0] == 4'hd;
-  assign \$43  = ins[5:0] == 3'h5;
-  assign \$44  = | exec_error;
-  assign \$45  = pc + 1'h1;
-  assign \$46  = scan >= 4'h8;
-  assign \$47  = scan + 1'h1;
-  assign \$48  = | \$like ;
-  assign \$49  = | rd1_q[23:14];
-  assign \$50  = \$49  ? 14'h3fff : rd1_q[13:0];
-  assign \$51  = pc + 1'h1;
-  assign \$52  = ~ dma__rd_busy;
-  assign \$53  = ~ dma__wr_busy;
-  assign \$54  = \$52  & \$53 ;
-  assign \$55  = ~ running;
-  assign \$56  = soft_reset & \$55 ;
-  always @(posedge clk)
-    \$like  <= \$57 ;
-  always @(posedge clk)
-    rd1_q <= \$58 ;
-  always @(posedge clk)
-    running <= \$59 ;
-  always @(posedge clk)
-    done <= \$60 ;
-  always @(posedge clk)
-    error <= \$61 ;
-  always @(posedge clk)
-    pc <= \$62 ;
-  always @(posedge clk)
-    route_done <= \$63 ;
-  always @(posedge clk)
-    exp_active <= \$64 ;
-  always @(posedge clk)
-    scores_ok <= \$65 ;
-  always @(posedge clk)
-    ctrl_state <= \$66 ;
-  always @(posedge clk)
-    stop_code <= \$67 ;
-  always @(posedge clk)
-    executor <= \$68 ;
-  always @(posedge clk)
-    running_exec <= \$69 ;
-  always @(posedge clk)
-    scan <= \$70 ;
-  always @(posedge clk)
-    scores_a <= \$71 ;
-  always @(posedge clk)
-    scores_len <= \$72 ;
-  always @(posedge clk)
-    expert <= \$73 ;
-  always @(posedge clk)
-    count <= \$74 ;
-  always @(posedge clk)
-    offset <= \$75 ;
   assign \$1  = | running_exec;
   assign \$2  = ~ \$1 ;
   assign \$3  = ~ running;
@@ -737,19 +759,170 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign rd_start = | { \dma__rd_start$300 , dma__rd_start };
   assign rd_data__ready = | { \dma__rd_data__ready$305 , dma__rd_data__ready };
   assign \$6  = pc >= 7'h40;
-  assign \$7  = ~ \done$336 ;
-  assign \$8  = ! ins[5:0];
-  assign \$9  = | \error$337 ;
-  assign \$10  = | exec_error;
-  assign \$11  = scan >= 4'h8;
-  assign \$12  = \ins$274 [34:22] + scan;
-  assign \$13  = \ins$274 [34:22] + 4'h8;
-  assign \$14  = \$13  + scan;
-  assign \$15  = | \$like ;
-  assign \$16  = ~ running;
-  assign \$17  = soft_reset & \$16 ;
-  assign \$18  = ! ctrl_state;
-  assign \$19  = ctrl_state == 1'h1;
+  assign \$7  = \done$334  | pf_ready;
+  assign \$8  = ~ \$7 ;
+  assign \$9  = | settle;
+  assign \$10  = \$8  | \$9 ;
+  assign \$11  = ! ins[5:0];
+  assign \$12  = | \error$337 ;
+  assign \$13  = ins[5:0] == 4'he;
+  assign \$14  = ins[5:0] == 4'h9;
+  assign \$15  = pc < 6'h3f;
+  assign \$16  = pc + 1'h1;
+  assign \$17  = | exec_error;
+  assign \$18  = pc >= 6'h3f;
+  assign \$19  = \done$334  | pf_ready;
+  assign \$20  = ! settle;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = ~ running_exec[3];
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = cur[5:0] == 3'h5;
+  assign \$25  = ~ \$24 ;
+  assign \$26  = \$23  & \$25 ;
+  assign \$27  = ! \error$337 ;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = ins[5:0] == 1'h1;
+  assign \$30  = ins[5:0] == 2'h2;
+  assign \$31  = ins[5:0] == 2'h3;
+  assign \$32  = ins[5:0] == 3'h4;
+  assign \$33  = ins[5:0] == 3'h5;
+  assign \$34  = ins[5:0] == 3'h6;
+  assign \$35  = ins[5:0] == 3'h7;
+  assign \$36  = ins[5:0] == 4'hc;
+  assign \$37  = ins[5:0] == 4'hd;
+  assign \$38  = ins[5:0] == 4'h8;
+  assign \$39  = ins[5:0] == 4'ha;
+  assign \$40  = ins[5:0] == 4'hb;
+  assign \$41  = | { \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$42  = \$28  & \$41 ;
+  assign \$43  = scan >= 4'h8;
+  assign \$44  = cur[34:22] + scan;
+  assign \$45  = cur[34:22] + 4'h8;
+  assign \$46  = \$45  + scan;
+  assign \$47  = | \$like ;
+  assign \$48  = ~ running;
+  assign \$49  = soft_reset & \$48 ;
+  assign \$50  = ! ctrl_state;
+  assign \$51  = ctrl_state == 1'h1;
+  assign \$52  = ctrl_state == 2'h2;
+  assign \$53  = ctrl_state == 2'h3;
+  assign \$54  = ctrl_state == 3'h4;
+  assign \$55  = ctrl_state == 3'h5;
+  assign \$56  = ctrl_state == 3'h6;
+  assign \$57  = ctrl_state == 3'h7;
+  assign \$58  = ctrl_state == 4'h8;
+  assign \$59  = ctrl_state == 4'h9;
+  assign \$60  = | settle;
+  assign \$61  = settle - 1'h1;
+  assign \$62  = pc >= 7'h40;
+  assign \$63  = \done$334  | pf_ready;
+  assign \$64  = ~ \$63 ;
+  assign \$65  = | settle;
+  assign \$66  = \$64  | \$65 ;
+  assign \$67  = ! ins[5:0];
+  assign \$68  = | \error$337 ;
+  assign \$69  = ins[5:0] == 4'he;
+  assign \$70  = ins[5:0] == 4'h9;
+  assign \$71  = \done$334  | pf_ready;
+  assign \$72  = cur[5:0] == 1'h1;
+  assign \$73  = cur[5:0] == 2'h2;
+  assign \$74  = cur[5:0] == 2'h3;
+  assign \$75  = cur[5:0] == 3'h4;
+  assign \$76  = cur[5:0] == 3'h5;
+  assign \$77  = cur[5:0] == 3'h6;
+  assign \$78  = cur[5:0] == 3'h7;
+  assign \$79  = cur[5:0] == 4'h8;
+  assign \$80  = cur[5:0] == 4'ha;
+  assign \$81  = cur[5:0] == 4'hb;
+  assign \$82  = cur[5:0] == 4'hc;
+  assign \$83  = cur[5:0] == 4'hd;
+  assign \$84  = cur[5:0] == 3'h5;
+  assign \$85  = cur[5:0] == 3'h5;
+  assign \$86  = running_exec[3] | \$85 ;
+  assign \$87  = | exec_error;
+  assign \$88  = pc >= 6'h3f;
+  assign \$89  = \done$334  | pf_ready;
+  assign \$90  = ! settle;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = ~ running_exec[3];
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = cur[5:0] == 3'h5;
+  assign \$95  = ~ \$94 ;
+  assign \$96  = \$93  & \$95 ;
+  assign \$97  = ! \error$337 ;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = ins[5:0] == 1'h1;
+  assign \$100  = ins[5:0] == 2'h2;
+  assign \$101  = ins[5:0] == 2'h3;
+  assign \$102  = ins[5:0] == 3'h4;
+  assign \$103  = ins[5:0] == 3'h5;
+  assign \$104  = ins[5:0] == 3'h6;
+  assign \$105  = ins[5:0] == 3'h7;
+  assign \$106  = ins[5:0] == 4'hc;
+  assign \$107  = ins[5:0] == 4'hd;
+  assign \$108  = ins[5:0] == 4'h8;
+  assign \$109  = ins[5:0] == 4'ha;
+  assign \$110  = ins[5:0] == 4'hb;
+  assign \$111  = | { \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99  };
+  assign \$112  = \$98  & \$111 ;
+  assign \$113  = pc + 1'h1;
+  assign \$114  = pc + 1'h1;
+  assign \$115  = pc + 1'h1;
+  assign \$116  = scan >= 4'h8;
+  assign \$117  = scan + 1'h1;
+  assign \$118  = | \$like ;
+  assign \$119  = | rd1_q[23:14];
+  assign \$120  = \$119  ? 14'h3fff : rd1_q[13:0];
+  assign \$121  = pc + 1'h1;
+  assign \$122  = ~ dma__rd_busy;
+  assign \$123  = ~ dma__wr_busy;
+  assign \$124  = \$122  & \$123 ;
+  assign \$125  = ~ running;
+  assign \$126  = soft_reset & \$125 ;
+  always @(posedge clk)
+    settle <= \$127 ;
+  always @(posedge clk)
+    \$like  <= \$128 ;
+  always @(posedge clk)
+    rd1_q <= \$129 ;
+  always @(posedge clk)
+    running <= \$130 ;
+  always @(posedge clk)
+    done <= \$131 ;
+  always @(posedge clk)
+    error <= \$132 ;
+  always @(posedge clk)
+    pc <= \$133 ;
+  always @(posedge clk)
+    route_done <= \$134 ;
+  always @(posedge clk)
+    exp_active <= \$135 ;
+  always @(posedge clk)
+    scores_ok <= \$136 ;
+  always @(posedge clk)
+    ctrl_state <= \$137 ;
+  always @(posedge clk)
+    stop_code <= \$138 ;
+  always @(posedge clk)
+    executor <= \$139 ;
+  always @(posedge clk)
+    pf_ready <= \$140 ;
+  always @(posedge clk)
+    cur <= \$141 ;
+  always @(posedge clk)
+    running_exec <= \$142 ;
+  always @(posedge clk)
+    scan <= \$143 ;
+  always @(posedge clk)
+    scores_a <= \$144 ;
+  always @(posedge clk)
+    scores_len <= \$145 ;
+  always @(posedge clk)
+    expert <= \$146 ;
+  always @(posedge clk)
+    count <= \$147 ;
+  always @(posedge clk)
+    offset <= \$148 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -778,20 +951,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$560$0 (\load_data$258 ),
+    .\port$651$0 (\load_data$258 ),
     .retire(retire),
     .rst(rst),
     .running(running),
     .soft_reset(soft_reset),
-    .start(\start$350 ),
+    .start(\start$351 ),
+    .window_wr(window_wr),
     .wr_data(imem_wr__data)
   );
   \nanokpu_kpu.decode  decode (
     .beats(beats),
     .clk(clk),
     .\context (\context ),
-    .decoded(\ins$274 ),
-    .done(\done$336 ),
+    .decoded(decoded),
+    .done(\done$334 ),
     .error(\error$337 ),
     .host(host),
     .ins(ins),
@@ -818,10 +992,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$290$0 (\$76 ),
-    .\port$308$0 (\$77 ),
-    .\port$5002$2 (beats),
-    .rd_addr(host[31:0]),
+    .\port$3792$254 (cur[269:254]),
+    .\port$381$0 (\$149 ),
+    .\port$399$0 (\$150 ),
+    .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
@@ -838,7 +1012,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$288 ),
     .error(\error$289 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .mult(rq__mult),
     .pack(rq__i__payload),
     .rq__i__ready(rq__i__ready),
@@ -864,9 +1038,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(start),
     .ins(ins),
-    .pc(\pc$335 ),
+    .pc(\pc$333 ),
     .rst(rst),
-    .start(\start$334 ),
+    .start(\start$332 ),
     .wr__addr(imem_wr__addr),
     .wr__data(imem_wr__data),
     .wr__en(imem_wr__en)
@@ -881,7 +1055,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_start(\dma__rd_start$300 ),
     .\done$54 (\done$284 ),
     .error(\error$285 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
     .rq__i__ready(rq__i__ready),
     .rq__i__valid(rq__i__valid),
@@ -917,7 +1091,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__wr_start(wr_start),
     .done(\done$279 ),
     .error(\error$281 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .out(wr_data__payload),
     .rst(rst),
     .spad__rd0__addr(clients__1__rd0__addr),
@@ -933,7 +1107,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$296 ),
     .error(\error$297 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .rst(rst),
     .spad__rd0__addr(clients__5__rd0__addr),
     .spad__rd0__data(spad__rd0__data),
@@ -951,7 +1125,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .done(\done$292 ),
     .error(\error$293 ),
-    .ins(\ins$274 ),
+    .ins(cur[220:0]),
     .routes__payload(routes__payload),
     .routes__ready(routes__ready),
     .routes__valid(routes__valid),
@@ -1023,7 +1197,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3646$0 (running_exec),
+    .\port$3794$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1066,7 +1240,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \start$334  = 1'h0;
+    \start$332  = 1'h0;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1074,13 +1248,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$6 ) begin
           end else begin
-            \start$334  = 1'h1;
+            \start$332  = 1'h1;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          if (\$15 ) begin
+            \start$332  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \pc$335  = 13'h0000;
+    \pc$333  = 13'h0000;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1088,7 +1270,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           (* full_case = 32'd1 *)
           if (\$6 ) begin
           end else begin
-            \pc$335  = pc;
+            \pc$333  = pc;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          if (\$15 ) begin
+            \pc$333  = \$16 [12:0];
           end
     endcase
   end
@@ -1103,32 +1293,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h3:
           /* empty */;
       4'h4:
-          (* full_case = 32'd1 *)
-          if (\$7 ) begin
-          end else if (\$8 ) begin
-          end else if (\$9 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  retire = 1'h1;
-            endcase
+          if (\$10 ) begin
+          end else if (\$11 ) begin
+          end else if (\$12 ) begin
+          end else if (\$13 ) begin
+            retire = 1'h1;
           end
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$10 ) begin
+            if (\$17 ) begin
+            end else if (\$18 ) begin
+              retire = 1'h1;
+            end else if (\$42 ) begin
+              retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
-      4'h6:
-          if (\$11 ) begin
+      4'h5:
+          if (\$43 ) begin
             retire = 1'h1;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$15 ) begin
+          /* empty */;
+      4'h9:
+          if (\$47 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1144,26 +1336,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h3:
           /* empty */;
       4'h4:
-          (* full_case = 32'd1 *)
-          if (\$7 ) begin
-          end else if (\$8 ) begin
-          end else if (\$9 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h01, 6'h02:
-                  exec_start[0] = 1'h1;
-              6'h03:
-                  exec_start[1] = 1'h1;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  exec_start[2] = 1'h1;
-              6'h08:
-                  exec_start[3] = 1'h1;
-              6'h0a, 6'h0b:
-                  exec_start[4] = 1'h1;
-            endcase
-          end
+          /* empty */;
+      4'h6:
+          exec_start = running_exec;
     endcase
   end
   always @* begin
@@ -1178,13 +1353,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
-            clients__0__rd0__addr = \$12 [12:0];
+            clients__0__rd0__addr = \$44 [12:0];
           end
     endcase
   end
@@ -1200,13 +1377,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
-            clients__0__rd1__addr = \$14 [12:0];
+            clients__0__rd1__addr = \$46 [12:0];
           end
     endcase
   end
@@ -1222,11 +1401,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1244,11 +1425,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
           (* full_case = 32'd1 *)
-          if (\$11 ) begin
+          if (\$43 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1266,13 +1449,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
+          /* empty */;
+      4'h9:
           /* empty */;
       4'h2:
           abort = 1'h1;
@@ -1290,193 +1475,233 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
+          /* empty */;
+      4'h9:
           /* empty */;
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$17 ) begin
+    if (\$49 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$57  = spad__rd0__data;
-    if (rst) begin
-      \$57  = 32'd0;
+    \$127  = settle;
+    if (window_wr) begin
+      \$127  = 2'h2;
+    end else if (\$60 ) begin
+      \$127  = \$61 [1:0];
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$58  = spad__rd1__data;
-    if (rst) begin
-      \$58  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$59  = running;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$59  = 1'h1;
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$86 ) begin
+              \$127  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$127  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$128  = spad__rd0__data;
+    if (rst) begin
+      \$128  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$129  = spad__rd1__data;
+    if (rst) begin
+      \$129  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$130  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$130  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$59  = 1'h0;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$130  = 1'h0;
           end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
       4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$124 ) begin
+            \$130  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$130  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$131  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$131  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$131  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$124 ) begin
+            \$131  = 1'h0;
+          end
+    endcase
+    if (\$126 ) begin
+      \$131  = 1'h0;
+    end
+    if (rst) begin
+      \$131  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$132  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$132  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
           /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
           /* empty */;
+      4'h9:
+          /* empty */;
       4'h2:
-          if (\$54 ) begin
-            \$59  = 1'h0;
+          if (\$124 ) begin
+            \$132  = stop_code;
           end
     endcase
+    if (\$126 ) begin
+      \$132  = 8'h00;
+    end
     if (rst) begin
-      \$59  = 1'h0;
+      \$132  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$60  = done;
+    \$133  = pc;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$60  = 1'h0;
+          if (\start$351 ) begin
+            \$133  = 13'h0000;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$60  = 1'h1;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+            \$133  = { 1'h0, ins[255:244] };
           end
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h2:
-          if (\$54 ) begin
-            \$60  = 1'h0;
-          end
-    endcase
-    if (\$56 ) begin
-      \$60  = 1'h0;
-    end
-    if (rst) begin
-      \$60  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$61  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$350 ) begin
-            \$61  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h2:
-          if (\$54 ) begin
-            \$61  = stop_code;
-          end
-    endcase
-    if (\$56 ) begin
-      \$61  = 8'h00;
-    end
-    if (rst) begin
-      \$61  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$62  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$350 ) begin
-            \$62  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$62  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      4'h5:
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$44 ) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+              \$133  = \$113 [12:0];
+            end else if (\$112 ) begin
+              \$133  = \$114 [12:0];
             end else begin
-              \$62  = \$45 [12:0];
+              \$133  = \$115 [12:0];
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$62  = { 1'h0, ins[255:244] };
+      4'h5:
+          if (\$116 ) begin
+            \$133  = { 1'h0, cur[281:270] };
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$62  = \$51 [12:0];
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$133  = \$121 [12:0];
           end
     endcase
     if (rst) begin
-      \$62  = 13'h0000;
+      \$133  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$63  = route_done;
+    \$134  = route_done;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$63  = 1'h0;
+          if (\start$351 ) begin
+            \$134  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1484,24 +1709,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$63  = 1'h1;
+              \$134  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$63  = 1'h0;
+      \$134  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$64  = exp_active;
+    \$135  = exp_active;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$64  = 1'h0;
+          if (\start$351 ) begin
+            \$135  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1509,34 +1736,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$64  = 1'h0;
+              \$135  = 1'h0;
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$64  = 1'h0;
+      4'h5:
+          if (\$116 ) begin
+            \$135  = 1'h0;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$64  = 1'h1;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$135  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$64  = 1'h0;
+      \$135  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$65  = scores_ok;
+    \$136  = scores_ok;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$65  = 1'h0;
+          if (\start$351 ) begin
+            \$136  = 1'h0;
           end
       4'h1:
           /* empty */;
@@ -1544,304 +1773,357 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$65  = 1'h1;
+            if (\$84 ) begin
+              \$136  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$65  = 1'h0;
+      \$136  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$66  = ctrl_state;
+    \$137  = ctrl_state;
     casez (ctrl_state)
       4'h0:
-          if (\start$350 ) begin
-            \$66  = 4'h1;
+          if (\start$351 ) begin
+            \$137  = 4'h1;
           end
       4'h1:
         begin
           (* full_case = 32'd1 *)
-          if (\$27 ) begin
-            \$66  = 4'h2;
+          if (\$62 ) begin
+            \$137  = 4'h2;
           end else begin
-            \$66  = 4'h3;
+            \$137  = 4'h3;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h3:
         begin
           if (start) begin
-            \$66  = 4'h4;
+            \$137  = 4'h4;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h4:
         begin
           (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-            \$66  = 4'h0;
-          end else if (\$30 ) begin
-            \$66  = 4'h2;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+            \$137  = 4'h0;
+          end else if (\$68 ) begin
+            \$137  = 4'h2;
+          end else if (\$69 ) begin
+            \$137  = 4'h1;
+          end else if (\$70 ) begin
+            \$137  = 4'h5;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$66  = 4'h1;
-              6'h01, 6'h02:
-                  \$66  = 4'h5;
-              6'h03:
-                  \$66  = 4'h5;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$66  = 4'h5;
-              6'h08:
-                  \$66  = 4'h5;
-              6'h0a, 6'h0b:
-                  \$66  = 4'h5;
-              6'h09:
-                  \$66  = 4'h6;
-            endcase
+            \$137  = 4'h6;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$44 ) begin
-              \$66  = 4'h2;
-            end else begin
-              \$66  = 4'h1;
-            end
-          end
-          if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h6:
         begin
-          (* full_case = 32'd1 *)
-          if (\$46 ) begin
-            \$66  = 4'h1;
-          end else begin
-            \$66  = 4'h7;
-          end
+          \$137  = 4'h7;
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h7:
         begin
-          \$66  = 4'h8;
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$87 ) begin
+              \$137  = 4'h2;
+            end else if (\$88 ) begin
+              \$137  = 4'h1;
+            end else if (\$112 ) begin
+              \$137  = 4'h6;
+            end else begin
+              \$137  = 4'h4;
+            end
+          end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$116 ) begin
+            \$137  = 4'h1;
+          end else begin
+            \$137  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$137  = 4'h2;
           end
         end
       4'h8:
         begin
+          \$137  = 4'h9;
+          if (soft_reset) begin
+            \$137  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
-            \$66  = 4'h1;
+          if (\$118 ) begin
+            \$137  = 4'h1;
           end else begin
-            \$66  = 4'h6;
+            \$137  = 4'h5;
           end
           if (soft_reset) begin
-            \$66  = 4'h2;
+            \$137  = 4'h2;
           end
         end
       4'h2:
-          if (\$54 ) begin
-            \$66  = 4'h0;
+          if (\$124 ) begin
+            \$137  = 4'h0;
           end
     endcase
     if (rst) begin
-      \$66  = 4'h0;
+      \$137  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$67  = stop_code;
+    \$138  = stop_code;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$27 ) begin
-            \$67  = 8'h06;
+          if (\$62 ) begin
+            \$138  = 8'h06;
           end
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
       4'h4:
         begin
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-            \$67  = \error$337 ;
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+            \$138  = \error$337 ;
           end
           if (soft_reset) begin
-            \$67  = 8'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (exec_done) begin
-            if (\$44 ) begin
-              \$67  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
         end
       4'h6:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
           end
       4'h7:
+        begin
+          if (exec_done) begin
+            if (\$87 ) begin
+              \$138  = exec_error;
+            end
+          end
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$138  = 8'h00;
           end
       4'h8:
           if (soft_reset) begin
-            \$67  = 8'h00;
+            \$138  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$138  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$67  = 8'h00;
+      \$138  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$68  = executor;
+    \$139  = executor;
     casez (ctrl_state)
       4'h0:
           /* empty */;
       4'h1:
         begin
-          if (\$27 ) begin
-            \$68  = 6'h00;
+          if (\$62 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
       4'h3:
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
       4'h4:
         begin
-          (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
-            \$68  = 6'h00;
-          end else begin
-            if (\$31 ) begin
-              \$68  = 6'h01;
-            end
-            if (\$32 ) begin
-              \$68  = 6'h01;
-            end
-            if (\$33 ) begin
-              \$68  = 6'h02;
-            end
-            if (\$34 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$35 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$36 ) begin
-              \$68  = 6'h04;
-            end
-            if (\$37 ) begin
-              \$68  = 6'h10;
-            end
-            if (\$38 ) begin
-              \$68  = 6'h08;
-            end
-            if (\$39 ) begin
-              \$68  = 6'h20;
-            end
-            if (\$40 ) begin
-              \$68  = 6'h20;
-            end
-            if (\$41 ) begin
-              \$68  = 6'h10;
-            end
-            if (\$42 ) begin
-              \$68  = 6'h10;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$68  = 6'h00;
-            endcase
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+            \$139  = 6'h00;
+          end else if (\$69 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h5:
+      4'h6:
+        begin
+          if (\$72 ) begin
+            \$139  = 6'h01;
+          end
+          if (\$73 ) begin
+            \$139  = 6'h01;
+          end
+          if (\$74 ) begin
+            \$139  = 6'h02;
+          end
+          if (\$75 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$76 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$77 ) begin
+            \$139  = 6'h04;
+          end
+          if (\$78 ) begin
+            \$139  = 6'h10;
+          end
+          if (\$79 ) begin
+            \$139  = 6'h08;
+          end
+          if (\$80 ) begin
+            \$139  = 6'h20;
+          end
+          if (\$81 ) begin
+            \$139  = 6'h20;
+          end
+          if (\$82 ) begin
+            \$139  = 6'h10;
+          end
+          if (\$83 ) begin
+            \$139  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$139  = 6'h00;
+          end
+        end
+      4'h7:
         begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$44 ) begin
-              \$68  = 6'h00;
+            if (\$87 ) begin
+              \$139  = 6'h00;
+            end else if (\$88 ) begin
+              \$139  = 6'h00;
+            end else if (\$112 ) begin
+              \$139  = 6'h00;
             end else begin
-              \$68  = 6'h00;
+              \$139  = 6'h00;
             end
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h6:
+      4'h5:
         begin
-          if (\$46 ) begin
-            \$68  = 6'h00;
+          if (\$116 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
-      4'h7:
-          if (soft_reset) begin
-            \$68  = 6'h00;
-          end
       4'h8:
+          if (soft_reset) begin
+            \$139  = 6'h00;
+          end
+      4'h9:
         begin
-          if (\$48 ) begin
-            \$68  = 6'h00;
+          if (\$118 ) begin
+            \$139  = 6'h00;
           end
           if (soft_reset) begin
-            \$68  = 6'h00;
+            \$139  = 6'h00;
           end
         end
     endcase
     if (rst) begin
-      \$68  = 6'h00;
+      \$139  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$69  = running_exec;
+    \$140  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$62 ) begin
+          end else begin
+            \$140  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$140  = 1'h0;
+          if (\$66 ) begin
+            \$140  = \$71 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$334 ) begin
+            \$140  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              \$140  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$140  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$141  = cur;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1851,37 +2133,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$28 ) begin
-          end else if (\$29 ) begin
-          end else if (\$30 ) begin
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$141 [220:0] = decoded;
+            \$141 [253:221] = host;
+            \$141 [269:254] = beats;
+            \$141 [281:270] = ins[255:244];
+          end else begin
+            \$141 [220:0] = decoded;
+            \$141 [253:221] = host;
+            \$141 [269:254] = beats;
+            \$141 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              \$141 [220:0] = decoded;
+              \$141 [253:221] = host;
+              \$141 [269:254] = beats;
+              \$141 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$141  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$142  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$66 ) begin
+          end else if (\$67 ) begin
+          end else if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
           end else begin
             casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
               6'h01, 6'h02:
-                  \$69  = 5'h01;
+                  \$142  = 5'h01;
               6'h03:
-                  \$69  = 5'h02;
+                  \$142  = 5'h02;
               6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$69  = 5'h04;
+                  \$142  = 5'h04;
               6'h08:
-                  \$69  = 5'h08;
+                  \$142  = 5'h08;
               6'h0a, 6'h0b:
-                  \$69  = 5'h10;
+                  \$142  = 5'h10;
             endcase
           end
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            \$69  = 5'h00;
+            \$142  = 5'h00;
+            if (\$87 ) begin
+            end else if (\$88 ) begin
+            end else if (\$112 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$142  = 5'h01;
+                6'h03:
+                    \$142  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
+                    \$142  = 5'h04;
+                6'h08:
+                    \$142  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$142  = 5'h10;
+              endcase
+            end
           end
     endcase
     if (rst) begin
-      \$69  = 5'h00;
+      \$142  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$70  = scan;
+    \$143  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1891,28 +2236,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$70  = 4'h0;
+              \$143  = 4'h0;
             end
           end
-      4'h6:
-          if (\$46 ) begin
-            \$70  = 4'h8;
+      4'h5:
+          if (\$116 ) begin
+            \$143  = 4'h8;
           end
-      4'h7:
-          /* empty */;
       4'h8:
-          \$70  = \$47 [3:0];
+          /* empty */;
+      4'h9:
+          \$143  = \$117 [3:0];
     endcase
     if (rst) begin
-      \$70  = 4'h0;
+      \$143  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$71  = scores_a;
+    \$144  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1922,20 +2269,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$71  = \ins$274 [60:48];
+            if (\$84 ) begin
+              \$144  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$71  = 13'h0000;
+      \$144  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$72  = scores_len;
+    \$145  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1945,20 +2294,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
+      4'h6:
+          /* empty */;
+      4'h7:
           if (exec_done) begin
-            if (\$43 ) begin
-              \$72  = \ins$274 [122:109];
+            if (\$84 ) begin
+              \$145  = cur[122:109];
             end
           end
     endcase
     if (rst) begin
-      \$72  = 14'h0000;
+      \$145  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$73  = expert;
+    \$146  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1968,24 +2319,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$73  = scan;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$146  = scan;
           end
     endcase
     if (rst) begin
-      \$73  = 4'h0;
+      \$146  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$74  = count;
+    \$147  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1995,24 +2348,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$74  = \$like [15:0];
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$147  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$74  = 16'h0000;
+      \$147  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$75  = offset;
+    \$148  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2022,19 +2377,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           /* empty */;
-      4'h5:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
+      4'h5:
+          /* empty */;
       4'h8:
-          if (\$48 ) begin
-            \$75  = \$50 ;
+          /* empty */;
+      4'h9:
+          if (\$118 ) begin
+            \$148  = \$120 ;
           end
     endcase
     if (rst) begin
-      \$75  = 14'h0000;
+      \$148  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2062,14 +2419,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$76 [5], \$76 [5], \$76  };
+  assign bus__arlen = { \$149 [5], \$149 [5], \$149  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$77 [5], \$77 [5], \$77  };
+  assign bus__awlen = { \$150 [5], \$150 [5], \$150  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2187,15 +2544,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_data = { 16'h0000, \load_data$258  };
   assign \ins$260  = ins;
   assign \done$262  = start;
-  assign decoded = \ins$274 ;
+  assign \ins$274  = cur[220:0];
   assign \start$276  = exec_start[0];
-  assign \ins$282  = \ins$274 ;
+  assign \ins$282  = cur[220:0];
   assign \start$283  = exec_start[1];
-  assign \ins$286  = \ins$274 ;
+  assign \ins$286  = cur[220:0];
   assign \start$287  = exec_start[2];
-  assign \ins$290  = \ins$274 ;
+  assign \ins$290  = cur[220:0];
   assign \start$291  = exec_start[3];
-  assign \ins$294  = \ins$274 ;
+  assign \ins$294  = cur[220:0];
   assign \start$295  = exec_start[4];
   assign dma__wr_start = wr_start;
   assign dma__wr_data__valid = wr_data__valid;
@@ -2212,22 +2569,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \dma__rd_busy$324  = dma__rd_busy;
   assign \dma__wr_busy$325  = dma__wr_busy;
   assign \dma__error$326  = dma__error;
-  assign rd_addr = host[31:0];
-  assign wr_addr = host[31:0];
-  assign rd_beats = { 8'h00, beats };
-  assign wr_beats = { 8'h00, beats };
+  assign rd_addr = cur[252:221];
+  assign wr_addr = cur[252:221];
+  assign rd_beats = { 8'h00, cur[269:254] };
+  assign wr_beats = { 8'h00, cur[269:254] };
   assign clients__0__rd0__data = spad__rd0__data;
   assign clients__0__rd1__data = spad__rd1__data;
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$77 [5], \$77 [5], \$77  };
+  assign m_axi__awlen = { \$150 [5], \$150 [5], \$150  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$76 [5], \$76 [5], \$76  };
+  assign m_axi__arlen = { \$149 [5], \$149 [5], \$149  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -2292,106 +2649,126 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \context.scores_len  = \context [75:62];
   assign \context.host_base  = \context [107:76];
   assign \context.host_size  = \context [139:108];
-  assign \ins$274.op  = \ins$274 [5:0];
-  assign \ins$274.flags  = \ins$274 [15:6];
-  assign \ins$274.width  = \ins$274 [21:16];
-  assign \ins$274.a  = \ins$274 [34:22];
-  assign \ins$274.b  = \ins$274 [47:35];
-  assign \ins$274.c  = \ins$274 [60:48];
-  assign \ins$274.m  = \ins$274 [76:61];
-  assign \ins$274.n  = \ins$274 [92:77];
-  assign \ins$274.k  = \ins$274 [108:93];
-  assign \ins$274.len  = \ins$274 [122:109];
-  assign \ins$274.p2  = \ins$274 [136:123];
-  assign \ins$274.mult  = \ins$274 [168:137];
-  assign \ins$274.shift  = \ins$274 [174:169];
-  assign \ins$274.expert  = \ins$274 [190:175];
-  assign \ins$274.count  = \ins$274 [206:191];
-  assign \ins$274.offset  = \ins$274 [220:207];
-  assign \decoded.op  = \ins$274 [5:0];
-  assign \decoded.flags  = \ins$274 [15:6];
-  assign \decoded.width  = \ins$274 [21:16];
-  assign \decoded.a  = \ins$274 [34:22];
-  assign \decoded.b  = \ins$274 [47:35];
-  assign \decoded.c  = \ins$274 [60:48];
-  assign \decoded.m  = \ins$274 [76:61];
-  assign \decoded.n  = \ins$274 [92:77];
-  assign \decoded.k  = \ins$274 [108:93];
-  assign \decoded.len  = \ins$274 [122:109];
-  assign \decoded.p2  = \ins$274 [136:123];
-  assign \decoded.mult  = \ins$274 [168:137];
-  assign \decoded.shift  = \ins$274 [174:169];
-  assign \decoded.expert  = \ins$274 [190:175];
-  assign \decoded.count  = \ins$274 [206:191];
-  assign \decoded.offset  = \ins$274 [220:207];
-  assign \ins$282.op  = \ins$274 [5:0];
-  assign \ins$282.flags  = \ins$274 [15:6];
-  assign \ins$282.width  = \ins$274 [21:16];
-  assign \ins$282.a  = \ins$274 [34:22];
-  assign \ins$282.b  = \ins$274 [47:35];
-  assign \ins$282.c  = \ins$274 [60:48];
-  assign \ins$282.m  = \ins$274 [76:61];
-  assign \ins$282.n  = \ins$274 [92:77];
-  assign \ins$282.k  = \ins$274 [108:93];
-  assign \ins$282.len  = \ins$274 [122:109];
-  assign \ins$282.p2  = \ins$274 [136:123];
-  assign \ins$282.mult  = \ins$274 [168:137];
-  assign \ins$282.shift  = \ins$274 [174:169];
-  assign \ins$282.expert  = \ins$274 [190:175];
-  assign \ins$282.count  = \ins$274 [206:191];
-  assign \ins$282.offset  = \ins$274 [220:207];
-  assign \ins$286.op  = \ins$274 [5:0];
-  assign \ins$286.flags  = \ins$274 [15:6];
-  assign \ins$286.width  = \ins$274 [21:16];
-  assign \ins$286.a  = \ins$274 [34:22];
-  assign \ins$286.b  = \ins$274 [47:35];
-  assign \ins$286.c  = \ins$274 [60:48];
-  assign \ins$286.m  = \ins$274 [76:61];
-  assign \ins$286.n  = \ins$274 [92:77];
-  assign \ins$286.k  = \ins$274 [108:93];
-  assign \ins$286.len  = \ins$274 [122:109];
-  assign \ins$286.p2  = \ins$274 [136:123];
-  assign \ins$286.mult  = \ins$274 [168:137];
-  assign \ins$286.shift  = \ins$274 [174:169];
-  assign \ins$286.expert  = \ins$274 [190:175];
-  assign \ins$286.count  = \ins$274 [206:191];
-  assign \ins$286.offset  = \ins$274 [220:207];
-  assign \ins$290.op  = \ins$274 [5:0];
-  assign \ins$290.flags  = \ins$274 [15:6];
-  assign \ins$290.width  = \ins$274 [21:16];
-  assign \ins$290.a  = \ins$274 [34:22];
-  assign \ins$290.b  = \ins$274 [47:35];
-  assign \ins$290.c  = \ins$274 [60:48];
-  assign \ins$290.m  = \ins$274 [76:61];
-  assign \ins$290.n  = \ins$274 [92:77];
-  assign \ins$290.k  = \ins$274 [108:93];
-  assign \ins$290.len  = \ins$274 [122:109];
-  assign \ins$290.p2  = \ins$274 [136:123];
-  assign \ins$290.mult  = \ins$274 [168:137];
-  assign \ins$290.shift  = \ins$274 [174:169];
-  assign \ins$290.expert  = \ins$274 [190:175];
-  assign \ins$290.count  = \ins$274 [206:191];
-  assign \ins$290.offset  = \ins$274 [220:207];
-  assign \ins$294.op  = \ins$274 [5:0];
-  assign \ins$294.flags  = \ins$274 [15:6];
-  assign \ins$294.width  = \ins$274 [21:16];
-  assign \ins$294.a  = \ins$274 [34:22];
-  assign \ins$294.b  = \ins$274 [47:35];
-  assign \ins$294.c  = \ins$274 [60:48];
-  assign \ins$294.m  = \ins$274 [76:61];
-  assign \ins$294.n  = \ins$274 [92:77];
-  assign \ins$294.k  = \ins$274 [108:93];
-  assign \ins$294.len  = \ins$274 [122:109];
-  assign \ins$294.p2  = \ins$274 [136:123];
-  assign \ins$294.mult  = \ins$274 [168:137];
-  assign \ins$294.shift  = \ins$274 [174:169];
-  assign \ins$294.expert  = \ins$274 [190:175];
-  assign \ins$294.count  = \ins$274 [206:191];
-  assign \ins$294.offset  = \ins$274 [220:207];
+  assign \ins$274.op  = cur[5:0];
+  assign \ins$274.flags  = cur[15:6];
+  assign \ins$274.width  = cur[21:16];
+  assign \ins$274.a  = cur[34:22];
+  assign \ins$274.b  = cur[47:35];
+  assign \ins$274.c  = cur[60:48];
+  assign \ins$274.m  = cur[76:61];
+  assign \ins$274.n  = cur[92:77];
+  assign \ins$274.k  = cur[108:93];
+  assign \ins$274.len  = cur[122:109];
+  assign \ins$274.p2  = cur[136:123];
+  assign \ins$274.mult  = cur[168:137];
+  assign \ins$274.shift  = cur[174:169];
+  assign \ins$274.expert  = cur[190:175];
+  assign \ins$274.count  = cur[206:191];
+  assign \ins$274.offset  = cur[220:207];
+  assign \cur.ins  = cur[220:0];
+  assign \cur.ins.op  = cur[5:0];
+  assign \cur.ins.flags  = cur[15:6];
+  assign \cur.ins.width  = cur[21:16];
+  assign \cur.ins.a  = cur[34:22];
+  assign \cur.ins.b  = cur[47:35];
+  assign \cur.ins.c  = cur[60:48];
+  assign \cur.ins.m  = cur[76:61];
+  assign \cur.ins.n  = cur[92:77];
+  assign \cur.ins.k  = cur[108:93];
+  assign \cur.ins.len  = cur[122:109];
+  assign \cur.ins.p2  = cur[136:123];
+  assign \cur.ins.mult  = cur[168:137];
+  assign \cur.ins.shift  = cur[174:169];
+  assign \cur.ins.expert  = cur[190:175];
+  assign \cur.ins.count  = cur[206:191];
+  assign \cur.ins.offset  = cur[220:207];
+  assign \cur.host  = cur[253:221];
+  assign \cur.beats  = cur[269:254];
+  assign \cur.target  = cur[281:270];
+  assign \ins$282.op  = cur[5:0];
+  assign \ins$282.flags  = cur[15:6];
+  assign \ins$282.width  = cur[21:16];
+  assign \ins$282.a  = cur[34:22];
+  assign \ins$282.b  = cur[47:35];
+  assign \ins$282.c  = cur[60:48];
+  assign \ins$282.m  = cur[76:61];
+  assign \ins$282.n  = cur[92:77];
+  assign \ins$282.k  = cur[108:93];
+  assign \ins$282.len  = cur[122:109];
+  assign \ins$282.p2  = cur[136:123];
+  assign \ins$282.mult  = cur[168:137];
+  assign \ins$282.shift  = cur[174:169];
+  assign \ins$282.expert  = cur[190:175];
+  assign \ins$282.count  = cur[206:191];
+  assign \ins$282.offset  = cur[220:207];
+  assign \ins$286.op  = cur[5:0];
+  assign \ins$286.flags  = cur[15:6];
+  assign \ins$286.width  = cur[21:16];
+  assign \ins$286.a  = cur[34:22];
+  assign \ins$286.b  = cur[47:35];
+  assign \ins$286.c  = cur[60:48];
+  assign \ins$286.m  = cur[76:61];
+  assign \ins$286.n  = cur[92:77];
+  assign \ins$286.k  = cur[108:93];
+  assign \ins$286.len  = cur[122:109];
+  assign \ins$286.p2  = cur[136:123];
+  assign \ins$286.mult  = cur[168:137];
+  assign \ins$286.shift  = cur[174:169];
+  assign \ins$286.expert  = cur[190:175];
+  assign \ins$286.count  = cur[206:191];
+  assign \ins$286.offset  = cur[220:207];
+  assign \ins$290.op  = cur[5:0];
+  assign \ins$290.flags  = cur[15:6];
+  assign \ins$290.width  = cur[21:16];
+  assign \ins$290.a  = cur[34:22];
+  assign \ins$290.b  = cur[47:35];
+  assign \ins$290.c  = cur[60:48];
+  assign \ins$290.m  = cur[76:61];
+  assign \ins$290.n  = cur[92:77];
+  assign \ins$290.k  = cur[108:93];
+  assign \ins$290.len  = cur[122:109];
+  assign \ins$290.p2  = cur[136:123];
+  assign \ins$290.mult  = cur[168:137];
+  assign \ins$290.shift  = cur[174:169];
+  assign \ins$290.expert  = cur[190:175];
+  assign \ins$290.count  = cur[206:191];
+  assign \ins$290.offset  = cur[220:207];
+  assign \ins$294.op  = cur[5:0];
+  assign \ins$294.flags  = cur[15:6];
+  assign \ins$294.width  = cur[21:16];
+  assign \ins$294.a  = cur[34:22];
+  assign \ins$294.b  = cur[47:35];
+  assign \ins$294.c  = cur[60:48];
+  assign \ins$294.m  = cur[76:61];
+  assign \ins$294.n  = cur[92:77];
+  assign \ins$294.k  = cur[108:93];
+  assign \ins$294.len  = cur[122:109];
+  assign \ins$294.p2  = cur[136:123];
+  assign \ins$294.mult  = cur[168:137];
+  assign \ins$294.shift  = cur[174:169];
+  assign \ins$294.expert  = cur[190:175];
+  assign \ins$294.count  = cur[206:191];
+  assign \ins$294.offset  = cur[220:207];
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \dma__wr_data__payload.data  = wr_data__payload[31:0];
   assign \dma__wr_data__payload.strb  = wr_data__payload[35:32];
+  assign \decoded.op  = decoded[5:0];
+  assign \decoded.flags  = decoded[15:6];
+  assign \decoded.width  = decoded[21:16];
+  assign \decoded.a  = decoded[34:22];
+  assign \decoded.b  = decoded[47:35];
+  assign \decoded.c  = decoded[60:48];
+  assign \decoded.m  = decoded[76:61];
+  assign \decoded.n  = decoded[92:77];
+  assign \decoded.k  = decoded[108:93];
+  assign \decoded.len  = decoded[122:109];
+  assign \decoded.p2  = decoded[136:123];
+  assign \decoded.mult  = decoded[168:137];
+  assign \decoded.shift  = decoded[174:169];
+  assign \decoded.expert  = decoded[190:175];
+  assign \decoded.count  = decoded[206:191];
+  assign \decoded.offset  = decoded[220:207];
   assign \context [139:108] = host_size;
   assign \context [107:76] = host_base;
   assign \context [75:62] = scores_len;
@@ -2405,8 +2782,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, bus__awready, bus__wready, bus__arready, \port$560$0 , retire
-, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$651$0 
+, retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -2425,22 +2802,25 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire \$22 ;
   wire \$23 ;
   wire \$24 ;
-  wire [32:0] \$25 ;
-  wire [32:0] \$26 ;
-  wire [32:0] \$27 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
   wire [32:0] \$28 ;
   wire [32:0] \$29 ;
   wire \$3 ;
   wire [32:0] \$30 ;
   wire [32:0] \$31 ;
   wire [32:0] \$32 ;
-  reg [31:0] \$33 ;
-  reg [31:0] \$34 ;
-  reg [31:0] \$35 ;
+  wire [32:0] \$33 ;
+  wire [32:0] \$34 ;
+  wire [32:0] \$35 ;
   reg [31:0] \$36 ;
-  reg [191:0] \$37 ;
-  reg [19:0] \$38 ;
+  reg [31:0] \$37 ;
+  reg [31:0] \$38 ;
+  reg [31:0] \$39 ;
   wire \$4 ;
+  reg [191:0] \$40 ;
+  reg [19:0] \$41 ;
   wire \$5 ;
   wire \$6 ;
   wire \$7 ;
@@ -2532,8 +2912,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$560$0 ;
-  wire [15:0] \port$560$0 ;
+  input [15:0] \port$651$0 ;
+  wire [15:0] \port$651$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -2556,6 +2936,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire \status.error ;
   wire [15:0] \status.pc ;
   wire [4:0] \status.reserved ;
+  output window_wr;
+  wire window_wr;
   wire [19:0] wr_addr;
   output [31:0] wr_data;
   wire [31:0] wr_data;
@@ -2575,39 +2957,43 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign \$10  = wr_en & \$9 ;
   assign \$11  = ~ running;
   assign imem_wr__en = \$10  & \$11 ;
-  assign \$12  = | error;
-  assign \$13  = rsel[19:5] == 14'h2000;
-  assign \$14  = rsel[4:0] < 6'h20;
-  assign \$15  = \$13  & \$14 ;
-  assign \$16  = ! rsel[1:0];
-  assign \$17  = ! rsel[19:7];
+  assign \$12  = wr_addr == 4'hc;
+  assign \$13  = wr_addr == 5'h10;
+  assign \$14  = \$12  | \$13 ;
+  assign window_wr = wr_en & \$14 ;
+  assign \$15  = | error;
+  assign \$16  = rsel[19:5] == 14'h2000;
+  assign \$17  = rsel[4:0] < 6'h20;
   assign \$18  = \$16  & \$17 ;
-  assign \$19  = wr_addr == 4'hc;
-  assign \$20  = wr_en & \$19 ;
-  assign \$21  = wr_addr == 5'h10;
-  assign \$22  = wr_en & \$21 ;
-  assign \$23  = ~ running;
-  assign \$24  = start & \$23 ;
-  assign \$25  = cycles + 1'h1;
-  assign \$26  = retired + 1'h1;
-  assign \$27  = busy[31:0] + 1'h1;
-  assign \$28  = busy[63:32] + 1'h1;
-  assign \$29  = busy[95:64] + 1'h1;
-  assign \$30  = busy[127:96] + 1'h1;
-  assign \$31  = busy[159:128] + 1'h1;
-  assign \$32  = busy[191:160] + 1'h1;
+  assign \$19  = ! rsel[1:0];
+  assign \$20  = ! rsel[19:7];
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = wr_addr == 4'hc;
+  assign \$23  = wr_en & \$22 ;
+  assign \$24  = wr_addr == 5'h10;
+  assign \$25  = wr_en & \$24 ;
+  assign \$26  = ~ running;
+  assign \$27  = start & \$26 ;
+  assign \$28  = cycles + 1'h1;
+  assign \$29  = retired + 1'h1;
+  assign \$30  = busy[31:0] + 1'h1;
+  assign \$31  = busy[63:32] + 1'h1;
+  assign \$32  = busy[95:64] + 1'h1;
+  assign \$33  = busy[127:96] + 1'h1;
+  assign \$34  = busy[159:128] + 1'h1;
+  assign \$35  = busy[191:160] + 1'h1;
   always @(posedge clk)
-    host_base <= \$33 ;
+    host_base <= \$36 ;
   always @(posedge clk)
-    host_size <= \$34 ;
+    host_size <= \$37 ;
   always @(posedge clk)
-    cycles <= \$35 ;
+    cycles <= \$38 ;
   always @(posedge clk)
-    retired <= \$36 ;
+    retired <= \$39 ;
   always @(posedge clk)
-    busy <= \$37 ;
+    busy <= \$40 ;
   always @(posedge clk)
-    rsel <= \$38 ;
+    rsel <= \$41 ;
   \nanokpu_kpu.bank.regs  regs (
     .bus__arready(bus__arready),
     .bus__arvalid(bus__arvalid),
@@ -2635,9 +3021,9 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
-    if (\$15 ) begin
-      rd_data = { 16'h0000, \port$560$0  };
-    end else if (\$18 ) begin
+    if (\$18 ) begin
+      rd_data = { 16'h0000, \port$651$0  };
+    end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
             rd_data = status;
@@ -2670,87 +3056,87 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$33  = host_base;
-    if (\$20 ) begin
-      \$33  = wr_data;
+    \$36  = host_base;
+    if (\$23 ) begin
+      \$36  = wr_data;
     end
     if (rst) begin
-      \$33  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$34  = host_size;
-    if (\$22 ) begin
-      \$34  = wr_data;
-    end
-    if (rst) begin
-      \$34  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$35  = cycles;
-    if (\$24 ) begin
-      \$35  = 32'd0;
-    end else if (running) begin
-      \$35  = \$25 [31:0];
-    end
-    if (rst) begin
-      \$35  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$36  = retired;
-    if (\$24 ) begin
       \$36  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$37  = host_size;
+    if (\$25 ) begin
+      \$37  = wr_data;
+    end
+    if (rst) begin
+      \$37  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$38  = cycles;
+    if (\$27 ) begin
+      \$38  = 32'd0;
+    end else if (running) begin
+      \$38  = \$28 [31:0];
+    end
+    if (rst) begin
+      \$38  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
+    \$39  = retired;
+    if (\$27 ) begin
+      \$39  = 32'd0;
     end else if (running) begin
       if (retire) begin
-        \$36  = \$26 [31:0];
+        \$39  = \$29 [31:0];
       end
     end
     if (rst) begin
-      \$36  = 32'd0;
+      \$39  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$37  = busy;
-    if (\$24 ) begin
-      \$37  = 192'h000000000000000000000000000000000000000000000000;
+    \$40  = busy;
+    if (\$27 ) begin
+      \$40  = 192'h000000000000000000000000000000000000000000000000;
     end else if (running) begin
       if (executor[0]) begin
-        \$37 [31:0] = \$27 [31:0];
+        \$40 [31:0] = \$30 [31:0];
       end
       if (executor[1]) begin
-        \$37 [63:32] = \$28 [31:0];
+        \$40 [63:32] = \$31 [31:0];
       end
       if (executor[2]) begin
-        \$37 [95:64] = \$29 [31:0];
+        \$40 [95:64] = \$32 [31:0];
       end
       if (executor[3]) begin
-        \$37 [127:96] = \$30 [31:0];
+        \$40 [127:96] = \$33 [31:0];
       end
       if (executor[4]) begin
-        \$37 [159:128] = \$31 [31:0];
+        \$40 [159:128] = \$34 [31:0];
       end
       if (executor[5]) begin
-        \$37 [191:160] = \$32 [31:0];
+        \$40 [191:160] = \$35 [31:0];
       end
     end
     if (rst) begin
-      \$37  = 192'h000000000000000000000000000000000000000000000000;
+      \$40  = 192'h000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
-    \$38  = rsel;
+    \$41  = rsel;
     if (rd_en) begin
-      \$38  = bus__araddr;
+      \$41  = bus__araddr;
     end
     if (rst) begin
-      \$38  = 20'h00000;
+      \$41  = 20'h00000;
     end
   end
   assign \bus__araddr$1  = bus__araddr;
@@ -2777,7 +3163,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$560$0  };
+  assign load_data = { 16'h0000, \port$651$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -2793,7 +3179,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign \busy[5]  = busy[191:160];
   assign status[31:16] = { 3'h0, pc };
   assign status[15:8] = error;
-  assign status[2] = \$12 ;
+  assign status[2] = \$15 ;
   assign status[1] = done;
   assign status[0] = running;
   assign status[7:3] = 5'h00;
@@ -4387,8 +4773,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$290$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$308$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, \port$5002$2 , rd_addr, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3792$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4527,12 +4913,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$290$0 ;
-  wire [5:0] \port$290$0 ;
-  output [5:0] \port$308$0 ;
-  wire [5:0] \port$308$0 ;
-  input [15:0] \port$5002$2 ;
-  wire [15:0] \port$5002$2 ;
+  input [15:0] \port$3792$254 ;
+  wire [15:0] \port$3792$254 ;
+  output [5:0] \port$381$0 ;
+  wire [5:0] \port$381$0 ;
+  output [5:0] \port$399$0 ;
+  wire [5:0] \port$399$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -4697,7 +5083,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$5002$2  };
+      \$74  = { 8'h00, \port$3792$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -4733,7 +5119,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$5002$2  };
+      \$77  = { 8'h00, \port$3792$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -4778,11 +5164,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$5002$2  };
+  assign rd_beats = { 8'h00, \port$3792$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$5002$2  };
-  assign \port$290$0  = \$9 ;
-  assign \port$308$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3792$254  };
+  assign \port$381$0  = \$9 ;
+  assign \port$399$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -4796,8 +5182,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, spad__rd0__data
-, spad__rd1__data, ins, clk);
+module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error
+, spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -4834,7 +5220,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire [23:0] \$130 ;
+  wire \$130 ;
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
@@ -4844,9 +5230,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire \$14 ;
+  wire [2:0] \$14 ;
   wire \$140 ;
-  wire \$141 ;
+  wire [23:0] \$141 ;
   wire \$142 ;
   wire \$143 ;
   wire \$144 ;
@@ -4855,12 +5241,12 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire \$15 ;
+  wire [3:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
-  wire [23:0] \$154 ;
+  wire \$154 ;
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
@@ -4872,7 +5258,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire \$165 ;
+  wire [23:0] \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
@@ -4887,122 +5273,135 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
-  wire [23:0] \$179 ;
-  wire [14:0] \$18 ;
-  wire [23:0] \$180 ;
-  wire [23:0] \$181 ;
-  wire [23:0] \$182 ;
+  wire \$179 ;
+  wire \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
   wire \$183 ;
   wire \$184 ;
-  wire [16:0] \$185 ;
-  wire [17:0] \$186 ;
-  wire [16:0] \$187 ;
-  wire [17:0] \$188 ;
-  wire [18:0] \$189 ;
-  wire [13:0] \$19 ;
-  wire [14:0] \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
+  wire \$19 ;
+  wire [23:0] \$190 ;
+  wire [23:0] \$191 ;
+  wire [23:0] \$192 ;
+  wire [23:0] \$193 ;
   wire \$194 ;
   wire \$195 ;
-  reg [31:0] \$196 ;
-  reg [31:0] \$197 ;
-  reg \$198 ;
-  reg \$199 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire [16:0] \$198 ;
+  wire [17:0] \$199 ;
   wire \$2 ;
-  wire [13:0] \$20 ;
-  reg \$200 ;
-  reg \$201 ;
-  reg [13:0] \$202 ;
-  reg [12:0] \$203 ;
-  reg [12:0] \$204 ;
-  reg [13:0] \$205 ;
-  reg [12:0] \$206 ;
-  reg [12:0] \$207 ;
-  reg [13:0] \$208 ;
-  reg [12:0] \$209 ;
-  wire [14:0] \$21 ;
-  reg [12:0] \$210 ;
+  wire [14:0] \$20 ;
+  wire [16:0] \$200 ;
+  wire [17:0] \$201 ;
+  wire [18:0] \$202 ;
+  wire [14:0] \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  reg [64:0] \$209 ;
+  wire [13:0] \$21 ;
+  reg \$210 ;
   reg \$211 ;
   reg \$212 ;
-  reg [2:0] \$213 ;
-  reg [95:0] \$214 ;
-  reg [1:0] \$215 ;
-  reg \$216 ;
-  reg \$217 ;
-  reg \$218 ;
-  reg [1:0] \$219 ;
+  reg [13:0] \$213 ;
+  reg [12:0] \$214 ;
+  reg [12:0] \$215 ;
+  reg [13:0] \$216 ;
+  reg [12:0] \$217 ;
+  reg [12:0] \$218 ;
+  reg [13:0] \$219 ;
   wire [13:0] \$22 ;
-  reg [5:0] \$220 ;
-  reg [15:0] \$221 ;
-  reg [5:0] \$222 ;
+  reg [12:0] \$220 ;
+  reg [12:0] \$221 ;
+  reg \$222 ;
   reg \$223 ;
-  reg [13:0] \$224 ;
-  reg [13:0] \$225 ;
-  reg [12:0] \$226 ;
+  reg [2:0] \$224 ;
+  reg [95:0] \$225 ;
+  reg [1:0] \$226 ;
   reg \$227 ;
-  reg [12:0] \$228 ;
+  reg [95:0] \$228 ;
   reg \$229 ;
-  wire [13:0] \$23 ;
+  wire [14:0] \$23 ;
   reg \$230 ;
-  reg [12:0] \$231 ;
-  reg [13:0] \$232 ;
-  reg [1:0] \$233 ;
+  reg \$231 ;
+  reg [1:0] \$232 ;
+  reg [5:0] \$233 ;
+  reg [15:0] \$234 ;
+  reg [5:0] \$235 ;
+  reg \$236 ;
+  reg [13:0] \$237 ;
+  reg [13:0] \$238 ;
+  reg [12:0] \$239 ;
   wire [13:0] \$24 ;
+  reg \$240 ;
+  reg [12:0] \$241 ;
+  reg \$242 ;
+  reg \$243 ;
+  reg [12:0] \$244 ;
+  reg [13:0] \$245 ;
+  reg [1:0] \$246 ;
   wire [13:0] \$25 ;
-  wire [14:0] \$26 ;
+  wire [13:0] \$26 ;
   wire [13:0] \$27 ;
-  wire [13:0] \$28 ;
+  wire [14:0] \$28 ;
   wire [13:0] \$29 ;
-  wire \$3 ;
+  wire [64:0] \$3 ;
   wire [13:0] \$30 ;
   wire [13:0] \$31 ;
-  wire [6:0] \$315 ;
   wire [13:0] \$32 ;
-  wire \$33 ;
-  wire \$34 ;
+  wire [13:0] \$33 ;
+  wire [13:0] \$34 ;
+  wire [6:0] \$341 ;
   wire \$35 ;
   wire \$36 ;
-  wire [6:0] \$365 ;
   wire \$37 ;
-  wire [2:0] \$38 ;
+  wire \$38 ;
   wire \$39 ;
+  wire [6:0] \$391 ;
   wire \$4 ;
   wire [2:0] \$40 ;
-  wire [3:0] \$41 ;
-  wire [6:0] \$417 ;
-  wire \$42 ;
-  wire [2:0] \$43 ;
+  wire \$41 ;
+  wire [2:0] \$42 ;
+  wire [3:0] \$43 ;
   wire \$44 ;
-  wire \$45 ;
+  wire [6:0] \$443 ;
+  wire [2:0] \$45 ;
   wire \$46 ;
   wire \$47 ;
-  wire [2:0] \$48 ;
-  wire [2:0] \$49 ;
+  wire \$48 ;
+  wire \$49 ;
   wire \$5 ;
-  wire \$50 ;
-  wire \$51 ;
+  wire [2:0] \$50 ;
+  wire [2:0] \$51 ;
   wire \$52 ;
   wire \$53 ;
   wire \$54 ;
-  wire [1:0] \$55 ;
-  wire [1:0] \$56 ;
+  wire \$55 ;
+  wire \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire [9:0] \$59 ;
+  wire \$59 ;
   wire \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire [14:0] \$62 ;
-  wire [14:0] \$63 ;
-  wire \$64 ;
+  wire [1:0] \$60 ;
+  wire [1:0] \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire [9:0] \$64 ;
   wire \$65 ;
   wire \$66 ;
-  wire \$67 ;
-  wire \$68 ;
+  wire [14:0] \$67 ;
+  wire [14:0] \$68 ;
   wire \$69 ;
-  wire \$7 ;
+  wire [2:0] \$7 ;
   wire \$70 ;
   wire \$71 ;
   wire \$72 ;
@@ -5012,23 +5411,23 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$76 ;
   wire \$77 ;
   wire \$78 ;
-  wire [16:0] \$79 ;
-  wire \$8 ;
-  wire \$80 ;
+  wire [2:0] \$79 ;
+  wire [3:0] \$8 ;
+  wire [3:0] \$80 ;
   wire \$81 ;
-  wire [23:0] \$82 ;
+  wire \$82 ;
   wire \$83 ;
   wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
+  wire [2:0] \$85 ;
+  wire [3:0] \$86 ;
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire \$90 ;
+  wire [16:0] \$90 ;
   wire \$91 ;
   wire \$92 ;
-  wire \$93 ;
+  wire [23:0] \$93 ;
   wire \$94 ;
   wire \$95 ;
   wire \$96 ;
@@ -5037,19 +5436,19 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$10  = 1'h0;
-  reg \$signal$11  = 1'h0;
-  reg [12:0] \$signal$16  = 13'h0000;
-  reg [12:0] \$signal$18  = 13'h0000;
-  reg [12:0] \$signal$21  = 13'h0000;
-  reg [12:0] \$signal$23  = 13'h0000;
-  reg [12:0] \$signal$27  = 13'h0000;
-  reg [12:0] \$signal$29  = 13'h0000;
-  reg \$signal$31  = 1'h0;
+  reg [12:0] \$signal$17  = 13'h0000;
+  reg [12:0] \$signal$19  = 13'h0000;
+  reg [12:0] \$signal$22  = 13'h0000;
+  reg [12:0] \$signal$24  = 13'h0000;
+  reg [12:0] \$signal$28  = 13'h0000;
+  reg [12:0] \$signal$30  = 13'h0000;
   reg \$signal$32  = 1'h0;
-  reg \$signal$9  = 1'h0;
-  reg [31:0] a_word = 32'd0;
+  reg \$signal$33  = 1'h0;
   reg at_last = 1'h0;
-  reg [31:0] b_word = 32'd0;
+  reg [64:0] beat = 65'h00000000000000000;
+  wire [31:0] \beat.a ;
+  wire [31:0] \beat.b ;
+  wire \beat.last ;
   input clk;
   wire clk;
   reg [13:0] cnt0 = 14'h0000;
@@ -5061,22 +5460,29 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   reg [7:0] error;
   reg [2:0] fill = 3'h0;
   reg [1:0] fsm_state = 2'h0;
+  reg h_valid = 1'h0;
+  reg [95:0] hold = 96'h000000000000000000000000;
+  wire [23:0] \hold[0] ;
+  wire [23:0] \hold[1] ;
+  wire [23:0] \hold[2] ;
+  wire [23:0] \hold[3] ;
+  reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$59 ;
-  wire [31:0] \i__payload$59[0] ;
-  wire [15:0] \i__payload$59[0].g ;
-  wire [15:0] \i__payload$59[0].u ;
-  wire [33:0] \i__payload$60 ;
-  wire [15:0] \i__payload$60.a ;
-  wire [16:0] \i__payload$60.b ;
-  wire \i__payload$60.last ;
+  wire [31:0] \i__payload$67 ;
+  wire [31:0] \i__payload$67[0] ;
+  wire [15:0] \i__payload$67[0].g ;
+  wire [15:0] \i__payload$67[0].u ;
+  wire [33:0] \i__payload$68 ;
+  wire [15:0] \i__payload$68.a ;
+  wire [16:0] \i__payload$68.b ;
+  wire \i__payload$68.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$75 ;
-  wire \i__ready$79 ;
+  wire \i__ready$81 ;
+  wire \i__ready$85 ;
   reg i__valid;
-  reg \i__valid$74 ;
-  reg \i__valid$78 ;
+  reg \i__valid$80 ;
+  reg \i__valid$84 ;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -5098,20 +5504,21 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   reg is_situ = 1'h0;
   reg issuing = 1'h0;
   reg [1:0] lane = 2'h0;
+  wire [1:0] level;
   output [15:0] mult;
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$77 ;
-  wire [15:0] \o__payload$77[0] ;
-  wire [15:0] \o__payload$81 ;
+  wire [15:0] \o__payload$83 ;
+  wire [15:0] \o__payload$83[0] ;
+  wire [15:0] \o__payload$87 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$64 ;
-  wire \o__ready$65 ;
+  wire \o__ready$72 ;
+  wire \o__ready$73 ;
   wire o__valid;
-  wire \o__valid$76 ;
-  wire \o__valid$80 ;
+  wire \o__valid$82 ;
+  wire \o__valid$86 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -5126,6 +5533,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   wire [23:0] \pack[1] ;
   wire [23:0] \pack[2] ;
   wire [23:0] \pack[3] ;
+  wire [64:0] r_data;
+  wire r_en;
+  wire r_rdy;
   reg [13:0] rem0 = 14'h0000;
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
@@ -5193,270 +5603,287 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
   reg [1:0] vec_op = 2'h0;
+  wire [64:0] w_data;
+  wire w_en;
   reg [5:0] width = 6'h00;
   reg wvalid = 1'h0;
-  assign \$1  = ~ run;
-  assign \$2  = ~ \$signal ;
-  assign \$3  = \$2  | unit_ready;
-  assign \$4  = \$1  | \$3 ;
-  assign \$5  = ~ \$signal ;
-  assign \$6  = \$5  | unit_ready;
-  assign \$7  = ~ \$signal$9 ;
-  assign \$8  = ~ \$signal ;
-  assign \$9  = \$8  | unit_ready;
-  assign \$10  = \$7  | \$9 ;
-  assign \$13  = rem0 == 1'h1;
-  assign \$16  = | rem0[13:1];
-  assign \$17  = | rem1[13:1];
-  assign \$18  = rem0 - 1'h1;
-  assign \$19  = \$signal$16  + sa0;
-  assign \$20  = \$signal$18  + sb0;
-  assign \$21  = rem1 - 1'h1;
-  assign \$22  = \$signal$21  + sa1;
-  assign \$23  = \$signal$21  + sa1;
-  assign \$24  = \$signal$23  + sb1;
-  assign \$25  = \$signal$23  + sb1;
-  assign \$26  = rem2 - 1'h1;
-  assign \$27  = \$signal$27  + sa2;
-  assign \$28  = \$signal$27  + sa2;
-  assign \$29  = \$signal$27  + sa2;
-  assign \$30  = \$signal$29  + sb2;
-  assign \$31  = \$signal$29  + sb2;
-  assign \$32  = \$signal$29  + sb2;
-  assign \$33  = | rem2[13:1];
-  assign \$34  = ~ \$33 ;
-  assign \$35  = wvalid & rq__i__ready;
-  assign \$36  = \$signal  & unit_ready;
+  assign \$1  = ~ h_valid;
+  assign \$2  = \$1  | unit_ready;
+  assign \$3  = r_rdy ? r_data : { \$signal , spad__rd1__data, spad__rd0__data };
+  assign \$4  = r_rdy | \$signal$10 ;
+  assign \$7  = \$signal$10  + level;
+  assign \$8  = \$7  + h_valid;
+  assign \$9  = \$8  < 2'h3;
+  assign \$10  = \$6  & \$9 ;
+  assign \$11  = rem0 == 1'h1;
+  assign \$14  = \$signal$10  + level;
+  assign \$15  = \$14  + h_valid;
+  assign \$16  = \$15  < 2'h3;
+  assign \$17  = \$13  & \$16 ;
+  assign \$18  = | rem0[13:1];
+  assign \$19  = | rem1[13:1];
+  assign \$20  = rem0 - 1'h1;
+  assign \$21  = \$signal$17  + sa0;
+  assign \$22  = \$signal$19  + sb0;
+  assign \$23  = rem1 - 1'h1;
+  assign \$24  = \$signal$22  + sa1;
+  assign \$25  = \$signal$22  + sa1;
+  assign \$26  = \$signal$24  + sb1;
+  assign \$27  = \$signal$24  + sb1;
+  assign \$28  = rem2 - 1'h1;
+  assign \$29  = \$signal$28  + sa2;
+  assign \$30  = \$signal$28  + sa2;
+  assign \$31  = \$signal$28  + sa2;
+  assign \$32  = \$signal$30  + sb2;
+  assign \$33  = \$signal$30  + sb2;
+  assign \$34  = \$signal$30  + sb2;
+  assign \$35  = | rem2[13:1];
+  assign \$36  = ~ \$35 ;
   assign \$37  = wvalid & rq__i__ready;
-  assign \$38  = \$37  ? 3'h0 : fill;
+  assign \$38  = h_valid & unit_ready;
   assign \$39  = wvalid & rq__i__ready;
   assign \$40  = \$39  ? 3'h0 : fill;
-  assign \$41  = \$40  + 1'h1;
-  assign \$42  = wvalid & rq__i__ready;
-  assign \$43  = \$42  ? 3'h0 : fill;
-  assign \$44  = \$43  == 2'h3;
-  assign \$45  = \$44  | \$signal$10 ;
-  assign \$46  = lane == 2'h3;
-  assign \$47  = \$46  | at_last;
-  assign \$48  = lane + 1'h1;
-  assign \$49  = \$47  ? 3'h0 : \$48 ;
-  assign \$50  = ins[5:0] == 3'h4;
-  assign \$51  = ins[5:0] == 3'h5;
-  assign \$52  = ins[5:0] == 3'h6;
-  assign \$53  = ins[5:0] == 4'hd;
-  assign \$54  = ins[5:0] == 4'hc;
-  assign \$55  = \$54  ? 2'h1 : 2'h0;
-  assign \$56  = \$53  ? 2'h2 : \$55 ;
-  assign \$57  = ins[122:109] == 1'h1;
-  assign \$58  = ins[5:0] == 3'h4;
-  assign \$61  = \$58  & \$60 ;
-  assign \$62  = el + 1'h1;
-  assign \$63  = el + 2'h2;
-  assign \$64  = \$63  == ins[122:109];
-  assign \$65  = el >= ins[122:109];
-  assign \$66  = ~ \$signal$9 ;
-  assign \$67  = ~ \$signal ;
-  assign \$68  = \$67  | unit_ready;
-  assign \$69  = \$66  | \$68 ;
-  assign \$72  = ~ \$signal$9 ;
-  assign \$73  = ~ \$signal ;
-  assign \$74  = \$73  | unit_ready;
-  assign \$75  = \$72  | \$74 ;
-  assign \$78  = vec_op == 1'h1;
-  assign \$79  = \$78  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$80  = ~ wvalid;
-  assign \$81  = \$80  | rq__i__ready;
-  assign \$315  = lane * 5'h18;
-  assign \$82  = rq__o__payload >> \$315 ;
-  assign \$83  = width > 1'h1;
-  assign \$84  = width > 2'h2;
-  assign \$85  = width > 2'h3;
-  assign \$86  = width > 3'h4;
-  assign \$87  = width > 3'h5;
-  assign \$88  = width > 3'h6;
-  assign \$89  = width > 3'h7;
-  assign \$90  = width > 4'h8;
-  assign \$91  = width > 4'h9;
-  assign \$92  = width > 4'ha;
-  assign \$93  = width > 4'hb;
-  assign \$94  = width > 4'hc;
-  assign \$95  = width > 4'hd;
-  assign \$96  = width > 4'he;
-  assign \$97  = width > 4'hf;
-  assign \$98  = width > 5'h10;
-  assign \$99  = width > 5'h11;
-  assign \$100  = width > 5'h12;
-  assign \$101  = width > 5'h13;
-  assign \$102  = width > 5'h14;
-  assign \$103  = width > 5'h15;
-  assign \$104  = width > 5'h16;
-  assign \$105  = width > 5'h17;
-  assign \$106  = $signed(\$82 ) > $signed({ 1'h0, \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83  });
-  assign \$107  = width > 1'h1;
-  assign \$108  = width > 2'h2;
-  assign \$109  = width > 2'h3;
-  assign \$110  = width > 3'h4;
-  assign \$111  = width > 3'h5;
-  assign \$112  = width > 3'h6;
-  assign \$113  = width > 3'h7;
-  assign \$114  = width > 4'h8;
-  assign \$115  = width > 4'h9;
-  assign \$116  = width > 4'ha;
-  assign \$117  = width > 4'hb;
-  assign \$118  = width > 4'hc;
-  assign \$119  = width > 4'hd;
-  assign \$120  = width > 4'he;
-  assign \$121  = width > 4'hf;
-  assign \$122  = width > 5'h10;
-  assign \$123  = width > 5'h11;
-  assign \$124  = width > 5'h12;
-  assign \$125  = width > 5'h13;
-  assign \$126  = width > 5'h14;
-  assign \$127  = width > 5'h15;
-  assign \$128  = width > 5'h16;
-  assign \$129  = width > 5'h17;
-  assign \$365  = lane * 5'h18;
-  assign \$130  = rq__o__payload >> \$365 ;
-  assign \$131  = width > 1'h1;
-  assign \$132  = width > 2'h2;
-  assign \$133  = width > 2'h3;
-  assign \$134  = width > 3'h4;
-  assign \$135  = width > 3'h5;
-  assign \$136  = width > 3'h6;
-  assign \$137  = width > 3'h7;
-  assign \$138  = width > 4'h8;
-  assign \$139  = width > 4'h9;
-  assign \$140  = width > 4'ha;
-  assign \$141  = width > 4'hb;
-  assign \$142  = width > 4'hc;
-  assign \$143  = width > 4'hd;
-  assign \$144  = width > 4'he;
-  assign \$145  = width > 4'hf;
-  assign \$146  = width > 5'h10;
-  assign \$147  = width > 5'h11;
-  assign \$148  = width > 5'h12;
-  assign \$149  = width > 5'h13;
-  assign \$150  = width > 5'h14;
-  assign \$151  = width > 5'h15;
-  assign \$152  = width > 5'h16;
-  assign \$153  = width > 5'h17;
-  assign \$154  = ~ { 1'h0, \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131  };
-  assign \$155  = $signed(\$130 ) < $signed(\$154 );
-  assign \$156  = width > 1'h1;
-  assign \$157  = width > 2'h2;
-  assign \$158  = width > 2'h3;
-  assign \$159  = width > 3'h4;
-  assign \$160  = width > 3'h5;
-  assign \$161  = width > 3'h6;
-  assign \$162  = width > 3'h7;
-  assign \$163  = width > 4'h8;
-  assign \$164  = width > 4'h9;
-  assign \$165  = width > 4'ha;
-  assign \$166  = width > 4'hb;
-  assign \$167  = width > 4'hc;
-  assign \$168  = width > 4'hd;
-  assign \$169  = width > 4'he;
-  assign \$170  = width > 4'hf;
-  assign \$171  = width > 5'h10;
-  assign \$172  = width > 5'h11;
-  assign \$173  = width > 5'h12;
-  assign \$174  = width > 5'h13;
-  assign \$175  = width > 5'h14;
-  assign \$176  = width > 5'h15;
-  assign \$177  = width > 5'h16;
-  assign \$178  = width > 5'h17;
-  assign \$179  = ~ { 1'h0, \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156  };
-  assign \$417  = lane * 5'h18;
-  assign \$180  = rq__o__payload >> \$417 ;
-  assign \$181  = \$155  ? \$179  : \$180 ;
-  assign \$182  = \$106  ? { 1'h0, \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107  } : \$181 ;
-  assign \$183  = lane == 2'h3;
-  assign \$184  = \$183  | at_last;
-  assign \$186  = ins[47:35] + \$185 ;
-  assign \$188  = ins[47:35] + \$187 ;
-  assign \$189  = \$188  + 1'h1;
-  assign \$190  = ins[60:48] + el;
-  assign \$191  = el >= ins[122:109];
-  assign \$192  = ! fsm_state;
-  assign \$193  = fsm_state == 1'h1;
-  assign \$194  = fsm_state == 2'h2;
-  assign \$195  = fsm_state == 2'h3;
+  assign \$41  = wvalid & rq__i__ready;
+  assign \$42  = \$41  ? 3'h0 : fill;
+  assign \$43  = \$42  + 1'h1;
+  assign \$44  = wvalid & rq__i__ready;
+  assign \$45  = \$44  ? 3'h0 : fill;
+  assign \$46  = \$45  == 2'h3;
+  assign \$47  = \$46  | beat[64];
+  assign \$48  = lane == 2'h3;
+  assign \$49  = \$48  | at_last;
+  assign \$50  = lane + 1'h1;
+  assign \$51  = \$49  ? 3'h0 : \$50 ;
+  assign \$52  = lane == 2'h3;
+  assign \$53  = \$52  | at_last;
+  assign \$54  = rq__o__valid & rq__o__ready;
+  assign \$55  = ins[5:0] == 3'h4;
+  assign \$56  = ins[5:0] == 3'h5;
+  assign \$57  = ins[5:0] == 3'h6;
+  assign \$58  = ins[5:0] == 4'hd;
+  assign \$59  = ins[5:0] == 4'hc;
+  assign \$60  = \$59  ? 2'h1 : 2'h0;
+  assign \$61  = \$58  ? 2'h2 : \$60 ;
+  assign \$62  = ins[122:109] == 1'h1;
+  assign \$63  = ins[5:0] == 3'h4;
+  assign \$66  = \$63  & \$65 ;
+  assign \$67  = el + 1'h1;
+  assign \$68  = el + 2'h2;
+  assign \$69  = \$68  == ins[122:109];
+  assign \$70  = el >= ins[122:109];
+  assign \$71  = ~ h_valid;
+  assign r_en = \$71  | unit_ready;
+  assign \$72  = ~ h_valid;
+  assign \$73  = \$72  | unit_ready;
+  assign \$74  = ~ r_rdy;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = ~ \$75 ;
+  assign w_en = \$signal$10  & \$76 ;
+  assign \$79  = \$signal$10  + level;
+  assign \$80  = \$79  + h_valid;
+  assign \$81  = \$80  < 2'h3;
+  assign \$82  = \$78  & \$81 ;
+  assign \$85  = \$signal$10  + level;
+  assign \$86  = \$85  + h_valid;
+  assign \$87  = \$86  < 2'h3;
+  assign \$88  = \$84  & \$87 ;
+  assign \$89  = vec_op == 1'h1;
+  assign \$90  = \$89  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$91  = ~ wvalid;
+  assign \$92  = \$91  | rq__i__ready;
+  assign \$341  = lane * 5'h18;
+  assign \$93  = hold >> \$341 ;
+  assign \$94  = width > 1'h1;
+  assign \$95  = width > 2'h2;
+  assign \$96  = width > 2'h3;
+  assign \$97  = width > 3'h4;
+  assign \$98  = width > 3'h5;
+  assign \$99  = width > 3'h6;
+  assign \$100  = width > 3'h7;
+  assign \$101  = width > 4'h8;
+  assign \$102  = width > 4'h9;
+  assign \$103  = width > 4'ha;
+  assign \$104  = width > 4'hb;
+  assign \$105  = width > 4'hc;
+  assign \$106  = width > 4'hd;
+  assign \$107  = width > 4'he;
+  assign \$108  = width > 4'hf;
+  assign \$109  = width > 5'h10;
+  assign \$110  = width > 5'h11;
+  assign \$111  = width > 5'h12;
+  assign \$112  = width > 5'h13;
+  assign \$113  = width > 5'h14;
+  assign \$114  = width > 5'h15;
+  assign \$115  = width > 5'h16;
+  assign \$116  = width > 5'h17;
+  assign \$117  = $signed(\$93 ) > $signed({ 1'h0, \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94  });
+  assign \$118  = width > 1'h1;
+  assign \$119  = width > 2'h2;
+  assign \$120  = width > 2'h3;
+  assign \$121  = width > 3'h4;
+  assign \$122  = width > 3'h5;
+  assign \$123  = width > 3'h6;
+  assign \$124  = width > 3'h7;
+  assign \$125  = width > 4'h8;
+  assign \$126  = width > 4'h9;
+  assign \$127  = width > 4'ha;
+  assign \$128  = width > 4'hb;
+  assign \$129  = width > 4'hc;
+  assign \$130  = width > 4'hd;
+  assign \$131  = width > 4'he;
+  assign \$132  = width > 4'hf;
+  assign \$133  = width > 5'h10;
+  assign \$134  = width > 5'h11;
+  assign \$135  = width > 5'h12;
+  assign \$136  = width > 5'h13;
+  assign \$137  = width > 5'h14;
+  assign \$138  = width > 5'h15;
+  assign \$139  = width > 5'h16;
+  assign \$140  = width > 5'h17;
+  assign \$391  = lane * 5'h18;
+  assign \$141  = hold >> \$391 ;
+  assign \$142  = width > 1'h1;
+  assign \$143  = width > 2'h2;
+  assign \$144  = width > 2'h3;
+  assign \$145  = width > 3'h4;
+  assign \$146  = width > 3'h5;
+  assign \$147  = width > 3'h6;
+  assign \$148  = width > 3'h7;
+  assign \$149  = width > 4'h8;
+  assign \$150  = width > 4'h9;
+  assign \$151  = width > 4'ha;
+  assign \$152  = width > 4'hb;
+  assign \$153  = width > 4'hc;
+  assign \$154  = width > 4'hd;
+  assign \$155  = width > 4'he;
+  assign \$156  = width > 4'hf;
+  assign \$157  = width > 5'h10;
+  assign \$158  = width > 5'h11;
+  assign \$159  = width > 5'h12;
+  assign \$160  = width > 5'h13;
+  assign \$161  = width > 5'h14;
+  assign \$162  = width > 5'h15;
+  assign \$163  = width > 5'h16;
+  assign \$164  = width > 5'h17;
+  assign \$165  = ~ { 1'h0, \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142  };
+  assign \$166  = $signed(\$141 ) < $signed(\$165 );
+  assign \$167  = width > 1'h1;
+  assign \$168  = width > 2'h2;
+  assign \$169  = width > 2'h3;
+  assign \$170  = width > 3'h4;
+  assign \$171  = width > 3'h5;
+  assign \$172  = width > 3'h6;
+  assign \$173  = width > 3'h7;
+  assign \$174  = width > 4'h8;
+  assign \$175  = width > 4'h9;
+  assign \$176  = width > 4'ha;
+  assign \$177  = width > 4'hb;
+  assign \$178  = width > 4'hc;
+  assign \$179  = width > 4'hd;
+  assign \$180  = width > 4'he;
+  assign \$181  = width > 4'hf;
+  assign \$182  = width > 5'h10;
+  assign \$183  = width > 5'h11;
+  assign \$184  = width > 5'h12;
+  assign \$185  = width > 5'h13;
+  assign \$186  = width > 5'h14;
+  assign \$187  = width > 5'h15;
+  assign \$188  = width > 5'h16;
+  assign \$189  = width > 5'h17;
+  assign \$190  = ~ { 1'h0, \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167  };
+  assign \$443  = lane * 5'h18;
+  assign \$191  = hold >> \$443 ;
+  assign \$192  = \$166  ? \$190  : \$191 ;
+  assign \$193  = \$117  ? { 1'h0, \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118  } : \$192 ;
+  assign \$194  = ~ hold_valid;
+  assign \$195  = lane == 2'h3;
+  assign \$196  = \$195  | at_last;
+  assign \$197  = \$194  | \$196 ;
+  assign \$199  = ins[47:35] + \$198 ;
+  assign \$201  = ins[47:35] + \$200 ;
+  assign \$202  = \$201  + 1'h1;
+  assign \$203  = ins[60:48] + el;
+  assign \$204  = el >= ins[122:109];
+  assign \$205  = ! fsm_state;
+  assign \$206  = fsm_state == 1'h1;
+  assign \$207  = fsm_state == 2'h2;
+  assign \$208  = fsm_state == 2'h3;
   always @(posedge clk)
-    a_word <= \$196 ;
+    beat <= \$209 ;
   always @(posedge clk)
-    b_word <= \$197 ;
+    h_valid <= \$210 ;
   always @(posedge clk)
-    \$signal  <= \$198 ;
+    \$signal$10  <= \$211 ;
   always @(posedge clk)
-    \$signal$10  <= \$199 ;
+    \$signal  <= \$212 ;
   always @(posedge clk)
-    \$signal$9  <= \$200 ;
+    rem0 <= \$213 ;
   always @(posedge clk)
-    \$signal$11  <= \$201 ;
+    \$signal$17  <= \$214 ;
   always @(posedge clk)
-    rem0 <= \$202 ;
+    \$signal$19  <= \$215 ;
   always @(posedge clk)
-    \$signal$16  <= \$203 ;
+    rem1 <= \$216 ;
   always @(posedge clk)
-    \$signal$18  <= \$204 ;
+    \$signal$22  <= \$217 ;
   always @(posedge clk)
-    rem1 <= \$205 ;
+    \$signal$24  <= \$218 ;
   always @(posedge clk)
-    \$signal$21  <= \$206 ;
+    rem2 <= \$219 ;
   always @(posedge clk)
-    \$signal$23  <= \$207 ;
+    \$signal$28  <= \$220 ;
   always @(posedge clk)
-    rem2 <= \$208 ;
+    \$signal$30  <= \$221 ;
   always @(posedge clk)
-    \$signal$27  <= \$209 ;
+    issuing <= \$222 ;
   always @(posedge clk)
-    \$signal$29  <= \$210 ;
+    wvalid <= \$223 ;
   always @(posedge clk)
-    issuing <= \$211 ;
+    fill <= \$224 ;
   always @(posedge clk)
-    wvalid <= \$212 ;
+    pack <= \$225 ;
   always @(posedge clk)
-    fill <= \$213 ;
+    lane <= \$226 ;
   always @(posedge clk)
-    pack <= \$214 ;
+    hold_valid <= \$227 ;
   always @(posedge clk)
-    lane <= \$215 ;
+    hold <= \$228 ;
   always @(posedge clk)
-    \$signal$31  <= \$216 ;
+    \$signal$32  <= \$229 ;
   always @(posedge clk)
-    \$signal$32  <= \$217 ;
+    \$signal$33  <= \$230 ;
   always @(posedge clk)
-    is_situ <= \$218 ;
+    is_situ <= \$231 ;
   always @(posedge clk)
-    vec_op <= \$219 ;
+    vec_op <= \$232 ;
   always @(posedge clk)
-    width <= \$220 ;
+    width <= \$233 ;
   always @(posedge clk)
-    mult <= \$221 ;
+    mult <= \$234 ;
   always @(posedge clk)
-    shift <= \$222 ;
+    shift <= \$235 ;
   always @(posedge clk)
-    at_last <= \$223 ;
+    at_last <= \$236 ;
   always @(posedge clk)
-    cnt0 <= \$224 ;
+    cnt0 <= \$237 ;
   always @(posedge clk)
-    cnt1 <= \$225 ;
+    cnt1 <= \$238 ;
   always @(posedge clk)
-    sa0 <= \$226 ;
+    sa0 <= \$239 ;
   always @(posedge clk)
-    sa1 <= \$227 ;
+    sa1 <= \$240 ;
   always @(posedge clk)
-    sa2 <= \$228 ;
+    sa2 <= \$241 ;
   always @(posedge clk)
-    sb0 <= \$229 ;
+    sb0 <= \$242 ;
   always @(posedge clk)
-    sb1 <= \$230 ;
+    sb1 <= \$243 ;
   always @(posedge clk)
-    sb2 <= \$231 ;
+    sb2 <= \$244 ;
   always @(posedge clk)
-    el <= \$232 ;
+    el <= \$245 ;
   always @(posedge clk)
-    fsm_state <= \$233 ;
+    fsm_state <= \$246 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -5465,517 +5892,102 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     .o__valid(o__valid),
     .rst(rst),
     .unit_rst(unit_rst),
-    .x(a_word[15:0])
+    .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$75 ),
+    .advance(\i__ready$81 ),
     .clk(clk),
-    .i__payload(\i__payload$59 ),
-    .i__valid(\i__valid$74 ),
-    .o__payload(\o__payload$77 ),
-    .o__valid(\o__valid$76 ),
+    .i__payload(\i__payload$67 ),
+    .i__valid(\i__valid$80 ),
+    .o__payload(\o__payload$83 ),
+    .o__valid(\o__valid$82 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
+  \nanokpu_kpu.elementwise.skid  skid (
+    .clk(clk),
+    .level(level),
+    .\port$4801$0 (\$signal ),
+    .\port$5114$0 (spad__rd0__data),
+    .\port$5116$0 (spad__rd1__data),
+    .r_data(r_data),
+    .r_en(r_en),
+    .r_rdy(r_rdy),
+    .rst(rst),
+    .unit_rst(unit_rst),
+    .w_en(w_en)
+  );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$60 ),
-    .i__ready(\i__ready$79 ),
-    .i__valid(\i__valid$78 ),
+    .i__payload(\i__payload$68 ),
+    .i__ready(\i__ready$85 ),
+    .i__valid(\i__valid$84 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$81 ),
-    .o__valid(\o__valid$80 ),
+    .o__payload(\o__payload$87 ),
+    .o__valid(\o__valid$86 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$196  = a_word;
-    if (\$4 ) begin
-      \$196  = spad__rd0__data;
+    \$209  = beat;
+    if (\$2 ) begin
+      \$209  = \$3 ;
     end
     if (unit_rst) begin
-      \$196  = 32'd0;
+      \$209  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$196  = 32'd0;
+      \$209  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$197  = b_word;
-    if (\$4 ) begin
-      \$197  = spad__rd1__data;
-    end
-    if (unit_rst) begin
-      \$197  = 32'd0;
-    end
-    if (rst) begin
-      \$197  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$198  = \$signal ;
-    if (run) begin
-      if (\$6 ) begin
-        \$198  = \$signal$9 ;
-      end
+    \$210  = h_valid;
+    if (\$2 ) begin
+      \$210  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$198  = 1'h0;
+                  \$210  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$198  = 1'h0;
+                  \$210  = 1'h0;
               6'h0c:
-                  \$198  = 1'h0;
+                  \$210  = 1'h0;
               6'h0d:
-                  \$198  = 1'h0;
+                  \$210  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$198  = 1'h0;
+      \$210  = 1'h0;
     end
     if (rst) begin
-      \$198  = 1'h0;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$199  = \$signal$10 ;
+    \$211  = \$signal$10 ;
     if (run) begin
-      if (\$6 ) begin
-        \$199  = \$signal$11 ;
-      end
-    end
-    if (unit_rst) begin
-      \$199  = 1'h0;
-    end
-    if (rst) begin
-      \$199  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$200  = \$signal$9 ;
-    if (run) begin
-      if (\$10 ) begin
-        \$200  = \$12 ;
-      end
+      \$211  = \$10 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$200  = 1'h0;
+                  \$211  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$200  = 1'h0;
+                  \$211  = 1'h0;
               6'h0c:
-                  \$200  = 1'h0;
+                  \$211  = 1'h0;
               6'h0d:
-                  \$200  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$200  = 1'h0;
-    end
-    if (rst) begin
-      \$200  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$201  = \$signal$11 ;
-    if (run) begin
-      if (\$10 ) begin
-        \$201  = \$13 ;
-      end
-    end
-    if (unit_rst) begin
-      \$201  = 1'h0;
-    end
-    if (rst) begin
-      \$201  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$202  = rem0;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-            \$202  = \$18 [13:0];
-          end else if (\$17 ) begin
-            \$202  = cnt0;
-          end else begin
-            \$202  = cnt0;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$202  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
-                  \$202  = ins[122:109];
-              6'h0c:
-                  \$202  = ins[106:93];
-              6'h0d:
-                  \$202  = ins[90:77];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$202  = 14'h0000;
-    end
-    if (rst) begin
-      \$202  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$203  = \$signal$16 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-            \$203  = \$19 [12:0];
-          end else if (\$17 ) begin
-            \$203  = \$23 [12:0];
-          end else begin
-            \$203  = \$29 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$203  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
-                  \$203  = ins[34:22];
-              6'h0c:
-                  \$203  = ins[34:22];
-              6'h0d:
-                  \$203  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$203  = 13'h0000;
-    end
-    if (rst) begin
-      \$203  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$204  = \$signal$18 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-            \$204  = \$20 [12:0];
-          end else if (\$17 ) begin
-            \$204  = \$25 [12:0];
-          end else begin
-            \$204  = \$32 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$204  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
-                  \$204  = ins[47:35];
-              6'h0c:
-                  \$204  = ins[47:35];
-              6'h0d:
-                  \$204  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$204  = 13'h0000;
-    end
-    if (rst) begin
-      \$204  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$205  = rem1;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-            \$205  = \$21 [13:0];
-          end else begin
-            \$205  = cnt1;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$205  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$205  = 14'h0001;
-              6'h0c:
-                  \$205  = ins[90:77];
-              6'h0d:
-                  \$205  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$205  = 14'h0000;
-    end
-    if (rst) begin
-      \$205  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$206  = \$signal$21 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-            \$206  = \$22 [12:0];
-          end else begin
-            \$206  = \$28 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$206  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
-                  \$206  = ins[34:22];
-              6'h0c:
-                  \$206  = ins[34:22];
-              6'h0d:
-                  \$206  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$206  = 13'h0000;
-    end
-    if (rst) begin
-      \$206  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$207  = \$signal$23 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-            \$207  = \$24 [12:0];
-          end else begin
-            \$207  = \$31 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$207  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
-                  \$207  = ins[47:35];
-              6'h0c:
-                  \$207  = ins[47:35];
-              6'h0d:
-                  \$207  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$207  = 13'h0000;
-    end
-    if (rst) begin
-      \$207  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$208  = rem2;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-          end else begin
-            \$208  = \$26 [13:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$208  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$208  = 14'h0001;
-              6'h0c:
-                  \$208  = ins[74:61];
-              6'h0d:
-                  \$208  = ins[74:61];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$208  = 14'h0000;
-    end
-    if (rst) begin
-      \$208  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$209  = \$signal$27 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-          end else begin
-            \$209  = \$27 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$209  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
-                  \$209  = ins[34:22];
-              6'h0c:
-                  \$209  = ins[34:22];
-              6'h0d:
-                  \$209  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$209  = 13'h0000;
-    end
-    if (rst) begin
-      \$209  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$210  = \$signal$29 ;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-          end else begin
-            \$210  = \$30 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$210  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
-                  \$210  = ins[47:35];
-              6'h0c:
-                  \$210  = ins[47:35];
-              6'h0d:
-                  \$210  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$210  = 13'h0000;
-    end
-    if (rst) begin
-      \$210  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$211  = issuing;
-    if (run) begin
-      if (\$10 ) begin
-        if (\$15 ) begin
-          (* full_case = 32'd1 *)
-          if (\$16 ) begin
-          end else if (\$17 ) begin
-          end else begin
-            if (\$34 ) begin
-              \$211  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$211  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$211  = 1'h1;
-              6'h0c:
-                  \$211  = 1'h1;
-              6'h0d:
-                  \$211  = 1'h1;
+                  \$211  = 1'h0;
             endcase
           end
     endcase
@@ -5988,25 +6000,10 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$212  = wvalid;
+    \$212  = \$signal ;
     if (run) begin
-      if (\$signal$31 ) begin
-        if (\$35 ) begin
-          \$212  = 1'h0;
-        end
-        if (\$36 ) begin
-          if (\$45 ) begin
-            \$212  = 1'h1;
-          end
-        end
-      end
+      \$212  = \$11 ;
     end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$212  = 1'h0;
-          end
-    endcase
     if (unit_rst) begin
       \$212  = 1'h0;
     end
@@ -6016,315 +6013,487 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$213  = fill;
+    \$213  = rem0;
     if (run) begin
-      if (\$signal$31 ) begin
-        if (\$35 ) begin
-          \$213  = 3'h0;
-        end
-        if (\$36 ) begin
-          \$213  = \$41 [2:0];
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$213  = \$20 [13:0];
+        end else if (\$19 ) begin
+          \$213  = cnt0;
+        end else begin
+          \$213  = cnt0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$213  = 3'h0;
+            casez (ins[5:0])
+              6'h04:
+                  \$213  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$213  = ins[122:109];
+              6'h0c:
+                  \$213  = ins[106:93];
+              6'h0d:
+                  \$213  = ins[90:77];
+            endcase
           end
     endcase
     if (unit_rst) begin
-      \$213  = 3'h0;
+      \$213  = 14'h0000;
     end
     if (rst) begin
-      \$213  = 3'h0;
+      \$213  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$214  = pack;
+    \$214  = \$signal$17 ;
     if (run) begin
-      if (\$signal$31 ) begin
-        if (\$36 ) begin
-          casez (\$38 )
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$214  = \$21 [12:0];
+        end else if (\$19 ) begin
+          \$214  = \$25 [12:0];
+        end else begin
+          \$214  = \$31 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$214  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$214  = ins[34:22];
+              6'h0c:
+                  \$214  = ins[34:22];
+              6'h0d:
+                  \$214  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$214  = 13'h0000;
+    end
+    if (rst) begin
+      \$214  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$215  = \$signal$19 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$215  = \$22 [12:0];
+        end else if (\$19 ) begin
+          \$215  = \$27 [12:0];
+        end else begin
+          \$215  = \$34 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$215  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$215  = ins[47:35];
+              6'h0c:
+                  \$215  = ins[47:35];
+              6'h0d:
+                  \$215  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$215  = 13'h0000;
+    end
+    if (rst) begin
+      \$215  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$216  = rem1;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$216  = \$23 [13:0];
+        end else begin
+          \$216  = cnt1;
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$216  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$216  = 14'h0001;
+              6'h0c:
+                  \$216  = ins[90:77];
+              6'h0d:
+                  \$216  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$216  = 14'h0000;
+    end
+    if (rst) begin
+      \$216  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$217  = \$signal$22 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$217  = \$24 [12:0];
+        end else begin
+          \$217  = \$30 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$217  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$217  = ins[34:22];
+              6'h0c:
+                  \$217  = ins[34:22];
+              6'h0d:
+                  \$217  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$217  = 13'h0000;
+    end
+    if (rst) begin
+      \$217  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$218  = \$signal$24 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$218  = \$26 [12:0];
+        end else begin
+          \$218  = \$33 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$218  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$218  = ins[47:35];
+              6'h0c:
+                  \$218  = ins[47:35];
+              6'h0d:
+                  \$218  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$218  = 13'h0000;
+    end
+    if (rst) begin
+      \$218  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$219  = rem2;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$219  = \$28 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$219  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$219  = 14'h0001;
+              6'h0c:
+                  \$219  = ins[74:61];
+              6'h0d:
+                  \$219  = ins[74:61];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$219  = 14'h0000;
+    end
+    if (rst) begin
+      \$219  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$220  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$220  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$220  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$220  = ins[34:22];
+              6'h0c:
+                  \$220  = ins[34:22];
+              6'h0d:
+                  \$220  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$220  = 13'h0000;
+    end
+    if (rst) begin
+      \$220  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$221  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$221  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$221  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$221  = ins[47:35];
+              6'h0c:
+                  \$221  = ins[47:35];
+              6'h0d:
+                  \$221  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$221  = 13'h0000;
+    end
+    if (rst) begin
+      \$221  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$222  = issuing;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          if (\$36 ) begin
+            \$222  = 1'h0;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$222  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$222  = 1'h1;
+              6'h0c:
+                  \$222  = 1'h1;
+              6'h0d:
+                  \$222  = 1'h1;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$222  = 1'h0;
+    end
+    if (rst) begin
+      \$222  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$223  = wvalid;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$37 ) begin
+          \$223  = 1'h0;
+        end
+        if (\$38 ) begin
+          if (\$47 ) begin
+            \$223  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$223  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$224  = fill;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$37 ) begin
+          \$224  = 3'h0;
+        end
+        if (\$38 ) begin
+          \$224  = \$43 [2:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$224  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$224  = 3'h0;
+    end
+    if (rst) begin
+      \$224  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$225  = pack;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$38 ) begin
+          casez (\$40 )
             3'h0:
-                \$214 [23:0] = a_word[23:0];
+                \$225 [23:0] = beat[23:0];
             3'h1:
-                \$214 [47:24] = a_word[23:0];
+                \$225 [47:24] = beat[23:0];
             3'h2:
-                \$214 [71:48] = a_word[23:0];
+                \$225 [71:48] = beat[23:0];
             3'h3:
-                \$214 [95:72] = a_word[23:0];
+                \$225 [95:72] = beat[23:0];
           endcase
         end
       end
     end
     if (unit_rst) begin
-      \$214  = 96'h000000000000000000000000;
+      \$225  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$214  = 96'h000000000000000000000000;
+      \$225  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$215  = lane;
+    \$226  = lane;
     if (run) begin
-      if (\$signal$31 ) begin
-        if (rq__o__valid) begin
-          \$215  = \$49 [1:0];
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          \$226  = \$51 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$215  = 2'h0;
+            \$226  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$215  = 2'h0;
+      \$226  = 2'h0;
     end
     if (rst) begin
-      \$215  = 2'h0;
+      \$226  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$216  = \$signal$31 ;
+    \$227  = hold_valid;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          if (\$53 ) begin
+            \$227  = 1'h0;
+          end
+        end
+        if (\$54 ) begin
+          \$227  = 1'h1;
+        end
+      end
+    end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$216  = \$50 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$216  = 1'h0;
-    end
-    if (rst) begin
-      \$216  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$217  = \$signal$32 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$217  = \$51 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$217  = 1'h0;
-    end
-    if (rst) begin
-      \$217  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$218  = is_situ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$218  = \$52 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$218  = 1'h0;
-    end
-    if (rst) begin
-      \$218  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$219  = vec_op;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$219  = \$56 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$219  = 2'h0;
-    end
-    if (rst) begin
-      \$219  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$220  = width;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$220  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$220  = 6'h00;
-    end
-    if (rst) begin
-      \$220  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$221  = mult;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$221  = ins[152:137];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$221  = spad__rd0__data[15:0];
-    endcase
-    if (unit_rst) begin
-      \$221  = 16'h0000;
-    end
-    if (rst) begin
-      \$221  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$222  = shift;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$222  = ins[174:169];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$222  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$222  = 6'h00;
-    end
-    if (rst) begin
-      \$222  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$223  = at_last;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$223  = \$57 ;
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            \$223  = \$64 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$223  = 1'h0;
-    end
-    if (rst) begin
-      \$223  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$224  = cnt0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$224  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
-                  \$224  = ins[122:109];
-              6'h0c:
-                  \$224  = ins[106:93];
-              6'h0d:
-                  \$224  = ins[90:77];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$224  = 14'h0000;
-    end
-    if (rst) begin
-      \$224  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$225  = cnt1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$225  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$225  = 14'h0001;
-              6'h0c:
-                  \$225  = ins[90:77];
-              6'h0d:
-                  \$225  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$225  = 14'h0000;
-    end
-    if (rst) begin
-      \$225  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$226  = sa0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$226  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$226  = 13'h0001;
-              6'h0c:
-                  \$226  = ins[89:77];
-              6'h0d:
-                  \$226  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$226  = 13'h0000;
-    end
-    if (rst) begin
-      \$226  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$227  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$227  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$227  = 1'h0;
-              6'h0c:
-                  \$227  = 1'h1;
-              6'h0d:
-                  \$227  = 1'h0;
-            endcase
+            \$227  = 1'h0;
           end
     endcase
     if (unit_rst) begin
@@ -6336,45 +6505,28 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$228  = sa2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$228  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$228  = 13'h0000;
-              6'h0c:
-                  \$228  = ins[135:123];
-              6'h0d:
-                  \$228  = ins[89:77];
-            endcase
-          end
-    endcase
+    \$228  = hold;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$54 ) begin
+          \$228  = rq__o__payload;
+        end
+      end
+    end
     if (unit_rst) begin
-      \$228  = 13'h0000;
+      \$228  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$228  = 13'h0000;
+      \$228  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$229  = sb0;
+    \$229  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$229  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$229  = 1'h1;
-              6'h0c:
-                  \$229  = 1'h1;
-              6'h0d:
-                  \$229  = 1'h0;
-            endcase
+            \$229  = \$55 ;
           end
     endcase
     if (unit_rst) begin
@@ -6386,20 +6538,11 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$230  = sb1;
+    \$230  = \$signal$33 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$230  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$230  = 1'h0;
-              6'h0c:
-                  \$230  = 1'h0;
-              6'h0d:
-                  \$230  = 1'h0;
-            endcase
+            \$230  = \$56 ;
           end
     endcase
     if (unit_rst) begin
@@ -6411,45 +6554,333 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$231  = sb2;
+    \$231  = is_situ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$231  = \$57 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$231  = 1'h0;
+    end
+    if (rst) begin
+      \$231  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$232  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$232  = \$61 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$232  = 2'h0;
+    end
+    if (rst) begin
+      \$232  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$233  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$233  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$233  = 6'h00;
+    end
+    if (rst) begin
+      \$233  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$234  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$234  = ins[152:137];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$234  = spad__rd0__data[15:0];
+    endcase
+    if (unit_rst) begin
+      \$234  = 16'h0000;
+    end
+    if (rst) begin
+      \$234  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$235  = shift;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$235  = ins[174:169];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$235  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$235  = 6'h00;
+    end
+    if (rst) begin
+      \$235  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$236  = at_last;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$236  = \$62 ;
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            \$236  = \$69 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$236  = 1'h0;
+    end
+    if (rst) begin
+      \$236  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$237  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$231  = 13'h0000;
+                  \$237  = ins[122:109];
               6'h05, 6'h06, 6'h07:
-                  \$231  = 13'h0000;
+                  \$237  = ins[122:109];
               6'h0c:
-                  \$231  = ins[105:93];
+                  \$237  = ins[106:93];
               6'h0d:
-                  \$231  = 13'h0000;
+                  \$237  = ins[90:77];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$231  = 13'h0000;
+      \$237  = 14'h0000;
     end
     if (rst) begin
-      \$231  = 13'h0000;
+      \$237  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$232  = el;
+    \$238  = cnt1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$238  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$238  = 14'h0001;
+              6'h0c:
+                  \$238  = ins[90:77];
+              6'h0d:
+                  \$238  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$238  = 14'h0000;
+    end
+    if (rst) begin
+      \$238  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$239  = sa0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$239  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$239  = 13'h0001;
+              6'h0c:
+                  \$239  = ins[89:77];
+              6'h0d:
+                  \$239  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$239  = 13'h0000;
+    end
+    if (rst) begin
+      \$239  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$240  = sa1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$240  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$240  = 1'h0;
+              6'h0c:
+                  \$240  = 1'h1;
+              6'h0d:
+                  \$240  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$240  = 1'h0;
+    end
+    if (rst) begin
+      \$240  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$241  = sa2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$241  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$241  = 13'h0000;
+              6'h0c:
+                  \$241  = ins[135:123];
+              6'h0d:
+                  \$241  = ins[89:77];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$241  = 13'h0000;
+    end
+    if (rst) begin
+      \$241  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$242  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$242  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$242  = 1'h1;
+              6'h0c:
+                  \$242  = 1'h1;
+              6'h0d:
+                  \$242  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$242  = 1'h0;
+    end
+    if (rst) begin
+      \$242  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$243  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$243  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$243  = 1'h0;
+              6'h0c:
+                  \$243  = 1'h0;
+              6'h0d:
+                  \$243  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$243  = 1'h0;
+    end
+    if (rst) begin
+      \$243  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$244  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$244  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$244  = 13'h0000;
+              6'h0c:
+                  \$244  = ins[105:93];
+              6'h0d:
+                  \$244  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$244  = 13'h0000;
+    end
+    if (rst) begin
+      \$244  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$245  = el;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$232  = 14'h0000;
+                  \$245  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$232  = 14'h0000;
+                  \$245  = 14'h0000;
               6'h0c:
-                  \$232  = 14'h0000;
+                  \$245  = 14'h0000;
               6'h0d:
-                  \$232  = 14'h0000;
+                  \$245  = 14'h0000;
             endcase
           end
       2'h1:
@@ -6458,77 +6889,77 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$232  = \$62 [13:0];
+            \$245  = \$67 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$232  = 14'h0000;
+      \$245  = 14'h0000;
     end
     if (rst) begin
-      \$232  = 14'h0000;
+      \$245  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$233  = fsm_state;
+    \$246  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$61 ) begin
-              \$233  = 2'h1;
+            if (\$66 ) begin
+              \$246  = 2'h1;
             end else begin
-              \$233  = 2'h2;
+              \$246  = 2'h2;
             end
           end
       2'h1:
-          \$233  = 2'h3;
+          \$246  = 2'h3;
       2'h3:
-          \$233  = 2'h2;
+          \$246  = 2'h2;
       2'h2:
-          if (\$65 ) begin
-            \$233  = 2'h0;
+          if (\$70 ) begin
+            \$246  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$233  = 2'h0;
+      \$246  = 2'h0;
     end
     if (rst) begin
-      \$233  = 2'h0;
+      \$246  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__addr = 13'h0000;
     if (run) begin
-      spad__rd0__addr = \$signal$16 ;
+      spad__rd0__addr = \$signal$17 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$186 [12:0];
+          spad__rd0__addr = \$199 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__addr = 13'h0000;
     if (run) begin
-      spad__rd1__addr = \$signal$18 ;
+      spad__rd1__addr = \$signal$19 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$189 [12:0];
+          spad__rd1__addr = \$202 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$71 ;
+      spad__rd0__en = \$82 ;
     end
     casez (fsm_state)
       2'h0:
@@ -6541,7 +6972,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$77 ;
+      spad__rd1__en = \$88 ;
     end
     casez (fsm_state)
       2'h0:
@@ -6554,7 +6985,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     rq__i__valid = 1'h0;
     if (run) begin
-      if (\$signal$31 ) begin
+      if (\$signal$32 ) begin
         rq__i__valid = wvalid;
       end
     end
@@ -6564,14 +6995,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     unit_ready = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
-      if (\$signal$31 ) begin
-        unit_ready = \$81 ;
-      end else if (\$signal$32 ) begin
+      if (\$signal$32 ) begin
+        unit_ready = \$92 ;
+      end else if (\$signal$33 ) begin
         unit_ready = i__ready;
       end else if (is_situ) begin
-        unit_ready = \i__ready$75 ;
+        unit_ready = \i__ready$81 ;
       end else begin
-        unit_ready = \i__ready$79 ;
+        unit_ready = \i__ready$85 ;
       end
     end
   end
@@ -6580,14 +7011,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     out_valid = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
-      if (\$signal$31 ) begin
-        out_valid = rq__o__valid;
-      end else if (\$signal$32 ) begin
+      if (\$signal$32 ) begin
+        out_valid = hold_valid;
+      end else if (\$signal$33 ) begin
         out_valid = o__valid;
       end else if (is_situ) begin
-        out_valid = \o__valid$76 ;
+        out_valid = \o__valid$82 ;
       end else begin
-        out_valid = \o__valid$80 ;
+        out_valid = \o__valid$86 ;
       end
     end
   end
@@ -6596,14 +7027,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     out_data = 32'd0;
     if (run) begin
       (* full_case = 32'd1 *)
-      if (\$signal$31 ) begin
-        out_data = { \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182 [23], \$182  };
-      end else if (\$signal$32 ) begin
+      if (\$signal$32 ) begin
+        out_data = { \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193  };
+      end else if (\$signal$33 ) begin
         out_data = { 19'h00000, o__payload };
       end else if (is_situ) begin
-        out_data = { \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77 [15], \o__payload$77  };
+        out_data = { \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83  };
       end else begin
-        out_data = { \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81 [15], \o__payload$81  };
+        out_data = { \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87  };
       end
     end
   end
@@ -6611,10 +7042,8 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     rq__o__ready = 1'h0;
     if (run) begin
-      if (\$signal$31 ) begin
-        if (rq__o__valid) begin
-          rq__o__ready = \$184 ;
-        end
+      if (\$signal$32 ) begin
+        rq__o__ready = \$197 ;
       end
     end
   end
@@ -6622,33 +7051,33 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     i__valid = 1'h0;
     if (run) begin
-      if (\$signal$31 ) begin
-      end else if (\$signal$32 ) begin
-        i__valid = \$signal ;
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+        i__valid = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$74  = 1'h0;
+    \i__valid$80  = 1'h0;
     if (run) begin
-      if (\$signal$31 ) begin
-      end else if (\$signal$32 ) begin
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
       end else if (is_situ) begin
-        \i__valid$74  = \$signal ;
+        \i__valid$80  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$78  = 1'h0;
+    \i__valid$84  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
-      if (\$signal$31 ) begin
-      end else if (\$signal$32 ) begin
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
       end else if (is_situ) begin
       end else begin
-        \i__valid$78  = \$signal ;
+        \i__valid$84  = h_valid;
       end
     end
   end
@@ -6680,7 +7109,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$190 [12:0];
+            spad__wr__addr = \$203 [12:0];
           end
     endcase
   end
@@ -6730,7 +7159,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
       2'h3:
           /* empty */;
       2'h2:
-          if (\$191 ) begin
+          if (\$204 ) begin
             done = 1'h1;
           end
     endcase
@@ -6747,25 +7176,37 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
       2'h3:
           /* empty */;
       2'h2:
-          if (\$191 ) begin
+          if (\$204 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__blocked = 1'h0;
+  assign w_data = { \$signal , spad__rd1__data, spad__rd0__data };
   assign rq__mult = mult;
   assign rq__shift = shift;
   assign rq__i__payload = pack;
-  assign i__payload = a_word[15:0];
+  assign i__payload = beat[15:0];
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$64  = 1'h1;
-  assign \o__ready$65  = 1'h1;
+  assign \o__ready$72  = 1'h1;
+  assign \o__ready$73  = 1'h1;
+  assign \beat.a  = beat[31:0];
+  assign \beat.b  = beat[63:32];
+  assign \beat.last  = beat[64];
   assign \pack[0]  = pack[23:0];
   assign \pack[1]  = pack[47:24];
   assign \pack[2]  = pack[71:48];
   assign \pack[3]  = pack[95:72];
+  assign \hold[0]  = hold[23:0];
+  assign \hold[1]  = hold[47:24];
+  assign \hold[2]  = hold[71:48];
+  assign \hold[3]  = hold[95:72];
+  assign \rq__o__payload[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload[3]  = rq__o__payload[95:72];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.width  = ins[21:16];
@@ -6786,37 +7227,33 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, rq__i__ready, rq__o__vali
   assign \rq__i__payload[1]  = pack[47:24];
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
-  assign \i__payload[0]  = a_word[15:0];
-  assign \i__payload$59[0]  = \i__payload$59 ;
-  assign \i__payload$59[0].g  = \i__payload$59 [15:0];
-  assign \i__payload$59[0].u  = \i__payload$59 [31:16];
-  assign \i__payload$60.a  = \i__payload$60 [15:0];
-  assign \i__payload$60.b  = \i__payload$60 [32:16];
-  assign \i__payload$60.last  = \i__payload$60 [33];
-  assign \rq__o__payload[0]  = rq__o__payload[23:0];
-  assign \rq__o__payload[1]  = rq__o__payload[47:24];
-  assign \rq__o__payload[2]  = rq__o__payload[71:48];
-  assign \rq__o__payload[3]  = rq__o__payload[95:72];
+  assign \i__payload[0]  = beat[15:0];
+  assign \i__payload$67[0]  = \i__payload$67 ;
+  assign \i__payload$67[0].g  = \i__payload$67 [15:0];
+  assign \i__payload$67[0].u  = \i__payload$67 [31:16];
+  assign \i__payload$68.a  = \i__payload$68 [15:0];
+  assign \i__payload$68.b  = \i__payload$68 [32:16];
+  assign \i__payload$68.last  = \i__payload$68 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$77[0]  = \o__payload$77 ;
-  assign \i__payload$60 [33] = \$signal$10 ;
-  assign \i__payload$60 [32:16] = \$79 ;
-  assign \i__payload$60 [15:0] = a_word[15:0];
-  assign \i__payload$59 [31:16] = b_word[15:0];
-  assign \i__payload$59 [15:0] = a_word[15:0];
-  assign \$11  = 1'h1;
-  assign \$12  = issuing;
-  assign \$14  = 1'h1;
-  assign \$15  = issuing;
-  assign { \$59 [9:3], \$59 [1:0] } = 9'h000;
-  assign \$59 [2] = ins[8];
-  assign \$70  = 1'h1;
-  assign \$71  = \$69 ;
-  assign \$76  = 1'h1;
-  assign \$77  = \$75 ;
-  assign \$185  = { ins[190:175], 1'h0 };
-  assign \$187  = { ins[190:175], 1'h0 };
-  assign \$60  = ins[8];
+  assign \o__payload$83[0]  = \o__payload$83 ;
+  assign \i__payload$68 [33] = beat[64];
+  assign \i__payload$68 [32:16] = \$90 ;
+  assign \i__payload$68 [15:0] = beat[15:0];
+  assign \i__payload$67 [31:16] = beat[47:32];
+  assign \i__payload$67 [15:0] = beat[15:0];
+  assign \$5  = 1'h1;
+  assign \$6  = issuing;
+  assign \$12  = 1'h1;
+  assign \$13  = issuing;
+  assign { \$64 [9:3], \$64 [1:0] } = 9'h000;
+  assign \$64 [2] = ins[8];
+  assign \$77  = 1'h1;
+  assign \$78  = issuing;
+  assign \$83  = 1'h1;
+  assign \$84  = issuing;
+  assign \$198  = { ins[190:175], 1'h0 };
+  assign \$200  = { ins[190:175], 1'h0 };
+  assign \$65  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -9241,203 +9678,350 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid, i__ready, o__valid, o__payload, n, clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4801$0 , level, \port$5114$0 , \port$5116$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [49:0] \$100 ;
-  wire \$101 ;
-  wire [15:0] \$102 ;
-  wire [15:0] \$103 ;
-  wire [31:0] \$104 ;
-  wire [49:0] \$105 ;
-  wire \$106 ;
-  wire [48:0] \$107 ;
-  wire [33:0] \$108 ;
-  wire \$109 ;
   wire \$11 ;
-  wire [33:0] \$110 ;
-  wire [34:0] \$111 ;
-  wire [32:0] \$112 ;
-  wire [33:0] \$113 ;
-  wire [32:0] \$114 ;
-  wire [32:0] \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [17:0] \$119 ;
   wire \$12 ;
-  wire [5:0] \$120 ;
-  wire \$121 ;
+  wire \$13 ;
+  wire [2:0] \$14 ;
+  reg \$15 ;
+  reg \$16 ;
+  reg [1:0] \$17 ;
+  wire [1:0] \$2 ;
+  wire \$3 ;
+  wire [1:0] \$4 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire \$7 ;
+  wire \$8 ;
+  wire [2:0] \$9 ;
+  input clk;
+  wire clk;
+  (* init = 1'h0 *)
+  wire consume;
+  output [1:0] level;
+  reg [1:0] level = 2'h0;
+  input \port$4801$0 ;
+  wire \port$4801$0 ;
+  input [31:0] \port$5114$0 ;
+  wire [31:0] \port$5114$0 ;
+  input [31:0] \port$5116$0 ;
+  wire [31:0] \port$5116$0 ;
+  (* init = 1'h0 *)
+  wire produce;
+  output [64:0] r_data;
+  wire [64:0] r_data;
+  input r_en;
+  wire r_en;
+  (* init = 2'h0 *)
+  wire [1:0] r_level;
+  reg r_port__addr = 1'h0;
+  wire [64:0] r_port__data;
+  output r_rdy;
+  wire r_rdy;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  wire [64:0] w_data;
+  input w_en;
+  wire w_en;
+  (* init = 2'h0 *)
+  wire [1:0] w_level;
+  reg w_port__addr = 1'h0;
+  wire [64:0] w_port__data;
+  wire w_port__en;
+  wire w_rdy;
+  reg [64:0] storage [1:0];
+  initial begin
+    storage[0] = 65'h00000000000000000;
+    storage[1] = 65'h00000000000000000;
+  end
+  always @(posedge clk) begin
+    if (w_port__en)
+      storage[w_port__addr] <= { \port$4801$0 , \port$5116$0 , \port$5114$0  };
+  end
+  assign r_data = storage[r_port__addr];
+  assign w_rdy = level != 2'h2;
+  assign r_rdy = | level;
+  assign w_port__en = w_en & w_rdy;
+  assign \$1  = w_rdy & w_en;
+  assign \$2  = w_port__addr + 1'h1;
+  assign \$3  = r_rdy & r_en;
+  assign \$4  = r_port__addr + 1'h1;
+  assign \$5  = w_rdy & w_en;
+  assign \$6  = r_rdy & r_en;
+  assign \$7  = ~ \$6 ;
+  assign \$8  = \$5  & \$7 ;
+  assign \$9  = level + 1'h1;
+  assign \$10  = r_rdy & r_en;
+  assign \$11  = w_rdy & w_en;
+  assign \$12  = ~ \$11 ;
+  assign \$13  = \$10  & \$12 ;
+  assign \$14  = level - 1'h1;
+  always @(posedge clk)
+    w_port__addr <= \$15 ;
+  always @(posedge clk)
+    r_port__addr <= \$16 ;
+  always @(posedge clk)
+    level <= \$17 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$15  = w_port__addr;
+    if (\$1 ) begin
+      \$15  = \$2 [0];
+    end
+    if (unit_rst) begin
+      \$15  = 1'h0;
+    end
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$16  = r_port__addr;
+    if (\$3 ) begin
+      \$16  = \$4 [0];
+    end
+    if (unit_rst) begin
+      \$16  = 1'h0;
+    end
+    if (rst) begin
+      \$16  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$17  = level;
+    if (\$8 ) begin
+      \$17  = \$9 [1:0];
+    end
+    if (\$13 ) begin
+      \$17  = \$14 [1:0];
+    end
+    if (unit_rst) begin
+      \$17  = 2'h0;
+    end
+    if (rst) begin
+      \$17  = 2'h0;
+    end
+  end
+  assign w_level = level;
+  assign r_level = level;
+  assign produce = w_port__addr;
+  assign w_port__data = { \port$4801$0 , \port$5116$0 , \port$5114$0  };
+  assign w_data = { \port$4801$0 , \port$5116$0 , \port$5114$0  };
+  assign consume = r_port__addr;
+  assign r_port__data = r_data;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__valid, i__ready, o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire [15:0] \$100 ;
+  wire [15:0] \$101 ;
+  wire [49:0] \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire [15:0] \$107 ;
+  wire [15:0] \$108 ;
+  wire [31:0] \$109 ;
+  wire \$11 ;
+  wire [49:0] \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire [48:0] \$113 ;
+  wire [33:0] \$114 ;
+  wire \$115 ;
+  wire [33:0] \$116 ;
+  wire [34:0] \$117 ;
+  wire [32:0] \$118 ;
+  wire [33:0] \$119 ;
+  wire \$12 ;
+  wire [32:0] \$120 ;
+  wire [32:0] \$121 ;
   wire \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
+  wire [17:0] \$125 ;
+  wire [5:0] \$126 ;
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire [15:0] \$130 ;
-  wire [15:0] \$131 ;
-  wire [31:0] \$132 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
   wire \$133 ;
   wire \$134 ;
   wire \$135 ;
-  wire [59:0] \$136 ;
-  wire [44:0] \$137 ;
-  wire [59:0] \$138 ;
-  wire [59:0] \$139 ;
+  wire [15:0] \$136 ;
+  wire [15:0] \$137 ;
+  wire [31:0] \$138 ;
+  wire \$139 ;
   wire \$14 ;
   wire \$140 ;
-  wire [59:0] \$141 ;
-  wire [44:0] \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire [45:0] \$145 ;
+  wire \$141 ;
+  wire [59:0] \$142 ;
+  wire [44:0] \$143 ;
+  wire [59:0] \$144 ;
+  wire [59:0] \$145 ;
   wire \$146 ;
   wire [59:0] \$147 ;
   wire [44:0] \$148 ;
-  wire [59:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [59:0] \$150 ;
-  wire \$151 ;
-  wire [59:0] \$152 ;
-  wire [44:0] \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire [45:0] \$156 ;
+  wire \$150 ;
+  wire [45:0] \$151 ;
+  wire \$152 ;
+  wire [59:0] \$153 ;
+  wire [44:0] \$154 ;
+  wire [59:0] \$155 ;
+  wire [59:0] \$156 ;
   wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
+  wire [59:0] \$158 ;
+  wire [44:0] \$159 ;
   wire \$16 ;
-  wire [59:0] \$160 ;
-  wire [44:0] \$161 ;
-  wire [59:0] \$162 ;
-  wire [59:0] \$163 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire [45:0] \$162 ;
+  wire \$163 ;
   wire \$164 ;
-  wire [59:0] \$165 ;
-  wire [44:0] \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire [45:0] \$169 ;
+  wire \$165 ;
+  wire [59:0] \$166 ;
+  wire [44:0] \$167 ;
+  wire [59:0] \$168 ;
+  wire [59:0] \$169 ;
   wire \$17 ;
-  wire [59:0] \$170 ;
-  wire [44:0] \$171 ;
-  wire [59:0] \$172 ;
-  wire [59:0] \$173 ;
+  wire \$170 ;
+  wire [59:0] \$171 ;
+  wire [44:0] \$172 ;
+  wire \$173 ;
   wire \$174 ;
-  wire [59:0] \$175 ;
-  wire [44:0] \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire [45:0] \$179 ;
+  wire [45:0] \$175 ;
+  wire [59:0] \$176 ;
+  wire [44:0] \$177 ;
+  wire [59:0] \$178 ;
+  wire [59:0] \$179 ;
   wire \$18 ;
-  wire [7:0] \$180 ;
-  wire [7:0] \$181 ;
-  reg \$182 ;
-  reg [15:0] \$183 ;
-  reg \$184 ;
-  reg [32:0] \$185 ;
-  reg \$186 ;
-  reg [48:0] \$187 ;
-  reg [47:0] \$188 ;
-  reg [2:0] \$189 ;
+  wire \$180 ;
+  wire [59:0] \$181 ;
+  wire [44:0] \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire [45:0] \$185 ;
+  wire [7:0] \$186 ;
+  wire [7:0] \$187 ;
+  reg \$188 ;
+  reg [15:0] \$189 ;
   wire \$19 ;
-  reg [32:0] \$190 ;
+  reg \$190 ;
   reg [32:0] \$191 ;
-  reg [32:0] \$192 ;
-  reg [16:0] \$193 ;
-  reg [4:0] \$194 ;
-  reg [12:0] \$195 ;
+  reg \$192 ;
+  reg [48:0] \$193 ;
+  reg [47:0] \$194 ;
+  reg [2:0] \$195 ;
+  reg [32:0] \$196 ;
+  reg [32:0] \$197 ;
+  reg [32:0] \$198 ;
+  reg [16:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
+  reg [4:0] \$200 ;
+  reg [12:0] \$201 ;
   wire \$21 ;
   wire \$22 ;
   wire \$23 ;
   wire \$24 ;
   wire \$25 ;
   wire \$26 ;
-  wire [17:0] \$27 ;
+  wire \$27 ;
   wire \$28 ;
   wire [17:0] \$29 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$31 ;
+  wire [17:0] \$31 ;
   wire \$32 ;
-  wire [17:0] \$33 ;
-  wire [17:0] \$34 ;
-  wire [15:0] \$35 ;
-  wire [15:0] \$36 ;
-  wire \$37 ;
-  wire \$38 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire [17:0] \$35 ;
+  wire [17:0] \$36 ;
+  wire [15:0] \$37 ;
+  wire [15:0] \$38 ;
   wire \$39 ;
   wire \$4 ;
   wire \$40 ;
   wire \$41 ;
-  wire [15:0] \$42 ;
-  wire [15:0] \$43 ;
-  wire [31:0] \$44 ;
-  wire \$45 ;
-  wire [15:0] \$46 ;
-  wire [15:0] \$47 ;
-  wire [31:0] \$48 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire [15:0] \$44 ;
+  wire [15:0] \$45 ;
+  wire [31:0] \$46 ;
+  wire \$47 ;
+  wire [15:0] \$48 ;
   wire [15:0] \$49 ;
   wire \$5 ;
-  wire [17:0] \$50 ;
-  wire \$51 ;
-  wire \$52 ;
+  wire [31:0] \$50 ;
+  wire [15:0] \$51 ;
+  wire [17:0] \$52 ;
   wire \$53 ;
-  wire [49:0] \$54 ;
-  wire [49:0] \$55 ;
+  wire \$54 ;
+  wire \$55 ;
   wire [49:0] \$56 ;
   wire [49:0] \$57 ;
-  wire \$58 ;
+  wire [49:0] \$58 ;
   wire [49:0] \$59 ;
   wire \$6 ;
-  wire [49:0] \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire [50:0] \$63 ;
+  wire \$60 ;
+  wire [49:0] \$61 ;
+  wire [49:0] \$62 ;
+  wire \$63 ;
   wire \$64 ;
-  wire [49:0] \$65 ;
-  wire [49:0] \$66 ;
+  wire [50:0] \$65 ;
+  wire \$66 ;
   wire [49:0] \$67 ;
   wire [49:0] \$68 ;
-  wire \$69 ;
+  wire [49:0] \$69 ;
   wire \$7 ;
   wire [49:0] \$70 ;
-  wire [49:0] \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire [50:0] \$74 ;
+  wire \$71 ;
+  wire [49:0] \$72 ;
+  wire [49:0] \$73 ;
+  wire \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [50:0] \$76 ;
   wire \$77 ;
-  wire [49:0] \$78 ;
-  wire [49:0] \$79 ;
+  wire \$78 ;
+  wire \$79 ;
   wire \$8 ;
   wire [49:0] \$80 ;
   wire [49:0] \$81 ;
-  wire \$82 ;
+  wire [49:0] \$82 ;
   wire [49:0] \$83 ;
-  wire [49:0] \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire [50:0] \$87 ;
-  wire [49:0] \$88 ;
-  wire [49:0] \$89 ;
+  wire \$84 ;
+  wire [49:0] \$85 ;
+  wire [49:0] \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire [50:0] \$89 ;
   wire \$9 ;
   wire [49:0] \$90 ;
   wire [49:0] \$91 ;
-  wire \$92 ;
+  wire [49:0] \$92 ;
   wire [49:0] \$93 ;
-  wire [49:0] \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire [50:0] \$97 ;
-  wire [15:0] \$98 ;
-  wire [15:0] \$99 ;
+  wire \$94 ;
+  wire [49:0] \$95 ;
+  wire [49:0] \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire [50:0] \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   wire busy;
@@ -9491,175 +10075,181 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
   assign \$1  = ~ o__valid;
   assign \$3  = ~ p_valid;
   assign \$4  = ~ o__valid;
-  assign \$7  = ! r_norm;
-  assign \$8  = ~ r_norm[16];
-  assign \$9  = ~ p_valid;
-  assign \$10  = ~ o__valid;
-  assign \$13  = p_valid & p_last;
-  assign \$14  = ~ \$13 ;
-  assign \$16  = ! fsm_state;
-  assign \$17  = fsm_state == 1'h1;
-  assign \$18  = fsm_state == 2'h2;
-  assign \$19  = fsm_state == 2'h3;
-  assign \$20  = fsm_state == 3'h4;
-  assign \$21  = fsm_state == 3'h5;
-  assign \$22  = fsm_state == 3'h6;
-  assign \$23  = fsm_state == 3'h7;
-  assign \$24  = ~ o__valid;
-  assign \$27  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$28  = & \$27 [17:15];
+  assign \$7  = p_valid & p_last;
+  assign \$8  = ~ \$7 ;
+  assign \$9  = ! r_norm;
+  assign \$10  = ~ r_norm[16];
+  assign \$11  = ~ p_valid;
+  assign \$12  = ~ o__valid;
+  assign \$15  = p_valid & p_last;
+  assign \$16  = ~ \$15 ;
+  assign \$18  = ! fsm_state;
+  assign \$19  = fsm_state == 1'h1;
+  assign \$20  = fsm_state == 2'h2;
+  assign \$21  = fsm_state == 2'h3;
+  assign \$22  = fsm_state == 3'h4;
+  assign \$23  = fsm_state == 3'h5;
+  assign \$24  = fsm_state == 3'h6;
+  assign \$25  = fsm_state == 3'h7;
+  assign \$26  = ~ o__valid;
   assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$30  = | \$29 [17:15];
-  assign \$31  = ~ \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$34  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$35  = \$34 [17] ? 16'h8000 : 16'h7fff;
-  assign \$36  = \$32  ? \$33 [15:0] : \$35 ;
-  assign \$37  = ~ p_valid;
-  assign \$38  = ~ o__valid;
-  assign \$41  = op == 2'h2;
-  assign \$42  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$43  = \$41  ? \$42  : { 1'h0, i__payload[30:16] };
-  assign \$44  = $signed(i__payload[15:0]) * $signed(\$43 );
-  assign \$45  = op == 2'h2;
-  assign \$46  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$47  = \$45  ? \$46  : { 1'h0, i__payload[30:16] };
-  assign \$48  = $signed(i__payload[15:0]) * $signed(\$47 );
-  assign \$49  = i__payload[31] ? i__payload[15:0] : 16'h0000;
-  assign \$50  = $signed(\$48 [31:15]) + $signed(\$49 );
-  assign \$51  = ~ o__valid;
-  assign \$54  = $signed(acc) + $signed(prod);
+  assign \$30  = & \$29 [17:15];
+  assign \$31  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$32  = | \$31 [17:15];
+  assign \$33  = ~ \$32 ;
+  assign \$34  = \$30  | \$33 ;
+  assign \$35  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$36  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$37  = \$36 [17] ? 16'h8000 : 16'h7fff;
+  assign \$38  = \$34  ? \$35 [15:0] : \$37 ;
+  assign \$39  = ~ p_valid;
+  assign \$40  = ~ o__valid;
+  assign \$43  = op == 2'h2;
+  assign \$44  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$45  = \$43  ? \$44  : { 1'h0, i__payload[30:16] };
+  assign \$46  = $signed(i__payload[15:0]) * $signed(\$45 );
+  assign \$47  = op == 2'h2;
+  assign \$48  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$49  = \$47  ? \$48  : { 1'h0, i__payload[30:16] };
+  assign \$50  = $signed(i__payload[15:0]) * $signed(\$49 );
+  assign \$51  = i__payload[31] ? i__payload[15:0] : 16'h0000;
+  assign \$52  = $signed(\$50 [31:15]) + $signed(\$51 );
+  assign \$53  = ~ o__valid;
   assign \$56  = $signed(acc) + $signed(prod);
-  assign \$57  = $signed(acc) + $signed(prod);
-  assign \$58  = | \$57 [13:0];
+  assign \$58  = $signed(acc) + $signed(prod);
   assign \$59  = $signed(acc) + $signed(prod);
-  assign \$61  = \$58  | \$60 [0];
-  assign \$62  = \$56 [14] & \$61 ;
-  assign \$63  = $signed(\$55 ) + $signed({ 1'h0, \$62  });
-  assign \$64  = & \$63 [50:15];
-  assign \$65  = $signed(acc) + $signed(prod);
+  assign \$60  = | \$59 [13:0];
+  assign \$61  = $signed(acc) + $signed(prod);
+  assign \$63  = \$60  | \$62 [0];
+  assign \$64  = \$58 [14] & \$63 ;
+  assign \$65  = $signed(\$57 ) + $signed({ 1'h0, \$64  });
+  assign \$66  = & \$65 [50:15];
   assign \$67  = $signed(acc) + $signed(prod);
-  assign \$68  = $signed(acc) + $signed(prod);
-  assign \$69  = | \$68 [13:0];
+  assign \$69  = $signed(acc) + $signed(prod);
   assign \$70  = $signed(acc) + $signed(prod);
-  assign \$72  = \$69  | \$71 [0];
-  assign \$73  = \$67 [14] & \$72 ;
-  assign \$74  = $signed(\$66 ) + $signed({ 1'h0, \$73  });
-  assign \$75  = | \$74 [50:15];
-  assign \$76  = ~ \$75 ;
-  assign \$77  = \$64  | \$76 ;
-  assign \$78  = $signed(acc) + $signed(prod);
+  assign \$71  = | \$70 [13:0];
+  assign \$72  = $signed(acc) + $signed(prod);
+  assign \$74  = \$71  | \$73 [0];
+  assign \$75  = \$69 [14] & \$74 ;
+  assign \$76  = $signed(\$68 ) + $signed({ 1'h0, \$75  });
+  assign \$77  = | \$76 [50:15];
+  assign \$78  = ~ \$77 ;
+  assign \$79  = \$66  | \$78 ;
   assign \$80  = $signed(acc) + $signed(prod);
-  assign \$81  = $signed(acc) + $signed(prod);
-  assign \$82  = | \$81 [13:0];
+  assign \$82  = $signed(acc) + $signed(prod);
   assign \$83  = $signed(acc) + $signed(prod);
-  assign \$85  = \$82  | \$84 [0];
-  assign \$86  = \$80 [14] & \$85 ;
-  assign \$87  = $signed(\$79 ) + $signed({ 1'h0, \$86  });
-  assign \$88  = $signed(acc) + $signed(prod);
+  assign \$84  = | \$83 [13:0];
+  assign \$85  = $signed(acc) + $signed(prod);
+  assign \$87  = \$84  | \$86 [0];
+  assign \$88  = \$82 [14] & \$87 ;
+  assign \$89  = $signed(\$81 ) + $signed({ 1'h0, \$88  });
   assign \$90  = $signed(acc) + $signed(prod);
-  assign \$91  = $signed(acc) + $signed(prod);
-  assign \$92  = | \$91 [13:0];
+  assign \$92  = $signed(acc) + $signed(prod);
   assign \$93  = $signed(acc) + $signed(prod);
-  assign \$95  = \$92  | \$94 [0];
-  assign \$96  = \$90 [14] & \$95 ;
-  assign \$97  = $signed(\$89 ) + $signed({ 1'h0, \$96  });
-  assign \$98  = \$97 [50] ? 16'h8000 : 16'h7fff;
-  assign \$99  = \$77  ? \$87 [15:0] : \$98 ;
-  assign \$100  = $signed(acc) + $signed(prod);
-  assign \$101  = op == 2'h2;
-  assign \$102  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$103  = \$101  ? \$102  : { 1'h0, i__payload[30:16] };
-  assign \$104  = $signed(i__payload[15:0]) * $signed(\$103 );
-  assign \$105  = $signed({ 1'h0, sumsq }) + $signed(\$104 );
-  assign \$106  = ~ busy;
-  assign \$107  = quot + 1'h1;
-  assign \$108  = root + \bit ;
-  assign \$109  = rem >= \$108 ;
-  assign \$110  = root + \bit ;
-  assign \$111  = rem - \$110 ;
-  assign \$113  = \$112  + \bit ;
-  assign \$116  = \bit  == 1'h1;
-  assign \$117  = ! r_norm;
-  assign \$118  = ~ r_norm[16];
-  assign \$120  = z + 1'h1;
-  assign \$121  = ~ busy;
-  assign \$122  = ~ p_valid;
-  assign \$123  = ~ o__valid;
-  assign \$126  = p_valid & p_last;
-  assign \$127  = ~ \$126 ;
-  assign \$129  = op == 2'h2;
-  assign \$130  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$131  = \$129  ? \$130  : { 1'h0, i__payload[30:16] };
-  assign \$132  = $signed(i__payload[15:0]) * $signed(\$131 );
-  assign \$133  = ~ o__valid;
-  assign \$136  = $signed(prod[28:0]) << z;
-  assign \$138  = $signed(prod[28:0]) << z;
-  assign \$139  = $signed(prod[28:0]) << z;
-  assign \$140  = | \$139 [21:0];
-  assign \$141  = $signed(prod[28:0]) << z;
-  assign \$143  = \$140  | \$142 [0];
-  assign \$144  = \$138 [22] & \$143 ;
-  assign \$145  = $signed(\$137 ) + $signed({ 1'h0, \$144  });
-  assign \$146  = & \$145 [45:7];
+  assign \$94  = | \$93 [13:0];
+  assign \$95  = $signed(acc) + $signed(prod);
+  assign \$97  = \$94  | \$96 [0];
+  assign \$98  = \$92 [14] & \$97 ;
+  assign \$99  = $signed(\$91 ) + $signed({ 1'h0, \$98  });
+  assign \$100  = \$99 [50] ? 16'h8000 : 16'h7fff;
+  assign \$101  = \$79  ? \$89 [15:0] : \$100 ;
+  assign \$102  = $signed(acc) + $signed(prod);
+  assign \$103  = p_valid & p_last;
+  assign \$104  = ~ \$103 ;
+  assign \$105  = i__valid & \$104 ;
+  assign \$106  = op == 2'h2;
+  assign \$107  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$108  = \$106  ? \$107  : { 1'h0, i__payload[30:16] };
+  assign \$109  = $signed(i__payload[15:0]) * $signed(\$108 );
+  assign \$110  = $signed({ 1'h0, sumsq }) + $signed(prod);
+  assign \$111  = p_valid & p_last;
+  assign \$112  = ~ busy;
+  assign \$113  = quot + 1'h1;
+  assign \$114  = root + \bit ;
+  assign \$115  = rem >= \$114 ;
+  assign \$116  = root + \bit ;
+  assign \$117  = rem - \$116 ;
+  assign \$119  = \$118  + \bit ;
+  assign \$122  = \bit  == 1'h1;
+  assign \$123  = ! r_norm;
+  assign \$124  = ~ r_norm[16];
+  assign \$126  = z + 1'h1;
+  assign \$127  = ~ busy;
+  assign \$128  = ~ p_valid;
+  assign \$129  = ~ o__valid;
+  assign \$132  = p_valid & p_last;
+  assign \$133  = ~ \$132 ;
+  assign \$135  = op == 2'h2;
+  assign \$136  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$137  = \$135  ? \$136  : { 1'h0, i__payload[30:16] };
+  assign \$138  = $signed(i__payload[15:0]) * $signed(\$137 );
+  assign \$139  = ~ o__valid;
+  assign \$142  = $signed(prod[28:0]) << z;
+  assign \$144  = $signed(prod[28:0]) << z;
+  assign \$145  = $signed(prod[28:0]) << z;
+  assign \$146  = | \$145 [21:0];
   assign \$147  = $signed(prod[28:0]) << z;
-  assign \$149  = $signed(prod[28:0]) << z;
-  assign \$150  = $signed(prod[28:0]) << z;
-  assign \$151  = | \$150 [21:0];
-  assign \$152  = $signed(prod[28:0]) << z;
-  assign \$154  = \$151  | \$153 [0];
-  assign \$155  = \$149 [22] & \$154 ;
-  assign \$156  = $signed(\$148 ) + $signed({ 1'h0, \$155  });
-  assign \$157  = | \$156 [45:7];
-  assign \$158  = ~ \$157 ;
-  assign \$159  = \$146  | \$158 ;
-  assign \$160  = $signed(prod[28:0]) << z;
-  assign \$162  = $signed(prod[28:0]) << z;
-  assign \$163  = $signed(prod[28:0]) << z;
-  assign \$164  = | \$163 [21:0];
-  assign \$165  = $signed(prod[28:0]) << z;
-  assign \$167  = \$164  | \$166 [0];
-  assign \$168  = \$162 [22] & \$167 ;
-  assign \$169  = $signed(\$161 ) + $signed({ 1'h0, \$168  });
-  assign \$170  = $signed(prod[28:0]) << z;
-  assign \$172  = $signed(prod[28:0]) << z;
-  assign \$173  = $signed(prod[28:0]) << z;
-  assign \$174  = | \$173 [21:0];
-  assign \$175  = $signed(prod[28:0]) << z;
-  assign \$177  = \$174  | \$176 [0];
-  assign \$178  = \$172 [22] & \$177 ;
-  assign \$179  = $signed(\$171 ) + $signed({ 1'h0, \$178  });
-  assign \$180  = \$179 [45] ? 8'h80 : 8'h7f;
-  assign \$181  = \$159  ? \$169 [7:0] : \$180 ;
+  assign \$149  = \$146  | \$148 [0];
+  assign \$150  = \$144 [22] & \$149 ;
+  assign \$151  = $signed(\$143 ) + $signed({ 1'h0, \$150  });
+  assign \$152  = & \$151 [45:7];
+  assign \$153  = $signed(prod[28:0]) << z;
+  assign \$155  = $signed(prod[28:0]) << z;
+  assign \$156  = $signed(prod[28:0]) << z;
+  assign \$157  = | \$156 [21:0];
+  assign \$158  = $signed(prod[28:0]) << z;
+  assign \$160  = \$157  | \$159 [0];
+  assign \$161  = \$155 [22] & \$160 ;
+  assign \$162  = $signed(\$154 ) + $signed({ 1'h0, \$161  });
+  assign \$163  = | \$162 [45:7];
+  assign \$164  = ~ \$163 ;
+  assign \$165  = \$152  | \$164 ;
+  assign \$166  = $signed(prod[28:0]) << z;
+  assign \$168  = $signed(prod[28:0]) << z;
+  assign \$169  = $signed(prod[28:0]) << z;
+  assign \$170  = | \$169 [21:0];
+  assign \$171  = $signed(prod[28:0]) << z;
+  assign \$173  = \$170  | \$172 [0];
+  assign \$174  = \$168 [22] & \$173 ;
+  assign \$175  = $signed(\$167 ) + $signed({ 1'h0, \$174  });
+  assign \$176  = $signed(prod[28:0]) << z;
+  assign \$178  = $signed(prod[28:0]) << z;
+  assign \$179  = $signed(prod[28:0]) << z;
+  assign \$180  = | \$179 [21:0];
+  assign \$181  = $signed(prod[28:0]) << z;
+  assign \$183  = \$180  | \$182 [0];
+  assign \$184  = \$178 [22] & \$183 ;
+  assign \$185  = $signed(\$177 ) + $signed({ 1'h0, \$184  });
+  assign \$186  = \$185 [45] ? 8'h80 : 8'h7f;
+  assign \$187  = \$165  ? \$175 [7:0] : \$186 ;
   always @(posedge clk)
-    o__valid <= \$182 ;
+    o__valid <= \$188 ;
   always @(posedge clk)
-    o__payload <= \$183 ;
+    o__payload <= \$189 ;
   always @(posedge clk)
-    p_valid <= \$184 ;
+    p_valid <= \$190 ;
   always @(posedge clk)
-    prod <= \$185 ;
+    prod <= \$191 ;
   always @(posedge clk)
-    p_last <= \$186 ;
+    p_last <= \$192 ;
   always @(posedge clk)
-    acc <= \$187 ;
+    acc <= \$193 ;
   always @(posedge clk)
-    sumsq <= \$188 ;
+    sumsq <= \$194 ;
   always @(posedge clk)
-    fsm_state <= \$189 ;
+    fsm_state <= \$195 ;
   always @(posedge clk)
-    rem <= \$190 ;
+    rem <= \$196 ;
   always @(posedge clk)
-    root <= \$191 ;
+    root <= \$197 ;
   always @(posedge clk)
-    \bit  <= \$192 ;
+    \bit  <= \$198 ;
   always @(posedge clk)
-    r_norm <= \$193 ;
+    r_norm <= \$199 ;
   always @(posedge clk)
-    z <= \$194 ;
+    z <= \$200 ;
   always @(posedge clk)
-    recip <= \$195 ;
+    recip <= \$201 ;
   \nanokpu_kpu.elementwise.vector.div  div (
     .busy(busy),
     .clk(clk),
@@ -9671,7 +10261,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -9682,7 +10272,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                i__ready = 1'h1;
+                i__ready = \$8 ;
             3'h1:
                 /* empty */;
             3'h2:
@@ -9696,12 +10286,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h7:
                 /* empty */;
             3'h6:
-                i__ready = \$15 ;
+                i__ready = \$17 ;
           endcase
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -9722,8 +10312,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
+                if (\$9 ) begin
+                end else if (\$10 ) begin
                 end else begin
                   start = 1'h1;
                 end
@@ -9731,7 +10321,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -9752,8 +10342,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
+                if (\$9 ) begin
+                end else if (\$10 ) begin
                 end else begin
                   num = 48'h000010000000;
                 end
@@ -9761,7 +10351,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     den = 17'h00000;
     casez (op)
       2'h0:
@@ -9782,8 +10372,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$7 ) begin
-                end else if (\$8 ) begin
+                if (\$9 ) begin
+                end else if (\$10 ) begin
                 end else begin
                   den = r_norm;
                 end
@@ -9791,7 +10381,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     scale_pass = 1'h0;
     casez (op)
       2'h0:
@@ -9821,17 +10411,17 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$182  = 1'h0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$188  = 1'h0;
     casez (op)
       2'h0:
-          if (\$26 ) begin
-            \$182  = 1'h1;
+          if (\$28 ) begin
+            \$188  = 1'h1;
           end
       2'h1:
-          if (\$53 ) begin
+          if (\$55 ) begin
             if (p_last) begin
-              \$182  = 1'h1;
+              \$188  = 1'h1;
             end
           end
       2'h2:
@@ -9852,30 +10442,30 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$135 ) begin
-                  \$182  = 1'h1;
+                if (\$141 ) begin
+                  \$188  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$182  = 1'h0;
+      \$188  = 1'h0;
     end
     if (rst) begin
-      \$182  = 1'h0;
+      \$188  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$183  = o__payload;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$189  = o__payload;
     casez (op)
       2'h0:
-          if (\$26 ) begin
-            \$183  = \$36 ;
+          if (\$28 ) begin
+            \$189  = \$38 ;
           end
       2'h1:
-          if (\$53 ) begin
+          if (\$55 ) begin
             if (p_last) begin
-              \$183  = \$99 ;
+              \$189  = \$101 ;
             end
           end
       2'h2:
@@ -9896,33 +10486,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$135 ) begin
-                  \$183  = { \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181 [7], \$181  };
+                if (\$141 ) begin
+                  \$189  = { \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$183  = 16'h0000;
+      \$189  = 16'h0000;
     end
     if (rst) begin
-      \$183  = 16'h0000;
+      \$189  = 16'h0000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$184  = p_valid;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$190  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$40 ) begin
-            \$184  = i__valid;
+          if (\$42 ) begin
+            \$190  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                /* empty */;
+                \$190  = \$105 ;
             3'h1:
                 /* empty */;
             3'h2:
@@ -9937,39 +10527,39 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
                 /* empty */;
             3'h6:
               begin
-                if (\$128 ) begin
-                  \$184  = i__valid;
+                if (\$134 ) begin
+                  \$190  = i__valid;
                 end
-                if (\$135 ) begin
+                if (\$141 ) begin
                   if (p_last) begin
-                    \$184  = 1'h0;
+                    \$190  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$184  = 1'h0;
+      \$190  = 1'h0;
     end
     if (rst) begin
-      \$184  = 1'h0;
+      \$190  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$185  = prod;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$191  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$40 ) begin
-            \$185  = { \$50 , \$44 [14:0] };
+          if (\$42 ) begin
+            \$191  = { \$52 , \$46 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                /* empty */;
+                \$191  = { \$109 [31], \$109  };
             3'h1:
                 /* empty */;
             3'h2:
@@ -9983,33 +10573,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$128 ) begin
-                  \$185  = { \$132 [31], \$132  };
+                if (\$134 ) begin
+                  \$191  = { \$138 [31], \$138  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$185  = 33'h000000000;
+      \$191  = 33'h000000000;
     end
     if (rst) begin
-      \$185  = 33'h000000000;
+      \$191  = 33'h000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$186  = p_last;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$192  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$40 ) begin
-            \$186  = i__payload[33];
+          if (\$42 ) begin
+            \$192  = i__payload[33];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                /* empty */;
+                \$192  = i__payload[33];
             3'h1:
                 /* empty */;
             3'h2:
@@ -10023,44 +10613,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$128 ) begin
-                  \$186  = i__payload[33];
+                if (\$134 ) begin
+                  \$192  = i__payload[33];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$186  = 1'h0;
+      \$192  = 1'h0;
     end
     if (rst) begin
-      \$186  = 1'h0;
+      \$192  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$187  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$193  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
+          if (\$55 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$187  = 49'h0000000000000;
+              \$193  = 49'h0000000000000;
             end else begin
-              \$187  = \$100 [48:0];
+              \$193  = \$102 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$187  = 49'h0000000000000;
+      \$193  = 49'h0000000000000;
     end
     if (rst) begin
-      \$187  = 49'h0000000000000;
+      \$193  = 49'h0000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$188  = sumsq;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$194  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -10069,27 +10659,27 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
       2'h2:
           casez (fsm_state)
             3'h0:
-                if (i__valid) begin
-                  \$188  = \$105 [47:0];
+                if (p_valid) begin
+                  \$194  = \$110 [47:0];
                 end
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$106 ) begin
-                  \$188  = 48'h000000000000;
+                if (\$112 ) begin
+                  \$194  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$188  = 48'h000000000000;
+      \$194  = 48'h000000000000;
     end
     if (rst) begin
-      \$188  = 48'h000000000000;
+      \$194  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$189  = fsm_state;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$195  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -10099,53 +10689,51 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                if (i__valid) begin
-                  if (i__payload[33]) begin
-                    \$189  = 3'h1;
-                  end
+                if (\$111 ) begin
+                  \$195  = 3'h1;
                 end
             3'h1:
-                \$189  = 3'h2;
+                \$195  = 3'h2;
             3'h2:
-                if (\$106 ) begin
-                  \$189  = 3'h3;
+                if (\$112 ) begin
+                  \$195  = 3'h3;
                 end
             3'h3:
-                if (\$116 ) begin
-                  \$189  = 3'h4;
+                if (\$122 ) begin
+                  \$195  = 3'h4;
                 end
             3'h4:
-                \$189  = 3'h5;
+                \$195  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$117 ) begin
-                  \$189  = 3'h6;
-                end else if (\$118 ) begin
+                if (\$123 ) begin
+                  \$195  = 3'h6;
+                end else if (\$124 ) begin
                 end else begin
-                  \$189  = 3'h7;
+                  \$195  = 3'h7;
                 end
             3'h7:
-                if (\$121 ) begin
-                  \$189  = 3'h6;
+                if (\$127 ) begin
+                  \$195  = 3'h6;
                 end
             3'h6:
-                if (\$135 ) begin
+                if (\$141 ) begin
                   if (p_last) begin
-                    \$189  = 3'h0;
+                    \$195  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$189  = 3'h0;
+      \$195  = 3'h0;
     end
     if (rst) begin
-      \$189  = 3'h0;
+      \$195  = 3'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$190  = rem;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$196  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -10158,25 +10746,25 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$106 ) begin
-                  \$190  = \$107 [32:0];
+                if (\$112 ) begin
+                  \$196  = \$113 [32:0];
                 end
             3'h3:
-                if (\$109 ) begin
-                  \$190  = \$111 [32:0];
+                if (\$115 ) begin
+                  \$196  = \$117 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$190  = 33'h000000000;
+      \$196  = 33'h000000000;
     end
     if (rst) begin
-      \$190  = 33'h000000000;
+      \$196  = 33'h000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$191  = root;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$197  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -10189,28 +10777,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$106 ) begin
-                  \$191  = 33'h000000000;
+                if (\$112 ) begin
+                  \$197  = 33'h000000000;
                 end
             3'h3:
                 (* full_case = 32'd1 *)
-                if (\$109 ) begin
-                  \$191  = \$113 [32:0];
+                if (\$115 ) begin
+                  \$197  = \$119 [32:0];
                 end else begin
-                  \$191  = \$114 ;
+                  \$197  = \$120 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$191  = 33'h000000000;
+      \$197  = 33'h000000000;
     end
     if (rst) begin
-      \$191  = 33'h000000000;
+      \$197  = 33'h000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$192  = \bit ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$198  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -10223,23 +10811,23 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$106 ) begin
-                  \$192  = 33'h100000000;
+                if (\$112 ) begin
+                  \$198  = 33'h100000000;
                 end
             3'h3:
-                \$192  = \$115 ;
+                \$198  = \$121 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$192  = 33'h000000000;
+      \$198  = 33'h000000000;
     end
     if (rst) begin
-      \$192  = 33'h000000000;
+      \$198  = 33'h000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$193  = r_norm;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$199  = r_norm;
     casez (op)
       2'h0:
           /* empty */;
@@ -10256,24 +10844,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h3:
                 /* empty */;
             3'h4:
-                \$193  = root[16:0];
+                \$199  = root[16:0];
             3'h5:
-                if (\$117 ) begin
-                end else if (\$118 ) begin
-                  \$193  = \$119 [16:0];
+                if (\$123 ) begin
+                end else if (\$124 ) begin
+                  \$199  = \$125 [16:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$193  = 17'h00000;
+      \$199  = 17'h00000;
     end
     if (rst) begin
-      \$193  = 17'h00000;
+      \$199  = 17'h00000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$194  = z;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$200  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -10290,24 +10878,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h3:
                 /* empty */;
             3'h4:
-                \$194  = 5'h00;
+                \$200  = 5'h00;
             3'h5:
-                if (\$117 ) begin
-                end else if (\$118 ) begin
-                  \$194  = \$120 [4:0];
+                if (\$123 ) begin
+                end else if (\$124 ) begin
+                  \$200  = \$126 [4:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$194  = 5'h00;
+      \$200  = 5'h00;
     end
     if (rst) begin
-      \$194  = 5'h00;
+      \$200  = 5'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$195  = recip;
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$201  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -10324,20 +10912,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
             3'h3:
                 /* empty */;
             3'h4:
-                \$195  = 13'h0000;
+                \$201  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$121 ) begin
-                  \$195  = quot[12:0];
+                if (\$127 ) begin
+                  \$201  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$195  = 13'h0000;
+      \$201  = 13'h0000;
     end
     if (rst) begin
-      \$195  = 13'h0000;
+      \$201  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -10349,45 +10937,45 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, op, i__payload, i__valid,
   assign \$2  = 1'h1;
   assign \$5  = 1'h1;
   assign \$6  = 1'h1;
-  assign \$11  = 1'h1;
-  assign \$12  = 1'h1;
-  assign \$15  = \$14 ;
-  assign \$25  = 1'h1;
-  assign \$26  = i__valid;
-  assign \$39  = 1'h1;
-  assign \$40  = 1'h1;
-  assign \$52  = 1'h1;
-  assign \$53  = p_valid;
-  assign \$55  = { \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49], \$54 [49:15] };
-  assign \$60  = { \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49], \$59 [49:15] };
-  assign \$66  = { \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49], \$65 [49:15] };
-  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
-  assign \$79  = { \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49], \$78 [49:15] };
-  assign \$84  = { \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49], \$83 [49:15] };
-  assign \$89  = { \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49], \$88 [49:15] };
-  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
-  assign \$112  = { 1'h0, root[32:1] };
-  assign \$114  = { 1'h0, root[32:1] };
-  assign \$115  = { 2'h0, \bit [32:2] };
-  assign \$119  = { r_norm, 1'h0 };
-  assign \$124  = 1'h1;
-  assign \$125  = 1'h1;
-  assign \$128  = \$127 ;
-  assign \$134  = 1'h1;
-  assign \$135  = p_valid;
-  assign \$137  = { \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44], \$136 [44:23] };
-  assign \$142  = { \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44], \$141 [44:23] };
+  assign \$13  = 1'h1;
+  assign \$14  = 1'h1;
+  assign \$17  = \$16 ;
+  assign \$27  = 1'h1;
+  assign \$28  = i__valid;
+  assign \$41  = 1'h1;
+  assign \$42  = 1'h1;
+  assign \$54  = 1'h1;
+  assign \$55  = p_valid;
+  assign \$57  = { \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49:15] };
+  assign \$62  = { \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49:15] };
+  assign \$68  = { \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49:15] };
+  assign \$73  = { \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49:15] };
+  assign \$81  = { \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49:15] };
+  assign \$86  = { \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49:15] };
+  assign \$91  = { \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49:15] };
+  assign \$96  = { \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49:15] };
+  assign \$118  = { 1'h0, root[32:1] };
+  assign \$120  = { 1'h0, root[32:1] };
+  assign \$121  = { 2'h0, \bit [32:2] };
+  assign \$125  = { r_norm, 1'h0 };
+  assign \$130  = 1'h1;
+  assign \$131  = 1'h1;
+  assign \$134  = \$133 ;
+  assign \$140  = 1'h1;
+  assign \$141  = p_valid;
+  assign \$143  = { \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44:23] };
   assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
-  assign \$153  = { \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44], \$152 [44:23] };
-  assign \$161  = { \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44], \$160 [44:23] };
-  assign \$166  = { \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44], \$165 [44:23] };
-  assign \$171  = { \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44], \$170 [44:23] };
-  assign \$176  = { \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44:23] };
+  assign \$154  = { \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44:23] };
+  assign \$159  = { \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44:23] };
+  assign \$167  = { \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44:23] };
+  assign \$172  = { \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44:23] };
+  assign \$177  = { \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44:23] };
+  assign \$182  = { \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -10436,7 +11024,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -10451,7 +11039,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -10466,7 +11054,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -10481,7 +11069,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -10500,7 +11088,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
   wire \$1 ;
   wire \$2 ;
   wire \$3 ;
@@ -11087,7 +11675,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     ins <= \$8 ;
   assign \$1  = | word;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$signature__addr  = 9'h000;
     if (start) begin
       \$signature__addr  = { pc[5:0], 3'h0 };
@@ -11096,7 +11684,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$signature__en  = 1'h1;
     if (start) begin
       \$signature__en  = 1'h1;
@@ -11105,7 +11693,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     done = 1'h0;
     if (start) begin
     end else if (\$1 ) begin
@@ -11115,7 +11703,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$6  = \pc$11 ;
     if (start) begin
       \$6  = pc;
@@ -11125,7 +11713,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$7  = word;
     if (start) begin
       \$7  = 4'h1;
@@ -11140,7 +11728,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$8  = ins;
     if (start) begin
     end else if (\$3 ) begin
@@ -11170,9 +11758,9 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 , error
-, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, ins, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 
+, error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -11822,10 +12410,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .cmd__valid(cmd__valid),
     .\done$90 (done),
     .error(\error$56 ),
-    .\port$3878$0 (pack[7:0]),
-    .\port$3878$24 (pack[31:24]),
-    .\port$3878$48 (pack[55:48]),
-    .\port$3878$72 (pack[79:72]),
+    .\port$4026$0 (pack[7:0]),
+    .\port$4026$24 (pack[31:24]),
+    .\port$4026$48 (pack[55:48]),
+    .\port$4026$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -11835,7 +12423,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_mult = \$2 [15:0];
@@ -11844,7 +12432,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_shift = \$4 ;
@@ -11853,7 +12441,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq_in__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11862,7 +12450,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq_in__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11871,7 +12459,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__i__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11880,7 +12468,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__o__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11889,7 +12477,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__o__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11898,7 +12486,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     c_out__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -11914,21 +12502,21 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     b_in__valid = 1'h0;
     if (running) begin
       b_in__valid = dma__rd_data__valid;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     dma__rd_data__ready = 1'h0;
     if (running) begin
       dma__rd_data__ready = b_in__ready;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
       if (\$20 ) begin
@@ -11943,7 +12531,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
       if (\$20 ) begin
@@ -11958,7 +12546,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__addr = 13'h0000;
     if (running) begin
       if (c_out__valid) begin
@@ -11967,7 +12555,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__en = 1'h0;
     if (running) begin
       if (c_out__valid) begin
@@ -11976,7 +12564,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
@@ -11985,7 +12573,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd1__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -11995,7 +12583,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd1__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12005,7 +12593,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     cmd__valid = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12019,7 +12607,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     dma__rd_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12035,7 +12623,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     running = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12051,7 +12639,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \done$54  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12077,7 +12665,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -12103,7 +12691,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$209  = gm_cap;
     if (running) begin
       (* full_case = 32'd1 *)
@@ -12121,7 +12709,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$210  = gm_cap_lane;
     if (running) begin
       if (\$148 ) begin
@@ -12136,7 +12724,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$211  = gm_lane;
     if (running) begin
       if (\$148 ) begin
@@ -12160,7 +12748,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$212  = gm_addr;
     if (running) begin
       if (\$148 ) begin
@@ -12189,7 +12777,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$213  = pack;
     if (running) begin
       if (gm_cap) begin
@@ -12223,7 +12811,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$214  = a_in__valid;
     if (running) begin
       if (\$159 ) begin
@@ -12247,7 +12835,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$215  = gm_k;
     if (running) begin
       if (\$160 ) begin
@@ -12273,7 +12861,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$216  = gm_wstart;
     if (running) begin
       if (\$160 ) begin
@@ -12299,7 +12887,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$217  = gm_left;
     if (running) begin
       if (\$160 ) begin
@@ -12324,7 +12912,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$218  = gm_afeed_done;
     if (running) begin
       if (\$160 ) begin
@@ -12351,7 +12939,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$219  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
@@ -12375,7 +12963,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$220  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
@@ -12404,7 +12992,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$221  = gc_last;
     if (running) begin
       if (c_out__valid) begin
@@ -12433,7 +13021,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$222  = gc_n;
     if (running) begin
       if (c_out__valid) begin
@@ -12461,7 +13049,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$223  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
@@ -12489,7 +13077,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$224  = gc_left;
     if (running) begin
       if (c_out__valid) begin
@@ -12516,7 +13104,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$225  = busy;
     casez (fsm_state)
       3'h0:
@@ -12550,7 +13138,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$226  = width;
     casez (fsm_state)
       3'h0:
@@ -12566,7 +13154,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$227  = mult;
     casez (fsm_state)
       3'h0:
@@ -12586,7 +13174,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$228  = shift;
     casez (fsm_state)
       3'h0:
@@ -12606,7 +13194,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$229  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -12734,9 +13322,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$3878$0 , \port$3878$24 , \port$3878$48 , \port$3878$72 , a_in__valid, a_loading, \done$90 , error
+module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$4026$0 , \port$4026$24 , \port$4026$48 , \port$4026$72 , a_in__valid, a_loading, \done$90 , error
 , cmd__ready, c_out__valid, c_out__payload, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -13206,14 +13794,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$3878$0 ;
-  wire [7:0] \port$3878$0 ;
-  input [7:0] \port$3878$24 ;
-  wire [7:0] \port$3878$24 ;
-  input [7:0] \port$3878$48 ;
-  wire [7:0] \port$3878$48 ;
-  input [7:0] \port$3878$72 ;
-  wire [7:0] \port$3878$72 ;
+  input [7:0] \port$4026$0 ;
+  wire [7:0] \port$4026$0 ;
+  input [7:0] \port$4026$24 ;
+  wire [7:0] \port$4026$24 ;
+  input [7:0] \port$4026$48 ;
+  wire [7:0] \port$4026$48 ;
+  input [7:0] \port$4026$72 ;
+  wire [7:0] \port$4026$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$108 ;
   wire [7:0] \port__addr$126 ;
@@ -13564,7 +14152,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -14360,14 +14948,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$213  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$213  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$214  = \$1 [11:0];
     if (unit_rst) begin
       \$214  = 12'h000;
@@ -14377,7 +14965,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$215  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -14398,7 +14986,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$216  = a_wptr;
     if (start) begin
       \$216  = { 5'h00, cmd[44:36] };
@@ -14413,7 +15001,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$217  = a_loading;
     if (start) begin
       \$217  = cmd[76];
@@ -14430,7 +15018,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$218  = \$8 ;
     if (unit_rst) begin
       \$218  = 2'h0;
@@ -14440,7 +15028,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$219  = b_loading;
     if (start) begin
       \$219  = cmd[77];
@@ -14459,7 +15047,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$220  = wbuf;
     if (start) begin
       \$220  = 1'h0;
@@ -14476,7 +15064,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$221  = b_k;
     if (start) begin
       \$221  = 12'h000;
@@ -14494,7 +15082,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$222  = b_cols_left;
     if (start) begin
       \$222  = cmd[35:24];
@@ -14511,7 +15099,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$223  = \$15 ;
@@ -14526,7 +15114,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$224  = 1'h0;
@@ -14547,7 +15135,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$225  = gap;
     if (\$42 ) begin
       \$225  = \$43 [3:0];
@@ -14567,7 +15155,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$226  = step;
     if (unit_rst) begin
       \$226  = 1'h0;
@@ -14577,7 +15165,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$227  = \$44 ;
     if (unit_rst) begin
       \$227  = 1'h0;
@@ -14587,7 +15175,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$228  = last_k;
     if (unit_rst) begin
       \$228  = 1'h0;
@@ -14597,7 +15185,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$229  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$229  = 4'h0;
@@ -14607,7 +15195,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$230  = s_valid;
     if (unit_rst) begin
       \$230  = 1'h0;
@@ -14617,7 +15205,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$231  = s_first;
     if (unit_rst) begin
       \$231  = 1'h0;
@@ -14627,7 +15215,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$232  = s_last;
     if (unit_rst) begin
       \$232  = 1'h0;
@@ -14637,7 +15225,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$233  = spad_b_rd_data;
     if (unit_rst) begin
       \$233  = 32'd0;
@@ -14647,7 +15235,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$234 [7:0] = \$49 ;
     \$234 [15:8] = \$50 ;
     \$234 [23:16] = \$51 ;
@@ -14660,7 +15248,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$235  = issuing;
     if (start) begin
       \$235  = cmd[77];
@@ -14681,7 +15269,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$236  = rbuf;
     if (start) begin
       \$236  = 1'h0;
@@ -14700,7 +15288,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$237  = k;
     if (start) begin
       \$237  = 12'h000;
@@ -14718,7 +15306,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$238  = a_ptr;
     if (start) begin
       \$238  = { 5'h00, cmd[44:36] };
@@ -14738,7 +15326,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$239  = rows_c;
     if (start) begin
       \$239  = cmd[11:0];
@@ -14758,7 +15346,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$240  = cols_c;
     if (start) begin
       \$240  = cmd[35:24];
@@ -14777,7 +15365,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$241  = c_panel;
     if (start) begin
       \$241  = { 5'h00, cmd[53:45] };
@@ -14796,7 +15384,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$242  = c_tile;
     if (start) begin
       \$242  = { 5'h00, cmd[53:45] };
@@ -14816,7 +15404,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$243  = last_k;
     if (start) begin
       \$243  = \$53 ;
@@ -14834,7 +15422,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$244  = last_row;
     if (start) begin
       \$244  = \$54 ;
@@ -14854,7 +15442,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$245  = t_base;
     if (start) begin
     end else if (step) begin
@@ -14870,7 +15458,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$246  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -14886,7 +15474,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$247  = d_col;
     if (done) begin
       \$247  = 3'h1;
@@ -14901,7 +15489,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$248  = d_base;
     if (done) begin
       \$248  = t_base;
@@ -14914,7 +15502,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$249  = d_cols;
     if (done) begin
       \$249  = t_cols;
@@ -14927,7 +15515,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$250  = drain_busy;
     if (done) begin
       \$250  = 1'h1;
@@ -14944,7 +15532,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$251  = \$77 ;
     if (unit_rst) begin
       \$251  = 1'h0;
@@ -14954,7 +15542,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$252  = \$78 ;
     if (unit_rst) begin
       \$252  = 1'h0;
@@ -14964,7 +15552,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$253  = \$81 [13:0];
     if (unit_rst) begin
       \$253  = 14'h0000;
@@ -14974,7 +15562,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$254  = col_valid0;
     if (unit_rst) begin
       \$254  = 1'h0;
@@ -14984,7 +15572,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$255  = col_busy0;
     if (unit_rst) begin
       \$255  = 1'h0;
@@ -14994,7 +15582,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$256  = col_addr0;
     if (unit_rst) begin
       \$256  = 14'h0000;
@@ -15004,7 +15592,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$257  = col_valid1;
     if (unit_rst) begin
       \$257  = 1'h0;
@@ -15014,7 +15602,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$258  = col_busy1;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -15024,7 +15612,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$259  = col_addr1;
     if (unit_rst) begin
       \$259  = 14'h0000;
@@ -15034,7 +15622,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$260  = out;
     if (unit_rst) begin
       \$260  = 96'h000000000000000000000000;
@@ -15044,7 +15632,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$261  = col_word0;
     if (unit_rst) begin
       \$261  = 96'h000000000000000000000000;
@@ -15054,7 +15642,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$262  = col_word1;
     if (unit_rst) begin
       \$262  = 96'h000000000000000000000000;
@@ -15064,7 +15652,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$263  = \$83 [1:0];
     if (unit_rst) begin
       \$263  = 2'h0;
@@ -15074,7 +15662,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$264  = c_q;
     if (\$85 ) begin
       \$264  = spad_c_rd_data;
@@ -15099,7 +15687,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$265  = q_valid;
     if (\$85 ) begin
       \$265  = r_valid;
@@ -15126,7 +15714,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$266  = storing;
     if (store_start) begin
       \$266  = 1'h1;
@@ -15153,7 +15741,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$267  = s_addr;
     if (store_start) begin
       \$267  = { 5'h00, cmd[53:45] };
@@ -15170,7 +15758,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$268  = s_n;
     if (store_start) begin
       \$268  = 12'h000;
@@ -15190,7 +15778,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$269  = s_rows;
     if (store_start) begin
       \$269  = cmd[11:0];
@@ -15209,7 +15797,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$270  = s_left;
     if (store_start) begin
       \$270  = \$113 [13:0];
@@ -15226,7 +15814,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$271  = out_left;
     if (store_start) begin
       \$271  = \$114 [13:0];
@@ -15242,7 +15830,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$272  = r_valid;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -15270,7 +15858,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$273  = r_mask;
     if (store_start) begin
     end else if (\$112 ) begin
@@ -15286,7 +15874,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$274  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -15320,7 +15908,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$275  = cmd;
     casez (fsm_state)
       3'h0:
@@ -15336,7 +15924,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$276  = error;
     casez (fsm_state)
       3'h0:
@@ -15360,7 +15948,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$277  = error_code;
     casez (fsm_state)
       3'h0:
@@ -15384,7 +15972,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$278  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -15426,7 +16014,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$279  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -15446,7 +16034,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$280  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -15466,7 +16054,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$281  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -15486,7 +16074,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$163 ) begin
@@ -15502,7 +16090,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -15512,7 +16100,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -15530,7 +16118,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -15540,7 +16128,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -15548,7 +16136,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -15564,7 +16152,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -15585,8 +16173,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign spad_b_rd_en = 1'h1;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
-  assign a_in__payload = { \port$3878$72 , \port$3878$48 , \port$3878$24 , \port$3878$0  };
+  assign \$signature__data  = { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
+  assign a_in__payload = { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$104  = \$162 [6:0];
   assign \$signature__data$105  = b_in__payload;
@@ -15672,14 +16260,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$3878$0 ;
-  assign \$signature__data[1]  = \port$3878$24 ;
-  assign \$signature__data[2]  = \port$3878$48 ;
-  assign \$signature__data[3]  = \port$3878$72 ;
-  assign \a_in__payload[0]  = \port$3878$0 ;
-  assign \a_in__payload[1]  = \port$3878$24 ;
-  assign \a_in__payload[2]  = \port$3878$48 ;
-  assign \a_in__payload[3]  = \port$3878$72 ;
+  assign \$signature__data[0]  = \port$4026$0 ;
+  assign \$signature__data[1]  = \port$4026$24 ;
+  assign \$signature__data[2]  = \port$4026$48 ;
+  assign \$signature__data[3]  = \port$4026$72 ;
+  assign \a_in__payload[0]  = \port$4026$0 ;
+  assign \a_in__payload[1]  = \port$4026$24 ;
+  assign \a_in__payload[2]  = \port$4026$48 ;
+  assign \a_in__payload[3]  = \port$4026$72 ;
   assign \$signature__data$105[0]  = b_in__payload[7:0];
   assign \$signature__data$105[1]  = b_in__payload[15:8];
   assign \$signature__data$105[2]  = b_in__payload[23:16];
@@ -15718,7 +16306,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -16478,7 +17066,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -16488,7 +17076,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -16498,7 +17086,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -16508,7 +17096,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -16518,7 +17106,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -16528,7 +17116,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -16538,7 +17126,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -16548,7 +17136,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -16558,7 +17146,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -16568,7 +17156,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -16578,7 +17166,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -16588,7 +17176,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -16598,7 +17186,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -16608,7 +17196,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -16618,7 +17206,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -16628,7 +17216,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -16638,7 +17226,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -16648,7 +17236,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -16658,7 +17246,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -16668,7 +17256,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -16678,7 +17266,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -16688,7 +17276,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -16698,7 +17286,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -16708,7 +17296,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -16718,7 +17306,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -16728,7 +17316,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -16738,7 +17326,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -16748,7 +17336,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -16758,7 +17346,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -16768,7 +17356,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -16956,7 +17544,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -17141,7 +17729,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -17151,7 +17739,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -17161,7 +17749,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -17171,7 +17759,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -17181,7 +17769,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -17191,7 +17779,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -17201,7 +17789,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -17211,7 +17799,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -17221,7 +17809,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -17231,7 +17819,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -17241,7 +17829,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -17251,7 +17839,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -17261,7 +17849,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -17271,7 +17859,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -17281,7 +17869,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -17291,7 +17879,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -17305,199 +17893,6 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -17690,7 +18085,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -17883,197 +18278,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -18152,6 +18358,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -18242,7 +18636,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -18262,10 +18656,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -18458,7 +18853,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -18651,197 +19046,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -18920,6 +19126,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -19010,7 +19404,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -19030,10 +19424,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19226,7 +19621,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19419,8 +19814,201 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -19494,199 +20082,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -19777,7 +20172,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -19797,10 +20192,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19992,7 +20388,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20184,7 +20580,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20202,6 +20598,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -20209,13 +20606,14 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
-  output done;
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -20223,6 +20621,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -20233,6 +20632,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -20349,7 +20749,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -20369,12 +20769,200 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  output done;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
   assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -21884,13 +22472,13 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1264$0 (mult),
-    .\port$1269$0 (i__payload),
+    .\port$1355$0 (mult),
+    .\port$1360$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
       \$772  = 41'h00000000000;
@@ -21900,7 +22488,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$773  = v1;
     if (advance) begin
       \$773  = i__valid;
@@ -21913,7 +22501,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$774  = v2;
     if (advance) begin
       \$774  = v1;
@@ -21926,7 +22514,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$775  = x_valid;
     if (advance) begin
       \$775  = v2;
@@ -21939,7 +22527,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$776  = x0;
     if (advance) begin
       \$776  = \$210 [39:0];
@@ -21952,7 +22540,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$777  = x1;
     if (advance) begin
       \$777  = \$213 [39:0];
@@ -21965,7 +22553,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$778  = x2;
     if (advance) begin
       \$778  = \$216 [39:0];
@@ -21978,7 +22566,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$779  = x3;
     if (advance) begin
       \$779  = \$219 [39:0];
@@ -21991,7 +22579,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$780  = v_shift;
     if (advance) begin
       \$780  = x_valid;
@@ -22004,7 +22592,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$781  = v_round;
     if (advance) begin
       \$781  = v_shift;
@@ -22017,7 +22605,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$782  = o__valid;
     if (advance) begin
       \$782  = v_round;
@@ -22030,7 +22618,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$783  = y0;
     if (advance) begin
       \$783  = \$345 [24:0];
@@ -22043,7 +22631,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$784  = sticky0;
     if (advance) begin
       \$784  = \$347 ;
@@ -22056,7 +22644,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$785  = over0;
     if (advance) begin
       \$785  = \$350 ;
@@ -22069,7 +22657,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$786  = neg0;
     if (advance) begin
       \$786  = x0[39];
@@ -22082,7 +22670,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$787  = rounded0;
     if (advance) begin
       \$787  = \$353 ;
@@ -22095,7 +22683,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$788  = over2_0;
     if (advance) begin
       \$788  = over0;
@@ -22108,7 +22696,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$789  = neg2_0;
     if (advance) begin
       \$789  = neg0;
@@ -22121,7 +22709,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$790  = o__payload;
     if (advance) begin
       \$790 [23:0] = \$357 [23:0];
@@ -22137,7 +22725,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$791  = y1;
     if (advance) begin
       \$791  = \$483 [24:0];
@@ -22150,7 +22738,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$792  = sticky1;
     if (advance) begin
       \$792  = \$485 ;
@@ -22163,7 +22751,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$793  = over1;
     if (advance) begin
       \$793  = \$488 ;
@@ -22176,7 +22764,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$794  = neg1;
     if (advance) begin
       \$794  = x1[39];
@@ -22189,7 +22777,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$795  = rounded1;
     if (advance) begin
       \$795  = \$491 ;
@@ -22202,7 +22790,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$796  = over2_1;
     if (advance) begin
       \$796  = over1;
@@ -22215,7 +22803,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$797  = neg2_1;
     if (advance) begin
       \$797  = neg1;
@@ -22228,7 +22816,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$798  = y2;
     if (advance) begin
       \$798  = \$621 [24:0];
@@ -22241,7 +22829,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$799  = sticky2;
     if (advance) begin
       \$799  = \$623 ;
@@ -22254,7 +22842,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$800  = over2;
     if (advance) begin
       \$800  = \$626 ;
@@ -22267,7 +22855,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$801  = neg2;
     if (advance) begin
       \$801  = x2[39];
@@ -22280,7 +22868,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$802  = rounded2;
     if (advance) begin
       \$802  = \$629 ;
@@ -22293,7 +22881,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$803  = over2_2;
     if (advance) begin
       \$803  = over2;
@@ -22306,7 +22894,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$804  = neg2_2;
     if (advance) begin
       \$804  = neg2;
@@ -22319,7 +22907,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$805  = y3;
     if (advance) begin
       \$805  = \$759 [24:0];
@@ -22332,7 +22920,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$806  = sticky3;
     if (advance) begin
       \$806  = \$761 ;
@@ -22345,7 +22933,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$807  = over3;
     if (advance) begin
       \$807  = \$764 ;
@@ -22358,7 +22946,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$808  = neg3;
     if (advance) begin
       \$808  = x3[39];
@@ -22371,7 +22959,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$809  = rounded3;
     if (advance) begin
       \$809  = \$767 ;
@@ -22384,7 +22972,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$810  = over2_3;
     if (advance) begin
       \$810  = over3;
@@ -22397,7 +22985,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$811  = neg2_3;
     if (advance) begin
       \$811  = neg3;
@@ -22699,8 +23287,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -22785,10 +23373,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1264$0 ;
-  wire [15:0] \port$1264$0 ;
-  input [95:0] \port$1269$0 ;
-  wire [95:0] \port$1269$0 ;
+  input [15:0] \port$1355$0 ;
+  wire [15:0] \port$1355$0 ;
+  input [95:0] \port$1360$0 ;
+  wire [95:0] \port$1360$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -22850,10 +23438,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1269$0 [16:0] };
+      \$9  = { 1'h0, \port$1360$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -22863,10 +23451,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1264$0  };
+      \$10  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -22876,7 +23464,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -22889,10 +23477,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
+      \$12  = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -22902,10 +23490,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1264$0  };
+      \$13  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -22915,7 +23503,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -22928,10 +23516,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1269$0 [40:24] };
+      \$15  = { 1'h0, \port$1360$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -22941,10 +23529,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1264$0  };
+      \$16  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -22954,7 +23542,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -22967,10 +23555,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
+      \$18  = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -22980,10 +23568,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1264$0  };
+      \$19  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -22993,7 +23581,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -23006,10 +23594,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1269$0 [64:48] };
+      \$21  = { 1'h0, \port$1360$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -23019,10 +23607,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1264$0  };
+      \$22  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -23032,7 +23620,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -23045,10 +23633,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
+      \$24  = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -23058,10 +23646,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1264$0  };
+      \$25  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -23071,7 +23659,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -23084,10 +23672,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1269$0 [88:72] };
+      \$27  = { 1'h0, \port$1360$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -23097,10 +23685,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1264$0  };
+      \$28  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -23110,7 +23698,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -23123,10 +23711,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
+      \$30  = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -23136,10 +23724,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1264$0  };
+      \$31  = { 2'h0, \port$1355$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -23149,7 +23737,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -23161,28 +23749,28 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1264$0 , \port$1269$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1269$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1264$0  };
-  assign a__1 = { \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23], \port$1269$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1264$0  };
-  assign a__2 = { 1'h0, \port$1269$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1264$0  };
-  assign a__3 = { \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47], \port$1269$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1264$0  };
-  assign a__4 = { 1'h0, \port$1269$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1264$0  };
-  assign a__5 = { \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71], \port$1269$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1264$0  };
-  assign a__6 = { 1'h0, \port$1269$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1264$0  };
-  assign a__7 = { \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95], \port$1269$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1264$0  };
+  assign a__0 = { 1'h0, \port$1360$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1355$0  };
+  assign a__1 = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1355$0  };
+  assign a__2 = { 1'h0, \port$1360$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1355$0  };
+  assign a__3 = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1355$0  };
+  assign a__4 = { 1'h0, \port$1360$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1355$0  };
+  assign a__5 = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1355$0  };
+  assign a__6 = { 1'h0, \port$1360$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1355$0  };
+  assign a__7 = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1355$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid, error
-, spad__rd0__data, ins, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
+module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
+, error, spad__rd0__data, dma__rd_data__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -23514,7 +24102,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -23530,7 +24118,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -23543,7 +24131,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -23568,7 +24156,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -23583,7 +24171,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -23600,7 +24188,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -23620,7 +24208,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -23637,7 +24225,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -23655,7 +24243,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -23673,7 +24261,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -23703,28 +24291,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -23735,7 +24323,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -23746,7 +24334,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -23757,7 +24345,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -23771,28 +24359,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -23823,8 +24411,8 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, ins, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
   wire [12:0] \$11 ;
@@ -23992,7 +24580,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$46  = ra;
     casez (fsm_state)
       3'h0:
@@ -24017,7 +24605,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$47  = wa;
     casez (fsm_state)
       3'h0:
@@ -24039,7 +24627,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -24057,7 +24645,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -24079,7 +24667,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -24101,7 +24689,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -24117,7 +24705,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -24135,7 +24723,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
@@ -24153,7 +24741,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -24171,7 +24759,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -24189,7 +24777,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       3'h0:
@@ -24207,7 +24795,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -24225,7 +24813,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$38  = spad__rd0__data;
     if (unit_rst) begin
       \$38  = 32'd0;
@@ -24235,7 +24823,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$39  = i;
     casez (fsm_state)
       3'h0:
@@ -24261,7 +24849,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$40  = row_i;
     casez (fsm_state)
       3'h0:
@@ -24287,7 +24875,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$41  = gather;
     casez (fsm_state)
       3'h0:
@@ -24303,7 +24891,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$42  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -24338,7 +24926,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$43  = col;
     casez (fsm_state)
       3'h0:
@@ -24367,7 +24955,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$44  = rv;
     casez (fsm_state)
       3'h0:
@@ -24399,7 +24987,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, done, spad__rd0__addr, spad__rd0
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$45  = wv;
     casez (fsm_state)
       3'h0:
@@ -24451,7 +25039,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -24493,7 +25081,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -24508,7 +25096,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -24523,7 +25111,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -24546,9 +25134,9 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data, ins
+module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg \$100 ;
@@ -24921,7 +25509,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
   always @(posedge clk)
     pos <= \$117 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -24945,7 +25533,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -24969,7 +25557,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -24995,7 +25583,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -25021,7 +25609,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25047,7 +25635,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25059,7 +25647,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -25071,7 +25659,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -25083,7 +25671,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     scores__valid = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25095,7 +25683,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     routes__ready = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25107,7 +25695,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -25129,7 +25717,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -25162,7 +25750,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -25195,7 +25783,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25228,7 +25816,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -25256,7 +25844,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -25284,7 +25872,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$94  = j;
     casez (fsm_state)
       4'h0:
@@ -25312,7 +25900,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$95  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -25364,7 +25952,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$96  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -25388,7 +25976,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$97  = route_left;
     casez (fsm_state)
       4'h0:
@@ -25412,7 +26000,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$98  = el;
     casez (fsm_state)
       4'h0:
@@ -25441,7 +26029,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$99  = lane;
     casez (fsm_state)
       4'h0:
@@ -25468,7 +26056,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$100  = wvalid;
     casez (fsm_state)
       4'h0:
@@ -25497,7 +26085,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$101  = tbase;
     casez (fsm_state)
       4'h0:
@@ -25521,7 +26109,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$102  = tslot;
     casez (fsm_state)
       4'h0:
@@ -25545,7 +26133,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$103  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -25571,7 +26159,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$104  = cap;
     casez (fsm_state)
       4'h0:
@@ -25596,7 +26184,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$105  = s;
     casez (fsm_state)
       4'h0:
@@ -25623,7 +26211,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$106  = hold;
     casez (fsm_state)
       4'h0:
@@ -25650,7 +26238,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$107  = wphase;
     casez (fsm_state)
       4'h0:
@@ -25677,7 +26265,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$108  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -25697,7 +26285,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$109  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -25717,7 +26305,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$110  = held;
     casez (fsm_state)
       4'h0:
@@ -25737,7 +26325,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$111  = off;
     casez (fsm_state)
       4'h0:
@@ -25761,7 +26349,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$112  = count;
     casez (fsm_state)
       4'h0:
@@ -25783,7 +26371,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$113  = p;
     casez (fsm_state)
       4'h0:
@@ -25819,7 +26407,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$114  = pt;
     casez (fsm_state)
       4'h0:
@@ -25857,7 +26445,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$115  = ps;
     casez (fsm_state)
       4'h0:
@@ -25898,7 +26486,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$116  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -25926,7 +26514,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, routes__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$117  = pos;
     casez (fsm_state)
       4'h0:
@@ -25994,7 +26582,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -26536,7 +27124,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -26547,7 +27135,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -26556,7 +27144,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -26565,7 +27153,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -26574,7 +27162,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -26587,7 +27175,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -26600,7 +27188,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -26615,7 +27203,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -26628,7 +27216,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -26638,7 +27226,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -26651,7 +27239,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -26666,7 +27254,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -26684,7 +27272,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -26694,7 +27282,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -26707,7 +27295,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -26723,7 +27311,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -26733,7 +27321,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -26743,7 +27331,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -26760,7 +27348,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -26777,7 +27365,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -26794,7 +27382,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -26813,7 +27401,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -26828,7 +27416,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -26843,7 +27431,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -26857,7 +27445,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -26871,7 +27459,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -26885,7 +27473,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -26899,7 +27487,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -26909,7 +27497,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -26919,7 +27507,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -26936,7 +27524,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -26951,7 +27539,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -26966,7 +27554,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -26985,7 +27573,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -27001,7 +27589,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -27017,7 +27605,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -27030,7 +27618,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -27046,7 +27634,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -27135,7 +27723,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -27183,7 +27771,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -27198,7 +27786,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -27213,7 +27801,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -27228,7 +27816,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -27247,7 +27835,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3646$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3794$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -27425,8 +28013,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3646$0 ;
-  wire [4:0] \port$3646$0 ;
+  input [4:0] \port$3794$0 ;
+  wire [4:0] \port$3794$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -27439,64 +28027,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3646$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3794$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3646$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3794$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3646$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3646$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3794$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3794$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3646$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3794$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3646$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3794$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3646$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3794$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4], \port$3646$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3646$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3794$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3646$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3794$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3646$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3794$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3646$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3794$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3646$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3794$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0], \port$3646$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1], \port$3646$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2], \port$3646$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3], \port$3646$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -27511,7 +28099,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3646$0 , \port$2$0  };
+  assign select = { \port$3794$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
@@ -27568,7 +28156,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -35821,21 +36409,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin

@@ -27,7 +27,7 @@ def test_decomposition_multiplies_out():
          "instructions": 10, "dma": 100, "act": 50, "route": 50, "vector": 300, "move": 50}
     line = decomposition([(cfg, r)])
     assert "15.0% = 40.0% (GEMM busy) x 50.0% (tile steps) x 75.0% (rows used)" in line
-    assert "fetch and decode 5.0% of the cycles, 5.0 per instruction" in line
+    assert "the controller 5.0% of the cycles, 5.0 per instruction" in line
 
 
 def test_summary_of_a_failed_run_says_no():

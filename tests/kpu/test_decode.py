@@ -1,7 +1,7 @@
 """The decode alone (Amaranth simulator): on random instructions (every opcode, fields around the
 limits) its error is FuncSim's for that instruction on a fresh machine, its sizes are the
 instruction's, and its latency is Decode.min_latency plus a cycle per bit of each product's
-multiplier."""
+multiplier; after done its error follows a changed context in Decode.settle_latency cycles."""
 
 import numpy as np
 from amaranth.sim import Simulator
@@ -81,3 +81,44 @@ def test_decode_matches_funcsim_checks_and_latency():
             assert beats == -(-ins.m * ins.n * ins.width // bus_bytes(CFG))
     assert checked >= 2
     assert sum(e == Err.NONE for e, *_ in got) >= 3 and len({e for e, *_ in got}) >= 5
+
+
+def test_error_follows_the_context_after_done():
+    """The controller's prefetch relies on it: a ROUTE retiring (route_done) or a host window
+    write while a decoded instruction waits reaches its error in settle_latency cycles."""
+    cases = [   # (instruction, context before, context after, error before, error after)
+        (Instr(Op.GATHER, m=2, n=2, a=0, b=100, c=200), {"route_done": 0}, {"route_done": 1, "exp_active": 1,
+                                                                             "count": 1},
+         Err.NO_ROUTE, Err.NONE),
+        (Instr(Op.LOAD, m=1, n=16, c=0, host=2048, width=4), {"host_size": HOST}, {"host_size": 1024},
+         Err.NONE, Err.HOST_RANGE),
+        (Instr(Op.LOAD, m=1, n=16, c=0, host=2048, width=4), {"host_size": 1024}, {"host_size": HOST},
+         Err.HOST_RANGE, Err.NONE),
+    ]
+    dut = Decode(CFG)
+    seen = []
+
+    async def bench(ctx):
+        for ins, before, after, *_ in cases:
+            ctx.set(dut.context, {"host_base": 0, "host_size": HOST, "count": 1, **before})
+            ctx.set(dut.ins.as_value(), ins.encode())
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            await ctx.tick().until(dut.done)
+            errors = [ctx.get(dut.error)]
+            ctx.set(dut.context, {"host_base": 0, "host_size": HOST, "count": 1, **before, **after})
+            for _ in range(Decode.settle_latency + 3):
+                await ctx.tick()
+                errors.append(ctx.get(dut.error))
+            seen.append(errors)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    for (ins, _, _, err_before, err_after), errors in zip(cases, seen, strict=True):
+        assert errors[0] == err_before, ins
+        assert set(errors[Decode.settle_latency:]) == {err_after}, (ins, errors)
+    # the host window check is the slow one: the bound is tight
+    assert seen[1][Decode.settle_latency - 1] == Err.NONE

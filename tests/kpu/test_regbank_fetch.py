@@ -65,6 +65,7 @@ def _run(testbench):
 
 def test_registers_counters_and_strobes():
     seen = {"start": 0, "soft_reset": 0, "clear_loads": 0}
+    window_writes = []      # the cycles of window_wr
     dut = _Front()
 
     async def tb(ctx, bank, fetch):
@@ -75,6 +76,7 @@ def test_registers_counters_and_strobes():
         assert await _read(ctx, bus, Reg.HOST_SIZE) == 0x8000
         assert await _read(ctx, bus, Reg.INFO) == CFG.dmem_depth
         assert await _read(ctx, bus, Reg.INFO_IMEM) == CFG.imem_depth
+        assert len(window_writes) == 2      # one strobe per write of HOST_BASE or HOST_SIZE
         for bit in seen:       # each CTRL bit is its own one-cycle strobe
             await _write(ctx, bus, Reg.CTRL, ctrl_word(**{bit: 1}))
         # run 10 cycles: executor 1 busy for 3, 2 instructions retired
@@ -106,9 +108,14 @@ def test_registers_counters_and_strobes():
 
     async def watch(ctx):
         bank = dut.bank
-        async for _clk, _rst, *v in ctx.tick().sample(bank.start, bank.soft_reset, bank.clear_loads):
+        cycle = 0
+        async for _clk, _rst, window_wr, *v in ctx.tick().sample(bank.window_wr, bank.start, bank.soft_reset,
+                                                                  bank.clear_loads):
             for name, value in zip(seen, v, strict=True):
                 seen[name] += value
+            if window_wr:
+                window_writes.append(cycle)
+            cycle += 1
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -116,6 +123,7 @@ def test_registers_counters_and_strobes():
     sim.add_process(watch)
     sim.run()
     assert seen == {"start": 2, "soft_reset": 1, "clear_loads": 1}
+    assert len(window_writes) == 2 and window_writes[1] > window_writes[0] + 1
 
 
 def test_fetch_lands_the_written_words_and_ignores_writes_while_running():

@@ -46,6 +46,10 @@ def test_bad_programs_stop_with_codes():
     _bench("tiny", "test_bad_programs", seed=3)
 
 
+def test_prefetch_is_invisible():
+    _bench("tiny", "test_prefetch_is_invisible", seed=8)
+
+
 def test_bus_errors_stop_with_bus_error():
     _bench("tiny", "test_bus_errors", seed=6)
 
@@ -67,4 +71,4 @@ def test_block_cycles_are_exact(tmp_path):
     exact: a change that costs or saves a cycle anywhere in a block shows here."""
     summary = tmp_path / "summary.json"
     _bench("tiny", "test_block", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary))
-    assert json.loads(summary.read_text())[0]["cycles"] == 16326
+    assert json.loads(summary.read_text())[0]["cycles"] == 14713
