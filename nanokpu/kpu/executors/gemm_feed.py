@@ -36,9 +36,12 @@ class GemmFeed(wiring.Component):
     first read from ``b + 2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width !=
     0``) the ``n`` table entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the
     engine's per-column table under the compute, one scratchpad read a cycle on ``rd1`` (2
-    per entry; ``rd0`` packs A meanwhile); the engine's store waits for the copy (``col_hold``),
-    which a GEMM's compute outlasts unless ``2*n`` exceeds it. A bus error ends the instruction at once with
-    :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
+    per entry; ``rd0`` packs A meanwhile); the engine's store waits for the copy (``col_hold``).
+    The compute outlasts the copy whenever ``tile_gap >= 2*cols`` (``ceil(n/cols)`` tiles of
+    at least ``tile_gap`` cycles against ``2*n`` reads: every profile), so the cycles of a
+    ``GEMM`` are those without the flag; the hold is the interlock otherwise. A bus error ends
+    the instruction at once with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
+    :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
     """
 
     def __init__(self, cfg: KpuConfig):
