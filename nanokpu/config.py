@@ -330,11 +330,10 @@ class KpuConfig:
 
     def unbuilt_fields(self) -> list[tuple[str, object]]:
         """The fields set to a scheme the RTL (:class:`nanokpu.kpu.top.NanoKPU`) and the compiler
-        do not build yet, as ``(name, value)``: ``weight_scales`` other than ``tensor``, a
-        ``router_width`` other than ``in_width``, a logit format other than the act format."""
+        do not build yet, as ``(name, value)``: a ``router_width`` other than ``in_width``, a
+        logit format other than the act format (``weight_scales = "channel"`` is built: the
+        GEMM's per-column requantiser tables, :data:`nanokpu.isa.F_RQ_CHANNEL`)."""
         off = []
-        if self.weight_scales != "tensor":
-            off.append(("weight_scales", self.weight_scales))
         if self.router_operand_width != self.in_width:
             off.append(("router_width", self.router_width))
         if self.router_logit_width != self.act_width:

@@ -17,6 +17,13 @@ Machine model
   ``offset`` (where its tokens start in the dispatch lists). Instructions flagged
   :data:`F_M_COUNT` take ``m = count``; :data:`F_HOST_EXPERT` adds ``expert * stride`` to the host
   address; :data:`F_RQ_EXPERT` reads the requantiser constants from a per-expert table.
+* **Requantiser tables** (at ``b``; an entry is two words, ``mult`` (its low ``mult_width``
+  bits taken), then ``shift`` (its low 6 bits)): with :data:`F_RQ_EXPERT` alone one entry per
+  expert, entry ``expert`` taken (``REQUANT``, ``GEMM``); with :data:`F_RQ_CHANNEL` (``GEMM``
+  only: other ops ignore it) one entry per output column ``j < n``, and with both flags one
+  per column and expert. The entry of column ``j`` starts at word ``b + 2*(j*E + e)``, ``E =
+  n_experts`` and ``e = expert`` with :data:`F_RQ_EXPERT`, else ``E = 1``, ``e = 0``: columns
+  outer, experts inner, so the walk over the columns steps by the constant ``2*E``.
 
 Encoding
 --------
@@ -42,7 +49,9 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
             (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
             ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
-            saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``); ``W`` from host
+            saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
+            :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
+            ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
             ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
             engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
             spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
@@ -67,7 +76,7 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
-not overlap an operand region (``a``, ``b``, the ``F_RQ_EXPERT`` table) - the units stream, so
+not overlap an operand region (``a``, ``b``, a requantiser table) - the units stream, so
 an overlap would make results depend on timing - except exactly (same base and size) for the
 element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD`` and ``NORM``, which may run in
 place; otherwise ``OVERLAP``. Gather/scatter indices are
@@ -83,13 +92,14 @@ The per-op rules of the checks above are ONE table, :data:`OP_RULES`, an :class:
 its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`` and writes at
 ``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``,
 ``"m*k*n"``, ``"n"``, ``"2*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
-``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"route"`` = ``4*m*top_k + 2*n_experts``;
+``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
+:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"route"`` = ``4*m*top_k + 2*n_experts``;
 host ``"m*n*width"``, ``"panels"``), whether it may run in place, its shape rules (the letters
 that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM
 engine's limits), and whether it reads the scores, needs a ``ROUTE`` or a current expert, or
 jumps. For example::
 
-    Op.GEMM: OpRule("gemm", a="m*k", b="rq", c="m*n", host="panels", positive="mnk",
+    Op.GEMM: OpRule("gemm", a="m*k", b="rq_gemm", c="m*n", host="panels", positive="mnk",
                     widths=(0, RQ_WIDTHS), engine=True),
     Op.ADD:  OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
 
@@ -108,7 +118,7 @@ from amaranth.lib import data
 
 from nanokpu.config import KpuConfig
 
-__all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
+__all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "F_RQ_CHANNEL", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -155,6 +165,7 @@ class Err(enum.IntEnum):
 F_M_COUNT = 1 << 0
 F_HOST_EXPERT = 1 << 1
 F_RQ_EXPERT = 1 << 2
+F_RQ_CHANNEL = 1 << 3
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -279,7 +290,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.HALT: OpRule(),
     Op.LOAD: OpRule("dma", c="m*n", host="m*n*width", positive="mn", widths=(1, 2, 4)),
     Op.STORE: OpRule("dma", a="m*n", host="m*n*width", positive="mn", widths=(4,)),
-    Op.GEMM: OpRule("gemm", a="m*k", b="rq", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
+    Op.GEMM: OpRule("gemm", a="m*k", b="rq_gemm", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
                     engine=True),
     Op.REQUANT: OpRule("act", a="m*n", b="rq", c="m*n", in_place=True, positive="mn", widths=(RQ_WIDTHS,)),
     Op.SIGMOID: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
@@ -335,6 +346,8 @@ SIZES = {
     "count*n": lambda s: s.count * s.n,                             # the current expert's rows
     "list": lambda s: s.offset + s.count,                           # the dispatch list up to its tokens
     "rq": lambda s: 2 * s.cfg.n_experts if s.flags & F_RQ_EXPERT else 0,    # (mult, shift) per expert
+    "rq_gemm": lambda s: (2 * s.n * (s.cfg.n_experts if s.flags & F_RQ_EXPERT else 1) if s.flags & F_RQ_CHANNEL
+                          else SIZES["rq"](s)),                     # ... or per column (and expert)
     "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
     "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
     "panels": lambda s: -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # host bytes: GEMM weight panels

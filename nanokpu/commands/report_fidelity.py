@@ -150,10 +150,11 @@ def _rtl_notes(cfg: KpuConfig, table) -> list[str]:
     return [
         "## What the RTL builds for **after**",
         "",
-        "The nano-KPU and the compiler refuse these fields today (`KpuConfig.unbuilt_fields`); the "
-        "golden path (`golden/block.py`) defines every bit of them:",
+        "The golden path (`golden/block.py`) defines every bit of them. The nano-KPU and the compiler "
+        "build the requantiser tables (`weight_scales = 'channel'`: `GEMM` flagged `F_RQ_CHANNEL`, "
+        "`nanokpu.isa`) and refuse the other fields today (`KpuConfig.unbuilt_fields`):",
         "",
-        f"- **Requantiser tables**: every GEMM's requantiser takes `(mult, shift)` per output column "
+        f"- **Requantiser tables** (built): every GEMM's requantiser takes `(mult, shift)` per output column "
         f"(`mult` < 2^{mw}, `shift` in [0, 63]; `golden.block.Requant` with tuples): z (d_latent "
         "columns), router logits (n_experts), each expert's gate and up (d_expert) and down "
         "(d_latent), the shared expert's (d_shared, d_shared, d_model), the latent up-projection "

@@ -5,8 +5,8 @@ to a :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory im
 nano-KPU reads through its AXI4 master port (inputs, weights, constants; room for the outputs)
 and the scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
 
-    LOAD x; GEMM W_down_lat (+ requantiser) -> z
-    GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, rq tables; ROUTE
+    LOAD x; (LOAD rq tables: per-channel weight scales); GEMM W_down_lat (+ requantiser) -> z
+    GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, (rq tables: per-tensor); ROUTE
     loop: EXPERT (next expert with tokens, else exit)
           GATHER z rows of its tokens; GEMM W_gate_j (host + j*stride, m = count, per-expert
           requantiser constants); GEMM W_up_j; SITU; REQUANT h; GEMM W_down_j;
@@ -21,9 +21,11 @@ Host image layout (byte offsets in :attr:`Program.symbols`, every buffer aligned
 :func:`~nanokpu.isa.bus_bytes`): ``x`` int8, then the weights as GEMM panels
 (:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up,
 down, ``expert_stride`` bytes apart), ``w_up_lat``, shared ``ws_gate``/``ws_up``/``ws_down``; then
-``bias`` and ``rq`` (int32 words; ``rq`` holds the per-expert ``(mult, shift)`` tables of gate,
-up, h and out, ``[4, E, 2]``), then the outputs ``y`` [T, d] and ``route`` (the route table,
-:func:`nanokpu.isa.route_table`) as int32 words.
+``bias`` and ``rq`` (int32 words: the requantiser tables of :func:`rq_tables`, the per-expert
+``(mult, shift)`` of gate, up, h and out, ``[4, E, 2]`` with ``weight_scales = "tensor"``; with
+``"channel"`` every GEMM's per-column table too, in the :mod:`nanokpu.isa` layout, each loaded
+scratchpad table the ``b`` of a GEMM flagged ``F_RQ_CHANNEL``), then the outputs ``y`` [T, d]
+and ``route`` (the route table, :func:`nanokpu.isa.route_table`) as int32 words.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ import numpy as np
 
 from golden.block import QuantExpert, QuantLatentMoE, Requant
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Instr, Op, bus_bytes, route_table, weight_panels
+from nanokpu.isa import (
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_CHANNEL,
+    F_RQ_EXPERT,
+    Instr,
+    Op,
+    bus_bytes,
+    route_table,
+    weight_panels,
+)
 
 __all__ = ["Program", "compile_block"]
 
@@ -112,8 +124,30 @@ class _Spad:
 
 
 def _check_requant(rq: Requant, cfg: KpuConfig, what: str):
-    if not 0 <= rq.mult < 1 << 31 or not 0 <= rq.shift < 64:
+    mult, shift = np.asarray(rq.mult), np.asarray(rq.shift)
+    if np.any(mult < 0) or np.any(mult >= 1 << 31) or np.any(shift < 0) or np.any(shift >= 64):
         raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
+
+
+def rq_tables(cfg: KpuConfig) -> dict[str, int]:
+    """The requantiser tables of a block in the ``rq`` buffer, in order: name -> words. Per expert
+    (``F_RQ_EXPERT``) ``gate``, ``up``, ``h``, ``out``: ``2*E`` words, with ``weight_scales =
+    "channel"`` per column too (``2*n*E``, ``h`` stays per expert), then the per-column tables of
+    the other GEMMs: ``down_lat``, ``router``, ``up_lat``, ``s_gate``, ``s_up``, ``s_down``
+    (``2*n`` words each)."""
+    E, lat, d, dx, ds = cfg.n_experts, cfg.d_latent, cfg.d_model, cfg.d_expert, cfg.d_shared
+    if cfg.weight_scales != "channel":
+        return {"gate": 2 * E, "up": 2 * E, "h": 2 * E, "out": 2 * E}
+    return {"gate": 2 * dx * E, "up": 2 * dx * E, "h": 2 * E, "out": 2 * lat * E, "down_lat": 2 * lat,
+            "router": 2 * E, "up_lat": 2 * d, "s_gate": 2 * ds, "s_up": 2 * ds, "s_down": 2 * d}
+
+
+def _rq_words(rqs) -> np.ndarray:
+    """The table of the :class:`Requant` ``rqs`` (one, or one per expert) in the :mod:`nanokpu.isa`
+    layout: ``[n, len(rqs), 2]`` per column, ``[len(rqs), 2]`` per tensor, flattened."""
+    mult = np.array([r.mult for r in rqs], dtype=np.int64)       # [E] or [E, n]
+    shift = np.array([r.shift for r in rqs], dtype=np.int64)
+    return np.stack([mult.T, shift.T], axis=-1).ravel()
 
 
 #: The scratchpad buffers of a block, in address order (:func:`spad_layout`).
@@ -126,7 +160,7 @@ def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
     ``map`` from each :data:`SPAD_BUFFERS` name (and ``end``) to its first word."""
     T, d, lat, E, k = tokens, cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
     hid = max(cfg.d_expert, cfg.d_shared)
-    words = {"x": T * d, "z": T * lat, "logit": T * E, "scores": T * E, "bias": E, "rq": 8 * E,
+    words = {"x": T * d, "z": T * lat, "logit": T * E, "scores": T * E, "bias": E, "rq": sum(rq_tables(cfg).values()),
              "route": route_table(0, T, cfg)["end"], "zg": T * lat, "g": T * hid, "u": T * hid, "h": T * hid,
              "h8": T * hid, "eo": T * lat, "e": T * k * lat, "combined": T * lat, "norm": T * lat,
              "y_r": T * d, "y_s": T * d, "y": T * d}
@@ -199,7 +233,7 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     """
     if cfg.unbuilt_fields():
         name, value = cfg.unbuilt_fields()[0]
-        raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers per-tensor requantisers, the router "
+        raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers the router "
                          "GEMM at in_width and logits in the act format only (issue 26: the golden path runs this "
                          "scheme, the nano-KPU does not yet)")
     x_q = np.asarray(x_q, dtype=np.int64)
@@ -244,9 +278,13 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     for j, ex in enumerate(Q.experts):
         for part in ("rq_gate", "rq_up", "rq_h", "rq_out"):
             _check_requant(getattr(ex, part), cfg, f"expert {j} {part}")
-    rq_tab = [[v for ex in Q.experts for v in (getattr(ex, p).mult, getattr(ex, p).shift)]
-              for p in ("rq_gate", "rq_up", "rq_h", "rq_out")]
-    h_rq = host.int32("rq", np.array(rq_tab).ravel())
+    per_col = cfg.weight_scales == "channel"
+    table_of = {name: [getattr(ex, f"rq_{name}") for ex in Q.experts] for name in ("gate", "up", "h", "out")}
+    table_of |= {"down_lat": [Q.rq_down_lat], "router": [Q.rq_router], "up_lat": [Q.rq_up_lat],
+                 "s_gate": [Q.shared.rq_gate], "s_up": [Q.shared.rq_up], "s_down": [Q.shared.rq_out]}
+    rq_words = [_rq_words(table_of[name]) for name in rq_tables(cfg)]
+    assert [w.size for w in rq_words] == list(rq_tables(cfg).values()), "the block's requantisers per column?"
+    h_rq = host.int32("rq", np.concatenate(rq_words))
     rt = route_table(0, T, cfg)
     h_y = host.int32("y", np.zeros(T * d))
     h_route = host.int32("route", np.zeros(rt["end"]))
@@ -256,6 +294,9 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     s_x, s_z, s_logit, s_score, s_bias, s_rq, s_rt, s_zg, s_g, s_u, s_h, s_h8, s_eo, s_e, s_uc, s_n, s_yr, s_ys, \
         s_y = (sp.map[name] for name in SPAD_BUFFERS)
     rts = route_table(s_rt, T, cfg)
+    s_tab, at = {}, s_rq
+    for name, words in rq_tables(cfg).items():
+        s_tab[name], at = at, at + words
 
     def rq(a, c, m, n, r: Requant, flags=0, b=0):
         if not flags:
@@ -265,43 +306,50 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
 
     shapes = {(kk, n) for _, _, kk, n in block_gemms(cfg, T)}   # the ones check_tokens checked
 
-    def gemm(a, host_addr, c, m, kk, n, r: Requant, flags=0, b=0):
-        """A GEMM with its requantiser fused (constants from the table at ``b`` with F_RQ_EXPERT)."""
+    def gemm(a, host_addr, c, m, kk, n, r: Requant, flags=0, table=None):
+        """A GEMM with its requantiser fused: ``r``'s constants, or the table ``table`` of
+        :func:`rq_tables` (with F_RQ_EXPERT; with per-channel weight scales always, F_RQ_CHANNEL)."""
         assert (kk, n) in shapes, f"a {kk} x {n} GEMM missing from block_gemms"
-        if not flags & F_RQ_EXPERT:
+        if per_col:
+            flags |= F_RQ_CHANNEL
+        elif not flags & F_RQ_EXPERT:
             _check_requant(r, cfg, "requantiser")
-        fixed = not flags & F_RQ_EXPERT
+        fixed = not flags & (F_RQ_EXPERT | F_RQ_CHANNEL)
+        b = 0 if fixed else s_tab[table]
         return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, b=b, c=c, host=host_addr,
                      stride=stride if flags & F_HOST_EXPERT else 0, mult=r.mult if fixed else 0,
                      shift=r.shift if fixed else 0, width=r.width)
 
     def shared_expert(ex: QuantExpert, out):
         return [
-            gemm(s_x, h_sg, s_g, T, d, ds, ex.rq_gate), gemm(s_x, h_su, s_u, T, d, ds, ex.rq_up),
+            gemm(s_x, h_sg, s_g, T, d, ds, ex.rq_gate, table="s_gate"),
+            gemm(s_x, h_su, s_u, T, d, ds, ex.rq_up, table="s_up"),
             Instr(Op.SITU, m=T, n=ds, a=s_g, b=s_u, c=s_h), rq(s_h, s_h8, T, ds, ex.rq_h),
-            gemm(s_h8, h_sd, out, T, ds, d, ex.rq_out),
+            gemm(s_h8, h_sd, out, T, ds, d, ex.rq_out, table="s_down"),
         ]
 
     ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
     cnt, rqx = F_M_COUNT, F_M_COUNT | F_RQ_EXPERT
     hx = F_M_COUNT | F_HOST_EXPERT
+    load_rq = [Instr(Op.LOAD, m=1, n=sum(rq_tables(cfg).values()), c=s_rq, host=h_rq, width=4)]
     prog = [
         Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
-        gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat),
-        gemm(s_x, h_r, s_logit, T, d, E, Q.rq_router),
+        *(load_rq if per_col else []),     # the first GEMMs' tables
+        gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat, table="down_lat"),
+        gemm(s_x, h_r, s_logit, T, d, E, Q.rq_router, table="router"),
         Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
         Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
-        Instr(Op.LOAD, m=1, n=8 * E, c=s_rq, host=h_rq, width=4),
+        *([] if per_col else load_rq),
         Instr(Op.ROUTE, m=T, n=E, k=k, a=s_score, b=s_bias, c=s_rt),
     ]
     loop = len(prog)
     body = [
         Instr(Op.GATHER, m=T, n=lat, a=s_z, b=rts["list_t"], c=s_zg),
-        gemm(s_zg, h_e + offs["W_gate"], s_g, 0, lat, dx, ex0.rq_gate, hx | F_RQ_EXPERT, s_rq),
-        gemm(s_zg, h_e + offs["W_up"], s_u, 0, lat, dx, ex0.rq_up, hx | F_RQ_EXPERT, s_rq + 2 * E),
+        gemm(s_zg, h_e + offs["W_gate"], s_g, 0, lat, dx, ex0.rq_gate, hx | F_RQ_EXPERT, "gate"),
+        gemm(s_zg, h_e + offs["W_up"], s_u, 0, lat, dx, ex0.rq_up, hx | F_RQ_EXPERT, "up"),
         Instr(Op.SITU, flags=cnt, n=dx, a=s_g, b=s_u, c=s_h),
-        rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_rq + 4 * E),
-        gemm(s_h8, h_e + offs["W_down"], s_eo, 0, dx, lat, ex0.rq_out, hx | F_RQ_EXPERT, s_rq + 6 * E),
+        rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_tab["h"]),
+        gemm(s_h8, h_e + offs["W_down"], s_eo, 0, dx, lat, ex0.rq_out, hx | F_RQ_EXPERT, "out"),
         Instr(Op.SCATTER, m=T * k, n=lat, a=s_eo, b=rts["list_p"], c=s_e),
         Instr(Op.JUMP, target=loop),
     ]
@@ -310,7 +358,7 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     prog += [
         Instr(Op.COMBINE, m=T, k=k, n=lat, a=s_e, b=rts["weights"], c=s_uc),
         Instr(Op.NORM, m=T, n=lat, a=s_uc, c=s_n),
-        gemm(s_n, h_ul, s_yr, T, lat, d, Q.rq_up_lat),
+        gemm(s_n, h_ul, s_yr, T, lat, d, Q.rq_up_lat, table="up_lat"),
         *shared_expert(Q.shared, s_ys),
         Instr(Op.ADD, m=T, n=d, a=s_yr, b=s_ys, c=s_y),
         Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),

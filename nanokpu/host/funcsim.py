@@ -19,6 +19,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_HOST_EXPERT,
     F_M_COUNT,
+    F_RQ_CHANNEL,
     F_RQ_EXPERT,
     OP_RULES,
     SIZES,
@@ -210,7 +211,10 @@ class FuncSim:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
             panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
             B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
-            out = self.gemm(A, B, *(self._rq_consts(ins) if ins.width else (1, 0)))
+            if ins.width and ins.flags & F_RQ_CHANNEL:   # the raw accumulators, requantised per column
+                out = I.requantize(self.gemm(A, B, 1, 0), *self._rq_columns(ins), cfg.acc_width, cfg.rounding)
+            else:
+                out = self.gemm(A, B, *(self._rq_consts(ins) if ins.width else (1, 0)))
             self._write(c, I.saturate(out, ins.width) if ins.width else out)
             self.macs += m * k * n
             self.gemms.append((m, k, n))
@@ -259,6 +263,13 @@ class FuncSim:
         else:
             mult, shift = ins.mult, ins.shift
         return mult & ((1 << self.cfg.mult_width) - 1), shift & 63
+
+    def _rq_columns(self, ins: Instr) -> tuple[np.ndarray, np.ndarray]:
+        """``(mult [n], shift [n])`` of a ``GEMM`` with :data:`F_RQ_CHANNEL`: column ``j``'s entry
+        of the table at ``b``, ``2*(j*E + e)`` (:mod:`nanokpu.isa`), masked like :meth:`_rq_consts`."""
+        E, e = (self.cfg.n_experts, self.expert) if ins.flags & F_RQ_EXPERT else (1, 0)
+        table = self._read(ins.b, 2 * ins.n * E).reshape(ins.n, E, 2)[:, e]
+        return table[:, 0] & ((1 << self.cfg.mult_width) - 1), table[:, 1] & 63
 
     def _route(self, a: int, b: int, c: int, T: int):
         cfg = self.cfg

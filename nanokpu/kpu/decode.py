@@ -11,6 +11,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_HOST_EXPERT,
     F_M_COUNT,
+    F_RQ_CHANNEL,
     F_RQ_EXPERT,
     INSTR_LAYOUT,
     OP_RULES,
@@ -104,6 +105,10 @@ class Decode(wiring.Component):
             if len(value) <= width:
                 return value
             return Mux(value[width:].any(), (1 << width) - 1, value[:width])
+
+        def times(value, c):
+            """``value * c`` for a constant ``c``: shifted copies added (no multiplier)."""
+            return sum((value << b for b in range(c.bit_length()) if c >> b & 1), Const(0, 1))
 
         def ceil_div(value, d):
             """``ceil(value / d)`` for a constant ``d``."""
@@ -216,6 +221,8 @@ class Decode(wiring.Component):
             "n": sat(ins.n), "2*n": sat(ins.n << 1), "list": sat(offset + count),
             "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),
         }
+        sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,
+                               sat(Mux(ins.flags & F_RQ_EXPERT, times(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
         host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4
         missing = {name for r in OP_RULES.values() for name in (r.a, r.b, r.c) if name} - sizes.keys()
         missing |= {r.host for r in OP_RULES.values() if r.host} - host_sizes

@@ -129,7 +129,7 @@ class NanoKPU(wiring.Component):
                                  "UP5K carries its units alone (nanokpu synth --board icebreaker: the GEMM engine)")
             if cfg.unbuilt_fields():
                 name, value = cfg.unbuilt_fields()[0]
-                raise ValueError(f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds per-tensor requantisers, "
+                raise ValueError(f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds "
                                  "the router GEMM at in_width and logits in the act format only (issue 26: the "
                                  "golden path runs this scheme, the RTL does not yet)")
         except (TypeError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -13,8 +13,13 @@ from nanokpu.units.memport import unchecked_read_port
 from nanokpu.units.requant import Requantiser, requant_interval, requant_latency
 from nanokpu.units.systolic import SystolicArray, done_latency, min_tile_cycles
 
-__all__ = ["GemmEngine", "columns_wait_in_array", "tile_gap", "gemm_cycles",
+__all__ = ["GemmEngine", "col_rq_layout", "columns_wait_in_array", "tile_gap", "gemm_cycles",
            "kpu_engine", "store_cycles"]
+
+
+def col_rq_layout(cfg: KpuConfig) -> data.StructLayout:
+    """An entry of the GEMM engine's per-column requantiser table: ``mult``, ``shift``."""
+    return data.StructLayout({"mult": unsigned(cfg.mult_width), "shift": unsigned(SHIFT_WIDTH)})
 
 
 #: Cycles from a drained column on the array's output to its write into scratchpad C (the
@@ -53,12 +58,13 @@ def store_cycles(cfg: KpuConfig, words: int) -> int:
     return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
 
 
-def kpu_engine(cfg: KpuConfig) -> GemmEngine:
-    """The GEMM engine as the nano-KPU instantiates it, and the iCEBreaker board build carries
-    it: ``out_width = acc_width``, so a command with ``mult = 1``, ``shift = 0`` returns the raw
-    accumulators and any other requantises them, the narrower output width of an instruction
-    being a saturation outside the engine."""
-    return GemmEngine(cfg, out_width=cfg.acc_width)
+def kpu_engine(cfg: KpuConfig, column_rq: bool = False) -> GemmEngine:
+    """The GEMM engine as the nano-KPU instantiates it (``column_rq``: the per-column
+    requantiser table of ``GEMM`` with :data:`~nanokpu.isa.F_RQ_CHANNEL`), and the iCEBreaker
+    board build carries it (without): ``out_width = acc_width``, so a command with ``mult = 1``,
+    ``shift = 0`` returns the raw accumulators and any other requantises them, the narrower
+    output width of an instruction being a saturation outside the engine."""
+    return GemmEngine(cfg, out_width=cfg.acc_width, column_rq=column_rq)
 
 
 class GemmEngine(wiring.Component):
@@ -116,6 +122,9 @@ class GemmEngine(wiring.Component):
         ``rounding``, ``spad_a_depth``, ``spad_b_depth``, ``spad_c_depth``.
     out_width : int, optional
         Width of the requantised results (default ``cfg.out_width``).
+    column_rq : bool, optional
+        Build the per-column requantiser table (the members ``col_en``, ``col_wr``,
+        ``col_hold``; default off).
 
     Members
     -------
@@ -142,17 +151,31 @@ class GemmEngine(wiring.Component):
         when the next command is accepted. A refused command reads, writes and streams
         nothing.
     error_code : Out(GemmError)
+    col_en : In(1)
+        (``column_rq``) Held from the command to its ``done``: the store requantises result
+        column ``n`` by entry ``n`` of the table instead of ``cmd.mult``, ``cmd.shift``.
+    col_wr : In(Signature({"en": Out(1), "addr": Out(range(spad_c_depth)), "data":
+        Out(col_rq_layout(cfg))}))
+        (``column_rq``) Writes entry ``addr`` of the table (``spad_c_depth`` entries of
+        :func:`col_rq_layout`: ``mult``, ``shift``), performed at the edge.
+    col_hold : In(1)
+        (``column_rq``) While high the store does not start (nor ``done`` of a command without
+        one): the writer fills the table under the compute, the store reads entry ``n`` with
+        every word of column ``n`` and carries it with the word through the requantiser, one
+        word per cycle as ever. The latencies above hold when it falls in time.
     """
 
-    def __init__(self, cfg: KpuConfig, out_width: int | None = None):
+    def __init__(self, cfg: KpuConfig, out_width: int | None = None, column_rq: bool = False):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
-        self.cfg = cfg
+        self.cfg, self.column_rq = cfg, column_rq
         self.out_width = cfg.out_width if out_width is None else out_width
         self._requant = Requantiser(cfg, cfg.rows, self.out_width)  # validates out_width
         self._array = SystolicArray(cfg)
         op = signed(cfg.in_width)
-        super().__init__({
+        column = {"col_en": In(1), "col_hold": In(1), "col_wr": In(wiring.Signature({
+            "en": Out(1), "addr": Out(range(cfg.spad_c_depth)), "data": Out(col_rq_layout(cfg))}))}
+        super().__init__((column if column_rq else {}) | {
             "cmd": In(stream.Signature(command_layout(cfg))),
             "a_in": In(stream.Signature(data.ArrayLayout(op, cfg.rows))),
             "b_in": In(stream.Signature(data.ArrayLayout(op, cfg.cols))),
@@ -384,10 +407,23 @@ class GemmEngine(wiring.Component):
         q_valid = Signal()          # c_q holds it
         out_left = Signal(wide)     # words not yet sent
         advance = ~q_valid | requant.i.ready
+        # the stored word's (mult, shift): the command's, or (column_rq) its column's entry of the
+        # table, read with the word (c_rd and col_rd: the same enable) and registered with it (q_rq)
+        q_rq = Signal(col_rq_layout(cfg))
+        if self.column_rq:
+            m.submodules.col_rq = col_mem = Memory(shape=col_rq_layout(cfg), depth=cfg.spad_c_depth, init=[],
+                                                   attrs={"no_rw_check": 1})
+            col_wr, col_rd = col_mem.write_port(), unchecked_read_port(m, col_mem, "col_rq")
+            m.d.comb += [col_wr.en.eq(self.col_wr.en), col_wr.addr.eq(self.col_wr.addr),
+                         col_wr.data.eq(self.col_wr.data), col_rd.addr.eq(s_n), col_rd.en.eq(c_rd.en)]
+            with m.If(advance):
+                m.d.sync += q_rq.eq(Mux(self.col_en, col_rd.data, Cat(cmd.mult, cmd.shift)))
+        else:
+            m.d.comb += [q_rq.mult.eq(cmd.mult), q_rq.shift.eq(cmd.shift)]
         # the requantiser takes the stored words, or rq_in's while no store runs
         rq_in = self.rq_in
-        m.d.comb += [requant.mult.eq(Mux(storing, cmd.mult, self.rq_mult)),
-                     requant.shift.eq(Mux(storing, cmd.shift, self.rq_shift)),
+        m.d.comb += [requant.mult.eq(Mux(storing, q_rq.mult, self.rq_mult)),
+                     requant.shift.eq(Mux(storing, q_rq.shift, self.rq_shift)),
                      requant.i.valid.eq(Mux(storing, q_valid, rq_in.valid)),
                      rq_in.ready.eq(~storing & requant.i.ready),
                      requant.i.payload.eq(Mux(storing, c_q, rq_in.payload))]
@@ -458,7 +494,7 @@ class GemmEngine(wiring.Component):
             with m.State("RUN"):
                 quiet = (~(start | a_loading | b_loading | issuing | drain_busy | col_busy[0] | col_busy[1]
                            | w_busy) & (pending == 0))
-                with m.If(quiet):
+                with m.If(quiet & ~(self.col_hold if self.column_rq else Const(0))):
                     with m.If(cmd.store):
                         m.d.comb += store_start.eq(1)
                         m.next = "STORE"

@@ -48,7 +48,7 @@ def _chunks(width: int, signed_top: bool) -> list[tuple[int, int]]:
 class Requantiser(wiring.Component):
     """``o = saturate(round_shift(i * mult, shift, cfg.rounding), out_width)`` on ``lanes`` lanes.
 
-    Bit-exact to :func:`golden.intops.requantize` with the scalar ``mult`` and ``shift``
+    Bit-exact to :func:`golden.intops.requantize` with the ``mult`` and ``shift`` of each word
     and ``mode = cfg.rounding`` (fixed at elaboration). The product ``i * mult``
     (``acc_width + mult_width`` bits) comes from one of two product stages, by ``cfg.dsp``:
 
@@ -64,7 +64,7 @@ class Requantiser(wiring.Component):
     Then three stages: (1) the low ``out_width + 1`` bits of ``2 * product >> shift`` (the
     half bit and ``product >> shift``, from a barrel shifter that keeps only the bits it
     needs), the sticky bit of the bits below the half bit, and whether ``product >> shift``
-    overflows ``out_width`` bits (per-command masks of ``shift``), (2) the rounding increment,
+    overflows ``out_width`` bits (masks of the word's ``shift``), (2) the rounding increment,
     (3) the saturation. Pipelined, each stage is registered and serves every lane. On
     ``ice40`` stage (1) is registered and serves two lanes, one after the other, and (2) and
     (3) are one stage (:meth:`_serial`): half the barrel shifters and overflow checks, the
@@ -86,7 +86,9 @@ class Requantiser(wiring.Component):
     o : Out(stream.Signature(ArrayLayout(signed(out_width), lanes)))
     mult : In(unsigned(mult_width))
     shift : In(unsigned(6))
-        Held stable while words are in flight (the GEMM engine latches them per command).
+        Sampled with each word on ``i`` (in the cycle of its transfer) and carried with it
+        through the pipeline: every word may have its own (the GEMM engine's per-column
+        constants).
 
     Latency: :attr:`latency` cycles (:func:`requant_latency`: 6, or ``max(mult_width, 3) + 3``
     on ``ice40``) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
@@ -133,23 +135,29 @@ class Requantiser(wiring.Component):
 
         x = [Signal(signed(width), name=f"x{lane}") for lane in range(lanes)]
 
-        # Per-command masks of the shift, registered (shift is stable while words are in flight).
-        # x2 = 2x: x2 >> shift holds the half bit (bit 0, 0 when shift = 0) and x >> shift above.
+        # The masks of a word's shift, registered in front of stage (1) from the shift the word
+        # carries there (``shift_x``, the product path's). x2 = 2x: x2 >> shift holds the half
+        # bit (bit 0, 0 when shift = 0) and x >> shift above.
         ow = self.out_width
         below = Signal(width + 1)  # bit b set when b < shift: the sticky bits of x2
         above = Signal(width + 1)  # bit b set when b >= shift + out_width: must all equal the sign
-        # b < shift from the two octal digits of shift (a comparison with each constant b would
-        # be a carry chain of its own on iCE40); b >= shift + out_width is not(b - out_width < shift).
-        hi_s, lo_s = self.shift[3:], self.shift[:3]
-        m.d.sync += below.eq(Cat(*((hi_s > (b >> 3)) | ((hi_s == (b >> 3)) & (lo_s > (b & 7)))
-                                   for b in range(width + 1))))
         m.d.comb += above.eq(Cat(Const(0, ow), ~below[:width + 1 - ow]))
+        shift_x = Signal(SHIFT_WIDTH)   # the shift of the word in stage (1)
+
+        def below_of(shift):
+            """``below`` of ``shift``, from its two octal digits (a comparison with each constant b
+            would be a carry chain of its own on iCE40); b >= shift + out_width is not(b - out_width
+            < shift)."""
+            hi_s, lo_s = shift[3:], shift[:3]
+            return Cat(*((hi_s > (b >> 3)) | ((hi_s == (b >> 3)) & (lo_s > (b & 7))) for b in range(width + 1)))
 
         if cfg.dsp == "ice40":
-            self._serial(m, x, below, above, advance)
+            self._serial(m, x, below, above, below_of, shift_x, advance)
             return m
         x_valid = Signal()
-        self._pipelined_product(m, x, x_valid, advance)
+        shift_2 = self._pipelined_product(m, x, x_valid, advance)
+        with m.If(advance):     # the word's shift and masks enter stage (1) with its product
+            m.d.sync += [shift_x.eq(shift_2), below.eq(below_of(shift_2))]
         v_shift = Signal()
         v_round = Signal()
         with m.If(advance):
@@ -159,7 +167,7 @@ class Requantiser(wiring.Component):
             rounded = Signal(signed(ow + 1), name=f"rounded{lane}")
             over2, neg2 = Signal(name=f"over2_{lane}"), Signal(name=f"neg2_{lane}")
             with m.If(advance):
-                m.d.sync += [Cat(y, sticky, over, neg).eq(Cat(*self._shift_stage(x[lane], below, above))),
+                m.d.sync += [Cat(y, sticky, over, neg).eq(Cat(*self._shift_stage(x[lane], shift_x, below, above))),
                              rounded.eq(self._rounded(y, sticky)), over2.eq(over), neg2.eq(neg),
                              self.o.payload[lane].eq(self._saturated(rounded, over2, neg2))]
         return m
@@ -169,7 +177,7 @@ class Requantiser(wiring.Component):
         return (Signal(self.out_width + 1, name=f"y{name}"), Signal(name=f"sticky{name}"),
                 Signal(name=f"over{name}"), Signal(name=f"neg{name}"))
 
-    def _shift_stage(self, x, below, above):
+    def _shift_stage(self, x, shift, below, above):
         """Stage (1) of the product ``x``, combinational: the ``out_width + 1`` low bits of ``2x >>
         shift`` (a barrel shifter that shifts by 32 first keeps ``out_width + 2**k`` bits after the
         shift by ``2**k``), the sticky bit, whether ``x >> shift`` overflows ``out_width`` bits
@@ -178,7 +186,7 @@ class Requantiser(wiring.Component):
         x2 = Cat(0, x).as_signed()
         v = x2
         for k in reversed(range(SHIFT_WIDTH)):
-            v = Mux(self.shift[k], v >> (1 << k), v)
+            v = Mux(shift[k], v >> (1 << k), v)
             if ow + (1 << k) < len(v):  # the bits above are never needed (and not the sign)
                 v = v[:ow + (1 << k)].as_signed()
         sticky = (x2.as_unsigned() & below).any()
@@ -205,7 +213,9 @@ class Requantiser(wiring.Component):
         return Mux(over, Mux(neg, -hi - 1, hi), Mux(rounded > hi, hi, rounded))
 
     def _pipelined_product(self, m, x, x_valid, advance):
-        """``x = i * mult`` from DSP partial products, 3 stages, one word per cycle."""
+        """``x = i * mult`` from DSP partial products, 3 stages, one word per cycle (``mult``
+        enters the multipliers' input registers with the word). Returns the word's shift one
+        stage before ``x``."""
         cfg, lanes = self.cfg, self.lanes
         a_chunks = _chunks(cfg.acc_width, signed_top=True)
         m_chunks = _chunks(cfg.mult_width, signed_top=False)
@@ -214,8 +224,9 @@ class Requantiser(wiring.Component):
         m.d.comb += [mul.en.eq(advance), self.i.ready.eq(advance)]
         v1 = Signal()
         v2 = Signal()
+        shift_1, shift_2 = Signal(SHIFT_WIDTH), Signal(SHIFT_WIDTH)
         with m.If(advance):
-            m.d.sync += [v1.eq(self.i.valid), v2.eq(v1), x_valid.eq(v2)]
+            m.d.sync += [v1.eq(self.i.valid), v2.eq(v1), x_valid.eq(v2), shift_1.eq(self.shift), shift_2.eq(shift_1)]
         for lane in range(lanes):
             acc = self.i.payload[lane]
             terms = []
@@ -228,8 +239,9 @@ class Requantiser(wiring.Component):
                 terms.append(mul.p[lane_n] << (a_lsb + m_lsb))
             with m.If(advance):
                 m.d.sync += x[lane].eq(sum(terms[1:], terms[0]))
+        return shift_2
 
-    def _serial(self, m, x, below, above, advance):
+    def _serial(self, m, x, below, above, below_of, shift_x, advance):
         """``ice40``: ``x = i * mult`` bit-serially, then stages (1) and (2)+(3) shared by two lanes.
 
         Product (``mult`` zero-extended to ``w = max(mult_width, 3)`` bits; one word per ``w``
@@ -242,7 +254,10 @@ class Requantiser(wiring.Component):
         lane ``2u + 1`` in the next; stages (2) and (3) follow as one stage, whose result goes to
         the lane's output register. ``o.valid`` rises 3 cycles after ``take``. Nothing after the
         product stalls: ``take`` waits until ``o`` is free (``advance``), and the next ``take``
-        is ``w >= 3`` cycles later, when the word has left the stages.
+        is ``w >= 3`` cycles later, when the word has left the stages. The word's ``mult`` and
+        ``shift`` are taken with it (``bits``, ``held_shift``); ``shift_x`` and ``below`` are
+        registered from ``held_shift`` every cycle, so they hold the word's in ``take`` and in the
+        cycle after, when the next word may have been taken.
         """
         cfg, lanes = self.cfg, self.lanes
         w = max(cfg.mult_width, 3)
@@ -250,7 +265,9 @@ class Requantiser(wiring.Component):
         busy, first = Signal(name="busy"), Signal(name="first")
         count = Signal(range(w))  # product steps still to do
         held = Signal(data.ArrayLayout(signed(cfg.acc_width), lanes))
-        bits = Signal(w)  # mult shifted left once per step: bit w - 1 is the next one to add in
+        bits = Signal(w + 1)  # the word's mult, shifted left once more per step: bit w - 1 is the next
+        #                       one to add in (and bit w, in the first step, the top one)
+        held_shift = Signal(SHIFT_WIDTH)
         # the cycles of a word after its product: take (stage 1 on lanes 2u), odd (stage 1 on
         # lanes 2u + 1, stage 2+3 on lanes 2u), last (stage 2+3 on lanes 2u + 1)
         take, odd, last = (Signal(name=n) for n in ("take", "odd", "last"))
@@ -258,22 +275,25 @@ class Requantiser(wiring.Component):
                      self.i.ready.eq(~busy | take)]
         m.d.sync += [odd.eq(take), last.eq(odd)]
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [busy.eq(1), first.eq(1), count.eq(w - 1), held.eq(self.i.payload), bits.eq(mult << 1)]
+            m.d.sync += [busy.eq(1), first.eq(1), count.eq(w - 1), held.eq(self.i.payload), bits.eq(mult << 1),
+                         held_shift.eq(self.shift)]
         with m.Elif(take):
             m.d.sync += busy.eq(0)
         with m.Elif(busy & (count != 0)):
             m.d.sync += [first.eq(0), count.eq(count - 1), bits.eq(bits << 1)]
             for lane in range(lanes):
-                p = Mux(first, Mux(mult[w - 1], held[lane], 0), x[lane])
+                p = Mux(first, Mux(bits[w], held[lane], 0), x[lane])
                 m.d.sync += x[lane].eq((p << 1) + Mux(bits[w - 1], held[lane], 0))
         with m.If(last):
             m.d.sync += self.o.valid.eq(1)
         with m.Elif(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
+        m.d.sync += [shift_x.eq(held_shift), below.eq(below_of(held_shift))]
         for u in range(0, lanes, 2):
             pair = x[u:u + 2]
             y, sticky, over, neg = self._stage_registers(str(u // 2))
-            m.d.sync += Cat(y, sticky, over, neg).eq(Cat(*self._shift_stage(Mux(odd, pair[-1], pair[0]), below, above)))
+            stage1 = self._shift_stage(Mux(odd, pair[-1], pair[0]), shift_x, below, above)
+            m.d.sync += Cat(y, sticky, over, neg).eq(Cat(*stage1))
             result = self._saturated(self._rounded(y, sticky), over, neg)
             for lane, when in zip(range(u, u + 2), (odd, last), strict=True):
                 if lane < lanes:

@@ -113,34 +113,34 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire [9:0] \$197 ;
-  wire [17:0] \$198 ;
-  wire \$199 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire [9:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$200 ;
+  wire [17:0] \$200 ;
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire [9:0] \$206 ;
-  wire [17:0] \$207 ;
-  wire \$208 ;
-  wire [32:0] \$209 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire [9:0] \$208 ;
+  wire [17:0] \$209 ;
   wire \$21 ;
-  wire [32:0] \$210 ;
+  wire \$210 ;
   wire [32:0] \$211 ;
   wire [32:0] \$212 ;
   wire [32:0] \$213 ;
   wire [32:0] \$214 ;
   wire [32:0] \$215 ;
   wire [32:0] \$216 ;
-  wire \$217 ;
-  wire [18:0] \$218 ;
+  wire [32:0] \$217 ;
+  wire [32:0] \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire \$220 ;
+  wire [18:0] \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
@@ -174,85 +174,89 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire [63:0] \$251 ;
-  wire [63:0] \$252 ;
-  reg [255:0] \$253 ;
-  reg [16:0] \$254 ;
-  reg \$255 ;
-  reg [18:0] \$256 ;
-  reg \$257 ;
-  reg [1:0] \$258 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire [63:0] \$255 ;
+  wire [63:0] \$256 ;
+  reg [255:0] \$257 ;
+  reg [16:0] \$258 ;
   reg \$259 ;
   wire \$26 ;
-  reg \$260 ;
-  reg [16:0] \$261 ;
-  reg [16:0] \$262 ;
+  reg [18:0] \$260 ;
+  reg \$261 ;
+  reg [1:0] \$262 ;
   reg \$263 ;
   reg \$264 ;
-  reg [4:0] \$265 ;
-  reg \$266 ;
+  reg [16:0] \$265 ;
+  reg [16:0] \$266 ;
   reg \$267 ;
   reg \$268 ;
-  reg [7:0] \$269 ;
+  reg [4:0] \$269 ;
   wire \$27 ;
   reg \$270 ;
   reg \$271 ;
   reg \$272 ;
-  reg [63:0] \$273 ;
-  reg [63:0] \$274 ;
+  reg [7:0] \$273 ;
+  reg \$274 ;
   reg \$275 ;
   reg \$276 ;
-  reg [16:0] \$277 ;
-  reg [18:0] \$278 ;
-  reg [16:0] \$279 ;
+  reg [63:0] \$277 ;
+  reg [63:0] \$278 ;
+  reg \$279 ;
   wire \$28 ;
-  reg [16:0] \$280 ;
-  reg [18:0] \$281 ;
+  reg \$280 ;
+  reg [16:0] \$281 ;
   reg [18:0] \$282 ;
-  reg \$283 ;
-  reg \$284 ;
+  reg [16:0] \$283 ;
+  reg [16:0] \$284 ;
   reg [18:0] \$285 ;
-  reg [3:0] \$286 ;
-  reg [3:0] \$287 ;
-  reg [18:0] \$288 ;
-  reg [3:0] \$289 ;
+  reg [18:0] \$286 ;
+  reg \$287 ;
+  reg \$288 ;
+  reg [18:0] \$289 ;
   wire \$29 ;
-  reg \$290 ;
-  reg \$291 ;
-  reg \$292 ;
-  reg [18:0] \$293 ;
+  reg [3:0] \$290 ;
+  reg [3:0] \$291 ;
+  reg [18:0] \$292 ;
+  reg [3:0] \$293 ;
   reg \$294 ;
   reg \$295 ;
-  reg [18:0] \$296 ;
-  reg \$297 ;
+  reg \$296 ;
+  reg [18:0] \$297 ;
   reg \$298 ;
-  reg [18:0] \$299 ;
+  reg \$299 ;
   wire [19:0] \$3 ;
   wire \$30 ;
-  reg [255:0] \$300 ;
-  reg [255:0] \$301 ;
-  reg [255:0] \$302 ;
-  reg [1:0] \$303 ;
+  reg [18:0] \$300 ;
+  reg \$301 ;
+  reg \$302 ;
+  reg [18:0] \$303 ;
   reg [255:0] \$304 ;
-  reg \$305 ;
-  reg \$306 ;
-  reg [18:0] \$307 ;
-  reg [16:0] \$308 ;
-  reg [16:0] \$309 ;
+  reg [255:0] \$305 ;
+  reg [255:0] \$306 ;
+  reg [1:0] \$307 ;
+  reg [255:0] \$308 ;
+  reg \$309 ;
   wire \$31 ;
-  reg [18:0] \$310 ;
+  reg \$310 ;
   reg [18:0] \$311 ;
-  reg \$312 ;
-  reg [7:0] \$313 ;
-  reg \$314 ;
-  reg [101:0] \$315 ;
+  reg [16:0] \$312 ;
+  reg [16:0] \$313 ;
+  reg [18:0] \$314 ;
+  reg [18:0] \$315 ;
   reg \$316 ;
-  reg [2:0] \$317 ;
-  reg [2:0] \$318 ;
-  reg [16:0] \$319 ;
+  reg [7:0] \$317 ;
+  reg \$318 ;
+  reg [101:0] \$319 ;
   wire \$32 ;
-  reg [18:0] \$320 ;
-  reg [18:0] \$321 ;
+  reg \$320 ;
+  reg [2:0] \$321 ;
+  reg [2:0] \$322 ;
+  reg [16:0] \$323 ;
+  reg [18:0] \$324 ;
+  reg [18:0] \$325 ;
   wire \$33 ;
   wire [17:0] \$34 ;
   wire \$35 ;
@@ -575,7 +579,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] pending = 2'h0;
   wire [11:0] port__addr;
   wire [9:0] \port__addr$115 ;
-  wire [10:0] \port__addr$127 ;
+  wire [10:0] \port__addr$128 ;
   wire [63:0] port__data;
   wire [63:0] \port__data$28 ;
   wire [7:0] \port__data$28[0] ;
@@ -603,6 +607,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \port__data[5] ;
   wire [7:0] \port__data[6] ;
   wire [7:0] \port__data[7] ;
+  wire [21:0] q_rq;
+  wire [15:0] \q_rq.mult ;
+  wire [5:0] \q_rq.shift ;
   reg q_valid = 1'h0;
   reg [7:0] r_mask = 8'h00;
   reg r_valid = 1'h0;
@@ -638,7 +645,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [16:0] s_rows = 17'h00000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$121 ;
+  wire [5:0] \shift$122 ;
   reg [63:0] spad_a_rd_data = 64'h0000000000000000;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -5826,9 +5833,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$198 [9:0]] <= b_in__payload;
+      spad_b[\$200 [9:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$207 [9:0]];
+  assign \port__data$28  = spad_b[\$209 [9:0]];
   (* no_rw_check = 32'd1 *)
   reg [255:0] spad_c [2047:0];
   initial begin
@@ -7885,7 +7892,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[10:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$218 [10:0]];
+  assign \port__data$31  = spad_c[\$220 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -8079,217 +8086,217 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$191  = ~ \$190 ;
   assign \$192  = ! pending;
   assign \$193  = \$191  & \$192 ;
-  assign \$194  = ! out_left;
+  assign \$196  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$195  = full >> wbuf;
-  assign \$196  = ~ \$195 ;
-  assign b_in__ready = b_loading & \$196 ;
-  assign \$197  = wbuf ? 10'h200 : 10'h000;
-  assign \$198  = \$197  + b_k;
+  assign \$197  = full >> wbuf;
+  assign \$198  = ~ \$197 ;
+  assign b_in__ready = b_loading & \$198 ;
+  assign \$199  = wbuf ? 10'h200 : 10'h000;
+  assign \$200  = \$199  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$199  = b_in__valid & b_in__ready;
-  assign \$200  = b_k == k_m1;
-  assign \$201  = issuing & a_ok;
-  assign \$202  = \$201  & b_ok;
-  assign \$203  = ~ last_k;
-  assign \$204  = gap >= 5'h16;
-  assign \$205  = \$203  | \$204 ;
-  assign step = \$202  & \$205 ;
-  assign \$206  = rbuf ? 10'h200 : 10'h000;
-  assign \$207  = \$206  + k;
-  assign \$208  = d_col == 3'h7;
+  assign \$201  = b_in__valid & b_in__ready;
+  assign \$202  = b_k == k_m1;
+  assign \$203  = issuing & a_ok;
+  assign \$204  = \$203  & b_ok;
+  assign \$205  = ~ last_k;
+  assign \$206  = gap >= 5'h16;
+  assign \$207  = \$205  | \$206 ;
+  assign step = \$204  & \$207 ;
+  assign \$208  = rbuf ? 10'h200 : 10'h000;
+  assign \$209  = \$208  + k;
+  assign \$210  = d_col == 3'h7;
   assign shift = \done$73  | drain_busy;
-  assign \$209  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$210  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$211  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$212  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$213  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
-  assign \$214  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
-  assign \$215  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
-  assign \$216  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
-  assign mult = storing ? cmd[91:76] : rq_mult;
-  assign \shift$121  = storing ? cmd[97:92] : rq_shift;
+  assign \$211  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$212  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$213  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$214  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$215  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
+  assign \$216  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
+  assign \$217  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
+  assign \$218  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
+  assign mult = storing ? q_rq[15:0] : rq_mult;
+  assign \shift$122  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$217  = ~ storing;
-  assign rq_in__ready = \$217  & i__ready;
-  assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$218  = storing ? s_addr : col_addr0;
   assign \$219  = ~ storing;
-  assign \$220  = ~ q_valid;
-  assign \$221  = \$220  | i__ready;
-  assign spad_c_rd_en = \$219  | \$221 ;
+  assign rq_in__ready = \$219  & i__ready;
+  assign i__payload = storing ? c_q : rq_in__payload;
+  assign \$220  = storing ? s_addr : col_addr0;
+  assign \$221  = ~ storing;
+  assign \$222  = ~ q_valid;
+  assign \$223  = \$222  | i__ready;
+  assign spad_c_rd_en = \$221  | \$223 ;
   assign busy = ~ cmd__ready;
-  assign \$222  = cmd[98] | cmd[99];
-  assign \$223  = \$222  | cmd[101];
-  assign \$224  = ~ \$223 ;
-  assign \$225  = ! cmd[16:0];
-  assign \$226  = cmd[98] | cmd[99];
-  assign \$227  = ! cmd[33:17];
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = \$225  | \$228 ;
-  assign \$230  = cmd[99] | cmd[101];
-  assign \$231  = ! cmd[50:34];
-  assign \$232  = \$230  & \$231 ;
-  assign \$233  = \$229  | \$232 ;
-  assign \$234  = cmd[33:17] > 10'h200;
-  assign \$235  = cmd[99] & \$234 ;
-  assign \$236  = start | a_in__ready;
-  assign \$237  = \$236  | b_loading;
-  assign \$238  = \$237  | issuing;
-  assign \$239  = \$238  | drain_busy;
-  assign \$240  = \$239  | col_busy0;
-  assign \$241  = \$240  | col_busy1;
-  assign \$242  = \$241  | w_busy;
-  assign \$243  = ~ \$242 ;
-  assign \$244  = ! pending;
-  assign \$245  = \$243  & \$244 ;
-  assign \$246  = ! fsm_state;
-  assign \$247  = fsm_state == 1'h1;
-  assign \$248  = fsm_state == 2'h2;
-  assign \$249  = fsm_state == 2'h3;
-  assign \$250  = fsm_state == 3'h4;
+  assign \$224  = cmd[98] | cmd[99];
+  assign \$225  = \$224  | cmd[101];
+  assign \$226  = ~ \$225 ;
+  assign \$227  = ! cmd[16:0];
+  assign \$228  = cmd[98] | cmd[99];
+  assign \$229  = ! cmd[33:17];
+  assign \$230  = \$228  & \$229 ;
+  assign \$231  = \$227  | \$230 ;
+  assign \$232  = cmd[99] | cmd[101];
+  assign \$233  = ! cmd[50:34];
+  assign \$234  = \$232  & \$233 ;
+  assign \$235  = \$231  | \$234 ;
+  assign \$236  = cmd[33:17] > 10'h200;
+  assign \$237  = cmd[99] & \$236 ;
+  assign \$238  = start | a_in__ready;
+  assign \$239  = \$238  | b_loading;
+  assign \$240  = \$239  | issuing;
+  assign \$241  = \$240  | drain_busy;
+  assign \$242  = \$241  | col_busy0;
+  assign \$243  = \$242  | col_busy1;
+  assign \$244  = \$243  | w_busy;
+  assign \$245  = ~ \$244 ;
+  assign \$246  = ! pending;
+  assign \$247  = \$245  & \$246 ;
+  assign \$250  = ! fsm_state;
+  assign \$251  = fsm_state == 1'h1;
+  assign \$252  = fsm_state == 2'h2;
+  assign \$253  = fsm_state == 2'h3;
+  assign \$254  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$251 ;
+    spad_a_rd_data <= \$255 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$252 ;
+    spad_b_rd_data <= \$256 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$253 ;
+    spad_c_rd_data <= \$257 ;
   always @(posedge clk)
-    k_m1 <= \$254 ;
+    k_m1 <= \$258 ;
   always @(posedge clk)
-    start <= \$255 ;
+    start <= \$259 ;
   always @(posedge clk)
-    a_wptr <= \$256 ;
+    a_wptr <= \$260 ;
   always @(posedge clk)
-    a_in__ready <= \$257 ;
+    a_in__ready <= \$261 ;
   always @(posedge clk)
-    full <= \$258 ;
+    full <= \$262 ;
   always @(posedge clk)
-    b_loading <= \$259 ;
+    b_loading <= \$263 ;
   always @(posedge clk)
-    wbuf <= \$260 ;
+    wbuf <= \$264 ;
   always @(posedge clk)
-    b_k <= \$261 ;
+    b_k <= \$265 ;
   always @(posedge clk)
-    b_cols_left <= \$262 ;
+    b_cols_left <= \$266 ;
   always @(posedge clk)
-    a_ok <= \$263 ;
+    a_ok <= \$267 ;
   always @(posedge clk)
-    b_ok <= \$264 ;
+    b_ok <= \$268 ;
   always @(posedge clk)
-    gap <= \$265 ;
+    gap <= \$269 ;
   always @(posedge clk)
-    s_valid <= \$266 ;
+    s_valid <= \$270 ;
   always @(posedge clk)
-    s_first <= \$267 ;
+    s_first <= \$271 ;
   always @(posedge clk)
-    s_last <= \$268 ;
+    s_last <= \$272 ;
   always @(posedge clk)
-    s_mask <= \$269 ;
+    s_mask <= \$273 ;
   always @(posedge clk)
-    valid <= \$270 ;
+    valid <= \$274 ;
   always @(posedge clk)
-    first <= \$271 ;
+    first <= \$275 ;
   always @(posedge clk)
-    last <= \$272 ;
+    last <= \$276 ;
   always @(posedge clk)
-    b <= \$273 ;
+    b <= \$277 ;
   always @(posedge clk)
-    a <= \$274 ;
+    a <= \$278 ;
   always @(posedge clk)
-    issuing <= \$275 ;
+    issuing <= \$279 ;
   always @(posedge clk)
-    rbuf <= \$276 ;
+    rbuf <= \$280 ;
   always @(posedge clk)
-    k <= \$277 ;
+    k <= \$281 ;
   always @(posedge clk)
-    a_ptr <= \$278 ;
+    a_ptr <= \$282 ;
   always @(posedge clk)
-    rows_c <= \$279 ;
+    rows_c <= \$283 ;
   always @(posedge clk)
-    cols_c <= \$280 ;
+    cols_c <= \$284 ;
   always @(posedge clk)
-    c_panel <= \$281 ;
+    c_panel <= \$285 ;
   always @(posedge clk)
-    c_tile <= \$282 ;
+    c_tile <= \$286 ;
   always @(posedge clk)
-    last_k <= \$283 ;
+    last_k <= \$287 ;
   always @(posedge clk)
-    last_row <= \$284 ;
+    last_row <= \$288 ;
   always @(posedge clk)
-    t_base <= \$285 ;
+    t_base <= \$289 ;
   always @(posedge clk)
-    t_cols <= \$286 ;
+    t_cols <= \$290 ;
   always @(posedge clk)
-    d_col <= \$287 ;
+    d_col <= \$291 ;
   always @(posedge clk)
-    d_base <= \$288 ;
+    d_base <= \$292 ;
   always @(posedge clk)
-    d_cols <= \$289 ;
+    d_cols <= \$293 ;
   always @(posedge clk)
-    drain_busy <= \$290 ;
+    drain_busy <= \$294 ;
   always @(posedge clk)
-    col_valid0 <= \$291 ;
+    col_valid0 <= \$295 ;
   always @(posedge clk)
-    col_busy0 <= \$292 ;
+    col_busy0 <= \$296 ;
   always @(posedge clk)
-    col_addr0 <= \$293 ;
+    col_addr0 <= \$297 ;
   always @(posedge clk)
-    col_valid1 <= \$294 ;
+    col_valid1 <= \$298 ;
   always @(posedge clk)
-    col_busy1 <= \$295 ;
+    col_busy1 <= \$299 ;
   always @(posedge clk)
-    col_addr1 <= \$296 ;
+    col_addr1 <= \$300 ;
   always @(posedge clk)
-    w_valid <= \$297 ;
+    w_valid <= \$301 ;
   always @(posedge clk)
-    w_busy <= \$298 ;
+    w_busy <= \$302 ;
   always @(posedge clk)
-    w_addr <= \$299 ;
+    w_addr <= \$303 ;
   always @(posedge clk)
-    col_word0 <= \$300 ;
+    col_word0 <= \$304 ;
   always @(posedge clk)
-    col_word1 <= \$301 ;
+    col_word1 <= \$305 ;
   always @(posedge clk)
-    w_word <= \$302 ;
+    w_word <= \$306 ;
   always @(posedge clk)
-    pending <= \$303 ;
+    pending <= \$307 ;
   always @(posedge clk)
-    c_q <= \$304 ;
+    c_q <= \$308 ;
   always @(posedge clk)
-    q_valid <= \$305 ;
+    q_valid <= \$309 ;
   always @(posedge clk)
-    storing <= \$306 ;
+    storing <= \$310 ;
   always @(posedge clk)
-    s_addr <= \$307 ;
+    s_addr <= \$311 ;
   always @(posedge clk)
-    s_n <= \$308 ;
+    s_n <= \$312 ;
   always @(posedge clk)
-    s_rows <= \$309 ;
+    s_rows <= \$313 ;
   always @(posedge clk)
-    s_left <= \$310 ;
+    s_left <= \$314 ;
   always @(posedge clk)
-    out_left <= \$311 ;
+    out_left <= \$315 ;
   always @(posedge clk)
-    r_valid <= \$312 ;
+    r_valid <= \$316 ;
   always @(posedge clk)
-    r_mask <= \$313 ;
+    r_mask <= \$317 ;
   always @(posedge clk)
-    done <= \$314 ;
+    done <= \$318 ;
   always @(posedge clk)
-    cmd <= \$315 ;
+    cmd <= \$319 ;
   always @(posedge clk)
-    error <= \$316 ;
+    error <= \$320 ;
   always @(posedge clk)
-    error_code <= \$317 ;
+    error_code <= \$321 ;
   always @(posedge clk)
-    fsm_state <= \$318 ;
+    fsm_state <= \$322 ;
   always @(posedge clk)
-    rows_left <= \$319 ;
+    rows_left <= \$323 ;
   always @(posedge clk)
-    a_lim <= \$320 ;
+    a_lim <= \$324 ;
   always @(posedge clk)
-    c_lim <= \$321 ;
+    c_lim <= \$325 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8312,25 +8319,25 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$121 )
+    .shift(\shift$122 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = spad_c_rd_data;
+    \$257  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$253  = \port__data$31 ;
+      \$257  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = \$1 [16:0];
+    \$258  = \$1 [16:0];
     if (rst) begin
-      \$254  = 17'h00000;
+      \$258  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = 1'h0;
+    \$259  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8339,112 +8346,57 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$178 ) begin
           end else if (\$179 ) begin
-            \$255  = 1'h1;
+            \$259  = 1'h1;
           end
     endcase
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = a_wptr;
-    if (start) begin
-      \$256  = { 6'h00, cmd[63:51] };
-    end else if (\$2 ) begin
-      \$256  = \$3 [18:0];
-    end
-    if (rst) begin
-      \$256  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = a_in__ready;
-    if (start) begin
-      \$257  = cmd[98];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$257  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$257  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = \$8 ;
-    if (rst) begin
-      \$258  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = b_loading;
-    if (start) begin
-      \$259  = cmd[99];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$259  = 1'h0;
-        end
-      end
-    end
     if (rst) begin
       \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = wbuf;
+    \$260  = a_wptr;
     if (start) begin
-      \$260  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$260  = \$12 ;
-      end
+      \$260  = { 6'h00, cmd[63:51] };
+    end else if (\$2 ) begin
+      \$260  = \$3 [18:0];
     end
     if (rst) begin
-      \$260  = 1'h0;
+      \$260  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = b_k;
+    \$261  = a_in__ready;
     if (start) begin
-      \$261  = 17'h00000;
-    end else if (\$9 ) begin
-      \$261  = \$10 [16:0];
-      if (\$11 ) begin
-        \$261  = 17'h00000;
+      \$261  = cmd[98];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$261  = 1'h0;
       end
     end
     if (rst) begin
-      \$261  = 17'h00000;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = b_cols_left;
-    if (start) begin
-      \$262  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$262  = \$13 [16:0];
-      end
-    end
+    \$262  = \$8 ;
     if (rst) begin
-      \$262  = 17'h00000;
+      \$262  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
+    \$263  = b_loading;
     if (start) begin
-      \$263  = \$15 ;
-    end else begin
-      \$263  = \$21 ;
+      \$263  = cmd[99];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$263  = 1'h0;
+        end
+      end
     end
     if (rst) begin
       \$263  = 1'h0;
@@ -8452,234 +8404,223 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
+    \$264  = wbuf;
     if (start) begin
       \$264  = 1'h0;
-    end else if (\$23 ) begin
-      \$264  = \$31 ;
-    end else if (\$24 ) begin
-      \$264  = 1'h1;
-    end else if (step) begin
-      \$264  = \$38 ;
-    end else begin
-      \$264  = \$41 ;
-    end
-    if (rst) begin
-      \$264  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = gap;
-    if (\$42 ) begin
-      \$265  = \$43 [4:0];
-    end
-    if (start) begin
-      \$265  = 5'h17;
-    end else if (step) begin
-      if (last_k) begin
-        \$265  = 5'h00;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$264  = \$12 ;
       end
     end
     if (rst) begin
-      \$265  = 5'h00;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = step;
+    \$265  = b_k;
+    if (start) begin
+      \$265  = 17'h00000;
+    end else if (\$9 ) begin
+      \$265  = \$10 [16:0];
+      if (\$11 ) begin
+        \$265  = 17'h00000;
+      end
+    end
     if (rst) begin
-      \$266  = 1'h0;
+      \$265  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = \$44 ;
+    \$266  = b_cols_left;
+    if (start) begin
+      \$266  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$266  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
+      \$266  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$267  = \$15 ;
+    end else begin
+      \$267  = \$21 ;
+    end
     if (rst) begin
       \$267  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = last_k;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$268  = 1'h0;
+    end else if (\$23 ) begin
+      \$268  = \$31 ;
+    end else if (\$24 ) begin
+      \$268  = 1'h1;
+    end else if (step) begin
+      \$268  = \$38 ;
+    end else begin
+      \$268  = \$41 ;
+    end
     if (rst) begin
       \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
+    \$269  = gap;
+    if (\$42 ) begin
+      \$269  = \$43 [4:0];
+    end
+    if (start) begin
+      \$269  = 5'h17;
+    end else if (step) begin
+      if (last_k) begin
+        \$269  = 5'h00;
+      end
+    end
     if (rst) begin
-      \$269  = 8'h00;
+      \$269  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = s_valid;
+    \$270  = step;
     if (rst) begin
       \$270  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = s_first;
+    \$271  = \$44 ;
     if (rst) begin
       \$271  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = s_last;
+    \$272  = last_k;
     if (rst) begin
       \$272  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = spad_b_rd_data;
+    \$273  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$273  = 64'h0000000000000000;
+      \$273  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274 [7:0] = \$53 ;
-    \$274 [15:8] = \$54 ;
-    \$274 [23:16] = \$55 ;
-    \$274 [31:24] = \$56 ;
-    \$274 [39:32] = \$57 ;
-    \$274 [47:40] = \$58 ;
-    \$274 [55:48] = \$59 ;
-    \$274 [63:56] = \$60 ;
+    \$274  = s_valid;
     if (rst) begin
-      \$274  = 64'h0000000000000000;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = issuing;
-    if (start) begin
-      \$275  = cmd[99];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$78 ) begin
-            \$275  = 1'h0;
-          end
-        end
-      end
-    end
+    \$275  = s_first;
     if (rst) begin
       \$275  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = rbuf;
-    if (start) begin
-      \$276  = 1'h0;
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$276  = \$73 ;
-        end
-      end
-    end
+    \$276  = s_last;
     if (rst) begin
       \$276  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = k;
-    if (start) begin
-      \$277  = 17'h00000;
-    end else if (step) begin
-      \$277  = \$63 [16:0];
-      if (last_k) begin
-        \$277  = 17'h00000;
-      end
-    end
+    \$277  = spad_b_rd_data;
     if (rst) begin
-      \$277  = 17'h00000;
+      \$277  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = a_ptr;
+    \$278 [7:0] = \$53 ;
+    \$278 [15:8] = \$54 ;
+    \$278 [23:16] = \$55 ;
+    \$278 [31:24] = \$56 ;
+    \$278 [39:32] = \$57 ;
+    \$278 [47:40] = \$58 ;
+    \$278 [55:48] = \$59 ;
+    \$278 [63:56] = \$60 ;
+    if (rst) begin
+      \$278  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$279  = issuing;
     if (start) begin
-      \$278  = { 6'h00, cmd[63:51] };
+      \$279  = cmd[99];
     end else if (step) begin
-      \$278  = \$64 [18:0];
       if (last_k) begin
         if (last_row) begin
-          \$278  = { 6'h00, cmd[63:51] };
+          if (\$78 ) begin
+            \$279  = 1'h0;
+          end
         end
       end
     end
     if (rst) begin
-      \$278  = 19'h00000;
+      \$279  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = rows_c;
+    \$280  = rbuf;
     if (start) begin
-      \$279  = cmd[16:0];
+      \$280  = 1'h0;
     end else if (step) begin
       if (last_k) begin
-        \$279  = \$69 [16:0];
         if (last_row) begin
-          \$279  = cmd[16:0];
+          \$280  = \$73 ;
         end
       end
     end
     if (rst) begin
-      \$279  = 17'h00000;
+      \$280  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = cols_c;
+    \$281  = k;
     if (start) begin
-      \$280  = cmd[50:34];
+      \$281  = 17'h00000;
     end else if (step) begin
+      \$281  = \$63 [16:0];
       if (last_k) begin
-        if (last_row) begin
-          \$280  = \$74 [16:0];
-        end
+        \$281  = 17'h00000;
       end
     end
     if (rst) begin
-      \$280  = 17'h00000;
+      \$281  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = c_panel;
+    \$282  = a_ptr;
     if (start) begin
-      \$281  = { 7'h00, cmd[75:64] };
+      \$282  = { 6'h00, cmd[63:51] };
     end else if (step) begin
+      \$282  = \$64 [18:0];
       if (last_k) begin
         if (last_row) begin
-          \$281  = \$75 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$281  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = c_tile;
-    if (start) begin
-      \$282  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (last_k) begin
-        \$282  = \$70 [18:0];
-        if (last_row) begin
-          \$282  = \$76 [18:0];
+          \$282  = { 6'h00, cmd[63:51] };
         end
       end
     end
@@ -8689,43 +8630,47 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = last_k;
+    \$283  = rows_c;
     if (start) begin
-      \$283  = \$61 ;
-    end else if (step) begin
-      \$283  = \$66 ;
-      if (last_k) begin
-        \$283  = \$71 ;
-      end
-    end
-    if (rst) begin
-      \$283  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = last_row;
-    if (start) begin
-      \$284  = \$62 ;
+      \$283  = cmd[16:0];
     end else if (step) begin
       if (last_k) begin
-        \$284  = \$72 ;
+        \$283  = \$69 [16:0];
         if (last_row) begin
-          \$284  = \$77 ;
+          \$283  = cmd[16:0];
         end
       end
     end
     if (rst) begin
-      \$284  = 1'h0;
+      \$283  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = t_base;
+    \$284  = cols_c;
     if (start) begin
+      \$284  = cmd[50:34];
     end else if (step) begin
       if (last_k) begin
-        \$285  = c_tile;
+        if (last_row) begin
+          \$284  = \$74 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$284  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$285  = c_panel;
+    if (start) begin
+      \$285  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$285  = \$75 [18:0];
+        end
       end
     end
     if (rst) begin
@@ -8734,193 +8679,255 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$286  = t_cols;
+    \$286  = c_tile;
+    if (start) begin
+      \$286  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        \$286  = \$70 [18:0];
+        if (last_row) begin
+          \$286  = \$76 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$286  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$287  = last_k;
+    if (start) begin
+      \$287  = \$61 ;
+    end else if (step) begin
+      \$287  = \$66 ;
+      if (last_k) begin
+        \$287  = \$71 ;
+      end
+    end
+    if (rst) begin
+      \$287  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$288  = last_row;
+    if (start) begin
+      \$288  = \$62 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$288  = \$72 ;
+        if (last_row) begin
+          \$288  = \$77 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$288  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$289  = t_base;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$286  = \$68 [3:0];
+        \$289  = c_tile;
       end
     end
     if (rst) begin
-      \$286  = 4'h0;
+      \$289  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$287  = d_col;
+    \$290  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$290  = \$68 [3:0];
+      end
+    end
+    if (rst) begin
+      \$290  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$291  = d_col;
     if (\done$73 ) begin
-      \$287  = 4'h1;
+      \$291  = 4'h1;
     end else if (drain_busy) begin
-      \$287  = \$79 [3:0];
+      \$291  = \$79 [3:0];
     end
     if (rst) begin
-      \$287  = 4'h0;
+      \$291  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$288  = d_base;
+    \$292  = d_base;
     if (\done$73 ) begin
-      \$288  = t_base;
+      \$292  = t_base;
     end
     if (rst) begin
-      \$288  = 19'h00000;
+      \$292  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$289  = d_cols;
+    \$293  = d_cols;
     if (\done$73 ) begin
-      \$289  = t_cols;
+      \$293  = t_cols;
     end
     if (rst) begin
-      \$289  = 4'h0;
+      \$293  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$290  = drain_busy;
+    \$294  = drain_busy;
     if (\done$73 ) begin
-      \$290  = 1'h1;
+      \$294  = 1'h1;
     end else if (drain_busy) begin
       if (\$80 ) begin
-        \$290  = 1'h0;
+        \$294  = 1'h0;
       end
     end
-    if (rst) begin
-      \$290  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$291  = \$85 ;
-    if (rst) begin
-      \$291  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$292  = \$86 ;
-    if (rst) begin
-      \$292  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$293  = \$89 [18:0];
-    if (rst) begin
-      \$293  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$294  = col_valid0;
     if (rst) begin
       \$294  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$295  = col_busy0;
+    \$295  = \$85 ;
     if (rst) begin
       \$295  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$296  = col_addr0;
+    \$296  = \$86 ;
     if (rst) begin
-      \$296  = 19'h00000;
+      \$296  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$297  = col_valid1;
+    \$297  = \$89 [18:0];
     if (rst) begin
-      \$297  = 1'h0;
+      \$297  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$298  = col_busy1;
+    \$298  = col_valid0;
     if (rst) begin
       \$298  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$299  = col_addr1;
+    \$299  = col_busy0;
     if (rst) begin
-      \$299  = 19'h00000;
+      \$299  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$300  = out;
+    \$300  = col_addr0;
     if (rst) begin
-      \$300  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$300  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$301  = col_word0;
+    \$301  = col_valid1;
     if (rst) begin
-      \$301  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$301  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$302  = col_word1;
+    \$302  = col_busy1;
     if (rst) begin
-      \$302  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$302  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$303  = \$91 [1:0];
+    \$303  = col_addr1;
     if (rst) begin
-      \$303  = 2'h0;
+      \$303  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$304  = c_q;
-    if (\$93 ) begin
-      \$304  = spad_c_rd_data;
-    end
-    if (\$99 ) begin
-      \$304 [31:0] = 32'd0;
-    end
-    if (\$105 ) begin
-      \$304 [63:32] = 32'd0;
-    end
-    if (\$111 ) begin
-      \$304 [95:64] = 32'd0;
-    end
-    if (\$117 ) begin
-      \$304 [127:96] = 32'd0;
-    end
-    if (\$123 ) begin
-      \$304 [159:128] = 32'd0;
-    end
-    if (\$129 ) begin
-      \$304 [191:160] = 32'd0;
-    end
-    if (\$135 ) begin
-      \$304 [223:192] = 32'd0;
-    end
-    if (\$141 ) begin
-      \$304 [255:224] = 32'd0;
-    end
+    \$304  = out;
     if (rst) begin
       \$304  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$305  = q_valid;
+    \$305  = col_word0;
+    if (rst) begin
+      \$305  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$306  = col_word1;
+    if (rst) begin
+      \$306  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$307  = \$91 [1:0];
+    if (rst) begin
+      \$307  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$308  = c_q;
     if (\$93 ) begin
-      \$305  = r_valid;
+      \$308  = spad_c_rd_data;
+    end
+    if (\$99 ) begin
+      \$308 [31:0] = 32'd0;
+    end
+    if (\$105 ) begin
+      \$308 [63:32] = 32'd0;
+    end
+    if (\$111 ) begin
+      \$308 [95:64] = 32'd0;
+    end
+    if (\$117 ) begin
+      \$308 [127:96] = 32'd0;
+    end
+    if (\$123 ) begin
+      \$308 [159:128] = 32'd0;
+    end
+    if (\$129 ) begin
+      \$308 [191:160] = 32'd0;
+    end
+    if (\$135 ) begin
+      \$308 [223:192] = 32'd0;
+    end
+    if (\$141 ) begin
+      \$308 [255:224] = 32'd0;
+    end
+    if (rst) begin
+      \$308  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$309  = q_valid;
+    if (\$93 ) begin
+      \$309  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -8932,19 +8939,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$194 ) begin
-            \$305  = 1'h0;
+          if (\$196 ) begin
+            \$309  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$305  = 1'h0;
+      \$309  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$306  = storing;
+    \$310  = storing;
     if (store_start) begin
-      \$306  = 1'h1;
+      \$310  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -8956,83 +8963,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$194 ) begin
-            \$306  = 1'h0;
+          if (\$196 ) begin
+            \$310  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$306  = 1'h0;
+      \$310  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$307  = s_addr;
+    \$311  = s_addr;
     if (store_start) begin
-      \$307  = { 7'h00, cmd[75:64] };
+      \$311  = { 7'h00, cmd[75:64] };
     end else if (\$144 ) begin
       if (\$148 ) begin
-        \$307  = \$149 [18:0];
+        \$311  = \$149 [18:0];
       end
-    end
-    if (rst) begin
-      \$307  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$308  = s_n;
-    if (store_start) begin
-      \$308  = 17'h00000;
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$308  = \$151 [16:0];
-        if (\$161 ) begin
-          \$308  = 17'h00000;
-        end
-      end
-    end
-    if (rst) begin
-      \$308  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$309  = s_rows;
-    if (store_start) begin
-      \$309  = cmd[16:0];
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        if (\$161 ) begin
-          \$309  = \$162 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$309  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$310  = s_left;
-    if (store_start) begin
-      \$310  = \$145 [18:0];
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$310  = \$150 [18:0];
-      end
-    end
-    if (rst) begin
-      \$310  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$311  = out_left;
-    if (store_start) begin
-      \$311  = \$146 [18:0];
-    end
-    if (\$163 ) begin
-      \$311  = \$164 [18:0];
     end
     if (rst) begin
       \$311  = 19'h00000;
@@ -9040,101 +8987,83 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$312  = r_valid;
+    \$312  = s_n;
     if (store_start) begin
-    end else if (\$144 ) begin
-      \$312  = \$147 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$194 ) begin
-            \$312  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$312  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$313  = r_mask;
-    if (store_start) begin
+      \$312  = 17'h00000;
     end else if (\$144 ) begin
       if (\$148 ) begin
-        \$313  = { \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152  };
+        \$312  = \$151 [16:0];
+        if (\$161 ) begin
+          \$312  = 17'h00000;
+        end
       end
     end
     if (rst) begin
-      \$313  = 8'h00;
+      \$312  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$314  = 1'h0;
+    \$313  = s_rows;
+    if (store_start) begin
+      \$313  = cmd[16:0];
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        if (\$161 ) begin
+          \$313  = \$162 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$313  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$314  = s_left;
+    if (store_start) begin
+      \$314  = \$145 [18:0];
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$314  = \$150 [18:0];
+      end
+    end
+    if (rst) begin
+      \$314  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$315  = out_left;
+    if (store_start) begin
+      \$315  = \$146 [18:0];
+    end
+    if (\$163 ) begin
+      \$315  = \$164 [18:0];
+    end
+    if (rst) begin
+      \$315  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$316  = r_valid;
+    if (store_start) begin
+    end else if (\$144 ) begin
+      \$316  = \$147 ;
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$167 ) begin
-            \$314  = 1'h1;
-          end
+          /* empty */;
       3'h2:
-          if (\$178 ) begin
-            \$314  = 1'h1;
-          end
+          /* empty */;
       3'h3:
-          if (\$193 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$314  = 1'h1;
-            end
-          end
+          /* empty */;
       3'h4:
-          if (\$194 ) begin
-            \$314  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$314  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$315  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$315  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$315  = 102'h00000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$316  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
+          if (\$196 ) begin
             \$316  = 1'h0;
-          end
-      3'h1:
-          if (\$167 ) begin
-            \$316  = 1'h1;
-          end
-      3'h2:
-          if (\$178 ) begin
-            \$316  = 1'h1;
           end
     endcase
     if (rst) begin
@@ -9143,121 +9072,199 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$317  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$317  = 3'h0;
-          end
-      3'h1:
-          if (\$167 ) begin
-            \$317  = code;
-          end
-      3'h2:
-          if (\$178 ) begin
-            \$317  = \$183 ;
-          end
-    endcase
+    \$317  = r_mask;
+    if (store_start) begin
+    end else if (\$144 ) begin
+      if (\$148 ) begin
+        \$317  = { \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152  };
+      end
+    end
     if (rst) begin
-      \$317  = 3'h0;
+      \$317  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$318  = fsm_state;
+    \$318  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$167 ) begin
+            \$318  = 1'h1;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$318  = 1'h1;
+          end
+      3'h3:
+          if (\$195 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$318  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$196 ) begin
+            \$318  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$318  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$319  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$318  = 3'h1;
+            \$319  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$319  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$320  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$320  = 1'h0;
+          end
+      3'h1:
+          if (\$167 ) begin
+            \$320  = 1'h1;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$320  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$320  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$321  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$321  = 3'h0;
+          end
+      3'h1:
+          if (\$167 ) begin
+            \$321  = code;
+          end
+      3'h2:
+          if (\$178 ) begin
+            \$321  = \$183 ;
+          end
+    endcase
+    if (rst) begin
+      \$321  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$322  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$322  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$167 ) begin
-            \$318  = 3'h0;
+            \$322  = 3'h0;
           end else begin
-            \$318  = 3'h2;
+            \$322  = 3'h2;
           end
       3'h2:
           if (\$178 ) begin
-            \$318  = 3'h0;
+            \$322  = 3'h0;
           end else if (\$179 ) begin
-            \$318  = 3'h3;
+            \$322  = 3'h3;
           end
       3'h3:
-          if (\$193 ) begin
+          if (\$195 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
-              \$318  = 3'h4;
+              \$322  = 3'h4;
             end else begin
-              \$318  = 3'h0;
+              \$322  = 3'h0;
             end
           end
       3'h4:
-          if (\$194 ) begin
-            \$318  = 3'h0;
+          if (\$196 ) begin
+            \$322  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$318  = 3'h0;
+      \$322  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$319  = rows_left;
+    \$323  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$319  = cmd[16:0];
+          \$323  = cmd[16:0];
       3'h2:
           if (\$168 ) begin
-            \$319  = \$169 [16:0];
+            \$323  = \$169 [16:0];
           end
     endcase
     if (rst) begin
-      \$319  = 17'h00000;
+      \$323  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$320  = a_lim;
+    \$324  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$320  = { 1'h0, \$165  };
+          \$324  = { 1'h0, \$165  };
       3'h2:
           if (\$168 ) begin
-            \$320  = \$170 [18:0];
+            \$324  = \$170 [18:0];
           end
     endcase
     if (rst) begin
-      \$320  = 19'h00000;
+      \$324  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$321  = c_lim;
+    \$325  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$321  = { 1'h0, \$166  };
+          \$325  = { 1'h0, \$166  };
       3'h2:
           if (\$168 ) begin
-            \$321  = \$171 [18:0];
+            \$325  = \$171 [18:0];
           end
     endcase
     if (rst) begin
-      \$321  = 19'h00000;
+      \$325  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$199 ) begin
-      if (\$200 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -9301,7 +9308,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$208 ) begin
+      if (\$210 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9321,11 +9328,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$224 ) begin
+          if (\$226 ) begin
             code = 3'h1;
-          end else if (\$233 ) begin
-            code = 3'h2;
           end else if (\$235 ) begin
+            code = 3'h2;
+          end else if (\$237 ) begin
             code = 3'h3;
           end
     endcase
@@ -9341,7 +9348,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$245 ) begin
+          if (\$249 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9354,16 +9361,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$198 [9:0];
+  assign \$signature__addr$112  = \$200 [9:0];
   assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[11:0];
-  assign \port__addr$115  = \$207 [9:0];
+  assign \port__addr$115  = \$209 [9:0];
   assign \$signature__addr$118  = w_addr[10:0];
   assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$218 [10:0];
+  assign \port__addr$128  = \$220 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9546,6 +9553,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data$117[5]  = \$signature__data$117 [191:160];
   assign \$signature__data$117[6]  = \$signature__data$117 [223:192];
   assign \$signature__data$117[7]  = \$signature__data$117 [255:224];
+  assign \q_rq.mult  = q_rq[15:0];
+  assign \q_rq.shift  = q_rq[21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -9562,16 +9571,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign \$signature__data$117 [255:224] = \$216 [31:0];
-  assign \$signature__data$117 [223:192] = \$215 [31:0];
-  assign \$signature__data$117 [191:160] = \$214 [31:0];
-  assign \$signature__data$117 [159:128] = \$213 [31:0];
-  assign \$signature__data$117 [127:96] = \$212 [31:0];
-  assign \$signature__data$117 [95:64] = \$211 [31:0];
-  assign \$signature__data$117 [63:32] = \$210 [31:0];
-  assign \$signature__data$117 [31:0] = \$209 [31:0];
-  assign \$252  = \port__data$28 ;
-  assign \$251  = port__data;
+  assign q_rq[21:16] = cmd[97:92];
+  assign q_rq[15:0] = cmd[91:76];
+  assign \$signature__data$117 [255:224] = \$218 [31:0];
+  assign \$signature__data$117 [223:192] = \$217 [31:0];
+  assign \$signature__data$117 [191:160] = \$216 [31:0];
+  assign \$signature__data$117 [159:128] = \$215 [31:0];
+  assign \$signature__data$117 [127:96] = \$214 [31:0];
+  assign \$signature__data$117 [95:64] = \$213 [31:0];
+  assign \$signature__data$117 [63:32] = \$212 [31:0];
+  assign \$signature__data$117 [31:0] = \$211 [31:0];
+  assign \$256  = \port__data$28 ;
+  assign \$255  = port__data;
+  assign \$194  = 1'h1;
+  assign \$195  = \$193 ;
+  assign \$248  = 1'h1;
+  assign \$249  = \$247 ;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25660,7 +25675,7 @@ endmodule
 module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advance, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
-  wire \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
   wire [48:0] \$1000 ;
   wire [48:0] \$1001 ;
@@ -25771,7 +25786,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$1097 ;
   wire [8:0] \$1098 ;
   wire [8:0] \$1099 ;
-  wire \$11 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
   wire [48:0] \$1100 ;
   wire [48:0] \$1101 ;
@@ -25882,7 +25897,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$1197 ;
   wire [48:0] \$1198 ;
   wire [39:0] \$1199 ;
-  wire \$12 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
   wire [23:0] \$1200 ;
   wire [48:0] \$1201 ;
@@ -25993,7 +26008,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [23:0] \$1297 ;
   wire [15:0] \$1298 ;
   wire [11:0] \$1299 ;
-  wire \$13 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
   wire [9:0] \$1300 ;
   wire [48:0] \$1301 ;
@@ -26078,12 +26093,12 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$1373 ;
   wire [8:0] \$1374 ;
   wire [8:0] \$1375 ;
-  reg [48:0] \$1376 ;
+  reg \$1376 ;
   reg \$1377 ;
   reg \$1378 ;
-  reg \$1379 ;
+  reg [5:0] \$1379 ;
   wire \$138 ;
-  reg [47:0] \$1380 ;
+  reg [5:0] \$1380 ;
   reg [47:0] \$1381 ;
   reg [47:0] \$1382 ;
   reg [47:0] \$1383 ;
@@ -26091,79 +26106,82 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   reg [47:0] \$1385 ;
   reg [47:0] \$1386 ;
   reg [47:0] \$1387 ;
-  reg \$1388 ;
-  reg \$1389 ;
+  reg [47:0] \$1388 ;
+  reg [5:0] \$1389 ;
   wire \$139 ;
-  reg \$1390 ;
-  reg [8:0] \$1391 ;
+  reg [48:0] \$1390 ;
+  reg \$1391 ;
   reg \$1392 ;
   reg \$1393 ;
-  reg \$1394 ;
-  reg [8:0] \$1395 ;
+  reg [8:0] \$1394 ;
+  reg \$1395 ;
   reg \$1396 ;
   reg \$1397 ;
-  reg [63:0] \$1398 ;
-  reg [8:0] \$1399 ;
-  wire \$14 ;
+  reg [8:0] \$1398 ;
+  reg \$1399 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
   reg \$1400 ;
-  reg \$1401 ;
-  reg \$1402 ;
-  reg [8:0] \$1403 ;
+  reg [63:0] \$1401 ;
+  reg [8:0] \$1402 ;
+  reg \$1403 ;
   reg \$1404 ;
   reg \$1405 ;
   reg [8:0] \$1406 ;
   reg \$1407 ;
   reg \$1408 ;
-  reg \$1409 ;
+  reg [8:0] \$1409 ;
   wire \$141 ;
-  reg [8:0] \$1410 ;
+  reg \$1410 ;
   reg \$1411 ;
   reg \$1412 ;
   reg [8:0] \$1413 ;
   reg \$1414 ;
   reg \$1415 ;
-  reg \$1416 ;
-  reg [8:0] \$1417 ;
+  reg [8:0] \$1416 ;
+  reg \$1417 ;
   reg \$1418 ;
   reg \$1419 ;
   wire \$142 ;
   reg [8:0] \$1420 ;
   reg \$1421 ;
   reg \$1422 ;
-  reg \$1423 ;
-  reg [8:0] \$1424 ;
+  reg [8:0] \$1423 ;
+  reg \$1424 ;
   reg \$1425 ;
   reg \$1426 ;
   reg [8:0] \$1427 ;
   reg \$1428 ;
   reg \$1429 ;
   wire \$143 ;
-  reg \$1430 ;
-  reg [8:0] \$1431 ;
+  reg [8:0] \$1430 ;
+  reg \$1431 ;
   reg \$1432 ;
   reg \$1433 ;
   reg [8:0] \$1434 ;
   reg \$1435 ;
   reg \$1436 ;
-  reg \$1437 ;
-  reg [8:0] \$1438 ;
+  reg [8:0] \$1437 ;
+  reg \$1438 ;
   reg \$1439 ;
   wire \$144 ;
   reg \$1440 ;
   reg [8:0] \$1441 ;
   reg \$1442 ;
   reg \$1443 ;
-  reg \$1444 ;
-  reg [8:0] \$1445 ;
+  reg [8:0] \$1444 ;
+  reg \$1445 ;
   reg \$1446 ;
   reg \$1447 ;
+  reg [8:0] \$1448 ;
+  reg \$1449 ;
   wire \$145 ;
+  reg \$1450 ;
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire \$15 ;
+  wire [36:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
@@ -26174,7 +26192,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
+  wire [66:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -26185,7 +26203,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
-  wire \$17 ;
+  wire [67:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
@@ -26196,7 +26214,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire \$18 ;
+  wire [36:0] \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
@@ -26207,7 +26225,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire \$19 ;
+  wire [66:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
@@ -26219,7 +26237,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$198 ;
   wire \$199 ;
   wire [40:0] \$2 ;
-  wire \$20 ;
+  wire [67:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
@@ -26230,7 +26248,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire \$21 ;
+  wire [36:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
@@ -26241,7 +26259,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
-  wire \$22 ;
+  wire [66:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
   wire \$222 ;
@@ -26252,7 +26270,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
-  wire \$23 ;
+  wire [67:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
@@ -26263,7 +26281,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire \$24 ;
+  wire [36:0] \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
@@ -26272,33 +26290,33 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire [36:0] \$248 ;
-  wire [66:0] \$249 ;
-  wire \$25 ;
-  wire [67:0] \$250 ;
-  wire [36:0] \$251 ;
-  wire [66:0] \$252 ;
-  wire [67:0] \$253 ;
-  wire [36:0] \$254 ;
-  wire [66:0] \$255 ;
-  wire [67:0] \$256 ;
-  wire [36:0] \$257 ;
-  wire [66:0] \$258 ;
-  wire [67:0] \$259 ;
-  wire \$26 ;
-  wire [36:0] \$260 ;
-  wire [66:0] \$261 ;
-  wire [67:0] \$262 ;
-  wire [36:0] \$263 ;
-  wire [66:0] \$264 ;
-  wire [67:0] \$265 ;
-  wire [36:0] \$266 ;
-  wire [66:0] \$267 ;
-  wire [67:0] \$268 ;
-  wire [36:0] \$269 ;
+  wire \$248 ;
+  wire \$249 ;
+  wire [66:0] \$25 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
+  wire [67:0] \$26 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  wire [66:0] \$270 ;
-  wire [67:0] \$271 ;
+  wire \$270 ;
+  wire \$271 ;
   wire [48:0] \$272 ;
   wire [48:0] \$273 ;
   wire [39:0] \$274 ;
@@ -26329,7 +26347,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$297 ;
   wire [48:0] \$298 ;
   wire [39:0] \$299 ;
-  wire \$3 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
   wire [23:0] \$300 ;
   wire [15:0] \$301 ;
@@ -26440,7 +26458,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [9:0] \$397 ;
   wire [48:0] \$398 ;
   wire \$399 ;
-  wire \$4 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
   wire [48:0] \$400 ;
   wire [48:0] \$401 ;
@@ -26551,7 +26569,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [39:0] \$497 ;
   wire [48:0] \$498 ;
   wire [48:0] \$499 ;
-  wire \$5 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [39:0] \$500 ;
   wire [23:0] \$501 ;
@@ -26662,7 +26680,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$597 ;
   wire [48:0] \$598 ;
   wire [39:0] \$599 ;
-  wire \$6 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [23:0] \$600 ;
   wire [48:0] \$601 ;
@@ -26773,7 +26791,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$697 ;
   wire [39:0] \$698 ;
   wire [23:0] \$699 ;
-  wire \$7 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
   wire [15:0] \$700 ;
   wire [48:0] \$701 ;
@@ -26884,7 +26902,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [39:0] \$797 ;
   wire [48:0] \$798 ;
   wire [48:0] \$799 ;
-  wire \$8 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
   wire [39:0] \$800 ;
   wire [23:0] \$801 ;
@@ -26995,7 +27013,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$897 ;
   wire [48:0] \$898 ;
   wire [39:0] \$899 ;
-  wire \$9 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
   wire [23:0] \$900 ;
   wire [15:0] \$901 ;
@@ -27106,6 +27124,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [48:0] \$997 ;
   wire [39:0] \$998 ;
   wire [23:0] \$999 ;
+  reg [5:0] \$signal  = 6'h00;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__10;
@@ -27234,6 +27253,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire rst;
   input [5:0] shift;
   wire [5:0] shift;
+  reg [5:0] shift_2 = 6'h00;
+  reg [5:0] shift_x = 6'h00;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -27266,322 +27287,322 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[40:0];
-  assign \$3  = shift[5:3] > 1'h0;
-  assign \$4  = ! shift[5:3];
-  assign \$5  = shift[2:0] > 1'h0;
-  assign \$6  = \$4  & \$5 ;
-  assign \$7  = \$3  | \$6 ;
-  assign \$8  = shift[5:3] > 1'h0;
-  assign \$9  = ! shift[5:3];
-  assign \$10  = shift[2:0] > 1'h1;
-  assign \$11  = \$9  & \$10 ;
-  assign \$12  = \$8  | \$11 ;
-  assign \$13  = shift[5:3] > 1'h0;
-  assign \$14  = ! shift[5:3];
-  assign \$15  = shift[2:0] > 2'h2;
-  assign \$16  = \$14  & \$15 ;
-  assign \$17  = \$13  | \$16 ;
-  assign \$18  = shift[5:3] > 1'h0;
-  assign \$19  = ! shift[5:3];
-  assign \$20  = shift[2:0] > 2'h3;
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = \$18  | \$21 ;
-  assign \$23  = shift[5:3] > 1'h0;
-  assign \$24  = ! shift[5:3];
-  assign \$25  = shift[2:0] > 3'h4;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign \$28  = shift[5:3] > 1'h0;
-  assign \$29  = ! shift[5:3];
-  assign \$30  = shift[2:0] > 3'h5;
-  assign \$31  = \$29  & \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = shift[5:3] > 1'h0;
-  assign \$34  = ! shift[5:3];
-  assign \$35  = shift[2:0] > 3'h6;
-  assign \$36  = \$34  & \$35 ;
-  assign \$37  = \$33  | \$36 ;
-  assign \$38  = shift[5:3] > 1'h0;
-  assign \$39  = ! shift[5:3];
-  assign \$40  = shift[2:0] > 3'h7;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = \$38  | \$41 ;
-  assign \$43  = shift[5:3] > 1'h1;
-  assign \$44  = shift[5:3] == 1'h1;
-  assign \$45  = shift[2:0] > 1'h0;
-  assign \$46  = \$44  & \$45 ;
-  assign \$47  = \$43  | \$46 ;
-  assign \$48  = shift[5:3] > 1'h1;
-  assign \$49  = shift[5:3] == 1'h1;
-  assign \$50  = shift[2:0] > 1'h1;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = \$48  | \$51 ;
-  assign \$53  = shift[5:3] > 1'h1;
-  assign \$54  = shift[5:3] == 1'h1;
-  assign \$55  = shift[2:0] > 2'h2;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = \$53  | \$56 ;
-  assign \$58  = shift[5:3] > 1'h1;
-  assign \$59  = shift[5:3] == 1'h1;
-  assign \$60  = shift[2:0] > 2'h3;
-  assign \$61  = \$59  & \$60 ;
-  assign \$62  = \$58  | \$61 ;
-  assign \$63  = shift[5:3] > 1'h1;
-  assign \$64  = shift[5:3] == 1'h1;
-  assign \$65  = shift[2:0] > 3'h4;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = \$63  | \$66 ;
-  assign \$68  = shift[5:3] > 1'h1;
-  assign \$69  = shift[5:3] == 1'h1;
-  assign \$70  = shift[2:0] > 3'h5;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = \$68  | \$71 ;
-  assign \$73  = shift[5:3] > 1'h1;
-  assign \$74  = shift[5:3] == 1'h1;
-  assign \$75  = shift[2:0] > 3'h6;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = \$73  | \$76 ;
-  assign \$78  = shift[5:3] > 1'h1;
-  assign \$79  = shift[5:3] == 1'h1;
-  assign \$80  = shift[2:0] > 3'h7;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = \$78  | \$81 ;
-  assign \$83  = shift[5:3] > 2'h2;
-  assign \$84  = shift[5:3] == 2'h2;
-  assign \$85  = shift[2:0] > 1'h0;
-  assign \$86  = \$84  & \$85 ;
-  assign \$87  = \$83  | \$86 ;
-  assign \$88  = shift[5:3] > 2'h2;
-  assign \$89  = shift[5:3] == 2'h2;
-  assign \$90  = shift[2:0] > 1'h1;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = \$88  | \$91 ;
-  assign \$93  = shift[5:3] > 2'h2;
-  assign \$94  = shift[5:3] == 2'h2;
-  assign \$95  = shift[2:0] > 2'h2;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = \$93  | \$96 ;
-  assign \$98  = shift[5:3] > 2'h2;
-  assign \$99  = shift[5:3] == 2'h2;
-  assign \$100  = shift[2:0] > 2'h3;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = \$98  | \$101 ;
-  assign \$103  = shift[5:3] > 2'h2;
-  assign \$104  = shift[5:3] == 2'h2;
-  assign \$105  = shift[2:0] > 3'h4;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = \$103  | \$106 ;
-  assign \$108  = shift[5:3] > 2'h2;
-  assign \$109  = shift[5:3] == 2'h2;
-  assign \$110  = shift[2:0] > 3'h5;
-  assign \$111  = \$109  & \$110 ;
-  assign \$112  = \$108  | \$111 ;
-  assign \$113  = shift[5:3] > 2'h2;
-  assign \$114  = shift[5:3] == 2'h2;
-  assign \$115  = shift[2:0] > 3'h6;
-  assign \$116  = \$114  & \$115 ;
-  assign \$117  = \$113  | \$116 ;
-  assign \$118  = shift[5:3] > 2'h2;
-  assign \$119  = shift[5:3] == 2'h2;
-  assign \$120  = shift[2:0] > 3'h7;
-  assign \$121  = \$119  & \$120 ;
-  assign \$122  = \$118  | \$121 ;
-  assign \$123  = shift[5:3] > 2'h3;
-  assign \$124  = shift[5:3] == 2'h3;
-  assign \$125  = shift[2:0] > 1'h0;
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = \$123  | \$126 ;
-  assign \$128  = shift[5:3] > 2'h3;
-  assign \$129  = shift[5:3] == 2'h3;
-  assign \$130  = shift[2:0] > 1'h1;
-  assign \$131  = \$129  & \$130 ;
-  assign \$132  = \$128  | \$131 ;
-  assign \$133  = shift[5:3] > 2'h3;
-  assign \$134  = shift[5:3] == 2'h3;
-  assign \$135  = shift[2:0] > 2'h2;
-  assign \$136  = \$134  & \$135 ;
-  assign \$137  = \$133  | \$136 ;
-  assign \$138  = shift[5:3] > 2'h3;
-  assign \$139  = shift[5:3] == 2'h3;
-  assign \$140  = shift[2:0] > 2'h3;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = shift[5:3] > 2'h3;
-  assign \$144  = shift[5:3] == 2'h3;
-  assign \$145  = shift[2:0] > 3'h4;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$143  | \$146 ;
-  assign \$148  = shift[5:3] > 2'h3;
-  assign \$149  = shift[5:3] == 2'h3;
-  assign \$150  = shift[2:0] > 3'h5;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = \$148  | \$151 ;
-  assign \$153  = shift[5:3] > 2'h3;
-  assign \$154  = shift[5:3] == 2'h3;
-  assign \$155  = shift[2:0] > 3'h6;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = shift[5:3] > 2'h3;
-  assign \$159  = shift[5:3] == 2'h3;
-  assign \$160  = shift[2:0] > 3'h7;
-  assign \$161  = \$159  & \$160 ;
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = shift[5:3] > 3'h4;
-  assign \$164  = shift[5:3] == 3'h4;
-  assign \$165  = shift[2:0] > 1'h0;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = shift[5:3] > 3'h4;
-  assign \$169  = shift[5:3] == 3'h4;
-  assign \$170  = shift[2:0] > 1'h1;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$168  | \$171 ;
-  assign \$173  = shift[5:3] > 3'h4;
-  assign \$174  = shift[5:3] == 3'h4;
-  assign \$175  = shift[2:0] > 2'h2;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = shift[5:3] > 3'h4;
-  assign \$179  = shift[5:3] == 3'h4;
-  assign \$180  = shift[2:0] > 2'h3;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = shift[5:3] > 3'h4;
-  assign \$184  = shift[5:3] == 3'h4;
-  assign \$185  = shift[2:0] > 3'h4;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \$183  | \$186 ;
-  assign \$188  = shift[5:3] > 3'h4;
-  assign \$189  = shift[5:3] == 3'h4;
-  assign \$190  = shift[2:0] > 3'h5;
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = \$188  | \$191 ;
-  assign \$193  = shift[5:3] > 3'h4;
-  assign \$194  = shift[5:3] == 3'h4;
-  assign \$195  = shift[2:0] > 3'h6;
-  assign \$196  = \$194  & \$195 ;
-  assign \$197  = \$193  | \$196 ;
-  assign \$198  = shift[5:3] > 3'h4;
-  assign \$199  = shift[5:3] == 3'h4;
-  assign \$200  = shift[2:0] > 3'h7;
-  assign \$201  = \$199  & \$200 ;
-  assign \$202  = \$198  | \$201 ;
-  assign \$203  = shift[5:3] > 3'h5;
-  assign \$204  = shift[5:3] == 3'h5;
-  assign \$205  = shift[2:0] > 1'h0;
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = \$203  | \$206 ;
-  assign \$208  = shift[5:3] > 3'h5;
-  assign \$209  = shift[5:3] == 3'h5;
-  assign \$210  = shift[2:0] > 1'h1;
-  assign \$211  = \$209  & \$210 ;
-  assign \$212  = \$208  | \$211 ;
-  assign \$213  = shift[5:3] > 3'h5;
-  assign \$214  = shift[5:3] == 3'h5;
-  assign \$215  = shift[2:0] > 2'h2;
-  assign \$216  = \$214  & \$215 ;
-  assign \$217  = \$213  | \$216 ;
-  assign \$218  = shift[5:3] > 3'h5;
-  assign \$219  = shift[5:3] == 3'h5;
-  assign \$220  = shift[2:0] > 2'h3;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = \$218  | \$221 ;
-  assign \$223  = shift[5:3] > 3'h5;
-  assign \$224  = shift[5:3] == 3'h5;
-  assign \$225  = shift[2:0] > 3'h4;
-  assign \$226  = \$224  & \$225 ;
-  assign \$227  = \$223  | \$226 ;
-  assign \$228  = shift[5:3] > 3'h5;
-  assign \$229  = shift[5:3] == 3'h5;
-  assign \$230  = shift[2:0] > 3'h5;
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = \$228  | \$231 ;
-  assign \$233  = shift[5:3] > 3'h5;
-  assign \$234  = shift[5:3] == 3'h5;
-  assign \$235  = shift[2:0] > 3'h6;
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = \$233  | \$236 ;
-  assign \$238  = shift[5:3] > 3'h5;
-  assign \$239  = shift[5:3] == 3'h5;
-  assign \$240  = shift[2:0] > 3'h7;
-  assign \$241  = \$239  & \$240 ;
-  assign \$242  = \$238  | \$241 ;
-  assign \$243  = shift[5:3] > 3'h6;
-  assign \$244  = shift[5:3] == 3'h6;
-  assign \$245  = shift[2:0] > 1'h0;
-  assign \$246  = \$244  & \$245 ;
-  assign \$247  = \$243  | \$246 ;
-  assign \$250  = $signed(\$248 ) + $signed(\$249 );
-  assign \$253  = $signed(\$251 ) + $signed(\$252 );
-  assign \$256  = $signed(\$254 ) + $signed(\$255 );
-  assign \$259  = $signed(\$257 ) + $signed(\$258 );
-  assign \$262  = $signed(\$260 ) + $signed(\$261 );
-  assign \$265  = $signed(\$263 ) + $signed(\$264 );
-  assign \$268  = $signed(\$266 ) + $signed(\$267 );
-  assign \$271  = $signed(\$269 ) + $signed(\$270 );
-  assign \$273  = shift[5] ? \$272  : { x0, 1'h0 };
-  assign \$276  = shift[5] ? \$275  : { x0, 1'h0 };
-  assign \$277  = shift[4] ? \$274  : \$276 [39:0];
-  assign \$280  = shift[5] ? \$279  : { x0, 1'h0 };
-  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
-  assign \$284  = shift[4] ? \$281  : \$283 [39:0];
-  assign \$285  = shift[3] ? \$278  : \$284 [23:0];
-  assign \$288  = shift[5] ? \$287  : { x0, 1'h0 };
-  assign \$291  = shift[5] ? \$290  : { x0, 1'h0 };
-  assign \$292  = shift[4] ? \$289  : \$291 [39:0];
-  assign \$295  = shift[5] ? \$294  : { x0, 1'h0 };
-  assign \$298  = shift[5] ? \$297  : { x0, 1'h0 };
-  assign \$299  = shift[4] ? \$296  : \$298 [39:0];
-  assign \$300  = shift[3] ? \$293  : \$299 [23:0];
-  assign \$301  = shift[2] ? \$286  : \$300 [15:0];
-  assign \$304  = shift[5] ? \$303  : { x0, 1'h0 };
-  assign \$307  = shift[5] ? \$306  : { x0, 1'h0 };
-  assign \$308  = shift[4] ? \$305  : \$307 [39:0];
-  assign \$311  = shift[5] ? \$310  : { x0, 1'h0 };
-  assign \$314  = shift[5] ? \$313  : { x0, 1'h0 };
-  assign \$315  = shift[4] ? \$312  : \$314 [39:0];
-  assign \$316  = shift[3] ? \$309  : \$315 [23:0];
-  assign \$319  = shift[5] ? \$318  : { x0, 1'h0 };
-  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
-  assign \$323  = shift[4] ? \$320  : \$322 [39:0];
-  assign \$326  = shift[5] ? \$325  : { x0, 1'h0 };
-  assign \$329  = shift[5] ? \$328  : { x0, 1'h0 };
-  assign \$330  = shift[4] ? \$327  : \$329 [39:0];
-  assign \$331  = shift[3] ? \$324  : \$330 [23:0];
-  assign \$332  = shift[2] ? \$317  : \$331 [15:0];
-  assign \$333  = shift[1] ? \$302  : \$332 [11:0];
-  assign \$336  = shift[5] ? \$335  : { x0, 1'h0 };
-  assign \$339  = shift[5] ? \$338  : { x0, 1'h0 };
-  assign \$340  = shift[4] ? \$337  : \$339 [39:0];
-  assign \$343  = shift[5] ? \$342  : { x0, 1'h0 };
-  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
-  assign \$347  = shift[4] ? \$344  : \$346 [39:0];
-  assign \$348  = shift[3] ? \$341  : \$347 [23:0];
-  assign \$351  = shift[5] ? \$350  : { x0, 1'h0 };
-  assign \$354  = shift[5] ? \$353  : { x0, 1'h0 };
-  assign \$355  = shift[4] ? \$352  : \$354 [39:0];
-  assign \$358  = shift[5] ? \$357  : { x0, 1'h0 };
-  assign \$361  = shift[5] ? \$360  : { x0, 1'h0 };
-  assign \$362  = shift[4] ? \$359  : \$361 [39:0];
-  assign \$363  = shift[3] ? \$356  : \$362 [23:0];
-  assign \$364  = shift[2] ? \$349  : \$363 [15:0];
-  assign \$367  = shift[5] ? \$366  : { x0, 1'h0 };
-  assign \$370  = shift[5] ? \$369  : { x0, 1'h0 };
-  assign \$371  = shift[4] ? \$368  : \$370 [39:0];
-  assign \$374  = shift[5] ? \$373  : { x0, 1'h0 };
-  assign \$377  = shift[5] ? \$376  : { x0, 1'h0 };
-  assign \$378  = shift[4] ? \$375  : \$377 [39:0];
-  assign \$379  = shift[3] ? \$372  : \$378 [23:0];
-  assign \$382  = shift[5] ? \$381  : { x0, 1'h0 };
-  assign \$385  = shift[5] ? \$384  : { x0, 1'h0 };
-  assign \$386  = shift[4] ? \$383  : \$385 [39:0];
-  assign \$389  = shift[5] ? \$388  : { x0, 1'h0 };
-  assign \$392  = shift[5] ? \$391  : { x0, 1'h0 };
-  assign \$393  = shift[4] ? \$390  : \$392 [39:0];
-  assign \$394  = shift[3] ? \$387  : \$393 [23:0];
-  assign \$395  = shift[2] ? \$380  : \$394 [15:0];
-  assign \$396  = shift[1] ? \$365  : \$395 [11:0];
-  assign \$397  = shift[0] ? \$334  : \$396 [9:0];
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$17  = $signed(\$15 ) + $signed(\$16 );
+  assign \$20  = $signed(\$18 ) + $signed(\$19 );
+  assign \$23  = $signed(\$21 ) + $signed(\$22 );
+  assign \$26  = $signed(\$24 ) + $signed(\$25 );
+  assign \$27  = shift_2[5:3] > 1'h0;
+  assign \$28  = ! shift_2[5:3];
+  assign \$29  = shift_2[2:0] > 1'h0;
+  assign \$30  = \$28  & \$29 ;
+  assign \$31  = \$27  | \$30 ;
+  assign \$32  = shift_2[5:3] > 1'h0;
+  assign \$33  = ! shift_2[5:3];
+  assign \$34  = shift_2[2:0] > 1'h1;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = \$32  | \$35 ;
+  assign \$37  = shift_2[5:3] > 1'h0;
+  assign \$38  = ! shift_2[5:3];
+  assign \$39  = shift_2[2:0] > 2'h2;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = \$37  | \$40 ;
+  assign \$42  = shift_2[5:3] > 1'h0;
+  assign \$43  = ! shift_2[5:3];
+  assign \$44  = shift_2[2:0] > 2'h3;
+  assign \$45  = \$43  & \$44 ;
+  assign \$46  = \$42  | \$45 ;
+  assign \$47  = shift_2[5:3] > 1'h0;
+  assign \$48  = ! shift_2[5:3];
+  assign \$49  = shift_2[2:0] > 3'h4;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = \$47  | \$50 ;
+  assign \$52  = shift_2[5:3] > 1'h0;
+  assign \$53  = ! shift_2[5:3];
+  assign \$54  = shift_2[2:0] > 3'h5;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = \$52  | \$55 ;
+  assign \$57  = shift_2[5:3] > 1'h0;
+  assign \$58  = ! shift_2[5:3];
+  assign \$59  = shift_2[2:0] > 3'h6;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = \$57  | \$60 ;
+  assign \$62  = shift_2[5:3] > 1'h0;
+  assign \$63  = ! shift_2[5:3];
+  assign \$64  = shift_2[2:0] > 3'h7;
+  assign \$65  = \$63  & \$64 ;
+  assign \$66  = \$62  | \$65 ;
+  assign \$67  = shift_2[5:3] > 1'h1;
+  assign \$68  = shift_2[5:3] == 1'h1;
+  assign \$69  = shift_2[2:0] > 1'h0;
+  assign \$70  = \$68  & \$69 ;
+  assign \$71  = \$67  | \$70 ;
+  assign \$72  = shift_2[5:3] > 1'h1;
+  assign \$73  = shift_2[5:3] == 1'h1;
+  assign \$74  = shift_2[2:0] > 1'h1;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = \$72  | \$75 ;
+  assign \$77  = shift_2[5:3] > 1'h1;
+  assign \$78  = shift_2[5:3] == 1'h1;
+  assign \$79  = shift_2[2:0] > 2'h2;
+  assign \$80  = \$78  & \$79 ;
+  assign \$81  = \$77  | \$80 ;
+  assign \$82  = shift_2[5:3] > 1'h1;
+  assign \$83  = shift_2[5:3] == 1'h1;
+  assign \$84  = shift_2[2:0] > 2'h3;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = \$82  | \$85 ;
+  assign \$87  = shift_2[5:3] > 1'h1;
+  assign \$88  = shift_2[5:3] == 1'h1;
+  assign \$89  = shift_2[2:0] > 3'h4;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$87  | \$90 ;
+  assign \$92  = shift_2[5:3] > 1'h1;
+  assign \$93  = shift_2[5:3] == 1'h1;
+  assign \$94  = shift_2[2:0] > 3'h5;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = \$92  | \$95 ;
+  assign \$97  = shift_2[5:3] > 1'h1;
+  assign \$98  = shift_2[5:3] == 1'h1;
+  assign \$99  = shift_2[2:0] > 3'h6;
+  assign \$100  = \$98  & \$99 ;
+  assign \$101  = \$97  | \$100 ;
+  assign \$102  = shift_2[5:3] > 1'h1;
+  assign \$103  = shift_2[5:3] == 1'h1;
+  assign \$104  = shift_2[2:0] > 3'h7;
+  assign \$105  = \$103  & \$104 ;
+  assign \$106  = \$102  | \$105 ;
+  assign \$107  = shift_2[5:3] > 2'h2;
+  assign \$108  = shift_2[5:3] == 2'h2;
+  assign \$109  = shift_2[2:0] > 1'h0;
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = \$107  | \$110 ;
+  assign \$112  = shift_2[5:3] > 2'h2;
+  assign \$113  = shift_2[5:3] == 2'h2;
+  assign \$114  = shift_2[2:0] > 1'h1;
+  assign \$115  = \$113  & \$114 ;
+  assign \$116  = \$112  | \$115 ;
+  assign \$117  = shift_2[5:3] > 2'h2;
+  assign \$118  = shift_2[5:3] == 2'h2;
+  assign \$119  = shift_2[2:0] > 2'h2;
+  assign \$120  = \$118  & \$119 ;
+  assign \$121  = \$117  | \$120 ;
+  assign \$122  = shift_2[5:3] > 2'h2;
+  assign \$123  = shift_2[5:3] == 2'h2;
+  assign \$124  = shift_2[2:0] > 2'h3;
+  assign \$125  = \$123  & \$124 ;
+  assign \$126  = \$122  | \$125 ;
+  assign \$127  = shift_2[5:3] > 2'h2;
+  assign \$128  = shift_2[5:3] == 2'h2;
+  assign \$129  = shift_2[2:0] > 3'h4;
+  assign \$130  = \$128  & \$129 ;
+  assign \$131  = \$127  | \$130 ;
+  assign \$132  = shift_2[5:3] > 2'h2;
+  assign \$133  = shift_2[5:3] == 2'h2;
+  assign \$134  = shift_2[2:0] > 3'h5;
+  assign \$135  = \$133  & \$134 ;
+  assign \$136  = \$132  | \$135 ;
+  assign \$137  = shift_2[5:3] > 2'h2;
+  assign \$138  = shift_2[5:3] == 2'h2;
+  assign \$139  = shift_2[2:0] > 3'h6;
+  assign \$140  = \$138  & \$139 ;
+  assign \$141  = \$137  | \$140 ;
+  assign \$142  = shift_2[5:3] > 2'h2;
+  assign \$143  = shift_2[5:3] == 2'h2;
+  assign \$144  = shift_2[2:0] > 3'h7;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = \$142  | \$145 ;
+  assign \$147  = shift_2[5:3] > 2'h3;
+  assign \$148  = shift_2[5:3] == 2'h3;
+  assign \$149  = shift_2[2:0] > 1'h0;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = shift_2[5:3] > 2'h3;
+  assign \$153  = shift_2[5:3] == 2'h3;
+  assign \$154  = shift_2[2:0] > 1'h1;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = \$152  | \$155 ;
+  assign \$157  = shift_2[5:3] > 2'h3;
+  assign \$158  = shift_2[5:3] == 2'h3;
+  assign \$159  = shift_2[2:0] > 2'h2;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = \$157  | \$160 ;
+  assign \$162  = shift_2[5:3] > 2'h3;
+  assign \$163  = shift_2[5:3] == 2'h3;
+  assign \$164  = shift_2[2:0] > 2'h3;
+  assign \$165  = \$163  & \$164 ;
+  assign \$166  = \$162  | \$165 ;
+  assign \$167  = shift_2[5:3] > 2'h3;
+  assign \$168  = shift_2[5:3] == 2'h3;
+  assign \$169  = shift_2[2:0] > 3'h4;
+  assign \$170  = \$168  & \$169 ;
+  assign \$171  = \$167  | \$170 ;
+  assign \$172  = shift_2[5:3] > 2'h3;
+  assign \$173  = shift_2[5:3] == 2'h3;
+  assign \$174  = shift_2[2:0] > 3'h5;
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = \$172  | \$175 ;
+  assign \$177  = shift_2[5:3] > 2'h3;
+  assign \$178  = shift_2[5:3] == 2'h3;
+  assign \$179  = shift_2[2:0] > 3'h6;
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = shift_2[5:3] > 2'h3;
+  assign \$183  = shift_2[5:3] == 2'h3;
+  assign \$184  = shift_2[2:0] > 3'h7;
+  assign \$185  = \$183  & \$184 ;
+  assign \$186  = \$182  | \$185 ;
+  assign \$187  = shift_2[5:3] > 3'h4;
+  assign \$188  = shift_2[5:3] == 3'h4;
+  assign \$189  = shift_2[2:0] > 1'h0;
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \$187  | \$190 ;
+  assign \$192  = shift_2[5:3] > 3'h4;
+  assign \$193  = shift_2[5:3] == 3'h4;
+  assign \$194  = shift_2[2:0] > 1'h1;
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \$192  | \$195 ;
+  assign \$197  = shift_2[5:3] > 3'h4;
+  assign \$198  = shift_2[5:3] == 3'h4;
+  assign \$199  = shift_2[2:0] > 2'h2;
+  assign \$200  = \$198  & \$199 ;
+  assign \$201  = \$197  | \$200 ;
+  assign \$202  = shift_2[5:3] > 3'h4;
+  assign \$203  = shift_2[5:3] == 3'h4;
+  assign \$204  = shift_2[2:0] > 2'h3;
+  assign \$205  = \$203  & \$204 ;
+  assign \$206  = \$202  | \$205 ;
+  assign \$207  = shift_2[5:3] > 3'h4;
+  assign \$208  = shift_2[5:3] == 3'h4;
+  assign \$209  = shift_2[2:0] > 3'h4;
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = \$207  | \$210 ;
+  assign \$212  = shift_2[5:3] > 3'h4;
+  assign \$213  = shift_2[5:3] == 3'h4;
+  assign \$214  = shift_2[2:0] > 3'h5;
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = \$212  | \$215 ;
+  assign \$217  = shift_2[5:3] > 3'h4;
+  assign \$218  = shift_2[5:3] == 3'h4;
+  assign \$219  = shift_2[2:0] > 3'h6;
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = \$217  | \$220 ;
+  assign \$222  = shift_2[5:3] > 3'h4;
+  assign \$223  = shift_2[5:3] == 3'h4;
+  assign \$224  = shift_2[2:0] > 3'h7;
+  assign \$225  = \$223  & \$224 ;
+  assign \$226  = \$222  | \$225 ;
+  assign \$227  = shift_2[5:3] > 3'h5;
+  assign \$228  = shift_2[5:3] == 3'h5;
+  assign \$229  = shift_2[2:0] > 1'h0;
+  assign \$230  = \$228  & \$229 ;
+  assign \$231  = \$227  | \$230 ;
+  assign \$232  = shift_2[5:3] > 3'h5;
+  assign \$233  = shift_2[5:3] == 3'h5;
+  assign \$234  = shift_2[2:0] > 1'h1;
+  assign \$235  = \$233  & \$234 ;
+  assign \$236  = \$232  | \$235 ;
+  assign \$237  = shift_2[5:3] > 3'h5;
+  assign \$238  = shift_2[5:3] == 3'h5;
+  assign \$239  = shift_2[2:0] > 2'h2;
+  assign \$240  = \$238  & \$239 ;
+  assign \$241  = \$237  | \$240 ;
+  assign \$242  = shift_2[5:3] > 3'h5;
+  assign \$243  = shift_2[5:3] == 3'h5;
+  assign \$244  = shift_2[2:0] > 2'h3;
+  assign \$245  = \$243  & \$244 ;
+  assign \$246  = \$242  | \$245 ;
+  assign \$247  = shift_2[5:3] > 3'h5;
+  assign \$248  = shift_2[5:3] == 3'h5;
+  assign \$249  = shift_2[2:0] > 3'h4;
+  assign \$250  = \$248  & \$249 ;
+  assign \$251  = \$247  | \$250 ;
+  assign \$252  = shift_2[5:3] > 3'h5;
+  assign \$253  = shift_2[5:3] == 3'h5;
+  assign \$254  = shift_2[2:0] > 3'h5;
+  assign \$255  = \$253  & \$254 ;
+  assign \$256  = \$252  | \$255 ;
+  assign \$257  = shift_2[5:3] > 3'h5;
+  assign \$258  = shift_2[5:3] == 3'h5;
+  assign \$259  = shift_2[2:0] > 3'h6;
+  assign \$260  = \$258  & \$259 ;
+  assign \$261  = \$257  | \$260 ;
+  assign \$262  = shift_2[5:3] > 3'h5;
+  assign \$263  = shift_2[5:3] == 3'h5;
+  assign \$264  = shift_2[2:0] > 3'h7;
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = \$262  | \$265 ;
+  assign \$267  = shift_2[5:3] > 3'h6;
+  assign \$268  = shift_2[5:3] == 3'h6;
+  assign \$269  = shift_2[2:0] > 1'h0;
+  assign \$270  = \$268  & \$269 ;
+  assign \$271  = \$267  | \$270 ;
+  assign \$273  = shift_x[5] ? \$272  : { x0, 1'h0 };
+  assign \$276  = shift_x[5] ? \$275  : { x0, 1'h0 };
+  assign \$277  = shift_x[4] ? \$274  : \$276 [39:0];
+  assign \$280  = shift_x[5] ? \$279  : { x0, 1'h0 };
+  assign \$283  = shift_x[5] ? \$282  : { x0, 1'h0 };
+  assign \$284  = shift_x[4] ? \$281  : \$283 [39:0];
+  assign \$285  = shift_x[3] ? \$278  : \$284 [23:0];
+  assign \$288  = shift_x[5] ? \$287  : { x0, 1'h0 };
+  assign \$291  = shift_x[5] ? \$290  : { x0, 1'h0 };
+  assign \$292  = shift_x[4] ? \$289  : \$291 [39:0];
+  assign \$295  = shift_x[5] ? \$294  : { x0, 1'h0 };
+  assign \$298  = shift_x[5] ? \$297  : { x0, 1'h0 };
+  assign \$299  = shift_x[4] ? \$296  : \$298 [39:0];
+  assign \$300  = shift_x[3] ? \$293  : \$299 [23:0];
+  assign \$301  = shift_x[2] ? \$286  : \$300 [15:0];
+  assign \$304  = shift_x[5] ? \$303  : { x0, 1'h0 };
+  assign \$307  = shift_x[5] ? \$306  : { x0, 1'h0 };
+  assign \$308  = shift_x[4] ? \$305  : \$307 [39:0];
+  assign \$311  = shift_x[5] ? \$310  : { x0, 1'h0 };
+  assign \$314  = shift_x[5] ? \$313  : { x0, 1'h0 };
+  assign \$315  = shift_x[4] ? \$312  : \$314 [39:0];
+  assign \$316  = shift_x[3] ? \$309  : \$315 [23:0];
+  assign \$319  = shift_x[5] ? \$318  : { x0, 1'h0 };
+  assign \$322  = shift_x[5] ? \$321  : { x0, 1'h0 };
+  assign \$323  = shift_x[4] ? \$320  : \$322 [39:0];
+  assign \$326  = shift_x[5] ? \$325  : { x0, 1'h0 };
+  assign \$329  = shift_x[5] ? \$328  : { x0, 1'h0 };
+  assign \$330  = shift_x[4] ? \$327  : \$329 [39:0];
+  assign \$331  = shift_x[3] ? \$324  : \$330 [23:0];
+  assign \$332  = shift_x[2] ? \$317  : \$331 [15:0];
+  assign \$333  = shift_x[1] ? \$302  : \$332 [11:0];
+  assign \$336  = shift_x[5] ? \$335  : { x0, 1'h0 };
+  assign \$339  = shift_x[5] ? \$338  : { x0, 1'h0 };
+  assign \$340  = shift_x[4] ? \$337  : \$339 [39:0];
+  assign \$343  = shift_x[5] ? \$342  : { x0, 1'h0 };
+  assign \$346  = shift_x[5] ? \$345  : { x0, 1'h0 };
+  assign \$347  = shift_x[4] ? \$344  : \$346 [39:0];
+  assign \$348  = shift_x[3] ? \$341  : \$347 [23:0];
+  assign \$351  = shift_x[5] ? \$350  : { x0, 1'h0 };
+  assign \$354  = shift_x[5] ? \$353  : { x0, 1'h0 };
+  assign \$355  = shift_x[4] ? \$352  : \$354 [39:0];
+  assign \$358  = shift_x[5] ? \$357  : { x0, 1'h0 };
+  assign \$361  = shift_x[5] ? \$360  : { x0, 1'h0 };
+  assign \$362  = shift_x[4] ? \$359  : \$361 [39:0];
+  assign \$363  = shift_x[3] ? \$356  : \$362 [23:0];
+  assign \$364  = shift_x[2] ? \$349  : \$363 [15:0];
+  assign \$367  = shift_x[5] ? \$366  : { x0, 1'h0 };
+  assign \$370  = shift_x[5] ? \$369  : { x0, 1'h0 };
+  assign \$371  = shift_x[4] ? \$368  : \$370 [39:0];
+  assign \$374  = shift_x[5] ? \$373  : { x0, 1'h0 };
+  assign \$377  = shift_x[5] ? \$376  : { x0, 1'h0 };
+  assign \$378  = shift_x[4] ? \$375  : \$377 [39:0];
+  assign \$379  = shift_x[3] ? \$372  : \$378 [23:0];
+  assign \$382  = shift_x[5] ? \$381  : { x0, 1'h0 };
+  assign \$385  = shift_x[5] ? \$384  : { x0, 1'h0 };
+  assign \$386  = shift_x[4] ? \$383  : \$385 [39:0];
+  assign \$389  = shift_x[5] ? \$388  : { x0, 1'h0 };
+  assign \$392  = shift_x[5] ? \$391  : { x0, 1'h0 };
+  assign \$393  = shift_x[4] ? \$390  : \$392 [39:0];
+  assign \$394  = shift_x[3] ? \$387  : \$393 [23:0];
+  assign \$395  = shift_x[2] ? \$380  : \$394 [15:0];
+  assign \$396  = shift_x[1] ? \$365  : \$395 [11:0];
+  assign \$397  = shift_x[0] ? \$334  : \$396 [9:0];
   assign \$398  = { x0, 1'h0 } & below;
   assign \$399  = | \$398 ;
   assign \$400  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27594,69 +27615,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$407  = $signed(rounded0) > $signed(8'h7f);
   assign \$408  = \$407  ? 9'h07f : rounded0;
   assign \$409  = over2_0 ? { \$406 [7], \$406  } : \$408 ;
-  assign \$411  = shift[5] ? \$410  : { x1, 1'h0 };
-  assign \$414  = shift[5] ? \$413  : { x1, 1'h0 };
-  assign \$415  = shift[4] ? \$412  : \$414 [39:0];
-  assign \$418  = shift[5] ? \$417  : { x1, 1'h0 };
-  assign \$421  = shift[5] ? \$420  : { x1, 1'h0 };
-  assign \$422  = shift[4] ? \$419  : \$421 [39:0];
-  assign \$423  = shift[3] ? \$416  : \$422 [23:0];
-  assign \$426  = shift[5] ? \$425  : { x1, 1'h0 };
-  assign \$429  = shift[5] ? \$428  : { x1, 1'h0 };
-  assign \$430  = shift[4] ? \$427  : \$429 [39:0];
-  assign \$433  = shift[5] ? \$432  : { x1, 1'h0 };
-  assign \$436  = shift[5] ? \$435  : { x1, 1'h0 };
-  assign \$437  = shift[4] ? \$434  : \$436 [39:0];
-  assign \$438  = shift[3] ? \$431  : \$437 [23:0];
-  assign \$439  = shift[2] ? \$424  : \$438 [15:0];
-  assign \$442  = shift[5] ? \$441  : { x1, 1'h0 };
-  assign \$445  = shift[5] ? \$444  : { x1, 1'h0 };
-  assign \$446  = shift[4] ? \$443  : \$445 [39:0];
-  assign \$449  = shift[5] ? \$448  : { x1, 1'h0 };
-  assign \$452  = shift[5] ? \$451  : { x1, 1'h0 };
-  assign \$453  = shift[4] ? \$450  : \$452 [39:0];
-  assign \$454  = shift[3] ? \$447  : \$453 [23:0];
-  assign \$457  = shift[5] ? \$456  : { x1, 1'h0 };
-  assign \$460  = shift[5] ? \$459  : { x1, 1'h0 };
-  assign \$461  = shift[4] ? \$458  : \$460 [39:0];
-  assign \$464  = shift[5] ? \$463  : { x1, 1'h0 };
-  assign \$467  = shift[5] ? \$466  : { x1, 1'h0 };
-  assign \$468  = shift[4] ? \$465  : \$467 [39:0];
-  assign \$469  = shift[3] ? \$462  : \$468 [23:0];
-  assign \$470  = shift[2] ? \$455  : \$469 [15:0];
-  assign \$471  = shift[1] ? \$440  : \$470 [11:0];
-  assign \$474  = shift[5] ? \$473  : { x1, 1'h0 };
-  assign \$477  = shift[5] ? \$476  : { x1, 1'h0 };
-  assign \$478  = shift[4] ? \$475  : \$477 [39:0];
-  assign \$481  = shift[5] ? \$480  : { x1, 1'h0 };
-  assign \$484  = shift[5] ? \$483  : { x1, 1'h0 };
-  assign \$485  = shift[4] ? \$482  : \$484 [39:0];
-  assign \$486  = shift[3] ? \$479  : \$485 [23:0];
-  assign \$489  = shift[5] ? \$488  : { x1, 1'h0 };
-  assign \$492  = shift[5] ? \$491  : { x1, 1'h0 };
-  assign \$493  = shift[4] ? \$490  : \$492 [39:0];
-  assign \$496  = shift[5] ? \$495  : { x1, 1'h0 };
-  assign \$499  = shift[5] ? \$498  : { x1, 1'h0 };
-  assign \$500  = shift[4] ? \$497  : \$499 [39:0];
-  assign \$501  = shift[3] ? \$494  : \$500 [23:0];
-  assign \$502  = shift[2] ? \$487  : \$501 [15:0];
-  assign \$505  = shift[5] ? \$504  : { x1, 1'h0 };
-  assign \$508  = shift[5] ? \$507  : { x1, 1'h0 };
-  assign \$509  = shift[4] ? \$506  : \$508 [39:0];
-  assign \$512  = shift[5] ? \$511  : { x1, 1'h0 };
-  assign \$515  = shift[5] ? \$514  : { x1, 1'h0 };
-  assign \$516  = shift[4] ? \$513  : \$515 [39:0];
-  assign \$517  = shift[3] ? \$510  : \$516 [23:0];
-  assign \$520  = shift[5] ? \$519  : { x1, 1'h0 };
-  assign \$523  = shift[5] ? \$522  : { x1, 1'h0 };
-  assign \$524  = shift[4] ? \$521  : \$523 [39:0];
-  assign \$527  = shift[5] ? \$526  : { x1, 1'h0 };
-  assign \$530  = shift[5] ? \$529  : { x1, 1'h0 };
-  assign \$531  = shift[4] ? \$528  : \$530 [39:0];
-  assign \$532  = shift[3] ? \$525  : \$531 [23:0];
-  assign \$533  = shift[2] ? \$518  : \$532 [15:0];
-  assign \$534  = shift[1] ? \$503  : \$533 [11:0];
-  assign \$535  = shift[0] ? \$472  : \$534 [9:0];
+  assign \$411  = shift_x[5] ? \$410  : { x1, 1'h0 };
+  assign \$414  = shift_x[5] ? \$413  : { x1, 1'h0 };
+  assign \$415  = shift_x[4] ? \$412  : \$414 [39:0];
+  assign \$418  = shift_x[5] ? \$417  : { x1, 1'h0 };
+  assign \$421  = shift_x[5] ? \$420  : { x1, 1'h0 };
+  assign \$422  = shift_x[4] ? \$419  : \$421 [39:0];
+  assign \$423  = shift_x[3] ? \$416  : \$422 [23:0];
+  assign \$426  = shift_x[5] ? \$425  : { x1, 1'h0 };
+  assign \$429  = shift_x[5] ? \$428  : { x1, 1'h0 };
+  assign \$430  = shift_x[4] ? \$427  : \$429 [39:0];
+  assign \$433  = shift_x[5] ? \$432  : { x1, 1'h0 };
+  assign \$436  = shift_x[5] ? \$435  : { x1, 1'h0 };
+  assign \$437  = shift_x[4] ? \$434  : \$436 [39:0];
+  assign \$438  = shift_x[3] ? \$431  : \$437 [23:0];
+  assign \$439  = shift_x[2] ? \$424  : \$438 [15:0];
+  assign \$442  = shift_x[5] ? \$441  : { x1, 1'h0 };
+  assign \$445  = shift_x[5] ? \$444  : { x1, 1'h0 };
+  assign \$446  = shift_x[4] ? \$443  : \$445 [39:0];
+  assign \$449  = shift_x[5] ? \$448  : { x1, 1'h0 };
+  assign \$452  = shift_x[5] ? \$451  : { x1, 1'h0 };
+  assign \$453  = shift_x[4] ? \$450  : \$452 [39:0];
+  assign \$454  = shift_x[3] ? \$447  : \$453 [23:0];
+  assign \$457  = shift_x[5] ? \$456  : { x1, 1'h0 };
+  assign \$460  = shift_x[5] ? \$459  : { x1, 1'h0 };
+  assign \$461  = shift_x[4] ? \$458  : \$460 [39:0];
+  assign \$464  = shift_x[5] ? \$463  : { x1, 1'h0 };
+  assign \$467  = shift_x[5] ? \$466  : { x1, 1'h0 };
+  assign \$468  = shift_x[4] ? \$465  : \$467 [39:0];
+  assign \$469  = shift_x[3] ? \$462  : \$468 [23:0];
+  assign \$470  = shift_x[2] ? \$455  : \$469 [15:0];
+  assign \$471  = shift_x[1] ? \$440  : \$470 [11:0];
+  assign \$474  = shift_x[5] ? \$473  : { x1, 1'h0 };
+  assign \$477  = shift_x[5] ? \$476  : { x1, 1'h0 };
+  assign \$478  = shift_x[4] ? \$475  : \$477 [39:0];
+  assign \$481  = shift_x[5] ? \$480  : { x1, 1'h0 };
+  assign \$484  = shift_x[5] ? \$483  : { x1, 1'h0 };
+  assign \$485  = shift_x[4] ? \$482  : \$484 [39:0];
+  assign \$486  = shift_x[3] ? \$479  : \$485 [23:0];
+  assign \$489  = shift_x[5] ? \$488  : { x1, 1'h0 };
+  assign \$492  = shift_x[5] ? \$491  : { x1, 1'h0 };
+  assign \$493  = shift_x[4] ? \$490  : \$492 [39:0];
+  assign \$496  = shift_x[5] ? \$495  : { x1, 1'h0 };
+  assign \$499  = shift_x[5] ? \$498  : { x1, 1'h0 };
+  assign \$500  = shift_x[4] ? \$497  : \$499 [39:0];
+  assign \$501  = shift_x[3] ? \$494  : \$500 [23:0];
+  assign \$502  = shift_x[2] ? \$487  : \$501 [15:0];
+  assign \$505  = shift_x[5] ? \$504  : { x1, 1'h0 };
+  assign \$508  = shift_x[5] ? \$507  : { x1, 1'h0 };
+  assign \$509  = shift_x[4] ? \$506  : \$508 [39:0];
+  assign \$512  = shift_x[5] ? \$511  : { x1, 1'h0 };
+  assign \$515  = shift_x[5] ? \$514  : { x1, 1'h0 };
+  assign \$516  = shift_x[4] ? \$513  : \$515 [39:0];
+  assign \$517  = shift_x[3] ? \$510  : \$516 [23:0];
+  assign \$520  = shift_x[5] ? \$519  : { x1, 1'h0 };
+  assign \$523  = shift_x[5] ? \$522  : { x1, 1'h0 };
+  assign \$524  = shift_x[4] ? \$521  : \$523 [39:0];
+  assign \$527  = shift_x[5] ? \$526  : { x1, 1'h0 };
+  assign \$530  = shift_x[5] ? \$529  : { x1, 1'h0 };
+  assign \$531  = shift_x[4] ? \$528  : \$530 [39:0];
+  assign \$532  = shift_x[3] ? \$525  : \$531 [23:0];
+  assign \$533  = shift_x[2] ? \$518  : \$532 [15:0];
+  assign \$534  = shift_x[1] ? \$503  : \$533 [11:0];
+  assign \$535  = shift_x[0] ? \$472  : \$534 [9:0];
   assign \$536  = { x1, 1'h0 } & below;
   assign \$537  = | \$536 ;
   assign \$538  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27669,69 +27690,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$545  = $signed(rounded1) > $signed(8'h7f);
   assign \$546  = \$545  ? 9'h07f : rounded1;
   assign \$547  = over2_1 ? { \$544 [7], \$544  } : \$546 ;
-  assign \$549  = shift[5] ? \$548  : { x2, 1'h0 };
-  assign \$552  = shift[5] ? \$551  : { x2, 1'h0 };
-  assign \$553  = shift[4] ? \$550  : \$552 [39:0];
-  assign \$556  = shift[5] ? \$555  : { x2, 1'h0 };
-  assign \$559  = shift[5] ? \$558  : { x2, 1'h0 };
-  assign \$560  = shift[4] ? \$557  : \$559 [39:0];
-  assign \$561  = shift[3] ? \$554  : \$560 [23:0];
-  assign \$564  = shift[5] ? \$563  : { x2, 1'h0 };
-  assign \$567  = shift[5] ? \$566  : { x2, 1'h0 };
-  assign \$568  = shift[4] ? \$565  : \$567 [39:0];
-  assign \$571  = shift[5] ? \$570  : { x2, 1'h0 };
-  assign \$574  = shift[5] ? \$573  : { x2, 1'h0 };
-  assign \$575  = shift[4] ? \$572  : \$574 [39:0];
-  assign \$576  = shift[3] ? \$569  : \$575 [23:0];
-  assign \$577  = shift[2] ? \$562  : \$576 [15:0];
-  assign \$580  = shift[5] ? \$579  : { x2, 1'h0 };
-  assign \$583  = shift[5] ? \$582  : { x2, 1'h0 };
-  assign \$584  = shift[4] ? \$581  : \$583 [39:0];
-  assign \$587  = shift[5] ? \$586  : { x2, 1'h0 };
-  assign \$590  = shift[5] ? \$589  : { x2, 1'h0 };
-  assign \$591  = shift[4] ? \$588  : \$590 [39:0];
-  assign \$592  = shift[3] ? \$585  : \$591 [23:0];
-  assign \$595  = shift[5] ? \$594  : { x2, 1'h0 };
-  assign \$598  = shift[5] ? \$597  : { x2, 1'h0 };
-  assign \$599  = shift[4] ? \$596  : \$598 [39:0];
-  assign \$602  = shift[5] ? \$601  : { x2, 1'h0 };
-  assign \$605  = shift[5] ? \$604  : { x2, 1'h0 };
-  assign \$606  = shift[4] ? \$603  : \$605 [39:0];
-  assign \$607  = shift[3] ? \$600  : \$606 [23:0];
-  assign \$608  = shift[2] ? \$593  : \$607 [15:0];
-  assign \$609  = shift[1] ? \$578  : \$608 [11:0];
-  assign \$612  = shift[5] ? \$611  : { x2, 1'h0 };
-  assign \$615  = shift[5] ? \$614  : { x2, 1'h0 };
-  assign \$616  = shift[4] ? \$613  : \$615 [39:0];
-  assign \$619  = shift[5] ? \$618  : { x2, 1'h0 };
-  assign \$622  = shift[5] ? \$621  : { x2, 1'h0 };
-  assign \$623  = shift[4] ? \$620  : \$622 [39:0];
-  assign \$624  = shift[3] ? \$617  : \$623 [23:0];
-  assign \$627  = shift[5] ? \$626  : { x2, 1'h0 };
-  assign \$630  = shift[5] ? \$629  : { x2, 1'h0 };
-  assign \$631  = shift[4] ? \$628  : \$630 [39:0];
-  assign \$634  = shift[5] ? \$633  : { x2, 1'h0 };
-  assign \$637  = shift[5] ? \$636  : { x2, 1'h0 };
-  assign \$638  = shift[4] ? \$635  : \$637 [39:0];
-  assign \$639  = shift[3] ? \$632  : \$638 [23:0];
-  assign \$640  = shift[2] ? \$625  : \$639 [15:0];
-  assign \$643  = shift[5] ? \$642  : { x2, 1'h0 };
-  assign \$646  = shift[5] ? \$645  : { x2, 1'h0 };
-  assign \$647  = shift[4] ? \$644  : \$646 [39:0];
-  assign \$650  = shift[5] ? \$649  : { x2, 1'h0 };
-  assign \$653  = shift[5] ? \$652  : { x2, 1'h0 };
-  assign \$654  = shift[4] ? \$651  : \$653 [39:0];
-  assign \$655  = shift[3] ? \$648  : \$654 [23:0];
-  assign \$658  = shift[5] ? \$657  : { x2, 1'h0 };
-  assign \$661  = shift[5] ? \$660  : { x2, 1'h0 };
-  assign \$662  = shift[4] ? \$659  : \$661 [39:0];
-  assign \$665  = shift[5] ? \$664  : { x2, 1'h0 };
-  assign \$668  = shift[5] ? \$667  : { x2, 1'h0 };
-  assign \$669  = shift[4] ? \$666  : \$668 [39:0];
-  assign \$670  = shift[3] ? \$663  : \$669 [23:0];
-  assign \$671  = shift[2] ? \$656  : \$670 [15:0];
-  assign \$672  = shift[1] ? \$641  : \$671 [11:0];
-  assign \$673  = shift[0] ? \$610  : \$672 [9:0];
+  assign \$549  = shift_x[5] ? \$548  : { x2, 1'h0 };
+  assign \$552  = shift_x[5] ? \$551  : { x2, 1'h0 };
+  assign \$553  = shift_x[4] ? \$550  : \$552 [39:0];
+  assign \$556  = shift_x[5] ? \$555  : { x2, 1'h0 };
+  assign \$559  = shift_x[5] ? \$558  : { x2, 1'h0 };
+  assign \$560  = shift_x[4] ? \$557  : \$559 [39:0];
+  assign \$561  = shift_x[3] ? \$554  : \$560 [23:0];
+  assign \$564  = shift_x[5] ? \$563  : { x2, 1'h0 };
+  assign \$567  = shift_x[5] ? \$566  : { x2, 1'h0 };
+  assign \$568  = shift_x[4] ? \$565  : \$567 [39:0];
+  assign \$571  = shift_x[5] ? \$570  : { x2, 1'h0 };
+  assign \$574  = shift_x[5] ? \$573  : { x2, 1'h0 };
+  assign \$575  = shift_x[4] ? \$572  : \$574 [39:0];
+  assign \$576  = shift_x[3] ? \$569  : \$575 [23:0];
+  assign \$577  = shift_x[2] ? \$562  : \$576 [15:0];
+  assign \$580  = shift_x[5] ? \$579  : { x2, 1'h0 };
+  assign \$583  = shift_x[5] ? \$582  : { x2, 1'h0 };
+  assign \$584  = shift_x[4] ? \$581  : \$583 [39:0];
+  assign \$587  = shift_x[5] ? \$586  : { x2, 1'h0 };
+  assign \$590  = shift_x[5] ? \$589  : { x2, 1'h0 };
+  assign \$591  = shift_x[4] ? \$588  : \$590 [39:0];
+  assign \$592  = shift_x[3] ? \$585  : \$591 [23:0];
+  assign \$595  = shift_x[5] ? \$594  : { x2, 1'h0 };
+  assign \$598  = shift_x[5] ? \$597  : { x2, 1'h0 };
+  assign \$599  = shift_x[4] ? \$596  : \$598 [39:0];
+  assign \$602  = shift_x[5] ? \$601  : { x2, 1'h0 };
+  assign \$605  = shift_x[5] ? \$604  : { x2, 1'h0 };
+  assign \$606  = shift_x[4] ? \$603  : \$605 [39:0];
+  assign \$607  = shift_x[3] ? \$600  : \$606 [23:0];
+  assign \$608  = shift_x[2] ? \$593  : \$607 [15:0];
+  assign \$609  = shift_x[1] ? \$578  : \$608 [11:0];
+  assign \$612  = shift_x[5] ? \$611  : { x2, 1'h0 };
+  assign \$615  = shift_x[5] ? \$614  : { x2, 1'h0 };
+  assign \$616  = shift_x[4] ? \$613  : \$615 [39:0];
+  assign \$619  = shift_x[5] ? \$618  : { x2, 1'h0 };
+  assign \$622  = shift_x[5] ? \$621  : { x2, 1'h0 };
+  assign \$623  = shift_x[4] ? \$620  : \$622 [39:0];
+  assign \$624  = shift_x[3] ? \$617  : \$623 [23:0];
+  assign \$627  = shift_x[5] ? \$626  : { x2, 1'h0 };
+  assign \$630  = shift_x[5] ? \$629  : { x2, 1'h0 };
+  assign \$631  = shift_x[4] ? \$628  : \$630 [39:0];
+  assign \$634  = shift_x[5] ? \$633  : { x2, 1'h0 };
+  assign \$637  = shift_x[5] ? \$636  : { x2, 1'h0 };
+  assign \$638  = shift_x[4] ? \$635  : \$637 [39:0];
+  assign \$639  = shift_x[3] ? \$632  : \$638 [23:0];
+  assign \$640  = shift_x[2] ? \$625  : \$639 [15:0];
+  assign \$643  = shift_x[5] ? \$642  : { x2, 1'h0 };
+  assign \$646  = shift_x[5] ? \$645  : { x2, 1'h0 };
+  assign \$647  = shift_x[4] ? \$644  : \$646 [39:0];
+  assign \$650  = shift_x[5] ? \$649  : { x2, 1'h0 };
+  assign \$653  = shift_x[5] ? \$652  : { x2, 1'h0 };
+  assign \$654  = shift_x[4] ? \$651  : \$653 [39:0];
+  assign \$655  = shift_x[3] ? \$648  : \$654 [23:0];
+  assign \$658  = shift_x[5] ? \$657  : { x2, 1'h0 };
+  assign \$661  = shift_x[5] ? \$660  : { x2, 1'h0 };
+  assign \$662  = shift_x[4] ? \$659  : \$661 [39:0];
+  assign \$665  = shift_x[5] ? \$664  : { x2, 1'h0 };
+  assign \$668  = shift_x[5] ? \$667  : { x2, 1'h0 };
+  assign \$669  = shift_x[4] ? \$666  : \$668 [39:0];
+  assign \$670  = shift_x[3] ? \$663  : \$669 [23:0];
+  assign \$671  = shift_x[2] ? \$656  : \$670 [15:0];
+  assign \$672  = shift_x[1] ? \$641  : \$671 [11:0];
+  assign \$673  = shift_x[0] ? \$610  : \$672 [9:0];
   assign \$674  = { x2, 1'h0 } & below;
   assign \$675  = | \$674 ;
   assign \$676  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27744,69 +27765,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$683  = $signed(rounded2) > $signed(8'h7f);
   assign \$684  = \$683  ? 9'h07f : rounded2;
   assign \$685  = over2_2 ? { \$682 [7], \$682  } : \$684 ;
-  assign \$687  = shift[5] ? \$686  : { x3, 1'h0 };
-  assign \$690  = shift[5] ? \$689  : { x3, 1'h0 };
-  assign \$691  = shift[4] ? \$688  : \$690 [39:0];
-  assign \$694  = shift[5] ? \$693  : { x3, 1'h0 };
-  assign \$697  = shift[5] ? \$696  : { x3, 1'h0 };
-  assign \$698  = shift[4] ? \$695  : \$697 [39:0];
-  assign \$699  = shift[3] ? \$692  : \$698 [23:0];
-  assign \$702  = shift[5] ? \$701  : { x3, 1'h0 };
-  assign \$705  = shift[5] ? \$704  : { x3, 1'h0 };
-  assign \$706  = shift[4] ? \$703  : \$705 [39:0];
-  assign \$709  = shift[5] ? \$708  : { x3, 1'h0 };
-  assign \$712  = shift[5] ? \$711  : { x3, 1'h0 };
-  assign \$713  = shift[4] ? \$710  : \$712 [39:0];
-  assign \$714  = shift[3] ? \$707  : \$713 [23:0];
-  assign \$715  = shift[2] ? \$700  : \$714 [15:0];
-  assign \$718  = shift[5] ? \$717  : { x3, 1'h0 };
-  assign \$721  = shift[5] ? \$720  : { x3, 1'h0 };
-  assign \$722  = shift[4] ? \$719  : \$721 [39:0];
-  assign \$725  = shift[5] ? \$724  : { x3, 1'h0 };
-  assign \$728  = shift[5] ? \$727  : { x3, 1'h0 };
-  assign \$729  = shift[4] ? \$726  : \$728 [39:0];
-  assign \$730  = shift[3] ? \$723  : \$729 [23:0];
-  assign \$733  = shift[5] ? \$732  : { x3, 1'h0 };
-  assign \$736  = shift[5] ? \$735  : { x3, 1'h0 };
-  assign \$737  = shift[4] ? \$734  : \$736 [39:0];
-  assign \$740  = shift[5] ? \$739  : { x3, 1'h0 };
-  assign \$743  = shift[5] ? \$742  : { x3, 1'h0 };
-  assign \$744  = shift[4] ? \$741  : \$743 [39:0];
-  assign \$745  = shift[3] ? \$738  : \$744 [23:0];
-  assign \$746  = shift[2] ? \$731  : \$745 [15:0];
-  assign \$747  = shift[1] ? \$716  : \$746 [11:0];
-  assign \$750  = shift[5] ? \$749  : { x3, 1'h0 };
-  assign \$753  = shift[5] ? \$752  : { x3, 1'h0 };
-  assign \$754  = shift[4] ? \$751  : \$753 [39:0];
-  assign \$757  = shift[5] ? \$756  : { x3, 1'h0 };
-  assign \$760  = shift[5] ? \$759  : { x3, 1'h0 };
-  assign \$761  = shift[4] ? \$758  : \$760 [39:0];
-  assign \$762  = shift[3] ? \$755  : \$761 [23:0];
-  assign \$765  = shift[5] ? \$764  : { x3, 1'h0 };
-  assign \$768  = shift[5] ? \$767  : { x3, 1'h0 };
-  assign \$769  = shift[4] ? \$766  : \$768 [39:0];
-  assign \$772  = shift[5] ? \$771  : { x3, 1'h0 };
-  assign \$775  = shift[5] ? \$774  : { x3, 1'h0 };
-  assign \$776  = shift[4] ? \$773  : \$775 [39:0];
-  assign \$777  = shift[3] ? \$770  : \$776 [23:0];
-  assign \$778  = shift[2] ? \$763  : \$777 [15:0];
-  assign \$781  = shift[5] ? \$780  : { x3, 1'h0 };
-  assign \$784  = shift[5] ? \$783  : { x3, 1'h0 };
-  assign \$785  = shift[4] ? \$782  : \$784 [39:0];
-  assign \$788  = shift[5] ? \$787  : { x3, 1'h0 };
-  assign \$791  = shift[5] ? \$790  : { x3, 1'h0 };
-  assign \$792  = shift[4] ? \$789  : \$791 [39:0];
-  assign \$793  = shift[3] ? \$786  : \$792 [23:0];
-  assign \$796  = shift[5] ? \$795  : { x3, 1'h0 };
-  assign \$799  = shift[5] ? \$798  : { x3, 1'h0 };
-  assign \$800  = shift[4] ? \$797  : \$799 [39:0];
-  assign \$803  = shift[5] ? \$802  : { x3, 1'h0 };
-  assign \$806  = shift[5] ? \$805  : { x3, 1'h0 };
-  assign \$807  = shift[4] ? \$804  : \$806 [39:0];
-  assign \$808  = shift[3] ? \$801  : \$807 [23:0];
-  assign \$809  = shift[2] ? \$794  : \$808 [15:0];
-  assign \$810  = shift[1] ? \$779  : \$809 [11:0];
-  assign \$811  = shift[0] ? \$748  : \$810 [9:0];
+  assign \$687  = shift_x[5] ? \$686  : { x3, 1'h0 };
+  assign \$690  = shift_x[5] ? \$689  : { x3, 1'h0 };
+  assign \$691  = shift_x[4] ? \$688  : \$690 [39:0];
+  assign \$694  = shift_x[5] ? \$693  : { x3, 1'h0 };
+  assign \$697  = shift_x[5] ? \$696  : { x3, 1'h0 };
+  assign \$698  = shift_x[4] ? \$695  : \$697 [39:0];
+  assign \$699  = shift_x[3] ? \$692  : \$698 [23:0];
+  assign \$702  = shift_x[5] ? \$701  : { x3, 1'h0 };
+  assign \$705  = shift_x[5] ? \$704  : { x3, 1'h0 };
+  assign \$706  = shift_x[4] ? \$703  : \$705 [39:0];
+  assign \$709  = shift_x[5] ? \$708  : { x3, 1'h0 };
+  assign \$712  = shift_x[5] ? \$711  : { x3, 1'h0 };
+  assign \$713  = shift_x[4] ? \$710  : \$712 [39:0];
+  assign \$714  = shift_x[3] ? \$707  : \$713 [23:0];
+  assign \$715  = shift_x[2] ? \$700  : \$714 [15:0];
+  assign \$718  = shift_x[5] ? \$717  : { x3, 1'h0 };
+  assign \$721  = shift_x[5] ? \$720  : { x3, 1'h0 };
+  assign \$722  = shift_x[4] ? \$719  : \$721 [39:0];
+  assign \$725  = shift_x[5] ? \$724  : { x3, 1'h0 };
+  assign \$728  = shift_x[5] ? \$727  : { x3, 1'h0 };
+  assign \$729  = shift_x[4] ? \$726  : \$728 [39:0];
+  assign \$730  = shift_x[3] ? \$723  : \$729 [23:0];
+  assign \$733  = shift_x[5] ? \$732  : { x3, 1'h0 };
+  assign \$736  = shift_x[5] ? \$735  : { x3, 1'h0 };
+  assign \$737  = shift_x[4] ? \$734  : \$736 [39:0];
+  assign \$740  = shift_x[5] ? \$739  : { x3, 1'h0 };
+  assign \$743  = shift_x[5] ? \$742  : { x3, 1'h0 };
+  assign \$744  = shift_x[4] ? \$741  : \$743 [39:0];
+  assign \$745  = shift_x[3] ? \$738  : \$744 [23:0];
+  assign \$746  = shift_x[2] ? \$731  : \$745 [15:0];
+  assign \$747  = shift_x[1] ? \$716  : \$746 [11:0];
+  assign \$750  = shift_x[5] ? \$749  : { x3, 1'h0 };
+  assign \$753  = shift_x[5] ? \$752  : { x3, 1'h0 };
+  assign \$754  = shift_x[4] ? \$751  : \$753 [39:0];
+  assign \$757  = shift_x[5] ? \$756  : { x3, 1'h0 };
+  assign \$760  = shift_x[5] ? \$759  : { x3, 1'h0 };
+  assign \$761  = shift_x[4] ? \$758  : \$760 [39:0];
+  assign \$762  = shift_x[3] ? \$755  : \$761 [23:0];
+  assign \$765  = shift_x[5] ? \$764  : { x3, 1'h0 };
+  assign \$768  = shift_x[5] ? \$767  : { x3, 1'h0 };
+  assign \$769  = shift_x[4] ? \$766  : \$768 [39:0];
+  assign \$772  = shift_x[5] ? \$771  : { x3, 1'h0 };
+  assign \$775  = shift_x[5] ? \$774  : { x3, 1'h0 };
+  assign \$776  = shift_x[4] ? \$773  : \$775 [39:0];
+  assign \$777  = shift_x[3] ? \$770  : \$776 [23:0];
+  assign \$778  = shift_x[2] ? \$763  : \$777 [15:0];
+  assign \$781  = shift_x[5] ? \$780  : { x3, 1'h0 };
+  assign \$784  = shift_x[5] ? \$783  : { x3, 1'h0 };
+  assign \$785  = shift_x[4] ? \$782  : \$784 [39:0];
+  assign \$788  = shift_x[5] ? \$787  : { x3, 1'h0 };
+  assign \$791  = shift_x[5] ? \$790  : { x3, 1'h0 };
+  assign \$792  = shift_x[4] ? \$789  : \$791 [39:0];
+  assign \$793  = shift_x[3] ? \$786  : \$792 [23:0];
+  assign \$796  = shift_x[5] ? \$795  : { x3, 1'h0 };
+  assign \$799  = shift_x[5] ? \$798  : { x3, 1'h0 };
+  assign \$800  = shift_x[4] ? \$797  : \$799 [39:0];
+  assign \$803  = shift_x[5] ? \$802  : { x3, 1'h0 };
+  assign \$806  = shift_x[5] ? \$805  : { x3, 1'h0 };
+  assign \$807  = shift_x[4] ? \$804  : \$806 [39:0];
+  assign \$808  = shift_x[3] ? \$801  : \$807 [23:0];
+  assign \$809  = shift_x[2] ? \$794  : \$808 [15:0];
+  assign \$810  = shift_x[1] ? \$779  : \$809 [11:0];
+  assign \$811  = shift_x[0] ? \$748  : \$810 [9:0];
   assign \$812  = { x3, 1'h0 } & below;
   assign \$813  = | \$812 ;
   assign \$814  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27819,69 +27840,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$821  = $signed(rounded3) > $signed(8'h7f);
   assign \$822  = \$821  ? 9'h07f : rounded3;
   assign \$823  = over2_3 ? { \$820 [7], \$820  } : \$822 ;
-  assign \$825  = shift[5] ? \$824  : { x4, 1'h0 };
-  assign \$828  = shift[5] ? \$827  : { x4, 1'h0 };
-  assign \$829  = shift[4] ? \$826  : \$828 [39:0];
-  assign \$832  = shift[5] ? \$831  : { x4, 1'h0 };
-  assign \$835  = shift[5] ? \$834  : { x4, 1'h0 };
-  assign \$836  = shift[4] ? \$833  : \$835 [39:0];
-  assign \$837  = shift[3] ? \$830  : \$836 [23:0];
-  assign \$840  = shift[5] ? \$839  : { x4, 1'h0 };
-  assign \$843  = shift[5] ? \$842  : { x4, 1'h0 };
-  assign \$844  = shift[4] ? \$841  : \$843 [39:0];
-  assign \$847  = shift[5] ? \$846  : { x4, 1'h0 };
-  assign \$850  = shift[5] ? \$849  : { x4, 1'h0 };
-  assign \$851  = shift[4] ? \$848  : \$850 [39:0];
-  assign \$852  = shift[3] ? \$845  : \$851 [23:0];
-  assign \$853  = shift[2] ? \$838  : \$852 [15:0];
-  assign \$856  = shift[5] ? \$855  : { x4, 1'h0 };
-  assign \$859  = shift[5] ? \$858  : { x4, 1'h0 };
-  assign \$860  = shift[4] ? \$857  : \$859 [39:0];
-  assign \$863  = shift[5] ? \$862  : { x4, 1'h0 };
-  assign \$866  = shift[5] ? \$865  : { x4, 1'h0 };
-  assign \$867  = shift[4] ? \$864  : \$866 [39:0];
-  assign \$868  = shift[3] ? \$861  : \$867 [23:0];
-  assign \$871  = shift[5] ? \$870  : { x4, 1'h0 };
-  assign \$874  = shift[5] ? \$873  : { x4, 1'h0 };
-  assign \$875  = shift[4] ? \$872  : \$874 [39:0];
-  assign \$878  = shift[5] ? \$877  : { x4, 1'h0 };
-  assign \$881  = shift[5] ? \$880  : { x4, 1'h0 };
-  assign \$882  = shift[4] ? \$879  : \$881 [39:0];
-  assign \$883  = shift[3] ? \$876  : \$882 [23:0];
-  assign \$884  = shift[2] ? \$869  : \$883 [15:0];
-  assign \$885  = shift[1] ? \$854  : \$884 [11:0];
-  assign \$888  = shift[5] ? \$887  : { x4, 1'h0 };
-  assign \$891  = shift[5] ? \$890  : { x4, 1'h0 };
-  assign \$892  = shift[4] ? \$889  : \$891 [39:0];
-  assign \$895  = shift[5] ? \$894  : { x4, 1'h0 };
-  assign \$898  = shift[5] ? \$897  : { x4, 1'h0 };
-  assign \$899  = shift[4] ? \$896  : \$898 [39:0];
-  assign \$900  = shift[3] ? \$893  : \$899 [23:0];
-  assign \$903  = shift[5] ? \$902  : { x4, 1'h0 };
-  assign \$906  = shift[5] ? \$905  : { x4, 1'h0 };
-  assign \$907  = shift[4] ? \$904  : \$906 [39:0];
-  assign \$910  = shift[5] ? \$909  : { x4, 1'h0 };
-  assign \$913  = shift[5] ? \$912  : { x4, 1'h0 };
-  assign \$914  = shift[4] ? \$911  : \$913 [39:0];
-  assign \$915  = shift[3] ? \$908  : \$914 [23:0];
-  assign \$916  = shift[2] ? \$901  : \$915 [15:0];
-  assign \$919  = shift[5] ? \$918  : { x4, 1'h0 };
-  assign \$922  = shift[5] ? \$921  : { x4, 1'h0 };
-  assign \$923  = shift[4] ? \$920  : \$922 [39:0];
-  assign \$926  = shift[5] ? \$925  : { x4, 1'h0 };
-  assign \$929  = shift[5] ? \$928  : { x4, 1'h0 };
-  assign \$930  = shift[4] ? \$927  : \$929 [39:0];
-  assign \$931  = shift[3] ? \$924  : \$930 [23:0];
-  assign \$934  = shift[5] ? \$933  : { x4, 1'h0 };
-  assign \$937  = shift[5] ? \$936  : { x4, 1'h0 };
-  assign \$938  = shift[4] ? \$935  : \$937 [39:0];
-  assign \$941  = shift[5] ? \$940  : { x4, 1'h0 };
-  assign \$944  = shift[5] ? \$943  : { x4, 1'h0 };
-  assign \$945  = shift[4] ? \$942  : \$944 [39:0];
-  assign \$946  = shift[3] ? \$939  : \$945 [23:0];
-  assign \$947  = shift[2] ? \$932  : \$946 [15:0];
-  assign \$948  = shift[1] ? \$917  : \$947 [11:0];
-  assign \$949  = shift[0] ? \$886  : \$948 [9:0];
+  assign \$825  = shift_x[5] ? \$824  : { x4, 1'h0 };
+  assign \$828  = shift_x[5] ? \$827  : { x4, 1'h0 };
+  assign \$829  = shift_x[4] ? \$826  : \$828 [39:0];
+  assign \$832  = shift_x[5] ? \$831  : { x4, 1'h0 };
+  assign \$835  = shift_x[5] ? \$834  : { x4, 1'h0 };
+  assign \$836  = shift_x[4] ? \$833  : \$835 [39:0];
+  assign \$837  = shift_x[3] ? \$830  : \$836 [23:0];
+  assign \$840  = shift_x[5] ? \$839  : { x4, 1'h0 };
+  assign \$843  = shift_x[5] ? \$842  : { x4, 1'h0 };
+  assign \$844  = shift_x[4] ? \$841  : \$843 [39:0];
+  assign \$847  = shift_x[5] ? \$846  : { x4, 1'h0 };
+  assign \$850  = shift_x[5] ? \$849  : { x4, 1'h0 };
+  assign \$851  = shift_x[4] ? \$848  : \$850 [39:0];
+  assign \$852  = shift_x[3] ? \$845  : \$851 [23:0];
+  assign \$853  = shift_x[2] ? \$838  : \$852 [15:0];
+  assign \$856  = shift_x[5] ? \$855  : { x4, 1'h0 };
+  assign \$859  = shift_x[5] ? \$858  : { x4, 1'h0 };
+  assign \$860  = shift_x[4] ? \$857  : \$859 [39:0];
+  assign \$863  = shift_x[5] ? \$862  : { x4, 1'h0 };
+  assign \$866  = shift_x[5] ? \$865  : { x4, 1'h0 };
+  assign \$867  = shift_x[4] ? \$864  : \$866 [39:0];
+  assign \$868  = shift_x[3] ? \$861  : \$867 [23:0];
+  assign \$871  = shift_x[5] ? \$870  : { x4, 1'h0 };
+  assign \$874  = shift_x[5] ? \$873  : { x4, 1'h0 };
+  assign \$875  = shift_x[4] ? \$872  : \$874 [39:0];
+  assign \$878  = shift_x[5] ? \$877  : { x4, 1'h0 };
+  assign \$881  = shift_x[5] ? \$880  : { x4, 1'h0 };
+  assign \$882  = shift_x[4] ? \$879  : \$881 [39:0];
+  assign \$883  = shift_x[3] ? \$876  : \$882 [23:0];
+  assign \$884  = shift_x[2] ? \$869  : \$883 [15:0];
+  assign \$885  = shift_x[1] ? \$854  : \$884 [11:0];
+  assign \$888  = shift_x[5] ? \$887  : { x4, 1'h0 };
+  assign \$891  = shift_x[5] ? \$890  : { x4, 1'h0 };
+  assign \$892  = shift_x[4] ? \$889  : \$891 [39:0];
+  assign \$895  = shift_x[5] ? \$894  : { x4, 1'h0 };
+  assign \$898  = shift_x[5] ? \$897  : { x4, 1'h0 };
+  assign \$899  = shift_x[4] ? \$896  : \$898 [39:0];
+  assign \$900  = shift_x[3] ? \$893  : \$899 [23:0];
+  assign \$903  = shift_x[5] ? \$902  : { x4, 1'h0 };
+  assign \$906  = shift_x[5] ? \$905  : { x4, 1'h0 };
+  assign \$907  = shift_x[4] ? \$904  : \$906 [39:0];
+  assign \$910  = shift_x[5] ? \$909  : { x4, 1'h0 };
+  assign \$913  = shift_x[5] ? \$912  : { x4, 1'h0 };
+  assign \$914  = shift_x[4] ? \$911  : \$913 [39:0];
+  assign \$915  = shift_x[3] ? \$908  : \$914 [23:0];
+  assign \$916  = shift_x[2] ? \$901  : \$915 [15:0];
+  assign \$919  = shift_x[5] ? \$918  : { x4, 1'h0 };
+  assign \$922  = shift_x[5] ? \$921  : { x4, 1'h0 };
+  assign \$923  = shift_x[4] ? \$920  : \$922 [39:0];
+  assign \$926  = shift_x[5] ? \$925  : { x4, 1'h0 };
+  assign \$929  = shift_x[5] ? \$928  : { x4, 1'h0 };
+  assign \$930  = shift_x[4] ? \$927  : \$929 [39:0];
+  assign \$931  = shift_x[3] ? \$924  : \$930 [23:0];
+  assign \$934  = shift_x[5] ? \$933  : { x4, 1'h0 };
+  assign \$937  = shift_x[5] ? \$936  : { x4, 1'h0 };
+  assign \$938  = shift_x[4] ? \$935  : \$937 [39:0];
+  assign \$941  = shift_x[5] ? \$940  : { x4, 1'h0 };
+  assign \$944  = shift_x[5] ? \$943  : { x4, 1'h0 };
+  assign \$945  = shift_x[4] ? \$942  : \$944 [39:0];
+  assign \$946  = shift_x[3] ? \$939  : \$945 [23:0];
+  assign \$947  = shift_x[2] ? \$932  : \$946 [15:0];
+  assign \$948  = shift_x[1] ? \$917  : \$947 [11:0];
+  assign \$949  = shift_x[0] ? \$886  : \$948 [9:0];
   assign \$950  = { x4, 1'h0 } & below;
   assign \$951  = | \$950 ;
   assign \$952  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
@@ -27894,69 +27915,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$959  = $signed(rounded4) > $signed(8'h7f);
   assign \$960  = \$959  ? 9'h07f : rounded4;
   assign \$961  = over2_4 ? { \$958 [7], \$958  } : \$960 ;
-  assign \$963  = shift[5] ? \$962  : { x5, 1'h0 };
-  assign \$966  = shift[5] ? \$965  : { x5, 1'h0 };
-  assign \$967  = shift[4] ? \$964  : \$966 [39:0];
-  assign \$970  = shift[5] ? \$969  : { x5, 1'h0 };
-  assign \$973  = shift[5] ? \$972  : { x5, 1'h0 };
-  assign \$974  = shift[4] ? \$971  : \$973 [39:0];
-  assign \$975  = shift[3] ? \$968  : \$974 [23:0];
-  assign \$978  = shift[5] ? \$977  : { x5, 1'h0 };
-  assign \$981  = shift[5] ? \$980  : { x5, 1'h0 };
-  assign \$982  = shift[4] ? \$979  : \$981 [39:0];
-  assign \$985  = shift[5] ? \$984  : { x5, 1'h0 };
-  assign \$988  = shift[5] ? \$987  : { x5, 1'h0 };
-  assign \$989  = shift[4] ? \$986  : \$988 [39:0];
-  assign \$990  = shift[3] ? \$983  : \$989 [23:0];
-  assign \$991  = shift[2] ? \$976  : \$990 [15:0];
-  assign \$994  = shift[5] ? \$993  : { x5, 1'h0 };
-  assign \$997  = shift[5] ? \$996  : { x5, 1'h0 };
-  assign \$998  = shift[4] ? \$995  : \$997 [39:0];
-  assign \$1001  = shift[5] ? \$1000  : { x5, 1'h0 };
-  assign \$1004  = shift[5] ? \$1003  : { x5, 1'h0 };
-  assign \$1005  = shift[4] ? \$1002  : \$1004 [39:0];
-  assign \$1006  = shift[3] ? \$999  : \$1005 [23:0];
-  assign \$1009  = shift[5] ? \$1008  : { x5, 1'h0 };
-  assign \$1012  = shift[5] ? \$1011  : { x5, 1'h0 };
-  assign \$1013  = shift[4] ? \$1010  : \$1012 [39:0];
-  assign \$1016  = shift[5] ? \$1015  : { x5, 1'h0 };
-  assign \$1019  = shift[5] ? \$1018  : { x5, 1'h0 };
-  assign \$1020  = shift[4] ? \$1017  : \$1019 [39:0];
-  assign \$1021  = shift[3] ? \$1014  : \$1020 [23:0];
-  assign \$1022  = shift[2] ? \$1007  : \$1021 [15:0];
-  assign \$1023  = shift[1] ? \$992  : \$1022 [11:0];
-  assign \$1026  = shift[5] ? \$1025  : { x5, 1'h0 };
-  assign \$1029  = shift[5] ? \$1028  : { x5, 1'h0 };
-  assign \$1030  = shift[4] ? \$1027  : \$1029 [39:0];
-  assign \$1033  = shift[5] ? \$1032  : { x5, 1'h0 };
-  assign \$1036  = shift[5] ? \$1035  : { x5, 1'h0 };
-  assign \$1037  = shift[4] ? \$1034  : \$1036 [39:0];
-  assign \$1038  = shift[3] ? \$1031  : \$1037 [23:0];
-  assign \$1041  = shift[5] ? \$1040  : { x5, 1'h0 };
-  assign \$1044  = shift[5] ? \$1043  : { x5, 1'h0 };
-  assign \$1045  = shift[4] ? \$1042  : \$1044 [39:0];
-  assign \$1048  = shift[5] ? \$1047  : { x5, 1'h0 };
-  assign \$1051  = shift[5] ? \$1050  : { x5, 1'h0 };
-  assign \$1052  = shift[4] ? \$1049  : \$1051 [39:0];
-  assign \$1053  = shift[3] ? \$1046  : \$1052 [23:0];
-  assign \$1054  = shift[2] ? \$1039  : \$1053 [15:0];
-  assign \$1057  = shift[5] ? \$1056  : { x5, 1'h0 };
-  assign \$1060  = shift[5] ? \$1059  : { x5, 1'h0 };
-  assign \$1061  = shift[4] ? \$1058  : \$1060 [39:0];
-  assign \$1064  = shift[5] ? \$1063  : { x5, 1'h0 };
-  assign \$1067  = shift[5] ? \$1066  : { x5, 1'h0 };
-  assign \$1068  = shift[4] ? \$1065  : \$1067 [39:0];
-  assign \$1069  = shift[3] ? \$1062  : \$1068 [23:0];
-  assign \$1072  = shift[5] ? \$1071  : { x5, 1'h0 };
-  assign \$1075  = shift[5] ? \$1074  : { x5, 1'h0 };
-  assign \$1076  = shift[4] ? \$1073  : \$1075 [39:0];
-  assign \$1079  = shift[5] ? \$1078  : { x5, 1'h0 };
-  assign \$1082  = shift[5] ? \$1081  : { x5, 1'h0 };
-  assign \$1083  = shift[4] ? \$1080  : \$1082 [39:0];
-  assign \$1084  = shift[3] ? \$1077  : \$1083 [23:0];
-  assign \$1085  = shift[2] ? \$1070  : \$1084 [15:0];
-  assign \$1086  = shift[1] ? \$1055  : \$1085 [11:0];
-  assign \$1087  = shift[0] ? \$1024  : \$1086 [9:0];
+  assign \$963  = shift_x[5] ? \$962  : { x5, 1'h0 };
+  assign \$966  = shift_x[5] ? \$965  : { x5, 1'h0 };
+  assign \$967  = shift_x[4] ? \$964  : \$966 [39:0];
+  assign \$970  = shift_x[5] ? \$969  : { x5, 1'h0 };
+  assign \$973  = shift_x[5] ? \$972  : { x5, 1'h0 };
+  assign \$974  = shift_x[4] ? \$971  : \$973 [39:0];
+  assign \$975  = shift_x[3] ? \$968  : \$974 [23:0];
+  assign \$978  = shift_x[5] ? \$977  : { x5, 1'h0 };
+  assign \$981  = shift_x[5] ? \$980  : { x5, 1'h0 };
+  assign \$982  = shift_x[4] ? \$979  : \$981 [39:0];
+  assign \$985  = shift_x[5] ? \$984  : { x5, 1'h0 };
+  assign \$988  = shift_x[5] ? \$987  : { x5, 1'h0 };
+  assign \$989  = shift_x[4] ? \$986  : \$988 [39:0];
+  assign \$990  = shift_x[3] ? \$983  : \$989 [23:0];
+  assign \$991  = shift_x[2] ? \$976  : \$990 [15:0];
+  assign \$994  = shift_x[5] ? \$993  : { x5, 1'h0 };
+  assign \$997  = shift_x[5] ? \$996  : { x5, 1'h0 };
+  assign \$998  = shift_x[4] ? \$995  : \$997 [39:0];
+  assign \$1001  = shift_x[5] ? \$1000  : { x5, 1'h0 };
+  assign \$1004  = shift_x[5] ? \$1003  : { x5, 1'h0 };
+  assign \$1005  = shift_x[4] ? \$1002  : \$1004 [39:0];
+  assign \$1006  = shift_x[3] ? \$999  : \$1005 [23:0];
+  assign \$1009  = shift_x[5] ? \$1008  : { x5, 1'h0 };
+  assign \$1012  = shift_x[5] ? \$1011  : { x5, 1'h0 };
+  assign \$1013  = shift_x[4] ? \$1010  : \$1012 [39:0];
+  assign \$1016  = shift_x[5] ? \$1015  : { x5, 1'h0 };
+  assign \$1019  = shift_x[5] ? \$1018  : { x5, 1'h0 };
+  assign \$1020  = shift_x[4] ? \$1017  : \$1019 [39:0];
+  assign \$1021  = shift_x[3] ? \$1014  : \$1020 [23:0];
+  assign \$1022  = shift_x[2] ? \$1007  : \$1021 [15:0];
+  assign \$1023  = shift_x[1] ? \$992  : \$1022 [11:0];
+  assign \$1026  = shift_x[5] ? \$1025  : { x5, 1'h0 };
+  assign \$1029  = shift_x[5] ? \$1028  : { x5, 1'h0 };
+  assign \$1030  = shift_x[4] ? \$1027  : \$1029 [39:0];
+  assign \$1033  = shift_x[5] ? \$1032  : { x5, 1'h0 };
+  assign \$1036  = shift_x[5] ? \$1035  : { x5, 1'h0 };
+  assign \$1037  = shift_x[4] ? \$1034  : \$1036 [39:0];
+  assign \$1038  = shift_x[3] ? \$1031  : \$1037 [23:0];
+  assign \$1041  = shift_x[5] ? \$1040  : { x5, 1'h0 };
+  assign \$1044  = shift_x[5] ? \$1043  : { x5, 1'h0 };
+  assign \$1045  = shift_x[4] ? \$1042  : \$1044 [39:0];
+  assign \$1048  = shift_x[5] ? \$1047  : { x5, 1'h0 };
+  assign \$1051  = shift_x[5] ? \$1050  : { x5, 1'h0 };
+  assign \$1052  = shift_x[4] ? \$1049  : \$1051 [39:0];
+  assign \$1053  = shift_x[3] ? \$1046  : \$1052 [23:0];
+  assign \$1054  = shift_x[2] ? \$1039  : \$1053 [15:0];
+  assign \$1057  = shift_x[5] ? \$1056  : { x5, 1'h0 };
+  assign \$1060  = shift_x[5] ? \$1059  : { x5, 1'h0 };
+  assign \$1061  = shift_x[4] ? \$1058  : \$1060 [39:0];
+  assign \$1064  = shift_x[5] ? \$1063  : { x5, 1'h0 };
+  assign \$1067  = shift_x[5] ? \$1066  : { x5, 1'h0 };
+  assign \$1068  = shift_x[4] ? \$1065  : \$1067 [39:0];
+  assign \$1069  = shift_x[3] ? \$1062  : \$1068 [23:0];
+  assign \$1072  = shift_x[5] ? \$1071  : { x5, 1'h0 };
+  assign \$1075  = shift_x[5] ? \$1074  : { x5, 1'h0 };
+  assign \$1076  = shift_x[4] ? \$1073  : \$1075 [39:0];
+  assign \$1079  = shift_x[5] ? \$1078  : { x5, 1'h0 };
+  assign \$1082  = shift_x[5] ? \$1081  : { x5, 1'h0 };
+  assign \$1083  = shift_x[4] ? \$1080  : \$1082 [39:0];
+  assign \$1084  = shift_x[3] ? \$1077  : \$1083 [23:0];
+  assign \$1085  = shift_x[2] ? \$1070  : \$1084 [15:0];
+  assign \$1086  = shift_x[1] ? \$1055  : \$1085 [11:0];
+  assign \$1087  = shift_x[0] ? \$1024  : \$1086 [9:0];
   assign \$1088  = { x5, 1'h0 } & below;
   assign \$1089  = | \$1088 ;
   assign \$1090  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
@@ -27969,69 +27990,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$1097  = $signed(rounded5) > $signed(8'h7f);
   assign \$1098  = \$1097  ? 9'h07f : rounded5;
   assign \$1099  = over2_5 ? { \$1096 [7], \$1096  } : \$1098 ;
-  assign \$1101  = shift[5] ? \$1100  : { x6, 1'h0 };
-  assign \$1104  = shift[5] ? \$1103  : { x6, 1'h0 };
-  assign \$1105  = shift[4] ? \$1102  : \$1104 [39:0];
-  assign \$1108  = shift[5] ? \$1107  : { x6, 1'h0 };
-  assign \$1111  = shift[5] ? \$1110  : { x6, 1'h0 };
-  assign \$1112  = shift[4] ? \$1109  : \$1111 [39:0];
-  assign \$1113  = shift[3] ? \$1106  : \$1112 [23:0];
-  assign \$1116  = shift[5] ? \$1115  : { x6, 1'h0 };
-  assign \$1119  = shift[5] ? \$1118  : { x6, 1'h0 };
-  assign \$1120  = shift[4] ? \$1117  : \$1119 [39:0];
-  assign \$1123  = shift[5] ? \$1122  : { x6, 1'h0 };
-  assign \$1126  = shift[5] ? \$1125  : { x6, 1'h0 };
-  assign \$1127  = shift[4] ? \$1124  : \$1126 [39:0];
-  assign \$1128  = shift[3] ? \$1121  : \$1127 [23:0];
-  assign \$1129  = shift[2] ? \$1114  : \$1128 [15:0];
-  assign \$1132  = shift[5] ? \$1131  : { x6, 1'h0 };
-  assign \$1135  = shift[5] ? \$1134  : { x6, 1'h0 };
-  assign \$1136  = shift[4] ? \$1133  : \$1135 [39:0];
-  assign \$1139  = shift[5] ? \$1138  : { x6, 1'h0 };
-  assign \$1142  = shift[5] ? \$1141  : { x6, 1'h0 };
-  assign \$1143  = shift[4] ? \$1140  : \$1142 [39:0];
-  assign \$1144  = shift[3] ? \$1137  : \$1143 [23:0];
-  assign \$1147  = shift[5] ? \$1146  : { x6, 1'h0 };
-  assign \$1150  = shift[5] ? \$1149  : { x6, 1'h0 };
-  assign \$1151  = shift[4] ? \$1148  : \$1150 [39:0];
-  assign \$1154  = shift[5] ? \$1153  : { x6, 1'h0 };
-  assign \$1157  = shift[5] ? \$1156  : { x6, 1'h0 };
-  assign \$1158  = shift[4] ? \$1155  : \$1157 [39:0];
-  assign \$1159  = shift[3] ? \$1152  : \$1158 [23:0];
-  assign \$1160  = shift[2] ? \$1145  : \$1159 [15:0];
-  assign \$1161  = shift[1] ? \$1130  : \$1160 [11:0];
-  assign \$1164  = shift[5] ? \$1163  : { x6, 1'h0 };
-  assign \$1167  = shift[5] ? \$1166  : { x6, 1'h0 };
-  assign \$1168  = shift[4] ? \$1165  : \$1167 [39:0];
-  assign \$1171  = shift[5] ? \$1170  : { x6, 1'h0 };
-  assign \$1174  = shift[5] ? \$1173  : { x6, 1'h0 };
-  assign \$1175  = shift[4] ? \$1172  : \$1174 [39:0];
-  assign \$1176  = shift[3] ? \$1169  : \$1175 [23:0];
-  assign \$1179  = shift[5] ? \$1178  : { x6, 1'h0 };
-  assign \$1182  = shift[5] ? \$1181  : { x6, 1'h0 };
-  assign \$1183  = shift[4] ? \$1180  : \$1182 [39:0];
-  assign \$1186  = shift[5] ? \$1185  : { x6, 1'h0 };
-  assign \$1189  = shift[5] ? \$1188  : { x6, 1'h0 };
-  assign \$1190  = shift[4] ? \$1187  : \$1189 [39:0];
-  assign \$1191  = shift[3] ? \$1184  : \$1190 [23:0];
-  assign \$1192  = shift[2] ? \$1177  : \$1191 [15:0];
-  assign \$1195  = shift[5] ? \$1194  : { x6, 1'h0 };
-  assign \$1198  = shift[5] ? \$1197  : { x6, 1'h0 };
-  assign \$1199  = shift[4] ? \$1196  : \$1198 [39:0];
-  assign \$1202  = shift[5] ? \$1201  : { x6, 1'h0 };
-  assign \$1205  = shift[5] ? \$1204  : { x6, 1'h0 };
-  assign \$1206  = shift[4] ? \$1203  : \$1205 [39:0];
-  assign \$1207  = shift[3] ? \$1200  : \$1206 [23:0];
-  assign \$1210  = shift[5] ? \$1209  : { x6, 1'h0 };
-  assign \$1213  = shift[5] ? \$1212  : { x6, 1'h0 };
-  assign \$1214  = shift[4] ? \$1211  : \$1213 [39:0];
-  assign \$1217  = shift[5] ? \$1216  : { x6, 1'h0 };
-  assign \$1220  = shift[5] ? \$1219  : { x6, 1'h0 };
-  assign \$1221  = shift[4] ? \$1218  : \$1220 [39:0];
-  assign \$1222  = shift[3] ? \$1215  : \$1221 [23:0];
-  assign \$1223  = shift[2] ? \$1208  : \$1222 [15:0];
-  assign \$1224  = shift[1] ? \$1193  : \$1223 [11:0];
-  assign \$1225  = shift[0] ? \$1162  : \$1224 [9:0];
+  assign \$1101  = shift_x[5] ? \$1100  : { x6, 1'h0 };
+  assign \$1104  = shift_x[5] ? \$1103  : { x6, 1'h0 };
+  assign \$1105  = shift_x[4] ? \$1102  : \$1104 [39:0];
+  assign \$1108  = shift_x[5] ? \$1107  : { x6, 1'h0 };
+  assign \$1111  = shift_x[5] ? \$1110  : { x6, 1'h0 };
+  assign \$1112  = shift_x[4] ? \$1109  : \$1111 [39:0];
+  assign \$1113  = shift_x[3] ? \$1106  : \$1112 [23:0];
+  assign \$1116  = shift_x[5] ? \$1115  : { x6, 1'h0 };
+  assign \$1119  = shift_x[5] ? \$1118  : { x6, 1'h0 };
+  assign \$1120  = shift_x[4] ? \$1117  : \$1119 [39:0];
+  assign \$1123  = shift_x[5] ? \$1122  : { x6, 1'h0 };
+  assign \$1126  = shift_x[5] ? \$1125  : { x6, 1'h0 };
+  assign \$1127  = shift_x[4] ? \$1124  : \$1126 [39:0];
+  assign \$1128  = shift_x[3] ? \$1121  : \$1127 [23:0];
+  assign \$1129  = shift_x[2] ? \$1114  : \$1128 [15:0];
+  assign \$1132  = shift_x[5] ? \$1131  : { x6, 1'h0 };
+  assign \$1135  = shift_x[5] ? \$1134  : { x6, 1'h0 };
+  assign \$1136  = shift_x[4] ? \$1133  : \$1135 [39:0];
+  assign \$1139  = shift_x[5] ? \$1138  : { x6, 1'h0 };
+  assign \$1142  = shift_x[5] ? \$1141  : { x6, 1'h0 };
+  assign \$1143  = shift_x[4] ? \$1140  : \$1142 [39:0];
+  assign \$1144  = shift_x[3] ? \$1137  : \$1143 [23:0];
+  assign \$1147  = shift_x[5] ? \$1146  : { x6, 1'h0 };
+  assign \$1150  = shift_x[5] ? \$1149  : { x6, 1'h0 };
+  assign \$1151  = shift_x[4] ? \$1148  : \$1150 [39:0];
+  assign \$1154  = shift_x[5] ? \$1153  : { x6, 1'h0 };
+  assign \$1157  = shift_x[5] ? \$1156  : { x6, 1'h0 };
+  assign \$1158  = shift_x[4] ? \$1155  : \$1157 [39:0];
+  assign \$1159  = shift_x[3] ? \$1152  : \$1158 [23:0];
+  assign \$1160  = shift_x[2] ? \$1145  : \$1159 [15:0];
+  assign \$1161  = shift_x[1] ? \$1130  : \$1160 [11:0];
+  assign \$1164  = shift_x[5] ? \$1163  : { x6, 1'h0 };
+  assign \$1167  = shift_x[5] ? \$1166  : { x6, 1'h0 };
+  assign \$1168  = shift_x[4] ? \$1165  : \$1167 [39:0];
+  assign \$1171  = shift_x[5] ? \$1170  : { x6, 1'h0 };
+  assign \$1174  = shift_x[5] ? \$1173  : { x6, 1'h0 };
+  assign \$1175  = shift_x[4] ? \$1172  : \$1174 [39:0];
+  assign \$1176  = shift_x[3] ? \$1169  : \$1175 [23:0];
+  assign \$1179  = shift_x[5] ? \$1178  : { x6, 1'h0 };
+  assign \$1182  = shift_x[5] ? \$1181  : { x6, 1'h0 };
+  assign \$1183  = shift_x[4] ? \$1180  : \$1182 [39:0];
+  assign \$1186  = shift_x[5] ? \$1185  : { x6, 1'h0 };
+  assign \$1189  = shift_x[5] ? \$1188  : { x6, 1'h0 };
+  assign \$1190  = shift_x[4] ? \$1187  : \$1189 [39:0];
+  assign \$1191  = shift_x[3] ? \$1184  : \$1190 [23:0];
+  assign \$1192  = shift_x[2] ? \$1177  : \$1191 [15:0];
+  assign \$1195  = shift_x[5] ? \$1194  : { x6, 1'h0 };
+  assign \$1198  = shift_x[5] ? \$1197  : { x6, 1'h0 };
+  assign \$1199  = shift_x[4] ? \$1196  : \$1198 [39:0];
+  assign \$1202  = shift_x[5] ? \$1201  : { x6, 1'h0 };
+  assign \$1205  = shift_x[5] ? \$1204  : { x6, 1'h0 };
+  assign \$1206  = shift_x[4] ? \$1203  : \$1205 [39:0];
+  assign \$1207  = shift_x[3] ? \$1200  : \$1206 [23:0];
+  assign \$1210  = shift_x[5] ? \$1209  : { x6, 1'h0 };
+  assign \$1213  = shift_x[5] ? \$1212  : { x6, 1'h0 };
+  assign \$1214  = shift_x[4] ? \$1211  : \$1213 [39:0];
+  assign \$1217  = shift_x[5] ? \$1216  : { x6, 1'h0 };
+  assign \$1220  = shift_x[5] ? \$1219  : { x6, 1'h0 };
+  assign \$1221  = shift_x[4] ? \$1218  : \$1220 [39:0];
+  assign \$1222  = shift_x[3] ? \$1215  : \$1221 [23:0];
+  assign \$1223  = shift_x[2] ? \$1208  : \$1222 [15:0];
+  assign \$1224  = shift_x[1] ? \$1193  : \$1223 [11:0];
+  assign \$1225  = shift_x[0] ? \$1162  : \$1224 [9:0];
   assign \$1226  = { x6, 1'h0 } & below;
   assign \$1227  = | \$1226 ;
   assign \$1228  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
@@ -28044,69 +28065,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$1235  = $signed(rounded6) > $signed(8'h7f);
   assign \$1236  = \$1235  ? 9'h07f : rounded6;
   assign \$1237  = over2_6 ? { \$1234 [7], \$1234  } : \$1236 ;
-  assign \$1239  = shift[5] ? \$1238  : { x7, 1'h0 };
-  assign \$1242  = shift[5] ? \$1241  : { x7, 1'h0 };
-  assign \$1243  = shift[4] ? \$1240  : \$1242 [39:0];
-  assign \$1246  = shift[5] ? \$1245  : { x7, 1'h0 };
-  assign \$1249  = shift[5] ? \$1248  : { x7, 1'h0 };
-  assign \$1250  = shift[4] ? \$1247  : \$1249 [39:0];
-  assign \$1251  = shift[3] ? \$1244  : \$1250 [23:0];
-  assign \$1254  = shift[5] ? \$1253  : { x7, 1'h0 };
-  assign \$1257  = shift[5] ? \$1256  : { x7, 1'h0 };
-  assign \$1258  = shift[4] ? \$1255  : \$1257 [39:0];
-  assign \$1261  = shift[5] ? \$1260  : { x7, 1'h0 };
-  assign \$1264  = shift[5] ? \$1263  : { x7, 1'h0 };
-  assign \$1265  = shift[4] ? \$1262  : \$1264 [39:0];
-  assign \$1266  = shift[3] ? \$1259  : \$1265 [23:0];
-  assign \$1267  = shift[2] ? \$1252  : \$1266 [15:0];
-  assign \$1270  = shift[5] ? \$1269  : { x7, 1'h0 };
-  assign \$1273  = shift[5] ? \$1272  : { x7, 1'h0 };
-  assign \$1274  = shift[4] ? \$1271  : \$1273 [39:0];
-  assign \$1277  = shift[5] ? \$1276  : { x7, 1'h0 };
-  assign \$1280  = shift[5] ? \$1279  : { x7, 1'h0 };
-  assign \$1281  = shift[4] ? \$1278  : \$1280 [39:0];
-  assign \$1282  = shift[3] ? \$1275  : \$1281 [23:0];
-  assign \$1285  = shift[5] ? \$1284  : { x7, 1'h0 };
-  assign \$1288  = shift[5] ? \$1287  : { x7, 1'h0 };
-  assign \$1289  = shift[4] ? \$1286  : \$1288 [39:0];
-  assign \$1292  = shift[5] ? \$1291  : { x7, 1'h0 };
-  assign \$1295  = shift[5] ? \$1294  : { x7, 1'h0 };
-  assign \$1296  = shift[4] ? \$1293  : \$1295 [39:0];
-  assign \$1297  = shift[3] ? \$1290  : \$1296 [23:0];
-  assign \$1298  = shift[2] ? \$1283  : \$1297 [15:0];
-  assign \$1299  = shift[1] ? \$1268  : \$1298 [11:0];
-  assign \$1302  = shift[5] ? \$1301  : { x7, 1'h0 };
-  assign \$1305  = shift[5] ? \$1304  : { x7, 1'h0 };
-  assign \$1306  = shift[4] ? \$1303  : \$1305 [39:0];
-  assign \$1309  = shift[5] ? \$1308  : { x7, 1'h0 };
-  assign \$1312  = shift[5] ? \$1311  : { x7, 1'h0 };
-  assign \$1313  = shift[4] ? \$1310  : \$1312 [39:0];
-  assign \$1314  = shift[3] ? \$1307  : \$1313 [23:0];
-  assign \$1317  = shift[5] ? \$1316  : { x7, 1'h0 };
-  assign \$1320  = shift[5] ? \$1319  : { x7, 1'h0 };
-  assign \$1321  = shift[4] ? \$1318  : \$1320 [39:0];
-  assign \$1324  = shift[5] ? \$1323  : { x7, 1'h0 };
-  assign \$1327  = shift[5] ? \$1326  : { x7, 1'h0 };
-  assign \$1328  = shift[4] ? \$1325  : \$1327 [39:0];
-  assign \$1329  = shift[3] ? \$1322  : \$1328 [23:0];
-  assign \$1330  = shift[2] ? \$1315  : \$1329 [15:0];
-  assign \$1333  = shift[5] ? \$1332  : { x7, 1'h0 };
-  assign \$1336  = shift[5] ? \$1335  : { x7, 1'h0 };
-  assign \$1337  = shift[4] ? \$1334  : \$1336 [39:0];
-  assign \$1340  = shift[5] ? \$1339  : { x7, 1'h0 };
-  assign \$1343  = shift[5] ? \$1342  : { x7, 1'h0 };
-  assign \$1344  = shift[4] ? \$1341  : \$1343 [39:0];
-  assign \$1345  = shift[3] ? \$1338  : \$1344 [23:0];
-  assign \$1348  = shift[5] ? \$1347  : { x7, 1'h0 };
-  assign \$1351  = shift[5] ? \$1350  : { x7, 1'h0 };
-  assign \$1352  = shift[4] ? \$1349  : \$1351 [39:0];
-  assign \$1355  = shift[5] ? \$1354  : { x7, 1'h0 };
-  assign \$1358  = shift[5] ? \$1357  : { x7, 1'h0 };
-  assign \$1359  = shift[4] ? \$1356  : \$1358 [39:0];
-  assign \$1360  = shift[3] ? \$1353  : \$1359 [23:0];
-  assign \$1361  = shift[2] ? \$1346  : \$1360 [15:0];
-  assign \$1362  = shift[1] ? \$1331  : \$1361 [11:0];
-  assign \$1363  = shift[0] ? \$1300  : \$1362 [9:0];
+  assign \$1239  = shift_x[5] ? \$1238  : { x7, 1'h0 };
+  assign \$1242  = shift_x[5] ? \$1241  : { x7, 1'h0 };
+  assign \$1243  = shift_x[4] ? \$1240  : \$1242 [39:0];
+  assign \$1246  = shift_x[5] ? \$1245  : { x7, 1'h0 };
+  assign \$1249  = shift_x[5] ? \$1248  : { x7, 1'h0 };
+  assign \$1250  = shift_x[4] ? \$1247  : \$1249 [39:0];
+  assign \$1251  = shift_x[3] ? \$1244  : \$1250 [23:0];
+  assign \$1254  = shift_x[5] ? \$1253  : { x7, 1'h0 };
+  assign \$1257  = shift_x[5] ? \$1256  : { x7, 1'h0 };
+  assign \$1258  = shift_x[4] ? \$1255  : \$1257 [39:0];
+  assign \$1261  = shift_x[5] ? \$1260  : { x7, 1'h0 };
+  assign \$1264  = shift_x[5] ? \$1263  : { x7, 1'h0 };
+  assign \$1265  = shift_x[4] ? \$1262  : \$1264 [39:0];
+  assign \$1266  = shift_x[3] ? \$1259  : \$1265 [23:0];
+  assign \$1267  = shift_x[2] ? \$1252  : \$1266 [15:0];
+  assign \$1270  = shift_x[5] ? \$1269  : { x7, 1'h0 };
+  assign \$1273  = shift_x[5] ? \$1272  : { x7, 1'h0 };
+  assign \$1274  = shift_x[4] ? \$1271  : \$1273 [39:0];
+  assign \$1277  = shift_x[5] ? \$1276  : { x7, 1'h0 };
+  assign \$1280  = shift_x[5] ? \$1279  : { x7, 1'h0 };
+  assign \$1281  = shift_x[4] ? \$1278  : \$1280 [39:0];
+  assign \$1282  = shift_x[3] ? \$1275  : \$1281 [23:0];
+  assign \$1285  = shift_x[5] ? \$1284  : { x7, 1'h0 };
+  assign \$1288  = shift_x[5] ? \$1287  : { x7, 1'h0 };
+  assign \$1289  = shift_x[4] ? \$1286  : \$1288 [39:0];
+  assign \$1292  = shift_x[5] ? \$1291  : { x7, 1'h0 };
+  assign \$1295  = shift_x[5] ? \$1294  : { x7, 1'h0 };
+  assign \$1296  = shift_x[4] ? \$1293  : \$1295 [39:0];
+  assign \$1297  = shift_x[3] ? \$1290  : \$1296 [23:0];
+  assign \$1298  = shift_x[2] ? \$1283  : \$1297 [15:0];
+  assign \$1299  = shift_x[1] ? \$1268  : \$1298 [11:0];
+  assign \$1302  = shift_x[5] ? \$1301  : { x7, 1'h0 };
+  assign \$1305  = shift_x[5] ? \$1304  : { x7, 1'h0 };
+  assign \$1306  = shift_x[4] ? \$1303  : \$1305 [39:0];
+  assign \$1309  = shift_x[5] ? \$1308  : { x7, 1'h0 };
+  assign \$1312  = shift_x[5] ? \$1311  : { x7, 1'h0 };
+  assign \$1313  = shift_x[4] ? \$1310  : \$1312 [39:0];
+  assign \$1314  = shift_x[3] ? \$1307  : \$1313 [23:0];
+  assign \$1317  = shift_x[5] ? \$1316  : { x7, 1'h0 };
+  assign \$1320  = shift_x[5] ? \$1319  : { x7, 1'h0 };
+  assign \$1321  = shift_x[4] ? \$1318  : \$1320 [39:0];
+  assign \$1324  = shift_x[5] ? \$1323  : { x7, 1'h0 };
+  assign \$1327  = shift_x[5] ? \$1326  : { x7, 1'h0 };
+  assign \$1328  = shift_x[4] ? \$1325  : \$1327 [39:0];
+  assign \$1329  = shift_x[3] ? \$1322  : \$1328 [23:0];
+  assign \$1330  = shift_x[2] ? \$1315  : \$1329 [15:0];
+  assign \$1333  = shift_x[5] ? \$1332  : { x7, 1'h0 };
+  assign \$1336  = shift_x[5] ? \$1335  : { x7, 1'h0 };
+  assign \$1337  = shift_x[4] ? \$1334  : \$1336 [39:0];
+  assign \$1340  = shift_x[5] ? \$1339  : { x7, 1'h0 };
+  assign \$1343  = shift_x[5] ? \$1342  : { x7, 1'h0 };
+  assign \$1344  = shift_x[4] ? \$1341  : \$1343 [39:0];
+  assign \$1345  = shift_x[3] ? \$1338  : \$1344 [23:0];
+  assign \$1348  = shift_x[5] ? \$1347  : { x7, 1'h0 };
+  assign \$1351  = shift_x[5] ? \$1350  : { x7, 1'h0 };
+  assign \$1352  = shift_x[4] ? \$1349  : \$1351 [39:0];
+  assign \$1355  = shift_x[5] ? \$1354  : { x7, 1'h0 };
+  assign \$1358  = shift_x[5] ? \$1357  : { x7, 1'h0 };
+  assign \$1359  = shift_x[4] ? \$1356  : \$1358 [39:0];
+  assign \$1360  = shift_x[3] ? \$1353  : \$1359 [23:0];
+  assign \$1361  = shift_x[2] ? \$1346  : \$1360 [15:0];
+  assign \$1362  = shift_x[1] ? \$1331  : \$1361 [11:0];
+  assign \$1363  = shift_x[0] ? \$1300  : \$1362 [9:0];
   assign \$1364  = { x7, 1'h0 } & below;
   assign \$1365  = | \$1364 ;
   assign \$1366  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
@@ -28120,149 +28141,155 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$1374  = \$1373  ? 9'h07f : rounded7;
   assign \$1375  = over2_7 ? { \$1372 [7], \$1372  } : \$1374 ;
   always @(posedge clk)
-    below <= \$1376 ;
+    v1 <= \$1376 ;
   always @(posedge clk)
-    v1 <= \$1377 ;
+    v2 <= \$1377 ;
   always @(posedge clk)
-    v2 <= \$1378 ;
+    x_valid <= \$1378 ;
   always @(posedge clk)
-    x_valid <= \$1379 ;
+    \$signal  <= \$1379 ;
   always @(posedge clk)
-    x0 <= \$1380 ;
+    shift_2 <= \$1380 ;
   always @(posedge clk)
-    x1 <= \$1381 ;
+    x0 <= \$1381 ;
   always @(posedge clk)
-    x2 <= \$1382 ;
+    x1 <= \$1382 ;
   always @(posedge clk)
-    x3 <= \$1383 ;
+    x2 <= \$1383 ;
   always @(posedge clk)
-    x4 <= \$1384 ;
+    x3 <= \$1384 ;
   always @(posedge clk)
-    x5 <= \$1385 ;
+    x4 <= \$1385 ;
   always @(posedge clk)
-    x6 <= \$1386 ;
+    x5 <= \$1386 ;
   always @(posedge clk)
-    x7 <= \$1387 ;
+    x6 <= \$1387 ;
   always @(posedge clk)
-    v_shift <= \$1388 ;
+    x7 <= \$1388 ;
   always @(posedge clk)
-    v_round <= \$1389 ;
+    shift_x <= \$1389 ;
   always @(posedge clk)
-    o__valid <= \$1390 ;
+    below <= \$1390 ;
   always @(posedge clk)
-    y0 <= \$1391 ;
+    v_shift <= \$1391 ;
   always @(posedge clk)
-    sticky0 <= \$1392 ;
+    v_round <= \$1392 ;
   always @(posedge clk)
-    over0 <= \$1393 ;
+    o__valid <= \$1393 ;
   always @(posedge clk)
-    neg0 <= \$1394 ;
+    y0 <= \$1394 ;
   always @(posedge clk)
-    rounded0 <= \$1395 ;
+    sticky0 <= \$1395 ;
   always @(posedge clk)
-    over2_0 <= \$1396 ;
+    over0 <= \$1396 ;
   always @(posedge clk)
-    neg2_0 <= \$1397 ;
+    neg0 <= \$1397 ;
   always @(posedge clk)
-    o__payload <= \$1398 ;
+    rounded0 <= \$1398 ;
   always @(posedge clk)
-    y1 <= \$1399 ;
+    over2_0 <= \$1399 ;
   always @(posedge clk)
-    sticky1 <= \$1400 ;
+    neg2_0 <= \$1400 ;
   always @(posedge clk)
-    over1 <= \$1401 ;
+    o__payload <= \$1401 ;
   always @(posedge clk)
-    neg1 <= \$1402 ;
+    y1 <= \$1402 ;
   always @(posedge clk)
-    rounded1 <= \$1403 ;
+    sticky1 <= \$1403 ;
   always @(posedge clk)
-    over2_1 <= \$1404 ;
+    over1 <= \$1404 ;
   always @(posedge clk)
-    neg2_1 <= \$1405 ;
+    neg1 <= \$1405 ;
   always @(posedge clk)
-    y2 <= \$1406 ;
+    rounded1 <= \$1406 ;
   always @(posedge clk)
-    sticky2 <= \$1407 ;
+    over2_1 <= \$1407 ;
   always @(posedge clk)
-    over2 <= \$1408 ;
+    neg2_1 <= \$1408 ;
   always @(posedge clk)
-    neg2 <= \$1409 ;
+    y2 <= \$1409 ;
   always @(posedge clk)
-    rounded2 <= \$1410 ;
+    sticky2 <= \$1410 ;
   always @(posedge clk)
-    over2_2 <= \$1411 ;
+    over2 <= \$1411 ;
   always @(posedge clk)
-    neg2_2 <= \$1412 ;
+    neg2 <= \$1412 ;
   always @(posedge clk)
-    y3 <= \$1413 ;
+    rounded2 <= \$1413 ;
   always @(posedge clk)
-    sticky3 <= \$1414 ;
+    over2_2 <= \$1414 ;
   always @(posedge clk)
-    over3 <= \$1415 ;
+    neg2_2 <= \$1415 ;
   always @(posedge clk)
-    neg3 <= \$1416 ;
+    y3 <= \$1416 ;
   always @(posedge clk)
-    rounded3 <= \$1417 ;
+    sticky3 <= \$1417 ;
   always @(posedge clk)
-    over2_3 <= \$1418 ;
+    over3 <= \$1418 ;
   always @(posedge clk)
-    neg2_3 <= \$1419 ;
+    neg3 <= \$1419 ;
   always @(posedge clk)
-    y4 <= \$1420 ;
+    rounded3 <= \$1420 ;
   always @(posedge clk)
-    sticky4 <= \$1421 ;
+    over2_3 <= \$1421 ;
   always @(posedge clk)
-    over4 <= \$1422 ;
+    neg2_3 <= \$1422 ;
   always @(posedge clk)
-    neg4 <= \$1423 ;
+    y4 <= \$1423 ;
   always @(posedge clk)
-    rounded4 <= \$1424 ;
+    sticky4 <= \$1424 ;
   always @(posedge clk)
-    over2_4 <= \$1425 ;
+    over4 <= \$1425 ;
   always @(posedge clk)
-    neg2_4 <= \$1426 ;
+    neg4 <= \$1426 ;
   always @(posedge clk)
-    y5 <= \$1427 ;
+    rounded4 <= \$1427 ;
   always @(posedge clk)
-    sticky5 <= \$1428 ;
+    over2_4 <= \$1428 ;
   always @(posedge clk)
-    over5 <= \$1429 ;
+    neg2_4 <= \$1429 ;
   always @(posedge clk)
-    neg5 <= \$1430 ;
+    y5 <= \$1430 ;
   always @(posedge clk)
-    rounded5 <= \$1431 ;
+    sticky5 <= \$1431 ;
   always @(posedge clk)
-    over2_5 <= \$1432 ;
+    over5 <= \$1432 ;
   always @(posedge clk)
-    neg2_5 <= \$1433 ;
+    neg5 <= \$1433 ;
   always @(posedge clk)
-    y6 <= \$1434 ;
+    rounded5 <= \$1434 ;
   always @(posedge clk)
-    sticky6 <= \$1435 ;
+    over2_5 <= \$1435 ;
   always @(posedge clk)
-    over6 <= \$1436 ;
+    neg2_5 <= \$1436 ;
   always @(posedge clk)
-    neg6 <= \$1437 ;
+    y6 <= \$1437 ;
   always @(posedge clk)
-    rounded6 <= \$1438 ;
+    sticky6 <= \$1438 ;
   always @(posedge clk)
-    over2_6 <= \$1439 ;
+    over6 <= \$1439 ;
   always @(posedge clk)
-    neg2_6 <= \$1440 ;
+    neg6 <= \$1440 ;
   always @(posedge clk)
-    y7 <= \$1441 ;
+    rounded6 <= \$1441 ;
   always @(posedge clk)
-    sticky7 <= \$1442 ;
+    over2_6 <= \$1442 ;
   always @(posedge clk)
-    over7 <= \$1443 ;
+    neg2_6 <= \$1443 ;
   always @(posedge clk)
-    neg7 <= \$1444 ;
+    y7 <= \$1444 ;
   always @(posedge clk)
-    rounded7 <= \$1445 ;
+    sticky7 <= \$1445 ;
   always @(posedge clk)
-    over2_7 <= \$1446 ;
+    over7 <= \$1446 ;
   always @(posedge clk)
-    neg2_7 <= \$1447 ;
+    neg7 <= \$1447 ;
+  always @(posedge clk)
+    rounded7 <= \$1448 ;
+  always @(posedge clk)
+    over2_7 <= \$1449 ;
+  always @(posedge clk)
+    neg2_7 <= \$1450 ;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28282,22 +28309,25 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$324$0 (mult),
-    .\port$329$0 (i__payload),
+    .\port$326$0 (mult),
+    .\port$331$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1376  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
+    \$1376  = v1;
+    if (advance) begin
+      \$1376  = i__valid;
+    end
     if (rst) begin
-      \$1376  = 49'h0000000000000;
+      \$1376  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1377  = v1;
+    \$1377  = v2;
     if (advance) begin
-      \$1377  = i__valid;
+      \$1377  = v1;
     end
     if (rst) begin
       \$1377  = 1'h0;
@@ -28305,9 +28335,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1378  = v2;
+    \$1378  = x_valid;
     if (advance) begin
-      \$1378  = v1;
+      \$1378  = v2;
     end
     if (rst) begin
       \$1378  = 1'h0;
@@ -28315,29 +28345,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1379  = x_valid;
+    \$1379  = \$signal ;
     if (advance) begin
-      \$1379  = v2;
+      \$1379  = shift;
     end
     if (rst) begin
-      \$1379  = 1'h0;
+      \$1379  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1380  = x0;
+    \$1380  = shift_2;
     if (advance) begin
-      \$1380  = \$250 [47:0];
+      \$1380  = \$signal ;
     end
     if (rst) begin
-      \$1380  = 48'h000000000000;
+      \$1380  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1381  = x1;
+    \$1381  = x0;
     if (advance) begin
-      \$1381  = \$253 [47:0];
+      \$1381  = \$5 [47:0];
     end
     if (rst) begin
       \$1381  = 48'h000000000000;
@@ -28345,9 +28375,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1382  = x2;
+    \$1382  = x1;
     if (advance) begin
-      \$1382  = \$256 [47:0];
+      \$1382  = \$8 [47:0];
     end
     if (rst) begin
       \$1382  = 48'h000000000000;
@@ -28355,9 +28385,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1383  = x3;
+    \$1383  = x2;
     if (advance) begin
-      \$1383  = \$259 [47:0];
+      \$1383  = \$11 [47:0];
     end
     if (rst) begin
       \$1383  = 48'h000000000000;
@@ -28365,9 +28395,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1384  = x4;
+    \$1384  = x3;
     if (advance) begin
-      \$1384  = \$262 [47:0];
+      \$1384  = \$14 [47:0];
     end
     if (rst) begin
       \$1384  = 48'h000000000000;
@@ -28375,9 +28405,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1385  = x5;
+    \$1385  = x4;
     if (advance) begin
-      \$1385  = \$265 [47:0];
+      \$1385  = \$17 [47:0];
     end
     if (rst) begin
       \$1385  = 48'h000000000000;
@@ -28385,9 +28415,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1386  = x6;
+    \$1386  = x5;
     if (advance) begin
-      \$1386  = \$268 [47:0];
+      \$1386  = \$20 [47:0];
     end
     if (rst) begin
       \$1386  = 48'h000000000000;
@@ -28395,9 +28425,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1387  = x7;
+    \$1387  = x6;
     if (advance) begin
-      \$1387  = \$271 [47:0];
+      \$1387  = \$23 [47:0];
     end
     if (rst) begin
       \$1387  = 48'h000000000000;
@@ -28405,49 +28435,49 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1388  = v_shift;
+    \$1388  = x7;
     if (advance) begin
-      \$1388  = x_valid;
+      \$1388  = \$26 [47:0];
     end
     if (rst) begin
-      \$1388  = 1'h0;
+      \$1388  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1389  = v_round;
+    \$1389  = shift_x;
     if (advance) begin
-      \$1389  = v_shift;
+      \$1389  = shift_2;
     end
     if (rst) begin
-      \$1389  = 1'h0;
+      \$1389  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1390  = o__valid;
+    \$1390  = below;
     if (advance) begin
-      \$1390  = v_round;
+      \$1390  = { \$271 , \$266 , \$261 , \$256 , \$251 , \$246 , \$241 , \$236 , \$231 , \$226 , \$221 , \$216 , \$211 , \$206 , \$201 , \$196 , \$191 , \$186 , \$181 , \$176 , \$171 , \$166 , \$161 , \$156 , \$151 , \$146 , \$141 , \$136 , \$131 , \$126 , \$121 , \$116 , \$111 , \$106 , \$101 , \$96 , \$91 , \$86 , \$81 , \$76 , \$71 , \$66 , \$61 , \$56 , \$51 , \$46 , \$41 , \$36 , \$31  };
     end
     if (rst) begin
-      \$1390  = 1'h0;
+      \$1390  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1391  = y0;
+    \$1391  = v_shift;
     if (advance) begin
-      \$1391  = \$397 [8:0];
+      \$1391  = x_valid;
     end
     if (rst) begin
-      \$1391  = 9'h000;
+      \$1391  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1392  = sticky0;
+    \$1392  = v_round;
     if (advance) begin
-      \$1392  = \$399 ;
+      \$1392  = v_shift;
     end
     if (rst) begin
       \$1392  = 1'h0;
@@ -28455,9 +28485,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1393  = over0;
+    \$1393  = o__valid;
     if (advance) begin
-      \$1393  = \$402 ;
+      \$1393  = v_round;
     end
     if (rst) begin
       \$1393  = 1'h0;
@@ -28465,29 +28495,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1394  = neg0;
+    \$1394  = y0;
     if (advance) begin
-      \$1394  = x0[47];
+      \$1394  = \$397 [8:0];
     end
     if (rst) begin
-      \$1394  = 1'h0;
+      \$1394  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1395  = rounded0;
+    \$1395  = sticky0;
     if (advance) begin
-      \$1395  = \$405 ;
+      \$1395  = \$399 ;
     end
     if (rst) begin
-      \$1395  = 9'h000;
+      \$1395  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1396  = over2_0;
+    \$1396  = over0;
     if (advance) begin
-      \$1396  = over0;
+      \$1396  = \$402 ;
     end
     if (rst) begin
       \$1396  = 1'h0;
@@ -28495,9 +28525,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1397  = neg2_0;
+    \$1397  = neg0;
     if (advance) begin
-      \$1397  = neg0;
+      \$1397  = x0[47];
     end
     if (rst) begin
       \$1397  = 1'h0;
@@ -28505,36 +28535,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1398  = o__payload;
+    \$1398  = rounded0;
     if (advance) begin
-      \$1398 [7:0] = \$409 [7:0];
-      \$1398 [15:8] = \$547 [7:0];
-      \$1398 [23:16] = \$685 [7:0];
-      \$1398 [31:24] = \$823 [7:0];
-      \$1398 [39:32] = \$961 [7:0];
-      \$1398 [47:40] = \$1099 [7:0];
-      \$1398 [55:48] = \$1237 [7:0];
-      \$1398 [63:56] = \$1375 [7:0];
+      \$1398  = \$405 ;
     end
     if (rst) begin
-      \$1398  = 64'h0000000000000000;
+      \$1398  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1399  = y1;
+    \$1399  = over2_0;
     if (advance) begin
-      \$1399  = \$535 [8:0];
+      \$1399  = over0;
     end
     if (rst) begin
-      \$1399  = 9'h000;
+      \$1399  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1400  = sticky1;
+    \$1400  = neg2_0;
     if (advance) begin
-      \$1400  = \$537 ;
+      \$1400  = neg0;
     end
     if (rst) begin
       \$1400  = 1'h0;
@@ -28542,39 +28565,46 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1401  = over1;
+    \$1401  = o__payload;
     if (advance) begin
-      \$1401  = \$540 ;
+      \$1401 [7:0] = \$409 [7:0];
+      \$1401 [15:8] = \$547 [7:0];
+      \$1401 [23:16] = \$685 [7:0];
+      \$1401 [31:24] = \$823 [7:0];
+      \$1401 [39:32] = \$961 [7:0];
+      \$1401 [47:40] = \$1099 [7:0];
+      \$1401 [55:48] = \$1237 [7:0];
+      \$1401 [63:56] = \$1375 [7:0];
     end
     if (rst) begin
-      \$1401  = 1'h0;
+      \$1401  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1402  = neg1;
+    \$1402  = y1;
     if (advance) begin
-      \$1402  = x1[47];
+      \$1402  = \$535 [8:0];
     end
     if (rst) begin
-      \$1402  = 1'h0;
+      \$1402  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1403  = rounded1;
+    \$1403  = sticky1;
     if (advance) begin
-      \$1403  = \$543 ;
+      \$1403  = \$537 ;
     end
     if (rst) begin
-      \$1403  = 9'h000;
+      \$1403  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1404  = over2_1;
+    \$1404  = over1;
     if (advance) begin
-      \$1404  = over1;
+      \$1404  = \$540 ;
     end
     if (rst) begin
       \$1404  = 1'h0;
@@ -28582,9 +28612,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1405  = neg2_1;
+    \$1405  = neg1;
     if (advance) begin
-      \$1405  = neg1;
+      \$1405  = x1[47];
     end
     if (rst) begin
       \$1405  = 1'h0;
@@ -28592,9 +28622,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1406  = y2;
+    \$1406  = rounded1;
     if (advance) begin
-      \$1406  = \$673 [8:0];
+      \$1406  = \$543 ;
     end
     if (rst) begin
       \$1406  = 9'h000;
@@ -28602,9 +28632,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1407  = sticky2;
+    \$1407  = over2_1;
     if (advance) begin
-      \$1407  = \$675 ;
+      \$1407  = over1;
     end
     if (rst) begin
       \$1407  = 1'h0;
@@ -28612,9 +28642,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1408  = over2;
+    \$1408  = neg2_1;
     if (advance) begin
-      \$1408  = \$678 ;
+      \$1408  = neg1;
     end
     if (rst) begin
       \$1408  = 1'h0;
@@ -28622,29 +28652,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1409  = neg2;
+    \$1409  = y2;
     if (advance) begin
-      \$1409  = x2[47];
+      \$1409  = \$673 [8:0];
     end
     if (rst) begin
-      \$1409  = 1'h0;
+      \$1409  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1410  = rounded2;
+    \$1410  = sticky2;
     if (advance) begin
-      \$1410  = \$681 ;
+      \$1410  = \$675 ;
     end
     if (rst) begin
-      \$1410  = 9'h000;
+      \$1410  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1411  = over2_2;
+    \$1411  = over2;
     if (advance) begin
-      \$1411  = over2;
+      \$1411  = \$678 ;
     end
     if (rst) begin
       \$1411  = 1'h0;
@@ -28652,9 +28682,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1412  = neg2_2;
+    \$1412  = neg2;
     if (advance) begin
-      \$1412  = neg2;
+      \$1412  = x2[47];
     end
     if (rst) begin
       \$1412  = 1'h0;
@@ -28662,9 +28692,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1413  = y3;
+    \$1413  = rounded2;
     if (advance) begin
-      \$1413  = \$811 [8:0];
+      \$1413  = \$681 ;
     end
     if (rst) begin
       \$1413  = 9'h000;
@@ -28672,9 +28702,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1414  = sticky3;
+    \$1414  = over2_2;
     if (advance) begin
-      \$1414  = \$813 ;
+      \$1414  = over2;
     end
     if (rst) begin
       \$1414  = 1'h0;
@@ -28682,9 +28712,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1415  = over3;
+    \$1415  = neg2_2;
     if (advance) begin
-      \$1415  = \$816 ;
+      \$1415  = neg2;
     end
     if (rst) begin
       \$1415  = 1'h0;
@@ -28692,29 +28722,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1416  = neg3;
+    \$1416  = y3;
     if (advance) begin
-      \$1416  = x3[47];
+      \$1416  = \$811 [8:0];
     end
     if (rst) begin
-      \$1416  = 1'h0;
+      \$1416  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1417  = rounded3;
+    \$1417  = sticky3;
     if (advance) begin
-      \$1417  = \$819 ;
+      \$1417  = \$813 ;
     end
     if (rst) begin
-      \$1417  = 9'h000;
+      \$1417  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1418  = over2_3;
+    \$1418  = over3;
     if (advance) begin
-      \$1418  = over3;
+      \$1418  = \$816 ;
     end
     if (rst) begin
       \$1418  = 1'h0;
@@ -28722,9 +28752,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1419  = neg2_3;
+    \$1419  = neg3;
     if (advance) begin
-      \$1419  = neg3;
+      \$1419  = x3[47];
     end
     if (rst) begin
       \$1419  = 1'h0;
@@ -28732,9 +28762,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1420  = y4;
+    \$1420  = rounded3;
     if (advance) begin
-      \$1420  = \$949 [8:0];
+      \$1420  = \$819 ;
     end
     if (rst) begin
       \$1420  = 9'h000;
@@ -28742,9 +28772,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1421  = sticky4;
+    \$1421  = over2_3;
     if (advance) begin
-      \$1421  = \$951 ;
+      \$1421  = over3;
     end
     if (rst) begin
       \$1421  = 1'h0;
@@ -28752,9 +28782,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1422  = over4;
+    \$1422  = neg2_3;
     if (advance) begin
-      \$1422  = \$954 ;
+      \$1422  = neg3;
     end
     if (rst) begin
       \$1422  = 1'h0;
@@ -28762,29 +28792,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1423  = neg4;
+    \$1423  = y4;
     if (advance) begin
-      \$1423  = x4[47];
+      \$1423  = \$949 [8:0];
     end
     if (rst) begin
-      \$1423  = 1'h0;
+      \$1423  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1424  = rounded4;
+    \$1424  = sticky4;
     if (advance) begin
-      \$1424  = \$957 ;
+      \$1424  = \$951 ;
     end
     if (rst) begin
-      \$1424  = 9'h000;
+      \$1424  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1425  = over2_4;
+    \$1425  = over4;
     if (advance) begin
-      \$1425  = over4;
+      \$1425  = \$954 ;
     end
     if (rst) begin
       \$1425  = 1'h0;
@@ -28792,9 +28822,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1426  = neg2_4;
+    \$1426  = neg4;
     if (advance) begin
-      \$1426  = neg4;
+      \$1426  = x4[47];
     end
     if (rst) begin
       \$1426  = 1'h0;
@@ -28802,9 +28832,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1427  = y5;
+    \$1427  = rounded4;
     if (advance) begin
-      \$1427  = \$1087 [8:0];
+      \$1427  = \$957 ;
     end
     if (rst) begin
       \$1427  = 9'h000;
@@ -28812,9 +28842,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1428  = sticky5;
+    \$1428  = over2_4;
     if (advance) begin
-      \$1428  = \$1089 ;
+      \$1428  = over4;
     end
     if (rst) begin
       \$1428  = 1'h0;
@@ -28822,9 +28852,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1429  = over5;
+    \$1429  = neg2_4;
     if (advance) begin
-      \$1429  = \$1092 ;
+      \$1429  = neg4;
     end
     if (rst) begin
       \$1429  = 1'h0;
@@ -28832,29 +28862,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1430  = neg5;
+    \$1430  = y5;
     if (advance) begin
-      \$1430  = x5[47];
+      \$1430  = \$1087 [8:0];
     end
     if (rst) begin
-      \$1430  = 1'h0;
+      \$1430  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1431  = rounded5;
+    \$1431  = sticky5;
     if (advance) begin
-      \$1431  = \$1095 ;
+      \$1431  = \$1089 ;
     end
     if (rst) begin
-      \$1431  = 9'h000;
+      \$1431  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1432  = over2_5;
+    \$1432  = over5;
     if (advance) begin
-      \$1432  = over5;
+      \$1432  = \$1092 ;
     end
     if (rst) begin
       \$1432  = 1'h0;
@@ -28862,9 +28892,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1433  = neg2_5;
+    \$1433  = neg5;
     if (advance) begin
-      \$1433  = neg5;
+      \$1433  = x5[47];
     end
     if (rst) begin
       \$1433  = 1'h0;
@@ -28872,9 +28902,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1434  = y6;
+    \$1434  = rounded5;
     if (advance) begin
-      \$1434  = \$1225 [8:0];
+      \$1434  = \$1095 ;
     end
     if (rst) begin
       \$1434  = 9'h000;
@@ -28882,9 +28912,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1435  = sticky6;
+    \$1435  = over2_5;
     if (advance) begin
-      \$1435  = \$1227 ;
+      \$1435  = over5;
     end
     if (rst) begin
       \$1435  = 1'h0;
@@ -28892,9 +28922,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1436  = over6;
+    \$1436  = neg2_5;
     if (advance) begin
-      \$1436  = \$1230 ;
+      \$1436  = neg5;
     end
     if (rst) begin
       \$1436  = 1'h0;
@@ -28902,29 +28932,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1437  = neg6;
+    \$1437  = y6;
     if (advance) begin
-      \$1437  = x6[47];
+      \$1437  = \$1225 [8:0];
     end
     if (rst) begin
-      \$1437  = 1'h0;
+      \$1437  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1438  = rounded6;
+    \$1438  = sticky6;
     if (advance) begin
-      \$1438  = \$1233 ;
+      \$1438  = \$1227 ;
     end
     if (rst) begin
-      \$1438  = 9'h000;
+      \$1438  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1439  = over2_6;
+    \$1439  = over6;
     if (advance) begin
-      \$1439  = over6;
+      \$1439  = \$1230 ;
     end
     if (rst) begin
       \$1439  = 1'h0;
@@ -28932,9 +28962,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1440  = neg2_6;
+    \$1440  = neg6;
     if (advance) begin
-      \$1440  = neg6;
+      \$1440  = x6[47];
     end
     if (rst) begin
       \$1440  = 1'h0;
@@ -28942,9 +28972,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1441  = y7;
+    \$1441  = rounded6;
     if (advance) begin
-      \$1441  = \$1363 [8:0];
+      \$1441  = \$1233 ;
     end
     if (rst) begin
       \$1441  = 9'h000;
@@ -28952,9 +28982,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1442  = sticky7;
+    \$1442  = over2_6;
     if (advance) begin
-      \$1442  = \$1365 ;
+      \$1442  = over6;
     end
     if (rst) begin
       \$1442  = 1'h0;
@@ -28962,9 +28992,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1443  = over7;
+    \$1443  = neg2_6;
     if (advance) begin
-      \$1443  = \$1368 ;
+      \$1443  = neg6;
     end
     if (rst) begin
       \$1443  = 1'h0;
@@ -28972,29 +29002,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1444  = neg7;
+    \$1444  = y7;
     if (advance) begin
-      \$1444  = x7[47];
+      \$1444  = \$1363 [8:0];
     end
     if (rst) begin
-      \$1444  = 1'h0;
+      \$1444  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1445  = rounded7;
+    \$1445  = sticky7;
     if (advance) begin
-      \$1445  = \$1371 ;
+      \$1445  = \$1365 ;
     end
     if (rst) begin
-      \$1445  = 9'h000;
+      \$1445  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1446  = over2_7;
+    \$1446  = over7;
     if (advance) begin
-      \$1446  = over7;
+      \$1446  = \$1368 ;
     end
     if (rst) begin
       \$1446  = 1'h0;
@@ -29002,12 +29032,42 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1447  = neg2_7;
+    \$1447  = neg7;
     if (advance) begin
-      \$1447  = neg7;
+      \$1447  = x7[47];
     end
     if (rst) begin
       \$1447  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1448  = rounded7;
+    if (advance) begin
+      \$1448  = \$1371 ;
+    end
+    if (rst) begin
+      \$1448  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1449  = over2_7;
+    if (advance) begin
+      \$1449  = over7;
+    end
+    if (rst) begin
+      \$1449  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1450  = neg2_7;
+    if (advance) begin
+      \$1450  = neg7;
+    end
+    if (rst) begin
+      \$1450  = 1'h0;
     end
   end
   assign above = { \$2 , 8'h00 };
@@ -29061,22 +29121,22 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \o__payload[5]  = o__payload[47:40];
   assign \o__payload[6]  = o__payload[55:48];
   assign \o__payload[7]  = o__payload[63:56];
-  assign \$248  = { p__0[35], p__0 };
-  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$251  = { p__2[35], p__2 };
-  assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$254  = { p__4[35], p__4 };
-  assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$257  = { p__6[35], p__6 };
-  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$260  = { p__8[35], p__8 };
-  assign \$261  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
-  assign \$263  = { p__10[35], p__10 };
-  assign \$264  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
-  assign \$266  = { p__12[35], p__12 };
-  assign \$267  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
-  assign \$269  = { p__14[35], p__14 };
-  assign \$270  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$15  = { p__8[35], p__8 };
+  assign \$16  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
+  assign \$18  = { p__10[35], p__10 };
+  assign \$19  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
+  assign \$21  = { p__12[35], p__12 };
+  assign \$22  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
+  assign \$24  = { p__14[35], p__14 };
+  assign \$25  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
   assign \$272  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:16] };
   assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -29584,7 +29644,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29751,10 +29811,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$324$0 ;
-  wire [15:0] \port$324$0 ;
-  input [255:0] \port$329$0 ;
-  wire [255:0] \port$329$0 ;
+  input [15:0] \port$326$0 ;
+  wire [15:0] \port$326$0 ;
+  input [255:0] \port$331$0 ;
+  wire [255:0] \port$331$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29873,7 +29933,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$324$0  };
+      \$27  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -29893,7 +29953,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$329$0 [80:64] };
+      \$29  = { 1'h0, \port$331$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29903,7 +29963,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$324$0  };
+      \$30  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -29923,7 +29983,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$329$0 [95], \port$329$0 [95], \port$329$0 [95], \port$329$0 [95:81] };
+      \$32  = { \port$331$0 [95], \port$331$0 [95], \port$331$0 [95], \port$331$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29933,7 +29993,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$324$0  };
+      \$33  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -29953,7 +30013,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$329$0 [112:96] };
+      \$35  = { 1'h0, \port$331$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -29963,7 +30023,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$324$0  };
+      \$36  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -29983,7 +30043,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$329$0 [127], \port$329$0 [127], \port$329$0 [127], \port$329$0 [127:113] };
+      \$38  = { \port$331$0 [127], \port$331$0 [127], \port$331$0 [127], \port$331$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -29993,7 +30053,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$324$0  };
+      \$39  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -30013,7 +30073,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$329$0 [144:128] };
+      \$41  = { 1'h0, \port$331$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -30023,7 +30083,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$324$0  };
+      \$42  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -30043,7 +30103,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$329$0 [159], \port$329$0 [159], \port$329$0 [159], \port$329$0 [159:145] };
+      \$44  = { \port$331$0 [159], \port$331$0 [159], \port$331$0 [159], \port$331$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -30053,7 +30113,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$324$0  };
+      \$45  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -30073,7 +30133,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$329$0 [176:160] };
+      \$47  = { 1'h0, \port$331$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30083,7 +30143,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$324$0  };
+      \$48  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -30103,7 +30163,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$329$0 [191], \port$329$0 [191], \port$329$0 [191], \port$329$0 [191:177] };
+      \$50  = { \port$331$0 [191], \port$331$0 [191], \port$331$0 [191], \port$331$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30113,7 +30173,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$324$0  };
+      \$51  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -30133,7 +30193,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$329$0 [208:192] };
+      \$53  = { 1'h0, \port$331$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30143,7 +30203,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$324$0  };
+      \$54  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -30163,7 +30223,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$329$0 [223], \port$329$0 [223], \port$329$0 [223], \port$329$0 [223:209] };
+      \$56  = { \port$331$0 [223], \port$331$0 [223], \port$331$0 [223], \port$331$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30173,7 +30233,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$324$0  };
+      \$57  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -30193,7 +30253,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$329$0 [240:224] };
+      \$59  = { 1'h0, \port$331$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30203,7 +30263,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$324$0  };
+      \$60  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -30223,7 +30283,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$329$0 [255], \port$329$0 [255], \port$329$0 [255], \port$329$0 [255:241] };
+      \$62  = { \port$331$0 [255], \port$331$0 [255], \port$331$0 [255], \port$331$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30233,7 +30293,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$324$0  };
+      \$63  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -30253,7 +30313,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$329$0 [16:0] };
+      \$17  = { 1'h0, \port$331$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30263,7 +30323,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$324$0  };
+      \$18  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30283,7 +30343,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$329$0 [31], \port$329$0 [31], \port$329$0 [31], \port$329$0 [31:17] };
+      \$20  = { \port$331$0 [31], \port$331$0 [31], \port$331$0 [31], \port$331$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30293,7 +30353,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$324$0  };
+      \$21  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30313,7 +30373,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$329$0 [48:32] };
+      \$23  = { 1'h0, \port$331$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30323,7 +30383,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$324$0  };
+      \$24  = { 2'h0, \port$326$0  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30343,42 +30403,42 @@ module \nanokpu_gemm.requant.mul (rst, \port$324$0 , \port$329$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$329$0 [63], \port$329$0 [63], \port$329$0 [63], \port$329$0 [63:49] };
+      \$26  = { \port$331$0 [63], \port$331$0 [63], \port$331$0 [63], \port$331$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$329$0 [16:0] };
-  assign b__0 = { 2'h0, \port$324$0  };
-  assign a__1 = { \port$329$0 [31], \port$329$0 [31], \port$329$0 [31], \port$329$0 [31:17] };
-  assign b__1 = { 2'h0, \port$324$0  };
-  assign a__2 = { 1'h0, \port$329$0 [48:32] };
-  assign b__2 = { 2'h0, \port$324$0  };
-  assign a__3 = { \port$329$0 [63], \port$329$0 [63], \port$329$0 [63], \port$329$0 [63:49] };
-  assign b__3 = { 2'h0, \port$324$0  };
-  assign a__4 = { 1'h0, \port$329$0 [80:64] };
-  assign b__4 = { 2'h0, \port$324$0  };
-  assign a__5 = { \port$329$0 [95], \port$329$0 [95], \port$329$0 [95], \port$329$0 [95:81] };
-  assign b__5 = { 2'h0, \port$324$0  };
-  assign a__6 = { 1'h0, \port$329$0 [112:96] };
-  assign b__6 = { 2'h0, \port$324$0  };
-  assign a__7 = { \port$329$0 [127], \port$329$0 [127], \port$329$0 [127], \port$329$0 [127:113] };
-  assign b__7 = { 2'h0, \port$324$0  };
-  assign a__8 = { 1'h0, \port$329$0 [144:128] };
-  assign b__8 = { 2'h0, \port$324$0  };
-  assign a__9 = { \port$329$0 [159], \port$329$0 [159], \port$329$0 [159], \port$329$0 [159:145] };
-  assign b__9 = { 2'h0, \port$324$0  };
-  assign a__10 = { 1'h0, \port$329$0 [176:160] };
-  assign b__10 = { 2'h0, \port$324$0  };
-  assign a__11 = { \port$329$0 [191], \port$329$0 [191], \port$329$0 [191], \port$329$0 [191:177] };
-  assign b__11 = { 2'h0, \port$324$0  };
-  assign a__12 = { 1'h0, \port$329$0 [208:192] };
-  assign b__12 = { 2'h0, \port$324$0  };
-  assign a__13 = { \port$329$0 [223], \port$329$0 [223], \port$329$0 [223], \port$329$0 [223:209] };
-  assign b__13 = { 2'h0, \port$324$0  };
-  assign a__14 = { 1'h0, \port$329$0 [240:224] };
-  assign b__14 = { 2'h0, \port$324$0  };
-  assign a__15 = { \port$329$0 [255], \port$329$0 [255], \port$329$0 [255], \port$329$0 [255:241] };
-  assign b__15 = { 2'h0, \port$324$0  };
+  assign a__0 = { 1'h0, \port$331$0 [16:0] };
+  assign b__0 = { 2'h0, \port$326$0  };
+  assign a__1 = { \port$331$0 [31], \port$331$0 [31], \port$331$0 [31], \port$331$0 [31:17] };
+  assign b__1 = { 2'h0, \port$326$0  };
+  assign a__2 = { 1'h0, \port$331$0 [48:32] };
+  assign b__2 = { 2'h0, \port$326$0  };
+  assign a__3 = { \port$331$0 [63], \port$331$0 [63], \port$331$0 [63], \port$331$0 [63:49] };
+  assign b__3 = { 2'h0, \port$326$0  };
+  assign a__4 = { 1'h0, \port$331$0 [80:64] };
+  assign b__4 = { 2'h0, \port$326$0  };
+  assign a__5 = { \port$331$0 [95], \port$331$0 [95], \port$331$0 [95], \port$331$0 [95:81] };
+  assign b__5 = { 2'h0, \port$326$0  };
+  assign a__6 = { 1'h0, \port$331$0 [112:96] };
+  assign b__6 = { 2'h0, \port$326$0  };
+  assign a__7 = { \port$331$0 [127], \port$331$0 [127], \port$331$0 [127], \port$331$0 [127:113] };
+  assign b__7 = { 2'h0, \port$326$0  };
+  assign a__8 = { 1'h0, \port$331$0 [144:128] };
+  assign b__8 = { 2'h0, \port$326$0  };
+  assign a__9 = { \port$331$0 [159], \port$331$0 [159], \port$331$0 [159], \port$331$0 [159:145] };
+  assign b__9 = { 2'h0, \port$326$0  };
+  assign a__10 = { 1'h0, \port$331$0 [176:160] };
+  assign b__10 = { 2'h0, \port$326$0  };
+  assign a__11 = { \port$331$0 [191], \port$331$0 [191], \port$331$0 [191], \port$331$0 [191:177] };
+  assign b__11 = { 2'h0, \port$326$0  };
+  assign a__12 = { 1'h0, \port$331$0 [208:192] };
+  assign b__12 = { 2'h0, \port$326$0  };
+  assign a__13 = { \port$331$0 [223], \port$331$0 [223], \port$331$0 [223], \port$331$0 [223:209] };
+  assign b__13 = { 2'h0, \port$326$0  };
+  assign a__14 = { 1'h0, \port$331$0 [240:224] };
+  assign b__14 = { 2'h0, \port$326$0  };
+  assign a__15 = { \port$331$0 [255], \port$331$0 [255], \port$331$0 [255], \port$331$0 [255:241] };
+  assign b__15 = { 2'h0, \port$326$0  };
 endmodule

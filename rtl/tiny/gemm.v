@@ -74,28 +74,28 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [6:0] \$161 ;
-  wire [12:0] \$162 ;
-  wire \$163 ;
-  wire \$164 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire [6:0] \$163 ;
+  wire [12:0] \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire [6:0] \$170 ;
-  wire [12:0] \$171 ;
-  wire \$172 ;
-  wire [24:0] \$173 ;
-  wire [24:0] \$174 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire [6:0] \$172 ;
+  wire [12:0] \$173 ;
+  wire \$174 ;
   wire [24:0] \$175 ;
   wire [24:0] \$176 ;
-  wire \$177 ;
-  wire [13:0] \$178 ;
+  wire [24:0] \$177 ;
+  wire [24:0] \$178 ;
   wire \$179 ;
   wire [14:0] \$18 ;
-  wire \$180 ;
+  wire [13:0] \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
@@ -130,23 +130,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$209 ;
   wire \$21 ;
   wire \$210 ;
-  wire [31:0] \$211 ;
-  wire [31:0] \$212 ;
-  reg [95:0] \$213 ;
-  reg [11:0] \$214 ;
-  reg \$215 ;
-  reg [13:0] \$216 ;
-  reg \$217 ;
-  reg [1:0] \$218 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire [31:0] \$215 ;
+  wire [31:0] \$216 ;
+  reg [95:0] \$217 ;
+  reg [11:0] \$218 ;
   reg \$219 ;
   wire \$22 ;
-  reg \$220 ;
-  reg [11:0] \$221 ;
-  reg [11:0] \$222 ;
+  reg [13:0] \$220 ;
+  reg \$221 ;
+  reg [1:0] \$222 ;
   reg \$223 ;
   reg \$224 ;
-  reg [3:0] \$225 ;
-  reg \$226 ;
+  reg [11:0] \$225 ;
+  reg [11:0] \$226 ;
   reg \$227 ;
   reg \$228 ;
   reg [3:0] \$229 ;
@@ -154,60 +154,64 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg \$230 ;
   reg \$231 ;
   reg \$232 ;
-  reg [31:0] \$233 ;
-  reg [31:0] \$234 ;
+  reg [3:0] \$233 ;
+  reg \$234 ;
   reg \$235 ;
   reg \$236 ;
-  reg [11:0] \$237 ;
-  reg [13:0] \$238 ;
-  reg [11:0] \$239 ;
+  reg [31:0] \$237 ;
+  reg [31:0] \$238 ;
+  reg \$239 ;
   wire \$24 ;
-  reg [11:0] \$240 ;
-  reg [13:0] \$241 ;
+  reg \$240 ;
+  reg [11:0] \$241 ;
   reg [13:0] \$242 ;
-  reg \$243 ;
-  reg \$244 ;
+  reg [11:0] \$243 ;
+  reg [11:0] \$244 ;
   reg [13:0] \$245 ;
-  reg [2:0] \$246 ;
-  reg [2:0] \$247 ;
-  reg [13:0] \$248 ;
-  reg [2:0] \$249 ;
+  reg [13:0] \$246 ;
+  reg \$247 ;
+  reg \$248 ;
+  reg [13:0] \$249 ;
   wire \$25 ;
-  reg \$250 ;
-  reg \$251 ;
-  reg \$252 ;
-  reg [13:0] \$253 ;
+  reg [2:0] \$250 ;
+  reg [2:0] \$251 ;
+  reg [13:0] \$252 ;
+  reg [2:0] \$253 ;
   reg \$254 ;
   reg \$255 ;
-  reg [13:0] \$256 ;
-  reg \$257 ;
+  reg \$256 ;
+  reg [13:0] \$257 ;
   reg \$258 ;
-  reg [13:0] \$259 ;
+  reg \$259 ;
   wire \$26 ;
-  reg [95:0] \$260 ;
-  reg [95:0] \$261 ;
-  reg [95:0] \$262 ;
-  reg [1:0] \$263 ;
+  reg [13:0] \$260 ;
+  reg \$261 ;
+  reg \$262 ;
+  reg [13:0] \$263 ;
   reg [95:0] \$264 ;
-  reg \$265 ;
-  reg \$266 ;
-  reg [13:0] \$267 ;
-  reg [11:0] \$268 ;
-  reg [11:0] \$269 ;
+  reg [95:0] \$265 ;
+  reg [95:0] \$266 ;
+  reg [1:0] \$267 ;
+  reg [95:0] \$268 ;
+  reg \$269 ;
   wire \$27 ;
-  reg [13:0] \$270 ;
+  reg \$270 ;
   reg [13:0] \$271 ;
-  reg \$272 ;
-  reg [3:0] \$273 ;
-  reg \$274 ;
-  reg [79:0] \$275 ;
+  reg [11:0] \$272 ;
+  reg [11:0] \$273 ;
+  reg [13:0] \$274 ;
+  reg [13:0] \$275 ;
   reg \$276 ;
-  reg [2:0] \$277 ;
-  reg [2:0] \$278 ;
-  reg [11:0] \$279 ;
+  reg [3:0] \$277 ;
+  reg \$278 ;
+  reg [79:0] \$279 ;
   wire \$28 ;
-  reg [13:0] \$280 ;
-  reg [13:0] \$281 ;
+  reg \$280 ;
+  reg [2:0] \$281 ;
+  reg [2:0] \$282 ;
+  reg [11:0] \$283 ;
+  reg [13:0] \$284 ;
+  reg [13:0] \$285 ;
   wire \$29 ;
   wire [14:0] \$3 ;
   wire \$30 ;
@@ -479,7 +483,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] pending = 2'h0;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$115 ;
-  wire [7:0] \port__addr$127 ;
+  wire [7:0] \port__addr$128 ;
   wire [31:0] port__data;
   wire [31:0] \port__data$28 ;
   wire [7:0] \port__data$28[0] ;
@@ -495,6 +499,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \port__data[1] ;
   wire [7:0] \port__data[2] ;
   wire [7:0] \port__data[3] ;
+  wire [21:0] q_rq;
+  wire [15:0] \q_rq.mult ;
+  wire [5:0] \q_rq.shift ;
   reg q_valid = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
@@ -526,7 +533,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [11:0] s_rows = 12'h000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$121 ;
+  wire [5:0] \shift$122 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -962,9 +969,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$162 [6:0]] <= b_in__payload;
+      spad_b[\$164 [6:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$171 [6:0]];
+  assign \port__data$28  = spad_b[\$173 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [95:0] spad_c [255:0];
   initial begin
@@ -1229,7 +1236,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (w_valid)
       spad_c[w_addr[7:0]] <= \$signature__data$117 ;
   end
-  assign \port__data$31  = spad_c[\$178 [7:0]];
+  assign \port__data$31  = spad_c[\$180 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -1387,213 +1394,213 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$155  = ~ \$154 ;
   assign \$156  = ! pending;
   assign \$157  = \$155  & \$156 ;
-  assign \$158  = ! out_left;
+  assign \$160  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$159  = full >> wbuf;
-  assign \$160  = ~ \$159 ;
-  assign b_in__ready = b_loading & \$160 ;
-  assign \$161  = wbuf ? 7'h40 : 7'h00;
-  assign \$162  = \$161  + b_k;
+  assign \$161  = full >> wbuf;
+  assign \$162  = ~ \$161 ;
+  assign b_in__ready = b_loading & \$162 ;
+  assign \$163  = wbuf ? 7'h40 : 7'h00;
+  assign \$164  = \$163  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$163  = b_in__valid & b_in__ready;
-  assign \$164  = b_k == k_m1;
-  assign \$165  = issuing & a_ok;
-  assign \$166  = \$165  & b_ok;
-  assign \$167  = ~ last_k;
-  assign \$168  = gap >= 4'ha;
-  assign \$169  = \$167  | \$168 ;
-  assign step = \$166  & \$169 ;
-  assign \$170  = rbuf ? 7'h40 : 7'h00;
-  assign \$171  = \$170  + k;
-  assign \$172  = d_col == 2'h3;
+  assign \$165  = b_in__valid & b_in__ready;
+  assign \$166  = b_k == k_m1;
+  assign \$167  = issuing & a_ok;
+  assign \$168  = \$167  & b_ok;
+  assign \$169  = ~ last_k;
+  assign \$170  = gap >= 4'ha;
+  assign \$171  = \$169  | \$170 ;
+  assign step = \$168  & \$171 ;
+  assign \$172  = rbuf ? 7'h40 : 7'h00;
+  assign \$173  = \$172  + k;
+  assign \$174  = d_col == 2'h3;
   assign shift = \done$73  | drain_busy;
-  assign \$173  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
-  assign \$174  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
-  assign \$175  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
-  assign \$176  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
-  assign mult = storing ? cmd[69:54] : rq_mult;
-  assign \shift$121  = storing ? cmd[75:70] : rq_shift;
+  assign \$175  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
+  assign \$176  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
+  assign \$177  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
+  assign \$178  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
+  assign mult = storing ? q_rq[15:0] : rq_mult;
+  assign \shift$122  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$177  = ~ storing;
-  assign rq_in__ready = \$177  & i__ready;
-  assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$178  = storing ? s_addr : col_addr0;
   assign \$179  = ~ storing;
-  assign \$180  = ~ q_valid;
-  assign \$181  = \$180  | i__ready;
-  assign spad_c_rd_en = \$179  | \$181 ;
+  assign rq_in__ready = \$179  & i__ready;
+  assign i__payload = storing ? c_q : rq_in__payload;
+  assign \$180  = storing ? s_addr : col_addr0;
+  assign \$181  = ~ storing;
+  assign \$182  = ~ q_valid;
+  assign \$183  = \$182  | i__ready;
+  assign spad_c_rd_en = \$181  | \$183 ;
   assign busy = ~ cmd__ready;
-  assign \$182  = cmd[76] | cmd[77];
-  assign \$183  = \$182  | cmd[79];
-  assign \$184  = ~ \$183 ;
-  assign \$185  = ! cmd[11:0];
-  assign \$186  = cmd[76] | cmd[77];
-  assign \$187  = ! cmd[23:12];
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = \$185  | \$188 ;
-  assign \$190  = cmd[77] | cmd[79];
-  assign \$191  = ! cmd[35:24];
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = \$189  | \$192 ;
-  assign \$194  = cmd[23:12] > 7'h40;
-  assign \$195  = cmd[77] & \$194 ;
-  assign \$196  = start | a_in__ready;
-  assign \$197  = \$196  | b_loading;
-  assign \$198  = \$197  | issuing;
-  assign \$199  = \$198  | drain_busy;
-  assign \$200  = \$199  | col_busy0;
-  assign \$201  = \$200  | col_busy1;
-  assign \$202  = \$201  | w_busy;
-  assign \$203  = ~ \$202 ;
-  assign \$204  = ! pending;
-  assign \$205  = \$203  & \$204 ;
-  assign \$206  = ! fsm_state;
-  assign \$207  = fsm_state == 1'h1;
-  assign \$208  = fsm_state == 2'h2;
-  assign \$209  = fsm_state == 2'h3;
-  assign \$210  = fsm_state == 3'h4;
+  assign \$184  = cmd[76] | cmd[77];
+  assign \$185  = \$184  | cmd[79];
+  assign \$186  = ~ \$185 ;
+  assign \$187  = ! cmd[11:0];
+  assign \$188  = cmd[76] | cmd[77];
+  assign \$189  = ! cmd[23:12];
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \$187  | \$190 ;
+  assign \$192  = cmd[77] | cmd[79];
+  assign \$193  = ! cmd[35:24];
+  assign \$194  = \$192  & \$193 ;
+  assign \$195  = \$191  | \$194 ;
+  assign \$196  = cmd[23:12] > 7'h40;
+  assign \$197  = cmd[77] & \$196 ;
+  assign \$198  = start | a_in__ready;
+  assign \$199  = \$198  | b_loading;
+  assign \$200  = \$199  | issuing;
+  assign \$201  = \$200  | drain_busy;
+  assign \$202  = \$201  | col_busy0;
+  assign \$203  = \$202  | col_busy1;
+  assign \$204  = \$203  | w_busy;
+  assign \$205  = ~ \$204 ;
+  assign \$206  = ! pending;
+  assign \$207  = \$205  & \$206 ;
+  assign \$210  = ! fsm_state;
+  assign \$211  = fsm_state == 1'h1;
+  assign \$212  = fsm_state == 2'h2;
+  assign \$213  = fsm_state == 2'h3;
+  assign \$214  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$211 ;
+    spad_a_rd_data <= \$215 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$212 ;
+    spad_b_rd_data <= \$216 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$213 ;
+    spad_c_rd_data <= \$217 ;
   always @(posedge clk)
-    k_m1 <= \$214 ;
+    k_m1 <= \$218 ;
   always @(posedge clk)
-    start <= \$215 ;
+    start <= \$219 ;
   always @(posedge clk)
-    a_wptr <= \$216 ;
+    a_wptr <= \$220 ;
   always @(posedge clk)
-    a_in__ready <= \$217 ;
+    a_in__ready <= \$221 ;
   always @(posedge clk)
-    full <= \$218 ;
+    full <= \$222 ;
   always @(posedge clk)
-    b_loading <= \$219 ;
+    b_loading <= \$223 ;
   always @(posedge clk)
-    wbuf <= \$220 ;
+    wbuf <= \$224 ;
   always @(posedge clk)
-    b_k <= \$221 ;
+    b_k <= \$225 ;
   always @(posedge clk)
-    b_cols_left <= \$222 ;
+    b_cols_left <= \$226 ;
   always @(posedge clk)
-    a_ok <= \$223 ;
+    a_ok <= \$227 ;
   always @(posedge clk)
-    b_ok <= \$224 ;
+    b_ok <= \$228 ;
   always @(posedge clk)
-    gap <= \$225 ;
+    gap <= \$229 ;
   always @(posedge clk)
-    s_valid <= \$226 ;
+    s_valid <= \$230 ;
   always @(posedge clk)
-    s_first <= \$227 ;
+    s_first <= \$231 ;
   always @(posedge clk)
-    s_last <= \$228 ;
+    s_last <= \$232 ;
   always @(posedge clk)
-    s_mask <= \$229 ;
+    s_mask <= \$233 ;
   always @(posedge clk)
-    valid <= \$230 ;
+    valid <= \$234 ;
   always @(posedge clk)
-    first <= \$231 ;
+    first <= \$235 ;
   always @(posedge clk)
-    last <= \$232 ;
+    last <= \$236 ;
   always @(posedge clk)
-    b <= \$233 ;
+    b <= \$237 ;
   always @(posedge clk)
-    a <= \$234 ;
+    a <= \$238 ;
   always @(posedge clk)
-    issuing <= \$235 ;
+    issuing <= \$239 ;
   always @(posedge clk)
-    rbuf <= \$236 ;
+    rbuf <= \$240 ;
   always @(posedge clk)
-    k <= \$237 ;
+    k <= \$241 ;
   always @(posedge clk)
-    a_ptr <= \$238 ;
+    a_ptr <= \$242 ;
   always @(posedge clk)
-    rows_c <= \$239 ;
+    rows_c <= \$243 ;
   always @(posedge clk)
-    cols_c <= \$240 ;
+    cols_c <= \$244 ;
   always @(posedge clk)
-    c_panel <= \$241 ;
+    c_panel <= \$245 ;
   always @(posedge clk)
-    c_tile <= \$242 ;
+    c_tile <= \$246 ;
   always @(posedge clk)
-    last_k <= \$243 ;
+    last_k <= \$247 ;
   always @(posedge clk)
-    last_row <= \$244 ;
+    last_row <= \$248 ;
   always @(posedge clk)
-    t_base <= \$245 ;
+    t_base <= \$249 ;
   always @(posedge clk)
-    t_cols <= \$246 ;
+    t_cols <= \$250 ;
   always @(posedge clk)
-    d_col <= \$247 ;
+    d_col <= \$251 ;
   always @(posedge clk)
-    d_base <= \$248 ;
+    d_base <= \$252 ;
   always @(posedge clk)
-    d_cols <= \$249 ;
+    d_cols <= \$253 ;
   always @(posedge clk)
-    drain_busy <= \$250 ;
+    drain_busy <= \$254 ;
   always @(posedge clk)
-    col_valid0 <= \$251 ;
+    col_valid0 <= \$255 ;
   always @(posedge clk)
-    col_busy0 <= \$252 ;
+    col_busy0 <= \$256 ;
   always @(posedge clk)
-    col_addr0 <= \$253 ;
+    col_addr0 <= \$257 ;
   always @(posedge clk)
-    col_valid1 <= \$254 ;
+    col_valid1 <= \$258 ;
   always @(posedge clk)
-    col_busy1 <= \$255 ;
+    col_busy1 <= \$259 ;
   always @(posedge clk)
-    col_addr1 <= \$256 ;
+    col_addr1 <= \$260 ;
   always @(posedge clk)
-    w_valid <= \$257 ;
+    w_valid <= \$261 ;
   always @(posedge clk)
-    w_busy <= \$258 ;
+    w_busy <= \$262 ;
   always @(posedge clk)
-    w_addr <= \$259 ;
+    w_addr <= \$263 ;
   always @(posedge clk)
-    col_word0 <= \$260 ;
+    col_word0 <= \$264 ;
   always @(posedge clk)
-    col_word1 <= \$261 ;
+    col_word1 <= \$265 ;
   always @(posedge clk)
-    w_word <= \$262 ;
+    w_word <= \$266 ;
   always @(posedge clk)
-    pending <= \$263 ;
+    pending <= \$267 ;
   always @(posedge clk)
-    c_q <= \$264 ;
+    c_q <= \$268 ;
   always @(posedge clk)
-    q_valid <= \$265 ;
+    q_valid <= \$269 ;
   always @(posedge clk)
-    storing <= \$266 ;
+    storing <= \$270 ;
   always @(posedge clk)
-    s_addr <= \$267 ;
+    s_addr <= \$271 ;
   always @(posedge clk)
-    s_n <= \$268 ;
+    s_n <= \$272 ;
   always @(posedge clk)
-    s_rows <= \$269 ;
+    s_rows <= \$273 ;
   always @(posedge clk)
-    s_left <= \$270 ;
+    s_left <= \$274 ;
   always @(posedge clk)
-    out_left <= \$271 ;
+    out_left <= \$275 ;
   always @(posedge clk)
-    r_valid <= \$272 ;
+    r_valid <= \$276 ;
   always @(posedge clk)
-    r_mask <= \$273 ;
+    r_mask <= \$277 ;
   always @(posedge clk)
-    done <= \$274 ;
+    done <= \$278 ;
   always @(posedge clk)
-    cmd <= \$275 ;
+    cmd <= \$279 ;
   always @(posedge clk)
-    error <= \$276 ;
+    error <= \$280 ;
   always @(posedge clk)
-    error_code <= \$277 ;
+    error_code <= \$281 ;
   always @(posedge clk)
-    fsm_state <= \$278 ;
+    fsm_state <= \$282 ;
   always @(posedge clk)
-    rows_left <= \$279 ;
+    rows_left <= \$283 ;
   always @(posedge clk)
-    a_lim <= \$280 ;
+    a_lim <= \$284 ;
   always @(posedge clk)
-    c_lim <= \$281 ;
+    c_lim <= \$285 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1616,25 +1623,25 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$121 )
+    .shift(\shift$122 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = spad_c_rd_data;
+    \$217  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$213  = \port__data$31 ;
+      \$217  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = \$1 [11:0];
+    \$218  = \$1 [11:0];
     if (rst) begin
-      \$214  = 12'h000;
+      \$218  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = 1'h0;
+    \$219  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -1643,112 +1650,57 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$142 ) begin
           end else if (\$143 ) begin
-            \$215  = 1'h1;
+            \$219  = 1'h1;
           end
     endcase
-    if (rst) begin
-      \$215  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = a_wptr;
-    if (start) begin
-      \$216  = { 5'h00, cmd[44:36] };
-    end else if (\$2 ) begin
-      \$216  = \$3 [13:0];
-    end
-    if (rst) begin
-      \$216  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = a_in__ready;
-    if (start) begin
-      \$217  = cmd[76];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$217  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$217  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$8 ;
-    if (rst) begin
-      \$218  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = b_loading;
-    if (start) begin
-      \$219  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$219  = 1'h0;
-        end
-      end
-    end
     if (rst) begin
       \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = wbuf;
+    \$220  = a_wptr;
     if (start) begin
-      \$220  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$220  = \$12 ;
-      end
+      \$220  = { 5'h00, cmd[44:36] };
+    end else if (\$2 ) begin
+      \$220  = \$3 [13:0];
     end
     if (rst) begin
-      \$220  = 1'h0;
+      \$220  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = b_k;
+    \$221  = a_in__ready;
     if (start) begin
-      \$221  = 12'h000;
-    end else if (\$9 ) begin
-      \$221  = \$10 [11:0];
-      if (\$11 ) begin
-        \$221  = 12'h000;
+      \$221  = cmd[76];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$221  = 1'h0;
       end
     end
     if (rst) begin
-      \$221  = 12'h000;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = b_cols_left;
-    if (start) begin
-      \$222  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$222  = \$13 [11:0];
-      end
-    end
+    \$222  = \$8 ;
     if (rst) begin
-      \$222  = 12'h000;
+      \$222  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
+    \$223  = b_loading;
     if (start) begin
-      \$223  = \$15 ;
-    end else begin
-      \$223  = \$21 ;
+      \$223  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$223  = 1'h0;
+        end
+      end
     end
     if (rst) begin
       \$223  = 1'h0;
@@ -1756,230 +1708,219 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
+    \$224  = wbuf;
     if (start) begin
       \$224  = 1'h0;
-    end else if (\$23 ) begin
-      \$224  = \$31 ;
-    end else if (\$24 ) begin
-      \$224  = 1'h1;
-    end else if (step) begin
-      \$224  = \$38 ;
-    end else begin
-      \$224  = \$41 ;
-    end
-    if (rst) begin
-      \$224  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = gap;
-    if (\$42 ) begin
-      \$225  = \$43 [3:0];
-    end
-    if (start) begin
-      \$225  = 4'hb;
-    end else if (step) begin
-      if (last_k) begin
-        \$225  = 4'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$224  = \$12 ;
       end
     end
     if (rst) begin
-      \$225  = 4'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = step;
+    \$225  = b_k;
+    if (start) begin
+      \$225  = 12'h000;
+    end else if (\$9 ) begin
+      \$225  = \$10 [11:0];
+      if (\$11 ) begin
+        \$225  = 12'h000;
+      end
+    end
     if (rst) begin
-      \$226  = 1'h0;
+      \$225  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = \$44 ;
+    \$226  = b_cols_left;
+    if (start) begin
+      \$226  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$226  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
+      \$226  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$227  = \$15 ;
+    end else begin
+      \$227  = \$21 ;
+    end
     if (rst) begin
       \$227  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = last_k;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$228  = 1'h0;
+    end else if (\$23 ) begin
+      \$228  = \$31 ;
+    end else if (\$24 ) begin
+      \$228  = 1'h1;
+    end else if (step) begin
+      \$228  = \$38 ;
+    end else begin
+      \$228  = \$41 ;
+    end
     if (rst) begin
       \$228  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = { \$48 , \$47 , \$46 , \$45  };
+    \$229  = gap;
+    if (\$42 ) begin
+      \$229  = \$43 [3:0];
+    end
+    if (start) begin
+      \$229  = 4'hb;
+    end else if (step) begin
+      if (last_k) begin
+        \$229  = 4'h0;
+      end
+    end
     if (rst) begin
       \$229  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = s_valid;
+    \$230  = step;
     if (rst) begin
       \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = s_first;
+    \$231  = \$44 ;
     if (rst) begin
       \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = s_last;
+    \$232  = last_k;
     if (rst) begin
       \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = spad_b_rd_data;
+    \$233  = { \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$233  = 32'd0;
+      \$233  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234 [7:0] = \$49 ;
-    \$234 [15:8] = \$50 ;
-    \$234 [23:16] = \$51 ;
-    \$234 [31:24] = \$52 ;
+    \$234  = s_valid;
     if (rst) begin
-      \$234  = 32'd0;
+      \$234  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = issuing;
-    if (start) begin
-      \$235  = cmd[77];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$70 ) begin
-            \$235  = 1'h0;
-          end
-        end
-      end
-    end
+    \$235  = s_first;
     if (rst) begin
       \$235  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = rbuf;
-    if (start) begin
-      \$236  = 1'h0;
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$236  = \$65 ;
-        end
-      end
-    end
+    \$236  = s_last;
     if (rst) begin
       \$236  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = k;
-    if (start) begin
-      \$237  = 12'h000;
-    end else if (step) begin
-      \$237  = \$55 [11:0];
-      if (last_k) begin
-        \$237  = 12'h000;
-      end
-    end
+    \$237  = spad_b_rd_data;
     if (rst) begin
-      \$237  = 12'h000;
+      \$237  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = a_ptr;
+    \$238 [7:0] = \$49 ;
+    \$238 [15:8] = \$50 ;
+    \$238 [23:16] = \$51 ;
+    \$238 [31:24] = \$52 ;
+    if (rst) begin
+      \$238  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = issuing;
     if (start) begin
-      \$238  = { 5'h00, cmd[44:36] };
+      \$239  = cmd[77];
     end else if (step) begin
-      \$238  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$238  = { 5'h00, cmd[44:36] };
+          if (\$70 ) begin
+            \$239  = 1'h0;
+          end
         end
       end
     end
     if (rst) begin
-      \$238  = 14'h0000;
+      \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = rows_c;
+    \$240  = rbuf;
     if (start) begin
-      \$239  = cmd[11:0];
+      \$240  = 1'h0;
     end else if (step) begin
       if (last_k) begin
-        \$239  = \$61 [11:0];
         if (last_row) begin
-          \$239  = cmd[11:0];
+          \$240  = \$65 ;
         end
       end
     end
     if (rst) begin
-      \$239  = 12'h000;
+      \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = cols_c;
+    \$241  = k;
     if (start) begin
-      \$240  = cmd[35:24];
+      \$241  = 12'h000;
     end else if (step) begin
+      \$241  = \$55 [11:0];
       if (last_k) begin
-        if (last_row) begin
-          \$240  = \$66 [11:0];
-        end
+        \$241  = 12'h000;
       end
     end
     if (rst) begin
-      \$240  = 12'h000;
+      \$241  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = c_panel;
+    \$242  = a_ptr;
     if (start) begin
-      \$241  = { 5'h00, cmd[53:45] };
+      \$242  = { 5'h00, cmd[44:36] };
     end else if (step) begin
+      \$242  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$241  = \$67 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$241  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = c_tile;
-    if (start) begin
-      \$242  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        \$242  = \$62 [13:0];
-        if (last_row) begin
-          \$242  = \$68 [13:0];
+          \$242  = { 5'h00, cmd[44:36] };
         end
       end
     end
@@ -1989,43 +1930,47 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = last_k;
+    \$243  = rows_c;
     if (start) begin
-      \$243  = \$53 ;
-    end else if (step) begin
-      \$243  = \$58 ;
-      if (last_k) begin
-        \$243  = \$63 ;
-      end
-    end
-    if (rst) begin
-      \$243  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = last_row;
-    if (start) begin
-      \$244  = \$54 ;
+      \$243  = cmd[11:0];
     end else if (step) begin
       if (last_k) begin
-        \$244  = \$64 ;
+        \$243  = \$61 [11:0];
         if (last_row) begin
-          \$244  = \$69 ;
+          \$243  = cmd[11:0];
         end
       end
     end
     if (rst) begin
-      \$244  = 1'h0;
+      \$243  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = t_base;
+    \$244  = cols_c;
     if (start) begin
+      \$244  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
-        \$245  = c_tile;
+        if (last_row) begin
+          \$244  = \$66 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$244  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$245  = c_panel;
+    if (start) begin
+      \$245  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$245  = \$67 [13:0];
+        end
       end
     end
     if (rst) begin
@@ -2034,181 +1979,243 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = t_cols;
+    \$246  = c_tile;
+    if (start) begin
+      \$246  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$246  = \$62 [13:0];
+        if (last_row) begin
+          \$246  = \$68 [13:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$246  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$247  = last_k;
+    if (start) begin
+      \$247  = \$53 ;
+    end else if (step) begin
+      \$247  = \$58 ;
+      if (last_k) begin
+        \$247  = \$63 ;
+      end
+    end
+    if (rst) begin
+      \$247  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$248  = last_row;
+    if (start) begin
+      \$248  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$248  = \$64 ;
+        if (last_row) begin
+          \$248  = \$69 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$248  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249  = t_base;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$246  = \$60 [2:0];
+        \$249  = c_tile;
       end
     end
     if (rst) begin
-      \$246  = 3'h0;
+      \$249  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = d_col;
+    \$250  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$250  = \$60 [2:0];
+      end
+    end
+    if (rst) begin
+      \$250  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251  = d_col;
     if (\done$73 ) begin
-      \$247  = 3'h1;
+      \$251  = 3'h1;
     end else if (drain_busy) begin
-      \$247  = \$71 [2:0];
+      \$251  = \$71 [2:0];
     end
     if (rst) begin
-      \$247  = 3'h0;
+      \$251  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = d_base;
+    \$252  = d_base;
     if (\done$73 ) begin
-      \$248  = t_base;
+      \$252  = t_base;
     end
     if (rst) begin
-      \$248  = 14'h0000;
+      \$252  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = d_cols;
+    \$253  = d_cols;
     if (\done$73 ) begin
-      \$249  = t_cols;
+      \$253  = t_cols;
     end
     if (rst) begin
-      \$249  = 3'h0;
+      \$253  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = drain_busy;
+    \$254  = drain_busy;
     if (\done$73 ) begin
-      \$250  = 1'h1;
+      \$254  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$250  = 1'h0;
+        \$254  = 1'h0;
       end
     end
-    if (rst) begin
-      \$250  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = \$77 ;
-    if (rst) begin
-      \$251  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = \$78 ;
-    if (rst) begin
-      \$252  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = \$81 [13:0];
-    if (rst) begin
-      \$253  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = col_valid0;
     if (rst) begin
       \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = col_busy0;
+    \$255  = \$77 ;
     if (rst) begin
       \$255  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = col_addr0;
+    \$256  = \$78 ;
     if (rst) begin
-      \$256  = 14'h0000;
+      \$256  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = col_valid1;
+    \$257  = \$81 [13:0];
     if (rst) begin
-      \$257  = 1'h0;
+      \$257  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = col_busy1;
+    \$258  = col_valid0;
     if (rst) begin
       \$258  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = col_addr1;
+    \$259  = col_busy0;
     if (rst) begin
-      \$259  = 14'h0000;
+      \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = out;
+    \$260  = col_addr0;
     if (rst) begin
-      \$260  = 96'h000000000000000000000000;
+      \$260  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = col_word0;
+    \$261  = col_valid1;
     if (rst) begin
-      \$261  = 96'h000000000000000000000000;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = col_word1;
+    \$262  = col_busy1;
     if (rst) begin
-      \$262  = 96'h000000000000000000000000;
+      \$262  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = \$83 [1:0];
+    \$263  = col_addr1;
     if (rst) begin
-      \$263  = 2'h0;
+      \$263  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = c_q;
-    if (\$85 ) begin
-      \$264  = spad_c_rd_data;
-    end
-    if (\$91 ) begin
-      \$264 [23:0] = 24'h000000;
-    end
-    if (\$97 ) begin
-      \$264 [47:24] = 24'h000000;
-    end
-    if (\$103 ) begin
-      \$264 [71:48] = 24'h000000;
-    end
-    if (\$109 ) begin
-      \$264 [95:72] = 24'h000000;
-    end
+    \$264  = out;
     if (rst) begin
       \$264  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = q_valid;
+    \$265  = col_word0;
+    if (rst) begin
+      \$265  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = col_word1;
+    if (rst) begin
+      \$266  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = \$83 [1:0];
+    if (rst) begin
+      \$267  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$268  = c_q;
     if (\$85 ) begin
-      \$265  = r_valid;
+      \$268  = spad_c_rd_data;
+    end
+    if (\$91 ) begin
+      \$268 [23:0] = 24'h000000;
+    end
+    if (\$97 ) begin
+      \$268 [47:24] = 24'h000000;
+    end
+    if (\$103 ) begin
+      \$268 [71:48] = 24'h000000;
+    end
+    if (\$109 ) begin
+      \$268 [95:72] = 24'h000000;
+    end
+    if (rst) begin
+      \$268  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$269  = q_valid;
+    if (\$85 ) begin
+      \$269  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -2220,19 +2227,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$158 ) begin
-            \$265  = 1'h0;
+          if (\$160 ) begin
+            \$269  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$265  = 1'h0;
+      \$269  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = storing;
+    \$270  = storing;
     if (store_start) begin
-      \$266  = 1'h1;
+      \$270  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -2244,83 +2251,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$158 ) begin
-            \$266  = 1'h0;
+          if (\$160 ) begin
+            \$270  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$266  = 1'h0;
+      \$270  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = s_addr;
+    \$271  = s_addr;
     if (store_start) begin
-      \$267  = { 5'h00, cmd[53:45] };
+      \$271  = { 5'h00, cmd[53:45] };
     end else if (\$112 ) begin
       if (\$116 ) begin
-        \$267  = \$117 [13:0];
+        \$271  = \$117 [13:0];
       end
-    end
-    if (rst) begin
-      \$267  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = s_n;
-    if (store_start) begin
-      \$268  = 12'h000;
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$268  = \$119 [11:0];
-        if (\$125 ) begin
-          \$268  = 12'h000;
-        end
-      end
-    end
-    if (rst) begin
-      \$268  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = s_rows;
-    if (store_start) begin
-      \$269  = cmd[11:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        if (\$125 ) begin
-          \$269  = \$126 [11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$269  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = s_left;
-    if (store_start) begin
-      \$270  = \$113 [13:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$270  = \$118 [13:0];
-      end
-    end
-    if (rst) begin
-      \$270  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = out_left;
-    if (store_start) begin
-      \$271  = \$114 [13:0];
-    end
-    if (\$127 ) begin
-      \$271  = \$128 [13:0];
     end
     if (rst) begin
       \$271  = 14'h0000;
@@ -2328,101 +2275,83 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = r_valid;
+    \$272  = s_n;
     if (store_start) begin
-    end else if (\$112 ) begin
-      \$272  = \$115 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$158 ) begin
-            \$272  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$272  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = r_mask;
-    if (store_start) begin
+      \$272  = 12'h000;
     end else if (\$112 ) begin
       if (\$116 ) begin
-        \$273  = { \$123 , \$122 , \$121 , \$120  };
+        \$272  = \$119 [11:0];
+        if (\$125 ) begin
+          \$272  = 12'h000;
+        end
       end
     end
     if (rst) begin
-      \$273  = 4'h0;
+      \$272  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = 1'h0;
+    \$273  = s_rows;
+    if (store_start) begin
+      \$273  = cmd[11:0];
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        if (\$125 ) begin
+          \$273  = \$126 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$273  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$274  = s_left;
+    if (store_start) begin
+      \$274  = \$113 [13:0];
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$274  = \$118 [13:0];
+      end
+    end
+    if (rst) begin
+      \$274  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$275  = out_left;
+    if (store_start) begin
+      \$275  = \$114 [13:0];
+    end
+    if (\$127 ) begin
+      \$275  = \$128 [13:0];
+    end
+    if (rst) begin
+      \$275  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$276  = r_valid;
+    if (store_start) begin
+    end else if (\$112 ) begin
+      \$276  = \$115 ;
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$131 ) begin
-            \$274  = 1'h1;
-          end
+          /* empty */;
       3'h2:
-          if (\$142 ) begin
-            \$274  = 1'h1;
-          end
+          /* empty */;
       3'h3:
-          if (\$157 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$274  = 1'h1;
-            end
-          end
+          /* empty */;
       3'h4:
-          if (\$158 ) begin
-            \$274  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$274  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$275  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$275  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
+          if (\$160 ) begin
             \$276  = 1'h0;
-          end
-      3'h1:
-          if (\$131 ) begin
-            \$276  = 1'h1;
-          end
-      3'h2:
-          if (\$142 ) begin
-            \$276  = 1'h1;
           end
     endcase
     if (rst) begin
@@ -2431,121 +2360,199 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$277  = 3'h0;
-          end
-      3'h1:
-          if (\$131 ) begin
-            \$277  = code;
-          end
-      3'h2:
-          if (\$142 ) begin
-            \$277  = \$147 ;
-          end
-    endcase
+    \$277  = r_mask;
+    if (store_start) begin
+    end else if (\$112 ) begin
+      if (\$116 ) begin
+        \$277  = { \$123 , \$122 , \$121 , \$120  };
+      end
+    end
     if (rst) begin
-      \$277  = 3'h0;
+      \$277  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = fsm_state;
+    \$278  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$131 ) begin
+            \$278  = 1'h1;
+          end
+      3'h2:
+          if (\$142 ) begin
+            \$278  = 1'h1;
+          end
+      3'h3:
+          if (\$159 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$278  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$160 ) begin
+            \$278  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$278  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$279  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$278  = 3'h1;
+            \$279  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$279  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$280  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$280  = 1'h0;
+          end
+      3'h1:
+          if (\$131 ) begin
+            \$280  = 1'h1;
+          end
+      3'h2:
+          if (\$142 ) begin
+            \$280  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$280  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$281  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$281  = 3'h0;
+          end
+      3'h1:
+          if (\$131 ) begin
+            \$281  = code;
+          end
+      3'h2:
+          if (\$142 ) begin
+            \$281  = \$147 ;
+          end
+    endcase
+    if (rst) begin
+      \$281  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$282  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$282  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$131 ) begin
-            \$278  = 3'h0;
+            \$282  = 3'h0;
           end else begin
-            \$278  = 3'h2;
+            \$282  = 3'h2;
           end
       3'h2:
           if (\$142 ) begin
-            \$278  = 3'h0;
+            \$282  = 3'h0;
           end else if (\$143 ) begin
-            \$278  = 3'h3;
+            \$282  = 3'h3;
           end
       3'h3:
-          if (\$157 ) begin
+          if (\$159 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$278  = 3'h4;
+              \$282  = 3'h4;
             end else begin
-              \$278  = 3'h0;
+              \$282  = 3'h0;
             end
           end
       3'h4:
-          if (\$158 ) begin
-            \$278  = 3'h0;
+          if (\$160 ) begin
+            \$282  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$278  = 3'h0;
+      \$282  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = rows_left;
+    \$283  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$279  = cmd[11:0];
+          \$283  = cmd[11:0];
       3'h2:
           if (\$132 ) begin
-            \$279  = \$133 [11:0];
+            \$283  = \$133 [11:0];
           end
     endcase
     if (rst) begin
-      \$279  = 12'h000;
+      \$283  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = a_lim;
+    \$284  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$280  = { 1'h0, \$129  };
+          \$284  = { 1'h0, \$129  };
       3'h2:
           if (\$132 ) begin
-            \$280  = \$134 [13:0];
+            \$284  = \$134 [13:0];
           end
     endcase
     if (rst) begin
-      \$280  = 14'h0000;
+      \$284  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = c_lim;
+    \$285  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$281  = { 1'h0, \$130  };
+          \$285  = { 1'h0, \$130  };
       3'h2:
           if (\$132 ) begin
-            \$281  = \$135 [13:0];
+            \$285  = \$135 [13:0];
           end
     endcase
     if (rst) begin
-      \$281  = 14'h0000;
+      \$285  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$163 ) begin
-      if (\$164 ) begin
+    end else if (\$165 ) begin
+      if (\$166 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -2589,7 +2596,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$172 ) begin
+      if (\$174 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2609,11 +2616,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$184 ) begin
+          if (\$186 ) begin
             code = 3'h1;
-          end else if (\$193 ) begin
-            code = 3'h2;
           end else if (\$195 ) begin
+            code = 3'h2;
+          end else if (\$197 ) begin
             code = 3'h3;
           end
     endcase
@@ -2629,7 +2636,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$205 ) begin
+          if (\$209 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2642,16 +2649,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$162 [6:0];
+  assign \$signature__addr$112  = \$164 [6:0];
   assign \$signature__data$113  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$115  = \$171 [6:0];
+  assign \port__addr$115  = \$173 [6:0];
   assign \$signature__addr$118  = w_addr[7:0];
   assign \$signature__en$119  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$127  = \$178 [7:0];
+  assign \port__addr$128  = \$180 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2754,6 +2761,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data$117[1]  = \$signature__data$117 [47:24];
   assign \$signature__data$117[2]  = \$signature__data$117 [71:48];
   assign \$signature__data$117[3]  = \$signature__data$117 [95:72];
+  assign \q_rq.mult  = q_rq[15:0];
+  assign \q_rq.shift  = q_rq[21:16];
   assign \i__payload[0]  = i__payload[23:0];
   assign \i__payload[1]  = i__payload[47:24];
   assign \i__payload[2]  = i__payload[71:48];
@@ -2762,12 +2771,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign \$signature__data$117 [95:72] = \$176 [23:0];
-  assign \$signature__data$117 [71:48] = \$175 [23:0];
-  assign \$signature__data$117 [47:24] = \$174 [23:0];
-  assign \$signature__data$117 [23:0] = \$173 [23:0];
-  assign \$212  = \port__data$28 ;
-  assign \$211  = port__data;
+  assign q_rq[21:16] = cmd[75:70];
+  assign q_rq[15:0] = cmd[69:54];
+  assign \$signature__data$117 [95:72] = \$178 [23:0];
+  assign \$signature__data$117 [71:48] = \$177 [23:0];
+  assign \$signature__data$117 [47:24] = \$176 [23:0];
+  assign \$signature__data$117 [23:0] = \$175 [23:0];
+  assign \$216  = \port__data$28 ;
+  assign \$215  = port__data;
+  assign \$158  = 1'h1;
+  assign \$159  = \$157 ;
+  assign \$208  = 1'h1;
+  assign \$209  = \$207 ;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -6759,7 +6774,7 @@ endmodule
 module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advance, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
-  wire \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
@@ -6770,7 +6785,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -6781,7 +6796,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire \$12 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
@@ -6792,7 +6807,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -6803,7 +6818,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire \$14 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -6879,19 +6894,19 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire [36:0] \$208 ;
-  wire [66:0] \$209 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  wire [67:0] \$210 ;
-  wire [36:0] \$211 ;
-  wire [66:0] \$212 ;
-  wire [67:0] \$213 ;
-  wire [36:0] \$214 ;
-  wire [66:0] \$215 ;
-  wire [67:0] \$216 ;
-  wire [36:0] \$217 ;
-  wire [66:0] \$218 ;
-  wire [67:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
   wire [40:0] \$220 ;
   wire [40:0] \$221 ;
@@ -6980,7 +6995,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [15:0] \$297 ;
   wire [40:0] \$298 ;
   wire [40:0] \$299 ;
-  wire \$3 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
   wire [39:0] \$300 ;
   wire [40:0] \$301 ;
@@ -7091,7 +7106,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [40:0] \$397 ;
   wire [39:0] \$398 ;
   wire [40:0] \$399 ;
-  wire \$4 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
   wire [40:0] \$400 ;
   wire [39:0] \$401 ;
@@ -7202,7 +7217,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [40:0] \$497 ;
   wire [39:0] \$498 ;
   wire [40:0] \$499 ;
-  wire \$5 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [40:0] \$500 ;
   wire [39:0] \$501 ;
@@ -7313,7 +7328,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [40:0] \$597 ;
   wire [40:0] \$598 ;
   wire [39:0] \$599 ;
-  wire \$6 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [40:0] \$600 ;
   wire [40:0] \$601 ;
@@ -7424,7 +7439,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire [40:0] \$697 ;
   wire [40:0] \$698 ;
   wire [39:0] \$699 ;
-  wire \$7 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
   wire [40:0] \$700 ;
   wire [40:0] \$701 ;
@@ -7505,51 +7520,54 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$77 ;
   wire [8:0] \$770 ;
   wire [8:0] \$771 ;
-  reg [40:0] \$772 ;
+  reg \$772 ;
   reg \$773 ;
   reg \$774 ;
-  reg \$775 ;
-  reg [39:0] \$776 ;
+  reg [5:0] \$775 ;
+  reg [5:0] \$776 ;
   reg [39:0] \$777 ;
   reg [39:0] \$778 ;
   reg [39:0] \$779 ;
   wire \$78 ;
-  reg \$780 ;
-  reg \$781 ;
-  reg \$782 ;
-  reg [8:0] \$783 ;
+  reg [39:0] \$780 ;
+  reg [5:0] \$781 ;
+  reg [40:0] \$782 ;
+  reg \$783 ;
   reg \$784 ;
   reg \$785 ;
-  reg \$786 ;
-  reg [8:0] \$787 ;
+  reg [8:0] \$786 ;
+  reg \$787 ;
   reg \$788 ;
   reg \$789 ;
   wire \$79 ;
-  reg [31:0] \$790 ;
-  reg [8:0] \$791 ;
+  reg [8:0] \$790 ;
+  reg \$791 ;
   reg \$792 ;
-  reg \$793 ;
-  reg \$794 ;
-  reg [8:0] \$795 ;
+  reg [31:0] \$793 ;
+  reg [8:0] \$794 ;
+  reg \$795 ;
   reg \$796 ;
   reg \$797 ;
   reg [8:0] \$798 ;
   reg \$799 ;
-  wire \$8 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
   reg \$800 ;
-  reg \$801 ;
-  reg [8:0] \$802 ;
+  reg [8:0] \$801 ;
+  reg \$802 ;
   reg \$803 ;
   reg \$804 ;
   reg [8:0] \$805 ;
   reg \$806 ;
   reg \$807 ;
-  reg \$808 ;
-  reg [8:0] \$809 ;
+  reg [8:0] \$808 ;
+  reg \$809 ;
   wire \$81 ;
   reg \$810 ;
   reg \$811 ;
+  reg [8:0] \$812 ;
+  reg \$813 ;
+  reg \$814 ;
   wire \$82 ;
   wire \$83 ;
   wire \$84 ;
@@ -7558,7 +7576,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire \$9 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -7569,6 +7587,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
+  reg [5:0] \$signal  = 6'h00;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -7645,6 +7664,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   wire rst;
   input [5:0] shift;
   wire [5:0] shift;
+  reg [5:0] shift_2 = 6'h00;
+  reg [5:0] shift_x = 6'h00;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -7662,93 +7683,104 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   reg [8:0] y1 = 9'h000;
   reg [8:0] y2 = 9'h000;
   reg [8:0] y3 = 9'h000;
-  assign \$188  = shift[5:3] > 3'h4;
-  assign \$189  = shift[5:3] == 3'h4;
-  assign \$190  = shift[2:0] > 3'h5;
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = \$188  | \$191 ;
-  assign \$193  = shift[5:3] > 3'h4;
-  assign \$194  = shift[5:3] == 3'h4;
-  assign \$195  = shift[2:0] > 3'h6;
-  assign \$196  = \$194  & \$195 ;
-  assign \$197  = \$193  | \$196 ;
-  assign \$198  = shift[5:3] > 3'h4;
-  assign \$199  = shift[5:3] == 3'h4;
-  assign \$200  = shift[2:0] > 3'h7;
-  assign \$201  = \$199  & \$200 ;
-  assign \$202  = \$198  | \$201 ;
-  assign \$203  = shift[5:3] > 3'h5;
-  assign \$204  = shift[5:3] == 3'h5;
-  assign \$205  = shift[2:0] > 1'h0;
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = \$203  | \$206 ;
-  assign \$210  = $signed(\$208 ) + $signed(\$209 );
-  assign \$213  = $signed(\$211 ) + $signed(\$212 );
-  assign \$216  = $signed(\$214 ) + $signed(\$215 );
-  assign \$219  = $signed(\$217 ) + $signed(\$218 );
-  assign \$221  = shift[5] ? \$220  : { x0, 1'h0 };
-  assign \$224  = shift[5] ? \$223  : { x0, 1'h0 };
-  assign \$225  = shift[4] ? \$222  : \$224 [39:0];
-  assign \$228  = shift[5] ? \$227  : { x0, 1'h0 };
-  assign \$231  = shift[5] ? \$230  : { x0, 1'h0 };
-  assign \$232  = shift[4] ? \$229  : \$231 [39:0];
-  assign \$233  = shift[3] ? \$226  : \$232 [23:0];
-  assign \$236  = shift[5] ? \$235  : { x0, 1'h0 };
-  assign \$239  = shift[5] ? \$238  : { x0, 1'h0 };
-  assign \$240  = shift[4] ? \$237  : \$239 [39:0];
-  assign \$243  = shift[5] ? \$242  : { x0, 1'h0 };
-  assign \$246  = shift[5] ? \$245  : { x0, 1'h0 };
-  assign \$247  = shift[4] ? \$244  : \$246 [39:0];
-  assign \$248  = shift[3] ? \$241  : \$247 [23:0];
-  assign \$249  = shift[2] ? \$234  : \$248 [15:0];
-  assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
-  assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
-  assign \$256  = shift[4] ? \$253  : \$255 [39:0];
-  assign \$259  = shift[5] ? \$258  : { x0, 1'h0 };
-  assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
-  assign \$263  = shift[4] ? \$260  : \$262 [39:0];
-  assign \$264  = shift[3] ? \$257  : \$263 [23:0];
-  assign \$267  = shift[5] ? \$266  : { x0, 1'h0 };
-  assign \$270  = shift[5] ? \$269  : { x0, 1'h0 };
-  assign \$271  = shift[4] ? \$268  : \$270 [39:0];
-  assign \$274  = shift[5] ? \$273  : { x0, 1'h0 };
-  assign \$277  = shift[5] ? \$276  : { x0, 1'h0 };
-  assign \$278  = shift[4] ? \$275  : \$277 [39:0];
-  assign \$279  = shift[3] ? \$272  : \$278 [23:0];
-  assign \$280  = shift[2] ? \$265  : \$279 [15:0];
-  assign \$281  = shift[1] ? \$250  : \$280 [11:0];
-  assign \$284  = shift[5] ? \$283  : { x0, 1'h0 };
-  assign \$287  = shift[5] ? \$286  : { x0, 1'h0 };
-  assign \$288  = shift[4] ? \$285  : \$287 [39:0];
-  assign \$291  = shift[5] ? \$290  : { x0, 1'h0 };
-  assign \$294  = shift[5] ? \$293  : { x0, 1'h0 };
-  assign \$295  = shift[4] ? \$292  : \$294 [39:0];
-  assign \$296  = shift[3] ? \$289  : \$295 [23:0];
-  assign \$299  = shift[5] ? \$298  : { x0, 1'h0 };
-  assign \$302  = shift[5] ? \$301  : { x0, 1'h0 };
-  assign \$303  = shift[4] ? \$300  : \$302 [39:0];
-  assign \$306  = shift[5] ? \$305  : { x0, 1'h0 };
-  assign \$309  = shift[5] ? \$308  : { x0, 1'h0 };
-  assign \$310  = shift[4] ? \$307  : \$309 [39:0];
-  assign \$311  = shift[3] ? \$304  : \$310 [23:0];
-  assign \$312  = shift[2] ? \$297  : \$311 [15:0];
-  assign \$315  = shift[5] ? \$314  : { x0, 1'h0 };
-  assign \$318  = shift[5] ? \$317  : { x0, 1'h0 };
-  assign \$319  = shift[4] ? \$316  : \$318 [39:0];
-  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
-  assign \$325  = shift[5] ? \$324  : { x0, 1'h0 };
-  assign \$326  = shift[4] ? \$323  : \$325 [39:0];
-  assign \$327  = shift[3] ? \$320  : \$326 [23:0];
-  assign \$330  = shift[5] ? \$329  : { x0, 1'h0 };
-  assign \$333  = shift[5] ? \$332  : { x0, 1'h0 };
-  assign \$334  = shift[4] ? \$331  : \$333 [39:0];
-  assign \$337  = shift[5] ? \$336  : { x0, 1'h0 };
-  assign \$340  = shift[5] ? \$339  : { x0, 1'h0 };
-  assign \$341  = shift[4] ? \$338  : \$340 [39:0];
-  assign \$342  = shift[3] ? \$335  : \$341 [23:0];
-  assign \$343  = shift[2] ? \$328  : \$342 [15:0];
-  assign \$344  = shift[1] ? \$313  : \$343 [11:0];
-  assign \$345  = shift[0] ? \$282  : \$344 [9:0];
+  assign \$185  = shift_2[5:3] > 3'h4;
+  assign \$186  = shift_2[5:3] == 3'h4;
+  assign \$187  = shift_2[2:0] > 2'h2;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = shift_2[5:3] > 3'h4;
+  assign \$191  = shift_2[5:3] == 3'h4;
+  assign \$192  = shift_2[2:0] > 2'h3;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = shift_2[5:3] > 3'h4;
+  assign \$196  = shift_2[5:3] == 3'h4;
+  assign \$197  = shift_2[2:0] > 3'h4;
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = \$195  | \$198 ;
+  assign \$200  = shift_2[5:3] > 3'h4;
+  assign \$201  = shift_2[5:3] == 3'h4;
+  assign \$202  = shift_2[2:0] > 3'h5;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = shift_2[5:3] > 3'h4;
+  assign \$206  = shift_2[5:3] == 3'h4;
+  assign \$207  = shift_2[2:0] > 3'h6;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = \$205  | \$208 ;
+  assign \$210  = shift_2[5:3] > 3'h4;
+  assign \$211  = shift_2[5:3] == 3'h4;
+  assign \$212  = shift_2[2:0] > 3'h7;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = \$210  | \$213 ;
+  assign \$215  = shift_2[5:3] > 3'h5;
+  assign \$216  = shift_2[5:3] == 3'h5;
+  assign \$217  = shift_2[2:0] > 1'h0;
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = \$215  | \$218 ;
+  assign \$221  = shift_x[5] ? \$220  : { x0, 1'h0 };
+  assign \$224  = shift_x[5] ? \$223  : { x0, 1'h0 };
+  assign \$225  = shift_x[4] ? \$222  : \$224 [39:0];
+  assign \$228  = shift_x[5] ? \$227  : { x0, 1'h0 };
+  assign \$231  = shift_x[5] ? \$230  : { x0, 1'h0 };
+  assign \$232  = shift_x[4] ? \$229  : \$231 [39:0];
+  assign \$233  = shift_x[3] ? \$226  : \$232 [23:0];
+  assign \$236  = shift_x[5] ? \$235  : { x0, 1'h0 };
+  assign \$239  = shift_x[5] ? \$238  : { x0, 1'h0 };
+  assign \$240  = shift_x[4] ? \$237  : \$239 [39:0];
+  assign \$243  = shift_x[5] ? \$242  : { x0, 1'h0 };
+  assign \$246  = shift_x[5] ? \$245  : { x0, 1'h0 };
+  assign \$247  = shift_x[4] ? \$244  : \$246 [39:0];
+  assign \$248  = shift_x[3] ? \$241  : \$247 [23:0];
+  assign \$249  = shift_x[2] ? \$234  : \$248 [15:0];
+  assign \$252  = shift_x[5] ? \$251  : { x0, 1'h0 };
+  assign \$255  = shift_x[5] ? \$254  : { x0, 1'h0 };
+  assign \$256  = shift_x[4] ? \$253  : \$255 [39:0];
+  assign \$259  = shift_x[5] ? \$258  : { x0, 1'h0 };
+  assign \$262  = shift_x[5] ? \$261  : { x0, 1'h0 };
+  assign \$263  = shift_x[4] ? \$260  : \$262 [39:0];
+  assign \$264  = shift_x[3] ? \$257  : \$263 [23:0];
+  assign \$267  = shift_x[5] ? \$266  : { x0, 1'h0 };
+  assign \$270  = shift_x[5] ? \$269  : { x0, 1'h0 };
+  assign \$271  = shift_x[4] ? \$268  : \$270 [39:0];
+  assign \$274  = shift_x[5] ? \$273  : { x0, 1'h0 };
+  assign \$277  = shift_x[5] ? \$276  : { x0, 1'h0 };
+  assign \$278  = shift_x[4] ? \$275  : \$277 [39:0];
+  assign \$279  = shift_x[3] ? \$272  : \$278 [23:0];
+  assign \$280  = shift_x[2] ? \$265  : \$279 [15:0];
+  assign \$281  = shift_x[1] ? \$250  : \$280 [11:0];
+  assign \$284  = shift_x[5] ? \$283  : { x0, 1'h0 };
+  assign \$287  = shift_x[5] ? \$286  : { x0, 1'h0 };
+  assign \$288  = shift_x[4] ? \$285  : \$287 [39:0];
+  assign \$291  = shift_x[5] ? \$290  : { x0, 1'h0 };
+  assign \$294  = shift_x[5] ? \$293  : { x0, 1'h0 };
+  assign \$295  = shift_x[4] ? \$292  : \$294 [39:0];
+  assign \$296  = shift_x[3] ? \$289  : \$295 [23:0];
+  assign \$299  = shift_x[5] ? \$298  : { x0, 1'h0 };
+  assign \$302  = shift_x[5] ? \$301  : { x0, 1'h0 };
+  assign \$303  = shift_x[4] ? \$300  : \$302 [39:0];
+  assign \$306  = shift_x[5] ? \$305  : { x0, 1'h0 };
+  assign \$309  = shift_x[5] ? \$308  : { x0, 1'h0 };
+  assign \$310  = shift_x[4] ? \$307  : \$309 [39:0];
+  assign \$311  = shift_x[3] ? \$304  : \$310 [23:0];
+  assign \$312  = shift_x[2] ? \$297  : \$311 [15:0];
+  assign \$315  = shift_x[5] ? \$314  : { x0, 1'h0 };
+  assign \$318  = shift_x[5] ? \$317  : { x0, 1'h0 };
+  assign \$319  = shift_x[4] ? \$316  : \$318 [39:0];
+  assign \$322  = shift_x[5] ? \$321  : { x0, 1'h0 };
+  assign \$325  = shift_x[5] ? \$324  : { x0, 1'h0 };
+  assign \$326  = shift_x[4] ? \$323  : \$325 [39:0];
+  assign \$327  = shift_x[3] ? \$320  : \$326 [23:0];
+  assign \$330  = shift_x[5] ? \$329  : { x0, 1'h0 };
+  assign \$333  = shift_x[5] ? \$332  : { x0, 1'h0 };
+  assign \$334  = shift_x[4] ? \$331  : \$333 [39:0];
+  assign \$337  = shift_x[5] ? \$336  : { x0, 1'h0 };
+  assign \$340  = shift_x[5] ? \$339  : { x0, 1'h0 };
+  assign \$341  = shift_x[4] ? \$338  : \$340 [39:0];
+  assign \$342  = shift_x[3] ? \$335  : \$341 [23:0];
+  assign \$343  = shift_x[2] ? \$328  : \$342 [15:0];
+  assign \$344  = shift_x[1] ? \$313  : \$343 [11:0];
+  assign \$345  = shift_x[0] ? \$282  : \$344 [9:0];
   assign \$346  = { x0, 1'h0 } & below;
   assign \$347  = | \$346 ;
   assign \$348  = { x0, 1'h0 } ^ { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39] };
@@ -7761,69 +7793,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$355  = $signed(rounded0) > $signed(8'h7f);
   assign \$356  = \$355  ? 9'h07f : rounded0;
   assign \$357  = over2_0 ? { \$354 [7], \$354  } : \$356 ;
-  assign \$359  = shift[5] ? \$358  : { x1, 1'h0 };
-  assign \$362  = shift[5] ? \$361  : { x1, 1'h0 };
-  assign \$363  = shift[4] ? \$360  : \$362 [39:0];
-  assign \$366  = shift[5] ? \$365  : { x1, 1'h0 };
-  assign \$369  = shift[5] ? \$368  : { x1, 1'h0 };
-  assign \$370  = shift[4] ? \$367  : \$369 [39:0];
-  assign \$371  = shift[3] ? \$364  : \$370 [23:0];
-  assign \$374  = shift[5] ? \$373  : { x1, 1'h0 };
-  assign \$377  = shift[5] ? \$376  : { x1, 1'h0 };
-  assign \$378  = shift[4] ? \$375  : \$377 [39:0];
-  assign \$381  = shift[5] ? \$380  : { x1, 1'h0 };
-  assign \$384  = shift[5] ? \$383  : { x1, 1'h0 };
-  assign \$385  = shift[4] ? \$382  : \$384 [39:0];
-  assign \$386  = shift[3] ? \$379  : \$385 [23:0];
-  assign \$387  = shift[2] ? \$372  : \$386 [15:0];
-  assign \$390  = shift[5] ? \$389  : { x1, 1'h0 };
-  assign \$393  = shift[5] ? \$392  : { x1, 1'h0 };
-  assign \$394  = shift[4] ? \$391  : \$393 [39:0];
-  assign \$397  = shift[5] ? \$396  : { x1, 1'h0 };
-  assign \$400  = shift[5] ? \$399  : { x1, 1'h0 };
-  assign \$401  = shift[4] ? \$398  : \$400 [39:0];
-  assign \$402  = shift[3] ? \$395  : \$401 [23:0];
-  assign \$405  = shift[5] ? \$404  : { x1, 1'h0 };
-  assign \$408  = shift[5] ? \$407  : { x1, 1'h0 };
-  assign \$409  = shift[4] ? \$406  : \$408 [39:0];
-  assign \$412  = shift[5] ? \$411  : { x1, 1'h0 };
-  assign \$415  = shift[5] ? \$414  : { x1, 1'h0 };
-  assign \$416  = shift[4] ? \$413  : \$415 [39:0];
-  assign \$417  = shift[3] ? \$410  : \$416 [23:0];
-  assign \$418  = shift[2] ? \$403  : \$417 [15:0];
-  assign \$419  = shift[1] ? \$388  : \$418 [11:0];
-  assign \$422  = shift[5] ? \$421  : { x1, 1'h0 };
-  assign \$425  = shift[5] ? \$424  : { x1, 1'h0 };
-  assign \$426  = shift[4] ? \$423  : \$425 [39:0];
-  assign \$429  = shift[5] ? \$428  : { x1, 1'h0 };
-  assign \$432  = shift[5] ? \$431  : { x1, 1'h0 };
-  assign \$433  = shift[4] ? \$430  : \$432 [39:0];
-  assign \$434  = shift[3] ? \$427  : \$433 [23:0];
-  assign \$437  = shift[5] ? \$436  : { x1, 1'h0 };
-  assign \$440  = shift[5] ? \$439  : { x1, 1'h0 };
-  assign \$441  = shift[4] ? \$438  : \$440 [39:0];
-  assign \$444  = shift[5] ? \$443  : { x1, 1'h0 };
-  assign \$447  = shift[5] ? \$446  : { x1, 1'h0 };
-  assign \$448  = shift[4] ? \$445  : \$447 [39:0];
-  assign \$449  = shift[3] ? \$442  : \$448 [23:0];
-  assign \$450  = shift[2] ? \$435  : \$449 [15:0];
-  assign \$453  = shift[5] ? \$452  : { x1, 1'h0 };
-  assign \$456  = shift[5] ? \$455  : { x1, 1'h0 };
-  assign \$457  = shift[4] ? \$454  : \$456 [39:0];
-  assign \$460  = shift[5] ? \$459  : { x1, 1'h0 };
-  assign \$463  = shift[5] ? \$462  : { x1, 1'h0 };
-  assign \$464  = shift[4] ? \$461  : \$463 [39:0];
-  assign \$465  = shift[3] ? \$458  : \$464 [23:0];
-  assign \$468  = shift[5] ? \$467  : { x1, 1'h0 };
-  assign \$471  = shift[5] ? \$470  : { x1, 1'h0 };
-  assign \$472  = shift[4] ? \$469  : \$471 [39:0];
-  assign \$475  = shift[5] ? \$474  : { x1, 1'h0 };
-  assign \$478  = shift[5] ? \$477  : { x1, 1'h0 };
-  assign \$479  = shift[4] ? \$476  : \$478 [39:0];
-  assign \$480  = shift[3] ? \$473  : \$479 [23:0];
-  assign \$481  = shift[2] ? \$466  : \$480 [15:0];
-  assign \$482  = shift[1] ? \$451  : \$481 [11:0];
-  assign \$483  = shift[0] ? \$420  : \$482 [9:0];
+  assign \$359  = shift_x[5] ? \$358  : { x1, 1'h0 };
+  assign \$362  = shift_x[5] ? \$361  : { x1, 1'h0 };
+  assign \$363  = shift_x[4] ? \$360  : \$362 [39:0];
+  assign \$366  = shift_x[5] ? \$365  : { x1, 1'h0 };
+  assign \$369  = shift_x[5] ? \$368  : { x1, 1'h0 };
+  assign \$370  = shift_x[4] ? \$367  : \$369 [39:0];
+  assign \$371  = shift_x[3] ? \$364  : \$370 [23:0];
+  assign \$374  = shift_x[5] ? \$373  : { x1, 1'h0 };
+  assign \$377  = shift_x[5] ? \$376  : { x1, 1'h0 };
+  assign \$378  = shift_x[4] ? \$375  : \$377 [39:0];
+  assign \$381  = shift_x[5] ? \$380  : { x1, 1'h0 };
+  assign \$384  = shift_x[5] ? \$383  : { x1, 1'h0 };
+  assign \$385  = shift_x[4] ? \$382  : \$384 [39:0];
+  assign \$386  = shift_x[3] ? \$379  : \$385 [23:0];
+  assign \$387  = shift_x[2] ? \$372  : \$386 [15:0];
+  assign \$390  = shift_x[5] ? \$389  : { x1, 1'h0 };
+  assign \$393  = shift_x[5] ? \$392  : { x1, 1'h0 };
+  assign \$394  = shift_x[4] ? \$391  : \$393 [39:0];
+  assign \$397  = shift_x[5] ? \$396  : { x1, 1'h0 };
+  assign \$400  = shift_x[5] ? \$399  : { x1, 1'h0 };
+  assign \$401  = shift_x[4] ? \$398  : \$400 [39:0];
+  assign \$402  = shift_x[3] ? \$395  : \$401 [23:0];
+  assign \$405  = shift_x[5] ? \$404  : { x1, 1'h0 };
+  assign \$408  = shift_x[5] ? \$407  : { x1, 1'h0 };
+  assign \$409  = shift_x[4] ? \$406  : \$408 [39:0];
+  assign \$412  = shift_x[5] ? \$411  : { x1, 1'h0 };
+  assign \$415  = shift_x[5] ? \$414  : { x1, 1'h0 };
+  assign \$416  = shift_x[4] ? \$413  : \$415 [39:0];
+  assign \$417  = shift_x[3] ? \$410  : \$416 [23:0];
+  assign \$418  = shift_x[2] ? \$403  : \$417 [15:0];
+  assign \$419  = shift_x[1] ? \$388  : \$418 [11:0];
+  assign \$422  = shift_x[5] ? \$421  : { x1, 1'h0 };
+  assign \$425  = shift_x[5] ? \$424  : { x1, 1'h0 };
+  assign \$426  = shift_x[4] ? \$423  : \$425 [39:0];
+  assign \$429  = shift_x[5] ? \$428  : { x1, 1'h0 };
+  assign \$432  = shift_x[5] ? \$431  : { x1, 1'h0 };
+  assign \$433  = shift_x[4] ? \$430  : \$432 [39:0];
+  assign \$434  = shift_x[3] ? \$427  : \$433 [23:0];
+  assign \$437  = shift_x[5] ? \$436  : { x1, 1'h0 };
+  assign \$440  = shift_x[5] ? \$439  : { x1, 1'h0 };
+  assign \$441  = shift_x[4] ? \$438  : \$440 [39:0];
+  assign \$444  = shift_x[5] ? \$443  : { x1, 1'h0 };
+  assign \$447  = shift_x[5] ? \$446  : { x1, 1'h0 };
+  assign \$448  = shift_x[4] ? \$445  : \$447 [39:0];
+  assign \$449  = shift_x[3] ? \$442  : \$448 [23:0];
+  assign \$450  = shift_x[2] ? \$435  : \$449 [15:0];
+  assign \$453  = shift_x[5] ? \$452  : { x1, 1'h0 };
+  assign \$456  = shift_x[5] ? \$455  : { x1, 1'h0 };
+  assign \$457  = shift_x[4] ? \$454  : \$456 [39:0];
+  assign \$460  = shift_x[5] ? \$459  : { x1, 1'h0 };
+  assign \$463  = shift_x[5] ? \$462  : { x1, 1'h0 };
+  assign \$464  = shift_x[4] ? \$461  : \$463 [39:0];
+  assign \$465  = shift_x[3] ? \$458  : \$464 [23:0];
+  assign \$468  = shift_x[5] ? \$467  : { x1, 1'h0 };
+  assign \$471  = shift_x[5] ? \$470  : { x1, 1'h0 };
+  assign \$472  = shift_x[4] ? \$469  : \$471 [39:0];
+  assign \$475  = shift_x[5] ? \$474  : { x1, 1'h0 };
+  assign \$478  = shift_x[5] ? \$477  : { x1, 1'h0 };
+  assign \$479  = shift_x[4] ? \$476  : \$478 [39:0];
+  assign \$480  = shift_x[3] ? \$473  : \$479 [23:0];
+  assign \$481  = shift_x[2] ? \$466  : \$480 [15:0];
+  assign \$482  = shift_x[1] ? \$451  : \$481 [11:0];
+  assign \$483  = shift_x[0] ? \$420  : \$482 [9:0];
   assign \$484  = { x1, 1'h0 } & below;
   assign \$485  = | \$484 ;
   assign \$486  = { x1, 1'h0 } ^ { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39] };
@@ -7836,69 +7868,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$493  = $signed(rounded1) > $signed(8'h7f);
   assign \$494  = \$493  ? 9'h07f : rounded1;
   assign \$495  = over2_1 ? { \$492 [7], \$492  } : \$494 ;
-  assign \$497  = shift[5] ? \$496  : { x2, 1'h0 };
-  assign \$500  = shift[5] ? \$499  : { x2, 1'h0 };
-  assign \$501  = shift[4] ? \$498  : \$500 [39:0];
-  assign \$504  = shift[5] ? \$503  : { x2, 1'h0 };
-  assign \$507  = shift[5] ? \$506  : { x2, 1'h0 };
-  assign \$508  = shift[4] ? \$505  : \$507 [39:0];
-  assign \$509  = shift[3] ? \$502  : \$508 [23:0];
-  assign \$512  = shift[5] ? \$511  : { x2, 1'h0 };
-  assign \$515  = shift[5] ? \$514  : { x2, 1'h0 };
-  assign \$516  = shift[4] ? \$513  : \$515 [39:0];
-  assign \$519  = shift[5] ? \$518  : { x2, 1'h0 };
-  assign \$522  = shift[5] ? \$521  : { x2, 1'h0 };
-  assign \$523  = shift[4] ? \$520  : \$522 [39:0];
-  assign \$524  = shift[3] ? \$517  : \$523 [23:0];
-  assign \$525  = shift[2] ? \$510  : \$524 [15:0];
-  assign \$528  = shift[5] ? \$527  : { x2, 1'h0 };
-  assign \$531  = shift[5] ? \$530  : { x2, 1'h0 };
-  assign \$532  = shift[4] ? \$529  : \$531 [39:0];
-  assign \$535  = shift[5] ? \$534  : { x2, 1'h0 };
-  assign \$538  = shift[5] ? \$537  : { x2, 1'h0 };
-  assign \$539  = shift[4] ? \$536  : \$538 [39:0];
-  assign \$540  = shift[3] ? \$533  : \$539 [23:0];
-  assign \$543  = shift[5] ? \$542  : { x2, 1'h0 };
-  assign \$546  = shift[5] ? \$545  : { x2, 1'h0 };
-  assign \$547  = shift[4] ? \$544  : \$546 [39:0];
-  assign \$550  = shift[5] ? \$549  : { x2, 1'h0 };
-  assign \$553  = shift[5] ? \$552  : { x2, 1'h0 };
-  assign \$554  = shift[4] ? \$551  : \$553 [39:0];
-  assign \$555  = shift[3] ? \$548  : \$554 [23:0];
-  assign \$556  = shift[2] ? \$541  : \$555 [15:0];
-  assign \$557  = shift[1] ? \$526  : \$556 [11:0];
-  assign \$560  = shift[5] ? \$559  : { x2, 1'h0 };
-  assign \$563  = shift[5] ? \$562  : { x2, 1'h0 };
-  assign \$564  = shift[4] ? \$561  : \$563 [39:0];
-  assign \$567  = shift[5] ? \$566  : { x2, 1'h0 };
-  assign \$570  = shift[5] ? \$569  : { x2, 1'h0 };
-  assign \$571  = shift[4] ? \$568  : \$570 [39:0];
-  assign \$572  = shift[3] ? \$565  : \$571 [23:0];
-  assign \$575  = shift[5] ? \$574  : { x2, 1'h0 };
-  assign \$578  = shift[5] ? \$577  : { x2, 1'h0 };
-  assign \$579  = shift[4] ? \$576  : \$578 [39:0];
-  assign \$582  = shift[5] ? \$581  : { x2, 1'h0 };
-  assign \$585  = shift[5] ? \$584  : { x2, 1'h0 };
-  assign \$586  = shift[4] ? \$583  : \$585 [39:0];
-  assign \$587  = shift[3] ? \$580  : \$586 [23:0];
-  assign \$588  = shift[2] ? \$573  : \$587 [15:0];
-  assign \$591  = shift[5] ? \$590  : { x2, 1'h0 };
-  assign \$594  = shift[5] ? \$593  : { x2, 1'h0 };
-  assign \$595  = shift[4] ? \$592  : \$594 [39:0];
-  assign \$598  = shift[5] ? \$597  : { x2, 1'h0 };
-  assign \$601  = shift[5] ? \$600  : { x2, 1'h0 };
-  assign \$602  = shift[4] ? \$599  : \$601 [39:0];
-  assign \$603  = shift[3] ? \$596  : \$602 [23:0];
-  assign \$606  = shift[5] ? \$605  : { x2, 1'h0 };
-  assign \$609  = shift[5] ? \$608  : { x2, 1'h0 };
-  assign \$610  = shift[4] ? \$607  : \$609 [39:0];
-  assign \$613  = shift[5] ? \$612  : { x2, 1'h0 };
-  assign \$616  = shift[5] ? \$615  : { x2, 1'h0 };
-  assign \$617  = shift[4] ? \$614  : \$616 [39:0];
-  assign \$618  = shift[3] ? \$611  : \$617 [23:0];
-  assign \$619  = shift[2] ? \$604  : \$618 [15:0];
-  assign \$620  = shift[1] ? \$589  : \$619 [11:0];
-  assign \$621  = shift[0] ? \$558  : \$620 [9:0];
+  assign \$497  = shift_x[5] ? \$496  : { x2, 1'h0 };
+  assign \$500  = shift_x[5] ? \$499  : { x2, 1'h0 };
+  assign \$501  = shift_x[4] ? \$498  : \$500 [39:0];
+  assign \$504  = shift_x[5] ? \$503  : { x2, 1'h0 };
+  assign \$507  = shift_x[5] ? \$506  : { x2, 1'h0 };
+  assign \$508  = shift_x[4] ? \$505  : \$507 [39:0];
+  assign \$509  = shift_x[3] ? \$502  : \$508 [23:0];
+  assign \$512  = shift_x[5] ? \$511  : { x2, 1'h0 };
+  assign \$515  = shift_x[5] ? \$514  : { x2, 1'h0 };
+  assign \$516  = shift_x[4] ? \$513  : \$515 [39:0];
+  assign \$519  = shift_x[5] ? \$518  : { x2, 1'h0 };
+  assign \$522  = shift_x[5] ? \$521  : { x2, 1'h0 };
+  assign \$523  = shift_x[4] ? \$520  : \$522 [39:0];
+  assign \$524  = shift_x[3] ? \$517  : \$523 [23:0];
+  assign \$525  = shift_x[2] ? \$510  : \$524 [15:0];
+  assign \$528  = shift_x[5] ? \$527  : { x2, 1'h0 };
+  assign \$531  = shift_x[5] ? \$530  : { x2, 1'h0 };
+  assign \$532  = shift_x[4] ? \$529  : \$531 [39:0];
+  assign \$535  = shift_x[5] ? \$534  : { x2, 1'h0 };
+  assign \$538  = shift_x[5] ? \$537  : { x2, 1'h0 };
+  assign \$539  = shift_x[4] ? \$536  : \$538 [39:0];
+  assign \$540  = shift_x[3] ? \$533  : \$539 [23:0];
+  assign \$543  = shift_x[5] ? \$542  : { x2, 1'h0 };
+  assign \$546  = shift_x[5] ? \$545  : { x2, 1'h0 };
+  assign \$547  = shift_x[4] ? \$544  : \$546 [39:0];
+  assign \$550  = shift_x[5] ? \$549  : { x2, 1'h0 };
+  assign \$553  = shift_x[5] ? \$552  : { x2, 1'h0 };
+  assign \$554  = shift_x[4] ? \$551  : \$553 [39:0];
+  assign \$555  = shift_x[3] ? \$548  : \$554 [23:0];
+  assign \$556  = shift_x[2] ? \$541  : \$555 [15:0];
+  assign \$557  = shift_x[1] ? \$526  : \$556 [11:0];
+  assign \$560  = shift_x[5] ? \$559  : { x2, 1'h0 };
+  assign \$563  = shift_x[5] ? \$562  : { x2, 1'h0 };
+  assign \$564  = shift_x[4] ? \$561  : \$563 [39:0];
+  assign \$567  = shift_x[5] ? \$566  : { x2, 1'h0 };
+  assign \$570  = shift_x[5] ? \$569  : { x2, 1'h0 };
+  assign \$571  = shift_x[4] ? \$568  : \$570 [39:0];
+  assign \$572  = shift_x[3] ? \$565  : \$571 [23:0];
+  assign \$575  = shift_x[5] ? \$574  : { x2, 1'h0 };
+  assign \$578  = shift_x[5] ? \$577  : { x2, 1'h0 };
+  assign \$579  = shift_x[4] ? \$576  : \$578 [39:0];
+  assign \$582  = shift_x[5] ? \$581  : { x2, 1'h0 };
+  assign \$585  = shift_x[5] ? \$584  : { x2, 1'h0 };
+  assign \$586  = shift_x[4] ? \$583  : \$585 [39:0];
+  assign \$587  = shift_x[3] ? \$580  : \$586 [23:0];
+  assign \$588  = shift_x[2] ? \$573  : \$587 [15:0];
+  assign \$591  = shift_x[5] ? \$590  : { x2, 1'h0 };
+  assign \$594  = shift_x[5] ? \$593  : { x2, 1'h0 };
+  assign \$595  = shift_x[4] ? \$592  : \$594 [39:0];
+  assign \$598  = shift_x[5] ? \$597  : { x2, 1'h0 };
+  assign \$601  = shift_x[5] ? \$600  : { x2, 1'h0 };
+  assign \$602  = shift_x[4] ? \$599  : \$601 [39:0];
+  assign \$603  = shift_x[3] ? \$596  : \$602 [23:0];
+  assign \$606  = shift_x[5] ? \$605  : { x2, 1'h0 };
+  assign \$609  = shift_x[5] ? \$608  : { x2, 1'h0 };
+  assign \$610  = shift_x[4] ? \$607  : \$609 [39:0];
+  assign \$613  = shift_x[5] ? \$612  : { x2, 1'h0 };
+  assign \$616  = shift_x[5] ? \$615  : { x2, 1'h0 };
+  assign \$617  = shift_x[4] ? \$614  : \$616 [39:0];
+  assign \$618  = shift_x[3] ? \$611  : \$617 [23:0];
+  assign \$619  = shift_x[2] ? \$604  : \$618 [15:0];
+  assign \$620  = shift_x[1] ? \$589  : \$619 [11:0];
+  assign \$621  = shift_x[0] ? \$558  : \$620 [9:0];
   assign \$622  = { x2, 1'h0 } & below;
   assign \$623  = | \$622 ;
   assign \$624  = { x2, 1'h0 } ^ { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39] };
@@ -7911,69 +7943,69 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$631  = $signed(rounded2) > $signed(8'h7f);
   assign \$632  = \$631  ? 9'h07f : rounded2;
   assign \$633  = over2_2 ? { \$630 [7], \$630  } : \$632 ;
-  assign \$635  = shift[5] ? \$634  : { x3, 1'h0 };
-  assign \$638  = shift[5] ? \$637  : { x3, 1'h0 };
-  assign \$639  = shift[4] ? \$636  : \$638 [39:0];
-  assign \$642  = shift[5] ? \$641  : { x3, 1'h0 };
-  assign \$645  = shift[5] ? \$644  : { x3, 1'h0 };
-  assign \$646  = shift[4] ? \$643  : \$645 [39:0];
-  assign \$647  = shift[3] ? \$640  : \$646 [23:0];
-  assign \$650  = shift[5] ? \$649  : { x3, 1'h0 };
-  assign \$653  = shift[5] ? \$652  : { x3, 1'h0 };
-  assign \$654  = shift[4] ? \$651  : \$653 [39:0];
-  assign \$657  = shift[5] ? \$656  : { x3, 1'h0 };
-  assign \$660  = shift[5] ? \$659  : { x3, 1'h0 };
-  assign \$661  = shift[4] ? \$658  : \$660 [39:0];
-  assign \$662  = shift[3] ? \$655  : \$661 [23:0];
-  assign \$663  = shift[2] ? \$648  : \$662 [15:0];
-  assign \$666  = shift[5] ? \$665  : { x3, 1'h0 };
-  assign \$669  = shift[5] ? \$668  : { x3, 1'h0 };
-  assign \$670  = shift[4] ? \$667  : \$669 [39:0];
-  assign \$673  = shift[5] ? \$672  : { x3, 1'h0 };
-  assign \$676  = shift[5] ? \$675  : { x3, 1'h0 };
-  assign \$677  = shift[4] ? \$674  : \$676 [39:0];
-  assign \$678  = shift[3] ? \$671  : \$677 [23:0];
-  assign \$681  = shift[5] ? \$680  : { x3, 1'h0 };
-  assign \$684  = shift[5] ? \$683  : { x3, 1'h0 };
-  assign \$685  = shift[4] ? \$682  : \$684 [39:0];
-  assign \$688  = shift[5] ? \$687  : { x3, 1'h0 };
-  assign \$691  = shift[5] ? \$690  : { x3, 1'h0 };
-  assign \$692  = shift[4] ? \$689  : \$691 [39:0];
-  assign \$693  = shift[3] ? \$686  : \$692 [23:0];
-  assign \$694  = shift[2] ? \$679  : \$693 [15:0];
-  assign \$695  = shift[1] ? \$664  : \$694 [11:0];
-  assign \$698  = shift[5] ? \$697  : { x3, 1'h0 };
-  assign \$701  = shift[5] ? \$700  : { x3, 1'h0 };
-  assign \$702  = shift[4] ? \$699  : \$701 [39:0];
-  assign \$705  = shift[5] ? \$704  : { x3, 1'h0 };
-  assign \$708  = shift[5] ? \$707  : { x3, 1'h0 };
-  assign \$709  = shift[4] ? \$706  : \$708 [39:0];
-  assign \$710  = shift[3] ? \$703  : \$709 [23:0];
-  assign \$713  = shift[5] ? \$712  : { x3, 1'h0 };
-  assign \$716  = shift[5] ? \$715  : { x3, 1'h0 };
-  assign \$717  = shift[4] ? \$714  : \$716 [39:0];
-  assign \$720  = shift[5] ? \$719  : { x3, 1'h0 };
-  assign \$723  = shift[5] ? \$722  : { x3, 1'h0 };
-  assign \$724  = shift[4] ? \$721  : \$723 [39:0];
-  assign \$725  = shift[3] ? \$718  : \$724 [23:0];
-  assign \$726  = shift[2] ? \$711  : \$725 [15:0];
-  assign \$729  = shift[5] ? \$728  : { x3, 1'h0 };
-  assign \$732  = shift[5] ? \$731  : { x3, 1'h0 };
-  assign \$733  = shift[4] ? \$730  : \$732 [39:0];
-  assign \$736  = shift[5] ? \$735  : { x3, 1'h0 };
-  assign \$739  = shift[5] ? \$738  : { x3, 1'h0 };
-  assign \$740  = shift[4] ? \$737  : \$739 [39:0];
-  assign \$741  = shift[3] ? \$734  : \$740 [23:0];
-  assign \$744  = shift[5] ? \$743  : { x3, 1'h0 };
-  assign \$747  = shift[5] ? \$746  : { x3, 1'h0 };
-  assign \$748  = shift[4] ? \$745  : \$747 [39:0];
-  assign \$751  = shift[5] ? \$750  : { x3, 1'h0 };
-  assign \$754  = shift[5] ? \$753  : { x3, 1'h0 };
-  assign \$755  = shift[4] ? \$752  : \$754 [39:0];
-  assign \$756  = shift[3] ? \$749  : \$755 [23:0];
-  assign \$757  = shift[2] ? \$742  : \$756 [15:0];
-  assign \$758  = shift[1] ? \$727  : \$757 [11:0];
-  assign \$759  = shift[0] ? \$696  : \$758 [9:0];
+  assign \$635  = shift_x[5] ? \$634  : { x3, 1'h0 };
+  assign \$638  = shift_x[5] ? \$637  : { x3, 1'h0 };
+  assign \$639  = shift_x[4] ? \$636  : \$638 [39:0];
+  assign \$642  = shift_x[5] ? \$641  : { x3, 1'h0 };
+  assign \$645  = shift_x[5] ? \$644  : { x3, 1'h0 };
+  assign \$646  = shift_x[4] ? \$643  : \$645 [39:0];
+  assign \$647  = shift_x[3] ? \$640  : \$646 [23:0];
+  assign \$650  = shift_x[5] ? \$649  : { x3, 1'h0 };
+  assign \$653  = shift_x[5] ? \$652  : { x3, 1'h0 };
+  assign \$654  = shift_x[4] ? \$651  : \$653 [39:0];
+  assign \$657  = shift_x[5] ? \$656  : { x3, 1'h0 };
+  assign \$660  = shift_x[5] ? \$659  : { x3, 1'h0 };
+  assign \$661  = shift_x[4] ? \$658  : \$660 [39:0];
+  assign \$662  = shift_x[3] ? \$655  : \$661 [23:0];
+  assign \$663  = shift_x[2] ? \$648  : \$662 [15:0];
+  assign \$666  = shift_x[5] ? \$665  : { x3, 1'h0 };
+  assign \$669  = shift_x[5] ? \$668  : { x3, 1'h0 };
+  assign \$670  = shift_x[4] ? \$667  : \$669 [39:0];
+  assign \$673  = shift_x[5] ? \$672  : { x3, 1'h0 };
+  assign \$676  = shift_x[5] ? \$675  : { x3, 1'h0 };
+  assign \$677  = shift_x[4] ? \$674  : \$676 [39:0];
+  assign \$678  = shift_x[3] ? \$671  : \$677 [23:0];
+  assign \$681  = shift_x[5] ? \$680  : { x3, 1'h0 };
+  assign \$684  = shift_x[5] ? \$683  : { x3, 1'h0 };
+  assign \$685  = shift_x[4] ? \$682  : \$684 [39:0];
+  assign \$688  = shift_x[5] ? \$687  : { x3, 1'h0 };
+  assign \$691  = shift_x[5] ? \$690  : { x3, 1'h0 };
+  assign \$692  = shift_x[4] ? \$689  : \$691 [39:0];
+  assign \$693  = shift_x[3] ? \$686  : \$692 [23:0];
+  assign \$694  = shift_x[2] ? \$679  : \$693 [15:0];
+  assign \$695  = shift_x[1] ? \$664  : \$694 [11:0];
+  assign \$698  = shift_x[5] ? \$697  : { x3, 1'h0 };
+  assign \$701  = shift_x[5] ? \$700  : { x3, 1'h0 };
+  assign \$702  = shift_x[4] ? \$699  : \$701 [39:0];
+  assign \$705  = shift_x[5] ? \$704  : { x3, 1'h0 };
+  assign \$708  = shift_x[5] ? \$707  : { x3, 1'h0 };
+  assign \$709  = shift_x[4] ? \$706  : \$708 [39:0];
+  assign \$710  = shift_x[3] ? \$703  : \$709 [23:0];
+  assign \$713  = shift_x[5] ? \$712  : { x3, 1'h0 };
+  assign \$716  = shift_x[5] ? \$715  : { x3, 1'h0 };
+  assign \$717  = shift_x[4] ? \$714  : \$716 [39:0];
+  assign \$720  = shift_x[5] ? \$719  : { x3, 1'h0 };
+  assign \$723  = shift_x[5] ? \$722  : { x3, 1'h0 };
+  assign \$724  = shift_x[4] ? \$721  : \$723 [39:0];
+  assign \$725  = shift_x[3] ? \$718  : \$724 [23:0];
+  assign \$726  = shift_x[2] ? \$711  : \$725 [15:0];
+  assign \$729  = shift_x[5] ? \$728  : { x3, 1'h0 };
+  assign \$732  = shift_x[5] ? \$731  : { x3, 1'h0 };
+  assign \$733  = shift_x[4] ? \$730  : \$732 [39:0];
+  assign \$736  = shift_x[5] ? \$735  : { x3, 1'h0 };
+  assign \$739  = shift_x[5] ? \$738  : { x3, 1'h0 };
+  assign \$740  = shift_x[4] ? \$737  : \$739 [39:0];
+  assign \$741  = shift_x[3] ? \$734  : \$740 [23:0];
+  assign \$744  = shift_x[5] ? \$743  : { x3, 1'h0 };
+  assign \$747  = shift_x[5] ? \$746  : { x3, 1'h0 };
+  assign \$748  = shift_x[4] ? \$745  : \$747 [39:0];
+  assign \$751  = shift_x[5] ? \$750  : { x3, 1'h0 };
+  assign \$754  = shift_x[5] ? \$753  : { x3, 1'h0 };
+  assign \$755  = shift_x[4] ? \$752  : \$754 [39:0];
+  assign \$756  = shift_x[3] ? \$749  : \$755 [23:0];
+  assign \$757  = shift_x[2] ? \$742  : \$756 [15:0];
+  assign \$758  = shift_x[1] ? \$727  : \$757 [11:0];
+  assign \$759  = shift_x[0] ? \$696  : \$758 [9:0];
   assign \$760  = { x3, 1'h0 } & below;
   assign \$761  = | \$760 ;
   assign \$762  = { x3, 1'h0 } ^ { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39] };
@@ -7987,273 +8019,268 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \$770  = \$769  ? 9'h07f : rounded3;
   assign \$771  = over2_3 ? { \$768 [7], \$768  } : \$770 ;
   always @(posedge clk)
-    below <= \$772 ;
+    v1 <= \$772 ;
   always @(posedge clk)
-    v1 <= \$773 ;
+    v2 <= \$773 ;
   always @(posedge clk)
-    v2 <= \$774 ;
+    x_valid <= \$774 ;
   always @(posedge clk)
-    x_valid <= \$775 ;
+    \$signal  <= \$775 ;
   always @(posedge clk)
-    x0 <= \$776 ;
+    shift_2 <= \$776 ;
   always @(posedge clk)
-    x1 <= \$777 ;
+    x0 <= \$777 ;
   always @(posedge clk)
-    x2 <= \$778 ;
+    x1 <= \$778 ;
   always @(posedge clk)
-    x3 <= \$779 ;
+    x2 <= \$779 ;
   always @(posedge clk)
-    v_shift <= \$780 ;
+    x3 <= \$780 ;
   always @(posedge clk)
-    v_round <= \$781 ;
+    shift_x <= \$781 ;
   always @(posedge clk)
-    o__valid <= \$782 ;
+    below <= \$782 ;
   always @(posedge clk)
-    y0 <= \$783 ;
+    v_shift <= \$783 ;
   always @(posedge clk)
-    sticky0 <= \$784 ;
+    v_round <= \$784 ;
   always @(posedge clk)
-    over0 <= \$785 ;
+    o__valid <= \$785 ;
   always @(posedge clk)
-    neg0 <= \$786 ;
+    y0 <= \$786 ;
   always @(posedge clk)
-    rounded0 <= \$787 ;
+    sticky0 <= \$787 ;
   always @(posedge clk)
-    over2_0 <= \$788 ;
+    over0 <= \$788 ;
   always @(posedge clk)
-    neg2_0 <= \$789 ;
+    neg0 <= \$789 ;
   always @(posedge clk)
-    o__payload <= \$790 ;
+    rounded0 <= \$790 ;
   always @(posedge clk)
-    y1 <= \$791 ;
+    over2_0 <= \$791 ;
   always @(posedge clk)
-    sticky1 <= \$792 ;
+    neg2_0 <= \$792 ;
   always @(posedge clk)
-    over1 <= \$793 ;
+    o__payload <= \$793 ;
   always @(posedge clk)
-    neg1 <= \$794 ;
+    y1 <= \$794 ;
   always @(posedge clk)
-    rounded1 <= \$795 ;
+    sticky1 <= \$795 ;
   always @(posedge clk)
-    over2_1 <= \$796 ;
+    over1 <= \$796 ;
   always @(posedge clk)
-    neg2_1 <= \$797 ;
+    neg1 <= \$797 ;
   always @(posedge clk)
-    y2 <= \$798 ;
+    rounded1 <= \$798 ;
   always @(posedge clk)
-    sticky2 <= \$799 ;
+    over2_1 <= \$799 ;
   always @(posedge clk)
-    over2 <= \$800 ;
+    neg2_1 <= \$800 ;
   always @(posedge clk)
-    neg2 <= \$801 ;
+    y2 <= \$801 ;
   always @(posedge clk)
-    rounded2 <= \$802 ;
+    sticky2 <= \$802 ;
   always @(posedge clk)
-    over2_2 <= \$803 ;
+    over2 <= \$803 ;
   always @(posedge clk)
-    neg2_2 <= \$804 ;
+    neg2 <= \$804 ;
   always @(posedge clk)
-    y3 <= \$805 ;
+    rounded2 <= \$805 ;
   always @(posedge clk)
-    sticky3 <= \$806 ;
+    over2_2 <= \$806 ;
   always @(posedge clk)
-    over3 <= \$807 ;
+    neg2_2 <= \$807 ;
   always @(posedge clk)
-    neg3 <= \$808 ;
+    y3 <= \$808 ;
   always @(posedge clk)
-    rounded3 <= \$809 ;
+    sticky3 <= \$809 ;
   always @(posedge clk)
-    over2_3 <= \$810 ;
+    over3 <= \$810 ;
   always @(posedge clk)
-    neg2_3 <= \$811 ;
+    neg3 <= \$811 ;
+  always @(posedge clk)
+    rounded3 <= \$812 ;
+  always @(posedge clk)
+    over2_3 <= \$813 ;
+  always @(posedge clk)
+    neg2_3 <= \$814 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[32:0];
-  assign \$3  = shift[5:3] > 1'h0;
-  assign \$4  = ! shift[5:3];
-  assign \$5  = shift[2:0] > 1'h0;
-  assign \$6  = \$4  & \$5 ;
-  assign \$7  = \$3  | \$6 ;
-  assign \$8  = shift[5:3] > 1'h0;
-  assign \$9  = ! shift[5:3];
-  assign \$10  = shift[2:0] > 1'h1;
-  assign \$11  = \$9  & \$10 ;
-  assign \$12  = \$8  | \$11 ;
-  assign \$13  = shift[5:3] > 1'h0;
-  assign \$14  = ! shift[5:3];
-  assign \$15  = shift[2:0] > 2'h2;
-  assign \$16  = \$14  & \$15 ;
-  assign \$17  = \$13  | \$16 ;
-  assign \$18  = shift[5:3] > 1'h0;
-  assign \$19  = ! shift[5:3];
-  assign \$20  = shift[2:0] > 2'h3;
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = \$18  | \$21 ;
-  assign \$23  = shift[5:3] > 1'h0;
-  assign \$24  = ! shift[5:3];
-  assign \$25  = shift[2:0] > 3'h4;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign \$28  = shift[5:3] > 1'h0;
-  assign \$29  = ! shift[5:3];
-  assign \$30  = shift[2:0] > 3'h5;
-  assign \$31  = \$29  & \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = shift[5:3] > 1'h0;
-  assign \$34  = ! shift[5:3];
-  assign \$35  = shift[2:0] > 3'h6;
-  assign \$36  = \$34  & \$35 ;
-  assign \$37  = \$33  | \$36 ;
-  assign \$38  = shift[5:3] > 1'h0;
-  assign \$39  = ! shift[5:3];
-  assign \$40  = shift[2:0] > 3'h7;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = \$38  | \$41 ;
-  assign \$43  = shift[5:3] > 1'h1;
-  assign \$44  = shift[5:3] == 1'h1;
-  assign \$45  = shift[2:0] > 1'h0;
-  assign \$46  = \$44  & \$45 ;
-  assign \$47  = \$43  | \$46 ;
-  assign \$48  = shift[5:3] > 1'h1;
-  assign \$49  = shift[5:3] == 1'h1;
-  assign \$50  = shift[2:0] > 1'h1;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = \$48  | \$51 ;
-  assign \$53  = shift[5:3] > 1'h1;
-  assign \$54  = shift[5:3] == 1'h1;
-  assign \$55  = shift[2:0] > 2'h2;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = \$53  | \$56 ;
-  assign \$58  = shift[5:3] > 1'h1;
-  assign \$59  = shift[5:3] == 1'h1;
-  assign \$60  = shift[2:0] > 2'h3;
-  assign \$61  = \$59  & \$60 ;
-  assign \$62  = \$58  | \$61 ;
-  assign \$63  = shift[5:3] > 1'h1;
-  assign \$64  = shift[5:3] == 1'h1;
-  assign \$65  = shift[2:0] > 3'h4;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = \$63  | \$66 ;
-  assign \$68  = shift[5:3] > 1'h1;
-  assign \$69  = shift[5:3] == 1'h1;
-  assign \$70  = shift[2:0] > 3'h5;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = \$68  | \$71 ;
-  assign \$73  = shift[5:3] > 1'h1;
-  assign \$74  = shift[5:3] == 1'h1;
-  assign \$75  = shift[2:0] > 3'h6;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = \$73  | \$76 ;
-  assign \$78  = shift[5:3] > 1'h1;
-  assign \$79  = shift[5:3] == 1'h1;
-  assign \$80  = shift[2:0] > 3'h7;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = \$78  | \$81 ;
-  assign \$83  = shift[5:3] > 2'h2;
-  assign \$84  = shift[5:3] == 2'h2;
-  assign \$85  = shift[2:0] > 1'h0;
-  assign \$86  = \$84  & \$85 ;
-  assign \$87  = \$83  | \$86 ;
-  assign \$88  = shift[5:3] > 2'h2;
-  assign \$89  = shift[5:3] == 2'h2;
-  assign \$90  = shift[2:0] > 1'h1;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = \$88  | \$91 ;
-  assign \$93  = shift[5:3] > 2'h2;
-  assign \$94  = shift[5:3] == 2'h2;
-  assign \$95  = shift[2:0] > 2'h2;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = \$93  | \$96 ;
-  assign \$98  = shift[5:3] > 2'h2;
-  assign \$99  = shift[5:3] == 2'h2;
-  assign \$100  = shift[2:0] > 2'h3;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = \$98  | \$101 ;
-  assign \$103  = shift[5:3] > 2'h2;
-  assign \$104  = shift[5:3] == 2'h2;
-  assign \$105  = shift[2:0] > 3'h4;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = \$103  | \$106 ;
-  assign \$108  = shift[5:3] > 2'h2;
-  assign \$109  = shift[5:3] == 2'h2;
-  assign \$110  = shift[2:0] > 3'h5;
-  assign \$111  = \$109  & \$110 ;
-  assign \$112  = \$108  | \$111 ;
-  assign \$113  = shift[5:3] > 2'h2;
-  assign \$114  = shift[5:3] == 2'h2;
-  assign \$115  = shift[2:0] > 3'h6;
-  assign \$116  = \$114  & \$115 ;
-  assign \$117  = \$113  | \$116 ;
-  assign \$118  = shift[5:3] > 2'h2;
-  assign \$119  = shift[5:3] == 2'h2;
-  assign \$120  = shift[2:0] > 3'h7;
-  assign \$121  = \$119  & \$120 ;
-  assign \$122  = \$118  | \$121 ;
-  assign \$123  = shift[5:3] > 2'h3;
-  assign \$124  = shift[5:3] == 2'h3;
-  assign \$125  = shift[2:0] > 1'h0;
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = \$123  | \$126 ;
-  assign \$128  = shift[5:3] > 2'h3;
-  assign \$129  = shift[5:3] == 2'h3;
-  assign \$130  = shift[2:0] > 1'h1;
-  assign \$131  = \$129  & \$130 ;
-  assign \$132  = \$128  | \$131 ;
-  assign \$133  = shift[5:3] > 2'h3;
-  assign \$134  = shift[5:3] == 2'h3;
-  assign \$135  = shift[2:0] > 2'h2;
-  assign \$136  = \$134  & \$135 ;
-  assign \$137  = \$133  | \$136 ;
-  assign \$138  = shift[5:3] > 2'h3;
-  assign \$139  = shift[5:3] == 2'h3;
-  assign \$140  = shift[2:0] > 2'h3;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = shift[5:3] > 2'h3;
-  assign \$144  = shift[5:3] == 2'h3;
-  assign \$145  = shift[2:0] > 3'h4;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$143  | \$146 ;
-  assign \$148  = shift[5:3] > 2'h3;
-  assign \$149  = shift[5:3] == 2'h3;
-  assign \$150  = shift[2:0] > 3'h5;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = \$148  | \$151 ;
-  assign \$153  = shift[5:3] > 2'h3;
-  assign \$154  = shift[5:3] == 2'h3;
-  assign \$155  = shift[2:0] > 3'h6;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = shift[5:3] > 2'h3;
-  assign \$159  = shift[5:3] == 2'h3;
-  assign \$160  = shift[2:0] > 3'h7;
-  assign \$161  = \$159  & \$160 ;
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = shift[5:3] > 3'h4;
-  assign \$164  = shift[5:3] == 3'h4;
-  assign \$165  = shift[2:0] > 1'h0;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = shift[5:3] > 3'h4;
-  assign \$169  = shift[5:3] == 3'h4;
-  assign \$170  = shift[2:0] > 1'h1;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$168  | \$171 ;
-  assign \$173  = shift[5:3] > 3'h4;
-  assign \$174  = shift[5:3] == 3'h4;
-  assign \$175  = shift[2:0] > 2'h2;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = shift[5:3] > 3'h4;
-  assign \$179  = shift[5:3] == 3'h4;
-  assign \$180  = shift[2:0] > 2'h3;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = shift[5:3] > 3'h4;
-  assign \$184  = shift[5:3] == 3'h4;
-  assign \$185  = shift[2:0] > 3'h4;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \$183  | \$186 ;
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$15  = shift_2[5:3] > 1'h0;
+  assign \$16  = ! shift_2[5:3];
+  assign \$17  = shift_2[2:0] > 1'h0;
+  assign \$18  = \$16  & \$17 ;
+  assign \$19  = \$15  | \$18 ;
+  assign \$20  = shift_2[5:3] > 1'h0;
+  assign \$21  = ! shift_2[5:3];
+  assign \$22  = shift_2[2:0] > 1'h1;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$20  | \$23 ;
+  assign \$25  = shift_2[5:3] > 1'h0;
+  assign \$26  = ! shift_2[5:3];
+  assign \$27  = shift_2[2:0] > 2'h2;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = \$25  | \$28 ;
+  assign \$30  = shift_2[5:3] > 1'h0;
+  assign \$31  = ! shift_2[5:3];
+  assign \$32  = shift_2[2:0] > 2'h3;
+  assign \$33  = \$31  & \$32 ;
+  assign \$34  = \$30  | \$33 ;
+  assign \$35  = shift_2[5:3] > 1'h0;
+  assign \$36  = ! shift_2[5:3];
+  assign \$37  = shift_2[2:0] > 3'h4;
+  assign \$38  = \$36  & \$37 ;
+  assign \$39  = \$35  | \$38 ;
+  assign \$40  = shift_2[5:3] > 1'h0;
+  assign \$41  = ! shift_2[5:3];
+  assign \$42  = shift_2[2:0] > 3'h5;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = \$40  | \$43 ;
+  assign \$45  = shift_2[5:3] > 1'h0;
+  assign \$46  = ! shift_2[5:3];
+  assign \$47  = shift_2[2:0] > 3'h6;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = \$45  | \$48 ;
+  assign \$50  = shift_2[5:3] > 1'h0;
+  assign \$51  = ! shift_2[5:3];
+  assign \$52  = shift_2[2:0] > 3'h7;
+  assign \$53  = \$51  & \$52 ;
+  assign \$54  = \$50  | \$53 ;
+  assign \$55  = shift_2[5:3] > 1'h1;
+  assign \$56  = shift_2[5:3] == 1'h1;
+  assign \$57  = shift_2[2:0] > 1'h0;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = \$55  | \$58 ;
+  assign \$60  = shift_2[5:3] > 1'h1;
+  assign \$61  = shift_2[5:3] == 1'h1;
+  assign \$62  = shift_2[2:0] > 1'h1;
+  assign \$63  = \$61  & \$62 ;
+  assign \$64  = \$60  | \$63 ;
+  assign \$65  = shift_2[5:3] > 1'h1;
+  assign \$66  = shift_2[5:3] == 1'h1;
+  assign \$67  = shift_2[2:0] > 2'h2;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = \$65  | \$68 ;
+  assign \$70  = shift_2[5:3] > 1'h1;
+  assign \$71  = shift_2[5:3] == 1'h1;
+  assign \$72  = shift_2[2:0] > 2'h3;
+  assign \$73  = \$71  & \$72 ;
+  assign \$74  = \$70  | \$73 ;
+  assign \$75  = shift_2[5:3] > 1'h1;
+  assign \$76  = shift_2[5:3] == 1'h1;
+  assign \$77  = shift_2[2:0] > 3'h4;
+  assign \$78  = \$76  & \$77 ;
+  assign \$79  = \$75  | \$78 ;
+  assign \$80  = shift_2[5:3] > 1'h1;
+  assign \$81  = shift_2[5:3] == 1'h1;
+  assign \$82  = shift_2[2:0] > 3'h5;
+  assign \$83  = \$81  & \$82 ;
+  assign \$84  = \$80  | \$83 ;
+  assign \$85  = shift_2[5:3] > 1'h1;
+  assign \$86  = shift_2[5:3] == 1'h1;
+  assign \$87  = shift_2[2:0] > 3'h6;
+  assign \$88  = \$86  & \$87 ;
+  assign \$89  = \$85  | \$88 ;
+  assign \$90  = shift_2[5:3] > 1'h1;
+  assign \$91  = shift_2[5:3] == 1'h1;
+  assign \$92  = shift_2[2:0] > 3'h7;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = \$90  | \$93 ;
+  assign \$95  = shift_2[5:3] > 2'h2;
+  assign \$96  = shift_2[5:3] == 2'h2;
+  assign \$97  = shift_2[2:0] > 1'h0;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = \$95  | \$98 ;
+  assign \$100  = shift_2[5:3] > 2'h2;
+  assign \$101  = shift_2[5:3] == 2'h2;
+  assign \$102  = shift_2[2:0] > 1'h1;
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = \$100  | \$103 ;
+  assign \$105  = shift_2[5:3] > 2'h2;
+  assign \$106  = shift_2[5:3] == 2'h2;
+  assign \$107  = shift_2[2:0] > 2'h2;
+  assign \$108  = \$106  & \$107 ;
+  assign \$109  = \$105  | \$108 ;
+  assign \$110  = shift_2[5:3] > 2'h2;
+  assign \$111  = shift_2[5:3] == 2'h2;
+  assign \$112  = shift_2[2:0] > 2'h3;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = \$110  | \$113 ;
+  assign \$115  = shift_2[5:3] > 2'h2;
+  assign \$116  = shift_2[5:3] == 2'h2;
+  assign \$117  = shift_2[2:0] > 3'h4;
+  assign \$118  = \$116  & \$117 ;
+  assign \$119  = \$115  | \$118 ;
+  assign \$120  = shift_2[5:3] > 2'h2;
+  assign \$121  = shift_2[5:3] == 2'h2;
+  assign \$122  = shift_2[2:0] > 3'h5;
+  assign \$123  = \$121  & \$122 ;
+  assign \$124  = \$120  | \$123 ;
+  assign \$125  = shift_2[5:3] > 2'h2;
+  assign \$126  = shift_2[5:3] == 2'h2;
+  assign \$127  = shift_2[2:0] > 3'h6;
+  assign \$128  = \$126  & \$127 ;
+  assign \$129  = \$125  | \$128 ;
+  assign \$130  = shift_2[5:3] > 2'h2;
+  assign \$131  = shift_2[5:3] == 2'h2;
+  assign \$132  = shift_2[2:0] > 3'h7;
+  assign \$133  = \$131  & \$132 ;
+  assign \$134  = \$130  | \$133 ;
+  assign \$135  = shift_2[5:3] > 2'h3;
+  assign \$136  = shift_2[5:3] == 2'h3;
+  assign \$137  = shift_2[2:0] > 1'h0;
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = \$135  | \$138 ;
+  assign \$140  = shift_2[5:3] > 2'h3;
+  assign \$141  = shift_2[5:3] == 2'h3;
+  assign \$142  = shift_2[2:0] > 1'h1;
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$140  | \$143 ;
+  assign \$145  = shift_2[5:3] > 2'h3;
+  assign \$146  = shift_2[5:3] == 2'h3;
+  assign \$147  = shift_2[2:0] > 2'h2;
+  assign \$148  = \$146  & \$147 ;
+  assign \$149  = \$145  | \$148 ;
+  assign \$150  = shift_2[5:3] > 2'h3;
+  assign \$151  = shift_2[5:3] == 2'h3;
+  assign \$152  = shift_2[2:0] > 2'h3;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = shift_2[5:3] > 2'h3;
+  assign \$156  = shift_2[5:3] == 2'h3;
+  assign \$157  = shift_2[2:0] > 3'h4;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$155  | \$158 ;
+  assign \$160  = shift_2[5:3] > 2'h3;
+  assign \$161  = shift_2[5:3] == 2'h3;
+  assign \$162  = shift_2[2:0] > 3'h5;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = \$160  | \$163 ;
+  assign \$165  = shift_2[5:3] > 2'h3;
+  assign \$166  = shift_2[5:3] == 2'h3;
+  assign \$167  = shift_2[2:0] > 3'h6;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = \$165  | \$168 ;
+  assign \$170  = shift_2[5:3] > 2'h3;
+  assign \$171  = shift_2[5:3] == 2'h3;
+  assign \$172  = shift_2[2:0] > 3'h7;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = shift_2[5:3] > 3'h4;
+  assign \$176  = shift_2[5:3] == 3'h4;
+  assign \$177  = shift_2[2:0] > 1'h0;
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = shift_2[5:3] > 3'h4;
+  assign \$181  = shift_2[5:3] == 3'h4;
+  assign \$182  = shift_2[2:0] > 1'h1;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = \$180  | \$183 ;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -8265,22 +8292,25 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$276$0 (mult),
-    .\port$281$0 (i__payload),
+    .\port$278$0 (mult),
+    .\port$283$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
+    \$772  = v1;
+    if (advance) begin
+      \$772  = i__valid;
+    end
     if (rst) begin
-      \$772  = 41'h00000000000;
+      \$772  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$773  = v1;
+    \$773  = v2;
     if (advance) begin
-      \$773  = i__valid;
+      \$773  = v1;
     end
     if (rst) begin
       \$773  = 1'h0;
@@ -8288,9 +8318,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$774  = v2;
+    \$774  = x_valid;
     if (advance) begin
-      \$774  = v1;
+      \$774  = v2;
     end
     if (rst) begin
       \$774  = 1'h0;
@@ -8298,29 +8328,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$775  = x_valid;
+    \$775  = \$signal ;
     if (advance) begin
-      \$775  = v2;
+      \$775  = shift;
     end
     if (rst) begin
-      \$775  = 1'h0;
+      \$775  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$776  = x0;
+    \$776  = shift_2;
     if (advance) begin
-      \$776  = \$210 [39:0];
+      \$776  = \$signal ;
     end
     if (rst) begin
-      \$776  = 40'h0000000000;
+      \$776  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$777  = x1;
+    \$777  = x0;
     if (advance) begin
-      \$777  = \$213 [39:0];
+      \$777  = \$5 [39:0];
     end
     if (rst) begin
       \$777  = 40'h0000000000;
@@ -8328,9 +8358,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$778  = x2;
+    \$778  = x1;
     if (advance) begin
-      \$778  = \$216 [39:0];
+      \$778  = \$8 [39:0];
     end
     if (rst) begin
       \$778  = 40'h0000000000;
@@ -8338,9 +8368,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$779  = x3;
+    \$779  = x2;
     if (advance) begin
-      \$779  = \$219 [39:0];
+      \$779  = \$11 [39:0];
     end
     if (rst) begin
       \$779  = 40'h0000000000;
@@ -8348,49 +8378,49 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$780  = v_shift;
+    \$780  = x3;
     if (advance) begin
-      \$780  = x_valid;
+      \$780  = \$14 [39:0];
     end
     if (rst) begin
-      \$780  = 1'h0;
+      \$780  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$781  = v_round;
+    \$781  = shift_x;
     if (advance) begin
-      \$781  = v_shift;
+      \$781  = shift_2;
     end
     if (rst) begin
-      \$781  = 1'h0;
+      \$781  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$782  = o__valid;
+    \$782  = below;
     if (advance) begin
-      \$782  = v_round;
+      \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
     end
     if (rst) begin
-      \$782  = 1'h0;
+      \$782  = 41'h00000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$783  = y0;
+    \$783  = v_shift;
     if (advance) begin
-      \$783  = \$345 [8:0];
+      \$783  = x_valid;
     end
     if (rst) begin
-      \$783  = 9'h000;
+      \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$784  = sticky0;
+    \$784  = v_round;
     if (advance) begin
-      \$784  = \$347 ;
+      \$784  = v_shift;
     end
     if (rst) begin
       \$784  = 1'h0;
@@ -8398,9 +8428,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$785  = over0;
+    \$785  = o__valid;
     if (advance) begin
-      \$785  = \$350 ;
+      \$785  = v_round;
     end
     if (rst) begin
       \$785  = 1'h0;
@@ -8408,29 +8438,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$786  = neg0;
+    \$786  = y0;
     if (advance) begin
-      \$786  = x0[39];
+      \$786  = \$345 [8:0];
     end
     if (rst) begin
-      \$786  = 1'h0;
+      \$786  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$787  = rounded0;
+    \$787  = sticky0;
     if (advance) begin
-      \$787  = \$353 ;
+      \$787  = \$347 ;
     end
     if (rst) begin
-      \$787  = 9'h000;
+      \$787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$788  = over2_0;
+    \$788  = over0;
     if (advance) begin
-      \$788  = over0;
+      \$788  = \$350 ;
     end
     if (rst) begin
       \$788  = 1'h0;
@@ -8438,9 +8468,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$789  = neg2_0;
+    \$789  = neg0;
     if (advance) begin
-      \$789  = neg0;
+      \$789  = x0[39];
     end
     if (rst) begin
       \$789  = 1'h0;
@@ -8448,32 +8478,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$790  = o__payload;
+    \$790  = rounded0;
     if (advance) begin
-      \$790 [7:0] = \$357 [7:0];
-      \$790 [15:8] = \$495 [7:0];
-      \$790 [23:16] = \$633 [7:0];
-      \$790 [31:24] = \$771 [7:0];
+      \$790  = \$353 ;
     end
     if (rst) begin
-      \$790  = 32'd0;
+      \$790  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$791  = y1;
+    \$791  = over2_0;
     if (advance) begin
-      \$791  = \$483 [8:0];
+      \$791  = over0;
     end
     if (rst) begin
-      \$791  = 9'h000;
+      \$791  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$792  = sticky1;
+    \$792  = neg2_0;
     if (advance) begin
-      \$792  = \$485 ;
+      \$792  = neg0;
     end
     if (rst) begin
       \$792  = 1'h0;
@@ -8481,39 +8508,42 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$793  = over1;
+    \$793  = o__payload;
     if (advance) begin
-      \$793  = \$488 ;
+      \$793 [7:0] = \$357 [7:0];
+      \$793 [15:8] = \$495 [7:0];
+      \$793 [23:16] = \$633 [7:0];
+      \$793 [31:24] = \$771 [7:0];
     end
     if (rst) begin
-      \$793  = 1'h0;
+      \$793  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$794  = neg1;
+    \$794  = y1;
     if (advance) begin
-      \$794  = x1[39];
+      \$794  = \$483 [8:0];
     end
     if (rst) begin
-      \$794  = 1'h0;
+      \$794  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$795  = rounded1;
+    \$795  = sticky1;
     if (advance) begin
-      \$795  = \$491 ;
+      \$795  = \$485 ;
     end
     if (rst) begin
-      \$795  = 9'h000;
+      \$795  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$796  = over2_1;
+    \$796  = over1;
     if (advance) begin
-      \$796  = over1;
+      \$796  = \$488 ;
     end
     if (rst) begin
       \$796  = 1'h0;
@@ -8521,9 +8551,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$797  = neg2_1;
+    \$797  = neg1;
     if (advance) begin
-      \$797  = neg1;
+      \$797  = x1[39];
     end
     if (rst) begin
       \$797  = 1'h0;
@@ -8531,9 +8561,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$798  = y2;
+    \$798  = rounded1;
     if (advance) begin
-      \$798  = \$621 [8:0];
+      \$798  = \$491 ;
     end
     if (rst) begin
       \$798  = 9'h000;
@@ -8541,9 +8571,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$799  = sticky2;
+    \$799  = over2_1;
     if (advance) begin
-      \$799  = \$623 ;
+      \$799  = over1;
     end
     if (rst) begin
       \$799  = 1'h0;
@@ -8551,9 +8581,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$800  = over2;
+    \$800  = neg2_1;
     if (advance) begin
-      \$800  = \$626 ;
+      \$800  = neg1;
     end
     if (rst) begin
       \$800  = 1'h0;
@@ -8561,29 +8591,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$801  = neg2;
+    \$801  = y2;
     if (advance) begin
-      \$801  = x2[39];
+      \$801  = \$621 [8:0];
     end
     if (rst) begin
-      \$801  = 1'h0;
+      \$801  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$802  = rounded2;
+    \$802  = sticky2;
     if (advance) begin
-      \$802  = \$629 ;
+      \$802  = \$623 ;
     end
     if (rst) begin
-      \$802  = 9'h000;
+      \$802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$803  = over2_2;
+    \$803  = over2;
     if (advance) begin
-      \$803  = over2;
+      \$803  = \$626 ;
     end
     if (rst) begin
       \$803  = 1'h0;
@@ -8591,9 +8621,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$804  = neg2_2;
+    \$804  = neg2;
     if (advance) begin
-      \$804  = neg2;
+      \$804  = x2[39];
     end
     if (rst) begin
       \$804  = 1'h0;
@@ -8601,9 +8631,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$805  = y3;
+    \$805  = rounded2;
     if (advance) begin
-      \$805  = \$759 [8:0];
+      \$805  = \$629 ;
     end
     if (rst) begin
       \$805  = 9'h000;
@@ -8611,9 +8641,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$806  = sticky3;
+    \$806  = over2_2;
     if (advance) begin
-      \$806  = \$761 ;
+      \$806  = over2;
     end
     if (rst) begin
       \$806  = 1'h0;
@@ -8621,9 +8651,9 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$807  = over3;
+    \$807  = neg2_2;
     if (advance) begin
-      \$807  = \$764 ;
+      \$807  = neg2;
     end
     if (rst) begin
       \$807  = 1'h0;
@@ -8631,29 +8661,29 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$808  = neg3;
+    \$808  = y3;
     if (advance) begin
-      \$808  = x3[39];
+      \$808  = \$759 [8:0];
     end
     if (rst) begin
-      \$808  = 1'h0;
+      \$808  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$809  = rounded3;
+    \$809  = sticky3;
     if (advance) begin
-      \$809  = \$767 ;
+      \$809  = \$761 ;
     end
     if (rst) begin
-      \$809  = 9'h000;
+      \$809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$810  = over2_3;
+    \$810  = over3;
     if (advance) begin
-      \$810  = over3;
+      \$810  = \$764 ;
     end
     if (rst) begin
       \$810  = 1'h0;
@@ -8661,12 +8691,42 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$811  = neg2_3;
+    \$811  = neg3;
     if (advance) begin
-      \$811  = neg3;
+      \$811  = x3[39];
     end
     if (rst) begin
       \$811  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$812  = rounded3;
+    if (advance) begin
+      \$812  = \$767 ;
+    end
+    if (rst) begin
+      \$812  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$813  = over2_3;
+    if (advance) begin
+      \$813  = over3;
+    end
+    if (rst) begin
+      \$813  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$814  = neg2_3;
+    if (advance) begin
+      \$814  = neg3;
+    end
+    if (rst) begin
+      \$814  = 1'h0;
     end
   end
   assign above = { \$2 , 8'h00 };
@@ -8696,14 +8756,14 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
   assign \o__payload[1]  = o__payload[15:8];
   assign \o__payload[2]  = o__payload[23:16];
   assign \o__payload[3]  = o__payload[31:24];
-  assign \$208  = { p__0[35], p__0 };
-  assign \$209  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$211  = { p__2[35], p__2 };
-  assign \$212  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$214  = { p__4[35], p__4 };
-  assign \$215  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$217  = { p__6[35], p__6 };
-  assign \$218  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$220  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$222  = { \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39], \$221 [39:16] };
   assign \$223  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
@@ -8959,7 +9019,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -9045,10 +9105,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$276$0 ;
-  wire [15:0] \port$276$0 ;
-  input [95:0] \port$281$0 ;
-  wire [95:0] \port$281$0 ;
+  input [15:0] \port$278$0 ;
+  wire [15:0] \port$278$0 ;
+  input [95:0] \port$283$0 ;
+  wire [95:0] \port$283$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9111,7 +9171,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$281$0 [16:0] };
+      \$9  = { 1'h0, \port$283$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9121,7 +9181,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$276$0  };
+      \$10  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -9141,7 +9201,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23:17] };
+      \$12  = { \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9151,7 +9211,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$276$0  };
+      \$13  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9171,7 +9231,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$281$0 [40:24] };
+      \$15  = { 1'h0, \port$283$0 [40:24] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9181,7 +9241,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$276$0  };
+      \$16  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9201,7 +9261,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47:41] };
+      \$18  = { \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47:41] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9211,7 +9271,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$276$0  };
+      \$19  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9231,7 +9291,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$281$0 [64:48] };
+      \$21  = { 1'h0, \port$283$0 [64:48] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9241,7 +9301,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$276$0  };
+      \$22  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9261,7 +9321,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71:65] };
+      \$24  = { \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71:65] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9271,7 +9331,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$276$0  };
+      \$25  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9291,7 +9351,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$281$0 [88:72] };
+      \$27  = { 1'h0, \port$283$0 [88:72] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9301,7 +9361,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$276$0  };
+      \$28  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9321,7 +9381,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95:89] };
+      \$30  = { \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95:89] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9331,7 +9391,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$276$0  };
+      \$31  = { 2'h0, \port$278$0  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9347,20 +9407,20 @@ module \nanokpu_gemm.requant.mul (rst, \port$276$0 , \port$281$0 , en, p__0, p__
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$281$0 [16:0] };
-  assign b__0 = { 2'h0, \port$276$0  };
-  assign a__1 = { \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23], \port$281$0 [23:17] };
-  assign b__1 = { 2'h0, \port$276$0  };
-  assign a__2 = { 1'h0, \port$281$0 [40:24] };
-  assign b__2 = { 2'h0, \port$276$0  };
-  assign a__3 = { \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47], \port$281$0 [47:41] };
-  assign b__3 = { 2'h0, \port$276$0  };
-  assign a__4 = { 1'h0, \port$281$0 [64:48] };
-  assign b__4 = { 2'h0, \port$276$0  };
-  assign a__5 = { \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71], \port$281$0 [71:65] };
-  assign b__5 = { 2'h0, \port$276$0  };
-  assign a__6 = { 1'h0, \port$281$0 [88:72] };
-  assign b__6 = { 2'h0, \port$276$0  };
-  assign a__7 = { \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95], \port$281$0 [95:89] };
-  assign b__7 = { 2'h0, \port$276$0  };
+  assign a__0 = { 1'h0, \port$283$0 [16:0] };
+  assign b__0 = { 2'h0, \port$278$0  };
+  assign a__1 = { \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23:17] };
+  assign b__1 = { 2'h0, \port$278$0  };
+  assign a__2 = { 1'h0, \port$283$0 [40:24] };
+  assign b__2 = { 2'h0, \port$278$0  };
+  assign a__3 = { \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47:41] };
+  assign b__3 = { 2'h0, \port$278$0  };
+  assign a__4 = { 1'h0, \port$283$0 [64:48] };
+  assign b__4 = { 2'h0, \port$278$0  };
+  assign a__5 = { \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71:65] };
+  assign b__5 = { 2'h0, \port$278$0  };
+  assign a__6 = { 1'h0, \port$283$0 [88:72] };
+  assign b__6 = { 2'h0, \port$278$0  };
+  assign a__7 = { \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95:89] };
+  assign b__7 = { 2'h0, \port$278$0  };
 endmodule

@@ -992,8 +992,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$3792$254 (cur[269:254]),
     .\port$381$0 (\$149 ),
+    .\port$3879$254 (cur[269:254]),
     .\port$399$0 (\$150 ),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
@@ -1053,7 +1053,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$54 (\done$284 ),
+    .\done$68 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1197,7 +1197,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3794$0 (running_exec),
+    .\port$3881$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -3404,34 +3404,34 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [16:0] \$100 ;
+  wire \$100 ;
   wire [13:0] \$101 ;
-  wire [16:0] \$102 ;
+  wire [9:0] \$102 ;
   wire \$103 ;
-  wire [16:0] \$104 ;
-  wire [13:0] \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire [9:0] \$108 ;
-  wire \$109 ;
+  wire [4:0] \$104 ;
+  wire \$105 ;
+  wire [13:0] \$106 ;
+  wire [14:0] \$107 ;
+  wire \$108 ;
+  wire [14:0] \$109 ;
   wire [16:0] \$11 ;
-  wire \$110 ;
-  wire \$111 ;
+  wire [13:0] \$110 ;
+  wire [16:0] \$111 ;
   wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
-  wire \$115 ;
+  wire [16:0] \$113 ;
+  wire [13:0] \$114 ;
+  wire [16:0] \$115 ;
   wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [9:0] \$119 ;
+  wire [16:0] \$117 ;
+  wire [13:0] \$118 ;
+  wire [16:0] \$119 ;
   wire [17:0] \$12 ;
   wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
+  wire [16:0] \$121 ;
+  wire [13:0] \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire \$125 ;
+  wire [9:0] \$125 ;
   wire \$126 ;
   wire \$127 ;
   wire \$128 ;
@@ -3443,7 +3443,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$133 ;
   wire \$134 ;
   wire \$135 ;
-  wire \$136 ;
+  wire [9:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
@@ -3471,10 +3471,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [14:0] \$161 ;
+  wire \$161 ;
   wire \$162 ;
   wire \$163 ;
-  wire [14:0] \$164 ;
+  wire \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
@@ -3489,15 +3489,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
-  wire \$178 ;
+  wire [14:0] \$178 ;
   wire \$179 ;
   wire [1:0] \$18 ;
   wire \$180 ;
-  wire \$181 ;
-  wire [14:0] \$182 ;
+  wire [14:0] \$181 ;
+  wire \$182 ;
   wire \$183 ;
   wire \$184 ;
-  wire [14:0] \$185 ;
+  wire \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
@@ -3512,19 +3512,19 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire \$199 ;
+  wire [14:0] \$199 ;
   wire \$2 ;
   wire [9:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
-  wire \$202 ;
-  wire [14:0] \$203 ;
+  wire [14:0] \$202 ;
+  wire \$203 ;
   wire \$204 ;
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
   wire \$208 ;
-  wire [14:0] \$209 ;
+  wire \$209 ;
   wire \$21 ;
   wire \$210 ;
   wire \$211 ;
@@ -3532,18 +3532,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire [14:0] \$216 ;
+  wire \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire [15:0] \$22 ;
-  wire \$220 ;
+  wire [14:0] \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
-  wire [33:0] \$224 ;
-  wire [32:0] \$225 ;
-  wire \$226 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire [14:0] \$226 ;
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
@@ -3551,37 +3551,54 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire \$233 ;
+  wire [14:0] \$233 ;
   wire \$234 ;
-  wire [13:0] \$235 ;
+  wire \$235 ;
   wire \$236 ;
-  wire [13:0] \$237 ;
+  wire \$237 ;
   wire \$238 ;
-  wire [13:0] \$239 ;
+  wire \$239 ;
   wire \$24 ;
   wire \$240 ;
-  wire [13:0] \$241 ;
-  wire \$242 ;
-  wire [17:0] \$243 ;
-  wire [3:0] \$244 ;
-  wire [2:0] \$245 ;
-  reg \$246 ;
-  reg \$247 ;
-  reg \$248 ;
-  reg \$249 ;
+  wire [33:0] \$241 ;
+  wire [32:0] \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  reg [7:0] \$250 ;
-  reg \$251 ;
-  reg [2:0] \$252 ;
-  reg [1:0] \$253 ;
-  reg [13:0] \$254 ;
-  reg [13:0] \$255 ;
-  reg [13:0] \$256 ;
-  reg [13:0] \$257 ;
-  reg [17:0] \$258 ;
-  reg [32:0] \$259 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire [13:0] \$252 ;
+  wire \$253 ;
+  wire [13:0] \$254 ;
+  wire \$255 ;
+  wire [13:0] \$256 ;
+  wire \$257 ;
+  wire [13:0] \$258 ;
+  wire \$259 ;
   wire \$26 ;
+  wire [17:0] \$260 ;
+  wire [3:0] \$261 ;
+  wire [2:0] \$262 ;
+  reg \$263 ;
+  reg \$264 ;
+  reg \$265 ;
+  reg \$266 ;
+  reg [7:0] \$267 ;
+  reg \$268 ;
+  reg [2:0] \$269 ;
   wire \$27 ;
+  reg [1:0] \$270 ;
+  reg [13:0] \$271 ;
+  reg [13:0] \$272 ;
+  reg [13:0] \$273 ;
+  reg [13:0] \$274 ;
+  reg [17:0] \$275 ;
+  reg [32:0] \$276 ;
   wire \$28 ;
   wire \$29 ;
   wire [16:0] \$3 ;
@@ -3643,24 +3660,24 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$80 ;
   wire \$81 ;
   wire [9:0] \$82 ;
-  wire \$83 ;
-  wire [4:0] \$84 ;
-  wire [9:0] \$85 ;
-  wire \$86 ;
-  wire [4:0] \$87 ;
-  wire \$88 ;
-  wire [13:0] \$89 ;
+  wire [9:0] \$83 ;
+  wire [22:0] \$84 ;
+  wire [23:0] \$85 ;
+  wire [16:0] \$86 ;
+  wire \$87 ;
+  wire [23:0] \$88 ;
+  wire \$89 ;
   wire [17:0] \$9 ;
-  wire [14:0] \$90 ;
-  wire \$91 ;
-  wire [14:0] \$92 ;
-  wire [13:0] \$93 ;
-  wire [16:0] \$94 ;
-  wire \$95 ;
-  wire [16:0] \$96 ;
-  wire [13:0] \$97 ;
-  wire [16:0] \$98 ;
-  wire \$99 ;
+  wire [9:0] \$90 ;
+  wire [22:0] \$91 ;
+  wire [23:0] \$92 ;
+  wire [16:0] \$93 ;
+  wire \$94 ;
+  wire [23:0] \$95 ;
+  wire [13:0] \$96 ;
+  wire [9:0] \$97 ;
+  wire \$98 ;
+  wire [4:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -3825,187 +3842,194 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$79  = m_eff >= 1'h1;
   assign \$80  = ins[63:48] >= 1'h1;
   assign \$81  = & { \$80 , \$79  };
-  assign \$84  = \$83  ? 5'h10 : 5'h00;
-  assign \$87  = \$86  ? 5'h10 : 5'h00;
-  assign \$88  = | ins[63:62];
-  assign \$89  = \$88  ? 14'h3fff : ins[61:48];
-  assign \$90  = mk + 5'h10;
-  assign \$92  = mk + 5'h10;
-  assign \$93  = \$91  ? 14'h3fff : \$92 [13:0];
-  assign \$95  = | \$94 [16:14];
-  assign \$97  = \$95  ? 14'h3fff : \$96 [13:0];
-  assign \$98  = \context [47:34] + \context [33:18];
-  assign \$99  = | \$98 [16:14];
-  assign \$100  = \context [47:34] + \context [33:18];
-  assign \$101  = \$99  ? 14'h3fff : \$100 [13:0];
-  assign \$102  = \context [47:34] + \context [33:18];
-  assign \$103  = | \$102 [16:14];
-  assign \$104  = \context [47:34] + \context [33:18];
-  assign \$105  = \$103  ? 14'h3fff : \$104 [13:0];
-  assign \$106  = ins[5:0] <= 4'he;
-  assign \$107  = ~ \$106 ;
-  assign \$109  = | \$108 ;
-  assign \$110  = ins[5:0] == 4'ha;
-  assign \$111  = ins[5:0] == 4'hb;
-  assign \$112  = | { \$111 , \$110 , 1'h0 };
-  assign \$113  = \$109  | \$112 ;
-  assign \$114  = ins[5:0] == 4'h9;
-  assign \$116  = \$113  | \$115 ;
-  assign \$117  = ~ \context [0];
-  assign \$118  = \$116  & \$117 ;
-  assign \$120  = | \$119 ;
-  assign \$121  = ins[5:0] == 4'ha;
-  assign \$122  = ins[5:0] == 4'hb;
-  assign \$123  = | { \$122 , \$121 , 1'h0 };
-  assign \$124  = \$120  | \$123 ;
-  assign \$125  = ~ \context [1];
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = \$118  | \$126 ;
-  assign \$128  = ins[5:0] == 4'h9;
-  assign \$129  = ins[5:0] == 4'he;
-  assign \$130  = | { \$129 , \$128 , 1'h0 };
-  assign \$131  = ins[255:244] < 7'h40;
-  assign \$132  = ~ \$131 ;
-  assign \$133  = \$130  & \$132 ;
-  assign \$134  = ~ shape_q;
-  assign \$135  = ins[5:0] == 4'h8;
-  assign \$137  = ! ins[87:77];
-  assign \$138  = \context [48] & \$137 ;
-  assign \$139  = \context [61:49] == ins[76:64];
-  assign \$140  = \$138  & \$139 ;
-  assign \$141  = \context [75:62] == ln;
-  assign \$142  = \$140  & \$141 ;
-  assign \$143  = ~ \$142 ;
-  assign \$144  = \$136  & \$143 ;
-  assign \$145  = ~ spad_ok;
-  assign \$146  = ins[5:0] == 1'h1;
-  assign \$147  = ins[5:0] == 2'h2;
-  assign \$148  = ins[5:0] == 2'h3;
-  assign \$149  = | { \$148 , \$147 , \$146 , 1'h0 };
-  assign \$150  = ~ host_ok;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = ~ busy;
-  assign \$153  = active & \$152 ;
-  assign \$154  = step != 3'h7;
-  assign \$155  = ! ins[5:0];
-  assign \$156  = settle == 2'h2;
-  assign \$157  = \$155  | \$156 ;
-  assign \$158  = | wa;
-  assign \$159  = | wc;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = ins[125:112] + wc;
-  assign \$162  = ins[77:64] < \$161 ;
-  assign \$163  = \$160  & \$162 ;
-  assign \$164  = ins[77:64] + wa;
-  assign \$165  = ins[125:112] < \$164 ;
-  assign \$166  = \$163  & \$165 ;
-  assign \$167  = ins[5:0] == 3'h4;
-  assign \$168  = ins[5:0] == 3'h5;
-  assign \$169  = ins[5:0] == 3'h6;
-  assign \$170  = ins[5:0] == 3'h7;
-  assign \$171  = ins[5:0] == 4'hd;
-  assign \$172  = | { \$171 , \$170 , \$169 , \$168 , \$167 , 1'h0 };
-  assign \$173  = ins[77:64] == ins[125:112];
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = wa == wc;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = ~ \$176 ;
-  assign \$178  = \$166  & \$177 ;
-  assign \$179  = | wb;
-  assign \$180  = | wc;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = ins[125:112] + wc;
-  assign \$183  = ins[101:88] < \$182 ;
-  assign \$184  = \$181  & \$183 ;
-  assign \$185  = ins[101:88] + wb;
-  assign \$186  = ins[125:112] < \$185 ;
-  assign \$187  = \$184  & \$186 ;
-  assign \$188  = ins[5:0] == 3'h4;
-  assign \$189  = ins[5:0] == 3'h5;
-  assign \$190  = ins[5:0] == 3'h6;
-  assign \$191  = ins[5:0] == 3'h7;
-  assign \$192  = ins[5:0] == 4'hd;
-  assign \$193  = | { \$192 , \$191 , \$190 , \$189 , \$188 , 1'h0 };
-  assign \$194  = ins[101:88] == ins[125:112];
-  assign \$195  = \$193  & \$194 ;
-  assign \$196  = wb == wc;
-  assign \$197  = \$195  & \$196 ;
-  assign \$198  = ~ \$197 ;
-  assign \$199  = \$187  & \$198 ;
-  assign \$200  = \$178  | \$199 ;
-  assign \$201  = ! wa;
-  assign \$202  = ! ins[87:78];
-  assign \$203  = ins[77:64] + wa;
-  assign \$204  = \$203  <= 14'h2000;
-  assign \$205  = \$202  & \$204 ;
-  assign \$206  = \$201  | \$205 ;
-  assign \$207  = ! wb;
-  assign \$208  = ! ins[111:102];
-  assign \$209  = ins[101:88] + wb;
-  assign \$210  = \$209  <= 14'h2000;
-  assign \$211  = \$208  & \$210 ;
-  assign \$212  = \$207  | \$211 ;
-  assign \$213  = \$206  & \$212 ;
-  assign \$214  = ! wc;
-  assign \$215  = ! ins[135:126];
-  assign \$216  = ins[125:112] + wc;
-  assign \$217  = \$216  <= 14'h2000;
-  assign \$218  = \$215  & \$217 ;
-  assign \$219  = \$214  | \$218 ;
-  assign \$220  = \$213  & \$219 ;
-  assign \$221  = ! host[1:0];
-  assign \$222  = host >= \context [107:76];
-  assign \$223  = \$221  & \$222 ;
-  assign \$224  = host + { l4[17:2], 2'h0 };
-  assign \$225  = \context [107:76] + \context [139:108];
-  assign \$226  = \$224  <= \$225 ;
-  assign \$227  = \$223  & \$226 ;
-  assign \$228  = ~ busy;
-  assign \$229  = active & \$228 ;
-  assign \$230  = step != 3'h7;
-  assign \$231  = ! ins[5:0];
-  assign \$232  = settle == 2'h2;
-  assign \$233  = \$231  | \$232 ;
-  assign \$234  = | acc[32:14];
-  assign \$235  = \$234  ? 14'h3fff : acc[13:0];
-  assign \$236  = | acc[32:14];
-  assign \$237  = \$236  ? 14'h3fff : acc[13:0];
-  assign \$238  = | acc[32:14];
-  assign \$239  = \$238  ? 14'h3fff : acc[13:0];
-  assign \$240  = | acc[32:14];
-  assign \$241  = \$240  ? 14'h3fff : acc[13:0];
-  assign \$242  = | acc[32:18];
-  assign \$243  = \$242  ? 18'h3ffff : acc[17:0];
-  assign \$244  = step + 1'h1;
-  assign \$245  = settle + 1'h1;
+  assign \$85  = 1'h0 + \$84 ;
+  assign \$88  = \$87  ? \$85  : { 7'h00, \$86  };
+  assign \$89  = | \$88 [23:14];
+  assign \$92  = 1'h0 + \$91 ;
+  assign \$95  = \$94  ? \$92  : { 7'h00, \$93  };
+  assign \$96  = \$89  ? 14'h3fff : \$95 [13:0];
+  assign \$99  = \$98  ? 5'h10 : 5'h00;
+  assign \$101  = \$100  ? \$96  : { 9'h000, \$99  };
+  assign \$104  = \$103  ? 5'h10 : 5'h00;
+  assign \$105  = | ins[63:62];
+  assign \$106  = \$105  ? 14'h3fff : ins[61:48];
+  assign \$107  = mk + 5'h10;
+  assign \$109  = mk + 5'h10;
+  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
+  assign \$112  = | \$111 [16:14];
+  assign \$114  = \$112  ? 14'h3fff : \$113 [13:0];
+  assign \$115  = \context [47:34] + \context [33:18];
+  assign \$116  = | \$115 [16:14];
+  assign \$117  = \context [47:34] + \context [33:18];
+  assign \$118  = \$116  ? 14'h3fff : \$117 [13:0];
+  assign \$119  = \context [47:34] + \context [33:18];
+  assign \$120  = | \$119 [16:14];
+  assign \$121  = \context [47:34] + \context [33:18];
+  assign \$122  = \$120  ? 14'h3fff : \$121 [13:0];
+  assign \$123  = ins[5:0] <= 4'he;
+  assign \$124  = ~ \$123 ;
+  assign \$126  = | \$125 ;
+  assign \$127  = ins[5:0] == 4'ha;
+  assign \$128  = ins[5:0] == 4'hb;
+  assign \$129  = | { \$128 , \$127 , 1'h0 };
+  assign \$130  = \$126  | \$129 ;
+  assign \$131  = ins[5:0] == 4'h9;
+  assign \$133  = \$130  | \$132 ;
+  assign \$134  = ~ \context [0];
+  assign \$135  = \$133  & \$134 ;
+  assign \$137  = | \$136 ;
+  assign \$138  = ins[5:0] == 4'ha;
+  assign \$139  = ins[5:0] == 4'hb;
+  assign \$140  = | { \$139 , \$138 , 1'h0 };
+  assign \$141  = \$137  | \$140 ;
+  assign \$142  = ~ \context [1];
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$135  | \$143 ;
+  assign \$145  = ins[5:0] == 4'h9;
+  assign \$146  = ins[5:0] == 4'he;
+  assign \$147  = | { \$146 , \$145 , 1'h0 };
+  assign \$148  = ins[255:244] < 7'h40;
+  assign \$149  = ~ \$148 ;
+  assign \$150  = \$147  & \$149 ;
+  assign \$151  = ~ shape_q;
+  assign \$152  = ins[5:0] == 4'h8;
+  assign \$154  = ! ins[87:77];
+  assign \$155  = \context [48] & \$154 ;
+  assign \$156  = \context [61:49] == ins[76:64];
+  assign \$157  = \$155  & \$156 ;
+  assign \$158  = \context [75:62] == ln;
+  assign \$159  = \$157  & \$158 ;
+  assign \$160  = ~ \$159 ;
+  assign \$161  = \$153  & \$160 ;
+  assign \$162  = ~ spad_ok;
+  assign \$163  = ins[5:0] == 1'h1;
+  assign \$164  = ins[5:0] == 2'h2;
+  assign \$165  = ins[5:0] == 2'h3;
+  assign \$166  = | { \$165 , \$164 , \$163 , 1'h0 };
+  assign \$167  = ~ host_ok;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = ~ busy;
+  assign \$170  = active & \$169 ;
+  assign \$171  = step != 3'h7;
+  assign \$172  = ! ins[5:0];
+  assign \$173  = settle == 2'h2;
+  assign \$174  = \$172  | \$173 ;
+  assign \$175  = | wa;
+  assign \$176  = | wc;
+  assign \$177  = \$175  & \$176 ;
+  assign \$178  = ins[125:112] + wc;
+  assign \$179  = ins[77:64] < \$178 ;
+  assign \$180  = \$177  & \$179 ;
+  assign \$181  = ins[77:64] + wa;
+  assign \$182  = ins[125:112] < \$181 ;
+  assign \$183  = \$180  & \$182 ;
+  assign \$184  = ins[5:0] == 3'h4;
+  assign \$185  = ins[5:0] == 3'h5;
+  assign \$186  = ins[5:0] == 3'h6;
+  assign \$187  = ins[5:0] == 3'h7;
+  assign \$188  = ins[5:0] == 4'hd;
+  assign \$189  = | { \$188 , \$187 , \$186 , \$185 , \$184 , 1'h0 };
+  assign \$190  = ins[77:64] == ins[125:112];
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = wa == wc;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = ~ \$193 ;
+  assign \$195  = \$183  & \$194 ;
+  assign \$196  = | wb;
+  assign \$197  = | wc;
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = ins[125:112] + wc;
+  assign \$200  = ins[101:88] < \$199 ;
+  assign \$201  = \$198  & \$200 ;
+  assign \$202  = ins[101:88] + wb;
+  assign \$203  = ins[125:112] < \$202 ;
+  assign \$204  = \$201  & \$203 ;
+  assign \$205  = ins[5:0] == 3'h4;
+  assign \$206  = ins[5:0] == 3'h5;
+  assign \$207  = ins[5:0] == 3'h6;
+  assign \$208  = ins[5:0] == 3'h7;
+  assign \$209  = ins[5:0] == 4'hd;
+  assign \$210  = | { \$209 , \$208 , \$207 , \$206 , \$205 , 1'h0 };
+  assign \$211  = ins[101:88] == ins[125:112];
+  assign \$212  = \$210  & \$211 ;
+  assign \$213  = wb == wc;
+  assign \$214  = \$212  & \$213 ;
+  assign \$215  = ~ \$214 ;
+  assign \$216  = \$204  & \$215 ;
+  assign \$217  = \$195  | \$216 ;
+  assign \$218  = ! wa;
+  assign \$219  = ! ins[87:78];
+  assign \$220  = ins[77:64] + wa;
+  assign \$221  = \$220  <= 14'h2000;
+  assign \$222  = \$219  & \$221 ;
+  assign \$223  = \$218  | \$222 ;
+  assign \$224  = ! wb;
+  assign \$225  = ! ins[111:102];
+  assign \$226  = ins[101:88] + wb;
+  assign \$227  = \$226  <= 14'h2000;
+  assign \$228  = \$225  & \$227 ;
+  assign \$229  = \$224  | \$228 ;
+  assign \$230  = \$223  & \$229 ;
+  assign \$231  = ! wc;
+  assign \$232  = ! ins[135:126];
+  assign \$233  = ins[125:112] + wc;
+  assign \$234  = \$233  <= 14'h2000;
+  assign \$235  = \$232  & \$234 ;
+  assign \$236  = \$231  | \$235 ;
+  assign \$237  = \$230  & \$236 ;
+  assign \$238  = ! host[1:0];
+  assign \$239  = host >= \context [107:76];
+  assign \$240  = \$238  & \$239 ;
+  assign \$241  = host + { l4[17:2], 2'h0 };
+  assign \$242  = \context [107:76] + \context [139:108];
+  assign \$243  = \$241  <= \$242 ;
+  assign \$244  = \$240  & \$243 ;
+  assign \$245  = ~ busy;
+  assign \$246  = active & \$245 ;
+  assign \$247  = step != 3'h7;
+  assign \$248  = ! ins[5:0];
+  assign \$249  = settle == 2'h2;
+  assign \$250  = \$248  | \$249 ;
+  assign \$251  = | acc[32:14];
+  assign \$252  = \$251  ? 14'h3fff : acc[13:0];
+  assign \$253  = | acc[32:14];
+  assign \$254  = \$253  ? 14'h3fff : acc[13:0];
+  assign \$255  = | acc[32:14];
+  assign \$256  = \$255  ? 14'h3fff : acc[13:0];
+  assign \$257  = | acc[32:14];
+  assign \$258  = \$257  ? 14'h3fff : acc[13:0];
+  assign \$259  = | acc[32:18];
+  assign \$260  = \$259  ? 18'h3ffff : acc[17:0];
+  assign \$261  = step + 1'h1;
+  assign \$262  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$246 ;
+    shape_q <= \$263 ;
   always @(posedge clk)
-    overlap_q <= \$247 ;
+    overlap_q <= \$264 ;
   always @(posedge clk)
-    spad_ok <= \$248 ;
+    spad_ok <= \$265 ;
   always @(posedge clk)
-    host_ok <= \$249 ;
+    host_ok <= \$266 ;
   always @(posedge clk)
-    error <= \$250 ;
+    error <= \$267 ;
   always @(posedge clk)
-    active <= \$251 ;
+    active <= \$268 ;
   always @(posedge clk)
-    step <= \$252 ;
+    step <= \$269 ;
   always @(posedge clk)
-    settle <= \$253 ;
+    settle <= \$270 ;
   always @(posedge clk)
-    ln <= \$254 ;
+    ln <= \$271 ;
   always @(posedge clk)
-    mk <= \$255 ;
+    mk <= \$272 ;
   always @(posedge clk)
-    p2 <= \$256 ;
+    p2 <= \$273 ;
   always @(posedge clk)
-    p3 <= \$257 ;
+    p3 <= \$274 ;
   always @(posedge clk)
-    l4 <= \$258 ;
+    l4 <= \$275 ;
   always @(posedge clk)
-    host <= \$259 ;
+    host <= \$276 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4199,7 +4223,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$93 ;
+          wc = \$110 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4229,7 +4253,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$97 ;
+          wa = \$114 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4247,21 +4271,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = { 9'h000, \$84  };
+          wb = \$101 ;
       6'h04:
-          wb = { 9'h000, \$87  };
+          wb = { 9'h000, \$104  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$89 ;
+          wb = \$106 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$101 ;
+          wb = \$118 ;
       6'h0b:
-          wb = \$105 ;
+          wb = \$122 ;
       6'h0c:
           wb = mk;
     endcase
@@ -4269,21 +4293,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$107 ) begin
+    if (\$124 ) begin
       decode_err = 8'h01;
-    end else if (\$127 ) begin
-      decode_err = 8'h08;
-    end else if (\$133 ) begin
-      decode_err = 8'h06;
-    end else if (\$134 ) begin
-      decode_err = 8'h03;
     end else if (\$144 ) begin
+      decode_err = 8'h08;
+    end else if (\$150 ) begin
+      decode_err = 8'h06;
+    end else if (\$151 ) begin
+      decode_err = 8'h03;
+    end else if (\$161 ) begin
       decode_err = 8'h04;
-    end else if (\$145 ) begin
+    end else if (\$162 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$151 ) begin
+    end else if (\$168 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4291,8 +4315,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$153 ) begin
-      if (\$154 ) begin
+    end else if (\$170 ) begin
+      if (\$171 ) begin
         load = 1'h1;
       end
     end
@@ -4301,8 +4325,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$153 ) begin
-      if (\$154 ) begin
+    end else if (\$170 ) begin
+      if (\$171 ) begin
         y = st_y;
       end
     end
@@ -4311,8 +4335,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$153 ) begin
-      if (\$154 ) begin
+    end else if (\$170 ) begin
+      if (\$171 ) begin
         x = st_x;
       end
     end
@@ -4321,8 +4345,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$153 ) begin
-      if (\$154 ) begin
+    end else if (\$170 ) begin
+      if (\$171 ) begin
         acc_in = st_acc;
       end
     end
@@ -4331,187 +4355,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$153 ) begin
-      if (\$154 ) begin
-      end else if (\$157 ) begin
+    end else if (\$170 ) begin
+      if (\$171 ) begin
+      end else if (\$174 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$246  = shape_ok;
+    \$263  = shape_ok;
     if (unit_rst) begin
-      \$246  = 1'h0;
+      \$263  = 1'h0;
     end
     if (rst) begin
-      \$246  = 1'h0;
+      \$263  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$247  = \$200 ;
+    \$264  = \$217 ;
     if (unit_rst) begin
-      \$247  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$247  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$248  = \$220 ;
+    \$265  = \$237 ;
     if (unit_rst) begin
-      \$248  = 1'h0;
+      \$265  = 1'h0;
     end
     if (rst) begin
-      \$248  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$249  = \$227 ;
+    \$266  = \$244 ;
     if (unit_rst) begin
-      \$249  = 1'h0;
+      \$266  = 1'h0;
     end
     if (rst) begin
-      \$249  = 1'h0;
+      \$266  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$250  = decode_err;
+    \$267  = decode_err;
     if (unit_rst) begin
-      \$250  = 8'h00;
+      \$267  = 8'h00;
     end
     if (rst) begin
-      \$250  = 8'h00;
+      \$267  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$251  = active;
+    \$268  = active;
     if (start) begin
-      \$251  = 1'h1;
-    end else if (\$229 ) begin
-      if (\$230 ) begin
-      end else if (\$233 ) begin
-        \$251  = 1'h0;
+      \$268  = 1'h1;
+    end else if (\$246 ) begin
+      if (\$247 ) begin
+      end else if (\$250 ) begin
+        \$268  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$251  = 1'h0;
+      \$268  = 1'h0;
     end
     if (rst) begin
-      \$251  = 1'h0;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$252  = step;
+    \$269  = step;
     if (start) begin
-      \$252  = 3'h0;
-    end else if (\$229 ) begin
-      if (\$230 ) begin
-        \$252  = \$244 [2:0];
+      \$269  = 3'h0;
+    end else if (\$246 ) begin
+      if (\$247 ) begin
+        \$269  = \$261 [2:0];
       end
     end
     if (unit_rst) begin
-      \$252  = 3'h0;
+      \$269  = 3'h0;
     end
     if (rst) begin
-      \$252  = 3'h0;
+      \$269  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$253  = settle;
+    \$270  = settle;
     if (start) begin
-      \$253  = 2'h0;
-    end else if (\$229 ) begin
+      \$270  = 2'h0;
+    end else if (\$246 ) begin
       (* full_case = 32'd1 *)
-      if (\$230 ) begin
-      end else if (\$233 ) begin
+      if (\$247 ) begin
+      end else if (\$250 ) begin
       end else begin
-        \$253  = \$245 [1:0];
+        \$270  = \$262 [1:0];
       end
     end
     if (unit_rst) begin
-      \$253  = 2'h0;
+      \$270  = 2'h0;
     end
     if (rst) begin
-      \$253  = 2'h0;
+      \$270  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$254  = ln;
+    \$271  = ln;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
-              \$254  = \$235 ;
+              \$271  = \$252 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$254  = 14'h0000;
+      \$271  = 14'h0000;
     end
     if (rst) begin
-      \$254  = 14'h0000;
+      \$271  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$255  = mk;
+    \$272  = mk;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$255  = \$237 ;
+              \$272  = \$254 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$255  = 14'h0000;
+      \$272  = 14'h0000;
     end
     if (rst) begin
-      \$255  = 14'h0000;
+      \$272  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$256  = p2;
+    \$273  = p2;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$256  = \$239 ;
+              \$273  = \$256 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$256  = 14'h0000;
+      \$273  = 14'h0000;
     end
     if (rst) begin
-      \$256  = 14'h0000;
+      \$273  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$257  = p3;
+    \$274  = p3;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4520,23 +4544,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$257  = \$241 ;
+              \$274  = \$258 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$257  = 14'h0000;
+      \$274  = 14'h0000;
     end
     if (rst) begin
-      \$257  = 14'h0000;
+      \$274  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$258  = l4;
+    \$275  = l4;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4547,23 +4571,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$258  = \$243 ;
+              \$275  = \$260 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$258  = 18'h00000;
+      \$275  = 18'h00000;
     end
     if (rst) begin
-      \$258  = 18'h00000;
+      \$275  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$259  = host;
+    \$276  = host;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$246 ) begin
+      if (\$247 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4576,15 +4600,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$259  = acc;
+              \$276  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$259  = 33'h000000000;
+      \$276  = 33'h000000000;
     end
     if (rst) begin
-      \$259  = 33'h000000000;
+      \$276  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -4658,21 +4682,34 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$33  = \$32 ;
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
-  assign { \$82 [9:3], \$82 [1:0] } = 9'h000;
-  assign \$82 [2] = ins[8];
-  assign \$83  = ins[8];
-  assign { \$85 [9:3], \$85 [1:0] } = 9'h000;
-  assign \$85 [2] = ins[8];
-  assign \$86  = ins[8];
-  assign \$91  = \$90 [14];
-  assign \$94  = { ins[63:48], 1'h0 };
-  assign \$96  = { ins[63:48], 1'h0 };
-  assign \$108 [9:3] = 7'h00;
-  assign \$108 [2:0] = ins[8:6];
-  assign \$115  = \$114 ;
-  assign \$119 [9:3] = 7'h00;
-  assign \$119 [2:0] = ins[8:6];
-  assign \$136  = \$135 ;
+  assign { \$82 [9:4], \$82 [2:0] } = 9'h000;
+  assign \$82 [3] = ins[9];
+  assign { \$83 [9:3], \$83 [1:0] } = 9'h000;
+  assign \$83 [2] = ins[8];
+  assign \$84  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$86  = { ins[63:48], 1'h0 };
+  assign \$87  = ins[8];
+  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
+  assign \$90 [2] = ins[8];
+  assign \$91  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$93  = { ins[63:48], 1'h0 };
+  assign \$94  = ins[8];
+  assign { \$97 [9:3], \$97 [1:0] } = 9'h000;
+  assign \$97 [2] = ins[8];
+  assign \$98  = ins[8];
+  assign \$100  = ins[9];
+  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
+  assign \$102 [2] = ins[8];
+  assign \$103  = ins[8];
+  assign \$108  = \$107 [14];
+  assign \$111  = { ins[63:48], 1'h0 };
+  assign \$113  = { ins[63:48], 1'h0 };
+  assign \$125 [9:3] = 7'h00;
+  assign \$125 [2:0] = ins[8:6];
+  assign \$132  = \$131 ;
+  assign \$136 [9:3] = 7'h00;
+  assign \$136 [2:0] = ins[8:6];
+  assign \$153  = \$152 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -4774,7 +4811,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$3792$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3879$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4913,10 +4950,10 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  input [15:0] \port$3792$254 ;
-  wire [15:0] \port$3792$254 ;
   output [5:0] \port$381$0 ;
   wire [5:0] \port$381$0 ;
+  input [15:0] \port$3879$254 ;
+  wire [15:0] \port$3879$254 ;
   output [5:0] \port$399$0 ;
   wire [5:0] \port$399$0 ;
   reg [24:0] r_out = 25'h0000000;
@@ -5083,7 +5120,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3792$254  };
+      \$74  = { 8'h00, \port$3879$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5119,7 +5156,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3792$254  };
+      \$77  = { 8'h00, \port$3879$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5164,9 +5201,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3792$254  };
+  assign rd_beats = { 8'h00, \port$3879$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3792$254  };
+  assign wr_beats = { 8'h00, \port$3879$254  };
   assign \port$381$0  = \$9 ;
   assign \port$399$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5907,9 +5944,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4801$0 (\$signal ),
-    .\port$5114$0 (spad__rd0__data),
-    .\port$5116$0 (spad__rd1__data),
+    .\port$4918$0 (\$signal ),
+    .\port$5231$0 (spad__rd0__data),
+    .\port$5233$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9678,7 +9715,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4801$0 , level, \port$5114$0 , \port$5116$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4918$0 , level, \port$5231$0 , \port$5233$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9703,12 +9740,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$4801$0 ;
-  wire \port$4801$0 ;
-  input [31:0] \port$5114$0 ;
-  wire [31:0] \port$5114$0 ;
-  input [31:0] \port$5116$0 ;
-  wire [31:0] \port$5116$0 ;
+  input \port$4918$0 ;
+  wire \port$4918$0 ;
+  input [31:0] \port$5231$0 ;
+  wire [31:0] \port$5231$0 ;
+  input [31:0] \port$5233$0 ;
+  wire [31:0] \port$5233$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -9741,7 +9778,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$4801$0 , \port$5116$0 , \port$5114$0  };
+      storage[w_port__addr] <= { \port$4918$0 , \port$5233$0 , \port$5231$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -9812,8 +9849,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$4801$0 , \port$5116$0 , \port$5114$0  };
-  assign w_data = { \port$4801$0 , \port$5116$0 , \port$5114$0  };
+  assign w_port__data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
+  assign w_data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -11758,12 +11795,12 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, spad__rd1__addr, spad__rd1__en, dma__rd_start, \done$54 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$68 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire \$100 ;
+  wire [23:0] \$100 ;
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
@@ -11783,30 +11820,30 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$116 ;
   wire \$117 ;
   wire \$118 ;
-  wire [23:0] \$119 ;
-  wire \$12 ;
-  wire [23:0] \$120 ;
-  wire [23:0] \$121 ;
-  wire [23:0] \$122 ;
-  wire [23:0] \$123 ;
-  wire [23:0] \$124 ;
-  wire [16:0] \$125 ;
-  wire [17:0] \$126 ;
-  wire [16:0] \$127 ;
-  wire [17:0] \$128 ;
-  wire [18:0] \$129 ;
+  wire \$119 ;
+  wire [31:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire [23:0] \$125 ;
+  wire [23:0] \$126 ;
+  wire [23:0] \$127 ;
+  wire [23:0] \$128 ;
+  wire [23:0] \$129 ;
   wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
+  wire [23:0] \$130 ;
+  wire [16:0] \$131 ;
+  wire [17:0] \$132 ;
+  wire [16:0] \$133 ;
+  wire [17:0] \$134 ;
+  wire [18:0] \$135 ;
   wire \$136 ;
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire \$14 ;
+  wire [5:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -11814,13 +11851,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire [3:0] \$149 ;
+  wire [13:0] \$147 ;
+  wire [9:0] \$148 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [13:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
-  wire \$152 ;
+  wire [9:0] \$152 ;
   wire \$153 ;
   wire \$154 ;
   wire \$155 ;
@@ -11830,107 +11867,155 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [7:0] \$161 ;
+  wire \$161 ;
   wire \$162 ;
-  wire [7:0] \$163 ;
-  wire [13:0] \$164 ;
-  wire [13:0] \$165 ;
-  wire [14:0] \$166 ;
-  wire [13:0] \$167 ;
-  wire [14:0] \$168 ;
-  wire [13:0] \$169 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire [3:0] \$165 ;
+  wire [13:0] \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [14:0] \$170 ;
+  wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire [2:0] \$174 ;
-  wire [13:0] \$175 ;
-  wire [2:0] \$176 ;
-  wire \$177 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire [7:0] \$177 ;
   wire \$178 ;
-  wire [2:0] \$179 ;
+  wire [7:0] \$179 ;
   wire \$18 ;
-  wire [3:0] \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire [9:0] \$184 ;
-  wire \$185 ;
-  wire [9:0] \$186 ;
-  wire [13:0] \$187 ;
-  wire [13:0] \$188 ;
+  wire [13:0] \$180 ;
+  wire [13:0] \$181 ;
+  wire [14:0] \$182 ;
+  wire [13:0] \$183 ;
+  wire [14:0] \$184 ;
+  wire [13:0] \$185 ;
+  wire [14:0] \$186 ;
+  wire \$187 ;
+  wire \$188 ;
   wire \$189 ;
   wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire [14:0] \$193 ;
-  wire [13:0] \$194 ;
-  wire [13:0] \$195 ;
-  wire [14:0] \$196 ;
+  wire [2:0] \$190 ;
+  wire [13:0] \$191 ;
+  wire [2:0] \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire [2:0] \$195 ;
+  wire [3:0] \$196 ;
   wire \$197 ;
-  wire [14:0] \$198 ;
+  wire \$198 ;
   wire \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
-  wire \$200 ;
+  wire [9:0] \$200 ;
   wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
+  wire [9:0] \$202 ;
+  wire [13:0] \$203 ;
+  wire [13:0] \$204 ;
   wire \$205 ;
-  wire [9:0] \$206 ;
+  wire \$206 ;
   wire \$207 ;
   wire \$208 ;
-  reg \$209 ;
+  wire [14:0] \$209 ;
   wire \$21 ;
-  reg [1:0] \$210 ;
-  reg [2:0] \$211 ;
-  reg [12:0] \$212 ;
-  reg [95:0] \$213 ;
-  reg \$214 ;
-  reg [6:0] \$215 ;
-  reg [12:0] \$216 ;
-  reg [13:0] \$217 ;
-  reg \$218 ;
-  reg [1:0] \$219 ;
-  wire [23:0] \$22 ;
-  reg [12:0] \$220 ;
-  reg \$221 ;
-  reg [8:0] \$222 ;
-  reg [12:0] \$223 ;
-  reg [13:0] \$224 ;
-  reg \$225 ;
-  reg [5:0] \$226 ;
-  reg [31:0] \$227 ;
-  reg [5:0] \$228 ;
-  reg [2:0] \$229 ;
+  wire [13:0] \$210 ;
+  wire [13:0] \$211 ;
+  wire [14:0] \$212 ;
+  wire \$213 ;
+  wire [14:0] \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
+  wire \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire [9:0] \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire [9:0] \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
+  wire [8:0] \$230 ;
+  wire [9:0] \$231 ;
+  wire \$232 ;
+  wire [16:0] \$233 ;
+  wire [16:0] \$234 ;
+  wire [17:0] \$235 ;
+  wire [9:0] \$236 ;
+  wire \$237 ;
+  wire [4:0] \$238 ;
+  wire [9:0] \$239 ;
   wire \$24 ;
+  wire \$240 ;
+  wire [9:0] \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  reg \$248 ;
+  reg \$249 ;
   wire \$25 ;
-  wire [6:0] \$251 ;
+  reg \$250 ;
+  reg [12:0] \$251 ;
+  reg [8:0] \$252 ;
+  reg [15:0] \$253 ;
+  reg [8:0] \$254 ;
+  reg \$255 ;
+  reg [1:0] \$256 ;
+  reg [2:0] \$257 ;
+  reg [12:0] \$258 ;
+  reg [95:0] \$259 ;
   wire \$26 ;
+  reg \$260 ;
+  reg [6:0] \$261 ;
+  reg [12:0] \$262 ;
+  reg [13:0] \$263 ;
+  reg \$264 ;
+  reg [1:0] \$265 ;
+  reg [12:0] \$266 ;
+  reg \$267 ;
+  reg [8:0] \$268 ;
+  reg [12:0] \$269 ;
   wire \$27 ;
-  wire \$28 ;
+  reg [13:0] \$270 ;
+  reg \$271 ;
+  reg [5:0] \$272 ;
+  reg [31:0] \$273 ;
+  reg [5:0] \$274 ;
+  reg \$275 ;
+  reg [4:0] \$276 ;
+  reg [2:0] \$277 ;
+  wire [23:0] \$28 ;
   wire \$29 ;
   wire \$3 ;
   wire \$30 ;
-  wire [6:0] \$301 ;
+  wire [6:0] \$306 ;
   wire \$31 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
   wire \$35 ;
-  wire [6:0] \$353 ;
-  wire [6:0] \$358 ;
+  wire [6:0] \$356 ;
   wire \$36 ;
   wire \$37 ;
   wire \$38 ;
   wire \$39 ;
   wire [5:0] \$4 ;
   wire \$40 ;
+  wire [6:0] \$408 ;
   wire \$41 ;
+  wire [6:0] \$413 ;
   wire \$42 ;
   wire \$43 ;
   wire \$44 ;
@@ -11950,7 +12035,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$57 ;
   wire \$58 ;
   wire \$59 ;
-  wire [31:0] \$6 ;
+  wire \$6 ;
   wire \$60 ;
   wire \$61 ;
   wire \$62 ;
@@ -11962,17 +12047,17 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$68 ;
   wire \$69 ;
   wire \$7 ;
-  wire [23:0] \$70 ;
+  wire \$70 ;
   wire \$71 ;
   wire \$72 ;
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [23:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
-  wire [5:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire \$81 ;
   wire \$82 ;
@@ -11983,12 +12068,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire \$9 ;
+  wire [13:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
   wire \$93 ;
-  wire [23:0] \$94 ;
+  wire \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
@@ -12033,6 +12118,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \cmd__payload.store ;
   wire cmd__ready;
   reg cmd__valid;
+  (* init = 1'h0 *)
+  wire col;
+  reg col_en = 1'h0;
+  wire col_hold;
+  wire [7:0] col_wr__addr;
+  wire [21:0] col_wr__data;
+  wire [15:0] \col_wr__data.mult ;
+  wire [5:0] \col_wr__data.shift ;
+  reg col_wr__en;
   input dma__error;
   wire dma__error;
   input dma__rd_busy;
@@ -12045,11 +12139,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$54 ;
-  reg \done$54 ;
+  output \done$68 ;
+  reg \done$68 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$56 ;
+  wire \error$70 ;
   reg [2:0] fsm_state = 3'h0;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
@@ -12149,6 +12243,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg spad__wr__en;
   input start;
   wire start;
+  reg [12:0] t_addr = 13'h0000;
+  reg t_cap = 1'h0;
+  reg t_cap_half = 1'h0;
+  reg [8:0] t_col = 9'h000;
+  reg t_half = 1'h0;
+  reg [8:0] t_left = 9'h000;
+  reg [15:0] t_mult = 16'h0000;
+  reg [4:0] t_step = 5'h00;
   input unit_rst;
   wire unit_rst;
   reg [5:0] width = 6'h00;
@@ -12156,245 +12258,288 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
   assign \$4  = \$3  ? shift : 6'h00;
-  assign \$5  = | width;
-  assign \$6  = \$5  ? mult : 32'd1;
-  assign \$7  = | width;
-  assign \$8  = \$7  ? shift : 6'h00;
-  assign \$9  = ~ a_in__valid;
-  assign \$10  = ~ gm_afeed_done;
-  assign \$11  = \$9  & \$10 ;
-  assign \$12  = gm_lane == 3'h4;
-  assign \$13  = ! gm_left[13:3];
-  assign \$14  = gm_lane >= gm_left[2:0];
-  assign \$15  = \$13  & \$14 ;
-  assign \$16  = \$12  | \$15 ;
-  assign \$17  = ~ \$16 ;
-  assign \$18  = \$11  & \$17 ;
-  assign \$21  = | width;
-  assign \$251  = gc_lane * 5'h18;
-  assign \$22  = c_out__payload >> \$251 ;
-  assign \$23  = width > 1'h1;
-  assign \$24  = width > 2'h2;
-  assign \$25  = width > 2'h3;
-  assign \$26  = width > 3'h4;
-  assign \$27  = width > 3'h5;
-  assign \$28  = width > 3'h6;
-  assign \$29  = width > 3'h7;
-  assign \$30  = width > 4'h8;
-  assign \$31  = width > 4'h9;
-  assign \$32  = width > 4'ha;
-  assign \$33  = width > 4'hb;
-  assign \$34  = width > 4'hc;
-  assign \$35  = width > 4'hd;
-  assign \$36  = width > 4'he;
-  assign \$37  = width > 4'hf;
-  assign \$38  = width > 5'h10;
-  assign \$39  = width > 5'h11;
-  assign \$40  = width > 5'h12;
-  assign \$41  = width > 5'h13;
-  assign \$42  = width > 5'h14;
-  assign \$43  = width > 5'h15;
-  assign \$44  = width > 5'h16;
-  assign \$45  = width > 5'h17;
-  assign \$46  = $signed(\$22 ) > $signed({ 1'h0, \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23  });
-  assign \$47  = width > 1'h1;
-  assign \$48  = width > 2'h2;
-  assign \$49  = width > 2'h3;
-  assign \$50  = width > 3'h4;
-  assign \$51  = width > 3'h5;
-  assign \$52  = width > 3'h6;
-  assign \$53  = width > 3'h7;
-  assign \$54  = width > 4'h8;
-  assign \$55  = width > 4'h9;
-  assign \$56  = width > 4'ha;
-  assign \$57  = width > 4'hb;
-  assign \$58  = width > 4'hc;
-  assign \$59  = width > 4'hd;
-  assign \$60  = width > 4'he;
-  assign \$61  = width > 4'hf;
-  assign \$62  = width > 5'h10;
-  assign \$63  = width > 5'h11;
-  assign \$64  = width > 5'h12;
-  assign \$65  = width > 5'h13;
-  assign \$66  = width > 5'h14;
-  assign \$67  = width > 5'h15;
-  assign \$68  = width > 5'h16;
-  assign \$69  = width > 5'h17;
-  assign \$301  = gc_lane * 5'h18;
-  assign \$70  = c_out__payload >> \$301 ;
-  assign \$71  = width > 1'h1;
-  assign \$72  = width > 2'h2;
-  assign \$73  = width > 2'h3;
-  assign \$74  = width > 3'h4;
-  assign \$75  = width > 3'h5;
-  assign \$76  = width > 3'h6;
-  assign \$77  = width > 3'h7;
-  assign \$78  = width > 4'h8;
-  assign \$79  = width > 4'h9;
-  assign \$80  = width > 4'ha;
-  assign \$81  = width > 4'hb;
-  assign \$82  = width > 4'hc;
-  assign \$83  = width > 4'hd;
-  assign \$84  = width > 4'he;
-  assign \$85  = width > 4'hf;
-  assign \$86  = width > 5'h10;
-  assign \$87  = width > 5'h11;
-  assign \$88  = width > 5'h12;
-  assign \$89  = width > 5'h13;
-  assign \$90  = width > 5'h14;
-  assign \$91  = width > 5'h15;
-  assign \$92  = width > 5'h16;
-  assign \$93  = width > 5'h17;
-  assign \$94  = ~ { 1'h0, \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71  };
-  assign \$95  = $signed(\$70 ) < $signed(\$94 );
-  assign \$96  = width > 1'h1;
-  assign \$97  = width > 2'h2;
-  assign \$98  = width > 2'h3;
-  assign \$99  = width > 3'h4;
-  assign \$100  = width > 3'h5;
-  assign \$101  = width > 3'h6;
-  assign \$102  = width > 3'h7;
-  assign \$103  = width > 4'h8;
-  assign \$104  = width > 4'h9;
-  assign \$105  = width > 4'ha;
-  assign \$106  = width > 4'hb;
-  assign \$107  = width > 4'hc;
-  assign \$108  = width > 4'hd;
-  assign \$109  = width > 4'he;
-  assign \$110  = width > 4'hf;
-  assign \$111  = width > 5'h10;
-  assign \$112  = width > 5'h11;
-  assign \$113  = width > 5'h12;
-  assign \$114  = width > 5'h13;
-  assign \$115  = width > 5'h14;
-  assign \$116  = width > 5'h15;
-  assign \$117  = width > 5'h16;
-  assign \$118  = width > 5'h17;
-  assign \$119  = ~ { 1'h0, \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96  };
-  assign \$353  = gc_lane * 5'h18;
-  assign \$120  = c_out__payload >> \$353 ;
-  assign \$121  = \$95  ? \$119  : \$120 ;
-  assign \$122  = \$46  ? { 1'h0, \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47  } : \$121 ;
-  assign \$358  = gc_lane * 5'h18;
-  assign \$123  = c_out__payload >> \$358 ;
-  assign \$124  = \$21  ? \$122  : \$123 ;
-  assign \$126  = ins[47:35] + \$125 ;
-  assign \$128  = ins[47:35] + \$127 ;
-  assign \$129  = \$128  + 1'h1;
-  assign \$130  = ~ dma__rd_busy;
-  assign \$131  = ! fsm_state;
-  assign \$132  = fsm_state == 1'h1;
-  assign \$133  = fsm_state == 2'h2;
-  assign \$134  = fsm_state == 2'h3;
-  assign \$135  = fsm_state == 3'h4;
-  assign \$136  = fsm_state == 3'h5;
-  assign \$137  = ~ a_in__valid;
-  assign \$138  = ~ gm_afeed_done;
-  assign \$139  = \$137  & \$138 ;
-  assign \$140  = gm_lane == 3'h4;
-  assign \$141  = ! gm_left[13:3];
-  assign \$142  = gm_lane >= gm_left[2:0];
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = \$140  | \$143 ;
-  assign \$145  = ~ \$144 ;
-  assign \$146  = \$139  & \$145 ;
-  assign \$149  = gm_lane + 1'h1;
-  assign \$150  = gm_addr + ins[99:93];
-  assign \$151  = ~ a_in__valid;
-  assign \$152  = ~ gm_afeed_done;
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = gm_lane == 3'h4;
-  assign \$155  = ! gm_left[13:3];
-  assign \$156  = gm_lane >= gm_left[2:0];
-  assign \$157  = \$155  & \$156 ;
-  assign \$158  = \$154  | \$157 ;
-  assign \$159  = \$153  & \$158 ;
-  assign \$160  = a_in__valid & a_in__ready;
-  assign \$161  = gm_k + 1'h1;
-  assign \$162  = \$161  < ins[99:93];
-  assign \$163  = gm_k + 1'h1;
-  assign \$164  = gm_wstart + 1'h1;
-  assign \$165  = gm_wstart + 1'h1;
-  assign \$166  = gm_left - 3'h4;
-  assign \$167  = gm_addr - ins[99:93];
-  assign \$168  = $signed(\$167 ) + $signed(2'h1);
-  assign \$169  = gm_addr - ins[99:93];
-  assign \$170  = $signed(\$169 ) + $signed(2'h1);
+  assign \$5  = | t_left;
+  assign col_hold = \$5  | t_cap;
+  assign \$6  = | t_left;
+  assign \$9  = t_addr + t_half;
+  assign \$10  = t_cap & t_cap_half;
+  assign \$11  = | width;
+  assign \$12  = \$11  ? mult : 32'd1;
+  assign \$13  = | width;
+  assign \$14  = \$13  ? shift : 6'h00;
+  assign \$15  = ~ a_in__valid;
+  assign \$16  = ~ gm_afeed_done;
+  assign \$17  = \$15  & \$16 ;
+  assign \$18  = gm_lane == 3'h4;
+  assign \$19  = ! gm_left[13:3];
+  assign \$20  = gm_lane >= gm_left[2:0];
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = \$18  | \$21 ;
+  assign \$23  = ~ \$22 ;
+  assign \$24  = \$17  & \$23 ;
+  assign \$27  = | width;
+  assign \$306  = gc_lane * 5'h18;
+  assign \$28  = c_out__payload >> \$306 ;
+  assign \$29  = width > 1'h1;
+  assign \$30  = width > 2'h2;
+  assign \$31  = width > 2'h3;
+  assign \$32  = width > 3'h4;
+  assign \$33  = width > 3'h5;
+  assign \$34  = width > 3'h6;
+  assign \$35  = width > 3'h7;
+  assign \$36  = width > 4'h8;
+  assign \$37  = width > 4'h9;
+  assign \$38  = width > 4'ha;
+  assign \$39  = width > 4'hb;
+  assign \$40  = width > 4'hc;
+  assign \$41  = width > 4'hd;
+  assign \$42  = width > 4'he;
+  assign \$43  = width > 4'hf;
+  assign \$44  = width > 5'h10;
+  assign \$45  = width > 5'h11;
+  assign \$46  = width > 5'h12;
+  assign \$47  = width > 5'h13;
+  assign \$48  = width > 5'h14;
+  assign \$49  = width > 5'h15;
+  assign \$50  = width > 5'h16;
+  assign \$51  = width > 5'h17;
+  assign \$52  = $signed(\$28 ) > $signed({ 1'h0, \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  });
+  assign \$53  = width > 1'h1;
+  assign \$54  = width > 2'h2;
+  assign \$55  = width > 2'h3;
+  assign \$56  = width > 3'h4;
+  assign \$57  = width > 3'h5;
+  assign \$58  = width > 3'h6;
+  assign \$59  = width > 3'h7;
+  assign \$60  = width > 4'h8;
+  assign \$61  = width > 4'h9;
+  assign \$62  = width > 4'ha;
+  assign \$63  = width > 4'hb;
+  assign \$64  = width > 4'hc;
+  assign \$65  = width > 4'hd;
+  assign \$66  = width > 4'he;
+  assign \$67  = width > 4'hf;
+  assign \$68  = width > 5'h10;
+  assign \$69  = width > 5'h11;
+  assign \$70  = width > 5'h12;
+  assign \$71  = width > 5'h13;
+  assign \$72  = width > 5'h14;
+  assign \$73  = width > 5'h15;
+  assign \$74  = width > 5'h16;
+  assign \$75  = width > 5'h17;
+  assign \$356  = gc_lane * 5'h18;
+  assign \$76  = c_out__payload >> \$356 ;
+  assign \$77  = width > 1'h1;
+  assign \$78  = width > 2'h2;
+  assign \$79  = width > 2'h3;
+  assign \$80  = width > 3'h4;
+  assign \$81  = width > 3'h5;
+  assign \$82  = width > 3'h6;
+  assign \$83  = width > 3'h7;
+  assign \$84  = width > 4'h8;
+  assign \$85  = width > 4'h9;
+  assign \$86  = width > 4'ha;
+  assign \$87  = width > 4'hb;
+  assign \$88  = width > 4'hc;
+  assign \$89  = width > 4'hd;
+  assign \$90  = width > 4'he;
+  assign \$91  = width > 4'hf;
+  assign \$92  = width > 5'h10;
+  assign \$93  = width > 5'h11;
+  assign \$94  = width > 5'h12;
+  assign \$95  = width > 5'h13;
+  assign \$96  = width > 5'h14;
+  assign \$97  = width > 5'h15;
+  assign \$98  = width > 5'h16;
+  assign \$99  = width > 5'h17;
+  assign \$100  = ~ { 1'h0, \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77  };
+  assign \$101  = $signed(\$76 ) < $signed(\$100 );
+  assign \$102  = width > 1'h1;
+  assign \$103  = width > 2'h2;
+  assign \$104  = width > 2'h3;
+  assign \$105  = width > 3'h4;
+  assign \$106  = width > 3'h5;
+  assign \$107  = width > 3'h6;
+  assign \$108  = width > 3'h7;
+  assign \$109  = width > 4'h8;
+  assign \$110  = width > 4'h9;
+  assign \$111  = width > 4'ha;
+  assign \$112  = width > 4'hb;
+  assign \$113  = width > 4'hc;
+  assign \$114  = width > 4'hd;
+  assign \$115  = width > 4'he;
+  assign \$116  = width > 4'hf;
+  assign \$117  = width > 5'h10;
+  assign \$118  = width > 5'h11;
+  assign \$119  = width > 5'h12;
+  assign \$120  = width > 5'h13;
+  assign \$121  = width > 5'h14;
+  assign \$122  = width > 5'h15;
+  assign \$123  = width > 5'h16;
+  assign \$124  = width > 5'h17;
+  assign \$125  = ~ { 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  };
+  assign \$408  = gc_lane * 5'h18;
+  assign \$126  = c_out__payload >> \$408 ;
+  assign \$127  = \$101  ? \$125  : \$126 ;
+  assign \$128  = \$52  ? { 1'h0, \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53  } : \$127 ;
+  assign \$413  = gc_lane * 5'h18;
+  assign \$129  = c_out__payload >> \$413 ;
+  assign \$130  = \$27  ? \$128  : \$129 ;
+  assign \$132  = ins[47:35] + \$131 ;
+  assign \$134  = ins[47:35] + \$133 ;
+  assign \$135  = \$134  + 1'h1;
+  assign \$136  = ~ dma__rd_busy;
+  assign \$137  = ! fsm_state;
+  assign \$138  = fsm_state == 1'h1;
+  assign \$139  = fsm_state == 2'h2;
+  assign \$140  = fsm_state == 2'h3;
+  assign \$141  = fsm_state == 3'h4;
+  assign \$142  = fsm_state == 3'h5;
+  assign \$143  = | t_left;
+  assign \$146  = ~ t_half;
+  assign \$147  = t_addr + t_step;
+  assign \$148  = t_left - 1'h1;
+  assign \$149  = ~ t_cap_half;
+  assign \$150  = t_cap & \$149 ;
+  assign \$151  = t_cap & t_cap_half;
+  assign \$152  = t_col + 1'h1;
+  assign \$153  = ~ a_in__valid;
+  assign \$154  = ~ gm_afeed_done;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = gm_lane == 3'h4;
+  assign \$157  = ! gm_left[13:3];
+  assign \$158  = gm_lane >= gm_left[2:0];
+  assign \$159  = \$157  & \$158 ;
+  assign \$160  = \$156  | \$159 ;
+  assign \$161  = ~ \$160 ;
+  assign \$162  = \$155  & \$161 ;
+  assign \$165  = gm_lane + 1'h1;
+  assign \$166  = gm_addr + ins[99:93];
+  assign \$167  = ~ a_in__valid;
+  assign \$168  = ~ gm_afeed_done;
+  assign \$169  = \$167  & \$168 ;
+  assign \$170  = gm_lane == 3'h4;
   assign \$171  = ! gm_left[13:3];
-  assign \$172  = gm_left[2:0] <= 3'h4;
+  assign \$172  = gm_lane >= gm_left[2:0];
   assign \$173  = \$171  & \$172 ;
-  assign \$174  = gc_lane + 1'h1;
-  assign \$175  = gc_addr + ins[85:77];
-  assign \$176  = gc_lane + 1'h1;
-  assign \$177  = \$176  == 2'h3;
-  assign \$178  = ! gc_left[13:3];
-  assign \$179  = gc_lane + 1'h1;
-  assign \$180  = \$179  + 1'h1;
-  assign \$181  = \$180  >= gc_left[2:0];
-  assign \$182  = \$178  & \$181 ;
-  assign \$183  = \$177  | \$182 ;
-  assign \$184  = gc_n + 1'h1;
-  assign \$185  = \$184  < ins[85:77];
-  assign \$186  = gc_n + 1'h1;
-  assign \$187  = gc_wstart + 1'h1;
-  assign \$188  = gc_wstart + 1'h1;
-  assign \$189  = ! gc_left[13:3];
-  assign \$190  = gc_left[2:0] <= 1'h1;
-  assign \$191  = \$189  & \$190 ;
-  assign \$193  = gc_left - 3'h4;
-  assign \$194  = gc_addr + 1'h1;
-  assign \$195  = gc_addr + 1'h1;
-  assign \$196  = gc_left - 3'h4;
-  assign \$197  = ! \$196 [13:3];
-  assign \$198  = gc_left - 3'h4;
-  assign \$199  = \$198 [2:0] <= 1'h1;
-  assign \$200  = \$197  & \$199 ;
-  assign \$202  = ! ins[74:64];
-  assign \$203  = ins[63:61] <= 1'h1;
-  assign \$204  = \$202  & \$203 ;
-  assign \$208  = ~ dma__rd_busy;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = \$169  & \$174 ;
+  assign \$176  = a_in__valid & a_in__ready;
+  assign \$177  = gm_k + 1'h1;
+  assign \$178  = \$177  < ins[99:93];
+  assign \$179  = gm_k + 1'h1;
+  assign \$180  = gm_wstart + 1'h1;
+  assign \$181  = gm_wstart + 1'h1;
+  assign \$182  = gm_left - 3'h4;
+  assign \$183  = gm_addr - ins[99:93];
+  assign \$184  = $signed(\$183 ) + $signed(2'h1);
+  assign \$185  = gm_addr - ins[99:93];
+  assign \$186  = $signed(\$185 ) + $signed(2'h1);
+  assign \$187  = ! gm_left[13:3];
+  assign \$188  = gm_left[2:0] <= 3'h4;
+  assign \$189  = \$187  & \$188 ;
+  assign \$190  = gc_lane + 1'h1;
+  assign \$191  = gc_addr + ins[85:77];
+  assign \$192  = gc_lane + 1'h1;
+  assign \$193  = \$192  == 2'h3;
+  assign \$194  = ! gc_left[13:3];
+  assign \$195  = gc_lane + 1'h1;
+  assign \$196  = \$195  + 1'h1;
+  assign \$197  = \$196  >= gc_left[2:0];
+  assign \$198  = \$194  & \$197 ;
+  assign \$199  = \$193  | \$198 ;
+  assign \$200  = gc_n + 1'h1;
+  assign \$201  = \$200  < ins[85:77];
+  assign \$202  = gc_n + 1'h1;
+  assign \$203  = gc_wstart + 1'h1;
+  assign \$204  = gc_wstart + 1'h1;
+  assign \$205  = ! gc_left[13:3];
+  assign \$206  = gc_left[2:0] <= 1'h1;
+  assign \$207  = \$205  & \$206 ;
+  assign \$209  = gc_left - 3'h4;
+  assign \$210  = gc_addr + 1'h1;
+  assign \$211  = gc_addr + 1'h1;
+  assign \$212  = gc_left - 3'h4;
+  assign \$213  = ! \$212 [13:3];
+  assign \$214  = gc_left - 3'h4;
+  assign \$215  = \$214 [2:0] <= 1'h1;
+  assign \$216  = \$213  & \$215 ;
+  assign \$218  = ! ins[74:64];
+  assign \$219  = ins[63:61] <= 1'h1;
+  assign \$220  = \$218  & \$219 ;
+  assign \$224  = | ins[21:16];
+  assign \$225  = \$223  & \$224 ;
+  assign \$228  = | ins[21:16];
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = \$229  ? ins[85:77] : 9'h000;
+  assign \$234  = \$232  ? \$233  : 17'h00000;
+  assign \$235  = ins[47:35] + \$234 ;
+  assign \$238  = \$237  ? 5'h10 : 5'h02;
+  assign \$243  = | ins[21:16];
+  assign \$244  = \$242  & \$243 ;
+  assign \$245  = ~ \$244 ;
+  assign \$246  = \$240  & \$245 ;
+  assign \$247  = ~ dma__rd_busy;
   always @(posedge clk)
-    gm_cap <= \$209 ;
+    t_cap <= \$248 ;
   always @(posedge clk)
-    gm_cap_lane <= \$210 ;
+    t_cap_half <= \$249 ;
   always @(posedge clk)
-    gm_lane <= \$211 ;
+    t_half <= \$250 ;
   always @(posedge clk)
-    gm_addr <= \$212 ;
+    t_addr <= \$251 ;
   always @(posedge clk)
-    pack <= \$213 ;
+    t_left <= \$252 ;
   always @(posedge clk)
-    a_in__valid <= \$214 ;
+    t_mult <= \$253 ;
   always @(posedge clk)
-    gm_k <= \$215 ;
+    t_col <= \$254 ;
   always @(posedge clk)
-    gm_wstart <= \$216 ;
+    gm_cap <= \$255 ;
   always @(posedge clk)
-    gm_left <= \$217 ;
+    gm_cap_lane <= \$256 ;
   always @(posedge clk)
-    gm_afeed_done <= \$218 ;
+    gm_lane <= \$257 ;
   always @(posedge clk)
-    gc_lane <= \$219 ;
+    gm_addr <= \$258 ;
   always @(posedge clk)
-    gc_addr <= \$220 ;
+    pack <= \$259 ;
   always @(posedge clk)
-    gc_last <= \$221 ;
+    a_in__valid <= \$260 ;
   always @(posedge clk)
-    gc_n <= \$222 ;
+    gm_k <= \$261 ;
   always @(posedge clk)
-    gc_wstart <= \$223 ;
+    gm_wstart <= \$262 ;
   always @(posedge clk)
-    gc_left <= \$224 ;
+    gm_left <= \$263 ;
   always @(posedge clk)
-    busy <= \$225 ;
+    gm_afeed_done <= \$264 ;
   always @(posedge clk)
-    width <= \$226 ;
+    gc_lane <= \$265 ;
   always @(posedge clk)
-    mult <= \$227 ;
+    gc_addr <= \$266 ;
   always @(posedge clk)
-    shift <= \$228 ;
+    gc_last <= \$267 ;
   always @(posedge clk)
-    fsm_state <= \$229 ;
+    gc_n <= \$268 ;
+  always @(posedge clk)
+    gc_wstart <= \$269 ;
+  always @(posedge clk)
+    gc_left <= \$270 ;
+  always @(posedge clk)
+    busy <= \$271 ;
+  always @(posedge clk)
+    width <= \$272 ;
+  always @(posedge clk)
+    mult <= \$273 ;
+  always @(posedge clk)
+    shift <= \$274 ;
+  always @(posedge clk)
+    col_en <= \$275 ;
+  always @(posedge clk)
+    t_step <= \$276 ;
+  always @(posedge clk)
+    fsm_state <= \$277 ;
   \nanokpu_kpu.gemm.engine  engine (
     .a_in__valid(a_in__valid),
     .a_loading(a_in__ready),
@@ -12408,12 +12553,17 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$90 (done),
-    .error(\error$56 ),
-    .\port$4026$0 (pack[7:0]),
-    .\port$4026$24 (pack[31:24]),
-    .\port$4026$48 (pack[55:48]),
-    .\port$4026$72 (pack[79:72]),
+    .col_en(col_en),
+    .col_hold(col_hold),
+    .col_wr__addr(t_col[7:0]),
+    .col_wr__data(col_wr__data),
+    .col_wr__en(col_wr__en),
+    .\done$95 (done),
+    .error(\error$70 ),
+    .\port$4129$0 (pack[7:0]),
+    .\port$4129$24 (pack[31:24]),
+    .\port$4129$48 (pack[55:48]),
+    .\port$4129$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -12503,6 +12653,39 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__rd1__addr = 13'h0000;
+    if (\$8 ) begin
+      spad__rd1__addr = \$9 [12:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd1__addr = \$135 [12:0];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__rd1__en = 1'h0;
+    if (\$8 ) begin
+      spad__rd1__en = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          spad__rd1__en = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    col_wr__en = 1'h0;
+    if (\$10 ) begin
+      col_wr__en = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     b_in__valid = 1'h0;
     if (running) begin
       b_in__valid = dma__rd_data__valid;
@@ -12519,7 +12702,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$20 ) begin
+      if (\$26 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -12527,14 +12710,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd0__addr = \$126 [12:0];
+          spad__rd0__addr = \$132 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$20 ) begin
+      if (\$26 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -12568,29 +12751,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
-        spad__wr__data = { \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124 [23], \$124  };
+        spad__wr__data = { \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130  };
       end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    spad__rd1__addr = 13'h0000;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          spad__rd1__addr = \$129 [12:0];
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    spad__rd1__en = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          spad__rd1__en = 1'h1;
-    endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
@@ -12640,7 +12803,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \done$54  = 1'h0;
+    \done$68  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -12652,15 +12815,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$54  = 1'h1;
+            \done$68  = 1'h1;
           end else if (done) begin
-            if (\error$56 ) begin
-              \done$54  = 1'h1;
+            if (\error$70 ) begin
+              \done$68  = 1'h1;
             end
           end
       3'h5:
-          if (\$130 ) begin
-            \done$54  = 1'h1;
+          if (\$136 ) begin
+            \done$68  = 1'h1;
           end
     endcase
   end
@@ -12680,247 +12843,372 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$56 ) begin
+            if (\error$70 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$130 ) begin
+          if (\$136 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$209  = gm_cap;
-    if (running) begin
-      (* full_case = 32'd1 *)
-      if (\$148 ) begin
-        \$209  = 1'h1;
-      end else begin
-        \$209  = 1'h0;
-      end
+    \$248  = 1'h0;
+    if (\$145 ) begin
+      \$248  = 1'h1;
+    end
+    if (\done$68 ) begin
+      \$248  = 1'h0;
     end
     if (unit_rst) begin
-      \$209  = 1'h0;
+      \$248  = 1'h0;
     end
     if (rst) begin
-      \$209  = 1'h0;
+      \$248  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$210  = gm_cap_lane;
-    if (running) begin
-      if (\$148 ) begin
-        \$210  = gm_lane[1:0];
-      end
+    \$249  = t_cap_half;
+    if (\$145 ) begin
+      \$249  = t_half;
     end
     if (unit_rst) begin
-      \$210  = 2'h0;
+      \$249  = 1'h0;
     end
     if (rst) begin
-      \$210  = 2'h0;
+      \$249  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$211  = gm_lane;
-    if (running) begin
-      if (\$148 ) begin
-        \$211  = \$149 [2:0];
-      end
-      if (\$160 ) begin
-        \$211  = 3'h0;
+    \$250  = t_half;
+    if (\$145 ) begin
+      \$250  = \$146 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$250  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$250  = 1'h0;
+    end
+    if (rst) begin
+      \$250  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$251  = t_addr;
+    if (\$145 ) begin
+      if (t_half) begin
+        \$251  = \$147 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$211  = 3'h0;
+            \$251  = \$235 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$211  = 3'h0;
+      \$251  = 13'h0000;
     end
     if (rst) begin
-      \$211  = 3'h0;
+      \$251  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$212  = gm_addr;
-    if (running) begin
-      if (\$148 ) begin
-        \$212  = \$150 [12:0];
+    \$252  = t_left;
+    if (\$145 ) begin
+      if (t_half) begin
+        \$252  = \$148 [8:0];
       end
-      if (\$160 ) begin
+    end
+    if (\done$68 ) begin
+      \$252  = 9'h000;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$252  = \$230 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$252  = 9'h000;
+    end
+    if (rst) begin
+      \$252  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$253  = t_mult;
+    if (\$150 ) begin
+      \$253  = spad__rd1__data[15:0];
+    end
+    if (unit_rst) begin
+      \$253  = 16'h0000;
+    end
+    if (rst) begin
+      \$253  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$254  = t_col;
+    if (\$151 ) begin
+      \$254  = \$152 [8:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$254  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$254  = 9'h000;
+    end
+    if (rst) begin
+      \$254  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$255  = gm_cap;
+    if (running) begin
+      (* full_case = 32'd1 *)
+      if (\$164 ) begin
+        \$255  = 1'h1;
+      end else begin
+        \$255  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$255  = 1'h0;
+    end
+    if (rst) begin
+      \$255  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$256  = gm_cap_lane;
+    if (running) begin
+      if (\$164 ) begin
+        \$256  = gm_lane[1:0];
+      end
+    end
+    if (unit_rst) begin
+      \$256  = 2'h0;
+    end
+    if (rst) begin
+      \$256  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$257  = gm_lane;
+    if (running) begin
+      if (\$164 ) begin
+        \$257  = \$165 [2:0];
+      end
+      if (\$176 ) begin
+        \$257  = 3'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$257  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$257  = 3'h0;
+    end
+    if (rst) begin
+      \$257  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$258  = gm_addr;
+    if (running) begin
+      if (\$164 ) begin
+        \$258  = \$166 [12:0];
+      end
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
-        if (\$162 ) begin
-          \$212  = \$165 [12:0];
+        if (\$178 ) begin
+          \$258  = \$181 [12:0];
         end else begin
-          \$212  = \$170 [12:0];
+          \$258  = \$186 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$212  = ins[34:22];
+            \$258  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$212  = 13'h0000;
+      \$258  = 13'h0000;
     end
     if (rst) begin
-      \$212  = 13'h0000;
+      \$258  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$213  = pack;
+    \$259  = pack;
     if (running) begin
       if (gm_cap) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$213 [7:0] = spad__rd0__data[7:0];
+              \$259 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$213 [31:24] = spad__rd0__data[7:0];
+              \$259 [31:24] = spad__rd0__data[7:0];
           2'h2:
-              \$213 [55:48] = spad__rd0__data[7:0];
+              \$259 [55:48] = spad__rd0__data[7:0];
           2'h3:
-              \$213 [79:72] = spad__rd0__data[7:0];
+              \$259 [79:72] = spad__rd0__data[7:0];
         endcase
       end
-      if (\$160 ) begin
-        \$213  = 96'h000000000000000000000000;
+      if (\$176 ) begin
+        \$259  = 96'h000000000000000000000000;
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$213  = 96'h000000000000000000000000;
+            \$259  = 96'h000000000000000000000000;
           end
     endcase
     if (unit_rst) begin
-      \$213  = 96'h000000000000000000000000;
+      \$259  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$213  = 96'h000000000000000000000000;
+      \$259  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$214  = a_in__valid;
+    \$260  = a_in__valid;
     if (running) begin
-      if (\$159 ) begin
-        \$214  = 1'h1;
+      if (\$175 ) begin
+        \$260  = 1'h1;
       end
-      if (\$160 ) begin
-        \$214  = 1'h0;
+      if (\$176 ) begin
+        \$260  = 1'h0;
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$214  = 1'h0;
+            \$260  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$214  = 1'h0;
+      \$260  = 1'h0;
     end
     if (rst) begin
-      \$214  = 1'h0;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$215  = gm_k;
+    \$261  = gm_k;
     if (running) begin
-      if (\$160 ) begin
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
-        if (\$162 ) begin
-          \$215  = \$163 [6:0];
+        if (\$178 ) begin
+          \$261  = \$179 [6:0];
         end else begin
-          \$215  = 7'h00;
+          \$261  = 7'h00;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$215  = 7'h00;
+            \$261  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$215  = 7'h00;
+      \$261  = 7'h00;
     end
     if (rst) begin
-      \$215  = 7'h00;
+      \$261  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$216  = gm_wstart;
+    \$262  = gm_wstart;
     if (running) begin
-      if (\$160 ) begin
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
-        if (\$162 ) begin
-          \$216  = \$164 [12:0];
+        if (\$178 ) begin
+          \$262  = \$180 [12:0];
         end else begin
-          \$216  = \$168 [12:0];
+          \$262  = \$184 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$216  = ins[34:22];
+            \$262  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$216  = 13'h0000;
+      \$262  = 13'h0000;
     end
     if (rst) begin
-      \$216  = 13'h0000;
+      \$262  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$217  = gm_left;
+    \$263  = gm_left;
     if (running) begin
-      if (\$160 ) begin
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
-        if (\$162 ) begin
+        if (\$178 ) begin
         end else begin
-          \$217  = \$166 [13:0];
+          \$263  = \$182 [13:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$217  = ins[74:61];
+            \$263  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$217  = 14'h0000;
+      \$263  = 14'h0000;
     end
     if (rst) begin
-      \$217  = 14'h0000;
+      \$263  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$218  = gm_afeed_done;
+    \$264  = gm_afeed_done;
     if (running) begin
-      if (\$160 ) begin
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
-        if (\$162 ) begin
+        if (\$178 ) begin
         end else begin
-          if (\$173 ) begin
-            \$218  = 1'h1;
+          if (\$189 ) begin
+            \$264  = 1'h1;
           end
         end
       end
@@ -12928,81 +13216,52 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$218  = 1'h0;
+            \$264  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$218  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$218  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$219  = gc_lane;
+    \$265  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
-        \$219  = \$174 [1:0];
+        \$265  = \$190 [1:0];
         if (gc_last) begin
-          \$219  = 2'h0;
+          \$265  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$219  = 2'h0;
+            \$265  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$219  = 2'h0;
+      \$265  = 2'h0;
     end
     if (rst) begin
-      \$219  = 2'h0;
+      \$265  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$220  = gc_addr;
+    \$266  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
-        \$220  = \$175 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$220  = \$188 [12:0];
-          end else begin
-            \$220  = \$195 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$220  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$220  = 13'h0000;
-    end
-    if (rst) begin
-      \$220  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$221  = gc_last;
-    if (running) begin
-      if (c_out__valid) begin
-        \$221  = \$183 ;
+        \$266  = \$191 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$221  = \$192 ;
+          if (\$201 ) begin
+            \$266  = \$204 [12:0];
           end else begin
-            \$221  = \$201 ;
+            \$266  = \$211 [12:0];
           end
         end
       end
@@ -13010,27 +13269,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$221  = \$205 ;
+            \$266  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$221  = 1'h0;
+      \$266  = 13'h0000;
     end
     if (rst) begin
-      \$221  = 1'h0;
+      \$266  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$222  = gc_n;
+    \$267  = gc_last;
     if (running) begin
       if (c_out__valid) begin
+        \$267  = \$199 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$222  = \$186 [8:0];
+          if (\$201 ) begin
+            \$267  = \$208 ;
           end else begin
-            \$222  = 9'h000;
+            \$267  = \$217 ;
           end
         end
       end
@@ -13038,27 +13298,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$222  = 9'h000;
+            \$267  = \$221 ;
           end
     endcase
     if (unit_rst) begin
-      \$222  = 9'h000;
+      \$267  = 1'h0;
     end
     if (rst) begin
-      \$222  = 9'h000;
+      \$267  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$223  = gc_wstart;
+    \$268  = gc_n;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$223  = \$187 [12:0];
+          if (\$201 ) begin
+            \$268  = \$202 [8:0];
           end else begin
-            \$223  = \$194 [12:0];
+            \$268  = 9'h000;
           end
         end
       end
@@ -13066,26 +13326,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$223  = ins[60:48];
+            \$268  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$223  = 13'h0000;
+      \$268  = 9'h000;
     end
     if (rst) begin
-      \$223  = 13'h0000;
+      \$268  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$224  = gc_left;
+    \$269  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$185 ) begin
+          if (\$201 ) begin
+            \$269  = \$203 [12:0];
           end else begin
-            \$224  = \$193 [13:0];
+            \$269  = \$210 [12:0];
           end
         end
       end
@@ -13093,23 +13354,50 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$224  = ins[74:61];
+            \$269  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$224  = 14'h0000;
+      \$269  = 13'h0000;
     end
     if (rst) begin
-      \$224  = 14'h0000;
+      \$269  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$225  = busy;
+    \$270  = gc_left;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$201 ) begin
+          end else begin
+            \$270  = \$209 [13:0];
+          end
+        end
+      end
+    end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$225  = 1'h1;
+            \$270  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$270  = 14'h0000;
+    end
+    if (rst) begin
+      \$270  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$271  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$271  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -13119,128 +13407,162 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$225  = 1'h0;
+            \$271  = 1'h0;
           end else if (done) begin
-            if (\error$56 ) begin
-              \$225  = 1'h0;
+            if (\error$70 ) begin
+              \$271  = 1'h0;
             end
           end
       3'h5:
-          if (\$208 ) begin
-            \$225  = 1'h0;
+          if (\$247 ) begin
+            \$271  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$225  = 1'h0;
+      \$271  = 1'h0;
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$271  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$226  = width;
+    \$272  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$226  = ins[21:16];
+            \$272  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$226  = 6'h00;
+      \$272  = 6'h00;
     end
     if (rst) begin
-      \$226  = 6'h00;
+      \$272  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$227  = mult;
+    \$273  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$227  = ins[168:137];
+            \$273  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$227  = { 16'h0000, spad__rd0__data[15:0] };
+          \$273  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (unit_rst) begin
-      \$227  = 32'd0;
+      \$273  = 32'd0;
     end
     if (rst) begin
-      \$227  = 32'd0;
+      \$273  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$228  = shift;
+    \$274  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$228  = ins[174:169];
+            \$274  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$228  = spad__rd1__data[5:0];
+          \$274  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$228  = 6'h00;
+      \$274  = 6'h00;
     end
     if (rst) begin
-      \$228  = 6'h00;
+      \$274  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$229  = fsm_state;
+    \$275  = col_en;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$275  = \$225 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$275  = 1'h0;
+    end
+    if (rst) begin
+      \$275  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$276  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$276  = \$238 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$276  = 5'h00;
+    end
+    if (rst) begin
+      \$276  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$277  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$207 ) begin
-              \$229  = 3'h1;
+            if (\$246 ) begin
+              \$277  = 3'h1;
             end else begin
-              \$229  = 3'h2;
+              \$277  = 3'h2;
             end
           end
       3'h1:
-          \$229  = 3'h3;
+          \$277  = 3'h3;
       3'h3:
-          \$229  = 3'h2;
+          \$277  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$229  = 3'h4;
+            \$277  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$229  = 3'h0;
+            \$277  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$56 ) begin
-              \$229  = 3'h0;
+            if (\error$70 ) begin
+              \$277  = 3'h0;
             end else begin
-              \$229  = 3'h5;
+              \$277  = 3'h5;
             end
           end
       3'h5:
-          if (\$208 ) begin
-            \$229  = 3'h0;
+          if (\$247 ) begin
+            \$277  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$229  = 3'h0;
+      \$277  = 3'h0;
     end
     if (rst) begin
-      \$229  = 3'h0;
+      \$277  = 3'h0;
     end
   end
+  assign col = col_en;
+  assign col_wr__addr = t_col[7:0];
+  assign spad__blocked = 1'h0;
   assign a_in__payload = { pack[79:72], pack[55:48], pack[31:24], pack[7:0] };
   assign gm_wvalid = a_in__valid;
   assign dma__rd_data__payload = b_in__payload;
-  assign spad__blocked = 1'h0;
   assign \rq_in__payload[0]  = rq_in__payload[23:0];
   assign \rq_in__payload[1]  = rq_in__payload[47:24];
   assign \rq_in__payload[2]  = rq_in__payload[71:48];
@@ -13257,6 +13579,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \c_out__payload[1]  = c_out__payload[47:24];
   assign \c_out__payload[2]  = c_out__payload[71:48];
   assign \c_out__payload[3]  = c_out__payload[95:72];
+  assign \col_wr__data.mult  = col_wr__data[15:0];
+  assign \col_wr__data.shift  = col_wr__data[21:16];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -13300,30 +13624,52 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$8 ;
-  assign cmd__payload[69:54] = \$6 [15:0];
+  assign cmd__payload[75:70] = \$14 ;
+  assign cmd__payload[69:54] = \$12 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[88:77];
   assign cmd__payload[23:12] = ins[104:93];
   assign cmd__payload[11:0] = ins[72:61];
-  assign \$19  = 1'h1;
-  assign \$20  = \$18 ;
-  assign \$125  = { ins[190:175], 1'h0 };
-  assign \$127  = { ins[190:175], 1'h0 };
-  assign \$147  = 1'h1;
-  assign \$148  = \$146 ;
-  assign \$192  = \$191 ;
-  assign \$201  = \$200 ;
-  assign \$205  = \$204 ;
-  assign { \$206 [9:3], \$206 [1:0] } = 9'h000;
-  assign \$206 [2] = ins[8];
-  assign \$207  = ins[8];
+  assign col_wr__data[21:16] = spad__rd1__data[5:0];
+  assign col_wr__data[15:0] = t_mult;
+  assign \$7  = 1'h1;
+  assign \$8  = \$6 ;
+  assign \$25  = 1'h1;
+  assign \$26  = \$24 ;
+  assign \$131  = { ins[190:175], 1'h0 };
+  assign \$133  = { ins[190:175], 1'h0 };
+  assign \$144  = 1'h1;
+  assign \$145  = \$143 ;
+  assign \$163  = 1'h1;
+  assign \$164  = \$162 ;
+  assign \$208  = \$207 ;
+  assign \$217  = \$216 ;
+  assign \$221  = \$220 ;
+  assign { \$222 [9:4], \$222 [2:0] } = 9'h000;
+  assign \$222 [3] = ins[9];
+  assign { \$226 [9:4], \$226 [2:0] } = 9'h000;
+  assign \$226 [3] = ins[9];
+  assign { \$231 [9:3], \$231 [1:0] } = 9'h000;
+  assign \$231 [2] = ins[8];
+  assign \$233  = { ins[190:175], 1'h0 };
+  assign { \$236 [9:3], \$236 [1:0] } = 9'h000;
+  assign \$236 [2] = ins[8];
+  assign { \$239 [9:3], \$239 [1:0] } = 9'h000;
+  assign \$239 [2] = ins[8];
+  assign { \$241 [9:4], \$241 [2:0] } = 9'h000;
+  assign \$241 [3] = ins[9];
+  assign \$223  = ins[9];
+  assign \$227  = ins[9];
+  assign \$232  = ins[8];
+  assign \$237  = ins[8];
+  assign \$240  = ins[8];
+  assign \$242  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, cmd__payload, b_in__valid, cmd__valid, \port$4026$0 , \port$4026$24 , \port$4026$48 , \port$4026$72 , a_in__valid, a_loading, \done$90 , error
-, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4129$0 , \port$4129$24 , \port$4129$48 , \port$4129$72 
+, a_in__valid, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -13341,34 +13687,34 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire [14:0] \$113 ;
-  wire [14:0] \$114 ;
+  wire \$113 ;
+  wire \$114 ;
   wire \$115 ;
-  wire \$116 ;
+  wire [14:0] \$116 ;
   wire [14:0] \$117 ;
-  wire [14:0] \$118 ;
-  wire [12:0] \$119 ;
+  wire \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
+  wire [14:0] \$120 ;
+  wire [14:0] \$121 ;
+  wire [12:0] \$122 ;
   wire \$123 ;
-  wire [12:0] \$124 ;
+  wire \$124 ;
   wire \$125 ;
-  wire [12:0] \$126 ;
-  wire \$127 ;
-  wire [14:0] \$128 ;
+  wire \$126 ;
+  wire [12:0] \$127 ;
+  wire \$128 ;
   wire [12:0] \$129 ;
   wire [12:0] \$13 ;
-  wire [12:0] \$130 ;
-  wire \$131 ;
-  wire \$132 ;
+  wire \$130 ;
+  wire [14:0] \$131 ;
+  wire [12:0] \$132 ;
   wire [12:0] \$133 ;
-  wire [14:0] \$134 ;
-  wire [14:0] \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire [12:0] \$136 ;
+  wire [14:0] \$137 ;
+  wire [14:0] \$138 ;
   wire \$139 ;
   wire \$14 ;
   wire \$140 ;
@@ -13378,11 +13724,11 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire [2:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire \$150 ;
+  wire [2:0] \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -13394,31 +13740,31 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [6:0] \$161 ;
-  wire [12:0] \$162 ;
+  wire \$161 ;
+  wire \$162 ;
   wire \$163 ;
   wire \$164 ;
   wire \$165 ;
-  wire \$166 ;
-  wire \$167 ;
+  wire [6:0] \$166 ;
+  wire [12:0] \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire [6:0] \$170 ;
-  wire [12:0] \$171 ;
+  wire \$170 ;
+  wire \$171 ;
   wire \$172 ;
-  wire [24:0] \$173 ;
-  wire [24:0] \$174 ;
-  wire [24:0] \$175 ;
-  wire [24:0] \$176 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire [6:0] \$175 ;
+  wire [12:0] \$176 ;
   wire \$177 ;
-  wire [13:0] \$178 ;
-  wire \$179 ;
+  wire [24:0] \$178 ;
+  wire [24:0] \$179 ;
   wire [14:0] \$18 ;
-  wire \$180 ;
-  wire \$181 ;
+  wire [24:0] \$180 ;
+  wire [24:0] \$181 ;
   wire \$182 ;
-  wire \$183 ;
+  wire [13:0] \$183 ;
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
@@ -13450,85 +13796,94 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire \$209 ;
   wire \$21 ;
   wire \$210 ;
-  wire [31:0] \$211 ;
-  wire [31:0] \$212 ;
-  reg [95:0] \$213 ;
-  reg [11:0] \$214 ;
-  reg \$215 ;
-  reg [13:0] \$216 ;
-  reg \$217 ;
-  reg [1:0] \$218 ;
-  reg \$219 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire [31:0] \$218 ;
+  wire [31:0] \$219 ;
   wire \$22 ;
-  reg \$220 ;
+  reg [95:0] \$220 ;
   reg [11:0] \$221 ;
-  reg [11:0] \$222 ;
-  reg \$223 ;
+  reg \$222 ;
+  reg [13:0] \$223 ;
   reg \$224 ;
-  reg [3:0] \$225 ;
+  reg [1:0] \$225 ;
   reg \$226 ;
   reg \$227 ;
-  reg \$228 ;
-  reg [3:0] \$229 ;
+  reg [11:0] \$228 ;
+  reg [11:0] \$229 ;
   wire \$23 ;
   reg \$230 ;
   reg \$231 ;
-  reg \$232 ;
-  reg [31:0] \$233 ;
-  reg [31:0] \$234 ;
+  reg [3:0] \$232 ;
+  reg \$233 ;
+  reg \$234 ;
   reg \$235 ;
-  reg \$236 ;
-  reg [11:0] \$237 ;
-  reg [13:0] \$238 ;
-  reg [11:0] \$239 ;
+  reg [3:0] \$236 ;
+  reg \$237 ;
+  reg \$238 ;
+  reg \$239 ;
   wire \$24 ;
-  reg [11:0] \$240 ;
-  reg [13:0] \$241 ;
-  reg [13:0] \$242 ;
+  reg [31:0] \$240 ;
+  reg [31:0] \$241 ;
+  reg \$242 ;
   reg \$243 ;
-  reg \$244 ;
+  reg [11:0] \$244 ;
   reg [13:0] \$245 ;
-  reg [2:0] \$246 ;
-  reg [2:0] \$247 ;
+  reg [11:0] \$246 ;
+  reg [11:0] \$247 ;
   reg [13:0] \$248 ;
-  reg [2:0] \$249 ;
+  reg [13:0] \$249 ;
   wire \$25 ;
   reg \$250 ;
   reg \$251 ;
-  reg \$252 ;
-  reg [13:0] \$253 ;
-  reg \$254 ;
-  reg \$255 ;
-  reg [13:0] \$256 ;
+  reg [13:0] \$252 ;
+  reg [2:0] \$253 ;
+  reg [2:0] \$254 ;
+  reg [13:0] \$255 ;
+  reg [2:0] \$256 ;
   reg \$257 ;
   reg \$258 ;
-  reg [13:0] \$259 ;
+  reg \$259 ;
   wire \$26 ;
-  reg [95:0] \$260 ;
-  reg [95:0] \$261 ;
-  reg [95:0] \$262 ;
-  reg [1:0] \$263 ;
-  reg [95:0] \$264 ;
+  reg [13:0] \$260 ;
+  reg \$261 ;
+  reg \$262 ;
+  reg [13:0] \$263 ;
+  reg \$264 ;
   reg \$265 ;
-  reg \$266 ;
-  reg [13:0] \$267 ;
-  reg [11:0] \$268 ;
-  reg [11:0] \$269 ;
+  reg [13:0] \$266 ;
+  reg [95:0] \$267 ;
+  reg [95:0] \$268 ;
+  reg [95:0] \$269 ;
   wire \$27 ;
-  reg [13:0] \$270 ;
-  reg [13:0] \$271 ;
-  reg \$272 ;
-  reg [3:0] \$273 ;
+  reg [1:0] \$270 ;
+  reg [21:0] \$271 ;
+  reg [21:0] \$272 ;
+  reg [95:0] \$273 ;
   reg \$274 ;
-  reg [79:0] \$275 ;
-  reg \$276 ;
-  reg [2:0] \$277 ;
-  reg [2:0] \$278 ;
-  reg [11:0] \$279 ;
+  reg \$275 ;
+  reg [13:0] \$276 ;
+  reg [11:0] \$277 ;
+  reg [11:0] \$278 ;
+  reg [13:0] \$279 ;
   wire \$28 ;
   reg [13:0] \$280 ;
-  reg [13:0] \$281 ;
+  reg \$281 ;
+  reg [3:0] \$282 ;
+  reg \$283 ;
+  reg [79:0] \$284 ;
+  reg \$285 ;
+  reg [2:0] \$286 ;
+  reg [2:0] \$287 ;
+  reg [11:0] \$288 ;
+  reg [13:0] \$289 ;
   wire \$29 ;
+  reg [13:0] \$290 ;
   wire [14:0] \$3 ;
   wire \$30 ;
   wire \$31 ;
@@ -13591,7 +13946,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [3:0] \$83 ;
   wire \$84 ;
   wire \$85 ;
-  wire \$86 ;
+  wire [21:0] \$86 ;
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
@@ -13607,26 +13962,31 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire \$98 ;
   wire \$99 ;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$104 ;
-  wire [7:0] \$signature__addr$111 ;
+  wire [6:0] \$signature__addr$110 ;
+  wire [7:0] \$signature__addr$117 ;
+  wire [7:0] \$signature__addr$121 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$105 ;
-  wire [7:0] \$signature__data$105[0] ;
-  wire [7:0] \$signature__data$105[1] ;
-  wire [7:0] \$signature__data$105[2] ;
-  wire [7:0] \$signature__data$105[3] ;
-  wire [95:0] \$signature__data$110 ;
-  wire [23:0] \$signature__data$110[0] ;
-  wire [23:0] \$signature__data$110[1] ;
-  wire [23:0] \$signature__data$110[2] ;
-  wire [23:0] \$signature__data$110[3] ;
+  wire [31:0] \$signature__data$111 ;
+  wire [7:0] \$signature__data$111[0] ;
+  wire [7:0] \$signature__data$111[1] ;
+  wire [7:0] \$signature__data$111[2] ;
+  wire [7:0] \$signature__data$111[3] ;
+  wire [95:0] \$signature__data$116 ;
+  wire [23:0] \$signature__data$116[0] ;
+  wire [23:0] \$signature__data$116[1] ;
+  wire [23:0] \$signature__data$116[2] ;
+  wire [23:0] \$signature__data$116[3] ;
+  wire [21:0] \$signature__data$123 ;
+  wire [15:0] \$signature__data$123.mult ;
+  wire [5:0] \$signature__data$123.shift ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$112 ;
+  wire \$signature__en$118 ;
+  wire \$signature__en$119 ;
   wire \$signature__en$35 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
@@ -13730,6 +14090,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   reg [13:0] col_addr1 = 14'h0000;
   reg col_busy0 = 1'h0;
   reg col_busy1 = 1'h0;
+  input col_en;
+  wire col_en;
+  input col_hold;
+  wire col_hold;
+  reg [21:0] col_rq_rd_data = 22'h000000;
+  wire [15:0] \col_rq_rd_data.mult ;
+  wire [5:0] \col_rq_rd_data.shift ;
+  wire col_rq_rd_en;
   reg col_valid0 = 1'h0;
   reg col_valid1 = 1'h0;
   reg [95:0] col_word0 = 96'h000000000000000000000000;
@@ -13742,13 +14110,21 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \col_word1[1] ;
   wire [23:0] \col_word1[2] ;
   wire [23:0] \col_word1[3] ;
+  input [7:0] col_wr__addr;
+  wire [7:0] col_wr__addr;
+  input [21:0] col_wr__data;
+  wire [21:0] col_wr__data;
+  wire [15:0] \col_wr__data.mult ;
+  wire [5:0] \col_wr__data.shift ;
+  input col_wr__en;
+  wire col_wr__en;
   reg [11:0] cols_c = 12'h000;
   reg [13:0] d_base = 14'h0000;
   reg [2:0] d_col = 3'h0;
   reg [2:0] d_cols = 3'h0;
   wire done;
-  output \done$90 ;
-  reg \done$90  = 1'h0;
+  output \done$95 ;
+  reg \done$95  = 1'h0;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -13794,17 +14170,18 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4026$0 ;
-  wire [7:0] \port$4026$0 ;
-  input [7:0] \port$4026$24 ;
-  wire [7:0] \port$4026$24 ;
-  input [7:0] \port$4026$48 ;
-  wire [7:0] \port$4026$48 ;
-  input [7:0] \port$4026$72 ;
-  wire [7:0] \port$4026$72 ;
+  input [7:0] \port$4129$0 ;
+  wire [7:0] \port$4129$0 ;
+  input [7:0] \port$4129$24 ;
+  wire [7:0] \port$4129$24 ;
+  input [7:0] \port$4129$48 ;
+  wire [7:0] \port$4129$48 ;
+  input [7:0] \port$4129$72 ;
+  wire [7:0] \port$4129$72 ;
   wire [7:0] port__addr;
-  wire [6:0] \port__addr$108 ;
-  wire [7:0] \port__addr$126 ;
+  wire [6:0] \port__addr$114 ;
+  wire [7:0] \port__addr$125 ;
+  wire [7:0] \port__addr$139 ;
   wire [31:0] port__data;
   wire [95:0] \port__data$10 ;
   wire [23:0] \port__data$10[0] ;
@@ -13812,6 +14189,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \port__data$10[2] ;
   wire [23:0] \port__data$10[3] ;
   wire [31:0] \port__data$7 ;
+  wire [21:0] \port__data$77 ;
+  wire [15:0] \port__data$77.mult ;
+  wire [5:0] \port__data$77.shift ;
   wire [7:0] \port__data$7[0] ;
   wire [7:0] \port__data$7[1] ;
   wire [7:0] \port__data$7[2] ;
@@ -13820,6 +14200,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [7:0] \port__data[1] ;
   wire [7:0] \port__data[2] ;
   wire [7:0] \port__data[3] ;
+  reg [21:0] q_rq = 22'h000000;
+  wire [15:0] \q_rq.mult ;
+  wire [5:0] \q_rq.shift ;
   reg q_valid = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
@@ -13851,7 +14234,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   reg [11:0] s_rows = 12'h000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$115 ;
+  wire [5:0] \shift$128 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -13890,6 +14273,271 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   wire [23:0] \w_word[2] ;
   wire [23:0] \w_word[3] ;
   reg wbuf = 1'h0;
+  (* no_rw_check = 32'd1 *)
+  reg [21:0] col_rq [255:0];
+  initial begin
+    col_rq[0] = 22'h000000;
+    col_rq[1] = 22'h000000;
+    col_rq[2] = 22'h000000;
+    col_rq[3] = 22'h000000;
+    col_rq[4] = 22'h000000;
+    col_rq[5] = 22'h000000;
+    col_rq[6] = 22'h000000;
+    col_rq[7] = 22'h000000;
+    col_rq[8] = 22'h000000;
+    col_rq[9] = 22'h000000;
+    col_rq[10] = 22'h000000;
+    col_rq[11] = 22'h000000;
+    col_rq[12] = 22'h000000;
+    col_rq[13] = 22'h000000;
+    col_rq[14] = 22'h000000;
+    col_rq[15] = 22'h000000;
+    col_rq[16] = 22'h000000;
+    col_rq[17] = 22'h000000;
+    col_rq[18] = 22'h000000;
+    col_rq[19] = 22'h000000;
+    col_rq[20] = 22'h000000;
+    col_rq[21] = 22'h000000;
+    col_rq[22] = 22'h000000;
+    col_rq[23] = 22'h000000;
+    col_rq[24] = 22'h000000;
+    col_rq[25] = 22'h000000;
+    col_rq[26] = 22'h000000;
+    col_rq[27] = 22'h000000;
+    col_rq[28] = 22'h000000;
+    col_rq[29] = 22'h000000;
+    col_rq[30] = 22'h000000;
+    col_rq[31] = 22'h000000;
+    col_rq[32] = 22'h000000;
+    col_rq[33] = 22'h000000;
+    col_rq[34] = 22'h000000;
+    col_rq[35] = 22'h000000;
+    col_rq[36] = 22'h000000;
+    col_rq[37] = 22'h000000;
+    col_rq[38] = 22'h000000;
+    col_rq[39] = 22'h000000;
+    col_rq[40] = 22'h000000;
+    col_rq[41] = 22'h000000;
+    col_rq[42] = 22'h000000;
+    col_rq[43] = 22'h000000;
+    col_rq[44] = 22'h000000;
+    col_rq[45] = 22'h000000;
+    col_rq[46] = 22'h000000;
+    col_rq[47] = 22'h000000;
+    col_rq[48] = 22'h000000;
+    col_rq[49] = 22'h000000;
+    col_rq[50] = 22'h000000;
+    col_rq[51] = 22'h000000;
+    col_rq[52] = 22'h000000;
+    col_rq[53] = 22'h000000;
+    col_rq[54] = 22'h000000;
+    col_rq[55] = 22'h000000;
+    col_rq[56] = 22'h000000;
+    col_rq[57] = 22'h000000;
+    col_rq[58] = 22'h000000;
+    col_rq[59] = 22'h000000;
+    col_rq[60] = 22'h000000;
+    col_rq[61] = 22'h000000;
+    col_rq[62] = 22'h000000;
+    col_rq[63] = 22'h000000;
+    col_rq[64] = 22'h000000;
+    col_rq[65] = 22'h000000;
+    col_rq[66] = 22'h000000;
+    col_rq[67] = 22'h000000;
+    col_rq[68] = 22'h000000;
+    col_rq[69] = 22'h000000;
+    col_rq[70] = 22'h000000;
+    col_rq[71] = 22'h000000;
+    col_rq[72] = 22'h000000;
+    col_rq[73] = 22'h000000;
+    col_rq[74] = 22'h000000;
+    col_rq[75] = 22'h000000;
+    col_rq[76] = 22'h000000;
+    col_rq[77] = 22'h000000;
+    col_rq[78] = 22'h000000;
+    col_rq[79] = 22'h000000;
+    col_rq[80] = 22'h000000;
+    col_rq[81] = 22'h000000;
+    col_rq[82] = 22'h000000;
+    col_rq[83] = 22'h000000;
+    col_rq[84] = 22'h000000;
+    col_rq[85] = 22'h000000;
+    col_rq[86] = 22'h000000;
+    col_rq[87] = 22'h000000;
+    col_rq[88] = 22'h000000;
+    col_rq[89] = 22'h000000;
+    col_rq[90] = 22'h000000;
+    col_rq[91] = 22'h000000;
+    col_rq[92] = 22'h000000;
+    col_rq[93] = 22'h000000;
+    col_rq[94] = 22'h000000;
+    col_rq[95] = 22'h000000;
+    col_rq[96] = 22'h000000;
+    col_rq[97] = 22'h000000;
+    col_rq[98] = 22'h000000;
+    col_rq[99] = 22'h000000;
+    col_rq[100] = 22'h000000;
+    col_rq[101] = 22'h000000;
+    col_rq[102] = 22'h000000;
+    col_rq[103] = 22'h000000;
+    col_rq[104] = 22'h000000;
+    col_rq[105] = 22'h000000;
+    col_rq[106] = 22'h000000;
+    col_rq[107] = 22'h000000;
+    col_rq[108] = 22'h000000;
+    col_rq[109] = 22'h000000;
+    col_rq[110] = 22'h000000;
+    col_rq[111] = 22'h000000;
+    col_rq[112] = 22'h000000;
+    col_rq[113] = 22'h000000;
+    col_rq[114] = 22'h000000;
+    col_rq[115] = 22'h000000;
+    col_rq[116] = 22'h000000;
+    col_rq[117] = 22'h000000;
+    col_rq[118] = 22'h000000;
+    col_rq[119] = 22'h000000;
+    col_rq[120] = 22'h000000;
+    col_rq[121] = 22'h000000;
+    col_rq[122] = 22'h000000;
+    col_rq[123] = 22'h000000;
+    col_rq[124] = 22'h000000;
+    col_rq[125] = 22'h000000;
+    col_rq[126] = 22'h000000;
+    col_rq[127] = 22'h000000;
+    col_rq[128] = 22'h000000;
+    col_rq[129] = 22'h000000;
+    col_rq[130] = 22'h000000;
+    col_rq[131] = 22'h000000;
+    col_rq[132] = 22'h000000;
+    col_rq[133] = 22'h000000;
+    col_rq[134] = 22'h000000;
+    col_rq[135] = 22'h000000;
+    col_rq[136] = 22'h000000;
+    col_rq[137] = 22'h000000;
+    col_rq[138] = 22'h000000;
+    col_rq[139] = 22'h000000;
+    col_rq[140] = 22'h000000;
+    col_rq[141] = 22'h000000;
+    col_rq[142] = 22'h000000;
+    col_rq[143] = 22'h000000;
+    col_rq[144] = 22'h000000;
+    col_rq[145] = 22'h000000;
+    col_rq[146] = 22'h000000;
+    col_rq[147] = 22'h000000;
+    col_rq[148] = 22'h000000;
+    col_rq[149] = 22'h000000;
+    col_rq[150] = 22'h000000;
+    col_rq[151] = 22'h000000;
+    col_rq[152] = 22'h000000;
+    col_rq[153] = 22'h000000;
+    col_rq[154] = 22'h000000;
+    col_rq[155] = 22'h000000;
+    col_rq[156] = 22'h000000;
+    col_rq[157] = 22'h000000;
+    col_rq[158] = 22'h000000;
+    col_rq[159] = 22'h000000;
+    col_rq[160] = 22'h000000;
+    col_rq[161] = 22'h000000;
+    col_rq[162] = 22'h000000;
+    col_rq[163] = 22'h000000;
+    col_rq[164] = 22'h000000;
+    col_rq[165] = 22'h000000;
+    col_rq[166] = 22'h000000;
+    col_rq[167] = 22'h000000;
+    col_rq[168] = 22'h000000;
+    col_rq[169] = 22'h000000;
+    col_rq[170] = 22'h000000;
+    col_rq[171] = 22'h000000;
+    col_rq[172] = 22'h000000;
+    col_rq[173] = 22'h000000;
+    col_rq[174] = 22'h000000;
+    col_rq[175] = 22'h000000;
+    col_rq[176] = 22'h000000;
+    col_rq[177] = 22'h000000;
+    col_rq[178] = 22'h000000;
+    col_rq[179] = 22'h000000;
+    col_rq[180] = 22'h000000;
+    col_rq[181] = 22'h000000;
+    col_rq[182] = 22'h000000;
+    col_rq[183] = 22'h000000;
+    col_rq[184] = 22'h000000;
+    col_rq[185] = 22'h000000;
+    col_rq[186] = 22'h000000;
+    col_rq[187] = 22'h000000;
+    col_rq[188] = 22'h000000;
+    col_rq[189] = 22'h000000;
+    col_rq[190] = 22'h000000;
+    col_rq[191] = 22'h000000;
+    col_rq[192] = 22'h000000;
+    col_rq[193] = 22'h000000;
+    col_rq[194] = 22'h000000;
+    col_rq[195] = 22'h000000;
+    col_rq[196] = 22'h000000;
+    col_rq[197] = 22'h000000;
+    col_rq[198] = 22'h000000;
+    col_rq[199] = 22'h000000;
+    col_rq[200] = 22'h000000;
+    col_rq[201] = 22'h000000;
+    col_rq[202] = 22'h000000;
+    col_rq[203] = 22'h000000;
+    col_rq[204] = 22'h000000;
+    col_rq[205] = 22'h000000;
+    col_rq[206] = 22'h000000;
+    col_rq[207] = 22'h000000;
+    col_rq[208] = 22'h000000;
+    col_rq[209] = 22'h000000;
+    col_rq[210] = 22'h000000;
+    col_rq[211] = 22'h000000;
+    col_rq[212] = 22'h000000;
+    col_rq[213] = 22'h000000;
+    col_rq[214] = 22'h000000;
+    col_rq[215] = 22'h000000;
+    col_rq[216] = 22'h000000;
+    col_rq[217] = 22'h000000;
+    col_rq[218] = 22'h000000;
+    col_rq[219] = 22'h000000;
+    col_rq[220] = 22'h000000;
+    col_rq[221] = 22'h000000;
+    col_rq[222] = 22'h000000;
+    col_rq[223] = 22'h000000;
+    col_rq[224] = 22'h000000;
+    col_rq[225] = 22'h000000;
+    col_rq[226] = 22'h000000;
+    col_rq[227] = 22'h000000;
+    col_rq[228] = 22'h000000;
+    col_rq[229] = 22'h000000;
+    col_rq[230] = 22'h000000;
+    col_rq[231] = 22'h000000;
+    col_rq[232] = 22'h000000;
+    col_rq[233] = 22'h000000;
+    col_rq[234] = 22'h000000;
+    col_rq[235] = 22'h000000;
+    col_rq[236] = 22'h000000;
+    col_rq[237] = 22'h000000;
+    col_rq[238] = 22'h000000;
+    col_rq[239] = 22'h000000;
+    col_rq[240] = 22'h000000;
+    col_rq[241] = 22'h000000;
+    col_rq[242] = 22'h000000;
+    col_rq[243] = 22'h000000;
+    col_rq[244] = 22'h000000;
+    col_rq[245] = 22'h000000;
+    col_rq[246] = 22'h000000;
+    col_rq[247] = 22'h000000;
+    col_rq[248] = 22'h000000;
+    col_rq[249] = 22'h000000;
+    col_rq[250] = 22'h000000;
+    col_rq[251] = 22'h000000;
+    col_rq[252] = 22'h000000;
+    col_rq[253] = 22'h000000;
+    col_rq[254] = 22'h000000;
+    col_rq[255] = 22'h000000;
+  end
+  always @(posedge clk) begin
+    if (col_wr__en)
+      col_rq[col_wr__addr] <= col_wr__data;
+  end
+  assign \port__data$77  = col_rq[s_n[7:0]];
   (* no_rw_check = 32'd1 *)
   reg [31:0] spad_a [255:0];
   initial begin
@@ -14152,7 +14800,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -14289,9 +14937,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @(posedge clk) begin
     if (\$signature__en$35 )
-      spad_b[\$162 [6:0]] <= b_in__payload;
+      spad_b[\$167 [6:0]] <= b_in__payload;
   end
-  assign \port__data$7  = spad_b[\$171 [6:0]];
+  assign \port__data$7  = spad_b[\$176 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [95:0] spad_c [255:0];
   initial begin
@@ -14554,9 +15202,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$110 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$116 ;
   end
-  assign \port__data$10  = spad_c[\$178 [7:0]];
+  assign \port__data$10  = spad_c[\$183 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_loading;
   assign \$3  = a_wptr + 1'h1;
@@ -14642,285 +15290,296 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \$83  = \$82  - tile_drained;
   assign \$84  = ~ q_valid;
   assign \$85  = \$84  | i__ready;
-  assign \$86  = ~ q_valid;
-  assign \$87  = \$86  | i__ready;
-  assign \$88  = ~ r_mask[0];
-  assign \$89  = ~ cmd[78];
-  assign \$90  = storing ? \$88  : \$89 ;
-  assign \$91  = \$87  & \$90 ;
-  assign \$92  = ~ q_valid;
-  assign \$93  = \$92  | i__ready;
-  assign \$94  = ~ r_mask[1];
-  assign \$95  = ~ cmd[78];
-  assign \$96  = storing ? \$94  : \$95 ;
-  assign \$97  = \$93  & \$96 ;
-  assign \$98  = ~ q_valid;
-  assign \$99  = \$98  | i__ready;
-  assign \$100  = ~ r_mask[2];
-  assign \$101  = ~ cmd[78];
-  assign \$102  = storing ? \$100  : \$101 ;
-  assign \$103  = \$99  & \$102 ;
-  assign \$104  = ~ q_valid;
-  assign \$105  = \$104  | i__ready;
-  assign \$106  = ~ r_mask[3];
-  assign \$107  = ~ cmd[78];
-  assign \$108  = storing ? \$106  : \$107 ;
-  assign \$109  = \$105  & \$108 ;
-  assign \$110  = ~ q_valid;
-  assign \$111  = \$110  | i__ready;
-  assign \$112  = storing & \$111 ;
-  assign \$113  = c_lim - cmd[53:45];
-  assign \$114  = c_lim - cmd[53:45];
-  assign \$115  = | s_left;
-  assign \$116  = | s_left;
-  assign \$117  = s_addr + 1'h1;
-  assign \$118  = s_left - 1'h1;
-  assign \$119  = s_n + 1'h1;
-  assign \$120  = s_rows > 1'h0;
-  assign \$121  = s_rows > 1'h1;
-  assign \$122  = s_rows > 2'h2;
-  assign \$123  = s_rows > 2'h3;
-  assign \$124  = cmd[35:24] - 1'h1;
-  assign \$125  = s_n == \$124 ;
-  assign \$126  = s_rows - 3'h4;
-  assign \$127  = c_out__valid & c_out__ready;
-  assign \$128  = out_left - 1'h1;
-  assign \$129  = cmd[44:36] + cmd[23:12];
-  assign \$130  = cmd[53:45] + cmd[35:24];
-  assign \$131  = | code;
-  assign \$132  = rows_left > 3'h4;
-  assign \$133  = rows_left - 3'h4;
-  assign \$134  = a_lim + cmd[23:12];
-  assign \$135  = c_lim + cmd[35:24];
-  assign \$136  = cmd[76] | cmd[77];
-  assign \$137  = a_lim > 9'h100;
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = cmd[77] | cmd[79];
-  assign \$140  = c_lim > 9'h100;
+  assign \$86  = col_en ? col_rq_rd_data : cmd[75:54];
+  assign \$87  = ~ q_valid;
+  assign \$88  = \$87  | i__ready;
+  assign \$89  = ~ q_valid;
+  assign \$90  = \$89  | i__ready;
+  assign \$91  = ~ r_mask[0];
+  assign \$92  = ~ cmd[78];
+  assign \$93  = storing ? \$91  : \$92 ;
+  assign \$94  = \$90  & \$93 ;
+  assign \$95  = ~ q_valid;
+  assign \$96  = \$95  | i__ready;
+  assign \$97  = ~ r_mask[1];
+  assign \$98  = ~ cmd[78];
+  assign \$99  = storing ? \$97  : \$98 ;
+  assign \$100  = \$96  & \$99 ;
+  assign \$101  = ~ q_valid;
+  assign \$102  = \$101  | i__ready;
+  assign \$103  = ~ r_mask[2];
+  assign \$104  = ~ cmd[78];
+  assign \$105  = storing ? \$103  : \$104 ;
+  assign \$106  = \$102  & \$105 ;
+  assign \$107  = ~ q_valid;
+  assign \$108  = \$107  | i__ready;
+  assign \$109  = ~ r_mask[3];
+  assign \$110  = ~ cmd[78];
+  assign \$111  = storing ? \$109  : \$110 ;
+  assign \$112  = \$108  & \$111 ;
+  assign \$113  = ~ q_valid;
+  assign \$114  = \$113  | i__ready;
+  assign \$115  = storing & \$114 ;
+  assign \$116  = c_lim - cmd[53:45];
+  assign \$117  = c_lim - cmd[53:45];
+  assign \$118  = | s_left;
+  assign \$119  = | s_left;
+  assign \$120  = s_addr + 1'h1;
+  assign \$121  = s_left - 1'h1;
+  assign \$122  = s_n + 1'h1;
+  assign \$123  = s_rows > 1'h0;
+  assign \$124  = s_rows > 1'h1;
+  assign \$125  = s_rows > 2'h2;
+  assign \$126  = s_rows > 2'h3;
+  assign \$127  = cmd[35:24] - 1'h1;
+  assign \$128  = s_n == \$127 ;
+  assign \$129  = s_rows - 3'h4;
+  assign \$130  = c_out__valid & c_out__ready;
+  assign \$131  = out_left - 1'h1;
+  assign \$132  = cmd[44:36] + cmd[23:12];
+  assign \$133  = cmd[53:45] + cmd[35:24];
+  assign \$134  = | code;
+  assign \$135  = rows_left > 3'h4;
+  assign \$136  = rows_left - 3'h4;
+  assign \$137  = a_lim + cmd[23:12];
+  assign \$138  = c_lim + cmd[35:24];
+  assign \$139  = cmd[76] | cmd[77];
+  assign \$140  = a_lim > 9'h100;
   assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = rows_left <= 3'h4;
-  assign \$144  = cmd[76] | cmd[77];
-  assign \$145  = a_lim > 9'h100;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$146  ? 3'h4 : 3'h5;
-  assign \$148  = start | a_loading;
-  assign \$149  = \$148  | b_loading;
-  assign \$150  = \$149  | issuing;
-  assign \$151  = \$150  | drain_busy;
-  assign \$152  = \$151  | col_busy0;
-  assign \$153  = \$152  | col_busy1;
-  assign \$154  = \$153  | w_busy;
-  assign \$155  = ~ \$154 ;
-  assign \$156  = ! pending;
-  assign \$157  = \$155  & \$156 ;
-  assign \$158  = ! out_left;
+  assign \$142  = cmd[77] | cmd[79];
+  assign \$143  = c_lim > 9'h100;
+  assign \$144  = \$142  & \$143 ;
+  assign \$145  = \$141  | \$144 ;
+  assign \$146  = rows_left <= 3'h4;
+  assign \$147  = cmd[76] | cmd[77];
+  assign \$148  = a_lim > 9'h100;
+  assign \$149  = \$147  & \$148 ;
+  assign \$150  = \$149  ? 3'h4 : 3'h5;
+  assign \$151  = start | a_loading;
+  assign \$152  = \$151  | b_loading;
+  assign \$153  = \$152  | issuing;
+  assign \$154  = \$153  | drain_busy;
+  assign \$155  = \$154  | col_busy0;
+  assign \$156  = \$155  | col_busy1;
+  assign \$157  = \$156  | w_busy;
+  assign \$158  = ~ \$157 ;
+  assign \$159  = ! pending;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = ~ col_hold;
+  assign \$162  = \$160  & \$161 ;
+  assign \$163  = ! out_left;
   assign \$signature__en  = a_in__valid & a_loading;
-  assign \$159  = full >> wbuf;
-  assign \$160  = ~ \$159 ;
-  assign b_take = b_loading & \$160 ;
-  assign \$161  = wbuf ? 7'h40 : 7'h00;
-  assign \$162  = \$161  + b_k;
+  assign \$164  = full >> wbuf;
+  assign \$165  = ~ \$164 ;
+  assign b_take = b_loading & \$165 ;
+  assign \$166  = wbuf ? 7'h40 : 7'h00;
+  assign \$167  = \$166  + b_k;
   assign \$signature__en$35  = b_in__valid & b_take;
-  assign \$163  = b_in__valid & b_take;
-  assign \$164  = b_k == k_m1;
-  assign \$165  = issuing & a_ok;
-  assign \$166  = \$165  & b_ok;
-  assign \$167  = ~ last_k;
-  assign \$168  = gap >= 4'ha;
-  assign \$169  = \$167  | \$168 ;
-  assign step = \$166  & \$169 ;
-  assign \$170  = rbuf ? 7'h40 : 7'h00;
-  assign \$171  = \$170  + k;
-  assign \$172  = d_col == 2'h3;
+  assign \$168  = b_in__valid & b_take;
+  assign \$169  = b_k == k_m1;
+  assign \$170  = issuing & a_ok;
+  assign \$171  = \$170  & b_ok;
+  assign \$172  = ~ last_k;
+  assign \$173  = gap >= 4'ha;
+  assign \$174  = \$172  | \$173 ;
+  assign step = \$171  & \$174 ;
+  assign \$175  = rbuf ? 7'h40 : 7'h00;
+  assign \$176  = \$175  + k;
+  assign \$177  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$173  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
-  assign \$174  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
-  assign \$175  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
-  assign \$176  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
-  assign mult = storing ? cmd[69:54] : rq_mult;
-  assign \shift$115  = storing ? cmd[75:70] : rq_shift;
+  assign \$178  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
+  assign \$179  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
+  assign \$180  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
+  assign \$181  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
+  assign mult = storing ? q_rq[15:0] : rq_mult;
+  assign \shift$128  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$177  = ~ storing;
-  assign rq_in__ready = \$177  & i__ready;
+  assign \$182  = ~ storing;
+  assign rq_in__ready = \$182  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$178  = storing ? s_addr : col_addr0;
-  assign \$179  = ~ storing;
-  assign \$180  = ~ q_valid;
-  assign \$181  = \$180  | i__ready;
-  assign spad_c_rd_en = \$179  | \$181 ;
+  assign \$183  = storing ? s_addr : col_addr0;
+  assign \$184  = ~ storing;
+  assign \$185  = ~ q_valid;
+  assign \$186  = \$185  | i__ready;
+  assign spad_c_rd_en = \$184  | \$186 ;
   assign busy = ~ cmd__ready;
-  assign \$182  = cmd[76] | cmd[77];
-  assign \$183  = \$182  | cmd[79];
-  assign \$184  = ~ \$183 ;
-  assign \$185  = ! cmd[11:0];
-  assign \$186  = cmd[76] | cmd[77];
-  assign \$187  = ! cmd[23:12];
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = \$185  | \$188 ;
-  assign \$190  = cmd[77] | cmd[79];
-  assign \$191  = ! cmd[35:24];
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = \$189  | \$192 ;
-  assign \$194  = cmd[23:12] > 7'h40;
-  assign \$195  = cmd[77] & \$194 ;
-  assign \$196  = start | a_loading;
-  assign \$197  = \$196  | b_loading;
-  assign \$198  = \$197  | issuing;
-  assign \$199  = \$198  | drain_busy;
-  assign \$200  = \$199  | col_busy0;
-  assign \$201  = \$200  | col_busy1;
-  assign \$202  = \$201  | w_busy;
-  assign \$203  = ~ \$202 ;
-  assign \$204  = ! pending;
-  assign \$205  = \$203  & \$204 ;
-  assign \$206  = ! fsm_state;
-  assign \$207  = fsm_state == 1'h1;
-  assign \$208  = fsm_state == 2'h2;
-  assign \$209  = fsm_state == 2'h3;
-  assign \$210  = fsm_state == 3'h4;
+  assign \$187  = cmd[76] | cmd[77];
+  assign \$188  = \$187  | cmd[79];
+  assign \$189  = ~ \$188 ;
+  assign \$190  = ! cmd[11:0];
+  assign \$191  = cmd[76] | cmd[77];
+  assign \$192  = ! cmd[23:12];
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = cmd[77] | cmd[79];
+  assign \$196  = ! cmd[35:24];
+  assign \$197  = \$195  & \$196 ;
+  assign \$198  = \$194  | \$197 ;
+  assign \$199  = cmd[23:12] > 7'h40;
+  assign \$200  = cmd[77] & \$199 ;
+  assign \$201  = start | a_loading;
+  assign \$202  = \$201  | b_loading;
+  assign \$203  = \$202  | issuing;
+  assign \$204  = \$203  | drain_busy;
+  assign \$205  = \$204  | col_busy0;
+  assign \$206  = \$205  | col_busy1;
+  assign \$207  = \$206  | w_busy;
+  assign \$208  = ~ \$207 ;
+  assign \$209  = ! pending;
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = ~ col_hold;
+  assign \$212  = \$210  & \$211 ;
+  assign \$213  = ! fsm_state;
+  assign \$214  = fsm_state == 1'h1;
+  assign \$215  = fsm_state == 2'h2;
+  assign \$216  = fsm_state == 2'h3;
+  assign \$217  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$211 ;
+    spad_a_rd_data <= \$218 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$212 ;
+    spad_b_rd_data <= \$219 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$213 ;
+    spad_c_rd_data <= \$220 ;
   always @(posedge clk)
-    k_m1 <= \$214 ;
+    k_m1 <= \$221 ;
   always @(posedge clk)
-    start <= \$215 ;
+    start <= \$222 ;
   always @(posedge clk)
-    a_wptr <= \$216 ;
+    a_wptr <= \$223 ;
   always @(posedge clk)
-    a_loading <= \$217 ;
+    a_loading <= \$224 ;
   always @(posedge clk)
-    full <= \$218 ;
+    full <= \$225 ;
   always @(posedge clk)
-    b_loading <= \$219 ;
+    b_loading <= \$226 ;
   always @(posedge clk)
-    wbuf <= \$220 ;
+    wbuf <= \$227 ;
   always @(posedge clk)
-    b_k <= \$221 ;
+    b_k <= \$228 ;
   always @(posedge clk)
-    b_cols_left <= \$222 ;
+    b_cols_left <= \$229 ;
   always @(posedge clk)
-    a_ok <= \$223 ;
+    a_ok <= \$230 ;
   always @(posedge clk)
-    b_ok <= \$224 ;
+    b_ok <= \$231 ;
   always @(posedge clk)
-    gap <= \$225 ;
+    gap <= \$232 ;
   always @(posedge clk)
-    s_valid <= \$226 ;
+    s_valid <= \$233 ;
   always @(posedge clk)
-    s_first <= \$227 ;
+    s_first <= \$234 ;
   always @(posedge clk)
-    s_last <= \$228 ;
+    s_last <= \$235 ;
   always @(posedge clk)
-    s_mask <= \$229 ;
+    s_mask <= \$236 ;
   always @(posedge clk)
-    valid <= \$230 ;
+    valid <= \$237 ;
   always @(posedge clk)
-    first <= \$231 ;
+    first <= \$238 ;
   always @(posedge clk)
-    last <= \$232 ;
+    last <= \$239 ;
   always @(posedge clk)
-    b <= \$233 ;
+    b <= \$240 ;
   always @(posedge clk)
-    a <= \$234 ;
+    a <= \$241 ;
   always @(posedge clk)
-    issuing <= \$235 ;
+    issuing <= \$242 ;
   always @(posedge clk)
-    rbuf <= \$236 ;
+    rbuf <= \$243 ;
   always @(posedge clk)
-    k <= \$237 ;
+    k <= \$244 ;
   always @(posedge clk)
-    a_ptr <= \$238 ;
+    a_ptr <= \$245 ;
   always @(posedge clk)
-    rows_c <= \$239 ;
+    rows_c <= \$246 ;
   always @(posedge clk)
-    cols_c <= \$240 ;
+    cols_c <= \$247 ;
   always @(posedge clk)
-    c_panel <= \$241 ;
+    c_panel <= \$248 ;
   always @(posedge clk)
-    c_tile <= \$242 ;
+    c_tile <= \$249 ;
   always @(posedge clk)
-    last_k <= \$243 ;
+    last_k <= \$250 ;
   always @(posedge clk)
-    last_row <= \$244 ;
+    last_row <= \$251 ;
   always @(posedge clk)
-    t_base <= \$245 ;
+    t_base <= \$252 ;
   always @(posedge clk)
-    t_cols <= \$246 ;
+    t_cols <= \$253 ;
   always @(posedge clk)
-    d_col <= \$247 ;
+    d_col <= \$254 ;
   always @(posedge clk)
-    d_base <= \$248 ;
+    d_base <= \$255 ;
   always @(posedge clk)
-    d_cols <= \$249 ;
+    d_cols <= \$256 ;
   always @(posedge clk)
-    drain_busy <= \$250 ;
+    drain_busy <= \$257 ;
   always @(posedge clk)
-    col_valid0 <= \$251 ;
+    col_valid0 <= \$258 ;
   always @(posedge clk)
-    col_busy0 <= \$252 ;
+    col_busy0 <= \$259 ;
   always @(posedge clk)
-    col_addr0 <= \$253 ;
+    col_addr0 <= \$260 ;
   always @(posedge clk)
-    col_valid1 <= \$254 ;
+    col_valid1 <= \$261 ;
   always @(posedge clk)
-    col_busy1 <= \$255 ;
+    col_busy1 <= \$262 ;
   always @(posedge clk)
-    col_addr1 <= \$256 ;
+    col_addr1 <= \$263 ;
   always @(posedge clk)
-    w_valid <= \$257 ;
+    w_valid <= \$264 ;
   always @(posedge clk)
-    w_busy <= \$258 ;
+    w_busy <= \$265 ;
   always @(posedge clk)
-    w_addr <= \$259 ;
+    w_addr <= \$266 ;
   always @(posedge clk)
-    col_word0 <= \$260 ;
+    col_word0 <= \$267 ;
   always @(posedge clk)
-    col_word1 <= \$261 ;
+    col_word1 <= \$268 ;
   always @(posedge clk)
-    w_word <= \$262 ;
+    w_word <= \$269 ;
   always @(posedge clk)
-    pending <= \$263 ;
+    pending <= \$270 ;
   always @(posedge clk)
-    c_q <= \$264 ;
+    col_rq_rd_data <= \$271 ;
   always @(posedge clk)
-    q_valid <= \$265 ;
+    q_rq <= \$272 ;
   always @(posedge clk)
-    storing <= \$266 ;
+    c_q <= \$273 ;
   always @(posedge clk)
-    s_addr <= \$267 ;
+    q_valid <= \$274 ;
   always @(posedge clk)
-    s_n <= \$268 ;
+    storing <= \$275 ;
   always @(posedge clk)
-    s_rows <= \$269 ;
+    s_addr <= \$276 ;
   always @(posedge clk)
-    s_left <= \$270 ;
+    s_n <= \$277 ;
   always @(posedge clk)
-    out_left <= \$271 ;
+    s_rows <= \$278 ;
   always @(posedge clk)
-    r_valid <= \$272 ;
+    s_left <= \$279 ;
   always @(posedge clk)
-    r_mask <= \$273 ;
+    out_left <= \$280 ;
   always @(posedge clk)
-    \done$90  <= \$274 ;
+    r_valid <= \$281 ;
   always @(posedge clk)
-    cmd <= \$275 ;
+    r_mask <= \$282 ;
   always @(posedge clk)
-    error <= \$276 ;
+    \done$95  <= \$283 ;
   always @(posedge clk)
-    error_code <= \$277 ;
+    cmd <= \$284 ;
   always @(posedge clk)
-    fsm_state <= \$278 ;
+    error <= \$285 ;
   always @(posedge clk)
-    rows_left <= \$279 ;
+    error_code <= \$286 ;
   always @(posedge clk)
-    a_lim <= \$280 ;
+    fsm_state <= \$287 ;
   always @(posedge clk)
-    c_lim <= \$281 ;
+    rows_left <= \$288 ;
+  always @(posedge clk)
+    a_lim <= \$289 ;
+  always @(posedge clk)
+    c_lim <= \$290 ;
   \nanokpu_kpu.gemm.engine.array  array (
     .a(a),
     .b(b),
@@ -14944,474 +15603,340 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$115 ),
+    .shift(\shift$128 ),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$213  = spad_c_rd_data;
+    \$220  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$213  = \port__data$10 ;
+      \$220  = \port__data$10 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$214  = \$1 [11:0];
+    \$221  = \$1 [11:0];
     if (unit_rst) begin
-      \$214  = 12'h000;
+      \$221  = 12'h000;
     end
     if (rst) begin
-      \$214  = 12'h000;
+      \$221  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$215  = 1'h0;
+    \$222  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$142 ) begin
-          end else if (\$143 ) begin
-            \$215  = 1'h1;
+          if (\$145 ) begin
+          end else if (\$146 ) begin
+            \$222  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$215  = 1'h0;
+      \$222  = 1'h0;
     end
     if (rst) begin
-      \$215  = 1'h0;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$216  = a_wptr;
+    \$223  = a_wptr;
     if (start) begin
-      \$216  = { 5'h00, cmd[44:36] };
+      \$223  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$216  = \$3 [13:0];
+      \$223  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$216  = 14'h0000;
+      \$223  = 14'h0000;
     end
     if (rst) begin
-      \$216  = 14'h0000;
+      \$223  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$217  = a_loading;
+    \$224  = a_loading;
     if (start) begin
-      \$217  = cmd[76];
+      \$224  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$217  = 1'h0;
+        \$224  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$217  = 1'h0;
+      \$224  = 1'h0;
     end
     if (rst) begin
-      \$217  = 1'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$218  = \$8 ;
+    \$225  = \$8 ;
     if (unit_rst) begin
-      \$218  = 2'h0;
+      \$225  = 2'h0;
     end
     if (rst) begin
-      \$218  = 2'h0;
+      \$225  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$219  = b_loading;
+    \$226  = b_loading;
     if (start) begin
-      \$219  = cmd[77];
+      \$226  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$219  = 1'h0;
+          \$226  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$219  = 1'h0;
+      \$226  = 1'h0;
     end
     if (rst) begin
-      \$219  = 1'h0;
+      \$226  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$220  = wbuf;
+    \$227  = wbuf;
     if (start) begin
-      \$220  = 1'h0;
+      \$227  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$220  = \$12 ;
+        \$227  = \$12 ;
       end
     end
     if (unit_rst) begin
-      \$220  = 1'h0;
+      \$227  = 1'h0;
     end
     if (rst) begin
-      \$220  = 1'h0;
+      \$227  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$221  = b_k;
+    \$228  = b_k;
     if (start) begin
-      \$221  = 12'h000;
+      \$228  = 12'h000;
     end else if (\$9 ) begin
-      \$221  = \$10 [11:0];
+      \$228  = \$10 [11:0];
       if (\$11 ) begin
-        \$221  = 12'h000;
+        \$228  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$221  = 12'h000;
+      \$228  = 12'h000;
     end
     if (rst) begin
-      \$221  = 12'h000;
+      \$228  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$222  = b_cols_left;
+    \$229  = b_cols_left;
     if (start) begin
-      \$222  = cmd[35:24];
+      \$229  = cmd[35:24];
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$222  = \$13 [11:0];
+        \$229  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
-      \$222  = 12'h000;
+      \$229  = 12'h000;
     end
     if (rst) begin
-      \$222  = 12'h000;
+      \$229  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$223  = \$15 ;
+      \$230  = \$15 ;
     end else begin
-      \$223  = \$21 ;
+      \$230  = \$21 ;
     end
     if (unit_rst) begin
-      \$223  = 1'h0;
+      \$230  = 1'h0;
     end
     if (rst) begin
-      \$223  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$224  = 1'h0;
+      \$231  = 1'h0;
     end else if (\$23 ) begin
-      \$224  = \$31 ;
+      \$231  = \$31 ;
     end else if (\$24 ) begin
-      \$224  = 1'h1;
+      \$231  = 1'h1;
     end else if (step) begin
-      \$224  = \$38 ;
+      \$231  = \$38 ;
     end else begin
-      \$224  = \$41 ;
+      \$231  = \$41 ;
     end
     if (unit_rst) begin
-      \$224  = 1'h0;
+      \$231  = 1'h0;
     end
     if (rst) begin
-      \$224  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$225  = gap;
+    \$232  = gap;
     if (\$42 ) begin
-      \$225  = \$43 [3:0];
+      \$232  = \$43 [3:0];
     end
     if (start) begin
-      \$225  = 4'hb;
+      \$232  = 4'hb;
     end else if (step) begin
       if (last_k) begin
-        \$225  = 4'h0;
+        \$232  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$225  = 4'h0;
+      \$232  = 4'h0;
     end
     if (rst) begin
-      \$225  = 4'h0;
+      \$232  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$226  = step;
+    \$233  = step;
     if (unit_rst) begin
-      \$226  = 1'h0;
+      \$233  = 1'h0;
     end
     if (rst) begin
-      \$226  = 1'h0;
+      \$233  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$227  = \$44 ;
+    \$234  = \$44 ;
     if (unit_rst) begin
-      \$227  = 1'h0;
+      \$234  = 1'h0;
     end
     if (rst) begin
-      \$227  = 1'h0;
+      \$234  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$228  = last_k;
+    \$235  = last_k;
     if (unit_rst) begin
-      \$228  = 1'h0;
+      \$235  = 1'h0;
     end
     if (rst) begin
-      \$228  = 1'h0;
+      \$235  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$229  = { \$48 , \$47 , \$46 , \$45  };
+    \$236  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
-      \$229  = 4'h0;
+      \$236  = 4'h0;
     end
     if (rst) begin
-      \$229  = 4'h0;
+      \$236  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$230  = s_valid;
+    \$237  = s_valid;
     if (unit_rst) begin
-      \$230  = 1'h0;
+      \$237  = 1'h0;
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$237  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$231  = s_first;
+    \$238  = s_first;
     if (unit_rst) begin
-      \$231  = 1'h0;
+      \$238  = 1'h0;
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$238  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$232  = s_last;
+    \$239  = s_last;
     if (unit_rst) begin
-      \$232  = 1'h0;
+      \$239  = 1'h0;
     end
     if (rst) begin
-      \$232  = 1'h0;
+      \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$233  = spad_b_rd_data;
+    \$240  = spad_b_rd_data;
     if (unit_rst) begin
-      \$233  = 32'd0;
+      \$240  = 32'd0;
     end
     if (rst) begin
-      \$233  = 32'd0;
+      \$240  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$234 [7:0] = \$49 ;
-    \$234 [15:8] = \$50 ;
-    \$234 [23:16] = \$51 ;
-    \$234 [31:24] = \$52 ;
+    \$241 [7:0] = \$49 ;
+    \$241 [15:8] = \$50 ;
+    \$241 [23:16] = \$51 ;
+    \$241 [31:24] = \$52 ;
     if (unit_rst) begin
-      \$234  = 32'd0;
+      \$241  = 32'd0;
     end
     if (rst) begin
-      \$234  = 32'd0;
+      \$241  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$235  = issuing;
+    \$242  = issuing;
     if (start) begin
-      \$235  = cmd[77];
+      \$242  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$235  = 1'h0;
+            \$242  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$235  = 1'h0;
+      \$242  = 1'h0;
     end
     if (rst) begin
-      \$235  = 1'h0;
+      \$242  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$236  = rbuf;
+    \$243  = rbuf;
     if (start) begin
-      \$236  = 1'h0;
+      \$243  = 1'h0;
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$236  = \$65 ;
+          \$243  = \$65 ;
         end
-      end
-    end
-    if (unit_rst) begin
-      \$236  = 1'h0;
-    end
-    if (rst) begin
-      \$236  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$237  = k;
-    if (start) begin
-      \$237  = 12'h000;
-    end else if (step) begin
-      \$237  = \$55 [11:0];
-      if (last_k) begin
-        \$237  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$237  = 12'h000;
-    end
-    if (rst) begin
-      \$237  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$238  = a_ptr;
-    if (start) begin
-      \$238  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$238  = \$56 [13:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$238  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$238  = 14'h0000;
-    end
-    if (rst) begin
-      \$238  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$239  = rows_c;
-    if (start) begin
-      \$239  = cmd[11:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$239  = \$61 [11:0];
-        if (last_row) begin
-          \$239  = cmd[11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$239  = 12'h000;
-    end
-    if (rst) begin
-      \$239  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$240  = cols_c;
-    if (start) begin
-      \$240  = cmd[35:24];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$240  = \$66 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$240  = 12'h000;
-    end
-    if (rst) begin
-      \$240  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$241  = c_panel;
-    if (start) begin
-      \$241  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$241  = \$67 [13:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$241  = 14'h0000;
-    end
-    if (rst) begin
-      \$241  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$242  = c_tile;
-    if (start) begin
-      \$242  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        \$242  = \$62 [13:0];
-        if (last_row) begin
-          \$242  = \$68 [13:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$242  = 14'h0000;
-    end
-    if (rst) begin
-      \$242  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$243  = last_k;
-    if (start) begin
-      \$243  = \$53 ;
-    end else if (step) begin
-      \$243  = \$58 ;
-      if (last_k) begin
-        \$243  = \$63 ;
       end
     end
     if (unit_rst) begin
@@ -15423,34 +15948,36 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$244  = last_row;
+    \$244  = k;
     if (start) begin
-      \$244  = \$54 ;
+      \$244  = 12'h000;
     end else if (step) begin
+      \$244  = \$55 [11:0];
       if (last_k) begin
-        \$244  = \$64 ;
+        \$244  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$244  = 12'h000;
+    end
+    if (rst) begin
+      \$244  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$245  = a_ptr;
+    if (start) begin
+      \$245  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$245  = \$56 [13:0];
+      if (last_k) begin
         if (last_row) begin
-          \$244  = \$69 ;
+          \$245  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$244  = 1'h0;
-    end
-    if (rst) begin
-      \$244  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$245  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$245  = c_tile;
-      end
-    end
-    if (unit_rst) begin
       \$245  = 14'h0000;
     end
     if (rst) begin
@@ -15459,141 +15986,203 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$246  = t_cols;
+    \$246  = rows_c;
     if (start) begin
+      \$246  = cmd[11:0];
     end else if (step) begin
       if (last_k) begin
-        \$246  = \$60 [2:0];
+        \$246  = \$61 [11:0];
+        if (last_row) begin
+          \$246  = cmd[11:0];
+        end
       end
     end
     if (unit_rst) begin
-      \$246  = 3'h0;
+      \$246  = 12'h000;
     end
     if (rst) begin
-      \$246  = 3'h0;
+      \$246  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$247  = d_col;
+    \$247  = cols_c;
+    if (start) begin
+      \$247  = cmd[35:24];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$247  = \$66 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$247  = 12'h000;
+    end
+    if (rst) begin
+      \$247  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$248  = c_panel;
+    if (start) begin
+      \$248  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$248  = \$67 [13:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$248  = 14'h0000;
+    end
+    if (rst) begin
+      \$248  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$249  = c_tile;
+    if (start) begin
+      \$249  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$249  = \$62 [13:0];
+        if (last_row) begin
+          \$249  = \$68 [13:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$249  = 14'h0000;
+    end
+    if (rst) begin
+      \$249  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$250  = last_k;
+    if (start) begin
+      \$250  = \$53 ;
+    end else if (step) begin
+      \$250  = \$58 ;
+      if (last_k) begin
+        \$250  = \$63 ;
+      end
+    end
+    if (unit_rst) begin
+      \$250  = 1'h0;
+    end
+    if (rst) begin
+      \$250  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$251  = last_row;
+    if (start) begin
+      \$251  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$251  = \$64 ;
+        if (last_row) begin
+          \$251  = \$69 ;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$251  = 1'h0;
+    end
+    if (rst) begin
+      \$251  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$252  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$252  = c_tile;
+      end
+    end
+    if (unit_rst) begin
+      \$252  = 14'h0000;
+    end
+    if (rst) begin
+      \$252  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$253  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$253  = \$60 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$253  = 3'h0;
+    end
+    if (rst) begin
+      \$253  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$254  = d_col;
     if (done) begin
-      \$247  = 3'h1;
+      \$254  = 3'h1;
     end else if (drain_busy) begin
-      \$247  = \$71 [2:0];
+      \$254  = \$71 [2:0];
     end
     if (unit_rst) begin
-      \$247  = 3'h0;
+      \$254  = 3'h0;
     end
     if (rst) begin
-      \$247  = 3'h0;
+      \$254  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$248  = d_base;
+    \$255  = d_base;
     if (done) begin
-      \$248  = t_base;
+      \$255  = t_base;
     end
     if (unit_rst) begin
-      \$248  = 14'h0000;
+      \$255  = 14'h0000;
     end
     if (rst) begin
-      \$248  = 14'h0000;
+      \$255  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$249  = d_cols;
+    \$256  = d_cols;
     if (done) begin
-      \$249  = t_cols;
+      \$256  = t_cols;
     end
     if (unit_rst) begin
-      \$249  = 3'h0;
+      \$256  = 3'h0;
     end
     if (rst) begin
-      \$249  = 3'h0;
+      \$256  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$250  = drain_busy;
+    \$257  = drain_busy;
     if (done) begin
-      \$250  = 1'h1;
+      \$257  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$250  = 1'h0;
+        \$257  = 1'h0;
       end
     end
-    if (unit_rst) begin
-      \$250  = 1'h0;
-    end
-    if (rst) begin
-      \$250  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$251  = \$77 ;
-    if (unit_rst) begin
-      \$251  = 1'h0;
-    end
-    if (rst) begin
-      \$251  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$252  = \$78 ;
-    if (unit_rst) begin
-      \$252  = 1'h0;
-    end
-    if (rst) begin
-      \$252  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$253  = \$81 [13:0];
-    if (unit_rst) begin
-      \$253  = 14'h0000;
-    end
-    if (rst) begin
-      \$253  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$254  = col_valid0;
-    if (unit_rst) begin
-      \$254  = 1'h0;
-    end
-    if (rst) begin
-      \$254  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$255  = col_busy0;
-    if (unit_rst) begin
-      \$255  = 1'h0;
-    end
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$256  = col_addr0;
-    if (unit_rst) begin
-      \$256  = 14'h0000;
-    end
-    if (rst) begin
-      \$256  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$257  = col_valid1;
     if (unit_rst) begin
       \$257  = 1'h0;
     end
@@ -15603,7 +16192,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$258  = col_busy1;
+    \$258  = \$77 ;
     if (unit_rst) begin
       \$258  = 1'h0;
     end
@@ -15613,99 +16202,67 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$259  = col_addr1;
+    \$259  = \$78 ;
     if (unit_rst) begin
-      \$259  = 14'h0000;
+      \$259  = 1'h0;
     end
     if (rst) begin
-      \$259  = 14'h0000;
+      \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$260  = out;
+    \$260  = \$81 [13:0];
     if (unit_rst) begin
-      \$260  = 96'h000000000000000000000000;
+      \$260  = 14'h0000;
     end
     if (rst) begin
-      \$260  = 96'h000000000000000000000000;
+      \$260  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$261  = col_word0;
+    \$261  = col_valid0;
     if (unit_rst) begin
-      \$261  = 96'h000000000000000000000000;
+      \$261  = 1'h0;
     end
     if (rst) begin
-      \$261  = 96'h000000000000000000000000;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$262  = col_word1;
+    \$262  = col_busy0;
     if (unit_rst) begin
-      \$262  = 96'h000000000000000000000000;
+      \$262  = 1'h0;
     end
     if (rst) begin
-      \$262  = 96'h000000000000000000000000;
+      \$262  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$263  = \$83 [1:0];
+    \$263  = col_addr0;
     if (unit_rst) begin
-      \$263  = 2'h0;
+      \$263  = 14'h0000;
     end
     if (rst) begin
-      \$263  = 2'h0;
+      \$263  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$264  = c_q;
-    if (\$85 ) begin
-      \$264  = spad_c_rd_data;
-    end
-    if (\$91 ) begin
-      \$264 [23:0] = 24'h000000;
-    end
-    if (\$97 ) begin
-      \$264 [47:24] = 24'h000000;
-    end
-    if (\$103 ) begin
-      \$264 [71:48] = 24'h000000;
-    end
-    if (\$109 ) begin
-      \$264 [95:72] = 24'h000000;
-    end
+    \$264  = col_valid1;
     if (unit_rst) begin
-      \$264  = 96'h000000000000000000000000;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$264  = 96'h000000000000000000000000;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$265  = q_valid;
-    if (\$85 ) begin
-      \$265  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$158 ) begin
-            \$265  = 1'h0;
-          end
-    endcase
+    \$265  = col_busy1;
     if (unit_rst) begin
       \$265  = 1'h0;
     end
@@ -15715,9 +16272,104 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$266  = storing;
-    if (store_start) begin
-      \$266  = 1'h1;
+    \$266  = col_addr1;
+    if (unit_rst) begin
+      \$266  = 14'h0000;
+    end
+    if (rst) begin
+      \$266  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$267  = out;
+    if (unit_rst) begin
+      \$267  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$267  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$268  = col_word0;
+    if (unit_rst) begin
+      \$268  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$268  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$269  = col_word1;
+    if (unit_rst) begin
+      \$269  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$269  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$270  = \$83 [1:0];
+    if (unit_rst) begin
+      \$270  = 2'h0;
+    end
+    if (rst) begin
+      \$270  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$271  = col_rq_rd_data;
+    if (spad_c_rd_en) begin
+      \$271  = \port__data$77 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$272  = q_rq;
+    if (\$85 ) begin
+      \$272  = \$86 ;
+    end
+    if (unit_rst) begin
+      \$272  = 22'h000000;
+    end
+    if (rst) begin
+      \$272  = 22'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$273  = c_q;
+    if (\$88 ) begin
+      \$273  = spad_c_rd_data;
+    end
+    if (\$94 ) begin
+      \$273 [23:0] = 24'h000000;
+    end
+    if (\$100 ) begin
+      \$273 [47:24] = 24'h000000;
+    end
+    if (\$106 ) begin
+      \$273 [71:48] = 24'h000000;
+    end
+    if (\$112 ) begin
+      \$273 [95:72] = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$273  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$273  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$274  = q_valid;
+    if (\$88 ) begin
+      \$274  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -15729,112 +16381,22 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
       3'h3:
           /* empty */;
       3'h4:
-          if (\$158 ) begin
-            \$266  = 1'h0;
+          if (\$163 ) begin
+            \$274  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$266  = 1'h0;
+      \$274  = 1'h0;
     end
     if (rst) begin
-      \$266  = 1'h0;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$267  = s_addr;
+    \$275  = storing;
     if (store_start) begin
-      \$267  = { 5'h00, cmd[53:45] };
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$267  = \$117 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$267  = 14'h0000;
-    end
-    if (rst) begin
-      \$267  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$268  = s_n;
-    if (store_start) begin
-      \$268  = 12'h000;
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$268  = \$119 [11:0];
-        if (\$125 ) begin
-          \$268  = 12'h000;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$268  = 12'h000;
-    end
-    if (rst) begin
-      \$268  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$269  = s_rows;
-    if (store_start) begin
-      \$269  = cmd[11:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        if (\$125 ) begin
-          \$269  = \$126 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$269  = 12'h000;
-    end
-    if (rst) begin
-      \$269  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$270  = s_left;
-    if (store_start) begin
-      \$270  = \$113 [13:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$270  = \$118 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$270  = 14'h0000;
-    end
-    if (rst) begin
-      \$270  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$271  = out_left;
-    if (store_start) begin
-      \$271  = \$114 [13:0];
-    end
-    if (\$127 ) begin
-      \$271  = \$128 [13:0];
-    end
-    if (unit_rst) begin
-      \$271  = 14'h0000;
-    end
-    if (rst) begin
-      \$271  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$272  = r_valid;
-    if (store_start) begin
-    end else if (\$112 ) begin
-      \$272  = \$115 ;
+      \$275  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -15846,239 +16408,356 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
       3'h3:
           /* empty */;
       3'h4:
-          if (\$158 ) begin
-            \$272  = 1'h0;
+          if (\$163 ) begin
+            \$275  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$272  = 1'h0;
+      \$275  = 1'h0;
     end
     if (rst) begin
-      \$272  = 1'h0;
+      \$275  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$273  = r_mask;
+    \$276  = s_addr;
     if (store_start) begin
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$273  = { \$123 , \$122 , \$121 , \$120  };
+      \$276  = { 5'h00, cmd[53:45] };
+    end else if (\$115 ) begin
+      if (\$119 ) begin
+        \$276  = \$120 [13:0];
       end
     end
     if (unit_rst) begin
-      \$273  = 4'h0;
+      \$276  = 14'h0000;
     end
     if (rst) begin
-      \$273  = 4'h0;
+      \$276  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$274  = 1'h0;
+    \$277  = s_n;
+    if (store_start) begin
+      \$277  = 12'h000;
+    end else if (\$115 ) begin
+      if (\$119 ) begin
+        \$277  = \$122 [11:0];
+        if (\$128 ) begin
+          \$277  = 12'h000;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$277  = 12'h000;
+    end
+    if (rst) begin
+      \$277  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$278  = s_rows;
+    if (store_start) begin
+      \$278  = cmd[11:0];
+    end else if (\$115 ) begin
+      if (\$119 ) begin
+        if (\$128 ) begin
+          \$278  = \$129 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$278  = 12'h000;
+    end
+    if (rst) begin
+      \$278  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$279  = s_left;
+    if (store_start) begin
+      \$279  = \$116 [13:0];
+    end else if (\$115 ) begin
+      if (\$119 ) begin
+        \$279  = \$121 [13:0];
+      end
+    end
+    if (unit_rst) begin
+      \$279  = 14'h0000;
+    end
+    if (rst) begin
+      \$279  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$280  = out_left;
+    if (store_start) begin
+      \$280  = \$117 [13:0];
+    end
+    if (\$130 ) begin
+      \$280  = \$131 [13:0];
+    end
+    if (unit_rst) begin
+      \$280  = 14'h0000;
+    end
+    if (rst) begin
+      \$280  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$281  = r_valid;
+    if (store_start) begin
+    end else if (\$115 ) begin
+      \$281  = \$118 ;
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$131 ) begin
-            \$274  = 1'h1;
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$163 ) begin
+            \$281  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$281  = 1'h0;
+    end
+    if (rst) begin
+      \$281  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$282  = r_mask;
+    if (store_start) begin
+    end else if (\$115 ) begin
+      if (\$119 ) begin
+        \$282  = { \$126 , \$125 , \$124 , \$123  };
+      end
+    end
+    if (unit_rst) begin
+      \$282  = 4'h0;
+    end
+    if (rst) begin
+      \$282  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$283  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$134 ) begin
+            \$283  = 1'h1;
           end
       3'h2:
-          if (\$142 ) begin
-            \$274  = 1'h1;
+          if (\$145 ) begin
+            \$283  = 1'h1;
           end
       3'h3:
-          if (\$157 ) begin
+          if (\$162 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$274  = 1'h1;
+              \$283  = 1'h1;
             end
           end
       3'h4:
-          if (\$158 ) begin
-            \$274  = 1'h1;
+          if (\$163 ) begin
+            \$283  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$274  = 1'h0;
+      \$283  = 1'h0;
     end
     if (rst) begin
-      \$274  = 1'h0;
+      \$283  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$275  = cmd;
+    \$284  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$275  = cmd__payload;
+            \$284  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$275  = 80'h00000000000000000000;
+      \$284  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$275  = 80'h00000000000000000000;
+      \$284  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$276  = error;
+    \$285  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$276  = 1'h0;
+            \$285  = 1'h0;
           end
       3'h1:
-          if (\$131 ) begin
-            \$276  = 1'h1;
+          if (\$134 ) begin
+            \$285  = 1'h1;
           end
       3'h2:
-          if (\$142 ) begin
-            \$276  = 1'h1;
+          if (\$145 ) begin
+            \$285  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$276  = 1'h0;
+      \$285  = 1'h0;
     end
     if (rst) begin
-      \$276  = 1'h0;
+      \$285  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$277  = error_code;
+    \$286  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$277  = 3'h0;
+            \$286  = 3'h0;
           end
       3'h1:
-          if (\$131 ) begin
-            \$277  = code;
+          if (\$134 ) begin
+            \$286  = code;
           end
       3'h2:
-          if (\$142 ) begin
-            \$277  = \$147 ;
+          if (\$145 ) begin
+            \$286  = \$150 ;
           end
     endcase
     if (unit_rst) begin
-      \$277  = 3'h0;
+      \$286  = 3'h0;
     end
     if (rst) begin
-      \$277  = 3'h0;
+      \$286  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$278  = fsm_state;
+    \$287  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$278  = 3'h1;
+            \$287  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$131 ) begin
-            \$278  = 3'h0;
+          if (\$134 ) begin
+            \$287  = 3'h0;
           end else begin
-            \$278  = 3'h2;
+            \$287  = 3'h2;
           end
       3'h2:
-          if (\$142 ) begin
-            \$278  = 3'h0;
-          end else if (\$143 ) begin
-            \$278  = 3'h3;
+          if (\$145 ) begin
+            \$287  = 3'h0;
+          end else if (\$146 ) begin
+            \$287  = 3'h3;
           end
       3'h3:
-          if (\$157 ) begin
+          if (\$162 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$278  = 3'h4;
+              \$287  = 3'h4;
             end else begin
-              \$278  = 3'h0;
+              \$287  = 3'h0;
             end
           end
       3'h4:
-          if (\$158 ) begin
-            \$278  = 3'h0;
+          if (\$163 ) begin
+            \$287  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$278  = 3'h0;
+      \$287  = 3'h0;
     end
     if (rst) begin
-      \$278  = 3'h0;
+      \$287  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$279  = rows_left;
+    \$288  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$279  = cmd[11:0];
+          \$288  = cmd[11:0];
       3'h2:
-          if (\$132 ) begin
-            \$279  = \$133 [11:0];
+          if (\$135 ) begin
+            \$288  = \$136 [11:0];
           end
     endcase
     if (unit_rst) begin
-      \$279  = 12'h000;
+      \$288  = 12'h000;
     end
     if (rst) begin
-      \$279  = 12'h000;
+      \$288  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$280  = a_lim;
+    \$289  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$280  = { 1'h0, \$129  };
+          \$289  = { 1'h0, \$132  };
       3'h2:
-          if (\$132 ) begin
-            \$280  = \$134 [13:0];
+          if (\$135 ) begin
+            \$289  = \$137 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$280  = 14'h0000;
+      \$289  = 14'h0000;
     end
     if (rst) begin
-      \$280  = 14'h0000;
+      \$289  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$281  = c_lim;
+    \$290  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          \$281  = { 1'h0, \$130  };
+          \$290  = { 1'h0, \$133  };
       3'h2:
-          if (\$132 ) begin
-            \$281  = \$135 [13:0];
+          if (\$135 ) begin
+            \$290  = \$138 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$281  = 14'h0000;
+      \$290  = 14'h0000;
     end
     if (rst) begin
-      \$281  = 14'h0000;
+      \$290  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$163 ) begin
-      if (\$164 ) begin
+    end else if (\$168 ) begin
+      if (\$169 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -16122,7 +16801,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
-      if (\$172 ) begin
+      if (\$177 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -16142,11 +16821,11 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
       3'h0:
           /* empty */;
       3'h1:
-          if (\$184 ) begin
+          if (\$189 ) begin
             code = 3'h1;
-          end else if (\$193 ) begin
+          end else if (\$198 ) begin
             code = 3'h2;
-          end else if (\$195 ) begin
+          end else if (\$200 ) begin
             code = 3'h3;
           end
     endcase
@@ -16162,7 +16841,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
       3'h2:
           /* empty */;
       3'h3:
-          if (\$205 ) begin
+          if (\$212 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -16171,21 +16850,26 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   end
   assign spad_a_rd_en = 1'h1;
   assign spad_b_rd_en = 1'h1;
+  assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
-  assign a_in__payload = { \port$4026$72 , \port$4026$48 , \port$4026$24 , \port$4026$0  };
+  assign \$signature__data  = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
+  assign a_in__payload = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
   assign b_in__ready = b_take;
-  assign \$signature__addr$104  = \$162 [6:0];
-  assign \$signature__data$105  = b_in__payload;
+  assign \$signature__addr$110  = \$167 [6:0];
+  assign \$signature__data$111  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$108  = \$171 [6:0];
-  assign \$signature__addr$111  = w_addr[7:0];
-  assign \$signature__en$112  = w_valid;
+  assign \port__addr$114  = \$176 [6:0];
+  assign \$signature__addr$117  = w_addr[7:0];
+  assign \$signature__en$118  = w_valid;
+  assign \$signature__en$119  = col_wr__en;
+  assign \$signature__addr$121  = col_wr__addr;
+  assign \$signature__data$123  = col_wr__data;
+  assign \port__addr$125  = s_n[7:0];
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$126  = \$178 [7:0];
+  assign \port__addr$139  = \$183 [7:0];
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
   assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
@@ -16245,6 +16929,12 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \w_word[1]  = w_word[47:24];
   assign \w_word[2]  = w_word[71:48];
   assign \w_word[3]  = w_word[95:72];
+  assign \col_rq_rd_data.mult  = col_rq_rd_data[15:0];
+  assign \col_rq_rd_data.shift  = col_rq_rd_data[21:16];
+  assign \port__data$77.mult  = \port__data$77 [15:0];
+  assign \port__data$77.shift  = \port__data$77 [21:16];
+  assign \q_rq.mult  = q_rq[15:0];
+  assign \q_rq.shift  = q_rq[21:16];
   assign \c_q[0]  = c_q[23:0];
   assign \c_q[1]  = c_q[47:24];
   assign \c_q[2]  = c_q[71:48];
@@ -16260,26 +16950,30 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4026$0 ;
-  assign \$signature__data[1]  = \port$4026$24 ;
-  assign \$signature__data[2]  = \port$4026$48 ;
-  assign \$signature__data[3]  = \port$4026$72 ;
-  assign \a_in__payload[0]  = \port$4026$0 ;
-  assign \a_in__payload[1]  = \port$4026$24 ;
-  assign \a_in__payload[2]  = \port$4026$48 ;
-  assign \a_in__payload[3]  = \port$4026$72 ;
-  assign \$signature__data$105[0]  = b_in__payload[7:0];
-  assign \$signature__data$105[1]  = b_in__payload[15:8];
-  assign \$signature__data$105[2]  = b_in__payload[23:16];
-  assign \$signature__data$105[3]  = b_in__payload[31:24];
+  assign \$signature__data[0]  = \port$4129$0 ;
+  assign \$signature__data[1]  = \port$4129$24 ;
+  assign \$signature__data[2]  = \port$4129$48 ;
+  assign \$signature__data[3]  = \port$4129$72 ;
+  assign \a_in__payload[0]  = \port$4129$0 ;
+  assign \a_in__payload[1]  = \port$4129$24 ;
+  assign \a_in__payload[2]  = \port$4129$48 ;
+  assign \a_in__payload[3]  = \port$4129$72 ;
+  assign \$signature__data$111[0]  = b_in__payload[7:0];
+  assign \$signature__data$111[1]  = b_in__payload[15:8];
+  assign \$signature__data$111[2]  = b_in__payload[23:16];
+  assign \$signature__data$111[3]  = b_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \$signature__data$110[0]  = \$signature__data$110 [23:0];
-  assign \$signature__data$110[1]  = \$signature__data$110 [47:24];
-  assign \$signature__data$110[2]  = \$signature__data$110 [71:48];
-  assign \$signature__data$110[3]  = \$signature__data$110 [95:72];
+  assign \$signature__data$116[0]  = \$signature__data$116 [23:0];
+  assign \$signature__data$116[1]  = \$signature__data$116 [47:24];
+  assign \$signature__data$116[2]  = \$signature__data$116 [71:48];
+  assign \$signature__data$116[3]  = \$signature__data$116 [95:72];
+  assign \$signature__data$123.mult  = col_wr__data[15:0];
+  assign \$signature__data$123.shift  = col_wr__data[21:16];
+  assign \col_wr__data.mult  = col_wr__data[15:0];
+  assign \col_wr__data.shift  = col_wr__data[21:16];
   assign \i__payload[0]  = i__payload[23:0];
   assign \i__payload[1]  = i__payload[47:24];
   assign \i__payload[2]  = i__payload[71:48];
@@ -16296,12 +16990,12 @@ module \nanokpu_kpu.gemm.engine (clk, rst, b_take, rq_in__ready, unit_rst, rq_mu
   assign \o__payload[1]  = c_out__payload[47:24];
   assign \o__payload[2]  = c_out__payload[71:48];
   assign \o__payload[3]  = c_out__payload[95:72];
-  assign \$signature__data$110 [95:72] = \$176 [23:0];
-  assign \$signature__data$110 [71:48] = \$175 [23:0];
-  assign \$signature__data$110 [47:24] = \$174 [23:0];
-  assign \$signature__data$110 [23:0] = \$173 [23:0];
-  assign \$212  = \port__data$7 ;
-  assign \$211  = port__data;
+  assign \$signature__data$116 [95:72] = \$181 [23:0];
+  assign \$signature__data$116 [71:48] = \$180 [23:0];
+  assign \$signature__data$116 [47:24] = \$179 [23:0];
+  assign \$signature__data$116 [23:0] = \$178 [23:0];
+  assign \$219  = \port__data$7 ;
+  assign \$218  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -20964,7 +21658,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire \$1 ;
-  wire \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
@@ -20975,7 +21669,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -20986,7 +21680,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire \$12 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
@@ -20997,7 +21691,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -21008,7 +21702,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire \$14 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -21084,19 +21778,19 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire [36:0] \$208 ;
-  wire [66:0] \$209 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  wire [67:0] \$210 ;
-  wire [36:0] \$211 ;
-  wire [66:0] \$212 ;
-  wire [67:0] \$213 ;
-  wire [36:0] \$214 ;
-  wire [66:0] \$215 ;
-  wire [67:0] \$216 ;
-  wire [36:0] \$217 ;
-  wire [66:0] \$218 ;
-  wire [67:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
   wire [40:0] \$220 ;
   wire [40:0] \$221 ;
@@ -21185,7 +21879,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire [31:0] \$297 ;
   wire [40:0] \$298 ;
   wire [40:0] \$299 ;
-  wire \$3 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
   wire [40:0] \$300 ;
   wire [40:0] \$301 ;
@@ -21296,7 +21990,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire [40:0] \$397 ;
   wire [40:0] \$398 ;
   wire [40:0] \$399 ;
-  wire \$4 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
   wire [40:0] \$400 ;
   wire [40:0] \$401 ;
@@ -21407,7 +22101,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire [40:0] \$497 ;
   wire [40:0] \$498 ;
   wire [40:0] \$499 ;
-  wire \$5 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [40:0] \$500 ;
   wire [40:0] \$501 ;
@@ -21518,7 +22212,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire [40:0] \$597 ;
   wire [40:0] \$598 ;
   wire [40:0] \$599 ;
-  wire \$6 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [40:0] \$600 ;
   wire [40:0] \$601 ;
@@ -21629,7 +22323,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire [40:0] \$697 ;
   wire [40:0] \$698 ;
   wire [40:0] \$699 ;
-  wire \$7 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
   wire [40:0] \$700 ;
   wire [40:0] \$701 ;
@@ -21710,51 +22404,54 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$77 ;
   wire [24:0] \$770 ;
   wire [24:0] \$771 ;
-  reg [40:0] \$772 ;
+  reg \$772 ;
   reg \$773 ;
   reg \$774 ;
-  reg \$775 ;
-  reg [39:0] \$776 ;
+  reg [5:0] \$775 ;
+  reg [5:0] \$776 ;
   reg [39:0] \$777 ;
   reg [39:0] \$778 ;
   reg [39:0] \$779 ;
   wire \$78 ;
-  reg \$780 ;
-  reg \$781 ;
-  reg \$782 ;
-  reg [24:0] \$783 ;
+  reg [39:0] \$780 ;
+  reg [5:0] \$781 ;
+  reg [40:0] \$782 ;
+  reg \$783 ;
   reg \$784 ;
   reg \$785 ;
-  reg \$786 ;
-  reg [24:0] \$787 ;
+  reg [24:0] \$786 ;
+  reg \$787 ;
   reg \$788 ;
   reg \$789 ;
   wire \$79 ;
-  reg [95:0] \$790 ;
-  reg [24:0] \$791 ;
+  reg [24:0] \$790 ;
+  reg \$791 ;
   reg \$792 ;
-  reg \$793 ;
-  reg \$794 ;
-  reg [24:0] \$795 ;
+  reg [95:0] \$793 ;
+  reg [24:0] \$794 ;
+  reg \$795 ;
   reg \$796 ;
   reg \$797 ;
   reg [24:0] \$798 ;
   reg \$799 ;
-  wire \$8 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
   reg \$800 ;
-  reg \$801 ;
-  reg [24:0] \$802 ;
+  reg [24:0] \$801 ;
+  reg \$802 ;
   reg \$803 ;
   reg \$804 ;
   reg [24:0] \$805 ;
   reg \$806 ;
   reg \$807 ;
-  reg \$808 ;
-  reg [24:0] \$809 ;
+  reg [24:0] \$808 ;
+  reg \$809 ;
   wire \$81 ;
   reg \$810 ;
   reg \$811 ;
+  reg [24:0] \$812 ;
+  reg \$813 ;
+  reg \$814 ;
   wire \$82 ;
   wire \$83 ;
   wire \$84 ;
@@ -21763,7 +22460,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire \$9 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -21774,6 +22471,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
+  reg [5:0] \$signal  = 6'h00;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -21850,6 +22548,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   wire rst;
   input [5:0] shift;
   wire [5:0] shift;
+  reg [5:0] shift_2 = 6'h00;
+  reg [5:0] shift_x = 6'h00;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -21869,93 +22569,104 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   reg [24:0] y1 = 25'h0000000;
   reg [24:0] y2 = 25'h0000000;
   reg [24:0] y3 = 25'h0000000;
-  assign \$188  = shift[5:3] > 3'h4;
-  assign \$189  = shift[5:3] == 3'h4;
-  assign \$190  = shift[2:0] > 3'h5;
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = \$188  | \$191 ;
-  assign \$193  = shift[5:3] > 3'h4;
-  assign \$194  = shift[5:3] == 3'h4;
-  assign \$195  = shift[2:0] > 3'h6;
-  assign \$196  = \$194  & \$195 ;
-  assign \$197  = \$193  | \$196 ;
-  assign \$198  = shift[5:3] > 3'h4;
-  assign \$199  = shift[5:3] == 3'h4;
-  assign \$200  = shift[2:0] > 3'h7;
-  assign \$201  = \$199  & \$200 ;
-  assign \$202  = \$198  | \$201 ;
-  assign \$203  = shift[5:3] > 3'h5;
-  assign \$204  = shift[5:3] == 3'h5;
-  assign \$205  = shift[2:0] > 1'h0;
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = \$203  | \$206 ;
-  assign \$210  = $signed(\$208 ) + $signed(\$209 );
-  assign \$213  = $signed(\$211 ) + $signed(\$212 );
-  assign \$216  = $signed(\$214 ) + $signed(\$215 );
-  assign \$219  = $signed(\$217 ) + $signed(\$218 );
-  assign \$221  = shift[5] ? \$220  : { x0, 1'h0 };
-  assign \$224  = shift[5] ? \$223  : { x0, 1'h0 };
-  assign \$225  = shift[4] ? \$222  : \$224 ;
-  assign \$228  = shift[5] ? \$227  : { x0, 1'h0 };
-  assign \$231  = shift[5] ? \$230  : { x0, 1'h0 };
-  assign \$232  = shift[4] ? \$229  : \$231 ;
-  assign \$233  = shift[3] ? \$226  : \$232 [39:0];
-  assign \$236  = shift[5] ? \$235  : { x0, 1'h0 };
-  assign \$239  = shift[5] ? \$238  : { x0, 1'h0 };
-  assign \$240  = shift[4] ? \$237  : \$239 ;
-  assign \$243  = shift[5] ? \$242  : { x0, 1'h0 };
-  assign \$246  = shift[5] ? \$245  : { x0, 1'h0 };
-  assign \$247  = shift[4] ? \$244  : \$246 ;
-  assign \$248  = shift[3] ? \$241  : \$247 [39:0];
-  assign \$249  = shift[2] ? \$234  : \$248 [31:0];
-  assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
-  assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
-  assign \$256  = shift[4] ? \$253  : \$255 ;
-  assign \$259  = shift[5] ? \$258  : { x0, 1'h0 };
-  assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
-  assign \$263  = shift[4] ? \$260  : \$262 ;
-  assign \$264  = shift[3] ? \$257  : \$263 [39:0];
-  assign \$267  = shift[5] ? \$266  : { x0, 1'h0 };
-  assign \$270  = shift[5] ? \$269  : { x0, 1'h0 };
-  assign \$271  = shift[4] ? \$268  : \$270 ;
-  assign \$274  = shift[5] ? \$273  : { x0, 1'h0 };
-  assign \$277  = shift[5] ? \$276  : { x0, 1'h0 };
-  assign \$278  = shift[4] ? \$275  : \$277 ;
-  assign \$279  = shift[3] ? \$272  : \$278 [39:0];
-  assign \$280  = shift[2] ? \$265  : \$279 [31:0];
-  assign \$281  = shift[1] ? \$250  : \$280 [27:0];
-  assign \$284  = shift[5] ? \$283  : { x0, 1'h0 };
-  assign \$287  = shift[5] ? \$286  : { x0, 1'h0 };
-  assign \$288  = shift[4] ? \$285  : \$287 ;
-  assign \$291  = shift[5] ? \$290  : { x0, 1'h0 };
-  assign \$294  = shift[5] ? \$293  : { x0, 1'h0 };
-  assign \$295  = shift[4] ? \$292  : \$294 ;
-  assign \$296  = shift[3] ? \$289  : \$295 [39:0];
-  assign \$299  = shift[5] ? \$298  : { x0, 1'h0 };
-  assign \$302  = shift[5] ? \$301  : { x0, 1'h0 };
-  assign \$303  = shift[4] ? \$300  : \$302 ;
-  assign \$306  = shift[5] ? \$305  : { x0, 1'h0 };
-  assign \$309  = shift[5] ? \$308  : { x0, 1'h0 };
-  assign \$310  = shift[4] ? \$307  : \$309 ;
-  assign \$311  = shift[3] ? \$304  : \$310 [39:0];
-  assign \$312  = shift[2] ? \$297  : \$311 [31:0];
-  assign \$315  = shift[5] ? \$314  : { x0, 1'h0 };
-  assign \$318  = shift[5] ? \$317  : { x0, 1'h0 };
-  assign \$319  = shift[4] ? \$316  : \$318 ;
-  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
-  assign \$325  = shift[5] ? \$324  : { x0, 1'h0 };
-  assign \$326  = shift[4] ? \$323  : \$325 ;
-  assign \$327  = shift[3] ? \$320  : \$326 [39:0];
-  assign \$330  = shift[5] ? \$329  : { x0, 1'h0 };
-  assign \$333  = shift[5] ? \$332  : { x0, 1'h0 };
-  assign \$334  = shift[4] ? \$331  : \$333 ;
-  assign \$337  = shift[5] ? \$336  : { x0, 1'h0 };
-  assign \$340  = shift[5] ? \$339  : { x0, 1'h0 };
-  assign \$341  = shift[4] ? \$338  : \$340 ;
-  assign \$342  = shift[3] ? \$335  : \$341 [39:0];
-  assign \$343  = shift[2] ? \$328  : \$342 [31:0];
-  assign \$344  = shift[1] ? \$313  : \$343 [27:0];
-  assign \$345  = shift[0] ? \$282  : \$344 [25:0];
+  assign \$185  = shift_2[5:3] > 3'h4;
+  assign \$186  = shift_2[5:3] == 3'h4;
+  assign \$187  = shift_2[2:0] > 2'h2;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = shift_2[5:3] > 3'h4;
+  assign \$191  = shift_2[5:3] == 3'h4;
+  assign \$192  = shift_2[2:0] > 2'h3;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = shift_2[5:3] > 3'h4;
+  assign \$196  = shift_2[5:3] == 3'h4;
+  assign \$197  = shift_2[2:0] > 3'h4;
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = \$195  | \$198 ;
+  assign \$200  = shift_2[5:3] > 3'h4;
+  assign \$201  = shift_2[5:3] == 3'h4;
+  assign \$202  = shift_2[2:0] > 3'h5;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = shift_2[5:3] > 3'h4;
+  assign \$206  = shift_2[5:3] == 3'h4;
+  assign \$207  = shift_2[2:0] > 3'h6;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = \$205  | \$208 ;
+  assign \$210  = shift_2[5:3] > 3'h4;
+  assign \$211  = shift_2[5:3] == 3'h4;
+  assign \$212  = shift_2[2:0] > 3'h7;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = \$210  | \$213 ;
+  assign \$215  = shift_2[5:3] > 3'h5;
+  assign \$216  = shift_2[5:3] == 3'h5;
+  assign \$217  = shift_2[2:0] > 1'h0;
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = \$215  | \$218 ;
+  assign \$221  = shift_x[5] ? \$220  : { x0, 1'h0 };
+  assign \$224  = shift_x[5] ? \$223  : { x0, 1'h0 };
+  assign \$225  = shift_x[4] ? \$222  : \$224 ;
+  assign \$228  = shift_x[5] ? \$227  : { x0, 1'h0 };
+  assign \$231  = shift_x[5] ? \$230  : { x0, 1'h0 };
+  assign \$232  = shift_x[4] ? \$229  : \$231 ;
+  assign \$233  = shift_x[3] ? \$226  : \$232 [39:0];
+  assign \$236  = shift_x[5] ? \$235  : { x0, 1'h0 };
+  assign \$239  = shift_x[5] ? \$238  : { x0, 1'h0 };
+  assign \$240  = shift_x[4] ? \$237  : \$239 ;
+  assign \$243  = shift_x[5] ? \$242  : { x0, 1'h0 };
+  assign \$246  = shift_x[5] ? \$245  : { x0, 1'h0 };
+  assign \$247  = shift_x[4] ? \$244  : \$246 ;
+  assign \$248  = shift_x[3] ? \$241  : \$247 [39:0];
+  assign \$249  = shift_x[2] ? \$234  : \$248 [31:0];
+  assign \$252  = shift_x[5] ? \$251  : { x0, 1'h0 };
+  assign \$255  = shift_x[5] ? \$254  : { x0, 1'h0 };
+  assign \$256  = shift_x[4] ? \$253  : \$255 ;
+  assign \$259  = shift_x[5] ? \$258  : { x0, 1'h0 };
+  assign \$262  = shift_x[5] ? \$261  : { x0, 1'h0 };
+  assign \$263  = shift_x[4] ? \$260  : \$262 ;
+  assign \$264  = shift_x[3] ? \$257  : \$263 [39:0];
+  assign \$267  = shift_x[5] ? \$266  : { x0, 1'h0 };
+  assign \$270  = shift_x[5] ? \$269  : { x0, 1'h0 };
+  assign \$271  = shift_x[4] ? \$268  : \$270 ;
+  assign \$274  = shift_x[5] ? \$273  : { x0, 1'h0 };
+  assign \$277  = shift_x[5] ? \$276  : { x0, 1'h0 };
+  assign \$278  = shift_x[4] ? \$275  : \$277 ;
+  assign \$279  = shift_x[3] ? \$272  : \$278 [39:0];
+  assign \$280  = shift_x[2] ? \$265  : \$279 [31:0];
+  assign \$281  = shift_x[1] ? \$250  : \$280 [27:0];
+  assign \$284  = shift_x[5] ? \$283  : { x0, 1'h0 };
+  assign \$287  = shift_x[5] ? \$286  : { x0, 1'h0 };
+  assign \$288  = shift_x[4] ? \$285  : \$287 ;
+  assign \$291  = shift_x[5] ? \$290  : { x0, 1'h0 };
+  assign \$294  = shift_x[5] ? \$293  : { x0, 1'h0 };
+  assign \$295  = shift_x[4] ? \$292  : \$294 ;
+  assign \$296  = shift_x[3] ? \$289  : \$295 [39:0];
+  assign \$299  = shift_x[5] ? \$298  : { x0, 1'h0 };
+  assign \$302  = shift_x[5] ? \$301  : { x0, 1'h0 };
+  assign \$303  = shift_x[4] ? \$300  : \$302 ;
+  assign \$306  = shift_x[5] ? \$305  : { x0, 1'h0 };
+  assign \$309  = shift_x[5] ? \$308  : { x0, 1'h0 };
+  assign \$310  = shift_x[4] ? \$307  : \$309 ;
+  assign \$311  = shift_x[3] ? \$304  : \$310 [39:0];
+  assign \$312  = shift_x[2] ? \$297  : \$311 [31:0];
+  assign \$315  = shift_x[5] ? \$314  : { x0, 1'h0 };
+  assign \$318  = shift_x[5] ? \$317  : { x0, 1'h0 };
+  assign \$319  = shift_x[4] ? \$316  : \$318 ;
+  assign \$322  = shift_x[5] ? \$321  : { x0, 1'h0 };
+  assign \$325  = shift_x[5] ? \$324  : { x0, 1'h0 };
+  assign \$326  = shift_x[4] ? \$323  : \$325 ;
+  assign \$327  = shift_x[3] ? \$320  : \$326 [39:0];
+  assign \$330  = shift_x[5] ? \$329  : { x0, 1'h0 };
+  assign \$333  = shift_x[5] ? \$332  : { x0, 1'h0 };
+  assign \$334  = shift_x[4] ? \$331  : \$333 ;
+  assign \$337  = shift_x[5] ? \$336  : { x0, 1'h0 };
+  assign \$340  = shift_x[5] ? \$339  : { x0, 1'h0 };
+  assign \$341  = shift_x[4] ? \$338  : \$340 ;
+  assign \$342  = shift_x[3] ? \$335  : \$341 [39:0];
+  assign \$343  = shift_x[2] ? \$328  : \$342 [31:0];
+  assign \$344  = shift_x[1] ? \$313  : \$343 [27:0];
+  assign \$345  = shift_x[0] ? \$282  : \$344 [25:0];
   assign \$346  = { x0, 1'h0 } & below;
   assign \$347  = | \$346 ;
   assign \$348  = { x0, 1'h0 } ^ { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39] };
@@ -21968,69 +22679,69 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   assign \$355  = $signed(rounded0) > $signed(24'h7fffff);
   assign \$356  = \$355  ? 25'h07fffff : rounded0;
   assign \$357  = over2_0 ? { \$354 [23], \$354  } : \$356 ;
-  assign \$359  = shift[5] ? \$358  : { x1, 1'h0 };
-  assign \$362  = shift[5] ? \$361  : { x1, 1'h0 };
-  assign \$363  = shift[4] ? \$360  : \$362 ;
-  assign \$366  = shift[5] ? \$365  : { x1, 1'h0 };
-  assign \$369  = shift[5] ? \$368  : { x1, 1'h0 };
-  assign \$370  = shift[4] ? \$367  : \$369 ;
-  assign \$371  = shift[3] ? \$364  : \$370 [39:0];
-  assign \$374  = shift[5] ? \$373  : { x1, 1'h0 };
-  assign \$377  = shift[5] ? \$376  : { x1, 1'h0 };
-  assign \$378  = shift[4] ? \$375  : \$377 ;
-  assign \$381  = shift[5] ? \$380  : { x1, 1'h0 };
-  assign \$384  = shift[5] ? \$383  : { x1, 1'h0 };
-  assign \$385  = shift[4] ? \$382  : \$384 ;
-  assign \$386  = shift[3] ? \$379  : \$385 [39:0];
-  assign \$387  = shift[2] ? \$372  : \$386 [31:0];
-  assign \$390  = shift[5] ? \$389  : { x1, 1'h0 };
-  assign \$393  = shift[5] ? \$392  : { x1, 1'h0 };
-  assign \$394  = shift[4] ? \$391  : \$393 ;
-  assign \$397  = shift[5] ? \$396  : { x1, 1'h0 };
-  assign \$400  = shift[5] ? \$399  : { x1, 1'h0 };
-  assign \$401  = shift[4] ? \$398  : \$400 ;
-  assign \$402  = shift[3] ? \$395  : \$401 [39:0];
-  assign \$405  = shift[5] ? \$404  : { x1, 1'h0 };
-  assign \$408  = shift[5] ? \$407  : { x1, 1'h0 };
-  assign \$409  = shift[4] ? \$406  : \$408 ;
-  assign \$412  = shift[5] ? \$411  : { x1, 1'h0 };
-  assign \$415  = shift[5] ? \$414  : { x1, 1'h0 };
-  assign \$416  = shift[4] ? \$413  : \$415 ;
-  assign \$417  = shift[3] ? \$410  : \$416 [39:0];
-  assign \$418  = shift[2] ? \$403  : \$417 [31:0];
-  assign \$419  = shift[1] ? \$388  : \$418 [27:0];
-  assign \$422  = shift[5] ? \$421  : { x1, 1'h0 };
-  assign \$425  = shift[5] ? \$424  : { x1, 1'h0 };
-  assign \$426  = shift[4] ? \$423  : \$425 ;
-  assign \$429  = shift[5] ? \$428  : { x1, 1'h0 };
-  assign \$432  = shift[5] ? \$431  : { x1, 1'h0 };
-  assign \$433  = shift[4] ? \$430  : \$432 ;
-  assign \$434  = shift[3] ? \$427  : \$433 [39:0];
-  assign \$437  = shift[5] ? \$436  : { x1, 1'h0 };
-  assign \$440  = shift[5] ? \$439  : { x1, 1'h0 };
-  assign \$441  = shift[4] ? \$438  : \$440 ;
-  assign \$444  = shift[5] ? \$443  : { x1, 1'h0 };
-  assign \$447  = shift[5] ? \$446  : { x1, 1'h0 };
-  assign \$448  = shift[4] ? \$445  : \$447 ;
-  assign \$449  = shift[3] ? \$442  : \$448 [39:0];
-  assign \$450  = shift[2] ? \$435  : \$449 [31:0];
-  assign \$453  = shift[5] ? \$452  : { x1, 1'h0 };
-  assign \$456  = shift[5] ? \$455  : { x1, 1'h0 };
-  assign \$457  = shift[4] ? \$454  : \$456 ;
-  assign \$460  = shift[5] ? \$459  : { x1, 1'h0 };
-  assign \$463  = shift[5] ? \$462  : { x1, 1'h0 };
-  assign \$464  = shift[4] ? \$461  : \$463 ;
-  assign \$465  = shift[3] ? \$458  : \$464 [39:0];
-  assign \$468  = shift[5] ? \$467  : { x1, 1'h0 };
-  assign \$471  = shift[5] ? \$470  : { x1, 1'h0 };
-  assign \$472  = shift[4] ? \$469  : \$471 ;
-  assign \$475  = shift[5] ? \$474  : { x1, 1'h0 };
-  assign \$478  = shift[5] ? \$477  : { x1, 1'h0 };
-  assign \$479  = shift[4] ? \$476  : \$478 ;
-  assign \$480  = shift[3] ? \$473  : \$479 [39:0];
-  assign \$481  = shift[2] ? \$466  : \$480 [31:0];
-  assign \$482  = shift[1] ? \$451  : \$481 [27:0];
-  assign \$483  = shift[0] ? \$420  : \$482 [25:0];
+  assign \$359  = shift_x[5] ? \$358  : { x1, 1'h0 };
+  assign \$362  = shift_x[5] ? \$361  : { x1, 1'h0 };
+  assign \$363  = shift_x[4] ? \$360  : \$362 ;
+  assign \$366  = shift_x[5] ? \$365  : { x1, 1'h0 };
+  assign \$369  = shift_x[5] ? \$368  : { x1, 1'h0 };
+  assign \$370  = shift_x[4] ? \$367  : \$369 ;
+  assign \$371  = shift_x[3] ? \$364  : \$370 [39:0];
+  assign \$374  = shift_x[5] ? \$373  : { x1, 1'h0 };
+  assign \$377  = shift_x[5] ? \$376  : { x1, 1'h0 };
+  assign \$378  = shift_x[4] ? \$375  : \$377 ;
+  assign \$381  = shift_x[5] ? \$380  : { x1, 1'h0 };
+  assign \$384  = shift_x[5] ? \$383  : { x1, 1'h0 };
+  assign \$385  = shift_x[4] ? \$382  : \$384 ;
+  assign \$386  = shift_x[3] ? \$379  : \$385 [39:0];
+  assign \$387  = shift_x[2] ? \$372  : \$386 [31:0];
+  assign \$390  = shift_x[5] ? \$389  : { x1, 1'h0 };
+  assign \$393  = shift_x[5] ? \$392  : { x1, 1'h0 };
+  assign \$394  = shift_x[4] ? \$391  : \$393 ;
+  assign \$397  = shift_x[5] ? \$396  : { x1, 1'h0 };
+  assign \$400  = shift_x[5] ? \$399  : { x1, 1'h0 };
+  assign \$401  = shift_x[4] ? \$398  : \$400 ;
+  assign \$402  = shift_x[3] ? \$395  : \$401 [39:0];
+  assign \$405  = shift_x[5] ? \$404  : { x1, 1'h0 };
+  assign \$408  = shift_x[5] ? \$407  : { x1, 1'h0 };
+  assign \$409  = shift_x[4] ? \$406  : \$408 ;
+  assign \$412  = shift_x[5] ? \$411  : { x1, 1'h0 };
+  assign \$415  = shift_x[5] ? \$414  : { x1, 1'h0 };
+  assign \$416  = shift_x[4] ? \$413  : \$415 ;
+  assign \$417  = shift_x[3] ? \$410  : \$416 [39:0];
+  assign \$418  = shift_x[2] ? \$403  : \$417 [31:0];
+  assign \$419  = shift_x[1] ? \$388  : \$418 [27:0];
+  assign \$422  = shift_x[5] ? \$421  : { x1, 1'h0 };
+  assign \$425  = shift_x[5] ? \$424  : { x1, 1'h0 };
+  assign \$426  = shift_x[4] ? \$423  : \$425 ;
+  assign \$429  = shift_x[5] ? \$428  : { x1, 1'h0 };
+  assign \$432  = shift_x[5] ? \$431  : { x1, 1'h0 };
+  assign \$433  = shift_x[4] ? \$430  : \$432 ;
+  assign \$434  = shift_x[3] ? \$427  : \$433 [39:0];
+  assign \$437  = shift_x[5] ? \$436  : { x1, 1'h0 };
+  assign \$440  = shift_x[5] ? \$439  : { x1, 1'h0 };
+  assign \$441  = shift_x[4] ? \$438  : \$440 ;
+  assign \$444  = shift_x[5] ? \$443  : { x1, 1'h0 };
+  assign \$447  = shift_x[5] ? \$446  : { x1, 1'h0 };
+  assign \$448  = shift_x[4] ? \$445  : \$447 ;
+  assign \$449  = shift_x[3] ? \$442  : \$448 [39:0];
+  assign \$450  = shift_x[2] ? \$435  : \$449 [31:0];
+  assign \$453  = shift_x[5] ? \$452  : { x1, 1'h0 };
+  assign \$456  = shift_x[5] ? \$455  : { x1, 1'h0 };
+  assign \$457  = shift_x[4] ? \$454  : \$456 ;
+  assign \$460  = shift_x[5] ? \$459  : { x1, 1'h0 };
+  assign \$463  = shift_x[5] ? \$462  : { x1, 1'h0 };
+  assign \$464  = shift_x[4] ? \$461  : \$463 ;
+  assign \$465  = shift_x[3] ? \$458  : \$464 [39:0];
+  assign \$468  = shift_x[5] ? \$467  : { x1, 1'h0 };
+  assign \$471  = shift_x[5] ? \$470  : { x1, 1'h0 };
+  assign \$472  = shift_x[4] ? \$469  : \$471 ;
+  assign \$475  = shift_x[5] ? \$474  : { x1, 1'h0 };
+  assign \$478  = shift_x[5] ? \$477  : { x1, 1'h0 };
+  assign \$479  = shift_x[4] ? \$476  : \$478 ;
+  assign \$480  = shift_x[3] ? \$473  : \$479 [39:0];
+  assign \$481  = shift_x[2] ? \$466  : \$480 [31:0];
+  assign \$482  = shift_x[1] ? \$451  : \$481 [27:0];
+  assign \$483  = shift_x[0] ? \$420  : \$482 [25:0];
   assign \$484  = { x1, 1'h0 } & below;
   assign \$485  = | \$484 ;
   assign \$486  = { x1, 1'h0 } ^ { x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39], x1[39] };
@@ -22043,69 +22754,69 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   assign \$493  = $signed(rounded1) > $signed(24'h7fffff);
   assign \$494  = \$493  ? 25'h07fffff : rounded1;
   assign \$495  = over2_1 ? { \$492 [23], \$492  } : \$494 ;
-  assign \$497  = shift[5] ? \$496  : { x2, 1'h0 };
-  assign \$500  = shift[5] ? \$499  : { x2, 1'h0 };
-  assign \$501  = shift[4] ? \$498  : \$500 ;
-  assign \$504  = shift[5] ? \$503  : { x2, 1'h0 };
-  assign \$507  = shift[5] ? \$506  : { x2, 1'h0 };
-  assign \$508  = shift[4] ? \$505  : \$507 ;
-  assign \$509  = shift[3] ? \$502  : \$508 [39:0];
-  assign \$512  = shift[5] ? \$511  : { x2, 1'h0 };
-  assign \$515  = shift[5] ? \$514  : { x2, 1'h0 };
-  assign \$516  = shift[4] ? \$513  : \$515 ;
-  assign \$519  = shift[5] ? \$518  : { x2, 1'h0 };
-  assign \$522  = shift[5] ? \$521  : { x2, 1'h0 };
-  assign \$523  = shift[4] ? \$520  : \$522 ;
-  assign \$524  = shift[3] ? \$517  : \$523 [39:0];
-  assign \$525  = shift[2] ? \$510  : \$524 [31:0];
-  assign \$528  = shift[5] ? \$527  : { x2, 1'h0 };
-  assign \$531  = shift[5] ? \$530  : { x2, 1'h0 };
-  assign \$532  = shift[4] ? \$529  : \$531 ;
-  assign \$535  = shift[5] ? \$534  : { x2, 1'h0 };
-  assign \$538  = shift[5] ? \$537  : { x2, 1'h0 };
-  assign \$539  = shift[4] ? \$536  : \$538 ;
-  assign \$540  = shift[3] ? \$533  : \$539 [39:0];
-  assign \$543  = shift[5] ? \$542  : { x2, 1'h0 };
-  assign \$546  = shift[5] ? \$545  : { x2, 1'h0 };
-  assign \$547  = shift[4] ? \$544  : \$546 ;
-  assign \$550  = shift[5] ? \$549  : { x2, 1'h0 };
-  assign \$553  = shift[5] ? \$552  : { x2, 1'h0 };
-  assign \$554  = shift[4] ? \$551  : \$553 ;
-  assign \$555  = shift[3] ? \$548  : \$554 [39:0];
-  assign \$556  = shift[2] ? \$541  : \$555 [31:0];
-  assign \$557  = shift[1] ? \$526  : \$556 [27:0];
-  assign \$560  = shift[5] ? \$559  : { x2, 1'h0 };
-  assign \$563  = shift[5] ? \$562  : { x2, 1'h0 };
-  assign \$564  = shift[4] ? \$561  : \$563 ;
-  assign \$567  = shift[5] ? \$566  : { x2, 1'h0 };
-  assign \$570  = shift[5] ? \$569  : { x2, 1'h0 };
-  assign \$571  = shift[4] ? \$568  : \$570 ;
-  assign \$572  = shift[3] ? \$565  : \$571 [39:0];
-  assign \$575  = shift[5] ? \$574  : { x2, 1'h0 };
-  assign \$578  = shift[5] ? \$577  : { x2, 1'h0 };
-  assign \$579  = shift[4] ? \$576  : \$578 ;
-  assign \$582  = shift[5] ? \$581  : { x2, 1'h0 };
-  assign \$585  = shift[5] ? \$584  : { x2, 1'h0 };
-  assign \$586  = shift[4] ? \$583  : \$585 ;
-  assign \$587  = shift[3] ? \$580  : \$586 [39:0];
-  assign \$588  = shift[2] ? \$573  : \$587 [31:0];
-  assign \$591  = shift[5] ? \$590  : { x2, 1'h0 };
-  assign \$594  = shift[5] ? \$593  : { x2, 1'h0 };
-  assign \$595  = shift[4] ? \$592  : \$594 ;
-  assign \$598  = shift[5] ? \$597  : { x2, 1'h0 };
-  assign \$601  = shift[5] ? \$600  : { x2, 1'h0 };
-  assign \$602  = shift[4] ? \$599  : \$601 ;
-  assign \$603  = shift[3] ? \$596  : \$602 [39:0];
-  assign \$606  = shift[5] ? \$605  : { x2, 1'h0 };
-  assign \$609  = shift[5] ? \$608  : { x2, 1'h0 };
-  assign \$610  = shift[4] ? \$607  : \$609 ;
-  assign \$613  = shift[5] ? \$612  : { x2, 1'h0 };
-  assign \$616  = shift[5] ? \$615  : { x2, 1'h0 };
-  assign \$617  = shift[4] ? \$614  : \$616 ;
-  assign \$618  = shift[3] ? \$611  : \$617 [39:0];
-  assign \$619  = shift[2] ? \$604  : \$618 [31:0];
-  assign \$620  = shift[1] ? \$589  : \$619 [27:0];
-  assign \$621  = shift[0] ? \$558  : \$620 [25:0];
+  assign \$497  = shift_x[5] ? \$496  : { x2, 1'h0 };
+  assign \$500  = shift_x[5] ? \$499  : { x2, 1'h0 };
+  assign \$501  = shift_x[4] ? \$498  : \$500 ;
+  assign \$504  = shift_x[5] ? \$503  : { x2, 1'h0 };
+  assign \$507  = shift_x[5] ? \$506  : { x2, 1'h0 };
+  assign \$508  = shift_x[4] ? \$505  : \$507 ;
+  assign \$509  = shift_x[3] ? \$502  : \$508 [39:0];
+  assign \$512  = shift_x[5] ? \$511  : { x2, 1'h0 };
+  assign \$515  = shift_x[5] ? \$514  : { x2, 1'h0 };
+  assign \$516  = shift_x[4] ? \$513  : \$515 ;
+  assign \$519  = shift_x[5] ? \$518  : { x2, 1'h0 };
+  assign \$522  = shift_x[5] ? \$521  : { x2, 1'h0 };
+  assign \$523  = shift_x[4] ? \$520  : \$522 ;
+  assign \$524  = shift_x[3] ? \$517  : \$523 [39:0];
+  assign \$525  = shift_x[2] ? \$510  : \$524 [31:0];
+  assign \$528  = shift_x[5] ? \$527  : { x2, 1'h0 };
+  assign \$531  = shift_x[5] ? \$530  : { x2, 1'h0 };
+  assign \$532  = shift_x[4] ? \$529  : \$531 ;
+  assign \$535  = shift_x[5] ? \$534  : { x2, 1'h0 };
+  assign \$538  = shift_x[5] ? \$537  : { x2, 1'h0 };
+  assign \$539  = shift_x[4] ? \$536  : \$538 ;
+  assign \$540  = shift_x[3] ? \$533  : \$539 [39:0];
+  assign \$543  = shift_x[5] ? \$542  : { x2, 1'h0 };
+  assign \$546  = shift_x[5] ? \$545  : { x2, 1'h0 };
+  assign \$547  = shift_x[4] ? \$544  : \$546 ;
+  assign \$550  = shift_x[5] ? \$549  : { x2, 1'h0 };
+  assign \$553  = shift_x[5] ? \$552  : { x2, 1'h0 };
+  assign \$554  = shift_x[4] ? \$551  : \$553 ;
+  assign \$555  = shift_x[3] ? \$548  : \$554 [39:0];
+  assign \$556  = shift_x[2] ? \$541  : \$555 [31:0];
+  assign \$557  = shift_x[1] ? \$526  : \$556 [27:0];
+  assign \$560  = shift_x[5] ? \$559  : { x2, 1'h0 };
+  assign \$563  = shift_x[5] ? \$562  : { x2, 1'h0 };
+  assign \$564  = shift_x[4] ? \$561  : \$563 ;
+  assign \$567  = shift_x[5] ? \$566  : { x2, 1'h0 };
+  assign \$570  = shift_x[5] ? \$569  : { x2, 1'h0 };
+  assign \$571  = shift_x[4] ? \$568  : \$570 ;
+  assign \$572  = shift_x[3] ? \$565  : \$571 [39:0];
+  assign \$575  = shift_x[5] ? \$574  : { x2, 1'h0 };
+  assign \$578  = shift_x[5] ? \$577  : { x2, 1'h0 };
+  assign \$579  = shift_x[4] ? \$576  : \$578 ;
+  assign \$582  = shift_x[5] ? \$581  : { x2, 1'h0 };
+  assign \$585  = shift_x[5] ? \$584  : { x2, 1'h0 };
+  assign \$586  = shift_x[4] ? \$583  : \$585 ;
+  assign \$587  = shift_x[3] ? \$580  : \$586 [39:0];
+  assign \$588  = shift_x[2] ? \$573  : \$587 [31:0];
+  assign \$591  = shift_x[5] ? \$590  : { x2, 1'h0 };
+  assign \$594  = shift_x[5] ? \$593  : { x2, 1'h0 };
+  assign \$595  = shift_x[4] ? \$592  : \$594 ;
+  assign \$598  = shift_x[5] ? \$597  : { x2, 1'h0 };
+  assign \$601  = shift_x[5] ? \$600  : { x2, 1'h0 };
+  assign \$602  = shift_x[4] ? \$599  : \$601 ;
+  assign \$603  = shift_x[3] ? \$596  : \$602 [39:0];
+  assign \$606  = shift_x[5] ? \$605  : { x2, 1'h0 };
+  assign \$609  = shift_x[5] ? \$608  : { x2, 1'h0 };
+  assign \$610  = shift_x[4] ? \$607  : \$609 ;
+  assign \$613  = shift_x[5] ? \$612  : { x2, 1'h0 };
+  assign \$616  = shift_x[5] ? \$615  : { x2, 1'h0 };
+  assign \$617  = shift_x[4] ? \$614  : \$616 ;
+  assign \$618  = shift_x[3] ? \$611  : \$617 [39:0];
+  assign \$619  = shift_x[2] ? \$604  : \$618 [31:0];
+  assign \$620  = shift_x[1] ? \$589  : \$619 [27:0];
+  assign \$621  = shift_x[0] ? \$558  : \$620 [25:0];
   assign \$622  = { x2, 1'h0 } & below;
   assign \$623  = | \$622 ;
   assign \$624  = { x2, 1'h0 } ^ { x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39], x2[39] };
@@ -22118,69 +22829,69 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   assign \$631  = $signed(rounded2) > $signed(24'h7fffff);
   assign \$632  = \$631  ? 25'h07fffff : rounded2;
   assign \$633  = over2_2 ? { \$630 [23], \$630  } : \$632 ;
-  assign \$635  = shift[5] ? \$634  : { x3, 1'h0 };
-  assign \$638  = shift[5] ? \$637  : { x3, 1'h0 };
-  assign \$639  = shift[4] ? \$636  : \$638 ;
-  assign \$642  = shift[5] ? \$641  : { x3, 1'h0 };
-  assign \$645  = shift[5] ? \$644  : { x3, 1'h0 };
-  assign \$646  = shift[4] ? \$643  : \$645 ;
-  assign \$647  = shift[3] ? \$640  : \$646 [39:0];
-  assign \$650  = shift[5] ? \$649  : { x3, 1'h0 };
-  assign \$653  = shift[5] ? \$652  : { x3, 1'h0 };
-  assign \$654  = shift[4] ? \$651  : \$653 ;
-  assign \$657  = shift[5] ? \$656  : { x3, 1'h0 };
-  assign \$660  = shift[5] ? \$659  : { x3, 1'h0 };
-  assign \$661  = shift[4] ? \$658  : \$660 ;
-  assign \$662  = shift[3] ? \$655  : \$661 [39:0];
-  assign \$663  = shift[2] ? \$648  : \$662 [31:0];
-  assign \$666  = shift[5] ? \$665  : { x3, 1'h0 };
-  assign \$669  = shift[5] ? \$668  : { x3, 1'h0 };
-  assign \$670  = shift[4] ? \$667  : \$669 ;
-  assign \$673  = shift[5] ? \$672  : { x3, 1'h0 };
-  assign \$676  = shift[5] ? \$675  : { x3, 1'h0 };
-  assign \$677  = shift[4] ? \$674  : \$676 ;
-  assign \$678  = shift[3] ? \$671  : \$677 [39:0];
-  assign \$681  = shift[5] ? \$680  : { x3, 1'h0 };
-  assign \$684  = shift[5] ? \$683  : { x3, 1'h0 };
-  assign \$685  = shift[4] ? \$682  : \$684 ;
-  assign \$688  = shift[5] ? \$687  : { x3, 1'h0 };
-  assign \$691  = shift[5] ? \$690  : { x3, 1'h0 };
-  assign \$692  = shift[4] ? \$689  : \$691 ;
-  assign \$693  = shift[3] ? \$686  : \$692 [39:0];
-  assign \$694  = shift[2] ? \$679  : \$693 [31:0];
-  assign \$695  = shift[1] ? \$664  : \$694 [27:0];
-  assign \$698  = shift[5] ? \$697  : { x3, 1'h0 };
-  assign \$701  = shift[5] ? \$700  : { x3, 1'h0 };
-  assign \$702  = shift[4] ? \$699  : \$701 ;
-  assign \$705  = shift[5] ? \$704  : { x3, 1'h0 };
-  assign \$708  = shift[5] ? \$707  : { x3, 1'h0 };
-  assign \$709  = shift[4] ? \$706  : \$708 ;
-  assign \$710  = shift[3] ? \$703  : \$709 [39:0];
-  assign \$713  = shift[5] ? \$712  : { x3, 1'h0 };
-  assign \$716  = shift[5] ? \$715  : { x3, 1'h0 };
-  assign \$717  = shift[4] ? \$714  : \$716 ;
-  assign \$720  = shift[5] ? \$719  : { x3, 1'h0 };
-  assign \$723  = shift[5] ? \$722  : { x3, 1'h0 };
-  assign \$724  = shift[4] ? \$721  : \$723 ;
-  assign \$725  = shift[3] ? \$718  : \$724 [39:0];
-  assign \$726  = shift[2] ? \$711  : \$725 [31:0];
-  assign \$729  = shift[5] ? \$728  : { x3, 1'h0 };
-  assign \$732  = shift[5] ? \$731  : { x3, 1'h0 };
-  assign \$733  = shift[4] ? \$730  : \$732 ;
-  assign \$736  = shift[5] ? \$735  : { x3, 1'h0 };
-  assign \$739  = shift[5] ? \$738  : { x3, 1'h0 };
-  assign \$740  = shift[4] ? \$737  : \$739 ;
-  assign \$741  = shift[3] ? \$734  : \$740 [39:0];
-  assign \$744  = shift[5] ? \$743  : { x3, 1'h0 };
-  assign \$747  = shift[5] ? \$746  : { x3, 1'h0 };
-  assign \$748  = shift[4] ? \$745  : \$747 ;
-  assign \$751  = shift[5] ? \$750  : { x3, 1'h0 };
-  assign \$754  = shift[5] ? \$753  : { x3, 1'h0 };
-  assign \$755  = shift[4] ? \$752  : \$754 ;
-  assign \$756  = shift[3] ? \$749  : \$755 [39:0];
-  assign \$757  = shift[2] ? \$742  : \$756 [31:0];
-  assign \$758  = shift[1] ? \$727  : \$757 [27:0];
-  assign \$759  = shift[0] ? \$696  : \$758 [25:0];
+  assign \$635  = shift_x[5] ? \$634  : { x3, 1'h0 };
+  assign \$638  = shift_x[5] ? \$637  : { x3, 1'h0 };
+  assign \$639  = shift_x[4] ? \$636  : \$638 ;
+  assign \$642  = shift_x[5] ? \$641  : { x3, 1'h0 };
+  assign \$645  = shift_x[5] ? \$644  : { x3, 1'h0 };
+  assign \$646  = shift_x[4] ? \$643  : \$645 ;
+  assign \$647  = shift_x[3] ? \$640  : \$646 [39:0];
+  assign \$650  = shift_x[5] ? \$649  : { x3, 1'h0 };
+  assign \$653  = shift_x[5] ? \$652  : { x3, 1'h0 };
+  assign \$654  = shift_x[4] ? \$651  : \$653 ;
+  assign \$657  = shift_x[5] ? \$656  : { x3, 1'h0 };
+  assign \$660  = shift_x[5] ? \$659  : { x3, 1'h0 };
+  assign \$661  = shift_x[4] ? \$658  : \$660 ;
+  assign \$662  = shift_x[3] ? \$655  : \$661 [39:0];
+  assign \$663  = shift_x[2] ? \$648  : \$662 [31:0];
+  assign \$666  = shift_x[5] ? \$665  : { x3, 1'h0 };
+  assign \$669  = shift_x[5] ? \$668  : { x3, 1'h0 };
+  assign \$670  = shift_x[4] ? \$667  : \$669 ;
+  assign \$673  = shift_x[5] ? \$672  : { x3, 1'h0 };
+  assign \$676  = shift_x[5] ? \$675  : { x3, 1'h0 };
+  assign \$677  = shift_x[4] ? \$674  : \$676 ;
+  assign \$678  = shift_x[3] ? \$671  : \$677 [39:0];
+  assign \$681  = shift_x[5] ? \$680  : { x3, 1'h0 };
+  assign \$684  = shift_x[5] ? \$683  : { x3, 1'h0 };
+  assign \$685  = shift_x[4] ? \$682  : \$684 ;
+  assign \$688  = shift_x[5] ? \$687  : { x3, 1'h0 };
+  assign \$691  = shift_x[5] ? \$690  : { x3, 1'h0 };
+  assign \$692  = shift_x[4] ? \$689  : \$691 ;
+  assign \$693  = shift_x[3] ? \$686  : \$692 [39:0];
+  assign \$694  = shift_x[2] ? \$679  : \$693 [31:0];
+  assign \$695  = shift_x[1] ? \$664  : \$694 [27:0];
+  assign \$698  = shift_x[5] ? \$697  : { x3, 1'h0 };
+  assign \$701  = shift_x[5] ? \$700  : { x3, 1'h0 };
+  assign \$702  = shift_x[4] ? \$699  : \$701 ;
+  assign \$705  = shift_x[5] ? \$704  : { x3, 1'h0 };
+  assign \$708  = shift_x[5] ? \$707  : { x3, 1'h0 };
+  assign \$709  = shift_x[4] ? \$706  : \$708 ;
+  assign \$710  = shift_x[3] ? \$703  : \$709 [39:0];
+  assign \$713  = shift_x[5] ? \$712  : { x3, 1'h0 };
+  assign \$716  = shift_x[5] ? \$715  : { x3, 1'h0 };
+  assign \$717  = shift_x[4] ? \$714  : \$716 ;
+  assign \$720  = shift_x[5] ? \$719  : { x3, 1'h0 };
+  assign \$723  = shift_x[5] ? \$722  : { x3, 1'h0 };
+  assign \$724  = shift_x[4] ? \$721  : \$723 ;
+  assign \$725  = shift_x[3] ? \$718  : \$724 [39:0];
+  assign \$726  = shift_x[2] ? \$711  : \$725 [31:0];
+  assign \$729  = shift_x[5] ? \$728  : { x3, 1'h0 };
+  assign \$732  = shift_x[5] ? \$731  : { x3, 1'h0 };
+  assign \$733  = shift_x[4] ? \$730  : \$732 ;
+  assign \$736  = shift_x[5] ? \$735  : { x3, 1'h0 };
+  assign \$739  = shift_x[5] ? \$738  : { x3, 1'h0 };
+  assign \$740  = shift_x[4] ? \$737  : \$739 ;
+  assign \$741  = shift_x[3] ? \$734  : \$740 [39:0];
+  assign \$744  = shift_x[5] ? \$743  : { x3, 1'h0 };
+  assign \$747  = shift_x[5] ? \$746  : { x3, 1'h0 };
+  assign \$748  = shift_x[4] ? \$745  : \$747 ;
+  assign \$751  = shift_x[5] ? \$750  : { x3, 1'h0 };
+  assign \$754  = shift_x[5] ? \$753  : { x3, 1'h0 };
+  assign \$755  = shift_x[4] ? \$752  : \$754 ;
+  assign \$756  = shift_x[3] ? \$749  : \$755 [39:0];
+  assign \$757  = shift_x[2] ? \$742  : \$756 [31:0];
+  assign \$758  = shift_x[1] ? \$727  : \$757 [27:0];
+  assign \$759  = shift_x[0] ? \$696  : \$758 [25:0];
   assign \$760  = { x3, 1'h0 } & below;
   assign \$761  = | \$760 ;
   assign \$762  = { x3, 1'h0 } ^ { x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39], x3[39] };
@@ -22194,273 +22905,268 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   assign \$770  = \$769  ? 25'h07fffff : rounded3;
   assign \$771  = over2_3 ? { \$768 [23], \$768  } : \$770 ;
   always @(posedge clk)
-    below <= \$772 ;
+    v1 <= \$772 ;
   always @(posedge clk)
-    v1 <= \$773 ;
+    v2 <= \$773 ;
   always @(posedge clk)
-    v2 <= \$774 ;
+    x_valid <= \$774 ;
   always @(posedge clk)
-    x_valid <= \$775 ;
+    \$signal  <= \$775 ;
   always @(posedge clk)
-    x0 <= \$776 ;
+    shift_2 <= \$776 ;
   always @(posedge clk)
-    x1 <= \$777 ;
+    x0 <= \$777 ;
   always @(posedge clk)
-    x2 <= \$778 ;
+    x1 <= \$778 ;
   always @(posedge clk)
-    x3 <= \$779 ;
+    x2 <= \$779 ;
   always @(posedge clk)
-    v_shift <= \$780 ;
+    x3 <= \$780 ;
   always @(posedge clk)
-    v_round <= \$781 ;
+    shift_x <= \$781 ;
   always @(posedge clk)
-    o__valid <= \$782 ;
+    below <= \$782 ;
   always @(posedge clk)
-    y0 <= \$783 ;
+    v_shift <= \$783 ;
   always @(posedge clk)
-    sticky0 <= \$784 ;
+    v_round <= \$784 ;
   always @(posedge clk)
-    over0 <= \$785 ;
+    o__valid <= \$785 ;
   always @(posedge clk)
-    neg0 <= \$786 ;
+    y0 <= \$786 ;
   always @(posedge clk)
-    rounded0 <= \$787 ;
+    sticky0 <= \$787 ;
   always @(posedge clk)
-    over2_0 <= \$788 ;
+    over0 <= \$788 ;
   always @(posedge clk)
-    neg2_0 <= \$789 ;
+    neg0 <= \$789 ;
   always @(posedge clk)
-    o__payload <= \$790 ;
+    rounded0 <= \$790 ;
   always @(posedge clk)
-    y1 <= \$791 ;
+    over2_0 <= \$791 ;
   always @(posedge clk)
-    sticky1 <= \$792 ;
+    neg2_0 <= \$792 ;
   always @(posedge clk)
-    over1 <= \$793 ;
+    o__payload <= \$793 ;
   always @(posedge clk)
-    neg1 <= \$794 ;
+    y1 <= \$794 ;
   always @(posedge clk)
-    rounded1 <= \$795 ;
+    sticky1 <= \$795 ;
   always @(posedge clk)
-    over2_1 <= \$796 ;
+    over1 <= \$796 ;
   always @(posedge clk)
-    neg2_1 <= \$797 ;
+    neg1 <= \$797 ;
   always @(posedge clk)
-    y2 <= \$798 ;
+    rounded1 <= \$798 ;
   always @(posedge clk)
-    sticky2 <= \$799 ;
+    over2_1 <= \$799 ;
   always @(posedge clk)
-    over2 <= \$800 ;
+    neg2_1 <= \$800 ;
   always @(posedge clk)
-    neg2 <= \$801 ;
+    y2 <= \$801 ;
   always @(posedge clk)
-    rounded2 <= \$802 ;
+    sticky2 <= \$802 ;
   always @(posedge clk)
-    over2_2 <= \$803 ;
+    over2 <= \$803 ;
   always @(posedge clk)
-    neg2_2 <= \$804 ;
+    neg2 <= \$804 ;
   always @(posedge clk)
-    y3 <= \$805 ;
+    rounded2 <= \$805 ;
   always @(posedge clk)
-    sticky3 <= \$806 ;
+    over2_2 <= \$806 ;
   always @(posedge clk)
-    over3 <= \$807 ;
+    neg2_2 <= \$807 ;
   always @(posedge clk)
-    neg3 <= \$808 ;
+    y3 <= \$808 ;
   always @(posedge clk)
-    rounded3 <= \$809 ;
+    sticky3 <= \$809 ;
   always @(posedge clk)
-    over2_3 <= \$810 ;
+    over3 <= \$810 ;
   always @(posedge clk)
-    neg2_3 <= \$811 ;
+    neg3 <= \$811 ;
+  always @(posedge clk)
+    rounded3 <= \$812 ;
+  always @(posedge clk)
+    over2_3 <= \$813 ;
+  always @(posedge clk)
+    neg2_3 <= \$814 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[16:0];
-  assign \$3  = shift[5:3] > 1'h0;
-  assign \$4  = ! shift[5:3];
-  assign \$5  = shift[2:0] > 1'h0;
-  assign \$6  = \$4  & \$5 ;
-  assign \$7  = \$3  | \$6 ;
-  assign \$8  = shift[5:3] > 1'h0;
-  assign \$9  = ! shift[5:3];
-  assign \$10  = shift[2:0] > 1'h1;
-  assign \$11  = \$9  & \$10 ;
-  assign \$12  = \$8  | \$11 ;
-  assign \$13  = shift[5:3] > 1'h0;
-  assign \$14  = ! shift[5:3];
-  assign \$15  = shift[2:0] > 2'h2;
-  assign \$16  = \$14  & \$15 ;
-  assign \$17  = \$13  | \$16 ;
-  assign \$18  = shift[5:3] > 1'h0;
-  assign \$19  = ! shift[5:3];
-  assign \$20  = shift[2:0] > 2'h3;
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = \$18  | \$21 ;
-  assign \$23  = shift[5:3] > 1'h0;
-  assign \$24  = ! shift[5:3];
-  assign \$25  = shift[2:0] > 3'h4;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign \$28  = shift[5:3] > 1'h0;
-  assign \$29  = ! shift[5:3];
-  assign \$30  = shift[2:0] > 3'h5;
-  assign \$31  = \$29  & \$30 ;
-  assign \$32  = \$28  | \$31 ;
-  assign \$33  = shift[5:3] > 1'h0;
-  assign \$34  = ! shift[5:3];
-  assign \$35  = shift[2:0] > 3'h6;
-  assign \$36  = \$34  & \$35 ;
-  assign \$37  = \$33  | \$36 ;
-  assign \$38  = shift[5:3] > 1'h0;
-  assign \$39  = ! shift[5:3];
-  assign \$40  = shift[2:0] > 3'h7;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = \$38  | \$41 ;
-  assign \$43  = shift[5:3] > 1'h1;
-  assign \$44  = shift[5:3] == 1'h1;
-  assign \$45  = shift[2:0] > 1'h0;
-  assign \$46  = \$44  & \$45 ;
-  assign \$47  = \$43  | \$46 ;
-  assign \$48  = shift[5:3] > 1'h1;
-  assign \$49  = shift[5:3] == 1'h1;
-  assign \$50  = shift[2:0] > 1'h1;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = \$48  | \$51 ;
-  assign \$53  = shift[5:3] > 1'h1;
-  assign \$54  = shift[5:3] == 1'h1;
-  assign \$55  = shift[2:0] > 2'h2;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = \$53  | \$56 ;
-  assign \$58  = shift[5:3] > 1'h1;
-  assign \$59  = shift[5:3] == 1'h1;
-  assign \$60  = shift[2:0] > 2'h3;
-  assign \$61  = \$59  & \$60 ;
-  assign \$62  = \$58  | \$61 ;
-  assign \$63  = shift[5:3] > 1'h1;
-  assign \$64  = shift[5:3] == 1'h1;
-  assign \$65  = shift[2:0] > 3'h4;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = \$63  | \$66 ;
-  assign \$68  = shift[5:3] > 1'h1;
-  assign \$69  = shift[5:3] == 1'h1;
-  assign \$70  = shift[2:0] > 3'h5;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = \$68  | \$71 ;
-  assign \$73  = shift[5:3] > 1'h1;
-  assign \$74  = shift[5:3] == 1'h1;
-  assign \$75  = shift[2:0] > 3'h6;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = \$73  | \$76 ;
-  assign \$78  = shift[5:3] > 1'h1;
-  assign \$79  = shift[5:3] == 1'h1;
-  assign \$80  = shift[2:0] > 3'h7;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = \$78  | \$81 ;
-  assign \$83  = shift[5:3] > 2'h2;
-  assign \$84  = shift[5:3] == 2'h2;
-  assign \$85  = shift[2:0] > 1'h0;
-  assign \$86  = \$84  & \$85 ;
-  assign \$87  = \$83  | \$86 ;
-  assign \$88  = shift[5:3] > 2'h2;
-  assign \$89  = shift[5:3] == 2'h2;
-  assign \$90  = shift[2:0] > 1'h1;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = \$88  | \$91 ;
-  assign \$93  = shift[5:3] > 2'h2;
-  assign \$94  = shift[5:3] == 2'h2;
-  assign \$95  = shift[2:0] > 2'h2;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = \$93  | \$96 ;
-  assign \$98  = shift[5:3] > 2'h2;
-  assign \$99  = shift[5:3] == 2'h2;
-  assign \$100  = shift[2:0] > 2'h3;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = \$98  | \$101 ;
-  assign \$103  = shift[5:3] > 2'h2;
-  assign \$104  = shift[5:3] == 2'h2;
-  assign \$105  = shift[2:0] > 3'h4;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = \$103  | \$106 ;
-  assign \$108  = shift[5:3] > 2'h2;
-  assign \$109  = shift[5:3] == 2'h2;
-  assign \$110  = shift[2:0] > 3'h5;
-  assign \$111  = \$109  & \$110 ;
-  assign \$112  = \$108  | \$111 ;
-  assign \$113  = shift[5:3] > 2'h2;
-  assign \$114  = shift[5:3] == 2'h2;
-  assign \$115  = shift[2:0] > 3'h6;
-  assign \$116  = \$114  & \$115 ;
-  assign \$117  = \$113  | \$116 ;
-  assign \$118  = shift[5:3] > 2'h2;
-  assign \$119  = shift[5:3] == 2'h2;
-  assign \$120  = shift[2:0] > 3'h7;
-  assign \$121  = \$119  & \$120 ;
-  assign \$122  = \$118  | \$121 ;
-  assign \$123  = shift[5:3] > 2'h3;
-  assign \$124  = shift[5:3] == 2'h3;
-  assign \$125  = shift[2:0] > 1'h0;
-  assign \$126  = \$124  & \$125 ;
-  assign \$127  = \$123  | \$126 ;
-  assign \$128  = shift[5:3] > 2'h3;
-  assign \$129  = shift[5:3] == 2'h3;
-  assign \$130  = shift[2:0] > 1'h1;
-  assign \$131  = \$129  & \$130 ;
-  assign \$132  = \$128  | \$131 ;
-  assign \$133  = shift[5:3] > 2'h3;
-  assign \$134  = shift[5:3] == 2'h3;
-  assign \$135  = shift[2:0] > 2'h2;
-  assign \$136  = \$134  & \$135 ;
-  assign \$137  = \$133  | \$136 ;
-  assign \$138  = shift[5:3] > 2'h3;
-  assign \$139  = shift[5:3] == 2'h3;
-  assign \$140  = shift[2:0] > 2'h3;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = shift[5:3] > 2'h3;
-  assign \$144  = shift[5:3] == 2'h3;
-  assign \$145  = shift[2:0] > 3'h4;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$143  | \$146 ;
-  assign \$148  = shift[5:3] > 2'h3;
-  assign \$149  = shift[5:3] == 2'h3;
-  assign \$150  = shift[2:0] > 3'h5;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = \$148  | \$151 ;
-  assign \$153  = shift[5:3] > 2'h3;
-  assign \$154  = shift[5:3] == 2'h3;
-  assign \$155  = shift[2:0] > 3'h6;
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = shift[5:3] > 2'h3;
-  assign \$159  = shift[5:3] == 2'h3;
-  assign \$160  = shift[2:0] > 3'h7;
-  assign \$161  = \$159  & \$160 ;
-  assign \$162  = \$158  | \$161 ;
-  assign \$163  = shift[5:3] > 3'h4;
-  assign \$164  = shift[5:3] == 3'h4;
-  assign \$165  = shift[2:0] > 1'h0;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = shift[5:3] > 3'h4;
-  assign \$169  = shift[5:3] == 3'h4;
-  assign \$170  = shift[2:0] > 1'h1;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$168  | \$171 ;
-  assign \$173  = shift[5:3] > 3'h4;
-  assign \$174  = shift[5:3] == 3'h4;
-  assign \$175  = shift[2:0] > 2'h2;
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = shift[5:3] > 3'h4;
-  assign \$179  = shift[5:3] == 3'h4;
-  assign \$180  = shift[2:0] > 2'h3;
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$178  | \$181 ;
-  assign \$183  = shift[5:3] > 3'h4;
-  assign \$184  = shift[5:3] == 3'h4;
-  assign \$185  = shift[2:0] > 3'h4;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \$183  | \$186 ;
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$15  = shift_2[5:3] > 1'h0;
+  assign \$16  = ! shift_2[5:3];
+  assign \$17  = shift_2[2:0] > 1'h0;
+  assign \$18  = \$16  & \$17 ;
+  assign \$19  = \$15  | \$18 ;
+  assign \$20  = shift_2[5:3] > 1'h0;
+  assign \$21  = ! shift_2[5:3];
+  assign \$22  = shift_2[2:0] > 1'h1;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$20  | \$23 ;
+  assign \$25  = shift_2[5:3] > 1'h0;
+  assign \$26  = ! shift_2[5:3];
+  assign \$27  = shift_2[2:0] > 2'h2;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = \$25  | \$28 ;
+  assign \$30  = shift_2[5:3] > 1'h0;
+  assign \$31  = ! shift_2[5:3];
+  assign \$32  = shift_2[2:0] > 2'h3;
+  assign \$33  = \$31  & \$32 ;
+  assign \$34  = \$30  | \$33 ;
+  assign \$35  = shift_2[5:3] > 1'h0;
+  assign \$36  = ! shift_2[5:3];
+  assign \$37  = shift_2[2:0] > 3'h4;
+  assign \$38  = \$36  & \$37 ;
+  assign \$39  = \$35  | \$38 ;
+  assign \$40  = shift_2[5:3] > 1'h0;
+  assign \$41  = ! shift_2[5:3];
+  assign \$42  = shift_2[2:0] > 3'h5;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = \$40  | \$43 ;
+  assign \$45  = shift_2[5:3] > 1'h0;
+  assign \$46  = ! shift_2[5:3];
+  assign \$47  = shift_2[2:0] > 3'h6;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = \$45  | \$48 ;
+  assign \$50  = shift_2[5:3] > 1'h0;
+  assign \$51  = ! shift_2[5:3];
+  assign \$52  = shift_2[2:0] > 3'h7;
+  assign \$53  = \$51  & \$52 ;
+  assign \$54  = \$50  | \$53 ;
+  assign \$55  = shift_2[5:3] > 1'h1;
+  assign \$56  = shift_2[5:3] == 1'h1;
+  assign \$57  = shift_2[2:0] > 1'h0;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = \$55  | \$58 ;
+  assign \$60  = shift_2[5:3] > 1'h1;
+  assign \$61  = shift_2[5:3] == 1'h1;
+  assign \$62  = shift_2[2:0] > 1'h1;
+  assign \$63  = \$61  & \$62 ;
+  assign \$64  = \$60  | \$63 ;
+  assign \$65  = shift_2[5:3] > 1'h1;
+  assign \$66  = shift_2[5:3] == 1'h1;
+  assign \$67  = shift_2[2:0] > 2'h2;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = \$65  | \$68 ;
+  assign \$70  = shift_2[5:3] > 1'h1;
+  assign \$71  = shift_2[5:3] == 1'h1;
+  assign \$72  = shift_2[2:0] > 2'h3;
+  assign \$73  = \$71  & \$72 ;
+  assign \$74  = \$70  | \$73 ;
+  assign \$75  = shift_2[5:3] > 1'h1;
+  assign \$76  = shift_2[5:3] == 1'h1;
+  assign \$77  = shift_2[2:0] > 3'h4;
+  assign \$78  = \$76  & \$77 ;
+  assign \$79  = \$75  | \$78 ;
+  assign \$80  = shift_2[5:3] > 1'h1;
+  assign \$81  = shift_2[5:3] == 1'h1;
+  assign \$82  = shift_2[2:0] > 3'h5;
+  assign \$83  = \$81  & \$82 ;
+  assign \$84  = \$80  | \$83 ;
+  assign \$85  = shift_2[5:3] > 1'h1;
+  assign \$86  = shift_2[5:3] == 1'h1;
+  assign \$87  = shift_2[2:0] > 3'h6;
+  assign \$88  = \$86  & \$87 ;
+  assign \$89  = \$85  | \$88 ;
+  assign \$90  = shift_2[5:3] > 1'h1;
+  assign \$91  = shift_2[5:3] == 1'h1;
+  assign \$92  = shift_2[2:0] > 3'h7;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = \$90  | \$93 ;
+  assign \$95  = shift_2[5:3] > 2'h2;
+  assign \$96  = shift_2[5:3] == 2'h2;
+  assign \$97  = shift_2[2:0] > 1'h0;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = \$95  | \$98 ;
+  assign \$100  = shift_2[5:3] > 2'h2;
+  assign \$101  = shift_2[5:3] == 2'h2;
+  assign \$102  = shift_2[2:0] > 1'h1;
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = \$100  | \$103 ;
+  assign \$105  = shift_2[5:3] > 2'h2;
+  assign \$106  = shift_2[5:3] == 2'h2;
+  assign \$107  = shift_2[2:0] > 2'h2;
+  assign \$108  = \$106  & \$107 ;
+  assign \$109  = \$105  | \$108 ;
+  assign \$110  = shift_2[5:3] > 2'h2;
+  assign \$111  = shift_2[5:3] == 2'h2;
+  assign \$112  = shift_2[2:0] > 2'h3;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = \$110  | \$113 ;
+  assign \$115  = shift_2[5:3] > 2'h2;
+  assign \$116  = shift_2[5:3] == 2'h2;
+  assign \$117  = shift_2[2:0] > 3'h4;
+  assign \$118  = \$116  & \$117 ;
+  assign \$119  = \$115  | \$118 ;
+  assign \$120  = shift_2[5:3] > 2'h2;
+  assign \$121  = shift_2[5:3] == 2'h2;
+  assign \$122  = shift_2[2:0] > 3'h5;
+  assign \$123  = \$121  & \$122 ;
+  assign \$124  = \$120  | \$123 ;
+  assign \$125  = shift_2[5:3] > 2'h2;
+  assign \$126  = shift_2[5:3] == 2'h2;
+  assign \$127  = shift_2[2:0] > 3'h6;
+  assign \$128  = \$126  & \$127 ;
+  assign \$129  = \$125  | \$128 ;
+  assign \$130  = shift_2[5:3] > 2'h2;
+  assign \$131  = shift_2[5:3] == 2'h2;
+  assign \$132  = shift_2[2:0] > 3'h7;
+  assign \$133  = \$131  & \$132 ;
+  assign \$134  = \$130  | \$133 ;
+  assign \$135  = shift_2[5:3] > 2'h3;
+  assign \$136  = shift_2[5:3] == 2'h3;
+  assign \$137  = shift_2[2:0] > 1'h0;
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = \$135  | \$138 ;
+  assign \$140  = shift_2[5:3] > 2'h3;
+  assign \$141  = shift_2[5:3] == 2'h3;
+  assign \$142  = shift_2[2:0] > 1'h1;
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$140  | \$143 ;
+  assign \$145  = shift_2[5:3] > 2'h3;
+  assign \$146  = shift_2[5:3] == 2'h3;
+  assign \$147  = shift_2[2:0] > 2'h2;
+  assign \$148  = \$146  & \$147 ;
+  assign \$149  = \$145  | \$148 ;
+  assign \$150  = shift_2[5:3] > 2'h3;
+  assign \$151  = shift_2[5:3] == 2'h3;
+  assign \$152  = shift_2[2:0] > 2'h3;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = shift_2[5:3] > 2'h3;
+  assign \$156  = shift_2[5:3] == 2'h3;
+  assign \$157  = shift_2[2:0] > 3'h4;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$155  | \$158 ;
+  assign \$160  = shift_2[5:3] > 2'h3;
+  assign \$161  = shift_2[5:3] == 2'h3;
+  assign \$162  = shift_2[2:0] > 3'h5;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = \$160  | \$163 ;
+  assign \$165  = shift_2[5:3] > 2'h3;
+  assign \$166  = shift_2[5:3] == 2'h3;
+  assign \$167  = shift_2[2:0] > 3'h6;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = \$165  | \$168 ;
+  assign \$170  = shift_2[5:3] > 2'h3;
+  assign \$171  = shift_2[5:3] == 2'h3;
+  assign \$172  = shift_2[2:0] > 3'h7;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = shift_2[5:3] > 3'h4;
+  assign \$176  = shift_2[5:3] == 3'h4;
+  assign \$177  = shift_2[2:0] > 1'h0;
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = shift_2[5:3] > 3'h4;
+  assign \$181  = shift_2[5:3] == 3'h4;
+  assign \$182  = shift_2[2:0] > 1'h1;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = \$180  | \$183 ;
   \nanokpu_kpu.gemm.engine.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -22472,26 +23178,29 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1355$0 (mult),
-    .\port$1360$0 (i__payload),
+    .\port$1418$0 (mult),
+    .\port$1423$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$772  = { \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
+    \$772  = v1;
+    if (advance) begin
+      \$772  = i__valid;
+    end
     if (unit_rst) begin
-      \$772  = 41'h00000000000;
+      \$772  = 1'h0;
     end
     if (rst) begin
-      \$772  = 41'h00000000000;
+      \$772  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$773  = v1;
+    \$773  = v2;
     if (advance) begin
-      \$773  = i__valid;
+      \$773  = v1;
     end
     if (unit_rst) begin
       \$773  = 1'h0;
@@ -22502,9 +23211,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$774  = v2;
+    \$774  = x_valid;
     if (advance) begin
-      \$774  = v1;
+      \$774  = v2;
     end
     if (unit_rst) begin
       \$774  = 1'h0;
@@ -22515,35 +23224,35 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$775  = x_valid;
+    \$775  = \$signal ;
     if (advance) begin
-      \$775  = v2;
+      \$775  = shift;
     end
     if (unit_rst) begin
-      \$775  = 1'h0;
+      \$775  = 6'h00;
     end
     if (rst) begin
-      \$775  = 1'h0;
+      \$775  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$776  = x0;
+    \$776  = shift_2;
     if (advance) begin
-      \$776  = \$210 [39:0];
+      \$776  = \$signal ;
     end
     if (unit_rst) begin
-      \$776  = 40'h0000000000;
+      \$776  = 6'h00;
     end
     if (rst) begin
-      \$776  = 40'h0000000000;
+      \$776  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$777  = x1;
+    \$777  = x0;
     if (advance) begin
-      \$777  = \$213 [39:0];
+      \$777  = \$5 [39:0];
     end
     if (unit_rst) begin
       \$777  = 40'h0000000000;
@@ -22554,9 +23263,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$778  = x2;
+    \$778  = x1;
     if (advance) begin
-      \$778  = \$216 [39:0];
+      \$778  = \$8 [39:0];
     end
     if (unit_rst) begin
       \$778  = 40'h0000000000;
@@ -22567,9 +23276,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$779  = x3;
+    \$779  = x2;
     if (advance) begin
-      \$779  = \$219 [39:0];
+      \$779  = \$11 [39:0];
     end
     if (unit_rst) begin
       \$779  = 40'h0000000000;
@@ -22580,61 +23289,61 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$780  = v_shift;
+    \$780  = x3;
     if (advance) begin
-      \$780  = x_valid;
+      \$780  = \$14 [39:0];
     end
     if (unit_rst) begin
-      \$780  = 1'h0;
+      \$780  = 40'h0000000000;
     end
     if (rst) begin
-      \$780  = 1'h0;
+      \$780  = 40'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$781  = v_round;
+    \$781  = shift_x;
     if (advance) begin
-      \$781  = v_shift;
+      \$781  = shift_2;
     end
     if (unit_rst) begin
-      \$781  = 1'h0;
+      \$781  = 6'h00;
     end
     if (rst) begin
-      \$781  = 1'h0;
+      \$781  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$782  = o__valid;
+    \$782  = below;
     if (advance) begin
-      \$782  = v_round;
+      \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
     end
     if (unit_rst) begin
-      \$782  = 1'h0;
+      \$782  = 41'h00000000000;
     end
     if (rst) begin
-      \$782  = 1'h0;
+      \$782  = 41'h00000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$783  = y0;
+    \$783  = v_shift;
     if (advance) begin
-      \$783  = \$345 [24:0];
+      \$783  = x_valid;
     end
     if (unit_rst) begin
-      \$783  = 25'h0000000;
+      \$783  = 1'h0;
     end
     if (rst) begin
-      \$783  = 25'h0000000;
+      \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$784  = sticky0;
+    \$784  = v_round;
     if (advance) begin
-      \$784  = \$347 ;
+      \$784  = v_shift;
     end
     if (unit_rst) begin
       \$784  = 1'h0;
@@ -22645,9 +23354,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$785  = over0;
+    \$785  = o__valid;
     if (advance) begin
-      \$785  = \$350 ;
+      \$785  = v_round;
     end
     if (unit_rst) begin
       \$785  = 1'h0;
@@ -22658,35 +23367,35 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$786  = neg0;
+    \$786  = y0;
     if (advance) begin
-      \$786  = x0[39];
+      \$786  = \$345 [24:0];
     end
     if (unit_rst) begin
-      \$786  = 1'h0;
+      \$786  = 25'h0000000;
     end
     if (rst) begin
-      \$786  = 1'h0;
+      \$786  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$787  = rounded0;
+    \$787  = sticky0;
     if (advance) begin
-      \$787  = \$353 ;
+      \$787  = \$347 ;
     end
     if (unit_rst) begin
-      \$787  = 25'h0000000;
+      \$787  = 1'h0;
     end
     if (rst) begin
-      \$787  = 25'h0000000;
+      \$787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$788  = over2_0;
+    \$788  = over0;
     if (advance) begin
-      \$788  = over0;
+      \$788  = \$350 ;
     end
     if (unit_rst) begin
       \$788  = 1'h0;
@@ -22697,9 +23406,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$789  = neg2_0;
+    \$789  = neg0;
     if (advance) begin
-      \$789  = neg0;
+      \$789  = x0[39];
     end
     if (unit_rst) begin
       \$789  = 1'h0;
@@ -22710,38 +23419,35 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$790  = o__payload;
+    \$790  = rounded0;
     if (advance) begin
-      \$790 [23:0] = \$357 [23:0];
-      \$790 [47:24] = \$495 [23:0];
-      \$790 [71:48] = \$633 [23:0];
-      \$790 [95:72] = \$771 [23:0];
+      \$790  = \$353 ;
     end
     if (unit_rst) begin
-      \$790  = 96'h000000000000000000000000;
+      \$790  = 25'h0000000;
     end
     if (rst) begin
-      \$790  = 96'h000000000000000000000000;
+      \$790  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$791  = y1;
+    \$791  = over2_0;
     if (advance) begin
-      \$791  = \$483 [24:0];
+      \$791  = over0;
     end
     if (unit_rst) begin
-      \$791  = 25'h0000000;
+      \$791  = 1'h0;
     end
     if (rst) begin
-      \$791  = 25'h0000000;
+      \$791  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$792  = sticky1;
+    \$792  = neg2_0;
     if (advance) begin
-      \$792  = \$485 ;
+      \$792  = neg0;
     end
     if (unit_rst) begin
       \$792  = 1'h0;
@@ -22752,48 +23458,51 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$793  = over1;
+    \$793  = o__payload;
     if (advance) begin
-      \$793  = \$488 ;
+      \$793 [23:0] = \$357 [23:0];
+      \$793 [47:24] = \$495 [23:0];
+      \$793 [71:48] = \$633 [23:0];
+      \$793 [95:72] = \$771 [23:0];
     end
     if (unit_rst) begin
-      \$793  = 1'h0;
+      \$793  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$793  = 1'h0;
+      \$793  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$794  = neg1;
+    \$794  = y1;
     if (advance) begin
-      \$794  = x1[39];
+      \$794  = \$483 [24:0];
     end
     if (unit_rst) begin
-      \$794  = 1'h0;
+      \$794  = 25'h0000000;
     end
     if (rst) begin
-      \$794  = 1'h0;
+      \$794  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$795  = rounded1;
+    \$795  = sticky1;
     if (advance) begin
-      \$795  = \$491 ;
+      \$795  = \$485 ;
     end
     if (unit_rst) begin
-      \$795  = 25'h0000000;
+      \$795  = 1'h0;
     end
     if (rst) begin
-      \$795  = 25'h0000000;
+      \$795  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$796  = over2_1;
+    \$796  = over1;
     if (advance) begin
-      \$796  = over1;
+      \$796  = \$488 ;
     end
     if (unit_rst) begin
       \$796  = 1'h0;
@@ -22804,9 +23513,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$797  = neg2_1;
+    \$797  = neg1;
     if (advance) begin
-      \$797  = neg1;
+      \$797  = x1[39];
     end
     if (unit_rst) begin
       \$797  = 1'h0;
@@ -22817,9 +23526,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$798  = y2;
+    \$798  = rounded1;
     if (advance) begin
-      \$798  = \$621 [24:0];
+      \$798  = \$491 ;
     end
     if (unit_rst) begin
       \$798  = 25'h0000000;
@@ -22830,9 +23539,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$799  = sticky2;
+    \$799  = over2_1;
     if (advance) begin
-      \$799  = \$623 ;
+      \$799  = over1;
     end
     if (unit_rst) begin
       \$799  = 1'h0;
@@ -22843,9 +23552,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$800  = over2;
+    \$800  = neg2_1;
     if (advance) begin
-      \$800  = \$626 ;
+      \$800  = neg1;
     end
     if (unit_rst) begin
       \$800  = 1'h0;
@@ -22856,35 +23565,35 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$801  = neg2;
+    \$801  = y2;
     if (advance) begin
-      \$801  = x2[39];
+      \$801  = \$621 [24:0];
     end
     if (unit_rst) begin
-      \$801  = 1'h0;
+      \$801  = 25'h0000000;
     end
     if (rst) begin
-      \$801  = 1'h0;
+      \$801  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$802  = rounded2;
+    \$802  = sticky2;
     if (advance) begin
-      \$802  = \$629 ;
+      \$802  = \$623 ;
     end
     if (unit_rst) begin
-      \$802  = 25'h0000000;
+      \$802  = 1'h0;
     end
     if (rst) begin
-      \$802  = 25'h0000000;
+      \$802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$803  = over2_2;
+    \$803  = over2;
     if (advance) begin
-      \$803  = over2;
+      \$803  = \$626 ;
     end
     if (unit_rst) begin
       \$803  = 1'h0;
@@ -22895,9 +23604,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$804  = neg2_2;
+    \$804  = neg2;
     if (advance) begin
-      \$804  = neg2;
+      \$804  = x2[39];
     end
     if (unit_rst) begin
       \$804  = 1'h0;
@@ -22908,9 +23617,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$805  = y3;
+    \$805  = rounded2;
     if (advance) begin
-      \$805  = \$759 [24:0];
+      \$805  = \$629 ;
     end
     if (unit_rst) begin
       \$805  = 25'h0000000;
@@ -22921,9 +23630,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$806  = sticky3;
+    \$806  = over2_2;
     if (advance) begin
-      \$806  = \$761 ;
+      \$806  = over2;
     end
     if (unit_rst) begin
       \$806  = 1'h0;
@@ -22934,9 +23643,9 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$807  = over3;
+    \$807  = neg2_2;
     if (advance) begin
-      \$807  = \$764 ;
+      \$807  = neg2;
     end
     if (unit_rst) begin
       \$807  = 1'h0;
@@ -22947,35 +23656,35 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$808  = neg3;
+    \$808  = y3;
     if (advance) begin
-      \$808  = x3[39];
+      \$808  = \$759 [24:0];
     end
     if (unit_rst) begin
-      \$808  = 1'h0;
+      \$808  = 25'h0000000;
     end
     if (rst) begin
-      \$808  = 1'h0;
+      \$808  = 25'h0000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$809  = rounded3;
+    \$809  = sticky3;
     if (advance) begin
-      \$809  = \$767 ;
+      \$809  = \$761 ;
     end
     if (unit_rst) begin
-      \$809  = 25'h0000000;
+      \$809  = 1'h0;
     end
     if (rst) begin
-      \$809  = 25'h0000000;
+      \$809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$810  = over2_3;
+    \$810  = over3;
     if (advance) begin
-      \$810  = over3;
+      \$810  = \$764 ;
     end
     if (unit_rst) begin
       \$810  = 1'h0;
@@ -22986,15 +23695,54 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$811  = neg2_3;
+    \$811  = neg3;
     if (advance) begin
-      \$811  = neg3;
+      \$811  = x3[39];
     end
     if (unit_rst) begin
       \$811  = 1'h0;
     end
     if (rst) begin
       \$811  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$812  = rounded3;
+    if (advance) begin
+      \$812  = \$767 ;
+    end
+    if (unit_rst) begin
+      \$812  = 25'h0000000;
+    end
+    if (rst) begin
+      \$812  = 25'h0000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$813  = over2_3;
+    if (advance) begin
+      \$813  = over3;
+    end
+    if (unit_rst) begin
+      \$813  = 1'h0;
+    end
+    if (rst) begin
+      \$813  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$814  = neg2_3;
+    if (advance) begin
+      \$814  = neg3;
+    end
+    if (unit_rst) begin
+      \$814  = 1'h0;
+    end
+    if (rst) begin
+      \$814  = 1'h0;
     end
   end
   assign above = { \$2 , 24'h000000 };
@@ -23024,14 +23772,14 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
   assign \o__payload[1]  = o__payload[47:24];
   assign \o__payload[2]  = o__payload[71:48];
   assign \o__payload[3]  = o__payload[95:72];
-  assign \$208  = { p__0[35], p__0 };
-  assign \$209  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$211  = { p__2[35], p__2 };
-  assign \$212  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$214  = { p__4[35], p__4 };
-  assign \$215  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$217  = { p__6[35], p__6 };
-  assign \$218  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$220  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
   assign \$222  = { \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40], \$221 [40:16] };
   assign \$223  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
@@ -23287,7 +24035,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -23373,10 +24121,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1355$0 ;
-  wire [15:0] \port$1355$0 ;
-  input [95:0] \port$1360$0 ;
-  wire [95:0] \port$1360$0 ;
+  input [15:0] \port$1418$0 ;
+  wire [15:0] \port$1418$0 ;
+  input [95:0] \port$1423$0 ;
+  wire [95:0] \port$1423$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -23441,7 +24189,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1360$0 [16:0] };
+      \$9  = { 1'h0, \port$1423$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -23454,7 +24202,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1355$0  };
+      \$10  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -23480,7 +24228,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
+      \$12  = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -23493,7 +24241,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1355$0  };
+      \$13  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -23519,7 +24267,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1360$0 [40:24] };
+      \$15  = { 1'h0, \port$1423$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -23532,7 +24280,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1355$0  };
+      \$16  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -23558,7 +24306,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
+      \$18  = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -23571,7 +24319,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1355$0  };
+      \$19  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -23597,7 +24345,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1360$0 [64:48] };
+      \$21  = { 1'h0, \port$1423$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -23610,7 +24358,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1355$0  };
+      \$22  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -23636,7 +24384,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
+      \$24  = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -23649,7 +24397,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1355$0  };
+      \$25  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -23675,7 +24423,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1360$0 [88:72] };
+      \$27  = { 1'h0, \port$1423$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -23688,7 +24436,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1355$0  };
+      \$28  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -23714,7 +24462,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
+      \$30  = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -23727,7 +24475,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1355$0  };
+      \$31  = { 2'h0, \port$1418$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -23749,22 +24497,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1355$0 , \port$1360$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1360$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1355$0  };
-  assign a__1 = { \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23], \port$1360$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1355$0  };
-  assign a__2 = { 1'h0, \port$1360$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1355$0  };
-  assign a__3 = { \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47], \port$1360$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1355$0  };
-  assign a__4 = { 1'h0, \port$1360$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1355$0  };
-  assign a__5 = { \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71], \port$1360$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1355$0  };
-  assign a__6 = { 1'h0, \port$1360$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1355$0  };
-  assign a__7 = { \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95], \port$1360$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1355$0  };
+  assign a__0 = { 1'h0, \port$1423$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1418$0  };
+  assign a__1 = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1418$0  };
+  assign a__2 = { 1'h0, \port$1423$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1418$0  };
+  assign a__3 = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1418$0  };
+  assign a__4 = { 1'h0, \port$1423$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1418$0  };
+  assign a__5 = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1418$0  };
+  assign a__6 = { 1'h0, \port$1423$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1418$0  };
+  assign a__7 = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1418$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -27835,7 +28583,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3794$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__2__rd1__addr, clients__2__rd1__en, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3881$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -28013,8 +28761,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3794$0 ;
-  wire [4:0] \port$3794$0 ;
+  input [4:0] \port$3881$0 ;
+  wire [4:0] \port$3881$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -28027,64 +28775,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3794$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3881$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3794$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3881$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3794$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3794$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3881$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3881$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3794$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3881$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3794$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3881$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3794$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3881$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4], \port$3794$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3794$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3881$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3794$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3881$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3794$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3881$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3794$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3881$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3794$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3881$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0], \port$3794$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1], \port$3794$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2], \port$3794$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3], \port$3794$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -28099,7 +28847,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3794$0 , \port$2$0  };
+  assign select = { \port$3881$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

@@ -11,8 +11,8 @@ from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import F_M_COUNT, OP_RULES, RQ_WIDTHS, SIZES, Err, Instr, Op, SizeArgs
 
 
-def _compiled(name, T, seed):
-    cfg = profile(name)
+def _compiled(name, T, seed, **overrides):
+    cfg = profile(name, **overrides)
     rng = np.random.default_rng(seed)
     P = k3.init_latent_moe(cfg, rng)
     x = rng.standard_normal((T, cfg.d_model)) * rng.uniform(0.1, 3.0)
@@ -20,8 +20,8 @@ def _compiled(name, T, seed):
     return cfg, Q, xq, compile_block(Q, xq, cfg)
 
 
-def _check_block(name, T, seed):
-    cfg, Q, xq, prog = _compiled(name, T, seed)
+def _check_block(name, T, seed, **overrides):
+    cfg, Q, xq, prog = _compiled(name, T, seed, **overrides)
     sim = FuncSim(cfg, prog.image)
     res = sim.run(prog.instrs)
     assert res.error == Err.NONE, f"seed {seed}: {res}"
@@ -33,14 +33,18 @@ def _check_block(name, T, seed):
     assert res.op_counts["GATHER"] == int(np.count_nonzero(ref["loads"]))
 
 
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
 @pytest.mark.parametrize("seed", range(20))
-def test_tiny_block_bit_exact(seed):
-    _check_block("tiny", 1 + seed % 9, seed)
+def test_tiny_block_bit_exact(seed, scales):
+    """Per tensor, and per channel (every GEMM flagged F_RQ_CHANNEL, its table in the scratchpad)."""
+    _check_block("tiny", 1 + seed % 9, seed, weight_scales=scales)
 
 
+@pytest.mark.parametrize("scales, T", [("tensor", 16), ("channel", 4)])
 @pytest.mark.parametrize("seed", range(3))
-def test_small_block_bit_exact(seed):
-    _check_block("small", 16, 100 + seed)
+def test_small_block_bit_exact(seed, scales, T):
+    """Per channel the 64 experts' resident tables (2*n*E words per GEMM) leave room for 4 tokens."""
+    _check_block("small", T, 100 + seed, weight_scales=scales)
 
 
 def test_gemms_run_on_the_engine_passed_in():

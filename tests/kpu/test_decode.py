@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import Err, Instr, Op, bus_bytes
+from nanokpu.isa import F_RQ_CHANNEL, Err, Instr, Op, bus_bytes
 from nanokpu.kpu.decode import Decode
 
 CFG = profile("tiny")
@@ -27,7 +27,18 @@ def _random_instr(rng):
 
     return Instr(op, m=size(), n=int(rng.choice([size(), CFG.n_experts])), k=int(rng.choice([size(), CFG.top_k])),
                  a=addr(), b=addr(), c=addr(), host=int(rng.choice([0, 4, 6, HOST - 64, HOST, 1 << 31])),
-                 width=int(rng.choice([0, 1, 2, 4, 8, 33])), target=int(rng.choice([0, 3, CFG.imem_depth])))
+                 width=int(rng.choice([0, 1, 2, 4, 8, 33])), target=int(rng.choice([0, 3, CFG.imem_depth])),
+                 flags=int(rng.choice([0, F_RQ_CHANNEL])))
+
+
+def _per_column_gemms():
+    """GEMMs flagged F_RQ_CHANNEL (a table of 2*n words at b): the table fits exactly, runs past
+    the scratchpad by a word (SPAD_RANGE), overlaps the result (OVERLAP), fits elsewhere; and one
+    whose b would be out of range without the flag (no table: no region)."""
+    D = CFG.dmem_depth
+    gemm = dict(op=Op.GEMM, flags=F_RQ_CHANNEL, m=2, k=4, n=6, a=0, c=100, host=0, width=8)
+    return [Instr(**gemm, b=b) for b in (D - 12, D - 11, 95, 111, 112, 50)] + \
+        [Instr(**gemm | {"flags": 0}, b=D)]
 
 
 def _expected(ins):
@@ -43,7 +54,7 @@ def test_decode_matches_funcsim_checks_and_latency():
     rng = np.random.default_rng(3)
     instrs = [_random_instr(rng) for _ in range(120)]
     instrs += [Instr(Op.JUMP, target=1), Instr(Op.ADD, m=3, n=5, a=0, b=15, c=30),
-               Instr(Op.LOAD, m=2, n=8, c=40, host=16, width=1)]
+               Instr(Op.LOAD, m=2, n=8, c=40, host=16, width=1), *_per_column_gemms()]
     dut = Decode(CFG)
     got = []
 
@@ -80,6 +91,8 @@ def test_decode_matches_funcsim_checks_and_latency():
         if err == Err.NONE and ins.op == Op.LOAD:
             assert beats == -(-ins.m * ins.n * ins.width // bus_bytes(CFG))
     assert checked >= 2
+    errs = [e for (e, *_), ins in zip(got, instrs, strict=True) if ins in _per_column_gemms()]
+    assert errs == [Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.OVERLAP, Err.NONE, Err.NONE, Err.NONE]
     assert sum(e == Err.NONE for e, *_ in got) >= 3 and len({e for e, *_ in got}) >= 5
 
 

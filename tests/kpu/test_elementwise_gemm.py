@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import Err, Instr, Op, bus_bytes, weight_panels
+from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
 from sim.lib.executor_model import run_instruction, serve_scratchpad
@@ -33,14 +33,20 @@ class _Pair(Elaboratable):
         return m
 
 
-def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0):
-    """Run ``ins`` on its executor and on FuncSim; returns (RTL scratchpad, FuncSim's, error,
-    cycles from start to done)."""
+def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0, expert=None):
+    """Run ``ins`` on its executor and on FuncSim (``expert``: the current expert, as after a
+    ``ROUTE`` and ``EXPERT``); returns (RTL scratchpad, FuncSim's, error, cycles from start to
+    done)."""
     ref = FuncSim(CFG, host=host)
     for addr, v in spad_init.items():
         ref.spad[addr] = v
-    res = ref.run([ins, Instr(Op.HALT)])
-    assert res.error == Err.NONE, res
+    if expert is None:
+        res = ref.run([ins, Instr(Op.HALT)])
+        assert res.error == Err.NONE, res
+    else:
+        ref.run([Instr(Op.HALT)])        # the state of a run, then the expert iterator's
+        ref.route_done, ref.expert, ref.count = True, expert, ins.m
+        ref.step(ins, Op(ins.op), 0)
 
     dut = _Pair()
     ex = dut.gemm if ins.op == Op.GEMM else dut.elem
@@ -73,7 +79,8 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
         m, n, k = ins.m, ins.n, ins.k
         out.update(await run_instruction(ctx, ex, {
             "op": ins.op, "flags": ins.flags, "width": ins.width, "a": ins.a, "b": ins.b, "c": ins.c,
-            "m": m, "n": n, "k": k, "len": m * n, "p2": k * n, "mult": ins.mult, "shift": ins.shift},
+            "m": m, "n": n, "k": k, "len": m * n, "p2": k * n, "mult": ins.mult, "shift": ins.shift,
+            "expert": expert or 0},
             limit=50_000))
 
     sim = Simulator(dut)
@@ -156,3 +163,32 @@ def test_streaming_ops_take_one_cycle_per_element(op):
         assert got == want and err == Err.NONE, (op, n)
         cycles.append(c)
     assert cycles[1] - cycles[0] == 72 - 24, (op, cycles)
+
+
+@pytest.mark.parametrize("flags, expert", [(F_RQ_CHANNEL, None), (F_RQ_CHANNEL | F_RQ_EXPERT, 5)],
+                         ids=["channel", "channel-expert"])
+@pytest.mark.parametrize("width", [0, 8, 24])
+@pytest.mark.parametrize("shape", [(5, 7, 6), (1, 3, 9), (4, 2, 16)])
+def test_gemm_per_column_matches_funcsim(shape, width, flags, expert):
+    """F_RQ_CHANNEL: a (mult, shift) per column from the table at b (per expert with
+    F_RQ_EXPERT), random per column with the extremes (mult 0, 1 and 2**16 - 1, shift 0 and
+    63) and garbage above the bits taken; k = 2 makes the compute shorter than the table copy
+    (the store waits for it); width 0 ignores the table."""
+    m, k, n = shape
+    seed = m * 100 + k * 10 + n + width + flags
+    rng = np.random.default_rng(seed)
+    A = rng.integers(-128, 128, (m, k))
+    W = rng.integers(-128, 128, (n, k))
+    A[0, 0], W[0, 0] = -128, -128
+    E = CFG.n_experts if flags & F_RQ_EXPERT else 1
+    mult = rng.integers(0, 1 << CFG.mult_width, (n, E))
+    shift = rng.integers(0, 64, (n, E))
+    mult[:3, :], shift[:3, :] = np.array([[0], [1], [(1 << CFG.mult_width) - 1]]), np.array([[63], [0], [20]])
+    shift[3:, :] = np.minimum(shift[3:, :], 24)         # mostly shifts that leave something
+    table = np.stack([mult | rng.integers(0, 1 << 8, (n, E)) << CFG.mult_width,
+                      shift | rng.integers(0, 1 << 8, (n, E)) << 6], axis=-1).ravel()
+    host = weight_panels(W, CFG).astype(np.int8).tobytes()
+    ins = Instr(Op.GEMM, flags=flags, m=m, k=k, n=n, a=8, b=600, c=400, host=0, mult=20000, shift=12, width=width)
+    spad = {8 + i: int(v) for i, v in enumerate(A.ravel())} | {600 + i: int(v) for i, v in enumerate(table)}
+    got, want, err, _ = _run(ins, spad, host, one_write_port=width == 8, seed=seed, expert=expert)
+    assert got == want and err == Err.NONE, (shape, width)

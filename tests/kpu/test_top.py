@@ -2,16 +2,18 @@
 
 import json
 
+import pytest
+
 import nanokpu.kpu.dmem as dmem_module
 from nanokpu.config import profile
 from nanokpu.units.memport import inverting_read_port
 from sim.lib.kpu_launch import run_kpu_bench
 
 
-def _bench(name, testcase, tag="", seed=1, **params):
+def _bench(name, testcase, tag="", seed=1, overrides=None, **params):
     # fast (-O0): the C++ compile dominates; the run is bound by the Python bus models, not the model
-    run_kpu_bench(profile(name), "bench_top", testcase=testcase, seed=seed, params=params, fast=True,
-                  tag=tag)
+    run_kpu_bench(profile(name, **(overrides or {})), "bench_top", testcase=testcase, seed=seed, params=params,
+                  fast=True, tag=tag)
 
 
 def test_tiny_blocks_20_seeds():
@@ -19,15 +21,19 @@ def test_tiny_blocks_20_seeds():
     _bench("tiny", "test_block", tokens=8, seed=1, seeds=20, vary_tokens=True)
 
 
-def test_tiny_blocks_one_write_port(monkeypatch):
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
+def test_tiny_blocks_one_write_port(monkeypatch, scales):
     """The scratchpad as ECP5 builds it (one true-dual-port copy: a cycle that writes reads
     nothing, so reads wait for writes), with the generic multipliers (the ECP5 MULT18X18D has
-    no simulation model): 6 random blocks under bus stalls, bit for bit."""
+    no simulation model): 6 random blocks under bus stalls, bit for bit; per tensor and per
+    channel (every GEMM requantised by its per-column table, F_RQ_CHANNEL: the same design,
+    another program)."""
     import nanokpu.kpu.spad as spad_module
 
     for module in (dmem_module, spad_module):
         monkeypatch.setattr(module, "writes_block_reads", lambda cfg: True)
-    _bench("tiny", "test_block", tag="_one_write_port", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3)
+    _bench("tiny", "test_block", tag="_one_write_port", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3,
+           overrides={"weight_scales": scales})
 
 
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):

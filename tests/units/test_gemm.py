@@ -217,3 +217,67 @@ def test_rq_in_values_through_the_requantiser(rounding, out_width, seed):
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_per_column_table_and_hold(seed):
+    """``column_rq``: with ``col_en`` the store requantises column ``n`` by table entry ``n``
+    (random per column, with mult 0 and 2**16 - 1, shift 0 and 63), and does not start while
+    ``col_hold`` is high (the table written meanwhile, the hold kept past the compute); then
+    with ``col_en`` low the command's constants again (Amaranth simulator, random
+    backpressure)."""
+    cfg = profile("tiny", rows=2, cols=2)
+    dut = GemmEngine(cfg, column_rq=True)
+    R, C, (M, K, N) = cfg.rows, cfg.cols, (3, 2, 5)
+    rng = np.random.default_rng(seed)
+    A, B = rng.integers(-128, 128, (M, K)), rng.integers(-128, 128, (K, N))
+    mult = rng.integers(0, 1 << cfg.mult_width, N)
+    shift = rng.integers(0, 20, N)
+    mult[:2], shift[:3] = [0, (1 << cfg.mult_width) - 1], [63, 0, 20]
+    acc = matmul_int(A, B, cfg.acc_width)
+    a_words = [[int(A[mb * R + i, k]) if mb * R + i < M else 0 for i in range(R)]
+               for mb in range(-(-M // R)) for k in range(K)]
+    b_words = [[int(B[k, nb * C + j]) if nb * C + j < N else 0 for j in range(C)]
+               for nb in range(-(-N // C)) for k in range(K)]
+    hold = gemm_cycles(cfg, M, K, N, store=False) + 10
+
+    async def tb(ctx):
+        for col_en, want in ((1, requantize(acc, mult, shift, cfg.out_width, cfg.rounding)),
+                             (0, requantize(acc, 5, 3, cfg.out_width, cfg.rounding))):
+            ctx.set(dut.col_en, col_en)
+            ctx.set(dut.cmd.payload, {"m": M, "k": K, "n": N, "load_a": 1, "compute": 1, "store": 1,
+                                      "mult": 5, "shift": 3})
+            ctx.set(dut.cmd.valid, 1)
+            await ctx.tick()
+            ctx.set(dut.cmd.valid, 0)
+            ai = bi = 0
+            got, first_out = [], None
+            for cycle in range(2000):
+                ctx.set(dut.col_hold, col_en and cycle < hold)
+                ctx.set(dut.col_wr.en, col_en and cycle < N)
+                if cycle < N:
+                    ctx.set(dut.col_wr.addr, cycle)
+                    ctx.set(dut.col_wr.data, {"mult": int(mult[cycle]), "shift": int(shift[cycle])})
+                ctx.set(dut.a_in.valid, ai < len(a_words))
+                ctx.set(dut.a_in.payload, a_words[min(ai, len(a_words) - 1)])
+                ctx.set(dut.b_in.valid, bi < len(b_words))
+                ctx.set(dut.b_in.payload, b_words[min(bi, len(b_words) - 1)])
+                ctx.set(dut.c_out.ready, rng.random() < 0.7)
+                ai += ai < len(a_words) and ctx.get(dut.a_in.ready)
+                bi += bi < len(b_words) and ctx.get(dut.b_in.ready)
+                if ctx.get(dut.c_out.valid):
+                    first_out = cycle if first_out is None else first_out
+                    if ctx.get(dut.c_out.ready):
+                        got.append([int(v) for v in ctx.get(dut.c_out.payload)])
+                done = ctx.get(dut.done)
+                await ctx.tick()
+                if done:
+                    break
+            assert col_en == 0 or first_out > hold, (first_out, hold)
+            out = np.array(got).reshape(-(-M // R), N, R).transpose(0, 2, 1).reshape(-1, N)
+            assert np.array_equal(out[:M], want), f"col_en {col_en}\n got {out[:M]}\n want {want}"
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()

@@ -39,38 +39,42 @@ def corner_cases(cfg, out_width):
 
 
 def run_requant(cfg, out_width, cases, seed, lanes=LANES):
-    """Drive ``cases`` through the RTL with random idle/backpressure; returns the outputs."""
+    """Drive ``cases`` through the RTL with random idle/backpressure, each word with its own
+    ``(mult, shift)`` (the words of all groups shuffled, so consecutive words differ; random ones
+    while no word is offered); returns the outputs per ``(mult, shift)``."""
     dut = Requantiser(cfg, lanes, out_width)
     rng = np.random.default_rng(seed)
-    # Group cases by (mult, shift): the configuration is held per burst, like the engine does.
     groups = {}
     for acc, mult, shift in cases:
         groups.setdefault((mult, shift), []).append(acc)
-    results = {}
+    words = [(key, accs[k:k + lanes] + [0] * (lanes - len(accs[k:k + lanes])))
+             for key, accs in groups.items() for k in range(0, len(accs), lanes)]
+    order = rng.permutation(len(words))
+    results = {key: [] for key in groups}
 
     async def tb(ctx):
-        for (mult, shift), accs in groups.items():
+        got = []
+        sent = 0
+        while len(got) < len(words):
+            idle = rng.random() < 0.3
+            ctx.set(dut.i.valid, sent < len(words) and not idle)
+            (mult, shift), payload = words[order[sent]] if sent < len(words) and not idle else \
+                ((int(rng.integers(0, 1 << cfg.mult_width)), int(rng.integers(0, 64))), [0] * lanes)
+            ctx.set(dut.i.payload, payload)
             ctx.set(dut.mult, mult)
             ctx.set(dut.shift, shift)
-            words = [accs[k:k + lanes] + [0] * (lanes - len(accs[k:k + lanes]))
-                     for k in range(0, len(accs), lanes)]
-            got = []
-            sent = 0
-            while len(got) < len(words):
-                idle = rng.random() < 0.3
-                ctx.set(dut.i.valid, sent < len(words) and not idle)
-                if sent < len(words):
-                    ctx.set(dut.i.payload, words[sent])
-                ctx.set(dut.o.ready, rng.random() < 0.7)
-                await ctx.delay(1e-9)  # settle the combinational ready
-                took = ctx.get(dut.i.valid) and ctx.get(dut.i.ready)
-                out = ctx.get(dut.o.valid) and ctx.get(dut.o.ready)
-                if out:
-                    got.append([int(v) for v in ctx.get(dut.o.payload)])
-                await ctx.tick()
-                sent += bool(took)
-            ctx.set(dut.i.valid, 0)
-            results[(mult, shift)] = [v for w in got for v in w][:len(accs)]
+            ctx.set(dut.o.ready, rng.random() < 0.7)
+            await ctx.delay(1e-9)  # settle the combinational ready
+            took = ctx.get(dut.i.valid) and ctx.get(dut.i.ready)
+            if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
+                got.append([int(v) for v in ctx.get(dut.o.payload)])
+            await ctx.tick()
+            sent += bool(took)
+        outs = dict(zip(order, got, strict=True))
+        for i, (key, _) in enumerate(words):
+            results[key] += outs[i]
+        for key, accs in groups.items():
+            results[key] = results[key][:len(accs)]
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

@@ -8,7 +8,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_RQ_EXPERT, Err
+from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.executors import (
     dma_client_signature,
@@ -33,8 +33,15 @@ class GemmFeed(wiring.Component):
     A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes one scratchpad read
     per real row, pipelined; each result word is written back one real row per cycle (then
     saturated to ``width``). With :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are
-    first read from ``b + 2*expert``. A bus error ends the instruction at once with
-    :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
+    first read from ``b + 2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width !=
+    0``) the ``n`` table entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the
+    engine's per-column table under the compute, one scratchpad read a cycle on ``rd1`` (2
+    per entry; ``rd0`` packs A meanwhile); the engine's store waits for the copy (``col_hold``).
+    The compute outlasts the copy whenever ``tile_gap >= 2*cols`` (``ceil(n/cols)`` tiles of
+    at least ``tile_gap`` cycles against ``2*n`` reads: every profile), so the cycles of a
+    ``GEMM`` are those without the flag; the hold is the interlock otherwise. A bus error ends
+    the instruction at once with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
+    :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -48,7 +55,7 @@ class GemmFeed(wiring.Component):
         w = widths(cfg)
         SW, AW, R, accw = w.sw, w.aw, cfg.rows, cfg.acc_width
         rd0, wr, blocked = spad.rd0, spad.wr, spad.blocked
-        m.submodules.engine = gemm = kpu_engine(cfg)
+        m.submodules.engine = gemm = kpu_engine(cfg, column_rq=True)
 
         mult = Signal(32)
         shift = Signal(6)
@@ -96,6 +103,36 @@ class GemmFeed(wiring.Component):
         def gc_last_of(left, lane):
             """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
             return (lane == R - 1) | reached(left, lane + 1)
+
+        # the per-column table: entry j (mult at t_addr, shift at t_addr + 1) read on rd1 while
+        # t_left columns are left, the column's address stepping by 2*E; the read captured in the
+        # next cycle (t_cap): the mult registered, the entry written with the shift
+        E = cfg.n_experts
+        col = Signal()                   # this GEMM requantises per column (F_RQ_CHANNEL, width != 0)
+        t_left = Signal(NW)
+        t_addr = Signal(AW)
+        t_step = Signal(range(2 * E + 1))
+        t_half = Signal()                # the next read is the shift's
+        t_cap = Signal()
+        t_cap_half = Signal()
+        t_col = Signal(NW)               # the column of the entry read
+        t_mult = Signal(cfg.mult_width)
+        m.d.comb += [gemm.col_en.eq(col), gemm.col_hold.eq((t_left != 0) | t_cap),
+                     gemm.col_wr.addr.eq(t_col), gemm.col_wr.data.mult.eq(t_mult),
+                     gemm.col_wr.data.shift.eq(spad.rd1.data[:6])]
+        m.d.sync += t_cap.eq(0)
+        with m.If((t_left != 0) & ~blocked):
+            m.d.comb += [spad.rd1.addr.eq(t_addr + t_half), spad.rd1.en.eq(1)]
+            m.d.sync += [t_cap.eq(1), t_cap_half.eq(t_half), t_half.eq(~t_half)]
+            with m.If(t_half):
+                m.d.sync += [t_addr.eq(t_addr + t_step), t_left.eq(t_left - 1)]
+        with m.If(t_cap & ~t_cap_half):
+            m.d.sync += t_mult.eq(spad.rd1.data[:cfg.mult_width])
+        with m.If(t_cap & t_cap_half):
+            m.d.comb += gemm.col_wr.en.eq(1)
+            m.d.sync += t_col.eq(t_col + 1)
+        with m.If(self.done):   # (an instruction ended by an error: the copy stops)
+            m.d.sync += [t_left.eq(0), t_cap.eq(0)]
 
         running = Signal()
         m.d.comb += [
@@ -160,7 +197,12 @@ class GemmFeed(wiring.Component):
                                  pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
                                  gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                  gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
-                    with m.If((ins.flags & F_RQ_EXPERT) != 0):
+                    per_expert = (ins.flags & F_RQ_EXPERT) != 0
+                    per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
+                    m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)), t_half.eq(0), t_col.eq(0),
+                                 t_addr.eq(ins.b + Mux(per_expert, ins.expert << 1, 0)),
+                                 t_step.eq(Mux(per_expert, 2 * E, 2))]
+                    with m.If(per_expert & ~per_column):
                         m.next = "RQ_TABLE"
                     with m.Else():
                         m.next = "CMD"
