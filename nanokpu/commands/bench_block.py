@@ -1,15 +1,14 @@
 """``nanokpu bench-block``: a whole LatentMoE block on the nano-KPU RTL, cycles and utilization.
 
-For each profile (``tiny`` with 8 tokens, ``small`` with 16) one random block runs on
-Verilator through the AXI buses (:func:`nanokpu.commands.simulate.simulate`, bit-exact
-checked). Reported: cycles,
-the ideal ``MACs / (rows * cols)`` (every GEMM multiply-accumulate of the block on a fully busy
-array, nothing else), utilization = ideal / cycles, and each unit's busy share (cycles its
-instructions ran / all cycles). The same run is then replayed on the same Verilog by a C++
-harness with no Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count,
-register value or host memory byte is an error): reported are the simulated cycles per second
-of the run phase under cocotb and on the harness, and their ratio. Written to
-``docs/bench/block.md``.
+For each profile (``tiny`` with 8 tokens, per tensor and per channel; ``small`` with 16) one
+random block runs on Verilator through the AXI buses
+(:func:`nanokpu.commands.simulate.simulate`, bit-exact checked). Reported: cycles, the ideal
+``MACs / (rows * cols)`` (every GEMM multiply-accumulate of the block on a fully busy array,
+nothing else), utilization = ideal / cycles, and each unit's busy share (cycles its instructions
+ran / all cycles). The same run is then replayed on the same Verilog by a C++ harness with no
+Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count, register value or
+host memory byte is an error): reported are the simulated cycles per second of the run phase
+under cocotb and on the harness, and their ratio. Written to ``docs/bench/block.md``.
 """
 
 from __future__ import annotations
@@ -24,8 +23,14 @@ from nanokpu.config import profile
 from nanokpu.isa import EXECUTORS
 
 DOC = DOCS / "bench" / "block.md"
-#: (profile, tokens)
-CASES = (("tiny", 8), ("small", 16))
+#: (profile, tokens, KpuConfig.weight_scales): the same design, per-channel scales another program
+#: (``small`` per channel fits 4 tokens: its resident tables, see docs/fidelity.md)
+CASES = (("tiny", 8, "tensor"), ("tiny", 8, "channel"), ("small", 16, "tensor"))
+
+
+def label(cfg) -> str:
+    """The profile's name, with ``per-channel`` when its GEMMs are requantised per column."""
+    return cfg.name + (" per-channel" if cfg.weight_scales == "channel" else "")
 
 
 def add_arguments(parser) -> None:
@@ -62,7 +67,7 @@ def table(rows: list[tuple]) -> str:
     for cfg, r in rows:
         ideal = r["macs"] / (cfg.rows * cfg.cols)
         lines.append(
-            f"| {cfg.name} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
+            f"| {label(cfg)} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
             f"{r['macs']} | {ideal:.0f} | {ideal / r['cycles']:.1%} | "
             + " | ".join(f"{r[u] / r['cycles']:.1%}" for u in EXECUTORS)
             + f" | {r['tile_cycles']} | {r['rows_used']:.1%}"
@@ -91,7 +96,7 @@ def roofline_table(rows: list[tuple]) -> str:
     for cfg, r in rows:
         name, bound = roofline(cfg, r)
         ideal = r["macs"] / (cfg.rows * cfg.cols)
-        lines.append(f"| {cfg.name} | {r['cycles']} | {bound} | {name} | {ideal / bound:.1%} | "
+        lines.append(f"| {label(cfg)} | {r['cycles']} | {bound} | {name} | {ideal / bound:.1%} | "
                      f"{bound / r['cycles']:.1%} | "
                      + " | ".join(f"{sum(r[u] for u in units) / r['cycles']:.1%}" for units in COMPONENTS.values())
                      + " |")
@@ -117,7 +122,7 @@ def speed_table(rows: list[tuple]) -> str:
              "|---|---:|---:|---:|---:|---:|---|"]
     for cfg, r in rows:
         s = r["speed"]
-        lines.append(f"| {cfg.name} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
+        lines.append(f"| {label(cfg)} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
                      f"{s['cocotb']['cycles_per_s']:,.0f} | {s['raw']['cycles_per_s']:,.0f} | {s['ratio']:.1%} | yes |")
     return "\n".join(lines)
 
@@ -190,7 +195,7 @@ def decomposition(rows: list[tuple]) -> str:
         t = r["tile_cycles"] / r["gemm"]
         u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
         ctrl = r["cycles"] - sum(r[unit] for unit in EXECUTORS)
-        lines.append(f"* `{cfg.name}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
+        lines.append(f"* `{label(cfg)}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
                      f"{r['rows_used']:.1%} (rows used); the controller {ctrl / r['cycles']:.1%} of the "
                      f"cycles, {ctrl / r['instructions']:.1f} per instruction")
     return "\n".join(lines)
@@ -205,25 +210,25 @@ def run(args) -> int:
     cases = [c for c in CASES if c[0] in wanted]
     with Progress(quiet=args.quiet) as progress:
         progress.start(len(cases), "blocks")
-        for name, tokens in cases:
-            cfg = profile(name)
+        for name, tokens, scales in cases:
+            cfg = profile(name, weight_scales=scales)
             with tempfile.TemporaryDirectory() as tmp:
-                with progress.stage(f"[bench-block] {cfg.name}: {tokens} tokens"):
+                with progress.stage(f"[bench-block] {label(cfg)}: {tokens} tokens"):
                     r = simulate(cfg, tokens, args.seed, progress=False, replay=Path(tmp))
                 if not r.get("bit_exact"):
                     progress.close()
-                    print(f"[bench-block] {cfg.name}: NOT bit-exact: {r.get('failure')}")
+                    print(f"[bench-block] {label(cfg)}: NOT bit-exact: {r.get('failure')}")
                     return 1
                 try:
-                    with progress.stage(f"[bench-block] {cfg.name}: the same run on the C++ harness"):
+                    with progress.stage(f"[bench-block] {label(cfg)}: the same run on the C++ harness"):
                         r["speed"] = replay(Path(tmp), Path(r["build"]))
                 except ReplayMismatch as exc:
                     progress.close()
-                    print(f"[bench-block] {cfg.name}: the C++ harness diverged from the cocotb run: {exc}")
+                    print(f"[bench-block] {label(cfg)}: the C++ harness diverged from the cocotb run: {exc}")
                     return 1
             r.update(gemm_tiles(cfg, tokens, args.seed))
             rows.append((cfg, r))
-            progress.advance(f"{cfg.name}: {r['cycles']:,} cycles")
+            progress.advance(f"{label(cfg)}: {r['cycles']:,} cycles")
     text = table(rows)
     speeds = speed_table(rows)
     roof = roofline_table(rows)
