@@ -8,8 +8,9 @@ and the scratchpad map. The program follows the dataflow of :mod:`golden.block` 
     LOAD x; (LOAD rq tables: per-channel weight scales); GEMM W_down_lat (+ requantiser) -> z
     GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, (rq tables: per-tensor); ROUTE
     loop: EXPERT (next expert with tokens, else exit)
-          GATHER z rows of its tokens; GEMM W_gate_j (host + j*stride, m = count, per-expert
-          requantiser constants); GEMM W_up_j; SITU; REQUANT h; GEMM W_down_j;
+          GATHER z rows of its tokens; (LOAD its rq tables: per-channel); GEMM W_gate_j
+          (host + j*stride, m = count, per-expert requantiser constants or its tables); GEMM
+          W_up_j; SITU; REQUANT h; GEMM W_down_j;
           SCATTER into e [T, k, l]; JUMP loop
     COMBINE; NORM; GEMM W_up_lat -> y_r
     shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
@@ -20,11 +21,13 @@ token chose are skipped by ``EXPERT``; tokens are grouped per expert by ``ROUTE`
 Host image layout (byte offsets in :attr:`Program.symbols`, every buffer aligned to
 :func:`~nanokpu.isa.bus_bytes`): ``x`` int8, then the weights as GEMM panels
 (:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up,
-down, ``expert_stride`` bytes apart), ``w_up_lat``, shared ``ws_gate``/``ws_up``/``ws_down``; then
-``bias`` and ``rq`` (int32 words: the requantiser tables of :func:`rq_tables`, the per-expert
-``(mult, shift)`` of gate, up, h and out, ``[4, E, 2]`` with ``weight_scales = "tensor"``; with
-``"channel"`` every GEMM's per-column table too, in the :mod:`nanokpu.isa` layout, each loaded
-scratchpad table the ``b`` of a GEMM flagged ``F_RQ_CHANNEL``), then the outputs ``y`` [T, d]
+down, with ``weight_scales = "channel"`` then their per-column tables as int32 words
+(:func:`expert_rq_tables`), ``expert_stride`` bytes apart), ``w_up_lat``, shared
+``ws_gate``/``ws_up``/``ws_down``; then ``bias`` and ``rq`` (int32 words: the resident requantiser
+tables of :func:`rq_tables`, the per-expert ``(mult, shift)`` of gate, up, h and out, ``[4, E,
+2]`` with ``"tensor"``; with ``"channel"`` h's per expert and the other GEMMs' per-column tables,
+in the :mod:`nanokpu.isa` layout, each loaded scratchpad table the ``b`` of a GEMM flagged
+``F_RQ_CHANNEL``), then the outputs ``y`` [T, d]
 and ``route`` (the route table, :func:`nanokpu.isa.route_table`) as int32 words.
 """
 
@@ -129,17 +132,31 @@ def _check_requant(rq: Requant, cfg: KpuConfig, what: str):
         raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
 
 
+#: The routed expert's GEMMs whose per-column tables (``weight_scales = "channel"``) sit in each
+#: expert's host region and are loaded with its weights' expert (:func:`expert_rq_tables`).
+EXPERT_GEMMS = ("gate", "up", "out")
+
+
 def rq_tables(cfg: KpuConfig) -> dict[str, int]:
-    """The requantiser tables of a block in the ``rq`` buffer, in order: name -> words. Per expert
-    (``F_RQ_EXPERT``) ``gate``, ``up``, ``h``, ``out``: ``2*E`` words, with ``weight_scales =
-    "channel"`` per column too (``2*n*E``, ``h`` stays per expert), then the per-column tables of
-    the other GEMMs: ``down_lat``, ``router``, ``up_lat``, ``s_gate``, ``s_up``, ``s_down``
-    (``2*n`` words each)."""
-    E, lat, d, dx, ds = cfg.n_experts, cfg.d_latent, cfg.d_model, cfg.d_expert, cfg.d_shared
+    """The requantiser tables of a block in the ``rq`` buffer, in order: name -> words. Per
+    tensor, per expert (``F_RQ_EXPERT``) ``gate``, ``up``, ``h``, ``out``: ``2*E`` words each.
+    With ``weight_scales = "channel"``: ``h`` per expert (``2*E``), then the per-column tables
+    of the other GEMMs: ``down_lat``, ``router``, ``up_lat``, ``s_gate``, ``s_up``, ``s_down``
+    (``2*n`` words each), then room for one expert's :func:`expert_rq_tables` (loaded per
+    expert, ``F_HOST_EXPERT``)."""
+    E, lat, d, ds = cfg.n_experts, cfg.d_latent, cfg.d_model, cfg.d_shared
     if cfg.weight_scales != "channel":
         return {"gate": 2 * E, "up": 2 * E, "h": 2 * E, "out": 2 * E}
-    return {"gate": 2 * dx * E, "up": 2 * dx * E, "h": 2 * E, "out": 2 * lat * E, "down_lat": 2 * lat,
-            "router": 2 * E, "up_lat": 2 * d, "s_gate": 2 * ds, "s_up": 2 * ds, "s_down": 2 * d}
+    return {"h": 2 * E, "down_lat": 2 * lat, "router": 2 * E, "up_lat": 2 * d, "s_gate": 2 * ds,
+            "s_up": 2 * ds, "s_down": 2 * d} | expert_rq_tables(cfg)
+
+
+def expert_rq_tables(cfg: KpuConfig) -> dict[str, int]:
+    """With ``weight_scales = "channel"``, one routed expert's per-column tables, in order:
+    name (:data:`EXPERT_GEMMS`) -> words (``2*n``); empty per tensor."""
+    if cfg.weight_scales != "channel":
+        return {}
+    return {"gate": 2 * cfg.d_expert, "up": 2 * cfg.d_expert, "out": 2 * cfg.d_latent}
 
 
 def _rq_words(rqs) -> np.ndarray:
@@ -259,12 +276,17 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     h_x = host.int8("x", x_q)
     h_dl = panels("w_down_lat", Q.W_down_lat)
     h_r = panels("w_r", Q.W_r)
+    per_col = cfg.weight_scales == "channel"
     offs = {}
     for j, ex in enumerate(Q.experts):
         start = len(host.image)
         for part in ("W_gate", "W_up", "W_down"):
             off = panels(f"e{j}_{part}", getattr(ex, part))
             offs[part] = off - start
+        if per_col:     # the expert's per-column tables, loaded with it
+            off = host.int32(f"e{j}_rq", np.concatenate([_rq_words([getattr(ex, f"rq_{name}")])
+                                                          for name in expert_rq_tables(cfg)]))
+            offs["rq"] = off - start
         if j == 0:
             h_e = start
         stride = len(host.image) - start
@@ -278,12 +300,12 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     for j, ex in enumerate(Q.experts):
         for part in ("rq_gate", "rq_up", "rq_h", "rq_out"):
             _check_requant(getattr(ex, part), cfg, f"expert {j} {part}")
-    per_col = cfg.weight_scales == "channel"
     table_of = {name: [getattr(ex, f"rq_{name}") for ex in Q.experts] for name in ("gate", "up", "h", "out")}
     table_of |= {"down_lat": [Q.rq_down_lat], "router": [Q.rq_router], "up_lat": [Q.rq_up_lat],
                  "s_gate": [Q.shared.rq_gate], "s_up": [Q.shared.rq_up], "s_down": [Q.shared.rq_out]}
-    rq_words = [_rq_words(table_of[name]) for name in rq_tables(cfg)]
-    assert [w.size for w in rq_words] == list(rq_tables(cfg).values()), "the block's requantisers per column?"
+    resident = {name: words for name, words in rq_tables(cfg).items() if name not in expert_rq_tables(cfg)}
+    rq_words = [_rq_words(table_of[name]) for name in resident]
+    assert [w.size for w in rq_words] == list(resident.values()), "the block's requantisers per column?"
     h_rq = host.int32("rq", np.concatenate(rq_words))
     rt = route_table(0, T, cfg)
     h_y = host.int32("y", np.zeros(T * d))
@@ -331,7 +353,11 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
     cnt, rqx = F_M_COUNT, F_M_COUNT | F_RQ_EXPERT
     hx = F_M_COUNT | F_HOST_EXPERT
-    load_rq = [Instr(Op.LOAD, m=1, n=sum(rq_tables(cfg).values()), c=s_rq, host=h_rq, width=4)]
+    load_rq = [Instr(Op.LOAD, m=1, n=sum(resident.values()), c=s_rq, host=h_rq, width=4)]
+    # with per-channel scales, the expert's own tables (F_RQ_CHANNEL alone), loaded with it
+    ex_rq = F_HOST_EXPERT if per_col else F_RQ_EXPERT
+    load_ex_rq = [Instr(Op.LOAD, flags=F_HOST_EXPERT, m=1, n=sum(expert_rq_tables(cfg).values()),
+                        c=s_tab["gate"], host=h_e + offs["rq"], stride=stride, width=4)] if per_col else []
     prog = [
         Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
         *(load_rq if per_col else []),     # the first GEMMs' tables
@@ -345,11 +371,12 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     loop = len(prog)
     body = [
         Instr(Op.GATHER, m=T, n=lat, a=s_z, b=rts["list_t"], c=s_zg),
-        gemm(s_zg, h_e + offs["W_gate"], s_g, 0, lat, dx, ex0.rq_gate, hx | F_RQ_EXPERT, "gate"),
-        gemm(s_zg, h_e + offs["W_up"], s_u, 0, lat, dx, ex0.rq_up, hx | F_RQ_EXPERT, "up"),
+        *load_ex_rq,
+        gemm(s_zg, h_e + offs["W_gate"], s_g, 0, lat, dx, ex0.rq_gate, hx | ex_rq, "gate"),
+        gemm(s_zg, h_e + offs["W_up"], s_u, 0, lat, dx, ex0.rq_up, hx | ex_rq, "up"),
         Instr(Op.SITU, flags=cnt, n=dx, a=s_g, b=s_u, c=s_h),
         rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_tab["h"]),
-        gemm(s_h8, h_e + offs["W_down"], s_eo, 0, dx, lat, ex0.rq_out, hx | F_RQ_EXPERT, "out"),
+        gemm(s_h8, h_e + offs["W_down"], s_eo, 0, dx, lat, ex0.rq_out, hx | ex_rq, "out"),
         Instr(Op.SCATTER, m=T * k, n=lat, a=s_eo, b=rts["list_p"], c=s_e),
         Instr(Op.JUMP, target=loop),
     ]

@@ -6,9 +6,9 @@ import pytest
 from golden import k3
 from golden.block import latent_moe_int, quantize_latent_moe
 from nanokpu.config import profile
-from nanokpu.host.compiler import compile_block
+from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_M_COUNT, OP_RULES, RQ_WIDTHS, SIZES, Err, Instr, Op, SizeArgs
+from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, OP_RULES, RQ_WIDTHS, SIZES, Err, Instr, Op, SizeArgs
 
 
 def _compiled(name, T, seed, **overrides):
@@ -40,11 +40,22 @@ def test_tiny_block_bit_exact(seed, scales):
     _check_block("tiny", 1 + seed % 9, seed, weight_scales=scales)
 
 
-@pytest.mark.parametrize("scales, T", [("tensor", 16), ("channel", 4)])
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
 @pytest.mark.parametrize("seed", range(3))
-def test_small_block_bit_exact(seed, scales, T):
-    """Per channel the 64 experts' resident tables (2*n*E words per GEMM) leave room for 4 tokens."""
-    _check_block("small", T, 100 + seed, weight_scales=scales)
+def test_small_block_bit_exact(seed, scales):
+    """16 tokens either way: per channel each expert's tables are loaded with it (LOAD with
+    F_HOST_EXPERT), not resident for all 64 experts."""
+    _check_block("small", 16, 100 + seed, weight_scales=scales)
+
+
+def test_expert_tables_loaded_per_expert():
+    """Per channel the block loads each chosen expert's tables once, before its first GEMM."""
+    cfg, Q, xq, prog = _compiled("tiny", 6, 7, weight_scales="channel")
+    res = FuncSim(cfg, prog.image).run(prog.instrs)
+    tables = sum(expert_rq_tables(cfg).values())
+    loads = [i for i in prog.instrs if i.op == Op.LOAD and i.flags & F_HOST_EXPERT]
+    assert [(i.n, i.c) for i in loads] == [(tables, prog.spad["rq"] + sum(rq_tables(cfg).values()) - tables)]
+    assert res.op_counts["LOAD"] == 3 + res.op_counts["GATHER"]
 
 
 def test_gemms_run_on_the_engine_passed_in():
