@@ -289,13 +289,13 @@ class NanoKPU(wiring.Component):
                          cur.target.eq(ins.target)]
 
         def issue():
-            """The decoded instruction, an executor's, latched and started next cycle (ISSUE)."""
+            """The decoded instruction, an executor's, latched to start next cycle (the caller
+            goes to ISSUE)."""
             latch()
             with m.Switch(op):
                 for i, ops in enumerate(exec_ops):
                     with m.Case(*ops):
                         m.d.sync += running_exec.eq(1 << i)
-            m.next = "ISSUE"
 
         @contextmanager
         def state(name):
@@ -339,6 +339,7 @@ class NanoKPU(wiring.Component):
                     m.next = "EXP_READ"
                 with m.Else():
                     issue()
+                    m.next = "ISSUE"
 
             # ---- an executor's instruction: started from the issue register, pc + 1 prefetched
             with state("ISSUE"):
