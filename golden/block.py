@@ -360,11 +360,12 @@ def skewed_scores(cfg: KpuConfig, tokens: int, rng: np.random.Generator) -> np.n
     """``[tokens, n_experts]`` router scores with a skewed expert popularity.
 
     Logits ``N(mu_j, 1)`` with ``mu_j = linspace(-SCORE_SKEW, SCORE_SKEW, n_experts)``, quantised to the
-    activation format ``Q<act_width>.<act_frac>`` and passed through the fixed-point sigmoid
-    :func:`golden.intops.sigmoid_q`: the scores the hardware sigmoid would produce.
+    router logit format ``Q<logit_width>.<logit_frac>`` (the act format unless the config gives
+    the router its own) and passed through the fixed-point sigmoid :func:`golden.intops.sigmoid_q`:
+    the scores the hardware sigmoid would produce.
     """
     mu = np.linspace(-SCORE_SKEW, SCORE_SKEW, cfg.n_experts)
     logits = rng.normal(mu[None, :], 1.0, size=(tokens, cfg.n_experts))
-    lim = 1 << (cfg.act_width - 1)
-    x = np.clip(np.round(logits * 2.0 ** cfg.act_frac), -lim, lim - 1).astype(np.int64)
+    lim = 1 << (cfg.router_logit_width - 1)
+    x = np.clip(np.round(logits * 2.0 ** cfg.router_logit_frac), -lim, lim - 1).astype(np.int64)
     return I.sigmoid_q(x, cfg)

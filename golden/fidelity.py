@@ -24,7 +24,7 @@ import numpy as np
 from golden import block, k3
 from nanokpu.config import KpuConfig
 
-__all__ = ["BEFORE", "AFTER", "scheme", "Fidelity", "router_fidelity", "block_fidelity"]
+__all__ = ["BEFORE", "AFTER", "scheme", "Fidelity", "router_draws", "router_fidelity", "block_fidelity"]
 
 #: Today's scheme: per-tensor weight scales, the router GEMM at ``in_width`` (int8), logits in
 #: the act format, the profile's score format.
@@ -121,22 +121,28 @@ def _cosine(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
 
 
+def router_draws(cfg: KpuConfig, rng: np.random.Generator, tokens: int):
+    """A random router at the shape of ``cfg``, drawn from ``rng`` in this order: ``W_r [E, d]`` ~
+    N(0, 1/d), bias ``[E]`` ~ 0.05 N(0, 1), ``x [tokens, d]`` ~ N(0, 1); returns ``(W_r, bias, x)``."""
+    d, E = cfg.d_model, cfg.n_experts
+    W_r = rng.standard_normal((E, d)) / np.sqrt(d)
+    bias = 0.05 * rng.standard_normal(E)
+    x = rng.standard_normal((tokens, d))
+    return W_r, bias, x
+
+
 def router_fidelity(cfgs: list[KpuConfig], seeds, tokens: int,
                     progress: Callable[[int], None] | None = None) -> list[Fidelity]:
     """The integer router of each config against the float router, on the same draws.
 
-    Per seed (``np.random.default_rng(seed)``, drawn in this order): ``W_r [E, d]`` ~ N(0, 1/d),
-    bias ``[E]`` ~ 0.05 N(0, 1), ``x [tokens, d]`` ~ N(0, 1). The shapes, ``top_k`` and
+    Per seed: :func:`router_draws` from ``np.random.default_rng(seed)``. The shapes, ``top_k`` and
     ``routed_scaling`` are the first config's; ``progress(seed)`` is called after each seed.
     """
     base = cfgs[0]
-    d, E = base.d_model, base.n_experts
+    E = base.n_experts
     out = [Fidelity() for _ in cfgs]
     for seed in seeds:
-        rng = np.random.default_rng(seed)
-        W_r = rng.standard_normal((E, d)) / np.sqrt(d)
-        bias = 0.05 * rng.standard_normal(E)
-        x = rng.standard_normal((tokens, d))
+        W_r, bias, x = router_draws(base, np.random.default_rng(seed), tokens)
         idx_f, w_f, s_f = k3.router(x, W_r, bias, base)
         keys = -np.sort(-(s_f + bias), axis=1)
         gap = keys[:, base.top_k - 1] - keys[:, base.top_k] if base.top_k < E else np.full(tokens, np.inf)

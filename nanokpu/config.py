@@ -147,8 +147,9 @@ class KpuConfig:
 
     Quantisation scheme and router precision
     ----------------------------------------
-    The RTL and the compiler build the defaults only and refuse the others
-    (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26, docs/fidelity.md).
+    The RTL and the compiler build ``weight_scales`` and the logit format and refuse a wide
+    router GEMM (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26,
+    docs/fidelity.md).
 
     weight_scales : str
         One of :data:`WEIGHT_SCALES`: symmetric int weights with zero point 0 and one scale per
@@ -162,7 +163,8 @@ class KpuConfig:
     logit_width, logit_frac : int or None
         Format ``Q<logit_width>.<logit_frac>`` of the router logits (the router requantiser's
         output, the sigmoid's input); ``logit_width`` in ``[2, 24]`` (the sigmoid table is checked
-        over every input); ``None`` (default) means ``act_width`` / ``act_frac``.
+        over every input) and at most ``acc_width`` (the requantiser's widest output); ``None``
+        (default) means ``act_width`` / ``act_frac``.
     """
 
     name: str = "custom"
@@ -321,6 +323,8 @@ class KpuConfig:
              f"(mult_width = {self.mult_width} bits) must fit 64 bits")
         need(int_or_none(self.logit_width) and (self.logit_width is None or 2 <= self.logit_width <= LOGIT_WIDTH_MAX),
              "logit_width", f"None (= act_width) or an integer in [2, {LOGIT_WIDTH_MAX}]")
+        need(self.logit_width is None or self.logit_width <= self.acc_width, "logit_width",
+             f"at most acc_width = {self.acc_width} (the router requantiser's output)")
         need(self.logit_frac is not None or self.act_frac < self.router_logit_width, "logit_width",
              f"more than act_frac = {self.act_frac} (the logit fraction while logit_frac is None)")
         need(int_or_none(self.logit_frac)
@@ -330,17 +334,13 @@ class KpuConfig:
 
     def unbuilt_fields(self) -> list[tuple[str, object]]:
         """The fields set to a scheme the RTL (:class:`nanokpu.kpu.top.NanoKPU`) and the compiler
-        do not build yet, as ``(name, value)``: a ``router_width`` other than ``in_width``, a
-        logit format other than the act format (``weight_scales = "channel"`` is built: the
-        GEMM's per-column requantiser tables, :data:`nanokpu.isa.F_RQ_CHANNEL`)."""
-        off = []
+        do not build yet, as ``(name, value)``: a ``router_width`` other than ``in_width``.
+        Built: ``weight_scales = "channel"`` (the GEMM's per-column requantiser tables,
+        :data:`nanokpu.isa.F_RQ_CHANNEL`) and any logit format ``logit_width``/``logit_frac``
+        (the router GEMM's requantiser output width, the sigmoid's table and input port)."""
         if self.router_operand_width != self.in_width:
-            off.append(("router_width", self.router_width))
-        if self.router_logit_width != self.act_width:
-            off.append(("logit_width", self.logit_width))
-        if self.router_logit_frac != self.act_frac:
-            off.append(("logit_frac", self.logit_frac))
-        return off
+            return [("router_width", self.router_width)]
+        return []
 
     # -- derived quantities ---------------------------------------------------------------
     @property

@@ -57,7 +57,8 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
             spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
 ``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
             :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
-``SIGMOID`` ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
+``SIGMOID`` ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records ``(c, len)`` as
+            the scores region.
 ``SITU``    ``c[i] = situ_q(a[i], b[i])``.
 ``ADD``     ``c[i] = add_sat(a[i], b[i], act_width)``.
 ``ROUTE``   scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
@@ -81,7 +82,8 @@ an overlap would make results depend on timing - except exactly (same base and s
 element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD`` and ``NORM``, which may run in
 place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
-Operands enter units at the units' port widths (``act_width`` for activations, ``acc_width`` for
+Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
+(``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
 ``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
 routing weights): the upper bits of a wider word are ignored, in the RTL and in
 :class:`~nanokpu.host.funcsim.FuncSim` alike.

@@ -7,7 +7,7 @@ Benches (``testcase``), all checked bit for bit against :mod:`golden.intops`:
 
 - ``factors_exhaustive``: every ``act_width``-bit input through the gate and up tables,
   with random stalls of ``en`` (probability ``1 - p_en``).
-- ``sigmoid_exhaustive``: every input through the sigmoid stream.
+- ``sigmoid_exhaustive``: every logit (``router_logit_width`` bits) through the sigmoid stream.
 - ``situ_random``: the SiTU stream on the corner grid of the input format, ``n_random``
   random pairs and, with ``sweep``, every ``g`` with a random ``u`` and every ``u`` with a
   random ``g``.
@@ -133,8 +133,9 @@ def _params():
     return params["key"], bench_config(), int(params.get("seed", 0)), params
 
 
-def _all_inputs(cfg: KpuConfig) -> np.ndarray:
-    return np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1), dtype=np.int64)
+def _all_inputs(width: int) -> np.ndarray:
+    """Every signed ``width``-bit integer, ascending."""
+    return np.arange(-(1 << (width - 1)), 1 << (width - 1), dtype=np.int64)
 
 
 def _lanes(values: np.ndarray, lanes: int) -> np.ndarray:
@@ -222,7 +223,7 @@ async def factors_exhaustive(dut):
     rand = random.Random(seed)
     lanes, latency = cfg.act_lanes, PwlEvaluator.latency
     x, en_port, gate_y, up_y = (getattr(dut, f"{key}_{name}") for name in ("x", "en", "gate_y", "up_y"))
-    xs = _lanes(_all_inputs(cfg), lanes)
+    xs = _lanes(_all_inputs(cfg.act_width), lanes)
     words = pack(xs, cfg.act_width)
     p_en = params.get("p_en", 0.8)
     await _start(dut, key)
@@ -256,9 +257,10 @@ async def sigmoid_exhaustive(dut):
     key, cfg, seed, params = _params()
     rand = random.Random(seed)
     rng = np.random.default_rng(seed)
-    xs = _lanes(rng.permutation(_all_inputs(cfg)), cfg.act_lanes)
+    width = cfg.router_logit_width
+    xs = _lanes(rng.permutation(_all_inputs(width)), cfg.act_lanes)
     await _start(dut, key)
-    outs = await _stream_both_ways(dut, f"{key}_sig", pack(xs, cfg.act_width), params, rand, Sigmoid.latency)
+    outs = await _stream_both_ways(dut, f"{key}_sig", pack(xs, width), params, rand, Sigmoid.latency)
     got = unpack(outs, cfg.score_width, cfg.act_lanes, False)
     _check("sigmoid", xs, got, sigmoid_q(xs, cfg), seed)
     dut._log.info("sigmoid: %d inputs bit-exact (seed %d)", xs.size, seed)
@@ -272,7 +274,7 @@ def situ_pairs(cfg: KpuConfig, seed: int, n_random: int, sweep: bool) -> np.ndar
     grid = np.stack(np.meshgrid(corners, corners), axis=-1).reshape(-1, 2)
     parts = [grid, rng.integers(lo, hi + 1, size=(n_random, 2))]
     if sweep:
-        everything = _all_inputs(cfg)
+        everything = _all_inputs(cfg.act_width)
         partner = rng.integers(lo, hi + 1, size=everything.size)
         parts += [np.stack([everything, partner], axis=1), np.stack([partner, everything], axis=1)]
     return rng.permutation(np.concatenate(parts))
@@ -296,11 +298,14 @@ async def situ_random(dut):
 # ----------------------------------------------------------------------------------------
 # pytest side
 # ----------------------------------------------------------------------------------------
-#: The configs the default suite runs on Verilator: K3's betas and 2/8, one and four lanes.
+#: The configs the default suite runs on Verilator: K3's betas and 2/8, one and four lanes; the
+#: PWL products in the logic; router logits in issue 26's Q20.16 with 16-bit scores (a 512-segment
+#: sigmoid table, 2**20 inputs: four lanes).
 BENCH_CONFIGS: dict[str, KpuConfig] = {
     f"b{b1}x{b2}_l{lanes}": profile("tiny", beta1=float(b1), beta2=float(b2), act_lanes=lanes)
     for b1, b2 in ((4, 25), (2, 8)) for lanes in (1, 4)
-} | {"b4x25_l1_ecp5": profile("tiny", act_lanes=1, dsp="ecp5")}   # the PWL products in the logic
+} | {"b4x25_l1_ecp5": profile("tiny", act_lanes=1, dsp="ecp5"),
+     "logit20_l4": profile("tiny", act_lanes=4, logit_width=20, logit_frac=16, score_frac=16, bias_width=20)}
 
 
 @functools.cache

@@ -4,7 +4,9 @@ The router's config comes from :func:`sim.runner.bench_config`. Parameters (``NA
 ``tokens`` (batch size of the random tests), ``cycles_per_token`` and ``latency`` (the
 component's timing contract, checked by ``throughput``), ``out`` (a JSON file receiving the
 measured timing of ``throughput`` or the per-step loads of ``qb_loop``), and for ``qb_loop``:
-``steps`` and ``fresh``. Run through :func:`nanokpu.commands.bench_router.run_router_bench`.
+``steps`` and ``fresh``. ``path_scores`` routes the integer scores of the golden path
+(:func:`golden.block.router_int`) at the config's shape and scheme. Run through
+:func:`nanokpu.commands.bench_router.run_router_bench`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
+from golden import block
 from golden.block import skewed_scores
+from golden.fidelity import router_draws
 from golden.intops import quantize_bias, route_int
 from golden.k3 import quantile_balance
 from sim.runner import bench_config, bench_params
@@ -195,6 +199,25 @@ async def random_tokens(dut):
     await tb.route_and_check(tb.random_scores(tokens), tb.random_bias(tb.full), idle=0.1,
                              backpressure=0.6)
     await tb.check_loads()
+
+
+@cocotb.test()
+async def path_scores(dut):
+    """Integer scores from the golden path at the bench's shape and scheme: a random router
+    (:func:`golden.fidelity.router_draws`) through :func:`golden.block.router_int` (the router GEMM
+    at ``router_width``, its requantiser to ``Q<logit_width>.<logit_frac>`` logits, the sigmoid
+    table), with its bias; the RTL routes them bit for bit like ``router_int`` (random idle and
+    backpressure)."""
+    tb = await _setup(dut, "path_scores")
+    cfg = tb.cfg
+    W_r, bias, x = router_draws(cfg, tb.rng, int(PARAMS.get("tokens", 16)))
+    x_r, x_scale = block.quantize_input(x, cfg)
+    R = block.quantize_router(W_r, bias, x_scale, cfg)
+    scores = block.router_int(x_r, R, cfg)[0]
+    await tb.route_and_check(scores, R.bias)    # checked with route_int: router_int's routing step
+    await tb.check_loads()
+    cocotb.log.info(f"{scores.shape[0]} path tokens bit-exact (profile {cfg.name}, score_frac {cfg.score_frac}, "
+                    f"bias_width {cfg.bias_width}, seed {tb.seed})")
 
 
 @cocotb.test()

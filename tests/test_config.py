@@ -80,10 +80,13 @@ def test_router_fields_resolve_to_the_defaults_and_bound_the_accumulator():
     assert cfg.unbuilt_fields() == []
     wide = KpuConfig(router_width=16, logit_width=20, logit_frac=16, weight_scales="channel")
     assert (wide.router_acc_width, wide.router_logit_width, wide.router_logit_frac) == (48, 20, 16)
-    assert [name for name, _ in wide.unbuilt_fields()] == ["router_width", "logit_width", "logit_frac"]
+    assert wide.unbuilt_fields() == [("router_width", 16)]      # the logit format is built
+    assert KpuConfig(logit_width=20, logit_frac=16, score_frac=16, bias_width=20).unbuilt_fields() == []
     assert KpuConfig(in_width=18, acc_width=48, spad_b_depth=128).router_operand_width == 18
     with pytest.raises(ValueError, match="KpuConfig.router_width = 16: must be at most 12: the router accumulator"):
         KpuConfig(router_width=16, acc_width=40)
+    with pytest.raises(ValueError, match=r"KpuConfig.logit_width = 24: must be at most acc_width = 22 \(the router"):
+        KpuConfig(acc_width=22, logit_width=24)
 
 
 def test_unknown_profile():

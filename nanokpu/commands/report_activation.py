@@ -36,8 +36,9 @@ REPORT_CONFIGS: dict[str, KpuConfig] = {
 REL_FLOOR = 16
 
 
-def _all_inputs(cfg: KpuConfig) -> np.ndarray:
-    return np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1), dtype=np.int64)
+def _all_inputs(width: int) -> np.ndarray:
+    """Every signed ``width``-bit integer, ascending."""
+    return np.arange(-(1 << (width - 1)), 1 << (width - 1), dtype=np.int64)
 
 
 def error_stats(approx, exact, full_scale: float, bound: float) -> dict:
@@ -51,24 +52,25 @@ def error_stats(approx, exact, full_scale: float, bound: float) -> dict:
 
 
 def factor_errors(cfg: KpuConfig) -> dict[str, dict]:
-    """Error of the gate, up and sigmoid tables over every ``act_width``-bit input."""
-    xs = _all_inputs(cfg)
+    """Error of the gate and up tables over every ``act_width``-bit input and of the sigmoid over
+    every logit (``router_logit_width`` bits, ``router_logit_frac`` fractional)."""
+    xs, logits = _all_inputs(cfg.act_width), _all_inputs(cfg.router_logit_width)
     real = xs / 2.0 ** cfg.act_frac
     cases = {
-        "gate": (intops.gate_table(cfg), k3.situ_gate(real, cfg.beta1), cfg.beta1),
-        "up": (intops.up_table(cfg), k3.situ_up(real, cfg.beta2), cfg.beta2),
-        "sigmoid": (intops.sigmoid_table(cfg), k3.sigmoid(real), 1.0),
+        "gate": (intops.gate_table(cfg), xs, k3.situ_gate(real, cfg.beta1), cfg.beta1),
+        "up": (intops.up_table(cfg), xs, k3.situ_up(real, cfg.beta2), cfg.beta2),
+        "sigmoid": (intops.sigmoid_table(cfg), logits, k3.sigmoid(logits / 2.0 ** cfg.router_logit_frac), 1.0),
     }
-    return {name: {**error_stats(table(xs) * 2.0 ** -table.out_frac, exact, scale, error_bound(table)),
+    return {name: {**error_stats(table(x) * 2.0 ** -table.out_frac, exact, scale, error_bound(table)),
                    "lsb": 2.0 ** -table.out_frac}
-            for name, (table, exact, scale) in cases.items()}
+            for name, (table, x, exact, scale) in cases.items()}
 
 
 def situ_errors(cfg: KpuConfig, partners: int = 128, seed: int = 0) -> dict:
     """Error of ``h`` on every ``g`` with ``partners`` values of ``u`` and every ``u`` with
     ``partners`` values of ``g`` (random, plus both ends of the input range)."""
     rng = np.random.default_rng(seed)
-    xs = _all_inputs(cfg)
+    xs = _all_inputs(cfg.act_width)
     other = np.concatenate([xs[[0, -1]], rng.choice(xs, partners - 2, replace=False)])
     g = np.concatenate([np.repeat(xs, partners), np.tile(other, xs.size)])
     u = np.concatenate([np.tile(other, xs.size), np.repeat(xs, partners)])
@@ -154,7 +156,7 @@ def plot_gate(cfg: KpuConfig, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = _all_inputs(cfg)
+    xs = _all_inputs(cfg.act_width)
     g = xs / 2.0 ** cfg.act_frac
     table = intops.gate_table(cfg)
     lsb = 2.0 ** -cfg.situ_frac

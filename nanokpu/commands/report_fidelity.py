@@ -152,7 +152,10 @@ def _rtl_notes(cfg: KpuConfig, table) -> list[str]:
         "",
         "The golden path (`golden/block.py`) defines every bit of them. The nano-KPU and the compiler "
         "build the requantiser tables (`weight_scales = 'channel'`: `GEMM` flagged `F_RQ_CHANNEL`, "
-        "`nanokpu.isa`) and refuse the other fields today (`KpuConfig.unbuilt_fields`):",
+        "`nanokpu.isa`), the logit format (`logit_width`, `logit_frac`), the score and bias formats "
+        "(`score_frac`, `bias_width`), bit-exact to the golden path on Verilator (tests/kpu/test_top.py "
+        "`test_tiny_blocks_logit_format`: this scheme without `router_width`), and refuse "
+        "`router_width` today (`KpuConfig.unbuilt_fields`):",
         "",
         f"- **Requantiser tables** (built): every GEMM's requantiser takes `(mult, shift)` per output column "
         f"(`mult` < 2^{mw}, `shift` in [0, 63]; `golden.block.Requant` with tuples): z (d_latent "
@@ -163,12 +166,18 @@ def _rtl_notes(cfg: KpuConfig, table) -> list[str]:
         f"(the block input `x_r` and `W_r`), exact sums in a {cfg.router_acc_width}-bit accumulator "
         f"(`router_acc_width`), then the per-column requantiser to Q{cfg.router_logit_width}."
         f"{cfg.router_logit_frac} logits; the other GEMMs take `x_q = saturate(round_shift(x_r, "
-        f"{cfg.router_operand_width - cfg.in_width}), {cfg.in_width})` with the config's rounding.",
-        f"- **Sigmoid**: input Q{cfg.router_logit_width}.{cfg.router_logit_frac} (not the act format), "
-        f"table of {table.n_seg} segments x {1 << table.seg_shift} LSB, output {cfg.score_width} bits.",
-        f"- **Routing engine**: scores {cfg.score_width} bits unsigned, bias {cfg.bias_width} bits "
+        f"{cfg.router_operand_width - cfg.in_width}), {cfg.in_width})` with the config's rounding. "
+        f"Built: the logits (the router `GEMM`'s `width` = {cfg.router_logit_width}, its requantiser's "
+        f"output saturated to it); not built: the wide operands (`router_width`).",
+        f"- **Sigmoid** (built): input Q{cfg.router_logit_width}.{cfg.router_logit_frac} (not the act "
+        f"format: `SIGMOID` reads `logit_width` bits of each word), table of {table.n_seg} segments x "
+        f"{1 << table.seg_shift} LSB, output {cfg.score_width} bits; `nanokpu.units.sigmoid` checked on "
+        f"Verilator over all 2^{cfg.router_logit_width} logits (tests/units/test_sigmoid.py).",
+        f"- **Routing engine** (built): scores {cfg.score_width} bits unsigned, bias {cfg.bias_width} bits "
         f"signed, keys score + bias; the reciprocal of the weight renormalisation is "
-        f"R = weight_frac + score_frac + 1 = {r_bits} bits (`golden.intops.route_weights_int`).",
+        f"R = weight_frac + score_frac + 1 = {r_bits} bits (`golden.intops.route_weights_int`); at the K3 "
+        "shape the RTL router routes the integer scores of this scheme bit for bit like the golden "
+        "router (tests/units/test_router.py `test_bench_k3_path_scores_after_scheme`).",
         "",
     ]
 

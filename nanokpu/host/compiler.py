@@ -251,8 +251,8 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     if cfg.unbuilt_fields():
         name, value = cfg.unbuilt_fields()[0]
         raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers the router "
-                         "GEMM at in_width and logits in the act format only (issue 26: the golden path runs this "
-                         "scheme, the nano-KPU does not yet)")
+                         "GEMM at in_width only (issue 26: the golden path runs this scheme, the nano-KPU does "
+                         "not yet)")
     x_q = np.asarray(x_q, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
     dx, ds = cfg.d_expert, cfg.d_shared

@@ -222,7 +222,7 @@ class FuncSim:
             self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), *self._rq_consts(ins),
                                         ins.width, cfg.rounding))
         elif op == Op.SIGMOID:
-            self._write(c, I.sigmoid_q(self._read(a, ln, act), cfg))
+            self._write(c, I.sigmoid_q(self._read(a, ln, cfg.router_logit_width), cfg))
             self.scores = (c, ln)
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))

@@ -19,14 +19,16 @@ class Sigmoid(wiring.Component):
     Parameters
     ----------
     cfg : KpuConfig
-        Reads ``act_width``/``act_frac`` (logits), ``score_frac`` (scores), ``pwl_guard``,
-        ``rounding``, ``act_lanes`` and ``dsp`` (how the interpolation product is built). The
-        table is :func:`golden.intops.sigmoid_table`.
+        Reads the logit format :attr:`~nanokpu.config.KpuConfig.router_logit_width` /
+        :attr:`~nanokpu.config.KpuConfig.router_logit_frac` (``logit_width``/``logit_frac``,
+        the act format when they are None), ``score_frac`` (scores), ``pwl_guard``, ``rounding``,
+        ``act_lanes`` and ``dsp`` (how the interpolation product is built). The table is
+        :func:`golden.intops.sigmoid_table`.
 
     Members
     -------
-    i : In(stream.Signature(ArrayLayout(signed(act_width), act_lanes)))
-        Logits in ``Q<act_width>.<act_frac>``.
+    i : In(stream.Signature(ArrayLayout(signed(router_logit_width), act_lanes)))
+        Logits in ``Q<logit_width>.<logit_frac>``.
     o : Out(stream.Signature(ArrayLayout(unsigned(score_width), act_lanes)))
         Scores in ``[0, 2**score_frac]`` (``score_frac`` fractional bits, 1.0 included).
 
@@ -46,7 +48,7 @@ class Sigmoid(wiring.Component):
         self.error_bound = error_bound(self.table)
         lanes = cfg.act_lanes
         super().__init__({
-            "i": In(stream.Signature(data.ArrayLayout(signed(cfg.act_width), lanes))),
+            "i": In(stream.Signature(data.ArrayLayout(signed(cfg.router_logit_width), lanes))),
             "o": Out(stream.Signature(data.ArrayLayout(unsigned(cfg.score_width), lanes))),
         })
 

@@ -22,10 +22,14 @@ from nanokpu.isa import Err
 @st.composite
 def configs(draw) -> KpuConfig:
     """A valid config the nano-KPU can run: the top level needs int8 operands and an AXI data
-    width of cols * 8 in {32, 64} bits; everything else drawn across its range."""
+    width of cols * 8 in {32, 64} bits; everything else drawn across its range (the router logits
+    in the act format or a format of their own, at most 20 bits: each format fits a sigmoid table
+    over all its inputs)."""
     d_latent = draw(st.sampled_from([4, 8, 16]))
     n_experts = draw(st.integers(2, 12))
     rows = draw(st.integers(1, 8))
+    logit_width = draw(st.sampled_from([None, 12, 16, 20]))
+    logit_frac = None if logit_width is None else draw(st.integers(2, logit_width - 4))
     return KpuConfig(
         name="drawn",
         d_latent=d_latent, d_model=d_latent * draw(st.integers(1, 4)),
@@ -38,6 +42,7 @@ def configs(draw) -> KpuConfig:
         route_lanes=draw(st.integers(1, n_experts)), act_lanes=draw(st.integers(1, 4)),
         spad_a_depth=256, spad_b_depth=128, spad_c_depth=256,
         dmem_depth=draw(st.sampled_from([4096, 8192])), imem_depth=64,
+        logit_width=logit_width, logit_frac=logit_frac,
     )
 
 
@@ -61,13 +66,14 @@ def test_drawn_configs_run_bit_exact_on_funcsim(cfg, seed):
 
 
 #: Two configs drawn once (Hypothesis' example database is not kept in CI, so fixed here: a
-#: non-square 3x8 array with half_up and 5 of 11 experts, a 1x4 one with floor and one expert
-#: per token) for the RTL.
+#: non-square 3x8 array with half_up and 5 of 11 experts, a 1x4 one with floor, one expert
+#: per token and Q12.9 router logits) for the RTL.
 RTL_CONFIGS = [
     KpuConfig(name="drawn_a", d_latent=8, d_model=24, n_experts=11, top_k=3, d_expert=24, d_shared=16, rows=3,
               cols=8, acc_width=26, rounding="half_up", score_frac=9, weight_frac=11, route_lanes=5, act_lanes=3),
     KpuConfig(name="drawn_b", d_latent=4, d_model=16, n_experts=3, top_k=1, d_expert=8, d_shared=32, rows=1,
-              cols=4, acc_width=22, rounding="floor", score_frac=13, weight_frac=16, route_lanes=2, act_lanes=2),
+              cols=4, acc_width=22, rounding="floor", score_frac=13, weight_frac=16, route_lanes=2, act_lanes=2,
+              logit_width=12, logit_frac=9),
 ]
 
 

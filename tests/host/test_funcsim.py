@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from golden import k3
+from golden import fidelity, k3
 from golden.block import latent_moe_int, quantize_latent_moe
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
@@ -46,6 +46,20 @@ def test_small_block_bit_exact(seed, scales):
     """16 tokens either way: per channel each expert's tables are loaded with it (LOAD with
     F_HOST_EXPERT), not resident for all 64 experts."""
     _check_block("small", 16, 100 + seed, weight_scales=scales)
+
+
+#: Issue 26's AFTER scheme as far as the nano-KPU builds it: per-channel scales, Q20.16 logits
+#: (the router GEMM's requantiser output and the sigmoid's input), 16-bit scores, 20-bit bias.
+LOGIT_SCHEME = {k: v for k, v in fidelity.AFTER.items() if k != "router_width"}
+
+
+@pytest.mark.parametrize("name,tokens,seeds", [("tiny", 8, range(10)), ("small", 16, range(2))])
+def test_block_bit_exact_in_the_logit_format(name, tokens, seeds):
+    """Router logits in their own format Q<logit_width>.<logit_frac>, wider than the act format:
+    the router GEMM requantises to logit_width bits and SIGMOID reads them whole."""
+    assert LOGIT_SCHEME["logit_width"] > profile(name).act_width
+    for seed in seeds:
+        _check_block(name, tokens, 200 + seed, **LOGIT_SCHEME)
 
 
 def test_expert_tables_loaded_per_expert():

@@ -10,6 +10,7 @@ from amaranth import Elaboratable, Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
+from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
@@ -22,9 +23,9 @@ BW = bus_bytes(CFG)
 
 
 class _Pair(Elaboratable):
-    def __init__(self):
-        self.gemm = GemmFeed(CFG)
-        self.elem = Elementwise(CFG)
+    def __init__(self, cfg):
+        self.gemm = GemmFeed(cfg)
+        self.elem = Elementwise(cfg)
 
     def elaborate(self, platform):
         m = Module()
@@ -33,11 +34,12 @@ class _Pair(Elaboratable):
         return m
 
 
-def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0, expert=None):
+def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0, expert=None,
+         cfg=CFG):
     """Run ``ins`` on its executor and on FuncSim (``expert``: the current expert, as after a
-    ``ROUTE`` and ``EXPERT``); returns (RTL scratchpad, FuncSim's, error, cycles from start to
-    done)."""
-    ref = FuncSim(CFG, host=host)
+    ``ROUTE`` and ``EXPERT``), both of ``cfg``; returns (RTL scratchpad, FuncSim's, error, cycles
+    from start to done)."""
+    ref = FuncSim(cfg, host=host)
     for addr, v in spad_init.items():
         ref.spad[addr] = v
     if expert is None:
@@ -48,7 +50,7 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
         ref.route_done, ref.expert, ref.count = True, expert, ins.m
         ref.step(ins, Op(ins.op), 0)
 
-    dut = _Pair()
+    dut = _Pair(cfg)
     ex = dut.gemm if ins.op == Op.GEMM else dut.elem
     rng = np.random.default_rng(seed)
     spad = dict(spad_init)
@@ -119,6 +121,21 @@ def _cases(rng):
         ("combine", Instr(Op.COMBINE, m=m, n=n, k=k, a=a, b=b, c=c), (_act(rng, m * k * n), w)),
         ("norm", Instr(Op.NORM, m=m, n=n, a=a, c=c), _act(rng, m * n, extremes=False)),
     ]
+
+
+def test_sigmoid_reads_logits_in_their_format():
+    """With logits Q20.16 (wider than the Q16.8 act format) SIGMOID takes logit_width bits of
+    each word, the bits above ignored, like FuncSim: random 20-bit logits (and both ends) with
+    random upper bits."""
+    cfg = profile("tiny", logit_width=20, logit_frac=16, score_frac=16, bias_width=20)
+    rng = np.random.default_rng(6)
+    logits = rng.integers(-(1 << 19), 1 << 19, 24)
+    logits[:2] = [-(1 << 19), (1 << 19) - 1]
+    words = logits + (rng.integers(-(1 << 11), 1 << 11, logits.size) << 20)
+    ins = Instr(Op.SIGMOID, m=4, n=6, a=16, c=64)
+    got, want, err, _ = _run(ins, {ins.a + i: int(v) for i, v in enumerate(words)}, seed=6, cfg=cfg)
+    assert got == want and err == Err.NONE
+    assert [want[ins.c + i] for i in range(logits.size)] == sigmoid_q(logits, cfg).tolist()
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import nanokpu.kpu.dmem as dmem_module
+from golden import fidelity
 from nanokpu.config import profile
 from nanokpu.units.memport import inverting_read_port
 from sim.lib.kpu_launch import run_kpu_bench
@@ -34,6 +35,16 @@ def test_tiny_blocks_one_write_port(monkeypatch, scales):
         monkeypatch.setattr(module, "writes_block_reads", lambda cfg: True)
     _bench("tiny", "test_block", tag="_one_write_port", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3,
            overrides={"weight_scales": scales})
+
+
+def test_tiny_blocks_logit_format():
+    """Issue 26's AFTER scheme but the wide router GEMM (``router_width`` is not built): per-channel
+    scales, router logits in Q20.16 (the router GEMM requantised to 20 bits, the sigmoid's
+    512-segment table over them), 16-bit scores, 20-bit bias; 6 random blocks under bus stalls,
+    RTL == latent_moe_int == FuncSim bit for bit."""
+    scheme = {k: v for k, v in fidelity.AFTER.items() if k != "router_width"}
+    _bench("tiny", "test_block", tag="_logit", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
+           overrides=scheme)
 
 
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):

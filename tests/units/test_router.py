@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
+from golden import fidelity
 from golden.intops import route_int
 from nanokpu.commands.bench_router import run_router_bench
 from nanokpu.config import profile
@@ -33,6 +34,17 @@ def test_bench_k3():
     idle and backpressure, and the cycle-exact throughput of 56 = 896/16 cycles per token."""
     run_router_bench(profile("k3"), testcase=["random_tokens", "throughput"], tokens=6,
                      seed=SEED, build_args=FAST_BUILD)
+
+
+def test_bench_k3_path_scores_after_scheme():
+    """Issue 26's done-when: at the K3 shape (16 lanes) and the AFTER scheme (16-bit scores, 20-bit
+    bias), the integer scores of the new path (16-bit router GEMM, Q20.16 logits, the sigmoid
+    table: golden.block.router_int) routed bit for bit like router_int under idle and
+    backpressure, and the cycle-exact throughput (56 cycles per token: R + k + 2 = 50 still hides
+    behind the 56 score beats)."""
+    cfg = fidelity.scheme(profile("k3"), fidelity.AFTER)
+    assert (cfg.score_frac, cfg.bias_width, cycles_per_token(cfg)) == (16, 20, 56)
+    run_router_bench(cfg, testcase=["path_scores", "throughput"], tokens=6, seed=SEED, build_args=FAST_BUILD)
 
 
 @pytest.mark.parametrize("name,lanes,expected", [

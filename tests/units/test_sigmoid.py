@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from amaranth import signed
 
 from golden.intops import sigmoid_q, sigmoid_table
 from nanokpu.commands.report_activation import factor_errors
@@ -21,6 +22,18 @@ def test_sigmoid_narrow_format_with_idle_and_backpressure(rounding):
     np.testing.assert_array_equal(np.array(got), sigmoid_q(xs, cfg), err_msg=f"seed {seed}")
 
 
+def test_sigmoid_takes_logits_in_their_own_format():
+    """Logits Q10.6 (wider than the Q8.4 act format): the input port is logit_width bits and
+    every logit, the top bits included, gives golden.intops.sigmoid_q's score."""
+    cfg = profile("tiny", act_width=8, act_frac=4, logit_width=10, logit_frac=6, score_frac=7, act_lanes=2)
+    dut = Sigmoid(cfg)
+    assert dut.i.payload.shape().elem_shape == signed(10)
+    seed = 22
+    xs = np.random.default_rng(seed).permutation(np.arange(-512, 512)).reshape(-1, 2)
+    got = bench_activation.amaranth_stream(dut, [[int(v) for v in row] for row in xs], seed)
+    np.testing.assert_array_equal(np.array(got), sigmoid_q(xs, cfg), err_msg=f"seed {seed}")
+
+
 def test_sigmoid_ports_and_latency():
     cfg = profile("small")
     dut = Sigmoid(cfg)
@@ -31,18 +44,20 @@ def test_sigmoid_ports_and_latency():
     assert dut.error_bound == 1.5 * 2.0 ** -cfg.score_frac
 
 
-@pytest.mark.parametrize("key", ["b4x25_l1", "b4x25_l4", "b4x25_l1_ecp5"])
+@pytest.mark.parametrize("key", ["b4x25_l1", "b4x25_l4", "b4x25_l1_ecp5", "logit20_l4"])
 def test_sigmoid_exhaustive_on_verilator(key):
-    """Every logit through the RTL stream (shuffled; full rate, then random idle and backpressure)."""
+    """Every logit through the RTL stream (shuffled; full rate, then random idle and backpressure);
+    ``logit20_l4``: all 2**20 logits of issue 26's Q20.16 format to 16-bit scores."""
     bench_activation.run(key, "sigmoid_exhaustive", seed=31)
 
 
-def test_sigmoid_error_and_shape():
+@pytest.mark.parametrize("key", ["b4x25_l1", "logit20_l4"])
+def test_sigmoid_error_and_shape(key):
     """Against float64 over every input: within the documented bound, monotone, in [0, 1]."""
-    cfg = profile("tiny")
+    cfg = bench_activation.BENCH_CONFIGS[key]
     err = factor_errors(cfg)["sigmoid"]
     assert err["max_abs"] <= err["bound"] and err["max_rel"] <= err["rel_bound"], err
-    xs = np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1))
+    xs = np.arange(-(1 << (cfg.router_logit_width - 1)), 1 << (cfg.router_logit_width - 1))
     s = sigmoid_q(xs, cfg)
     assert np.all(np.diff(s) >= 0) and s.min() >= 0 and s.max() <= 1 << cfg.score_frac
     assert sigmoid_q([0], cfg)[0] == 1 << (cfg.score_frac - 1)

@@ -135,7 +135,7 @@ class Elementwise(wiring.Component):
         out_valid = Signal()
         out_data = Signal(signed(ww))
         m.d.comb += [
-            sig.i.payload[0].eq(a_word[:act].as_signed()),
+            sig.i.payload[0].eq(a_word[:cfg.router_logit_width].as_signed()),   # the logit format
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
             vec.i.payload.a.eq(a_word[:act].as_signed()),
