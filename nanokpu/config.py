@@ -157,8 +157,10 @@ class KpuConfig:
         keep one scale per tensor (see :mod:`golden.block`).
     router_width : int or None
         Operand width of the router GEMM (the block input ``x`` and ``W_r``), in ``[in_width,
-        16]``; ``None`` (default) means ``in_width``. The other GEMMs take ``x`` rounded to
-        ``in_width`` bits. The router GEMM accumulates in :attr:`router_acc_width` bits.
+        min(16, 2*in_width)]``; ``None`` (default) means ``in_width``. A wider operand is two
+        ``in_width``-bit digits: the RTL runs the router GEMM as byte-sliced passes on the array.
+        The other GEMMs take ``x`` rounded to ``in_width`` bits. The router GEMM accumulates in
+        :attr:`router_acc_width` bits.
     logit_width, logit_frac : int or None
         Format ``Q<logit_width>.<logit_frac>`` of the router logits (the router requantiser's
         output, the sigmoid's input); ``logit_width`` in ``[2, 24]`` (the sigmoid table is checked
@@ -314,6 +316,9 @@ class KpuConfig:
         rw = self.router_width
         need(int_or_none(rw) and (rw is None or self.in_width <= rw <= top), "router_width",
              f"None (= in_width) or an integer in [in_width={self.in_width}, {top}]")
+        need(rw is None or rw <= 2 * self.in_width, "router_width",
+             f"at most 2*in_width = {2 * self.in_width}: a router operand is two in_width-bit digits "
+             f"(byte-sliced passes on the array)")
         wide = self.router_operand_width > self.in_width
         need(not wide or self.router_acc_width + self.mult_width <= 64, "router_width",
              f"at most {self.in_width + (64 - self.mult_width - self.acc_width) // 2}: the router accumulator "

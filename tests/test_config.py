@@ -84,6 +84,10 @@ def test_router_fields_resolve_to_the_defaults_and_bound_the_accumulator():
     assert KpuConfig(in_width=18, acc_width=48, spad_b_depth=128).router_operand_width == 18
     with pytest.raises(ValueError, match="KpuConfig.router_width = 16: must be at most 12: the router accumulator"):
         KpuConfig(router_width=16, acc_width=40)
+    with pytest.raises(ValueError, match=r"KpuConfig.router_width = 10: must be at most 2\*in_width = 8: a router "
+                                         "operand is two in_width-bit digits"):
+        KpuConfig(in_width=4, router_width=10)
+    assert KpuConfig(in_width=4, router_width=8).router_acc_width == 40
 
 
 def test_unknown_profile():

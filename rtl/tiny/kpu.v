@@ -22,48 +22,54 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire [13:0] \$113 ;
-  wire [13:0] \$114 ;
-  wire [13:0] \$115 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
   wire \$116 ;
-  wire [4:0] \$117 ;
+  wire \$117 ;
   wire \$118 ;
-  wire \$119 ;
+  wire [13:0] \$119 ;
   wire \$12 ;
   wire [13:0] \$120 ;
   wire [13:0] \$121 ;
   wire \$122 ;
-  wire \$123 ;
+  wire [4:0] \$123 ;
   wire \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  reg [1:0] \$127 ;
-  reg [31:0] \$128 ;
-  reg [31:0] \$129 ;
+  wire [13:0] \$126 ;
+  wire [13:0] \$127 ;
+  wire \$128 ;
+  wire \$129 ;
   wire \$13 ;
-  reg \$130 ;
-  reg \$131 ;
-  reg [7:0] \$132 ;
-  reg [12:0] \$133 ;
-  reg \$134 ;
-  reg \$135 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  reg [1:0] \$133 ;
+  reg [31:0] \$134 ;
+  reg [31:0] \$135 ;
   reg \$136 ;
-  reg [3:0] \$137 ;
+  reg \$137 ;
   reg [7:0] \$138 ;
-  reg [5:0] \$139 ;
+  reg [12:0] \$139 ;
   wire \$14 ;
   reg \$140 ;
-  reg [281:0] \$141 ;
-  reg [4:0] \$142 ;
+  reg \$141 ;
+  reg \$142 ;
   reg [3:0] \$143 ;
-  reg [12:0] \$144 ;
-  reg [13:0] \$145 ;
-  reg [3:0] \$146 ;
-  reg [15:0] \$147 ;
-  reg [13:0] \$148 ;
-  wire [5:0] \$149 ;
+  reg [7:0] \$144 ;
+  reg [5:0] \$145 ;
+  reg \$146 ;
+  reg [281:0] \$147 ;
+  reg [4:0] \$148 ;
+  reg [3:0] \$149 ;
   wire \$15 ;
-  wire [5:0] \$150 ;
+  reg [12:0] \$150 ;
+  reg [13:0] \$151 ;
+  reg [3:0] \$152 ;
+  reg [15:0] \$153 ;
+  reg [13:0] \$154 ;
+  wire [5:0] \$155 ;
+  wire [5:0] \$156 ;
   wire [13:0] \$16 ;
   wire \$17 ;
   wire \$18 ;
@@ -95,11 +101,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
-  wire [13:0] \$44 ;
-  wire [13:0] \$45 ;
-  wire [14:0] \$46 ;
-  wire \$47 ;
-  wire \$48 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire [13:0] \$46 ;
+  wire [13:0] \$47 ;
+  wire [14:0] \$48 ;
   wire \$49 ;
   wire \$5 ;
   wire \$50 ;
@@ -114,9 +120,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire [2:0] \$61 ;
+  wire \$61 ;
   wire \$62 ;
-  wire \$63 ;
+  wire [2:0] \$63 ;
   wire \$64 ;
   wire \$65 ;
   wire \$66 ;
@@ -790,139 +796,145 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$35  = ins[5:0] == 3'h7;
   assign \$36  = ins[5:0] == 4'hc;
   assign \$37  = ins[5:0] == 4'hd;
-  assign \$38  = ins[5:0] == 4'h8;
-  assign \$39  = ins[5:0] == 4'ha;
-  assign \$40  = ins[5:0] == 4'hb;
-  assign \$41  = | { \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$42  = \$28  & \$41 ;
-  assign \$43  = scan >= 4'h8;
-  assign \$44  = cur[34:22] + scan;
-  assign \$45  = cur[34:22] + 4'h8;
-  assign \$46  = \$45  + scan;
-  assign \$47  = | \$like ;
-  assign \$48  = ~ running;
-  assign \$49  = soft_reset & \$48 ;
-  assign \$50  = ! ctrl_state;
-  assign \$51  = ctrl_state == 1'h1;
-  assign \$52  = ctrl_state == 2'h2;
-  assign \$53  = ctrl_state == 2'h3;
-  assign \$54  = ctrl_state == 3'h4;
-  assign \$55  = ctrl_state == 3'h5;
-  assign \$56  = ctrl_state == 3'h6;
-  assign \$57  = ctrl_state == 3'h7;
-  assign \$58  = ctrl_state == 4'h8;
-  assign \$59  = ctrl_state == 4'h9;
-  assign \$60  = | settle;
-  assign \$61  = settle - 1'h1;
-  assign \$62  = pc >= 7'h40;
-  assign \$63  = \done$334  | pf_ready;
-  assign \$64  = ~ \$63 ;
-  assign \$65  = | settle;
-  assign \$66  = \$64  | \$65 ;
-  assign \$67  = ! ins[5:0];
-  assign \$68  = | \error$337 ;
-  assign \$69  = ins[5:0] == 4'he;
-  assign \$70  = ins[5:0] == 4'h9;
-  assign \$71  = \done$334  | pf_ready;
-  assign \$72  = cur[5:0] == 1'h1;
-  assign \$73  = cur[5:0] == 2'h2;
-  assign \$74  = cur[5:0] == 2'h3;
-  assign \$75  = cur[5:0] == 3'h4;
-  assign \$76  = cur[5:0] == 3'h5;
-  assign \$77  = cur[5:0] == 3'h6;
-  assign \$78  = cur[5:0] == 3'h7;
-  assign \$79  = cur[5:0] == 4'h8;
-  assign \$80  = cur[5:0] == 4'ha;
-  assign \$81  = cur[5:0] == 4'hb;
-  assign \$82  = cur[5:0] == 4'hc;
-  assign \$83  = cur[5:0] == 4'hd;
-  assign \$84  = cur[5:0] == 3'h5;
-  assign \$85  = cur[5:0] == 3'h5;
-  assign \$86  = running_exec[3] | \$85 ;
-  assign \$87  = | exec_error;
-  assign \$88  = pc >= 6'h3f;
-  assign \$89  = \done$334  | pf_ready;
-  assign \$90  = ! settle;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = ~ running_exec[3];
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = cur[5:0] == 3'h5;
-  assign \$95  = ~ \$94 ;
-  assign \$96  = \$93  & \$95 ;
-  assign \$97  = ! \error$337 ;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = ins[5:0] == 1'h1;
-  assign \$100  = ins[5:0] == 2'h2;
-  assign \$101  = ins[5:0] == 2'h3;
-  assign \$102  = ins[5:0] == 3'h4;
-  assign \$103  = ins[5:0] == 3'h5;
-  assign \$104  = ins[5:0] == 3'h6;
-  assign \$105  = ins[5:0] == 3'h7;
-  assign \$106  = ins[5:0] == 4'hc;
-  assign \$107  = ins[5:0] == 4'hd;
-  assign \$108  = ins[5:0] == 4'h8;
-  assign \$109  = ins[5:0] == 4'ha;
-  assign \$110  = ins[5:0] == 4'hb;
-  assign \$111  = | { \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99  };
-  assign \$112  = \$98  & \$111 ;
-  assign \$113  = pc + 1'h1;
-  assign \$114  = pc + 1'h1;
-  assign \$115  = pc + 1'h1;
-  assign \$116  = scan >= 4'h8;
-  assign \$117  = scan + 1'h1;
-  assign \$118  = | \$like ;
-  assign \$119  = | rd1_q[23:14];
-  assign \$120  = \$119  ? 14'h3fff : rd1_q[13:0];
+  assign \$38  = ins[5:0] == 4'hf;
+  assign \$39  = ins[5:0] == 5'h10;
+  assign \$40  = ins[5:0] == 4'h8;
+  assign \$41  = ins[5:0] == 4'ha;
+  assign \$42  = ins[5:0] == 4'hb;
+  assign \$43  = | { \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$44  = \$28  & \$43 ;
+  assign \$45  = scan >= 4'h8;
+  assign \$46  = cur[34:22] + scan;
+  assign \$47  = cur[34:22] + 4'h8;
+  assign \$48  = \$47  + scan;
+  assign \$49  = | \$like ;
+  assign \$50  = ~ running;
+  assign \$51  = soft_reset & \$50 ;
+  assign \$52  = ! ctrl_state;
+  assign \$53  = ctrl_state == 1'h1;
+  assign \$54  = ctrl_state == 2'h2;
+  assign \$55  = ctrl_state == 2'h3;
+  assign \$56  = ctrl_state == 3'h4;
+  assign \$57  = ctrl_state == 3'h5;
+  assign \$58  = ctrl_state == 3'h6;
+  assign \$59  = ctrl_state == 3'h7;
+  assign \$60  = ctrl_state == 4'h8;
+  assign \$61  = ctrl_state == 4'h9;
+  assign \$62  = | settle;
+  assign \$63  = settle - 1'h1;
+  assign \$64  = pc >= 7'h40;
+  assign \$65  = \done$334  | pf_ready;
+  assign \$66  = ~ \$65 ;
+  assign \$67  = | settle;
+  assign \$68  = \$66  | \$67 ;
+  assign \$69  = ! ins[5:0];
+  assign \$70  = | \error$337 ;
+  assign \$71  = ins[5:0] == 4'he;
+  assign \$72  = ins[5:0] == 4'h9;
+  assign \$73  = \done$334  | pf_ready;
+  assign \$74  = cur[5:0] == 1'h1;
+  assign \$75  = cur[5:0] == 2'h2;
+  assign \$76  = cur[5:0] == 2'h3;
+  assign \$77  = cur[5:0] == 3'h4;
+  assign \$78  = cur[5:0] == 3'h5;
+  assign \$79  = cur[5:0] == 3'h6;
+  assign \$80  = cur[5:0] == 3'h7;
+  assign \$81  = cur[5:0] == 4'h8;
+  assign \$82  = cur[5:0] == 4'ha;
+  assign \$83  = cur[5:0] == 4'hb;
+  assign \$84  = cur[5:0] == 4'hc;
+  assign \$85  = cur[5:0] == 4'hd;
+  assign \$86  = cur[5:0] == 4'hf;
+  assign \$87  = cur[5:0] == 5'h10;
+  assign \$88  = cur[5:0] == 3'h5;
+  assign \$89  = cur[5:0] == 3'h5;
+  assign \$90  = running_exec[3] | \$89 ;
+  assign \$91  = | exec_error;
+  assign \$92  = pc >= 6'h3f;
+  assign \$93  = \done$334  | pf_ready;
+  assign \$94  = ! settle;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = ~ running_exec[3];
+  assign \$97  = \$95  & \$96 ;
+  assign \$98  = cur[5:0] == 3'h5;
+  assign \$99  = ~ \$98 ;
+  assign \$100  = \$97  & \$99 ;
+  assign \$101  = ! \error$337 ;
+  assign \$102  = \$100  & \$101 ;
+  assign \$103  = ins[5:0] == 1'h1;
+  assign \$104  = ins[5:0] == 2'h2;
+  assign \$105  = ins[5:0] == 2'h3;
+  assign \$106  = ins[5:0] == 3'h4;
+  assign \$107  = ins[5:0] == 3'h5;
+  assign \$108  = ins[5:0] == 3'h6;
+  assign \$109  = ins[5:0] == 3'h7;
+  assign \$110  = ins[5:0] == 4'hc;
+  assign \$111  = ins[5:0] == 4'hd;
+  assign \$112  = ins[5:0] == 4'hf;
+  assign \$113  = ins[5:0] == 5'h10;
+  assign \$114  = ins[5:0] == 4'h8;
+  assign \$115  = ins[5:0] == 4'ha;
+  assign \$116  = ins[5:0] == 4'hb;
+  assign \$117  = | { \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103  };
+  assign \$118  = \$102  & \$117 ;
+  assign \$119  = pc + 1'h1;
+  assign \$120  = pc + 1'h1;
   assign \$121  = pc + 1'h1;
-  assign \$122  = ~ dma__rd_busy;
-  assign \$123  = ~ dma__wr_busy;
-  assign \$124  = \$122  & \$123 ;
-  assign \$125  = ~ running;
-  assign \$126  = soft_reset & \$125 ;
+  assign \$122  = scan >= 4'h8;
+  assign \$123  = scan + 1'h1;
+  assign \$124  = | \$like ;
+  assign \$125  = | rd1_q[23:14];
+  assign \$126  = \$125  ? 14'h3fff : rd1_q[13:0];
+  assign \$127  = pc + 1'h1;
+  assign \$128  = ~ dma__rd_busy;
+  assign \$129  = ~ dma__wr_busy;
+  assign \$130  = \$128  & \$129 ;
+  assign \$131  = ~ running;
+  assign \$132  = soft_reset & \$131 ;
   always @(posedge clk)
-    settle <= \$127 ;
+    settle <= \$133 ;
   always @(posedge clk)
-    \$like  <= \$128 ;
+    \$like  <= \$134 ;
   always @(posedge clk)
-    rd1_q <= \$129 ;
+    rd1_q <= \$135 ;
   always @(posedge clk)
-    running <= \$130 ;
+    running <= \$136 ;
   always @(posedge clk)
-    done <= \$131 ;
+    done <= \$137 ;
   always @(posedge clk)
-    error <= \$132 ;
+    error <= \$138 ;
   always @(posedge clk)
-    pc <= \$133 ;
+    pc <= \$139 ;
   always @(posedge clk)
-    route_done <= \$134 ;
+    route_done <= \$140 ;
   always @(posedge clk)
-    exp_active <= \$135 ;
+    exp_active <= \$141 ;
   always @(posedge clk)
-    scores_ok <= \$136 ;
+    scores_ok <= \$142 ;
   always @(posedge clk)
-    ctrl_state <= \$137 ;
+    ctrl_state <= \$143 ;
   always @(posedge clk)
-    stop_code <= \$138 ;
+    stop_code <= \$144 ;
   always @(posedge clk)
-    executor <= \$139 ;
+    executor <= \$145 ;
   always @(posedge clk)
-    pf_ready <= \$140 ;
+    pf_ready <= \$146 ;
   always @(posedge clk)
-    cur <= \$141 ;
+    cur <= \$147 ;
   always @(posedge clk)
-    running_exec <= \$142 ;
+    running_exec <= \$148 ;
   always @(posedge clk)
-    scan <= \$143 ;
+    scan <= \$149 ;
   always @(posedge clk)
-    scores_a <= \$144 ;
+    scores_a <= \$150 ;
   always @(posedge clk)
-    scores_len <= \$145 ;
+    scores_len <= \$151 ;
   always @(posedge clk)
-    expert <= \$146 ;
+    expert <= \$152 ;
   always @(posedge clk)
-    count <= \$147 ;
+    count <= \$153 ;
   always @(posedge clk)
-    offset <= \$148 ;
+    offset <= \$154 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -951,7 +963,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$651$0 (\load_data$258 ),
+    .\port$661$0 (\load_data$258 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -992,9 +1004,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$381$0 (\$149 ),
-    .\port$3879$254 (cur[269:254]),
-    .\port$399$0 (\$150 ),
+    .\port$391$0 (\$155 ),
+    .\port$3931$254 (cur[269:254]),
+    .\port$409$0 (\$156 ),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1197,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3881$0 (running_exec),
+    .\port$3933$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1307,20 +1319,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$42 ) begin
+            end else if (\$44 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$43 ) begin
+          if (\$45 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$47 ) begin
+          if (\$49 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1359,9 +1371,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
-            clients__0__rd0__addr = \$44 [12:0];
+            clients__0__rd0__addr = \$46 [12:0];
           end
     endcase
   end
@@ -1383,9 +1395,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
-            clients__0__rd1__addr = \$46 [12:0];
+            clients__0__rd1__addr = \$48 [12:0];
           end
     endcase
   end
@@ -1407,7 +1419,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1431,7 +1443,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1488,17 +1500,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$49 ) begin
+    if (\$51 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$127  = settle;
+    \$133  = settle;
     if (window_wr) begin
-      \$127  = 2'h2;
-    end else if (\$60 ) begin
-      \$127  = \$61 [1:0];
+      \$133  = 2'h2;
+    end else if (\$62 ) begin
+      \$133  = \$63 [1:0];
     end
     casez (ctrl_state)
       4'h0:
@@ -1513,273 +1525,59 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$86 ) begin
-              \$127  = 2'h2;
+            if (\$90 ) begin
+              \$133  = 2'h2;
             end
           end
     endcase
     if (rst) begin
-      \$127  = 2'h0;
+      \$133  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$128  = spad__rd0__data;
+    \$134  = spad__rd0__data;
     if (rst) begin
-      \$128  = 32'd0;
+      \$134  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$129  = spad__rd1__data;
+    \$135  = spad__rd1__data;
     if (rst) begin
-      \$129  = 32'd0;
+      \$135  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$130  = running;
+    \$136  = running;
     casez (ctrl_state)
       4'h0:
           if (\start$351 ) begin
-            \$130  = 1'h1;
+            \$136  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$130  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$130  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$130  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$131  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$131  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$131  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$131  = 1'h0;
-          end
-    endcase
-    if (\$126 ) begin
-      \$131  = 1'h0;
-    end
-    if (rst) begin
-      \$131  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$132  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$132  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$132  = stop_code;
-          end
-    endcase
-    if (\$126 ) begin
-      \$132  = 8'h00;
-    end
-    if (rst) begin
-      \$132  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$133  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$133  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-              \$133  = \$113 [12:0];
-            end else if (\$112 ) begin
-              \$133  = \$114 [12:0];
-            end else begin
-              \$133  = \$115 [12:0];
-            end
-          end
-      4'h5:
-          if (\$116 ) begin
-            \$133  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$118 ) begin
-            \$133  = \$121 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$133  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$134  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$134  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$134  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$135  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$135  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$116 ) begin
-            \$135  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$118 ) begin
-            \$135  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$135  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
             \$136  = 1'h0;
           end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-          if (exec_done) begin
-            if (\$84 ) begin
-              \$136  = 1'h1;
-            end
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$130 ) begin
+            \$136  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -1788,334 +1586,149 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = ctrl_state;
+    \$137  = done;
     casez (ctrl_state)
       4'h0:
           if (\start$351 ) begin
-            \$137  = 4'h1;
+            \$137  = 1'h0;
           end
       4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$62 ) begin
-            \$137  = 4'h2;
-          end else begin
-            \$137  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h3:
-        begin
-          if (start) begin
-            \$137  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$137  = 4'h0;
-          end else if (\$68 ) begin
-            \$137  = 4'h2;
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$137  = 4'h1;
-          end else if (\$70 ) begin
-            \$137  = 4'h5;
-          end else begin
-            \$137  = 4'h6;
+            \$137  = 1'h1;
           end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
       4'h6:
-        begin
-          \$137  = 4'h7;
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$87 ) begin
-              \$137  = 4'h2;
-            end else if (\$88 ) begin
-              \$137  = 4'h1;
-            end else if (\$112 ) begin
-              \$137  = 4'h6;
-            end else begin
-              \$137  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$116 ) begin
-            \$137  = 4'h1;
-          end else begin
-            \$137  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h8:
-        begin
-          \$137  = 4'h9;
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$118 ) begin
-            \$137  = 4'h1;
-          end else begin
-            \$137  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h2:
-          if (\$124 ) begin
-            \$137  = 4'h0;
+          if (\$130 ) begin
+            \$137  = 1'h0;
           end
     endcase
+    if (\$132 ) begin
+      \$137  = 1'h0;
+    end
     if (rst) begin
-      \$137  = 4'h0;
+      \$137  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = stop_code;
+    \$138  = error;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$351 ) begin
+            \$138  = 8'h00;
+          end
       4'h1:
-        begin
-          if (\$62 ) begin
-            \$138  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
-            \$138  = \error$337 ;
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h6:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            if (\$87 ) begin
-              \$138  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h5:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h8:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h9:
-          if (soft_reset) begin
-            \$138  = 8'h00;
+          /* empty */;
+      4'h2:
+          if (\$130 ) begin
+            \$138  = stop_code;
           end
     endcase
+    if (\$132 ) begin
+      \$138  = 8'h00;
+    end
     if (rst) begin
       \$138  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = executor;
+    \$139  = pc;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$351 ) begin
+            \$139  = 13'h0000;
+          end
       4'h1:
-        begin
-          if (\$62 ) begin
-            \$139  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
-            \$139  = 6'h00;
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$139  = 6'h00;
+          end else if (\$70 ) begin
+          end else if (\$71 ) begin
+            \$139  = { 1'h0, ins[255:244] };
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h6:
-        begin
-          if (\$72 ) begin
-            \$139  = 6'h01;
-          end
-          if (\$73 ) begin
-            \$139  = 6'h01;
-          end
-          if (\$74 ) begin
-            \$139  = 6'h02;
-          end
-          if (\$75 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$76 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$77 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$78 ) begin
-            \$139  = 6'h10;
-          end
-          if (\$79 ) begin
-            \$139  = 6'h08;
-          end
-          if (\$80 ) begin
-            \$139  = 6'h20;
-          end
-          if (\$81 ) begin
-            \$139  = 6'h20;
-          end
-          if (\$82 ) begin
-            \$139  = 6'h10;
-          end
-          if (\$83 ) begin
-            \$139  = 6'h10;
-          end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$87 ) begin
-              \$139  = 6'h00;
-            end else if (\$88 ) begin
-              \$139  = 6'h00;
-            end else if (\$112 ) begin
-              \$139  = 6'h00;
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+              \$139  = \$119 [12:0];
+            end else if (\$118 ) begin
+              \$139  = \$120 [12:0];
             end else begin
-              \$139  = 6'h00;
+              \$139  = \$121 [12:0];
             end
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h5:
-        begin
-          if (\$116 ) begin
-            \$139  = 6'h00;
+          if (\$122 ) begin
+            \$139  = { 1'h0, cur[281:270] };
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h8:
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
+          /* empty */;
       4'h9:
-        begin
-          if (\$118 ) begin
-            \$139  = 6'h00;
+          if (\$124 ) begin
+            \$139  = \$127 [12:0];
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
     endcase
     if (rst) begin
-      \$139  = 6'h00;
+      \$139  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = pf_ready;
+    \$140  = route_done;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$62 ) begin
-          end else begin
+          if (\start$351 ) begin
             \$140  = 1'h0;
           end
+      4'h1:
+          /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-        begin
-          \$140  = 1'h0;
-          if (\$66 ) begin
-            \$140  = \$71 ;
-          end
-        end
+          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-        begin
-          if (\done$334 ) begin
-            \$140  = 1'h1;
-          end
           if (exec_done) begin
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
-              \$140  = 1'h0;
+            if (running_exec[3]) begin
+              \$140  = 1'h1;
             end
           end
-        end
     endcase
     if (rst) begin
       \$140  = 1'h0;
@@ -2123,7 +1736,412 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = cur;
+    \$141  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$141  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$141  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$122 ) begin
+            \$141  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$124 ) begin
+            \$141  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$141  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$142  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$142  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$88 ) begin
+              \$142  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$142  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$143  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$143  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$64 ) begin
+            \$143  = 4'h2;
+          end else begin
+            \$143  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$143  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+            \$143  = 4'h0;
+          end else if (\$70 ) begin
+            \$143  = 4'h2;
+          end else if (\$71 ) begin
+            \$143  = 4'h1;
+          end else if (\$72 ) begin
+            \$143  = 4'h5;
+          end else begin
+            \$143  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$143  = 4'h7;
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$91 ) begin
+              \$143  = 4'h2;
+            end else if (\$92 ) begin
+              \$143  = 4'h1;
+            end else if (\$118 ) begin
+              \$143  = 4'h6;
+            end else begin
+              \$143  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$122 ) begin
+            \$143  = 4'h1;
+          end else begin
+            \$143  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$143  = 4'h9;
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$124 ) begin
+            \$143  = 4'h1;
+          end else begin
+            \$143  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$130 ) begin
+            \$143  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$143  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$144  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$64 ) begin
+            \$144  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$144  = \error$337 ;
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$91 ) begin
+              \$144  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$144  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$145  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$64 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$145  = 6'h00;
+          end else if (\$71 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$74 ) begin
+            \$145  = 6'h01;
+          end
+          if (\$75 ) begin
+            \$145  = 6'h01;
+          end
+          if (\$76 ) begin
+            \$145  = 6'h02;
+          end
+          if (\$77 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$78 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$79 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$80 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$81 ) begin
+            \$145  = 6'h08;
+          end
+          if (\$82 ) begin
+            \$145  = 6'h20;
+          end
+          if (\$83 ) begin
+            \$145  = 6'h20;
+          end
+          if (\$84 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$85 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$86 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$87 ) begin
+            \$145  = 6'h04;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$91 ) begin
+              \$145  = 6'h00;
+            end else if (\$92 ) begin
+              \$145  = 6'h00;
+            end else if (\$118 ) begin
+              \$145  = 6'h00;
+            end else begin
+              \$145  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$122 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$124 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$145  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$64 ) begin
+          end else begin
+            \$146  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$146  = 1'h0;
+          if (\$68 ) begin
+            \$146  = \$73 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$334 ) begin
+            \$146  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
+              \$146  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$146  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$147  = cur;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2133,42 +2151,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
           end else if (\$70 ) begin
-            \$141 [220:0] = decoded;
-            \$141 [253:221] = host;
-            \$141 [269:254] = beats;
-            \$141 [281:270] = ins[255:244];
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$147 [220:0] = decoded;
+            \$147 [253:221] = host;
+            \$147 [269:254] = beats;
+            \$147 [281:270] = ins[255:244];
           end else begin
-            \$141 [220:0] = decoded;
-            \$141 [253:221] = host;
-            \$141 [269:254] = beats;
-            \$141 [281:270] = ins[255:244];
+            \$147 [220:0] = decoded;
+            \$147 [253:221] = host;
+            \$147 [269:254] = beats;
+            \$147 [281:270] = ins[255:244];
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
-              \$141 [220:0] = decoded;
-              \$141 [253:221] = host;
-              \$141 [269:254] = beats;
-              \$141 [281:270] = ins[255:244];
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
+              \$147 [220:0] = decoded;
+              \$147 [253:221] = host;
+              \$147 [269:254] = beats;
+              \$147 [281:270] = ins[255:244];
             end
           end
     endcase
     if (rst) begin
-      \$141  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+      \$147  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = running_exec;
+    \$148  = running_exec;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2178,55 +2196,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
           end else if (\$70 ) begin
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
           end else begin
             casez (ins[5:0])
               6'h01, 6'h02:
-                  \$142  = 5'h01;
+                  \$148  = 5'h01;
               6'h03:
-                  \$142  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$142  = 5'h04;
+                  \$148  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+                  \$148  = 5'h04;
               6'h08:
-                  \$142  = 5'h08;
+                  \$148  = 5'h08;
               6'h0a, 6'h0b:
-                  \$142  = 5'h10;
+                  \$148  = 5'h10;
             endcase
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            \$142  = 5'h00;
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
+            \$148  = 5'h00;
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
               casez (ins[5:0])
                 6'h01, 6'h02:
-                    \$142  = 5'h01;
+                    \$148  = 5'h01;
                 6'h03:
-                    \$142  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                    \$142  = 5'h04;
+                    \$148  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+                    \$148  = 5'h04;
                 6'h08:
-                    \$142  = 5'h08;
+                    \$148  = 5'h08;
                 6'h0a, 6'h0b:
-                    \$142  = 5'h10;
+                    \$148  = 5'h10;
               endcase
             end
           end
     endcase
     if (rst) begin
-      \$142  = 5'h00;
+      \$148  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = scan;
+    \$149  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2241,25 +2259,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$143  = 4'h0;
+              \$149  = 4'h0;
             end
           end
       4'h5:
-          if (\$116 ) begin
-            \$143  = 4'h8;
+          if (\$122 ) begin
+            \$149  = 4'h8;
           end
       4'h8:
           /* empty */;
       4'h9:
-          \$143  = \$117 [3:0];
+          \$149  = \$123 [3:0];
     endcase
     if (rst) begin
-      \$143  = 4'h0;
+      \$149  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = scores_a;
+    \$150  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2273,18 +2291,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$84 ) begin
-              \$144  = cur[60:48];
+            if (\$88 ) begin
+              \$150  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$144  = 13'h0000;
+      \$150  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = scores_len;
+    \$151  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2298,18 +2316,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$84 ) begin
-              \$145  = cur[122:109];
+            if (\$88 ) begin
+              \$151  = cur[122:109];
             end
           end
     endcase
     if (rst) begin
-      \$145  = 14'h0000;
+      \$151  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = expert;
+    \$152  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2328,17 +2346,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$146  = scan;
+          if (\$124 ) begin
+            \$152  = scan;
           end
     endcase
     if (rst) begin
-      \$146  = 4'h0;
+      \$152  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = count;
+    \$153  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2357,17 +2375,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$147  = \$like [15:0];
+          if (\$124 ) begin
+            \$153  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$147  = 16'h0000;
+      \$153  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = offset;
+    \$154  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2386,12 +2404,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$148  = \$120 ;
+          if (\$124 ) begin
+            \$154  = \$126 ;
           end
     endcase
     if (rst) begin
-      \$148  = 14'h0000;
+      \$154  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2419,14 +2437,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$149 [5], \$149 [5], \$149  };
+  assign bus__arlen = { \$155 [5], \$155 [5], \$155  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$150 [5], \$150 [5], \$150  };
+  assign bus__awlen = { \$156 [5], \$156 [5], \$156  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2579,12 +2597,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$150 [5], \$150 [5], \$150  };
+  assign m_axi__awlen = { \$156 [5], \$156 [5], \$156  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$149 [5], \$149 [5], \$149  };
+  assign m_axi__arlen = { \$155 [5], \$155 [5], \$155  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -2782,7 +2800,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$651$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$661$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -2912,8 +2930,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$651$0 ;
-  wire [15:0] \port$651$0 ;
+  input [15:0] \port$661$0 ;
+  wire [15:0] \port$661$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3022,7 +3040,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$651$0  };
+      rd_data = { 16'h0000, \port$661$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3163,7 +3181,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$651$0  };
+  assign load_data = { 16'h0000, \port$661$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -3404,76 +3422,76 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire \$100 ;
-  wire [13:0] \$101 ;
-  wire [9:0] \$102 ;
-  wire \$103 ;
-  wire [4:0] \$104 ;
-  wire \$105 ;
+  wire [9:0] \$100 ;
+  wire [22:0] \$101 ;
+  wire [23:0] \$102 ;
+  wire [16:0] \$103 ;
+  wire \$104 ;
+  wire [23:0] \$105 ;
   wire [13:0] \$106 ;
-  wire [14:0] \$107 ;
+  wire [9:0] \$107 ;
   wire \$108 ;
-  wire [14:0] \$109 ;
+  wire [4:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [13:0] \$110 ;
-  wire [16:0] \$111 ;
-  wire \$112 ;
-  wire [16:0] \$113 ;
-  wire [13:0] \$114 ;
-  wire [16:0] \$115 ;
-  wire \$116 ;
-  wire [16:0] \$117 ;
-  wire [13:0] \$118 ;
-  wire [16:0] \$119 ;
+  wire \$110 ;
+  wire [13:0] \$111 ;
+  wire [9:0] \$112 ;
+  wire \$113 ;
+  wire [4:0] \$114 ;
+  wire \$115 ;
+  wire [13:0] \$116 ;
+  wire [14:0] \$117 ;
+  wire \$118 ;
+  wire [14:0] \$119 ;
   wire [17:0] \$12 ;
-  wire \$120 ;
+  wire [13:0] \$120 ;
   wire [16:0] \$121 ;
-  wire [13:0] \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire [9:0] \$125 ;
+  wire \$122 ;
+  wire [16:0] \$123 ;
+  wire [13:0] \$124 ;
+  wire [16:0] \$125 ;
   wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
+  wire [16:0] \$127 ;
+  wire [13:0] \$128 ;
+  wire [16:0] \$129 ;
   wire [17:0] \$13 ;
   wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
+  wire [16:0] \$131 ;
+  wire [13:0] \$132 ;
+  wire [14:0] \$133 ;
   wire \$134 ;
-  wire \$135 ;
-  wire [9:0] \$136 ;
-  wire \$137 ;
+  wire [14:0] \$135 ;
+  wire [13:0] \$136 ;
+  wire [16:0] \$137 ;
   wire \$138 ;
-  wire \$139 ;
+  wire [16:0] \$139 ;
   wire [18:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
+  wire [13:0] \$140 ;
+  wire [9:0] \$141 ;
+  wire [9:0] \$142 ;
+  wire [22:0] \$143 ;
+  wire [23:0] \$144 ;
+  wire [16:0] \$145 ;
   wire \$146 ;
-  wire \$147 ;
+  wire [23:0] \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [9:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
+  wire [22:0] \$150 ;
+  wire [23:0] \$151 ;
+  wire [16:0] \$152 ;
   wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
+  wire [23:0] \$154 ;
+  wire [13:0] \$155 ;
+  wire [9:0] \$156 ;
   wire \$157 ;
-  wire \$158 ;
+  wire [4:0] \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [13:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
-  wire \$163 ;
+  wire [9:0] \$163 ;
   wire \$164 ;
   wire \$165 ;
   wire \$166 ;
@@ -3485,15 +3503,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire \$174 ;
+  wire [9:0] \$174 ;
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
-  wire [14:0] \$178 ;
+  wire \$178 ;
   wire \$179 ;
   wire [1:0] \$18 ;
   wire \$180 ;
-  wire [14:0] \$181 ;
+  wire \$181 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
@@ -3512,12 +3530,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire [14:0] \$199 ;
+  wire \$199 ;
   wire \$2 ;
   wire [9:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
-  wire [14:0] \$202 ;
+  wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
@@ -3532,18 +3550,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [14:0] \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire \$219 ;
+  wire [14:0] \$219 ;
   wire [15:0] \$22 ;
-  wire [14:0] \$220 ;
+  wire \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
-  wire [14:0] \$226 ;
+  wire \$226 ;
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
@@ -3551,17 +3569,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire [14:0] \$233 ;
+  wire \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire \$237 ;
+  wire [14:0] \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire \$24 ;
-  wire \$240 ;
-  wire [33:0] \$241 ;
-  wire [32:0] \$242 ;
+  wire [14:0] \$240 ;
+  wire \$241 ;
+  wire \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
@@ -3572,38 +3590,76 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  wire [13:0] \$252 ;
+  wire \$252 ;
   wire \$253 ;
-  wire [13:0] \$254 ;
+  wire \$254 ;
   wire \$255 ;
-  wire [13:0] \$256 ;
+  wire \$256 ;
   wire \$257 ;
-  wire [13:0] \$258 ;
+  wire [14:0] \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire [17:0] \$260 ;
-  wire [3:0] \$261 ;
-  wire [2:0] \$262 ;
-  reg \$263 ;
-  reg \$264 ;
-  reg \$265 ;
-  reg \$266 ;
-  reg [7:0] \$267 ;
-  reg \$268 ;
-  reg [2:0] \$269 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire [14:0] \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  reg [1:0] \$270 ;
-  reg [13:0] \$271 ;
-  reg [13:0] \$272 ;
-  reg [13:0] \$273 ;
-  reg [13:0] \$274 ;
-  reg [17:0] \$275 ;
-  reg [32:0] \$276 ;
+  wire \$270 ;
+  wire [14:0] \$271 ;
+  wire \$272 ;
+  wire \$273 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire \$278 ;
+  wire [33:0] \$279 ;
   wire \$28 ;
+  wire [32:0] \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire \$285 ;
+  wire \$286 ;
+  wire \$287 ;
+  wire \$288 ;
+  wire \$289 ;
   wire \$29 ;
+  wire [13:0] \$290 ;
+  wire \$291 ;
+  wire [13:0] \$292 ;
+  wire \$293 ;
+  wire [13:0] \$294 ;
+  wire \$295 ;
+  wire [13:0] \$296 ;
+  wire \$297 ;
+  wire [17:0] \$298 ;
+  wire [3:0] \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
+  wire [2:0] \$300 ;
+  reg \$301 ;
+  reg \$302 ;
+  reg \$303 ;
+  reg \$304 ;
+  reg [7:0] \$305 ;
+  reg \$306 ;
+  reg [2:0] \$307 ;
+  reg [1:0] \$308 ;
+  reg [13:0] \$309 ;
   wire \$31 ;
+  reg [13:0] \$310 ;
+  reg [13:0] \$311 ;
+  reg [13:0] \$312 ;
+  reg [17:0] \$313 ;
+  reg [32:0] \$314 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
@@ -3659,25 +3715,25 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [16:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
-  wire [9:0] \$82 ;
-  wire [9:0] \$83 ;
-  wire [22:0] \$84 ;
-  wire [23:0] \$85 ;
-  wire [16:0] \$86 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
   wire \$87 ;
-  wire [23:0] \$88 ;
+  wire \$88 ;
   wire \$89 ;
   wire [17:0] \$9 ;
-  wire [9:0] \$90 ;
-  wire [22:0] \$91 ;
-  wire [23:0] \$92 ;
-  wire [16:0] \$93 ;
-  wire \$94 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire [9:0] \$92 ;
+  wire [9:0] \$93 ;
+  wire [22:0] \$94 ;
   wire [23:0] \$95 ;
-  wire [13:0] \$96 ;
-  wire [9:0] \$97 ;
-  wire \$98 ;
-  wire [4:0] \$99 ;
+  wire [16:0] \$96 ;
+  wire \$97 ;
+  wire [23:0] \$98 ;
+  wire \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -3842,194 +3898,214 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$79  = m_eff >= 1'h1;
   assign \$80  = ins[63:48] >= 1'h1;
   assign \$81  = & { \$80 , \$79  };
-  assign \$85  = 1'h0 + \$84 ;
-  assign \$88  = \$87  ? \$85  : { 7'h00, \$86  };
-  assign \$89  = | \$88 [23:14];
-  assign \$92  = 1'h0 + \$91 ;
-  assign \$95  = \$94  ? \$92  : { 7'h00, \$93  };
-  assign \$96  = \$89  ? 14'h3fff : \$95 [13:0];
-  assign \$99  = \$98  ? 5'h10 : 5'h00;
-  assign \$101  = \$100  ? \$96  : { 9'h000, \$99  };
-  assign \$104  = \$103  ? 5'h10 : 5'h00;
-  assign \$105  = | ins[63:62];
-  assign \$106  = \$105  ? 14'h3fff : ins[61:48];
-  assign \$107  = mk + 5'h10;
-  assign \$109  = mk + 5'h10;
-  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
-  assign \$112  = | \$111 [16:14];
-  assign \$114  = \$112  ? 14'h3fff : \$113 [13:0];
-  assign \$115  = \context [47:34] + \context [33:18];
-  assign \$116  = | \$115 [16:14];
-  assign \$117  = \context [47:34] + \context [33:18];
-  assign \$118  = \$116  ? 14'h3fff : \$117 [13:0];
-  assign \$119  = \context [47:34] + \context [33:18];
-  assign \$120  = | \$119 [16:14];
-  assign \$121  = \context [47:34] + \context [33:18];
-  assign \$122  = \$120  ? 14'h3fff : \$121 [13:0];
-  assign \$123  = ins[5:0] <= 4'he;
-  assign \$124  = ~ \$123 ;
-  assign \$126  = | \$125 ;
-  assign \$127  = ins[5:0] == 4'ha;
-  assign \$128  = ins[5:0] == 4'hb;
-  assign \$129  = | { \$128 , \$127 , 1'h0 };
-  assign \$130  = \$126  | \$129 ;
-  assign \$131  = ins[5:0] == 4'h9;
-  assign \$133  = \$130  | \$132 ;
-  assign \$134  = ~ \context [0];
-  assign \$135  = \$133  & \$134 ;
-  assign \$137  = | \$136 ;
-  assign \$138  = ins[5:0] == 4'ha;
-  assign \$139  = ins[5:0] == 4'hb;
-  assign \$140  = | { \$139 , \$138 , 1'h0 };
-  assign \$141  = \$137  | \$140 ;
-  assign \$142  = ~ \context [1];
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = \$135  | \$143 ;
-  assign \$145  = ins[5:0] == 4'h9;
-  assign \$146  = ins[5:0] == 4'he;
-  assign \$147  = | { \$146 , \$145 , 1'h0 };
-  assign \$148  = ins[255:244] < 7'h40;
-  assign \$149  = ~ \$148 ;
-  assign \$150  = \$147  & \$149 ;
-  assign \$151  = ~ shape_q;
-  assign \$152  = ins[5:0] == 4'h8;
-  assign \$154  = ! ins[87:77];
-  assign \$155  = \context [48] & \$154 ;
-  assign \$156  = \context [61:49] == ins[76:64];
-  assign \$157  = \$155  & \$156 ;
-  assign \$158  = \context [75:62] == ln;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = ~ \$159 ;
-  assign \$161  = \$153  & \$160 ;
-  assign \$162  = ~ spad_ok;
-  assign \$163  = ins[5:0] == 1'h1;
-  assign \$164  = ins[5:0] == 2'h2;
-  assign \$165  = ins[5:0] == 2'h3;
-  assign \$166  = | { \$165 , \$164 , \$163 , 1'h0 };
-  assign \$167  = ~ host_ok;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = ~ busy;
-  assign \$170  = active & \$169 ;
-  assign \$171  = step != 3'h7;
-  assign \$172  = ! ins[5:0];
-  assign \$173  = settle == 2'h2;
-  assign \$174  = \$172  | \$173 ;
-  assign \$175  = | wa;
-  assign \$176  = | wc;
-  assign \$177  = \$175  & \$176 ;
-  assign \$178  = ins[125:112] + wc;
-  assign \$179  = ins[77:64] < \$178 ;
-  assign \$180  = \$177  & \$179 ;
-  assign \$181  = ins[77:64] + wa;
-  assign \$182  = ins[125:112] < \$181 ;
-  assign \$183  = \$180  & \$182 ;
-  assign \$184  = ins[5:0] == 3'h4;
-  assign \$185  = ins[5:0] == 3'h5;
-  assign \$186  = ins[5:0] == 3'h6;
-  assign \$187  = ins[5:0] == 3'h7;
-  assign \$188  = ins[5:0] == 4'hd;
-  assign \$189  = | { \$188 , \$187 , \$186 , \$185 , \$184 , 1'h0 };
-  assign \$190  = ins[77:64] == ins[125:112];
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = wa == wc;
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = ~ \$193 ;
-  assign \$195  = \$183  & \$194 ;
-  assign \$196  = | wb;
-  assign \$197  = | wc;
-  assign \$198  = \$196  & \$197 ;
-  assign \$199  = ins[125:112] + wc;
-  assign \$200  = ins[101:88] < \$199 ;
-  assign \$201  = \$198  & \$200 ;
-  assign \$202  = ins[101:88] + wb;
-  assign \$203  = ins[125:112] < \$202 ;
-  assign \$204  = \$201  & \$203 ;
-  assign \$205  = ins[5:0] == 3'h4;
-  assign \$206  = ins[5:0] == 3'h5;
-  assign \$207  = ins[5:0] == 3'h6;
-  assign \$208  = ins[5:0] == 3'h7;
-  assign \$209  = ins[5:0] == 4'hd;
-  assign \$210  = | { \$209 , \$208 , \$207 , \$206 , \$205 , 1'h0 };
-  assign \$211  = ins[101:88] == ins[125:112];
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = wb == wc;
-  assign \$214  = \$212  & \$213 ;
-  assign \$215  = ~ \$214 ;
-  assign \$216  = \$204  & \$215 ;
-  assign \$217  = \$195  | \$216 ;
-  assign \$218  = ! wa;
-  assign \$219  = ! ins[87:78];
-  assign \$220  = ins[77:64] + wa;
-  assign \$221  = \$220  <= 14'h2000;
-  assign \$222  = \$219  & \$221 ;
-  assign \$223  = \$218  | \$222 ;
-  assign \$224  = ! wb;
-  assign \$225  = ! ins[111:102];
-  assign \$226  = ins[101:88] + wb;
-  assign \$227  = \$226  <= 14'h2000;
-  assign \$228  = \$225  & \$227 ;
-  assign \$229  = \$224  | \$228 ;
-  assign \$230  = \$223  & \$229 ;
-  assign \$231  = ! wc;
-  assign \$232  = ! ins[135:126];
-  assign \$233  = ins[125:112] + wc;
-  assign \$234  = \$233  <= 14'h2000;
-  assign \$235  = \$232  & \$234 ;
-  assign \$236  = \$231  | \$235 ;
-  assign \$237  = \$230  & \$236 ;
-  assign \$238  = ! host[1:0];
-  assign \$239  = host >= \context [107:76];
-  assign \$240  = \$238  & \$239 ;
-  assign \$241  = host + { l4[17:2], 2'h0 };
-  assign \$242  = \context [107:76] + \context [139:108];
-  assign \$243  = \$241  <= \$242 ;
-  assign \$244  = \$240  & \$243 ;
-  assign \$245  = ~ busy;
-  assign \$246  = active & \$245 ;
-  assign \$247  = step != 3'h7;
-  assign \$248  = ! ins[5:0];
-  assign \$249  = settle == 2'h2;
-  assign \$250  = \$248  | \$249 ;
-  assign \$251  = | acc[32:14];
-  assign \$252  = \$251  ? 14'h3fff : acc[13:0];
-  assign \$253  = | acc[32:14];
-  assign \$254  = \$253  ? 14'h3fff : acc[13:0];
-  assign \$255  = | acc[32:14];
-  assign \$256  = \$255  ? 14'h3fff : acc[13:0];
-  assign \$257  = | acc[32:14];
-  assign \$258  = \$257  ? 14'h3fff : acc[13:0];
-  assign \$259  = | acc[32:18];
-  assign \$260  = \$259  ? 18'h3ffff : acc[17:0];
-  assign \$261  = step + 1'h1;
-  assign \$262  = settle + 1'h1;
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = & { \$83 , \$82  };
+  assign \$85  = m_eff >= 1'h1;
+  assign \$86  = ins[63:48] >= 1'h1;
+  assign \$87  = ins[243:238] >= 2'h2;
+  assign \$88  = ins[243:238] <= 5'h18;
+  assign \$89  = \$87  & \$88 ;
+  assign \$91  = & { \$90 , \$86 , \$85  };
+  assign \$95  = 1'h0 + \$94 ;
+  assign \$98  = \$97  ? \$95  : { 7'h00, \$96  };
+  assign \$99  = | \$98 [23:14];
+  assign \$102  = 1'h0 + \$101 ;
+  assign \$105  = \$104  ? \$102  : { 7'h00, \$103  };
+  assign \$106  = \$99  ? 14'h3fff : \$105 [13:0];
+  assign \$109  = \$108  ? 5'h10 : 5'h00;
+  assign \$111  = \$110  ? \$106  : { 9'h000, \$109  };
+  assign \$114  = \$113  ? 5'h10 : 5'h00;
+  assign \$115  = | ins[63:62];
+  assign \$116  = \$115  ? 14'h3fff : ins[61:48];
+  assign \$117  = mk + 5'h10;
+  assign \$119  = mk + 5'h10;
+  assign \$120  = \$118  ? 14'h3fff : \$119 [13:0];
+  assign \$122  = | \$121 [16:14];
+  assign \$124  = \$122  ? 14'h3fff : \$123 [13:0];
+  assign \$125  = \context [47:34] + \context [33:18];
+  assign \$126  = | \$125 [16:14];
+  assign \$127  = \context [47:34] + \context [33:18];
+  assign \$128  = \$126  ? 14'h3fff : \$127 [13:0];
+  assign \$129  = \context [47:34] + \context [33:18];
+  assign \$130  = | \$129 [16:14];
+  assign \$131  = \context [47:34] + \context [33:18];
+  assign \$132  = \$130  ? 14'h3fff : \$131 [13:0];
+  assign \$136  = \$134  ? 14'h3fff : \$135 [13:0];
+  assign \$138  = | \$137 [16:14];
+  assign \$140  = \$138  ? 14'h3fff : \$139 [13:0];
+  assign \$144  = 1'h0 + \$143 ;
+  assign \$147  = \$146  ? \$144  : { 7'h00, \$145  };
+  assign \$148  = | \$147 [23:14];
+  assign \$151  = 1'h0 + \$150 ;
+  assign \$154  = \$153  ? \$151  : { 7'h00, \$152  };
+  assign \$155  = \$148  ? 14'h3fff : \$154 [13:0];
+  assign \$158  = \$157  ? 5'h10 : 5'h00;
+  assign \$160  = \$159  ? \$155  : { 9'h000, \$158  };
+  assign \$161  = ins[5:0] <= 5'h10;
+  assign \$162  = ~ \$161 ;
+  assign \$164  = | \$163 ;
+  assign \$165  = ins[5:0] == 4'ha;
+  assign \$166  = ins[5:0] == 4'hb;
+  assign \$167  = | { \$166 , \$165 , 1'h0 };
+  assign \$168  = \$164  | \$167 ;
+  assign \$169  = ins[5:0] == 4'h9;
+  assign \$171  = \$168  | \$170 ;
+  assign \$172  = ~ \context [0];
+  assign \$173  = \$171  & \$172 ;
+  assign \$175  = | \$174 ;
+  assign \$176  = ins[5:0] == 4'ha;
+  assign \$177  = ins[5:0] == 4'hb;
+  assign \$178  = | { \$177 , \$176 , 1'h0 };
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = ~ \context [1];
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$173  | \$181 ;
+  assign \$183  = ins[5:0] == 4'h9;
+  assign \$184  = ins[5:0] == 4'he;
+  assign \$185  = | { \$184 , \$183 , 1'h0 };
+  assign \$186  = ins[255:244] < 7'h40;
+  assign \$187  = ~ \$186 ;
+  assign \$188  = \$185  & \$187 ;
+  assign \$189  = ~ shape_q;
+  assign \$190  = ins[5:0] == 4'h8;
+  assign \$192  = ! ins[87:77];
+  assign \$193  = \context [48] & \$192 ;
+  assign \$194  = \context [61:49] == ins[76:64];
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \context [75:62] == ln;
+  assign \$197  = \$195  & \$196 ;
+  assign \$198  = ~ \$197 ;
+  assign \$199  = \$191  & \$198 ;
+  assign \$200  = ~ spad_ok;
+  assign \$201  = ins[5:0] == 1'h1;
+  assign \$202  = ins[5:0] == 2'h2;
+  assign \$203  = ins[5:0] == 2'h3;
+  assign \$204  = | { \$203 , \$202 , \$201 , 1'h0 };
+  assign \$205  = ~ host_ok;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = ~ busy;
+  assign \$208  = active & \$207 ;
+  assign \$209  = step != 3'h7;
+  assign \$210  = ! ins[5:0];
+  assign \$211  = settle == 2'h2;
+  assign \$212  = \$210  | \$211 ;
+  assign \$213  = | wa;
+  assign \$214  = | wc;
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = ins[125:112] + wc;
+  assign \$217  = ins[77:64] < \$216 ;
+  assign \$218  = \$215  & \$217 ;
+  assign \$219  = ins[77:64] + wa;
+  assign \$220  = ins[125:112] < \$219 ;
+  assign \$221  = \$218  & \$220 ;
+  assign \$222  = ins[5:0] == 3'h4;
+  assign \$223  = ins[5:0] == 3'h5;
+  assign \$224  = ins[5:0] == 3'h6;
+  assign \$225  = ins[5:0] == 3'h7;
+  assign \$226  = ins[5:0] == 4'hd;
+  assign \$227  = | { \$226 , \$225 , \$224 , \$223 , \$222 , 1'h0 };
+  assign \$228  = ins[77:64] == ins[125:112];
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = wa == wc;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = ~ \$231 ;
+  assign \$233  = \$221  & \$232 ;
+  assign \$234  = | wb;
+  assign \$235  = | wc;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = ins[125:112] + wc;
+  assign \$238  = ins[101:88] < \$237 ;
+  assign \$239  = \$236  & \$238 ;
+  assign \$240  = ins[101:88] + wb;
+  assign \$241  = ins[125:112] < \$240 ;
+  assign \$242  = \$239  & \$241 ;
+  assign \$243  = ins[5:0] == 3'h4;
+  assign \$244  = ins[5:0] == 3'h5;
+  assign \$245  = ins[5:0] == 3'h6;
+  assign \$246  = ins[5:0] == 3'h7;
+  assign \$247  = ins[5:0] == 4'hd;
+  assign \$248  = | { \$247 , \$246 , \$245 , \$244 , \$243 , 1'h0 };
+  assign \$249  = ins[101:88] == ins[125:112];
+  assign \$250  = \$248  & \$249 ;
+  assign \$251  = wb == wc;
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = ~ \$252 ;
+  assign \$254  = \$242  & \$253 ;
+  assign \$255  = \$233  | \$254 ;
+  assign \$256  = ! wa;
+  assign \$257  = ! ins[87:78];
+  assign \$258  = ins[77:64] + wa;
+  assign \$259  = \$258  <= 14'h2000;
+  assign \$260  = \$257  & \$259 ;
+  assign \$261  = \$256  | \$260 ;
+  assign \$262  = ! wb;
+  assign \$263  = ! ins[111:102];
+  assign \$264  = ins[101:88] + wb;
+  assign \$265  = \$264  <= 14'h2000;
+  assign \$266  = \$263  & \$265 ;
+  assign \$267  = \$262  | \$266 ;
+  assign \$268  = \$261  & \$267 ;
+  assign \$269  = ! wc;
+  assign \$270  = ! ins[135:126];
+  assign \$271  = ins[125:112] + wc;
+  assign \$272  = \$271  <= 14'h2000;
+  assign \$273  = \$270  & \$272 ;
+  assign \$274  = \$269  | \$273 ;
+  assign \$275  = \$268  & \$274 ;
+  assign \$276  = ! host[1:0];
+  assign \$277  = host >= \context [107:76];
+  assign \$278  = \$276  & \$277 ;
+  assign \$279  = host + { l4[17:2], 2'h0 };
+  assign \$280  = \context [107:76] + \context [139:108];
+  assign \$281  = \$279  <= \$280 ;
+  assign \$282  = \$278  & \$281 ;
+  assign \$283  = ~ busy;
+  assign \$284  = active & \$283 ;
+  assign \$285  = step != 3'h7;
+  assign \$286  = ! ins[5:0];
+  assign \$287  = settle == 2'h2;
+  assign \$288  = \$286  | \$287 ;
+  assign \$289  = | acc[32:14];
+  assign \$290  = \$289  ? 14'h3fff : acc[13:0];
+  assign \$291  = | acc[32:14];
+  assign \$292  = \$291  ? 14'h3fff : acc[13:0];
+  assign \$293  = | acc[32:14];
+  assign \$294  = \$293  ? 14'h3fff : acc[13:0];
+  assign \$295  = | acc[32:14];
+  assign \$296  = \$295  ? 14'h3fff : acc[13:0];
+  assign \$297  = | acc[32:18];
+  assign \$298  = \$297  ? 18'h3ffff : acc[17:0];
+  assign \$299  = step + 1'h1;
+  assign \$300  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$263 ;
+    shape_q <= \$301 ;
   always @(posedge clk)
-    overlap_q <= \$264 ;
+    overlap_q <= \$302 ;
   always @(posedge clk)
-    spad_ok <= \$265 ;
+    spad_ok <= \$303 ;
   always @(posedge clk)
-    host_ok <= \$266 ;
+    host_ok <= \$304 ;
   always @(posedge clk)
-    error <= \$267 ;
+    error <= \$305 ;
   always @(posedge clk)
-    active <= \$268 ;
+    active <= \$306 ;
   always @(posedge clk)
-    step <= \$269 ;
+    step <= \$307 ;
   always @(posedge clk)
-    settle <= \$270 ;
+    settle <= \$308 ;
   always @(posedge clk)
-    ln <= \$271 ;
+    ln <= \$309 ;
   always @(posedge clk)
-    mk <= \$272 ;
+    mk <= \$310 ;
   always @(posedge clk)
-    p2 <= \$273 ;
+    p2 <= \$311 ;
   always @(posedge clk)
-    p3 <= \$274 ;
+    p3 <= \$312 ;
   always @(posedge clk)
-    l4 <= \$275 ;
+    l4 <= \$313 ;
   always @(posedge clk)
-    host <= \$276 ;
+    host <= \$314 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4047,7 +4123,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_y = m_eff;
           endcase
       3'h1:
@@ -4090,7 +4166,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
@@ -4133,7 +4209,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_acc = 33'h000000000;
           endcase
       3'h1:
@@ -4204,6 +4280,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           shape_ok = \$81 ;
       6'h0e:
           shape_ok = 1'h1;
+      6'h0f:
+          shape_ok = \$84 ;
+      6'h10:
+          shape_ok = \$91 ;
     endcase
   end
   always @* begin
@@ -4223,7 +4303,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$110 ;
+          wc = \$120 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4231,6 +4311,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0b:
           wc = ln;
       6'h0c:
+          wc = ln;
+      6'h0f:
+          wc = \$136 ;
+      6'h10:
           wc = ln;
     endcase
   end
@@ -4253,13 +4337,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$114 ;
+          wa = \$124 ;
       6'h0a:
           wa = ln;
       6'h0b:
           wa = mk;
       6'h0c:
           wa = p3;
+      6'h0f:
+          wa = ln;
+      6'h10:
+          wa = \$140 ;
     endcase
   end
   always @* begin
@@ -4271,43 +4359,47 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$101 ;
+          wb = \$111 ;
       6'h04:
-          wb = { 9'h000, \$104  };
+          wb = { 9'h000, \$114  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$106 ;
+          wb = \$116 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$118 ;
+          wb = \$128 ;
       6'h0b:
-          wb = \$122 ;
+          wb = \$132 ;
       6'h0c:
           wb = mk;
+      6'h0f:
+          /* empty */;
+      6'h10:
+          wb = \$160 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$124 ) begin
+    if (\$162 ) begin
       decode_err = 8'h01;
-    end else if (\$144 ) begin
+    end else if (\$182 ) begin
       decode_err = 8'h08;
-    end else if (\$150 ) begin
+    end else if (\$188 ) begin
       decode_err = 8'h06;
-    end else if (\$151 ) begin
+    end else if (\$189 ) begin
       decode_err = 8'h03;
-    end else if (\$161 ) begin
+    end else if (\$199 ) begin
       decode_err = 8'h04;
-    end else if (\$162 ) begin
+    end else if (\$200 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$168 ) begin
+    end else if (\$206 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4315,8 +4407,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         load = 1'h1;
       end
     end
@@ -4325,8 +4417,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         y = st_y;
       end
     end
@@ -4335,8 +4427,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         x = st_x;
       end
     end
@@ -4345,8 +4437,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         acc_in = st_acc;
       end
     end
@@ -4355,187 +4447,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
-      end else if (\$174 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
+      end else if (\$212 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$263  = shape_ok;
+    \$301  = shape_ok;
     if (unit_rst) begin
-      \$263  = 1'h0;
+      \$301  = 1'h0;
     end
     if (rst) begin
-      \$263  = 1'h0;
+      \$301  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$264  = \$217 ;
+    \$302  = \$255 ;
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$302  = 1'h0;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$302  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$265  = \$237 ;
+    \$303  = \$275 ;
     if (unit_rst) begin
-      \$265  = 1'h0;
+      \$303  = 1'h0;
     end
     if (rst) begin
-      \$265  = 1'h0;
+      \$303  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$266  = \$244 ;
+    \$304  = \$282 ;
     if (unit_rst) begin
-      \$266  = 1'h0;
+      \$304  = 1'h0;
     end
     if (rst) begin
-      \$266  = 1'h0;
+      \$304  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$267  = decode_err;
+    \$305  = decode_err;
     if (unit_rst) begin
-      \$267  = 8'h00;
+      \$305  = 8'h00;
     end
     if (rst) begin
-      \$267  = 8'h00;
+      \$305  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$268  = active;
+    \$306  = active;
     if (start) begin
-      \$268  = 1'h1;
-    end else if (\$246 ) begin
-      if (\$247 ) begin
-      end else if (\$250 ) begin
-        \$268  = 1'h0;
+      \$306  = 1'h1;
+    end else if (\$284 ) begin
+      if (\$285 ) begin
+      end else if (\$288 ) begin
+        \$306  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$268  = 1'h0;
+      \$306  = 1'h0;
     end
     if (rst) begin
-      \$268  = 1'h0;
+      \$306  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$269  = step;
+    \$307  = step;
     if (start) begin
-      \$269  = 3'h0;
-    end else if (\$246 ) begin
-      if (\$247 ) begin
-        \$269  = \$261 [2:0];
+      \$307  = 3'h0;
+    end else if (\$284 ) begin
+      if (\$285 ) begin
+        \$307  = \$299 [2:0];
       end
     end
     if (unit_rst) begin
-      \$269  = 3'h0;
+      \$307  = 3'h0;
     end
     if (rst) begin
-      \$269  = 3'h0;
+      \$307  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$270  = settle;
+    \$308  = settle;
     if (start) begin
-      \$270  = 2'h0;
-    end else if (\$246 ) begin
+      \$308  = 2'h0;
+    end else if (\$284 ) begin
       (* full_case = 32'd1 *)
-      if (\$247 ) begin
-      end else if (\$250 ) begin
+      if (\$285 ) begin
+      end else if (\$288 ) begin
       end else begin
-        \$270  = \$262 [1:0];
+        \$308  = \$300 [1:0];
       end
     end
     if (unit_rst) begin
-      \$270  = 2'h0;
+      \$308  = 2'h0;
     end
     if (rst) begin
-      \$270  = 2'h0;
+      \$308  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$271  = ln;
+    \$309  = ln;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
-              \$271  = \$252 ;
+              \$309  = \$290 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$271  = 14'h0000;
+      \$309  = 14'h0000;
     end
     if (rst) begin
-      \$271  = 14'h0000;
+      \$309  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$272  = mk;
+    \$310  = mk;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$272  = \$254 ;
+              \$310  = \$292 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$272  = 14'h0000;
+      \$310  = 14'h0000;
     end
     if (rst) begin
-      \$272  = 14'h0000;
+      \$310  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$273  = p2;
+    \$311  = p2;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$273  = \$256 ;
+              \$311  = \$294 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$273  = 14'h0000;
+      \$311  = 14'h0000;
     end
     if (rst) begin
-      \$273  = 14'h0000;
+      \$311  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$274  = p3;
+    \$312  = p3;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4544,23 +4636,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$274  = \$258 ;
+              \$312  = \$296 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$274  = 14'h0000;
+      \$312  = 14'h0000;
     end
     if (rst) begin
-      \$274  = 14'h0000;
+      \$312  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$275  = l4;
+    \$313  = l4;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4571,23 +4663,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$275  = \$260 ;
+              \$313  = \$298 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$275  = 18'h00000;
+      \$313  = 18'h00000;
     end
     if (rst) begin
-      \$275  = 18'h00000;
+      \$313  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$276  = host;
+    \$314  = host;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4600,15 +4692,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$276  = acc;
+              \$314  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$276  = 33'h000000000;
+      \$314  = 33'h000000000;
     end
     if (rst) begin
-      \$276  = 33'h000000000;
+      \$314  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -4682,34 +4774,56 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$33  = \$32 ;
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
-  assign { \$82 [9:4], \$82 [2:0] } = 9'h000;
-  assign \$82 [3] = ins[9];
-  assign { \$83 [9:3], \$83 [1:0] } = 9'h000;
-  assign \$83 [2] = ins[8];
-  assign \$84  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$86  = { ins[63:48], 1'h0 };
-  assign \$87  = ins[8];
-  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
-  assign \$90 [2] = ins[8];
-  assign \$91  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$93  = { ins[63:48], 1'h0 };
-  assign \$94  = ins[8];
-  assign { \$97 [9:3], \$97 [1:0] } = 9'h000;
-  assign \$97 [2] = ins[8];
-  assign \$98  = ins[8];
-  assign \$100  = ins[9];
-  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
-  assign \$102 [2] = ins[8];
-  assign \$103  = ins[8];
-  assign \$108  = \$107 [14];
-  assign \$111  = { ins[63:48], 1'h0 };
-  assign \$113  = { ins[63:48], 1'h0 };
-  assign \$125 [9:3] = 7'h00;
-  assign \$125 [2:0] = ins[8:6];
-  assign \$132  = \$131 ;
-  assign \$136 [9:3] = 7'h00;
-  assign \$136 [2:0] = ins[8:6];
-  assign \$153  = \$152 ;
+  assign \$90  = \$89 ;
+  assign { \$92 [9:4], \$92 [2:0] } = 9'h000;
+  assign \$92 [3] = ins[9];
+  assign \$94  = { 3'h0, ins[63:48], 4'h0 };
+  assign { \$93 [9:3], \$93 [1:0] } = 9'h000;
+  assign \$93 [2] = ins[8];
+  assign \$96  = { ins[63:48], 1'h0 };
+  assign \$97  = ins[8];
+  assign { \$100 [9:3], \$100 [1:0] } = 9'h000;
+  assign \$100 [2] = ins[8];
+  assign \$101  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$103  = { ins[63:48], 1'h0 };
+  assign \$104  = ins[8];
+  assign { \$107 [9:3], \$107 [1:0] } = 9'h000;
+  assign \$107 [2] = ins[8];
+  assign \$108  = ins[8];
+  assign \$110  = ins[9];
+  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
+  assign \$112 [2] = ins[8];
+  assign \$113  = ins[8];
+  assign \$118  = \$117 [14];
+  assign \$121  = { ins[63:48], 1'h0 };
+  assign \$123  = { ins[63:48], 1'h0 };
+  assign \$133  = { ln, 1'h0 };
+  assign \$134  = \$133 [14];
+  assign \$135  = { ln, 1'h0 };
+  assign \$137  = { 1'h0, ln, 2'h0 };
+  assign \$139  = { 1'h0, ln, 2'h0 };
+  assign { \$141 [9:4], \$141 [2:0] } = 9'h000;
+  assign \$141 [3] = ins[9];
+  assign { \$142 [9:3], \$142 [1:0] } = 9'h000;
+  assign \$142 [2] = ins[8];
+  assign \$143  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$145  = { ins[63:48], 1'h0 };
+  assign \$146  = ins[8];
+  assign { \$149 [9:3], \$149 [1:0] } = 9'h000;
+  assign \$149 [2] = ins[8];
+  assign \$150  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$152  = { ins[63:48], 1'h0 };
+  assign \$153  = ins[8];
+  assign { \$156 [9:3], \$156 [1:0] } = 9'h000;
+  assign \$156 [2] = ins[8];
+  assign \$157  = ins[8];
+  assign \$159  = ins[9];
+  assign \$163 [9:3] = 7'h00;
+  assign \$163 [2:0] = ins[8:6];
+  assign \$170  = \$169 ;
+  assign \$174 [9:3] = 7'h00;
+  assign \$174 [2:0] = ins[8:6];
+  assign \$191  = \$190 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -4810,8 +4924,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$3879$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3931$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4950,12 +5064,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$381$0 ;
-  wire [5:0] \port$381$0 ;
-  input [15:0] \port$3879$254 ;
-  wire [15:0] \port$3879$254 ;
-  output [5:0] \port$399$0 ;
-  wire [5:0] \port$399$0 ;
+  output [5:0] \port$391$0 ;
+  wire [5:0] \port$391$0 ;
+  input [15:0] \port$3931$254 ;
+  wire [15:0] \port$3931$254 ;
+  output [5:0] \port$409$0 ;
+  wire [5:0] \port$409$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5120,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3879$254  };
+      \$74  = { 8'h00, \port$3931$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5156,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3879$254  };
+      \$77  = { 8'h00, \port$3931$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5201,11 +5315,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3879$254  };
+  assign rd_beats = { 8'h00, \port$3931$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3879$254  };
-  assign \port$381$0  = \$9 ;
-  assign \port$399$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3931$254  };
+  assign \port$391$0  = \$9 ;
+  assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -5944,9 +6058,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4918$0 (\$signal ),
-    .\port$5231$0 (spad__rd0__data),
-    .\port$5233$0 (spad__rd1__data),
+    .\port$4970$0 (\$signal ),
+    .\port$5283$0 (spad__rd0__data),
+    .\port$5285$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9715,7 +9829,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4918$0 , level, \port$5231$0 , \port$5233$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4970$0 , level, \port$5283$0 , \port$5285$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9740,12 +9854,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$4918$0 ;
-  wire \port$4918$0 ;
-  input [31:0] \port$5231$0 ;
-  wire [31:0] \port$5231$0 ;
-  input [31:0] \port$5233$0 ;
-  wire [31:0] \port$5233$0 ;
+  input \port$4970$0 ;
+  wire \port$4970$0 ;
+  input [31:0] \port$5283$0 ;
+  wire [31:0] \port$5283$0 ;
+  input [31:0] \port$5285$0 ;
+  wire [31:0] \port$5285$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -9778,7 +9892,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$4918$0 , \port$5233$0 , \port$5231$0  };
+      storage[w_port__addr] <= { \port$4970$0 , \port$5285$0 , \port$5283$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -9849,8 +9963,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
-  assign w_data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
+  assign w_port__data = { \port$4970$0 , \port$5285$0 , \port$5283$0  };
+  assign w_data = { \port$4970$0 , \port$5285$0 , \port$5283$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -12560,10 +12674,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$70 ),
-    .\port$4129$0 (pack[7:0]),
-    .\port$4129$24 (pack[31:24]),
-    .\port$4129$48 (pack[55:48]),
-    .\port$4129$72 (pack[79:72]),
+    .\port$4181$0 (pack[7:0]),
+    .\port$4181$24 (pack[31:24]),
+    .\port$4181$48 (pack[55:48]),
+    .\port$4181$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -13668,7 +13782,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4129$0 , \port$4129$24 , \port$4129$48 , \port$4129$72 
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4181$0 , \port$4181$24 , \port$4181$48 , \port$4181$72 
 , a_in__valid, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire [12:0] \$1 ;
@@ -14170,14 +14284,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4129$0 ;
-  wire [7:0] \port$4129$0 ;
-  input [7:0] \port$4129$24 ;
-  wire [7:0] \port$4129$24 ;
-  input [7:0] \port$4129$48 ;
-  wire [7:0] \port$4129$48 ;
-  input [7:0] \port$4129$72 ;
-  wire [7:0] \port$4129$72 ;
+  input [7:0] \port$4181$0 ;
+  wire [7:0] \port$4181$0 ;
+  input [7:0] \port$4181$24 ;
+  wire [7:0] \port$4181$24 ;
+  input [7:0] \port$4181$48 ;
+  wire [7:0] \port$4181$48 ;
+  input [7:0] \port$4181$72 ;
+  wire [7:0] \port$4181$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -14800,7 +14914,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4181$72 , \port$4181$48 , \port$4181$24 , \port$4181$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -16853,8 +16967,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
-  assign a_in__payload = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
+  assign \$signature__data  = { \port$4181$72 , \port$4181$48 , \port$4181$24 , \port$4181$0  };
+  assign a_in__payload = { \port$4181$72 , \port$4181$48 , \port$4181$24 , \port$4181$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -16950,14 +17064,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4129$0 ;
-  assign \$signature__data[1]  = \port$4129$24 ;
-  assign \$signature__data[2]  = \port$4129$48 ;
-  assign \$signature__data[3]  = \port$4129$72 ;
-  assign \a_in__payload[0]  = \port$4129$0 ;
-  assign \a_in__payload[1]  = \port$4129$24 ;
-  assign \a_in__payload[2]  = \port$4129$48 ;
-  assign \a_in__payload[3]  = \port$4129$72 ;
+  assign \$signature__data[0]  = \port$4181$0 ;
+  assign \$signature__data[1]  = \port$4181$24 ;
+  assign \$signature__data[2]  = \port$4181$48 ;
+  assign \$signature__data[3]  = \port$4181$72 ;
+  assign \a_in__payload[0]  = \port$4181$0 ;
+  assign \a_in__payload[1]  = \port$4181$24 ;
+  assign \a_in__payload[2]  = \port$4181$48 ;
+  assign \a_in__payload[3]  = \port$4181$72 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -23178,8 +23292,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1418$0 (mult),
-    .\port$1423$0 (i__payload),
+    .\port$1428$0 (mult),
+    .\port$1433$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -24035,7 +24149,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -24121,10 +24235,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1418$0 ;
-  wire [15:0] \port$1418$0 ;
-  input [95:0] \port$1423$0 ;
-  wire [95:0] \port$1423$0 ;
+  input [15:0] \port$1428$0 ;
+  wire [15:0] \port$1428$0 ;
+  input [95:0] \port$1433$0 ;
+  wire [95:0] \port$1433$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -24189,7 +24303,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1423$0 [16:0] };
+      \$9  = { 1'h0, \port$1433$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -24202,7 +24316,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1418$0  };
+      \$10  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -24228,7 +24342,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
+      \$12  = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -24241,7 +24355,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1418$0  };
+      \$13  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -24267,7 +24381,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1423$0 [40:24] };
+      \$15  = { 1'h0, \port$1433$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -24280,7 +24394,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1418$0  };
+      \$16  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -24306,7 +24420,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
+      \$18  = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -24319,7 +24433,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1418$0  };
+      \$19  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -24345,7 +24459,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1423$0 [64:48] };
+      \$21  = { 1'h0, \port$1433$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -24358,7 +24472,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1418$0  };
+      \$22  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -24384,7 +24498,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
+      \$24  = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -24397,7 +24511,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1418$0  };
+      \$25  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -24423,7 +24537,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1423$0 [88:72] };
+      \$27  = { 1'h0, \port$1433$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -24436,7 +24550,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1418$0  };
+      \$28  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -24462,7 +24576,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
+      \$30  = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -24475,7 +24589,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1418$0  };
+      \$31  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -24497,22 +24611,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1423$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1418$0  };
-  assign a__1 = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1418$0  };
-  assign a__2 = { 1'h0, \port$1423$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1418$0  };
-  assign a__3 = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1418$0  };
-  assign a__4 = { 1'h0, \port$1423$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1418$0  };
-  assign a__5 = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1418$0  };
-  assign a__6 = { 1'h0, \port$1423$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1418$0  };
-  assign a__7 = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1418$0  };
+  assign a__0 = { 1'h0, \port$1433$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1428$0  };
+  assign a__1 = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1428$0  };
+  assign a__2 = { 1'h0, \port$1433$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1428$0  };
+  assign a__3 = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1428$0  };
+  assign a__4 = { 1'h0, \port$1433$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1428$0  };
+  assign a__5 = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1428$0  };
+  assign a__6 = { 1'h0, \port$1433$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1428$0  };
+  assign a__7 = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1428$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28583,7 +28697,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3881$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3933$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -28761,8 +28875,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3881$0 ;
-  wire [4:0] \port$3881$0 ;
+  input [4:0] \port$3933$0 ;
+  wire [4:0] \port$3933$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -28775,64 +28889,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3881$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3933$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3881$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3933$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3881$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3881$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3933$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3933$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3881$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3933$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3881$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3933$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3881$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3933$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4], \port$3933$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3881$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3933$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3881$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3933$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3881$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3933$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3881$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3933$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3881$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3933$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0], \port$3933$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1], \port$3933$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2], \port$3933$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3], \port$3933$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -28847,7 +28961,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3881$0 , \port$2$0  };
+  assign select = { \port$3933$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
