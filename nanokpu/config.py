@@ -147,8 +147,8 @@ class KpuConfig:
 
     Quantisation scheme and router precision
     ----------------------------------------
-    The RTL and the compiler build the defaults only and refuse the others
-    (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26, docs/fidelity.md).
+    The RTL and the compiler build ``weight_scales`` and ``router_width`` and refuse a logit
+    format off its default (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26, docs/fidelity.md).
 
     weight_scales : str
         One of :data:`WEIGHT_SCALES`: symmetric int weights with zero point 0 and one scale per
@@ -335,12 +335,11 @@ class KpuConfig:
 
     def unbuilt_fields(self) -> list[tuple[str, object]]:
         """The fields set to a scheme the RTL (:class:`nanokpu.kpu.top.NanoKPU`) and the compiler
-        do not build yet, as ``(name, value)``: a ``router_width`` other than ``in_width``, a
-        logit format other than the act format (``weight_scales = "channel"`` is built: the
-        GEMM's per-column requantiser tables, :data:`nanokpu.isa.F_RQ_CHANNEL`)."""
+        do not build yet, as ``(name, value)``: a logit format other than the act format
+        (``weight_scales = "channel"`` is built: the GEMM's per-column requantiser tables,
+        :data:`nanokpu.isa.F_RQ_CHANNEL`; so is ``router_width``: the router GEMM as byte-sliced
+        passes, :data:`nanokpu.isa.Op.SPLIT` and :data:`nanokpu.isa.Op.REQUANT_WIDE`)."""
         off = []
-        if self.router_operand_width != self.in_width:
-            off.append(("router_width", self.router_width))
         if self.router_logit_width != self.act_width:
             off.append(("logit_width", self.logit_width))
         if self.router_logit_frac != self.act_frac:

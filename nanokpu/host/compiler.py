@@ -281,11 +281,10 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
         fit the nano-KPU (:func:`check_tokens`), or ``cfg`` asks for a scheme the nano-KPU does
         not build (:meth:`~nanokpu.config.KpuConfig.unbuilt_fields`).
     """
-    unbuilt = [(name, value) for name, value in cfg.unbuilt_fields() if name != "router_width"]
-    if unbuilt:
-        name, value = unbuilt[0]
+    if cfg.unbuilt_fields():
+        name, value = cfg.unbuilt_fields()[0]
         raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers the router "
-                         "GEMM at in_width and logits in the act format only (issue 26: the golden path runs this "
+                         "logits in the act format only (issue 26: the golden path runs this "
                          "scheme, the nano-KPU does not yet)")
     x_r = np.asarray(x_r, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k

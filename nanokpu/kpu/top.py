@@ -130,7 +130,7 @@ class NanoKPU(wiring.Component):
             if cfg.unbuilt_fields():
                 name, value = cfg.unbuilt_fields()[0]
                 raise ValueError(f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds "
-                                 "the router GEMM at in_width and logits in the act format only (issue 26: the "
+                                 "the router logits in the act format only (issue 26: the "
                                  "golden path runs this scheme, the RTL does not yet)")
         except (TypeError, ValueError):
             self._MustUse__silence = True   # refused: never elaborated, so not 'unused'

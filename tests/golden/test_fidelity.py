@@ -96,21 +96,19 @@ def test_wide_router_input_and_its_int8_view():
     assert np.array_equal(block.input_int8(direct, profile("tiny")), direct)   # default: the same tensor
 
 
-@pytest.mark.parametrize("change", [{"router_width": 16}, {"logit_width": 20}, {"logit_frac": 6}])
+@pytest.mark.parametrize("change", [{"logit_width": 20}, {"logit_frac": 6}])
 def test_nanokpu_and_compiler_refuse_the_unbuilt_scheme(change):
     """Until the RTL step of issue 26, NanoKPU and compile_block refuse any new field off its
-    default but ``weight_scales`` (built) with one ValueError naming it (the compiler lowers
-    ``router_width``); explicit defaults are accepted."""
+    default but ``weight_scales`` and ``router_width`` (built) with one ValueError naming it;
+    explicit defaults are accepted."""
     cfg = profile("tiny", **change)
     (name, value), = change.items()
-    with pytest.raises(ValueError, match=f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds the router GEMM"):
+    with pytest.raises(ValueError, match=f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds the router logits"):
         NanoKPU(cfg)
-    if name == "router_width":
-        return
     rng = np.random.default_rng(0)
     Q, x_q = block.quantize_latent_moe(k3.init_latent_moe(cfg, rng), rng.standard_normal((8, cfg.d_model)),
                                        cfg)
-    with pytest.raises(ValueError, match=f"KpuConfig.{name} = {value!r}: the compiler lowers the router GEMM"):
+    with pytest.raises(ValueError, match=f"KpuConfig.{name} = {value!r}: the compiler lowers the router logits"):
         compile_block(Q, x_q, cfg)
     same = profile("tiny", router_width=8, logit_width=16, logit_frac=8, weight_scales="tensor")
     assert same.unbuilt_fields() == []

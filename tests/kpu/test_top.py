@@ -36,6 +36,14 @@ def test_tiny_blocks_one_write_port(monkeypatch, scales):
            overrides={"weight_scales": scales})
 
 
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
+def test_tiny_blocks_wide_router(scales):
+    """router_width = 16 (the router GEMM as byte-sliced passes: SPLIT, two raw digit GEMMs,
+    REQUANT_WIDE), per tensor and per channel: random blocks under bus stalls, bit for bit."""
+    _bench("tiny", "test_block", tag=f"_router16_{scales}", tokens=8, seed=50, seeds=4, vary_tokens=True, pause=0.3,
+           overrides={"router_width": 16, "weight_scales": scales})
+
+
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
     """The data scratchpad's reads of the row it is writing are undefined (generic: no collision
     logic, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read inverted, random
@@ -78,3 +86,14 @@ def test_block_cycles_are_exact(tmp_path):
     summary = tmp_path / "summary.json"
     _bench("tiny", "test_block", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary))
     assert json.loads(summary.read_text())[0]["cycles"] == 14713
+
+
+def test_wide_router_block_cycles_are_exact(tmp_path):
+    """The same block (seed 1, 8 tokens, no bus stalls) with router_width = 16: 18,102 cycles, 3,389
+    more than at int8: the two digit GEMMs of 16 rows (+1,568 GEMM cycles), REQUANT of x_r (a
+    cycle an element), SPLIT (two) and REQUANT_WIDE (16 a logit) (+1,817 element-wise cycles)."""
+    summary = tmp_path / "summary.json"
+    _bench("tiny", "test_block", tag="_router16_tensor", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary),
+           overrides={"router_width": 16, "weight_scales": "tensor"})
+    got = json.loads(summary.read_text())[0]
+    assert (got["cycles"], got["gemm"], got["act"]) == (18102, 9229 + 1568, 1293 + 1817)
