@@ -42,46 +42,46 @@ per row (``k`` must be ``top_k``); the element-wise ops and ``LOAD``/``STORE`` `
 
 Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 
-==========  ==============================================================================
-``HALT``    stop; status ``done``.
-``LOAD``    ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
-            host byte address ``host (+ expert * stride)``, 4-byte aligned.
-``STORE``   host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
-``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
-            (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
-            ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
-            saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
-            :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
-            ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
-            ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
-            engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
-            spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
-``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
-            :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
-``SIGMOID`` ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
-``SITU``    ``c[i] = situ_q(a[i], b[i])``.
-``ADD``     ``c[i] = add_sat(a[i], b[i], act_width)``.
-``ROUTE``   scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
-            ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
-            ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
-            (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
-            ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
-``EXPERT``  counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
-            with a non-zero count, else jump to ``target``; ``NO_ROUTE`` before any ``ROUTE``.
-``GATHER``  ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
-``SCATTER`` ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
-``COMBINE`` ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
-``NORM``    ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
-``JUMP``    continue at ``target``.
-``SPLIT``   ``c[i], c[len + i] = split_digits(a[i], in_width)`` (:func:`golden.intops.split_digits`:
-            ``a[i] = c[i] * 2**in_width + c[len + i]``, the low digit balanced), ``i < len``: the
-            digits of a two-digit operand as two ``[m, n]`` blocks, e.g. ``A = [Xh; Xl]`` ``[2m, n]``.
+================  ==============================================================================
+``HALT``          stop; status ``done``.
+``LOAD``          ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
+                  host byte address ``host (+ expert * stride)``, 4-byte aligned.
+``STORE``         host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
+``GEMM``          ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
+                  (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
+                  ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
+                  saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
+                  :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
+                  ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
+                  ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
+                  engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
+                  spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
+``REQUANT``       ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
+                  :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
+``SIGMOID``       ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
+``SITU``          ``c[i] = situ_q(a[i], b[i])``.
+``ADD``           ``c[i] = add_sat(a[i], b[i], act_width)``.
+``ROUTE``         scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
+                  ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
+                  ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
+                  (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
+                  ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
+``EXPERT``        counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
+                  with a non-zero count, else jump to ``target``; ``NO_ROUTE`` before any ``ROUTE``.
+``GATHER``        ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
+``SCATTER``       ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
+``COMBINE``       ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
+``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
+``JUMP``          continue at ``target``.
+``SPLIT``         ``c[i], c[len + i] = split_digits(a[i], in_width)`` (:func:`golden.intops.split_digits`:
+                  ``a[i] = c[i] * 2**in_width + c[len + i]``, the low digit balanced), ``i < len``: the
+                  digits of a two-digit operand as two ``[m, n]`` blocks, e.g. ``A = [Xh; Xl]`` ``[2m, n]``.
 ``REQUANT_WIDE``  ``c[i] = requantize(v, mult, shift, width)``, ``v = join_partials(a[i], a[len + i],
-            a[2*len + i], a[3*len + i], in_width, router_acc_width)`` (:func:`golden.intops.join_partials`:
-            ``(P_hh << 2D) + ((P_lh + P_hl) << D) + P_ll``, the four digit GEMMs of a two-digit product,
-            ``[m, n]`` each), ``2 <= width <= acc_width``; ``mult``, ``shift`` as for ``GEMM`` (the
-            instruction's, :data:`F_RQ_EXPERT`, or with :data:`F_RQ_CHANNEL` column ``j = i mod n``'s).
-==========  ==============================================================================
+                  a[2*len + i], a[3*len + i], in_width, router_acc_width)`` (:func:`golden.intops.join_partials`:
+                  ``(P_hh << 2D) + ((P_lh + P_hl) << D) + P_ll``, the four digit GEMMs of a two-digit product,
+                  ``[m, n]`` each), ``2 <= width <= acc_width``; ``mult``, ``shift`` as for ``GEMM`` (the
+                  instruction's, :data:`F_RQ_EXPERT`, or with :data:`F_RQ_CHANNEL` column ``j = i mod n``'s).
+================  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
