@@ -53,7 +53,7 @@ from nanokpu.config import KpuConfig
 
 __all__ = ["SCORE_SKEW", "skewed_scores",
            "Requant", "QuantExpert", "QuantRouter", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
-           "quantize_input", "input_int8", "quantize_router", "router_int",
+           "quantize_input", "input_int8", "router_qmax", "quantize_router", "router_int",
            "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
            "same_routing"]
 
@@ -113,15 +113,15 @@ def quant_multiplier(scale, width: int, cfg: KpuConfig) -> Requant:
     return Requant(tuple(int(m) for m in np.maximum(mult, 1)), tuple(int(v) for v in shift), width)
 
 
-def quantize_tensor(w, width: int = 8, per_channel: bool = False):
+def quantize_tensor(w, width: int = 8, per_channel: bool = False, qmax: int | None = None):
     """Symmetric quantisation, zero point 0: ``(w_q int64, scale)`` with ``w ~ w_q * scale``.
 
     One scale per tensor (a float), or with ``per_channel`` one per row of a ``[n_out, n_in]``
     matrix (an array ``[n_out]``, to multiply ``w_q`` by ``scale[:, None]``). An all-zero tensor
-    or row takes scale 1.
+    or row takes scale 1. ``|w_q| <= qmax``, by default ``2**(width-1) - 1``.
     """
     w = np.asarray(w, dtype=np.float64)
-    qmax = (1 << (width - 1)) - 1
+    qmax = (1 << (width - 1)) - 1 if qmax is None else qmax
     if per_channel:
         if w.ndim != 2:
             raise ValueError(f"per-channel quantisation takes a [n_out, n_in] matrix, not shape {w.shape}")
@@ -132,9 +132,16 @@ def quantize_tensor(w, width: int = 8, per_channel: bool = False):
     return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), scale
 
 
-def _weights(w, cfg: KpuConfig, width: int | None = None):
-    """``w [n_out, n_in]`` quantised by ``cfg.weight_scales`` at ``width`` (``in_width``) bits."""
-    return quantize_tensor(w, cfg.in_width if width is None else width, cfg.weight_scales == "channel")
+def _weights(w, cfg: KpuConfig, qmax: int | None = None):
+    """``w [n_out, n_in]`` quantised by ``cfg.weight_scales`` at ``in_width`` bits, or up to ``qmax``."""
+    return quantize_tensor(w, cfg.in_width, cfg.weight_scales == "channel", qmax)
+
+
+def router_qmax(cfg: KpuConfig) -> int:
+    """The largest magnitude of a router GEMM operand (``x_r`` and ``W_r``): ``(2**(in_width-1) - 1)
+    << (router_operand_width - in_width)``, so that each is two ``in_width``-bit balanced digits
+    (:func:`golden.intops.split_digits`) when ``router_operand_width <= 2 * in_width``."""
+    return ((1 << (cfg.in_width - 1)) - 1) << (cfg.router_operand_width - cfg.in_width)
 
 
 @dataclass(frozen=True)
@@ -205,10 +212,9 @@ def quantize_input(x, cfg: KpuConfig):
     (2**(in_width-1) - 1) * 2**e``. With ``e = 0`` this is :func:`quantize_tensor`.
     """
     x = np.asarray(x, dtype=np.float64)
-    qmax = (1 << (cfg.in_width - 1)) - 1
-    x_scale = float(np.max(np.abs(x))) / qmax or 1.0
+    x_scale = float(np.max(np.abs(x))) / ((1 << (cfg.in_width - 1)) - 1) or 1.0
     e = cfg.router_operand_width - cfg.in_width
-    lim = qmax << e
+    lim = router_qmax(cfg)
     return np.clip(np.round(x / (x_scale / 2.0 ** e)), -lim, lim).astype(np.int64), x_scale
 
 
@@ -220,10 +226,11 @@ def input_int8(x_r, cfg: KpuConfig) -> np.ndarray:
 
 
 def quantize_router(W_r, bias, x_scale: float, cfg: KpuConfig) -> QuantRouter:
-    """``W_r [E, d]`` at ``router_operand_width`` bits (``weight_scales``), its requantiser from
+    """``W_r [E, d]`` at ``router_operand_width`` bits (``weight_scales``; ``|W_r| <=``
+    :func:`router_qmax`, as ``x_r``), its requantiser from
     the input scale ``x_scale`` (of :func:`quantize_input`) to router logits, and the bias in the
     score format (:func:`golden.intops.quantize_bias`)."""
-    wr, s_r = _weights(W_r, cfg, cfg.router_operand_width)
+    wr, s_r = _weights(W_r, cfg, router_qmax(cfg))
     x_r_scale = x_scale / 2.0 ** (cfg.router_operand_width - cfg.in_width)
     rq = quant_multiplier(x_r_scale * s_r * 2.0 ** cfg.router_logit_frac, cfg.router_logit_width, cfg)
     return QuantRouter(wr, rq, I.quantize_bias(bias, cfg))

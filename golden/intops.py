@@ -20,7 +20,7 @@ import numpy as np
 from nanokpu.config import ROUNDING_MODES, KpuConfig
 
 __all__ = [
-    "wrap", "saturate", "round_shift", "requantize", "matmul_int",
+    "wrap", "saturate", "round_shift", "requantize", "matmul_int", "split_digits", "join_partials",
     "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table",
     "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int", "quantize_bias",
     "route_int", "combine_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int", "isqrt", "add_sat",
@@ -99,6 +99,25 @@ def matmul_int(a, b, acc_width: int = 32) -> np.ndarray:
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul_int shapes {a.shape} @ {b.shape} do not chain")
     return wrap(a @ b, acc_width)
+
+
+def split_digits(v, digit_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``v`` as two balanced digits ``(h, l)``, ``v = h * 2**digit_width + l``:
+    ``l = wrap(v, digit_width)`` (in ``[-2**(D-1), 2**(D-1))``, ``D = digit_width``) and ``h = (v - l)
+    >> D``. ``h`` fits ``D`` bits when ``|v| <= (2**(D-1) - 1) * 2**D`` (the router operands'
+    limit, :func:`golden.block.router_qmax`), so a product of two such ``v`` is four products of
+    ``D``-bit digits (:func:`join_partials`)."""
+    v = _i64(v)
+    low = wrap(v, digit_width)
+    return (v - low) >> digit_width, low
+
+
+def join_partials(p_hh, p_lh, p_hl, p_ll, digit_width: int, acc_width: int) -> np.ndarray:
+    """The product sums of two-digit operands from their digits' partial sums (:func:`split_digits`
+    of ``x`` and ``w``, ``p_xw = sum x_digit * w_digit``): ``wrap((p_hh << 2D) + ((p_lh + p_hl) << D)
+    + p_ll, acc_width)``, ``D = digit_width``."""
+    d = digit_width
+    return wrap((_i64(p_hh) << 2 * d) + ((_i64(p_lh) + _i64(p_hl)) << d) + _i64(p_ll), acc_width)
 
 
 def add_sat(a, b, width: int) -> np.ndarray:

@@ -147,9 +147,8 @@ class KpuConfig:
 
     Quantisation scheme and router precision
     ----------------------------------------
-    The RTL and the compiler build ``weight_scales`` and the logit format and refuse a wide
-    router GEMM (:meth:`unbuilt_fields`); the golden integer path runs them all (issue 26,
-    docs/fidelity.md).
+    The RTL and the compiler build every field below; the golden integer path defines them
+    (issue 26, docs/fidelity.md).
 
     weight_scales : str
         One of :data:`WEIGHT_SCALES`: symmetric int weights with zero point 0 and one scale per
@@ -158,8 +157,10 @@ class KpuConfig:
         keep one scale per tensor (see :mod:`golden.block`).
     router_width : int or None
         Operand width of the router GEMM (the block input ``x`` and ``W_r``), in ``[in_width,
-        16]``; ``None`` (default) means ``in_width``. The other GEMMs take ``x`` rounded to
-        ``in_width`` bits. The router GEMM accumulates in :attr:`router_acc_width` bits.
+        min(16, 2*in_width)]``; ``None`` (default) means ``in_width``. A wider operand is two
+        ``in_width``-bit digits: the RTL runs the router GEMM as byte-sliced passes on the array.
+        The other GEMMs take ``x`` rounded to ``in_width`` bits. The router GEMM accumulates in
+        :attr:`router_acc_width` bits.
     logit_width, logit_frac : int or None
         Format ``Q<logit_width>.<logit_frac>`` of the router logits (the router requantiser's
         output, the sigmoid's input); ``logit_width`` in ``[2, 24]`` (the sigmoid table is checked
@@ -316,6 +317,9 @@ class KpuConfig:
         rw = self.router_width
         need(int_or_none(rw) and (rw is None or self.in_width <= rw <= top), "router_width",
              f"None (= in_width) or an integer in [in_width={self.in_width}, {top}]")
+        need(rw is None or rw <= 2 * self.in_width, "router_width",
+             f"at most 2*in_width = {2 * self.in_width}: a router operand is two in_width-bit digits "
+             f"(byte-sliced passes on the array)")
         wide = self.router_operand_width > self.in_width
         need(not wide or self.router_acc_width + self.mult_width <= 64, "router_width",
              f"at most {self.in_width + (64 - self.mult_width - self.acc_width) // 2}: the router accumulator "
@@ -331,16 +335,6 @@ class KpuConfig:
              and (self.logit_frac is None or 0 <= self.logit_frac < self.router_logit_width),
              "logit_frac", f"None (= act_frac) or an integer in [0, {self.router_logit_width - 1}] "
              f"(below the logit width)")
-
-    def unbuilt_fields(self) -> list[tuple[str, object]]:
-        """The fields set to a scheme the RTL (:class:`nanokpu.kpu.top.NanoKPU`) and the compiler
-        do not build yet, as ``(name, value)``: a ``router_width`` other than ``in_width``.
-        Built: ``weight_scales = "channel"`` (the GEMM's per-column requantiser tables,
-        :data:`nanokpu.isa.F_RQ_CHANNEL`) and any logit format ``logit_width``/``logit_frac``
-        (the router GEMM's requantiser output width, the sigmoid's table and input port)."""
-        if self.router_operand_width != self.in_width:
-            return [("router_width", self.router_width)]
-        return []
 
     # -- derived quantities ---------------------------------------------------------------
     @property

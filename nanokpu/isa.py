@@ -19,11 +19,12 @@ Machine model
   address; :data:`F_RQ_EXPERT` reads the requantiser constants from a per-expert table.
 * **Requantiser tables** (at ``b``; an entry is two words, ``mult`` (its low ``mult_width``
   bits taken), then ``shift`` (its low 6 bits)): with :data:`F_RQ_EXPERT` alone one entry per
-  expert, entry ``expert`` taken (``REQUANT``, ``GEMM``); with :data:`F_RQ_CHANNEL` (``GEMM``
-  only: other ops ignore it) one entry per output column ``j < n``, and with both flags one
-  per column and expert. The entry of column ``j`` starts at word ``b + 2*(j*E + e)``, ``E =
-  n_experts`` and ``e = expert`` with :data:`F_RQ_EXPERT`, else ``E = 1``, ``e = 0``: columns
-  outer, experts inner, so the walk over the columns steps by the constant ``2*E``.
+  expert, entry ``expert`` taken (``REQUANT``, ``GEMM``, ``REQUANT_WIDE``); with
+  :data:`F_RQ_CHANNEL` (``GEMM`` and ``REQUANT_WIDE`` only: other ops ignore it) one entry per
+  output column ``j < n``, and with both flags one per column and expert. The entry of
+  column ``j`` starts at word ``b + 2*(j*E + e)``, ``E = n_experts`` and ``e = expert`` with
+  :data:`F_RQ_EXPERT`, else ``E = 1``, ``e = 0``: columns outer, experts inner, so the walk over
+  the columns steps by the constant ``2*E``.
 
 Encoding
 --------
@@ -41,39 +42,47 @@ per row (``k`` must be ``top_k``); the element-wise ops and ``LOAD``/``STORE`` `
 
 Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 
-==========  ==============================================================================
-``HALT``    stop; status ``done``.
-``LOAD``    ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
-            host byte address ``host (+ expert * stride)``, 4-byte aligned.
-``STORE``   host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
-``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
-            (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
-            ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
-            saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
-            :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
-            ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
-            ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
-            engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
-            spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
-``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
-            :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
-``SIGMOID`` ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records ``(c, len)`` as
-            the scores region.
-``SITU``    ``c[i] = situ_q(a[i], b[i])``.
-``ADD``     ``c[i] = add_sat(a[i], b[i], act_width)``.
-``ROUTE``   scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
-            ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
-            ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
-            (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
-            ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
-``EXPERT``  counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
-            with a non-zero count, else jump to ``target``; ``NO_ROUTE`` before any ``ROUTE``.
-``GATHER``  ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
-``SCATTER`` ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
-``COMBINE`` ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
-``NORM``    ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
-``JUMP``    continue at ``target``.
-==========  ==============================================================================
+================  ==============================================================================
+``HALT``          stop; status ``done``.
+``LOAD``          ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
+                  host byte address ``host (+ expert * stride)``, 4-byte aligned.
+``STORE``         host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
+``GEMM``          ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
+                  (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
+                  ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
+                  saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
+                  :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
+                  ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
+                  ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
+                  engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
+                  spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
+``REQUANT``       ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
+                  :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
+``SIGMOID``       ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records
+                  ``(c, len)`` as the scores region.
+``SITU``          ``c[i] = situ_q(a[i], b[i])``.
+``ADD``           ``c[i] = add_sat(a[i], b[i], act_width)``.
+``ROUTE``         scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
+                  ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
+                  ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
+                  (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
+                  ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
+``EXPERT``        counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
+                  with a non-zero count, else jump to ``target``; ``NO_ROUTE`` before any ``ROUTE``.
+``GATHER``        ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
+``SCATTER``       ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
+``COMBINE``       ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
+``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
+``JUMP``          continue at ``target``.
+``SPLIT``         ``c[i], c[len + i] = split_digits(a[i], in_width)`` (:func:`golden.intops.split_digits`:
+                  ``a[i] = c[i] * 2**in_width + c[len + i]``, the low digit balanced), ``i < len``: the
+                  digits of a two-digit operand as two ``[m, n]`` blocks, e.g. ``A = [Xh; Xl]`` ``[2m, n]``.
+``REQUANT_WIDE``  ``c[i] = requantize(v, mult, shift, width)``, ``v = join_partials(a[i], a[len + i],
+                  a[2*len + i], a[3*len + i], in_width, router_acc_width)`` (:func:`golden.intops.join_partials`:
+                  ``(P_hh << 2D) + ((P_lh + P_hl) << D) + P_ll``, the four digit GEMMs of a two-digit product,
+                  ``[m, n]`` each), ``2 <= width <= acc_width``; ``mult``, ``shift`` as for ``GEMM`` (the
+                  instruction's, :data:`F_RQ_EXPERT`, or with :data:`F_RQ_CHANNEL` column ``j = i mod n``'s).
+================  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
@@ -84,16 +93,16 @@ place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
 (``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
-``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
-routing weights): the upper bits of a wider word are ignored, in the RTL and in
-:class:`~nanokpu.host.funcsim.FuncSim` alike.
+``REQUANT`` and ``REQUANT_WIDE``, ``2 * in_width`` for ``SPLIT``, ``in_width`` for ``GEMM`` A,
+unsigned ``score_width``/``weight_width`` for scores and routing weights): the upper bits of a
+wider word are ignored, in the RTL and in :class:`~nanokpu.host.funcsim.FuncSim` alike.
 
 Rules
 -----
 The per-op rules of the checks above are ONE table, :data:`OP_RULES`, an :class:`OpRule` per opcode:
 its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`` and writes at
 ``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``,
-``"m*k*n"``, ``"n"``, ``"2*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
+``"m*k*n"``, ``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
 ``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
 :data:`F_RQ_CHANNEL`, else ``"rq"``, ``"route"`` = ``4*m*top_k + 2*n_experts``;
 host ``"m*n*width"``, ``"panels"``), whether it may run in place, its shape rules (the letters
@@ -145,6 +154,8 @@ class Op(enum.IntEnum):
     COMBINE = 12
     NORM = 13
     JUMP = 14
+    SPLIT = 15
+    REQUANT_WIDE = 16
 
 
 class Err(enum.IntEnum):
@@ -305,6 +316,8 @@ OP_RULES: dict[Op, OpRule] = {
     Op.COMBINE: OpRule("vector", a="m*k*n", b="m*k", c="m*n", positive="mnk"),
     Op.NORM: OpRule("vector", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.JUMP: OpRule(target=True),
+    Op.SPLIT: OpRule("act", a="m*n", c="2*m*n", positive="mn"),
+    Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())
@@ -345,6 +358,8 @@ SIZES = {
     "m*k*n": lambda s: s.m * s.k * s.n,
     "n": lambda s: s.n,
     "2*n": lambda s: 2 * s.n,                                       # counts and offsets of n experts
+    "2*m*n": lambda s: 2 * s.m * s.n,                               # SPLIT's two digits
+    "4*m*n": lambda s: 4 * s.m * s.n,                               # REQUANT_WIDE's four partials
     "count*n": lambda s: s.count * s.n,                             # the current expert's rows
     "list": lambda s: s.offset + s.count,                           # the dispatch list up to its tokens
     "rq": lambda s: 2 * s.cfg.n_experts if s.flags & F_RQ_EXPERT else 0,    # (mult, shift) per expert

@@ -77,14 +77,15 @@ def test_router_fields_resolve_to_the_defaults_and_bound_the_accumulator():
     cfg = KpuConfig()
     assert (cfg.router_operand_width, cfg.router_acc_width, cfg.router_logit_width, cfg.router_logit_frac) == \
         (cfg.in_width, cfg.acc_width, cfg.act_width, cfg.act_frac)
-    assert cfg.unbuilt_fields() == []
     wide = KpuConfig(router_width=16, logit_width=20, logit_frac=16, weight_scales="channel")
     assert (wide.router_acc_width, wide.router_logit_width, wide.router_logit_frac) == (48, 20, 16)
-    assert wide.unbuilt_fields() == [("router_width", 16)]      # the logit format is built
-    assert KpuConfig(logit_width=20, logit_frac=16, score_frac=16, bias_width=20).unbuilt_fields() == []
     assert KpuConfig(in_width=18, acc_width=48, spad_b_depth=128).router_operand_width == 18
     with pytest.raises(ValueError, match="KpuConfig.router_width = 16: must be at most 12: the router accumulator"):
         KpuConfig(router_width=16, acc_width=40)
+    with pytest.raises(ValueError, match=r"KpuConfig.router_width = 10: must be at most 2\*in_width = 8: a router "
+                                         "operand is two in_width-bit digits"):
+        KpuConfig(in_width=4, router_width=10)
+    assert KpuConfig(in_width=4, router_width=8).router_acc_width == 40
     with pytest.raises(ValueError, match=r"KpuConfig.logit_width = 24: must be at most acc_width = 22 \(the router"):
         KpuConfig(acc_width=22, logit_width=24)
 

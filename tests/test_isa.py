@@ -75,7 +75,8 @@ def test_sizes_are_the_semantics():
     s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
     assert {name: f(s) for name, f in SIZES.items()} == {
         "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0, "rq_gemm": 0,
-        "route": route_table(0, 3, cfg)["end"], "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
+        "2*m*n": 30, "4*m*n": 60, "route": route_table(0, 3, cfg)["end"],
+        "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
     assert SIZES["route"](s) == 4 * 3 * K + 2 * E
     flagged = SizeArgs.of(Instr(Op.GEMM, flags=F_M_COUNT | F_RQ_EXPERT, m=3, n=5), cfg, count=7)
     assert (flagged.m, SIZES["rq"](flagged), SIZES["rq_gemm"](flagged)) == (7, 2 * E, 2 * E)
@@ -93,5 +94,5 @@ def test_op_rule_widths():
     allowed = {op: [w for w in range(64) if r.width_ok(w, cfg)] for op, r in OP_RULES.items()}
     rq = list(range(2, cfg.acc_width + 1))
     assert allowed[Op.LOAD] == [1, 2, 4] and allowed[Op.STORE] == [4]
-    assert allowed[Op.REQUANT] == rq and allowed[Op.GEMM] == [0, *rq]
+    assert allowed[Op.REQUANT] == rq and allowed[Op.GEMM] == [0, *rq] and allowed[Op.REQUANT_WIDE] == rq
     assert allowed[Op.ADD] == list(range(64))     # width not read

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from golden import fidelity
+from golden import block, fidelity
 from golden import intops as I
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import int_in, out_file, seed
@@ -152,23 +152,25 @@ def _rtl_notes(cfg: KpuConfig, table) -> list[str]:
         "",
         "The golden path (`golden/block.py`) defines every bit of them. The nano-KPU and the compiler "
         "build the requantiser tables (`weight_scales = 'channel'`: `GEMM` flagged `F_RQ_CHANNEL`, "
-        "`nanokpu.isa`), the logit format (`logit_width`, `logit_frac`), the score and bias formats "
-        "(`score_frac`, `bias_width`), bit-exact to the golden path on Verilator (tests/kpu/test_top.py "
-        "`test_tiny_blocks_logit_format`: this scheme without `router_width`), and refuse "
-        "`router_width` today (`KpuConfig.unbuilt_fields`):",
+        "`nanokpu.isa`), the wide router GEMM (`router_width`: `SPLIT`, `REQUANT_WIDE`), the logit "
+        "format (`logit_width`, `logit_frac`) and the score and bias formats (`score_frac`, `bias_width`): "
+        "all of it, bit-exact to the golden path on Verilator (tests/kpu/test_top.py "
+        "`test_tiny_blocks_after_scheme`):",
         "",
         f"- **Requantiser tables** (built): every GEMM's requantiser takes `(mult, shift)` per output column "
         f"(`mult` < 2^{mw}, `shift` in [0, 63]; `golden.block.Requant` with tuples): z (d_latent "
         "columns), router logits (n_experts), each expert's gate and up (d_expert) and down "
         "(d_latent), the shared expert's (d_shared, d_shared, d_model), the latent up-projection "
         "(d_model). The SiTU output requantiser (h -> int8) stays one pair per expert.",
-        f"- **Router GEMM**: {cfg.router_operand_width} x {cfg.router_operand_width}-bit operands "
-        f"(the block input `x_r` and `W_r`), exact sums in a {cfg.router_acc_width}-bit accumulator "
+        f"- **Router GEMM** (built): {cfg.router_operand_width} x {cfg.router_operand_width}-bit operands "
+        f"(the block input `x_r` and `W_r`, each within +-{block.router_qmax(cfg)}: two balanced "
+        f"int{cfg.in_width} digits), exact sums in a {cfg.router_acc_width}-bit accumulator "
         f"(`router_acc_width`), then the per-column requantiser to Q{cfg.router_logit_width}."
         f"{cfg.router_logit_frac} logits; the other GEMMs take `x_q = saturate(round_shift(x_r, "
-        f"{cfg.router_operand_width - cfg.in_width}), {cfg.in_width})` with the config's rounding. "
-        f"Built: the logits (the router `GEMM`'s `width` = {cfg.router_logit_width}, its requantiser's "
-        f"output saturated to it); not built: the wide operands (`router_width`).",
+        f"{cfg.router_operand_width - cfg.in_width}), {cfg.in_width})` with the config's rounding. On "
+        "the nano-KPU: `SPLIT` x_r into its digits `[Xh; Xl]`, two raw GEMMs of them by the host-split "
+        "digits `Wh`, `Wl` of `W_r` on the int8 array, `REQUANT_WIDE` joins the four partial sums and "
+        "requantises them on a bit-serial requantiser (no DSP block).",
         f"- **Sigmoid** (built): input Q{cfg.router_logit_width}.{cfg.router_logit_frac} (not the act "
         f"format: `SIGMOID` reads `logit_width` bits of each word), table of {table.n_seg} segments x "
         f"{1 << table.seg_shift} LSB, output {cfg.score_width} bits; `nanokpu.units.sigmoid` checked on "

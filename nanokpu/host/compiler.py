@@ -1,9 +1,10 @@
 """Compile a quantised LatentMoE block and its input batch into a nano-KPU program and memory images.
 
-:func:`compile_block` lowers :class:`golden.block.QuantLatentMoE` and an int8 batch ``x_q [T, d]``
-to a :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory image the
-nano-KPU reads through its AXI4 master port (inputs, weights, constants; room for the outputs)
-and the scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
+:func:`compile_block` lowers :class:`golden.block.QuantLatentMoE` and its input batch ``x_r [T, d]``
+(int8, or ``router_operand_width`` bits: :func:`golden.block.quantize_input`) to a
+:class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory image the nano-KPU reads
+through its AXI4 master port (inputs, weights, constants; room for the outputs) and the
+scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
 
     LOAD x; (LOAD rq tables: per-channel weight scales); GEMM W_down_lat (+ requantiser) -> z
     GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, (rq tables: per-tensor); ROUTE
@@ -15,12 +16,24 @@ and the scratchpad map. The program follows the dataflow of :mod:`golden.block` 
     COMBINE; NORM; GEMM W_up_lat -> y_r
     shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
 
+With a wide router (``router_operand_width > in_width``) the first steps are instead::
+
+    LOAD x_r (2 bytes an element); REQUANT x_r -> x (mult 1, shift r - in_width, width in_width:
+    golden.block.input_int8); SPLIT x_r -> [Xh; Xl] [2T, d]; (LOAD rq tables); GEMM W_down_lat -> z
+    GEMM [Xh; Xl] @ Wh^T, [Xh; Xl] @ Wl^T (raw, width 0) -> [P_hh; P_lh; P_hl; P_ll] [4T, E]
+    REQUANT_WIDE -> router logits (the router's requantiser: its table with per-channel scales)
+
+the router GEMM as four byte-sliced digit GEMMs (:func:`golden.intops.split_digits`, ``W_r``'s
+digits ``Wh``, ``Wl`` split here, on the host) whose partial sums ``REQUANT_WIDE`` joins exactly
+(:func:`golden.intops.join_partials`, ``router_acc_width`` bits) and requantises.
+
 Routing is data-dependent and done on chip: the compiler never looks at the scores. Experts no
 token chose are skipped by ``EXPERT``; tokens are grouped per expert by ``ROUTE``'s lists.
 
 Host image layout (byte offsets in :attr:`Program.symbols`, every buffer aligned to
-:func:`~nanokpu.isa.bus_bytes`): ``x`` int8, then the weights as GEMM panels
-(:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up,
+:func:`~nanokpu.isa.bus_bytes`): ``x`` int8 (int16 with a wide router), then the weights as GEMM
+panels (:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r`` (with a wide router its high
+digit, then ``w_r_lo``), ``experts`` (per expert: gate, up,
 down, with ``weight_scales = "channel"`` then their per-column tables as int32 words
 (:func:`expert_rq_tables`), ``expert_stride`` bytes apart), ``w_up_lat``, shared
 ``ws_gate``/``ws_up``/``ws_down``; then ``bias`` and ``rq`` (int32 words: the resident requantiser
@@ -37,7 +50,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from golden.block import QuantExpert, QuantLatentMoE, Requant
+from golden import intops as I
+from golden.block import QuantExpert, QuantLatentMoE, Requant, router_qmax
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_HOST_EXPERT,
@@ -171,10 +185,16 @@ def _rq_words(rqs) -> np.ndarray:
 SPAD_BUFFERS = ("x", "z", "logit", "scores", "bias", "rq", "route", "zg", "g", "u", "h", "h8", "eo", "e",
                 "combined", "norm", "y_r", "y_s", "y")
 
+#: The wide router's buffers (``router_operand_width > in_width``; empty otherwise), in address
+#: order from ``zg`` on: its input ``x_r``, its digits ``[Xh; Xl]`` and the digit GEMMs' sums. All
+#: are read before ``ROUTE`` and the buffers from ``zg`` on are first written after it, so they share
+#: those words.
+WIDE_BUFFERS = ("x_r", "digits", "partials")
+
 
 def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
     """Where :func:`compile_block` puts the buffers of a ``tokens``-token block in the scratchpad:
-    ``map`` from each :data:`SPAD_BUFFERS` name (and ``end``) to its first word."""
+    ``map`` from each :data:`SPAD_BUFFERS` and :data:`WIDE_BUFFERS` name (and ``end``) to its first word."""
     T, d, lat, E, k = tokens, cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
     hid = max(cfg.d_expert, cfg.d_shared)
     words = {"x": T * d, "z": T * lat, "logit": T * E, "scores": T * E, "bias": E, "rq": sum(rq_tables(cfg).values()),
@@ -184,17 +204,29 @@ def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
     sp = _Spad(cfg.dmem_depth)
     for name in SPAD_BUFFERS:
         sp.alloc(name, words[name])
+    top, sp.top = sp.top, sp.map["zg"]
+    wide = _wide_router(cfg)
+    for name, size in zip(WIDE_BUFFERS, (T * d, 2 * T * d, 4 * T * E), strict=True):
+        sp.alloc(name, wide * size)
+    sp.top = max(top, sp.top)
     sp.map["end"] = sp.top
     return sp
 
 
+def _wide_router(cfg: KpuConfig) -> bool:
+    """Whether the router GEMM's operands are two ``in_width``-bit digits (byte-sliced passes)."""
+    return cfg.router_operand_width > cfg.in_width
+
+
 def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
     """``(name, M, K, N)`` of the GEMMs of one LatentMoE block (``shared/k3-spec.md``); the routed
-    experts' M is the mean tokens per expert (at least 1; a real expert takes 0 to ``tokens``)."""
+    experts' M is the mean tokens per expert (at least 1; a real expert takes 0 to ``tokens``).
+    With a wide router its GEMM is two digit GEMMs of ``M = 2 * tokens`` (``[Xh; Xl]`` by ``Wh``,
+    then by ``Wl``), listed once."""
     per_expert = max(1, tokens * cfg.top_k // cfg.n_experts)
     d, lat = cfg.d_model, cfg.d_latent
     return [
-        ("router x W_r^T", tokens, d, cfg.n_experts),
+        ("router x W_r^T", tokens * (2 if _wide_router(cfg) else 1), d, cfg.n_experts),
         ("down-projection to latent", tokens, d, lat),
         ("expert gate / up", per_expert, lat, cfg.d_expert),
         ("expert down", per_expert, cfg.d_expert, lat),
@@ -238,30 +270,30 @@ def max_tokens(cfg: KpuConfig) -> int:
     return lo
 
 
-def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
-    """Lower the block ``Q`` on the batch ``x_q [T, d]`` (int8) to a :class:`Program`.
+def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
+    """Lower the block ``Q`` on the batch ``x_r [T, d]`` (:func:`golden.block.quantize_input`: int8,
+    or ``router_operand_width`` bits within :func:`golden.block.router_qmax`) to a :class:`Program`.
 
     Raises
     ------
     ValueError
-        If the batch has the wrong shape, a constant does not fit its field, the block does not
-        fit the nano-KPU (:func:`check_tokens`), or ``cfg`` asks for a scheme the nano-KPU does
-        not build (:meth:`~nanokpu.config.KpuConfig.unbuilt_fields`).
+        If the batch has the wrong shape, a value or constant does not fit its field, or the
+        block does not fit the nano-KPU (:func:`check_tokens`).
     """
-    if cfg.unbuilt_fields():
-        name, value = cfg.unbuilt_fields()[0]
-        raise ValueError(f"KpuConfig.{name} = {value!r}: the compiler lowers the router "
-                         "GEMM at in_width only (issue 26: the golden path runs this scheme, the nano-KPU does "
-                         "not yet)")
-    x_q = np.asarray(x_q, dtype=np.int64)
+    x_r = np.asarray(x_r, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
     dx, ds = cfg.d_expert, cfg.d_shared
-    if x_q.ndim != 2 or x_q.shape[1] != d or x_q.shape[0] < 1:
-        raise ValueError(f"x_q: shape {x_q.shape} must be [T, d_model={d}] with T >= 1")
-    T = x_q.shape[0]
-    lim = 1 << (cfg.in_width - 1)
-    if x_q.min() < -lim or x_q.max() >= lim:
-        raise ValueError(f"x_q: values must fit int{cfg.in_width}")
+    if x_r.ndim != 2 or x_r.shape[1] != d or x_r.shape[0] < 1:
+        raise ValueError(f"x_r: shape {x_r.shape} must be [T, d_model={d}] with T >= 1")
+    T = x_r.shape[0]
+    wide = _wide_router(cfg)
+    if wide:    # two in_width-bit digits each
+        lim = router_qmax(cfg)
+        for name, v in (("x_r", x_r), ("Q.W_r", Q.W_r)):
+            if np.abs(v).max() > lim:
+                raise ValueError(f"{name}: values must be within +-{lim} (golden.block.router_qmax)")
+    elif x_r.min() < -(1 << (cfg.in_width - 1)) or x_r.max() >= 1 << (cfg.in_width - 1):
+        raise ValueError(f"x_r: values must fit int{cfg.in_width}")
     if len(Q.experts) != E:
         raise ValueError(f"Q.experts: {len(Q.experts)} experts, config has n_experts={E}")
 
@@ -273,9 +305,10 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     def panels(name, W):
         return host.int8(name, weight_panels(W, cfg))
 
-    h_x = host.int8("x", x_q)
+    h_x = host.put("x", x_r.astype("<i2").tobytes()) if wide else host.int8("x", x_r)
     h_dl = panels("w_down_lat", Q.W_down_lat)
-    h_r = panels("w_r", Q.W_r)
+    w_digits = I.split_digits(Q.W_r, cfg.in_width) if wide else (Q.W_r,)
+    h_r = [panels(name, w) for name, w in zip(("w_r", "w_r_lo"), w_digits, strict=False)]
     per_col = cfg.weight_scales == "channel"
     offs = {}
     for j, ex in enumerate(Q.experts):
@@ -315,15 +348,16 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     sp = spad_layout(cfg, T)
     s_x, s_z, s_logit, s_score, s_bias, s_rq, s_rt, s_zg, s_g, s_u, s_h, s_h8, s_eo, s_e, s_uc, s_n, s_yr, s_ys, \
         s_y = (sp.map[name] for name in SPAD_BUFFERS)
+    s_xr, s_xd, s_part = (sp.map[name] for name in WIDE_BUFFERS)
     rts = route_table(s_rt, T, cfg)
     s_tab, at = {}, s_rq
     for name, words in rq_tables(cfg).items():
         s_tab[name], at = at, at + words
 
-    def rq(a, c, m, n, r: Requant, flags=0, b=0):
+    def rq(a, c, m, n, r: Requant, flags=0, b=0, op=Op.REQUANT):
         if not flags:
             _check_requant(r, cfg, "requantiser")
-        return Instr(Op.REQUANT, flags=flags, m=m, n=n, a=a, b=b, c=c,
+        return Instr(op, flags=flags, m=m, n=n, a=a, b=b, c=c,
                      mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
 
     shapes = {(kk, n) for _, _, kk, n in block_gemms(cfg, T)}   # the ones check_tokens checked
@@ -358,11 +392,22 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     ex_rq = F_HOST_EXPERT if per_col else F_RQ_EXPERT
     load_ex_rq = [Instr(Op.LOAD, flags=F_HOST_EXPERT, m=1, n=sum(expert_rq_tables(cfg).values()),
                         c=s_tab["gate"], host=h_e + offs["rq"], stride=stride, width=4)] if per_col else []
+    if wide:    # x_r's digits through the array twice (raw sums), joined and requantised
+        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_xr, host=h_x, width=2),
+                  rq(s_xr, s_x, T, d, Requant(1, cfg.router_operand_width - cfg.in_width, cfg.in_width)),
+                  Instr(Op.SPLIT, m=T, n=d, a=s_xr, c=s_xd)]
+        router = [*(Instr(Op.GEMM, m=2 * T, k=d, n=E, a=s_xd, c=s_part + 2 * T * E * i, host=h)
+                    for i, h in enumerate(h_r)),
+                  rq(s_part, s_logit, T, E, Q.rq_router, F_RQ_CHANNEL if per_col else 0,
+                     s_tab["router"] if per_col else 0, Op.REQUANT_WIDE)]
+    else:
+        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1)]
+        router = [gemm(s_x, h_r[0], s_logit, T, d, E, Q.rq_router, table="router")]
     prog = [
-        Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
+        *load_x,
         *(load_rq if per_col else []),     # the first GEMMs' tables
         gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat, table="down_lat"),
-        gemm(s_x, h_r, s_logit, T, d, E, Q.rq_router, table="router"),
+        *router,
         Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
         Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
         *([] if per_col else load_rq),

@@ -221,6 +221,13 @@ class FuncSim:
         elif op == Op.REQUANT:
             self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), *self._rq_consts(ins),
                                         ins.width, cfg.rounding))
+        elif op == Op.SPLIT:
+            self._write(c, I.split_digits(self._read(a, ln, 2 * cfg.in_width), cfg.in_width))
+        elif op == Op.REQUANT_WIDE:
+            v = I.join_partials(*self._read(a, 4 * ln, cfg.acc_width).reshape(4, m, n), cfg.in_width,
+                                cfg.router_acc_width)
+            rq = self._rq_columns(ins) if ins.flags & F_RQ_CHANNEL else self._rq_consts(ins)
+            self._write(c, I.requantize(v, *rq, ins.width, cfg.rounding))
         elif op == Op.SIGMOID:
             self._write(c, I.sigmoid_q(self._read(a, ln, cfg.router_logit_width), cfg))
             self.scores = (c, ln)

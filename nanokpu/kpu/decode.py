@@ -218,7 +218,8 @@ class Decode(wiring.Component):
         wc = Signal(SW)
         sizes = {
             "m*n": ln, "m*k": mk, "count*n": mk, "route": sat(mk + 2 * E), "m*k*n": p3,
-            "n": sat(ins.n), "2*n": sat(ins.n << 1), "list": sat(offset + count),
+            "n": sat(ins.n), "2*n": sat(ins.n << 1), "2*m*n": sat(ln << 1), "4*m*n": sat(ln << 2),
+            "list": sat(offset + count),
             "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),
         }
         sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,

@@ -127,11 +127,6 @@ class NanoKPU(wiring.Component):
             if cfg.dsp == "ice40":
                 raise ValueError("KpuConfig.dsp = 'ice40': the whole nano-KPU is built for ECP5 (or generic); an iCE40 "
                                  "UP5K carries its units alone (nanokpu synth --board icebreaker: the GEMM engine)")
-            if cfg.unbuilt_fields():
-                name, value = cfg.unbuilt_fields()[0]
-                raise ValueError(f"KpuConfig.{name} = {value!r}: the nano-KPU RTL builds "
-                                 "the router GEMM at in_width only (issue 26: the golden path runs this scheme, "
-                                 "the RTL does not yet)")
         except (TypeError, ValueError):
             self._MustUse__silence = True   # refused: never elaborated, so not 'unused'
             raise

@@ -23,16 +23,22 @@ _CHUNK = 17
 PIPELINED_LATENCY = 6
 
 
-def requant_latency(cfg: KpuConfig) -> int:
+def _bit_serial(cfg: KpuConfig, serial: bool | None) -> bool:
+    """``serial``, or by default whether the product is bit-serial on ``cfg.dsp`` (``ice40``)."""
+    return cfg.dsp == "ice40" if serial is None else bool(serial)
+
+
+def requant_latency(cfg: KpuConfig, serial: bool | None = None) -> int:
     """Cycles from a transfer on ``i`` to ``o.valid`` of :class:`Requantiser` (``o`` ready):
-    :data:`PIPELINED_LATENCY`, or ``max(mult_width, 3) + 3`` with the bit-serial product of
-    ``ice40``."""
-    return max(cfg.mult_width, 3) + 3 if cfg.dsp == "ice40" else PIPELINED_LATENCY
+    :data:`PIPELINED_LATENCY`, or ``max(mult_width, 3) + 3`` with the bit-serial product
+    (``serial``; by default that of ``ice40``)."""
+    return max(cfg.mult_width, 3) + 3 if _bit_serial(cfg, serial) else PIPELINED_LATENCY
 
 
-def requant_interval(cfg: KpuConfig) -> int:
-    """Cycles per word of :class:`Requantiser`: 1, or ``max(mult_width, 3)`` on ``ice40``."""
-    return max(cfg.mult_width, 3) if cfg.dsp == "ice40" else 1
+def requant_interval(cfg: KpuConfig, serial: bool | None = None) -> int:
+    """Cycles per word of :class:`Requantiser`: 1, or ``max(mult_width, 3)`` with the bit-serial
+    product (``serial``; by default that of ``ice40``)."""
+    return max(cfg.mult_width, 3) if _bit_serial(cfg, serial) else 1
 
 
 def _chunks(width: int, signed_top: bool) -> list[tuple[int, int]]:
@@ -50,14 +56,16 @@ class Requantiser(wiring.Component):
 
     Bit-exact to :func:`golden.intops.requantize` with the ``mult`` and ``shift`` of each word
     and ``mode = cfg.rounding`` (fixed at elaboration). The product ``i * mult``
-    (``acc_width + mult_width`` bits) comes from one of two product stages, by ``cfg.dsp``:
+    (``acc_width + mult_width`` bits) comes from one of two product stages, by ``serial``
+    (default: ``cfg.dsp == "ice40"``):
 
-    * ``generic`` and ``ecp5``: pipelined, one word per cycle. The accumulator is cut into
+    * not serial (``generic`` and ``ecp5``): pipelined, one word per cycle. The accumulator is cut into
       17-bit unsigned chunks and a signed top chunk, ``mult`` into 17-bit chunks; their
       partial products come from a :class:`~nanokpu.units.dsp.Multiplier` (18 bits, latency 2:
       input and output registers inside the MULT18X18D on ``ecp5``; 2 blocks per lane for
       32 x 16 bits) and are summed in a third stage.
-    * ``ice40``: bit-serial in the fabric (no SB_MAC16: the array takes all of the UP5K's),
+    * serial (``ice40``): bit-serial in the fabric (no DSP block: on the UP5K the array takes all
+      of its SB_MAC16s; the wide router's requantiser on any part, ``acc_width`` its own),
       one word every ``max(mult_width, 3)`` cycles: ``p = 2p + (mult[j] ? i : 0)`` from the top
       bit of ``mult`` down, one adder of ``acc_width + mult_width`` bits per lane.
 
@@ -65,20 +73,24 @@ class Requantiser(wiring.Component):
     half bit and ``product >> shift``, from a barrel shifter that keeps only the bits it
     needs), the sticky bit of the bits below the half bit, and whether ``product >> shift``
     overflows ``out_width`` bits (masks of the word's ``shift``), (2) the rounding increment,
-    (3) the saturation. Pipelined, each stage is registered and serves every lane. On
-    ``ice40`` stage (1) is registered and serves two lanes, one after the other, and (2) and
+    (3) the saturation. Pipelined, each stage is registered and serves every lane. When
+    serial, stage (1) is registered and serves two lanes, one after the other, and (2) and
     (3) are one stage (:meth:`_serial`): half the barrel shifters and overflow checks, the
     same latency.
 
     Parameters
     ----------
     cfg : KpuConfig
-        Reads ``acc_width``, ``mult_width``, ``rounding`` and ``dsp``; ``acc_width +
-        mult_width`` must be at most 63 (the product fits the golden model's int64).
+        Reads ``acc_width``, ``mult_width``, ``rounding`` and ``dsp``.
     lanes : int
         Accumulators per word.
     out_width : int, optional
         Output width (default ``cfg.out_width``), in ``[2, acc_width]``.
+    acc_width : int, optional
+        Width of the accumulators taken (default ``cfg.acc_width``); ``acc_width + mult_width``
+        must be at most 64 (the product, signed times unsigned, fits the golden model's int64).
+    serial : bool, optional
+        The bit-serial product (default: ``cfg.dsp == "ice40"``).
 
     Members
     -------
@@ -91,26 +103,31 @@ class Requantiser(wiring.Component):
         constants).
 
     Latency: :attr:`latency` cycles (:func:`requant_latency`: 6, or ``max(mult_width, 3) + 3``
-    on ``ice40``) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
+    when serial) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
     cycles. When pipelined, everything stalls as a whole while ``o`` is not ready (``i.ready
-    = ~o.valid | o.ready``); on ``ice40`` the product waits for ``o`` instead, and ``i.ready``
+    = ~o.valid | o.ready``); when serial the product waits for ``o`` instead, and ``i.ready``
     is high when the serial multiplier is free or hands its product on in this cycle.
     """
 
-    def __init__(self, cfg: KpuConfig, lanes: int, out_width: int | None = None):
+    def __init__(self, cfg: KpuConfig, lanes: int, out_width: int | None = None, *,
+                 acc_width: int | None = None, serial: bool | None = None):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes = {lanes!r}: must be a positive integer")
+        acc_width = cfg.acc_width if acc_width is None else acc_width
+        if not isinstance(acc_width, int) or acc_width < 2:
+            raise ValueError(f"acc_width = {acc_width!r}: must be an integer >= 2")
         out_width = cfg.out_width if out_width is None else out_width
-        if not isinstance(out_width, int) or not 2 <= out_width <= cfg.acc_width:
-            raise ValueError(f"out_width = {out_width!r}: must be in [2, acc_width={cfg.acc_width}]")
-        if cfg.acc_width + cfg.mult_width > 63:
+        if not isinstance(out_width, int) or not 2 <= out_width <= acc_width:
+            raise ValueError(f"out_width = {out_width!r}: must be in [2, acc_width={acc_width}]")
+        if acc_width + cfg.mult_width > 64:
             raise ValueError(f"KpuConfig.mult_width = {cfg.mult_width}: acc_width + mult_width must be "
-                             f"at most 63 for the requantiser (acc_width = {cfg.acc_width})")
-        self.cfg, self.lanes, self.out_width = cfg, lanes, out_width
+                             f"at most 64 for the requantiser (acc_width = {acc_width})")
+        self.cfg, self.lanes, self.out_width, self.acc_width = cfg, lanes, out_width, acc_width
+        self.serial = _bit_serial(cfg, serial)
         super().__init__({
-            "i": In(stream.Signature(data.ArrayLayout(signed(cfg.acc_width), lanes))),
+            "i": In(stream.Signature(data.ArrayLayout(signed(acc_width), lanes))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(out_width), lanes))),
             "mult": In(unsigned(cfg.mult_width)),
             "shift": In(unsigned(SHIFT_WIDTH)),
@@ -118,18 +135,18 @@ class Requantiser(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """:func:`requant_latency` of this requantiser's config."""
-        return requant_latency(self.cfg)
+        """:func:`requant_latency` of this requantiser's config and product."""
+        return requant_latency(self.cfg, self.serial)
 
     @property
     def interval(self) -> int:
-        """:func:`requant_interval` of this requantiser's config."""
-        return requant_interval(self.cfg)
+        """:func:`requant_interval` of this requantiser's config and product."""
+        return requant_interval(self.cfg, self.serial)
 
     def elaborate(self, platform):
         m = Module()
         cfg, lanes = self.cfg, self.lanes
-        width = cfg.acc_width + cfg.mult_width  # the product, signed
+        width = self.acc_width + cfg.mult_width  # the product, signed
         advance = Signal()
         m.d.comb += advance.eq(~self.o.valid | self.o.ready)
 
@@ -151,7 +168,7 @@ class Requantiser(wiring.Component):
             hi_s, lo_s = shift[3:], shift[:3]
             return Cat(*((hi_s > (b >> 3)) | ((hi_s == (b >> 3)) & (lo_s > (b & 7))) for b in range(width + 1)))
 
-        if cfg.dsp == "ice40":
+        if self.serial:
             self._serial(m, x, below, above, below_of, shift_x, advance)
             return m
         x_valid = Signal()
@@ -217,7 +234,7 @@ class Requantiser(wiring.Component):
         enters the multipliers' input registers with the word). Returns the word's shift one
         stage before ``x``."""
         cfg, lanes = self.cfg, self.lanes
-        a_chunks = _chunks(cfg.acc_width, signed_top=True)
+        a_chunks = _chunks(self.acc_width, signed_top=True)
         m_chunks = _chunks(cfg.mult_width, signed_top=False)
         pairs = [(ac, mc) for ac in range(len(a_chunks)) for mc in range(len(m_chunks))]
         m.submodules.mul = mul = Multiplier(_CHUNK + 1, lanes * len(pairs), latency=2, target=cfg.dsp)
@@ -264,7 +281,7 @@ class Requantiser(wiring.Component):
         mult = Cat(self.mult, Const(0, w - cfg.mult_width))
         busy, first = Signal(name="busy"), Signal(name="first")
         count = Signal(range(w))  # product steps still to do
-        held = Signal(data.ArrayLayout(signed(cfg.acc_width), lanes))
+        held = Signal(data.ArrayLayout(signed(self.acc_width), lanes))
         bits = Signal(w + 1)  # the word's mult, shifted left once more per step: bit w - 1 is the next
         #                       one to add in (and bit w, in the first step, the top one)
         held_shift = Signal(SHIFT_WIDTH)

@@ -22,48 +22,54 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire [13:0] \$113 ;
-  wire [13:0] \$114 ;
-  wire [13:0] \$115 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
   wire \$116 ;
-  wire [4:0] \$117 ;
+  wire \$117 ;
   wire \$118 ;
-  wire \$119 ;
+  wire [13:0] \$119 ;
   wire \$12 ;
   wire [13:0] \$120 ;
   wire [13:0] \$121 ;
   wire \$122 ;
-  wire \$123 ;
+  wire [4:0] \$123 ;
   wire \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  reg [1:0] \$127 ;
-  reg [31:0] \$128 ;
-  reg [31:0] \$129 ;
+  wire [13:0] \$126 ;
+  wire [13:0] \$127 ;
+  wire \$128 ;
+  wire \$129 ;
   wire \$13 ;
-  reg \$130 ;
-  reg \$131 ;
-  reg [7:0] \$132 ;
-  reg [12:0] \$133 ;
-  reg \$134 ;
-  reg \$135 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  reg [1:0] \$133 ;
+  reg [31:0] \$134 ;
+  reg [31:0] \$135 ;
   reg \$136 ;
-  reg [3:0] \$137 ;
+  reg \$137 ;
   reg [7:0] \$138 ;
-  reg [5:0] \$139 ;
+  reg [12:0] \$139 ;
   wire \$14 ;
   reg \$140 ;
-  reg [281:0] \$141 ;
-  reg [4:0] \$142 ;
+  reg \$141 ;
+  reg \$142 ;
   reg [3:0] \$143 ;
-  reg [12:0] \$144 ;
-  reg [13:0] \$145 ;
-  reg [3:0] \$146 ;
-  reg [15:0] \$147 ;
-  reg [13:0] \$148 ;
-  wire [5:0] \$149 ;
+  reg [7:0] \$144 ;
+  reg [5:0] \$145 ;
+  reg \$146 ;
+  reg [281:0] \$147 ;
+  reg [4:0] \$148 ;
+  reg [3:0] \$149 ;
   wire \$15 ;
-  wire [5:0] \$150 ;
+  reg [12:0] \$150 ;
+  reg [13:0] \$151 ;
+  reg [3:0] \$152 ;
+  reg [15:0] \$153 ;
+  reg [13:0] \$154 ;
+  wire [5:0] \$155 ;
+  wire [5:0] \$156 ;
   wire [13:0] \$16 ;
   wire \$17 ;
   wire \$18 ;
@@ -95,11 +101,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
-  wire [13:0] \$44 ;
-  wire [13:0] \$45 ;
-  wire [14:0] \$46 ;
-  wire \$47 ;
-  wire \$48 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire [13:0] \$46 ;
+  wire [13:0] \$47 ;
+  wire [14:0] \$48 ;
   wire \$49 ;
   wire \$5 ;
   wire \$50 ;
@@ -114,9 +120,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire [2:0] \$61 ;
+  wire \$61 ;
   wire \$62 ;
-  wire \$63 ;
+  wire [2:0] \$63 ;
   wire \$64 ;
   wire \$65 ;
   wire \$66 ;
@@ -790,139 +796,145 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$35  = ins[5:0] == 3'h7;
   assign \$36  = ins[5:0] == 4'hc;
   assign \$37  = ins[5:0] == 4'hd;
-  assign \$38  = ins[5:0] == 4'h8;
-  assign \$39  = ins[5:0] == 4'ha;
-  assign \$40  = ins[5:0] == 4'hb;
-  assign \$41  = | { \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$42  = \$28  & \$41 ;
-  assign \$43  = scan >= 4'h8;
-  assign \$44  = cur[34:22] + scan;
-  assign \$45  = cur[34:22] + 4'h8;
-  assign \$46  = \$45  + scan;
-  assign \$47  = | \$like ;
-  assign \$48  = ~ running;
-  assign \$49  = soft_reset & \$48 ;
-  assign \$50  = ! ctrl_state;
-  assign \$51  = ctrl_state == 1'h1;
-  assign \$52  = ctrl_state == 2'h2;
-  assign \$53  = ctrl_state == 2'h3;
-  assign \$54  = ctrl_state == 3'h4;
-  assign \$55  = ctrl_state == 3'h5;
-  assign \$56  = ctrl_state == 3'h6;
-  assign \$57  = ctrl_state == 3'h7;
-  assign \$58  = ctrl_state == 4'h8;
-  assign \$59  = ctrl_state == 4'h9;
-  assign \$60  = | settle;
-  assign \$61  = settle - 1'h1;
-  assign \$62  = pc >= 7'h40;
-  assign \$63  = \done$334  | pf_ready;
-  assign \$64  = ~ \$63 ;
-  assign \$65  = | settle;
-  assign \$66  = \$64  | \$65 ;
-  assign \$67  = ! ins[5:0];
-  assign \$68  = | \error$337 ;
-  assign \$69  = ins[5:0] == 4'he;
-  assign \$70  = ins[5:0] == 4'h9;
-  assign \$71  = \done$334  | pf_ready;
-  assign \$72  = cur[5:0] == 1'h1;
-  assign \$73  = cur[5:0] == 2'h2;
-  assign \$74  = cur[5:0] == 2'h3;
-  assign \$75  = cur[5:0] == 3'h4;
-  assign \$76  = cur[5:0] == 3'h5;
-  assign \$77  = cur[5:0] == 3'h6;
-  assign \$78  = cur[5:0] == 3'h7;
-  assign \$79  = cur[5:0] == 4'h8;
-  assign \$80  = cur[5:0] == 4'ha;
-  assign \$81  = cur[5:0] == 4'hb;
-  assign \$82  = cur[5:0] == 4'hc;
-  assign \$83  = cur[5:0] == 4'hd;
-  assign \$84  = cur[5:0] == 3'h5;
-  assign \$85  = cur[5:0] == 3'h5;
-  assign \$86  = running_exec[3] | \$85 ;
-  assign \$87  = | exec_error;
-  assign \$88  = pc >= 6'h3f;
-  assign \$89  = \done$334  | pf_ready;
-  assign \$90  = ! settle;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = ~ running_exec[3];
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = cur[5:0] == 3'h5;
-  assign \$95  = ~ \$94 ;
-  assign \$96  = \$93  & \$95 ;
-  assign \$97  = ! \error$337 ;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = ins[5:0] == 1'h1;
-  assign \$100  = ins[5:0] == 2'h2;
-  assign \$101  = ins[5:0] == 2'h3;
-  assign \$102  = ins[5:0] == 3'h4;
-  assign \$103  = ins[5:0] == 3'h5;
-  assign \$104  = ins[5:0] == 3'h6;
-  assign \$105  = ins[5:0] == 3'h7;
-  assign \$106  = ins[5:0] == 4'hc;
-  assign \$107  = ins[5:0] == 4'hd;
-  assign \$108  = ins[5:0] == 4'h8;
-  assign \$109  = ins[5:0] == 4'ha;
-  assign \$110  = ins[5:0] == 4'hb;
-  assign \$111  = | { \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99  };
-  assign \$112  = \$98  & \$111 ;
-  assign \$113  = pc + 1'h1;
-  assign \$114  = pc + 1'h1;
-  assign \$115  = pc + 1'h1;
-  assign \$116  = scan >= 4'h8;
-  assign \$117  = scan + 1'h1;
-  assign \$118  = | \$like ;
-  assign \$119  = | rd1_q[23:14];
-  assign \$120  = \$119  ? 14'h3fff : rd1_q[13:0];
+  assign \$38  = ins[5:0] == 4'hf;
+  assign \$39  = ins[5:0] == 5'h10;
+  assign \$40  = ins[5:0] == 4'h8;
+  assign \$41  = ins[5:0] == 4'ha;
+  assign \$42  = ins[5:0] == 4'hb;
+  assign \$43  = | { \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$44  = \$28  & \$43 ;
+  assign \$45  = scan >= 4'h8;
+  assign \$46  = cur[34:22] + scan;
+  assign \$47  = cur[34:22] + 4'h8;
+  assign \$48  = \$47  + scan;
+  assign \$49  = | \$like ;
+  assign \$50  = ~ running;
+  assign \$51  = soft_reset & \$50 ;
+  assign \$52  = ! ctrl_state;
+  assign \$53  = ctrl_state == 1'h1;
+  assign \$54  = ctrl_state == 2'h2;
+  assign \$55  = ctrl_state == 2'h3;
+  assign \$56  = ctrl_state == 3'h4;
+  assign \$57  = ctrl_state == 3'h5;
+  assign \$58  = ctrl_state == 3'h6;
+  assign \$59  = ctrl_state == 3'h7;
+  assign \$60  = ctrl_state == 4'h8;
+  assign \$61  = ctrl_state == 4'h9;
+  assign \$62  = | settle;
+  assign \$63  = settle - 1'h1;
+  assign \$64  = pc >= 7'h40;
+  assign \$65  = \done$334  | pf_ready;
+  assign \$66  = ~ \$65 ;
+  assign \$67  = | settle;
+  assign \$68  = \$66  | \$67 ;
+  assign \$69  = ! ins[5:0];
+  assign \$70  = | \error$337 ;
+  assign \$71  = ins[5:0] == 4'he;
+  assign \$72  = ins[5:0] == 4'h9;
+  assign \$73  = \done$334  | pf_ready;
+  assign \$74  = cur[5:0] == 1'h1;
+  assign \$75  = cur[5:0] == 2'h2;
+  assign \$76  = cur[5:0] == 2'h3;
+  assign \$77  = cur[5:0] == 3'h4;
+  assign \$78  = cur[5:0] == 3'h5;
+  assign \$79  = cur[5:0] == 3'h6;
+  assign \$80  = cur[5:0] == 3'h7;
+  assign \$81  = cur[5:0] == 4'h8;
+  assign \$82  = cur[5:0] == 4'ha;
+  assign \$83  = cur[5:0] == 4'hb;
+  assign \$84  = cur[5:0] == 4'hc;
+  assign \$85  = cur[5:0] == 4'hd;
+  assign \$86  = cur[5:0] == 4'hf;
+  assign \$87  = cur[5:0] == 5'h10;
+  assign \$88  = cur[5:0] == 3'h5;
+  assign \$89  = cur[5:0] == 3'h5;
+  assign \$90  = running_exec[3] | \$89 ;
+  assign \$91  = | exec_error;
+  assign \$92  = pc >= 6'h3f;
+  assign \$93  = \done$334  | pf_ready;
+  assign \$94  = ! settle;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = ~ running_exec[3];
+  assign \$97  = \$95  & \$96 ;
+  assign \$98  = cur[5:0] == 3'h5;
+  assign \$99  = ~ \$98 ;
+  assign \$100  = \$97  & \$99 ;
+  assign \$101  = ! \error$337 ;
+  assign \$102  = \$100  & \$101 ;
+  assign \$103  = ins[5:0] == 1'h1;
+  assign \$104  = ins[5:0] == 2'h2;
+  assign \$105  = ins[5:0] == 2'h3;
+  assign \$106  = ins[5:0] == 3'h4;
+  assign \$107  = ins[5:0] == 3'h5;
+  assign \$108  = ins[5:0] == 3'h6;
+  assign \$109  = ins[5:0] == 3'h7;
+  assign \$110  = ins[5:0] == 4'hc;
+  assign \$111  = ins[5:0] == 4'hd;
+  assign \$112  = ins[5:0] == 4'hf;
+  assign \$113  = ins[5:0] == 5'h10;
+  assign \$114  = ins[5:0] == 4'h8;
+  assign \$115  = ins[5:0] == 4'ha;
+  assign \$116  = ins[5:0] == 4'hb;
+  assign \$117  = | { \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103  };
+  assign \$118  = \$102  & \$117 ;
+  assign \$119  = pc + 1'h1;
+  assign \$120  = pc + 1'h1;
   assign \$121  = pc + 1'h1;
-  assign \$122  = ~ dma__rd_busy;
-  assign \$123  = ~ dma__wr_busy;
-  assign \$124  = \$122  & \$123 ;
-  assign \$125  = ~ running;
-  assign \$126  = soft_reset & \$125 ;
+  assign \$122  = scan >= 4'h8;
+  assign \$123  = scan + 1'h1;
+  assign \$124  = | \$like ;
+  assign \$125  = | rd1_q[23:14];
+  assign \$126  = \$125  ? 14'h3fff : rd1_q[13:0];
+  assign \$127  = pc + 1'h1;
+  assign \$128  = ~ dma__rd_busy;
+  assign \$129  = ~ dma__wr_busy;
+  assign \$130  = \$128  & \$129 ;
+  assign \$131  = ~ running;
+  assign \$132  = soft_reset & \$131 ;
   always @(posedge clk)
-    settle <= \$127 ;
+    settle <= \$133 ;
   always @(posedge clk)
-    \$like  <= \$128 ;
+    \$like  <= \$134 ;
   always @(posedge clk)
-    rd1_q <= \$129 ;
+    rd1_q <= \$135 ;
   always @(posedge clk)
-    running <= \$130 ;
+    running <= \$136 ;
   always @(posedge clk)
-    done <= \$131 ;
+    done <= \$137 ;
   always @(posedge clk)
-    error <= \$132 ;
+    error <= \$138 ;
   always @(posedge clk)
-    pc <= \$133 ;
+    pc <= \$139 ;
   always @(posedge clk)
-    route_done <= \$134 ;
+    route_done <= \$140 ;
   always @(posedge clk)
-    exp_active <= \$135 ;
+    exp_active <= \$141 ;
   always @(posedge clk)
-    scores_ok <= \$136 ;
+    scores_ok <= \$142 ;
   always @(posedge clk)
-    ctrl_state <= \$137 ;
+    ctrl_state <= \$143 ;
   always @(posedge clk)
-    stop_code <= \$138 ;
+    stop_code <= \$144 ;
   always @(posedge clk)
-    executor <= \$139 ;
+    executor <= \$145 ;
   always @(posedge clk)
-    pf_ready <= \$140 ;
+    pf_ready <= \$146 ;
   always @(posedge clk)
-    cur <= \$141 ;
+    cur <= \$147 ;
   always @(posedge clk)
-    running_exec <= \$142 ;
+    running_exec <= \$148 ;
   always @(posedge clk)
-    scan <= \$143 ;
+    scan <= \$149 ;
   always @(posedge clk)
-    scores_a <= \$144 ;
+    scores_a <= \$150 ;
   always @(posedge clk)
-    scores_len <= \$145 ;
+    scores_len <= \$151 ;
   always @(posedge clk)
-    expert <= \$146 ;
+    expert <= \$152 ;
   always @(posedge clk)
-    count <= \$147 ;
+    count <= \$153 ;
   always @(posedge clk)
-    offset <= \$148 ;
+    offset <= \$154 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -951,7 +963,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$651$0 (\load_data$258 ),
+    .\port$661$0 (\load_data$258 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -992,9 +1004,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$381$0 (\$149 ),
-    .\port$3879$254 (cur[269:254]),
-    .\port$399$0 (\$150 ),
+    .\port$391$0 (\$155 ),
+    .\port$409$0 (\$156 ),
+    .\port$4651$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1010,7 +1022,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.elementwise  elementwise (
     .clk(clk),
-    .done(\done$288 ),
+    .\done$96 (\done$288 ),
     .error(\error$289 ),
     .ins(cur[220:0]),
     .mult(rq__mult),
@@ -1197,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3881$0 (running_exec),
+    .\port$4653$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1307,20 +1319,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$42 ) begin
+            end else if (\$44 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$43 ) begin
+          if (\$45 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$47 ) begin
+          if (\$49 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1359,9 +1371,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
-            clients__0__rd0__addr = \$44 [12:0];
+            clients__0__rd0__addr = \$46 [12:0];
           end
     endcase
   end
@@ -1383,9 +1395,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
-            clients__0__rd1__addr = \$46 [12:0];
+            clients__0__rd1__addr = \$48 [12:0];
           end
     endcase
   end
@@ -1407,7 +1419,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1431,7 +1443,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$43 ) begin
+          if (\$45 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1488,17 +1500,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$49 ) begin
+    if (\$51 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$127  = settle;
+    \$133  = settle;
     if (window_wr) begin
-      \$127  = 2'h2;
-    end else if (\$60 ) begin
-      \$127  = \$61 [1:0];
+      \$133  = 2'h2;
+    end else if (\$62 ) begin
+      \$133  = \$63 [1:0];
     end
     casez (ctrl_state)
       4'h0:
@@ -1513,273 +1525,59 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$86 ) begin
-              \$127  = 2'h2;
+            if (\$90 ) begin
+              \$133  = 2'h2;
             end
           end
     endcase
     if (rst) begin
-      \$127  = 2'h0;
+      \$133  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$128  = spad__rd0__data;
+    \$134  = spad__rd0__data;
     if (rst) begin
-      \$128  = 32'd0;
+      \$134  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$129  = spad__rd1__data;
+    \$135  = spad__rd1__data;
     if (rst) begin
-      \$129  = 32'd0;
+      \$135  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$130  = running;
+    \$136  = running;
     casez (ctrl_state)
       4'h0:
           if (\start$351 ) begin
-            \$130  = 1'h1;
+            \$136  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$130  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$130  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$130  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$131  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$131  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$131  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$131  = 1'h0;
-          end
-    endcase
-    if (\$126 ) begin
-      \$131  = 1'h0;
-    end
-    if (rst) begin
-      \$131  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$132  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$132  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$124 ) begin
-            \$132  = stop_code;
-          end
-    endcase
-    if (\$126 ) begin
-      \$132  = 8'h00;
-    end
-    if (rst) begin
-      \$132  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$133  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$133  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-              \$133  = \$113 [12:0];
-            end else if (\$112 ) begin
-              \$133  = \$114 [12:0];
-            end else begin
-              \$133  = \$115 [12:0];
-            end
-          end
-      4'h5:
-          if (\$116 ) begin
-            \$133  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$118 ) begin
-            \$133  = \$121 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$133  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$134  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$134  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$134  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
-            \$135  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$135  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$116 ) begin
-            \$135  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$118 ) begin
-            \$135  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$135  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$351 ) begin
             \$136  = 1'h0;
           end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-          if (exec_done) begin
-            if (\$84 ) begin
-              \$136  = 1'h1;
-            end
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$130 ) begin
+            \$136  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -1788,334 +1586,149 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = ctrl_state;
+    \$137  = done;
     casez (ctrl_state)
       4'h0:
           if (\start$351 ) begin
-            \$137  = 4'h1;
+            \$137  = 1'h0;
           end
       4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$62 ) begin
-            \$137  = 4'h2;
-          end else begin
-            \$137  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h3:
-        begin
-          if (start) begin
-            \$137  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-            \$137  = 4'h0;
-          end else if (\$68 ) begin
-            \$137  = 4'h2;
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$137  = 4'h1;
-          end else if (\$70 ) begin
-            \$137  = 4'h5;
-          end else begin
-            \$137  = 4'h6;
+            \$137  = 1'h1;
           end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
       4'h6:
-        begin
-          \$137  = 4'h7;
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$87 ) begin
-              \$137  = 4'h2;
-            end else if (\$88 ) begin
-              \$137  = 4'h1;
-            end else if (\$112 ) begin
-              \$137  = 4'h6;
-            end else begin
-              \$137  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$116 ) begin
-            \$137  = 4'h1;
-          end else begin
-            \$137  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h8:
-        begin
-          \$137  = 4'h9;
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$118 ) begin
-            \$137  = 4'h1;
-          end else begin
-            \$137  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$137  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h2:
-          if (\$124 ) begin
-            \$137  = 4'h0;
+          if (\$130 ) begin
+            \$137  = 1'h0;
           end
     endcase
+    if (\$132 ) begin
+      \$137  = 1'h0;
+    end
     if (rst) begin
-      \$137  = 4'h0;
+      \$137  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = stop_code;
+    \$138  = error;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$351 ) begin
+            \$138  = 8'h00;
+          end
       4'h1:
-        begin
-          if (\$62 ) begin
-            \$138  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
-            \$138  = \error$337 ;
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h6:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            if (\$87 ) begin
-              \$138  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h5:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h8:
-          if (soft_reset) begin
-            \$138  = 8'h00;
-          end
+          /* empty */;
       4'h9:
-          if (soft_reset) begin
-            \$138  = 8'h00;
+          /* empty */;
+      4'h2:
+          if (\$130 ) begin
+            \$138  = stop_code;
           end
     endcase
+    if (\$132 ) begin
+      \$138  = 8'h00;
+    end
     if (rst) begin
       \$138  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = executor;
+    \$139  = pc;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$351 ) begin
+            \$139  = 13'h0000;
+          end
       4'h1:
-        begin
-          if (\$62 ) begin
-            \$139  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
-            \$139  = 6'h00;
+          if (\$68 ) begin
           end else if (\$69 ) begin
-            \$139  = 6'h00;
+          end else if (\$70 ) begin
+          end else if (\$71 ) begin
+            \$139  = { 1'h0, ins[255:244] };
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h6:
-        begin
-          if (\$72 ) begin
-            \$139  = 6'h01;
-          end
-          if (\$73 ) begin
-            \$139  = 6'h01;
-          end
-          if (\$74 ) begin
-            \$139  = 6'h02;
-          end
-          if (\$75 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$76 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$77 ) begin
-            \$139  = 6'h04;
-          end
-          if (\$78 ) begin
-            \$139  = 6'h10;
-          end
-          if (\$79 ) begin
-            \$139  = 6'h08;
-          end
-          if (\$80 ) begin
-            \$139  = 6'h20;
-          end
-          if (\$81 ) begin
-            \$139  = 6'h20;
-          end
-          if (\$82 ) begin
-            \$139  = 6'h10;
-          end
-          if (\$83 ) begin
-            \$139  = 6'h10;
-          end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$87 ) begin
-              \$139  = 6'h00;
-            end else if (\$88 ) begin
-              \$139  = 6'h00;
-            end else if (\$112 ) begin
-              \$139  = 6'h00;
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+              \$139  = \$119 [12:0];
+            end else if (\$118 ) begin
+              \$139  = \$120 [12:0];
             end else begin
-              \$139  = 6'h00;
+              \$139  = \$121 [12:0];
             end
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h5:
-        begin
-          if (\$116 ) begin
-            \$139  = 6'h00;
+          if (\$122 ) begin
+            \$139  = { 1'h0, cur[281:270] };
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
       4'h8:
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
+          /* empty */;
       4'h9:
-        begin
-          if (\$118 ) begin
-            \$139  = 6'h00;
+          if (\$124 ) begin
+            \$139  = \$127 [12:0];
           end
-          if (soft_reset) begin
-            \$139  = 6'h00;
-          end
-        end
     endcase
     if (rst) begin
-      \$139  = 6'h00;
+      \$139  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = pf_ready;
+    \$140  = route_done;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$62 ) begin
-          end else begin
+          if (\start$351 ) begin
             \$140  = 1'h0;
           end
+      4'h1:
+          /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-        begin
-          \$140  = 1'h0;
-          if (\$66 ) begin
-            \$140  = \$71 ;
-          end
-        end
+          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-        begin
-          if (\done$334 ) begin
-            \$140  = 1'h1;
-          end
           if (exec_done) begin
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
-              \$140  = 1'h0;
+            if (running_exec[3]) begin
+              \$140  = 1'h1;
             end
           end
-        end
     endcase
     if (rst) begin
       \$140  = 1'h0;
@@ -2123,7 +1736,412 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = cur;
+    \$141  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$141  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$141  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$122 ) begin
+            \$141  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$124 ) begin
+            \$141  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$141  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$142  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$142  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$88 ) begin
+              \$142  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$142  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$143  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$351 ) begin
+            \$143  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$64 ) begin
+            \$143  = 4'h2;
+          end else begin
+            \$143  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$143  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+            \$143  = 4'h0;
+          end else if (\$70 ) begin
+            \$143  = 4'h2;
+          end else if (\$71 ) begin
+            \$143  = 4'h1;
+          end else if (\$72 ) begin
+            \$143  = 4'h5;
+          end else begin
+            \$143  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$143  = 4'h7;
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$91 ) begin
+              \$143  = 4'h2;
+            end else if (\$92 ) begin
+              \$143  = 4'h1;
+            end else if (\$118 ) begin
+              \$143  = 4'h6;
+            end else begin
+              \$143  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$122 ) begin
+            \$143  = 4'h1;
+          end else begin
+            \$143  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$143  = 4'h9;
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$124 ) begin
+            \$143  = 4'h1;
+          end else begin
+            \$143  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$143  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$130 ) begin
+            \$143  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$143  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$144  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$64 ) begin
+            \$144  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$144  = \error$337 ;
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$91 ) begin
+              \$144  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$144  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$144  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$145  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$64 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$68 ) begin
+          end else if (\$69 ) begin
+          end else if (\$70 ) begin
+            \$145  = 6'h00;
+          end else if (\$71 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$74 ) begin
+            \$145  = 6'h01;
+          end
+          if (\$75 ) begin
+            \$145  = 6'h01;
+          end
+          if (\$76 ) begin
+            \$145  = 6'h02;
+          end
+          if (\$77 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$78 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$79 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$80 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$81 ) begin
+            \$145  = 6'h08;
+          end
+          if (\$82 ) begin
+            \$145  = 6'h20;
+          end
+          if (\$83 ) begin
+            \$145  = 6'h20;
+          end
+          if (\$84 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$85 ) begin
+            \$145  = 6'h10;
+          end
+          if (\$86 ) begin
+            \$145  = 6'h04;
+          end
+          if (\$87 ) begin
+            \$145  = 6'h04;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$91 ) begin
+              \$145  = 6'h00;
+            end else if (\$92 ) begin
+              \$145  = 6'h00;
+            end else if (\$118 ) begin
+              \$145  = 6'h00;
+            end else begin
+              \$145  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$122 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$124 ) begin
+            \$145  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$145  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$145  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$64 ) begin
+          end else begin
+            \$146  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$146  = 1'h0;
+          if (\$68 ) begin
+            \$146  = \$73 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$334 ) begin
+            \$146  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
+              \$146  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$146  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$147  = cur;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2133,42 +2151,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
           end else if (\$70 ) begin
-            \$141 [220:0] = decoded;
-            \$141 [253:221] = host;
-            \$141 [269:254] = beats;
-            \$141 [281:270] = ins[255:244];
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$147 [220:0] = decoded;
+            \$147 [253:221] = host;
+            \$147 [269:254] = beats;
+            \$147 [281:270] = ins[255:244];
           end else begin
-            \$141 [220:0] = decoded;
-            \$141 [253:221] = host;
-            \$141 [269:254] = beats;
-            \$141 [281:270] = ins[255:244];
+            \$147 [220:0] = decoded;
+            \$147 [253:221] = host;
+            \$147 [269:254] = beats;
+            \$147 [281:270] = ins[255:244];
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
-              \$141 [220:0] = decoded;
-              \$141 [253:221] = host;
-              \$141 [269:254] = beats;
-              \$141 [281:270] = ins[255:244];
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
+              \$147 [220:0] = decoded;
+              \$147 [253:221] = host;
+              \$147 [269:254] = beats;
+              \$147 [281:270] = ins[255:244];
             end
           end
     endcase
     if (rst) begin
-      \$141  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+      \$147  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = running_exec;
+    \$148  = running_exec;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2178,55 +2196,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else if (\$67 ) begin
-          end else if (\$68 ) begin
+          if (\$68 ) begin
           end else if (\$69 ) begin
           end else if (\$70 ) begin
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
           end else begin
             casez (ins[5:0])
               6'h01, 6'h02:
-                  \$142  = 5'h01;
+                  \$148  = 5'h01;
               6'h03:
-                  \$142  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                  \$142  = 5'h04;
+                  \$148  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+                  \$148  = 5'h04;
               6'h08:
-                  \$142  = 5'h08;
+                  \$148  = 5'h08;
               6'h0a, 6'h0b:
-                  \$142  = 5'h10;
+                  \$148  = 5'h10;
             endcase
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            \$142  = 5'h00;
-            if (\$87 ) begin
-            end else if (\$88 ) begin
-            end else if (\$112 ) begin
+            \$148  = 5'h00;
+            if (\$91 ) begin
+            end else if (\$92 ) begin
+            end else if (\$118 ) begin
               casez (ins[5:0])
                 6'h01, 6'h02:
-                    \$142  = 5'h01;
+                    \$148  = 5'h01;
                 6'h03:
-                    \$142  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d:
-                    \$142  = 5'h04;
+                    \$148  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+                    \$148  = 5'h04;
                 6'h08:
-                    \$142  = 5'h08;
+                    \$148  = 5'h08;
                 6'h0a, 6'h0b:
-                    \$142  = 5'h10;
+                    \$148  = 5'h10;
               endcase
             end
           end
     endcase
     if (rst) begin
-      \$142  = 5'h00;
+      \$148  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = scan;
+    \$149  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2241,25 +2259,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$143  = 4'h0;
+              \$149  = 4'h0;
             end
           end
       4'h5:
-          if (\$116 ) begin
-            \$143  = 4'h8;
+          if (\$122 ) begin
+            \$149  = 4'h8;
           end
       4'h8:
           /* empty */;
       4'h9:
-          \$143  = \$117 [3:0];
+          \$149  = \$123 [3:0];
     endcase
     if (rst) begin
-      \$143  = 4'h0;
+      \$149  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = scores_a;
+    \$150  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2273,18 +2291,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$84 ) begin
-              \$144  = cur[60:48];
+            if (\$88 ) begin
+              \$150  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$144  = 13'h0000;
+      \$150  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = scores_len;
+    \$151  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2298,18 +2316,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$84 ) begin
-              \$145  = cur[122:109];
+            if (\$88 ) begin
+              \$151  = cur[122:109];
             end
           end
     endcase
     if (rst) begin
-      \$145  = 14'h0000;
+      \$151  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = expert;
+    \$152  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2328,17 +2346,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$146  = scan;
+          if (\$124 ) begin
+            \$152  = scan;
           end
     endcase
     if (rst) begin
-      \$146  = 4'h0;
+      \$152  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = count;
+    \$153  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2357,17 +2375,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$147  = \$like [15:0];
+          if (\$124 ) begin
+            \$153  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$147  = 16'h0000;
+      \$153  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = offset;
+    \$154  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2386,12 +2404,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$118 ) begin
-            \$148  = \$120 ;
+          if (\$124 ) begin
+            \$154  = \$126 ;
           end
     endcase
     if (rst) begin
-      \$148  = 14'h0000;
+      \$154  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2419,14 +2437,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$149 [5], \$149 [5], \$149  };
+  assign bus__arlen = { \$155 [5], \$155 [5], \$155  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$150 [5], \$150 [5], \$150  };
+  assign bus__awlen = { \$156 [5], \$156 [5], \$156  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2579,12 +2597,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$150 [5], \$150 [5], \$150  };
+  assign m_axi__awlen = { \$156 [5], \$156 [5], \$156  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$149 [5], \$149 [5], \$149  };
+  assign m_axi__arlen = { \$155 [5], \$155 [5], \$155  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -2782,7 +2800,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$651$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$661$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -2912,8 +2930,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$651$0 ;
-  wire [15:0] \port$651$0 ;
+  input [15:0] \port$661$0 ;
+  wire [15:0] \port$661$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3022,7 +3040,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$651$0  };
+      rd_data = { 16'h0000, \port$661$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3163,7 +3181,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$651$0  };
+  assign load_data = { 16'h0000, \port$661$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -3404,76 +3422,76 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire \$100 ;
-  wire [13:0] \$101 ;
-  wire [9:0] \$102 ;
-  wire \$103 ;
-  wire [4:0] \$104 ;
-  wire \$105 ;
+  wire [9:0] \$100 ;
+  wire [22:0] \$101 ;
+  wire [23:0] \$102 ;
+  wire [16:0] \$103 ;
+  wire \$104 ;
+  wire [23:0] \$105 ;
   wire [13:0] \$106 ;
-  wire [14:0] \$107 ;
+  wire [9:0] \$107 ;
   wire \$108 ;
-  wire [14:0] \$109 ;
+  wire [4:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [13:0] \$110 ;
-  wire [16:0] \$111 ;
-  wire \$112 ;
-  wire [16:0] \$113 ;
-  wire [13:0] \$114 ;
-  wire [16:0] \$115 ;
-  wire \$116 ;
-  wire [16:0] \$117 ;
-  wire [13:0] \$118 ;
-  wire [16:0] \$119 ;
+  wire \$110 ;
+  wire [13:0] \$111 ;
+  wire [9:0] \$112 ;
+  wire \$113 ;
+  wire [4:0] \$114 ;
+  wire \$115 ;
+  wire [13:0] \$116 ;
+  wire [14:0] \$117 ;
+  wire \$118 ;
+  wire [14:0] \$119 ;
   wire [17:0] \$12 ;
-  wire \$120 ;
+  wire [13:0] \$120 ;
   wire [16:0] \$121 ;
-  wire [13:0] \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire [9:0] \$125 ;
+  wire \$122 ;
+  wire [16:0] \$123 ;
+  wire [13:0] \$124 ;
+  wire [16:0] \$125 ;
   wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
+  wire [16:0] \$127 ;
+  wire [13:0] \$128 ;
+  wire [16:0] \$129 ;
   wire [17:0] \$13 ;
   wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
+  wire [16:0] \$131 ;
+  wire [13:0] \$132 ;
+  wire [14:0] \$133 ;
   wire \$134 ;
-  wire \$135 ;
-  wire [9:0] \$136 ;
-  wire \$137 ;
+  wire [14:0] \$135 ;
+  wire [13:0] \$136 ;
+  wire [16:0] \$137 ;
   wire \$138 ;
-  wire \$139 ;
+  wire [16:0] \$139 ;
   wire [18:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
+  wire [13:0] \$140 ;
+  wire [9:0] \$141 ;
+  wire [9:0] \$142 ;
+  wire [22:0] \$143 ;
+  wire [23:0] \$144 ;
+  wire [16:0] \$145 ;
   wire \$146 ;
-  wire \$147 ;
+  wire [23:0] \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [9:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
+  wire [22:0] \$150 ;
+  wire [23:0] \$151 ;
+  wire [16:0] \$152 ;
   wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
+  wire [23:0] \$154 ;
+  wire [13:0] \$155 ;
+  wire [9:0] \$156 ;
   wire \$157 ;
-  wire \$158 ;
+  wire [4:0] \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [13:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
-  wire \$163 ;
+  wire [9:0] \$163 ;
   wire \$164 ;
   wire \$165 ;
   wire \$166 ;
@@ -3485,15 +3503,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire \$174 ;
+  wire [9:0] \$174 ;
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
-  wire [14:0] \$178 ;
+  wire \$178 ;
   wire \$179 ;
   wire [1:0] \$18 ;
   wire \$180 ;
-  wire [14:0] \$181 ;
+  wire \$181 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
@@ -3512,12 +3530,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire [14:0] \$199 ;
+  wire \$199 ;
   wire \$2 ;
   wire [9:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
-  wire [14:0] \$202 ;
+  wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
@@ -3532,18 +3550,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [14:0] \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire \$219 ;
+  wire [14:0] \$219 ;
   wire [15:0] \$22 ;
-  wire [14:0] \$220 ;
+  wire \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
-  wire [14:0] \$226 ;
+  wire \$226 ;
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
@@ -3551,17 +3569,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire [14:0] \$233 ;
+  wire \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire \$237 ;
+  wire [14:0] \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire \$24 ;
-  wire \$240 ;
-  wire [33:0] \$241 ;
-  wire [32:0] \$242 ;
+  wire [14:0] \$240 ;
+  wire \$241 ;
+  wire \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
@@ -3572,38 +3590,76 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  wire [13:0] \$252 ;
+  wire \$252 ;
   wire \$253 ;
-  wire [13:0] \$254 ;
+  wire \$254 ;
   wire \$255 ;
-  wire [13:0] \$256 ;
+  wire \$256 ;
   wire \$257 ;
-  wire [13:0] \$258 ;
+  wire [14:0] \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire [17:0] \$260 ;
-  wire [3:0] \$261 ;
-  wire [2:0] \$262 ;
-  reg \$263 ;
-  reg \$264 ;
-  reg \$265 ;
-  reg \$266 ;
-  reg [7:0] \$267 ;
-  reg \$268 ;
-  reg [2:0] \$269 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire [14:0] \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  reg [1:0] \$270 ;
-  reg [13:0] \$271 ;
-  reg [13:0] \$272 ;
-  reg [13:0] \$273 ;
-  reg [13:0] \$274 ;
-  reg [17:0] \$275 ;
-  reg [32:0] \$276 ;
+  wire \$270 ;
+  wire [14:0] \$271 ;
+  wire \$272 ;
+  wire \$273 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire \$278 ;
+  wire [33:0] \$279 ;
   wire \$28 ;
+  wire [32:0] \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire \$285 ;
+  wire \$286 ;
+  wire \$287 ;
+  wire \$288 ;
+  wire \$289 ;
   wire \$29 ;
+  wire [13:0] \$290 ;
+  wire \$291 ;
+  wire [13:0] \$292 ;
+  wire \$293 ;
+  wire [13:0] \$294 ;
+  wire \$295 ;
+  wire [13:0] \$296 ;
+  wire \$297 ;
+  wire [17:0] \$298 ;
+  wire [3:0] \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
+  wire [2:0] \$300 ;
+  reg \$301 ;
+  reg \$302 ;
+  reg \$303 ;
+  reg \$304 ;
+  reg [7:0] \$305 ;
+  reg \$306 ;
+  reg [2:0] \$307 ;
+  reg [1:0] \$308 ;
+  reg [13:0] \$309 ;
   wire \$31 ;
+  reg [13:0] \$310 ;
+  reg [13:0] \$311 ;
+  reg [13:0] \$312 ;
+  reg [17:0] \$313 ;
+  reg [32:0] \$314 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
@@ -3659,25 +3715,25 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [16:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
-  wire [9:0] \$82 ;
-  wire [9:0] \$83 ;
-  wire [22:0] \$84 ;
-  wire [23:0] \$85 ;
-  wire [16:0] \$86 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
   wire \$87 ;
-  wire [23:0] \$88 ;
+  wire \$88 ;
   wire \$89 ;
   wire [17:0] \$9 ;
-  wire [9:0] \$90 ;
-  wire [22:0] \$91 ;
-  wire [23:0] \$92 ;
-  wire [16:0] \$93 ;
-  wire \$94 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire [9:0] \$92 ;
+  wire [9:0] \$93 ;
+  wire [22:0] \$94 ;
   wire [23:0] \$95 ;
-  wire [13:0] \$96 ;
-  wire [9:0] \$97 ;
-  wire \$98 ;
-  wire [4:0] \$99 ;
+  wire [16:0] \$96 ;
+  wire \$97 ;
+  wire [23:0] \$98 ;
+  wire \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -3842,194 +3898,214 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$79  = m_eff >= 1'h1;
   assign \$80  = ins[63:48] >= 1'h1;
   assign \$81  = & { \$80 , \$79  };
-  assign \$85  = 1'h0 + \$84 ;
-  assign \$88  = \$87  ? \$85  : { 7'h00, \$86  };
-  assign \$89  = | \$88 [23:14];
-  assign \$92  = 1'h0 + \$91 ;
-  assign \$95  = \$94  ? \$92  : { 7'h00, \$93  };
-  assign \$96  = \$89  ? 14'h3fff : \$95 [13:0];
-  assign \$99  = \$98  ? 5'h10 : 5'h00;
-  assign \$101  = \$100  ? \$96  : { 9'h000, \$99  };
-  assign \$104  = \$103  ? 5'h10 : 5'h00;
-  assign \$105  = | ins[63:62];
-  assign \$106  = \$105  ? 14'h3fff : ins[61:48];
-  assign \$107  = mk + 5'h10;
-  assign \$109  = mk + 5'h10;
-  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
-  assign \$112  = | \$111 [16:14];
-  assign \$114  = \$112  ? 14'h3fff : \$113 [13:0];
-  assign \$115  = \context [47:34] + \context [33:18];
-  assign \$116  = | \$115 [16:14];
-  assign \$117  = \context [47:34] + \context [33:18];
-  assign \$118  = \$116  ? 14'h3fff : \$117 [13:0];
-  assign \$119  = \context [47:34] + \context [33:18];
-  assign \$120  = | \$119 [16:14];
-  assign \$121  = \context [47:34] + \context [33:18];
-  assign \$122  = \$120  ? 14'h3fff : \$121 [13:0];
-  assign \$123  = ins[5:0] <= 4'he;
-  assign \$124  = ~ \$123 ;
-  assign \$126  = | \$125 ;
-  assign \$127  = ins[5:0] == 4'ha;
-  assign \$128  = ins[5:0] == 4'hb;
-  assign \$129  = | { \$128 , \$127 , 1'h0 };
-  assign \$130  = \$126  | \$129 ;
-  assign \$131  = ins[5:0] == 4'h9;
-  assign \$133  = \$130  | \$132 ;
-  assign \$134  = ~ \context [0];
-  assign \$135  = \$133  & \$134 ;
-  assign \$137  = | \$136 ;
-  assign \$138  = ins[5:0] == 4'ha;
-  assign \$139  = ins[5:0] == 4'hb;
-  assign \$140  = | { \$139 , \$138 , 1'h0 };
-  assign \$141  = \$137  | \$140 ;
-  assign \$142  = ~ \context [1];
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = \$135  | \$143 ;
-  assign \$145  = ins[5:0] == 4'h9;
-  assign \$146  = ins[5:0] == 4'he;
-  assign \$147  = | { \$146 , \$145 , 1'h0 };
-  assign \$148  = ins[255:244] < 7'h40;
-  assign \$149  = ~ \$148 ;
-  assign \$150  = \$147  & \$149 ;
-  assign \$151  = ~ shape_q;
-  assign \$152  = ins[5:0] == 4'h8;
-  assign \$154  = ! ins[87:77];
-  assign \$155  = \context [48] & \$154 ;
-  assign \$156  = \context [61:49] == ins[76:64];
-  assign \$157  = \$155  & \$156 ;
-  assign \$158  = \context [75:62] == ln;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = ~ \$159 ;
-  assign \$161  = \$153  & \$160 ;
-  assign \$162  = ~ spad_ok;
-  assign \$163  = ins[5:0] == 1'h1;
-  assign \$164  = ins[5:0] == 2'h2;
-  assign \$165  = ins[5:0] == 2'h3;
-  assign \$166  = | { \$165 , \$164 , \$163 , 1'h0 };
-  assign \$167  = ~ host_ok;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = ~ busy;
-  assign \$170  = active & \$169 ;
-  assign \$171  = step != 3'h7;
-  assign \$172  = ! ins[5:0];
-  assign \$173  = settle == 2'h2;
-  assign \$174  = \$172  | \$173 ;
-  assign \$175  = | wa;
-  assign \$176  = | wc;
-  assign \$177  = \$175  & \$176 ;
-  assign \$178  = ins[125:112] + wc;
-  assign \$179  = ins[77:64] < \$178 ;
-  assign \$180  = \$177  & \$179 ;
-  assign \$181  = ins[77:64] + wa;
-  assign \$182  = ins[125:112] < \$181 ;
-  assign \$183  = \$180  & \$182 ;
-  assign \$184  = ins[5:0] == 3'h4;
-  assign \$185  = ins[5:0] == 3'h5;
-  assign \$186  = ins[5:0] == 3'h6;
-  assign \$187  = ins[5:0] == 3'h7;
-  assign \$188  = ins[5:0] == 4'hd;
-  assign \$189  = | { \$188 , \$187 , \$186 , \$185 , \$184 , 1'h0 };
-  assign \$190  = ins[77:64] == ins[125:112];
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = wa == wc;
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = ~ \$193 ;
-  assign \$195  = \$183  & \$194 ;
-  assign \$196  = | wb;
-  assign \$197  = | wc;
-  assign \$198  = \$196  & \$197 ;
-  assign \$199  = ins[125:112] + wc;
-  assign \$200  = ins[101:88] < \$199 ;
-  assign \$201  = \$198  & \$200 ;
-  assign \$202  = ins[101:88] + wb;
-  assign \$203  = ins[125:112] < \$202 ;
-  assign \$204  = \$201  & \$203 ;
-  assign \$205  = ins[5:0] == 3'h4;
-  assign \$206  = ins[5:0] == 3'h5;
-  assign \$207  = ins[5:0] == 3'h6;
-  assign \$208  = ins[5:0] == 3'h7;
-  assign \$209  = ins[5:0] == 4'hd;
-  assign \$210  = | { \$209 , \$208 , \$207 , \$206 , \$205 , 1'h0 };
-  assign \$211  = ins[101:88] == ins[125:112];
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = wb == wc;
-  assign \$214  = \$212  & \$213 ;
-  assign \$215  = ~ \$214 ;
-  assign \$216  = \$204  & \$215 ;
-  assign \$217  = \$195  | \$216 ;
-  assign \$218  = ! wa;
-  assign \$219  = ! ins[87:78];
-  assign \$220  = ins[77:64] + wa;
-  assign \$221  = \$220  <= 14'h2000;
-  assign \$222  = \$219  & \$221 ;
-  assign \$223  = \$218  | \$222 ;
-  assign \$224  = ! wb;
-  assign \$225  = ! ins[111:102];
-  assign \$226  = ins[101:88] + wb;
-  assign \$227  = \$226  <= 14'h2000;
-  assign \$228  = \$225  & \$227 ;
-  assign \$229  = \$224  | \$228 ;
-  assign \$230  = \$223  & \$229 ;
-  assign \$231  = ! wc;
-  assign \$232  = ! ins[135:126];
-  assign \$233  = ins[125:112] + wc;
-  assign \$234  = \$233  <= 14'h2000;
-  assign \$235  = \$232  & \$234 ;
-  assign \$236  = \$231  | \$235 ;
-  assign \$237  = \$230  & \$236 ;
-  assign \$238  = ! host[1:0];
-  assign \$239  = host >= \context [107:76];
-  assign \$240  = \$238  & \$239 ;
-  assign \$241  = host + { l4[17:2], 2'h0 };
-  assign \$242  = \context [107:76] + \context [139:108];
-  assign \$243  = \$241  <= \$242 ;
-  assign \$244  = \$240  & \$243 ;
-  assign \$245  = ~ busy;
-  assign \$246  = active & \$245 ;
-  assign \$247  = step != 3'h7;
-  assign \$248  = ! ins[5:0];
-  assign \$249  = settle == 2'h2;
-  assign \$250  = \$248  | \$249 ;
-  assign \$251  = | acc[32:14];
-  assign \$252  = \$251  ? 14'h3fff : acc[13:0];
-  assign \$253  = | acc[32:14];
-  assign \$254  = \$253  ? 14'h3fff : acc[13:0];
-  assign \$255  = | acc[32:14];
-  assign \$256  = \$255  ? 14'h3fff : acc[13:0];
-  assign \$257  = | acc[32:14];
-  assign \$258  = \$257  ? 14'h3fff : acc[13:0];
-  assign \$259  = | acc[32:18];
-  assign \$260  = \$259  ? 18'h3ffff : acc[17:0];
-  assign \$261  = step + 1'h1;
-  assign \$262  = settle + 1'h1;
+  assign \$82  = m_eff >= 1'h1;
+  assign \$83  = ins[63:48] >= 1'h1;
+  assign \$84  = & { \$83 , \$82  };
+  assign \$85  = m_eff >= 1'h1;
+  assign \$86  = ins[63:48] >= 1'h1;
+  assign \$87  = ins[243:238] >= 2'h2;
+  assign \$88  = ins[243:238] <= 5'h18;
+  assign \$89  = \$87  & \$88 ;
+  assign \$91  = & { \$90 , \$86 , \$85  };
+  assign \$95  = 1'h0 + \$94 ;
+  assign \$98  = \$97  ? \$95  : { 7'h00, \$96  };
+  assign \$99  = | \$98 [23:14];
+  assign \$102  = 1'h0 + \$101 ;
+  assign \$105  = \$104  ? \$102  : { 7'h00, \$103  };
+  assign \$106  = \$99  ? 14'h3fff : \$105 [13:0];
+  assign \$109  = \$108  ? 5'h10 : 5'h00;
+  assign \$111  = \$110  ? \$106  : { 9'h000, \$109  };
+  assign \$114  = \$113  ? 5'h10 : 5'h00;
+  assign \$115  = | ins[63:62];
+  assign \$116  = \$115  ? 14'h3fff : ins[61:48];
+  assign \$117  = mk + 5'h10;
+  assign \$119  = mk + 5'h10;
+  assign \$120  = \$118  ? 14'h3fff : \$119 [13:0];
+  assign \$122  = | \$121 [16:14];
+  assign \$124  = \$122  ? 14'h3fff : \$123 [13:0];
+  assign \$125  = \context [47:34] + \context [33:18];
+  assign \$126  = | \$125 [16:14];
+  assign \$127  = \context [47:34] + \context [33:18];
+  assign \$128  = \$126  ? 14'h3fff : \$127 [13:0];
+  assign \$129  = \context [47:34] + \context [33:18];
+  assign \$130  = | \$129 [16:14];
+  assign \$131  = \context [47:34] + \context [33:18];
+  assign \$132  = \$130  ? 14'h3fff : \$131 [13:0];
+  assign \$136  = \$134  ? 14'h3fff : \$135 [13:0];
+  assign \$138  = | \$137 [16:14];
+  assign \$140  = \$138  ? 14'h3fff : \$139 [13:0];
+  assign \$144  = 1'h0 + \$143 ;
+  assign \$147  = \$146  ? \$144  : { 7'h00, \$145  };
+  assign \$148  = | \$147 [23:14];
+  assign \$151  = 1'h0 + \$150 ;
+  assign \$154  = \$153  ? \$151  : { 7'h00, \$152  };
+  assign \$155  = \$148  ? 14'h3fff : \$154 [13:0];
+  assign \$158  = \$157  ? 5'h10 : 5'h00;
+  assign \$160  = \$159  ? \$155  : { 9'h000, \$158  };
+  assign \$161  = ins[5:0] <= 5'h10;
+  assign \$162  = ~ \$161 ;
+  assign \$164  = | \$163 ;
+  assign \$165  = ins[5:0] == 4'ha;
+  assign \$166  = ins[5:0] == 4'hb;
+  assign \$167  = | { \$166 , \$165 , 1'h0 };
+  assign \$168  = \$164  | \$167 ;
+  assign \$169  = ins[5:0] == 4'h9;
+  assign \$171  = \$168  | \$170 ;
+  assign \$172  = ~ \context [0];
+  assign \$173  = \$171  & \$172 ;
+  assign \$175  = | \$174 ;
+  assign \$176  = ins[5:0] == 4'ha;
+  assign \$177  = ins[5:0] == 4'hb;
+  assign \$178  = | { \$177 , \$176 , 1'h0 };
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = ~ \context [1];
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$173  | \$181 ;
+  assign \$183  = ins[5:0] == 4'h9;
+  assign \$184  = ins[5:0] == 4'he;
+  assign \$185  = | { \$184 , \$183 , 1'h0 };
+  assign \$186  = ins[255:244] < 7'h40;
+  assign \$187  = ~ \$186 ;
+  assign \$188  = \$185  & \$187 ;
+  assign \$189  = ~ shape_q;
+  assign \$190  = ins[5:0] == 4'h8;
+  assign \$192  = ! ins[87:77];
+  assign \$193  = \context [48] & \$192 ;
+  assign \$194  = \context [61:49] == ins[76:64];
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \context [75:62] == ln;
+  assign \$197  = \$195  & \$196 ;
+  assign \$198  = ~ \$197 ;
+  assign \$199  = \$191  & \$198 ;
+  assign \$200  = ~ spad_ok;
+  assign \$201  = ins[5:0] == 1'h1;
+  assign \$202  = ins[5:0] == 2'h2;
+  assign \$203  = ins[5:0] == 2'h3;
+  assign \$204  = | { \$203 , \$202 , \$201 , 1'h0 };
+  assign \$205  = ~ host_ok;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = ~ busy;
+  assign \$208  = active & \$207 ;
+  assign \$209  = step != 3'h7;
+  assign \$210  = ! ins[5:0];
+  assign \$211  = settle == 2'h2;
+  assign \$212  = \$210  | \$211 ;
+  assign \$213  = | wa;
+  assign \$214  = | wc;
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = ins[125:112] + wc;
+  assign \$217  = ins[77:64] < \$216 ;
+  assign \$218  = \$215  & \$217 ;
+  assign \$219  = ins[77:64] + wa;
+  assign \$220  = ins[125:112] < \$219 ;
+  assign \$221  = \$218  & \$220 ;
+  assign \$222  = ins[5:0] == 3'h4;
+  assign \$223  = ins[5:0] == 3'h5;
+  assign \$224  = ins[5:0] == 3'h6;
+  assign \$225  = ins[5:0] == 3'h7;
+  assign \$226  = ins[5:0] == 4'hd;
+  assign \$227  = | { \$226 , \$225 , \$224 , \$223 , \$222 , 1'h0 };
+  assign \$228  = ins[77:64] == ins[125:112];
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = wa == wc;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = ~ \$231 ;
+  assign \$233  = \$221  & \$232 ;
+  assign \$234  = | wb;
+  assign \$235  = | wc;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = ins[125:112] + wc;
+  assign \$238  = ins[101:88] < \$237 ;
+  assign \$239  = \$236  & \$238 ;
+  assign \$240  = ins[101:88] + wb;
+  assign \$241  = ins[125:112] < \$240 ;
+  assign \$242  = \$239  & \$241 ;
+  assign \$243  = ins[5:0] == 3'h4;
+  assign \$244  = ins[5:0] == 3'h5;
+  assign \$245  = ins[5:0] == 3'h6;
+  assign \$246  = ins[5:0] == 3'h7;
+  assign \$247  = ins[5:0] == 4'hd;
+  assign \$248  = | { \$247 , \$246 , \$245 , \$244 , \$243 , 1'h0 };
+  assign \$249  = ins[101:88] == ins[125:112];
+  assign \$250  = \$248  & \$249 ;
+  assign \$251  = wb == wc;
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = ~ \$252 ;
+  assign \$254  = \$242  & \$253 ;
+  assign \$255  = \$233  | \$254 ;
+  assign \$256  = ! wa;
+  assign \$257  = ! ins[87:78];
+  assign \$258  = ins[77:64] + wa;
+  assign \$259  = \$258  <= 14'h2000;
+  assign \$260  = \$257  & \$259 ;
+  assign \$261  = \$256  | \$260 ;
+  assign \$262  = ! wb;
+  assign \$263  = ! ins[111:102];
+  assign \$264  = ins[101:88] + wb;
+  assign \$265  = \$264  <= 14'h2000;
+  assign \$266  = \$263  & \$265 ;
+  assign \$267  = \$262  | \$266 ;
+  assign \$268  = \$261  & \$267 ;
+  assign \$269  = ! wc;
+  assign \$270  = ! ins[135:126];
+  assign \$271  = ins[125:112] + wc;
+  assign \$272  = \$271  <= 14'h2000;
+  assign \$273  = \$270  & \$272 ;
+  assign \$274  = \$269  | \$273 ;
+  assign \$275  = \$268  & \$274 ;
+  assign \$276  = ! host[1:0];
+  assign \$277  = host >= \context [107:76];
+  assign \$278  = \$276  & \$277 ;
+  assign \$279  = host + { l4[17:2], 2'h0 };
+  assign \$280  = \context [107:76] + \context [139:108];
+  assign \$281  = \$279  <= \$280 ;
+  assign \$282  = \$278  & \$281 ;
+  assign \$283  = ~ busy;
+  assign \$284  = active & \$283 ;
+  assign \$285  = step != 3'h7;
+  assign \$286  = ! ins[5:0];
+  assign \$287  = settle == 2'h2;
+  assign \$288  = \$286  | \$287 ;
+  assign \$289  = | acc[32:14];
+  assign \$290  = \$289  ? 14'h3fff : acc[13:0];
+  assign \$291  = | acc[32:14];
+  assign \$292  = \$291  ? 14'h3fff : acc[13:0];
+  assign \$293  = | acc[32:14];
+  assign \$294  = \$293  ? 14'h3fff : acc[13:0];
+  assign \$295  = | acc[32:14];
+  assign \$296  = \$295  ? 14'h3fff : acc[13:0];
+  assign \$297  = | acc[32:18];
+  assign \$298  = \$297  ? 18'h3ffff : acc[17:0];
+  assign \$299  = step + 1'h1;
+  assign \$300  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$263 ;
+    shape_q <= \$301 ;
   always @(posedge clk)
-    overlap_q <= \$264 ;
+    overlap_q <= \$302 ;
   always @(posedge clk)
-    spad_ok <= \$265 ;
+    spad_ok <= \$303 ;
   always @(posedge clk)
-    host_ok <= \$266 ;
+    host_ok <= \$304 ;
   always @(posedge clk)
-    error <= \$267 ;
+    error <= \$305 ;
   always @(posedge clk)
-    active <= \$268 ;
+    active <= \$306 ;
   always @(posedge clk)
-    step <= \$269 ;
+    step <= \$307 ;
   always @(posedge clk)
-    settle <= \$270 ;
+    settle <= \$308 ;
   always @(posedge clk)
-    ln <= \$271 ;
+    ln <= \$309 ;
   always @(posedge clk)
-    mk <= \$272 ;
+    mk <= \$310 ;
   always @(posedge clk)
-    p2 <= \$273 ;
+    p2 <= \$311 ;
   always @(posedge clk)
-    p3 <= \$274 ;
+    p3 <= \$312 ;
   always @(posedge clk)
-    l4 <= \$275 ;
+    l4 <= \$313 ;
   always @(posedge clk)
-    host <= \$276 ;
+    host <= \$314 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4047,7 +4123,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_y = m_eff;
           endcase
       3'h1:
@@ -4090,7 +4166,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
@@ -4133,7 +4209,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
                 st_acc = 33'h000000000;
           endcase
       3'h1:
@@ -4204,6 +4280,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           shape_ok = \$81 ;
       6'h0e:
           shape_ok = 1'h1;
+      6'h0f:
+          shape_ok = \$84 ;
+      6'h10:
+          shape_ok = \$91 ;
     endcase
   end
   always @* begin
@@ -4223,7 +4303,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$110 ;
+          wc = \$120 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4231,6 +4311,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0b:
           wc = ln;
       6'h0c:
+          wc = ln;
+      6'h0f:
+          wc = \$136 ;
+      6'h10:
           wc = ln;
     endcase
   end
@@ -4253,13 +4337,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$114 ;
+          wa = \$124 ;
       6'h0a:
           wa = ln;
       6'h0b:
           wa = mk;
       6'h0c:
           wa = p3;
+      6'h0f:
+          wa = ln;
+      6'h10:
+          wa = \$140 ;
     endcase
   end
   always @* begin
@@ -4271,43 +4359,47 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$101 ;
+          wb = \$111 ;
       6'h04:
-          wb = { 9'h000, \$104  };
+          wb = { 9'h000, \$114  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$106 ;
+          wb = \$116 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$118 ;
+          wb = \$128 ;
       6'h0b:
-          wb = \$122 ;
+          wb = \$132 ;
       6'h0c:
           wb = mk;
+      6'h0f:
+          /* empty */;
+      6'h10:
+          wb = \$160 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$124 ) begin
+    if (\$162 ) begin
       decode_err = 8'h01;
-    end else if (\$144 ) begin
+    end else if (\$182 ) begin
       decode_err = 8'h08;
-    end else if (\$150 ) begin
+    end else if (\$188 ) begin
       decode_err = 8'h06;
-    end else if (\$151 ) begin
+    end else if (\$189 ) begin
       decode_err = 8'h03;
-    end else if (\$161 ) begin
+    end else if (\$199 ) begin
       decode_err = 8'h04;
-    end else if (\$162 ) begin
+    end else if (\$200 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$168 ) begin
+    end else if (\$206 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4315,8 +4407,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         load = 1'h1;
       end
     end
@@ -4325,8 +4417,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         y = st_y;
       end
     end
@@ -4335,8 +4427,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         x = st_x;
       end
     end
@@ -4345,8 +4437,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
         acc_in = st_acc;
       end
     end
@@ -4355,187 +4447,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$170 ) begin
-      if (\$171 ) begin
-      end else if (\$174 ) begin
+    end else if (\$208 ) begin
+      if (\$209 ) begin
+      end else if (\$212 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$263  = shape_ok;
+    \$301  = shape_ok;
     if (unit_rst) begin
-      \$263  = 1'h0;
+      \$301  = 1'h0;
     end
     if (rst) begin
-      \$263  = 1'h0;
+      \$301  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$264  = \$217 ;
+    \$302  = \$255 ;
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$302  = 1'h0;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$302  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$265  = \$237 ;
+    \$303  = \$275 ;
     if (unit_rst) begin
-      \$265  = 1'h0;
+      \$303  = 1'h0;
     end
     if (rst) begin
-      \$265  = 1'h0;
+      \$303  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$266  = \$244 ;
+    \$304  = \$282 ;
     if (unit_rst) begin
-      \$266  = 1'h0;
+      \$304  = 1'h0;
     end
     if (rst) begin
-      \$266  = 1'h0;
+      \$304  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$267  = decode_err;
+    \$305  = decode_err;
     if (unit_rst) begin
-      \$267  = 8'h00;
+      \$305  = 8'h00;
     end
     if (rst) begin
-      \$267  = 8'h00;
+      \$305  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$268  = active;
+    \$306  = active;
     if (start) begin
-      \$268  = 1'h1;
-    end else if (\$246 ) begin
-      if (\$247 ) begin
-      end else if (\$250 ) begin
-        \$268  = 1'h0;
+      \$306  = 1'h1;
+    end else if (\$284 ) begin
+      if (\$285 ) begin
+      end else if (\$288 ) begin
+        \$306  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$268  = 1'h0;
+      \$306  = 1'h0;
     end
     if (rst) begin
-      \$268  = 1'h0;
+      \$306  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$269  = step;
+    \$307  = step;
     if (start) begin
-      \$269  = 3'h0;
-    end else if (\$246 ) begin
-      if (\$247 ) begin
-        \$269  = \$261 [2:0];
+      \$307  = 3'h0;
+    end else if (\$284 ) begin
+      if (\$285 ) begin
+        \$307  = \$299 [2:0];
       end
     end
     if (unit_rst) begin
-      \$269  = 3'h0;
+      \$307  = 3'h0;
     end
     if (rst) begin
-      \$269  = 3'h0;
+      \$307  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$270  = settle;
+    \$308  = settle;
     if (start) begin
-      \$270  = 2'h0;
-    end else if (\$246 ) begin
+      \$308  = 2'h0;
+    end else if (\$284 ) begin
       (* full_case = 32'd1 *)
-      if (\$247 ) begin
-      end else if (\$250 ) begin
+      if (\$285 ) begin
+      end else if (\$288 ) begin
       end else begin
-        \$270  = \$262 [1:0];
+        \$308  = \$300 [1:0];
       end
     end
     if (unit_rst) begin
-      \$270  = 2'h0;
+      \$308  = 2'h0;
     end
     if (rst) begin
-      \$270  = 2'h0;
+      \$308  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$271  = ln;
+    \$309  = ln;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
-              \$271  = \$252 ;
+              \$309  = \$290 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$271  = 14'h0000;
+      \$309  = 14'h0000;
     end
     if (rst) begin
-      \$271  = 14'h0000;
+      \$309  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$272  = mk;
+    \$310  = mk;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$272  = \$254 ;
+              \$310  = \$292 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$272  = 14'h0000;
+      \$310  = 14'h0000;
     end
     if (rst) begin
-      \$272  = 14'h0000;
+      \$310  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$273  = p2;
+    \$311  = p2;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$273  = \$256 ;
+              \$311  = \$294 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$273  = 14'h0000;
+      \$311  = 14'h0000;
     end
     if (rst) begin
-      \$273  = 14'h0000;
+      \$311  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$274  = p3;
+    \$312  = p3;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4544,23 +4636,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$274  = \$258 ;
+              \$312  = \$296 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$274  = 14'h0000;
+      \$312  = 14'h0000;
     end
     if (rst) begin
-      \$274  = 14'h0000;
+      \$312  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$275  = l4;
+    \$313  = l4;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4571,23 +4663,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$275  = \$260 ;
+              \$313  = \$298 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$275  = 18'h00000;
+      \$313  = 18'h00000;
     end
     if (rst) begin
-      \$275  = 18'h00000;
+      \$313  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$276  = host;
+    \$314  = host;
     if (start) begin
-    end else if (\$246 ) begin
-      if (\$247 ) begin
+    end else if (\$284 ) begin
+      if (\$285 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4600,15 +4692,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$276  = acc;
+              \$314  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$276  = 33'h000000000;
+      \$314  = 33'h000000000;
     end
     if (rst) begin
-      \$276  = 33'h000000000;
+      \$314  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -4682,34 +4774,56 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$33  = \$32 ;
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
-  assign { \$82 [9:4], \$82 [2:0] } = 9'h000;
-  assign \$82 [3] = ins[9];
-  assign { \$83 [9:3], \$83 [1:0] } = 9'h000;
-  assign \$83 [2] = ins[8];
-  assign \$84  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$86  = { ins[63:48], 1'h0 };
-  assign \$87  = ins[8];
-  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
-  assign \$90 [2] = ins[8];
-  assign \$91  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$93  = { ins[63:48], 1'h0 };
-  assign \$94  = ins[8];
-  assign { \$97 [9:3], \$97 [1:0] } = 9'h000;
-  assign \$97 [2] = ins[8];
-  assign \$98  = ins[8];
-  assign \$100  = ins[9];
-  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
-  assign \$102 [2] = ins[8];
-  assign \$103  = ins[8];
-  assign \$108  = \$107 [14];
-  assign \$111  = { ins[63:48], 1'h0 };
-  assign \$113  = { ins[63:48], 1'h0 };
-  assign \$125 [9:3] = 7'h00;
-  assign \$125 [2:0] = ins[8:6];
-  assign \$132  = \$131 ;
-  assign \$136 [9:3] = 7'h00;
-  assign \$136 [2:0] = ins[8:6];
-  assign \$153  = \$152 ;
+  assign \$90  = \$89 ;
+  assign { \$92 [9:4], \$92 [2:0] } = 9'h000;
+  assign \$92 [3] = ins[9];
+  assign \$94  = { 3'h0, ins[63:48], 4'h0 };
+  assign { \$93 [9:3], \$93 [1:0] } = 9'h000;
+  assign \$93 [2] = ins[8];
+  assign \$96  = { ins[63:48], 1'h0 };
+  assign \$97  = ins[8];
+  assign { \$100 [9:3], \$100 [1:0] } = 9'h000;
+  assign \$100 [2] = ins[8];
+  assign \$101  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$103  = { ins[63:48], 1'h0 };
+  assign \$104  = ins[8];
+  assign { \$107 [9:3], \$107 [1:0] } = 9'h000;
+  assign \$107 [2] = ins[8];
+  assign \$108  = ins[8];
+  assign \$110  = ins[9];
+  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
+  assign \$112 [2] = ins[8];
+  assign \$113  = ins[8];
+  assign \$118  = \$117 [14];
+  assign \$121  = { ins[63:48], 1'h0 };
+  assign \$123  = { ins[63:48], 1'h0 };
+  assign \$133  = { ln, 1'h0 };
+  assign \$134  = \$133 [14];
+  assign \$135  = { ln, 1'h0 };
+  assign \$137  = { 1'h0, ln, 2'h0 };
+  assign \$139  = { 1'h0, ln, 2'h0 };
+  assign { \$141 [9:4], \$141 [2:0] } = 9'h000;
+  assign \$141 [3] = ins[9];
+  assign { \$142 [9:3], \$142 [1:0] } = 9'h000;
+  assign \$142 [2] = ins[8];
+  assign \$143  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$145  = { ins[63:48], 1'h0 };
+  assign \$146  = ins[8];
+  assign { \$149 [9:3], \$149 [1:0] } = 9'h000;
+  assign \$149 [2] = ins[8];
+  assign \$150  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$152  = { ins[63:48], 1'h0 };
+  assign \$153  = ins[8];
+  assign { \$156 [9:3], \$156 [1:0] } = 9'h000;
+  assign \$156 [2] = ins[8];
+  assign \$157  = ins[8];
+  assign \$159  = ins[9];
+  assign \$163 [9:3] = 7'h00;
+  assign \$163 [2:0] = ins[8:6];
+  assign \$170  = \$169 ;
+  assign \$174 [9:3] = 7'h00;
+  assign \$174 [2:0] = ins[8:6];
+  assign \$191  = \$190 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -4810,8 +4924,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$3879$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4651$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4950,12 +5064,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$381$0 ;
-  wire [5:0] \port$381$0 ;
-  input [15:0] \port$3879$254 ;
-  wire [15:0] \port$3879$254 ;
-  output [5:0] \port$399$0 ;
-  wire [5:0] \port$399$0 ;
+  output [5:0] \port$391$0 ;
+  wire [5:0] \port$391$0 ;
+  output [5:0] \port$409$0 ;
+  wire [5:0] \port$409$0 ;
+  input [15:0] \port$4651$254 ;
+  wire [15:0] \port$4651$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5120,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3879$254  };
+      \$74  = { 8'h00, \port$4651$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5156,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3879$254  };
+      \$77  = { 8'h00, \port$4651$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5201,11 +5315,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3879$254  };
+  assign rd_beats = { 8'h00, \port$4651$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3879$254  };
-  assign \port$381$0  = \$9 ;
-  assign \port$399$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$4651$254  };
+  assign \port$391$0  = \$9 ;
+  assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -5219,7 +5333,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error
+module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, \done$96 , error
 , spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   wire \$1 ;
@@ -5269,13 +5383,13 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$139 ;
   wire [2:0] \$14 ;
   wire \$140 ;
-  wire [23:0] \$141 ;
+  wire \$141 ;
   wire \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire \$147 ;
+  wire [23:0] \$147 ;
   wire \$148 ;
   wire \$149 ;
   wire [3:0] \$15 ;
@@ -5295,14 +5409,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire [23:0] \$165 ;
+  wire \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
   wire \$170 ;
-  wire \$171 ;
+  wire [23:0] \$171 ;
   wire \$172 ;
   wire \$173 ;
   wire \$174 ;
@@ -5323,71 +5437,88 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
-  wire [23:0] \$190 ;
-  wire [23:0] \$191 ;
-  wire [23:0] \$192 ;
-  wire [23:0] \$193 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire [16:0] \$198 ;
-  wire [17:0] \$199 ;
+  wire [23:0] \$196 ;
+  wire [23:0] \$197 ;
+  wire [23:0] \$198 ;
+  wire [23:0] \$199 ;
   wire \$2 ;
   wire [14:0] \$20 ;
-  wire [16:0] \$200 ;
-  wire [17:0] \$201 ;
-  wire [18:0] \$202 ;
-  wire [14:0] \$203 ;
-  wire \$204 ;
-  wire \$205 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire [8:0] \$204 ;
+  wire [8:0] \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire \$208 ;
-  reg [64:0] \$209 ;
+  wire [9:0] \$208 ;
+  wire \$209 ;
   wire [13:0] \$21 ;
-  reg \$210 ;
-  reg \$211 ;
-  reg \$212 ;
-  reg [13:0] \$213 ;
-  reg [12:0] \$214 ;
-  reg [12:0] \$215 ;
-  reg [13:0] \$216 ;
-  reg [12:0] \$217 ;
-  reg [12:0] \$218 ;
-  reg [13:0] \$219 ;
+  wire \$210 ;
+  wire [16:0] \$211 ;
+  wire [17:0] \$212 ;
+  wire [16:0] \$213 ;
+  wire [17:0] \$214 ;
+  wire [18:0] \$215 ;
+  wire [14:0] \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire [13:0] \$22 ;
-  reg [12:0] \$220 ;
-  reg [12:0] \$221 ;
-  reg \$222 ;
-  reg \$223 ;
-  reg [2:0] \$224 ;
-  reg [95:0] \$225 ;
-  reg [1:0] \$226 ;
-  reg \$227 ;
-  reg [95:0] \$228 ;
-  reg \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  reg [64:0] \$223 ;
+  reg \$224 ;
+  reg \$225 ;
+  reg \$226 ;
+  reg [13:0] \$227 ;
+  reg [12:0] \$228 ;
+  reg [12:0] \$229 ;
   wire [14:0] \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg [1:0] \$232 ;
-  reg [5:0] \$233 ;
-  reg [15:0] \$234 ;
-  reg [5:0] \$235 ;
+  reg [13:0] \$230 ;
+  reg [12:0] \$231 ;
+  reg [12:0] \$232 ;
+  reg [13:0] \$233 ;
+  reg [12:0] \$234 ;
+  reg [12:0] \$235 ;
   reg \$236 ;
-  reg [13:0] \$237 ;
-  reg [13:0] \$238 ;
-  reg [12:0] \$239 ;
+  reg \$237 ;
+  reg [2:0] \$238 ;
+  reg [95:0] \$239 ;
   wire [13:0] \$24 ;
-  reg \$240 ;
-  reg [12:0] \$241 ;
-  reg \$242 ;
+  reg [1:0] \$240 ;
+  reg \$241 ;
+  reg [95:0] \$242 ;
   reg \$243 ;
-  reg [12:0] \$244 ;
-  reg [13:0] \$245 ;
-  reg [1:0] \$246 ;
+  reg \$244 ;
+  reg \$245 ;
+  reg \$246 ;
+  reg \$247 ;
+  reg [14:0] \$248 ;
+  reg [1:0] \$249 ;
   wire [13:0] \$25 ;
+  reg [5:0] \$250 ;
+  reg [15:0] \$251 ;
+  reg [5:0] \$252 ;
+  reg \$253 ;
+  reg [13:0] \$254 ;
+  reg [13:0] \$255 ;
+  reg [12:0] \$256 ;
+  reg \$257 ;
+  reg [12:0] \$258 ;
+  reg \$259 ;
   wire [13:0] \$26 ;
+  reg \$260 ;
+  reg [12:0] \$261 ;
+  reg [13:0] \$262 ;
+  reg [2:0] \$263 ;
   wire [13:0] \$27 ;
   wire [14:0] \$28 ;
   wire [13:0] \$29 ;
@@ -5397,22 +5528,22 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire [13:0] \$32 ;
   wire [13:0] \$33 ;
   wire [13:0] \$34 ;
-  wire [6:0] \$341 ;
   wire \$35 ;
   wire \$36 ;
+  wire [6:0] \$364 ;
   wire \$37 ;
   wire \$38 ;
   wire \$39 ;
-  wire [6:0] \$391 ;
   wire \$4 ;
   wire [2:0] \$40 ;
   wire \$41 ;
+  wire [6:0] \$414 ;
   wire [2:0] \$42 ;
   wire [3:0] \$43 ;
   wire \$44 ;
-  wire [6:0] \$443 ;
   wire [2:0] \$45 ;
   wire \$46 ;
+  wire [6:0] \$466 ;
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
@@ -5428,29 +5559,29 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$58 ;
   wire \$59 ;
   wire \$6 ;
-  wire [1:0] \$60 ;
-  wire [1:0] \$61 ;
-  wire \$62 ;
+  wire \$60 ;
+  wire [14:0] \$61 ;
+  wire [14:0] \$62 ;
   wire \$63 ;
-  wire [9:0] \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire [14:0] \$67 ;
-  wire [14:0] \$68 ;
+  wire \$64 ;
+  wire [1:0] \$65 ;
+  wire [1:0] \$66 ;
+  wire \$67 ;
+  wire \$68 ;
   wire \$69 ;
   wire [2:0] \$7 ;
-  wire \$70 ;
+  wire [9:0] \$70 ;
   wire \$71 ;
   wire \$72 ;
-  wire \$73 ;
-  wire \$74 ;
+  wire [14:0] \$73 ;
+  wire [14:0] \$74 ;
   wire \$75 ;
   wire \$76 ;
   wire \$77 ;
   wire \$78 ;
-  wire [2:0] \$79 ;
+  wire \$79 ;
   wire [3:0] \$8 ;
-  wire [3:0] \$80 ;
+  wire \$80 ;
   wire \$81 ;
   wire \$82 ;
   wire \$83 ;
@@ -5461,16 +5592,16 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire [16:0] \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire [23:0] \$93 ;
+  wire \$90 ;
+  wire [2:0] \$91 ;
+  wire [3:0] \$92 ;
+  wire \$93 ;
   wire \$94 ;
   wire \$95 ;
-  wire \$96 ;
+  wire [16:0] \$96 ;
   wire \$97 ;
   wire \$98 ;
-  wire \$99 ;
+  wire [23:0] \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$10  = 1'h0;
   reg [12:0] \$signal$17  = 13'h0000;
@@ -5481,6 +5612,8 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   reg [12:0] \$signal$30  = 13'h0000;
   reg \$signal$32  = 1'h0;
   reg \$signal$33  = 1'h0;
+  reg \$signal$34  = 1'h0;
+  reg \$signal$35  = 1'h0;
   reg at_last = 1'h0;
   reg [64:0] beat = 65'h00000000000000000;
   wire [31:0] \beat.a ;
@@ -5490,13 +5623,15 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire clk;
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
-  output done;
-  reg done;
+  wire done;
+  output \done$96 ;
+  reg \done$96 ;
   reg [13:0] el = 14'h0000;
   output [7:0] error;
   reg [7:0] error;
+  wire [7:0] \error$98 ;
   reg [2:0] fill = 3'h0;
-  reg [1:0] fsm_state = 2'h0;
+  reg [2:0] fsm_state = 3'h0;
   reg h_valid = 1'h0;
   reg [95:0] hold = 96'h000000000000000000000000;
   wire [23:0] \hold[0] ;
@@ -5505,23 +5640,40 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$67 ;
-  wire [31:0] \i__payload$67[0] ;
-  wire [15:0] \i__payload$67[0].g ;
-  wire [15:0] \i__payload$67[0].u ;
-  wire [33:0] \i__payload$68 ;
-  wire [15:0] \i__payload$68.a ;
-  wire [16:0] \i__payload$68.b ;
-  wire \i__payload$68.last ;
+  wire [31:0] \i__payload$71 ;
+  wire [31:0] \i__payload$71[0] ;
+  wire [15:0] \i__payload$71[0].g ;
+  wire [15:0] \i__payload$71[0].u ;
+  wire [33:0] \i__payload$72 ;
+  wire [15:0] \i__payload$72.a ;
+  wire [16:0] \i__payload$72.b ;
+  wire \i__payload$72.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$81 ;
   wire \i__ready$85 ;
+  wire \i__ready$89 ;
   reg i__valid;
-  reg \i__valid$80 ;
   reg \i__valid$84 ;
+  reg \i__valid$88 ;
   input [220:0] ins;
   wire [220:0] ins;
+  wire [220:0] \ins$106 ;
+  wire [12:0] \ins$106.a ;
+  wire [12:0] \ins$106.b ;
+  wire [12:0] \ins$106.c ;
+  wire [15:0] \ins$106.count ;
+  wire [15:0] \ins$106.expert ;
+  wire [9:0] \ins$106.flags ;
+  wire [15:0] \ins$106.k ;
+  wire [13:0] \ins$106.len ;
+  wire [15:0] \ins$106.m ;
+  wire [31:0] \ins$106.mult ;
+  wire [15:0] \ins$106.n ;
+  wire [13:0] \ins$106.offset ;
+  wire [5:0] \ins$106.op ;
+  wire [13:0] \ins$106.p2 ;
+  wire [5:0] \ins$106.shift ;
+  wire [5:0] \ins$106.width ;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
@@ -5538,24 +5690,24 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire [13:0] \ins.p2 ;
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
-  reg is_situ = 1'h0;
   reg issuing = 1'h0;
   reg [1:0] lane = 2'h0;
   wire [1:0] level;
+  reg low = 1'h0;
   output [15:0] mult;
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$83 ;
-  wire [15:0] \o__payload$83[0] ;
   wire [15:0] \o__payload$87 ;
+  wire [15:0] \o__payload$87[0] ;
+  wire [15:0] \o__payload$91 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$72 ;
-  wire \o__ready$73 ;
+  wire \o__ready$76 ;
+  wire \o__ready$77 ;
   wire o__valid;
-  wire \o__valid$82 ;
   wire \o__valid$86 ;
+  wire \o__valid$90 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -5576,6 +5728,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   reg [13:0] rem0 = 14'h0000;
   reg [13:0] rem1 = 14'h0000;
   reg [13:0] rem2 = 14'h0000;
+  reg [14:0] results = 15'h0000;
   (* init = 96'h000000000000000000000000 *)
   wire [95:0] rq__i__payload;
   wire [23:0] \rq__i__payload[0] ;
@@ -5612,26 +5765,37 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   output [5:0] shift;
   reg [5:0] shift = 6'h00;
   wire spad__blocked;
+  wire \spad__blocked$109 ;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
+  wire [12:0] \spad__rd0__addr$100 ;
   input [31:0] spad__rd0__data;
   wire [31:0] spad__rd0__data;
+  wire [31:0] \spad__rd0__data$107 ;
   output spad__rd0__en;
   reg spad__rd0__en;
+  wire \spad__rd0__en$99 ;
   output [12:0] spad__rd1__addr;
   reg [12:0] spad__rd1__addr;
+  wire [12:0] \spad__rd1__addr$102 ;
   input [31:0] spad__rd1__data;
   wire [31:0] spad__rd1__data;
+  wire [31:0] \spad__rd1__data$108 ;
   output spad__rd1__en;
   reg spad__rd1__en;
+  wire \spad__rd1__en$101 ;
   output [12:0] spad__wr__addr;
   reg [12:0] spad__wr__addr;
+  wire [12:0] \spad__wr__addr$104 ;
   output [31:0] spad__wr__data;
   reg [31:0] spad__wr__data;
+  wire [31:0] \spad__wr__data$105 ;
   output spad__wr__en;
   reg spad__wr__en;
+  wire \spad__wr__en$103 ;
   input start;
   wire start;
+  reg \start$92 ;
   reg unit_ready;
   input unit_rst;
   wire unit_rst;
@@ -5694,233 +5858,250 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign \$52  = lane == 2'h3;
   assign \$53  = \$52  | at_last;
   assign \$54  = rq__o__valid & rq__o__ready;
-  assign \$55  = ins[5:0] == 3'h4;
-  assign \$56  = ins[5:0] == 3'h5;
-  assign \$57  = ins[5:0] == 3'h6;
-  assign \$58  = ins[5:0] == 4'hd;
-  assign \$59  = ins[5:0] == 4'hc;
-  assign \$60  = \$59  ? 2'h1 : 2'h0;
-  assign \$61  = \$58  ? 2'h2 : \$60 ;
-  assign \$62  = ins[122:109] == 1'h1;
-  assign \$63  = ins[5:0] == 3'h4;
-  assign \$66  = \$63  & \$65 ;
-  assign \$67  = el + 1'h1;
-  assign \$68  = el + 2'h2;
-  assign \$69  = \$68  == ins[122:109];
-  assign \$70  = el >= ins[122:109];
-  assign \$71  = ~ h_valid;
-  assign r_en = \$71  | unit_ready;
-  assign \$72  = ~ h_valid;
-  assign \$73  = \$72  | unit_ready;
-  assign \$74  = ~ r_rdy;
-  assign \$75  = \$73  & \$74 ;
-  assign \$76  = ~ \$75 ;
-  assign w_en = \$signal$10  & \$76 ;
-  assign \$79  = \$signal$10  + level;
-  assign \$80  = \$79  + h_valid;
-  assign \$81  = \$80  < 2'h3;
-  assign \$82  = \$78  & \$81 ;
+  assign \$55  = h_valid & beat[64];
+  assign \$56  = ins[5:0] == 3'h4;
+  assign \$57  = ins[5:0] == 3'h5;
+  assign \$58  = ins[5:0] == 3'h6;
+  assign \$59  = ins[5:0] == 4'hf;
+  assign \$60  = ins[5:0] == 4'hf;
+  assign \$62  = \$60  ? \$61  : { 1'h0, ins[122:109] };
+  assign \$63  = ins[5:0] == 4'hd;
+  assign \$64  = ins[5:0] == 4'hc;
+  assign \$65  = \$64  ? 2'h1 : 2'h0;
+  assign \$66  = \$63  ? 2'h2 : \$65 ;
+  assign \$67  = ins[122:109] == 1'h1;
+  assign \$68  = ins[5:0] == 5'h10;
+  assign \$69  = ins[5:0] == 3'h4;
+  assign \$72  = \$69  & \$71 ;
+  assign \$73  = el + 1'h1;
+  assign \$74  = el + 2'h2;
+  assign \$75  = \$74  == ins[122:109];
+  assign \$76  = el >= results;
+  assign \$77  = ~ h_valid;
+  assign r_en = \$77  | unit_ready;
+  assign \$78  = ~ h_valid;
+  assign \$79  = \$78  | unit_ready;
+  assign \$80  = ~ r_rdy;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = ~ \$81 ;
+  assign w_en = \$signal$10  & \$82 ;
   assign \$85  = \$signal$10  + level;
   assign \$86  = \$85  + h_valid;
   assign \$87  = \$86  < 2'h3;
   assign \$88  = \$84  & \$87 ;
-  assign \$89  = vec_op == 1'h1;
-  assign \$90  = \$89  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$91  = ~ wvalid;
-  assign \$92  = \$91  | rq__i__ready;
-  assign \$341  = lane * 5'h18;
-  assign \$93  = hold >> \$341 ;
-  assign \$94  = width > 1'h1;
-  assign \$95  = width > 2'h2;
-  assign \$96  = width > 2'h3;
-  assign \$97  = width > 3'h4;
-  assign \$98  = width > 3'h5;
-  assign \$99  = width > 3'h6;
-  assign \$100  = width > 3'h7;
-  assign \$101  = width > 4'h8;
-  assign \$102  = width > 4'h9;
-  assign \$103  = width > 4'ha;
-  assign \$104  = width > 4'hb;
-  assign \$105  = width > 4'hc;
-  assign \$106  = width > 4'hd;
-  assign \$107  = width > 4'he;
-  assign \$108  = width > 4'hf;
-  assign \$109  = width > 5'h10;
-  assign \$110  = width > 5'h11;
-  assign \$111  = width > 5'h12;
-  assign \$112  = width > 5'h13;
-  assign \$113  = width > 5'h14;
-  assign \$114  = width > 5'h15;
-  assign \$115  = width > 5'h16;
-  assign \$116  = width > 5'h17;
-  assign \$117  = $signed(\$93 ) > $signed({ 1'h0, \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94  });
-  assign \$118  = width > 1'h1;
-  assign \$119  = width > 2'h2;
-  assign \$120  = width > 2'h3;
-  assign \$121  = width > 3'h4;
-  assign \$122  = width > 3'h5;
-  assign \$123  = width > 3'h6;
-  assign \$124  = width > 3'h7;
-  assign \$125  = width > 4'h8;
-  assign \$126  = width > 4'h9;
-  assign \$127  = width > 4'ha;
-  assign \$128  = width > 4'hb;
-  assign \$129  = width > 4'hc;
-  assign \$130  = width > 4'hd;
-  assign \$131  = width > 4'he;
-  assign \$132  = width > 4'hf;
-  assign \$133  = width > 5'h10;
-  assign \$134  = width > 5'h11;
-  assign \$135  = width > 5'h12;
-  assign \$136  = width > 5'h13;
-  assign \$137  = width > 5'h14;
-  assign \$138  = width > 5'h15;
-  assign \$139  = width > 5'h16;
-  assign \$140  = width > 5'h17;
-  assign \$391  = lane * 5'h18;
-  assign \$141  = hold >> \$391 ;
-  assign \$142  = width > 1'h1;
-  assign \$143  = width > 2'h2;
-  assign \$144  = width > 2'h3;
-  assign \$145  = width > 3'h4;
-  assign \$146  = width > 3'h5;
-  assign \$147  = width > 3'h6;
-  assign \$148  = width > 3'h7;
-  assign \$149  = width > 4'h8;
-  assign \$150  = width > 4'h9;
-  assign \$151  = width > 4'ha;
-  assign \$152  = width > 4'hb;
-  assign \$153  = width > 4'hc;
-  assign \$154  = width > 4'hd;
-  assign \$155  = width > 4'he;
-  assign \$156  = width > 4'hf;
-  assign \$157  = width > 5'h10;
-  assign \$158  = width > 5'h11;
-  assign \$159  = width > 5'h12;
-  assign \$160  = width > 5'h13;
-  assign \$161  = width > 5'h14;
-  assign \$162  = width > 5'h15;
-  assign \$163  = width > 5'h16;
-  assign \$164  = width > 5'h17;
-  assign \$165  = ~ { 1'h0, \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142  };
-  assign \$166  = $signed(\$141 ) < $signed(\$165 );
-  assign \$167  = width > 1'h1;
-  assign \$168  = width > 2'h2;
-  assign \$169  = width > 2'h3;
-  assign \$170  = width > 3'h4;
-  assign \$171  = width > 3'h5;
-  assign \$172  = width > 3'h6;
-  assign \$173  = width > 3'h7;
-  assign \$174  = width > 4'h8;
-  assign \$175  = width > 4'h9;
-  assign \$176  = width > 4'ha;
-  assign \$177  = width > 4'hb;
-  assign \$178  = width > 4'hc;
-  assign \$179  = width > 4'hd;
-  assign \$180  = width > 4'he;
-  assign \$181  = width > 4'hf;
-  assign \$182  = width > 5'h10;
-  assign \$183  = width > 5'h11;
-  assign \$184  = width > 5'h12;
-  assign \$185  = width > 5'h13;
-  assign \$186  = width > 5'h14;
-  assign \$187  = width > 5'h15;
-  assign \$188  = width > 5'h16;
-  assign \$189  = width > 5'h17;
-  assign \$190  = ~ { 1'h0, \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167  };
-  assign \$443  = lane * 5'h18;
-  assign \$191  = hold >> \$443 ;
-  assign \$192  = \$166  ? \$190  : \$191 ;
-  assign \$193  = \$117  ? { 1'h0, \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118  } : \$192 ;
-  assign \$194  = ~ hold_valid;
-  assign \$195  = lane == 2'h3;
-  assign \$196  = \$195  | at_last;
-  assign \$197  = \$194  | \$196 ;
-  assign \$199  = ins[47:35] + \$198 ;
-  assign \$201  = ins[47:35] + \$200 ;
-  assign \$202  = \$201  + 1'h1;
-  assign \$203  = ins[60:48] + el;
-  assign \$204  = el >= ins[122:109];
-  assign \$205  = ! fsm_state;
-  assign \$206  = fsm_state == 1'h1;
-  assign \$207  = fsm_state == 2'h2;
-  assign \$208  = fsm_state == 2'h3;
+  assign \$91  = \$signal$10  + level;
+  assign \$92  = \$91  + h_valid;
+  assign \$93  = \$92  < 2'h3;
+  assign \$94  = \$90  & \$93 ;
+  assign \$95  = vec_op == 1'h1;
+  assign \$96  = \$95  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$97  = ~ wvalid;
+  assign \$98  = \$97  | rq__i__ready;
+  assign \$364  = lane * 5'h18;
+  assign \$99  = hold >> \$364 ;
+  assign \$100  = width > 1'h1;
+  assign \$101  = width > 2'h2;
+  assign \$102  = width > 2'h3;
+  assign \$103  = width > 3'h4;
+  assign \$104  = width > 3'h5;
+  assign \$105  = width > 3'h6;
+  assign \$106  = width > 3'h7;
+  assign \$107  = width > 4'h8;
+  assign \$108  = width > 4'h9;
+  assign \$109  = width > 4'ha;
+  assign \$110  = width > 4'hb;
+  assign \$111  = width > 4'hc;
+  assign \$112  = width > 4'hd;
+  assign \$113  = width > 4'he;
+  assign \$114  = width > 4'hf;
+  assign \$115  = width > 5'h10;
+  assign \$116  = width > 5'h11;
+  assign \$117  = width > 5'h12;
+  assign \$118  = width > 5'h13;
+  assign \$119  = width > 5'h14;
+  assign \$120  = width > 5'h15;
+  assign \$121  = width > 5'h16;
+  assign \$122  = width > 5'h17;
+  assign \$123  = $signed(\$99 ) > $signed({ 1'h0, \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100  });
+  assign \$124  = width > 1'h1;
+  assign \$125  = width > 2'h2;
+  assign \$126  = width > 2'h3;
+  assign \$127  = width > 3'h4;
+  assign \$128  = width > 3'h5;
+  assign \$129  = width > 3'h6;
+  assign \$130  = width > 3'h7;
+  assign \$131  = width > 4'h8;
+  assign \$132  = width > 4'h9;
+  assign \$133  = width > 4'ha;
+  assign \$134  = width > 4'hb;
+  assign \$135  = width > 4'hc;
+  assign \$136  = width > 4'hd;
+  assign \$137  = width > 4'he;
+  assign \$138  = width > 4'hf;
+  assign \$139  = width > 5'h10;
+  assign \$140  = width > 5'h11;
+  assign \$141  = width > 5'h12;
+  assign \$142  = width > 5'h13;
+  assign \$143  = width > 5'h14;
+  assign \$144  = width > 5'h15;
+  assign \$145  = width > 5'h16;
+  assign \$146  = width > 5'h17;
+  assign \$414  = lane * 5'h18;
+  assign \$147  = hold >> \$414 ;
+  assign \$148  = width > 1'h1;
+  assign \$149  = width > 2'h2;
+  assign \$150  = width > 2'h3;
+  assign \$151  = width > 3'h4;
+  assign \$152  = width > 3'h5;
+  assign \$153  = width > 3'h6;
+  assign \$154  = width > 3'h7;
+  assign \$155  = width > 4'h8;
+  assign \$156  = width > 4'h9;
+  assign \$157  = width > 4'ha;
+  assign \$158  = width > 4'hb;
+  assign \$159  = width > 4'hc;
+  assign \$160  = width > 4'hd;
+  assign \$161  = width > 4'he;
+  assign \$162  = width > 4'hf;
+  assign \$163  = width > 5'h10;
+  assign \$164  = width > 5'h11;
+  assign \$165  = width > 5'h12;
+  assign \$166  = width > 5'h13;
+  assign \$167  = width > 5'h14;
+  assign \$168  = width > 5'h15;
+  assign \$169  = width > 5'h16;
+  assign \$170  = width > 5'h17;
+  assign \$171  = ~ { 1'h0, \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148  };
+  assign \$172  = $signed(\$147 ) < $signed(\$171 );
+  assign \$173  = width > 1'h1;
+  assign \$174  = width > 2'h2;
+  assign \$175  = width > 2'h3;
+  assign \$176  = width > 3'h4;
+  assign \$177  = width > 3'h5;
+  assign \$178  = width > 3'h6;
+  assign \$179  = width > 3'h7;
+  assign \$180  = width > 4'h8;
+  assign \$181  = width > 4'h9;
+  assign \$182  = width > 4'ha;
+  assign \$183  = width > 4'hb;
+  assign \$184  = width > 4'hc;
+  assign \$185  = width > 4'hd;
+  assign \$186  = width > 4'he;
+  assign \$187  = width > 4'hf;
+  assign \$188  = width > 5'h10;
+  assign \$189  = width > 5'h11;
+  assign \$190  = width > 5'h12;
+  assign \$191  = width > 5'h13;
+  assign \$192  = width > 5'h14;
+  assign \$193  = width > 5'h15;
+  assign \$194  = width > 5'h16;
+  assign \$195  = width > 5'h17;
+  assign \$196  = ~ { 1'h0, \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  };
+  assign \$466  = lane * 5'h18;
+  assign \$197  = hold >> \$466 ;
+  assign \$198  = \$172  ? \$196  : \$197 ;
+  assign \$199  = \$123  ? { 1'h0, \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124  } : \$198 ;
+  assign \$200  = ~ hold_valid;
+  assign \$201  = lane == 2'h3;
+  assign \$202  = \$201  | at_last;
+  assign \$203  = \$200  | \$202 ;
+  assign \$204  = $signed(beat[15:8]) + $signed({ 1'h0, beat[7] });
+  assign \$205  = low ? { beat[7], beat[7:0] } : \$204 ;
+  assign \$206  = ins[5:0] == 5'h10;
+  assign \$207  = ins[5:0] == 3'h4;
+  assign \$210  = \$207  & \$209 ;
+  assign \$212  = ins[47:35] + \$211 ;
+  assign \$214  = ins[47:35] + \$213 ;
+  assign \$215  = \$214  + 1'h1;
+  assign \$216  = ins[60:48] + el;
+  assign \$217  = el >= results;
+  assign \$218  = ! fsm_state;
+  assign \$219  = fsm_state == 1'h1;
+  assign \$220  = fsm_state == 2'h2;
+  assign \$221  = fsm_state == 2'h3;
+  assign \$222  = fsm_state == 3'h4;
   always @(posedge clk)
-    beat <= \$209 ;
+    beat <= \$223 ;
   always @(posedge clk)
-    h_valid <= \$210 ;
+    h_valid <= \$224 ;
   always @(posedge clk)
-    \$signal$10  <= \$211 ;
+    \$signal$10  <= \$225 ;
   always @(posedge clk)
-    \$signal  <= \$212 ;
+    \$signal  <= \$226 ;
   always @(posedge clk)
-    rem0 <= \$213 ;
+    rem0 <= \$227 ;
   always @(posedge clk)
-    \$signal$17  <= \$214 ;
+    \$signal$17  <= \$228 ;
   always @(posedge clk)
-    \$signal$19  <= \$215 ;
+    \$signal$19  <= \$229 ;
   always @(posedge clk)
-    rem1 <= \$216 ;
+    rem1 <= \$230 ;
   always @(posedge clk)
-    \$signal$22  <= \$217 ;
+    \$signal$22  <= \$231 ;
   always @(posedge clk)
-    \$signal$24  <= \$218 ;
+    \$signal$24  <= \$232 ;
   always @(posedge clk)
-    rem2 <= \$219 ;
+    rem2 <= \$233 ;
   always @(posedge clk)
-    \$signal$28  <= \$220 ;
+    \$signal$28  <= \$234 ;
   always @(posedge clk)
-    \$signal$30  <= \$221 ;
+    \$signal$30  <= \$235 ;
   always @(posedge clk)
-    issuing <= \$222 ;
+    issuing <= \$236 ;
   always @(posedge clk)
-    wvalid <= \$223 ;
+    wvalid <= \$237 ;
   always @(posedge clk)
-    fill <= \$224 ;
+    fill <= \$238 ;
   always @(posedge clk)
-    pack <= \$225 ;
+    pack <= \$239 ;
   always @(posedge clk)
-    lane <= \$226 ;
+    lane <= \$240 ;
   always @(posedge clk)
-    hold_valid <= \$227 ;
+    hold_valid <= \$241 ;
   always @(posedge clk)
-    hold <= \$228 ;
+    hold <= \$242 ;
   always @(posedge clk)
-    \$signal$32  <= \$229 ;
+    low <= \$243 ;
   always @(posedge clk)
-    \$signal$33  <= \$230 ;
+    \$signal$32  <= \$244 ;
   always @(posedge clk)
-    is_situ <= \$231 ;
+    \$signal$33  <= \$245 ;
   always @(posedge clk)
-    vec_op <= \$232 ;
+    \$signal$34  <= \$246 ;
   always @(posedge clk)
-    width <= \$233 ;
+    \$signal$35  <= \$247 ;
   always @(posedge clk)
-    mult <= \$234 ;
+    results <= \$248 ;
   always @(posedge clk)
-    shift <= \$235 ;
+    vec_op <= \$249 ;
   always @(posedge clk)
-    at_last <= \$236 ;
+    width <= \$250 ;
   always @(posedge clk)
-    cnt0 <= \$237 ;
+    mult <= \$251 ;
   always @(posedge clk)
-    cnt1 <= \$238 ;
+    shift <= \$252 ;
   always @(posedge clk)
-    sa0 <= \$239 ;
+    at_last <= \$253 ;
   always @(posedge clk)
-    sa1 <= \$240 ;
+    cnt0 <= \$254 ;
   always @(posedge clk)
-    sa2 <= \$241 ;
+    cnt1 <= \$255 ;
   always @(posedge clk)
-    sb0 <= \$242 ;
+    sa0 <= \$256 ;
   always @(posedge clk)
-    sb1 <= \$243 ;
+    sa1 <= \$257 ;
   always @(posedge clk)
-    sb2 <= \$244 ;
+    sa2 <= \$258 ;
   always @(posedge clk)
-    el <= \$245 ;
+    sb0 <= \$259 ;
   always @(posedge clk)
-    fsm_state <= \$246 ;
+    sb1 <= \$260 ;
+  always @(posedge clk)
+    sb2 <= \$261 ;
+  always @(posedge clk)
+    el <= \$262 ;
+  always @(posedge clk)
+    fsm_state <= \$263 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -5932,21 +6113,21 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$81 ),
+    .advance(\i__ready$85 ),
     .clk(clk),
-    .i__payload(\i__payload$67 ),
-    .i__valid(\i__valid$80 ),
-    .o__payload(\o__payload$83 ),
-    .o__valid(\o__valid$82 ),
+    .i__payload(\i__payload$71 ),
+    .i__valid(\i__valid$84 ),
+    .o__payload(\o__payload$87 ),
+    .o__valid(\o__valid$86 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4918$0 (\$signal ),
-    .\port$5231$0 (spad__rd0__data),
-    .\port$5233$0 (spad__rd1__data),
+    .\port$5690$0 (\$signal ),
+    .\port$6103$0 (spad__rd0__data),
+    .\port$6105$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -5956,425 +6137,465 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$68 ),
-    .i__ready(\i__ready$85 ),
-    .i__valid(\i__valid$84 ),
+    .i__payload(\i__payload$72 ),
+    .i__ready(\i__ready$89 ),
+    .i__valid(\i__valid$88 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$87 ),
-    .o__valid(\o__valid$86 ),
+    .o__payload(\o__payload$91 ),
+    .o__valid(\o__valid$90 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
   );
+  \nanokpu_kpu.elementwise.wide  wide (
+    .clk(clk),
+    .done(done),
+    .error(\error$98 ),
+    .ins(ins),
+    .rst(rst),
+    .spad__rd0__addr(\spad__rd0__addr$100 ),
+    .spad__rd0__data(spad__rd0__data),
+    .spad__rd0__en(\spad__rd0__en$99 ),
+    .spad__rd1__addr(\spad__rd1__addr$102 ),
+    .spad__rd1__data(spad__rd1__data),
+    .spad__rd1__en(\spad__rd1__en$101 ),
+    .spad__wr__addr(\spad__wr__addr$104 ),
+    .spad__wr__data(\spad__wr__data$105 ),
+    .spad__wr__en(\spad__wr__en$103 ),
+    .start(\start$92 ),
+    .unit_rst(unit_rst)
+  );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$209  = beat;
+    \$223  = beat;
     if (\$2 ) begin
-      \$209  = \$3 ;
+      \$223  = \$3 ;
     end
     if (unit_rst) begin
-      \$209  = 65'h00000000000000000;
+      \$223  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$209  = 65'h00000000000000000;
+      \$223  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$210  = h_valid;
+    \$224  = h_valid;
     if (\$2 ) begin
-      \$210  = \$4 ;
+      \$224  = \$4 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$210  = 1'h0;
+                  \$224  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$210  = 1'h0;
+                  \$224  = 1'h0;
               6'h0c:
-                  \$210  = 1'h0;
+                  \$224  = 1'h0;
               6'h0d:
-                  \$210  = 1'h0;
+                  \$224  = 1'h0;
+              6'h0f:
+                  \$224  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$210  = 1'h0;
+      \$224  = 1'h0;
     end
     if (rst) begin
-      \$210  = 1'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$211  = \$signal$10 ;
+    \$225  = \$signal$10 ;
     if (run) begin
-      \$211  = \$10 ;
+      \$225  = \$10 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$211  = 1'h0;
+                  \$225  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$211  = 1'h0;
+                  \$225  = 1'h0;
               6'h0c:
-                  \$211  = 1'h0;
+                  \$225  = 1'h0;
               6'h0d:
-                  \$211  = 1'h0;
+                  \$225  = 1'h0;
+              6'h0f:
+                  \$225  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$211  = 1'h0;
+      \$225  = 1'h0;
     end
     if (rst) begin
-      \$211  = 1'h0;
+      \$225  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$212  = \$signal ;
+    \$226  = \$signal ;
     if (run) begin
-      \$212  = \$11 ;
+      \$226  = \$11 ;
     end
     if (unit_rst) begin
-      \$212  = 1'h0;
+      \$226  = 1'h0;
     end
     if (rst) begin
-      \$212  = 1'h0;
+      \$226  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$213  = rem0;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-          \$213  = \$20 [13:0];
-        end else if (\$19 ) begin
-          \$213  = cnt0;
-        end else begin
-          \$213  = cnt0;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$213  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
-                  \$213  = ins[122:109];
-              6'h0c:
-                  \$213  = ins[106:93];
-              6'h0d:
-                  \$213  = ins[90:77];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$213  = 14'h0000;
-    end
-    if (rst) begin
-      \$213  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$214  = \$signal$17 ;
+    \$227  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$214  = \$21 [12:0];
+          \$227  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$214  = \$25 [12:0];
+          \$227  = cnt0;
         end else begin
-          \$214  = \$31 [12:0];
+          \$227  = cnt0;
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$214  = ins[34:22];
+                  \$227  = ins[122:109];
               6'h05, 6'h06, 6'h07:
-                  \$214  = ins[34:22];
+                  \$227  = ins[122:109];
               6'h0c:
-                  \$214  = ins[34:22];
+                  \$227  = ins[106:93];
               6'h0d:
-                  \$214  = ins[34:22];
+                  \$227  = ins[90:77];
+              6'h0f:
+                  \$227  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$214  = 13'h0000;
+      \$227  = 14'h0000;
     end
     if (rst) begin
-      \$214  = 13'h0000;
+      \$227  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$215  = \$signal$19 ;
+    \$228  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$215  = \$22 [12:0];
+          \$228  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$215  = \$27 [12:0];
+          \$228  = \$25 [12:0];
         end else begin
-          \$215  = \$34 [12:0];
+          \$228  = \$31 [12:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$215  = ins[47:35];
+                  \$228  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$215  = ins[47:35];
+                  \$228  = ins[34:22];
               6'h0c:
-                  \$215  = ins[47:35];
+                  \$228  = ins[34:22];
               6'h0d:
-                  \$215  = ins[47:35];
+                  \$228  = ins[34:22];
+              6'h0f:
+                  \$228  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$215  = 13'h0000;
+      \$228  = 13'h0000;
     end
     if (rst) begin
-      \$215  = 13'h0000;
+      \$228  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$216  = rem1;
+    \$229  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
+          \$229  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$216  = \$23 [13:0];
+          \$229  = \$27 [12:0];
         end else begin
-          \$216  = cnt1;
+          \$229  = \$34 [12:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$216  = 14'h0001;
+                  \$229  = ins[47:35];
               6'h05, 6'h06, 6'h07:
-                  \$216  = 14'h0001;
+                  \$229  = ins[47:35];
               6'h0c:
-                  \$216  = ins[90:77];
+                  \$229  = ins[47:35];
               6'h0d:
-                  \$216  = 14'h0002;
+                  \$229  = ins[47:35];
+              6'h0f:
+                  \$229  = ins[47:35];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$216  = 14'h0000;
+      \$229  = 13'h0000;
     end
     if (rst) begin
-      \$216  = 14'h0000;
+      \$229  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$217  = \$signal$22 ;
+    \$230  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$217  = \$24 [12:0];
+          \$230  = \$23 [13:0];
         end else begin
-          \$217  = \$30 [12:0];
+          \$230  = cnt1;
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$217  = ins[34:22];
+                  \$230  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$217  = ins[34:22];
+                  \$230  = 14'h0001;
               6'h0c:
-                  \$217  = ins[34:22];
+                  \$230  = ins[90:77];
               6'h0d:
-                  \$217  = ins[34:22];
+                  \$230  = 14'h0002;
+              6'h0f:
+                  \$230  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$217  = 13'h0000;
+      \$230  = 14'h0000;
     end
     if (rst) begin
-      \$217  = 13'h0000;
+      \$230  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$218  = \$signal$24 ;
+    \$231  = \$signal$22 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$218  = \$26 [12:0];
+          \$231  = \$24 [12:0];
         end else begin
-          \$218  = \$33 [12:0];
+          \$231  = \$30 [12:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$218  = ins[47:35];
+                  \$231  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$218  = ins[47:35];
+                  \$231  = ins[34:22];
               6'h0c:
-                  \$218  = ins[47:35];
+                  \$231  = ins[34:22];
               6'h0d:
-                  \$218  = ins[47:35];
+                  \$231  = ins[34:22];
+              6'h0f:
+                  \$231  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$218  = 13'h0000;
+      \$231  = 13'h0000;
     end
     if (rst) begin
-      \$218  = 13'h0000;
+      \$231  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$219  = rem2;
+    \$232  = \$signal$24 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$232  = \$26 [12:0];
         end else begin
-          \$219  = \$28 [13:0];
+          \$232  = \$33 [12:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$219  = 14'h0001;
+                  \$232  = ins[47:35];
               6'h05, 6'h06, 6'h07:
-                  \$219  = 14'h0001;
+                  \$232  = ins[47:35];
               6'h0c:
-                  \$219  = ins[74:61];
+                  \$232  = ins[47:35];
               6'h0d:
-                  \$219  = ins[74:61];
+                  \$232  = ins[47:35];
+              6'h0f:
+                  \$232  = ins[47:35];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$219  = 14'h0000;
+      \$232  = 13'h0000;
     end
     if (rst) begin
-      \$219  = 14'h0000;
+      \$232  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$220  = \$signal$28 ;
+    \$233  = rem2;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$220  = \$29 [12:0];
+          \$233  = \$28 [13:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$220  = ins[34:22];
+                  \$233  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$220  = ins[34:22];
+                  \$233  = 14'h0001;
               6'h0c:
-                  \$220  = ins[34:22];
+                  \$233  = ins[74:61];
               6'h0d:
-                  \$220  = ins[34:22];
+                  \$233  = ins[74:61];
+              6'h0f:
+                  \$233  = 14'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$220  = 13'h0000;
+      \$233  = 14'h0000;
     end
     if (rst) begin
-      \$220  = 13'h0000;
+      \$233  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$221  = \$signal$30 ;
+    \$234  = \$signal$28 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$221  = \$32 [12:0];
+          \$234  = \$29 [12:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$221  = ins[47:35];
+                  \$234  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$221  = ins[47:35];
+                  \$234  = ins[34:22];
               6'h0c:
-                  \$221  = ins[47:35];
+                  \$234  = ins[34:22];
               6'h0d:
-                  \$221  = ins[47:35];
+                  \$234  = ins[34:22];
+              6'h0f:
+                  \$234  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$221  = 13'h0000;
+      \$234  = 13'h0000;
     end
     if (rst) begin
-      \$221  = 13'h0000;
+      \$234  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$222  = issuing;
+    \$235  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$235  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$235  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$235  = ins[47:35];
+              6'h0c:
+                  \$235  = ins[47:35];
+              6'h0d:
+                  \$235  = ins[47:35];
+              6'h0f:
+                  \$235  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$235  = 13'h0000;
+    end
+    if (rst) begin
+      \$235  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$236  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -6382,492 +6603,200 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$222  = 1'h0;
+            \$236  = 1'h0;
           end
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$222  = 1'h1;
+                  \$236  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$222  = 1'h1;
+                  \$236  = 1'h1;
               6'h0c:
-                  \$222  = 1'h1;
+                  \$236  = 1'h1;
               6'h0d:
-                  \$222  = 1'h1;
+                  \$236  = 1'h1;
+              6'h0f:
+                  \$236  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$222  = 1'h0;
+      \$236  = 1'h0;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$236  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$223  = wvalid;
+    \$237  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$37 ) begin
-          \$223  = 1'h0;
+          \$237  = 1'h0;
         end
         if (\$38 ) begin
           if (\$47 ) begin
-            \$223  = 1'h1;
+            \$237  = 1'h1;
           end
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            \$223  = 1'h0;
+            \$237  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$223  = 1'h0;
+      \$237  = 1'h0;
     end
     if (rst) begin
-      \$223  = 1'h0;
+      \$237  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$224  = fill;
+    \$238  = fill;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$37 ) begin
-          \$224  = 3'h0;
+          \$238  = 3'h0;
         end
         if (\$38 ) begin
-          \$224  = \$43 [2:0];
+          \$238  = \$43 [2:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            \$224  = 3'h0;
+            \$238  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$224  = 3'h0;
+      \$238  = 3'h0;
     end
     if (rst) begin
-      \$224  = 3'h0;
+      \$238  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$225  = pack;
+    \$239  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$38 ) begin
           casez (\$40 )
             3'h0:
-                \$225 [23:0] = beat[23:0];
+                \$239 [23:0] = beat[23:0];
             3'h1:
-                \$225 [47:24] = beat[23:0];
+                \$239 [47:24] = beat[23:0];
             3'h2:
-                \$225 [71:48] = beat[23:0];
+                \$239 [71:48] = beat[23:0];
             3'h3:
-                \$225 [95:72] = beat[23:0];
+                \$239 [95:72] = beat[23:0];
           endcase
         end
       end
     end
     if (unit_rst) begin
-      \$225  = 96'h000000000000000000000000;
+      \$239  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$225  = 96'h000000000000000000000000;
+      \$239  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$226  = lane;
+    \$240  = lane;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$226  = \$51 [1:0];
+          \$240  = \$51 [1:0];
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            \$226  = 2'h0;
+            \$240  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$226  = 2'h0;
+      \$240  = 2'h0;
     end
     if (rst) begin
-      \$226  = 2'h0;
+      \$240  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$227  = hold_valid;
+    \$241  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$53 ) begin
-            \$227  = 1'h0;
+            \$241  = 1'h0;
           end
         end
         if (\$54 ) begin
-          \$227  = 1'h1;
+          \$241  = 1'h1;
         end
       end
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            \$227  = 1'h0;
+            \$241  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$227  = 1'h0;
+      \$241  = 1'h0;
     end
     if (rst) begin
-      \$227  = 1'h0;
+      \$241  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$228  = hold;
+    \$242  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$54 ) begin
-          \$228  = rq__o__payload;
+          \$242  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$228  = 96'h000000000000000000000000;
+      \$242  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$228  = 96'h000000000000000000000000;
+      \$242  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$229  = \$signal$32 ;
+    \$243  = low;
+    if (run) begin
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+      end else if (\$signal$34 ) begin
+      end else if (\$signal$35 ) begin
+        if (\$55 ) begin
+          \$243  = 1'h1;
+        end
+      end
+    end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            \$229  = \$55 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$229  = 1'h0;
-    end
-    if (rst) begin
-      \$229  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$230  = \$signal$33 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$230  = \$56 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$230  = 1'h0;
-    end
-    if (rst) begin
-      \$230  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$231  = is_situ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$231  = \$57 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$231  = 1'h0;
-    end
-    if (rst) begin
-      \$231  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$232  = vec_op;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$232  = \$61 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$232  = 2'h0;
-    end
-    if (rst) begin
-      \$232  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$233  = width;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$233  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$233  = 6'h00;
-    end
-    if (rst) begin
-      \$233  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$234  = mult;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$234  = ins[152:137];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$234  = spad__rd0__data[15:0];
-    endcase
-    if (unit_rst) begin
-      \$234  = 16'h0000;
-    end
-    if (rst) begin
-      \$234  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$235  = shift;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$235  = ins[174:169];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$235  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$235  = 6'h00;
-    end
-    if (rst) begin
-      \$235  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$236  = at_last;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$236  = \$62 ;
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            \$236  = \$69 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$236  = 1'h0;
-    end
-    if (rst) begin
-      \$236  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$237  = cnt0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$237  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
-                  \$237  = ins[122:109];
-              6'h0c:
-                  \$237  = ins[106:93];
-              6'h0d:
-                  \$237  = ins[90:77];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$237  = 14'h0000;
-    end
-    if (rst) begin
-      \$237  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$238  = cnt1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$238  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$238  = 14'h0001;
-              6'h0c:
-                  \$238  = ins[90:77];
-              6'h0d:
-                  \$238  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$238  = 14'h0000;
-    end
-    if (rst) begin
-      \$238  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$239  = sa0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$239  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$239  = 13'h0001;
-              6'h0c:
-                  \$239  = ins[89:77];
-              6'h0d:
-                  \$239  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$239  = 13'h0000;
-    end
-    if (rst) begin
-      \$239  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$240  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$240  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$240  = 1'h0;
-              6'h0c:
-                  \$240  = 1'h1;
-              6'h0d:
-                  \$240  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$240  = 1'h0;
-    end
-    if (rst) begin
-      \$240  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$241  = sa2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$241  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$241  = 13'h0000;
-              6'h0c:
-                  \$241  = ins[135:123];
-              6'h0d:
-                  \$241  = ins[89:77];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$241  = 13'h0000;
-    end
-    if (rst) begin
-      \$241  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$242  = sb0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$242  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$242  = 1'h1;
-              6'h0c:
-                  \$242  = 1'h1;
-              6'h0d:
-                  \$242  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$242  = 1'h0;
-    end
-    if (rst) begin
-      \$242  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$243  = sb1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$243  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$243  = 1'h0;
-              6'h0c:
-                  \$243  = 1'h0;
-              6'h0d:
-                  \$243  = 1'h0;
-            endcase
+            \$243  = 1'h0;
           end
     endcase
     if (unit_rst) begin
@@ -6879,91 +6808,464 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$244  = sb2;
+    \$244  = \$signal$32 ;
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$244  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$244  = 13'h0000;
-              6'h0c:
-                  \$244  = ins[105:93];
-              6'h0d:
-                  \$244  = 13'h0000;
-            endcase
+            \$244  = \$56 ;
           end
     endcase
     if (unit_rst) begin
-      \$244  = 13'h0000;
+      \$244  = 1'h0;
     end
     if (rst) begin
-      \$244  = 13'h0000;
+      \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$245  = el;
-    (* full_case = 32'd1 *)
+    \$245  = \$signal$33 ;
     casez (fsm_state)
-      2'h0:
+      3'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$245  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$245  = 14'h0000;
-              6'h0c:
-                  \$245  = 14'h0000;
-              6'h0d:
-                  \$245  = 14'h0000;
-            endcase
+            \$245  = \$57 ;
           end
-      2'h1:
+    endcase
+    if (unit_rst) begin
+      \$245  = 1'h0;
+    end
+    if (rst) begin
+      \$245  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$246  = \$signal$34 ;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$246  = \$58 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$246  = 1'h0;
+    end
+    if (rst) begin
+      \$246  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$247  = \$signal$35 ;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$247  = \$59 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$247  = 1'h0;
+    end
+    if (rst) begin
+      \$247  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$248  = results;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$248  = \$62 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$248  = 15'h0000;
+    end
+    if (rst) begin
+      \$248  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$249  = vec_op;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$249  = \$66 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$249  = 2'h0;
+    end
+    if (rst) begin
+      \$249  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$250  = width;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$250  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$250  = 6'h00;
+    end
+    if (rst) begin
+      \$250  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$251  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$251  = ins[152:137];
+          end
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
+          \$251  = spad__rd0__data[15:0];
+    endcase
+    if (unit_rst) begin
+      \$251  = 16'h0000;
+    end
+    if (rst) begin
+      \$251  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$252  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$252  = ins[174:169];
+          end
+      3'h2:
           /* empty */;
-      2'h2:
+      3'h4:
+          \$252  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$252  = 6'h00;
+    end
+    if (rst) begin
+      \$252  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$253  = at_last;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$253  = \$67 ;
+          end
+      3'h2:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h3:
           if (out_valid) begin
-            \$245  = \$67 [13:0];
+            \$253  = \$75 ;
           end
     endcase
     if (unit_rst) begin
-      \$245  = 14'h0000;
+      \$253  = 1'h0;
     end
     if (rst) begin
-      \$245  = 14'h0000;
+      \$253  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$246  = fsm_state;
-    (* full_case = 32'd1 *)
+    \$254  = cnt0;
     casez (fsm_state)
-      2'h0:
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$254  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$254  = ins[122:109];
+              6'h0c:
+                  \$254  = ins[106:93];
+              6'h0d:
+                  \$254  = ins[90:77];
+              6'h0f:
+                  \$254  = ins[122:109];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$254  = 14'h0000;
+    end
+    if (rst) begin
+      \$254  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$255  = cnt1;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$255  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$255  = 14'h0001;
+              6'h0c:
+                  \$255  = ins[90:77];
+              6'h0d:
+                  \$255  = 14'h0002;
+              6'h0f:
+                  \$255  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$255  = 14'h0000;
+    end
+    if (rst) begin
+      \$255  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$256  = sa0;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$256  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$256  = 13'h0001;
+              6'h0c:
+                  \$256  = ins[89:77];
+              6'h0d:
+                  \$256  = 13'h0001;
+              6'h0f:
+                  \$256  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$256  = 13'h0000;
+    end
+    if (rst) begin
+      \$256  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$257  = sa1;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$257  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$257  = 1'h0;
+              6'h0c:
+                  \$257  = 1'h1;
+              6'h0d:
+                  \$257  = 1'h0;
+              6'h0f:
+                  \$257  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$257  = 1'h0;
+    end
+    if (rst) begin
+      \$257  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$258  = sa2;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$258  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$258  = 13'h0000;
+              6'h0c:
+                  \$258  = ins[135:123];
+              6'h0d:
+                  \$258  = ins[89:77];
+              6'h0f:
+                  \$258  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$258  = 13'h0000;
+    end
+    if (rst) begin
+      \$258  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$259  = sb0;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$259  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$259  = 1'h1;
+              6'h0c:
+                  \$259  = 1'h1;
+              6'h0d:
+                  \$259  = 1'h0;
+              6'h0f:
+                  \$259  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$259  = 1'h0;
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$260  = sb1;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$260  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$260  = 1'h0;
+              6'h0c:
+                  \$260  = 1'h0;
+              6'h0d:
+                  \$260  = 1'h0;
+              6'h0f:
+                  \$260  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$260  = 1'h0;
+    end
+    if (rst) begin
+      \$260  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$261  = sb2;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$261  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$261  = 13'h0000;
+              6'h0c:
+                  \$261  = ins[105:93];
+              6'h0d:
+                  \$261  = 13'h0000;
+              6'h0f:
+                  \$261  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$261  = 13'h0000;
+    end
+    if (rst) begin
+      \$261  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$262  = el;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$262  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$262  = 14'h0000;
+              6'h0c:
+                  \$262  = 14'h0000;
+              6'h0d:
+                  \$262  = 14'h0000;
+              6'h0f:
+                  \$262  = 14'h0000;
+            endcase
+          end
+      3'h2:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h3:
+          if (out_valid) begin
+            \$262  = \$73 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$262  = 14'h0000;
+    end
+    if (rst) begin
+      \$262  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$263  = fsm_state;
+    casez (fsm_state)
+      3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$66 ) begin
-              \$246  = 2'h1;
+            if (\$68 ) begin
+              \$263  = 3'h1;
+            end else if (\$72 ) begin
+              \$263  = 3'h2;
             end else begin
-              \$246  = 2'h2;
+              \$263  = 3'h3;
             end
           end
-      2'h1:
-          \$246  = 2'h3;
-      2'h3:
-          \$246  = 2'h2;
-      2'h2:
-          if (\$70 ) begin
-            \$246  = 2'h0;
+      3'h2:
+          \$263  = 3'h4;
+      3'h4:
+          \$263  = 3'h3;
+      3'h3:
+          if (\$76 ) begin
+            \$263  = 3'h0;
+          end
+      3'h1:
+          if (done) begin
+            \$263  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$246  = 2'h0;
+      \$263  = 3'h0;
     end
     if (rst) begin
-      \$246  = 2'h0;
+      \$263  = 3'h0;
     end
   end
   always @* begin
@@ -6973,10 +7275,16 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       spad__rd0__addr = \$signal$17 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
-          spad__rd0__addr = \$199 [12:0];
+      3'h2:
+          spad__rd0__addr = \$212 [12:0];
+      3'h4:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h1:
+          spad__rd0__addr = \spad__rd0__addr$100 ;
     endcase
   end
   always @* begin
@@ -6986,36 +7294,54 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       spad__rd1__addr = \$signal$19 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
-          spad__rd1__addr = \$202 [12:0];
+      3'h2:
+          spad__rd1__addr = \$215 [12:0];
+      3'h4:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h1:
+          spad__rd1__addr = \spad__rd1__addr$102 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$82 ;
+      spad__rd0__en = \$88 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           spad__rd0__en = 1'h1;
+      3'h4:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h1:
+          spad__rd0__en = \spad__rd0__en$99 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$88 ;
+      spad__rd1__en = \$94 ;
     end
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           spad__rd1__en = 1'h1;
+      3'h4:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h1:
+          spad__rd1__en = \spad__rd1__en$101 ;
     endcase
   end
   always @* begin
@@ -7033,13 +7359,15 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        unit_ready = \$92 ;
+        unit_ready = \$98 ;
       end else if (\$signal$33 ) begin
         unit_ready = i__ready;
-      end else if (is_situ) begin
-        unit_ready = \i__ready$81 ;
-      end else begin
+      end else if (\$signal$34 ) begin
         unit_ready = \i__ready$85 ;
+      end else if (\$signal$35 ) begin
+        unit_ready = 1'h1;
+      end else begin
+        unit_ready = \i__ready$89 ;
       end
     end
   end
@@ -7052,10 +7380,12 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
         out_valid = hold_valid;
       end else if (\$signal$33 ) begin
         out_valid = o__valid;
-      end else if (is_situ) begin
-        out_valid = \o__valid$82 ;
-      end else begin
+      end else if (\$signal$34 ) begin
         out_valid = \o__valid$86 ;
+      end else if (\$signal$35 ) begin
+        out_valid = h_valid;
+      end else begin
+        out_valid = \o__valid$90 ;
       end
     end
   end
@@ -7065,13 +7395,15 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        out_data = { \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193  };
+        out_data = { \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199  };
       end else if (\$signal$33 ) begin
         out_data = { 19'h00000, o__payload };
-      end else if (is_situ) begin
-        out_data = { \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83 [15], \o__payload$83  };
-      end else begin
+      end else if (\$signal$34 ) begin
         out_data = { \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87  };
+      end else if (\$signal$35 ) begin
+        out_data = { \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205  };
+      end else begin
+        out_data = { \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91  };
       end
     end
   end
@@ -7080,7 +7412,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$197 ;
+        rq__o__ready = \$203 ;
       end
     end
   end
@@ -7096,126 +7428,143 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$80  = 1'h0;
-    if (run) begin
-      if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
-      end else if (is_situ) begin
-        \i__valid$80  = h_valid;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \i__valid$84  = 1'h0;
     if (run) begin
-      (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
       end else if (\$signal$33 ) begin
-      end else if (is_situ) begin
-      end else begin
+      end else if (\$signal$34 ) begin
         \i__valid$84  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    run = 1'h0;
-    (* full_case = 32'd1 *)
+    \i__valid$88  = 1'h0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+      end else if (\$signal$34 ) begin
+      end else if (\$signal$35 ) begin
+      end else begin
+        \i__valid$88  = h_valid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \start$92  = 1'h0;
     casez (fsm_state)
-      2'h0:
+      3'h0:
+          if (start) begin
+            if (\$206 ) begin
+              \start$92  = 1'h1;
+            end
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    run = 1'h0;
+    casez (fsm_state)
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
+      3'h3:
           run = 1'h1;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__addr = 13'h0000;
-    (* full_case = 32'd1 *)
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
+      3'h3:
           if (out_valid) begin
-            spad__wr__addr = \$203 [12:0];
+            spad__wr__addr = \$216 [12:0];
           end
+      3'h1:
+          spad__wr__addr = \spad__wr__addr$104 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__data = 32'd0;
-    (* full_case = 32'd1 *)
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
+      3'h3:
           if (out_valid) begin
             spad__wr__data = out_data;
           end
+      3'h1:
+          spad__wr__data = \spad__wr__data$105 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__en = 1'h0;
-    (* full_case = 32'd1 *)
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
+      3'h3:
           if (out_valid) begin
             spad__wr__en = 1'h1;
           end
+      3'h1:
+          spad__wr__en = \spad__wr__en$103 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    done = 1'h0;
-    (* full_case = 32'd1 *)
+    \done$96  = 1'h0;
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
-          if (\$204 ) begin
-            done = 1'h1;
+      3'h3:
+          if (\$217 ) begin
+            \done$96  = 1'h1;
           end
+      3'h1:
+          \done$96  = done;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     error = 8'h00;
-    (* full_case = 32'd1 *)
     casez (fsm_state)
-      2'h0:
+      3'h0:
           /* empty */;
-      2'h1:
+      3'h2:
           /* empty */;
-      2'h3:
+      3'h4:
           /* empty */;
-      2'h2:
-          if (\$204 ) begin
+      3'h3:
+          if (\$217 ) begin
             error = 8'h00;
           end
+      3'h1:
+          error = \error$98 ;
     endcase
   end
   assign spad__blocked = 1'h0;
@@ -7227,8 +7576,12 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$72  = 1'h1;
-  assign \o__ready$73  = 1'h1;
+  assign \o__ready$76  = 1'h1;
+  assign \o__ready$77  = 1'h1;
+  assign \ins$106  = ins;
+  assign \spad__rd0__data$107  = spad__rd0__data;
+  assign \spad__rd1__data$108  = spad__rd1__data;
+  assign \spad__blocked$109  = 1'h0;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
@@ -7265,32 +7618,52 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$67[0]  = \i__payload$67 ;
-  assign \i__payload$67[0].g  = \i__payload$67 [15:0];
-  assign \i__payload$67[0].u  = \i__payload$67 [31:16];
-  assign \i__payload$68.a  = \i__payload$68 [15:0];
-  assign \i__payload$68.b  = \i__payload$68 [32:16];
-  assign \i__payload$68.last  = \i__payload$68 [33];
+  assign \i__payload$71[0]  = \i__payload$71 ;
+  assign \i__payload$71[0].g  = \i__payload$71 [15:0];
+  assign \i__payload$71[0].u  = \i__payload$71 [31:16];
+  assign \i__payload$72.a  = \i__payload$72 [15:0];
+  assign \i__payload$72.b  = \i__payload$72 [32:16];
+  assign \i__payload$72.last  = \i__payload$72 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$83[0]  = \o__payload$83 ;
-  assign \i__payload$68 [33] = beat[64];
-  assign \i__payload$68 [32:16] = \$90 ;
-  assign \i__payload$68 [15:0] = beat[15:0];
-  assign \i__payload$67 [31:16] = beat[47:32];
-  assign \i__payload$67 [15:0] = beat[15:0];
+  assign \o__payload$87[0]  = \o__payload$87 ;
+  assign \ins$106.op  = ins[5:0];
+  assign \ins$106.flags  = ins[15:6];
+  assign \ins$106.width  = ins[21:16];
+  assign \ins$106.a  = ins[34:22];
+  assign \ins$106.b  = ins[47:35];
+  assign \ins$106.c  = ins[60:48];
+  assign \ins$106.m  = ins[76:61];
+  assign \ins$106.n  = ins[92:77];
+  assign \ins$106.k  = ins[108:93];
+  assign \ins$106.len  = ins[122:109];
+  assign \ins$106.p2  = ins[136:123];
+  assign \ins$106.mult  = ins[168:137];
+  assign \ins$106.shift  = ins[174:169];
+  assign \ins$106.expert  = ins[190:175];
+  assign \ins$106.count  = ins[206:191];
+  assign \ins$106.offset  = ins[220:207];
+  assign \i__payload$72 [33] = beat[64];
+  assign \i__payload$72 [32:16] = \$96 ;
+  assign \i__payload$72 [15:0] = beat[15:0];
+  assign \i__payload$71 [31:16] = beat[47:32];
+  assign \i__payload$71 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
   assign \$13  = issuing;
-  assign { \$64 [9:3], \$64 [1:0] } = 9'h000;
-  assign \$64 [2] = ins[8];
-  assign \$77  = 1'h1;
-  assign \$78  = issuing;
+  assign \$61  = { ins[122:109], 1'h0 };
+  assign { \$70 [9:3], \$70 [1:0] } = 9'h000;
+  assign \$70 [2] = ins[8];
   assign \$83  = 1'h1;
   assign \$84  = issuing;
-  assign \$198  = { ins[190:175], 1'h0 };
-  assign \$200  = { ins[190:175], 1'h0 };
-  assign \$65  = ins[8];
+  assign \$89  = 1'h1;
+  assign \$90  = issuing;
+  assign { \$208 [9:3], \$208 [1:0] } = 9'h000;
+  assign \$208 [2] = ins[8];
+  assign \$211  = { ins[190:175], 1'h0 };
+  assign \$213  = { ins[190:175], 1'h0 };
+  assign \$71  = ins[8];
+  assign \$209  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -9715,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4918$0 , level, \port$5231$0 , \port$5233$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5690$0 , level, \port$6103$0 , \port$6105$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9740,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$4918$0 ;
-  wire \port$4918$0 ;
-  input [31:0] \port$5231$0 ;
-  wire [31:0] \port$5231$0 ;
-  input [31:0] \port$5233$0 ;
-  wire [31:0] \port$5233$0 ;
+  input \port$5690$0 ;
+  wire \port$5690$0 ;
+  input [31:0] \port$6103$0 ;
+  wire [31:0] \port$6103$0 ;
+  input [31:0] \port$6105$0 ;
+  wire [31:0] \port$6105$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -9778,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$4918$0 , \port$5233$0 , \port$5231$0  };
+      storage[w_port__addr] <= { \port$5690$0 , \port$6105$0 , \port$6103$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -9849,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
-  assign w_data = { \port$4918$0 , \port$5233$0 , \port$5231$0  };
+  assign w_port__data = { \port$5690$0 , \port$6105$0 , \port$6103$0  };
+  assign w_data = { \port$5690$0 , \port$6105$0 , \port$6103$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -11124,8 +11497,2376 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
+module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, spad__wr__en, spad__wr__addr, spad__wr__data, done, error, spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
+  wire [14:0] \$1 ;
+  wire \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
+  wire [9:0] \$11 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire [16:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
+  wire \$13 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
+  wire [16:0] \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire [23:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire [17:0] \$15 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire [9:0] \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire [23:0] \$167 ;
+  wire [23:0] \$168 ;
+  wire [23:0] \$169 ;
+  wire [16:0] \$17 ;
+  wire \$170 ;
+  wire \$171 ;
+  reg \$172 ;
+  reg [13:0] \$173 ;
+  reg [13:0] \$174 ;
+  reg [12:0] \$175 ;
+  reg [12:0] \$176 ;
+  reg [12:0] \$177 ;
+  reg [12:0] \$178 ;
+  reg [12:0] \$179 ;
+  wire \$18 ;
+  reg \$180 ;
+  reg \$181 ;
+  reg [12:0] \$182 ;
+  reg [12:0] \$183 ;
+  reg [12:0] \$184 ;
+  reg [15:0] \$185 ;
+  reg [1:0] \$186 ;
+  reg \$187 ;
+  reg [15:0] \$188 ;
+  reg [5:0] \$189 ;
+  wire [16:0] \$19 ;
+  reg [2:0] \$190 ;
+  reg [23:0] \$191 ;
+  reg [23:0] \$192 ;
+  reg [23:0] \$193 ;
+  reg [23:0] \$194 ;
+  wire [14:0] \$2 ;
+  wire [17:0] \$20 ;
+  wire [9:0] \$21 ;
+  wire \$22 ;
+  wire [4:0] \$23 ;
+  wire \$24 ;
+  wire \$25 ;
+  wire \$26 ;
+  wire \$27 ;
+  wire \$28 ;
+  wire \$29 ;
+  wire [15:0] \$3 ;
+  wire \$30 ;
+  wire [1:0] \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire [1:0] \$35 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire [1:0] \$39 ;
+  wire [14:0] \$4 ;
+  wire [14:0] \$40 ;
+  wire [13:0] \$41 ;
+  wire [13:0] \$42 ;
+  wire [13:0] \$43 ;
+  wire [13:0] \$44 ;
+  wire [16:0] \$45 ;
+  wire \$46 ;
+  wire [16:0] \$47 ;
+  wire [16:0] \$48 ;
+  wire [16:0] \$49 ;
+  wire [14:0] \$5 ;
+  wire \$50 ;
+  wire [13:0] \$51 ;
+  wire [13:0] \$52 ;
+  wire [13:0] \$53 ;
+  wire \$54 ;
+  wire [13:0] \$55 ;
+  wire [14:0] \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire [15:0] \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire [13:0] \$66 ;
+  wire [54:0] \$67 ;
+  wire [24:0] \$68 ;
+  wire [39:0] \$69 ;
+  wire [9:0] \$7 ;
+  wire [55:0] \$70 ;
+  wire [56:0] \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
+  wire \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
+  wire [9:0] \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
+  reg [15:0] \$like  = 16'h0000;
+  reg \$signal  = 1'h0;
+  reg [12:0] \$signal$14  = 13'h0000;
+  reg [12:0] \$signal$15  = 13'h0000;
+  reg [2:0] cap = 3'h0;
+  input clk;
+  wire clk;
+  reg [15:0] col = 16'h0000;
+  output done;
+  reg done;
+  output [7:0] error;
+  reg [7:0] error;
+  wire [23:0] i__payload;
+  wire [23:0] \i__payload[0] ;
+  wire i__ready;
+  (* init = 1'h0 *)
+  wire i__valid;
+  input [220:0] ins;
+  wire [220:0] ins;
+  wire [12:0] \ins.a ;
+  wire [12:0] \ins.b ;
+  wire [12:0] \ins.c ;
+  wire [15:0] \ins.count ;
+  wire [15:0] \ins.expert ;
+  wire [9:0] \ins.flags ;
+  wire [15:0] \ins.k ;
+  wire [13:0] \ins.len ;
+  wire [15:0] \ins.m ;
+  wire [31:0] \ins.mult ;
+  wire [15:0] \ins.n ;
+  wire [13:0] \ins.offset ;
+  wire [5:0] \ins.op ;
+  wire [13:0] \ins.p2 ;
+  wire [5:0] \ins.shift ;
+  wire [5:0] \ins.width ;
+  reg [13:0] left = 14'h0000;
+  (* init = 16'h0000 *)
+  wire [15:0] mult;
+  wire [23:0] o__payload;
+  wire [23:0] \o__payload[0] ;
+  wire o__ready;
+  wire o__valid;
+  reg [23:0] p0 = 24'h000000;
+  reg [23:0] p1 = 24'h000000;
+  reg [23:0] p2 = 24'h000000;
+  reg [23:0] p3 = 24'h000000;
+  reg per_col = 1'h0;
+  reg [1:0] phase = 2'h0;
+  reg [12:0] ptr0 = 13'h0000;
+  reg [12:0] ptr1 = 13'h0000;
+  reg [12:0] ptr2 = 13'h0000;
+  reg [12:0] ptr3 = 13'h0000;
+  input rst;
+  wire rst;
+  reg running = 1'h0;
+  reg [5:0] shift = 6'h00;
+  (* init = 6'h00 *)
+  wire [5:0] \shift$40 ;
+  wire spad__blocked;
+  output [12:0] spad__rd0__addr;
+  reg [12:0] spad__rd0__addr;
+  input [31:0] spad__rd0__data;
+  wire [31:0] spad__rd0__data;
+  output spad__rd0__en;
+  reg spad__rd0__en;
+  output [12:0] spad__rd1__addr;
+  reg [12:0] spad__rd1__addr;
+  input [31:0] spad__rd1__data;
+  wire [31:0] spad__rd1__data;
+  output spad__rd1__en;
+  reg spad__rd1__en;
+  output [12:0] spad__wr__addr;
+  reg [12:0] spad__wr__addr;
+  output [31:0] spad__wr__data;
+  reg [31:0] spad__wr__data;
+  output spad__wr__en;
+  reg spad__wr__en;
+  input start;
+  wire start;
+  reg [12:0] tab_step = 13'h0000;
+  input unit_rst;
+  wire unit_rst;
+  reg v_valid = 1'h0;
+  reg [12:0] wr_ptr = 13'h0000;
+  reg [13:0] written = 14'h0000;
+  assign \$1  = ins[34:22] + ins[122:109];
+  assign \$3  = ins[34:22] + \$2 ;
+  assign \$4  = ins[34:22] + ins[122:109];
+  assign \$6  = \$4  + \$5 ;
+  assign \$8  = | \$7 ;
+  assign \$14  = \$13  ? \$12  : 17'h00000;
+  assign \$15  = ins[47:35] + \$14 ;
+  assign \$19  = \$18  ? \$17  : 17'h00000;
+  assign \$20  = ins[47:35] + \$19 ;
+  assign \$23  = \$22  ? 5'h10 : 5'h02;
+  assign \$24  = | left;
+  assign \$25  = running & \$24 ;
+  assign \$26  = ~ v_valid;
+  assign \$27  = \$25  & \$26 ;
+  assign \$29  = ~ \$signal ;
+  assign \$33  = ~ \$signal ;
+  assign \$35  = \$signal  ? 2'h2 : 2'h3;
+  assign \$37  = ~ \$signal ;
+  assign \$40  = left - 1'h1;
+  assign \$41  = ptr0 + 1'h1;
+  assign \$42  = ptr1 + 1'h1;
+  assign \$43  = ptr2 + 1'h1;
+  assign \$44  = ptr3 + 1'h1;
+  assign \$45  = ins[92:77] - 1'h1;
+  assign \$46  = col == \$45 ;
+  assign \$47  = col + 1'h1;
+  assign \$48  = \$46  ? 17'h00000 : \$47 ;
+  assign \$49  = ins[92:77] - 1'h1;
+  assign \$50  = col == \$49 ;
+  assign \$51  = \$signal$15  + tab_step;
+  assign \$52  = \$50  ? { 1'h0, \$signal$14  } : \$51 ;
+  assign \$53  = per_col ? \$52  : { 1'h0, \$signal$15  };
+  assign \$54  = v_valid & i__ready;
+  assign \$55  = wr_ptr + 1'h1;
+  assign \$56  = written + 1'h1;
+  assign \$57  = written == ins[122:109];
+  assign \$58  = running & \$57 ;
+  assign \$59  = | left;
+  assign \$60  = running & \$59 ;
+  assign \$61  = ~ v_valid;
+  assign \$62  = \$60  & \$61 ;
+  assign \$66  = \$signal$15  + 1'h1;
+  assign \$68  = $signed(p1) + $signed(p2);
+  assign \$70  = $signed(\$67 ) + $signed(\$69 );
+  assign \$71  = $signed(\$70 ) + $signed(p3);
+  assign \$72  = ins[21:16] > 1'h1;
+  assign \$73  = ins[21:16] > 2'h2;
+  assign \$74  = ins[21:16] > 2'h3;
+  assign \$75  = ins[21:16] > 3'h4;
+  assign \$76  = ins[21:16] > 3'h5;
+  assign \$77  = ins[21:16] > 3'h6;
+  assign \$78  = ins[21:16] > 3'h7;
+  assign \$79  = ins[21:16] > 4'h8;
+  assign \$80  = ins[21:16] > 4'h9;
+  assign \$81  = ins[21:16] > 4'ha;
+  assign \$82  = ins[21:16] > 4'hb;
+  assign \$83  = ins[21:16] > 4'hc;
+  assign \$84  = ins[21:16] > 4'hd;
+  assign \$85  = ins[21:16] > 4'he;
+  assign \$86  = ins[21:16] > 4'hf;
+  assign \$87  = ins[21:16] > 5'h10;
+  assign \$88  = ins[21:16] > 5'h11;
+  assign \$89  = ins[21:16] > 5'h12;
+  assign \$90  = ins[21:16] > 5'h13;
+  assign \$91  = ins[21:16] > 5'h14;
+  assign \$92  = ins[21:16] > 5'h15;
+  assign \$93  = ins[21:16] > 5'h16;
+  assign \$94  = ins[21:16] > 5'h17;
+  assign \$95  = $signed(o__payload) > $signed({ 1'h0, \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72  });
+  assign \$96  = ins[21:16] > 1'h1;
+  assign \$97  = ins[21:16] > 2'h2;
+  assign \$98  = ins[21:16] > 2'h3;
+  assign \$99  = ins[21:16] > 3'h4;
+  assign \$100  = ins[21:16] > 3'h5;
+  assign \$101  = ins[21:16] > 3'h6;
+  assign \$102  = ins[21:16] > 3'h7;
+  assign \$103  = ins[21:16] > 4'h8;
+  assign \$104  = ins[21:16] > 4'h9;
+  assign \$105  = ins[21:16] > 4'ha;
+  assign \$106  = ins[21:16] > 4'hb;
+  assign \$107  = ins[21:16] > 4'hc;
+  assign \$108  = ins[21:16] > 4'hd;
+  assign \$109  = ins[21:16] > 4'he;
+  assign \$110  = ins[21:16] > 4'hf;
+  assign \$111  = ins[21:16] > 5'h10;
+  assign \$112  = ins[21:16] > 5'h11;
+  assign \$113  = ins[21:16] > 5'h12;
+  assign \$114  = ins[21:16] > 5'h13;
+  assign \$115  = ins[21:16] > 5'h14;
+  assign \$116  = ins[21:16] > 5'h15;
+  assign \$117  = ins[21:16] > 5'h16;
+  assign \$118  = ins[21:16] > 5'h17;
+  assign \$119  = ins[21:16] > 1'h1;
+  assign \$120  = ins[21:16] > 2'h2;
+  assign \$121  = ins[21:16] > 2'h3;
+  assign \$122  = ins[21:16] > 3'h4;
+  assign \$123  = ins[21:16] > 3'h5;
+  assign \$124  = ins[21:16] > 3'h6;
+  assign \$125  = ins[21:16] > 3'h7;
+  assign \$126  = ins[21:16] > 4'h8;
+  assign \$127  = ins[21:16] > 4'h9;
+  assign \$128  = ins[21:16] > 4'ha;
+  assign \$129  = ins[21:16] > 4'hb;
+  assign \$130  = ins[21:16] > 4'hc;
+  assign \$131  = ins[21:16] > 4'hd;
+  assign \$132  = ins[21:16] > 4'he;
+  assign \$133  = ins[21:16] > 4'hf;
+  assign \$134  = ins[21:16] > 5'h10;
+  assign \$135  = ins[21:16] > 5'h11;
+  assign \$136  = ins[21:16] > 5'h12;
+  assign \$137  = ins[21:16] > 5'h13;
+  assign \$138  = ins[21:16] > 5'h14;
+  assign \$139  = ins[21:16] > 5'h15;
+  assign \$140  = ins[21:16] > 5'h16;
+  assign \$141  = ins[21:16] > 5'h17;
+  assign \$142  = ~ { 1'h0, \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119  };
+  assign \$143  = $signed(o__payload) < $signed(\$142 );
+  assign \$144  = ins[21:16] > 1'h1;
+  assign \$145  = ins[21:16] > 2'h2;
+  assign \$146  = ins[21:16] > 2'h3;
+  assign \$147  = ins[21:16] > 3'h4;
+  assign \$148  = ins[21:16] > 3'h5;
+  assign \$149  = ins[21:16] > 3'h6;
+  assign \$150  = ins[21:16] > 3'h7;
+  assign \$151  = ins[21:16] > 4'h8;
+  assign \$152  = ins[21:16] > 4'h9;
+  assign \$153  = ins[21:16] > 4'ha;
+  assign \$154  = ins[21:16] > 4'hb;
+  assign \$155  = ins[21:16] > 4'hc;
+  assign \$156  = ins[21:16] > 4'hd;
+  assign \$157  = ins[21:16] > 4'he;
+  assign \$158  = ins[21:16] > 4'hf;
+  assign \$159  = ins[21:16] > 5'h10;
+  assign \$160  = ins[21:16] > 5'h11;
+  assign \$161  = ins[21:16] > 5'h12;
+  assign \$162  = ins[21:16] > 5'h13;
+  assign \$163  = ins[21:16] > 5'h14;
+  assign \$164  = ins[21:16] > 5'h15;
+  assign \$165  = ins[21:16] > 5'h16;
+  assign \$166  = ins[21:16] > 5'h17;
+  assign \$167  = ~ { 1'h0, \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144  };
+  assign \$168  = \$143  ? \$167  : o__payload;
+  assign \$169  = \$95  ? { 1'h0, \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96  } : \$168 ;
+  assign \$170  = written == ins[122:109];
+  assign \$171  = running & \$170 ;
+  always @(posedge clk)
+    running <= \$172 ;
+  always @(posedge clk)
+    left <= \$173 ;
+  always @(posedge clk)
+    written <= \$174 ;
+  always @(posedge clk)
+    wr_ptr <= \$175 ;
+  always @(posedge clk)
+    ptr0 <= \$176 ;
+  always @(posedge clk)
+    ptr1 <= \$177 ;
+  always @(posedge clk)
+    ptr2 <= \$178 ;
+  always @(posedge clk)
+    ptr3 <= \$179 ;
+  always @(posedge clk)
+    \$signal  <= \$180 ;
+  always @(posedge clk)
+    per_col <= \$181 ;
+  always @(posedge clk)
+    \$signal$14  <= \$182 ;
+  always @(posedge clk)
+    \$signal$15  <= \$183 ;
+  always @(posedge clk)
+    tab_step <= \$184 ;
+  always @(posedge clk)
+    col <= \$185 ;
+  always @(posedge clk)
+    phase <= \$186 ;
+  always @(posedge clk)
+    v_valid <= \$187 ;
+  always @(posedge clk)
+    \$like  <= \$188 ;
+  always @(posedge clk)
+    shift <= \$189 ;
+  always @(posedge clk)
+    cap <= \$190 ;
+  always @(posedge clk)
+    p0 <= \$191 ;
+  always @(posedge clk)
+    p1 <= \$192 ;
+  always @(posedge clk)
+    p2 <= \$193 ;
+  always @(posedge clk)
+    p3 <= \$194 ;
+  \nanokpu_kpu.elementwise.wide.rq  rq (
+    .clk(clk),
+    .i__payload(\$71 [23:0]),
+    .i__ready(i__ready),
+    .i__valid(v_valid),
+    .mult(\$like ),
+    .o__payload(o__payload),
+    .o__valid(o__valid),
+    .rst(rst),
+    .shift(shift),
+    .unit_rst(unit_rst)
+  );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$172  = running;
+    if (start) begin
+      \$172  = 1'h1;
+    end
+    if (\$58 ) begin
+      \$172  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$172  = 1'h0;
+    end
+    if (rst) begin
+      \$172  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$173  = left;
+    if (start) begin
+      \$173  = ins[122:109];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$173  = \$40 [13:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$173  = 14'h0000;
+    end
+    if (rst) begin
+      \$173  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$174  = written;
+    if (start) begin
+      \$174  = 14'h0000;
+    end
+    if (o__valid) begin
+      \$174  = \$56 [13:0];
+    end
+    if (unit_rst) begin
+      \$174  = 14'h0000;
+    end
+    if (rst) begin
+      \$174  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$175  = wr_ptr;
+    if (start) begin
+      \$175  = ins[60:48];
+    end
+    if (o__valid) begin
+      \$175  = \$55 [12:0];
+    end
+    if (unit_rst) begin
+      \$175  = 13'h0000;
+    end
+    if (rst) begin
+      \$175  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$176  = ptr0;
+    if (start) begin
+      \$176  = ins[34:22];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$176  = \$41 [12:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$176  = 13'h0000;
+    end
+    if (rst) begin
+      \$176  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$177  = ptr1;
+    if (start) begin
+      \$177  = \$1 [12:0];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$177  = \$42 [12:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$177  = 13'h0000;
+    end
+    if (rst) begin
+      \$177  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$178  = ptr2;
+    if (start) begin
+      \$178  = \$3 [12:0];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$178  = \$43 [12:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$178  = 13'h0000;
+    end
+    if (rst) begin
+      \$178  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$179  = ptr3;
+    if (start) begin
+      \$179  = \$6 [12:0];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$179  = \$44 [12:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$179  = 13'h0000;
+    end
+    if (rst) begin
+      \$179  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$180  = \$signal ;
+    if (start) begin
+      \$180  = \$8 ;
+    end
+    if (unit_rst) begin
+      \$180  = 1'h0;
+    end
+    if (rst) begin
+      \$180  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$181  = per_col;
+    if (start) begin
+      \$181  = \$10 ;
+    end
+    if (unit_rst) begin
+      \$181  = 1'h0;
+    end
+    if (rst) begin
+      \$181  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$182  = \$signal$14 ;
+    if (start) begin
+      \$182  = \$15 [12:0];
+    end
+    if (unit_rst) begin
+      \$182  = 13'h0000;
+    end
+    if (rst) begin
+      \$182  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$183  = \$signal$15 ;
+    if (start) begin
+      \$183  = \$20 [12:0];
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$183  = \$53 [12:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$183  = 13'h0000;
+    end
+    if (rst) begin
+      \$183  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$184  = tab_step;
+    if (start) begin
+      \$184  = { 8'h00, \$23  };
+    end
+    if (unit_rst) begin
+      \$184  = 13'h0000;
+    end
+    if (rst) begin
+      \$184  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$185  = col;
+    if (start) begin
+      \$185  = 16'h0000;
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$185  = \$48 [15:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$185  = 16'h0000;
+    end
+    if (rst) begin
+      \$185  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$186  = phase;
+    if (start) begin
+      \$186  = 2'h0;
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            if (\$28 ) begin
+              \$186  = \$31 ;
+            end
+        2'h1:
+            if (\$32 ) begin
+              \$186  = \$35 ;
+            end
+        2'h2:
+            if (\$36 ) begin
+              \$186  = \$39 ;
+            end
+        2'h3:
+            \$186  = 2'h0;
+      endcase
+    end
+    if (unit_rst) begin
+      \$186  = 2'h0;
+    end
+    if (rst) begin
+      \$186  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$187  = v_valid;
+    if (start) begin
+      \$187  = 1'h0;
+    end
+    if (\$27 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$187  = 1'h1;
+      endcase
+    end
+    if (\$54 ) begin
+      \$187  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$187  = 1'h0;
+    end
+    if (rst) begin
+      \$187  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$188  = \$like ;
+    if (start) begin
+      \$188  = ins[152:137];
+    end
+    if (cap[2]) begin
+      \$188  = spad__rd0__data[15:0];
+    end
+    if (unit_rst) begin
+      \$188  = 16'h0000;
+    end
+    if (rst) begin
+      \$188  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$189  = shift;
+    if (start) begin
+      \$189  = ins[174:169];
+    end
+    if (cap[2]) begin
+      \$189  = spad__rd1__data[5:0];
+    end
+    if (unit_rst) begin
+      \$189  = 6'h00;
+    end
+    if (rst) begin
+      \$189  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$190  = 3'h0;
+    if (\$27 ) begin
+      casez (phase)
+        2'h0:
+            if (\$28 ) begin
+              \$190  = 3'h1;
+            end
+        2'h1:
+            if (\$32 ) begin
+              \$190  = 3'h2;
+            end
+        2'h2:
+            if (\$36 ) begin
+              \$190  = 3'h4;
+            end
+      endcase
+    end
+    if (unit_rst) begin
+      \$190  = 3'h0;
+    end
+    if (rst) begin
+      \$190  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$191  = p0;
+    if (cap[0]) begin
+      \$191  = spad__rd0__data[23:0];
+    end
+    if (unit_rst) begin
+      \$191  = 24'h000000;
+    end
+    if (rst) begin
+      \$191  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$192  = p1;
+    if (cap[0]) begin
+      \$192  = spad__rd1__data[23:0];
+    end
+    if (unit_rst) begin
+      \$192  = 24'h000000;
+    end
+    if (rst) begin
+      \$192  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$193  = p2;
+    if (cap[1]) begin
+      \$193  = spad__rd0__data[23:0];
+    end
+    if (unit_rst) begin
+      \$193  = 24'h000000;
+    end
+    if (rst) begin
+      \$193  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$194  = p3;
+    if (cap[1]) begin
+      \$194  = spad__rd1__data[23:0];
+    end
+    if (unit_rst) begin
+      \$194  = 24'h000000;
+    end
+    if (rst) begin
+      \$194  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd0__addr = 13'h0000;
+    if (\$62 ) begin
+      casez (phase)
+        2'h0:
+            if (\$63 ) begin
+              spad__rd0__addr = ptr0;
+            end
+        2'h1:
+            if (\$64 ) begin
+              spad__rd0__addr = ptr2;
+            end
+        2'h2:
+            if (\$65 ) begin
+              spad__rd0__addr = \$signal$15 ;
+            end
+      endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd1__addr = 13'h0000;
+    if (\$62 ) begin
+      casez (phase)
+        2'h0:
+            if (\$63 ) begin
+              spad__rd1__addr = ptr1;
+            end
+        2'h1:
+            if (\$64 ) begin
+              spad__rd1__addr = ptr3;
+            end
+        2'h2:
+            if (\$65 ) begin
+              spad__rd1__addr = \$66 [12:0];
+            end
+      endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd0__en = 1'h0;
+    if (\$62 ) begin
+      casez (phase)
+        2'h0:
+            if (\$63 ) begin
+              spad__rd0__en = 1'h1;
+            end
+        2'h1:
+            if (\$64 ) begin
+              spad__rd0__en = 1'h1;
+            end
+        2'h2:
+            if (\$65 ) begin
+              spad__rd0__en = 1'h1;
+            end
+      endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__rd1__en = 1'h0;
+    if (\$62 ) begin
+      casez (phase)
+        2'h0:
+            if (\$63 ) begin
+              spad__rd1__en = 1'h1;
+            end
+        2'h1:
+            if (\$64 ) begin
+              spad__rd1__en = 1'h1;
+            end
+        2'h2:
+            if (\$65 ) begin
+              spad__rd1__en = 1'h1;
+            end
+      endcase
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__en = 1'h0;
+    if (o__valid) begin
+      spad__wr__en = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (o__valid) begin
+      spad__wr__addr = wr_ptr;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    spad__wr__data = 32'd0;
+    if (o__valid) begin
+      spad__wr__data = { \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    done = 1'h0;
+    if (\$171 ) begin
+      done = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    error = 8'h00;
+    if (\$171 ) begin
+      error = 8'h00;
+    end
+  end
+  assign spad__blocked = 1'h0;
+  assign i__valid = v_valid;
+  assign i__payload = \$71 [23:0];
+  assign mult = \$like ;
+  assign \shift$40  = shift;
+  assign o__ready = 1'h1;
+  assign \ins.op  = ins[5:0];
+  assign \ins.flags  = ins[15:6];
+  assign \ins.width  = ins[21:16];
+  assign \ins.a  = ins[34:22];
+  assign \ins.b  = ins[47:35];
+  assign \ins.c  = ins[60:48];
+  assign \ins.m  = ins[76:61];
+  assign \ins.n  = ins[92:77];
+  assign \ins.k  = ins[108:93];
+  assign \ins.len  = ins[122:109];
+  assign \ins.p2  = ins[136:123];
+  assign \ins.mult  = ins[168:137];
+  assign \ins.shift  = ins[174:169];
+  assign \ins.expert  = ins[190:175];
+  assign \ins.count  = ins[206:191];
+  assign \ins.offset  = ins[220:207];
+  assign \i__payload[0]  = \$71 [23:0];
+  assign \o__payload[0]  = o__payload;
+  assign \$2  = { ins[122:109], 1'h0 };
+  assign \$5  = { ins[122:109], 1'h0 };
+  assign { \$7 [9:4], \$7 [1:0] } = 8'h00;
+  assign \$7 [3:2] = ins[9:8];
+  assign { \$9 [9:4], \$9 [2:0] } = 9'h000;
+  assign \$9 [3] = ins[9];
+  assign { \$11 [9:3], \$11 [1:0] } = 9'h000;
+  assign \$11 [2] = ins[8];
+  assign \$12  = { ins[190:175], 1'h0 };
+  assign \$13  = ins[8];
+  assign { \$16 [9:3], \$16 [1:0] } = 9'h000;
+  assign \$16 [2] = ins[8];
+  assign \$17  = { ins[190:175], 1'h0 };
+  assign \$18  = ins[8];
+  assign { \$21 [9:3], \$21 [1:0] } = 9'h000;
+  assign \$21 [2] = ins[8];
+  assign \$22  = ins[8];
+  assign \$28  = 1'h1;
+  assign \$30  = 1'h0;
+  assign \$31  = 2'h1;
+  assign \$32  = 1'h1;
+  assign \$34  = \$33 ;
+  assign \$36  = 1'h1;
+  assign \$38  = 1'h0;
+  assign \$39  = 2'h3;
+  assign \$63  = 1'h1;
+  assign \$64  = 1'h1;
+  assign \$65  = 1'h1;
+  assign \$67  = { p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0, 16'h0000 };
+  assign \$69  = { \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 , 8'h00 };
+  assign \$10  = ins[9];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.elementwise.wide.rq (rst, i__payload, i__ready, unit_rst, i__valid, mult, shift, o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
+  wire \$1 ;
+  wire [4:0] \$10 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
+  wire [17:0] \$11 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire [23:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
+  wire [39:0] \$13 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
+  wire [40:0] \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire [23:0] \$15 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
+  wire [41:0] \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
+  wire \$17 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
+  wire \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
+  wire \$19 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire [16:0] \$2 ;
+  wire \$20 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
+  wire \$21 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
+  wire \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire [39:0] \$222 ;
+  wire [40:0] \$223 ;
+  wire [39:0] \$224 ;
+  wire [40:0] \$225 ;
+  wire [40:0] \$226 ;
+  wire [39:0] \$227 ;
+  wire [40:0] \$228 ;
+  wire [39:0] \$229 ;
+  wire \$23 ;
+  wire [40:0] \$230 ;
+  wire [40:0] \$231 ;
+  wire [39:0] \$232 ;
+  wire [39:0] \$233 ;
+  wire [40:0] \$234 ;
+  wire [39:0] \$235 ;
+  wire [40:0] \$236 ;
+  wire [40:0] \$237 ;
+  wire [39:0] \$238 ;
+  wire [40:0] \$239 ;
+  wire \$24 ;
+  wire [39:0] \$240 ;
+  wire [40:0] \$241 ;
+  wire [40:0] \$242 ;
+  wire [39:0] \$243 ;
+  wire [31:0] \$244 ;
+  wire [39:0] \$245 ;
+  wire [40:0] \$246 ;
+  wire [39:0] \$247 ;
+  wire [40:0] \$248 ;
+  wire [40:0] \$249 ;
+  wire \$25 ;
+  wire [39:0] \$250 ;
+  wire [40:0] \$251 ;
+  wire [39:0] \$252 ;
+  wire [40:0] \$253 ;
+  wire [40:0] \$254 ;
+  wire [39:0] \$255 ;
+  wire [39:0] \$256 ;
+  wire [40:0] \$257 ;
+  wire [39:0] \$258 ;
+  wire [40:0] \$259 ;
+  wire \$26 ;
+  wire [40:0] \$260 ;
+  wire [39:0] \$261 ;
+  wire [40:0] \$262 ;
+  wire [39:0] \$263 ;
+  wire [40:0] \$264 ;
+  wire [40:0] \$265 ;
+  wire [39:0] \$266 ;
+  wire [31:0] \$267 ;
+  wire [27:0] \$268 ;
+  wire [39:0] \$269 ;
+  wire \$27 ;
+  wire [40:0] \$270 ;
+  wire [39:0] \$271 ;
+  wire [40:0] \$272 ;
+  wire [40:0] \$273 ;
+  wire [39:0] \$274 ;
+  wire [40:0] \$275 ;
+  wire [39:0] \$276 ;
+  wire [40:0] \$277 ;
+  wire [40:0] \$278 ;
+  wire [39:0] \$279 ;
+  wire \$28 ;
+  wire [39:0] \$280 ;
+  wire [40:0] \$281 ;
+  wire [39:0] \$282 ;
+  wire [40:0] \$283 ;
+  wire [40:0] \$284 ;
+  wire [39:0] \$285 ;
+  wire [40:0] \$286 ;
+  wire [39:0] \$287 ;
+  wire [40:0] \$288 ;
+  wire [40:0] \$289 ;
+  wire \$29 ;
+  wire [39:0] \$290 ;
+  wire [31:0] \$291 ;
+  wire [39:0] \$292 ;
+  wire [40:0] \$293 ;
+  wire [39:0] \$294 ;
+  wire [40:0] \$295 ;
+  wire [40:0] \$296 ;
+  wire [39:0] \$297 ;
+  wire [40:0] \$298 ;
+  wire [39:0] \$299 ;
+  wire \$3 ;
+  wire \$30 ;
+  wire [40:0] \$300 ;
+  wire [40:0] \$301 ;
+  wire [39:0] \$302 ;
+  wire [39:0] \$303 ;
+  wire [40:0] \$304 ;
+  wire [39:0] \$305 ;
+  wire [40:0] \$306 ;
+  wire [40:0] \$307 ;
+  wire [39:0] \$308 ;
+  wire [40:0] \$309 ;
+  wire \$31 ;
+  wire [39:0] \$310 ;
+  wire [40:0] \$311 ;
+  wire [40:0] \$312 ;
+  wire [39:0] \$313 ;
+  wire [31:0] \$314 ;
+  wire [27:0] \$315 ;
+  wire [25:0] \$316 ;
+  wire [39:0] \$317 ;
+  wire [40:0] \$318 ;
+  wire [39:0] \$319 ;
+  wire \$32 ;
+  wire [40:0] \$320 ;
+  wire [40:0] \$321 ;
+  wire [39:0] \$322 ;
+  wire [40:0] \$323 ;
+  wire [39:0] \$324 ;
+  wire [40:0] \$325 ;
+  wire [40:0] \$326 ;
+  wire [39:0] \$327 ;
+  wire [39:0] \$328 ;
+  wire [40:0] \$329 ;
+  wire \$33 ;
+  wire [39:0] \$330 ;
+  wire [40:0] \$331 ;
+  wire [40:0] \$332 ;
+  wire [39:0] \$333 ;
+  wire [40:0] \$334 ;
+  wire [39:0] \$335 ;
+  wire [40:0] \$336 ;
+  wire [40:0] \$337 ;
+  wire [39:0] \$338 ;
+  wire [31:0] \$339 ;
+  wire \$34 ;
+  wire [39:0] \$340 ;
+  wire [40:0] \$341 ;
+  wire [39:0] \$342 ;
+  wire [40:0] \$343 ;
+  wire [40:0] \$344 ;
+  wire [39:0] \$345 ;
+  wire [40:0] \$346 ;
+  wire [39:0] \$347 ;
+  wire [40:0] \$348 ;
+  wire [40:0] \$349 ;
+  wire \$35 ;
+  wire [39:0] \$350 ;
+  wire [39:0] \$351 ;
+  wire [40:0] \$352 ;
+  wire [39:0] \$353 ;
+  wire [40:0] \$354 ;
+  wire [40:0] \$355 ;
+  wire [39:0] \$356 ;
+  wire [40:0] \$357 ;
+  wire [39:0] \$358 ;
+  wire [40:0] \$359 ;
+  wire \$36 ;
+  wire [40:0] \$360 ;
+  wire [39:0] \$361 ;
+  wire [31:0] \$362 ;
+  wire [27:0] \$363 ;
+  wire [39:0] \$364 ;
+  wire [40:0] \$365 ;
+  wire [39:0] \$366 ;
+  wire [40:0] \$367 ;
+  wire [40:0] \$368 ;
+  wire [39:0] \$369 ;
+  wire \$37 ;
+  wire [40:0] \$370 ;
+  wire [39:0] \$371 ;
+  wire [40:0] \$372 ;
+  wire [40:0] \$373 ;
+  wire [39:0] \$374 ;
+  wire [39:0] \$375 ;
+  wire [40:0] \$376 ;
+  wire [39:0] \$377 ;
+  wire [40:0] \$378 ;
+  wire [40:0] \$379 ;
+  wire \$38 ;
+  wire [39:0] \$380 ;
+  wire [40:0] \$381 ;
+  wire [39:0] \$382 ;
+  wire [40:0] \$383 ;
+  wire [40:0] \$384 ;
+  wire [39:0] \$385 ;
+  wire [31:0] \$386 ;
+  wire [39:0] \$387 ;
+  wire [40:0] \$388 ;
+  wire [39:0] \$389 ;
+  wire \$39 ;
+  wire [40:0] \$390 ;
+  wire [40:0] \$391 ;
+  wire [39:0] \$392 ;
+  wire [40:0] \$393 ;
+  wire [39:0] \$394 ;
+  wire [40:0] \$395 ;
+  wire [40:0] \$396 ;
+  wire [39:0] \$397 ;
+  wire [39:0] \$398 ;
+  wire [40:0] \$399 ;
+  wire \$4 ;
+  wire \$40 ;
+  wire [39:0] \$400 ;
+  wire [40:0] \$401 ;
+  wire [40:0] \$402 ;
+  wire [39:0] \$403 ;
+  wire [40:0] \$404 ;
+  wire [39:0] \$405 ;
+  wire [40:0] \$406 ;
+  wire [40:0] \$407 ;
+  wire [39:0] \$408 ;
+  wire [31:0] \$409 ;
+  wire \$41 ;
+  wire [27:0] \$410 ;
+  wire [25:0] \$411 ;
+  wire [39:0] \$412 ;
+  wire [40:0] \$413 ;
+  wire \$414 ;
+  wire [39:0] \$415 ;
+  wire [39:0] \$416 ;
+  wire [39:0] \$417 ;
+  wire [39:0] \$418 ;
+  wire [39:0] \$419 ;
+  wire \$42 ;
+  wire [39:0] \$420 ;
+  wire [39:0] \$421 ;
+  wire [39:0] \$422 ;
+  wire [39:0] \$423 ;
+  wire [39:0] \$424 ;
+  wire [39:0] \$425 ;
+  wire [39:0] \$426 ;
+  wire [39:0] \$427 ;
+  wire [39:0] \$428 ;
+  wire [39:0] \$429 ;
+  wire \$43 ;
+  wire [39:0] \$430 ;
+  wire [39:0] \$431 ;
+  wire [39:0] \$432 ;
+  wire [39:0] \$433 ;
+  wire [39:0] \$434 ;
+  wire [39:0] \$435 ;
+  wire [39:0] \$436 ;
+  wire [39:0] \$437 ;
+  wire [39:0] \$438 ;
+  wire [39:0] \$439 ;
+  wire \$44 ;
+  wire [39:0] \$440 ;
+  wire [39:0] \$441 ;
+  wire [39:0] \$442 ;
+  wire [39:0] \$443 ;
+  wire [39:0] \$444 ;
+  wire [39:0] \$445 ;
+  wire [39:0] \$446 ;
+  wire [39:0] \$447 ;
+  wire [39:0] \$448 ;
+  wire [39:0] \$449 ;
+  wire \$45 ;
+  wire [39:0] \$450 ;
+  wire [39:0] \$451 ;
+  wire [39:0] \$452 ;
+  wire [39:0] \$453 ;
+  wire [39:0] \$454 ;
+  wire [39:0] \$455 ;
+  wire [39:0] \$456 ;
+  wire [40:0] \$457 ;
+  wire [40:0] \$458 ;
+  wire \$459 ;
+  wire \$46 ;
+  wire [39:0] \$460 ;
+  wire [23:0] \$461 ;
+  wire \$462 ;
+  wire \$463 ;
+  wire [24:0] \$464 ;
+  wire \$465 ;
+  wire \$466 ;
+  wire \$467 ;
+  wire [24:0] \$468 ;
+  wire [24:0] \$469 ;
+  wire \$47 ;
+  wire [24:0] \$470 ;
+  reg \$471 ;
+  reg \$472 ;
+  reg \$473 ;
+  reg \$474 ;
+  reg [3:0] \$475 ;
+  reg [23:0] \$476 ;
+  reg [16:0] \$477 ;
+  reg [5:0] \$478 ;
+  reg [39:0] \$479 ;
+  wire \$48 ;
+  reg \$480 ;
+  reg [5:0] \$481 ;
+  reg [40:0] \$482 ;
+  reg [24:0] \$483 ;
+  reg \$484 ;
+  reg \$485 ;
+  reg \$486 ;
+  reg [23:0] \$487 ;
+  wire \$49 ;
+  wire \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire \$59 ;
+  wire \$6 ;
+  wire \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
+  wire \$7 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire \$78 ;
+  wire \$79 ;
+  wire \$8 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire \$87 ;
+  wire \$88 ;
+  wire \$89 ;
+  wire [16:0] \$9 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
+  wire [40:0] above;
+  wire advance;
+  reg [40:0] below = 41'h00000000000;
+  reg [16:0] bits = 17'h00000;
+  reg busy = 1'h0;
+  input clk;
+  wire clk;
+  reg [3:0] count = 4'h0;
+  reg first = 1'h0;
+  reg [23:0] held = 24'h000000;
+  wire [23:0] \held[0] ;
+  reg [5:0] held_shift = 6'h00;
+  input [23:0] i__payload;
+  wire [23:0] i__payload;
+  wire [23:0] \i__payload[0] ;
+  output i__ready;
+  wire i__ready;
+  input i__valid;
+  wire i__valid;
+  reg last = 1'h0;
+  input [15:0] mult;
+  wire [15:0] mult;
+  reg neg0 = 1'h0;
+  output [23:0] o__payload;
+  reg [23:0] o__payload = 24'h000000;
+  wire [23:0] \o__payload[0] ;
+  wire o__ready;
+  output o__valid;
+  reg o__valid = 1'h0;
+  reg odd = 1'h0;
+  reg over0 = 1'h0;
+  input rst;
+  wire rst;
+  input [5:0] shift;
+  wire [5:0] shift;
+  reg [5:0] shift_x = 6'h00;
+  reg sticky0 = 1'h0;
+  wire take;
+  input unit_rst;
+  wire unit_rst;
+  reg [39:0] x0 = 40'h0000000000;
+  reg [24:0] y0 = 25'h0000000;
+  assign \$1  = ~ o__valid;
+  assign \$2  = ~ below[16:0];
+  assign \$3  = ! count;
+  assign \$4  = busy & \$3 ;
+  assign \$5  = ~ busy;
+  assign i__ready = \$5  | take;
+  assign \$6  = i__valid & i__ready;
+  assign \$7  = | count;
+  assign \$8  = busy & \$7 ;
+  assign \$10  = count - 1'h1;
+  assign \$12  = bits[16] ? held : 24'h000000;
+  assign \$13  = first ? { \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12  } : x0;
+  assign \$15  = bits[15] ? held : 24'h000000;
+  assign \$16  = $signed(\$14 ) + $signed(\$15 );
+  assign \$17  = held_shift[5:3] > 1'h0;
+  assign \$18  = ! held_shift[5:3];
+  assign \$19  = held_shift[2:0] > 1'h0;
+  assign \$20  = \$18  & \$19 ;
+  assign \$21  = \$17  | \$20 ;
+  assign \$22  = held_shift[5:3] > 1'h0;
+  assign \$23  = ! held_shift[5:3];
+  assign \$24  = held_shift[2:0] > 1'h1;
+  assign \$25  = \$23  & \$24 ;
+  assign \$26  = \$22  | \$25 ;
+  assign \$27  = held_shift[5:3] > 1'h0;
+  assign \$28  = ! held_shift[5:3];
+  assign \$29  = held_shift[2:0] > 2'h2;
+  assign \$30  = \$28  & \$29 ;
+  assign \$31  = \$27  | \$30 ;
+  assign \$32  = held_shift[5:3] > 1'h0;
+  assign \$33  = ! held_shift[5:3];
+  assign \$34  = held_shift[2:0] > 2'h3;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = \$32  | \$35 ;
+  assign \$37  = held_shift[5:3] > 1'h0;
+  assign \$38  = ! held_shift[5:3];
+  assign \$39  = held_shift[2:0] > 3'h4;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = \$37  | \$40 ;
+  assign \$42  = held_shift[5:3] > 1'h0;
+  assign \$43  = ! held_shift[5:3];
+  assign \$44  = held_shift[2:0] > 3'h5;
+  assign \$45  = \$43  & \$44 ;
+  assign \$46  = \$42  | \$45 ;
+  assign \$47  = held_shift[5:3] > 1'h0;
+  assign \$48  = ! held_shift[5:3];
+  assign \$49  = held_shift[2:0] > 3'h6;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = \$47  | \$50 ;
+  assign \$52  = held_shift[5:3] > 1'h0;
+  assign \$53  = ! held_shift[5:3];
+  assign \$54  = held_shift[2:0] > 3'h7;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = \$52  | \$55 ;
+  assign \$57  = held_shift[5:3] > 1'h1;
+  assign \$58  = held_shift[5:3] == 1'h1;
+  assign \$59  = held_shift[2:0] > 1'h0;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = \$57  | \$60 ;
+  assign \$62  = held_shift[5:3] > 1'h1;
+  assign \$63  = held_shift[5:3] == 1'h1;
+  assign \$64  = held_shift[2:0] > 1'h1;
+  assign \$65  = \$63  & \$64 ;
+  assign \$66  = \$62  | \$65 ;
+  assign \$67  = held_shift[5:3] > 1'h1;
+  assign \$68  = held_shift[5:3] == 1'h1;
+  assign \$69  = held_shift[2:0] > 2'h2;
+  assign \$70  = \$68  & \$69 ;
+  assign \$71  = \$67  | \$70 ;
+  assign \$72  = held_shift[5:3] > 1'h1;
+  assign \$73  = held_shift[5:3] == 1'h1;
+  assign \$74  = held_shift[2:0] > 2'h3;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = \$72  | \$75 ;
+  assign \$77  = held_shift[5:3] > 1'h1;
+  assign \$78  = held_shift[5:3] == 1'h1;
+  assign \$79  = held_shift[2:0] > 3'h4;
+  assign \$80  = \$78  & \$79 ;
+  assign \$81  = \$77  | \$80 ;
+  assign \$82  = held_shift[5:3] > 1'h1;
+  assign \$83  = held_shift[5:3] == 1'h1;
+  assign \$84  = held_shift[2:0] > 3'h5;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = \$82  | \$85 ;
+  assign \$87  = held_shift[5:3] > 1'h1;
+  assign \$88  = held_shift[5:3] == 1'h1;
+  assign \$89  = held_shift[2:0] > 3'h6;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$87  | \$90 ;
+  assign \$92  = held_shift[5:3] > 1'h1;
+  assign \$93  = held_shift[5:3] == 1'h1;
+  assign \$94  = held_shift[2:0] > 3'h7;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = \$92  | \$95 ;
+  assign \$97  = held_shift[5:3] > 2'h2;
+  assign \$98  = held_shift[5:3] == 2'h2;
+  assign \$99  = held_shift[2:0] > 1'h0;
+  assign \$100  = \$98  & \$99 ;
+  assign \$101  = \$97  | \$100 ;
+  assign \$102  = held_shift[5:3] > 2'h2;
+  assign \$103  = held_shift[5:3] == 2'h2;
+  assign \$104  = held_shift[2:0] > 1'h1;
+  assign \$105  = \$103  & \$104 ;
+  assign \$106  = \$102  | \$105 ;
+  assign \$107  = held_shift[5:3] > 2'h2;
+  assign \$108  = held_shift[5:3] == 2'h2;
+  assign \$109  = held_shift[2:0] > 2'h2;
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = \$107  | \$110 ;
+  assign \$112  = held_shift[5:3] > 2'h2;
+  assign \$113  = held_shift[5:3] == 2'h2;
+  assign \$114  = held_shift[2:0] > 2'h3;
+  assign \$115  = \$113  & \$114 ;
+  assign \$116  = \$112  | \$115 ;
+  assign \$117  = held_shift[5:3] > 2'h2;
+  assign \$118  = held_shift[5:3] == 2'h2;
+  assign \$119  = held_shift[2:0] > 3'h4;
+  assign \$120  = \$118  & \$119 ;
+  assign \$121  = \$117  | \$120 ;
+  assign \$122  = held_shift[5:3] > 2'h2;
+  assign \$123  = held_shift[5:3] == 2'h2;
+  assign \$124  = held_shift[2:0] > 3'h5;
+  assign \$125  = \$123  & \$124 ;
+  assign \$126  = \$122  | \$125 ;
+  assign \$127  = held_shift[5:3] > 2'h2;
+  assign \$128  = held_shift[5:3] == 2'h2;
+  assign \$129  = held_shift[2:0] > 3'h6;
+  assign \$130  = \$128  & \$129 ;
+  assign \$131  = \$127  | \$130 ;
+  assign \$132  = held_shift[5:3] > 2'h2;
+  assign \$133  = held_shift[5:3] == 2'h2;
+  assign \$134  = held_shift[2:0] > 3'h7;
+  assign \$135  = \$133  & \$134 ;
+  assign \$136  = \$132  | \$135 ;
+  assign \$137  = held_shift[5:3] > 2'h3;
+  assign \$138  = held_shift[5:3] == 2'h3;
+  assign \$139  = held_shift[2:0] > 1'h0;
+  assign \$140  = \$138  & \$139 ;
+  assign \$141  = \$137  | \$140 ;
+  assign \$142  = held_shift[5:3] > 2'h3;
+  assign \$143  = held_shift[5:3] == 2'h3;
+  assign \$144  = held_shift[2:0] > 1'h1;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = \$142  | \$145 ;
+  assign \$147  = held_shift[5:3] > 2'h3;
+  assign \$148  = held_shift[5:3] == 2'h3;
+  assign \$149  = held_shift[2:0] > 2'h2;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = held_shift[5:3] > 2'h3;
+  assign \$153  = held_shift[5:3] == 2'h3;
+  assign \$154  = held_shift[2:0] > 2'h3;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = \$152  | \$155 ;
+  assign \$157  = held_shift[5:3] > 2'h3;
+  assign \$158  = held_shift[5:3] == 2'h3;
+  assign \$159  = held_shift[2:0] > 3'h4;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = \$157  | \$160 ;
+  assign \$162  = held_shift[5:3] > 2'h3;
+  assign \$163  = held_shift[5:3] == 2'h3;
+  assign \$164  = held_shift[2:0] > 3'h5;
+  assign \$165  = \$163  & \$164 ;
+  assign \$166  = \$162  | \$165 ;
+  assign \$167  = held_shift[5:3] > 2'h3;
+  assign \$168  = held_shift[5:3] == 2'h3;
+  assign \$169  = held_shift[2:0] > 3'h6;
+  assign \$170  = \$168  & \$169 ;
+  assign \$171  = \$167  | \$170 ;
+  assign \$172  = held_shift[5:3] > 2'h3;
+  assign \$173  = held_shift[5:3] == 2'h3;
+  assign \$174  = held_shift[2:0] > 3'h7;
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = \$172  | \$175 ;
+  assign \$177  = held_shift[5:3] > 3'h4;
+  assign \$178  = held_shift[5:3] == 3'h4;
+  assign \$179  = held_shift[2:0] > 1'h0;
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = held_shift[5:3] > 3'h4;
+  assign \$183  = held_shift[5:3] == 3'h4;
+  assign \$184  = held_shift[2:0] > 1'h1;
+  assign \$185  = \$183  & \$184 ;
+  assign \$186  = \$182  | \$185 ;
+  assign \$187  = held_shift[5:3] > 3'h4;
+  assign \$188  = held_shift[5:3] == 3'h4;
+  assign \$189  = held_shift[2:0] > 2'h2;
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \$187  | \$190 ;
+  assign \$192  = held_shift[5:3] > 3'h4;
+  assign \$193  = held_shift[5:3] == 3'h4;
+  assign \$194  = held_shift[2:0] > 2'h3;
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \$192  | \$195 ;
+  assign \$197  = held_shift[5:3] > 3'h4;
+  assign \$198  = held_shift[5:3] == 3'h4;
+  assign \$199  = held_shift[2:0] > 3'h4;
+  assign \$200  = \$198  & \$199 ;
+  assign \$201  = \$197  | \$200 ;
+  assign \$202  = held_shift[5:3] > 3'h4;
+  assign \$203  = held_shift[5:3] == 3'h4;
+  assign \$204  = held_shift[2:0] > 3'h5;
+  assign \$205  = \$203  & \$204 ;
+  assign \$206  = \$202  | \$205 ;
+  assign \$207  = held_shift[5:3] > 3'h4;
+  assign \$208  = held_shift[5:3] == 3'h4;
+  assign \$209  = held_shift[2:0] > 3'h6;
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = \$207  | \$210 ;
+  assign \$212  = held_shift[5:3] > 3'h4;
+  assign \$213  = held_shift[5:3] == 3'h4;
+  assign \$214  = held_shift[2:0] > 3'h7;
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = \$212  | \$215 ;
+  assign \$217  = held_shift[5:3] > 3'h5;
+  assign \$218  = held_shift[5:3] == 3'h5;
+  assign \$219  = held_shift[2:0] > 1'h0;
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = \$217  | \$220 ;
+  assign \$225  = shift_x[5] ? \$223  : { \$224 , 1'h0 };
+  assign \$230  = shift_x[5] ? \$228  : { \$229 , 1'h0 };
+  assign \$231  = shift_x[4] ? \$226  : \$230 ;
+  assign \$236  = shift_x[5] ? \$234  : { \$235 , 1'h0 };
+  assign \$241  = shift_x[5] ? \$239  : { \$240 , 1'h0 };
+  assign \$242  = shift_x[4] ? \$237  : \$241 ;
+  assign \$243  = shift_x[3] ? \$232  : \$242 [39:0];
+  assign \$248  = shift_x[5] ? \$246  : { \$247 , 1'h0 };
+  assign \$253  = shift_x[5] ? \$251  : { \$252 , 1'h0 };
+  assign \$254  = shift_x[4] ? \$249  : \$253 ;
+  assign \$259  = shift_x[5] ? \$257  : { \$258 , 1'h0 };
+  assign \$264  = shift_x[5] ? \$262  : { \$263 , 1'h0 };
+  assign \$265  = shift_x[4] ? \$260  : \$264 ;
+  assign \$266  = shift_x[3] ? \$255  : \$265 [39:0];
+  assign \$267  = shift_x[2] ? \$244  : \$266 [31:0];
+  assign \$272  = shift_x[5] ? \$270  : { \$271 , 1'h0 };
+  assign \$277  = shift_x[5] ? \$275  : { \$276 , 1'h0 };
+  assign \$278  = shift_x[4] ? \$273  : \$277 ;
+  assign \$283  = shift_x[5] ? \$281  : { \$282 , 1'h0 };
+  assign \$288  = shift_x[5] ? \$286  : { \$287 , 1'h0 };
+  assign \$289  = shift_x[4] ? \$284  : \$288 ;
+  assign \$290  = shift_x[3] ? \$279  : \$289 [39:0];
+  assign \$295  = shift_x[5] ? \$293  : { \$294 , 1'h0 };
+  assign \$300  = shift_x[5] ? \$298  : { \$299 , 1'h0 };
+  assign \$301  = shift_x[4] ? \$296  : \$300 ;
+  assign \$306  = shift_x[5] ? \$304  : { \$305 , 1'h0 };
+  assign \$311  = shift_x[5] ? \$309  : { \$310 , 1'h0 };
+  assign \$312  = shift_x[4] ? \$307  : \$311 ;
+  assign \$313  = shift_x[3] ? \$302  : \$312 [39:0];
+  assign \$314  = shift_x[2] ? \$291  : \$313 [31:0];
+  assign \$315  = shift_x[1] ? \$268  : \$314 [27:0];
+  assign \$320  = shift_x[5] ? \$318  : { \$319 , 1'h0 };
+  assign \$325  = shift_x[5] ? \$323  : { \$324 , 1'h0 };
+  assign \$326  = shift_x[4] ? \$321  : \$325 ;
+  assign \$331  = shift_x[5] ? \$329  : { \$330 , 1'h0 };
+  assign \$336  = shift_x[5] ? \$334  : { \$335 , 1'h0 };
+  assign \$337  = shift_x[4] ? \$332  : \$336 ;
+  assign \$338  = shift_x[3] ? \$327  : \$337 [39:0];
+  assign \$343  = shift_x[5] ? \$341  : { \$342 , 1'h0 };
+  assign \$348  = shift_x[5] ? \$346  : { \$347 , 1'h0 };
+  assign \$349  = shift_x[4] ? \$344  : \$348 ;
+  assign \$354  = shift_x[5] ? \$352  : { \$353 , 1'h0 };
+  assign \$359  = shift_x[5] ? \$357  : { \$358 , 1'h0 };
+  assign \$360  = shift_x[4] ? \$355  : \$359 ;
+  assign \$361  = shift_x[3] ? \$350  : \$360 [39:0];
+  assign \$362  = shift_x[2] ? \$339  : \$361 [31:0];
+  assign \$367  = shift_x[5] ? \$365  : { \$366 , 1'h0 };
+  assign \$372  = shift_x[5] ? \$370  : { \$371 , 1'h0 };
+  assign \$373  = shift_x[4] ? \$368  : \$372 ;
+  assign \$378  = shift_x[5] ? \$376  : { \$377 , 1'h0 };
+  assign \$383  = shift_x[5] ? \$381  : { \$382 , 1'h0 };
+  assign \$384  = shift_x[4] ? \$379  : \$383 ;
+  assign \$385  = shift_x[3] ? \$374  : \$384 [39:0];
+  assign \$390  = shift_x[5] ? \$388  : { \$389 , 1'h0 };
+  assign \$395  = shift_x[5] ? \$393  : { \$394 , 1'h0 };
+  assign \$396  = shift_x[4] ? \$391  : \$395 ;
+  assign \$401  = shift_x[5] ? \$399  : { \$400 , 1'h0 };
+  assign \$406  = shift_x[5] ? \$404  : { \$405 , 1'h0 };
+  assign \$407  = shift_x[4] ? \$402  : \$406 ;
+  assign \$408  = shift_x[3] ? \$397  : \$407 [39:0];
+  assign \$409  = shift_x[2] ? \$386  : \$408 [31:0];
+  assign \$410  = shift_x[1] ? \$363  : \$409 [27:0];
+  assign \$411  = shift_x[0] ? \$316  : \$410 [25:0];
+  assign \$413  = { \$412 , 1'h0 } & below;
+  assign \$414  = | \$413 ;
+  assign \$457  = { \$415 , 1'h0 } ^ { \$456 [39], \$455 [39], \$454 [39], \$453 [39], \$452 [39], \$451 [39], \$450 [39], \$449 [39], \$448 [39], \$447 [39], \$446 [39], \$445 [39], \$444 [39], \$443 [39], \$442 [39], \$441 [39], \$440 [39], \$439 [39], \$438 [39], \$437 [39], \$436 [39], \$435 [39], \$434 [39], \$433 [39], \$432 [39], \$431 [39], \$430 [39], \$429 [39], \$428 [39], \$427 [39], \$426 [39], \$425 [39], \$424 [39], \$423 [39], \$422 [39], \$421 [39], \$420 [39], \$419 [39], \$418 [39], \$417 [39], \$416 [39] };
+  assign \$458  = \$457  & { \$2 , 24'h000000 };
+  assign \$459  = | \$458 ;
+  assign \$461  = neg0 ? 24'h800000 : 24'h7fffff;
+  assign \$462  = sticky0 | y0[1];
+  assign \$463  = y0[0] & \$462 ;
+  assign \$464  = $signed(y0[24:1]) + $signed({ 1'h0, \$463  });
+  assign \$465  = $signed(\$464 ) > $signed(24'h7fffff);
+  assign \$466  = sticky0 | y0[1];
+  assign \$467  = y0[0] & \$466 ;
+  assign \$468  = $signed(y0[24:1]) + $signed({ 1'h0, \$467  });
+  assign \$469  = \$465  ? 25'h07fffff : \$468 ;
+  assign \$470  = over0 ? { \$461 [23], \$461  } : \$469 ;
+  always @(posedge clk)
+    odd <= \$471 ;
+  always @(posedge clk)
+    last <= \$472 ;
+  always @(posedge clk)
+    busy <= \$473 ;
+  always @(posedge clk)
+    first <= \$474 ;
+  always @(posedge clk)
+    count <= \$475 ;
+  always @(posedge clk)
+    held <= \$476 ;
+  always @(posedge clk)
+    bits <= \$477 ;
+  always @(posedge clk)
+    held_shift <= \$478 ;
+  always @(posedge clk)
+    x0 <= \$479 ;
+  always @(posedge clk)
+    o__valid <= \$480 ;
+  always @(posedge clk)
+    shift_x <= \$481 ;
+  always @(posedge clk)
+    below <= \$482 ;
+  always @(posedge clk)
+    y0 <= \$483 ;
+  always @(posedge clk)
+    sticky0 <= \$484 ;
+  always @(posedge clk)
+    over0 <= \$485 ;
+  always @(posedge clk)
+    neg0 <= \$486 ;
+  always @(posedge clk)
+    o__payload <= \$487 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$471  = take;
+    if (unit_rst) begin
+      \$471  = 1'h0;
+    end
+    if (rst) begin
+      \$471  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$472  = odd;
+    if (unit_rst) begin
+      \$472  = 1'h0;
+    end
+    if (rst) begin
+      \$472  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$473  = busy;
+    if (\$6 ) begin
+      \$473  = 1'h1;
+    end else if (take) begin
+      \$473  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$473  = 1'h0;
+    end
+    if (rst) begin
+      \$473  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$474  = first;
+    if (\$6 ) begin
+      \$474  = 1'h1;
+    end else if (take) begin
+    end else if (\$8 ) begin
+      \$474  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$474  = 1'h0;
+    end
+    if (rst) begin
+      \$474  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$475  = count;
+    if (\$6 ) begin
+      \$475  = 4'hf;
+    end else if (take) begin
+    end else if (\$8 ) begin
+      \$475  = \$10 [3:0];
+    end
+    if (unit_rst) begin
+      \$475  = 4'h0;
+    end
+    if (rst) begin
+      \$475  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$476  = held;
+    if (\$6 ) begin
+      \$476  = i__payload;
+    end
+    if (unit_rst) begin
+      \$476  = 24'h000000;
+    end
+    if (rst) begin
+      \$476  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$477  = bits;
+    if (\$6 ) begin
+      \$477  = \$9 ;
+    end else if (take) begin
+    end else if (\$8 ) begin
+      \$477  = \$11 [16:0];
+    end
+    if (unit_rst) begin
+      \$477  = 17'h00000;
+    end
+    if (rst) begin
+      \$477  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$478  = held_shift;
+    if (\$6 ) begin
+      \$478  = shift;
+    end
+    if (unit_rst) begin
+      \$478  = 6'h00;
+    end
+    if (rst) begin
+      \$478  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$479  = x0;
+    if (\$6 ) begin
+    end else if (take) begin
+    end else if (\$8 ) begin
+      \$479  = \$16 [39:0];
+    end
+    if (unit_rst) begin
+      \$479  = 40'h0000000000;
+    end
+    if (rst) begin
+      \$479  = 40'h0000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    (* full_case = 32'd1 *)
+    if (last) begin
+      \$480  = 1'h1;
+    end else if (1'h1) begin
+      \$480  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$480  = 1'h0;
+    end
+    if (rst) begin
+      \$480  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$481  = held_shift;
+    if (unit_rst) begin
+      \$481  = 6'h00;
+    end
+    if (rst) begin
+      \$481  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$482  = { \$221 , \$216 , \$211 , \$206 , \$201 , \$196 , \$191 , \$186 , \$181 , \$176 , \$171 , \$166 , \$161 , \$156 , \$151 , \$146 , \$141 , \$136 , \$131 , \$126 , \$121 , \$116 , \$111 , \$106 , \$101 , \$96 , \$91 , \$86 , \$81 , \$76 , \$71 , \$66 , \$61 , \$56 , \$51 , \$46 , \$41 , \$36 , \$31 , \$26 , \$21  };
+    if (unit_rst) begin
+      \$482  = 41'h00000000000;
+    end
+    if (rst) begin
+      \$482  = 41'h00000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$483  = \$411 [24:0];
+    if (unit_rst) begin
+      \$483  = 25'h0000000;
+    end
+    if (rst) begin
+      \$483  = 25'h0000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$484  = \$414 ;
+    if (unit_rst) begin
+      \$484  = 1'h0;
+    end
+    if (rst) begin
+      \$484  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$485  = \$459 ;
+    if (unit_rst) begin
+      \$485  = 1'h0;
+    end
+    if (rst) begin
+      \$485  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$486  = \$460 [39];
+    if (unit_rst) begin
+      \$486  = 1'h0;
+    end
+    if (rst) begin
+      \$486  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$487  = o__payload;
+    if (odd) begin
+      \$487  = \$470 [23:0];
+    end
+    if (unit_rst) begin
+      \$487  = 24'h000000;
+    end
+    if (rst) begin
+      \$487  = 24'h000000;
+    end
+  end
+  assign o__ready = 1'h1;
+  assign above = { \$2 , 24'h000000 };
+  assign \held[0]  = held;
+  assign \i__payload[0]  = i__payload;
+  assign \o__payload[0]  = o__payload;
+  assign advance = 1'h1;
+  assign take = \$4 ;
+  assign \$9  = { mult, 1'h0 };
+  assign \$11  = { bits, 1'h0 };
+  assign \$14  = { \$13 , 1'h0 };
+  assign \$222  = x0;
+  assign \$223  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$224  = x0;
+  assign \$226  = { \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40:16] };
+  assign \$227  = x0;
+  assign \$228  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$229  = x0;
+  assign \$232  = { \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39:8] };
+  assign \$233  = x0;
+  assign \$234  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$235  = x0;
+  assign \$237  = { \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40:16] };
+  assign \$238  = x0;
+  assign \$239  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$240  = x0;
+  assign \$244  = { \$243 [31], \$243 [31], \$243 [31], \$243 [31], \$243 [31:4] };
+  assign \$245  = x0;
+  assign \$246  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$247  = x0;
+  assign \$249  = { \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40:16] };
+  assign \$250  = x0;
+  assign \$251  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$252  = x0;
+  assign \$255  = { \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39:8] };
+  assign \$256  = x0;
+  assign \$257  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$258  = x0;
+  assign \$260  = { \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40:16] };
+  assign \$261  = x0;
+  assign \$262  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$263  = x0;
+  assign \$268  = { \$267 [27], \$267 [27], \$267 [27:2] };
+  assign \$269  = x0;
+  assign \$270  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$271  = x0;
+  assign \$273  = { \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40:16] };
+  assign \$274  = x0;
+  assign \$275  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$276  = x0;
+  assign \$279  = { \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39:8] };
+  assign \$280  = x0;
+  assign \$281  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$282  = x0;
+  assign \$284  = { \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40:16] };
+  assign \$285  = x0;
+  assign \$286  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$287  = x0;
+  assign \$291  = { \$290 [31], \$290 [31], \$290 [31], \$290 [31], \$290 [31:4] };
+  assign \$292  = x0;
+  assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$294  = x0;
+  assign \$296  = { \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40:16] };
+  assign \$297  = x0;
+  assign \$298  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$299  = x0;
+  assign \$302  = { \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39:8] };
+  assign \$303  = x0;
+  assign \$304  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$305  = x0;
+  assign \$307  = { \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40:16] };
+  assign \$308  = x0;
+  assign \$309  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$310  = x0;
+  assign \$316  = { \$315 [25], \$315 [25:1] };
+  assign \$317  = x0;
+  assign \$318  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$319  = x0;
+  assign \$321  = { \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40:16] };
+  assign \$322  = x0;
+  assign \$323  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$324  = x0;
+  assign \$327  = { \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39:8] };
+  assign \$328  = x0;
+  assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$330  = x0;
+  assign \$332  = { \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40:16] };
+  assign \$333  = x0;
+  assign \$334  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$335  = x0;
+  assign \$339  = { \$338 [31], \$338 [31], \$338 [31], \$338 [31], \$338 [31:4] };
+  assign \$340  = x0;
+  assign \$341  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$342  = x0;
+  assign \$344  = { \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40:16] };
+  assign \$345  = x0;
+  assign \$346  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$347  = x0;
+  assign \$350  = { \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39:8] };
+  assign \$351  = x0;
+  assign \$352  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$353  = x0;
+  assign \$355  = { \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40:16] };
+  assign \$356  = x0;
+  assign \$357  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$358  = x0;
+  assign \$363  = { \$362 [27], \$362 [27], \$362 [27:2] };
+  assign \$364  = x0;
+  assign \$365  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$366  = x0;
+  assign \$368  = { \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40:16] };
+  assign \$369  = x0;
+  assign \$370  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$371  = x0;
+  assign \$374  = { \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39:8] };
+  assign \$375  = x0;
+  assign \$376  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$377  = x0;
+  assign \$379  = { \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40:16] };
+  assign \$380  = x0;
+  assign \$381  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$382  = x0;
+  assign \$386  = { \$385 [31], \$385 [31], \$385 [31], \$385 [31], \$385 [31:4] };
+  assign \$387  = x0;
+  assign \$388  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$389  = x0;
+  assign \$391  = { \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40:16] };
+  assign \$392  = x0;
+  assign \$393  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$394  = x0;
+  assign \$397  = { \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39:8] };
+  assign \$398  = x0;
+  assign \$399  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$400  = x0;
+  assign \$402  = { \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40:16] };
+  assign \$403  = x0;
+  assign \$404  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
+  assign \$405  = x0;
+  assign \$412  = x0;
+  assign \$415  = x0;
+  assign \$416  = x0;
+  assign \$417  = x0;
+  assign \$418  = x0;
+  assign \$419  = x0;
+  assign \$420  = x0;
+  assign \$421  = x0;
+  assign \$422  = x0;
+  assign \$423  = x0;
+  assign \$424  = x0;
+  assign \$425  = x0;
+  assign \$426  = x0;
+  assign \$427  = x0;
+  assign \$428  = x0;
+  assign \$429  = x0;
+  assign \$430  = x0;
+  assign \$431  = x0;
+  assign \$432  = x0;
+  assign \$433  = x0;
+  assign \$434  = x0;
+  assign \$435  = x0;
+  assign \$436  = x0;
+  assign \$437  = x0;
+  assign \$438  = x0;
+  assign \$439  = x0;
+  assign \$440  = x0;
+  assign \$441  = x0;
+  assign \$442  = x0;
+  assign \$443  = x0;
+  assign \$444  = x0;
+  assign \$445  = x0;
+  assign \$446  = x0;
+  assign \$447  = x0;
+  assign \$448  = x0;
+  assign \$449  = x0;
+  assign \$450  = x0;
+  assign \$451  = x0;
+  assign \$452  = x0;
+  assign \$453  = x0;
+  assign \$454  = x0;
+  assign \$455  = x0;
+  assign \$456  = x0;
+  assign \$460  = x0;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire \$1 ;
   wire \$2 ;
   wire \$3 ;
@@ -11712,7 +14453,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     ins <= \$8 ;
   assign \$1  = | word;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$signature__addr  = 9'h000;
     if (start) begin
       \$signature__addr  = { pc[5:0], 3'h0 };
@@ -11721,7 +14462,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$signature__en  = 1'h1;
     if (start) begin
       \$signature__en  = 1'h1;
@@ -11730,7 +14471,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     done = 1'h0;
     if (start) begin
     end else if (\$1 ) begin
@@ -11740,7 +14481,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$6  = \pc$11 ;
     if (start) begin
       \$6  = pc;
@@ -11750,7 +14491,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$7  = word;
     if (start) begin
       \$7  = 4'h1;
@@ -11765,7 +14506,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$8  = ins;
     if (start) begin
     end else if (\$3 ) begin
@@ -11797,7 +14538,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$68 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire \$1 ;
   wire \$10 ;
   wire [23:0] \$100 ;
@@ -12560,10 +15301,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$70 ),
-    .\port$4129$0 (pack[7:0]),
-    .\port$4129$24 (pack[31:24]),
-    .\port$4129$48 (pack[55:48]),
-    .\port$4129$72 (pack[79:72]),
+    .\port$4901$0 (pack[7:0]),
+    .\port$4901$24 (pack[31:24]),
+    .\port$4901$48 (pack[55:48]),
+    .\port$4901$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -12573,7 +15314,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_mult = \$2 [15:0];
@@ -12582,7 +15323,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_shift = \$4 ;
@@ -12591,7 +15332,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     rq_in__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12600,7 +15341,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     rq_in__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12609,7 +15350,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     rq__i__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12618,7 +15359,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     rq__o__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12627,7 +15368,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     rq__o__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12636,7 +15377,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     c_out__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -12652,7 +15393,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd1__addr = 13'h0000;
     if (\$8 ) begin
       spad__rd1__addr = \$9 [12:0];
@@ -12665,7 +15406,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd1__en = 1'h0;
     if (\$8 ) begin
       spad__rd1__en = 1'h1;
@@ -12678,28 +15419,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     col_wr__en = 1'h0;
     if (\$10 ) begin
       col_wr__en = 1'h1;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     b_in__valid = 1'h0;
     if (running) begin
       b_in__valid = dma__rd_data__valid;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     dma__rd_data__ready = 1'h0;
     if (running) begin
       dma__rd_data__ready = b_in__ready;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
       if (\$26 ) begin
@@ -12714,7 +15455,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
       if (\$26 ) begin
@@ -12729,7 +15470,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__wr__addr = 13'h0000;
     if (running) begin
       if (c_out__valid) begin
@@ -12738,7 +15479,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__wr__en = 1'h0;
     if (running) begin
       if (c_out__valid) begin
@@ -12747,7 +15488,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
@@ -12756,7 +15497,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     cmd__valid = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12770,7 +15511,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     dma__rd_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12786,7 +15527,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     running = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12802,7 +15543,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \done$68  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -12828,7 +15569,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -12854,7 +15595,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$248  = 1'h0;
     if (\$145 ) begin
       \$248  = 1'h1;
@@ -12870,7 +15611,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$249  = t_cap_half;
     if (\$145 ) begin
       \$249  = t_half;
@@ -12883,7 +15624,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$250  = t_half;
     if (\$145 ) begin
       \$250  = \$146 ;
@@ -12902,7 +15643,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$251  = t_addr;
     if (\$145 ) begin
       if (t_half) begin
@@ -12923,7 +15664,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$252  = t_left;
     if (\$145 ) begin
       if (t_half) begin
@@ -12947,7 +15688,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$253  = t_mult;
     if (\$150 ) begin
       \$253  = spad__rd1__data[15:0];
@@ -12960,7 +15701,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$254  = t_col;
     if (\$151 ) begin
       \$254  = \$152 [8:0];
@@ -12979,7 +15720,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$255  = gm_cap;
     if (running) begin
       (* full_case = 32'd1 *)
@@ -12997,7 +15738,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$256  = gm_cap_lane;
     if (running) begin
       if (\$164 ) begin
@@ -13012,7 +15753,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$257  = gm_lane;
     if (running) begin
       if (\$164 ) begin
@@ -13036,7 +15777,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$258  = gm_addr;
     if (running) begin
       if (\$164 ) begin
@@ -13065,7 +15806,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$259  = pack;
     if (running) begin
       if (gm_cap) begin
@@ -13099,7 +15840,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$260  = a_in__valid;
     if (running) begin
       if (\$175 ) begin
@@ -13123,7 +15864,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$261  = gm_k;
     if (running) begin
       if (\$176 ) begin
@@ -13149,7 +15890,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$262  = gm_wstart;
     if (running) begin
       if (\$176 ) begin
@@ -13175,7 +15916,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$263  = gm_left;
     if (running) begin
       if (\$176 ) begin
@@ -13200,7 +15941,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$264  = gm_afeed_done;
     if (running) begin
       if (\$176 ) begin
@@ -13227,7 +15968,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$265  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
@@ -13251,7 +15992,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$266  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
@@ -13280,7 +16021,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$267  = gc_last;
     if (running) begin
       if (c_out__valid) begin
@@ -13309,7 +16050,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$268  = gc_n;
     if (running) begin
       if (c_out__valid) begin
@@ -13337,7 +16078,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$269  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
@@ -13365,7 +16106,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$270  = gc_left;
     if (running) begin
       if (c_out__valid) begin
@@ -13392,7 +16133,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$271  = busy;
     casez (fsm_state)
       3'h0:
@@ -13426,7 +16167,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$272  = width;
     casez (fsm_state)
       3'h0:
@@ -13442,7 +16183,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$273  = mult;
     casez (fsm_state)
       3'h0:
@@ -13462,7 +16203,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$274  = shift;
     casez (fsm_state)
       3'h0:
@@ -13482,7 +16223,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$275  = col_en;
     casez (fsm_state)
       3'h0:
@@ -13498,7 +16239,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$276  = t_step;
     casez (fsm_state)
       3'h0:
@@ -13514,7 +16255,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$277  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -13668,9 +16409,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4129$0 , \port$4129$24 , \port$4129$48 , \port$4129$72 
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4901$0 , \port$4901$24 , \port$4901$48 , \port$4901$72 
 , a_in__valid, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -14170,14 +16911,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4129$0 ;
-  wire [7:0] \port$4129$0 ;
-  input [7:0] \port$4129$24 ;
-  wire [7:0] \port$4129$24 ;
-  input [7:0] \port$4129$48 ;
-  wire [7:0] \port$4129$48 ;
-  input [7:0] \port$4129$72 ;
-  wire [7:0] \port$4129$72 ;
+  input [7:0] \port$4901$0 ;
+  wire [7:0] \port$4901$0 ;
+  input [7:0] \port$4901$24 ;
+  wire [7:0] \port$4901$24 ;
+  input [7:0] \port$4901$48 ;
+  wire [7:0] \port$4901$48 ;
+  input [7:0] \port$4901$72 ;
+  wire [7:0] \port$4901$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -14800,7 +17541,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -15607,14 +18348,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$220  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$220  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$221  = \$1 [11:0];
     if (unit_rst) begin
       \$221  = 12'h000;
@@ -15624,7 +18365,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$222  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -15645,7 +18386,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$223  = a_wptr;
     if (start) begin
       \$223  = { 5'h00, cmd[44:36] };
@@ -15660,7 +18401,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$224  = a_loading;
     if (start) begin
       \$224  = cmd[76];
@@ -15677,7 +18418,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$225  = \$8 ;
     if (unit_rst) begin
       \$225  = 2'h0;
@@ -15687,7 +18428,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$226  = b_loading;
     if (start) begin
       \$226  = cmd[77];
@@ -15706,7 +18447,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$227  = wbuf;
     if (start) begin
       \$227  = 1'h0;
@@ -15723,7 +18464,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$228  = b_k;
     if (start) begin
       \$228  = 12'h000;
@@ -15741,7 +18482,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$229  = b_cols_left;
     if (start) begin
       \$229  = cmd[35:24];
@@ -15758,7 +18499,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$230  = \$15 ;
@@ -15773,7 +18514,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$231  = 1'h0;
@@ -15794,7 +18535,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$232  = gap;
     if (\$42 ) begin
       \$232  = \$43 [3:0];
@@ -15814,7 +18555,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$233  = step;
     if (unit_rst) begin
       \$233  = 1'h0;
@@ -15824,7 +18565,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$234  = \$44 ;
     if (unit_rst) begin
       \$234  = 1'h0;
@@ -15834,7 +18575,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$235  = last_k;
     if (unit_rst) begin
       \$235  = 1'h0;
@@ -15844,7 +18585,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$236  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$236  = 4'h0;
@@ -15854,7 +18595,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$237  = s_valid;
     if (unit_rst) begin
       \$237  = 1'h0;
@@ -15864,7 +18605,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$238  = s_first;
     if (unit_rst) begin
       \$238  = 1'h0;
@@ -15874,7 +18615,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$239  = s_last;
     if (unit_rst) begin
       \$239  = 1'h0;
@@ -15884,7 +18625,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$240  = spad_b_rd_data;
     if (unit_rst) begin
       \$240  = 32'd0;
@@ -15894,7 +18635,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$241 [7:0] = \$49 ;
     \$241 [15:8] = \$50 ;
     \$241 [23:16] = \$51 ;
@@ -15907,7 +18648,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$242  = issuing;
     if (start) begin
       \$242  = cmd[77];
@@ -15928,7 +18669,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$243  = rbuf;
     if (start) begin
       \$243  = 1'h0;
@@ -15947,7 +18688,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$244  = k;
     if (start) begin
       \$244  = 12'h000;
@@ -15965,7 +18706,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$245  = a_ptr;
     if (start) begin
       \$245  = { 5'h00, cmd[44:36] };
@@ -15985,7 +18726,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$246  = rows_c;
     if (start) begin
       \$246  = cmd[11:0];
@@ -16005,7 +18746,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$247  = cols_c;
     if (start) begin
       \$247  = cmd[35:24];
@@ -16024,7 +18765,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$248  = c_panel;
     if (start) begin
       \$248  = { 5'h00, cmd[53:45] };
@@ -16043,7 +18784,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$249  = c_tile;
     if (start) begin
       \$249  = { 5'h00, cmd[53:45] };
@@ -16063,7 +18804,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$250  = last_k;
     if (start) begin
       \$250  = \$53 ;
@@ -16081,7 +18822,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$251  = last_row;
     if (start) begin
       \$251  = \$54 ;
@@ -16101,7 +18842,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$252  = t_base;
     if (start) begin
     end else if (step) begin
@@ -16117,7 +18858,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$253  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -16133,7 +18874,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$254  = d_col;
     if (done) begin
       \$254  = 3'h1;
@@ -16148,7 +18889,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$255  = d_base;
     if (done) begin
       \$255  = t_base;
@@ -16161,7 +18902,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$256  = d_cols;
     if (done) begin
       \$256  = t_cols;
@@ -16174,7 +18915,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$257  = drain_busy;
     if (done) begin
       \$257  = 1'h1;
@@ -16191,7 +18932,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$258  = \$77 ;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -16201,7 +18942,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$259  = \$78 ;
     if (unit_rst) begin
       \$259  = 1'h0;
@@ -16211,7 +18952,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$260  = \$81 [13:0];
     if (unit_rst) begin
       \$260  = 14'h0000;
@@ -16221,7 +18962,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$261  = col_valid0;
     if (unit_rst) begin
       \$261  = 1'h0;
@@ -16231,7 +18972,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$262  = col_busy0;
     if (unit_rst) begin
       \$262  = 1'h0;
@@ -16241,7 +18982,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$263  = col_addr0;
     if (unit_rst) begin
       \$263  = 14'h0000;
@@ -16251,7 +18992,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$264  = col_valid1;
     if (unit_rst) begin
       \$264  = 1'h0;
@@ -16261,7 +19002,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$265  = col_busy1;
     if (unit_rst) begin
       \$265  = 1'h0;
@@ -16271,7 +19012,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$266  = col_addr1;
     if (unit_rst) begin
       \$266  = 14'h0000;
@@ -16281,7 +19022,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$267  = out;
     if (unit_rst) begin
       \$267  = 96'h000000000000000000000000;
@@ -16291,7 +19032,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$268  = col_word0;
     if (unit_rst) begin
       \$268  = 96'h000000000000000000000000;
@@ -16301,7 +19042,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$269  = col_word1;
     if (unit_rst) begin
       \$269  = 96'h000000000000000000000000;
@@ -16311,7 +19052,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$270  = \$83 [1:0];
     if (unit_rst) begin
       \$270  = 2'h0;
@@ -16321,14 +19062,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$271  = col_rq_rd_data;
     if (spad_c_rd_en) begin
       \$271  = \port__data$77 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$272  = q_rq;
     if (\$85 ) begin
       \$272  = \$86 ;
@@ -16341,7 +19082,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$273  = c_q;
     if (\$88 ) begin
       \$273  = spad_c_rd_data;
@@ -16366,7 +19107,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$274  = q_valid;
     if (\$88 ) begin
       \$274  = r_valid;
@@ -16393,7 +19134,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$275  = storing;
     if (store_start) begin
       \$275  = 1'h1;
@@ -16420,7 +19161,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$276  = s_addr;
     if (store_start) begin
       \$276  = { 5'h00, cmd[53:45] };
@@ -16437,7 +19178,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$277  = s_n;
     if (store_start) begin
       \$277  = 12'h000;
@@ -16457,7 +19198,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$278  = s_rows;
     if (store_start) begin
       \$278  = cmd[11:0];
@@ -16476,7 +19217,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$279  = s_left;
     if (store_start) begin
       \$279  = \$116 [13:0];
@@ -16493,7 +19234,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$280  = out_left;
     if (store_start) begin
       \$280  = \$117 [13:0];
@@ -16509,7 +19250,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$281  = r_valid;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -16537,7 +19278,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$282  = r_mask;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -16553,7 +19294,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$283  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16587,7 +19328,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$284  = cmd;
     casez (fsm_state)
       3'h0:
@@ -16603,7 +19344,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$285  = error;
     casez (fsm_state)
       3'h0:
@@ -16627,7 +19368,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$286  = error_code;
     casez (fsm_state)
       3'h0:
@@ -16651,7 +19392,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$287  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -16693,7 +19434,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$288  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -16713,7 +19454,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$289  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -16733,7 +19474,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$290  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -16753,7 +19494,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$168 ) begin
@@ -16769,7 +19510,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -16779,7 +19520,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -16797,7 +19538,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -16807,7 +19548,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16815,7 +19556,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -16831,7 +19572,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16853,8 +19594,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
-  assign a_in__payload = { \port$4129$72 , \port$4129$48 , \port$4129$24 , \port$4129$0  };
+  assign \$signature__data  = { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
+  assign a_in__payload = { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -16950,14 +19691,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4129$0 ;
-  assign \$signature__data[1]  = \port$4129$24 ;
-  assign \$signature__data[2]  = \port$4129$48 ;
-  assign \$signature__data[3]  = \port$4129$72 ;
-  assign \a_in__payload[0]  = \port$4129$0 ;
-  assign \a_in__payload[1]  = \port$4129$24 ;
-  assign \a_in__payload[2]  = \port$4129$48 ;
-  assign \a_in__payload[3]  = \port$4129$72 ;
+  assign \$signature__data[0]  = \port$4901$0 ;
+  assign \$signature__data[1]  = \port$4901$24 ;
+  assign \$signature__data[2]  = \port$4901$48 ;
+  assign \$signature__data[3]  = \port$4901$72 ;
+  assign \a_in__payload[0]  = \port$4901$0 ;
+  assign \a_in__payload[1]  = \port$4901$24 ;
+  assign \a_in__payload[2]  = \port$4901$48 ;
+  assign \a_in__payload[3]  = \port$4901$72 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -17000,7 +19741,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -17760,7 +20501,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -17770,7 +20511,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -17780,7 +20521,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -17790,7 +20531,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -17800,7 +20541,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -17810,7 +20551,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -17820,7 +20561,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -17830,7 +20571,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -17840,7 +20581,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -17850,7 +20591,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -17860,7 +20601,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -17870,7 +20611,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -17880,7 +20621,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -17890,7 +20631,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -17900,7 +20641,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -17910,7 +20651,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -17920,7 +20661,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -17930,7 +20671,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -17940,7 +20681,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -17950,7 +20691,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -17960,7 +20701,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -17970,7 +20711,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -17980,7 +20721,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -17990,7 +20731,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -18000,7 +20741,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -18010,7 +20751,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -18020,7 +20761,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -18030,7 +20771,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -18040,7 +20781,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -18050,7 +20791,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -18238,7 +20979,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -18423,7 +21164,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -18433,7 +21174,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -18443,7 +21184,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -18453,7 +21194,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -18463,7 +21204,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -18473,7 +21214,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -18483,7 +21224,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -18493,7 +21234,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -18503,7 +21244,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -18513,7 +21254,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -18523,7 +21264,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -18533,7 +21274,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -18543,7 +21284,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -18553,7 +21294,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -18563,7 +21304,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -18573,7 +21314,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -18587,392 +21328,6 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19165,7 +21520,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19183,6 +21538,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -19194,9 +21550,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -19204,6 +21562,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -19214,6 +21573,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -19330,7 +21690,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -19350,11 +21710,10 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19547,7 +21906,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19565,7 +21924,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -19577,11 +21935,9 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -19589,7 +21945,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -19600,7 +21955,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -19717,7 +22071,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -19737,10 +22091,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19933,7 +22288,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19951,6 +22306,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -19962,9 +22318,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -19972,6 +22330,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -19982,6 +22341,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -20098,7 +22458,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -20118,11 +22478,10 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20315,7 +22674,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20333,7 +22692,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -20345,11 +22703,9 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -20357,7 +22713,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -20368,7 +22723,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -20485,7 +22839,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -20505,10 +22859,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20701,8 +23056,394 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -20776,391 +23517,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -21251,7 +23607,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -21271,10 +23627,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21466,7 +23823,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21484,6 +23841,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -21491,13 +23849,14 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
-  output done;
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -21505,6 +23864,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -21515,6 +23875,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -21631,7 +23992,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -21651,12 +24012,392 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  output done;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
   assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
   wire \$100 ;
@@ -23178,13 +25919,13 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1418$0 (mult),
-    .\port$1423$0 (i__payload),
+    .\port$1428$0 (mult),
+    .\port$1433$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$772  = v1;
     if (advance) begin
       \$772  = i__valid;
@@ -23197,7 +25938,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$773  = v2;
     if (advance) begin
       \$773  = v1;
@@ -23210,7 +25951,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$774  = x_valid;
     if (advance) begin
       \$774  = v2;
@@ -23223,7 +25964,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$775  = \$signal ;
     if (advance) begin
       \$775  = shift;
@@ -23236,7 +25977,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$776  = shift_2;
     if (advance) begin
       \$776  = \$signal ;
@@ -23249,7 +25990,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$777  = x0;
     if (advance) begin
       \$777  = \$5 [39:0];
@@ -23262,7 +26003,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$778  = x1;
     if (advance) begin
       \$778  = \$8 [39:0];
@@ -23275,7 +26016,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$779  = x2;
     if (advance) begin
       \$779  = \$11 [39:0];
@@ -23288,7 +26029,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$780  = x3;
     if (advance) begin
       \$780  = \$14 [39:0];
@@ -23301,7 +26042,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$781  = shift_x;
     if (advance) begin
       \$781  = shift_2;
@@ -23314,7 +26055,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$782  = below;
     if (advance) begin
       \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
@@ -23327,7 +26068,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$783  = v_shift;
     if (advance) begin
       \$783  = x_valid;
@@ -23340,7 +26081,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$784  = v_round;
     if (advance) begin
       \$784  = v_shift;
@@ -23353,7 +26094,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$785  = o__valid;
     if (advance) begin
       \$785  = v_round;
@@ -23366,7 +26107,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$786  = y0;
     if (advance) begin
       \$786  = \$345 [24:0];
@@ -23379,7 +26120,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$787  = sticky0;
     if (advance) begin
       \$787  = \$347 ;
@@ -23392,7 +26133,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$788  = over0;
     if (advance) begin
       \$788  = \$350 ;
@@ -23405,7 +26146,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$789  = neg0;
     if (advance) begin
       \$789  = x0[39];
@@ -23418,7 +26159,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$790  = rounded0;
     if (advance) begin
       \$790  = \$353 ;
@@ -23431,7 +26172,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$791  = over2_0;
     if (advance) begin
       \$791  = over0;
@@ -23444,7 +26185,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$792  = neg2_0;
     if (advance) begin
       \$792  = neg0;
@@ -23457,7 +26198,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$793  = o__payload;
     if (advance) begin
       \$793 [23:0] = \$357 [23:0];
@@ -23473,7 +26214,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$794  = y1;
     if (advance) begin
       \$794  = \$483 [24:0];
@@ -23486,7 +26227,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$795  = sticky1;
     if (advance) begin
       \$795  = \$485 ;
@@ -23499,7 +26240,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$796  = over1;
     if (advance) begin
       \$796  = \$488 ;
@@ -23512,7 +26253,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$797  = neg1;
     if (advance) begin
       \$797  = x1[39];
@@ -23525,7 +26266,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$798  = rounded1;
     if (advance) begin
       \$798  = \$491 ;
@@ -23538,7 +26279,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$799  = over2_1;
     if (advance) begin
       \$799  = over1;
@@ -23551,7 +26292,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$800  = neg2_1;
     if (advance) begin
       \$800  = neg1;
@@ -23564,7 +26305,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$801  = y2;
     if (advance) begin
       \$801  = \$621 [24:0];
@@ -23577,7 +26318,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$802  = sticky2;
     if (advance) begin
       \$802  = \$623 ;
@@ -23590,7 +26331,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$803  = over2;
     if (advance) begin
       \$803  = \$626 ;
@@ -23603,7 +26344,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$804  = neg2;
     if (advance) begin
       \$804  = x2[39];
@@ -23616,7 +26357,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$805  = rounded2;
     if (advance) begin
       \$805  = \$629 ;
@@ -23629,7 +26370,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$806  = over2_2;
     if (advance) begin
       \$806  = over2;
@@ -23642,7 +26383,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$807  = neg2_2;
     if (advance) begin
       \$807  = neg2;
@@ -23655,7 +26396,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$808  = y3;
     if (advance) begin
       \$808  = \$759 [24:0];
@@ -23668,7 +26409,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$809  = sticky3;
     if (advance) begin
       \$809  = \$761 ;
@@ -23681,7 +26422,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$810  = over3;
     if (advance) begin
       \$810  = \$764 ;
@@ -23694,7 +26435,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$811  = neg3;
     if (advance) begin
       \$811  = x3[39];
@@ -23707,7 +26448,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$812  = rounded3;
     if (advance) begin
       \$812  = \$767 ;
@@ -23720,7 +26461,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$813  = over2_3;
     if (advance) begin
       \$813  = over3;
@@ -23733,7 +26474,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$814  = neg2_3;
     if (advance) begin
       \$814  = neg3;
@@ -24035,8 +26776,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -24121,10 +26862,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1418$0 ;
-  wire [15:0] \port$1418$0 ;
-  input [95:0] \port$1423$0 ;
-  wire [95:0] \port$1423$0 ;
+  input [15:0] \port$1428$0 ;
+  wire [15:0] \port$1428$0 ;
+  input [95:0] \port$1433$0 ;
+  wire [95:0] \port$1433$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -24186,10 +26927,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1423$0 [16:0] };
+      \$9  = { 1'h0, \port$1433$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -24199,10 +26940,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1418$0  };
+      \$10  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -24212,7 +26953,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -24225,10 +26966,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
+      \$12  = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -24238,10 +26979,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1418$0  };
+      \$13  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -24251,7 +26992,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -24264,10 +27005,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1423$0 [40:24] };
+      \$15  = { 1'h0, \port$1433$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -24277,10 +27018,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1418$0  };
+      \$16  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -24290,7 +27031,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -24303,10 +27044,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
+      \$18  = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -24316,10 +27057,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1418$0  };
+      \$19  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -24329,7 +27070,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -24342,10 +27083,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1423$0 [64:48] };
+      \$21  = { 1'h0, \port$1433$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -24355,10 +27096,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1418$0  };
+      \$22  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -24368,7 +27109,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -24381,10 +27122,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
+      \$24  = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -24394,10 +27135,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1418$0  };
+      \$25  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -24407,7 +27148,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -24420,10 +27161,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1423$0 [88:72] };
+      \$27  = { 1'h0, \port$1433$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -24433,10 +27174,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1418$0  };
+      \$28  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -24446,7 +27187,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -24459,10 +27200,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
+      \$30  = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -24472,10 +27213,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1418$0  };
+      \$31  = { 2'h0, \port$1428$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -24485,7 +27226,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -24497,28 +27238,28 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1418$0 , \port$1423$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1423$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1418$0  };
-  assign a__1 = { \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23], \port$1423$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1418$0  };
-  assign a__2 = { 1'h0, \port$1423$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1418$0  };
-  assign a__3 = { \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47], \port$1423$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1418$0  };
-  assign a__4 = { 1'h0, \port$1423$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1418$0  };
-  assign a__5 = { \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71], \port$1423$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1418$0  };
-  assign a__6 = { 1'h0, \port$1423$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1418$0  };
-  assign a__7 = { \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95], \port$1423$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1418$0  };
+  assign a__0 = { 1'h0, \port$1433$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1428$0  };
+  assign a__1 = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1428$0  };
+  assign a__2 = { 1'h0, \port$1433$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1428$0  };
+  assign a__3 = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1428$0  };
+  assign a__4 = { 1'h0, \port$1433$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1428$0  };
+  assign a__5 = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1428$0  };
+  assign a__6 = { 1'h0, \port$1433$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1428$0  };
+  assign a__7 = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1428$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
 , error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -24850,7 +27591,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -24866,7 +27607,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -24879,7 +27620,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -24904,7 +27645,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -24919,7 +27660,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -24936,7 +27677,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -24956,7 +27697,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -24973,7 +27714,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -24991,7 +27732,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -25009,7 +27750,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -25039,28 +27780,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -25071,7 +27812,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -25082,7 +27823,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -25093,7 +27834,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -25107,28 +27848,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -25160,7 +27901,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
   wire [12:0] \$11 ;
@@ -25328,7 +28069,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$46  = ra;
     casez (fsm_state)
       3'h0:
@@ -25353,7 +28094,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$47  = wa;
     casez (fsm_state)
       3'h0:
@@ -25375,7 +28116,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25393,7 +28134,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25415,7 +28156,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25437,7 +28178,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -25453,7 +28194,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25471,7 +28212,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
@@ -25489,7 +28230,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25507,7 +28248,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25525,7 +28266,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       3'h0:
@@ -25543,7 +28284,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25561,7 +28302,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$38  = spad__rd0__data;
     if (unit_rst) begin
       \$38  = 32'd0;
@@ -25571,7 +28312,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$39  = i;
     casez (fsm_state)
       3'h0:
@@ -25597,7 +28338,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$40  = row_i;
     casez (fsm_state)
       3'h0:
@@ -25623,7 +28364,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$41  = gather;
     casez (fsm_state)
       3'h0:
@@ -25639,7 +28380,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$42  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -25674,7 +28415,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$43  = col;
     casez (fsm_state)
       3'h0:
@@ -25703,7 +28444,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$44  = rv;
     casez (fsm_state)
       3'h0:
@@ -25735,7 +28476,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$45  = wv;
     casez (fsm_state)
       3'h0:
@@ -25787,7 +28528,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -25829,7 +28570,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -25844,7 +28585,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -25859,7 +28600,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -25884,7 +28625,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg \$100 ;
@@ -26257,7 +28998,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   always @(posedge clk)
     pos <= \$117 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -26281,7 +29022,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26305,7 +29046,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26331,7 +29072,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -26357,7 +29098,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26383,7 +29124,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26395,7 +29136,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26407,7 +29148,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -26419,7 +29160,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     scores__valid = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26431,7 +29172,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     routes__ready = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26443,7 +29184,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26465,7 +29206,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -26498,7 +29239,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -26531,7 +29272,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26564,7 +29305,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26592,7 +29333,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -26620,7 +29361,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$94  = j;
     casez (fsm_state)
       4'h0:
@@ -26648,7 +29389,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$95  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -26700,7 +29441,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$96  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -26724,7 +29465,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$97  = route_left;
     casez (fsm_state)
       4'h0:
@@ -26748,7 +29489,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$98  = el;
     casez (fsm_state)
       4'h0:
@@ -26777,7 +29518,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$99  = lane;
     casez (fsm_state)
       4'h0:
@@ -26804,7 +29545,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$100  = wvalid;
     casez (fsm_state)
       4'h0:
@@ -26833,7 +29574,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$101  = tbase;
     casez (fsm_state)
       4'h0:
@@ -26857,7 +29598,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$102  = tslot;
     casez (fsm_state)
       4'h0:
@@ -26881,7 +29622,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$103  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -26907,7 +29648,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$104  = cap;
     casez (fsm_state)
       4'h0:
@@ -26932,7 +29673,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$105  = s;
     casez (fsm_state)
       4'h0:
@@ -26959,7 +29700,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$106  = hold;
     casez (fsm_state)
       4'h0:
@@ -26986,7 +29727,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$107  = wphase;
     casez (fsm_state)
       4'h0:
@@ -27013,7 +29754,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$108  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -27033,7 +29774,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$109  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -27053,7 +29794,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$110  = held;
     casez (fsm_state)
       4'h0:
@@ -27073,7 +29814,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$111  = off;
     casez (fsm_state)
       4'h0:
@@ -27097,7 +29838,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$112  = count;
     casez (fsm_state)
       4'h0:
@@ -27119,7 +29860,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$113  = p;
     casez (fsm_state)
       4'h0:
@@ -27155,7 +29896,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$114  = pt;
     casez (fsm_state)
       4'h0:
@@ -27193,7 +29934,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$115  = ps;
     casez (fsm_state)
       4'h0:
@@ -27234,7 +29975,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$116  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -27262,7 +30003,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$117  = pos;
     casez (fsm_state)
       4'h0:
@@ -27330,7 +30071,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -27872,7 +30613,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -27883,7 +30624,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -27892,7 +30633,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -27901,7 +30642,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -27910,7 +30651,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -27923,7 +30664,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -27936,7 +30677,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -27951,7 +30692,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -27964,7 +30705,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -27974,7 +30715,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -27987,7 +30728,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -28002,7 +30743,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -28020,7 +30761,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -28030,7 +30771,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -28043,7 +30784,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -28059,7 +30800,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -28069,7 +30810,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -28079,7 +30820,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -28096,7 +30837,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -28113,7 +30854,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -28130,7 +30871,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -28149,7 +30890,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -28164,7 +30905,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -28179,7 +30920,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -28193,7 +30934,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -28207,7 +30948,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -28221,7 +30962,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -28235,7 +30976,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -28245,7 +30986,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -28255,7 +30996,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -28272,7 +31013,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -28287,7 +31028,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -28302,7 +31043,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -28321,7 +31062,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -28337,7 +31078,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -28353,7 +31094,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -28366,7 +31107,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -28382,7 +31123,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -28471,7 +31212,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -28519,7 +31260,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -28534,7 +31275,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -28549,7 +31290,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -28564,7 +31305,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -28583,7 +31324,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3881$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4653$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -28761,8 +31502,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3881$0 ;
-  wire [4:0] \port$3881$0 ;
+  input [4:0] \port$4653$0 ;
+  wire [4:0] \port$4653$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -28775,64 +31516,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3881$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4653$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3881$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4653$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3881$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3881$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4653$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4653$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3881$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4653$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3881$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4653$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3881$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4653$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4], \port$3881$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3881$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4653$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3881$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4653$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3881$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4653$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3881$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4653$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3881$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4653$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0], \port$3881$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1], \port$3881$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2], \port$3881$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3], \port$3881$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -28847,7 +31588,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3881$0 , \port$2$0  };
+  assign select = { \port$4653$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
@@ -28904,7 +31645,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$47  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -37157,21 +39898,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin

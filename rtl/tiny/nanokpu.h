@@ -76,6 +76,8 @@
 #define NANOKPU_OP_COMBINE                       12
 #define NANOKPU_OP_NORM                          13
 #define NANOKPU_OP_JUMP                          14
+#define NANOKPU_OP_SPLIT                         15
+#define NANOKPU_OP_REQUANT_WIDE                  16
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0

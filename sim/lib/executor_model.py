@@ -6,13 +6,15 @@ from __future__ import annotations
 __all__ = ["serve_scratchpad", "run_instruction"]
 
 
-async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False):
+async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False, stall: float = 0.0,
+                           rng=None):
     """Serve the scratchpad client ``port`` (:func:`~nanokpu.kpu.spad.spad_client_signature`)
     from ``spad`` (word address -> value; absent words read 0) as
     :class:`~nanokpu.kpu.dmem.DataMemory` behaves: read data after the edge that took the read,
     held otherwise; a write lands at its edge. With ``one_write_port`` (ECP5's build) ``blocked``
-    is high in the cycle after a write, and a read issued then is not performed. Runs forever:
-    add it with ``add_process``."""
+    is high in the cycle after a write, and a read issued then is not performed; with ``stall``
+    it is also high at random in that fraction of the cycles (``rng``, a NumPy Generator). Runs
+    forever: add it with ``add_process``."""
     async for _c, _r, e0, a0, e1, a1, wen, waddr, wdata, blocked in ctx.tick().sample(
             port.rd0.en, port.rd0.addr, port.rd1.en, port.rd1.addr, port.wr.en, port.wr.addr, port.wr.data,
             port.blocked):
@@ -22,7 +24,7 @@ async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False):
             ctx.set(port.rd1.data, spad.get(a1, 0))
         if wen:
             spad[waddr] = wdata
-        ctx.set(port.blocked, int(bool(wen) and one_write_port))
+        ctx.set(port.blocked, int(bool(wen) and one_write_port or bool(stall) and rng.random() < stall))
 
 
 async def run_instruction(ctx, executor, fields: dict, limit: int = 100_000) -> dict:

@@ -22,11 +22,9 @@ Failures name the seeds that fell short.
 import numpy as np
 import pytest
 
-from golden import block, fidelity, k3
+from golden import block, fidelity
 from golden import intops as I
 from nanokpu.config import profile
-from nanokpu.host.compiler import compile_block
-from nanokpu.kpu.top import NanoKPU
 
 K3_SAME_MIN = 0.995          #: measured 0.9980 (2 of 1024 tokens differ, both float near-ties < 1.1e-5)
 BLOCK_SAME_MIN = 0.996       #: measured 1.0 on 320 tokens per profile (one flip would pass)
@@ -96,18 +94,3 @@ def test_wide_router_input_and_its_int8_view():
     assert np.array_equal(block.input_int8(direct, profile("tiny")), direct)   # default: the same tensor
 
 
-def test_nanokpu_and_compiler_refuse_the_unbuilt_scheme():
-    """Until the wide router GEMM of issue 26 is built, NanoKPU and compile_block refuse a
-    ``router_width`` off ``in_width`` with one ValueError naming it (``weight_scales`` and the logit
-    format are built); explicit defaults are accepted."""
-    cfg = fidelity.scheme(profile("tiny"), fidelity.AFTER)
-    with pytest.raises(ValueError, match="KpuConfig.router_width = 16: the nano-KPU RTL builds the router GEMM"):
-        NanoKPU(cfg)
-    rng = np.random.default_rng(0)
-    Q, x_q = block.quantize_latent_moe(k3.init_latent_moe(cfg, rng), rng.standard_normal((8, cfg.d_model)),
-                                       cfg)
-    with pytest.raises(ValueError, match="KpuConfig.router_width = 16: the compiler lowers the router GEMM"):
-        compile_block(Q, x_q, cfg)
-    same = profile("tiny", router_width=8, logit_width=16, logit_frac=8, weight_scales="tensor")
-    assert same.unbuilt_fields() == []
-    assert cfg.replace(router_width=None).unbuilt_fields() == []

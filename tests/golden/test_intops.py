@@ -96,6 +96,31 @@ def test_matmul_int_extremes_and_wrap():
         I.matmul_int(x, w.T)
 
 
+@pytest.mark.parametrize("digit", [4, 8])
+def test_two_digit_operands_multiply_exactly_by_their_digits(digit):
+    """split_digits: v = h * 2**D + l with a balanced low digit; within router_qmax (the golden
+    router's operand limit) the high digit fits D bits too, and join_partials of the four digit
+    GEMMs (each exact in a narrow accumulator) is the wide GEMM, extremes included."""
+    from golden.block import router_qmax
+    cfg = profile("tiny", in_width=digit, router_width=2 * digit)
+    lim = router_qmax(cfg)
+    assert lim == ((1 << (digit - 1)) - 1) << digit
+    rng = np.random.default_rng(digit)
+    x = np.concatenate([[[lim] * 64, [-lim] * 64, np.arange(-32, 32)], rng.integers(-lim, lim + 1, (5, 64))])
+    w = np.concatenate([[[lim] * 64, [-lim] * 64], rng.integers(-lim, lim + 1, (6, 64))])
+    digits = []
+    for v in (x, w):
+        h, lo = I.split_digits(v, digit)
+        assert np.array_equal(h * (1 << digit) + lo, v)
+        assert lo.min() >= -(1 << (digit - 1)) and lo.max() < 1 << (digit - 1)
+        assert np.abs(h).max() <= (1 << (digit - 1)) - 1
+        digits.append((h, lo))
+    (xh, xl), (wh, wl) = digits
+    parts = [I.matmul_int(a, b.T, cfg.acc_width) for b in (wh, wl) for a in (xh, xl)]    # hh, lh, hl, ll
+    assert np.array_equal(I.join_partials(*parts, digit, cfg.router_acc_width),
+                          I.matmul_int(x, w.T, cfg.router_acc_width))
+
+
 # ---------------------------------------------------------------------------------------
 # Activation tables: every factor within 1 LSB of the correctly rounded value, exhaustively
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The block compiler: program structure, memory images and its ValueErrors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -83,5 +85,20 @@ def test_program_too_long_for_imem():
 def test_bad_batch_shape():
     cfg = profile("tiny")
     Q, xq = _block(cfg, 4)
-    with pytest.raises(ValueError, match="x_q"):
+    with pytest.raises(ValueError, match="x_r"):
         compile_block(Q, xq[:, :-1], cfg)
+
+
+def test_wide_router_operands_within_router_qmax():
+    """With router_width = 16 the block input and W_r are two int8 digits each: values beyond
+    golden.block.router_qmax = 127 * 256 are refused, naming the tensor; the router's digit
+    GEMMs take M = 2T."""
+    cfg = profile("tiny", router_width=16)
+    Q, x_r = _block(cfg, 4)
+    prog = compile_block(Q, x_r, cfg)
+    assert [(i.m, i.k, i.n, i.width) for i in prog.instrs if i.op == Op.GEMM][1:3] == [(8, 32, 8, 0)] * 2
+    assert [Op(i.op).name for i in prog.instrs[:3]] == ["LOAD", "REQUANT", "SPLIT"]
+    with pytest.raises(ValueError, match=r"x_r: values must be within \+-32512"):
+        compile_block(Q, np.where(x_r == x_r.max(), 32513, x_r), cfg)
+    with pytest.raises(ValueError, match=r"Q.W_r: values must be within \+-32512"):
+        compile_block(dataclasses.replace(Q, W_r=Q.W_r * 2), x_r, cfg)

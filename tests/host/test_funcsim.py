@@ -8,7 +8,19 @@ from golden.block import latent_moe_int, quantize_latent_moe
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, OP_RULES, RQ_WIDTHS, SIZES, Err, Instr, Op, SizeArgs
+from nanokpu.isa import (
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_CHANNEL,
+    F_RQ_EXPERT,
+    OP_RULES,
+    RQ_WIDTHS,
+    SIZES,
+    Err,
+    Instr,
+    Op,
+    SizeArgs,
+)
 
 
 def _compiled(name, T, seed, **overrides):
@@ -48,18 +60,93 @@ def test_small_block_bit_exact(seed, scales):
     _check_block("small", 16, 100 + seed, weight_scales=scales)
 
 
-#: Issue 26's AFTER scheme as far as the nano-KPU builds it: per-channel scales, Q20.16 logits
-#: (the router GEMM's requantiser output and the sigmoid's input), 16-bit scores, 20-bit bias.
-LOGIT_SCHEME = {k: v for k, v in fidelity.AFTER.items() if k != "router_width"}
-
-
 @pytest.mark.parametrize("name,tokens,seeds", [("tiny", 8, range(10)), ("small", 16, range(2))])
-def test_block_bit_exact_in_the_logit_format(name, tokens, seeds):
-    """Router logits in their own format Q<logit_width>.<logit_frac>, wider than the act format:
-    the router GEMM requantises to logit_width bits and SIGMOID reads them whole."""
-    assert LOGIT_SCHEME["logit_width"] > profile(name).act_width
+def test_block_bit_exact_in_the_after_scheme(name, tokens, seeds):
+    """Issue 26's AFTER scheme, all of it: per-channel scales, the 16-bit router GEMM, router
+    logits Q20.16 (wider than the act format: the router requantises to logit_width bits and
+    SIGMOID reads them whole), 16-bit scores, 20-bit bias."""
+    assert fidelity.AFTER["logit_width"] > profile(name).act_width
     for seed in seeds:
-        _check_block(name, tokens, 200 + seed, **LOGIT_SCHEME)
+        _check_block(name, tokens, 200 + seed, **fidelity.AFTER)
+
+
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
+@pytest.mark.parametrize("seed", range(8))
+def test_tiny_block_bit_exact_wide_router(seed, scales):
+    """router_width = 16: x_r LOADed as int16, x_q by REQUANT, the router GEMM as two digit GEMMs of
+    [Xh; Xl] (SPLIT) joined and requantised by REQUANT_WIDE (per column: its table)."""
+    _check_block("tiny", 1 + seed % 9, 200 + seed, weight_scales=scales, router_width=16)
+
+
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
+@pytest.mark.parametrize("seed", range(2))
+def test_small_block_bit_exact_wide_router(seed, scales):
+    """16 tokens: the wide router's buffers share the scratchpad words of the expert loop's."""
+    _check_block("small", 16, 300 + seed, weight_scales=scales, router_width=16)
+
+
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_requant_of_x_r_is_input_int8(rounding):
+    """The compiler's x_q: REQUANT of x_r with mult 1, shift router_width - in_width, width
+    in_width is golden.block.input_int8 bit for bit in every rounding mode (ties, +-router_qmax)."""
+    from golden.block import input_int8, router_qmax
+    cfg = profile("tiny", router_width=16, rounding=rounding)
+    lim = router_qmax(cfg)
+    ties = np.arange(-lim, lim + 1, 128)
+    x_r = np.concatenate([ties, np.random.default_rng(4).integers(-lim, lim + 1, 3000)])
+    sim = FuncSim(cfg)
+    sim.spad[:x_r.size] = x_r
+    res = sim.run([Instr(Op.REQUANT, m=1, n=x_r.size, a=0, c=4096, mult=1, shift=8, width=8)])
+    assert res.error == Err.NONE
+    assert np.array_equal(sim.spad[4096:4096 + x_r.size], input_int8(x_r, cfg))
+
+
+def test_split_writes_balanced_digits():
+    """SPLIT: a[i] (its low 2*in_width bits) = c[i] * 256 + c[len + i], c[len + i] in [-128, 128);
+    the high digit fits int8 up to router_qmax = 127 * 256."""
+    from golden import intops as I
+    cfg = profile("tiny")
+    a = np.array([0, 1, -1, 127, 128, -128, -129, 255, 256, 32512, -32512, 32767, -32768, 0x12345, -70000])
+    sim = FuncSim(cfg)
+    sim.spad[:a.size] = a
+    assert sim.run([Instr(Op.SPLIT, m=3, n=5, a=0, c=100)]).error == Err.NONE
+    h, lo = sim.spad[100:100 + a.size], sim.spad[100 + a.size:100 + 2 * a.size]
+    assert np.array_equal(h * 256 + lo, I.wrap(a, 16)) and lo.min() >= -128 and lo.max() < 128
+    assert np.abs(h[:11]).max() <= 127 and h[11] == 128 and h[12] == -128
+
+
+@pytest.mark.parametrize("flags", [0, F_RQ_CHANNEL, F_RQ_EXPERT, F_RQ_CHANNEL | F_RQ_EXPERT])
+def test_requant_wide_joins_the_digit_gemms(flags):
+    """REQUANT_WIDE of the four digit GEMMs' sums is the requantised 16 x 16-bit product
+    (router_acc_width), with the instruction's constants, its expert's entry or column j's entry."""
+    from golden import intops as I
+    from golden.block import router_qmax
+    cfg = profile("tiny", router_width=16)
+    rng = np.random.default_rng(9)
+    m, k, n, E, expert = 3, 32, 8, cfg.n_experts, 5
+    lim = router_qmax(cfg)
+    x, w = (np.clip(rng.integers(-lim, lim + 1, s), -lim, lim) for s in ((m, k), (n, k)))
+    x[0], w[0] = lim, -lim                                        # the extreme digits
+    (xh, xl), (wh, wl) = I.split_digits(x, 8), I.split_digits(w, 8)
+    parts = [I.matmul_int(xd, wd.T, cfg.acc_width) for wd in (wh, wl) for xd in (xh, xl)]   # hh, lh, hl, ll
+    mult, shift = rng.integers(1 << 15, 1 << 16, (n, E)), rng.integers(16, 40, (n, E))
+    sim = FuncSim(cfg)
+    sim.spad[:4 * m * n] = np.concatenate([p.ravel() for p in parts])
+    sim.spad[1000:1000 + 2 * n * E] = np.stack([mult, shift], -1).ravel()
+    sim.route_done, sim.expert, sim.count, sim.offset = True, expert, 1, 0     # as after ROUTE and EXPERT
+    sim.step(Instr(Op.REQUANT_WIDE, flags=flags, m=m, n=n, a=0, b=1000, c=500, mult=40000, shift=30, width=16),
+             Op.REQUANT_WIDE, 0)
+    table = sim.spad[1000:1000 + 2 * n * E]
+    if flags & F_RQ_CHANNEL:    # column j's entry at b + 2*(j*E + e), E = 1 and e = 0 without F_RQ_EXPERT
+        cols = table.reshape(n, E, 2)[:, expert] if flags & F_RQ_EXPERT else table[:2 * n].reshape(n, 2)
+        mm, ss = cols[:, 0], cols[:, 1]
+    elif flags & F_RQ_EXPERT:
+        mm, ss = sim.spad[1000 + 2 * expert], sim.spad[1001 + 2 * expert]
+    else:
+        mm, ss = 40000, 30
+    ref = I.requantize(I.matmul_int(x, w.T, cfg.router_acc_width), mm, ss, 16, cfg.rounding)
+    assert np.array_equal(sim.spad[500:500 + m * n].reshape(m, n), ref)
+    assert np.abs(I.matmul_int(x, w.T, cfg.router_acc_width)).max() >= 1 << cfg.acc_width   # wider than acc
 
 
 def test_expert_tables_loaded_per_expert():

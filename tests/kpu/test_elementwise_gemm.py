@@ -20,10 +20,12 @@ from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 CFG = profile("tiny")
 BW = bus_bytes(CFG)
+#: The wide router's config (REQUANT_WIDE joins partials into router_acc_width = 40 bits).
+WIDE = profile("tiny", router_width=16)
 
 
 class _Pair(Elaboratable):
-    def __init__(self, cfg):
+    def __init__(self, cfg=CFG):
         self.gemm = GemmFeed(cfg)
         self.elem = Elementwise(cfg)
 
@@ -35,10 +37,11 @@ class _Pair(Elaboratable):
 
 
 def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0, expert=None,
-         cfg=CFG):
+         cfg=CFG, spad_stall=0.0):
     """Run ``ins`` on its executor and on FuncSim (``expert``: the current expert, as after a
-    ``ROUTE`` and ``EXPERT``), both of ``cfg``; returns (RTL scratchpad, FuncSim's, error, cycles
-    from start to done)."""
+    ``ROUTE`` and ``EXPERT``), the bus stalling ``stall`` of its beats and the scratchpad blocking
+    reads in ``spad_stall`` of the cycles; returns (RTL scratchpad, FuncSim's, error, cycles from
+    start to done)."""
     ref = FuncSim(cfg, host=host)
     for addr, v in spad_init.items():
         ref.spad[addr] = v
@@ -58,7 +61,7 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
     beats = [int.from_bytes(host[i:i + BW], "little") for i in range(ins.host, len(host), BW)]
 
     async def scratchpad(ctx):
-        await serve_scratchpad(ctx, ex.spad, spad, one_write_port)
+        await serve_scratchpad(ctx, ex.spad, spad, one_write_port, spad_stall, rng)
 
     async def bus(ctx):
         if ins.op != Op.GEMM:
@@ -209,3 +212,75 @@ def test_gemm_per_column_matches_funcsim(shape, width, flags, expert):
     spad = {8 + i: int(v) for i, v in enumerate(A.ravel())} | {600 + i: int(v) for i, v in enumerate(table)}
     got, want, err, _ = _run(ins, spad, host, one_write_port=width == 8, seed=seed, expert=expert)
     assert got == want and err == Err.NONE, (shape, width)
+
+
+def _split_values(rng, size):
+    """SPLIT operands: the digits' extremes (+-router_qmax = +-127 * 256, a low digit of -128 and
+    127), 16-bit ends (a high digit of +-128) and random words with garbage above 16 bits."""
+    edge = [0, 1, -1, 127, 128, -128, -129, 255, 256, 32512, -32512, 32512 - 128, -32512 + 127, 32767, -32768,
+            0x12345, -70000]
+    return np.concatenate([edge, rng.integers(-(1 << 31), 1 << 31, size - len(edge))])
+
+
+@pytest.mark.parametrize("one_write_port, spad_stall", [(False, 0.0), (True, 0.0), (True, 0.3)])
+def test_split_matches_funcsim(one_write_port, spad_stall):
+    """SPLIT: high digits, then low digits, 2 * len results (golden.intops.split_digits)."""
+    rng = np.random.default_rng(11)
+    a = _split_values(rng, 40)
+    ins = Instr(Op.SPLIT, m=5, n=8, a=16, c=320)
+    got, want, err, cycles = _run(ins, {16 + i: int(v) for i, v in enumerate(a)}, one_write_port=one_write_port,
+                                  seed=3, cfg=WIDE, spad_stall=spad_stall)
+    assert got == want and err == Err.NONE
+    assert one_write_port or cycles <= 2 * 40 + 8     # a result a cycle (one write port: a read after each)
+
+
+def _partials(rng, m, n, cfg):
+    """Four [m, n] blocks of partial sums (acc_width bits): ties at the rounding site (P_ll alone,
+    mult 1: see _wide_case), the extremes of every partial (the join at +-2**39) and random."""
+    lim = 1 << (cfg.acc_width - 1)
+    p = rng.integers(-lim, lim, (4, m * n))
+    p[:, :4] = 0
+    p[3, :4] = [(3 << 9) + (1 << 8), (2 << 9) + (1 << 8), -(3 << 9) - (1 << 8), -(2 << 9) - (1 << 8)]   # ties
+    p[:, 4], p[:, 5] = lim - 1, -lim                   # every partial at its ends: the widest joins
+    return p
+
+
+@pytest.mark.parametrize("flags, expert", [(0, None), (F_RQ_CHANNEL, None), (F_RQ_EXPERT, 3),
+                                           (F_RQ_CHANNEL | F_RQ_EXPERT, 5)],
+                         ids=["tensor", "channel", "expert", "channel-expert"])
+@pytest.mark.parametrize("width", [2, 16, 24])
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_requant_wide_matches_funcsim(flags, expert, width, rounding):
+    """REQUANT_WIDE on the four partials: the join in router_acc_width = 40 bits, requantised with
+    the instruction's constants, an expert's entry or each column's, saturated to width (2: nearly
+    everything saturates), ties at the rounding site, reads blocked at random."""
+    cfg = WIDE.replace(rounding=rounding)
+    m, n = 3, 7
+    seed = flags * 10 + width + len(rounding)
+    rng = np.random.default_rng(seed)
+    E = cfg.n_experts if flags & F_RQ_EXPERT else 1
+    mult = rng.integers(0, 1 << cfg.mult_width, (n, E))
+    shift = rng.integers(0, 64, (n, E))
+    mult[:3, :], shift[:3, :] = np.array([[1], [(1 << cfg.mult_width) - 1], [40503]]), np.array([[9], [63], [0]])
+    table = np.stack([mult | rng.integers(0, 1 << 8, (n, E)) << cfg.mult_width,
+                      shift | rng.integers(0, 1 << 8, (n, E)) << 6], axis=-1).ravel()
+    parts = _partials(rng, m, n, cfg)
+    ins = Instr(Op.REQUANT_WIDE, flags=flags, m=m, n=n, a=16, b=600, c=400, mult=1, shift=9, width=width)
+    spad = {16 + i: int(v) for i, v in enumerate(parts.ravel())} | {600 + i: int(v) for i, v in enumerate(table)}
+    got, want, err, _ = _run(ins, spad, seed=seed, expert=expert, cfg=cfg, spad_stall=0.2,
+                             one_write_port=width == 16)
+    assert got == want and err == Err.NONE, f"seed {seed}"
+
+
+def test_requant_wide_takes_a_product_per_logit():
+    """One logit every max(mult_width, 3) = 16 cycles (the bit-serial product; the next logit's
+    reads overlap it), no DSP multiplier in the executor."""
+    rng = np.random.default_rng(1)
+    cycles = []
+    for n in (8, 32):
+        parts = _partials(rng, 1, n, WIDE)
+        ins = Instr(Op.REQUANT_WIDE, m=1, n=n, a=16, c=400, mult=40503, shift=30, width=16)
+        got, want, err, c = _run(ins, {16 + i: int(v) for i, v in enumerate(parts.ravel())}, cfg=WIDE)
+        assert got == want and err == Err.NONE
+        cycles.append(c)
+    assert cycles[1] - cycles[0] == 16 * 24, cycles

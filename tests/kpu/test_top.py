@@ -22,29 +22,38 @@ def test_tiny_blocks_20_seeds():
     _bench("tiny", "test_block", tokens=8, seed=1, seeds=20, vary_tokens=True)
 
 
-@pytest.mark.parametrize("scales", ["tensor", "channel"])
-def test_tiny_blocks_one_write_port(monkeypatch, scales):
+@pytest.mark.parametrize("overrides", [{"weight_scales": "tensor"}, {"weight_scales": "channel"},
+                                       {"weight_scales": "channel", "router_width": 16}],
+                         ids=["tensor", "channel", "channel-router16"])
+def test_tiny_blocks_one_write_port(monkeypatch, overrides):
     """The scratchpad as ECP5 builds it (one true-dual-port copy: a cycle that writes reads
     nothing, so reads wait for writes), with the generic multipliers (the ECP5 MULT18X18D has
     no simulation model): 6 random blocks under bus stalls, bit for bit; per tensor and per
     channel (every GEMM requantised by its per-column table, F_RQ_CHANNEL: the same design,
-    another program)."""
+    another program), and per channel with the 16-bit router (SPLIT and REQUANT_WIDE waiting
+    on the blocked reads)."""
     import nanokpu.kpu.spad as spad_module
 
     for module in (dmem_module, spad_module):
         monkeypatch.setattr(module, "writes_block_reads", lambda cfg: True)
-    _bench("tiny", "test_block", tag="_one_write_port", tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3,
-           overrides={"weight_scales": scales})
+    tag = "_one_write_port" + ("_router16" if "router_width" in overrides else "")
+    _bench("tiny", "test_block", tag=tag, tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3, overrides=overrides)
 
 
-def test_tiny_blocks_logit_format():
-    """Issue 26's AFTER scheme but the wide router GEMM (``router_width`` is not built): per-channel
-    scales, router logits in Q20.16 (the router GEMM requantised to 20 bits, the sigmoid's
-    512-segment table over them), 16-bit scores, 20-bit bias; 6 random blocks under bus stalls,
-    RTL == latent_moe_int == FuncSim bit for bit."""
-    scheme = {k: v for k, v in fidelity.AFTER.items() if k != "router_width"}
-    _bench("tiny", "test_block", tag="_logit", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
-           overrides=scheme)
+def test_tiny_blocks_wide_router():
+    """router_width = 16 alone (the router GEMM as byte-sliced passes: SPLIT, two raw digit GEMMs,
+    REQUANT_WIDE with the instruction's constants): random blocks under bus stalls, bit for bit."""
+    _bench("tiny", "test_block", tag="_router16", tokens=8, seed=50, seeds=4, vary_tokens=True, pause=0.3,
+           overrides={"router_width": 16})
+
+
+def test_tiny_blocks_after_scheme():
+    """Issue 26's AFTER scheme, all of it: per-channel scales (REQUANT_WIDE per column too), the
+    16-bit router GEMM, router logits in Q20.16 (requantised to 20 bits, the sigmoid's 512-segment
+    table over them), 16-bit scores, 20-bit bias; 6 random blocks under bus stalls, RTL ==
+    latent_moe_int == FuncSim bit for bit."""
+    _bench("tiny", "test_block", tag="_after", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
+           overrides=fidelity.AFTER)
 
 
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
@@ -89,3 +98,14 @@ def test_block_cycles_are_exact(tmp_path):
     summary = tmp_path / "summary.json"
     _bench("tiny", "test_block", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary))
     assert json.loads(summary.read_text())[0]["cycles"] == 14713
+
+
+def test_wide_router_block_cycles_are_exact(tmp_path):
+    """The same block (seed 1, 8 tokens, no bus stalls) with router_width = 16: 18,102 cycles, 3,389
+    more than at int8: the two digit GEMMs of 16 rows (+1,568 GEMM cycles), REQUANT of x_r (a
+    cycle an element), SPLIT (two) and REQUANT_WIDE (16 a logit) (+1,817 element-wise cycles)."""
+    summary = tmp_path / "summary.json"
+    _bench("tiny", "test_block", tag="_router16", seed=1, tokens=8, seeds=1, pause=0.0, summary=str(summary),
+           overrides={"router_width": 16, "weight_scales": "tensor"})
+    got = json.loads(summary.read_text())[0]
+    assert (got["cycles"], got["gemm"], got["act"]) == (18102, 9229 + 1568, 1293 + 1817)

@@ -164,8 +164,9 @@ def test_requant_rejects_bad_parameters(kwargs, message):
 
 
 def test_requant_rejects_a_product_wider_than_int64():
-    cfg = profile("tiny", acc_width=32, mult_width=32)
+    cfg = profile("tiny", acc_width=33, mult_width=32)
     refused(ValueError, "KpuConfig.mult_width = 32", lambda: Requantiser(cfg, 1))
+    refused(ValueError, "acc_width = 49", lambda: Requantiser(profile("tiny"), 1, acc_width=49))
 
 
 def refused(exc, message, build):

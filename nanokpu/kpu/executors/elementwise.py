@@ -1,5 +1,6 @@
-"""The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE`` and ``NORM``
-on one streaming engine that walks the operands through the scratchpad, one element per cycle."""
+"""The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM`` and
+``SPLIT`` on one streaming engine that walks the operands through the scratchpad, one element per
+cycle, and ``REQUANT_WIDE`` on a :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.executors import executor_signature, requantiser_signature, saturate_to_width
+from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 from nanokpu.units.vector import VecOp, VectorUnit
@@ -26,14 +28,17 @@ BEATS = 3
 class Elementwise(wiring.Component):
     """The element-wise ops of :mod:`nanokpu.isa` on :class:`~nanokpu.units.sigmoid.Sigmoid`,
     :class:`~nanokpu.units.situ.Situ`, :class:`~nanokpu.units.vector.VectorUnit` (its own) and
-    the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`).
+    the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`);
+    ``REQUANT_WIDE`` on its :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`, which has the
+    scratchpad port while it runs.
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
 
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
     ``SITU``, ``ADD``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
-    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice), reading both operands
+    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice; ``SPLIT``: ``a`` twice, the
+    high digits written in the first pass, the low ones in the second: ``2 * len`` results), reading both operands
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
     front (a read is issued while fewer than :data:`BEATS` are in flight or held, counted off
     flip-flops: the scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's
@@ -58,6 +63,8 @@ class Elementwise(wiring.Component):
         m.submodules.sigmoid = sig = Sigmoid(cfg)
         m.submodules.situ = situ = Situ(cfg)
         m.submodules.vector = vec = VectorUnit(cfg)
+        m.submodules.wide = wide = WideRequant(cfg)
+        D = cfg.in_width
 
         # the walk: rem[j] counts the steps of level j left, this one included, down from cnt[j]
         # (counts are sizes of checked regions, >= 1; addresses and strides modulo 2**AW)
@@ -117,7 +124,9 @@ class Elementwise(wiring.Component):
 
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
-        is_rq, is_sig, is_situ = Signal(), Signal(), Signal()
+        is_rq, is_sig, is_situ, is_split = Signal(), Signal(), Signal(), Signal()
+        low = Signal()          # SPLIT: the second pass (the low digits)
+        results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
         vec_op = Signal(VecOp)
         # REQUANT: the word being filled (fill lanes so far, sent when wvalid), the lane of the
         # result word being written back, its multiplier, shift and output width
@@ -177,6 +186,12 @@ class Elementwise(wiring.Component):
             with m.Elif(is_situ):
                 m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
                              out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+            with m.Elif(is_split):  # golden.intops.split_digits of the low 2*D bits, a beat a cycle
+                two = a_word[:2 * D]
+                m.d.comb += [unit_ready.eq(1), out_valid.eq(h_valid),
+                             out_data.eq(Mux(low, two[:D].as_signed(), two[D:].as_signed() + two[D - 1]))]
+                with m.If(h_valid & h_last):
+                    m.d.sync += low.eq(1)
             with m.Else():
                 m.d.comb += [vec.i.valid.eq(h_valid), unit_ready.eq(vec.i.ready),
                              out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
@@ -187,7 +202,8 @@ class Elementwise(wiring.Component):
                 with m.If(self.start):
                     op = ins.op
                     m.d.sync += [is_rq.eq(op == Op.REQUANT), is_sig.eq(op == Op.SIGMOID),
-                                 is_situ.eq(op == Op.SITU),
+                                 is_situ.eq(op == Op.SITU), is_split.eq(op == Op.SPLIT), low.eq(0),
+                                 results.eq(Mux(op == Op.SPLIT, ln << 1, ln)),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
                                                Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
@@ -201,7 +217,12 @@ class Elementwise(wiring.Component):
                             m.d.sync += walk(ins.k, ins.n, ins.m, ins.n, 1, ins.p2, 1, 0, ins.k)
                         with m.Case(Op.NORM):
                             m.d.sync += walk(ins.n, 2, ins.m, 1, 0, ins.n, 0, 0, 0)
-                    with m.If((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
+                        with m.Case(Op.SPLIT):
+                            m.d.sync += walk(ln, 2, 1, 1, 0, 0, 0, 0, 0)
+                    with m.If(op == Op.REQUANT_WIDE):
+                        m.d.comb += wide.start.eq(1)
+                        m.next = "WIDE"
+                    with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
                         m.next = "RQ_TABLE"
                     with m.Else():
                         m.next = "RUN"
@@ -217,7 +238,17 @@ class Elementwise(wiring.Component):
                 with m.If(out_valid):
                     m.d.comb += [wr.addr.eq(ins.c + el), wr.data.eq(out_data), wr.en.eq(1)]
                     m.d.sync += [el.eq(el + 1), at_last.eq(el + 2 == ln)]
-                with m.If(el >= ln):
+                with m.If(el >= results):
                     m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.next = "IDLE"
+            with m.State("WIDE"):   # the scratchpad port is WideRequant's
+                m.d.comb += [self.done.eq(wide.done), self.error.eq(wide.error)]
+                for port in ("rd0", "rd1"):
+                    ours, its = getattr(spad, port), getattr(wide.spad, port)
+                    m.d.comb += [ours.en.eq(its.en), ours.addr.eq(its.addr)]
+                m.d.comb += [wr.en.eq(wide.spad.wr.en), wr.addr.eq(wide.spad.wr.addr), wr.data.eq(wide.spad.wr.data)]
+                with m.If(wide.done):
+                    m.next = "IDLE"
+        m.d.comb += [wide.ins.eq(ins), wide.spad.rd0.data.eq(rd0.data), wide.spad.rd1.data.eq(rd1.data),
+                     wide.spad.blocked.eq(blocked)]
         return m
