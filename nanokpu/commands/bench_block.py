@@ -1,6 +1,7 @@
 """``nanokpu bench-block``: a whole LatentMoE block on the nano-KPU RTL, cycles and utilization.
 
-For each profile (``tiny`` with 8 tokens, per tensor and per channel; ``small`` with 16) one
+For each case of :data:`CASES` (``tiny`` with 8 tokens, ``small`` with 16, each with the
+default per-tensor scheme and issue 26's ``after`` scheme, ``tiny`` per channel too) one
 random block runs on Verilator through the AXI buses
 (:func:`nanokpu.commands.simulate.simulate`, bit-exact checked). Reported: cycles, the ideal
 ``MACs / (rows * cols)`` (every GEMM multiply-accumulate of the block on a fully busy array,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from golden.fidelity import AFTER
 from nanokpu.commands import DOCS
 from nanokpu.commands.args import out_file, seed
 from nanokpu.commands.progress import add_quiet
@@ -23,14 +25,17 @@ from nanokpu.config import profile
 from nanokpu.isa import EXECUTORS
 
 DOC = DOCS / "bench" / "block.md"
-#: (profile, tokens, KpuConfig.weight_scales): the same design, per-channel scales another program
-#: (``small`` per channel fits 4 tokens: its resident tables, see docs/fidelity.md)
-CASES = (("tiny", 8, "tensor"), ("tiny", 8, "channel"), ("small", 16, "tensor"))
+#: The quantisation schemes measured (docs/fidelity.md): KpuConfig fields over the profile's
+SCHEMES = {"": {}, "per-channel": {"weight_scales": "channel"}, "after": AFTER}
+#: (profile, tokens, scheme): one design, each scheme another program (``after`` also another
+#: router requantiser's and sigmoid's widths: the 16-bit router, Q20.16 logits, per-channel scales)
+CASES = (("tiny", 8, ""), ("tiny", 8, "per-channel"), ("tiny", 8, "after"), ("small", 16, ""),
+         ("small", 16, "after"))
 
 
-def label(cfg) -> str:
-    """The profile's name, with ``per-channel`` when its GEMMs are requantised per column."""
-    return cfg.name + (" per-channel" if cfg.weight_scales == "channel" else "")
+def label(name: str, scheme: str) -> str:
+    """The profile's name, and the scheme's unless it is the default."""
+    return f"{name} {scheme}".strip()
 
 
 def add_arguments(parser) -> None:
@@ -67,7 +72,7 @@ def table(rows: list[tuple]) -> str:
     for cfg, r in rows:
         ideal = r["macs"] / (cfg.rows * cfg.cols)
         lines.append(
-            f"| {label(cfg)} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
+            f"| {r['label']} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
             f"{r['macs']} | {ideal:.0f} | {ideal / r['cycles']:.1%} | "
             + " | ".join(f"{r[u] / r['cycles']:.1%}" for u in EXECUTORS)
             + f" | {r['tile_cycles']} | {r['rows_used']:.1%}"
@@ -96,7 +101,7 @@ def roofline_table(rows: list[tuple]) -> str:
     for cfg, r in rows:
         name, bound = roofline(cfg, r)
         ideal = r["macs"] / (cfg.rows * cfg.cols)
-        lines.append(f"| {label(cfg)} | {r['cycles']} | {bound} | {name} | {ideal / bound:.1%} | "
+        lines.append(f"| {r['label']} | {r['cycles']} | {bound} | {name} | {ideal / bound:.1%} | "
                      f"{bound / r['cycles']:.1%} | "
                      + " | ".join(f"{sum(r[u] for u in units) / r['cycles']:.1%}" for units in COMPONENTS.values())
                      + " |")
@@ -120,9 +125,9 @@ def speed_table(rows: list[tuple]) -> str:
     lines = ["| profile | cycles | AXI4 data beats per cycle | cocotb cycles/s | C++ harness cycles/s | "
              "cocotb / harness | same cycles, registers and host memory |",
              "|---|---:|---:|---:|---:|---:|---|"]
-    for cfg, r in rows:
+    for _cfg, r in rows:
         s = r["speed"]
-        lines.append(f"| {label(cfg)} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
+        lines.append(f"| {r['label']} | {s['cycles']} | {s['beats'] / s['raw']['clocks']:.2f} | "
                      f"{s['cocotb']['cycles_per_s']:,.0f} | {s['raw']['cycles_per_s']:,.0f} | {s['ratio']:.1%} | yes |")
     return "\n".join(lines)
 
@@ -195,7 +200,7 @@ def decomposition(rows: list[tuple]) -> str:
         t = r["tile_cycles"] / r["gemm"]
         u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
         ctrl = r["cycles"] - sum(r[unit] for unit in EXECUTORS)
-        lines.append(f"* `{label(cfg)}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
+        lines.append(f"* `{r['label']}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
                      f"{r['rows_used']:.1%} (rows used); the controller {ctrl / r['cycles']:.1%} of the "
                      f"cycles, {ctrl / r['instructions']:.1f} per instruction")
     return "\n".join(lines)
@@ -210,25 +215,26 @@ def run(args) -> int:
     cases = [c for c in CASES if c[0] in wanted]
     with Progress(quiet=args.quiet) as progress:
         progress.start(len(cases), "blocks")
-        for name, tokens, scales in cases:
-            cfg = profile(name, weight_scales=scales)
+        for name, tokens, scheme in cases:
+            cfg = profile(name, **SCHEMES[scheme])
+            tag = label(name, scheme)
             with tempfile.TemporaryDirectory() as tmp:
-                with progress.stage(f"[bench-block] {label(cfg)}: {tokens} tokens"):
+                with progress.stage(f"[bench-block] {tag}: {tokens} tokens"):
                     r = simulate(cfg, tokens, args.seed, progress=False, replay=Path(tmp))
                 if not r.get("bit_exact"):
                     progress.close()
-                    print(f"[bench-block] {label(cfg)}: NOT bit-exact: {r.get('failure')}")
+                    print(f"[bench-block] {tag}: NOT bit-exact: {r.get('failure')}")
                     return 1
                 try:
-                    with progress.stage(f"[bench-block] {label(cfg)}: the same run on the C++ harness"):
+                    with progress.stage(f"[bench-block] {tag}: the same run on the C++ harness"):
                         r["speed"] = replay(Path(tmp), Path(r["build"]))
                 except ReplayMismatch as exc:
                     progress.close()
-                    print(f"[bench-block] {label(cfg)}: the C++ harness diverged from the cocotb run: {exc}")
+                    print(f"[bench-block] {tag}: the C++ harness diverged from the cocotb run: {exc}")
                     return 1
-            r.update(gemm_tiles(cfg, tokens, args.seed))
+            r.update(gemm_tiles(cfg, tokens, args.seed), label=tag)
             rows.append((cfg, r))
-            progress.advance(f"{label(cfg)}: {r['cycles']:,} cycles")
+            progress.advance(f"{tag}: {r['cycles']:,} cycles")
     text = table(rows)
     speeds = speed_table(rows)
     roof = roofline_table(rows)

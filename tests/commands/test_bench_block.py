@@ -3,7 +3,15 @@
 import numpy as np
 
 from golden.block import random_block
-from nanokpu.commands.bench_block import decomposition, gemm_tiles, roofline, roofline_table
+from nanokpu.commands.bench_block import (
+    CASES,
+    SCHEMES,
+    decomposition,
+    gemm_tiles,
+    label,
+    roofline,
+    roofline_table,
+)
 from nanokpu.commands.simulate import format_summary
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block
@@ -24,10 +32,18 @@ def test_gemm_tiles_bound_the_macs():
 def test_decomposition_multiplies_out():
     cfg = profile("tiny")
     r = {"cycles": 1000, "gemm": 400, "tile_cycles": 200, "macs": 2400, "rows_used": 2400 / (200 * 16),
-         "instructions": 10, "dma": 100, "act": 50, "route": 50, "vector": 300, "move": 50}
+         "instructions": 10, "dma": 100, "act": 50, "route": 50, "vector": 300, "move": 50, "label": "tiny"}
     line = decomposition([(cfg, r)])
     assert "15.0% = 40.0% (GEMM busy) x 50.0% (tile steps) x 75.0% (rows used)" in line
     assert "the controller 5.0% of the cycles, 5.0 per instruction" in line
+
+
+def test_cases_name_their_schemes():
+    """Every case's scheme is a KpuConfig over its profile; the default scheme adds no words."""
+    assert {label(name, scheme) for name, _, scheme in CASES} >= {"tiny", "tiny after", "small"}
+    for name, _, scheme in CASES:
+        cfg = profile(name, **SCHEMES[scheme])
+        assert (cfg.router_operand_width == 16) == (scheme == "after")
 
 
 def test_summary_of_a_failed_run_says_no():
@@ -39,7 +55,7 @@ def test_roofline_is_the_busiest_executor():
     """act and vector are one executor (they cannot overlap): their cycles add up."""
     cfg = profile("tiny")
     r = {"cycles": 1000, "macs": 3200, "dma": 100, "gemm": 250, "act": 150, "route": 50, "vector": 200,
-         "move": 50}
+         "move": 50, "label": "tiny"}
     assert roofline(cfg, r) == ("element-wise", 350)
     row = roofline_table([(cfg, r)]).splitlines()[-1]
     assert row.startswith("| tiny | 1000 | 350 | element-wise | 57.1% | 35.0% |")
