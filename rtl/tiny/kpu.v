@@ -993,7 +993,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .error(dma__error),
     .\port$381$0 (\$149 ),
-    .\port$3887$254 (cur[269:254]),
+    .\port$3885$254 (cur[269:254]),
     .\port$399$0 (\$150 ),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
@@ -1197,7 +1197,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3889$0 (running_exec),
+    .\port$3887$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4811,7 +4811,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$3887$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3885$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4952,8 +4952,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [4:0] \n$22 ;
   output [5:0] \port$381$0 ;
   wire [5:0] \port$381$0 ;
-  input [15:0] \port$3887$254 ;
-  wire [15:0] \port$3887$254 ;
+  input [15:0] \port$3885$254 ;
+  wire [15:0] \port$3885$254 ;
   output [5:0] \port$399$0 ;
   wire [5:0] \port$399$0 ;
   reg [24:0] r_out = 25'h0000000;
@@ -5120,7 +5120,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3887$254  };
+      \$74  = { 8'h00, \port$3885$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5156,7 +5156,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3887$254  };
+      \$77  = { 8'h00, \port$3885$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5201,9 +5201,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3887$254  };
+  assign rd_beats = { 8'h00, \port$3885$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3887$254  };
+  assign wr_beats = { 8'h00, \port$3885$254  };
   assign \port$381$0  = \$9 ;
   assign \port$399$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5944,9 +5944,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4935$0 (\$signal ),
-    .\port$5248$0 (spad__rd0__data),
-    .\port$5250$0 (spad__rd1__data),
+    .\port$4933$0 (\$signal ),
+    .\port$5246$0 (spad__rd0__data),
+    .\port$5248$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9715,7 +9715,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4935$0 , level, \port$5248$0 , \port$5250$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4933$0 , level, \port$5246$0 , \port$5248$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9740,12 +9740,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$4935$0 ;
-  wire \port$4935$0 ;
+  input \port$4933$0 ;
+  wire \port$4933$0 ;
+  input [31:0] \port$5246$0 ;
+  wire [31:0] \port$5246$0 ;
   input [31:0] \port$5248$0 ;
   wire [31:0] \port$5248$0 ;
-  input [31:0] \port$5250$0 ;
-  wire [31:0] \port$5250$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -9778,7 +9778,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$4935$0 , \port$5250$0 , \port$5248$0  };
+      storage[w_port__addr] <= { \port$4933$0 , \port$5248$0 , \port$5246$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -9849,8 +9849,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$4935$0 , \port$5250$0 , \port$5248$0  };
-  assign w_data = { \port$4935$0 , \port$5250$0 , \port$5248$0  };
+  assign w_port__data = { \port$4933$0 , \port$5248$0 , \port$5246$0  };
+  assign w_data = { \port$4933$0 , \port$5248$0 , \port$5246$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -12580,10 +12580,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$77 ),
-    .\port$4150$0 (pack[7:0]),
-    .\port$4150$24 (pack[31:24]),
-    .\port$4150$48 (pack[55:48]),
-    .\port$4150$72 (pack[79:72]),
+    .\port$4148$0 (pack[7:0]),
+    .\port$4148$24 (pack[31:24]),
+    .\port$4148$48 (pack[55:48]),
+    .\port$4148$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -13770,8 +13770,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, a_in__valid, col_wr__addr, \port$4150$0 , \port$4150$24 , \port$4150$48 
-, \port$4150$72 , col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, a_in__valid, col_wr__addr, \port$4148$0 , \port$4148$24 , \port$4148$48 
+, \port$4148$72 , col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -14272,14 +14272,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4150$0 ;
-  wire [7:0] \port$4150$0 ;
-  input [7:0] \port$4150$24 ;
-  wire [7:0] \port$4150$24 ;
-  input [7:0] \port$4150$48 ;
-  wire [7:0] \port$4150$48 ;
-  input [7:0] \port$4150$72 ;
-  wire [7:0] \port$4150$72 ;
+  input [7:0] \port$4148$0 ;
+  wire [7:0] \port$4148$0 ;
+  input [7:0] \port$4148$24 ;
+  wire [7:0] \port$4148$24 ;
+  input [7:0] \port$4148$48 ;
+  wire [7:0] \port$4148$48 ;
+  input [7:0] \port$4148$72 ;
+  wire [7:0] \port$4148$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -14902,7 +14902,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4150$72 , \port$4150$48 , \port$4150$24 , \port$4150$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -16955,8 +16955,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4150$72 , \port$4150$48 , \port$4150$24 , \port$4150$0  };
-  assign a_in__payload = { \port$4150$72 , \port$4150$48 , \port$4150$24 , \port$4150$0  };
+  assign \$signature__data  = { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
+  assign a_in__payload = { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -17052,14 +17052,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4150$0 ;
-  assign \$signature__data[1]  = \port$4150$24 ;
-  assign \$signature__data[2]  = \port$4150$48 ;
-  assign \$signature__data[3]  = \port$4150$72 ;
-  assign \a_in__payload[0]  = \port$4150$0 ;
-  assign \a_in__payload[1]  = \port$4150$24 ;
-  assign \a_in__payload[2]  = \port$4150$48 ;
-  assign \a_in__payload[3]  = \port$4150$72 ;
+  assign \$signature__data[0]  = \port$4148$0 ;
+  assign \$signature__data[1]  = \port$4148$24 ;
+  assign \$signature__data[2]  = \port$4148$48 ;
+  assign \$signature__data[3]  = \port$4148$72 ;
+  assign \a_in__payload[0]  = \port$4148$0 ;
+  assign \a_in__payload[1]  = \port$4148$24 ;
+  assign \a_in__payload[2]  = \port$4148$48 ;
+  assign \a_in__payload[3]  = \port$4148$72 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -25984,62 +25984,61 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
+module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__valid, routes__ready, scores__payload, spad__rd0__data
 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
-  reg \$100 ;
-  reg [12:0] \$101 ;
-  reg [12:0] \$102 ;
-  reg \$103 ;
+  reg [12:0] \$100 ;
+  reg \$101 ;
+  reg \$102 ;
+  reg [1:0] \$103 ;
   reg \$104 ;
-  reg [1:0] \$105 ;
+  reg \$105 ;
   reg \$106 ;
   reg \$107 ;
-  reg \$108 ;
-  reg [12:0] \$109 ;
+  reg [12:0] \$108 ;
+  reg [19:0] \$109 ;
   wire \$11 ;
-  reg [19:0] \$110 ;
+  reg [13:0] \$110 ;
   reg [13:0] \$111 ;
   reg [13:0] \$112 ;
   reg [13:0] \$113 ;
-  reg [13:0] \$114 ;
-  reg \$115 ;
-  reg [2:0] \$116 ;
-  reg [13:0] \$117 ;
+  reg \$114 ;
+  reg [2:0] \$115 ;
+  reg [13:0] \$116 ;
   wire \$12 ;
   wire [13:0] \$13 ;
   wire \$14 ;
   wire \$15 ;
-  wire \$16 ;
-  wire [13:0] \$17 ;
-  wire \$18 ;
-  wire [13:0] \$19 ;
+  wire [13:0] \$16 ;
+  wire \$17 ;
+  wire [13:0] \$18 ;
+  wire [14:0] \$19 ;
   wire [13:0] \$2 ;
   wire [14:0] \$20 ;
-  wire [14:0] \$21 ;
-  wire [15:0] \$22 ;
-  wire [16:0] \$23 ;
-  wire [17:0] \$24 ;
-  wire [18:0] \$25 ;
-  wire [15:0] \$26 ;
-  wire [16:0] \$27 ;
-  wire [17:0] \$28 ;
-  wire \$29 ;
+  wire [15:0] \$21 ;
+  wire [16:0] \$22 ;
+  wire [17:0] \$23 ;
+  wire [18:0] \$24 ;
+  wire [15:0] \$25 ;
+  wire [16:0] \$26 ;
+  wire [17:0] \$27 ;
+  wire \$28 ;
+  wire [14:0] \$29 ;
   wire \$3 ;
-  wire [14:0] \$30 ;
-  wire [15:0] \$31 ;
-  wire [16:0] \$32 ;
-  wire [17:0] \$33 ;
-  wire [18:0] \$34 ;
-  wire [14:0] \$35 ;
-  wire [15:0] \$36 ;
-  wire [16:0] \$37 ;
-  wire [17:0] \$38 ;
-  wire [18:0] \$39 ;
+  wire [15:0] \$30 ;
+  wire [16:0] \$31 ;
+  wire [17:0] \$32 ;
+  wire [18:0] \$33 ;
+  wire [14:0] \$34 ;
+  wire [15:0] \$35 ;
+  wire [16:0] \$36 ;
+  wire [17:0] \$37 ;
+  wire [18:0] \$38 ;
+  wire [19:0] \$39 ;
   wire \$4 ;
-  wire [19:0] \$40 ;
+  wire \$40 ;
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
@@ -26051,8 +26050,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$49 ;
   wire [4:0] \$5 ;
   wire \$50 ;
-  wire \$51 ;
-  wire [4:0] \$52 ;
+  wire [4:0] \$51 ;
+  wire \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
@@ -26062,15 +26061,15 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$61 ;
-  wire [1:0] \$62 ;
-  wire [4:0] \$63 ;
-  wire [12:0] \$64 ;
+  wire [1:0] \$61 ;
+  wire [4:0] \$62 ;
+  wire [12:0] \$63 ;
+  wire \$64 ;
   wire \$65 ;
   wire \$66 ;
-  wire \$67 ;
-  wire [14:0] \$68 ;
-  wire [13:0] \$69 ;
+  wire [14:0] \$67 ;
+  wire [13:0] \$68 ;
+  wire \$69 ;
   wire \$7 ;
   wire \$70 ;
   wire \$71 ;
@@ -26079,31 +26078,31 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire [14:0] \$79 ;
+  wire [14:0] \$77 ;
+  wire [13:0] \$78 ;
+  wire [2:0] \$79 ;
   wire \$8 ;
-  wire [13:0] \$80 ;
-  wire [2:0] \$81 ;
-  wire \$82 ;
-  wire [14:0] \$83 ;
-  wire [4:0] \$84 ;
-  wire [4:0] \$85 ;
-  wire \$86 ;
+  wire \$80 ;
+  wire [14:0] \$81 ;
+  wire [4:0] \$82 ;
+  wire [4:0] \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire [14:0] \$86 ;
   wire \$87 ;
   wire [14:0] \$88 ;
-  wire \$89 ;
+  wire [1:0] \$89 ;
   wire \$9 ;
   wire [14:0] \$90 ;
-  wire [1:0] \$91 ;
-  wire [14:0] \$92 ;
-  wire \$93 ;
-  reg [3:0] \$94 ;
-  reg [3:0] \$95 ;
-  reg [13:0] \$96 ;
-  reg [13:0] \$97 ;
-  reg [3:0] \$98 ;
-  reg \$99 ;
+  wire \$91 ;
+  reg [3:0] \$92 ;
+  reg [3:0] \$93 ;
+  reg [13:0] \$94 ;
+  reg [13:0] \$95 ;
+  reg [3:0] \$96 ;
+  reg \$97 ;
+  reg \$98 ;
+  reg [12:0] \$99 ;
   reg [2:0] \$signature__addr ;
   wire [13:0] \$signature__data ;
   output [2:0] bias__addr;
@@ -26170,9 +26169,11 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \routes__payload.last ;
   wire [15:0] \routes__payload.weight ;
   output routes__ready;
-  reg routes__ready;
+  reg routes__ready = 1'h0;
   input routes__valid;
   wire routes__valid;
+  (* init = 1'h0 *)
+  wire rready;
   input rst;
   wire rst;
   reg [1:0] s = 2'h0;
@@ -26182,7 +26183,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   input scores__ready;
   wire scores__ready;
   output scores__valid;
-  reg scores__valid;
+  reg scores__valid = 1'h0;
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
@@ -26204,7 +26205,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   input unit_rst;
   wire unit_rst;
   reg wphase = 1'h0;
-  reg wvalid = 1'h0;
+  (* init = 1'h0 *)
+  wire wvalid;
   reg [13:0] ctr [7:0];
   initial begin
     ctr[0] = 14'h0000;
@@ -26230,134 +26232,134 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   assign \$3  = j < 4'h8;
   assign \$4  = | j;
   assign \$5  = j - 1'h1;
-  assign \$6  = ~ wvalid;
+  assign \$6  = ~ scores__valid;
   assign \$7  = ~ feed_done;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = lane < 1'h1;
   assign \$10  = \$8  & \$9 ;
   assign \$13  = tbase + el;
-  assign \$14  = ~ hold;
-  assign \$15  = ~ wphase;
-  assign \$16  = hold & \$15 ;
-  assign \$17  = tslot + s;
-  assign \$18  = hold & wphase;
-  assign \$19  = tslot + s;
-  assign \$20  = \$19  + \$1 [13:0];
-  assign \$21  = \$signature__data  + 1'h1;
-  assign \$22  = 2'h2 * \$1 [13:0];
-  assign \$23  = ins[60:48] + \$22 ;
-  assign \$24  = \$23  + 4'h8;
-  assign \$25  = \$24  + j;
-  assign \$26  = 2'h2 * \$1 [13:0];
-  assign \$27  = ins[60:48] + \$26 ;
-  assign \$28  = \$27  + j;
-  assign \$30  = ins[60:48] + p;
-  assign \$31  = 2'h2 * \$1 [13:0];
-  assign \$32  = ins[60:48] + \$31 ;
-  assign \$33  = \$32  + 5'h10;
-  assign \$34  = \$33  + \$signature__data ;
-  assign \$35  = \$signature__data  + 1'h1;
-  assign \$36  = 2'h2 * \$1 [13:0];
-  assign \$37  = ins[60:48] + \$36 ;
-  assign \$38  = \$37  + 5'h10;
-  assign \$39  = \$38  + \$1 [13:0];
-  assign \$40  = \$39  + pos;
-  assign \$41  = ! fsm_state;
-  assign \$42  = fsm_state == 1'h1;
-  assign \$43  = fsm_state == 2'h2;
-  assign \$44  = fsm_state == 2'h3;
-  assign \$45  = fsm_state == 3'h4;
-  assign \$46  = fsm_state == 3'h5;
-  assign \$47  = fsm_state == 3'h6;
-  assign \$48  = fsm_state == 3'h7;
-  assign \$49  = fsm_state == 4'h8;
-  assign \$50  = fsm_state == 4'h9;
-  assign \$51  = fsm_state == 4'ha;
-  assign \$52  = j + 1'h1;
-  assign \$53  = j == 4'h8;
-  assign \$54  = ~ wvalid;
-  assign \$55  = ~ feed_done;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = lane < 1'h1;
-  assign \$58  = \$56  & \$57 ;
-  assign \$61  = el < 4'h8;
-  assign \$62  = lane + 1'h1;
-  assign \$63  = el + 1'h1;
-  assign \$64  = cap_ok ? spad__rd0__data[12:0] : 13'h0000;
-  assign \$66  = scores__valid & scores__ready;
-  assign \$67  = el >= 4'h8;
-  assign \$68  = feed_left - 1'h1;
-  assign \$69  = tbase + 4'h8;
-  assign \$70  = | feed_left[13:1];
-  assign \$71  = ~ \$70 ;
-  assign \$72  = ~ hold;
-  assign \$73  = routes__valid & \$72 ;
-  assign \$74  = ~ wphase;
-  assign \$75  = hold & \$74 ;
-  assign \$76  = hold & wphase;
-  assign \$77  = s == 1'h1;
-  assign \$78  = held[19] | \$77 ;
-  assign \$79  = route_left - 1'h1;
-  assign \$80  = tslot + 2'h2;
-  assign \$81  = s + 1'h1;
-  assign \$82  = ! route_left;
-  assign \$83  = off + \$signature__data ;
-  assign \$84  = j + 1'h1;
-  assign \$85  = j + 1'h1;
-  assign \$86  = \$85  < 4'h8;
-  assign \$88  = p + 1'h1;
-  assign \$90  = pt + 1'h1;
-  assign \$91  = ps + 1'h1;
-  assign \$92  = p + 1'h1;
-  assign \$93  = \$92  == \$1 [13:0];
+  assign \$14  = ~ wphase;
+  assign \$15  = hold & \$14 ;
+  assign \$16  = tslot + s;
+  assign \$17  = hold & wphase;
+  assign \$18  = tslot + s;
+  assign \$19  = \$18  + \$1 [13:0];
+  assign \$20  = \$signature__data  + 1'h1;
+  assign \$21  = 2'h2 * \$1 [13:0];
+  assign \$22  = ins[60:48] + \$21 ;
+  assign \$23  = \$22  + 4'h8;
+  assign \$24  = \$23  + j;
+  assign \$25  = 2'h2 * \$1 [13:0];
+  assign \$26  = ins[60:48] + \$25 ;
+  assign \$27  = \$26  + j;
+  assign \$29  = ins[60:48] + p;
+  assign \$30  = 2'h2 * \$1 [13:0];
+  assign \$31  = ins[60:48] + \$30 ;
+  assign \$32  = \$31  + 5'h10;
+  assign \$33  = \$32  + \$signature__data ;
+  assign \$34  = \$signature__data  + 1'h1;
+  assign \$35  = 2'h2 * \$1 [13:0];
+  assign \$36  = ins[60:48] + \$35 ;
+  assign \$37  = \$36  + 5'h10;
+  assign \$38  = \$37  + \$1 [13:0];
+  assign \$39  = \$38  + pos;
+  assign \$40  = ! fsm_state;
+  assign \$41  = fsm_state == 1'h1;
+  assign \$42  = fsm_state == 2'h2;
+  assign \$43  = fsm_state == 2'h3;
+  assign \$44  = fsm_state == 3'h4;
+  assign \$45  = fsm_state == 3'h5;
+  assign \$46  = fsm_state == 3'h6;
+  assign \$47  = fsm_state == 3'h7;
+  assign \$48  = fsm_state == 4'h8;
+  assign \$49  = fsm_state == 4'h9;
+  assign \$50  = fsm_state == 4'ha;
+  assign \$51  = j + 1'h1;
+  assign \$52  = j == 4'h8;
+  assign \$53  = ~ scores__valid;
+  assign \$54  = ~ feed_done;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = lane < 1'h1;
+  assign \$57  = \$55  & \$56 ;
+  assign \$60  = el < 4'h8;
+  assign \$61  = lane + 1'h1;
+  assign \$62  = el + 1'h1;
+  assign \$63  = cap_ok ? spad__rd0__data[12:0] : 13'h0000;
+  assign \$65  = scores__valid & scores__ready;
+  assign \$66  = el >= 4'h8;
+  assign \$67  = feed_left - 1'h1;
+  assign \$68  = tbase + 4'h8;
+  assign \$69  = | feed_left[13:1];
+  assign \$70  = ~ \$69 ;
+  assign \$71  = routes__valid & routes__ready;
+  assign \$72  = ~ wphase;
+  assign \$73  = hold & \$72 ;
+  assign \$74  = hold & wphase;
+  assign \$75  = s == 1'h1;
+  assign \$76  = held[19] | \$75 ;
+  assign \$77  = route_left - 1'h1;
+  assign \$78  = tslot + 2'h2;
+  assign \$79  = s + 1'h1;
+  assign \$80  = ! route_left;
+  assign \$81  = off + \$signature__data ;
+  assign \$82  = j + 1'h1;
+  assign \$83  = j + 1'h1;
+  assign \$84  = \$83  < 4'h8;
+  assign \$86  = p + 1'h1;
+  assign \$88  = pt + 1'h1;
+  assign \$89  = ps + 1'h1;
+  assign \$90  = p + 1'h1;
+  assign \$91  = \$90  == \$1 [13:0];
   always @(posedge clk)
-    j <= \$94 ;
+    j <= \$92 ;
   always @(posedge clk)
-    fsm_state <= \$95 ;
+    fsm_state <= \$93 ;
   always @(posedge clk)
-    feed_left <= \$96 ;
+    feed_left <= \$94 ;
   always @(posedge clk)
-    route_left <= \$97 ;
+    route_left <= \$95 ;
   always @(posedge clk)
-    el <= \$98 ;
+    el <= \$96 ;
   always @(posedge clk)
-    lane <= \$99 ;
+    lane <= \$97 ;
   always @(posedge clk)
-    wvalid <= \$100 ;
+    scores__valid <= \$98 ;
   always @(posedge clk)
-    tbase <= \$101 ;
+    tbase <= \$99 ;
   always @(posedge clk)
-    tslot <= \$102 ;
+    tslot <= \$100 ;
   always @(posedge clk)
-    feed_done <= \$103 ;
+    feed_done <= \$101 ;
   always @(posedge clk)
-    cap <= \$104 ;
+    cap <= \$102 ;
   always @(posedge clk)
-    s <= \$105 ;
+    s <= \$103 ;
   always @(posedge clk)
-    hold <= \$106 ;
+    hold <= \$104 ;
   always @(posedge clk)
-    wphase <= \$107 ;
+    routes__ready <= \$105 ;
   always @(posedge clk)
-    cap_ok <= \$108 ;
+    wphase <= \$106 ;
   always @(posedge clk)
-    scores__payload <= \$109 ;
+    cap_ok <= \$107 ;
   always @(posedge clk)
-    held <= \$110 ;
+    scores__payload <= \$108 ;
   always @(posedge clk)
-    off <= \$111 ;
+    held <= \$109 ;
   always @(posedge clk)
-    count <= \$112 ;
+    off <= \$110 ;
   always @(posedge clk)
-    p <= \$113 ;
+    count <= \$111 ;
   always @(posedge clk)
-    pt <= \$114 ;
+    p <= \$112 ;
   always @(posedge clk)
-    ps <= \$115 ;
+    pt <= \$113 ;
   always @(posedge clk)
-    idx_q <= \$116 ;
+    ps <= \$114 ;
   always @(posedge clk)
-    pos <= \$117 ;
+    idx_q <= \$115 ;
+  always @(posedge clk)
+    pos <= \$116 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__addr = 13'h0000;
@@ -26377,8 +26379,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h5:
           /* empty */;
       4'h6:
-          if (\$29 ) begin
-            spad__rd0__addr = \$30 [12:0];
+          if (\$28 ) begin
+            spad__rd0__addr = \$29 [12:0];
           end
     endcase
   end
@@ -26401,7 +26403,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h5:
           /* empty */;
       4'h6:
-          if (\$29 ) begin
+          if (\$28 ) begin
             spad__rd0__en = 1'h1;
           end
     endcase
@@ -26415,7 +26417,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__addr = j[2:0];
       4'h2:
-          if (\$18 ) begin
+          if (\$17 ) begin
             c_wr__addr = held[2:0];
           end
       4'h3:
@@ -26441,8 +26443,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__data = 14'h0000;
       4'h2:
-          if (\$18 ) begin
-            c_wr__data = \$21 [13:0];
+          if (\$17 ) begin
+            c_wr__data = \$20 [13:0];
           end
       4'h3:
           /* empty */;
@@ -26455,7 +26457,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h7:
           /* empty */;
       4'h8:
-          c_wr__data = \$35 [13:0];
+          c_wr__data = \$34 [13:0];
     endcase
   end
   always @* begin
@@ -26467,7 +26469,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__en = \$3 ;
       4'h2:
-          if (\$18 ) begin
+          if (\$17 ) begin
             c_wr__en = 1'h1;
           end
       4'h3:
@@ -26522,30 +26524,6 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    scores__valid = 1'h0;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          scores__valid = wvalid;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    routes__ready = 1'h0;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          routes__ready = \$14 ;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26576,27 +26554,27 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
-            spad__wr__addr = \$17 [12:0];
+          if (\$15 ) begin
+            spad__wr__addr = \$16 [12:0];
           end
-          if (\$18 ) begin
-            spad__wr__addr = \$20 [12:0];
+          if (\$17 ) begin
+            spad__wr__addr = \$19 [12:0];
           end
         end
       4'h3:
           /* empty */;
       4'h4:
-          spad__wr__addr = \$25 [12:0];
+          spad__wr__addr = \$24 [12:0];
       4'h5:
-          spad__wr__addr = \$28 [12:0];
+          spad__wr__addr = \$27 [12:0];
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
       4'h8:
-          spad__wr__addr = \$34 [12:0];
+          spad__wr__addr = \$33 [12:0];
       4'h9:
-          spad__wr__addr = \$40 [12:0];
+          spad__wr__addr = \$39 [12:0];
     endcase
   end
   always @* begin
@@ -26609,10 +26587,10 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
+          if (\$15 ) begin
             spad__wr__data = { 29'h00000000, held[2:0] };
           end
-          if (\$18 ) begin
+          if (\$17 ) begin
             spad__wr__data = { 16'h0000, held[18:3] };
           end
         end
@@ -26642,10 +26620,10 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
+          if (\$15 ) begin
             spad__wr__en = 1'h1;
           end
-          if (\$18 ) begin
+          if (\$17 ) begin
             spad__wr__en = 1'h1;
           end
         end
@@ -26723,351 +26701,408 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$94  = j;
+    \$92  = j;
     casez (fsm_state)
       4'h0:
           if (start) begin
-            \$94  = 4'h0;
+            \$92  = 4'h0;
           end
       4'h1:
-          \$94  = \$52 [3:0];
+          \$92  = \$51 [3:0];
       4'h2:
-          if (\$82 ) begin
-            \$94  = 4'h0;
+          if (\$80 ) begin
+            \$92  = 4'h0;
           end
       4'h3:
           /* empty */;
       4'h4:
           /* empty */;
       4'h5:
-          \$94  = \$84 [3:0];
+          \$92  = \$82 [3:0];
     endcase
     if (unit_rst) begin
-      \$94  = 4'h0;
+      \$92  = 4'h0;
     end
     if (rst) begin
-      \$94  = 4'h0;
+      \$92  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$95  = fsm_state;
+    \$93  = fsm_state;
     casez (fsm_state)
       4'h0:
           if (start) begin
-            \$95  = 4'h1;
+            \$93  = 4'h1;
           end
       4'h1:
-          if (\$53 ) begin
-            \$95  = 4'h2;
+          if (\$52 ) begin
+            \$93  = 4'h2;
           end
       4'h2:
-          if (\$82 ) begin
-            \$95  = 4'h3;
+          if (\$80 ) begin
+            \$93  = 4'h3;
           end
       4'h3:
-          \$95  = 4'h4;
+          \$93  = 4'h4;
       4'h4:
-          \$95  = 4'h5;
+          \$93  = 4'h5;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
-            \$95  = 4'h3;
+          if (\$84 ) begin
+            \$93  = 4'h3;
           end else begin
-            \$95  = 4'h6;
+            \$93  = 4'h6;
           end
       4'h6:
-          if (\$87 ) begin
-            \$95  = 4'h7;
+          if (\$85 ) begin
+            \$93  = 4'h7;
           end
       4'h7:
-          \$95  = 4'h8;
+          \$93  = 4'h8;
       4'h8:
-          \$95  = 4'h9;
+          \$93  = 4'h9;
       4'h9:
           (* full_case = 32'd1 *)
-          if (\$93 ) begin
-            \$95  = 4'ha;
+          if (\$91 ) begin
+            \$93  = 4'ha;
           end else begin
-            \$95  = 4'h6;
+            \$93  = 4'h6;
           end
       4'ha:
-          \$95  = 4'h0;
+          \$93  = 4'h0;
     endcase
     if (unit_rst) begin
-      \$95  = 4'h0;
+      \$93  = 4'h0;
     end
     if (rst) begin
-      \$95  = 4'h0;
+      \$93  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$96  = feed_left;
+    \$94  = feed_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$96  = ins[74:61];
+          if (\$52 ) begin
+            \$94  = ins[74:61];
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$96  = \$68 [13:0];
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$94  = \$67 [13:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$96  = 14'h0000;
+      \$94  = 14'h0000;
     end
     if (rst) begin
-      \$96  = 14'h0000;
+      \$94  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$97  = route_left;
+    \$95  = route_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$97  = ins[74:61];
+          if (\$52 ) begin
+            \$95  = ins[74:61];
           end
       4'h2:
-          if (\$76 ) begin
-            if (\$78 ) begin
-              \$97  = \$79 [13:0];
+          if (\$74 ) begin
+            if (\$76 ) begin
+              \$95  = \$77 [13:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$97  = 14'h0000;
+      \$95  = 14'h0000;
     end
     if (rst) begin
-      \$97  = 14'h0000;
+      \$95  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$98  = el;
+    \$96  = el;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$98  = 4'h0;
+          if (\$52 ) begin
+            \$96  = 4'h0;
           end
       4'h2:
         begin
-          if (\$60 ) begin
-            \$98  = \$63 [3:0];
+          if (\$59 ) begin
+            \$96  = \$62 [3:0];
           end
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$98  = 4'h0;
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$96  = 4'h0;
             end
           end
         end
     endcase
     if (unit_rst) begin
-      \$98  = 4'h0;
+      \$96  = 4'h0;
     end
     if (rst) begin
-      \$98  = 4'h0;
+      \$96  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$99  = lane;
+    \$97  = lane;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$99  = 1'h0;
+          if (\$52 ) begin
+            \$97  = 1'h0;
           end
       4'h2:
         begin
-          if (\$60 ) begin
-            \$99  = \$62 [0];
+          if (\$59 ) begin
+            \$97  = \$61 [0];
           end
-          if (\$66 ) begin
-            \$99  = 1'h0;
+          if (\$65 ) begin
+            \$97  = 1'h0;
           end
         end
     endcase
     if (unit_rst) begin
-      \$99  = 1'h0;
+      \$97  = 1'h0;
     end
     if (rst) begin
-      \$99  = 1'h0;
+      \$97  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$100  = wvalid;
+    \$98  = scores__valid;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$100  = 1'h0;
+          if (\$52 ) begin
+            \$98  = 1'h0;
           end
       4'h2:
         begin
           if (cap) begin
-            if (\$65 ) begin
-              \$100  = 1'h1;
+            if (\$64 ) begin
+              \$98  = 1'h1;
             end
           end
-          if (\$66 ) begin
-            \$100  = 1'h0;
+          if (\$65 ) begin
+            \$98  = 1'h0;
           end
         end
     endcase
     if (unit_rst) begin
-      \$100  = 1'h0;
+      \$98  = 1'h0;
     end
     if (rst) begin
-      \$100  = 1'h0;
+      \$98  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$101  = tbase;
+    \$99  = tbase;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$101  = ins[34:22];
+          if (\$52 ) begin
+            \$99  = ins[34:22];
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$101  = \$69 [12:0];
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$99  = \$68 [12:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$101  = 13'h0000;
+      \$99  = 13'h0000;
     end
     if (rst) begin
-      \$101  = 13'h0000;
+      \$99  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$102  = tslot;
+    \$100  = tslot;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$102  = ins[60:48];
+          if (\$52 ) begin
+            \$100  = ins[60:48];
           end
       4'h2:
-          if (\$76 ) begin
-            if (\$78 ) begin
-              \$102  = \$80 [12:0];
+          if (\$74 ) begin
+            if (\$76 ) begin
+              \$100  = \$78 [12:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$102  = 13'h0000;
+      \$100  = 13'h0000;
     end
     if (rst) begin
-      \$102  = 13'h0000;
+      \$100  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$103  = feed_done;
+    \$101  = feed_done;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$103  = 1'h0;
+          if (\$52 ) begin
+            \$101  = 1'h0;
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              if (\$71 ) begin
-                \$103  = 1'h1;
+          if (\$65 ) begin
+            if (\$66 ) begin
+              if (\$70 ) begin
+                \$101  = 1'h1;
               end
             end
           end
     endcase
     if (unit_rst) begin
-      \$103  = 1'h0;
+      \$101  = 1'h0;
     end
     if (rst) begin
-      \$103  = 1'h0;
+      \$101  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$104  = cap;
+    \$102  = cap;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$104  = 1'h0;
+          if (\$52 ) begin
+            \$102  = 1'h0;
           end
       4'h2:
           (* full_case = 32'd1 *)
-          if (\$60 ) begin
-            \$104  = 1'h1;
+          if (\$59 ) begin
+            \$102  = 1'h1;
           end else begin
-            \$104  = 1'h0;
+            \$102  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$104  = 1'h0;
+      \$102  = 1'h0;
     end
     if (rst) begin
-      \$104  = 1'h0;
+      \$102  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$105  = s;
+    \$103  = s;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$105  = 2'h0;
+          if (\$52 ) begin
+            \$103  = 2'h0;
           end
       4'h2:
-          if (\$76 ) begin
+          if (\$74 ) begin
             (* full_case = 32'd1 *)
-            if (\$78 ) begin
-              \$105  = 2'h0;
+            if (\$76 ) begin
+              \$103  = 2'h0;
             end else begin
-              \$105  = \$81 [1:0];
+              \$103  = \$79 [1:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$105  = 2'h0;
+      \$103  = 2'h0;
     end
     if (rst) begin
-      \$105  = 2'h0;
+      \$103  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$106  = hold;
+    \$104  = hold;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
+          if (\$52 ) begin
+            \$104  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (\$71 ) begin
+            \$104  = 1'h1;
+          end
+          if (\$74 ) begin
+            \$104  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$104  = 1'h0;
+    end
+    if (rst) begin
+      \$104  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    \$105  = routes__ready;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$52 ) begin
+            \$105  = 1'h1;
+          end
+      4'h2:
+        begin
+          if (\$71 ) begin
+            \$105  = 1'h0;
+          end
+          if (\$74 ) begin
+            \$105  = 1'h1;
+          end
+          if (\$80 ) begin
+            \$105  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$105  = 1'h0;
+    end
+    if (rst) begin
+      \$105  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    \$106  = wphase;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$52 ) begin
             \$106  = 1'h0;
           end
       4'h2:
@@ -27075,7 +27110,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           if (\$73 ) begin
             \$106  = 1'h1;
           end
-          if (\$76 ) begin
+          if (\$74 ) begin
             \$106  = 1'h0;
           end
         end
@@ -27089,23 +27124,16 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$107  = wphase;
+    \$107  = cap_ok;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$107  = 1'h0;
-          end
+          /* empty */;
       4'h2:
-        begin
-          if (\$75 ) begin
-            \$107  = 1'h1;
+          if (\$59 ) begin
+            \$107  = \$60 ;
           end
-          if (\$76 ) begin
-            \$107  = 1'h0;
-          end
-        end
     endcase
     if (unit_rst) begin
       \$107  = 1'h0;
@@ -27116,27 +27144,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$108  = cap_ok;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          if (\$60 ) begin
-            \$108  = \$61 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$108  = 1'h0;
-    end
-    if (rst) begin
-      \$108  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$109  = scores__payload;
+    \$108  = scores__payload;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -27144,52 +27152,74 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
           if (cap) begin
-            \$109  = \$64 ;
+            \$108  = \$63 ;
           end
     endcase
     if (unit_rst) begin
-      \$109  = 13'h0000;
+      \$108  = 13'h0000;
     end
     if (rst) begin
-      \$109  = 13'h0000;
+      \$108  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$110  = held;
+    \$109  = held;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           /* empty */;
       4'h2:
-          if (\$73 ) begin
-            \$110  = routes__payload;
+          if (\$71 ) begin
+            \$109  = routes__payload;
           end
     endcase
     if (unit_rst) begin
-      \$110  = 20'h00000;
+      \$109  = 20'h00000;
     end
     if (rst) begin
-      \$110  = 20'h00000;
+      \$109  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$111  = off;
+    \$110  = off;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           /* empty */;
       4'h2:
-          if (\$82 ) begin
-            \$111  = 14'h0000;
+          if (\$80 ) begin
+            \$110  = 14'h0000;
           end
       4'h3:
           /* empty */;
       4'h4:
-          \$111  = \$83 [13:0];
+          \$110  = \$81 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$110  = 14'h0000;
+    end
+    if (rst) begin
+      \$110  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    \$111  = count;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          \$111  = \$signature__data ;
     endcase
     if (unit_rst) begin
       \$111  = 14'h0000;
@@ -27200,29 +27230,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$112  = count;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          \$112  = \$signature__data ;
-    endcase
-    if (unit_rst) begin
-      \$112  = 14'h0000;
-    end
-    if (rst) begin
-      \$112  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$113  = p;
+    \$112  = p;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -27236,7 +27244,43 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$84 ) begin
+          end else begin
+            \$112  = 14'h0000;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$112  = \$86 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$112  = 14'h0000;
+    end
+    if (rst) begin
+      \$112  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    \$113  = pt;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$84 ) begin
           end else begin
             \$113  = 14'h0000;
           end
@@ -27247,7 +27291,9 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h8:
           /* empty */;
       4'h9:
-          \$113  = \$88 [13:0];
+          if (\$87 ) begin
+            \$113  = \$88 [13:0];
+          end
     endcase
     if (unit_rst) begin
       \$113  = 14'h0000;
@@ -27258,7 +27304,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$114  = pt;
+    \$114  = ps;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -27272,47 +27318,9 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$84 ) begin
           end else begin
-            \$114  = 14'h0000;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$89 ) begin
-            \$114  = \$90 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$114  = 14'h0000;
-    end
-    if (rst) begin
-      \$114  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$115  = ps;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else begin
-            \$115  = 1'h0;
+            \$114  = 1'h0;
           end
       4'h6:
           /* empty */;
@@ -27322,22 +27330,22 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h9:
           (* full_case = 32'd1 *)
-          if (\$89 ) begin
-            \$115  = 1'h0;
+          if (\$87 ) begin
+            \$114  = 1'h0;
           end else begin
-            \$115  = \$91 [0];
+            \$114  = \$89 [0];
           end
     endcase
     if (unit_rst) begin
-      \$115  = 1'h0;
+      \$114  = 1'h0;
     end
     if (rst) begin
-      \$115  = 1'h0;
+      \$114  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$116  = idx_q;
+    \$115  = idx_q;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -27354,18 +27362,18 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h6:
           /* empty */;
       4'h7:
-          \$116  = spad__rd0__data[2:0];
+          \$115  = spad__rd0__data[2:0];
     endcase
     if (unit_rst) begin
-      \$116  = 3'h0;
+      \$115  = 3'h0;
     end
     if (rst) begin
-      \$116  = 3'h0;
+      \$115  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$117  = pos;
+    \$116  = pos;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -27384,17 +27392,19 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h7:
           /* empty */;
       4'h8:
-          \$117  = \$signature__data ;
+          \$116  = \$signature__data ;
     endcase
     if (unit_rst) begin
-      \$117  = 14'h0000;
+      \$116  = 14'h0000;
     end
     if (rst) begin
-      \$117  = 14'h0000;
+      \$116  = 14'h0000;
     end
   end
   assign tk = \$1 [13:0];
   assign pack = scores__payload;
+  assign wvalid = scores__valid;
+  assign rready = routes__ready;
   assign spad__blocked = 1'h0;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
@@ -27422,12 +27432,12 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   assign \routes__payload.last  = routes__payload[19];
   assign \$11  = 1'h1;
   assign \$12  = \$10 ;
-  assign \$29  = 1'h1;
-  assign \$59  = 1'h1;
-  assign \$60  = \$58 ;
-  assign \$65  = 1'h1;
-  assign \$87  = 1'h1;
-  assign \$89  = ps;
+  assign \$28  = 1'h1;
+  assign \$58  = 1'h1;
+  assign \$59  = \$57 ;
+  assign \$64  = 1'h1;
+  assign \$85  = 1'h1;
+  assign \$87  = ps;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28685,7 +28695,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3889$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3887$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -28863,8 +28873,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3889$0 ;
-  wire [4:0] \port$3889$0 ;
+  input [4:0] \port$3887$0 ;
+  wire [4:0] \port$3887$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -28877,64 +28887,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3889$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3887$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3889$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3887$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3889$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3889$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3887$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3887$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3889$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3887$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3889$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3887$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3889$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3887$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4], \port$3889$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3889$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3887$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3889$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3887$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3889$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3887$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3889$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3887$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3889$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3887$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0], \port$3889$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1], \port$3889$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2], \port$3889$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3], \port$3889$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -28949,7 +28959,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3889$0 , \port$2$0  };
+  assign select = { \port$3887$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
