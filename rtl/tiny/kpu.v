@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4651$254 (cur[269:254]),
+    .\port$4657$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1065,7 +1065,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$68 (\done$284 ),
+    .\done$75 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1209,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4653$0 (running_exec),
+    .\port$4659$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4777,9 +4777,9 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$90  = \$89 ;
   assign { \$92 [9:4], \$92 [2:0] } = 9'h000;
   assign \$92 [3] = ins[9];
-  assign \$94  = { 3'h0, ins[63:48], 4'h0 };
   assign { \$93 [9:3], \$93 [1:0] } = 9'h000;
   assign \$93 [2] = ins[8];
+  assign \$94  = { 3'h0, ins[63:48], 4'h0 };
   assign \$96  = { ins[63:48], 1'h0 };
   assign \$97  = ins[8];
   assign { \$100 [9:3], \$100 [1:0] } = 9'h000;
@@ -4925,7 +4925,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4651$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4657$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5068,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4651$254 ;
-  wire [15:0] \port$4651$254 ;
+  input [15:0] \port$4657$254 ;
+  wire [15:0] \port$4657$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4651$254  };
+      \$74  = { 8'h00, \port$4657$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4651$254  };
+      \$77  = { 8'h00, \port$4657$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5315,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4651$254  };
+  assign rd_beats = { 8'h00, \port$4657$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4651$254  };
+  assign wr_beats = { 8'h00, \port$4657$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6125,9 +6125,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5690$0 (\$signal ),
-    .\port$6103$0 (spad__rd0__data),
-    .\port$6105$0 (spad__rd1__data),
+    .\port$5705$0 (\$signal ),
+    .\port$6118$0 (spad__rd0__data),
+    .\port$6120$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10088,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5690$0 , level, \port$6103$0 , \port$6105$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5705$0 , level, \port$6118$0 , \port$6120$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5690$0 ;
-  wire \port$5690$0 ;
-  input [31:0] \port$6103$0 ;
-  wire [31:0] \port$6103$0 ;
-  input [31:0] \port$6105$0 ;
-  wire [31:0] \port$6105$0 ;
+  input \port$5705$0 ;
+  wire \port$5705$0 ;
+  input [31:0] \port$6118$0 ;
+  wire [31:0] \port$6118$0 ;
+  input [31:0] \port$6120$0 ;
+  wire [31:0] \port$6120$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5690$0 , \port$6105$0 , \port$6103$0  };
+      storage[w_port__addr] <= { \port$5705$0 , \port$6120$0 , \port$6118$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5690$0 , \port$6105$0 , \port$6103$0  };
-  assign w_data = { \port$5690$0 , \port$6105$0 , \port$6103$0  };
+  assign w_port__data = { \port$5705$0 , \port$6120$0 , \port$6118$0  };
+  assign w_data = { \port$5705$0 , \port$6120$0 , \port$6118$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -14536,12 +14536,12 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$68 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$75 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [23:0] \$100 ;
+  wire \$100 ;
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
@@ -14551,54 +14551,54 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [5:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
   wire \$113 ;
-  wire \$114 ;
+  wire [23:0] \$114 ;
   wire \$115 ;
   wire \$116 ;
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire [31:0] \$12 ;
+  wire \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire [23:0] \$125 ;
-  wire [23:0] \$126 ;
-  wire [23:0] \$127 ;
-  wire [23:0] \$128 ;
-  wire [23:0] \$129 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire \$128 ;
+  wire \$129 ;
   wire \$13 ;
-  wire [23:0] \$130 ;
-  wire [16:0] \$131 ;
-  wire [17:0] \$132 ;
-  wire [16:0] \$133 ;
-  wire [17:0] \$134 ;
-  wire [18:0] \$135 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
   wire \$136 ;
   wire \$137 ;
   wire \$138 ;
-  wire \$139 ;
-  wire [5:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
+  wire [23:0] \$139 ;
+  wire [3:0] \$14 ;
+  wire [23:0] \$140 ;
+  wire [23:0] \$141 ;
+  wire [23:0] \$142 ;
+  wire [23:0] \$143 ;
+  wire [23:0] \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire [13:0] \$147 ;
-  wire [9:0] \$148 ;
-  wire \$149 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire [13:0] \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
-  wire [9:0] \$152 ;
+  wire \$152 ;
   wire \$153 ;
   wire \$154 ;
   wire \$155 ;
@@ -14612,153 +14612,160 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire [3:0] \$165 ;
-  wire [13:0] \$166 ;
+  wire [13:0] \$165 ;
+  wire [9:0] \$166 ;
   wire \$167 ;
-  wire \$168 ;
+  wire [13:0] \$168 ;
   wire \$169 ;
-  wire \$17 ;
+  wire [3:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire \$172 ;
+  wire [9:0] \$172 ;
   wire \$173 ;
   wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
-  wire [7:0] \$177 ;
-  wire \$178 ;
-  wire [7:0] \$179 ;
+  wire [3:0] \$175 ;
+  wire [13:0] \$176 ;
+  wire \$177 ;
+  wire [7:0] \$178 ;
+  wire \$179 ;
   wire \$18 ;
-  wire [13:0] \$180 ;
+  wire [7:0] \$180 ;
   wire [13:0] \$181 ;
-  wire [14:0] \$182 ;
-  wire [13:0] \$183 ;
-  wire [14:0] \$184 ;
-  wire [13:0] \$185 ;
-  wire [14:0] \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [13:0] \$182 ;
+  wire [14:0] \$183 ;
+  wire [13:0] \$184 ;
+  wire [14:0] \$185 ;
+  wire [13:0] \$186 ;
+  wire [14:0] \$187 ;
+  wire [2:0] \$188 ;
+  wire [13:0] \$189 ;
   wire \$19 ;
   wire [2:0] \$190 ;
-  wire [13:0] \$191 ;
-  wire [2:0] \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire [2:0] \$195 ;
-  wire [3:0] \$196 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire [2:0] \$193 ;
+  wire [3:0] \$194 ;
+  wire \$195 ;
+  wire \$196 ;
   wire \$197 ;
-  wire \$198 ;
+  wire [9:0] \$198 ;
   wire \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
   wire [9:0] \$200 ;
-  wire \$201 ;
-  wire [9:0] \$202 ;
-  wire [13:0] \$203 ;
-  wire [13:0] \$204 ;
+  wire [13:0] \$201 ;
+  wire [13:0] \$202 ;
+  wire \$203 ;
+  wire \$204 ;
   wire \$205 ;
   wire \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  wire [14:0] \$209 ;
+  wire [14:0] \$207 ;
+  wire [13:0] \$208 ;
+  wire [13:0] \$209 ;
   wire \$21 ;
-  wire [13:0] \$210 ;
-  wire [13:0] \$211 ;
+  wire [14:0] \$210 ;
+  wire \$211 ;
   wire [14:0] \$212 ;
   wire \$213 ;
-  wire [14:0] \$214 ;
+  wire \$214 ;
   wire \$215 ;
   wire \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire \$220 ;
+  wire [9:0] \$220 ;
   wire \$221 ;
-  wire [9:0] \$222 ;
+  wire \$222 ;
   wire \$223 ;
-  wire \$224 ;
+  wire [9:0] \$224 ;
   wire \$225 ;
-  wire [9:0] \$226 ;
+  wire \$226 ;
   wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
+  wire [8:0] \$228 ;
+  wire [9:0] \$229 ;
   wire \$23 ;
-  wire [8:0] \$230 ;
-  wire [9:0] \$231 ;
+  wire \$230 ;
+  wire \$231 ;
   wire \$232 ;
-  wire [16:0] \$233 ;
-  wire [16:0] \$234 ;
-  wire [17:0] \$235 ;
-  wire [9:0] \$236 ;
-  wire \$237 ;
-  wire [4:0] \$238 ;
-  wire [9:0] \$239 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire [9:0] \$235 ;
+  wire \$236 ;
+  wire [16:0] \$237 ;
+  wire [16:0] \$238 ;
+  wire [17:0] \$239 ;
   wire \$24 ;
-  wire \$240 ;
-  wire [9:0] \$241 ;
-  wire \$242 ;
-  wire \$243 ;
+  wire [9:0] \$240 ;
+  wire \$241 ;
+  wire [3:0] \$242 ;
+  wire [9:0] \$243 ;
   wire \$244 ;
-  wire \$245 ;
+  wire [9:0] \$245 ;
   wire \$246 ;
   wire \$247 ;
-  reg \$248 ;
-  reg \$249 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  reg \$250 ;
-  reg [12:0] \$251 ;
-  reg [8:0] \$252 ;
-  reg [15:0] \$253 ;
-  reg [8:0] \$254 ;
+  wire \$250 ;
+  wire \$251 ;
+  reg \$252 ;
+  reg \$253 ;
+  reg \$254 ;
   reg \$255 ;
-  reg [1:0] \$256 ;
-  reg [2:0] \$257 ;
-  reg [12:0] \$258 ;
-  reg [95:0] \$259 ;
-  wire \$26 ;
-  reg \$260 ;
-  reg [6:0] \$261 ;
-  reg [12:0] \$262 ;
-  reg [13:0] \$263 ;
+  reg \$256 ;
+  reg \$257 ;
+  reg \$258 ;
+  reg [12:0] \$259 ;
+  wire [7:0] \$26 ;
+  reg [8:0] \$260 ;
+  reg \$261 ;
+  reg [15:0] \$262 ;
+  reg [8:0] \$263 ;
   reg \$264 ;
   reg [1:0] \$265 ;
-  reg [12:0] \$266 ;
-  reg \$267 ;
-  reg [8:0] \$268 ;
-  reg [12:0] \$269 ;
+  reg [2:0] \$266 ;
+  reg [12:0] \$267 ;
+  reg [95:0] \$268 ;
+  reg [6:0] \$269 ;
   wire \$27 ;
-  reg [13:0] \$270 ;
-  reg \$271 ;
-  reg [5:0] \$272 ;
-  reg [31:0] \$273 ;
-  reg [5:0] \$274 ;
-  reg \$275 ;
-  reg [4:0] \$276 ;
-  reg [2:0] \$277 ;
-  wire [23:0] \$28 ;
+  reg [12:0] \$270 ;
+  reg [13:0] \$271 ;
+  reg [1:0] \$272 ;
+  reg [12:0] \$273 ;
+  reg \$274 ;
+  reg [8:0] \$275 ;
+  reg [12:0] \$276 ;
+  reg [13:0] \$277 ;
+  reg \$278 ;
+  reg [5:0] \$279 ;
+  wire \$28 ;
+  reg [31:0] \$280 ;
+  reg [5:0] \$281 ;
+  reg \$282 ;
+  reg [3:0] \$283 ;
+  reg [2:0] \$284 ;
   wire \$29 ;
   wire \$3 ;
   wire \$30 ;
-  wire [6:0] \$306 ;
   wire \$31 ;
-  wire \$32 ;
+  wire [14:0] \$32 ;
+  wire [6:0] \$327 ;
   wire \$33 ;
-  wire \$34 ;
+  wire [14:0] \$34 ;
   wire \$35 ;
-  wire [6:0] \$356 ;
   wire \$36 ;
   wire \$37 ;
+  wire [6:0] \$377 ;
   wire \$38 ;
   wire \$39 ;
   wire [5:0] \$4 ;
   wire \$40 ;
-  wire [6:0] \$408 ;
   wire \$41 ;
-  wire [6:0] \$413 ;
-  wire \$42 ;
+  wire [23:0] \$42 ;
+  wire [6:0] \$429 ;
   wire \$43 ;
+  wire [6:0] \$434 ;
   wire \$44 ;
   wire \$45 ;
   wire \$46 ;
@@ -14794,7 +14801,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire [23:0] \$76 ;
+  wire \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
@@ -14809,8 +14816,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [13:0] \$9 ;
-  wire \$90 ;
+  wire [31:0] \$9 ;
+  wire [23:0] \$90 ;
   wire \$91 ;
   wire \$92 ;
   wire \$93 ;
@@ -14820,13 +14827,16 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
+  reg \$signal ;
+  reg \$signal$22 ;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
   wire [7:0] \a_in__payload[2] ;
   wire [7:0] \a_in__payload[3] ;
   wire a_in__ready;
-  reg a_in__valid = 1'h0;
+  (* init = 1'h0 *)
+  wire a_in__valid;
   input [31:0] b_in__payload;
   wire [31:0] b_in__payload;
   wire [7:0] \b_in__payload[0] ;
@@ -14880,12 +14890,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$68 ;
-  reg \done$68 ;
+  output \done$75 ;
+  reg \done$75 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$70 ;
+  wire \error$77 ;
   reg [2:0] fsm_state = 3'h0;
+  reg full_n;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -14896,12 +14907,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg gm_afeed_done = 1'h0;
   reg gm_cap = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
+  reg gm_full = 1'h0;
+  reg gm_go = 1'h0;
   reg [6:0] gm_k = 7'h00;
   reg [2:0] gm_lane = 3'h0;
   reg [13:0] gm_left = 14'h0000;
   reg [12:0] gm_wstart = 13'h0000;
-  (* init = 1'h0 *)
-  wire gm_wvalid;
+  reg gm_wvalid = 1'h0;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -14991,7 +15003,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg t_half = 1'h0;
   reg [8:0] t_left = 9'h000;
   reg [15:0] t_mult = 16'h0000;
-  reg [4:0] t_step = 5'h00;
+  reg t_on = 1'h0;
+  reg [3:0] t_step = 4'h0;
   input unit_rst;
   wire unit_rst;
   reg [5:0] width = 6'h00;
@@ -14999,290 +15012,297 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
   assign \$4  = \$3  ? shift : 6'h00;
-  assign \$5  = | t_left;
-  assign col_hold = \$5  | t_cap;
-  assign \$6  = | t_left;
-  assign \$9  = t_addr + t_half;
-  assign \$10  = t_cap & t_cap_half;
-  assign \$11  = | width;
-  assign \$12  = \$11  ? mult : 32'd1;
-  assign \$13  = | width;
-  assign \$14  = \$13  ? shift : 6'h00;
-  assign \$15  = ~ a_in__valid;
-  assign \$16  = ~ gm_afeed_done;
-  assign \$17  = \$15  & \$16 ;
-  assign \$18  = gm_lane == 3'h4;
-  assign \$19  = ! gm_left[13:3];
-  assign \$20  = gm_lane >= gm_left[2:0];
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = \$18  | \$21 ;
-  assign \$23  = ~ \$22 ;
-  assign \$24  = \$17  & \$23 ;
-  assign \$27  = | width;
-  assign \$306  = gc_lane * 5'h18;
-  assign \$28  = c_out__payload >> \$306 ;
-  assign \$29  = width > 1'h1;
-  assign \$30  = width > 2'h2;
-  assign \$31  = width > 2'h3;
-  assign \$32  = width > 3'h4;
-  assign \$33  = width > 3'h5;
-  assign \$34  = width > 3'h6;
-  assign \$35  = width > 3'h7;
-  assign \$36  = width > 4'h8;
-  assign \$37  = width > 4'h9;
-  assign \$38  = width > 4'ha;
-  assign \$39  = width > 4'hb;
-  assign \$40  = width > 4'hc;
-  assign \$41  = width > 4'hd;
-  assign \$42  = width > 4'he;
-  assign \$43  = width > 4'hf;
-  assign \$44  = width > 5'h10;
-  assign \$45  = width > 5'h11;
-  assign \$46  = width > 5'h12;
-  assign \$47  = width > 5'h13;
-  assign \$48  = width > 5'h14;
-  assign \$49  = width > 5'h15;
-  assign \$50  = width > 5'h16;
-  assign \$51  = width > 5'h17;
-  assign \$52  = $signed(\$28 ) > $signed({ 1'h0, \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  });
-  assign \$53  = width > 1'h1;
-  assign \$54  = width > 2'h2;
-  assign \$55  = width > 2'h3;
-  assign \$56  = width > 3'h4;
-  assign \$57  = width > 3'h5;
-  assign \$58  = width > 3'h6;
-  assign \$59  = width > 3'h7;
-  assign \$60  = width > 4'h8;
-  assign \$61  = width > 4'h9;
-  assign \$62  = width > 4'ha;
-  assign \$63  = width > 4'hb;
-  assign \$64  = width > 4'hc;
-  assign \$65  = width > 4'hd;
-  assign \$66  = width > 4'he;
-  assign \$67  = width > 4'hf;
-  assign \$68  = width > 5'h10;
-  assign \$69  = width > 5'h11;
-  assign \$70  = width > 5'h12;
-  assign \$71  = width > 5'h13;
-  assign \$72  = width > 5'h14;
-  assign \$73  = width > 5'h15;
-  assign \$74  = width > 5'h16;
-  assign \$75  = width > 5'h17;
-  assign \$356  = gc_lane * 5'h18;
-  assign \$76  = c_out__payload >> \$356 ;
-  assign \$77  = width > 1'h1;
-  assign \$78  = width > 2'h2;
-  assign \$79  = width > 2'h3;
-  assign \$80  = width > 3'h4;
-  assign \$81  = width > 3'h5;
-  assign \$82  = width > 3'h6;
-  assign \$83  = width > 3'h7;
-  assign \$84  = width > 4'h8;
-  assign \$85  = width > 4'h9;
-  assign \$86  = width > 4'ha;
-  assign \$87  = width > 4'hb;
-  assign \$88  = width > 4'hc;
-  assign \$89  = width > 4'hd;
-  assign \$90  = width > 4'he;
-  assign \$91  = width > 4'hf;
-  assign \$92  = width > 5'h10;
-  assign \$93  = width > 5'h11;
-  assign \$94  = width > 5'h12;
-  assign \$95  = width > 5'h13;
-  assign \$96  = width > 5'h14;
-  assign \$97  = width > 5'h15;
-  assign \$98  = width > 5'h16;
-  assign \$99  = width > 5'h17;
-  assign \$100  = ~ { 1'h0, \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77  };
-  assign \$101  = $signed(\$76 ) < $signed(\$100 );
-  assign \$102  = width > 1'h1;
-  assign \$103  = width > 2'h2;
-  assign \$104  = width > 2'h3;
-  assign \$105  = width > 3'h4;
-  assign \$106  = width > 3'h5;
-  assign \$107  = width > 3'h6;
-  assign \$108  = width > 3'h7;
-  assign \$109  = width > 4'h8;
-  assign \$110  = width > 4'h9;
-  assign \$111  = width > 4'ha;
-  assign \$112  = width > 4'hb;
-  assign \$113  = width > 4'hc;
-  assign \$114  = width > 4'hd;
-  assign \$115  = width > 4'he;
-  assign \$116  = width > 4'hf;
-  assign \$117  = width > 5'h10;
-  assign \$118  = width > 5'h11;
-  assign \$119  = width > 5'h12;
-  assign \$120  = width > 5'h13;
-  assign \$121  = width > 5'h14;
-  assign \$122  = width > 5'h15;
-  assign \$123  = width > 5'h16;
-  assign \$124  = width > 5'h17;
-  assign \$125  = ~ { 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  };
-  assign \$408  = gc_lane * 5'h18;
-  assign \$126  = c_out__payload >> \$408 ;
-  assign \$127  = \$101  ? \$125  : \$126 ;
-  assign \$128  = \$52  ? { 1'h0, \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53  } : \$127 ;
-  assign \$413  = gc_lane * 5'h18;
-  assign \$129  = c_out__payload >> \$413 ;
-  assign \$130  = \$27  ? \$128  : \$129 ;
-  assign \$132  = ins[47:35] + \$131 ;
-  assign \$134  = ins[47:35] + \$133 ;
-  assign \$135  = \$134  + 1'h1;
-  assign \$136  = ~ dma__rd_busy;
-  assign \$137  = ! fsm_state;
-  assign \$138  = fsm_state == 1'h1;
-  assign \$139  = fsm_state == 2'h2;
-  assign \$140  = fsm_state == 2'h3;
-  assign \$141  = fsm_state == 3'h4;
-  assign \$142  = fsm_state == 3'h5;
-  assign \$143  = | t_left;
-  assign \$146  = ~ t_half;
-  assign \$147  = t_addr + t_step;
-  assign \$148  = t_left - 1'h1;
-  assign \$149  = ~ t_cap_half;
-  assign \$150  = t_cap & \$149 ;
-  assign \$151  = t_cap & t_cap_half;
-  assign \$152  = t_col + 1'h1;
-  assign \$153  = ~ a_in__valid;
-  assign \$154  = ~ gm_afeed_done;
-  assign \$155  = \$153  & \$154 ;
-  assign \$156  = gm_lane == 3'h4;
-  assign \$157  = ! gm_left[13:3];
-  assign \$158  = gm_lane >= gm_left[2:0];
+  assign col_hold = t_on | t_cap;
+  assign \$7  = t_cap & t_cap_half;
+  assign \$8  = | width;
+  assign \$9  = \$8  ? mult : 32'd1;
+  assign \$10  = | width;
+  assign \$11  = \$10  ? shift : 6'h00;
+  assign \$14  = gm_lane + 1'h1;
+  assign \$15  = \$14  == 3'h4;
+  assign \$16  = ! gm_left[13:3];
+  assign \$17  = gm_lane + 1'h1;
+  assign \$18  = \$17  >= gm_left[2:0];
+  assign \$19  = \$16  & \$18 ;
+  assign \$20  = \$15  | \$19 ;
+  assign \$21  = ~ gm_wvalid;
+  assign \$22  = ~ gm_afeed_done;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$23  & gm_full;
+  assign \$25  = gm_wvalid & a_in__ready;
+  assign \$26  = gm_k + 1'h1;
+  assign \$27  = \$26  < ins[99:93];
+  assign \$28  = ! gm_left[13:3];
+  assign \$29  = gm_left[2:0] <= 1'h0;
+  assign \$30  = \$28  & \$29 ;
+  assign \$32  = gm_left - 3'h4;
+  assign \$33  = ! \$32 [13:3];
+  assign \$34  = gm_left - 3'h4;
+  assign \$35  = \$34 [2:0] <= 1'h0;
+  assign \$36  = \$33  & \$35 ;
+  assign \$38  = ! gm_left[13:3];
+  assign \$39  = gm_left[2:0] <= 3'h4;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = | width;
+  assign \$327  = gc_lane * 5'h18;
+  assign \$42  = c_out__payload >> \$327 ;
+  assign \$43  = width > 1'h1;
+  assign \$44  = width > 2'h2;
+  assign \$45  = width > 2'h3;
+  assign \$46  = width > 3'h4;
+  assign \$47  = width > 3'h5;
+  assign \$48  = width > 3'h6;
+  assign \$49  = width > 3'h7;
+  assign \$50  = width > 4'h8;
+  assign \$51  = width > 4'h9;
+  assign \$52  = width > 4'ha;
+  assign \$53  = width > 4'hb;
+  assign \$54  = width > 4'hc;
+  assign \$55  = width > 4'hd;
+  assign \$56  = width > 4'he;
+  assign \$57  = width > 4'hf;
+  assign \$58  = width > 5'h10;
+  assign \$59  = width > 5'h11;
+  assign \$60  = width > 5'h12;
+  assign \$61  = width > 5'h13;
+  assign \$62  = width > 5'h14;
+  assign \$63  = width > 5'h15;
+  assign \$64  = width > 5'h16;
+  assign \$65  = width > 5'h17;
+  assign \$66  = $signed(\$42 ) > $signed({ 1'h0, \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43  });
+  assign \$67  = width > 1'h1;
+  assign \$68  = width > 2'h2;
+  assign \$69  = width > 2'h3;
+  assign \$70  = width > 3'h4;
+  assign \$71  = width > 3'h5;
+  assign \$72  = width > 3'h6;
+  assign \$73  = width > 3'h7;
+  assign \$74  = width > 4'h8;
+  assign \$75  = width > 4'h9;
+  assign \$76  = width > 4'ha;
+  assign \$77  = width > 4'hb;
+  assign \$78  = width > 4'hc;
+  assign \$79  = width > 4'hd;
+  assign \$80  = width > 4'he;
+  assign \$81  = width > 4'hf;
+  assign \$82  = width > 5'h10;
+  assign \$83  = width > 5'h11;
+  assign \$84  = width > 5'h12;
+  assign \$85  = width > 5'h13;
+  assign \$86  = width > 5'h14;
+  assign \$87  = width > 5'h15;
+  assign \$88  = width > 5'h16;
+  assign \$89  = width > 5'h17;
+  assign \$377  = gc_lane * 5'h18;
+  assign \$90  = c_out__payload >> \$377 ;
+  assign \$91  = width > 1'h1;
+  assign \$92  = width > 2'h2;
+  assign \$93  = width > 2'h3;
+  assign \$94  = width > 3'h4;
+  assign \$95  = width > 3'h5;
+  assign \$96  = width > 3'h6;
+  assign \$97  = width > 3'h7;
+  assign \$98  = width > 4'h8;
+  assign \$99  = width > 4'h9;
+  assign \$100  = width > 4'ha;
+  assign \$101  = width > 4'hb;
+  assign \$102  = width > 4'hc;
+  assign \$103  = width > 4'hd;
+  assign \$104  = width > 4'he;
+  assign \$105  = width > 4'hf;
+  assign \$106  = width > 5'h10;
+  assign \$107  = width > 5'h11;
+  assign \$108  = width > 5'h12;
+  assign \$109  = width > 5'h13;
+  assign \$110  = width > 5'h14;
+  assign \$111  = width > 5'h15;
+  assign \$112  = width > 5'h16;
+  assign \$113  = width > 5'h17;
+  assign \$114  = ~ { 1'h0, \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91  };
+  assign \$115  = $signed(\$90 ) < $signed(\$114 );
+  assign \$116  = width > 1'h1;
+  assign \$117  = width > 2'h2;
+  assign \$118  = width > 2'h3;
+  assign \$119  = width > 3'h4;
+  assign \$120  = width > 3'h5;
+  assign \$121  = width > 3'h6;
+  assign \$122  = width > 3'h7;
+  assign \$123  = width > 4'h8;
+  assign \$124  = width > 4'h9;
+  assign \$125  = width > 4'ha;
+  assign \$126  = width > 4'hb;
+  assign \$127  = width > 4'hc;
+  assign \$128  = width > 4'hd;
+  assign \$129  = width > 4'he;
+  assign \$130  = width > 4'hf;
+  assign \$131  = width > 5'h10;
+  assign \$132  = width > 5'h11;
+  assign \$133  = width > 5'h12;
+  assign \$134  = width > 5'h13;
+  assign \$135  = width > 5'h14;
+  assign \$136  = width > 5'h15;
+  assign \$137  = width > 5'h16;
+  assign \$138  = width > 5'h17;
+  assign \$139  = ~ { 1'h0, \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116  };
+  assign \$429  = gc_lane * 5'h18;
+  assign \$140  = c_out__payload >> \$429 ;
+  assign \$141  = \$115  ? \$139  : \$140 ;
+  assign \$142  = \$66  ? { 1'h0, \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67  } : \$141 ;
+  assign \$434  = gc_lane * 5'h18;
+  assign \$143  = c_out__payload >> \$434 ;
+  assign \$144  = \$41  ? \$142  : \$143 ;
+  assign \$145  = ! ins[74:64];
+  assign \$146  = ins[63:61] <= 1'h0;
+  assign \$147  = \$145  & \$146 ;
+  assign \$149  = t_addr + 1'h1;
+  assign \$150  = ~ dma__rd_busy;
+  assign \$151  = ! fsm_state;
+  assign \$152  = fsm_state == 1'h1;
+  assign \$153  = fsm_state == 2'h2;
+  assign \$154  = fsm_state == 2'h3;
+  assign \$155  = fsm_state == 3'h4;
+  assign \$156  = fsm_state == 3'h5;
+  assign \$157  = ~ \$signal ;
+  assign \$158  = ~ \$signal$22 ;
   assign \$159  = \$157  & \$158 ;
-  assign \$160  = \$156  | \$159 ;
-  assign \$161  = ~ \$160 ;
-  assign \$162  = \$155  & \$161 ;
-  assign \$165  = gm_lane + 1'h1;
-  assign \$166  = gm_addr + ins[99:93];
-  assign \$167  = ~ a_in__valid;
-  assign \$168  = ~ gm_afeed_done;
-  assign \$169  = \$167  & \$168 ;
-  assign \$170  = gm_lane == 3'h4;
-  assign \$171  = ! gm_left[13:3];
-  assign \$172  = gm_lane >= gm_left[2:0];
-  assign \$173  = \$171  & \$172 ;
-  assign \$174  = \$170  | \$173 ;
-  assign \$175  = \$169  & \$174 ;
-  assign \$176  = a_in__valid & a_in__ready;
-  assign \$177  = gm_k + 1'h1;
-  assign \$178  = \$177  < ins[99:93];
-  assign \$179  = gm_k + 1'h1;
-  assign \$180  = gm_wstart + 1'h1;
+  assign \$160  = ~ full_n;
+  assign \$161  = \$159  & \$160 ;
+  assign \$164  = ~ t_half;
+  assign \$165  = t_addr + t_step;
+  assign \$166  = t_left - 1'h1;
+  assign \$167  = t_left != 1'h1;
+  assign \$168  = t_addr + 1'h1;
+  assign \$169  = ~ t_cap_half;
+  assign \$170  = t_cap & \$169 ;
+  assign \$171  = t_cap & t_cap_half;
+  assign \$172  = t_col + 1'h1;
+  assign \$175  = gm_lane + 1'h1;
+  assign \$176  = gm_addr + ins[99:93];
+  assign \$177  = gm_wvalid & a_in__ready;
+  assign \$178  = gm_k + 1'h1;
+  assign \$179  = \$178  < ins[99:93];
+  assign \$180  = gm_k + 1'h1;
   assign \$181  = gm_wstart + 1'h1;
-  assign \$182  = gm_left - 3'h4;
-  assign \$183  = gm_addr - ins[99:93];
-  assign \$184  = $signed(\$183 ) + $signed(2'h1);
-  assign \$185  = gm_addr - ins[99:93];
-  assign \$186  = $signed(\$185 ) + $signed(2'h1);
-  assign \$187  = ! gm_left[13:3];
-  assign \$188  = gm_left[2:0] <= 3'h4;
-  assign \$189  = \$187  & \$188 ;
+  assign \$182  = gm_wstart + 1'h1;
+  assign \$183  = gm_left - 3'h4;
+  assign \$184  = gm_addr - ins[99:93];
+  assign \$185  = $signed(\$184 ) + $signed(2'h1);
+  assign \$186  = gm_addr - ins[99:93];
+  assign \$187  = $signed(\$186 ) + $signed(2'h1);
+  assign \$188  = gc_lane + 1'h1;
+  assign \$189  = gc_addr + ins[85:77];
   assign \$190  = gc_lane + 1'h1;
-  assign \$191  = gc_addr + ins[85:77];
-  assign \$192  = gc_lane + 1'h1;
-  assign \$193  = \$192  == 2'h3;
-  assign \$194  = ! gc_left[13:3];
-  assign \$195  = gc_lane + 1'h1;
-  assign \$196  = \$195  + 1'h1;
-  assign \$197  = \$196  >= gc_left[2:0];
-  assign \$198  = \$194  & \$197 ;
-  assign \$199  = \$193  | \$198 ;
+  assign \$191  = \$190  == 2'h3;
+  assign \$192  = ! gc_left[13:3];
+  assign \$193  = gc_lane + 1'h1;
+  assign \$194  = \$193  + 1'h1;
+  assign \$195  = \$194  >= gc_left[2:0];
+  assign \$196  = \$192  & \$195 ;
+  assign \$197  = \$191  | \$196 ;
+  assign \$198  = gc_n + 1'h1;
+  assign \$199  = \$198  < ins[85:77];
   assign \$200  = gc_n + 1'h1;
-  assign \$201  = \$200  < ins[85:77];
-  assign \$202  = gc_n + 1'h1;
-  assign \$203  = gc_wstart + 1'h1;
-  assign \$204  = gc_wstart + 1'h1;
-  assign \$205  = ! gc_left[13:3];
-  assign \$206  = gc_left[2:0] <= 1'h1;
-  assign \$207  = \$205  & \$206 ;
-  assign \$209  = gc_left - 3'h4;
-  assign \$210  = gc_addr + 1'h1;
-  assign \$211  = gc_addr + 1'h1;
+  assign \$201  = gc_wstart + 1'h1;
+  assign \$202  = gc_wstart + 1'h1;
+  assign \$203  = ! gc_left[13:3];
+  assign \$204  = gc_left[2:0] <= 1'h1;
+  assign \$205  = \$203  & \$204 ;
+  assign \$207  = gc_left - 3'h4;
+  assign \$208  = gc_addr + 1'h1;
+  assign \$209  = gc_addr + 1'h1;
+  assign \$210  = gc_left - 3'h4;
+  assign \$211  = ! \$210 [13:3];
   assign \$212  = gc_left - 3'h4;
-  assign \$213  = ! \$212 [13:3];
-  assign \$214  = gc_left - 3'h4;
-  assign \$215  = \$214 [2:0] <= 1'h1;
-  assign \$216  = \$213  & \$215 ;
-  assign \$218  = ! ins[74:64];
-  assign \$219  = ins[63:61] <= 1'h1;
-  assign \$220  = \$218  & \$219 ;
-  assign \$224  = | ins[21:16];
-  assign \$225  = \$223  & \$224 ;
-  assign \$228  = | ins[21:16];
-  assign \$229  = \$227  & \$228 ;
-  assign \$230  = \$229  ? ins[85:77] : 9'h000;
-  assign \$234  = \$232  ? \$233  : 17'h00000;
-  assign \$235  = ins[47:35] + \$234 ;
-  assign \$238  = \$237  ? 5'h10 : 5'h02;
-  assign \$243  = | ins[21:16];
-  assign \$244  = \$242  & \$243 ;
-  assign \$245  = ~ \$244 ;
-  assign \$246  = \$240  & \$245 ;
-  assign \$247  = ~ dma__rd_busy;
+  assign \$213  = \$212 [2:0] <= 1'h1;
+  assign \$214  = \$211  & \$213 ;
+  assign \$216  = ! ins[74:64];
+  assign \$217  = ins[63:61] <= 1'h1;
+  assign \$218  = \$216  & \$217 ;
+  assign \$222  = | ins[21:16];
+  assign \$223  = \$221  & \$222 ;
+  assign \$226  = | ins[21:16];
+  assign \$227  = \$225  & \$226 ;
+  assign \$228  = \$227  ? ins[85:77] : 9'h000;
+  assign \$231  = | ins[21:16];
+  assign \$232  = \$230  & \$231 ;
+  assign \$233  = | ins[85:77];
+  assign \$234  = \$232  & \$233 ;
+  assign \$238  = \$236  ? \$237  : 17'h00000;
+  assign \$239  = ins[47:35] + \$238 ;
+  assign \$242  = \$241  ? 4'hf : 4'h1;
+  assign \$247  = | ins[21:16];
+  assign \$248  = \$246  & \$247 ;
+  assign \$249  = ~ \$248 ;
+  assign \$250  = \$244  & \$249 ;
+  assign \$251  = ~ dma__rd_busy;
   always @(posedge clk)
-    t_cap <= \$248 ;
+    gm_wvalid <= \$252 ;
   always @(posedge clk)
-    t_cap_half <= \$249 ;
+    gm_afeed_done <= \$253 ;
   always @(posedge clk)
-    t_half <= \$250 ;
+    gm_full <= \$254 ;
   always @(posedge clk)
-    t_addr <= \$251 ;
+    gm_go <= \$255 ;
   always @(posedge clk)
-    t_left <= \$252 ;
+    t_cap <= \$256 ;
   always @(posedge clk)
-    t_mult <= \$253 ;
+    t_cap_half <= \$257 ;
   always @(posedge clk)
-    t_col <= \$254 ;
+    t_half <= \$258 ;
   always @(posedge clk)
-    gm_cap <= \$255 ;
+    t_addr <= \$259 ;
   always @(posedge clk)
-    gm_cap_lane <= \$256 ;
+    t_left <= \$260 ;
   always @(posedge clk)
-    gm_lane <= \$257 ;
+    t_on <= \$261 ;
   always @(posedge clk)
-    gm_addr <= \$258 ;
+    t_mult <= \$262 ;
   always @(posedge clk)
-    pack <= \$259 ;
+    t_col <= \$263 ;
   always @(posedge clk)
-    a_in__valid <= \$260 ;
+    gm_cap <= \$264 ;
   always @(posedge clk)
-    gm_k <= \$261 ;
+    gm_cap_lane <= \$265 ;
   always @(posedge clk)
-    gm_wstart <= \$262 ;
+    gm_lane <= \$266 ;
   always @(posedge clk)
-    gm_left <= \$263 ;
+    gm_addr <= \$267 ;
   always @(posedge clk)
-    gm_afeed_done <= \$264 ;
+    pack <= \$268 ;
   always @(posedge clk)
-    gc_lane <= \$265 ;
+    gm_k <= \$269 ;
   always @(posedge clk)
-    gc_addr <= \$266 ;
+    gm_wstart <= \$270 ;
   always @(posedge clk)
-    gc_last <= \$267 ;
+    gm_left <= \$271 ;
   always @(posedge clk)
-    gc_n <= \$268 ;
+    gc_lane <= \$272 ;
   always @(posedge clk)
-    gc_wstart <= \$269 ;
+    gc_addr <= \$273 ;
   always @(posedge clk)
-    gc_left <= \$270 ;
+    gc_last <= \$274 ;
   always @(posedge clk)
-    busy <= \$271 ;
+    gc_n <= \$275 ;
   always @(posedge clk)
-    width <= \$272 ;
+    gc_wstart <= \$276 ;
   always @(posedge clk)
-    mult <= \$273 ;
+    gc_left <= \$277 ;
   always @(posedge clk)
-    shift <= \$274 ;
+    busy <= \$278 ;
   always @(posedge clk)
-    col_en <= \$275 ;
+    width <= \$279 ;
   always @(posedge clk)
-    t_step <= \$276 ;
+    mult <= \$280 ;
   always @(posedge clk)
-    fsm_state <= \$277 ;
+    shift <= \$281 ;
+  always @(posedge clk)
+    col_en <= \$282 ;
+  always @(posedge clk)
+    t_step <= \$283 ;
+  always @(posedge clk)
+    fsm_state <= \$284 ;
   \nanokpu_kpu.gemm.engine  engine (
-    .a_in__valid(a_in__valid),
+    .a_in__valid(gm_wvalid),
     .a_loading(a_in__ready),
     .b_in__payload(b_in__payload),
     .b_in__valid(b_in__valid),
@@ -15300,11 +15320,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$70 ),
-    .\port$4901$0 (pack[7:0]),
-    .\port$4901$24 (pack[31:24]),
-    .\port$4901$48 (pack[55:48]),
-    .\port$4901$72 (pack[79:72]),
+    .error(\error$77 ),
+    .\port$4920$0 (pack[7:0]),
+    .\port$4920$24 (pack[31:24]),
+    .\port$4920$48 (pack[55:48]),
+    .\port$4920$72 (pack[79:72]),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -15394,21 +15414,83 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$signal  = gm_wvalid;
+    if (running) begin
+      if (\$24 ) begin
+        \$signal  = 1'h1;
+      end
+      if (\$25 ) begin
+        \$signal  = 1'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$signal  = 1'h0;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$signal$22  = gm_afeed_done;
+    if (running) begin
+      if (\$25 ) begin
+        (* full_case = 32'd1 *)
+        if (\$27 ) begin
+        end else begin
+          if (\$40 ) begin
+            \$signal$22  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$signal$22  = 1'h0;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    full_n = gm_full;
+    if (running) begin
+      if (\$13 ) begin
+        full_n = \$20 ;
+      end
+      if (\$25 ) begin
+        (* full_case = 32'd1 *)
+        if (\$27 ) begin
+          full_n = \$31 ;
+        end else begin
+          full_n = \$37 ;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            full_n = \$148 ;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd1__addr = 13'h0000;
-    if (\$8 ) begin
-      spad__rd1__addr = \$9 [12:0];
+    if (\$6 ) begin
+      spad__rd1__addr = t_addr;
     end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$135 [12:0];
+          spad__rd1__addr = \$149 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd1__en = 1'h0;
-    if (\$8 ) begin
+    if (\$6 ) begin
       spad__rd1__en = 1'h1;
     end
     casez (fsm_state)
@@ -15421,7 +15503,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     col_wr__en = 1'h0;
-    if (\$10 ) begin
+    if (\$7 ) begin
       col_wr__en = 1'h1;
     end
   end
@@ -15443,7 +15525,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$26 ) begin
+      if (\$13 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -15451,14 +15533,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd0__addr = \$132 [12:0];
+          spad__rd0__addr = t_addr;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$26 ) begin
+      if (\$13 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -15492,7 +15574,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
-        spad__wr__data = { \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130 [23], \$130  };
+        spad__wr__data = { \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144  };
       end
     end
   end
@@ -15544,7 +15626,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \done$68  = 1'h0;
+    \done$75  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -15556,15 +15638,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$68  = 1'h1;
+            \done$75  = 1'h1;
           end else if (done) begin
-            if (\error$70 ) begin
-              \done$68  = 1'h1;
+            if (\error$77 ) begin
+              \done$75  = 1'h1;
             end
           end
       3'h5:
-          if (\$136 ) begin
-            \done$68  = 1'h1;
+          if (\$150 ) begin
+            \done$75  = 1'h1;
           end
     endcase
   end
@@ -15584,425 +15666,441 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$70 ) begin
+            if (\error$77 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$136 ) begin
+          if (\$150 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$248  = 1'h0;
-    if (\$145 ) begin
-      \$248  = 1'h1;
-    end
-    if (\done$68 ) begin
-      \$248  = 1'h0;
-    end
+    \$252  = \$signal ;
     if (unit_rst) begin
-      \$248  = 1'h0;
+      \$252  = 1'h0;
     end
     if (rst) begin
-      \$248  = 1'h0;
+      \$252  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$249  = t_cap_half;
-    if (\$145 ) begin
-      \$249  = t_half;
-    end
+    \$253  = \$signal$22 ;
     if (unit_rst) begin
-      \$249  = 1'h0;
+      \$253  = 1'h0;
     end
     if (rst) begin
-      \$249  = 1'h0;
+      \$253  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$250  = t_half;
-    if (\$145 ) begin
-      \$250  = \$146 ;
+    \$254  = full_n;
+    if (unit_rst) begin
+      \$254  = 1'h0;
+    end
+    if (rst) begin
+      \$254  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$255  = \$161 ;
+    if (unit_rst) begin
+      \$255  = 1'h0;
+    end
+    if (rst) begin
+      \$255  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$256  = 1'h0;
+    if (\$163 ) begin
+      \$256  = 1'h1;
+    end
+    if (\done$75 ) begin
+      \$256  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$256  = 1'h0;
+    end
+    if (rst) begin
+      \$256  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$257  = t_cap_half;
+    if (\$163 ) begin
+      \$257  = t_half;
+    end
+    if (unit_rst) begin
+      \$257  = 1'h0;
+    end
+    if (rst) begin
+      \$257  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$258  = t_half;
+    if (\$163 ) begin
+      \$258  = \$164 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$250  = 1'h0;
+            \$258  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$250  = 1'h0;
+      \$258  = 1'h0;
     end
     if (rst) begin
-      \$250  = 1'h0;
+      \$258  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$251  = t_addr;
-    if (\$145 ) begin
+    \$259  = t_addr;
+    if (\$163 ) begin
+      (* full_case = 32'd1 *)
       if (t_half) begin
-        \$251  = \$147 [12:0];
+        \$259  = \$165 [12:0];
+      end else begin
+        \$259  = \$168 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$251  = \$235 [12:0];
+            \$259  = \$239 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$251  = 13'h0000;
+      \$259  = 13'h0000;
     end
     if (rst) begin
-      \$251  = 13'h0000;
+      \$259  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$252  = t_left;
-    if (\$145 ) begin
+    \$260  = t_left;
+    if (\$163 ) begin
       if (t_half) begin
-        \$252  = \$148 [8:0];
+        \$260  = \$166 [8:0];
       end
     end
-    if (\done$68 ) begin
-      \$252  = 9'h000;
+    if (\done$75 ) begin
+      \$260  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$252  = \$230 ;
+            \$260  = \$228 ;
           end
     endcase
     if (unit_rst) begin
-      \$252  = 9'h000;
+      \$260  = 9'h000;
     end
     if (rst) begin
-      \$252  = 9'h000;
+      \$260  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$253  = t_mult;
-    if (\$150 ) begin
-      \$253  = spad__rd1__data[15:0];
+    \$261  = t_on;
+    if (\$163 ) begin
+      if (t_half) begin
+        \$261  = \$167 ;
+      end
     end
-    if (unit_rst) begin
-      \$253  = 16'h0000;
-    end
-    if (rst) begin
-      \$253  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$254  = t_col;
-    if (\$151 ) begin
-      \$254  = \$152 [8:0];
+    if (\done$75 ) begin
+      \$261  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$254  = 9'h000;
+            \$261  = \$234 ;
           end
     endcase
     if (unit_rst) begin
-      \$254  = 9'h000;
+      \$261  = 1'h0;
     end
     if (rst) begin
-      \$254  = 9'h000;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$255  = gm_cap;
+    \$262  = t_mult;
+    if (\$170 ) begin
+      \$262  = spad__rd1__data[15:0];
+    end
+    if (unit_rst) begin
+      \$262  = 16'h0000;
+    end
+    if (rst) begin
+      \$262  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$263  = t_col;
+    if (\$171 ) begin
+      \$263  = \$172 [8:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$263  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$263  = 9'h000;
+    end
+    if (rst) begin
+      \$263  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$264  = gm_cap;
     if (running) begin
       (* full_case = 32'd1 *)
-      if (\$164 ) begin
-        \$255  = 1'h1;
+      if (\$174 ) begin
+        \$264  = 1'h1;
       end else begin
-        \$255  = 1'h0;
+        \$264  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$255  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$255  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$256  = gm_cap_lane;
+    \$265  = gm_cap_lane;
     if (running) begin
-      if (\$164 ) begin
-        \$256  = gm_lane[1:0];
+      if (\$174 ) begin
+        \$265  = gm_lane[1:0];
       end
     end
     if (unit_rst) begin
-      \$256  = 2'h0;
+      \$265  = 2'h0;
     end
     if (rst) begin
-      \$256  = 2'h0;
+      \$265  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$257  = gm_lane;
+    \$266  = gm_lane;
     if (running) begin
-      if (\$164 ) begin
-        \$257  = \$165 [2:0];
+      if (\$174 ) begin
+        \$266  = \$175 [2:0];
       end
-      if (\$176 ) begin
-        \$257  = 3'h0;
+      if (\$177 ) begin
+        \$266  = 3'h0;
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$257  = 3'h0;
+            \$266  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$257  = 3'h0;
+      \$266  = 3'h0;
     end
     if (rst) begin
-      \$257  = 3'h0;
+      \$266  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$258  = gm_addr;
+    \$267  = gm_addr;
     if (running) begin
-      if (\$164 ) begin
-        \$258  = \$166 [12:0];
+      if (\$174 ) begin
+        \$267  = \$176 [12:0];
       end
-      if (\$176 ) begin
+      if (\$177 ) begin
         (* full_case = 32'd1 *)
-        if (\$178 ) begin
-          \$258  = \$181 [12:0];
+        if (\$179 ) begin
+          \$267  = \$182 [12:0];
         end else begin
-          \$258  = \$186 [12:0];
+          \$267  = \$187 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$258  = ins[34:22];
+            \$267  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$258  = 13'h0000;
+      \$267  = 13'h0000;
     end
     if (rst) begin
-      \$258  = 13'h0000;
+      \$267  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$259  = pack;
+    \$268  = pack;
     if (running) begin
       if (gm_cap) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$259 [7:0] = spad__rd0__data[7:0];
+              \$268 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$259 [31:24] = spad__rd0__data[7:0];
+              \$268 [31:24] = spad__rd0__data[7:0];
           2'h2:
-              \$259 [55:48] = spad__rd0__data[7:0];
+              \$268 [55:48] = spad__rd0__data[7:0];
           2'h3:
-              \$259 [79:72] = spad__rd0__data[7:0];
+              \$268 [79:72] = spad__rd0__data[7:0];
         endcase
       end
-      if (\$176 ) begin
-        \$259  = 96'h000000000000000000000000;
+      if (\$177 ) begin
+        \$268  = 96'h000000000000000000000000;
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$259  = 96'h000000000000000000000000;
+            \$268  = 96'h000000000000000000000000;
           end
     endcase
     if (unit_rst) begin
-      \$259  = 96'h000000000000000000000000;
+      \$268  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$259  = 96'h000000000000000000000000;
+      \$268  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$260  = a_in__valid;
+    \$269  = gm_k;
     if (running) begin
-      if (\$175 ) begin
-        \$260  = 1'h1;
-      end
-      if (\$176 ) begin
-        \$260  = 1'h0;
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$260  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$260  = 1'h0;
-    end
-    if (rst) begin
-      \$260  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$261  = gm_k;
-    if (running) begin
-      if (\$176 ) begin
+      if (\$177 ) begin
         (* full_case = 32'd1 *)
-        if (\$178 ) begin
-          \$261  = \$179 [6:0];
+        if (\$179 ) begin
+          \$269  = \$180 [6:0];
         end else begin
-          \$261  = 7'h00;
+          \$269  = 7'h00;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$261  = 7'h00;
+            \$269  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$261  = 7'h00;
+      \$269  = 7'h00;
     end
     if (rst) begin
-      \$261  = 7'h00;
+      \$269  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$262  = gm_wstart;
+    \$270  = gm_wstart;
     if (running) begin
-      if (\$176 ) begin
+      if (\$177 ) begin
         (* full_case = 32'd1 *)
-        if (\$178 ) begin
-          \$262  = \$180 [12:0];
+        if (\$179 ) begin
+          \$270  = \$181 [12:0];
         end else begin
-          \$262  = \$184 [12:0];
+          \$270  = \$185 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$262  = ins[34:22];
+            \$270  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$262  = 13'h0000;
+      \$270  = 13'h0000;
     end
     if (rst) begin
-      \$262  = 13'h0000;
+      \$270  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$263  = gm_left;
+    \$271  = gm_left;
     if (running) begin
-      if (\$176 ) begin
+      if (\$177 ) begin
         (* full_case = 32'd1 *)
-        if (\$178 ) begin
+        if (\$179 ) begin
         end else begin
-          \$263  = \$182 [13:0];
+          \$271  = \$183 [13:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$263  = ins[74:61];
+            \$271  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$263  = 14'h0000;
+      \$271  = 14'h0000;
     end
     if (rst) begin
-      \$263  = 14'h0000;
+      \$271  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$264  = gm_afeed_done;
-    if (running) begin
-      if (\$176 ) begin
-        (* full_case = 32'd1 *)
-        if (\$178 ) begin
-        end else begin
-          if (\$189 ) begin
-            \$264  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$264  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$264  = 1'h0;
-    end
-    if (rst) begin
-      \$264  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$265  = gc_lane;
+    \$272  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
-        \$265  = \$190 [1:0];
+        \$272  = \$188 [1:0];
         if (gc_last) begin
-          \$265  = 2'h0;
+          \$272  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$265  = 2'h0;
+            \$272  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$265  = 2'h0;
+      \$272  = 2'h0;
     end
     if (rst) begin
-      \$265  = 2'h0;
+      \$272  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$266  = gc_addr;
+    \$273  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
-        \$266  = \$191 [12:0];
+        \$273  = \$189 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$201 ) begin
-            \$266  = \$204 [12:0];
+          if (\$199 ) begin
+            \$273  = \$202 [12:0];
           end else begin
-            \$266  = \$211 [12:0];
+            \$273  = \$209 [12:0];
           end
         end
       end
@@ -16010,28 +16108,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$266  = ins[60:48];
+            \$273  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$266  = 13'h0000;
+      \$273  = 13'h0000;
     end
     if (rst) begin
-      \$266  = 13'h0000;
+      \$273  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$267  = gc_last;
+    \$274  = gc_last;
     if (running) begin
       if (c_out__valid) begin
-        \$267  = \$199 ;
+        \$274  = \$197 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$201 ) begin
-            \$267  = \$208 ;
+          if (\$199 ) begin
+            \$274  = \$206 ;
           end else begin
-            \$267  = \$217 ;
+            \$274  = \$215 ;
           end
         end
       end
@@ -16039,27 +16137,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$267  = \$221 ;
+            \$274  = \$219 ;
           end
     endcase
     if (unit_rst) begin
-      \$267  = 1'h0;
+      \$274  = 1'h0;
     end
     if (rst) begin
-      \$267  = 1'h0;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$268  = gc_n;
+    \$275  = gc_n;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$201 ) begin
-            \$268  = \$202 [8:0];
+          if (\$199 ) begin
+            \$275  = \$200 [8:0];
           end else begin
-            \$268  = 9'h000;
+            \$275  = 9'h000;
           end
         end
       end
@@ -16067,27 +16165,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$268  = 9'h000;
+            \$275  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$268  = 9'h000;
+      \$275  = 9'h000;
     end
     if (rst) begin
-      \$268  = 9'h000;
+      \$275  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$269  = gc_wstart;
+    \$276  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$201 ) begin
-            \$269  = \$203 [12:0];
+          if (\$199 ) begin
+            \$276  = \$201 [12:0];
           end else begin
-            \$269  = \$210 [12:0];
+            \$276  = \$208 [12:0];
           end
         end
       end
@@ -16095,26 +16193,26 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$269  = ins[60:48];
+            \$276  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$269  = 13'h0000;
+      \$276  = 13'h0000;
     end
     if (rst) begin
-      \$269  = 13'h0000;
+      \$276  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$270  = gc_left;
+    \$277  = gc_left;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$201 ) begin
+          if (\$199 ) begin
           end else begin
-            \$270  = \$209 [13:0];
+            \$277  = \$207 [13:0];
           end
         end
       end
@@ -16122,23 +16220,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$270  = ins[74:61];
+            \$277  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$270  = 14'h0000;
+      \$277  = 14'h0000;
     end
     if (rst) begin
-      \$270  = 14'h0000;
+      \$277  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$271  = busy;
+    \$278  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$271  = 1'h1;
+            \$278  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -16148,161 +16246,161 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$271  = 1'h0;
+            \$278  = 1'h0;
           end else if (done) begin
-            if (\error$70 ) begin
-              \$271  = 1'h0;
+            if (\error$77 ) begin
+              \$278  = 1'h0;
             end
           end
       3'h5:
-          if (\$247 ) begin
-            \$271  = 1'h0;
+          if (\$251 ) begin
+            \$278  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$271  = 1'h0;
+      \$278  = 1'h0;
     end
     if (rst) begin
-      \$271  = 1'h0;
+      \$278  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$272  = width;
+    \$279  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$272  = ins[21:16];
+            \$279  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$272  = 6'h00;
+      \$279  = 6'h00;
     end
     if (rst) begin
-      \$272  = 6'h00;
+      \$279  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$273  = mult;
+    \$280  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$273  = ins[168:137];
+            \$280  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$273  = { 16'h0000, spad__rd0__data[15:0] };
+          \$280  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (unit_rst) begin
-      \$273  = 32'd0;
+      \$280  = 32'd0;
     end
     if (rst) begin
-      \$273  = 32'd0;
+      \$280  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$274  = shift;
+    \$281  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$274  = ins[174:169];
+            \$281  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$274  = spad__rd1__data[5:0];
+          \$281  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$274  = 6'h00;
+      \$281  = 6'h00;
     end
     if (rst) begin
-      \$274  = 6'h00;
+      \$281  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$275  = col_en;
+    \$282  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$275  = \$225 ;
+            \$282  = \$223 ;
           end
     endcase
     if (unit_rst) begin
-      \$275  = 1'h0;
+      \$282  = 1'h0;
     end
     if (rst) begin
-      \$275  = 1'h0;
+      \$282  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$276  = t_step;
+    \$283  = t_step;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$276  = \$238 ;
+            \$283  = \$242 ;
           end
     endcase
     if (unit_rst) begin
-      \$276  = 5'h00;
+      \$283  = 4'h0;
     end
     if (rst) begin
-      \$276  = 5'h00;
+      \$283  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$277  = fsm_state;
+    \$284  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$246 ) begin
-              \$277  = 3'h1;
+            if (\$250 ) begin
+              \$284  = 3'h1;
             end else begin
-              \$277  = 3'h2;
+              \$284  = 3'h2;
             end
           end
       3'h1:
-          \$277  = 3'h3;
+          \$284  = 3'h3;
       3'h3:
-          \$277  = 3'h2;
+          \$284  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$277  = 3'h4;
+            \$284  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$277  = 3'h0;
+            \$284  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$70 ) begin
-              \$277  = 3'h0;
+            if (\error$77 ) begin
+              \$284  = 3'h0;
             end else begin
-              \$277  = 3'h5;
+              \$284  = 3'h5;
             end
           end
       3'h5:
-          if (\$247 ) begin
-            \$277  = 3'h0;
+          if (\$251 ) begin
+            \$284  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$277  = 3'h0;
+      \$284  = 3'h0;
     end
     if (rst) begin
-      \$277  = 3'h0;
+      \$284  = 3'h0;
     end
   end
   assign col = col_en;
   assign col_wr__addr = t_col[7:0];
   assign spad__blocked = 1'h0;
   assign a_in__payload = { pack[79:72], pack[55:48], pack[31:24], pack[7:0] };
-  assign gm_wvalid = a_in__valid;
+  assign a_in__valid = gm_wvalid;
   assign dma__rd_data__payload = b_in__payload;
   assign \rq_in__payload[0]  = rq_in__payload[23:0];
   assign \rq_in__payload[1]  = rq_in__payload[47:24];
@@ -16365,8 +16463,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$14 ;
-  assign cmd__payload[69:54] = \$12 [15:0];
+  assign cmd__payload[75:70] = \$11 ;
+  assign cmd__payload[69:54] = \$9 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[88:77];
@@ -16374,43 +16472,47 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign cmd__payload[11:0] = ins[72:61];
   assign col_wr__data[21:16] = spad__rd1__data[5:0];
   assign col_wr__data[15:0] = t_mult;
-  assign \$7  = 1'h1;
-  assign \$8  = \$6 ;
-  assign \$25  = 1'h1;
-  assign \$26  = \$24 ;
-  assign \$131  = { ins[190:175], 1'h0 };
-  assign \$133  = { ins[190:175], 1'h0 };
-  assign \$144  = 1'h1;
-  assign \$145  = \$143 ;
-  assign \$163  = 1'h1;
-  assign \$164  = \$162 ;
-  assign \$208  = \$207 ;
-  assign \$217  = \$216 ;
-  assign \$221  = \$220 ;
-  assign { \$222 [9:4], \$222 [2:0] } = 9'h000;
-  assign \$222 [3] = ins[9];
-  assign { \$226 [9:4], \$226 [2:0] } = 9'h000;
-  assign \$226 [3] = ins[9];
-  assign { \$231 [9:3], \$231 [1:0] } = 9'h000;
-  assign \$231 [2] = ins[8];
-  assign \$233  = { ins[190:175], 1'h0 };
-  assign { \$236 [9:3], \$236 [1:0] } = 9'h000;
-  assign \$236 [2] = ins[8];
-  assign { \$239 [9:3], \$239 [1:0] } = 9'h000;
-  assign \$239 [2] = ins[8];
-  assign { \$241 [9:4], \$241 [2:0] } = 9'h000;
-  assign \$241 [3] = ins[9];
-  assign \$223  = ins[9];
-  assign \$227  = ins[9];
-  assign \$232  = ins[8];
-  assign \$237  = ins[8];
-  assign \$240  = ins[8];
-  assign \$242  = ins[9];
+  assign \$5  = 1'h1;
+  assign \$6  = t_on;
+  assign \$12  = 1'h1;
+  assign \$13  = gm_go;
+  assign \$31  = \$30 ;
+  assign \$37  = \$36 ;
+  assign \$148  = \$147 ;
+  assign \$162  = 1'h1;
+  assign \$163  = t_on;
+  assign \$173  = 1'h1;
+  assign \$174  = gm_go;
+  assign \$206  = \$205 ;
+  assign \$215  = \$214 ;
+  assign \$219  = \$218 ;
+  assign { \$220 [9:4], \$220 [2:0] } = 9'h000;
+  assign \$220 [3] = ins[9];
+  assign { \$224 [9:4], \$224 [2:0] } = 9'h000;
+  assign \$224 [3] = ins[9];
+  assign { \$229 [9:4], \$229 [2:0] } = 9'h000;
+  assign \$229 [3] = ins[9];
+  assign { \$235 [9:3], \$235 [1:0] } = 9'h000;
+  assign \$235 [2] = ins[8];
+  assign \$237  = { ins[190:175], 1'h0 };
+  assign { \$240 [9:3], \$240 [1:0] } = 9'h000;
+  assign \$240 [2] = ins[8];
+  assign { \$243 [9:3], \$243 [1:0] } = 9'h000;
+  assign \$243 [2] = ins[8];
+  assign { \$245 [9:4], \$245 [2:0] } = 9'h000;
+  assign \$245 [3] = ins[9];
+  assign \$221  = ins[9];
+  assign \$225  = ins[9];
+  assign \$230  = ins[9];
+  assign \$236  = ins[8];
+  assign \$241  = ins[8];
+  assign \$244  = ins[8];
+  assign \$246  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, \port$4901$0 , \port$4901$24 , \port$4901$48 , \port$4901$72 
-, a_in__valid, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, a_in__valid, col_wr__addr, \port$4920$0 , \port$4920$24 , \port$4920$48 
+, \port$4920$72 , col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -16911,14 +17013,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4901$0 ;
-  wire [7:0] \port$4901$0 ;
-  input [7:0] \port$4901$24 ;
-  wire [7:0] \port$4901$24 ;
-  input [7:0] \port$4901$48 ;
-  wire [7:0] \port$4901$48 ;
-  input [7:0] \port$4901$72 ;
-  wire [7:0] \port$4901$72 ;
+  input [7:0] \port$4920$0 ;
+  wire [7:0] \port$4920$0 ;
+  input [7:0] \port$4920$24 ;
+  wire [7:0] \port$4920$24 ;
+  input [7:0] \port$4920$48 ;
+  wire [7:0] \port$4920$48 ;
+  input [7:0] \port$4920$72 ;
+  wire [7:0] \port$4920$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -17541,7 +17643,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
+      spad_a[a_wptr[7:0]] <= { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -19594,8 +19696,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
-  assign a_in__payload = { \port$4901$72 , \port$4901$48 , \port$4901$24 , \port$4901$0  };
+  assign \$signature__data  = { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
+  assign a_in__payload = { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -19691,14 +19793,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4901$0 ;
-  assign \$signature__data[1]  = \port$4901$24 ;
-  assign \$signature__data[2]  = \port$4901$48 ;
-  assign \$signature__data[3]  = \port$4901$72 ;
-  assign \a_in__payload[0]  = \port$4901$0 ;
-  assign \a_in__payload[1]  = \port$4901$24 ;
-  assign \a_in__payload[2]  = \port$4901$48 ;
-  assign \a_in__payload[3]  = \port$4901$72 ;
+  assign \$signature__data[0]  = \port$4920$0 ;
+  assign \$signature__data[1]  = \port$4920$24 ;
+  assign \$signature__data[2]  = \port$4920$48 ;
+  assign \$signature__data[3]  = \port$4920$72 ;
+  assign \a_in__payload[0]  = \port$4920$0 ;
+  assign \a_in__payload[1]  = \port$4920$24 ;
+  assign \a_in__payload[2]  = \port$4920$48 ;
+  assign \a_in__payload[3]  = \port$4920$72 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -25919,8 +26021,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1428$0 (mult),
-    .\port$1433$0 (i__payload),
+    .\port$1436$0 (mult),
+    .\port$1441$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26776,7 +26878,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -26862,10 +26964,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1428$0 ;
-  wire [15:0] \port$1428$0 ;
-  input [95:0] \port$1433$0 ;
-  wire [95:0] \port$1433$0 ;
+  input [15:0] \port$1436$0 ;
+  wire [15:0] \port$1436$0 ;
+  input [95:0] \port$1441$0 ;
+  wire [95:0] \port$1441$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -26930,7 +27032,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1433$0 [16:0] };
+      \$9  = { 1'h0, \port$1441$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -26943,7 +27045,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1428$0  };
+      \$10  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -26969,7 +27071,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
+      \$12  = { \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -26982,7 +27084,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1428$0  };
+      \$13  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -27008,7 +27110,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1433$0 [40:24] };
+      \$15  = { 1'h0, \port$1441$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -27021,7 +27123,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1428$0  };
+      \$16  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -27047,7 +27149,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
+      \$18  = { \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -27060,7 +27162,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1428$0  };
+      \$19  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -27086,7 +27188,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1433$0 [64:48] };
+      \$21  = { 1'h0, \port$1441$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -27099,7 +27201,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1428$0  };
+      \$22  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -27125,7 +27227,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
+      \$24  = { \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -27138,7 +27240,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1428$0  };
+      \$25  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -27164,7 +27266,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1433$0 [88:72] };
+      \$27  = { 1'h0, \port$1441$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -27177,7 +27279,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1428$0  };
+      \$28  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -27203,7 +27305,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
+      \$30  = { \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -27216,7 +27318,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1428$0  };
+      \$31  = { 2'h0, \port$1436$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -27238,22 +27340,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1428$0 , \port$1433$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1433$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1428$0  };
-  assign a__1 = { \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23], \port$1433$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1428$0  };
-  assign a__2 = { 1'h0, \port$1433$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1428$0  };
-  assign a__3 = { \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47], \port$1433$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1428$0  };
-  assign a__4 = { 1'h0, \port$1433$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1428$0  };
-  assign a__5 = { \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71], \port$1433$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1428$0  };
-  assign a__6 = { 1'h0, \port$1433$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1428$0  };
-  assign a__7 = { \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95], \port$1433$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1428$0  };
+  assign a__0 = { 1'h0, \port$1441$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1436$0  };
+  assign a__1 = { \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1436$0  };
+  assign a__2 = { 1'h0, \port$1441$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1436$0  };
+  assign a__3 = { \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1436$0  };
+  assign a__4 = { 1'h0, \port$1441$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1436$0  };
+  assign a__5 = { \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1436$0  };
+  assign a__6 = { 1'h0, \port$1441$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1436$0  };
+  assign a__7 = { \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1436$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28623,62 +28725,61 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, scores__valid, routes__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__payload, spad__rd0__data
+module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__valid, routes__ready, scores__payload, spad__rd0__data
 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
-  reg \$100 ;
-  reg [12:0] \$101 ;
-  reg [12:0] \$102 ;
-  reg \$103 ;
+  reg [12:0] \$100 ;
+  reg \$101 ;
+  reg \$102 ;
+  reg [1:0] \$103 ;
   reg \$104 ;
-  reg [1:0] \$105 ;
+  reg \$105 ;
   reg \$106 ;
   reg \$107 ;
-  reg \$108 ;
-  reg [12:0] \$109 ;
+  reg [12:0] \$108 ;
+  reg [19:0] \$109 ;
   wire \$11 ;
-  reg [19:0] \$110 ;
+  reg [13:0] \$110 ;
   reg [13:0] \$111 ;
   reg [13:0] \$112 ;
   reg [13:0] \$113 ;
-  reg [13:0] \$114 ;
-  reg \$115 ;
-  reg [2:0] \$116 ;
-  reg [13:0] \$117 ;
+  reg \$114 ;
+  reg [2:0] \$115 ;
+  reg [13:0] \$116 ;
   wire \$12 ;
   wire [13:0] \$13 ;
   wire \$14 ;
   wire \$15 ;
-  wire \$16 ;
-  wire [13:0] \$17 ;
-  wire \$18 ;
-  wire [13:0] \$19 ;
+  wire [13:0] \$16 ;
+  wire \$17 ;
+  wire [13:0] \$18 ;
+  wire [14:0] \$19 ;
   wire [13:0] \$2 ;
   wire [14:0] \$20 ;
-  wire [14:0] \$21 ;
-  wire [15:0] \$22 ;
-  wire [16:0] \$23 ;
-  wire [17:0] \$24 ;
-  wire [18:0] \$25 ;
-  wire [15:0] \$26 ;
-  wire [16:0] \$27 ;
-  wire [17:0] \$28 ;
-  wire \$29 ;
+  wire [15:0] \$21 ;
+  wire [16:0] \$22 ;
+  wire [17:0] \$23 ;
+  wire [18:0] \$24 ;
+  wire [15:0] \$25 ;
+  wire [16:0] \$26 ;
+  wire [17:0] \$27 ;
+  wire \$28 ;
+  wire [14:0] \$29 ;
   wire \$3 ;
-  wire [14:0] \$30 ;
-  wire [15:0] \$31 ;
-  wire [16:0] \$32 ;
-  wire [17:0] \$33 ;
-  wire [18:0] \$34 ;
-  wire [14:0] \$35 ;
-  wire [15:0] \$36 ;
-  wire [16:0] \$37 ;
-  wire [17:0] \$38 ;
-  wire [18:0] \$39 ;
+  wire [15:0] \$30 ;
+  wire [16:0] \$31 ;
+  wire [17:0] \$32 ;
+  wire [18:0] \$33 ;
+  wire [14:0] \$34 ;
+  wire [15:0] \$35 ;
+  wire [16:0] \$36 ;
+  wire [17:0] \$37 ;
+  wire [18:0] \$38 ;
+  wire [19:0] \$39 ;
   wire \$4 ;
-  wire [19:0] \$40 ;
+  wire \$40 ;
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
@@ -28690,8 +28791,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$49 ;
   wire [4:0] \$5 ;
   wire \$50 ;
-  wire \$51 ;
-  wire [4:0] \$52 ;
+  wire [4:0] \$51 ;
+  wire \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
@@ -28701,15 +28802,15 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$61 ;
-  wire [1:0] \$62 ;
-  wire [4:0] \$63 ;
-  wire [12:0] \$64 ;
+  wire [1:0] \$61 ;
+  wire [4:0] \$62 ;
+  wire [12:0] \$63 ;
+  wire \$64 ;
   wire \$65 ;
   wire \$66 ;
-  wire \$67 ;
-  wire [14:0] \$68 ;
-  wire [13:0] \$69 ;
+  wire [14:0] \$67 ;
+  wire [13:0] \$68 ;
+  wire \$69 ;
   wire \$7 ;
   wire \$70 ;
   wire \$71 ;
@@ -28718,31 +28819,31 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire [14:0] \$79 ;
+  wire [14:0] \$77 ;
+  wire [13:0] \$78 ;
+  wire [2:0] \$79 ;
   wire \$8 ;
-  wire [13:0] \$80 ;
-  wire [2:0] \$81 ;
-  wire \$82 ;
-  wire [14:0] \$83 ;
-  wire [4:0] \$84 ;
-  wire [4:0] \$85 ;
-  wire \$86 ;
+  wire \$80 ;
+  wire [14:0] \$81 ;
+  wire [4:0] \$82 ;
+  wire [4:0] \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire [14:0] \$86 ;
   wire \$87 ;
   wire [14:0] \$88 ;
-  wire \$89 ;
+  wire [1:0] \$89 ;
   wire \$9 ;
   wire [14:0] \$90 ;
-  wire [1:0] \$91 ;
-  wire [14:0] \$92 ;
-  wire \$93 ;
-  reg [3:0] \$94 ;
-  reg [3:0] \$95 ;
-  reg [13:0] \$96 ;
-  reg [13:0] \$97 ;
-  reg [3:0] \$98 ;
-  reg \$99 ;
+  wire \$91 ;
+  reg [3:0] \$92 ;
+  reg [3:0] \$93 ;
+  reg [13:0] \$94 ;
+  reg [13:0] \$95 ;
+  reg [3:0] \$96 ;
+  reg \$97 ;
+  reg \$98 ;
+  reg [12:0] \$99 ;
   reg [2:0] \$signature__addr ;
   wire [13:0] \$signature__data ;
   output [2:0] bias__addr;
@@ -28809,9 +28910,11 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   wire \routes__payload.last ;
   wire [15:0] \routes__payload.weight ;
   output routes__ready;
-  reg routes__ready;
+  reg routes__ready = 1'h0;
   input routes__valid;
   wire routes__valid;
+  (* init = 1'h0 *)
+  wire rready;
   input rst;
   wire rst;
   reg [1:0] s = 2'h0;
@@ -28821,7 +28924,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   input scores__ready;
   wire scores__ready;
   output scores__valid;
-  reg scores__valid;
+  reg scores__valid = 1'h0;
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
@@ -28843,7 +28946,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   input unit_rst;
   wire unit_rst;
   reg wphase = 1'h0;
-  reg wvalid = 1'h0;
+  (* init = 1'h0 *)
+  wire wvalid;
   reg [13:0] ctr [7:0];
   initial begin
     ctr[0] = 14'h0000;
@@ -28869,134 +28973,134 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   assign \$3  = j < 4'h8;
   assign \$4  = | j;
   assign \$5  = j - 1'h1;
-  assign \$6  = ~ wvalid;
+  assign \$6  = ~ scores__valid;
   assign \$7  = ~ feed_done;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = lane < 1'h1;
   assign \$10  = \$8  & \$9 ;
   assign \$13  = tbase + el;
-  assign \$14  = ~ hold;
-  assign \$15  = ~ wphase;
-  assign \$16  = hold & \$15 ;
-  assign \$17  = tslot + s;
-  assign \$18  = hold & wphase;
-  assign \$19  = tslot + s;
-  assign \$20  = \$19  + \$1 [13:0];
-  assign \$21  = \$signature__data  + 1'h1;
-  assign \$22  = 2'h2 * \$1 [13:0];
-  assign \$23  = ins[60:48] + \$22 ;
-  assign \$24  = \$23  + 4'h8;
-  assign \$25  = \$24  + j;
-  assign \$26  = 2'h2 * \$1 [13:0];
-  assign \$27  = ins[60:48] + \$26 ;
-  assign \$28  = \$27  + j;
-  assign \$30  = ins[60:48] + p;
-  assign \$31  = 2'h2 * \$1 [13:0];
-  assign \$32  = ins[60:48] + \$31 ;
-  assign \$33  = \$32  + 5'h10;
-  assign \$34  = \$33  + \$signature__data ;
-  assign \$35  = \$signature__data  + 1'h1;
-  assign \$36  = 2'h2 * \$1 [13:0];
-  assign \$37  = ins[60:48] + \$36 ;
-  assign \$38  = \$37  + 5'h10;
-  assign \$39  = \$38  + \$1 [13:0];
-  assign \$40  = \$39  + pos;
-  assign \$41  = ! fsm_state;
-  assign \$42  = fsm_state == 1'h1;
-  assign \$43  = fsm_state == 2'h2;
-  assign \$44  = fsm_state == 2'h3;
-  assign \$45  = fsm_state == 3'h4;
-  assign \$46  = fsm_state == 3'h5;
-  assign \$47  = fsm_state == 3'h6;
-  assign \$48  = fsm_state == 3'h7;
-  assign \$49  = fsm_state == 4'h8;
-  assign \$50  = fsm_state == 4'h9;
-  assign \$51  = fsm_state == 4'ha;
-  assign \$52  = j + 1'h1;
-  assign \$53  = j == 4'h8;
-  assign \$54  = ~ wvalid;
-  assign \$55  = ~ feed_done;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = lane < 1'h1;
-  assign \$58  = \$56  & \$57 ;
-  assign \$61  = el < 4'h8;
-  assign \$62  = lane + 1'h1;
-  assign \$63  = el + 1'h1;
-  assign \$64  = cap_ok ? spad__rd0__data[12:0] : 13'h0000;
-  assign \$66  = scores__valid & scores__ready;
-  assign \$67  = el >= 4'h8;
-  assign \$68  = feed_left - 1'h1;
-  assign \$69  = tbase + 4'h8;
-  assign \$70  = | feed_left[13:1];
-  assign \$71  = ~ \$70 ;
-  assign \$72  = ~ hold;
-  assign \$73  = routes__valid & \$72 ;
-  assign \$74  = ~ wphase;
-  assign \$75  = hold & \$74 ;
-  assign \$76  = hold & wphase;
-  assign \$77  = s == 1'h1;
-  assign \$78  = held[19] | \$77 ;
-  assign \$79  = route_left - 1'h1;
-  assign \$80  = tslot + 2'h2;
-  assign \$81  = s + 1'h1;
-  assign \$82  = ! route_left;
-  assign \$83  = off + \$signature__data ;
-  assign \$84  = j + 1'h1;
-  assign \$85  = j + 1'h1;
-  assign \$86  = \$85  < 4'h8;
-  assign \$88  = p + 1'h1;
-  assign \$90  = pt + 1'h1;
-  assign \$91  = ps + 1'h1;
-  assign \$92  = p + 1'h1;
-  assign \$93  = \$92  == \$1 [13:0];
+  assign \$14  = ~ wphase;
+  assign \$15  = hold & \$14 ;
+  assign \$16  = tslot + s;
+  assign \$17  = hold & wphase;
+  assign \$18  = tslot + s;
+  assign \$19  = \$18  + \$1 [13:0];
+  assign \$20  = \$signature__data  + 1'h1;
+  assign \$21  = 2'h2 * \$1 [13:0];
+  assign \$22  = ins[60:48] + \$21 ;
+  assign \$23  = \$22  + 4'h8;
+  assign \$24  = \$23  + j;
+  assign \$25  = 2'h2 * \$1 [13:0];
+  assign \$26  = ins[60:48] + \$25 ;
+  assign \$27  = \$26  + j;
+  assign \$29  = ins[60:48] + p;
+  assign \$30  = 2'h2 * \$1 [13:0];
+  assign \$31  = ins[60:48] + \$30 ;
+  assign \$32  = \$31  + 5'h10;
+  assign \$33  = \$32  + \$signature__data ;
+  assign \$34  = \$signature__data  + 1'h1;
+  assign \$35  = 2'h2 * \$1 [13:0];
+  assign \$36  = ins[60:48] + \$35 ;
+  assign \$37  = \$36  + 5'h10;
+  assign \$38  = \$37  + \$1 [13:0];
+  assign \$39  = \$38  + pos;
+  assign \$40  = ! fsm_state;
+  assign \$41  = fsm_state == 1'h1;
+  assign \$42  = fsm_state == 2'h2;
+  assign \$43  = fsm_state == 2'h3;
+  assign \$44  = fsm_state == 3'h4;
+  assign \$45  = fsm_state == 3'h5;
+  assign \$46  = fsm_state == 3'h6;
+  assign \$47  = fsm_state == 3'h7;
+  assign \$48  = fsm_state == 4'h8;
+  assign \$49  = fsm_state == 4'h9;
+  assign \$50  = fsm_state == 4'ha;
+  assign \$51  = j + 1'h1;
+  assign \$52  = j == 4'h8;
+  assign \$53  = ~ scores__valid;
+  assign \$54  = ~ feed_done;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = lane < 1'h1;
+  assign \$57  = \$55  & \$56 ;
+  assign \$60  = el < 4'h8;
+  assign \$61  = lane + 1'h1;
+  assign \$62  = el + 1'h1;
+  assign \$63  = cap_ok ? spad__rd0__data[12:0] : 13'h0000;
+  assign \$65  = scores__valid & scores__ready;
+  assign \$66  = el >= 4'h8;
+  assign \$67  = feed_left - 1'h1;
+  assign \$68  = tbase + 4'h8;
+  assign \$69  = | feed_left[13:1];
+  assign \$70  = ~ \$69 ;
+  assign \$71  = routes__valid & routes__ready;
+  assign \$72  = ~ wphase;
+  assign \$73  = hold & \$72 ;
+  assign \$74  = hold & wphase;
+  assign \$75  = s == 1'h1;
+  assign \$76  = held[19] | \$75 ;
+  assign \$77  = route_left - 1'h1;
+  assign \$78  = tslot + 2'h2;
+  assign \$79  = s + 1'h1;
+  assign \$80  = ! route_left;
+  assign \$81  = off + \$signature__data ;
+  assign \$82  = j + 1'h1;
+  assign \$83  = j + 1'h1;
+  assign \$84  = \$83  < 4'h8;
+  assign \$86  = p + 1'h1;
+  assign \$88  = pt + 1'h1;
+  assign \$89  = ps + 1'h1;
+  assign \$90  = p + 1'h1;
+  assign \$91  = \$90  == \$1 [13:0];
   always @(posedge clk)
-    j <= \$94 ;
+    j <= \$92 ;
   always @(posedge clk)
-    fsm_state <= \$95 ;
+    fsm_state <= \$93 ;
   always @(posedge clk)
-    feed_left <= \$96 ;
+    feed_left <= \$94 ;
   always @(posedge clk)
-    route_left <= \$97 ;
+    route_left <= \$95 ;
   always @(posedge clk)
-    el <= \$98 ;
+    el <= \$96 ;
   always @(posedge clk)
-    lane <= \$99 ;
+    lane <= \$97 ;
   always @(posedge clk)
-    wvalid <= \$100 ;
+    scores__valid <= \$98 ;
   always @(posedge clk)
-    tbase <= \$101 ;
+    tbase <= \$99 ;
   always @(posedge clk)
-    tslot <= \$102 ;
+    tslot <= \$100 ;
   always @(posedge clk)
-    feed_done <= \$103 ;
+    feed_done <= \$101 ;
   always @(posedge clk)
-    cap <= \$104 ;
+    cap <= \$102 ;
   always @(posedge clk)
-    s <= \$105 ;
+    s <= \$103 ;
   always @(posedge clk)
-    hold <= \$106 ;
+    hold <= \$104 ;
   always @(posedge clk)
-    wphase <= \$107 ;
+    routes__ready <= \$105 ;
   always @(posedge clk)
-    cap_ok <= \$108 ;
+    wphase <= \$106 ;
   always @(posedge clk)
-    scores__payload <= \$109 ;
+    cap_ok <= \$107 ;
   always @(posedge clk)
-    held <= \$110 ;
+    scores__payload <= \$108 ;
   always @(posedge clk)
-    off <= \$111 ;
+    held <= \$109 ;
   always @(posedge clk)
-    count <= \$112 ;
+    off <= \$110 ;
   always @(posedge clk)
-    p <= \$113 ;
+    count <= \$111 ;
   always @(posedge clk)
-    pt <= \$114 ;
+    p <= \$112 ;
   always @(posedge clk)
-    ps <= \$115 ;
+    pt <= \$113 ;
   always @(posedge clk)
-    idx_q <= \$116 ;
+    ps <= \$114 ;
   always @(posedge clk)
-    pos <= \$117 ;
+    idx_q <= \$115 ;
+  always @(posedge clk)
+    pos <= \$116 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     spad__rd0__addr = 13'h0000;
@@ -29016,8 +29120,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h5:
           /* empty */;
       4'h6:
-          if (\$29 ) begin
-            spad__rd0__addr = \$30 [12:0];
+          if (\$28 ) begin
+            spad__rd0__addr = \$29 [12:0];
           end
     endcase
   end
@@ -29040,7 +29144,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h5:
           /* empty */;
       4'h6:
-          if (\$29 ) begin
+          if (\$28 ) begin
             spad__rd0__en = 1'h1;
           end
     endcase
@@ -29054,7 +29158,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__addr = j[2:0];
       4'h2:
-          if (\$18 ) begin
+          if (\$17 ) begin
             c_wr__addr = held[2:0];
           end
       4'h3:
@@ -29080,8 +29184,8 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__data = 14'h0000;
       4'h2:
-          if (\$18 ) begin
-            c_wr__data = \$21 [13:0];
+          if (\$17 ) begin
+            c_wr__data = \$20 [13:0];
           end
       4'h3:
           /* empty */;
@@ -29094,7 +29198,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h7:
           /* empty */;
       4'h8:
-          c_wr__data = \$35 [13:0];
+          c_wr__data = \$34 [13:0];
     endcase
   end
   always @* begin
@@ -29106,7 +29210,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h1:
           c_wr__en = \$3 ;
       4'h2:
-          if (\$18 ) begin
+          if (\$17 ) begin
             c_wr__en = 1'h1;
           end
       4'h3:
@@ -29161,30 +29265,6 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    scores__valid = 1'h0;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          scores__valid = wvalid;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    routes__ready = 1'h0;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          routes__ready = \$14 ;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29215,27 +29295,27 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
-            spad__wr__addr = \$17 [12:0];
+          if (\$15 ) begin
+            spad__wr__addr = \$16 [12:0];
           end
-          if (\$18 ) begin
-            spad__wr__addr = \$20 [12:0];
+          if (\$17 ) begin
+            spad__wr__addr = \$19 [12:0];
           end
         end
       4'h3:
           /* empty */;
       4'h4:
-          spad__wr__addr = \$25 [12:0];
+          spad__wr__addr = \$24 [12:0];
       4'h5:
-          spad__wr__addr = \$28 [12:0];
+          spad__wr__addr = \$27 [12:0];
       4'h6:
           /* empty */;
       4'h7:
           /* empty */;
       4'h8:
-          spad__wr__addr = \$34 [12:0];
+          spad__wr__addr = \$33 [12:0];
       4'h9:
-          spad__wr__addr = \$40 [12:0];
+          spad__wr__addr = \$39 [12:0];
     endcase
   end
   always @* begin
@@ -29248,10 +29328,10 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
+          if (\$15 ) begin
             spad__wr__data = { 29'h00000000, held[2:0] };
           end
-          if (\$18 ) begin
+          if (\$17 ) begin
             spad__wr__data = { 16'h0000, held[18:3] };
           end
         end
@@ -29281,10 +29361,10 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
         begin
-          if (\$16 ) begin
+          if (\$15 ) begin
             spad__wr__en = 1'h1;
           end
-          if (\$18 ) begin
+          if (\$17 ) begin
             spad__wr__en = 1'h1;
           end
         end
@@ -29362,351 +29442,408 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$94  = j;
+    \$92  = j;
     casez (fsm_state)
       4'h0:
           if (start) begin
-            \$94  = 4'h0;
+            \$92  = 4'h0;
           end
       4'h1:
-          \$94  = \$52 [3:0];
+          \$92  = \$51 [3:0];
       4'h2:
-          if (\$82 ) begin
-            \$94  = 4'h0;
+          if (\$80 ) begin
+            \$92  = 4'h0;
           end
       4'h3:
           /* empty */;
       4'h4:
           /* empty */;
       4'h5:
-          \$94  = \$84 [3:0];
+          \$92  = \$82 [3:0];
     endcase
     if (unit_rst) begin
-      \$94  = 4'h0;
+      \$92  = 4'h0;
     end
     if (rst) begin
-      \$94  = 4'h0;
+      \$92  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$95  = fsm_state;
+    \$93  = fsm_state;
     casez (fsm_state)
       4'h0:
           if (start) begin
-            \$95  = 4'h1;
+            \$93  = 4'h1;
           end
       4'h1:
-          if (\$53 ) begin
-            \$95  = 4'h2;
+          if (\$52 ) begin
+            \$93  = 4'h2;
           end
       4'h2:
-          if (\$82 ) begin
-            \$95  = 4'h3;
+          if (\$80 ) begin
+            \$93  = 4'h3;
           end
       4'h3:
-          \$95  = 4'h4;
+          \$93  = 4'h4;
       4'h4:
-          \$95  = 4'h5;
+          \$93  = 4'h5;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
-            \$95  = 4'h3;
+          if (\$84 ) begin
+            \$93  = 4'h3;
           end else begin
-            \$95  = 4'h6;
+            \$93  = 4'h6;
           end
       4'h6:
-          if (\$87 ) begin
-            \$95  = 4'h7;
+          if (\$85 ) begin
+            \$93  = 4'h7;
           end
       4'h7:
-          \$95  = 4'h8;
+          \$93  = 4'h8;
       4'h8:
-          \$95  = 4'h9;
+          \$93  = 4'h9;
       4'h9:
           (* full_case = 32'd1 *)
-          if (\$93 ) begin
-            \$95  = 4'ha;
+          if (\$91 ) begin
+            \$93  = 4'ha;
           end else begin
-            \$95  = 4'h6;
+            \$93  = 4'h6;
           end
       4'ha:
-          \$95  = 4'h0;
+          \$93  = 4'h0;
     endcase
     if (unit_rst) begin
-      \$95  = 4'h0;
+      \$93  = 4'h0;
     end
     if (rst) begin
-      \$95  = 4'h0;
+      \$93  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$96  = feed_left;
+    \$94  = feed_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$96  = ins[74:61];
+          if (\$52 ) begin
+            \$94  = ins[74:61];
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$96  = \$68 [13:0];
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$94  = \$67 [13:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$96  = 14'h0000;
+      \$94  = 14'h0000;
     end
     if (rst) begin
-      \$96  = 14'h0000;
+      \$94  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$97  = route_left;
+    \$95  = route_left;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$97  = ins[74:61];
+          if (\$52 ) begin
+            \$95  = ins[74:61];
           end
       4'h2:
-          if (\$76 ) begin
-            if (\$78 ) begin
-              \$97  = \$79 [13:0];
+          if (\$74 ) begin
+            if (\$76 ) begin
+              \$95  = \$77 [13:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$97  = 14'h0000;
+      \$95  = 14'h0000;
     end
     if (rst) begin
-      \$97  = 14'h0000;
+      \$95  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$98  = el;
+    \$96  = el;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$98  = 4'h0;
+          if (\$52 ) begin
+            \$96  = 4'h0;
           end
       4'h2:
         begin
-          if (\$60 ) begin
-            \$98  = \$63 [3:0];
+          if (\$59 ) begin
+            \$96  = \$62 [3:0];
           end
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$98  = 4'h0;
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$96  = 4'h0;
             end
           end
         end
     endcase
     if (unit_rst) begin
-      \$98  = 4'h0;
+      \$96  = 4'h0;
     end
     if (rst) begin
-      \$98  = 4'h0;
+      \$96  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$99  = lane;
+    \$97  = lane;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$99  = 1'h0;
+          if (\$52 ) begin
+            \$97  = 1'h0;
           end
       4'h2:
         begin
-          if (\$60 ) begin
-            \$99  = \$62 [0];
+          if (\$59 ) begin
+            \$97  = \$61 [0];
           end
-          if (\$66 ) begin
-            \$99  = 1'h0;
+          if (\$65 ) begin
+            \$97  = 1'h0;
           end
         end
     endcase
     if (unit_rst) begin
-      \$99  = 1'h0;
+      \$97  = 1'h0;
     end
     if (rst) begin
-      \$99  = 1'h0;
+      \$97  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$100  = wvalid;
+    \$98  = scores__valid;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$100  = 1'h0;
+          if (\$52 ) begin
+            \$98  = 1'h0;
           end
       4'h2:
         begin
           if (cap) begin
-            if (\$65 ) begin
-              \$100  = 1'h1;
+            if (\$64 ) begin
+              \$98  = 1'h1;
             end
           end
-          if (\$66 ) begin
-            \$100  = 1'h0;
+          if (\$65 ) begin
+            \$98  = 1'h0;
           end
         end
     endcase
     if (unit_rst) begin
-      \$100  = 1'h0;
+      \$98  = 1'h0;
     end
     if (rst) begin
-      \$100  = 1'h0;
+      \$98  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$101  = tbase;
+    \$99  = tbase;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$101  = ins[34:22];
+          if (\$52 ) begin
+            \$99  = ins[34:22];
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              \$101  = \$69 [12:0];
+          if (\$65 ) begin
+            if (\$66 ) begin
+              \$99  = \$68 [12:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$101  = 13'h0000;
+      \$99  = 13'h0000;
     end
     if (rst) begin
-      \$101  = 13'h0000;
+      \$99  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$102  = tslot;
+    \$100  = tslot;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$102  = ins[60:48];
+          if (\$52 ) begin
+            \$100  = ins[60:48];
           end
       4'h2:
-          if (\$76 ) begin
-            if (\$78 ) begin
-              \$102  = \$80 [12:0];
+          if (\$74 ) begin
+            if (\$76 ) begin
+              \$100  = \$78 [12:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$102  = 13'h0000;
+      \$100  = 13'h0000;
     end
     if (rst) begin
-      \$102  = 13'h0000;
+      \$100  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$103  = feed_done;
+    \$101  = feed_done;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$103  = 1'h0;
+          if (\$52 ) begin
+            \$101  = 1'h0;
           end
       4'h2:
-          if (\$66 ) begin
-            if (\$67 ) begin
-              if (\$71 ) begin
-                \$103  = 1'h1;
+          if (\$65 ) begin
+            if (\$66 ) begin
+              if (\$70 ) begin
+                \$101  = 1'h1;
               end
             end
           end
     endcase
     if (unit_rst) begin
-      \$103  = 1'h0;
+      \$101  = 1'h0;
     end
     if (rst) begin
-      \$103  = 1'h0;
+      \$101  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$104  = cap;
+    \$102  = cap;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$104  = 1'h0;
+          if (\$52 ) begin
+            \$102  = 1'h0;
           end
       4'h2:
           (* full_case = 32'd1 *)
-          if (\$60 ) begin
-            \$104  = 1'h1;
+          if (\$59 ) begin
+            \$102  = 1'h1;
           end else begin
-            \$104  = 1'h0;
+            \$102  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$104  = 1'h0;
+      \$102  = 1'h0;
     end
     if (rst) begin
-      \$104  = 1'h0;
+      \$102  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$105  = s;
+    \$103  = s;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$105  = 2'h0;
+          if (\$52 ) begin
+            \$103  = 2'h0;
           end
       4'h2:
-          if (\$76 ) begin
+          if (\$74 ) begin
             (* full_case = 32'd1 *)
-            if (\$78 ) begin
-              \$105  = 2'h0;
+            if (\$76 ) begin
+              \$103  = 2'h0;
             end else begin
-              \$105  = \$81 [1:0];
+              \$103  = \$79 [1:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$105  = 2'h0;
+      \$103  = 2'h0;
     end
     if (rst) begin
-      \$105  = 2'h0;
+      \$103  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$106  = hold;
+    \$104  = hold;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
+          if (\$52 ) begin
+            \$104  = 1'h0;
+          end
+      4'h2:
+        begin
+          if (\$71 ) begin
+            \$104  = 1'h1;
+          end
+          if (\$74 ) begin
+            \$104  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$104  = 1'h0;
+    end
+    if (rst) begin
+      \$104  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    \$105  = routes__ready;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$52 ) begin
+            \$105  = 1'h1;
+          end
+      4'h2:
+        begin
+          if (\$71 ) begin
+            \$105  = 1'h0;
+          end
+          if (\$74 ) begin
+            \$105  = 1'h1;
+          end
+          if (\$80 ) begin
+            \$105  = 1'h0;
+          end
+        end
+    endcase
+    if (unit_rst) begin
+      \$105  = 1'h0;
+    end
+    if (rst) begin
+      \$105  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    \$106  = wphase;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          if (\$52 ) begin
             \$106  = 1'h0;
           end
       4'h2:
@@ -29714,7 +29851,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           if (\$73 ) begin
             \$106  = 1'h1;
           end
-          if (\$76 ) begin
+          if (\$74 ) begin
             \$106  = 1'h0;
           end
         end
@@ -29728,23 +29865,16 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$107  = wphase;
+    \$107  = cap_ok;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
-          if (\$53 ) begin
-            \$107  = 1'h0;
-          end
+          /* empty */;
       4'h2:
-        begin
-          if (\$75 ) begin
-            \$107  = 1'h1;
+          if (\$59 ) begin
+            \$107  = \$60 ;
           end
-          if (\$76 ) begin
-            \$107  = 1'h0;
-          end
-        end
     endcase
     if (unit_rst) begin
       \$107  = 1'h0;
@@ -29755,27 +29885,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$108  = cap_ok;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          if (\$60 ) begin
-            \$108  = \$61 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$108  = 1'h0;
-    end
-    if (rst) begin
-      \$108  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$109  = scores__payload;
+    \$108  = scores__payload;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -29783,52 +29893,74 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h2:
           if (cap) begin
-            \$109  = \$64 ;
+            \$108  = \$63 ;
           end
     endcase
     if (unit_rst) begin
-      \$109  = 13'h0000;
+      \$108  = 13'h0000;
     end
     if (rst) begin
-      \$109  = 13'h0000;
+      \$108  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$110  = held;
+    \$109  = held;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           /* empty */;
       4'h2:
-          if (\$73 ) begin
-            \$110  = routes__payload;
+          if (\$71 ) begin
+            \$109  = routes__payload;
           end
     endcase
     if (unit_rst) begin
-      \$110  = 20'h00000;
+      \$109  = 20'h00000;
     end
     if (rst) begin
-      \$110  = 20'h00000;
+      \$109  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$111  = off;
+    \$110  = off;
     casez (fsm_state)
       4'h0:
           /* empty */;
       4'h1:
           /* empty */;
       4'h2:
-          if (\$82 ) begin
-            \$111  = 14'h0000;
+          if (\$80 ) begin
+            \$110  = 14'h0000;
           end
       4'h3:
           /* empty */;
       4'h4:
-          \$111  = \$83 [13:0];
+          \$110  = \$81 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$110  = 14'h0000;
+    end
+    if (rst) begin
+      \$110  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    \$111  = count;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          \$111  = \$signature__data ;
     endcase
     if (unit_rst) begin
       \$111  = 14'h0000;
@@ -29839,29 +29971,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$112  = count;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          \$112  = \$signature__data ;
-    endcase
-    if (unit_rst) begin
-      \$112  = 14'h0000;
-    end
-    if (rst) begin
-      \$112  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$113  = p;
+    \$112  = p;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -29875,7 +29985,43 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$84 ) begin
+          end else begin
+            \$112  = 14'h0000;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$112  = \$86 [13:0];
+    endcase
+    if (unit_rst) begin
+      \$112  = 14'h0000;
+    end
+    if (rst) begin
+      \$112  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    \$113  = pt;
+    casez (fsm_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h2:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h5:
+          (* full_case = 32'd1 *)
+          if (\$84 ) begin
           end else begin
             \$113  = 14'h0000;
           end
@@ -29886,7 +30032,9 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h8:
           /* empty */;
       4'h9:
-          \$113  = \$88 [13:0];
+          if (\$87 ) begin
+            \$113  = \$88 [13:0];
+          end
     endcase
     if (unit_rst) begin
       \$113  = 14'h0000;
@@ -29897,7 +30045,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$114  = pt;
+    \$114  = ps;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -29911,47 +30059,9 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$84 ) begin
           end else begin
-            \$114  = 14'h0000;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$89 ) begin
-            \$114  = \$90 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$114  = 14'h0000;
-    end
-    if (rst) begin
-      \$114  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$115  = ps;
-    casez (fsm_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h2:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h5:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else begin
-            \$115  = 1'h0;
+            \$114  = 1'h0;
           end
       4'h6:
           /* empty */;
@@ -29961,22 +30071,22 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
           /* empty */;
       4'h9:
           (* full_case = 32'd1 *)
-          if (\$89 ) begin
-            \$115  = 1'h0;
+          if (\$87 ) begin
+            \$114  = 1'h0;
           end else begin
-            \$115  = \$91 [0];
+            \$114  = \$89 [0];
           end
     endcase
     if (unit_rst) begin
-      \$115  = 1'h0;
+      \$114  = 1'h0;
     end
     if (rst) begin
-      \$115  = 1'h0;
+      \$114  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$116  = idx_q;
+    \$115  = idx_q;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -29993,18 +30103,18 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h6:
           /* empty */;
       4'h7:
-          \$116  = spad__rd0__data[2:0];
+          \$115  = spad__rd0__data[2:0];
     endcase
     if (unit_rst) begin
-      \$116  = 3'h0;
+      \$115  = 3'h0;
     end
     if (rst) begin
-      \$116  = 3'h0;
+      \$115  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$117  = pos;
+    \$116  = pos;
     casez (fsm_state)
       4'h0:
           /* empty */;
@@ -30023,17 +30133,19 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
       4'h7:
           /* empty */;
       4'h8:
-          \$117  = \$signature__data ;
+          \$116  = \$signature__data ;
     endcase
     if (unit_rst) begin
-      \$117  = 14'h0000;
+      \$116  = 14'h0000;
     end
     if (rst) begin
-      \$117  = 14'h0000;
+      \$116  = 14'h0000;
     end
   end
   assign tk = \$1 [13:0];
   assign pack = scores__payload;
+  assign wvalid = scores__valid;
+  assign rready = routes__ready;
   assign spad__blocked = 1'h0;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
@@ -30061,12 +30173,12 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   assign \routes__payload.last  = routes__payload[19];
   assign \$11  = 1'h1;
   assign \$12  = \$10 ;
-  assign \$29  = 1'h1;
-  assign \$59  = 1'h1;
-  assign \$60  = \$58 ;
-  assign \$65  = 1'h1;
-  assign \$87  = 1'h1;
-  assign \$89  = ps;
+  assign \$28  = 1'h1;
+  assign \$58  = 1'h1;
+  assign \$59  = \$57 ;
+  assign \$64  = 1'h1;
+  assign \$85  = 1'h1;
+  assign \$87  = ps;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -31324,7 +31436,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4653$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4659$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -31502,8 +31614,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4653$0 ;
-  wire [4:0] \port$4653$0 ;
+  input [4:0] \port$4659$0 ;
+  wire [4:0] \port$4659$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -31516,64 +31628,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4653$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4659$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4653$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4659$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4653$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4653$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4659$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4659$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4653$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4659$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4653$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4659$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4653$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4659$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4], \port$4653$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4653$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4659$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4653$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4659$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4653$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4659$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4653$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4659$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4653$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4659$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0], \port$4653$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1], \port$4653$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2], \port$4653$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3], \port$4653$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -31588,7 +31700,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4653$0 , \port$2$0  };
+  assign select = { \port$4659$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

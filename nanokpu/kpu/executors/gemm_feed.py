@@ -88,6 +88,8 @@ class GemmFeed(wiring.Component):
         gm_cap_lane = Signal(range(R))
         gm_wvalid = Signal()
         gm_afeed_done = Signal()
+        gm_full = Signal()      # the word's real lanes are all read (gm_lane == R or row M reached)
+        gm_go = Signal()        # ~gm_wvalid & ~gm_afeed_done & ~gm_full: a lane of A is read unless blocked
         gc_left = Signal(SW)
         gc_n = Signal(NW)
         gc_lane = Signal(range(R))
@@ -100,39 +102,56 @@ class GemmFeed(wiring.Component):
             """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
             return (left[LB:] == 0) & (lanes >= left[:LB])
 
+        def full_of(left, lane):
+            """A word of A with ``left`` rows left has its real lanes read once ``lane`` are."""
+            return (lane == R) | reached(left, lane)
+
+        # The A feed's flags as they will be after this edge (held unless assigned below), so
+        # that its read enable is a flip-flop (gm_go) and ~blocked: on a large ECP5 the
+        # scratchpad's blocks span the die, and the paths to their enables leave no time for
+        # the word's bookkeeping
+        wvalid_n, afeed_done_n, full_n = Signal(), Signal(), Signal()
+        m.d.comb += [wvalid_n.eq(gm_wvalid), afeed_done_n.eq(gm_afeed_done), full_n.eq(gm_full)]
+        m.d.sync += [gm_wvalid.eq(wvalid_n), gm_afeed_done.eq(afeed_done_n), gm_full.eq(full_n),
+                     gm_go.eq(~wvalid_n & ~afeed_done_n & ~full_n)]
+
         def gc_last_of(left, lane):
             """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
             return (lane == R - 1) | reached(left, lane + 1)
 
-        # the per-column table: entry j (mult at t_addr, shift at t_addr + 1) read on rd1 while
-        # t_left columns are left, the column's address stepping by 2*E; the read captured in the
-        # next cycle (t_cap): the mult registered, the entry written with the shift
+        # the per-column table: entry j (mult, then shift one word on) read on rd1 at t_addr while
+        # t_left columns are left (t_on), the column's address stepping by 2*E; the read captured
+        # in the next cycle (t_cap): the mult registered, the entry written with the shift. The
+        # read's address and enable come off flip-flops (and ~blocked), like the A feed's
         E = cfg.n_experts
         col = Signal()                   # this GEMM requantises per column (F_RQ_CHANNEL, width != 0)
         t_left = Signal(NW)
-        t_addr = Signal(AW)
-        t_step = Signal(range(2 * E + 1))
+        t_on = Signal()                  # t_left != 0
+        t_addr = Signal(AW)              # the next read's address
+        t_step = Signal(range(2 * E))    # from a shift to the next column's mult: 2*E - 1 (per expert) or 1
         t_half = Signal()                # the next read is the shift's
         t_cap = Signal()
         t_cap_half = Signal()
         t_col = Signal(NW)               # the column of the entry read
         t_mult = Signal(cfg.mult_width)
-        m.d.comb += [gemm.col_en.eq(col), gemm.col_hold.eq((t_left != 0) | t_cap),
+        m.d.comb += [gemm.col_en.eq(col), gemm.col_hold.eq(t_on | t_cap),
                      gemm.col_wr.addr.eq(t_col), gemm.col_wr.data.mult.eq(t_mult),
                      gemm.col_wr.data.shift.eq(spad.rd1.data[:6])]
         m.d.sync += t_cap.eq(0)
-        with m.If((t_left != 0) & ~blocked):
-            m.d.comb += [spad.rd1.addr.eq(t_addr + t_half), spad.rd1.en.eq(1)]
+        with m.If(t_on & ~blocked):
+            m.d.comb += [spad.rd1.addr.eq(t_addr), spad.rd1.en.eq(1)]
             m.d.sync += [t_cap.eq(1), t_cap_half.eq(t_half), t_half.eq(~t_half)]
             with m.If(t_half):
-                m.d.sync += [t_addr.eq(t_addr + t_step), t_left.eq(t_left - 1)]
+                m.d.sync += [t_addr.eq(t_addr + t_step), t_left.eq(t_left - 1), t_on.eq(t_left != 1)]
+            with m.Else():
+                m.d.sync += t_addr.eq(t_addr + 1)
         with m.If(t_cap & ~t_cap_half):
             m.d.sync += t_mult.eq(spad.rd1.data[:cfg.mult_width])
         with m.If(t_cap & t_cap_half):
             m.d.comb += gemm.col_wr.en.eq(1)
             m.d.sync += t_col.eq(t_col + 1)
         with m.If(self.done):   # (an instruction ended by an error: the copy stops)
-            m.d.sync += [t_left.eq(0), t_cap.eq(0)]
+            m.d.sync += [t_left.eq(0), t_on.eq(0), t_cap.eq(0)]
 
         running = Signal()
         m.d.comb += [
@@ -149,27 +168,30 @@ class GemmFeed(wiring.Component):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
-            word_full = (gm_lane == R) | reached(gm_left, gm_lane)
-            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full & ~blocked):
-                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
+            with m.If(gm_go & ~blocked):
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), full_n.eq(full_of(gm_left, gm_lane + 1))]
                 m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
                              gm_addr.eq(gm_addr + k_g)]
             with m.Else():
                 m.d.sync += gm_cap.eq(0)
             with m.If(gm_cap):
                 m.d.sync += pack.as_value().word_select(gm_cap_lane, accw)[:8].eq(rd0.data[:8])
-            with m.If(~gm_wvalid & ~gm_afeed_done & word_full):
-                m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
+            with m.If(~gm_wvalid & ~gm_afeed_done & gm_full):
+                m.d.comb += wvalid_n.eq(1)  # the capture in flight (if any) lands on this edge
             with m.If(gemm.a_in.valid & gemm.a_in.ready):
-                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), pack.eq(0)]
+                m.d.comb += wvalid_n.eq(0)
+                m.d.sync += [gm_lane.eq(0), pack.eq(0)]
                 with m.If(gm_k + 1 < k_g):
+                    m.d.comb += full_n.eq(full_of(gm_left, 0))
                     m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
                 with m.Else():
                     next_block = gm_addr - k_g + 1
-                    m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(next_block),
+                    next_left = (gm_left - R)[:SW]
+                    m.d.comb += full_n.eq(full_of(next_left, 0))
+                    m.d.sync += [gm_k.eq(0), gm_left.eq(next_left), gm_wstart.eq(next_block),
                                  gm_addr.eq(next_block)]
                     with m.If(reached(gm_left, R)):
-                        m.d.sync += gm_afeed_done.eq(1)
+                        m.d.comb += afeed_done_n.eq(1)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
             # (rows >= M are skipped: the word is taken after its last real row)
             with m.If(gemm.c_out.valid):
@@ -192,23 +214,25 @@ class GemmFeed(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
+                    m.d.comb += [wvalid_n.eq(0), afeed_done_n.eq(0), full_n.eq(full_of(m_s, 0))]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                 gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0),
                                  pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
-                                 gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
+                                 gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                  gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
-                    m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)), t_half.eq(0), t_col.eq(0),
+                    m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
+                                 t_on.eq(per_column & (n_g != 0)), t_half.eq(0), t_col.eq(0),
                                  t_addr.eq(ins.b + Mux(per_expert, ins.expert << 1, 0)),
-                                 t_step.eq(Mux(per_expert, 2 * E, 2))]
+                                 t_step.eq(Mux(per_expert, 2 * E - 1, 1))]
                     with m.If(per_expert & ~per_column):
                         m.next = "RQ_TABLE"
                     with m.Else():
                         m.next = "CMD"
             with m.State("RQ_TABLE"):
-                m.d.comb += [rd0.addr.eq(ins.b + (ins.expert << 1)), spad.rd1.addr.eq(ins.b + (ins.expert << 1) + 1),
-                             rd0.en.eq(1), spad.rd1.en.eq(1)]
+                # (t_addr: b + 2*expert)
+                m.d.comb += [rd0.addr.eq(t_addr), spad.rd1.addr.eq(t_addr + 1), rd0.en.eq(1), spad.rd1.en.eq(1)]
                 m.next = "RQ_TABLE2"
             with m.State("RQ_TABLE2"):
                 m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(spad.rd1.data[:6])]

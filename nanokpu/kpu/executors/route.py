@@ -77,6 +77,9 @@ class Route(wiring.Component):
         feed_done = Signal()
         hold = Signal()
         held = Signal(self.route_layout)
+        # routes.ready: in ROUTES while no route is held, registered, since in the engine it
+        # decides whether the next token's results are taken, which runs into its merge tree
+        rready = Signal()
         wphase = Signal()
         # phases 3 and 4
         off = Signal(w.sw)
@@ -87,7 +90,8 @@ class Route(wiring.Component):
         pos = Signal(w.sw)
         count = Signal(w.sw)
 
-        m.d.comb += self.scores.payload.eq(pack)
+        # (wvalid is low outside ROUTES: every beat is fed before the last route comes back)
+        m.d.comb += [self.scores.payload.eq(pack), self.scores.valid.eq(wvalid), self.routes.ready.eq(rready)]
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -104,7 +108,7 @@ class Route(wiring.Component):
                 with m.If(j == E):
                     m.d.sync += [feed_left.eq(ins.m), route_left.eq(ins.m), el.eq(0), lane.eq(0),
                                  wvalid.eq(0), tbase.eq(ins.a), tslot.eq(ins.c), feed_done.eq(0),
-                                 cap.eq(0), s.eq(0), hold.eq(0), wphase.eq(0)]
+                                 cap.eq(0), s.eq(0), hold.eq(0), rready.eq(1), wphase.eq(0)]
                     m.next = "ROUTES"
             with m.State("ROUTES"):
                 # scores: beat (t, b), lane l = expert el = b*lanes + l of token t, at tbase = a + t*E
@@ -118,7 +122,6 @@ class Route(wiring.Component):
                     m.d.sync += pack[cap_lane].eq(Mux(cap_ok, rd0.data[:cfg.score_width], 0))
                     with m.If(cap_lane == lanes - 1):
                         m.d.sync += wvalid.eq(1)
-                m.d.comb += self.scores.valid.eq(wvalid)
                 with m.If(self.scores.valid & self.scores.ready):
                     m.d.sync += [wvalid.eq(0), lane.eq(0)]
                     with m.If(el >= E):
@@ -127,9 +130,8 @@ class Route(wiring.Component):
                             m.d.sync += feed_done.eq(1)
                 # routes: index then weight, two writes per route; the index's count read, then
                 # written back plus one
-                m.d.comb += self.routes.ready.eq(~hold)
-                with m.If(self.routes.valid & ~hold):
-                    m.d.sync += [hold.eq(1), held.eq(self.routes.payload)]
+                with m.If(self.routes.valid & rready):
+                    m.d.sync += [hold.eq(1), rready.eq(0), held.eq(self.routes.payload)]
                 slot = tslot + s          # c + t*top_k + s
                 m.d.comb += c_rd.addr.eq(held.index)
                 with m.If(hold & ~wphase):
@@ -138,13 +140,13 @@ class Route(wiring.Component):
                 with m.If(hold & wphase):
                     m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(held.weight), wr.en.eq(1),
                                  c_wr.addr.eq(held.index), c_wr.data.eq(c_rd.data + 1), c_wr.en.eq(1)]
-                    m.d.sync += [hold.eq(0), wphase.eq(0)]
+                    m.d.sync += [hold.eq(0), rready.eq(1), wphase.eq(0)]
                     with m.If(held.last | (s == top_k - 1)):
                         m.d.sync += [s.eq(0), route_left.eq(route_left - 1), tslot.eq(tslot + top_k)]
                     with m.Else():
                         m.d.sync += s.eq(s + 1)
                 with m.If(route_left == 0):
-                    m.d.sync += [j.eq(0), off.eq(0)]
+                    m.d.sync += [j.eq(0), off.eq(0), rready.eq(0)]
                     m.next = "COUNT"
             # counts and offsets: counter j read (its data in the next state); expert j's offset
             # written and put back into the counter as its next list position, then its count
