@@ -993,7 +993,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .error(dma__error),
     .\port$381$0 (\$149 ),
-    .\port$3885$254 (cur[269:254]),
+    .\port$3925$254 (cur[269:254]),
     .\port$399$0 (\$150 ),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
@@ -1053,7 +1053,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$75 (\done$284 ),
+    .\done$83 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1197,7 +1197,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$3887$0 (running_exec),
+    .\port$3927$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4811,7 +4811,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$381$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$399$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$3885$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$3925$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -4952,8 +4952,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [4:0] \n$22 ;
   output [5:0] \port$381$0 ;
   wire [5:0] \port$381$0 ;
-  input [15:0] \port$3885$254 ;
-  wire [15:0] \port$3885$254 ;
+  input [15:0] \port$3925$254 ;
+  wire [15:0] \port$3925$254 ;
   output [5:0] \port$399$0 ;
   wire [5:0] \port$399$0 ;
   reg [24:0] r_out = 25'h0000000;
@@ -5120,7 +5120,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3885$254  };
+      \$74  = { 8'h00, \port$3925$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5156,7 +5156,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3885$254  };
+      \$77  = { 8'h00, \port$3925$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5201,9 +5201,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3885$254  };
+  assign rd_beats = { 8'h00, \port$3925$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3885$254  };
+  assign wr_beats = { 8'h00, \port$3925$254  };
   assign \port$381$0  = \$9 ;
   assign \port$399$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5944,9 +5944,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4933$0 (\$signal ),
-    .\port$5246$0 (spad__rd0__data),
-    .\port$5248$0 (spad__rd1__data),
+    .\port$4983$0 (\$signal ),
+    .\port$5296$0 (spad__rd0__data),
+    .\port$5298$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9715,7 +9715,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4933$0 , level, \port$5246$0 , \port$5248$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$4983$0 , level, \port$5296$0 , \port$5298$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -9740,12 +9740,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$4933$0 ;
-  wire \port$4933$0 ;
-  input [31:0] \port$5246$0 ;
-  wire [31:0] \port$5246$0 ;
-  input [31:0] \port$5248$0 ;
-  wire [31:0] \port$5248$0 ;
+  input \port$4983$0 ;
+  wire \port$4983$0 ;
+  input [31:0] \port$5296$0 ;
+  wire [31:0] \port$5296$0 ;
+  input [31:0] \port$5298$0 ;
+  wire [31:0] \port$5298$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -9778,7 +9778,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$4933$0 , \port$5248$0 , \port$5246$0  };
+      storage[w_port__addr] <= { \port$4983$0 , \port$5298$0 , \port$5296$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -9849,8 +9849,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$4933$0 , \port$5248$0 , \port$5246$0  };
-  assign w_data = { \port$4933$0 , \port$5248$0 , \port$5246$0  };
+  assign w_port__data = { \port$4983$0 , \port$5298$0 , \port$5296$0  };
+  assign w_data = { \port$4983$0 , \port$5298$0 , \port$5296$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -11795,7 +11795,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$75 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$83 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
@@ -11843,17 +11843,17 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$137 ;
   wire \$138 ;
   wire [23:0] \$139 ;
-  wire [3:0] \$14 ;
+  wire \$14 ;
   wire [23:0] \$140 ;
   wire [23:0] \$141 ;
   wire [23:0] \$142 ;
   wire [23:0] \$143 ;
   wire [23:0] \$144 ;
-  wire \$145 ;
+  wire [13:0] \$145 ;
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire [13:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
@@ -11865,75 +11865,75 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
+  wire [2:0] \$16 ;
   wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
+  wire [13:0] \$161 ;
+  wire [9:0] \$162 ;
   wire \$163 ;
-  wire \$164 ;
-  wire [13:0] \$165 ;
-  wire [9:0] \$166 ;
+  wire [13:0] \$164 ;
+  wire \$165 ;
+  wire \$166 ;
   wire \$167 ;
-  wire [13:0] \$168 ;
+  wire [9:0] \$168 ;
   wire \$169 ;
-  wire [3:0] \$17 ;
+  wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire [9:0] \$172 ;
-  wire \$173 ;
+  wire \$172 ;
+  wire [3:0] \$173 ;
   wire \$174 ;
-  wire [3:0] \$175 ;
-  wire [13:0] \$176 ;
-  wire \$177 ;
-  wire [7:0] \$178 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire [13:0] \$177 ;
+  wire \$178 ;
   wire \$179 ;
-  wire \$18 ;
-  wire [7:0] \$180 ;
-  wire [13:0] \$181 ;
-  wire [13:0] \$182 ;
-  wire [14:0] \$183 ;
-  wire [13:0] \$184 ;
-  wire [14:0] \$185 ;
-  wire [13:0] \$186 ;
-  wire [14:0] \$187 ;
-  wire [2:0] \$188 ;
-  wire [13:0] \$189 ;
+  wire [3:0] \$18 ;
+  wire [3:0] \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire [7:0] \$184 ;
+  wire \$185 ;
+  wire [7:0] \$186 ;
+  wire [13:0] \$187 ;
+  wire [13:0] \$188 ;
+  wire [14:0] \$189 ;
   wire \$19 ;
-  wire [2:0] \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire [2:0] \$193 ;
-  wire [3:0] \$194 ;
+  wire [13:0] \$190 ;
+  wire [13:0] \$191 ;
+  wire [2:0] \$192 ;
+  wire [13:0] \$193 ;
+  wire [2:0] \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire \$197 ;
-  wire [9:0] \$198 ;
+  wire [2:0] \$197 ;
+  wire [3:0] \$198 ;
   wire \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
-  wire [9:0] \$200 ;
-  wire [13:0] \$201 ;
-  wire [13:0] \$202 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire [9:0] \$202 ;
   wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
-  wire \$206 ;
-  wire [14:0] \$207 ;
-  wire [13:0] \$208 ;
-  wire [13:0] \$209 ;
-  wire \$21 ;
-  wire [14:0] \$210 ;
-  wire \$211 ;
-  wire [14:0] \$212 ;
-  wire \$213 ;
-  wire \$214 ;
+  wire [9:0] \$204 ;
+  wire [13:0] \$205 ;
+  wire [13:0] \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
+  wire [3:0] \$21 ;
+  wire \$210 ;
+  wire [14:0] \$211 ;
+  wire [13:0] \$212 ;
+  wire [13:0] \$213 ;
+  wire [14:0] \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [14:0] \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire [9:0] \$220 ;
+  wire \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
@@ -11941,90 +11941,94 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire [8:0] \$228 ;
-  wire [9:0] \$229 ;
+  wire [9:0] \$228 ;
+  wire \$229 ;
   wire \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire \$232 ;
-  wire \$233 ;
+  wire [8:0] \$232 ;
+  wire [9:0] \$233 ;
   wire \$234 ;
-  wire [9:0] \$235 ;
+  wire \$235 ;
   wire \$236 ;
-  wire [16:0] \$237 ;
-  wire [16:0] \$238 ;
-  wire [17:0] \$239 ;
-  wire \$24 ;
-  wire [9:0] \$240 ;
-  wire \$241 ;
-  wire [3:0] \$242 ;
-  wire [9:0] \$243 ;
-  wire \$244 ;
-  wire [9:0] \$245 ;
-  wire \$246 ;
-  wire \$247 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire [9:0] \$239 ;
+  wire [3:0] \$24 ;
+  wire \$240 ;
+  wire [16:0] \$241 ;
+  wire [16:0] \$242 ;
+  wire [17:0] \$243 ;
+  wire [9:0] \$244 ;
+  wire \$245 ;
+  wire [3:0] \$246 ;
+  wire [9:0] \$247 ;
   wire \$248 ;
-  wire \$249 ;
+  wire [9:0] \$249 ;
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  reg \$252 ;
-  reg \$253 ;
-  reg \$254 ;
-  reg \$255 ;
-  reg \$256 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  reg [2:0] \$256 ;
   reg \$257 ;
-  reg \$258 ;
-  reg [12:0] \$259 ;
-  wire [7:0] \$26 ;
-  reg [8:0] \$260 ;
+  reg [1:0] \$258 ;
+  reg \$259 ;
+  wire \$26 ;
+  reg \$260 ;
   reg \$261 ;
-  reg [15:0] \$262 ;
-  reg [8:0] \$263 ;
-  reg \$264 ;
-  reg [1:0] \$265 ;
-  reg [2:0] \$266 ;
-  reg [12:0] \$267 ;
-  reg [95:0] \$268 ;
-  reg [6:0] \$269 ;
+  reg \$262 ;
+  reg [12:0] \$263 ;
+  reg [8:0] \$264 ;
+  reg \$265 ;
+  reg [15:0] \$266 ;
+  reg [8:0] \$267 ;
+  reg \$268 ;
+  reg [1:0] \$269 ;
   wire \$27 ;
-  reg [12:0] \$270 ;
-  reg [13:0] \$271 ;
-  reg [1:0] \$272 ;
+  reg \$270 ;
+  reg [12:0] \$271 ;
+  reg [6:0] \$272 ;
   reg [12:0] \$273 ;
-  reg \$274 ;
-  reg [8:0] \$275 ;
-  reg [12:0] \$276 ;
-  reg [13:0] \$277 ;
+  reg [13:0] \$274 ;
+  reg [31:0] \$275 ;
+  reg [1:0] \$276 ;
+  reg [12:0] \$277 ;
   reg \$278 ;
-  reg [5:0] \$279 ;
-  wire \$28 ;
-  reg [31:0] \$280 ;
-  reg [5:0] \$281 ;
+  reg [8:0] \$279 ;
+  wire [7:0] \$28 ;
+  reg [12:0] \$280 ;
+  reg [13:0] \$281 ;
   reg \$282 ;
-  reg [3:0] \$283 ;
-  reg [2:0] \$284 ;
+  reg [5:0] \$283 ;
+  reg [31:0] \$284 ;
+  reg [5:0] \$285 ;
+  reg \$286 ;
+  reg [3:0] \$287 ;
+  reg [2:0] \$288 ;
   wire \$29 ;
   wire \$3 ;
   wire \$30 ;
   wire \$31 ;
-  wire [14:0] \$32 ;
-  wire [6:0] \$327 ;
+  wire \$32 ;
   wire \$33 ;
-  wire [14:0] \$34 ;
+  wire [6:0] \$331 ;
+  wire [31:0] \$34 ;
   wire \$35 ;
-  wire \$36 ;
+  wire [31:0] \$36 ;
   wire \$37 ;
-  wire [6:0] \$377 ;
-  wire \$38 ;
+  wire [31:0] \$38 ;
+  wire [6:0] \$381 ;
   wire \$39 ;
   wire [5:0] \$4 ;
-  wire \$40 ;
+  wire [31:0] \$40 ;
   wire \$41 ;
   wire [23:0] \$42 ;
-  wire [6:0] \$429 ;
   wire \$43 ;
-  wire [6:0] \$434 ;
+  wire [6:0] \$433 ;
+  wire [6:0] \$438 ;
   wire \$44 ;
   wire \$45 ;
   wire \$46 ;
@@ -12086,15 +12090,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
+  reg [2:0] \$like ;
   reg \$signal ;
-  reg \$signal$22 ;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
   wire [7:0] \a_in__payload[2] ;
   wire [7:0] \a_in__payload[3] ;
   wire a_in__ready;
-  (* init = 1'h0 *)
   wire a_in__valid;
   input [31:0] b_in__payload;
   wire [31:0] b_in__payload;
@@ -12149,13 +12152,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$75 ;
-  reg \done$75 ;
+  output \done$83 ;
+  reg \done$83 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$77 ;
+  wire \error$85 ;
   reg [2:0] fsm_state = 3'h0;
-  reg full_n;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -12166,13 +12168,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg gm_afeed_done = 1'h0;
   reg gm_cap = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
-  reg gm_full = 1'h0;
+  reg gm_cap_last = 1'h0;
   reg gm_go = 1'h0;
   reg [6:0] gm_k = 7'h00;
   reg [2:0] gm_lane = 3'h0;
   reg [13:0] gm_left = 14'h0000;
+  reg [1:0] gm_owed = 2'h0;
   reg [12:0] gm_wstart = 13'h0000;
-  reg gm_wvalid = 1'h0;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -12192,11 +12194,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [31:0] mult = 32'd0;
-  reg [95:0] pack = 96'h000000000000000000000000;
-  wire [23:0] \pack[0] ;
-  wire [23:0] \pack[1] ;
-  wire [23:0] \pack[2] ;
-  wire [23:0] \pack[3] ;
+  reg [1:0] owed_n;
+  reg [31:0] pack = 32'd0;
+  wire [7:0] \pack[0] ;
+  wire [7:0] \pack[1] ;
+  wire [7:0] \pack[2] ;
+  wire [7:0] \pack[3] ;
+  wire [31:0] r_data;
+  wire r_en;
+  wire r_rdy;
   input [95:0] rq__i__payload;
   wire [95:0] rq__i__payload;
   wire [23:0] \rq__i__payload[0] ;
@@ -12266,6 +12272,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [3:0] t_step = 4'h0;
   input unit_rst;
   wire unit_rst;
+  reg [31:0] w_data;
+  reg w_en;
   reg [5:0] width = 6'h00;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
@@ -12277,34 +12285,34 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$9  = \$8  ? mult : 32'd1;
   assign \$10  = | width;
   assign \$11  = \$10  ? shift : 6'h00;
-  assign \$14  = gm_lane + 1'h1;
-  assign \$15  = \$14  == 3'h4;
-  assign \$16  = ! gm_left[13:3];
-  assign \$17  = gm_lane + 1'h1;
-  assign \$18  = \$17  >= gm_left[2:0];
-  assign \$19  = \$16  & \$18 ;
-  assign \$20  = \$15  | \$19 ;
-  assign \$21  = ~ gm_wvalid;
-  assign \$22  = ~ gm_afeed_done;
-  assign \$23  = \$21  & \$22 ;
-  assign \$24  = \$23  & gm_full;
-  assign \$25  = gm_wvalid & a_in__ready;
-  assign \$26  = gm_k + 1'h1;
-  assign \$27  = \$26  < ins[99:93];
-  assign \$28  = ! gm_left[13:3];
-  assign \$29  = gm_left[2:0] <= 1'h0;
-  assign \$30  = \$28  & \$29 ;
-  assign \$32  = gm_left - 3'h4;
-  assign \$33  = ! \$32 [13:3];
-  assign \$34  = gm_left - 3'h4;
-  assign \$35  = \$34 [2:0] <= 1'h0;
-  assign \$36  = \$33  & \$35 ;
-  assign \$38  = ! gm_left[13:3];
-  assign \$39  = gm_left[2:0] <= 3'h4;
-  assign \$40  = \$38  & \$39 ;
+  assign \$14  = ! gm_lane;
+  assign \$15  = \$13  & \$14 ;
+  assign \$16  = gm_owed + \$15 ;
+  assign \$17  = a_in__valid & r_en;
+  assign \$18  = \$16  - \$17 ;
+  assign \$21  = gm_lane + 1'h1;
+  assign \$22  = gm_lane == 2'h3;
+  assign \$23  = ! gm_left[13:3];
+  assign \$24  = gm_lane + 1'h1;
+  assign \$25  = \$24  >= gm_left[2:0];
+  assign \$26  = \$23  & \$25 ;
+  assign \$27  = \$22  | \$26 ;
+  assign \$28  = gm_k + 1'h1;
+  assign \$29  = \$28  < ins[99:93];
+  assign \$30  = ! gm_left[13:3];
+  assign \$31  = gm_left[2:0] <= 3'h4;
+  assign \$32  = \$30  & \$31 ;
+  assign \$33  = ! gm_cap_lane;
+  assign \$34  = \$33  ? spad__rd0__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$35  = gm_cap_lane == 1'h1;
+  assign \$36  = \$35  ? spad__rd0__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$37  = gm_cap_lane == 2'h2;
+  assign \$38  = \$37  ? spad__rd0__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$39  = gm_cap_lane == 2'h3;
+  assign \$40  = \$39  ? spad__rd0__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
   assign \$41  = | width;
-  assign \$327  = gc_lane * 5'h18;
-  assign \$42  = c_out__payload >> \$327 ;
+  assign \$331  = gc_lane * 5'h18;
+  assign \$42  = c_out__payload >> \$331 ;
   assign \$43  = width > 1'h1;
   assign \$44  = width > 2'h2;
   assign \$45  = width > 2'h3;
@@ -12352,8 +12360,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$87  = width > 5'h15;
   assign \$88  = width > 5'h16;
   assign \$89  = width > 5'h17;
-  assign \$377  = gc_lane * 5'h18;
-  assign \$90  = c_out__payload >> \$377 ;
+  assign \$381  = gc_lane * 5'h18;
+  assign \$90  = c_out__payload >> \$381 ;
   assign \$91  = width > 1'h1;
   assign \$92  = width > 2'h2;
   assign \$93  = width > 2'h3;
@@ -12403,166 +12411,183 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$137  = width > 5'h16;
   assign \$138  = width > 5'h17;
   assign \$139  = ~ { 1'h0, \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116  };
-  assign \$429  = gc_lane * 5'h18;
-  assign \$140  = c_out__payload >> \$429 ;
+  assign \$433  = gc_lane * 5'h18;
+  assign \$140  = c_out__payload >> \$433 ;
   assign \$141  = \$115  ? \$139  : \$140 ;
   assign \$142  = \$66  ? { 1'h0, \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67  } : \$141 ;
-  assign \$434  = gc_lane * 5'h18;
-  assign \$143  = c_out__payload >> \$434 ;
+  assign \$438  = gc_lane * 5'h18;
+  assign \$143  = c_out__payload >> \$438 ;
   assign \$144  = \$41  ? \$142  : \$143 ;
-  assign \$145  = ! ins[74:64];
-  assign \$146  = ins[63:61] <= 1'h0;
-  assign \$147  = \$145  & \$146 ;
-  assign \$149  = t_addr + 1'h1;
-  assign \$150  = ~ dma__rd_busy;
-  assign \$151  = ! fsm_state;
-  assign \$152  = fsm_state == 1'h1;
-  assign \$153  = fsm_state == 2'h2;
-  assign \$154  = fsm_state == 2'h3;
-  assign \$155  = fsm_state == 3'h4;
-  assign \$156  = fsm_state == 3'h5;
-  assign \$157  = ~ \$signal ;
-  assign \$158  = ~ \$signal$22 ;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = ~ full_n;
-  assign \$161  = \$159  & \$160 ;
-  assign \$164  = ~ t_half;
-  assign \$165  = t_addr + t_step;
-  assign \$166  = t_left - 1'h1;
-  assign \$167  = t_left != 1'h1;
-  assign \$168  = t_addr + 1'h1;
-  assign \$169  = ~ t_cap_half;
-  assign \$170  = t_cap & \$169 ;
-  assign \$171  = t_cap & t_cap_half;
-  assign \$172  = t_col + 1'h1;
-  assign \$175  = gm_lane + 1'h1;
-  assign \$176  = gm_addr + ins[99:93];
-  assign \$177  = gm_wvalid & a_in__ready;
-  assign \$178  = gm_k + 1'h1;
-  assign \$179  = \$178  < ins[99:93];
-  assign \$180  = gm_k + 1'h1;
-  assign \$181  = gm_wstart + 1'h1;
-  assign \$182  = gm_wstart + 1'h1;
-  assign \$183  = gm_left - 3'h4;
-  assign \$184  = gm_addr - ins[99:93];
-  assign \$185  = $signed(\$184 ) + $signed(2'h1);
-  assign \$186  = gm_addr - ins[99:93];
-  assign \$187  = $signed(\$186 ) + $signed(2'h1);
-  assign \$188  = gc_lane + 1'h1;
-  assign \$189  = gc_addr + ins[85:77];
-  assign \$190  = gc_lane + 1'h1;
-  assign \$191  = \$190  == 2'h3;
-  assign \$192  = ! gc_left[13:3];
-  assign \$193  = gc_lane + 1'h1;
-  assign \$194  = \$193  + 1'h1;
-  assign \$195  = \$194  >= gc_left[2:0];
-  assign \$196  = \$192  & \$195 ;
-  assign \$197  = \$191  | \$196 ;
-  assign \$198  = gc_n + 1'h1;
-  assign \$199  = \$198  < ins[85:77];
-  assign \$200  = gc_n + 1'h1;
-  assign \$201  = gc_wstart + 1'h1;
-  assign \$202  = gc_wstart + 1'h1;
-  assign \$203  = ! gc_left[13:3];
-  assign \$204  = gc_left[2:0] <= 1'h1;
-  assign \$205  = \$203  & \$204 ;
-  assign \$207  = gc_left - 3'h4;
-  assign \$208  = gc_addr + 1'h1;
-  assign \$209  = gc_addr + 1'h1;
-  assign \$210  = gc_left - 3'h4;
-  assign \$211  = ! \$210 [13:3];
-  assign \$212  = gc_left - 3'h4;
-  assign \$213  = \$212 [2:0] <= 1'h1;
-  assign \$214  = \$211  & \$213 ;
-  assign \$216  = ! ins[74:64];
-  assign \$217  = ins[63:61] <= 1'h1;
-  assign \$218  = \$216  & \$217 ;
-  assign \$222  = | ins[21:16];
-  assign \$223  = \$221  & \$222 ;
+  assign \$145  = t_addr + 1'h1;
+  assign \$146  = ~ dma__rd_busy;
+  assign \$147  = ! fsm_state;
+  assign \$148  = fsm_state == 1'h1;
+  assign \$149  = fsm_state == 2'h2;
+  assign \$150  = fsm_state == 2'h3;
+  assign \$151  = fsm_state == 3'h4;
+  assign \$152  = fsm_state == 3'h5;
+  assign \$153  = ~ \$signal ;
+  assign \$154  = | \$like ;
+  assign \$155  = owed_n < 2'h3;
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = \$153  & \$156 ;
+  assign \$160  = ~ t_half;
+  assign \$161  = t_addr + t_step;
+  assign \$162  = t_left - 1'h1;
+  assign \$163  = t_left != 1'h1;
+  assign \$164  = t_addr + 1'h1;
+  assign \$165  = ~ t_cap_half;
+  assign \$166  = t_cap & \$165 ;
+  assign \$167  = t_cap & t_cap_half;
+  assign \$168  = t_col + 1'h1;
+  assign \$171  = gm_lane == 2'h3;
+  assign \$172  = ! gm_left[13:3];
+  assign \$173  = gm_lane + 1'h1;
+  assign \$174  = \$173  >= gm_left[2:0];
+  assign \$175  = \$172  & \$174 ;
+  assign \$176  = \$171  | \$175 ;
+  assign \$177  = gm_addr + ins[99:93];
+  assign \$178  = gm_lane == 2'h3;
+  assign \$179  = ! gm_left[13:3];
+  assign \$180  = gm_lane + 1'h1;
+  assign \$181  = \$180  >= gm_left[2:0];
+  assign \$182  = \$179  & \$181 ;
+  assign \$183  = \$178  | \$182 ;
+  assign \$184  = gm_k + 1'h1;
+  assign \$185  = \$184  < ins[99:93];
+  assign \$186  = gm_k + 1'h1;
+  assign \$187  = gm_wstart + 1'h1;
+  assign \$188  = gm_wstart + 1'h1;
+  assign \$189  = gm_left - 3'h4;
+  assign \$190  = gm_addr + 1'h1;
+  assign \$191  = gm_addr + 1'h1;
+  assign \$192  = gc_lane + 1'h1;
+  assign \$193  = gc_addr + ins[85:77];
+  assign \$194  = gc_lane + 1'h1;
+  assign \$195  = \$194  == 2'h3;
+  assign \$196  = ! gc_left[13:3];
+  assign \$197  = gc_lane + 1'h1;
+  assign \$198  = \$197  + 1'h1;
+  assign \$199  = \$198  >= gc_left[2:0];
+  assign \$200  = \$196  & \$199 ;
+  assign \$201  = \$195  | \$200 ;
+  assign \$202  = gc_n + 1'h1;
+  assign \$203  = \$202  < ins[85:77];
+  assign \$204  = gc_n + 1'h1;
+  assign \$205  = gc_wstart + 1'h1;
+  assign \$206  = gc_wstart + 1'h1;
+  assign \$207  = ! gc_left[13:3];
+  assign \$208  = gc_left[2:0] <= 1'h1;
+  assign \$209  = \$207  & \$208 ;
+  assign \$211  = gc_left - 3'h4;
+  assign \$212  = gc_addr + 1'h1;
+  assign \$213  = gc_addr + 1'h1;
+  assign \$214  = gc_left - 3'h4;
+  assign \$215  = ! \$214 [13:3];
+  assign \$216  = gc_left - 3'h4;
+  assign \$217  = \$216 [2:0] <= 1'h1;
+  assign \$218  = \$215  & \$217 ;
+  assign \$220  = ! ins[74:64];
+  assign \$221  = ins[63:61] <= 1'h1;
+  assign \$222  = \$220  & \$221 ;
   assign \$226  = | ins[21:16];
   assign \$227  = \$225  & \$226 ;
-  assign \$228  = \$227  ? ins[85:77] : 9'h000;
-  assign \$231  = | ins[21:16];
-  assign \$232  = \$230  & \$231 ;
-  assign \$233  = | ins[85:77];
-  assign \$234  = \$232  & \$233 ;
-  assign \$238  = \$236  ? \$237  : 17'h00000;
-  assign \$239  = ins[47:35] + \$238 ;
-  assign \$242  = \$241  ? 4'hf : 4'h1;
-  assign \$247  = | ins[21:16];
-  assign \$248  = \$246  & \$247 ;
-  assign \$249  = ~ \$248 ;
-  assign \$250  = \$244  & \$249 ;
-  assign \$251  = ~ dma__rd_busy;
+  assign \$230  = | ins[21:16];
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$231  ? ins[85:77] : 9'h000;
+  assign \$235  = | ins[21:16];
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = | ins[85:77];
+  assign \$238  = \$236  & \$237 ;
+  assign \$242  = \$240  ? \$241  : 17'h00000;
+  assign \$243  = ins[47:35] + \$242 ;
+  assign \$246  = \$245  ? 4'hf : 4'h1;
+  assign \$251  = | ins[21:16];
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = ~ \$252 ;
+  assign \$254  = \$248  & \$253 ;
+  assign \$255  = ~ dma__rd_busy;
   always @(posedge clk)
-    gm_wvalid <= \$252 ;
+    gm_lane <= \$256 ;
   always @(posedge clk)
-    gm_afeed_done <= \$253 ;
+    gm_afeed_done <= \$257 ;
   always @(posedge clk)
-    gm_full <= \$254 ;
+    gm_owed <= \$258 ;
   always @(posedge clk)
-    gm_go <= \$255 ;
+    gm_go <= \$259 ;
   always @(posedge clk)
-    t_cap <= \$256 ;
+    t_cap <= \$260 ;
   always @(posedge clk)
-    t_cap_half <= \$257 ;
+    t_cap_half <= \$261 ;
   always @(posedge clk)
-    t_half <= \$258 ;
+    t_half <= \$262 ;
   always @(posedge clk)
-    t_addr <= \$259 ;
+    t_addr <= \$263 ;
   always @(posedge clk)
-    t_left <= \$260 ;
+    t_left <= \$264 ;
   always @(posedge clk)
-    t_on <= \$261 ;
+    t_on <= \$265 ;
   always @(posedge clk)
-    t_mult <= \$262 ;
+    t_mult <= \$266 ;
   always @(posedge clk)
-    t_col <= \$263 ;
+    t_col <= \$267 ;
   always @(posedge clk)
-    gm_cap <= \$264 ;
+    gm_cap <= \$268 ;
   always @(posedge clk)
-    gm_cap_lane <= \$265 ;
+    gm_cap_lane <= \$269 ;
   always @(posedge clk)
-    gm_lane <= \$266 ;
+    gm_cap_last <= \$270 ;
   always @(posedge clk)
-    gm_addr <= \$267 ;
+    gm_addr <= \$271 ;
   always @(posedge clk)
-    pack <= \$268 ;
+    gm_k <= \$272 ;
   always @(posedge clk)
-    gm_k <= \$269 ;
+    gm_wstart <= \$273 ;
   always @(posedge clk)
-    gm_wstart <= \$270 ;
+    gm_left <= \$274 ;
   always @(posedge clk)
-    gm_left <= \$271 ;
+    pack <= \$275 ;
   always @(posedge clk)
-    gc_lane <= \$272 ;
+    gc_lane <= \$276 ;
   always @(posedge clk)
-    gc_addr <= \$273 ;
+    gc_addr <= \$277 ;
   always @(posedge clk)
-    gc_last <= \$274 ;
+    gc_last <= \$278 ;
   always @(posedge clk)
-    gc_n <= \$275 ;
+    gc_n <= \$279 ;
   always @(posedge clk)
-    gc_wstart <= \$276 ;
+    gc_wstart <= \$280 ;
   always @(posedge clk)
-    gc_left <= \$277 ;
+    gc_left <= \$281 ;
   always @(posedge clk)
-    busy <= \$278 ;
+    busy <= \$282 ;
   always @(posedge clk)
-    width <= \$279 ;
+    width <= \$283 ;
   always @(posedge clk)
-    mult <= \$280 ;
+    mult <= \$284 ;
   always @(posedge clk)
-    shift <= \$281 ;
+    shift <= \$285 ;
   always @(posedge clk)
-    col_en <= \$282 ;
+    col_en <= \$286 ;
   always @(posedge clk)
-    t_step <= \$283 ;
+    t_step <= \$287 ;
   always @(posedge clk)
-    fsm_state <= \$284 ;
+    fsm_state <= \$288 ;
+  \nanokpu_kpu.gemm.a_queue  a_queue (
+    .clk(clk),
+    .r_data(a_in__payload),
+    .r_en(r_en),
+    .r_rdy(a_in__valid),
+    .rst(rst),
+    .start(start),
+    .unit_rst(unit_rst),
+    .w_en(w_en),
+    .w_port__data(w_data)
+  );
   \nanokpu_kpu.gemm.engine  engine (
-    .a_in__valid(gm_wvalid),
-    .a_loading(a_in__ready),
+    .a_in__payload(a_in__payload),
+    .a_in__valid(a_in__valid),
+    .a_loading(r_en),
     .b_in__payload(b_in__payload),
     .b_in__valid(b_in__valid),
     .b_take(b_in__ready),
@@ -12579,11 +12604,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$77 ),
-    .\port$4148$0 (pack[7:0]),
-    .\port$4148$24 (pack[31:24]),
-    .\port$4148$48 (pack[55:48]),
-    .\port$4148$72 (pack[79:72]),
+    .error(\error$85 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -12673,13 +12694,36 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$signal  = gm_wvalid;
+    \$like  = gm_lane;
     if (running) begin
-      if (\$24 ) begin
-        \$signal  = 1'h1;
+      if (\$20 ) begin
+        \$like  = \$21 [2:0];
+        if (\$27 ) begin
+          \$like  = 3'h0;
+        end
       end
-      if (\$25 ) begin
-        \$signal  = 1'h0;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$like  = 3'h0;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$signal  = gm_afeed_done;
+    if (running) begin
+      if (\$20 ) begin
+        if (\$27 ) begin
+          (* full_case = 32'd1 *)
+          if (\$29 ) begin
+          end else begin
+            if (\$32 ) begin
+              \$signal  = 1'h1;
+            end
+          end
+        end
       end
     end
     casez (fsm_state)
@@ -12691,45 +12735,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$signal$22  = gm_afeed_done;
+    owed_n = gm_owed;
     if (running) begin
-      if (\$25 ) begin
-        (* full_case = 32'd1 *)
-        if (\$27 ) begin
-        end else begin
-          if (\$40 ) begin
-            \$signal$22  = 1'h1;
-          end
-        end
-      end
+      owed_n = \$18 [1:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$signal$22  = 1'h0;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    full_n = gm_full;
-    if (running) begin
-      if (\$13 ) begin
-        full_n = \$20 ;
-      end
-      if (\$25 ) begin
-        (* full_case = 32'd1 *)
-        if (\$27 ) begin
-          full_n = \$31 ;
-        end else begin
-          full_n = \$37 ;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            full_n = \$148 ;
+            owed_n = 2'h0;
           end
     endcase
   end
@@ -12743,7 +12756,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$149 [12:0];
+          spad__rd1__addr = \$145 [12:0];
     endcase
   end
   always @* begin
@@ -12784,7 +12797,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$13 ) begin
+      if (\$20 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -12799,7 +12812,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$13 ) begin
+      if (\$20 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -12809,6 +12822,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h1:
           spad__rd0__en = 1'h1;
     endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    w_data = 32'd0;
+    if (running) begin
+      if (gm_cap) begin
+        if (gm_cap_last) begin
+          w_data = { \$40 [7:0], \$38 [7:0], \$36 [7:0], \$34 [7:0] };
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    w_en = 1'h0;
+    if (running) begin
+      if (gm_cap) begin
+        if (gm_cap_last) begin
+          w_en = 1'h1;
+        end
+      end
+    end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
@@ -12885,7 +12920,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \done$75  = 1'h0;
+    \done$83  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -12897,15 +12932,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$75  = 1'h1;
+            \done$83  = 1'h1;
           end else if (done) begin
-            if (\error$77 ) begin
-              \done$75  = 1'h1;
+            if (\error$85 ) begin
+              \done$83  = 1'h1;
             end
           end
       3'h5:
-          if (\$150 ) begin
-            \done$75  = 1'h1;
+          if (\$146 ) begin
+            \done$83  = 1'h1;
           end
     endcase
   end
@@ -12925,78 +12960,29 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$77 ) begin
+            if (\error$85 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$150 ) begin
+          if (\$146 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$252  = \$signal ;
+    \$256  = \$like ;
     if (unit_rst) begin
-      \$252  = 1'h0;
+      \$256  = 3'h0;
     end
     if (rst) begin
-      \$252  = 1'h0;
+      \$256  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$253  = \$signal$22 ;
-    if (unit_rst) begin
-      \$253  = 1'h0;
-    end
-    if (rst) begin
-      \$253  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$254  = full_n;
-    if (unit_rst) begin
-      \$254  = 1'h0;
-    end
-    if (rst) begin
-      \$254  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$255  = \$161 ;
-    if (unit_rst) begin
-      \$255  = 1'h0;
-    end
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$256  = 1'h0;
-    if (\$163 ) begin
-      \$256  = 1'h1;
-    end
-    if (\done$75 ) begin
-      \$256  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$256  = 1'h0;
-    end
-    if (rst) begin
-      \$256  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$257  = t_cap_half;
-    if (\$163 ) begin
-      \$257  = t_half;
-    end
+    \$257  = \$signal ;
     if (unit_rst) begin
       \$257  = 1'h0;
     end
@@ -13006,360 +12992,404 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$258  = t_half;
-    if (\$163 ) begin
-      \$258  = \$164 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$258  = 1'h0;
-          end
-    endcase
+    \$258  = owed_n;
     if (unit_rst) begin
-      \$258  = 1'h0;
+      \$258  = 2'h0;
     end
     if (rst) begin
-      \$258  = 1'h0;
+      \$258  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$259  = t_addr;
-    if (\$163 ) begin
+    \$259  = \$157 ;
+    if (unit_rst) begin
+      \$259  = 1'h0;
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$260  = 1'h0;
+    if (\$159 ) begin
+      \$260  = 1'h1;
+    end
+    if (\done$83 ) begin
+      \$260  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$260  = 1'h0;
+    end
+    if (rst) begin
+      \$260  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$261  = t_cap_half;
+    if (\$159 ) begin
+      \$261  = t_half;
+    end
+    if (unit_rst) begin
+      \$261  = 1'h0;
+    end
+    if (rst) begin
+      \$261  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$262  = t_half;
+    if (\$159 ) begin
+      \$262  = \$160 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$262  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$262  = 1'h0;
+    end
+    if (rst) begin
+      \$262  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$263  = t_addr;
+    if (\$159 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$259  = \$165 [12:0];
+        \$263  = \$161 [12:0];
       end else begin
-        \$259  = \$168 [12:0];
+        \$263  = \$164 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$259  = \$239 [12:0];
+            \$263  = \$243 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$259  = 13'h0000;
+      \$263  = 13'h0000;
     end
     if (rst) begin
-      \$259  = 13'h0000;
+      \$263  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$260  = t_left;
-    if (\$163 ) begin
+    \$264  = t_left;
+    if (\$159 ) begin
       if (t_half) begin
-        \$260  = \$166 [8:0];
+        \$264  = \$162 [8:0];
       end
     end
-    if (\done$75 ) begin
-      \$260  = 9'h000;
+    if (\done$83 ) begin
+      \$264  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$260  = \$228 ;
+            \$264  = \$232 ;
           end
     endcase
     if (unit_rst) begin
-      \$260  = 9'h000;
+      \$264  = 9'h000;
     end
     if (rst) begin
-      \$260  = 9'h000;
+      \$264  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$261  = t_on;
-    if (\$163 ) begin
+    \$265  = t_on;
+    if (\$159 ) begin
       if (t_half) begin
-        \$261  = \$167 ;
+        \$265  = \$163 ;
       end
     end
-    if (\done$75 ) begin
-      \$261  = 1'h0;
+    if (\done$83 ) begin
+      \$265  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$261  = \$234 ;
+            \$265  = \$238 ;
           end
     endcase
     if (unit_rst) begin
-      \$261  = 1'h0;
+      \$265  = 1'h0;
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$262  = t_mult;
-    if (\$170 ) begin
-      \$262  = spad__rd1__data[15:0];
+    \$266  = t_mult;
+    if (\$166 ) begin
+      \$266  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$262  = 16'h0000;
+      \$266  = 16'h0000;
     end
     if (rst) begin
-      \$262  = 16'h0000;
+      \$266  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$263  = t_col;
-    if (\$171 ) begin
-      \$263  = \$172 [8:0];
+    \$267  = t_col;
+    if (\$167 ) begin
+      \$267  = \$168 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$263  = 9'h000;
+            \$267  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$263  = 9'h000;
+      \$267  = 9'h000;
     end
     if (rst) begin
-      \$263  = 9'h000;
+      \$267  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$264  = gm_cap;
+    \$268  = gm_cap;
     if (running) begin
-      (* full_case = 32'd1 *)
-      if (\$174 ) begin
-        \$264  = 1'h1;
-      end else begin
-        \$264  = 1'h0;
+      \$268  = 1'h0;
+      if (\$170 ) begin
+        \$268  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$268  = 1'h0;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$265  = gm_cap_lane;
+    \$269  = gm_cap_lane;
     if (running) begin
-      if (\$174 ) begin
-        \$265  = gm_lane[1:0];
+      if (\$170 ) begin
+        \$269  = gm_lane[1:0];
       end
     end
     if (unit_rst) begin
-      \$265  = 2'h0;
+      \$269  = 2'h0;
     end
     if (rst) begin
-      \$265  = 2'h0;
+      \$269  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$266  = gm_lane;
+    \$270  = gm_cap_last;
     if (running) begin
-      if (\$174 ) begin
-        \$266  = \$175 [2:0];
-      end
-      if (\$177 ) begin
-        \$266  = 3'h0;
+      if (\$170 ) begin
+        \$270  = \$176 ;
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$266  = 3'h0;
+    if (unit_rst) begin
+      \$270  = 1'h0;
+    end
+    if (rst) begin
+      \$270  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$271  = gm_addr;
+    if (running) begin
+      if (\$170 ) begin
+        \$271  = \$177 [12:0];
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$271  = \$188 [12:0];
+          end else begin
+            \$271  = \$191 [12:0];
           end
-    endcase
-    if (unit_rst) begin
-      \$266  = 3'h0;
-    end
-    if (rst) begin
-      \$266  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$267  = gm_addr;
-    if (running) begin
-      if (\$174 ) begin
-        \$267  = \$176 [12:0];
-      end
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$267  = \$182 [12:0];
-        end else begin
-          \$267  = \$187 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$267  = ins[34:22];
+            \$271  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$267  = 13'h0000;
+      \$271  = 13'h0000;
     end
     if (rst) begin
-      \$267  = 13'h0000;
+      \$271  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$268  = pack;
+    \$272  = gm_k;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$272  = \$186 [6:0];
+          end else begin
+            \$272  = 7'h00;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$272  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$272  = 7'h00;
+    end
+    if (rst) begin
+      \$272  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$273  = gm_wstart;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$273  = \$187 [12:0];
+          end else begin
+            \$273  = \$190 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$273  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$273  = 13'h0000;
+    end
+    if (rst) begin
+      \$273  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$274  = gm_left;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+          end else begin
+            \$274  = \$189 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$274  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$274  = 14'h0000;
+    end
+    if (rst) begin
+      \$274  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$275  = pack;
     if (running) begin
       if (gm_cap) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$268 [7:0] = spad__rd0__data[7:0];
+              \$275 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$268 [31:24] = spad__rd0__data[7:0];
+              \$275 [15:8] = spad__rd0__data[7:0];
           2'h2:
-              \$268 [55:48] = spad__rd0__data[7:0];
+              \$275 [23:16] = spad__rd0__data[7:0];
           2'h3:
-              \$268 [79:72] = spad__rd0__data[7:0];
+              \$275 [31:24] = spad__rd0__data[7:0];
         endcase
-      end
-      if (\$177 ) begin
-        \$268  = 96'h000000000000000000000000;
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$268  = 96'h000000000000000000000000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$268  = 96'h000000000000000000000000;
-    end
-    if (rst) begin
-      \$268  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$269  = gm_k;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$269  = \$180 [6:0];
-        end else begin
-          \$269  = 7'h00;
+        if (gm_cap_last) begin
+          \$275  = 32'd0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$269  = 7'h00;
+            \$275  = 32'd0;
           end
     endcase
     if (unit_rst) begin
-      \$269  = 7'h00;
+      \$275  = 32'd0;
     end
     if (rst) begin
-      \$269  = 7'h00;
+      \$275  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$270  = gm_wstart;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$270  = \$181 [12:0];
-        end else begin
-          \$270  = \$185 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$270  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$270  = 13'h0000;
-    end
-    if (rst) begin
-      \$270  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$271  = gm_left;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-        end else begin
-          \$271  = \$183 [13:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$271  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$271  = 14'h0000;
-    end
-    if (rst) begin
-      \$271  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$272  = gc_lane;
+    \$276  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
-        \$272  = \$188 [1:0];
+        \$276  = \$192 [1:0];
         if (gc_last) begin
-          \$272  = 2'h0;
+          \$276  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$272  = 2'h0;
+            \$276  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$272  = 2'h0;
+      \$276  = 2'h0;
     end
     if (rst) begin
-      \$272  = 2'h0;
+      \$276  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$273  = gc_addr;
+    \$277  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
-        \$273  = \$189 [12:0];
+        \$277  = \$193 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$273  = \$202 [12:0];
+          if (\$203 ) begin
+            \$277  = \$206 [12:0];
           end else begin
-            \$273  = \$209 [12:0];
+            \$277  = \$213 [12:0];
           end
         end
       end
@@ -13367,28 +13397,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$273  = ins[60:48];
+            \$277  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$273  = 13'h0000;
+      \$277  = 13'h0000;
     end
     if (rst) begin
-      \$273  = 13'h0000;
+      \$277  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$274  = gc_last;
+    \$278  = gc_last;
     if (running) begin
       if (c_out__valid) begin
-        \$274  = \$197 ;
+        \$278  = \$201 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$274  = \$206 ;
+          if (\$203 ) begin
+            \$278  = \$210 ;
           end else begin
-            \$274  = \$215 ;
+            \$278  = \$219 ;
           end
         end
       end
@@ -13396,27 +13426,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$274  = \$219 ;
+            \$278  = \$223 ;
           end
     endcase
     if (unit_rst) begin
-      \$274  = 1'h0;
+      \$278  = 1'h0;
     end
     if (rst) begin
-      \$274  = 1'h0;
+      \$278  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$275  = gc_n;
+    \$279  = gc_n;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$275  = \$200 [8:0];
+          if (\$203 ) begin
+            \$279  = \$204 [8:0];
           end else begin
-            \$275  = 9'h000;
+            \$279  = 9'h000;
           end
         end
       end
@@ -13424,27 +13454,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$275  = 9'h000;
+            \$279  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$275  = 9'h000;
+      \$279  = 9'h000;
     end
     if (rst) begin
-      \$275  = 9'h000;
+      \$279  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$276  = gc_wstart;
+    \$280  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$276  = \$201 [12:0];
+          if (\$203 ) begin
+            \$280  = \$205 [12:0];
           end else begin
-            \$276  = \$208 [12:0];
+            \$280  = \$212 [12:0];
           end
         end
       end
@@ -13452,26 +13482,26 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$276  = ins[60:48];
+            \$280  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$276  = 13'h0000;
+      \$280  = 13'h0000;
     end
     if (rst) begin
-      \$276  = 13'h0000;
+      \$280  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$277  = gc_left;
+    \$281  = gc_left;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
+          if (\$203 ) begin
           end else begin
-            \$277  = \$207 [13:0];
+            \$281  = \$211 [13:0];
           end
         end
       end
@@ -13479,23 +13509,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$277  = ins[74:61];
+            \$281  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$277  = 14'h0000;
+      \$281  = 14'h0000;
     end
     if (rst) begin
-      \$277  = 14'h0000;
+      \$281  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$278  = busy;
+    \$282  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$278  = 1'h1;
+            \$282  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -13505,87 +13535,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$278  = 1'h0;
+            \$282  = 1'h0;
           end else if (done) begin
-            if (\error$77 ) begin
-              \$278  = 1'h0;
+            if (\error$85 ) begin
+              \$282  = 1'h0;
             end
           end
       3'h5:
-          if (\$251 ) begin
-            \$278  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$278  = 1'h0;
-    end
-    if (rst) begin
-      \$278  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$279  = width;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$279  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$279  = 6'h00;
-    end
-    if (rst) begin
-      \$279  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$280  = mult;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$280  = ins[168:137];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$280  = { 16'h0000, spad__rd0__data[15:0] };
-    endcase
-    if (unit_rst) begin
-      \$280  = 32'd0;
-    end
-    if (rst) begin
-      \$280  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$281  = shift;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$281  = ins[174:169];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$281  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$281  = 6'h00;
-    end
-    if (rst) begin
-      \$281  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$282  = col_en;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$282  = \$223 ;
+          if (\$255 ) begin
+            \$282  = 1'h0;
           end
     endcase
     if (unit_rst) begin
@@ -13597,69 +13555,142 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$283  = t_step;
+    \$283  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$283  = \$242 ;
+            \$283  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$283  = 4'h0;
+      \$283  = 6'h00;
     end
     if (rst) begin
-      \$283  = 4'h0;
+      \$283  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$284  = fsm_state;
+    \$284  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$284  = ins[168:137];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$284  = { 16'h0000, spad__rd0__data[15:0] };
+    endcase
+    if (unit_rst) begin
+      \$284  = 32'd0;
+    end
+    if (rst) begin
+      \$284  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$285  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$285  = ins[174:169];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$285  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$285  = 6'h00;
+    end
+    if (rst) begin
+      \$285  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$286  = col_en;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$286  = \$227 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$286  = 1'h0;
+    end
+    if (rst) begin
+      \$286  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$287  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$287  = \$246 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$287  = 4'h0;
+    end
+    if (rst) begin
+      \$287  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$288  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$250 ) begin
-              \$284  = 3'h1;
+            if (\$254 ) begin
+              \$288  = 3'h1;
             end else begin
-              \$284  = 3'h2;
+              \$288  = 3'h2;
             end
           end
       3'h1:
-          \$284  = 3'h3;
+          \$288  = 3'h3;
       3'h3:
-          \$284  = 3'h2;
+          \$288  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$284  = 3'h4;
+            \$288  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$284  = 3'h0;
+            \$288  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$77 ) begin
-              \$284  = 3'h0;
+            if (\error$85 ) begin
+              \$288  = 3'h0;
             end else begin
-              \$284  = 3'h5;
+              \$288  = 3'h5;
             end
           end
       3'h5:
-          if (\$251 ) begin
-            \$284  = 3'h0;
+          if (\$255 ) begin
+            \$288  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$284  = 3'h0;
+      \$288  = 3'h0;
     end
     if (rst) begin
-      \$284  = 3'h0;
+      \$288  = 3'h0;
     end
   end
   assign col = col_en;
   assign col_wr__addr = t_col[7:0];
   assign spad__blocked = 1'h0;
-  assign a_in__payload = { pack[79:72], pack[55:48], pack[31:24], pack[7:0] };
-  assign a_in__valid = gm_wvalid;
+  assign r_data = a_in__payload;
+  assign r_rdy = a_in__valid;
+  assign a_in__ready = r_en;
   assign dma__rd_data__payload = b_in__payload;
   assign \rq_in__payload[0]  = rq_in__payload[23:0];
   assign \rq_in__payload[1]  = rq_in__payload[47:24];
@@ -13706,18 +13737,18 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
-  assign \a_in__payload[0]  = pack[7:0];
-  assign \a_in__payload[1]  = pack[31:24];
-  assign \a_in__payload[2]  = pack[55:48];
-  assign \a_in__payload[3]  = pack[79:72];
-  assign \pack[0]  = pack[23:0];
-  assign \pack[1]  = pack[47:24];
-  assign \pack[2]  = pack[71:48];
-  assign \pack[3]  = pack[95:72];
+  assign \a_in__payload[0]  = a_in__payload[7:0];
+  assign \a_in__payload[1]  = a_in__payload[15:8];
+  assign \a_in__payload[2]  = a_in__payload[23:16];
+  assign \a_in__payload[3]  = a_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
+  assign \pack[0]  = pack[7:0];
+  assign \pack[1]  = pack[15:8];
+  assign \pack[2]  = pack[23:16];
+  assign \pack[3]  = pack[31:24];
   assign cmd__payload[78] = 1'h0;
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
@@ -13735,44 +13766,197 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$6  = t_on;
   assign \$12  = 1'h1;
   assign \$13  = gm_go;
-  assign \$31  = \$30 ;
-  assign \$37  = \$36 ;
-  assign \$148  = \$147 ;
-  assign \$162  = 1'h1;
-  assign \$163  = t_on;
-  assign \$173  = 1'h1;
-  assign \$174  = gm_go;
-  assign \$206  = \$205 ;
-  assign \$215  = \$214 ;
+  assign \$19  = 1'h1;
+  assign \$20  = gm_go;
+  assign \$158  = 1'h1;
+  assign \$159  = t_on;
+  assign \$169  = 1'h1;
+  assign \$170  = gm_go;
+  assign \$210  = \$209 ;
   assign \$219  = \$218 ;
-  assign { \$220 [9:4], \$220 [2:0] } = 9'h000;
-  assign \$220 [3] = ins[9];
+  assign \$223  = \$222 ;
   assign { \$224 [9:4], \$224 [2:0] } = 9'h000;
   assign \$224 [3] = ins[9];
-  assign { \$229 [9:4], \$229 [2:0] } = 9'h000;
-  assign \$229 [3] = ins[9];
-  assign { \$235 [9:3], \$235 [1:0] } = 9'h000;
-  assign \$235 [2] = ins[8];
-  assign \$237  = { ins[190:175], 1'h0 };
-  assign { \$240 [9:3], \$240 [1:0] } = 9'h000;
-  assign \$240 [2] = ins[8];
-  assign { \$243 [9:3], \$243 [1:0] } = 9'h000;
-  assign \$243 [2] = ins[8];
-  assign { \$245 [9:4], \$245 [2:0] } = 9'h000;
-  assign \$245 [3] = ins[9];
-  assign \$221  = ins[9];
+  assign { \$228 [9:4], \$228 [2:0] } = 9'h000;
+  assign \$228 [3] = ins[9];
+  assign { \$233 [9:4], \$233 [2:0] } = 9'h000;
+  assign \$233 [3] = ins[9];
+  assign { \$239 [9:3], \$239 [1:0] } = 9'h000;
+  assign \$239 [2] = ins[8];
+  assign \$241  = { ins[190:175], 1'h0 };
+  assign { \$244 [9:3], \$244 [1:0] } = 9'h000;
+  assign \$244 [2] = ins[8];
+  assign { \$247 [9:3], \$247 [1:0] } = 9'h000;
+  assign \$247 [2] = ins[8];
+  assign { \$249 [9:4], \$249 [2:0] } = 9'h000;
+  assign \$249 [3] = ins[9];
   assign \$225  = ins[9];
-  assign \$230  = ins[9];
-  assign \$236  = ins[8];
-  assign \$241  = ins[8];
-  assign \$244  = ins[8];
-  assign \$246  = ins[9];
+  assign \$229  = ins[9];
+  assign \$234  = ins[9];
+  assign \$240  = ins[8];
+  assign \$245  = ins[8];
+  assign \$248  = ins[8];
+  assign \$250  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, a_in__valid, col_wr__addr, \port$4148$0 , \port$4148$24 , \port$4148$48 
-, \port$4148$72 , col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__data, w_en, r_en, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire [2:0] \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire [2:0] \$18 ;
+  reg [1:0] \$19 ;
+  wire \$2 ;
+  reg [1:0] \$20 ;
+  reg [1:0] \$21 ;
+  wire [2:0] \$3 ;
+  wire [2:0] \$4 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire [2:0] \$7 ;
+  wire [2:0] \$8 ;
+  wire \$9 ;
+  input clk;
+  wire clk;
+  (* init = 2'h0 *)
+  wire [1:0] consume;
+  reg [1:0] level = 2'h0;
+  (* init = 2'h0 *)
+  wire [1:0] produce;
+  output [31:0] r_data;
+  wire [31:0] r_data;
+  input r_en;
+  wire r_en;
+  (* init = 2'h0 *)
+  wire [1:0] r_level;
+  reg [1:0] r_port__addr = 2'h0;
+  wire [31:0] r_port__data;
+  output r_rdy;
+  wire r_rdy;
+  input rst;
+  wire rst;
+  input start;
+  wire start;
+  input unit_rst;
+  wire unit_rst;
+  wire [31:0] w_data;
+  input w_en;
+  wire w_en;
+  (* init = 2'h0 *)
+  wire [1:0] w_level;
+  reg [1:0] w_port__addr = 2'h0;
+  input [31:0] w_port__data;
+  wire [31:0] w_port__data;
+  wire w_port__en;
+  wire w_rdy;
+  reg [31:0] storage [2:0];
+  initial begin
+    storage[0] = 32'd0;
+    storage[1] = 32'd0;
+    storage[2] = 32'd0;
+  end
+  always @(posedge clk) begin
+    if (w_port__en)
+      storage[w_port__addr] <= w_port__data;
+  end
+  assign r_data = storage[r_port__addr];
+  assign w_rdy = level != 2'h3;
+  assign r_rdy = | level;
+  assign w_port__en = w_en & w_rdy;
+  assign \$1  = w_rdy & w_en;
+  assign \$2  = w_port__addr == 2'h2;
+  assign \$3  = w_port__addr + 1'h1;
+  assign \$4  = \$2  ? 3'h0 : \$3 ;
+  assign \$5  = r_rdy & r_en;
+  assign \$6  = r_port__addr == 2'h2;
+  assign \$7  = r_port__addr + 1'h1;
+  assign \$8  = \$6  ? 3'h0 : \$7 ;
+  assign \$9  = w_rdy & w_en;
+  assign \$10  = r_rdy & r_en;
+  assign \$11  = ~ \$10 ;
+  assign \$12  = \$9  & \$11 ;
+  assign \$13  = level + 1'h1;
+  assign \$14  = r_rdy & r_en;
+  assign \$15  = w_rdy & w_en;
+  assign \$16  = ~ \$15 ;
+  assign \$17  = \$14  & \$16 ;
+  assign \$18  = level - 1'h1;
+  always @(posedge clk)
+    w_port__addr <= \$19 ;
+  always @(posedge clk)
+    r_port__addr <= \$20 ;
+  always @(posedge clk)
+    level <= \$21 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$19  = w_port__addr;
+    if (\$1 ) begin
+      \$19  = \$4 [1:0];
+    end
+    if (start) begin
+      \$19  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$19  = 2'h0;
+    end
+    if (rst) begin
+      \$19  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$20  = r_port__addr;
+    if (\$5 ) begin
+      \$20  = \$8 [1:0];
+    end
+    if (start) begin
+      \$20  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$20  = 2'h0;
+    end
+    if (rst) begin
+      \$20  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$21  = level;
+    if (\$12 ) begin
+      \$21  = \$13 [1:0];
+    end
+    if (\$17 ) begin
+      \$21  = \$18 [1:0];
+    end
+    if (start) begin
+      \$21  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$21  = 2'h0;
+    end
+    if (rst) begin
+      \$21  = 2'h0;
+    end
+  end
+  assign w_level = level;
+  assign r_level = level;
+  assign produce = w_port__addr;
+  assign w_data = w_port__data;
+  assign consume = r_port__addr;
+  assign r_port__data = r_data;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in__valid, a_in__payload, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, col_en, a_loading
+, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -14095,6 +14279,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
+  input [31:0] a_in__payload;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -14272,14 +14457,6 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4148$0 ;
-  wire [7:0] \port$4148$0 ;
-  input [7:0] \port$4148$24 ;
-  wire [7:0] \port$4148$24 ;
-  input [7:0] \port$4148$48 ;
-  wire [7:0] \port$4148$48 ;
-  input [7:0] \port$4148$72 ;
-  wire [7:0] \port$4148$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -14902,7 +15079,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
+      spad_a[a_wptr[7:0]] <= a_in__payload;
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -15709,14 +15886,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$220  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$220  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$221  = \$1 [11:0];
     if (unit_rst) begin
       \$221  = 12'h000;
@@ -15726,7 +15903,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$222  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -15747,7 +15924,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$223  = a_wptr;
     if (start) begin
       \$223  = { 5'h00, cmd[44:36] };
@@ -15762,7 +15939,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$224  = a_loading;
     if (start) begin
       \$224  = cmd[76];
@@ -15779,7 +15956,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$225  = \$8 ;
     if (unit_rst) begin
       \$225  = 2'h0;
@@ -15789,7 +15966,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$226  = b_loading;
     if (start) begin
       \$226  = cmd[77];
@@ -15808,7 +15985,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$227  = wbuf;
     if (start) begin
       \$227  = 1'h0;
@@ -15825,7 +16002,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$228  = b_k;
     if (start) begin
       \$228  = 12'h000;
@@ -15843,7 +16020,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$229  = b_cols_left;
     if (start) begin
       \$229  = cmd[35:24];
@@ -15860,7 +16037,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$230  = \$15 ;
@@ -15875,7 +16052,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$231  = 1'h0;
@@ -15896,7 +16073,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$232  = gap;
     if (\$42 ) begin
       \$232  = \$43 [3:0];
@@ -15916,7 +16093,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$233  = step;
     if (unit_rst) begin
       \$233  = 1'h0;
@@ -15926,7 +16103,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$234  = \$44 ;
     if (unit_rst) begin
       \$234  = 1'h0;
@@ -15936,7 +16113,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$235  = last_k;
     if (unit_rst) begin
       \$235  = 1'h0;
@@ -15946,7 +16123,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$236  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$236  = 4'h0;
@@ -15956,7 +16133,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$237  = s_valid;
     if (unit_rst) begin
       \$237  = 1'h0;
@@ -15966,7 +16143,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$238  = s_first;
     if (unit_rst) begin
       \$238  = 1'h0;
@@ -15976,7 +16153,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$239  = s_last;
     if (unit_rst) begin
       \$239  = 1'h0;
@@ -15986,7 +16163,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$240  = spad_b_rd_data;
     if (unit_rst) begin
       \$240  = 32'd0;
@@ -15996,7 +16173,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$241 [7:0] = \$49 ;
     \$241 [15:8] = \$50 ;
     \$241 [23:16] = \$51 ;
@@ -16009,7 +16186,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$242  = issuing;
     if (start) begin
       \$242  = cmd[77];
@@ -16030,7 +16207,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$243  = rbuf;
     if (start) begin
       \$243  = 1'h0;
@@ -16049,7 +16226,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$244  = k;
     if (start) begin
       \$244  = 12'h000;
@@ -16067,7 +16244,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$245  = a_ptr;
     if (start) begin
       \$245  = { 5'h00, cmd[44:36] };
@@ -16087,7 +16264,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$246  = rows_c;
     if (start) begin
       \$246  = cmd[11:0];
@@ -16107,7 +16284,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$247  = cols_c;
     if (start) begin
       \$247  = cmd[35:24];
@@ -16126,7 +16303,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$248  = c_panel;
     if (start) begin
       \$248  = { 5'h00, cmd[53:45] };
@@ -16145,7 +16322,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$249  = c_tile;
     if (start) begin
       \$249  = { 5'h00, cmd[53:45] };
@@ -16165,7 +16342,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$250  = last_k;
     if (start) begin
       \$250  = \$53 ;
@@ -16183,7 +16360,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$251  = last_row;
     if (start) begin
       \$251  = \$54 ;
@@ -16203,7 +16380,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$252  = t_base;
     if (start) begin
     end else if (step) begin
@@ -16219,7 +16396,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$253  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -16235,7 +16412,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$254  = d_col;
     if (done) begin
       \$254  = 3'h1;
@@ -16250,7 +16427,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$255  = d_base;
     if (done) begin
       \$255  = t_base;
@@ -16263,7 +16440,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$256  = d_cols;
     if (done) begin
       \$256  = t_cols;
@@ -16276,7 +16453,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$257  = drain_busy;
     if (done) begin
       \$257  = 1'h1;
@@ -16293,7 +16470,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$258  = \$77 ;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -16303,7 +16480,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$259  = \$78 ;
     if (unit_rst) begin
       \$259  = 1'h0;
@@ -16313,7 +16490,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$260  = \$81 [13:0];
     if (unit_rst) begin
       \$260  = 14'h0000;
@@ -16323,7 +16500,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$261  = col_valid0;
     if (unit_rst) begin
       \$261  = 1'h0;
@@ -16333,7 +16510,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$262  = col_busy0;
     if (unit_rst) begin
       \$262  = 1'h0;
@@ -16343,7 +16520,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$263  = col_addr0;
     if (unit_rst) begin
       \$263  = 14'h0000;
@@ -16353,7 +16530,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$264  = col_valid1;
     if (unit_rst) begin
       \$264  = 1'h0;
@@ -16363,7 +16540,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$265  = col_busy1;
     if (unit_rst) begin
       \$265  = 1'h0;
@@ -16373,7 +16550,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$266  = col_addr1;
     if (unit_rst) begin
       \$266  = 14'h0000;
@@ -16383,7 +16560,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$267  = out;
     if (unit_rst) begin
       \$267  = 96'h000000000000000000000000;
@@ -16393,7 +16570,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$268  = col_word0;
     if (unit_rst) begin
       \$268  = 96'h000000000000000000000000;
@@ -16403,7 +16580,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$269  = col_word1;
     if (unit_rst) begin
       \$269  = 96'h000000000000000000000000;
@@ -16413,7 +16590,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$270  = \$83 [1:0];
     if (unit_rst) begin
       \$270  = 2'h0;
@@ -16423,14 +16600,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$271  = col_rq_rd_data;
     if (spad_c_rd_en) begin
       \$271  = \port__data$77 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$272  = q_rq;
     if (\$85 ) begin
       \$272  = \$86 ;
@@ -16443,7 +16620,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$273  = c_q;
     if (\$88 ) begin
       \$273  = spad_c_rd_data;
@@ -16468,7 +16645,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$274  = q_valid;
     if (\$88 ) begin
       \$274  = r_valid;
@@ -16495,7 +16672,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$275  = storing;
     if (store_start) begin
       \$275  = 1'h1;
@@ -16522,7 +16699,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$276  = s_addr;
     if (store_start) begin
       \$276  = { 5'h00, cmd[53:45] };
@@ -16539,7 +16716,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$277  = s_n;
     if (store_start) begin
       \$277  = 12'h000;
@@ -16559,7 +16736,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$278  = s_rows;
     if (store_start) begin
       \$278  = cmd[11:0];
@@ -16578,7 +16755,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$279  = s_left;
     if (store_start) begin
       \$279  = \$116 [13:0];
@@ -16595,7 +16772,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$280  = out_left;
     if (store_start) begin
       \$280  = \$117 [13:0];
@@ -16611,7 +16788,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$281  = r_valid;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -16639,7 +16816,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$282  = r_mask;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -16655,7 +16832,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$283  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16689,7 +16866,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$284  = cmd;
     casez (fsm_state)
       3'h0:
@@ -16705,7 +16882,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$285  = error;
     casez (fsm_state)
       3'h0:
@@ -16729,7 +16906,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$286  = error_code;
     casez (fsm_state)
       3'h0:
@@ -16753,7 +16930,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$287  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -16795,7 +16972,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$288  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -16815,7 +16992,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$289  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -16835,7 +17012,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$290  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -16855,7 +17032,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$168 ) begin
@@ -16871,7 +17048,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -16881,7 +17058,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -16899,7 +17076,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -16909,7 +17086,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16917,7 +17094,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -16933,7 +17110,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16955,8 +17132,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
-  assign a_in__payload = { \port$4148$72 , \port$4148$48 , \port$4148$24 , \port$4148$0  };
+  assign \$signature__data  = a_in__payload;
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -17052,14 +17228,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4148$0 ;
-  assign \$signature__data[1]  = \port$4148$24 ;
-  assign \$signature__data[2]  = \port$4148$48 ;
-  assign \$signature__data[3]  = \port$4148$72 ;
-  assign \a_in__payload[0]  = \port$4148$0 ;
-  assign \a_in__payload[1]  = \port$4148$24 ;
-  assign \a_in__payload[2]  = \port$4148$48 ;
-  assign \a_in__payload[3]  = \port$4148$72 ;
+  assign \$signature__data[0]  = a_in__payload[7:0];
+  assign \$signature__data[1]  = a_in__payload[15:8];
+  assign \$signature__data[2]  = a_in__payload[23:16];
+  assign \$signature__data[3]  = a_in__payload[31:24];
+  assign \a_in__payload[0]  = a_in__payload[7:0];
+  assign \a_in__payload[1]  = a_in__payload[15:8];
+  assign \a_in__payload[2]  = a_in__payload[23:16];
+  assign \a_in__payload[3]  = a_in__payload[31:24];
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -17102,7 +17278,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -17862,7 +18038,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -17872,7 +18048,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -17882,7 +18058,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -17892,7 +18068,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -17902,7 +18078,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -17912,7 +18088,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -17922,7 +18098,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -17932,7 +18108,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -17942,7 +18118,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -17952,7 +18128,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -17962,7 +18138,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -17972,7 +18148,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -17982,7 +18158,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -17992,7 +18168,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -18002,7 +18178,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -18012,7 +18188,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -18022,7 +18198,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -18032,7 +18208,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -18042,7 +18218,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -18052,7 +18228,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -18062,7 +18238,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -18072,7 +18248,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -18082,7 +18258,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -18092,7 +18268,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -18102,7 +18278,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -18112,7 +18288,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -18122,7 +18298,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -18132,7 +18308,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -18142,7 +18318,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -18152,7 +18328,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -18340,7 +18516,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -18525,7 +18701,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -18535,7 +18711,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -18545,7 +18721,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -18555,7 +18731,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -18565,7 +18741,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -18575,7 +18751,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -18585,7 +18761,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -18595,7 +18771,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -18605,7 +18781,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -18615,7 +18791,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -18625,7 +18801,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -18635,7 +18811,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -18645,7 +18821,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -18655,7 +18831,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -18665,7 +18841,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -18675,7 +18851,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -18689,199 +18865,6 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19074,7 +19057,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19267,197 +19250,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -19536,6 +19330,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -19626,7 +19608,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -19646,10 +19628,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -19842,7 +19825,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20035,197 +20018,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -20304,6 +20098,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -20394,7 +20376,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -20414,10 +20396,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20610,7 +20593,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -20803,8 +20786,201 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -20878,199 +21054,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -21161,7 +21144,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -21181,10 +21164,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21376,7 +21360,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21568,7 +21552,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21586,6 +21570,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -21593,13 +21578,14 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
-  output done;
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -21607,6 +21593,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -21617,6 +21604,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -21733,7 +21721,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -21753,12 +21741,200 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  output done;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
   assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
   wire \$100 ;
@@ -23280,13 +23456,13 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1426$0 (mult),
-    .\port$1431$0 (i__payload),
+    .\port$1430$0 (mult),
+    .\port$1435$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$772  = v1;
     if (advance) begin
       \$772  = i__valid;
@@ -23299,7 +23475,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$773  = v2;
     if (advance) begin
       \$773  = v1;
@@ -23312,7 +23488,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$774  = x_valid;
     if (advance) begin
       \$774  = v2;
@@ -23325,7 +23501,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$775  = \$signal ;
     if (advance) begin
       \$775  = shift;
@@ -23338,7 +23514,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$776  = shift_2;
     if (advance) begin
       \$776  = \$signal ;
@@ -23351,7 +23527,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$777  = x0;
     if (advance) begin
       \$777  = \$5 [39:0];
@@ -23364,7 +23540,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$778  = x1;
     if (advance) begin
       \$778  = \$8 [39:0];
@@ -23377,7 +23553,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$779  = x2;
     if (advance) begin
       \$779  = \$11 [39:0];
@@ -23390,7 +23566,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$780  = x3;
     if (advance) begin
       \$780  = \$14 [39:0];
@@ -23403,7 +23579,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$781  = shift_x;
     if (advance) begin
       \$781  = shift_2;
@@ -23416,7 +23592,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$782  = below;
     if (advance) begin
       \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
@@ -23429,7 +23605,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$783  = v_shift;
     if (advance) begin
       \$783  = x_valid;
@@ -23442,7 +23618,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$784  = v_round;
     if (advance) begin
       \$784  = v_shift;
@@ -23455,7 +23631,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$785  = o__valid;
     if (advance) begin
       \$785  = v_round;
@@ -23468,7 +23644,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$786  = y0;
     if (advance) begin
       \$786  = \$345 [24:0];
@@ -23481,7 +23657,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$787  = sticky0;
     if (advance) begin
       \$787  = \$347 ;
@@ -23494,7 +23670,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$788  = over0;
     if (advance) begin
       \$788  = \$350 ;
@@ -23507,7 +23683,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$789  = neg0;
     if (advance) begin
       \$789  = x0[39];
@@ -23520,7 +23696,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$790  = rounded0;
     if (advance) begin
       \$790  = \$353 ;
@@ -23533,7 +23709,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$791  = over2_0;
     if (advance) begin
       \$791  = over0;
@@ -23546,7 +23722,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$792  = neg2_0;
     if (advance) begin
       \$792  = neg0;
@@ -23559,7 +23735,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$793  = o__payload;
     if (advance) begin
       \$793 [23:0] = \$357 [23:0];
@@ -23575,7 +23751,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$794  = y1;
     if (advance) begin
       \$794  = \$483 [24:0];
@@ -23588,7 +23764,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$795  = sticky1;
     if (advance) begin
       \$795  = \$485 ;
@@ -23601,7 +23777,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$796  = over1;
     if (advance) begin
       \$796  = \$488 ;
@@ -23614,7 +23790,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$797  = neg1;
     if (advance) begin
       \$797  = x1[39];
@@ -23627,7 +23803,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$798  = rounded1;
     if (advance) begin
       \$798  = \$491 ;
@@ -23640,7 +23816,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$799  = over2_1;
     if (advance) begin
       \$799  = over1;
@@ -23653,7 +23829,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$800  = neg2_1;
     if (advance) begin
       \$800  = neg1;
@@ -23666,7 +23842,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$801  = y2;
     if (advance) begin
       \$801  = \$621 [24:0];
@@ -23679,7 +23855,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$802  = sticky2;
     if (advance) begin
       \$802  = \$623 ;
@@ -23692,7 +23868,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$803  = over2;
     if (advance) begin
       \$803  = \$626 ;
@@ -23705,7 +23881,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$804  = neg2;
     if (advance) begin
       \$804  = x2[39];
@@ -23718,7 +23894,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$805  = rounded2;
     if (advance) begin
       \$805  = \$629 ;
@@ -23731,7 +23907,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$806  = over2_2;
     if (advance) begin
       \$806  = over2;
@@ -23744,7 +23920,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$807  = neg2_2;
     if (advance) begin
       \$807  = neg2;
@@ -23757,7 +23933,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$808  = y3;
     if (advance) begin
       \$808  = \$759 [24:0];
@@ -23770,7 +23946,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$809  = sticky3;
     if (advance) begin
       \$809  = \$761 ;
@@ -23783,7 +23959,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$810  = over3;
     if (advance) begin
       \$810  = \$764 ;
@@ -23796,7 +23972,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$811  = neg3;
     if (advance) begin
       \$811  = x3[39];
@@ -23809,7 +23985,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$812  = rounded3;
     if (advance) begin
       \$812  = \$767 ;
@@ -23822,7 +23998,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$813  = over2_3;
     if (advance) begin
       \$813  = over3;
@@ -23835,7 +24011,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$814  = neg2_3;
     if (advance) begin
       \$814  = neg3;
@@ -24137,8 +24313,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1430$0 , \port$1435$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -24223,10 +24399,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1426$0 ;
-  wire [15:0] \port$1426$0 ;
-  input [95:0] \port$1431$0 ;
-  wire [95:0] \port$1431$0 ;
+  input [15:0] \port$1430$0 ;
+  wire [15:0] \port$1430$0 ;
+  input [95:0] \port$1435$0 ;
+  wire [95:0] \port$1435$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -24288,10 +24464,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1431$0 [16:0] };
+      \$9  = { 1'h0, \port$1435$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -24301,10 +24477,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1426$0  };
+      \$10  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -24314,7 +24490,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -24327,10 +24503,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23:17] };
+      \$12  = { \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -24340,10 +24516,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1426$0  };
+      \$13  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -24353,7 +24529,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -24366,10 +24542,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1431$0 [40:24] };
+      \$15  = { 1'h0, \port$1435$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -24379,10 +24555,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1426$0  };
+      \$16  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -24392,7 +24568,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -24405,10 +24581,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47:41] };
+      \$18  = { \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -24418,10 +24594,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1426$0  };
+      \$19  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -24431,7 +24607,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -24444,10 +24620,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1431$0 [64:48] };
+      \$21  = { 1'h0, \port$1435$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -24457,10 +24633,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1426$0  };
+      \$22  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -24470,7 +24646,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -24483,10 +24659,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71:65] };
+      \$24  = { \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -24496,10 +24672,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1426$0  };
+      \$25  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -24509,7 +24685,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -24522,10 +24698,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1431$0 [88:72] };
+      \$27  = { 1'h0, \port$1435$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -24535,10 +24711,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1426$0  };
+      \$28  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -24548,7 +24724,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -24561,10 +24737,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95:89] };
+      \$30  = { \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -24574,10 +24750,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1426$0  };
+      \$31  = { 2'h0, \port$1430$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -24587,7 +24763,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -24599,28 +24775,28 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1426$0 , \port$1431$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1431$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1426$0  };
-  assign a__1 = { \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23], \port$1431$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1426$0  };
-  assign a__2 = { 1'h0, \port$1431$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1426$0  };
-  assign a__3 = { \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47], \port$1431$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1426$0  };
-  assign a__4 = { 1'h0, \port$1431$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1426$0  };
-  assign a__5 = { \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71], \port$1431$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1426$0  };
-  assign a__6 = { 1'h0, \port$1431$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1426$0  };
-  assign a__7 = { \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95], \port$1431$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1426$0  };
+  assign a__0 = { 1'h0, \port$1435$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1430$0  };
+  assign a__1 = { \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23], \port$1435$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1430$0  };
+  assign a__2 = { 1'h0, \port$1435$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1430$0  };
+  assign a__3 = { \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47], \port$1435$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1430$0  };
+  assign a__4 = { 1'h0, \port$1435$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1430$0  };
+  assign a__5 = { \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71], \port$1435$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1430$0  };
+  assign a__6 = { 1'h0, \port$1435$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1430$0  };
+  assign a__7 = { \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95], \port$1435$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1430$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
 , error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -24952,7 +25128,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -24968,7 +25144,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -24981,7 +25157,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -25006,7 +25182,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -25021,7 +25197,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -25038,7 +25214,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -25058,7 +25234,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -25075,7 +25251,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -25093,7 +25269,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -25111,7 +25287,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -25141,28 +25317,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -25173,7 +25349,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -25184,7 +25360,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -25195,7 +25371,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -25209,28 +25385,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -25262,7 +25438,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
   wire [12:0] \$11 ;
@@ -25430,7 +25606,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$46  = ra;
     casez (fsm_state)
       3'h0:
@@ -25455,7 +25631,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$47  = wa;
     casez (fsm_state)
       3'h0:
@@ -25477,7 +25653,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25495,7 +25671,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25517,7 +25693,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25539,7 +25715,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -25555,7 +25731,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25573,7 +25749,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
@@ -25591,7 +25767,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25609,7 +25785,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -25627,7 +25803,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       3'h0:
@@ -25645,7 +25821,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -25663,7 +25839,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$38  = spad__rd0__data;
     if (unit_rst) begin
       \$38  = 32'd0;
@@ -25673,7 +25849,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$39  = i;
     casez (fsm_state)
       3'h0:
@@ -25699,7 +25875,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$40  = row_i;
     casez (fsm_state)
       3'h0:
@@ -25725,7 +25901,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$41  = gather;
     casez (fsm_state)
       3'h0:
@@ -25741,7 +25917,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$42  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -25776,7 +25952,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$43  = col;
     casez (fsm_state)
       3'h0:
@@ -25805,7 +25981,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$44  = rv;
     casez (fsm_state)
       3'h0:
@@ -25837,7 +26013,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$45  = wv;
     casez (fsm_state)
       3'h0:
@@ -25889,7 +26065,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -25931,7 +26107,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -25946,7 +26122,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -25961,7 +26137,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -25986,7 +26162,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__valid, routes__ready, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg [12:0] \$100 ;
@@ -26361,7 +26537,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   always @(posedge clk)
     pos <= \$116 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -26385,7 +26561,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26409,7 +26585,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26435,7 +26611,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -26461,7 +26637,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26487,7 +26663,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26499,7 +26675,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26511,7 +26687,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -26523,7 +26699,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -26545,7 +26721,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -26578,7 +26754,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -26611,7 +26787,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26644,7 +26820,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -26672,7 +26848,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -26700,7 +26876,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$92  = j;
     casez (fsm_state)
       4'h0:
@@ -26728,7 +26904,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$93  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -26780,7 +26956,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$94  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -26804,7 +26980,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$95  = route_left;
     casez (fsm_state)
       4'h0:
@@ -26828,7 +27004,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$96  = el;
     casez (fsm_state)
       4'h0:
@@ -26857,7 +27033,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$97  = lane;
     casez (fsm_state)
       4'h0:
@@ -26884,7 +27060,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$98  = scores__valid;
     casez (fsm_state)
       4'h0:
@@ -26913,7 +27089,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$99  = tbase;
     casez (fsm_state)
       4'h0:
@@ -26937,7 +27113,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$100  = tslot;
     casez (fsm_state)
       4'h0:
@@ -26961,7 +27137,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$101  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -26987,7 +27163,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$102  = cap;
     casez (fsm_state)
       4'h0:
@@ -27012,7 +27188,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$103  = s;
     casez (fsm_state)
       4'h0:
@@ -27039,7 +27215,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$104  = hold;
     casez (fsm_state)
       4'h0:
@@ -27066,7 +27242,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$105  = routes__ready;
     casez (fsm_state)
       4'h0:
@@ -27096,7 +27272,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$106  = wphase;
     casez (fsm_state)
       4'h0:
@@ -27123,7 +27299,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$107  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -27143,7 +27319,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$108  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -27163,7 +27339,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$109  = held;
     casez (fsm_state)
       4'h0:
@@ -27183,7 +27359,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$110  = off;
     casez (fsm_state)
       4'h0:
@@ -27207,7 +27383,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$111  = count;
     casez (fsm_state)
       4'h0:
@@ -27229,7 +27405,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$112  = p;
     casez (fsm_state)
       4'h0:
@@ -27265,7 +27441,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$113  = pt;
     casez (fsm_state)
       4'h0:
@@ -27303,7 +27479,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$114  = ps;
     casez (fsm_state)
       4'h0:
@@ -27344,7 +27520,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$115  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -27372,7 +27548,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$116  = pos;
     casez (fsm_state)
       4'h0:
@@ -27442,7 +27618,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -27984,7 +28160,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -27995,7 +28171,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -28004,7 +28180,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -28013,7 +28189,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -28022,7 +28198,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -28035,7 +28211,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -28048,7 +28224,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -28063,7 +28239,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -28076,7 +28252,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -28086,7 +28262,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -28099,7 +28275,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -28114,7 +28290,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -28132,7 +28308,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -28142,7 +28318,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -28155,7 +28331,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -28171,7 +28347,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -28181,7 +28357,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -28191,7 +28367,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -28208,7 +28384,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -28225,7 +28401,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -28242,7 +28418,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -28261,7 +28437,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -28276,7 +28452,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -28291,7 +28467,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -28305,7 +28481,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -28319,7 +28495,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -28333,7 +28509,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -28347,7 +28523,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -28357,7 +28533,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -28367,7 +28543,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -28384,7 +28560,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -28399,7 +28575,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -28414,7 +28590,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -28433,7 +28609,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -28449,7 +28625,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -28465,7 +28641,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -28478,7 +28654,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -28494,7 +28670,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -28583,7 +28759,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -28631,7 +28807,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -28646,7 +28822,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -28661,7 +28837,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -28676,7 +28852,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -28695,7 +28871,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3887$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$3927$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -28873,8 +29049,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$3887$0 ;
-  wire [4:0] \port$3887$0 ;
+  input [4:0] \port$3927$0 ;
+  wire [4:0] \port$3927$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -28887,64 +29063,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$3887$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$3927$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$3887$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$3927$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$3887$0 [0];
-  assign \$49  = clients__2__wr__en & \port$3887$0 [1];
+  assign \$47  = clients__1__wr__en & \port$3927$0 [0];
+  assign \$49  = clients__2__wr__en & \port$3927$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$3887$0 [2];
+  assign \$51  = clients__3__wr__en & \port$3927$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$3887$0 [3];
+  assign \$53  = clients__4__wr__en & \port$3927$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$3887$0 [4];
+  assign \$55  = clients__5__wr__en & \port$3927$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4], \port$3887$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4], \port$3927$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$3887$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$3927$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$3887$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$3927$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$3887$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$3927$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$3887$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$3927$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$3887$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$3927$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0], \port$3887$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0], \port$3927$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1], \port$3887$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1], \port$3927$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2], \port$3887$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2], \port$3927$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3], \port$3887$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3], \port$3927$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -28959,7 +29135,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$3887$0 , \port$2$0  };
+  assign select = { \port$3927$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
@@ -29016,7 +29192,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -37269,21 +37445,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin
